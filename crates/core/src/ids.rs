@@ -1,0 +1,78 @@
+//! Newtype identifiers, so that a tool call id is never mistaken for an instance id.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! string_id {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(Arc<str>);
+
+        impl $name {
+            /// Wraps a string as this id. Ids are opaque: any string is accepted.
+            pub fn new(id: impl Into<Arc<str>>) -> Self {
+                Self(id.into())
+            }
+
+            /// The id as a string slice.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&*self.0, f)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> Self {
+                Self::new(s)
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self::new(s)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+string_id!(
+    /// The id a model gives one tool call (`tool_use.id`), echoed by its result (`tool_use_id`).
+    ToolCallId
+);
+string_id!(
+    /// The id of one instance in a machine's instance tree (a uuid unless given).
+    InstanceId
+);
+string_id!(
+    /// The identity of a node definition; serialization and tool ownership compare it.
+    NodeId
+);
+string_id!(
+    /// A stable id for a message across streaming updates (`metadata.messageId`).
+    MessageId
+);
+string_id!(
+    /// The id of one run, for tracing and logs.
+    RunId
+);

@@ -1,0 +1,560 @@
+//! The conversation data model and its JSON wire form.
+//!
+//! A [`Message`] is `{ "role", "items", "metadata"? }`, exactly as upstream
+//! markov-machines stores it, so that serialized histories are readable by both:
+//!
+//! ```json
+//! {"role":"assistant","items":[{"type":"tool_use","id":"t1","name":"add","input":{"a":1}}]}
+//! {"role":"user","items":[{"type":"tool_result","tool_use_id":"t1","content":"3","is_error":false}]}
+//! ```
+//!
+//! Keys are camelCase except the provider-born `tool_use_id` and `is_error`.
+//! `items` is a plain string, a list of [`Item`]s, or, for `role: "instance"`
+//! only, one [`InstancePayload`] object. Deserialization checks that the role
+//! and the shape of `items` agree, so a malformed history is an error, not a
+//! message that later confuses the loop.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{InstanceId, MessageId, ToolCallId};
+
+/// Who a message is from, and therefore what happens to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// User input, tool results, cede content and synthetic notices. Sent to the model.
+    User,
+    /// Model output and user-facing tool replies. Sent to the model.
+    Assistant,
+    /// Control messages: `resume` items, and instructions injected mid-conversation
+    /// (such as the output-restriction reminder), which providers render as they can.
+    System,
+    /// The record of a command invocation. Never sent to the model.
+    Command,
+    /// Transient context (e.g. camera frames), shown to the model as silent user input.
+    Ephemeral,
+    /// An instance-tree mutation; `items` is one [`InstancePayload`]. Never sent to the model.
+    Instance,
+}
+
+/// One content item of a message, discriminated by `type`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Item {
+    /// Plain text.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// An inline image.
+    Image {
+        /// The media type, typically `image/jpeg` or `image/png`.
+        #[serde(rename = "mimeType")]
+        mime_type: String,
+        /// Base64 data without a `data:` prefix.
+        data: String,
+        /// Rendering detail hint (`auto`, `low`, `high`); providers may ignore it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        detail: Option<String>,
+    },
+    /// A file reference.
+    File {
+        /// Where the file can be fetched.
+        url: String,
+        /// The file's media type.
+        #[serde(rename = "mediaType")]
+        media_type: String,
+        /// The file's name, if known.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        filename: Option<String>,
+        /// The file's size in bytes, if known.
+        #[serde(rename = "byteSize", default, skip_serializing_if = "Option::is_none")]
+        byte_size: Option<u64>,
+        /// An application storage id, if any.
+        #[serde(rename = "storageId", default, skip_serializing_if = "Option::is_none")]
+        storage_id: Option<String>,
+    },
+    /// A tool call requested by the model.
+    ToolUse {
+        /// The call id the result must echo.
+        id: ToolCallId,
+        /// The tool's name, as the model wrote it (it may name no tool).
+        name: String,
+        /// The arguments, any JSON.
+        input: Value,
+    },
+    /// The result of one tool call.
+    ToolResult {
+        /// The id of the call this answers.
+        tool_use_id: ToolCallId,
+        /// The text the model sees.
+        content: String,
+        /// Written only when known: `false` on success for node tools, `true` on every error.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        is_error: Option<bool>,
+    },
+    /// Model reasoning.
+    Thinking {
+        /// The reasoning text.
+        thinking: String,
+        /// The provider's signature, sent back unchanged when thinking is used with tools.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signature: Option<String>,
+    },
+    /// An application message (structured output, non-text tool replies).
+    Output {
+        /// Any JSON the application defines.
+        data: Value,
+    },
+    /// The record of a command invocation.
+    Command {
+        /// The command's name.
+        name: String,
+        /// Its input.
+        input: Value,
+        /// The targeted instance, if any.
+        #[serde(
+            rename = "instanceId",
+            default,
+            skip_serializing_if = "Option::is_none"
+        )]
+        instance_id: Option<InstanceId>,
+        /// The invoking client, if any.
+        #[serde(rename = "clientId", default, skip_serializing_if = "Option::is_none")]
+        client_id: Option<String>,
+    },
+    /// A request to resume a suspended instance.
+    Resume {
+        /// The suspended instance.
+        #[serde(rename = "instanceId")]
+        instance_id: InstanceId,
+        /// The id it was suspended with.
+        #[serde(rename = "suspendId")]
+        suspend_id: String,
+    },
+}
+
+impl Item {
+    /// A text item.
+    pub fn text(text: impl Into<String>) -> Self {
+        Item::Text { text: text.into() }
+    }
+
+    /// A tool call item.
+    pub fn tool_use(id: impl Into<ToolCallId>, name: impl Into<String>, input: Value) -> Self {
+        Item::ToolUse {
+            id: id.into(),
+            name: name.into(),
+            input,
+        }
+    }
+
+    /// A tool result item. `is_error` is `None` when the outcome is not stated.
+    pub fn tool_result(
+        tool_use_id: impl Into<ToolCallId>,
+        content: impl Into<String>,
+        is_error: Option<bool>,
+    ) -> Self {
+        Item::ToolResult {
+            tool_use_id: tool_use_id.into(),
+            content: content.into(),
+            is_error,
+        }
+    }
+}
+
+/// The `items` of a message: a plain string, a list of items, or one instance payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Items {
+    /// A plain string.
+    Text(String),
+    /// A list of items.
+    List(Vec<Item>),
+    /// The payload of an `instance` message.
+    Instance(Box<InstancePayload>),
+}
+
+/// An instance-tree mutation, discriminated by `kind`.
+///
+/// Node payloads are stored in their serialized form (a `{"ref": ...}` or an
+/// inline serial node), as JSON, because this crate knows nothing of nodes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+#[non_exhaustive]
+pub enum InstancePayload {
+    /// Shallow-merge `patch` into an instance's state.
+    #[serde(rename = "state")]
+    State {
+        /// The instance.
+        #[serde(rename = "instanceId")]
+        instance_id: InstanceId,
+        /// The patch.
+        patch: Value,
+    },
+    /// Shallow-merge `patch` into a pack's state.
+    #[serde(rename = "packState")]
+    PackState {
+        /// The pack.
+        #[serde(rename = "packName")]
+        pack_name: String,
+        /// The patch.
+        patch: Value,
+    },
+    /// Replace an instance's node and state, dropping its children.
+    #[serde(rename = "transition")]
+    Transition {
+        /// The instance.
+        #[serde(rename = "instanceId")]
+        instance_id: InstanceId,
+        /// The new node, serialized.
+        node: Value,
+        /// The new state, if given.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        state: Option<Value>,
+    },
+    /// Append child instances.
+    #[serde(rename = "spawn")]
+    Spawn {
+        /// The parent.
+        #[serde(rename = "parentInstanceId")]
+        parent_instance_id: InstanceId,
+        /// The new children.
+        children: Vec<SpawnedChild>,
+    },
+    /// Remove an instance; its content goes to the parent.
+    #[serde(rename = "cede")]
+    Cede {
+        /// The instance.
+        #[serde(rename = "instanceId")]
+        instance_id: InstanceId,
+        /// What it hands back, if anything: a string or a list of messages.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        content: Option<Value>,
+    },
+    /// Mark an instance suspended.
+    #[serde(rename = "suspend")]
+    Suspend {
+        /// The instance.
+        #[serde(rename = "instanceId")]
+        instance_id: InstanceId,
+        /// Why and since when.
+        #[serde(rename = "suspendInfo")]
+        suspend_info: Value,
+    },
+}
+
+/// A child created by a spawn payload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpawnedChild {
+    /// The child's node, serialized.
+    pub node: Value,
+    /// The child's state, if given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Value>,
+}
+
+/// Where a message came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Source {
+    /// The instance that produced it.
+    #[serde(
+        rename = "instanceId",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub instance_id: Option<InstanceId>,
+    /// Whether that instance was the primary (non-worker) leaf.
+    #[serde(rename = "isPrimary", default, skip_serializing_if = "Option::is_none")]
+    pub is_primary: Option<bool>,
+    /// Set by applications for messages from outside; carried, never interpreted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external: Option<bool>,
+}
+
+/// The state of a streamed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamState {
+    /// Still receiving deltas.
+    Streaming,
+    /// Final.
+    Complete,
+    /// Failed mid-stream.
+    Error,
+}
+
+/// Streaming progress of a message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamInfo {
+    /// Where the stream is.
+    pub state: StreamState,
+    /// A counter incremented on every update.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+}
+
+/// Optional message metadata.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Metadata {
+    /// Where the message came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+    /// Stable id across streaming updates; enqueueing the same id replaces in place.
+    #[serde(rename = "messageId", default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<MessageId>,
+    /// Streaming progress.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<StreamInfo>,
+    /// A user message that is recorded and sent later, but does not trigger inference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silent: Option<bool>,
+    /// Collapse key for ephemerals.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub singleton: Option<String>,
+    /// How many ephemerals a singleton collapsed (set by the runtime).
+    #[serde(
+        rename = "singletonFrameCount",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub singleton_frame_count: Option<u64>,
+}
+
+impl Metadata {
+    /// Metadata holding only a source.
+    pub fn with_source(source: Source) -> Self {
+        Metadata {
+            source: Some(source),
+            ..Metadata::default()
+        }
+    }
+}
+
+/// One message of a conversation or of a machine's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "RawMessage")]
+pub struct Message {
+    /// Who it is from.
+    pub role: Role,
+    /// Its content.
+    pub items: Items,
+    /// Optional metadata; absent when empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<Metadata>,
+}
+
+/// The unchecked shape, before role and items are known to agree.
+#[derive(Deserialize)]
+struct RawMessage {
+    role: Role,
+    items: Items,
+    #[serde(default)]
+    metadata: Option<Metadata>,
+}
+
+/// A message whose role and items do not agree.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a message with role {role:?} cannot hold {found}")]
+pub struct MessageShapeError {
+    role: Role,
+    found: &'static str,
+}
+
+impl TryFrom<RawMessage> for Message {
+    type Error = MessageShapeError;
+
+    fn try_from(raw: RawMessage) -> Result<Self, Self::Error> {
+        let is_instance_role = raw.role == Role::Instance;
+        let is_payload = matches!(raw.items, Items::Instance(_));
+        if is_instance_role != is_payload {
+            let found = if is_payload {
+                "an instance payload"
+            } else {
+                "a string or an item list"
+            };
+            return Err(MessageShapeError {
+                role: raw.role,
+                found,
+            });
+        }
+        Ok(Message {
+            role: raw.role,
+            items: raw.items,
+            metadata: raw.metadata,
+        })
+    }
+}
+
+impl Message {
+    fn new(role: Role, items: Vec<Item>) -> Self {
+        Message {
+            role,
+            items: Items::List(items),
+            metadata: None,
+        }
+    }
+
+    /// A user message with one text item.
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::new(Role::User, vec![Item::text(text)])
+    }
+
+    /// A user message with the given items.
+    pub fn user_items(items: Vec<Item>) -> Self {
+        Self::new(Role::User, items)
+    }
+
+    /// An assistant message with one text item.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::new(Role::Assistant, vec![Item::text(text)])
+    }
+
+    /// An assistant message with the given items.
+    pub fn assistant_items(items: Vec<Item>) -> Self {
+        Self::new(Role::Assistant, items)
+    }
+
+    /// A system message with one text item (an instruction injected mid-conversation).
+    pub fn system(text: impl Into<String>) -> Self {
+        Self::new(Role::System, vec![Item::text(text)])
+    }
+
+    /// An instance message carrying one tree mutation.
+    pub fn instance(payload: InstancePayload) -> Self {
+        Message {
+            role: Role::Instance,
+            items: Items::Instance(Box::new(payload)),
+            metadata: None,
+        }
+    }
+
+    /// Sets the metadata (builder style).
+    #[must_use]
+    pub fn with_metadata(mut self, metadata: Metadata) -> Self {
+        self.metadata = Some(metadata);
+        self
+    }
+
+    /// The items as a slice: empty for plain-string and instance messages.
+    pub fn item_list(&self) -> &[Item] {
+        match &self.items {
+            Items::List(items) => items,
+            Items::Text(_) | Items::Instance(_) => &[],
+        }
+    }
+
+    /// The concatenated text: a string's content, or every `text` item without separator.
+    /// Instance messages have no text.
+    pub fn text(&self) -> String {
+        match &self.items {
+            Items::Text(s) => s.clone(),
+            Items::List(items) => items
+                .iter()
+                .filter_map(|i| match i {
+                    Item::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect(),
+            Items::Instance(_) => String::new(),
+        }
+    }
+
+    /// The tool calls this message requests, in order.
+    pub fn tool_uses(&self) -> impl Iterator<Item = (&ToolCallId, &str, &Value)> {
+        self.item_list().iter().filter_map(|i| match i {
+            Item::ToolUse { id, name, input } => Some((id, name.as_str(), input)),
+            _ => None,
+        })
+    }
+
+    /// Whether this is a user message marked `silent`.
+    pub fn is_silent(&self) -> bool {
+        self.metadata
+            .as_ref()
+            .and_then(|m| m.silent)
+            .unwrap_or(false)
+    }
+
+    /// The source instance recorded in the metadata, if any.
+    pub fn source_instance(&self) -> Option<&InstanceId> {
+        self.metadata
+            .as_ref()
+            .and_then(|m| m.source.as_ref())
+            .and_then(|s| s.instance_id.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn wire_form_matches_upstream_shapes() {
+        let m = Message::assistant_items(vec![Item::tool_use("t1", "add", json!({"a": 1}))]);
+        assert_eq!(
+            serde_json::to_value(&m).unwrap(),
+            json!({"role":"assistant","items":[{"type":"tool_use","id":"t1","name":"add","input":{"a":1}}]})
+        );
+        let r = Message::user_items(vec![Item::tool_result("t1", "3", Some(false))]);
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"role":"user","items":[{"type":"tool_result","tool_use_id":"t1","content":"3","is_error":false}]})
+        );
+        let img = Item::Image {
+            mime_type: "image/png".into(),
+            data: "AAA".into(),
+            detail: None,
+        };
+        assert_eq!(
+            serde_json::to_value(&img).unwrap(),
+            json!({"type":"image","mimeType":"image/png","data":"AAA"})
+        );
+    }
+
+    #[test]
+    fn instance_payload_round_trips_with_kind_tag() {
+        let m = Message::instance(InstancePayload::State {
+            instance_id: "i1".into(),
+            patch: json!({"count": 1}),
+        });
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(
+            v,
+            json!({"role":"instance","items":{"kind":"state","instanceId":"i1","patch":{"count":1}}})
+        );
+        let back: Message = serde_json::from_value(v).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn role_and_items_must_agree() {
+        let bad = json!({"role":"user","items":{"kind":"state","instanceId":"i","patch":{}}});
+        let err = serde_json::from_value::<Message>(bad).unwrap_err();
+        assert!(
+            err.to_string().contains("cannot hold an instance payload"),
+            "{err}"
+        );
+        let bad = json!({"role":"instance","items":"hello"});
+        assert!(serde_json::from_value::<Message>(bad).is_err());
+    }
+
+    #[test]
+    fn unknown_item_type_is_an_error() {
+        let bad = json!({"role":"user","items":[{"type":"nope"}]});
+        assert!(serde_json::from_value::<Message>(bad).is_err());
+    }
+
+    #[test]
+    fn text_concatenates_text_items_only() {
+        let m = Message::assistant_items(vec![
+            Item::text("a"),
+            Item::tool_use("t", "x", json!({})),
+            Item::text("b"),
+        ]);
+        assert_eq!(m.text(), "ab");
+    }
+}

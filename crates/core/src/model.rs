@@ -1,0 +1,477 @@
+//! The [`Model`] trait every model client implements, and its request and
+//! response types.
+//!
+//! A request borrows the conversation (`&[Message]`) from the machine's
+//! history instead of copying it, so the framework's cost per step does not
+//! grow with the conversation. Providers encode straight from the slice: they
+//! send `user`, `assistant` and text-bearing `system` messages, show
+//! `ephemeral` ones as silent user input, and skip `command` and `instance`
+//! records.
+//!
+//! A simple client implements [`Model::complete`] only; [`Model::stream`] has a
+//! default built on it.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::stream::{self, BoxStream, StreamExt};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::ToolCallId;
+use crate::message::{Item, Message};
+use crate::tool::{ToolDefinition, ToolName};
+
+/// Which tools the model may or must call.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", content = "name", rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides.
+    Auto,
+    /// The model must call some tool.
+    Any,
+    /// The model may not call tools.
+    None,
+    /// The model must call this tool.
+    Tool(ToolName),
+}
+
+impl ToolChoice {
+    /// Whether this choice forces a tool call.
+    pub fn forces_tool_use(&self) -> bool {
+        matches!(self, ToolChoice::Any | ToolChoice::Tool(_))
+    }
+}
+
+/// How the model may think before answering.
+///
+/// Anthropic refuses a forced tool choice (`any` or a named tool) and an
+/// explicit temperature when a fixed thinking budget is set; see
+/// [`Thinking::allows`] for the rule as data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Thinking {
+    /// Extended thinking with a fixed budget of tokens.
+    Enabled {
+        /// The thinking budget.
+        budget_tokens: u32,
+    },
+    /// The model decides its own budget.
+    Adaptive,
+}
+
+/// What a thinking mode permits alongside it: the provider constraint as data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThinkingAllowance {
+    /// Whether tool choice may force tool use (`any` or a named tool).
+    pub forced_tool_choice: bool,
+    /// Whether an explicit temperature may be sent.
+    pub temperature: bool,
+}
+
+impl Thinking {
+    /// The default allowance of this mode, as the Anthropic Messages API documents it:
+    /// a fixed budget forbids forced tool use and an explicit temperature; adaptive
+    /// thinking is reported to accept forced tool use. A provider capability table
+    /// may override these per model.
+    pub fn allows(&self) -> ThinkingAllowance {
+        match self {
+            Thinking::Enabled { .. } => ThinkingAllowance {
+                forced_tool_choice: false,
+                temperature: false,
+            },
+            Thinking::Adaptive => ThinkingAllowance {
+                forced_tool_choice: true,
+                temperature: false,
+            },
+        }
+    }
+}
+
+/// Settings of one model call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelSettings {
+    /// The model name; `None` lets the client pick its default.
+    pub model: Option<String>,
+    /// The maximum number of tokens to generate.
+    pub max_tokens: u32,
+    /// Sampling temperature; left out of the request when unset.
+    pub temperature: Option<f32>,
+    /// Extended thinking, if enabled.
+    pub thinking: Option<Thinking>,
+    /// Whether the model may call several tools in one response.
+    pub parallel_tool_calls: bool,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        ModelSettings {
+            model: None,
+            max_tokens: 4096,
+            temperature: None,
+            thinking: None,
+            parallel_tool_calls: true,
+        }
+    }
+}
+
+/// One model call. Everything is borrowed from the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelRequest<'a> {
+    /// The system prompt.
+    pub system: &'a str,
+    /// The conversation, borrowed from the history.
+    pub messages: &'a [Message],
+    /// The tools offered.
+    pub tools: &'a [ToolDefinition],
+    /// Which tools the model may or must call.
+    pub tool_choice: &'a ToolChoice,
+    /// Settings.
+    pub settings: &'a ModelSettings,
+    /// A JSON Schema the answer must follow (structured output), if any.
+    pub output_schema: Option<&'a Value>,
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The model finished its answer.
+    EndTurn,
+    /// The model wants tools run.
+    ToolUse,
+    /// The token limit cut the answer.
+    MaxTokens,
+    /// A stop sequence matched.
+    StopSequence,
+    /// The provider paused a long turn; the caller may continue it.
+    PauseTurn,
+    /// The model refused.
+    Refusal,
+    /// A content filter stopped the answer.
+    ContentFilter,
+}
+
+/// Token counts of one call.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read_input_tokens: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_creation_input_tokens: u64,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, rhs: Usage) {
+        self.input_tokens += rhs.input_tokens;
+        self.output_tokens += rhs.output_tokens;
+        self.cache_read_input_tokens += rhs.cache_read_input_tokens;
+        self.cache_creation_input_tokens += rhs.cache_creation_input_tokens;
+    }
+}
+
+/// A model's answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelResponse {
+    /// Content items: text, tool_use, thinking.
+    pub content: Vec<Item>,
+    /// Why it stopped.
+    pub stop_reason: StopReason,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+impl ModelResponse {
+    /// The tool calls requested, in order.
+    pub fn tool_calls(&self) -> impl Iterator<Item = (&ToolCallId, &str, &Value)> {
+        self.content.iter().filter_map(|i| match i {
+            Item::ToolUse { id, name, input } => Some((id, name.as_str(), input)),
+            _ => None,
+        })
+    }
+
+    /// Whether the answer requests at least one tool call.
+    pub fn has_tool_calls(&self) -> bool {
+        self.tool_calls().next().is_some()
+    }
+}
+
+/// One event of a streamed answer.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum StreamEvent {
+    /// Text was added to the content item at `index`.
+    TextDelta {
+        /// The content index.
+        index: usize,
+        /// The new text.
+        text: String,
+    },
+    /// Thinking text was added to the content item at `index`.
+    ThinkingDelta {
+        /// The content index.
+        index: usize,
+        /// The new text.
+        thinking: String,
+    },
+    /// A tool call started at `index`.
+    ToolCallStart {
+        /// The content index.
+        index: usize,
+        /// The call id.
+        id: ToolCallId,
+        /// The tool name.
+        name: String,
+    },
+    /// More argument JSON for the tool call at `index` (a fragment, not valid JSON alone).
+    ToolCallDelta {
+        /// The content index.
+        index: usize,
+        /// The fragment.
+        partial_json: String,
+    },
+    /// The complete answer; always the last event of a successful stream.
+    Done(ModelResponse),
+}
+
+/// A failed model call.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ModelError {
+    /// The provider answered with an error status.
+    #[error("provider error {status}: {message}")]
+    Http {
+        /// The HTTP status.
+        status: u16,
+        /// The provider's own message.
+        message: String,
+        /// How long the provider asked us to wait, if it said.
+        retry_after: Option<Duration>,
+    },
+    /// The provider is overloaded (e.g. Anthropic's `overloaded_error`, also mid-stream).
+    #[error("provider overloaded: {0}")]
+    Overloaded(String),
+    /// The request took too long.
+    #[error("model request timed out after {0:?}")]
+    Timeout(Duration),
+    /// The connection failed.
+    #[error("connection failed: {0}")]
+    Connection(String),
+    /// The provider's answer could not be understood.
+    #[error("invalid model response: {0}")]
+    InvalidResponse(String),
+    /// The request was refused before it was sent (configuration, a broken script).
+    #[error("invalid model request: {0}")]
+    InvalidRequest(String),
+}
+
+impl ModelError {
+    /// Whether trying the same request again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ModelError::Http { status, .. } => {
+                matches!(status, 408 | 409 | 429) || (500..600).contains(status)
+            }
+            ModelError::Overloaded(_) | ModelError::Timeout(_) | ModelError::Connection(_) => true,
+            ModelError::InvalidResponse(_) | ModelError::InvalidRequest(_) => false,
+        }
+    }
+}
+
+/// A model client.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason, Usage};
+/// use markov_core::message::Item;
+///
+/// /// Always says hello.
+/// #[derive(Debug)]
+/// struct Hello;
+///
+/// #[async_trait]
+/// impl Model for Hello {
+///     async fn complete(&self, _req: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+///         Ok(ModelResponse {
+///             content: vec![Item::text("hello")],
+///             stop_reason: StopReason::EndTurn,
+///             usage: Usage::default(),
+///         })
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait Model: Send + Sync + fmt::Debug {
+    /// Makes one call and returns the whole answer.
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError>;
+
+    /// Makes one call and streams the answer. The default makes a
+    /// non-streaming call and replays it as events.
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        stream::once(async move { self.complete(request).await })
+            .flat_map(|result| match result {
+                Ok(response) => stream::iter(replay_events(response).into_iter().map(Ok)).boxed(),
+                Err(e) => stream::once(async move { Err(e) }).boxed(),
+            })
+            .boxed()
+    }
+}
+
+#[async_trait]
+impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        (**self).complete(request).await
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        (**self).stream(request)
+    }
+}
+
+#[async_trait]
+impl<M: Model + ?Sized> Model for Box<M> {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        (**self).complete(request).await
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        (**self).stream(request)
+    }
+}
+
+/// The events a stream of `response` would have produced, ending with `Done`.
+pub fn replay_events(response: ModelResponse) -> Vec<StreamEvent> {
+    let mut events = Vec::with_capacity(response.content.len() * 2 + 1);
+    for (index, item) in response.content.iter().enumerate() {
+        match item {
+            Item::Text { text } => events.push(StreamEvent::TextDelta {
+                index,
+                text: text.clone(),
+            }),
+            Item::Thinking { thinking, .. } => events.push(StreamEvent::ThinkingDelta {
+                index,
+                thinking: thinking.clone(),
+            }),
+            Item::ToolUse { id, name, input } => {
+                events.push(StreamEvent::ToolCallStart {
+                    index,
+                    id: id.clone(),
+                    name: name.clone(),
+                });
+                events.push(StreamEvent::ToolCallDelta {
+                    index,
+                    partial_json: input.to_string(),
+                });
+            }
+            _ => {}
+        }
+    }
+    events.push(StreamEvent::Done(response));
+    events
+}
+
+/// Collects a stream into its final response: the `Done` event's, or an error
+/// if the stream ended without one.
+pub async fn collect_stream(
+    mut events: BoxStream<'_, Result<StreamEvent, ModelError>>,
+) -> Result<ModelResponse, ModelError> {
+    while let Some(event) = events.next().await {
+        if let StreamEvent::Done(response) = event? {
+            return Ok(response);
+        }
+    }
+    Err(ModelError::InvalidResponse(
+        "the stream ended without a final message".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Debug)]
+    struct Fixed(ModelResponse);
+
+    #[async_trait]
+    impl Model for Fixed {
+        async fn complete(&self, _r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            Ok(self.0.clone())
+        }
+    }
+
+    #[tokio::test]
+    async fn default_stream_replays_the_response() {
+        let response = ModelResponse {
+            content: vec![
+                Item::text("hi"),
+                Item::tool_use("c1", "add", json!({"a":1})),
+            ],
+            stop_reason: StopReason::ToolUse,
+            usage: Usage::default(),
+        };
+        let model = Fixed(response.clone());
+        let settings = ModelSettings::default();
+        let request = ModelRequest {
+            system: "",
+            messages: &[],
+            tools: &[],
+            tool_choice: &ToolChoice::Auto,
+            settings: &settings,
+            output_schema: None,
+        };
+        let events: Vec<_> = model.stream(request).collect().await;
+        assert_eq!(events.len(), 4);
+        assert!(matches!(
+            events[0],
+            Ok(StreamEvent::TextDelta { index: 0, .. })
+        ));
+        assert!(matches!(
+            events[2],
+            Ok(StreamEvent::ToolCallDelta { index: 1, .. })
+        ));
+        let back = collect_stream(model.stream(request)).await.unwrap();
+        assert_eq!(back, response);
+    }
+
+    #[test]
+    fn retryability_follows_the_status() {
+        let http = |status| ModelError::Http {
+            status,
+            message: String::new(),
+            retry_after: None,
+        };
+        assert!(http(429).is_retryable());
+        assert!(http(503).is_retryable());
+        assert!(!http(400).is_retryable());
+        assert!(!http(401).is_retryable());
+        assert!(ModelError::Overloaded("x".into()).is_retryable());
+        assert!(!ModelError::InvalidRequest("x".into()).is_retryable());
+    }
+
+    #[test]
+    fn fixed_thinking_budget_forbids_forced_tools() {
+        let t = Thinking::Enabled {
+            budget_tokens: 1024,
+        };
+        assert!(!t.allows().forced_tool_choice);
+        assert!(!t.allows().temperature);
+        assert!(Thinking::Adaptive.allows().forced_tool_choice);
+    }
+}

@@ -1,0 +1,698 @@
+//! Tools: the typed [`Tool`] trait authors implement, its erased form
+//! [`DynTool`], the definition sent to models, and what a call produces.
+//!
+//! A tool has a typed input (deserialized from the model's JSON and described
+//! by a JSON Schema derived with `schemars`) and a typed output. Its output can
+//! be any serializable value, a [`ToolReply`] with separate texts for the user
+//! and the model, or a [`TerminateResponse`] that ends the run.
+//!
+//! ```
+//! use markov_core::tool::{Tool, ToolContext};
+//! use schemars::JsonSchema;
+//! use serde::Deserialize;
+//!
+//! /// Adds two integers.
+//! struct Add;
+//!
+//! #[derive(Deserialize, JsonSchema)]
+//! struct AddArgs { a: i64, b: i64 }
+//!
+//! impl Tool for Add {
+//!     const NAME: &'static str = "add";
+//!     type Args = AddArgs;
+//!     type Output = i64;
+//!     type Error = std::convert::Infallible;
+//!
+//!     fn description(&self) -> String { "Add two integers".into() }
+//!
+//!     async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Self::Error> {
+//!         Ok(args.a + args.b)
+//!     }
+//! }
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{InstanceId, ToolCallId};
+use crate::message::{Item, Message};
+
+/// A tool name that providers accept: `^[a-zA-Z0-9_-]{1,64}$`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct ToolName(Arc<str>);
+
+/// A name that no provider would accept as a tool name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid tool name {name:?}: a tool name must match ^[a-zA-Z0-9_-]{{1,64}}$")]
+pub struct InvalidToolName {
+    name: String,
+}
+
+impl InvalidToolName {
+    /// The rejected name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+impl ToolName {
+    /// Checks `name` against the providers' rule.
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidToolName> {
+        let name = name.into();
+        let ok = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if ok {
+            Ok(ToolName(name.into()))
+        } else {
+            Err(InvalidToolName { name })
+        }
+    }
+
+    /// The name as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for ToolName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        ToolName::new(s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Debug for ToolName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for ToolName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for ToolName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for ToolName {
+    fn eq(&self, other: &str) -> bool {
+        &*self.0 == other
+    }
+}
+
+/// What a model is told about a tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolDefinition {
+    /// The tool's name.
+    pub name: ToolName,
+    /// What it does, for the model.
+    pub description: String,
+    /// A JSON Schema of its input object.
+    pub input_schema: Value,
+    /// Whether its successful output is the machine's response for the turn.
+    /// Not sent to providers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub terminal: bool,
+}
+
+impl ToolDefinition {
+    /// A non-terminal definition. The name is checked here, not at the first model call.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        input_schema: Value,
+    ) -> Result<Self, InvalidToolName> {
+        Ok(ToolDefinition {
+            name: ToolName::new(name)?,
+            description: description.into(),
+            input_schema,
+            terminal: false,
+        })
+    }
+
+    /// Marks the tool terminal (builder style).
+    #[must_use]
+    pub fn terminal(mut self, terminal: bool) -> Self {
+        self.terminal = terminal;
+        self
+    }
+}
+
+/// A tool's request to end the current run (the `finish` tool returns one).
+///
+/// The loop records a tool result holding `message`, or its configured default
+/// (`"Finished"`) when there is none, marks the step done and does not call the
+/// model again.
+// Not `Serialize`: a tool returning it means "terminate", never "send this JSON".
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TerminateResponse {
+    /// An optional note about the completion, for the model's record and the application.
+    pub message: Option<String>,
+}
+
+impl TerminateResponse {
+    /// A termination with an optional note.
+    pub fn new(message: Option<String>) -> Self {
+        TerminateResponse { message }
+    }
+}
+
+/// What the user sees from a [`ToolReply`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum UserMessage {
+    /// Text, recorded as an assistant `text` item.
+    Text(String),
+    /// An application message, recorded as an assistant `output` item.
+    Data(Value),
+}
+
+/// A reply with separate texts for the user and for the model (upstream's `toolReply`).
+// Not `Serialize`, for the same reason as `TerminateResponse`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolReply {
+    /// What the user sees, recorded as an assistant message after the tool results.
+    pub user_message: UserMessage,
+    /// What the model reads as the tool result.
+    pub llm_message: String,
+}
+
+impl ToolReply {
+    /// A reply with user-facing text and a model-facing text.
+    pub fn new(user_message: impl Into<String>, llm_message: impl Into<String>) -> Self {
+        ToolReply {
+            user_message: UserMessage::Text(user_message.into()),
+            llm_message: llm_message.into(),
+        }
+    }
+}
+
+/// The erased outcome of a successful tool call.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ToolOutcome {
+    /// A plain value. A JSON string is the text itself; anything else is its JSON text.
+    Value(Value),
+    /// Separate texts for the user and the model.
+    Reply(ToolReply),
+    /// End the run.
+    Terminate(TerminateResponse),
+}
+
+impl ToolOutcome {
+    /// The text the model reads as the tool result. `default_terminate` fills in
+    /// a [`TerminateResponse`] without a message.
+    pub fn model_text(&self, default_terminate: &str) -> String {
+        match self {
+            ToolOutcome::Value(Value::String(s)) => s.clone(),
+            ToolOutcome::Value(v) => v.to_string(),
+            ToolOutcome::Reply(r) => r.llm_message.clone(),
+            ToolOutcome::Terminate(t) => t
+                .message
+                .clone()
+                .unwrap_or_else(|| default_terminate.to_owned()),
+        }
+    }
+
+    /// The text a terminal tool hands the user as the machine's response: a
+    /// string verbatim, a structured value as JSON, a reply's user text (or its
+    /// data as JSON), a termination's note.
+    pub fn response_text(&self, default_terminate: &str) -> String {
+        match self {
+            ToolOutcome::Reply(ToolReply {
+                user_message: UserMessage::Text(s),
+                ..
+            }) => s.clone(),
+            ToolOutcome::Reply(ToolReply {
+                user_message: UserMessage::Data(v),
+                ..
+            }) => v.to_string(),
+            other => other.model_text(default_terminate),
+        }
+    }
+}
+
+/// Turns a tool's typed output into a [`ToolOutcome`].
+///
+/// Implemented for every `Serialize` type, and for [`ToolReply`],
+/// [`TerminateResponse`] and [`ToolOutcome`] themselves.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a tool output",
+    note = "a tool output must implement `serde::Serialize`, or be `ToolReply`, `TerminateResponse` or `ToolOutcome`"
+)]
+pub trait IntoToolOutcome {
+    /// Converts the output. Fails only when serialization fails.
+    fn into_outcome(self) -> Result<ToolOutcome, serde_json::Error>;
+}
+
+impl<T: Serialize> IntoToolOutcome for T {
+    fn into_outcome(self) -> Result<ToolOutcome, serde_json::Error> {
+        serde_json::to_value(self).map(ToolOutcome::Value)
+    }
+}
+
+impl IntoToolOutcome for ToolReply {
+    fn into_outcome(self) -> Result<ToolOutcome, serde_json::Error> {
+        Ok(ToolOutcome::Reply(self))
+    }
+}
+
+impl IntoToolOutcome for TerminateResponse {
+    fn into_outcome(self) -> Result<ToolOutcome, serde_json::Error> {
+        Ok(ToolOutcome::Terminate(self))
+    }
+}
+
+impl IntoToolOutcome for ToolOutcome {
+    fn into_outcome(self) -> Result<ToolOutcome, serde_json::Error> {
+        Ok(self)
+    }
+}
+
+/// Writes a tool makes to the state of the instance it runs for.
+///
+/// The runtime implements this; it merges the patch, validates the result
+/// against the node's state type and refuses invalid updates.
+pub trait StateAccess: Send + Sync {
+    /// The state as it was when the call started (a snapshot: an update in the
+    /// same call does not change it).
+    fn state(&self) -> &Value;
+
+    /// Shallow-merges `patch` into the running state after validating the result.
+    fn update_state(&self, patch: Value) -> Result<(), StateUpdateError>;
+}
+
+/// A refused state update.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateUpdateError {
+    /// The merged state failed validation; the message is the validator's.
+    #[error("state validation failed: {0}")]
+    Invalid(String),
+    /// A patch must be a JSON object.
+    #[error("a state patch must be a JSON object")]
+    NotAnObject,
+    /// The tool belongs to an ancestor, whose state cannot be written from a tool.
+    #[error("Cannot update ancestor state from tool. Ancestor state updates are not supported.")]
+    Ancestor,
+    /// There is no state to update (e.g. a tool run outside a machine).
+    #[error("this tool call has no state to update")]
+    Unavailable,
+}
+
+/// A state that cannot be written, for tools run without a machine.
+#[derive(Debug, Default)]
+pub struct NoState {
+    empty: Value,
+}
+
+impl StateAccess for NoState {
+    fn state(&self) -> &Value {
+        &self.empty
+    }
+
+    fn update_state(&self, _patch: Value) -> Result<(), StateUpdateError> {
+        Err(StateUpdateError::Unavailable)
+    }
+}
+
+/// What a tool sees of the world during one call.
+#[derive(Clone, Copy)]
+pub struct ToolContext<'a> {
+    call_id: &'a ToolCallId,
+    instance_id: Option<&'a InstanceId>,
+    root_instance_id: Option<&'a InstanceId>,
+    history: &'a [Message],
+    state: &'a dyn StateAccess,
+}
+
+impl fmt::Debug for ToolContext<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ToolContext")
+            .field("call_id", self.call_id)
+            .field("instance_id", &self.instance_id)
+            .field("history_len", &self.history.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> ToolContext<'a> {
+    /// A context for one call. `history` is borrowed, never copied.
+    pub fn new(
+        call_id: &'a ToolCallId,
+        history: &'a [Message],
+        state: &'a dyn StateAccess,
+    ) -> Self {
+        ToolContext {
+            call_id,
+            instance_id: None,
+            root_instance_id: None,
+            history,
+            state,
+        }
+    }
+
+    /// Sets the instance the call runs for and the root of its tree.
+    #[must_use]
+    pub fn with_instance(mut self, instance: &'a InstanceId, root: &'a InstanceId) -> Self {
+        self.instance_id = Some(instance);
+        self.root_instance_id = Some(root);
+        self
+    }
+
+    /// The id of this call.
+    pub fn call_id(&self) -> &ToolCallId {
+        self.call_id
+    }
+
+    /// The leaf instance the call runs for (also for ancestor and charter tools).
+    pub fn instance_id(&self) -> Option<&InstanceId> {
+        self.instance_id
+    }
+
+    /// The root instance of the tree.
+    pub fn root_instance_id(&self) -> Option<&InstanceId> {
+        self.root_instance_id
+    }
+
+    /// The whole history the call can see.
+    pub fn history(&self) -> &[Message] {
+        self.history
+    }
+
+    /// The messages of the history produced by this call's instance.
+    pub fn instance_messages(&self) -> impl Iterator<Item = &'a Message> + 'a {
+        let id = self.instance_id;
+        self.history
+            .iter()
+            .filter(move |m| id.is_some() && m.source_instance() == id)
+    }
+
+    /// The state snapshot as JSON.
+    pub fn state_json(&self) -> &Value {
+        self.state.state()
+    }
+
+    /// The state snapshot deserialized into `S`.
+    pub fn state<S: DeserializeOwned>(&self) -> Result<S, serde_json::Error> {
+        S::deserialize(self.state.state())
+    }
+
+    /// Shallow-merges a patch into the running state; later calls in the turn see it.
+    pub fn update_state(&self, patch: impl Serialize) -> Result<(), StateUpdateError> {
+        let patch =
+            serde_json::to_value(patch).map_err(|e| StateUpdateError::Invalid(e.to_string()))?;
+        self.state.update_state(patch)
+    }
+}
+
+/// A typed tool. Implement this; the runtime erases it into a [`DynTool`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a markov tool",
+    note = "implement `markov_core::tool::Tool` with `NAME`, `Args`, `Output`, `Error`, `description` and `call`"
+)]
+pub trait Tool: Send + Sync + 'static {
+    /// The name the model calls it by; checked against `^[a-zA-Z0-9_-]{1,64}$`.
+    const NAME: &'static str;
+    /// Whether a successful output is the machine's response for the turn.
+    const TERMINAL: bool = false;
+    /// The input, deserialized from the model's arguments; its schema is sent to the model.
+    type Args: DeserializeOwned + JsonSchema + Send;
+    /// The output: any `Serialize` value, or a [`ToolReply`] / [`TerminateResponse`].
+    type Output: IntoToolOutcome + Send;
+    /// The failure; the model reads `Tool execution error: <its Display>`.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// What the tool does, for the model.
+    fn description(&self) -> String;
+
+    /// Runs the tool.
+    fn call(
+        &self,
+        args: Self::Args,
+        cx: &ToolContext<'_>,
+    ) -> impl Future<Output = Result<Self::Output, Self::Error>> + Send;
+}
+
+/// Why an erased tool call failed. The display texts are what the model reads.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolCallError {
+    /// The arguments did not fit the input type.
+    #[error("Invalid tool input: {0}")]
+    InvalidInput(String),
+    /// The tool itself failed.
+    #[error("Tool execution error: {0}")]
+    Execution(String),
+}
+
+/// The object-safe form of a tool, so a node can hold tools of different types.
+pub trait DynTool: Send + Sync + fmt::Debug {
+    /// The definition sent to models.
+    fn definition(&self) -> &ToolDefinition;
+
+    /// Deserializes `input` and runs the tool.
+    fn call_json<'a>(
+        &'a self,
+        input: Value,
+        cx: ToolContext<'a>,
+    ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>>;
+}
+
+/// A shared, type-erased tool.
+pub type SharedTool = Arc<dyn DynTool>;
+
+/// The schema of `T` as a JSON value, with the `$schema` and `title` keys that
+/// providers do not want removed.
+pub fn input_schema_for<T: JsonSchema>() -> Value {
+    let schema = schemars::schema_for!(T);
+    let mut value = schema.to_value();
+    if let Value::Object(map) = &mut value {
+        map.remove("$schema");
+        map.remove("title");
+    }
+    value
+}
+
+/// Adapts a typed [`Tool`] into a [`DynTool`].
+pub struct Erased<T: Tool> {
+    tool: T,
+    definition: ToolDefinition,
+}
+
+impl<T: Tool> fmt::Debug for Erased<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tool")
+            .field("name", &self.definition.name)
+            .field("terminal", &self.definition.terminal)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: Tool> Erased<T> {
+    /// Erases `tool`, checking its name now rather than at the first model call.
+    pub fn new(tool: T) -> Result<Self, InvalidToolName> {
+        let definition =
+            ToolDefinition::new(T::NAME, tool.description(), input_schema_for::<T::Args>())?
+                .terminal(T::TERMINAL);
+        Ok(Erased { tool, definition })
+    }
+
+    /// Erases `tool` and shares it.
+    pub fn shared(tool: T) -> Result<SharedTool, InvalidToolName> {
+        Ok(Arc::new(Self::new(tool)?))
+    }
+}
+
+impl<T: Tool> DynTool for Erased<T> {
+    fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+
+    fn call_json<'a>(
+        &'a self,
+        input: Value,
+        cx: ToolContext<'a>,
+    ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>> {
+        Box::pin(async move {
+            let args: T::Args = serde_json::from_value(input)
+                .map_err(|e| ToolCallError::InvalidInput(e.to_string()))?;
+            let output = self
+                .tool
+                .call(args, &cx)
+                .await
+                .map_err(|e| ToolCallError::Execution(e.to_string()))?;
+            output
+                .into_outcome()
+                .map_err(|e| ToolCallError::Execution(format!("output is not JSON: {e}")))
+        })
+    }
+}
+
+/// What the loop records for one tool call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolExecutionResult {
+    /// The call this answers.
+    pub call_id: ToolCallId,
+    /// The text the model sees.
+    pub content: String,
+    /// Whether the call failed.
+    pub is_error: bool,
+    /// Whether the call was a successful terminal tool call.
+    pub is_terminal: bool,
+    /// Whether the tool asked to end the run ([`TerminateResponse`]).
+    pub terminate: Option<TerminateResponse>,
+    /// Text for the user rather than the model: a terminal tool's response or a reply's user text.
+    pub user_message: Option<UserMessage>,
+}
+
+impl ToolExecutionResult {
+    /// An error result the model can read.
+    pub fn error(call_id: ToolCallId, content: impl Into<String>) -> Self {
+        ToolExecutionResult {
+            call_id,
+            content: content.into(),
+            is_error: true,
+            is_terminal: false,
+            terminate: None,
+            user_message: None,
+        }
+    }
+
+    /// A successful result.
+    pub fn success(call_id: ToolCallId, content: impl Into<String>) -> Self {
+        ToolExecutionResult {
+            call_id,
+            content: content.into(),
+            is_error: false,
+            is_terminal: false,
+            terminate: None,
+            user_message: None,
+        }
+    }
+
+    /// The `tool_result` item for the history. `state_known` writes `is_error`
+    /// even on success (node tools do; built-ins leave it out).
+    pub fn to_item(&self, state_known: bool) -> Item {
+        let is_error = if self.is_error {
+            Some(true)
+        } else if state_known {
+            Some(false)
+        } else {
+            None
+        };
+        Item::tool_result(self.call_id.clone(), self.content.clone(), is_error)
+    }
+}
+
+/// A borrowed-or-owned description, so static tool texts cost nothing.
+pub type Description = Cow<'static, str>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tool_names_follow_the_provider_rule() {
+        assert!(ToolName::new("add").is_ok());
+        assert!(ToolName::new("get_endpoint-docs_2").is_ok());
+        assert!(ToolName::new("a".repeat(64)).is_ok());
+        for bad in ["", "has space", "dot.name", "ünï", &"a".repeat(65)] {
+            let err = ToolName::new(bad).unwrap_err();
+            assert!(err.to_string().contains("invalid tool name"), "{err}");
+        }
+        assert!(serde_json::from_value::<ToolName>(json!("bad name")).is_err());
+    }
+
+    struct Add;
+    #[derive(Deserialize, JsonSchema)]
+    struct AddArgs {
+        a: i64,
+        b: i64,
+    }
+    impl Tool for Add {
+        const NAME: &'static str = "add";
+        type Args = AddArgs;
+        type Output = i64;
+        type Error = std::convert::Infallible;
+        fn description(&self) -> String {
+            "Add".into()
+        }
+        async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Self::Error> {
+            Ok(args.a + args.b)
+        }
+    }
+
+    struct BadName;
+    impl Tool for BadName {
+        const NAME: &'static str = "bad name";
+        type Args = AddArgs;
+        type Output = i64;
+        type Error = std::convert::Infallible;
+        fn description(&self) -> String {
+            String::new()
+        }
+        async fn call(&self, _: AddArgs, _: &ToolContext<'_>) -> Result<i64, Self::Error> {
+            Ok(0)
+        }
+    }
+
+    #[test]
+    fn a_bad_name_is_an_error_at_definition_time() {
+        assert!(Erased::new(BadName).is_err());
+    }
+
+    #[test]
+    fn schema_is_derived_from_the_args_type() {
+        let t = Erased::new(Add).unwrap();
+        let schema = &t.definition().input_schema;
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["properties"]["a"]["type"], "integer");
+        assert!(schema.get("$schema").is_none());
+    }
+
+    #[tokio::test]
+    async fn erased_call_validates_input() {
+        let t = Erased::new(Add).unwrap();
+        let id = ToolCallId::new("c1");
+        let state = NoState::default();
+        let cx = ToolContext::new(&id, &[], &state);
+        let ok = t.call_json(json!({"a": 2, "b": 3}), cx).await.unwrap();
+        assert_eq!(ok, ToolOutcome::Value(json!(5)));
+        let err = t.call_json(json!({"a": "x"}), cx).await.unwrap_err();
+        assert!(err.to_string().starts_with("Invalid tool input: "), "{err}");
+    }
+
+    #[test]
+    fn string_outputs_are_not_json_quoted() {
+        assert_eq!(ToolOutcome::Value(json!("hi")).model_text("F"), "hi");
+        assert_eq!(
+            ToolOutcome::Value(json!({"a":1})).model_text("F"),
+            r#"{"a":1}"#
+        );
+        assert_eq!(
+            ToolOutcome::Terminate(TerminateResponse::default()).model_text("Finished"),
+            "Finished"
+        );
+        let reply = ToolOutcome::Reply(ToolReply::new("for user", "for model"));
+        assert_eq!(reply.model_text("F"), "for model");
+        assert_eq!(reply.response_text("F"), "for user");
+    }
+}
