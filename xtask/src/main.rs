@@ -1,1 +1,55 @@
-fn main() {}
+//! markov's build tasks, run as `cargo xtask <command>` (see `.cargo/config.toml`).
+//!
+//! Commands:
+//!
+//! - `test`: the checks CI runs, in order, stopping at the first failure:
+//!   `cargo fmt --check`, `cargo clippy -D warnings`, `cargo test` (unit,
+//!   integration and doc tests, plus the `tidy` test in `src/tidy.rs`)
+//!   and `cargo doc` with `RUSTDOCFLAGS=-D warnings`.
+//! - `help`: prints the usage.
+//!
+//! Arguments are parsed by hand in `flags.rs` to keep this crate free of
+//! dependencies; it builds fast on a cold cache.
+
+mod flags;
+mod pipeline;
+#[cfg(test)]
+mod tidy;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use flags::Command;
+
+fn main() -> ExitCode {
+    let command = match flags::parse(std::env::args_os().skip(1)) {
+        Ok(command) => command,
+        Err(message) => {
+            eprintln!("xtask: {message}\n\n{}", flags::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let result = match command {
+        Command::Help => {
+            println!("{}", flags::USAGE);
+            Ok(())
+        }
+        Command::Test => workspace_root().and_then(|root| pipeline::run(&root)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("xtask: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root: the parent of this crate's manifest directory.
+fn workspace_root() -> Result<PathBuf, String> {
+    let manifest_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .ok_or_else(|| format!("{} has no parent directory", manifest_dir.display()))
+}

@@ -1,12 +1,12 @@
 //! markov's data model and traits. No I/O, no runtime: tool authors and model
 //! clients depend on this crate alone.
 //!
-//! - [`Message`](message::Message) and [`Item`](message::Item): the conversation, in
+//! - [`Message`] and [`Item`]: the conversation, in
 //!   upstream markov-machines' JSON form.
-//! - [`Tool`](tool::Tool): a typed tool; [`DynTool`](tool::DynTool) its erased form;
-//!   [`ToolDefinition`](tool::ToolDefinition) what a model is told about it.
-//! - [`Model`](model::Model): one async trait every model client implements, over a
-//!   [`ModelRequest`](model::ModelRequest) that borrows the history.
+//! - [`Tool`]: a typed tool; [`DynTool`] its erased form;
+//!   [`ToolDefinition`] what a model is told about it.
+//! - [`Model`]: one async trait every model client implements, over a
+//!   [`ModelRequest`] that borrows the history.
 //!
 //! ```
 //! use markov_core::message::{Item, Message};

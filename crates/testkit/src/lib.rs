@@ -1,1 +1,25 @@
-//! placeholder
+//! Test doubles for markov: scripted and failing models, and proptest strategies.
+//!
+//! - [`ScriptedModel`] answers from a script, records every request, refuses
+//!   answers a real provider could not give, and errors when its script runs out.
+//! - [`FailingModel`] returns an error, at once or after some calls.
+//! - [`strategies`] generates messages and tool calls for property tests.
+//!
+//! ```
+//! use markov_testkit::ScriptedModel;
+//! use serde_json::json;
+//!
+//! let model = ScriptedModel::builder()
+//!     .tool_call("lookup", json!({"key": "k"}))
+//!     .text("done")
+//!     .build();
+//! assert_eq!(model.calls(), 0);
+//! ```
+#![deny(missing_docs)]
+
+mod failing;
+mod scripted;
+pub mod strategies;
+
+pub use failing::FailingModel;
+pub use scripted::{RecordedRequest, Recording, ScriptBuilder, ScriptedModel, text_response};

@@ -1,0 +1,380 @@
+//! [`ScriptedModel`]: answers from a script and records what it was asked.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use markov_core::message::{Item, Message};
+use markov_core::model::{
+    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, ToolChoice, Usage,
+};
+use markov_core::tool::ToolDefinition;
+use serde_json::Value;
+
+/// An owned copy of one request a [`ScriptedModel`] received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedRequest {
+    /// The system prompt.
+    pub system: String,
+    /// The conversation as sent.
+    pub messages: Vec<Message>,
+    /// The tools offered.
+    pub tools: Vec<ToolDefinition>,
+    /// The tool choice.
+    pub tool_choice: ToolChoice,
+    /// The settings.
+    pub settings: ModelSettings,
+    /// The structured-output schema, if any.
+    pub output_schema: Option<Value>,
+}
+
+impl RecordedRequest {
+    /// The names of the tools offered, in order.
+    pub fn tool_names(&self) -> Vec<&str> {
+        self.tools.iter().map(|t| t.name.as_str()).collect()
+    }
+}
+
+/// Whether a [`ScriptedModel`] keeps a copy of every request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recording {
+    /// Keep a copy (the default; what tests assert on).
+    On,
+    /// Keep nothing, so the model costs nothing per call (for benchmarks).
+    Off,
+}
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+enum Scripted {
+    Response(ModelResponse),
+    Error(ModelError),
+}
+
+/// A model that answers from a fixed script, in order.
+///
+/// It behaves like a strict provider: a scripted text-only answer to a request
+/// whose tool choice forces a tool (`Any`, or a named tool the answer does not
+/// call), or a tool call under `ToolChoice::None`, is refused with a clear
+/// error instead of being returned. When the script runs out it returns an
+/// error, not a panic.
+///
+/// ```
+/// use markov_testkit::ScriptedModel;
+/// use serde_json::json;
+///
+/// let model = ScriptedModel::builder()
+///     .tool_call("add", json!({"a": 2, "b": 3}))
+///     .text("5")
+///     .build();
+/// assert_eq!(model.remaining(), 2);
+/// ```
+#[derive(Debug)]
+pub struct ScriptedModel {
+    script: Mutex<VecDeque<Scripted>>,
+    served: Mutex<usize>,
+    recording: Recording,
+    requests: Mutex<Vec<RecordedRequest>>,
+}
+
+impl ScriptedModel {
+    /// A model answering with `responses`, in order.
+    pub fn new(responses: impl IntoIterator<Item = ModelResponse>) -> Self {
+        Self::from_script(responses.into_iter().map(Scripted::Response).collect())
+    }
+
+    /// A builder that numbers tool call ids `call_1`, `call_2`, ... across the script.
+    pub fn builder() -> ScriptBuilder {
+        ScriptBuilder::default()
+    }
+
+    fn from_script(script: VecDeque<Scripted>) -> Self {
+        ScriptedModel {
+            script: Mutex::new(script),
+            served: Mutex::new(0),
+            recording: Recording::On,
+            requests: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sets whether requests are recorded.
+    #[must_use]
+    pub fn recording(mut self, recording: Recording) -> Self {
+        self.recording = recording;
+        self
+    }
+
+    /// Copies of the requests received so far, in order.
+    pub fn requests(&self) -> Vec<RecordedRequest> {
+        lock(&self.requests).clone()
+    }
+
+    /// How many requests were received.
+    pub fn calls(&self) -> usize {
+        *lock(&self.served)
+    }
+
+    /// How many scripted answers are left.
+    pub fn remaining(&self) -> usize {
+        lock(&self.script).len()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A test that panicked while holding the lock already failed; keep going.
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn check_tool_choice(
+    choice: &ToolChoice,
+    response: &ModelResponse,
+    index: usize,
+) -> Result<(), ModelError> {
+    let called: Vec<&str> = response.tool_calls().map(|(_, name, _)| name).collect();
+    let refusal = match choice {
+        ToolChoice::Any if called.is_empty() => Some(
+            "answers without a tool call, but the request's tool choice is Any (a provider would never return that)"
+                .to_owned(),
+        ),
+        ToolChoice::Tool(name) if !called.contains(&name.as_str()) => Some(format!(
+            "does not call {name}, but the request's tool choice forces it"
+        )),
+        ToolChoice::None if !called.is_empty() => {
+            Some("calls a tool, but the request's tool choice is None".to_owned())
+        }
+        _ => None,
+    };
+    match refusal {
+        Some(why) => Err(ModelError::InvalidRequest(format!(
+            "scripted response {} {why}",
+            index + 1
+        ))),
+        None => Ok(()),
+    }
+}
+
+#[async_trait]
+impl Model for ScriptedModel {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        if self.recording == Recording::On {
+            lock(&self.requests).push(RecordedRequest {
+                system: request.system.to_owned(),
+                messages: request.messages.to_vec(),
+                tools: request.tools.to_vec(),
+                tool_choice: request.tool_choice.clone(),
+                settings: request.settings.clone(),
+                output_schema: request.output_schema.cloned(),
+            });
+        }
+        let index = {
+            let mut served = lock(&self.served);
+            *served += 1;
+            *served - 1
+        };
+        let next = lock(&self.script).pop_front();
+        match next {
+            Some(Scripted::Response(response)) => {
+                check_tool_choice(request.tool_choice, &response, index)?;
+                Ok(response)
+            }
+            Some(Scripted::Error(error)) => Err(error),
+            None => Err(ModelError::InvalidRequest(format!(
+                "the scripted model's script is exhausted: request {} has no scripted answer ({index} were scripted)",
+                index + 1
+            ))),
+        }
+    }
+}
+
+/// Builds a [`ScriptedModel`]'s script.
+#[derive(Debug, Default)]
+pub struct ScriptBuilder {
+    script: VecDeque<Scripted>,
+    next_id: u64,
+}
+
+impl ScriptBuilder {
+    fn next_call_id(&mut self) -> String {
+        self.next_id += 1;
+        format!("call_{}", self.next_id)
+    }
+
+    /// An answer of plain text (`end_turn`).
+    #[must_use]
+    pub fn text(mut self, text: impl Into<String>) -> Self {
+        self.script
+            .push_back(Scripted::Response(text_response(text)));
+        self
+    }
+
+    /// An answer with one tool call (`tool_use`).
+    #[must_use]
+    pub fn tool_call(self, name: &str, input: Value) -> Self {
+        self.tool_calls([(name, input)])
+    }
+
+    /// An answer with several tool calls in one response (`tool_use`).
+    #[must_use]
+    pub fn tool_calls<'n>(mut self, calls: impl IntoIterator<Item = (&'n str, Value)>) -> Self {
+        let content = calls
+            .into_iter()
+            .map(|(name, input)| Item::tool_use(self.next_call_id(), name, input))
+            .collect();
+        self.script.push_back(Scripted::Response(ModelResponse {
+            content,
+            stop_reason: StopReason::ToolUse,
+            usage: Usage::default(),
+        }));
+        self
+    }
+
+    /// An answer with leading text and tool calls (`tool_use`).
+    #[must_use]
+    pub fn text_and_tool_calls<'n>(
+        mut self,
+        text: &str,
+        calls: impl IntoIterator<Item = (&'n str, Value)>,
+    ) -> Self {
+        let mut content = vec![Item::text(text)];
+        content.extend(
+            calls
+                .into_iter()
+                .map(|(name, input)| Item::tool_use(self.next_call_id(), name, input)),
+        );
+        self.script.push_back(Scripted::Response(ModelResponse {
+            content,
+            stop_reason: StopReason::ToolUse,
+            usage: Usage::default(),
+        }));
+        self
+    }
+
+    /// An answer cut off by the token limit (`max_tokens`).
+    #[must_use]
+    pub fn max_tokens(mut self, partial_text: impl Into<String>) -> Self {
+        self.script.push_back(Scripted::Response(ModelResponse {
+            content: vec![Item::text(partial_text)],
+            stop_reason: StopReason::MaxTokens,
+            usage: Usage::default(),
+        }));
+        self
+    }
+
+    /// A raw response.
+    #[must_use]
+    pub fn response(mut self, response: ModelResponse) -> Self {
+        self.script.push_back(Scripted::Response(response));
+        self
+    }
+
+    /// A failed call.
+    #[must_use]
+    pub fn error(mut self, error: ModelError) -> Self {
+        self.script.push_back(Scripted::Error(error));
+        self
+    }
+
+    /// The model.
+    pub fn build(self) -> ScriptedModel {
+        ScriptedModel::from_script(self.script)
+    }
+}
+
+/// A plain text response (`end_turn`).
+pub fn text_response(text: impl Into<String>) -> ModelResponse {
+    ModelResponse {
+        content: vec![Item::text(text)],
+        stop_reason: StopReason::EndTurn,
+        usage: Usage::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request<'a>(
+        messages: &'a [Message],
+        choice: &'a ToolChoice,
+        settings: &'a ModelSettings,
+    ) -> ModelRequest<'a> {
+        ModelRequest {
+            system: "sys",
+            messages,
+            tools: &[],
+            tool_choice: choice,
+            settings,
+            output_schema: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn records_every_request_and_answers_in_order() {
+        let model = ScriptedModel::builder()
+            .tool_call("add", json!({"a": 1}))
+            .text("done")
+            .build();
+        let settings = ModelSettings::default();
+        let history = vec![Message::user("hi")];
+        let first = model
+            .complete(request(&history, &ToolChoice::Auto, &settings))
+            .await
+            .unwrap();
+        assert_eq!(first.stop_reason, StopReason::ToolUse);
+        let (id, name, _) = first.tool_calls().next().unwrap();
+        assert_eq!((id.as_str(), name), ("call_1", "add"));
+        let second = model
+            .complete(request(&history, &ToolChoice::Auto, &settings))
+            .await
+            .unwrap();
+        assert_eq!(second.content, vec![Item::text("done")]);
+        let recorded = model.requests();
+        assert_eq!(recorded.len(), 2);
+        assert_eq!(recorded[0].system, "sys");
+        assert_eq!(recorded[0].messages, history);
+        assert_eq!(model.calls(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_exhausted_script_is_an_error_not_a_panic() {
+        let model = ScriptedModel::builder().text("only").build();
+        let settings = ModelSettings::default();
+        let _ = model
+            .complete(request(&[], &ToolChoice::Auto, &settings))
+            .await
+            .unwrap();
+        let err = model
+            .complete(request(&[], &ToolChoice::Auto, &settings))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("script is exhausted"), "{err}");
+        assert!(!err.is_retryable());
+    }
+
+    #[tokio::test]
+    async fn refuses_text_when_a_tool_is_forced() {
+        let model = ScriptedModel::builder().text("no tools").build();
+        let settings = ModelSettings::default();
+        let err = model
+            .complete(request(&[], &ToolChoice::Any, &settings))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("tool choice is Any"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn recording_off_keeps_nothing() {
+        let model = ScriptedModel::builder()
+            .text("x")
+            .build()
+            .recording(Recording::Off);
+        let settings = ModelSettings::default();
+        let _ = model
+            .complete(request(&[], &ToolChoice::Auto, &settings))
+            .await
+            .unwrap();
+        assert!(model.requests().is_empty());
+        assert_eq!(model.calls(), 1);
+    }
+}

@@ -1,0 +1,586 @@
+//! Tidy: workspace conventions and architecture invariants, checked by
+//! `cargo test` (rust-analyzer's `xtask/src/tidy.rs`).
+//!
+//! The [`tidy`] test walks the sources and manifests and reports every
+//! violation at once, each with its file. The checks:
+//!
+//! - every `.rs` file under `crates/*/{src,tests,examples,benches}` and
+//!   `xtask/src` starts with a `//!` module doc comment;
+//! - no test uses the `should_panic` attribute: assert on the `Result` or
+//!   the panic payload instead;
+//! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
+//!   hyper or `markov-*` crate in its `[dependencies]`;
+//! - the layers point one way, `core` ← `runtime` ← `executor`: `runtime`
+//!   does not depend on `executor`, and `tools-std`, `testkit` and
+//!   `providers` depend on neither;
+//! - internal (`markov-*`) dependencies carry both `path` and `version`, so
+//!   each crate can be published on its own.
+//!
+//! Manifests are read by a crude line scan (see [`dependencies`]); it knows
+//! the forms this workspace uses and keeps this crate dependency-free.
+//!
+//! Each check is a function of file text, with its own unit test on inline
+//! samples, so each demonstrably fails when it should.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Checks the whole workspace and fails with every violation found.
+#[test]
+fn tidy() {
+    let root = crate::workspace_root().expect("workspace root");
+    let mut violations = Vec::new();
+    check_sources(&root, &mut violations);
+    check_manifests(&root, &mut violations);
+    assert!(
+        violations.is_empty(),
+        "tidy found {} problem(s):\n  {}\n",
+        violations.len(),
+        violations.join("\n  ")
+    );
+}
+
+// ---------------------------------------------------------------------------
+// Walking the workspace.
+
+/// Runs the per-file source checks on every Rust file tidy covers.
+fn check_sources(root: &Path, violations: &mut Vec<String>) {
+    for path in rust_files(root, violations) {
+        let shown = relative(root, &path);
+        match fs::read_to_string(&path) {
+            Ok(text) => {
+                violations.extend(check_module_doc(&shown, &text));
+                violations.extend(check_no_should_panic(&shown, &text));
+            }
+            Err(err) => violations.push(format!("{shown}: cannot read: {err}")),
+        }
+    }
+}
+
+/// Runs the manifest checks on the root and every `crates/*` manifest.
+fn check_manifests(root: &Path, violations: &mut Vec<String>) {
+    let root_manifest = root.join("Cargo.toml");
+    match fs::read_to_string(&root_manifest) {
+        Ok(text) => violations.extend(check_internal_deps_versioned(
+            "Cargo.toml",
+            &text,
+            "workspace.dependencies",
+        )),
+        Err(err) => violations.push(format!("Cargo.toml: cannot read: {err}")),
+    }
+    for dir in crate_dirs(root, violations) {
+        let manifest = dir.join("Cargo.toml");
+        let shown = relative(root, &manifest);
+        let text = match fs::read_to_string(&manifest) {
+            Ok(text) => text,
+            Err(err) => {
+                violations.push(format!("{shown}: cannot read: {err}"));
+                continue;
+            }
+        };
+        violations.extend(check_layering(&shown, &text));
+        violations.extend(check_internal_deps_versioned(&shown, &text, "dependencies"));
+    }
+}
+
+/// The directories under `crates/` that hold a `Cargo.toml`, sorted.
+fn crate_dirs(root: &Path, violations: &mut Vec<String>) -> Vec<PathBuf> {
+    let crates = root.join("crates");
+    read_dir_sorted(&crates, root, violations)
+        .into_iter()
+        .filter(|dir| dir.join("Cargo.toml").is_file())
+        .collect()
+}
+
+/// The `.rs` files tidy checks: `crates/*/{src,tests,examples,benches}/**`
+/// and `xtask/src/**`, sorted.
+fn rust_files(root: &Path, violations: &mut Vec<String>) -> Vec<PathBuf> {
+    let mut dirs = vec![root.join("xtask").join("src")];
+    for krate in crate_dirs(root, violations) {
+        for sub in ["src", "tests", "examples", "benches"] {
+            dirs.push(krate.join(sub));
+        }
+    }
+    let mut files = Vec::new();
+    for dir in dirs {
+        if dir.is_dir() {
+            collect_rust_files(&dir, root, &mut files, violations);
+        }
+    }
+    files.sort();
+    files
+}
+
+/// Adds the `.rs` files under `dir`, recursively, to `files`.
+fn collect_rust_files(
+    dir: &Path,
+    root: &Path,
+    files: &mut Vec<PathBuf>,
+    violations: &mut Vec<String>,
+) {
+    for path in read_dir_sorted(dir, root, violations) {
+        if path.is_dir() {
+            collect_rust_files(&path, root, files, violations);
+        } else if path.extension().is_some_and(|ext| ext == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// The entries of `dir`, sorted; an unreadable directory is a violation.
+fn read_dir_sorted(dir: &Path, root: &Path, violations: &mut Vec<String>) -> Vec<PathBuf> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) => {
+            violations.push(format!("{}: cannot list: {err}", relative(root, dir)));
+            return Vec::new();
+        }
+    };
+    let mut paths = Vec::new();
+    for entry in entries {
+        match entry {
+            Ok(entry) => paths.push(entry.path()),
+            Err(err) => violations.push(format!("{}: cannot list: {err}", relative(root, dir))),
+        }
+    }
+    paths.sort();
+    paths
+}
+
+/// `path` relative to the workspace root, with `/` separators.
+fn relative(root: &Path, path: &Path) -> String {
+    let rel = path.strip_prefix(root).unwrap_or(path);
+    rel.components()
+        .map(|c| c.as_os_str().to_string_lossy())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+// ---------------------------------------------------------------------------
+// Source checks.
+
+/// The first non-empty line of every Rust file must be a `//!` doc comment.
+fn check_module_doc(path: &str, text: &str) -> Option<String> {
+    let first = text.lines().map(str::trim).find(|line| !line.is_empty());
+    match first {
+        Some(line) if line.starts_with("//!") => None,
+        Some(_) => Some(format!(
+            "{path}: does not start with a `//!` module doc comment"
+        )),
+        None => Some(format!(
+            "{path}: is empty; it needs a `//!` module doc comment"
+        )),
+    }
+}
+
+/// No attribute line may mention `should_panic` (plain or in `cfg_attr`).
+///
+/// A panicking test says nothing about *which* panic happened; assert on a
+/// returned error or use `std::panic::catch_unwind` and check the payload.
+fn check_no_should_panic(path: &str, text: &str) -> Vec<String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| {
+            let line = line.trim_start();
+            line.starts_with("#[") && line.contains("should_panic")
+        })
+        .map(|(index, _)| {
+            format!(
+                "{path}:{}: uses the `should_panic` attribute; assert on the error instead",
+                index + 1
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Manifest checks.
+
+/// Whether `name` matches `pattern`: a crate name, or a prefix ending in
+/// `*` (`markov-*`).
+fn matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == pattern,
+    }
+}
+
+/// A layering rule: what `package` must not depend on, and why.
+#[derive(Debug)]
+struct Layer {
+    package: &'static str,
+    /// Crate names, or prefixes ending in `*`.
+    forbidden: &'static [&'static str],
+    reason: &'static str,
+}
+
+/// The architecture's dependency rules, one per package.
+const LAYERS: &[Layer] = &[
+    Layer {
+        package: "markov-core",
+        forbidden: &["tokio", "reqwest", "hyper", "markov-*"],
+        reason: "core does no I/O and is the bottom layer",
+    },
+    Layer {
+        package: "markov-runtime",
+        forbidden: &["markov-executor"],
+        reason: "the layers are core <- runtime <- executor",
+    },
+    Layer {
+        package: "markov-tools-std",
+        forbidden: ABOVE_CORE,
+        reason: "tool crates depend on core only",
+    },
+    Layer {
+        package: "markov-testkit",
+        forbidden: ABOVE_CORE,
+        reason: "testkit depends on core only",
+    },
+    Layer {
+        package: "markov-providers",
+        forbidden: ABOVE_CORE,
+        reason: "model providers depend on core only",
+    },
+];
+
+/// The layers a leaf crate (tools, testkit, providers) must not reach.
+const ABOVE_CORE: &[&str] = &["markov-runtime", "markov-executor"];
+
+/// Flags `[dependencies]` of the manifest's package that its layer forbids.
+fn check_layering(path: &str, manifest: &str) -> Vec<String> {
+    let Some(package) = package_name(manifest) else {
+        return vec![format!("{path}: no `name` in `[package]`")];
+    };
+    let Some(layer) = LAYERS.iter().find(|layer| layer.package == package) else {
+        return Vec::new();
+    };
+    dependencies(manifest, "dependencies")
+        .into_iter()
+        .filter(|dep| {
+            layer
+                .forbidden
+                .iter()
+                .any(|pattern| matches(pattern, dep.crate_name()))
+        })
+        .map(|dep| {
+            format!(
+                "{path}:{}: `{package}` must not depend on `{}` ({})",
+                dep.line,
+                dep.crate_name(),
+                layer.reason
+            )
+        })
+        .collect()
+}
+
+/// Flags `markov-*` dependencies in `section` that lack `path` or `version`.
+///
+/// A dependency inherited with `workspace = true` gets both from the root's
+/// `[workspace.dependencies]`, which this same check covers.
+fn check_internal_deps_versioned(path: &str, manifest: &str, section: &str) -> Vec<String> {
+    dependencies(manifest, section)
+        .into_iter()
+        .filter(|dep| dep.crate_name().starts_with("markov-"))
+        .filter(|dep| !dep.has_key("workspace"))
+        .filter(|dep| !(dep.has_key("path") && dep.has_key("version")))
+        .map(|dep| {
+            format!(
+                "{path}:{}: internal dependency `{}` in `[{section}]` needs both `path` and `version`",
+                dep.line, dep.name
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// A crude manifest scanner.
+
+/// One dependency as declared in a manifest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Dep {
+    /// The key it is declared under.
+    name: String,
+    /// The `package = ".."` it renames, if any.
+    package: Option<String>,
+    /// The keys given for it: `version`, `path`, `workspace`, `features`...
+    /// A bare version string (`foo = "1"`) counts as `version`.
+    keys: Vec<String>,
+    /// The 1-based line of its declaration.
+    line: usize,
+}
+
+impl Dep {
+    /// The crate it resolves to: `package` if renamed, else its key.
+    fn crate_name(&self) -> &str {
+        self.package.as_deref().unwrap_or(&self.name)
+    }
+
+    fn has_key(&self, key: &str) -> bool {
+        self.keys.iter().any(|k| k == key)
+    }
+}
+
+/// The `name` in the manifest's `[package]` section.
+fn package_name(manifest: &str) -> Option<String> {
+    let mut in_package = false;
+    for line in manifest.lines().map(strip_comment) {
+        if let Some(header) = section_header(line) {
+            in_package = header == "package";
+        } else if in_package
+            && let Some((key, value)) = line.split_once('=')
+            && key.trim() == "name"
+        {
+            return Some(unquote(value.trim()).to_owned());
+        }
+    }
+    None
+}
+
+/// The dependencies declared in `section` (`dependencies` or
+/// `workspace.dependencies`), in both inline (`[dependencies]` then
+/// `foo = { .. }`) and table (`[dependencies.foo]`) form. For
+/// `dependencies`, target-specific tables
+/// (`[target.'cfg(unix)'.dependencies]`) count too.
+///
+/// This is a line scan, not a TOML parser: it expects one dependency per
+/// line, which is what `cargo fmt`-era manifests (and ours) use.
+fn dependencies(manifest: &str, section: &str) -> Vec<Dep> {
+    /// Where the scanner is.
+    enum State {
+        Elsewhere,
+        /// In `[section]`: each `key = value` line is a dependency.
+        Inline,
+        /// In `[section.name]`: each line is a key of `deps[index]`.
+        Table(usize),
+    }
+
+    let mut deps: Vec<Dep> = Vec::new();
+    let mut state = State::Elsewhere;
+    for (index, raw) in manifest.lines().enumerate() {
+        let line = strip_comment(raw);
+        let line_no = index + 1;
+        if let Some(header) = section_header(line) {
+            let header = without_target(header);
+            state = if header == section {
+                State::Inline
+            } else if let Some(name) = header
+                .strip_prefix(section)
+                .and_then(|rest| rest.strip_prefix('.'))
+            {
+                deps.push(Dep {
+                    name: unquote(name).to_owned(),
+                    package: None,
+                    keys: Vec::new(),
+                    line: line_no,
+                });
+                State::Table(deps.len() - 1)
+            } else {
+                State::Elsewhere
+            };
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let (key, value) = (key.trim(), value.trim());
+        match state {
+            State::Elsewhere => {}
+            State::Inline => deps.push(inline_dep(key, value, line_no)),
+            State::Table(at) => {
+                if let Some(dep) = deps.get_mut(at) {
+                    if key == "package" {
+                        dep.package = Some(unquote(value).to_owned());
+                    }
+                    dep.keys.push(key.to_owned());
+                }
+            }
+        }
+    }
+    deps
+}
+
+/// Reads `name = "1"`, `name.workspace = true` or `name = { k = v, .. }`.
+fn inline_dep(key: &str, value: &str, line: usize) -> Dep {
+    let (name, dotted) = match key.split_once('.') {
+        Some((name, rest)) => (name.trim(), Some(rest.trim())),
+        None => (key, None),
+    };
+    let mut dep = Dep {
+        name: unquote(name).to_owned(),
+        package: None,
+        keys: Vec::new(),
+        line,
+    };
+    if let Some(dotted) = dotted {
+        if dotted == "package" {
+            dep.package = Some(unquote(value).to_owned());
+        }
+        dep.keys.push(dotted.to_owned());
+    } else if let Some(table) = value.strip_prefix('{') {
+        let table = table.strip_suffix('}').unwrap_or(table);
+        // Splitting on ',' also splits feature lists; those pieces have no '='.
+        for part in table.split(',') {
+            if let Some((k, v)) = part.split_once('=') {
+                let k = k.trim();
+                if k == "package" {
+                    dep.package = Some(unquote(v.trim()).to_owned());
+                }
+                dep.keys.push(k.to_owned());
+            }
+        }
+    } else {
+        dep.keys.push("version".to_owned());
+    }
+    dep
+}
+
+/// `Some("a.b")` for a `[a.b]` line; `None` for other lines and for arrays
+/// of tables (`[[bin]]`), which end any dependency section all the same.
+fn section_header(line: &str) -> Option<&str> {
+    let inner = line.strip_prefix('[')?.strip_suffix(']')?;
+    Some(inner.trim())
+}
+
+/// Strips a `target.<spec>.` prefix, so target-specific dependency tables
+/// read like the plain ones. `<spec>` may be quoted and contain dots.
+fn without_target(header: &str) -> &str {
+    let Some(rest) = header.strip_prefix("target.") else {
+        return header;
+    };
+    let after_spec = match rest.chars().next() {
+        Some(quote @ ('\'' | '"')) => rest[1..].find(quote).map(|end| &rest[end + 2..]),
+        _ => rest.find('.').map(|dot| &rest[dot..]),
+    };
+    after_spec
+        .and_then(|after| after.strip_prefix('.'))
+        .unwrap_or(header)
+}
+
+/// The line without a trailing `#` comment (crudely: `#` inside a string
+/// also ends the line, which manifests rarely do) and surrounding space.
+fn strip_comment(line: &str) -> &str {
+    line.split_once('#').map_or(line, |(code, _)| code).trim()
+}
+
+/// `"x"` or `'x'` → `x`; anything else unchanged.
+fn unquote(value: &str) -> &str {
+    for quote in ['"', '\''] {
+        if let Some(inner) = value
+            .strip_prefix(quote)
+            .and_then(|rest| rest.strip_suffix(quote))
+        {
+            return inner;
+        }
+    }
+    value
+}
+
+// ---------------------------------------------------------------------------
+// Each check, on samples it must accept and reject.
+
+#[test]
+fn module_doc_is_required() {
+    assert_eq!(check_module_doc("a.rs", "\n//! Docs.\nfn f() {}\n"), None);
+    let missing = check_module_doc("b.rs", "// Not a doc.\n//! Too late.\n");
+    assert_eq!(
+        missing.as_deref(),
+        Some("b.rs: does not start with a `//!` module doc comment")
+    );
+    let outer = check_module_doc("c.rs", "/// Outer doc.\nfn f() {}\n");
+    assert!(outer.is_some());
+    assert!(check_module_doc("d.rs", "\n  \n").is_some());
+}
+
+#[test]
+fn should_panic_is_flagged() {
+    let attr = format!("#[{}]", "should_panic");
+    let sample = format!("//! Tests.\n#[test]\n{attr}\nfn boom() {{}}\n");
+    assert_eq!(
+        check_no_should_panic("t.rs", &sample),
+        ["t.rs:3: uses the `should_panic` attribute; assert on the error instead"]
+    );
+    let cfg_attr = format!(
+        "//! Tests.\n  #[cfg_attr(test, {}(expected = \"x\"))]\n",
+        "should_panic"
+    );
+    assert_eq!(check_no_should_panic("u.rs", &cfg_attr).len(), 1);
+    let prose = "//! Never use should_panic.\nlet s = \"should_panic\";\n";
+    assert!(check_no_should_panic("v.rs", prose).is_empty());
+}
+
+#[test]
+fn core_must_not_depend_on_io_or_markov_crates() {
+    let sample = "[package]\nname = \"markov-core\"\n\n[dependencies]\nserde.workspace = true\ntokio = { workspace = true, features = [\"rt\", \"macros\"] }\nhttp-client = { package = \"reqwest\", version = \"0.12\" }\nmarkov-runtime.workspace = true\n\n[dev-dependencies]\ntokio = { workspace = true, features = [\"rt\"] }\nhyper = \"1\"\n";
+    assert_eq!(
+        check_layering("crates/core/Cargo.toml", sample),
+        [
+            "crates/core/Cargo.toml:6: `markov-core` must not depend on `tokio` (core does no I/O and is the bottom layer)",
+            "crates/core/Cargo.toml:7: `markov-core` must not depend on `reqwest` (core does no I/O and is the bottom layer)",
+            "crates/core/Cargo.toml:8: `markov-core` must not depend on `markov-runtime` (core does no I/O and is the bottom layer)",
+        ]
+    );
+    let clean = "[package]\nname = \"markov-core\"\n[dependencies]\nserde = \"1\"\n[dev-dependencies]\ntokio = \"1\"\n";
+    assert!(check_layering("c", clean).is_empty());
+}
+
+#[test]
+fn layers_point_one_way() {
+    let runtime = "[package]\nname = \"markov-runtime\"\n[dependencies]\nmarkov-core.workspace = true\n[dependencies.markov-executor]\nworkspace = true\n";
+    assert_eq!(
+        check_layering("r", runtime),
+        [
+            "r:5: `markov-runtime` must not depend on `markov-executor` (the layers are core <- runtime <- executor)"
+        ]
+    );
+    let executor = "[package]\nname = \"markov-executor\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-runtime.workspace = true\n";
+    assert!(check_layering("e", executor).is_empty());
+    let testkit = "[package]\nname = \"markov-testkit\"\n[dependencies]\nmarkov-core.workspace = true\n[target.'cfg(unix)'.dependencies]\nmarkov-runtime.workspace = true\n[dev-dependencies]\nmarkov-executor.workspace = true\n";
+    assert_eq!(
+        check_layering("t", testkit),
+        [
+            "t:6: `markov-testkit` must not depend on `markov-runtime` (testkit depends on core only)"
+        ]
+    );
+    let providers = "[package]\nname = \"markov-providers\"\n[dependencies]\nmarkov-executor = { path = \"../executor\", version = \"0.1\" }\n";
+    assert_eq!(check_layering("p", providers).len(), 1);
+}
+
+#[test]
+fn internal_deps_need_path_and_version() {
+    let sample = "[workspace.dependencies]\nmarkov-core = { path = \"crates/core\", version = \"0.1.0\" }\nmarkov-runtime = { path = \"crates/runtime\" }\nmarkov-executor = \"0.1.0\"\nserde = \"1\"\n[workspace.dependencies.markov-testkit]\npath = \"crates/testkit\"\n";
+    assert_eq!(
+        check_internal_deps_versioned("Cargo.toml", sample, "workspace.dependencies"),
+        [
+            "Cargo.toml:3: internal dependency `markov-runtime` in `[workspace.dependencies]` needs both `path` and `version`",
+            "Cargo.toml:4: internal dependency `markov-executor` in `[workspace.dependencies]` needs both `path` and `version`",
+            "Cargo.toml:6: internal dependency `markov-testkit` in `[workspace.dependencies]` needs both `path` and `version`",
+        ]
+    );
+    let member = "[dependencies]\nmarkov-core.workspace = true\nmarkov-runtime = { path = \"../runtime\" }\n[dev-dependencies]\nmarkov-testkit = { path = \"../testkit\" }\n";
+    assert_eq!(
+        check_internal_deps_versioned("m", member, "dependencies").len(),
+        1
+    );
+}
+
+#[test]
+fn scanner_reads_the_forms_we_use() {
+    let sample = "[package]\nname = \"x\" # the name\n[dependencies]\na = \"1\"\nb.workspace = true\nc = { version = \"1\", features = [\"x\", \"y\"], default-features = false }\n[dependencies.d]\nversion = \"2\"\npackage = \"dee\"\n[[bin]]\nname = \"tool\"\n";
+    assert_eq!(package_name(sample).as_deref(), Some("x"));
+    let deps = dependencies(sample, "dependencies");
+    let names: Vec<&str> = deps.iter().map(Dep::crate_name).collect();
+    assert_eq!(names, ["a", "b", "c", "dee"]);
+    assert_eq!(deps[2].keys, ["version", "features", "default-features"]);
+    assert_eq!(
+        without_target("target.'cfg(target_os = \"linux\")'.dependencies"),
+        "dependencies"
+    );
+    assert_eq!(
+        without_target("target.x86_64-unknown-linux-gnu.dependencies.foo"),
+        "dependencies.foo"
+    );
+    assert_eq!(
+        without_target("workspace.dependencies"),
+        "workspace.dependencies"
+    );
+}
