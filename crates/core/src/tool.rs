@@ -257,6 +257,9 @@ impl ToolOutcome {
     note = "a tool output must implement `serde::Serialize`, or be `ToolReply`, `TerminateResponse` or `ToolOutcome`"
 )]
 pub trait IntoToolOutcome {
+    /// Whether an output of this type can end the run ([`TerminateResponse`]).
+    const MAY_TERMINATE: bool = false;
+
     /// Converts the output. Fails only when serialization fails.
     fn into_outcome(self) -> Result<ToolOutcome, serde_json::Error>;
 }
@@ -274,12 +277,16 @@ impl IntoToolOutcome for ToolReply {
 }
 
 impl IntoToolOutcome for TerminateResponse {
+    const MAY_TERMINATE: bool = true;
+
     fn into_outcome(self) -> Result<ToolOutcome, serde_json::Error> {
         Ok(ToolOutcome::Terminate(self))
     }
 }
 
 impl IntoToolOutcome for ToolOutcome {
+    const MAY_TERMINATE: bool = true;
+
     fn into_outcome(self) -> Result<ToolOutcome, serde_json::Error> {
         Ok(self)
     }
@@ -467,6 +474,11 @@ pub trait DynTool: Send + Sync + fmt::Debug {
     /// The definition sent to models.
     fn definition(&self) -> &ToolDefinition;
 
+    /// Whether a call may end the run (its output type can be a [`TerminateResponse`]).
+    fn may_terminate(&self) -> bool {
+        false
+    }
+
     /// Deserializes `input` and runs the tool.
     fn call_json<'a>(
         &'a self,
@@ -523,6 +535,10 @@ impl<T: Tool> Erased<T> {
 impl<T: Tool> DynTool for Erased<T> {
     fn definition(&self) -> &ToolDefinition {
         &self.definition
+    }
+
+    fn may_terminate(&self) -> bool {
+        <T::Output as IntoToolOutcome>::MAY_TERMINATE
     }
 
     fn call_json<'a>(

@@ -1,4 +1,4 @@
-//! Errors raised while building runtime values.
+//! Errors raised while building runtime values or running transitions.
 
 use markov_core::tool::InvalidToolName;
 
@@ -12,4 +12,90 @@ pub enum ConfigError {
     /// Two tools with one name.
     #[error("duplicate tool name {0:?}")]
     DuplicateTool(String),
+    /// A node tool uses a name the loop reserves for a built-in tool.
+    #[error("Tool \"{tool}\" from node conflicts with existing tool from builtin:{tool}")]
+    ReservedToolName {
+        /// The node.
+        node: String,
+        /// The tool.
+        tool: String,
+    },
+    /// Two transitions with one name on a node.
+    #[error("duplicate transition {transition:?} on node {node}")]
+    DuplicateTransition {
+        /// The node.
+        node: String,
+        /// The transition.
+        transition: String,
+    },
+    /// A worker node declares packs.
+    #[error("worker node {0} cannot declare packs")]
+    WorkerWithPacks(String),
+    /// The initial state does not fit the state type.
+    #[error("Invalid state for node \"{node}\": {message}")]
+    InvalidInitialState {
+        /// The node.
+        node: String,
+        /// The validator's message.
+        message: String,
+    },
+    /// A charter tool's key differs from its name.
+    #[error("Charter tool name mismatch: key \"{key}\" does not match tool.name \"{name}\"")]
+    CharterToolNameMismatch {
+        /// The key.
+        key: String,
+        /// The tool's name.
+        name: String,
+    },
+    /// A transition ref names no charter transition.
+    #[error("Unknown transition ref: {0}")]
+    UnknownTransitionRef(String),
+    /// A dotted transition ref names no charter node.
+    #[error("Unknown node in transition ref: {0}")]
+    UnknownNodeInTransitionRef(String),
+    /// A dotted transition ref names no transition of its node.
+    #[error("Unknown transition on node {node}: {transition}")]
+    UnknownTransitionOnNode {
+        /// The node.
+        node: String,
+        /// The transition.
+        transition: String,
+    },
+    /// A node ref names no charter node.
+    #[error("Unknown node ref: {0}")]
+    UnknownNodeRef(String),
+    /// Two charter nodes (or transitions, packs) with one name.
+    #[error("duplicate charter entry {0:?}")]
+    DuplicateCharterEntry(String),
+    /// `executorConfig` has a value of the wrong type.
+    #[error("executorConfig.{key} must be {expected}, got {got}")]
+    ExecutorConfigType {
+        /// The key.
+        key: &'static str,
+        /// What it must be.
+        expected: &'static str,
+        /// What it is.
+        got: &'static str,
+    },
+    /// A `Named` tool choice names a tool the node does not have.
+    #[error("node {node}: tool choice policy Named({tool}) names a tool the node does not offer")]
+    UnknownNamedTool {
+        /// The node.
+        node: String,
+        /// The tool.
+        tool: String,
+    },
+    /// A `Required` tool choice with no way to end the turn.
+    #[error(
+        "node {0}: tool choice policy Required forces a tool call on every model call, so the node needs a way out: a terminal tool, a tool that ends the run (like finish) or a transition"
+    )]
+    RequiredWithoutExit(String),
+    /// Thinking combined with settings the provider refuses alongside it.
+    #[error("node {node}: {constraint}")]
+    ThinkingConflict {
+        /// The node.
+        node: String,
+        /// The violated constraint.
+        constraint: String,
+    },
 }

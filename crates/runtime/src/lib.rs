@@ -1,20 +1,34 @@
-//! markov's tool execution layer.
+//! markov's runtime: the definitions a machine is made of, and the execution
+//! of one leaf's tool calls.
 //!
-//! - [`ToolSet`] holds a node's tools by name and refuses duplicates.
-//! - [`execute_call`] runs one tool call and always returns exactly one
-//!   [`ToolExecutionResult`](markov_core::ToolExecutionResult): unknown tools,
-//!   invalid arguments and tool failures become error results the model can read.
+//! - [`Charter`](charter::Charter): the static registry (nodes, tools,
+//!   transitions, packs, prompt builder), shared by many machines.
+//! - [`Node`](node::Node): instructions, typed state, tools, transitions, turn policy.
+//! - [`Transition`](transition::Transition) and [`Pack`](pack::Pack).
+//! - [`pipeline`]: runs one model response's tool calls in order and reports
+//!   their results and effects as data; it never touches the instance tree.
+//! - [`prompt`] and [`toolgen`]: the system prompt and the tool list a model sees.
 //!
 //! ```
-//! use markov_runtime::ToolSet;
-//! let tools = ToolSet::new();
-//! assert!(tools.get("missing").is_none());
+//! use markov_runtime::{charter::Charter, node::Node};
+//!
+//! let node = Node::builder("Greet the user.").build().unwrap();
+//! let charter = Charter::builder("greeter").node("greet", node).build().unwrap();
+//! assert!(charter.node("greet").is_some());
 //! ```
 #![deny(missing_docs)]
 
+pub mod charter;
 mod error;
 mod execute;
+pub mod node;
+pub mod pack;
+pub mod policy;
+pub mod prompt;
+pub mod state;
+pub mod toolgen;
 mod toolset;
+pub mod transition;
 
 pub use error::ConfigError;
 pub use execute::execute_call;

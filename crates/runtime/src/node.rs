@@ -1,0 +1,453 @@
+//! [`Node`]: a behaviour blueprint — instructions, typed state, tools, transitions.
+//!
+//! Nodes are built with [`NodeBuilder`], which validates and freezes: a tool
+//! whose name collides with another or with a reserved built-in name
+//! (`updateState`, `transition`, `transition_*`), a duplicate transition name
+//! or an initial state its schema refuses is an error at build time.
+//!
+//! ```
+//! use markov_runtime::node::Node;
+//! use schemars::JsonSchema;
+//! use serde::{Deserialize, Serialize};
+//!
+//! #[derive(Serialize, Deserialize, JsonSchema)]
+//! struct Counter { count: i64 }
+//!
+//! let node = Node::builder("Count things.")
+//!     .name("counter")
+//!     .state(Counter { count: 0 })
+//!     .build()
+//!     .unwrap();
+//! assert_eq!(node.initial_state().unwrap()["count"], 0);
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use markov_core::NodeId;
+use markov_core::tool::{SharedTool, Tool};
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::ConfigError;
+use crate::pack::Pack;
+use crate::policy::TurnPolicy;
+use crate::state::{AnyObject, StateSchema, TypedState, json_type};
+use crate::toolset::ToolSet;
+use crate::transition::Transition;
+
+/// Whether a node receives user input or works beside the node that does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NodeKind {
+    /// A normal node: at most one such leaf is active.
+    #[default]
+    Standard,
+    /// A worker: runs in parallel with the primary leaf, has no packs, cedes when done.
+    Worker,
+}
+
+/// Model settings a node overrides (node > executor defaults).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExecutorConfig {
+    /// The model name.
+    pub model: Option<String>,
+    /// The token limit.
+    pub max_tokens: Option<u32>,
+    /// The temperature.
+    pub temperature: Option<f32>,
+}
+
+impl ExecutorConfig {
+    /// Reads upstream's `executorConfig` JSON, with its type errors.
+    pub fn from_json(value: &Value) -> Result<Self, ConfigError> {
+        let mut config = ExecutorConfig::default();
+        if let Some(v) = value.get("model") {
+            config.model = Some(
+                v.as_str()
+                    .ok_or_else(|| ConfigError::ExecutorConfigType {
+                        key: "model",
+                        expected: "a string",
+                        got: json_type(v),
+                    })?
+                    .to_owned(),
+            );
+        }
+        if let Some(v) = value.get("maxTokens") {
+            let n = v.as_u64().ok_or_else(|| ConfigError::ExecutorConfigType {
+                key: "maxTokens",
+                expected: "a number",
+                got: json_type(v),
+            })?;
+            config.max_tokens = Some(u32::try_from(n).unwrap_or(u32::MAX));
+        }
+        if let Some(v) = value.get("temperature") {
+            let t = v.as_f64().ok_or_else(|| ConfigError::ExecutorConfigType {
+                key: "temperature",
+                expected: "a number",
+                got: json_type(v),
+            })?;
+            config.temperature = Some(t as f32);
+        }
+        Ok(config)
+    }
+}
+
+type MapTextBlock = dyn Fn(&str) -> Value + Send + Sync;
+
+/// Structured output: the answer follows a JSON Schema and is recorded as `output` items.
+#[derive(Clone)]
+pub struct OutputConfig {
+    schema: Value,
+    map_text_block: Arc<MapTextBlock>,
+}
+
+impl fmt::Debug for OutputConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutputConfig")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl OutputConfig {
+    /// Output following the schema of `T`; each text block is parsed as JSON
+    /// (kept as a string when it is not JSON).
+    pub fn of<T: JsonSchema>() -> Self {
+        Self::new(markov_core::tool::input_schema_for::<T>(), |text| {
+            serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+        })
+    }
+
+    /// Output following `schema`, each text block mapped by `map_text_block`.
+    pub fn new(
+        schema: Value,
+        map_text_block: impl Fn(&str) -> Value + Send + Sync + 'static,
+    ) -> Self {
+        OutputConfig {
+            schema,
+            map_text_block: Arc::new(map_text_block),
+        }
+    }
+
+    /// The schema sent to the model.
+    pub fn schema(&self) -> &Value {
+        &self.schema
+    }
+
+    /// Maps one text block of the answer to an application message.
+    pub fn map_text_block(&self, text: &str) -> Value {
+        (self.map_text_block)(text)
+    }
+}
+
+pub(crate) struct NodeInner {
+    pub(crate) id: NodeId,
+    pub(crate) name: Option<String>,
+    pub(crate) instructions: String,
+    pub(crate) schema: Arc<dyn StateSchema>,
+    pub(crate) tools: ToolSet,
+    pub(crate) transitions: Vec<(String, Transition)>,
+    pub(crate) initial_state: Option<Value>,
+    pub(crate) executor_config: ExecutorConfig,
+    pub(crate) output: Option<OutputConfig>,
+    pub(crate) packs: Vec<Pack>,
+    pub(crate) kind: NodeKind,
+    pub(crate) policy: TurnPolicy,
+}
+
+/// A behaviour blueprint. Cheap to clone (shared); identity is its [`NodeId`].
+#[derive(Clone)]
+pub struct Node(pub(crate) Arc<NodeInner>);
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &self.0.id)
+            .field("name", &self.0.name)
+            .field("kind", &self.0.kind)
+            .field("tools", &self.0.tools.len())
+            .field("transitions", &self.0.transitions.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for Node {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl Node {
+    /// A builder for a node with these instructions.
+    pub fn builder(instructions: impl Into<String>) -> NodeBuilder {
+        NodeBuilder::new(instructions)
+    }
+
+    /// The node's identity.
+    pub fn id(&self) -> &NodeId {
+        &self.0.id
+    }
+
+    /// The node's name, if given.
+    pub fn name(&self) -> Option<&str> {
+        self.0.name.as_deref()
+    }
+
+    /// The instructions.
+    pub fn instructions(&self) -> &str {
+        &self.0.instructions
+    }
+
+    /// The state schema.
+    pub fn schema(&self) -> &dyn StateSchema {
+        &*self.0.schema
+    }
+
+    /// The node's own tools.
+    pub fn tools(&self) -> &ToolSet {
+        &self.0.tools
+    }
+
+    /// The transitions, in declaration order.
+    pub fn transitions(&self) -> &[(String, Transition)] {
+        &self.0.transitions
+    }
+
+    /// The transition called `name`.
+    pub fn transition(&self, name: &str) -> Option<&Transition> {
+        self.0
+            .transitions
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t)
+    }
+
+    /// The initial state, if any.
+    pub fn initial_state(&self) -> Option<&Value> {
+        self.0.initial_state.as_ref()
+    }
+
+    /// Model settings this node overrides.
+    pub fn executor_config(&self) -> &ExecutorConfig {
+        &self.0.executor_config
+    }
+
+    /// Structured output, if the node declares it.
+    pub fn output(&self) -> Option<&OutputConfig> {
+        self.0.output.as_ref()
+    }
+
+    /// Packs declared on the node.
+    pub fn packs(&self) -> &[Pack] {
+        &self.0.packs
+    }
+
+    /// Standard or worker.
+    pub fn kind(&self) -> NodeKind {
+        self.0.kind
+    }
+
+    /// Whether this is a worker node.
+    pub fn is_worker(&self) -> bool {
+        self.0.kind == NodeKind::Worker
+    }
+
+    /// How the loop treats this node's turns: output restriction, tool choice.
+    pub fn policy(&self) -> &TurnPolicy {
+        &self.0.policy
+    }
+}
+
+/// Builds a [`Node`]; [`NodeBuilder::build`] validates everything at once.
+#[derive(Debug)]
+pub struct NodeBuilder {
+    name: Option<String>,
+    instructions: String,
+    schema: Arc<dyn StateSchema>,
+    tools: Vec<SharedTool>,
+    transitions: Vec<(String, Transition)>,
+    initial_state: Option<Result<Value, String>>,
+    executor_config: ExecutorConfig,
+    output: Option<OutputConfig>,
+    packs: Vec<Pack>,
+    kind: NodeKind,
+    policy: TurnPolicy,
+    errors: Vec<ConfigError>,
+}
+
+/// Names the loop reserves for its built-in tools.
+pub fn is_reserved_tool_name(name: &str) -> bool {
+    name == "updateState" || name == "transition" || name.starts_with("transition_")
+}
+
+impl NodeBuilder {
+    fn new(instructions: impl Into<String>) -> Self {
+        NodeBuilder {
+            name: None,
+            instructions: instructions.into(),
+            schema: Arc::new(AnyObject),
+            tools: Vec::new(),
+            transitions: Vec::new(),
+            initial_state: None,
+            executor_config: ExecutorConfig::default(),
+            output: None,
+            packs: Vec::new(),
+            kind: NodeKind::Standard,
+            policy: TurnPolicy::default(),
+            errors: Vec::new(),
+        }
+    }
+
+    /// Names the node.
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Types the state as `S`, starting from `initial`.
+    #[must_use]
+    pub fn state<S>(mut self, initial: S) -> Self
+    where
+        S: Serialize + DeserializeOwned + JsonSchema + 'static,
+    {
+        self.schema = Arc::new(TypedState::<S>::new());
+        self.initial_state = Some(serde_json::to_value(initial).map_err(|e| e.to_string()));
+        self
+    }
+
+    /// Types the state as `S` without an initial state.
+    #[must_use]
+    pub fn state_type<S>(mut self) -> Self
+    where
+        S: Serialize + DeserializeOwned + JsonSchema + 'static,
+    {
+        self.schema = Arc::new(TypedState::<S>::new());
+        self
+    }
+
+    /// Uses a custom schema and initial state.
+    #[must_use]
+    pub fn schema(mut self, schema: Arc<dyn StateSchema>, initial: Option<Value>) -> Self {
+        self.schema = schema;
+        self.initial_state = initial.map(Ok);
+        self
+    }
+
+    /// Adds a typed tool.
+    #[must_use]
+    pub fn tool<T: Tool>(mut self, tool: T) -> Self {
+        match markov_core::tool::Erased::shared(tool) {
+            Ok(t) => self.tools.push(t),
+            Err(e) => self.errors.push(e.into()),
+        }
+        self
+    }
+
+    /// Adds an erased tool.
+    #[must_use]
+    pub fn shared_tool(mut self, tool: SharedTool) -> Self {
+        self.tools.push(tool);
+        self
+    }
+
+    /// Adds a transition under `name`.
+    #[must_use]
+    pub fn transition(mut self, name: impl Into<String>, transition: Transition) -> Self {
+        self.transitions.push((name.into(), transition));
+        self
+    }
+
+    /// Overrides model settings for this node.
+    #[must_use]
+    pub fn executor_config(mut self, config: ExecutorConfig) -> Self {
+        self.executor_config = config;
+        self
+    }
+
+    /// Declares structured output.
+    #[must_use]
+    pub fn output(mut self, output: OutputConfig) -> Self {
+        self.output = Some(output);
+        self
+    }
+
+    /// Declares a pack (not allowed on workers).
+    #[must_use]
+    pub fn pack(mut self, pack: Pack) -> Self {
+        self.packs.push(pack);
+        self
+    }
+
+    /// Makes this a worker node.
+    #[must_use]
+    pub fn worker(mut self) -> Self {
+        self.kind = NodeKind::Worker;
+        self
+    }
+
+    /// Sets how the loop treats this node's turns.
+    #[must_use]
+    pub fn policy(mut self, policy: TurnPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Validates and freezes the node.
+    pub fn build(mut self) -> Result<Node, ConfigError> {
+        if let Some(e) = self.errors.drain(..).next() {
+            return Err(e);
+        }
+        let label = self.name.clone().unwrap_or_else(|| "<unnamed>".into());
+        let mut tools = ToolSet::new();
+        for tool in self.tools {
+            let name = tool.definition().name.as_str();
+            if is_reserved_tool_name(name) {
+                return Err(ConfigError::ReservedToolName {
+                    node: label,
+                    tool: name.to_owned(),
+                });
+            }
+            tools.add_shared(tool)?;
+        }
+        for (i, (name, _)) in self.transitions.iter().enumerate() {
+            if self.transitions[..i].iter().any(|(n, _)| n == name) {
+                return Err(ConfigError::DuplicateTransition {
+                    node: label,
+                    transition: name.clone(),
+                });
+            }
+        }
+        if self.kind == NodeKind::Worker && !self.packs.is_empty() {
+            return Err(ConfigError::WorkerWithPacks(label));
+        }
+        let initial_state = match self.initial_state {
+            None => None,
+            Some(Err(e)) => return Err(ConfigError::InvalidInitialState { node: label, message: e }),
+            Some(Ok(v)) => Some(self.schema.parse(&v).map_err(|message| {
+                ConfigError::InvalidInitialState {
+                    node: label.clone(),
+                    message,
+                }
+            })?),
+        };
+        let node = Node(Arc::new(NodeInner {
+            id: NodeId::new(uuid::Uuid::new_v4().to_string()),
+            name: self.name,
+            instructions: self.instructions,
+            schema: self.schema,
+            tools,
+            transitions: self.transitions,
+            initial_state,
+            executor_config: self.executor_config,
+            output: self.output,
+            packs: self.packs,
+            kind: self.kind,
+            policy: self.policy,
+        }));
+        node.policy().validate(&node)?;
+        Ok(node)
+    }
+}

@@ -1,0 +1,1 @@
+//! The system prompt (spec §10).

@@ -1,0 +1,1 @@
+//! Tool generation: the tool list a model sees (spec §11).
