@@ -4,9 +4,12 @@
 
 use std::convert::Infallible;
 
+use futures::StreamExt;
 use markov_core::message::{Item, Message};
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::Agent;
+use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_machine};
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -97,19 +100,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .tool_call("add", json!({"a": 545_923, "b": 231_962}))
         .text("Lisbon and Porto have 777885 inhabitants together.")
         .build();
-    let agent = Agent::builder(model)
-        .system("You answer questions about cities with your tools.")
-        .tool(Add)?
-        .tool(Population)?
-        .build();
-    let mut history = vec![Message::user(
-        "How many people live in Lisbon and Porto together?",
-    )];
-    print_message(&history[0]);
-    let out = agent.run(&mut history).await?;
-    for message in &history[1..] {
-        print_message(message);
+    let node = Node::builder("You answer questions about cities with your tools.")
+        .name("cities")
+        .tool(Add)
+        .tool(Population)
+        .build()?;
+    let charter = Charter::builder("demo")
+        .node("cities", node.clone())
+        .build()?;
+    let mut machine = Machine::new(
+        charter,
+        StandardExecutor::new(model),
+        Instance::new(node, json!({})),
+    )?;
+    machine.enqueue_user("How many people live in Lisbon and Porto together?");
+    let mut steps = std::pin::pin!(run_machine(&mut machine, RunOptions::default()));
+    let mut n = 0;
+    while let Some(step) = steps.next().await {
+        let step = step?;
+        n += 1;
+        println!("step {n} ({}):", step.yield_reason.as_str());
+        for message in &step.history {
+            print_message(message);
+        }
     }
-    println!("answer after {} model calls: {}", out.steps, out.response);
     Ok(())
 }

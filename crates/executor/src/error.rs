@@ -1,8 +1,12 @@
 //! Errors that end a run.
 
+use markov_core::InstanceId;
 use markov_core::model::ModelError;
+use markov_runtime::ConfigError;
+use markov_runtime::transition::TransitionError;
 
-/// Why a run stopped without an answer. The history stays consistent either way.
+/// Why a run stopped without finishing. The history stays consistent either
+/// way: every recorded tool call has its result.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
@@ -18,4 +22,60 @@ pub enum RunError {
     /// The run used all its steps without finishing.
     #[error("Max steps ({0}) exceeded")]
     MaxSteps(usize),
+    /// The stream ended without a step.
+    #[error("No steps produced")]
+    NoSteps,
+    /// Nothing to run and nothing suspended.
+    #[error("No active instances found")]
+    NoActiveInstances,
+    /// More than one leaf would receive user input.
+    #[error(
+        "Invalid state: {0} non-worker active leaves. At most one instance can receive user input per step."
+    )]
+    TooManyPrimaryLeaves(usize),
+    /// A resume named an unknown instance.
+    #[error("Instance not found: {0}")]
+    InstanceNotFound(InstanceId),
+    /// A resume named an instance that is not suspended.
+    #[error("Instance {0} is not suspended")]
+    NotSuspended(InstanceId),
+    /// A resume named the wrong suspend id.
+    #[error("Suspend ID mismatch: expected {expected}, got {got}")]
+    SuspendIdMismatch {
+        /// The stored id.
+        expected: String,
+        /// The given id.
+        got: String,
+    },
+    /// The tree revisits an instance.
+    #[error("Cycle detected in instance tree: instance \"{0}\" was already visited.")]
+    Cycle(InstanceId),
+    /// The tree is deeper than traversal allows.
+    #[error("Max depth (100) exceeded in instance tree traversal. Possible cycle detected.")]
+    TreeTooDeep,
+    /// A state does not fit its node's schema.
+    #[error("Invalid state for node \"{node}\": {message}")]
+    InvalidState {
+        /// The node's name or id.
+        node: String,
+        /// The validator's message.
+        message: String,
+    },
+    /// The executor cannot call a model with no conversation.
+    #[error(
+        "Cannot call API with empty messages. This typically happens when runMachine is called before any user messages have been enqueued and there is no prior conversation history."
+    )]
+    EmptyMessages,
+    /// A configuration problem found while running (a ref, tool generation).
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A queued instance message could not be applied.
+    #[error("invalid instance message: {0}")]
+    InvalidInstanceMessage(String),
+    /// A transition failed in a way the model cannot fix.
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// An executor failed.
+    #[error("executor failed: {0}")]
+    Executor(String),
 }

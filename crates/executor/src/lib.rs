@@ -1,35 +1,53 @@
-//! markov's standard loop.
+//! markov's machine: the instance tree, the run loop and the standard executor.
 //!
-//! [`Agent`] calls a model, runs the tools it asks for, feeds the results back
-//! and repeats until the model answers without tool calls or the step limit is
-//! hit. Every tool call gets exactly one result, so the history it leaves is
-//! one that providers accept for the next turn.
+//! - [`Machine`]: a [`Charter`](markov_runtime::charter::Charter), an
+//!   [`Executor`], the instance tree, the history and the queue.
+//! - [`run_machine`] yields one [`MachineStep`] per step; [`run_to_completion`]
+//!   returns the last one.
+//! - [`StandardExecutor`]: one model call per leaf per step, the tool pipeline,
+//!   transitions, terminal tools, termination, output restriction and tool choice.
 //!
 //! ```
-//! use markov_executor::Agent;
-//! use markov_core::Message;
+//! use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};
+//! use markov_runtime::{charter::Charter, node::Node};
 //! use markov_testkit::ScriptedModel;
 //!
-//! # tokio_test();
-//! # fn tokio_test() {
-//! # let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-//! # rt.block_on(async {
-//! let model = ScriptedModel::builder().text("hello").build();
-//! let agent = Agent::builder(model).build();
-//! let mut history = vec![Message::user("hi")];
-//! let out = agent.run(&mut history).await.unwrap();
-//! assert_eq!(out.response, "hello");
-//! assert_eq!(history.len(), 2);
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let node = Node::builder("Greet the user.").build().unwrap();
+//! let charter = Charter::builder("greeter").node("greet", node.clone()).build().unwrap();
+//! let model = ScriptedModel::builder().text("Hello!").build();
+//! let mut machine = Machine::new(
+//!     charter,
+//!     StandardExecutor::new(model),
+//!     Instance::new(node, serde_json::json!({})),
+//! ).unwrap();
+//! machine.enqueue_user("hi");
+//! let last = run_to_completion(&mut machine, RunOptions::default()).await.unwrap();
+//! assert!(last.done);
+//! assert_eq!(machine.history().len(), 2);
 //! # });
-//! # }
 //! ```
 #![deny(missing_docs)]
 
-mod agent;
+mod effect;
 mod error;
+mod executor;
+mod instance;
+mod machine;
+mod queue;
+mod run;
+pub mod standard;
+mod step;
 
-pub use agent::{Agent, AgentBuilder, DEFAULT_MAX_STEPS, RunOutput};
+pub use effect::{Effect, Entry};
 pub use error::RunError;
+pub use executor::{Executor, LeafContext, LeafOutcome};
+pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
+pub use machine::{Machine, MachineOptions};
+pub use queue::{OnEnqueue, Queue};
+pub use run::{DEFAULT_MAX_STEPS, RECOVERY_TEXT, RunOptions, run_machine, run_to_completion};
+pub use standard::StandardExecutor;
+pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -67,7 +67,10 @@ impl fmt::Debug for Charter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Charter")
             .field("name", &self.0.name)
-            .field("nodes", &self.0.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>())
+            .field(
+                "nodes",
+                &self.0.nodes.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+            )
             .field("tools", &self.0.tools.len())
             .finish_non_exhaustive()
     }
@@ -191,7 +194,11 @@ impl Charter {
         }
     }
 
-    fn check_node(&self, node: &Node, seen: &mut HashSet<markov_core::NodeId>) -> Result<(), ConfigError> {
+    fn check_node(
+        &self,
+        node: &Node,
+        seen: &mut HashSet<markov_core::NodeId>,
+    ) -> Result<(), ConfigError> {
         if !seen.insert(node.id().clone()) {
             return Ok(());
         }
@@ -312,7 +319,10 @@ impl CharterBuilder {
             tools.add_shared(tool)?;
         }
         let names = [
-            self.nodes.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            self.nodes
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>(),
             self.transitions.iter().map(|(n, _)| n.as_str()).collect(),
             self.packs.iter().map(|p| p.name()).collect(),
         ];

@@ -64,6 +64,23 @@ pub enum ConfigError {
     /// A node ref names no charter node.
     #[error("Unknown node ref: {0}")]
     UnknownNodeRef(String),
+    /// An inline node read from JSON is malformed.
+    #[error("invalid inline node: {0}")]
+    InvalidSerialNode(String),
+    /// A tool ref names no charter tool.
+    #[error("Unknown tool ref: {0}")]
+    UnknownToolRef(String),
+    /// A dotted tool ref names no charter node.
+    #[error("Unknown node in tool ref: {0}")]
+    UnknownNodeInToolRef(String),
+    /// A dotted tool ref names no tool of its node.
+    #[error("Unknown tool on node {node}: {tool}")]
+    UnknownToolOnNode {
+        /// The node.
+        node: String,
+        /// The tool.
+        tool: String,
+    },
     /// Two charter nodes (or transitions, packs) with one name.
     #[error("duplicate charter entry {0:?}")]
     DuplicateCharterEntry(String),

@@ -1,11 +1,11 @@
 //! Running one tool call into exactly one result.
 
 use markov_core::ids::ToolCallId;
-use markov_core::tool::{SharedTool, ToolContext, ToolExecutionResult, ToolOutcome};
+use markov_core::tool::{
+    SharedTool, ToolCallError, ToolContext, ToolExecutionResult, ToolOutcome, UserMessage,
+};
 use serde_json::Value;
 use tracing::Instrument;
-
-use crate::toolset::definition;
 
 /// Runs one call of `tool` (or reports `Unknown tool: <name>` when there is none).
 ///
@@ -25,7 +25,23 @@ pub async fn execute_call(
     };
     let span = tracing::info_span!("tool_call", tool = name, call_id = %id);
     let outcome = tool.call_json(input, cx).instrument(span.clone()).await;
-    let terminal = definition(tool.as_ref()).terminal;
+    let result = into_result(
+        id,
+        tool.definition().terminal,
+        outcome,
+        default_terminate_message,
+    );
+    span.in_scope(|| tracing::debug!(is_error = result.is_error, "tool call finished"));
+    result
+}
+
+/// Turns a tool's outcome into its result.
+pub(crate) fn into_result(
+    id: &ToolCallId,
+    terminal: bool,
+    outcome: Result<ToolOutcome, ToolCallError>,
+    default_terminate_message: &str,
+) -> ToolExecutionResult {
     match outcome {
         Ok(outcome) => {
             let mut result = ToolExecutionResult::success(
@@ -34,7 +50,7 @@ pub async fn execute_call(
             );
             if terminal {
                 result.is_terminal = true;
-                result.user_message = Some(markov_core::tool::UserMessage::Text(
+                result.user_message = Some(UserMessage::Text(
                     outcome.response_text(default_terminate_message),
                 ));
             } else if let ToolOutcome::Reply(reply) = &outcome {
@@ -43,12 +59,8 @@ pub async fn execute_call(
             if let ToolOutcome::Terminate(t) = outcome {
                 result.terminate = Some(t);
             }
-            span.in_scope(|| tracing::debug!(is_error = false, "tool call finished"));
             result
         }
-        Err(e) => {
-            span.in_scope(|| tracing::debug!(is_error = true, error = %e, "tool call failed"));
-            ToolExecutionResult::error(id.clone(), e.to_string())
-        }
+        Err(e) => ToolExecutionResult::error(id.clone(), e.to_string()),
     }
 }

@@ -290,7 +290,8 @@ impl NodeBuilder {
             schema: Arc::new(AnyObject),
             tools: Vec::new(),
             transitions: Vec::new(),
-            initial_state: None,
+            // A node without a state type keeps an empty object as state.
+            initial_state: Some(Ok(Value::Object(serde_json::Map::new()))),
             executor_config: ExecutorConfig::default(),
             output: None,
             packs: Vec::new(),
@@ -325,6 +326,7 @@ impl NodeBuilder {
         S: Serialize + DeserializeOwned + JsonSchema + 'static,
     {
         self.schema = Arc::new(TypedState::<S>::new());
+        self.initial_state = None;
         self
     }
 
@@ -423,16 +425,22 @@ impl NodeBuilder {
         if self.kind == NodeKind::Worker && !self.packs.is_empty() {
             return Err(ConfigError::WorkerWithPacks(label));
         }
-        let initial_state = match self.initial_state {
-            None => None,
-            Some(Err(e)) => return Err(ConfigError::InvalidInitialState { node: label, message: e }),
-            Some(Ok(v)) => Some(self.schema.parse(&v).map_err(|message| {
-                ConfigError::InvalidInitialState {
-                    node: label.clone(),
-                    message,
+        let initial_state =
+            match self.initial_state {
+                None => None,
+                Some(Err(e)) => {
+                    return Err(ConfigError::InvalidInitialState {
+                        node: label,
+                        message: e,
+                    });
                 }
-            })?),
-        };
+                Some(Ok(v)) => Some(self.schema.parse(&v).map_err(|message| {
+                    ConfigError::InvalidInitialState {
+                        node: label.clone(),
+                        message,
+                    }
+                })?),
+            };
         let node = Node(Arc::new(NodeInner {
             id: NodeId::new(uuid::Uuid::new_v4().to_string()),
             name: self.name,

@@ -53,7 +53,9 @@ impl ToolChoicePolicy {
     pub fn ever_forces(&self) -> bool {
         matches!(
             self,
-            ToolChoicePolicy::RequiredFirst | ToolChoicePolicy::Required | ToolChoicePolicy::Named(_)
+            ToolChoicePolicy::RequiredFirst
+                | ToolChoicePolicy::Required
+                | ToolChoicePolicy::Named(_)
         )
     }
 
@@ -174,7 +176,9 @@ pub fn check_thinking(
     temperature: Option<f32>,
 ) -> Result<(), String> {
     let mode = match thinking {
-        Thinking::Enabled { budget_tokens } => format!("extended thinking (budget {budget_tokens})"),
+        Thinking::Enabled { budget_tokens } => {
+            format!("extended thinking (budget {budget_tokens})")
+        }
         _ => "adaptive thinking".to_owned(),
     };
     if policy.ever_forces() && !allowance.forced_tool_choice {

@@ -139,7 +139,10 @@ mod tests {
     #[test]
     fn typed_state_parses_and_normalizes() {
         let s = TypedState::<Counter>::new();
-        assert_eq!(s.parse(&json!({"count": 1, "extra": true})).unwrap(), json!({"count": 1}));
+        assert_eq!(
+            s.parse(&json!({"count": 1, "extra": true})).unwrap(),
+            json!({"count": 1})
+        );
         let err = s.parse(&json!({"count": "x"})).unwrap_err();
         assert!(err.contains("invalid type"), "{err}");
         assert_eq!(s.json_schema()["required"], json!(["count"]));
@@ -150,6 +153,9 @@ mod tests {
     fn merge_is_shallow() {
         let merged = merge_patch(&json!({"a": {"x": 1}, "b": 2}), &json!({"a": {"y": 2}})).unwrap();
         assert_eq!(merged, json!({"a": {"y": 2}, "b": 2}));
-        assert_eq!(merge_patch(&json!({}), &json!(3)), Err(StateUpdateError::NotAnObject));
+        assert_eq!(
+            merge_patch(&json!({}), &json!(3)),
+            Err(StateUpdateError::NotAnObject)
+        );
     }
 }

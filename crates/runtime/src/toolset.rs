@@ -1,6 +1,6 @@
 //! [`ToolSet`]: tools by name, in registration order.
 
-use markov_core::tool::{DynTool, Erased, SharedTool, Tool, ToolDefinition};
+use markov_core::tool::{Erased, SharedTool, Tool, ToolDefinition};
 
 use crate::error::ConfigError;
 
@@ -59,9 +59,4 @@ impl ToolSet {
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
     }
-}
-
-/// Makes `dyn DynTool` usable where a tool reference is expected.
-pub(crate) fn definition(tool: &dyn DynTool) -> &ToolDefinition {
-    tool.definition()
 }

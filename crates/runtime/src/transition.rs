@@ -242,3 +242,133 @@ pub fn suspend(reason: impl Into<String>) -> TransitionResult {
         metadata: None,
     }
 }
+
+/// A transition resolved to its effect on the instance tree.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum TransitionOutcome {
+    /// Replace the leaf's node and state.
+    To {
+        /// The new node.
+        node: Node,
+        /// The new state.
+        state: Value,
+    },
+    /// The target is the node already there: nothing changes (upstream emits nothing).
+    Stay,
+    /// New children of the leaf, with their states.
+    Spawn(Vec<(Node, Value)>),
+    /// Remove the leaf.
+    Cede(Option<CedeContent>),
+    /// Pause the leaf.
+    Suspend {
+        /// The id a resume must name.
+        suspend_id: String,
+        /// Why.
+        reason: String,
+        /// Application data.
+        metadata: Option<Value>,
+    },
+}
+
+/// Why a queued transition could not be taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransitionError {
+    /// The node declares no such transition.
+    #[error("Unknown transition: {0}")]
+    Unknown(String),
+    /// A general transition without its `node` argument.
+    #[error("General transition requires a node argument")]
+    GeneralNeedsNode,
+    /// A ref or an inline node did not resolve.
+    #[error(transparent)]
+    Config(#[from] crate::error::ConfigError),
+    /// Neither a state nor an initial state for the target.
+    #[error("Transition returned undefined state and target node has no initialState")]
+    NoState,
+    /// A code transition failed.
+    #[error("{0}")]
+    Code(String),
+}
+
+/// Takes the transition `name` of `node`, given the running state after this turn's updates.
+pub async fn execute_transition(
+    charter: &crate::charter::Charter,
+    node: &Node,
+    state: &Value,
+    name: &str,
+    reason: &str,
+    args: &Value,
+) -> Result<TransitionOutcome, TransitionError> {
+    let declared = node
+        .transition(name)
+        .ok_or_else(|| TransitionError::Unknown(name.to_owned()))?;
+    let result = match charter.resolve_transition(declared)? {
+        Transition::Code(code) => code
+            .execute(TransitionInput {
+                state: state.clone(),
+                args: args.clone(),
+                reason: reason.to_owned(),
+            })
+            .await
+            .map_err(TransitionError::Code)?,
+        Transition::General { .. } => {
+            let inline = args.get("node").ok_or(TransitionError::GeneralNeedsNode)?;
+            let target = crate::serial::node_from_json(charter, inline)?;
+            TransitionResult::To {
+                node: NodeTarget::Inline(target),
+                state: None,
+            }
+        }
+        Transition::Serial { target, .. } => TransitionResult::To {
+            node: target.clone(),
+            state: None,
+        },
+        Transition::Ref(r) => {
+            return Err(crate::error::ConfigError::UnknownTransitionRef(r.clone()).into());
+        }
+    };
+    Ok(match result {
+        TransitionResult::To {
+            node: target,
+            state,
+        } => {
+            let target = charter.resolve_node(&target)?;
+            let state = state
+                .or_else(|| target.initial_state().cloned())
+                .ok_or(TransitionError::NoState)?;
+            if target.id() == node.id() {
+                TransitionOutcome::Stay
+            } else {
+                TransitionOutcome::To {
+                    node: target,
+                    state,
+                }
+            }
+        }
+        TransitionResult::Spawn(children) => TransitionOutcome::Spawn(
+            children
+                .into_iter()
+                .map(|c| {
+                    let node = charter.resolve_node(&c.node)?;
+                    let state = c
+                        .state
+                        .or_else(|| node.initial_state().cloned())
+                        .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+                    Ok((node, state))
+                })
+                .collect::<Result<_, crate::error::ConfigError>>()?,
+        ),
+        TransitionResult::Cede(content) => TransitionOutcome::Cede(content),
+        TransitionResult::Suspend {
+            suspend_id,
+            reason,
+            metadata,
+        } => TransitionOutcome::Suspend {
+            suspend_id,
+            reason,
+            metadata,
+        },
+    })
+}

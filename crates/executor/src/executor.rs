@@ -1,0 +1,93 @@
+//! The executor contract: one inference for one leaf.
+
+use async_trait::async_trait;
+use markov_core::Message;
+use markov_core::message::Source;
+use markov_core::tool::TerminateResponse;
+use markov_runtime::charter::Charter;
+
+use crate::effect::Entry;
+use crate::error::RunError;
+use crate::instance::{ActiveLeaf, Instance};
+use crate::step::{TurnState, YieldReason};
+
+/// Everything an executor may read for one leaf in one step. It may not
+/// change the tree: it reports messages and effects in a [`LeafOutcome`].
+#[derive(Debug, Clone, Copy)]
+pub struct LeafContext<'a> {
+    /// The charter.
+    pub charter: &'a Charter,
+    /// The leaf and its path from the root.
+    pub leaf: &'a ActiveLeaf,
+    /// The history so far (borrowed, never copied).
+    pub history: &'a [Message],
+    /// The 1-based step number.
+    pub current_step: usize,
+    /// The step limit.
+    pub max_steps: usize,
+    /// This leaf's turn bookkeeping.
+    pub turn: TurnState,
+    /// The tool result of a `TerminateResponse` without a message.
+    pub terminate_message: &'a str,
+}
+
+impl<'a> LeafContext<'a> {
+    /// The leaf instance.
+    pub fn instance(&self) -> &'a Instance {
+        self.leaf.leaf()
+    }
+
+    /// The root instance.
+    pub fn root(&self) -> &'a Instance {
+        &self.leaf.path[0]
+    }
+
+    /// Whether the leaf is a worker.
+    pub fn is_worker(&self) -> bool {
+        self.leaf.is_worker
+    }
+
+    /// The source every message of this leaf carries.
+    pub fn source(&self) -> Source {
+        Source {
+            instance_id: Some(self.instance().id().clone()),
+            is_primary: Some(!self.leaf.is_worker),
+            external: None,
+        }
+    }
+}
+
+/// What one leaf's inference produced.
+#[derive(Debug, Clone)]
+pub struct LeafOutcome {
+    /// Messages and effects, in enqueue order.
+    pub entries: Vec<Entry>,
+    /// Why the leaf stopped.
+    pub yield_reason: YieldReason,
+    /// The leaf's turn bookkeeping after this step.
+    pub turn: TurnState,
+    /// The exact response a terminal tool produced.
+    pub response: Option<String>,
+    /// Set when a tool ended the run.
+    pub termination: Option<TerminateResponse>,
+}
+
+impl LeafOutcome {
+    /// An outcome with these entries and reason, leaving the turn unchanged.
+    pub fn new(entries: Vec<Entry>, yield_reason: YieldReason, turn: TurnState) -> Self {
+        LeafOutcome {
+            entries,
+            yield_reason,
+            turn,
+            response: None,
+            termination: None,
+        }
+    }
+}
+
+/// A pluggable inference engine for one leaf.
+#[async_trait]
+pub trait Executor: Send + Sync {
+    /// Performs one inference for `cx.leaf` and reports what it produced.
+    async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError>;
+}

@@ -1,0 +1,287 @@
+//! The instance tree: nodes with their state, shared copy-on-write.
+//!
+//! Children are `Arc<Instance>`: changing one instance copies only the path
+//! from the root to it, so a [`MachineStep`](crate::MachineStep)'s snapshot of
+//! the tree stays valid and cheap.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use markov_core::InstanceId;
+use markov_runtime::node::Node;
+use markov_runtime::pack::Pack;
+use serde_json::{Value, json};
+
+use crate::error::RunError;
+
+/// How deep a tree may be before traversal gives up (a cycle is suspected).
+pub const MAX_TREE_DEPTH: usize = 100;
+
+/// Why and since when an instance is suspended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuspendInfo {
+    /// The id a resume must name.
+    pub suspend_id: String,
+    /// Why.
+    pub reason: String,
+    /// When.
+    pub suspended_at: SystemTime,
+    /// Application data.
+    pub metadata: Option<Value>,
+}
+
+impl SuspendInfo {
+    /// The wire form (`suspendedAt` as ISO-8601 with milliseconds).
+    pub fn to_json(&self) -> Value {
+        let mut v = json!({
+            "suspendId": self.suspend_id,
+            "reason": self.reason,
+            "suspendedAt": humantime::format_rfc3339_millis(self.suspended_at).to_string(),
+        });
+        if let (Some(meta), Value::Object(map)) = (&self.metadata, &mut v) {
+            map.insert("metadata".into(), meta.clone());
+        }
+        v
+    }
+}
+
+/// A node with its state, in the tree.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    pub(crate) id: InstanceId,
+    pub(crate) node: Node,
+    pub(crate) state: Value,
+    pub(crate) children: Vec<Arc<Instance>>,
+    pub(crate) suspended: Option<SuspendInfo>,
+    pub(crate) pack_states: BTreeMap<String, Value>,
+    pub(crate) packs: Vec<Pack>,
+}
+
+/// One active leaf: the path from the root to it.
+#[derive(Debug, Clone)]
+pub struct ActiveLeaf {
+    /// Root … leaf.
+    pub path: Vec<Arc<Instance>>,
+    /// Child indices from the root (`[]` for the root).
+    pub leaf_index: Vec<usize>,
+    /// Whether the leaf's node is a worker.
+    pub is_worker: bool,
+}
+
+impl ActiveLeaf {
+    /// The leaf.
+    pub fn leaf(&self) -> &Arc<Instance> {
+        // A path always holds at least the root.
+        &self.path[self.path.len() - 1]
+    }
+
+    /// Everything above the leaf, root first.
+    pub fn ancestors(&self) -> &[Arc<Instance>] {
+        &self.path[..self.path.len() - 1]
+    }
+}
+
+impl Instance {
+    /// A new instance with a fresh uuid.
+    pub fn new(node: Node, state: Value) -> Self {
+        Self::with_id(
+            InstanceId::new(uuid::Uuid::new_v4().to_string()),
+            node,
+            state,
+        )
+    }
+
+    /// A new instance with a given id.
+    pub fn with_id(id: InstanceId, node: Node, state: Value) -> Self {
+        Instance {
+            id,
+            node,
+            state,
+            children: Vec::new(),
+            suspended: None,
+            pack_states: BTreeMap::new(),
+            packs: Vec::new(),
+        }
+    }
+
+    /// Adds a child (builder style).
+    #[must_use]
+    pub fn with_child(mut self, child: Instance) -> Self {
+        self.children.push(Arc::new(child));
+        self
+    }
+
+    /// Marks the instance suspended (builder style).
+    #[must_use]
+    pub fn with_suspended(mut self, info: SuspendInfo) -> Self {
+        self.suspended = Some(info);
+        self
+    }
+
+    /// The instance id.
+    pub fn id(&self) -> &InstanceId {
+        &self.id
+    }
+
+    /// The node.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// The state.
+    pub fn state(&self) -> &Value {
+        &self.state
+    }
+
+    /// The state deserialized into `S`.
+    pub fn state_as<S: serde::de::DeserializeOwned>(&self) -> Result<S, serde_json::Error> {
+        S::deserialize(&self.state)
+    }
+
+    /// The children, in order.
+    pub fn children(&self) -> &[Arc<Instance>] {
+        &self.children
+    }
+
+    /// Suspension, if suspended.
+    pub fn suspended(&self) -> Option<&SuspendInfo> {
+        self.suspended.as_ref()
+    }
+
+    /// Pack states (on the root).
+    pub fn pack_states(&self) -> &BTreeMap<String, Value> {
+        &self.pack_states
+    }
+
+    /// Packs in force (on the root).
+    pub fn packs(&self) -> &[Pack] {
+        &self.packs
+    }
+
+    /// Whether the node is a worker.
+    pub fn is_worker(&self) -> bool {
+        self.node.is_worker()
+    }
+
+    /// The path root … active instance, following the last child at every level.
+    pub fn active_path(self: &Arc<Self>) -> Vec<Arc<Instance>> {
+        let mut path = vec![Arc::clone(self)];
+        while let Some(last) = path[path.len() - 1].children.last() {
+            let last = Arc::clone(last);
+            path.push(last);
+        }
+        path
+    }
+
+    /// The active instance (last child at every level).
+    pub fn active(self: &Arc<Self>) -> Arc<Instance> {
+        let mut current = Arc::clone(self);
+        while let Some(last) = current.children.last().cloned() {
+            current = last;
+        }
+        current
+    }
+
+    /// Every instance, pre-order.
+    pub fn all(self: &Arc<Self>) -> Result<Vec<Arc<Instance>>, RunError> {
+        fn walk(
+            i: &Arc<Instance>,
+            depth: usize,
+            out: &mut Vec<Arc<Instance>>,
+        ) -> Result<(), RunError> {
+            if depth > MAX_TREE_DEPTH {
+                return Err(RunError::TreeTooDeep);
+            }
+            if out.iter().any(|seen| seen.id == i.id) {
+                return Err(RunError::Cycle(i.id.clone()));
+            }
+            out.push(Arc::clone(i));
+            for c in &i.children {
+                walk(c, depth + 1, out)?;
+            }
+            Ok(())
+        }
+        let mut out = Vec::new();
+        walk(self, 0, &mut out)?;
+        Ok(out)
+    }
+
+    /// The active leaves, left to right; a suspended instance prunes its subtree.
+    pub fn active_leaves(self: &Arc<Self>) -> Vec<ActiveLeaf> {
+        fn walk(path: &mut Vec<Arc<Instance>>, index: &mut Vec<usize>, out: &mut Vec<ActiveLeaf>) {
+            let current = Arc::clone(&path[path.len() - 1]);
+            if current.suspended.is_some() || path.len() > MAX_TREE_DEPTH {
+                return;
+            }
+            if current.children.is_empty() {
+                out.push(ActiveLeaf {
+                    path: path.clone(),
+                    leaf_index: index.clone(),
+                    is_worker: current.is_worker(),
+                });
+                return;
+            }
+            for (i, child) in current.children.iter().enumerate() {
+                path.push(Arc::clone(child));
+                index.push(i);
+                walk(path, index, out);
+                path.pop();
+                index.pop();
+            }
+        }
+        let mut out = Vec::new();
+        walk(&mut vec![Arc::clone(self)], &mut Vec::new(), &mut out);
+        out
+    }
+
+    /// Suspended instances, pre-order.
+    pub fn suspended_instances(self: &Arc<Self>) -> Vec<Arc<Instance>> {
+        let mut out = Vec::new();
+        let mut stack = vec![Arc::clone(self)];
+        while let Some(i) = stack.pop() {
+            if i.suspended.is_some() {
+                out.push(Arc::clone(&i));
+            }
+            stack.extend(i.children.iter().rev().cloned());
+        }
+        out
+    }
+
+    /// The instance with `id`.
+    pub fn find(self: &Arc<Self>, id: &InstanceId) -> Option<Arc<Instance>> {
+        if self.id == *id {
+            return Some(Arc::clone(self));
+        }
+        self.children.iter().find_map(|c| c.find(id))
+    }
+
+    /// Changes the instance `id` copy-on-write. Returns false when not found.
+    pub(crate) fn update(
+        root: &mut Arc<Instance>,
+        id: &InstanceId,
+        f: &mut dyn FnMut(&mut Instance),
+    ) -> bool {
+        if root.id == *id {
+            f(Arc::make_mut(root));
+            return true;
+        }
+        let Some(pos) = root.children.iter().position(|c| c.find(id).is_some()) else {
+            return false;
+        };
+        let node = Arc::make_mut(root);
+        Instance::update(&mut node.children[pos], id, f)
+    }
+
+    /// Removes the instance `id` (not the root). Returns false when not found.
+    pub(crate) fn remove(root: &mut Arc<Instance>, id: &InstanceId) -> bool {
+        if let Some(pos) = root.children.iter().position(|c| c.id == *id) {
+            Arc::make_mut(root).children.remove(pos);
+            return true;
+        }
+        let Some(pos) = root.children.iter().position(|c| c.find(id).is_some()) else {
+            return false;
+        };
+        Instance::remove(&mut Arc::make_mut(root).children[pos], id)
+    }
+}

@@ -1,0 +1,150 @@
+//! [`Machine`]: a charter, an executor, the instance tree, the history and the queue.
+
+use std::fmt;
+use std::sync::Arc;
+
+use markov_core::Message;
+use markov_runtime::charter::Charter;
+use serde_json::Value;
+
+use crate::error::RunError;
+use crate::executor::Executor;
+use crate::instance::Instance;
+use crate::queue::{OnEnqueue, Queue};
+
+/// The unit of persistence: definitions plus everything a conversation accumulated.
+pub struct Machine {
+    pub(crate) charter: Charter,
+    pub(crate) executor: Arc<dyn Executor>,
+    pub(crate) root: Arc<Instance>,
+    pub(crate) history: Vec<Message>,
+    pub(crate) queue: Queue,
+}
+
+impl fmt::Debug for Machine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Machine")
+            .field("charter", &self.charter.name())
+            .field("root", &self.root.id())
+            .field("history", &self.history.len())
+            .field("queue", &self.queue.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Options for creating a machine.
+#[derive(Default)]
+pub struct MachineOptions {
+    /// Messages already exchanged.
+    pub history: Vec<Message>,
+    /// Called for every non-ephemeral message enqueued (replacements included).
+    pub on_enqueue: Option<Box<OnEnqueue>>,
+}
+
+impl fmt::Debug for MachineOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MachineOptions")
+            .field("history", &self.history.len())
+            .field("on_enqueue", &self.on_enqueue.is_some())
+            .finish()
+    }
+}
+
+impl Machine {
+    /// Creates a machine: hoists the packs declared on the tree's nodes to the
+    /// root and validates every state against its node.
+    pub fn new(
+        charter: Charter,
+        executor: impl Executor + 'static,
+        root: Instance,
+    ) -> Result<Self, RunError> {
+        Self::with_options(charter, Arc::new(executor), root, MachineOptions::default())
+    }
+
+    /// Creates a machine with options and a shared executor.
+    pub fn with_options(
+        charter: Charter,
+        executor: Arc<dyn Executor>,
+        root: Instance,
+        options: MachineOptions,
+    ) -> Result<Self, RunError> {
+        let mut root = Arc::new(root);
+        let all = root.all()?;
+        for instance in &all {
+            instance
+                .node()
+                .schema()
+                .parse(instance.state())
+                .map_err(|message| RunError::InvalidState {
+                    node: instance.node().id().to_string(),
+                    message,
+                })?;
+        }
+        let nodes: Vec<_> = all.iter().map(|i| i.node().clone()).collect();
+        hoist_packs(&mut root, nodes.iter());
+        Ok(Machine {
+            charter,
+            executor,
+            root,
+            history: options.history,
+            queue: Queue::new(options.on_enqueue),
+        })
+    }
+
+    /// The charter.
+    pub fn charter(&self) -> &Charter {
+        &self.charter
+    }
+
+    /// The instance tree's root.
+    pub fn instance(&self) -> &Arc<Instance> {
+        &self.root
+    }
+
+    /// Everything recorded so far.
+    pub fn history(&self) -> &[Message] {
+        &self.history
+    }
+
+    /// The queue (clone it to enqueue from another task).
+    pub fn queue(&self) -> &Queue {
+        &self.queue
+    }
+
+    /// Enqueues messages for the next run.
+    pub fn enqueue(&self, messages: impl IntoIterator<Item = Message>) {
+        self.queue.enqueue(messages);
+    }
+
+    /// Enqueues one user message.
+    pub fn enqueue_user(&self, text: impl Into<String>) {
+        self.queue.enqueue([Message::user(text)]);
+    }
+}
+
+/// Appends to the root's pack list every pack of `nodes` not yet there, and
+/// initialises its state from `initial_state` when missing.
+pub(crate) fn hoist_packs<'a>(
+    root: &mut Arc<Instance>,
+    nodes: impl Iterator<Item = &'a markov_runtime::node::Node>,
+) {
+    let new: Vec<_> = nodes
+        .flat_map(|n| n.packs().iter())
+        .filter(|p| !root.packs.iter().any(|q| q.name() == p.name()))
+        .cloned()
+        .collect();
+    if new.is_empty() {
+        return;
+    }
+    let r = Arc::make_mut(root);
+    for pack in new {
+        if r.packs.iter().any(|q| q.name() == pack.name()) {
+            continue;
+        }
+        if !r.pack_states.contains_key(pack.name()) {
+            let state = pack.initial_state().cloned().unwrap_or(Value::Null);
+            r.pack_states.insert(pack.name().to_owned(), state);
+        }
+        r.packs.push(pack);
+    }
+}

@@ -1,0 +1,139 @@
+//! The machine's queue: where messages wait for the next run.
+//!
+//! Enqueueing a message whose `metadata.messageId` matches a queued one
+//! replaces it in place (streaming updates). Non-ephemeral messages wake
+//! [`Queue::wait`]ers.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use markov_core::{Message, Role};
+use tokio::sync::Notify;
+
+use crate::effect::Entry;
+
+/// A callback told of every non-ephemeral message enqueued.
+pub type OnEnqueue = dyn Fn(&Message) + Send + Sync;
+
+struct Inner {
+    entries: Mutex<VecDeque<Entry>>,
+    notify: Notify,
+    on_enqueue: Option<Box<OnEnqueue>>,
+}
+
+/// A shared handle to a machine's queue; clone it to enqueue from elsewhere.
+#[derive(Clone)]
+pub struct Queue(Arc<Inner>);
+
+impl fmt::Debug for Queue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Queue").field("len", &self.len()).finish()
+    }
+}
+
+impl Default for Queue {
+    fn default() -> Self {
+        Self::new(None)
+    }
+}
+
+impl Queue {
+    pub(crate) fn new(on_enqueue: Option<Box<OnEnqueue>>) -> Self {
+        Queue(Arc::new(Inner {
+            entries: Mutex::new(VecDeque::new()),
+            notify: Notify::new(),
+            on_enqueue,
+        }))
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
+        self.0.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Enqueues messages in order.
+    pub fn enqueue(&self, messages: impl IntoIterator<Item = Message>) {
+        self.enqueue_entries(messages.into_iter().map(Entry::message));
+    }
+
+    pub(crate) fn enqueue_entries(&self, entries: impl IntoIterator<Item = Entry>) {
+        let mut wake = false;
+        for entry in entries {
+            let ephemeral = entry.message.role == Role::Ephemeral;
+            if !ephemeral && let Some(cb) = &self.0.on_enqueue {
+                cb(&entry.message);
+            }
+            wake |= !ephemeral;
+            let mut q = self.entries();
+            let id = entry
+                .message
+                .metadata
+                .as_ref()
+                .and_then(|m| m.message_id.clone());
+            let slot = id.and_then(|id| {
+                q.iter().position(|e| {
+                    e.message
+                        .metadata
+                        .as_ref()
+                        .and_then(|m| m.message_id.as_ref())
+                        == Some(&id)
+                })
+            });
+            match slot {
+                Some(i) => q[i] = entry,
+                None => q.push_back(entry),
+            }
+        }
+        if wake {
+            self.0.notify.notify_waiters();
+        }
+    }
+
+    /// Completes when the queue holds a non-ephemeral message.
+    pub async fn wait(&self) {
+        loop {
+            let notified = self.0.notify.notified();
+            if self
+                .entries()
+                .iter()
+                .any(|e| e.message.role != Role::Ephemeral)
+            {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Wakes every waiter.
+    pub fn notify(&self) {
+        self.0.notify.notify_waiters();
+    }
+
+    /// How many messages wait.
+    pub fn len(&self) -> usize {
+        self.entries().len()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.entries().is_empty()
+    }
+
+    /// The queued messages (copies), in order.
+    pub fn messages(&self) -> Vec<Message> {
+        self.entries().iter().map(|e| e.message.clone()).collect()
+    }
+
+    pub(crate) fn drain_all(&self) -> Vec<Entry> {
+        self.entries().drain(..).collect()
+    }
+
+    /// Drains everything but ephemerals, which stay queued for the next run.
+    pub(crate) fn drain_non_ephemeral(&self) -> Vec<Entry> {
+        let mut q = self.entries();
+        let (keep, take): (VecDeque<Entry>, VecDeque<Entry>) =
+            q.drain(..).partition(|e| e.message.role == Role::Ephemeral);
+        *q = keep;
+        take.into()
+    }
+}

@@ -1,0 +1,471 @@
+//! The run loop: drain the queue, run every active leaf, apply what they
+//! report, yield one [`MachineStep`] per step, until a step is done.
+//!
+//! ```text
+//! initial drain → (leaves run concurrently → drain → apply → yield)* → done
+//! ```
+//!
+//! Executors report messages and effects; only the apply phase, after every
+//! leaf of a step has finished, changes the tree, copy-on-write.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use futures::stream::{self, Stream, StreamExt};
+use markov_core::message::{Item, Message, Metadata, Source};
+use markov_core::{InstanceId, Role};
+use markov_runtime::state::merge_patch;
+use markov_runtime::transition::CedeContent;
+use serde_json::Value;
+use tracing::Instrument;
+
+use crate::effect::{Effect, Entry, cede_json};
+use crate::error::RunError;
+use crate::executor::{LeafContext, LeafOutcome};
+use crate::instance::{ActiveLeaf, Instance};
+use crate::machine::{Machine, hoist_packs};
+use crate::step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
+
+/// The default step limit.
+pub const DEFAULT_MAX_STEPS: usize = 50;
+
+/// The message added after a first `max_tokens` step, asking for a short answer.
+pub const RECOVERY_TEXT: &str = "[System: Your response was cut off due to length limits. Please provide a brief summary of your findings and respond to the user now. Do not use any tools - just give your final answer.]";
+
+/// Options of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Steps allowed before the run fails with `Max steps (<n>) exceeded`.
+    pub max_steps: usize,
+    /// The tool result of a `TerminateResponse` without a message.
+    pub terminate_message: String,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            max_steps: DEFAULT_MAX_STEPS,
+            terminate_message: "Finished".to_owned(),
+        }
+    }
+}
+
+impl RunOptions {
+    /// Sets the step limit.
+    #[must_use]
+    pub fn max_steps(mut self, max_steps: usize) -> Self {
+        self.max_steps = max_steps;
+        self
+    }
+
+    /// Sets the default termination note.
+    #[must_use]
+    pub fn terminate_message(mut self, message: impl Into<String>) -> Self {
+        self.terminate_message = message.into();
+        self
+    }
+}
+
+/// What the apply phase found.
+#[derive(Debug, Default)]
+struct Applied {
+    cedes: Vec<(InstanceId, Option<CedeContent>)>,
+}
+
+/// Applies effects in order, copy-on-write. Never validates (spec §5).
+fn apply(root: &mut Arc<Instance>, effects: &[Effect]) {
+    let mut writes: HashMap<String, usize> = HashMap::new();
+    let mut note_write = |key: String| {
+        let n = writes.entry(key.clone()).or_insert(0);
+        *n += 1;
+        if *n > 1 {
+            tracing::warn!(scope = %key, writes = *n, "state updated {n} times, last write wins");
+        }
+    };
+    for effect in effects {
+        match effect {
+            Effect::State { instance, patch } => {
+                note_write(format!("instance:{instance}"));
+                Instance::update(root, instance, &mut |i| {
+                    if let Ok(merged) = merge_patch(&i.state, patch) {
+                        i.state = merged;
+                    }
+                });
+            }
+            Effect::PackState { pack, patch } => {
+                note_write(format!("pack:{pack}"));
+                let r = Arc::make_mut(root);
+                let current = r.pack_states.get(pack).cloned().unwrap_or(Value::Null);
+                if let Ok(merged) = merge_patch(&current, patch) {
+                    r.pack_states.insert(pack.clone(), merged);
+                }
+            }
+            Effect::Transition {
+                instance,
+                node,
+                state,
+            } => {
+                hoist_packs(root, std::iter::once(node));
+                Instance::update(root, instance, &mut |i| {
+                    i.node = node.clone();
+                    i.state = state.clone();
+                    i.children.clear();
+                });
+            }
+            Effect::Spawn { parent, children } => {
+                hoist_packs(root, children.iter().map(|(n, _)| n));
+                Instance::update(root, parent, &mut |i| {
+                    for (node, state) in children {
+                        i.children
+                            .push(Arc::new(Instance::new(node.clone(), state.clone())));
+                    }
+                });
+            }
+            Effect::Cede { instance, .. } => {
+                if root.id() == instance {
+                    tracing::warn!(instance = %instance, "cannot remove the root instance");
+                } else {
+                    Instance::remove(root, instance);
+                }
+            }
+            Effect::Suspend { instance, info } => {
+                Instance::update(root, instance, &mut |i| i.suspended = Some(info.clone()));
+            }
+        }
+    }
+}
+
+fn cedes_of(effects: &[Effect]) -> Applied {
+    Applied {
+        cedes: effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Cede { instance, content } => Some((instance.clone(), content.clone())),
+                _ => None,
+            })
+            .collect(),
+    }
+}
+
+/// Collapses ephemerals sharing a `singleton` key to the last one, counting frames.
+fn collapse_ephemerals(entries: Vec<Entry>) -> Vec<Entry> {
+    let mut counts: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for (i, e) in entries.iter().enumerate() {
+        if e.message.role == Role::Ephemeral
+            && let Some(key) = e
+                .message
+                .metadata
+                .as_ref()
+                .and_then(|m| m.singleton.clone())
+        {
+            let c = counts.entry(key).or_insert((i, 0));
+            c.0 = i;
+            c.1 += 1;
+        }
+    }
+    if counts.is_empty() {
+        return entries;
+    }
+    entries
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, mut e)| {
+            let key = e
+                .message
+                .metadata
+                .as_ref()
+                .and_then(|m| m.singleton.clone())
+                .filter(|_| e.message.role == Role::Ephemeral);
+            match key.and_then(|k| counts.get(&k).copied()) {
+                Some((last, _)) if last != i => None,
+                Some((_, n)) => {
+                    if let Some(m) = e.message.metadata.as_mut() {
+                        m.singleton_frame_count = Some(n);
+                    }
+                    Some(e)
+                }
+                None => Some(e),
+            }
+        })
+        .collect()
+}
+
+fn resolve_effects(machine: &Machine, entries: &[Entry]) -> Result<Vec<Effect>, RunError> {
+    let mut effects = Vec::new();
+    for e in entries {
+        if let Some(effect) = e.resolve_effect(&machine.charter)? {
+            effects.push(effect);
+        }
+    }
+    Ok(effects)
+}
+
+fn resume_request(entries: &[Entry]) -> Option<(InstanceId, String)> {
+    entries
+        .iter()
+        .filter(|e| e.message.role == Role::System)
+        .find_map(|e| {
+            e.message.item_list().iter().find_map(|i| match i {
+                Item::Resume {
+                    instance_id,
+                    suspend_id,
+                } => Some((instance_id.clone(), suspend_id.clone())),
+                _ => None,
+            })
+        })
+}
+
+/// One run over a machine.
+struct Run<'m> {
+    machine: &'m mut Machine,
+    options: RunOptions,
+    started: bool,
+    steps: usize,
+    pending: Vec<Message>,
+    recovered: bool,
+    turns: HashMap<InstanceId, TurnState>,
+}
+
+impl Run<'_> {
+    fn step(&self, history: Vec<Message>, reason: YieldReason, done: bool) -> MachineStep {
+        MachineStep {
+            instance: Arc::clone(&self.machine.root),
+            history,
+            yield_reason: reason,
+            done,
+            cede_content: None,
+            suspended_instances: Vec::new(),
+            response: None,
+            termination: None,
+        }
+    }
+
+    /// Phase A: drain, record, apply. Returns a step when the run ends here.
+    fn initial_drain(&mut self) -> Result<Option<MachineStep>, RunError> {
+        let entries = collapse_ephemerals(self.machine.queue.drain_all());
+        if let Some((id, suspend_id)) = resume_request(&entries) {
+            return self.resume(&id, &suspend_id).map(Some);
+        }
+        let triggers = entries
+            .iter()
+            .any(|e| e.message.role == Role::User && !e.message.is_silent());
+        let effects = resolve_effects(self.machine, &entries)?;
+        let messages: Vec<Message> = entries.into_iter().map(|e| e.message).collect();
+        self.machine.history.extend(messages.iter().cloned());
+        apply(&mut self.machine.root, &effects);
+        if !triggers {
+            return Ok(Some(self.step(messages, YieldReason::EndTurn, true)));
+        }
+        self.pending = messages;
+        Ok(None)
+    }
+
+    fn resume(&mut self, id: &InstanceId, suspend_id: &str) -> Result<MachineStep, RunError> {
+        let instance = self
+            .machine
+            .root
+            .find(id)
+            .ok_or_else(|| RunError::InstanceNotFound(id.clone()))?;
+        let stored = instance
+            .suspended()
+            .ok_or_else(|| RunError::NotSuspended(id.clone()))?;
+        if stored.suspend_id != suspend_id {
+            return Err(RunError::SuspendIdMismatch {
+                expected: stored.suspend_id.clone(),
+                got: suspend_id.to_owned(),
+            });
+        }
+        Instance::update(&mut self.machine.root, id, &mut |i| i.suspended = None);
+        let notice = Message::user(format!("[Resumed instance {id}]"));
+        self.machine.history.push(notice.clone());
+        Ok(self.step(vec![notice], YieldReason::Command, false))
+    }
+
+    async fn run_leaves(&mut self, leaves: &[ActiveLeaf]) -> Result<Vec<LeafOutcome>, RunError> {
+        let machine = &*self.machine;
+        let futures = leaves.iter().map(|leaf| {
+            let cx = LeafContext {
+                charter: &machine.charter,
+                leaf,
+                history: &machine.history,
+                current_step: self.steps,
+                max_steps: self.options.max_steps,
+                turn: self
+                    .turns
+                    .get(leaf.leaf().id())
+                    .copied()
+                    .unwrap_or_default(),
+                terminate_message: &self.options.terminate_message,
+            };
+            machine.executor.run_leaf(cx)
+        });
+        let results = futures::future::join_all(futures).await;
+        let mut outcomes = Vec::with_capacity(results.len());
+        let mut failure = None;
+        for r in results {
+            match r {
+                Ok(o) => outcomes.push(o),
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        if let Some(e) = failure {
+            // What succeeded stays queued for the next run rather than being lost.
+            for o in outcomes {
+                self.machine.queue.enqueue_entries(o.entries);
+            }
+            return Err(e);
+        }
+        Ok(outcomes)
+    }
+
+    /// One step of phase B.
+    async fn next_step(&mut self) -> Result<MachineStep, RunError> {
+        if self.steps >= self.options.max_steps {
+            return Err(RunError::MaxSteps(self.options.max_steps));
+        }
+        self.steps += 1;
+        let leaves = self.machine.root.active_leaves();
+        if leaves.is_empty() {
+            let suspended = self.machine.root.suspended_instances();
+            if suspended.is_empty() {
+                return Err(RunError::NoActiveInstances);
+            }
+            let mut step = self.step(Vec::new(), YieldReason::AwaitingResume, true);
+            step.suspended_instances = suspended
+                .iter()
+                .filter_map(|i| {
+                    i.suspended().map(|s| SuspendedInstance {
+                        instance_id: i.id().clone(),
+                        suspend_id: s.suspend_id.clone(),
+                        reason: s.reason.clone(),
+                        metadata: s.metadata.clone(),
+                    })
+                })
+                .collect();
+            return Ok(step);
+        }
+        let primaries = leaves.iter().filter(|l| !l.is_worker).count();
+        if primaries > 1 {
+            return Err(RunError::TooManyPrimaryLeaves(primaries));
+        }
+        let span = tracing::info_span!("step", step = self.steps, leaves = leaves.len());
+        let outcomes = self.run_leaves(&leaves).instrument(span.clone()).await?;
+
+        let mut primary: Option<(YieldReason, Option<String>, Option<_>)> = None;
+        for (leaf, outcome) in leaves.iter().zip(outcomes) {
+            self.turns.insert(leaf.leaf().id().clone(), outcome.turn);
+            if leaf.is_worker {
+                if outcome.yield_reason == YieldReason::EndTurn {
+                    tracing::warn!(instance = %leaf.leaf().id(), "worker returned end_turn without ceding");
+                }
+            } else if primary.is_none() {
+                primary = Some((outcome.yield_reason, outcome.response, outcome.termination));
+            }
+            self.machine.queue.enqueue_entries(outcome.entries);
+        }
+        let drained = self.machine.queue.drain_non_ephemeral();
+        let effects = resolve_effects(self.machine, &drained)?;
+        let step_history: Vec<Message> = drained.into_iter().map(|e| e.message).collect();
+        self.machine.history.extend(step_history.iter().cloned());
+        apply(&mut self.machine.root, &effects);
+        let applied = cedes_of(&effects);
+        let mut history = std::mem::take(&mut self.pending);
+        history.extend(step_history);
+
+        let (reason, response, termination) = primary.unwrap_or((YieldReason::EndTurn, None, None));
+        if let Some((id, content)) = applied.cedes.first() {
+            match content {
+                Some(CedeContent::Text(s)) => {
+                    self.machine
+                        .history
+                        .push(
+                            Message::user(s.clone()).with_metadata(Metadata::with_source(Source {
+                                instance_id: Some(id.clone()),
+                                ..Source::default()
+                            })),
+                        )
+                }
+                Some(CedeContent::Messages(list)) => {
+                    self.machine.history.extend(list.iter().cloned())
+                }
+                None => {}
+            }
+            if leaves.len() == 1 {
+                let mut step = self.step(history, YieldReason::Cede, false);
+                step.cede_content = cede_json(content);
+                return Ok(step);
+            }
+        }
+        if reason == YieldReason::MaxTokens {
+            if !self.recovered {
+                self.recovered = true;
+                let step = self.step(history, YieldReason::MaxTokens, false);
+                self.machine.history.push(Message::user(RECOVERY_TEXT));
+                return Ok(step);
+            }
+            return Ok(self.step(history, YieldReason::MaxTokens, true));
+        }
+        let done =
+            matches!(reason, YieldReason::EndTurn | YieldReason::External) || termination.is_some();
+        let mut step = self.step(history, reason, done);
+        step.response = response;
+        step.termination = termination;
+        Ok(step)
+    }
+
+    async fn next(&mut self) -> Result<MachineStep, RunError> {
+        if !self.started {
+            self.started = true;
+            if let Some(step) = self.initial_drain()? {
+                return Ok(step);
+            }
+        }
+        self.next_step().await
+    }
+}
+
+/// Runs the machine, yielding one step per model call round, until a step is
+/// done or an error ends the run (the stream then yields that error last).
+///
+/// Input must be enqueued first ([`Machine::enqueue`]).
+pub fn run_machine(
+    machine: &mut Machine,
+    options: RunOptions,
+) -> impl Stream<Item = Result<MachineStep, RunError>> + Send + '_ {
+    let span = tracing::info_span!(
+        "run",
+        charter = machine.charter.name(),
+        max_steps = options.max_steps
+    );
+    let run = Run {
+        machine,
+        options,
+        started: false,
+        steps: 0,
+        pending: Vec::new(),
+        recovered: false,
+        turns: HashMap::new(),
+    };
+    stream::unfold(Some(run), move |run| {
+        let span = span.clone();
+        async move {
+            let mut run = run?;
+            let item = run.next().instrument(span).await;
+            let go_on = matches!(&item, Ok(step) if !step.done);
+            Some((item, go_on.then_some(run)))
+        }
+    })
+}
+
+/// Runs the machine to the end and returns the last step.
+pub async fn run_to_completion(
+    machine: &mut Machine,
+    options: RunOptions,
+) -> Result<MachineStep, RunError> {
+    let mut steps = std::pin::pin!(run_machine(machine, options));
+    let mut last = None;
+    while let Some(step) = steps.next().await {
+        last = Some(step?);
+    }
+    last.ok_or(RunError::NoSteps)
+}

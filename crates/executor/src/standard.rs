@@ -1,0 +1,515 @@
+//! [`StandardExecutor`]: one model call per leaf per step, over any [`Model`].
+//!
+//! The logic is a sequence of pure functions over plain values — [`prepare`]
+//! (system prompt, tools, tool choice, settings), [`interpret`] (the model's
+//! answer), [`after_tools`] (the pipeline's outcome) and [`after_transition`]
+//! — and [`StandardExecutor::run_leaf`] is the thin async glue that performs
+//! the model call, the tool calls and a code transition between them. Each
+//! rule (terminal tools, termination, restriction, tool choice) is therefore
+//! testable without a runtime.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use markov_core::Role;
+use markov_core::message::{Item, Message, Metadata, Source};
+use markov_core::model::{
+    Model, ModelRequest, ModelResponse, ModelSettings, StopReason, ToolChoice,
+};
+use markov_core::tool::{ToolDefinition, ToolExecutionResult};
+use markov_runtime::charter::{AncestorView, PromptInput};
+use markov_runtime::pipeline::{LeafView, PipelineOutcome, ToolCall, run_tool_calls};
+use markov_runtime::prompt::system_prompt;
+use markov_runtime::toolgen::generate_tools;
+use markov_runtime::transition::{TransitionError, TransitionOutcome, execute_transition};
+use serde_json::Value;
+use tracing::Instrument;
+
+use crate::effect::{Effect, Entry};
+use crate::error::RunError;
+use crate::executor::{Executor, LeafContext, LeafOutcome};
+use crate::instance::SuspendInfo;
+use crate::step::{TurnState, YieldReason};
+
+/// The result text of a tool call cut off by the token limit.
+pub const CUT_OFF_TOOL_CALL: &str =
+    "Tool call not run: the response was cut off by the token limit.";
+
+/// Calls a model once per leaf per step and runs the tools it asks for.
+#[derive(Debug, Clone)]
+pub struct StandardExecutor {
+    model: Arc<dyn Model>,
+    settings: ModelSettings,
+}
+
+impl StandardExecutor {
+    /// An executor over `model` with default settings (4096 max tokens).
+    pub fn new(model: impl Model + 'static) -> Self {
+        Self::shared(Arc::new(model))
+    }
+
+    /// An executor over a shared model.
+    pub fn shared(model: Arc<dyn Model>) -> Self {
+        StandardExecutor {
+            model,
+            settings: ModelSettings::default(),
+        }
+    }
+
+    /// Sets the default settings; a node's executor config overrides them.
+    #[must_use]
+    pub fn with_settings(mut self, settings: ModelSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+}
+
+/// Everything a model call needs besides the history.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Prepared {
+    /// The system prompt.
+    pub system: String,
+    /// The tools offered.
+    pub tools: Vec<ToolDefinition>,
+    /// The tool choice of this call.
+    pub tool_choice: ToolChoice,
+    /// The settings (executor defaults overridden by the node).
+    pub settings: ModelSettings,
+    /// The structured-output schema, if the node declares one.
+    pub output_schema: Option<Value>,
+}
+
+impl Prepared {
+    /// The request over `history`.
+    pub fn request<'a>(&'a self, history: &'a [Message]) -> ModelRequest<'a> {
+        ModelRequest {
+            system: &self.system,
+            messages: history,
+            tools: &self.tools,
+            tool_choice: &self.tool_choice,
+            settings: &self.settings,
+            output_schema: self.output_schema.as_ref(),
+        }
+    }
+}
+
+fn ancestor_views<'a>(cx: &LeafContext<'a>) -> Vec<AncestorView<'a>> {
+    cx.leaf
+        .ancestors()
+        .iter()
+        .map(|a| AncestorView {
+            node: a.node(),
+            state: a.state(),
+        })
+        .collect()
+}
+
+/// Pack states as the leaf sees them: the root's, with the node's own packs
+/// initialised for a non-worker.
+fn pack_states(cx: &LeafContext<'_>) -> std::collections::BTreeMap<String, Value> {
+    let mut states = cx.root().pack_states().clone();
+    if !cx.is_worker() {
+        for pack in cx.instance().node().packs() {
+            let missing = states.get(pack.name()).is_none_or(Value::is_null);
+            if missing && let Some(initial) = pack.initial_state() {
+                states.insert(pack.name().to_owned(), initial.clone());
+            }
+        }
+    }
+    states
+}
+
+/// Builds the call: system prompt, tools, tool choice and settings.
+pub fn prepare(cx: &LeafContext<'_>, defaults: &ModelSettings) -> Result<Prepared, RunError> {
+    let has_conversation = cx
+        .history
+        .iter()
+        .any(|m| matches!(m.role, Role::User | Role::Assistant));
+    if !has_conversation {
+        return Err(RunError::EmptyMessages);
+    }
+    let node = cx.instance().node();
+    let ancestors = ancestor_views(cx);
+    let tools = generate_tools(cx.charter, node, &ancestors, cx.is_worker())?;
+    let packs = if cx.root().packs().is_empty() {
+        node.packs()
+    } else {
+        cx.root().packs()
+    };
+    let pack_states = pack_states(cx);
+    let system = system_prompt(
+        &PromptInput {
+            charter: cx.charter,
+            node,
+            state: cx.instance().state(),
+            ancestors: &ancestors,
+            pack_states: &pack_states,
+            packs,
+            current_step: cx.current_step,
+            max_steps: cx.max_steps,
+        },
+        &tools,
+    );
+    let mut settings = defaults.clone();
+    let config = node.executor_config();
+    if let Some(model) = &config.model {
+        settings.model = Some(model.clone());
+    }
+    if let Some(max_tokens) = config.max_tokens {
+        settings.max_tokens = max_tokens;
+    }
+    if let Some(t) = config.temperature {
+        settings.temperature = Some(t);
+    }
+    if let Some(thinking) = node.policy().thinking {
+        settings.thinking = Some(thinking);
+    }
+    Ok(Prepared {
+        system,
+        tools,
+        tool_choice: node.policy().tool_choice.choice(cx.turn.tool_ran),
+        settings,
+        output_schema: node.output().map(|o| o.schema().clone()),
+    })
+}
+
+/// What to do after the model answered.
+#[derive(Debug)]
+pub enum AfterModel {
+    /// The leaf is done for this step.
+    Finish(LeafOutcome),
+    /// Run these calls, then call [`after_tools`] with `entries` so far.
+    RunTools {
+        /// Entries so far (the assistant message).
+        entries: Vec<Entry>,
+        /// The calls, in order.
+        calls: Vec<ToolCall>,
+    },
+}
+
+fn with_source(message: Message, source: &Source) -> Message {
+    message.with_metadata(Metadata::with_source(source.clone()))
+}
+
+/// Interprets the model's answer.
+pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
+    let source = cx.source();
+    let output = cx.instance().node().output();
+    let mut calls = Vec::new();
+    let items: Vec<Item> = response
+        .content
+        .into_iter()
+        .map(|item| match item {
+            Item::Text { text } if output.is_some() => Item::Output {
+                data: output
+                    .map(|o| o.map_text_block(&text))
+                    .unwrap_or(Value::Null),
+            },
+            Item::ToolUse { id, name, input } => {
+                calls.push(ToolCall {
+                    id: id.clone(),
+                    name: name.clone(),
+                    input: input.clone(),
+                });
+                Item::ToolUse { id, name, input }
+            }
+            other => other,
+        })
+        .collect();
+    let mut entries = vec![Entry::message(with_source(
+        Message::assistant_items(items),
+        &source,
+    ))];
+    let mut turn = cx.turn;
+
+    if response.stop_reason == StopReason::MaxTokens {
+        // The calls may be cut mid-argument: answer each without running it, so
+        // the history keeps one result per call.
+        if !calls.is_empty() {
+            let results = calls
+                .iter()
+                .map(|c| ToolExecutionResult::error(c.id.clone(), CUT_OFF_TOOL_CALL).to_item(true))
+                .collect();
+            entries.push(Entry::message(with_source(
+                Message::user_items(results),
+                &source,
+            )));
+        }
+        return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::MaxTokens, turn));
+    }
+    if !calls.is_empty() {
+        return AfterModel::RunTools { entries, calls };
+    }
+    let restriction = &cx.instance().node().policy().restriction;
+    if restriction.may_inject(turn.injections) {
+        turn.injections += 1;
+        entries.push(Entry::message(with_source(
+            Message::system(restriction.restriction_message.clone()),
+            &source,
+        )));
+        return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::Restricted, turn));
+    }
+    AfterModel::Finish(LeafOutcome::new(entries, YieldReason::EndTurn, turn))
+}
+
+/// What to do after the tools ran.
+#[derive(Debug)]
+pub enum AfterTools {
+    /// The leaf is done for this step.
+    Finish(LeafOutcome),
+    /// Take the queued transition, then call [`after_transition`].
+    Transition(Box<PendingTransition>),
+}
+
+/// A step waiting for its transition.
+#[derive(Debug)]
+pub struct PendingTransition {
+    entries: Vec<Entry>,
+    outcome: PipelineOutcome,
+    turn: TurnState,
+    /// The transition's name.
+    pub name: String,
+    /// Why the model took it.
+    pub reason: String,
+    /// Its arguments.
+    pub args: Value,
+    /// The running state after this turn's updates.
+    pub state: Value,
+}
+
+/// Records the pipeline's outcome and decides the step's result.
+pub fn after_tools(
+    cx: &LeafContext<'_>,
+    entries: Vec<Entry>,
+    outcome: PipelineOutcome,
+) -> AfterTools {
+    // A tool ran: tool choice relaxes and restriction counters start over.
+    let turn = TurnState {
+        tool_ran: true,
+        injections: 0,
+    };
+    match &outcome.transition {
+        Some(queued) => AfterTools::Transition(Box::new(PendingTransition {
+            name: queued.name.clone(),
+            reason: queued.reason.clone(),
+            args: queued.args.clone(),
+            state: outcome
+                .state
+                .as_ref()
+                .map(|(s, _)| s.clone())
+                .unwrap_or_else(|| cx.instance().state().clone()),
+            entries,
+            outcome,
+            turn,
+        })),
+        None => AfterTools::Finish(finish(cx, entries, outcome, turn, None)),
+    }
+}
+
+/// Completes a step whose transition was attempted.
+pub fn after_transition(
+    cx: &LeafContext<'_>,
+    pending: PendingTransition,
+    result: Result<TransitionOutcome, TransitionError>,
+) -> LeafOutcome {
+    let PendingTransition {
+        entries,
+        mut outcome,
+        turn,
+        name,
+        ..
+    } = pending;
+    match result {
+        Err(error) => {
+            // The transition tool already said "complete"; correct the claim.
+            if let Some(queued) = &outcome.transition
+                && let Some(slot) = outcome.results.get_mut(queued.result_index)
+            {
+                *slot = ToolExecutionResult::error(
+                    slot.call_id.clone(),
+                    format!("Transition to \"{name}\" failed: {error}"),
+                );
+            }
+            outcome.transition = None;
+            finish(cx, entries, outcome, turn, None)
+        }
+        Ok(transition) => finish(cx, entries, outcome, turn, Some(transition)),
+    }
+}
+
+fn finish(
+    cx: &LeafContext<'_>,
+    mut entries: Vec<Entry>,
+    outcome: PipelineOutcome,
+    mut turn: TurnState,
+    transition: Option<TransitionOutcome>,
+) -> LeafOutcome {
+    let source = cx.source();
+    let leaf_id = cx.instance().id().clone();
+    if let Some((_, patch)) = &outcome.state {
+        entries.push(Entry::effect(
+            cx.charter,
+            Effect::State {
+                instance: leaf_id.clone(),
+                patch: patch.clone(),
+            },
+            Some(source.clone()),
+        ));
+    }
+    for (pack, patch) in &outcome.pack_patches {
+        entries.push(Entry::effect(
+            cx.charter,
+            Effect::PackState {
+                pack: pack.clone(),
+                patch: patch.clone(),
+            },
+            Some(source.clone()),
+        ));
+    }
+    entries.push(Entry::message(with_source(
+        Message::user_items(outcome.result_items()),
+        &source,
+    )));
+    // A transition wins over a terminal response and over termination.
+    let terminal = outcome.terminal.as_ref().filter(|_| transition.is_none());
+    let mut replies = outcome.replies.clone();
+    if let Some(t) = terminal
+        && !t.in_replies
+    {
+        replies.push(Item::text(t.text.clone()));
+    }
+    if !replies.is_empty() {
+        entries.push(Entry::message(with_source(
+            Message::assistant_items(replies),
+            &source,
+        )));
+    }
+    let mut result = LeafOutcome::new(entries, YieldReason::ToolUse, turn);
+    match transition {
+        Some(t) => {
+            let (effect, reason) = match t {
+                TransitionOutcome::To { node, state } => {
+                    // Entering a node starts its turn over (tool choice forces again).
+                    turn = TurnState::default();
+                    (
+                        Some(Effect::Transition {
+                            instance: leaf_id,
+                            node,
+                            state,
+                        }),
+                        YieldReason::ToolUse,
+                    )
+                }
+                TransitionOutcome::Spawn(children) if !children.is_empty() => (
+                    Some(Effect::Spawn {
+                        parent: leaf_id,
+                        children,
+                    }),
+                    YieldReason::ToolUse,
+                ),
+                TransitionOutcome::Cede(content) => (
+                    Some(Effect::Cede {
+                        instance: leaf_id,
+                        content,
+                    }),
+                    YieldReason::Cede,
+                ),
+                TransitionOutcome::Suspend {
+                    suspend_id,
+                    reason,
+                    metadata,
+                } => (
+                    Some(Effect::Suspend {
+                        instance: leaf_id,
+                        info: SuspendInfo {
+                            suspend_id,
+                            reason,
+                            suspended_at: std::time::SystemTime::now(),
+                            metadata,
+                        },
+                    }),
+                    YieldReason::Suspend,
+                ),
+                _ => (None, YieldReason::ToolUse),
+            };
+            if let Some(effect) = effect {
+                result
+                    .entries
+                    .push(Entry::effect(cx.charter, effect, Some(source)));
+            }
+            result.yield_reason = reason;
+            result.turn = turn;
+        }
+        None => {
+            if let Some(t) = terminal {
+                result.yield_reason = YieldReason::EndTurn;
+                result.response = Some(t.text.clone());
+            }
+            if let Some(t) = &outcome.terminate {
+                result.yield_reason = YieldReason::EndTurn;
+                result.termination = Some(t.clone());
+            }
+        }
+    }
+    result
+}
+
+#[async_trait]
+impl Executor for StandardExecutor {
+    async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
+        let prepared = prepare(&cx, &self.settings)?;
+        let span = tracing::info_span!(
+            "model_call",
+            step = cx.current_step,
+            instance_id = %cx.instance().id(),
+            node = cx.instance().node().name().unwrap_or(""),
+            tool_choice = ?prepared.tool_choice,
+            messages = cx.history.len(),
+        );
+        let response = self
+            .model
+            .complete(prepared.request(cx.history))
+            .instrument(span)
+            .await
+            .map_err(|source| RunError::Model {
+                step: cx.current_step,
+                source,
+            })?;
+        let (entries, calls) = match interpret(&cx, response) {
+            AfterModel::Finish(outcome) => return Ok(outcome),
+            AfterModel::RunTools { entries, calls } => (entries, calls),
+        };
+        let ancestors = ancestor_views(&cx);
+        let packs = pack_states(&cx);
+        let view = LeafView {
+            charter: cx.charter,
+            node: cx.instance().node(),
+            instance_id: cx.instance().id(),
+            root_id: cx.root().id(),
+            state: cx.instance().state(),
+            ancestors: &ancestors,
+            pack_states: &packs,
+            is_worker: cx.is_worker(),
+            history: cx.history,
+            terminate_message: cx.terminate_message,
+        };
+        let outcome = run_tool_calls(&view, calls).await;
+        match after_tools(&cx, entries, outcome) {
+            AfterTools::Finish(outcome) => Ok(outcome),
+            AfterTools::Transition(pending) => {
+                let span = tracing::info_span!("transition", name = %pending.name);
+                let result = execute_transition(
+                    cx.charter,
+                    cx.instance().node(),
+                    &pending.state,
+                    &pending.name,
+                    &pending.reason,
+                    &pending.args,
+                )
+                .instrument(span)
+                .await;
+                Ok(after_transition(&cx, *pending, result))
+            }
+        }
+    }
+}

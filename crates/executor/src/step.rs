@@ -1,0 +1,96 @@
+//! What a run yields: one [`MachineStep`] per step, with its [`YieldReason`].
+
+use std::sync::Arc;
+
+use markov_core::tool::TerminateResponse;
+use markov_core::{InstanceId, Message};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::instance::Instance;
+
+/// Why a step ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum YieldReason {
+    /// The turn is over.
+    EndTurn,
+    /// Tools ran; the loop continues.
+    ToolUse,
+    /// The token limit cut the answer.
+    MaxTokens,
+    /// An instance ceded to its parent.
+    Cede,
+    /// A command (resume) ran.
+    Command,
+    /// An instance suspended.
+    Suspend,
+    /// Nothing is active; suspended instances wait for a resume.
+    AwaitingResume,
+    /// An external executor handed control outside.
+    External,
+    /// The answer had no tool call and output is restricted: a reminder was
+    /// injected and the model is called again.
+    Restricted,
+}
+
+impl YieldReason {
+    /// The wire string (`"end_turn"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            YieldReason::EndTurn => "end_turn",
+            YieldReason::ToolUse => "tool_use",
+            YieldReason::MaxTokens => "max_tokens",
+            YieldReason::Cede => "cede",
+            YieldReason::Command => "command",
+            YieldReason::Suspend => "suspend",
+            YieldReason::AwaitingResume => "awaiting_resume",
+            YieldReason::External => "external",
+            YieldReason::Restricted => "restricted",
+        }
+    }
+}
+
+/// A suspended instance, as reported by an `awaiting_resume` step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuspendedInstance {
+    /// The instance.
+    pub instance_id: InstanceId,
+    /// Its suspend id.
+    pub suspend_id: String,
+    /// Why.
+    pub reason: String,
+    /// Application data.
+    pub metadata: Option<Value>,
+}
+
+/// One step of a run.
+#[derive(Debug, Clone)]
+pub struct MachineStep {
+    /// The tree after the step (a cheap shared snapshot).
+    pub instance: Arc<Instance>,
+    /// The messages this step produced, in order.
+    pub history: Vec<Message>,
+    /// Why the step ended.
+    pub yield_reason: YieldReason,
+    /// Whether the run is over.
+    pub done: bool,
+    /// What a ceding instance handed back (only on a `cede` step of a single leaf).
+    pub cede_content: Option<Value>,
+    /// Suspended instances (on `awaiting_resume`).
+    pub suspended_instances: Vec<SuspendedInstance>,
+    /// The machine's exact response, when a terminal tool produced it.
+    pub response: Option<String>,
+    /// Set when a tool ended the run with a `TerminateResponse`.
+    pub termination: Option<TerminateResponse>,
+}
+
+/// Per-leaf bookkeeping of the current turn, for tool-choice and restriction rules.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnState {
+    /// Whether a tool has run in this turn (tool choice relaxes to `Auto` after).
+    pub tool_ran: bool,
+    /// Restriction reminders injected since the turn began or the last tool ran.
+    pub injections: u32,
+}

@@ -1,0 +1,279 @@
+//! Shared fixtures for the executor's scenario tests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use markov_core::message::{Item, Message, Role};
+use markov_core::tool::{Tool, ToolContext, ToolReply};
+use markov_executor::{
+    Instance, Machine, MachineStep, RunError, RunOptions, StandardExecutor, run_machine,
+};
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_testkit::ScriptedModel;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Adds two integers.
+pub struct Add;
+
+#[derive(Deserialize, JsonSchema)]
+pub struct AddArgs {
+    pub a: i64,
+    pub b: i64,
+}
+
+impl Tool for Add {
+    const NAME: &'static str = "add";
+    type Args = AddArgs;
+    type Output = i64;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Add two integers".into()
+    }
+    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Infallible> {
+        Ok(args.a + args.b)
+    }
+}
+
+/// Counter state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Counter {
+    pub count: i64,
+    #[serde(default)]
+    pub label: String,
+}
+
+/// Increments `count` through `update_state`.
+pub struct Increment;
+
+#[derive(Deserialize, JsonSchema)]
+pub struct NoArgs {}
+
+impl Tool for Increment {
+    const NAME: &'static str = "increment";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = markov_core::tool::StateUpdateError;
+    fn description(&self) -> String {
+        "Increment the counter".into()
+    }
+    async fn call(&self, _: NoArgs, cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        let c: Counter = cx
+            .state()
+            .map_err(|e| markov_core::tool::StateUpdateError::Invalid(e.to_string()))?;
+        cx.update_state(serde_json::json!({"count": c.count + 1}))?;
+        Ok(format!("count is now {}", c.count + 1))
+    }
+}
+
+/// Writes an invalid state and reports success anyway.
+pub struct BadUpdate;
+
+impl Tool for BadUpdate {
+    const NAME: &'static str = "bad_update";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Writes a string into count".into()
+    }
+    async fn call(&self, _: NoArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        let _ = cx.update_state(serde_json::json!({"count": "not a number"}));
+        Ok("done".into())
+    }
+}
+
+/// Formats items as a numbered list (terminal), the seed's `formatResult`.
+pub struct FormatResult;
+
+#[derive(Deserialize, JsonSchema)]
+pub struct FormatArgs {
+    pub items: Vec<String>,
+}
+
+impl Tool for FormatResult {
+    const NAME: &'static str = "formatResult";
+    const TERMINAL: bool = true;
+    type Args = FormatArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Format items into the final response".into()
+    }
+    async fn call(&self, args: FormatArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        Ok(args
+            .items
+            .iter()
+            .enumerate()
+            .map(|(n, i)| format!("{}. {i}", n + 1))
+            .collect::<Vec<_>>()
+            .join("\n"))
+    }
+}
+
+/// A terminal tool that fails when asked to.
+pub struct MaybeFail;
+
+#[derive(Deserialize, JsonSchema)]
+pub struct MaybeFailArgs {
+    pub fail: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("asked to fail")]
+pub struct Failed;
+
+impl Tool for MaybeFail {
+    const NAME: &'static str = "maybe_fail";
+    const TERMINAL: bool = true;
+    type Args = MaybeFailArgs;
+    type Output = String;
+    type Error = Failed;
+    fn description(&self) -> String {
+        "Terminal unless it fails".into()
+    }
+    async fn call(&self, args: MaybeFailArgs, _cx: &ToolContext<'_>) -> Result<String, Failed> {
+        if args.fail {
+            Err(Failed)
+        } else {
+            Ok("fine".into())
+        }
+    }
+}
+
+/// Counts its calls (to prove a call did or did not run).
+#[derive(Clone, Default)]
+pub struct Probe {
+    pub calls: Arc<AtomicUsize>,
+}
+
+impl Probe {
+    pub fn count(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// A terminal tool that counts its calls.
+pub struct TerminalProbe(pub Probe);
+
+impl Tool for TerminalProbe {
+    const NAME: &'static str = "terminal_probe";
+    const TERMINAL: bool = true;
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "A second terminal tool".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.calls.fetch_add(1, Ordering::SeqCst);
+        Ok("probe".into())
+    }
+}
+
+/// A reply with separate texts.
+pub struct Reply;
+
+impl Tool for Reply {
+    const NAME: &'static str = "reply";
+    type Args = NoArgs;
+    type Output = ToolReply;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Replies".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<ToolReply, Infallible> {
+        Ok(ToolReply::new("shown to the user", "read by the model"))
+    }
+}
+
+/// A machine over `node` registered as `main` in a charter built by `charter`.
+pub fn machine(
+    charter: impl FnOnce(
+        markov_runtime::charter::CharterBuilder,
+    ) -> markov_runtime::charter::CharterBuilder,
+    node: Node,
+    state: Value,
+    model: Arc<ScriptedModel>,
+) -> Machine {
+    let charter = charter(Charter::builder("test").node("main", node.clone()))
+        .build()
+        .expect("charter builds");
+    Machine::new(
+        charter,
+        StandardExecutor::shared(model),
+        Instance::new(node, state),
+    )
+    .expect("machine builds")
+}
+
+/// Runs the machine and collects every step (stops at the first error).
+pub async fn run_all(
+    machine: &mut Machine,
+    options: RunOptions,
+) -> (Vec<MachineStep>, Option<RunError>) {
+    use futures::StreamExt;
+    let mut steps = Vec::new();
+    let mut stream = std::pin::pin!(run_machine(machine, options));
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(step) => steps.push(step),
+            Err(e) => return (steps, Some(e)),
+        }
+    }
+    (steps, None)
+}
+
+/// The tool results of a message: (call id, content, is_error).
+pub fn results(message: &Message) -> Vec<(String, String, Option<bool>)> {
+    message
+        .item_list()
+        .iter()
+        .filter_map(|i| match i {
+            Item::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => Some((tool_use_id.to_string(), content.clone(), *is_error)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// All tool results in a history, in order.
+pub fn all_results(history: &[Message]) -> Vec<(String, String, Option<bool>)> {
+    history.iter().flat_map(results).collect()
+}
+
+/// Checks that every tool_use has exactly one tool_result after it, and no
+/// result lacks its call.
+pub fn assert_paired(history: &[Message]) {
+    let mut open: Vec<String> = Vec::new();
+    let mut seen_results: Vec<String> = Vec::new();
+    for m in history {
+        for item in m.item_list() {
+            match item {
+                Item::ToolUse { id, .. } => {
+                    assert_eq!(m.role, Role::Assistant);
+                    open.push(id.to_string());
+                }
+                Item::ToolResult { tool_use_id, .. } => {
+                    let id = tool_use_id.to_string();
+                    assert!(!seen_results.contains(&id), "two results for {id}");
+                    let pos = open.iter().position(|o| *o == id);
+                    assert!(pos.is_some(), "result for unknown call {id}");
+                    if let Some(p) = pos {
+                        open.remove(p);
+                    }
+                    seen_results.push(id);
+                }
+                _ => {}
+            }
+        }
+    }
+    assert!(open.is_empty(), "calls without results: {open:?}");
+}

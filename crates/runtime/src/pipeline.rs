@@ -1,0 +1,559 @@
+//! The tool pipeline: one model response's tool calls, run in order, reported
+//! as data.
+//!
+//! [`run_tool_calls`] dispatches each call (spec §8.1): `updateState`, then the
+//! transition tools, then the node's tools, ancestors' tools (nearest first),
+//! charter tools and, for non-workers, the tools of the node's packs. Every
+//! call gets exactly one result. Nothing is applied to any instance: the
+//! caller receives the accumulated state patch, pack patches, the queued
+//! transition and the terminal/termination signals, and decides.
+//!
+//! Rules decided here:
+//! - one transition per response (`Only one transition allowed per turn`); a
+//!   transition name the node does not declare is an error result at once;
+//! - the first terminal tool that succeeds gives the response; a later
+//!   terminal call in the same response is not executed;
+//! - a tool whose `update_state` was refused gets an error result (upstream
+//!   ignored the failure silently).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use markov_core::ids::{InstanceId, ToolCallId};
+use markov_core::message::{Item, Message};
+use markov_core::tool::{
+    SharedTool, StateAccess, StateUpdateError, TerminateResponse, ToolContext, ToolExecutionResult,
+    UserMessage,
+};
+use serde_json::{Map, Value};
+use tracing::Instrument;
+
+use crate::charter::{AncestorView, Charter};
+use crate::execute::into_result;
+use crate::node::Node;
+use crate::pack::Pack;
+use crate::state::{StateSchema, accumulate_patch, merge_patch};
+use crate::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
+
+/// What the pipeline needs to know about the leaf it runs for.
+#[derive(Debug, Clone, Copy)]
+pub struct LeafView<'a> {
+    /// The charter.
+    pub charter: &'a Charter,
+    /// The leaf's node.
+    pub node: &'a Node,
+    /// The leaf's instance id.
+    pub instance_id: &'a InstanceId,
+    /// The root's instance id.
+    pub root_id: &'a InstanceId,
+    /// The leaf's state at the start of the step.
+    pub state: &'a Value,
+    /// Ancestors, root first.
+    pub ancestors: &'a [AncestorView<'a>],
+    /// Pack states (the root's), by pack name.
+    pub pack_states: &'a BTreeMap<String, Value>,
+    /// Whether the leaf is a worker.
+    pub is_worker: bool,
+    /// The history tools may read.
+    pub history: &'a [Message],
+    /// The tool result of a `TerminateResponse` without a message.
+    pub terminate_message: &'a str,
+}
+
+/// One requested call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// Its id.
+    pub id: ToolCallId,
+    /// The tool name the model wrote.
+    pub name: String,
+    /// The arguments.
+    pub input: Value,
+}
+
+/// A transition the model asked for, to run after all calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuedTransition {
+    /// Which result reports it (to correct it if the transition fails).
+    pub result_index: usize,
+    /// The transition's name on the node.
+    pub name: String,
+    /// Why.
+    pub reason: String,
+    /// The arguments, without `reason`.
+    pub args: Value,
+}
+
+/// The response a terminal tool produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminalResponse {
+    /// The call.
+    pub call_id: ToolCallId,
+    /// The tool.
+    pub tool: String,
+    /// The response text, verbatim.
+    pub text: String,
+    /// Whether the text is already among the reply items (a `ToolReply`'s user text).
+    pub in_replies: bool,
+}
+
+/// Everything one response's calls produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PipelineOutcome {
+    /// One result per call, in call order.
+    pub results: Vec<ToolExecutionResult>,
+    /// Whether each result's `is_error: false` is written on success (node
+    /// tools) or left out (built-ins, pack tools).
+    pub result_states_known: Vec<bool>,
+    /// Assistant items from `ToolReply` user messages, in call order.
+    pub replies: Vec<Item>,
+    /// The leaf's new state and the accumulated patch, if it changed.
+    pub state: Option<(Value, Value)>,
+    /// Accumulated patches per pack, in first-write order.
+    pub pack_patches: Vec<(String, Value)>,
+    /// The queued transition, if any.
+    pub transition: Option<QueuedTransition>,
+    /// The terminal response, if a terminal tool succeeded.
+    pub terminal: Option<TerminalResponse>,
+    /// A tool asked to end the run.
+    pub terminate: Option<TerminateResponse>,
+}
+
+impl PipelineOutcome {
+    /// The `tool_result` items, in call order.
+    pub fn result_items(&self) -> Vec<Item> {
+        self.results
+            .iter()
+            .zip(&self.result_states_known)
+            .map(|(r, known)| r.to_item(*known))
+            .collect()
+    }
+}
+
+/// Whose state a tool call writes to.
+enum Scope<'a> {
+    Current,
+    Ancestor(&'a Value),
+}
+
+/// A state a tool sees as a snapshot and writes through validation.
+struct ScopedState<'s> {
+    snapshot: Value,
+    running: Mutex<Value>,
+    patch: Mutex<Option<Value>>,
+    refused: Mutex<Option<String>>,
+    schema: Option<&'s dyn StateSchema>,
+}
+
+impl<'s> ScopedState<'s> {
+    fn writable(snapshot: Value, schema: &'s dyn StateSchema) -> Self {
+        ScopedState {
+            running: Mutex::new(snapshot.clone()),
+            snapshot,
+            patch: Mutex::new(None),
+            refused: Mutex::new(None),
+            schema: Some(schema),
+        }
+    }
+
+    fn read_only(snapshot: Value) -> Self {
+        ScopedState {
+            running: Mutex::new(snapshot.clone()),
+            snapshot,
+            patch: Mutex::new(None),
+            refused: Mutex::new(None),
+            schema: None,
+        }
+    }
+
+    fn take(self) -> (Value, Option<Value>, Option<String>) {
+        (
+            self.running.into_inner().unwrap_or_else(|p| p.into_inner()),
+            self.patch.into_inner().unwrap_or_else(|p| p.into_inner()),
+            self.refused.into_inner().unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+}
+
+impl StateAccess for ScopedState<'_> {
+    fn state(&self) -> &Value {
+        &self.snapshot
+    }
+
+    fn update_state(&self, patch: Value) -> Result<(), StateUpdateError> {
+        let Some(schema) = self.schema else {
+            return Err(StateUpdateError::Ancestor);
+        };
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let merged = merge_patch(&running, &patch)?;
+        match schema.parse(&merged) {
+            Ok(parsed) => {
+                *running = parsed;
+                accumulate_patch(
+                    &mut self.patch.lock().unwrap_or_else(|p| p.into_inner()),
+                    &patch,
+                );
+                *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Ok(())
+            }
+            Err(message) => {
+                *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.clone());
+                Err(StateUpdateError::Invalid(message))
+            }
+        }
+    }
+}
+
+/// Where a tool was found.
+enum Found<'a> {
+    Node(&'a SharedTool, Scope<'a>),
+    Pack(&'a SharedTool, &'a Pack),
+}
+
+fn resolve<'a>(leaf: &LeafView<'a>, name: &str) -> Option<Found<'a>> {
+    if let Some(t) = leaf.node.tools().get(name) {
+        return Some(Found::Node(t, Scope::Current));
+    }
+    for ancestor in leaf.ancestors.iter().rev() {
+        if let Some(t) = ancestor.node.tools().get(name) {
+            // An ancestor sharing the leaf's node definition counts as current.
+            let scope = if ancestor.node.id() == leaf.node.id() {
+                Scope::Current
+            } else {
+                Scope::Ancestor(ancestor.state)
+            };
+            return Some(Found::Node(t, scope));
+        }
+    }
+    if let Some(t) = leaf.charter.tools().get(name) {
+        return Some(Found::Node(t, Scope::Current));
+    }
+    if !leaf.is_worker {
+        for pack in leaf.node.packs() {
+            if let Some(t) = pack.tools().get(name) {
+                return Some(Found::Pack(t, pack));
+            }
+        }
+    }
+    None
+}
+
+fn pack_state(
+    running: &BTreeMap<String, Value>,
+    stored: &BTreeMap<String, Value>,
+    pack: &Pack,
+) -> Value {
+    running
+        .get(pack.name())
+        .or_else(|| stored.get(pack.name()))
+        .or_else(|| pack.initial_state())
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Map::new()))
+}
+
+/// Runs `calls` in order for `leaf`. Never fails: every call gets one result.
+pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> PipelineOutcome {
+    let mut out = PipelineOutcome::default();
+    let mut running_state = leaf.state.clone();
+    let mut state_patch: Option<Value> = None;
+    let mut running_packs: BTreeMap<String, Value> = BTreeMap::new();
+    let mut pack_patches: Vec<(String, Value)> = Vec::new();
+
+    for call in calls {
+        let span = tracing::info_span!(
+            "tool_call",
+            tool = %call.name,
+            call_id = %call.id,
+            instance_id = %leaf.instance_id,
+        );
+        let (result, known) = if call.name == UPDATE_STATE {
+            let r = span.in_scope(|| {
+                update_state_builtin(leaf, &call, &mut running_state, &mut state_patch)
+            });
+            (r, false)
+        } else if call.name == TRANSITION || call.name.starts_with(TRANSITION_PREFIX) {
+            let index = out.results.len();
+            let r = span.in_scope(|| queue_transition(leaf, &call, index, &mut out));
+            (r, false)
+        } else {
+            match resolve(leaf, &call.name) {
+                None => (
+                    ToolExecutionResult::error(
+                        call.id.clone(),
+                        format!("Unknown tool: {}", call.name),
+                    ),
+                    true,
+                ),
+                Some(found) => {
+                    let terminal = match &found {
+                        Found::Node(t, _) | Found::Pack(t, _) => t.definition().terminal,
+                    };
+                    if terminal && let Some(first) = &out.terminal {
+                        let r = ToolExecutionResult::error(
+                            call.id.clone(),
+                            format!(
+                                "Only one terminal tool may be called per turn: {} already produced the response, so {} was not run.",
+                                first.tool, call.name
+                            ),
+                        );
+                        (r, true)
+                    } else {
+                        let is_pack = matches!(found, Found::Pack(..));
+                        let r = run_found(
+                            leaf,
+                            found,
+                            &call,
+                            &mut running_state,
+                            &mut state_patch,
+                            &mut running_packs,
+                            &mut pack_patches,
+                        )
+                        .instrument(span.clone())
+                        .await;
+                        (r, !is_pack)
+                    }
+                }
+            }
+        };
+        span.in_scope(|| {
+            tracing::debug!(
+                is_error = result.is_error,
+                is_terminal = result.is_terminal,
+                "tool call finished"
+            )
+        });
+        record(&mut out, &call, result, known);
+    }
+
+    if state_patch.is_some() || running_state != *leaf.state {
+        let patch = state_patch.unwrap_or_else(|| running_state.clone());
+        out.state = Some((running_state, patch));
+    }
+    out.pack_patches = pack_patches;
+    out
+}
+
+fn record(
+    out: &mut PipelineOutcome,
+    call: &ToolCall,
+    mut result: ToolExecutionResult,
+    known: bool,
+) {
+    if !result.is_error {
+        if let Some(user) = result.user_message.take() {
+            let item = match &user {
+                UserMessage::Text(s) => Item::text(s.clone()),
+                UserMessage::Data(v) => Item::Output { data: v.clone() },
+            };
+            // A terminal tool's plain output is recorded as the response below,
+            // a reply's user message is recorded here (once).
+            let from_reply = !result.is_terminal || result.content != user_text(&user);
+            if from_reply {
+                out.replies.push(item);
+            }
+            if result.is_terminal && out.terminal.is_none() {
+                out.terminal = Some(TerminalResponse {
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    text: user_text(&user),
+                    in_replies: from_reply,
+                });
+            }
+        }
+        if let Some(t) = result.terminate.clone()
+            && out.terminate.is_none()
+        {
+            out.terminate = Some(t);
+        }
+    } else {
+        result.is_terminal = false;
+        result.user_message = None;
+    }
+    out.results.push(result);
+    out.result_states_known.push(known);
+}
+
+fn user_text(user: &UserMessage) -> String {
+    match user {
+        UserMessage::Text(s) => s.clone(),
+        UserMessage::Data(v) => v.to_string(),
+    }
+}
+
+fn update_state_builtin(
+    leaf: &LeafView<'_>,
+    call: &ToolCall,
+    running: &mut Value,
+    acc: &mut Option<Value>,
+) -> ToolExecutionResult {
+    let Some(patch) = call.input.get("patch") else {
+        return ToolExecutionResult::error(
+            call.id.clone(),
+            "State update failed: missing field `patch`",
+        );
+    };
+    let merged = match merge_patch(running, patch) {
+        Ok(m) => m,
+        Err(e) => {
+            return ToolExecutionResult::error(
+                call.id.clone(),
+                format!("State update failed: {e}"),
+            );
+        }
+    };
+    match leaf.node.schema().parse(&merged) {
+        Ok(parsed) => {
+            *running = parsed;
+            accumulate_patch(acc, patch);
+            ToolExecutionResult::success(call.id.clone(), "State updated successfully")
+        }
+        Err(msg) => {
+            ToolExecutionResult::error(call.id.clone(), format!("State update failed: {msg}"))
+        }
+    }
+}
+
+fn queue_transition(
+    leaf: &LeafView<'_>,
+    call: &ToolCall,
+    result_index: usize,
+    out: &mut PipelineOutcome,
+) -> ToolExecutionResult {
+    if out.transition.is_some() {
+        return ToolExecutionResult::error(call.id.clone(), "Only one transition allowed per turn");
+    }
+    let reason = call
+        .input
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let (name, args) = if call.name == TRANSITION {
+        match call.input.get("to").and_then(Value::as_str) {
+            Some(to) => (to.to_owned(), Value::Object(Map::new())),
+            None => {
+                return ToolExecutionResult::error(
+                    call.id.clone(),
+                    "Invalid tool input: missing string field `to`",
+                );
+            }
+        }
+    } else {
+        let name = call.name[TRANSITION_PREFIX.len()..].to_owned();
+        let mut args = match &call.input {
+            Value::Object(m) => m.clone(),
+            _ => Map::new(),
+        };
+        args.remove("reason");
+        (name, Value::Object(args))
+    };
+    if leaf.node.transition(&name).is_none() {
+        // Upstream aborts the whole run here; the model can correct a typo.
+        return ToolExecutionResult::error(call.id.clone(), format!("Unknown transition: {name}"));
+    }
+    out.transition = Some(QueuedTransition {
+        result_index,
+        name: name.clone(),
+        reason,
+        args,
+    });
+    ToolExecutionResult::success(
+        call.id.clone(),
+        format!(
+            "Transition to \"{name}\" complete. You are now in the new context - respond to the user."
+        ),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_found(
+    leaf: &LeafView<'_>,
+    found: Found<'_>,
+    call: &ToolCall,
+    running_state: &mut Value,
+    state_patch: &mut Option<Value>,
+    running_packs: &mut BTreeMap<String, Value>,
+    pack_patches: &mut Vec<(String, Value)>,
+) -> ToolExecutionResult {
+    match found {
+        Found::Node(tool, scope) => {
+            let scoped = match scope {
+                Scope::Current => ScopedState::writable(running_state.clone(), leaf.node.schema()),
+                Scope::Ancestor(state) => ScopedState::read_only(state.clone()),
+            };
+            let cx = ToolContext::new(&call.id, leaf.history, &scoped)
+                .with_instance(leaf.instance_id, leaf.root_id);
+            let outcome = tool.call_json(call.input.clone(), cx).await;
+            let mut result = into_result(
+                &call.id,
+                tool.definition().terminal,
+                outcome,
+                leaf.terminate_message,
+            );
+            let (new_state, patch, refused) = scoped.take();
+            if let Some(patch) = patch {
+                // Updates made before a failure are kept, as upstream does.
+                *running_state = new_state;
+                accumulate_patch(state_patch, &patch);
+            }
+            if let Some(msg) = refused
+                && !result.is_error
+            {
+                result = ToolExecutionResult::error(
+                    call.id.clone(),
+                    format!("{}\n\nError: State update failed: {msg}", result.content),
+                );
+            }
+            result
+        }
+        Found::Pack(tool, pack) => {
+            let current = pack_state(running_packs, leaf.pack_states, pack);
+            let scoped = ScopedState::writable(current, pack.schema());
+            let cx = ToolContext::new(&call.id, leaf.history, &scoped)
+                .with_instance(leaf.instance_id, leaf.root_id);
+            let outcome = tool
+                .call_json(call.input.clone(), cx)
+                .await
+                .map_err(|e| match e {
+                    markov_core::tool::ToolCallError::InvalidInput(m) => {
+                        format!("Invalid pack tool input: {m}")
+                    }
+                    markov_core::tool::ToolCallError::Execution(m) => format!("Tool error: {m}"),
+                    other => other.to_string(),
+                });
+            let (new_state, patch, refused) = scoped.take();
+            if let Some(patch) = patch {
+                running_packs.insert(pack.name().to_owned(), new_state);
+                match pack_patches.iter_mut().find(|(n, _)| n == pack.name()) {
+                    Some((_, acc)) => {
+                        let mut a = Some(std::mem::take(acc));
+                        accumulate_patch(&mut a, &patch);
+                        *acc = a.unwrap_or_default();
+                    }
+                    None => pack_patches.push((pack.name().to_owned(), patch)),
+                }
+            }
+            match outcome {
+                Err(message) => ToolExecutionResult::error(call.id.clone(), message),
+                Ok(outcome) => {
+                    let result = into_result(
+                        &call.id,
+                        tool.definition().terminal,
+                        Ok(outcome),
+                        leaf.terminate_message,
+                    );
+                    match refused {
+                        Some(msg) => ToolExecutionResult::error(
+                            call.id.clone(),
+                            format!(
+                                "{}\n\nError: Pack state validation failed: {msg}",
+                                result.content
+                            ),
+                        ),
+                        None => result,
+                    }
+                }
+            }
+        }
+    }
+}
