@@ -312,6 +312,14 @@ pub trait Model: Send + Sync + fmt::Debug {
     /// Makes one call and returns the whole answer.
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError>;
 
+    /// What `thinking` permits alongside it for `settings.model`: the client's
+    /// capability table. The default is [`Thinking::allows`], the documented
+    /// Anthropic rule; a client whose models differ overrides it.
+    fn thinking_allowance(&self, settings: &ModelSettings, thinking: Thinking) -> ThinkingAllowance {
+        let _ = settings;
+        thinking.allows()
+    }
+
     /// Makes one call and streams the answer. The default makes a
     /// non-streaming call and replays it as events.
     fn stream<'a>(
@@ -333,6 +341,10 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
         (**self).complete(request).await
     }
 
+    fn thinking_allowance(&self, settings: &ModelSettings, thinking: Thinking) -> ThinkingAllowance {
+        (**self).thinking_allowance(settings, thinking)
+    }
+
     fn stream<'a>(
         &'a self,
         request: ModelRequest<'a>,
@@ -345,6 +357,10 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
 impl<M: Model + ?Sized> Model for Box<M> {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         (**self).complete(request).await
+    }
+
+    fn thinking_allowance(&self, settings: &ModelSettings, thinking: Thinking) -> ThinkingAllowance {
+        (**self).thinking_allowance(settings, thinking)
     }
 
     fn stream<'a>(
