@@ -187,6 +187,9 @@ impl Decoder {
             return Ok(());
         };
         match (slot, delta) {
+            (_, Delta::Text { text: more }) if more.is_empty() => {}
+            (_, Delta::InputJson { partial_json }) if partial_json.is_empty() => {}
+            (_, Delta::Thinking { thinking }) if thinking.is_empty() => {}
             (Slot::Text(text), Delta::Text { text: more }) => {
                 text.push_str(&more);
                 out.push_back(StreamEvent::TextDelta {
