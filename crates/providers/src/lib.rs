@@ -60,6 +60,8 @@
 
 #[cfg(feature = "anthropic")]
 pub mod anthropic;
+#[cfg(feature = "openai")]
+pub mod openai;
 
 mod convert;
 mod error;
@@ -69,3 +71,5 @@ mod transport;
 #[cfg(feature = "anthropic")]
 pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
 pub use error::ConfigError;
+#[cfg(feature = "openai")]
+pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};
