@@ -5,9 +5,6 @@
 use markov_core::{Item, Items, Message};
 use serde_json::{Map, Value};
 
-/// The prefix of a mid-conversation system instruction sent as user text.
-pub(crate) const SYSTEM_PREFIX: &str = "[System instruction] ";
-
 /// The key holding the raw text of tool arguments that are not valid JSON.
 pub(crate) const INVALID_ARGUMENTS_KEY: &str = "__invalid_arguments";
 

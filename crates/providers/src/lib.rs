@@ -63,9 +63,12 @@ pub mod anthropic;
 #[cfg(feature = "openai")]
 pub mod openai;
 
+#[cfg(any(feature = "anthropic", feature = "openai"))]
 mod convert;
 mod error;
+#[cfg(any(feature = "anthropic", feature = "openai"))]
 mod sse;
+#[cfg(any(feature = "anthropic", feature = "openai"))]
 mod transport;
 
 #[cfg(feature = "anthropic")]

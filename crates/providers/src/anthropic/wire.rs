@@ -14,6 +14,9 @@ use serde_json::Value;
 use super::PromptCaching;
 use crate::convert::{self, Content};
 
+/// The prefix of a mid-conversation system instruction sent as user text.
+const SYSTEM_PREFIX: &str = "[System instruction] ";
+
 #[derive(Serialize)]
 pub(super) struct Request<'a> {
     model: &'a str,
@@ -240,7 +243,7 @@ fn messages(history: &[Message]) -> Vec<WireMessage<'_>> {
                 Some(text) => (
                     "user",
                     vec![Block::Text {
-                        text: Cow::Owned(format!("{}{text}", convert::SYSTEM_PREFIX)),
+                        text: Cow::Owned(format!("{}{text}", SYSTEM_PREFIX)),
                     }],
                 ),
                 None => continue,

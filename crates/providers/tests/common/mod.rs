@@ -43,8 +43,9 @@ impl Recorded {
 enum Body {
     /// With a `Content-Length`.
     Full(String),
-    /// Close-delimited, each piece written and flushed separately.
-    Chunks(Vec<String>),
+    /// Close-delimited, each piece written and flushed separately, then
+    /// optionally a stall before closing.
+    Chunks(Vec<String>, Option<Duration>),
     /// Nothing at all: the server waits this long, then closes.
     Hang(Duration),
 }
@@ -81,8 +82,17 @@ impl Reply {
         Reply {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
-            body: Body::Chunks(chunks),
+            body: Body::Chunks(chunks, None),
         }
+    }
+
+    /// After the body, the server stalls this long before closing (only
+    /// for event streams).
+    pub fn then_stall(mut self, for_: Duration) -> Self {
+        if let Body::Chunks(_, stall) = &mut self.body {
+            *stall = Some(for_);
+        }
+        self
     }
 
     /// An event stream cut into pieces of `size` bytes (mid-line, mid-token).
@@ -206,13 +216,16 @@ async fn serve(
             socket.write_all(head.as_bytes()).await?;
             socket.write_all(body.as_bytes()).await?;
         }
-        Body::Chunks(chunks) => {
+        Body::Chunks(chunks, stall) => {
             head.push_str("\r\n");
             socket.write_all(head.as_bytes()).await?;
             for chunk in chunks {
                 socket.write_all(chunk.as_bytes()).await?;
                 socket.flush().await?;
                 tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            if let Some(stall) = stall {
+                tokio::time::sleep(stall).await;
             }
         }
         Body::Hang(duration) => {
