@@ -11,7 +11,11 @@
 //! builder; they retry 408, 409, 429, 5xx, overload, timeouts and connection
 //! failures with exponential backoff and jitter, honouring `retry-after`;
 //! they never retry 400, 401 or 403, whose [`ModelError::Http`] carries the
-//! provider's own message. Dropping a call's future (or stream) cancels it.
+//! provider's own message. A streamed call is retried only until its
+//! response head arrives; once events have been delivered, a failure (such as
+//! Anthropic's mid-stream `overloaded_error`, [`ModelError::Overloaded`])
+//! ends the stream with that error. Dropping a call's future (or stream)
+//! cancels it.
 //! Every call runs in a `model_call` tracing span with the fields
 //! `provider`, `model` and `attempt`. API keys never appear in `Debug`
 //! output or logs.
@@ -56,6 +60,7 @@
 //! none of them is public.
 //!
 //! [`ModelError::Http`]: markov_core::ModelError::Http
+//! [`ModelError::Overloaded`]: markov_core::ModelError::Overloaded
 #![deny(missing_docs)]
 
 #[cfg(feature = "anthropic")]
