@@ -1,0 +1,355 @@
+//! The Anthropic Messages API client.
+//!
+//! [`Anthropic`] implements [`Model`] over `POST {base}/v1/messages`, with
+//! and without streaming. How markov's types map to the API:
+//!
+//! - **System prompt** → `system: [{"type":"text","text":..}]`; with
+//!   [`PromptCaching::SystemAndTools`] (the default) it and the last tool
+//!   carry `cache_control: {"type":"ephemeral"}`.
+//! - **Messages**: `user` and `assistant` are sent; `ephemeral` as user
+//!   content; a `system` message as a user text block starting with
+//!   `[System instruction] ` (the API has no mid-conversation system role),
+//!   or skipped if it has no text; `command` and `instance` are skipped.
+//!   Consecutive messages of one role are merged, and tool results go first
+//!   in their user message.
+//! - **Items**: text (empty text dropped), image (base64 source), file (a
+//!   `[file: ..] <url>` text line), tool_use, tool_result (`is_error` only
+//!   when known), output (pretty JSON text), thinking (sent back with its
+//!   signature in assistant messages; unsigned thinking is dropped),
+//!   command and resume (dropped). A message left with no block is skipped.
+//! - **Tool choice** → `auto`, `any`, `tool` with name, or `none`, with
+//!   `disable_parallel_tool_use: true` when parallel calls are off. Sent
+//!   only when tools are offered.
+//! - **Thinking** → `{"type":"enabled","budget_tokens":N}` or
+//!   `{"type":"adaptive"}`; `temperature` is sent only when set and thinking
+//!   is off. A forced tool choice with a fixed thinking budget is refused
+//!   before sending ([`ModelError::InvalidRequest`]), as the API would.
+//! - **Structured output** → `output_format: {"type":"json_schema","schema":..}`
+//!   with the `anthropic-beta: structured-outputs-2025-11-13` header.
+//! - **Answer**: text, tool_use and thinking (with signature) blocks become
+//!   items; redacted thinking is dropped; any other block becomes a text item
+//!   holding its JSON. `stop_reason` maps one to one onto [`StopReason`];
+//!   usage includes cache reads and writes.
+//!
+//! [`StopReason`]: markov_core::StopReason
+
+mod stream;
+mod wire;
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use markov_core::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent};
+use reqwest::Url;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
+use tracing::Instrument;
+
+use crate::error::ConfigError;
+use crate::sse::{log_done, sse_stream};
+use crate::transport::{
+    self, ApiKey, Transport, TransportConfig, check_status, endpoint, transport_error,
+};
+
+/// The API's default address.
+pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+
+/// The model used when neither the client nor the request names one.
+pub const DEFAULT_MODEL: &str = "claude-sonnet-4-5";
+
+/// The API version this client speaks (`anthropic-version` header).
+pub const API_VERSION: &str = "2023-06-01";
+
+/// The beta that enables structured output (`anthropic-beta` header).
+pub const STRUCTURED_OUTPUTS_BETA: &str = "structured-outputs-2025-11-13";
+
+/// The environment variable holding the API key.
+pub const API_KEY_ENV: &str = "ANTHROPIC_API_KEY";
+
+/// Where prompt-caching breakpoints go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PromptCaching {
+    /// No `cache_control` anywhere.
+    Off,
+    /// `cache_control: {"type":"ephemeral"}` on the system prompt and on the
+    /// last tool, so both are cached across the calls of a run.
+    #[default]
+    SystemAndTools,
+}
+
+/// A client of the Anthropic Messages API.
+///
+/// Built by [`Anthropic::builder`] or [`Anthropic::from_env`]; cheap to
+/// clone (the connection pool is shared). Its `Debug` output never shows the
+/// API key.
+#[derive(Clone)]
+pub struct Anthropic {
+    transport: Transport,
+    url: Url,
+    model: String,
+    caching: PromptCaching,
+}
+
+impl fmt::Debug for Anthropic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Anthropic")
+            .field("url", &self.url.as_str())
+            .field("model", &self.model)
+            .field("caching", &self.caching)
+            .field("api_key", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures an [`Anthropic`] client. Every setting but the key has a default.
+#[derive(Clone)]
+pub struct AnthropicBuilder {
+    api_key: Option<ApiKey>,
+    base_url: String,
+    model: String,
+    caching: PromptCaching,
+    transport: TransportConfig,
+}
+
+impl fmt::Debug for AnthropicBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnthropicBuilder")
+            .field("api_key", &self.api_key)
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("caching", &self.caching)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+impl Default for AnthropicBuilder {
+    fn default() -> Self {
+        AnthropicBuilder {
+            api_key: None,
+            base_url: DEFAULT_BASE_URL.to_owned(),
+            model: DEFAULT_MODEL.to_owned(),
+            caching: PromptCaching::default(),
+            transport: TransportConfig::DEFAULT,
+        }
+    }
+}
+
+impl AnthropicBuilder {
+    /// A builder holding the key from `ANTHROPIC_API_KEY`.
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingEnv`] when the variable is unset or empty.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_with(&transport::process_env)
+    }
+
+    fn from_env_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let key = transport::env_var(env, API_KEY_ENV)
+            .ok_or(ConfigError::MissingEnv { var: API_KEY_ENV })?;
+        Ok(Self::default().api_key(key))
+    }
+
+    /// Sets the API key (sent as `x-api-key`).
+    #[must_use]
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(ApiKey::new(key));
+        self
+    }
+
+    /// Sets the base URL (default [`DEFAULT_BASE_URL`]); requests go to
+    /// `{base}/v1/messages`.
+    #[must_use]
+    pub fn base_url(mut self, url: impl Into<String>) -> Self {
+        self.base_url = url.into();
+        self
+    }
+
+    /// Sets the model used when a request's settings name none (default
+    /// [`DEFAULT_MODEL`]).
+    #[must_use]
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    /// Sets where prompt-caching breakpoints go.
+    #[must_use]
+    pub fn prompt_caching(mut self, caching: PromptCaching) -> Self {
+        self.caching = caching;
+        self
+    }
+
+    /// Sets how many times a failed call is retried (default 2). Only
+    /// retryable failures are retried: 408, 409, 429, 5xx, `overloaded_error`,
+    /// timeouts and connection failures.
+    #[must_use]
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.transport.max_retries = retries;
+        self
+    }
+
+    /// Sets the exponential backoff between retries: `initial` before the
+    /// first, doubling up to `max`, each wait jittered into the upper half of
+    /// its step (defaults 500 ms and 8 s). A `retry-after` from the provider
+    /// takes precedence; one above 60 s ends the retries.
+    #[must_use]
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.transport.initial_backoff = initial;
+        self.transport.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Sets the timeout of one attempt (default 10 minutes): the whole
+    /// exchange of a complete call; the wait for the response head, and any
+    /// pause between chunks, of a streamed one.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.transport.timeout = timeout;
+        self
+    }
+
+    /// Builds the client.
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingApiKey`] without a key, [`ConfigError::InvalidBaseUrl`],
+    /// [`ConfigError::InvalidApiKey`], or [`ConfigError::HttpClient`] when TLS
+    /// cannot be set up (no system root certificates for an https URL).
+    pub fn build(self) -> Result<Anthropic, ConfigError> {
+        let key = self.api_key.ok_or(ConfigError::MissingApiKey)?;
+        let base = transport::parse_base_url(&self.base_url)?;
+        let mut headers = HeaderMap::new();
+        headers.insert("x-api-key", key.header("")?);
+        headers.insert("anthropic-version", HeaderValue::from_static(API_VERSION));
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Ok(Anthropic {
+            transport: Transport::new(self.transport, &base, headers)?,
+            url: endpoint(&base, "v1/messages"),
+            model: self.model,
+            caching: self.caching,
+        })
+    }
+}
+
+impl Anthropic {
+    /// A builder with the defaults and no key.
+    pub fn builder() -> AnthropicBuilder {
+        AnthropicBuilder::default()
+    }
+
+    /// A client with the defaults and the key from `ANTHROPIC_API_KEY`.
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingEnv`] when the variable is unset or empty, or any
+    /// error of [`AnthropicBuilder::build`].
+    pub fn from_env() -> Result<Self, ConfigError> {
+        AnthropicBuilder::from_env()?.build()
+    }
+
+    /// The model used when a request names none.
+    pub fn default_model(&self) -> &str {
+        &self.model
+    }
+
+    fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
+        request.settings.model.as_deref().unwrap_or(&self.model)
+    }
+
+    async fn post(&self, body: Vec<u8>, structured: bool) -> Result<reqwest::Response, ModelError> {
+        let mut builder = self.transport.client().post(self.url.clone()).body(body);
+        if structured {
+            builder = builder.header("anthropic-beta", STRUCTURED_OUTPUTS_BETA);
+        }
+        let response = builder
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.transport.timeout()))?;
+        check_status(response).await
+    }
+}
+
+fn call_span(model: &str) -> tracing::Span {
+    tracing::info_span!(
+        "model_call",
+        provider = "anthropic",
+        model = model,
+        attempt = tracing::field::Empty
+    )
+}
+
+#[async_trait]
+impl Model for Anthropic {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let model = self.model_for(&request);
+        let span = call_span(model);
+        let body = wire::encode(&request, model, self.caching, false)?;
+        let structured = request.output_schema.is_some();
+        let call = async {
+            let bytes = self
+                .transport
+                .with_retries(&span, || async {
+                    let response = self.post(body.clone(), structured).await?;
+                    response
+                        .bytes()
+                        .await
+                        .map_err(|e| transport_error(e, self.transport.timeout()))
+                })
+                .await?;
+            let response = wire::decode(&bytes)?;
+            log_done(&response);
+            Ok(response)
+        };
+        call.instrument(span.clone()).await
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let model = self.model_for(&request);
+        let span = call_span(model);
+        let body = match wire::encode(&request, model, self.caching, true) {
+            Ok(body) => body,
+            Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
+        };
+        let structured = request.output_schema.is_some();
+        let connect_span = span.clone();
+        let connect = async move {
+            self.transport
+                .with_retries(&connect_span, || self.post(body.clone(), structured))
+                .await
+        };
+        sse_stream(
+            span,
+            self.transport.timeout(),
+            connect,
+            stream::Decoder::default(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_env_requires_the_key() {
+        let empty = |_: &str| None;
+        assert!(matches!(
+            AnthropicBuilder::from_env_with(&empty),
+            Err(ConfigError::MissingEnv {
+                var: "ANTHROPIC_API_KEY"
+            })
+        ));
+        let blank = |_: &str| Some("  ".to_owned());
+        assert!(AnthropicBuilder::from_env_with(&blank).is_err());
+        let set = |name: &str| (name == API_KEY_ENV).then(|| "sk-ant-secret".to_owned());
+        let builder = AnthropicBuilder::from_env_with(&set).unwrap();
+        assert!(!format!("{builder:?}").contains("sk-ant-secret"));
+        let client = builder.build().unwrap();
+        assert!(!format!("{client:?}").contains("sk-ant-secret"));
+    }
+}

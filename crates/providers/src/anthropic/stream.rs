@@ -1,0 +1,332 @@
+//! Decoding of the Messages API's event stream: `message_start`,
+//! `content_block_start/delta/stop`, `message_delta`, `message_stop`, `ping`
+//! and `error`.
+//!
+//! Content indexes in the emitted [`StreamEvent`]s are positions in the final
+//! [`ModelResponse::content`]; they differ from the API's indexes only when a
+//! block is dropped (redacted thinking).
+
+use std::collections::{HashMap, VecDeque};
+
+use eventsource_stream::Event;
+use markov_core::{Item, ModelError, ModelResponse, StreamEvent, Usage};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::wire::{self, Converted, KnownBlock, WireUsage};
+use crate::convert;
+use crate::sse::{SseDecoder, parse_data};
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireEvent {
+    MessageStart {
+        message: StartMessage,
+    },
+    ContentBlockStart {
+        index: usize,
+        content_block: Value,
+    },
+    ContentBlockDelta {
+        index: usize,
+        delta: Delta,
+    },
+    ContentBlockStop {
+        index: usize,
+    },
+    MessageDelta {
+        delta: MessageDelta,
+        #[serde(default)]
+        usage: Option<WireUsage>,
+    },
+    MessageStop,
+    Ping,
+    Error {
+        error: ErrorBody,
+    },
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Deserialize)]
+struct StartMessage {
+    #[serde(default)]
+    usage: WireUsage,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Delta {
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: String },
+    #[serde(other)]
+    Unknown,
+}
+
+#[derive(Deserialize)]
+struct MessageDelta {
+    #[serde(default)]
+    stop_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    message: String,
+}
+
+/// One content block being assembled.
+enum Slot {
+    Text(String),
+    Tool {
+        id: String,
+        name: String,
+        json: String,
+        input: Option<Value>,
+    },
+    Thinking {
+        thinking: String,
+        signature: Option<String>,
+    },
+    Other(Value),
+}
+
+/// The answer assembled so far.
+#[derive(Default)]
+pub(super) struct Decoder {
+    slots: Vec<Slot>,
+    /// The API's block index → position in `slots`.
+    positions: HashMap<usize, usize>,
+    stop_reason: Option<String>,
+    usage: Usage,
+    started: bool,
+}
+
+impl Decoder {
+    fn slot(&mut self, index: usize) -> Option<(usize, &mut Slot)> {
+        let position = *self.positions.get(&index)?;
+        self.slots.get_mut(position).map(|slot| (position, slot))
+    }
+
+    fn start_block(
+        &mut self,
+        index: usize,
+        block: Value,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<(), ModelError> {
+        let position = self.slots.len();
+        let slot = match wire::classify(block)? {
+            Converted::Known(KnownBlock::Text { text }) => {
+                if !text.is_empty() {
+                    out.push_back(StreamEvent::TextDelta {
+                        index: position,
+                        text: text.clone(),
+                    });
+                }
+                Slot::Text(text)
+            }
+            Converted::Known(KnownBlock::ToolUse { id, name, input }) => {
+                out.push_back(StreamEvent::ToolCallStart {
+                    index: position,
+                    id: id.as_str().into(),
+                    name: name.clone(),
+                });
+                // The start block carries `input: {}`; the arguments follow
+                // as `input_json_delta` fragments.
+                let given = wire::tool_input(input);
+                let input = match &given {
+                    Value::Object(map) if map.is_empty() => None,
+                    _ => Some(given),
+                };
+                Slot::Tool {
+                    id,
+                    name,
+                    json: String::new(),
+                    input,
+                }
+            }
+            Converted::Known(KnownBlock::Thinking {
+                thinking,
+                signature,
+            }) => {
+                if !thinking.is_empty() {
+                    out.push_back(StreamEvent::ThinkingDelta {
+                        index: position,
+                        thinking: thinking.clone(),
+                    });
+                }
+                Slot::Thinking {
+                    thinking,
+                    signature: signature.filter(|s| !s.is_empty()),
+                }
+            }
+            Converted::Known(KnownBlock::RedactedThinking {}) => return Ok(()),
+            Converted::Unknown(block) => Slot::Other(block),
+        };
+        self.positions.insert(index, position);
+        self.slots.push(slot);
+        Ok(())
+    }
+
+    fn delta(
+        &mut self,
+        index: usize,
+        delta: Delta,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<(), ModelError> {
+        let Some((position, slot)) = self.slot(index) else {
+            // A delta of a dropped block (redacted thinking) or of an unknown index.
+            return Ok(());
+        };
+        match (slot, delta) {
+            (_, Delta::Text { text: more }) if more.is_empty() => {}
+            (_, Delta::InputJson { partial_json }) if partial_json.is_empty() => {}
+            (_, Delta::Thinking { thinking }) if thinking.is_empty() => {}
+            (Slot::Text(text), Delta::Text { text: more }) => {
+                text.push_str(&more);
+                out.push_back(StreamEvent::TextDelta {
+                    index: position,
+                    text: more,
+                });
+            }
+            (Slot::Tool { json, .. }, Delta::InputJson { partial_json }) => {
+                json.push_str(&partial_json);
+                out.push_back(StreamEvent::ToolCallDelta {
+                    index: position,
+                    partial_json,
+                });
+            }
+            (Slot::Thinking { thinking, .. }, Delta::Thinking { thinking: more }) => {
+                thinking.push_str(&more);
+                out.push_back(StreamEvent::ThinkingDelta {
+                    index: position,
+                    thinking: more,
+                });
+            }
+            (Slot::Thinking { signature, .. }, Delta::Signature { signature: more }) => {
+                signature.get_or_insert_with(String::new).push_str(&more);
+            }
+            (Slot::Other(_), _) | (_, Delta::Unknown) => {}
+            (_, _) => {
+                return Err(ModelError::InvalidResponse(format!(
+                    "a delta does not match content block {index}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn stop_block(&mut self, index: usize) {
+        if let Some((_, Slot::Tool { json, input, .. })) = self.slot(index)
+            && !json.is_empty()
+        {
+            *input = Some(convert::parse_tool_arguments(json));
+        }
+    }
+
+    fn response(&mut self) -> ModelResponse {
+        let content: Vec<Item> = std::mem::take(&mut self.slots)
+            .into_iter()
+            .map(|slot| match slot {
+                Slot::Text(text) => Item::Text { text },
+                Slot::Tool {
+                    id,
+                    name,
+                    json,
+                    input,
+                } => {
+                    // A block never stopped still has its arguments unparsed.
+                    let input = input.unwrap_or_else(|| convert::parse_tool_arguments(&json));
+                    Item::tool_use(id, name, input)
+                }
+                Slot::Thinking {
+                    thinking,
+                    signature,
+                } => Item::Thinking {
+                    thinking,
+                    signature,
+                },
+                Slot::Other(block) => Item::text(block.to_string()),
+            })
+            .collect();
+        let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
+        ModelResponse {
+            stop_reason: wire::stop_reason(self.stop_reason.as_deref(), has_tool_calls),
+            content,
+            usage: self.usage,
+        }
+    }
+}
+
+impl SseDecoder for Decoder {
+    fn on_event(
+        &mut self,
+        event: &Event,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<Option<ModelResponse>, ModelError> {
+        if event.data.is_empty() {
+            return Ok(None);
+        }
+        match parse_data::<WireEvent>(event)? {
+            WireEvent::MessageStart { message } => {
+                self.started = true;
+                message.usage.apply_to(&mut self.usage);
+            }
+            WireEvent::ContentBlockStart {
+                index,
+                content_block,
+            } => self.start_block(index, content_block, out)?,
+            WireEvent::ContentBlockDelta { index, delta } => self.delta(index, delta, out)?,
+            WireEvent::ContentBlockStop { index } => self.stop_block(index),
+            WireEvent::MessageDelta { delta, usage } => {
+                if delta.stop_reason.is_some() {
+                    self.stop_reason = delta.stop_reason;
+                }
+                if let Some(usage) = usage {
+                    usage.apply_to(&mut self.usage);
+                }
+            }
+            WireEvent::MessageStop => return Ok(Some(self.response())),
+            WireEvent::Ping | WireEvent::Unknown => {}
+            WireEvent::Error { error } => {
+                let message = if error.message.is_empty() {
+                    error.kind.clone()
+                } else {
+                    error.message
+                };
+                return Err(match error.kind.as_str() {
+                    "overloaded_error" => ModelError::Overloaded(message),
+                    "rate_limit_error" => http(429, message),
+                    "api_error" => http(500, message),
+                    "timeout_error" => http(504, message),
+                    kind => ModelError::InvalidResponse(format!("stream error {kind}: {message}")),
+                });
+            }
+        }
+        Ok(None)
+    }
+
+    fn on_end(&mut self) -> Result<ModelResponse, ModelError> {
+        Err(ModelError::InvalidResponse(if self.started {
+            "the stream ended before message_stop".into()
+        } else {
+            "the stream ended before message_start".into()
+        }))
+    }
+}
+
+fn http(status: u16, message: String) -> ModelError {
+    ModelError::Http {
+        status,
+        message,
+        retry_after: None,
+    }
+}

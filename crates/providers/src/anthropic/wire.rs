@@ -1,0 +1,505 @@
+//! The Messages API's JSON, private to this module, and the hand-written
+//! conversions from and to markov's types. Request types borrow from the
+//! [`ModelRequest`]; response types are owned.
+
+use std::borrow::Cow;
+
+use markov_core::model::Thinking;
+use markov_core::{
+    Item, Message, ModelError, ModelRequest, ModelResponse, Role, StopReason, ToolChoice, Usage,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::PromptCaching;
+use crate::convert::{self, Content};
+
+/// The prefix of a mid-conversation system instruction sent as user text.
+const SYSTEM_PREFIX: &str = "[System instruction] ";
+
+#[derive(Serialize)]
+pub(super) struct Request<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    system: Vec<SystemBlock<'a>>,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<WireToolChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<WireThinking>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output_format: Option<OutputFormat<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+}
+
+#[derive(Serialize, Clone, Copy)]
+struct CacheControl {
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+const EPHEMERAL: CacheControl = CacheControl { kind: "ephemeral" };
+
+#[derive(Serialize)]
+struct SystemBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+#[derive(Serialize)]
+struct WireMessage<'a> {
+    role: &'static str,
+    content: Vec<Block<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block<'a> {
+    Text {
+        text: Cow<'a, str>,
+    },
+    Image {
+        source: ImageSource<'a>,
+    },
+    ToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
+    ToolResult {
+        tool_use_id: &'a str,
+        content: &'a str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        is_error: Option<bool>,
+    },
+    Thinking {
+        thinking: &'a str,
+        signature: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct ImageSource<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    media_type: &'a str,
+    data: &'a str,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    input_schema: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cache_control: Option<CacheControl>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireToolChoice<'a> {
+    Auto {
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        disable_parallel_tool_use: bool,
+    },
+    Any {
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        disable_parallel_tool_use: bool,
+    },
+    Tool {
+        name: &'a str,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        disable_parallel_tool_use: bool,
+    },
+    None,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireThinking {
+    Enabled { budget_tokens: u32 },
+    Adaptive,
+}
+
+#[derive(Serialize)]
+struct OutputFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    schema: &'a Value,
+}
+
+/// The request body of one call.
+pub(super) fn encode(
+    request: &ModelRequest<'_>,
+    model: &str,
+    caching: PromptCaching,
+    stream: bool,
+) -> Result<Vec<u8>, ModelError> {
+    let settings = request.settings;
+    let cache = match caching {
+        PromptCaching::SystemAndTools => Some(EPHEMERAL),
+        PromptCaching::Off => None,
+    };
+    let thinking = match settings.thinking {
+        None => None,
+        Some(Thinking::Enabled { budget_tokens }) => Some(WireThinking::Enabled { budget_tokens }),
+        Some(Thinking::Adaptive) => Some(WireThinking::Adaptive),
+        Some(other) => {
+            return Err(ModelError::InvalidRequest(format!(
+                "thinking mode {other:?} is not supported by the anthropic client"
+            )));
+        }
+    };
+    if let Some(mode) = settings.thinking
+        && request.tool_choice.forces_tool_use()
+        && !mode.allows().forced_tool_choice
+        && !request.tools.is_empty()
+    {
+        return Err(ModelError::InvalidRequest(
+            "anthropic does not allow forcing tool use while thinking has a fixed budget".into(),
+        ));
+    }
+    let messages = messages(request.messages);
+    if messages.is_empty() {
+        return Err(ModelError::InvalidRequest(
+            "no message to send: the conversation has no user or assistant content".into(),
+        ));
+    }
+    let system = if request.system.is_empty() {
+        Vec::new()
+    } else {
+        vec![SystemBlock {
+            kind: "text",
+            text: request.system,
+            cache_control: cache,
+        }]
+    };
+    let last_tool = request.tools.len().checked_sub(1);
+    let tools = request
+        .tools
+        .iter()
+        .enumerate()
+        .map(|(i, tool)| Tool {
+            name: tool.name.as_str(),
+            description: &tool.description,
+            input_schema: &tool.input_schema,
+            cache_control: if Some(i) == last_tool { cache } else { None },
+        })
+        .collect::<Vec<_>>();
+    let disable_parallel_tool_use = !settings.parallel_tool_calls;
+    let tool_choice = (!tools.is_empty()).then(|| match request.tool_choice {
+        ToolChoice::Auto => WireToolChoice::Auto {
+            disable_parallel_tool_use,
+        },
+        ToolChoice::Any => WireToolChoice::Any {
+            disable_parallel_tool_use,
+        },
+        ToolChoice::Tool(name) => WireToolChoice::Tool {
+            name: name.as_str(),
+            disable_parallel_tool_use,
+        },
+        ToolChoice::None => WireToolChoice::None,
+    });
+    let body = Request {
+        model,
+        max_tokens: settings.max_tokens,
+        system,
+        messages,
+        tools,
+        tool_choice,
+        thinking,
+        temperature: settings.temperature.filter(|_| settings.thinking.is_none()),
+        output_format: request.output_schema.map(|schema| OutputFormat {
+            kind: "json_schema",
+            schema,
+        }),
+        stream,
+    };
+    serde_json::to_vec(&body)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+}
+
+/// The conversation in the API's shape: `command` and `instance` records
+/// skipped, `ephemeral` content shown as user input, a `system` message as a
+/// marked user text block, consecutive messages of one role merged, and tool
+/// results first in their user message.
+fn messages(history: &[Message]) -> Vec<WireMessage<'_>> {
+    let mut out: Vec<WireMessage<'_>> = Vec::new();
+    for message in history {
+        let (role, blocks) = match message.role {
+            Role::User | Role::Ephemeral => ("user", blocks(message, false)),
+            Role::Assistant => ("assistant", blocks(message, true)),
+            Role::System => match convert::system_text(message) {
+                Some(text) => (
+                    "user",
+                    vec![Block::Text {
+                        text: Cow::Owned(format!("{}{text}", SYSTEM_PREFIX)),
+                    }],
+                ),
+                None => continue,
+            },
+            Role::Command | Role::Instance => continue,
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match out.last_mut() {
+            Some(last) if last.role == role => last.content.extend(blocks),
+            _ => out.push(WireMessage {
+                role,
+                content: blocks,
+            }),
+        }
+    }
+    for message in out.iter_mut().filter(|m| m.role == "user") {
+        let content = std::mem::take(&mut message.content);
+        let (mut results, rest): (Vec<_>, Vec<_>) = content
+            .into_iter()
+            .partition(|b| matches!(b, Block::ToolResult { .. }));
+        results.extend(rest);
+        message.content = results;
+    }
+    out
+}
+
+fn blocks(message: &Message, assistant: bool) -> Vec<Block<'_>> {
+    match convert::content(message) {
+        Content::Text("") => Vec::new(),
+        Content::Text(text) => vec![Block::Text {
+            text: Cow::Borrowed(text),
+        }],
+        Content::Items(items) => items
+            .iter()
+            .filter_map(|item| block(item, assistant))
+            .collect(),
+    }
+}
+
+fn block(item: &Item, assistant: bool) -> Option<Block<'_>> {
+    Some(match item {
+        Item::Text { text } if text.is_empty() => return None,
+        Item::Text { text } => Block::Text {
+            text: Cow::Borrowed(text),
+        },
+        Item::Image {
+            mime_type, data, ..
+        } => Block::Image {
+            source: ImageSource {
+                kind: "base64",
+                media_type: mime_type,
+                data,
+            },
+        },
+        Item::File {
+            url,
+            media_type,
+            filename,
+            ..
+        } => Block::Text {
+            text: Cow::Owned(convert::file_reference(
+                url,
+                media_type,
+                filename.as_deref(),
+            )),
+        },
+        Item::ToolUse { id, name, input } => Block::ToolUse {
+            id: id.as_str(),
+            name,
+            input,
+        },
+        Item::ToolResult {
+            tool_use_id,
+            content,
+            is_error,
+        } => Block::ToolResult {
+            tool_use_id: tool_use_id.as_str(),
+            content,
+            is_error: *is_error,
+        },
+        // The API checks thinking blocks by their signature; unsigned
+        // thinking (from another provider) cannot be sent back.
+        Item::Thinking {
+            thinking,
+            signature: Some(signature),
+        } if assistant => Block::Thinking {
+            thinking,
+            signature,
+        },
+        Item::Output { data } => Block::Text {
+            text: Cow::Owned(convert::output_text(data)),
+        },
+        _ => return None,
+    })
+}
+
+/// A complete (non-streamed) answer.
+#[derive(Deserialize)]
+struct Response {
+    content: Vec<Value>,
+    #[serde(default)]
+    stop_reason: Option<String>,
+    #[serde(default)]
+    usage: WireUsage,
+}
+
+/// Token counts, as `message_start`, `message_delta` and complete answers carry them.
+#[derive(Deserialize, Default)]
+pub(super) struct WireUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    cache_creation_input_tokens: Option<u64>,
+    #[serde(default)]
+    cache_read_input_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    /// Overwrites the counts this usage states (later events are cumulative).
+    pub(super) fn apply_to(&self, usage: &mut Usage) {
+        let fields = [
+            (self.input_tokens, &mut usage.input_tokens),
+            (self.output_tokens, &mut usage.output_tokens),
+            (
+                self.cache_creation_input_tokens,
+                &mut usage.cache_creation_input_tokens,
+            ),
+            (
+                self.cache_read_input_tokens,
+                &mut usage.cache_read_input_tokens,
+            ),
+        ];
+        for (value, slot) in fields {
+            if let Some(value) = value {
+                *slot = value;
+            }
+        }
+    }
+}
+
+/// The content blocks this client understands.
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(super) enum KnownBlock {
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
+    Thinking {
+        thinking: String,
+        #[serde(default)]
+        signature: Option<String>,
+    },
+    RedactedThinking {},
+}
+
+/// How one content block is kept.
+pub(super) enum Converted {
+    Known(KnownBlock),
+    /// A block of a type this client does not know, kept as its JSON text.
+    Unknown(Value),
+}
+
+pub(super) fn classify(block: Value) -> Result<Converted, ModelError> {
+    let known = matches!(
+        block.get("type").and_then(Value::as_str),
+        Some("text" | "tool_use" | "thinking" | "redacted_thinking")
+    );
+    if !known {
+        return Ok(Converted::Unknown(block));
+    }
+    serde_json::from_value(block)
+        .map(Converted::Known)
+        .map_err(|e| ModelError::InvalidResponse(format!("malformed content block: {e}")))
+}
+
+/// Tool input as the API gives it: an object, `{}` when absent.
+pub(super) fn tool_input(input: Value) -> Value {
+    if input.is_null() {
+        Value::Object(serde_json::Map::new())
+    } else {
+        input
+    }
+}
+
+/// A block as an item. Redacted thinking is dropped (markov has no item
+/// for it); unknown blocks become text holding their JSON.
+pub(super) fn item(block: Converted) -> Option<Item> {
+    match block {
+        Converted::Known(KnownBlock::Text { text }) => Some(Item::Text { text }),
+        Converted::Known(KnownBlock::ToolUse { id, name, input }) => {
+            Some(Item::tool_use(id, name, tool_input(input)))
+        }
+        Converted::Known(KnownBlock::Thinking {
+            thinking,
+            signature,
+        }) => Some(Item::Thinking {
+            thinking,
+            signature,
+        }),
+        Converted::Known(KnownBlock::RedactedThinking {}) => {
+            tracing::debug!("dropping a redacted thinking block");
+            None
+        }
+        Converted::Unknown(block) => Some(Item::text(block.to_string())),
+    }
+}
+
+/// Maps `stop_reason`. An unknown or missing reason is `end_turn`, or
+/// `tool_use` when the answer calls tools.
+pub(super) fn stop_reason(reason: Option<&str>, has_tool_calls: bool) -> StopReason {
+    match reason {
+        Some("end_turn") => StopReason::EndTurn,
+        Some("tool_use") => StopReason::ToolUse,
+        Some("max_tokens" | "model_context_window_exceeded") => StopReason::MaxTokens,
+        Some("stop_sequence") => StopReason::StopSequence,
+        Some("pause_turn") => StopReason::PauseTurn,
+        Some("refusal") => StopReason::Refusal,
+        other => {
+            if let Some(other) = other {
+                tracing::warn!(stop_reason = other, "unknown stop reason");
+            }
+            if has_tool_calls {
+                StopReason::ToolUse
+            } else {
+                StopReason::EndTurn
+            }
+        }
+    }
+}
+
+/// A complete answer from its body.
+pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+    let response: Response = serde_json::from_slice(body)
+        .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the answer: {e}")))?;
+    let mut content = Vec::with_capacity(response.content.len());
+    for block in response.content {
+        if let Some(item) = item(classify(block)?) {
+            content.push(item);
+        }
+    }
+    let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
+    let mut usage = Usage::default();
+    response.usage.apply_to(&mut usage);
+    Ok(ModelResponse {
+        stop_reason: stop_reason(response.stop_reason.as_deref(), has_tool_calls),
+        content,
+        usage,
+    })
+}

@@ -1,0 +1,83 @@
+//! Model clients for markov: the Anthropic Messages API and OpenAI-compatible
+//! Chat Completions, both implementing [`markov_core::Model`], with and
+//! without streaming.
+//!
+//! - [`Anthropic`] (feature `anthropic`) speaks the Messages API.
+//! - [`OpenAi`] (feature `openai`) speaks Chat Completions at a configurable
+//!   base URL, so it also serves vLLM, Ollama, llama.cpp's server and LM Studio.
+//! - [`ConfigError`] says why a client could not be built.
+//!
+//! Both clients are configured from the environment (`from_env`) or by a
+//! builder; they retry 408, 409, 429, 5xx, overload, timeouts and connection
+//! failures with exponential backoff and jitter, honouring `retry-after`;
+//! they never retry 400, 401 or 403, whose [`ModelError::Http`] carries the
+//! provider's own message. A streamed call is retried only until its
+//! response head arrives; once events have been delivered, a failure (such as
+//! Anthropic's mid-stream `overloaded_error`, [`ModelError::Overloaded`])
+//! ends the stream with that error. Dropping a call's future (or stream)
+//! cancels it.
+//! Every call runs in a `model_call` tracing span with the fields
+//! `provider`, `model` and `attempt`. API keys never appear in `Debug`
+//! output or logs.
+//!
+//! ```no_run
+//! # #[cfg(feature = "anthropic")]
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice};
+//! use markov_providers::Anthropic;
+//!
+//! let model = Anthropic::from_env()?; // reads ANTHROPIC_API_KEY
+//! let history = [Message::user("What is 2 + 3?")];
+//! let settings = ModelSettings::default();
+//! let answer = model
+//!     .complete(ModelRequest {
+//!         system: "You are terse.",
+//!         messages: &history,
+//!         tools: &[],
+//!         tool_choice: &ToolChoice::Auto,
+//!         settings: &settings,
+//!         output_schema: None,
+//!     })
+//!     .await?;
+//! println!("{:?}", answer.content);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Malformed tool arguments
+//!
+//! A tool call whose arguments are not valid JSON (OpenAI-compatible servers
+//! send them as a string, which small models sometimes garble) does not fail
+//! the call. Its `tool_use` item gets the input
+//! `{"__invalid_arguments": "<the raw text>", "__error": "<the parse error>"}`,
+//! which a tool's typed arguments reject, so the model receives an error
+//! result and can try again. Empty arguments are `{}`.
+//!
+//! # Architecture invariant
+//!
+//! Only this crate knows vendor JSON. The wire structs are private to each
+//! provider module and converted by hand from and to markov-core's types;
+//! none of them is public.
+//!
+//! [`ModelError::Http`]: markov_core::ModelError::Http
+//! [`ModelError::Overloaded`]: markov_core::ModelError::Overloaded
+#![deny(missing_docs)]
+
+#[cfg(feature = "anthropic")]
+pub mod anthropic;
+#[cfg(feature = "openai")]
+pub mod openai;
+
+#[cfg(any(feature = "anthropic", feature = "openai"))]
+mod convert;
+mod error;
+#[cfg(any(feature = "anthropic", feature = "openai"))]
+mod sse;
+#[cfg(any(feature = "anthropic", feature = "openai"))]
+mod transport;
+
+#[cfg(feature = "anthropic")]
+pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
+pub use error::ConfigError;
+#[cfg(feature = "openai")]
+pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};

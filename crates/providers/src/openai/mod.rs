@@ -1,0 +1,421 @@
+//! The OpenAI Chat Completions client, for OpenAI and every server that
+//! speaks the same API (vLLM, Ollama, llama.cpp's server, LM Studio).
+//!
+//! [`OpenAi`] implements [`Model`] over `POST {base}/chat/completions`, with
+//! and without streaming. How markov's types map to the API:
+//!
+//! - **System prompt** → a first `system` message (left out when empty).
+//! - **Messages**: `user` and `ephemeral` → `user`; `assistant` →
+//!   `assistant` with `tool_calls` (`arguments` is the input's JSON text);
+//!   each tool result → a `tool` message (`tool_call_id`, `content`) placed
+//!   before the rest of its user message's content; a `system` message with
+//!   text → a `system` message; `command` and `instance` are skipped.
+//!   `is_error` has no field in this API and is not sent.
+//! - **Items**: text (empty text dropped), image (a `data:` URL in an
+//!   `image_url` part, `detail` kept), file (a `[file: ..] <url>` text),
+//!   output (pretty JSON text); thinking is not sent back. A user message of
+//!   one text is sent as a plain string, otherwise as parts; assistant texts
+//!   are joined by newlines.
+//! - **Tools** → `{"type":"function","function":{name, description, parameters}}`,
+//!   with `strict: true` under [`SchemaStrictness::Strict`]. **Tool choice**
+//!   → `auto`, `required`, `none` or the named function;
+//!   `parallel_tool_calls: false` when parallel calls are off. Both are sent
+//!   only when tools are offered.
+//! - **Settings**: `max_completion_tokens` (or `max_tokens`, see
+//!   [`MaxTokensField`]), `temperature` when set. Thinking settings are
+//!   ignored: Chat Completions has no thinking budget.
+//! - **Structured output** → `response_format: {"type":"json_schema",
+//!   "json_schema":{"name":"output","schema":..,"strict":..}}`.
+//! - **Streaming** sends `stream_options: {"include_usage": true}`.
+//! - **Answer**: `reasoning_content` (vLLM, DeepSeek, llama.cpp) → thinking
+//!   without signature; content → text; a refusal → text with stop reason
+//!   `refusal`; tool calls → tool_use items, their arguments parsed from
+//!   their JSON text (malformed text is wrapped, see the crate docs).
+//!   `finish_reason` `stop`, `tool_calls`, `length` and `content_filter` map
+//!   to end_turn, tool_use, max_tokens and content_filter; `stop` with tool
+//!   calls (as some servers send) is tool_use. Usage: `input_tokens` is
+//!   `prompt_tokens` less the cached tokens, which are
+//!   `cache_read_input_tokens`.
+
+mod stream;
+mod wire;
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use markov_core::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent};
+use reqwest::Url;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
+use tracing::Instrument;
+
+use crate::error::ConfigError;
+use crate::sse::{log_done, sse_stream};
+use crate::transport::{
+    self, ApiKey, Transport, TransportConfig, check_status, endpoint, transport_error,
+};
+
+/// OpenAI's address.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// The model used when neither the client nor the request names one.
+pub const DEFAULT_MODEL: &str = "gpt-4.1";
+
+/// The environment variable holding the API key.
+pub const API_KEY_ENV: &str = "OPENAI_API_KEY";
+
+/// The environment variable holding the base URL.
+pub const BASE_URL_ENV: &str = "OPENAI_BASE_URL";
+
+/// Which field carries the token limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum MaxTokensField {
+    /// `max_completion_tokens`, as OpenAI wants it now (required by its
+    /// reasoning models).
+    #[default]
+    MaxCompletionTokens,
+    /// `max_tokens`, for older servers that know only the deprecated field.
+    MaxTokens,
+}
+
+/// Whether schemas are sent as strict (OpenAI's structured outputs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum SchemaStrictness {
+    /// No `strict` on tools, `strict: false` on the output schema: any JSON
+    /// Schema is accepted.
+    #[default]
+    Lenient,
+    /// `strict: true` on tools and on the output schema. The server then
+    /// requires every property to be listed in `required` and
+    /// `additionalProperties: false`.
+    Strict,
+}
+
+/// A client of the Chat Completions API.
+///
+/// Built by [`OpenAi::builder`] or [`OpenAi::from_env`]; cheap to clone (the
+/// connection pool is shared). Its `Debug` output never shows the API key.
+#[derive(Clone)]
+pub struct OpenAi {
+    transport: Transport,
+    url: Url,
+    model: String,
+    shape: wire::Shape,
+}
+
+impl fmt::Debug for OpenAi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAi")
+            .field("url", &self.url.as_str())
+            .field("model", &self.model)
+            .field("max_tokens_field", &self.shape.max_tokens_field)
+            .field("strictness", &self.shape.strictness)
+            .field("api_key", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures an [`OpenAi`] client.
+#[derive(Clone)]
+pub struct OpenAiBuilder {
+    api_key: Option<ApiKey>,
+    base_url: String,
+    model: String,
+    max_tokens_field: MaxTokensField,
+    strictness: SchemaStrictness,
+    transport: TransportConfig,
+}
+
+impl fmt::Debug for OpenAiBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiBuilder")
+            .field("api_key", &self.api_key)
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("max_tokens_field", &self.max_tokens_field)
+            .field("strictness", &self.strictness)
+            .field("transport", &self.transport)
+            .finish()
+    }
+}
+
+impl Default for OpenAiBuilder {
+    fn default() -> Self {
+        OpenAiBuilder {
+            api_key: None,
+            base_url: DEFAULT_BASE_URL.to_owned(),
+            model: DEFAULT_MODEL.to_owned(),
+            max_tokens_field: MaxTokensField::default(),
+            strictness: SchemaStrictness::default(),
+            transport: TransportConfig::DEFAULT,
+        }
+    }
+}
+
+impl OpenAiBuilder {
+    /// A builder from `OPENAI_API_KEY` and `OPENAI_BASE_URL`. The key is
+    /// required unless a base URL is set (local servers usually need none).
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingEnv`] naming `OPENAI_API_KEY` when neither
+    /// variable is set.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_with(&transport::process_env)
+    }
+
+    fn from_env_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let key = transport::env_var(env, API_KEY_ENV);
+        let base = transport::env_var(env, BASE_URL_ENV);
+        if key.is_none() && base.is_none() {
+            return Err(ConfigError::MissingEnv { var: API_KEY_ENV });
+        }
+        let mut builder = Self::default();
+        if let Some(key) = key {
+            builder = builder.api_key(key);
+        }
+        if let Some(base) = base {
+            builder = builder.base_url(base);
+        }
+        Ok(builder)
+    }
+
+    /// Sets the API key (sent as `Authorization: Bearer <key>`).
+    #[must_use]
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(ApiKey::new(key));
+        self
+    }
+
+    /// Sets the base URL (default [`DEFAULT_BASE_URL`]); requests go to
+    /// `{base}/chat/completions`, e.g. `http://localhost:11434/v1` for Ollama.
+    #[must_use]
+    pub fn base_url(mut self, url: impl Into<String>) -> Self {
+        self.base_url = url.into();
+        self
+    }
+
+    /// Sets the model used when a request's settings name none (default
+    /// [`DEFAULT_MODEL`]).
+    #[must_use]
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    /// Sets which field carries the token limit.
+    #[must_use]
+    pub fn max_tokens_field(mut self, field: MaxTokensField) -> Self {
+        self.max_tokens_field = field;
+        self
+    }
+
+    /// Sets whether tool and output schemas are sent as strict.
+    #[must_use]
+    pub fn schema_strictness(mut self, strictness: SchemaStrictness) -> Self {
+        self.strictness = strictness;
+        self
+    }
+
+    /// Sets how many times a failed call is retried (default 2). Only
+    /// retryable failures are retried: 408, 409, 429, 5xx, timeouts and
+    /// connection failures.
+    #[must_use]
+    pub fn max_retries(mut self, retries: u32) -> Self {
+        self.transport.max_retries = retries;
+        self
+    }
+
+    /// Sets the exponential backoff between retries: `initial` before the
+    /// first, doubling up to `max`, each wait jittered into the upper half of
+    /// its step (defaults 500 ms and 8 s). A `retry-after` or
+    /// `retry-after-ms` from the server takes precedence; one above 60 s
+    /// ends the retries.
+    #[must_use]
+    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
+        self.transport.initial_backoff = initial;
+        self.transport.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Sets the timeout of one attempt (default 10 minutes): the whole
+    /// exchange of a complete call; the wait for the response head, and any
+    /// pause between chunks, of a streamed one.
+    #[must_use]
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.transport.timeout = timeout;
+        self
+    }
+
+    /// Builds the client.
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingApiKey`] without a key for OpenAI's own address
+    /// (other servers may need none), [`ConfigError::InvalidBaseUrl`],
+    /// [`ConfigError::InvalidApiKey`], or [`ConfigError::HttpClient`] when
+    /// TLS cannot be set up.
+    pub fn build(self) -> Result<OpenAi, ConfigError> {
+        let base = transport::parse_base_url(&self.base_url)?;
+        let mut headers = HeaderMap::new();
+        match &self.api_key {
+            Some(key) => {
+                headers.insert(AUTHORIZATION, key.header("Bearer ")?);
+            }
+            None if base.host_str() == Some("api.openai.com") => {
+                return Err(ConfigError::MissingApiKey);
+            }
+            None => {}
+        }
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        Ok(OpenAi {
+            transport: Transport::new(self.transport, &base, headers)?,
+            url: endpoint(&base, "chat/completions"),
+            model: self.model,
+            shape: wire::Shape {
+                max_tokens_field: self.max_tokens_field,
+                strictness: self.strictness,
+            },
+        })
+    }
+}
+
+impl OpenAi {
+    /// A builder with the defaults and no key.
+    pub fn builder() -> OpenAiBuilder {
+        OpenAiBuilder::default()
+    }
+
+    /// A client from `OPENAI_API_KEY` and `OPENAI_BASE_URL`; see
+    /// [`OpenAiBuilder::from_env`].
+    ///
+    /// # Errors
+    /// [`ConfigError::MissingEnv`] when neither variable is set, or any error
+    /// of [`OpenAiBuilder::build`].
+    pub fn from_env() -> Result<Self, ConfigError> {
+        OpenAiBuilder::from_env()?.build()
+    }
+
+    /// The model used when a request names none.
+    pub fn default_model(&self) -> &str {
+        &self.model
+    }
+
+    fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
+        request.settings.model.as_deref().unwrap_or(&self.model)
+    }
+
+    async fn post(&self, body: Vec<u8>) -> Result<reqwest::Response, ModelError> {
+        let response = self
+            .transport
+            .client()
+            .post(self.url.clone())
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| transport_error(e, self.transport.timeout()))?;
+        check_status(response).await
+    }
+}
+
+fn call_span(model: &str) -> tracing::Span {
+    tracing::info_span!(
+        "model_call",
+        provider = "openai",
+        model = model,
+        attempt = tracing::field::Empty
+    )
+}
+
+#[async_trait]
+impl Model for OpenAi {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let model = self.model_for(&request);
+        let span = call_span(model);
+        let body = wire::encode(&request, model, self.shape, false)?;
+        let call = async {
+            let bytes = self
+                .transport
+                .with_retries(&span, || async {
+                    let response = self.post(body.clone()).await?;
+                    response
+                        .bytes()
+                        .await
+                        .map_err(|e| transport_error(e, self.transport.timeout()))
+                })
+                .await?;
+            let response = wire::decode(&bytes)?;
+            log_done(&response);
+            Ok(response)
+        };
+        call.instrument(span.clone()).await
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let model = self.model_for(&request);
+        let span = call_span(model);
+        let body = match wire::encode(&request, model, self.shape, true) {
+            Ok(body) => body,
+            Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
+        };
+        let connect_span = span.clone();
+        let connect = async move {
+            self.transport
+                .with_retries(&connect_span, || self.post(body.clone()))
+                .await
+        };
+        sse_stream(
+            span,
+            self.transport.timeout(),
+            connect,
+            stream::Decoder::default(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn from_env_wants_a_key_or_a_base_url() {
+        let empty = |_: &str| None;
+        assert!(matches!(
+            OpenAiBuilder::from_env_with(&empty),
+            Err(ConfigError::MissingEnv {
+                var: "OPENAI_API_KEY"
+            })
+        ));
+        let local = |name: &str| (name == BASE_URL_ENV).then(|| "http://127.0.0.1:8080/v1".into());
+        let client = OpenAiBuilder::from_env_with(&local)
+            .unwrap()
+            .build()
+            .unwrap();
+        assert_eq!(
+            client.url.as_str(),
+            "http://127.0.0.1:8080/v1/chat/completions"
+        );
+        let keyed = |name: &str| (name == API_KEY_ENV).then(|| "sk-proj-secret".into());
+        let builder = OpenAiBuilder::from_env_with(&keyed).unwrap();
+        assert!(!format!("{builder:?}").contains("sk-proj-secret"));
+        let client = builder.build().unwrap();
+        assert!(!format!("{client:?}").contains("sk-proj-secret"));
+        assert_eq!(
+            client.url.as_str(),
+            "https://api.openai.com/v1/chat/completions"
+        );
+    }
+
+    #[test]
+    fn openai_itself_needs_a_key() {
+        assert!(matches!(
+            OpenAi::builder().build(),
+            Err(ConfigError::MissingApiKey)
+        ));
+    }
+}

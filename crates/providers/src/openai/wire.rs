@@ -1,0 +1,524 @@
+//! The Chat Completions JSON, private to this module, and the hand-written
+//! conversions from and to markov's types. Request types borrow from the
+//! [`ModelRequest`]; response types are owned.
+
+use std::borrow::Cow;
+
+use markov_core::{
+    Item, Message, ModelError, ModelRequest, ModelResponse, Role, StopReason, ToolChoice, Usage,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{MaxTokensField, SchemaStrictness};
+use crate::convert::{self, Content};
+
+#[derive(Serialize)]
+pub(super) struct Request<'a> {
+    model: &'a str,
+    messages: Vec<WireMessage<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<WireToolChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<ResponseFormat<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+enum WireMessage<'a> {
+    System {
+        content: Cow<'a, str>,
+    },
+    User {
+        content: UserContent<'a>,
+    },
+    Assistant {
+        #[serde(skip_serializing_if = "Option::is_none")]
+        content: Option<String>,
+        #[serde(skip_serializing_if = "Vec::is_empty")]
+        tool_calls: Vec<ToolCall<'a>>,
+    },
+    Tool {
+        tool_call_id: &'a str,
+        content: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum UserContent<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<Part<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Part<'a> {
+    Text { text: Cow<'a, str> },
+    ImageUrl { image_url: ImageUrl<'a> },
+}
+
+#[derive(Serialize)]
+struct ImageUrl<'a> {
+    url: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    detail: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ToolCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: FunctionCall<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionCall<'a> {
+    name: &'a str,
+    arguments: String,
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: Function<'a>,
+}
+
+#[derive(Serialize)]
+struct Function<'a> {
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    parameters: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    strict: Option<bool>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WireToolChoice<'a> {
+    Mode(&'static str),
+    Named {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        function: NamedFunction<'a>,
+    },
+}
+
+#[derive(Serialize)]
+struct NamedFunction<'a> {
+    name: &'a str,
+}
+
+#[derive(Serialize)]
+struct ResponseFormat<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    json_schema: JsonSchema<'a>,
+}
+
+#[derive(Serialize)]
+struct JsonSchema<'a> {
+    name: &'static str,
+    schema: &'a Value,
+    strict: bool,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+/// The name given to a structured-output schema.
+const OUTPUT_SCHEMA_NAME: &str = "output";
+
+/// How the client shapes a request, beyond the request itself.
+#[derive(Clone, Copy)]
+pub(super) struct Shape {
+    pub(super) max_tokens_field: MaxTokensField,
+    pub(super) strictness: SchemaStrictness,
+}
+
+/// The request body of one call.
+pub(super) fn encode(
+    request: &ModelRequest<'_>,
+    model: &str,
+    shape: Shape,
+    stream: bool,
+) -> Result<Vec<u8>, ModelError> {
+    let settings = request.settings;
+    let strict = shape.strictness == SchemaStrictness::Strict;
+    let mut messages = Vec::new();
+    if !request.system.is_empty() {
+        messages.push(WireMessage::System {
+            content: Cow::Borrowed(request.system),
+        });
+    }
+    for message in request.messages {
+        push_message(message, &mut messages);
+    }
+    if messages.is_empty() {
+        return Err(ModelError::InvalidRequest(
+            "no message to send: the conversation and the system prompt are empty".into(),
+        ));
+    }
+    let tools: Vec<Tool<'_>> = request
+        .tools
+        .iter()
+        .map(|tool| Tool {
+            kind: "function",
+            function: Function {
+                name: tool.name.as_str(),
+                description: &tool.description,
+                parameters: &tool.input_schema,
+                strict: strict.then_some(true),
+            },
+        })
+        .collect();
+    let has_tools = !tools.is_empty();
+    let tool_choice = has_tools.then(|| match request.tool_choice {
+        ToolChoice::Auto => WireToolChoice::Mode("auto"),
+        ToolChoice::Any => WireToolChoice::Mode("required"),
+        ToolChoice::None => WireToolChoice::Mode("none"),
+        ToolChoice::Tool(name) => WireToolChoice::Named {
+            kind: "function",
+            function: NamedFunction {
+                name: name.as_str(),
+            },
+        },
+    });
+    let (max_completion_tokens, max_tokens) = match shape.max_tokens_field {
+        MaxTokensField::MaxCompletionTokens => (Some(settings.max_tokens), None),
+        MaxTokensField::MaxTokens => (None, Some(settings.max_tokens)),
+    };
+    let body = Request {
+        model,
+        messages,
+        tools,
+        tool_choice,
+        // Sent only to turn parallel calls off: `true` is every server's
+        // default, and some reject the field on models without tools.
+        parallel_tool_calls: (has_tools && !settings.parallel_tool_calls).then_some(false),
+        max_completion_tokens,
+        max_tokens,
+        temperature: settings.temperature,
+        response_format: request.output_schema.map(|schema| ResponseFormat {
+            kind: "json_schema",
+            json_schema: JsonSchema {
+                name: OUTPUT_SCHEMA_NAME,
+                schema,
+                strict,
+            },
+        }),
+        stream,
+        stream_options: stream.then_some(StreamOptions {
+            include_usage: true,
+        }),
+    };
+    serde_json::to_vec(&body)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+}
+
+/// Appends one stored message in the API's shape.
+fn push_message<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
+    match message.role {
+        Role::User | Role::Ephemeral => push_user(message, out),
+        Role::Assistant => push_assistant(message, out),
+        Role::System => {
+            if let Some(text) = convert::system_text(message) {
+                out.push(WireMessage::System {
+                    content: Cow::Owned(text),
+                });
+            }
+        }
+        Role::Command | Role::Instance => {}
+    }
+}
+
+/// Tool results become `tool` messages, ahead of the rest of the user's content.
+fn push_user<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
+    let items = match convert::content(message) {
+        Content::Text("") => return,
+        Content::Text(text) => {
+            out.push(WireMessage::User {
+                content: UserContent::Text(Cow::Borrowed(text)),
+            });
+            return;
+        }
+        Content::Items(items) => items,
+    };
+    let mut parts = Vec::new();
+    for item in items {
+        match item {
+            Item::ToolResult {
+                tool_use_id,
+                content,
+                ..
+            } => out.push(WireMessage::Tool {
+                tool_call_id: tool_use_id.as_str(),
+                content,
+            }),
+            Item::Image {
+                mime_type,
+                data,
+                detail,
+            } => parts.push(Part::ImageUrl {
+                image_url: ImageUrl {
+                    url: format!("data:{mime_type};base64,{data}"),
+                    detail: detail.as_deref(),
+                },
+            }),
+            other => {
+                if let Some(text) = item_text(other) {
+                    parts.push(Part::Text { text });
+                }
+            }
+        }
+    }
+    let content = match parts.len() {
+        0 => return,
+        1 => match parts.pop() {
+            Some(Part::Text { text }) => UserContent::Text(text),
+            Some(part) => UserContent::Parts(vec![part]),
+            None => return,
+        },
+        _ => UserContent::Parts(parts),
+    };
+    out.push(WireMessage::User { content });
+}
+
+/// Text items (and files and outputs, as text) joined by newlines; tool
+/// calls with their input as a JSON string. Thinking is not sent back.
+fn push_assistant<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
+    let items = match convert::content(message) {
+        Content::Text("") => return,
+        Content::Text(text) => {
+            out.push(WireMessage::Assistant {
+                content: Some(text.to_owned()),
+                tool_calls: Vec::new(),
+            });
+            return;
+        }
+        Content::Items(items) => items,
+    };
+    let mut texts = Vec::new();
+    let mut tool_calls = Vec::new();
+    for item in items {
+        match item {
+            Item::ToolUse { id, name, input } => tool_calls.push(ToolCall {
+                id: id.as_str(),
+                kind: "function",
+                function: FunctionCall {
+                    name,
+                    arguments: input.to_string(),
+                },
+            }),
+            other => texts.extend(item_text(other)),
+        }
+    }
+    if texts.is_empty() && tool_calls.is_empty() {
+        return;
+    }
+    out.push(WireMessage::Assistant {
+        content: (!texts.is_empty()).then(|| texts.join("\n")),
+        tool_calls,
+    });
+}
+
+/// The text an item shows as, if any: text (unless empty), a file
+/// reference, or an output's pretty JSON.
+fn item_text(item: &Item) -> Option<Cow<'_, str>> {
+    match item {
+        Item::Text { text } if !text.is_empty() => Some(Cow::Borrowed(text)),
+        Item::File {
+            url,
+            media_type,
+            filename,
+            ..
+        } => Some(Cow::Owned(convert::file_reference(
+            url,
+            media_type,
+            filename.as_deref(),
+        ))),
+        Item::Output { data } => Some(Cow::Owned(convert::output_text(data))),
+        _ => None,
+    }
+}
+
+#[derive(Deserialize)]
+struct Response {
+    #[serde(default)]
+    choices: Vec<Choice>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    message: ResponseMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct ResponseMessage {
+    #[serde(default)]
+    content: Option<String>,
+    /// Reasoning text, as vLLM, DeepSeek and llama.cpp's server send it.
+    #[serde(default)]
+    reasoning_content: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<ResponseToolCall>>,
+}
+
+#[derive(Deserialize)]
+struct ResponseToolCall {
+    #[serde(default)]
+    id: Option<String>,
+    function: ResponseFunction,
+}
+
+#[derive(Deserialize)]
+struct ResponseFunction {
+    name: String,
+    #[serde(default)]
+    arguments: Value,
+}
+
+/// Token counts. `prompt_tokens` includes cached tokens; markov counts them apart.
+#[derive(Deserialize, Clone, Copy)]
+pub(super) struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+struct PromptDetails {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    pub(super) fn usage(self) -> Usage {
+        let cached = self
+            .prompt_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0);
+        Usage {
+            input_tokens: self.prompt_tokens.saturating_sub(cached),
+            output_tokens: self.completion_tokens,
+            cache_read_input_tokens: cached,
+            cache_creation_input_tokens: 0,
+        }
+    }
+}
+
+/// Arguments as servers send them: a JSON string (parsed; malformed text is
+/// wrapped as the crate documents), or, from a few servers, an object.
+fn arguments(value: Value) -> Value {
+    match value {
+        Value::String(text) => convert::parse_tool_arguments(&text),
+        Value::Null => convert::parse_tool_arguments(""),
+        other => other,
+    }
+}
+
+/// A call id for servers that send none.
+pub(super) fn fallback_call_id(index: usize) -> String {
+    format!("call_{index}")
+}
+
+/// Maps `finish_reason`. A server that says `stop` (or nothing) while
+/// calling tools, as some OpenAI-compatible servers do, gets `tool_use`.
+pub(super) fn stop_reason(reason: Option<&str>, has_tool_calls: bool, refused: bool) -> StopReason {
+    if refused {
+        return StopReason::Refusal;
+    }
+    match reason {
+        Some("tool_calls" | "function_call") => StopReason::ToolUse,
+        Some("length") => StopReason::MaxTokens,
+        Some("content_filter") => StopReason::ContentFilter,
+        Some("stop") | None => {
+            if has_tool_calls {
+                StopReason::ToolUse
+            } else {
+                StopReason::EndTurn
+            }
+        }
+        Some(other) => {
+            tracing::warn!(finish_reason = other, "unknown finish reason");
+            if has_tool_calls {
+                StopReason::ToolUse
+            } else {
+                StopReason::EndTurn
+            }
+        }
+    }
+}
+
+/// A complete answer from its body: reasoning, then text (or the refusal),
+/// then tool calls.
+pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+    let response: Response = serde_json::from_slice(body)
+        .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the answer: {e}")))?;
+    let choice = response
+        .choices
+        .into_iter()
+        .next()
+        .ok_or_else(|| ModelError::InvalidResponse("the answer has no choices".into()))?;
+    let message = choice.message;
+    let mut content = Vec::new();
+    if let Some(thinking) = message.reasoning_content.filter(|t| !t.is_empty()) {
+        content.push(Item::Thinking {
+            thinking,
+            signature: None,
+        });
+    }
+    if let Some(text) = message.content.filter(|t| !t.is_empty()) {
+        content.push(Item::Text { text });
+    }
+    let refused = match message.refusal.filter(|t| !t.is_empty()) {
+        Some(text) => {
+            content.push(Item::Text { text });
+            true
+        }
+        None => false,
+    };
+    let calls = message.tool_calls.unwrap_or_default();
+    let has_tool_calls = !calls.is_empty();
+    for (index, call) in calls.into_iter().enumerate() {
+        let id = call.id.unwrap_or_else(|| fallback_call_id(index));
+        content.push(Item::tool_use(
+            id,
+            call.function.name,
+            arguments(call.function.arguments),
+        ));
+    }
+    Ok(ModelResponse {
+        stop_reason: stop_reason(choice.finish_reason.as_deref(), has_tool_calls, refused),
+        content,
+        usage: response.usage.map(WireUsage::usage).unwrap_or_default(),
+    })
+}

@@ -1,0 +1,415 @@
+//! What both providers share: the HTTP client, retries with backoff, error
+//! mapping, timeouts and the secret API key.
+//!
+//! Nothing here knows a vendor's JSON beyond the common error envelope
+//! `{"error": {"type", "message"}}`, which both Anthropic and OpenAI use.
+
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use markov_core::ModelError;
+use reqwest::header::{HeaderMap, HeaderValue};
+use reqwest::{Response, Url};
+use serde::Deserialize;
+
+use crate::error::ConfigError;
+
+/// The longest `retry-after` we wait for; a provider asking for more gets its
+/// error returned to the caller instead.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// The most bytes of an unparseable error body kept in an error message.
+const MAX_ERROR_BODY: usize = 2_000;
+
+/// An API key. Its `Debug` output never shows the key.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct ApiKey(Arc<str>);
+
+impl ApiKey {
+    pub(crate) fn new(key: impl Into<String>) -> Self {
+        ApiKey(Arc::from(key.into()))
+    }
+
+    /// A header value holding `prefix` + the key, marked sensitive so that
+    /// hyper and reqwest never print it.
+    pub(crate) fn header(&self, prefix: &str) -> Result<HeaderValue, ConfigError> {
+        let mut value = HeaderValue::from_str(&format!("{prefix}{}", self.0))
+            .map_err(|_| ConfigError::InvalidApiKey)?;
+        value.set_sensitive(true);
+        Ok(value)
+    }
+}
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
+}
+
+/// Reads an environment variable, treating an empty value as unset.
+pub(crate) fn env_var(env: &dyn Fn(&str) -> Option<String>, var: &'static str) -> Option<String> {
+    env(var).filter(|v| !v.trim().is_empty())
+}
+
+/// The process environment, as [`env_var`] wants it.
+pub(crate) fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
+}
+
+/// Retries, backoff and timeout of one client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TransportConfig {
+    /// Retries after the first attempt.
+    pub(crate) max_retries: u32,
+    /// The backoff before the first retry; doubled for each further one.
+    pub(crate) initial_backoff: Duration,
+    /// The cap of the exponential backoff.
+    pub(crate) max_backoff: Duration,
+    /// The limit for one attempt: the whole exchange for a complete call, the
+    /// wait for the response head and each pause between streamed chunks for a
+    /// streaming call.
+    pub(crate) timeout: Duration,
+}
+
+impl TransportConfig {
+    pub(crate) const DEFAULT: TransportConfig = TransportConfig {
+        max_retries: 2,
+        initial_backoff: Duration::from_millis(500),
+        max_backoff: Duration::from_secs(8),
+        timeout: Duration::from_secs(600),
+    };
+
+    /// The wait before retry number `retry` (0-based): the provider's
+    /// `retry-after` when it gave one, else exponential backoff with jitter
+    /// (a random point in the upper half of the exponential step).
+    fn delay(&self, retry: u32, retry_after: Option<Duration>) -> Duration {
+        if let Some(after) = retry_after {
+            return after;
+        }
+        let factor = 2u32.saturating_pow(retry);
+        let step = self
+            .initial_backoff
+            .saturating_mul(factor)
+            .min(self.max_backoff);
+        let half = step / 2;
+        let jitter_nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        let jitter = if jitter_nanos == 0 {
+            0
+        } else {
+            random_u64() % (jitter_nanos + 1)
+        };
+        half + Duration::from_nanos(jitter)
+    }
+}
+
+/// A random number from the standard library's per-process hash keys: enough
+/// for jitter, and no dependency.
+fn random_u64() -> u64 {
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(0x9e37_79b9_7f4a_7c15);
+    hasher.finish()
+}
+
+/// An HTTP client with the crate's retry and error rules.
+#[derive(Debug, Clone)]
+pub(crate) struct Transport {
+    client: reqwest::Client,
+    config: TransportConfig,
+}
+
+/// Parses and checks a base URL.
+pub(crate) fn parse_base_url(url: &str) -> Result<Url, ConfigError> {
+    let invalid = |reason: &str| ConfigError::InvalidBaseUrl {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let parsed = Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(invalid("the scheme must be http or https"));
+    }
+    if parsed.cannot_be_a_base() {
+        return Err(invalid("it cannot be a base url"));
+    }
+    Ok(parsed)
+}
+
+/// Joins `path` (no leading slash) under `base`, keeping the base's own path.
+pub(crate) fn endpoint(base: &Url, path: &str) -> Url {
+    let mut url = base.clone();
+    let joined = format!("{}/{}", base.path().trim_end_matches('/'), path);
+    url.set_path(&joined);
+    url
+}
+
+impl Transport {
+    /// A client whose TLS uses rustls with the `ring` provider and the
+    /// platform's root certificates, set per client rather than process-wide.
+    pub(crate) fn new(
+        config: TransportConfig,
+        base_url: &Url,
+        default_headers: HeaderMap,
+    ) -> Result<Self, ConfigError> {
+        let tls = tls_config(base_url.scheme() == "https")?;
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls)
+            .default_headers(default_headers)
+            .connect_timeout(config.timeout.min(Duration::from_secs(30)))
+            .read_timeout(config.timeout)
+            .build()
+            .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
+        Ok(Transport { client, config })
+    }
+
+    pub(crate) fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.config.timeout
+    }
+
+    /// Runs `attempt` until it succeeds, fails with an error that is not
+    /// retryable, or the retries are spent. Each attempt is bounded by the
+    /// configured timeout and its number recorded on `span` as `attempt`.
+    pub(crate) async fn with_retries<T, F, Fut>(
+        &self,
+        span: &tracing::Span,
+        mut attempt: F,
+    ) -> Result<T, ModelError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ModelError>>,
+    {
+        let mut retry = 0u32;
+        loop {
+            span.record("attempt", retry + 1);
+            let result = match tokio::time::timeout(self.config.timeout, attempt()).await {
+                Ok(result) => result,
+                Err(_) => Err(ModelError::Timeout(self.config.timeout)),
+            };
+            let error = match result {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            if !error.is_retryable() || retry >= self.config.max_retries {
+                return Err(error);
+            }
+            let retry_after = match &error {
+                ModelError::Http { retry_after, .. } => *retry_after,
+                _ => None,
+            };
+            if retry_after.is_some_and(|after| after > MAX_RETRY_AFTER) {
+                return Err(error);
+            }
+            let delay = self.config.delay(retry, retry_after);
+            tracing::warn!(parent: span, %error, ?delay, "model call failed; retrying");
+            tokio::time::sleep(delay).await;
+            retry += 1;
+        }
+    }
+}
+
+fn tls_config(need_roots: bool) -> Result<rustls::ClientConfig, ConfigError> {
+    use rustls_platform_verifier::BuilderVerifierExt;
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
+    match builder.clone().with_platform_verifier() {
+        Ok(builder) => Ok(builder.with_no_client_auth()),
+        // A plain-http server (a local model server) needs no roots; without
+        // them any https connection fails its handshake.
+        Err(_) if !need_roots => Ok(builder
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth()),
+        Err(e) => Err(ConfigError::HttpClient(format!(
+            "cannot load the system's root certificates: {e}"
+        ))),
+    }
+}
+
+/// A reqwest failure as a model error.
+pub(crate) fn transport_error(error: reqwest::Error, timeout: Duration) -> ModelError {
+    if error.is_timeout() {
+        ModelError::Timeout(timeout)
+    } else {
+        // Without the URL: the caller knows it, and it only makes the text long.
+        let error = error.without_url();
+        let mut text = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(inner) = source {
+            text.push_str(": ");
+            text.push_str(&inner.to_string());
+            source = inner.source();
+        }
+        ModelError::Connection(text)
+    }
+}
+
+/// The common error envelope: `{"error": {"type", "message"}}`, or
+/// `{"error": "message"}` as some OpenAI-compatible servers send it.
+#[derive(Deserialize)]
+struct ErrorEnvelope {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ErrorDetail {
+    Object {
+        #[serde(default, rename = "type")]
+        kind: Option<String>,
+        #[serde(default)]
+        message: Option<String>,
+    },
+    Text(String),
+}
+
+/// The type and message of an error body, if it has the common envelope.
+pub(crate) fn parse_error_body(body: &str) -> Option<(Option<String>, String)> {
+    let envelope: ErrorEnvelope = serde_json::from_str(body).ok()?;
+    match envelope.error {
+        ErrorDetail::Object { kind, message } => {
+            Some((kind.clone(), message.or(kind).unwrap_or_default()))
+        }
+        ErrorDetail::Text(message) => Some((None, message)),
+    }
+}
+
+/// Checks a response's status: success passes, anything else becomes a
+/// [`ModelError`] carrying the provider's own message and `retry-after`.
+/// An `overloaded_error` body becomes [`ModelError::Overloaded`].
+pub(crate) async fn check_status(response: Response) -> Result<Response, ModelError> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let retry_after = retry_after(response.headers());
+    let body = response.text().await.unwrap_or_default();
+    let (kind, message) = parse_error_body(&body).unwrap_or_else(|| {
+        let mut text = body.trim().to_owned();
+        if text.len() > MAX_ERROR_BODY {
+            let mut cut = MAX_ERROR_BODY;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+            text.push('…');
+        }
+        if text.is_empty() {
+            text = status
+                .canonical_reason()
+                .unwrap_or("unknown error")
+                .to_owned();
+        }
+        (None, text)
+    });
+    if kind.as_deref() == Some("overloaded_error") {
+        return Err(ModelError::Overloaded(message));
+    }
+    Err(ModelError::Http {
+        status: status.as_u16(),
+        message,
+        retry_after,
+    })
+}
+
+/// The wait a response asks for: `retry-after-ms` (OpenAI) or `retry-after`
+/// in seconds. The HTTP-date form of `retry-after` is not understood.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let number = |name: &str| -> Option<f64> {
+        let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
+        (value.is_finite() && value >= 0.0).then_some(value)
+    };
+    if let Some(ms) = number("retry-after-ms") {
+        return Some(Duration::from_secs_f64(ms / 1000.0));
+    }
+    number("retry-after").map(Duration::from_secs_f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_stays_in_its_window() {
+        let config = TransportConfig {
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(350),
+            ..TransportConfig::DEFAULT
+        };
+        for _ in 0..50 {
+            let first = config.delay(0, None);
+            assert!(first >= Duration::from_millis(50) && first <= Duration::from_millis(100));
+            let second = config.delay(1, None);
+            assert!(second >= Duration::from_millis(100) && second <= Duration::from_millis(200));
+            let capped = config.delay(10, None);
+            assert!(capped >= Duration::from_millis(175) && capped <= Duration::from_millis(350));
+        }
+        assert_eq!(
+            config.delay(3, Some(Duration::from_secs(2))),
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_milliseconds() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(retry_after(&headers), None);
+        headers.insert("retry-after", HeaderValue::from_static("3"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(3)));
+        headers.insert("retry-after-ms", HeaderValue::from_static("250"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_millis(250)));
+        headers.remove("retry-after-ms");
+        headers.insert("retry-after", HeaderValue::from_static("Wed, 21 Oct 2015"));
+        assert_eq!(retry_after(&headers), None);
+    }
+
+    #[test]
+    fn error_bodies_of_both_shapes_parse() {
+        let anthropic =
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        assert_eq!(
+            parse_error_body(anthropic),
+            Some((Some("overloaded_error".into()), "Overloaded".into()))
+        );
+        let openai =
+            r#"{"error":{"message":"bad key","type":"invalid_request_error","code":null}}"#;
+        assert_eq!(
+            parse_error_body(openai),
+            Some((Some("invalid_request_error".into()), "bad key".into()))
+        );
+        assert_eq!(
+            parse_error_body(r#"{"error":"model not found"}"#),
+            Some((None, "model not found".into()))
+        );
+        assert_eq!(parse_error_body("<html>"), None);
+    }
+
+    #[test]
+    fn endpoints_keep_the_base_path() {
+        let base = parse_base_url("http://localhost:11434/v1/").unwrap();
+        assert_eq!(
+            endpoint(&base, "chat/completions").as_str(),
+            "http://localhost:11434/v1/chat/completions"
+        );
+        let base = parse_base_url("https://api.anthropic.com").unwrap();
+        assert_eq!(
+            endpoint(&base, "v1/messages").as_str(),
+            "https://api.anthropic.com/v1/messages"
+        );
+        assert!(parse_base_url("ftp://x").is_err());
+        assert!(parse_base_url("not a url").is_err());
+    }
+
+    #[test]
+    fn api_key_debug_is_redacted() {
+        let key = ApiKey::new("sk-secret");
+        assert!(!format!("{key:?}").contains("secret"));
+        assert!(key.header("Bearer ").unwrap().is_sensitive());
+    }
+}

@@ -1,0 +1,846 @@
+//! The Anthropic client against a fake Messages API on loopback. The fixtures
+//! follow the shapes in Anthropic's public API documentation.
+#![cfg(feature = "anthropic")]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{FakeServer, Reply, sse_event};
+use futures::StreamExt;
+use markov_core::message::{InstancePayload, Items};
+use markov_core::model::collect_stream;
+use markov_core::{
+    Item, Message, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, Role, StopReason,
+    StreamEvent, Thinking, ToolChoice, ToolDefinition, Usage,
+};
+use markov_providers::{Anthropic, PromptCaching};
+use serde_json::{Value, json};
+
+const KEY: &str = "sk-ant-test-secret-key";
+
+fn client(server: &FakeServer) -> Anthropic {
+    Anthropic::builder()
+        .api_key(KEY)
+        .base_url(server.url())
+        .model("claude-test")
+        .backoff(Duration::from_millis(1), Duration::from_millis(4))
+        .build()
+        .expect("a valid client")
+}
+
+fn tools() -> Vec<ToolDefinition> {
+    let schema = json!({
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"]
+    });
+    vec![
+        ToolDefinition::new("add", "Adds two numbers.", schema).expect("valid name"),
+        ToolDefinition::new("finish", "Ends the run.", json!({"type": "object"}))
+            .expect("valid name")
+            .terminal(true),
+    ]
+}
+
+fn request<'a>(
+    messages: &'a [Message],
+    tools: &'a [ToolDefinition],
+    tool_choice: &'a ToolChoice,
+    settings: &'a ModelSettings,
+) -> ModelRequest<'a> {
+    ModelRequest {
+        system: "You are a calculator.",
+        messages,
+        tools,
+        tool_choice,
+        settings,
+        output_schema: None,
+    }
+}
+
+fn text_answer(text: &str) -> Value {
+    json!({
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": null,
+        "usage": {"input_tokens": 10, "output_tokens": 3}
+    })
+}
+
+fn message(role: Role, items: Vec<Item>) -> Message {
+    Message {
+        role,
+        items: Items::List(items),
+        metadata: None,
+    }
+}
+
+#[tokio::test]
+async fn request_body_covers_messages_tools_and_tool_choice() {
+    let server = FakeServer::start(vec![Reply::json(200, text_answer("42"))]).await;
+    let history = vec![
+        Message::user("Hello"),
+        Message {
+            role: Role::Ephemeral,
+            items: Items::Text("camera frame note".into()),
+            metadata: None,
+        },
+        message(
+            Role::Command,
+            vec![Item::Command {
+                name: "reset".into(),
+                input: json!({}),
+                instance_id: None,
+                client_id: None,
+            }],
+        ),
+        Message::assistant_items(vec![
+            Item::Thinking {
+                thinking: "Let me think".into(),
+                signature: Some("sig-1".into()),
+            },
+            Item::Thinking {
+                thinking: "unsigned".into(),
+                signature: None,
+            },
+            Item::text("Calling add"),
+            Item::tool_use("t1", "add", json!({"a": 1, "b": 2})),
+            Item::tool_use("t2", "add", json!({"a": "x"})),
+        ]),
+        Message::user_items(vec![
+            Item::text("by the way"),
+            Item::tool_result("t1", "3", Some(false)),
+            Item::tool_result("t2", "invalid input", None),
+        ]),
+        Message::system("Only answer with numbers."),
+        message(
+            Role::System,
+            vec![Item::Resume {
+                instance_id: "i1".into(),
+                suspend_id: "s1".into(),
+            }],
+        ),
+        Message::instance(InstancePayload::State {
+            instance_id: "i1".into(),
+            patch: json!({"n": 1}),
+        }),
+        Message::assistant_items(vec![
+            Item::text(""),
+            Item::Output {
+                data: json!({"n": 3}),
+            },
+        ]),
+        Message::user_items(vec![
+            Item::Image {
+                mime_type: "image/png".into(),
+                data: "aGVsbG8=".into(),
+                detail: Some("high".into()),
+            },
+            Item::File {
+                url: "https://files.example/report.pdf".into(),
+                media_type: "application/pdf".into(),
+                filename: Some("report.pdf".into()),
+                byte_size: Some(10),
+                storage_id: None,
+            },
+            Item::File {
+                url: "https://files.example/data.csv".into(),
+                media_type: "text/csv".into(),
+                filename: None,
+                byte_size: None,
+                storage_id: None,
+            },
+        ]),
+    ];
+    let tools = tools();
+    let choice = ToolChoice::Tool(tools[1].name.clone());
+    let settings = ModelSettings {
+        model: None,
+        max_tokens: 1024,
+        temperature: Some(0.5),
+        thinking: None,
+        parallel_tool_calls: false,
+    };
+    let answer = client(&server)
+        .complete(request(&history, &tools, &choice, &settings))
+        .await
+        .unwrap();
+    assert_eq!(answer.content, vec![Item::text("42")]);
+
+    let sent = server.single();
+    assert_eq!(sent.method, "POST");
+    assert_eq!(sent.path, "/v1/messages");
+    assert_eq!(sent.header("x-api-key"), Some(KEY));
+    assert_eq!(sent.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(sent.header("content-type"), Some("application/json"));
+    assert_eq!(sent.header("anthropic-beta"), None);
+    let add_schema = &tools[0].input_schema;
+    assert_eq!(
+        sent.json(),
+        json!({
+            "model": "claude-test",
+            "max_tokens": 1024,
+            "system": [{
+                "type": "text",
+                "text": "You are a calculator.",
+                "cache_control": {"type": "ephemeral"}
+            }],
+            "messages": [
+                {"role": "user", "content": [
+                    {"type": "text", "text": "Hello"},
+                    {"type": "text", "text": "camera frame note"}
+                ]},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "Let me think", "signature": "sig-1"},
+                    {"type": "text", "text": "Calling add"},
+                    {"type": "tool_use", "id": "t1", "name": "add", "input": {"a": 1, "b": 2}},
+                    {"type": "tool_use", "id": "t2", "name": "add", "input": {"a": "x"}}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "3", "is_error": false},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "invalid input"},
+                    {"type": "text", "text": "by the way"},
+                    {"type": "text", "text": "[System instruction] Only answer with numbers."}
+                ]},
+                {"role": "assistant", "content": [
+                    {"type": "text", "text": "{\n  \"n\": 3\n}"}
+                ]},
+                {"role": "user", "content": [
+                    {"type": "image", "source": {
+                        "type": "base64", "media_type": "image/png", "data": "aGVsbG8="
+                    }},
+                    {"type": "text", "text": "[file: report.pdf (application/pdf)] https://files.example/report.pdf"},
+                    {"type": "text", "text": "[file: text/csv] https://files.example/data.csv"}
+                ]}
+            ],
+            "tools": [
+                {"name": "add", "description": "Adds two numbers.", "input_schema": add_schema},
+                {"name": "finish", "description": "Ends the run.",
+                 "input_schema": {"type": "object"},
+                 "cache_control": {"type": "ephemeral"}}
+            ],
+            "tool_choice": {"type": "tool", "name": "finish", "disable_parallel_tool_use": true},
+            "temperature": 0.5
+        })
+    );
+}
+
+#[tokio::test]
+async fn tool_choice_modes_are_mapped() {
+    let cases = [
+        (ToolChoice::Auto, json!({"type": "auto"})),
+        (ToolChoice::Any, json!({"type": "any"})),
+        (ToolChoice::None, json!({"type": "none"})),
+    ];
+    let server = FakeServer::start(vec![Reply::json(200, text_answer("ok")); cases.len()]).await;
+    let model = client(&server);
+    let history = [Message::user("hi")];
+    let tools = tools();
+    let settings = ModelSettings::default();
+    for (choice, _) in &cases {
+        model
+            .complete(request(&history, &tools, choice, &settings))
+            .await
+            .unwrap();
+    }
+    let sent = server.requests();
+    for ((_, expected), sent) in cases.iter().zip(sent) {
+        assert_eq!(&sent.json()["tool_choice"], expected);
+    }
+}
+
+#[tokio::test]
+async fn thinking_drops_temperature_and_caching_can_be_off() {
+    let server = FakeServer::start(vec![Reply::json(200, text_answer("ok"))]).await;
+    let model = Anthropic::builder()
+        .api_key(KEY)
+        .base_url(server.url())
+        .model("claude-test")
+        .prompt_caching(PromptCaching::Off)
+        .build()
+        .unwrap();
+    let history = [Message::user("hi")];
+    let tools = tools();
+    let settings = ModelSettings {
+        model: Some("claude-other".into()),
+        max_tokens: 2048,
+        temperature: Some(0.2),
+        thinking: Some(Thinking::Enabled {
+            budget_tokens: 1024,
+        }),
+        parallel_tool_calls: true,
+    };
+    model
+        .complete(request(&history, &tools[..1], &ToolChoice::Auto, &settings))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.single().json(),
+        json!({
+            "model": "claude-other",
+            "max_tokens": 2048,
+            "system": [{"type": "text", "text": "You are a calculator."}],
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "tools": [{"name": "add", "description": "Adds two numbers.",
+                       "input_schema": tools[0].input_schema}],
+            "tool_choice": {"type": "auto"},
+            "thinking": {"type": "enabled", "budget_tokens": 1024}
+        })
+    );
+}
+
+#[tokio::test]
+async fn adaptive_thinking_and_no_tools() {
+    let server = FakeServer::start(vec![Reply::json(200, text_answer("ok"))]).await;
+    let history = [Message::user("hi")];
+    let settings = ModelSettings {
+        thinking: Some(Thinking::Adaptive),
+        ..ModelSettings::default()
+    };
+    let request = ModelRequest {
+        system: "",
+        messages: &history,
+        tools: &[],
+        tool_choice: &ToolChoice::Any,
+        settings: &settings,
+        output_schema: None,
+    };
+    client(&server).complete(request).await.unwrap();
+    assert_eq!(
+        server.single().json(),
+        json!({
+            "model": "claude-test",
+            "max_tokens": 4096,
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "thinking": {"type": "adaptive"}
+        })
+    );
+}
+
+#[tokio::test]
+async fn forced_tool_use_with_a_thinking_budget_is_refused_before_sending() {
+    let server = FakeServer::start(vec![]).await;
+    let history = [Message::user("hi")];
+    let tools = tools();
+    let settings = ModelSettings {
+        thinking: Some(Thinking::Enabled {
+            budget_tokens: 1024,
+        }),
+        ..ModelSettings::default()
+    };
+    let error = client(&server)
+        .complete(request(&history, &tools, &ToolChoice::Any, &settings))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ModelError::InvalidRequest(_)), "{error:?}");
+    assert!(server.requests().is_empty());
+}
+
+#[tokio::test]
+async fn structured_output_uses_output_format_and_the_beta_header() {
+    let server = FakeServer::start(vec![Reply::json(200, text_answer(r#"{"n":1}"#))]).await;
+    let history = [Message::user("count")];
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
+    let settings = ModelSettings::default();
+    let request = ModelRequest {
+        system: "",
+        messages: &history,
+        tools: &[],
+        tool_choice: &ToolChoice::Auto,
+        settings: &settings,
+        output_schema: Some(&schema),
+    };
+    client(&server).complete(request).await.unwrap();
+    let sent = server.single();
+    assert_eq!(
+        sent.header("anthropic-beta"),
+        Some("structured-outputs-2025-11-13")
+    );
+    assert_eq!(
+        sent.json()["output_format"],
+        json!({"type": "json_schema", "schema": schema})
+    );
+}
+
+#[tokio::test]
+async fn a_complete_answer_is_parsed() {
+    let body = json!({
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [
+            {"type": "thinking", "thinking": "2 + 3 is 5.", "signature": "EqQBCgIYAhIM"},
+            {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
+            {"type": "text", "text": "Adding."},
+            {"type": "tool_use", "id": "toolu_01", "name": "add", "input": {"a": 2, "b": 3}},
+            {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {"query": "x"}}
+        ],
+        "stop_reason": "tool_use",
+        "stop_sequence": null,
+        "usage": {
+            "input_tokens": 2095,
+            "output_tokens": 503,
+            "cache_creation_input_tokens": 2051,
+            "cache_read_input_tokens": 1800
+        }
+    });
+    let server = FakeServer::start(vec![Reply::json(200, body)]).await;
+    let history = [Message::user("2 + 3?")];
+    let settings = ModelSettings::default();
+    let answer = client(&server)
+        .complete(request(&history, &[], &ToolChoice::Auto, &settings))
+        .await
+        .unwrap();
+    assert_eq!(
+        answer,
+        ModelResponse {
+            content: vec![
+                Item::Thinking {
+                    thinking: "2 + 3 is 5.".into(),
+                    signature: Some("EqQBCgIYAhIM".into()),
+                },
+                Item::text("Adding."),
+                Item::tool_use("toolu_01", "add", json!({"a": 2, "b": 3})),
+                Item::text(
+                    json!({"type": "server_tool_use", "id": "srvtoolu_01",
+                           "name": "web_search", "input": {"query": "x"}})
+                    .to_string()
+                ),
+            ],
+            stop_reason: StopReason::ToolUse,
+            usage: Usage {
+                input_tokens: 2095,
+                output_tokens: 503,
+                cache_read_input_tokens: 1800,
+                cache_creation_input_tokens: 2051,
+            },
+        }
+    );
+}
+
+#[tokio::test]
+async fn every_stop_reason_is_mapped() {
+    let cases = [
+        ("end_turn", StopReason::EndTurn),
+        ("tool_use", StopReason::ToolUse),
+        ("max_tokens", StopReason::MaxTokens),
+        ("stop_sequence", StopReason::StopSequence),
+        ("pause_turn", StopReason::PauseTurn),
+        ("refusal", StopReason::Refusal),
+    ];
+    let replies = cases
+        .iter()
+        .map(|(reason, _)| {
+            let mut body = text_answer("x");
+            body["stop_reason"] = json!(reason);
+            Reply::json(200, body)
+        })
+        .collect();
+    let server = FakeServer::start(replies).await;
+    let model = client(&server);
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    for (_, expected) in cases {
+        let answer = model
+            .complete(request(&history, &[], &ToolChoice::Auto, &settings))
+            .await
+            .unwrap();
+        assert_eq!(answer.stop_reason, expected);
+    }
+}
+
+/// The stream from the documentation's shapes: thinking with a signature,
+/// text, a tool call whose argument JSON is split mid-number, a ping, and
+/// usage in `message_delta`.
+fn tool_stream() -> String {
+    [
+        sse_event(
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": "msg_01", "type": "message", "role": "assistant", "content": [],
+                "model": "claude-test", "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": 472, "output_tokens": 2,
+                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 100}
+            }}),
+        ),
+        sse_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "thinking_delta", "thinking": "I need to add."}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "signature_delta", "signature": "EqQBCgIYAhIM1gbcDa9G"}}),
+        ),
+        sse_event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        sse_event("ping", json!({"type": "ping"})),
+        sse_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 1,
+                   "content_block": {"type": "text", "text": ""}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1,
+                   "delta": {"type": "text_delta", "text": "Let me "}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 1,
+                   "delta": {"type": "text_delta", "text": "add."}}),
+        ),
+        sse_event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 1}),
+        ),
+        sse_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 2,
+                   "content_block": {"type": "tool_use", "id": "toolu_01", "name": "add", "input": {}}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 2,
+                   "delta": {"type": "input_json_delta", "partial_json": ""}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 2,
+                   "delta": {"type": "input_json_delta", "partial_json": "{\"a\": 1"}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 2,
+                   "delta": {"type": "input_json_delta", "partial_json": "2, \"b\""}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 2,
+                   "delta": {"type": "input_json_delta", "partial_json": ": 30}"}}),
+        ),
+        sse_event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 2}),
+        ),
+        sse_event(
+            "message_delta",
+            json!({"type": "message_delta",
+                   "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+                   "usage": {"output_tokens": 89}}),
+        ),
+        sse_event("message_stop", json!({"type": "message_stop"})),
+    ]
+    .concat()
+}
+
+#[tokio::test]
+async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
+    let server = FakeServer::start(vec![Reply::sse_split(&tool_stream(), 7)]).await;
+    let history = [Message::user("12 + 30?")];
+    let tools = tools();
+    let settings = ModelSettings::default();
+    let model = client(&server);
+    let events: Vec<StreamEvent> = model
+        .stream(request(&history, &tools, &ToolChoice::Auto, &settings))
+        .map(|e| e.unwrap())
+        .collect()
+        .await;
+    let expected_response = ModelResponse {
+        content: vec![
+            Item::Thinking {
+                thinking: "I need to add.".into(),
+                signature: Some("EqQBCgIYAhIM1gbcDa9G".into()),
+            },
+            Item::text("Let me add."),
+            Item::tool_use("toolu_01", "add", json!({"a": 12, "b": 30})),
+        ],
+        stop_reason: StopReason::ToolUse,
+        usage: Usage {
+            input_tokens: 472,
+            output_tokens: 89,
+            cache_read_input_tokens: 100,
+            cache_creation_input_tokens: 0,
+        },
+    };
+    assert_eq!(
+        events,
+        vec![
+            StreamEvent::ThinkingDelta {
+                index: 0,
+                thinking: "I need to add.".into()
+            },
+            StreamEvent::TextDelta {
+                index: 1,
+                text: "Let me ".into()
+            },
+            StreamEvent::TextDelta {
+                index: 1,
+                text: "add.".into()
+            },
+            StreamEvent::ToolCallStart {
+                index: 2,
+                id: "toolu_01".into(),
+                name: "add".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 2,
+                partial_json: "{\"a\": 1".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 2,
+                partial_json: "2, \"b\"".into()
+            },
+            StreamEvent::ToolCallDelta {
+                index: 2,
+                partial_json: ": 30}".into()
+            },
+            StreamEvent::Done(expected_response),
+        ]
+    );
+    let sent = server.single().json();
+    assert_eq!(sent["stream"], json!(true));
+}
+
+#[tokio::test]
+async fn a_mid_stream_overload_ends_the_stream_with_its_error() {
+    let stream = [
+        sse_event(
+            "message_start",
+            json!({"type": "message_start", "message": {"id": "msg_01", "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+        ),
+        sse_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hel"}}),
+        ),
+        sse_event(
+            "error",
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        ),
+    ]
+    .concat();
+    let server = FakeServer::start(vec![Reply::sse_chunks(vec![stream])]).await;
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let model = client(&server);
+    let events: Vec<_> = model
+        .stream(request(&history, &[], &ToolChoice::Auto, &settings))
+        .collect()
+        .await;
+    assert_eq!(events.len(), 2);
+    assert_eq!(
+        events[0],
+        Ok(StreamEvent::TextDelta {
+            index: 0,
+            text: "Hel".into()
+        })
+    );
+    assert_eq!(events[1], Err(ModelError::Overloaded("Overloaded".into())));
+    assert_eq!(server.requests().len(), 1, "no retry once events were seen");
+}
+
+#[tokio::test]
+async fn a_stream_cut_before_message_stop_is_an_error() {
+    let stream = sse_event(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 1}}}),
+    );
+    let server = FakeServer::start(vec![Reply::sse_chunks(vec![stream])]).await;
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let model = client(&server);
+    let result =
+        collect_stream(model.stream(request(&history, &[], &ToolChoice::Auto, &settings))).await;
+    assert!(
+        matches!(result, Err(ModelError::InvalidResponse(_))),
+        "{result:?}"
+    );
+}
+
+fn overloaded() -> Reply {
+    Reply::json(
+        529,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    )
+}
+
+#[tokio::test]
+async fn overload_and_server_errors_are_retried() {
+    let server = FakeServer::start(vec![
+        overloaded(),
+        Reply::text(503, "upstream unavailable"),
+        Reply::json(200, text_answer("finally")),
+    ])
+    .await;
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let answer = client(&server)
+        .complete(request(&history, &[], &ToolChoice::Auto, &settings))
+        .await
+        .unwrap();
+    assert_eq!(answer.content, vec![Item::text("finally")]);
+    assert_eq!(server.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn retries_stop_at_the_configured_count() {
+    let server = FakeServer::start(vec![overloaded(), overloaded(), overloaded()]).await;
+    let model = Anthropic::builder()
+        .api_key(KEY)
+        .base_url(server.url())
+        .max_retries(1)
+        .backoff(Duration::from_millis(1), Duration::from_millis(2))
+        .build()
+        .unwrap();
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let error = model
+        .complete(request(&history, &[], &ToolChoice::Auto, &settings))
+        .await
+        .unwrap_err();
+    assert_eq!(error, ModelError::Overloaded("Overloaded".into()));
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn client_errors_are_not_retried_and_carry_the_providers_message() {
+    for (status, kind, message) in [
+        (
+            400,
+            "invalid_request_error",
+            "messages: text content blocks must be non-empty",
+        ),
+        (401, "authentication_error", "invalid x-api-key"),
+        (
+            403,
+            "permission_error",
+            "Your API key does not have permission",
+        ),
+    ] {
+        let server = FakeServer::start(vec![
+            Reply::json(
+                status,
+                json!({"type": "error", "error": {"type": kind, "message": message}}),
+            ),
+            Reply::json(200, text_answer("never")),
+        ])
+        .await;
+        let history = [Message::user("hi")];
+        let settings = ModelSettings::default();
+        let error = client(&server)
+            .complete(request(&history, &[], &ToolChoice::Auto, &settings))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error,
+            ModelError::Http {
+                status,
+                message: message.into(),
+                retry_after: None
+            }
+        );
+        assert_eq!(server.requests().len(), 1);
+    }
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let server = FakeServer::start(vec![
+        Reply::json(
+            429,
+            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
+        )
+        .header("retry-after", "1"),
+        Reply::json(200, text_answer("ok")),
+    ])
+    .await;
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let started = Instant::now();
+    client(&server)
+        .complete(request(&history, &[], &ToolChoice::Auto, &settings))
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_stream_retries_its_connection() {
+    let server =
+        FakeServer::start(vec![overloaded(), Reply::sse_chunks(vec![tool_stream()])]).await;
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let model = client(&server);
+    let answer = collect_stream(model.stream(request(&history, &[], &ToolChoice::Auto, &settings)))
+        .await
+        .unwrap();
+    assert_eq!(answer.stop_reason, StopReason::ToolUse);
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test]
+async fn a_slow_server_times_out() {
+    let server = FakeServer::start(vec![Reply::hang(Duration::from_secs(5))]).await;
+    let model = Anthropic::builder()
+        .api_key(KEY)
+        .base_url(server.url())
+        .max_retries(0)
+        .timeout(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let started = Instant::now();
+    let error = model
+        .complete(request(&history, &[], &ToolChoice::Auto, &settings))
+        .await
+        .unwrap_err();
+    assert_eq!(error, ModelError::Timeout(Duration::from_millis(200)));
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
+#[tokio::test]
+async fn dropping_the_future_cancels_the_call() {
+    let server = FakeServer::start(vec![Reply::hang(Duration::from_secs(5))]).await;
+    let model = client(&server);
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let started = Instant::now();
+    let call = model.complete(request(&history, &[], &ToolChoice::Auto, &settings));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(100), call)
+            .await
+            .is_err()
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+}
+
+#[tokio::test]
+async fn debug_output_never_shows_the_key() {
+    let server = FakeServer::start(vec![]).await;
+    let model = client(&server);
+    let builder = Anthropic::builder().api_key(KEY);
+    assert!(!format!("{model:?}").contains(KEY));
+    assert!(!format!("{model:#?}").contains(KEY));
+    assert!(!format!("{builder:?}").contains(KEY));
+    assert!(format!("{model:?}").contains("redacted"));
+}

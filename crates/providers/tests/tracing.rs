@@ -1,0 +1,115 @@
+//! Every call runs in a `model_call` span naming provider, model and
+//! attempt, and nothing logged shows the API key.
+#![cfg(all(feature = "anthropic", feature = "openai"))]
+
+mod common;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{FakeServer, Reply};
+use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice};
+use markov_providers::{Anthropic, OpenAi};
+use serde_json::json;
+
+const ANTHROPIC_KEY: &str = "sk-ant-tracing-secret";
+const OPENAI_KEY: &str = "sk-proj-tracing-secret";
+
+/// A log sink the test can read back.
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Sink {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+    }
+}
+
+#[tokio::test]
+async fn calls_are_traced_per_attempt_without_keys() {
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let overloaded = Reply::json(
+        529,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    );
+    let anthropic_answer = json!({
+        "content": [{"type": "text", "text": "ok"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 1, "output_tokens": 1}
+    });
+    let server = FakeServer::start(vec![overloaded, Reply::json(200, anthropic_answer)]).await;
+    let anthropic = Anthropic::builder()
+        .api_key(ANTHROPIC_KEY)
+        .base_url(server.url())
+        .model("claude-traced")
+        .backoff(Duration::from_millis(1), Duration::from_millis(2))
+        .build()
+        .unwrap();
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let request = ModelRequest {
+        system: "",
+        messages: &history,
+        tools: &[],
+        tool_choice: &ToolChoice::Auto,
+        settings: &settings,
+        output_schema: None,
+    };
+    anthropic.complete(request).await.unwrap();
+
+    let openai_answer = json!({
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                     "finish_reason": "stop"}]
+    });
+    let server = FakeServer::start(vec![
+        Reply::json(
+            401,
+            json!({"error": {"message": "Incorrect API key provided"}}),
+        ),
+        Reply::json(200, openai_answer),
+    ])
+    .await;
+    let openai = OpenAi::builder()
+        .api_key(OPENAI_KEY)
+        .base_url(server.url())
+        .model("gpt-traced")
+        .build()
+        .unwrap();
+    assert!(openai.complete(request).await.is_err());
+
+    let logs = sink.text();
+    assert!(
+        logs.contains(r#"model_call{provider="anthropic" model="claude-traced" attempt=1}"#),
+        "{logs}"
+    );
+    // The attempt is recorded on the call's span as it advances (fmt
+    // prints each recorded value: `attempt=1 attempt=2`).
+    assert!(logs.contains("attempt=2}"), "{logs}");
+    assert!(logs.contains("retrying"), "{logs}");
+    assert!(
+        logs.contains(r#"model_call{provider="openai" model="gpt-traced" attempt=1}"#),
+        "{logs}"
+    );
+    assert!(!logs.contains(ANTHROPIC_KEY), "{logs}");
+    assert!(!logs.contains(OPENAI_KEY), "{logs}");
+}
