@@ -18,7 +18,9 @@ use markov_core::model::{
 };
 use markov_core::tool::{ToolDefinition, ToolExecutionResult};
 use markov_runtime::charter::{AncestorView, PromptInput};
+use markov_runtime::ConfigError;
 use markov_runtime::pipeline::{LeafView, PipelineOutcome, ToolCall, run_tool_calls};
+use markov_runtime::policy::check_thinking;
 use markov_runtime::prompt::system_prompt;
 use markov_runtime::toolgen::generate_tools;
 use markov_runtime::transition::{TransitionError, TransitionOutcome, execute_transition};
@@ -120,7 +122,16 @@ fn pack_states(cx: &LeafContext<'_>) -> std::collections::BTreeMap<String, Value
 }
 
 /// Builds the call: system prompt, tools, tool choice and settings.
-pub fn prepare(cx: &LeafContext<'_>, defaults: &ModelSettings) -> Result<Prepared, RunError> {
+///
+/// When the final settings enable thinking, they are checked against the
+/// node's tool choice policy under `model`'s
+/// [`thinking_allowance`](Model::thinking_allowance) before any request is
+/// made; a conflict is a [`ConfigError::ThinkingConflict`].
+pub fn prepare(
+    cx: &LeafContext<'_>,
+    defaults: &ModelSettings,
+    model: &dyn Model,
+) -> Result<Prepared, RunError> {
     let has_conversation = cx
         .history
         .iter()
@@ -164,10 +175,22 @@ pub fn prepare(cx: &LeafContext<'_>, defaults: &ModelSettings) -> Result<Prepare
     if let Some(thinking) = node.policy().thinking {
         settings.thinking = Some(thinking);
     }
+    if let Some(thinking) = settings.thinking {
+        check_thinking(
+            thinking,
+            model.thinking_allowance(&settings, thinking),
+            &node.policy().tool_choice,
+            settings.temperature,
+        )
+        .map_err(|constraint| ConfigError::ThinkingConflict {
+            node: node.name().unwrap_or("<unnamed>").to_owned(),
+            constraint,
+        })?;
+    }
     Ok(Prepared {
         system,
         tools,
-        tool_choice: node.policy().tool_choice.choice(cx.turn.tool_ran),
+        tool_choice: ToolChoice::Auto,
         settings,
         output_schema: node.output().map(|o| o.schema().clone()),
     })
@@ -457,7 +480,7 @@ fn finish(
 #[async_trait]
 impl Executor for StandardExecutor {
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
-        let prepared = prepare(&cx, &self.settings)?;
+        let prepared = prepare(&cx, &self.settings, self.model.as_ref())?;
         let span = tracing::info_span!(
             "model_call",
             step = cx.current_step,

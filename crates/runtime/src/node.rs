@@ -25,6 +25,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use markov_core::NodeId;
+use markov_core::model::Thinking;
 use markov_core::tool::{SharedTool, Tool};
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -33,7 +34,7 @@ use serde_json::Value;
 
 use crate::error::ConfigError;
 use crate::pack::Pack;
-use crate::policy::TurnPolicy;
+use crate::policy::{OutputRestriction, ToolChoicePolicy, TurnPolicy};
 use crate::state::{AnyObject, StateSchema, TypedState, json_type};
 use crate::toolset::ToolSet;
 use crate::transition::Transition;
@@ -394,6 +395,28 @@ impl NodeBuilder {
     #[must_use]
     pub fn policy(mut self, policy: TurnPolicy) -> Self {
         self.policy = policy;
+        self
+    }
+
+    /// Sets the output restriction (see [`OutputRestriction`]).
+    #[must_use]
+    pub fn restriction(mut self, restriction: OutputRestriction) -> Self {
+        self.policy.restriction = restriction;
+        self
+    }
+
+    /// Sets the tool-choice policy (see [`ToolChoicePolicy`]).
+    #[must_use]
+    pub fn tool_choice(mut self, policy: ToolChoicePolicy) -> Self {
+        self.policy.tool_choice = policy;
+        self
+    }
+
+    /// Enables extended thinking for this node's calls. Checked against the
+    /// tool-choice policy and temperature when the node is built.
+    #[must_use]
+    pub fn thinking(mut self, thinking: Thinking) -> Self {
+        self.policy.thinking = Some(thinking);
         self
     }
 

@@ -2,9 +2,17 @@
 //! sends, and whether an answer without a tool call is accepted.
 //!
 //! Both are data on the node ([`TurnPolicy`]); the executor applies them.
+//! [`ToolChoiceEnforcer`] applies a [`ToolChoicePolicy`] around any model
+//! client, without the loop.
 
+use async_trait::async_trait;
+use futures::stream::BoxStream;
 use markov_core::ToolName;
-use markov_core::model::{Thinking, ToolChoice};
+use markov_core::message::{Item, Items, Message, Role};
+use markov_core::model::{
+    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StreamEvent, Thinking,
+    ThinkingAllowance, ToolChoice,
+};
 
 use crate::error::ConfigError;
 use crate::node::Node;
@@ -18,6 +26,14 @@ pub const DEFAULT_RESTRICTION_MESSAGE: &str = "Do not produce a final answer dir
 /// none lets the model skip its tools. [`ToolChoicePolicy::RequiredFirst`] is
 /// the middle way: the first call of a turn must use a tool, later calls may
 /// answer in text.
+///
+/// A turn starts with new user input, or when the node is entered by a
+/// transition or a spawn. [`ToolChoicePolicy::choice`] is the one place the
+/// decision is made; the standard loop and [`ToolChoiceEnforcer`] both ask it.
+///
+/// The policies that force tool use (`RequiredFirst`, `Required`, `Named`)
+/// cannot be combined with extended thinking under a fixed budget: see
+/// [`TurnPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum ToolChoicePolicy {
     /// The model decides every call.
@@ -36,6 +52,15 @@ pub enum ToolChoicePolicy {
 
 impl ToolChoicePolicy {
     /// The tool choice for a call, given whether a tool already ran in this turn.
+    ///
+    /// ```
+    /// use markov_core::model::ToolChoice;
+    /// use markov_runtime::policy::ToolChoicePolicy;
+    ///
+    /// let policy = ToolChoicePolicy::RequiredFirst;
+    /// assert_eq!(policy.choice(false), ToolChoice::Any);
+    /// assert_eq!(policy.choice(true), ToolChoice::Auto);
+    /// ```
     pub fn choice(&self, tool_ran_this_turn: bool) -> ToolChoice {
         match (self, tool_ran_this_turn) {
             (ToolChoicePolicy::Auto, _) => ToolChoice::Auto,
@@ -115,9 +140,25 @@ impl OutputRestriction {
 /// Anthropic refuses a forced tool choice (`any` or a named tool) while a
 /// fixed thinking budget is enabled ("Thinking may not be enabled when
 /// tool_choice forces tool use"), and an explicit temperature with thinking.
-/// Building a node whose policy would send such a request is a
-/// [`ConfigError::ThinkingConflict`]; the rule comes from
-/// [`Thinking::allows`], so a provider's capability table can relax it.
+/// The rule is data: [`Thinking::allows`] gives each mode's documented
+/// [`ThinkingAllowance`], and a client's [`Model::thinking_allowance`] (its
+/// capability table) may relax it per model; adaptive thinking accepts forced
+/// tool use by default. [`check_thinking`] applies an allowance.
+///
+/// It is checked twice, both times before any request is made:
+///
+/// - building a node whose own policy combines thinking with a forcing tool
+///   choice policy, or with a temperature in its
+///   [`ExecutorConfig`](crate::node::ExecutorConfig), is a
+///   [`ConfigError::ThinkingConflict`] naming the node and the constraint
+///   (under the documented allowance, since no client is known yet);
+/// - the standard executor checks the final settings of each call (node over
+///   executor defaults) against its client's allowance, and ends the run with
+///   the same error.
+///
+/// `Named` must name one of the node's own tools, and `Required` needs a way
+/// out (a terminal tool, a tool that ends the run, or a transition); both are
+/// checked when the node is built.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TurnPolicy {
     /// Tool choice per call.
@@ -169,9 +210,20 @@ impl TurnPolicy {
 
 /// Checks a thinking mode against a tool-choice policy and a temperature,
 /// under a given allowance. Returns the violated constraint.
+///
+/// ```
+/// use markov_core::model::Thinking;
+/// use markov_runtime::policy::{ToolChoicePolicy, check_thinking};
+///
+/// let thinking = Thinking::Enabled { budget_tokens: 2048 };
+/// let err = check_thinking(thinking, thinking.allows(), &ToolChoicePolicy::RequiredFirst, None)
+///     .unwrap_err();
+/// assert!(err.contains("RequiredFirst"), "{err}");
+/// assert!(check_thinking(thinking, thinking.allows(), &ToolChoicePolicy::Auto, None).is_ok());
+/// ```
 pub fn check_thinking(
     thinking: Thinking,
-    allowance: markov_core::model::ThinkingAllowance,
+    allowance: ThinkingAllowance,
     policy: &ToolChoicePolicy,
     temperature: Option<f32>,
 ) -> Result<(), String> {
@@ -193,4 +245,167 @@ pub fn check_thinking(
         ));
     }
     Ok(())
+}
+
+/// A model wrapper that applies a [`ToolChoicePolicy`] to every request,
+/// around any client and without the machine loop (the "first call tool
+/// enforcer").
+///
+/// Each request's tool choice is replaced by
+/// [`ToolChoicePolicy::choice`], where "a tool ran in this turn" is read from
+/// the request's messages alone: the last user message that has any content
+/// holds tool results only (the model called a tool and got its result back),
+/// rather than new input. The scan walks back from the end and stops at that
+/// message, so its cost is the length of the current turn, not of the history.
+///
+/// A request whose settings enable thinking is checked with
+/// [`check_thinking`] against the inner client's
+/// [`Model::thinking_allowance`] and refused with
+/// [`ModelError::InvalidRequest`] before the inner client sees it.
+///
+/// ```
+/// use markov_core::message::{Item, Message};
+/// use markov_core::model::{Model, ModelRequest, ModelSettings, ToolChoice};
+/// use markov_runtime::policy::{ToolChoiceEnforcer, ToolChoicePolicy};
+/// use markov_testkit::ScriptedModel;
+/// use serde_json::json;
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let scripted = ScriptedModel::builder()
+///     .tool_call("lookup", json!({"key": "customer"}))
+///     .text("Customer has 3 endpoints.")
+///     .build();
+/// let model = ToolChoiceEnforcer::new(scripted, ToolChoicePolicy::RequiredFirst);
+/// let settings = ModelSettings::default();
+/// let request = |messages| ModelRequest {
+///     system: "",
+///     messages,
+///     tools: &[],
+///     tool_choice: &ToolChoice::Auto,
+///     settings: &settings,
+///     output_schema: None,
+/// };
+///
+/// let mut history = vec![Message::user("What endpoints does Customer have?")];
+/// let first = model.complete(request(&history)).await.unwrap();
+/// history.push(Message::assistant_items(first.content));
+/// history.push(Message::user_items(vec![Item::tool_result("call_1", "3 endpoints", None)]));
+/// model.complete(request(&history)).await.unwrap();
+///
+/// let sent = model.get_ref().requests();
+/// assert_eq!(sent[0].tool_choice, ToolChoice::Any);
+/// assert_eq!(sent[1].tool_choice, ToolChoice::Auto);
+/// # });
+/// ```
+#[derive(Debug, Clone)]
+pub struct ToolChoiceEnforcer<M> {
+    inner: M,
+    policy: ToolChoicePolicy,
+    /// `policy.choice(false)`, kept so a request can borrow it.
+    before_tool: ToolChoice,
+    /// `policy.choice(true)`, kept so a request can borrow it.
+    after_tool: ToolChoice,
+}
+
+impl<M> ToolChoiceEnforcer<M> {
+    /// Wraps `inner`, applying `policy` to every request.
+    pub fn new(inner: M, policy: ToolChoicePolicy) -> Self {
+        ToolChoiceEnforcer {
+            inner,
+            before_tool: policy.choice(false),
+            after_tool: policy.choice(true),
+            policy,
+        }
+    }
+
+    /// The wrapped model.
+    pub fn get_ref(&self) -> &M {
+        &self.inner
+    }
+
+    /// The wrapped model, mutably.
+    pub fn get_mut(&mut self) -> &mut M {
+        &mut self.inner
+    }
+
+    /// Unwraps the model.
+    pub fn into_inner(self) -> M {
+        self.inner
+    }
+
+    /// The policy applied.
+    pub fn policy(&self) -> &ToolChoicePolicy {
+        &self.policy
+    }
+
+    /// The tool choice this wrapper sends with `messages`.
+    pub fn choice_for(&self, messages: &[Message]) -> &ToolChoice {
+        if tool_ran_this_turn(messages) {
+            &self.after_tool
+        } else {
+            &self.before_tool
+        }
+    }
+}
+
+impl<M: Model> ToolChoiceEnforcer<M> {
+    fn enforce<'a>(&'a self, request: ModelRequest<'a>) -> Result<ModelRequest<'a>, ModelError> {
+        if let Some(thinking) = request.settings.thinking {
+            check_thinking(
+                thinking,
+                self.inner.thinking_allowance(request.settings, thinking),
+                &self.policy,
+                request.settings.temperature,
+            )
+            .map_err(ModelError::InvalidRequest)?;
+        }
+        Ok(ModelRequest {
+            tool_choice: self.choice_for(request.messages),
+            ..request
+        })
+    }
+}
+
+/// Whether the current turn of `messages` has run a tool: the last user
+/// message with any content holds tool results only.
+fn tool_ran_this_turn(messages: &[Message]) -> bool {
+    for message in messages.iter().rev() {
+        if message.role != Role::User {
+            continue;
+        }
+        match &message.items {
+            Items::Text(text) if text.is_empty() => {}
+            Items::Text(_) => return false,
+            Items::List(items) if items.is_empty() => {}
+            Items::List(items) => {
+                return items
+                    .iter()
+                    .all(|item| matches!(item, Item::ToolResult { .. }));
+            }
+            Items::Instance(_) => {}
+        }
+    }
+    false
+}
+
+#[async_trait]
+impl<M: Model> Model for ToolChoiceEnforcer<M> {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let request = self.enforce(request)?;
+        self.inner.complete(request).await
+    }
+
+    fn thinking_allowance(&self, settings: &ModelSettings, thinking: Thinking) -> ThinkingAllowance {
+        self.inner.thinking_allowance(settings, thinking)
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        match self.enforce(request) {
+            Ok(request) => self.inner.stream(request),
+            Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
+        }
+    }
 }

@@ -4,6 +4,8 @@
 //!   given, for a model that must hand back an exact answer.
 //! - [`Finish`] (`finish`): ends the run with an optional note, by returning a
 //!   [`TerminateResponse`].
+//! - [`registry::standard_registry`]: both as named templates (`finishTool`,
+//!   `respondTool`) with display metadata.
 //!
 //! ```
 //! use markov_core::tool::{DynTool, Erased};
@@ -15,6 +17,8 @@
 //! assert_eq!(finish.definition().name.as_str(), "finish");
 //! ```
 #![deny(missing_docs)]
+
+pub mod registry;
 
 use std::convert::Infallible;
 

@@ -2,8 +2,11 @@
 //! that records every request and answers each with the next scripted reply.
 //! It speaks just enough HTTP for reqwest (one request per connection,
 //! `Connection: close`), which keeps the tests free of a mock-server crate.
+//! [`machine`] builds a whole calculator machine for the end-to-end runs.
 
 #![allow(dead_code, unreachable_pub)]
+
+pub mod machine;
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;

@@ -1,0 +1,115 @@
+//! A whole machine for the provider tests: a calculator node with a typed
+//! `add` tool, the terminal `respond` tool and `finish`, run by the
+//! standard executor over whichever client a test passes in.
+
+use std::convert::Infallible;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use markov_core::model::collect_stream;
+use markov_core::tool::{Tool, ToolContext};
+use markov_core::{Model, ModelError, ModelRequest, ModelResponse};
+use markov_executor::{Instance, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_tools_std::{Finish, Respond};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// Adds two integers.
+pub struct Add;
+
+/// The input of [`Add`].
+#[derive(Deserialize, JsonSchema)]
+pub struct AddArgs {
+    /// The first addend.
+    pub a: i64,
+    /// The second addend.
+    pub b: i64,
+}
+
+impl Tool for Add {
+    const NAME: &'static str = "add";
+    type Args = AddArgs;
+    type Output = i64;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Add two integers.".into()
+    }
+    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Infallible> {
+        Ok(args.a + args.b)
+    }
+}
+
+/// The first user turn.
+pub const QUESTION: &str = "What is 2 + 3?";
+/// The exact answer the model hands back through `respond`.
+pub const ANSWER: &str = "2 + 3 = 5";
+/// The second user turn.
+pub const THANKS: &str = "Thanks, that is all.";
+/// The note the model gives `finish`.
+pub const NOTE: &str = "Added 2 and 3 for the user.";
+
+/// The arguments of the scripted calls.
+pub fn add_args() -> Value {
+    json!({"a": 2, "b": 3})
+}
+
+/// The arguments of the scripted `respond` call.
+pub fn respond_args() -> Value {
+    json!({"text": ANSWER})
+}
+
+/// The arguments of the scripted `finish` call.
+pub fn finish_args() -> Value {
+    json!({"note": NOTE})
+}
+
+/// A calculator machine over `model`.
+pub fn calculator(model: impl Model + 'static) -> Machine {
+    let node = Node::builder("You do arithmetic with your tools.")
+        .name("calc")
+        .tool(Add)
+        .tool(Respond)
+        .tool(Finish)
+        .build()
+        .expect("node builds");
+    let charter = Charter::builder("calculator")
+        .node("calc", node.clone())
+        .build()
+        .expect("charter builds");
+    Machine::new(
+        charter,
+        StandardExecutor::new(model),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine builds")
+}
+
+/// Enqueues `text` as a user message and runs until the machine stops,
+/// returning every step; a run error fails the test with its message.
+pub async fn turn(machine: &mut Machine, text: &str) -> Vec<MachineStep> {
+    machine.enqueue_user(text);
+    let mut steps = Vec::new();
+    let mut stream = std::pin::pin!(run_machine(machine, RunOptions::default()));
+    while let Some(step) = stream.next().await {
+        match step {
+            Ok(step) => steps.push(step),
+            Err(err) => panic!("the run failed after {} step(s): {err}", steps.len()),
+        }
+    }
+    steps
+}
+
+/// A client whose `complete` goes through its own `stream`, collected by
+/// [`collect_stream`], so the standard executor runs on server-sent events.
+#[derive(Debug)]
+pub struct Streamed<M>(pub M);
+
+#[async_trait]
+impl<M: Model> Model for Streamed<M> {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        collect_stream(self.0.stream(request)).await
+    }
+}

@@ -1,0 +1,254 @@
+//! A whole machine run through the Anthropic client against the fake
+//! Messages API: a typed tool, the terminal `respond` tool, then on a second
+//! turn `finish`, once with complete answers and once with event streams.
+//! The replies follow the shapes in Anthropic's public API documentation.
+#![cfg(feature = "anthropic")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::machine::{
+    ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args,
+    turn,
+};
+use common::{FakeServer, Recorded, Reply, sse_event};
+use markov_core::tool::TerminateResponse;
+use markov_executor::YieldReason;
+use markov_providers::Anthropic;
+use serde_json::{Value, json};
+
+fn client(server: &FakeServer) -> Anthropic {
+    Anthropic::builder()
+        .api_key("sk-ant-machine-test")
+        .base_url(server.url())
+        .model("claude-test")
+        .backoff(Duration::from_millis(1), Duration::from_millis(4))
+        .build()
+        .expect("a valid client")
+}
+
+/// The scripted calls, in order: `add`, `respond`, then (second turn) `finish`.
+fn calls() -> [(&'static str, &'static str, Value); 3] {
+    [
+        ("toolu_add", "add", add_args()),
+        ("toolu_respond", "respond", respond_args()),
+        ("toolu_finish", "finish", finish_args()),
+    ]
+}
+
+/// A complete Messages API answer with one tool call.
+fn tool_use_answer(id: &str, name: &str, input: &Value) -> Value {
+    json!({
+        "id": format!("msg_{id}"),
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [{"type": "tool_use", "id": id, "name": name, "input": input}],
+        "stop_reason": "tool_use",
+        "stop_sequence": null,
+        "usage": {"input_tokens": 120, "output_tokens": 30}
+    })
+}
+
+/// The same answer as an event stream, its input JSON split in two deltas.
+fn tool_use_stream(id: &str, name: &str, input: &Value) -> String {
+    let json = input.to_string();
+    let (head, tail) = json.split_at(json.len() / 2);
+    [
+        sse_event(
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": format!("msg_{id}"), "type": "message", "role": "assistant",
+                "content": [], "model": "claude-test", "stop_reason": null,
+                "stop_sequence": null, "usage": {"input_tokens": 120, "output_tokens": 1}
+            }}),
+        ),
+        sse_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": 0,
+                   "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+        ),
+        sse_event("ping", json!({"type": "ping"})),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "input_json_delta", "partial_json": head}}),
+        ),
+        sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "input_json_delta", "partial_json": tail}}),
+        ),
+        sse_event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": 0}),
+        ),
+        sse_event(
+            "message_delta",
+            json!({"type": "message_delta",
+                   "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+                   "usage": {"output_tokens": 30}}),
+        ),
+        sse_event("message_stop", json!({"type": "message_stop"})),
+    ]
+    .concat()
+}
+
+/// The `tool_result` blocks of a request body: (tool_use_id, content text).
+fn tool_results(body: &Value) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for message in body["messages"].as_array().expect("messages") {
+        let Some(blocks) = message["content"].as_array() else {
+            continue;
+        };
+        for block in blocks.iter().filter(|b| b["type"] == "tool_result") {
+            assert_eq!(message["role"], "user", "a tool result is user content");
+            let content = match &block["content"] {
+                Value::String(text) => text.clone(),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<String>(),
+                other => panic!("unexpected tool_result content {other}"),
+            };
+            found.push((
+                block["tool_use_id"].as_str().expect("tool_use_id").to_owned(),
+                content,
+            ));
+        }
+    }
+    found
+}
+
+/// The `tool_use` ids the request sends back in assistant messages.
+fn tool_use_ids(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .filter_map(|m| m["content"].as_array())
+        .flatten()
+        .filter(|b| b["type"] == "tool_use")
+        .map(|b| b["id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+/// The system prompt, whether sent as a string or as text blocks.
+fn system_text(body: &Value) -> String {
+    match &body["system"] {
+        Value::String(text) => text.clone(),
+        Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str()).collect(),
+        other => panic!("unexpected system {other}"),
+    }
+}
+
+/// Checks what every recorded request carried, and what each one sent back.
+fn check_requests(requests: &[Recorded], streamed: bool) {
+    assert_eq!(requests.len(), 3, "one model call per scripted answer");
+    for request in requests {
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/v1/messages");
+        let body = request.json();
+        assert_eq!(body["model"], "claude-test");
+        assert_eq!(body["stream"].as_bool().unwrap_or(false), streamed);
+        let tools: Vec<&str> = body["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .map(|t| t["name"].as_str().expect("tool name"))
+            .collect();
+        for name in ["updateState", "add", "respond", "finish"] {
+            assert!(tools.contains(&name), "{name} missing from {tools:?}");
+        }
+        let system = system_text(&body);
+        assert!(
+            system.contains("## Terminal Tools"),
+            "no terminal tools section in {system}"
+        );
+        assert!(system.contains("respond"), "{system}");
+        assert!(system.contains("You do arithmetic with your tools."));
+    }
+
+    let first = requests[0].json();
+    let messages = first["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert_eq!(messages[0]["role"], "user");
+    assert!(messages[0].to_string().contains(QUESTION));
+    assert!(tool_results(&first).is_empty());
+
+    let second = requests[1].json();
+    assert_eq!(tool_use_ids(&second), ["toolu_add"]);
+    assert_eq!(
+        tool_results(&second),
+        [("toolu_add".to_owned(), "5".to_owned())]
+    );
+
+    let third = requests[2].json();
+    assert_eq!(tool_use_ids(&third), ["toolu_add", "toolu_respond"]);
+    assert_eq!(
+        tool_results(&third),
+        [
+            ("toolu_add".to_owned(), "5".to_owned()),
+            ("toolu_respond".to_owned(), ANSWER.to_owned()),
+        ]
+    );
+    let last = third["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .expect("a last message");
+    assert_eq!(last["role"], "user");
+    assert!(last.to_string().contains(THANKS), "{last}");
+}
+
+async fn run(server: &FakeServer, streamed: bool) {
+    let model = client(server);
+    let mut machine = if streamed {
+        calculator(Streamed(model))
+    } else {
+        calculator(model)
+    };
+
+    let steps = turn(&mut machine, QUESTION).await;
+    let reasons: Vec<YieldReason> = steps.iter().map(|s| s.yield_reason).collect();
+    assert_eq!(reasons, [YieldReason::ToolUse, YieldReason::EndTurn]);
+    assert!(!steps[0].done);
+    let last = steps.last().expect("a step");
+    assert!(last.done);
+    assert_eq!(last.response.as_deref(), Some(ANSWER));
+    assert_eq!(last.termination, None);
+
+    let steps = turn(&mut machine, THANKS).await;
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    let last = &steps[0];
+    assert!(last.done);
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert_eq!(
+        last.termination,
+        Some(TerminateResponse::new(Some(NOTE.to_owned())))
+    );
+    assert_eq!(last.response, None);
+
+    check_requests(&server.requests(), streamed);
+}
+
+#[tokio::test]
+async fn a_machine_runs_tools_respond_and_finish_through_complete_answers() {
+    let replies = calls()
+        .iter()
+        .map(|(id, name, input)| Reply::json(200, tool_use_answer(id, name, input)))
+        .collect();
+    let server = FakeServer::start(replies).await;
+    run(&server, false).await;
+}
+
+#[tokio::test]
+async fn a_machine_runs_tools_respond_and_finish_through_event_streams() {
+    let replies = calls()
+        .iter()
+        .map(|(id, name, input)| Reply::sse_split(&tool_use_stream(id, name, input), 11))
+        .collect();
+    let server = FakeServer::start(replies).await;
+    run(&server, true).await;
+}

@@ -1,0 +1,259 @@
+//! A whole machine run through the OpenAI-compatible client against the
+//! fake Chat Completions server: a typed tool, the terminal `respond` tool,
+//! then on a second turn `finish`, once with complete answers and once with
+//! event streams. The replies follow the shapes in OpenAI's public API
+//! documentation.
+#![cfg(feature = "openai")]
+
+mod common;
+
+use std::time::Duration;
+
+use common::machine::{
+    ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args,
+    turn,
+};
+use common::{FakeServer, Recorded, Reply, sse_data};
+use markov_core::tool::TerminateResponse;
+use markov_executor::YieldReason;
+use markov_providers::OpenAi;
+use serde_json::{Value, json};
+
+fn client(server: &FakeServer) -> OpenAi {
+    OpenAi::builder()
+        .api_key("sk-proj-machine-test")
+        .base_url(format!("{}/v1", server.url()))
+        .model("gpt-test")
+        .backoff(Duration::from_millis(1), Duration::from_millis(4))
+        .build()
+        .expect("a valid client")
+}
+
+/// The scripted calls, in order: `add`, `respond`, then (second turn) `finish`.
+fn calls() -> [(&'static str, &'static str, Value); 3] {
+    [
+        ("call_add", "add", add_args()),
+        ("call_respond", "respond", respond_args()),
+        ("call_finish", "finish", finish_args()),
+    ]
+}
+
+/// A complete Chat Completions answer with one tool call.
+fn tool_call_answer(id: &str, name: &str, arguments: &Value) -> Value {
+    json!({
+        "id": format!("chatcmpl-{id}"),
+        "object": "chat.completion",
+        "created": 1_741_569_952,
+        "model": "gpt-test",
+        "choices": [{
+            "index": 0,
+            "message": {
+                "role": "assistant",
+                "content": null,
+                "refusal": null,
+                "tool_calls": [{
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": name, "arguments": arguments.to_string()}
+                }]
+            },
+            "logprobs": null,
+            "finish_reason": "tool_calls"
+        }],
+        "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}
+    })
+}
+
+fn chunk(id: &str, delta: Value, finish_reason: Value) -> String {
+    sse_data(
+        &json!({
+            "id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk",
+            "created": 1_741_569_952, "model": "gpt-test",
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+            "usage": null
+        })
+        .to_string(),
+    )
+}
+
+/// The same answer as an event stream: id and name first, the arguments in
+/// two fragments, the finish reason, usage in a last chunk, `[DONE]`.
+fn tool_call_stream(id: &str, name: &str, arguments: &Value) -> String {
+    let json = arguments.to_string();
+    let (head, tail) = json.split_at(json.len() / 2);
+    let fragment = |args: &str| {
+        json!({"tool_calls": [{"index": 0, "function": {"arguments": args}}]})
+    };
+    [
+        chunk(
+            id,
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "index": 0, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""}
+            }]}),
+            Value::Null,
+        ),
+        chunk(id, fragment(head), Value::Null),
+        chunk(id, fragment(tail), Value::Null),
+        chunk(id, json!({}), json!("tool_calls")),
+        sse_data(
+            &json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk",
+                    "created": 1_741_569_952, "model": "gpt-test", "choices": [],
+                    "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}})
+            .to_string(),
+        ),
+        sse_data("[DONE]"),
+    ]
+    .concat()
+}
+
+/// The `tool` role messages of a request body: (tool_call_id, content text).
+fn tool_results(body: &Value) -> Vec<(String, String)> {
+    body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            let content = match &m["content"] {
+                Value::String(text) => text.clone(),
+                Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
+                other => panic!("unexpected tool content {other}"),
+            };
+            (
+                m["tool_call_id"].as_str().expect("tool_call_id").to_owned(),
+                content,
+            )
+        })
+        .collect()
+}
+
+/// The tool call ids the request sends back in assistant messages.
+fn tool_call_ids(body: &Value) -> Vec<String> {
+    body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter(|m| m["role"] == "assistant")
+        .filter_map(|m| m["tool_calls"].as_array())
+        .flatten()
+        .map(|c| c["id"].as_str().expect("id").to_owned())
+        .collect()
+}
+
+/// Checks what every recorded request carried, and what each one sent back.
+fn check_requests(requests: &[Recorded], streamed: bool) {
+    assert_eq!(requests.len(), 3, "one model call per scripted answer");
+    for request in requests {
+        assert_eq!(request.method, "POST");
+        assert_eq!(request.path, "/v1/chat/completions");
+        let body = request.json();
+        assert_eq!(body["model"], "gpt-test");
+        assert_eq!(body["stream"].as_bool().unwrap_or(false), streamed);
+        if streamed {
+            assert_eq!(body["stream_options"], json!({"include_usage": true}));
+        }
+        let tools: Vec<&str> = body["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .map(|t| {
+                assert_eq!(t["type"], "function");
+                t["function"]["name"].as_str().expect("tool name")
+            })
+            .collect();
+        for name in ["updateState", "add", "respond", "finish"] {
+            assert!(tools.contains(&name), "{name} missing from {tools:?}");
+        }
+        let system = &body["messages"][0];
+        assert_eq!(system["role"], "system");
+        let system = system["content"].as_str().expect("system text");
+        assert!(
+            system.contains("## Terminal Tools"),
+            "no terminal tools section in {system}"
+        );
+        assert!(system.contains("respond"), "{system}");
+        assert!(system.contains("You do arithmetic with your tools."));
+    }
+
+    let first = requests[0].json();
+    let messages = first["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 2, "system and user: {messages:?}");
+    assert_eq!(messages[1]["role"], "user");
+    assert!(messages[1].to_string().contains(QUESTION));
+    assert!(tool_results(&first).is_empty());
+
+    let second = requests[1].json();
+    assert_eq!(tool_call_ids(&second), ["call_add"]);
+    assert_eq!(
+        tool_results(&second),
+        [("call_add".to_owned(), "5".to_owned())]
+    );
+
+    let third = requests[2].json();
+    assert_eq!(tool_call_ids(&third), ["call_add", "call_respond"]);
+    assert_eq!(
+        tool_results(&third),
+        [
+            ("call_add".to_owned(), "5".to_owned()),
+            ("call_respond".to_owned(), ANSWER.to_owned()),
+        ]
+    );
+    let last = third["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .expect("a last message");
+    assert_eq!(last["role"], "user");
+    assert!(last.to_string().contains(THANKS), "{last}");
+}
+
+async fn run(server: &FakeServer, streamed: bool) {
+    let model = client(server);
+    let mut machine = if streamed {
+        calculator(Streamed(model))
+    } else {
+        calculator(model)
+    };
+
+    let steps = turn(&mut machine, QUESTION).await;
+    let reasons: Vec<YieldReason> = steps.iter().map(|s| s.yield_reason).collect();
+    assert_eq!(reasons, [YieldReason::ToolUse, YieldReason::EndTurn]);
+    assert!(!steps[0].done);
+    let last = steps.last().expect("a step");
+    assert!(last.done);
+    assert_eq!(last.response.as_deref(), Some(ANSWER));
+    assert_eq!(last.termination, None);
+
+    let steps = turn(&mut machine, THANKS).await;
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    let last = &steps[0];
+    assert!(last.done);
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert_eq!(
+        last.termination,
+        Some(TerminateResponse::new(Some(NOTE.to_owned())))
+    );
+    assert_eq!(last.response, None);
+
+    check_requests(&server.requests(), streamed);
+}
+
+#[tokio::test]
+async fn a_machine_runs_tools_respond_and_finish_through_complete_answers() {
+    let replies = calls()
+        .iter()
+        .map(|(id, name, args)| Reply::json(200, tool_call_answer(id, name, args)))
+        .collect();
+    let server = FakeServer::start(replies).await;
+    run(&server, false).await;
+}
+
+#[tokio::test]
+async fn a_machine_runs_tools_respond_and_finish_through_event_streams() {
+    let replies = calls()
+        .iter()
+        .map(|(id, name, args)| Reply::sse_split(&tool_call_stream(id, name, args), 13))
+        .collect();
+    let server = FakeServer::start(replies).await;
+    run(&server, true).await;
+}
