@@ -11,6 +11,7 @@ use std::time::SystemTime;
 use markov_core::InstanceId;
 use markov_runtime::node::Node;
 use markov_runtime::pack::Pack;
+use markov_runtime::policy::ToolChoicePolicy;
 use serde_json::{Value, json};
 
 use crate::error::RunError;
@@ -56,6 +57,7 @@ pub struct Instance {
     pub(crate) suspended: Option<SuspendInfo>,
     pub(crate) pack_states: BTreeMap<String, Value>,
     pub(crate) packs: Vec<Pack>,
+    pub(crate) tool_choice: Option<ToolChoicePolicy>,
 }
 
 /// One active leaf: the path from the root to it.
@@ -102,7 +104,23 @@ impl Instance {
             suspended: None,
             pack_states: BTreeMap::new(),
             packs: Vec::new(),
+            tool_choice: None,
         }
+    }
+
+    /// Overrides the node's tool-choice policy for this instance only
+    /// (instance > node). Kept across transitions of this instance.
+    #[must_use]
+    pub fn with_tool_choice(mut self, policy: ToolChoicePolicy) -> Self {
+        self.tool_choice = Some(policy);
+        self
+    }
+
+    /// The tool-choice policy in force: the instance's override, else the node's.
+    pub fn tool_choice(&self) -> &ToolChoicePolicy {
+        self.tool_choice
+            .as_ref()
+            .unwrap_or(&self.node.policy().tool_choice)
     }
 
     /// Adds a child (builder style).

@@ -17,8 +17,8 @@ use markov_core::model::{
     Model, ModelRequest, ModelResponse, ModelSettings, StopReason, ToolChoice,
 };
 use markov_core::tool::{ToolDefinition, ToolExecutionResult};
-use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::ConfigError;
+use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{LeafView, PipelineOutcome, ToolCall, run_tool_calls};
 use markov_runtime::policy::check_thinking;
 use markov_runtime::prompt::system_prompt;
@@ -179,7 +179,7 @@ pub fn prepare(
         check_thinking(
             thinking,
             model.thinking_allowance(&settings, thinking),
-            &node.policy().tool_choice,
+            cx.instance().tool_choice(),
             settings.temperature,
         )
         .map_err(|constraint| ConfigError::ThinkingConflict {
@@ -190,7 +190,7 @@ pub fn prepare(
     Ok(Prepared {
         system,
         tools,
-        tool_choice: ToolChoice::Auto,
+        tool_choice: cx.instance().tool_choice().choice(cx.turn.tool_ran),
         settings,
         output_schema: node.output().map(|o| o.schema().clone()),
     })

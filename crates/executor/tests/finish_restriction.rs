@@ -90,7 +90,12 @@ async fn finish_ends_the_run_with_its_note() {
             .tool_call("finish", json!({"note": "all done"}))
             .build(),
     );
-    let (m, steps, err) = run(node(OutputRestriction::default()), model.clone(), RunOptions::default()).await;
+    let (m, steps, err) = run(
+        node(OutputRestriction::default()),
+        model.clone(),
+        RunOptions::default(),
+    )
+    .await;
     assert!(err.is_none(), "{err:?}");
     let last = steps.last().expect("step");
     assert!(last.done);
@@ -113,7 +118,11 @@ async fn finish_without_a_note_records_the_configured_default() {
             "Task completed.",
         ),
     ] {
-        let model = Arc::new(ScriptedModel::builder().tool_call("finish", json!({})).build());
+        let model = Arc::new(
+            ScriptedModel::builder()
+                .tool_call("finish", json!({}))
+                .build(),
+        );
         let (m, steps, _) = run(node(OutputRestriction::default()), model, options).await;
         assert_eq!(all_results(m.history())[0].1, expected);
         assert_eq!(
@@ -130,7 +139,12 @@ async fn a_custom_tool_can_terminate() {
             .tool_call("complete_task", json!({"summary": "wrote the report"}))
             .build(),
     );
-    let (m, steps, _) = run(node(OutputRestriction::default()), model, RunOptions::default()).await;
+    let (m, steps, _) = run(
+        node(OutputRestriction::default()),
+        model,
+        RunOptions::default(),
+    )
+    .await;
     assert!(steps.last().expect("step").done);
     assert_eq!(
         all_results(m.history())[0].1,
@@ -173,7 +187,12 @@ async fn a_terminal_tool_and_termination_together_give_the_response_and_end() {
             ])
             .build(),
     );
-    let (_, steps, _) = run(node(OutputRestriction::default()), model.clone(), RunOptions::default()).await;
+    let (_, steps, _) = run(
+        node(OutputRestriction::default()),
+        model.clone(),
+        RunOptions::default(),
+    )
+    .await;
     let last = steps.last().expect("step");
     assert!(last.done);
     assert_eq!(last.response.as_deref(), Some("1. x"));
@@ -190,17 +209,29 @@ async fn restriction_injects_until_the_model_calls_finish() {
             .tool_call("finish", json!({"note": "ok"}))
             .build(),
     );
-    let (m, steps, err) = run(node(OutputRestriction::enabled()), model.clone(), RunOptions::default()).await;
+    let (m, steps, err) = run(
+        node(OutputRestriction::enabled()),
+        model.clone(),
+        RunOptions::default(),
+    )
+    .await;
     assert!(err.is_none(), "{err:?}");
     assert_eq!(injections(m.history(), DEFAULT_RESTRICTION_MESSAGE), 2);
     assert_eq!(
         steps.iter().map(|s| s.yield_reason).collect::<Vec<_>>(),
-        vec![YieldReason::Restricted, YieldReason::Restricted, YieldReason::EndTurn]
+        vec![
+            YieldReason::Restricted,
+            YieldReason::Restricted,
+            YieldReason::EndTurn
+        ]
     );
     assert!(steps[2].termination.is_some());
     // The reminder reached the model as the last message of the next call.
     let second = &model.requests()[1].messages;
-    assert_eq!(second.last().map(|m| (m.role, m.text())), Some((Role::System, DEFAULT_RESTRICTION_MESSAGE.to_owned())));
+    assert_eq!(
+        second.last().map(|m| (m.role, m.text())),
+        Some((Role::System, DEFAULT_RESTRICTION_MESSAGE.to_owned()))
+    );
 }
 
 #[tokio::test]
@@ -229,9 +260,17 @@ async fn unlimited_injections_end_at_the_step_limit_with_history_whole() {
         builder = builder.text(format!("answer {i}"));
     }
     let model = Arc::new(builder.build());
-    let (m, steps, err) = run(node(restricted(0)), model, RunOptions::default().max_steps(4)).await;
+    let (m, steps, err) = run(
+        node(restricted(0)),
+        model,
+        RunOptions::default().max_steps(4),
+    )
+    .await;
     assert_eq!(err, Some(RunError::MaxSteps(4)));
-    assert_eq!(err.map(|e| e.to_string()).as_deref(), Some("Max steps (4) exceeded"));
+    assert_eq!(
+        err.map(|e| e.to_string()).as_deref(),
+        Some("Max steps (4) exceeded")
+    );
     assert_eq!(steps.len(), 4);
     // user + 4 × (assistant + reminder)
     assert_eq!(m.history().len(), 9);
@@ -252,7 +291,10 @@ async fn counters_reset_after_a_tool_runs() {
     assert!(err.is_none(), "{err:?}");
     // One reminder before the tool, one after: the count starts over.
     assert_eq!(injections(m.history(), DEFAULT_RESTRICTION_MESSAGE), 2);
-    assert_eq!(steps.last().map(|s| s.yield_reason), Some(YieldReason::EndTurn));
+    assert_eq!(
+        steps.last().map(|s| s.yield_reason),
+        Some(YieldReason::EndTurn)
+    );
 }
 
 #[tokio::test]
@@ -284,7 +326,10 @@ async fn a_custom_restriction_message_is_injected() {
     let model = Arc::new(ScriptedModel::builder().text("a").text("b").build());
     let (m, _, _) = run(node(custom), model, RunOptions::default()).await;
     assert_eq!(
-        injections(m.history(), "Please call a tool or use 'finish' to complete."),
+        injections(
+            m.history(),
+            "Please call a tool or use 'finish' to complete."
+        ),
         1
     );
 }
@@ -293,7 +338,12 @@ async fn a_custom_restriction_message_is_injected() {
 async fn the_system_prompt_is_identical_with_and_without_restriction() {
     let a = Arc::new(ScriptedModel::builder().text("x").build());
     let b = Arc::new(ScriptedModel::builder().text("x").text("y").build());
-    run(node(OutputRestriction::default()), a.clone(), RunOptions::default()).await;
+    run(
+        node(OutputRestriction::default()),
+        a.clone(),
+        RunOptions::default(),
+    )
+    .await;
     run(node(restricted(1)), b.clone(), RunOptions::default()).await;
     assert_eq!(a.requests()[0].system, b.requests()[0].system);
     assert_eq!(b.requests()[0].system, b.requests()[1].system);

@@ -53,7 +53,11 @@ async fn terminal_output_is_the_exact_response() {
     assert_eq!(last.response.as_deref(), Some("1. Apple\n2. Banana"));
     assert_eq!(last.yield_reason, YieldReason::EndTurn);
     assert!(last.done);
-    assert_eq!(model.calls(), 1, "the model is not called again in this turn");
+    assert_eq!(
+        model.calls(),
+        1,
+        "the model is not called again in this turn"
+    );
     // The response is recorded as the assistant's answer, after the result.
     let tail = &m.history()[m.history().len() - 1];
     assert_eq!(tail.role, Role::Assistant);
@@ -89,7 +93,11 @@ impl Tool for Summarize {
 #[tokio::test]
 async fn a_structured_terminal_output_is_its_json() {
     let node = Node::builder("x").tool(Summarize).build().expect("node");
-    let model = Arc::new(ScriptedModel::builder().tool_call("summarize", json!({})).build());
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("summarize", json!({}))
+            .build(),
+    );
     let (_, steps) = run_one(node, model).await;
     assert_eq!(
         steps.last().and_then(|s| s.response.clone()).as_deref(),
@@ -113,7 +121,14 @@ async fn a_failing_terminal_tool_lets_the_loop_continue() {
     assert_eq!(steps[1].yield_reason, YieldReason::ToolUse);
     assert!(steps.last().expect("step").response.is_none());
     let r = all_results(m.history());
-    assert_eq!(r[0], ("call_1".into(), "Tool execution error: asked to fail".into(), Some(true)));
+    assert_eq!(
+        r[0],
+        (
+            "call_1".into(),
+            "Tool execution error: asked to fail".into(),
+            Some(true)
+        )
+    );
     assert!(r[1].1.starts_with("Invalid tool input: "), "{}", r[1].1);
     assert_eq!(model.calls(), 3);
 }
@@ -157,7 +172,8 @@ async fn a_second_terminal_call_is_refused_and_not_run() {
     let r = all_results(m.history());
     assert_eq!(r[1].2, Some(true));
     assert!(
-        r[1].1.contains("Only one terminal tool may be called per turn")
+        r[1].1
+            .contains("Only one terminal tool may be called per turn")
             && r[1].1.contains("formatResult"),
         "{}",
         r[1].1
@@ -208,7 +224,10 @@ async fn a_transition_in_the_same_response_wins() {
             .iter()
             .any(|msg| msg.role == Role::Assistant && msg.text() == "1. ignored")
     );
-    assert_eq!(steps.last().expect("step").yield_reason, YieldReason::EndTurn);
+    assert_eq!(
+        steps.last().expect("step").yield_reason,
+        YieldReason::EndTurn
+    );
 }
 
 #[tokio::test]
@@ -245,8 +264,8 @@ async fn an_ancestors_terminal_tool_is_terminal() {
     );
     let charter = Charter::builder("t").build().expect("charter");
     let root = Instance::new(parent, json!({})).with_child(Instance::new(child, json!({})));
-    let mut m = Machine::new(charter, StandardExecutor::shared(model.clone()), root)
-        .expect("machine");
+    let mut m =
+        Machine::new(charter, StandardExecutor::shared(model.clone()), root).expect("machine");
     m.enqueue_user("go");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(err.is_none(), "{err:?}");
@@ -265,7 +284,10 @@ async fn the_system_prompt_lists_terminal_tools_only_when_offered() {
         ),
         "{system}"
     );
-    let plain = Node::builder("No terminal tools.").tool(Add).build().expect("node");
+    let plain = Node::builder("No terminal tools.")
+        .tool(Add)
+        .build()
+        .expect("node");
     let model = Arc::new(ScriptedModel::builder().text("a").build());
     let (_, _) = run_one(plain, model.clone()).await;
     assert!(!model.requests()[0].system.contains("## Terminal Tools"));
@@ -282,13 +304,21 @@ async fn the_next_turn_after_a_terminal_response_is_accepted() {
             .text("second turn answer")
             .build(),
     );
-    let mut m = machine(|c| c, node_with(&Probe::default()), json!({}), model.clone());
+    let mut m = machine(
+        |c| c,
+        node_with(&Probe::default()),
+        json!({}),
+        model.clone(),
+    );
     m.enqueue_user("first");
     run_all(&mut m, RunOptions::default()).await;
     m.enqueue_user("second");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(err.is_none(), "{err:?}");
-    assert_eq!(steps.last().expect("step").yield_reason, YieldReason::EndTurn);
+    assert_eq!(
+        steps.last().expect("step").yield_reason,
+        YieldReason::EndTurn
+    );
     assert_paired(m.history());
     // The second request continues a conversation that alternates properly:
     // the terminal response is an assistant message before the new user input.
@@ -296,7 +326,13 @@ async fn the_next_turn_after_a_terminal_response_is_accepted() {
     let roles: Vec<Role> = sent.iter().map(|m| m.role).collect();
     assert_eq!(
         roles,
-        vec![Role::User, Role::Assistant, Role::User, Role::Assistant, Role::User]
+        vec![
+            Role::User,
+            Role::Assistant,
+            Role::User,
+            Role::Assistant,
+            Role::User
+        ]
     );
 }
 

@@ -79,10 +79,18 @@ impl Tool for GetEndpointDocumentation {
     fn description(&self) -> String {
         "Get the documentation of an entity's endpoints".into()
     }
-    async fn call(&self, args: EntityArgs, _cx: &ToolContext<'_>) -> Result<EndpointDoc, Infallible> {
+    async fn call(
+        &self,
+        args: EntityArgs,
+        _cx: &ToolContext<'_>,
+    ) -> Result<EndpointDoc, Infallible> {
         Ok(EndpointDoc {
             entity: args.entity,
-            endpoints: vec!["GET /customers", "POST /customers", "PATCH /customers({id})"],
+            endpoints: vec![
+                "GET /customers",
+                "POST /customers",
+                "PATCH /customers({id})",
+            ],
         })
     }
 }
@@ -105,7 +113,10 @@ impl Tool for KnowledgeSearch {
         "Search the user's documents".into()
     }
     async fn call(&self, args: SearchArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        Ok(format!("1 match for {:?}: SLA.pdf p.3, response within 4 hours", args.query))
+        Ok(format!(
+            "1 match for {:?}: SLA.pdf p.3, response within 4 hours",
+            args.query
+        ))
     }
 }
 
@@ -141,10 +152,7 @@ fn bc_agent(tool_choice: ToolChoicePolicy) -> Node {
 }
 
 /// A node named `worker` with `add` and whatever `extra` adds.
-fn worker(
-    policy: TurnPolicy,
-    extra: impl FnOnce(NodeBuilder) -> NodeBuilder,
-) -> Node {
+fn worker(policy: TurnPolicy, extra: impl FnOnce(NodeBuilder) -> NodeBuilder) -> Node {
     extra(Node::builder("Work with tools.").name("worker").tool(Add))
         .policy(policy)
         .build()
@@ -152,7 +160,11 @@ fn worker(
 }
 
 fn choices(model: &ScriptedModel) -> Vec<ToolChoice> {
-    model.requests().into_iter().map(|r| r.tool_choice).collect()
+    model
+        .requests()
+        .into_iter()
+        .map(|r| r.tool_choice)
+        .collect()
 }
 
 fn tool(name: &str) -> ToolChoice {
@@ -420,7 +432,11 @@ async fn restriction_applies_to_later_tool_less_answers() {
     let reasons: Vec<YieldReason> = steps.iter().map(|s| s.yield_reason).collect();
     assert_eq!(
         reasons,
-        [YieldReason::ToolUse, YieldReason::Restricted, YieldReason::EndTurn]
+        [
+            YieldReason::ToolUse,
+            YieldReason::Restricted,
+            YieldReason::EndTurn
+        ]
     );
     let reminders: Vec<String> = m
         .history()
@@ -446,7 +462,10 @@ async fn restriction_does_not_lift_the_forced_first_call() {
     let mut m = machine(|c| c, node, json!({}), model.clone());
     m.enqueue_user("1+2?");
     let (_, err) = run_all(&mut m, RunOptions::default()).await;
-    assert!(matches!(err, Some(RunError::Model { step: 1, .. })), "{err:?}");
+    assert!(
+        matches!(err, Some(RunError::Model { step: 1, .. })),
+        "{err:?}"
+    );
     assert!(!m.history().iter().any(|msg| msg.role == Role::System));
 }
 
@@ -628,13 +647,18 @@ async fn each_query_makes_a_domain_tool_call_before_the_answer() {
         // The tool results reached the model before it answered.
         let results = all_results(m.history());
         assert!(
-            results.iter().any(|(_, content, _)| content.contains(row.expect_in_results)),
+            results
+                .iter()
+                .any(|(_, content, _)| content.contains(row.expect_in_results)),
             "{}: {results:?}",
             row.query
         );
         let last = steps.last().expect("a step");
         assert!(last.done && last.yield_reason == YieldReason::EndTurn);
-        assert_eq!(m.history().last().map(Message::text).as_deref(), Some(row.answer));
+        assert_eq!(
+            m.history().last().map(Message::text).as_deref(),
+            Some(row.answer)
+        );
         // Forced once, then the model chained tools and ended on its own.
         let mut expected_choices = vec![ToolChoice::Any];
         expected_choices.resize(row.calls.len() + 1, ToolChoice::Auto);
@@ -669,8 +693,17 @@ async fn answering_from_training_data_first_is_refused() {
 #[tokio::test]
 async fn under_auto_the_same_script_skips_the_tools() {
     // The seed's bug, for contrast: nothing stops a training-data answer.
-    let model = Arc::new(ScriptedModel::builder().text("From memory: GET /customers.").build());
-    let mut m = machine(|c| c, bc_agent(ToolChoicePolicy::Auto), json!({}), model.clone());
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .text("From memory: GET /customers.")
+            .build(),
+    );
+    let mut m = machine(
+        |c| c,
+        bc_agent(ToolChoicePolicy::Auto),
+        json!({}),
+        model.clone(),
+    );
     m.enqueue_user("What endpoints does Customer have?");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(err.is_none(), "{err:?}");
@@ -760,4 +793,43 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+#[tokio::test]
+async fn an_instance_policy_wins_over_the_nodes() {
+    use markov_executor::{Instance, Machine, StandardExecutor};
+    use markov_runtime::policy::ToolChoicePolicy;
+    let node = markov_runtime::node::Node::builder("Auto node.")
+        .tool(common::Add)
+        .build()
+        .expect("node");
+    let model = std::sync::Arc::new(
+        markov_testkit::ScriptedModel::builder()
+            .tool_call("add", serde_json::json!({"a": 1, "b": 1}))
+            .text("2")
+            .build(),
+    );
+    let charter = markov_runtime::charter::Charter::builder("t")
+        .build()
+        .expect("charter");
+    let root = Instance::new(node, serde_json::json!({}))
+        .with_tool_choice(ToolChoicePolicy::RequiredFirst);
+    let mut m =
+        Machine::new(charter, StandardExecutor::shared(model.clone()), root).expect("machine");
+    m.enqueue_user("1+1");
+    markov_executor::run_to_completion(&mut m, markov_executor::RunOptions::default())
+        .await
+        .expect("run ends");
+    let choices: Vec<_> = model
+        .requests()
+        .iter()
+        .map(|r| r.tool_choice.clone())
+        .collect();
+    assert_eq!(
+        choices,
+        vec![
+            markov_core::model::ToolChoice::Any,
+            markov_core::model::ToolChoice::Auto
+        ]
+    );
 }

@@ -258,6 +258,10 @@ pub fn check_thinking(
 /// rather than new input. The scan walks back from the end and stops at that
 /// message, so its cost is the length of the current turn, not of the history.
 ///
+/// Messages alone cannot show a transition or a spawn into a new node; the
+/// standard loop, which knows them, does not use this wrapper but asks the
+/// same [`ToolChoicePolicy::choice`] with its own per-instance turn state.
+///
 /// A request whose settings enable thinking is checked with
 /// [`check_thinking`] against the inner client's
 /// [`Model::thinking_allowance`] and refused with
@@ -277,20 +281,23 @@ pub fn check_thinking(
 ///     .build();
 /// let model = ToolChoiceEnforcer::new(scripted, ToolChoicePolicy::RequiredFirst);
 /// let settings = ModelSettings::default();
-/// let request = |messages| ModelRequest {
-///     system: "",
-///     messages,
-///     tools: &[],
-///     tool_choice: &ToolChoice::Auto,
-///     settings: &settings,
-///     output_schema: None,
-/// };
+/// fn request<'a>(messages: &'a [Message], settings: &'a ModelSettings) -> ModelRequest<'a> {
+///     // The caller's own tool choice is replaced by the policy's.
+///     ModelRequest {
+///         system: "",
+///         messages,
+///         tools: &[],
+///         tool_choice: &ToolChoice::Auto,
+///         settings,
+///         output_schema: None,
+///     }
+/// }
 ///
 /// let mut history = vec![Message::user("What endpoints does Customer have?")];
-/// let first = model.complete(request(&history)).await.unwrap();
+/// let first = model.complete(request(&history, &settings)).await.unwrap();
 /// history.push(Message::assistant_items(first.content));
 /// history.push(Message::user_items(vec![Item::tool_result("call_1", "3 endpoints", None)]));
-/// model.complete(request(&history)).await.unwrap();
+/// model.complete(request(&history, &settings)).await.unwrap();
 ///
 /// let sent = model.get_ref().requests();
 /// assert_eq!(sent[0].tool_choice, ToolChoice::Any);
@@ -395,7 +402,11 @@ impl<M: Model> Model for ToolChoiceEnforcer<M> {
         self.inner.complete(request).await
     }
 
-    fn thinking_allowance(&self, settings: &ModelSettings, thinking: Thinking) -> ThinkingAllowance {
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
         self.inner.thinking_allowance(settings, thinking)
     }
 

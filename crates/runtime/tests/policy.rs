@@ -5,13 +5,13 @@
 use std::convert::Infallible;
 
 use futures::StreamExt;
+use markov_core::ToolName;
 use markov_core::message::{Item, Message};
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StreamEvent, Thinking,
     ThinkingAllowance, ToolChoice,
 };
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
-use markov_core::ToolName;
 use markov_runtime::ConfigError;
 use markov_runtime::node::{ExecutorConfig, Node, NodeBuilder};
 use markov_runtime::policy::{
@@ -70,7 +70,11 @@ impl Tool for Done {
     fn description(&self) -> String {
         "End the run".into()
     }
-    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<TerminateResponse, Infallible> {
+    async fn call(
+        &self,
+        _: NoArgs,
+        _cx: &ToolContext<'_>,
+    ) -> Result<TerminateResponse, Infallible> {
         Ok(TerminateResponse::new(None))
     }
 }
@@ -226,7 +230,7 @@ async fn a_new_user_message_forces_again() {
 }
 
 #[tokio::test]
-async fn the_enforcer_refuses_nothing_itself_but_the_model_refuses_text_under_any() {
+async fn a_text_answer_to_the_forced_first_call_is_refused_by_the_model() {
     // Proves the override reaches the model: the caller asked for Auto, the
     // scripted (strict) model received Any and refused a text-only answer.
     let scripted = ScriptedModel::builder()
@@ -392,12 +396,19 @@ async fn the_enforcer_checks_thinking_against_the_inner_allowance() {
         .expect_err("refused before the request");
     assert!(matches!(err, ModelError::InvalidRequest(_)), "{err:?}");
     assert!(err.to_string().contains("RequiredFirst"), "{err}");
-    assert_eq!(strict.get_ref().calls(), 0, "the inner model was not called");
+    assert_eq!(
+        strict.get_ref().calls(),
+        0,
+        "the inner model was not called"
+    );
     let streamed: Vec<_> = strict
         .stream(request(&history, &settings, &ToolChoice::Auto))
         .collect()
         .await;
-    assert!(matches!(streamed.as_slice(), [Err(ModelError::InvalidRequest(_))]));
+    assert!(matches!(
+        streamed.as_slice(),
+        [Err(ModelError::InvalidRequest(_))]
+    ));
     assert_eq!(strict.get_ref().calls(), 0);
 
     let permissive = ToolChoiceEnforcer::new(
@@ -408,7 +419,11 @@ async fn the_enforcer_checks_thinking_against_the_inner_allowance() {
         ),
         ToolChoicePolicy::RequiredFirst,
     );
-    assert!(permissive.thinking_allowance(&settings, ENABLED).forced_tool_choice);
+    assert!(
+        permissive
+            .thinking_allowance(&settings, ENABLED)
+            .forced_tool_choice
+    );
     permissive
         .complete(request(&history, &settings, &ToolChoice::Auto))
         .await
@@ -511,15 +526,7 @@ fn check_thinking_follows_the_allowance() {
         temperature: true,
     };
     assert!(check_thinking(ENABLED, relaxed, &ToolChoicePolicy::Required, Some(0.5)).is_ok());
-    assert!(
-        check_thinking(
-            ENABLED,
-            ENABLED.allows(),
-            &ToolChoicePolicy::Required,
-            None
-        )
-        .is_err()
-    );
+    assert!(check_thinking(ENABLED, ENABLED.allows(), &ToolChoicePolicy::Required, None).is_err());
 }
 
 #[test]
