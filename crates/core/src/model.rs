@@ -315,7 +315,11 @@ pub trait Model: Send + Sync + fmt::Debug {
     /// What `thinking` permits alongside it for `settings.model`: the client's
     /// capability table. The default is [`Thinking::allows`], the documented
     /// Anthropic rule; a client whose models differ overrides it.
-    fn thinking_allowance(&self, settings: &ModelSettings, thinking: Thinking) -> ThinkingAllowance {
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
         let _ = settings;
         thinking.allows()
     }
@@ -341,7 +345,11 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
         (**self).complete(request).await
     }
 
-    fn thinking_allowance(&self, settings: &ModelSettings, thinking: Thinking) -> ThinkingAllowance {
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
         (**self).thinking_allowance(settings, thinking)
     }
 
@@ -359,7 +367,11 @@ impl<M: Model + ?Sized> Model for Box<M> {
         (**self).complete(request).await
     }
 
-    fn thinking_allowance(&self, settings: &ModelSettings, thinking: Thinking) -> ThinkingAllowance {
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
         (**self).thinking_allowance(settings, thinking)
     }
 

@@ -9,8 +9,7 @@ mod common;
 use std::time::Duration;
 
 use common::machine::{
-    ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args,
-    turn,
+    ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args, turn,
 };
 use common::{FakeServer, Recorded, Reply, sse_event};
 use markov_core::tool::TerminateResponse;
@@ -113,7 +112,10 @@ fn tool_results(body: &Value) -> Vec<(String, String)> {
                 other => panic!("unexpected tool_result content {other}"),
             };
             found.push((
-                block["tool_use_id"].as_str().expect("tool_use_id").to_owned(),
+                block["tool_use_id"]
+                    .as_str()
+                    .expect("tool_use_id")
+                    .to_owned(),
                 content,
             ));
         }

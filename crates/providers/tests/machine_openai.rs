@@ -10,8 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::machine::{
-    ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args,
-    turn,
+    ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args, turn,
 };
 use common::{FakeServer, Recorded, Reply, sse_data};
 use markov_core::tool::TerminateResponse;
@@ -81,9 +80,8 @@ fn chunk(id: &str, delta: Value, finish_reason: Value) -> String {
 fn tool_call_stream(id: &str, name: &str, arguments: &Value) -> String {
     let json = arguments.to_string();
     let (head, tail) = json.split_at(json.len() / 2);
-    let fragment = |args: &str| {
-        json!({"tool_calls": [{"index": 0, "function": {"arguments": args}}]})
-    };
+    let fragment =
+        |args: &str| json!({"tool_calls": [{"index": 0, "function": {"arguments": args}}]});
     [
         chunk(
             id,

@@ -30,7 +30,7 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Respond;
 
-/// The input of [`Respond`].
+/// The input of the respond tool.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 pub struct RespondArgs {
     /// The exact response to give the user.
@@ -91,7 +91,7 @@ impl Tool for Respond {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Finish;
 
-/// The input of [`Finish`].
+/// The input of the finish tool.
 #[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
 pub struct FinishArgs {
     /// Note about task completion.
