@@ -45,7 +45,10 @@ pub use executor::{Executor, LeafContext, LeafOutcome};
 pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
 pub use machine::{Machine, MachineOptions};
 pub use queue::{OnEnqueue, Queue};
-pub use run::{DEFAULT_MAX_STEPS, RECOVERY_TEXT, RunOptions, run_machine, run_to_completion};
+pub use run::{
+    Action, DEFAULT_MAX_STEPS, LeafTask, RECOVERY_TEXT, RunOptions, RunState, run_machine,
+    run_to_completion,
+};
 pub use standard::StandardExecutor;
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 

@@ -16,6 +16,7 @@ use markov_core::message::{Item, Message, Metadata, Source};
 use markov_core::{InstanceId, Role};
 use markov_runtime::state::merge_patch;
 use markov_runtime::transition::CedeContent;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::Instrument;
 
@@ -33,7 +34,7 @@ pub const DEFAULT_MAX_STEPS: usize = 50;
 pub const RECOVERY_TEXT: &str = "[System: Your response was cut off due to length limits. Please provide a brief summary of your findings and respond to the user now. Do not use any tools - just give your final answer.]";
 
 /// Options of one run.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunOptions {
     /// Steps allowed before the run fails with `Max steps (<n>) exceeded`.
     pub max_steps: usize,
@@ -215,9 +216,36 @@ fn resume_request(entries: &[Entry]) -> Option<(InstanceId, String)> {
         })
 }
 
-/// One run over a machine.
-struct Run<'m> {
-    machine: &'m mut Machine,
+/// What the run needs done next.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Action {
+    /// Run one inference for each of these leaves (concurrently), then hand
+    /// the results, in the same order, to [`RunState::on_leaf_results`].
+    RunLeaves(Vec<LeafTask>),
+    /// Yield this step. When it is not done, call [`RunState::next`] again.
+    Yield(MachineStep),
+}
+
+/// One leaf to run in this step, with what its executor must know.
+#[derive(Debug, Clone)]
+pub struct LeafTask {
+    /// The leaf and its path.
+    pub leaf: ActiveLeaf,
+    /// Its turn bookkeeping.
+    pub turn: TurnState,
+    /// The 1-based step number.
+    pub current_step: usize,
+}
+
+/// The run loop as a plain value: it never awaits and never does I/O.
+///
+/// [`RunState::next`] says what must happen next; a driver performs it
+/// ([`run_machine`] is that driver, a few lines long) and feeds the leaves'
+/// results back through [`RunState::on_leaf_results`]. The state is
+/// serializable, so a run can be paused between steps and resumed elsewhere.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
     options: RunOptions,
     started: bool,
     steps: usize,
@@ -226,111 +254,95 @@ struct Run<'m> {
     turns: HashMap<InstanceId, TurnState>,
 }
 
-impl Run<'_> {
-    fn step(&self, history: Vec<Message>, reason: YieldReason, done: bool) -> MachineStep {
-        MachineStep {
-            instance: Arc::clone(&self.machine.root),
-            history,
-            yield_reason: reason,
-            done,
-            cede_content: None,
-            suspended_instances: Vec::new(),
-            response: None,
-            termination: None,
+fn make_step(
+    machine: &Machine,
+    history: Vec<Message>,
+    reason: YieldReason,
+    done: bool,
+) -> MachineStep {
+    MachineStep {
+        instance: Arc::clone(&machine.root),
+        history,
+        yield_reason: reason,
+        done,
+        cede_content: None,
+        suspended_instances: Vec::new(),
+        response: None,
+        termination: None,
+    }
+}
+
+impl RunState {
+    /// A run that has not started.
+    pub fn new(options: RunOptions) -> Self {
+        RunState {
+            options,
+            started: false,
+            steps: 0,
+            pending: Vec::new(),
+            recovered: false,
+            turns: HashMap::new(),
         }
     }
 
+    /// The run's options.
+    pub fn options(&self) -> &RunOptions {
+        &self.options
+    }
+
+    /// Steps taken so far.
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    /// What to do next: the initial drain on the first call, then one step.
+    pub fn next(&mut self, machine: &mut Machine) -> Result<Action, RunError> {
+        if !self.started {
+            self.started = true;
+            if let Some(step) = self.initial_drain(machine)? {
+                return Ok(Action::Yield(step));
+            }
+        }
+        self.begin_step(machine)
+    }
+
     /// Phase A: drain, record, apply. Returns a step when the run ends here.
-    fn initial_drain(&mut self) -> Result<Option<MachineStep>, RunError> {
-        let entries = collapse_ephemerals(self.machine.queue.drain_all());
+    fn initial_drain(&mut self, machine: &mut Machine) -> Result<Option<MachineStep>, RunError> {
+        let entries = collapse_ephemerals(machine.queue.drain_all());
         if let Some((id, suspend_id)) = resume_request(&entries) {
-            return self.resume(&id, &suspend_id).map(Some);
+            return resume(machine, &id, &suspend_id).map(Some);
         }
         let triggers = entries
             .iter()
             .any(|e| e.message.role == Role::User && !e.message.is_silent());
-        let effects = resolve_effects(self.machine, &entries)?;
+        let effects = resolve_effects(machine, &entries)?;
         let messages: Vec<Message> = entries.into_iter().map(|e| e.message).collect();
-        self.machine.history.extend(messages.iter().cloned());
-        apply(&mut self.machine.root, &effects);
+        machine.history.extend(messages.iter().cloned());
+        apply(&mut machine.root, &effects);
         if !triggers {
-            return Ok(Some(self.step(messages, YieldReason::EndTurn, true)));
+            return Ok(Some(make_step(
+                machine,
+                messages,
+                YieldReason::EndTurn,
+                true,
+            )));
         }
         self.pending = messages;
         Ok(None)
     }
 
-    fn resume(&mut self, id: &InstanceId, suspend_id: &str) -> Result<MachineStep, RunError> {
-        let instance = self
-            .machine
-            .root
-            .find(id)
-            .ok_or_else(|| RunError::InstanceNotFound(id.clone()))?;
-        let stored = instance
-            .suspended()
-            .ok_or_else(|| RunError::NotSuspended(id.clone()))?;
-        if stored.suspend_id != suspend_id {
-            return Err(RunError::SuspendIdMismatch {
-                expected: stored.suspend_id.clone(),
-                got: suspend_id.to_owned(),
-            });
-        }
-        Instance::update(&mut self.machine.root, id, &mut |i| i.suspended = None);
-        let notice = Message::user(format!("[Resumed instance {id}]"));
-        self.machine.history.push(notice.clone());
-        Ok(self.step(vec![notice], YieldReason::Command, false))
-    }
-
-    async fn run_leaves(&mut self, leaves: &[ActiveLeaf]) -> Result<Vec<LeafOutcome>, RunError> {
-        let machine = &*self.machine;
-        let futures = leaves.iter().map(|leaf| {
-            let cx = LeafContext {
-                charter: &machine.charter,
-                leaf,
-                history: &machine.history,
-                current_step: self.steps,
-                max_steps: self.options.max_steps,
-                turn: self
-                    .turns
-                    .get(leaf.leaf().id())
-                    .copied()
-                    .unwrap_or_default(),
-                terminate_message: &self.options.terminate_message,
-            };
-            machine.executor.run_leaf(cx)
-        });
-        let results = futures::future::join_all(futures).await;
-        let mut outcomes = Vec::with_capacity(results.len());
-        let mut failure = None;
-        for r in results {
-            match r {
-                Ok(o) => outcomes.push(o),
-                Err(e) => failure = failure.or(Some(e)),
-            }
-        }
-        if let Some(e) = failure {
-            // What succeeded stays queued for the next run rather than being lost.
-            for o in outcomes {
-                self.machine.queue.enqueue_entries(o.entries);
-            }
-            return Err(e);
-        }
-        Ok(outcomes)
-    }
-
-    /// One step of phase B.
-    async fn next_step(&mut self) -> Result<MachineStep, RunError> {
+    fn begin_step(&mut self, machine: &Machine) -> Result<Action, RunError> {
         if self.steps >= self.options.max_steps {
             return Err(RunError::MaxSteps(self.options.max_steps));
         }
         self.steps += 1;
-        let leaves = self.machine.root.active_leaves();
+        let leaves = machine.root.active_leaves();
         if leaves.is_empty() {
-            let suspended = self.machine.root.suspended_instances();
+            let suspended = machine.root.suspended_instances();
             if suspended.is_empty() {
                 return Err(RunError::NoActiveInstances);
             }
-            let mut step = self.step(Vec::new(), YieldReason::AwaitingResume, true);
+            let mut step = make_step(machine, Vec::new(), YieldReason::AwaitingResume, true);
             step.suspended_instances = suspended
                 .iter()
                 .filter_map(|i| {
@@ -342,17 +354,62 @@ impl Run<'_> {
                     })
                 })
                 .collect();
-            return Ok(step);
+            return Ok(Action::Yield(step));
         }
         let primaries = leaves.iter().filter(|l| !l.is_worker).count();
         if primaries > 1 {
             return Err(RunError::TooManyPrimaryLeaves(primaries));
         }
-        let span = tracing::info_span!("step", step = self.steps, leaves = leaves.len());
-        let outcomes = self.run_leaves(&leaves).instrument(span.clone()).await?;
+        Ok(Action::RunLeaves(
+            leaves
+                .into_iter()
+                .map(|leaf| LeafTask {
+                    turn: self
+                        .turns
+                        .get(leaf.leaf().id())
+                        .copied()
+                        .unwrap_or_default(),
+                    leaf,
+                    current_step: self.steps,
+                })
+                .collect(),
+        ))
+    }
+
+    /// Records the leaves' results (in task order), applies their effects and
+    /// returns the step to yield.
+    pub fn on_leaf_results(
+        &mut self,
+        machine: &mut Machine,
+        tasks: &[LeafTask],
+        results: Vec<Result<LeafOutcome, RunError>>,
+    ) -> Result<MachineStep, RunError> {
+        let mut outcomes = Vec::with_capacity(results.len());
+        let mut failure = None;
+        for r in results {
+            match r {
+                Ok(o) => outcomes.push(o),
+                Err(e) => failure = failure.or(Some(e)),
+            }
+        }
+        if let Some(e) = failure {
+            // What succeeded stays queued for the next run rather than being lost.
+            for o in outcomes {
+                machine.queue.enqueue_entries(o.entries);
+            }
+            return Err(e);
+        }
+        if outcomes.len() != tasks.len() {
+            return Err(RunError::Executor(format!(
+                "{} results for {} leaves",
+                outcomes.len(),
+                tasks.len()
+            )));
+        }
 
         let mut primary: Option<(YieldReason, Option<String>, Option<_>)> = None;
-        for (leaf, outcome) in leaves.iter().zip(outcomes) {
+        for (task, outcome) in tasks.iter().zip(outcomes) {
+            let leaf = &task.leaf;
             self.turns.insert(leaf.leaf().id().clone(), outcome.turn);
             if leaf.is_worker {
                 if outcome.yield_reason == YieldReason::EndTurn {
@@ -361,13 +418,13 @@ impl Run<'_> {
             } else if primary.is_none() {
                 primary = Some((outcome.yield_reason, outcome.response, outcome.termination));
             }
-            self.machine.queue.enqueue_entries(outcome.entries);
+            machine.queue.enqueue_entries(outcome.entries);
         }
-        let drained = self.machine.queue.drain_non_ephemeral();
-        let effects = resolve_effects(self.machine, &drained)?;
+        let drained = machine.queue.drain_non_ephemeral();
+        let effects = resolve_effects(machine, &drained)?;
         let step_history: Vec<Message> = drained.into_iter().map(|e| e.message).collect();
-        self.machine.history.extend(step_history.iter().cloned());
-        apply(&mut self.machine.root, &effects);
+        machine.history.extend(step_history.iter().cloned());
+        apply(&mut machine.root, &effects);
         let applied = cedes_of(&effects);
         let mut history = std::mem::take(&mut self.pending);
         history.extend(step_history);
@@ -375,23 +432,17 @@ impl Run<'_> {
         let (reason, response, termination) = primary.unwrap_or((YieldReason::EndTurn, None, None));
         if let Some((id, content)) = applied.cedes.first() {
             match content {
-                Some(CedeContent::Text(s)) => {
-                    self.machine
-                        .history
-                        .push(
-                            Message::user(s.clone()).with_metadata(Metadata::with_source(Source {
-                                instance_id: Some(id.clone()),
-                                ..Source::default()
-                            })),
-                        )
-                }
-                Some(CedeContent::Messages(list)) => {
-                    self.machine.history.extend(list.iter().cloned())
-                }
+                Some(CedeContent::Text(s)) => machine.history.push(
+                    Message::user(s.clone()).with_metadata(Metadata::with_source(Source {
+                        instance_id: Some(id.clone()),
+                        ..Source::default()
+                    })),
+                ),
+                Some(CedeContent::Messages(list)) => machine.history.extend(list.iter().cloned()),
                 None => {}
             }
-            if leaves.len() == 1 {
-                let mut step = self.step(history, YieldReason::Cede, false);
+            if tasks.len() == 1 {
+                let mut step = make_step(machine, history, YieldReason::Cede, false);
                 step.cede_content = cede_json(content);
                 return Ok(step);
             }
@@ -399,28 +450,79 @@ impl Run<'_> {
         if reason == YieldReason::MaxTokens {
             if !self.recovered {
                 self.recovered = true;
-                let step = self.step(history, YieldReason::MaxTokens, false);
-                self.machine.history.push(Message::user(RECOVERY_TEXT));
+                let step = make_step(machine, history, YieldReason::MaxTokens, false);
+                machine.history.push(Message::user(RECOVERY_TEXT));
                 return Ok(step);
             }
-            return Ok(self.step(history, YieldReason::MaxTokens, true));
+            return Ok(make_step(machine, history, YieldReason::MaxTokens, true));
         }
         let done =
             matches!(reason, YieldReason::EndTurn | YieldReason::External) || termination.is_some();
-        let mut step = self.step(history, reason, done);
+        let mut step = make_step(machine, history, reason, done);
         step.response = response;
         step.termination = termination;
         Ok(step)
     }
+}
 
-    async fn next(&mut self) -> Result<MachineStep, RunError> {
-        if !self.started {
-            self.started = true;
-            if let Some(step) = self.initial_drain()? {
-                return Ok(step);
-            }
+fn resume(
+    machine: &mut Machine,
+    id: &InstanceId,
+    suspend_id: &str,
+) -> Result<MachineStep, RunError> {
+    let instance = machine
+        .root
+        .find(id)
+        .ok_or_else(|| RunError::InstanceNotFound(id.clone()))?;
+    let stored = instance
+        .suspended()
+        .ok_or_else(|| RunError::NotSuspended(id.clone()))?;
+    if stored.suspend_id != suspend_id {
+        return Err(RunError::SuspendIdMismatch {
+            expected: stored.suspend_id.clone(),
+            got: suspend_id.to_owned(),
+        });
+    }
+    Instance::update(&mut machine.root, id, &mut |i| i.suspended = None);
+    let notice = Message::user(format!("[Resumed instance {id}]"));
+    machine.history.push(notice.clone());
+    Ok(make_step(
+        machine,
+        vec![notice],
+        YieldReason::Command,
+        false,
+    ))
+}
+
+/// Performs one [`Action::RunLeaves`]: every leaf's executor, concurrently.
+async fn run_leaves(
+    machine: &Machine,
+    state: &RunState,
+    tasks: &[LeafTask],
+) -> Vec<Result<LeafOutcome, RunError>> {
+    let futures = tasks.iter().map(|task| {
+        machine.executor.run_leaf(LeafContext {
+            charter: &machine.charter,
+            leaf: &task.leaf,
+            history: &machine.history,
+            current_step: task.current_step,
+            max_steps: state.options.max_steps,
+            turn: task.turn,
+            terminate_message: &state.options.terminate_message,
+        })
+    });
+    futures::future::join_all(futures).await
+}
+
+/// The driver: performs the state's actions until it yields a step.
+async fn drive(machine: &mut Machine, state: &mut RunState) -> Result<MachineStep, RunError> {
+    match state.next(machine)? {
+        Action::Yield(step) => Ok(step),
+        Action::RunLeaves(tasks) => {
+            let span = tracing::info_span!("step", step = state.steps, leaves = tasks.len());
+            let results = run_leaves(machine, state, &tasks).instrument(span).await;
+            state.on_leaf_results(machine, &tasks, results)
         }
-        self.next_step().await
     }
 }
 
@@ -437,22 +539,14 @@ pub fn run_machine(
         charter = machine.charter.name(),
         max_steps = options.max_steps
     );
-    let run = Run {
-        machine,
-        options,
-        started: false,
-        steps: 0,
-        pending: Vec::new(),
-        recovered: false,
-        turns: HashMap::new(),
-    };
-    stream::unfold(Some(run), move |run| {
+    let state = RunState::new(options);
+    stream::unfold(Some((machine, state)), move |run| {
         let span = span.clone();
         async move {
-            let mut run = run?;
-            let item = run.next().instrument(span).await;
+            let (machine, mut state) = run?;
+            let item = drive(machine, &mut state).instrument(span).await;
             let go_on = matches!(&item, Ok(step) if !step.done);
-            Some((item, go_on.then_some(run)))
+            Some((item, go_on.then_some((machine, state))))
         }
     })
 }

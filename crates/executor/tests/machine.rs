@@ -767,3 +767,93 @@ fn reserved_and_duplicate_tool_names_fail_at_build() {
         .unwrap_err();
     assert_eq!(err.to_string(), "Unknown transition ref: missing");
 }
+
+/// Sets one field of its pack's state.
+struct SetTheme;
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+struct ThemeArgs {
+    theme: String,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+struct Prefs {
+    theme: String,
+    size: i64,
+}
+
+impl markov_core::tool::Tool for SetTheme {
+    const NAME: &'static str = "set_theme";
+    type Args = ThemeArgs;
+    type Output = String;
+    type Error = markov_core::tool::StateUpdateError;
+    fn description(&self) -> String {
+        "Set the theme".into()
+    }
+    async fn call(
+        &self,
+        args: ThemeArgs,
+        cx: &markov_core::tool::ToolContext<'_>,
+    ) -> Result<String, Self::Error> {
+        cx.update_state(json!({"theme": args.theme}))?;
+        Ok("ok".into())
+    }
+}
+
+#[tokio::test]
+async fn a_pack_tool_emits_only_its_patch() {
+    let pack = markov_runtime::pack::Pack::builder("prefs", "User preferences")
+        .instructions("Respect the preferences.")
+        .state(Prefs {
+            theme: "light".into(),
+            size: 12,
+        })
+        .tool(SetTheme)
+        .build()
+        .expect("pack");
+    let node = Node::builder("Use packs.")
+        .pack(pack)
+        .build()
+        .expect("node");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("set_theme", json!({"theme": "dark"}))
+            .text("done")
+            .build(),
+    );
+    let mut m = machine(|c| c, node, json!({}), model.clone());
+    m.enqueue_user("dark mode");
+    let (steps, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let patches: Vec<_> = steps[0]
+        .history
+        .iter()
+        .filter_map(|msg| match &msg.items {
+            Items::Instance(p) => match p.as_ref() {
+                InstancePayload::PackState { pack_name, patch } => {
+                    Some((pack_name.clone(), patch.clone()))
+                }
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        patches,
+        vec![("prefs".to_owned(), json!({"theme": "dark"}))]
+    );
+    assert_eq!(
+        m.instance().pack_states()["prefs"],
+        json!({"theme": "dark", "size": 12})
+    );
+    // Pack tool successes leave `is_error` out.
+    assert_eq!(
+        all_results(m.history())[0],
+        ("call_1".into(), "ok".into(), None)
+    );
+    let system = &model.requests()[0].system;
+    assert!(
+        system.contains("## Active Packs\n### prefs\nUser preferences\n\nInstructions:\nRespect the preferences.\n"),
+        "{system}"
+    );
+}
