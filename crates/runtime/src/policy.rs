@@ -42,9 +42,12 @@ pub enum ToolChoicePolicy {
     /// `Any` on the first call of each turn, `Auto` once a tool has run.
     RequiredFirst,
     /// `Any` on every call. Needs a way out: a terminal tool, a tool that
-    /// ends the run, or a transition (checked when the node is built).
+    /// ends the run, or a transition (checked when the node is built, against
+    /// the node's own tools and transitions: an exit that only an ancestor,
+    /// the charter or a pack provides is not seen there).
     Required,
-    /// This tool on the first call of a turn, then `Auto`.
+    /// This tool on the first call of a turn, then `Auto`. The name must be
+    /// one of the node's own tools (checked when the node is built).
     Named(ToolName),
     /// The model may not call tools.
     None,
