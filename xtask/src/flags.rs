@@ -1,4 +1,4 @@
-//! Command-line parsing for `cargo xtask`, by hand: two commands do not
+//! Command-line parsing for `cargo xtask`, by hand: three commands do not
 //! justify a dependency on an argument parser.
 
 use std::ffi::OsString;
@@ -11,6 +11,8 @@ Commands:
   test    cargo fmt --check, cargo clippy -D warnings, cargo test (incl. doc
           tests and tidy), cargo doc with RUSTDOCFLAGS=-D warnings; stops at
           the first failure
+  bench   build in release mode and run the benchmarks (markov-bench's
+          figures and table, then its divan bench); see docs/PERFORMANCE.md
   help    print this message";
 
 /// A parsed command line.
@@ -18,6 +20,8 @@ Commands:
 pub(crate) enum Command {
     /// `cargo xtask test`.
     Test,
+    /// `cargo xtask bench`.
+    Bench,
     /// `cargo xtask help`, `-h` or `--help`.
     Help,
 }
@@ -35,6 +39,7 @@ where
     };
     let command = match first.to_str() {
         Some("test") => Command::Test,
+        Some("bench") => Command::Bench,
         Some("help" | "-h" | "--help") => Command::Help,
         Some(other) => return Err(format!("unknown command `{other}`")),
         None => return Err(format!("unknown command {first:?}")),
@@ -60,6 +65,7 @@ mod tests {
     #[test]
     fn known_commands() {
         assert_eq!(parse_strs(&["test"]), Ok(Command::Test));
+        assert_eq!(parse_strs(&["bench"]), Ok(Command::Bench));
         assert_eq!(parse_strs(&["help"]), Ok(Command::Help));
         assert_eq!(parse_strs(&["--help"]), Ok(Command::Help));
         assert_eq!(parse_strs(&["-h"]), Ok(Command::Help));
@@ -69,9 +75,10 @@ mod tests {
     fn rejects_unknown_missing_and_extra() {
         assert_eq!(parse_strs(&[]), Err("no command given".to_owned()));
         assert_eq!(
-            parse_strs(&["bench"]),
-            Err("unknown command `bench`".to_owned())
+            parse_strs(&["benches"]),
+            Err("unknown command `benches`".to_owned())
         );
         assert!(parse_strs(&["test", "--fast"]).is_err());
+        assert!(parse_strs(&["bench", "--quick"]).is_err());
     }
 }

@@ -6,11 +6,15 @@
 //!   `cargo fmt --check`, `cargo clippy -D warnings`, `cargo test` (unit,
 //!   integration and doc tests, plus the `tidy` test in `src/tidy.rs`)
 //!   and `cargo doc` with `RUSTDOCFLAGS=-D warnings`.
+//! - `bench`: the benchmarks of `crates/bench` in release mode: the
+//!   `markov-bench` binary (figures, table and one `bench=...` line per
+//!   figure), then its divan bench. Never part of `test`.
 //! - `help`: prints the usage.
 //!
 //! Arguments are parsed by hand in `flags.rs` to keep this crate free of
 //! dependencies; it builds fast on a cold cache.
 
+mod bench;
 mod flags;
 mod pipeline;
 #[cfg(test)]
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         Command::Test => workspace_root().and_then(|root| pipeline::run(&root)),
+        Command::Bench => workspace_root().and_then(|root| bench::run(&root)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

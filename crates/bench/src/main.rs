@@ -1,0 +1,572 @@
+//! `markov-bench`: figures 1–4 of issue 8 on the scenario of `lib.rs`, as a
+//! release binary run by `cargo xtask bench`.
+//!
+//! 1. Framework overhead per step for K = 10, 100, 1 000 and 10 000: each
+//!    step is timed around the run stream's `next()`; the model answers at
+//!    once, so what is measured is the framework.
+//! 2. Throughput: 1 000 independent machines of K = 10 at once on tokio's
+//!    multi-threaded runtime with 2 workers.
+//! 3. Memory: the process's peak resident set after figure 2 (`VmHWM`), the
+//!    peak live heap during one such run, and the heap held by one idle
+//!    machine after a turn, counted by the global allocator in `counting.rs`.
+//! 4. Serializing and deserializing the history (`Vec<Message>`, serde_json)
+//!    after K = 100 and 1 000. Full machine snapshots do not exist yet.
+//!
+//! Figure 5 (the tool-registry policy pipeline) cannot be measured: that
+//! pipeline does not exist yet, and the binary says so.
+//!
+//! Every figure prints one machine-readable line (`bench=<name> key=value
+//! ...`) as it finishes, and a table closes the run.
+//!
+//! Usage: `markov-bench [--quick]` (`--quick`: fewer repetitions and K up to
+//! 1 000, to check that it runs), or `markov-bench profile <K> <TURNS>` (only
+//! turns of K steps, untimed, for `valgrind --tool=callgrind`).
+
+mod counting;
+
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use markov_bench::{Scenario, current_thread_runtime, run_turn, run_turn_timed};
+use markov_core::message::Message;
+
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting;
+
+/// The history lengths of figure 1.
+const STEP_KS: [usize; 4] = [10, 100, 1_000, 10_000];
+/// Steps timed per K in figure 1 (at least one turn).
+const STEPS_PER_K: usize = 100_000;
+/// Machines run at once in figures 2 and 3.
+const MACHINES: usize = 1_000;
+/// Tool steps per machine in figures 2 and 3.
+const MACHINE_K: usize = 10;
+/// Worker threads of figure 2's runtime.
+const WORKERS: usize = 2;
+/// Timed rounds of figure 2.
+const ROUNDS: usize = 7;
+/// The history lengths of figure 4.
+const SERDE_KS: [usize; 2] = [100, 1_000];
+
+/// How much to run.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    step_ks: &'static [usize],
+    steps_per_k: usize,
+    rounds: usize,
+    serde_iterations: usize,
+}
+
+const FULL: Plan = Plan {
+    step_ks: &STEP_KS,
+    steps_per_k: STEPS_PER_K,
+    rounds: ROUNDS,
+    serde_iterations: 200_000,
+};
+
+const QUICK: Plan = Plan {
+    step_ks: &[10, 100, 1_000],
+    steps_per_k: 2_000,
+    rounds: 2,
+    serde_iterations: 20_000,
+};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    match args.as_slice() {
+        [] => run_all(FULL),
+        ["--quick"] => run_all(QUICK),
+        ["profile", k, turns] => match (k.parse(), turns.parse()) {
+            (Ok(k), Ok(turns)) => {
+                profile(k, turns);
+                ExitCode::SUCCESS
+            }
+            _ => usage(),
+        },
+        _ => usage(),
+    }
+}
+
+fn usage() -> ExitCode {
+    eprintln!("usage: markov-bench [--quick] | markov-bench profile <K> <TURNS>");
+    ExitCode::from(2)
+}
+
+/// Runs `turns` turns of `k` tool steps, untimed: the workload to profile.
+fn profile(k: usize, turns: usize) {
+    let scenario = Scenario::new();
+    let runtime = current_thread_runtime();
+    let mut steps = 0;
+    for _ in 0..turns {
+        let mut machine = scenario.machine(k);
+        steps += runtime.block_on(run_turn(&mut machine, k));
+    }
+    println!("profile: {turns} turns of K = {k}, {steps} steps");
+}
+
+fn run_all(plan: Plan) -> ExitCode {
+    let mut table = String::new();
+    let cpus = std::thread::available_parallelism().map_or(0, usize::from);
+    // Figures 2 and 3 first, so the process's peak RSS is theirs.
+    let throughput = throughput(plan);
+    let idle = idle_memory();
+    let steps: Vec<StepFigure> = plan
+        .step_ks
+        .iter()
+        .map(|&k| step_overhead(k, plan))
+        .collect();
+    let ratio = step_ratio(&steps);
+    let serde: Vec<SerdeFigure> = SERDE_KS
+        .iter()
+        .map(|&k| history_serde(k, plan.serde_iterations))
+        .collect();
+    println!(
+        "bench=policy_pipeline status=unavailable reason=\"the tool-registry policy pipeline does not exist yet\""
+    );
+
+    let _ = writeln!(
+        table,
+        "\nmarkov benchmarks: zero-latency scripted model, {cpus} CPUs visible\n"
+    );
+    let _ = writeln!(
+        table,
+        "1. Framework overhead per step (timed around the run stream's next())"
+    );
+    let _ = writeln!(
+        table,
+        "   {:>6} {:>8} {:>9} {:>10} {:>8} {:>8} {:>13} {:>13} {:>12}",
+        "K",
+        "steps",
+        "mean µs",
+        "median µs",
+        "p90 µs",
+        "p99 µs",
+        "first10% med",
+        "last10% med",
+        "allocs/step"
+    );
+    for s in &steps {
+        let _ = writeln!(
+            table,
+            "   {:>6} {:>8} {:>9.2} {:>10.2} {:>8.2} {:>8.2} {:>13.2} {:>13.2} {:>12.1}",
+            s.k,
+            s.stats.count,
+            s.stats.mean_us,
+            s.stats.median_us,
+            s.stats.p90_us,
+            s.stats.p99_us,
+            s.first_tenth_median_us,
+            s.last_tenth_median_us,
+            s.allocations_per_step
+        );
+    }
+    if let Some((hi, lo, median, mean)) = ratio {
+        let _ = writeln!(
+            table,
+            "   K = {hi} vs K = {lo}: median ×{median:.2}, mean ×{mean:.2} (target: within ×2)"
+        );
+    }
+    let _ = writeln!(
+        table,
+        "\n2. Throughput: {MACHINES} machines × K = {MACHINE_K} ({} steps each) at once, tokio multi-thread, {WORKERS} workers, {} rounds",
+        MACHINE_K + 1,
+        throughput.rounds.len()
+    );
+    let _ = writeln!(
+        table,
+        "   median round {:.1} ms: {:.0} machines/s, {:.0} steps/s (best round: {:.0} steps/s)",
+        throughput.median.as_secs_f64() * 1e3,
+        throughput.machines_per_s(throughput.median),
+        throughput.steps_per_s(throughput.median),
+        throughput.steps_per_s(throughput.best),
+    );
+    let _ = writeln!(table, "\n3. Memory");
+    let _ = writeln!(
+        table,
+        "   peak RSS after figure 2 (VmHWM): {:.1} MB (at start: {:.1} MB); peak live heap of one figure-2 round (build + run {MACHINES} machines): {:.1} MB",
+        throughput.vm_hwm_kb as f64 / 1024.0,
+        throughput.start_rss_kb as f64 / 1024.0,
+        throughput.peak_heap as f64 / MB,
+    );
+    let _ = writeln!(
+        table,
+        "   heap per machine: {} B built, {} B idle after a turn of K = {MACHINE_K} ({} messages; a copy of that history alone: {} B); the scripted model alone, fresh: {} B",
+        idle.built_per_machine,
+        idle.idle_per_machine,
+        idle.messages,
+        idle.history_bytes,
+        idle.model_per_machine
+    );
+    let _ = writeln!(
+        table,
+        "\n4. History (Vec<Message>) to and from JSON with serde_json (full machine snapshots: not ported yet)"
+    );
+    let _ = writeln!(
+        table,
+        "   {:>6} {:>9} {:>11} {:>13} {:>13}",
+        "K", "messages", "JSON bytes", "serialize µs", "deserialize µs"
+    );
+    for s in &serde {
+        let _ = writeln!(
+            table,
+            "   {:>6} {:>9} {:>11} {:>13.1} {:>13.1}",
+            s.k, s.messages, s.bytes, s.serialize_us, s.deserialize_us
+        );
+    }
+    let _ = writeln!(
+        table,
+        "\n5. Tool-registry policy pipeline: not measured, the pipeline does not exist yet."
+    );
+    println!("{table}");
+    ExitCode::SUCCESS
+}
+
+const MB: f64 = 1024.0 * 1024.0;
+
+/// Summary statistics of a sample of durations, in microseconds.
+#[derive(Debug, Clone, Copy)]
+struct Stats {
+    count: usize,
+    mean_us: f64,
+    median_us: f64,
+    p90_us: f64,
+    p99_us: f64,
+}
+
+impl Stats {
+    fn of(times: &[Duration]) -> Stats {
+        let mut us: Vec<f64> = times.iter().map(|t| t.as_secs_f64() * 1e6).collect();
+        us.sort_by(f64::total_cmp);
+        let count = us.len();
+        let mean_us = if count == 0 {
+            0.0
+        } else {
+            us.iter().sum::<f64>() / count as f64
+        };
+        Stats {
+            count,
+            mean_us,
+            median_us: quantile(&us, 0.5),
+            p90_us: quantile(&us, 0.9),
+            p99_us: quantile(&us, 0.99),
+        }
+    }
+}
+
+/// The `q` quantile of sorted values (nearest rank); 0 when empty.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}
+
+/// Figure 1 for one K.
+#[derive(Debug)]
+struct StepFigure {
+    k: usize,
+    stats: Stats,
+    /// Median of the first tenth of each turn's steps.
+    first_tenth_median_us: f64,
+    /// Median of the last tenth of each turn's steps.
+    last_tenth_median_us: f64,
+    /// Heap allocations per step, counted over one more, untimed turn.
+    allocations_per_step: f64,
+}
+
+fn step_overhead(k: usize, plan: Plan) -> StepFigure {
+    let scenario = Scenario::new();
+    let runtime = current_thread_runtime();
+    let steps = k + 1;
+    let turns = plan.steps_per_k.div_ceil(steps).max(1);
+    // Warm up: caches, lazily registered tracing callsites, the allocator.
+    for _ in 0..turns.min(3) {
+        let mut machine = scenario.machine(k);
+        runtime.block_on(run_turn(&mut machine, k));
+    }
+    let mut all = Vec::with_capacity(turns * steps);
+    let mut first = Vec::new();
+    let mut last = Vec::new();
+    let tenth = steps.div_ceil(10);
+    for _ in 0..turns {
+        let mut machine = scenario.machine(k);
+        let mut times = Vec::with_capacity(steps);
+        runtime.block_on(run_turn_timed(&mut machine, k, &mut times));
+        first.extend_from_slice(&times[..tenth]);
+        last.extend_from_slice(&times[times.len() - tenth..]);
+        all.extend(times);
+        drop(machine);
+    }
+    let stats = Stats::of(&all);
+    let mut machine = scenario.machine(k);
+    let window = counting::Window::open();
+    runtime.block_on(run_turn(&mut machine, k));
+    let counted = window.close();
+    drop(machine);
+    let figure = StepFigure {
+        k,
+        stats,
+        first_tenth_median_us: Stats::of(&first).median_us,
+        last_tenth_median_us: Stats::of(&last).median_us,
+        allocations_per_step: counted.allocations as f64 / steps as f64,
+    };
+    println!(
+        "bench=step_overhead k={k} turns={turns} steps={} mean_us={:.3} median_us={:.3} p90_us={:.3} p99_us={:.3} first10_median_us={:.3} last10_median_us={:.3} allocs_per_step={:.1}",
+        stats.count,
+        stats.mean_us,
+        stats.median_us,
+        stats.p90_us,
+        stats.p99_us,
+        figure.first_tenth_median_us,
+        figure.last_tenth_median_us,
+        figure.allocations_per_step
+    );
+    figure
+}
+
+/// The largest K against the smallest: (K hi, K lo, median ratio, mean ratio).
+fn step_ratio(steps: &[StepFigure]) -> Option<(usize, usize, f64, f64)> {
+    let lo = steps.first()?;
+    let hi = steps.last()?;
+    let median = hi.stats.median_us / lo.stats.median_us;
+    let mean = hi.stats.mean_us / lo.stats.mean_us;
+    println!(
+        "bench=step_overhead_ratio k_hi={} k_lo={} median_ratio={median:.3} mean_ratio={mean:.3} target_max=2",
+        hi.k, lo.k
+    );
+    Some((hi.k, lo.k, median, mean))
+}
+
+/// Figures 2 and the RSS part of 3.
+#[derive(Debug)]
+struct Throughput {
+    rounds: Vec<Duration>,
+    median: Duration,
+    best: Duration,
+    start_rss_kb: u64,
+    vm_hwm_kb: u64,
+    peak_heap: isize,
+}
+
+impl Throughput {
+    fn machines_per_s(&self, round: Duration) -> f64 {
+        MACHINES as f64 / round.as_secs_f64()
+    }
+
+    fn steps_per_s(&self, round: Duration) -> f64 {
+        (MACHINES * (MACHINE_K + 1)) as f64 / round.as_secs_f64()
+    }
+}
+
+/// One round: runs the machines at once and returns them (dropped by the
+/// caller, outside the timing) with the time from the first spawn to the
+/// last join.
+fn round(runtime: &tokio::runtime::Runtime, machines: Vec<markov_executor::Machine>) -> Duration {
+    runtime.block_on(async {
+        let start = Instant::now();
+        let handles: Vec<_> = machines
+            .into_iter()
+            .map(|mut machine| {
+                tokio::spawn(async move {
+                    run_turn(&mut machine, MACHINE_K).await;
+                    machine
+                })
+            })
+            .collect();
+        let mut done = Vec::with_capacity(handles.len());
+        for handle in handles {
+            done.push(handle.await.expect("a benchmark machine's task completes"));
+        }
+        let elapsed = start.elapsed();
+        drop(done);
+        elapsed
+    })
+}
+
+fn throughput(plan: Plan) -> Throughput {
+    let start_rss_kb = proc_status_kb("VmRSS").unwrap_or(0);
+    let scenario = Scenario::new();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKERS)
+        .build()
+        .expect("a multi-threaded tokio runtime starts");
+    // An untimed round with the allocator counting: the peak live heap.
+    let window = counting::Window::open();
+    let machines: Vec<_> = (0..MACHINES).map(|_| scenario.machine(MACHINE_K)).collect();
+    round(&runtime, machines);
+    let peak_heap = window.close().peak;
+    let mut rounds = Vec::with_capacity(plan.rounds);
+    for _ in 0..plan.rounds {
+        let machines: Vec<_> = (0..MACHINES).map(|_| scenario.machine(MACHINE_K)).collect();
+        rounds.push(round(&runtime, machines));
+    }
+    let vm_hwm_kb = proc_status_kb("VmHWM").unwrap_or(0);
+    let mut sorted = rounds.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    let best = sorted[0];
+    let figure = Throughput {
+        rounds,
+        median,
+        best,
+        start_rss_kb,
+        vm_hwm_kb,
+        peak_heap,
+    };
+    println!(
+        "bench=throughput machines={MACHINES} k={MACHINE_K} workers={WORKERS} rounds={} median_ms={:.2} machines_per_s={:.0} steps_per_s={:.0} best_steps_per_s={:.0}",
+        figure.rounds.len(),
+        median.as_secs_f64() * 1e3,
+        figure.machines_per_s(median),
+        figure.steps_per_s(median),
+        figure.steps_per_s(best)
+    );
+    println!(
+        "bench=peak_memory machines={MACHINES} k={MACHINE_K} vm_hwm_mb={:.1} start_rss_mb={:.1} peak_heap_mb={:.2}",
+        vm_hwm_kb as f64 / 1024.0,
+        start_rss_kb as f64 / 1024.0,
+        peak_heap as f64 / MB
+    );
+    figure
+}
+
+/// A `kB` line of `/proc/self/status`, e.g. `VmHWM`.
+fn proc_status_kb(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
+        rest.trim().strip_suffix("kB")?.trim().parse().ok()
+    })
+}
+
+/// The per-machine part of figure 3.
+#[derive(Debug)]
+struct IdleMemory {
+    built_per_machine: isize,
+    idle_per_machine: isize,
+    model_per_machine: isize,
+    messages: usize,
+    history_bytes: isize,
+}
+
+fn idle_memory() -> IdleMemory {
+    let scenario = Scenario::new();
+    let runtime = current_thread_runtime();
+    // Warm up outside the window (tracing callsites, runtime internals).
+    let mut warm = scenario.machine(MACHINE_K);
+    runtime.block_on(run_turn(&mut warm, MACHINE_K));
+    drop(warm);
+
+    let n = MACHINES as isize;
+    let window = counting::Window::open();
+    let models: Vec<_> = (0..MACHINES)
+        .map(|_| markov_bench::model(MACHINE_K))
+        .collect();
+    let model_per_machine = window.close().net / n;
+    drop(black_box(models));
+
+    let window = counting::Window::open();
+    let mut machines: Vec<_> = Vec::with_capacity(MACHINES);
+    let vec_bytes = window.net();
+    machines.extend((0..MACHINES).map(|_| scenario.machine(MACHINE_K)));
+    let built = window.net() - vec_bytes;
+    for machine in &mut machines {
+        runtime.block_on(run_turn(machine, MACHINE_K));
+    }
+    let idle = window.close().net - vec_bytes;
+    let messages = machines.first().map_or(0, |m| m.history().len());
+    // The heap of one history alone: a copy with exact capacity.
+    let window = counting::Window::open();
+    let copy = machines.first().map(|m| m.history().to_vec());
+    let history_bytes = window.close().net;
+    drop(black_box(copy));
+    drop(black_box(machines));
+    let figure = IdleMemory {
+        built_per_machine: built / n,
+        idle_per_machine: idle / n,
+        model_per_machine,
+        messages,
+        history_bytes,
+    };
+    println!(
+        "bench=idle_machine_memory machines={MACHINES} k={MACHINE_K} messages={messages} built_bytes_per_machine={} idle_bytes_per_machine={} fresh_model_bytes={} history_copy_bytes={}",
+        figure.built_per_machine,
+        figure.idle_per_machine,
+        figure.model_per_machine,
+        figure.history_bytes
+    );
+    figure
+}
+
+/// Figure 4 for one K.
+#[derive(Debug)]
+struct SerdeFigure {
+    k: usize,
+    messages: usize,
+    bytes: usize,
+    serialize_us: f64,
+    deserialize_us: f64,
+}
+
+fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
+    let scenario = Scenario::new();
+    let runtime = current_thread_runtime();
+    let mut machine = scenario.machine(k);
+    runtime.block_on(run_turn(&mut machine, k));
+    let history = machine.history();
+    let json = serde_json::to_vec(history).expect("the history serializes");
+    let back: Vec<Message> = serde_json::from_slice(&json).expect("the history deserializes");
+    assert_eq!(back, history, "the history survives a JSON round trip");
+
+    // About the same total work for every K.
+    let reps = (iterations / history.len()).clamp(20, 5_000);
+    let mut ser = Vec::with_capacity(reps);
+    let mut de = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = Instant::now();
+        let out = serde_json::to_vec(black_box(history)).expect("the history serializes");
+        ser.push(start.elapsed());
+        let start = Instant::now();
+        let back: Vec<Message> =
+            serde_json::from_slice(black_box(&out)).expect("the history deserializes");
+        de.push(start.elapsed());
+        drop(black_box(back));
+    }
+    let figure = SerdeFigure {
+        k,
+        messages: history.len(),
+        bytes: json.len(),
+        serialize_us: Stats::of(&ser).median_us,
+        deserialize_us: Stats::of(&de).median_us,
+    };
+    println!(
+        "bench=history_serde k={k} messages={} json_bytes={} reps={reps} serialize_median_us={:.1} deserialize_median_us={:.1}",
+        figure.messages, figure.bytes, figure.serialize_us, figure.deserialize_us
+    );
+    figure
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{proc_status_kb, quantile};
+
+    #[test]
+    fn quantiles_use_the_nearest_rank() {
+        let sorted = [1.0, 2.0, 3.0, 4.0, 5.0];
+        assert_eq!(quantile(&sorted, 0.5), 3.0);
+        assert_eq!(quantile(&sorted, 0.0), 1.0);
+        assert_eq!(quantile(&sorted, 1.0), 5.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn reads_the_peak_resident_set() {
+        let hwm = proc_status_kb("VmHWM").expect("Linux reports VmHWM");
+        assert!(hwm > 0);
+        assert_eq!(proc_status_kb("NoSuchKey"), None);
+    }
+}
