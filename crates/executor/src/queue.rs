@@ -131,6 +131,10 @@ impl Queue {
     /// Drains everything but ephemerals, which stay queued for the next run.
     pub(crate) fn drain_non_ephemeral(&self) -> Vec<Entry> {
         let mut q = self.entries();
+        // The common case keeps the deque's buffer for the next step.
+        if q.iter().all(|e| e.message.role != Role::Ephemeral) {
+            return q.drain(..).collect();
+        }
         let (keep, take): (VecDeque<Entry>, VecDeque<Entry>) =
             q.drain(..).partition(|e| e.message.role == Role::Ephemeral);
         *q = keep;

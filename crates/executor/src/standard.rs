@@ -22,7 +22,7 @@ use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{LeafView, PipelineOutcome, ToolCall, run_tool_calls};
 use markov_runtime::policy::check_thinking;
 use markov_runtime::prompt::system_prompt;
-use markov_runtime::toolgen::generate_tools;
+use markov_runtime::toolgen::generate_tools_cached;
 use markov_runtime::transition::{TransitionError, TransitionOutcome, execute_transition};
 use serde_json::Value;
 use tracing::Instrument;
@@ -71,8 +71,9 @@ impl StandardExecutor {
 pub struct Prepared {
     /// The system prompt.
     pub system: String,
-    /// The tools offered.
-    pub tools: Vec<ToolDefinition>,
+    /// The tools offered, shared with every other step of the same node
+    /// (see `generate_tools_cached`).
+    pub tools: Arc<[ToolDefinition]>,
     /// The tool choice of this call.
     pub tool_choice: ToolChoice,
     /// The settings (executor defaults overridden by the node).
@@ -141,7 +142,7 @@ pub fn prepare(
     }
     let node = cx.instance().node();
     let ancestors = ancestor_views(cx);
-    let tools = generate_tools(cx.charter, node, &ancestors, cx.is_worker())?;
+    let tools = generate_tools_cached(cx.charter, node, &ancestors, cx.is_worker())?;
     let packs = if cx.root().packs().is_empty() {
         node.packs()
     } else {

@@ -49,8 +49,20 @@ pub struct PromptInput<'a> {
 
 type PromptBuilderFn = dyn Fn(&PromptInput<'_>) -> String + Send + Sync;
 
+/// Generated tool lists by (node, ancestors' nodes, worker): the list is a pure
+/// function of the charter and those nodes, all immutable, so a step reuses it
+/// instead of rebuilding schemas.
+type ToolCacheKey = (markov_core::NodeId, Vec<markov_core::NodeId>, bool);
+
+/// Entries kept before the cache starts over (inline nodes from general
+/// transitions get fresh ids, so the key space is open).
+const TOOL_CACHE_LIMIT: usize = 256;
+
 struct CharterInner {
     name: String,
+    tool_cache: std::sync::RwLock<
+        std::collections::HashMap<ToolCacheKey, Arc<[markov_core::ToolDefinition]>>,
+    >,
     instructions: Option<String>,
     tools: ToolSet,
     transitions: Vec<(String, Transition)>,
@@ -149,6 +161,40 @@ impl Charter {
     /// The custom system-prompt builder, if any.
     pub fn prompt_builder(&self) -> Option<&PromptBuilderFn> {
         self.0.prompt_builder.as_deref()
+    }
+
+    /// The cached tool list for `node` under `ancestors`, or the one `make` builds.
+    pub(crate) fn cached_tools(
+        &self,
+        node: &Node,
+        ancestors: &[AncestorView<'_>],
+        is_worker: bool,
+        make: impl FnOnce() -> Result<Vec<markov_core::ToolDefinition>, ConfigError>,
+    ) -> Result<Arc<[markov_core::ToolDefinition]>, ConfigError> {
+        let key = (
+            node.id().clone(),
+            ancestors
+                .iter()
+                .map(|a| a.node.id().clone())
+                .collect::<Vec<_>>(),
+            is_worker,
+        );
+        if let Some(hit) = self
+            .0
+            .tool_cache
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(Arc::clone(hit));
+        }
+        let tools: Arc<[markov_core::ToolDefinition]> = make()?.into();
+        let mut cache = self.0.tool_cache.write().unwrap_or_else(|p| p.into_inner());
+        if cache.len() >= TOOL_CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(key, Arc::clone(&tools));
+        Ok(tools)
     }
 
     /// Follows refs until a concrete transition.
@@ -333,6 +379,7 @@ impl CharterBuilder {
         }
         let charter = Charter(Arc::new(CharterInner {
             name: self.name,
+            tool_cache: Default::default(),
             instructions: self.instructions,
             tools,
             transitions: self.transitions,

@@ -52,6 +52,20 @@ pub const TRANSITION_DESCRIPTION: &str = "Transition to a different node. Use th
 /// The description of a `transition_<name>` tool whose transition has none.
 pub const DEFAULT_TRANSITION_DESCRIPTION: &str = "Transition to another node";
 
+/// [`generate_tools`], remembered by the charter: the list depends only on the
+/// charter, the node, the ancestors' nodes and `is_worker`, all immutable, so
+/// later steps share it instead of rebuilding every schema.
+pub fn generate_tools_cached(
+    charter: &Charter,
+    node: &Node,
+    ancestors: &[AncestorView<'_>],
+    is_worker: bool,
+) -> Result<std::sync::Arc<[ToolDefinition]>, ConfigError> {
+    charter.cached_tools(node, ancestors, is_worker, || {
+        generate_tools(charter, node, ancestors, is_worker)
+    })
+}
+
 /// The tools offered to a model for `node`, in the order of spec §11.
 ///
 /// `ancestors` are root first, as everywhere else; their tools are added

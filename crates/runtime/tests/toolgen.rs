@@ -433,3 +433,21 @@ fn unknown_transition_refs_are_errors() {
         ConfigError::UnknownNodeInTransitionRef("ghost.t".into())
     );
 }
+
+#[test]
+fn cached_tool_lists_are_shared_per_node_and_context() {
+    use markov_runtime::toolgen::generate_tools_cached;
+    let node = Node::builder("Cached.").build().expect("node");
+    let charter = Charter::builder("c").build().expect("charter");
+    let first = generate_tools_cached(&charter, &node, &[], false).expect("tools");
+    let again = generate_tools_cached(&charter, &node, &[], false).expect("tools");
+    assert!(std::sync::Arc::ptr_eq(&first, &again));
+    let worker = generate_tools_cached(&charter, &node, &[], true).expect("tools");
+    assert!(!std::sync::Arc::ptr_eq(&first, &worker));
+    assert_eq!(
+        &*first,
+        generate_tools(&charter, &node, &[], false)
+            .expect("tools")
+            .as_slice()
+    );
+}
