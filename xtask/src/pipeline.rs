@@ -1,8 +1,9 @@
 //! `cargo xtask test`: the CI pipeline, one cargo command per step, run from
 //! the workspace root and stopped at the first failure.
 
+use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, ExitStatus, Stdio};
 
 /// One step of the pipeline: a cargo invocation and its extra environment.
 #[derive(Debug)]
@@ -52,22 +53,30 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
     // Set by cargo when it runs xtask, so the steps use the same toolchain.
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let total = STEPS.len();
+    let mut tests = None;
     for (index, step) in STEPS.iter().enumerate() {
         let number = index + 1;
         let shown = display(step);
         println!("$ {shown}");
-        let status = Command::new(&cargo)
+        let mut command = Command::new(&cargo);
+        command
             .args(step.args)
             .envs(step.env.iter().copied())
-            .current_dir(root)
-            .status()
-            .map_err(|err| {
-                format!(
-                    "step {number}/{total} ({}) could not start `{}`: {err}",
-                    step.name,
-                    cargo.to_string_lossy()
-                )
-            })?;
+            .current_dir(root);
+        let could_not_start = |err: std::io::Error| {
+            format!(
+                "step {number}/{total} ({}) could not start `{}`: {err}",
+                step.name,
+                cargo.to_string_lossy()
+            )
+        };
+        let status = if step.name == "test" {
+            let (status, counts) = run_counting(&mut command).map_err(could_not_start)?;
+            tests = Some(counts);
+            status
+        } else {
+            command.status().map_err(could_not_start)?
+        };
         if !status.success() {
             let how = match status.code() {
                 Some(code) => format!("exit code {code}"),
@@ -80,7 +89,53 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
         }
     }
     println!("xtask: all {total} steps passed");
+    if let Some(counts) = tests {
+        // A plain closing line, so a reader of the log sees what ran.
+        println!("tests: {} passed, {} failed", counts.passed, counts.failed);
+    }
     Ok(())
+}
+
+/// Test counts summed over every `test result:` line of `cargo test`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Counts {
+    passed: u64,
+    failed: u64,
+}
+
+impl Counts {
+    /// Adds the counts of one `test result: ok. 3 passed; 0 failed; ...` line.
+    fn add_line(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else {
+            return;
+        };
+        for part in rest.split([';', '.']) {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next())
+                && let Ok(n) = n.parse::<u64>()
+            {
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// Runs `command`, echoing its standard output line by line while counting tests.
+fn run_counting(command: &mut Command) -> std::io::Result<(ExitStatus, Counts)> {
+    let mut child = command.stdout(Stdio::piped()).spawn()?;
+    let mut counts = Counts::default();
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let line = line?;
+            println!("{line}");
+            counts.add_line(&line);
+        }
+    }
+    Ok((child.wait()?, counts))
 }
 
 /// The step as a shell command line, e.g. `RUSTDOCFLAGS='-D warnings' cargo doc`.
@@ -106,7 +161,24 @@ fn quote(word: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{STEPS, display};
+    use super::{Counts, STEPS, display};
+
+    #[test]
+    fn test_result_lines_are_counted() {
+        let mut c = Counts::default();
+        c.add_line("test result: ok. 13 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out; finished in 0.00s");
+        c.add_line(
+            "test result: FAILED. 2 passed; 1 failed; 0 ignored; 0 measured; 0 filtered out",
+        );
+        c.add_line("running 3 tests");
+        assert_eq!(
+            c,
+            Counts {
+                passed: 15,
+                failed: 1
+            }
+        );
+    }
 
     #[test]
     fn steps_display_as_shell_commands() {
