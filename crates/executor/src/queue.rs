@@ -128,6 +128,14 @@ impl Queue {
         self.entries().drain(..).collect()
     }
 
+    /// Puts drained entries back at the front, in order (a failed step loses nothing).
+    pub(crate) fn requeue_front(&self, entries: Vec<Entry>) {
+        let mut q = self.entries();
+        for entry in entries.into_iter().rev() {
+            q.push_front(entry);
+        }
+    }
+
     /// Drains everything but ephemerals, which stay queued for the next run.
     pub(crate) fn drain_non_ephemeral(&self) -> Vec<Entry> {
         let mut q = self.entries();

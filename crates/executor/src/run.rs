@@ -315,7 +315,14 @@ impl RunState {
         let triggers = entries
             .iter()
             .any(|e| e.message.role == Role::User && !e.message.is_silent());
-        let effects = resolve_effects(machine, &entries)?;
+        let effects = match resolve_effects(machine, &entries) {
+            Ok(effects) => effects,
+            Err(e) => {
+                // Nothing is lost: the batch waits in the queue, as it was.
+                machine.queue.requeue_front(entries);
+                return Err(e);
+            }
+        };
         let messages: Vec<Message> = entries.into_iter().map(|e| e.message).collect();
         machine.history.extend(messages.iter().cloned());
         apply(&mut machine.root, &effects);
@@ -421,7 +428,13 @@ impl RunState {
             machine.queue.enqueue_entries(outcome.entries);
         }
         let drained = machine.queue.drain_non_ephemeral();
-        let effects = resolve_effects(machine, &drained)?;
+        let effects = match resolve_effects(machine, &drained) {
+            Ok(effects) => effects,
+            Err(e) => {
+                machine.queue.requeue_front(drained);
+                return Err(e);
+            }
+        };
         let step_history: Vec<Message> = drained.into_iter().map(|e| e.message).collect();
         machine.history.extend(step_history.iter().cloned());
         apply(&mut machine.root, &effects);

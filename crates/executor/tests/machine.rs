@@ -857,3 +857,25 @@ async fn a_pack_tool_emits_only_its_patch() {
         "{system}"
     );
 }
+
+#[tokio::test]
+async fn a_malformed_instance_message_is_an_error_and_loses_nothing() {
+    let model = Arc::new(ScriptedModel::builder().text("never").build());
+    let mut m = machine(|c| c, counter_node(), counter_state(), model.clone());
+    let id = m.instance().id().clone();
+    m.enqueue([
+        Message::user("hi"),
+        Message::instance(InstancePayload::Transition {
+            instance_id: id,
+            node: json!({"ref": "no_such_node"}),
+            state: None,
+        }),
+    ]);
+    let err = run_to_completion(&mut m, RunOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "Unknown node ref: no_such_node");
+    assert_eq!(model.calls(), 0);
+    assert!(m.history().is_empty());
+    assert_eq!(m.queue().len(), 2, "the batch is still queued");
+}
