@@ -8,6 +8,11 @@
 //! `k + 1` model steps. Other frameworks are measured on the same scenario, so
 //! keep it exactly so.
 //!
+//! [`Scenario::with_policies`] is the same scenario with the tool registry on
+//! (figure 5): the three tools registered, every policy of the standard stack
+//! active and generous enough that nothing is rejected, each tool with a
+//! timeout (so the timer is armed on every call).
+//!
 //! ```
 //! let scenario = markov_bench::Scenario::new();
 //! let mut machine = scenario.machine(3);
@@ -19,6 +24,7 @@
 //! ```
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -26,6 +32,7 @@ use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
+use markov_runtime::registry::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_testkit::{Recording, ScriptedModel};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -137,6 +144,29 @@ pub fn model(k: usize) -> ScriptedModel {
 pub struct Scenario {
     node: Node,
     charter: Charter,
+    registry: Option<Arc<ToolRegistry>>,
+}
+
+/// The registry of figure 5: the three tools, a budget no turn reaches, the
+/// envelope on, a 10 s timeout and a 2 s latency budget on each tool.
+pub fn policy_registry() -> Arc<ToolRegistry> {
+    let metadata = |category| {
+        ToolMetadata::new(category)
+            .with_modes([Mode::TEXT])
+            .with_timeout(Duration::from_secs(10))
+            .with_latency_budget(Duration::from_secs(2))
+    };
+    let budget = Budget::UNLIMITED
+        .max_calls(u32::MAX)
+        .max_for(Category::Retrieval, u32::MAX);
+    Arc::new(
+        ToolRegistry::builder(PolicyConfig::new(budget))
+            .register(Add, metadata(Category::Other))
+            .register(Echo, metadata(Category::Other))
+            .register(Lookup, metadata(Category::Retrieval))
+            .lock()
+            .expect("the benchmark registry locks"),
+    )
 }
 
 impl Scenario {
@@ -153,7 +183,19 @@ impl Scenario {
             .node("worker", node.clone())
             .build()
             .expect("the benchmark charter builds");
-        Scenario { node, charter }
+        Scenario {
+            node,
+            charter,
+            registry: None,
+        }
+    }
+
+    /// The same scenario with every call going through [`policy_registry`].
+    pub fn with_policies() -> Self {
+        Scenario {
+            registry: Some(policy_registry()),
+            ..Self::new()
+        }
     }
 
     /// A fresh machine whose model answers a turn of `k` tool steps, with
@@ -161,7 +203,12 @@ impl Scenario {
     pub fn machine(&self, k: usize) -> Machine {
         let machine = Machine::new(
             self.charter.clone(),
-            StandardExecutor::new(model(k)),
+            match &self.registry {
+                None => StandardExecutor::new(model(k)),
+                Some(registry) => {
+                    StandardExecutor::new(model(k)).with_registry(Arc::clone(registry), Mode::TEXT)
+                }
+            },
             Instance::new(self.node.clone(), json!({})),
         )
         .expect("the benchmark machine builds");
@@ -226,6 +273,15 @@ pub async fn run_turn_timed(machine: &mut Machine, k: usize, times: &mut Vec<Dur
         steps += 1;
     }
     assert_eq!(steps, k + 1, "a turn of {k} tool steps has {} steps", k + 1);
+}
+
+/// A single-threaded tokio runtime with its timer, for figure 5 (tool
+/// timeouts need it).
+pub fn timed_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current-thread tokio runtime starts")
 }
 
 /// A single-threaded tokio runtime, for the per-step figures.

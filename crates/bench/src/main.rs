@@ -1,4 +1,4 @@
-//! `markov-bench`: figures 1–4 of issue 8 on the scenario of `lib.rs`, as a
+//! `markov-bench`: figures 1–5 of issue 8 on the scenario of `lib.rs`, as a
 //! release binary run by `cargo xtask bench`.
 //!
 //! 1. Framework overhead per step for K = 10, 100, 1 000 and 10 000: each
@@ -12,8 +12,11 @@
 //! 4. Serializing and deserializing the history (`Vec<Message>`, serde_json)
 //!    after K = 100 and 1 000. Full machine snapshots do not exist yet.
 //!
-//! Figure 5 (the tool-registry policy pipeline) cannot be measured: that
-//! pipeline does not exist yet, and the binary says so.
+//! 5. The tool-registry policy pipeline: figure 1 at K = 10 and 1 000 with
+//!    the registry on and every policy active (nothing rejects), on a
+//!    runtime with its timer, beside the same figure without the registry on
+//!    that runtime; then the cost of each layer, calling the stack directly
+//!    with layers added one at a time from the inside out.
 //!
 //! Every figure prints one machine-readable line (`bench=<name> key=value
 //! ...`) as it finishes, and a table closes the run.
@@ -29,8 +32,17 @@ use std::hint::black_box;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use markov_bench::{Scenario, current_thread_runtime, run_turn, run_turn_timed};
+use markov_bench::{
+    Scenario, current_thread_runtime, policy_registry, run_turn, run_turn_timed, timed_runtime,
+};
+use markov_core::ids::ToolCallId;
 use markov_core::message::Message;
+use markov_core::tool::{NoState, ToolContext};
+use markov_runtime::registry::{
+    AuditLayer, CallReport, ConfirmLayer, EnvelopeMode, ExecuteService, GateLayer,
+    IdempotencyLayer, LatencyLayer, Mode, PolicyStack, TimeoutLayer, ToolRequest, ToolService,
+    TurnBudgetState, mode::ModeLayer, unknown_tool::UnknownToolLayer, validate::ValidateLayer,
+};
 
 #[global_allocator]
 static ALLOCATOR: counting::Counting = counting::Counting;
@@ -47,6 +59,8 @@ const MACHINE_K: usize = 10;
 const WORKERS: usize = 2;
 /// Timed rounds of figure 2.
 const ROUNDS: usize = 7;
+/// The history lengths of figure 5.
+const POLICY_KS: [usize; 2] = [10, 1_000];
 /// The history lengths of figure 4.
 const SERDE_KS: [usize; 2] = [100, 1_000];
 
@@ -123,9 +137,15 @@ fn run_all(plan: Plan) -> ExitCode {
         .iter()
         .map(|&k| history_serde(k, plan.serde_iterations))
         .collect();
-    println!(
-        "bench=policy_pipeline status=unavailable reason=\"the tool-registry policy pipeline does not exist yet\""
-    );
+    let policy: Vec<(StepFigure, StepFigure)> = POLICY_KS
+        .iter()
+        .map(|&k| {
+            let base = step_figure(k, plan, &Scenario::new(), &timed_runtime(), "off");
+            let on = step_figure(k, plan, &Scenario::with_policies(), &timed_runtime(), "on");
+            (base, on)
+        })
+        .collect();
+    let layers = layer_costs(plan.steps_per_k.max(20_000));
 
     let _ = writeln!(
         table,
@@ -218,8 +238,38 @@ fn run_all(plan: Plan) -> ExitCode {
     }
     let _ = writeln!(
         table,
-        "\n5. Tool-registry policy pipeline: not measured, the pipeline does not exist yet."
+        "\n5. Tool-registry policy pipeline (every policy on, nothing rejected; timer-enabled runtime)"
     );
+    let _ = writeln!(
+        table,
+        "   {:>6} {:>16} {:>15} {:>10} {:>16} {:>15}",
+        "K", "median µs (off)", "median µs (on)", "Δ µs", "allocs/step off", "allocs/step on"
+    );
+    for (off, on) in &policy {
+        let _ = writeln!(
+            table,
+            "   {:>6} {:>16.2} {:>15.2} {:>10.2} {:>16.1} {:>15.1}",
+            off.k,
+            off.stats.median_us,
+            on.stats.median_us,
+            on.stats.median_us - off.stats.median_us,
+            off.allocations_per_step,
+            on.allocations_per_step
+        );
+    }
+    let _ = writeln!(
+        table,
+        "   per call through the stack, layers added from the inside out:"
+    );
+    let mut previous = 0.0;
+    for (name, ns) in &layers {
+        let _ = writeln!(
+            table,
+            "   {name:>14}: {ns:>7.0} ns per call ({:+.0} ns)",
+            ns - previous
+        );
+        previous = *ns;
+    }
     println!("{table}");
     ExitCode::SUCCESS
 }
@@ -279,8 +329,17 @@ struct StepFigure {
 }
 
 fn step_overhead(k: usize, plan: Plan) -> StepFigure {
-    let scenario = Scenario::new();
-    let runtime = current_thread_runtime();
+    step_figure(k, plan, &Scenario::new(), &current_thread_runtime(), "")
+}
+
+/// Figure 1 (or, with `registry` = "on"/"off", figure 5) for one K.
+fn step_figure(
+    k: usize,
+    plan: Plan,
+    scenario: &Scenario,
+    runtime: &tokio::runtime::Runtime,
+    registry: &str,
+) -> StepFigure {
     let steps = k + 1;
     let turns = plan.steps_per_k.div_ceil(steps).max(1);
     // Warm up: caches, lazily registered tracing callsites, the allocator.
@@ -314,6 +373,18 @@ fn step_overhead(k: usize, plan: Plan) -> StepFigure {
         last_tenth_median_us: Stats::of(&last).median_us,
         allocations_per_step: counted.allocations as f64 / steps as f64,
     };
+    if !registry.is_empty() {
+        println!(
+            "bench=policy_pipeline registry={registry} k={k} steps={} mean_us={:.3} median_us={:.3} p90_us={:.3} p99_us={:.3} allocs_per_step={:.1}",
+            stats.count,
+            stats.mean_us,
+            stats.median_us,
+            stats.p90_us,
+            stats.p99_us,
+            figure.allocations_per_step
+        );
+        return figure;
+    }
     println!(
         "bench=step_overhead k={k} turns={turns} steps={} mean_us={:.3} median_us={:.3} p90_us={:.3} p99_us={:.3} first10_median_us={:.3} last10_median_us={:.3} allocs_per_step={:.1}",
         stats.count,
@@ -548,6 +619,177 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
         figure.messages, figure.bytes, figure.serialize_us, figure.deserialize_us
     );
     figure
+}
+
+/// Figure 5's per-layer part: the mean cost of one `add` call through the
+/// stack, layers added one at a time from the inside out.
+fn layer_costs(calls: usize) -> Vec<(&'static str, f64)> {
+    let registry = policy_registry();
+    let config = registry.config();
+    let exec = || ExecuteService::new(EnvelopeMode::On);
+    let audit = || AuditLayer::new(config.version(), None);
+    let stacks: Vec<(&'static str, Box<dyn ToolService>)> = vec![
+        ("execute", Box::new(exec())),
+        (
+            "+timeout",
+            Box::new(
+                PolicyStack::new()
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+        (
+            "+latency",
+            Box::new(
+                PolicyStack::new()
+                    .layer(LatencyLayer::new())
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+        (
+            "+idempotency",
+            Box::new(
+                PolicyStack::new()
+                    .layer(IdempotencyLayer::new(config.idempotency()))
+                    .layer(LatencyLayer::new())
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+        (
+            "+confirm",
+            Box::new(
+                PolicyStack::new()
+                    .layer(ConfirmLayer::new(config.confirmations()))
+                    .layer(IdempotencyLayer::new(config.idempotency()))
+                    .layer(LatencyLayer::new())
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+        (
+            "+validate",
+            Box::new(
+                PolicyStack::new()
+                    .layer(ValidateLayer::validate())
+                    .layer(ConfirmLayer::new(config.confirmations()))
+                    .layer(IdempotencyLayer::new(config.idempotency()))
+                    .layer(LatencyLayer::new())
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+        (
+            "+budget",
+            Box::new(
+                PolicyStack::new()
+                    .layer(GateLayer::new(config.budget_gate()))
+                    .layer(ValidateLayer::validate())
+                    .layer(ConfirmLayer::new(config.confirmations()))
+                    .layer(IdempotencyLayer::new(config.idempotency()))
+                    .layer(LatencyLayer::new())
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+        (
+            "+mode",
+            Box::new(
+                PolicyStack::new()
+                    .layer(ModeLayer::mode())
+                    .layer(GateLayer::new(config.budget_gate()))
+                    .layer(ValidateLayer::validate())
+                    .layer(ConfirmLayer::new(config.confirmations()))
+                    .layer(IdempotencyLayer::new(config.idempotency()))
+                    .layer(LatencyLayer::new())
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+        (
+            "+unknown_tool",
+            Box::new(
+                PolicyStack::new()
+                    .layer(UnknownToolLayer::unknown_tool())
+                    .layer(ModeLayer::mode())
+                    .layer(GateLayer::new(config.budget_gate()))
+                    .layer(ValidateLayer::validate())
+                    .layer(ConfirmLayer::new(config.confirmations()))
+                    .layer(IdempotencyLayer::new(config.idempotency()))
+                    .layer(LatencyLayer::new())
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+        (
+            "+audit",
+            Box::new(
+                PolicyStack::new()
+                    .layer(audit())
+                    .layer(UnknownToolLayer::unknown_tool())
+                    .layer(ModeLayer::mode())
+                    .layer(GateLayer::new(config.budget_gate()))
+                    .layer(ValidateLayer::validate())
+                    .layer(ConfirmLayer::new(config.confirmations()))
+                    .layer(IdempotencyLayer::new(config.idempotency()))
+                    .layer(LatencyLayer::new())
+                    .layer(TimeoutLayer::new())
+                    .service(exec()),
+            ),
+        ),
+    ];
+    let runtime = timed_runtime();
+    let tool = registry.tool("add").expect("add is registered");
+    let metadata = registry.metadata("add");
+    let ids: Vec<ToolCallId> = (0..calls)
+        .map(|i| ToolCallId::new(format!("c{i}")))
+        .collect();
+    let input = serde_json::json!({"a": 2, "b": 3});
+    let state = NoState::default();
+    let turn = TurnBudgetState::new();
+    let mut out = Vec::new();
+    let mut previous = 0.0;
+    for (name, service) in &stacks {
+        let run = |ids: &[ToolCallId]| {
+            runtime.block_on(async {
+                for id in ids {
+                    let report = CallReport::new();
+                    let result = service
+                        .call(ToolRequest {
+                            call_id: id,
+                            name: "add",
+                            input: input.clone(),
+                            tool: Some(tool),
+                            metadata,
+                            mode: &Mode::TEXT,
+                            turn: &turn,
+                            report: &report,
+                            cx: ToolContext::new(id, &[], &state),
+                            terminate_message: "Finished",
+                        })
+                        .await;
+                    assert!(!result.is_error, "{name}: {}", result.content);
+                    black_box(result);
+                }
+            })
+        };
+        // Warm up on ids of their own (the idempotency store keys on them).
+        let warm: Vec<ToolCallId> = (0..1_000)
+            .map(|i| ToolCallId::new(format!("w{name}{i}")))
+            .collect();
+        run(&warm);
+        let start = Instant::now();
+        run(&ids);
+        let mean_ns = start.elapsed().as_secs_f64() * 1e9 / calls as f64;
+        println!(
+            "bench=policy_layers stack={name} calls={calls} mean_ns_per_call={mean_ns:.0} layer_ns={:.0}",
+            mean_ns - previous
+        );
+        previous = mean_ns;
+        out.push((*name, mean_ns));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -384,22 +384,22 @@ impl<'a> ToolContext<'a> {
     }
 
     /// The id of this call.
-    pub fn call_id(&self) -> &ToolCallId {
+    pub fn call_id(&self) -> &'a ToolCallId {
         self.call_id
     }
 
     /// The leaf instance the call runs for (also for ancestor and charter tools).
-    pub fn instance_id(&self) -> Option<&InstanceId> {
+    pub fn instance_id(&self) -> Option<&'a InstanceId> {
         self.instance_id
     }
 
     /// The root instance of the tree.
-    pub fn root_instance_id(&self) -> Option<&InstanceId> {
+    pub fn root_instance_id(&self) -> Option<&'a InstanceId> {
         self.root_instance_id
     }
 
     /// The whole history the call can see.
-    pub fn history(&self) -> &[Message] {
+    pub fn history(&self) -> &'a [Message] {
         self.history
     }
 

@@ -22,6 +22,7 @@ use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{LeafView, PipelineOutcome, ToolCall, run_tool_calls};
 use markov_runtime::policy::check_thinking;
 use markov_runtime::prompt::system_prompt;
+use markov_runtime::registry::{Mode, RegistryBinding, ToolRegistry};
 use markov_runtime::toolgen::generate_tools_cached;
 use markov_runtime::transition::{TransitionError, TransitionOutcome, execute_transition};
 use serde_json::Value;
@@ -42,6 +43,7 @@ pub const CUT_OFF_TOOL_CALL: &str =
 pub struct StandardExecutor {
     model: Arc<dyn Model>,
     settings: ModelSettings,
+    registry: Option<Arc<RegistryBinding>>,
 }
 
 impl StandardExecutor {
@@ -55,6 +57,7 @@ impl StandardExecutor {
         StandardExecutor {
             model,
             settings: ModelSettings::default(),
+            registry: None,
         }
     }
 
@@ -62,6 +65,16 @@ impl StandardExecutor {
     #[must_use]
     pub fn with_settings(mut self, settings: ModelSettings) -> Self {
         self.settings = settings;
+        self
+    }
+
+    /// Sends regular tool calls through `registry`'s policy stack in `mode`
+    /// (see [`markov_runtime::registry`]). Budgets count per user turn of
+    /// each leaf: they start over when the leaf's turn does (a new
+    /// `run_machine` call, or entering another node).
+    #[must_use]
+    pub fn with_registry(mut self, registry: Arc<ToolRegistry>, mode: Mode) -> Self {
+        self.registry = Some(Arc::new(RegistryBinding::new(registry, mode)));
         self
     }
 }
@@ -505,6 +518,10 @@ impl Executor for StandardExecutor {
         };
         let ancestors = ancestor_views(&cx);
         let packs = pack_states(&cx);
+        let turn = self
+            .registry
+            .as_ref()
+            .map(|b| b.turn(cx.instance().id(), !cx.turn.tool_ran));
         let view = LeafView {
             charter: cx.charter,
             node: cx.instance().node(),
@@ -516,6 +533,11 @@ impl Executor for StandardExecutor {
             is_worker: cx.is_worker(),
             history: cx.history,
             terminate_message: cx.terminate_message,
+            policies: self
+                .registry
+                .as_deref()
+                .zip(turn.as_deref())
+                .map(|(binding, turn)| binding.session(turn)),
         };
         let outcome = run_tool_calls(&view, calls).await;
         match after_tools(&cx, entries, outcome) {

@@ -7,6 +7,8 @@
 //! - [`Transition`](transition::Transition) and [`Pack`](pack::Pack).
 //! - [`pipeline`]: runs one model response's tool calls in order and reports
 //!   their results and effects as data; it never touches the instance tree.
+//! - [`registry`]: a tool registry whose calls pass a policy stack (modes,
+//!   budgets, confirmation, idempotency, timeouts, audit), with error envelopes.
 //! - [`prompt`] and [`toolgen`]: the system prompt and the tool list a model sees.
 //!
 //! ```
@@ -26,6 +28,7 @@ pub mod pack;
 pub mod pipeline;
 pub mod policy;
 pub mod prompt;
+pub mod registry;
 pub mod serial;
 pub mod state;
 pub mod toolgen;

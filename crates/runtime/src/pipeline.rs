@@ -15,6 +15,14 @@
 //!   terminal call in the same response is not executed;
 //! - a tool whose `update_state` was refused gets an error result (upstream
 //!   ignored the failure silently).
+//!
+//! With a tool registry ([`LeafView::policies`]), regular calls (node,
+//! ancestor, charter and pack tools, and unknown names) go through the
+//! registry's policy stack (see [`crate::registry`]); the tool still runs
+//! with the same [`ToolContext`], so its state updates apply as without one.
+//! Built-ins (`updateState`, transitions) bypass the stack. An unknown name is
+//! then a `NOT_FOUND` envelope instead of `Unknown tool: <name>`, and the
+//! intents that tools returned are collected in [`PipelineOutcome::intents`].
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -32,6 +40,7 @@ use crate::charter::{AncestorView, Charter};
 use crate::execute::into_result;
 use crate::node::Node;
 use crate::pack::Pack;
+use crate::registry::RegistrySession;
 use crate::state::{StateSchema, accumulate_patch, merge_patch};
 use crate::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
 
@@ -58,6 +67,9 @@ pub struct LeafView<'a> {
     pub history: &'a [Message],
     /// The tool result of a `TerminateResponse` without a message.
     pub terminate_message: &'a str,
+    /// The tool registry, mode and turn counters regular calls go through;
+    /// `None` runs tools directly.
+    pub policies: Option<RegistrySession<'a>>,
 }
 
 /// One requested call.
@@ -117,6 +129,9 @@ pub struct PipelineOutcome {
     pub terminal: Option<TerminalResponse>,
     /// A tool asked to end the run.
     pub terminate: Option<TerminateResponse>,
+    /// The intents tools returned through the registry, in call order, with
+    /// the call that returned each.
+    pub intents: Vec<(ToolCallId, Value)>,
 }
 
 impl PipelineOutcome {
@@ -277,13 +292,32 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
             (r, false)
         } else {
             match resolve(leaf, &call.name) {
-                None => (
-                    ToolExecutionResult::error(
-                        call.id.clone(),
-                        format!("Unknown tool: {}", call.name),
+                None => match leaf.policies {
+                    None => (
+                        ToolExecutionResult::error(
+                            call.id.clone(),
+                            format!("Unknown tool: {}", call.name),
+                        ),
+                        true,
                     ),
-                    true,
-                ),
+                    Some(session) => {
+                        let state = ScopedState::read_only(leaf.state.clone());
+                        let cx = ToolContext::new(&call.id, leaf.history, &state)
+                            .with_instance(leaf.instance_id, leaf.root_id);
+                        let executed = session
+                            .run(
+                                None,
+                                &call.id,
+                                &call.name,
+                                call.input.clone(),
+                                cx,
+                                leaf.terminate_message,
+                            )
+                            .instrument(span.clone())
+                            .await;
+                        (executed.result, true)
+                    }
+                },
                 Some(found) => {
                     let terminal = match &found {
                         Found::Node(t, _) | Found::Pack(t, _) => t.definition().terminal,
@@ -299,7 +333,7 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
                         (r, true)
                     } else {
                         let is_pack = matches!(found, Found::Pack(..));
-                        let r = run_found(
+                        let (r, intents) = run_found(
                             leaf,
                             found,
                             &call,
@@ -310,6 +344,8 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
                         )
                         .instrument(span.clone())
                         .await;
+                        out.intents
+                            .extend(intents.into_iter().map(|i| (call.id.clone(), i)));
                         (r, !is_pack)
                     }
                 }
@@ -474,8 +510,9 @@ async fn run_found(
     state_patch: &mut Option<Value>,
     running_packs: &mut BTreeMap<String, Value>,
     pack_patches: &mut Vec<(String, Value)>,
-) -> ToolExecutionResult {
-    match found {
+) -> (ToolExecutionResult, Vec<Value>) {
+    let mut intents = Vec::new();
+    let result = match found {
         Found::Node(tool, scope) => {
             let scoped = match scope {
                 Scope::Current => ScopedState::writable(running_state.clone(), leaf.node.schema()),
@@ -483,13 +520,31 @@ async fn run_found(
             };
             let cx = ToolContext::new(&call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id);
-            let outcome = tool.call_json(call.input.clone(), cx).await;
-            let mut result = into_result(
-                &call.id,
-                tool.definition().terminal,
-                outcome,
-                leaf.terminate_message,
-            );
+            let mut result = match leaf.policies {
+                None => {
+                    let outcome = tool.call_json(call.input.clone(), cx).await;
+                    into_result(
+                        &call.id,
+                        tool.definition().terminal,
+                        outcome,
+                        leaf.terminate_message,
+                    )
+                }
+                Some(session) => {
+                    let executed = session
+                        .run(
+                            Some(tool),
+                            &call.id,
+                            &call.name,
+                            call.input.clone(),
+                            cx,
+                            leaf.terminate_message,
+                        )
+                        .await;
+                    intents = executed.intents;
+                    executed.result
+                }
+            };
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
                 // Updates made before a failure are kept, as upstream does.
@@ -511,16 +566,45 @@ async fn run_found(
             let scoped = ScopedState::writable(current, pack.schema());
             let cx = ToolContext::new(&call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id);
-            let outcome = tool
-                .call_json(call.input.clone(), cx)
-                .await
-                .map_err(|e| match e {
-                    markov_core::tool::ToolCallError::InvalidInput(m) => {
-                        format!("Invalid pack tool input: {m}")
+            let result = match leaf.policies {
+                None => {
+                    let outcome =
+                        tool.call_json(call.input.clone(), cx)
+                            .await
+                            .map_err(|e| match e {
+                                markov_core::tool::ToolCallError::InvalidInput(m) => {
+                                    format!("Invalid pack tool input: {m}")
+                                }
+                                markov_core::tool::ToolCallError::Execution(m) => {
+                                    format!("Tool error: {m}")
+                                }
+                                other => other.to_string(),
+                            });
+                    match outcome {
+                        Err(message) => ToolExecutionResult::error(call.id.clone(), message),
+                        Ok(outcome) => into_result(
+                            &call.id,
+                            tool.definition().terminal,
+                            Ok(outcome),
+                            leaf.terminate_message,
+                        ),
                     }
-                    markov_core::tool::ToolCallError::Execution(m) => format!("Tool error: {m}"),
-                    other => other.to_string(),
-                });
+                }
+                Some(session) => {
+                    let executed = session
+                        .run(
+                            Some(tool),
+                            &call.id,
+                            &call.name,
+                            call.input.clone(),
+                            cx,
+                            leaf.terminate_message,
+                        )
+                        .await;
+                    intents = executed.intents;
+                    executed.result
+                }
+            };
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
                 running_packs.insert(pack.name().to_owned(), new_state);
@@ -533,27 +617,18 @@ async fn run_found(
                     None => pack_patches.push((pack.name().to_owned(), patch)),
                 }
             }
-            match outcome {
-                Err(message) => ToolExecutionResult::error(call.id.clone(), message),
-                Ok(outcome) => {
-                    let result = into_result(
-                        &call.id,
-                        tool.definition().terminal,
-                        Ok(outcome),
-                        leaf.terminate_message,
-                    );
-                    match refused {
-                        Some(msg) => ToolExecutionResult::error(
-                            call.id.clone(),
-                            format!(
-                                "{}\n\nError: Pack state validation failed: {msg}",
-                                result.content
-                            ),
-                        ),
-                        None => result,
-                    }
-                }
+            match refused {
+                // A failed call keeps its own error, as before.
+                Some(msg) if !result.is_error => ToolExecutionResult::error(
+                    call.id.clone(),
+                    format!(
+                        "{}\n\nError: Pack state validation failed: {msg}",
+                        result.content
+                    ),
+                ),
+                _ => result,
             }
         }
-    }
+    };
+    (result, intents)
 }

@@ -503,3 +503,17 @@ pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         usage,
     })
 }
+
+/// The tool list in the Messages API's format (no cache control).
+pub(super) fn tool_schemas(tools: &[markov_core::ToolDefinition]) -> Value {
+    let tools: Vec<Tool<'_>> = tools
+        .iter()
+        .map(|tool| Tool {
+            name: tool.name.as_str(),
+            description: &tool.description,
+            input_schema: &tool.input_schema,
+            cache_control: None,
+        })
+        .collect();
+    serde_json::to_value(tools).unwrap_or(Value::Null)
+}

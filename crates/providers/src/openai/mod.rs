@@ -40,6 +40,12 @@
 mod stream;
 mod wire;
 
+/// Renders tool definitions in this API's tool format, `[{"type":"function","function":{"name","description","parameters"}}]`,
+/// e.g. for a tool registry's `definitions()` used outside a machine.
+pub fn tool_schemas(tools: &[markov_core::ToolDefinition]) -> serde_json::Value {
+    wire::tool_schemas(tools)
+}
+
 use std::fmt;
 use std::time::Duration;
 

@@ -522,3 +522,20 @@ pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         usage: response.usage.map(WireUsage::usage).unwrap_or_default(),
     })
 }
+
+/// The tool list in the Chat Completions format (not strict).
+pub(super) fn tool_schemas(tools: &[markov_core::ToolDefinition]) -> Value {
+    let tools: Vec<Tool<'_>> = tools
+        .iter()
+        .map(|tool| Tool {
+            kind: "function",
+            function: Function {
+                name: tool.name.as_str(),
+                description: &tool.description,
+                parameters: &tool.input_schema,
+                strict: None,
+            },
+        })
+        .collect();
+    serde_json::to_value(tools).unwrap_or(Value::Null)
+}

@@ -1,0 +1,39 @@
+//! The tool registry and its policy pipeline (feature 5).
+//!
+//! See the module documentation below (`docs/policy.md`) for the onion order,
+//! the error envelope and the budget scope.
+#![doc = include_str!("../docs/policy.md")]
+
+pub mod audit;
+pub mod budget;
+pub mod confirm;
+mod error;
+mod execute;
+mod gate;
+pub mod idempotency;
+pub mod latency;
+mod metadata;
+pub mod mode;
+mod service;
+mod stack;
+pub mod timeout;
+mod tools;
+pub mod unknown_tool;
+pub mod validate;
+
+pub use audit::{AuditLayer, AuditRecord, AuditSink};
+pub use budget::{Budget, TurnBudgetState, TurnBudgets};
+pub use confirm::{CONFIRMATION_TOKEN, ConfirmLayer, ConfirmationRequest, ConfirmationStore};
+pub use error::{Rejection, ToolErrorKind};
+pub use execute::{EnvelopeMode, ExecuteService, INTENTS_KEY, WithIntents};
+pub use gate::{Gate, GateLayer, Gated};
+pub use idempotency::{IdempotencyLayer, IdempotencyStore};
+pub use latency::LatencyLayer;
+pub use metadata::{Category, Mode, ToolMetadata};
+pub use service::{BoxToolService, CallReport, ToolLayer, ToolRequest, ToolService};
+pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
+pub use timeout::TimeoutLayer;
+pub use tools::{
+    Executed, PolicyConfig, RegistryBinding, RegistryError, RegistrySession, ToolRegistry,
+    ToolRegistryBuilder,
+};
