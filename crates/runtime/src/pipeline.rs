@@ -511,7 +511,7 @@ async fn run_found(
     running_packs: &mut BTreeMap<String, Value>,
     pack_patches: &mut Vec<(String, Value)>,
 ) -> (ToolExecutionResult, Vec<Value>) {
-    let mut intents = Vec::new();
+    let intents;
     let result = match found {
         Found::Node(tool, scope) => {
             let scoped = match scope {
@@ -520,31 +520,8 @@ async fn run_found(
             };
             let cx = ToolContext::new(&call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id);
-            let mut result = match leaf.policies {
-                None => {
-                    let outcome = tool.call_json(call.input.clone(), cx).await;
-                    into_result(
-                        &call.id,
-                        tool.definition().terminal,
-                        outcome,
-                        leaf.terminate_message,
-                    )
-                }
-                Some(session) => {
-                    let executed = session
-                        .run(
-                            Some(tool),
-                            &call.id,
-                            &call.name,
-                            call.input.clone(),
-                            cx,
-                            leaf.terminate_message,
-                        )
-                        .await;
-                    intents = executed.intents;
-                    executed.result
-                }
-            };
+            let (mut result, tool_intents) = call_tool(leaf, tool, call, cx, Wording::Node).await;
+            intents = tool_intents;
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
                 // Updates made before a failure are kept, as upstream does.
@@ -566,45 +543,8 @@ async fn run_found(
             let scoped = ScopedState::writable(current, pack.schema());
             let cx = ToolContext::new(&call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id);
-            let result = match leaf.policies {
-                None => {
-                    let outcome =
-                        tool.call_json(call.input.clone(), cx)
-                            .await
-                            .map_err(|e| match e {
-                                markov_core::tool::ToolCallError::InvalidInput(m) => {
-                                    format!("Invalid pack tool input: {m}")
-                                }
-                                markov_core::tool::ToolCallError::Execution(m) => {
-                                    format!("Tool error: {m}")
-                                }
-                                other => other.to_string(),
-                            });
-                    match outcome {
-                        Err(message) => ToolExecutionResult::error(call.id.clone(), message),
-                        Ok(outcome) => into_result(
-                            &call.id,
-                            tool.definition().terminal,
-                            Ok(outcome),
-                            leaf.terminate_message,
-                        ),
-                    }
-                }
-                Some(session) => {
-                    let executed = session
-                        .run(
-                            Some(tool),
-                            &call.id,
-                            &call.name,
-                            call.input.clone(),
-                            cx,
-                            leaf.terminate_message,
-                        )
-                        .await;
-                    intents = executed.intents;
-                    executed.result
-                }
-            };
+            let (result, tool_intents) = call_tool(leaf, tool, call, cx, Wording::Pack).await;
+            intents = tool_intents;
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
                 running_packs.insert(pack.name().to_owned(), new_state);
@@ -631,4 +571,65 @@ async fn run_found(
         }
     };
     (result, intents)
+}
+
+/// How a tool's own failures are worded for the model (spec §8.4: node and
+/// charter tools say `Tool execution error`, pack tools `Invalid pack tool
+/// input` / `Tool error`).
+#[derive(Debug, Clone, Copy)]
+enum Wording {
+    Node,
+    Pack,
+}
+
+/// Runs one resolved tool, through the registry's stack when one is set.
+/// Returns the result and the intents of a success.
+async fn call_tool(
+    leaf: &LeafView<'_>,
+    tool: &SharedTool,
+    call: &ToolCall,
+    cx: ToolContext<'_>,
+    wording: Wording,
+) -> (ToolExecutionResult, Vec<Value>) {
+    if let Some(session) = leaf.policies {
+        let executed = session
+            .run(
+                Some(tool),
+                &call.id,
+                &call.name,
+                call.input.clone(),
+                cx,
+                leaf.terminate_message,
+            )
+            .await;
+        return (executed.result, executed.intents);
+    }
+    let outcome = tool.call_json(call.input.clone(), cx).await;
+    let outcome = match (wording, outcome) {
+        (Wording::Pack, Err(markov_core::tool::ToolCallError::InvalidInput(m))) => {
+            return (
+                ToolExecutionResult::error(
+                    call.id.clone(),
+                    format!("Invalid pack tool input: {m}"),
+                ),
+                Vec::new(),
+            );
+        }
+        (Wording::Pack, Err(markov_core::tool::ToolCallError::Execution(m))) => {
+            return (
+                ToolExecutionResult::error(call.id.clone(), format!("Tool error: {m}")),
+                Vec::new(),
+            );
+        }
+        (_, outcome) => outcome,
+    };
+    (
+        into_result(
+            &call.id,
+            tool.definition().terminal,
+            outcome,
+            leaf.terminate_message,
+        ),
+        Vec::new(),
+    )
 }
