@@ -40,12 +40,6 @@
 mod stream;
 mod wire;
 
-/// Renders tool definitions in this API's tool format, `[{"type":"function","function":{"name","description","parameters"}}]`,
-/// e.g. for a tool registry's `definitions()` used outside a machine.
-pub fn tool_schemas(tools: &[markov_core::ToolDefinition]) -> serde_json::Value {
-    wire::tool_schemas(tools)
-}
-
 use std::fmt;
 use std::time::Duration;
 
@@ -62,6 +56,12 @@ use crate::sse::{log_done, sse_stream};
 use crate::transport::{
     self, ApiKey, Transport, TransportConfig, check_status, endpoint, transport_error,
 };
+
+/// Renders tool definitions in this API's tool format, `[{"type":"function","function":{"name","description","parameters"}}]`,
+/// e.g. for a tool registry's `definitions()` used outside a machine.
+pub fn tool_schemas(tools: &[markov_core::ToolDefinition]) -> serde_json::Value {
+    wire::tool_schemas(tools)
+}
 
 /// OpenAI's address.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
