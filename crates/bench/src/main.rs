@@ -9,8 +9,9 @@
 //! 3. Memory: the process's peak resident set after figure 2 (`VmHWM`), the
 //!    peak live heap during one such run, and the heap held by one idle
 //!    machine after a turn, counted by the global allocator in `counting.rs`.
-//! 4. Serializing and deserializing the history (`Vec<Message>`, serde_json)
-//!    after K = 100 and 1 000. Full machine snapshots do not exist yet.
+//! 4. Serializing and deserializing after K = 100 and 1 000 with serde_json:
+//!    the history alone (`Vec<Message>`), and the full machine snapshot
+//!    (`serialize_machine` + `to_vec`, `from_slice` + `deserialize_machine`).
 //!
 //! 5. The tool-registry policy pipeline: figure 1 at K = 10 and 1 000 with
 //!    the registry on and every policy active (nothing rejects), on a
@@ -30,14 +31,18 @@ mod counting;
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use markov_bench::{
-    Scenario, current_thread_runtime, policy_registry, run_turn, run_turn_timed, timed_runtime,
+    Scenario, current_thread_runtime, model, policy_registry, run_turn, run_turn_timed,
+    timed_runtime,
 };
 use markov_core::ids::ToolCallId;
 use markov_core::message::Message;
 use markov_core::tool::{NoState, ToolContext};
+use markov_executor::serialize::{SerializedMachine, deserialize_machine, serialize_machine};
+use markov_executor::{Executor, Machine, MachineOptions, StandardExecutor};
 use markov_runtime::registry::{
     AuditLayer, CallReport, ConfirmLayer, EnvelopeMode, ExecuteService, GateLayer,
     IdempotencyLayer, LatencyLayer, Mode, PolicyStack, TimeoutLayer, ToolRequest, ToolService,
@@ -222,18 +227,32 @@ fn run_all(plan: Plan) -> ExitCode {
     );
     let _ = writeln!(
         table,
-        "\n4. History (Vec<Message>) to and from JSON with serde_json (full machine snapshots: not ported yet)"
+        "\n4. To and from JSON with serde_json: the history (Vec<Message>) and the full machine snapshot"
     );
     let _ = writeln!(
         table,
-        "   {:>6} {:>9} {:>11} {:>13} {:>13}",
-        "K", "messages", "JSON bytes", "serialize µs", "deserialize µs"
+        "   {:>6} {:>9} {:>11} {:>13} {:>13} {:>14} {:>13} {:>13}",
+        "K",
+        "messages",
+        "JSON bytes",
+        "serialize µs",
+        "deserialize µs",
+        "snapshot bytes",
+        "snapshot ser",
+        "snapshot de"
     );
     for s in &serde {
         let _ = writeln!(
             table,
-            "   {:>6} {:>9} {:>11} {:>13.1} {:>13.1}",
-            s.k, s.messages, s.bytes, s.serialize_us, s.deserialize_us
+            "   {:>6} {:>9} {:>11} {:>13.1} {:>13.1} {:>14} {:>13.1} {:>13.1}",
+            s.k,
+            s.messages,
+            s.bytes,
+            s.serialize_us,
+            s.deserialize_us,
+            s.snapshot_bytes,
+            s.snapshot_serialize_us,
+            s.snapshot_deserialize_us
         );
     }
     let _ = writeln!(
@@ -581,6 +600,9 @@ struct SerdeFigure {
     bytes: usize,
     serialize_us: f64,
     deserialize_us: f64,
+    snapshot_bytes: usize,
+    snapshot_serialize_us: f64,
+    snapshot_deserialize_us: f64,
 }
 
 fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
@@ -607,16 +629,68 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
         de.push(start.elapsed());
         drop(black_box(back));
     }
+
+    // The full snapshot: instance tree and history, written and read back.
+    let charter = machine.charter().clone();
+    let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
+    let snapshot = |machine: &Machine| {
+        let data = serialize_machine(machine).expect("the machine serializes");
+        serde_json::to_vec(&data).expect("the snapshot serializes")
+    };
+    let restore = |bytes: &[u8]| {
+        let data: SerializedMachine =
+            serde_json::from_slice(bytes).expect("the snapshot deserializes");
+        deserialize_machine(
+            charter.clone(),
+            Arc::clone(&executor),
+            data,
+            MachineOptions::default(),
+        )
+        .expect("the machine deserializes")
+    };
+    let snap = snapshot(&machine);
+    let restored = restore(&snap);
+    assert_eq!(
+        restored.history(),
+        history,
+        "the snapshot keeps the history"
+    );
+    assert_eq!(
+        snapshot(&restored),
+        snap,
+        "a snapshot round trip is a fixed point"
+    );
+    let mut snap_ser = Vec::with_capacity(reps);
+    let mut snap_de = Vec::with_capacity(reps);
+    for _ in 0..reps {
+        let start = Instant::now();
+        let out = snapshot(black_box(&machine));
+        snap_ser.push(start.elapsed());
+        let start = Instant::now();
+        let back = restore(black_box(&out));
+        snap_de.push(start.elapsed());
+        drop(black_box(back));
+    }
+
     let figure = SerdeFigure {
         k,
         messages: history.len(),
         bytes: json.len(),
         serialize_us: Stats::of(&ser).median_us,
         deserialize_us: Stats::of(&de).median_us,
+        snapshot_bytes: snap.len(),
+        snapshot_serialize_us: Stats::of(&snap_ser).median_us,
+        snapshot_deserialize_us: Stats::of(&snap_de).median_us,
     };
     println!(
-        "bench=history_serde k={k} messages={} json_bytes={} reps={reps} serialize_median_us={:.1} deserialize_median_us={:.1}",
-        figure.messages, figure.bytes, figure.serialize_us, figure.deserialize_us
+        "bench=history_serde k={k} messages={} json_bytes={} reps={reps} serialize_median_us={:.1} deserialize_median_us={:.1} snapshot_bytes={} snapshot_serialize_median_us={:.1} snapshot_deserialize_median_us={:.1}",
+        figure.messages,
+        figure.bytes,
+        figure.serialize_us,
+        figure.deserialize_us,
+        figure.snapshot_bytes,
+        figure.snapshot_serialize_us,
+        figure.snapshot_deserialize_us
     );
     figure
 }

@@ -33,18 +33,29 @@ pub struct SuspendInfo {
 }
 
 impl SuspendInfo {
-    /// The wire form (`suspendedAt` as ISO-8601 with milliseconds).
+    /// The wire form (`suspendedAt` as ISO-8601 with milliseconds). A time
+    /// outside 1970..=9999, which RFC 3339 cannot write, is clamped to that range.
     pub fn to_json(&self) -> Value {
         let mut v = json!({
             "suspendId": self.suspend_id,
             "reason": self.reason,
-            "suspendedAt": humantime::format_rfc3339_millis(self.suspended_at).to_string(),
+            "suspendedAt": humantime::format_rfc3339_millis(clamp_rfc3339(self.suspended_at)).to_string(),
         });
         if let (Some(meta), Value::Object(map)) = (&self.metadata, &mut v) {
             map.insert("metadata".into(), meta.clone());
         }
         v
     }
+}
+
+/// The last instant RFC 3339 can write: 9999-12-31T23:59:59.999Z.
+const MAX_RFC3339_SECS: u64 = 253_402_300_799;
+
+/// Clamps `t` into the range `humantime` formats (it panics outside it).
+fn clamp_rfc3339(t: SystemTime) -> SystemTime {
+    let max =
+        SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(MAX_RFC3339_SECS * 1000 + 999);
+    t.clamp(SystemTime::UNIX_EPOCH, max)
 }
 
 /// A node with its state, in the tree.
@@ -301,5 +312,31 @@ impl Instance {
             return false;
         };
         Instance::remove(&mut Arc::make_mut(root).children[pos], id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn suspension_times_outside_rfc3339_do_not_panic() {
+        let info = |t| SuspendInfo {
+            suspend_id: "s".into(),
+            reason: "r".into(),
+            suspended_at: t,
+            metadata: None,
+        };
+        let before = SystemTime::UNIX_EPOCH - Duration::from_secs(10);
+        assert_eq!(
+            info(before).to_json()["suspendedAt"],
+            "1970-01-01T00:00:00.000Z"
+        );
+        let after = SystemTime::UNIX_EPOCH + Duration::from_secs(MAX_RFC3339_SECS * 2);
+        assert_eq!(
+            info(after).to_json()["suspendedAt"],
+            "9999-12-31T23:59:59.999Z"
+        );
     }
 }

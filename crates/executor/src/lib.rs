@@ -6,6 +6,8 @@
 //!   returns the last one.
 //! - [`StandardExecutor`]: one model call per leaf per step, the tool pipeline,
 //!   transitions, terminal tools, termination, output restriction and tool choice.
+//! - [`serialize_machine`] and [`deserialize_machine`]: snapshots (spec §14).
+//! - [`run_command`] and [`available_commands`]: commands, which bypass inference.
 //!
 //! ```
 //! use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};
@@ -29,6 +31,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod command;
 mod effect;
 mod error;
 mod executor;
@@ -36,9 +39,13 @@ mod instance;
 mod machine;
 mod queue;
 mod run;
+pub mod serialize;
 pub mod standard;
 mod step;
 
+pub use command::{
+    CommandExecution, CommandOptions, CommandOutcome, available_commands, run_command,
+};
 pub use effect::{Effect, Entry};
 pub use error::RunError;
 pub use executor::{Executor, LeafContext, LeafOutcome};
@@ -49,6 +56,7 @@ pub use run::{
     Action, DEFAULT_MAX_STEPS, LeafTask, RECOVERY_TEXT, RunOptions, RunState, run_machine,
     run_to_completion,
 };
+pub use serialize::{SerializedMachine, deserialize_machine, serialize_machine};
 pub use standard::StandardExecutor;
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 

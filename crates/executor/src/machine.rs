@@ -79,6 +79,8 @@ impl Machine {
                     node: instance.node().id().to_string(),
                     message,
                 })?;
+            // Nodes the charter does not register were not checked when it was built.
+            charter.check(instance.node())?;
         }
         let nodes: Vec<_> = all.iter().map(|i| i.node().clone()).collect();
         hoist_packs(&mut root, nodes.iter());

@@ -223,8 +223,13 @@ pub enum Action {
     /// Run one inference for each of these leaves (concurrently), then hand
     /// the results, in the same order, to [`RunState::on_leaf_results`].
     RunLeaves(Vec<LeafTask>),
-    /// Yield this step. When it is not done, call [`RunState::next`] again.
+    /// Yield this step, then call [`RunState::next`] again: it says
+    /// [`Action::Finished`] when the run is over.
     Yield(MachineStep),
+    /// The run is over: its last step was done, or a resume ended it (the
+    /// resume step is not done, yet the run stops there, spec §6.2). Nothing
+    /// more happens; a new run needs a new [`RunState`].
+    Finished,
 }
 
 /// One leaf to run in this step, with what its executor must know.
@@ -252,6 +257,9 @@ pub struct RunState {
     pending: Vec<Message>,
     recovered: bool,
     turns: HashMap<InstanceId, TurnState>,
+    /// Set once the run has yielded its last step.
+    #[serde(default)]
+    finished: bool,
 }
 
 fn make_step(
@@ -282,6 +290,7 @@ impl RunState {
             pending: Vec::new(),
             recovered: false,
             turns: HashMap::new(),
+            finished: false,
         }
     }
 
@@ -295,22 +304,38 @@ impl RunState {
         self.steps
     }
 
-    /// What to do next: the initial drain on the first call, then one step.
+    /// Whether the run is over: its last step has been yielded.
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// What to do next: the initial drain on the first call, then one step;
+    /// [`Action::Finished`] once the run is over.
     pub fn next(&mut self, machine: &mut Machine) -> Result<Action, RunError> {
+        if self.finished {
+            return Ok(Action::Finished);
+        }
         if !self.started {
             self.started = true;
             if let Some(step) = self.initial_drain(machine)? {
                 return Ok(Action::Yield(step));
             }
         }
-        self.begin_step(machine)
+        let action = self.begin_step(machine)?;
+        if let Action::Yield(step) = &action {
+            self.finished = step.done;
+        }
+        Ok(action)
     }
 
     /// Phase A: drain, record, apply. Returns a step when the run ends here.
     fn initial_drain(&mut self, machine: &mut Machine) -> Result<Option<MachineStep>, RunError> {
-        let entries = collapse_ephemerals(machine.queue.drain_all());
+        let entries = machine.queue.drain_all();
         if let Some((id, suspend_id)) = resume_request(&entries) {
-            return resume(machine, &id, &suspend_id).map(Some);
+            // The resume step is not done, yet it ends the run (spec §6.2).
+            let step = resume(machine, &id, &suspend_id)?;
+            self.finished = true;
+            return Ok(Some(step));
         }
         let triggers = entries
             .iter()
@@ -318,15 +343,20 @@ impl RunState {
         let effects = match resolve_effects(machine, &entries) {
             Ok(effects) => effects,
             Err(e) => {
-                // Nothing is lost: the batch waits in the queue, as it was.
+                // Nothing is lost: the batch waits in the queue, as it was
+                // (ephemerals not yet collapsed).
                 machine.queue.requeue_front(entries);
                 return Err(e);
             }
         };
-        let messages: Vec<Message> = entries.into_iter().map(|e| e.message).collect();
+        let messages: Vec<Message> = collapse_ephemerals(entries)
+            .into_iter()
+            .map(|e| e.message)
+            .collect();
         machine.history.extend(messages.iter().cloned());
         apply(&mut machine.root, &effects);
         if !triggers {
+            self.finished = true;
             return Ok(Some(make_step(
                 machine,
                 messages,
@@ -391,6 +421,17 @@ impl RunState {
         tasks: &[LeafTask],
         results: Vec<Result<LeafOutcome, RunError>>,
     ) -> Result<MachineStep, RunError> {
+        let step = self.record_step(machine, tasks, results)?;
+        self.finished = step.done;
+        Ok(step)
+    }
+
+    fn record_step(
+        &mut self,
+        machine: &mut Machine,
+        tasks: &[LeafTask],
+        results: Vec<Result<LeafOutcome, RunError>>,
+    ) -> Result<MachineStep, RunError> {
         let mut outcomes = Vec::with_capacity(results.len());
         let mut failure = None;
         for r in results {
@@ -415,12 +456,18 @@ impl RunState {
         }
 
         let mut primary: Option<(YieldReason, Option<String>, Option<_>)> = None;
+        let mut busy_workers = Vec::new();
         for (task, outcome) in tasks.iter().zip(outcomes) {
             let leaf = &task.leaf;
             self.turns.insert(leaf.leaf().id().clone(), outcome.turn);
             if leaf.is_worker {
-                if outcome.yield_reason == YieldReason::EndTurn {
-                    tracing::warn!(instance = %leaf.leaf().id(), "worker returned end_turn without ceding");
+                match outcome.yield_reason {
+                    YieldReason::EndTurn => tracing::warn!(
+                        instance = %leaf.leaf().id(),
+                        "worker returned end_turn without ceding"
+                    ),
+                    YieldReason::ToolUse => busy_workers.push(leaf.leaf().id().clone()),
+                    _ => {}
                 }
             } else if primary.is_none() {
                 primary = Some((outcome.yield_reason, outcome.response, outcome.termination));
@@ -443,6 +490,14 @@ impl RunState {
         history.extend(step_history);
 
         let (reason, response, termination) = primary.unwrap_or((YieldReason::EndTurn, None, None));
+        if reason == YieldReason::EndTurn {
+            for id in &busy_workers {
+                tracing::warn!(
+                    instance = %id,
+                    "worker returned tool_use but the turn ends: its work is abandoned until the next run"
+                );
+            }
+        }
         if let Some((id, content)) = applied.cedes.first() {
             match content {
                 Some(CedeContent::Text(s)) => machine.history.push(
@@ -527,15 +582,20 @@ async fn run_leaves(
     futures::future::join_all(futures).await
 }
 
-/// The driver: performs the state's actions until it yields a step.
-async fn drive(machine: &mut Machine, state: &mut RunState) -> Result<MachineStep, RunError> {
+/// The driver: performs the state's actions until it yields a step, or
+/// `None` when the run is over.
+async fn drive(
+    machine: &mut Machine,
+    state: &mut RunState,
+) -> Result<Option<MachineStep>, RunError> {
     match state.next(machine)? {
-        Action::Yield(step) => Ok(step),
+        Action::Yield(step) => Ok(Some(step)),
         Action::RunLeaves(tasks) => {
             let span = tracing::info_span!("step", step = state.steps, leaves = tasks.len());
             let results = run_leaves(machine, state, &tasks).instrument(span).await;
-            state.on_leaf_results(machine, &tasks, results)
+            state.on_leaf_results(machine, &tasks, results).map(Some)
         }
+        Action::Finished => Ok(None),
     }
 }
 
@@ -557,8 +617,13 @@ pub fn run_machine(
         let span = span.clone();
         async move {
             let (machine, mut state) = run?;
-            let item = drive(machine, &mut state).instrument(span).await;
-            let go_on = matches!(&item, Ok(step) if !step.done);
+            let item = drive(machine, &mut state)
+                .instrument(span)
+                .await
+                .transpose()?;
+            // A step ends the run when it is done, or when the state says so
+            // (a resume step is not done but ends the run); an error ends it too.
+            let go_on = item.is_ok() && !state.is_finished();
             Some((item, go_on.then_some((machine, state))))
         }
     })

@@ -879,3 +879,21 @@ async fn a_malformed_instance_message_is_an_error_and_loses_nothing() {
     assert!(m.history().is_empty());
     assert_eq!(m.queue().len(), 2, "the batch is still queued");
 }
+
+#[test]
+fn an_unregistered_node_with_a_broken_ref_is_refused_at_creation() {
+    let node = Node::builder("x")
+        .transition("t", Transition::reference("nowhere"))
+        .build()
+        .expect("node");
+    let charter = markov_runtime::charter::Charter::builder("c")
+        .build()
+        .expect("charter");
+    let err = markov_executor::Machine::new(
+        charter,
+        markov_executor::StandardExecutor::new(ScriptedModel::new([])),
+        markov_executor::Instance::new(node, json!({})),
+    )
+    .unwrap_err();
+    assert_eq!(err.to_string(), "Unknown transition ref: nowhere");
+}

@@ -270,6 +270,59 @@ impl Charter {
     pub fn check(&self, node: &Node) -> Result<(), ConfigError> {
         self.check_node(node, &mut HashSet::new())
     }
+
+    /// The ref under which the charter holds this very tool (same `Arc`):
+    /// `"<tool>"` for a charter tool, `"<node>.<tool>"` for a charter node's.
+    /// Used by serialization (spec §14.2).
+    pub fn tool_ref_of(&self, tool: &SharedTool) -> Option<String> {
+        let name = tool.definition().name.as_str();
+        if let Some(t) = self.0.tools.get(name)
+            && Arc::ptr_eq(t, tool)
+        {
+            return Some(name.to_owned());
+        }
+        self.0.nodes.iter().find_map(|(node_name, node)| {
+            node.tools()
+                .get(name)
+                .filter(|t| Arc::ptr_eq(t, tool))
+                .map(|_| format!("{node_name}.{name}"))
+        })
+    }
+
+    /// The ref under which the charter holds this code or general transition:
+    /// `"<name>"` for a charter transition, `"<node>.<transition>"` for a
+    /// charter node's. A code transition is matched by identity (same
+    /// `Arc<CodeTransition>`); a general transition, which has no identity,
+    /// by its description. `None` for serial transitions and refs.
+    pub fn transition_ref_of(&self, transition: &Transition) -> Option<String> {
+        let same = |t: &Transition| match (t, transition) {
+            (Transition::Code(a), Transition::Code(b)) => Arc::ptr_eq(a, b),
+            (Transition::General { description: a }, Transition::General { description: b }) => {
+                a == b
+            }
+            _ => false,
+        };
+        if let Some((name, _)) = self.0.transitions.iter().find(|(_, t)| same(t)) {
+            return Some(name.clone());
+        }
+        self.0.nodes.iter().find_map(|(node_name, node)| {
+            node.transitions()
+                .iter()
+                .find(|(_, t)| same(t))
+                .map(|(name, _)| format!("{node_name}.{name}"))
+        })
+    }
+
+    /// The ref `"<node>.<command>"` under which a charter node holds this
+    /// very command (same `Arc`, same name).
+    pub fn command_ref_of(&self, command: &crate::command::SharedCommand) -> Option<String> {
+        let name = command.name();
+        self.0.nodes.iter().find_map(|(node_name, node)| {
+            node.command(name)
+                .filter(|c| Arc::ptr_eq(c, command))
+                .map(|_| format!("{node_name}.{name}"))
+        })
+    }
 }
 
 /// Builds a [`Charter`].

@@ -107,6 +107,22 @@ pub enum ConfigError {
         "node {0}: tool choice policy Required forces a tool call on every model call, so the node needs a way out: a terminal tool, a tool that ends the run (like finish) or a transition"
     )]
     RequiredWithoutExit(String),
+    /// Two commands with one name on a node or a pack.
+    #[error("duplicate command {command:?} on {owner}")]
+    DuplicateCommand {
+        /// The node or pack.
+        owner: String,
+        /// The command.
+        command: String,
+    },
+    /// A node command registered under a key that differs from its name.
+    #[error("Node command name mismatch: key \"{key}\" does not match command.name \"{name}\"")]
+    CommandNameMismatch {
+        /// The key.
+        key: String,
+        /// The command's name.
+        name: String,
+    },
     /// Thinking combined with settings the provider refuses alongside it.
     #[error("node {node}: {constraint}")]
     ThinkingConflict {

@@ -5,6 +5,7 @@
 //!   transitions, packs, prompt builder), shared by many machines.
 //! - [`Node`](node::Node): instructions, typed state, tools, transitions, turn policy.
 //! - [`Transition`](transition::Transition) and [`Pack`](pack::Pack).
+//! - [`command`]: user-invoked operations on nodes and packs that bypass inference.
 //! - [`pipeline`]: runs one model response's tool calls in order and reports
 //!   their results and effects as data; it never touches the instance tree.
 //! - [`registry`]: a tool registry whose calls pass a policy stack (modes,
@@ -21,6 +22,7 @@
 #![deny(missing_docs)]
 
 pub mod charter;
+pub mod command;
 mod error;
 mod execute;
 pub mod node;

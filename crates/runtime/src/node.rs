@@ -32,6 +32,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::command::{Command, ErasedCommand, SharedCommand};
 use crate::error::ConfigError;
 use crate::pack::Pack;
 use crate::policy::{OutputRestriction, ToolChoicePolicy, TurnPolicy};
@@ -150,6 +151,7 @@ pub(crate) struct NodeInner {
     pub(crate) schema: Arc<dyn StateSchema>,
     pub(crate) tools: ToolSet,
     pub(crate) transitions: Vec<(String, Transition)>,
+    pub(crate) commands: Vec<SharedCommand>,
     pub(crate) initial_state: Option<Value>,
     pub(crate) executor_config: ExecutorConfig,
     pub(crate) output: Option<OutputConfig>,
@@ -170,6 +172,7 @@ impl fmt::Debug for Node {
             .field("kind", &self.0.kind)
             .field("tools", &self.0.tools.len())
             .field("transitions", &self.0.transitions.len())
+            .field("commands", &self.0.commands.len())
             .finish_non_exhaustive()
     }
 }
@@ -225,6 +228,16 @@ impl Node {
             .map(|(_, t)| t)
     }
 
+    /// The commands, in declaration order.
+    pub fn commands(&self) -> &[SharedCommand] {
+        &self.0.commands
+    }
+
+    /// The command called `name`.
+    pub fn command(&self, name: &str) -> Option<&SharedCommand> {
+        self.0.commands.iter().find(|c| c.name() == name)
+    }
+
     /// The initial state, if any.
     pub fn initial_state(&self) -> Option<&Value> {
         self.0.initial_state.as_ref()
@@ -269,6 +282,7 @@ pub struct NodeBuilder {
     schema: Arc<dyn StateSchema>,
     tools: Vec<SharedTool>,
     transitions: Vec<(String, Transition)>,
+    commands: Vec<SharedCommand>,
     initial_state: Option<Result<Value, String>>,
     executor_config: ExecutorConfig,
     output: Option<OutputConfig>,
@@ -291,6 +305,7 @@ impl NodeBuilder {
             schema: Arc::new(AnyObject),
             tools: Vec::new(),
             transitions: Vec::new(),
+            commands: Vec::new(),
             // A node without a state type keeps an empty object as state.
             initial_state: Some(Ok(Value::Object(serde_json::Map::new()))),
             executor_config: ExecutorConfig::default(),
@@ -360,6 +375,28 @@ impl NodeBuilder {
     #[must_use]
     pub fn transition(mut self, name: impl Into<String>, transition: Transition) -> Self {
         self.transitions.push((name.into(), transition));
+        self
+    }
+
+    /// Adds a typed command (see [`crate::command`]).
+    #[must_use]
+    pub fn command<C: Command>(mut self, command: C) -> Self {
+        self.commands.push(ErasedCommand::shared(command));
+        self
+    }
+
+    /// Adds an erased command under `key`, which must equal its name
+    /// (`Node command name mismatch` otherwise).
+    #[must_use]
+    pub fn shared_command(mut self, key: impl Into<String>, command: SharedCommand) -> Self {
+        let key = key.into();
+        if key != command.name() {
+            self.errors.push(ConfigError::CommandNameMismatch {
+                key,
+                name: command.name().to_owned(),
+            });
+        }
+        self.commands.push(command);
         self
     }
 
@@ -445,6 +482,17 @@ impl NodeBuilder {
                 });
             }
         }
+        for (i, command) in self.commands.iter().enumerate() {
+            if self.commands[..i]
+                .iter()
+                .any(|c| c.name() == command.name())
+            {
+                return Err(ConfigError::DuplicateCommand {
+                    owner: label,
+                    command: command.name().to_owned(),
+                });
+            }
+        }
         if self.kind == NodeKind::Worker && !self.packs.is_empty() {
             return Err(ConfigError::WorkerWithPacks(label));
         }
@@ -471,6 +519,7 @@ impl NodeBuilder {
             schema: self.schema,
             tools,
             transitions: self.transitions,
+            commands: self.commands,
             initial_state,
             executor_config: self.executor_config,
             output: self.output,

@@ -1,7 +1,7 @@
 //! [`Pack`]: a reusable module of tools and state shared by the whole machine.
 //!
 //! A pack's state is a singleton stored on the root instance under its name.
-//! Pack tools see only their pack's state.
+//! Pack tools and pack commands see only their pack's state.
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::command::{Command, ErasedCommand, SharedCommand};
 use crate::error::ConfigError;
 use crate::state::{AnyObject, StateSchema, TypedState};
 use crate::toolset::ToolSet;
@@ -57,6 +58,7 @@ struct PackInner {
     instructions: PackInstructions,
     schema: Arc<dyn StateSchema>,
     tools: ToolSet,
+    commands: Vec<SharedCommand>,
     initial_state: Option<Value>,
 }
 
@@ -69,6 +71,7 @@ impl fmt::Debug for Pack {
         f.debug_struct("Pack")
             .field("name", &self.0.name)
             .field("tools", &self.0.tools.len())
+            .field("commands", &self.0.commands.len())
             .finish_non_exhaustive()
     }
 }
@@ -82,6 +85,7 @@ impl Pack {
             instructions: PackInstructions::None,
             schema: Arc::new(AnyObject),
             tools: Vec::new(),
+            commands: Vec::new(),
             initial_state: None,
             errors: Vec::new(),
         }
@@ -112,6 +116,16 @@ impl Pack {
         &self.0.tools
     }
 
+    /// Its commands, in declaration order.
+    pub fn commands(&self) -> &[SharedCommand] {
+        &self.0.commands
+    }
+
+    /// The command called `name`.
+    pub fn command(&self, name: &str) -> Option<&SharedCommand> {
+        self.0.commands.iter().find(|c| c.name() == name)
+    }
+
     /// Its initial state.
     pub fn initial_state(&self) -> Option<&Value> {
         self.0.initial_state.as_ref()
@@ -126,6 +140,7 @@ pub struct PackBuilder {
     instructions: PackInstructions,
     schema: Arc<dyn StateSchema>,
     tools: Vec<SharedTool>,
+    commands: Vec<SharedCommand>,
     initial_state: Option<Value>,
     errors: Vec<ConfigError>,
 }
@@ -175,6 +190,21 @@ impl PackBuilder {
         self
     }
 
+    /// Adds a typed command (see [`crate::command`]). Its context holds the
+    /// pack's state only.
+    #[must_use]
+    pub fn command<C: Command>(mut self, command: C) -> Self {
+        self.commands.push(ErasedCommand::shared(command));
+        self
+    }
+
+    /// Adds an erased command.
+    #[must_use]
+    pub fn shared_command(mut self, command: SharedCommand) -> Self {
+        self.commands.push(command);
+        self
+    }
+
     /// Validates and freezes the pack.
     pub fn build(mut self) -> Result<Pack, ConfigError> {
         if let Some(e) = self.errors.drain(..).next() {
@@ -184,13 +214,49 @@ impl PackBuilder {
         for t in self.tools {
             tools.add_shared(t)?;
         }
+        for (i, command) in self.commands.iter().enumerate() {
+            if self.commands[..i]
+                .iter()
+                .any(|c| c.name() == command.name())
+            {
+                return Err(ConfigError::DuplicateCommand {
+                    owner: self.name,
+                    command: command.name().to_owned(),
+                });
+            }
+        }
         Ok(Pack(Arc::new(PackInner {
             name: self.name,
             description: self.description,
             instructions: self.instructions,
             schema: self.schema,
             tools,
+            commands: self.commands,
             initial_state: self.initial_state,
         })))
+    }
+}
+
+impl Pack {
+    /// This pack with the description, instructions and initial state of a
+    /// serialized inline pack (spec §14.3 "inline merge"); its schema, tools
+    /// and commands stay this pack's. `None` keeps this pack's value.
+    pub(crate) fn merged(
+        &self,
+        description: String,
+        instructions: Option<String>,
+        initial_state: Option<Value>,
+    ) -> Pack {
+        Pack(Arc::new(PackInner {
+            name: self.0.name.clone(),
+            description,
+            instructions: instructions
+                .map(PackInstructions::Static)
+                .unwrap_or_else(|| self.0.instructions.clone()),
+            schema: Arc::clone(&self.0.schema),
+            tools: self.0.tools.clone(),
+            commands: self.0.commands.clone(),
+            initial_state: initial_state.or_else(|| self.0.initial_state.clone()),
+        }))
     }
 }
