@@ -478,12 +478,133 @@ impl Message {
             .unwrap_or(false)
     }
 
+    /// How an `ephemeral` message is shown to a model, without copying it:
+    /// the parts of [`Message::ephemeral_view`]. A string is one part; an
+    /// item list holding images is one camera-frame part per image (its
+    /// other items are dropped); any other list is one part with the same
+    /// items. A message of another role has no parts.
+    pub fn ephemeral_parts(&self) -> Vec<EphemeralPart<'_>> {
+        if self.role != Role::Ephemeral {
+            return Vec::new();
+        }
+        match &self.items {
+            Items::Text(text) => vec![EphemeralPart::Text(text)],
+            Items::List(items) => {
+                let frames = self
+                    .metadata
+                    .as_ref()
+                    .and_then(|m| m.singleton_frame_count)
+                    .unwrap_or(1);
+                let images: Vec<EphemeralPart<'_>> = items
+                    .iter()
+                    .filter(|i| matches!(i, Item::Image { .. }))
+                    .map(|image| EphemeralPart::CameraFrame { frames, image })
+                    .collect();
+                if images.is_empty() {
+                    vec![EphemeralPart::Items(items)]
+                } else {
+                    images
+                }
+            }
+            Items::Instance(_) => Vec::new(),
+        }
+    }
+
+    /// How an `ephemeral` message is shown to a model (spec §16): silent user
+    /// messages whose metadata is exactly `{silent: true}` (the ephemeral's
+    /// own metadata is dropped).
+    ///
+    /// - string items → one message with that string;
+    /// - items holding images → one message per image, with the items
+    ///   `[text(camera_frame_text(n)), image]`, where `n` is the ephemeral's
+    ///   `singletonFrameCount` or 1; the other items are dropped;
+    /// - any other list → one message with the same items.
+    ///
+    /// Any other message is returned unchanged, as the only element. Model
+    /// clients that encode from borrowed history use
+    /// [`Message::ephemeral_parts`] instead, which copies nothing.
+    ///
+    /// ```
+    /// use markov_core::message::{Item, Message, Metadata, Role, Items};
+    ///
+    /// let frame = Item::Image { mime_type: "image/jpeg".into(), data: "AAA".into(), detail: None };
+    /// let ephemeral = Message {
+    ///     role: Role::Ephemeral,
+    ///     items: Items::List(vec![Item::text("ignored"), frame.clone()]),
+    ///     metadata: Some(Metadata { singleton_frame_count: Some(2), ..Metadata::default() }),
+    /// };
+    /// let view = ephemeral.ephemeral_view();
+    /// assert_eq!(view.len(), 1);
+    /// assert_eq!(view[0].role, Role::User);
+    /// assert!(view[0].is_silent());
+    /// assert!(view[0].text().ends_with("Frames since last turn: 2."));
+    /// assert_eq!(view[0].item_list()[1], frame);
+    /// ```
+    pub fn ephemeral_view(&self) -> Vec<Message> {
+        if self.role != Role::Ephemeral {
+            return vec![self.clone()];
+        }
+        self.ephemeral_parts()
+            .iter()
+            .map(EphemeralPart::to_message)
+            .collect()
+    }
+
     /// The source instance recorded in the metadata, if any.
     pub fn source_instance(&self) -> Option<&InstanceId> {
         self.metadata
             .as_ref()
             .and_then(|m| m.source.as_ref())
             .and_then(|s| s.instance_id.as_ref())
+    }
+}
+
+/// The text shown before each camera frame of an ephemeral:
+/// `[Camera frame] This is a snapshot from the user's live camera (not an
+/// uploaded file). Frames since last turn: <frames>.`
+pub fn camera_frame_text(frames: u64) -> String {
+    format!(
+        "[Camera frame] This is a snapshot from the user's live camera (not an uploaded file). Frames since last turn: {frames}."
+    )
+}
+
+/// One silent user message of an ephemeral's model view, borrowed from the
+/// ephemeral (see [`Message::ephemeral_parts`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum EphemeralPart<'a> {
+    /// A message holding this string.
+    Text(&'a str),
+    /// A message holding these items, unchanged.
+    Items(&'a [Item]),
+    /// A message holding the [`camera_frame_text`] of `frames`, then `image`.
+    CameraFrame {
+        /// The `singletonFrameCount` of the ephemeral, or 1.
+        frames: u64,
+        /// The image item.
+        image: &'a Item,
+    },
+}
+
+impl EphemeralPart<'_> {
+    /// The silent user message this part stands for; its metadata is exactly
+    /// `{silent: true}`.
+    pub fn to_message(&self) -> Message {
+        let items = match *self {
+            EphemeralPart::Text(text) => Items::Text(text.to_owned()),
+            EphemeralPart::Items(items) => Items::List(items.to_vec()),
+            EphemeralPart::CameraFrame { frames, image } => {
+                Items::List(vec![Item::text(camera_frame_text(frames)), image.clone()])
+            }
+        };
+        Message {
+            role: Role::User,
+            items,
+            metadata: Some(Metadata {
+                silent: Some(true),
+                ..Metadata::default()
+            }),
+        }
     }
 }
 
@@ -556,5 +677,74 @@ mod tests {
             Item::text("b"),
         ]);
         assert_eq!(m.text(), "ab");
+    }
+
+    fn image(data: &str) -> Item {
+        Item::Image {
+            mime_type: "image/jpeg".into(),
+            data: data.into(),
+            detail: None,
+        }
+    }
+
+    fn ephemeral(items: Items, metadata: Option<Metadata>) -> Message {
+        Message {
+            role: Role::Ephemeral,
+            items,
+            metadata,
+        }
+    }
+
+    #[test]
+    fn a_string_ephemeral_is_one_silent_user_message() {
+        let e = ephemeral(
+            Items::Text("the user looks away".into()),
+            Some(Metadata {
+                singleton: Some("camera".into()),
+                ..Metadata::default()
+            }),
+        );
+        let view = e.ephemeral_view();
+        assert_eq!(
+            serde_json::to_value(&view).unwrap(),
+            json!([{"role":"user","items":"the user looks away","metadata":{"silent":true}}])
+        );
+    }
+
+    #[test]
+    fn each_image_is_one_camera_frame_and_other_items_are_dropped() {
+        let e = ephemeral(
+            Items::List(vec![image("A"), Item::text("dropped"), image("B")]),
+            Some(Metadata {
+                singleton: Some("camera".into()),
+                singleton_frame_count: Some(3),
+                ..Metadata::default()
+            }),
+        );
+        let view = e.ephemeral_view();
+        let text = "[Camera frame] This is a snapshot from the user's live camera (not an uploaded file). Frames since last turn: 3.";
+        assert_eq!(
+            serde_json::to_value(&view).unwrap(),
+            json!([
+                {"role":"user","items":[{"type":"text","text":text},{"type":"image","mimeType":"image/jpeg","data":"A"}],"metadata":{"silent":true}},
+                {"role":"user","items":[{"type":"text","text":text},{"type":"image","mimeType":"image/jpeg","data":"B"}],"metadata":{"silent":true}}
+            ])
+        );
+        // Without a frame count, a frame counts as one.
+        let single = ephemeral(Items::List(vec![image("A")]), None).ephemeral_view();
+        assert!(single[0].text().ends_with("Frames since last turn: 1."));
+    }
+
+    #[test]
+    fn other_lists_keep_their_items_and_other_roles_pass_through() {
+        let items = vec![Item::text("a"), Item::text("b")];
+        let view = ephemeral(Items::List(items.clone()), None).ephemeral_view();
+        assert_eq!(view.len(), 1);
+        assert_eq!(view[0].role, Role::User);
+        assert_eq!(view[0].item_list(), items.as_slice());
+        assert!(view[0].is_silent());
+        let user = Message::user("hi");
+        assert_eq!(user.ephemeral_view(), vec![user.clone()]);
+        assert!(user.ephemeral_parts().is_empty());
     }
 }

@@ -4,9 +4,10 @@
 //! A request borrows the conversation (`&[Message]`) from the machine's
 //! history instead of copying it, so the framework's cost per step does not
 //! grow with the conversation. Providers encode straight from the slice: they
-//! send `user`, `assistant` and text-bearing `system` messages, show
-//! `ephemeral` ones as silent user input, and skip `command` and `instance`
-//! records.
+//! send `user`, `assistant` and text-bearing `system` messages, render every
+//! `ephemeral` one as the silent user messages of
+//! [`Message::ephemeral_view`] (camera frames with their preamble), and skip
+//! `command` and `instance` records.
 //!
 //! A simple client implements [`Model::complete`] only; [`Model::stream`] has a
 //! default built on it.
@@ -286,6 +287,13 @@ impl ModelError {
 }
 
 /// A model client.
+///
+/// `request.messages` is the machine's history as recorded, ephemerals
+/// included (the loop never copies it per step). A client must render each
+/// `ephemeral` message as [`Message::ephemeral_view`] describes — silent user
+/// messages, one per camera frame with its preamble — for example from the
+/// borrowed [`Message::ephemeral_parts`], and must not send `command` or
+/// `instance` records.
 ///
 /// ```
 /// use async_trait::async_trait;

@@ -9,6 +9,7 @@ use markov_runtime::charter::Charter;
 use crate::effect::Entry;
 use crate::error::RunError;
 use crate::instance::{ActiveLeaf, Instance};
+use crate::queue::Queue;
 use crate::step::{TurnState, YieldReason};
 
 /// Everything an executor may read for one leaf in one step. It may not
@@ -29,6 +30,10 @@ pub struct LeafContext<'a> {
     pub turn: TurnState,
     /// The tool result of a `TerminateResponse` without a message.
     pub terminate_message: &'a str,
+    /// The machine's queue, for what must be seen while the leaf still runs
+    /// (a streaming vessel and its updates). Everything else is reported in
+    /// the [`LeafOutcome`].
+    pub queue: &'a Queue,
 }
 
 impl<'a> LeafContext<'a> {

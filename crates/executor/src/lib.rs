@@ -5,7 +5,8 @@
 //! - [`run_machine`] yields one [`MachineStep`] per step; [`run_to_completion`]
 //!   returns the last one.
 //! - [`StandardExecutor`]: one model call per leaf per step, the tool pipeline,
-//!   transitions, terminal tools, termination, output restriction and tool choice.
+//!   transitions, terminal tools, termination, output restriction and tool choice;
+//!   optionally streamed into the queue as a vessel message ([`stream`]).
 //! - [`serialize_machine`] and [`deserialize_machine`]: snapshots (spec §14).
 //! - [`run_command`] and [`available_commands`]: commands, which bypass inference.
 //!
@@ -42,6 +43,7 @@ mod run;
 pub mod serialize;
 pub mod standard;
 mod step;
+pub mod stream;
 
 pub use command::{
     CommandExecution, CommandOptions, CommandOutcome, available_commands, run_command,
@@ -59,6 +61,7 @@ pub use run::{
 pub use serialize::{SerializedMachine, deserialize_machine, serialize_machine};
 pub use standard::StandardExecutor;
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
+pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -577,6 +577,7 @@ async fn run_leaves(
             max_steps: state.options.max_steps,
             turn: task.turn,
             terminate_message: &state.options.terminate_message,
+            queue: &machine.queue,
         })
     });
     futures::future::join_all(futures).await

@@ -7,14 +7,22 @@
 //! the model call, the tool calls and a code transition between them. Each
 //! rule (terminal tools, termination, restriction, tool choice) is therefore
 //! testable without a runtime.
+//!
+//! With streaming configured ([`StandardExecutor::with_streaming`]) the model
+//! call follows the vessel protocol of [`crate::stream`]: the vessel and its
+//! final version are enqueued while the leaf runs, through
+//! [`LeafContext::queue`], so the final assistant message is not among the
+//! outcome's entries ([`finalize_vessel`] takes it out).
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use markov_core::Role;
 use markov_core::message::{Item, Message, Metadata, Source};
 use markov_core::model::{
-    Model, ModelRequest, ModelResponse, ModelSettings, StopReason, ToolChoice,
+    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
+    ToolChoice,
 };
 use markov_core::tool::{ToolDefinition, ToolExecutionResult};
 use markov_runtime::ConfigError;
@@ -33,6 +41,7 @@ use crate::error::RunError;
 use crate::executor::{Executor, LeafContext, LeafOutcome};
 use crate::instance::SuspendInfo;
 use crate::step::{TurnState, YieldReason};
+use crate::stream::{MessageStreamEvent, StreamOptions, VesselState};
 
 /// The result text of a tool call cut off by the token limit.
 pub const CUT_OFF_TOOL_CALL: &str =
@@ -44,6 +53,7 @@ pub struct StandardExecutor {
     model: Arc<dyn Model>,
     settings: ModelSettings,
     registry: Option<Arc<RegistryBinding>>,
+    streaming: Option<StreamOptions>,
 }
 
 impl StandardExecutor {
@@ -58,6 +68,7 @@ impl StandardExecutor {
             model,
             settings: ModelSettings::default(),
             registry: None,
+            streaming: None,
         }
     }
 
@@ -75,6 +86,25 @@ impl StandardExecutor {
     #[must_use]
     pub fn with_registry(mut self, registry: Arc<ToolRegistry>, mode: Mode) -> Self {
         self.registry = Some(Arc::new(RegistryBinding::new(registry, mode)));
+        self
+    }
+
+    /// Streams every model call into the queue as a vessel message and
+    /// reports each step of it to `callback` (spec §15, see [`crate::stream`]).
+    /// A node with structured output gets a plain call, still wrapped in the
+    /// vessel protocol.
+    #[must_use]
+    pub fn with_streaming(
+        self,
+        callback: impl Fn(&MessageStreamEvent) + Send + Sync + 'static,
+    ) -> Self {
+        self.with_stream_options(StreamOptions::new(callback))
+    }
+
+    /// Sets (or replaces) the streaming options; see [`Self::with_streaming`].
+    #[must_use]
+    pub fn with_stream_options(mut self, options: StreamOptions) -> Self {
+        self.streaming = Some(options);
         self
     }
 }
@@ -228,7 +258,8 @@ fn with_source(message: Message, source: &Source) -> Message {
     message.with_metadata(Metadata::with_source(source.clone()))
 }
 
-/// Interprets the model's answer.
+/// Interprets the model's answer. The assistant message is always the first
+/// of the returned entries.
 pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     let source = cx.source();
     let output = cx.instance().node().output();
@@ -287,6 +318,25 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
         return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::Restricted, turn));
     }
     AfterModel::Finish(LeafOutcome::new(entries, YieldReason::EndTurn, turn))
+}
+
+/// Completes a streamed message: takes the assistant message out of the
+/// answer's entries (it is always the first one, see [`interpret`]) and
+/// returns it completed under the vessel's id, to enqueue in the vessel's
+/// place, with its `message_end` event. `None` if there is no entry.
+pub fn finalize_vessel(
+    vessel: &mut VesselState,
+    after: &mut AfterModel,
+) -> Option<(Message, MessageStreamEvent)> {
+    let entries = match after {
+        AfterModel::Finish(outcome) => &mut outcome.entries,
+        AfterModel::RunTools { entries, .. } => entries,
+    };
+    if entries.is_empty() {
+        return None;
+    }
+    let assistant = entries.remove(0);
+    Some(vessel.complete(assistant.message))
 }
 
 /// What to do after the tools ran.
@@ -491,6 +541,68 @@ fn finish(
     result
 }
 
+impl StandardExecutor {
+    /// Reads the model's stream into `vessel`, reporting each delta, until
+    /// the final answer.
+    async fn read_stream(
+        &self,
+        request: ModelRequest<'_>,
+        vessel: &mut VesselState,
+        options: &StreamOptions,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut events = self.model.stream(request);
+        while let Some(event) = events.next().await {
+            match event? {
+                StreamEvent::Done(response) => return Ok(response),
+                event => {
+                    if let Some(update) = vessel.on_event(&event) {
+                        (options.on_message_stream)(&update);
+                    }
+                }
+            }
+        }
+        Err(ModelError::InvalidResponse(
+            "the stream ended without a final message".into(),
+        ))
+    }
+
+    /// The model call, streamed into a vessel when streaming is configured.
+    async fn call_model(
+        &self,
+        cx: &LeafContext<'_>,
+        prepared: &Prepared,
+    ) -> Result<(ModelResponse, Option<VesselState>), RunError> {
+        let request = prepared.request(cx.history);
+        let model_error = |source| RunError::Model {
+            step: cx.current_step,
+            source,
+        };
+        let Some(options) = &self.streaming else {
+            let response = self.model.complete(request).await.map_err(model_error)?;
+            return Ok((response, None));
+        };
+        let mut vessel = VesselState::new(cx.source());
+        let (message, event) = vessel.start();
+        cx.queue.enqueue([message]);
+        (options.on_message_stream)(&event);
+        // Structured output is never streamed (spec §15).
+        let result = if prepared.output_schema.is_none() {
+            self.read_stream(request, &mut vessel, options).await
+        } else {
+            self.model.complete(request).await
+        };
+        match result {
+            Ok(response) => Ok((response, Some(vessel))),
+            Err(error) => {
+                let (message, event) = vessel.fail(error.to_string());
+                cx.queue.enqueue([message]);
+                (options.on_message_stream)(&event);
+                Err(model_error(error))
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl Executor for StandardExecutor {
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
@@ -502,17 +614,19 @@ impl Executor for StandardExecutor {
             node = cx.instance().node().name().unwrap_or(""),
             tool_choice = ?prepared.tool_choice,
             messages = cx.history.len(),
+            streamed = self.streaming.is_some(),
         );
-        let response = self
-            .model
-            .complete(prepared.request(cx.history))
-            .instrument(span)
-            .await
-            .map_err(|source| RunError::Model {
-                step: cx.current_step,
-                source,
-            })?;
-        let (entries, calls) = match interpret(&cx, response) {
+        let (response, vessel) = self.call_model(&cx, &prepared).instrument(span).await?;
+        let mut after = interpret(&cx, response);
+        if let Some(mut vessel) = vessel
+            && let Some((message, event)) = finalize_vessel(&mut vessel, &mut after)
+        {
+            cx.queue.enqueue([message]);
+            if let Some(options) = &self.streaming {
+                (options.on_message_stream)(&event);
+            }
+        }
+        let (entries, calls) = match after {
             AfterModel::Finish(outcome) => return Ok(outcome),
             AfterModel::RunTools { entries, calls } => (entries, calls),
         };

@@ -5,7 +5,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
+use markov_core::message::{InstancePayload, Item, Message, Metadata, Role};
 use markov_executor::{RECOVERY_TEXT, RunError, RunOptions, YieldReason, run_to_completion};
 use markov_runtime::node::{Node, OutputConfig};
 use markov_runtime::transition::{Transition, transition_to};
@@ -206,14 +206,9 @@ async fn a_tool_state_update_emits_only_the_patch() {
     let mut m = machine(|c| c, counter_node(), counter_state(), model);
     m.enqueue_user("inc");
     let (steps, _) = run_all(&mut m, RunOptions::default()).await;
-    let state_msgs: Vec<_> = steps[0]
-        .history
-        .iter()
-        .filter_map(|msg| match &msg.items {
-            Items::Instance(p) => match p.as_ref() {
-                InstancePayload::State { patch, .. } => Some(patch.clone()),
-                _ => None,
-            },
+    let state_msgs: Vec<_> = instance_payloads(&steps[0].history)
+        .filter_map(|p| match p {
+            InstancePayload::State { patch, .. } => Some(patch.clone()),
             _ => None,
         })
         .collect();
@@ -501,13 +496,9 @@ async fn a_code_transition_can_carry_state() {
     // The second call ran in the new node.
     assert!(model.requests()[1].system.starts_with("Next node."));
     // History records the transition with the serialized (ref) node.
-    let payload = steps[0]
-        .history
-        .iter()
-        .find_map(|msg| match &msg.items {
-            Items::Instance(p) => Some(p.as_ref().clone()),
-            _ => None,
-        })
+    let payload = instance_payloads(&steps[0].history)
+        .next()
+        .cloned()
         .expect("transition recorded");
     match payload {
         InstancePayload::Transition { node, .. } => assert_eq!(node, json!({"ref": "next"})),
@@ -825,16 +816,11 @@ async fn a_pack_tool_emits_only_its_patch() {
     m.enqueue_user("dark mode");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(err.is_none(), "{err:?}");
-    let patches: Vec<_> = steps[0]
-        .history
-        .iter()
-        .filter_map(|msg| match &msg.items {
-            Items::Instance(p) => match p.as_ref() {
-                InstancePayload::PackState { pack_name, patch } => {
-                    Some((pack_name.clone(), patch.clone()))
-                }
-                _ => None,
-            },
+    let patches: Vec<_> = instance_payloads(&steps[0].history)
+        .filter_map(|p| match p {
+            InstancePayload::PackState { pack_name, patch } => {
+                Some((pack_name.clone(), patch.clone()))
+            }
             _ => None,
         })
         .collect();

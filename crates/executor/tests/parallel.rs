@@ -5,122 +5,28 @@
 
 mod common;
 
-use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use common::run_all;
-use markov_core::InstanceId;
-use markov_core::message::{InstancePayload, Items, Message, Metadata, Role, Source};
+use common::{Call, Script, cede_fx, node, outcome, run_all, say, script_machine};
+use markov_core::message::{InstancePayload, Items, Message, Role, Source};
 use markov_executor::{
-    Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineOptions, RunError,
-    RunOptions, TurnState, YieldReason,
+    Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineOptions, RunError,
+    RunOptions, YieldReason,
 };
-use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_runtime::transition::CedeContent;
 use serde_json::json;
 
 // ---------------------------------------------------------------------------
-// A mock executor: per node name, a queue of scripted replies.
+// Scenario helpers over the shared scripted executor (`common::Script`).
 // ---------------------------------------------------------------------------
-
-type Reply = Box<dyn Fn(&LeafContext<'_>) -> LeafOutcome + Send + Sync>;
-
-/// One executor call: the node's name, the instance, the step and the worker flag.
-#[derive(Debug, Clone, PartialEq)]
-struct Call {
-    node: String,
-    instance: InstanceId,
-    step: usize,
-    worker: bool,
-}
-
-/// Returns scripted outcomes per node name and records every call.
-#[derive(Default)]
-struct Script {
-    replies: Mutex<HashMap<String, VecDeque<Reply>>>,
-    calls: Mutex<Vec<Call>>,
-}
-
-impl Script {
-    fn new() -> Arc<Self> {
-        Arc::new(Script::default())
-    }
-
-    /// Queues the next reply of the node called `node`.
-    fn on(
-        self: &Arc<Self>,
-        node: &str,
-        reply: impl Fn(&LeafContext<'_>) -> LeafOutcome + Send + Sync + 'static,
-    ) -> Arc<Self> {
-        self.replies
-            .lock()
-            .expect("lock")
-            .entry(node.to_owned())
-            .or_default()
-            .push_back(Box::new(reply));
-        Arc::clone(self)
-    }
-
-    fn calls(&self) -> Vec<Call> {
-        self.calls.lock().expect("lock").clone()
-    }
-
-    fn call_names(&self) -> Vec<String> {
-        self.calls().into_iter().map(|c| c.node).collect()
-    }
-}
-
-#[async_trait]
-impl Executor for Script {
-    async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
-        let node = cx.instance().node().name().unwrap_or("?").to_owned();
-        self.calls.lock().expect("lock").push(Call {
-            node: node.clone(),
-            instance: cx.instance().id().clone(),
-            step: cx.current_step,
-            worker: cx.is_worker(),
-        });
-        let reply = self
-            .replies
-            .lock()
-            .expect("lock")
-            .get_mut(&node)
-            .and_then(VecDeque::pop_front)
-            .ok_or_else(|| RunError::Executor(format!("no scripted reply for {node}")))?;
-        Ok(reply(&cx))
-    }
-}
-
-/// An assistant message attributed to the leaf.
-fn say(cx: &LeafContext<'_>, text: &str) -> Entry {
-    Entry::message(Message::assistant(text).with_metadata(Metadata::with_source(cx.source())))
-}
 
 /// The leaf cedes with `content`.
 fn cede(cx: &LeafContext<'_>, content: Option<&str>) -> Entry {
-    Entry::effect(
-        cx.charter,
-        Effect::Cede {
-            instance: cx.instance().id().clone(),
-            content: content.map(|c| CedeContent::Text(c.to_owned())),
-        },
-        Some(cx.source()),
-    )
-}
-
-fn outcome(entries: Vec<Entry>, reason: YieldReason) -> LeafOutcome {
-    LeafOutcome::new(entries, reason, TurnState::default())
-}
-
-fn node(name: &str) -> Node {
-    Node::builder(format!("{name} instructions."))
-        .name(name)
-        .build()
-        .expect("node builds")
+    cede_fx(cx, content.map(|c| CedeContent::Text(c.to_owned())))
 }
 
 fn worker(name: &str) -> Node {
@@ -132,11 +38,7 @@ fn worker(name: &str) -> Node {
 }
 
 fn machine(executor: Arc<dyn Executor>, root: Instance) -> Machine {
-    let charter = Charter::builder("parallel")
-        .build()
-        .expect("charter builds");
-    Machine::with_options(charter, executor, root, MachineOptions::default())
-        .expect("machine builds")
+    script_machine("parallel", executor, root, MachineOptions::default())
 }
 
 /// root → [worker "helper", primary "main"].
@@ -278,12 +180,7 @@ struct Rendezvous {
 #[async_trait]
 impl Executor for Rendezvous {
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
-        self.calls.lock().expect("lock").push(Call {
-            node: cx.instance().node().name().unwrap_or("?").to_owned(),
-            instance: cx.instance().id().clone(),
-            step: cx.current_step,
-            worker: cx.is_worker(),
-        });
+        self.calls.lock().expect("lock").push(Call::of(&cx));
         self.arrived.fetch_add(1, Ordering::SeqCst);
         let mut spins = 0;
         while self.arrived.load(Ordering::SeqCst) < self.expected {
@@ -400,10 +297,7 @@ async fn a_worker_works_then_cedes_while_the_primary_works_then_ends() {
     let last = m.history().last().expect("history");
     assert_eq!(last.role, Role::User);
     assert_eq!(last.text(), "found it");
-    assert_eq!(
-        script.call_names(),
-        vec!["helper", "main", "helper", "main"]
-    );
+    assert_eq!(script.calls(), vec!["helper", "main", "helper", "main"]);
 }
 
 #[tokio::test]
@@ -489,7 +383,7 @@ async fn only_workers_end_the_turn_after_one_step() {
     assert_eq!(steps.len(), 1);
     assert_eq!(steps[0].yield_reason, YieldReason::EndTurn);
     assert!(steps[0].done);
-    assert_eq!(script.call_names(), vec!["a", "b"]);
+    assert_eq!(script.calls(), vec!["a", "b"]);
 }
 
 #[tokio::test]

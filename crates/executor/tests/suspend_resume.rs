@@ -5,100 +5,20 @@
 
 mod common;
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use async_trait::async_trait;
-use common::run_all;
+use common::{Script, fx, instance_payloads, node, outcome, run_all, say, script_machine};
 use markov_core::InstanceId;
-use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
+use markov_core::message::{InstancePayload, Item, Items, Message, Role};
 use markov_executor::{
-    Action, Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineOptions,
-    RunError, RunOptions, RunState, SuspendInfo, TurnState, YieldReason,
+    Action, Effect, Executor, Instance, Machine, MachineOptions, RunOptions, RunState, SuspendInfo,
+    YieldReason,
 };
-use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_runtime::transition::{Transition, TransitionResult, suspend};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
-
-// ---------------------------------------------------------------------------
-// A mock executor: per node name, a queue of scripted replies.
-// ---------------------------------------------------------------------------
-
-type Reply = Box<dyn Fn(&LeafContext<'_>) -> LeafOutcome + Send + Sync>;
-
-/// Returns scripted outcomes per node name and records every call.
-#[derive(Default)]
-struct Script {
-    replies: Mutex<HashMap<String, VecDeque<Reply>>>,
-    calls: Mutex<Vec<(String, InstanceId)>>,
-}
-
-impl Script {
-    fn new() -> Arc<Self> {
-        Arc::new(Script::default())
-    }
-
-    /// Queues the next reply of the node called `node`.
-    fn on(
-        self: &Arc<Self>,
-        node: &str,
-        reply: impl Fn(&LeafContext<'_>) -> LeafOutcome + Send + Sync + 'static,
-    ) -> Arc<Self> {
-        self.replies
-            .lock()
-            .expect("lock")
-            .entry(node.to_owned())
-            .or_default()
-            .push_back(Box::new(reply));
-        Arc::clone(self)
-    }
-
-    /// The node names of the calls so far.
-    fn calls(&self) -> Vec<String> {
-        self.calls
-            .lock()
-            .expect("lock")
-            .iter()
-            .map(|(n, _)| n.clone())
-            .collect()
-    }
-}
-
-#[async_trait]
-impl Executor for Script {
-    async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
-        let node = cx.instance().node().name().unwrap_or("?").to_owned();
-        self.calls
-            .lock()
-            .expect("lock")
-            .push((node.clone(), cx.instance().id().clone()));
-        let reply = self
-            .replies
-            .lock()
-            .expect("lock")
-            .get_mut(&node)
-            .and_then(VecDeque::pop_front)
-            .ok_or_else(|| RunError::Executor(format!("no scripted reply for {node}")))?;
-        Ok(reply(&cx))
-    }
-}
-
-/// An assistant message attributed to the leaf.
-fn say(cx: &LeafContext<'_>, text: &str) -> Entry {
-    Entry::message(Message::assistant(text).with_metadata(Metadata::with_source(cx.source())))
-}
-
-/// An effect attributed to the leaf.
-fn fx(cx: &LeafContext<'_>, effect: Effect) -> Entry {
-    Entry::effect(cx.charter, effect, Some(cx.source()))
-}
-
-fn outcome(entries: Vec<Entry>, reason: YieldReason) -> LeafOutcome {
-    LeafOutcome::new(entries, reason, TurnState::default())
-}
 
 fn info(id: &str, reason: &str) -> SuspendInfo {
     SuspendInfo {
@@ -109,22 +29,13 @@ fn info(id: &str, reason: &str) -> SuspendInfo {
     }
 }
 
-fn node(name: &str) -> Node {
-    Node::builder(format!("{name} instructions."))
-        .name(name)
-        .build()
-        .expect("node builds")
-}
-
 fn machine(script: &Arc<Script>, root: Instance) -> Machine {
-    let charter = Charter::builder("suspend").build().expect("charter builds");
-    Machine::with_options(
-        charter,
+    script_machine(
+        "suspend",
         Arc::clone(script) as Arc<dyn Executor>,
         root,
         MachineOptions::default(),
     )
-    .expect("machine builds")
 }
 
 fn resume_message(id: &InstanceId, suspend_id: &str) -> Message {
@@ -520,14 +431,9 @@ async fn a_code_transition_suspends_and_a_resume_continues() {
     assert_eq!(s.reason, "over the limit");
     assert_eq!(s.metadata, Some(json!({"amount": 100})));
     // The suspend record in history carries the wire form.
-    let record = steps[0]
-        .history
-        .iter()
-        .find_map(|msg| match &msg.items {
-            Items::Instance(p) => match p.as_ref() {
-                InstancePayload::Suspend { suspend_info, .. } => Some(suspend_info.clone()),
-                _ => None,
-            },
+    let record = instance_payloads(&steps[0].history)
+        .find_map(|p| match p {
+            InstancePayload::Suspend { suspend_info, .. } => Some(suspend_info.clone()),
             _ => None,
         })
         .expect("suspend recorded");

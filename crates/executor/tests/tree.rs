@@ -4,16 +4,18 @@
 
 mod common;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use async_trait::async_trait;
-use common::{assert_paired, run_all};
+use common::{
+    Script, assert_paired, cede_fx, fx, instance_payloads, node, outcome, run_all, say,
+    script_machine,
+};
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role, SpawnedChild};
 use markov_executor::{
-    Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineOptions, RunError,
-    RunOptions, SuspendInfo, TurnState, YieldReason,
+    Effect, Entry, Executor, Instance, LeafContext, Machine, MachineOptions, RunError, RunOptions,
+    SuspendInfo, YieldReason,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
@@ -23,87 +25,8 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------
-// A mock executor: per node name, a queue of scripted replies.
+// Scenario helpers over the shared scripted executor (`common::Script`).
 // ---------------------------------------------------------------------------
-
-type Reply = Box<dyn Fn(&LeafContext<'_>) -> LeafOutcome + Send + Sync>;
-
-/// Returns scripted outcomes per node name and records every call.
-#[derive(Default)]
-struct Script {
-    replies: Mutex<HashMap<String, VecDeque<Reply>>>,
-    calls: Mutex<Vec<(String, InstanceId)>>,
-}
-
-impl Script {
-    fn new() -> Arc<Self> {
-        Arc::new(Script::default())
-    }
-
-    /// Queues the next reply of the node called `node`.
-    fn on(
-        self: &Arc<Self>,
-        node: &str,
-        reply: impl Fn(&LeafContext<'_>) -> LeafOutcome + Send + Sync + 'static,
-    ) -> Arc<Self> {
-        self.replies
-            .lock()
-            .expect("lock")
-            .entry(node.to_owned())
-            .or_default()
-            .push_back(Box::new(reply));
-        Arc::clone(self)
-    }
-
-    /// The node names of the calls so far.
-    fn calls(&self) -> Vec<String> {
-        self.calls
-            .lock()
-            .expect("lock")
-            .iter()
-            .map(|(n, _)| n.clone())
-            .collect()
-    }
-
-    /// The instances of the calls so far.
-    fn instances(&self) -> Vec<InstanceId> {
-        self.calls
-            .lock()
-            .expect("lock")
-            .iter()
-            .map(|(_, i)| i.clone())
-            .collect()
-    }
-}
-
-#[async_trait]
-impl Executor for Script {
-    async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
-        let node = cx.instance().node().name().unwrap_or("?").to_owned();
-        self.calls
-            .lock()
-            .expect("lock")
-            .push((node.clone(), cx.instance().id().clone()));
-        let reply = self
-            .replies
-            .lock()
-            .expect("lock")
-            .get_mut(&node)
-            .and_then(VecDeque::pop_front)
-            .ok_or_else(|| RunError::Executor(format!("no scripted reply for {node}")))?;
-        Ok(reply(&cx))
-    }
-}
-
-/// An assistant message attributed to the leaf.
-fn say(cx: &LeafContext<'_>, text: &str) -> Entry {
-    Entry::message(Message::assistant(text).with_metadata(Metadata::with_source(cx.source())))
-}
-
-/// An effect attributed to the leaf.
-fn fx(cx: &LeafContext<'_>, effect: Effect) -> Entry {
-    Entry::effect(cx.charter, effect, Some(cx.source()))
-}
 
 /// The leaf spawns one child of `node` with `state`.
 fn spawn_fx(cx: &LeafContext<'_>, node: &Node, state: Value) -> Entry {
@@ -116,30 +39,8 @@ fn spawn_fx(cx: &LeafContext<'_>, node: &Node, state: Value) -> Entry {
     )
 }
 
-/// The leaf cedes with `content`.
-fn cede_fx(cx: &LeafContext<'_>, content: Option<CedeContent>) -> Entry {
-    fx(
-        cx,
-        Effect::Cede {
-            instance: cx.instance().id().clone(),
-            content,
-        },
-    )
-}
-
 fn text(s: &str) -> Option<CedeContent> {
     Some(CedeContent::Text(s.to_owned()))
-}
-
-fn outcome(entries: Vec<Entry>, reason: YieldReason) -> LeafOutcome {
-    LeafOutcome::new(entries, reason, TurnState::default())
-}
-
-fn node(name: &str) -> Node {
-    Node::builder(format!("{name} instructions."))
-        .name(name)
-        .build()
-        .expect("node builds")
 }
 
 fn machine(script: &Arc<Script>, root: Instance) -> Machine {
@@ -147,14 +48,12 @@ fn machine(script: &Arc<Script>, root: Instance) -> Machine {
 }
 
 fn machine_with(script: &Arc<Script>, root: Instance, options: MachineOptions) -> Machine {
-    let charter = Charter::builder("tree").build().expect("charter builds");
-    Machine::with_options(
-        charter,
+    script_machine(
+        "tree",
         Arc::clone(script) as Arc<dyn Executor>,
         root,
         options,
     )
-    .expect("machine builds")
 }
 
 /// root → child.
@@ -672,14 +571,9 @@ async fn a_code_transition_spawns_a_child_that_works_and_cedes_back() {
     let spawned = &steps[0].instance.children()[0];
     assert_eq!(spawned.node().id(), child.id());
     assert_eq!(spawned.state(), &json!({"topic": "rust"}));
-    let spawn_record = steps[0]
-        .history
-        .iter()
-        .find_map(|msg| match &msg.items {
-            Items::Instance(p) => match p.as_ref() {
-                InstancePayload::Spawn { children, .. } => Some(children.clone()),
-                _ => None,
-            },
+    let spawn_record = instance_payloads(&steps[0].history)
+        .find_map(|p| match p {
+            InstancePayload::Spawn { children, .. } => Some(children.clone()),
             _ => None,
         })
         .expect("spawn recorded");

@@ -2,11 +2,8 @@
 //! follow the shapes in Anthropic's public API documentation.
 #![cfg(feature = "anthropic")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{FakeServer, Reply, sse_event};
 use futures::StreamExt;
 use markov_core::message::{InstancePayload, Items};
 use markov_core::model::collect_stream;
@@ -15,6 +12,7 @@ use markov_core::{
     StreamEvent, Thinking, ToolChoice, ToolDefinition, Usage,
 };
 use markov_providers::{Anthropic, PromptCaching};
+use markov_testkit::http::{FakeServer, Reply, sse_event};
 use serde_json::{Value, json};
 
 const KEY: &str = "sk-ant-test-secret-key";
@@ -22,7 +20,7 @@ const KEY: &str = "sk-ant-test-secret-key";
 fn client(server: &FakeServer) -> Anthropic {
     Anthropic::builder()
         .api_key(KEY)
-        .base_url(server.url())
+        .base_url(server.base_url())
         .model("claude-test")
         .backoff(Duration::from_millis(1), Duration::from_millis(4))
         .build()
@@ -82,7 +80,7 @@ fn message(role: Role, items: Vec<Item>) -> Message {
 
 #[tokio::test]
 async fn request_body_covers_messages_tools_and_tool_choice() {
-    let server = FakeServer::start(vec![Reply::json(200, text_answer("42"))]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("42"))]).await;
     let history = vec![
         Message::user("Hello"),
         Message {
@@ -181,7 +179,7 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
     assert_eq!(sent.header("anthropic-beta"), None);
     let add_schema = &tools[0].input_schema;
     assert_eq!(
-        sent.json(),
+        sent.body,
         json!({
             "model": "claude-test",
             "max_tokens": 1024,
@@ -237,7 +235,7 @@ async fn tool_choice_modes_are_mapped() {
         (ToolChoice::Any, json!({"type": "any"})),
         (ToolChoice::None, json!({"type": "none"})),
     ];
-    let server = FakeServer::start(vec![Reply::json(200, text_answer("ok")); cases.len()]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("ok")); cases.len()]).await;
     let model = client(&server);
     let history = [Message::user("hi")];
     let tools = tools();
@@ -250,16 +248,16 @@ async fn tool_choice_modes_are_mapped() {
     }
     let sent = server.requests();
     for ((_, expected), sent) in cases.iter().zip(sent) {
-        assert_eq!(&sent.json()["tool_choice"], expected);
+        assert_eq!(&sent.body["tool_choice"], expected);
     }
 }
 
 #[tokio::test]
 async fn thinking_drops_temperature_and_caching_can_be_off() {
-    let server = FakeServer::start(vec![Reply::json(200, text_answer("ok"))]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("ok"))]).await;
     let model = Anthropic::builder()
         .api_key(KEY)
-        .base_url(server.url())
+        .base_url(server.base_url())
         .model("claude-test")
         .prompt_caching(PromptCaching::Off)
         .build()
@@ -280,7 +278,7 @@ async fn thinking_drops_temperature_and_caching_can_be_off() {
         .await
         .unwrap();
     assert_eq!(
-        server.single().json(),
+        server.single().body,
         json!({
             "model": "claude-other",
             "max_tokens": 2048,
@@ -296,7 +294,7 @@ async fn thinking_drops_temperature_and_caching_can_be_off() {
 
 #[tokio::test]
 async fn adaptive_thinking_and_no_tools() {
-    let server = FakeServer::start(vec![Reply::json(200, text_answer("ok"))]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("ok"))]).await;
     let history = [Message::user("hi")];
     let settings = ModelSettings {
         thinking: Some(Thinking::Adaptive),
@@ -312,7 +310,7 @@ async fn adaptive_thinking_and_no_tools() {
     };
     client(&server).complete(request).await.unwrap();
     assert_eq!(
-        server.single().json(),
+        server.single().body,
         json!({
             "model": "claude-test",
             "max_tokens": 4096,
@@ -324,7 +322,7 @@ async fn adaptive_thinking_and_no_tools() {
 
 #[tokio::test]
 async fn forced_tool_use_with_a_thinking_budget_is_refused_before_sending() {
-    let server = FakeServer::start(vec![]).await;
+    let server = FakeServer::start().await;
     let history = [Message::user("hi")];
     let tools = tools();
     let settings = ModelSettings {
@@ -343,7 +341,7 @@ async fn forced_tool_use_with_a_thinking_budget_is_refused_before_sending() {
 
 #[tokio::test]
 async fn structured_output_uses_output_format_and_the_beta_header() {
-    let server = FakeServer::start(vec![Reply::json(200, text_answer(r#"{"n":1}"#))]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer(r#"{"n":1}"#))]).await;
     let history = [Message::user("count")];
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
     let settings = ModelSettings::default();
@@ -362,7 +360,7 @@ async fn structured_output_uses_output_format_and_the_beta_header() {
         Some("structured-outputs-2025-11-13")
     );
     assert_eq!(
-        sent.json()["output_format"],
+        sent.body["output_format"],
         json!({"type": "json_schema", "schema": schema})
     );
 }
@@ -390,7 +388,7 @@ async fn a_complete_answer_is_parsed() {
             "cache_read_input_tokens": 1800
         }
     });
-    let server = FakeServer::start(vec![Reply::json(200, body)]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, body)]).await;
     let history = [Message::user("2 + 3?")];
     let settings = ModelSettings::default();
     let answer = client(&server)
@@ -442,7 +440,7 @@ async fn every_stop_reason_is_mapped() {
             Reply::json(200, body)
         })
         .collect();
-    let server = FakeServer::start(replies).await;
+    let server = FakeServer::scripted(replies).await;
     let model = client(&server);
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
@@ -550,7 +548,7 @@ fn tool_stream() -> String {
 
 #[tokio::test]
 async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
-    let server = FakeServer::start(vec![Reply::sse_split(&tool_stream(), 7)]).await;
+    let server = FakeServer::scripted(vec![Reply::sse_split(&tool_stream(), 7)]).await;
     let history = [Message::user("12 + 30?")];
     let tools = tools();
     let settings = ModelSettings::default();
@@ -612,7 +610,7 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
             StreamEvent::Done(expected_response),
         ]
     );
-    let sent = server.single().json();
+    let sent = server.single().body;
     assert_eq!(sent["stream"], json!(true));
 }
 
@@ -637,7 +635,7 @@ async fn a_mid_stream_overload_ends_the_stream_with_its_error() {
         ),
     ]
     .concat();
-    let server = FakeServer::start(vec![Reply::sse_chunks(vec![stream])]).await;
+    let server = FakeServer::scripted(vec![Reply::sse_chunks(vec![stream])]).await;
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
     let model = client(&server);
@@ -663,7 +661,7 @@ async fn a_stream_cut_before_message_stop_is_an_error() {
         "message_start",
         json!({"type": "message_start", "message": {"id": "m", "usage": {"input_tokens": 1}}}),
     );
-    let server = FakeServer::start(vec![Reply::sse_chunks(vec![stream])]).await;
+    let server = FakeServer::scripted(vec![Reply::sse_chunks(vec![stream])]).await;
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
     let model = client(&server);
@@ -684,7 +682,7 @@ fn overloaded() -> Reply {
 
 #[tokio::test]
 async fn overload_and_server_errors_are_retried() {
-    let server = FakeServer::start(vec![
+    let server = FakeServer::scripted(vec![
         overloaded(),
         Reply::text(503, "upstream unavailable"),
         Reply::json(200, text_answer("finally")),
@@ -702,10 +700,10 @@ async fn overload_and_server_errors_are_retried() {
 
 #[tokio::test]
 async fn retries_stop_at_the_configured_count() {
-    let server = FakeServer::start(vec![overloaded(), overloaded(), overloaded()]).await;
+    let server = FakeServer::scripted(vec![overloaded(), overloaded(), overloaded()]).await;
     let model = Anthropic::builder()
         .api_key(KEY)
-        .base_url(server.url())
+        .base_url(server.base_url())
         .max_retries(1)
         .backoff(Duration::from_millis(1), Duration::from_millis(2))
         .build()
@@ -735,7 +733,7 @@ async fn client_errors_are_not_retried_and_carry_the_providers_message() {
             "Your API key does not have permission",
         ),
     ] {
-        let server = FakeServer::start(vec![
+        let server = FakeServer::scripted(vec![
             Reply::json(
                 status,
                 json!({"type": "error", "error": {"type": kind, "message": message}}),
@@ -763,7 +761,7 @@ async fn client_errors_are_not_retried_and_carry_the_providers_message() {
 
 #[tokio::test]
 async fn retry_after_is_honoured() {
-    let server = FakeServer::start(vec![
+    let server = FakeServer::scripted(vec![
         Reply::json(
             429,
             json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
@@ -786,7 +784,7 @@ async fn retry_after_is_honoured() {
 #[tokio::test]
 async fn a_stream_retries_its_connection() {
     let server =
-        FakeServer::start(vec![overloaded(), Reply::sse_chunks(vec![tool_stream()])]).await;
+        FakeServer::scripted(vec![overloaded(), Reply::sse_chunks(vec![tool_stream()])]).await;
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
     let model = client(&server);
@@ -799,10 +797,10 @@ async fn a_stream_retries_its_connection() {
 
 #[tokio::test]
 async fn a_slow_server_times_out() {
-    let server = FakeServer::start(vec![Reply::hang(Duration::from_secs(5))]).await;
+    let server = FakeServer::scripted(vec![Reply::hang(Duration::from_secs(5))]).await;
     let model = Anthropic::builder()
         .api_key(KEY)
-        .base_url(server.url())
+        .base_url(server.base_url())
         .max_retries(0)
         .timeout(Duration::from_millis(200))
         .build()
@@ -820,7 +818,7 @@ async fn a_slow_server_times_out() {
 
 #[tokio::test]
 async fn dropping_the_future_cancels_the_call() {
-    let server = FakeServer::start(vec![Reply::hang(Duration::from_secs(5))]).await;
+    let server = FakeServer::scripted(vec![Reply::hang(Duration::from_secs(5))]).await;
     let model = client(&server);
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
@@ -836,7 +834,7 @@ async fn dropping_the_future_cancels_the_call() {
 
 #[tokio::test]
 async fn debug_output_never_shows_the_key() {
-    let server = FakeServer::start(vec![]).await;
+    let server = FakeServer::start().await;
     let model = client(&server);
     let builder = Anthropic::builder().api_key(KEY);
     assert!(!format!("{model:?}").contains(KEY));

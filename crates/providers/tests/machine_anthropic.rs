@@ -11,16 +11,16 @@ use std::time::Duration;
 use common::machine::{
     ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args, turn,
 };
-use common::{FakeServer, Recorded, Reply, sse_event};
 use markov_core::tool::TerminateResponse;
 use markov_executor::YieldReason;
 use markov_providers::Anthropic;
-use serde_json::{Value, json};
+use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic};
+use serde_json::Value;
 
 fn client(server: &FakeServer) -> Anthropic {
     Anthropic::builder()
         .api_key("sk-ant-machine-test")
-        .base_url(server.url())
+        .base_url(server.base_url())
         .model("claude-test")
         .backoff(Duration::from_millis(1), Duration::from_millis(4))
         .build()
@@ -34,64 +34,6 @@ fn calls() -> [(&'static str, &'static str, Value); 3] {
         ("toolu_respond", "respond", respond_args()),
         ("toolu_finish", "finish", finish_args()),
     ]
-}
-
-/// A complete Messages API answer with one tool call.
-fn tool_use_answer(id: &str, name: &str, input: &Value) -> Value {
-    json!({
-        "id": format!("msg_{id}"),
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-test",
-        "content": [{"type": "tool_use", "id": id, "name": name, "input": input}],
-        "stop_reason": "tool_use",
-        "stop_sequence": null,
-        "usage": {"input_tokens": 120, "output_tokens": 30}
-    })
-}
-
-/// The same answer as an event stream, its input JSON split in two deltas.
-fn tool_use_stream(id: &str, name: &str, input: &Value) -> String {
-    let json = input.to_string();
-    let (head, tail) = json.split_at(json.len() / 2);
-    [
-        sse_event(
-            "message_start",
-            json!({"type": "message_start", "message": {
-                "id": format!("msg_{id}"), "type": "message", "role": "assistant",
-                "content": [], "model": "claude-test", "stop_reason": null,
-                "stop_sequence": null, "usage": {"input_tokens": 120, "output_tokens": 1}
-            }}),
-        ),
-        sse_event(
-            "content_block_start",
-            json!({"type": "content_block_start", "index": 0,
-                   "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
-        ),
-        sse_event("ping", json!({"type": "ping"})),
-        sse_event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0,
-                   "delta": {"type": "input_json_delta", "partial_json": head}}),
-        ),
-        sse_event(
-            "content_block_delta",
-            json!({"type": "content_block_delta", "index": 0,
-                   "delta": {"type": "input_json_delta", "partial_json": tail}}),
-        ),
-        sse_event(
-            "content_block_stop",
-            json!({"type": "content_block_stop", "index": 0}),
-        ),
-        sse_event(
-            "message_delta",
-            json!({"type": "message_delta",
-                   "delta": {"stop_reason": "tool_use", "stop_sequence": null},
-                   "usage": {"output_tokens": 30}}),
-        ),
-        sse_event("message_stop", json!({"type": "message_stop"})),
-    ]
-    .concat()
 }
 
 /// The `tool_result` blocks of a request body: (tool_use_id, content text).
@@ -152,7 +94,7 @@ fn check_requests(requests: &[Recorded], streamed: bool) {
     for request in requests {
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/v1/messages");
-        let body = request.json();
+        let body = request.body.clone();
         assert_eq!(body["model"], "claude-test");
         assert_eq!(body["stream"].as_bool().unwrap_or(false), streamed);
         let tools: Vec<&str> = body["tools"]
@@ -173,21 +115,21 @@ fn check_requests(requests: &[Recorded], streamed: bool) {
         assert!(system.contains("You do arithmetic with your tools."));
     }
 
-    let first = requests[0].json();
+    let first = requests[0].body.clone();
     let messages = first["messages"].as_array().expect("messages");
     assert_eq!(messages.len(), 1, "{messages:?}");
     assert_eq!(messages[0]["role"], "user");
     assert!(messages[0].to_string().contains(QUESTION));
     assert!(tool_results(&first).is_empty());
 
-    let second = requests[1].json();
+    let second = requests[1].body.clone();
     assert_eq!(tool_use_ids(&second), ["toolu_add"]);
     assert_eq!(
         tool_results(&second),
         [("toolu_add".to_owned(), "5".to_owned())]
     );
 
-    let third = requests[2].json();
+    let third = requests[2].body.clone();
     assert_eq!(tool_use_ids(&third), ["toolu_add", "toolu_respond"]);
     assert_eq!(
         tool_results(&third),
@@ -239,9 +181,9 @@ async fn run(server: &FakeServer, streamed: bool) {
 async fn a_machine_runs_tools_respond_and_finish_through_complete_answers() {
     let replies = calls()
         .iter()
-        .map(|(id, name, input)| Reply::json(200, tool_use_answer(id, name, input)))
+        .map(|(id, name, input)| Reply::json(200, anthropic::tool_use(id, name, input)))
         .collect();
-    let server = FakeServer::start(replies).await;
+    let server = FakeServer::scripted(replies).await;
     run(&server, false).await;
 }
 
@@ -249,8 +191,8 @@ async fn a_machine_runs_tools_respond_and_finish_through_complete_answers() {
 async fn a_machine_runs_tools_respond_and_finish_through_event_streams() {
     let replies = calls()
         .iter()
-        .map(|(id, name, input)| Reply::sse_split(&tool_use_stream(id, name, input), 11))
+        .map(|(id, name, input)| Reply::sse_split(&anthropic::tool_use_events(id, name, input), 11))
         .collect();
-    let server = FakeServer::start(replies).await;
+    let server = FakeServer::scripted(replies).await;
     run(&server, true).await;
 }

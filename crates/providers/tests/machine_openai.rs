@@ -12,16 +12,16 @@ use std::time::Duration;
 use common::machine::{
     ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args, turn,
 };
-use common::{FakeServer, Recorded, Reply, sse_data};
 use markov_core::tool::TerminateResponse;
 use markov_executor::YieldReason;
 use markov_providers::OpenAi;
+use markov_testkit::http::{FakeServer, Recorded, Reply, openai};
 use serde_json::{Value, json};
 
 fn client(server: &FakeServer) -> OpenAi {
     OpenAi::builder()
         .api_key("sk-proj-machine-test")
-        .base_url(format!("{}/v1", server.url()))
+        .base_url(format!("{}/v1", server.base_url()))
         .model("gpt-test")
         .backoff(Duration::from_millis(1), Duration::from_millis(4))
         .build()
@@ -35,74 +35,6 @@ fn calls() -> [(&'static str, &'static str, Value); 3] {
         ("call_respond", "respond", respond_args()),
         ("call_finish", "finish", finish_args()),
     ]
-}
-
-/// A complete Chat Completions answer with one tool call.
-fn tool_call_answer(id: &str, name: &str, arguments: &Value) -> Value {
-    json!({
-        "id": format!("chatcmpl-{id}"),
-        "object": "chat.completion",
-        "created": 1_741_569_952,
-        "model": "gpt-test",
-        "choices": [{
-            "index": 0,
-            "message": {
-                "role": "assistant",
-                "content": null,
-                "refusal": null,
-                "tool_calls": [{
-                    "id": id,
-                    "type": "function",
-                    "function": {"name": name, "arguments": arguments.to_string()}
-                }]
-            },
-            "logprobs": null,
-            "finish_reason": "tool_calls"
-        }],
-        "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}
-    })
-}
-
-fn chunk(id: &str, delta: Value, finish_reason: Value) -> String {
-    sse_data(
-        &json!({
-            "id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk",
-            "created": 1_741_569_952, "model": "gpt-test",
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
-            "usage": null
-        })
-        .to_string(),
-    )
-}
-
-/// The same answer as an event stream: id and name first, the arguments in
-/// two fragments, the finish reason, usage in a last chunk, `[DONE]`.
-fn tool_call_stream(id: &str, name: &str, arguments: &Value) -> String {
-    let json = arguments.to_string();
-    let (head, tail) = json.split_at(json.len() / 2);
-    let fragment =
-        |args: &str| json!({"tool_calls": [{"index": 0, "function": {"arguments": args}}]});
-    [
-        chunk(
-            id,
-            json!({"role": "assistant", "content": null, "tool_calls": [{
-                "index": 0, "id": id, "type": "function",
-                "function": {"name": name, "arguments": ""}
-            }]}),
-            Value::Null,
-        ),
-        chunk(id, fragment(head), Value::Null),
-        chunk(id, fragment(tail), Value::Null),
-        chunk(id, json!({}), json!("tool_calls")),
-        sse_data(
-            &json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk",
-                    "created": 1_741_569_952, "model": "gpt-test", "choices": [],
-                    "usage": {"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150}})
-            .to_string(),
-        ),
-        sse_data("[DONE]"),
-    ]
-    .concat()
 }
 
 /// The `tool` role messages of a request body: (tool_call_id, content text).
@@ -145,7 +77,7 @@ fn check_requests(requests: &[Recorded], streamed: bool) {
     for request in requests {
         assert_eq!(request.method, "POST");
         assert_eq!(request.path, "/v1/chat/completions");
-        let body = request.json();
+        let body = request.body.clone();
         assert_eq!(body["model"], "gpt-test");
         assert_eq!(body["stream"].as_bool().unwrap_or(false), streamed);
         if streamed {
@@ -174,21 +106,21 @@ fn check_requests(requests: &[Recorded], streamed: bool) {
         assert!(system.contains("You do arithmetic with your tools."));
     }
 
-    let first = requests[0].json();
+    let first = requests[0].body.clone();
     let messages = first["messages"].as_array().expect("messages");
     assert_eq!(messages.len(), 2, "system and user: {messages:?}");
     assert_eq!(messages[1]["role"], "user");
     assert!(messages[1].to_string().contains(QUESTION));
     assert!(tool_results(&first).is_empty());
 
-    let second = requests[1].json();
+    let second = requests[1].body.clone();
     assert_eq!(tool_call_ids(&second), ["call_add"]);
     assert_eq!(
         tool_results(&second),
         [("call_add".to_owned(), "5".to_owned())]
     );
 
-    let third = requests[2].json();
+    let third = requests[2].body.clone();
     assert_eq!(tool_call_ids(&third), ["call_add", "call_respond"]);
     assert_eq!(
         tool_results(&third),
@@ -240,9 +172,9 @@ async fn run(server: &FakeServer, streamed: bool) {
 async fn a_machine_runs_tools_respond_and_finish_through_complete_answers() {
     let replies = calls()
         .iter()
-        .map(|(id, name, args)| Reply::json(200, tool_call_answer(id, name, args)))
+        .map(|(id, name, args)| Reply::json(200, openai::tool_call(id, name, args)))
         .collect();
-    let server = FakeServer::start(replies).await;
+    let server = FakeServer::scripted(replies).await;
     run(&server, false).await;
 }
 
@@ -250,8 +182,8 @@ async fn a_machine_runs_tools_respond_and_finish_through_complete_answers() {
 async fn a_machine_runs_tools_respond_and_finish_through_event_streams() {
     let replies = calls()
         .iter()
-        .map(|(id, name, args)| Reply::sse_split(&tool_call_stream(id, name, args), 13))
+        .map(|(id, name, args)| Reply::sse_split(&openai::tool_call_events(id, name, args), 13))
         .collect();
-    let server = FakeServer::start(replies).await;
+    let server = FakeServer::scripted(replies).await;
     run(&server, true).await;
 }

@@ -3,11 +3,8 @@
 //! documentation.
 #![cfg(feature = "openai")]
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{FakeServer, Reply, sse_data};
 use futures::StreamExt;
 use markov_core::message::Items;
 use markov_core::model::collect_stream;
@@ -16,6 +13,7 @@ use markov_core::{
     StreamEvent, ToolChoice, ToolDefinition, Usage,
 };
 use markov_providers::{MaxTokensField, OpenAi, SchemaStrictness};
+use markov_testkit::http::{FakeServer, Reply, sse_data};
 use serde_json::{Value, json};
 
 const KEY: &str = "sk-proj-test-secret-key";
@@ -23,7 +21,7 @@ const KEY: &str = "sk-proj-test-secret-key";
 fn client(server: &FakeServer) -> OpenAi {
     OpenAi::builder()
         .api_key(KEY)
-        .base_url(format!("{}/v1", server.url()))
+        .base_url(format!("{}/v1", server.base_url()))
         .model("gpt-test")
         .backoff(Duration::from_millis(1), Duration::from_millis(4))
         .build()
@@ -82,7 +80,7 @@ fn text_answer(text: &str) -> Value {
 
 #[tokio::test]
 async fn request_body_covers_messages_tools_and_tool_choice() {
-    let server = FakeServer::start(vec![Reply::json(200, text_answer("42"))]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("42"))]).await;
     let history = vec![
         Message::user("Hello"),
         Message {
@@ -158,7 +156,7 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
     );
     assert_eq!(sent.header("content-type"), Some("application/json"));
     assert_eq!(
-        sent.json(),
+        sent.body,
         json!({
             "model": "gpt-test",
             "messages": [
@@ -205,7 +203,7 @@ async fn tool_choice_modes_are_mapped() {
         (ToolChoice::Any, json!("required")),
         (ToolChoice::None, json!("none")),
     ];
-    let server = FakeServer::start(vec![Reply::json(200, text_answer("ok")); cases.len()]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("ok")); cases.len()]).await;
     let model = client(&server);
     let history = [Message::user("hi")];
     let tools = tools();
@@ -217,7 +215,7 @@ async fn tool_choice_modes_are_mapped() {
             .unwrap();
     }
     for ((_, expected), sent) in cases.iter().zip(server.requests()) {
-        let body = sent.json();
+        let body = sent.body.clone();
         assert_eq!(&body["tool_choice"], expected);
         assert!(body.get("parallel_tool_calls").is_none());
     }
@@ -225,9 +223,9 @@ async fn tool_choice_modes_are_mapped() {
 
 #[tokio::test]
 async fn older_servers_strict_schemas_and_structured_output() {
-    let server = FakeServer::start(vec![Reply::json(200, text_answer(r#"{"n":1}"#))]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer(r#"{"n":1}"#))]).await;
     let model = OpenAi::builder()
-        .base_url(format!("{}/v1", server.url()))
+        .base_url(format!("{}/v1", server.base_url()))
         .model("local-model")
         .max_tokens_field(MaxTokensField::MaxTokens)
         .schema_strictness(SchemaStrictness::Strict)
@@ -250,7 +248,7 @@ async fn older_servers_strict_schemas_and_structured_output() {
     let sent = server.single();
     assert_eq!(sent.header("authorization"), None, "no key, no header");
     assert_eq!(
-        sent.json(),
+        sent.body,
         json!({
             "model": "local-model",
             "messages": [{"role": "user", "content": "count"}],
@@ -293,7 +291,7 @@ async fn a_complete_answer_with_tool_calls_is_parsed() {
         "usage": {"prompt_tokens": 2006, "completion_tokens": 300, "total_tokens": 2306,
                   "prompt_tokens_details": {"cached_tokens": 1920}}
     });
-    let server = FakeServer::start(vec![Reply::json(200, body)]).await;
+    let server = FakeServer::scripted(vec![Reply::json(200, body)]).await;
     let history = [Message::user("2 + 3?")];
     let settings = ModelSettings::default();
     let answer = client(&server)
@@ -370,7 +368,7 @@ async fn finish_reasons_and_refusals_are_mapped() {
         .iter()
         .map(|(message, reason, _)| Reply::json(200, completion(message.clone(), reason)))
         .collect();
-    let server = FakeServer::start(replies).await;
+    let server = FakeServer::scripted(replies).await;
     let model = client(&server);
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
@@ -435,7 +433,7 @@ fn tool_stream() -> String {
 
 #[tokio::test]
 async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
-    let server = FakeServer::start(vec![Reply::sse_split(&tool_stream(), 5)]).await;
+    let server = FakeServer::scripted(vec![Reply::sse_split(&tool_stream(), 5)]).await;
     let history = [Message::user("12 + 30 and 5 + 6?")];
     let tools = tools();
     let settings = ModelSettings::default();
@@ -499,7 +497,7 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
             StreamEvent::Done(response),
         ]
     );
-    let sent = server.single().json();
+    let sent = server.single().body;
     assert_eq!(sent["stream"], json!(true));
     assert_eq!(sent["stream_options"], json!({"include_usage": true}));
 }
@@ -511,7 +509,7 @@ async fn a_stream_without_done_ends_at_its_finish_reason() {
         chunk(json!({}), json!("stop")),
     ]
     .concat();
-    let server = FakeServer::start(vec![Reply::sse_chunks(vec![stream])]).await;
+    let server = FakeServer::scripted(vec![Reply::sse_chunks(vec![stream])]).await;
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
     let model = client(&server);
@@ -530,7 +528,7 @@ async fn a_cut_stream_and_a_mid_stream_error_fail() {
         sse_data(r#"{"error":{"message":"The server had an error while processing your request.","type":"server_error"}}"#),
     ]
     .concat();
-    let server = FakeServer::start(vec![
+    let server = FakeServer::scripted(vec![
         Reply::sse_chunks(vec![cut]),
         Reply::sse_chunks(vec![error]),
     ])
@@ -575,7 +573,7 @@ fn rate_limited() -> Reply {
 
 #[tokio::test]
 async fn rate_limits_and_server_errors_are_retried() {
-    let server = FakeServer::start(vec![
+    let server = FakeServer::scripted(vec![
         rate_limited(),
         Reply::text(502, "bad gateway"),
         Reply::json(200, text_answer("ok")),
@@ -595,7 +593,7 @@ async fn rate_limits_and_server_errors_are_retried() {
 
 #[tokio::test]
 async fn retries_stop_at_the_configured_count() {
-    let server = FakeServer::start(vec![
+    let server = FakeServer::scripted(vec![
         Reply::text(500, "boom"),
         Reply::text(500, "boom"),
         Reply::text(500, "boom"),
@@ -630,7 +628,7 @@ async fn client_errors_are_not_retried_and_carry_the_providers_message() {
         (401, "Incorrect API key provided: sk-proj-****."),
         (403, "You are not allowed to sample from this model"),
     ] {
-        let server = FakeServer::start(vec![
+        let server = FakeServer::scripted(vec![
             Reply::json(
                 status,
                 json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": null}}),
@@ -659,7 +657,7 @@ async fn client_errors_are_not_retried_and_carry_the_providers_message() {
 #[tokio::test]
 async fn a_stream_retries_its_connection() {
     let server =
-        FakeServer::start(vec![rate_limited(), Reply::sse_chunks(vec![tool_stream()])]).await;
+        FakeServer::scripted(vec![rate_limited(), Reply::sse_chunks(vec![tool_stream()])]).await;
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
     let model = client(&server);
@@ -672,9 +670,9 @@ async fn a_stream_retries_its_connection() {
 
 #[tokio::test]
 async fn a_stalled_stream_times_out() {
-    let server = FakeServer::start(vec![Reply::hang(Duration::from_secs(5))]).await;
+    let server = FakeServer::scripted(vec![Reply::hang(Duration::from_secs(5))]).await;
     let model = OpenAi::builder()
-        .base_url(server.url())
+        .base_url(server.base_url())
         .max_retries(0)
         .timeout(Duration::from_millis(200))
         .build()
@@ -689,12 +687,12 @@ async fn a_stalled_stream_times_out() {
 #[tokio::test]
 async fn a_stream_that_stalls_mid_body_times_out() {
     let first = chunk(json!({"content": "Hi"}), Value::Null);
-    let server = FakeServer::start(vec![
+    let server = FakeServer::scripted(vec![
         Reply::sse_chunks(vec![first]).then_stall(Duration::from_secs(5)),
     ])
     .await;
     let model = OpenAi::builder()
-        .base_url(server.url())
+        .base_url(server.base_url())
         .max_retries(0)
         .timeout(Duration::from_millis(300))
         .build()
@@ -717,7 +715,7 @@ async fn a_stream_that_stalls_mid_body_times_out() {
 
 #[tokio::test]
 async fn debug_output_never_shows_the_key() {
-    let server = FakeServer::start(vec![]).await;
+    let server = FakeServer::start().await;
     let model = client(&server);
     let builder = OpenAi::builder().api_key(KEY);
     assert!(!format!("{model:?}").contains(KEY));

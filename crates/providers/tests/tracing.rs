@@ -2,15 +2,13 @@
 //! attempt, and nothing logged shows the API key.
 #![cfg(all(feature = "anthropic", feature = "openai"))]
 
-mod common;
-
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{FakeServer, Reply};
 use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice};
 use markov_providers::{Anthropic, OpenAi};
+use markov_testkit::http::{FakeServer, Reply};
 use serde_json::json;
 
 const ANTHROPIC_KEY: &str = "sk-ant-tracing-secret";
@@ -57,10 +55,10 @@ async fn calls_are_traced_per_attempt_without_keys() {
         "stop_reason": "end_turn",
         "usage": {"input_tokens": 1, "output_tokens": 1}
     });
-    let server = FakeServer::start(vec![overloaded, Reply::json(200, anthropic_answer)]).await;
+    let server = FakeServer::scripted(vec![overloaded, Reply::json(200, anthropic_answer)]).await;
     let anthropic = Anthropic::builder()
         .api_key(ANTHROPIC_KEY)
-        .base_url(server.url())
+        .base_url(server.base_url())
         .model("claude-traced")
         .backoff(Duration::from_millis(1), Duration::from_millis(2))
         .build()
@@ -81,7 +79,7 @@ async fn calls_are_traced_per_attempt_without_keys() {
         "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                      "finish_reason": "stop"}]
     });
-    let server = FakeServer::start(vec![
+    let server = FakeServer::scripted(vec![
         Reply::json(
             401,
             json!({"error": {"message": "Incorrect API key provided"}}),
@@ -91,7 +89,7 @@ async fn calls_are_traced_per_attempt_without_keys() {
     .await;
     let openai = OpenAi::builder()
         .api_key(OPENAI_KEY)
-        .base_url(server.url())
+        .base_url(server.base_url())
         .model("gpt-traced")
         .build()
         .unwrap();

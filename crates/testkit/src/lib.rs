@@ -4,6 +4,9 @@
 //!   answers a real provider could not give, and errors when its script runs out.
 //! - [`FailingModel`] returns an error, at once or after some calls.
 //! - [`strategies`] generates messages and tool calls for property tests.
+//! - `http` (with the `http` feature) is a loopback fake provider speaking
+//!   the Anthropic Messages and OpenAI Chat Completions wire formats, to
+//!   test real clients end to end.
 //!
 //! ```
 //! use markov_testkit::ScriptedModel;
@@ -18,6 +21,8 @@
 #![deny(missing_docs)]
 
 mod failing;
+#[cfg(feature = "http")]
+pub mod http;
 mod scripted;
 pub mod strategies;
 

@@ -1,17 +1,24 @@
-//! Shared fixtures for the executor's scenario tests.
+//! Shared fixtures for the executor's scenario tests: tools, a machine over
+//! a scripted model, a scripted executor ([`Script`]) that returns leaf
+//! outcomes without any model, and history helpers.
 #![allow(dead_code, unreachable_pub)]
 
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use markov_core::message::{Item, Message, Role};
+use async_trait::async_trait;
+use markov_core::InstanceId;
+use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
 use markov_core::tool::{Tool, ToolContext, ToolReply};
 use markov_executor::{
-    Instance, Machine, MachineStep, RunError, RunOptions, StandardExecutor, run_machine,
+    Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineOptions,
+    MachineStep, RunError, RunOptions, StandardExecutor, TurnState, YieldReason, run_machine,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
+use markov_runtime::transition::CedeContent;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -276,4 +283,149 @@ pub fn assert_paired(history: &[Message]) {
         }
     }
     assert!(open.is_empty(), "calls without results: {open:?}");
+}
+
+/// The instance payloads recorded in a history, in order.
+pub fn instance_payloads(history: &[Message]) -> impl Iterator<Item = &InstancePayload> {
+    history.iter().filter_map(|msg| match &msg.items {
+        Items::Instance(p) => Some(p.as_ref()),
+        _ => None,
+    })
+}
+
+// ---------------------------------------------------------------------------
+// A scripted executor: per node name, a queue of leaf outcomes; no model.
+// ---------------------------------------------------------------------------
+
+/// A scripted answer of one leaf call, built from the leaf's context.
+pub type LeafReply = Box<dyn Fn(&LeafContext<'_>) -> LeafOutcome + Send + Sync>;
+
+/// One executor call: the node's name, the instance, the step and the
+/// worker flag.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Call {
+    pub node: String,
+    pub instance: InstanceId,
+    pub step: usize,
+    pub worker: bool,
+}
+
+impl Call {
+    /// The call the executor receives with `cx`.
+    pub fn of(cx: &LeafContext<'_>) -> Self {
+        Call {
+            node: cx.instance().node().name().unwrap_or("?").to_owned(),
+            instance: cx.instance().id().clone(),
+            step: cx.current_step,
+            worker: cx.is_worker(),
+        }
+    }
+}
+
+/// An executor that answers each leaf with the next reply scripted for its
+/// node's name, and records every call. A call with nothing scripted fails
+/// with [`RunError::Executor`].
+#[derive(Default)]
+pub struct Script {
+    replies: Mutex<HashMap<String, VecDeque<LeafReply>>>,
+    calls: Mutex<Vec<Call>>,
+}
+
+impl Script {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Script::default())
+    }
+
+    /// Queues the next reply of the node called `node`.
+    pub fn on(
+        self: &Arc<Self>,
+        node: &str,
+        reply: impl Fn(&LeafContext<'_>) -> LeafOutcome + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        self.replies
+            .lock()
+            .expect("lock")
+            .entry(node.to_owned())
+            .or_default()
+            .push_back(Box::new(reply));
+        Arc::clone(self)
+    }
+
+    /// Every call so far, in order.
+    pub fn records(&self) -> Vec<Call> {
+        self.calls.lock().expect("lock").clone()
+    }
+
+    /// The node names of the calls so far.
+    pub fn calls(&self) -> Vec<String> {
+        self.records().into_iter().map(|c| c.node).collect()
+    }
+
+    /// The instances of the calls so far.
+    pub fn instances(&self) -> Vec<InstanceId> {
+        self.records().into_iter().map(|c| c.instance).collect()
+    }
+}
+
+#[async_trait]
+impl Executor for Script {
+    async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
+        let call = Call::of(&cx);
+        let node = call.node.clone();
+        self.calls.lock().expect("lock").push(call);
+        let reply = self
+            .replies
+            .lock()
+            .expect("lock")
+            .get_mut(&node)
+            .and_then(VecDeque::pop_front)
+            .ok_or_else(|| RunError::Executor(format!("no scripted reply for {node}")))?;
+        Ok(reply(&cx))
+    }
+}
+
+/// A machine over `root` with an empty charter called `name`, run by
+/// `executor`.
+pub fn script_machine(
+    name: &str,
+    executor: Arc<dyn Executor>,
+    root: Instance,
+    options: MachineOptions,
+) -> Machine {
+    let charter = Charter::builder(name).build().expect("charter builds");
+    Machine::with_options(charter, executor, root, options).expect("machine builds")
+}
+
+/// A node called `name` with one line of instructions.
+pub fn node(name: &str) -> Node {
+    Node::builder(format!("{name} instructions."))
+        .name(name)
+        .build()
+        .expect("node builds")
+}
+
+/// A leaf outcome with the default turn state.
+pub fn outcome(entries: Vec<Entry>, reason: YieldReason) -> LeafOutcome {
+    LeafOutcome::new(entries, reason, TurnState::default())
+}
+
+/// An assistant message attributed to the leaf.
+pub fn say(cx: &LeafContext<'_>, text: &str) -> Entry {
+    Entry::message(Message::assistant(text).with_metadata(Metadata::with_source(cx.source())))
+}
+
+/// An effect attributed to the leaf.
+pub fn fx(cx: &LeafContext<'_>, effect: Effect) -> Entry {
+    Entry::effect(cx.charter, effect, Some(cx.source()))
+}
+
+/// The leaf cedes with `content`.
+pub fn cede_fx(cx: &LeafContext<'_>, content: Option<CedeContent>) -> Entry {
+    fx(
+        cx,
+        Effect::Cede {
+            instance: cx.instance().id().clone(),
+            content,
+        },
+    )
 }

@@ -6,8 +6,9 @@
 //! - **System prompt** → `system: [{"type":"text","text":..}]`; with
 //!   [`PromptCaching::SystemAndTools`] (the default) it and the last tool
 //!   carry `cache_control: {"type":"ephemeral"}`.
-//! - **Messages**: `user` and `assistant` are sent; `ephemeral` as user
-//!   content; a `system` message as a user text block starting with
+//! - **Messages**: `user` and `assistant` are sent; an `ephemeral` as the
+//!   silent user messages of `Message::ephemeral_view` (a camera-frame
+//!   preamble before each image); a `system` message as a user text block starting with
 //!   `[System instruction] ` (the API has no mid-conversation system role),
 //!   or skipped if it has no text; `command` and `instance` are skipped.
 //!   Consecutive messages of one role are merged, and tool results go first

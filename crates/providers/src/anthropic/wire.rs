@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 
+use markov_core::message::{EphemeralPart, camera_frame_text};
 use markov_core::model::Thinking;
 use markov_core::{
     Item, Message, ModelError, ModelRequest, ModelResponse, Role, StopReason, ToolChoice, Usage,
@@ -230,35 +231,32 @@ pub(super) fn encode(
 }
 
 /// The conversation in the API's shape: `command` and `instance` records
-/// skipped, `ephemeral` content shown as user input, a `system` message as a
-/// marked user text block, consecutive messages of one role merged, and tool
-/// results first in their user message.
+/// skipped, each `ephemeral` as the silent user messages of its
+/// [`Message::ephemeral_view`] (borrowed, through its parts), a `system`
+/// message as a marked user text block, consecutive messages of one role
+/// merged, and tool results first in their user message.
 fn messages(history: &[Message]) -> Vec<WireMessage<'_>> {
     let mut out: Vec<WireMessage<'_>> = Vec::new();
     for message in history {
-        let (role, blocks) = match message.role {
-            Role::User | Role::Ephemeral => ("user", blocks(message, false)),
-            Role::Assistant => ("assistant", blocks(message, true)),
-            Role::System => match convert::system_text(message) {
-                Some(text) => (
-                    "user",
-                    vec![Block::Text {
-                        text: Cow::Owned(format!("{}{text}", SYSTEM_PREFIX)),
-                    }],
-                ),
-                None => continue,
-            },
-            Role::Command | Role::Instance => continue,
-        };
-        if blocks.is_empty() {
-            continue;
-        }
-        match out.last_mut() {
-            Some(last) if last.role == role => last.content.extend(blocks),
-            _ => out.push(WireMessage {
-                role,
-                content: blocks,
-            }),
+        match message.role {
+            Role::User => push(&mut out, "user", blocks(convert::content(message), false)),
+            Role::Assistant => push(
+                &mut out,
+                "assistant",
+                blocks(convert::content(message), true),
+            ),
+            Role::Ephemeral => {
+                for part in message.ephemeral_parts() {
+                    push(&mut out, "user", ephemeral_blocks(part));
+                }
+            }
+            Role::System => {
+                if let Some(text) = convert::system_text(message) {
+                    let text = Cow::Owned(format!("{SYSTEM_PREFIX}{text}"));
+                    push(&mut out, "user", vec![Block::Text { text }]);
+                }
+            }
+            Role::Command | Role::Instance => {}
         }
     }
     for message in out.iter_mut().filter(|m| m.role == "user") {
@@ -272,8 +270,37 @@ fn messages(history: &[Message]) -> Vec<WireMessage<'_>> {
     out
 }
 
-fn blocks(message: &Message, assistant: bool) -> Vec<Block<'_>> {
-    match convert::content(message) {
+/// Appends `blocks` as a message of `role`, merged into the last one when it
+/// has the same role; nothing when there are no blocks.
+fn push<'a>(out: &mut Vec<WireMessage<'a>>, role: &'static str, blocks: Vec<Block<'a>>) {
+    if blocks.is_empty() {
+        return;
+    }
+    match out.last_mut() {
+        Some(last) if last.role == role => last.content.extend(blocks),
+        _ => out.push(WireMessage {
+            role,
+            content: blocks,
+        }),
+    }
+}
+
+/// The blocks of one silent user message of an ephemeral's view.
+fn ephemeral_blocks(part: EphemeralPart<'_>) -> Vec<Block<'_>> {
+    match part {
+        EphemeralPart::Text(text) => blocks(Content::Text(text), false),
+        EphemeralPart::Items(items) => blocks(Content::Items(items), false),
+        EphemeralPart::CameraFrame { frames, image } => std::iter::once(Block::Text {
+            text: Cow::Owned(camera_frame_text(frames)),
+        })
+        .chain(block(image, false))
+        .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn blocks(content: Content<'_>, assistant: bool) -> Vec<Block<'_>> {
+    match content {
         Content::Text("") => Vec::new(),
         Content::Text(text) => vec![Block::Text {
             text: Cow::Borrowed(text),

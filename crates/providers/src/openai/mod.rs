@@ -5,7 +5,9 @@
 //! and without streaming. How markov's types map to the API:
 //!
 //! - **System prompt** → a first `system` message (left out when empty).
-//! - **Messages**: `user` and `ephemeral` → `user`; `assistant` →
+//! - **Messages**: `user` → `user`; an `ephemeral` → the `user` messages
+//!   of `Message::ephemeral_view` (one per camera frame, after its
+//!   preamble); `assistant` →
 //!   `assistant` with `tool_calls` (`arguments` is the input's JSON text);
 //!   each tool result → a `tool` message (`tool_call_id`, `content`) placed
 //!   before the rest of its user message's content; a `system` message with

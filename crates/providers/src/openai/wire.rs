@@ -4,6 +4,7 @@
 
 use std::borrow::Cow;
 
+use markov_core::message::{EphemeralPart, camera_frame_text};
 use markov_core::{
     Item, Message, ModelError, ModelRequest, ModelResponse, Role, StopReason, ToolChoice, Usage,
 };
@@ -238,7 +239,12 @@ pub(super) fn encode(
 /// Appends one stored message in the API's shape.
 fn push_message<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
     match message.role {
-        Role::User | Role::Ephemeral => push_user(message, out),
+        Role::User => push_user(convert::content(message), out),
+        Role::Ephemeral => {
+            for part in message.ephemeral_parts() {
+                push_ephemeral(part, out);
+            }
+        }
         Role::Assistant => push_assistant(message, out),
         Role::System => {
             if let Some(text) = convert::system_text(message) {
@@ -251,9 +257,45 @@ fn push_message<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
     }
 }
 
+/// One silent user message of an ephemeral's [`Message::ephemeral_view`],
+/// borrowed from the history (only the camera preamble is owned).
+fn push_ephemeral<'a>(part: EphemeralPart<'a>, out: &mut Vec<WireMessage<'a>>) {
+    match part {
+        EphemeralPart::Text(text) => push_user(Content::Text(text), out),
+        EphemeralPart::Items(items) => push_user(Content::Items(items), out),
+        EphemeralPart::CameraFrame { frames, image } => {
+            let mut parts = vec![Part::Text {
+                text: Cow::Owned(camera_frame_text(frames)),
+            }];
+            parts.extend(image_part(image));
+            out.push(WireMessage::User {
+                content: UserContent::Parts(parts),
+            });
+        }
+        _ => {}
+    }
+}
+
+/// An image item as an inline `data:` URL part.
+fn image_part(item: &Item) -> Option<Part<'_>> {
+    match item {
+        Item::Image {
+            mime_type,
+            data,
+            detail,
+        } => Some(Part::ImageUrl {
+            image_url: ImageUrl {
+                url: format!("data:{mime_type};base64,{data}"),
+                detail: detail.as_deref(),
+            },
+        }),
+        _ => None,
+    }
+}
+
 /// Tool results become `tool` messages, ahead of the rest of the user's content.
-fn push_user<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
-    let items = match convert::content(message) {
+fn push_user<'a>(content: Content<'a>, out: &mut Vec<WireMessage<'a>>) {
+    let items = match content {
         Content::Text("") => return,
         Content::Text(text) => {
             out.push(WireMessage::User {
@@ -274,16 +316,7 @@ fn push_user<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
                 tool_call_id: tool_use_id.as_str(),
                 content,
             }),
-            Item::Image {
-                mime_type,
-                data,
-                detail,
-            } => parts.push(Part::ImageUrl {
-                image_url: ImageUrl {
-                    url: format!("data:{mime_type};base64,{data}"),
-                    detail: detail.as_deref(),
-                },
-            }),
+            Item::Image { .. } => parts.extend(image_part(item)),
             other => {
                 if let Some(text) = item_text(other) {
                     parts.push(Part::Text { text });

@@ -1,0 +1,68 @@
+//! A loopback fake model provider: a minimal HTTP/1.1 server on
+//! `127.0.0.1` that answers each request with the next scripted [`Reply`]
+//! and records every request it sees.
+//!
+//! Point a real client (the Anthropic Messages or OpenAI Chat Completions
+//! client of `markov-providers`, or your own) at [`FakeServer::base_url`]
+//! and script what the "provider" says: complete JSON answers, server-sent
+//! event streams cut into arbitrary pieces, error statuses, delays and
+//! replies that never come. The [`anthropic`] and [`openai`] modules build
+//! the vendors' response bodies and event streams for the common cases (a
+//! text answer, a tool call), so a test need not write vendor JSON.
+//!
+//! The server speaks just enough HTTP for ordinary clients: one request per
+//! connection, every reply sent with `Connection: close`. A request beyond
+//! the script is answered `418`, which no client retries. Dropping the
+//! server stops it. It needs a running tokio runtime.
+//!
+//! Enabled by the `http` feature.
+//!
+//! ```no_run
+//! use markov_testkit::http::{FakeServer, Reply, anthropic};
+//! use serde_json::json;
+//!
+//! # async fn example() {
+//! let server = FakeServer::start().await;
+//! server
+//!     .reply(Reply::json(200, anthropic::tool_use("toolu_1", "add", &json!({"a": 2, "b": 3}))))
+//!     .reply(Reply::sse_split(&anthropic::text_events("2 + 3 = 5"), 7));
+//!
+//! // Build the client under test with `server.base_url()` as its base URL
+//! // (for OpenAI-compatible clients, `format!("{}/v1", server.base_url())`)
+//! // and run it, then check what it sent:
+//! let requests = server.requests();
+//! assert_eq!(requests[0].method, "POST");
+//! assert_eq!(requests[0].path, "/v1/messages");
+//! assert_eq!(requests[0].body["stream"], json!(true));
+//! assert_eq!(requests[0].header("x-api-key"), Some("sk-test"));
+//! # }
+//! ```
+
+pub mod anthropic;
+pub mod openai;
+mod server;
+
+pub use server::{FakeServer, Recorded, Reply};
+
+/// The model name the canned [`anthropic`] and [`openai`] answers report.
+pub const MODEL: &str = "fake-model";
+
+/// One named server-sent event with JSON data, as Anthropic sends them:
+/// `event: <name>\ndata: <json>\n\n`.
+pub fn sse_event(name: &str, data: serde_json::Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+/// One unnamed server-sent event, as OpenAI sends them: `data: <data>\n\n`.
+pub fn sse_data(data: &str) -> String {
+    format!("data: {data}\n\n")
+}
+
+/// `text` cut near its middle, on a character boundary.
+fn split_in_two(text: &str) -> (&str, &str) {
+    let mut middle = text.len() / 2;
+    while !text.is_char_boundary(middle) {
+        middle -= 1;
+    }
+    text.split_at(middle)
+}

@@ -1,0 +1,152 @@
+//! OpenAI Chat Completions answers: complete response bodies for
+//! [`Reply::json`](super::Reply::json) and event streams for
+//! [`Reply::sse`](super::Reply::sse) or
+//! [`Reply::sse_split`](super::Reply::sse_split), in the shapes of OpenAI's
+//! public API documentation. Streams end with a usage chunk and
+//! `data: [DONE]`.
+//!
+//! ```
+//! use markov_testkit::http::{Reply, openai};
+//! use serde_json::json;
+//!
+//! let answer = openai::tool_call("call_1", "add", &json!({"a": 2, "b": 3}));
+//! assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
+//! let call = &answer["choices"][0]["message"]["tool_calls"][0];
+//! assert_eq!(call["function"]["arguments"], r#"{"a":2,"b":3}"#);
+//! let _reply = Reply::json(200, answer);
+//! let _streamed = Reply::sse_split(&openai::text_events("Hello."), 5);
+//! ```
+
+use serde_json::{Value, json};
+
+use super::{MODEL, split_in_two, sse_data};
+
+/// When every canned answer was created (seconds since the epoch).
+const CREATED: u64 = 1_741_569_952;
+
+/// The usage every canned answer reports.
+fn usage() -> Value {
+    json!({"prompt_tokens": 120, "completion_tokens": 30, "total_tokens": 150})
+}
+
+/// A complete Chat Completions response (`"object": "chat.completion"`)
+/// with one choice holding `message` and `finish_reason`, its id
+/// `chatcmpl-<id>`.
+pub fn completion(id: &str, message: Value, finish_reason: &str) -> Value {
+    json!({
+        "id": format!("chatcmpl-{id}"),
+        "object": "chat.completion",
+        "created": CREATED,
+        "model": MODEL,
+        "choices": [{
+            "index": 0,
+            "message": message,
+            "logprobs": null,
+            "finish_reason": finish_reason
+        }],
+        "usage": usage()
+    })
+}
+
+/// A complete text answer, `finish_reason` `stop`.
+pub fn text(text: &str) -> Value {
+    completion(
+        "text",
+        json!({"role": "assistant", "content": text, "refusal": null}),
+        "stop",
+    )
+}
+
+/// A complete answer with one tool call `id` of function `name`, its
+/// `arguments` serialized to a string as the API sends them,
+/// `finish_reason` `tool_calls`.
+pub fn tool_call(id: &str, name: &str, arguments: &Value) -> Value {
+    completion(
+        id,
+        json!({
+            "role": "assistant",
+            "content": null,
+            "refusal": null,
+            "tool_calls": [{
+                "id": id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments.to_string()}
+            }]
+        }),
+        "tool_calls",
+    )
+}
+
+/// An error body, such as
+/// `{"error": {"message": ..., "type": "rate_limit_error", ...}}`.
+pub fn error(kind: &str, message: &str) -> Value {
+    json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
+}
+
+/// One `chat.completion.chunk` event with `delta` and `finish_reason`.
+fn chunk(id: &str, delta: Value, finish_reason: Value) -> String {
+    sse_data(
+        &json!({
+            "id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk",
+            "created": CREATED, "model": MODEL,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+            "usage": null
+        })
+        .to_string(),
+    )
+}
+
+/// The last events of a stream: the usage chunk (no choices) and `[DONE]`.
+fn stream_end(id: &str) -> [String; 2] {
+    [
+        sse_data(
+            &json!({"id": format!("chatcmpl-{id}"), "object": "chat.completion.chunk",
+                    "created": CREATED, "model": MODEL, "choices": [], "usage": usage()})
+            .to_string(),
+        ),
+        sse_data("[DONE]"),
+    ]
+}
+
+/// [`text`] as an event stream: the role, the text in two content deltas,
+/// `finish_reason` `stop`, the usage chunk and `[DONE]`.
+pub fn text_events(text: &str) -> String {
+    let (head, tail) = split_in_two(text);
+    let mut events = vec![
+        chunk(
+            "text",
+            json!({"role": "assistant", "content": ""}),
+            Value::Null,
+        ),
+        chunk("text", json!({"content": head}), Value::Null),
+        chunk("text", json!({"content": tail}), Value::Null),
+        chunk("text", json!({}), json!("stop")),
+    ];
+    events.extend(stream_end("text"));
+    events.concat()
+}
+
+/// [`tool_call`] as an event stream: id and name first, the arguments in
+/// two fragments, `finish_reason` `tool_calls`, the usage chunk and
+/// `[DONE]`.
+pub fn tool_call_events(id: &str, name: &str, arguments: &Value) -> String {
+    let json = arguments.to_string();
+    let (head, tail) = split_in_two(&json);
+    let fragment =
+        |args: &str| json!({"tool_calls": [{"index": 0, "function": {"arguments": args}}]});
+    let mut events = vec![
+        chunk(
+            id,
+            json!({"role": "assistant", "content": null, "tool_calls": [{
+                "index": 0, "id": id, "type": "function",
+                "function": {"name": name, "arguments": ""}
+            }]}),
+            Value::Null,
+        ),
+        chunk(id, fragment(head), Value::Null),
+        chunk(id, fragment(tail), Value::Null),
+        chunk(id, json!({}), json!("tool_calls")),
+    ];
+    events.extend(stream_end(id));
+    events.concat()
+}

@@ -1,0 +1,355 @@
+//! The server itself: [`FakeServer`], its scripted [`Reply`]s and the
+//! [`Recorded`] requests.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+/// One request as the server saw it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// The method, such as `POST`.
+    pub method: String,
+    /// The request target, such as `/v1/messages` (with any query string).
+    pub path: String,
+    /// The headers in order, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The body: parsed JSON; [`Value::Null`] when empty; a
+    /// [`Value::String`] holding the text when not JSON.
+    pub body: Value,
+}
+
+impl Recorded {
+    /// A header's value (names compared case-insensitively).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// How a reply's body is sent.
+#[derive(Debug, Clone)]
+enum Body {
+    /// With a `Content-Length`.
+    Full(String),
+    /// Close-delimited, each piece written and flushed separately, then
+    /// optionally a stall before closing.
+    Chunks(Vec<Vec<u8>>, Option<Duration>),
+    /// Nothing at all: the server waits this long, then closes.
+    Hang(Duration),
+}
+
+/// A scripted reply: a status, headers and a body, sent whole or in pieces,
+/// optionally after a delay.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Body,
+    delay: Option<Duration>,
+}
+
+impl Reply {
+    fn new(status: u16, content_type: Option<&str>, body: Body) -> Self {
+        Reply {
+            status,
+            headers: content_type
+                .map(|t| vec![("content-type".to_owned(), t.to_owned())])
+                .unwrap_or_default(),
+            body,
+            delay: None,
+        }
+    }
+
+    /// A JSON reply with `status`.
+    pub fn json(status: u16, body: Value) -> Self {
+        Self::new(
+            status,
+            Some("application/json"),
+            Body::Full(body.to_string()),
+        )
+    }
+
+    /// A plain-text reply with `status`.
+    pub fn text(status: u16, body: &str) -> Self {
+        Self::new(status, Some("text/plain"), Body::Full(body.to_owned()))
+    }
+
+    /// A `200` event stream (`text/event-stream`) sent in one piece, such as
+    /// the text from [`anthropic::text_events`](super::anthropic::text_events).
+    pub fn sse(stream: &str) -> Self {
+        Self::sse_chunks(vec![stream.to_owned()])
+    }
+
+    /// A `200` event stream sent in the pieces given, each written and
+    /// flushed on its own, a moment apart; a piece may end anywhere, even
+    /// inside a line.
+    pub fn sse_chunks(chunks: Vec<String>) -> Self {
+        let chunks = chunks.into_iter().map(String::into_bytes).collect();
+        Self::new(200, Some("text/event-stream"), Body::Chunks(chunks, None))
+    }
+
+    /// A `200` event stream cut into pieces of `size` bytes, wherever they
+    /// fall: mid-line, mid-token, even inside a UTF-8 character. A `size` of
+    /// 0 counts as 1.
+    pub fn sse_split(stream: &str, size: usize) -> Self {
+        let chunks = stream
+            .as_bytes()
+            .chunks(size.max(1))
+            .map(<[u8]>::to_vec)
+            .collect();
+        Self::new(200, Some("text/event-stream"), Body::Chunks(chunks, None))
+    }
+
+    /// A reply that never comes: the server reads the request, waits
+    /// `for_`, then closes the connection without a word.
+    pub fn hang(for_: Duration) -> Self {
+        Self::new(200, None, Body::Hang(for_))
+    }
+
+    /// After the last piece of an event stream, the server stalls `for_`
+    /// before closing (no effect on other replies).
+    pub fn then_stall(mut self, for_: Duration) -> Self {
+        if let Body::Chunks(_, stall) = &mut self.body {
+            *stall = Some(for_);
+        }
+        self
+    }
+
+    /// The server waits `for_` after reading the request before it sends
+    /// anything (status line included).
+    pub fn delayed(mut self, for_: Duration) -> Self {
+        self.delay = Some(for_);
+        self
+    }
+
+    /// Adds a header, such as `retry-after`.
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+}
+
+/// What the server and its connections share.
+#[derive(Debug, Default)]
+struct Shared {
+    requests: Mutex<Vec<Recorded>>,
+    replies: Mutex<VecDeque<Reply>>,
+}
+
+/// A fake provider on loopback. Dropping it stops accepting connections.
+#[derive(Debug)]
+pub struct FakeServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl FakeServer {
+    /// Starts a server on a free port of `127.0.0.1` with nothing scripted
+    /// yet; script it with [`reply`](Self::reply).
+    ///
+    /// # Panics
+    ///
+    /// If no loopback port can be bound; see [`try_start`](Self::try_start),
+    /// or outside a tokio runtime.
+    pub async fn start() -> Self {
+        match Self::try_start().await {
+            Ok(server) => server,
+            Err(err) => panic!("the fake server cannot bind 127.0.0.1: {err}"),
+        }
+    }
+
+    /// Starts a server already scripted with `replies`, answered in order.
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub async fn scripted(replies: Vec<Reply>) -> Self {
+        let server = Self::start().await;
+        lock(&server.shared.replies).extend(replies);
+        server
+    }
+
+    /// Starts a server, or says why no loopback port could be bound.
+    pub async fn try_start() -> io::Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::default());
+        let accepting = Arc::clone(&shared);
+        let task = tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let shared = Arc::clone(&accepting);
+                tokio::spawn(async move {
+                    // A client that hangs up early is no concern of the test.
+                    let _ = serve(socket, &shared).await;
+                });
+            }
+        });
+        Ok(FakeServer { addr, shared, task })
+    }
+
+    /// Queues `reply` after those already scripted; returns the server, so
+    /// calls chain.
+    pub fn reply(&self, reply: Reply) -> &Self {
+        lock(&self.shared.replies).push_back(reply);
+        self
+    }
+
+    /// The base URL, `http://127.0.0.1:<port>`, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Every request so far, in the order they arrived.
+    pub fn requests(&self) -> Vec<Recorded> {
+        lock(&self.shared.requests).clone()
+    }
+
+    /// The only request so far.
+    ///
+    /// # Panics
+    ///
+    /// Unless exactly one request was made.
+    pub fn single(&self) -> Recorded {
+        let mut requests = self.requests();
+        assert_eq!(
+            requests.len(),
+            1,
+            "expected exactly one request, got {requests:?}"
+        );
+        requests.remove(0)
+    }
+
+    /// How many scripted replies are still unused.
+    pub fn remaining(&self) -> usize {
+        lock(&self.shared.replies).len()
+    }
+}
+
+impl Drop for FakeServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Locks `m`, ignoring poisoning: a panicking test thread leaves the data
+/// as usable as it was.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Reads one request, records it and answers it with the next reply.
+async fn serve(mut socket: TcpStream, shared: &Shared) -> io::Result<()> {
+    let request = read_request(&mut socket).await?;
+    lock(&shared.requests).push(request);
+    let reply = lock(&shared.replies)
+        .pop_front()
+        .unwrap_or_else(|| Reply::text(418, "unscripted request"));
+    if let Some(delay) = reply.delay {
+        tokio::time::sleep(delay).await;
+    }
+    let reason = match reply.status {
+        200 => "OK",
+        _ => "Scripted",
+    };
+    let mut head = format!(
+        "HTTP/1.1 {} {reason}\r\nconnection: close\r\n",
+        reply.status
+    );
+    for (name, value) in &reply.headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    match reply.body {
+        Body::Full(body) => {
+            head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+            socket.write_all(head.as_bytes()).await?;
+            socket.write_all(body.as_bytes()).await?;
+        }
+        Body::Chunks(chunks, stall) => {
+            head.push_str("\r\n");
+            socket.write_all(head.as_bytes()).await?;
+            for chunk in chunks {
+                socket.write_all(&chunk).await?;
+                socket.flush().await?;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            if let Some(stall) = stall {
+                tokio::time::sleep(stall).await;
+            }
+        }
+        Body::Hang(duration) => {
+            tokio::time::sleep(duration).await;
+        }
+    }
+    socket.flush().await?;
+    socket.shutdown().await
+}
+
+/// Reads a request's head and, by its `Content-Length`, its body.
+async fn read_request(socket: &mut TcpStream) -> io::Result<Recorded> {
+    let mut buffer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        let n = socket.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        buffer.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let request_line = lines.next().unwrap_or_default();
+    let mut parts = request_line.split(' ');
+    let method = parts.next().unwrap_or_default().to_owned();
+    let path = parts.next().unwrap_or_default().to_owned();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect();
+    let length: usize = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0);
+    let mut body = buffer[head_end + 4..].to_vec();
+    while body.len() < length {
+        let n = socket.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Ok(Recorded {
+        method,
+        path,
+        headers,
+        body: parse_body(&body),
+    })
+}
+
+/// A request body as JSON, `null` when empty, else its text.
+fn parse_body(body: &[u8]) -> Value {
+    if body.is_empty() {
+        return Value::Null;
+    }
+    serde_json::from_slice(body)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned()))
+}
