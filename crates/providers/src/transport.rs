@@ -96,18 +96,18 @@ impl TransportConfig {
             .min(self.max_backoff);
         let half = step / 2;
         let jitter_nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
-        let jitter = if jitter_nanos == 0 {
-            0
-        } else {
-            random_u64() % (jitter_nanos + 1)
+        let jitter = match jitter_nanos.checked_add(1) {
+            _ if jitter_nanos == 0 => 0,
+            Some(bound) => random_u64() % bound,
+            None => random_u64(),
         };
-        half + Duration::from_nanos(jitter)
+        half.saturating_add(Duration::from_nanos(jitter))
     }
 }
 
 /// A random number from the standard library's per-process hash keys: enough
 /// for jitter, and no dependency.
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     hasher.write_u64(0x9e37_79b9_7f4a_7c15);
     hasher.finish()
@@ -123,7 +123,7 @@ pub(crate) struct Transport {
 /// Parses and checks a base URL.
 pub(crate) fn parse_base_url(url: &str) -> Result<Url, ConfigError> {
     let invalid = |reason: &str| ConfigError::InvalidBaseUrl {
-        url: url.to_owned(),
+        url: redact_url(url),
         reason: reason.to_owned(),
     };
     let parsed = Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
@@ -325,15 +325,59 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
         (value.is_finite() && value >= 0.0).then_some(value)
     };
+    // A wait too long for a `Duration` is treated as the longest one: it is
+    // over the retry cap either way, and a header must never panic the client.
+    let duration = |secs: f64| Duration::try_from_secs_f64(secs).unwrap_or(Duration::MAX);
     if let Some(ms) = number("retry-after-ms") {
-        return Some(Duration::from_secs_f64(ms / 1000.0));
+        return Some(duration(ms / 1000.0));
     }
-    number("retry-after").map(Duration::from_secs_f64)
+    number("retry-after").map(duration)
+}
+
+/// `url` as it may be shown in logs, `Debug` output and errors: a password in
+/// the user-info part and the whole query string (where some proxies carry
+/// keys) are replaced by `<redacted>`.
+pub(crate) fn redact_url(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() {
+                let _ = parsed.set_password(Some("redacted"));
+            }
+            if parsed.query().is_some() {
+                parsed.set_query(Some("redacted"));
+            }
+            parsed.to_string()
+        }
+        Err(_) => "<an unparseable url>".to_owned(),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn huge_retry_after_values_do_not_panic() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", HeaderValue::from_static("1e30"));
+        assert_eq!(retry_after(&headers), Some(Duration::MAX));
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after-ms", HeaderValue::from_static("1e300"));
+        assert_eq!(retry_after(&headers), Some(Duration::MAX));
+    }
+
+    #[test]
+    fn urls_are_redacted_for_display() {
+        assert_eq!(
+            redact_url("https://user:sk-secret@proxy.test/v1?api-key=sk-2"),
+            "https://user:redacted@proxy.test/v1?redacted"
+        );
+        assert_eq!(
+            redact_url("http://localhost:8080/v1"),
+            "http://localhost:8080/v1"
+        );
+        assert_eq!(redact_url("not a url sk-3"), "<an unparseable url>");
+    }
 
     #[test]
     fn backoff_grows_and_stays_in_its_window() {

@@ -103,7 +103,7 @@ pub struct Anthropic {
 impl fmt::Debug for Anthropic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Anthropic")
-            .field("url", &self.url.as_str())
+            .field("url", &crate::transport::redact_url(self.url.as_str()))
             .field("model", &self.model)
             .field("caching", &self.caching)
             .field("api_key", &"<redacted>")
@@ -125,7 +125,7 @@ impl fmt::Debug for AnthropicBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AnthropicBuilder")
             .field("api_key", &self.api_key)
-            .field("base_url", &self.base_url)
+            .field("base_url", &crate::transport::redact_url(&self.base_url))
             .field("model", &self.model)
             .field("caching", &self.caching)
             .field("transport", &self.transport)

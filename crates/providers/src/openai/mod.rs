@@ -118,7 +118,7 @@ pub struct OpenAi {
 impl fmt::Debug for OpenAi {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAi")
-            .field("url", &self.url.as_str())
+            .field("url", &crate::transport::redact_url(self.url.as_str()))
             .field("model", &self.model)
             .field("max_tokens_field", &self.shape.max_tokens_field)
             .field("strictness", &self.shape.strictness)
@@ -142,7 +142,7 @@ impl fmt::Debug for OpenAiBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiBuilder")
             .field("api_key", &self.api_key)
-            .field("base_url", &self.base_url)
+            .field("base_url", &crate::transport::redact_url(&self.base_url))
             .field("model", &self.model)
             .field("max_tokens_field", &self.max_tokens_field)
             .field("strictness", &self.strictness)

@@ -478,9 +478,14 @@ fn arguments(value: Value) -> Value {
     }
 }
 
-/// A call id for servers that send none.
+/// A call id for servers that send none. Random, so that ids stay unique
+/// across responses (a positional `call_0` would repeat in every response and
+/// make idempotency keys collide).
 pub(super) fn fallback_call_id(index: usize) -> String {
-    format!("call_{index}")
+    format!(
+        "call_{:012x}_{index}",
+        crate::transport::random_u64() & 0xffff_ffff_ffff
+    )
 }
 
 /// Maps `finish_reason`. A server that says `stop` (or nothing) while
@@ -542,7 +547,10 @@ pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
     let calls = message.tool_calls.unwrap_or_default();
     let has_tool_calls = !calls.is_empty();
     for (index, call) in calls.into_iter().enumerate() {
-        let id = call.id.unwrap_or_else(|| fallback_call_id(index));
+        let id = call
+            .id
+            .filter(|id| !id.is_empty())
+            .unwrap_or_else(|| fallback_call_id(index));
         content.push(Item::tool_use(
             id,
             call.function.name,
@@ -571,4 +579,15 @@ pub(super) fn tool_schemas(tools: &[markov_core::ToolDefinition]) -> Value {
         })
         .collect();
     serde_json::to_value(tools).unwrap_or(Value::Null)
+}
+
+#[cfg(test)]
+mod fallback_id_tests {
+    use super::fallback_call_id;
+
+    #[test]
+    fn fallback_ids_differ_across_responses() {
+        assert_ne!(fallback_call_id(0), fallback_call_id(0));
+        assert!(fallback_call_id(3).ends_with("_3"));
+    }
 }

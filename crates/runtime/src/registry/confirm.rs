@@ -89,7 +89,10 @@ impl ConfirmationStore {
         let canonical = canonical(args);
         let args_hash = hash_of(&canonical);
         let token = token_for(tool, args_hash);
-        let expires = now + self.ttl;
+        // A lifetime too long for the clock ("never expires") saturates.
+        let expires = now
+            .checked_add(self.ttl)
+            .unwrap_or(SystemTime::UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 64));
         let mut issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
         issued.retain(|_, i| i.expires > now);
         if issued.len() >= MAX_TOKENS
@@ -295,5 +298,12 @@ mod tests {
             !store.redeem(&token, "pay", &json!({"a": 1}), later),
             "expired"
         );
+    }
+
+    #[test]
+    fn a_lifetime_longer_than_the_clock_does_not_panic() {
+        let store = ConfirmationStore::new(Duration::MAX);
+        let request = store.issue("pay", &serde_json::json!({"amount": 1}), SystemTime::now());
+        assert!(request.expires > 0);
     }
 }
