@@ -56,34 +56,49 @@ impl Queue {
         self.enqueue_entries(messages.into_iter().map(Entry::message));
     }
 
+    /// Enqueues a batch atomically (one lock), so nothing another task
+    /// enqueues can land inside it: a leaf's tool calls stay next to their
+    /// results. A message whose `messageId` is already queued replaces it in
+    /// place when enqueued alone (streaming updates); inside a larger batch the
+    /// old slot is dropped and the message joins its batch at the end.
     pub(crate) fn enqueue_entries(&self, entries: impl IntoIterator<Item = Entry>) {
+        let entries: Vec<Entry> = entries.into_iter().collect();
         let mut wake = false;
-        for entry in entries {
+        // Callbacks run outside the lock: one may enqueue in turn.
+        for entry in &entries {
             let ephemeral = entry.message.role == Role::Ephemeral;
             if !ephemeral && let Some(cb) = &self.0.on_enqueue {
                 cb(&entry.message);
             }
             wake |= !ephemeral;
-            let mut q = self.entries();
-            let id = entry
+        }
+        let alone = entries.len() == 1;
+        let mut q = self.entries();
+        for entry in entries {
+            let slot = entry
                 .message
                 .metadata
                 .as_ref()
-                .and_then(|m| m.message_id.clone());
-            let slot = id.and_then(|id| {
-                q.iter().position(|e| {
-                    e.message
-                        .metadata
-                        .as_ref()
-                        .and_then(|m| m.message_id.as_ref())
-                        == Some(&id)
-                })
-            });
+                .and_then(|m| m.message_id.as_ref())
+                .and_then(|id| {
+                    q.iter().position(|e| {
+                        e.message
+                            .metadata
+                            .as_ref()
+                            .and_then(|m| m.message_id.as_ref())
+                            == Some(id)
+                    })
+                });
             match slot {
-                Some(i) => q[i] = entry,
+                Some(i) if alone => q[i] = entry,
+                Some(i) => {
+                    q.remove(i);
+                    q.push_back(entry);
+                }
                 None => q.push_back(entry),
             }
         }
+        drop(q);
         if wake {
             self.0.notify.notify_waiters();
         }

@@ -9,10 +9,12 @@
 //! testable without a runtime.
 //!
 //! With streaming configured ([`StandardExecutor::with_streaming`]) the model
-//! call follows the vessel protocol of [`crate::stream`]: the vessel and its
-//! final version are enqueued while the leaf runs, through
-//! [`LeafContext::queue`], so the final assistant message is not among the
-//! outcome's entries ([`finalize_vessel`] takes it out).
+//! call follows the vessel protocol of [`crate::stream`]: the (empty) vessel
+//! is enqueued while the leaf runs, through [`LeafContext::queue`]; its final
+//! version replaces it as the first entry of the outcome ([`finalize_vessel`]),
+//! so it reaches the queue in one batch with its tool results. A run dropped
+//! while tools run therefore leaves only the empty vessel behind, never a tool
+//! call without its result.
 
 use std::sync::Arc;
 
@@ -320,23 +322,23 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     AfterModel::Finish(LeafOutcome::new(entries, YieldReason::EndTurn, turn))
 }
 
-/// Completes a streamed message: takes the assistant message out of the
-/// answer's entries (it is always the first one, see [`interpret`]) and
-/// returns it completed under the vessel's id, to enqueue in the vessel's
-/// place, with its `message_end` event. `None` if there is no entry.
+/// Completes a streamed message: the answer's assistant message (always the
+/// first entry, see [`interpret`]) is replaced by its completed version under
+/// the vessel's id, which takes the vessel's place when the outcome is
+/// enqueued. Returns the `message_end` event; `None` if there is no entry.
 pub fn finalize_vessel(
     vessel: &mut VesselState,
     after: &mut AfterModel,
-) -> Option<(Message, MessageStreamEvent)> {
+) -> Option<MessageStreamEvent> {
     let entries = match after {
         AfterModel::Finish(outcome) => &mut outcome.entries,
         AfterModel::RunTools { entries, .. } => entries,
     };
-    if entries.is_empty() {
-        return None;
-    }
-    let assistant = entries.remove(0);
-    Some(vessel.complete(assistant.message))
+    let first = entries.first_mut()?;
+    let assistant = std::mem::replace(&mut first.message, Message::assistant_items(Vec::new()));
+    let (completed, event) = vessel.complete(assistant);
+    first.message = completed;
+    Some(event)
 }
 
 /// What to do after the tools ran.
@@ -619,9 +621,8 @@ impl Executor for StandardExecutor {
         let (response, vessel) = self.call_model(&cx, &prepared).instrument(span).await?;
         let mut after = interpret(&cx, response);
         if let Some(mut vessel) = vessel
-            && let Some((message, event)) = finalize_vessel(&mut vessel, &mut after)
+            && let Some(event) = finalize_vessel(&mut vessel, &mut after)
         {
-            cx.queue.enqueue([message]);
             if let Some(options) = &self.streaming {
                 (options.on_message_stream)(&event);
             }
