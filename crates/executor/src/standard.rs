@@ -622,10 +622,9 @@ impl Executor for StandardExecutor {
         let mut after = interpret(&cx, response);
         if let Some(mut vessel) = vessel
             && let Some(event) = finalize_vessel(&mut vessel, &mut after)
+            && let Some(options) = &self.streaming
         {
-            if let Some(options) = &self.streaming {
-                (options.on_message_stream)(&event);
-            }
+            (options.on_message_stream)(&event);
         }
         let (entries, calls) = match after {
             AfterModel::Finish(outcome) => return Ok(outcome),
