@@ -62,6 +62,7 @@ use markov_runtime::charter::Charter;
 use markov_runtime::command::{
     CommandContext, CommandError, CommandInfo, CommandResult, SharedCommand,
 };
+use markov_runtime::externalize::Scope;
 use markov_runtime::pack::Pack;
 use markov_runtime::transition::{SpawnChild, TransitionResult};
 use serde::{Deserialize, Serialize};
@@ -187,6 +188,11 @@ pub fn available_commands(machine: &Machine) -> Vec<CommandInfo> {
 /// running state) are applied directly and not recorded as instance messages;
 /// each accepted node `update_state` enqueues its own `state` message, and a
 /// pack command enqueues one merged `packState` message, applied by the next run.
+///
+/// Externalized state is synchronised before and after the command; on an
+/// externalized node, a result other than a transition leaves the tree's
+/// state as it was — the queued `state` messages carry the change to the
+/// scope's handler in the next run.
 pub async fn run_command(
     machine: &mut Machine,
     name: &str,
@@ -196,6 +202,18 @@ pub async fn run_command(
     machine
         .queue
         .enqueue([command_message(name, &input, &options)]);
+    machine.sync_externalized();
+    let outcome = dispatch(machine, name, input, options).await;
+    machine.sync_externalized();
+    outcome
+}
+
+async fn dispatch(
+    machine: &mut Machine,
+    name: &str,
+    input: Value,
+    options: CommandOptions,
+) -> CommandOutcome {
     let target = match &options.instance_id {
         Some(id) => match machine.root.find(id) {
             Some(t) => t,
@@ -248,7 +266,15 @@ async fn run_node_command(
         Ok(r) => r,
         Err(e) => return CommandOutcome::failed(&e),
     };
-    let state = updates.state;
+    // An externalized node keeps its old state in the tree unless it
+    // transitions: the change arrives through the queued `state` message,
+    // which the next run hands to the scope's handler (spec §12, §17).
+    let externalized = machine.externals.is_registered(&Scope::node_id_of(&id));
+    let state = if externalized {
+        target.state().clone()
+    } else {
+        updates.state
+    };
     let root = &mut machine.root;
     match result {
         CommandResult::Result { payload, messages } => {

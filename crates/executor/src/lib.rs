@@ -9,6 +9,10 @@
 //!   optionally streamed into the queue as a vessel message ([`stream`]).
 //! - [`serialize_machine`] and [`deserialize_machine`]: snapshots (spec §14).
 //! - [`run_command`] and [`available_commands`]: commands, which bypass inference.
+//! - Externalized state ([`markov_runtime::externalize`]): the machine
+//!   registers the scopes whose node or pack declares a handler, hands their
+//!   state messages over and notifies them of every step
+//!   ([`Machine::sync_externalized`]).
 //!
 //! ```
 //! use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};
@@ -36,6 +40,7 @@ mod command;
 mod effect;
 mod error;
 mod executor;
+mod externalize;
 mod instance;
 mod machine;
 mod queue;

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::error::RunError;
 use crate::executor::Executor;
+use crate::externalize::Externals;
 use crate::instance::Instance;
 use crate::queue::{OnEnqueue, Queue};
 
@@ -19,6 +20,8 @@ pub struct Machine {
     pub(crate) root: Arc<Instance>,
     pub(crate) history: Vec<Message>,
     pub(crate) queue: Queue,
+    /// Externalized-state registrations (spec §17); never serialized.
+    pub(crate) externals: Externals,
 }
 
 impl fmt::Debug for Machine {
@@ -28,6 +31,7 @@ impl fmt::Debug for Machine {
             .field("root", &self.root.id())
             .field("history", &self.history.len())
             .field("queue", &self.queue.len())
+            .field("externalized", &self.externals.len())
             .finish_non_exhaustive()
     }
 }
@@ -52,7 +56,8 @@ impl fmt::Debug for MachineOptions {
 
 impl Machine {
     /// Creates a machine: hoists the packs declared on the tree's nodes to the
-    /// root and validates every state against its node.
+    /// root, validates every state against its node and registers the
+    /// externalized scopes (see [`markov_runtime::externalize`]).
     pub fn new(
         charter: Charter,
         executor: impl Executor + 'static,
@@ -84,13 +89,30 @@ impl Machine {
         }
         let nodes: Vec<_> = all.iter().map(|i| i.node().clone()).collect();
         hoist_packs(&mut root, nodes.iter());
-        Ok(Machine {
+        let mut machine = Machine {
             charter,
             executor,
             root,
             history: options.history,
             queue: Queue::new(options.on_enqueue),
-        })
+            externals: Externals::default(),
+        };
+        machine.sync_externalized();
+        Ok(machine)
+    }
+
+    /// Synchronises externalized state (spec §17) with the tree: writes
+    /// made with [`ExternalContext::set_state`] outside a callback are
+    /// copied into the tree, scopes that left the tree are unregistered
+    /// (their cleanup runs) and new ones are registered.
+    ///
+    /// The machine does this itself when it is created or deserialized,
+    /// after every apply phase of a run and around [`run_command`](crate::run_command);
+    /// call it to see an external write in [`Machine::instance`] sooner.
+    ///
+    /// [`ExternalContext::set_state`]: markov_runtime::externalize::ExternalContext::set_state
+    pub fn sync_externalized(&mut self) {
+        self.externals.sync(&self.charter, &mut self.root);
     }
 
     /// The charter.

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use futures::stream::{self, Stream, StreamExt};
 use markov_core::message::{Item, Message, Metadata, Source};
 use markov_core::{InstanceId, Role};
+use markov_runtime::externalize::{Scope, StepInfo};
 use markov_runtime::state::merge_patch;
 use markov_runtime::transition::CedeContent;
 use serde::{Deserialize, Serialize};
@@ -73,8 +74,22 @@ struct Applied {
     cedes: Vec<(InstanceId, Option<CedeContent>)>,
 }
 
+/// An effect with the message that recorded it (kept for `state` /
+/// `packState`, which an externalized scope receives as an event).
+type Resolved = (Effect, Option<Message>);
+
 /// Applies effects in order, copy-on-write. Never validates (spec §5).
-fn apply(root: &mut Arc<Instance>, effects: &[Effect]) {
+/// A `state` / `packState` effect of an externalized scope is handed over
+/// instead of applied; registrations are re-synchronised at the end.
+fn apply(machine: &mut Machine, effects: &[Resolved], step_number: usize) {
+    let Machine {
+        root,
+        externals,
+        charter,
+        ..
+    } = machine;
+    // Writes made outside callbacks since the last sync land first.
+    externals.apply_writes(root);
     let mut writes: HashMap<String, usize> = HashMap::new();
     let mut note_write = |key: String| {
         let n = writes.entry(key.clone()).or_insert(0);
@@ -83,10 +98,21 @@ fn apply(root: &mut Arc<Instance>, effects: &[Effect]) {
             tracing::warn!(scope = %key, writes = *n, "state updated {n} times, last write wins");
         }
     };
-    for effect in effects {
+    for (effect, message) in effects {
         match effect {
             Effect::State { instance, patch } => {
                 note_write(format!("instance:{instance}"));
+                if let Some(message) = message
+                    && externals.hand_over(
+                        root,
+                        &Scope::node_id_of(instance),
+                        patch,
+                        message,
+                        step_number,
+                    )
+                {
+                    continue;
+                }
                 Instance::update(root, instance, &mut |i| {
                     if let Ok(merged) = merge_patch(&i.state, patch) {
                         i.state = merged;
@@ -95,6 +121,11 @@ fn apply(root: &mut Arc<Instance>, effects: &[Effect]) {
             }
             Effect::PackState { pack, patch } => {
                 note_write(format!("pack:{pack}"));
+                if let Some(message) = message
+                    && externals.hand_over(root, &Scope::pack_id(pack), patch, message, step_number)
+                {
+                    continue;
+                }
                 let r = Arc::make_mut(root);
                 let current = r.pack_states.get(pack).cloned().unwrap_or(Value::Null);
                 if let Ok(merged) = merge_patch(&current, patch) {
@@ -134,13 +165,25 @@ fn apply(root: &mut Arc<Instance>, effects: &[Effect]) {
             }
         }
     }
+    externals.sync(charter, root);
 }
 
-fn cedes_of(effects: &[Effect]) -> Applied {
+/// Tells the externalized scopes about a step about to be yielded.
+fn announce(machine: &mut Machine, step: &MachineStep, step_number: usize) {
+    let info = StepInfo::new(
+        step_number,
+        step.yield_reason.as_str(),
+        step.done,
+        &step.history,
+    );
+    machine.externals.notify_step(&mut machine.root, &info);
+}
+
+fn cedes_of(effects: &[Resolved]) -> Applied {
     Applied {
         cedes: effects
             .iter()
-            .filter_map(|e| match e {
+            .filter_map(|(e, _)| match e {
                 Effect::Cede { instance, content } => Some((instance.clone(), content.clone())),
                 _ => None,
             })
@@ -191,11 +234,13 @@ fn collapse_ephemerals(entries: Vec<Entry>) -> Vec<Entry> {
         .collect()
 }
 
-fn resolve_effects(machine: &Machine, entries: &[Entry]) -> Result<Vec<Effect>, RunError> {
+fn resolve_effects(machine: &Machine, entries: &[Entry]) -> Result<Vec<Resolved>, RunError> {
     let mut effects = Vec::new();
     for e in entries {
         if let Some(effect) = e.resolve_effect(&machine.charter)? {
-            effects.push(effect);
+            let message = matches!(effect, Effect::State { .. } | Effect::PackState { .. })
+                .then(|| e.message.clone());
+            effects.push((effect, message));
         }
     }
     Ok(effects)
@@ -318,12 +363,14 @@ impl RunState {
         if !self.started {
             self.started = true;
             if let Some(step) = self.initial_drain(machine)? {
+                announce(machine, &step, 0);
                 return Ok(Action::Yield(step));
             }
         }
         let action = self.begin_step(machine)?;
         if let Action::Yield(step) = &action {
             self.finished = step.done;
+            announce(machine, step, self.steps);
         }
         Ok(action)
     }
@@ -354,7 +401,7 @@ impl RunState {
             .map(|e| e.message)
             .collect();
         machine.history.extend(messages.iter().cloned());
-        apply(&mut machine.root, &effects);
+        apply(machine, &effects, 0);
         if !triggers {
             self.finished = true;
             return Ok(Some(make_step(
@@ -423,6 +470,7 @@ impl RunState {
     ) -> Result<MachineStep, RunError> {
         let step = self.record_step(machine, tasks, results)?;
         self.finished = step.done;
+        announce(machine, &step, self.steps);
         Ok(step)
     }
 
@@ -484,7 +532,7 @@ impl RunState {
         };
         let step_history: Vec<Message> = drained.into_iter().map(|e| e.message).collect();
         machine.history.extend(step_history.iter().cloned());
-        apply(&mut machine.root, &effects);
+        apply(machine, &effects, self.steps);
         let applied = cedes_of(&effects);
         let mut history = std::mem::take(&mut self.pending);
         history.extend(step_history);

@@ -296,7 +296,7 @@ fn iso_millis(t: SystemTime) -> Option<String> {
 /// The history is the snapshot's, followed by `options.history` (normally
 /// empty); the queue is new and empty, with `options.on_enqueue`. Unlike
 /// [`Machine::with_options`], packs are not hoisted and there is no separate
-/// validation pass.
+/// validation pass. Externalized scopes are registered (their handlers run).
 pub fn deserialize_machine(
     charter: Charter,
     executor: Arc<dyn Executor>,
@@ -310,13 +310,16 @@ pub fn deserialize_machine(
     let root = deserialize_instance(&charter, &data.instance, 0, &mut seen)?;
     let mut history = data.history;
     history.extend(options.history);
-    Ok(Machine {
+    let mut machine = Machine {
         charter,
         executor,
         root: Arc::new(root),
         history,
         queue: Queue::new(options.on_enqueue),
-    })
+        externals: Default::default(),
+    };
+    machine.sync_externalized();
+    Ok(machine)
 }
 
 fn deserialize_instance(

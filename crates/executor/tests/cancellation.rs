@@ -109,13 +109,21 @@ async fn messages_enqueued_while_tools_run_do_not_split_calls_from_results() {
         .iter()
         .position(|msg| msg.tool_uses().next().is_some())
         .expect("a call");
-    assert!(!results(&all[call_at + 1]).is_empty(), "{:?}", all[call_at + 1]);
+    assert!(
+        !results(&all[call_at + 1]).is_empty(),
+        "{:?}",
+        all[call_at + 1]
+    );
 }
 
 #[tokio::test]
 async fn without_streaming_a_dropped_run_leaves_nothing_half_done() {
     // Without streaming the assistant message never waits in the queue.
-    let model = Arc::new(ScriptedModel::builder().tool_call("hang", json!({})).build());
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("hang", json!({}))
+            .build(),
+    );
     let node = Node::builder("Tools.").tool(Hang).build().expect("node");
     let mut m = machine(|c| c, node, json!({}), model);
     m.enqueue_user("go");

@@ -5,6 +5,7 @@
 //!   transitions, packs, prompt builder), shared by many machines.
 //! - [`Node`](node::Node): instructions, typed state, tools, transitions, turn policy.
 //! - [`Transition`](transition::Transition) and [`Pack`](pack::Pack).
+//! - [`externalize`]: handing a node's or pack's state to application code.
 //! - [`command`]: user-invoked operations on nodes and packs that bypass inference.
 //! - [`pipeline`]: runs one model response's tool calls in order and reports
 //!   their results and effects as data; it never touches the instance tree.
@@ -25,6 +26,7 @@ pub mod charter;
 pub mod command;
 mod error;
 mod execute;
+pub mod externalize;
 pub mod node;
 pub mod pack;
 pub mod pipeline;

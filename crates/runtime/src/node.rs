@@ -34,6 +34,7 @@ use serde_json::Value;
 
 use crate::command::{Command, ErasedCommand, SharedCommand};
 use crate::error::ConfigError;
+use crate::externalize::{Cleanup, ExternalContext, ExternalizeError, StateHandler};
 use crate::pack::Pack;
 use crate::policy::{OutputRestriction, ToolChoicePolicy, TurnPolicy};
 use crate::state::{AnyObject, StateSchema, TypedState, json_type};
@@ -158,6 +159,7 @@ pub(crate) struct NodeInner {
     pub(crate) packs: Vec<Pack>,
     pub(crate) kind: NodeKind,
     pub(crate) policy: TurnPolicy,
+    pub(crate) externalize: Option<StateHandler>,
 }
 
 /// A behaviour blueprint. Cheap to clone (shared); identity is its [`NodeId`].
@@ -272,6 +274,17 @@ impl Node {
     pub fn policy(&self) -> &TurnPolicy {
         &self.0.policy
     }
+
+    /// The externalized-state handler, if the node declares one (see
+    /// [`crate::externalize`]).
+    pub fn externalize_handler(&self) -> Option<&StateHandler> {
+        self.0.externalize.as_ref()
+    }
+
+    /// The state schema, shared.
+    pub fn shared_schema(&self) -> Arc<dyn StateSchema> {
+        Arc::clone(&self.0.schema)
+    }
 }
 
 /// Builds a [`Node`]; [`NodeBuilder::build`] validates everything at once.
@@ -289,6 +302,7 @@ pub struct NodeBuilder {
     packs: Vec<Pack>,
     kind: NodeKind,
     policy: TurnPolicy,
+    externalize: Option<StateHandler>,
     errors: Vec<ConfigError>,
 }
 
@@ -313,6 +327,7 @@ impl NodeBuilder {
             packs: Vec::new(),
             kind: NodeKind::Standard,
             policy: TurnPolicy::default(),
+            externalize: None,
             errors: Vec::new(),
         }
     }
@@ -421,6 +436,29 @@ impl NodeBuilder {
         self
     }
 
+    /// Externalizes the state of this node's instances (spec §17): the
+    /// handler is called once per instance with its
+    /// [`ExternalContext`], and from then on `state` messages for the
+    /// instance reach its callbacks instead of the tree. See
+    /// [`crate::externalize`].
+    #[must_use]
+    pub fn externalize(
+        self,
+        handler: impl Fn(&ExternalContext) -> Result<Option<Cleanup>, ExternalizeError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.state_handler(StateHandler::new(handler))
+    }
+
+    /// Externalizes the state with a handler shared with other nodes.
+    #[must_use]
+    pub fn state_handler(mut self, handler: StateHandler) -> Self {
+        self.externalize = Some(handler);
+        self
+    }
+
     /// Makes this a worker node.
     #[must_use]
     pub fn worker(mut self) -> Self {
@@ -526,6 +564,7 @@ impl NodeBuilder {
             packs: self.packs,
             kind: self.kind,
             policy: self.policy,
+            externalize: self.externalize,
         }));
         node.policy().validate(&node)?;
         Ok(node)

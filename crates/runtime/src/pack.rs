@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use crate::command::{Command, ErasedCommand, SharedCommand};
 use crate::error::ConfigError;
+use crate::externalize::{Cleanup, ExternalContext, ExternalizeError, StateHandler};
 use crate::state::{AnyObject, StateSchema, TypedState};
 use crate::toolset::ToolSet;
 
@@ -60,6 +61,7 @@ struct PackInner {
     tools: ToolSet,
     commands: Vec<SharedCommand>,
     initial_state: Option<Value>,
+    externalize: Option<StateHandler>,
 }
 
 /// A reusable module. Cheap to clone.
@@ -87,6 +89,7 @@ impl Pack {
             tools: Vec::new(),
             commands: Vec::new(),
             initial_state: None,
+            externalize: None,
             errors: Vec::new(),
         }
     }
@@ -130,6 +133,17 @@ impl Pack {
     pub fn initial_state(&self) -> Option<&Value> {
         self.0.initial_state.as_ref()
     }
+
+    /// The externalized-state handler, if the pack declares one (see
+    /// [`crate::externalize`]).
+    pub fn externalize_handler(&self) -> Option<&StateHandler> {
+        self.0.externalize.as_ref()
+    }
+
+    /// The state schema, shared.
+    pub fn shared_schema(&self) -> Arc<dyn StateSchema> {
+        Arc::clone(&self.0.schema)
+    }
 }
 
 /// Builds a [`Pack`].
@@ -142,6 +156,7 @@ pub struct PackBuilder {
     tools: Vec<SharedTool>,
     commands: Vec<SharedCommand>,
     initial_state: Option<Value>,
+    externalize: Option<StateHandler>,
     errors: Vec<ConfigError>,
 }
 
@@ -205,6 +220,28 @@ impl PackBuilder {
         self
     }
 
+    /// Externalizes the pack's state (spec §17): the handler is called once
+    /// per machine with its [`ExternalContext`], and from then on
+    /// `packState` messages reach its callbacks instead of the tree. See
+    /// [`crate::externalize`].
+    #[must_use]
+    pub fn externalize(
+        self,
+        handler: impl Fn(&ExternalContext) -> Result<Option<Cleanup>, ExternalizeError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.state_handler(StateHandler::new(handler))
+    }
+
+    /// Externalizes the state with a handler shared with other packs.
+    #[must_use]
+    pub fn state_handler(mut self, handler: StateHandler) -> Self {
+        self.externalize = Some(handler);
+        self
+    }
+
     /// Validates and freezes the pack.
     pub fn build(mut self) -> Result<Pack, ConfigError> {
         if let Some(e) = self.errors.drain(..).next() {
@@ -233,6 +270,7 @@ impl PackBuilder {
             tools,
             commands: self.commands,
             initial_state: self.initial_state,
+            externalize: self.externalize,
         })))
     }
 }
@@ -257,6 +295,7 @@ impl Pack {
             tools: self.0.tools.clone(),
             commands: self.0.commands.clone(),
             initial_state: initial_state.or_else(|| self.0.initial_state.clone()),
+            externalize: self.0.externalize.clone(),
         }))
     }
 }
