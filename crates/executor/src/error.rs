@@ -72,6 +72,17 @@ pub enum RunError {
     /// A queued instance message could not be applied.
     #[error("invalid instance message: {0}")]
     InvalidInstanceMessage(String),
+    /// A queued instance message could not be resolved (an unknown node ref,
+    /// a malformed payload). It was taken out of the queue, so later runs are
+    /// not stuck on it, and is handed back here; the rest of its batch stays
+    /// queued, in order.
+    #[error("{reason}")]
+    RefusedInstanceMessage {
+        /// Why it was refused (e.g. `Unknown node ref: <r>`).
+        reason: String,
+        /// The refused message.
+        message: Box<markov_core::Message>,
+    },
     /// A transition failed in a way the model cannot fix.
     #[error(transparent)]
     Transition(#[from] TransitionError),

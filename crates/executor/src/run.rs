@@ -234,28 +234,45 @@ fn collapse_ephemerals(entries: Vec<Entry>) -> Vec<Entry> {
         .collect()
 }
 
-fn resolve_effects(machine: &Machine, entries: &[Entry]) -> Result<Vec<Resolved>, RunError> {
+/// The effects of a drained batch. When one entry cannot be resolved, the
+/// batch goes back to the front of the queue without it and the error hands
+/// that entry back: nothing is lost, and the next run is not stuck on it.
+fn resolve_effects(machine: &Machine, entries: &mut Vec<Entry>) -> Result<Vec<Resolved>, RunError> {
     let mut effects = Vec::new();
-    for e in entries {
-        if let Some(effect) = e.resolve_effect(&machine.charter)? {
-            let message = matches!(effect, Effect::State { .. } | Effect::PackState { .. })
-                .then(|| e.message.clone());
-            effects.push((effect, message));
+    for (index, e) in entries.iter().enumerate() {
+        match e.resolve_effect(&machine.charter) {
+            Ok(Some(effect)) => {
+                let message = matches!(effect, Effect::State { .. } | Effect::PackState { .. })
+                    .then(|| e.message.clone());
+                effects.push((effect, message));
+            }
+            Ok(None) => {}
+            Err(error) => {
+                let mut rest = std::mem::take(entries);
+                let refused = rest.remove(index);
+                machine.queue.requeue_front(rest);
+                return Err(RunError::RefusedInstanceMessage {
+                    reason: error.to_string(),
+                    message: Box::new(refused.message),
+                });
+            }
         }
     }
     Ok(effects)
 }
 
-fn resume_request(entries: &[Entry]) -> Option<(InstanceId, String)> {
+/// The first resume request of a batch: its position, instance and suspend id.
+fn resume_request(entries: &[Entry]) -> Option<(usize, InstanceId, String)> {
     entries
         .iter()
-        .filter(|e| e.message.role == Role::System)
-        .find_map(|e| {
+        .enumerate()
+        .filter(|(_, e)| e.message.role == Role::System)
+        .find_map(|(at, e)| {
             e.message.item_list().iter().find_map(|i| match i {
                 Item::Resume {
                     instance_id,
                     suspend_id,
-                } => Some((instance_id.clone(), suspend_id.clone())),
+                } => Some((at, instance_id.clone(), suspend_id.clone())),
                 _ => None,
             })
         })
@@ -361,8 +378,11 @@ impl RunState {
             return Ok(Action::Finished);
         }
         if !self.started {
+            // Marked only once the drain succeeded: after an error, the next
+            // call drains again rather than stepping without the input.
+            let drained = self.initial_drain(machine)?;
             self.started = true;
-            if let Some(step) = self.initial_drain(machine)? {
+            if let Some(step) = drained {
                 announce(machine, &step, 0);
                 return Ok(Action::Yield(step));
             }
@@ -377,25 +397,28 @@ impl RunState {
 
     /// Phase A: drain, record, apply. Returns a step when the run ends here.
     fn initial_drain(&mut self, machine: &mut Machine) -> Result<Option<MachineStep>, RunError> {
-        let entries = machine.queue.drain_all();
-        if let Some((id, suspend_id)) = resume_request(&entries) {
+        let mut entries = machine.queue.drain_all();
+        if let Some((at, id, suspend_id)) = resume_request(&entries) {
             // The resume step is not done, yet it ends the run (spec §6.2).
-            let step = resume(machine, &id, &suspend_id)?;
-            self.finished = true;
-            return Ok(Some(step));
+            return match resume(machine, &id, &suspend_id) {
+                Ok(step) => {
+                    self.finished = true;
+                    Ok(Some(step))
+                }
+                Err(e) => {
+                    // The invalid resume is dropped; the rest waits, in order.
+                    entries.remove(at);
+                    machine.queue.requeue_front(entries);
+                    Err(e)
+                }
+            };
         }
         let triggers = entries
             .iter()
             .any(|e| e.message.role == Role::User && !e.message.is_silent());
-        let effects = match resolve_effects(machine, &entries) {
-            Ok(effects) => effects,
-            Err(e) => {
-                // Nothing is lost: the batch waits in the queue, as it was
-                // (ephemerals not yet collapsed).
-                machine.queue.requeue_front(entries);
-                return Err(e);
-            }
-        };
+        // Resolved on the raw batch, so what is requeued on an error is the
+        // batch as it was (ephemerals not yet collapsed).
+        let effects = resolve_effects(machine, &mut entries)?;
         let messages: Vec<Message> = collapse_ephemerals(entries)
             .into_iter()
             .map(|e| e.message)
@@ -522,14 +545,8 @@ impl RunState {
             }
             machine.queue.enqueue_entries(outcome.entries);
         }
-        let drained = machine.queue.drain_non_ephemeral();
-        let effects = match resolve_effects(machine, &drained) {
-            Ok(effects) => effects,
-            Err(e) => {
-                machine.queue.requeue_front(drained);
-                return Err(e);
-            }
-        };
+        let mut drained = machine.queue.drain_non_ephemeral();
+        let effects = resolve_effects(machine, &mut drained)?;
         let step_history: Vec<Message> = drained.into_iter().map(|e| e.message).collect();
         machine.history.extend(step_history.iter().cloned());
         apply(machine, &effects, self.steps);

@@ -845,25 +845,37 @@ async fn a_pack_tool_emits_only_its_patch() {
 }
 
 #[tokio::test]
-async fn a_malformed_instance_message_is_an_error_and_loses_nothing() {
-    let model = Arc::new(ScriptedModel::builder().text("never").build());
+async fn a_malformed_instance_message_is_handed_back_and_the_rest_runs_next_time() {
+    let model = Arc::new(ScriptedModel::builder().text("answer").build());
     let mut m = machine(|c| c, counter_node(), counter_state(), model.clone());
     let id = m.instance().id().clone();
-    m.enqueue([
-        Message::user("hi"),
-        Message::instance(InstancePayload::Transition {
-            instance_id: id,
-            node: json!({"ref": "no_such_node"}),
-            state: None,
-        }),
-    ]);
+    let bad = Message::instance(InstancePayload::Transition {
+        instance_id: id,
+        node: json!({"ref": "no_such_node"}),
+        state: None,
+    });
+    m.enqueue([Message::user("hi"), bad.clone()]);
     let err = run_to_completion(&mut m, RunOptions::default())
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), "Unknown node ref: no_such_node");
+    match err {
+        RunError::RefusedInstanceMessage { message, .. } => assert_eq!(*message, bad),
+        other => panic!("unexpected {other:?}"),
+    }
     assert_eq!(model.calls(), 0);
     assert!(m.history().is_empty());
-    assert_eq!(m.queue().len(), 2, "the batch is still queued");
+    assert_eq!(
+        m.queue().messages(),
+        vec![Message::user("hi")],
+        "the rest waits"
+    );
+    // The machine is not stuck: the next run takes the input.
+    let last = run_to_completion(&mut m, RunOptions::default())
+        .await
+        .expect("runs");
+    assert!(last.done);
+    assert_eq!(model.calls(), 1);
 }
 
 #[test]
@@ -882,4 +894,46 @@ fn an_unregistered_node_with_a_broken_ref_is_refused_at_creation() {
     )
     .unwrap_err();
     assert_eq!(err.to_string(), "Unknown transition ref: nowhere");
+}
+
+#[tokio::test]
+async fn a_failed_resume_keeps_the_rest_of_its_batch() {
+    use markov_executor::{Instance, SuspendInfo};
+    let model = Arc::new(ScriptedModel::builder().build());
+    let node = counter_node();
+    let charter = markov_runtime::charter::Charter::builder("t")
+        .build()
+        .expect("charter");
+    let root = Instance::new(node, counter_state()).with_suspended(SuspendInfo {
+        suspend_id: "right".into(),
+        reason: "wait".into(),
+        suspended_at: std::time::SystemTime::now(),
+        metadata: None,
+    });
+    let mut m = markov_executor::Machine::new(
+        charter,
+        markov_executor::StandardExecutor::shared(model),
+        root,
+    )
+    .expect("machine");
+    let id = m.instance().id().clone();
+    m.enqueue([
+        Message::user("hello"),
+        Message {
+            role: Role::System,
+            items: markov_core::message::Items::List(vec![Item::Resume {
+                instance_id: id,
+                suspend_id: "wrong".into(),
+            }]),
+            metadata: None,
+        },
+    ]);
+    let err = run_to_completion(&mut m, RunOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "Suspend ID mismatch: expected right, got wrong"
+    );
+    assert_eq!(m.queue().messages(), vec![Message::user("hello")]);
 }

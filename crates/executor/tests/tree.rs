@@ -454,24 +454,24 @@ async fn an_unresolvable_effect_requeues_the_batch_as_it_was() {
             ..Metadata::default()
         })
     };
-    let batch = vec![
-        frame(1),
-        frame(2),
-        Message::user("hi"),
-        Message::instance(InstancePayload::Transition {
-            instance_id: id,
-            node: json!({"ref": "no_such_node"}),
-            state: None,
-        }),
-    ];
-    m.enqueue(batch.clone());
+    let bad = Message::instance(InstancePayload::Transition {
+        instance_id: id,
+        node: json!({"ref": "no_such_node"}),
+        state: None,
+    });
+    let batch = vec![frame(1), frame(2), Message::user("hi")];
+    let mut queued = batch.clone();
+    queued.push(bad.clone());
+    m.enqueue(queued);
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(steps.is_empty());
-    assert_eq!(
-        err.map(|e| e.to_string()).as_deref(),
-        Some("Unknown node ref: no_such_node")
+    let err = err.expect("an error");
+    assert_eq!(err.to_string(), "Unknown node ref: no_such_node");
+    // The refused message is handed back; the rest is still queued,
+    // unchanged: nothing was collapsed away.
+    assert!(
+        matches!(&err, markov_executor::RunError::RefusedInstanceMessage { message, .. } if **message == bad)
     );
-    // Both frames are still queued, unchanged: nothing was collapsed away.
     assert_eq!(m.queue().messages(), batch);
     assert!(m.history().is_empty());
     assert!(script.calls().is_empty());
