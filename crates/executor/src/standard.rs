@@ -178,9 +178,13 @@ pub fn prepare(
     defaults: &ModelSettings,
     model: &dyn Model,
 ) -> Result<Prepared, RunError> {
+    // From the end: a running turn's last messages are conversation, so this
+    // stops at once however long the history (its start may hold thousands
+    // of records that are not).
     let has_conversation = cx
         .history
         .iter()
+        .rev()
         .any(|m| matches!(m.role, Role::User | Role::Assistant));
     if !has_conversation {
         return Err(RunError::EmptyMessages);
