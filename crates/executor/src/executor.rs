@@ -44,19 +44,19 @@ impl<'a> LeafContext<'a> {
 
     /// The root instance.
     pub fn root(&self) -> &'a Instance {
-        &self.leaf.path[0]
+        self.leaf.root()
     }
 
     /// Whether the leaf is a worker.
     pub fn is_worker(&self) -> bool {
-        self.leaf.is_worker
+        self.leaf.is_worker()
     }
 
     /// The source every message of this leaf carries.
     pub fn source(&self) -> Source {
         Source {
             instance_id: Some(self.instance().id().clone()),
-            is_primary: Some(!self.leaf.is_worker),
+            is_primary: Some(!self.leaf.is_worker()),
             external: None,
         }
     }

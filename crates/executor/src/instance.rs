@@ -71,21 +71,38 @@ pub struct Instance {
     pub(crate) tool_choice: Option<ToolChoicePolicy>,
 }
 
-/// One active leaf: the path from the root to it.
+/// One active leaf: the path from the root to it. Only the tree builds one
+/// ([`Instance::active_leaves`]), so the path is never empty.
 #[derive(Debug, Clone)]
 pub struct ActiveLeaf {
-    /// Root … leaf.
-    pub path: Vec<Arc<Instance>>,
-    /// Child indices from the root (`[]` for the root).
-    pub leaf_index: Vec<usize>,
-    /// Whether the leaf's node is a worker.
-    pub is_worker: bool,
+    path: Vec<Arc<Instance>>,
+    leaf_index: Vec<usize>,
+    is_worker: bool,
 }
 
 impl ActiveLeaf {
+    /// Root … leaf (never empty).
+    pub fn path(&self) -> &[Arc<Instance>] {
+        &self.path
+    }
+
+    /// Child indices from the root (`[]` for the root).
+    pub fn leaf_index(&self) -> &[usize] {
+        &self.leaf_index
+    }
+
+    /// Whether the leaf's node is a worker.
+    pub fn is_worker(&self) -> bool {
+        self.is_worker
+    }
+
+    /// The root.
+    pub fn root(&self) -> &Arc<Instance> {
+        &self.path[0]
+    }
+
     /// The leaf.
     pub fn leaf(&self) -> &Arc<Instance> {
-        // A path always holds at least the root.
         &self.path[self.path.len() - 1]
     }
 

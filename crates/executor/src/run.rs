@@ -463,7 +463,7 @@ impl RunState {
                 .collect();
             return Ok(Action::Yield(step));
         }
-        let primaries = leaves.iter().filter(|l| !l.is_worker).count();
+        let primaries = leaves.iter().filter(|l| !l.is_worker()).count();
         if primaries > 1 {
             return Err(RunError::TooManyPrimaryLeaves(primaries));
         }
@@ -531,7 +531,7 @@ impl RunState {
         for (task, outcome) in tasks.iter().zip(outcomes) {
             let leaf = &task.leaf;
             self.turns.insert(leaf.leaf().id().clone(), outcome.turn);
-            if leaf.is_worker {
+            if leaf.is_worker() {
                 match outcome.yield_reason {
                     YieldReason::EndTurn => tracing::warn!(
                         instance = %leaf.leaf().id(),

@@ -98,7 +98,7 @@ fn active_leaves_have_indices_paths_and_worker_flags() {
         Arc::new(root)
             .active_leaves()
             .iter()
-            .map(|l| (l.leaf_index.clone(), l.path.len(), l.is_worker))
+            .map(|l| (l.leaf_index().to_vec(), l.path().len(), l.is_worker()))
             .collect::<Vec<_>>()
     };
     // A single root.
@@ -137,7 +137,7 @@ fn active_leaves_have_indices_paths_and_worker_flags() {
     ));
     let leaves = root.active_leaves();
     let names: Vec<_> = leaves[0]
-        .path
+        .path()
         .iter()
         .map(|i| i.node().name().unwrap_or("?"))
         .collect();

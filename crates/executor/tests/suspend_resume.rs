@@ -93,7 +93,7 @@ fn suspended_subtrees_are_not_active_leaves() {
     let leaves = root.active_leaves();
     assert_eq!(leaves.len(), 1);
     assert_eq!(leaves[0].leaf().id(), &awake_id);
-    assert_eq!(leaves[0].leaf_index, vec![1]);
+    assert_eq!(leaves[0].leaf_index(), [1]);
 
     // A parent whose children are all suspended is not a leaf either.
     let root = Arc::new(

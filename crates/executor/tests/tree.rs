@@ -688,19 +688,19 @@ fn check_tree(root: &Arc<Instance>) -> Result<(), TestCaseError> {
     prop_assert_eq!(got, expected);
     for leaf in &leaves {
         prop_assert!(leaf.leaf().children().is_empty());
-        prop_assert_eq!(leaf.is_worker, leaf.leaf().is_worker());
-        prop_assert_eq!(leaf.path.len(), leaf.leaf_index.len() + 1);
-        prop_assert_eq!(leaf.path[0].id(), root.id());
-        prop_assert!(leaf.path.iter().all(|i| i.suspended().is_none()));
+        prop_assert_eq!(leaf.is_worker(), leaf.leaf().is_worker());
+        prop_assert_eq!(leaf.path().len(), leaf.leaf_index().len() + 1);
+        prop_assert_eq!(leaf.path()[0].id(), root.id());
+        prop_assert!(leaf.path().iter().all(|i| i.suspended().is_none()));
         // The indices address the path, step by step.
         let mut at = Arc::clone(root);
-        for (depth, &k) in leaf.leaf_index.iter().enumerate() {
+        for (depth, &k) in leaf.leaf_index().iter().enumerate() {
             let next = at.children().get(k).cloned();
             prop_assert!(next.is_some(), "index {k} out of range");
             if let Some(next) = next {
                 at = next;
             }
-            prop_assert_eq!(at.id(), leaf.path[depth + 1].id());
+            prop_assert_eq!(at.id(), leaf.path()[depth + 1].id());
         }
         prop_assert_eq!(at.id(), leaf.leaf().id());
     }
