@@ -95,6 +95,31 @@ pub enum Item {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         is_error: Option<bool>,
     },
+    /// A call to a provider built-in tool ([`ProviderTool`](crate::tool::ProviderTool)),
+    /// which the provider ran itself (Anthropic: a `server_tool_use` block).
+    ///
+    /// Kept in the history so it is sent back to the provider unchanged; the
+    /// loop never runs it and never writes a `tool_result` for it. Its answer
+    /// is the [`Item::ProviderToolResult`] with the same id, in the same
+    /// assistant message.
+    ProviderToolUse {
+        /// The provider's call id (Anthropic: `srvtoolu_...`).
+        id: ToolCallId,
+        /// The provider tool's name, e.g. `web_search`.
+        name: String,
+        /// The arguments the model gave, any JSON.
+        input: Value,
+    },
+    /// The provider's own result of an [`Item::ProviderToolUse`] (Anthropic:
+    /// a `web_search_tool_result`, `code_execution_tool_result`, ... block).
+    ProviderToolResult {
+        /// The id of the call this answers.
+        tool_use_id: ToolCallId,
+        /// The vendor's block type, e.g. `web_search_tool_result`.
+        kind: String,
+        /// The vendor's result content, unchanged.
+        content: Value,
+    },
     /// Model reasoning.
     Thinking {
         /// The reasoning text.
@@ -148,6 +173,32 @@ impl Item {
             id: id.into(),
             name: name.into(),
             input,
+        }
+    }
+
+    /// A provider built-in tool call item.
+    pub fn provider_tool_use(
+        id: impl Into<ToolCallId>,
+        name: impl Into<String>,
+        input: Value,
+    ) -> Self {
+        Item::ProviderToolUse {
+            id: id.into(),
+            name: name.into(),
+            input,
+        }
+    }
+
+    /// A provider built-in tool result item of vendor block type `kind`.
+    pub fn provider_tool_result(
+        tool_use_id: impl Into<ToolCallId>,
+        kind: impl Into<String>,
+        content: Value,
+    ) -> Self {
+        Item::ProviderToolResult {
+            tool_use_id: tool_use_id.into(),
+            kind: kind.into(),
+            content,
         }
     }
 
@@ -634,6 +685,31 @@ mod tests {
             serde_json::to_value(&img).unwrap(),
             json!({"type":"image","mimeType":"image/png","data":"AAA"})
         );
+    }
+
+    #[test]
+    fn provider_tool_items_round_trip() {
+        let m = Message::assistant_items(vec![
+            Item::provider_tool_use("srvtoolu_1", "web_search", json!({"query": "rust"})),
+            Item::provider_tool_result(
+                "srvtoolu_1",
+                "web_search_tool_result",
+                json!([{"type": "web_search_result", "url": "https://rust-lang.org"}]),
+            ),
+        ]);
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(
+            v,
+            json!({"role":"assistant","items":[
+                {"type":"provider_tool_use","id":"srvtoolu_1","name":"web_search","input":{"query":"rust"}},
+                {"type":"provider_tool_result","tool_use_id":"srvtoolu_1","kind":"web_search_tool_result",
+                 "content":[{"type":"web_search_result","url":"https://rust-lang.org"}]}
+            ]})
+        );
+        let back: Message = serde_json::from_value(v).unwrap();
+        assert_eq!(back, m);
+        // A provider call is not a client tool call.
+        assert_eq!(m.tool_uses().count(), 0);
     }
 
     #[test]

@@ -22,7 +22,7 @@ use serde_json::Value;
 
 use crate::ids::ToolCallId;
 use crate::message::{Item, Message};
-use crate::tool::{ToolDefinition, ToolName};
+use crate::tool::{ProviderTool, ToolDefinition, ToolName};
 
 /// Which tools the model may or must call.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,8 +125,13 @@ pub struct ModelRequest<'a> {
     pub system: &'a str,
     /// The conversation, borrowed from the history.
     pub messages: &'a [Message],
-    /// The tools offered.
+    /// The tools offered, which the loop runs.
     pub tools: &'a [ToolDefinition],
+    /// Provider built-in tools offered, which the provider runs itself (see
+    /// [`ProviderTool`]); empty for most requests. A client whose provider
+    /// has no such tools refuses a request that offers any with
+    /// [`ModelError::InvalidRequest`].
+    pub provider_tools: &'a [ProviderTool],
     /// Which tools the model may or must call.
     pub tool_choice: &'a ToolChoice,
     /// Settings.
@@ -181,7 +186,8 @@ impl std::ops::AddAssign for Usage {
 /// A model's answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelResponse {
-    /// Content items: text, tool_use, thinking.
+    /// Content items: text, tool_use, thinking, and the calls and results of
+    /// provider built-in tools the provider ran during the answer.
     pub content: Vec<Item>,
     /// Why it stopped.
     pub stop_reason: StopReason,
@@ -190,7 +196,9 @@ pub struct ModelResponse {
 }
 
 impl ModelResponse {
-    /// The tool calls requested, in order.
+    /// The tool calls the caller must run, in order. Calls of provider
+    /// built-in tools ([`Item::ProviderToolUse`]) are not among them: the
+    /// provider already answered them (see [`Self::provider_tool_calls`]).
     pub fn tool_calls(&self) -> impl Iterator<Item = (&ToolCallId, &str, &Value)> {
         self.content.iter().filter_map(|i| match i {
             Item::ToolUse { id, name, input } => Some((id, name.as_str(), input)),
@@ -198,9 +206,17 @@ impl ModelResponse {
         })
     }
 
-    /// Whether the answer requests at least one tool call.
+    /// Whether the answer requests at least one tool call the caller must run.
     pub fn has_tool_calls(&self) -> bool {
         self.tool_calls().next().is_some()
+    }
+
+    /// The provider built-in tool calls the provider ran during the answer, in order.
+    pub fn provider_tool_calls(&self) -> impl Iterator<Item = (&ToolCallId, &str, &Value)> {
+        self.content.iter().filter_map(|i| match i {
+            Item::ProviderToolUse { id, name, input } => Some((id, name.as_str(), input)),
+            _ => None,
+        })
     }
 }
 
@@ -468,6 +484,7 @@ mod tests {
             system: "",
             messages: &[],
             tools: &[],
+            provider_tools: &[],
             tool_choice: &ToolChoice::Auto,
             settings: &settings,
             output_schema: None,

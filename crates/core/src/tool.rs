@@ -154,6 +154,93 @@ impl ToolDefinition {
     }
 }
 
+/// A tool the provider runs itself (spec §1 "provider built-in tool marker"),
+/// such as Anthropic's web search or code execution server tools.
+///
+/// The model's calls to it come back already answered, in the same response,
+/// as [`Item::ProviderToolUse`] and [`Item::ProviderToolResult`] items: the
+/// loop never runs it and never writes a result for it. It is offered to the
+/// model through [`ModelRequest::provider_tools`](crate::model::ModelRequest::provider_tools),
+/// beside (not among) the [`ToolDefinition`]s, since it has no input schema.
+///
+/// Its JSON form is the vendor's tool object: `kind` as `type`, `name`, and
+/// every `config` entry at the top level. `type` and `name` always come from
+/// the fields; keys of that name in `config` are ignored.
+///
+/// ```
+/// use markov_core::tool::ProviderTool;
+/// use serde_json::json;
+///
+/// let search = ProviderTool::new("web_search_20250305", "web_search")
+///     .unwrap()
+///     .with("max_uses", json!(5));
+/// assert_eq!(
+///     search.to_json(),
+///     json!({"type": "web_search_20250305", "name": "web_search", "max_uses": 5})
+/// );
+/// let back: ProviderTool = serde_json::from_value(search.to_json()).unwrap();
+/// assert_eq!(back, search);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderTool {
+    /// The name the model calls it by (Anthropic fixes it per tool type,
+    /// e.g. `web_search`).
+    pub name: ToolName,
+    /// The vendor's tool type string, e.g. `web_search_20250305`.
+    pub kind: String,
+    /// Further vendor options (`max_uses`, `allowed_domains`, ...), sent as given.
+    pub config: serde_json::Map<String, Value>,
+}
+
+impl ProviderTool {
+    /// A provider tool of vendor type `kind`, without options. The name is
+    /// checked here.
+    pub fn new(kind: impl Into<String>, name: impl Into<String>) -> Result<Self, InvalidToolName> {
+        Ok(ProviderTool {
+            name: ToolName::new(name)?,
+            kind: kind.into(),
+            config: serde_json::Map::new(),
+        })
+    }
+
+    /// Sets one vendor option (builder style).
+    #[must_use]
+    pub fn with(mut self, key: impl Into<String>, value: Value) -> Self {
+        self.config.insert(key.into(), value);
+        self
+    }
+
+    /// The vendor's tool object: `{"type": kind, "name": name, ...config}`.
+    pub fn to_json(&self) -> Value {
+        let mut object = self.config.clone();
+        object.insert("type".into(), Value::String(self.kind.clone()));
+        object.insert("name".into(), Value::String(self.name.to_string()));
+        Value::Object(object)
+    }
+}
+
+impl Serialize for ProviderTool {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_json().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for ProviderTool {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let mut config = serde_json::Map::<String, Value>::deserialize(d)?;
+        let kind = match config.remove("type") {
+            Some(Value::String(kind)) => kind,
+            _ => return Err(D::Error::custom("a provider tool needs a string `type`")),
+        };
+        let name = match config.remove("name") {
+            Some(Value::String(name)) => ToolName::new(name).map_err(D::Error::custom)?,
+            _ => return Err(D::Error::custom("a provider tool needs a string `name`")),
+        };
+        Ok(ProviderTool { name, kind, config })
+    }
+}
+
 /// A tool's request to end the current run (the `finish` tool returns one).
 ///
 /// The loop records a tool result holding `message`, or its configured default

@@ -9,6 +9,7 @@
 //!   optionally streamed into the queue as a vessel message ([`stream`]).
 //! - [`serialize_machine`] and [`deserialize_machine`]: snapshots (spec §14).
 //! - [`run_command`] and [`available_commands`]: commands, which bypass inference.
+//! - [`client`]: the dry client and display formats and the machine contract (spec §14.5).
 //! - Externalized state ([`markov_runtime::externalize`]): the machine
 //!   registers the scopes whose node or pack declares a handler, hands their
 //!   state messages over and notifies them of every step
@@ -36,6 +37,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod client;
 mod command;
 mod effect;
 mod error;
@@ -50,6 +52,10 @@ pub mod standard;
 mod step;
 pub mod stream;
 
+pub use client::{
+    DisplayInstance, DryClientInstance, MachineContract, assert_contract, display_instance,
+    dry_client_instance, find_command, is_command_item,
+};
 pub use command::{
     CommandExecution, CommandOptions, CommandOutcome, available_commands, run_command,
 };

@@ -26,14 +26,14 @@ use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
     ToolChoice,
 };
-use markov_core::tool::{ToolDefinition, ToolExecutionResult};
+use markov_core::tool::{ProviderTool, ToolDefinition, ToolExecutionResult, ToolName};
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{LeafView, PipelineOutcome, ToolCall, run_tool_calls};
 use markov_runtime::policy::check_thinking;
 use markov_runtime::prompt::system_prompt;
 use markov_runtime::registry::{Mode, RegistryBinding, ToolRegistry};
-use markov_runtime::toolgen::generate_tools_cached;
+use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
 use markov_runtime::transition::{TransitionError, TransitionOutcome, execute_transition};
 use serde_json::Value;
 use tracing::Instrument;
@@ -119,6 +119,9 @@ pub struct Prepared {
     /// The tools offered, shared with every other step of the same node
     /// (see `generate_tools_cached`).
     pub tools: Arc<[ToolDefinition]>,
+    /// The provider built-in tools offered (see
+    /// [`generate_provider_tools`]); the provider runs them.
+    pub provider_tools: Vec<ProviderTool>,
     /// The tool choice of this call.
     pub tool_choice: ToolChoice,
     /// The settings (executor defaults overridden by the node).
@@ -134,11 +137,27 @@ impl Prepared {
             system: &self.system,
             messages: history,
             tools: &self.tools,
+            provider_tools: &self.provider_tools,
             tool_choice: &self.tool_choice,
             settings: &self.settings,
             output_schema: self.output_schema.as_ref(),
         }
     }
+}
+
+/// The names of the provider built-in tools offered to the leaf.
+fn provider_tool_names(cx: &LeafContext<'_>) -> Vec<ToolName> {
+    let node = cx.instance().node();
+    let declared = std::iter::once(node)
+        .chain(cx.leaf.ancestors().iter().map(|a| a.node()))
+        .any(|n| !n.provider_tools().is_empty());
+    if !declared {
+        return Vec::new();
+    }
+    generate_provider_tools(node, &ancestor_views(cx))
+        .into_iter()
+        .map(|t| t.name)
+        .collect()
 }
 
 fn ancestor_views<'a>(cx: &LeafContext<'a>) -> Vec<AncestorView<'a>> {
@@ -239,6 +258,7 @@ pub fn prepare(
     }
     Ok(Prepared {
         system,
+        provider_tools: generate_provider_tools(node, &ancestors),
         tools,
         tool_choice: cx.instance().tool_choice().choice(cx.turn.tool_ran),
         settings,
@@ -266,9 +286,19 @@ fn with_source(message: Message, source: &Source) -> Message {
 
 /// Interprets the model's answer. The assistant message is always the first
 /// of the returned entries.
+///
+/// Calls of provider built-in tools are not run and get no result: the
+/// provider answered them in the same response
+/// ([`Item::ProviderToolUse`]/[`Item::ProviderToolResult`], kept as they
+/// are). A plain `tool_use` naming a provider tool offered to this leaf (a
+/// client that reports server calls as ordinary calls) is recorded as an
+/// [`Item::ProviderToolUse`], so the history keeps one result per client
+/// call. An answer whose only calls are provider calls ends the turn like a
+/// text answer.
 pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     let source = cx.source();
     let output = cx.instance().node().output();
+    let provider_tools = provider_tool_names(cx);
     let mut calls = Vec::new();
     let items: Vec<Item> = response
         .content
@@ -279,6 +309,9 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
                     .map(|o| o.map_text_block(&text))
                     .unwrap_or(Value::Null),
             },
+            Item::ToolUse { id, name, input } if provider_tools.iter().any(|p| *p == *name) => {
+                Item::ProviderToolUse { id, name, input }
+            }
             Item::ToolUse { id, name, input } => {
                 calls.push(ToolCall {
                     id: id.clone(),

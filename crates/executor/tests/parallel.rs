@@ -51,8 +51,20 @@ fn worker_and_primary() -> Instance {
 /// Captures `tracing` output on this thread while the guard lives.
 struct Logs(Arc<Mutex<Vec<u8>>>);
 
+/// Tests that capture logs run one at a time: tracing caches each callsite's
+/// interest globally, so two thread-local subscribers coming and going in
+/// parallel can leave a warning disabled for the other test.
+static CAPTURE: Mutex<()> = Mutex::new(());
+
+/// Holds the capture: the subscriber, then the lock (dropped in that order).
+struct Capture {
+    _subscriber: tracing::subscriber::DefaultGuard,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
 impl Logs {
-    fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+    fn capture() -> (Self, Capture) {
+        let serial = CAPTURE.lock().unwrap_or_else(|p| p.into_inner());
         let buf = Arc::new(Mutex::new(Vec::new()));
         let sink = Arc::clone(&buf);
         let subscriber = tracing_subscriber::fmt()
@@ -60,7 +72,15 @@ impl Logs {
             .with_max_level(tracing::Level::WARN)
             .with_writer(move || Sink(Arc::clone(&sink)))
             .finish();
-        (Logs(buf), tracing::subscriber::set_default(subscriber))
+        let guard = tracing::subscriber::set_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
+        (
+            Logs(buf),
+            Capture {
+                _subscriber: guard,
+                _serial: serial,
+            },
+        )
     }
 
     fn text(&self) -> String {

@@ -55,6 +55,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         system: "You are terse.",
         messages: &history,
         tools: &[],
+        provider_tools: &[],
         tool_choice: &ToolChoice::Auto,
         settings: &settings,
         output_schema: None,

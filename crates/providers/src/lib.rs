@@ -34,6 +34,7 @@
 //!         system: "You are terse.",
 //!         messages: &history,
 //!         tools: &[],
+//!         provider_tools: &[],
 //!         tool_choice: &ToolChoice::Auto,
 //!         settings: &settings,
 //!         output_schema: None,

@@ -51,6 +51,7 @@ fn request<'a>(
         system: "You are a calculator.",
         messages,
         tools,
+        provider_tools: &[],
         tool_choice,
         settings,
         output_schema: None,
@@ -304,6 +305,7 @@ async fn adaptive_thinking_and_no_tools() {
         system: "",
         messages: &history,
         tools: &[],
+        provider_tools: &[],
         tool_choice: &ToolChoice::Any,
         settings: &settings,
         output_schema: None,
@@ -349,6 +351,7 @@ async fn structured_output_uses_output_format_and_the_beta_header() {
         system: "",
         messages: &history,
         tools: &[],
+        provider_tools: &[],
         tool_choice: &ToolChoice::Auto,
         settings: &settings,
         output_schema: Some(&schema),
@@ -377,7 +380,8 @@ async fn a_complete_answer_is_parsed() {
             {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix"},
             {"type": "text", "text": "Adding."},
             {"type": "tool_use", "id": "toolu_01", "name": "add", "input": {"a": 2, "b": 3}},
-            {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {"query": "x"}}
+            {"type": "server_tool_use", "id": "srvtoolu_01", "name": "web_search", "input": {"query": "x"}},
+            {"type": "mcp_tool_use", "id": "mcptoolu_01", "name": "echo", "server_name": "s", "input": {}}
         ],
         "stop_reason": "tool_use",
         "stop_sequence": null,
@@ -405,9 +409,11 @@ async fn a_complete_answer_is_parsed() {
                 },
                 Item::text("Adding."),
                 Item::tool_use("toolu_01", "add", json!({"a": 2, "b": 3})),
+                Item::provider_tool_use("srvtoolu_01", "web_search", json!({"query": "x"})),
+                // A block type this client does not know is kept as its JSON text.
                 Item::text(
-                    json!({"type": "server_tool_use", "id": "srvtoolu_01",
-                           "name": "web_search", "input": {"query": "x"}})
+                    json!({"type": "mcp_tool_use", "id": "mcptoolu_01", "name": "echo",
+                           "server_name": "s", "input": {}})
                     .to_string()
                 ),
             ],

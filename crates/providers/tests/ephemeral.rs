@@ -70,6 +70,7 @@ async fn sent(
         system: "You watch the camera.",
         messages,
         tools: &[],
+        provider_tools: &[],
         tool_choice: &ToolChoice::Auto,
         settings: &settings,
         output_schema: None,

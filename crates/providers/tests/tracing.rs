@@ -69,6 +69,7 @@ async fn calls_are_traced_per_attempt_without_keys() {
         system: "",
         messages: &history,
         tools: &[],
+        provider_tools: &[],
         tool_choice: &ToolChoice::Auto,
         settings: &settings,
         output_schema: None,

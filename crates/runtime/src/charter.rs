@@ -139,6 +139,14 @@ impl Charter {
             .map(|(_, node)| node)
     }
 
+    /// The registered nodes with their keys, in registration order.
+    pub fn nodes(&self) -> impl ExactSizeIterator<Item = (&str, &Node)> {
+        self.0
+            .nodes
+            .iter()
+            .map(|(name, node)| (name.as_str(), node))
+    }
+
     /// The registered name of `node`, if it is registered.
     pub fn node_name(&self, node: &Node) -> Option<&str> {
         self.0

@@ -1,9 +1,10 @@
 //! [`Node`]: a behaviour blueprint — instructions, typed state, tools, transitions.
 //!
 //! Nodes are built with [`NodeBuilder`], which validates and freezes: a tool
-//! whose name collides with another or with a reserved built-in name
-//! (`updateState`, `transition`, `transition_*`), a duplicate transition name
-//! or an initial state its schema refuses is an error at build time.
+//! (or [provider built-in tool](NodeBuilder::provider_tool)) whose name
+//! collides with another or with a reserved built-in name (`updateState`,
+//! `transition`, `transition_*`), a duplicate transition name or an initial
+//! state its schema refuses is an error at build time.
 //!
 //! ```
 //! use markov_runtime::node::Node;
@@ -26,7 +27,7 @@ use std::sync::Arc;
 
 use markov_core::NodeId;
 use markov_core::model::Thinking;
-use markov_core::tool::{SharedTool, Tool};
+use markov_core::tool::{ProviderTool, SharedTool, Tool};
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -151,6 +152,7 @@ pub(crate) struct NodeInner {
     pub(crate) instructions: String,
     pub(crate) schema: Arc<dyn StateSchema>,
     pub(crate) tools: ToolSet,
+    pub(crate) provider_tools: Vec<ProviderTool>,
     pub(crate) transitions: Vec<(String, Transition)>,
     pub(crate) commands: Vec<SharedCommand>,
     pub(crate) initial_state: Option<Value>,
@@ -214,6 +216,17 @@ impl Node {
     /// The node's own tools.
     pub fn tools(&self) -> &ToolSet {
         &self.0.tools
+    }
+
+    /// The provider built-in tools declared on the node, in declaration
+    /// order: tools the provider runs itself (see [`ProviderTool`]).
+    pub fn provider_tools(&self) -> &[ProviderTool] {
+        &self.0.provider_tools
+    }
+
+    /// The provider built-in tool called `name`, if the node declares one.
+    pub fn provider_tool(&self, name: &str) -> Option<&ProviderTool> {
+        self.0.provider_tools.iter().find(|t| t.name == *name)
     }
 
     /// The transitions, in declaration order.
@@ -294,6 +307,7 @@ pub struct NodeBuilder {
     instructions: String,
     schema: Arc<dyn StateSchema>,
     tools: Vec<SharedTool>,
+    provider_tools: Vec<ProviderTool>,
     transitions: Vec<(String, Transition)>,
     commands: Vec<SharedCommand>,
     initial_state: Option<Result<Value, String>>,
@@ -318,6 +332,7 @@ impl NodeBuilder {
             instructions: instructions.into(),
             schema: Arc::new(AnyObject),
             tools: Vec::new(),
+            provider_tools: Vec::new(),
             transitions: Vec::new(),
             commands: Vec::new(),
             // A node without a state type keeps an empty object as state.
@@ -383,6 +398,29 @@ impl NodeBuilder {
     #[must_use]
     pub fn shared_tool(mut self, tool: SharedTool) -> Self {
         self.tools.push(tool);
+        self
+    }
+
+    /// Declares a provider built-in tool (spec §1): a tool the provider runs
+    /// itself, such as Anthropic's web search. It is offered to the model
+    /// beside the node's tools; the loop never runs it and writes no result
+    /// for its calls. Its name must not collide with the node's tools,
+    /// another provider tool or a reserved built-in name.
+    ///
+    /// ```
+    /// use markov_core::tool::ProviderTool;
+    /// use markov_runtime::node::Node;
+    /// use serde_json::json;
+    ///
+    /// let search = ProviderTool::new("web_search_20250305", "web_search")?
+    ///     .with("max_uses", json!(5));
+    /// let node = Node::builder("Answer with sources.").provider_tool(search).build()?;
+    /// assert_eq!(node.provider_tools()[0].kind, "web_search_20250305");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn provider_tool(mut self, tool: ProviderTool) -> Self {
+        self.provider_tools.push(tool);
         self
     }
 
@@ -512,6 +550,20 @@ impl NodeBuilder {
             }
             tools.add_shared(tool)?;
         }
+        for (i, tool) in self.provider_tools.iter().enumerate() {
+            let name = tool.name.as_str();
+            if is_reserved_tool_name(name) {
+                return Err(ConfigError::ReservedToolName {
+                    node: label,
+                    tool: name.to_owned(),
+                });
+            }
+            if tools.get(name).is_some()
+                || self.provider_tools[..i].iter().any(|t| t.name == tool.name)
+            {
+                return Err(ConfigError::DuplicateTool(name.to_owned()));
+            }
+        }
         for (i, (name, _)) in self.transitions.iter().enumerate() {
             if self.transitions[..i].iter().any(|(n, _)| n == name) {
                 return Err(ConfigError::DuplicateTransition {
@@ -556,6 +608,7 @@ impl NodeBuilder {
             instructions: self.instructions,
             schema: self.schema,
             tools,
+            provider_tools: self.provider_tools,
             transitions: self.transitions,
             commands: self.commands,
             initial_state,

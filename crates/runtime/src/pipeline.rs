@@ -4,7 +4,10 @@
 //! [`run_tool_calls`] dispatches each call (spec §8.1): `updateState`, then the
 //! transition tools, then the node's tools, ancestors' tools (nearest first),
 //! charter tools and, for non-workers, the tools of the node's packs. Every
-//! call gets exactly one result. Nothing is applied to any instance: the
+//! call gets exactly one result, except a call of a provider built-in tool
+//! (spec §8.1 steps 3–4: declared on the node, or found on an ancestor before
+//! any tool of that name), which the provider already ran: it is skipped and
+//! produces no result, no reply and no intent. Nothing is applied to any instance: the
 //! caller receives the accumulated state patch, pack patches, the queued
 //! transition and the terminal/termination signals, and decides.
 //!
@@ -112,7 +115,7 @@ pub struct TerminalResponse {
 /// Everything one response's calls produced.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PipelineOutcome {
-    /// One result per call, in call order.
+    /// One result per call, in call order (none for provider built-in tool calls).
     pub results: Vec<ToolExecutionResult>,
     /// Whether each result's `is_error: false` is written on success (node
     /// tools) or left out (built-ins, pack tools).
@@ -225,6 +228,23 @@ enum Found<'a> {
     Pack(&'a SharedTool, &'a Pack),
 }
 
+/// Whether `name` resolves to a provider built-in tool (spec §8.1 steps
+/// 3–4): the node, then each ancestor (nearest first), is searched as
+/// [`resolve`] does, and the first level that declares the name decides. The
+/// charter and packs declare no provider tools.
+fn is_provider_tool(leaf: &LeafView<'_>, name: &str) -> bool {
+    let levels = std::iter::once(leaf.node).chain(leaf.ancestors.iter().rev().map(|a| a.node));
+    for node in levels {
+        if node.tools().get(name).is_some() {
+            return false;
+        }
+        if node.provider_tool(name).is_some() {
+            return true;
+        }
+    }
+    false
+}
+
 fn resolve<'a>(leaf: &LeafView<'a>, name: &str) -> Option<Found<'a>> {
     if let Some(t) = leaf.node.tools().get(name) {
         return Some(Found::Node(t, Scope::Current));
@@ -266,7 +286,8 @@ fn pack_state(
         .unwrap_or_else(|| Value::Object(Map::new()))
 }
 
-/// Runs `calls` in order for `leaf`. Never fails: every call gets one result.
+/// Runs `calls` in order for `leaf`. Never fails: every call gets one
+/// result, except calls of provider built-in tools, which get none.
 pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> PipelineOutcome {
     let mut out = PipelineOutcome::default();
     let mut running_state = leaf.state.clone();
@@ -290,6 +311,11 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
             let index = out.results.len();
             let r = span.in_scope(|| queue_transition(leaf, &call, index, &mut out));
             (r, false)
+        } else if is_provider_tool(leaf, &call.name) {
+            span.in_scope(|| {
+                tracing::debug!("provider built-in tool call skipped: the provider ran it")
+            });
+            continue;
         } else {
             match resolve(leaf, &call.name) {
                 None => match leaf.policies {

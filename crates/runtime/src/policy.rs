@@ -290,6 +290,7 @@ pub fn check_thinking(
 ///         system: "",
 ///         messages,
 ///         tools: &[],
+///         provider_tools: &[],
 ///         tool_choice: &ToolChoice::Auto,
 ///         settings,
 ///         output_schema: None,

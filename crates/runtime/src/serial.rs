@@ -508,6 +508,12 @@ fn transition_spec(
     })
 }
 
+/// A node's model settings as upstream's `executorConfig` JSON (`model`,
+/// `maxTokens`, `temperature`), `None` when nothing is overridden.
+pub fn executor_config_to_json(config: &ExecutorConfig) -> Option<Value> {
+    executor_config_json(config)
+}
+
 fn executor_config_json(config: &ExecutorConfig) -> Option<Value> {
     if *config == ExecutorConfig::default() {
         return None;

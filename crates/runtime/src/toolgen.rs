@@ -16,6 +16,17 @@
 //! From step 4 on, a name already listed is skipped silently (shadowing).
 //! Built-in tools are never terminal.
 //!
+//! Provider built-in tools ([`ProviderTool`], spec §11 step 4: `{ type:
+//! <builtinType>, name }`) are listed apart, by [`generate_provider_tools`],
+//! because a model request carries them apart
+//! ([`ModelRequest::provider_tools`](markov_core::model::ModelRequest::provider_tools)):
+//! they have no input schema and the loop never runs them. They take part in
+//! the same shadowing: the node's own come first, then each ancestor's,
+//! nearest first, and a name declared at a nearer level (as a tool or a
+//! provider tool) hides the farther one in either list. The charter and packs
+//! have no slot for them (upstream's charter tools are executable tools
+//! only), so only nodes declare them.
+//!
 //! Decisions where upstream and the spec leave room:
 //!
 //! - Key order inside generated schemas is `serde_json::Map` order, which is
@@ -30,7 +41,7 @@
 //! - `required` is `["reason", <argument property names in the order of the
 //!   argument properties map>]`.
 
-use markov_core::tool::ToolDefinition;
+use markov_core::tool::{ProviderTool, ToolDefinition};
 use serde_json::{Map, Value, json};
 
 use crate::charter::{AncestorView, Charter};
@@ -141,16 +152,70 @@ pub fn generate_tools(
         tools.push(def.clone());
     }
 
+    // Provider tool names declared so far (nearer levels) hide farther tools.
+    let mut provider_names: Vec<&str> = provider_names_of(node).collect();
     for ancestor in ancestors.iter().rev() {
-        add_missing(&mut tools, ancestor.node.tools().definitions());
+        add_missing(
+            &mut tools,
+            ancestor.node.tools().definitions(),
+            &provider_names,
+        );
+        provider_names.extend(provider_names_of(ancestor.node));
     }
-    add_missing(&mut tools, charter.tools().definitions());
+    add_missing(&mut tools, charter.tools().definitions(), &provider_names);
     if !is_worker {
         for pack in node.packs() {
-            add_missing(&mut tools, pack.tools().definitions());
+            add_missing(&mut tools, pack.tools().definitions(), &provider_names);
         }
     }
     Ok(tools)
+}
+
+/// The provider built-in tools offered to a model for `node`: the node's own,
+/// then each ancestor's (`ancestors` root first, added nearest first), in
+/// declaration order. An ancestor's provider tool is skipped when a nearer
+/// level (the node or a nearer ancestor) declares a tool or provider tool of
+/// that name, mirroring the shadowing of [`generate_tools`].
+///
+/// ```
+/// use markov_core::tool::ProviderTool;
+/// use markov_runtime::node::Node;
+/// use markov_runtime::toolgen::generate_provider_tools;
+///
+/// let search = ProviderTool::new("web_search_20250305", "web_search")?;
+/// let node = Node::builder("Search.").provider_tool(search.clone()).build()?;
+/// assert_eq!(generate_provider_tools(&node, &[]), vec![search]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn generate_provider_tools(node: &Node, ancestors: &[AncestorView<'_>]) -> Vec<ProviderTool> {
+    let mut offered: Vec<ProviderTool> = node.provider_tools().to_vec();
+    if ancestors.iter().all(|a| a.node.provider_tools().is_empty()) {
+        return offered;
+    }
+    let mut taken: Vec<&str> = level_names(node).collect();
+    for ancestor in ancestors.iter().rev() {
+        for tool in ancestor.node.provider_tools() {
+            if !taken.contains(&tool.name.as_str()) {
+                offered.push(tool.clone());
+            }
+        }
+        taken.extend(level_names(ancestor.node));
+    }
+    offered
+}
+
+/// The provider tool names a node declares.
+fn provider_names_of(node: &Node) -> impl Iterator<Item = &str> {
+    node.provider_tools().iter().map(|t| t.name.as_str())
+}
+
+/// Every tool name a node declares: its tools, then its provider tools.
+fn level_names(node: &Node) -> impl Iterator<Item = &str> {
+    node.tools()
+        .definitions()
+        .iter()
+        .map(|d| d.name.as_str())
+        .chain(provider_names_of(node))
 }
 
 fn update_state_tool(node: &Node) -> Result<ToolDefinition, ConfigError> {
@@ -227,9 +292,9 @@ fn general_node_property() -> Value {
     })
 }
 
-fn add_missing(tools: &mut Vec<ToolDefinition>, defs: &[ToolDefinition]) {
+fn add_missing(tools: &mut Vec<ToolDefinition>, defs: &[ToolDefinition], hidden: &[&str]) {
     for def in defs {
-        if !tools.iter().any(|t| t.name == def.name) {
+        if !tools.iter().any(|t| t.name == def.name) && !hidden.contains(&def.name.as_str()) {
             tools.push(def.clone());
         }
     }

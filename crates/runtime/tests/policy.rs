@@ -112,6 +112,7 @@ fn request<'a>(
         system: "sys",
         messages,
         tools: &[],
+        provider_tools: &[],
         tool_choice: choice,
         settings,
         output_schema: None,

@@ -80,6 +80,7 @@ mod tests {
             system: "",
             messages: &[],
             tools: &[],
+            provider_tools: &[],
             tool_choice: &ToolChoice::Auto,
             settings: &settings,
             output_schema: None,

@@ -8,7 +8,7 @@ use markov_core::message::{Item, Message};
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, ToolChoice, Usage,
 };
-use markov_core::tool::ToolDefinition;
+use markov_core::tool::{ProviderTool, ToolDefinition};
 use serde_json::Value;
 
 /// An owned copy of one request a [`ScriptedModel`] received.
@@ -20,6 +20,8 @@ pub struct RecordedRequest {
     pub messages: Vec<Message>,
     /// The tools offered.
     pub tools: Vec<ToolDefinition>,
+    /// The provider built-in tools offered.
+    pub provider_tools: Vec<ProviderTool>,
     /// The tool choice.
     pub tool_choice: ToolChoice,
     /// The settings.
@@ -161,6 +163,7 @@ impl Model for ScriptedModel {
                 system: request.system.to_owned(),
                 messages: request.messages.to_vec(),
                 tools: request.tools.to_vec(),
+                provider_tools: request.provider_tools.to_vec(),
                 tool_choice: request.tool_choice.clone(),
                 settings: request.settings.clone(),
                 output_schema: request.output_schema.cloned(),
@@ -303,6 +306,7 @@ mod tests {
             system: "sys",
             messages,
             tools: &[],
+            provider_tools: &[],
             tool_choice: choice,
             settings,
             output_schema: None,

@@ -72,6 +72,14 @@ pub fn arb_item() -> impl Strategy<Value = Item> {
                 storage_id: None,
             }),
         arb_json().prop_map(|data| Item::Output { data }),
+        arb_tool_call().prop_map(|(id, name, input)| Item::ProviderToolUse { id, name, input }),
+        (arb_call_id(), "[a-z_]{1,12}_tool_result", arb_json()).prop_map(
+            |(tool_use_id, kind, content)| Item::ProviderToolResult {
+                tool_use_id,
+                kind,
+                content,
+            }
+        ),
     ]
 }
 

@@ -257,13 +257,33 @@ pub fn all_results(history: &[Message]) -> Vec<(String, String, Option<bool>)> {
 }
 
 /// Checks that every tool_use has exactly one tool_result after it, and no
-/// result lacks its call.
+/// result lacks its call. Provider built-in tool calls are answered by the
+/// provider, not the loop: they need no tool_result (and must get none),
+/// and a provider result must answer an earlier provider call.
 pub fn assert_paired(history: &[Message]) {
     let mut open: Vec<String> = Vec::new();
     let mut seen_results: Vec<String> = Vec::new();
+    let mut provider_calls: Vec<String> = Vec::new();
     for m in history {
         for item in m.item_list() {
             match item {
+                Item::ProviderToolUse { id, .. } => {
+                    assert_eq!(m.role, Role::Assistant);
+                    provider_calls.push(id.to_string());
+                }
+                Item::ProviderToolResult { tool_use_id, .. } => {
+                    assert_eq!(m.role, Role::Assistant);
+                    let id = tool_use_id.to_string();
+                    assert!(
+                        provider_calls.contains(&id),
+                        "provider result for unknown provider call {id}"
+                    );
+                }
+                Item::ToolResult { tool_use_id, .. }
+                    if provider_calls.contains(&tool_use_id.to_string()) =>
+                {
+                    panic!("a client tool_result for provider call {tool_use_id}");
+                }
                 Item::ToolUse { id, .. } => {
                     assert_eq!(m.role, Role::Assistant);
                     open.push(id.to_string());

@@ -5,6 +5,12 @@
 //! Content indexes in the emitted [`StreamEvent`]s are positions in the final
 //! [`ModelResponse::content`]; they differ from the API's indexes only when a
 //! block is dropped (redacted thinking).
+//!
+//! Server tool blocks emit no events of their own (a `ToolCallStart` would
+//! announce a call the caller must run): a `server_tool_use` collects its
+//! `input_json_delta` fragments like a client call, a `*_tool_result` arrives
+//! whole in its `content_block_start`, and both are items of the final
+//! response.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -96,6 +102,14 @@ enum Slot {
         thinking: String,
         signature: Option<String>,
     },
+    ServerTool {
+        id: String,
+        name: String,
+        json: String,
+        input: Option<Value>,
+    },
+    /// A complete block: a server tool's result.
+    Done(Item),
     Other(Value),
 }
 
@@ -169,6 +183,23 @@ impl Decoder {
                 }
             }
             Converted::Known(KnownBlock::RedactedThinking {}) => return Ok(()),
+            Converted::Known(KnownBlock::ServerToolUse { id, name, input }) => {
+                let given = wire::tool_input(input);
+                let input = match &given {
+                    Value::Object(map) if map.is_empty() => None,
+                    _ => Some(given),
+                };
+                Slot::ServerTool {
+                    id,
+                    name,
+                    json: String::new(),
+                    input,
+                }
+            }
+            converted @ Converted::ServerToolResult { .. } => match wire::item(converted) {
+                Some(item) => Slot::Done(item),
+                None => return Ok(()),
+            },
             Converted::Unknown(block) => Slot::Other(block),
         };
         self.positions.insert(index, position);
@@ -204,6 +235,9 @@ impl Decoder {
                     partial_json,
                 });
             }
+            (Slot::ServerTool { json, .. }, Delta::InputJson { partial_json }) => {
+                json.push_str(&partial_json);
+            }
             (Slot::Thinking { thinking, .. }, Delta::Thinking { thinking: more }) => {
                 thinking.push_str(&more);
                 out.push_back(StreamEvent::ThinkingDelta {
@@ -214,7 +248,7 @@ impl Decoder {
             (Slot::Thinking { signature, .. }, Delta::Signature { signature: more }) => {
                 signature.get_or_insert_with(String::new).push_str(&more);
             }
-            (Slot::Other(_), _) | (_, Delta::Unknown) => {}
+            (Slot::Other(_) | Slot::Done(_), _) | (_, Delta::Unknown) => {}
             (_, _) => {
                 return Err(ModelError::InvalidResponse(format!(
                     "a delta does not match content block {index}"
@@ -225,7 +259,8 @@ impl Decoder {
     }
 
     fn stop_block(&mut self, index: usize) {
-        if let Some((_, Slot::Tool { json, input, .. })) = self.slot(index)
+        if let Some((_, Slot::Tool { json, input, .. } | Slot::ServerTool { json, input, .. })) =
+            self.slot(index)
             && !json.is_empty()
         {
             *input = Some(convert::parse_tool_arguments(json));
@@ -254,6 +289,16 @@ impl Decoder {
                     thinking,
                     signature,
                 },
+                Slot::ServerTool {
+                    id,
+                    name,
+                    json,
+                    input,
+                } => {
+                    let input = input.unwrap_or_else(|| convert::parse_tool_arguments(&json));
+                    Item::provider_tool_use(id, name, input)
+                }
+                Slot::Done(item) => item,
                 Slot::Other(block) => Item::text(block.to_string()),
             })
             .collect();

@@ -1,11 +1,21 @@
 //! The Messages API's JSON, private to this module, and the hand-written
 //! conversions from and to markov's types. Request types borrow from the
 //! [`ModelRequest`]; response types are owned.
+//!
+//! Server tools (provider built-ins): a [`ProviderTool`] is sent in `tools` as
+//! its vendor object `{type, name, ...config}`, after the client tools (the
+//! prompt-cache breakpoint stays on the last client tool). A `server_tool_use`
+//! block becomes an [`Item::ProviderToolUse`] and any other block whose type
+//! ends in `_tool_result` (`web_search_tool_result`,
+//! `code_execution_tool_result`, ...; not the client `tool_result`) an
+//! [`Item::ProviderToolResult`]; both are sent back in assistant messages as
+//! the same blocks.
 
 use std::borrow::Cow;
 
 use markov_core::message::{EphemeralPart, camera_frame_text};
 use markov_core::model::Thinking;
+use markov_core::tool::ProviderTool;
 use markov_core::{
     Item, Message, ModelError, ModelRequest, ModelResponse, Role, StopReason, ToolChoice, Usage,
 };
@@ -26,7 +36,7 @@ pub(super) struct Request<'a> {
     system: Vec<SystemBlock<'a>>,
     messages: Vec<WireMessage<'a>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<Tool<'a>>,
+    tools: Vec<WireTool<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tool_choice: Option<WireToolChoice<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -86,6 +96,35 @@ enum Block<'a> {
         thinking: &'a str,
         signature: &'a str,
     },
+    ServerToolUse {
+        id: &'a str,
+        name: &'a str,
+        input: &'a Value,
+    },
+    /// A server tool's result; its `type` is the stored vendor block type.
+    #[serde(untagged)]
+    ServerToolResult(ServerToolResult<'a>),
+}
+
+#[derive(Serialize)]
+struct ServerToolResult<'a> {
+    #[serde(rename = "type")]
+    kind: &'a str,
+    tool_use_id: &'a str,
+    content: &'a Value,
+}
+
+/// One entry of `tools`: a client tool, or a server tool's vendor object.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WireTool<'a> {
+    Client(Tool<'a>),
+    Server(Value),
+}
+
+/// A server tool as the API takes it: `{type, name, ...config}`.
+fn server_tool(tool: &ProviderTool) -> WireTool<'_> {
+    WireTool::Server(tool.to_json())
 }
 
 #[derive(Serialize)]
@@ -190,12 +229,15 @@ pub(super) fn encode(
         .tools
         .iter()
         .enumerate()
-        .map(|(i, tool)| Tool {
-            name: tool.name.as_str(),
-            description: &tool.description,
-            input_schema: &tool.input_schema,
-            cache_control: if Some(i) == last_tool { cache } else { None },
+        .map(|(i, tool)| {
+            WireTool::Client(Tool {
+                name: tool.name.as_str(),
+                description: &tool.description,
+                input_schema: &tool.input_schema,
+                cache_control: if Some(i) == last_tool { cache } else { None },
+            })
         })
+        .chain(request.provider_tools.iter().map(server_tool))
         .collect::<Vec<_>>();
     let disable_parallel_tool_use = !settings.parallel_tool_calls;
     let tool_choice = (!tools.is_empty()).then(|| match request.tool_choice {
@@ -365,6 +407,21 @@ fn block(item: &Item, assistant: bool) -> Option<Block<'_>> {
         Item::Output { data } => Block::Text {
             text: Cow::Owned(convert::output_text(data)),
         },
+        // Server tool blocks belong to the assistant turn that produced them.
+        Item::ProviderToolUse { id, name, input } if assistant => Block::ServerToolUse {
+            id: id.as_str(),
+            name,
+            input,
+        },
+        Item::ProviderToolResult {
+            tool_use_id,
+            kind,
+            content,
+        } if assistant => Block::ServerToolResult(ServerToolResult {
+            kind,
+            tool_use_id: tool_use_id.as_str(),
+            content,
+        }),
         _ => return None,
     })
 }
@@ -434,19 +491,43 @@ pub(super) enum KnownBlock {
         signature: Option<String>,
     },
     RedactedThinking {},
+    ServerToolUse {
+        id: String,
+        name: String,
+        #[serde(default)]
+        input: Value,
+    },
 }
 
 /// How one content block is kept.
 pub(super) enum Converted {
     Known(KnownBlock),
+    /// A server tool's result block (`web_search_tool_result`, ...).
+    ServerToolResult {
+        kind: String,
+        tool_use_id: String,
+        content: Value,
+    },
     /// A block of a type this client does not know, kept as its JSON text.
     Unknown(Value),
 }
 
+/// Whether a block type is a server tool's result: ends in `_tool_result`
+/// and is not the client `tool_result`.
+fn is_server_tool_result(kind: &str) -> bool {
+    kind != "tool_result" && kind.ends_with("_tool_result")
+}
+
 pub(super) fn classify(block: Value) -> Result<Converted, ModelError> {
+    let kind = block.get("type").and_then(Value::as_str);
+    if let Some(kind) = kind
+        && is_server_tool_result(kind)
+    {
+        return server_tool_result(block);
+    }
     let known = matches!(
-        block.get("type").and_then(Value::as_str),
-        Some("text" | "tool_use" | "thinking" | "redacted_thinking")
+        kind,
+        Some("text" | "tool_use" | "thinking" | "redacted_thinking" | "server_tool_use")
     );
     if !known {
         return Ok(Converted::Unknown(block));
@@ -454,6 +535,28 @@ pub(super) fn classify(block: Value) -> Result<Converted, ModelError> {
     serde_json::from_value(block)
         .map(Converted::Known)
         .map_err(|e| ModelError::InvalidResponse(format!("malformed content block: {e}")))
+}
+
+fn server_tool_result(block: Value) -> Result<Converted, ModelError> {
+    let Value::Object(mut block) = block else {
+        return Err(ModelError::InvalidResponse(
+            "malformed server tool result block: not an object".into(),
+        ));
+    };
+    let field = |block: &mut serde_json::Map<String, Value>, key: &str| match block.remove(key) {
+        Some(Value::String(s)) => Ok(s),
+        _ => Err(ModelError::InvalidResponse(format!(
+            "malformed server tool result block: no string `{key}`"
+        ))),
+    };
+    let kind = field(&mut block, "type")?;
+    let tool_use_id = field(&mut block, "tool_use_id")?;
+    let content = block.remove("content").unwrap_or(Value::Null);
+    Ok(Converted::ServerToolResult {
+        kind,
+        tool_use_id,
+        content,
+    })
 }
 
 /// Tool input as the API gives it: an object, `{}` when absent.
@@ -484,6 +587,14 @@ pub(super) fn item(block: Converted) -> Option<Item> {
             tracing::debug!("dropping a redacted thinking block");
             None
         }
+        Converted::Known(KnownBlock::ServerToolUse { id, name, input }) => {
+            Some(Item::provider_tool_use(id, name, tool_input(input)))
+        }
+        Converted::ServerToolResult {
+            kind,
+            tool_use_id,
+            content,
+        } => Some(Item::provider_tool_result(tool_use_id, kind, content)),
         Converted::Unknown(block) => Some(Item::text(block.to_string())),
     }
 }

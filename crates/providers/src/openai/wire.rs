@@ -1,6 +1,11 @@
 //! The Chat Completions JSON, private to this module, and the hand-written
 //! conversions from and to markov's types. Request types borrow from the
 //! [`ModelRequest`]; response types are owned.
+//!
+//! Chat Completions has no provider built-in tools: a request offering any
+//! ([`ModelRequest::provider_tools`]) is refused before it is sent, and the
+//! provider tool items of another provider's answers in the history are not
+//! sent (the API has no block for them).
 
 use std::borrow::Cow;
 
@@ -163,6 +168,13 @@ pub(super) fn encode(
     shape: Shape,
     stream: bool,
 ) -> Result<Vec<u8>, ModelError> {
+    if let Some(tool) = request.provider_tools.first() {
+        return Err(ModelError::InvalidRequest(format!(
+            "the openai client cannot offer provider built-in tool {:?} (type {:?}): Chat Completions has no provider-run tools",
+            tool.name.as_str(),
+            tool.kind
+        )));
+    }
     let settings = request.settings;
     let strict = shape.strictness == SchemaStrictness::Strict;
     let mut messages = Vec::new();

@@ -1,0 +1,234 @@
+//! Provider built-in tools on nodes: build checks, the offered list and its
+//! shadowing (spec §11 step 4), and the pipeline's skip (spec §8.1 steps 3–4).
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+
+use markov_core::InstanceId;
+use markov_core::tool::{ProviderTool, Tool, ToolContext, ToolDefinition};
+use markov_runtime::ConfigError;
+use markov_runtime::charter::{AncestorView, Charter};
+use markov_runtime::node::Node;
+use markov_runtime::pipeline::{LeafView, ToolCall, run_tool_calls};
+use markov_runtime::toolgen::{generate_provider_tools, generate_tools};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+#[derive(Deserialize, JsonSchema)]
+struct Empty {}
+
+macro_rules! tool {
+    ($ty:ident, $name:literal) => {
+        struct $ty;
+        impl Tool for $ty {
+            const NAME: &'static str = $name;
+            type Args = Empty;
+            type Output = String;
+            type Error = Infallible;
+            fn description(&self) -> String {
+                concat!("The ", $name, " tool").into()
+            }
+            async fn call(
+                &self,
+                _args: Empty,
+                _cx: &ToolContext<'_>,
+            ) -> Result<String, Infallible> {
+                Ok(concat!($name, " ran").into())
+            }
+        }
+    };
+}
+
+tool!(Lookup, "lookup");
+tool!(WebSearchClient, "web_search");
+tool!(CharterCode, "code_execution");
+
+fn web_search() -> ProviderTool {
+    ProviderTool::new("web_search_20250305", "web_search")
+        .expect("valid name")
+        .with("max_uses", json!(5))
+}
+
+fn code_execution() -> ProviderTool {
+    ProviderTool::new("code_execution_20250522", "code_execution").expect("valid name")
+}
+
+fn names(tools: &[ToolDefinition]) -> Vec<&str> {
+    tools.iter().map(|t| t.name.as_str()).collect()
+}
+
+fn charter() -> Charter {
+    Charter::builder("test").build().expect("charter builds")
+}
+
+#[test]
+fn the_offered_definition_is_the_vendor_object() {
+    let node = Node::builder("Search.")
+        .tool(Lookup)
+        .provider_tool(web_search())
+        .build()
+        .expect("node builds");
+    let offered = generate_provider_tools(&node, &[]);
+    assert_eq!(
+        serde_json::to_value(&offered).expect("serializes"),
+        json!([{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}])
+    );
+    // Provider tools are offered apart: the executable list does not hold them.
+    let tools = generate_tools(&charter(), &node, &[], false).expect("tools generate");
+    assert_eq!(names(&tools), ["updateState", "lookup"]);
+}
+
+#[test]
+fn names_are_checked_at_build() {
+    let reserved = Node::builder("x")
+        .provider_tool(ProviderTool::new("web_search_20250305", "updateState").expect("valid"))
+        .build()
+        .expect_err("reserved");
+    assert!(
+        matches!(&reserved, ConfigError::ReservedToolName { tool, .. } if tool == "updateState"),
+        "{reserved:?}"
+    );
+    let transition = Node::builder("x")
+        .provider_tool(ProviderTool::new("web_search_20250305", "transition_go").expect("valid"))
+        .build()
+        .expect_err("reserved prefix");
+    assert!(matches!(transition, ConfigError::ReservedToolName { .. }));
+    let with_tool = Node::builder("x")
+        .tool(WebSearchClient)
+        .provider_tool(web_search())
+        .build()
+        .expect_err("collides with a tool");
+    assert_eq!(with_tool, ConfigError::DuplicateTool("web_search".into()));
+    let twice = Node::builder("x")
+        .provider_tool(web_search())
+        .provider_tool(web_search())
+        .build()
+        .expect_err("declared twice");
+    assert_eq!(twice, ConfigError::DuplicateTool("web_search".into()));
+    assert!(ProviderTool::new("web_search_20250305", "web search").is_err());
+}
+
+#[test]
+fn ancestors_provider_tools_are_offered_with_shadowing() {
+    // The root offers two provider tools; the parent's executable
+    // `web_search` is nearer, so it hides the root's provider `web_search`.
+    let root = Node::builder("Root.")
+        .provider_tool(web_search())
+        .provider_tool(code_execution())
+        .build()
+        .expect("root builds");
+    let parent = Node::builder("Parent.")
+        .tool(WebSearchClient)
+        .build()
+        .expect("parent builds");
+    let leaf = Node::builder("Leaf.")
+        .tool(Lookup)
+        .build()
+        .expect("leaf builds");
+    let state = json!({});
+    let ancestors = [
+        AncestorView {
+            node: &root,
+            state: &state,
+        },
+        AncestorView {
+            node: &parent,
+            state: &state,
+        },
+    ];
+    assert_eq!(
+        generate_provider_tools(&leaf, &ancestors),
+        vec![code_execution()]
+    );
+    let tools = generate_tools(&charter(), &leaf, &ancestors, false).expect("tools generate");
+    assert_eq!(names(&tools), ["updateState", "lookup", "web_search"]);
+
+    // A nearer provider tool hides a farther executable tool of that name,
+    // the charter's included.
+    let charter = Charter::builder("test")
+        .tool(CharterCode)
+        .build()
+        .expect("charter builds");
+    let searching = Node::builder("Leaf.")
+        .provider_tool(web_search())
+        .provider_tool(code_execution())
+        .build()
+        .expect("leaf builds");
+    let ancestors = [AncestorView {
+        node: &parent,
+        state: &state,
+    }];
+    let tools = generate_tools(&charter, &searching, &ancestors, false).expect("tools generate");
+    assert_eq!(names(&tools), ["updateState"]);
+    assert_eq!(
+        generate_provider_tools(&searching, &ancestors),
+        vec![web_search(), code_execution()]
+    );
+}
+
+fn call(id: &str, name: &str) -> ToolCall {
+    ToolCall {
+        id: id.into(),
+        name: name.into(),
+        input: json!({}),
+    }
+}
+
+#[tokio::test]
+async fn the_pipeline_skips_provider_tool_calls() {
+    let charter = charter();
+    let root = Node::builder("Root.")
+        .provider_tool(code_execution())
+        .build()
+        .expect("root builds");
+    let node = Node::builder("Search.")
+        .tool(Lookup)
+        .provider_tool(web_search())
+        .build()
+        .expect("node builds");
+    let state = json!({});
+    let ancestors = [AncestorView {
+        node: &root,
+        state: &state,
+    }];
+    let id = InstanceId::from("leaf");
+    let root_id = InstanceId::from("root");
+    let pack_states = BTreeMap::new();
+    let leaf = LeafView {
+        charter: &charter,
+        node: &node,
+        instance_id: &id,
+        root_id: &root_id,
+        state: &state,
+        ancestors: &ancestors,
+        pack_states: &pack_states,
+        is_worker: false,
+        history: &[],
+        terminate_message: "Finished",
+        policies: None,
+    };
+    let outcome = run_tool_calls(
+        &leaf,
+        vec![
+            call("srv_1", "web_search"),
+            call("c_1", "lookup"),
+            call("srv_2", "code_execution"),
+            call("c_2", "nope"),
+        ],
+    )
+    .await;
+    let results: Vec<(&str, &str)> = outcome
+        .results
+        .iter()
+        .map(|r| (r.call_id.as_str(), r.content.as_str()))
+        .collect();
+    assert_eq!(
+        results,
+        [("c_1", "lookup ran"), ("c_2", "Unknown tool: nope")],
+        "provider calls get no result, not `Unknown tool`"
+    );
+    assert_eq!(outcome.result_states_known.len(), 2);
+    assert_eq!(outcome.result_items().len(), 2);
+    assert!(outcome.replies.is_empty());
+}
