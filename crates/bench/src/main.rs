@@ -700,119 +700,41 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
 fn layer_costs(calls: usize) -> Vec<(&'static str, f64)> {
     let registry = policy_registry();
     let config = registry.config();
-    let exec = || ExecuteService::new(EnvelopeMode::On);
-    let audit = || AuditLayer::new(config.version(), None);
-    let stacks: Vec<(&'static str, Box<dyn ToolService>)> = vec![
-        ("execute", Box::new(exec())),
-        (
-            "+timeout",
-            Box::new(
-                PolicyStack::new()
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
-        (
-            "+latency",
-            Box::new(
-                PolicyStack::new()
-                    .layer(LatencyLayer::new())
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
-        (
-            "+idempotency",
-            Box::new(
-                PolicyStack::new()
-                    .layer(IdempotencyLayer::new(config.idempotency()))
-                    .layer(LatencyLayer::new())
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
-        (
-            "+confirm",
-            Box::new(
-                PolicyStack::new()
-                    .layer(ConfirmLayer::new(config.confirmations()))
-                    .layer(IdempotencyLayer::new(config.idempotency()))
-                    .layer(LatencyLayer::new())
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
-        (
-            "+validate",
-            Box::new(
-                PolicyStack::new()
-                    .layer(ValidateLayer::validate())
-                    .layer(ConfirmLayer::new(config.confirmations()))
-                    .layer(IdempotencyLayer::new(config.idempotency()))
-                    .layer(LatencyLayer::new())
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
-        (
-            "+budget",
-            Box::new(
-                PolicyStack::new()
-                    .layer(GateLayer::new(config.budget_gate()))
-                    .layer(ValidateLayer::validate())
-                    .layer(ConfirmLayer::new(config.confirmations()))
-                    .layer(IdempotencyLayer::new(config.idempotency()))
-                    .layer(LatencyLayer::new())
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
-        (
-            "+mode",
-            Box::new(
-                PolicyStack::new()
-                    .layer(ModeLayer::mode())
-                    .layer(GateLayer::new(config.budget_gate()))
-                    .layer(ValidateLayer::validate())
-                    .layer(ConfirmLayer::new(config.confirmations()))
-                    .layer(IdempotencyLayer::new(config.idempotency()))
-                    .layer(LatencyLayer::new())
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
-        (
-            "+unknown_tool",
-            Box::new(
-                PolicyStack::new()
-                    .layer(UnknownToolLayer::unknown_tool())
-                    .layer(ModeLayer::mode())
-                    .layer(GateLayer::new(config.budget_gate()))
-                    .layer(ValidateLayer::validate())
-                    .layer(ConfirmLayer::new(config.confirmations()))
-                    .layer(IdempotencyLayer::new(config.idempotency()))
-                    .layer(LatencyLayer::new())
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
-        (
-            "+audit",
-            Box::new(
-                PolicyStack::new()
-                    .layer(audit())
-                    .layer(UnknownToolLayer::unknown_tool())
-                    .layer(ModeLayer::mode())
-                    .layer(GateLayer::new(config.budget_gate()))
-                    .layer(ValidateLayer::validate())
-                    .layer(ConfirmLayer::new(config.confirmations()))
-                    .layer(IdempotencyLayer::new(config.idempotency()))
-                    .layer(LatencyLayer::new())
-                    .layer(TimeoutLayer::new())
-                    .service(exec()),
-            ),
-        ),
+    // Layers from the inside out; stack `n` has the first `n` of them. Absent
+    // layers are `option_layer(None)`: a pass-through costing one branch.
+    const NAMES: [&str; 10] = [
+        "execute",
+        "+timeout",
+        "+latency",
+        "+idempotency",
+        "+confirm",
+        "+validate",
+        "+budget",
+        "+mode",
+        "+unknown_tool",
+        "+audit",
     ];
+    let stack = |depth: usize| -> Box<dyn ToolService> {
+        let on = |layer: usize| depth >= layer;
+        Box::new(
+            PolicyStack::new()
+                .option_layer(on(9).then(|| AuditLayer::new(config.version(), None)))
+                .option_layer(on(8).then(UnknownToolLayer::unknown_tool))
+                .option_layer(on(7).then(ModeLayer::mode))
+                .option_layer(on(6).then(|| GateLayer::new(config.budget_gate())))
+                .option_layer(on(5).then(ValidateLayer::validate))
+                .option_layer(on(4).then(|| ConfirmLayer::new(config.confirmations())))
+                .option_layer(on(3).then(|| IdempotencyLayer::new(config.idempotency())))
+                .option_layer(on(2).then(LatencyLayer::new))
+                .option_layer(on(1).then(TimeoutLayer::new))
+                .service(ExecuteService::new(EnvelopeMode::On)),
+        )
+    };
+    let stacks: Vec<(&'static str, Box<dyn ToolService>)> = NAMES
+        .iter()
+        .enumerate()
+        .map(|(depth, name)| (*name, stack(depth)))
+        .collect();
     let runtime = timed_runtime();
     let tool = registry.tool("add").expect("add is registered");
     let metadata = registry.metadata("add");

@@ -363,49 +363,39 @@ pub trait Model: Send + Sync + fmt::Debug {
     }
 }
 
-#[async_trait]
-impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        (**self).complete(request).await
-    }
+/// A shared or boxed model is a model: every method forwards, so a wrapper
+/// never loses an override (`stream`, `thinking_allowance`).
+macro_rules! forward_model {
+    ($($pointer:ident)::+) => {
+        #[async_trait]
+        impl<M: Model + ?Sized> Model for $($pointer)::+<M> {
+            async fn complete(
+                &self,
+                request: ModelRequest<'_>,
+            ) -> Result<ModelResponse, ModelError> {
+                (**self).complete(request).await
+            }
 
-    fn thinking_allowance(
-        &self,
-        settings: &ModelSettings,
-        thinking: Thinking,
-    ) -> ThinkingAllowance {
-        (**self).thinking_allowance(settings, thinking)
-    }
+            fn thinking_allowance(
+                &self,
+                settings: &ModelSettings,
+                thinking: Thinking,
+            ) -> ThinkingAllowance {
+                (**self).thinking_allowance(settings, thinking)
+            }
 
-    fn stream<'a>(
-        &'a self,
-        request: ModelRequest<'a>,
-    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        (**self).stream(request)
-    }
+            fn stream<'a>(
+                &'a self,
+                request: ModelRequest<'a>,
+            ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+                (**self).stream(request)
+            }
+        }
+    };
 }
 
-#[async_trait]
-impl<M: Model + ?Sized> Model for Box<M> {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        (**self).complete(request).await
-    }
-
-    fn thinking_allowance(
-        &self,
-        settings: &ModelSettings,
-        thinking: Thinking,
-    ) -> ThinkingAllowance {
-        (**self).thinking_allowance(settings, thinking)
-    }
-
-    fn stream<'a>(
-        &'a self,
-        request: ModelRequest<'a>,
-    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        (**self).stream(request)
-    }
-}
+forward_model!(std::sync::Arc);
+forward_model!(Box);
 
 /// The events a stream of `response` would have produced, ending with `Done`.
 pub fn replay_events(response: ModelResponse) -> Vec<StreamEvent> {

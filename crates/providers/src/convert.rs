@@ -57,6 +57,16 @@ pub(crate) fn system_text(message: &Message) -> Option<String> {
     (!texts.is_empty()).then(|| texts.join("\n"))
 }
 
+/// The stop reason when the provider gives none (or one this crate does not
+/// know): tool use if the answer calls tools, else the end of the turn.
+pub(crate) fn implied_stop_reason(has_tool_calls: bool) -> markov_core::StopReason {
+    if has_tool_calls {
+        markov_core::StopReason::ToolUse
+    } else {
+        markov_core::StopReason::EndTurn
+    }
+}
+
 /// Tool arguments from their JSON text. Empty text is `{}`; text that is not
 /// JSON becomes `{"__invalid_arguments": <text>, "__error": <parse error>}`,
 /// which no tool's typed arguments accept, so the model gets an error result

@@ -613,11 +613,7 @@ pub(super) fn stop_reason(reason: Option<&str>, has_tool_calls: bool) -> StopRea
             if let Some(other) = other {
                 tracing::warn!(stop_reason = other, "unknown stop reason");
             }
-            if has_tool_calls {
-                StopReason::ToolUse
-            } else {
-                StopReason::EndTurn
-            }
+            convert::implied_stop_reason(has_tool_calls)
         }
     }
 }

@@ -510,20 +510,10 @@ pub(super) fn stop_reason(reason: Option<&str>, has_tool_calls: bool, refused: b
         Some("tool_calls" | "function_call") => StopReason::ToolUse,
         Some("length") => StopReason::MaxTokens,
         Some("content_filter") => StopReason::ContentFilter,
-        Some("stop") | None => {
-            if has_tool_calls {
-                StopReason::ToolUse
-            } else {
-                StopReason::EndTurn
-            }
-        }
+        Some("stop") | None => convert::implied_stop_reason(has_tool_calls),
         Some(other) => {
             tracing::warn!(finish_reason = other, "unknown finish reason");
-            if has_tool_calls {
-                StopReason::ToolUse
-            } else {
-                StopReason::EndTurn
-            }
+            convert::implied_stop_reason(has_tool_calls)
         }
     }
 }
