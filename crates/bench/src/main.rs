@@ -45,8 +45,9 @@ use markov_executor::serialize::{SerializedMachine, deserialize_machine, seriali
 use markov_executor::{Executor, Machine, MachineOptions, StandardExecutor};
 use markov_runtime::registry::{
     AuditLayer, CallReport, ConfirmLayer, EnvelopeMode, ExecuteService, GateLayer,
-    IdempotencyLayer, LatencyLayer, Mode, PolicyStack, TimeoutLayer, ToolRequest, ToolService,
-    TurnBudgetState, mode::ModeLayer, unknown_tool::UnknownToolLayer, validate::ValidateLayer,
+    IdempotencyLayer, LatencyLayer, Mode, PolicyStack, PolicyState, TimeoutLayer, ToolRequest,
+    ToolService, TurnBudgetState, mode::ModeLayer, unknown_tool::UnknownToolLayer,
+    validate::ValidateLayer,
 };
 
 #[global_allocator]
@@ -723,8 +724,8 @@ fn layer_costs(calls: usize) -> Vec<(&'static str, f64)> {
                 .option_layer(on(7).then(ModeLayer::mode))
                 .option_layer(on(6).then(|| GateLayer::new(config.budget_gate())))
                 .option_layer(on(5).then(ValidateLayer::validate))
-                .option_layer(on(4).then(|| ConfirmLayer::new(config.confirmations())))
-                .option_layer(on(3).then(|| IdempotencyLayer::new(config.idempotency())))
+                .option_layer(on(4).then(|| ConfirmLayer::new(config.confirmation_lifetime())))
+                .option_layer(on(3).then(|| IdempotencyLayer::new(config.idempotency_limits())))
                 .option_layer(on(2).then(LatencyLayer::new))
                 .option_layer(on(1).then(TimeoutLayer::new))
                 .service(ExecuteService::new(EnvelopeMode::On)),
@@ -744,6 +745,7 @@ fn layer_costs(calls: usize) -> Vec<(&'static str, f64)> {
     let input = serde_json::json!({"a": 2, "b": 3});
     let state = NoState::default();
     let turn = TurnBudgetState::new();
+    let policy = PolicyState::new();
     let mut out = Vec::new();
     let mut previous = 0.0;
     for (name, service) in &stacks {
@@ -760,6 +762,7 @@ fn layer_costs(calls: usize) -> Vec<(&'static str, f64)> {
                             metadata,
                             mode: &Mode::TEXT,
                             turn: &turn,
+                            policy: &policy,
                             report: &report,
                             cx: ToolContext::new(id, &[], &state),
                             terminate_message: "Finished",

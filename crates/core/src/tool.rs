@@ -648,6 +648,93 @@ impl<T: Tool> DynTool for Erased<T> {
     }
 }
 
+/// The key under which [`parse_tool_arguments`] keeps the raw text of
+/// arguments that are not JSON.
+pub const MALFORMED_ARGUMENTS_KEY: &str = "__invalid_arguments";
+
+/// The key under which [`parse_tool_arguments`] keeps the parse error of
+/// arguments that are not JSON.
+pub const MALFORMED_ARGUMENTS_ERROR_KEY: &str = "__error";
+
+/// Why a tool call's arguments cannot be handed to any tool.
+///
+/// Checked by [`check_tool_arguments`] before a tool or any policy stage sees
+/// the call, so a garbled call never runs with defaults in place of what the
+/// model meant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidArguments {
+    /// The arguments were not valid JSON (a stream cut short, a server's bad
+    /// JSON); see [`parse_tool_arguments`].
+    #[error("the arguments are not valid JSON: {error}")]
+    Malformed {
+        /// The text the model sent.
+        raw: String,
+        /// Why it did not parse.
+        error: String,
+    },
+    /// The arguments were JSON but not an object.
+    #[error("the arguments must be a JSON object, not {found}")]
+    NotAnObject {
+        /// The JSON type found (`"null"`, `"array"`, ...).
+        found: &'static str,
+    },
+}
+
+/// Tool arguments from the JSON text a provider sent.
+///
+/// Empty text is `{}` (servers send it for tools without parameters). Text
+/// that is not JSON is kept, not guessed at: it becomes
+/// `{"__invalid_arguments": <text>, "__error": <parse error>}`, which the
+/// history can store and send back as it is, and which
+/// [`check_tool_arguments`] refuses before any tool runs.
+pub fn parse_tool_arguments(raw: &str) -> Value {
+    if raw.trim().is_empty() {
+        return Value::Object(serde_json::Map::new());
+    }
+    match serde_json::from_str(raw) {
+        Ok(value) => value,
+        Err(error) => {
+            let mut map = serde_json::Map::new();
+            map.insert(
+                MALFORMED_ARGUMENTS_KEY.into(),
+                Value::String(raw.to_owned()),
+            );
+            map.insert(
+                MALFORMED_ARGUMENTS_ERROR_KEY.into(),
+                Value::String(error.to_string()),
+            );
+            Value::Object(map)
+        }
+    }
+}
+
+/// Whether `input` can be handed to a tool: a JSON object that is not the
+/// marker [`parse_tool_arguments`] leaves for malformed arguments.
+pub fn check_tool_arguments(input: &Value) -> Result<(), InvalidArguments> {
+    let found = match input {
+        Value::Object(map) => {
+            return match map.get(MALFORMED_ARGUMENTS_KEY) {
+                Some(raw) => Err(InvalidArguments::Malformed {
+                    raw: raw.as_str().map_or_else(|| raw.to_string(), str::to_owned),
+                    error: map
+                        .get(MALFORMED_ARGUMENTS_ERROR_KEY)
+                        .and_then(Value::as_str)
+                        .unwrap_or("not JSON")
+                        .to_owned(),
+                }),
+                None => Ok(()),
+            };
+        }
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+    };
+    Err(InvalidArguments::NotAnObject { found })
+}
+
 /// What the loop records for one tool call.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolExecutionResult {
@@ -711,6 +798,29 @@ pub type Description = Cow<'static, str>;
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn arguments_parse_or_are_kept_as_malformed() {
+        assert_eq!(parse_tool_arguments(""), json!({}));
+        assert_eq!(parse_tool_arguments(r#"{"a":1}"#), json!({"a":1}));
+        assert_eq!(check_tool_arguments(&json!({"a": 1})), Ok(()));
+        let bad = parse_tool_arguments(r#"{"filter":"#);
+        match check_tool_arguments(&bad) {
+            Err(InvalidArguments::Malformed { raw, .. }) => assert_eq!(raw, r#"{"filter":"#),
+            other => panic!("not refused as malformed: {other:?}"),
+        }
+        for (input, found) in [
+            (json!(null), "null"),
+            (json!([1]), "an array"),
+            (json!("x"), "a string"),
+            (json!(3), "a number"),
+        ] {
+            assert_eq!(
+                check_tool_arguments(&input),
+                Err(InvalidArguments::NotAnObject { found })
+            );
+        }
+    }
 
     #[test]
     fn tool_names_follow_the_provider_rule() {

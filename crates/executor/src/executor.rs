@@ -2,9 +2,12 @@
 
 use async_trait::async_trait;
 use markov_core::Message;
+use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::message::Source;
 use markov_core::tool::TerminateResponse;
 use markov_runtime::charter::Charter;
+use markov_runtime::registry::PolicyState;
+use serde_json::Value;
 
 use crate::effect::Entry;
 use crate::error::RunError;
@@ -34,6 +37,8 @@ pub struct LeafContext<'a> {
     /// (a streaming vessel and its updates). Everything else is reported in
     /// the [`LeafOutcome`].
     pub queue: &'a Queue,
+    /// The conversation's approvals, idempotency ledger and budget counters.
+    pub policy: &'a PolicyState,
 }
 
 impl<'a> LeafContext<'a> {
@@ -75,6 +80,20 @@ pub struct LeafOutcome {
     pub response: Option<String>,
     /// Set when a tool ended the run.
     pub termination: Option<TerminateResponse>,
+    /// The intents tools returned, in call order.
+    pub intents: Vec<Intent>,
+}
+
+/// An intent a tool returned for the application (through the registry's
+/// `WithIntents`), with the call that returned it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Intent {
+    /// The leaf the call ran for.
+    pub instance_id: InstanceId,
+    /// The call.
+    pub call_id: ToolCallId,
+    /// The intent, as the tool wrote it (e.g. `{"type":"end_session"}`).
+    pub value: Value,
 }
 
 impl LeafOutcome {
@@ -86,6 +105,7 @@ impl LeafOutcome {
             turn,
             response: None,
             termination: None,
+            intents: Vec::new(),
         }
     }
 }

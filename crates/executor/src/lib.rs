@@ -61,7 +61,7 @@ pub use command::{
 };
 pub use effect::{Effect, Entry};
 pub use error::RunError;
-pub use executor::{Executor, LeafContext, LeafOutcome};
+pub use executor::{Executor, Intent, LeafContext, LeafOutcome};
 pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
 pub use machine::{Machine, MachineOptions};
 pub use queue::{OnEnqueue, Queue};
@@ -70,7 +70,7 @@ pub use run::{
     run_to_completion,
 };
 pub use serialize::{SerializedMachine, deserialize_machine, serialize_machine};
-pub use standard::StandardExecutor;
+pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use markov_core::Message;
 use markov_runtime::charter::Charter;
+use markov_runtime::registry::{Approvals, PolicyState};
 use serde_json::Value;
 
 use crate::error::RunError;
@@ -20,8 +21,10 @@ pub struct Machine {
     pub(crate) root: Arc<Instance>,
     pub(crate) history: Vec<Message>,
     pub(crate) queue: Queue,
-    /// Externalized-state registrations (spec §17); never serialized.
+    /// Externalized-state registrations; never serialized.
     pub(crate) externals: Externals,
+    /// The conversation's approvals, idempotency ledger and budget counters.
+    pub(crate) policy: Arc<PolicyState>,
 }
 
 impl fmt::Debug for Machine {
@@ -96,6 +99,7 @@ impl Machine {
             history: options.history,
             queue: Queue::new(options.on_enqueue),
             externals: Externals::default(),
+            policy: Arc::new(PolicyState::new()),
         };
         machine.sync_externalized();
         Ok(machine)
@@ -128,6 +132,26 @@ impl Machine {
     /// Everything recorded so far.
     pub fn history(&self) -> &[Message] {
         &self.history
+    }
+
+    /// The conversation's policy state: confirmation requests, the
+    /// idempotency ledger and the budget counters of the current user turn.
+    /// It is part of the machine's snapshot.
+    pub fn policy_state(&self) -> &PolicyState {
+        &self.policy
+    }
+
+    /// A shared handle on the policy state, for deciding approvals while a
+    /// run holds the machine (e.g. from a request handler).
+    pub fn policy_handle(&self) -> Arc<PolicyState> {
+        Arc::clone(&self.policy)
+    }
+
+    /// The confirmation requests of the registry's tools: list the pending
+    /// ones, approve or deny them. Only the application decides; the model
+    /// can present an approved request's id, never approve one.
+    pub fn approvals(&self) -> &Approvals {
+        self.policy.approvals()
     }
 
     /// The queue (clone it to enqueue from another task).

@@ -339,6 +339,7 @@ fn make_step(
         suspended_instances: Vec::new(),
         response: None,
         termination: None,
+        intents: Vec::new(),
     }
 }
 
@@ -416,6 +417,11 @@ impl RunState {
         let triggers = entries
             .iter()
             .any(|e| e.message.role == Role::User && !e.message.is_silent());
+        if triggers {
+            // A user turn starts: per-turn budgets start over (and only here,
+            // so transitions inside the turn never refill them).
+            machine.policy.begin_user_turn();
+        }
         // Resolved on the raw batch, so what is requeued on an error is the
         // batch as it was (ephemerals not yet collapsed).
         let effects = resolve_effects(machine, &mut entries)?;
@@ -527,10 +533,15 @@ impl RunState {
         }
 
         let mut primary: Option<(YieldReason, Option<String>, Option<_>)> = None;
+        let mut primary_id = None;
         let mut busy_workers = Vec::new();
-        for (task, outcome) in tasks.iter().zip(outcomes) {
+        let mut intents = Vec::new();
+        for (task, mut outcome) in tasks.iter().zip(outcomes) {
             let leaf = &task.leaf;
-            self.turns.insert(leaf.leaf().id().clone(), outcome.turn);
+            let mut turn = outcome.turn;
+            turn.recovering = false;
+            self.turns.insert(leaf.leaf().id().clone(), turn);
+            intents.append(&mut outcome.intents);
             if leaf.is_worker() {
                 match outcome.yield_reason {
                     YieldReason::EndTurn => tracing::warn!(
@@ -542,6 +553,7 @@ impl RunState {
                 }
             } else if primary.is_none() {
                 primary = Some((outcome.yield_reason, outcome.response, outcome.termination));
+                primary_id = Some(leaf.leaf().id().clone());
             }
             machine.queue.enqueue_entries(outcome.entries);
         }
@@ -564,36 +576,48 @@ impl RunState {
             }
         }
         if let Some((id, content)) = applied.cedes.first() {
-            match content {
-                Some(CedeContent::Text(s)) => machine.history.push(
-                    Message::user(s.clone()).with_metadata(Metadata::with_source(Source {
-                        instance_id: Some(id.clone()),
-                        ..Source::default()
-                    })),
-                ),
-                Some(CedeContent::Messages(list)) => machine.history.extend(list.iter().cloned()),
-                None => {}
-            }
+            // The handed-back content is recorded in the step it happened in,
+            // as well as in the machine's history (upstream shows it only in
+            // the latter).
+            let handed_back: Vec<Message> = match content {
+                Some(CedeContent::Text(s)) => {
+                    vec![
+                        Message::user(s.clone()).with_metadata(Metadata::with_source(Source {
+                            instance_id: Some(id.clone()),
+                            ..Source::default()
+                        })),
+                    ]
+                }
+                Some(CedeContent::Messages(list)) => list.clone(),
+                None => Vec::new(),
+            };
+            machine.history.extend(handed_back.iter().cloned());
+            history.extend(handed_back);
             if tasks.len() == 1 {
                 let mut step = make_step(machine, history, YieldReason::Cede, false);
                 step.cede_content = cede_json(content);
+                step.intents = intents;
                 return Ok(step);
             }
         }
         if reason == YieldReason::MaxTokens {
+            let mut step = make_step(machine, history, YieldReason::MaxTokens, self.recovered);
+            step.intents = intents;
             if !self.recovered {
                 self.recovered = true;
-                let step = make_step(machine, history, YieldReason::MaxTokens, false);
                 machine.history.push(Message::user(RECOVERY_TEXT));
-                return Ok(step);
+                if let Some(turn) = primary_id.and_then(|id| self.turns.get_mut(&id)) {
+                    turn.recovering = true;
+                }
             }
-            return Ok(make_step(machine, history, YieldReason::MaxTokens, true));
+            return Ok(step);
         }
         let done =
             matches!(reason, YieldReason::EndTurn | YieldReason::External) || termination.is_some();
         let mut step = make_step(machine, history, reason, done);
         step.response = response;
         step.termination = termination;
+        step.intents = intents;
         Ok(step)
     }
 }
@@ -628,24 +652,75 @@ fn resume(
 }
 
 /// Performs one [`Action::RunLeaves`]: every leaf's executor, concurrently.
+///
+/// If the run is dropped before every leaf has finished, the outcomes of the
+/// leaves that did finish are not lost: they go to the queue, and the next
+/// run records them (see [`UnrecordedOutcomes`]).
 async fn run_leaves(
     machine: &Machine,
     state: &RunState,
     tasks: &[LeafTask],
 ) -> Vec<Result<LeafOutcome, RunError>> {
-    let futures = tasks.iter().map(|task| {
-        machine.executor.run_leaf(LeafContext {
-            charter: &machine.charter,
-            leaf: &task.leaf,
-            history: &machine.history,
-            current_step: task.current_step,
-            max_steps: state.options.max_steps,
-            turn: task.turn,
-            terminate_message: &state.options.terminate_message,
-            queue: &machine.queue,
-        })
+    let finished = UnrecordedOutcomes {
+        queue: &machine.queue,
+        slots: tasks.iter().map(|_| std::sync::Mutex::new(None)).collect(),
+        armed: true,
+    };
+    let futures = tasks.iter().zip(&finished.slots).map(|(task, slot)| async {
+        let outcome = machine
+            .executor
+            .run_leaf(LeafContext {
+                charter: &machine.charter,
+                leaf: &task.leaf,
+                history: &machine.history,
+                current_step: task.current_step,
+                max_steps: state.options.max_steps,
+                turn: task.turn,
+                terminate_message: &state.options.terminate_message,
+                queue: &machine.queue,
+                policy: &machine.policy,
+            })
+            .await;
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
     });
-    futures::future::join_all(futures).await
+    futures::future::join_all(futures).await;
+    finished.disarm()
+}
+
+/// The leaves' outcomes while the others still run. Dropped armed (the run
+/// was cancelled), it enqueues the entries of the finished ones, so their
+/// tool calls and results reach the history with the next run.
+struct UnrecordedOutcomes<'a> {
+    queue: &'a crate::queue::Queue,
+    slots: Vec<std::sync::Mutex<Option<Result<LeafOutcome, RunError>>>>,
+    armed: bool,
+}
+
+impl UnrecordedOutcomes<'_> {
+    fn disarm(mut self) -> Vec<Result<LeafOutcome, RunError>> {
+        self.armed = false;
+        std::mem::take(&mut self.slots)
+            .into_iter()
+            .map(|slot| {
+                slot.into_inner()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .unwrap_or_else(|| Err(RunError::Executor("a leaf did not finish".into())))
+            })
+            .collect()
+    }
+}
+
+impl Drop for UnrecordedOutcomes<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        for slot in &self.slots {
+            if let Some(Ok(outcome)) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                self.queue.enqueue_entries(outcome.entries);
+            }
+        }
+    }
 }
 
 /// The driver: performs the state's actions until it yields a step, or

@@ -2,9 +2,11 @@
 //! instance tree and history as serde values, [`deserialize_machine`] reads
 //! them back against a charter.
 //!
-//! The JSON follows upstream's SerializedMachine (§14.1), plus one field of
-//! markov's: `formatVersion` ([`FORMAT_VERSION`]). A snapshot without it
-//! (upstream's) is read as version 1.
+//! The JSON follows upstream's SerializedMachine, plus two fields of
+//! markov's: `formatVersion` ([`FORMAT_VERSION`]; a snapshot without it,
+//! upstream's, is read as version 1) and `policy`, the conversation's pending
+//! and approved confirmation requests and its idempotency ledger (left out
+//! when empty), so that an approval or an answered call survives a restart.
 //!
 //! ```json
 //! {
@@ -41,6 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use markov_core::{InstanceId, Message};
 use markov_runtime::charter::Charter;
+use markov_runtime::registry::{IdempotencyLimits, PolicySnapshot, PolicyState};
 use markov_runtime::serial::{
     NodeSpec, PackSpec, SerialError, node_from_spec, node_spec, pack_from_spec, pack_spec,
 };
@@ -70,6 +73,10 @@ pub struct SerializedMachine {
     pub instance: SerializedInstance,
     /// The history, as recorded.
     pub history: Vec<Message>,
+    /// markov's: the conversation's pending and approved confirmation
+    /// requests and its idempotency ledger (omitted when empty).
+    #[serde(default, skip_serializing_if = "PolicySnapshot::is_empty")]
+    pub policy: PolicySnapshot,
 }
 
 impl SerializedMachine {
@@ -218,6 +225,7 @@ pub fn serialize_machine(machine: &Machine) -> Result<SerializedMachine, Seriali
         format_version: FORMAT_VERSION,
         instance: serialize_instance(&machine.charter, &machine.root, 0)?,
         history: machine.history.clone(),
+        policy: machine.policy.snapshot(),
     })
 }
 
@@ -317,6 +325,10 @@ pub fn deserialize_machine(
         history,
         queue: Queue::new(options.on_enqueue),
         externals: Default::default(),
+        policy: Arc::new(PolicyState::restored(
+            data.policy,
+            &IdempotencyLimits::default(),
+        )),
     };
     machine.sync_externalized();
     Ok(machine)

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use futures::StreamExt;
 use markov_core::Role;
+use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, Message, Metadata, Source};
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
@@ -29,7 +30,9 @@ use markov_core::model::{
 use markov_core::tool::{ProviderTool, ToolDefinition, ToolExecutionResult, ToolName};
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, PromptInput};
-use markov_runtime::pipeline::{LeafView, PipelineOutcome, ToolCall, run_tool_calls};
+use markov_runtime::pipeline::{
+    CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
+};
 use markov_runtime::policy::check_thinking;
 use markov_runtime::prompt::system_prompt;
 use markov_runtime::registry::{Mode, RegistryBinding, ToolRegistry};
@@ -40,14 +43,23 @@ use tracing::Instrument;
 
 use crate::effect::{Effect, Entry};
 use crate::error::RunError;
-use crate::executor::{Executor, LeafContext, LeafOutcome};
+use crate::executor::{Executor, Intent, LeafContext, LeafOutcome};
 use crate::instance::SuspendInfo;
+use crate::queue::Queue;
 use crate::step::{TurnState, YieldReason};
 use crate::stream::{MessageStreamEvent, StreamOptions, VesselState};
 
 /// The result text of a tool call cut off by the token limit.
 pub const CUT_OFF_TOOL_CALL: &str =
     "Tool call not run: the response was cut off by the token limit.";
+
+/// The result text of a tool call that had not finished when its run was
+/// cancelled.
+pub const CANCELLED_TOOL_CALL: &str = "Tool call not completed: the run was cancelled before it finished. It may or may not have taken effect.";
+
+/// The result text of a call whose id repeats an earlier call's in the same
+/// response (its id is made unique in the history; it is not run).
+pub const DUPLICATE_TOOL_CALL: &str = "Tool call not run: its id repeats an earlier call of this response. Call the tool again if it is really needed.";
 
 /// Calls a model once per leaf per step and runs the tools it asks for.
 #[derive(Debug, Clone)]
@@ -82,9 +94,12 @@ impl StandardExecutor {
     }
 
     /// Sends regular tool calls through `registry`'s policy stack in `mode`
-    /// (see [`markov_runtime::registry`]). Budgets count per user turn of
-    /// each leaf: they start over when the leaf's turn does (a new
-    /// `run_machine` call, or entering another node).
+    /// (see [`markov_runtime::registry`]), and offers the registry's tools
+    /// to every leaf with the schemas the stack enforces (a tool is
+    /// registered once, in the registry). Budgets count per user turn of
+    /// each leaf: they start over when a user message starts a run, never
+    /// on a transition. Approvals and answered calls are the machine's
+    /// ([`Machine::policy_state`](crate::Machine::policy_state)).
     #[must_use]
     pub fn with_registry(mut self, registry: Arc<ToolRegistry>, mode: Mode) -> Self {
         self.registry = Some(Arc::new(RegistryBinding::new(registry, mode)));
@@ -196,6 +211,7 @@ pub fn prepare(
     cx: &LeafContext<'_>,
     defaults: &ModelSettings,
     model: &dyn Model,
+    registry: Option<&RegistryBinding>,
 ) -> Result<Prepared, RunError> {
     // From the end: a running turn's last messages are conversation, so this
     // stops at once however long the history (its start may hold thousands
@@ -210,7 +226,10 @@ pub fn prepare(
     }
     let node = cx.instance().node();
     let ancestors = ancestor_views(cx);
-    let tools = generate_tools_cached(cx.charter, node, &ancestors, cx.is_worker())?;
+    let mut tools = generate_tools_cached(cx.charter, node, &ancestors, cx.is_worker())?;
+    if let Some(binding) = registry {
+        tools = binding.offered_tools(&tools);
+    }
     let packs = if cx.root().packs().is_empty() {
         node.packs()
     } else {
@@ -260,7 +279,13 @@ pub fn prepare(
         system,
         provider_tools: generate_provider_tools(node, &ancestors),
         tools,
-        tool_choice: cx.instance().tool_choice().choice(cx.turn.tool_ran),
+        // The recovery call asks for an answer without tools: forcing one
+        // would contradict it (and a provider may then refuse the call).
+        tool_choice: if cx.turn.recovering {
+            ToolChoice::None
+        } else {
+            cx.instance().tool_choice().choice(cx.turn.tool_ran)
+        },
         settings,
         output_schema: node.output().map(|o| o.schema().clone()),
     })
@@ -277,6 +302,9 @@ pub enum AfterModel {
         entries: Vec<Entry>,
         /// The calls, in order.
         calls: Vec<ToolCall>,
+        /// The results of calls answered without running (a repeated id),
+        /// to record after the pipeline's.
+        refused: Vec<ToolExecutionResult>,
     },
 }
 
@@ -300,10 +328,28 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     let output = cx.instance().node().output();
     let provider_tools = provider_tool_names(cx);
     let mut calls = Vec::new();
+    let mut refused = Vec::new();
+    let mut seen: Vec<ToolCallId> = Vec::new();
     let items: Vec<Item> = response
         .content
         .into_iter()
         .map(|item| match item {
+            // Providers reject a history with two calls of one id (Anthropic
+            // does), and running both could repeat a side effect: the repeat
+            // gets a unique id and an error result, and does not run.
+            Item::ToolUse { id, name, input } if seen.contains(&id) => {
+                let unique = unique_call_id(&id, &seen);
+                seen.push(unique.clone());
+                refused.push(ToolExecutionResult::error(
+                    unique.clone(),
+                    DUPLICATE_TOOL_CALL,
+                ));
+                Item::ToolUse {
+                    id: unique,
+                    name,
+                    input,
+                }
+            }
             Item::Text { text } if output.is_some() => Item::Output {
                 data: output
                     .map(|o| o.map_text_block(&text))
@@ -313,6 +359,7 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
                 Item::ProviderToolUse { id, name, input }
             }
             Item::ToolUse { id, name, input } => {
+                seen.push(id.clone());
                 calls.push(ToolCall {
                     id: id.clone(),
                     name: name.clone(),
@@ -332,10 +379,11 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     if response.stop_reason == StopReason::MaxTokens {
         // The calls may be cut mid-argument: answer each without running it, so
         // the history keeps one result per call.
-        if !calls.is_empty() {
+        if !calls.is_empty() || !refused.is_empty() {
             let results = calls
                 .iter()
                 .map(|c| ToolExecutionResult::error(c.id.clone(), CUT_OFF_TOOL_CALL).to_item(true))
+                .chain(refused.iter().map(|r| r.to_item(true)))
                 .collect();
             entries.push(Entry::message(with_source(
                 Message::user_items(results),
@@ -344,8 +392,12 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
         }
         return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::MaxTokens, turn));
     }
-    if !calls.is_empty() {
-        return AfterModel::RunTools { entries, calls };
+    if !calls.is_empty() || !refused.is_empty() {
+        return AfterModel::RunTools {
+            entries,
+            calls,
+            refused,
+        };
     }
     let restriction = &cx.instance().node().policy().restriction;
     if restriction.may_inject(turn.injections) {
@@ -413,6 +465,7 @@ pub fn after_tools(
     let turn = TurnState {
         tool_ran: true,
         injections: 0,
+        recovering: false,
     };
     match &outcome.transition {
         Some(queued) => AfterTools::Transition(Box::new(PendingTransition {
@@ -511,6 +564,15 @@ fn finish(
         )));
     }
     let mut result = LeafOutcome::new(entries, YieldReason::ToolUse, turn);
+    result.intents = outcome
+        .intents
+        .iter()
+        .map(|(call_id, value)| Intent {
+            instance_id: leaf_id.clone(),
+            call_id: call_id.clone(),
+            value: value.clone(),
+        })
+        .collect();
     match transition {
         Some(t) => {
             let (effect, reason) = match t {
@@ -645,7 +707,12 @@ impl StandardExecutor {
 #[async_trait]
 impl Executor for StandardExecutor {
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
-        let prepared = prepare(&cx, &self.settings, self.model.as_ref())?;
+        let prepared = prepare(
+            &cx,
+            &self.settings,
+            self.model.as_ref(),
+            self.registry.as_deref(),
+        )?;
         let span = tracing::info_span!(
             "model_call",
             step = cx.current_step,
@@ -663,16 +730,20 @@ impl Executor for StandardExecutor {
         {
             (options.on_message_stream)(&event);
         }
-        let (entries, calls) = match after {
+        let (entries, calls, refused) = match after {
             AfterModel::Finish(outcome) => return Ok(outcome),
-            AfterModel::RunTools { entries, calls } => (entries, calls),
+            AfterModel::RunTools {
+                entries,
+                calls,
+                refused,
+            } => (entries, calls, refused),
         };
         let ancestors = ancestor_views(&cx);
         let packs = pack_states(&cx);
         let turn = self
             .registry
             .as_ref()
-            .map(|b| b.turn(cx.instance().id(), !cx.turn.tool_ran));
+            .map(|_| cx.policy.budgets().for_leaf(cx.instance().id()));
         let view = LeafView {
             charter: cx.charter,
             node: cx.instance().node(),
@@ -688,9 +759,22 @@ impl Executor for StandardExecutor {
                 .registry
                 .as_deref()
                 .zip(turn.as_deref())
-                .map(|(binding, turn)| binding.session(turn)),
+                .map(|(binding, turn)| binding.session(turn, cx.policy)),
         };
-        let outcome = run_tool_calls(&view, calls).await;
+        let log = CallLog::new();
+        let in_flight = ToolsInFlight {
+            queue: cx.queue,
+            calls: calls.iter().map(|c| c.id.clone()).collect(),
+            log: &log,
+            recorded: Some((entries, refused)),
+            source: cx.source(),
+        };
+        let mut outcome = run_tool_calls_logged(&view, calls, &log).await;
+        let (entries, refused) = in_flight.disarm();
+        outcome
+            .result_states_known
+            .extend(refused.iter().map(|_| true));
+        outcome.results.extend(refused);
         match after_tools(&cx, entries, outcome) {
             AfterTools::Finish(outcome) => Ok(outcome),
             AfterTools::Transition(pending) => {
@@ -709,4 +793,60 @@ impl Executor for StandardExecutor {
             }
         }
     }
+}
+
+/// A response whose tools are running. Dropped armed — the run was
+/// cancelled (dropped, an outer timeout) while a tool ran — it enqueues the
+/// assistant message with one result per call: the result of each call that
+/// completed, [`CANCELLED_TOOL_CALL`] for the others. The next run records
+/// them, so a call that ran is never missing from the history.
+struct ToolsInFlight<'a> {
+    queue: &'a Queue,
+    calls: Vec<ToolCallId>,
+    log: &'a CallLog,
+    /// The entries so far and the refused calls' results, until disarmed.
+    recorded: Option<(Vec<Entry>, Vec<ToolExecutionResult>)>,
+    source: Source,
+}
+
+impl ToolsInFlight<'_> {
+    fn disarm(mut self) -> (Vec<Entry>, Vec<ToolExecutionResult>) {
+        self.recorded.take().unwrap_or_default()
+    }
+}
+
+impl Drop for ToolsInFlight<'_> {
+    fn drop(&mut self) {
+        let Some((mut entries, refused)) = self.recorded.take() else {
+            return;
+        };
+        let results: Vec<Item> = self
+            .calls
+            .iter()
+            .map(|id| {
+                self.log
+                    .result_of(id)
+                    .unwrap_or_else(|| ToolExecutionResult::error(id.clone(), CANCELLED_TOOL_CALL))
+                    .to_item(true)
+            })
+            .chain(refused.iter().map(|r| r.to_item(true)))
+            .collect();
+        tracing::warn!(
+            calls = self.calls.len(),
+            "run cancelled while tools ran: the calls are recorded with the results they had"
+        );
+        entries.push(Entry::message(with_source(
+            Message::user_items(results),
+            &self.source,
+        )));
+        self.queue.enqueue_entries(entries);
+    }
+}
+
+/// `id` made unique among `taken` by a numeric suffix.
+fn unique_call_id(id: &ToolCallId, taken: &[ToolCallId]) -> ToolCallId {
+    (2..)
+        .map(|n| ToolCallId::new(format!("{id}_{n}")))
+        .find(|candidate| !taken.contains(candidate))
+        .unwrap_or_else(|| id.clone())
 }

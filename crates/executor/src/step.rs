@@ -84,6 +84,9 @@ pub struct MachineStep {
     pub response: Option<String>,
     /// Set when a tool ended the run with a `TerminateResponse`.
     pub termination: Option<TerminateResponse>,
+    /// The intents the step's tools returned for the application, in leaf
+    /// and call order.
+    pub intents: Vec<crate::executor::Intent>,
 }
 
 /// Per-leaf bookkeeping of the current turn, for tool-choice and restriction rules.
@@ -93,4 +96,8 @@ pub struct TurnState {
     pub tool_ran: bool,
     /// Restriction reminders injected since the turn began or the last tool ran.
     pub injections: u32,
+    /// The next call is the recovery call after an answer cut off by the
+    /// token limit: it asks for no tools, so no tool choice forces one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub recovering: bool,
 }

@@ -51,36 +51,50 @@ fn worker_and_primary() -> Instance {
 /// Captures `tracing` output on this thread while the guard lives.
 struct Logs(Arc<Mutex<Vec<u8>>>);
 
-/// Tests that capture logs run one at a time: tracing caches each callsite's
-/// interest globally, so two thread-local subscribers coming and going in
-/// parallel can leave a warning disabled for the other test.
+/// Tests that capture logs run one at a time, each into its own buffer.
 static CAPTURE: Mutex<()> = Mutex::new(());
 
-/// Holds the capture: the subscriber, then the lock (dropped in that order).
+/// The buffer of the capture under way, if any.
+static CURRENT: Mutex<Option<Arc<Mutex<Vec<u8>>>>> = Mutex::new(None);
+
+/// One global subscriber for the whole test binary, installed once: tracing
+/// caches each callsite's interest globally, and a thread-local subscriber
+/// coming and going while other tests run can leave a warning disabled for
+/// the capturing test. A global one keeps warnings enabled for good.
+fn install_global_subscriber() {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .with_writer(|| {
+                let current = CURRENT.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                Sink(current)
+            })
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
+    });
+}
+
+/// Holds the capture; dropping it stops the capture, then frees the lock.
 struct Capture {
-    _subscriber: tracing::subscriber::DefaultGuard,
     _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
 }
 
 impl Logs {
     fn capture() -> (Self, Capture) {
         let serial = CAPTURE.lock().unwrap_or_else(|p| p.into_inner());
+        install_global_subscriber();
         let buf = Arc::new(Mutex::new(Vec::new()));
-        let sink = Arc::clone(&buf);
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::WARN)
-            .with_writer(move || Sink(Arc::clone(&sink)))
-            .finish();
-        let guard = tracing::subscriber::set_default(subscriber);
-        tracing::callsite::rebuild_interest_cache();
-        (
-            Logs(buf),
-            Capture {
-                _subscriber: guard,
-                _serial: serial,
-            },
-        )
+        *CURRENT.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::clone(&buf));
+        (Logs(buf), Capture { _serial: serial })
     }
 
     fn text(&self) -> String {
@@ -88,11 +102,14 @@ impl Logs {
     }
 }
 
-struct Sink(Arc<Mutex<Vec<u8>>>);
+/// Writes into the capture under way, or nowhere.
+struct Sink(Option<Arc<Mutex<Vec<u8>>>>);
 
 impl io::Write for Sink {
     fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(data);
+        if let Some(buf) = &self.0 {
+            buf.lock().expect("lock").extend_from_slice(data);
+        }
         Ok(data.len())
     }
     fn flush(&mut self) -> io::Result<()> {

@@ -202,7 +202,7 @@ async fn an_existing_child_ceding_with_content_yields_a_cede_step_then_the_paren
 }
 
 #[tokio::test]
-async fn cede_content_reaches_history_but_no_step_history() {
+async fn cede_content_reaches_history_and_the_step_it_happened_in() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let seen2 = Arc::clone(&seen);
     let enqueued = Arc::new(Mutex::new(Vec::new()));
@@ -248,8 +248,14 @@ async fn cede_content_reaches_history_but_no_step_history() {
     assert_eq!(h[2], delivered);
     assert!(!h[2].is_silent());
     assert_eq!(h[3].text(), "thanks");
-    // Quirk kept: not in any step history, not passed to on_enqueue.
-    assert!(steps.iter().all(|s| !s.history.contains(&delivered)));
+    // Quirk fixed: the cede step shows it (upstream shows it only in the
+    // machine history); still not passed to on_enqueue.
+    let cede_steps: Vec<_> = steps
+        .iter()
+        .filter(|s| s.history.contains(&delivered))
+        .collect();
+    assert_eq!(cede_steps.len(), 1, "exactly one step shows it");
+    assert_eq!(cede_steps[0].yield_reason, YieldReason::Cede);
     assert!(!enqueued.lock().expect("lock").contains(&delivered));
     assert_eq!(*seen.lock().expect("lock"), vec![delivered]);
 }

@@ -1,15 +1,9 @@
 //! Conversions both providers share: stored items that no provider has a
 //! block for, the marking of mid-conversation system instructions, and the
-//! parsing of tool arguments.
+//! parsing of tool arguments (whose rule lives in core).
 
 use markov_core::{Item, Items, Message};
-use serde_json::{Map, Value};
-
-/// The key holding the raw text of tool arguments that are not valid JSON.
-pub(crate) const INVALID_ARGUMENTS_KEY: &str = "__invalid_arguments";
-
-/// The key holding the parse error of tool arguments that are not valid JSON.
-pub(crate) const INVALID_ARGUMENTS_ERROR_KEY: &str = "__error";
+use serde_json::Value;
 
 /// A message's content as a plain string, or as its item list.
 pub(crate) enum Content<'a> {
@@ -67,41 +61,15 @@ pub(crate) fn implied_stop_reason(has_tool_calls: bool) -> markov_core::StopReas
     }
 }
 
-/// Tool arguments from their JSON text. Empty text is `{}`; text that is not
-/// JSON becomes `{"__invalid_arguments": <text>, "__error": <parse error>}`,
-/// which no tool's typed arguments accept, so the model gets an error result
-/// instead of the call crashing the run.
-pub(crate) fn parse_tool_arguments(raw: &str) -> Value {
-    if raw.trim().is_empty() {
-        return Value::Object(Map::new());
-    }
-    match serde_json::from_str(raw) {
-        Ok(value) => value,
-        Err(error) => {
-            let mut map = Map::new();
-            map.insert(INVALID_ARGUMENTS_KEY.into(), Value::String(raw.to_owned()));
-            map.insert(
-                INVALID_ARGUMENTS_ERROR_KEY.into(),
-                Value::String(error.to_string()),
-            );
-            Value::Object(map)
-        }
-    }
-}
+/// Tool arguments from their JSON text (see
+/// [`markov_core::tool::parse_tool_arguments`]: malformed text is kept, and
+/// refused before any tool runs).
+pub(crate) use markov_core::tool::parse_tool_arguments;
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn arguments_parse_or_are_wrapped() {
-        assert_eq!(parse_tool_arguments(""), json!({}));
-        assert_eq!(parse_tool_arguments(r#"{"a":1}"#), json!({"a":1}));
-        let bad = parse_tool_arguments(r#"{"a":"#);
-        assert_eq!(bad[INVALID_ARGUMENTS_KEY], json!(r#"{"a":"#));
-        assert!(bad[INVALID_ARGUMENTS_ERROR_KEY].is_string());
-    }
 
     #[test]
     fn files_and_outputs_become_text() {

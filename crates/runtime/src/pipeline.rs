@@ -30,11 +30,12 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use futures::FutureExt;
 use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::message::{Item, Message};
 use markov_core::tool::{
-    SharedTool, StateAccess, StateUpdateError, TerminateResponse, ToolContext, ToolExecutionResult,
-    UserMessage,
+    SharedTool, StateAccess, StateUpdateError, TerminateResponse, ToolCallError, ToolContext,
+    ToolExecutionResult, UserMessage, check_tool_arguments,
 };
 use serde_json::{Map, Value};
 use tracing::Instrument;
@@ -43,7 +44,7 @@ use crate::charter::{AncestorView, Charter};
 use crate::execute::into_result;
 use crate::node::Node;
 use crate::pack::Pack;
-use crate::registry::RegistrySession;
+use crate::registry::{RegistrySession, Rejection, ToolErrorKind};
 use crate::state::{StateSchema, accumulate_patch, merge_patch};
 use crate::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
 
@@ -270,6 +271,10 @@ fn resolve<'a>(leaf: &LeafView<'a>, name: &str) -> Option<Found<'a>> {
             }
         }
     }
+    // A tool registered only in the registry runs like a charter tool.
+    if let Some(t) = leaf.policies.and_then(|p| p.registry.tool(name)) {
+        return Some(Found::Node(t, Scope::Current));
+    }
     None
 }
 
@@ -286,9 +291,58 @@ fn pack_state(
         .unwrap_or_else(|| Value::Object(Map::new()))
 }
 
+/// The results of one response's calls as they complete, readable while the
+/// pipeline still runs: a step that is cancelled midway (its run dropped, an
+/// outer timeout) records them from here, so a call that ran is never
+/// forgotten.
+#[derive(Debug, Default)]
+pub struct CallLog {
+    results: Mutex<Vec<ToolExecutionResult>>,
+}
+
+impl CallLog {
+    /// Nothing completed yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The result recorded for `call`, if it completed.
+    pub fn result_of(&self, call: &ToolCallId) -> Option<ToolExecutionResult> {
+        self.results
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|r| r.call_id == *call)
+            .cloned()
+    }
+
+    fn push(&self, result: &ToolExecutionResult) {
+        self.results
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(result.clone());
+    }
+}
+
 /// Runs `calls` in order for `leaf`. Never fails: every call gets one
 /// result, except calls of provider built-in tools, which get none.
 pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> PipelineOutcome {
+    run_tool_calls_logged(leaf, calls, &CallLog::new()).await
+}
+
+/// [`run_tool_calls`], writing each result to `log` as soon as it exists.
+///
+/// Before anything else, each call's arguments are checked
+/// ([`check_tool_arguments`]): arguments that are not a JSON object (a
+/// stream cut short, a server's bad JSON) are an invalid-input error result,
+/// and neither a built-in, a policy stage nor a tool sees them. A tool that
+/// panics gets an execution-failed error result; the calls after it still
+/// run.
+pub async fn run_tool_calls_logged(
+    leaf: &LeafView<'_>,
+    calls: Vec<ToolCall>,
+    log: &CallLog,
+) -> PipelineOutcome {
     let mut out = PipelineOutcome::default();
     let mut running_state = leaf.state.clone();
     let mut state_patch: Option<Value> = None;
@@ -302,7 +356,15 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
             call_id = %call.id,
             instance_id = %leaf.instance_id,
         );
-        let (result, known) = if call.name == UPDATE_STATE {
+        let garbled = if is_provider_tool(leaf, &call.name) {
+            None
+        } else {
+            check_tool_arguments(&call.input).err()
+        };
+        let (result, known) = if let Some(error) = garbled {
+            let result = span.in_scope(|| invalid_arguments(leaf, &call, &error.to_string()));
+            (result, true)
+        } else if call.name == UPDATE_STATE {
             let r = span.in_scope(|| {
                 update_state_builtin(leaf, &call, &mut running_state, &mut state_patch)
             });
@@ -330,18 +392,18 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
                         let state = ScopedState::read_only(leaf.state.clone());
                         let cx = ToolContext::new(&call.id, leaf.history, &state)
                             .with_instance(leaf.instance_id, leaf.root_id);
-                        let executed = session
-                            .run(
-                                None,
-                                &call.id,
-                                &call.name,
-                                call.input.clone(),
-                                cx,
-                                leaf.terminate_message,
-                            )
+                        let executed = session.run(
+                            None,
+                            &call.id,
+                            &call.name,
+                            call.input.clone(),
+                            cx,
+                            leaf.terminate_message,
+                        );
+                        let result = contain_panic(leaf, &call, async { executed.await.result })
                             .instrument(span.clone())
                             .await;
-                        (executed.result, true)
+                        (result, true)
                     }
                 },
                 Some(found) => {
@@ -384,6 +446,7 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
                 "tool call finished"
             )
         });
+        log.push(&result);
         record(&mut out, &call, result, known);
     }
 
@@ -608,6 +671,59 @@ enum Wording {
     Pack,
 }
 
+/// The error result of a call whose arguments no tool may see.
+fn invalid_arguments(leaf: &LeafView<'_>, call: &ToolCall, detail: &str) -> ToolExecutionResult {
+    tracing::debug!(
+        detail,
+        "tool call refused: its arguments are not a JSON object"
+    );
+    match leaf.policies {
+        Some(_) => ToolExecutionResult::error(
+            call.id.clone(),
+            Rejection::new(ToolErrorKind::InvalidInput)
+                .with_detail(detail)
+                .to_envelope(),
+        ),
+        None => ToolExecutionResult::error(
+            call.id.clone(),
+            ToolCallError::InvalidInput(detail.to_owned()).to_string(),
+        ),
+    }
+}
+
+/// Runs `call`'s future; a panic inside it becomes an execution-failed error
+/// result, so the process, the machine and the rest of the response live on.
+async fn contain_panic(
+    leaf: &LeafView<'_>,
+    call: &ToolCall,
+    run: impl std::future::Future<Output = ToolExecutionResult>,
+) -> ToolExecutionResult {
+    match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(tool = %call.name, panic = %what, "tool panicked");
+            let detail = "the tool panicked";
+            match leaf.policies {
+                Some(_) => ToolExecutionResult::error(
+                    call.id.clone(),
+                    Rejection::new(ToolErrorKind::ExecutionFailed)
+                        .with_detail(detail)
+                        .to_envelope(),
+                ),
+                None => ToolExecutionResult::error(
+                    call.id.clone(),
+                    ToolCallError::Execution(detail.to_owned()).to_string(),
+                ),
+            }
+        }
+    }
+}
+
 /// Runs one resolved tool, through the registry's stack when one is set.
 /// Returns the result and the intents of a success.
 async fn call_tool(
@@ -618,21 +734,38 @@ async fn call_tool(
     wording: Wording,
 ) -> (ToolExecutionResult, Vec<Value>) {
     if let Some(session) = leaf.policies {
-        let executed = session
-            .run(
-                Some(tool),
-                &call.id,
-                &call.name,
-                call.input.clone(),
-                cx,
-                leaf.terminate_message,
-            )
-            .await;
-        return (executed.result, executed.intents);
+        let run = session.run(
+            Some(tool),
+            &call.id,
+            &call.name,
+            call.input.clone(),
+            cx,
+            leaf.terminate_message,
+        );
+        let intents = Mutex::new(Vec::new());
+        let result = contain_panic(leaf, call, async {
+            let executed = run.await;
+            *intents.lock().unwrap_or_else(|p| p.into_inner()) = executed.intents;
+            executed.result
+        })
+        .await;
+        return (
+            result,
+            intents.into_inner().unwrap_or_else(|p| p.into_inner()),
+        );
     }
-    let outcome = tool.call_json(call.input.clone(), cx).await;
+    let outcome = match std::panic::AssertUnwindSafe(tool.call_json(call.input.clone(), cx))
+        .catch_unwind()
+        .await
+    {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            tracing::error!(tool = %call.name, "tool panicked");
+            Err(ToolCallError::Execution("the tool panicked".to_owned()))
+        }
+    };
     let outcome = match (wording, outcome) {
-        (Wording::Pack, Err(markov_core::tool::ToolCallError::InvalidInput(m))) => {
+        (Wording::Pack, Err(ToolCallError::InvalidInput(m))) => {
             return (
                 ToolExecutionResult::error(
                     call.id.clone(),
@@ -641,7 +774,7 @@ async fn call_tool(
                 Vec::new(),
             );
         }
-        (Wording::Pack, Err(markov_core::tool::ToolCallError::Execution(m))) => {
+        (Wording::Pack, Err(ToolCallError::Execution(m))) => {
             return (
                 ToolExecutionResult::error(call.id.clone(), format!("Tool error: {m}")),
                 Vec::new(),

@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use markov_core::ids::ToolCallId;
 use markov_core::tool::{NoState, Tool, ToolContext, ToolExecutionResult};
 use markov_runtime::registry::{
-    AuditRecord, AuditSink, Budget, CONFIRMATION_TOKEN, Category, ConfirmationStore, EnvelopeMode,
+    ApprovalId, AuditRecord, AuditSink, Budget, CONFIRMATION_TOKEN, Category, EnvelopeMode,
     ExecuteService, Executed, Mode, PolicyConfig, PolicyStack, ToolErrorKind, ToolLayer,
     ToolMetadata, ToolRegistry, ToolRequest, ToolService, TurnBudgetState, WithIntents,
 };
@@ -94,9 +94,9 @@ struct SleepArgs {
     ms: u64,
 }
 
-/// Sleeps, then answers.
-#[derive(Debug, Clone, Copy)]
-struct Sleep;
+/// Sleeps, then answers, counting its executions.
+#[derive(Debug, Clone, Default)]
+struct Sleep(Arc<AtomicUsize>);
 
 impl Tool for Sleep {
     const NAME: &'static str = "sleep";
@@ -107,6 +107,7 @@ impl Tool for Sleep {
         "Sleep".into()
     }
     async fn call(&self, args: SleepArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        self.0.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(args.ms)).await;
         Ok("awake".into())
     }
@@ -135,6 +136,24 @@ impl Tool for Hangup {
     }
 }
 
+/// A tool with a bug: it panics.
+#[derive(Debug, Clone, Copy)]
+struct Explode;
+
+impl Tool for Explode {
+    const NAME: &'static str = "explode";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = std::convert::Infallible;
+    fn description(&self) -> String {
+        "Panics".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        let empty: Vec<String> = Vec::new();
+        Ok(empty[0].clone())
+    }
+}
+
 #[derive(Debug, Default)]
 struct Sink(Mutex<Vec<AuditRecord>>);
 
@@ -148,12 +167,14 @@ struct Fixture {
     registry: ToolRegistry,
     adds: Arc<AtomicUsize>,
     pays: Arc<AtomicUsize>,
+    sleeps: Arc<AtomicUsize>,
     sink: Arc<Sink>,
 }
 
 fn fixture_with(config: PolicyConfig) -> Fixture {
     let adds = Arc::new(AtomicUsize::new(0));
     let pays = Arc::new(AtomicUsize::new(0));
+    let sleeps = Arc::new(AtomicUsize::new(0));
     let sink = Arc::new(Sink::default());
     let registry = ToolRegistry::builder(config.audit_sink(sink.clone()))
         .register(Add(adds.clone()), ToolMetadata::new(Category::Other))
@@ -162,8 +183,9 @@ fn fixture_with(config: PolicyConfig) -> Fixture {
             Pay(pays.clone()),
             ToolMetadata::new(Category::Action).with_confirmation(),
         )
+        .register(Explode, ToolMetadata::new(Category::Other))
         .register(
-            Sleep,
+            Sleep(sleeps.clone()),
             ToolMetadata::new(Category::Other)
                 .with_timeout(Duration::from_millis(50))
                 .with_latency_budget(Duration::from_millis(1)),
@@ -180,6 +202,7 @@ fn fixture_with(config: PolicyConfig) -> Fixture {
         registry,
         adds,
         pays,
+        sleeps,
         sink,
     }
 }
@@ -298,6 +321,7 @@ async fn the_first_layer_added_sees_the_request_first() {
             metadata: None,
             mode: &Mode::TEXT,
             turn: &turn,
+            policy: &markov_runtime::registry::PolicyState::new(),
             report: &report,
             cx: ToolContext::new(&id, &[], &state),
             terminate_message: "Finished",
@@ -453,7 +477,7 @@ async fn the_retrieval_budget_runs_out_within_a_turn() {
 }
 
 #[tokio::test]
-async fn confirmation_round_trip() {
+async fn confirmation_needs_the_applications_approval() {
     let f = fixture();
     let turn = TurnBudgetState::new();
     let text = Mode::TEXT;
@@ -465,50 +489,95 @@ async fn confirmation_round_trip() {
     assert_eq!(request["args"], json!({"amount": 5}));
     assert_eq!(request["preview"], r#"pay {"amount":5}"#);
     assert!(request["expires"].as_u64().is_some());
-    let token = request["token"].as_str().expect("token").to_owned();
-    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+    assert!(
+        request.get("token").is_none(),
+        "no usable secret in the envelope"
+    );
+    let id = request["request_id"]
+        .as_str()
+        .expect("request id")
+        .to_owned();
+    let pending = f.registry.policy_state().approvals().pending();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].request_id.as_str(), id);
 
-    // Wrong token, or the token with other arguments: refused.
+    // The model presents the id before the user approved: pending, not run.
     let e = call(
         &f.registry,
         &text,
         &turn,
         "p2",
         "pay",
-        json!({"amount": 5, CONFIRMATION_TOKEN: "cfm_bad"}),
+        json!({"amount": 5, CONFIRMATION_TOKEN: id}),
     )
     .await;
-    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationInvalid));
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationPending));
+    // A made-up token is invalid.
     let e = call(
         &f.registry,
         &text,
         &turn,
         "p3",
         "pay",
-        json!({"amount": 6, CONFIRMATION_TOKEN: token}),
+        json!({"amount": 5, CONFIRMATION_TOKEN: "apr_00000000000000000000000000000000"}),
     )
     .await;
     assert_eq!(e.error, Some(ToolErrorKind::ConfirmationInvalid));
     assert_eq!(f.pays.load(Ordering::SeqCst), 0);
 
-    // The right token executes (the token is stripped: `PayArgs` denies unknown fields).
+    f.registry
+        .policy_state()
+        .approvals()
+        .approve(&ApprovalId::from(id.as_str()))
+        .expect("the application approves");
+    // Approved, but for other arguments: refused.
     let e = call(
         &f.registry,
         &text,
         &turn,
         "p4",
         "pay",
-        json!({"amount": 5, CONFIRMATION_TOKEN: token}),
+        json!({"amount": 6, CONFIRMATION_TOKEN: id}),
+    )
+    .await;
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationInvalid));
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+
+    // The approved call runs once (the token is stripped: `PayArgs` denies unknown fields).
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "p5",
+        "pay",
+        json!({"amount": 5, CONFIRMATION_TOKEN: id}),
     )
     .await;
     assert_eq!(e.result.content, r#"{"ok":true,"data":"paid 5"}"#);
     assert_eq!(f.pays.load(Ordering::SeqCst), 1);
+    // Used: presenting it again never runs the tool again.
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "p6",
+        "pay",
+        json!({"amount": 5, CONFIRMATION_TOKEN: id}),
+    )
+    .await;
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationInvalid));
+    let fresh: Value = serde_json::from_str(&e.result.content).expect("json");
+    assert_ne!(
+        fresh["error"]["confirmation_request"]["request_id"].as_str(),
+        Some(id.as_str()),
+        "a re-issue is a new request"
+    );
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]
-async fn an_expired_token_is_refused() {
-    let store = Arc::new(ConfirmationStore::new(Duration::ZERO));
-    let f = fixture_with(PolicyConfig::new(Budget::TEXT).confirmation_store(store));
+async fn a_denied_request_stays_denied() {
+    let f = fixture();
     let turn = TurnBudgetState::new();
     let first = call(
         &f.registry,
@@ -520,7 +589,48 @@ async fn an_expired_token_is_refused() {
     )
     .await;
     let envelope: Value = serde_json::from_str(&first.result.content).expect("json");
-    let token = envelope["error"]["confirmation_request"]["token"].clone();
+    let id = envelope["error"]["confirmation_request"]["request_id"].clone();
+    let approvals = f.registry.policy_state().approvals();
+    let id_text = ApprovalId::from(id.as_str().expect("id"));
+    approvals.deny(&id_text).expect("deny");
+    assert!(approvals.approve(&id_text).is_err(), "a decision is final");
+    for n in 0..2 {
+        let e = call(
+            &f.registry,
+            &Mode::TEXT,
+            &turn,
+            &format!("p{}", n + 2),
+            "pay",
+            json!({"amount": 5, CONFIRMATION_TOKEN: id}),
+        )
+        .await;
+        assert_eq!(e.error, Some(ToolErrorKind::ConfirmationDenied));
+    }
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_expired_token_is_refused() {
+    let f = fixture_with(PolicyConfig::new(Budget::TEXT).confirmation_ttl(Duration::ZERO));
+    let turn = TurnBudgetState::new();
+    let first = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p1",
+        "pay",
+        json!({"amount": 5}),
+    )
+    .await;
+    let envelope: Value = serde_json::from_str(&first.result.content).expect("json");
+    let token = envelope["error"]["confirmation_request"]["request_id"].clone();
+    let approvals = f.registry.policy_state().approvals();
+    assert!(
+        approvals
+            .approve(&ApprovalId::from(token.as_str().expect("id")))
+            .is_err(),
+        "expired before the decision"
+    );
     let e = call(
         &f.registry,
         &Mode::TEXT,
@@ -568,6 +678,113 @@ async fn a_replay_does_not_execute_again() {
     )
     .await;
     assert_eq!(f.adds.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_reused_call_id_with_other_arguments_is_a_conflict_not_a_replay() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let a = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "same",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    assert!(!a.result.is_error);
+    let b = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "same",
+        "add",
+        json!({"a": 5, "b": 5}),
+    )
+    .await;
+    assert_eq!(b.error, Some(ToolErrorKind::IdempotencyConflict));
+    assert!(
+        !b.result.content.contains('3'),
+        "never another call's answer: {}",
+        b.result.content
+    );
+    let c = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "same",
+        "search",
+        json!({"query": "q"}),
+    )
+    .await;
+    assert_eq!(c.error, Some(ToolErrorKind::IdempotencyConflict));
+    assert_eq!(f.adds.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_second_concurrent_call_with_one_key_waits_for_the_first() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let (a, b) = tokio::join!(
+        call(
+            &f.registry,
+            &Mode::TEXT,
+            &turn,
+            "k",
+            "sleep",
+            json!({"ms": 20})
+        ),
+        call(
+            &f.registry,
+            &Mode::TEXT,
+            &turn,
+            "k",
+            "sleep",
+            json!({"ms": 20})
+        ),
+    );
+    assert_eq!(a.result, b.result);
+    assert_eq!(f.sleeps.load(Ordering::SeqCst), 1, "the tool ran once");
+}
+
+#[tokio::test]
+async fn garbled_arguments_reach_no_stage_and_no_tool() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let garbled = markov_core::tool::parse_tool_arguments(r#"{"amount": 5"#);
+    let e = call(&f.registry, &Mode::TEXT, &turn, "g1", "pay", garbled).await;
+    assert_eq!(e.error, Some(ToolErrorKind::InvalidInput));
+    assert!(
+        f.registry.policy_state().approvals().pending().is_empty(),
+        "no stage ran"
+    );
+    let e = call(&f.registry, &Mode::TEXT, &turn, "g2", "add", json!(null)).await;
+    assert_eq!(e.error, Some(ToolErrorKind::InvalidInput));
+    assert_eq!(f.adds.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_panicking_tool_is_an_execution_failure() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let e = call(&f.registry, &Mode::TEXT, &turn, "x1", "explode", json!({})).await;
+    assert_eq!(e.error, Some(ToolErrorKind::ExecutionFailed));
+    assert!(
+        e.result.content.contains("the tool panicked"),
+        "{}",
+        e.result.content
+    );
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "x2",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    assert!(!e.result.is_error, "the registry lives on");
 }
 
 #[tokio::test]
@@ -662,7 +879,7 @@ fn the_version_follows_names_and_versions() {
     let a = fixture().registry;
     let b = fixture().registry;
     assert_eq!(a.version(), b.version());
-    assert!(a.version().starts_with("5."), "{}", a.version());
+    assert!(a.version().starts_with("6."), "{}", a.version());
     let c = ToolRegistry::builder(PolicyConfig::new(Budget::TEXT))
         .register(
             Search,
@@ -717,7 +934,7 @@ fn definitions_offer_the_confirmation_token() {
                 "amount": {"type": "integer", "format": "uint32", "minimum": 0},
                 "confirmationToken": {
                     "type": "string",
-                    "description": "The token of the user's confirmation, once given."
+                    "description": "The request_id of a confirmation request the user has approved. Leave it out until then."
                 }
             },
             "required": ["amount"],

@@ -160,8 +160,13 @@ impl Gate for BudgetGate {
 /// Bound on the leaves [`TurnBudgets`] remembers.
 const MAX_LEAVES: usize = 4096;
 
-/// One [`TurnBudgetState`] per leaf instance, for an executor shared by the
-/// steps of a run.
+/// One [`TurnBudgetState`] per leaf instance for the current user turn of
+/// one conversation (part of its [`PolicyState`](super::PolicyState)).
+///
+/// A leaf keeps its counters through every step and transition of the user
+/// turn (a leaf that goes a → b → a does not get its budget three times);
+/// [`clear`](Self::clear) starts them all over when the next user turn
+/// begins.
 #[derive(Debug, Default)]
 pub struct TurnBudgets {
     leaves: Mutex<HashMap<InstanceId, Arc<TurnBudgetState>>>,
@@ -173,21 +178,29 @@ impl TurnBudgets {
         Self::default()
     }
 
-    /// The counters of `leaf`'s turn; `new_turn` starts them over.
+    /// The counters of `leaf` in the current user turn.
     ///
     /// At most 4 096 leaves are remembered; beyond that the table is cleared
     /// before the new leaf is added (their turns start over).
-    pub fn for_leaf(&self, leaf: &InstanceId, new_turn: bool) -> Arc<TurnBudgetState> {
+    pub fn for_leaf(&self, leaf: &InstanceId) -> Arc<TurnBudgetState> {
         let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
-        if !new_turn && let Some(state) = leaves.get(leaf) {
+        if let Some(state) = leaves.get(leaf) {
             return Arc::clone(state);
         }
-        if leaves.len() >= MAX_LEAVES && !leaves.contains_key(leaf) {
+        if leaves.len() >= MAX_LEAVES {
             leaves.clear();
         }
         let state = Arc::new(TurnBudgetState::new());
         leaves.insert(leaf.clone(), Arc::clone(&state));
         state
+    }
+
+    /// Starts a new user turn: every leaf's counters start over.
+    pub fn clear(&self) {
+        self.leaves
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 }
 
@@ -229,9 +242,10 @@ mod tests {
     fn leaves_keep_their_turn_until_it_starts_over() {
         let budgets = TurnBudgets::new();
         let leaf = InstanceId::new("a");
-        let first = budgets.for_leaf(&leaf, true);
+        let first = budgets.for_leaf(&leaf);
         assert!(first.try_charge(Category::Other, &Budget::TEXT).is_ok());
-        assert_eq!(budgets.for_leaf(&leaf, false).total(), 1);
-        assert_eq!(budgets.for_leaf(&leaf, true).total(), 0);
+        assert_eq!(budgets.for_leaf(&leaf).total(), 1);
+        budgets.clear();
+        assert_eq!(budgets.for_leaf(&leaf).total(), 0);
     }
 }

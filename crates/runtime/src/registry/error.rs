@@ -39,6 +39,11 @@ macro_rules! kinds {
                 match self { $(ToolErrorKind::$variant => $retry,)* }
             }
 
+            /// The kind of a wire name (`"NOT_FOUND"`, ...).
+            pub fn from_wire(name: &str) -> Option<Self> {
+                match name { $($name => Some(ToolErrorKind::$variant),)* _ => None }
+            }
+
             /// The message the model reads (before any detail).
             pub fn message(self) -> &'static str {
                 match self { $(ToolErrorKind::$variant => $message,)* }
@@ -54,10 +59,16 @@ kinds! {
     ModeRestricted => "MODE_RESTRICTED", retryable: false, "Tool not available in this mode";
     /// A per-turn call budget is used up.
     BudgetExceeded => "BUDGET_EXCEEDED", retryable: false, "Tool call budget exceeded for this turn";
-    /// The tool needs the user's confirmation; call again with the token.
-    ConfirmationRequired => "CONFIRMATION_REQUIRED", retryable: false, "This action requires user confirmation";
-    /// The confirmation token is unknown, expired, or for another call.
-    ConfirmationInvalid => "CONFIRMATION_INVALID", retryable: false, "The confirmation token is invalid or expired";
+    /// The tool needs the user's approval; a request was issued.
+    ConfirmationRequired => "CONFIRMATION_REQUIRED", retryable: false, "This action requires the user's approval";
+    /// The confirmation token names a request the application has not approved yet.
+    ConfirmationPending => "CONFIRMATION_PENDING", retryable: false, "The user has not approved this action yet";
+    /// The application denied the request the token names.
+    ConfirmationDenied => "CONFIRMATION_DENIED", retryable: false, "The user declined this action";
+    /// The confirmation token is unknown, used, expired, or for another call.
+    ConfirmationInvalid => "CONFIRMATION_INVALID", retryable: false, "The confirmation token is invalid, used or expired";
+    /// The call id was already used by a call with another tool or other arguments.
+    IdempotencyConflict => "IDEMPOTENCY_CONFLICT", retryable: false, "Duplicate call id";
     /// The arguments do not fit the tool's input.
     InvalidInput => "INVALID_INPUT", retryable: true, "Invalid tool input";
     /// The tool did not finish within its timeout.
@@ -233,13 +244,19 @@ mod tests {
                 "MODE_RESTRICTED",
                 "BUDGET_EXCEEDED",
                 "CONFIRMATION_REQUIRED",
+                "CONFIRMATION_PENDING",
+                "CONFIRMATION_DENIED",
                 "CONFIRMATION_INVALID",
+                "IDEMPOTENCY_CONFLICT",
                 "INVALID_INPUT",
                 "TIMEOUT",
                 "EXECUTION_FAILED"
             ]
         );
         assert!(ToolErrorKind::Timeout.retryable());
+        for kind in ToolErrorKind::ALL {
+            assert_eq!(ToolErrorKind::from_wire(kind.as_str()), Some(*kind));
+        }
         assert!(!ToolErrorKind::BudgetExceeded.retryable());
     }
 

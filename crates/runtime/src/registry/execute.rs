@@ -1,6 +1,7 @@
 //! The centre of the onion: runs the resolved tool with `call_json`, splits
 //! off its intents and writes the success envelope.
 
+use futures::FutureExt;
 use futures::future::BoxFuture;
 use markov_core::tool::{ToolCallError, ToolExecutionResult, ToolOutcome};
 use serde::Serialize;
@@ -99,7 +100,12 @@ impl ToolService for ExecuteService {
             ..
         } = req;
         Box::pin(async move {
-            let outcome = tool.call_json(input, cx).await;
+            // A panic is the tool's failure, not the conversation's: it is
+            // answered like any other, so audit and the ledger see it too.
+            let outcome = std::panic::AssertUnwindSafe(tool.call_json(input, cx))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err(ToolCallError::Execution("the tool panicked".to_owned())));
             match outcome {
                 Ok(outcome) => {
                     let (outcome, intents) = split_intents(outcome);

@@ -1,4 +1,4 @@
-//! The tool registry and its policy pipeline (feature 5).
+//! The tool registry and its policy pipeline.
 //!
 //! See the module documentation below (`docs/policy.md`) for the onion order,
 //! the error envelope and the budget scope.
@@ -16,6 +16,7 @@ mod metadata;
 pub mod mode;
 mod service;
 mod stack;
+mod state;
 pub mod timeout;
 mod tools;
 pub mod unknown_tool;
@@ -23,15 +24,21 @@ pub mod validate;
 
 pub use audit::{AuditLayer, AuditRecord, AuditSink};
 pub use budget::{Budget, TurnBudgetState, TurnBudgets};
-pub use confirm::{CONFIRMATION_TOKEN, ConfirmLayer, ConfirmationRequest, ConfirmationStore};
+pub use confirm::{
+    ApprovalError, ApprovalId, ApprovalRecord, ApprovalStatus, Approvals, CONFIRMATION_TOKEN,
+    ConfirmLayer, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL,
+};
 pub use error::{Rejection, ToolErrorKind};
 pub use execute::{EnvelopeMode, ExecuteService, INTENTS_KEY, WithIntents};
 pub use gate::{Gate, GateLayer, Gated};
-pub use idempotency::{IdempotencyLayer, IdempotencyStore};
+pub use idempotency::{
+    IdempotencyLayer, IdempotencyLedger, IdempotencyLimits, LedgerEntry, StoredResult,
+};
 pub use latency::LatencyLayer;
 pub use metadata::{Category, Mode, ToolMetadata};
 pub use service::{BoxToolService, CallReport, ToolLayer, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
+pub use state::{PolicySnapshot, PolicyState};
 pub use timeout::TimeoutLayer;
 pub use tools::{
     Executed, PolicyConfig, RegistryBinding, RegistryError, RegistrySession, ToolRegistry,

@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::budget::TurnBudgetState;
 use super::error::ToolErrorKind;
 use super::metadata::{Mode, ToolMetadata};
+use super::state::PolicyState;
 
 /// One tool call on its way through the stack.
 ///
@@ -35,6 +36,8 @@ pub struct ToolRequest<'a> {
     pub mode: &'a Mode,
     /// The counters of the current turn.
     pub turn: &'a TurnBudgetState,
+    /// The conversation's approvals and idempotency ledger.
+    pub policy: &'a PolicyState,
     /// Where stages report the error kind and the intents of this call.
     pub report: &'a CallReport,
     /// The context the tool runs with (state, history, instance).

@@ -123,8 +123,8 @@ impl PolicyStack<Identity> {
             .layer(ModeLayer::mode())
             .layer(GateLayer::new(config.budget_gate()))
             .layer(ValidateLayer::validate())
-            .layer(ConfirmLayer::new(config.confirmations()))
-            .layer(IdempotencyLayer::new(config.idempotency()))
+            .layer(ConfirmLayer::new(config.confirmation_lifetime()))
+            .layer(IdempotencyLayer::new(config.idempotency_limits()))
             .layer(LatencyLayer::new())
             .layer(TimeoutLayer::new())
     }

@@ -4,22 +4,24 @@
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
+use std::time::Duration;
 
-use markov_core::ids::{InstanceId, ToolCallId};
+use markov_core::ids::ToolCallId;
 use markov_core::tool::{
     Erased, SharedTool, Tool, ToolContext, ToolDefinition, ToolExecutionResult,
 };
 use serde_json::{Value, json};
 
 use super::audit::AuditSink;
-use super::budget::{Budget, BudgetGate, TurnBudgetState, TurnBudgets};
-use super::confirm::{CONFIRMATION_TOKEN, ConfirmationStore};
+use super::budget::{Budget, BudgetGate, TurnBudgetState};
+use super::confirm::{CONFIRMATION_TOKEN, DEFAULT_CONFIRMATION_TTL};
 use super::error::ToolErrorKind;
 use super::execute::{EnvelopeMode, ExecuteService};
-use super::idempotency::IdempotencyStore;
+use super::idempotency::IdempotencyLimits;
 use super::metadata::{Mode, ToolMetadata};
 use super::service::{CallReport, ToolRequest, ToolService};
 use super::stack::PolicyStack;
+use super::state::PolicyState;
 
 /// The result text of a `TerminateResponse` without a message, for
 /// [`ToolRegistry::execute`].
@@ -30,22 +32,23 @@ const TERMINATE_MESSAGE: &str = "Finished";
 pub struct PolicyConfig {
     budget: Budget,
     mode_budgets: Vec<(Mode, Budget)>,
-    confirmations: Arc<ConfirmationStore>,
-    idempotency: Arc<IdempotencyStore>,
+    confirmation_ttl: Duration,
+    idempotency: IdempotencyLimits,
     audit_sink: Option<Arc<dyn AuditSink>>,
     envelope: EnvelopeMode,
     registry_version: Arc<str>,
 }
 
 impl PolicyConfig {
-    /// `budget` in every mode; envelopes on; confirmation tokens valid for
-    /// 5 minutes; the last 1 024 results kept for replays; no audit sink.
+    /// `budget` in every mode; envelopes on; confirmation requests valid for
+    /// 5 minutes; answers kept for replays within
+    /// [`IdempotencyLimits::default`]; no audit sink.
     pub fn new(budget: Budget) -> Self {
         PolicyConfig {
             budget,
             mode_budgets: Vec::new(),
-            confirmations: Arc::new(ConfirmationStore::default()),
-            idempotency: Arc::new(IdempotencyStore::default()),
+            confirmation_ttl: DEFAULT_CONFIRMATION_TTL,
+            idempotency: IdempotencyLimits::default(),
             audit_sink: None,
             envelope: EnvelopeMode::On,
             registry_version: Arc::from(""),
@@ -60,17 +63,17 @@ impl PolicyConfig {
         self
     }
 
-    /// Uses `store` for confirmation tokens (e.g. one with another TTL).
+    /// How long a confirmation request may wait for its approval and use.
     #[must_use]
-    pub fn confirmation_store(mut self, store: Arc<ConfirmationStore>) -> Self {
-        self.confirmations = store;
+    pub fn confirmation_ttl(mut self, ttl: Duration) -> Self {
+        self.confirmation_ttl = ttl;
         self
     }
 
-    /// Uses `store` for replays.
+    /// How long, and how many, answered calls are kept for replays.
     #[must_use]
-    pub fn idempotency_store(mut self, store: Arc<IdempotencyStore>) -> Self {
-        self.idempotency = store;
+    pub fn idempotency(mut self, limits: IdempotencyLimits) -> Self {
+        self.idempotency = limits;
         self
     }
 
@@ -106,14 +109,14 @@ impl PolicyConfig {
         BudgetGate::new(self.budget, self.mode_budgets.iter().cloned())
     }
 
-    /// The confirmation store.
-    pub fn confirmations(&self) -> Arc<ConfirmationStore> {
-        Arc::clone(&self.confirmations)
+    /// How long a confirmation request lives.
+    pub fn confirmation_lifetime(&self) -> Duration {
+        self.confirmation_ttl
     }
 
-    /// The idempotency store.
-    pub fn idempotency(&self) -> Arc<IdempotencyStore> {
-        Arc::clone(&self.idempotency)
+    /// The limits of the idempotency ledger.
+    pub fn idempotency_limits(&self) -> IdempotencyLimits {
+        self.idempotency
     }
 
     /// The audit sink, if any.
@@ -210,6 +213,7 @@ impl ToolRegistryBuilder {
             version,
             config,
             service,
+            own_state: Arc::new(PolicyState::new()),
         })
     }
 }
@@ -233,6 +237,9 @@ pub struct ToolRegistry {
     version: Arc<str>,
     config: PolicyConfig,
     service: Arc<dyn ToolService>,
+    /// The conversation state of calls made through [`ToolRegistry::execute`]
+    /// (a machine brings its own).
+    own_state: Arc<PolicyState>,
 }
 
 impl ToolRegistry {
@@ -277,42 +284,51 @@ impl ToolRegistry {
         &*self.service
     }
 
-    /// The definitions to offer a model, in registration order. A tool that
-    /// needs confirmation gets an optional `confirmationToken` string argument.
+    /// Whether `name` is registered.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The state of the conversation that [`execute`](Self::execute) runs
+    /// calls in: its approvals ([`PolicyState::approvals`]) and ledger. A
+    /// machine has its own (`Machine::policy_state`).
+    pub fn policy_state(&self) -> &PolicyState {
+        &self.own_state
+    }
+
+    /// The definition to offer a model for `name`, as [`definitions`](Self::definitions) writes it.
+    pub fn definition(&self, name: &str) -> Option<ToolDefinition> {
+        self.index.get(name).map(|&i| offered(&self.entries[i]))
+    }
+
+    /// The definitions to offer a model, in registration order: exactly the
+    /// schemas the stack enforces. A tool that needs confirmation gets an
+    /// optional `confirmationToken` string argument.
     /// A provider crate renders them in its vendor's format (e.g.
     /// `markov_providers::openai::tool_schemas`).
     pub fn definitions(&self) -> Vec<ToolDefinition> {
-        self.entries
-            .iter()
-            .map(|e| {
-                let mut def = e.tool.definition().clone();
-                if e.metadata.requires_confirmation()
-                    && let Some(obj) = def.input_schema.as_object_mut()
-                {
-                    let props = obj
-                        .entry("properties")
-                        .or_insert_with(|| Value::Object(serde_json::Map::new()));
-                    if let Some(props) = props.as_object_mut() {
-                        props.insert(
-                            CONFIRMATION_TOKEN.to_owned(),
-                            json!({
-                                "type": "string",
-                                "description": "The token of the user's confirmation, once given."
-                            }),
-                        );
-                    }
-                }
-                def
-            })
-            .collect()
+        self.entries.iter().map(offered).collect()
     }
 
-    /// A session of this registry in `mode`, charging `turn`.
+    /// A session of this registry in `mode`, charging `turn`, in the
+    /// registry's own conversation state.
     pub fn session<'a>(&'a self, mode: &'a Mode, turn: &'a TurnBudgetState) -> RegistrySession<'a> {
+        self.session_in(mode, turn, &self.own_state)
+    }
+
+    /// A session of this registry in `mode`, charging `turn`, in the
+    /// conversation `policy`.
+    pub fn session_in<'a>(
+        &'a self,
+        mode: &'a Mode,
+        turn: &'a TurnBudgetState,
+        policy: &'a PolicyState,
+    ) -> RegistrySession<'a> {
         RegistrySession {
             registry: self,
             mode,
             turn,
+            policy,
         }
     }
 
@@ -342,6 +358,8 @@ pub struct RegistrySession<'a> {
     pub mode: &'a Mode,
     /// The turn's counters.
     pub turn: &'a TurnBudgetState,
+    /// The conversation's approvals and ledger.
+    pub policy: &'a PolicyState,
 }
 
 impl<'a> RegistrySession<'a> {
@@ -356,6 +374,17 @@ impl<'a> RegistrySession<'a> {
         terminate_message: &'a str,
     ) -> Executed {
         let report = CallReport::new();
+        if let Err(error) = markov_core::tool::check_tool_arguments(&input) {
+            // No stage and no tool sees arguments that are not an object.
+            let result = super::error::Rejection::new(ToolErrorKind::InvalidInput)
+                .with_detail(error.to_string())
+                .into_result(call_id, &report);
+            return Executed {
+                error: report.error_kind(),
+                intents: Vec::new(),
+                result,
+            };
+        }
         let req = ToolRequest {
             call_id,
             name,
@@ -364,6 +393,7 @@ impl<'a> RegistrySession<'a> {
             metadata: self.registry.metadata(name),
             mode: self.mode,
             turn: self.turn,
+            policy: self.policy,
             report: &report,
             cx,
             terminate_message,
@@ -377,14 +407,21 @@ impl<'a> RegistrySession<'a> {
     }
 }
 
-/// A registry bound to a mode, with per-leaf turn counters: what an executor
-/// holds.
+/// A registry bound to a mode: what an executor holds. The conversation
+/// state (approvals, ledger, budget counters) is the machine's.
 #[derive(Debug)]
 pub struct RegistryBinding {
     registry: Arc<ToolRegistry>,
     mode: Mode,
-    budgets: TurnBudgets,
+    /// Offered tool lists by the address of the list they extend (which is
+    /// kept alive here, so the address is not reused).
+    offered: std::sync::Mutex<Vec<OfferedList>>,
 }
+
+type OfferedList = (Arc<[ToolDefinition]>, Arc<[ToolDefinition]>);
+
+/// Tool lists remembered at most by [`RegistryBinding::offered_tools`].
+const MAX_OFFERED_LISTS: usize = 256;
 
 impl RegistryBinding {
     /// `registry` in `mode`.
@@ -392,8 +429,40 @@ impl RegistryBinding {
         RegistryBinding {
             registry,
             mode,
-            budgets: TurnBudgets::new(),
+            offered: std::sync::Mutex::new(Vec::new()),
         }
+    }
+
+    /// The tools to offer a leaf whose own tool list is `base`: a tool of
+    /// `base` that is registered is offered with the registry's definition
+    /// (the schema the stack enforces, with `confirmationToken` where
+    /// needed), and the registered tools the mode allows that `base` lacks
+    /// are added after it. Computed once per `base` list.
+    pub fn offered_tools(&self, base: &Arc<[ToolDefinition]>) -> Arc<[ToolDefinition]> {
+        let mut lists = self.offered.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, merged)) = lists.iter().find(|(b, _)| Arc::ptr_eq(b, base)) {
+            return Arc::clone(merged);
+        }
+        let mut merged: Vec<ToolDefinition> = base
+            .iter()
+            .map(|d| {
+                self.registry
+                    .definition(d.name.as_str())
+                    .unwrap_or_else(|| d.clone())
+            })
+            .collect();
+        for entry in &self.registry.entries {
+            let name = entry.tool.definition().name.as_str();
+            if entry.metadata.allows(&self.mode) && !base.iter().any(|d| d.name.as_str() == name) {
+                merged.push(offered(entry));
+            }
+        }
+        let merged: Arc<[ToolDefinition]> = merged.into();
+        if lists.len() >= MAX_OFFERED_LISTS {
+            lists.clear();
+        }
+        lists.push((Arc::clone(base), Arc::clone(&merged)));
+        merged
     }
 
     /// The registry.
@@ -406,13 +475,35 @@ impl RegistryBinding {
         &self.mode
     }
 
-    /// The counters of `leaf`'s turn; `new_turn` starts them over.
-    pub fn turn(&self, leaf: &InstanceId, new_turn: bool) -> Arc<TurnBudgetState> {
-        self.budgets.for_leaf(leaf, new_turn)
+    /// A session charging `turn`, in the conversation `policy`.
+    pub fn session<'a>(
+        &'a self,
+        turn: &'a TurnBudgetState,
+        policy: &'a PolicyState,
+    ) -> RegistrySession<'a> {
+        self.registry.session_in(&self.mode, turn, policy)
     }
+}
 
-    /// A session charging `turn`.
-    pub fn session<'a>(&'a self, turn: &'a TurnBudgetState) -> RegistrySession<'a> {
-        self.registry.session(&self.mode, turn)
+/// A registered tool's definition as offered: with the `confirmationToken`
+/// argument when the tool needs confirmation.
+fn offered(e: &Entry) -> ToolDefinition {
+    let mut def = e.tool.definition().clone();
+    if e.metadata.requires_confirmation()
+        && let Some(obj) = def.input_schema.as_object_mut()
+    {
+        let props = obj
+            .entry("properties")
+            .or_insert_with(|| Value::Object(serde_json::Map::new()));
+        if let Some(props) = props.as_object_mut() {
+            props.insert(
+                CONFIRMATION_TOKEN.to_owned(),
+                json!({
+                    "type": "string",
+                    "description": "The request_id of a confirmation request the user has approved. Leave it out until then."
+                }),
+            );
+        }
     }
+    def
 }

@@ -1,0 +1,746 @@
+//! One safe tool path: approvals only the application can give, idempotency
+//! that survives a restore, budgets per user turn, and no panic, garbled
+//! argument, duplicate id or cancellation that loses or repeats a call.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::*;
+use markov_core::Item;
+use markov_core::ids::ToolCallId;
+use markov_core::model::{ModelResponse, StopReason, ToolChoice, Usage};
+use markov_core::tool::{Tool, ToolContext, parse_tool_arguments};
+use markov_executor::{
+    CANCELLED_TOOL_CALL, DUPLICATE_TOOL_CALL, Instance, Machine, MachineOptions, RunOptions,
+    StandardExecutor, YieldReason, deserialize_machine, serialize_machine,
+};
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_runtime::policy::{ToolChoicePolicy, TurnPolicy};
+use markov_runtime::registry::{
+    ApprovalId, Budget, CONFIRMATION_TOKEN, Category, Mode, PolicyConfig, ToolMetadata,
+    ToolRegistry, WithIntents,
+};
+use markov_runtime::transition::Transition;
+use markov_testkit::ScriptedModel;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+// --- fixtures ---------------------------------------------------------------
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct PayArgs {
+    amount: u32,
+}
+
+/// Moves money: counts its executions.
+#[derive(Clone)]
+struct Pay(Arc<AtomicUsize>);
+
+impl Tool for Pay {
+    const NAME: &'static str = "pay";
+    type Args = PayArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Pay an amount".into()
+    }
+    async fn call(&self, args: PayArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("paid {}", args.amount))
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct DeleteArgs {
+    /// Which records; none deletes every record.
+    filter: Option<String>,
+}
+
+/// Deletes records: the kind of tool that must never run on garbled input.
+#[derive(Clone)]
+struct DeleteRecords(Arc<AtomicUsize>);
+
+impl Tool for DeleteRecords {
+    const NAME: &'static str = "delete_records";
+    type Args = DeleteArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Delete records".into()
+    }
+    async fn call(&self, args: DeleteArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(format!(
+            "deleted {}",
+            args.filter.as_deref().unwrap_or("everything")
+        ))
+    }
+}
+
+/// Panics.
+struct Explode;
+
+impl Tool for Explode {
+    const NAME: &'static str = "explode";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "A tool with a bug".into()
+    }
+    async fn call(&self, _: NoArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        // An out-of-bounds index: the kind of bug that panics.
+        let items: Vec<String> = Vec::new();
+        Ok(items[cx.history().len()].clone())
+    }
+}
+
+/// Never finishes.
+struct Hang;
+
+impl Tool for Hang {
+    const NAME: &'static str = "hang";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Waits forever".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        std::future::pending::<()>().await;
+        Ok(String::new())
+    }
+}
+
+/// Returns an intent for the application.
+struct EndSession;
+
+impl Tool for EndSession {
+    const NAME: &'static str = "end_session";
+    type Args = NoArgs;
+    type Output = WithIntents<String>;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "End the session".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<Self::Output, Infallible> {
+        Ok(WithIntents::new(
+            "bye".to_owned(),
+            [json!({"type": "end_session"})],
+        ))
+    }
+}
+
+/// A response calling tools with the given ids.
+fn calls(list: &[(&str, &str, Value)]) -> ModelResponse {
+    ModelResponse {
+        content: list
+            .iter()
+            .map(|(id, name, input)| Item::tool_use(*id, *name, input.clone()))
+            .collect(),
+        stop_reason: StopReason::ToolUse,
+        usage: Usage::default(),
+    }
+}
+
+fn registry(config: PolicyConfig, pays: &Arc<AtomicUsize>) -> Arc<ToolRegistry> {
+    Arc::new(
+        ToolRegistry::builder(config)
+            .register(
+                Pay(pays.clone()),
+                ToolMetadata::new(Category::Action).with_confirmation(),
+            )
+            .register(EndSession, ToolMetadata::new(Category::Other))
+            .register(Add, ToolMetadata::new(Category::Other))
+            .lock()
+            .expect("the registry locks"),
+    )
+}
+
+/// A machine whose node declares no tools: the registry's are its tools.
+fn registry_machine(model: Arc<ScriptedModel>, registry: Arc<ToolRegistry>) -> (Charter, Machine) {
+    let node = Node::builder("Help with payments.")
+        .name("main")
+        .build()
+        .expect("node builds");
+    let charter = Charter::builder("payments")
+        .node("main", node.clone())
+        .build()
+        .expect("charter builds");
+    let machine = Machine::new(
+        charter.clone(),
+        StandardExecutor::shared(model).with_registry(registry, Mode::TEXT),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine builds");
+    (charter, machine)
+}
+
+fn error_type(content: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(content).ok()?;
+    v["error"]["type"].as_str().map(str::to_owned)
+}
+
+// --- approvals --------------------------------------------------------------
+
+#[tokio::test]
+async fn the_model_is_offered_the_registry_schema_and_cannot_approve_its_own_payment() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[("c1", "pay", json!({"amount": 50}))]))
+            .text("Please approve the payment.")
+            .build(),
+    );
+    let (_, mut m) = registry_machine(
+        model.clone(),
+        registry(PolicyConfig::new(Budget::UNLIMITED), &pays),
+    );
+    m.enqueue_user("pay 50");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+
+    // One registration: the tool list comes from the registry, with the
+    // argument the stack reads.
+    let request = &model.requests()[0];
+    let pay = request
+        .tools
+        .iter()
+        .find(|t| t.name.as_str() == "pay")
+        .expect("pay is offered");
+    assert!(pay.input_schema["properties"][CONFIRMATION_TOKEN].is_object());
+    assert!(request.tool_names().contains(&"add"));
+
+    let content = &all_results(m.history())[0].1;
+    assert_eq!(
+        error_type(content).as_deref(),
+        Some("CONFIRMATION_REQUIRED")
+    );
+    let envelope: Value = serde_json::from_str(content).expect("json");
+    let id = envelope["error"]["confirmation_request"]["request_id"]
+        .as_str()
+        .expect("an opaque request id")
+        .to_owned();
+    assert_eq!(m.approvals().pending().len(), 1);
+    assert_eq!(pays.load(Ordering::SeqCst), 0);
+
+    // The model presents the id without the user's approval: pending.
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[(
+                "c2",
+                "pay",
+                json!({"amount": 50, CONFIRMATION_TOKEN: id}),
+            )]))
+            .text("Still waiting.")
+            .build(),
+    );
+    let (charter, _) = registry_machine(
+        model.clone(),
+        registry(PolicyConfig::new(Budget::UNLIMITED), &pays),
+    );
+    let snapshot = serialize_machine(&m).expect("serializes");
+    assert_eq!(
+        snapshot.policy.approvals.len(),
+        1,
+        "the pending approval is in the snapshot"
+    );
+    let registry_again = registry(PolicyConfig::new(Budget::UNLIMITED), &pays);
+    let mut m = deserialize_machine(
+        charter.clone(),
+        Arc::new(StandardExecutor::shared(model).with_registry(registry_again.clone(), Mode::TEXT)),
+        snapshot,
+        MachineOptions::default(),
+    )
+    .expect("restores");
+    m.enqueue_user("go on");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let last = all_results(m.history()).pop().expect("a result");
+    assert_eq!(error_type(&last.1).as_deref(), Some("CONFIRMATION_PENDING"));
+    assert_eq!(pays.load(Ordering::SeqCst), 0);
+
+    // The application approves (after the restore): the call runs once.
+    m.approvals()
+        .approve(&ApprovalId::from(id.as_str()))
+        .expect("the user approves");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[(
+                "c3",
+                "pay",
+                json!({"amount": 50, CONFIRMATION_TOKEN: id}),
+            )]))
+            .response(calls(&[(
+                "c4",
+                "pay",
+                json!({"amount": 50, CONFIRMATION_TOKEN: id}),
+            )]))
+            .text("Paid.")
+            .build(),
+    );
+    let snapshot = serialize_machine(&m).expect("serializes");
+    let mut m = deserialize_machine(
+        charter,
+        Arc::new(StandardExecutor::shared(model).with_registry(registry_again, Mode::TEXT)),
+        snapshot,
+        MachineOptions::default(),
+    )
+    .expect("restores");
+    m.enqueue_user("approved");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let results = all_results(m.history());
+    let n = results.len();
+    assert_eq!(results[n - 2].1, r#"{"ok":true,"data":"paid 50"}"#);
+    assert_eq!(
+        error_type(&results[n - 1].1).as_deref(),
+        Some("CONFIRMATION_INVALID"),
+        "single use"
+    );
+    assert_eq!(pays.load(Ordering::SeqCst), 1);
+    assert_paired(m.history());
+}
+
+// --- idempotency --------------------------------------------------------------
+
+#[tokio::test]
+async fn a_replayed_call_id_after_a_restore_does_not_pay_twice() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let config = || PolicyConfig::new(Budget::UNLIMITED);
+    // No confirmation here: the ledger is what is tested.
+    let reg = |pays: &Arc<AtomicUsize>| {
+        Arc::new(
+            ToolRegistry::builder(config())
+                .register(Pay(pays.clone()), ToolMetadata::new(Category::Action))
+                .lock()
+                .expect("locks"),
+        )
+    };
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[("call_1", "pay", json!({"amount": 7}))]))
+            .text("Done.")
+            .build(),
+    );
+    let (charter, mut m) = registry_machine(model, reg(&pays));
+    m.enqueue_user("pay 7");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(pays.load(Ordering::SeqCst), 1);
+    let text = serde_json::to_string(&serialize_machine(&m).expect("serializes")).expect("json");
+
+    // A fresh process: new registry, new tool counter, the snapshot's ledger.
+    let pays_after = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[("call_1", "pay", json!({"amount": 7}))]))
+            .response(calls(&[("call_1", "pay", json!({"amount": 9}))]))
+            .text("Done again.")
+            .build(),
+    );
+    let snapshot = markov_executor::SerializedMachine::from_json_str(&text).expect("reads");
+    let mut m = deserialize_machine(
+        charter,
+        Arc::new(StandardExecutor::shared(model).with_registry(reg(&pays_after), Mode::TEXT)),
+        snapshot,
+        MachineOptions::default(),
+    )
+    .expect("restores");
+    m.enqueue_user("pay 7 again");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(
+        pays_after.load(Ordering::SeqCst),
+        0,
+        "the side effect did not run again"
+    );
+    let results = all_results(m.history());
+    let n = results.len();
+    assert_eq!(
+        results[n - 2].1,
+        r#"{"ok":true,"data":"paid 7"}"#,
+        "the stored answer"
+    );
+    assert_eq!(
+        error_type(&results[n - 1].1).as_deref(),
+        Some("IDEMPOTENCY_CONFLICT"),
+        "a reused id with other arguments is never another call's answer"
+    );
+}
+
+// --- budgets --------------------------------------------------------------------
+
+#[tokio::test]
+async fn transitions_inside_a_user_turn_do_not_refill_the_budget() {
+    let a = Node::builder("Node a.")
+        .name("a")
+        .transition("toB", Transition::to_ref("Go to b", "b"))
+        .build()
+        .expect("a builds");
+    let b = Node::builder("Node b.")
+        .name("b")
+        .transition("toA", Transition::to_ref("Go to a", "a"))
+        .build()
+        .expect("b builds");
+    let charter = Charter::builder("ab")
+        .node("a", a.clone())
+        .node("b", b)
+        .build()
+        .expect("charter builds");
+    let registry = Arc::new(
+        ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED.max_calls(2)))
+            .register(Add, ToolMetadata::new(Category::Other))
+            .lock()
+            .expect("locks"),
+    );
+    let add = json!({"a": 1, "b": 1});
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("add", add.clone())
+            .tool_call("transition", json!({"to": "toB", "reason": "go"}))
+            .tool_call("transition", json!({"to": "toA", "reason": "back"}))
+            .tool_call("add", add.clone())
+            .tool_call("add", add.clone())
+            .text("done")
+            .tool_call("add", add.clone())
+            .text("done again")
+            .build(),
+    );
+    let mut m = Machine::new(
+        charter,
+        StandardExecutor::shared(model).with_registry(registry, Mode::TEXT),
+        Instance::new(a, json!({})),
+    )
+    .expect("machine builds");
+    m.enqueue_user("add thrice");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let adds: Vec<_> = all_results(m.history())
+        .into_iter()
+        .filter(|(_, content, _)| content.starts_with('{'))
+        .collect();
+    assert_eq!(adds.len(), 3);
+    assert_eq!(adds[0].1, r#"{"ok":true,"data":2}"#);
+    assert_eq!(adds[1].1, r#"{"ok":true,"data":2}"#);
+    assert_eq!(
+        error_type(&adds[2].1).as_deref(),
+        Some("BUDGET_EXCEEDED"),
+        "a → b → a kept the count"
+    );
+
+    // The next user turn starts over.
+    m.enqueue_user("once more");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let last = all_results(m.history()).pop().expect("a result");
+    assert_eq!(last.1, r#"{"ok":true,"data":2}"#);
+}
+
+// --- panics, garbled arguments, duplicates ------------------------------------
+
+#[tokio::test]
+async fn a_panicking_tool_is_an_error_result_and_the_rest_of_the_response_runs() {
+    for with_registry in [false, true] {
+        let model = Arc::new(
+            ScriptedModel::builder()
+                .response(calls(&[
+                    ("c1", "add", json!({"a": 1, "b": 2})),
+                    ("c2", "explode", json!({})),
+                    ("c3", "add", json!({"a": 3, "b": 4})),
+                ]))
+                .text("one tool failed")
+                .build(),
+        );
+        let node = Node::builder("Tools.")
+            .name("main")
+            .tool(Add)
+            .tool(Explode)
+            .build()
+            .expect("node builds");
+        let charter = Charter::builder("t")
+            .node("main", node.clone())
+            .build()
+            .expect("charter");
+        let mut executor = StandardExecutor::shared(model);
+        if with_registry {
+            let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+                .register(Add, ToolMetadata::new(Category::Other))
+                .register(Explode, ToolMetadata::new(Category::Other))
+                .lock()
+                .expect("locks");
+            executor = executor.with_registry(Arc::new(registry), Mode::TEXT);
+        }
+        let mut m =
+            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        m.enqueue_user("go");
+        let (steps, err) = run_all(&mut m, RunOptions::default()).await;
+        assert!(err.is_none(), "{err:?}");
+        assert!(steps.last().is_some_and(|s| s.done));
+        let results = all_results(m.history());
+        assert_eq!(results.len(), 3);
+        assert_eq!(results[0].2, Some(false));
+        assert_eq!(results[1].2, Some(true));
+        assert!(
+            results[1].1.contains("the tool panicked"),
+            "{}",
+            results[1].1
+        );
+        if with_registry {
+            assert_eq!(
+                error_type(&results[1].1).as_deref(),
+                Some("EXECUTION_FAILED")
+            );
+        }
+        assert_eq!(results[2].2, Some(false), "the call after the panic ran");
+        assert_paired(m.history());
+    }
+}
+
+#[tokio::test]
+async fn garbled_arguments_never_reach_a_tool() {
+    for with_registry in [false, true] {
+        let deletes = Arc::new(AtomicUsize::new(0));
+        let cut_off = parse_tool_arguments(r#"{"filter": "id = 4"#);
+        let model = Arc::new(
+            ScriptedModel::builder()
+                .response(calls(&[
+                    ("c1", "delete_records", cut_off.clone()),
+                    ("c2", "delete_records", json!(null)),
+                    ("c3", "transition", cut_off.clone()),
+                ]))
+                .text("I could not delete anything")
+                .build(),
+        );
+        let node = Node::builder("Records.")
+            .name("main")
+            .tool(DeleteRecords(deletes.clone()))
+            .build()
+            .expect("node builds");
+        let charter = Charter::builder("t")
+            .node("main", node.clone())
+            .build()
+            .expect("charter");
+        let mut executor = StandardExecutor::shared(model);
+        if with_registry {
+            let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+                .register(
+                    DeleteRecords(deletes.clone()),
+                    ToolMetadata::new(Category::Action),
+                )
+                .lock()
+                .expect("locks");
+            executor = executor.with_registry(Arc::new(registry), Mode::TEXT);
+        }
+        let mut m =
+            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        m.enqueue_user("delete record 4");
+        let (_, err) = run_all(&mut m, RunOptions::default()).await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(deletes.load(Ordering::SeqCst), 0, "nothing was deleted");
+        let results = all_results(m.history());
+        assert_eq!(results.len(), 3);
+        for (_, content, is_error) in &results {
+            assert_eq!(*is_error, Some(true));
+            if with_registry {
+                assert_eq!(
+                    error_type(content).as_deref(),
+                    Some("INVALID_INPUT"),
+                    "{content}"
+                );
+            } else {
+                assert!(content.starts_with("Invalid tool input:"), "{content}");
+            }
+        }
+        assert!(results[0].1.contains("not valid JSON"), "{}", results[0].1);
+        assert!(
+            results[1].1.contains("must be a JSON object"),
+            "{}",
+            results[1].1
+        );
+    }
+}
+
+#[tokio::test]
+async fn duplicate_call_ids_in_one_response_get_unique_ids_and_run_once() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let node = Node::builder("Pay.")
+        .name("main")
+        .tool(Pay(pays.clone()))
+        .build()
+        .expect("node builds");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[
+                ("dup", "pay", json!({"amount": 1})),
+                ("dup", "pay", json!({"amount": 1})),
+                ("dup", "pay", json!({"amount": 2})),
+            ]))
+            .text("paid")
+            .build(),
+    );
+    let mut m = machine(|c| c, node, json!({}), model.clone());
+    m.enqueue_user("pay");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(pays.load(Ordering::SeqCst), 1);
+    let ids: Vec<String> = m
+        .history()
+        .iter()
+        .flat_map(|msg| {
+            msg.tool_uses()
+                .map(|(id, _, _)| id.to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        ["dup", "dup_2", "dup_3"],
+        "ids are unique in the history"
+    );
+    let results = all_results(m.history());
+    assert_eq!(results[0].1, "paid 1");
+    assert_eq!(
+        results[1],
+        ("dup_2".into(), DUPLICATE_TOOL_CALL.into(), Some(true))
+    );
+    assert_eq!(
+        results[2],
+        ("dup_3".into(), DUPLICATE_TOOL_CALL.into(), Some(true))
+    );
+    assert_paired(m.history());
+    // The next request carries the unique ids, so a provider accepts it.
+    let sent = &model.requests()[1].messages;
+    let sent_ids: Vec<ToolCallId> = sent
+        .iter()
+        .flat_map(|msg| {
+            msg.tool_uses()
+                .map(|(id, _, _)| id.clone())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(sent_ids.len(), 3);
+}
+
+// --- cancellation ----------------------------------------------------------------
+
+#[tokio::test]
+async fn a_cancelled_run_still_records_the_calls_that_completed() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let node = Node::builder("Pay, then wait.")
+        .name("main")
+        .tool(Pay(pays.clone()))
+        .tool(Hang)
+        .build()
+        .expect("node builds");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[
+                ("p", "pay", json!({"amount": 3})),
+                ("h", "hang", json!({})),
+            ]))
+            .text("Sorry, that took too long.")
+            .build(),
+    );
+    let mut m = machine(|c| c, node, json!({}), model);
+    m.enqueue_user("pay and wait");
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        run_all(&mut m, RunOptions::default()),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the outer timeout cancelled the run");
+    assert_eq!(pays.load(Ordering::SeqCst), 1);
+
+    // The next run records what the cancelled step did before anything else.
+    m.enqueue_user("what happened?");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let h = m.history();
+    assert_paired(h);
+    let results = all_results(h);
+    assert_eq!(results[0], ("p".into(), "paid 3".into(), Some(false)));
+    assert_eq!(
+        results[1],
+        ("h".into(), CANCELLED_TOOL_CALL.into(), Some(true))
+    );
+    let user_texts: Vec<String> = h
+        .iter()
+        .filter(|msg| msg.role == markov_core::Role::User && !msg.text().is_empty())
+        .map(|msg| msg.text())
+        .collect();
+    assert_eq!(user_texts, ["pay and wait", "what happened?"]);
+    assert_eq!(
+        pays.load(Ordering::SeqCst),
+        1,
+        "the payment did not run again"
+    );
+}
+
+// --- recovery, intents ---------------------------------------------------------
+
+#[tokio::test]
+async fn the_max_tokens_recovery_call_forces_no_tool() {
+    let node = Node::builder("Use a tool first.")
+        .name("main")
+        .tool(Add)
+        .policy(TurnPolicy {
+            tool_choice: ToolChoicePolicy::RequiredFirst,
+            ..TurnPolicy::default()
+        })
+        .build()
+        .expect("node builds");
+    let cut = ModelResponse {
+        content: vec![Item::tool_use("c1", "add", json!({"a": 1}))],
+        stop_reason: StopReason::MaxTokens,
+        usage: Usage::default(),
+    };
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(cut)
+            .text("A short answer.")
+            .build(),
+    );
+    let mut m = machine(|c| c, node, json!({}), model.clone());
+    m.enqueue_user("a long question");
+    let (steps, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let requests = model.requests();
+    assert_eq!(requests[0].tool_choice, ToolChoice::Any);
+    assert_eq!(
+        requests[1].tool_choice,
+        ToolChoice::None,
+        "no tool is forced on the recovery call"
+    );
+    assert_eq!(
+        steps.last().map(|s| s.yield_reason),
+        Some(YieldReason::EndTurn)
+    );
+}
+
+#[tokio::test]
+async fn intents_reach_the_step_as_typed_data() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[("bye", "end_session", json!({}))]))
+            .text("Goodbye.")
+            .build(),
+    );
+    let (_, mut m) = registry_machine(model, registry(PolicyConfig::new(Budget::UNLIMITED), &pays));
+    m.enqueue_user("bye");
+    let (steps, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let intents: Vec<_> = steps.iter().flat_map(|s| s.intents.iter()).collect();
+    assert_eq!(intents.len(), 1);
+    assert_eq!(intents[0].call_id, ToolCallId::new("bye"));
+    assert_eq!(&intents[0].instance_id, m.instance().id());
+    assert_eq!(intents[0].value, json!({"type": "end_session"}));
+}
