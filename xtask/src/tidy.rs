@@ -10,9 +10,11 @@
 //!   the panic payload instead;
 //! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
 //!   hyper or `markov-*` crate in its `[dependencies]`;
-//! - the layers point one way, `core` ← `runtime` ← `executor`: `runtime`
-//!   does not depend on `executor`, and `tools-std`, `testkit` and
-//!   `providers` depend on neither;
+//! - the layers point one way, `core` ← `runtime` ← `executor` ← `store`:
+//!   `runtime` depends on neither `executor` nor `store`, `executor` knows
+//!   no database driver, no vendor and not `store`, `store` knows no model
+//!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
+//!   `runtime` and `executor`;
 //! - internal (`markov-*`) dependencies carry both `path` and `version`, so
 //!   each crate can be published on its own.
 //!
@@ -223,8 +225,23 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         package: "markov-runtime",
-        forbidden: &["markov-executor"],
-        reason: "the layers are core <- runtime <- executor",
+        forbidden: &["markov-executor", "markov-store"],
+        reason: "the layers are core <- runtime <- executor <- store",
+    },
+    Layer {
+        package: "markov-executor",
+        forbidden: &[
+            "markov-store",
+            "markov-providers",
+            "rusqlite",
+            "tokio-postgres",
+        ],
+        reason: "the executor knows no database and no vendor; the store builds on it",
+    },
+    Layer {
+        package: "markov-store",
+        forbidden: &["markov-providers", "markov-cli", "reqwest"],
+        reason: "the store persists machines; it knows no model vendor",
     },
     Layer {
         package: "markov-tools-std",
@@ -529,7 +546,7 @@ fn layers_point_one_way() {
     assert_eq!(
         check_layering("r", runtime),
         [
-            "r:5: `markov-runtime` must not depend on `markov-executor` (the layers are core <- runtime <- executor)"
+            "r:5: `markov-runtime` must not depend on `markov-executor` (the layers are core <- runtime <- executor <- store)"
         ]
     );
     let executor = "[package]\nname = \"markov-executor\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-runtime.workspace = true\n";
@@ -541,6 +558,16 @@ fn layers_point_one_way() {
             "t:6: `markov-testkit` must not depend on `markov-runtime` (testkit depends on core only)"
         ]
     );
+    let store = "[package]\nname = \"markov-store\"\n[dependencies]\nmarkov-executor.workspace = true\nreqwest = \"0.13\"\n";
+    assert_eq!(
+        check_layering("s", store),
+        [
+            "s:5: `markov-store` must not depend on `reqwest` (the store persists machines; it knows no model vendor)"
+        ]
+    );
+    let executor_db =
+        "[package]\nname = \"markov-executor\"\n[dependencies]\nrusqlite = \"0.42\"\n";
+    assert_eq!(check_layering("e", executor_db).len(), 1);
     let providers = "[package]\nname = \"markov-providers\"\n[dependencies]\nmarkov-executor = { path = \"../executor\", version = \"0.1\" }\n";
     assert_eq!(check_layering("p", providers).len(), 1);
 }

@@ -31,6 +31,6 @@ pub use model::{
     Thinking, ToolChoice, Usage,
 };
 pub use tool::{
-    DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,
+    Deps, DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,
     ToolDefinition, ToolExecutionResult, ToolName, ToolOutcome, ToolReply,
 };

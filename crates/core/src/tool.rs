@@ -426,6 +426,10 @@ impl StateAccess for NoState {
     }
 }
 
+/// The application's own value for a run (a database pool, the user, a
+/// clock), handed to every tool: what PydanticAI calls a run's `deps`.
+pub type Deps = dyn std::any::Any + Send + Sync;
+
 /// What a tool sees of the world during one call.
 #[derive(Clone, Copy)]
 pub struct ToolContext<'a> {
@@ -434,6 +438,7 @@ pub struct ToolContext<'a> {
     root_instance_id: Option<&'a InstanceId>,
     history: &'a [Message],
     state: &'a dyn StateAccess,
+    deps: Option<&'a Deps>,
 }
 
 impl fmt::Debug for ToolContext<'_> {
@@ -459,7 +464,33 @@ impl<'a> ToolContext<'a> {
             root_instance_id: None,
             history,
             state,
+            deps: None,
         }
+    }
+
+    /// Hands the application's value to the tool (see [`ToolContext::deps`]).
+    #[must_use]
+    pub fn with_deps(mut self, deps: Option<&'a Deps>) -> Self {
+        self.deps = deps;
+        self
+    }
+
+    /// The application's value for this run, if it is a `T`.
+    ///
+    /// ```
+    /// use markov_core::tool::{NoState, ToolContext};
+    /// use markov_core::ToolCallId;
+    ///
+    /// struct Db { name: &'static str }
+    /// let db = Db { name: "main" };
+    /// let id = ToolCallId::new("c1");
+    /// let state = NoState::default();
+    /// let cx = ToolContext::new(&id, &[], &state).with_deps(Some(&db));
+    /// assert_eq!(cx.deps::<Db>().map(|d| d.name), Some("main"));
+    /// assert!(cx.deps::<String>().is_none());
+    /// ```
+    pub fn deps<T: std::any::Any>(&self) -> Option<&'a T> {
+        self.deps.and_then(|d| d.downcast_ref::<T>())
     }
 
     /// Sets the instance the call runs for and the root of its tree.

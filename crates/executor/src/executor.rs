@@ -39,6 +39,8 @@ pub struct LeafContext<'a> {
     pub queue: &'a Queue,
     /// The conversation's approvals, idempotency ledger and budget counters.
     pub policy: &'a PolicyState,
+    /// The application's value tools may read (`ToolContext::deps`).
+    pub deps: Option<&'a markov_core::tool::Deps>,
 }
 
 impl<'a> LeafContext<'a> {
@@ -82,6 +84,8 @@ pub struct LeafOutcome {
     pub termination: Option<TerminateResponse>,
     /// The intents tools returned, in call order.
     pub intents: Vec<Intent>,
+    /// The tokens the leaf's model call used.
+    pub usage: markov_core::model::Usage,
 }
 
 /// An intent a tool returned for the application (through the registry's
@@ -106,6 +110,7 @@ impl LeafOutcome {
             response: None,
             termination: None,
             intents: Vec::new(),
+            usage: markov_core::model::Usage::default(),
         }
     }
 }

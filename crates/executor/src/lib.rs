@@ -51,6 +51,7 @@ pub mod serialize;
 pub mod standard;
 mod step;
 pub mod stream;
+mod typed;
 
 pub use client::{
     DisplayInstance, DryClientInstance, MachineContract, assert_contract, display_instance,
@@ -66,13 +67,17 @@ pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
 pub use machine::{Machine, MachineOptions};
 pub use queue::{OnEnqueue, Queue};
 pub use run::{
-    Action, DEFAULT_MAX_STEPS, LeafTask, RECOVERY_TEXT, RunOptions, RunState, run_machine,
-    run_to_completion,
+    Action, DEFAULT_MAX_STEPS, LeafTask, RECOVERY_TEXT, RunOptions, RunState, run_leaves,
+    run_machine, run_to_completion,
 };
-pub use serialize::{SerializedMachine, deserialize_machine, serialize_machine};
+pub use serialize::{
+    DeserializeError, FORMAT_VERSION, SerializeError, SerializedInstance, SerializedMachine,
+    deserialize_machine, serialize_instance_tree, serialize_machine,
+};
 pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
+pub use typed::{DEFAULT_TYPED_RETRIES, Typed, TypedRunError, retry_prompt};
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

@@ -25,6 +25,8 @@ pub struct Machine {
     pub(crate) externals: Externals,
     /// The conversation's approvals, idempotency ledger and budget counters.
     pub(crate) policy: Arc<PolicyState>,
+    /// The application's value for the machine's runs; never serialized.
+    pub(crate) deps: Option<Arc<markov_core::tool::Deps>>,
 }
 
 impl fmt::Debug for Machine {
@@ -100,6 +102,7 @@ impl Machine {
             queue: Queue::new(options.on_enqueue),
             externals: Externals::default(),
             policy: Arc::new(PolicyState::new()),
+            deps: None,
         };
         machine.sync_externalized();
         Ok(machine)
@@ -152,6 +155,20 @@ impl Machine {
     /// can present an approved request's id, never approve one.
     pub fn approvals(&self) -> &Approvals {
         self.policy.approvals()
+    }
+
+    /// Hands `deps` to every tool of the following runs: a tool reads it
+    /// with `cx.deps::<T>()` (a database pool, the signed-in user). It is
+    /// not part of the snapshot: set it again after a restore.
+    pub fn set_deps<T: std::any::Any + Send + Sync>(&mut self, deps: T) {
+        self.deps = Some(Arc::new(deps));
+    }
+
+    /// [`set_deps`](Self::set_deps), by value.
+    #[must_use]
+    pub fn with_deps<T: std::any::Any + Send + Sync>(mut self, deps: T) -> Self {
+        self.set_deps(deps);
+        self
     }
 
     /// The queue (clone it to enqueue from another task).

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use futures::stream::{self, Stream, StreamExt};
 use markov_core::message::{Item, Message, Metadata, Source};
+use markov_core::model::Usage;
 use markov_core::{InstanceId, Role};
 use markov_runtime::externalize::{Scope, StepInfo};
 use markov_runtime::state::merge_patch;
@@ -281,6 +282,9 @@ fn resume_request(entries: &[Entry]) -> Option<(usize, InstanceId, String)> {
 /// What the run needs done next.
 #[derive(Debug)]
 #[non_exhaustive]
+// A step is yielded once per step and moved straight out: boxing it would
+// add an allocation per step to save a few bytes of a short-lived value.
+#[allow(clippy::large_enum_variant)]
 pub enum Action {
     /// Run one inference for each of these leaves (concurrently), then hand
     /// the results, in the same order, to [`RunState::on_leaf_results`].
@@ -322,6 +326,9 @@ pub struct RunState {
     /// Set once the run has yielded its last step.
     #[serde(default)]
     finished: bool,
+    /// Tokens used by the run's model calls so far.
+    #[serde(default)]
+    usage: Usage,
 }
 
 fn make_step(
@@ -340,6 +347,8 @@ fn make_step(
         response: None,
         termination: None,
         intents: Vec::new(),
+        usage: Usage::default(),
+        run_usage: Usage::default(),
     }
 }
 
@@ -354,6 +363,7 @@ impl RunState {
             recovered: false,
             turns: HashMap::new(),
             finished: false,
+            usage: Usage::default(),
         }
     }
 
@@ -365,6 +375,11 @@ impl RunState {
     /// Steps taken so far.
     pub fn steps(&self) -> usize {
         self.steps
+    }
+
+    /// The tokens the run's model calls have used so far.
+    pub fn usage(&self) -> Usage {
+        self.usage
     }
 
     /// Whether the run is over: its last step has been yielded.
@@ -497,7 +512,9 @@ impl RunState {
         tasks: &[LeafTask],
         results: Vec<Result<LeafOutcome, RunError>>,
     ) -> Result<MachineStep, RunError> {
-        let step = self.record_step(machine, tasks, results)?;
+        let mut step = self.record_step(machine, tasks, results)?;
+        self.usage += step.usage;
+        step.run_usage = self.usage;
         self.finished = step.done;
         announce(machine, &step, self.steps);
         Ok(step)
@@ -536,7 +553,9 @@ impl RunState {
         let mut primary_id = None;
         let mut busy_workers = Vec::new();
         let mut intents = Vec::new();
+        let mut usage = Usage::default();
         for (task, mut outcome) in tasks.iter().zip(outcomes) {
+            usage += outcome.usage;
             let leaf = &task.leaf;
             let mut turn = outcome.turn;
             turn.recovering = false;
@@ -597,12 +616,14 @@ impl RunState {
                 let mut step = make_step(machine, history, YieldReason::Cede, false);
                 step.cede_content = cede_json(content);
                 step.intents = intents;
+                step.usage = usage;
                 return Ok(step);
             }
         }
         if reason == YieldReason::MaxTokens {
             let mut step = make_step(machine, history, YieldReason::MaxTokens, self.recovered);
             step.intents = intents;
+            step.usage = usage;
             if !self.recovered {
                 self.recovered = true;
                 machine.history.push(Message::user(RECOVERY_TEXT));
@@ -618,6 +639,7 @@ impl RunState {
         step.response = response;
         step.termination = termination;
         step.intents = intents;
+        step.usage = usage;
         Ok(step)
     }
 }
@@ -651,12 +673,14 @@ fn resume(
     ))
 }
 
-/// Performs one [`Action::RunLeaves`]: every leaf's executor, concurrently.
+/// Performs one [`Action::RunLeaves`]: every leaf's executor, concurrently;
+/// hand the results to [`RunState::on_leaf_results`]. A driver of its own
+/// (one that persists each step, say) calls it between the two.
 ///
 /// If the run is dropped before every leaf has finished, the outcomes of the
 /// leaves that did finish are not lost: they go to the queue, and the next
-/// run records them (see [`UnrecordedOutcomes`]).
-async fn run_leaves(
+/// run records them.
+pub async fn run_leaves(
     machine: &Machine,
     state: &RunState,
     tasks: &[LeafTask],
@@ -679,6 +703,7 @@ async fn run_leaves(
                 terminate_message: &state.options.terminate_message,
                 queue: &machine.queue,
                 policy: &machine.policy,
+                deps: machine.deps.as_deref(),
             })
             .await;
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);

@@ -229,6 +229,12 @@ pub fn serialize_machine(machine: &Machine) -> Result<SerializedMachine, Seriali
     })
 }
 
+/// The machine's instance tree as stored, without the history: what a store
+/// writes when the tree changed.
+pub fn serialize_instance_tree(machine: &Machine) -> Result<SerializedInstance, SerializeError> {
+    serialize_instance(&machine.charter, &machine.root, 0)
+}
+
 fn serialize_instance(
     charter: &Charter,
     instance: &Instance,
@@ -329,6 +335,7 @@ pub fn deserialize_machine(
             data.policy,
             &IdempotencyLimits::default(),
         )),
+        deps: None,
     };
     machine.sync_externalized();
     Ok(machine)

@@ -723,6 +723,7 @@ impl Executor for StandardExecutor {
             streamed = self.streaming.is_some(),
         );
         let (response, vessel) = self.call_model(&cx, &prepared).instrument(span).await?;
+        let usage = response.usage;
         let mut after = interpret(&cx, response);
         if let Some(mut vessel) = vessel
             && let Some(event) = finalize_vessel(&mut vessel, &mut after)
@@ -731,7 +732,10 @@ impl Executor for StandardExecutor {
             (options.on_message_stream)(&event);
         }
         let (entries, calls, refused) = match after {
-            AfterModel::Finish(outcome) => return Ok(outcome),
+            AfterModel::Finish(mut outcome) => {
+                outcome.usage = usage;
+                return Ok(outcome);
+            }
             AfterModel::RunTools {
                 entries,
                 calls,
@@ -760,6 +764,7 @@ impl Executor for StandardExecutor {
                 .as_deref()
                 .zip(turn.as_deref())
                 .map(|(binding, turn)| binding.session(turn, cx.policy)),
+            deps: cx.deps,
         };
         let log = CallLog::new();
         let in_flight = ToolsInFlight {
@@ -775,8 +780,8 @@ impl Executor for StandardExecutor {
             .result_states_known
             .extend(refused.iter().map(|_| true));
         outcome.results.extend(refused);
-        match after_tools(&cx, entries, outcome) {
-            AfterTools::Finish(outcome) => Ok(outcome),
+        let mut outcome = match after_tools(&cx, entries, outcome) {
+            AfterTools::Finish(outcome) => outcome,
             AfterTools::Transition(pending) => {
                 let span = tracing::info_span!("transition", name = %pending.name);
                 let result = execute_transition(
@@ -789,9 +794,11 @@ impl Executor for StandardExecutor {
                 )
                 .instrument(span)
                 .await;
-                Ok(after_transition(&cx, *pending, result))
+                after_transition(&cx, *pending, result)
             }
-        }
+        };
+        outcome.usage = usage;
+        Ok(outcome)
     }
 }
 

@@ -87,6 +87,10 @@ pub struct MachineStep {
     /// The intents the step's tools returned for the application, in leaf
     /// and call order.
     pub intents: Vec<crate::executor::Intent>,
+    /// The tokens this step's model calls used, summed over its leaves.
+    pub usage: markov_core::model::Usage,
+    /// The tokens the run has used so far, this step included.
+    pub run_usage: markov_core::model::Usage,
 }
 
 /// Per-leaf bookkeeping of the current turn, for tool-choice and restriction rules.

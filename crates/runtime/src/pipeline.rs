@@ -74,6 +74,8 @@ pub struct LeafView<'a> {
     /// The tool registry, mode and turn counters regular calls go through;
     /// `None` runs tools directly.
     pub policies: Option<RegistrySession<'a>>,
+    /// The application's value tools may read ([`ToolContext::deps`]).
+    pub deps: Option<&'a markov_core::tool::Deps>,
 }
 
 /// One requested call.
@@ -391,7 +393,8 @@ pub async fn run_tool_calls_logged(
                     Some(session) => {
                         let state = ScopedState::read_only(leaf.state.clone());
                         let cx = ToolContext::new(&call.id, leaf.history, &state)
-                            .with_instance(leaf.instance_id, leaf.root_id);
+                            .with_instance(leaf.instance_id, leaf.root_id)
+                            .with_deps(leaf.deps);
                         let executed = session.run(
                             None,
                             &call.id,
@@ -608,7 +611,8 @@ async fn run_found(
                 Scope::Ancestor(state) => ScopedState::read_only(state.clone()),
             };
             let cx = ToolContext::new(&call.id, leaf.history, &scoped)
-                .with_instance(leaf.instance_id, leaf.root_id);
+                .with_instance(leaf.instance_id, leaf.root_id)
+                .with_deps(leaf.deps);
             let (mut result, tool_intents) = call_tool(leaf, tool, call, cx, Wording::Node).await;
             intents = tool_intents;
             let (new_state, patch, refused) = scoped.take();
@@ -631,7 +635,8 @@ async fn run_found(
             let current = pack_state(running_packs, leaf.pack_states, pack);
             let scoped = ScopedState::writable(current, pack.schema());
             let cx = ToolContext::new(&call.id, leaf.history, &scoped)
-                .with_instance(leaf.instance_id, leaf.root_id);
+                .with_instance(leaf.instance_id, leaf.root_id)
+                .with_deps(leaf.deps);
             let (result, tool_intents) = call_tool(leaf, tool, call, cx, Wording::Pack).await;
             intents = tool_intents;
             let (new_state, patch, refused) = scoped.take();

@@ -207,6 +207,7 @@ async fn the_pipeline_skips_provider_tool_calls() {
         history: &[],
         terminate_message: "Finished",
         policies: None,
+        deps: None,
     };
     let outcome = run_tool_calls(
         &leaf,

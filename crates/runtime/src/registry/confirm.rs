@@ -159,6 +159,8 @@ pub enum ApprovalError {
 #[derive(Debug, Default)]
 pub struct Approvals {
     records: Mutex<BTreeMap<ApprovalId, (ApprovalRecord, u64)>>,
+    /// Bumped by every change, so a store writes the set only when it changed.
+    revision: std::sync::atomic::AtomicU64,
 }
 
 fn unix_millis(t: SystemTime) -> u64 {
@@ -172,8 +174,22 @@ impl Approvals {
         Self::default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ApprovalId, (ApprovalRecord, u64)>> {
+    /// The records, to read.
+    fn read(&self) -> std::sync::MutexGuard<'_, BTreeMap<ApprovalId, (ApprovalRecord, u64)>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The records, to change: bumps the revision (a spurious bump only
+    /// costs a store one extra write).
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ApprovalId, (ApprovalRecord, u64)>> {
+        self.revision
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.read()
+    }
+
+    /// A number that changes whenever the requests may have changed.
+    pub fn revision(&self) -> u64 {
+        self.revision.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The requests waiting for a decision and not expired, oldest first.
@@ -185,7 +201,7 @@ impl Approvals {
     pub fn pending_at(&self, now: SystemTime) -> Vec<ConfirmationRequest> {
         let now = unix_millis(now);
         let mut pending: Vec<_> = self
-            .lock()
+            .read()
             .values()
             .filter(|(r, _)| r.status == ApprovalStatus::Pending && now < r.request.expires)
             .map(|(r, seq)| (*seq, r.request.clone()))
@@ -196,7 +212,7 @@ impl Approvals {
 
     /// The record of `id`, if this conversation has it.
     pub fn get(&self, id: &ApprovalId) -> Option<ApprovalRecord> {
-        self.lock().get(id).map(|(r, _)| r.clone())
+        self.read().get(id).map(|(r, _)| r.clone())
     }
 
     /// Approves the pending request `id`: the next call of its tool with its
@@ -243,7 +259,7 @@ impl Approvals {
     pub fn snapshot(&self) -> Vec<ApprovalRecord> {
         let now = unix_millis(SystemTime::now());
         let mut kept: Vec<_> = self
-            .lock()
+            .read()
             .values()
             .filter(|(r, _)| {
                 matches!(r.status, ApprovalStatus::Pending | ApprovalStatus::Approved)

@@ -417,19 +417,24 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         let args = req.input.clone();
                         let report = req.report;
                         let call_id = req.call_id;
+                        let journal = req.policy.journal();
                         let result = self.inner.call(req).await;
-                        claim.complete(
-                            LedgerEntry {
-                                key,
-                                tool,
-                                args,
-                                result: StoredResult::of(&result),
-                                error: report.error_kind().map(|k| k.as_str().to_owned()),
-                                intents: report.intents(),
-                                recorded_at: unix_millis(SystemTime::now()),
-                            },
-                            &self.limits,
-                        );
+                        let entry = LedgerEntry {
+                            key,
+                            tool,
+                            args,
+                            result: StoredResult::of(&result),
+                            error: report.error_kind().map(|k| k.as_str().to_owned()),
+                            intents: report.intents(),
+                            recorded_at: unix_millis(SystemTime::now()),
+                        };
+                        // Written ahead: durable before anyone uses the result.
+                        if let Some(journal) = journal
+                            && let Err(error) = journal.write(&entry).await
+                        {
+                            tracing::error!(key = %entry.key, %error, "the ledger entry could not be journaled");
+                        }
+                        claim.complete(entry, &self.limits);
                         debug_assert_eq!(&result.call_id, call_id);
                         return result;
                     }

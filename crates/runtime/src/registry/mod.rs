@@ -38,7 +38,7 @@ pub use latency::LatencyLayer;
 pub use metadata::{Category, Mode, ToolMetadata};
 pub use service::{BoxToolService, CallReport, ToolLayer, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
-pub use state::{PolicySnapshot, PolicyState};
+pub use state::{LedgerJournal, PolicySnapshot, PolicyState};
 pub use timeout::TimeoutLayer;
 pub use tools::{
     Executed, PolicyConfig, RegistryBinding, RegistryError, RegistrySession, ToolRegistry,

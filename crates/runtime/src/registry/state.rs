@@ -7,18 +7,42 @@
 //! it into its snapshot and reads it back, so approvals and answered calls
 //! survive a restart.
 
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
 use super::budget::TurnBudgets;
 use super::confirm::{ApprovalRecord, Approvals};
 use super::idempotency::{IdempotencyLedger, IdempotencyLimits, LedgerEntry};
 
+/// Where answered calls are written before their result is used: a store
+/// implements it so that a crash between a tool's side effect and the step's
+/// commit cannot make a resumed conversation run the call again.
+pub trait LedgerJournal: Send + Sync {
+    /// Writes `entry` durably. An error is logged; the result is still
+    /// used (the side effect already happened).
+    fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>>;
+}
+
 /// The policy state of one conversation.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct PolicyState {
     approvals: Approvals,
     ledger: IdempotencyLedger,
     budgets: TurnBudgets,
+    journal: Mutex<Option<Arc<dyn LedgerJournal>>>,
+}
+
+impl std::fmt::Debug for PolicyState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicyState")
+            .field("approvals", &self.approvals)
+            .field("ledger", &self.ledger)
+            .field("budgets", &self.budgets)
+            .field("journal", &self.journal().is_some())
+            .finish()
+    }
 }
 
 impl PolicyState {
@@ -48,6 +72,19 @@ impl PolicyState {
     /// The per-leaf budget counters of the current user turn.
     pub fn budgets(&self) -> &TurnBudgets {
         &self.budgets
+    }
+
+    /// Writes every answered call to `journal` before its result is used.
+    pub fn set_journal(&self, journal: Arc<dyn LedgerJournal>) {
+        *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(journal);
+    }
+
+    /// The journal, if one is set.
+    pub fn journal(&self) -> Option<Arc<dyn LedgerJournal>> {
+        self.journal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Starts a user turn: every leaf's budget counters start over.

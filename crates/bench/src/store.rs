@@ -1,0 +1,169 @@
+//! Figure 6: durable sessions. The cost of persisting one step (an
+//! assistant message with a tool call and the user message with its result,
+//! plus the run's progress) to a session whose history already holds about
+//! K messages, and the time to load a session of K = 1 000 back into a
+//! machine.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use markov_bench::{Scenario, current_thread_runtime, model, run_turn};
+use markov_executor::serialize::{deserialize_machine, serialize_machine};
+use markov_executor::{Executor, MachineOptions, RunOptions, RunState, StandardExecutor};
+use markov_store::{SessionId, SqliteStore, StepRecord, Store, WorkerId};
+
+use crate::Stats;
+
+/// One backend at one K.
+#[derive(Debug)]
+pub(crate) struct StoreFigure {
+    pub(crate) backend: &'static str,
+    pub(crate) k: usize,
+    /// Messages in the session before the timed appends.
+    pub(crate) messages: usize,
+    pub(crate) append: Stats,
+}
+
+/// Loading a session back into a machine.
+#[derive(Debug)]
+pub(crate) struct LoadFigure {
+    pub(crate) backend: &'static str,
+    pub(crate) messages: usize,
+    /// Reading the rows into a snapshot.
+    pub(crate) load_ms: f64,
+    /// Turning the snapshot into a machine.
+    pub(crate) restore_ms: f64,
+}
+
+/// A scratch directory, removed on drop.
+struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir = std::env::temp_dir().join(format!("markov-bench-store-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Times `appends` appends of one step to a session of about `k` messages
+/// in `store`, and (for `load`) the load of that session.
+async fn measure(
+    store: &dyn Store,
+    backend: &'static str,
+    k: usize,
+    appends: usize,
+    load: bool,
+) -> (StoreFigure, Option<LoadFigure>) {
+    let scenario = Scenario::new();
+    let mut machine = scenario.machine(k);
+    run_turn(&mut machine, k).await;
+    let snapshot = serialize_machine(&machine).expect("the machine serializes");
+    let messages = snapshot.history.len();
+    let id = SessionId::random();
+    let holder = WorkerId::new("bench");
+    store
+        .create(&id, "bench", &snapshot, &holder, Duration::from_secs(3_600))
+        .await
+        .expect("the session is created");
+    // A tool step: the last assistant call and its results.
+    let step: Vec<_> = snapshot.history[messages - 3..messages - 1].to_vec();
+    let run = RunState::new(RunOptions::default());
+    let mut times = Vec::with_capacity(appends);
+    for _ in 0..appends {
+        let start = Instant::now();
+        store
+            .append(
+                &id,
+                &holder,
+                StepRecord {
+                    messages: &step,
+                    tree: None,
+                    approvals: None,
+                    run: Some(&run),
+                },
+            )
+            .await
+            .expect("the step is written");
+        times.push(start.elapsed());
+    }
+    let figure = StoreFigure {
+        backend,
+        k,
+        messages,
+        append: Stats::of(&times),
+    };
+    let load = load.then(|| (id.clone(), machine.charter().clone(), k));
+    let load = match load {
+        None => None,
+        Some((id, charter, k)) => {
+            let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
+            let mut load_ms = Vec::new();
+            let mut restore_ms = Vec::new();
+            let mut loaded_messages = 0;
+            for _ in 0..5 {
+                let start = Instant::now();
+                let stored = store.load(&id).await.expect("the session loads");
+                load_ms.push(start.elapsed());
+                loaded_messages = stored.snapshot.history.len();
+                let start = Instant::now();
+                let restored = deserialize_machine(
+                    charter.clone(),
+                    Arc::clone(&executor),
+                    stored.snapshot,
+                    MachineOptions::default(),
+                )
+                .expect("the machine restores");
+                restore_ms.push(start.elapsed());
+                drop(restored);
+            }
+            Some(LoadFigure {
+                backend,
+                messages: loaded_messages,
+                load_ms: Stats::of(&load_ms).median_us / 1e3,
+                restore_ms: Stats::of(&restore_ms).median_us / 1e3,
+            })
+        }
+    };
+    let _ = store.delete(&id).await;
+    (figure, load)
+}
+
+/// Figure 6 for SQLite (a file in WAL mode, the default durability) at each
+/// K, and the load of a session of K = 1 000.
+pub(crate) fn sqlite_figures(ks: &[usize], appends: usize) -> (Vec<StoreFigure>, Vec<LoadFigure>) {
+    let scratch = Scratch::new();
+    let store = SqliteStore::open(scratch.0.join("bench.db")).expect("the database opens");
+    let runtime = current_thread_runtime();
+    let mut figures = Vec::new();
+    let mut loads = Vec::new();
+    for &k in ks {
+        let (figure, load) = runtime.block_on(measure(
+            &store,
+            "sqlite (file, WAL)",
+            k,
+            appends,
+            k == 1_000,
+        ));
+        println!(
+            "bench=store backend=sqlite k={k} messages={} append_median_us={:.1} append_p99_us={:.1}",
+            figure.messages, figure.append.median_us, figure.append.p99_us
+        );
+        figures.push(figure);
+        if let Some(load) = load {
+            println!(
+                "bench=store_load backend=sqlite messages={} load_ms={:.2} restore_ms={:.2}",
+                load.messages, load.load_ms, load.restore_ms
+            );
+            loads.push(load);
+        }
+    }
+    (figures, loads)
+}

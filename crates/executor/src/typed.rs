@@ -1,0 +1,148 @@
+//! Typed answers: [`Machine::run_typed`] runs the machine and parses its
+//! final answer into a Rust type, asking the model again — a bounded number
+//! of times — when the answer does not parse.
+
+use markov_core::{Item, Message, Role};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::RunError;
+use crate::machine::Machine;
+use crate::run::{RunOptions, run_to_completion};
+use crate::step::MachineStep;
+
+/// How many times [`Machine::run_typed`] asks again after an answer that
+/// does not parse.
+pub const DEFAULT_TYPED_RETRIES: usize = 2;
+
+/// A parsed answer.
+#[derive(Debug, Clone)]
+pub struct Typed<T> {
+    /// The answer.
+    pub value: T,
+    /// The run's last step.
+    pub step: MachineStep,
+    /// Runs it took (1 when the first answer parsed).
+    pub attempts: usize,
+}
+
+/// Why no typed answer came back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TypedRunError {
+    /// A run failed.
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// No answer parsed, after every retry.
+    #[error("the answer did not parse after {attempts} attempts: {error}")]
+    Invalid {
+        /// Runs made.
+        attempts: usize,
+        /// Why the last answer did not parse.
+        error: String,
+        /// The last answer, as the model gave it.
+        answer: Value,
+    },
+}
+
+/// The text of the message that asks the model again.
+pub fn retry_prompt(error: &str) -> String {
+    format!(
+        "Your answer did not match the required format: {error}. Answer again with only the answer in that format."
+    )
+}
+
+/// The answer of the last assistant message: its structured output, else its
+/// text.
+fn last_answer(machine: &Machine) -> Value {
+    let Some(message) = machine
+        .history()
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::Assistant)
+    else {
+        return Value::Null;
+    };
+    let output = message
+        .item_list()
+        .iter()
+        .rev()
+        .find_map(|item| match item {
+            Item::Output { data } => Some(data.clone()),
+            _ => None,
+        });
+    output.unwrap_or_else(|| {
+        let text = message.text();
+        serde_json::from_str(text.trim()).unwrap_or(Value::String(text))
+    })
+}
+
+impl Machine {
+    /// Runs the machine and parses its answer into `T` (the node's
+    /// structured output when it declares one, else the answer's JSON
+    /// text), asking again up to [`DEFAULT_TYPED_RETRIES`] times when it
+    /// does not parse. Input must be enqueued first.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// use markov_executor::{Instance, Machine, RunOptions, StandardExecutor};
+    /// use markov_runtime::{charter::Charter, node::{Node, OutputConfig}};
+    /// use markov_testkit::ScriptedModel;
+    /// use serde::Deserialize;
+    /// use serde_json::json;
+    ///
+    /// #[derive(Deserialize, schemars::JsonSchema)]
+    /// struct Answer { value: i64 }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let node = Node::builder("Answer in JSON.").output(OutputConfig::of::<Answer>()).build().unwrap();
+    /// let charter = Charter::builder("typed").node("main", node.clone()).build().unwrap();
+    /// let model = ScriptedModel::builder().text("forty-two").text(r#"{"value": 42}"#).build();
+    /// let mut machine = Machine::new(charter, StandardExecutor::new(model), Instance::new(node, json!({}))).unwrap();
+    /// machine.enqueue_user("What is six times seven?");
+    /// let answer = machine.run_typed::<Answer>(RunOptions::default()).await.unwrap();
+    /// assert_eq!(answer.value.value, 42);
+    /// assert_eq!(answer.attempts, 2);
+    /// # });
+    /// ```
+    pub async fn run_typed<T: DeserializeOwned>(
+        &mut self,
+        options: RunOptions,
+    ) -> Result<Typed<T>, TypedRunError> {
+        self.run_typed_with(options, DEFAULT_TYPED_RETRIES).await
+    }
+
+    /// [`run_typed`](Self::run_typed) with at most `retries` re-asks.
+    pub async fn run_typed_with<T: DeserializeOwned>(
+        &mut self,
+        options: RunOptions,
+        retries: usize,
+    ) -> Result<Typed<T>, TypedRunError> {
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            let step = run_to_completion(self, options.clone()).await?;
+            let answer = last_answer(self);
+            match serde_json::from_value::<T>(answer.clone()) {
+                Ok(value) => {
+                    return Ok(Typed {
+                        value,
+                        step,
+                        attempts,
+                    });
+                }
+                Err(error) if attempts <= retries => {
+                    tracing::debug!(attempts, %error, "the answer did not parse: asking again");
+                    self.enqueue([Message::user(retry_prompt(&error.to_string()))]);
+                }
+                Err(error) => {
+                    return Err(TypedRunError::Invalid {
+                        attempts,
+                        error: error.to_string(),
+                        answer,
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! What users of other agent frameworks expect: token usage per step and
+//! per run, the application's value in every tool, typed answers.
+
+mod common;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use common::*;
+use markov_core::Item;
+use markov_core::model::{ModelResponse, StopReason, Usage};
+use markov_core::tool::{Tool, ToolContext};
+use markov_executor::{RunOptions, TypedRunError, retry_prompt};
+use markov_runtime::node::{Node, OutputConfig};
+use markov_testkit::ScriptedModel;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::json;
+
+fn used(input: u64, output: u64) -> Usage {
+    Usage {
+        input_tokens: input,
+        output_tokens: output,
+        ..Usage::default()
+    }
+}
+
+#[tokio::test]
+async fn usage_is_summed_per_step_and_per_run() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(ModelResponse {
+                content: vec![Item::tool_use("c1", "add", json!({"a": 1, "b": 2}))],
+                stop_reason: StopReason::ToolUse,
+                usage: used(100, 10),
+            })
+            .response(ModelResponse {
+                content: vec![Item::text("3")],
+                stop_reason: StopReason::EndTurn,
+                usage: used(120, 5),
+            })
+            .build(),
+    );
+    let node = Node::builder("Add.").tool(Add).build().expect("node");
+    let mut m = machine(|c| c, node, json!({}), model);
+    m.enqueue_user("1 + 2?");
+    let (steps, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(steps.len(), 2);
+    assert_eq!(steps[0].usage, used(100, 10));
+    assert_eq!(steps[0].run_usage, used(100, 10));
+    assert_eq!(steps[1].usage, used(120, 5));
+    assert_eq!(steps[1].run_usage, used(220, 15));
+}
+
+/// The application's value: a tenant and its price list.
+struct Shop {
+    tenant: &'static str,
+}
+
+/// Reads the run's deps.
+struct WhoAmI;
+
+impl Tool for WhoAmI {
+    const NAME: &'static str = "who_am_i";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Which shop is this".into()
+    }
+    async fn call(&self, _: NoArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        Ok(cx
+            .deps::<Shop>()
+            .map_or("no shop".to_owned(), |s| s.tenant.to_owned()))
+    }
+}
+
+#[tokio::test]
+async fn tools_read_the_applications_value() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("who_am_i", json!({}))
+            .text("You are acme.")
+            .tool_call("who_am_i", json!({}))
+            .text("Still acme.")
+            .build(),
+    );
+    let node = Node::builder("Shop.").tool(WhoAmI).build().expect("node");
+    let mut m = machine(|c| c, node, json!({}), model).with_deps(Shop { tenant: "acme" });
+    m.enqueue_user("who am I?");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(all_results(m.history())[0].1, "acme");
+}
+
+#[derive(Debug, Deserialize, JsonSchema, PartialEq)]
+struct Answer {
+    value: i64,
+}
+
+fn typed_node() -> Node {
+    Node::builder("Answer in JSON.")
+        .output(OutputConfig::of::<Answer>())
+        .build()
+        .expect("node")
+}
+
+#[tokio::test]
+async fn a_typed_run_asks_again_when_the_answer_does_not_parse() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .text(r#"{"value": "forty-two"}"#)
+            .text(r#"{"value": 42}"#)
+            .build(),
+    );
+    let mut m = machine(|c| c, typed_node(), json!({}), model.clone());
+    m.enqueue_user("six times seven?");
+    let typed = m
+        .run_typed::<Answer>(RunOptions::default())
+        .await
+        .expect("a typed answer");
+    assert_eq!(typed.value, Answer { value: 42 });
+    assert_eq!(typed.attempts, 2);
+    let asked_again = &model.requests()[1].messages;
+    let last = asked_again.last().expect("a message");
+    assert!(
+        last.text().starts_with("Your answer did not match"),
+        "{}",
+        last.text()
+    );
+}
+
+#[tokio::test]
+async fn a_typed_run_gives_up_after_its_retries() {
+    let model = Arc::new(ScriptedModel::builder().text("no").text("still no").build());
+    let mut m = machine(|c| c, typed_node(), json!({}), model.clone());
+    m.enqueue_user("six times seven?");
+    let err = m
+        .run_typed_with::<Answer>(RunOptions::default(), 1)
+        .await
+        .expect_err("never parses");
+    match err {
+        TypedRunError::Invalid {
+            attempts, answer, ..
+        } => {
+            assert_eq!(attempts, 2, "one re-ask, then it stops");
+            assert_eq!(answer, json!("still no"));
+        }
+        other => panic!("unexpected: {other}"),
+    }
+    assert_eq!(model.calls(), 2, "bounded");
+    assert!(retry_prompt("x").contains("x"));
+}

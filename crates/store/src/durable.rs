@@ -1,0 +1,323 @@
+//! [`DurableMachine`]: a machine whose every step is written to a [`Store`]
+//! before the next model call.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use markov_executor::{
+    Action, DeserializeError, Executor, Instance, Machine, MachineOptions, MachineStep, RunError,
+    RunOptions, RunState, SerializeError, deserialize_machine, run_leaves, serialize_instance_tree,
+    serialize_machine,
+};
+use markov_runtime::charter::Charter;
+use markov_runtime::registry::{LedgerEntry, LedgerJournal};
+use tracing::Instrument;
+
+use crate::{Lease, SessionId, StepRecord, Store, StoreError, WorkerId};
+
+/// How long a lease lasts unless renewed; every write renews it.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+
+/// Why a durable run failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DurableError {
+    /// The store failed or refused the write.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The run failed (what was recorded before is stored).
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// The machine could not be written.
+    #[error(transparent)]
+    Serialize(#[from] SerializeError),
+    /// The stored session does not read back into a machine.
+    #[error(transparent)]
+    Deserialize(#[from] DeserializeError),
+}
+
+/// Writes a session's answered calls ahead of their use.
+struct StoreJournal<S: ?Sized> {
+    store: Arc<S>,
+    id: SessionId,
+    holder: WorkerId,
+}
+
+impl<S: Store + ?Sized> LedgerJournal for StoreJournal<S> {
+    fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.store
+                .journal(&self.id, &self.holder, entry)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// A machine bound to a session of a [`Store`], leased to one worker.
+///
+/// [`run`](Self::run) drives the machine like `run_to_completion` and writes
+/// what each step added — its messages, the tree if it changed, the
+/// approvals if they changed, the run's progress — before the next model
+/// call. A run interrupted by a crash continues where its last write left
+/// it when the session is [`open`](Self::open)ed again.
+pub struct DurableMachine<S: Store + ?Sized> {
+    store: Arc<S>,
+    id: SessionId,
+    holder: WorkerId,
+    lease_ttl: Duration,
+    machine: Machine,
+    /// History messages already written.
+    written: usize,
+    /// The tree last written.
+    tree: Arc<Instance>,
+    /// The approvals' revision last written.
+    approvals: u64,
+    /// A run to continue.
+    interrupted: Option<RunState>,
+    /// When the lease expires (Unix milliseconds).
+    lease_until: u64,
+}
+
+impl<S: Store + ?Sized> std::fmt::Debug for DurableMachine<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableMachine")
+            .field("session", &self.id)
+            .field("holder", &self.holder)
+            .field("written", &self.written)
+            .field("interrupted", &self.interrupted.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store + ?Sized + 'static> DurableMachine<S> {
+    /// Stores `machine` as the new session `id`, leased to `holder` for
+    /// [`DEFAULT_LEASE`].
+    pub async fn create(
+        store: Arc<S>,
+        id: SessionId,
+        holder: WorkerId,
+        machine: Machine,
+    ) -> Result<Self, DurableError> {
+        Self::create_with_lease(store, id, holder, machine, DEFAULT_LEASE).await
+    }
+
+    /// [`create`](Self::create) with a lease of `ttl`, renewed by every
+    /// write. A crashed worker's sessions are free again after `ttl`.
+    pub async fn create_with_lease(
+        store: Arc<S>,
+        id: SessionId,
+        holder: WorkerId,
+        machine: Machine,
+        ttl: Duration,
+    ) -> Result<Self, DurableError> {
+        let snapshot = serialize_machine(&machine)?;
+        let lease = store
+            .create(&id, machine.charter().name(), &snapshot, &holder, ttl)
+            .await?;
+        Ok(Self::bind(store, lease, machine, None, ttl))
+    }
+
+    /// Leases session `id` to `holder` for [`DEFAULT_LEASE`] and restores
+    /// its machine over `charter` and `executor`, with the run that was in
+    /// progress, if any. Refused with [`StoreError::Leased`] while another
+    /// worker's lease is live.
+    pub async fn open(
+        store: Arc<S>,
+        id: SessionId,
+        holder: WorkerId,
+        charter: Charter,
+        executor: Arc<dyn Executor>,
+    ) -> Result<Self, DurableError> {
+        Self::open_with_lease(store, id, holder, charter, executor, DEFAULT_LEASE).await
+    }
+
+    /// [`open`](Self::open) with a lease of `ttl`.
+    pub async fn open_with_lease(
+        store: Arc<S>,
+        id: SessionId,
+        holder: WorkerId,
+        charter: Charter,
+        executor: Arc<dyn Executor>,
+        ttl: Duration,
+    ) -> Result<Self, DurableError> {
+        let lease = store.acquire(&id, &holder, ttl).await?;
+        let stored = store.load(&id).await?;
+        let machine = deserialize_machine(
+            charter,
+            executor,
+            stored.snapshot,
+            MachineOptions::default(),
+        )?;
+        Ok(Self::bind(store, lease, machine, stored.run, ttl))
+    }
+
+    fn bind(
+        store: Arc<S>,
+        lease: Lease,
+        machine: Machine,
+        interrupted: Option<RunState>,
+        lease_ttl: Duration,
+    ) -> Self {
+        let Lease {
+            session: id,
+            holder,
+            expires_at,
+        } = lease;
+        machine.policy_state().set_journal(Arc::new(StoreJournal {
+            store: Arc::clone(&store),
+            id: id.clone(),
+            holder: holder.clone(),
+        }));
+        DurableMachine {
+            lease_until: expires_at,
+            written: machine.history().len(),
+            tree: Arc::clone(machine.instance()),
+            approvals: machine.approvals().revision(),
+            store,
+            id,
+            holder,
+            lease_ttl,
+            machine,
+            interrupted,
+        }
+    }
+
+    /// The session's id.
+    pub fn id(&self) -> &SessionId {
+        &self.id
+    }
+
+    /// The machine (enqueue input, read history, decide approvals).
+    pub fn machine(&self) -> &Machine {
+        &self.machine
+    }
+
+    /// Whether a run interrupted by a crash waits to be continued by
+    /// [`run`](Self::run).
+    pub fn is_interrupted(&self) -> bool {
+        self.interrupted.is_some()
+    }
+
+    /// Renews the lease (a long tool call should not let it expire; a run
+    /// renews it before a model call once half of it has passed).
+    pub async fn renew(&mut self) -> Result<Lease, DurableError> {
+        let lease = self
+            .store
+            .acquire(&self.id, &self.holder, self.lease_ttl)
+            .await?;
+        self.lease_until = lease.expires_at;
+        Ok(lease)
+    }
+
+    /// Writes what changed since the last write (after an approval or a
+    /// command outside a run, say).
+    pub async fn persist(&mut self) -> Result<(), DurableError> {
+        self.write(None).await
+    }
+
+    /// Whether the machine changed since the last write.
+    fn dirty(&self) -> bool {
+        self.machine.history().len() != self.written
+            || !Arc::ptr_eq(&self.tree, self.machine.instance())
+            || self.machine.approvals().revision() != self.approvals
+    }
+
+    async fn write(&mut self, run: Option<&RunState>) -> Result<(), DurableError> {
+        let history = self.machine.history();
+        let messages = history.get(self.written..).unwrap_or_default();
+        let tree_changed = !Arc::ptr_eq(&self.tree, self.machine.instance());
+        let tree = if tree_changed {
+            Some(serialize_instance_tree(&self.machine)?)
+        } else {
+            None
+        };
+        let revision = self.machine.approvals().revision();
+        let approvals = (revision != self.approvals).then(|| self.machine.approvals().snapshot());
+        self.store
+            .append(
+                &self.id,
+                &self.holder,
+                StepRecord {
+                    messages,
+                    tree: tree.as_ref(),
+                    approvals: approvals.as_deref(),
+                    run,
+                },
+            )
+            .await?;
+        self.written = history.len();
+        self.tree = Arc::clone(self.machine.instance());
+        self.approvals = revision;
+        Ok(())
+    }
+
+    /// Runs the machine to the end of the turn (or continues an interrupted
+    /// run), writing every step before the next model call. Returns the last
+    /// step.
+    pub async fn run(&mut self, options: RunOptions) -> Result<MachineStep, DurableError> {
+        let span = tracing::info_span!("durable_run", session = %self.id, worker = %self.holder);
+        self.run_inner(options).instrument(span).await
+    }
+
+    async fn run_inner(&mut self, options: RunOptions) -> Result<MachineStep, DurableError> {
+        let mut state = match self.interrupted.take() {
+            Some(state) => {
+                tracing::info!("continuing an interrupted run");
+                state
+            }
+            None => RunState::new(options),
+        };
+        let mut last = None;
+        loop {
+            let action = match state.next(&mut self.machine) {
+                Ok(action) => action,
+                Err(e) => {
+                    self.write(None).await?;
+                    return Err(e.into());
+                }
+            };
+            match action {
+                Action::RunLeaves(tasks) => {
+                    let half = crate::ms(self.lease_ttl) / 2;
+                    if crate::now_ms().saturating_add(half) >= self.lease_until {
+                        self.renew().await?;
+                    }
+                    // Durable before the model is called (what the last step
+                    // left is written already; the run state it wrote leads
+                    // to this same step).
+                    if self.dirty() {
+                        self.write(Some(&state)).await?;
+                    }
+                    let results = run_leaves(&self.machine, &state, &tasks).await;
+                    match state.on_leaf_results(&mut self.machine, &tasks, results) {
+                        Ok(step) => {
+                            let run = (!state.is_finished()).then_some(&state);
+                            self.write(run).await?;
+                            last = Some(step);
+                        }
+                        Err(e) => {
+                            self.write(None).await?;
+                            return Err(e.into());
+                        }
+                    }
+                }
+                Action::Yield(step) => {
+                    let run = (!state.is_finished()).then_some(&state);
+                    self.write(run).await?;
+                    last = Some(step);
+                }
+                // `Finished`, and whatever a later version adds: nothing to do.
+                _ => break,
+            }
+        }
+        last.ok_or(DurableError::Run(RunError::NoSteps))
+    }
+
+    /// Gives up the lease and returns the machine.
+    pub async fn release(self) -> Result<Machine, DurableError> {
+        self.store.release(&self.id, &self.holder).await?;
+        Ok(self.machine)
+    }
+}

@@ -1,0 +1,310 @@
+//! Durable sessions for markov machines.
+//!
+//! A [`Store`] keeps sessions: a machine's history as an append-only table
+//! of messages, its instance tree (written when it changes), its pending and
+//! approved confirmation requests, its idempotency ledger, and the state of
+//! a run in progress. [`DurableMachine`] drives a machine and writes each
+//! step before the next model call, so a process that dies loses at most
+//! the step in flight — and a tool call of that step that already ran is
+//! not run again on resume: its ledger entry was written before its result
+//! was used.
+//!
+//! Appending a step costs the size of the step, never of the history.
+//!
+//! - [`SqliteStore`] (feature `sqlite`, the default): SQLite compiled in, a
+//!   file in WAL mode or in memory. One process.
+//! - [`PostgresStore`] (feature `postgres`): several worker processes share
+//!   one database; a session is leased by one worker at a time.
+//!
+//! # Leases
+//!
+//! Every write names its writer ([`WorkerId`]) and is refused
+//! ([`StoreError::LeaseLost`]) unless that worker holds the session's
+//! unexpired lease ([`Store::acquire`]). Two workers therefore never run
+//! the same machine, and a crashed worker's lease expires so that another
+//! can resume the session.
+//!
+//! ```no_run
+//! # #[cfg(feature = "sqlite")]
+//! # async fn demo(machine: markov_executor::Machine) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use markov_store::{DurableMachine, SessionId, SqliteStore, WorkerId};
+//!
+//! let store = Arc::new(SqliteStore::open("sessions.db")?);
+//! let mut session =
+//!     DurableMachine::create(store, SessionId::random(), WorkerId::new("web-1"), machine).await?;
+//! session.machine().enqueue_user("hello");
+//! let last = session.run(Default::default()).await?;
+//! # let _ = last;
+//! # Ok(())
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use markov_core::Message;
+use markov_executor::{RunState, SerializedInstance, SerializedMachine};
+use markov_runtime::registry::{ApprovalRecord, LedgerEntry};
+use serde::{Deserialize, Serialize};
+
+mod durable;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use durable::{DEFAULT_LEASE, DurableError, DurableMachine};
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::{Durability, SqliteStore};
+
+/// A session's id.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SessionId(String);
+
+impl SessionId {
+    /// The id `id`.
+    pub fn new(id: impl Into<String>) -> Self {
+        SessionId(id.into())
+    }
+
+    /// A new random id.
+    pub fn random() -> Self {
+        SessionId(uuid::Uuid::new_v4().to_string())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The name of a process (or task) that writes sessions.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WorkerId(String);
+
+impl WorkerId {
+    /// The worker `id`.
+    pub fn new(id: impl Into<String>) -> Self {
+        WorkerId(id.into())
+    }
+
+    /// A new random worker id (`worker-<uuid>`).
+    pub fn random() -> Self {
+        WorkerId(format!("worker-{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A worker's right to write a session until `expires_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The session.
+    pub session: SessionId,
+    /// The worker holding it.
+    pub holder: WorkerId,
+    /// When it expires unless renewed, in Unix milliseconds.
+    pub expires_at: u64,
+}
+
+/// A session as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionInfo {
+    /// Its id.
+    pub id: SessionId,
+    /// The charter it runs on.
+    pub charter: String,
+    /// Steps written.
+    pub steps: u64,
+    /// Messages in its history.
+    pub messages: u64,
+    /// Whether a run was in progress at its last write.
+    pub running: bool,
+    /// When it was created, in Unix milliseconds.
+    pub created_at: u64,
+    /// When it was last written, in Unix milliseconds.
+    pub updated_at: u64,
+}
+
+/// What one step adds to a session.
+#[derive(Debug, Clone, Copy)]
+pub struct StepRecord<'a> {
+    /// The messages recorded since the last write, in order.
+    pub messages: &'a [Message],
+    /// The instance tree, if it changed since the last write.
+    pub tree: Option<&'a SerializedInstance>,
+    /// The pending and approved confirmation requests, if they changed.
+    pub approvals: Option<&'a [ApprovalRecord]>,
+    /// The run in progress, or `None` when no run is in progress.
+    pub run: Option<&'a RunState>,
+}
+
+/// A session as loaded.
+#[derive(Debug, Clone)]
+pub struct StoredSession {
+    /// What the list shows.
+    pub info: SessionInfo,
+    /// The machine as a snapshot (tree, whole history, approvals, ledger).
+    pub snapshot: SerializedMachine,
+    /// The run that was in progress at the last write, to continue.
+    pub run: Option<RunState>,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No session with this id.
+    #[error("no session {0}")]
+    NotFound(SessionId),
+    /// A session with this id exists already.
+    #[error("session {0} exists already")]
+    AlreadyExists(SessionId),
+    /// Another worker holds the session's lease.
+    #[error("session {session} is leased by {holder} until {expires_at}")]
+    Leased {
+        /// The session.
+        session: SessionId,
+        /// Who holds it.
+        holder: WorkerId,
+        /// Until when (Unix milliseconds).
+        expires_at: u64,
+    },
+    /// The writer does not hold the session's lease (it expired, or another
+    /// worker took it): the write was refused.
+    #[error("worker {worker} does not hold the lease of session {session}")]
+    LeaseLost {
+        /// The session.
+        session: SessionId,
+        /// The writer.
+        worker: WorkerId,
+    },
+    /// What was stored does not read back.
+    #[error("session {session} is corrupt: {detail}")]
+    Corrupt {
+        /// The session.
+        session: SessionId,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The database failed.
+    #[error("store backend failed: {0}")]
+    Backend(String),
+}
+
+/// Where sessions live.
+///
+/// Implementations keep the history append-only and write in one
+/// transaction per call; every write after [`create`](Store::create) is
+/// fenced by the writer's lease.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug {
+    /// Creates session `id` from a whole snapshot, leased to `holder` for
+    /// `ttl`.
+    async fn create(
+        &self,
+        id: &SessionId,
+        charter: &str,
+        snapshot: &SerializedMachine,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError>;
+
+    /// Appends one step.
+    async fn append(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        step: StepRecord<'_>,
+    ) -> Result<(), StoreError>;
+
+    /// Writes one answered call of the ledger, at once (before the result
+    /// is used).
+    async fn journal(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        entry: &LedgerEntry,
+    ) -> Result<(), StoreError>;
+
+    /// Loads a session.
+    async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError>;
+
+    /// Lists the sessions, most recently written first.
+    async fn list(&self) -> Result<Vec<SessionInfo>, StoreError>;
+
+    /// Deletes a session; `false` if there was none.
+    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError>;
+
+    /// Leases session `id` to `holder` for `ttl` (renewing a lease it holds),
+    /// or says who holds it.
+    async fn acquire(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError>;
+
+    /// Gives up `holder`'s lease on `id` (nothing if it does not hold it).
+    async fn release(&self, id: &SessionId, holder: &WorkerId) -> Result<(), StoreError>;
+
+    /// Leases to `holder` a session whose run was in progress at its last
+    /// write and whose lease is free or expired (a crashed worker's), if
+    /// there is one.
+    async fn claim_interrupted(
+        &self,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError>;
+}
+
+/// Now, in Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `ttl` in milliseconds, saturating.
+pub(crate) fn ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Text for a JSON column.
+pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(|e| StoreError::Backend(format!("cannot encode: {e}")))
+}
+
+/// A JSON column read back.
+pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
+    session: &SessionId,
+    what: &str,
+    text: &str,
+) -> Result<T, StoreError> {
+    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
+        session: session.clone(),
+        detail: format!("{what}: {e}"),
+    })
+}

@@ -1,0 +1,559 @@
+//! [`SqliteStore`]: sessions in an embedded SQLite database (compiled in),
+//! a file in WAL mode or in memory.
+//!
+//! Tables: `sessions` (one row: charter, tree, approvals, run state,
+//! counters, lease), `messages` (the history, one row per message, keyed by
+//! session and position) and `ledger` (answered calls, keyed by session and
+//! idempotency key). A step is one transaction: its new message rows and one
+//! update of the session row — its cost does not depend on the history's
+//! length.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use markov_core::Message;
+use markov_executor::{FORMAT_VERSION, SerializedMachine};
+use markov_runtime::registry::{LedgerEntry, PolicySnapshot};
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+
+use crate::{
+    Lease, SessionId, SessionInfo, StepRecord, Store, StoreError, StoredSession, WorkerId,
+    from_json, ms, now_ms, to_json,
+};
+
+/// How hard a commit waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// `synchronous=NORMAL` in WAL mode: a commit survives the process
+    /// being killed, not the machine losing power. The default.
+    #[default]
+    ProcessCrash,
+    /// `synchronous=FULL`: a commit survives a power loss, at the cost of
+    /// an fsync per step.
+    PowerLoss,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    charter TEXT NOT NULL,
+    tree TEXT NOT NULL,
+    approvals TEXT NOT NULL,
+    run_state TEXT,
+    steps INTEGER NOT NULL DEFAULT 0,
+    messages INTEGER NOT NULL DEFAULT 0,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    lease_holder TEXT,
+    lease_expires INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS messages (
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS ledger (
+    session_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)
+) WITHOUT ROWID;
+";
+
+/// Sessions in SQLite. Cheap to clone (one shared connection).
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    label: Arc<str>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("database", &self.label)
+            .finish()
+    }
+}
+
+fn backend(e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the database file at `path`, in WAL mode, with
+    /// [`Durability::ProcessCrash`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_with(path, Durability::default())
+    }
+
+    /// Opens (or creates) the database file at `path` with `durability`.
+    pub fn open_with(path: impl AsRef<Path>, durability: Durability) -> Result<Self, StoreError> {
+        let path = path.as_ref();
+        let conn = Connection::open(path).map_err(backend)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(backend)?;
+        let sync = match durability {
+            Durability::ProcessCrash => "NORMAL",
+            Durability::PowerLoss => "FULL",
+        };
+        conn.pragma_update(None, "synchronous", sync)
+            .map_err(backend)?;
+        // Another process writing the same file waits rather than failing.
+        conn.busy_timeout(Duration::from_secs(5)).map_err(backend)?;
+        Self::with_connection(conn, &path.display().to_string())
+    }
+
+    /// A database in memory, gone with the store.
+    pub fn in_memory() -> Result<Self, StoreError> {
+        let conn = Connection::open_in_memory().map_err(backend)?;
+        Self::with_connection(conn, ":memory:")
+    }
+
+    fn with_connection(conn: Connection, label: &str) -> Result<Self, StoreError> {
+        conn.execute_batch(SCHEMA).map_err(backend)?;
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+            label: Arc::from(label),
+        })
+    }
+
+    /// Runs `f` on the connection off the async threads.
+    async fn with<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let conn = Arc::clone(&self.conn);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("the database task failed: {e}")))?
+    }
+}
+
+/// Checks that `holder` holds `id`'s unexpired lease.
+fn check_lease(
+    tx: &rusqlite::Transaction<'_>,
+    id: &SessionId,
+    holder: &WorkerId,
+    now: u64,
+) -> Result<(), StoreError> {
+    let row: Option<(Option<String>, i64)> = tx
+        .query_row(
+            "SELECT lease_holder, lease_expires FROM sessions WHERE id = ?1",
+            params![id.as_str()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(backend)?;
+    match row {
+        None => Err(StoreError::NotFound(id.clone())),
+        Some((Some(h), expires)) if h == holder.as_str() && to_u64(expires) > now => Ok(()),
+        Some(_) => Err(StoreError::LeaseLost {
+            session: id.clone(),
+            worker: holder.clone(),
+        }),
+    }
+}
+
+fn to_u64(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
+}
+
+fn to_i64(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn info_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
+    Ok(SessionInfo {
+        id: SessionId::new(row.get::<_, String>(0)?),
+        charter: row.get(1)?,
+        steps: to_u64(row.get(2)?),
+        messages: to_u64(row.get(3)?),
+        running: row.get::<_, Option<String>>(4)?.is_some(),
+        created_at: to_u64(row.get(5)?),
+        updated_at: to_u64(row.get(6)?),
+    })
+}
+
+fn lease(
+    tx: &rusqlite::Transaction<'_>,
+    id: &SessionId,
+    holder: &WorkerId,
+    ttl: Duration,
+) -> Result<Lease, StoreError> {
+    let now = now_ms();
+    let expires = now.saturating_add(ms(ttl));
+    let row: Option<(Option<String>, i64)> = tx
+        .query_row(
+            "SELECT lease_holder, lease_expires FROM sessions WHERE id = ?1",
+            params![id.as_str()],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(backend)?;
+    match row {
+        None => return Err(StoreError::NotFound(id.clone())),
+        Some((Some(h), until)) if h != holder.as_str() && to_u64(until) > now => {
+            return Err(StoreError::Leased {
+                session: id.clone(),
+                holder: WorkerId::new(h),
+                expires_at: to_u64(until),
+            });
+        }
+        Some(_) => {}
+    }
+    tx.execute(
+        "UPDATE sessions SET lease_holder = ?2, lease_expires = ?3 WHERE id = ?1",
+        params![id.as_str(), holder.as_str(), to_i64(expires)],
+    )
+    .map_err(backend)?;
+    Ok(Lease {
+        session: id.clone(),
+        holder: holder.clone(),
+        expires_at: expires,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create(
+        &self,
+        id: &SessionId,
+        charter: &str,
+        snapshot: &SerializedMachine,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let tree = to_json(&snapshot.instance)?;
+        let approvals = to_json(&snapshot.policy.approvals)?;
+        let messages: Vec<String> = snapshot
+            .history
+            .iter()
+            .map(to_json)
+            .collect::<Result<_, _>>()?;
+        let ledger: Vec<(String, u64, String)> = snapshot
+            .policy
+            .ledger
+            .iter()
+            .map(|e| Ok((e.key.clone(), e.recorded_at, to_json(e)?)))
+            .collect::<Result<_, StoreError>>()?;
+        let (id, charter, holder) = (id.clone(), charter.to_owned(), holder.clone());
+        self.with(move |conn| {
+            let now = now_ms();
+            let expires = now.saturating_add(ms(ttl));
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let inserted = tx
+                .execute(
+                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8)",
+                    params![
+                        id.as_str(),
+                        charter,
+                        tree,
+                        approvals,
+                        to_i64(messages.len() as u64),
+                        to_i64(now),
+                        holder.as_str(),
+                        to_i64(expires)
+                    ],
+                )
+                .map_err(backend)?;
+            if inserted == 0 {
+                return Err(StoreError::AlreadyExists(id));
+            }
+            {
+                let mut insert = tx
+                    .prepare_cached("INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)")
+                    .map_err(backend)?;
+                for (seq, body) in messages.iter().enumerate() {
+                    insert
+                        .execute(params![id.as_str(), to_i64(seq as u64), body])
+                        .map_err(backend)?;
+                }
+                let mut insert = tx
+                    .prepare_cached(
+                        "INSERT OR REPLACE INTO ledger (session_id, key, recorded_at, body) VALUES (?1, ?2, ?3, ?4)",
+                    )
+                    .map_err(backend)?;
+                for (key, at, body) in &ledger {
+                    insert
+                        .execute(params![id.as_str(), key, to_i64(*at), body])
+                        .map_err(backend)?;
+                }
+            }
+            tx.commit().map_err(backend)?;
+            Ok(Lease {
+                session: id,
+                holder,
+                expires_at: expires,
+            })
+        })
+        .await
+    }
+
+    async fn append(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        step: StepRecord<'_>,
+    ) -> Result<(), StoreError> {
+        let messages: Vec<String> = step
+            .messages
+            .iter()
+            .map(to_json)
+            .collect::<Result<_, _>>()?;
+        let tree = step.tree.map(to_json).transpose()?;
+        let approvals = step.approvals.map(to_json).transpose()?;
+        let run = step.run.map(to_json).transpose()?;
+        let (id, holder) = (id.clone(), holder.clone());
+        self.with(move |conn| {
+            let now = now_ms();
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            check_lease(&tx, &id, &holder, now)?;
+            let count: i64 = tx
+                .query_row(
+                    "SELECT messages FROM sessions WHERE id = ?1",
+                    params![id.as_str()],
+                    |r| r.get(0),
+                )
+                .map_err(backend)?;
+            {
+                let mut insert = tx
+                    .prepare_cached(
+                        "INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)",
+                    )
+                    .map_err(backend)?;
+                for (i, body) in messages.iter().enumerate() {
+                    insert
+                        .execute(params![id.as_str(), count + to_i64(i as u64), body])
+                        .map_err(backend)?;
+                }
+            }
+            tx.prepare_cached(
+                "UPDATE sessions SET
+                    tree = COALESCE(?2, tree),
+                    approvals = COALESCE(?3, approvals),
+                    run_state = ?4,
+                    steps = steps + 1,
+                    messages = messages + ?5,
+                    updated_at = ?6
+                 WHERE id = ?1",
+            )
+            .map_err(backend)?
+            .execute(params![
+                id.as_str(),
+                tree,
+                approvals,
+                run,
+                to_i64(messages.len() as u64),
+                to_i64(now)
+            ])
+            .map_err(backend)?;
+            tx.commit().map_err(backend)
+        })
+        .await
+    }
+
+    async fn journal(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        entry: &LedgerEntry,
+    ) -> Result<(), StoreError> {
+        let body = to_json(entry)?;
+        let (id, holder, key, at) = (
+            id.clone(),
+            holder.clone(),
+            entry.key.clone(),
+            entry.recorded_at,
+        );
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            check_lease(&tx, &id, &holder, now_ms())?;
+            tx.prepare_cached(
+                "INSERT OR REPLACE INTO ledger (session_id, key, recorded_at, body) VALUES (?1, ?2, ?3, ?4)",
+            )
+            .map_err(backend)?
+            .execute(params![id.as_str(), key, to_i64(at), body])
+            .map_err(backend)?;
+            tx.commit().map_err(backend)
+        })
+        .await
+    }
+
+    async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
+        let id = id.clone();
+        self.with(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let row: Option<(SessionInfo, String, String, Option<String>)> = tx
+                .query_row(
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals
+                     FROM sessions WHERE id = ?1",
+                    params![id.as_str()],
+                    |r| Ok((info_of(r)?, r.get(7)?, r.get(8)?, r.get(4)?)),
+                )
+                .optional()
+                .map_err(backend)?;
+            let Some((info, tree, approvals, run)) = row else {
+                return Err(StoreError::NotFound(id));
+            };
+            let mut history: Vec<Message> = Vec::with_capacity(usize::try_from(info.messages).unwrap_or(0));
+            {
+                let mut rows = tx
+                    .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq")
+                    .map_err(backend)?;
+                let bodies = rows
+                    .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
+                    .map_err(backend)?;
+                for body in bodies {
+                    history.push(from_json(&id, "a message", &body.map_err(backend)?)?);
+                }
+            }
+            let mut ledger: Vec<LedgerEntry> = Vec::new();
+            {
+                let mut rows = tx
+                    .prepare_cached(
+                        "SELECT body FROM ledger WHERE session_id = ?1 ORDER BY recorded_at, key",
+                    )
+                    .map_err(backend)?;
+                let bodies = rows
+                    .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
+                    .map_err(backend)?;
+                for body in bodies {
+                    ledger.push(from_json(&id, "a ledger entry", &body.map_err(backend)?)?);
+                }
+            }
+            let snapshot = SerializedMachine {
+                format_version: FORMAT_VERSION,
+                instance: from_json(&id, "the tree", &tree)?,
+                history,
+                policy: PolicySnapshot {
+                    approvals: from_json(&id, "the approvals", &approvals)?,
+                    ledger,
+                },
+            };
+            let run = run
+                .map(|text| from_json(&id, "the run state", &text))
+                .transpose()?;
+            Ok(StoredSession {
+                info,
+                snapshot,
+                run,
+            })
+        })
+        .await
+    }
+
+    async fn list(&self) -> Result<Vec<SessionInfo>, StoreError> {
+        self.with(|conn| {
+            let mut rows = conn
+                .prepare_cached(
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at
+                     FROM sessions ORDER BY updated_at DESC, id",
+                )
+                .map_err(backend)?;
+            let infos = rows.query_map([], info_of).map_err(backend)?;
+            infos.map(|i| i.map_err(backend)).collect()
+        })
+        .await
+    }
+
+    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
+        let id = id.clone();
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            tx.execute(
+                "DELETE FROM messages WHERE session_id = ?1",
+                params![id.as_str()],
+            )
+            .map_err(backend)?;
+            tx.execute(
+                "DELETE FROM ledger WHERE session_id = ?1",
+                params![id.as_str()],
+            )
+            .map_err(backend)?;
+            let deleted = tx
+                .execute("DELETE FROM sessions WHERE id = ?1", params![id.as_str()])
+                .map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            Ok(deleted > 0)
+        })
+        .await
+    }
+
+    async fn acquire(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let (id, holder) = (id.clone(), holder.clone());
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let lease = lease(&tx, &id, &holder, ttl)?;
+            tx.commit().map_err(backend)?;
+            Ok(lease)
+        })
+        .await
+    }
+
+    async fn release(&self, id: &SessionId, holder: &WorkerId) -> Result<(), StoreError> {
+        let (id, holder) = (id.clone(), holder.clone());
+        self.with(move |conn| {
+            conn.execute(
+                "UPDATE sessions SET lease_holder = NULL, lease_expires = 0 WHERE id = ?1 AND lease_holder = ?2",
+                params![id.as_str(), holder.as_str()],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn claim_interrupted(
+        &self,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        let holder = holder.clone();
+        self.with(move |conn| {
+            let now = now_ms();
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let id: Option<String> = tx
+                .query_row(
+                    "SELECT id FROM sessions
+                     WHERE run_state IS NOT NULL AND (lease_holder IS NULL OR lease_expires <= ?1)
+                     ORDER BY updated_at LIMIT 1",
+                    params![to_i64(now)],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(backend)?;
+            let Some(id) = id else { return Ok(None) };
+            let lease = lease(&tx, &SessionId::new(id), &holder, ttl)?;
+            tx.commit().map_err(backend)?;
+            Ok(Some(lease))
+        })
+        .await
+    }
+}
