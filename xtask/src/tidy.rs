@@ -244,6 +244,11 @@ const LAYERS: &[Layer] = &[
         reason: "the store persists machines; it knows no model vendor",
     },
     Layer {
+        package: "markov-macros",
+        forbidden: &["markov-*"],
+        reason: "a proc-macro crate writes code; it links no markov crate",
+    },
+    Layer {
         package: "markov-tools-std",
         forbidden: ABOVE_CORE,
         reason: "tool crates depend on core only",
