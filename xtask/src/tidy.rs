@@ -10,7 +10,8 @@
 //!   the panic payload instead;
 //! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
 //!   hyper or `markov-*` crate in its `[dependencies]`;
-//! - the layers point one way, `core` ← `runtime` ← `executor` ← `store`:
+//! - the layers point one way, `core` ← `policy` ← `runtime` ← `executor` ←
+//!   `store`: `policy` (the tool registry) depends on core only;
 //!   `runtime` depends on neither `executor` nor `store`, `executor` knows
 //!   no database driver, no vendor and not `store`, `store` knows no model
 //!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
@@ -242,6 +243,16 @@ const LAYERS: &[Layer] = &[
         package: "markov-store",
         forbidden: &["markov-providers", "markov-cli", "reqwest"],
         reason: "the store persists machines; it knows no model vendor",
+    },
+    Layer {
+        package: "markov-policy",
+        forbidden: &[
+            "markov-runtime",
+            "markov-executor",
+            "markov-store",
+            "markov-providers",
+        ],
+        reason: "the tool registry depends on core only",
     },
     Layer {
         package: "markov-macros",

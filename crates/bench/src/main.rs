@@ -811,6 +811,7 @@ fn layer_costs(calls: usize) -> Vec<(&'static str, f64)> {
                             report: &report,
                             cx: ToolContext::new(id, &[], &state),
                             terminate_message: "Finished",
+                            origin: Default::default(),
                         })
                         .await;
                     assert!(!result.is_error, "{name}: {}", result.content);

@@ -11,7 +11,7 @@ use std::time::SystemTime;
 use markov_core::InstanceId;
 use markov_runtime::node::Node;
 use markov_runtime::pack::Pack;
-use markov_runtime::policy::ToolChoicePolicy;
+use markov_runtime::tool_choice::ToolChoicePolicy;
 use serde_json::{Value, json};
 
 use crate::error::RunError;

@@ -33,11 +33,12 @@ use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{
     CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
 };
-use markov_runtime::policy::check_thinking;
 use markov_runtime::prompt::system_prompt;
 use markov_runtime::registry::{Mode, RegistryBinding, ToolRegistry};
+use markov_runtime::respond::take_transition;
+use markov_runtime::tool_choice::check_thinking;
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
-use markov_runtime::transition::{TransitionError, TransitionOutcome, execute_transition};
+use markov_runtime::transition::{TransitionError, TransitionOutcome};
 use serde_json::Value;
 use tracing::Instrument;
 
@@ -784,7 +785,7 @@ impl Executor for StandardExecutor {
             AfterTools::Finish(outcome) => outcome,
             AfterTools::Transition(pending) => {
                 let span = tracing::info_span!("transition", name = %pending.name);
-                let result = execute_transition(
+                let result = take_transition(
                     cx.charter,
                     cx.instance().node(),
                     &pending.state,

@@ -10,7 +10,7 @@ use markov_core::message::{Message, Role};
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use markov_executor::{Machine, MachineStep, RunError, RunOptions, YieldReason};
 use markov_runtime::node::Node;
-use markov_runtime::policy::{DEFAULT_RESTRICTION_MESSAGE, OutputRestriction};
+use markov_runtime::tool_choice::{DEFAULT_RESTRICTION_MESSAGE, OutputRestriction};
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;
 use markov_tools_std::Finish;

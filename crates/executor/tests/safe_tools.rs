@@ -20,11 +20,11 @@ use markov_executor::{
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
-use markov_runtime::policy::{ToolChoicePolicy, TurnPolicy};
 use markov_runtime::registry::{
     ApprovalId, Budget, CONFIRMATION_TOKEN, Category, Mode, PolicyConfig, ToolMetadata,
     ToolRegistry, WithIntents,
 };
+use markov_runtime::tool_choice::{ToolChoicePolicy, TurnPolicy};
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;

@@ -21,11 +21,11 @@ use markov_executor::{
     Instance, Machine, MachineStep, RunError, RunOptions, StandardExecutor, YieldReason,
 };
 use markov_runtime::ConfigError;
+use markov_runtime::ToolChoiceEnforcer;
 use markov_runtime::charter::Charter;
 use markov_runtime::node::{Node, NodeBuilder};
-use markov_runtime::policy::{
-    DEFAULT_RESTRICTION_MESSAGE, OutputRestriction, ToolChoiceEnforcer, ToolChoicePolicy,
-    TurnPolicy,
+use markov_runtime::tool_choice::{
+    DEFAULT_RESTRICTION_MESSAGE, OutputRestriction, ToolChoicePolicy, TurnPolicy,
 };
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;
@@ -798,7 +798,7 @@ proptest! {
 #[tokio::test]
 async fn an_instance_policy_wins_over_the_nodes() {
     use markov_executor::{Instance, Machine, StandardExecutor};
-    use markov_runtime::policy::ToolChoicePolicy;
+    use markov_runtime::tool_choice::ToolChoicePolicy;
     let node = markov_runtime::node::Node::builder("Auto node.")
         .tool(common::Add)
         .build()

@@ -1,17 +1,25 @@
-//! markov's runtime: the definitions a machine is made of, and the execution
-//! of one leaf's tool calls.
+//! markov's runtime: the definitions a machine is made of, their serialized
+//! forms, and the running of one model response's tool calls.
 //!
-//! - [`Charter`](charter::Charter): the static registry (nodes, tools,
-//!   transitions, packs, prompt builder), shared by many machines.
-//! - [`Node`](node::Node): instructions, typed state, tools, transitions, turn policy.
-//! - [`Transition`](transition::Transition) and [`Pack`](pack::Pack).
-//! - [`externalize`]: handing a node's or pack's state to application code.
-//! - [`command`]: user-invoked operations on nodes and packs that bypass inference.
-//! - [`pipeline`]: runs one model response's tool calls in order and reports
-//!   their results and effects as data; it never touches the instance tree.
-//! - [`registry`]: a tool registry whose calls pass a policy stack (modes,
-//!   budgets, confirmation, idempotency, timeouts, audit), with error envelopes.
-//! - [`prompt`] and [`toolgen`]: the system prompt and the tool list a model sees.
+//! The crate is laid out by role, and each role only looks down:
+//!
+//! - **definitions** (`src/define/`): [`Charter`](charter::Charter), the
+//!   static registry shared by many machines; [`Node`](node::Node)
+//!   (instructions, typed state, tools, transitions, turn policy);
+//!   [`Transition`](transition::Transition), [`Pack`](pack::Pack), typed
+//!   [`command`]s, [`state`] schemas, [`externalize`]d state and the
+//!   [`tool_choice`] rules. Data, and the checks that freeze it.
+//! - **serialized forms** (`src/serial/`): [`serial`], nodes and packs as
+//!   JSON, read back against a charter.
+//! - **running one response** (`src/respond/`): [`pipeline`] runs one model
+//!   response's tool calls in order through the tool path and reports their
+//!   results and effects as data (it never touches the instance tree);
+//!   [`respond::take_transition`] decides a queued transition; [`prompt`] and
+//!   [`toolgen`] build what the model sees; [`ToolChoiceEnforcer`] applies a
+//!   tool-choice policy around any model.
+//!
+//! The tool registry and its policy stack are the `markov-policy` crate,
+//! re-exported here as [`registry`].
 //!
 //! ```
 //! use markov_runtime::{charter::Charter, node::Node};
@@ -22,23 +30,15 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod charter;
-pub mod command;
-mod error;
-mod execute;
-pub mod externalize;
-pub mod node;
-pub mod pack;
-pub mod pipeline;
-pub mod policy;
-pub mod prompt;
-pub mod registry;
+mod define;
+pub mod respond;
 pub mod serial;
-pub mod state;
-pub mod toolgen;
-mod toolset;
-pub mod transition;
 
-pub use error::ConfigError;
-pub use execute::execute_call;
-pub use toolset::ToolSet;
+pub use define::error::ConfigError;
+pub use define::toolset::ToolSet;
+pub use define::{charter, command, externalize, node, pack, state, tool_choice, transition};
+pub use respond::enforcer::ToolChoiceEnforcer;
+pub use respond::{pipeline, prompt, toolgen};
+
+/// The tool registry and its policy pipeline: the `markov-policy` crate.
+pub use markov_policy as registry;

@@ -13,9 +13,10 @@ use markov_core::model::{
 };
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use markov_runtime::ConfigError;
+use markov_runtime::ToolChoiceEnforcer;
 use markov_runtime::node::{ExecutorConfig, Node, NodeBuilder};
-use markov_runtime::policy::{
-    OutputRestriction, ToolChoiceEnforcer, ToolChoicePolicy, TurnPolicy, check_thinking,
+use markov_runtime::tool_choice::{
+    OutputRestriction, ToolChoicePolicy, TurnPolicy, check_thinking,
 };
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;

@@ -1,0 +1,263 @@
+//! The centre of the onion: runs the resolved tool with `call_json`, splits
+//! off its intents and writes the success envelope.
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use markov_core::ids::ToolCallId;
+use markov_core::tool::{ToolCallError, ToolExecutionResult, ToolOutcome, UserMessage};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::error::{Rejection, ToolErrorKind, success_envelope};
+use crate::service::{ToolOrigin, ToolRequest, ToolService};
+
+/// The key under which [`WithIntents`] serializes its intents.
+pub const INTENTS_KEY: &str = "markov_intents";
+
+/// A tool output carrying intents for the application besides its data.
+///
+/// Serializes to `{"data": .., "markov_intents": [..]}`; the registry's
+/// execute stage recognises exactly that shape, gives the model `data` (and,
+/// in the envelope, the intents) and hands the intents to the caller.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WithIntents<T> {
+    /// What the model reads.
+    pub data: T,
+    /// Application-defined intents (e.g. `{"type":"end_session"}`).
+    #[serde(rename = "markov_intents")]
+    pub intents: Vec<Value>,
+}
+
+impl<T> WithIntents<T> {
+    /// `data` with `intents`.
+    pub fn new(data: T, intents: impl IntoIterator<Item = Value>) -> Self {
+        WithIntents {
+            data,
+            intents: intents.into_iter().collect(),
+        }
+    }
+}
+
+/// Whether successful results are wrapped in `{"ok":true,"data":..}`.
+///
+/// Errors always are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvelopeMode {
+    /// `{"ok":true,"data":..,"intents":[..]?}` (the seed's choice).
+    On,
+    /// The tool's text as without a registry.
+    Off,
+}
+
+/// How the execute stage words the errors it produces itself (an unknown
+/// tool, arguments that do not fit, a failing tool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorFormat {
+    /// The error envelope, `{"ok":false,"error":{"type":..}}`: the default
+    /// of a registry.
+    Envelope,
+    /// upstream markov-machines' plain texts — `Unknown tool: <name>`,
+    /// `Invalid tool input: ..`, `Tool execution error: ..` (for pack tools
+    /// `Invalid pack tool input: ..`, `Tool error: ..`): the default of a
+    /// machine without a registry, so that its transcripts stay
+    /// upstream-compatible.
+    PlainText,
+}
+
+/// Runs the request's tool.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecuteService {
+    envelope: EnvelopeMode,
+    errors: ErrorFormat,
+}
+
+impl ExecuteService {
+    /// An executor writing successes in `envelope` mode and errors as
+    /// envelopes.
+    pub fn new(envelope: EnvelopeMode) -> Self {
+        ExecuteService {
+            envelope,
+            errors: ErrorFormat::Envelope,
+        }
+    }
+
+    /// The execute stage of a machine without a registry: plain successes,
+    /// plain-text errors ([`ErrorFormat::PlainText`]).
+    pub fn plain() -> Self {
+        ExecuteService {
+            envelope: EnvelopeMode::Off,
+            errors: ErrorFormat::PlainText,
+        }
+    }
+
+    /// Sets how errors are worded.
+    #[must_use]
+    pub fn errors(mut self, errors: ErrorFormat) -> Self {
+        self.errors = errors;
+        self
+    }
+
+    /// The plain-text error result of `error`, worded for `origin`.
+    fn plain_error(
+        origin: ToolOrigin,
+        call_id: &ToolCallId,
+        report: &crate::service::CallReport,
+        kind: ToolErrorKind,
+        error: ToolCallError,
+    ) -> ToolExecutionResult {
+        report.set_error(kind);
+        let text = match (origin, error) {
+            (ToolOrigin::Pack, ToolCallError::InvalidInput(m)) => {
+                format!("Invalid pack tool input: {m}")
+            }
+            (ToolOrigin::Pack, ToolCallError::Execution(m)) => format!("Tool error: {m}"),
+            (_, error) => error.to_string(),
+        };
+        ToolExecutionResult::error(call_id.clone(), text)
+    }
+}
+
+/// Splits a [`WithIntents`] value into its data and intents.
+fn split_intents(outcome: ToolOutcome) -> (ToolOutcome, Vec<Value>) {
+    match outcome {
+        ToolOutcome::Value(Value::Object(mut map))
+            if map.len() == 2
+                && map.contains_key("data")
+                && map.get(INTENTS_KEY).is_some_and(Value::is_array) =>
+        {
+            let intents = match map.remove(INTENTS_KEY) {
+                Some(Value::Array(items)) => items,
+                _ => Vec::new(),
+            };
+            let data = map.remove("data").unwrap_or(Value::Null);
+            (ToolOutcome::Value(data), intents)
+        }
+        other => (other, Vec::new()),
+    }
+}
+
+impl ToolService for ExecuteService {
+    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+        let Some(tool) = req.tool else {
+            let result = match self.errors {
+                ErrorFormat::Envelope => Rejection::new(ToolErrorKind::NotFound)
+                    .with_detail(req.name)
+                    .respond(&req),
+                ErrorFormat::PlainText => {
+                    req.report.set_error(ToolErrorKind::NotFound);
+                    ToolExecutionResult::error(
+                        req.call_id.clone(),
+                        format!("Unknown tool: {}", req.name),
+                    )
+                }
+            };
+            return Box::pin(std::future::ready(result));
+        };
+        let envelope = self.envelope;
+        let errors = self.errors;
+        let ToolRequest {
+            call_id,
+            name,
+            input,
+            report,
+            cx,
+            terminate_message,
+            origin,
+            ..
+        } = req;
+        Box::pin(async move {
+            // A panic is the tool's failure, not the conversation's: it is
+            // answered like any other, so audit and the ledger see it too.
+            let outcome = std::panic::AssertUnwindSafe(tool.call_json(input, cx))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err(ToolCallError::Execution("the tool panicked".to_owned())));
+            match outcome {
+                Ok(outcome) => {
+                    let (outcome, intents) = split_intents(outcome);
+                    let data = match (&outcome, envelope) {
+                        (ToolOutcome::Value(v), EnvelopeMode::On) => Some(v.clone()),
+                        (other, EnvelopeMode::On) => {
+                            Some(Value::String(other.model_text(terminate_message)))
+                        }
+                        (_, EnvelopeMode::Off) => None,
+                    };
+                    let mut result = into_result(
+                        call_id,
+                        tool.definition().terminal,
+                        Ok(outcome),
+                        terminate_message,
+                    );
+                    if let Some(data) = data {
+                        result.content = success_envelope(&data, &intents);
+                    }
+                    if !intents.is_empty() {
+                        report.set_intents(intents);
+                    }
+                    result
+                }
+                Err(error) if errors == ErrorFormat::PlainText => {
+                    let kind = match error {
+                        ToolCallError::InvalidInput(_) => ToolErrorKind::InvalidInput,
+                        _ => ToolErrorKind::ExecutionFailed,
+                    };
+                    Self::plain_error(origin, call_id, report, kind, error)
+                }
+                Err(ToolCallError::InvalidInput(detail)) => {
+                    Rejection::new(ToolErrorKind::InvalidInput)
+                        .with_detail(detail)
+                        .into_result(call_id, report)
+                }
+                Err(ToolCallError::Execution(detail)) => {
+                    // The tool's Display is addressed to the model by the
+                    // `Tool` contract, so it is the safe detail.
+                    tracing::warn!(tool = name, error = %detail, "tool execution failed");
+                    Rejection::new(ToolErrorKind::ExecutionFailed)
+                        .with_detail(detail)
+                        .into_result(call_id, report)
+                }
+                Err(other) => {
+                    tracing::warn!(tool = name, error = %other, "tool execution failed");
+                    Rejection::new(ToolErrorKind::ExecutionFailed).into_result(call_id, report)
+                }
+            }
+        })
+    }
+
+    fn stages(&self, out: &mut Vec<&'static str>) {
+        out.push("execute");
+    }
+}
+
+/// Turns a tool's outcome into its one result: a success (a terminal
+/// tool's marked `is_terminal`, its response text as the user message) or
+/// the error's plain text.
+pub fn into_result(
+    id: &ToolCallId,
+    terminal: bool,
+    outcome: Result<ToolOutcome, ToolCallError>,
+    default_terminate_message: &str,
+) -> ToolExecutionResult {
+    match outcome {
+        Ok(outcome) => {
+            let mut result = ToolExecutionResult::success(
+                id.clone(),
+                outcome.model_text(default_terminate_message),
+            );
+            if terminal {
+                result.is_terminal = true;
+                result.user_message = Some(UserMessage::Text(
+                    outcome.response_text(default_terminate_message),
+                ));
+            } else if let ToolOutcome::Reply(reply) = &outcome {
+                result.user_message = Some(reply.user_message.clone());
+            }
+            if let ToolOutcome::Terminate(t) = outcome {
+                result.terminate = Some(t);
+            }
+            result
+        }
+        Err(e) => ToolExecutionResult::error(id.clone(), e.to_string()),
+    }
+}

@@ -1,0 +1,541 @@
+//! Replays: a call whose idempotency key was already answered gets the stored
+//! result, and the tool does not run again.
+//!
+//! The key is `provider:<tool_call_id>` (providers' call ids are stable),
+//! prefixed with the leaf instance when the call has one
+//! (`provider:<instance>:<tool_call_id>`). An entry binds the key to the
+//! tool and its exact arguments: a call that reuses a key for another tool or
+//! other arguments is answered `IDEMPOTENCY_CONFLICT`, never with another
+//! call's result, and does not run.
+//!
+//! The ledger belongs to one conversation (a machine's
+//! [`PolicyState`](crate::PolicyState)) and travels with it: it is part of
+//! the machine's snapshot, so a call id replayed after a restore in a fresh
+//! process is answered from the ledger. A key in flight makes a second
+//! concurrent call wait for the first one's result (if the first is
+//! cancelled, the second runs). Entries expire after
+//! [`IdempotencyLimits::ttl`], and the ledger is bounded in entries and in
+//! bytes (oldest first out).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use futures::channel::oneshot;
+use futures::future::BoxFuture;
+use markov_core::tool::{TerminateResponse, ToolExecutionResult, UserMessage};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Rejection, ToolErrorKind};
+use crate::service::{ToolLayer, ToolRequest, ToolService};
+
+/// How long answered calls are kept and how much room they may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdempotencyLimits {
+    /// How long an answer is replayed.
+    pub ttl: Duration,
+    /// Answers kept at most.
+    pub max_entries: usize,
+    /// Approximate bytes of keys, arguments and results kept at most.
+    pub max_bytes: usize,
+}
+
+impl Default for IdempotencyLimits {
+    /// A day, 4 096 answers, 8 MiB.
+    fn default() -> Self {
+        IdempotencyLimits {
+            ttl: Duration::from_secs(24 * 60 * 60),
+            max_entries: 4096,
+            max_bytes: 8 << 20,
+        }
+    }
+}
+
+/// A recorded result, as a snapshot stores it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StoredResult {
+    /// The text the model read.
+    pub content: String,
+    /// Whether the call failed.
+    pub is_error: bool,
+    /// Whether it was a successful terminal call.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_terminal: bool,
+    /// Set when the tool asked to end the run: its message, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub terminate: Option<Option<String>>,
+    /// Text for the user.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_message: Option<UserMessage>,
+}
+
+impl StoredResult {
+    fn of(result: &ToolExecutionResult) -> Self {
+        StoredResult {
+            content: result.content.clone(),
+            is_error: result.is_error,
+            is_terminal: result.is_terminal,
+            terminate: result.terminate.as_ref().map(|t| t.message.clone()),
+            user_message: result.user_message.clone(),
+        }
+    }
+
+    fn to_result(&self, call_id: &markov_core::ids::ToolCallId) -> ToolExecutionResult {
+        let mut result = if self.is_error {
+            ToolExecutionResult::error(call_id.clone(), self.content.clone())
+        } else {
+            ToolExecutionResult::success(call_id.clone(), self.content.clone())
+        };
+        result.is_terminal = self.is_terminal;
+        result.terminate = self.terminate.clone().map(TerminateResponse::new);
+        result.user_message = self.user_message.clone();
+        result
+    }
+}
+
+/// One answered call: the key, what it was for, and its result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerEntry {
+    /// The idempotency key.
+    pub key: String,
+    /// The tool.
+    pub tool: String,
+    /// The exact arguments.
+    pub args: Value,
+    /// The result.
+    pub result: StoredResult,
+    /// The error kind of a failure (its wire name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The intents of a success.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub intents: Vec<Value>,
+    /// When it was recorded, in Unix milliseconds.
+    pub recorded_at: u64,
+}
+
+impl LedgerEntry {
+    /// Approximate bytes the entry holds.
+    fn size(&self) -> usize {
+        self.key.len()
+            + self.tool.len()
+            + value_size(&self.args)
+            + self.result.content.len()
+            + self.intents.iter().map(value_size).sum::<usize>()
+            + 64
+    }
+}
+
+fn value_size(v: &Value) -> usize {
+    match v {
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => 2 + items.iter().map(value_size).sum::<usize>(),
+        Value::Object(map) => {
+            2 + map
+                .iter()
+                .map(|(k, v)| k.len() + 3 + value_size(v))
+                .sum::<usize>()
+        }
+        _ => 8,
+    }
+}
+
+enum Slot {
+    InFlight {
+        tool: String,
+        args: Value,
+        waiters: Vec<oneshot::Sender<()>>,
+    },
+    Done(LedgerEntry),
+}
+
+#[derive(Default)]
+struct Inner {
+    slots: HashMap<String, Slot>,
+    /// Answered keys, oldest first.
+    order: VecDeque<String>,
+    bytes: usize,
+}
+
+impl Inner {
+    fn evict(&mut self, limits: &IdempotencyLimits, now_ms: u64) {
+        let ttl_ms = u64::try_from(limits.ttl.as_millis()).unwrap_or(u64::MAX);
+        while let Some(oldest) = self.order.front() {
+            let expired = match self.slots.get(oldest) {
+                Some(Slot::Done(e)) => now_ms.saturating_sub(e.recorded_at) >= ttl_ms,
+                // Re-claimed or gone: its place in the order is stale.
+                _ => true,
+            };
+            let over =
+                self.order.len() > limits.max_entries.max(1) || self.bytes > limits.max_bytes;
+            if !(expired || over) {
+                break;
+            }
+            if let Some(key) = self.order.pop_front()
+                && let Some(Slot::Done(e)) = self.slots.get(&key)
+            {
+                self.bytes = self.bytes.saturating_sub(e.size());
+                self.slots.remove(&key);
+            }
+        }
+    }
+}
+
+/// What [`IdempotencyLedger::begin`] found for a key.
+enum Begin<'l> {
+    /// Run the call; complete the claim with its result.
+    Run(Claim<'l>),
+    /// Answered before: replay.
+    Replay(LedgerEntry),
+    /// The key was used for another tool or other arguments.
+    Conflict,
+    /// Another call with this key is running: wait, then look again.
+    Wait(oneshot::Receiver<()>),
+}
+
+/// The answered calls of one conversation.
+#[derive(Default)]
+pub struct IdempotencyLedger {
+    inner: Mutex<Inner>,
+}
+
+impl std::fmt::Debug for IdempotencyLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = self.lock();
+        f.debug_struct("IdempotencyLedger")
+            .field("entries", &inner.order.len())
+            .field("bytes", &inner.bytes)
+            .finish()
+    }
+}
+
+fn unix_millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl IdempotencyLedger {
+    /// An empty ledger.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The key of a request.
+    pub fn key(req: &ToolRequest<'_>) -> String {
+        match req.cx.instance_id() {
+            Some(instance) => format!("provider:{instance}:{}", req.call_id),
+            None => format!("provider:{}", req.call_id),
+        }
+    }
+
+    /// How many answers are stored.
+    pub fn len(&self) -> usize {
+        self.lock()
+            .slots
+            .values()
+            .filter(|s| matches!(s, Slot::Done(_)))
+            .count()
+    }
+
+    /// Whether nothing is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Approximate bytes stored.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes
+    }
+
+    /// The answers, oldest first, for a snapshot.
+    pub fn snapshot(&self) -> Vec<LedgerEntry> {
+        let inner = self.lock();
+        inner
+            .order
+            .iter()
+            .filter_map(|k| match inner.slots.get(k) {
+                Some(Slot::Done(e)) => Some(e.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Adds the answers of a snapshot (oldest first), within `limits`.
+    pub fn restore(
+        &self,
+        entries: impl IntoIterator<Item = LedgerEntry>,
+        limits: &IdempotencyLimits,
+    ) {
+        let mut inner = self.lock();
+        for entry in entries {
+            inner.bytes += entry.size();
+            let key = entry.key.clone();
+            if let Some(Slot::Done(old)) = inner.slots.insert(key.clone(), Slot::Done(entry)) {
+                inner.bytes = inner.bytes.saturating_sub(old.size());
+            } else {
+                inner.order.push_back(key);
+            }
+        }
+        inner.evict(limits, unix_millis(SystemTime::now()));
+    }
+
+    fn begin(
+        &self,
+        key: &str,
+        tool: &str,
+        args: &Value,
+        limits: &IdempotencyLimits,
+        now: SystemTime,
+    ) -> Begin<'_> {
+        let mut inner = self.lock();
+        inner.evict(limits, unix_millis(now));
+        match inner.slots.get_mut(key) {
+            Some(Slot::Done(e)) if e.tool == tool && e.args == *args => Begin::Replay(e.clone()),
+            Some(Slot::Done(_)) => Begin::Conflict,
+            Some(Slot::InFlight {
+                tool: t, args: a, ..
+            }) if t != tool || a != args => Begin::Conflict,
+            Some(Slot::InFlight { waiters, .. }) => {
+                let (tx, rx) = oneshot::channel();
+                waiters.push(tx);
+                Begin::Wait(rx)
+            }
+            None => {
+                inner.slots.insert(
+                    key.to_owned(),
+                    Slot::InFlight {
+                        tool: tool.to_owned(),
+                        args: args.clone(),
+                        waiters: Vec::new(),
+                    },
+                );
+                Begin::Run(Claim {
+                    ledger: self,
+                    key: Some(key.to_owned()),
+                })
+            }
+        }
+    }
+}
+
+/// A key being run; dropped without [`Claim::complete`] (a cancelled call),
+/// it frees the key and wakes the waiters, one of which then runs.
+struct Claim<'l> {
+    ledger: &'l IdempotencyLedger,
+    key: Option<String>,
+}
+
+impl Claim<'_> {
+    fn complete(mut self, entry: LedgerEntry, limits: &IdempotencyLimits) {
+        let Some(key) = self.key.take() else { return };
+        let mut inner = self.ledger.lock();
+        // Waiters are woken by their senders being dropped with the slot.
+        inner.bytes += entry.size();
+        inner.slots.insert(key.clone(), Slot::Done(entry));
+        inner.order.push_back(key);
+        inner.evict(limits, unix_millis(SystemTime::now()));
+    }
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if let Some(key) = self.key.take() {
+            self.ledger.lock().slots.remove(&key);
+        }
+    }
+}
+
+/// The idempotency stage's layer.
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyLayer {
+    limits: IdempotencyLimits,
+}
+
+impl IdempotencyLayer {
+    /// A layer keeping answers within `limits`.
+    pub fn new(limits: IdempotencyLimits) -> Self {
+        IdempotencyLayer { limits }
+    }
+}
+
+impl<S> ToolLayer<S> for IdempotencyLayer {
+    type Service = Idempotency<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency {
+            inner,
+            limits: self.limits,
+        }
+    }
+}
+
+/// A service behind the idempotency stage.
+#[derive(Debug, Clone)]
+pub struct Idempotency<S> {
+    inner: S,
+    limits: IdempotencyLimits,
+}
+
+impl<S: ToolService> ToolService for Idempotency<S> {
+    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+        let key = IdempotencyLedger::key(&req);
+        let ledger = req.policy.ledger();
+        Box::pin(async move {
+            loop {
+                match ledger.begin(&key, req.name, &req.input, &self.limits, SystemTime::now()) {
+                    Begin::Replay(entry) => {
+                        tracing::debug!(key = %key, "idempotent replay: the stored result is returned");
+                        if let Some(kind) =
+                            entry.error.as_deref().and_then(ToolErrorKind::from_wire)
+                        {
+                            req.report.set_error(kind);
+                        }
+                        req.report.set_intents(entry.intents);
+                        return entry.result.to_result(req.call_id);
+                    }
+                    Begin::Conflict => {
+                        return Rejection::new(ToolErrorKind::IdempotencyConflict)
+                            .with_detail(format!(
+                                "the call id {} was already used by a call with another tool or other arguments; it was not run",
+                                req.call_id
+                            ))
+                            .respond(&req);
+                    }
+                    Begin::Wait(done) => {
+                        // Either the result is stored now, or the first call was
+                        // cancelled and the key is free: look again.
+                        let _ = done.await;
+                    }
+                    Begin::Run(claim) => {
+                        let tool = req.name.to_owned();
+                        let args = req.input.clone();
+                        let report = req.report;
+                        let call_id = req.call_id;
+                        let journal = req.policy.journal();
+                        let result = self.inner.call(req).await;
+                        let entry = LedgerEntry {
+                            key,
+                            tool,
+                            args,
+                            result: StoredResult::of(&result),
+                            error: report.error_kind().map(|k| k.as_str().to_owned()),
+                            intents: report.intents(),
+                            recorded_at: unix_millis(SystemTime::now()),
+                        };
+                        // Written ahead: durable before anyone uses the result.
+                        if let Some(journal) = journal
+                            && let Err(error) = journal.write(&entry).await
+                        {
+                            tracing::error!(key = %entry.key, %error, "the ledger entry could not be journaled");
+                        }
+                        claim.complete(entry, &self.limits);
+                        debug_assert_eq!(&result.call_id, call_id);
+                        return result;
+                    }
+                }
+            }
+        })
+    }
+
+    fn stages(&self, out: &mut Vec<&'static str>) {
+        out.push("idempotency");
+        self.inner.stages(out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn entry(key: &str, content: &str, at: u64) -> LedgerEntry {
+        LedgerEntry {
+            key: key.into(),
+            tool: "pay".into(),
+            args: json!({"amount": 1}),
+            result: StoredResult {
+                content: content.into(),
+                is_error: false,
+                is_terminal: false,
+                terminate: None,
+                user_message: None,
+            },
+            error: None,
+            intents: Vec::new(),
+            recorded_at: at,
+        }
+    }
+
+    fn now_ms() -> u64 {
+        unix_millis(SystemTime::now())
+    }
+
+    #[test]
+    fn the_key_binds_tool_and_arguments() {
+        let ledger = IdempotencyLedger::new();
+        let limits = IdempotencyLimits::default();
+        ledger.restore([entry("k", "paid", now_ms())], &limits);
+        let now = SystemTime::now();
+        assert!(matches!(
+            ledger.begin("k", "pay", &json!({"amount": 1}), &limits, now),
+            Begin::Replay(e) if e.result.content == "paid"
+        ));
+        assert!(matches!(
+            ledger.begin("k", "pay", &json!({"amount": 2}), &limits, now),
+            Begin::Conflict
+        ));
+        assert!(matches!(
+            ledger.begin("k", "refund", &json!({"amount": 1}), &limits, now),
+            Begin::Conflict
+        ));
+    }
+
+    #[test]
+    fn entries_expire_and_the_ledger_is_bounded_in_bytes() {
+        let limits = IdempotencyLimits {
+            ttl: Duration::from_secs(60),
+            max_entries: 1000,
+            max_bytes: 1000,
+        };
+        let ledger = IdempotencyLedger::new();
+        let old = now_ms() - 61_000;
+        ledger.restore([entry("old", "x", old)], &limits);
+        assert!(ledger.is_empty(), "expired on restore");
+        let big = "y".repeat(400);
+        ledger.restore(
+            (0..5).map(|i| entry(&format!("k{i}"), &big, now_ms())),
+            &limits,
+        );
+        assert!(ledger.bytes() <= 1000, "{} bytes", ledger.bytes());
+        assert_eq!(ledger.len(), 2, "the oldest went first");
+        let keys: Vec<String> = ledger.snapshot().into_iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["k3", "k4"]);
+    }
+
+    #[test]
+    fn a_cancelled_claim_frees_the_key_and_wakes_waiters() {
+        let ledger = IdempotencyLedger::new();
+        let limits = IdempotencyLimits::default();
+        let args = json!({"amount": 1});
+        let now = SystemTime::now();
+        let Begin::Run(claim) = ledger.begin("k", "pay", &args, &limits, now) else {
+            panic!("the first call runs");
+        };
+        let Begin::Wait(mut waiter) = ledger.begin("k", "pay", &args, &limits, now) else {
+            panic!("the second call waits");
+        };
+        assert!(matches!(waiter.try_recv(), Ok(None)), "still waiting");
+        drop(claim);
+        assert!(waiter.try_recv().is_err(), "woken: the sender is gone");
+        assert!(matches!(
+            ledger.begin("k", "pay", &args, &limits, now),
+            Begin::Run(_)
+        ));
+    }
+}

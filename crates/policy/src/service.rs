@@ -1,0 +1,182 @@
+//! The two traits of the pipeline, [`ToolService`] and [`ToolLayer`], and the
+//! request a stage sees.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+use markov_core::ids::ToolCallId;
+use markov_core::tool::{SharedTool, ToolContext, ToolExecutionResult};
+use serde_json::Value;
+
+use crate::budget::TurnBudgetState;
+use crate::error::ToolErrorKind;
+use crate::metadata::{Mode, ToolMetadata};
+use crate::state::PolicyState;
+
+/// One tool call on its way through the stack.
+///
+/// The caller resolves `tool` (the pipeline finds node, ancestor, charter and
+/// pack tools; [`ToolRegistry::execute`](crate::ToolRegistry) uses its own)
+/// and `metadata` (the registry's). Stages may rewrite `input` (confirmation
+/// strips its token).
+#[derive(Debug)]
+pub struct ToolRequest<'a> {
+    /// The call's id.
+    pub call_id: &'a ToolCallId,
+    /// The tool name the model wrote.
+    pub name: &'a str,
+    /// The arguments.
+    pub input: Value,
+    /// The tool to run, if one was found.
+    pub tool: Option<&'a SharedTool>,
+    /// The tool's registered metadata, if it is registered.
+    pub metadata: Option<&'a ToolMetadata>,
+    /// The mode the session runs in.
+    pub mode: &'a Mode,
+    /// The counters of the current turn.
+    pub turn: &'a TurnBudgetState,
+    /// The conversation's approvals and idempotency ledger.
+    pub policy: &'a PolicyState,
+    /// Where stages report the error kind and the intents of this call.
+    pub report: &'a CallReport,
+    /// The context the tool runs with (state, history, instance).
+    pub cx: ToolContext<'a>,
+    /// The tool result of a `TerminateResponse` without a message.
+    pub terminate_message: &'a str,
+    /// Where the tool was found (it decides the wording of plain-text errors).
+    pub origin: ToolOrigin,
+}
+
+/// Where a tool was found for a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ToolOrigin {
+    /// The node, an ancestor, the charter or the registry.
+    #[default]
+    Node,
+    /// A pack of the node.
+    Pack,
+}
+
+/// What a call produced besides its result: the error kind of a failure and
+/// the intents of a success. Filled in by the stages, read by audit and the
+/// caller.
+#[derive(Debug, Default)]
+pub struct CallReport {
+    inner: Mutex<ReportInner>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct ReportInner {
+    error: Option<ToolErrorKind>,
+    intents: Vec<Value>,
+}
+
+impl CallReport {
+    /// An empty report.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReportInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The kind of the failure, if the call failed.
+    pub fn error_kind(&self) -> Option<ToolErrorKind> {
+        self.lock().error
+    }
+
+    /// Records the kind of the call's failure.
+    pub fn set_error(&self, kind: ToolErrorKind) {
+        self.lock().error = Some(kind);
+    }
+
+    /// Records the intents of a successful call.
+    pub fn set_intents(&self, intents: Vec<Value>) {
+        self.lock().intents = intents;
+    }
+
+    /// A copy of the intents recorded so far.
+    pub fn intents(&self) -> Vec<Value> {
+        self.lock().intents.clone()
+    }
+
+    /// Takes the intents out of the report.
+    pub fn take_intents(&self) -> Vec<Value> {
+        std::mem::take(&mut self.lock().intents)
+    }
+}
+
+/// A stage of the pipeline, or the tool execution at its centre.
+///
+/// hyper 1.x's shape: `call(&self)`, no readiness, and no error channel (every
+/// call resolves to exactly one [`ToolExecutionResult`]; a rejection is an
+/// error result carrying the envelope).
+pub trait ToolService: Send + Sync {
+    /// Handles one call.
+    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult>;
+
+    /// Appends the names of the stages from this one inwards (for diagnostics
+    /// and the test that pins the order).
+    fn stages(&self, out: &mut Vec<&'static str>) {
+        let _ = out;
+    }
+}
+
+/// A type-erased, shared service.
+pub type BoxToolService = Arc<dyn ToolService>;
+
+impl<S: ToolService + ?Sized> ToolService for Box<S> {
+    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+        (**self).call(req)
+    }
+    fn stages(&self, out: &mut Vec<&'static str>) {
+        (**self).stages(out);
+    }
+}
+
+impl<S: ToolService + ?Sized> ToolService for Arc<S> {
+    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+        (**self).call(req)
+    }
+    fn stages(&self, out: &mut Vec<&'static str>) {
+        (**self).stages(out);
+    }
+}
+
+impl<S: ToolService + ?Sized> ToolService for &S {
+    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+        (**self).call(req)
+    }
+    fn stages(&self, out: &mut Vec<&'static str>) {
+        (**self).stages(out);
+    }
+}
+
+/// Wraps a service in a stage (tower's `Layer`).
+pub trait ToolLayer<S> {
+    /// The wrapped service.
+    type Service;
+
+    /// Wraps `inner`.
+    fn layer(&self, inner: S) -> Self::Service;
+}
+
+impl<S, L: ToolLayer<S>> ToolLayer<S> for &L {
+    type Service = L::Service;
+    fn layer(&self, inner: S) -> Self::Service {
+        (**self).layer(inner)
+    }
+}
+
+impl fmt::Debug for dyn ToolService {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut stages = Vec::new();
+        self.stages(&mut stages);
+        f.debug_struct("ToolService")
+            .field("stages", &stages)
+            .finish()
+    }
+}

@@ -1,0 +1,183 @@
+//! `INVALID_INPUT`: a cheap structural check of the arguments against the
+//! tool's input schema, before anything with side effects runs.
+//!
+//! Checked: the arguments are an object (or absent), every `required`
+//! property is present, and a present property with a plain `type` (or a list
+//! of types) has that JSON type. Deeper mismatches are still caught when the
+//! tool deserializes its arguments, which also yields `INVALID_INPUT`. The
+//! `confirmationToken` argument is ignored here (the confirmation stage,
+//! inside this one, removes it).
+
+use serde_json::Value;
+
+use crate::budget::TurnBudgetState;
+use crate::confirm::CONFIRMATION_TOKEN;
+use crate::error::{Rejection, ToolErrorKind};
+use crate::gate::{Gate, GateLayer, Gated};
+use crate::service::ToolRequest;
+
+/// The gate.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ValidateGate;
+
+/// The layer of [`ValidateGate`].
+pub type ValidateLayer = GateLayer<ValidateGate>;
+
+/// A service behind [`ValidateGate`].
+pub type Validate<S> = Gated<S, ValidateGate>;
+
+/// The kind this stage rejects with.
+pub const REJECTION: ToolErrorKind = ToolErrorKind::InvalidInput;
+
+impl ValidateLayer {
+    /// The layer.
+    pub fn validate() -> Self {
+        GateLayer::new(ValidateGate)
+    }
+}
+
+impl Gate for ValidateGate {
+    const NAME: &'static str = "validate";
+
+    fn check(&self, req: &ToolRequest<'_>, _turn: &TurnBudgetState) -> Result<(), Rejection> {
+        match req.tool {
+            Some(tool) => check_input(&tool.definition().input_schema, &req.input)
+                .map_err(|detail| Rejection::new(REJECTION).with_detail(detail)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Checks `input` against `schema` as described in the module docs; the
+/// error is the detail the model reads.
+pub fn check_input(schema: &Value, input: &Value) -> Result<(), String> {
+    let empty = serde_json::Map::new();
+    let args = match input {
+        Value::Object(map) => map,
+        Value::Null => &empty,
+        other => {
+            return Err(format!(
+                "arguments must be an object, not {}",
+                type_name(other)
+            ));
+        }
+    };
+    if let Some(required) = schema.get("required").and_then(Value::as_array) {
+        for name in required.iter().filter_map(Value::as_str) {
+            if !args.contains_key(name) {
+                return Err(format!("missing field `{name}`"));
+            }
+        }
+    }
+    if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+        for (name, value) in args {
+            if name == CONFIRMATION_TOKEN {
+                continue;
+            }
+            let Some(expected) = properties.get(name).and_then(|p| p.get("type")) else {
+                continue;
+            };
+            let fits = match expected {
+                Value::String(t) => has_type(value, t),
+                Value::Array(ts) => ts
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .any(|t| has_type(value, t)),
+                _ => true,
+            };
+            if !fits {
+                return Err(format!(
+                    "field `{name}` must be {}, not {}",
+                    expected_name(expected),
+                    type_name(value)
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn has_type(value: &Value, t: &str) -> bool {
+    match t {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "boolean" => value.is_boolean(),
+        "null" => value.is_null(),
+        "number" => value.is_number(),
+        "integer" => value.is_i64() || value.is_u64(),
+        _ => true,
+    }
+}
+
+fn expected_name(expected: &Value) -> String {
+    match expected {
+        Value::String(t) => t.clone(),
+        Value::Array(ts) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(" or "),
+        other => other.to_string(),
+    }
+}
+
+fn type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_f64() => "number",
+        Value::Number(_) => "integer",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Value {
+        json!({
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "tag": {"type": ["string", "null"]}},
+            "required": ["a"]
+        })
+    }
+
+    #[test]
+    fn required_and_types_are_checked() {
+        assert_eq!(check_input(&schema(), &json!({"a": 1})), Ok(()));
+        assert_eq!(
+            check_input(&schema(), &json!({"a": 1, "tag": null, "extra": true})),
+            Ok(())
+        );
+        assert_eq!(
+            check_input(&schema(), &json!({})),
+            Err("missing field `a`".to_owned())
+        );
+        assert_eq!(
+            check_input(&schema(), &json!({"a": "x"})),
+            Err("field `a` must be integer, not string".to_owned())
+        );
+        assert_eq!(
+            check_input(&schema(), &json!({"a": 1, "tag": 2})),
+            Err("field `tag` must be string or null, not integer".to_owned())
+        );
+        assert_eq!(
+            check_input(&schema(), &json!([1])),
+            Err("arguments must be an object, not array".to_owned())
+        );
+    }
+
+    #[test]
+    fn the_confirmation_token_is_ignored() {
+        let schema = json!({"properties": {"confirmationToken": {"type": "integer"}}});
+        assert_eq!(
+            check_input(&schema, &json!({"confirmationToken": "t"})),
+            Ok(())
+        );
+    }
+}

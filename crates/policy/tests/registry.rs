@@ -1,0 +1,1010 @@
+//! The tool registry and its policy stack: order, envelopes, budgets,
+//! confirmation, idempotency, timeouts, audit, provider schemas, intents.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use markov_core::ids::ToolCallId;
+use markov_core::tool::{NoState, Tool, ToolContext, ToolExecutionResult};
+use markov_policy::{
+    ApprovalId, AuditRecord, AuditSink, Budget, CONFIRMATION_TOKEN, Category, EnvelopeMode,
+    ExecuteService, Executed, Mode, PolicyConfig, PolicyStack, ToolErrorKind, ToolLayer,
+    ToolMetadata, ToolRegistry, ToolRequest, ToolService, TurnBudgetState, WithIntents,
+};
+use proptest::prelude::*;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct AddArgs {
+    a: i64,
+    b: i64,
+}
+
+/// Adds, counting its executions.
+#[derive(Debug, Clone, Default)]
+struct Add(Arc<AtomicUsize>);
+
+impl Tool for Add {
+    const NAME: &'static str = "add";
+    type Args = AddArgs;
+    type Output = i64;
+    type Error = std::convert::Infallible;
+    fn description(&self) -> String {
+        "Add two integers".into()
+    }
+    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Self::Error> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(args.a + args.b)
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct QueryArgs {
+    query: String,
+}
+
+/// A retrieval tool.
+#[derive(Debug, Clone, Copy)]
+struct Search;
+
+impl Tool for Search {
+    const NAME: &'static str = "search";
+    type Args = QueryArgs;
+    type Output = String;
+    type Error = std::convert::Infallible;
+    fn description(&self) -> String {
+        "Search the knowledge base".into()
+    }
+    async fn call(&self, args: QueryArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        Ok(format!("found {}", args.query))
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct PayArgs {
+    amount: u32,
+}
+
+/// An action that needs confirmation; its args deny unknown fields, so a
+/// token left in the arguments would fail.
+#[derive(Debug, Clone, Default)]
+struct Pay(Arc<AtomicUsize>);
+
+impl Tool for Pay {
+    const NAME: &'static str = "pay";
+    type Args = PayArgs;
+    type Output = String;
+    type Error = std::convert::Infallible;
+    fn description(&self) -> String {
+        "Pay an amount".into()
+    }
+    async fn call(&self, args: PayArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(format!("paid {}", args.amount))
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct SleepArgs {
+    ms: u64,
+}
+
+/// Sleeps, then answers, counting its executions.
+#[derive(Debug, Clone, Default)]
+struct Sleep(Arc<AtomicUsize>);
+
+impl Tool for Sleep {
+    const NAME: &'static str = "sleep";
+    type Args = SleepArgs;
+    type Output = String;
+    type Error = std::convert::Infallible;
+    fn description(&self) -> String {
+        "Sleep".into()
+    }
+    async fn call(&self, args: SleepArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(args.ms)).await;
+        Ok("awake".into())
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct NoArgs {}
+
+/// Voice only.
+#[derive(Debug, Clone, Copy)]
+struct Hangup;
+
+impl Tool for Hangup {
+    const NAME: &'static str = "hangup";
+    type Args = NoArgs;
+    type Output = WithIntents<String>;
+    type Error = std::convert::Infallible;
+    fn description(&self) -> String {
+        "End the call".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<Self::Output, Self::Error> {
+        Ok(WithIntents::new(
+            "bye".to_owned(),
+            [json!({"type": "end_session"})],
+        ))
+    }
+}
+
+/// A tool with a bug: it panics.
+#[derive(Debug, Clone, Copy)]
+struct Explode;
+
+impl Tool for Explode {
+    const NAME: &'static str = "explode";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = std::convert::Infallible;
+    fn description(&self) -> String {
+        "Panics".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        let empty: Vec<String> = Vec::new();
+        Ok(empty[0].clone())
+    }
+}
+
+#[derive(Debug, Default)]
+struct Sink(Mutex<Vec<AuditRecord>>);
+
+impl AuditSink for Sink {
+    fn record(&self, record: &AuditRecord) {
+        self.0.lock().expect("sink").push(record.clone());
+    }
+}
+
+struct Fixture {
+    registry: ToolRegistry,
+    adds: Arc<AtomicUsize>,
+    pays: Arc<AtomicUsize>,
+    sleeps: Arc<AtomicUsize>,
+    sink: Arc<Sink>,
+}
+
+fn fixture_with(config: PolicyConfig) -> Fixture {
+    let adds = Arc::new(AtomicUsize::new(0));
+    let pays = Arc::new(AtomicUsize::new(0));
+    let sleeps = Arc::new(AtomicUsize::new(0));
+    let sink = Arc::new(Sink::default());
+    let registry = ToolRegistry::builder(config.audit_sink(sink.clone()))
+        .register(Add(adds.clone()), ToolMetadata::new(Category::Other))
+        .register(Search, ToolMetadata::new(Category::Retrieval))
+        .register(
+            Pay(pays.clone()),
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        )
+        .register(Explode, ToolMetadata::new(Category::Other))
+        .register(
+            Sleep(sleeps.clone()),
+            ToolMetadata::new(Category::Other)
+                .with_timeout(Duration::from_millis(50))
+                .with_latency_budget(Duration::from_millis(1)),
+        )
+        .register(
+            Hangup,
+            ToolMetadata::new(Category::Action)
+                .with_modes([Mode::VOICE])
+                .with_version("2.0.0"),
+        )
+        .lock()
+        .expect("the registry locks");
+    Fixture {
+        registry,
+        adds,
+        pays,
+        sleeps,
+        sink,
+    }
+}
+
+fn fixture() -> Fixture {
+    fixture_with(PolicyConfig::new(Budget::TEXT))
+}
+
+async fn call(
+    registry: &ToolRegistry,
+    mode: &Mode,
+    turn: &TurnBudgetState,
+    id: &str,
+    name: &str,
+    input: Value,
+) -> Executed {
+    let id = ToolCallId::new(id);
+    let state = NoState::default();
+    let cx = ToolContext::new(&id, &[], &state);
+    registry.execute((mode, turn), &id, name, input, cx).await
+}
+
+fn error_type(e: &Executed) -> Option<String> {
+    let v: Value = serde_json::from_str(&e.result.content).ok()?;
+    v["error"]["type"].as_str().map(str::to_owned)
+}
+
+#[test]
+fn the_standard_stack_is_in_onion_order() {
+    let f = fixture();
+    let mut stages = Vec::new();
+    f.registry.service().stages(&mut stages);
+    assert_eq!(
+        stages,
+        [
+            "audit",
+            "unknown_tool",
+            "mode",
+            "budget",
+            "validate",
+            "confirm",
+            "idempotency",
+            "latency",
+            "timeout",
+            "execute"
+        ]
+    );
+}
+
+/// Records the order in which requests pass and results return.
+#[derive(Debug, Clone)]
+struct Recording {
+    name: &'static str,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+struct Recorded<S> {
+    inner: S,
+    layer: Recording,
+}
+
+impl<S> ToolLayer<S> for Recording {
+    type Service = Recorded<S>;
+    fn layer(&self, inner: S) -> Recorded<S> {
+        Recorded {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+impl<S: ToolService> ToolService for Recorded<S> {
+    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+        Box::pin(async move {
+            self.layer
+                .log
+                .lock()
+                .expect("log")
+                .push(format!("> {}", self.layer.name));
+            let r = self.inner.call(req).await;
+            self.layer
+                .log
+                .lock()
+                .expect("log")
+                .push(format!("< {}", self.layer.name));
+            r
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_first_layer_added_sees_the_request_first() {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let rec = |name| Recording {
+        name,
+        log: log.clone(),
+    };
+    let service = PolicyStack::new()
+        .layer(rec("outer"))
+        .option_layer(None::<Recording>)
+        .option_layer(Some(rec("middle")))
+        .layer(rec("inner"))
+        .service(ExecuteService::new(EnvelopeMode::Off));
+    let adds = Arc::new(AtomicUsize::new(0));
+    let tool = markov_core::tool::Erased::shared(Add(adds.clone())).expect("tool");
+    let id = ToolCallId::new("c1");
+    let state = NoState::default();
+    let report = markov_policy::CallReport::new();
+    let turn = TurnBudgetState::new();
+    let result = service
+        .call(ToolRequest {
+            call_id: &id,
+            name: "add",
+            input: json!({"a": 1, "b": 2}),
+            tool: Some(&tool),
+            metadata: None,
+            mode: &Mode::TEXT,
+            turn: &turn,
+            policy: &markov_policy::PolicyState::new(),
+            report: &report,
+            cx: ToolContext::new(&id, &[], &state),
+            terminate_message: "Finished",
+            origin: Default::default(),
+        })
+        .await;
+    assert_eq!(result.content, "3");
+    assert_eq!(
+        *log.lock().expect("log"),
+        [
+            "> outer", "> middle", "> inner", "< inner", "< middle", "< outer"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn earlier_gates_win_over_later_ones() {
+    let f = fixture_with(PolicyConfig::new(Budget::UNLIMITED.max_calls(1)));
+    let turn = TurnBudgetState::new();
+    let text = Mode::TEXT;
+    // Mode before budget: a restricted call uses no budget.
+    let e = call(&f.registry, &text, &turn, "c1", "hangup", json!({})).await;
+    assert_eq!(error_type(&e).as_deref(), Some("MODE_RESTRICTED"));
+    assert_eq!(turn.total(), 0);
+    // Budget before validation: the invalid call is charged...
+    let e = call(&f.registry, &text, &turn, "c2", "add", json!({"a": "x"})).await;
+    assert_eq!(error_type(&e).as_deref(), Some("INVALID_INPUT"));
+    assert_eq!(turn.total(), 1);
+    // ...so the next one is over budget, even one needing confirmation.
+    let e = call(&f.registry, &text, &turn, "c3", "pay", json!({"amount": 1})).await;
+    assert_eq!(error_type(&e).as_deref(), Some("BUDGET_EXCEEDED"));
+    // Unknown before everything.
+    let e = call(&f.registry, &text, &turn, "c4", "nope", json!({})).await;
+    assert_eq!(error_type(&e).as_deref(), Some("NOT_FOUND"));
+}
+
+#[tokio::test]
+async fn envelopes_are_exact() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let text = Mode::TEXT;
+    let e = call(&f.registry, &text, &turn, "c1", "nope", json!({})).await;
+    assert!(e.result.is_error);
+    assert_eq!(e.error, Some(ToolErrorKind::NotFound));
+    assert_eq!(
+        e.result.content,
+        r#"{"ok":false,"error":{"type":"NOT_FOUND","message":"Unknown tool: nope","retryable":false}}"#
+    );
+    let e = call(&f.registry, &text, &turn, "c2", "hangup", json!({})).await;
+    assert_eq!(
+        e.result.content,
+        r#"{"ok":false,"error":{"type":"MODE_RESTRICTED","message":"Tool not available in this mode: hangup is not available in text mode","retryable":false}}"#
+    );
+    let e = call(&f.registry, &text, &turn, "c3", "add", json!({"a": 1})).await;
+    assert_eq!(
+        e.result.content,
+        r#"{"ok":false,"error":{"type":"INVALID_INPUT","message":"Invalid tool input: missing field `b`","retryable":true}}"#
+    );
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "c4",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    assert!(!e.result.is_error);
+    assert_eq!(e.result.content, r#"{"ok":true,"data":3}"#);
+    let voice = Mode::VOICE;
+    let e = call(&f.registry, &voice, &turn, "c5", "hangup", json!({})).await;
+    assert_eq!(
+        e.result.content,
+        r#"{"ok":true,"data":"bye","intents":[{"type":"end_session"}]}"#
+    );
+    assert_eq!(e.intents, [json!({"type": "end_session"})]);
+}
+
+#[tokio::test]
+async fn without_the_envelope_a_success_is_the_plain_text() {
+    let f = fixture_with(PolicyConfig::new(Budget::TEXT).envelope(EnvelopeMode::Off));
+    let turn = TurnBudgetState::new();
+    let e = call(&f.registry, &Mode::VOICE, &turn, "c1", "hangup", json!({})).await;
+    assert_eq!(e.result.content, "bye");
+    assert_eq!(e.intents, [json!({"type": "end_session"})]);
+}
+
+#[tokio::test]
+async fn the_retrieval_budget_runs_out_within_a_turn() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let text = Mode::TEXT;
+    for i in 0..5 {
+        let e = call(
+            &f.registry,
+            &text,
+            &turn,
+            &format!("s{i}"),
+            "search",
+            json!({"query": "q"}),
+        )
+        .await;
+        assert!(!e.result.is_error, "{i}: {}", e.result.content);
+    }
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "s5",
+        "search",
+        json!({"query": "q"}),
+    )
+    .await;
+    assert_eq!(
+        e.result.content,
+        r#"{"ok":false,"error":{"type":"BUDGET_EXCEEDED","message":"Tool call budget exceeded for this turn: retrieval calls (max 5 per turn)","retryable":false}}"#
+    );
+    // Other categories still run, up to 10 calls in all.
+    for i in 0..5 {
+        let e = call(
+            &f.registry,
+            &text,
+            &turn,
+            &format!("a{i}"),
+            "add",
+            json!({"a": 1, "b": 1}),
+        )
+        .await;
+        assert!(!e.result.is_error, "{i}");
+    }
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "a5",
+        "add",
+        json!({"a": 1, "b": 1}),
+    )
+    .await;
+    assert_eq!(error_type(&e).as_deref(), Some("BUDGET_EXCEEDED"));
+    assert!(e.result.content.contains("tool calls (max 10 per turn)"));
+    // A new turn starts over.
+    let next = TurnBudgetState::new();
+    let e = call(
+        &f.registry,
+        &text,
+        &next,
+        "s6",
+        "search",
+        json!({"query": "q"}),
+    )
+    .await;
+    assert!(!e.result.is_error);
+}
+
+#[tokio::test]
+async fn confirmation_needs_the_applications_approval() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let text = Mode::TEXT;
+    let first = call(&f.registry, &text, &turn, "p1", "pay", json!({"amount": 5})).await;
+    assert_eq!(first.error, Some(ToolErrorKind::ConfirmationRequired));
+    let envelope: Value = serde_json::from_str(&first.result.content).expect("json");
+    let request = &envelope["error"]["confirmation_request"];
+    assert_eq!(request["tool"], "pay");
+    assert_eq!(request["args"], json!({"amount": 5}));
+    assert_eq!(request["preview"], r#"pay {"amount":5}"#);
+    assert!(request["expires"].as_u64().is_some());
+    assert!(
+        request.get("token").is_none(),
+        "no usable secret in the envelope"
+    );
+    let id = request["request_id"]
+        .as_str()
+        .expect("request id")
+        .to_owned();
+    let pending = f.registry.policy_state().approvals().pending();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].request_id.as_str(), id);
+
+    // The model presents the id before the user approved: pending, not run.
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "p2",
+        "pay",
+        json!({"amount": 5, CONFIRMATION_TOKEN: id}),
+    )
+    .await;
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationPending));
+    // A made-up token is invalid.
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "p3",
+        "pay",
+        json!({"amount": 5, CONFIRMATION_TOKEN: "apr_00000000000000000000000000000000"}),
+    )
+    .await;
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationInvalid));
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+
+    f.registry
+        .policy_state()
+        .approvals()
+        .approve(&ApprovalId::from(id.as_str()))
+        .expect("the application approves");
+    // Approved, but for other arguments: refused.
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "p4",
+        "pay",
+        json!({"amount": 6, CONFIRMATION_TOKEN: id}),
+    )
+    .await;
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationInvalid));
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+
+    // The approved call runs once (the token is stripped: `PayArgs` denies unknown fields).
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "p5",
+        "pay",
+        json!({"amount": 5, CONFIRMATION_TOKEN: id}),
+    )
+    .await;
+    assert_eq!(e.result.content, r#"{"ok":true,"data":"paid 5"}"#);
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1);
+    // Used: presenting it again never runs the tool again.
+    let e = call(
+        &f.registry,
+        &text,
+        &turn,
+        "p6",
+        "pay",
+        json!({"amount": 5, CONFIRMATION_TOKEN: id}),
+    )
+    .await;
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationInvalid));
+    let fresh: Value = serde_json::from_str(&e.result.content).expect("json");
+    assert_ne!(
+        fresh["error"]["confirmation_request"]["request_id"].as_str(),
+        Some(id.as_str()),
+        "a re-issue is a new request"
+    );
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_denied_request_stays_denied() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let first = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p1",
+        "pay",
+        json!({"amount": 5}),
+    )
+    .await;
+    let envelope: Value = serde_json::from_str(&first.result.content).expect("json");
+    let id = envelope["error"]["confirmation_request"]["request_id"].clone();
+    let approvals = f.registry.policy_state().approvals();
+    let id_text = ApprovalId::from(id.as_str().expect("id"));
+    approvals.deny(&id_text).expect("deny");
+    assert!(approvals.approve(&id_text).is_err(), "a decision is final");
+    for n in 0..2 {
+        let e = call(
+            &f.registry,
+            &Mode::TEXT,
+            &turn,
+            &format!("p{}", n + 2),
+            "pay",
+            json!({"amount": 5, CONFIRMATION_TOKEN: id}),
+        )
+        .await;
+        assert_eq!(e.error, Some(ToolErrorKind::ConfirmationDenied));
+    }
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn an_expired_token_is_refused() {
+    let f = fixture_with(PolicyConfig::new(Budget::TEXT).confirmation_ttl(Duration::ZERO));
+    let turn = TurnBudgetState::new();
+    let first = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p1",
+        "pay",
+        json!({"amount": 5}),
+    )
+    .await;
+    let envelope: Value = serde_json::from_str(&first.result.content).expect("json");
+    let token = envelope["error"]["confirmation_request"]["request_id"].clone();
+    let approvals = f.registry.policy_state().approvals();
+    assert!(
+        approvals
+            .approve(&ApprovalId::from(token.as_str().expect("id")))
+            .is_err(),
+        "expired before the decision"
+    );
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p2",
+        "pay",
+        json!({"amount": 5, CONFIRMATION_TOKEN: token}),
+    )
+    .await;
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationInvalid));
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_replay_does_not_execute_again() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let a = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "same",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    let b = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "same",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    assert_eq!(a, b);
+    assert_eq!(f.adds.load(Ordering::SeqCst), 1);
+    let _ = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "other",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    assert_eq!(f.adds.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_reused_call_id_with_other_arguments_is_a_conflict_not_a_replay() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let a = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "same",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    assert!(!a.result.is_error);
+    let b = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "same",
+        "add",
+        json!({"a": 5, "b": 5}),
+    )
+    .await;
+    assert_eq!(b.error, Some(ToolErrorKind::IdempotencyConflict));
+    assert!(
+        !b.result.content.contains('3'),
+        "never another call's answer: {}",
+        b.result.content
+    );
+    let c = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "same",
+        "search",
+        json!({"query": "q"}),
+    )
+    .await;
+    assert_eq!(c.error, Some(ToolErrorKind::IdempotencyConflict));
+    assert_eq!(f.adds.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_second_concurrent_call_with_one_key_waits_for_the_first() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let (a, b) = tokio::join!(
+        call(
+            &f.registry,
+            &Mode::TEXT,
+            &turn,
+            "k",
+            "sleep",
+            json!({"ms": 20})
+        ),
+        call(
+            &f.registry,
+            &Mode::TEXT,
+            &turn,
+            "k",
+            "sleep",
+            json!({"ms": 20})
+        ),
+    );
+    assert_eq!(a.result, b.result);
+    assert_eq!(f.sleeps.load(Ordering::SeqCst), 1, "the tool ran once");
+}
+
+#[tokio::test]
+async fn garbled_arguments_reach_no_stage_and_no_tool() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let garbled = markov_core::tool::parse_tool_arguments(r#"{"amount": 5"#);
+    let e = call(&f.registry, &Mode::TEXT, &turn, "g1", "pay", garbled).await;
+    assert_eq!(e.error, Some(ToolErrorKind::InvalidInput));
+    assert!(
+        f.registry.policy_state().approvals().pending().is_empty(),
+        "no stage ran"
+    );
+    let e = call(&f.registry, &Mode::TEXT, &turn, "g2", "add", json!(null)).await;
+    assert_eq!(e.error, Some(ToolErrorKind::InvalidInput));
+    assert_eq!(f.adds.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_panicking_tool_is_an_execution_failure() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let e = call(&f.registry, &Mode::TEXT, &turn, "x1", "explode", json!({})).await;
+    assert_eq!(e.error, Some(ToolErrorKind::ExecutionFailed));
+    assert!(
+        e.result.content.contains("the tool panicked"),
+        "{}",
+        e.result.content
+    );
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "x2",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    assert!(!e.result.is_error, "the registry lives on");
+}
+
+#[tokio::test]
+async fn a_timeout_is_an_error_and_the_next_call_works() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "t1",
+        "sleep",
+        json!({"ms": 2_000}),
+    )
+    .await;
+    assert_eq!(
+        e.result.content,
+        r#"{"ok":false,"error":{"type":"TIMEOUT","message":"Tool timed out: sleep did not finish within 50 ms","retryable":true}}"#
+    );
+    assert!(!e.result.is_terminal);
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "t2",
+        "sleep",
+        json!({"ms": 1}),
+    )
+    .await;
+    assert_eq!(e.result.content, r#"{"ok":true,"data":"awake"}"#);
+}
+
+#[tokio::test]
+async fn audit_receives_one_record_per_call() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let _ = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "c1",
+        "add",
+        json!({"a": 1, "b": 2}),
+    )
+    .await;
+    let _ = call(&f.registry, &Mode::TEXT, &turn, "c2", "nope", json!({})).await;
+    let _ = call(&f.registry, &Mode::TEXT, &turn, "c3", "hangup", json!({})).await;
+    let _ = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "c4",
+        "pay",
+        json!({"amount": 1}),
+    )
+    .await;
+    let records = f.sink.0.lock().expect("sink").clone();
+    let summary: Vec<(&str, bool, Option<ToolErrorKind>, Option<Category>)> = records
+        .iter()
+        .map(|r| (r.tool.as_str(), r.ok, r.error_type, r.category))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            ("add", true, None, Some(Category::Other)),
+            ("nope", false, Some(ToolErrorKind::NotFound), None),
+            (
+                "hangup",
+                false,
+                Some(ToolErrorKind::ModeRestricted),
+                Some(Category::Action)
+            ),
+            (
+                "pay",
+                false,
+                Some(ToolErrorKind::ConfirmationRequired),
+                Some(Category::Action)
+            ),
+        ]
+    );
+    assert!(
+        records
+            .iter()
+            .all(|r| &*r.registry_version == f.registry.version())
+    );
+    assert_eq!(records[2].tool_version.as_deref(), Some("2.0.0"));
+    assert_eq!(records[0].mode, Mode::TEXT);
+}
+
+#[test]
+fn the_version_follows_names_and_versions() {
+    let a = fixture().registry;
+    let b = fixture().registry;
+    assert_eq!(a.version(), b.version());
+    assert!(a.version().starts_with("6."), "{}", a.version());
+    let c = ToolRegistry::builder(PolicyConfig::new(Budget::TEXT))
+        .register(
+            Search,
+            ToolMetadata::new(Category::Retrieval).with_version("1.1.0"),
+        )
+        .lock()
+        .expect("locks");
+    let d = ToolRegistry::builder(PolicyConfig::new(Budget::TEXT))
+        .register(Search, ToolMetadata::new(Category::Retrieval))
+        .lock()
+        .expect("locks");
+    assert_ne!(c.version(), d.version());
+    assert_eq!(
+        d.metadata("search").map(|m| m.category()),
+        Some(Category::Retrieval)
+    );
+    assert!(d.metadata("add").is_none());
+    let dup = ToolRegistry::builder(PolicyConfig::new(Budget::TEXT))
+        .register(Search, ToolMetadata::new(Category::Retrieval))
+        .register(Search, ToolMetadata::new(Category::Retrieval))
+        .lock()
+        .expect_err("duplicate");
+    assert_eq!(dup.to_string(), r#"tool "search" is registered twice"#);
+}
+
+#[test]
+fn definitions_offer_the_confirmation_token() {
+    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::TEXT))
+        .register(Search, ToolMetadata::new(Category::Retrieval))
+        .register(
+            Pay::default(),
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        )
+        .lock()
+        .expect("locks");
+    let defs = registry.definitions();
+    let names: Vec<_> = defs.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["search", "pay"]);
+    assert_eq!(
+        defs[0].input_schema,
+        json!({
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"]
+        })
+    );
+    assert_eq!(
+        defs[1].input_schema,
+        json!({
+            "type": "object",
+            "properties": {
+                "amount": {"type": "integer", "format": "uint32", "minimum": 0},
+                "confirmationToken": {
+                    "type": "string",
+                    "description": "The request_id of a confirmation request the user has approved. Leave it out until then."
+                }
+            },
+            "required": ["amount"],
+            "additionalProperties": false
+        })
+    );
+}
+
+#[derive(Debug, Clone)]
+enum Kind {
+    Known,
+    Unknown,
+    Retrieval,
+    NeedsConfirmation,
+    Restricted,
+}
+
+fn kind() -> impl Strategy<Value = Kind> {
+    prop_oneof![
+        Just(Kind::Known),
+        Just(Kind::Unknown),
+        Just(Kind::Retrieval),
+        Just(Kind::NeedsConfirmation),
+        Just(Kind::Restricted),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn every_call_gets_exactly_one_result_in_order(kinds in proptest::collection::vec(kind(), 0..30)) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let f = fixture();
+        let turn = TurnBudgetState::new();
+        let results = runtime.block_on(async {
+            let mut out = Vec::new();
+            for (i, k) in kinds.iter().enumerate() {
+                let (name, input) = match k {
+                    Kind::Known => ("add", json!({"a": 1, "b": 1})),
+                    Kind::Unknown => ("nope", json!({})),
+                    Kind::Retrieval => ("search", json!({"query": "q"})),
+                    Kind::NeedsConfirmation => ("pay", json!({"amount": 1})),
+                    Kind::Restricted => ("hangup", json!({})),
+                };
+                out.push(call(&f.registry, &Mode::TEXT, &turn, &format!("c{i}"), name, input).await);
+            }
+            out
+        });
+        prop_assert_eq!(results.len(), kinds.len());
+        let mut charged = 0u32;
+        let mut retrievals = 0u32;
+        for (i, (k, e)) in kinds.iter().zip(&results).enumerate() {
+            prop_assert_eq!(e.result.call_id.as_str(), format!("c{i}"));
+            let expected = match k {
+                Kind::Unknown => Some("NOT_FOUND"),
+                Kind::Restricted => Some("MODE_RESTRICTED"),
+                _ if charged >= 10 => Some("BUDGET_EXCEEDED"),
+                Kind::Retrieval if retrievals >= 5 => Some("BUDGET_EXCEEDED"),
+                Kind::NeedsConfirmation => { charged += 1; Some("CONFIRMATION_REQUIRED") }
+                Kind::Retrieval => { charged += 1; retrievals += 1; None }
+                Kind::Known => { charged += 1; None }
+            };
+            let got = error_type(e);
+            prop_assert_eq!(got.as_deref(), expected);
+            prop_assert_eq!(e.result.is_error, expected.is_some());
+        }
+        prop_assert_eq!(f.sink.0.lock().expect("sink").len(), kinds.len());
+    }
+}

@@ -1,0 +1,187 @@
+//! [`ToolChoiceEnforcer`]: a tool-choice policy applied around any model.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use markov_core::message::{Item, Items, Message, Role};
+use markov_core::model::{
+    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StreamEvent, Thinking,
+    ThinkingAllowance, ToolChoice,
+};
+
+use crate::tool_choice::{ToolChoicePolicy, check_thinking};
+
+/// A model wrapper that applies a [`ToolChoicePolicy`] to every request,
+/// around any client and without the machine loop (the "first call tool
+/// enforcer").
+///
+/// Each request's tool choice is replaced by
+/// [`ToolChoicePolicy::choice`], where "a tool ran in this turn" is read from
+/// the request's messages alone: the last user message that has any content
+/// holds tool results only (the model called a tool and got its result back),
+/// rather than new input. The scan walks back from the end and stops at that
+/// message, so its cost is the length of the current turn, not of the history.
+///
+/// Messages alone cannot show a transition or a spawn into a new node; the
+/// standard loop, which knows them, does not use this wrapper but asks the
+/// same [`ToolChoicePolicy::choice`] with its own per-instance turn state.
+///
+/// A request whose settings enable thinking is checked with
+/// [`check_thinking`] against the inner client's
+/// [`Model::thinking_allowance`] and refused with
+/// [`ModelError::InvalidRequest`] before the inner client sees it.
+///
+/// ```
+/// use markov_core::message::{Item, Message};
+/// use markov_core::model::{Model, ModelRequest, ModelSettings, ToolChoice};
+/// use markov_runtime::ToolChoiceEnforcer;
+/// use markov_runtime::tool_choice::ToolChoicePolicy;
+/// use markov_testkit::ScriptedModel;
+/// use serde_json::json;
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let scripted = ScriptedModel::builder()
+///     .tool_call("lookup", json!({"key": "customer"}))
+///     .text("Customer has 3 endpoints.")
+///     .build();
+/// let model = ToolChoiceEnforcer::new(scripted, ToolChoicePolicy::RequiredFirst);
+/// let settings = ModelSettings::default();
+/// fn request<'a>(messages: &'a [Message], settings: &'a ModelSettings) -> ModelRequest<'a> {
+///     // The caller's own tool choice is replaced by the policy's.
+///     ModelRequest {
+///         system: "",
+///         messages,
+///         tools: &[],
+///         provider_tools: &[],
+///         tool_choice: &ToolChoice::Auto,
+///         settings,
+///         output_schema: None,
+///     }
+/// }
+///
+/// let mut history = vec![Message::user("What endpoints does Customer have?")];
+/// let first = model.complete(request(&history, &settings)).await.unwrap();
+/// history.push(Message::assistant_items(first.content));
+/// history.push(Message::user_items(vec![Item::tool_result("call_1", "3 endpoints", None)]));
+/// model.complete(request(&history, &settings)).await.unwrap();
+///
+/// let sent = model.get_ref().requests();
+/// assert_eq!(sent[0].tool_choice, ToolChoice::Any);
+/// assert_eq!(sent[1].tool_choice, ToolChoice::Auto);
+/// # });
+/// ```
+#[derive(Debug, Clone)]
+pub struct ToolChoiceEnforcer<M> {
+    inner: M,
+    policy: ToolChoicePolicy,
+    /// `policy.choice(false)`, kept so a request can borrow it.
+    before_tool: ToolChoice,
+    /// `policy.choice(true)`, kept so a request can borrow it.
+    after_tool: ToolChoice,
+}
+
+impl<M> ToolChoiceEnforcer<M> {
+    /// Wraps `inner`, applying `policy` to every request.
+    pub fn new(inner: M, policy: ToolChoicePolicy) -> Self {
+        ToolChoiceEnforcer {
+            inner,
+            before_tool: policy.choice(false),
+            after_tool: policy.choice(true),
+            policy,
+        }
+    }
+
+    /// The wrapped model.
+    pub fn get_ref(&self) -> &M {
+        &self.inner
+    }
+
+    /// The wrapped model, mutably.
+    pub fn get_mut(&mut self) -> &mut M {
+        &mut self.inner
+    }
+
+    /// Unwraps the model.
+    pub fn into_inner(self) -> M {
+        self.inner
+    }
+
+    /// The policy applied.
+    pub fn policy(&self) -> &ToolChoicePolicy {
+        &self.policy
+    }
+
+    /// The tool choice this wrapper sends with `messages`.
+    pub fn choice_for(&self, messages: &[Message]) -> &ToolChoice {
+        if tool_ran_this_turn(messages) {
+            &self.after_tool
+        } else {
+            &self.before_tool
+        }
+    }
+}
+
+impl<M: Model> ToolChoiceEnforcer<M> {
+    fn enforce<'a>(&'a self, request: ModelRequest<'a>) -> Result<ModelRequest<'a>, ModelError> {
+        if let Some(thinking) = request.settings.thinking {
+            check_thinking(
+                thinking,
+                self.inner.thinking_allowance(request.settings, thinking),
+                &self.policy,
+                request.settings.temperature,
+            )
+            .map_err(ModelError::InvalidRequest)?;
+        }
+        Ok(ModelRequest {
+            tool_choice: self.choice_for(request.messages),
+            ..request
+        })
+    }
+}
+
+/// Whether the current turn of `messages` has run a tool: the last user
+/// message with any content holds tool results only.
+fn tool_ran_this_turn(messages: &[Message]) -> bool {
+    for message in messages.iter().rev() {
+        if message.role != Role::User {
+            continue;
+        }
+        match &message.items {
+            Items::Text(text) if text.is_empty() => {}
+            Items::Text(_) => return false,
+            Items::List(items) if items.is_empty() => {}
+            Items::List(items) => {
+                return items
+                    .iter()
+                    .all(|item| matches!(item, Item::ToolResult { .. }));
+            }
+            Items::Instance(_) => {}
+        }
+    }
+    false
+}
+
+#[async_trait]
+impl<M: Model> Model for ToolChoiceEnforcer<M> {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let request = self.enforce(request)?;
+        self.inner.complete(request).await
+    }
+
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
+        self.inner.thinking_allowance(settings, thinking)
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        match self.enforce(request) {
+            Ok(request) => self.inner.stream(request),
+            Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
+        }
+    }
+}

@@ -1,0 +1,770 @@
+//! The tool pipeline: one model response's tool calls, run in order, reported
+//! as data.
+//!
+//! [`run_tool_calls`] dispatches each call (spec §8.1): `updateState`, then the
+//! transition tools, then the node's tools, ancestors' tools (nearest first),
+//! charter tools and, for non-workers, the tools of the node's packs. Every
+//! call gets exactly one result, except a call of a provider built-in tool
+//! (spec §8.1 steps 3–4: declared on the node, or found on an ancestor before
+//! any tool of that name), which the provider already ran: it is skipped and
+//! produces no result, no reply and no intent. Nothing is applied to any instance: the
+//! caller receives the accumulated state patch, pack patches, the queued
+//! transition and the terminal/termination signals, and decides.
+//!
+//! Rules decided here:
+//! - one transition per response (`Only one transition allowed per turn`); a
+//!   transition name the node does not declare is an error result at once;
+//! - the first terminal tool that succeeds gives the response; a later
+//!   terminal call in the same response is not executed;
+//! - a tool whose `update_state` was refused gets an error result (upstream
+//!   ignored the failure silently).
+//!
+//! With a tool registry ([`LeafView::policies`]), regular calls (node,
+//! ancestor, charter and pack tools, and unknown names) go through the
+//! registry's policy stack (see [`crate::registry`]); the tool still runs
+//! with the same [`ToolContext`], so its state updates apply as without one.
+//! Built-ins (`updateState`, transitions) bypass the stack. An unknown name is
+//! then a `NOT_FOUND` envelope instead of `Unknown tool: <name>`, and the
+//! intents that tools returned are collected in [`PipelineOutcome::intents`].
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, OnceLock};
+
+use futures::FutureExt;
+use markov_core::ids::{InstanceId, ToolCallId};
+use markov_core::message::{Item, Message};
+use markov_core::tool::{
+    SharedTool, StateAccess, StateUpdateError, TerminateResponse, ToolCallError, ToolContext,
+    ToolExecutionResult, UserMessage, check_tool_arguments,
+};
+use serde_json::{Map, Value};
+use tracing::Instrument;
+
+use crate::charter::{AncestorView, Charter};
+use crate::node::Node;
+use crate::pack::Pack;
+use crate::state::{StateSchema, accumulate_patch, merge_patch};
+use crate::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
+use markov_policy::{
+    Mode, PolicyState, RegistrySession, Rejection, ToolErrorKind, ToolOrigin, TurnBudgetState,
+    plain_registry,
+};
+
+/// What the pipeline needs to know about the leaf it runs for.
+#[derive(Debug, Clone, Copy)]
+pub struct LeafView<'a> {
+    /// The charter.
+    pub charter: &'a Charter,
+    /// The leaf's node.
+    pub node: &'a Node,
+    /// The leaf's instance id.
+    pub instance_id: &'a InstanceId,
+    /// The root's instance id.
+    pub root_id: &'a InstanceId,
+    /// The leaf's state at the start of the step.
+    pub state: &'a Value,
+    /// Ancestors, root first.
+    pub ancestors: &'a [AncestorView<'a>],
+    /// Pack states (the root's), by pack name.
+    pub pack_states: &'a BTreeMap<String, Value>,
+    /// Whether the leaf is a worker.
+    pub is_worker: bool,
+    /// The history tools may read.
+    pub history: &'a [Message],
+    /// The tool result of a `TerminateResponse` without a message.
+    pub terminate_message: &'a str,
+    /// The tool registry, mode and turn counters regular calls go through;
+    /// `None` runs tools directly.
+    pub policies: Option<RegistrySession<'a>>,
+    /// The application's value tools may read ([`ToolContext::deps`]).
+    pub deps: Option<&'a markov_core::tool::Deps>,
+}
+
+/// One requested call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// Its id.
+    pub id: ToolCallId,
+    /// The tool name the model wrote.
+    pub name: String,
+    /// The arguments.
+    pub input: Value,
+}
+
+/// A transition the model asked for, to run after all calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuedTransition {
+    /// Which result reports it (to correct it if the transition fails).
+    pub result_index: usize,
+    /// The transition's name on the node.
+    pub name: String,
+    /// Why.
+    pub reason: String,
+    /// The arguments, without `reason`.
+    pub args: Value,
+}
+
+/// The response a terminal tool produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TerminalResponse {
+    /// The call.
+    pub call_id: ToolCallId,
+    /// The tool.
+    pub tool: String,
+    /// The response text, verbatim.
+    pub text: String,
+    /// Whether the text is already among the reply items (a `ToolReply`'s user text).
+    pub in_replies: bool,
+}
+
+/// Everything one response's calls produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PipelineOutcome {
+    /// One result per call, in call order (none for provider built-in tool calls).
+    pub results: Vec<ToolExecutionResult>,
+    /// Whether each result's `is_error: false` is written on success (node
+    /// tools) or left out (built-ins, pack tools).
+    pub result_states_known: Vec<bool>,
+    /// Assistant items from `ToolReply` user messages, in call order.
+    pub replies: Vec<Item>,
+    /// The leaf's new state and the accumulated patch, if it changed.
+    pub state: Option<(Value, Value)>,
+    /// Accumulated patches per pack, in first-write order.
+    pub pack_patches: Vec<(String, Value)>,
+    /// The queued transition, if any.
+    pub transition: Option<QueuedTransition>,
+    /// The terminal response, if a terminal tool succeeded.
+    pub terminal: Option<TerminalResponse>,
+    /// A tool asked to end the run.
+    pub terminate: Option<TerminateResponse>,
+    /// The intents tools returned through the registry, in call order, with
+    /// the call that returned each.
+    pub intents: Vec<(ToolCallId, Value)>,
+}
+
+impl PipelineOutcome {
+    /// The `tool_result` items, in call order.
+    pub fn result_items(&self) -> Vec<Item> {
+        self.results
+            .iter()
+            .zip(&self.result_states_known)
+            .map(|(r, known)| r.to_item(*known))
+            .collect()
+    }
+}
+
+/// Whose state a tool call writes to.
+enum Scope<'a> {
+    Current,
+    Ancestor(&'a Value),
+}
+
+/// A state a tool sees as a snapshot and writes through validation.
+struct ScopedState<'s> {
+    snapshot: Value,
+    running: Mutex<Value>,
+    patch: Mutex<Option<Value>>,
+    refused: Mutex<Option<String>>,
+    schema: Option<&'s dyn StateSchema>,
+}
+
+impl<'s> ScopedState<'s> {
+    fn writable(snapshot: Value, schema: &'s dyn StateSchema) -> Self {
+        ScopedState {
+            running: Mutex::new(snapshot.clone()),
+            snapshot,
+            patch: Mutex::new(None),
+            refused: Mutex::new(None),
+            schema: Some(schema),
+        }
+    }
+
+    fn read_only(snapshot: Value) -> Self {
+        ScopedState {
+            running: Mutex::new(snapshot.clone()),
+            snapshot,
+            patch: Mutex::new(None),
+            refused: Mutex::new(None),
+            schema: None,
+        }
+    }
+
+    fn take(self) -> (Value, Option<Value>, Option<String>) {
+        (
+            self.running.into_inner().unwrap_or_else(|p| p.into_inner()),
+            self.patch.into_inner().unwrap_or_else(|p| p.into_inner()),
+            self.refused.into_inner().unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+}
+
+impl StateAccess for ScopedState<'_> {
+    fn state(&self) -> &Value {
+        &self.snapshot
+    }
+
+    fn update_state(&self, patch: Value) -> Result<(), StateUpdateError> {
+        let Some(schema) = self.schema else {
+            return Err(StateUpdateError::Ancestor);
+        };
+        let mut running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let merged = merge_patch(&running, &patch)?;
+        match schema.parse(&merged) {
+            Ok(parsed) => {
+                *running = parsed;
+                accumulate_patch(
+                    &mut self.patch.lock().unwrap_or_else(|p| p.into_inner()),
+                    &patch,
+                );
+                *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Ok(())
+            }
+            Err(message) => {
+                *self.refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(message.clone());
+                Err(StateUpdateError::Invalid(message))
+            }
+        }
+    }
+}
+
+/// Where a tool was found.
+enum Found<'a> {
+    Node(&'a SharedTool, Scope<'a>),
+    Pack(&'a SharedTool, &'a Pack),
+}
+
+/// Whether `name` resolves to a provider built-in tool (spec §8.1 steps
+/// 3–4): the node, then each ancestor (nearest first), is searched as
+/// [`resolve`] does, and the first level that declares the name decides. The
+/// charter and packs declare no provider tools.
+fn is_provider_tool(leaf: &LeafView<'_>, name: &str) -> bool {
+    let levels = std::iter::once(leaf.node).chain(leaf.ancestors.iter().rev().map(|a| a.node));
+    for node in levels {
+        if node.tools().get(name).is_some() {
+            return false;
+        }
+        if node.provider_tool(name).is_some() {
+            return true;
+        }
+    }
+    false
+}
+
+fn resolve<'a>(leaf: &LeafView<'a>, name: &str) -> Option<Found<'a>> {
+    if let Some(t) = leaf.node.tools().get(name) {
+        return Some(Found::Node(t, Scope::Current));
+    }
+    for ancestor in leaf.ancestors.iter().rev() {
+        if let Some(t) = ancestor.node.tools().get(name) {
+            // An ancestor sharing the leaf's node definition counts as current.
+            let scope = if ancestor.node.id() == leaf.node.id() {
+                Scope::Current
+            } else {
+                Scope::Ancestor(ancestor.state)
+            };
+            return Some(Found::Node(t, scope));
+        }
+    }
+    if let Some(t) = leaf.charter.tools().get(name) {
+        return Some(Found::Node(t, Scope::Current));
+    }
+    if !leaf.is_worker {
+        for pack in leaf.node.packs() {
+            if let Some(t) = pack.tools().get(name) {
+                return Some(Found::Pack(t, pack));
+            }
+        }
+    }
+    // A tool registered only in the registry runs like a charter tool.
+    if let Some(t) = leaf.policies.and_then(|p| p.registry.tool(name)) {
+        return Some(Found::Node(t, Scope::Current));
+    }
+    None
+}
+
+fn pack_state(
+    running: &BTreeMap<String, Value>,
+    stored: &BTreeMap<String, Value>,
+    pack: &Pack,
+) -> Value {
+    running
+        .get(pack.name())
+        .or_else(|| stored.get(pack.name()))
+        .or_else(|| pack.initial_state())
+        .cloned()
+        .unwrap_or_else(|| Value::Object(Map::new()))
+}
+
+/// The results of one response's calls as they complete, readable while the
+/// pipeline still runs: a step that is cancelled midway (its run dropped, an
+/// outer timeout) records them from here, so a call that ran is never
+/// forgotten.
+#[derive(Debug, Default)]
+pub struct CallLog {
+    results: Mutex<Vec<ToolExecutionResult>>,
+}
+
+impl CallLog {
+    /// Nothing completed yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The result recorded for `call`, if it completed.
+    pub fn result_of(&self, call: &ToolCallId) -> Option<ToolExecutionResult> {
+        self.results
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|r| r.call_id == *call)
+            .cloned()
+    }
+
+    fn push(&self, result: &ToolExecutionResult) {
+        self.results
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(result.clone());
+    }
+}
+
+/// Runs `calls` in order for `leaf`. Never fails: every call gets one
+/// result, except calls of provider built-in tools, which get none.
+pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> PipelineOutcome {
+    run_tool_calls_logged(leaf, calls, &CallLog::new()).await
+}
+
+/// [`run_tool_calls`], writing each result to `log` as soon as it exists.
+///
+/// Before anything else, each call's arguments are checked
+/// ([`check_tool_arguments`]): arguments that are not a JSON object (a
+/// stream cut short, a server's bad JSON) are an invalid-input error result,
+/// and neither a built-in, a policy stage nor a tool sees them. A tool that
+/// panics gets an execution-failed error result; the calls after it still
+/// run.
+pub async fn run_tool_calls_logged(
+    leaf: &LeafView<'_>,
+    calls: Vec<ToolCall>,
+    log: &CallLog,
+) -> PipelineOutcome {
+    let mut out = PipelineOutcome::default();
+    let mut running_state = leaf.state.clone();
+    let mut state_patch: Option<Value> = None;
+    let mut running_packs: BTreeMap<String, Value> = BTreeMap::new();
+    let mut pack_patches: Vec<(String, Value)> = Vec::new();
+
+    for call in calls {
+        let span = tracing::info_span!(
+            "tool_call",
+            tool = %call.name,
+            call_id = %call.id,
+            instance_id = %leaf.instance_id,
+        );
+        let garbled = if is_provider_tool(leaf, &call.name) {
+            None
+        } else {
+            check_tool_arguments(&call.input).err()
+        };
+        let (result, known) = if let Some(error) = garbled {
+            let result = span.in_scope(|| invalid_arguments(leaf, &call, &error.to_string()));
+            (result, true)
+        } else if call.name == UPDATE_STATE {
+            let r = span.in_scope(|| {
+                update_state_builtin(leaf, &call, &mut running_state, &mut state_patch)
+            });
+            (r, false)
+        } else if call.name == TRANSITION || call.name.starts_with(TRANSITION_PREFIX) {
+            let index = out.results.len();
+            let r = span.in_scope(|| queue_transition(leaf, &call, index, &mut out));
+            (r, false)
+        } else if is_provider_tool(leaf, &call.name) {
+            span.in_scope(|| {
+                tracing::debug!("provider built-in tool call skipped: the provider ran it")
+            });
+            continue;
+        } else {
+            match resolve(leaf, &call.name) {
+                None => {
+                    // A match, not `unwrap_or_else(plain_session)`: the fn item's
+                    // `'static` return would pin the leaf's lifetime.
+                    let session = match leaf.policies {
+                        Some(session) => session,
+                        None => plain_session(),
+                    };
+                    let state = ScopedState::read_only(leaf.state.clone());
+                    let cx = ToolContext::new(&call.id, leaf.history, &state)
+                        .with_instance(leaf.instance_id, leaf.root_id)
+                        .with_deps(leaf.deps);
+                    let executed = session.run(
+                        None,
+                        &call.id,
+                        &call.name,
+                        call.input.clone(),
+                        cx,
+                        leaf.terminate_message,
+                    );
+                    let result = contain_panic(leaf, &call, async { executed.await.result })
+                        .instrument(span.clone())
+                        .await;
+                    (result, true)
+                }
+                Some(found) => {
+                    let terminal = match &found {
+                        Found::Node(t, _) | Found::Pack(t, _) => t.definition().terminal,
+                    };
+                    if terminal && let Some(first) = &out.terminal {
+                        let r = ToolExecutionResult::error(
+                            call.id.clone(),
+                            format!(
+                                "Only one terminal tool may be called per turn: {} already produced the response, so {} was not run.",
+                                first.tool, call.name
+                            ),
+                        );
+                        (r, true)
+                    } else {
+                        let is_pack = matches!(found, Found::Pack(..));
+                        let (r, intents) = run_found(
+                            leaf,
+                            found,
+                            &call,
+                            &mut running_state,
+                            &mut state_patch,
+                            &mut running_packs,
+                            &mut pack_patches,
+                        )
+                        .instrument(span.clone())
+                        .await;
+                        out.intents
+                            .extend(intents.into_iter().map(|i| (call.id.clone(), i)));
+                        (r, !is_pack)
+                    }
+                }
+            }
+        };
+        span.in_scope(|| {
+            tracing::debug!(
+                is_error = result.is_error,
+                is_terminal = result.is_terminal,
+                "tool call finished"
+            )
+        });
+        log.push(&result);
+        record(&mut out, &call, result, known);
+    }
+
+    if state_patch.is_some() || running_state != *leaf.state {
+        let patch = state_patch.unwrap_or_else(|| running_state.clone());
+        out.state = Some((running_state, patch));
+    }
+    out.pack_patches = pack_patches;
+    out
+}
+
+fn record(
+    out: &mut PipelineOutcome,
+    call: &ToolCall,
+    mut result: ToolExecutionResult,
+    known: bool,
+) {
+    if !result.is_error {
+        if let Some(user) = result.user_message.take() {
+            let item = match &user {
+                UserMessage::Text(s) => Item::text(s.clone()),
+                UserMessage::Data(v) => Item::Output { data: v.clone() },
+            };
+            // A terminal tool's plain output is recorded as the response below,
+            // a reply's user message is recorded here (once).
+            let from_reply = !result.is_terminal || result.content != user_text(&user);
+            if from_reply {
+                out.replies.push(item);
+            }
+            if result.is_terminal && out.terminal.is_none() {
+                out.terminal = Some(TerminalResponse {
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    text: user_text(&user),
+                    in_replies: from_reply,
+                });
+            }
+        }
+        if let Some(t) = result.terminate.clone()
+            && out.terminate.is_none()
+        {
+            out.terminate = Some(t);
+        }
+    } else {
+        result.is_terminal = false;
+        result.user_message = None;
+    }
+    out.results.push(result);
+    out.result_states_known.push(known);
+}
+
+fn user_text(user: &UserMessage) -> String {
+    match user {
+        UserMessage::Text(s) => s.clone(),
+        UserMessage::Data(v) => v.to_string(),
+    }
+}
+
+fn update_state_builtin(
+    leaf: &LeafView<'_>,
+    call: &ToolCall,
+    running: &mut Value,
+    acc: &mut Option<Value>,
+) -> ToolExecutionResult {
+    let Some(patch) = call.input.get("patch") else {
+        return ToolExecutionResult::error(
+            call.id.clone(),
+            "State update failed: missing field `patch`",
+        );
+    };
+    let merged = match merge_patch(running, patch) {
+        Ok(m) => m,
+        Err(e) => {
+            return ToolExecutionResult::error(
+                call.id.clone(),
+                format!("State update failed: {e}"),
+            );
+        }
+    };
+    match leaf.node.schema().parse(&merged) {
+        Ok(parsed) => {
+            *running = parsed;
+            accumulate_patch(acc, patch);
+            ToolExecutionResult::success(call.id.clone(), "State updated successfully")
+        }
+        Err(msg) => {
+            ToolExecutionResult::error(call.id.clone(), format!("State update failed: {msg}"))
+        }
+    }
+}
+
+fn queue_transition(
+    leaf: &LeafView<'_>,
+    call: &ToolCall,
+    result_index: usize,
+    out: &mut PipelineOutcome,
+) -> ToolExecutionResult {
+    if out.transition.is_some() {
+        return ToolExecutionResult::error(call.id.clone(), "Only one transition allowed per turn");
+    }
+    let reason = call
+        .input
+        .get("reason")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let (name, args) = if call.name == TRANSITION {
+        match call.input.get("to").and_then(Value::as_str) {
+            Some(to) => (to.to_owned(), Value::Object(Map::new())),
+            None => {
+                return ToolExecutionResult::error(
+                    call.id.clone(),
+                    "Invalid tool input: missing string field `to`",
+                );
+            }
+        }
+    } else {
+        let name = call.name[TRANSITION_PREFIX.len()..].to_owned();
+        let mut args = match &call.input {
+            Value::Object(m) => m.clone(),
+            _ => Map::new(),
+        };
+        args.remove("reason");
+        (name, Value::Object(args))
+    };
+    if leaf.node.transition(&name).is_none() {
+        // Upstream aborts the whole run here; the model can correct a typo.
+        return ToolExecutionResult::error(call.id.clone(), format!("Unknown transition: {name}"));
+    }
+    out.transition = Some(QueuedTransition {
+        result_index,
+        name: name.clone(),
+        reason,
+        args,
+    });
+    ToolExecutionResult::success(
+        call.id.clone(),
+        format!(
+            "Transition to \"{name}\" complete. You are now in the new context - respond to the user."
+        ),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_found(
+    leaf: &LeafView<'_>,
+    found: Found<'_>,
+    call: &ToolCall,
+    running_state: &mut Value,
+    state_patch: &mut Option<Value>,
+    running_packs: &mut BTreeMap<String, Value>,
+    pack_patches: &mut Vec<(String, Value)>,
+) -> (ToolExecutionResult, Vec<Value>) {
+    let intents;
+    let result = match found {
+        Found::Node(tool, scope) => {
+            let scoped = match scope {
+                Scope::Current => ScopedState::writable(running_state.clone(), leaf.node.schema()),
+                Scope::Ancestor(state) => ScopedState::read_only(state.clone()),
+            };
+            let cx = ToolContext::new(&call.id, leaf.history, &scoped)
+                .with_instance(leaf.instance_id, leaf.root_id)
+                .with_deps(leaf.deps);
+            let (mut result, tool_intents) =
+                call_tool(leaf, tool, call, cx, ToolOrigin::Node).await;
+            intents = tool_intents;
+            let (new_state, patch, refused) = scoped.take();
+            if let Some(patch) = patch {
+                // Updates made before a failure are kept, as upstream does.
+                *running_state = new_state;
+                accumulate_patch(state_patch, &patch);
+            }
+            if let Some(msg) = refused
+                && !result.is_error
+            {
+                result = ToolExecutionResult::error(
+                    call.id.clone(),
+                    format!("{}\n\nError: State update failed: {msg}", result.content),
+                );
+            }
+            result
+        }
+        Found::Pack(tool, pack) => {
+            let current = pack_state(running_packs, leaf.pack_states, pack);
+            let scoped = ScopedState::writable(current, pack.schema());
+            let cx = ToolContext::new(&call.id, leaf.history, &scoped)
+                .with_instance(leaf.instance_id, leaf.root_id)
+                .with_deps(leaf.deps);
+            let (result, tool_intents) = call_tool(leaf, tool, call, cx, ToolOrigin::Pack).await;
+            intents = tool_intents;
+            let (new_state, patch, refused) = scoped.take();
+            if let Some(patch) = patch {
+                running_packs.insert(pack.name().to_owned(), new_state);
+                match pack_patches.iter_mut().find(|(n, _)| n == pack.name()) {
+                    Some((_, acc)) => {
+                        let mut a = Some(std::mem::take(acc));
+                        accumulate_patch(&mut a, &patch);
+                        *acc = a.unwrap_or_default();
+                    }
+                    None => pack_patches.push((pack.name().to_owned(), patch)),
+                }
+            }
+            match refused {
+                // A failed call keeps its own error, as before.
+                Some(msg) if !result.is_error => ToolExecutionResult::error(
+                    call.id.clone(),
+                    format!(
+                        "{}\n\nError: Pack state validation failed: {msg}",
+                        result.content
+                    ),
+                ),
+                _ => result,
+            }
+        }
+    };
+    (result, intents)
+}
+
+/// The error result of a call whose arguments no tool may see.
+fn invalid_arguments(leaf: &LeafView<'_>, call: &ToolCall, detail: &str) -> ToolExecutionResult {
+    tracing::debug!(
+        detail,
+        "tool call refused: its arguments are not a JSON object"
+    );
+    match leaf.policies {
+        Some(_) => ToolExecutionResult::error(
+            call.id.clone(),
+            Rejection::new(ToolErrorKind::InvalidInput)
+                .with_detail(detail)
+                .to_envelope(),
+        ),
+        None => ToolExecutionResult::error(
+            call.id.clone(),
+            ToolCallError::InvalidInput(detail.to_owned()).to_string(),
+        ),
+    }
+}
+
+/// Runs `call`'s future; a panic inside it becomes an execution-failed error
+/// result, so the process, the machine and the rest of the response live on.
+async fn contain_panic(
+    leaf: &LeafView<'_>,
+    call: &ToolCall,
+    run: impl std::future::Future<Output = ToolExecutionResult>,
+) -> ToolExecutionResult {
+    match std::panic::AssertUnwindSafe(run).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(tool = %call.name, panic = %what, "tool panicked");
+            let detail = "the tool panicked";
+            match leaf.policies {
+                Some(_) => ToolExecutionResult::error(
+                    call.id.clone(),
+                    Rejection::new(ToolErrorKind::ExecutionFailed)
+                        .with_detail(detail)
+                        .to_envelope(),
+                ),
+                None => ToolExecutionResult::error(
+                    call.id.clone(),
+                    ToolCallError::Execution(detail.to_owned()).to_string(),
+                ),
+            }
+        }
+    }
+}
+
+/// Runs one resolved tool through the tool path: the registry's stack when
+/// one is set, else the plain execute-only stack ([`plain_session`]).
+/// Returns the result and the intents of a success.
+async fn call_tool(
+    leaf: &LeafView<'_>,
+    tool: &SharedTool,
+    call: &ToolCall,
+    cx: ToolContext<'_>,
+    origin: ToolOrigin,
+) -> (ToolExecutionResult, Vec<Value>) {
+    let session = match leaf.policies {
+        Some(session) => session,
+        None => plain_session(),
+    };
+    let run = session.run_from(
+        origin,
+        Some(tool),
+        &call.id,
+        &call.name,
+        call.input.clone(),
+        cx,
+        leaf.terminate_message,
+    );
+    let intents = Mutex::new(Vec::new());
+    let result = contain_panic(leaf, call, async {
+        let executed = run.await;
+        *intents.lock().unwrap_or_else(|p| p.into_inner()) = executed.intents;
+        executed.result
+    })
+    .await;
+    (
+        result,
+        intents.into_inner().unwrap_or_else(|p| p.into_inner()),
+    )
+}
+
+/// The tool path of a leaf without a registry: [`plain_registry`]'s
+/// execute-only stack, upstream's plain-text errors.
+fn plain_session() -> RegistrySession<'static> {
+    static MODE: OnceLock<Mode> = OnceLock::new();
+    static TURN: OnceLock<TurnBudgetState> = OnceLock::new();
+    static STATE: OnceLock<PolicyState> = OnceLock::new();
+    plain_registry().session_in(
+        MODE.get_or_init(|| Mode::TEXT),
+        TURN.get_or_init(TurnBudgetState::new),
+        STATE.get_or_init(PolicyState::new),
+    )
+}
