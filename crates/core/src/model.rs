@@ -119,7 +119,22 @@ impl Default for ModelSettings {
 }
 
 /// One model call. Everything is borrowed from the caller.
+///
+/// Built with [`ModelRequest::new`] and the setters, which leave the rest at
+/// its default (no tools, [`ToolChoice::Auto`], no output schema):
+///
+/// ```
+/// use markov_core::{Message, ModelRequest, ModelSettings, ToolChoice};
+///
+/// let history = [Message::user("What is 2 + 3?")];
+/// let settings = ModelSettings::default();
+/// let request = ModelRequest::new("You are terse.", &history, &settings)
+///     .tool_choice(&ToolChoice::None);
+/// assert!(request.tools.is_empty());
+/// assert_eq!(request.tool_choice, &ToolChoice::None);
+/// ```
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct ModelRequest<'a> {
     /// The system prompt.
     pub system: &'a str,
@@ -138,6 +153,74 @@ pub struct ModelRequest<'a> {
     pub settings: &'a ModelSettings,
     /// A JSON Schema the answer must follow (structured output), if any.
     pub output_schema: Option<&'a Value>,
+}
+
+/// The tool choice of a request that sets none.
+static AUTO: ToolChoice = ToolChoice::Auto;
+
+impl<'a> ModelRequest<'a> {
+    /// A request with a system prompt, the conversation and the settings;
+    /// no tools, [`ToolChoice::Auto`], no output schema.
+    pub fn new(system: &'a str, messages: &'a [Message], settings: &'a ModelSettings) -> Self {
+        ModelRequest {
+            system,
+            messages,
+            tools: &[],
+            provider_tools: &[],
+            tool_choice: &AUTO,
+            settings,
+            output_schema: None,
+        }
+    }
+
+    /// Offers `tools`.
+    #[must_use]
+    pub fn tools(mut self, tools: &'a [ToolDefinition]) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// Offers provider built-in tools.
+    #[must_use]
+    pub fn provider_tools(mut self, tools: &'a [ProviderTool]) -> Self {
+        self.provider_tools = tools;
+        self
+    }
+
+    /// Sets the tool choice.
+    #[must_use]
+    pub fn tool_choice(mut self, choice: &'a ToolChoice) -> Self {
+        self.tool_choice = choice;
+        self
+    }
+
+    /// Asks for an answer following `schema` (or none).
+    #[must_use]
+    pub fn output_schema(mut self, schema: Option<&'a Value>) -> Self {
+        self.output_schema = schema;
+        self
+    }
+
+    /// Sends `messages` instead (a wrapper that rewrites the conversation).
+    #[must_use]
+    pub fn messages(mut self, messages: &'a [Message]) -> Self {
+        self.messages = messages;
+        self
+    }
+
+    /// Sends `system` instead.
+    #[must_use]
+    pub fn system(mut self, system: &'a str) -> Self {
+        self.system = system;
+        self
+    }
+
+    /// Uses `settings` instead.
+    #[must_use]
+    pub fn settings(mut self, settings: &'a ModelSettings) -> Self {
+        self.settings = settings;
+        self
+    }
 }
 
 /// Why the model stopped.
@@ -470,15 +553,7 @@ mod tests {
         };
         let model = Fixed(response.clone());
         let settings = ModelSettings::default();
-        let request = ModelRequest {
-            system: "",
-            messages: &[],
-            tools: &[],
-            provider_tools: &[],
-            tool_choice: &ToolChoice::Auto,
-            settings: &settings,
-            output_schema: None,
-        };
+        let request = ModelRequest::new("", &[], &settings);
         let events: Vec<_> = model.stream(request).collect().await;
         assert_eq!(events.len(), 4);
         assert!(matches!(

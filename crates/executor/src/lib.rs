@@ -37,6 +37,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod builder;
 pub mod client;
 mod command;
 mod effect;
@@ -53,6 +54,7 @@ mod step;
 pub mod stream;
 mod typed;
 
+pub use builder::MachineBuilder;
 pub use client::{
     DisplayInstance, DryClientInstance, MachineContract, assert_contract, display_instance,
     dry_client_instance, find_command, is_command_item,
@@ -78,8 +80,3 @@ pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, 
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use typed::{DEFAULT_TYPED_RETRIES, Typed, TypedRunError, retry_prompt};
-
-/// The README's examples, compiled and run as doc tests.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;

@@ -149,15 +149,11 @@ pub struct Prepared {
 impl Prepared {
     /// The request over `history`.
     pub fn request<'a>(&'a self, history: &'a [Message]) -> ModelRequest<'a> {
-        ModelRequest {
-            system: &self.system,
-            messages: history,
-            tools: &self.tools,
-            provider_tools: &self.provider_tools,
-            tool_choice: &self.tool_choice,
-            settings: &self.settings,
-            output_schema: self.output_schema.as_ref(),
-        }
+        ModelRequest::new(&self.system, history, &self.settings)
+            .tools(&self.tools)
+            .provider_tools(&self.provider_tools)
+            .tool_choice(&self.tool_choice)
+            .output_schema(self.output_schema.as_ref())
     }
 }
 

@@ -12,7 +12,7 @@
 use std::io::Write;
 
 use futures::StreamExt;
-use markov_core::{Message, Model, ModelRequest, ModelSettings, StreamEvent, ToolChoice};
+use markov_core::{Message, Model, ModelRequest, ModelSettings, StreamEvent};
 use markov_providers::{Anthropic, ConfigError, OpenAi};
 
 /// A client and a line saying which it is.
@@ -51,15 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_tokens: 512,
         ..ModelSettings::default()
     };
-    let request = ModelRequest {
-        system: "You are terse.",
-        messages: &history,
-        tools: &[],
-        provider_tools: &[],
-        tool_choice: &ToolChoice::Auto,
-        settings: &settings,
-        output_schema: None,
-    };
+    let request = ModelRequest::new("You are terse.", &history, &settings);
     let mut events = model.stream(request);
     while let Some(event) = events.next().await {
         match event? {

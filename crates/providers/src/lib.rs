@@ -30,15 +30,7 @@
 //! let history = [Message::user("What is 2 + 3?")];
 //! let settings = ModelSettings::default();
 //! let answer = model
-//!     .complete(ModelRequest {
-//!         system: "You are terse.",
-//!         messages: &history,
-//!         tools: &[],
-//!         provider_tools: &[],
-//!         tool_choice: &ToolChoice::Auto,
-//!         settings: &settings,
-//!         output_schema: None,
-//!     })
+//!     .complete(ModelRequest::new("You are terse.", &history, &settings))
 //!     .await?;
 //! println!("{:?}", answer.content);
 //! # Ok(())

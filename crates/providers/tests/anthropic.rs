@@ -47,15 +47,7 @@ fn request<'a>(
     tool_choice: &'a ToolChoice,
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
-    ModelRequest {
-        system: "You are a calculator.",
-        messages,
-        tools,
-        provider_tools: &[],
-        tool_choice,
-        settings,
-        output_schema: None,
-    }
+    ModelRequest::new("You are a calculator.", messages, settings).tools(tools).tool_choice(tool_choice)
 }
 
 fn text_answer(text: &str) -> Value {
@@ -301,15 +293,7 @@ async fn adaptive_thinking_and_no_tools() {
         thinking: Some(Thinking::Adaptive),
         ..ModelSettings::default()
     };
-    let request = ModelRequest {
-        system: "",
-        messages: &history,
-        tools: &[],
-        provider_tools: &[],
-        tool_choice: &ToolChoice::Any,
-        settings: &settings,
-        output_schema: None,
-    };
+    let request = ModelRequest::new("", &history, &settings).tool_choice(&ToolChoice::Any);
     client(&server).complete(request).await.unwrap();
     assert_eq!(
         server.single().body,
@@ -347,15 +331,7 @@ async fn structured_output_uses_output_format_and_the_beta_header() {
     let history = [Message::user("count")];
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
     let settings = ModelSettings::default();
-    let request = ModelRequest {
-        system: "",
-        messages: &history,
-        tools: &[],
-        provider_tools: &[],
-        tool_choice: &ToolChoice::Auto,
-        settings: &settings,
-        output_schema: Some(&schema),
-    };
+    let request = ModelRequest::new("", &history, &settings).output_schema(Some(&schema));
     client(&server).complete(request).await.unwrap();
     let sent = server.single();
     assert_eq!(

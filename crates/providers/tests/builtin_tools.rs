@@ -11,7 +11,7 @@ use futures::StreamExt;
 use markov_core::tool::ProviderTool;
 use markov_core::{
     Item, Message, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason,
-    StreamEvent, ToolChoice, ToolDefinition, Usage,
+    StreamEvent, ToolDefinition, Usage,
 };
 use markov_testkit::http::{FakeServer, Reply, sse_event};
 use serde_json::{Value, json};
@@ -37,15 +37,7 @@ fn request<'a>(
     provider_tools: &'a [ProviderTool],
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
-    ModelRequest {
-        system: "",
-        messages,
-        tools,
-        provider_tools,
-        tool_choice: &ToolChoice::Auto,
-        settings,
-        output_schema: None,
-    }
+    ModelRequest::new("", messages, settings).tools(tools).provider_tools(provider_tools)
 }
 
 fn search_results() -> Value {

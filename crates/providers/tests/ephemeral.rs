@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use markov_core::message::{Item, Items, Message, Metadata, Role};
-use markov_core::{Model, ModelRequest, ModelSettings, ToolChoice};
+use markov_core::{Model, ModelRequest, ModelSettings};
 use markov_providers::{Anthropic, OpenAi};
 use markov_testkit::http::{FakeServer, Reply, anthropic, openai};
 use serde_json::{Value, json};
@@ -66,15 +66,7 @@ async fn sent(
 ) -> Value {
     let server = FakeServer::scripted(vec![Reply::json(200, answer)]).await;
     let settings = ModelSettings::default();
-    let request = ModelRequest {
-        system: "You watch the camera.",
-        messages,
-        tools: &[],
-        provider_tools: &[],
-        tool_choice: &ToolChoice::Auto,
-        settings: &settings,
-        output_schema: None,
-    };
+    let request = ModelRequest::new("You watch the camera.", messages, &settings);
     model(&server)
         .complete(request)
         .await

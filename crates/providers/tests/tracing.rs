@@ -6,7 +6,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice};
+use markov_core::{Message, Model, ModelRequest, ModelSettings};
 use markov_providers::{Anthropic, OpenAi};
 use markov_testkit::http::{FakeServer, Reply};
 use serde_json::json;
@@ -65,15 +65,7 @@ async fn calls_are_traced_per_attempt_without_keys() {
         .unwrap();
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
-    let request = ModelRequest {
-        system: "",
-        messages: &history,
-        tools: &[],
-        provider_tools: &[],
-        tool_choice: &ToolChoice::Auto,
-        settings: &settings,
-        output_schema: None,
-    };
+    let request = ModelRequest::new("", &history, &settings);
     anthropic.complete(request).await.unwrap();
 
     let openai_answer = json!({

@@ -109,15 +109,7 @@ fn request<'a>(
     settings: &'a ModelSettings,
     choice: &'a ToolChoice,
 ) -> ModelRequest<'a> {
-    ModelRequest {
-        system: "sys",
-        messages,
-        tools: &[],
-        provider_tools: &[],
-        tool_choice: choice,
-        settings,
-        output_schema: None,
-    }
+    ModelRequest::new("sys", messages, settings).tool_choice(choice)
 }
 
 fn tool_results(ids: &[&str]) -> Message {

@@ -69,22 +69,14 @@ impl Model for FailingModel {
 mod tests {
     use super::*;
     use crate::ScriptedModel;
-    use markov_core::model::{ModelSettings, ToolChoice};
+    use markov_core::model::ModelSettings;
 
     #[tokio::test]
     async fn fails_after_n_calls() {
         let inner = ScriptedModel::builder().text("a").text("b").build();
         let model = FailingModel::after(1, inner, ModelError::Overloaded("busy".into()));
         let settings = ModelSettings::default();
-        let req = ModelRequest {
-            system: "",
-            messages: &[],
-            tools: &[],
-            provider_tools: &[],
-            tool_choice: &ToolChoice::Auto,
-            settings: &settings,
-            output_schema: None,
-        };
+        let req = ModelRequest::new("", &[], &settings);
         assert!(model.complete(req).await.is_ok());
         let err = model.complete(req).await.unwrap_err();
         assert_eq!(err, ModelError::Overloaded("busy".into()));

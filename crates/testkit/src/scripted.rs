@@ -302,15 +302,7 @@ mod tests {
         choice: &'a ToolChoice,
         settings: &'a ModelSettings,
     ) -> ModelRequest<'a> {
-        ModelRequest {
-            system: "sys",
-            messages,
-            tools: &[],
-            provider_tools: &[],
-            tool_choice: choice,
-            settings,
-            output_schema: None,
-        }
+        ModelRequest::new("sys", messages, settings).tool_choice(choice)
     }
 
     #[tokio::test]

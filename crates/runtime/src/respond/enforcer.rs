@@ -47,15 +47,7 @@ use crate::tool_choice::{ToolChoicePolicy, check_thinking};
 /// let settings = ModelSettings::default();
 /// fn request<'a>(messages: &'a [Message], settings: &'a ModelSettings) -> ModelRequest<'a> {
 ///     // The caller's own tool choice is replaced by the policy's.
-///     ModelRequest {
-///         system: "",
-///         messages,
-///         tools: &[],
-///         provider_tools: &[],
-///         tool_choice: &ToolChoice::Auto,
-///         settings,
-///         output_schema: None,
-///     }
+///     ModelRequest::new("", messages, settings).tool_choice(&ToolChoice::Auto)
 /// }
 ///
 /// let mut history = vec![Message::user("What endpoints does Customer have?")];
@@ -131,10 +123,7 @@ impl<M: Model> ToolChoiceEnforcer<M> {
             )
             .map_err(ModelError::InvalidRequest)?;
         }
-        Ok(ModelRequest {
-            tool_choice: self.choice_for(request.messages),
-            ..request
-        })
+        Ok(request.tool_choice(self.choice_for(request.messages)))
     }
 }
 

@@ -1,0 +1,81 @@
+//! markov: stateful, tool-using LLM agents in Rust.
+//!
+//! This crate gathers markov's crates behind one dependency and one import:
+//!
+//! ```
+//! use markov::prelude::*;
+//!
+//! /// Adds two integers.
+//! #[tool]
+//! async fn add(a: i64, b: i64) -> i64 {
+//!     a + b
+//! }
+//!
+//! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+//! let mut machine = Machine::builder("calculator")
+//!     .node("calc", Node::builder("You do arithmetic with your tools.").tool(Add).build()?)
+//!     .model(
+//!         ScriptedModel::builder()
+//!             .tool_call("add", json!({"a": 2, "b": 3}))
+//!             .text("2 + 3 = 5")
+//!             .build(),
+//!     )
+//!     .build()?;
+//! machine.enqueue_user("What is 2 + 3?");
+//! let last = machine.run(RunOptions::default()).await?;
+//! assert!(last.done);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+//!
+//! The crates, each usable on its own:
+//!
+//! - [`core`]: messages, the `Tool` and `Model` traits (what a tool author or
+//!   a model client depends on);
+//! - [`policy`]: the tool registry and its policy pipeline;
+//! - [`runtime`]: charter, nodes, transitions, packs, and running one
+//!   response's tool calls;
+//! - [`executor`]: the machine, its run loop, snapshots;
+//! - [`tools`]: the standard `respond` and `finish` tools;
+//! - [`testkit`] (feature `testkit`, on by default): scripted models;
+//! - `providers` (feature `providers`): Anthropic and OpenAI-compatible
+//!   clients;
+//! - `store` (feature `store`): durable sessions.
+#![deny(missing_docs)]
+
+pub use markov_core as core;
+pub use markov_executor as executor;
+pub use markov_macros::tool;
+pub use markov_policy as policy;
+#[cfg(feature = "providers")]
+pub use markov_providers as providers;
+pub use markov_runtime as runtime;
+#[cfg(feature = "store")]
+pub use markov_store as store;
+#[cfg(feature = "testkit")]
+pub use markov_testkit as testkit;
+pub use markov_tools_std as tools;
+
+/// What an application needs to build and run an agent, in one import.
+pub mod prelude {
+    pub use markov_core::tool::{TerminateResponse, Tool, ToolContext, ToolReply};
+    pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice};
+    pub use markov_executor::{
+        Instance, Machine, MachineStep, RunError, RunOptions, StandardExecutor, YieldReason,
+        run_machine,
+    };
+    pub use markov_macros::tool;
+    pub use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
+    pub use markov_runtime::charter::Charter;
+    pub use markov_runtime::node::{Node, OutputConfig};
+    pub use markov_runtime::pack::Pack;
+    pub use markov_runtime::transition::Transition;
+    #[cfg(feature = "testkit")]
+    pub use markov_testkit::ScriptedModel;
+    pub use serde_json::json;
+}
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeDoctests;
