@@ -8,6 +8,8 @@
 //!   `xtask/src` starts with a `//!` module doc comment;
 //! - no test uses the `should_panic` attribute: assert on the `Result` or
 //!   the panic payload instead;
+//! - no source cites section numbers of a document outside the repository
+//!   (comments speak in prose; `docs/PORTING.md` relates us to upstream);
 //! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
 //!   hyper or `markov-*` crate in its `[dependencies]`;
 //! - the layers point one way, `core` ← `policy` ← `runtime` ← `executor` ←
@@ -54,6 +56,7 @@ fn check_sources(root: &Path, violations: &mut Vec<String>) {
             Ok(text) => {
                 violations.extend(check_module_doc(&shown, &text));
                 violations.extend(check_no_should_panic(&shown, &text));
+                violations.extend(check_prose_references(&shown, &text));
             }
             Err(err) => violations.push(format!("{shown}: cannot read: {err}")),
         }
@@ -191,6 +194,22 @@ fn check_no_should_panic(path: &str, text: &str) -> Vec<String> {
             format!(
                 "{path}:{}: uses the `should_panic` attribute; assert on the error instead",
                 index + 1
+            )
+        })
+        .collect()
+}
+
+/// Flags references a reader of the repository cannot follow: section
+/// numbers (the section sign, U+00A7) of a document that is not in it. Comments and docs speak in
+/// prose; `docs/PORTING.md` alone relates the code to upstream.
+fn check_prose_references(path: &str, text: &str) -> Vec<String> {
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| line.contains('\u{a7}'))
+        .map(|(n, _)| {
+            format!(
+                "{path}:{}: a section number (`\u{a7}`): say it in prose (docs/PORTING.md relates us to upstream)",
+                n + 1
             )
         })
         .collect()
@@ -522,6 +541,13 @@ fn module_doc_is_required() {
     let outer = check_module_doc("c.rs", "/// Outer doc.\nfn f() {}\n");
     assert!(outer.is_some());
     assert!(check_module_doc("d.rs", "\n  \n").is_some());
+}
+
+#[test]
+fn section_numbers_are_flagged() {
+    let sample = "//! Commands (spec \u{a7}12).\nfn f() {}\n";
+    assert_eq!(check_prose_references("a.rs", sample).len(), 1);
+    assert!(check_prose_references("b.rs", "//! Commands.\n").is_empty());
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The benchmark scenario of issue 8, shared by the `markov-bench` binary and
+//! The benchmark scenario of the peer comparison (docs/PERFORMANCE.md), shared by the `markov-bench` binary and
 //! the divan bench (`benches/step.rs`).
 //!
 //! One node with three tools, `add(a, b)`, `echo(text)` and `lookup(key)`; a

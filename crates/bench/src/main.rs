@@ -1,4 +1,4 @@
-//! `markov-bench`: figures 1–5 of issue 8 on the scenario of `lib.rs`, as a
+//! `markov-bench`: figures 1–6 on the scenario of `lib.rs`, as a
 //! release binary run by `cargo xtask bench`.
 //!
 //! 1. Framework overhead per step for K = 10, 100, 1 000 and 10 000: each

@@ -561,7 +561,7 @@ impl Message {
         }
     }
 
-    /// How an `ephemeral` message is shown to a model (spec §16): silent user
+    /// How an `ephemeral` message is shown to a model: silent user
     /// messages whose metadata is exactly `{silent: true}` (the ephemeral's
     /// own metadata is dropped).
     ///

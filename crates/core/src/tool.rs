@@ -154,7 +154,7 @@ impl ToolDefinition {
     }
 }
 
-/// A tool the provider runs itself (spec §1 "provider built-in tool marker"),
+/// A tool the provider runs itself (upstream's "provider built-in tool marker"),
 /// such as Anthropic's web search or code execution server tools.
 ///
 /// The model's calls to it come back already answered, in the same response,

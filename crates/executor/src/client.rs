@@ -1,4 +1,4 @@
-//! Client and display formats (spec §14.5): what a front end is sent about a
+//! Client and display formats: what a front end is sent about a
 //! machine, and the machine contract a front end relies on.
 //!
 //! - **Dry client** ([`DryClientInstance`], [`DryClientNode`],

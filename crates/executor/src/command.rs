@@ -1,4 +1,4 @@
-//! Running commands against a machine (spec §12): user-invoked operations
+//! Running commands against a machine: user-invoked operations
 //! that bypass inference.
 //!
 //! [`run_command`] executes at once, changes the instance tree directly and
@@ -268,7 +268,7 @@ async fn run_node_command(
     };
     // An externalized node keeps its old state in the tree unless it
     // transitions: the change arrives through the queued `state` message,
-    // which the next run hands to the scope's handler (spec §12, §17).
+    // which the next run hands to the scope's handler.
     let externalized = machine.externals.is_registered(&Scope::node_id_of(&id));
     let state = if externalized {
         target.state().clone()
@@ -299,7 +299,7 @@ async fn run_node_command(
                 Err(e) => return CommandOutcome::failed(&CommandError::failed(e)),
             };
             let state = given.unwrap_or_else(|| initial_state(&node));
-            // Quirk kept (spec §12): a new instance with a new id, keeping the
+            // Quirk kept (see docs/PORTING.md): a new instance with a new id, keeping the
             // pack states but neither the packs in force nor a suspension.
             let mut replacement = Instance::new(node, state);
             replacement.pack_states = target.pack_states.clone();

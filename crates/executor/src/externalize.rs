@@ -1,4 +1,4 @@
-//! The machine's externalized-state runtime (spec §17): which scopes are
+//! The machine's externalized-state runtime: which scopes are
 //! registered, the hand-over of their `state` / `packState` messages, the
 //! step notifications, and copying the handlers' writes into the tree.
 //!

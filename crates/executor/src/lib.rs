@@ -7,9 +7,9 @@
 //! - [`StandardExecutor`]: one model call per leaf per step, the tool pipeline,
 //!   transitions, terminal tools, termination, output restriction and tool choice;
 //!   optionally streamed into the queue as a vessel message ([`stream`]).
-//! - [`serialize_machine`] and [`deserialize_machine`]: snapshots (spec §14).
+//! - [`serialize_machine`] and [`deserialize_machine`]: snapshots.
 //! - [`run_command`] and [`available_commands`]: commands, which bypass inference.
-//! - [`client`]: the dry client and display formats and the machine contract (spec §14.5).
+//! - [`client`]: the dry client and display formats and the machine contract.
 //! - Externalized state ([`markov_runtime::externalize`]): the machine
 //!   registers the scopes whose node or pack declares a handler, hands their
 //!   state messages over and notifies them of every step

@@ -108,7 +108,7 @@ impl Machine {
         Ok(machine)
     }
 
-    /// Synchronises externalized state (spec §17) with the tree: writes
+    /// Synchronises externalized state with the tree: writes
     /// made with [`ExternalContext::set_state`] outside a callback are
     /// copied into the tree, scopes that left the tree are unregistered
     /// (their cleanup runs) and new ones are registered.

@@ -79,7 +79,7 @@ struct Applied {
 /// `packState`, which an externalized scope receives as an event).
 type Resolved = (Effect, Option<Message>);
 
-/// Applies effects in order, copy-on-write. Never validates (spec §5).
+/// Applies effects in order, copy-on-write. Never validates.
 /// A `state` / `packState` effect of an externalized scope is handed over
 /// instead of applied; registrations are re-synchronised at the end.
 fn apply(machine: &mut Machine, effects: &[Resolved], step_number: usize) {
@@ -293,7 +293,7 @@ pub enum Action {
     /// [`Action::Finished`] when the run is over.
     Yield(MachineStep),
     /// The run is over: its last step was done, or a resume ended it (the
-    /// resume step is not done, yet the run stops there, spec §6.2). Nothing
+    /// resume step is not done, yet the run stops there). Nothing
     /// more happens; a new run needs a new [`RunState`].
     Finished,
 }
@@ -415,7 +415,7 @@ impl RunState {
     fn initial_drain(&mut self, machine: &mut Machine) -> Result<Option<MachineStep>, RunError> {
         let mut entries = machine.queue.drain_all();
         if let Some((at, id, suspend_id)) = resume_request(&entries) {
-            // The resume step is not done, yet it ends the run (spec §6.2).
+            // The resume step is not done, yet it ends the run.
             return match resume(machine, &id, &suspend_id) {
                 Ok(step) => {
                     self.finished = true;

@@ -1,4 +1,4 @@
-//! Machine snapshots (spec §14): [`serialize_machine`] writes a [`Machine`]'s
+//! Machine snapshots: [`serialize_machine`] writes a [`Machine`]'s
 //! instance tree and history as serde values, [`deserialize_machine`] reads
 //! them back against a charter.
 //!
@@ -29,7 +29,7 @@
 //! }
 //! ```
 //!
-//! What survives a round trip (§14.4): with registered nodes, instance ids,
+//! What survives a round trip: with registered nodes, instance ids,
 //! tree shape, states, suspension (to the millisecond), pack states and pack
 //! instructions. An unregistered node is inlined: it gets a new id on load and
 //! loses its worker flag, packs, output config, turn policy, unregistered
@@ -62,7 +62,7 @@ fn format_version_1() -> u32 {
     1
 }
 
-/// A machine as stored (spec §14.1 SerializedMachine).
+/// A machine as stored (upstream's `SerializedMachine`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SerializedMachine {
@@ -92,7 +92,7 @@ impl SerializedMachine {
     }
 }
 
-/// An instance as stored (spec §14.1 SerializedInstance).
+/// An instance as stored (upstream's `SerializedInstance`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SerializedInstance {
@@ -163,7 +163,7 @@ pub enum DeserializeError {
     /// A `formatVersion` this build does not read.
     #[error("Unsupported formatVersion {0} (this build reads 1)")]
     UnsupportedVersion(u32),
-    /// A state refused by its node's schema (spec §14.3).
+    /// A state refused by its node's schema.
     #[error("Invalid state: {0}")]
     InvalidState(String),
     /// A `suspendedAt` that is not ISO-8601 UTC (`YYYY-MM-DDTHH:MM:SS[.sss]Z`).
@@ -187,7 +187,7 @@ pub enum DeserializeError {
     Node(#[from] SerialError),
 }
 
-/// Writes a machine's instance tree and history (spec §14.2).
+/// Writes a machine's instance tree and history.
 ///
 /// Registered nodes are written as refs; other nodes inline, and then each of
 /// their code and general transitions must be registered in the charter
@@ -256,7 +256,7 @@ fn serialize_instance(
         } else {
             &instance.packs
         };
-        // Pack states without a pack definition are dropped (spec §14.2).
+        // Pack states without a pack definition are dropped.
         packs
             .iter()
             .map(|pack| {
@@ -301,7 +301,7 @@ fn iso_millis(t: SystemTime) -> Option<String> {
     (since < YEAR_10000).then(|| humantime::format_rfc3339_millis(t).to_string())
 }
 
-/// Reads a snapshot back into a machine (spec §14.3).
+/// Reads a snapshot back into a machine.
 ///
 /// Node refs resolve to charter nodes; an inline node becomes a new node. Each
 /// state is parsed by its node's schema and the parsed value is stored.

@@ -108,7 +108,7 @@ impl StandardExecutor {
     }
 
     /// Streams every model call into the queue as a vessel message and
-    /// reports each step of it to `callback` (spec §15, see [`crate::stream`]).
+    /// reports each step of it to `callback` (see [`crate::stream`]).
     /// A node with structured output gets a plain call, still wrapped in the
     /// vessel protocol.
     #[must_use]
@@ -683,7 +683,7 @@ impl StandardExecutor {
         let (message, event) = vessel.start();
         cx.queue.enqueue([message]);
         (options.on_message_stream)(&event);
-        // Structured output is never streamed (spec §15).
+        // Structured output is never streamed.
         let result = if prepared.output_schema.is_none() {
             self.read_stream(request, &mut vessel, options).await
         } else {

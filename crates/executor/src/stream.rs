@@ -1,4 +1,4 @@
-//! Streaming vessels (spec §15): how a streamed answer reaches the queue and
+//! Streaming vessels: how a streamed answer reaches the queue and
 //! the application while the model is still writing it.
 //!
 //! With streaming configured ([`StandardExecutor::with_streaming`]), each

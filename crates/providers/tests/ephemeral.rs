@@ -1,4 +1,4 @@
-//! Ephemeral messages on the wire (spec §16): both clients render each
+//! Ephemeral messages on the wire: both clients render each
 //! ephemeral as the silent user messages of `Message::ephemeral_view`, read
 //! here from the request bodies a loopback fake provider received.
 #![cfg(all(feature = "anthropic", feature = "openai"))]

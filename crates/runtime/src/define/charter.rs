@@ -281,7 +281,7 @@ impl Charter {
 
     /// The ref under which the charter holds this very tool (same `Arc`):
     /// `"<tool>"` for a charter tool, `"<node>.<tool>"` for a charter node's.
-    /// Used by serialization (spec §14.2).
+    /// Used by serialization.
     pub fn tool_ref_of(&self, tool: &SharedTool) -> Option<String> {
         let name = tool.definition().name.as_str();
         if let Some(t) = self.0.tools.get(name)

@@ -1,4 +1,4 @@
-//! Commands: user-invoked operations that bypass inference (spec §12).
+//! Commands: user-invoked operations that bypass inference.
 //!
 //! A command is declared on a [`Node`](crate::node::Node) or a
 //! [`Pack`]. An application runs it by name against a
@@ -120,7 +120,7 @@ pub fn command_resume() -> CommandResult {
 }
 
 /// Why a command failed. The display texts are upstream's failure messages
-/// (spec §21); `run_command` reports them as values, never raises them.
+///; `run_command` reports them as values, never raises them.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CommandError {

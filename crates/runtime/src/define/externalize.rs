@@ -1,4 +1,4 @@
-//! Externalized state (spec §17): a node or pack hands ownership of its
+//! Externalized state: a node or pack hands ownership of its
 //! state to application code — a store, a sync engine, a UI.
 //!
 //! A node or pack declares a [`StateHandler`] with

@@ -401,7 +401,7 @@ impl NodeBuilder {
         self
     }
 
-    /// Declares a provider built-in tool (spec §1): a tool the provider runs
+    /// Declares a provider built-in tool: a tool the provider runs
     /// itself, such as Anthropic's web search. It is offered to the model
     /// beside the node's tools; the loop never runs it and writes no result
     /// for its calls. Its name must not collide with the node's tools,
@@ -474,7 +474,7 @@ impl NodeBuilder {
         self
     }
 
-    /// Externalizes the state of this node's instances (spec §17): the
+    /// Externalizes the state of this node's instances: the
     /// handler is called once per instance with its
     /// [`ExternalContext`], and from then on `state` messages for the
     /// instance reach its callbacks instead of the tree. See

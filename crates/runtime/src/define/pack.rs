@@ -220,7 +220,7 @@ impl PackBuilder {
         self
     }
 
-    /// Externalizes the pack's state (spec §17): the handler is called once
+    /// Externalizes the pack's state: the handler is called once
     /// per machine with its [`ExternalContext`], and from then on
     /// `packState` messages reach its callbacks instead of the tree. See
     /// [`crate::externalize`].
@@ -277,7 +277,7 @@ impl PackBuilder {
 
 impl Pack {
     /// This pack with the description, instructions and initial state of a
-    /// serialized inline pack (spec §14.3 "inline merge"); its schema, tools
+    /// serialized inline pack (upstream's "inline merge"); its schema, tools
     /// and commands stay this pack's. `None` keeps this pack's value.
     pub(crate) fn merged(
         &self,

@@ -1,11 +1,11 @@
 //! The tool pipeline: one model response's tool calls, run in order, reported
 //! as data.
 //!
-//! [`run_tool_calls`] dispatches each call (spec §8.1): `updateState`, then the
+//! [`run_tool_calls`] dispatches each call: `updateState`, then the
 //! transition tools, then the node's tools, ancestors' tools (nearest first),
 //! charter tools and, for non-workers, the tools of the node's packs. Every
 //! call gets exactly one result, except a call of a provider built-in tool
-//! (spec §8.1 steps 3–4: declared on the node, or found on an ancestor before
+//! (declared on the node, or found on an ancestor before
 //! any tool of that name), which the provider already ran: it is skipped and
 //! produces no result, no reply and no intent. Nothing is applied to any instance: the
 //! caller receives the accumulated state patch, pack patches, the queued
@@ -233,8 +233,7 @@ enum Found<'a> {
     Pack(&'a SharedTool, &'a Pack),
 }
 
-/// Whether `name` resolves to a provider built-in tool (spec §8.1 steps
-/// 3–4): the node, then each ancestor (nearest first), is searched as
+/// Whether `name` resolves to a provider built-in tool: the node, then each ancestor (nearest first), is searched as
 /// [`resolve`] does, and the first level that declares the name decides. The
 /// charter and packs declare no provider tools.
 fn is_provider_tool(leaf: &LeafView<'_>, name: &str) -> bool {

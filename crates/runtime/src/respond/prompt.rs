@@ -1,4 +1,4 @@
-//! The system prompt (spec §10), plus the "Terminal Tools" section of the new rules (spec §23).
+//! The system prompt, plus the "Terminal Tools" section of the new rules.
 //!
 //! [`system_prompt`] returns the charter's custom builder output verbatim when
 //! the charter has one, and otherwise the default prompt below, prefixed with
@@ -46,7 +46,7 @@
 //! <step warning>                           (only near the step limit)
 //! ````
 //!
-//! Decisions where upstream (TypeScript) and the spec leave room:
+//! Decisions where upstream (TypeScript) leaves room:
 //!
 //! - JSON is `serde_json::to_string_pretty` (2-space indent). Object keys come
 //!   out in `serde_json::Map` order, which is sorted (the workspace does not

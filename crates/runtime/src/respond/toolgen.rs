@@ -1,4 +1,4 @@
-//! Tool generation: the tool list a model sees (spec §11).
+//! Tool generation: the tool list a model sees.
 //!
 //! [`generate_tools`] lists, in this order:
 //!
@@ -16,7 +16,7 @@
 //! From step 4 on, a name already listed is skipped silently (shadowing).
 //! Built-in tools are never terminal.
 //!
-//! Provider built-in tools ([`ProviderTool`], spec §11 step 4: `{ type:
+//! Provider built-in tools ([`ProviderTool`], upstream's `{ type:
 //! <builtinType>, name }`) are listed apart, by [`generate_provider_tools`],
 //! because a model request carries them apart
 //! ([`ModelRequest::provider_tools`](markov_core::model::ModelRequest::provider_tools)):
@@ -27,7 +27,7 @@
 //! have no slot for them (upstream's charter tools are executable tools
 //! only), so only nodes declare them.
 //!
-//! Decisions where upstream and the spec leave room:
+//! Decisions where upstream leaves room:
 //!
 //! - Key order inside generated schemas is `serde_json::Map` order, which is
 //!   sorted (the workspace does not enable `preserve_order`); upstream keeps
@@ -77,7 +77,7 @@ pub fn generate_tools_cached(
     })
 }
 
-/// The tools offered to a model for `node`, in the order of spec §11.
+/// The tools offered to a model for `node`, in upstream's order.
 ///
 /// `ancestors` are root first, as everywhere else; their tools are added
 /// nearest first. `is_worker` leaves out pack tools. Transition refs are

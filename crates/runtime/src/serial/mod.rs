@@ -1,4 +1,4 @@
-//! Serialized nodes and packs (spec §14): the `{"ref": name}` / inline forms,
+//! Serialized nodes and packs: the `{"ref": name}` / inline forms,
 //! as typed serde values ([`NodeSpec`], [`TransitionSpec`], [`PackSpec`]) and
 //! as the JSON written into history.
 //!
@@ -77,7 +77,7 @@ pub enum SerialError {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Ref {
-    /// The ref spelling (spec §14.1): a node key, `"t"` or `"node.t"`, …
+    /// The ref spelling: a node key, `"t"` or `"node.t"`, …
     #[serde(rename = "ref")]
     pub name: String,
 }
@@ -165,7 +165,7 @@ impl Serialize for NodeSpec {
     }
 }
 
-/// An inline node (spec §14.1 SerialNode).
+/// An inline node (upstream's `SerialNode`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SerialNode {
@@ -252,7 +252,7 @@ pub enum TransitionSpec {
     Serial(SerialTransition),
 }
 
-/// A transition to a fixed node (spec §14.1 SerialTransition; written with `"type": "serial"`).
+/// A transition to a fixed node (upstream's `SerialTransition`; written with `"type": "serial"`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SerialTransition {
     /// The description shown to the model.
@@ -344,8 +344,8 @@ impl Serialize for PackSpec {
     }
 }
 
-/// An inline pack (spec §14.1 SerialPack). When read back it is merged with
-/// the charter pack of the same name (spec §14.3).
+/// An inline pack (upstream's `SerialPack`). When read back it is merged with
+/// the charter pack of the same name.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SerialPack {
@@ -430,7 +430,7 @@ pub fn serialize_node(charter: &Charter, node: &Node) -> Value {
 /// Tools are kept as refs when the charter holds the very same tool (a charter
 /// tool → `"tool"`, a charter node's → `"node.tool"`), commands when a charter
 /// node holds the very same command (`"node.command"`); others are dropped
-/// (spec §14.2). The worker flag, packs, output config and turn policy are
+///. The worker flag, packs, output config and turn policy are
 /// never written: register a node whose identity must survive.
 pub fn node_spec(charter: &Charter, node: &Node) -> Result<NodeSpec, SerialError> {
     spec_of(charter, node, true)
@@ -584,7 +584,7 @@ fn inline_node(charter: &Charter, n: &SerialNode) -> Result<Node, SerialError> {
     Ok(builder.build()?)
 }
 
-/// A pack's serialized form with `state` (spec §14.2): a ref when the charter
+/// A pack's serialized form with `state`: a ref when the charter
 /// has a pack of that name whose instructions render the same for `state`,
 /// else a [`SerialPack`].
 pub fn pack_spec(charter: &Charter, pack: &Pack, state: &Value) -> PackSpec {
@@ -629,7 +629,7 @@ pub fn pack_spec(charter: &Charter, pack: &Pack, state: &Value) -> PackSpec {
     })
 }
 
-/// The pack a [`PackSpec`] describes (spec §14.3): a ref is the charter pack
+/// The pack a [`PackSpec`] describes: a ref is the charter pack
 /// (`Pack not found in charter`); an inline pack is the charter pack of the
 /// same name (`Pack not found in charter for inline merge`) with the stored
 /// description, instructions and initial state (each falling back to the

@@ -1,16 +1,14 @@
-//! Several active leaves in one step (spec §4, §6.3, §6.4 and §25
+//! Several active leaves in one step (upstream's
 //! parallel-execution.test.ts): leaf indices, the one-primary rule, workers
 //! running concurrently with the primary, worker warnings and cedes, and
 //! message attribution.
-
-mod common;
 
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use crate::common::{Call, Script, cede_fx, node, outcome, run_all, say, script_machine};
 use async_trait::async_trait;
-use common::{Call, Script, cede_fx, node, outcome, run_all, say, script_machine};
 use markov_core::message::{InstancePayload, Items, Message, Role, Source};
 use markov_executor::{
     Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineOptions, RunError,
@@ -21,7 +19,7 @@ use markov_runtime::transition::CedeContent;
 use serde_json::json;
 
 // ---------------------------------------------------------------------------
-// Scenario helpers over the shared scripted executor (`common::Script`).
+// Scenario helpers over the shared scripted executor (`crate::common::Script`).
 // ---------------------------------------------------------------------------
 
 /// The leaf cedes with `content`.

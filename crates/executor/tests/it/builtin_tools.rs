@@ -2,11 +2,9 @@
 //! in the same response, so the loop runs nothing, writes no result, ends the
 //! turn, and sends the blocks back with the next request.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_core::message::{Item, Role};
 use markov_core::model::{ModelResponse, StopReason, Usage};
 use markov_core::tool::ProviderTool;

@@ -1,11 +1,9 @@
-//! `finish`, `TerminateResponse` and output restriction (seeds 000 and 001, issue 5).
-
-mod common;
+//! `finish`, `TerminateResponse` and output restriction.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_core::message::{Message, Role};
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use markov_executor::{Machine, MachineStep, RunError, RunOptions, YieldReason};

@@ -1,12 +1,10 @@
 //! What users of other agent frameworks expect: token usage per step and
 //! per run, the application's value in every tool, typed answers.
 
-mod common;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_core::Item;
 use markov_core::model::{ModelResponse, StopReason, Usage};
 use markov_core::tool::{Tool, ToolContext};

@@ -1,4 +1,4 @@
-//! Ephemeral messages through the run loop (spec §16, upstream
+//! Ephemeral messages through the run loop (upstream's
 //! ephemeral.test.ts): they never wake waiters, collapse by singleton key,
 //! stay queued when enqueued mid-run, and reach the model as silent user
 //! messages ([`Message::ephemeral_view`]).

@@ -1,13 +1,11 @@
 //! Dropping a run mid-step, or enqueueing while tools run, never separates a
 //! tool call from its result.
 
-mod common;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use markov_core::message::Message;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};

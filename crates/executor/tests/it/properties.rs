@@ -1,11 +1,9 @@
 //! Properties of the loop over random scripts: every tool call keeps exactly
 //! one result, and every run ends within its step limit.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_executor::{RunError, RunOptions};
 use markov_runtime::node::Node;
 use markov_runtime::transition::Transition;

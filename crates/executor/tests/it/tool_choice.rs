@@ -4,12 +4,10 @@
 //! client's capability table, and the seed's end-to-end table (a worker that
 //! must query its domain tools instead of answering from training data).
 
-mod common;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_core::ToolName;
 use markov_core::message::{Message, Role};
 use markov_core::model::{
@@ -800,7 +798,7 @@ async fn an_instance_policy_wins_over_the_nodes() {
     use markov_executor::{Instance, Machine, StandardExecutor};
     use markov_runtime::tool_choice::ToolChoicePolicy;
     let node = markov_runtime::node::Node::builder("Auto node.")
-        .tool(common::Add)
+        .tool(crate::common::Add)
         .build()
         .expect("node");
     let model = std::sync::Arc::new(

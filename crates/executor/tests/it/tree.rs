@@ -1,13 +1,11 @@
-//! The instance tree under spawn and cede (spec §4, §5, §6.3, §6.4 and §25
+//! The instance tree under spawn and cede (upstream's
 //! spawn-yield.test.ts), end to end through the standard executor, and
 //! properties of tree queries and of effects applied in any order.
-
-mod common;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use common::{
+use crate::common::{
     Script, assert_paired, cede_fx, fx, instance_payloads, node, outcome, run_all, say,
     script_machine,
 };
@@ -25,7 +23,7 @@ use proptest::prelude::*;
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------
-// Scenario helpers over the shared scripted executor (`common::Script`).
+// Scenario helpers over the shared scripted executor (`crate::common::Script`).
 // ---------------------------------------------------------------------------
 
 /// The leaf spawns one child of `node` with `state`.
@@ -555,7 +553,7 @@ async fn a_code_transition_spawns_a_child_that_works_and_cedes_back() {
             .text("The researcher found 42.")
             .build(),
     );
-    let mut m = common::machine(
+    let mut m = crate::common::machine(
         |c| c.node("researcher", child.clone()),
         parent,
         json!({}),

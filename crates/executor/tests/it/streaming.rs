@@ -1,4 +1,4 @@
-//! Streaming vessels (spec §15) and the queue's replacement by `messageId`
+//! Streaming vessels and the queue's replacement by `messageId`
 //! (upstream streaming.test.ts), run through the standard executor.
 
 use std::collections::VecDeque;

@@ -1,8 +1,6 @@
-//! Externalized state (spec §17): the `[core]` scenarios of upstream's
+//! Externalized state: the `[core]` scenarios of upstream's
 //! `externalize-state.test.ts`, plus registration, removal, errors,
 //! sequence numbers and hydration.
-
-mod common;
 
 use std::sync::{Arc, Mutex};
 
@@ -22,7 +20,7 @@ use markov_runtime::pack::Pack;
 use markov_runtime::transition::CedeContent;
 use serde_json::{Value, json};
 
-use common::{Counter, NoArgs, Script, cede_fx, fx, outcome, run_all, say};
+use crate::common::{Counter, NoArgs, Script, cede_fx, fx, outcome, run_all, say};
 
 /// What the handlers of a test saw, in order.
 #[derive(Default)]
@@ -286,7 +284,7 @@ async fn scopes_register_on_creation_and_hydrate_after_the_handler() {
 async fn a_ceded_instance_is_unregistered_and_cleaned_up() {
     let log = Arc::new(Log::default());
     let child = counter_node("child", Some(handler(&log, true)));
-    let root = common::node("root");
+    let root = crate::common::node("root");
     let script = Script::new()
         .on("child", |cx| {
             outcome(
@@ -548,7 +546,7 @@ async fn set_state_validates_and_reports_typed_errors() {
 async fn a_removed_instance_refuses_writes() {
     let slot = Arc::new(Mutex::new(None));
     let child = counter_node("child", Some(keeping(&slot)));
-    let root = common::node("root");
+    let root = crate::common::node("root");
     let charter = Charter::builder("ext").build().expect("charter builds");
     let tree = Instance::new(root, json!({}))
         .with_child(Instance::new(child, json!({"count": 0, "label": ""})));

@@ -1,8 +1,10 @@
-//! Byte-exact tests of the system prompt (spec §10, terminal tools §23).
+//! Byte-exact tests of the system prompt, as snapshots (`UPDATE_EXPECT=1
+//! cargo test` rewrites them after a deliberate change; review the diff).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use expect_test::expect;
 use markov_core::tool::ToolDefinition;
 use markov_runtime::charter::{AncestorView, Charter, PromptInput};
 use markov_runtime::node::Node;
@@ -71,23 +73,21 @@ fn default_prompt_has_state_and_transitions() {
     let node = counter_node();
     let state = json!({"count": 0});
     let prompt = simple(&plain_charter(), &node, &state, (1, 10));
-    let expected = format!(
-        "You count things.
+    expect![[r#"
+        You count things.
 
-## Current Node State
-```json
-{{
-  \"count\": 0
-}}
-```
+        ## Current Node State
+        ```json
+        {
+          "count": 0
+        }
+        ```
 
-## Available Transitions
-- **next**: Move on to the next step
-- **shared**: Transition
+        ## Available Transitions
+        - **next**: Move on to the next step
+        - **shared**: Transition
 
-{IMPORTANT}"
-    );
-    assert_eq!(prompt, expected);
+        **Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently."#]].assert_eq(&prompt);
     assert!(prompt.contains("\"count\": 0"));
     assert!(!prompt.ends_with('\n'));
 }
@@ -97,20 +97,18 @@ fn no_transitions_prints_none() {
     let node = Node::builder("Idle.").build().expect("node builds");
     let state = json!({});
     let prompt = simple(&plain_charter(), &node, &state, (1, 10));
-    let expected = format!(
-        "Idle.
+    expect![[r#"
+        Idle.
 
-## Current Node State
-```json
-{{}}
-```
+        ## Current Node State
+        ```json
+        {}
+        ```
 
-## Available Transitions
-None
+        ## Available Transitions
+        None
 
-{IMPORTANT}"
-    );
-    assert_eq!(prompt, expected);
+        **Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently."#]].assert_eq(&prompt);
 }
 
 #[test]
@@ -142,36 +140,38 @@ fn ancestor_context_numbers_from_the_root_and_truncates_by_chars() {
         },
         &[],
     );
-    let r99 = "r".repeat(99);
-    let expected = format!(
-        "Leaf.
-
-## Current Node State
-```json
-{{
-  \"x\": \"y\"
-}}
-```
-
-## Available Transitions
-None
-
-{IMPORTANT}
-
-## Ancestor Context
-### Ancestor 2: {r99}é...
-State: {{
-  \"a\": 1,
-  \"b\": [
-    true,
-    null
-  ]
-}}
-
-### Ancestor 1: Parent node....
-State: {{}}"
+    // Cut by characters, not bytes: 99 `r`s and the multi-byte `é`, then `...`.
+    assert!(
+        prompt.contains(&format!("{}é...", "r".repeat(99))),
+        "{prompt}"
     );
-    assert_eq!(prompt, expected);
+    expect![[r#"
+        Leaf.
+
+        ## Current Node State
+        ```json
+        {
+          "x": "y"
+        }
+        ```
+
+        ## Available Transitions
+        None
+
+        **Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently.
+
+        ## Ancestor Context
+        ### Ancestor 2: rrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrrré...
+        State: {
+          "a": 1,
+          "b": [
+            true,
+            null
+          ]
+        }
+
+        ### Ancestor 1: Parent node....
+        State: {}"#]].assert_eq(&prompt);
 }
 
 fn packs() -> Vec<Pack> {
@@ -224,63 +224,61 @@ fn packs_section_shows_instructions_and_states() {
         },
         &[],
     );
-    let expected = format!(
-        "Leaf.
+    expect![[r#"
+        Leaf.
 
-## Current Node State
-```json
-{{}}
-```
+        ## Current Node State
+        ```json
+        {}
+        ```
 
-## Available Transitions
-None
+        ## Available Transitions
+        None
 
-{IMPORTANT}
+        **Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently.
 
-## Active Packs
-### notes
-Keeps notes.
+        ## Active Packs
+        ### notes
+        Keeps notes.
 
-Instructions:
-Use the notes tool.
+        Instructions:
+        Use the notes tool.
 
-State: ```json
-{{
-  \"items\": [
-    \"a\"
-  ]
-}}
-```
+        State: ```json
+        {
+          "items": [
+            "a"
+          ]
+        }
+        ```
 
-### hidden
-Sometimes silent.
+        ### hidden
+        Sometimes silent.
 
-State: ```json
-{{
-  \"on\": false
-}}
-```
+        State: ```json
+        {
+          "on": false
+        }
+        ```
 
-### mode
-Has a mode.
+        ### mode
+        Has a mode.
 
-Instructions:
-Mode is ENABLED
+        Instructions:
+        Mode is ENABLED
 
-State: ```json
-{{
-  \"mode\": \"ENABLED\"
-}}
-```
+        State: ```json
+        {
+          "mode": "ENABLED"
+        }
+        ```
 
-### bare
-No state at all.
+        ### bare
+        No state at all.
 
-State: ```json
-{{}}
-```"
-    );
-    assert_eq!(prompt, expected);
+        State: ```json
+        {}
+        ```"#]].assert_eq(&prompt);
 
     // A non-empty dynamic result is shown.
     let on = BTreeMap::from([("hidden".to_owned(), json!({"on": true}))]);
@@ -491,34 +489,32 @@ fn terminal_tools_section_follows_transitions() {
         },
         &tools,
     );
-    let expected = format!(
-        "You count things.
+    expect![[r#"
+        You count things.
 
-## Current Node State
-```json
-{{
-  \"count\": 0
-}}
-```
+        ## Current Node State
+        ```json
+        {
+          "count": 0
+        }
+        ```
 
-## Available Transitions
-- **next**: Move on to the next step
-- **shared**: Transition
+        ## Available Transitions
+        - **next**: Move on to the next step
+        - **shared**: Transition
 
-{IMPORTANT}
+        **Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently.
 
-## Terminal Tools
-These tools generate your final response:
-- formatResult: Format items into the final response
-- done: Say goodbye
+        ## Terminal Tools
+        These tools generate your final response:
+        - formatResult: Format items into the final response
+        - done: Say goodbye
 
-When you call a terminal tool, its output IS your response. Do not add text after calling one.
+        When you call a terminal tool, its output IS your response. Do not add text after calling one.
 
-## Ancestor Context
-### Ancestor 1: Root....
-State: {{}}"
-    );
-    assert_eq!(prompt, expected);
+        ## Ancestor Context
+        ### Ancestor 1: Root....
+        State: {}"#]].assert_eq(&prompt);
 
     let non_terminal: Vec<_> = tools.into_iter().filter(|t| !t.terminal).collect();
     let prompt = system_prompt(

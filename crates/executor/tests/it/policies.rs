@@ -1,11 +1,9 @@
 //! The tool registry's policy stack inside a machine: envelopes in the
 //! history, budgets per user turn, state updates through the stack.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;

@@ -1,10 +1,8 @@
 //! The run loop as a plain value: driven by hand, with no runtime and no model.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_core::message::Message;
 use markov_executor::{
     Action, Entry, LeafOutcome, RunError, RunOptions, RunState, TurnState, YieldReason,

@@ -1,7 +1,5 @@
-//! Commands (spec §12): the `[core]` scenarios of upstream's `commands.test.ts`,
+//! Commands: the `[core]` scenarios of upstream's `commands.test.ts`,
 //! `pack-command-patch.test.ts` and the command lines of `suspend-resume.test.ts`.
-
-mod common;
 
 use std::sync::Arc;
 
@@ -24,7 +22,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use common::{Counter, NoArgs};
+use crate::common::{Counter, NoArgs};
 
 // ---------------------------------------------------------------- commands
 
@@ -219,7 +217,7 @@ fn counter_node() -> Node {
 }
 
 fn counter_machine(count: i64) -> Machine {
-    common::machine(
+    crate::common::machine(
         |c| c,
         counter_node(),
         json!({"count": count, "label": ""}),
@@ -251,7 +249,7 @@ fn is_command_record(m: &Message, name: &str) -> bool {
 #[test]
 fn no_node_commands_means_none_available() {
     let node = Node::builder("Plain.").build().expect("builds");
-    let machine = common::machine(|c| c, node, json!({}), no_model());
+    let machine = crate::common::machine(|c| c, node, json!({}), no_model());
     assert!(available_commands(&machine).is_empty());
 }
 
@@ -266,7 +264,7 @@ fn two_node_commands_are_listed_with_names_and_descriptions() {
         .command(Reset)
         .build()
         .expect("builds");
-    let machine = common::machine(|c| c, node, json!({"count": 0}), no_model());
+    let machine = crate::common::machine(|c| c, node, json!({"count": 0}), no_model());
     let commands = available_commands(&machine);
     let listed: Vec<_> = commands
         .iter()
@@ -354,7 +352,7 @@ async fn a_command_returns_the_old_count_from_the_snapshot_and_empties_the_list(
         .command(Clear)
         .build()
         .expect("builds");
-    let mut machine = common::machine(|c| c, node, json!({"items": ["a", "b"]}), no_model());
+    let mut machine = crate::common::machine(|c| c, node, json!({"items": ["a", "b"]}), no_model());
     let out = run_command(&mut machine, "clear", json!({}), opts()).await;
     assert!(out.result.success, "{:?}", out.result);
     assert_eq!(out.result.value, Some(json!({"cleared": 2})));
@@ -437,7 +435,7 @@ async fn an_unknown_instance_id_fails_with_instance_not_found() {
 #[tokio::test]
 async fn queued_command_messages_are_recorded_by_the_run_without_inference() {
     let model = no_model();
-    let mut machine = common::machine(
+    let mut machine = crate::common::machine(
         |c| c,
         counter_node(),
         json!({"count": 0, "label": ""}),
@@ -445,7 +443,7 @@ async fn queued_command_messages_are_recorded_by_the_run_without_inference() {
     );
     run_command(&mut machine, "increment", json!({"by": 2}), opts()).await;
     run_command(&mut machine, "missing", json!({}), opts()).await;
-    let (steps, error) = common::run_all(&mut machine, RunOptions::default()).await;
+    let (steps, error) = crate::common::run_all(&mut machine, RunOptions::default()).await;
     assert!(error.is_none(), "{error:?}");
     assert_eq!(model.calls(), 0);
     assert_eq!(steps.len(), 1);
@@ -578,7 +576,7 @@ fn pack_machine() -> Machine {
         .pack(settings_pack())
         .build()
         .expect("builds");
-    common::machine(|c| c, node, json!({"count": 5}), no_model())
+    crate::common::machine(|c| c, node, json!({"count": 5}), no_model())
 }
 
 #[test]
@@ -631,7 +629,7 @@ async fn a_pack_command_queues_a_pack_state_with_only_the_field_it_changed() {
         machine.instance().pack_states()["settings"],
         json!({"theme": "light", "volume": 3})
     );
-    let (_, error) = common::run_all(&mut machine, RunOptions::default()).await;
+    let (_, error) = crate::common::run_all(&mut machine, RunOptions::default()).await;
     assert!(error.is_none(), "{error:?}");
     assert_eq!(
         machine.instance().pack_states()["settings"],
@@ -737,7 +735,7 @@ async fn a_command_spawns_a_child() {
     assert_eq!(children[0].state(), &json!({"task": "research"}));
     // Applied directly: no instance message recorded.
     assert!(queued_payloads(&machine).is_empty());
-    // A second spawn replaces the children rather than appending (spec §12).
+    // A second spawn replaces the children rather than appending.
     let options = CommandOptions::default().instance(machine.instance().id().clone());
     run_command(&mut machine, "spawn_child", json!({}), options).await;
     assert_eq!(machine.instance().children().len(), 1);
@@ -952,7 +950,7 @@ fn suspendable() -> Node {
 
 #[tokio::test]
 async fn a_command_suspends_with_metadata() {
-    let mut machine = common::machine(|c| c, suspendable(), json!({"count": 0}), no_model());
+    let mut machine = crate::common::machine(|c| c, suspendable(), json!({"count": 0}), no_model());
     let out = run_command(&mut machine, "pause", json!({}), opts()).await;
     assert!(out.result.success, "{:?}", out.result);
     let info = machine.instance().suspended().expect("suspended").clone();
@@ -1033,9 +1031,9 @@ fn silent(text: &str) -> Message {
 async fn only_a_silent_user_message_does_not_call_the_executor() {
     let model = no_model();
     let node = Node::builder("Talk.").build().expect("builds");
-    let mut machine = common::machine(|c| c, node, json!({}), Arc::clone(&model));
+    let mut machine = crate::common::machine(|c| c, node, json!({}), Arc::clone(&model));
     machine.enqueue([silent("psst")]);
-    let (steps, error) = common::run_all(&mut machine, RunOptions::default()).await;
+    let (steps, error) = crate::common::run_all(&mut machine, RunOptions::default()).await;
     assert!(error.is_none(), "{error:?}");
     assert_eq!(model.calls(), 0);
     assert_eq!(steps.len(), 1);
@@ -1049,9 +1047,9 @@ async fn only_a_silent_user_message_does_not_call_the_executor() {
 async fn a_non_silent_user_message_calls_the_executor() {
     let model = Arc::new(ScriptedModel::builder().text("hello").build());
     let node = Node::builder("Talk.").build().expect("builds");
-    let mut machine = common::machine(|c| c, node, json!({}), Arc::clone(&model));
+    let mut machine = crate::common::machine(|c| c, node, json!({}), Arc::clone(&model));
     machine.enqueue_user("hi");
-    let (_, error) = common::run_all(&mut machine, RunOptions::default()).await;
+    let (_, error) = crate::common::run_all(&mut machine, RunOptions::default()).await;
     assert!(error.is_none(), "{error:?}");
     assert_eq!(model.calls(), 1);
 }
@@ -1060,9 +1058,9 @@ async fn a_non_silent_user_message_calls_the_executor() {
 async fn silent_and_non_silent_messages_call_the_executor_and_both_are_recorded() {
     let model = Arc::new(ScriptedModel::builder().text("hello").build());
     let node = Node::builder("Talk.").build().expect("builds");
-    let mut machine = common::machine(|c| c, node, json!({}), Arc::clone(&model));
+    let mut machine = crate::common::machine(|c| c, node, json!({}), Arc::clone(&model));
     machine.enqueue([silent("context"), Message::user("question")]);
-    let (_, error) = common::run_all(&mut machine, RunOptions::default()).await;
+    let (_, error) = crate::common::run_all(&mut machine, RunOptions::default()).await;
     assert!(error.is_none(), "{error:?}");
     assert_eq!(model.calls(), 1);
     let users: Vec<_> = machine

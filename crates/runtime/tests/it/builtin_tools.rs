@@ -1,5 +1,5 @@
 //! Provider built-in tools on nodes: build checks, the offered list and its
-//! shadowing (spec §11 step 4), and the pipeline's skip (spec §8.1 steps 3–4).
+//! shadowing , and the pipeline's skip .
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

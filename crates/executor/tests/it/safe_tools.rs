@@ -2,14 +2,12 @@
 //! that survives a restore, budgets per user turn, and no panic, garbled
 //! argument, duplicate id or cancellation that loses or repeats a call.
 
-mod common;
-
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use markov_core::Item;
 use markov_core::ids::ToolCallId;
 use markov_core::model::{ModelResponse, StopReason, ToolChoice, Usage};

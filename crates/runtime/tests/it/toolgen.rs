@@ -1,4 +1,4 @@
-//! Tests of the generated tool list (spec §11).
+//! Tests of the generated tool list.
 
 use std::convert::Infallible;
 
@@ -148,6 +148,217 @@ fn find<'a>(tools: &'a [ToolDefinition], name: &str) -> &'a ToolDefinition {
 
 fn reason() -> Value {
     json!({"type": "string", "description": "Why you are making this transition"})
+}
+
+/// The whole tool list of a leaf as the model sees it, as a snapshot
+/// (`UPDATE_EXPECT=1 cargo test` rewrites it after a deliberate change).
+#[test]
+fn the_tool_list_snapshot() {
+    let tools = generate_tools(&charter(), &leaf(), &[], false).expect("tools generate");
+    let text = serde_json::to_string_pretty(&tools).expect("tools serialize");
+    expect_test::expect![[r#"
+        [
+          {
+            "name": "updateState",
+            "description": "Update the current state with a partial patch. The patch will be shallow-merged with the current state.",
+            "input_schema": {
+              "properties": {
+                "patch": {
+                  "properties": {
+                    "count": {
+                      "format": "int64",
+                      "type": "integer"
+                    }
+                  },
+                  "type": "object"
+                }
+              },
+              "required": [
+                "patch"
+              ],
+              "type": "object"
+            }
+          },
+          {
+            "name": "transition",
+            "description": "Transition to a different node. Use this when the current task is complete or you need different capabilities.",
+            "input_schema": {
+              "properties": {
+                "reason": {
+                  "description": "Why you are making this transition",
+                  "type": "string"
+                },
+                "to": {
+                  "description": "The name of the transition to take",
+                  "enum": [
+                    "next",
+                    "back"
+                  ],
+                  "type": "string"
+                }
+              },
+              "required": [
+                "to",
+                "reason"
+              ],
+              "type": "object"
+            }
+          },
+          {
+            "name": "transition_pick",
+            "description": "Pick an item",
+            "input_schema": {
+              "properties": {
+                "item": {
+                  "type": "string"
+                },
+                "qty": {
+                  "type": "integer"
+                },
+                "reason": {
+                  "description": "Why you are making this transition",
+                  "type": "string"
+                }
+              },
+              "required": [
+                "reason",
+                "item",
+                "qty"
+              ],
+              "type": "object"
+            }
+          },
+          {
+            "name": "transition_raw",
+            "description": "Raw argument",
+            "input_schema": {
+              "properties": {
+                "args": {
+                  "type": "string"
+                },
+                "reason": {
+                  "description": "Why you are making this transition",
+                  "type": "string"
+                }
+              },
+              "required": [
+                "reason",
+                "args"
+              ],
+              "type": "object"
+            }
+          },
+          {
+            "name": "transition_free",
+            "description": "Go anywhere",
+            "input_schema": {
+              "properties": {
+                "node": {
+                  "description": "Inline node definition",
+                  "properties": {
+                    "instructions": {
+                      "description": "Instructions for the agent in this node",
+                      "type": "string"
+                    },
+                    "tools": {
+                      "description": "Tool references available in this node",
+                      "items": {
+                        "properties": {
+                          "ref": {
+                            "type": "string"
+                          }
+                        },
+                        "required": [
+                          "ref"
+                        ],
+                        "type": "object"
+                      },
+                      "type": "array"
+                    },
+                    "transitions": {
+                      "description": "Available transitions from this node",
+                      "type": "object"
+                    },
+                    "validator": {
+                      "description": "Zodex-serialized state schema",
+                      "type": "object"
+                    }
+                  },
+                  "required": [
+                    "instructions",
+                    "tools",
+                    "validator",
+                    "transitions"
+                  ],
+                  "type": "object"
+                },
+                "reason": {
+                  "description": "Why you are making this transition",
+                  "type": "string"
+                }
+              },
+              "required": [
+                "reason",
+                "node"
+              ],
+              "type": "object"
+            }
+          },
+          {
+            "name": "transition_fixed",
+            "description": "Fixed target",
+            "input_schema": {
+              "properties": {
+                "args": {
+                  "properties": {
+                    "x": {
+                      "type": "number"
+                    }
+                  },
+                  "type": "object"
+                },
+                "reason": {
+                  "description": "Why you are making this transition",
+                  "type": "string"
+                }
+              },
+              "required": [
+                "reason",
+                "args"
+              ],
+              "type": "object"
+            }
+          },
+          {
+            "name": "lookup",
+            "description": "Node lookup",
+            "input_schema": {
+              "type": "object"
+            }
+          },
+          {
+            "name": "answer",
+            "description": "Answer the user",
+            "input_schema": {
+              "type": "object"
+            },
+            "terminal": true
+          },
+          {
+            "name": "clock",
+            "description": "Charter clock",
+            "input_schema": {
+              "type": "object"
+            }
+          },
+          {
+            "name": "note",
+            "description": "Pack note",
+            "input_schema": {
+              "type": "object"
+            }
+          }
+        ]"#]].assert_eq(&text);
 }
 
 #[test]

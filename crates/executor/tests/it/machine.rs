@@ -1,10 +1,8 @@
-//! Scenario tests of the machine loop with one active leaf (spec §3, §6–§11, §19).
-
-mod common;
+//! Scenario tests of the machine loop with one active leaf.
 
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_core::message::{InstancePayload, Item, Message, Metadata, Role};
 use markov_executor::{RECOVERY_TEXT, RunError, RunOptions, YieldReason, run_to_completion};
 use markov_runtime::node::{Node, OutputConfig};

@@ -1,4 +1,4 @@
-//! Client and display formats and the machine contract (spec §14.5): every
+//! Client and display formats and the machine contract: every
 //! scenario of upstream's `client.test.ts` (the `[core]` command item guard
 //! included), display labels, `find_command` and the contract messages.
 

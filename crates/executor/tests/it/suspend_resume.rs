@@ -1,14 +1,12 @@
-//! Suspension and resumption (spec §4, §6.2, §9.4 and §25 suspend-resume.test.ts):
+//! Suspension and resumption (upstream's suspend-resume.test.ts scenarios):
 //! suspended subtrees leave the active leaves, a run with nothing active
 //! awaits a resume, and a `resume` item in a `system` message clears the
 //! suspension in one `command` step that ends the run.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use common::{Script, fx, instance_payloads, node, outcome, run_all, say, script_machine};
+use crate::common::{Script, fx, instance_payloads, node, outcome, run_all, say, script_machine};
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Role};
 use markov_executor::{
@@ -414,7 +412,7 @@ async fn a_code_transition_suspends_and_a_resume_continues() {
             .text("approved, carrying on")
             .build(),
     );
-    let mut m = common::machine(|c| c, node, json!({}), Arc::clone(&model));
+    let mut m = crate::common::machine(|c| c, node, json!({}), Arc::clone(&model));
     let id = m.instance().id().clone();
     m.enqueue_user("pay 100");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;

@@ -1,14 +1,12 @@
-//! Machine snapshots (spec §14.1–§14.4): round trips, the JSON shape, typed
+//! Machine snapshots: round trips, the JSON shape, typed
 //! errors for malformed input, and properties (no panic on random JSON; a
 //! snapshot of registered nodes is a fixed point).
-
-mod common;
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use common::*;
+use crate::common::*;
 use markov_core::InstanceId;
 use markov_executor::serialize::{
     DeserializeError, SerializeError, SerializedMachine, deserialize_machine, serialize_machine,

@@ -1,12 +1,9 @@
-//! Terminal tools: a tool's successful output is the machine's exact response
-//! (seed 002 and issue 4).
-
-mod common;
+//! Terminal tools: a tool's successful output is the machine's exact response.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use common::*;
+use crate::common::*;
 use markov_core::message::{Message, Role};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, YieldReason};

@@ -1,0 +1,24 @@
+//! The integration tests of this crate, one binary (so linking does not
+//! dominate the test run): one module per area.
+
+mod builtin_tools;
+mod cancellation;
+mod client;
+mod commands;
+mod common;
+mod ephemeral;
+mod ergonomics;
+mod externalize;
+mod finish_restriction;
+mod machine;
+mod parallel;
+mod policies;
+mod properties;
+mod safe_tools;
+mod sans_io;
+mod serialization;
+mod streaming;
+mod suspend_resume;
+mod terminal_tools;
+mod tool_choice;
+mod tree;
