@@ -685,6 +685,34 @@ pub async fn run_leaves(
     state: &RunState,
     tasks: &[LeafTask],
 ) -> Vec<Result<LeafOutcome, RunError>> {
+    fn context<'a>(
+        machine: &'a Machine,
+        state: &'a RunState,
+        task: &'a LeafTask,
+    ) -> LeafContext<'a> {
+        LeafContext {
+            charter: &machine.charter,
+            leaf: &task.leaf,
+            history: &machine.history,
+            current_step: task.current_step,
+            max_steps: state.options.max_steps,
+            turn: task.turn,
+            terminate_message: &state.options.terminate_message,
+            queue: &machine.queue,
+            policy: &machine.policy,
+            deps: machine.deps.as_deref(),
+        }
+    }
+    if let [task] = tasks {
+        // One leaf: nothing else finishes while it runs, and its own
+        // in-flight calls are the executor's to record if it is cancelled.
+        return vec![
+            machine
+                .executor
+                .run_leaf(context(machine, state, task))
+                .await,
+        ];
+    }
     let finished = UnrecordedOutcomes {
         queue: &machine.queue,
         slots: tasks.iter().map(|_| std::sync::Mutex::new(None)).collect(),
@@ -693,18 +721,7 @@ pub async fn run_leaves(
     let futures = tasks.iter().zip(&finished.slots).map(|(task, slot)| async {
         let outcome = machine
             .executor
-            .run_leaf(LeafContext {
-                charter: &machine.charter,
-                leaf: &task.leaf,
-                history: &machine.history,
-                current_step: task.current_step,
-                max_steps: state.options.max_steps,
-                turn: task.turn,
-                terminate_message: &state.options.terminate_message,
-                queue: &machine.queue,
-                policy: &machine.policy,
-                deps: machine.deps.as_deref(),
-            })
+            .run_leaf(context(machine, state, task))
             .await;
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
     });

@@ -325,8 +325,7 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     let output = cx.instance().node().output();
     let provider_tools = provider_tool_names(cx);
     let mut calls = Vec::new();
-    let mut refused = Vec::new();
-    let mut seen: Vec<ToolCallId> = Vec::new();
+    let mut refused: Vec<ToolExecutionResult> = Vec::new();
     let items: Vec<Item> = response
         .content
         .into_iter()
@@ -334,9 +333,8 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
             // Providers reject a history with two calls of one id (Anthropic
             // does), and running both could repeat a side effect: the repeat
             // gets a unique id and an error result, and does not run.
-            Item::ToolUse { id, name, input } if seen.contains(&id) => {
-                let unique = unique_call_id(&id, &seen);
-                seen.push(unique.clone());
+            Item::ToolUse { id, name, input } if taken(&calls, &refused, &id) => {
+                let unique = unique_call_id(&id, |c| taken(&calls, &refused, c));
                 refused.push(ToolExecutionResult::error(
                     unique.clone(),
                     DUPLICATE_TOOL_CALL,
@@ -356,7 +354,6 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
                 Item::ProviderToolUse { id, name, input }
             }
             Item::ToolUse { id, name, input } => {
-                seen.push(id.clone());
                 calls.push(ToolCall {
                     id: id.clone(),
                     name: name.clone(),
@@ -766,12 +763,12 @@ impl Executor for StandardExecutor {
         let log = CallLog::new();
         let in_flight = ToolsInFlight {
             queue: cx.queue,
-            calls: calls.iter().map(|c| c.id.clone()).collect(),
+            calls: &calls,
             log: &log,
             recorded: Some((entries, refused)),
             source: cx.source(),
         };
-        let mut outcome = run_tool_calls_logged(&view, calls, &log).await;
+        let mut outcome = run_tool_calls_logged(&view, &calls, &log).await;
         let (entries, refused) = in_flight.disarm();
         outcome
             .result_states_known
@@ -806,7 +803,7 @@ impl Executor for StandardExecutor {
 /// them, so a call that ran is never missing from the history.
 struct ToolsInFlight<'a> {
     queue: &'a Queue,
-    calls: Vec<ToolCallId>,
+    calls: &'a [ToolCall],
     log: &'a CallLog,
     /// The entries so far and the refused calls' results, until disarmed.
     recorded: Option<(Vec<Entry>, Vec<ToolExecutionResult>)>,
@@ -827,10 +824,12 @@ impl Drop for ToolsInFlight<'_> {
         let results: Vec<Item> = self
             .calls
             .iter()
-            .map(|id| {
+            .map(|call| {
                 self.log
-                    .result_of(id)
-                    .unwrap_or_else(|| ToolExecutionResult::error(id.clone(), CANCELLED_TOOL_CALL))
+                    .result_of(&call.id)
+                    .unwrap_or_else(|| {
+                        ToolExecutionResult::error(call.id.clone(), CANCELLED_TOOL_CALL)
+                    })
                     .to_item(true)
             })
             .chain(refused.iter().map(|r| r.to_item(true)))
@@ -847,10 +846,16 @@ impl Drop for ToolsInFlight<'_> {
     }
 }
 
-/// `id` made unique among `taken` by a numeric suffix.
-fn unique_call_id(id: &ToolCallId, taken: &[ToolCallId]) -> ToolCallId {
+/// Whether a call of this response already has `id` (a response has a
+/// handful of calls: a scan allocates nothing).
+fn taken(calls: &[ToolCall], refused: &[ToolExecutionResult], id: &ToolCallId) -> bool {
+    calls.iter().any(|c| c.id == *id) || refused.iter().any(|r| r.call_id == *id)
+}
+
+/// `id` made unique by a numeric suffix.
+fn unique_call_id(id: &ToolCallId, taken: impl Fn(&ToolCallId) -> bool) -> ToolCallId {
     (2..)
         .map(|n| ToolCallId::new(format!("{id}_{n}")))
-        .find(|candidate| !taken.contains(candidate))
+        .find(|candidate| !taken(candidate))
         .unwrap_or_else(|| id.clone())
 }

@@ -484,3 +484,38 @@ async fn a_primary_ceding_next_to_a_worker_yields_cede_without_content() {
     assert_eq!(m.instance().children().len(), 1);
     assert!(m.instance().children()[0].is_worker());
 }
+
+/// A worker that answers at once and a primary that never does.
+struct SlowPrimary;
+
+#[async_trait::async_trait]
+impl Executor for SlowPrimary {
+    async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
+        if cx.is_worker() {
+            return Ok(outcome(
+                vec![say(&cx, "worker result")],
+                YieldReason::ToolUse,
+            ));
+        }
+        std::future::pending::<()>().await;
+        Ok(outcome(Vec::new(), YieldReason::EndTurn))
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_step_keeps_what_the_finished_leaves_produced() {
+    let mut m = machine(Arc::new(SlowPrimary), worker_and_primary());
+    m.enqueue_user("go");
+    let cancelled = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        run_all(&mut m, RunOptions::default()),
+    )
+    .await;
+    assert!(cancelled.is_err(), "the primary never finishes");
+    assert!(
+        !m.history().iter().any(|msg| msg.text() == "worker result"),
+        "not recorded yet: the step did not complete"
+    );
+    // Queued, so the next run records it rather than losing it.
+    assert_eq!(m.queue().len(), 1);
+}

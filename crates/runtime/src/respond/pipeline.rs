@@ -319,21 +319,33 @@ impl CallLog {
             .cloned()
     }
 
-    fn push(&self, result: &ToolExecutionResult) {
-        self.results
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(result.clone());
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<ToolExecutionResult>> {
+        self.results.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    // The results live here while the calls run (not copied: the outcome
+    // takes them at the end).
+    fn push(&self, result: ToolExecutionResult) {
+        self.lock().push(result);
+    }
+
+    fn take(&self) -> Vec<ToolExecutionResult> {
+        std::mem::take(&mut *self.lock())
     }
 }
 
 /// Runs `calls` in order for `leaf`. Never fails: every call gets one
 /// result, except calls of provider built-in tools, which get none.
 pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> PipelineOutcome {
-    run_tool_calls_logged(leaf, calls, &CallLog::new()).await
+    run_tool_calls_logged(leaf, &calls, &CallLog::new()).await
 }
 
-/// [`run_tool_calls`], writing each result to `log` as soon as it exists.
+/// [`run_tool_calls`], writing each result to `log` (empty at the start) as
+/// soon as it exists; the outcome takes them from it at the end.
 ///
 /// Before anything else, each call's arguments are checked
 /// ([`check_tool_arguments`]): arguments that are not a JSON object (a
@@ -343,7 +355,7 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
 /// run.
 pub async fn run_tool_calls_logged(
     leaf: &LeafView<'_>,
-    calls: Vec<ToolCall>,
+    calls: &[ToolCall],
     log: &CallLog,
 ) -> PipelineOutcome {
     let mut out = PipelineOutcome::default();
@@ -373,7 +385,7 @@ pub async fn run_tool_calls_logged(
             });
             (r, false)
         } else if call.name == TRANSITION || call.name.starts_with(TRANSITION_PREFIX) {
-            let index = out.results.len();
+            let index = log.len();
             let r = span.in_scope(|| queue_transition(leaf, &call, index, &mut out));
             (r, false)
         } else if is_provider_tool(leaf, &call.name) {
@@ -447,9 +459,9 @@ pub async fn run_tool_calls_logged(
                 "tool call finished"
             )
         });
-        log.push(&result);
-        record(&mut out, &call, result, known);
+        log.push(record(&mut out, call, result, known));
     }
+    out.results = log.take();
 
     if state_patch.is_some() || running_state != *leaf.state {
         let patch = state_patch.unwrap_or_else(|| running_state.clone());
@@ -459,12 +471,13 @@ pub async fn run_tool_calls_logged(
     out
 }
 
+/// Notes what `result` means for the response and returns it, as recorded.
 fn record(
     out: &mut PipelineOutcome,
     call: &ToolCall,
     mut result: ToolExecutionResult,
     known: bool,
-) {
+) -> ToolExecutionResult {
     if !result.is_error {
         if let Some(user) = result.user_message.take() {
             let item = match &user {
@@ -495,8 +508,8 @@ fn record(
         result.is_terminal = false;
         result.user_message = None;
     }
-    out.results.push(result);
     out.result_states_known.push(known);
+    result
 }
 
 fn user_text(user: &UserMessage) -> String {
