@@ -377,16 +377,16 @@ pub async fn run_tool_calls_logged(
             check_tool_arguments(&call.input).err()
         };
         let (result, known) = if let Some(error) = garbled {
-            let result = span.in_scope(|| invalid_arguments(leaf, &call, &error.to_string()));
+            let result = span.in_scope(|| invalid_arguments(leaf, call, &error.to_string()));
             (result, true)
         } else if call.name == UPDATE_STATE {
             let r = span.in_scope(|| {
-                update_state_builtin(leaf, &call, &mut running_state, &mut state_patch)
+                update_state_builtin(leaf, call, &mut running_state, &mut state_patch)
             });
             (r, false)
         } else if call.name == TRANSITION || call.name.starts_with(TRANSITION_PREFIX) {
             let index = log.len();
-            let r = span.in_scope(|| queue_transition(leaf, &call, index, &mut out));
+            let r = span.in_scope(|| queue_transition(leaf, call, index, &mut out));
             (r, false)
         } else if is_provider_tool(leaf, &call.name) {
             span.in_scope(|| {
@@ -414,7 +414,7 @@ pub async fn run_tool_calls_logged(
                         cx,
                         leaf.terminate_message,
                     );
-                    let result = contain_panic(leaf, &call, async { executed.await.result })
+                    let result = contain_panic(leaf, call, async { executed.await.result })
                         .instrument(span.clone())
                         .await;
                     (result, true)
@@ -437,7 +437,7 @@ pub async fn run_tool_calls_logged(
                         let (r, intents) = run_found(
                             leaf,
                             found,
-                            &call,
+                            call,
                             &mut running_state,
                             &mut state_patch,
                             &mut running_packs,
