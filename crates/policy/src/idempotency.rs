@@ -299,9 +299,11 @@ impl IdempotencyLedger {
         match inner.slots.get_mut(key) {
             Some(Slot::Done(e)) if e.tool == tool && e.args == *args => Begin::Replay(e.clone()),
             Some(Slot::Done(_)) => Begin::Conflict,
+            // An empty tool name: the call is being journaled (its tool and
+            // arguments moved into the entry); wait for it like any other.
             Some(Slot::InFlight {
                 tool: t, args: a, ..
-            }) if t != tool || a != args => Begin::Conflict,
+            }) if !t.is_empty() && (t != tool || a != args) => Begin::Conflict,
             Some(Slot::InFlight { waiters, .. }) => {
                 let (tx, rx) = oneshot::channel();
                 waiters.push(tx);
@@ -333,6 +335,18 @@ struct Claim<'l> {
 }
 
 impl Claim<'_> {
+    /// The tool and arguments of the call in flight (the slot keeps its
+    /// waiters until [`complete`](Self::complete)).
+    fn take_call(&self) -> (String, Value) {
+        let Some(key) = &self.key else {
+            return (String::new(), Value::Null);
+        };
+        match self.ledger.lock().slots.get_mut(key) {
+            Some(Slot::InFlight { tool, args, .. }) => (std::mem::take(tool), std::mem::take(args)),
+            _ => (String::new(), Value::Null),
+        }
+    }
+
     fn complete(mut self, entry: LedgerEntry, limits: &IdempotencyLimits) {
         let Some(key) = self.key.take() else { return };
         let mut inner = self.ledger.lock();
@@ -413,12 +427,13 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         let _ = done.await;
                     }
                     Begin::Run(claim) => {
-                        let tool = req.name.to_owned();
-                        let args = req.input.clone();
                         let report = req.report;
                         let call_id = req.call_id;
                         let journal = req.policy.journal();
                         let result = self.inner.call(req).await;
+                        // The tool and arguments the claim recorded move into
+                        // the entry: no second copy of the arguments.
+                        let (tool, args) = claim.take_call();
                         let entry = LedgerEntry {
                             key,
                             tool,
