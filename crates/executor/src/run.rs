@@ -633,8 +633,10 @@ impl RunState {
             }
             return Ok(step);
         }
-        let done =
-            matches!(reason, YieldReason::EndTurn | YieldReason::External) || termination.is_some();
+        let done = matches!(
+            reason,
+            YieldReason::EndTurn | YieldReason::External | YieldReason::LoopDetected
+        ) || termination.is_some();
         let mut step = make_step(machine, history, reason, done);
         step.response = response;
         step.termination = termination;

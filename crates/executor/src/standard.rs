@@ -557,6 +557,7 @@ fn finish(
             &source,
         )));
     }
+    let loop_stop = outcome.loop_stop.clone();
     let mut result = LeafOutcome::new(entries, YieldReason::ToolUse, turn);
     result.intents = outcome
         .intents
@@ -632,6 +633,10 @@ fn finish(
                 result.termination = Some(t.clone());
             }
         }
+    }
+    if let Some((tool, times)) = loop_stop {
+        tracing::warn!(tool, times, "the loop guard ends the run");
+        result.yield_reason = YieldReason::LoopDetected;
     }
     result
 }
@@ -759,6 +764,12 @@ impl Executor for StandardExecutor {
                 .zip(turn.as_deref())
                 .map(|(binding, turn)| binding.session(turn, cx.policy)),
             deps: cx.deps,
+            repeats: Some(cx.policy.repeats()),
+            loop_guard: cx
+                .instance()
+                .node()
+                .loop_guard()
+                .unwrap_or_else(|| cx.charter.loop_guard()),
         };
         let log = CallLog::new();
         let in_flight = ToolsInFlight {

@@ -33,6 +33,9 @@ pub enum YieldReason {
     /// The answer had no tool call and output is restricted: a reminder was
     /// injected and the model is called again.
     Restricted,
+    /// The loop guard ended the run: a leaf kept calling one tool with the
+    /// same arguments within the user turn.
+    LoopDetected,
 }
 
 impl YieldReason {
@@ -48,6 +51,7 @@ impl YieldReason {
             YieldReason::AwaitingResume => "awaiting_resume",
             YieldReason::External => "external",
             YieldReason::Restricted => "restricted",
+            YieldReason::LoopDetected => "loop_detected",
         }
     }
 }

@@ -67,6 +67,8 @@ kinds! {
     ConfirmationDenied => "CONFIRMATION_DENIED", retryable: false, "The user declined this action";
     /// The confirmation token is unknown, used, expired, or for another call.
     ConfirmationInvalid => "CONFIRMATION_INVALID", retryable: false, "The confirmation token is invalid, used or expired";
+    /// The leaf repeated an identical call too often in this user turn.
+    RepeatedCall => "REPEATED_CALL", retryable: false, "Not run: this exact call was repeated too often";
     /// The call id was already used by a call with another tool or other arguments.
     IdempotencyConflict => "IDEMPOTENCY_CONFLICT", retryable: false, "Duplicate call id";
     /// The arguments do not fit the tool's input.
@@ -247,6 +249,7 @@ mod tests {
                 "CONFIRMATION_PENDING",
                 "CONFIRMATION_DENIED",
                 "CONFIRMATION_INVALID",
+                "REPEATED_CALL",
                 "IDEMPOTENCY_CONFLICT",
                 "INVALID_INPUT",
                 "TIMEOUT",

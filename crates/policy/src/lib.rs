@@ -16,6 +16,7 @@ pub mod idempotency;
 pub mod latency;
 mod metadata;
 pub mod mode;
+pub mod repeat;
 mod service;
 mod stack;
 mod state;
@@ -40,6 +41,7 @@ pub use idempotency::{
 };
 pub use latency::LatencyLayer;
 pub use metadata::{Category, Mode, ToolMetadata};
+pub use repeat::{LoopGuard, Repeat, RepeatCounts, RepeatRecord};
 pub use service::{BoxToolService, CallReport, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
 pub use state::{LedgerJournal, PolicySnapshot, PolicyState};

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::TurnBudgets;
 use crate::confirm::{ApprovalRecord, Approvals};
 use crate::idempotency::{IdempotencyLedger, IdempotencyLimits, LedgerEntry};
+use crate::repeat::{RepeatCounts, RepeatRecord};
 
 /// Where answered calls are written before their result is used: a store
 /// implements it so that a crash between a tool's side effect and the step's
@@ -31,6 +32,7 @@ pub struct PolicyState {
     approvals: Approvals,
     ledger: IdempotencyLedger,
     budgets: TurnBudgets,
+    repeats: RepeatCounts,
     journal: Mutex<Option<Arc<dyn LedgerJournal>>>,
 }
 
@@ -40,6 +42,7 @@ impl std::fmt::Debug for PolicyState {
             .field("approvals", &self.approvals)
             .field("ledger", &self.ledger)
             .field("budgets", &self.budgets)
+            .field("repeats", &self.repeats)
             .field("journal", &self.journal().is_some())
             .finish()
     }
@@ -56,6 +59,7 @@ impl PolicyState {
         let state = Self::new();
         state.approvals.restore(snapshot.approvals);
         state.ledger.restore(snapshot.ledger, limits);
+        state.repeats.restore(snapshot.repeats);
         state
     }
 
@@ -74,6 +78,11 @@ impl PolicyState {
         &self.budgets
     }
 
+    /// The identical-call counts of the current user turn (the loop guard).
+    pub fn repeats(&self) -> &RepeatCounts {
+        &self.repeats
+    }
+
     /// Writes every answered call to `journal` before its result is used.
     pub fn set_journal(&self, journal: Arc<dyn LedgerJournal>) {
         *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(journal);
@@ -90,6 +99,7 @@ impl PolicyState {
     /// Starts a user turn: every leaf's budget counters start over.
     pub fn begin_user_turn(&self) {
         self.budgets.clear();
+        self.repeats.clear();
     }
 
     /// What a snapshot keeps: pending and approved requests, and the ledger.
@@ -97,6 +107,7 @@ impl PolicyState {
         PolicySnapshot {
             approvals: self.approvals.snapshot(),
             ledger: self.ledger.snapshot(),
+            repeats: self.repeats.snapshot(),
         }
     }
 }
@@ -111,11 +122,14 @@ pub struct PolicySnapshot {
     /// Answered calls, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ledger: Vec<LedgerEntry>,
+    /// The loop guard's counts of the current user turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats: Vec<RepeatRecord>,
 }
 
 impl PolicySnapshot {
     /// Whether there is nothing to keep.
     pub fn is_empty(&self) -> bool {
-        self.approvals.is_empty() && self.ledger.is_empty()
+        self.approvals.is_empty() && self.ledger.is_empty() && self.repeats.is_empty()
     }
 }

@@ -10,6 +10,7 @@ mod ephemeral;
 mod ergonomics;
 mod externalize;
 mod finish_restriction;
+mod loop_guard;
 mod machine;
 mod parallel;
 mod policies;

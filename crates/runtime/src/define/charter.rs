@@ -69,6 +69,7 @@ struct CharterInner {
     nodes: Vec<(String, Node)>,
     packs: Vec<Pack>,
     prompt_builder: Option<Arc<PromptBuilderFn>>,
+    loop_guard: markov_policy::LoopGuard,
 }
 
 /// The static, shareable registry. Cheap to clone.
@@ -102,8 +103,15 @@ impl Charter {
             nodes: Vec::new(),
             packs: Vec::new(),
             prompt_builder: None,
+            loop_guard: markov_policy::LoopGuard::default(),
             errors: Vec::new(),
         }
+    }
+
+    /// The loop guard of nodes that set none (three identical calls per
+    /// user turn by default).
+    pub fn loop_guard(&self) -> markov_policy::LoopGuard {
+        self.0.loop_guard
     }
 
     /// The charter's name.
@@ -342,6 +350,7 @@ pub struct CharterBuilder {
     nodes: Vec<(String, Node)>,
     packs: Vec<Pack>,
     prompt_builder: Option<Arc<PromptBuilderFn>>,
+    loop_guard: markov_policy::LoopGuard,
     errors: Vec<ConfigError>,
 }
 
@@ -354,6 +363,17 @@ impl fmt::Debug for CharterBuilder {
 }
 
 impl CharterBuilder {
+    /// The loop guard of nodes that set none: how many identical tool
+    /// calls a leaf may make per user turn ([`LoopGuard::OFF`] for no
+    /// limit).
+    ///
+    /// [`LoopGuard::OFF`]: markov_policy::LoopGuard::OFF
+    #[must_use]
+    pub fn loop_guard(mut self, guard: markov_policy::LoopGuard) -> Self {
+        self.loop_guard = guard;
+        self
+    }
+
     /// Instructions prepended to every default system prompt.
     #[must_use]
     pub fn instructions(mut self, text: impl Into<String>) -> Self {
@@ -447,6 +467,7 @@ impl CharterBuilder {
             nodes: self.nodes,
             packs: self.packs,
             prompt_builder: self.prompt_builder,
+            loop_guard: self.loop_guard,
         }));
         let mut seen = HashSet::new();
         for (_, t) in &charter.0.transitions {

@@ -161,6 +161,7 @@ pub(crate) struct NodeInner {
     pub(crate) packs: Vec<Pack>,
     pub(crate) kind: NodeKind,
     pub(crate) policy: TurnPolicy,
+    pub(crate) loop_guard: Option<markov_policy::LoopGuard>,
     pub(crate) externalize: Option<StateHandler>,
 }
 
@@ -283,6 +284,11 @@ impl Node {
         self.0.kind == NodeKind::Worker
     }
 
+    /// The node's own loop guard, if it sets one (else the charter's applies).
+    pub fn loop_guard(&self) -> Option<markov_policy::LoopGuard> {
+        self.0.loop_guard
+    }
+
     /// How the loop treats this node's turns: output restriction, tool choice.
     pub fn policy(&self) -> &TurnPolicy {
         &self.0.policy
@@ -316,6 +322,7 @@ pub struct NodeBuilder {
     packs: Vec<Pack>,
     kind: NodeKind,
     policy: TurnPolicy,
+    loop_guard: Option<markov_policy::LoopGuard>,
     externalize: Option<StateHandler>,
     errors: Vec<ConfigError>,
 }
@@ -342,6 +349,7 @@ impl NodeBuilder {
             packs: Vec::new(),
             kind: NodeKind::Standard,
             policy: TurnPolicy::default(),
+            loop_guard: None,
             externalize: None,
             errors: Vec::new(),
         }
@@ -504,6 +512,15 @@ impl NodeBuilder {
         self
     }
 
+    /// How many identical tool calls this node's leaves may make per user
+    /// turn, instead of the charter's
+    /// ([`LoopGuard::OFF`](markov_policy::LoopGuard::OFF) for no limit).
+    #[must_use]
+    pub fn loop_guard(mut self, guard: markov_policy::LoopGuard) -> Self {
+        self.loop_guard = Some(guard);
+        self
+    }
+
     /// Sets how the loop treats this node's turns.
     #[must_use]
     pub fn policy(mut self, policy: TurnPolicy) -> Self {
@@ -617,6 +634,7 @@ impl NodeBuilder {
             packs: self.packs,
             kind: self.kind,
             policy: self.policy,
+            loop_guard: self.loop_guard,
             externalize: self.externalize,
         }));
         validate_policy(node.policy(), &node)?;

@@ -46,8 +46,8 @@ use crate::pack::Pack;
 use crate::state::{StateSchema, accumulate_patch, merge_patch};
 use crate::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
 use markov_policy::{
-    Mode, PolicyState, RegistrySession, Rejection, ToolErrorKind, ToolOrigin, TurnBudgetState,
-    plain_registry,
+    LoopGuard, Mode, PolicyState, RegistrySession, Rejection, Repeat, RepeatCounts, ToolErrorKind,
+    ToolOrigin, TurnBudgetState, plain_registry,
 };
 
 /// What the pipeline needs to know about the leaf it runs for.
@@ -78,6 +78,11 @@ pub struct LeafView<'a> {
     pub policies: Option<RegistrySession<'a>>,
     /// The application's value tools may read ([`ToolContext::deps`]).
     pub deps: Option<&'a markov_core::tool::Deps>,
+    /// The conversation's identical-call counts; `None` turns the loop
+    /// guard off.
+    pub repeats: Option<&'a RepeatCounts>,
+    /// The loop guard of the leaf's node (or the charter's).
+    pub loop_guard: LoopGuard,
 }
 
 /// One requested call.
@@ -140,6 +145,9 @@ pub struct PipelineOutcome {
     /// The intents tools returned through the registry, in call order, with
     /// the call that returned each.
     pub intents: Vec<(ToolCallId, Value)>,
+    /// The loop guard ended the run: the tool the leaf kept calling with the
+    /// same arguments, and how many times it did in this user turn.
+    pub loop_stop: Option<(String, u32)>,
 }
 
 impl PipelineOutcome {
@@ -376,9 +384,35 @@ pub async fn run_tool_calls_logged(
         } else {
             check_tool_arguments(&call.input).err()
         };
+        let repeat = match (garbled.is_some(), leaf.repeats) {
+            (false, Some(counts))
+                if out.loop_stop.is_none() && !is_provider_tool(leaf, &call.name) =>
+            {
+                counts.check(&leaf.loop_guard, leaf.instance_id, &call.name, &call.input)
+            }
+            _ => Repeat::Allowed,
+        };
         let (result, known) = if let Some(error) = garbled {
             let result = span.in_scope(|| invalid_arguments(leaf, call, &error.to_string()));
             (result, true)
+        } else if let Some((tool, _)) = &out.loop_stop {
+            // The run ends with this response: the calls after the stop are
+            // answered, not run.
+            let text = format!(
+                "Not run: the run was stopped because {tool} was called with the same arguments again and again."
+            );
+            (ToolExecutionResult::error(call.id.clone(), text), true)
+        } else if let Repeat::Refused { times } | Repeat::Stop { times } = repeat {
+            span.in_scope(|| {
+                tracing::warn!(
+                    times,
+                    "identical tool call refused: the model is repeating itself"
+                )
+            });
+            if matches!(repeat, Repeat::Stop { .. }) {
+                out.loop_stop = Some((call.name.clone(), times));
+            }
+            (repeated_call(leaf, call, times), true)
         } else if call.name == UPDATE_STATE {
             let r = span.in_scope(|| {
                 update_state_builtin(leaf, call, &mut running_state, &mut state_patch)
@@ -677,6 +711,23 @@ async fn run_found(
         }
     };
     (result, intents)
+}
+
+/// The error result of a call the loop guard refused.
+fn repeated_call(leaf: &LeafView<'_>, call: &ToolCall, times: u32) -> ToolExecutionResult {
+    let detail = format!(
+        "you have called {} with these same arguments {times} times in this turn. Repeating it will not change the result: use what you have, try something different, or answer the user",
+        call.name
+    );
+    match leaf.policies {
+        Some(_) => ToolExecutionResult::error(
+            call.id.clone(),
+            Rejection::new(ToolErrorKind::RepeatedCall)
+                .with_detail(detail)
+                .to_envelope(),
+        ),
+        None => ToolExecutionResult::error(call.id.clone(), format!("Not run: {detail}.")),
+    }
 }
 
 /// The error result of a call whose arguments no tool may see.

@@ -208,6 +208,8 @@ async fn the_pipeline_skips_provider_tool_calls() {
         terminate_message: "Finished",
         policies: None,
         deps: None,
+        repeats: None,
+        loop_guard: Default::default(),
     };
     let outcome = run_tool_calls(
         &leaf,
