@@ -274,6 +274,11 @@ const LAYERS: &[Layer] = &[
         reason: "the tool registry depends on core only",
     },
     Layer {
+        package: "markov-otel",
+        forbidden: &["markov-*"],
+        reason: "the OpenTelemetry bridge works on tracing spans alone",
+    },
+    Layer {
         package: "markov-macros",
         forbidden: &["markov-*"],
         reason: "a proc-macro crate writes code; it links no markov crate",

@@ -419,6 +419,12 @@ pub trait Model: Send + Sync + fmt::Debug {
     /// Makes one call and returns the whole answer.
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError>;
 
+    /// The provider, as OpenTelemetry's `gen_ai.provider.name` spells it
+    /// (`"anthropic"`, `"openai"`, ...); traces show it on every model call.
+    fn provider_name(&self) -> &str {
+        "unknown"
+    }
+
     /// What `thinking` permits alongside it for `settings.model`: the client's
     /// capability table. The default is [`Thinking::allows`], the documented
     /// Anthropic rule; a client whose models differ overrides it.
@@ -457,6 +463,10 @@ macro_rules! forward_model {
                 request: ModelRequest<'_>,
             ) -> Result<ModelResponse, ModelError> {
                 (**self).complete(request).await
+            }
+
+            fn provider_name(&self) -> &str {
+                (**self).provider_name()
             }
 
             fn thinking_allowance(

@@ -778,7 +778,14 @@ async fn drive(
         Action::RunLeaves(tasks) => {
             let span = tracing::info_span!("step", step = state.steps, leaves = tasks.len());
             let results = run_leaves(machine, state, &tasks).instrument(span).await;
-            state.on_leaf_results(machine, &tasks, results).map(Some)
+            let step = state.on_leaf_results(machine, &tasks, results)?;
+            if state.is_finished() {
+                // The run's totals, once (`gen_ai.usage.*` of invoke_agent).
+                let run = tracing::Span::current();
+                run.record("gen_ai.usage.input_tokens", step.run_usage.input_tokens);
+                run.record("gen_ai.usage.output_tokens", step.run_usage.output_tokens);
+            }
+            Ok(Some(step))
         }
         Action::Finished => Ok(None),
     }
@@ -792,9 +799,14 @@ pub fn run_machine(
     machine: &mut Machine,
     options: RunOptions,
 ) -> impl Stream<Item = Result<MachineStep, RunError>> + Send + '_ {
+    // OpenTelemetry's GenAI conventions for an agent invocation.
     let span = tracing::info_span!(
-        "run",
-        charter = machine.charter.name(),
+        "invoke_agent",
+        otel.name = %format_args!("invoke_agent {}", machine.charter.name()),
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = machine.charter.name(),
+        gen_ai.usage.input_tokens = tracing::field::Empty,
+        gen_ai.usage.output_tokens = tracing::field::Empty,
         max_steps = options.max_steps
     );
     let state = RunState::new(options);

@@ -69,6 +69,7 @@ pub struct StandardExecutor {
     settings: ModelSettings,
     registry: Option<Arc<RegistryBinding>>,
     streaming: Option<StreamOptions>,
+    capture_content: bool,
 }
 
 impl StandardExecutor {
@@ -84,7 +85,18 @@ impl StandardExecutor {
             settings: ModelSettings::default(),
             registry: None,
             streaming: None,
+            capture_content: false,
         }
+    }
+
+    /// Records prompts, messages, tool arguments and tool results in the
+    /// trace (`gen_ai.input.messages`, `gen_ai.tool.call.arguments`, ...).
+    /// Off by default: they may hold personal data, and writing them costs
+    /// a serialization of the history per model call.
+    #[must_use]
+    pub fn with_content_capture(mut self, capture: bool) -> Self {
+        self.capture_content = capture;
+        self
     }
 
     /// Sets the default settings; a node's executor config overrides them.
@@ -712,8 +724,23 @@ impl Executor for StandardExecutor {
             self.model.as_ref(),
             self.registry.as_deref(),
         )?;
+        // OpenTelemetry's GenAI conventions for a chat call; `otel.name` is
+        // the span name an OpenTelemetry exporter shows.
+        let model_name = prepared.settings.model.as_deref().unwrap_or("");
         let span = tracing::info_span!(
-            "model_call",
+            "chat",
+            otel.name = %format_args!("chat {model_name}"),
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = self.model.provider_name(),
+            gen_ai.request.model = model_name,
+            gen_ai.request.max_tokens = prepared.settings.max_tokens,
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            gen_ai.response.finish_reasons = tracing::field::Empty,
+            gen_ai.system_instructions = tracing::field::Empty,
+            gen_ai.input.messages = tracing::field::Empty,
+            gen_ai.output.messages = tracing::field::Empty,
+            error.type = tracing::field::Empty,
             step = cx.current_step,
             instance_id = %cx.instance().id(),
             node = cx.instance().node().name().unwrap_or(""),
@@ -721,8 +748,36 @@ impl Executor for StandardExecutor {
             messages = cx.history.len(),
             streamed = self.streaming.is_some(),
         );
-        let (response, vessel) = self.call_model(&cx, &prepared).instrument(span).await?;
+        if self.capture_content && !span.is_disabled() {
+            span.record("gen_ai.system_instructions", prepared.system.as_str());
+            if let Ok(json) = serde_json::to_string(cx.history) {
+                span.record("gen_ai.input.messages", json.as_str());
+            }
+        }
+        let called = self
+            .call_model(&cx, &prepared)
+            .instrument(span.clone())
+            .await;
+        let (response, vessel) = match called {
+            Ok(answer) => answer,
+            Err(error) => {
+                span.record("error.type", "model_error");
+                return Err(error);
+            }
+        };
         let usage = response.usage;
+        span.record("gen_ai.usage.input_tokens", usage.input_tokens);
+        span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+        span.record(
+            "gen_ai.response.finish_reasons",
+            tracing::field::debug([&response.stop_reason]),
+        );
+        if self.capture_content
+            && !span.is_disabled()
+            && let Ok(json) = serde_json::to_string(&response.content)
+        {
+            span.record("gen_ai.output.messages", json.as_str());
+        }
         let mut after = interpret(&cx, response);
         if let Some(mut vessel) = vessel
             && let Some(event) = finalize_vessel(&mut vessel, &mut after)
@@ -770,6 +825,7 @@ impl Executor for StandardExecutor {
                 .node()
                 .loop_guard()
                 .unwrap_or_else(|| cx.charter.loop_guard()),
+            capture_content: self.capture_content,
         };
         let log = CallLog::new();
         let in_flight = ToolsInFlight {

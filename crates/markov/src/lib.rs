@@ -40,12 +40,15 @@
 //! - [`testkit`] (feature `testkit`, on by default): scripted models;
 //! - `providers` (feature `providers`): Anthropic and OpenAI-compatible
 //!   clients;
-//! - `store` (feature `store`): durable sessions.
+//! - `store` (feature `store`): durable sessions;
+//! - `otel` (feature `otel`): the spans as OpenTelemetry spans.
 #![deny(missing_docs)]
 
 pub use markov_core as core;
 pub use markov_executor as executor;
 pub use markov_macros::tool;
+#[cfg(feature = "otel")]
+pub use markov_otel as otel;
 pub use markov_policy as policy;
 #[cfg(feature = "providers")]
 pub use markov_providers as providers;

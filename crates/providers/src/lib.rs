@@ -16,8 +16,9 @@
 //! Anthropic's mid-stream `overloaded_error`, [`ModelError::Overloaded`])
 //! ends the stream with that error. Dropping a call's future (or stream)
 //! cancels it.
-//! Every call runs in a `model_call` tracing span with the fields
-//! `provider`, `model` and `attempt`. API keys never appear in `Debug`
+//! Every call runs in a `provider_request` tracing span with the fields
+//! `gen_ai.provider.name`, `gen_ai.request.model` and `attempt` (distinct
+//! from the loop's `chat` span around it). API keys never appear in `Debug`
 //! output or logs.
 //!
 //! ```no_run

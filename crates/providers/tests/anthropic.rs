@@ -47,7 +47,9 @@ fn request<'a>(
     tool_choice: &'a ToolChoice,
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
-    ModelRequest::new("You are a calculator.", messages, settings).tools(tools).tool_choice(tool_choice)
+    ModelRequest::new("You are a calculator.", messages, settings)
+        .tools(tools)
+        .tool_choice(tool_choice)
 }
 
 fn text_answer(text: &str) -> Value {

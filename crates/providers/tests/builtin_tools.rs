@@ -37,7 +37,9 @@ fn request<'a>(
     provider_tools: &'a [ProviderTool],
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
-    ModelRequest::new("", messages, settings).tools(tools).provider_tools(provider_tools)
+    ModelRequest::new("", messages, settings)
+        .tools(tools)
+        .provider_tools(provider_tools)
 }
 
 fn search_results() -> Value {

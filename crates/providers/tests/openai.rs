@@ -48,7 +48,9 @@ fn request<'a>(
     tool_choice: &'a ToolChoice,
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
-    ModelRequest::new("You are a calculator.", messages, settings).tools(tools).tool_choice(tool_choice)
+    ModelRequest::new("You are a calculator.", messages, settings)
+        .tools(tools)
+        .tool_choice(tool_choice)
 }
 
 fn completion(message: Value, finish_reason: &str) -> Value {
@@ -229,7 +231,9 @@ async fn older_servers_strict_schemas_and_structured_output() {
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}},
                         "required": ["n"], "additionalProperties": false});
     let settings = ModelSettings::default();
-    let request = ModelRequest::new("", &history, &settings).tools(&tools[1..]).output_schema(Some(&schema));
+    let request = ModelRequest::new("", &history, &settings)
+        .tools(&tools[1..])
+        .output_schema(Some(&schema));
     model.complete(request).await.unwrap();
     let sent = server.single();
     assert_eq!(sent.header("authorization"), None, "no key, no header");

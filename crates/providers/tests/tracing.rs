@@ -1,4 +1,4 @@
-//! Every call runs in a `model_call` span naming provider, model and
+//! Every call runs in a `provider_request` span naming provider, model and
 //! attempt, and nothing logged shows the API key.
 #![cfg(all(feature = "anthropic", feature = "openai"))]
 
@@ -90,7 +90,7 @@ async fn calls_are_traced_per_attempt_without_keys() {
 
     let logs = sink.text();
     assert!(
-        logs.contains(r#"model_call{provider="anthropic" model="claude-traced" attempt=1}"#),
+        logs.contains(r#"provider_request{gen_ai.provider.name="anthropic" gen_ai.request.model="claude-traced" attempt=1}"#),
         "{logs}"
     );
     // The attempt is recorded on the call's span as it advances (fmt
@@ -98,7 +98,7 @@ async fn calls_are_traced_per_attempt_without_keys() {
     assert!(logs.contains("attempt=2}"), "{logs}");
     assert!(logs.contains("retrying"), "{logs}");
     assert!(
-        logs.contains(r#"model_call{provider="openai" model="gpt-traced" attempt=1}"#),
+        logs.contains(r#"provider_request{gen_ai.provider.name="openai" gen_ai.request.model="gpt-traced" attempt=1}"#),
         "{logs}"
     );
     assert!(!logs.contains(ANTHROPIC_KEY), "{logs}");

@@ -157,6 +157,10 @@ fn check_tool_choice(
 
 #[async_trait]
 impl Model for ScriptedModel {
+    fn provider_name(&self) -> &str {
+        "scripted"
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         if self.recording == Recording::On {
             lock(&self.requests).push(RecordedRequest {

@@ -373,7 +373,14 @@ proptest! {
                 builder = builder.tool_calls(calls);
             }
             let model = Arc::new(builder.text("done").build());
-            let mut m = machine(|c| c, node_with(&Probe::default()), json!({}), model);
+            // Identical calls repeat freely in random scripts: the loop guard
+            // (tested on its own) stays out of this property.
+            let mut m = machine(
+                |c| c.loop_guard(markov_policy::LoopGuard::OFF),
+                node_with(&Probe::default()),
+                json!({}),
+                model,
+            );
             m.enqueue_user("go");
             let (steps, err) = run_all(&mut m, RunOptions::default().max_steps(10)).await;
             prop_assert!(err.is_none(), "{:?}", err);

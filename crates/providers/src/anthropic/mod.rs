@@ -280,15 +280,19 @@ impl Anthropic {
 
 fn call_span(model: &str) -> tracing::Span {
     tracing::info_span!(
-        "model_call",
-        provider = "anthropic",
-        model = model,
+        "provider_request",
+        gen_ai.provider.name = "anthropic",
+        gen_ai.request.model = model,
         attempt = tracing::field::Empty
     )
 }
 
 #[async_trait]
 impl Model for Anthropic {
+    fn provider_name(&self) -> &str {
+        "anthropic"
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);

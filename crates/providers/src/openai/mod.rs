@@ -330,15 +330,19 @@ impl OpenAi {
 
 fn call_span(model: &str) -> tracing::Span {
     tracing::info_span!(
-        "model_call",
-        provider = "openai",
-        model = model,
+        "provider_request",
+        gen_ai.provider.name = "openai",
+        gen_ai.request.model = model,
         attempt = tracing::field::Empty
     )
 }
 
 #[async_trait]
 impl Model for OpenAi {
+    fn provider_name(&self) -> &str {
+        "openai"
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);

@@ -156,6 +156,10 @@ impl<M: Model> Model for ToolChoiceEnforcer<M> {
         self.inner.complete(request).await
     }
 
+    fn provider_name(&self) -> &str {
+        self.inner.provider_name()
+    }
+
     fn thinking_allowance(
         &self,
         settings: &ModelSettings,

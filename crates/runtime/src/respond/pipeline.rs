@@ -83,6 +83,9 @@ pub struct LeafView<'a> {
     pub repeats: Option<&'a RepeatCounts>,
     /// The loop guard of the leaf's node (or the charter's).
     pub loop_guard: LoopGuard,
+    /// Whether tool arguments and results go into the trace (opt-in: they
+    /// may hold personal data).
+    pub capture_content: bool,
 }
 
 /// One requested call.
@@ -373,12 +376,25 @@ pub async fn run_tool_calls_logged(
     let mut pack_patches: Vec<(String, Value)> = Vec::new();
 
     for call in calls {
+        // OpenTelemetry's GenAI conventions; `otel.name` is the span name an
+        // OpenTelemetry exporter shows.
         let span = tracing::info_span!(
-            "tool_call",
-            tool = %call.name,
-            call_id = %call.id,
+            "execute_tool",
+            otel.name = %format_args!("execute_tool {}", call.name),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %call.name,
+            gen_ai.tool.call.id = %call.id,
             instance_id = %leaf.instance_id,
+            gen_ai.tool.call.arguments = tracing::field::Empty,
+            gen_ai.tool.call.result = tracing::field::Empty,
+            error.type = tracing::field::Empty,
         );
+        if leaf.capture_content {
+            span.record(
+                "gen_ai.tool.call.arguments",
+                tracing::field::display(&call.input),
+            );
+        }
         let garbled = if is_provider_tool(leaf, &call.name) {
             None
         } else {
@@ -486,6 +502,12 @@ pub async fn run_tool_calls_logged(
                 }
             }
         };
+        if result.is_error {
+            span.record("error.type", "tool_error");
+        }
+        if leaf.capture_content {
+            span.record("gen_ai.tool.call.result", result.content.as_str());
+        }
         span.in_scope(|| {
             tracing::debug!(
                 is_error = result.is_error,

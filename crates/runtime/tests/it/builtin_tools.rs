@@ -210,6 +210,7 @@ async fn the_pipeline_skips_provider_tool_calls() {
         deps: None,
         repeats: None,
         loop_guard: Default::default(),
+        capture_content: false,
     };
     let outcome = run_tool_calls(
         &leaf,
