@@ -87,6 +87,7 @@ async fn measure(
                     messages: &step,
                     tree: None,
                     approvals: None,
+                    repeats: None,
                     run: Some(&run),
                 },
             )

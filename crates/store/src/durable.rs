@@ -74,6 +74,8 @@ pub struct DurableMachine<S: Store + ?Sized> {
     tree: Arc<Instance>,
     /// The approvals' revision last written.
     approvals: u64,
+    /// The loop guard's counts last written.
+    repeats: Vec<markov_runtime::registry::RepeatRecord>,
     /// A run to continue.
     interrupted: Option<RunState>,
     /// When the lease expires (Unix milliseconds).
@@ -175,6 +177,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             written: machine.history().len(),
             tree: Arc::clone(machine.instance()),
             approvals: machine.approvals().revision(),
+            repeats: machine.policy_state().repeats().snapshot(),
             store,
             id,
             holder,
@@ -235,6 +238,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         };
         let revision = self.machine.approvals().revision();
         let approvals = (revision != self.approvals).then(|| self.machine.approvals().snapshot());
+        let repeats = self.machine.policy_state().repeats().snapshot();
+        let repeats = (repeats != self.repeats).then_some(repeats);
         self.store
             .append(
                 &self.id,
@@ -243,6 +248,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     messages,
                     tree: tree.as_ref(),
                     approvals: approvals.as_deref(),
+                    repeats: repeats.as_deref(),
                     run,
                 },
             )
@@ -250,6 +256,9 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         self.written = history.len();
         self.tree = Arc::clone(self.machine.instance());
         self.approvals = revision;
+        if let Some(repeats) = repeats {
+            self.repeats = repeats;
+        }
         Ok(())
     }
 

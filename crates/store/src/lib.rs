@@ -13,7 +13,7 @@
 //!
 //! - [`SqliteStore`] (feature `sqlite`, the default): SQLite compiled in, a
 //!   file in WAL mode or in memory. One process.
-//! - [`PostgresStore`] (feature `postgres`): several worker processes share
+//! - `PostgresStore` (feature `postgres`): several worker processes share
 //!   one database; a session is leased by one worker at a time.
 //!
 //! # Leases
@@ -47,7 +47,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use markov_core::Message;
 use markov_executor::{RunState, SerializedInstance, SerializedMachine};
-use markov_runtime::registry::{ApprovalRecord, LedgerEntry};
+use markov_runtime::registry::{ApprovalRecord, LedgerEntry, RepeatRecord};
 use serde::{Deserialize, Serialize};
 
 mod durable;
@@ -157,6 +157,8 @@ pub struct StepRecord<'a> {
     pub tree: Option<&'a SerializedInstance>,
     /// The pending and approved confirmation requests, if they changed.
     pub approvals: Option<&'a [ApprovalRecord]>,
+    /// The loop guard's counts of the current user turn, if they changed.
+    pub repeats: Option<&'a [RepeatRecord]>,
     /// The run in progress, or `None` when no run is in progress.
     pub run: Option<&'a RunState>,
 }

@@ -4,7 +4,7 @@
 //! Tables: `sessions` (one row: charter, tree, approvals, run state,
 //! counters, lease), `messages` (the history, one row per message, keyed by
 //! session and position) and `ledger` (answered calls, keyed by session and
-//! idempotency key). A step is one transaction: its new message rows and one
+//! idempotency key, in the order they were answered). A step is one transaction: its new message rows and one
 //! update of the session row — its cost does not depend on the history's
 //! length.
 
@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     charter TEXT NOT NULL,
     tree TEXT NOT NULL,
     approvals TEXT NOT NULL,
+    repeats TEXT NOT NULL DEFAULT '[]',
     run_state TEXT,
     steps INTEGER NOT NULL DEFAULT 0,
     messages INTEGER NOT NULL DEFAULT 0,
@@ -62,7 +63,7 @@ CREATE TABLE IF NOT EXISTS ledger (
     recorded_at INTEGER NOT NULL,
     body TEXT NOT NULL,
     PRIMARY KEY (session_id, key)
-) WITHOUT ROWID;
+);
 ";
 
 /// Sessions in SQLite. Cheap to clone (one shared connection).
@@ -234,6 +235,7 @@ impl Store for SqliteStore {
     ) -> Result<Lease, StoreError> {
         let tree = to_json(&snapshot.instance)?;
         let approvals = to_json(&snapshot.policy.approvals)?;
+        let repeats = to_json(&snapshot.policy.repeats)?;
         let messages: Vec<String> = snapshot
             .history
             .iter()
@@ -254,8 +256,8 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             let inserted = tx
                 .execute(
-                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8)",
+                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9)",
                     params![
                         id.as_str(),
                         charter,
@@ -264,7 +266,8 @@ impl Store for SqliteStore {
                         to_i64(messages.len() as u64),
                         to_i64(now),
                         holder.as_str(),
-                        to_i64(expires)
+                        to_i64(expires),
+                        repeats
                     ],
                 )
                 .map_err(backend)?;
@@ -314,6 +317,7 @@ impl Store for SqliteStore {
             .collect::<Result<_, _>>()?;
         let tree = step.tree.map(to_json).transpose()?;
         let approvals = step.approvals.map(to_json).transpose()?;
+        let repeats = step.repeats.map(to_json).transpose()?;
         let run = step.run.map(to_json).transpose()?;
         let (id, holder) = (id.clone(), holder.clone());
         self.with(move |conn| {
@@ -348,7 +352,8 @@ impl Store for SqliteStore {
                     run_state = ?4,
                     steps = steps + 1,
                     messages = messages + ?5,
-                    updated_at = ?6
+                    updated_at = ?6,
+                    repeats = COALESCE(?7, repeats)
                  WHERE id = ?1",
             )
             .map_err(backend)?
@@ -358,7 +363,8 @@ impl Store for SqliteStore {
                 approvals,
                 run,
                 to_i64(messages.len() as u64),
-                to_i64(now)
+                to_i64(now),
+                repeats
             ])
             .map_err(backend)?;
             tx.commit().map_err(backend)
@@ -399,16 +405,17 @@ impl Store for SqliteStore {
         let id = id.clone();
         self.with(move |conn| {
             let tx = conn.transaction().map_err(backend)?;
-            let row: Option<(SessionInfo, String, String, Option<String>)> = tx
+            type Row = (SessionInfo, String, String, Option<String>, String);
+            let row: Option<Row> = tx
                 .query_row(
-                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats
                      FROM sessions WHERE id = ?1",
                     params![id.as_str()],
-                    |r| Ok((info_of(r)?, r.get(7)?, r.get(8)?, r.get(4)?)),
+                    |r| Ok((info_of(r)?, r.get(7)?, r.get(8)?, r.get(4)?, r.get(9)?)),
                 )
                 .optional()
                 .map_err(backend)?;
-            let Some((info, tree, approvals, run)) = row else {
+            let Some((info, tree, approvals, run, repeats)) = row else {
                 return Err(StoreError::NotFound(id));
             };
             let mut history: Vec<Message> = Vec::with_capacity(usize::try_from(info.messages).unwrap_or(0));
@@ -427,7 +434,7 @@ impl Store for SqliteStore {
             {
                 let mut rows = tx
                     .prepare_cached(
-                        "SELECT body FROM ledger WHERE session_id = ?1 ORDER BY recorded_at, key",
+                        "SELECT body FROM ledger WHERE session_id = ?1 ORDER BY rowid",
                     )
                     .map_err(backend)?;
                 let bodies = rows
@@ -444,6 +451,7 @@ impl Store for SqliteStore {
                 policy: PolicySnapshot {
                     approvals: from_json(&id, "the approvals", &approvals)?,
                     ledger,
+                    repeats: from_json(&id, "the loop guard's counts", &repeats)?,
                 },
             };
             let run = run

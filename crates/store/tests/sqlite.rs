@@ -61,6 +61,11 @@ async fn a_session_round_trips_through_the_store() {
         stored.snapshot.policy.ledger, expected.policy.ledger,
         "the ledger"
     );
+    assert_eq!(
+        stored.snapshot.policy.repeats, expected.policy.repeats,
+        "the loop guard's counts"
+    );
+    assert_eq!(expected.policy.repeats.len(), 1, "the last turn's one note");
     assert!(stored.run.is_none(), "no run in progress");
     assert_eq!(stored.info.messages, expected.history.len() as u64);
     assert_eq!(stored.snapshot.instance.state, json!({"notes": 2}));
@@ -182,6 +187,7 @@ async fn leases_fence_every_write() {
         messages: &[],
         tree: None,
         approvals: None,
+        repeats: None,
         run: None,
     };
     assert!(matches!(

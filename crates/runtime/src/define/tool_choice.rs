@@ -20,7 +20,7 @@ pub const DEFAULT_RESTRICTION_MESSAGE: &str = "Do not produce a final answer dir
 ///
 /// A turn starts with new user input, or when the node is entered by a
 /// transition or a spawn. [`ToolChoicePolicy::choice`] is the one place the
-/// decision is made; the standard loop and [`ToolChoiceEnforcer`] both ask it.
+/// decision is made; the standard loop and [`ToolChoiceEnforcer`](crate::ToolChoiceEnforcer) both ask it.
 ///
 /// The policies that force tool use (`RequiredFirst`, `Required`, `Named`)
 /// cannot be combined with extended thinking under a fixed budget: see
@@ -135,7 +135,7 @@ impl OutputRestriction {
 /// fixed thinking budget is enabled ("Thinking may not be enabled when
 /// tool_choice forces tool use"), and an explicit temperature with thinking.
 /// The rule is data: [`Thinking::allows`] gives each mode's documented
-/// [`ThinkingAllowance`], and a client's [`Model::thinking_allowance`] (its
+/// [`ThinkingAllowance`], and a client's [`Model::thinking_allowance`](markov_core::Model::thinking_allowance) (its
 /// capability table) may relax it per model; adaptive thinking accepts forced
 /// tool use by default. [`check_thinking`] applies an allowance.
 ///
@@ -144,7 +144,7 @@ impl OutputRestriction {
 /// - building a node whose own policy combines thinking with a forcing tool
 ///   choice policy, or with a temperature in its
 ///   [`ExecutorConfig`](crate::node::ExecutorConfig), is a
-///   [`ConfigError::ThinkingConflict`] naming the node and the constraint
+///   [`ConfigError::ThinkingConflict`](crate::ConfigError::ThinkingConflict) naming the node and the constraint
 ///   (under the documented allowance, since no client is known yet);
 /// - the standard executor checks the final settings of each call (node over
 ///   executor defaults) against its client's allowance, and ends the run with
