@@ -4,7 +4,8 @@
 //!
 //! The model is chosen at start, and the first line says which:
 //!
-//! - `ANTHROPIC_API_KEY` set: Anthropic's Messages API;
+//! - `ANTHROPIC_API_KEY` or `ANTHROPIC_BASE_URL` set: the Messages API, at
+//!   Anthropic or at another address (a local server such as llama.cpp's);
 //! - else `OPENAI_API_KEY` or `OPENAI_BASE_URL` set: an OpenAI-compatible
 //!   Chat Completions server (OpenAI, vLLM, Ollama, llama.cpp, LM Studio);
 //! - else a scripted model, labelled as a rehearsal.
@@ -14,6 +15,7 @@
 //! ```text
 //! cargo run -p markov-cli --bin markov-demo
 //! ANTHROPIC_API_KEY=... cargo run -p markov-cli --bin markov-demo
+//! ANTHROPIC_BASE_URL=http://localhost:8080 cargo run -p markov-cli --bin markov-demo
 //! OPENAI_BASE_URL=http://localhost:11434/v1 cargo run -p markov-cli --bin markov-demo
 //! ```
 
@@ -67,10 +69,14 @@ fn model_override() -> Option<String> {
 
 /// The model for this run and the line that names it.
 fn pick_model() -> Result<(Arc<dyn Model>, String), DemoError> {
-    if is_set("ANTHROPIC_API_KEY") {
+    if is_set("ANTHROPIC_API_KEY") || is_set("ANTHROPIC_BASE_URL") {
         let model = Anthropic::from_env()?;
+        let base = std::env::var("ANTHROPIC_BASE_URL")
+            .ok()
+            .filter(|url| !url.trim().is_empty())
+            .unwrap_or_else(|| markov_providers::anthropic::DEFAULT_BASE_URL.to_owned());
         let label = format!(
-            "model: anthropic ({})",
+            "model: anthropic messages api ({base}, {})",
             model_override().as_deref().unwrap_or(model.default_model())
         );
         return Ok((Arc::new(model), label));

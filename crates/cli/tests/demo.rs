@@ -5,7 +5,12 @@
 use std::process::{Command, Output};
 
 /// The variables that choose a real provider.
-const PROVIDER_VARS: [&str; 3] = ["ANTHROPIC_API_KEY", "OPENAI_API_KEY", "OPENAI_BASE_URL"];
+const PROVIDER_VARS: [&str; 4] = [
+    "ANTHROPIC_API_KEY",
+    "ANTHROPIC_BASE_URL",
+    "OPENAI_API_KEY",
+    "OPENAI_BASE_URL",
+];
 
 /// Runs the demo with the provider variables removed, then `set` applied.
 fn demo(set: &[(&str, &str)]) -> Output {
@@ -76,4 +81,55 @@ fn a_bad_provider_configuration_is_an_error_not_a_panic() {
     assert!(stderr.contains("<an unparseable url>"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stdout.is_empty(), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_local_messages_server_is_used_and_named_on_the_first_line() {
+    use markov_testkit::http::{FakeServer, Reply, anthropic};
+    use serde_json::json;
+
+    let server = FakeServer::start().await;
+    server
+        .reply(Reply::json(
+            200,
+            anthropic::message(
+                "1",
+                vec![
+                    json!({"type": "tool_use", "id": "t1", "name": "population", "input": {"city": "Lisbon"}}),
+                    json!({"type": "tool_use", "id": "t2", "name": "population", "input": {"city": "Porto"}}),
+                ],
+                "tool_use",
+            ),
+        ))
+        .reply(Reply::json(
+            200,
+            anthropic::tool_use("t3", "add", &json!({"a": 545_923, "b": 231_962})),
+        ))
+        .reply(Reply::json(200, anthropic::text("777885 people, from a local server.")));
+    let base = server.base_url();
+    let output =
+        tokio::task::spawn_blocking(move || demo(&[("ANTHROPIC_BASE_URL", base.as_str())]))
+            .await
+            .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let first = stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!(
+            "model: anthropic messages api ({}",
+            server.base_url()
+        )),
+        "{first}"
+    );
+    assert!(
+        stdout.contains("777885 people, from a local server."),
+        "{stdout}"
+    );
+    assert_eq!(server.requests().len(), 3);
+    assert_eq!(
+        server.requests()[0].header("x-api-key"),
+        None,
+        "no key was set"
+    );
 }

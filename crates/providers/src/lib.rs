@@ -38,14 +38,26 @@
 //! # }
 //! ```
 //!
+//! # Servers that misbehave
+//!
+//! - A streamed call is bounded as a whole (`stream_deadline`, 10 minutes by
+//!   default): a server that keeps the stream alive with pings and never
+//!   answers ends it with `ModelError::Timeout`.
+//! - One server-sent event larger than `max_event_bytes` (4 MiB by default)
+//!   ends the stream with `ModelError::InvalidResponse`; the parser never
+//!   buffers more.
+//! - Of an error body, at most 8 KiB are read, whatever its size, on every
+//!   retry; the rest is never downloaded.
+//! - Errors name the URL they came from, with any key in it redacted.
+//!
 //! # Malformed tool arguments
 //!
-//! A tool call whose arguments are not valid JSON (OpenAI-compatible servers
-//! send them as a string, which small models sometimes garble) does not fail
-//! the call. Its `tool_use` item gets the input
-//! `{"__invalid_arguments": "<the raw text>", "__error": "<the parse error>"}`,
-//! which a tool's typed arguments reject, so the model receives an error
-//! result and can try again. Empty arguments are `{}`.
+//! A tool call whose arguments are not valid JSON (a stream cut short, a
+//! server's bad JSON) does not fail the call. Its `tool_use` item keeps the
+//! text as `{"__invalid_arguments": "<the raw text>", "__error": "<the parse
+//! error>"}` (see `markov_core::tool::parse_tool_arguments`), and the loop
+//! answers it with an invalid-input error result before any tool or policy
+//! stage sees it. Empty arguments are `{}`.
 //!
 //! # Architecture invariant
 //!

@@ -18,7 +18,7 @@ use markov_core::{ModelError, ModelResponse, StreamEvent};
 use reqwest::Response;
 use tracing::Instrument;
 
-use crate::transport::transport_error;
+use crate::transport::{TransportConfig, transport_error};
 
 /// A provider's incremental decoder of one streamed answer.
 pub(crate) trait SseDecoder: Send {
@@ -35,7 +35,56 @@ pub(crate) trait SseDecoder: Send {
     fn on_end(&mut self) -> Result<ModelResponse, ModelError>;
 }
 
-type SseEvents = BoxStream<'static, Result<Event, EventStreamError<reqwest::Error>>>;
+type SseEvents = BoxStream<'static, Result<Event, EventStreamError<BodyError>>>;
+
+/// Why the body of an event stream stopped.
+#[derive(Debug)]
+enum BodyError {
+    /// The connection failed.
+    Http(reqwest::Error),
+    /// One event grew past the cap.
+    EventTooLarge(usize),
+}
+
+impl std::fmt::Display for BodyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BodyError::Http(e) => e.fmt(f),
+            BodyError::EventTooLarge(cap) => write!(f, "a server-sent event exceeded {cap} bytes"),
+        }
+    }
+}
+
+impl std::error::Error for BodyError {}
+
+/// The body's chunks, refused once one event (the bytes since the last
+/// blank line) passes `cap`: the parser buffers an event whole, so an
+/// unbounded one would cost unbounded memory and time. The count is one
+/// pass over each byte.
+fn capped<S, B>(body: S, cap: usize) -> impl futures::Stream<Item = Result<B, BodyError>>
+where
+    S: futures::Stream<Item = Result<B, reqwest::Error>>,
+    B: AsRef<[u8]>,
+{
+    let mut run = 0usize;
+    let mut after_newline = false;
+    body.map(move |chunk| {
+        let chunk = chunk.map_err(BodyError::Http)?;
+        for &byte in chunk.as_ref() {
+            match byte {
+                b'\n' if after_newline => run = 0,
+                b'\n' => after_newline = true,
+                b'\r' => {}
+                _ => after_newline = false,
+            }
+            run += 1;
+            if run > cap {
+                return Err(BodyError::EventTooLarge(cap));
+            }
+        }
+        Ok(chunk)
+    })
+}
 
 enum State<'a, D> {
     Connecting(BoxFuture<'a, Result<Response, ModelError>>, D),
@@ -50,9 +99,15 @@ enum State<'a, D> {
 
 /// Streams one answer: `connect` yields a successful response whose body is
 /// an event stream, `decoder` turns the events into [`StreamEvent`]s.
+///
+/// The whole call — connecting, retries and every event — is bounded by
+/// `config.stream_deadline`: a server that keeps the stream alive with pings
+/// and never answers ends it with [`ModelError::Timeout`]. One event larger
+/// than `config.max_event_bytes` ends it with
+/// [`ModelError::InvalidResponse`].
 pub(crate) fn sse_stream<'a, D, Fut>(
     span: tracing::Span,
-    timeout: Duration,
+    config: TransportConfig,
     connect: Fut,
     decoder: D,
 ) -> BoxStream<'a, Result<StreamEvent, ModelError>>
@@ -60,16 +115,27 @@ where
     D: SseDecoder + 'a,
     Fut: Future<Output = Result<Response, ModelError>> + Send + 'a,
 {
+    let now = tokio::time::Instant::now();
+    // A deadline too far for the clock is no deadline (a year is plenty).
+    let deadline = now
+        .checked_add(config.stream_deadline)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
     let start = State::Connecting(Box::pin(connect), decoder);
     stream::unfold(start, move |state| {
-        step(state, timeout).instrument(span.clone())
+        step(state, config, deadline).instrument(span.clone())
     })
     .boxed()
 }
 
 type Step<'a, D> = Option<(Result<StreamEvent, ModelError>, State<'a, D>)>;
 
-async fn step<D: SseDecoder>(mut state: State<'_, D>, timeout: Duration) -> Step<'_, D> {
+async fn step<D: SseDecoder>(
+    mut state: State<'_, D>,
+    config: TransportConfig,
+    deadline: tokio::time::Instant,
+) -> Step<'_, D> {
+    let timeout = config.timeout;
+    let late = || ModelError::Timeout(config.stream_deadline);
     loop {
         state = match state {
             State::Finished => return None,
@@ -77,14 +143,19 @@ async fn step<D: SseDecoder>(mut state: State<'_, D>, timeout: Duration) -> Step
                 let event = pending.pop_front()?;
                 return Some((Ok(event), State::Draining(pending)));
             }
-            State::Connecting(connect, decoder) => match connect.await {
-                Ok(response) => State::Reading {
-                    events: response.bytes_stream().eventsource().boxed(),
-                    decoder,
-                    pending: VecDeque::new(),
-                },
-                Err(error) => return fail(error),
-            },
+            State::Connecting(connect, decoder) => {
+                match tokio::time::timeout_at(deadline, connect).await {
+                    Ok(Ok(response)) => State::Reading {
+                        events: capped(response.bytes_stream(), config.max_event_bytes)
+                            .eventsource()
+                            .boxed(),
+                        decoder,
+                        pending: VecDeque::new(),
+                    },
+                    Ok(Err(error)) => return fail(error),
+                    Err(_) => return fail(late()),
+                }
+            }
             State::Reading {
                 mut events,
                 mut decoder,
@@ -100,7 +171,10 @@ async fn step<D: SseDecoder>(mut state: State<'_, D>, timeout: Duration) -> Step
                         },
                     ));
                 }
-                let done = match events.next().await {
+                let Ok(next) = tokio::time::timeout_at(deadline, events.next()).await else {
+                    return fail(late());
+                };
+                let done = match next {
                     Some(Ok(event)) => match decoder.on_event(&event, &mut pending) {
                         Ok(done) => done,
                         Err(error) => return fail(error),
@@ -143,9 +217,12 @@ pub(crate) fn log_done(response: &ModelResponse) {
     );
 }
 
-fn sse_error(error: EventStreamError<reqwest::Error>, timeout: Duration) -> ModelError {
+fn sse_error(error: EventStreamError<BodyError>, timeout: Duration) -> ModelError {
     match error {
-        EventStreamError::Transport(error) => transport_error(error, timeout),
+        EventStreamError::Transport(BodyError::Http(error)) => transport_error(error, timeout),
+        EventStreamError::Transport(too_large @ BodyError::EventTooLarge(_)) => {
+            ModelError::InvalidResponse(too_large.to_string())
+        }
         EventStreamError::Utf8(error) => {
             ModelError::InvalidResponse(format!("the event stream is not utf-8: {error}"))
         }

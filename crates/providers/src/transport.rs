@@ -24,6 +24,16 @@ const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
 /// The most bytes of an unparseable error body kept in an error message.
 const MAX_ERROR_BODY: usize = 2_000;
 
+/// The most of an error body that is read: the rest is never downloaded
+/// (a huge or endless body costs nothing, on every retry).
+pub(crate) const MAX_ERROR_BODY_READ: usize = 8 * 1024;
+
+/// The default bound of a whole streamed call.
+pub(crate) const DEFAULT_STREAM_DEADLINE: Duration = Duration::from_secs(600);
+
+/// The default size cap of one server-sent event.
+pub(crate) const DEFAULT_MAX_EVENT_BYTES: usize = 4 << 20;
+
 /// An API key. Its `Debug` output never shows the key.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct ApiKey(Arc<str>);
@@ -72,6 +82,11 @@ pub(crate) struct TransportConfig {
     /// wait for the response head and each pause between streamed chunks for a
     /// streaming call.
     pub(crate) timeout: Duration,
+    /// The limit of a whole streamed call, from the request to its last
+    /// event, whatever the server sends meanwhile (pings included).
+    pub(crate) stream_deadline: Duration,
+    /// The largest server-sent event accepted, in bytes.
+    pub(crate) max_event_bytes: usize,
 }
 
 impl TransportConfig {
@@ -80,6 +95,8 @@ impl TransportConfig {
         initial_backoff: Duration::from_millis(500),
         max_backoff: Duration::from_secs(8),
         timeout: Duration::from_secs(600),
+        stream_deadline: DEFAULT_STREAM_DEADLINE,
+        max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
     };
 
     /// The wait before retry number `retry` (0-based): the provider's
@@ -171,6 +188,10 @@ impl Transport {
         self.config.timeout
     }
 
+    pub(crate) fn config(&self) -> &TransportConfig {
+        &self.config
+    }
+
     /// Runs `attempt` until it succeeds, fails with an error that is not
     /// retryable, or the retries are spent. Each attempt is bounded by the
     /// configured timeout and its number recorded on `span` as `attempt`.
@@ -237,7 +258,8 @@ pub(crate) fn transport_error(error: reqwest::Error, timeout: Duration) -> Model
     if error.is_timeout() {
         ModelError::Timeout(timeout)
     } else {
-        // Without the URL: the caller knows it, and it only makes the text long.
+        // The URL goes at the end, redacted (a key may ride in its query).
+        let url = error.url().map(|u| redact_url(u.as_str()));
         let error = error.without_url();
         let mut text = error.to_string();
         let mut source = std::error::Error::source(&error);
@@ -245,6 +267,9 @@ pub(crate) fn transport_error(error: reqwest::Error, timeout: Duration) -> Model
             text.push_str(": ");
             text.push_str(&inner.to_string());
             source = inner.source();
+        }
+        if let Some(url) = url {
+            text.push_str(&format!(" (from {url})"));
         }
         ModelError::Connection(text)
     }
@@ -289,7 +314,8 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
         return Ok(response);
     }
     let retry_after = retry_after(response.headers());
-    let body = response.text().await.unwrap_or_default();
+    let url = redact_url(response.url().as_str());
+    let body = read_capped(response, MAX_ERROR_BODY_READ).await;
     let (kind, message) = parse_error_body(&body).unwrap_or_else(|| {
         let mut text = body.trim().to_owned();
         if text.len() > MAX_ERROR_BODY {
@@ -309,13 +335,29 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
         (None, text)
     });
     if kind.as_deref() == Some("overloaded_error") {
-        return Err(ModelError::Overloaded(message));
+        return Err(ModelError::Overloaded(format!("{message} (from {url})")));
     }
     Err(ModelError::Http {
         status: status.as_u16(),
-        message,
+        message: format!("{message} (from {url})"),
         retry_after,
     })
+}
+
+/// At most `cap` bytes of a body, as text; the rest is never read (the
+/// connection is dropped with the response).
+async fn read_capped(mut response: Response, cap: usize) -> String {
+    let mut bytes: Vec<u8> = Vec::new();
+    while bytes.len() < cap {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = cap - bytes.len();
+                bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 /// The wait a response asks for: `retry-after-ms` (OpenAI) or `retry-after`

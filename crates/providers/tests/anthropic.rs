@@ -698,7 +698,13 @@ async fn retries_stop_at_the_configured_count() {
         .complete(request(&history, &[], &ToolChoice::Auto, &settings))
         .await
         .unwrap_err();
-    assert_eq!(error, ModelError::Overloaded("Overloaded".into()));
+    assert_eq!(
+        error,
+        ModelError::Overloaded(format!(
+            "Overloaded (from {}/v1/messages)",
+            server.base_url()
+        ))
+    );
     assert_eq!(server.requests().len(), 2);
 }
 
@@ -735,7 +741,8 @@ async fn client_errors_are_not_retried_and_carry_the_providers_message() {
             error,
             ModelError::Http {
                 status,
-                message: message.into(),
+                // The provider's own message, and the URL it came from.
+                message: format!("{message} (from {}/v1/messages)", server.base_url()),
                 retry_after: None
             }
         );

@@ -600,7 +600,7 @@ async fn retries_stop_at_the_configured_count() {
         error,
         ModelError::Http {
             status: 500,
-            message: "boom".into(),
+            message: format!("boom (from {}/v1/chat/completions)", server.base_url()),
             retry_after: None
         }
     );
@@ -636,7 +636,8 @@ async fn client_errors_are_not_retried_and_carry_the_providers_message() {
             error,
             ModelError::Http {
                 status,
-                message: message.into(),
+                // The provider's own message, and the URL it came from.
+                message: format!("{message} (from {}/v1/chat/completions)", server.base_url()),
                 retry_after: None
             }
         );

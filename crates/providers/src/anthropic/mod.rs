@@ -75,6 +75,10 @@ pub const STRUCTURED_OUTPUTS_BETA: &str = "structured-outputs-2025-11-13";
 /// The environment variable holding the API key.
 pub const API_KEY_ENV: &str = "ANTHROPIC_API_KEY";
 
+/// The environment variable holding another address (a local server that
+/// speaks the Messages API, such as llama.cpp's).
+pub const BASE_URL_ENV: &str = "ANTHROPIC_BASE_URL";
+
 /// Where prompt-caching breakpoints go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -146,18 +150,31 @@ impl Default for AnthropicBuilder {
 }
 
 impl AnthropicBuilder {
-    /// A builder holding the key from `ANTHROPIC_API_KEY`.
+    /// A builder from `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`. The
+    /// key may be left out for another address (a local server may need
+    /// none).
     ///
     /// # Errors
-    /// [`ConfigError::MissingEnv`] when the variable is unset or empty.
+    /// [`ConfigError::MissingEnv`] naming `ANTHROPIC_API_KEY` when neither
+    /// variable is set.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_env_with(&transport::process_env)
     }
 
     fn from_env_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let key = transport::env_var(env, API_KEY_ENV)
-            .ok_or(ConfigError::MissingEnv { var: API_KEY_ENV })?;
-        Ok(Self::default().api_key(key))
+        let key = transport::env_var(env, API_KEY_ENV);
+        let base = transport::env_var(env, BASE_URL_ENV);
+        if key.is_none() && base.is_none() {
+            return Err(ConfigError::MissingEnv { var: API_KEY_ENV });
+        }
+        let mut builder = Self::default();
+        if let Some(key) = key {
+            builder = builder.api_key(key);
+        }
+        if let Some(base) = base {
+            builder = builder.base_url(base);
+        }
+        Ok(builder)
     }
 
     /// Sets the API key (sent as `x-api-key`).
@@ -219,17 +236,42 @@ impl AnthropicBuilder {
         self
     }
 
+    /// Bounds a whole streamed call (default 10 minutes): connecting,
+    /// retries and every event. A server that keeps the stream alive with
+    /// pings and never answers ends the call with `ModelError::Timeout`.
+    #[must_use]
+    pub fn stream_deadline(mut self, deadline: Duration) -> Self {
+        self.transport.stream_deadline = deadline;
+        self
+    }
+
+    /// The largest server-sent event accepted (default 4 MiB); a larger one
+    /// ends the stream with `ModelError::InvalidResponse`.
+    #[must_use]
+    pub fn max_event_bytes(mut self, bytes: usize) -> Self {
+        self.transport.max_event_bytes = bytes.max(1);
+        self
+    }
+
     /// Builds the client.
     ///
     /// # Errors
-    /// [`ConfigError::MissingApiKey`] without a key, [`ConfigError::InvalidBaseUrl`],
+    /// [`ConfigError::MissingApiKey`] without a key for Anthropic's own
+    /// address (another server may need none), [`ConfigError::InvalidBaseUrl`],
     /// [`ConfigError::InvalidApiKey`], or [`ConfigError::HttpClient`] when TLS
     /// cannot be set up (no system root certificates for an https URL).
     pub fn build(self) -> Result<Anthropic, ConfigError> {
-        let key = self.api_key.ok_or(ConfigError::MissingApiKey)?;
         let base = transport::parse_base_url(&self.base_url)?;
         let mut headers = HeaderMap::new();
-        headers.insert("x-api-key", key.header("")?);
+        match &self.api_key {
+            Some(key) => {
+                headers.insert("x-api-key", key.header("")?);
+            }
+            None if base.host_str() == Some("api.anthropic.com") => {
+                return Err(ConfigError::MissingApiKey);
+            }
+            None => {}
+        }
         headers.insert("anthropic-version", HeaderValue::from_static(API_VERSION));
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         Ok(Anthropic {
@@ -335,7 +377,7 @@ impl Model for Anthropic {
         };
         sse_stream(
             span,
-            self.transport.timeout(),
+            *self.transport.config(),
             connect,
             stream::Decoder::default(),
         )
@@ -345,6 +387,15 @@ impl Model for Anthropic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn from_env_reads_the_base_url_and_a_local_server_needs_no_key() {
+        let local = |name: &str| (name == BASE_URL_ENV).then(|| "http://127.0.0.1:8080".to_owned());
+        let builder = AnthropicBuilder::from_env_with(&local).unwrap();
+        assert_eq!(builder.base_url, "http://127.0.0.1:8080");
+        let client = builder.build().unwrap();
+        assert_eq!(client.url.as_str(), "http://127.0.0.1:8080/v1/messages");
+    }
 
     #[test]
     fn from_env_requires_the_key() {

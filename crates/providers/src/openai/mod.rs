@@ -258,6 +258,23 @@ impl OpenAiBuilder {
         self
     }
 
+    /// Bounds a whole streamed call (default 10 minutes): connecting,
+    /// retries and every event. A server that keeps the stream alive with
+    /// pings and never answers ends the call with `ModelError::Timeout`.
+    #[must_use]
+    pub fn stream_deadline(mut self, deadline: Duration) -> Self {
+        self.transport.stream_deadline = deadline;
+        self
+    }
+
+    /// The largest server-sent event accepted (default 4 MiB); a larger one
+    /// ends the stream with `ModelError::InvalidResponse`.
+    #[must_use]
+    pub fn max_event_bytes(mut self, bytes: usize) -> Self {
+        self.transport.max_event_bytes = bytes.max(1);
+        self
+    }
+
     /// Builds the client.
     ///
     /// # Errors
@@ -383,7 +400,7 @@ impl Model for OpenAi {
         };
         sse_stream(
             span,
-            self.transport.timeout(),
+            *self.transport.config(),
             connect,
             stream::Decoder::default(),
         )

@@ -46,6 +46,13 @@ enum Body {
     Chunks(Vec<Vec<u8>>, Option<Duration>),
     /// Nothing at all: the server waits this long, then closes.
     Hang(Duration),
+    /// Close-delimited: the piece, again and again, `every` apart, until
+    /// `for_` has passed or the client goes away.
+    Repeat {
+        piece: Vec<u8>,
+        every: Duration,
+        for_: Duration,
+    },
 }
 
 /// A scripted reply: a status, headers and a body, sent whole or in pieces,
@@ -114,6 +121,36 @@ impl Reply {
     /// `for_`, then closes the connection without a word.
     pub fn hang(for_: Duration) -> Self {
         Self::new(200, None, Body::Hang(for_))
+    }
+
+    /// A `200` event stream that sends `piece` again and again, `every`
+    /// apart, for `for_` (or until the client goes away): a server that
+    /// keeps a stream alive with pings and never answers.
+    pub fn sse_repeating(piece: &str, every: Duration, for_: Duration) -> Self {
+        Self::new(
+            200,
+            Some("text/event-stream"),
+            Body::Repeat {
+                piece: piece.as_bytes().to_vec(),
+                every,
+                for_,
+            },
+        )
+    }
+
+    /// A reply with `status` whose body is `piece` again and again, `every`
+    /// apart, for `for_` (or until the client goes away): an error body too
+    /// large to read whole.
+    pub fn endless(status: u16, piece: &str, every: Duration, for_: Duration) -> Self {
+        Self::new(
+            status,
+            Some("text/plain"),
+            Body::Repeat {
+                piece: piece.as_bytes().to_vec(),
+                every,
+                for_,
+            },
+        )
     }
 
     /// After the last piece of an event stream, the server stalls `for_`
@@ -294,6 +331,21 @@ async fn serve(mut socket: TcpStream, shared: &Shared) -> io::Result<()> {
         }
         Body::Hang(duration) => {
             tokio::time::sleep(duration).await;
+        }
+        Body::Repeat { piece, every, for_ } => {
+            head.push_str("\r\n");
+            socket.write_all(head.as_bytes()).await?;
+            let until = tokio::time::Instant::now() + for_;
+            while tokio::time::Instant::now() < until {
+                // A client that stopped reading ends the loop with an error.
+                socket.write_all(&piece).await?;
+                socket.flush().await?;
+                if every.is_zero() {
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(every).await;
+                }
+            }
         }
     }
     socket.flush().await?;

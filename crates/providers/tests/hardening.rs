@@ -1,0 +1,198 @@
+//! Both clients against servers that misbehave: a stream kept alive with
+//! pings that never answers, an endless error body, an event too large to
+//! buffer, an address that refuses connections, and a local server that
+//! needs no key.
+#![cfg(all(feature = "anthropic", feature = "openai"))]
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use markov_core::{Message, Model, ModelError, ModelRequest, ModelSettings};
+use markov_providers::{Anthropic, OpenAi};
+use markov_testkit::http::{FakeServer, Reply, anthropic, openai, sse_event};
+use serde_json::json;
+
+/// Long enough to mean "hung", short enough to fail a test quickly.
+const HANG: Duration = Duration::from_secs(20);
+
+fn anthropic_client(server: &FakeServer) -> markov_providers::anthropic::AnthropicBuilder {
+    Anthropic::builder()
+        .api_key("sk-ant-test")
+        .base_url(server.base_url())
+        .max_retries(0)
+}
+
+fn openai_client(server: &FakeServer) -> markov_providers::openai::OpenAiBuilder {
+    OpenAi::builder()
+        .api_key("sk-test")
+        .base_url(format!("{}/v1", server.base_url()))
+        .max_retries(0)
+}
+
+/// The last item of a streamed call, bounded by [`HANG`].
+async fn last_event(model: &dyn Model) -> Result<(), ModelError> {
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let request = ModelRequest::new("", &history, &settings);
+    let run = async {
+        let mut events = model.stream(request);
+        let mut last = Ok(());
+        while let Some(event) = events.next().await {
+            last = event.map(|_| ());
+        }
+        last
+    };
+    tokio::time::timeout(HANG, run)
+        .await
+        .expect("the stream ended by itself")
+}
+
+#[tokio::test]
+async fn a_stream_of_pings_ends_at_the_stream_deadline() {
+    let deadline = Duration::from_millis(300);
+    let server = FakeServer::start().await;
+    server.reply(Reply::sse_repeating(
+        &sse_event("ping", json!({"type": "ping"})),
+        Duration::from_millis(10),
+        HANG,
+    ));
+    let model = anthropic_client(&server)
+        .stream_deadline(deadline)
+        .build()
+        .expect("client");
+    assert_eq!(last_event(&model).await, Err(ModelError::Timeout(deadline)));
+
+    let server = FakeServer::start().await;
+    server.reply(Reply::sse_repeating(
+        ": keep-alive\n\n",
+        Duration::from_millis(10),
+        HANG,
+    ));
+    let model = openai_client(&server)
+        .stream_deadline(deadline)
+        .build()
+        .expect("client");
+    assert_eq!(last_event(&model).await, Err(ModelError::Timeout(deadline)));
+}
+
+#[tokio::test]
+async fn an_endless_error_body_is_read_only_a_few_kilobytes() {
+    let piece = "x".repeat(1024);
+    for provider in ["anthropic", "openai"] {
+        let server = FakeServer::start().await;
+        server.reply(Reply::endless(400, &piece, Duration::ZERO, HANG));
+        let model: Box<dyn Model> = match provider {
+            "anthropic" => Box::new(anthropic_client(&server).build().expect("client")),
+            _ => Box::new(openai_client(&server).build().expect("client")),
+        };
+        let history = [Message::user("hi")];
+        let settings = ModelSettings::default();
+        let answer = tokio::time::timeout(
+            HANG,
+            model.complete(ModelRequest::new("", &history, &settings)),
+        )
+        .await
+        .expect("the call ends without reading the whole body");
+        match answer {
+            Err(ModelError::Http {
+                status, message, ..
+            }) => {
+                assert_eq!(status, 400);
+                assert!(message.len() < 3_000, "{provider}: {} bytes", message.len());
+                assert!(message.contains(&server.base_url()), "{message}");
+            }
+            other => panic!("{provider}: not an HTTP error: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_event_past_the_size_cap_is_a_clear_error() {
+    let server = FakeServer::start().await;
+    server.reply(Reply::sse_split(
+        &anthropic::text_events(&"y".repeat(5_000)),
+        512,
+    ));
+    let model = anthropic_client(&server)
+        .max_event_bytes(1_024)
+        .build()
+        .expect("client");
+    match last_event(&model).await {
+        Err(ModelError::InvalidResponse(message)) => {
+            assert!(message.contains("exceeded 1024 bytes"), "{message}");
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+
+    let server = FakeServer::start().await;
+    server.reply(Reply::sse_split(
+        &openai::text_events(&"y".repeat(5_000)),
+        512,
+    ));
+    let model = openai_client(&server)
+        .max_event_bytes(1_024)
+        .build()
+        .expect("client");
+    assert!(matches!(
+        last_event(&model).await,
+        Err(ModelError::InvalidResponse(m)) if m.contains("exceeded 1024 bytes")
+    ));
+    // Under the default cap the same answer streams fine.
+    let server = FakeServer::start().await;
+    server.reply(Reply::sse_split(
+        &openai::text_events(&"y".repeat(5_000)),
+        512,
+    ));
+    let model = openai_client(&server).build().expect("client");
+    assert_eq!(last_event(&model).await, Ok(()));
+}
+
+#[tokio::test]
+async fn a_refused_connection_names_the_url() {
+    // A port that was free a moment ago: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port");
+    let model = Anthropic::builder()
+        .api_key("sk-ant-test")
+        .base_url(format!("http://127.0.0.1:{port}"))
+        .max_retries(0)
+        .build()
+        .expect("client");
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let error = model
+        .complete(ModelRequest::new("", &history, &settings))
+        .await
+        .expect_err("nothing listens");
+    match error {
+        ModelError::Connection(text) => assert!(
+            text.contains(&format!("http://127.0.0.1:{port}/v1/messages")),
+            "{text}"
+        ),
+        other => panic!("not a connection error: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_local_messages_server_needs_no_key() {
+    let server = FakeServer::start().await;
+    server.reply(Reply::json(200, anthropic::text("hello from llama.cpp")));
+    let model = Anthropic::builder()
+        .base_url(server.base_url())
+        .build()
+        .expect("another address needs no key");
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let answer = model
+        .complete(ModelRequest::new("", &history, &settings))
+        .await
+        .expect("answered");
+    assert_eq!(answer.content.len(), 1);
+    assert_eq!(server.single().header("x-api-key"), None);
+    assert!(matches!(
+        Anthropic::builder().build(),
+        Err(markov_providers::ConfigError::MissingApiKey)
+    ));
+}
