@@ -20,8 +20,9 @@
 //!    with layers added one at a time from the inside out.
 //!
 //! 6. Durable sessions: the cost of persisting one step to a session of
-//!    K = 10, 1 000 and 10 000 messages (SQLite file in WAL mode), and the
-//!    time to load a session of K = 1 000 back into a machine.
+//!    K = 10, 1 000 and 10 000 messages (SQLite file in WAL mode; PostgreSQL
+//!    on loopback when installed), and the time to load a session of
+//!    K = 1 000 back into a machine.
 //!
 //! Every figure prints one machine-readable line (`bench=<name> key=value
 //! ...`) as it finishes, and a table closes the run.
@@ -163,7 +164,10 @@ fn run_all(plan: Plan) -> ExitCode {
         })
         .collect();
     let layers = layer_costs(plan.steps_per_k.max(20_000));
-    let (stores, loads) = store::sqlite_figures(&STORE_KS, plan.store_appends);
+    let (mut stores, mut loads) = store::sqlite_figures(&STORE_KS, plan.store_appends);
+    let (pg_stores, pg_loads) = store::postgres_figures(&STORE_KS, plan.store_appends);
+    stores.extend(pg_stores);
+    loads.extend(pg_loads);
 
     let _ = writeln!(
         table,

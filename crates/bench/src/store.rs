@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use markov_bench::{Scenario, current_thread_runtime, model, run_turn};
 use markov_executor::serialize::{deserialize_machine, serialize_machine};
 use markov_executor::{Executor, MachineOptions, RunOptions, RunState, StandardExecutor};
-use markov_store::{SessionId, SqliteStore, StepRecord, Store, WorkerId};
+use markov_store::testing::TempPostgres;
+use markov_store::{PostgresStore, SessionId, SqliteStore, StepRecord, Store, WorkerId};
 
 use crate::Stats;
 
@@ -135,6 +136,51 @@ async fn measure(
     };
     let _ = store.delete(&id).await;
     (figure, load)
+}
+
+/// Figure 6 for PostgreSQL (a server of its own on loopback, started from
+/// the machine's binaries; `fsync=off`, so the figure is the store's work
+/// and the round trips, not the disk), when PostgreSQL is installed.
+pub(crate) fn postgres_figures(
+    ks: &[usize],
+    appends: usize,
+) -> (Vec<StoreFigure>, Vec<LoadFigure>) {
+    let server = match TempPostgres::start() {
+        Ok(server) => server,
+        Err(error) => {
+            println!("bench=store backend=postgres skipped=\"{error}\"");
+            return (Vec::new(), Vec::new());
+        }
+    };
+    let runtime = current_thread_runtime();
+    let mut figures = Vec::new();
+    let mut loads = Vec::new();
+    for &k in ks {
+        let url = server.new_database().expect("a database");
+        let store = runtime
+            .block_on(PostgresStore::connect(&url))
+            .expect("the store connects");
+        let (figure, load) = runtime.block_on(measure(
+            &store,
+            "postgres (loopback)",
+            k,
+            appends,
+            k == 1_000,
+        ));
+        println!(
+            "bench=store backend=postgres k={k} messages={} append_median_us={:.1} append_p99_us={:.1}",
+            figure.messages, figure.append.median_us, figure.append.p99_us
+        );
+        figures.push(figure);
+        if let Some(load) = load {
+            println!(
+                "bench=store_load backend=postgres messages={} load_ms={:.2} restore_ms={:.3}",
+                load.messages, load.load_ms, load.restore_ms
+            );
+            loads.push(load);
+        }
+    }
+    (figures, loads)
 }
 
 /// Figure 6 for SQLite (a file in WAL mode, the default durability) at each

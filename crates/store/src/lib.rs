@@ -14,7 +14,9 @@
 //! - [`SqliteStore`] (feature `sqlite`, the default): SQLite compiled in, a
 //!   file in WAL mode or in memory. One process.
 //! - `PostgresStore` (feature `postgres`): several worker processes share
-//!   one database; a session is leased by one worker at a time.
+//!   one database; a session is leased by one worker at a time (see
+//!   `docs/WORKERS.md`). `testing::TempPostgres` starts a throwaway server
+//!   for tests.
 //!
 //! # Leases
 //!
@@ -55,6 +57,8 @@ mod durable;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "postgres")]
+pub mod testing;
 
 pub use durable::{DEFAULT_LEASE, DurableError, DurableMachine};
 #[cfg(feature = "postgres")]

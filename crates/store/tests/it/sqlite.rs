@@ -1,13 +1,11 @@
 //! The SQLite store: round trips, byte-identical restores, leases, approvals,
 //! and a real process killed between a tool's side effect and its step.
 
-mod common;
-
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use markov_executor::{
     Executor, MachineOptions, RunOptions, deserialize_machine, serialize_machine,
 };
@@ -315,7 +313,7 @@ async fn a_killed_worker_is_resumed_without_paying_twice() {
     let mut child = Command::new(std::env::current_exe().expect("the test binary"))
         .args([
             "--exact",
-            "crash_child",
+            "sqlite::crash_child",
             "--ignored",
             "--nocapture",
             "--test-threads=1",

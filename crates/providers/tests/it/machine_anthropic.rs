@@ -1,28 +1,25 @@
-//! A whole machine run through the OpenAI-compatible client against the
-//! fake Chat Completions server: a typed tool, the terminal `respond` tool,
-//! then on a second turn `finish`, once with complete answers and once with
-//! event streams. The replies follow the shapes in OpenAI's public API
-//! documentation.
-#![cfg(feature = "openai")]
-
-mod common;
+//! A whole machine run through the Anthropic client against the fake
+//! Messages API: a typed tool, the terminal `respond` tool, then on a second
+//! turn `finish`, once with complete answers and once with event streams.
+//! The replies follow the shapes in Anthropic's public API documentation.
+#![cfg(feature = "anthropic")]
 
 use std::time::Duration;
 
-use common::machine::{
+use crate::common::machine::{
     ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args, turn,
 };
 use markov_core::tool::TerminateResponse;
 use markov_executor::YieldReason;
-use markov_providers::OpenAi;
-use markov_testkit::http::{FakeServer, Recorded, Reply, openai};
-use serde_json::{Value, json};
+use markov_providers::Anthropic;
+use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic};
+use serde_json::Value;
 
-fn client(server: &FakeServer) -> OpenAi {
-    OpenAi::builder()
-        .api_key("sk-proj-machine-test")
-        .base_url(format!("{}/v1", server.base_url()))
-        .model("gpt-test")
+fn client(server: &FakeServer) -> Anthropic {
+    Anthropic::builder()
+        .api_key("sk-ant-machine-test")
+        .base_url(server.base_url())
+        .model("claude-test")
         .backoff(Duration::from_millis(1), Duration::from_millis(4))
         .build()
         .expect("a valid client")
@@ -31,44 +28,62 @@ fn client(server: &FakeServer) -> OpenAi {
 /// The scripted calls, in order: `add`, `respond`, then (second turn) `finish`.
 fn calls() -> [(&'static str, &'static str, Value); 3] {
     [
-        ("call_add", "add", add_args()),
-        ("call_respond", "respond", respond_args()),
-        ("call_finish", "finish", finish_args()),
+        ("toolu_add", "add", add_args()),
+        ("toolu_respond", "respond", respond_args()),
+        ("toolu_finish", "finish", finish_args()),
     ]
 }
 
-/// The `tool` role messages of a request body: (tool_call_id, content text).
+/// The `tool_result` blocks of a request body: (tool_use_id, content text).
 fn tool_results(body: &Value) -> Vec<(String, String)> {
-    body["messages"]
-        .as_array()
-        .expect("messages")
-        .iter()
-        .filter(|m| m["role"] == "tool")
-        .map(|m| {
-            let content = match &m["content"] {
+    let mut found = Vec::new();
+    for message in body["messages"].as_array().expect("messages") {
+        let Some(blocks) = message["content"].as_array() else {
+            continue;
+        };
+        for block in blocks.iter().filter(|b| b["type"] == "tool_result") {
+            assert_eq!(message["role"], "user", "a tool result is user content");
+            let content = match &block["content"] {
                 Value::String(text) => text.clone(),
-                Value::Array(parts) => parts.iter().filter_map(|p| p["text"].as_str()).collect(),
-                other => panic!("unexpected tool content {other}"),
+                Value::Array(parts) => parts
+                    .iter()
+                    .filter_map(|p| p["text"].as_str())
+                    .collect::<String>(),
+                other => panic!("unexpected tool_result content {other}"),
             };
-            (
-                m["tool_call_id"].as_str().expect("tool_call_id").to_owned(),
+            found.push((
+                block["tool_use_id"]
+                    .as_str()
+                    .expect("tool_use_id")
+                    .to_owned(),
                 content,
-            )
-        })
-        .collect()
+            ));
+        }
+    }
+    found
 }
 
-/// The tool call ids the request sends back in assistant messages.
-fn tool_call_ids(body: &Value) -> Vec<String> {
+/// The `tool_use` ids the request sends back in assistant messages.
+fn tool_use_ids(body: &Value) -> Vec<String> {
     body["messages"]
         .as_array()
         .expect("messages")
         .iter()
         .filter(|m| m["role"] == "assistant")
-        .filter_map(|m| m["tool_calls"].as_array())
+        .filter_map(|m| m["content"].as_array())
         .flatten()
-        .map(|c| c["id"].as_str().expect("id").to_owned())
+        .filter(|b| b["type"] == "tool_use")
+        .map(|b| b["id"].as_str().expect("id").to_owned())
         .collect()
+}
+
+/// The system prompt, whether sent as a string or as text blocks.
+fn system_text(body: &Value) -> String {
+    match &body["system"] {
+        Value::String(text) => text.clone(),
+        Value::Array(blocks) => blocks.iter().filter_map(|b| b["text"].as_str()).collect(),
+        other => panic!("unexpected system {other}"),
+    }
 }
 
 /// Checks what every recorded request carried, and what each one sent back.
@@ -76,28 +91,20 @@ fn check_requests(requests: &[Recorded], streamed: bool) {
     assert_eq!(requests.len(), 3, "one model call per scripted answer");
     for request in requests {
         assert_eq!(request.method, "POST");
-        assert_eq!(request.path, "/v1/chat/completions");
+        assert_eq!(request.path, "/v1/messages");
         let body = request.body.clone();
-        assert_eq!(body["model"], "gpt-test");
+        assert_eq!(body["model"], "claude-test");
         assert_eq!(body["stream"].as_bool().unwrap_or(false), streamed);
-        if streamed {
-            assert_eq!(body["stream_options"], json!({"include_usage": true}));
-        }
         let tools: Vec<&str> = body["tools"]
             .as_array()
             .expect("tools")
             .iter()
-            .map(|t| {
-                assert_eq!(t["type"], "function");
-                t["function"]["name"].as_str().expect("tool name")
-            })
+            .map(|t| t["name"].as_str().expect("tool name"))
             .collect();
         for name in ["updateState", "add", "respond", "finish"] {
             assert!(tools.contains(&name), "{name} missing from {tools:?}");
         }
-        let system = &body["messages"][0];
-        assert_eq!(system["role"], "system");
-        let system = system["content"].as_str().expect("system text");
+        let system = system_text(&body);
         assert!(
             system.contains("## Terminal Tools"),
             "no terminal tools section in {system}"
@@ -108,25 +115,25 @@ fn check_requests(requests: &[Recorded], streamed: bool) {
 
     let first = requests[0].body.clone();
     let messages = first["messages"].as_array().expect("messages");
-    assert_eq!(messages.len(), 2, "system and user: {messages:?}");
-    assert_eq!(messages[1]["role"], "user");
-    assert!(messages[1].to_string().contains(QUESTION));
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert_eq!(messages[0]["role"], "user");
+    assert!(messages[0].to_string().contains(QUESTION));
     assert!(tool_results(&first).is_empty());
 
     let second = requests[1].body.clone();
-    assert_eq!(tool_call_ids(&second), ["call_add"]);
+    assert_eq!(tool_use_ids(&second), ["toolu_add"]);
     assert_eq!(
         tool_results(&second),
-        [("call_add".to_owned(), "5".to_owned())]
+        [("toolu_add".to_owned(), "5".to_owned())]
     );
 
     let third = requests[2].body.clone();
-    assert_eq!(tool_call_ids(&third), ["call_add", "call_respond"]);
+    assert_eq!(tool_use_ids(&third), ["toolu_add", "toolu_respond"]);
     assert_eq!(
         tool_results(&third),
         [
-            ("call_add".to_owned(), "5".to_owned()),
-            ("call_respond".to_owned(), ANSWER.to_owned()),
+            ("toolu_add".to_owned(), "5".to_owned()),
+            ("toolu_respond".to_owned(), ANSWER.to_owned()),
         ]
     );
     let last = third["messages"]
@@ -172,7 +179,7 @@ async fn run(server: &FakeServer, streamed: bool) {
 async fn a_machine_runs_tools_respond_and_finish_through_complete_answers() {
     let replies = calls()
         .iter()
-        .map(|(id, name, args)| Reply::json(200, openai::tool_call(id, name, args)))
+        .map(|(id, name, input)| Reply::json(200, anthropic::tool_use(id, name, input)))
         .collect();
     let server = FakeServer::scripted(replies).await;
     run(&server, false).await;
@@ -182,7 +189,7 @@ async fn a_machine_runs_tools_respond_and_finish_through_complete_answers() {
 async fn a_machine_runs_tools_respond_and_finish_through_event_streams() {
     let replies = calls()
         .iter()
-        .map(|(id, name, args)| Reply::sse_split(&openai::tool_call_events(id, name, args), 13))
+        .map(|(id, name, input)| Reply::sse_split(&anthropic::tool_use_events(id, name, input), 11))
         .collect();
     let server = FakeServer::scripted(replies).await;
     run(&server, true).await;

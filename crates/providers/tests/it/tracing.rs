@@ -35,16 +35,49 @@ impl Sink {
     }
 }
 
+/// The sink of the capture under way, if any.
+static CURRENT: Mutex<Option<Sink>> = Mutex::new(None);
+
+/// Writes to the capture under way, or nowhere.
+struct Current;
+
+impl Write for Current {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let current = CURRENT.lock().expect("lock").clone();
+        match current {
+            Some(mut sink) => sink.write(buf),
+            None => Ok(buf.len()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Captures everything logged while the returned sink is current. One
+/// global subscriber serves the whole test binary: tracing caches each
+/// callsite's interest globally, and a thread-local subscriber coming and
+/// going beside other tests can leave a span disabled for this one.
+fn capture() -> Sink {
+    static INSTALLED: std::sync::Once = std::sync::Once::new();
+    INSTALLED.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(|| Current)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        tracing::callsite::rebuild_interest_cache();
+    });
+    let sink = Sink::default();
+    *CURRENT.lock().expect("lock") = Some(sink.clone());
+    sink
+}
+
 #[tokio::test]
 async fn calls_are_traced_per_attempt_without_keys() {
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let sink = capture();
 
     let overloaded = Reply::json(
         529,

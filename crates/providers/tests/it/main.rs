@@ -1,0 +1,13 @@
+//! The integration tests of this crate, one binary (so linking does not
+//! dominate the test run): one module per area.
+
+mod anthropic;
+mod builtin_tools;
+mod common;
+mod ephemeral;
+mod hardening;
+mod machine_anthropic;
+mod machine_openai;
+mod openai;
+mod tool_schemas;
+mod tracing;

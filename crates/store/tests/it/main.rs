@@ -1,0 +1,6 @@
+//! The integration tests of this crate, one binary (so linking does not
+//! dominate the test run): one module per area.
+
+mod common;
+mod postgres;
+mod sqlite;
