@@ -11,3 +11,4 @@ mod machine_openai;
 mod openai;
 mod tool_schemas;
 mod tracing;
+mod wire_snapshots;

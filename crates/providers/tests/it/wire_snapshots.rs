@@ -1,0 +1,220 @@
+//! The request bodies both clients send for one small conversation, as
+//! snapshots: `UPDATE_EXPECT=1 cargo test` rewrites them after a deliberate
+//! change to the wire format (review the diff).
+#![cfg(all(feature = "anthropic", feature = "openai"))]
+
+use expect_test::{Expect, expect};
+use markov_core::{Item, Message, Model, ModelRequest, ModelSettings, ToolChoice, ToolDefinition};
+use markov_providers::{Anthropic, OpenAi};
+use markov_testkit::http::{FakeServer, Reply, anthropic, openai};
+use serde_json::json;
+
+fn conversation() -> Vec<Message> {
+    vec![
+        Message::user("What is 2 + 3?"),
+        Message::assistant_items(vec![
+            Item::text("Let me add."),
+            Item::tool_use("call_1", "add", json!({"a": 2, "b": 3})),
+        ]),
+        Message::user_items(vec![Item::tool_result("call_1", "5", Some(false))]),
+    ]
+}
+
+fn tools() -> Vec<ToolDefinition> {
+    vec![
+        ToolDefinition::new(
+            "add",
+            "Add two integers",
+            json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}),
+        )
+        .expect("a valid name"),
+    ]
+}
+
+async fn sent_body(model: &dyn Model, server: &FakeServer, golden: Expect) {
+    let history = conversation();
+    let tools = tools();
+    let settings = ModelSettings {
+        model: Some("golden-model".into()),
+        max_tokens: 256,
+        ..ModelSettings::default()
+    };
+    let request = ModelRequest::new("You do arithmetic.", &history, &settings)
+        .tools(&tools)
+        .tool_choice(&ToolChoice::Auto);
+    model.complete(request).await.expect("answered");
+    let body = serde_json::to_string_pretty(&server.single().body).expect("json");
+    golden.assert_eq(&body);
+}
+
+#[tokio::test]
+async fn the_anthropic_request_body() {
+    let server = FakeServer::start().await;
+    server.reply(Reply::json(200, anthropic::text("5")));
+    let model = Anthropic::builder()
+        .api_key("sk-ant-golden")
+        .base_url(server.base_url())
+        .build()
+        .expect("client");
+    sent_body(
+        &model,
+        &server,
+        expect![[r#"
+        {
+          "max_tokens": 256,
+          "messages": [
+            {
+              "content": [
+                {
+                  "text": "What is 2 + 3?",
+                  "type": "text"
+                }
+              ],
+              "role": "user"
+            },
+            {
+              "content": [
+                {
+                  "text": "Let me add.",
+                  "type": "text"
+                },
+                {
+                  "id": "call_1",
+                  "input": {
+                    "a": 2,
+                    "b": 3
+                  },
+                  "name": "add",
+                  "type": "tool_use"
+                }
+              ],
+              "role": "assistant"
+            },
+            {
+              "content": [
+                {
+                  "content": "5",
+                  "is_error": false,
+                  "tool_use_id": "call_1",
+                  "type": "tool_result"
+                }
+              ],
+              "role": "user"
+            }
+          ],
+          "model": "golden-model",
+          "system": [
+            {
+              "cache_control": {
+                "type": "ephemeral"
+              },
+              "text": "You do arithmetic.",
+              "type": "text"
+            }
+          ],
+          "tool_choice": {
+            "type": "auto"
+          },
+          "tools": [
+            {
+              "cache_control": {
+                "type": "ephemeral"
+              },
+              "description": "Add two integers",
+              "input_schema": {
+                "properties": {
+                  "a": {
+                    "type": "integer"
+                  },
+                  "b": {
+                    "type": "integer"
+                  }
+                },
+                "required": [
+                  "a",
+                  "b"
+                ],
+                "type": "object"
+              },
+              "name": "add"
+            }
+          ]
+        }"#]],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_openai_request_body() {
+    let server = FakeServer::start().await;
+    server.reply(Reply::json(200, openai::text("5")));
+    let model = OpenAi::builder()
+        .api_key("sk-golden")
+        .base_url(format!("{}/v1", server.base_url()))
+        .build()
+        .expect("client");
+    sent_body(
+        &model,
+        &server,
+        expect![[r#"
+        {
+          "max_completion_tokens": 256,
+          "messages": [
+            {
+              "content": "You do arithmetic.",
+              "role": "system"
+            },
+            {
+              "content": "What is 2 + 3?",
+              "role": "user"
+            },
+            {
+              "content": "Let me add.",
+              "role": "assistant",
+              "tool_calls": [
+                {
+                  "function": {
+                    "arguments": "{\"a\":2,\"b\":3}",
+                    "name": "add"
+                  },
+                  "id": "call_1",
+                  "type": "function"
+                }
+              ]
+            },
+            {
+              "content": "5",
+              "role": "tool",
+              "tool_call_id": "call_1"
+            }
+          ],
+          "model": "golden-model",
+          "tool_choice": "auto",
+          "tools": [
+            {
+              "function": {
+                "description": "Add two integers",
+                "name": "add",
+                "parameters": {
+                  "properties": {
+                    "a": {
+                      "type": "integer"
+                    },
+                    "b": {
+                      "type": "integer"
+                    }
+                  },
+                  "required": [
+                    "a",
+                    "b"
+                  ],
+                  "type": "object"
+                }
+              },
+              "type": "function"
+            }
+          ]
+        }"#]],
+    )
+    .await;
+}
