@@ -13,7 +13,7 @@ use markov_runtime::registry::{
     ApprovalId, ApprovalStatus, Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
 };
 use markov_store::{
-    DurableError, DurableMachine, SessionId, SqliteStore, StepRecord, Store, StoreError, WorkerId,
+    DurableError, DurableMachine, SessionId, SqliteStore, Store, StoreError, WorkerId,
 };
 use markov_testkit::ScriptedModel;
 use serde_json::json;
@@ -169,49 +169,7 @@ async fn a_restored_session_sends_the_same_next_request_as_one_that_never_stoppe
 #[tokio::test]
 async fn leases_fence_every_write() {
     let dir = Dir::new("leases");
-    let store = store(&dir);
-    let id = SessionId::new("leased");
-    let (a, b) = (WorkerId::new("a"), WorkerId::new("b"));
-    let snapshot = serialize_machine(&machine_for_dir(&dir)).expect("serializes");
-    store
-        .create(&id, "payments", &snapshot, &a, Duration::from_millis(300))
-        .await
-        .expect("created");
-    assert!(matches!(
-        store.acquire(&id, &b, Duration::from_secs(60)).await,
-        Err(StoreError::Leased { holder, .. }) if holder == a
-    ));
-    let empty = StepRecord {
-        messages: &[],
-        tree: None,
-        approvals: None,
-        repeats: None,
-        run: None,
-    };
-    assert!(matches!(
-        store.append(&id, &b, empty).await,
-        Err(StoreError::LeaseLost { .. })
-    ));
-    store
-        .append(&id, &a, empty)
-        .await
-        .expect("the holder writes");
-
-    // a crashes; its lease expires; b takes over, and a is fenced out.
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    store
-        .acquire(&id, &b, Duration::from_secs(60))
-        .await
-        .expect("b takes the expired lease");
-    assert!(matches!(
-        store.append(&id, &a, empty).await,
-        Err(StoreError::LeaseLost { .. })
-    ));
-    store.release(&id, &b).await.expect("released");
-    store
-        .acquire(&id, &a, Duration::from_secs(60))
-        .await
-        .expect("free again");
+    lease_contract(&*store(&dir), &*store(&dir)).await;
 }
 
 #[tokio::test]

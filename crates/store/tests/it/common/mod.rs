@@ -167,3 +167,57 @@ pub fn calls(list: &[(&str, &str, Value)]) -> ModelResponse {
 pub fn lines(path: &PathBuf) -> usize {
     std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
 }
+
+/// The lease contract every store keeps, seen from two workers' handles on
+/// one database (`first` and `second` may be the same store): a live lease
+/// refuses the other worker's lease and writes, an expired one passes to
+/// it, and the old holder is fenced out.
+pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov_store::Store) {
+    use markov_store::{SessionId, StepRecord, StoreError, WorkerId};
+    use std::time::Duration;
+
+    let dir = Dir::new("leases");
+    let id = SessionId::new("leased");
+    let (a, b) = (WorkerId::new("a"), WorkerId::new("b"));
+    let model = Arc::new(ScriptedModel::builder().build());
+    let snapshot = markov_executor::serialize_machine(&machine(model, &dir)).expect("serializes");
+    first
+        .create(&id, "payments", &snapshot, &a, Duration::from_millis(400))
+        .await
+        .expect("created");
+    assert!(matches!(
+        second.acquire(&id, &b, Duration::from_secs(60)).await,
+        Err(StoreError::Leased { holder, .. }) if holder == a
+    ));
+    let empty = StepRecord {
+        messages: &[],
+        tree: None,
+        approvals: None,
+        repeats: None,
+        run: None,
+    };
+    assert!(matches!(
+        second.append(&id, &b, empty).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    first
+        .append(&id, &a, empty)
+        .await
+        .expect("the holder writes");
+
+    // a dies; its lease expires; b takes over, and a is fenced out.
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    second
+        .acquire(&id, &b, Duration::from_secs(60))
+        .await
+        .expect("b takes the expired lease");
+    assert!(matches!(
+        first.append(&id, &a, empty).await,
+        Err(StoreError::LeaseLost { .. })
+    ));
+    second.release(&id, &b).await.expect("released");
+    first
+        .acquire(&id, &a, Duration::from_secs(60))
+        .await
+        .expect("free again");
+}
