@@ -152,7 +152,11 @@ pub(crate) fn postgres_figures(
             return (Vec::new(), Vec::new());
         }
     };
-    let runtime = current_thread_runtime();
+    // The connection needs the IO driver.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime with IO");
     let mut figures = Vec::new();
     let mut loads = Vec::new();
     for &k in ks {
