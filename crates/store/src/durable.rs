@@ -266,11 +266,32 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// run), writing every step before the next model call. Returns the last
     /// step.
     pub async fn run(&mut self, options: RunOptions) -> Result<MachineStep, DurableError> {
-        let span = tracing::info_span!("durable_run", session = %self.id, worker = %self.holder);
-        self.run_inner(options).instrument(span).await
+        self.run_with(options, |_| {}).await
     }
 
-    async fn run_inner(&mut self, options: RunOptions) -> Result<MachineStep, DurableError> {
+    /// [`run`](Self::run), handing each step to `on_step` once it is stored
+    /// (to stream it to a client, say).
+    pub async fn run_with(
+        &mut self,
+        options: RunOptions,
+        on_step: impl FnMut(&MachineStep),
+    ) -> Result<MachineStep, DurableError> {
+        let span = tracing::info_span!(
+            "invoke_agent",
+            otel.name = %format_args!("invoke_agent {}", self.machine.charter().name()),
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = self.machine.charter().name(),
+            session = %self.id,
+            worker = %self.holder,
+        );
+        self.run_inner(options, on_step).instrument(span).await
+    }
+
+    async fn run_inner(
+        &mut self,
+        options: RunOptions,
+        mut on_step: impl FnMut(&MachineStep),
+    ) -> Result<MachineStep, DurableError> {
         let mut state = match self.interrupted.take() {
             Some(state) => {
                 tracing::info!("continuing an interrupted run");
@@ -304,6 +325,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                         Ok(step) => {
                             let run = (!state.is_finished()).then_some(&state);
                             self.write(run).await?;
+                            on_step(&step);
                             last = Some(step);
                         }
                         Err(e) => {
@@ -315,6 +337,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 Action::Yield(step) => {
                     let run = (!state.is_finished()).then_some(&state);
                     self.write(run).await?;
+                    on_step(&step);
                     last = Some(step);
                 }
                 // `Finished`, and whatever a later version adds: nothing to do.

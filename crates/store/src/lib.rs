@@ -299,11 +299,13 @@ pub(crate) fn ms(ttl: Duration) -> u64 {
 }
 
 /// Text for a JSON column.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreError> {
     serde_json::to_string(value).map_err(|e| StoreError::Backend(format!("cannot encode: {e}")))
 }
 
 /// A JSON column read back.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
     session: &SessionId,
     what: &str,

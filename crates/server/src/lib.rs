@@ -1,0 +1,409 @@
+//! markov's agents as an HTTP service.
+//!
+//! [`router`] serves one [`Agent`] (a charter, the node a session starts
+//! at, and an executor) over sessions kept in a [`Store`]:
+//!
+//! | method and path | what it does |
+//! | --- | --- |
+//! | `POST /sessions` | creates a session: `201 {"id": ...}` |
+//! | `GET /sessions` | lists the sessions |
+//! | `GET /sessions/{id}` | a session's history and pending approvals |
+//! | `POST /sessions/{id}/messages` `{"text": ...}` | runs a turn, streamed as server-sent events |
+//! | `GET /sessions/{id}/approvals` | the pending confirmation requests |
+//! | `POST /sessions/{id}/approvals/{request}` `{"decision": "approve" \| "deny"}` | decides one |
+//!
+//! A run is streamed as `step` events (each step's messages: text, tool
+//! calls, tool results; its yield reason; the response when a terminal tool
+//! gave one), then `done` (the last step's response and whether the turn is
+//! over) or `error`. Every step is in the store before it is sent. A client
+//! that goes away does not stop the run: it goes on and is stored, and
+//! `GET /sessions/{id}` shows it.
+//!
+//! Bad input gets a JSON error, never a panic: malformed JSON `400`, an
+//! unknown session `404`, a body over the limit `413`, a second message
+//! while the session runs `409` (the first run is not disturbed).
+#![deny(missing_docs)]
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::Stream;
+use markov_executor::{Executor, Instance, Machine, MachineStep, RunOptions};
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_runtime::registry::{ApprovalId, ApprovalStatus};
+use markov_store::{DurableError, DurableMachine, SessionId, Store, StoreError, WorkerId};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// The largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// What a session runs: a charter, the node new sessions start at (with its
+/// initial state), and the executor.
+#[derive(Clone)]
+pub struct Agent {
+    /// The charter.
+    pub charter: Charter,
+    /// The node a new session starts at.
+    pub start: Node,
+    /// The state a new session starts with.
+    pub state: Value,
+    /// Runs the leaves (a model, tools, a registry).
+    pub executor: Arc<dyn Executor>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("charter", &self.charter.name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The service's shared state.
+struct Service {
+    agent: Agent,
+    store: Arc<dyn Store>,
+    worker: WorkerId,
+    options: RunOptions,
+    /// Sessions with a run in progress in this process.
+    running: Mutex<HashSet<SessionId>>,
+}
+
+/// The router serving `agent` over the sessions in `store`, writing as
+/// `worker`.
+pub fn router(agent: Agent, store: Arc<dyn Store>, worker: WorkerId) -> Router {
+    let service = Arc::new(Service {
+        agent,
+        store,
+        worker,
+        options: RunOptions::default(),
+        running: Mutex::new(HashSet::new()),
+    });
+    Router::new()
+        .route("/sessions", post(create).get(list))
+        .route("/sessions/{id}", get(show))
+        .route("/sessions/{id}/messages", post(message))
+        .route("/sessions/{id}/approvals", get(approvals))
+        .route("/sessions/{id}/approvals/{request}", post(decide))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(service)
+}
+
+/// An error answered as `{"error": "..."}` with its status.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiError {
+    /// The request is malformed.
+    #[error("{0}")]
+    BadRequest(String),
+    /// No such session or request.
+    #[error("{0}")]
+    NotFound(String),
+    /// The session is busy.
+    #[error("{0}")]
+    Conflict(String),
+    /// The body is too large.
+    #[error("the request body is larger than {MAX_BODY_BYTES} bytes")]
+    TooLarge,
+    /// Something failed on our side.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if matches!(self, ApiError::Internal(_)) {
+            tracing::error!(error = %self, "request failed");
+        }
+        (self.status(), Json(json!({"error": self.to_string()}))).into_response()
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::NotFound(id) => ApiError::NotFound(format!("no session {id}")),
+            StoreError::Leased { .. } | StoreError::LeaseLost { .. } => {
+                ApiError::Conflict(error.to_string())
+            }
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<DurableError> for ApiError {
+    fn from(error: DurableError) -> Self {
+        match error {
+            DurableError::Store(e) => e.into(),
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::TooLarge
+        } else {
+            ApiError::BadRequest(rejection.body_text())
+        }
+    }
+}
+
+type Shared = State<Arc<Service>>;
+
+async fn create(State(service): Shared) -> Result<Response, ApiError> {
+    let machine = Machine::with_options(
+        service.agent.charter.clone(),
+        Arc::clone(&service.agent.executor),
+        Instance::new(service.agent.start.clone(), service.agent.state.clone()),
+        Default::default(),
+    )
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let id = SessionId::random();
+    let session = DurableMachine::create(
+        Arc::clone(&service.store),
+        id.clone(),
+        service.worker.clone(),
+        machine,
+    )
+    .await?;
+    session.release().await?;
+    Ok((StatusCode::CREATED, Json(json!({"id": id}))).into_response())
+}
+
+async fn list(State(service): Shared) -> Result<Json<Value>, ApiError> {
+    let sessions = service.store.list().await?;
+    Ok(Json(Value::Array(
+        sessions
+            .into_iter()
+            .map(|s| {
+                json!({
+                    "id": s.id, "charter": s.charter, "messages": s.messages,
+                    "running": s.running, "updated_at": s.updated_at,
+                })
+            })
+            .collect(),
+    )))
+}
+
+async fn show(State(service): Shared, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let stored = service.store.load(&SessionId::new(id)).await?;
+    let pending: Vec<_> = stored
+        .snapshot
+        .policy
+        .approvals
+        .iter()
+        .filter(|r| r.status == ApprovalStatus::Pending)
+        .map(|r| &r.request)
+        .collect();
+    Ok(Json(json!({
+        "id": stored.info.id,
+        "history": stored.snapshot.history,
+        "state": stored.snapshot.instance.state,
+        "pending_approvals": pending,
+    })))
+}
+
+async fn approvals(
+    State(service): Shared,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let stored = service.store.load(&SessionId::new(id)).await?;
+    let pending: Vec<_> = stored
+        .snapshot
+        .policy
+        .approvals
+        .into_iter()
+        .filter(|r| r.status == ApprovalStatus::Pending)
+        .map(|r| r.request)
+        .collect();
+    Ok(Json(json!(pending)))
+}
+
+/// A decision on a confirmation request.
+#[derive(Debug, Deserialize)]
+struct Decision {
+    decision: DecisionKind,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum DecisionKind {
+    Approve,
+    Deny,
+}
+
+/// Marks a session as running in this process until dropped.
+struct Busy {
+    service: Arc<Service>,
+    id: SessionId,
+}
+
+impl Busy {
+    fn claim(service: &Arc<Service>, id: &SessionId) -> Result<Self, ApiError> {
+        let mut running = service.running.lock().unwrap_or_else(|p| p.into_inner());
+        if !running.insert(id.clone()) {
+            return Err(ApiError::Conflict(format!(
+                "session {id} is running; wait for its run to end"
+            )));
+        }
+        Ok(Busy {
+            service: Arc::clone(service),
+            id: id.clone(),
+        })
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.service
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
+}
+
+async fn open(service: &Service, id: &SessionId) -> Result<DurableMachine<dyn Store>, ApiError> {
+    Ok(DurableMachine::open(
+        Arc::clone(&service.store),
+        id.clone(),
+        service.worker.clone(),
+        service.agent.charter.clone(),
+        Arc::clone(&service.agent.executor),
+    )
+    .await?)
+}
+
+async fn decide(
+    State(service): Shared,
+    Path((id, request)): Path<(String, String)>,
+    body: Result<Json<Decision>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(decision) = body?;
+    let id = SessionId::new(id);
+    let _busy = Busy::claim(&service, &id)?;
+    let mut session = open(&service, &id).await?;
+    let request_id = ApprovalId::from(request.as_str());
+    let approvals = session.machine().approvals();
+    let decided = match decision.decision {
+        DecisionKind::Approve => approvals.approve(&request_id),
+        DecisionKind::Deny => approvals.deny(&request_id),
+    };
+    let outcome = match decided {
+        Ok(request) => Ok(request),
+        Err(error) => Err(ApiError::NotFound(error.to_string())),
+    };
+    session.persist().await?;
+    session.release().await?;
+    let request = outcome?;
+    Ok(Json(
+        json!({"decided": request.request_id, "decision": match decision.decision {
+            DecisionKind::Approve => "approved",
+            DecisionKind::Deny => "denied",
+        }}),
+    ))
+}
+
+/// A user message.
+#[derive(Debug, Deserialize)]
+struct UserText {
+    text: String,
+}
+
+/// One step as a client sees it.
+#[derive(Debug, Serialize)]
+struct StepEvent<'a> {
+    yield_reason: &'static str,
+    done: bool,
+    messages: &'a [markov_core::Message],
+    response: Option<&'a str>,
+}
+
+fn step_event(step: &MachineStep) -> Event {
+    let body = StepEvent {
+        yield_reason: step.yield_reason.as_str(),
+        done: step.done,
+        messages: &step.history,
+        response: step.response.as_deref(),
+    };
+    Event::default()
+        .event("step")
+        .json_data(&body)
+        .unwrap_or_else(|_| Event::default().event("step").data("{}"))
+}
+
+async fn message(
+    State(service): Shared,
+    Path(id): Path<String>,
+    body: Result<Json<UserText>, JsonRejection>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let Json(UserText { text }) = body?;
+    if text.trim().is_empty() {
+        return Err(ApiError::BadRequest("the message is empty".into()));
+    }
+    let id = SessionId::new(id);
+    // Claimed before the stream starts, so a busy session is a plain 409,
+    // and held by the run until it ends.
+    let busy = Busy::claim(&service, &id)?;
+    service.store.load(&id).await.map(drop)?;
+    let (events, receiver) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let task_service = Arc::clone(&service);
+    tokio::spawn(async move {
+        let service = task_service;
+        // The run goes on when the client leaves: sends then fail, quietly.
+        let send = |event: Event| {
+            let _ = events.send(event);
+        };
+        let result = async {
+            let mut session = open(&service, &id).await?;
+            session.machine().enqueue_user(text);
+            let last = session
+                .run_with(service.options.clone(), |step| send(step_event(step)))
+                .await;
+            let released = session.release().await;
+            let last = last?;
+            released?;
+            Ok::<_, ApiError>(last)
+        }
+        .await;
+        match result {
+            Ok(last) => send(
+                Event::default()
+                    .event("done")
+                    .json_data(json!({"done": last.done, "response": last.response}))
+                    .unwrap_or_else(|_| Event::default().event("done")),
+            ),
+            Err(error) => send(Event::default().event("error").data(error.to_string())),
+        }
+        drop(busy);
+    });
+    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+        let event = receiver.recv().await?;
+        Some((Ok(event), receiver))
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}

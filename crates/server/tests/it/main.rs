@@ -1,0 +1,3 @@
+//! The integration tests of this crate, one binary: one module per area.
+
+mod http;
