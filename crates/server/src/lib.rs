@@ -5,6 +5,7 @@
 //!
 //! | method and path | what it does |
 //! | --- | --- |
+//! | `GET /` | a web page: chat, the streamed steps, approve / deny buttons |
 //! | `POST /sessions` | creates a session: `201 {"id": ...}` |
 //! | `GET /sessions` | lists the sessions |
 //! | `GET /sessions/{id}` | a session's history and pending approvals |
@@ -90,6 +91,7 @@ pub fn router(agent: Agent, store: Arc<dyn Store>, worker: WorkerId) -> Router {
         running: Mutex::new(HashSet::new()),
     });
     Router::new()
+        .route("/", get(page))
         .route("/sessions", post(create).get(list))
         .route("/sessions/{id}", get(show))
         .route("/sessions/{id}/messages", post(message))
@@ -173,6 +175,14 @@ impl From<JsonRejection> for ApiError {
 }
 
 type Shared = State<Arc<Service>>;
+
+/// The web page: a chat with the streamed steps and approve / deny buttons
+/// (plain HTML and JavaScript, no build step).
+const PAGE: &str = include_str!("../assets/index.html");
+
+async fn page() -> axum::response::Html<&'static str> {
+    axum::response::Html(PAGE)
+}
 
 async fn create(State(service): Shared) -> Result<Response, ApiError> {
     let machine = Machine::with_options(

@@ -54,13 +54,13 @@ impl Model for Slow {
     }
 }
 
-struct Fixture {
-    base: String,
-    pays: Arc<AtomicUsize>,
+pub(crate) struct Fixture {
+    pub(crate) base: String,
+    pub(crate) pays: Arc<AtomicUsize>,
     client: reqwest::Client,
 }
 
-async fn serve(model: impl Model + 'static) -> Fixture {
+pub(crate) async fn serve(model: impl Model + 'static) -> Fixture {
     let pays = Arc::new(AtomicUsize::new(0));
     let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
         .register(

@@ -1,3 +1,4 @@
 //! The integration tests of this crate, one binary: one module per area.
 
+mod browser;
 mod http;
