@@ -19,25 +19,17 @@
 //! OPENAI_BASE_URL=http://localhost:11434/v1 cargo run -p markov-cli --bin markov-demo
 //! ```
 
-mod tools;
-
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use futures::StreamExt;
 use markov_core::message::{Item, Message};
-use markov_core::model::Model;
 use markov_executor::{Instance, Machine, RunError, RunOptions, StandardExecutor, run_machine};
-use markov_providers::{Anthropic, OpenAi};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
-use markov_testkit::ScriptedModel;
 use serde_json::json;
 
-use crate::tools::{Add, Population};
-
-/// The question the agent answers.
-const QUESTION: &str = "How many people live in Lisbon and Porto together?";
+use markov_cli::tools::{Add, Population};
+use markov_cli::{INSTRUCTIONS, QUESTION, model_override, pick_model};
 
 /// Why the demo stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -51,65 +43,6 @@ enum DemoError {
     /// The machine could not be built, or the run failed.
     #[error("the run failed: {0}")]
     Run(#[from] RunError),
-}
-
-/// Whether an environment variable is set to something other than blanks
-/// (the providers treat an empty value as unset, and so does the choice).
-fn is_set(var: &str) -> bool {
-    std::env::var(var).is_ok_and(|value| !value.trim().is_empty())
-}
-
-/// `MARKOV_MODEL` names the model to ask for (e.g. a local server's model),
-/// overriding the client's default.
-fn model_override() -> Option<String> {
-    std::env::var("MARKOV_MODEL")
-        .ok()
-        .filter(|m| !m.trim().is_empty())
-}
-
-/// The model for this run and the line that names it.
-fn pick_model() -> Result<(Arc<dyn Model>, String), DemoError> {
-    if is_set("ANTHROPIC_API_KEY") || is_set("ANTHROPIC_BASE_URL") {
-        let model = Anthropic::from_env()?;
-        let base = std::env::var("ANTHROPIC_BASE_URL")
-            .ok()
-            .filter(|url| !url.trim().is_empty())
-            .unwrap_or_else(|| markov_providers::anthropic::DEFAULT_BASE_URL.to_owned());
-        let label = format!(
-            "model: anthropic messages api ({base}, {})",
-            model_override().as_deref().unwrap_or(model.default_model())
-        );
-        return Ok((Arc::new(model), label));
-    }
-    if is_set("OPENAI_API_KEY") || is_set("OPENAI_BASE_URL") {
-        let model = OpenAi::from_env()?;
-        let base = std::env::var("OPENAI_BASE_URL")
-            .ok()
-            .filter(|url| !url.trim().is_empty())
-            .unwrap_or_else(|| markov_providers::openai::DEFAULT_BASE_URL.to_owned());
-        let label = format!(
-            "model: openai-compatible ({base}, {})",
-            model_override().as_deref().unwrap_or(model.default_model())
-        );
-        return Ok((Arc::new(model), label));
-    }
-    let label = "model: scripted (no ANTHROPIC_API_KEY or OPENAI_API_KEY set; \
-                 this run is a rehearsal, not a real model)"
-        .to_owned();
-    Ok((Arc::new(scripted()), label))
-}
-
-/// What a model with the two tools would do: look both cities up, add,
-/// answer.
-fn scripted() -> ScriptedModel {
-    ScriptedModel::builder()
-        .tool_calls([
-            ("population", json!({"city": "Lisbon"})),
-            ("population", json!({"city": "Porto"})),
-        ])
-        .tool_call("add", json!({"a": 545_923, "b": 231_962}))
-        .text("Lisbon and Porto have 777885 inhabitants together.")
-        .build()
 }
 
 /// Prints the text, tool calls and tool results of one message.
@@ -137,7 +70,7 @@ fn print_message(message: &Message) {
 async fn demo() -> Result<(), DemoError> {
     let (model, label) = pick_model()?;
     println!("{label}");
-    let node = Node::builder("You answer questions about cities with your tools.")
+    let node = Node::builder(INSTRUCTIONS)
         .name("cities")
         .tool(Add)
         .tool(Population)

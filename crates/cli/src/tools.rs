@@ -7,11 +7,12 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 /// Adds two integers.
-pub(crate) struct Add;
+#[derive(Debug, Clone, Copy)]
+pub struct Add;
 
 /// The input of `add`.
-#[derive(Deserialize, JsonSchema)]
-pub(crate) struct AddArgs {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct AddArgs {
     /// The first addend.
     a: i64,
     /// The second addend.
@@ -32,11 +33,12 @@ impl Tool for Add {
 }
 
 /// Looks up a city's population in a small table.
-pub(crate) struct Population;
+#[derive(Debug, Clone, Copy)]
+pub struct Population;
 
 /// The input of `population`.
-#[derive(Deserialize, JsonSchema)]
-pub(crate) struct PopulationArgs {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PopulationArgs {
     /// The city.
     city: String,
 }
@@ -44,7 +46,7 @@ pub(crate) struct PopulationArgs {
 /// The table has no entry for the city.
 #[derive(Debug, thiserror::Error)]
 #[error("no population known for {0}")]
-pub(crate) struct UnknownCity(String);
+pub struct UnknownCity(String);
 
 impl Tool for Population {
     const NAME: &'static str = "population";

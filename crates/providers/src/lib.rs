@@ -7,9 +7,12 @@
 //!   base URL, so it also serves vLLM, Ollama, llama.cpp's server and LM Studio.
 //! - [`ConfigError`] says why a client could not be built.
 //!
-//! Both clients are configured from the environment (`from_env`) or by a
-//! builder; they retry 408, 409, 429, 5xx, overload, timeouts and connection
-//! failures with exponential backoff and jitter, honouring `retry-after`;
+//! Both clients are configured from the environment (`from_env`:
+//! `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`, `OPENAI_API_KEY` and
+//! `OPENAI_BASE_URL`; a base URL other than the vendor's needs no key, as
+//! for a local server such as llama.cpp's) or by a builder; they retry 408,
+//! 409, 429, 5xx, overload, timeouts and connection failures with
+//! exponential backoff and jitter, honouring `retry-after`;
 //! they never retry 400, 401 or 403, whose [`ModelError::Http`] carries the
 //! provider's own message. A streamed call is retried only until its
 //! response head arrives; once events have been delivered, a failure (such as
@@ -27,7 +30,7 @@
 //! use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice};
 //! use markov_providers::Anthropic;
 //!
-//! let model = Anthropic::from_env()?; // reads ANTHROPIC_API_KEY
+//! let model = Anthropic::from_env()?; // reads ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL
 //! let history = [Message::user("What is 2 + 3?")];
 //! let settings = ModelSettings::default();
 //! let answer = model
@@ -40,15 +43,25 @@
 //!
 //! # Servers that misbehave
 //!
-//! - A streamed call is bounded as a whole (`stream_deadline`, 10 minutes by
-//!   default): a server that keeps the stream alive with pings and never
-//!   answers ends it with `ModelError::Timeout`.
-//! - One server-sent event larger than `max_event_bytes` (4 MiB by default)
-//!   ends the stream with `ModelError::InvalidResponse`; the parser never
-//!   buffers more.
-//! - Of an error body, at most 8 KiB are read, whatever its size, on every
-//!   retry; the rest is never downloaded.
-//! - Errors name the URL they came from, with any key in it redacted.
+//! - A streamed call is bounded as a whole, from the request to the final
+//!   event (`stream_deadline` on either builder, 10 minutes by default): a
+//!   server that keeps the stream alive with pings or keep-alive comments
+//!   and never answers ends it with [`ModelError::Timeout`] carrying that
+//!   deadline. The per-attempt `timeout` still bounds the wait for the
+//!   response head and each pause between chunks.
+//! - Server-sent events are parsed in one pass over the bytes, however an
+//!   event is split into chunks. One event larger than `max_event_bytes`
+//!   (16 MiB by default) ends the stream with
+//!   [`ModelError::InvalidResponse`] ("a server-sent event exceeded …
+//!   bytes"); the parser never holds more of one event.
+//! - Of an error body, at most 8 KiB are read, chunk by chunk, whatever its
+//!   size, on every attempt (retries included); the rest is never
+//!   downloaded. A message cut short ends with `… (truncated)`.
+//! - HTTP errors, overloads and connection failures ([`ModelError::Http`],
+//!   [`ModelError::Overloaded`], [`ModelError::Connection`]), before or
+//!   during a stream, end with `(from <url>)`: the URL they came from, with
+//!   any password or query in it redacted. `endpoint()` on either client
+//!   shows it the same way.
 //!
 //! # Malformed tool arguments
 //!
@@ -67,6 +80,9 @@
 //!
 //! [`ModelError::Http`]: markov_core::ModelError::Http
 //! [`ModelError::Overloaded`]: markov_core::ModelError::Overloaded
+//! [`ModelError::Timeout`]: markov_core::ModelError::Timeout
+//! [`ModelError::InvalidResponse`]: markov_core::ModelError::InvalidResponse
+//! [`ModelError::Connection`]: markov_core::ModelError::Connection
 #![deny(missing_docs)]
 
 #[cfg(feature = "anthropic")]

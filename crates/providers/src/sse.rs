@@ -1,5 +1,5 @@
 //! The streaming driver both providers share: connect (with retries), read
-//! server-sent events with `eventsource-stream`, hand each event to the
+//! server-sent events with the linear [`parser`], hand each event to the
 //! provider's decoder, and end with [`StreamEvent::Done`].
 //!
 //! Retries cover the connection and the response head only: once events
@@ -7,18 +7,21 @@
 //! mid-stream `overloaded_error` is [`ModelError::Overloaded`], retryable by
 //! the caller).
 
+mod parser;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::time::Duration;
 
-use eventsource_stream::{Event, EventStreamError, Eventsource};
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, StreamExt};
 use markov_core::{ModelError, ModelResponse, StreamEvent};
 use reqwest::Response;
 use tracing::Instrument;
 
-use crate::transport::{TransportConfig, transport_error};
+pub(crate) use self::parser::Event;
+use self::parser::{ParseError, Parser};
+use crate::transport::{TransportConfig, naming_url, redact_url, transport_error};
 
 /// A provider's incremental decoder of one streamed answer.
 pub(crate) trait SseDecoder: Send {
@@ -35,64 +38,25 @@ pub(crate) trait SseDecoder: Send {
     fn on_end(&mut self) -> Result<ModelResponse, ModelError>;
 }
 
-type SseEvents = BoxStream<'static, Result<Event, EventStreamError<BodyError>>>;
-
-/// Why the body of an event stream stopped.
-#[derive(Debug)]
-enum BodyError {
-    /// The connection failed.
-    Http(reqwest::Error),
-    /// One event grew past the cap.
-    EventTooLarge(usize),
-}
-
-impl std::fmt::Display for BodyError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            BodyError::Http(e) => e.fmt(f),
-            BodyError::EventTooLarge(cap) => write!(f, "a server-sent event exceeded {cap} bytes"),
-        }
-    }
-}
-
-impl std::error::Error for BodyError {}
-
-/// The body's chunks, refused once one event (the bytes since the last
-/// blank line) passes `cap`: the parser buffers an event whole, so an
-/// unbounded one would cost unbounded memory and time. The count is one
-/// pass over each byte.
-fn capped<S, B>(body: S, cap: usize) -> impl futures::Stream<Item = Result<B, BodyError>>
-where
-    S: futures::Stream<Item = Result<B, reqwest::Error>>,
-    B: AsRef<[u8]>,
-{
-    let mut run = 0usize;
-    let mut after_newline = false;
-    body.map(move |chunk| {
-        let chunk = chunk.map_err(BodyError::Http)?;
-        for &byte in chunk.as_ref() {
-            match byte {
-                b'\n' if after_newline => run = 0,
-                b'\n' => after_newline = true,
-                b'\r' => {}
-                _ => after_newline = false,
-            }
-            run += 1;
-            if run > cap {
-                return Err(BodyError::EventTooLarge(cap));
-            }
-        }
-        Ok(chunk)
-    })
+/// An event stream being read.
+struct Reader<D> {
+    /// The response whose body is read.
+    response: Response,
+    /// Where it came from, redacted, for errors.
+    url: String,
+    parser: Parser,
+    /// Events parsed but not yet decoded.
+    events: VecDeque<Event>,
+    /// Why the parser refused the body, once the events before are decoded.
+    refused: Option<ParseError>,
+    decoder: D,
+    /// Stream events decoded but not yet delivered.
+    pending: VecDeque<StreamEvent>,
 }
 
 enum State<'a, D> {
     Connecting(BoxFuture<'a, Result<Response, ModelError>>, D),
-    Reading {
-        events: SseEvents,
-        decoder: D,
-        pending: VecDeque<StreamEvent>,
-    },
+    Reading(Box<Reader<D>>),
     Draining(VecDeque<StreamEvent>),
     Finished,
 }
@@ -104,7 +68,8 @@ enum State<'a, D> {
 /// `config.stream_deadline`: a server that keeps the stream alive with pings
 /// and never answers ends it with [`ModelError::Timeout`]. One event larger
 /// than `config.max_event_bytes` ends it with
-/// [`ModelError::InvalidResponse`].
+/// [`ModelError::InvalidResponse`]. Every other error of the body names the
+/// response's URL, redacted.
 pub(crate) fn sse_stream<'a, D, Fut>(
     span: tracing::Span,
     config: TransportConfig,
@@ -134,7 +99,6 @@ async fn step<D: SseDecoder>(
     config: TransportConfig,
     deadline: tokio::time::Instant,
 ) -> Step<'_, D> {
-    let timeout = config.timeout;
     let late = || ModelError::Timeout(config.stream_deadline);
     loop {
         state = match state {
@@ -145,57 +109,59 @@ async fn step<D: SseDecoder>(
             }
             State::Connecting(connect, decoder) => {
                 match tokio::time::timeout_at(deadline, connect).await {
-                    Ok(Ok(response)) => State::Reading {
-                        events: capped(response.bytes_stream(), config.max_event_bytes)
-                            .eventsource()
-                            .boxed(),
+                    Ok(Ok(response)) => State::Reading(Box::new(Reader {
+                        url: redact_url(response.url().as_str()),
+                        response,
+                        parser: Parser::new(config.max_event_bytes),
+                        events: VecDeque::new(),
+                        refused: None,
                         decoder,
                         pending: VecDeque::new(),
-                    },
+                    })),
                     Ok(Err(error)) => return fail(error),
                     Err(_) => return fail(late()),
                 }
             }
-            State::Reading {
-                mut events,
-                mut decoder,
-                mut pending,
-            } => {
-                if let Some(event) = pending.pop_front() {
-                    return Some((
-                        Ok(event),
-                        State::Reading {
-                            events,
-                            decoder,
-                            pending,
-                        },
-                    ));
+            State::Reading(mut reader) => {
+                if let Some(event) = reader.pending.pop_front() {
+                    return Some((Ok(event), State::Reading(reader)));
                 }
-                let Ok(next) = tokio::time::timeout_at(deadline, events.next()).await else {
-                    return fail(late());
-                };
-                let done = match next {
-                    Some(Ok(event)) => match decoder.on_event(&event, &mut pending) {
+                let done = if let Some(event) = reader.events.pop_front() {
+                    match reader.decoder.on_event(&event, &mut reader.pending) {
                         Ok(done) => done,
-                        Err(error) => return fail(error),
-                    },
-                    Some(Err(error)) => return fail(sse_error(error, timeout)),
-                    None => match decoder.on_end() {
-                        Ok(response) => Some(response),
-                        Err(error) => return fail(error),
-                    },
+                        Err(error) => return fail(naming_url(error, &reader.url)),
+                    }
+                } else if let Some(refused) = reader.refused.take() {
+                    return fail(ModelError::InvalidResponse(refused.to_string()));
+                } else {
+                    let Ok(chunk) =
+                        tokio::time::timeout_at(deadline, reader.response.chunk()).await
+                    else {
+                        return fail(late());
+                    };
+                    match chunk {
+                        Ok(Some(bytes)) => {
+                            let Reader { parser, events, .. } = &mut *reader;
+                            reader.refused = parser.feed(&bytes, events).err();
+                            None
+                        }
+                        Ok(None) => match reader.decoder.on_end() {
+                            Ok(response) => Some(response),
+                            Err(error) => return fail(naming_url(error, &reader.url)),
+                        },
+                        Err(error) => {
+                            let error = transport_error(error, config.timeout);
+                            return fail(naming_url(error, &reader.url));
+                        }
+                    }
                 };
                 match done {
                     Some(response) => {
                         log_done(&response);
-                        pending.push_back(StreamEvent::Done(response));
-                        State::Draining(pending)
+                        reader.pending.push_back(StreamEvent::Done(response));
+                        State::Draining(std::mem::take(&mut reader.pending))
                     }
-                    None => State::Reading {
-                        events,
-                        decoder,
-                        pending,
-                    },
+                    None => State::Reading(reader),
                 }
             }
         };
@@ -215,21 +181,6 @@ pub(crate) fn log_done(response: &ModelResponse) {
         output_tokens = response.usage.output_tokens,
         "model call done"
     );
-}
-
-fn sse_error(error: EventStreamError<BodyError>, timeout: Duration) -> ModelError {
-    match error {
-        EventStreamError::Transport(BodyError::Http(error)) => transport_error(error, timeout),
-        EventStreamError::Transport(too_large @ BodyError::EventTooLarge(_)) => {
-            ModelError::InvalidResponse(too_large.to_string())
-        }
-        EventStreamError::Utf8(error) => {
-            ModelError::InvalidResponse(format!("the event stream is not utf-8: {error}"))
-        }
-        EventStreamError::Parser(error) => {
-            ModelError::InvalidResponse(format!("malformed event stream: {error}"))
-        }
-    }
 }
 
 /// Parses one event's JSON data, naming the event in the error.

@@ -31,8 +31,10 @@ pub(crate) const MAX_ERROR_BODY_READ: usize = 8 * 1024;
 /// The default bound of a whole streamed call.
 pub(crate) const DEFAULT_STREAM_DEADLINE: Duration = Duration::from_secs(600);
 
-/// The default size cap of one server-sent event.
-pub(crate) const DEFAULT_MAX_EVENT_BYTES: usize = 4 << 20;
+/// The default size cap of one server-sent event (what the parser may hold
+/// of one event). Parsing is linear, so a generous cap costs nothing until
+/// a server sends that much.
+pub(crate) const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
 
 /// An API key. Its `Debug` output never shows the key.
 #[derive(Clone, PartialEq, Eq)]
@@ -315,16 +317,20 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
     }
     let retry_after = retry_after(response.headers());
     let url = redact_url(response.url().as_str());
-    let body = read_capped(response, MAX_ERROR_BODY_READ).await;
+    let (body, cut) = read_capped(response, MAX_ERROR_BODY_READ).await;
     let (kind, message) = parse_error_body(&body).unwrap_or_else(|| {
         let mut text = body.trim().to_owned();
+        let mut cut = cut;
         if text.len() > MAX_ERROR_BODY {
-            let mut cut = MAX_ERROR_BODY;
-            while !text.is_char_boundary(cut) {
-                cut -= 1;
+            let mut end = MAX_ERROR_BODY;
+            while !text.is_char_boundary(end) {
+                end -= 1;
             }
-            text.truncate(cut);
-            text.push('…');
+            text.truncate(end);
+            cut = true;
+        }
+        if cut {
+            text.push_str("… (truncated)");
         }
         if text.is_empty() {
             text = status
@@ -334,30 +340,61 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
         }
         (None, text)
     });
-    if kind.as_deref() == Some("overloaded_error") {
-        return Err(ModelError::Overloaded(format!("{message} (from {url})")));
-    }
-    Err(ModelError::Http {
-        status: status.as_u16(),
-        message: format!("{message} (from {url})"),
-        retry_after,
-    })
+    let error = if kind.as_deref() == Some("overloaded_error") {
+        ModelError::Overloaded(message)
+    } else {
+        ModelError::Http {
+            status: status.as_u16(),
+            message,
+            retry_after,
+        }
+    };
+    Err(naming_url(error, &url))
 }
 
-/// At most `cap` bytes of a body, as text; the rest is never read (the
-/// connection is dropped with the response).
-async fn read_capped(mut response: Response, cap: usize) -> String {
+/// `error` naming the `url` it came from (already redacted), when it is an
+/// HTTP error, an overload or a connection failure that does not name it
+/// yet; other errors are returned as they are.
+pub(crate) fn naming_url(error: ModelError, url: &str) -> ModelError {
+    let from = format!(" (from {url})");
+    let named = |mut text: String| {
+        if !text.ends_with(&from) {
+            text.push_str(&from);
+        }
+        text
+    };
+    match error {
+        ModelError::Http {
+            status,
+            message,
+            retry_after,
+        } => ModelError::Http {
+            status,
+            message: named(message),
+            retry_after,
+        },
+        ModelError::Overloaded(message) => ModelError::Overloaded(named(message)),
+        ModelError::Connection(text) => ModelError::Connection(named(text)),
+        other => other,
+    }
+}
+
+/// At most `cap` bytes of a body, as text, and whether reading stopped at
+/// the cap (the body may go on); the rest is never read (the connection is
+/// dropped with the response). A read error ends the body where it stands.
+async fn read_capped(mut response: Response, cap: usize) -> (String, bool) {
     let mut bytes: Vec<u8> = Vec::new();
     while bytes.len() < cap {
         match response.chunk().await {
             Ok(Some(chunk)) => {
                 let room = cap - bytes.len();
-                bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+                bytes.extend_from_slice(chunk.get(..room).unwrap_or(&chunk));
             }
             Ok(None) | Err(_) => break,
         }
     }
-    String::from_utf8_lossy(&bytes).into_owned()
+    let cut = bytes.len() >= cap;
+    (String::from_utf8_lossy(&bytes).into_owned(), cut)
 }
 
 /// The wait a response asks for: `retry-after-ms` (OpenAI) or `retry-after`

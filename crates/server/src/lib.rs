@@ -45,6 +45,11 @@ use markov_store::{DurableError, DurableMachine, SessionId, Store, StoreError, W
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+/// Serves `app` on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, app: Router) -> std::io::Result<()> {
+    axum::serve(listener, app).await
+}
+
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 

@@ -5,7 +5,7 @@
 use std::process::{Command, Output};
 
 /// The variables that choose a real provider.
-const PROVIDER_VARS: [&str; 4] = [
+pub(crate) const PROVIDER_VARS: [&str; 4] = [
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_BASE_URL",
     "OPENAI_API_KEY",
@@ -131,5 +131,47 @@ async fn a_local_messages_server_is_used_and_named_on_the_first_line() {
         server.requests()[0].header("x-api-key"),
         None,
         "no key was set"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_key_in_the_base_url_is_never_printed() {
+    use markov_testkit::http::{FakeServer, Reply, openai};
+
+    const SECRET: &str = "sk-demo-secret";
+    let server = FakeServer::start().await;
+    server.reply(Reply::json(
+        400,
+        openai::error("invalid_request_error", "no such model"),
+    ));
+    let base = format!("{}/v1?api-key={SECRET}", server.base_url());
+    let output = tokio::task::spawn_blocking(move || demo(&[("OPENAI_BASE_URL", base.as_str())]))
+        .await
+        .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    let first = stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!(
+            "model: openai-compatible ({}/v1/chat/completions?redacted, ",
+            server.base_url()
+        )),
+        "{first}"
+    );
+    // The error names the URL it came from, redacted the same way.
+    assert!(stderr.contains("no such model"), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "(from {}/v1/chat/completions?redacted)",
+            server.base_url()
+        )),
+        "{stderr}"
+    );
+    assert!(!stdout.contains(SECRET), "{stdout}");
+    assert!(!stderr.contains(SECRET), "{stderr}");
+    assert_eq!(
+        server.single().path,
+        format!("/v1/chat/completions?api-key={SECRET}")
     );
 }

@@ -2,3 +2,4 @@
 //! dominate the test run): one module per area.
 
 mod demo;
+mod server;

@@ -236,17 +236,24 @@ impl AnthropicBuilder {
         self
     }
 
-    /// Bounds a whole streamed call (default 10 minutes): connecting,
-    /// retries and every event. A server that keeps the stream alive with
-    /// pings and never answers ends the call with `ModelError::Timeout`.
+    /// Bounds a whole streamed call (default 10 minutes), from the request
+    /// to the final event: connecting, retries and every event. A server
+    /// that keeps the stream alive with pings or keep-alive comments and
+    /// never answers ends the call with `ModelError::Timeout(deadline)`.
+    /// [`timeout`](Self::timeout) still bounds each attempt and each pause
+    /// between chunks; dropping the stream still cancels the call.
     #[must_use]
     pub fn stream_deadline(mut self, deadline: Duration) -> Self {
         self.transport.stream_deadline = deadline;
         self
     }
 
-    /// The largest server-sent event accepted (default 4 MiB); a larger one
-    /// ends the stream with `ModelError::InvalidResponse`.
+    /// The largest server-sent event accepted, in bytes (default 16 MiB): the
+    /// most the event parser holds of one event (its data and the line in
+    /// progress). A larger one ends the stream with
+    /// `ModelError::InvalidResponse` ("a server-sent event exceeded … bytes").
+    /// Parsing is linear in the event's size however it is split into
+    /// chunks. At least 1.
     #[must_use]
     pub fn max_event_bytes(mut self, bytes: usize) -> Self {
         self.transport.max_event_bytes = bytes.max(1);
@@ -289,13 +296,20 @@ impl Anthropic {
         AnthropicBuilder::default()
     }
 
-    /// A client with the defaults and the key from `ANTHROPIC_API_KEY`.
+    /// A client from `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`; see
+    /// [`AnthropicBuilder::from_env`].
     ///
     /// # Errors
-    /// [`ConfigError::MissingEnv`] when the variable is unset or empty, or any
-    /// error of [`AnthropicBuilder::build`].
+    /// [`ConfigError::MissingEnv`] when neither variable is set, or any error
+    /// of [`AnthropicBuilder::build`].
     pub fn from_env() -> Result<Self, ConfigError> {
         AnthropicBuilder::from_env()?.build()
+    }
+
+    /// The URL calls are sent to (`{base}/v1/messages`), with any password
+    /// or query in it redacted, as errors and `Debug` output show it.
+    pub fn endpoint(&self) -> String {
+        crate::transport::redact_url(self.url.as_str())
     }
 
     /// The model used when a request names none.
@@ -388,13 +402,38 @@ impl Model for Anthropic {
 mod tests {
     use super::*;
 
-    #[test]
-    fn from_env_reads_the_base_url_and_a_local_server_needs_no_key() {
-        let local = |name: &str| (name == BASE_URL_ENV).then(|| "http://127.0.0.1:8080".to_owned());
-        let builder = AnthropicBuilder::from_env_with(&local).unwrap();
-        assert_eq!(builder.base_url, "http://127.0.0.1:8080");
-        let client = builder.build().unwrap();
-        assert_eq!(client.url.as_str(), "http://127.0.0.1:8080/v1/messages");
+    /// `from_env` with `ANTHROPIC_BASE_URL` alone (through a lookup, so the
+    /// test leaves the process environment alone) talks to that server,
+    /// without a key.
+    #[tokio::test]
+    async fn from_env_reads_the_base_url_and_a_local_server_needs_no_key() {
+        use markov_core::{Item, Message, ModelSettings};
+        use markov_testkit::http::{FakeServer, Reply, anthropic};
+
+        let server = FakeServer::start().await;
+        server.reply(Reply::json(
+            200,
+            anthropic::text("hello from a local server"),
+        ));
+        let base = server.base_url();
+        let local = |name: &str| (name == BASE_URL_ENV).then(|| base.clone());
+        let model = AnthropicBuilder::from_env_with(&local)
+            .and_then(AnthropicBuilder::build)
+            .unwrap();
+        assert_eq!(model.endpoint(), format!("{base}/v1/messages"));
+        let history = [Message::user("hi")];
+        let settings = ModelSettings::default();
+        let answer = model
+            .complete(ModelRequest::new("", &history, &settings))
+            .await
+            .unwrap();
+        assert_eq!(
+            answer.content,
+            vec![Item::text("hello from a local server")]
+        );
+        let sent = server.single();
+        assert_eq!(sent.path, "/v1/messages");
+        assert_eq!(sent.header("x-api-key"), None);
     }
 
     #[test]

@@ -14,14 +14,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use eventsource_stream::Event;
 use markov_core::{Item, ModelError, ModelResponse, StreamEvent, Usage};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::wire::{self, Converted, KnownBlock, WireUsage};
 use crate::convert;
-use crate::sse::{SseDecoder, parse_data};
+use crate::sse::{Event, SseDecoder, parse_data};
 
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]

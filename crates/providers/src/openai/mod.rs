@@ -258,17 +258,24 @@ impl OpenAiBuilder {
         self
     }
 
-    /// Bounds a whole streamed call (default 10 minutes): connecting,
-    /// retries and every event. A server that keeps the stream alive with
-    /// pings and never answers ends the call with `ModelError::Timeout`.
+    /// Bounds a whole streamed call (default 10 minutes), from the request
+    /// to the final event: connecting, retries and every event. A server
+    /// that keeps the stream alive with pings or keep-alive comments and
+    /// never answers ends the call with `ModelError::Timeout(deadline)`.
+    /// [`timeout`](Self::timeout) still bounds each attempt and each pause
+    /// between chunks; dropping the stream still cancels the call.
     #[must_use]
     pub fn stream_deadline(mut self, deadline: Duration) -> Self {
         self.transport.stream_deadline = deadline;
         self
     }
 
-    /// The largest server-sent event accepted (default 4 MiB); a larger one
-    /// ends the stream with `ModelError::InvalidResponse`.
+    /// The largest server-sent event accepted, in bytes (default 16 MiB): the
+    /// most the event parser holds of one event (its data and the line in
+    /// progress). A larger one ends the stream with
+    /// `ModelError::InvalidResponse` ("a server-sent event exceeded … bytes").
+    /// Parsing is linear in the event's size however it is split into
+    /// chunks. At least 1.
     #[must_use]
     pub fn max_event_bytes(mut self, bytes: usize) -> Self {
         self.transport.max_event_bytes = bytes.max(1);
@@ -321,6 +328,13 @@ impl OpenAi {
     /// of [`OpenAiBuilder::build`].
     pub fn from_env() -> Result<Self, ConfigError> {
         OpenAiBuilder::from_env()?.build()
+    }
+
+    /// The URL calls are sent to (`{base}/chat/completions`), with any
+    /// password or query in it redacted, as errors and `Debug` output show
+    /// it.
+    pub fn endpoint(&self) -> String {
+        crate::transport::redact_url(self.url.as_str())
     }
 
     /// The model used when a request names none.

@@ -8,13 +8,12 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use eventsource_stream::Event;
 use markov_core::{Item, ModelError, ModelResponse, StreamEvent};
 use serde::Deserialize;
 
 use super::wire::{self, WireUsage};
 use crate::convert;
-use crate::sse::{SseDecoder, parse_data};
+use crate::sse::{Event, SseDecoder, parse_data};
 use crate::transport::parse_error_body;
 
 #[derive(Deserialize)]

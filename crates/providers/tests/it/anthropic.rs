@@ -635,7 +635,14 @@ async fn a_mid_stream_overload_ends_the_stream_with_its_error() {
             text: "Hel".into()
         })
     );
-    assert_eq!(events[1], Err(ModelError::Overloaded("Overloaded".into())));
+    // A mid-stream error names the URL it came from.
+    assert_eq!(
+        events[1],
+        Err(ModelError::Overloaded(format!(
+            "Overloaded (from {}/v1/messages)",
+            server.base_url()
+        )))
+    );
     assert_eq!(server.requests().len(), 1, "no retry once events were seen");
 }
 

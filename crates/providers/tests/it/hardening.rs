@@ -99,11 +99,46 @@ async fn an_endless_error_body_is_read_only_a_few_kilobytes() {
             }) => {
                 assert_eq!(status, 400);
                 assert!(message.len() < 3_000, "{provider}: {} bytes", message.len());
+                assert!(message.contains("… (truncated)"), "{message}");
                 assert!(message.contains(&server.base_url()), "{message}");
             }
             other => panic!("{provider}: not an HTTP error: {other:?}"),
         }
     }
+}
+
+#[tokio::test]
+async fn retries_read_only_a_few_kilobytes_of_each_error_body() {
+    let piece = "x".repeat(1024);
+    let server = FakeServer::start().await;
+    for _ in 0..3 {
+        server.reply(Reply::endless(503, &piece, Duration::ZERO, HANG));
+    }
+    let model = Anthropic::builder()
+        .api_key("sk-ant-test")
+        .base_url(server.base_url())
+        .max_retries(2)
+        .backoff(Duration::from_millis(1), Duration::from_millis(2))
+        .build()
+        .expect("client");
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    // Streamed: the retries happen before the response head is accepted.
+    let mut events = model.stream(ModelRequest::new("", &history, &settings));
+    let first = tokio::time::timeout(HANG, events.next())
+        .await
+        .expect("every attempt ends without reading the whole body");
+    match first {
+        Some(Err(ModelError::Http {
+            status, message, ..
+        })) => {
+            assert_eq!(status, 503);
+            assert!(message.len() < 3_000, "{} bytes", message.len());
+            assert!(message.contains("… (truncated)"), "{message}");
+        }
+        other => panic!("not an HTTP error: {other:?}"),
+    }
+    assert_eq!(server.requests().len(), 3, "the first try and two retries");
 }
 
 #[tokio::test]
@@ -137,11 +172,19 @@ async fn an_event_past_the_size_cap_is_a_clear_error() {
         last_event(&model).await,
         Err(ModelError::InvalidResponse(m)) if m.contains("exceeded 1024 bytes")
     ));
-    // Under the default cap the same answer streams fine.
+    // Under the default cap (16 MiB) the same answer streams fine, and so
+    // do events of 5 MiB (`text_events` sends the text in two halves).
     let server = FakeServer::start().await;
     server.reply(Reply::sse_split(
         &openai::text_events(&"y".repeat(5_000)),
         512,
+    ));
+    let model = openai_client(&server).build().expect("client");
+    assert_eq!(last_event(&model).await, Ok(()));
+    let server = FakeServer::start().await;
+    server.reply(Reply::sse_split(
+        &openai::text_events(&"y".repeat(10 << 20)),
+        64 << 10,
     ));
     let model = openai_client(&server).build().expect("client");
     assert_eq!(last_event(&model).await, Ok(()));

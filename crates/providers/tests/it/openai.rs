@@ -543,9 +543,14 @@ async fn a_cut_stream_and_a_mid_stream_error_fail() {
                 index: 0,
                 text: "Hi".into()
             }),
+            // A mid-stream error names the URL it came from.
             Err(ModelError::Http {
                 status: 500,
-                message: "The server had an error while processing your request.".into(),
+                message: format!(
+                    "The server had an error while processing your request. \
+                     (from {}/v1/chat/completions)",
+                    server.base_url()
+                ),
                 retry_after: None
             })
         ]

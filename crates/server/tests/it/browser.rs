@@ -223,21 +223,19 @@ async fn the_page_streams_an_answer_and_an_approval_runs_the_tool_once() {
             .to_owned()
         }
     };
-    let wait_for = |needle: &'static str| {
-        async move {
-            let mut waited = Duration::ZERO;
-            loop {
-                let text = page_text().await;
-                if text.contains(needle) {
-                    return text;
-                }
-                assert!(
-                    waited < Duration::from_secs(20),
-                    "{needle:?} never showed:\n{text}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                waited += Duration::from_millis(100);
+    let wait_for = |needle: &'static str| async move {
+        let mut waited = Duration::ZERO;
+        loop {
+            let text = page_text().await;
+            if text.contains(needle) {
+                return text;
             }
+            assert!(
+                waited < Duration::from_secs(20),
+                "{needle:?} never showed:\n{text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            waited += Duration::from_millis(100);
         }
     };
     let say = |text: &'static str| {

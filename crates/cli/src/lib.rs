@@ -1,0 +1,92 @@
+//! The demo agent both binaries run: `markov-demo` (one question, printed
+//! step by step) and `markov-serve` (the agent over HTTP with a web page).
+//!
+//! The model is chosen from the environment, and the chosen endpoint is
+//! named in one line:
+//!
+//! - `ANTHROPIC_API_KEY` or `ANTHROPIC_BASE_URL` set: the Messages API, at
+//!   Anthropic or at another address (a local server such as llama.cpp's);
+//! - else `OPENAI_API_KEY` or `OPENAI_BASE_URL` set: an OpenAI-compatible
+//!   Chat Completions server (OpenAI, vLLM, Ollama, llama.cpp, LM Studio);
+//! - else a scripted model, labelled as a rehearsal.
+#![deny(missing_docs)]
+
+mod rehearsal;
+pub mod tools;
+
+pub use rehearsal::Rehearsal;
+
+use std::sync::Arc;
+
+use markov_core::model::Model;
+use markov_providers::{Anthropic, OpenAi};
+use markov_testkit::ScriptedModel;
+use serde_json::json;
+
+/// The question `markov-demo` asks.
+pub const QUESTION: &str = "How many people live in Lisbon and Porto together?";
+
+/// The demo node's instructions.
+pub const INSTRUCTIONS: &str = "You answer questions about cities with your tools.";
+
+/// Whether an environment variable is set to something other than blanks
+/// (the providers treat an empty value as unset, and so does the choice).
+pub fn is_set(var: &str) -> bool {
+    std::env::var(var).is_ok_and(|value| !value.trim().is_empty())
+}
+
+/// `MARKOV_MODEL` names the model to ask for (e.g. a local server's model),
+/// overriding the client's default.
+pub fn model_override() -> Option<String> {
+    std::env::var("MARKOV_MODEL")
+        .ok()
+        .filter(|m| !m.trim().is_empty())
+}
+
+/// The model for this run and the line that names it.
+pub fn pick_model() -> Result<(Arc<dyn Model>, String), markov_providers::ConfigError> {
+    pick_model_or(Arc::new(scripted()))
+}
+
+/// [`pick_model`] with `rehearsal` when no provider is configured.
+pub fn pick_model_or(
+    rehearsal: Arc<dyn Model>,
+) -> Result<(Arc<dyn Model>, String), markov_providers::ConfigError> {
+    if is_set("ANTHROPIC_API_KEY") || is_set("ANTHROPIC_BASE_URL") {
+        let model = Anthropic::from_env()?;
+        // The endpoint as errors show it: a password or query (where a key
+        // may ride) is redacted.
+        let label = format!(
+            "model: anthropic messages api ({}, {})",
+            model.endpoint(),
+            model_override().as_deref().unwrap_or(model.default_model())
+        );
+        return Ok((Arc::new(model), label));
+    }
+    if is_set("OPENAI_API_KEY") || is_set("OPENAI_BASE_URL") {
+        let model = OpenAi::from_env()?;
+        let label = format!(
+            "model: openai-compatible ({}, {})",
+            model.endpoint(),
+            model_override().as_deref().unwrap_or(model.default_model())
+        );
+        return Ok((Arc::new(model), label));
+    }
+    let label = "model: scripted (no ANTHROPIC_API_KEY or OPENAI_API_KEY set; \
+                 this run is a rehearsal, not a real model)"
+        .to_owned();
+    Ok((rehearsal, label))
+}
+
+/// What a model with the two tools would do: look both cities up, add,
+/// answer.
+pub fn scripted() -> ScriptedModel {
+    ScriptedModel::builder()
+        .tool_calls([
+            ("population", json!({"city": "Lisbon"})),
+            ("population", json!({"city": "Porto"})),
+        ])
+        .tool_call("add", json!({"a": 545_923, "b": 231_962}))
+        .text("Lisbon and Porto have 777885 inhabitants together.")
+        .build()
+}
