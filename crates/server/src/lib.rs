@@ -13,7 +13,8 @@
 //! | `GET /sessions/{id}/approvals` | the pending confirmation requests |
 //! | `POST /sessions/{id}/approvals/{request}` `{"decision": "approve" \| "deny"}` | decides one |
 //!
-//! A run is streamed as `step` events (each step's messages: text, tool
+//! A run is streamed as `delta` events (text as the model writes it, with
+//! an executor made by [`with_deltas`]), `step` events (each step's messages: text, tool
 //! calls, tool results; its yield reason; the response when a terminal tool
 //! gave one), then `done` (the last step's response and whether the turn is
 //! over) or `error`. Every step is in the store before it is sent. A client
@@ -37,7 +38,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::Stream;
-use markov_executor::{Executor, Instance, Machine, MachineStep, RunOptions};
+use markov_executor::stream::DeltaKind;
+use markov_executor::{
+    Executor, Instance, Machine, MachineStep, MessageStreamEvent, RunOptions, StandardExecutor,
+};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_runtime::registry::{ApprovalId, ApprovalStatus};
@@ -48,6 +52,31 @@ use serde_json::{Value, json};
 /// Serves `app` on `listener` until the process ends.
 pub async fn serve(listener: tokio::net::TcpListener, app: Router) -> std::io::Result<()> {
     axum::serve(listener, app).await
+}
+
+tokio::task_local! {
+    /// The event stream of the run the current task performs.
+    static RUN_EVENTS: tokio::sync::mpsc::UnboundedSender<Event>;
+}
+
+/// `executor` with its model calls streamed into the runs' event streams:
+/// each text delta becomes a `delta` event (`{"text": ...}`) of the run
+/// that asked, before that step's `step` event. One executor serves every
+/// session: the deltas find their run through the task that performs it.
+pub fn with_deltas(executor: StandardExecutor) -> StandardExecutor {
+    executor.with_streaming(|event: &MessageStreamEvent| {
+        if let MessageStreamEvent::Update { delta, .. } = event
+            && delta.kind == DeltaKind::Text
+        {
+            let _ = RUN_EVENTS.try_with(|events| {
+                let event = Event::default()
+                    .event("delta")
+                    .json_data(json!({"text": delta.delta}))
+                    .unwrap_or_else(|_| Event::default().event("delta"));
+                let _ = events.send(event);
+            });
+        }
+    })
 }
 
 /// The largest request body accepted.
@@ -387,7 +416,8 @@ async fn message(
     service.store.load(&id).await.map(drop)?;
     let (events, receiver) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let task_service = Arc::clone(&service);
-    tokio::spawn(async move {
+    let deltas = events.clone();
+    tokio::spawn(RUN_EVENTS.scope(deltas, async move {
         let service = task_service;
         // The run goes on when the client leaves: sends then fail, quietly.
         let send = |event: Event| {
@@ -415,7 +445,7 @@ async fn message(
             Err(error) => send(Event::default().event("error").data(error.to_string())),
         }
         drop(busy);
-    });
+    }));
     let stream = futures::stream::unfold(receiver, |mut receiver| async move {
         let event = receiver.recv().await?;
         Some((Ok(event), receiver))

@@ -83,7 +83,7 @@ async fn serve() -> Result<(), String> {
         charter,
         start: node,
         state: json!({}),
-        executor: Arc::new(executor),
+        executor: Arc::new(markov_server::with_deltas(executor)),
     };
     let (store, where_): (Arc<dyn Store>, String) = match &args.database_url {
         Some(url) => (

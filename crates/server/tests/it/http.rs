@@ -13,7 +13,7 @@ use markov_executor::StandardExecutor;
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_runtime::registry::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_server::{Agent, MAX_BODY_BYTES, router};
+use markov_server::{Agent, MAX_BODY_BYTES, router, with_deltas};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
@@ -81,9 +81,9 @@ pub(crate) async fn serve(model: impl Model + 'static) -> Fixture {
         charter,
         start: node,
         state: json!({}),
-        executor: Arc::new(
+        executor: Arc::new(with_deltas(
             StandardExecutor::new(model).with_registry(Arc::new(registry), Mode::TEXT),
-        ),
+        )),
     };
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
     let app = router(agent, store, WorkerId::new("test"));
@@ -172,7 +172,9 @@ async fn a_run_is_streamed_step_by_step_and_stored() {
     let id = f.create().await;
     let events = f.say(&id, "pay 5").await;
     let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["step", "step", "done"], "{events:?}");
+    assert_eq!(names, ["step", "delta", "step", "done"], "{events:?}");
+    // The answer's text arrives as the model writes it, then in its step.
+    assert_eq!(events[1].1["text"], "Please approve the payment of 5.");
     let first = &events[0].1;
     assert_eq!(first["yield_reason"], "tool_use");
     let text = first.to_string();
@@ -184,7 +186,7 @@ async fn a_run_is_streamed_step_by_step_and_stored() {
         text.contains("CONFIRMATION_REQUIRED"),
         "and its result: {text}"
     );
-    assert_eq!(events[2].1["done"], true);
+    assert_eq!(events[3].1["done"], true);
 
     let (status, session) = f.get(&format!("/sessions/{id}")).await;
     assert_eq!(status, 200);
