@@ -12,6 +12,7 @@
 //! | `POST /sessions/{id}/messages` `{"text": ...}` | runs a turn, streamed as server-sent events |
 //! | `GET /sessions/{id}/approvals` | the pending confirmation requests |
 //! | `POST /sessions/{id}/approvals/{request}` `{"decision": "approve" \| "deny"}` | decides one |
+//! | `POST /sessions/{id}/commands` `{"name": ..., "input": {...}}` | runs a command (no model call) |
 //!
 //! A run is streamed as `delta` events (text as the model writes it, with
 //! an executor made by [`with_deltas`]), `step` events (each step's messages: text, tool
@@ -131,6 +132,7 @@ pub fn router(agent: Agent, store: Arc<dyn Store>, worker: WorkerId) -> Router {
         .route("/sessions/{id}/messages", post(message))
         .route("/sessions/{id}/approvals", get(approvals))
         .route("/sessions/{id}/approvals/{request}", post(decide))
+        .route("/sessions/{id}/commands", post(command))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(service)
 }
@@ -370,6 +372,40 @@ async fn decide(
             DecisionKind::Deny => "denied",
         }}),
     ))
+}
+
+/// A command to run.
+#[derive(Debug, Deserialize)]
+struct CommandRequest {
+    name: String,
+    #[serde(default)]
+    input: Option<Value>,
+}
+
+async fn command(
+    State(service): Shared,
+    Path(id): Path<String>,
+    body: Result<Json<CommandRequest>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(request) = body?;
+    let id = SessionId::new(id);
+    let _busy = Busy::claim(&service, &id)?;
+    let mut session = open(&service, &id).await?;
+    let outcome = session
+        .command(
+            &request.name,
+            request.input.unwrap_or_else(|| json!({})),
+            Default::default(),
+        )
+        .await;
+    let released = session.release().await;
+    let outcome = outcome?;
+    released?;
+    Ok(Json(json!({
+        "success": outcome.result.success,
+        "value": outcome.result.value,
+        "error": outcome.result.error,
+    })))
 }
 
 /// A user message.

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use markov_executor::{
-    Action, DeserializeError, Executor, Instance, Machine, MachineOptions, MachineStep, RunError,
-    RunOptions, RunState, SerializeError, deserialize_machine, run_leaves, serialize_instance_tree,
-    serialize_machine,
+    Action, CommandOptions, CommandOutcome, DeserializeError, Executor, Instance, Machine,
+    MachineOptions, MachineStep, RunError, RunOptions, RunState, SerializeError,
+    deserialize_machine, run_command, run_leaves, serialize_instance_tree, serialize_machine,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::registry::{LedgerEntry, LedgerJournal};
@@ -345,6 +345,21 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             }
         }
         last.ok_or(DurableError::Run(RunError::NoSteps))
+    }
+
+    /// Runs the command `name` (see `markov_executor::run_command`) and
+    /// stores its effects: the tree changes at once, and the `command`
+    /// message with whatever the command enqueued is recorded by a run
+    /// that calls no model (unless a queued user message asks for one).
+    pub async fn command(
+        &mut self,
+        name: &str,
+        input: serde_json::Value,
+        options: CommandOptions,
+    ) -> Result<CommandOutcome, DurableError> {
+        let outcome = run_command(&mut self.machine, name, input, options).await;
+        self.run(RunOptions::default()).await?;
+        Ok(outcome)
     }
 
     /// Gives up the lease and returns the machine.

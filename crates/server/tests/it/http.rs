@@ -85,6 +85,11 @@ pub(crate) async fn serve(model: impl Model + 'static) -> Fixture {
             StandardExecutor::new(model).with_registry(Arc::new(registry), Mode::TEXT),
         )),
     };
+    serve_agent(agent, pays).await
+}
+
+/// Serves `agent` on a loopback port, its sessions in memory.
+async fn serve_agent(agent: Agent, pays: Arc<AtomicUsize>) -> Fixture {
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
     let app = router(agent, store, WorkerId::new("test"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -355,4 +360,85 @@ async fn a_second_message_while_running_is_a_conflict_and_a_client_that_leaves_d
     // Nothing was lost: the second message was refused, not queued.
     let (_, session) = f.get(&format!("/sessions/{id}")).await;
     assert!(!session.to_string().contains("and again"));
+}
+
+#[derive(serde::Serialize, Deserialize, JsonSchema)]
+struct Counter {
+    count: i64,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct By {
+    by: i64,
+}
+
+/// Adds `by` to the counter.
+struct Bump;
+
+impl markov_runtime::command::Command for Bump {
+    const NAME: &'static str = "bump";
+    type Input = By;
+    type Error = markov_runtime::command::CommandError;
+    fn description(&self) -> String {
+        "Bump the counter".into()
+    }
+    async fn execute(
+        &self,
+        input: By,
+        cx: &markov_runtime::command::CommandContext<'_>,
+    ) -> Result<markov_runtime::command::CommandResult, Self::Error> {
+        let Counter { count } = cx
+            .state()
+            .map_err(markov_runtime::command::CommandError::failed)?;
+        cx.update_state(json!({"count": count + input.by}))?;
+        Ok(markov_runtime::command::CommandResult::with_payload(json!(
+            count + input.by
+        )))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_runs_without_the_model_and_is_stored() {
+    let node = Node::builder("Count.")
+        .name("main")
+        .state(Counter { count: 0 })
+        .command(Bump)
+        .build()
+        .expect("node");
+    let charter = Charter::builder("counter")
+        .node("main", node.clone())
+        .build()
+        .expect("charter");
+    let model = ScriptedModel::builder().build();
+    let agent = Agent {
+        charter,
+        start: node,
+        state: json!({"count": 0}),
+        executor: Arc::new(StandardExecutor::new(model)),
+    };
+    let f = serve_agent(agent, Arc::new(AtomicUsize::new(0))).await;
+    let id = f.create().await;
+    let run = |name: &'static str, input: Value| {
+        f.client
+            .post(format!("{}/sessions/{id}/commands", f.base))
+            .json(&json!({"name": name, "input": input}))
+            .send()
+    };
+    let response = run("bump", json!({"by": 2})).await.expect("sent");
+    assert_eq!(response.status(), 200);
+    let body: Value = response.json().await.expect("json");
+    assert_eq!(body["success"], true, "{body}");
+    assert_eq!(body["value"], 2);
+    let (_, session) = f.get(&format!("/sessions/{id}")).await;
+    assert_eq!(session["state"], json!({"count": 2}), "{session}");
+    assert!(session["history"].to_string().contains("bump"), "{session}");
+
+    let unknown: Value = run("nope", json!({}))
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(unknown["success"], false);
+    assert!(unknown["error"].is_string(), "{unknown}");
 }
