@@ -449,7 +449,8 @@ async fn message(
     // Claimed before the stream starts, so a busy session is a plain 409,
     // and held by the run until it ends.
     let busy = Busy::claim(&service, &id)?;
-    service.store.load(&id).await.map(drop)?;
+    // Opened here, so an unknown or leased session is a plain 404 / 409.
+    let mut session = open(&service, &id).await?;
     let (events, receiver) = tokio::sync::mpsc::unbounded_channel::<Event>();
     let task_service = Arc::clone(&service);
     let deltas = events.clone();
@@ -460,7 +461,6 @@ async fn message(
             let _ = events.send(event);
         };
         let result = async {
-            let mut session = open(&service, &id).await?;
             session.machine().enqueue_user(text);
             let last = session
                 .run_with(service.options.clone(), |step| send(step_event(step)))
