@@ -32,6 +32,7 @@
 //! turns of K steps, untimed, for `valgrind --tool=callgrind`).
 
 mod counting;
+mod server;
 mod store;
 
 use std::fmt::Write as _;
@@ -84,6 +85,7 @@ struct Plan {
     rounds: usize,
     serde_iterations: usize,
     store_appends: usize,
+    server_sessions: &'static [usize],
 }
 
 /// The history lengths of figure 6.
@@ -95,6 +97,7 @@ const FULL: Plan = Plan {
     rounds: ROUNDS,
     serde_iterations: 200_000,
     store_appends: 1_000,
+    server_sessions: &[1_000, 4_000],
 };
 
 const QUICK: Plan = Plan {
@@ -103,6 +106,7 @@ const QUICK: Plan = Plan {
     rounds: 2,
     serde_iterations: 20_000,
     store_appends: 100,
+    server_sessions: &[200],
 };
 
 fn main() -> ExitCode {
@@ -111,6 +115,11 @@ fn main() -> ExitCode {
     match args.as_slice() {
         [] => run_all(FULL),
         ["--quick"] => run_all(QUICK),
+        ["server", ns @ ..] if !ns.is_empty() => {
+            let ns: Vec<usize> = ns.iter().filter_map(|n| n.parse().ok()).collect();
+            server::server_figures(&ns);
+            ExitCode::SUCCESS
+        }
         ["profile", k, turns] => match (k.parse(), turns.parse()) {
             (Ok(k), Ok(turns)) => {
                 profile(k, turns);
@@ -123,7 +132,9 @@ fn main() -> ExitCode {
 }
 
 fn usage() -> ExitCode {
-    eprintln!("usage: markov-bench [--quick] | markov-bench profile <K> <TURNS>");
+    eprintln!(
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench server <N>..."
+    );
     ExitCode::from(2)
 }
 
@@ -166,6 +177,7 @@ fn run_all(plan: Plan) -> ExitCode {
     let layers = layer_costs(plan.steps_per_k.max(20_000));
     let (mut stores, mut loads) = store::sqlite_figures(&STORE_KS, plan.store_appends);
     let (pg_stores, pg_loads) = store::postgres_figures(&STORE_KS, plan.store_appends);
+    let servers = server::server_figures(plan.server_sessions);
     stores.extend(pg_stores);
     loads.extend(pg_loads);
 
@@ -339,6 +351,23 @@ fn run_all(plan: Plan) -> ExitCode {
         table,
         "   LangGraph's checkpointers (issue figure, not measured here): ≈ 15 ms per step at 1 000 steps, re-serializing the whole history"
     );
+    let _ = writeln!(
+        table,
+        "\n7. The HTTP service: N sessions at once, one message each, the model 100 ms away on loopback (Anthropic client, fake provider), SQLite in memory"
+    );
+    for s in &servers {
+        let _ = writeln!(
+            table,
+            "   N = {:>5}: {} completed in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; peak RSS {:.1} MB",
+            s.sessions,
+            s.completed,
+            s.wall.as_secs_f64() * 1e3,
+            s.completed as f64 / s.wall.as_secs_f64(),
+            s.added.median_us / 1e3,
+            s.added.p99_us / 1e3,
+            s.vm_hwm_kb as f64 / 1024.0
+        );
+    }
     println!("{table}");
     ExitCode::SUCCESS
 }
@@ -347,7 +376,7 @@ const MB: f64 = 1024.0 * 1024.0;
 
 /// Summary statistics of a sample of durations, in microseconds.
 #[derive(Debug, Clone, Copy)]
-struct Stats {
+pub(crate) struct Stats {
     count: usize,
     mean_us: f64,
     median_us: f64,
@@ -575,7 +604,7 @@ fn throughput(plan: Plan) -> Throughput {
 }
 
 /// A `kB` line of `/proc/self/status`, e.g. `VmHWM`.
-fn proc_status_kb(key: &str) -> Option<u64> {
+pub(crate) fn proc_status_kb(key: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     status.lines().find_map(|line| {
         let rest = line.strip_prefix(key)?.strip_prefix(':')?;
