@@ -138,9 +138,42 @@ async fn measure(
     (figure, load)
 }
 
+/// Figure 6 for one backend: `store_for(k)` gives the store to measure at
+/// each K (the same one, or a fresh database), `label` names it in the
+/// table and `key` in the machine-readable lines.
+fn figures<S: Store>(
+    runtime: &tokio::runtime::Runtime,
+    ks: &[usize],
+    appends: usize,
+    label: &'static str,
+    key: &str,
+    mut store_for: impl FnMut(usize) -> S,
+) -> (Vec<StoreFigure>, Vec<LoadFigure>) {
+    let mut figures = Vec::new();
+    let mut loads = Vec::new();
+    for &k in ks {
+        let store = store_for(k);
+        let (figure, load) = runtime.block_on(measure(&store, label, k, appends, k == 1_000));
+        println!(
+            "bench=store backend={key} k={k} messages={} append_median_us={:.1} append_p99_us={:.1}",
+            figure.messages, figure.append.median_us, figure.append.p99_us
+        );
+        figures.push(figure);
+        if let Some(load) = load {
+            println!(
+                "bench=store_load backend={key} messages={} load_ms={:.2} restore_ms={:.3}",
+                load.messages, load.load_ms, load.restore_ms
+            );
+            loads.push(load);
+        }
+    }
+    (figures, loads)
+}
+
 /// Figure 6 for PostgreSQL (a server of its own on loopback, started from
 /// the machine's binaries; `fsync=off`, so the figure is the store's work
-/// and the round trips, not the disk), when PostgreSQL is installed.
+/// and the round trips, not the disk), when PostgreSQL is installed; a
+/// fresh database per K.
 pub(crate) fn postgres_figures(
     ks: &[usize],
     appends: usize,
@@ -157,34 +190,19 @@ pub(crate) fn postgres_figures(
         .enable_all()
         .build()
         .expect("a runtime with IO");
-    let mut figures = Vec::new();
-    let mut loads = Vec::new();
-    for &k in ks {
-        let url = server.new_database().expect("a database");
-        let store = runtime
-            .block_on(PostgresStore::connect(&url))
-            .expect("the store connects");
-        let (figure, load) = runtime.block_on(measure(
-            &store,
-            "postgres (loopback)",
-            k,
-            appends,
-            k == 1_000,
-        ));
-        println!(
-            "bench=store backend=postgres k={k} messages={} append_median_us={:.1} append_p99_us={:.1}",
-            figure.messages, figure.append.median_us, figure.append.p99_us
-        );
-        figures.push(figure);
-        if let Some(load) = load {
-            println!(
-                "bench=store_load backend=postgres messages={} load_ms={:.2} restore_ms={:.3}",
-                load.messages, load.load_ms, load.restore_ms
-            );
-            loads.push(load);
-        }
-    }
-    (figures, loads)
+    figures(
+        &runtime,
+        ks,
+        appends,
+        "postgres (loopback)",
+        "postgres",
+        |_| {
+            let url = server.new_database().expect("a database");
+            runtime
+                .block_on(PostgresStore::connect(&url))
+                .expect("the store connects")
+        },
+    )
 }
 
 /// Figure 6 for SQLite (a file in WAL mode, the default durability) at each
@@ -193,28 +211,12 @@ pub(crate) fn sqlite_figures(ks: &[usize], appends: usize) -> (Vec<StoreFigure>,
     let scratch = Scratch::new();
     let store = SqliteStore::open(scratch.0.join("bench.db")).expect("the database opens");
     let runtime = current_thread_runtime();
-    let mut figures = Vec::new();
-    let mut loads = Vec::new();
-    for &k in ks {
-        let (figure, load) = runtime.block_on(measure(
-            &store,
-            "sqlite (file, WAL)",
-            k,
-            appends,
-            k == 1_000,
-        ));
-        println!(
-            "bench=store backend=sqlite k={k} messages={} append_median_us={:.1} append_p99_us={:.1}",
-            figure.messages, figure.append.median_us, figure.append.p99_us
-        );
-        figures.push(figure);
-        if let Some(load) = load {
-            println!(
-                "bench=store_load backend=sqlite messages={} load_ms={:.2} restore_ms={:.2}",
-                load.messages, load.load_ms, load.restore_ms
-            );
-            loads.push(load);
-        }
-    }
-    (figures, loads)
+    figures(
+        &runtime,
+        ks,
+        appends,
+        "sqlite (file, WAL)",
+        "sqlite",
+        |_| store.clone(),
+    )
 }
