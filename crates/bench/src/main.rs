@@ -97,7 +97,7 @@ const FULL: Plan = Plan {
     rounds: ROUNDS,
     serde_iterations: 200_000,
     store_appends: 1_000,
-    server_sessions: &[1_000, 4_000],
+    server_sessions: &[1_000, 10_000],
 };
 
 const QUICK: Plan = Plan {
@@ -115,6 +115,18 @@ fn main() -> ExitCode {
     match args.as_slice() {
         [] => run_all(FULL),
         ["--quick"] => run_all(QUICK),
+        ["server-processes", n, workers] => match (n.parse(), workers.parse()) {
+            (Ok(n), Ok(workers)) => {
+                server::multi_process(n, workers);
+                ExitCode::SUCCESS
+            }
+            _ => usage(),
+        },
+        ["serve-worker", provider] => server::worker(provider),
+        ["load-clients", n, bases] => match n.parse() {
+            Ok(n) => server::clients(n, &bases.split(',').collect::<Vec<_>>()),
+            Err(_) => usage(),
+        },
         ["server", ns @ ..] if !ns.is_empty() => {
             let ns: Vec<usize> = ns.iter().filter_map(|n| n.parse().ok()).collect();
             server::server_figures(&ns);
@@ -133,7 +145,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench server <N>..."
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
 }
@@ -177,7 +189,11 @@ fn run_all(plan: Plan) -> ExitCode {
     let layers = layer_costs(plan.steps_per_k.max(20_000));
     let (mut stores, mut loads) = store::sqlite_figures(&STORE_KS, plan.store_appends);
     let (pg_stores, pg_loads) = store::postgres_figures(&STORE_KS, plan.store_appends);
-    let servers = server::server_figures(plan.server_sessions);
+    let servers: Vec<server::ProcessesFigure> = plan
+        .server_sessions
+        .iter()
+        .map(|&n| server::multi_process(n, 2))
+        .collect();
     stores.extend(pg_stores);
     loads.extend(pg_loads);
 
@@ -353,19 +369,21 @@ fn run_all(plan: Plan) -> ExitCode {
     );
     let _ = writeln!(
         table,
-        "\n7. The HTTP service: N sessions at once, one message each, the model 100 ms away on loopback (Anthropic client, fake provider), SQLite in memory"
+        "\n7. The HTTP service: N sessions at once, one message each, the model 100 ms away on loopback (Anthropic client, fake provider); 2 server processes (SQLite in memory), the clients and the provider in processes of their own"
     );
     for s in &servers {
         let _ = writeln!(
             table,
-            "   N = {:>5}: {} completed in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; peak RSS {:.1} MB",
+            "   N = {:>5}: {} completed in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; peak RSS of the {} servers {:.1} MB (clients {:.1} MB)",
             s.sessions,
             s.completed,
-            s.wall.as_secs_f64() * 1e3,
-            s.completed as f64 / s.wall.as_secs_f64(),
-            s.added.median_us / 1e3,
-            s.added.p99_us / 1e3,
-            s.vm_hwm_kb as f64 / 1024.0
+            s.wall_ms,
+            s.steps_per_s(),
+            s.p50_ms,
+            s.p99_ms,
+            s.workers,
+            s.workers_mb,
+            s.clients_mb
         );
     }
     println!("{table}");

@@ -138,3 +138,228 @@ pub(crate) fn server_figures(ns: &[usize]) -> Vec<ServerFigure> {
         })
         .collect()
 }
+
+/// The server of one worker process: the demo-less agent of figure 7 over
+/// the provider at `provider_url`, on a free loopback port, which it prints
+/// (`port=N`) before it serves until it is killed.
+pub(crate) fn worker(provider_url: &str) -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let model = Anthropic::builder()
+            .api_key("sk-ant-bench")
+            .base_url(provider_url)
+            .max_retries(0)
+            .timeout(Duration::from_secs(300))
+            .build()
+            .expect("the client builds");
+        let node = Node::builder("Answer.").name("main").build().expect("node");
+        let charter = Charter::builder("load")
+            .node("main", node.clone())
+            .build()
+            .expect("charter");
+        let agent = Agent {
+            charter,
+            start: node,
+            state: json!({}),
+            executor: Arc::new(StandardExecutor::new(model)),
+        };
+        let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+        let app = router(agent, store, WorkerId::random());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        println!("port={}", listener.local_addr().expect("an address").port());
+        let _ = markov_server::serve(listener, app).await;
+    });
+    std::process::ExitCode::SUCCESS
+}
+
+/// The client process: `n` sessions spread over `bases`, one message each,
+/// all at once; prints one `result ...` line.
+pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let (completed, wall, added) = runtime.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("a client");
+        let mut urls = Vec::with_capacity(n);
+        for i in 0..n {
+            let base = bases[i % bases.len()];
+            let created = client
+                .post(format!("{base}/sessions"))
+                .send()
+                .await
+                .expect("created");
+            let body: serde_json::Value = created.json().await.expect("json");
+            urls.push(format!(
+                "{base}/sessions/{}/messages",
+                body["id"].as_str().unwrap_or_default()
+            ));
+        }
+        let start = Instant::now();
+        let runs = urls.into_iter().map(|url| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let sent = Instant::now();
+                let stream = client
+                    .post(url)
+                    .json(&json!({"text": "hi"}))
+                    .send()
+                    .await
+                    .ok()?
+                    .text()
+                    .await
+                    .ok()?;
+                stream
+                    .contains("event: done")
+                    .then(|| sent.elapsed().saturating_sub(MODEL_LATENCY))
+            })
+        });
+        let results = futures::future::join_all(runs).await;
+        let wall = start.elapsed();
+        let added: Vec<Duration> = results
+            .into_iter()
+            .filter_map(|r| r.ok().flatten())
+            .collect();
+        (added.len(), wall, Stats::of(&added))
+    });
+    println!(
+        "result completed={completed} wall_ms={:.0} p50_ms={:.1} p99_ms={:.1} client_vm_hwm_kb={}",
+        wall.as_secs_f64() * 1e3,
+        added.median_us / 1e3,
+        added.p99_us / 1e3,
+        crate::proc_status_kb("VmHWM").unwrap_or(0)
+    );
+    std::process::ExitCode::SUCCESS
+}
+
+/// `VmHWM` of another process, in kB.
+fn vm_hwm_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|l| {
+                l.strip_prefix("VmHWM:")
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
+}
+
+/// Figure 7 with every part in a process of its own: the fake provider
+/// here, `workers` server processes, one client process. One process
+/// cannot hold four sockets for each of 10 000 sessions under a 20 000
+/// descriptor limit; split this way, none needs more than two per session.
+pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let exe = std::env::current_exe().expect("the bench binary");
+    runtime.block_on(async move {
+        let provider = FakeServer::start().await;
+        for _ in 0..n {
+            provider.reply(Reply::json(200, anthropic::text("ok")).delayed(MODEL_LATENCY));
+        }
+        let mut children = Vec::new();
+        let mut bases = Vec::new();
+        for _ in 0..workers.max(1) {
+            let mut child = Command::new(&exe)
+                .args(["serve-worker", &provider.base_url()])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("a worker starts");
+            let mut line = String::new();
+            if let Some(out) = child.stdout.take() {
+                let _ = std::io::BufReader::new(out).read_line(&mut line);
+            }
+            let port = line.trim().trim_start_matches("port=").to_owned();
+            bases.push(format!("http://127.0.0.1:{port}"));
+            children.push(child);
+        }
+        let client = {
+            let exe = exe.clone();
+            let bases = bases.join(",");
+            tokio::task::spawn_blocking(move || {
+                Command::new(exe)
+                    .args(["load-clients", &n.to_string(), &bases])
+                    .output()
+                    .expect("the clients run")
+            })
+        }
+        .await
+        .expect("the clients finished");
+        let result = String::from_utf8_lossy(&client.stdout).into_owned();
+        let workers_hwm_kb: u64 = children.iter().map(|c| vm_hwm_of(c.id())).sum();
+        for mut child in children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let line = result.lines().find(|l| l.starts_with("result")).unwrap_or("result failed");
+        let field = |name: &str| -> f64 {
+            line.split_whitespace()
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let figure = ProcessesFigure {
+            sessions: n,
+            workers,
+            completed: field("completed") as usize,
+            wall_ms: field("wall_ms"),
+            p50_ms: field("p50_ms"),
+            p99_ms: field("p99_ms"),
+            workers_mb: workers_hwm_kb as f64 / 1024.0,
+            clients_mb: field("client_vm_hwm_kb") / 1024.0,
+        };
+        println!(
+            "bench=server_processes sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1}",
+            figure.completed,
+            figure.wall_ms,
+            figure.steps_per_s(),
+            figure.p50_ms,
+            figure.p99_ms,
+            figure.workers_mb,
+            figure.clients_mb
+        );
+        figure
+    })
+}
+
+/// Figure 7 with the parts in their own processes.
+#[derive(Debug)]
+pub(crate) struct ProcessesFigure {
+    pub(crate) sessions: usize,
+    pub(crate) workers: usize,
+    pub(crate) completed: usize,
+    pub(crate) wall_ms: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    /// Peak resident memory of the server workers, summed.
+    pub(crate) workers_mb: f64,
+    pub(crate) clients_mb: f64,
+}
+
+impl ProcessesFigure {
+    pub(crate) fn steps_per_s(&self) -> f64 {
+        if self.wall_ms > 0.0 {
+            self.completed as f64 / (self.wall_ms / 1e3)
+        } else {
+            0.0
+        }
+    }
+}
