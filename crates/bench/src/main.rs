@@ -853,7 +853,7 @@ fn layer_costs(calls: usize) -> Vec<(&'static str, f64)> {
                         .call(ToolRequest {
                             call_id: id,
                             name: "add",
-                            input: input.clone(),
+                            input: std::borrow::Cow::Borrowed(&input),
                             tool: Some(tool),
                             metadata,
                             mode: &Mode::TEXT,

@@ -598,9 +598,12 @@ pub trait DynTool: Send + Sync + fmt::Debug {
     }
 
     /// Deserializes `input` and runs the tool.
+    ///
+    /// The arguments are borrowed: the call's copy in the history is the only
+    /// one, and the tool's typed arguments are read straight from it.
     fn call_json<'a>(
         &'a self,
-        input: Value,
+        input: &'a Value,
         cx: ToolContext<'a>,
     ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>>;
 }
@@ -661,11 +664,11 @@ impl<T: Tool> DynTool for Erased<T> {
 
     fn call_json<'a>(
         &'a self,
-        input: Value,
+        input: &'a Value,
         cx: ToolContext<'a>,
     ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>> {
         Box::pin(async move {
-            let args: T::Args = serde_json::from_value(input)
+            let args = T::Args::deserialize(input)
                 .map_err(|e| ToolCallError::InvalidInput(e.to_string()))?;
             let output = self
                 .tool
@@ -918,9 +921,9 @@ mod tests {
         let id = ToolCallId::new("c1");
         let state = NoState::default();
         let cx = ToolContext::new(&id, &[], &state);
-        let ok = t.call_json(json!({"a": 2, "b": 3}), cx).await.unwrap();
+        let ok = t.call_json(&json!({"a": 2, "b": 3}), cx).await.unwrap();
         assert_eq!(ok, ToolOutcome::Value(json!(5)));
-        let err = t.call_json(json!({"a": "x"}), cx).await.unwrap_err();
+        let err = t.call_json(&json!({"a": "x"}), cx).await.unwrap_err();
         assert!(err.to_string().starts_with("Invalid tool input: "), "{err}");
     }
 

@@ -69,6 +69,9 @@ pub struct Instance {
     pub(crate) pack_states: BTreeMap<String, Value>,
     pub(crate) packs: Vec<Pack>,
     pub(crate) tool_choice: Option<ToolChoicePolicy>,
+    /// The leaf's last system prompt (empty in a clone, so an updated
+    /// instance starts afresh; never serialized).
+    pub(crate) prompt: markov_runtime::prompt::PromptCache,
 }
 
 /// One active leaf: the path from the root to it. Only the tree builds one
@@ -133,6 +136,7 @@ impl Instance {
             pack_states: BTreeMap::new(),
             packs: Vec::new(),
             tool_choice: None,
+            prompt: Default::default(),
         }
     }
 
@@ -275,6 +279,17 @@ impl Instance {
                 path.pop();
                 index.pop();
             }
+        }
+        if self.children.is_empty() {
+            // The common one-instance tree, without the walk's scratch path.
+            if self.suspended.is_some() {
+                return Vec::new();
+            }
+            return vec![ActiveLeaf {
+                path: vec![Arc::clone(self)],
+                leaf_index: Vec::new(),
+                is_worker: self.is_worker(),
+            }];
         }
         let mut out = Vec::new();
         walk(&mut vec![Arc::clone(self)], &mut Vec::new(), &mut out);

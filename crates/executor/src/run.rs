@@ -526,14 +526,18 @@ impl RunState {
         tasks: &[LeafTask],
         results: Vec<Result<LeafOutcome, RunError>>,
     ) -> Result<MachineStep, RunError> {
-        let mut outcomes = Vec::with_capacity(results.len());
         let mut failure = None;
-        for r in results {
-            match r {
-                Ok(o) => outcomes.push(o),
-                Err(e) => failure = failure.or(Some(e)),
-            }
-        }
+        // Collected in place: the results' buffer holds the outcomes.
+        let outcomes: Vec<LeafOutcome> = results
+            .into_iter()
+            .filter_map(|r| match r {
+                Ok(o) => Some(o),
+                Err(e) => {
+                    failure = failure.take().or(Some(e));
+                    None
+                }
+            })
+            .collect();
         if let Some(e) = failure {
             // What succeeded stays queued for the next run rather than being lost.
             for o in outcomes {
@@ -583,7 +587,11 @@ impl RunState {
         apply(machine, &effects, self.steps);
         let applied = cedes_of(&effects);
         let mut history = std::mem::take(&mut self.pending);
-        history.extend(step_history);
+        if history.is_empty() {
+            history = step_history;
+        } else {
+            history.extend(step_history);
+        }
 
         let (reason, response, termination) = primary.unwrap_or((YieldReason::EndTurn, None, None));
         if reason == YieldReason::EndTurn {

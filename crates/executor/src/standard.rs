@@ -16,6 +16,8 @@
 //! while tools run therefore leaves only the empty vessel behind, never a tool
 //! call without its result.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -33,7 +35,7 @@ use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{
     CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
 };
-use markov_runtime::prompt::system_prompt;
+use markov_runtime::prompt::system_prompt_cached;
 use markov_runtime::registry::{Mode, RegistryBinding, ToolRegistry};
 use markov_runtime::respond::take_transition;
 use markov_runtime::tool_choice::check_thinking;
@@ -142,8 +144,9 @@ impl StandardExecutor {
 /// Everything a model call needs besides the history.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Prepared {
-    /// The system prompt.
-    pub system: String,
+    /// The system prompt, shared with the leaf's prompt cache while its
+    /// inputs are unchanged.
+    pub system: Arc<str>,
     /// The tools offered, shared with every other step of the same node
     /// (see `generate_tools_cached`).
     pub tools: Arc<[ToolDefinition]>,
@@ -196,14 +199,16 @@ fn ancestor_views<'a>(cx: &LeafContext<'a>) -> Vec<AncestorView<'a>> {
 }
 
 /// Pack states as the leaf sees them: the root's, with the node's own packs
-/// initialised for a non-worker.
-fn pack_states(cx: &LeafContext<'_>) -> std::collections::BTreeMap<String, Value> {
-    let mut states = cx.root().pack_states().clone();
+/// initialised for a non-worker. Borrowed unless an initial state fills a gap.
+fn pack_states<'a>(cx: &LeafContext<'a>) -> Cow<'a, BTreeMap<String, Value>> {
+    let mut states = Cow::Borrowed(cx.root().pack_states());
     if !cx.is_worker() {
         for pack in cx.instance().node().packs() {
             let missing = states.get(pack.name()).is_none_or(Value::is_null);
             if missing && let Some(initial) = pack.initial_state() {
-                states.insert(pack.name().to_owned(), initial.clone());
+                states
+                    .to_mut()
+                    .insert(pack.name().to_owned(), initial.clone());
             }
         }
     }
@@ -245,7 +250,8 @@ pub fn prepare(
         cx.root().packs()
     };
     let pack_states = pack_states(cx);
-    let system = system_prompt(
+    let system = system_prompt_cached(
+        &cx.instance().prompt,
         &PromptInput {
             charter: cx.charter,
             node,
@@ -376,10 +382,12 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
             other => other,
         })
         .collect();
-    let mut entries = vec![Entry::message(with_source(
+    // Room for the results or the reminder that usually follow.
+    let mut entries = Vec::with_capacity(2);
+    entries.push(Entry::message(with_source(
         Message::assistant_items(items),
         &source,
-    ))];
+    )));
     let mut turn = cx.turn;
 
     if response.stop_reason == StopReason::MaxTokens {
@@ -749,7 +757,7 @@ impl Executor for StandardExecutor {
             streamed = self.streaming.is_some(),
         );
         if self.capture_content && !span.is_disabled() {
-            span.record("gen_ai.system_instructions", prepared.system.as_str());
+            span.record("gen_ai.system_instructions", &*prepared.system);
             if let Ok(json) = serde_json::to_string(cx.history) {
                 span.record("gen_ai.input.messages", json.as_str());
             }

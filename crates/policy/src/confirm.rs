@@ -483,11 +483,12 @@ impl<S: ToolService> ToolService for Confirm<S> {
         if !req.metadata.is_some_and(|m| m.requires_confirmation()) {
             return self.inner.call(req);
         }
-        match req
-            .policy
-            .approvals()
-            .check(req.name, &mut req.input, self.ttl, SystemTime::now())
-        {
+        match req.policy.approvals().check(
+            req.name,
+            req.input.to_mut(),
+            self.ttl,
+            SystemTime::now(),
+        ) {
             Ok(()) => self.inner.call(req),
             Err(rejection) => {
                 let result = rejection.respond(&req);

@@ -169,7 +169,7 @@ impl ToolService for ExecuteService {
         Box::pin(async move {
             // A panic is the tool's failure, not the conversation's: it is
             // answered like any other, so audit and the ledger see it too.
-            let outcome = std::panic::AssertUnwindSafe(tool.call_json(input, cx))
+            let outcome = std::panic::AssertUnwindSafe(tool.call_json(&input, cx))
                 .catch_unwind()
                 .await
                 .unwrap_or_else(|_| Err(ToolCallError::Execution("the tool panicked".to_owned())));

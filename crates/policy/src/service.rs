@@ -26,8 +26,9 @@ pub struct ToolRequest<'a> {
     pub call_id: &'a ToolCallId,
     /// The tool name the model wrote.
     pub name: &'a str,
-    /// The arguments.
-    pub input: Value,
+    /// The arguments, borrowed from the call while no stage changes them:
+    /// the execute stage makes the one copy the tool consumes.
+    pub input: std::borrow::Cow<'a, Value>,
     /// The tool to run, if one was found.
     pub tool: Option<&'a SharedTool>,
     /// The tool's registered metadata, if it is registered.

@@ -374,7 +374,14 @@ impl ToolRegistry {
     ) -> Executed {
         let (mode, turn) = session;
         self.session(mode, turn)
-            .run(self.tool(name), call_id, name, input, cx, TERMINATE_MESSAGE)
+            .run(
+                self.tool(name),
+                call_id,
+                name,
+                std::borrow::Cow::Owned(input),
+                cx,
+                TERMINATE_MESSAGE,
+            )
             .await
     }
 }
@@ -400,7 +407,7 @@ impl<'a> RegistrySession<'a> {
         tool: Option<&'a SharedTool>,
         call_id: &'a ToolCallId,
         name: &'a str,
-        input: Value,
+        input: std::borrow::Cow<'a, Value>,
         cx: ToolContext<'a>,
         terminate_message: &'a str,
     ) -> Executed {
@@ -424,7 +431,7 @@ impl<'a> RegistrySession<'a> {
         tool: Option<&'a SharedTool>,
         call_id: &'a ToolCallId,
         name: &'a str,
-        input: Value,
+        input: std::borrow::Cow<'a, Value>,
         cx: ToolContext<'a>,
         terminate_message: &'a str,
     ) -> Executed {

@@ -132,16 +132,16 @@ fn check_tool_choice(
     response: &ModelResponse,
     index: usize,
 ) -> Result<(), ModelError> {
-    let called: Vec<&str> = response.tool_calls().map(|(_, name, _)| name).collect();
+    let mut called = response.tool_calls().map(|(_, name, _)| name);
     let refusal = match choice {
-        ToolChoice::Any if called.is_empty() => Some(
+        ToolChoice::Any if called.next().is_none() => Some(
             "answers without a tool call, but the request's tool choice is Any (a provider would never return that)"
                 .to_owned(),
         ),
-        ToolChoice::Tool(name) if !called.contains(&name.as_str()) => Some(format!(
+        ToolChoice::Tool(name) if !called.any(|c| c == name.as_str()) => Some(format!(
             "does not call {name}, but the request's tool choice forces it"
         )),
-        ToolChoice::None if !called.is_empty() => {
+        ToolChoice::None if called.next().is_some() => {
             Some("calls a tool, but the request's tool choice is None".to_owned())
         }
         _ => None,

@@ -133,7 +133,7 @@ mod tests {
         let state = NoState::default();
         let out = t
             .call_json(
-                json!({"text": "1. Apple\n2. Banana"}),
+                &json!({"text": "1. Apple\n2. Banana"}),
                 ToolContext::new(&id, &[], &state),
             )
             .await
@@ -147,12 +147,12 @@ mod tests {
         let id = ToolCallId::new("c");
         let state = NoState::default();
         let cx = ToolContext::new(&id, &[], &state);
-        let out = t.call_json(json!({"note": "all done"}), cx).await.unwrap();
+        let out = t.call_json(&json!({"note": "all done"}), cx).await.unwrap();
         assert_eq!(
             out,
             ToolOutcome::Terminate(TerminateResponse::new(Some("all done".into())))
         );
-        let out = t.call_json(json!({}), cx).await.unwrap();
+        let out = t.call_json(&json!({}), cx).await.unwrap();
         assert_eq!(out.model_text("Finished"), "Finished");
         let schema = &t.definition().input_schema;
         assert!(schema["required"].as_array().is_none_or(|r| r.is_empty()));

@@ -67,26 +67,26 @@ async fn the_erased_tool_calls_the_function() {
 
     let add = Erased::new(Add).expect("tool");
     let out = add
-        .call_json(json!({"a": 2, "b": 3}), cx)
+        .call_json(&json!({"a": 2, "b": 3}), cx)
         .await
         .expect("adds");
     assert_eq!(out, ToolOutcome::Value(json!(5)));
 
     let greet = Erased::new(Greet).expect("tool");
     let out = greet
-        .call_json(json!({"greeting": "Hello"}), cx)
+        .call_json(&json!({"greeting": "Hello"}), cx)
         .await
         .expect("greets");
     assert_eq!(out, ToolOutcome::Value(json!("Hello, acme")));
 
     let divide = Erased::new(Divide).expect("tool");
     let err = divide
-        .call_json(json!({"a": 1.0, "b": 0.0}), cx)
+        .call_json(&json!({"a": 1.0, "b": 0.0}), cx)
         .await
         .expect_err("fails");
     assert!(matches!(err, ToolCallError::Execution(m) if m == "cannot divide by zero"));
     let err = add
-        .call_json(json!({"a": "two"}), cx)
+        .call_json(&json!({"a": "two"}), cx)
         .await
         .expect_err("bad input");
     assert!(matches!(err, ToolCallError::InvalidInput(_)));

@@ -316,7 +316,7 @@ async fn the_first_layer_added_sees_the_request_first() {
         .call(ToolRequest {
             call_id: &id,
             name: "add",
-            input: json!({"a": 1, "b": 2}),
+            input: std::borrow::Cow::Owned(json!({"a": 1, "b": 2})),
             tool: Some(&tool),
             metadata: None,
             mode: &Mode::TEXT,

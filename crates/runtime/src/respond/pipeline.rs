@@ -460,7 +460,7 @@ pub async fn run_tool_calls_logged(
                         None,
                         &call.id,
                         &call.name,
-                        call.input.clone(),
+                        std::borrow::Cow::Borrowed(&call.input),
                         cx,
                         leaf.terminate_message,
                     );
@@ -824,7 +824,7 @@ async fn call_tool(
         Some(tool),
         &call.id,
         &call.name,
-        call.input.clone(),
+        std::borrow::Cow::Borrowed(&call.input),
         cx,
         leaf.terminate_message,
     );

@@ -9,7 +9,7 @@ use markov_core::tool::ToolDefinition;
 use markov_runtime::charter::{AncestorView, Charter, PromptInput};
 use markov_runtime::node::Node;
 use markov_runtime::pack::Pack;
-use markov_runtime::prompt::system_prompt;
+use markov_runtime::prompt::{PromptCache, system_prompt, system_prompt_cached};
 use markov_runtime::transition::Transition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -535,4 +535,107 @@ fn no_step_warning_when_a_step_value_is_zero() {
     assert_eq!(step_warning(0, 10), None);
     assert_eq!(step_warning(1, 0), None);
     assert_eq!(step_warning(3, 3), Some(STEP_WARNING_CRITICAL));
+}
+
+/// What `system_prompt_cached` returns for `input`, against the plain builder.
+fn cached(cache: &PromptCache, input: &PromptInput<'_>, tools: &Arc<[ToolDefinition]>) -> Arc<str> {
+    let prompt = system_prompt_cached(cache, input, tools);
+    assert_eq!(
+        &*prompt,
+        system_prompt(input, tools).as_str(),
+        "the cached prompt is the prompt"
+    );
+    prompt
+}
+
+#[test]
+fn cached_prompt_is_reused_while_its_inputs_are_unchanged() {
+    let charter = plain_charter();
+    let node = counter_node();
+    let tools: Arc<[ToolDefinition]> = Vec::new().into();
+    let cache = PromptCache::default();
+    let state = json!({"count": 1});
+    let first = cached(&cache, &base(&charter, &node, &state), &tools);
+    // An equal state in another value is still a hit.
+    let same = json!({"count": 1});
+    let second = cached(&cache, &base(&charter, &node, &same), &tools);
+    assert!(
+        Arc::ptr_eq(&first, &second),
+        "an unchanged leaf reuses its prompt"
+    );
+}
+
+#[test]
+fn cached_prompt_is_rebuilt_when_anything_it_shows_changes() {
+    let charter = plain_charter();
+    let node = counter_node();
+    let tools: Arc<[ToolDefinition]> = Vec::new().into();
+    let cache = PromptCache::default();
+    let one = json!({"count": 1});
+    let two = json!({"count": 2});
+    let first = cached(&cache, &base(&charter, &node, &one), &tools);
+
+    let changed_state = cached(&cache, &base(&charter, &node, &two), &tools);
+    assert!(changed_state.contains("\"count\": 2"), "{changed_state}");
+    assert!(!Arc::ptr_eq(&first, &changed_state));
+
+    // The step warning appears near the limit.
+    let mut near_end = base(&charter, &node, &two);
+    near_end.current_step = 10;
+    let warned = cached(&cache, &near_end, &tools);
+    assert!(warned.contains("FINAL step"), "{warned}");
+
+    // Another pack state, another node, other tools, another charter.
+    let pack_list = packs();
+    let pack_states = BTreeMap::from([("notes".to_owned(), json!({"items": ["a"]}))]);
+    let mut with_packs = base(&charter, &node, &two);
+    with_packs.packs = &pack_list;
+    with_packs.pack_states = &pack_states;
+    let before = cached(&cache, &with_packs, &tools);
+    let other_states = BTreeMap::from([("notes".to_owned(), json!({"items": ["b"]}))]);
+    with_packs.pack_states = &other_states;
+    let after = cached(&cache, &with_packs, &tools);
+    assert!(!Arc::ptr_eq(&before, &after));
+    assert!(after.contains("\"b\""), "{after}");
+
+    let other_node = Node::builder("Another node.").build().expect("node builds");
+    let other = cached(&cache, &base(&charter, &other_node, &two), &tools);
+    assert!(other.starts_with("Another node."), "{other}");
+
+    let terminal: Arc<[ToolDefinition]> = vec![
+        ToolDefinition::new("reply", "Replies.", json!({"type": "object"}))
+            .expect("valid name")
+            .terminal(true),
+    ]
+    .into();
+    let listed = cached(&cache, &base(&charter, &other_node, &two), &terminal);
+    assert!(listed.contains("## Terminal Tools"), "{listed}");
+
+    let instructed = Charter::builder("test")
+        .instructions("Be brief.")
+        .build()
+        .expect("charter builds");
+    let prefixed = cached(&cache, &base(&instructed, &other_node, &two), &terminal);
+    assert!(prefixed.starts_with("Be brief."), "{prefixed}");
+}
+
+#[test]
+fn custom_prompt_builders_are_called_every_time() {
+    let calls = Arc::new(Mutex::new(0));
+    let counter = Arc::clone(&calls);
+    let charter = Charter::builder("test")
+        .system_prompt(move |_: &PromptInput<'_>| {
+            let mut n = counter.lock().expect("lock");
+            *n += 1;
+            format!("call {n}")
+        })
+        .build()
+        .expect("charter builds");
+    let node = counter_node();
+    let tools: Arc<[ToolDefinition]> = Vec::new().into();
+    let cache = PromptCache::default();
+    let state = json!({"count": 1});
+    let first = system_prompt_cached(&cache, &base(&charter, &node, &state), &tools);
+    let second = system_prompt_cached(&cache, &base(&charter, &node, &state), &tools);
+    assert_eq!((&*first, &*second), ("call 1", "call 2"));
 }
