@@ -1,4 +1,4 @@
-//! `markov-bench`: figures 1–6 on the scenario of `lib.rs`, as a
+//! `markov-bench`: figures 1–8 on the scenario of `lib.rs`, as a
 //! release binary run by `cargo xtask bench`.
 //!
 //! 1. Framework overhead per step for K = 10, 100, 1 000 and 10 000: each
@@ -24,13 +24,23 @@
 //!    on loopback when installed), and the time to load a session of
 //!    K = 1 000 back into a machine.
 //!
+//! 7. The HTTP service under load (see `server.rs`).
+//!
+//! 8. A provider's request body at K = 10, 1 000 and 10 000 tool steps, for
+//!    both vendors: built from the client's cache of encoded messages,
+//!    against `serde_json::to_vec` of the whole request and a plain copy of
+//!    the body's bytes (see `body.rs`).
+//!
 //! Every figure prints one machine-readable line (`bench=<name> key=value
 //! ...`) as it finishes, and a table closes the run.
 //!
 //! Usage: `markov-bench [--quick]` (`--quick`: fewer repetitions and K up to
 //! 1 000, to check that it runs), or `markov-bench profile <K> <TURNS>` (only
-//! turns of K steps, untimed, for `valgrind --tool=callgrind`).
+//! turns of K steps, untimed, for `valgrind --tool=callgrind`), or
+//! `markov-bench profile-body <anthropic|openai> <K> <REPS> [plain]` (the Anthropic bodies of
+//! REPS steps after K, through the cache or, with `plain`, without).
 
+mod body;
 mod counting;
 mod server;
 mod store;
@@ -86,7 +96,12 @@ struct Plan {
     serde_iterations: usize,
     store_appends: usize,
     server_sessions: &'static [usize],
+    /// Timed bodies per vendor and K in figure 8.
+    body_reps: usize,
 }
+
+/// The history lengths (tool steps) of figure 8.
+const BODY_KS: [usize; 3] = [10, 1_000, 10_000];
 
 /// The history lengths of figure 6.
 const STORE_KS: [usize; 3] = [10, 1_000, 10_000];
@@ -98,6 +113,7 @@ const FULL: Plan = Plan {
     serde_iterations: 200_000,
     store_appends: 1_000,
     server_sessions: &[1_000, 10_000],
+    body_reps: 50,
 };
 
 const QUICK: Plan = Plan {
@@ -107,6 +123,7 @@ const QUICK: Plan = Plan {
     serde_iterations: 20_000,
     store_appends: 100,
     server_sessions: &[200],
+    body_reps: 10,
 };
 
 fn main() -> ExitCode {
@@ -132,6 +149,22 @@ fn main() -> ExitCode {
             server::server_figures(&ns);
             ExitCode::SUCCESS
         }
+        ["body"] => {
+            body_figures(QUICK.body_reps);
+            ExitCode::SUCCESS
+        }
+        ["profile-body", vendor, k, reps, rest @ ..] => match (k.parse(), reps.parse(), rest) {
+            (Ok(k), Ok(reps), [] | ["plain"]) => {
+                match body::profile(vendor, k, reps, !rest.is_empty()) {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("{e}");
+                        usage()
+                    }
+                }
+            }
+            _ => usage(),
+        },
         ["profile", k, turns] => match (k.parse(), turns.parse()) {
             (Ok(k), Ok(turns)) => {
                 profile(k, turns);
@@ -145,7 +178,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench body | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
 }
@@ -189,6 +222,7 @@ fn run_all(plan: Plan) -> ExitCode {
     let layers = layer_costs(plan.steps_per_k.max(20_000));
     let (mut stores, mut loads) = store::sqlite_figures(&STORE_KS, plan.store_appends);
     let (pg_stores, pg_loads) = store::postgres_figures(&STORE_KS, plan.store_appends);
+    let bodies = body_figures(plan.body_reps);
     let servers: Vec<server::ProcessesFigure> = plan
         .server_sessions
         .iter()
@@ -386,8 +420,62 @@ fn run_all(plan: Plan) -> ExitCode {
             s.clients_mb
         );
     }
+    let _ = writeln!(
+        table,
+        "\n8. A provider's request body at K tool steps (no network): cached = the client's body for a step (two new messages since the last call), plain = serde_json::to_vec of the whole request, copy = the body's bytes copied into a new buffer; medians"
+    );
+    let _ = writeln!(
+        table,
+        "   {:>9} {:>6} {:>8} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12}",
+        "vendor",
+        "K",
+        "messages",
+        "bytes",
+        "cached µs",
+        "plain µs",
+        "copy µs",
+        "cached/copy",
+        "cached ns/msg"
+    );
+    for b in &bodies {
+        let _ = writeln!(
+            table,
+            "   {:>9} {:>6} {:>8} {:>10} {:>10.1} {:>10.1} {:>10.1} {:>12.2} {:>12.1}",
+            b.vendor,
+            b.k,
+            b.messages,
+            b.bytes,
+            b.cached.median_us,
+            b.plain.median_us,
+            b.copy.median_us,
+            b.cached_over_copy(),
+            b.cached_ns_per_message()
+        );
+    }
     println!("{table}");
     ExitCode::SUCCESS
+}
+
+/// Figure 8, printing its machine-readable lines.
+fn body_figures(reps: usize) -> Vec<body::BodyFigure> {
+    let bodies = body::body_figures(&BODY_KS, reps);
+    for b in &bodies {
+        println!(
+            "bench=request_body vendor={} k={} messages={} bytes={} reps={} cached_median_us={:.1} plain_median_us={:.1} copy_median_us={:.1} cached_over_copy={:.2} cached_ns_per_message={:.1} plain_ns_per_message={:.1}",
+            b.vendor,
+            b.k,
+            b.messages,
+            b.bytes,
+            b.cached.count,
+            b.cached.median_us,
+            b.plain.median_us,
+            b.copy.median_us,
+            b.cached_over_copy(),
+            b.cached_ns_per_message(),
+            b.plain_ns_per_message()
+        );
+    }
+    bodies
 }
 
 const MB: f64 = 1024.0 * 1024.0;

@@ -153,6 +153,43 @@ pub struct ModelRequest<'a> {
     pub settings: &'a ModelSettings,
     /// A JSON Schema the answer must follow (structured output), if any.
     pub output_schema: Option<&'a Value>,
+    /// The identity of the append-only history `messages` is taken from, if
+    /// the caller vouches for one (see [`HistoryId`]): a client may then keep
+    /// the encoded form of the messages it has sent and encode only the new
+    /// ones. `None` (the default, and after [`Self::messages`]) makes every
+    /// request stand alone.
+    pub history_id: Option<HistoryId>,
+}
+
+/// The identity of one append-only history, as the requests sent over it
+/// carry it (see [`ModelRequest::history_id`]).
+///
+/// The promise that comes with it: every request carrying one id sends a
+/// history that starts with the whole history of the previous such request,
+/// unchanged: messages are only ever appended. A machine keeps this promise
+/// for its own history (a new id for every machine, a restored one
+/// included), and a provider client relies on it to encode each message once
+/// instead of once per call. Ids are unique within the process.
+///
+/// ```
+/// use markov_core::model::HistoryId;
+///
+/// assert_ne!(HistoryId::fresh(), HistoryId::fresh());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HistoryId(u64);
+
+impl HistoryId {
+    /// An id no other history of this process has.
+    pub fn fresh() -> Self {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        HistoryId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The id as a number (for logs).
+    pub fn get(self) -> u64 {
+        self.0
+    }
 }
 
 /// The tool choice of a request that sets none.
@@ -170,6 +207,7 @@ impl<'a> ModelRequest<'a> {
             tool_choice: &AUTO,
             settings,
             output_schema: None,
+            history_id: None,
         }
     }
 
@@ -202,9 +240,21 @@ impl<'a> ModelRequest<'a> {
     }
 
     /// Sends `messages` instead (a wrapper that rewrites the conversation).
+    /// The rewritten list is not the history [`Self::history_id`] named, so
+    /// the id is dropped; set it again only for a list that keeps the
+    /// promise of [`HistoryId`].
     #[must_use]
     pub fn messages(mut self, messages: &'a [Message]) -> Self {
         self.messages = messages;
+        self.history_id = None;
+        self
+    }
+
+    /// Says that `messages` is the current content of the append-only
+    /// history `id` (see [`HistoryId`]).
+    #[must_use]
+    pub fn history_id(mut self, id: HistoryId) -> Self {
+        self.history_id = Some(id);
         self
     }
 

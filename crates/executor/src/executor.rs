@@ -25,6 +25,9 @@ pub struct LeafContext<'a> {
     pub leaf: &'a ActiveLeaf,
     /// The history so far (borrowed, never copied).
     pub history: &'a [Message],
+    /// The identity of that history, for the model request (it is only
+    /// ever appended to).
+    pub history_id: markov_core::model::HistoryId,
     /// The 1-based step number.
     pub current_step: usize,
     /// The step limit.

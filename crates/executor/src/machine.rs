@@ -20,6 +20,9 @@ pub struct Machine {
     pub(crate) executor: Arc<dyn Executor>,
     pub(crate) root: Arc<Instance>,
     pub(crate) history: Vec<Message>,
+    /// The history's identity for the model requests made over it (it is
+    /// only appended to; see [`HistoryId`](markov_core::model::HistoryId)).
+    pub(crate) history_id: markov_core::model::HistoryId,
     pub(crate) queue: Queue,
     /// Externalized-state registrations; never serialized.
     pub(crate) externals: Externals,
@@ -99,6 +102,7 @@ impl Machine {
             executor,
             root,
             history: options.history,
+            history_id: markov_core::model::HistoryId::fresh(),
             queue: Queue::new(options.on_enqueue),
             externals: Externals::default(),
             policy: Arc::new(PolicyState::new()),

@@ -704,6 +704,7 @@ pub async fn run_leaves(
             charter: &machine.charter,
             leaf: &task.leaf,
             history: &machine.history,
+            history_id: machine.history_id,
             current_step: task.current_step,
             max_steps: state.options.max_steps,
             turn: task.turn,

@@ -329,6 +329,7 @@ pub fn deserialize_machine(
         executor,
         root: Arc::new(root),
         history,
+        history_id: markov_core::model::HistoryId::fresh(),
         queue: Queue::new(options.on_enqueue),
         externals: Default::default(),
         policy: Arc::new(PolicyState::restored(

@@ -692,7 +692,7 @@ impl StandardExecutor {
         cx: &LeafContext<'_>,
         prepared: &Prepared,
     ) -> Result<(ModelResponse, Option<VesselState>), RunError> {
-        let request = prepared.request(cx.history);
+        let request = prepared.request(cx.history).history_id(cx.history_id);
         let model_error = |source| RunError::Model {
             step: cx.current_step,
             source,

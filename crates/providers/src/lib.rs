@@ -91,6 +91,7 @@ pub mod anthropic;
 pub mod openai;
 
 #[cfg(any(feature = "anthropic", feature = "openai"))]
+mod body;
 mod convert;
 mod error;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
@@ -100,6 +101,7 @@ mod transport;
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
+pub use body::DEFAULT_BODY_CACHE_BYTES;
 pub use error::ConfigError;
 #[cfg(feature = "openai")]
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};

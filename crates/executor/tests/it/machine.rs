@@ -935,3 +935,79 @@ async fn a_failed_resume_keeps_the_rest_of_its_batch() {
     );
     assert_eq!(m.queue().messages(), vec![Message::user("hello")]);
 }
+
+/// Wraps a model and keeps the history id and length of every request.
+#[derive(Debug)]
+struct HistoryIds {
+    inner: Arc<ScriptedModel>,
+    seen: std::sync::Mutex<Vec<(Option<markov_core::model::HistoryId>, usize)>>,
+}
+
+#[async_trait::async_trait]
+impl markov_core::Model for HistoryIds {
+    async fn complete(
+        &self,
+        request: markov_core::ModelRequest<'_>,
+    ) -> Result<markov_core::ModelResponse, markov_core::ModelError> {
+        self.seen
+            .lock()
+            .expect("lock")
+            .push((request.history_id, request.messages.len()));
+        self.inner.complete(request).await
+    }
+}
+
+#[tokio::test]
+async fn requests_name_the_machines_history_and_it_only_grows() {
+    use markov_executor::serialize::{deserialize_machine, serialize_machine};
+    use markov_executor::{Instance, Machine, MachineOptions, StandardExecutor};
+
+    let script = || {
+        Arc::new(
+            ScriptedModel::builder()
+                .tool_call("add", json!({"a": 2, "b": 3}))
+                .tool_call("add", json!({"a": 5, "b": 1}))
+                .text("6")
+                .build(),
+        )
+    };
+    let model = Arc::new(HistoryIds {
+        inner: script(),
+        seen: std::sync::Mutex::new(Vec::new()),
+    });
+    let charter = markov_runtime::charter::Charter::builder("test")
+        .node("main", counter_node())
+        .build()
+        .expect("charter builds");
+    let executor: Arc<dyn markov_executor::Executor> =
+        Arc::new(StandardExecutor::new(Arc::clone(&model)));
+    let mut first = Machine::with_options(
+        charter.clone(),
+        Arc::clone(&executor),
+        Instance::new(counter_node(), counter_state()),
+        MachineOptions::default(),
+    )
+    .expect("machine builds");
+    first.enqueue_user("2+3, then +1?");
+    let (_, err) = run_all(&mut first, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let seen = std::mem::take(&mut *model.seen.lock().expect("lock"));
+    assert_eq!(seen.len(), 3);
+    let id = seen[0].0.expect("a machine names its history");
+    assert!(seen.iter().all(|(i, _)| *i == Some(id)), "{seen:?}");
+    assert!(seen.windows(2).all(|w| w[0].1 < w[1].1), "{seen:?}");
+
+    // A restored machine is another history (it may be restored twice).
+    let snapshot = serialize_machine(&first).expect("serializes");
+    let mut restored = deserialize_machine(charter, executor, snapshot, MachineOptions::default())
+        .expect("restores");
+    *model.seen.lock().expect("lock") = Vec::new();
+    restored.enqueue_user("again?");
+    let _ = run_all(&mut restored, RunOptions::default()).await;
+    let again = model.seen.lock().expect("lock").clone();
+    assert!(!again.is_empty());
+    assert!(
+        again.iter().all(|(i, _)| i.is_some() && *i != Some(id)),
+        "{again:?}"
+    );
+}

@@ -40,7 +40,10 @@ mod wire;
 use std::fmt;
 use std::time::Duration;
 
+use crate::body::BodyCache;
+
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent};
@@ -102,6 +105,7 @@ pub struct Anthropic {
     url: Url,
     model: String,
     caching: PromptCaching,
+    body_cache: BodyCache,
 }
 
 impl fmt::Debug for Anthropic {
@@ -123,6 +127,7 @@ pub struct AnthropicBuilder {
     model: String,
     caching: PromptCaching,
     transport: TransportConfig,
+    body_cache_bytes: usize,
 }
 
 impl fmt::Debug for AnthropicBuilder {
@@ -133,6 +138,7 @@ impl fmt::Debug for AnthropicBuilder {
             .field("model", &self.model)
             .field("caching", &self.caching)
             .field("transport", &self.transport)
+            .field("body_cache_bytes", &self.body_cache_bytes)
             .finish()
     }
 }
@@ -145,6 +151,7 @@ impl Default for AnthropicBuilder {
             model: DEFAULT_MODEL.to_owned(),
             caching: PromptCaching::default(),
             transport: TransportConfig::DEFAULT,
+            body_cache_bytes: crate::body::DEFAULT_BODY_CACHE_BYTES,
         }
     }
 }
@@ -204,6 +211,17 @@ impl AnthropicBuilder {
     #[must_use]
     pub fn prompt_caching(mut self, caching: PromptCaching) -> Self {
         self.caching = caching;
+        self
+    }
+
+    /// Sets how many bytes of encoded messages the client keeps between
+    /// calls, over all the histories it serves (default 64 MiB; 0 keeps
+    /// none). A request that names its history (a machine's do) then
+    /// encodes only the messages added since the last call; the least
+    /// recently used histories are dropped first.
+    #[must_use]
+    pub fn body_cache_bytes(mut self, bytes: usize) -> Self {
+        self.body_cache_bytes = bytes;
         self
     }
 
@@ -286,6 +304,7 @@ impl AnthropicBuilder {
             url: endpoint(&base, "v1/messages"),
             model: self.model,
             caching: self.caching,
+            body_cache: BodyCache::new(self.body_cache_bytes),
         })
     }
 }
@@ -321,7 +340,43 @@ impl Anthropic {
         request.settings.model.as_deref().unwrap_or(&self.model)
     }
 
-    async fn post(&self, body: Vec<u8>, structured: bool) -> Result<reqwest::Response, ModelError> {
+    /// The exact body this client sends for `request` (`stream`: asking for
+    /// a streamed answer), with the history's earlier messages taken from
+    /// the client's cache when the request names its history. For looking
+    /// at what goes over the wire, and for benchmarks.
+    ///
+    /// ```
+    /// use markov_core::{Message, ModelRequest, ModelSettings};
+    /// use markov_providers::Anthropic;
+    ///
+    /// let client = Anthropic::builder().base_url("http://127.0.0.1:1").build().unwrap();
+    /// let history = [Message::user("hi")];
+    /// let settings = ModelSettings::default();
+    /// let body = client.request_body(&ModelRequest::new("", &history, &settings), false).unwrap();
+    /// assert!(body.starts_with(br#"{"model":"#));
+    /// ```
+    pub fn request_body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+    ) -> Result<Vec<u8>, ModelError> {
+        let model = self.model_for(request);
+        wire::encode(request, model, self.caching, stream, Some(&self.body_cache))
+    }
+
+    /// The same bytes as [`Self::request_body`], every message encoded
+    /// afresh (`serde_json::to_vec` of the whole request): the reference the
+    /// cached form is checked against.
+    pub fn request_body_uncached(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+    ) -> Result<Vec<u8>, ModelError> {
+        let model = self.model_for(request);
+        wire::encode_plain(request, model, self.caching, stream)
+    }
+
+    async fn post(&self, body: Bytes, structured: bool) -> Result<reqwest::Response, ModelError> {
         let mut builder = self.transport.client().post(self.url.clone()).body(body);
         if structured {
             builder = builder.header("anthropic-beta", STRUCTURED_OUTPUTS_BETA);
@@ -352,7 +407,13 @@ impl Model for Anthropic {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);
-        let body = wire::encode(&request, model, self.caching, false)?;
+        let body = Bytes::from(wire::encode(
+            &request,
+            model,
+            self.caching,
+            false,
+            Some(&self.body_cache),
+        )?);
         let structured = request.output_schema.is_some();
         let call = async {
             let bytes = self
@@ -378,8 +439,8 @@ impl Model for Anthropic {
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
         let model = self.model_for(&request);
         let span = call_span(model);
-        let body = match wire::encode(&request, model, self.caching, true) {
-            Ok(body) => body,
+        let body = match wire::encode(&request, model, self.caching, true, Some(&self.body_cache)) {
+            Ok(body) => Bytes::from(body),
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
         let structured = request.output_schema.is_some();

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::PromptCaching;
+use crate::body::{self, BodyCache, Frame, Rendered};
 use crate::convert::{self, Content};
 
 /// The prefix of a mid-conversation system instruction sent as user text.
@@ -70,6 +71,9 @@ struct SystemBlock<'a> {
 struct WireMessage<'a> {
     role: &'static str,
     content: Vec<Block<'a>>,
+    /// The index (in the rendered run) of the first history message in it.
+    #[serde(skip)]
+    start: usize,
 }
 
 #[derive(Serialize)]
@@ -178,13 +182,115 @@ struct OutputFormat<'a> {
     schema: &'a Value,
 }
 
-/// The request body of one call.
+/// The fields before `messages`.
+#[derive(Serialize)]
+struct Head<'a> {
+    model: &'a str,
+    max_tokens: u32,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    system: Vec<SystemBlock<'a>>,
+}
+
+/// The fields after `messages`.
+#[derive(Serialize)]
+struct Tail<'a> {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<WireTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<WireToolChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    thinking: Option<WireThinking>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output_format: Option<OutputFormat<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+}
+
+const NO_MESSAGES: &str = "no message to send: the conversation has no user or assistant content";
+
+/// The request body of one call, with the history's final messages taken
+/// from `cache` when the request names its history (see [`crate::body`]).
 pub(super) fn encode(
     request: &ModelRequest<'_>,
     model: &str,
     caching: PromptCaching,
     stream: bool,
+    cache: Option<&BodyCache>,
 ) -> Result<Vec<u8>, ModelError> {
+    let (head, tail) = frame(request, model, caching, stream)?;
+    let cached = cache.zip(request.history_id);
+    body::build(
+        Frame {
+            head: &head,
+            lead: &[],
+            lead_count: 0,
+            tail: &tail,
+        },
+        request.messages,
+        cached,
+        render,
+        NO_MESSAGES,
+    )
+}
+
+/// The request body as `serde_json::to_vec` of the whole request writes it,
+/// every message encoded afresh: the reference [`encode`] must equal.
+pub(super) fn encode_plain(
+    request: &ModelRequest<'_>,
+    model: &str,
+    caching: PromptCaching,
+    stream: bool,
+) -> Result<Vec<u8>, ModelError> {
+    let (head, tail) = frame(request, model, caching, stream)?;
+    let messages = messages(request.messages);
+    if messages.is_empty() {
+        return Err(ModelError::InvalidRequest(NO_MESSAGES.into()));
+    }
+    let body = Request {
+        model: head.model,
+        max_tokens: head.max_tokens,
+        system: head.system,
+        messages,
+        tools: tail.tools,
+        tool_choice: tail.tool_choice,
+        thinking: tail.thinking,
+        temperature: tail.temperature,
+        output_format: tail.output_format,
+        stream: tail.stream,
+    };
+    serde_json::to_vec(&body)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+}
+
+/// A run of history messages as wire messages: all but the last are final
+/// (the next history message may still merge into the last).
+fn render(run: &[Message]) -> Result<Rendered, ModelError> {
+    let mut wire = messages(run);
+    let open = wire.pop();
+    let mut closed = Vec::new();
+    for message in &wire {
+        body::push_json(&mut closed, message)?;
+    }
+    Ok(Rendered {
+        closed,
+        closed_count: wire.len(),
+        consumed: open.as_ref().map_or(run.len(), |m| m.start),
+        open: open
+            .map(|m| serde_json::to_vec(&m))
+            .transpose()
+            .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))?,
+    })
+}
+
+/// Everything of a request but its messages, checked.
+fn frame<'a>(
+    request: &ModelRequest<'a>,
+    model: &'a str,
+    caching: PromptCaching,
+    stream: bool,
+) -> Result<(Head<'a>, Tail<'a>), ModelError> {
     let settings = request.settings;
     let cache = match caching {
         PromptCaching::SystemAndTools => Some(EPHEMERAL),
@@ -207,12 +313,6 @@ pub(super) fn encode(
     {
         return Err(ModelError::InvalidRequest(
             "anthropic does not allow forcing tool use while thinking has a fixed budget".into(),
-        ));
-    }
-    let messages = messages(request.messages);
-    if messages.is_empty() {
-        return Err(ModelError::InvalidRequest(
-            "no message to send: the conversation has no user or assistant content".into(),
         ));
     }
     let system = if request.system.is_empty() {
@@ -253,23 +353,24 @@ pub(super) fn encode(
         },
         ToolChoice::None => WireToolChoice::None,
     });
-    let body = Request {
-        model,
-        max_tokens: settings.max_tokens,
-        system,
-        messages,
-        tools,
-        tool_choice,
-        thinking,
-        temperature: settings.temperature.filter(|_| settings.thinking.is_none()),
-        output_format: request.output_schema.map(|schema| OutputFormat {
-            kind: "json_schema",
-            schema,
-        }),
-        stream,
-    };
-    serde_json::to_vec(&body)
-        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+    Ok((
+        Head {
+            model,
+            max_tokens: settings.max_tokens,
+            system,
+        },
+        Tail {
+            tools,
+            tool_choice,
+            thinking,
+            temperature: settings.temperature.filter(|_| settings.thinking.is_none()),
+            output_format: request.output_schema.map(|schema| OutputFormat {
+                kind: "json_schema",
+                schema,
+            }),
+            stream,
+        },
+    ))
 }
 
 /// The conversation in the API's shape: `command` and `instance` records
@@ -279,23 +380,20 @@ pub(super) fn encode(
 /// merged, and tool results first in their user message.
 fn messages(history: &[Message]) -> Vec<WireMessage<'_>> {
     let mut out: Vec<WireMessage<'_>> = Vec::new();
-    for message in history {
+    for (at, message) in history.iter().enumerate() {
+        let mut push = |role, blocks| push(&mut out, at, role, blocks);
         match message.role {
-            Role::User => push(&mut out, "user", blocks(convert::content(message), false)),
-            Role::Assistant => push(
-                &mut out,
-                "assistant",
-                blocks(convert::content(message), true),
-            ),
+            Role::User => push("user", blocks(convert::content(message), false)),
+            Role::Assistant => push("assistant", blocks(convert::content(message), true)),
             Role::Ephemeral => {
                 for part in message.ephemeral_parts() {
-                    push(&mut out, "user", ephemeral_blocks(part));
+                    push("user", ephemeral_blocks(part));
                 }
             }
             Role::System => {
                 if let Some(text) = convert::system_text(message) {
                     let text = Cow::Owned(format!("{SYSTEM_PREFIX}{text}"));
-                    push(&mut out, "user", vec![Block::Text { text }]);
+                    push("user", vec![Block::Text { text }]);
                 }
             }
             Role::Command | Role::Instance => {}
@@ -312,9 +410,10 @@ fn messages(history: &[Message]) -> Vec<WireMessage<'_>> {
     out
 }
 
-/// Appends `blocks` as a message of `role`, merged into the last one when it
-/// has the same role; nothing when there are no blocks.
-fn push<'a>(out: &mut Vec<WireMessage<'a>>, role: &'static str, blocks: Vec<Block<'a>>) {
+/// Appends `blocks` (of history message `at`) as a message of `role`,
+/// merged into the last one when it has the same role; nothing when there
+/// are no blocks.
+fn push<'a>(out: &mut Vec<WireMessage<'a>>, at: usize, role: &'static str, blocks: Vec<Block<'a>>) {
     if blocks.is_empty() {
         return;
     }
@@ -323,6 +422,7 @@ fn push<'a>(out: &mut Vec<WireMessage<'a>>, role: &'static str, blocks: Vec<Bloc
         _ => out.push(WireMessage {
             role,
             content: blocks,
+            start: at,
         }),
     }
 }

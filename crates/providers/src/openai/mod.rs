@@ -46,6 +46,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent};
@@ -53,6 +54,7 @@ use reqwest::Url;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use tracing::Instrument;
 
+use crate::body::BodyCache;
 use crate::error::ConfigError;
 use crate::sse::{log_done, sse_stream};
 use crate::transport::{
@@ -113,6 +115,7 @@ pub struct OpenAi {
     url: Url,
     model: String,
     shape: wire::Shape,
+    body_cache: BodyCache,
 }
 
 impl fmt::Debug for OpenAi {
@@ -136,6 +139,7 @@ pub struct OpenAiBuilder {
     max_tokens_field: MaxTokensField,
     strictness: SchemaStrictness,
     transport: TransportConfig,
+    body_cache_bytes: usize,
 }
 
 impl fmt::Debug for OpenAiBuilder {
@@ -147,6 +151,7 @@ impl fmt::Debug for OpenAiBuilder {
             .field("max_tokens_field", &self.max_tokens_field)
             .field("strictness", &self.strictness)
             .field("transport", &self.transport)
+            .field("body_cache_bytes", &self.body_cache_bytes)
             .finish()
     }
 }
@@ -160,11 +165,23 @@ impl Default for OpenAiBuilder {
             max_tokens_field: MaxTokensField::default(),
             strictness: SchemaStrictness::default(),
             transport: TransportConfig::DEFAULT,
+            body_cache_bytes: crate::body::DEFAULT_BODY_CACHE_BYTES,
         }
     }
 }
 
 impl OpenAiBuilder {
+    /// Sets how many bytes of encoded messages the client keeps between
+    /// calls, over all the histories it serves (default 64 MiB; 0 keeps
+    /// none). A request that names its history (a machine's do) then
+    /// encodes only the messages added since the last call; the least
+    /// recently used histories are dropped first.
+    #[must_use]
+    pub fn body_cache_bytes(mut self, bytes: usize) -> Self {
+        self.body_cache_bytes = bytes;
+        self
+    }
+
     /// A builder from `OPENAI_API_KEY` and `OPENAI_BASE_URL`. The key is
     /// required unless a base URL is set (local servers usually need none).
     ///
@@ -310,6 +327,7 @@ impl OpenAiBuilder {
                 max_tokens_field: self.max_tokens_field,
                 strictness: self.strictness,
             },
+            body_cache: BodyCache::new(self.body_cache_bytes),
         })
     }
 }
@@ -346,7 +364,43 @@ impl OpenAi {
         request.settings.model.as_deref().unwrap_or(&self.model)
     }
 
-    async fn post(&self, body: Vec<u8>) -> Result<reqwest::Response, ModelError> {
+    /// The exact body this client sends for `request` (`stream`: asking for
+    /// a streamed answer), with the history's earlier messages taken from
+    /// the client's cache when the request names its history. For looking
+    /// at what goes over the wire, and for benchmarks.
+    ///
+    /// ```
+    /// use markov_core::{Message, ModelRequest, ModelSettings};
+    /// use markov_providers::OpenAi;
+    ///
+    /// let client = OpenAi::builder().base_url("http://127.0.0.1:1").build().unwrap();
+    /// let history = [Message::user("hi")];
+    /// let settings = ModelSettings::default();
+    /// let body = client.request_body(&ModelRequest::new("", &history, &settings), false).unwrap();
+    /// assert!(body.starts_with(br#"{"model":"#));
+    /// ```
+    pub fn request_body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+    ) -> Result<Vec<u8>, ModelError> {
+        let model = self.model_for(request);
+        wire::encode(request, model, self.shape, stream, Some(&self.body_cache))
+    }
+
+    /// The same bytes as [`Self::request_body`], every message encoded
+    /// afresh (`serde_json::to_vec` of the whole request): the reference the
+    /// cached form is checked against.
+    pub fn request_body_uncached(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+    ) -> Result<Vec<u8>, ModelError> {
+        let model = self.model_for(request);
+        wire::encode_plain(request, model, self.shape, stream)
+    }
+
+    async fn post(&self, body: Bytes) -> Result<reqwest::Response, ModelError> {
         let response = self
             .transport
             .client()
@@ -377,7 +431,13 @@ impl Model for OpenAi {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);
-        let body = wire::encode(&request, model, self.shape, false)?;
+        let body = Bytes::from(wire::encode(
+            &request,
+            model,
+            self.shape,
+            false,
+            Some(&self.body_cache),
+        )?);
         let call = async {
             let bytes = self
                 .transport
@@ -402,8 +462,8 @@ impl Model for OpenAi {
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
         let model = self.model_for(&request);
         let span = call_span(model);
-        let body = match wire::encode(&request, model, self.shape, true) {
-            Ok(body) => body,
+        let body = match wire::encode(&request, model, self.shape, true, Some(&self.body_cache)) {
+            Ok(body) => Bytes::from(body),
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
         let connect_span = span.clone();

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{MaxTokensField, SchemaStrictness};
+use crate::body::{self, BodyCache, Frame, Rendered};
 use crate::convert::{self, Content};
 
 #[derive(Serialize)]
@@ -161,22 +162,79 @@ pub(super) struct Shape {
     pub(super) strictness: SchemaStrictness,
 }
 
-/// The request body of one call.
+/// The fields before `messages`.
+#[derive(Serialize)]
+struct Head<'a> {
+    model: &'a str,
+}
+
+/// The fields after `messages`.
+#[derive(Serialize)]
+struct Tail<'a> {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<WireToolChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<ResponseFormat<'a>>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<StreamOptions>,
+}
+
+const NO_MESSAGES: &str = "no message to send: the conversation and the system prompt are empty";
+
+/// The request body of one call, with the history's messages taken from
+/// `cache` when the request names its history (see [`crate::body`]).
 pub(super) fn encode(
     request: &ModelRequest<'_>,
     model: &str,
     shape: Shape,
     stream: bool,
+    cache: Option<&BodyCache>,
 ) -> Result<Vec<u8>, ModelError> {
-    if let Some(tool) = request.provider_tools.first() {
-        return Err(ModelError::InvalidRequest(format!(
-            "the openai client cannot offer provider built-in tool {:?} (type {:?}): Chat Completions has no provider-run tools",
-            tool.name.as_str(),
-            tool.kind
-        )));
+    let tail = tail(request, shape, stream)?;
+    let mut lead = Vec::new();
+    if !request.system.is_empty() {
+        body::push_json(
+            &mut lead,
+            &WireMessage::System {
+                content: Cow::Borrowed(request.system),
+            },
+        )?;
     }
-    let settings = request.settings;
-    let strict = shape.strictness == SchemaStrictness::Strict;
+    body::build(
+        Frame {
+            head: &Head { model },
+            lead: &lead,
+            lead_count: usize::from(!request.system.is_empty()),
+            tail: &tail,
+        },
+        request.messages,
+        cache.zip(request.history_id),
+        render,
+        NO_MESSAGES,
+    )
+}
+
+/// The request body as `serde_json::to_vec` of the whole request writes it,
+/// every message encoded afresh: the reference [`encode`] must equal.
+pub(super) fn encode_plain(
+    request: &ModelRequest<'_>,
+    model: &str,
+    shape: Shape,
+    stream: bool,
+) -> Result<Vec<u8>, ModelError> {
+    let tail = tail(request, shape, stream)?;
     let mut messages = Vec::new();
     if !request.system.is_empty() {
         messages.push(WireMessage::System {
@@ -187,10 +245,59 @@ pub(super) fn encode(
         push_message(message, &mut messages);
     }
     if messages.is_empty() {
-        return Err(ModelError::InvalidRequest(
-            "no message to send: the conversation and the system prompt are empty".into(),
-        ));
+        return Err(ModelError::InvalidRequest(NO_MESSAGES.into()));
     }
+    let body = Request {
+        model,
+        messages,
+        tools: tail.tools,
+        tool_choice: tail.tool_choice,
+        parallel_tool_calls: tail.parallel_tool_calls,
+        max_completion_tokens: tail.max_completion_tokens,
+        max_tokens: tail.max_tokens,
+        temperature: tail.temperature,
+        response_format: tail.response_format,
+        stream: tail.stream,
+        stream_options: tail.stream_options,
+    };
+    serde_json::to_vec(&body)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+}
+
+/// A run of history messages as wire messages, all final: Chat Completions
+/// messages are never merged.
+fn render(run: &[Message]) -> Result<Rendered, ModelError> {
+    let mut wire = Vec::new();
+    for message in run {
+        push_message(message, &mut wire);
+    }
+    let mut closed = Vec::new();
+    for message in &wire {
+        body::push_json(&mut closed, message)?;
+    }
+    Ok(Rendered {
+        closed,
+        closed_count: wire.len(),
+        consumed: run.len(),
+        open: None,
+    })
+}
+
+/// Everything of a request after its messages, checked.
+fn tail<'a>(
+    request: &ModelRequest<'a>,
+    shape: Shape,
+    stream: bool,
+) -> Result<Tail<'a>, ModelError> {
+    if let Some(tool) = request.provider_tools.first() {
+        return Err(ModelError::InvalidRequest(format!(
+            "the openai client cannot offer provider built-in tool {:?} (type {:?}): Chat Completions has no provider-run tools",
+            tool.name.as_str(),
+            tool.kind
+        )));
+    }
+    let settings = request.settings;
+    let strict = shape.strictness == SchemaStrictness::Strict;
     let tools: Vec<Tool<'_>> = request
         .tools
         .iter()
@@ -220,9 +327,7 @@ pub(super) fn encode(
         MaxTokensField::MaxCompletionTokens => (Some(settings.max_tokens), None),
         MaxTokensField::MaxTokens => (None, Some(settings.max_tokens)),
     };
-    let body = Request {
-        model,
-        messages,
+    Ok(Tail {
         tools,
         tool_choice,
         // Sent only to turn parallel calls off: `true` is every server's
@@ -243,9 +348,7 @@ pub(super) fn encode(
         stream_options: stream.then_some(StreamOptions {
             include_usage: true,
         }),
-    };
-    serde_json::to_vec(&body)
-        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+    })
 }
 
 /// Appends one stored message in the API's shape.

@@ -2,6 +2,7 @@
 //! dominate the test run): one module per area.
 
 mod anthropic;
+mod body_cache;
 mod builtin_tools;
 mod common;
 mod ephemeral;

@@ -1,0 +1,257 @@
+//! Request bodies built from encoded messages kept between calls.
+//!
+//! A model call sends the whole conversation, so a client that encodes every
+//! message on every call spends time in proportion to the history on each
+//! step. A machine's history is only ever appended to, and its requests say
+//! so with a [`HistoryId`]: the client keeps, per history, the JSON of the
+//! wire messages that can no longer change and encodes only what is new.
+//! Building a body is then a copy of those bytes plus the few new messages.
+//!
+//! Each vendor renders a run of history messages into wire messages
+//! ([`Rendered`]); the last wire message may still grow when the next
+//! history message has the same role (Anthropic merges them), so it is kept
+//! out of the cache until a later message closes it. A vendor whose wire
+//! messages never merge closes all of them at once.
+//!
+//! The bytes are the exact bytes `serde_json::to_vec` of the whole request
+//! writes (the tests check it): the head and tail of the request object are
+//! serialized as two objects and joined around the messages array.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use markov_core::model::HistoryId;
+use markov_core::{Message, ModelError};
+use serde::Serialize;
+
+/// How many bytes of encoded messages a client keeps by default, over all
+/// the histories it serves.
+pub const DEFAULT_BODY_CACHE_BYTES: usize = 64 * 1024 * 1024;
+
+/// The wire messages of a run of history messages, as one vendor renders
+/// them.
+pub(crate) struct Rendered {
+    /// The JSON of the wire messages that are final, each followed by a comma.
+    pub closed: Vec<u8>,
+    /// How many wire messages `closed` holds.
+    pub closed_count: usize,
+    /// How many history messages (from the start of the run) the final wire
+    /// messages cover: the next run starts there.
+    pub consumed: usize,
+    /// The JSON of the wire message that may still grow, if any (no comma).
+    pub open: Option<Vec<u8>>,
+}
+
+/// The final wire messages of one history, encoded.
+#[derive(Default)]
+struct Encoded {
+    /// History messages covered.
+    covered: usize,
+    /// Their wire messages, each followed by a comma.
+    json: Vec<u8>,
+    /// How many wire messages `json` holds.
+    count: usize,
+    /// When the entry was last used (for eviction).
+    used: u64,
+}
+
+/// Encoded histories by id, bounded in bytes; shared by a client's clones.
+#[derive(Clone)]
+pub(crate) struct BodyCache(Arc<Mutex<Entries>>);
+
+struct Entries {
+    by_history: HashMap<HistoryId, Encoded>,
+    bytes: usize,
+    limit: usize,
+    clock: u64,
+}
+
+impl std::fmt::Debug for BodyCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let entries = self.lock();
+        f.debug_struct("BodyCache")
+            .field("histories", &entries.by_history.len())
+            .field("bytes", &entries.bytes)
+            .field("limit", &entries.limit)
+            .finish()
+    }
+}
+
+impl BodyCache {
+    /// A cache that keeps at most `limit` bytes (0 keeps nothing).
+    pub(crate) fn new(limit: usize) -> Self {
+        BodyCache(Arc::new(Mutex::new(Entries {
+            by_history: HashMap::new(),
+            bytes: 0,
+            limit,
+            clock: 0,
+        })))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        // The map stays consistent between statements; a panic elsewhere
+        // cannot leave it half-updated.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the entry of `id` out, so the copy happens outside the lock (a
+    /// concurrent request of the same history encodes afresh).
+    fn take(&self, id: HistoryId) -> Option<Encoded> {
+        let mut entries = self.lock();
+        let entry = entries.by_history.remove(&id)?;
+        entries.bytes -= entry.json.len();
+        Some(entry)
+    }
+
+    fn put(&self, id: HistoryId, mut entry: Encoded) {
+        let mut entries = self.lock();
+        if entry.json.len() > entries.limit {
+            return;
+        }
+        entries.clock += 1;
+        entry.used = entries.clock;
+        entries.bytes += entry.json.len();
+        if let Some(old) = entries.by_history.insert(id, entry) {
+            entries.bytes -= old.json.len();
+        }
+        while entries.bytes > entries.limit {
+            // The least recently used history goes first; `id` was just used,
+            // so it goes last.
+            let Some(oldest) = entries
+                .by_history
+                .iter()
+                .min_by_key(|(_, e)| e.used)
+                .map(|(id, _)| *id)
+            else {
+                break;
+            };
+            if let Some(gone) = entries.by_history.remove(&oldest) {
+                entries.bytes -= gone.json.len();
+            }
+        }
+    }
+}
+
+/// The parts of a request body around its messages.
+pub(crate) struct Frame<'a, H: Serialize, T: Serialize> {
+    /// The fields before `messages`, as a struct (never empty).
+    pub head: &'a H,
+    /// Wire messages that come before the history's (a system message),
+    /// each followed by a comma.
+    pub lead: &'a [u8],
+    /// How many wire messages `lead` holds.
+    pub lead_count: usize,
+    /// The fields after `messages`, as a struct (may serialize as `{}`).
+    pub tail: &'a T,
+}
+
+/// Builds a request body: `head`, then `"messages":[...]` with the history's
+/// wire messages, then `tail`. With `cache` and a history id, the final wire
+/// messages are taken from (and added to) the cache; without, every message
+/// is rendered.
+///
+/// `render(run)` renders a run of history messages that starts at a wire
+/// message boundary. Fails when no wire message results (`empty` is the
+/// message) or a part does not serialize.
+pub(crate) fn build<H: Serialize, T: Serialize>(
+    frame: Frame<'_, H, T>,
+    history: &[Message],
+    cached: Option<(&BodyCache, HistoryId)>,
+    render: impl Fn(&[Message]) -> Result<Rendered, ModelError>,
+    empty: &str,
+) -> Result<Vec<u8>, ModelError> {
+    let mut entry = match cached {
+        Some((cache, id)) => cache
+            .take(id)
+            // A history shorter than what was encoded broke the promise of
+            // its id: start over rather than send stale messages.
+            .filter(|e| e.covered <= history.len())
+            .unwrap_or_default(),
+        None => Encoded::default(),
+    };
+    let rendered = render(&history[entry.covered..])?;
+    entry.json.extend_from_slice(&rendered.closed);
+    entry.count += rendered.closed_count;
+    entry.covered += rendered.consumed;
+    let count = frame.lead_count + entry.count + usize::from(rendered.open.is_some());
+    if count == 0 {
+        return Err(ModelError::InvalidRequest(empty.to_owned()));
+    }
+
+    let head = to_json(frame.head)?;
+    let tail = to_json(frame.tail)?;
+    let open = rendered.open.as_deref().unwrap_or_default();
+    let mut body = Vec::with_capacity(
+        head.len() + frame.lead.len() + entry.json.len() + open.len() + tail.len() + 16,
+    );
+    // `{"model":...}` without its closing brace.
+    body.extend_from_slice(&head[..head.len() - 1]);
+    body.extend_from_slice(b",\"messages\":[");
+    body.extend_from_slice(frame.lead);
+    body.extend_from_slice(&entry.json);
+    if open.is_empty() {
+        // The last message's comma goes: JSON has no trailing commas.
+        if body.last() == Some(&b',') {
+            body.pop();
+        }
+    } else {
+        body.extend_from_slice(open);
+    }
+    body.push(b']');
+    if tail.len() > 2 {
+        // `{"tools":...}` joins as `,"tools":...}`.
+        body.push(b',');
+        body.extend_from_slice(&tail[1..]);
+    } else {
+        body.push(b'}');
+    }
+    if let Some((cache, id)) = cached {
+        cache.put(id, entry);
+    }
+    Ok(body)
+}
+
+fn to_json<S: Serialize>(value: &S) -> Result<Vec<u8>, ModelError> {
+    serde_json::to_vec(value)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+}
+
+/// Appends `value`'s JSON and a comma.
+pub(crate) fn push_json<S: Serialize>(out: &mut Vec<u8>, value: &S) -> Result<(), ModelError> {
+    serde_json::to_writer(&mut *out, value)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))?;
+    out.push(b',');
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eviction_keeps_the_byte_limit_and_drops_the_least_recently_used() {
+        let cache = BodyCache::new(10);
+        let entry = |n: usize| Encoded {
+            covered: 1,
+            json: vec![b'x'; n],
+            count: 1,
+            used: 0,
+        };
+        let (a, b, c) = (HistoryId::fresh(), HistoryId::fresh(), HistoryId::fresh());
+        cache.put(a, entry(4));
+        cache.put(b, entry(4));
+        // Using `a` again makes `b` the oldest.
+        let taken = cache.take(a).expect("a is cached");
+        cache.put(a, taken);
+        cache.put(c, entry(4));
+        assert!(
+            cache.take(b).is_none(),
+            "the least recently used entry goes"
+        );
+        assert!(cache.take(a).is_some() && cache.take(c).is_some());
+        assert_eq!(cache.lock().bytes, 0);
+        // An entry larger than the whole cache is not kept.
+        cache.put(a, entry(11));
+        assert!(cache.take(a).is_none());
+    }
+}

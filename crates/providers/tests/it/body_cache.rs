@@ -1,0 +1,175 @@
+//! Bodies built from the clients' cache of encoded messages are the bytes
+//! `serde_json::to_vec` of the whole request writes, at every step of a
+//! growing history, for both vendors.
+
+use markov_core::model::HistoryId;
+use markov_core::{Item, Items, Message, ModelRequest, ModelSettings, Role, ToolChoice};
+use markov_providers::{Anthropic, OpenAi};
+use proptest::prelude::*;
+use serde_json::json;
+
+/// One message of any role and shape the wire renders differently.
+fn message() -> impl Strategy<Value = Message> {
+    let text = "[a-z \"\\\\é]{0,12}";
+    prop_oneof![
+        text.prop_map(Message::user),
+        text.prop_map(Message::assistant),
+        text.prop_map(Message::system),
+        (0u8..4).prop_map(|n| Message::assistant_items(vec![
+            Item::text("calling"),
+            Item::tool_use(format!("t{n}"), "add", json!({"a": n, "b": [1, 2]})),
+        ])),
+        (0u8..4, any::<bool>()).prop_map(|(n, error)| Message::user_items(vec![
+            Item::text("and"),
+            Item::tool_result(format!("t{n}"), "3", Some(error)),
+        ])),
+        text.prop_map(|t| Message {
+            role: Role::Ephemeral,
+            items: Items::Text(t),
+            metadata: None,
+        }),
+        Just(Message {
+            role: Role::Command,
+            items: Items::List(vec![Item::text("ignored")]),
+            metadata: None,
+        }),
+        Just(Message::user("")),
+    ]
+}
+
+fn anthropic() -> Anthropic {
+    Anthropic::builder()
+        .base_url("http://127.0.0.1:1")
+        .build()
+        .expect("client builds")
+}
+
+fn openai() -> OpenAi {
+    OpenAi::builder()
+        .base_url("http://127.0.0.1:1")
+        .build()
+        .expect("client builds")
+}
+
+/// Grows a history message by message; every request (with and without
+/// streaming, each with its history id) must equal the uncached body, and
+/// errors must agree.
+fn check_growing<E>(messages: &[Message], system: &str, encode: E)
+where
+    E: Fn(&ModelRequest<'_>, bool) -> (Result<Vec<u8>, String>, Result<Vec<u8>, String>),
+{
+    let settings = ModelSettings::default();
+    let tools = [markov_core::ToolDefinition::new(
+        "add",
+        "Adds.",
+        json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+    )
+    .expect("valid name")];
+    let id = HistoryId::fresh();
+    for len in 0..=messages.len() {
+        let history = &messages[..len];
+        let request = ModelRequest::new(system, history, &settings)
+            .tools(&tools)
+            .tool_choice(&ToolChoice::Auto)
+            .history_id(id);
+        for stream in [false, true] {
+            let (cached, plain) = encode(&request, stream);
+            match (&cached, &plain) {
+                (Ok(c), Ok(p)) => assert_eq!(
+                    String::from_utf8_lossy(c),
+                    String::from_utf8_lossy(p),
+                    "history of {len}"
+                ),
+                (Err(c), Err(p)) => assert_eq!(c, p),
+                _ => panic!("cached {cached:?} but plain {plain:?} at {len}"),
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn anthropic_bodies_from_the_cache_are_the_plain_bodies(
+        messages in prop::collection::vec(message(), 0..24),
+        system in prop_oneof![Just(""), Just("Be brief.")],
+    ) {
+        let client = anthropic();
+        check_growing(&messages, system, |request, stream| {
+            (
+                client.request_body(request, stream).map_err(|e| e.to_string()),
+                client.request_body_uncached(request, stream).map_err(|e| e.to_string()),
+            )
+        });
+    }
+
+    #[test]
+    fn openai_bodies_from_the_cache_are_the_plain_bodies(
+        messages in prop::collection::vec(message(), 0..24),
+        system in prop_oneof![Just(""), Just("Be brief.")],
+    ) {
+        let client = openai();
+        check_growing(&messages, system, |request, stream| {
+            (
+                client.request_body(request, stream).map_err(|e| e.to_string()),
+                client.request_body_uncached(request, stream).map_err(|e| e.to_string()),
+            )
+        });
+    }
+}
+
+/// A request that breaks its id's promise with a shorter history is encoded
+/// afresh, never from the longer history's bytes.
+#[test]
+fn a_shorter_history_under_one_id_is_encoded_afresh() {
+    let settings = ModelSettings::default();
+    let long = [
+        Message::user("first"),
+        Message::assistant("second"),
+        Message::user("third"),
+    ];
+    let id = HistoryId::fresh();
+    for client_body in [
+        Box::new(|r: &ModelRequest<'_>| {
+            let c = anthropic();
+            let _ = c.request_body(&r.messages(&long).history_id(id), false);
+            (
+                c.request_body(r, false).unwrap(),
+                c.request_body_uncached(r, false).unwrap(),
+            )
+        }) as Box<dyn Fn(&ModelRequest<'_>) -> (Vec<u8>, Vec<u8>)>,
+        Box::new(|r: &ModelRequest<'_>| {
+            let c = openai();
+            let _ = c.request_body(&r.messages(&long).history_id(id), false);
+            (
+                c.request_body(r, false).unwrap(),
+                c.request_body_uncached(r, false).unwrap(),
+            )
+        }),
+    ] {
+        let short = [Message::user("other")];
+        let request = ModelRequest::new("", &short, &settings).history_id(id);
+        let (cached, plain) = client_body(&request);
+        assert_eq!(cached, plain);
+        assert!(!String::from_utf8_lossy(&cached).contains("first"));
+    }
+}
+
+/// Without a history id nothing is kept, and a rewritten message list drops
+/// the id it was given with.
+#[test]
+fn requests_without_a_history_id_stand_alone() {
+    let settings = ModelSettings::default();
+    let one = [Message::user("one")];
+    let two = [Message::user("two")];
+    let id = HistoryId::fresh();
+    let request = ModelRequest::new("", &one, &settings).history_id(id);
+    assert_eq!(request.messages(&two).history_id, None);
+    let client = anthropic();
+    client.request_body(&request, false).unwrap();
+    let rewritten = request.messages(&two);
+    let body = client.request_body(&rewritten, false).unwrap();
+    assert!(String::from_utf8_lossy(&body).contains("two"));
+    assert!(!String::from_utf8_lossy(&body).contains("one"));
+}
