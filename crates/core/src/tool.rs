@@ -814,14 +814,27 @@ impl ToolExecutionResult {
     /// The `tool_result` item for the history. `state_known` writes `is_error`
     /// even on success (node tools do; built-ins leave it out).
     pub fn to_item(&self, state_known: bool) -> Item {
-        let is_error = if self.is_error {
+        Item::tool_result(
+            self.call_id.clone(),
+            self.content.clone(),
+            self.is_error_field(state_known),
+        )
+    }
+
+    /// [`Self::to_item`], moving the content instead of copying it.
+    pub fn into_item(self, state_known: bool) -> Item {
+        let is_error = self.is_error_field(state_known);
+        Item::tool_result(self.call_id, self.content, is_error)
+    }
+
+    fn is_error_field(&self, state_known: bool) -> Option<bool> {
+        if self.is_error {
             Some(true)
         } else if state_known {
             Some(false)
         } else {
             None
-        };
-        Item::tool_result(self.call_id.clone(), self.content.clone(), is_error)
+        }
     }
 }
 

@@ -72,21 +72,35 @@ fn wanted(charter: &Charter, root: &Arc<Instance>) -> Vec<Wanted> {
             state: pack_state(root, pack.name(), pack.initial_state()),
         });
     }
-    // A tree too deep or cyclic was refused when the machine was made; a
-    // later one registers what the walk reached.
-    let instances = root.all().unwrap_or_default();
-    for instance in instances {
+    // Walked in place (this runs every step, and most trees have no
+    // handler at all). A tree too deep was refused when the machine was
+    // made; a later one registers what the walk reached.
+    fn walk(
+        instance: &Instance,
+        depth: usize,
+        root_id: &markov_core::InstanceId,
+        out: &mut Vec<Wanted>,
+    ) {
+        if depth > crate::MAX_TREE_DEPTH {
+            return;
+        }
         let node = instance.node();
-        let Some(handler) = node.externalize_handler() else {
-            continue;
-        };
-        out.push(Wanted {
-            scope: Scope::node(instance.id().clone(), node.id().clone(), root_id.clone()),
-            handler: handler.clone(),
-            schema: node.shared_schema(),
-            state: instance.state().clone(),
-        });
+        if let Some(handler) = node.externalize_handler() {
+            let scope = Scope::node(instance.id().clone(), node.id().clone(), root_id.clone());
+            if !out.iter().any(|w| w.scope.id() == scope.id()) {
+                out.push(Wanted {
+                    scope,
+                    handler: handler.clone(),
+                    schema: node.shared_schema(),
+                    state: instance.state().clone(),
+                });
+            }
+        }
+        for child in &instance.children {
+            walk(child, depth + 1, root_id, out);
+        }
     }
+    walk(root, 0, &root_id, &mut out);
     out
 }
 

@@ -259,13 +259,25 @@ impl Instance {
 
     /// The active leaves, left to right; a suspended instance prunes its subtree.
     pub fn active_leaves(self: &Arc<Self>) -> Vec<ActiveLeaf> {
-        fn walk(path: &mut Vec<Arc<Instance>>, index: &mut Vec<usize>, out: &mut Vec<ActiveLeaf>) {
+        let mut out = Vec::new();
+        self.for_each_active_leaf(&mut |leaf| out.push(leaf));
+        out
+    }
+
+    /// [`Self::active_leaves`], handed over one at a time (a step builds its
+    /// tasks from them without a list in between).
+    pub(crate) fn for_each_active_leaf(self: &Arc<Self>, f: &mut dyn FnMut(ActiveLeaf)) {
+        fn walk(
+            path: &mut Vec<Arc<Instance>>,
+            index: &mut Vec<usize>,
+            f: &mut dyn FnMut(ActiveLeaf),
+        ) {
             let current = Arc::clone(&path[path.len() - 1]);
             if current.suspended.is_some() || path.len() > MAX_TREE_DEPTH {
                 return;
             }
             if current.children.is_empty() {
-                out.push(ActiveLeaf {
+                f(ActiveLeaf {
                     path: path.clone(),
                     leaf_index: index.clone(),
                     is_worker: current.is_worker(),
@@ -275,25 +287,23 @@ impl Instance {
             for (i, child) in current.children.iter().enumerate() {
                 path.push(Arc::clone(child));
                 index.push(i);
-                walk(path, index, out);
+                walk(path, index, f);
                 path.pop();
                 index.pop();
             }
         }
         if self.children.is_empty() {
             // The common one-instance tree, without the walk's scratch path.
-            if self.suspended.is_some() {
-                return Vec::new();
+            if self.suspended.is_none() {
+                f(ActiveLeaf {
+                    path: vec![Arc::clone(self)],
+                    leaf_index: Vec::new(),
+                    is_worker: self.is_worker(),
+                });
             }
-            return vec![ActiveLeaf {
-                path: vec![Arc::clone(self)],
-                leaf_index: Vec::new(),
-                is_worker: self.is_worker(),
-            }];
+            return;
         }
-        let mut out = Vec::new();
-        walk(&mut vec![Arc::clone(self)], &mut Vec::new(), &mut out);
-        out
+        walk(&mut vec![Arc::clone(self)], &mut Vec::new(), f);
     }
 
     /// Suspended instances, pre-order.

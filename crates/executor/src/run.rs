@@ -464,8 +464,16 @@ impl RunState {
             return Err(RunError::MaxSteps(self.options.max_steps));
         }
         self.steps += 1;
-        let leaves = machine.root.active_leaves();
-        if leaves.is_empty() {
+        let mut tasks = Vec::new();
+        let (turns, current_step) = (&self.turns, self.steps);
+        machine.root.for_each_active_leaf(&mut |leaf| {
+            tasks.push(LeafTask {
+                turn: turns.get(leaf.leaf().id()).copied().unwrap_or_default(),
+                leaf,
+                current_step,
+            });
+        });
+        if tasks.is_empty() {
             let suspended = machine.root.suspended_instances();
             if suspended.is_empty() {
                 return Err(RunError::NoActiveInstances);
@@ -484,24 +492,11 @@ impl RunState {
                 .collect();
             return Ok(Action::Yield(step));
         }
-        let primaries = leaves.iter().filter(|l| !l.is_worker()).count();
+        let primaries = tasks.iter().filter(|t| !t.leaf.is_worker()).count();
         if primaries > 1 {
             return Err(RunError::TooManyPrimaryLeaves(primaries));
         }
-        Ok(Action::RunLeaves(
-            leaves
-                .into_iter()
-                .map(|leaf| LeafTask {
-                    turn: self
-                        .turns
-                        .get(leaf.leaf().id())
-                        .copied()
-                        .unwrap_or_default(),
-                    leaf,
-                    current_step: self.steps,
-                })
-                .collect(),
-        ))
+        Ok(Action::RunLeaves(tasks))
     }
 
     /// Records the leaves' results (in task order), applies their effects and

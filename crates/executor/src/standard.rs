@@ -311,12 +311,11 @@ pub fn prepare(
 pub enum AfterModel {
     /// The leaf is done for this step.
     Finish(LeafOutcome),
-    /// Run these calls, then call [`after_tools`] with `entries` so far.
+    /// Run the calls of the assistant message (see [`tool_calls`]), then
+    /// call [`after_tools`] with `entries` so far.
     RunTools {
         /// Entries so far (the assistant message).
         entries: Vec<Entry>,
-        /// The calls, in order.
-        calls: Vec<ToolCall>,
         /// The results of calls answered without running (a repeated id),
         /// to record after the pipeline's.
         refused: Vec<ToolExecutionResult>,
@@ -342,46 +341,46 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     let source = cx.source();
     let output = cx.instance().node().output();
     let provider_tools = provider_tool_names(cx);
-    let mut calls = Vec::new();
     let mut refused: Vec<ToolExecutionResult> = Vec::new();
-    let items: Vec<Item> = response
+    let mut items: Vec<Item> = response
         .content
         .into_iter()
         .map(|item| match item {
-            // Providers reject a history with two calls of one id (Anthropic
-            // does), and running both could repeat a side effect: the repeat
-            // gets a unique id and an error result, and does not run.
-            Item::ToolUse { id, name, input } if taken(&calls, &refused, &id) => {
-                let unique = unique_call_id(&id, |c| taken(&calls, &refused, c));
-                refused.push(ToolExecutionResult::error(
-                    unique.clone(),
-                    DUPLICATE_TOOL_CALL,
-                ));
-                Item::ToolUse {
-                    id: unique,
-                    name,
-                    input,
-                }
-            }
             Item::Text { text } if output.is_some() => Item::Output {
                 data: output
                     .map(|o| o.map_text_block(&text))
                     .unwrap_or(Value::Null),
             },
-            Item::ToolUse { id, name, input } if provider_tools.iter().any(|p| *p == *name) => {
-                Item::ProviderToolUse { id, name, input }
-            }
-            Item::ToolUse { id, name, input } => {
-                calls.push(ToolCall {
-                    id: id.clone(),
-                    name: name.clone(),
-                    input: input.clone(),
-                });
-                Item::ToolUse { id, name, input }
-            }
             other => other,
         })
         .collect();
+    // In place, in order: the calls are read from the message itself later
+    // (borrowed, never copied).
+    for at in 0..items.len() {
+        let (done, rest) = items.split_at_mut(at);
+        let Some(Item::ToolUse { id, name, input }) = rest.first_mut() else {
+            continue;
+        };
+        if taken(done, id) {
+            // Providers reject a history with two calls of one id (Anthropic
+            // does), and running both could repeat a side effect: the repeat
+            // gets a unique id and an error result, and does not run.
+            let unique = unique_call_id(id, |c| taken(done, c));
+            refused.push(ToolExecutionResult::error(
+                unique.clone(),
+                DUPLICATE_TOOL_CALL,
+            ));
+            *id = unique;
+        } else if provider_tools.iter().any(|p| *p == **name) {
+            let provider = Item::ProviderToolUse {
+                id: id.clone(),
+                name: std::mem::take(name),
+                input: std::mem::take(input),
+            };
+            rest[0] = provider;
+        }
+    }
+    let has_calls = items.iter().any(|i| matches!(i, Item::ToolUse { .. }));
     // Room for the results or the reminder that usually follow.
     let mut entries = Vec::with_capacity(2);
     entries.push(Entry::message(with_source(
@@ -393,8 +392,8 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     if response.stop_reason == StopReason::MaxTokens {
         // The calls may be cut mid-argument: answer each without running it, so
         // the history keeps one result per call.
-        if !calls.is_empty() || !refused.is_empty() {
-            let results = calls
+        if has_calls {
+            let results = tool_calls(&entries, &refused)
                 .iter()
                 .map(|c| ToolExecutionResult::error(c.id.clone(), CUT_OFF_TOOL_CALL).to_item(true))
                 .chain(refused.iter().map(|r| r.to_item(true)))
@@ -406,12 +405,8 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
         }
         return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::MaxTokens, turn));
     }
-    if !calls.is_empty() || !refused.is_empty() {
-        return AfterModel::RunTools {
-            entries,
-            calls,
-            refused,
-        };
+    if has_calls {
+        return AfterModel::RunTools { entries, refused };
     }
     let restriction = &cx.instance().node().policy().restriction;
     if restriction.may_inject(turn.injections) {
@@ -533,7 +528,7 @@ pub fn after_transition(
 fn finish(
     cx: &LeafContext<'_>,
     mut entries: Vec<Entry>,
-    outcome: PipelineOutcome,
+    mut outcome: PipelineOutcome,
     mut turn: TurnState,
     transition: Option<TransitionOutcome>,
 ) -> LeafOutcome {
@@ -560,7 +555,7 @@ fn finish(
         ));
     }
     entries.push(Entry::message(with_source(
-        Message::user_items(outcome.result_items()),
+        Message::user_items(outcome.take_result_items()),
         &source,
     )));
     // A transition wins over a terminal response and over termination.
@@ -793,17 +788,14 @@ impl Executor for StandardExecutor {
         {
             (options.on_message_stream)(&event);
         }
-        let (entries, calls, refused) = match after {
+        let (entries, refused) = match after {
             AfterModel::Finish(mut outcome) => {
                 outcome.usage = usage;
                 return Ok(outcome);
             }
-            AfterModel::RunTools {
-                entries,
-                calls,
-                refused,
-            } => (entries, calls, refused),
+            AfterModel::RunTools { entries, refused } => (entries, refused),
         };
+        let calls = Calls::of(&entries, &refused);
         let ancestors = ancestor_views(&cx);
         let packs = pack_states(&cx);
         let turn = self
@@ -840,11 +832,12 @@ impl Executor for StandardExecutor {
             queue: cx.queue,
             calls: &calls,
             log: &log,
-            recorded: Some((entries, refused)),
+            recorded: Some((&entries, &refused)),
             source: cx.source(),
         };
         let mut outcome = run_tool_calls_logged(&view, &calls, &log).await;
-        let (entries, refused) = in_flight.disarm();
+        in_flight.disarm();
+        drop(calls);
         outcome
             .result_states_known
             .extend(refused.iter().map(|_| true));
@@ -878,30 +871,33 @@ impl Executor for StandardExecutor {
 /// them, so a call that ran is never missing from the history.
 struct ToolsInFlight<'a> {
     queue: &'a Queue,
-    calls: &'a [ToolCall],
+    calls: &'a [ToolCall<'a>],
     log: &'a CallLog,
     /// The entries so far and the refused calls' results, until disarmed.
-    recorded: Option<(Vec<Entry>, Vec<ToolExecutionResult>)>,
+    recorded: Option<(&'a [Entry], &'a [ToolExecutionResult])>,
     source: Source,
 }
 
 impl ToolsInFlight<'_> {
-    fn disarm(mut self) -> (Vec<Entry>, Vec<ToolExecutionResult>) {
-        self.recorded.take().unwrap_or_default()
+    fn disarm(mut self) {
+        self.recorded = None;
     }
 }
 
 impl Drop for ToolsInFlight<'_> {
     fn drop(&mut self) {
-        let Some((mut entries, refused)) = self.recorded.take() else {
+        let Some((entries, refused)) = self.recorded.take() else {
             return;
         };
+        // Copied only here, on cancellation: the step itself never copies
+        // its messages.
+        let mut entries = entries.to_vec();
         let results: Vec<Item> = self
             .calls
             .iter()
             .map(|call| {
                 self.log
-                    .result_of(&call.id)
+                    .result_of(call.id)
                     .unwrap_or_else(|| {
                         ToolExecutionResult::error(call.id.clone(), CANCELLED_TOOL_CALL)
                     })
@@ -921,10 +917,58 @@ impl Drop for ToolsInFlight<'_> {
     }
 }
 
-/// Whether a call of this response already has `id` (a response has a
+/// Whether an earlier call of this response has `id` (a response has a
 /// handful of calls: a scan allocates nothing).
-fn taken(calls: &[ToolCall], refused: &[ToolExecutionResult], id: &ToolCallId) -> bool {
-    calls.iter().any(|c| c.id == *id) || refused.iter().any(|r| r.call_id == *id)
+fn taken(earlier: &[Item], id: &ToolCallId) -> bool {
+    earlier
+        .iter()
+        .any(|i| matches!(i, Item::ToolUse { id: other, .. } if other == id))
+}
+
+/// The calls to run of a response [`interpret`] returned as
+/// [`AfterModel::RunTools`]: the assistant message's `tool_use` items
+/// (the first entry), but those answered without running (`refused`),
+/// borrowed from the message.
+pub fn tool_calls<'a>(entries: &'a [Entry], refused: &[ToolExecutionResult]) -> Vec<ToolCall<'a>> {
+    calls_iter(entries, refused).collect()
+}
+
+fn calls_iter<'a>(
+    entries: &'a [Entry],
+    refused: &[ToolExecutionResult],
+) -> impl Iterator<Item = ToolCall<'a>> {
+    entries
+        .first()
+        .into_iter()
+        .flat_map(|first| ToolCall::all_in(&first.message))
+        .filter(|c| !refused.iter().any(|r| r.call_id == *c.id))
+}
+
+/// A response's calls: most responses make one, which needs no list.
+enum Calls<'a> {
+    One([ToolCall<'a>; 1]),
+    Many(Vec<ToolCall<'a>>),
+}
+
+impl<'a> Calls<'a> {
+    fn of(entries: &'a [Entry], refused: &[ToolExecutionResult]) -> Self {
+        let mut calls = calls_iter(entries, refused);
+        match (calls.next(), calls.next()) {
+            (Some(only), None) => Calls::One([only]),
+            (first, second) => Calls::Many(first.into_iter().chain(second).chain(calls).collect()),
+        }
+    }
+}
+
+impl<'a> std::ops::Deref for Calls<'a> {
+    type Target = [ToolCall<'a>];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Calls::One(one) => one,
+            Calls::Many(many) => many,
+        }
+    }
 }
 
 /// `id` made unique by a numeric suffix.

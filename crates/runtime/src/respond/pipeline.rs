@@ -88,15 +88,25 @@ pub struct LeafView<'a> {
     pub capture_content: bool,
 }
 
-/// One requested call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ToolCall {
+/// One requested call, borrowed from the assistant message that holds it
+/// (the history's copy is the only one).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ToolCall<'a> {
     /// Its id.
-    pub id: ToolCallId,
+    pub id: &'a ToolCallId,
     /// The tool name the model wrote.
-    pub name: String,
+    pub name: &'a str,
     /// The arguments.
-    pub input: Value,
+    pub input: &'a Value,
+}
+
+impl<'a> ToolCall<'a> {
+    /// The calls of `message` (its `tool_use` items), in order.
+    pub fn all_in(message: &'a Message) -> impl Iterator<Item = ToolCall<'a>> {
+        message
+            .tool_uses()
+            .map(|(id, name, input)| ToolCall { id, name, input })
+    }
 }
 
 /// A transition the model asked for, to run after all calls.
@@ -160,6 +170,16 @@ impl PipelineOutcome {
             .iter()
             .zip(&self.result_states_known)
             .map(|(r, known)| r.to_item(*known))
+            .collect()
+    }
+
+    /// [`Self::result_items`], moving the results out (they are left
+    /// empty).
+    pub fn take_result_items(&mut self) -> Vec<Item> {
+        std::mem::take(&mut self.results)
+            .into_iter()
+            .zip(&self.result_states_known)
+            .map(|(r, known)| r.into_item(*known))
             .collect()
     }
 }
@@ -351,8 +371,8 @@ impl CallLog {
 
 /// Runs `calls` in order for `leaf`. Never fails: every call gets one
 /// result, except calls of provider built-in tools, which get none.
-pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> PipelineOutcome {
-    run_tool_calls_logged(leaf, &calls, &CallLog::new()).await
+pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: &[ToolCall<'_>]) -> PipelineOutcome {
+    run_tool_calls_logged(leaf, calls, &CallLog::new()).await
 }
 
 /// [`run_tool_calls`], writing each result to `log` (empty at the start) as
@@ -366,7 +386,7 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: Vec<ToolCall>) -> Pipeli
 /// run.
 pub async fn run_tool_calls_logged(
     leaf: &LeafView<'_>,
-    calls: &[ToolCall],
+    calls: &[ToolCall<'_>],
     log: &CallLog,
 ) -> PipelineOutcome {
     let mut out = PipelineOutcome::default();
@@ -395,16 +415,16 @@ pub async fn run_tool_calls_logged(
                 tracing::field::display(&call.input),
             );
         }
-        let garbled = if is_provider_tool(leaf, &call.name) {
+        let garbled = if is_provider_tool(leaf, call.name) {
             None
         } else {
-            check_tool_arguments(&call.input).err()
+            check_tool_arguments(call.input).err()
         };
         let repeat = match (garbled.is_some(), leaf.repeats) {
             (false, Some(counts))
-                if out.loop_stop.is_none() && !is_provider_tool(leaf, &call.name) =>
+                if out.loop_stop.is_none() && !is_provider_tool(leaf, call.name) =>
             {
-                counts.check(&leaf.loop_guard, leaf.instance_id, &call.name, &call.input)
+                counts.check(&leaf.loop_guard, leaf.instance_id, call.name, call.input)
             }
             _ => Repeat::Allowed,
         };
@@ -426,7 +446,7 @@ pub async fn run_tool_calls_logged(
                 )
             });
             if matches!(repeat, Repeat::Stop { .. }) {
-                out.loop_stop = Some((call.name.clone(), times));
+                out.loop_stop = Some((call.name.to_owned(), times));
             }
             (repeated_call(leaf, call, times), true)
         } else if call.name == UPDATE_STATE {
@@ -438,13 +458,13 @@ pub async fn run_tool_calls_logged(
             let index = log.len();
             let r = span.in_scope(|| queue_transition(leaf, call, index, &mut out));
             (r, false)
-        } else if is_provider_tool(leaf, &call.name) {
+        } else if is_provider_tool(leaf, call.name) {
             span.in_scope(|| {
                 tracing::debug!("provider built-in tool call skipped: the provider ran it")
             });
             continue;
         } else {
-            match resolve(leaf, &call.name) {
+            match resolve(leaf, call.name) {
                 None => {
                     // A match, not `unwrap_or_else(plain_session)`: the fn item's
                     // `'static` return would pin the leaf's lifetime.
@@ -453,14 +473,14 @@ pub async fn run_tool_calls_logged(
                         None => plain_session(),
                     };
                     let state = ScopedState::read_only(leaf.state.clone());
-                    let cx = ToolContext::new(&call.id, leaf.history, &state)
+                    let cx = ToolContext::new(call.id, leaf.history, &state)
                         .with_instance(leaf.instance_id, leaf.root_id)
                         .with_deps(leaf.deps);
                     let executed = session.run(
                         None,
-                        &call.id,
-                        &call.name,
-                        std::borrow::Cow::Borrowed(&call.input),
+                        call.id,
+                        call.name,
+                        std::borrow::Cow::Borrowed(call.input),
                         cx,
                         leaf.terminate_message,
                     );
@@ -530,7 +550,7 @@ pub async fn run_tool_calls_logged(
 /// Notes what `result` means for the response and returns it, as recorded.
 fn record(
     out: &mut PipelineOutcome,
-    call: &ToolCall,
+    call: &ToolCall<'_>,
     mut result: ToolExecutionResult,
     known: bool,
 ) -> ToolExecutionResult {
@@ -549,7 +569,7 @@ fn record(
             if result.is_terminal && out.terminal.is_none() {
                 out.terminal = Some(TerminalResponse {
                     call_id: call.id.clone(),
-                    tool: call.name.clone(),
+                    tool: call.name.to_owned(),
                     text: user_text(&user),
                     in_replies: from_reply,
                 });
@@ -577,7 +597,7 @@ fn user_text(user: &UserMessage) -> String {
 
 fn update_state_builtin(
     leaf: &LeafView<'_>,
-    call: &ToolCall,
+    call: &ToolCall<'_>,
     running: &mut Value,
     acc: &mut Option<Value>,
 ) -> ToolExecutionResult {
@@ -610,7 +630,7 @@ fn update_state_builtin(
 
 fn queue_transition(
     leaf: &LeafView<'_>,
-    call: &ToolCall,
+    call: &ToolCall<'_>,
     result_index: usize,
     out: &mut PipelineOutcome,
 ) -> ToolExecutionResult {
@@ -664,7 +684,7 @@ fn queue_transition(
 async fn run_found(
     leaf: &LeafView<'_>,
     found: Found<'_>,
-    call: &ToolCall,
+    call: &ToolCall<'_>,
     running_state: &mut Value,
     state_patch: &mut Option<Value>,
     running_packs: &mut BTreeMap<String, Value>,
@@ -677,7 +697,7 @@ async fn run_found(
                 Scope::Current => ScopedState::writable(running_state.clone(), leaf.node.schema()),
                 Scope::Ancestor(state) => ScopedState::read_only(state.clone()),
             };
-            let cx = ToolContext::new(&call.id, leaf.history, &scoped)
+            let cx = ToolContext::new(call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id)
                 .with_deps(leaf.deps);
             let (mut result, tool_intents) =
@@ -702,7 +722,7 @@ async fn run_found(
         Found::Pack(tool, pack) => {
             let current = pack_state(running_packs, leaf.pack_states, pack);
             let scoped = ScopedState::writable(current, pack.schema());
-            let cx = ToolContext::new(&call.id, leaf.history, &scoped)
+            let cx = ToolContext::new(call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id)
                 .with_deps(leaf.deps);
             let (result, tool_intents) = call_tool(leaf, tool, call, cx, ToolOrigin::Pack).await;
@@ -736,7 +756,7 @@ async fn run_found(
 }
 
 /// The error result of a call the loop guard refused.
-fn repeated_call(leaf: &LeafView<'_>, call: &ToolCall, times: u32) -> ToolExecutionResult {
+fn repeated_call(leaf: &LeafView<'_>, call: &ToolCall<'_>, times: u32) -> ToolExecutionResult {
     let detail = format!(
         "you have called {} with these same arguments {times} times in this turn. Repeating it will not change the result: use what you have, try something different, or answer the user",
         call.name
@@ -753,7 +773,11 @@ fn repeated_call(leaf: &LeafView<'_>, call: &ToolCall, times: u32) -> ToolExecut
 }
 
 /// The error result of a call whose arguments no tool may see.
-fn invalid_arguments(leaf: &LeafView<'_>, call: &ToolCall, detail: &str) -> ToolExecutionResult {
+fn invalid_arguments(
+    leaf: &LeafView<'_>,
+    call: &ToolCall<'_>,
+    detail: &str,
+) -> ToolExecutionResult {
     tracing::debug!(
         detail,
         "tool call refused: its arguments are not a JSON object"
@@ -776,7 +800,7 @@ fn invalid_arguments(leaf: &LeafView<'_>, call: &ToolCall, detail: &str) -> Tool
 /// result, so the process, the machine and the rest of the response live on.
 async fn contain_panic(
     leaf: &LeafView<'_>,
-    call: &ToolCall,
+    call: &ToolCall<'_>,
     run: impl std::future::Future<Output = ToolExecutionResult>,
 ) -> ToolExecutionResult {
     match std::panic::AssertUnwindSafe(run).catch_unwind().await {
@@ -811,7 +835,7 @@ async fn contain_panic(
 async fn call_tool(
     leaf: &LeafView<'_>,
     tool: &SharedTool,
-    call: &ToolCall,
+    call: &ToolCall<'_>,
     cx: ToolContext<'_>,
     origin: ToolOrigin,
 ) -> (ToolExecutionResult, Vec<Value>) {
@@ -822,9 +846,9 @@ async fn call_tool(
     let run = session.run_from(
         origin,
         Some(tool),
-        &call.id,
-        &call.name,
-        std::borrow::Cow::Borrowed(&call.input),
+        call.id,
+        call.name,
+        std::borrow::Cow::Borrowed(call.input),
         cx,
         leaf.terminate_message,
     );

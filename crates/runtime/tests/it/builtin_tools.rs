@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
-use markov_core::InstanceId;
 use markov_core::tool::{ProviderTool, Tool, ToolContext, ToolDefinition};
+use markov_core::{InstanceId, Item, Message};
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, Charter};
 use markov_runtime::node::Node;
@@ -167,12 +167,14 @@ fn ancestors_provider_tools_are_offered_with_shadowing() {
     );
 }
 
-fn call(id: &str, name: &str) -> ToolCall {
-    ToolCall {
-        id: id.into(),
-        name: name.into(),
-        input: json!({}),
-    }
+/// An assistant message calling `(id, name)` in order, with no arguments.
+fn calling(calls: &[(&str, &str)]) -> Message {
+    Message::assistant_items(
+        calls
+            .iter()
+            .map(|(id, name)| Item::tool_use(*id, *name, json!({})))
+            .collect(),
+    )
 }
 
 #[tokio::test]
@@ -212,16 +214,14 @@ async fn the_pipeline_skips_provider_tool_calls() {
         loop_guard: Default::default(),
         capture_content: false,
     };
-    let outcome = run_tool_calls(
-        &leaf,
-        vec![
-            call("srv_1", "web_search"),
-            call("c_1", "lookup"),
-            call("srv_2", "code_execution"),
-            call("c_2", "nope"),
-        ],
-    )
-    .await;
+    let message = calling(&[
+        ("srv_1", "web_search"),
+        ("c_1", "lookup"),
+        ("srv_2", "code_execution"),
+        ("c_2", "nope"),
+    ]);
+    let calls: Vec<ToolCall<'_>> = ToolCall::all_in(&message).collect();
+    let outcome = run_tool_calls(&leaf, &calls).await;
     let results: Vec<(&str, &str)> = outcome
         .results
         .iter()
