@@ -58,7 +58,9 @@ use markov_bench::{
 use markov_core::ids::ToolCallId;
 use markov_core::message::Message;
 use markov_core::tool::{NoState, ToolContext};
-use markov_executor::serialize::{SerializedMachine, deserialize_machine, serialize_machine};
+use markov_executor::serialize::{
+    SerializedMachine, deserialize_machine, serialize_machine, serialize_machine_json,
+};
 use markov_executor::{Executor, Machine, MachineOptions, StandardExecutor};
 use markov_runtime::registry::{
     AuditLayer, CallReport, ConfirmLayer, EnvelopeMode, ExecuteService, GateLayer,
@@ -149,6 +151,19 @@ fn main() -> ExitCode {
             server::server_figures(&ns);
             ExitCode::SUCCESS
         }
+        ["profile-snapshot", k, reps, rest @ ..] => match (k.parse(), reps.parse(), rest) {
+            (Ok(k), Ok(reps), [] | ["read"]) => {
+                profile_snapshot(k, reps, !rest.is_empty());
+                ExitCode::SUCCESS
+            }
+            _ => usage(),
+        },
+        ["serde"] => {
+            for k in SERDE_KS {
+                history_serde(k, QUICK.serde_iterations);
+            }
+            ExitCode::SUCCESS
+        }
         ["body"] => {
             body_figures(QUICK.body_reps);
             ExitCode::SUCCESS
@@ -178,9 +193,38 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench body | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench serde | markov-bench body | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
+}
+
+/// After a turn of `k` tool steps, `reps` snapshot round trips (written as
+/// JSON, read back into a machine; with `read_only`, written once and read
+/// `reps` times), untimed: the workload to profile.
+fn profile_snapshot(k: usize, reps: usize, read_only: bool) {
+    let scenario = Scenario::new();
+    let runtime = current_thread_runtime();
+    let mut machine = scenario.machine(k);
+    runtime.block_on(run_turn(&mut machine, k));
+    let charter = machine.charter().clone();
+    let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
+    let written = serialize_machine_json(&machine).expect("the machine serializes");
+    for _ in 0..reps {
+        let bytes = if read_only {
+            written.clone()
+        } else {
+            serialize_machine_json(black_box(&machine)).expect("the machine serializes")
+        };
+        let data = SerializedMachine::from_json_slice(&bytes).expect("the snapshot deserializes");
+        let restored = deserialize_machine(
+            charter.clone(),
+            Arc::clone(&executor),
+            data,
+            MachineOptions::default(),
+        )
+        .expect("the machine deserializes");
+        drop(black_box(restored));
+    }
 }
 
 /// Runs `turns` turns of `k` tool steps, untimed: the workload to profile.
@@ -818,13 +862,10 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
     // The full snapshot: instance tree and history, written and read back.
     let charter = machine.charter().clone();
     let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
-    let snapshot = |machine: &Machine| {
-        let data = serialize_machine(machine).expect("the machine serializes");
-        serde_json::to_vec(&data).expect("the snapshot serializes")
-    };
+    let snapshot =
+        |machine: &Machine| serialize_machine_json(machine).expect("the machine serializes");
     let restore = |bytes: &[u8]| {
-        let data: SerializedMachine =
-            serde_json::from_slice(bytes).expect("the snapshot deserializes");
+        let data = SerializedMachine::from_json_slice(bytes).expect("the snapshot deserializes");
         deserialize_machine(
             charter.clone(),
             Arc::clone(&executor),
@@ -834,6 +875,12 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
         .expect("the machine deserializes")
     };
     let snap = snapshot(&machine);
+    assert_eq!(
+        snap,
+        serde_json::to_vec(&serialize_machine(&machine).expect("the machine serializes"))
+            .expect("the snapshot serializes"),
+        "writing straight from the machine writes the snapshot's bytes"
+    );
     let restored = restore(&snap);
     assert_eq!(
         restored.history(),

@@ -85,6 +85,14 @@ impl SerializedMachine {
         serde_json::from_str(json).map_err(|e| DeserializeError::Format(e.to_string()))
     }
 
+    /// Reads a snapshot from JSON bytes. The bytes are checked to be UTF-8
+    /// once, as a whole, rather than string by string as the parser would.
+    pub fn from_json_slice(json: &[u8]) -> Result<Self, DeserializeError> {
+        let text = std::str::from_utf8(json)
+            .map_err(|e| DeserializeError::Format(format!("the snapshot is not UTF-8: {e}")))?;
+        Self::from_json_str(text)
+    }
+
     /// Reads a snapshot from a JSON value (object keys are then read sorted,
     /// so an inline node's transitions lose their declaration order).
     pub fn from_json_value(json: Value) -> Result<Self, DeserializeError> {
@@ -148,6 +156,10 @@ pub enum SerializeError {
     /// A suspension time outside what ISO-8601 can write (before 1970 or after 9999).
     #[error("suspendedAt of instance {0} cannot be written as an ISO-8601 timestamp")]
     InvalidTimestamp(InstanceId),
+    /// The snapshot could not be written as JSON (a state that is not JSON
+    /// after all, such as a map with non-string keys).
+    #[error("the snapshot cannot be written as JSON: {0}")]
+    Json(String),
     /// The tree is deeper than [`MAX_TREE_DEPTH`].
     #[error("Max depth (100) exceeded in instance tree traversal. Possible cycle detected.")]
     TreeTooDeep,
@@ -227,6 +239,56 @@ pub fn serialize_machine(machine: &Machine) -> Result<SerializedMachine, Seriali
         history: machine.history.clone(),
         policy: machine.policy.snapshot(),
     })
+}
+
+/// The snapshot of [`serialize_machine`] as JSON, written straight from the
+/// machine: the same bytes as `serde_json::to_vec` of that snapshot,
+/// without copying the history into it first.
+///
+/// ```
+/// use markov_executor::serialize::{serialize_machine, serialize_machine_json};
+/// use markov_executor::{Instance, Machine, MachineOptions, StandardExecutor};
+/// use markov_runtime::{charter::Charter, node::Node};
+/// use markov_testkit::ScriptedModel;
+/// use serde_json::json;
+///
+/// let node = Node::builder("Greet the user.").build().unwrap();
+/// let charter = Charter::builder("greeter").node("greet", node.clone()).build().unwrap();
+/// let executor: std::sync::Arc<dyn markov_executor::Executor> =
+///     std::sync::Arc::new(StandardExecutor::new(ScriptedModel::builder().build()));
+/// let machine =
+///     Machine::with_options(charter, executor, Instance::new(node, json!({})), MachineOptions::default())
+///         .unwrap();
+/// let bytes = serialize_machine_json(&machine).unwrap();
+/// assert_eq!(bytes, serde_json::to_vec(&serialize_machine(&machine).unwrap()).unwrap());
+/// ```
+pub fn serialize_machine_json(machine: &Machine) -> Result<Vec<u8>, SerializeError> {
+    /// The fields of [`SerializedMachine`] before its history.
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Head {
+        format_version: u32,
+        instance: SerializedInstance,
+    }
+    let json = |e: serde_json::Error| SerializeError::Json(e.to_string());
+    let head = Head {
+        format_version: FORMAT_VERSION,
+        instance: serialize_instance(&machine.charter, &machine.root, 0)?,
+    };
+    // About 200 bytes a message: one allocation for most snapshots.
+    let mut out = Vec::with_capacity(1024 + machine.history.len() * 256);
+    serde_json::to_writer(&mut out, &head).map_err(json)?;
+    // `{...}` without its closing brace, then the history and the rest.
+    out.pop();
+    out.extend_from_slice(b",\"history\":");
+    markov_core::message::write_history_json(&machine.history, &mut out).map_err(json)?;
+    let policy = machine.policy.snapshot();
+    if !policy.is_empty() {
+        out.extend_from_slice(b",\"policy\":");
+        serde_json::to_writer(&mut out, &policy).map_err(json)?;
+    }
+    out.push(b'}');
+    Ok(out)
 }
 
 /// The machine's instance tree as stored, without the history: what a store

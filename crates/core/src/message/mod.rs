@@ -19,6 +19,11 @@ use serde_json::Value;
 
 use crate::ids::{InstanceId, MessageId, ToolCallId};
 
+mod de;
+mod ser;
+
+pub use ser::write_history_json;
+
 /// Who a message is from, and therefore what happens to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -39,7 +44,10 @@ pub enum Role {
 }
 
 /// One content item of a message, discriminated by `type`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Written by its derived `Serialize`; read by a `Deserialize` of its own
+/// (in `de.rs`) that takes the same shapes without buffering.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Item {
@@ -217,7 +225,7 @@ impl Item {
 }
 
 /// The `items` of a message: a plain string, a list of items, or one instance payload.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Items {
     /// A plain string.
