@@ -1,4 +1,4 @@
-//! `markov-bench`: figures 1–8 on the scenario of `lib.rs`, as a
+//! `markov-bench`: figures 1–9 on the scenario of `lib.rs`, as a
 //! release binary run by `cargo xtask bench`.
 //!
 //! 1. Framework overhead per step for K = 10, 100, 1 000 and 10 000: each
@@ -31,6 +31,9 @@
 //!    against `serde_json::to_vec` of the whole request and a plain copy of
 //!    the body's bytes (see `body.rs`).
 //!
+//! 9. Decoding a streamed answer, both vendors, against parsing each event
+//!    once into a `serde_json::Value` (see `stream.rs`).
+//!
 //! Every figure prints one machine-readable line (`bench=<name> key=value
 //! ...`) as it finishes, and a table closes the run.
 //!
@@ -44,6 +47,7 @@ mod body;
 mod counting;
 mod server;
 mod store;
+mod stream;
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -100,7 +104,12 @@ struct Plan {
     server_sessions: &'static [usize],
     /// Timed bodies per vendor and K in figure 8.
     body_reps: usize,
+    /// Timed decodings per vendor and N in figure 9.
+    stream_reps: usize,
 }
+
+/// The text fragments of figure 9's streams.
+const STREAM_NS: [usize; 3] = [10, 100, 1_000];
 
 /// The history lengths (tool steps) of figure 8.
 const BODY_KS: [usize; 3] = [10, 1_000, 10_000];
@@ -116,6 +125,7 @@ const FULL: Plan = Plan {
     store_appends: 1_000,
     server_sessions: &[1_000, 10_000],
     body_reps: 50,
+    stream_reps: 200,
 };
 
 const QUICK: Plan = Plan {
@@ -126,6 +136,7 @@ const QUICK: Plan = Plan {
     store_appends: 100,
     server_sessions: &[200],
     body_reps: 10,
+    stream_reps: 20,
 };
 
 fn main() -> ExitCode {
@@ -164,6 +175,20 @@ fn main() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        ["profile-stream", vendor, n, reps] => match (n.parse(), reps.parse()) {
+            (Ok(n), Ok(reps)) => match stream::profile(vendor, n, reps) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("{e}");
+                    usage()
+                }
+            },
+            _ => usage(),
+        },
+        ["stream"] => {
+            stream_figures(QUICK.stream_reps);
+            ExitCode::SUCCESS
+        }
         ["body"] => {
             body_figures(QUICK.body_reps);
             ExitCode::SUCCESS
@@ -193,7 +218,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench serde | markov-bench body | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench serde | markov-bench body | markov-bench stream | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
 }
@@ -267,6 +292,7 @@ fn run_all(plan: Plan) -> ExitCode {
     let (mut stores, mut loads) = store::sqlite_figures(&STORE_KS, plan.store_appends);
     let (pg_stores, pg_loads) = store::postgres_figures(&STORE_KS, plan.store_appends);
     let bodies = body_figures(plan.body_reps);
+    let streams = stream_figures(plan.stream_reps);
     let servers: Vec<server::ProcessesFigure> = plan
         .server_sessions
         .iter()
@@ -496,8 +522,61 @@ fn run_all(plan: Plan) -> ExitCode {
             b.cached_ns_per_message()
         );
     }
+    let _ = writeln!(
+        table,
+        "\n9. Decoding a streamed answer (N text fragments and a tool call in 20 argument fragments) with the client's decoder, against parsing each event once into a serde_json::Value; medians"
+    );
+    let _ = writeln!(
+        table,
+        "   {:>9} {:>6} {:>7} {:>9} {:>10} {:>10} {:>10} {:>14} {:>8}",
+        "vendor",
+        "N",
+        "events",
+        "bytes",
+        "decode µs",
+        "Value µs",
+        "ns/event",
+        "decode/Value",
+        "MB/s"
+    );
+    for s in &streams {
+        let _ = writeln!(
+            table,
+            "   {:>9} {:>6} {:>7} {:>9} {:>10.1} {:>10.1} {:>10.0} {:>14.2} {:>8.0}",
+            s.vendor,
+            s.fragments,
+            s.events,
+            s.bytes,
+            s.decode.median_us,
+            s.values.median_us,
+            s.decode_ns_per_event(),
+            s.decode_over_values(),
+            s.decode_mb_per_s()
+        );
+    }
     println!("{table}");
     ExitCode::SUCCESS
+}
+
+/// Figure 9, printing its machine-readable lines.
+fn stream_figures(reps: usize) -> Vec<stream::StreamFigure> {
+    let figures = stream::stream_figures(&STREAM_NS, reps);
+    for s in &figures {
+        println!(
+            "bench=stream_decode vendor={} fragments={} events={} bytes={} reps={} decode_median_us={:.1} values_median_us={:.1} decode_ns_per_event={:.0} decode_over_values={:.2} decode_mb_per_s={:.0}",
+            s.vendor,
+            s.fragments,
+            s.events,
+            s.bytes,
+            s.decode.count,
+            s.decode.median_us,
+            s.values.median_us,
+            s.decode_ns_per_event(),
+            s.decode_over_values(),
+            s.decode_mb_per_s()
+        );
+    }
+    figures
 }
 
 /// Figure 8, printing its machine-readable lines.

@@ -92,15 +92,19 @@ pub mod openai;
 
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod body;
+#[cfg(any(feature = "anthropic", feature = "openai"))]
 mod convert;
 mod error;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod sse;
+#[cfg(feature = "anthropic")]
+mod tagged;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod transport;
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
+#[cfg(any(feature = "anthropic", feature = "openai"))]
 pub use body::DEFAULT_BODY_CACHE_BYTES;
 pub use error::ConfigError;
 #[cfg(feature = "openai")]

@@ -173,6 +173,30 @@ fn fail<'a, D>(error: ModelError) -> Step<'a, D> {
     Some((Err(error), State::Finished))
 }
 
+/// Decodes a complete event-stream body as a streamed call would: the
+/// stream events, ending with [`StreamEvent::Done`].
+pub(crate) fn decode_body<D: SseDecoder>(
+    mut decoder: D,
+    body: &[u8],
+    max_event_bytes: usize,
+) -> Result<Vec<StreamEvent>, ModelError> {
+    let mut parser = Parser::new(max_event_bytes);
+    let mut events = VecDeque::new();
+    let refused = parser.feed(body, &mut events).err();
+    let mut out = VecDeque::new();
+    for event in events {
+        if let Some(done) = decoder.on_event(&event, &mut out)? {
+            out.push_back(StreamEvent::Done(done));
+            return Ok(out.into());
+        }
+    }
+    if let Some(refused) = refused {
+        return Err(ModelError::InvalidResponse(refused.to_string()));
+    }
+    out.push_back(StreamEvent::Done(decoder.on_end()?));
+    Ok(out.into())
+}
+
 /// Records the outcome of a call on its span.
 pub(crate) fn log_done(response: &ModelResponse) {
     tracing::debug!(

@@ -389,6 +389,37 @@ impl Anthropic {
     }
 }
 
+/// Decodes a recorded Messages API event stream (the bytes of a streamed
+/// response's body) with the client's own decoder: the [`StreamEvent`]s a
+/// streamed call would have yielded, ending with
+/// [`StreamEvent::Done`]. For tests that replay recorded streams, and for
+/// benchmarks.
+///
+/// ```
+/// use markov_core::{Item, StreamEvent};
+///
+/// let body = concat!(
+///     "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3}}}\n\n",
+///     "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+///     "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+///     "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+/// );
+/// let events = markov_providers::anthropic::replay_stream(body.as_bytes()).unwrap();
+/// let Some(StreamEvent::Done(response)) = events.last() else { panic!() };
+/// assert_eq!(response.content, vec![Item::text("Hi")]);
+/// ```
+///
+/// # Errors
+/// What a streamed call would fail with: an `error` event, a malformed
+/// event, a body that ends before `message_stop`.
+pub fn replay_stream(body: &[u8]) -> Result<Vec<StreamEvent>, ModelError> {
+    crate::sse::decode_body(
+        stream::Decoder::default(),
+        body,
+        TransportConfig::DEFAULT.max_event_bytes,
+    )
+}
+
 fn call_span(model: &str) -> tracing::Span {
     tracing::info_span!(
         "provider_request",

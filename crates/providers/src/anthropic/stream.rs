@@ -16,14 +16,16 @@ use std::collections::{HashMap, VecDeque};
 
 use markov_core::{Item, ModelError, ModelResponse, StreamEvent, Usage};
 use serde::Deserialize;
+use serde::de::{Deserializer, IgnoredAny};
 use serde_json::Value;
 
 use super::wire::{self, Converted, KnownBlock, WireUsage};
 use crate::convert;
 use crate::sse::{Event, SseDecoder, parse_data};
+use crate::tagged::{self, Tagged};
 
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// One event of the stream. Read in one pass (see [`crate::tagged`]): the
+/// text and argument fragments are most of a stream's events.
 enum WireEvent {
     MessageStart {
         message: StartMessage,
@@ -41,7 +43,6 @@ enum WireEvent {
     },
     MessageDelta {
         delta: MessageDelta,
-        #[serde(default)]
         usage: Option<WireUsage>,
     },
     MessageStop,
@@ -49,8 +50,109 @@ enum WireEvent {
     Error {
         error: ErrorBody,
     },
+    Unknown,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum EventType {
+    MessageStart,
+    ContentBlockStart,
+    ContentBlockDelta,
+    ContentBlockStop,
+    MessageDelta,
+    MessageStop,
+    Ping,
+    Error,
     #[serde(other)]
     Unknown,
+}
+
+#[derive(Deserialize)]
+struct MessageStartFields {
+    message: StartMessage,
+}
+
+#[derive(Deserialize)]
+struct BlockStartFields {
+    index: usize,
+    content_block: Value,
+}
+
+#[derive(Deserialize)]
+struct BlockDeltaFields {
+    index: usize,
+    delta: Delta,
+}
+
+#[derive(Deserialize)]
+struct BlockStopFields {
+    index: usize,
+}
+
+#[derive(Deserialize)]
+struct MessageDeltaFields {
+    delta: MessageDelta,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct ErrorFields {
+    error: ErrorBody,
+}
+
+impl Tagged for WireEvent {
+    type Tag = EventType;
+
+    fn from_fields<'de, D: Deserializer<'de>>(tag: EventType, fields: D) -> Result<Self, D::Error> {
+        Ok(match tag {
+            EventType::MessageStart => WireEvent::MessageStart {
+                message: MessageStartFields::deserialize(fields)?.message,
+            },
+            EventType::ContentBlockStart => {
+                let f = BlockStartFields::deserialize(fields)?;
+                WireEvent::ContentBlockStart {
+                    index: f.index,
+                    content_block: f.content_block,
+                }
+            }
+            EventType::ContentBlockDelta => {
+                let f = BlockDeltaFields::deserialize(fields)?;
+                WireEvent::ContentBlockDelta {
+                    index: f.index,
+                    delta: f.delta,
+                }
+            }
+            EventType::ContentBlockStop => WireEvent::ContentBlockStop {
+                index: BlockStopFields::deserialize(fields)?.index,
+            },
+            EventType::MessageDelta => {
+                let f = MessageDeltaFields::deserialize(fields)?;
+                WireEvent::MessageDelta {
+                    delta: f.delta,
+                    usage: f.usage,
+                }
+            }
+            EventType::Error => WireEvent::Error {
+                error: ErrorFields::deserialize(fields)?.error,
+            },
+            tag => {
+                IgnoredAny::deserialize(fields)?;
+                match tag {
+                    EventType::MessageStop => WireEvent::MessageStop,
+                    EventType::Ping => WireEvent::Ping,
+                    _ => WireEvent::Unknown,
+                }
+            }
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for WireEvent {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        tagged::deserialize(deserializer)
+    }
 }
 
 #[derive(Deserialize)]
@@ -59,19 +161,78 @@ struct StartMessage {
     usage: WireUsage,
 }
 
-#[derive(Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+/// A content block's delta (read in one pass, as the event).
 enum Delta {
-    #[serde(rename = "text_delta")]
     Text { text: String },
-    #[serde(rename = "input_json_delta")]
     InputJson { partial_json: String },
-    #[serde(rename = "thinking_delta")]
     Thinking { thinking: String },
-    #[serde(rename = "signature_delta")]
     Signature { signature: String },
+    Unknown,
+}
+
+#[derive(Deserialize)]
+enum DeltaType {
+    #[serde(rename = "text_delta")]
+    Text,
+    #[serde(rename = "input_json_delta")]
+    InputJson,
+    #[serde(rename = "thinking_delta")]
+    Thinking,
+    #[serde(rename = "signature_delta")]
+    Signature,
     #[serde(other)]
     Unknown,
+}
+
+#[derive(Deserialize)]
+struct TextFields {
+    text: String,
+}
+
+#[derive(Deserialize)]
+struct InputJsonFields {
+    partial_json: String,
+}
+
+#[derive(Deserialize)]
+struct ThinkingFields {
+    thinking: String,
+}
+
+#[derive(Deserialize)]
+struct SignatureFields {
+    signature: String,
+}
+
+impl Tagged for Delta {
+    type Tag = DeltaType;
+
+    fn from_fields<'de, D: Deserializer<'de>>(tag: DeltaType, fields: D) -> Result<Self, D::Error> {
+        Ok(match tag {
+            DeltaType::Text => Delta::Text {
+                text: TextFields::deserialize(fields)?.text,
+            },
+            DeltaType::InputJson => Delta::InputJson {
+                partial_json: InputJsonFields::deserialize(fields)?.partial_json,
+            },
+            DeltaType::Thinking => Delta::Thinking {
+                thinking: ThinkingFields::deserialize(fields)?.thinking,
+            },
+            DeltaType::Signature => Delta::Signature {
+                signature: SignatureFields::deserialize(fields)?.signature,
+            },
+            DeltaType::Unknown => {
+                IgnoredAny::deserialize(fields)?;
+                Delta::Unknown
+            }
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for Delta {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        tagged::deserialize(deserializer)
+    }
 }
 
 #[derive(Deserialize)]
@@ -372,5 +533,71 @@ fn http(status: u16, message: String) -> ModelError {
         status,
         message,
         retry_after: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(json: &str) -> Result<WireEvent, String> {
+        serde_json::from_str(json).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn events_read_with_type_first_or_later() {
+        for json in [
+            r#"{"type":"content_block_delta","index":2,"delta":{"type":"text_delta","text":"hi"}}"#,
+            r#"{"index":2,"delta":{"text":"hi","type":"text_delta"},"type":"content_block_delta"}"#,
+            r#"{"type":"content_block_delta","extra":[1,{"a":null}],"index":2,"delta":{"type":"text_delta","text":"hi","more":1}}"#,
+        ] {
+            let Ok(WireEvent::ContentBlockDelta {
+                index: 2,
+                delta: Delta::Text { text },
+            }) = event(json)
+            else {
+                panic!("{json}");
+            };
+            assert_eq!(text, "hi");
+        }
+    }
+
+    #[test]
+    fn unknown_events_and_deltas_are_skipped_whatever_they_hold() {
+        assert!(matches!(
+            event(r#"{"type":"future_event","delta":5,"index":"x"}"#),
+            Ok(WireEvent::Unknown)
+        ));
+        assert!(matches!(
+            event(
+                r#"{"type":"content_block_delta","index":0,"delta":{"type":"citations_delta","citation":{"a":[1]}}}"#
+            ),
+            Ok(WireEvent::ContentBlockDelta {
+                delta: Delta::Unknown,
+                ..
+            })
+        ));
+        assert!(matches!(event(r#"{"type":"ping"}"#), Ok(WireEvent::Ping)));
+        assert!(matches!(
+            event(
+                r#"{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":3}}"#
+            ),
+            Ok(WireEvent::MessageDelta { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_events_are_errors() {
+        for json in [
+            r#"{"type":"content_block_delta","delta":{"type":"text_delta","text":"hi"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":3}}"#,
+            r#"{"index":0}"#,
+            r#"{}"#,
+            r#"[1]"#,
+            r#"{"type":7}"#,
+        ] {
+            assert!(event(json).is_err(), "{json}");
+        }
     }
 }

@@ -413,6 +413,35 @@ impl OpenAi {
     }
 }
 
+/// Decodes a recorded Chat Completions event stream (the bytes of a
+/// streamed response's body) with the client's own decoder: the
+/// [`StreamEvent`]s a streamed call would have yielded, ending with
+/// [`StreamEvent::Done`]. For tests that replay recorded streams, and for
+/// benchmarks.
+///
+/// ```
+/// use markov_core::{Item, StreamEvent};
+///
+/// let body = concat!(
+///     "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n",
+///     "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+///     "data: [DONE]\n\n",
+/// );
+/// let events = markov_providers::openai::replay_stream(body.as_bytes()).unwrap();
+/// let Some(StreamEvent::Done(response)) = events.last() else { panic!() };
+/// assert_eq!(response.content, vec![Item::text("Hi")]);
+/// ```
+///
+/// # Errors
+/// What a streamed call would fail with: an error chunk, a malformed chunk.
+pub fn replay_stream(body: &[u8]) -> Result<Vec<StreamEvent>, ModelError> {
+    crate::sse::decode_body(
+        stream::Decoder::default(),
+        body,
+        TransportConfig::DEFAULT.max_event_bytes,
+    )
+}
+
 fn call_span(model: &str) -> tracing::Span {
     tracing::info_span!(
         "provider_request",

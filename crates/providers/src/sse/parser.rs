@@ -161,6 +161,8 @@ impl Parser {
             }
             b"data" => {
                 let value = text()?;
+                // With its line break: one allocation for a one-line event.
+                self.data.reserve(value.len() + 1);
                 self.data.push_str(value);
                 self.data.push('\n');
                 self.check(0)?;
