@@ -19,7 +19,7 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::{InstancePayload, Item, Items};
+use super::{InstancePayload, Item, Items, Message, MessageShapeError, Metadata, Role};
 use crate::ids::{InstanceId, ToolCallId};
 
 /// The values of `type`.
@@ -264,6 +264,68 @@ impl<'de> Visitor<'de> for ItemVisitor {
     }
 }
 
+/// The keys of a message.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "lowercase")]
+enum MessageKey {
+    Role,
+    Items,
+    Metadata,
+    #[serde(other)]
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Message {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_struct("Message", &["role", "items", "metadata"], MessageVisitor)
+    }
+}
+
+/// Reads the fields straight into the message (no intermediate value to
+/// move: a message is some 150 bytes, and a history holds thousands).
+struct MessageVisitor;
+
+impl<'de> Visitor<'de> for MessageVisitor {
+    type Value = Message;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a message")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Message, A::Error> {
+        let mut role = None;
+        let mut items = None;
+        let mut metadata = None;
+        while let Some(key) = map.next_key()? {
+            match key {
+                MessageKey::Role if role.is_some() => {
+                    return Err(de::Error::duplicate_field("role"));
+                }
+                MessageKey::Role => role = Some(map.next_value()?),
+                MessageKey::Items if items.is_some() => {
+                    return Err(de::Error::duplicate_field("items"));
+                }
+                MessageKey::Items => items = Some(map.next_value()?),
+                MessageKey::Metadata if metadata.is_some() => {
+                    return Err(de::Error::duplicate_field("metadata"));
+                }
+                MessageKey::Metadata => metadata = Some(map.next_value::<Option<Metadata>>()?),
+                MessageKey::Other => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+        }
+        let role: Role = role.ok_or_else(|| de::Error::missing_field("role"))?;
+        let items: Items = items.ok_or_else(|| de::Error::missing_field("items"))?;
+        MessageShapeError::check(role, &items).map_err(de::Error::custom)?;
+        Ok(Message {
+            role,
+            items,
+            metadata: metadata.flatten(),
+        })
+    }
+}
+
 impl<'de> Deserialize<'de> for Items {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_any(ItemsVisitor)
@@ -305,7 +367,6 @@ impl<'de> Visitor<'de> for ItemsVisitor {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Message;
     use super::*;
     use serde_json::json;
 

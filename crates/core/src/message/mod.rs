@@ -393,8 +393,10 @@ impl Metadata {
 }
 
 /// One message of a conversation or of a machine's history.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "RawMessage")]
+///
+/// Read by a `Deserialize` of its own (in `de.rs`) that checks that the role
+/// and the items agree.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Message {
     /// Who it is from.
     pub role: Role,
@@ -405,15 +407,6 @@ pub struct Message {
     pub metadata: Option<Metadata>,
 }
 
-/// The unchecked shape, before role and items are known to agree.
-#[derive(Deserialize)]
-struct RawMessage {
-    role: Role,
-    items: Items,
-    #[serde(default)]
-    metadata: Option<Metadata>,
-}
-
 /// A message whose role and items do not agree.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("a message with role {role:?} cannot hold {found}")]
@@ -422,28 +415,20 @@ pub struct MessageShapeError {
     found: &'static str,
 }
 
-impl TryFrom<RawMessage> for Message {
-    type Error = MessageShapeError;
-
-    fn try_from(raw: RawMessage) -> Result<Self, Self::Error> {
-        let is_instance_role = raw.role == Role::Instance;
-        let is_payload = matches!(raw.items, Items::Instance(_));
-        if is_instance_role != is_payload {
-            let found = if is_payload {
-                "an instance payload"
-            } else {
-                "a string or an item list"
-            };
-            return Err(MessageShapeError {
-                role: raw.role,
-                found,
-            });
+impl MessageShapeError {
+    /// `Err` when a message of `role` cannot hold `items`.
+    fn check(role: Role, items: &Items) -> Result<(), Self> {
+        let is_instance_role = role == Role::Instance;
+        let is_payload = matches!(items, Items::Instance(_));
+        if is_instance_role == is_payload {
+            return Ok(());
         }
-        Ok(Message {
-            role: raw.role,
-            items: raw.items,
-            metadata: raw.metadata,
-        })
+        let found = if is_payload {
+            "an instance payload"
+        } else {
+            "a string or an item list"
+        };
+        Err(MessageShapeError { role, found })
     }
 }
 
