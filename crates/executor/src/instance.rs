@@ -78,15 +78,25 @@ pub struct Instance {
 /// ([`Instance::active_leaves`]), so the path is never empty.
 #[derive(Debug, Clone)]
 pub struct ActiveLeaf {
-    path: Vec<Arc<Instance>>,
+    path: LeafPath,
     leaf_index: Vec<usize>,
     is_worker: bool,
+}
+
+/// Root … leaf. A one-instance tree, the common case, needs no list.
+#[derive(Debug, Clone)]
+enum LeafPath {
+    Root(Arc<Instance>),
+    Nested(Vec<Arc<Instance>>),
 }
 
 impl ActiveLeaf {
     /// Root … leaf (never empty).
     pub fn path(&self) -> &[Arc<Instance>] {
-        &self.path
+        match &self.path {
+            LeafPath::Root(root) => std::slice::from_ref(root),
+            LeafPath::Nested(path) => path,
+        }
     }
 
     /// Child indices from the root (`[]` for the root).
@@ -101,17 +111,19 @@ impl ActiveLeaf {
 
     /// The root.
     pub fn root(&self) -> &Arc<Instance> {
-        &self.path[0]
+        &self.path()[0]
     }
 
     /// The leaf.
     pub fn leaf(&self) -> &Arc<Instance> {
-        &self.path[self.path.len() - 1]
+        let path = self.path();
+        &path[path.len() - 1]
     }
 
     /// Everything above the leaf, root first.
     pub fn ancestors(&self) -> &[Arc<Instance>] {
-        &self.path[..self.path.len() - 1]
+        let path = self.path();
+        &path[..path.len() - 1]
     }
 }
 
@@ -278,7 +290,7 @@ impl Instance {
             }
             if current.children.is_empty() {
                 f(ActiveLeaf {
-                    path: path.clone(),
+                    path: LeafPath::Nested(path.clone()),
                     leaf_index: index.clone(),
                     is_worker: current.is_worker(),
                 });
@@ -296,7 +308,7 @@ impl Instance {
             // The common one-instance tree, without the walk's scratch path.
             if self.suspended.is_none() {
                 f(ActiveLeaf {
-                    path: vec![Arc::clone(self)],
+                    path: LeafPath::Root(Arc::clone(self)),
                     leaf_index: Vec::new(),
                     is_worker: self.is_worker(),
                 });

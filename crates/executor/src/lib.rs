@@ -69,8 +69,8 @@ pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
 pub use machine::{Machine, MachineOptions};
 pub use queue::{OnEnqueue, Queue};
 pub use run::{
-    Action, DEFAULT_MAX_STEPS, LeafTask, RECOVERY_TEXT, RunOptions, RunState, run_leaves,
-    run_machine, run_to_completion,
+    Action, DEFAULT_MAX_STEPS, LeafTask, LeafTasks, RECOVERY_TEXT, RunOptions, RunState,
+    run_leaves, run_machine, run_to_completion,
 };
 pub use serialize::{
     DeserializeError, FORMAT_VERSION, SerializeError, SerializedInstance, SerializedMachine,

@@ -38,6 +38,12 @@ impl Default for Queue {
     }
 }
 
+/// A step's messages, and what the resolver made of them.
+pub(crate) type Drained<T> = (Vec<Message>, Vec<T>);
+
+/// The resolver's error, and the entry it refused.
+pub(crate) type Refused<E> = (E, Entry);
+
 impl Queue {
     pub(crate) fn new(on_enqueue: Option<Box<OnEnqueue>>) -> Self {
         Queue(Arc::new(Inner {
@@ -149,6 +155,51 @@ impl Queue {
         for entry in entries.into_iter().rev() {
             q.push_front(entry);
         }
+    }
+
+    /// Drains everything but ephemerals as messages, once `resolve` has
+    /// accepted each of them in order (its values are returned beside the
+    /// messages). On the first refusal nothing is drained: the refused entry
+    /// is removed and returned with the error, the others stay queued.
+    ///
+    /// The common step (no ephemeral waiting) goes from the queue straight
+    /// to the step's messages, with no list of entries in between.
+    pub(crate) fn drain_messages<T, E>(
+        &self,
+        mut resolve: impl FnMut(&Entry) -> Result<Option<T>, E>,
+    ) -> Result<Drained<T>, Box<Refused<E>>> {
+        let mut q = self.entries();
+        if q.iter().any(|e| e.message.role == Role::Ephemeral) {
+            drop(q);
+            let mut entries = self.drain_non_ephemeral();
+            let mut resolved = Vec::new();
+            for (at, entry) in entries.iter().enumerate() {
+                match resolve(entry) {
+                    Ok(value) => resolved.extend(value),
+                    Err(error) => {
+                        let refused = entries.remove(at);
+                        self.requeue_front(entries);
+                        return Err(Box::new((error, refused)));
+                    }
+                }
+            }
+            return Ok((entries.into_iter().map(|e| e.message).collect(), resolved));
+        }
+        let mut resolved = Vec::new();
+        for at in 0..q.len() {
+            match resolve(&q[at]) {
+                Ok(value) => resolved.extend(value),
+                Err(error) => {
+                    return match q.remove(at) {
+                        Some(refused) => Err(Box::new((error, refused))),
+                        // `at` is in range: the loop's bound is the length.
+                        None => Ok((Vec::new(), Vec::new())),
+                    };
+                }
+            }
+        }
+        // The deque keeps its buffer for the next step.
+        Ok((q.drain(..).map(|e| e.message).collect(), resolved))
     }
 
     /// Drains everything but ephemerals, which stay queued for the next run.

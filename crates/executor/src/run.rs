@@ -238,16 +238,20 @@ fn collapse_ephemerals(entries: Vec<Entry>) -> Vec<Entry> {
 /// The effects of a drained batch. When one entry cannot be resolved, the
 /// batch goes back to the front of the queue without it and the error hands
 /// that entry back: nothing is lost, and the next run is not stuck on it.
+/// The effect of one queued entry, with the message a state effect keeps.
+fn resolve_effect(machine: &Machine, e: &Entry) -> Result<Option<Resolved>, RunError> {
+    Ok(e.resolve_effect(&machine.charter)?.map(|effect| {
+        let message = matches!(effect, Effect::State { .. } | Effect::PackState { .. })
+            .then(|| e.message.clone());
+        (effect, message)
+    }))
+}
+
 fn resolve_effects(machine: &Machine, entries: &mut Vec<Entry>) -> Result<Vec<Resolved>, RunError> {
     let mut effects = Vec::new();
     for (index, e) in entries.iter().enumerate() {
-        match e.resolve_effect(&machine.charter) {
-            Ok(Some(effect)) => {
-                let message = matches!(effect, Effect::State { .. } | Effect::PackState { .. })
-                    .then(|| e.message.clone());
-                effects.push((effect, message));
-            }
-            Ok(None) => {}
+        match resolve_effect(machine, e) {
+            Ok(resolved) => effects.extend(resolved),
             Err(error) => {
                 let mut rest = std::mem::take(entries);
                 let refused = rest.remove(index);
@@ -288,7 +292,7 @@ fn resume_request(entries: &[Entry]) -> Option<(usize, InstanceId, String)> {
 pub enum Action {
     /// Run one inference for each of these leaves (concurrently), then hand
     /// the results, in the same order, to [`RunState::on_leaf_results`].
-    RunLeaves(Vec<LeafTask>),
+    RunLeaves(LeafTasks),
     /// Yield this step, then call [`RunState::next`] again: it says
     /// [`Action::Finished`] when the run is over.
     Yield(MachineStep),
@@ -296,6 +300,45 @@ pub enum Action {
     /// resume step is not done, yet the run stops there). Nothing
     /// more happens; a new run needs a new [`RunState`].
     Finished,
+}
+
+/// The leaves a step runs, in order (a slice through `Deref`). A step of a
+/// one-leaf tree, the common case, needs no list.
+#[derive(Debug, Clone)]
+pub struct LeafTasks(Tasks);
+
+#[derive(Debug, Clone)]
+enum Tasks {
+    One([LeafTask; 1]),
+    Many(Vec<LeafTask>),
+}
+
+impl LeafTasks {
+    fn new() -> Self {
+        LeafTasks(Tasks::Many(Vec::new()))
+    }
+
+    fn push(&mut self, task: LeafTask) {
+        self.0 = match std::mem::replace(&mut self.0, Tasks::Many(Vec::new())) {
+            Tasks::Many(tasks) if tasks.is_empty() => Tasks::One([task]),
+            Tasks::One([first]) => Tasks::Many(vec![first, task]),
+            Tasks::Many(mut tasks) => {
+                tasks.push(task);
+                Tasks::Many(tasks)
+            }
+        };
+    }
+}
+
+impl std::ops::Deref for LeafTasks {
+    type Target = [LeafTask];
+
+    fn deref(&self) -> &[LeafTask] {
+        match &self.0 {
+            Tasks::One(one) => one,
+            Tasks::Many(many) => many,
+        }
+    }
 }
 
 /// One leaf to run in this step, with what its executor must know.
@@ -464,7 +507,7 @@ impl RunState {
             return Err(RunError::MaxSteps(self.options.max_steps));
         }
         self.steps += 1;
-        let mut tasks = Vec::new();
+        let mut tasks = LeafTasks::new();
         let (turns, current_step) = (&self.turns, self.steps);
         machine.root.for_each_active_leaf(&mut |leaf| {
             tasks.push(LeafTask {
@@ -575,9 +618,16 @@ impl RunState {
             }
             machine.queue.enqueue_entries(outcome.entries);
         }
-        let mut drained = machine.queue.drain_non_ephemeral();
-        let effects = resolve_effects(machine, &mut drained)?;
-        let step_history: Vec<Message> = drained.into_iter().map(|e| e.message).collect();
+        let (step_history, effects) = machine
+            .queue
+            .drain_messages(|e| resolve_effect(machine, e))
+            .map_err(|refused| {
+                let (error, entry) = *refused;
+                RunError::RefusedInstanceMessage {
+                    reason: error.to_string(),
+                    message: Box::new(entry.message),
+                }
+            })?;
         machine.history.extend(step_history.iter().cloned());
         apply(machine, &effects, self.steps);
         let applied = cedes_of(&effects);
