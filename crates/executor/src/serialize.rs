@@ -47,6 +47,7 @@ use markov_runtime::registry::{IdempotencyLimits, PolicySnapshot, PolicyState};
 use markov_runtime::serial::{
     NodeSpec, PackSpec, SerialError, node_from_spec, node_spec, pack_from_spec, pack_spec,
 };
+use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -63,8 +64,12 @@ fn format_version_1() -> u32 {
 }
 
 /// A machine as stored (upstream's `SerializedMachine`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+///
+/// Read by a `Deserialize` of its own ([`SnapshotSeed`] without a size
+/// hint): the same fields, defaults and refusals as a derived impl with
+/// `deny_unknown_fields`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct SerializedMachine {
     /// markov's format version ([`FORMAT_VERSION`]); 1 when absent.
     #[serde(default = "format_version_1")]
@@ -81,8 +86,19 @@ pub struct SerializedMachine {
 
 impl SerializedMachine {
     /// Reads a snapshot from JSON text (shape errors are [`DeserializeError::Format`]).
+    ///
+    /// The history's list is sized from the text's length first (a message
+    /// takes at least about 150 bytes of JSON), so it is not grown and copied
+    /// again and again while thousands of messages are read.
     pub fn from_json_str(json: &str) -> Result<Self, DeserializeError> {
-        serde_json::from_str(json).map_err(|e| DeserializeError::Format(e.to_string()))
+        let format = |e: serde_json::Error| DeserializeError::Format(e.to_string());
+        let mut deserializer = serde_json::Deserializer::from_str(json);
+        let seed = SnapshotSeed {
+            history_capacity: (json.len() / 150).min(1 << 16),
+        };
+        let snapshot = seed.deserialize(&mut deserializer).map_err(format)?;
+        deserializer.end().map_err(format)?;
+        Ok(snapshot)
     }
 
     /// Reads a snapshot from JSON bytes. The bytes are checked to be UTF-8
@@ -97,6 +113,109 @@ impl SerializedMachine {
     /// so an inline node's transitions lose their declaration order).
     pub fn from_json_value(json: Value) -> Result<Self, DeserializeError> {
         serde_json::from_value(json).map_err(|e| DeserializeError::Format(e.to_string()))
+    }
+}
+
+/// Reads a [`SerializedMachine`] whose history is read into a list of
+/// `history_capacity` messages to start with.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SnapshotSeed {
+    /// The history's first capacity (a guess; the list grows past it).
+    pub history_capacity: usize,
+}
+
+impl<'de> Deserialize<'de> for SerializedMachine {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        SnapshotSeed::default().deserialize(deserializer)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for SnapshotSeed {
+    type Value = SerializedMachine;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<SerializedMachine, D::Error> {
+        deserializer.deserialize_struct("SerializedMachine", SNAPSHOT_FIELDS, self)
+    }
+}
+
+const SNAPSHOT_FIELDS: &[&str] = &["formatVersion", "instance", "history", "policy"];
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "camelCase")]
+enum SnapshotField {
+    FormatVersion,
+    Instance,
+    History,
+    Policy,
+}
+
+/// The history's messages, read into a list of a given first capacity.
+struct HistorySeed(usize);
+
+impl<'de> DeserializeSeed<'de> for HistorySeed {
+    type Value = Vec<Message>;
+
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<Message>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for HistorySeed {
+    type Value = Vec<Message>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a list of messages")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Message>, A::Error> {
+        let mut history = Vec::with_capacity(self.0);
+        while let Some(message) = seq.next_element()? {
+            history.push(message);
+        }
+        // A guess far too large gives its room back.
+        if history.capacity() > history.len() * 2 + 16 {
+            history.shrink_to_fit();
+        }
+        Ok(history)
+    }
+}
+
+impl<'de> Visitor<'de> for SnapshotSeed {
+    type Value = SerializedMachine;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a serialized machine")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SerializedMachine, A::Error> {
+        let mut format_version = None;
+        let mut instance = None;
+        let mut history = None;
+        let mut policy = None;
+        while let Some(field) = map.next_key::<SnapshotField>()? {
+            let duplicate = match field {
+                SnapshotField::FormatVersion => format_version
+                    .replace(map.next_value()?)
+                    .map(|_| "formatVersion"),
+                SnapshotField::Instance => instance.replace(map.next_value()?).map(|_| "instance"),
+                SnapshotField::History => history
+                    .replace(map.next_value_seed(HistorySeed(self.history_capacity))?)
+                    .map(|_| "history"),
+                SnapshotField::Policy => policy.replace(map.next_value()?).map(|_| "policy"),
+            };
+            if let Some(name) = duplicate {
+                return Err(serde::de::Error::duplicate_field(name));
+            }
+        }
+        Ok(SerializedMachine {
+            format_version: format_version.unwrap_or_else(format_version_1),
+            instance: instance.ok_or_else(|| serde::de::Error::missing_field("instance"))?,
+            history: history.ok_or_else(|| serde::de::Error::missing_field("history"))?,
+            policy: policy.unwrap_or_default(),
+        })
     }
 }
 

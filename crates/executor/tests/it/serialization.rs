@@ -878,3 +878,42 @@ proptest! {
         prop_assert_eq!(machine.instance().pack_states(), restored.instance().pack_states());
     }
 }
+
+/// The snapshot's own reader takes what a derived reader with
+/// `deny_unknown_fields` took, and sizes the history from the text.
+#[test]
+fn snapshot_reader_refuses_what_it_refused_and_sizes_the_history() {
+    let instance = json!({"id": "i1", "node": {"ref": "main"}, "state": {}});
+    let read = |v: Value| SerializedMachine::from_json_str(&v.to_string());
+    let ok = read(json!({"instance": instance, "history": []})).expect("reads");
+    assert_eq!(ok.format_version, 1, "formatVersion defaults to 1");
+    assert!(ok.history.is_empty() && ok.history.capacity() <= 16);
+    let unknown = read(json!({"instance": instance, "history": [], "extra": 1})).unwrap_err();
+    assert!(
+        unknown.to_string().contains("unknown field `extra`"),
+        "{unknown}"
+    );
+    let missing = read(json!({"history": []})).unwrap_err();
+    assert!(
+        missing.to_string().contains("missing field `instance`"),
+        "{missing}"
+    );
+    let twice =
+        r#"{"instance":{"id":"i1","node":{"ref":"main"},"state":{}},"history":[],"history":[]}"#;
+    let err = SerializedMachine::from_json_str(twice).unwrap_err();
+    assert!(
+        err.to_string().contains("duplicate field `history`"),
+        "{err}"
+    );
+    assert!(SerializedMachine::from_json_str("{} trailing").is_err());
+
+    // A long history is read into a list sized from the text, with no
+    // room to spare beyond the guess.
+    let history: Vec<Value> = (0..300)
+        .map(|i| json!({"role": "user", "items": format!("message {i}")}))
+        .collect();
+    let text = json!({"instance": instance, "history": history}).to_string();
+    let snapshot = SerializedMachine::from_json_slice(text.as_bytes()).expect("reads");
+    assert_eq!(snapshot.history.len(), 300);
+    assert!(snapshot.history.capacity() <= 2 * 300 + 16);
+}
