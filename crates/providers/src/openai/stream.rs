@@ -16,6 +16,8 @@ use crate::convert;
 use crate::sse::{Event, SseDecoder, parse_data};
 use crate::transport::parse_error_body;
 
+/// One chunk, read in one pass into typed fields; the fields not named here
+/// (`id`, `model`, `logprobs`, ...) are skipped unread.
 #[derive(Deserialize)]
 struct Chunk {
     #[serde(default)]
@@ -279,6 +281,59 @@ impl SseDecoder for Decoder {
             Err(ModelError::InvalidResponse(
                 "the stream ended before a finish reason or [DONE]".into(),
             ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use markov_core::StopReason;
+
+    use super::*;
+    use crate::sse::decode_body;
+
+    fn decode(chunks: &[&str]) -> Result<ModelResponse, ModelError> {
+        let body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        let events = decode_body(Decoder::default(), body.as_bytes(), usize::MAX)?;
+        match events.into_iter().last() {
+            Some(StreamEvent::Done(response)) => Ok(response),
+            _ => Err(ModelError::InvalidResponse("no response".into())),
+        }
+    }
+
+    #[test]
+    fn only_choices_of_index_zero_are_read_in_any_number() {
+        let answer = decode(&[
+            r#"{"id":"x","choices":[{"index":1,"delta":{"content":"other"}},{"delta":{"content":"a"},"index":0,"extra":{"deep":[1]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"b"}},{"index":0,"delta":{"content":"c"}}],"unknown":null}"#,
+            r#"{"choices":[]}"#,
+            r#"{"object":"chat.completion.chunk"}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            "[DONE]",
+        ])
+        .unwrap();
+        assert_eq!(answer.content, vec![Item::text("abc")]);
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+    }
+
+    #[test]
+    fn malformed_chunks_are_typed_errors() {
+        for chunk in [
+            r#"{"choices":{"index":0}}"#,
+            r#"{"choices":null}"#,
+            r#"{"choices":[{"index":"0"}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":1}}]}"#,
+            r#"{"choices":[{"index":0}"#,
+        ] {
+            match decode(&[chunk, "[DONE]"]) {
+                Err(ModelError::InvalidResponse(message)) => {
+                    assert!(
+                        message.starts_with("cannot parse stream event"),
+                        "{message}"
+                    )
+                }
+                other => panic!("{chunk}: {other:?}"),
+            }
         }
     }
 }
