@@ -29,25 +29,16 @@ use crate::convert::{self, Content};
 /// The prefix of a mid-conversation system instruction sent as user text.
 const SYSTEM_PREFIX: &str = "[System instruction] ";
 
+/// The whole request as one value: what [`encode_plain`] writes with
+/// `serde_json::to_vec`. Flattened, its fields are [`Head`]'s and
+/// [`Tail`]'s, in that order around the messages.
 #[derive(Serialize)]
-pub(super) struct Request<'a> {
-    model: &'a str,
-    max_tokens: u32,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    system: Vec<SystemBlock<'a>>,
+struct Request<'a> {
+    #[serde(flatten)]
+    head: Head<'a>,
     messages: Vec<WireMessage<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<WireTool<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_choice: Option<WireToolChoice<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    thinking: Option<WireThinking>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    output_format: Option<OutputFormat<'a>>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    stream: bool,
+    #[serde(flatten)]
+    tail: Tail<'a>,
 }
 
 #[derive(Serialize, Clone, Copy)]
@@ -249,16 +240,9 @@ pub(super) fn encode_plain(
         return Err(ModelError::InvalidRequest(NO_MESSAGES.into()));
     }
     let body = Request {
-        model: head.model,
-        max_tokens: head.max_tokens,
-        system: head.system,
+        head,
         messages,
-        tools: tail.tools,
-        tool_choice: tail.tool_choice,
-        thinking: tail.thinking,
-        temperature: tail.temperature,
-        output_format: tail.output_format,
-        stream: tail.stream,
+        tail,
     };
     serde_json::to_vec(&body)
         .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))

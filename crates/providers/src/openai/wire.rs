@@ -20,28 +20,16 @@ use super::{MaxTokensField, SchemaStrictness};
 use crate::body::{self, BodyCache, Frame, Rendered};
 use crate::convert::{self, Content};
 
+/// The whole request as one value: what [`encode_plain`] writes with
+/// `serde_json::to_vec`. Flattened, its fields are [`Head`]'s and
+/// [`Tail`]'s, in that order around the messages.
 #[derive(Serialize)]
-pub(super) struct Request<'a> {
-    model: &'a str,
+struct Request<'a> {
+    #[serde(flatten)]
+    head: Head<'a>,
     messages: Vec<WireMessage<'a>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    tools: Vec<Tool<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tool_choice: Option<WireToolChoice<'a>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    parallel_tool_calls: Option<bool>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_completion_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    max_tokens: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    temperature: Option<f32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    response_format: Option<ResponseFormat<'a>>,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    stream: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    tail: Tail<'a>,
 }
 
 #[derive(Serialize)]
@@ -248,17 +236,9 @@ pub(super) fn encode_plain(
         return Err(ModelError::InvalidRequest(NO_MESSAGES.into()));
     }
     let body = Request {
-        model,
+        head: Head { model },
         messages,
-        tools: tail.tools,
-        tool_choice: tail.tool_choice,
-        parallel_tool_calls: tail.parallel_tool_calls,
-        max_completion_tokens: tail.max_completion_tokens,
-        max_tokens: tail.max_tokens,
-        temperature: tail.temperature,
-        response_format: tail.response_format,
-        stream: tail.stream,
-        stream_options: tail.stream_options,
+        tail,
     };
     serde_json::to_vec(&body)
         .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
