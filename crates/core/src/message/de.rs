@@ -566,6 +566,38 @@ mod tests {
                 prop_assert_eq!(back, messages);
             }
 
+            /// The history reader reads what serde reads, from the written
+            /// bytes and from pretty-printed ones (every message then
+            /// through serde).
+            #[test]
+            fn the_history_reader_reads_what_serde_reads(
+                messages in prop::collection::vec(message(), 0..6)
+            ) {
+                let mut out = Vec::new();
+                super::super::super::write_history_json(&messages, &mut out).unwrap();
+                let text = String::from_utf8(out).unwrap();
+                let read = super::super::super::read_history_json(&text).unwrap();
+                prop_assert_eq!(&read, &messages);
+                let pretty = serde_json::to_string_pretty(&messages).unwrap();
+                prop_assert_eq!(super::super::super::read_history_json(&pretty).unwrap(), messages);
+            }
+
+            /// Cut anywhere, the written bytes are refused by both readers.
+            #[test]
+            fn a_cut_history_is_refused(
+                messages in prop::collection::vec(message(), 1..4),
+                cut in any::<prop::sample::Index>(),
+            ) {
+                let text = serde_json::to_string(&messages).unwrap();
+                let mut end = cut.index(text.len());
+                while !text.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let cut = &text[..end];
+                prop_assert!(super::super::super::read_history_json(cut).is_err());
+                prop_assert!(serde_json::from_str::<Vec<Message>>(cut).is_err());
+            }
+
             /// The history writer writes serde's bytes.
             #[test]
             fn the_history_writer_writes_serdes_bytes(

@@ -20,8 +20,10 @@ use serde_json::Value;
 use crate::ids::{InstanceId, MessageId, ToolCallId};
 
 mod de;
+mod read;
 mod ser;
 
+pub use read::{read_history_json, read_history_json_prefix};
 pub use ser::write_history_json;
 
 /// Who a message is from, and therefore what happens to it.

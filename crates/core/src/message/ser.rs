@@ -269,7 +269,7 @@ fn string(text: &str, out: &mut Vec<u8>) {
 
 /// Whether any of the eight bytes is `"`, `\` or below 0x20 (may say yes
 /// for a word that needs none, never no for one that does).
-fn needs_escape(word: u64) -> bool {
+pub(super) fn needs_escape(word: u64) -> bool {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
     let has_zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH != 0;
