@@ -169,6 +169,12 @@ fn main() -> ExitCode {
             }
             _ => usage(),
         },
+        ["steps"] => {
+            for &k in QUICK.step_ks {
+                step_overhead(k, QUICK);
+            }
+            ExitCode::SUCCESS
+        }
         ["serde"] => {
             for k in SERDE_KS {
                 history_serde(k, QUICK.serde_iterations);
@@ -218,7 +224,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench serde | markov-bench body | markov-bench stream | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench serde | markov-bench body | markov-bench stream | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
 }

@@ -65,7 +65,7 @@
 //!   `packs`) and no tool list, so it gets no "Terminal Tools" section.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::io::Write as _;
 use std::sync::Arc;
 
 use markov_core::tool::ToolDefinition;
@@ -103,105 +103,126 @@ pub fn system_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) 
     if let Some(builder) = input.charter.prompt_builder() {
         return builder(input);
     }
-    let default = default_prompt(input, offered_tools);
-    match input.charter.instructions() {
-        Some(instructions) if !instructions.is_empty() => format!("{instructions}\n\n{default}"),
-        _ => default,
+    let mut out = Prompt::for_input(input);
+    out.body(input, offered_tools);
+    if let Some(warning) = step_warning(input.current_step, input.max_steps) {
+        out.section(warning);
     }
+    out.finish()
 }
 
-/// The default prompt, without charter instructions.
-fn default_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) -> String {
-    let mut sections = vec![
-        input.node.instructions().to_owned(),
-        state_section(input.state),
-        transitions_section(input.node.transitions()),
-    ];
-    if let Some(s) = terminal_tools_section(offered_tools) {
-        sections.push(s);
-    }
-    if let Some(s) = ancestor_section(input.ancestors) {
-        sections.push(s);
-    }
-    if let Some(s) = packs_section(input) {
-        sections.push(s);
-    }
-    if let Some(s) = step_warning(input.current_step, input.max_steps) {
-        sections.push(s.to_owned());
-    }
-    sections.join("\n\n")
-}
+/// A prompt being written: one buffer for every section, where formatting
+/// each section and joining them cost a dozen allocations per prompt, and a
+/// machine builds one whenever the state it shows changes.
+struct Prompt(Vec<u8>);
 
-/// Pretty JSON with a 2-space indent.
-fn pretty(value: &Value) -> String {
-    // Serializing a `Value` cannot fail; fall back to compact JSON regardless.
-    serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
-}
-
-fn state_section(state: &Value) -> String {
-    format!("## Current Node State\n```json\n{}\n```", pretty(state))
-}
-
-fn transitions_section(transitions: &[(String, Transition)]) -> String {
-    let list = if transitions.is_empty() {
-        "None".to_owned()
-    } else {
-        transitions
-            .iter()
-            .map(|(name, t)| format!("- **{name}**: {}", t.description().unwrap_or("Transition")))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
-    format!("## Available Transitions\n{list}\n\n{TRANSITION_IMPORTANT}")
-}
-
-fn terminal_tools_section(tools: &[ToolDefinition]) -> Option<String> {
-    let mut lines = tools
-        .iter()
-        .filter(|t| t.terminal)
-        .map(|t| format!("- {}: {}", t.name, t.description))
-        .peekable();
-    lines.peek()?;
-    let list = lines.collect::<Vec<_>>().join("\n");
-    Some(format!(
-        "## Terminal Tools\nThese tools generate your final response:\n{list}\n\nWhen you call a terminal tool, its output IS your response. Do not add text after calling one."
-    ))
-}
-
-fn ancestor_section(ancestors: &[AncestorView<'_>]) -> Option<String> {
-    if ancestors.is_empty() {
-        return None;
+impl Prompt {
+    /// An empty prompt with room for the usual one.
+    fn for_input(input: &PromptInput<'_>) -> Self {
+        let instructions = input.charter.instructions().map_or(0, str::len);
+        Prompt(Vec::with_capacity(
+            1024 + instructions + input.node.instructions().len(),
+        ))
     }
-    let blocks = ancestors
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
+
+    /// The charter instructions (when not empty) and the default prompt
+    /// without its step warning.
+    fn body(&mut self, input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) {
+        if let Some(instructions) = input.charter.instructions().filter(|i| !i.is_empty()) {
+            self.text(instructions);
+            self.text("\n\n");
+        }
+        self.text(input.node.instructions());
+        self.section("## Current Node State\n```json\n");
+        self.pretty(input.state);
+        self.text("\n```");
+        self.transitions(input.node.transitions());
+        self.terminal_tools(offered_tools);
+        self.ancestors(input.ancestors);
+        self.packs(input);
+    }
+
+    fn text(&mut self, text: &str) {
+        self.0.extend_from_slice(text.as_bytes());
+    }
+
+    /// Starts a section: sections are separated by one blank line.
+    fn section(&mut self, start: &str) {
+        self.text("\n\n");
+        self.text(start);
+    }
+
+    /// Pretty JSON with a 2-space indent.
+    fn pretty(&mut self, value: &Value) {
+        let mark = self.0.len();
+        // Writing a `Value` to a `Vec` cannot fail; compact JSON regardless.
+        if serde_json::to_writer_pretty(&mut self.0, value).is_err() {
+            self.0.truncate(mark);
+            self.text(&value.to_string());
+        }
+    }
+
+    fn transitions(&mut self, transitions: &[(String, Transition)]) {
+        self.section("## Available Transitions\n");
+        if transitions.is_empty() {
+            self.text("None");
+        }
+        for (i, (name, transition)) in transitions.iter().enumerate() {
+            if i > 0 {
+                self.text("\n");
+            }
+            self.text("- **");
+            self.text(name);
+            self.text("**: ");
+            self.text(transition.description().unwrap_or("Transition"));
+        }
+        self.text("\n\n");
+        self.text(TRANSITION_IMPORTANT);
+    }
+
+    fn terminal_tools(&mut self, tools: &[ToolDefinition]) {
+        let mut terminal = tools.iter().filter(|t| t.terminal).peekable();
+        if terminal.peek().is_none() {
+            return;
+        }
+        self.section("## Terminal Tools\nThese tools generate your final response:");
+        for tool in terminal {
+            self.text("\n- ");
+            self.text(tool.name.as_str());
+            self.text(": ");
+            self.text(&tool.description);
+        }
+        self.text(
+            "\n\nWhen you call a terminal tool, its output IS your response. Do not add text after calling one.",
+        );
+    }
+
+    fn ancestors(&mut self, ancestors: &[AncestorView<'_>]) {
+        if ancestors.is_empty() {
+            return;
+        }
+        self.section("## Ancestor Context");
+        for (i, ancestor) in ancestors.iter().enumerate() {
             let depth = ancestors.len() - i;
-            let head: String = a
-                .node
-                .instructions()
-                .chars()
-                .take(ANCESTOR_INSTRUCTIONS_CHARS)
-                .collect();
-            format!(
-                "### Ancestor {depth}: {head}...\nState: {}",
-                pretty(a.state)
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\n\n");
-    Some(format!("## Ancestor Context\n{blocks}"))
-}
-
-fn packs_section(input: &PromptInput<'_>) -> Option<String> {
-    if input.node.is_worker() || input.packs.is_empty() {
-        return None;
+            let instructions = ancestor.node.instructions();
+            let head = instructions
+                .char_indices()
+                .nth(ANCESTOR_INSTRUCTIONS_CHARS)
+                .map_or(instructions, |(end, _)| &instructions[..end]);
+            self.text(if i == 0 { "\n" } else { "\n\n" });
+            // Writing to a `Vec` cannot fail.
+            let _ = write!(self.0, "### Ancestor {depth}: {head}...\nState: ");
+            self.pretty(ancestor.state);
+        }
     }
-    let empty = Value::Object(serde_json::Map::new());
-    let blocks = input
-        .packs
-        .iter()
-        .map(|pack| {
+
+    fn packs(&mut self, input: &PromptInput<'_>) {
+        if input.node.is_worker() || input.packs.is_empty() {
+            return;
+        }
+        let empty = Value::Object(serde_json::Map::new());
+        self.section("## Active Packs");
+        for (i, pack) in input.packs.iter().enumerate() {
             let state = input
                 .pack_states
                 .get(pack.name())
@@ -210,17 +231,27 @@ fn packs_section(input: &PromptInput<'_>) -> Option<String> {
                 .unwrap_or(&empty);
             let rendered = pack.instructions().render(state);
             let instructions = rendered.trim();
-            let mut block = format!("### {}\n{}\n", pack.name(), pack.description());
+            self.text(if i == 0 { "\n### " } else { "\n\n### " });
+            self.text(pack.name());
+            self.text("\n");
+            self.text(pack.description());
+            self.text("\n");
             if !instructions.is_empty() {
-                // Writing to a String cannot fail.
-                let _ = write!(block, "\nInstructions:\n{instructions}\n");
+                self.text("\nInstructions:\n");
+                self.text(instructions);
+                self.text("\n");
             }
-            let _ = write!(block, "\nState: ```json\n{}\n```", pretty(state));
-            block
-        })
-        .collect::<Vec<_>>()
-        .join("\n\n");
-    Some(format!("## Active Packs\n{blocks}"))
+            self.text("\nState: ```json\n");
+            self.pretty(state);
+            self.text("\n```");
+        }
+    }
+
+    fn finish(self) -> String {
+        // Every piece written is a `str` or serde_json's output.
+        String::from_utf8(self.0)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    }
 }
 
 /// The step warning for `current_step` of `max_steps`, if any.
@@ -241,13 +272,15 @@ pub fn step_warning(current_step: usize, max_steps: usize) -> Option<&'static st
 /// The last default prompt built for one leaf, reused while nothing it shows
 /// has changed.
 ///
-/// Building the prompt formats the state and the packs as pretty JSON, which
-/// costs a handful of allocations on every model call; yet within a turn the
-/// state rarely changes. The cache keeps the inputs the prompt was built from
-/// and compares them (node, state, ancestors, packs and their states, the
-/// offered tools, the step warning): a hit costs comparisons and no
-/// allocation, a miss rebuilds and remembers. A charter with a custom prompt
-/// builder is never cached, since the builder may read anything.
+/// Building the prompt formats the state and the packs as pretty JSON; yet
+/// within a turn the state rarely changes. The cache keeps the inputs the
+/// prompt was built from and compares them (node, state, ancestors, packs
+/// and their states, the offered tools): a hit costs comparisons and no
+/// allocation, a miss rebuilds and remembers. The step warning, which
+/// changes in each of a turn's last steps, is kept apart: a new warning is
+/// appended to the remembered prompt instead of rebuilding it. A charter
+/// with a custom prompt builder is never cached, since the builder may read
+/// anything.
 ///
 /// Cloning gives an empty cache: a changed copy of an instance starts afresh.
 #[derive(Default)]
@@ -272,10 +305,41 @@ impl std::fmt::Debug for PromptCache {
 
 struct CachedPrompt {
     key: PromptKey,
+    /// The prompt without a step warning.
+    base: Arc<str>,
+    /// The warning `prompt` ends with.
+    warning: Option<&'static str>,
+    /// `base` with `warning`: `base` itself when there is none.
     prompt: Arc<str>,
 }
 
-/// Everything [`system_prompt`] reads, owned.
+impl CachedPrompt {
+    fn new(key: PromptKey, base: Arc<str>, warning: Option<&'static str>) -> Self {
+        let prompt = with_warning(&base, warning);
+        CachedPrompt {
+            key,
+            base,
+            warning,
+            prompt,
+        }
+    }
+}
+
+/// `base`, and `warning` as its last section.
+fn with_warning(base: &Arc<str>, warning: Option<&'static str>) -> Arc<str> {
+    match warning {
+        None => Arc::clone(base),
+        Some(warning) => {
+            let mut prompt = String::with_capacity(base.len() + 2 + warning.len());
+            prompt.push_str(base);
+            prompt.push_str("\n\n");
+            prompt.push_str(warning);
+            prompt.into()
+        }
+    }
+}
+
+/// Everything [`system_prompt`] reads but the step, owned.
 struct PromptKey {
     charter: Charter,
     node: Node,
@@ -284,7 +348,6 @@ struct PromptKey {
     packs: Vec<Pack>,
     pack_states: BTreeMap<String, Value>,
     tools: Arc<[ToolDefinition]>,
-    warning: Option<&'static str>,
 }
 
 impl PromptKey {
@@ -301,14 +364,12 @@ impl PromptKey {
             packs: input.packs.to_vec(),
             pack_states: input.pack_states.clone(),
             tools: Arc::clone(tools),
-            warning: step_warning(input.current_step, input.max_steps),
         }
     }
 
     fn matches(&self, input: &PromptInput<'_>, tools: &Arc<[ToolDefinition]>) -> bool {
         self.charter.is_same(input.charter)
             && self.node.is_same(input.node)
-            && self.warning == step_warning(input.current_step, input.max_steps)
             && Arc::ptr_eq(&self.tools, tools)
             && self.ancestors.len() == input.ancestors.len()
             && self.packs.len() == input.packs.len()
@@ -339,19 +400,29 @@ pub fn system_prompt_cached(
     if input.charter.prompt_builder().is_some() {
         return system_prompt(input, offered_tools).into();
     }
+    let warning = step_warning(input.current_step, input.max_steps);
     // A poisoned lock only means another thread panicked mid-update; the
     // entry is replaced below either way.
     let mut last = cache.last.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(hit) = last
-        .as_ref()
-        .filter(|c| c.key.matches(input, offered_tools))
-    {
-        return Arc::clone(&hit.prompt);
+    match last.as_mut() {
+        Some(hit) if hit.key.matches(input, offered_tools) => {
+            if hit.warning != warning {
+                hit.prompt = with_warning(&hit.base, warning);
+                hit.warning = warning;
+            }
+            Arc::clone(&hit.prompt)
+        }
+        _ => {
+            let mut base = Prompt::for_input(input);
+            base.body(input, offered_tools);
+            let entry = CachedPrompt::new(
+                PromptKey::of(input, offered_tools),
+                base.finish().into(),
+                warning,
+            );
+            let prompt = Arc::clone(&entry.prompt);
+            *last = Some(entry);
+            prompt
+        }
     }
-    let prompt: Arc<str> = system_prompt(input, offered_tools).into();
-    *last = Some(CachedPrompt {
-        key: PromptKey::of(input, offered_tools),
-        prompt: Arc::clone(&prompt),
-    });
-    prompt
 }

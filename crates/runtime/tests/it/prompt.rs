@@ -9,7 +9,10 @@ use markov_core::tool::ToolDefinition;
 use markov_runtime::charter::{AncestorView, Charter, PromptInput};
 use markov_runtime::node::Node;
 use markov_runtime::pack::Pack;
-use markov_runtime::prompt::{PromptCache, system_prompt, system_prompt_cached};
+use markov_runtime::prompt::{
+    PromptCache, STEP_WARNING_CRITICAL, STEP_WARNING_ONE, STEP_WARNING_TWO, system_prompt,
+    system_prompt_cached,
+};
 use markov_runtime::transition::Transition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -530,7 +533,7 @@ fn terminal_tools_section_follows_transitions() {
 
 #[test]
 fn no_step_warning_when_a_step_value_is_zero() {
-    use markov_runtime::prompt::{STEP_WARNING_CRITICAL, step_warning};
+    use markov_runtime::prompt::step_warning;
     // Upstream treats 0 as "not given".
     assert_eq!(step_warning(0, 10), None);
     assert_eq!(step_warning(1, 0), None);
@@ -617,6 +620,37 @@ fn cached_prompt_is_rebuilt_when_anything_it_shows_changes() {
         .expect("charter builds");
     let prefixed = cached(&cache, &base(&instructed, &other_node, &two), &terminal);
     assert!(prefixed.starts_with("Be brief."), "{prefixed}");
+}
+
+#[test]
+fn a_new_step_warning_is_added_to_the_remembered_prompt() {
+    let charter = Charter::builder("test")
+        .instructions("Be brief.")
+        .build()
+        .expect("charter builds");
+    let node = counter_node();
+    let tools: Arc<[ToolDefinition]> = Vec::new().into();
+    let cache = PromptCache::default();
+    let state = json!({"count": 1});
+    let plain = cached(&cache, &base(&charter, &node, &state), &tools);
+    let mut last = Arc::clone(&plain);
+    for (step, warning) in [
+        (8, STEP_WARNING_TWO),
+        (9, STEP_WARNING_ONE),
+        (10, STEP_WARNING_CRITICAL),
+    ] {
+        let mut input = base(&charter, &node, &state);
+        input.current_step = step;
+        let warned = cached(&cache, &input, &tools);
+        assert_eq!(&*warned, format!("{plain}\n\n{warning}"));
+        // The same step again is the same prompt.
+        assert!(Arc::ptr_eq(&warned, &cached(&cache, &input, &tools)));
+        last = warned;
+    }
+    assert!(!Arc::ptr_eq(&last, &plain));
+    // The next turn starts without a warning: the first prompt again.
+    let again = cached(&cache, &base(&charter, &node, &state), &tools);
+    assert!(Arc::ptr_eq(&again, &plain), "no rebuild for a warning");
 }
 
 #[test]
