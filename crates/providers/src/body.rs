@@ -13,6 +13,12 @@
 //! out of the cache until a later message closes it. A vendor whose wire
 //! messages never merge closes all of them at once.
 //!
+//! The parts of a request around its messages (model, system prompt, tool
+//! schemas, settings) are kept too, encoded, with what they were made of:
+//! while the next request of the history has the same, they are reused
+//! rather than encoded again. In a short conversation they are most of the
+//! body.
+//!
 //! The bytes are the exact bytes `serde_json::to_vec` of the whole request
 //! writes (the tests check it): the head and tail of the request object are
 //! serialized as two objects and joined around the messages array.
@@ -21,8 +27,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use markov_core::model::HistoryId;
-use markov_core::{Message, ModelError};
+use markov_core::tool::ProviderTool;
+use markov_core::{Message, ModelError, ModelRequest, ModelSettings, ToolChoice, ToolDefinition};
 use serde::Serialize;
+use serde_json::Value;
 
 /// How many bytes of encoded messages a client keeps by default, over all
 /// the histories it serves.
@@ -42,7 +50,8 @@ pub(crate) struct Rendered {
     pub open: Option<Vec<u8>>,
 }
 
-/// The final wire messages of one history, encoded.
+/// The final wire messages of one history, encoded, and the parts around
+/// them of its last request.
 #[derive(Default)]
 struct Encoded {
     /// History messages covered.
@@ -51,8 +60,102 @@ struct Encoded {
     json: Vec<u8>,
     /// How many wire messages `json` holds.
     count: usize,
+    /// The last request's parts around the messages, encoded...
+    frame: FrameBytes,
+    /// ...from these inputs (`None`: not to be reused).
+    key: Option<FrameKey>,
     /// When the entry was last used (for eviction).
     used: u64,
+}
+
+impl Encoded {
+    /// What the entry counts against the cache's limit: its bytes, and as
+    /// much again for the inputs its frame was made of.
+    fn size(&self) -> usize {
+        self.json.len() + 2 * self.frame.len()
+    }
+}
+
+/// What a request's parts around its messages are made of, owned: every
+/// field of [`ModelRequest`] but the messages and the history id, and what
+/// the client adds (the model, streaming). A client's own settings (prompt
+/// caching, schema strictness) are fixed when it is built, and each client
+/// has its own cache, so they need no place here.
+struct FrameKey {
+    model: String,
+    stream: bool,
+    system: String,
+    tools: Vec<ToolDefinition>,
+    provider_tools: Vec<ProviderTool>,
+    tool_choice: ToolChoice,
+    settings: ModelSettings,
+    output_schema: Option<Value>,
+}
+
+impl FrameKey {
+    fn of(request: &ModelRequest<'_>, model: &str, stream: bool) -> Self {
+        FrameKey {
+            model: model.to_owned(),
+            stream,
+            system: request.system.to_owned(),
+            tools: request.tools.to_vec(),
+            provider_tools: request.provider_tools.to_vec(),
+            tool_choice: request.tool_choice.clone(),
+            settings: request.settings.clone(),
+            output_schema: request.output_schema.cloned(),
+        }
+    }
+
+    /// Whether `request` would be encoded around its messages as the
+    /// request this key was made of: compared, never assumed (cheaper than
+    /// encoding: the strings are compared as bytes, the schemas as values).
+    fn matches(&self, request: &ModelRequest<'_>, model: &str, stream: bool) -> bool {
+        self.stream == stream
+            && self.model == model
+            && self.system == request.system
+            && self.tool_choice == *request.tool_choice
+            && self.output_schema.as_ref() == request.output_schema
+            && self.settings == *request.settings
+            && self.provider_tools == request.provider_tools
+            && self.tools == request.tools
+    }
+}
+
+/// A request's parts around its messages, encoded.
+#[derive(Default)]
+pub(crate) struct FrameBytes {
+    /// The fields before `messages`, as an object (never empty).
+    head: Vec<u8>,
+    /// Wire messages that come before the history's (a system message),
+    /// each followed by a comma.
+    lead: Vec<u8>,
+    /// How many wire messages `lead` holds.
+    lead_count: usize,
+    /// The fields after `messages`, as an object (may be `{}`).
+    tail: Vec<u8>,
+}
+
+impl FrameBytes {
+    /// Encodes `head` and `tail` (structs of the fields before and after
+    /// `messages`) around `lead_count` wire messages `lead`, each followed
+    /// by a comma.
+    pub(crate) fn new<H: Serialize, T: Serialize>(
+        head: &H,
+        lead: Vec<u8>,
+        lead_count: usize,
+        tail: &T,
+    ) -> Result<Self, ModelError> {
+        Ok(FrameBytes {
+            head: to_json(head)?,
+            lead,
+            lead_count,
+            tail: to_json(tail)?,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.head.len() + self.lead.len() + self.tail.len()
+    }
 }
 
 /// Encoded histories by id, bounded in bytes; shared by a client's clones.
@@ -99,20 +202,20 @@ impl BodyCache {
     fn take(&self, id: HistoryId) -> Option<Encoded> {
         let mut entries = self.lock();
         let entry = entries.by_history.remove(&id)?;
-        entries.bytes -= entry.json.len();
+        entries.bytes -= entry.size();
         Some(entry)
     }
 
     fn put(&self, id: HistoryId, mut entry: Encoded) {
         let mut entries = self.lock();
-        if entry.json.len() > entries.limit {
+        if entry.size() > entries.limit {
             return;
         }
         entries.clock += 1;
         entry.used = entries.clock;
-        entries.bytes += entry.json.len();
+        entries.bytes += entry.size();
         if let Some(old) = entries.by_history.insert(id, entry) {
-            entries.bytes -= old.json.len();
+            entries.bytes -= old.size();
         }
         while entries.bytes > entries.limit {
             // The least recently used history goes first; `id` was just used,
@@ -126,40 +229,34 @@ impl BodyCache {
                 break;
             };
             if let Some(gone) = entries.by_history.remove(&oldest) {
-                entries.bytes -= gone.json.len();
+                entries.bytes -= gone.size();
             }
         }
     }
 }
 
-/// The parts of a request body around its messages.
-pub(crate) struct Frame<'a, H: Serialize, T: Serialize> {
-    /// The fields before `messages`, as a struct (never empty).
-    pub head: &'a H,
-    /// Wire messages that come before the history's (a system message),
-    /// each followed by a comma.
-    pub lead: &'a [u8],
-    /// How many wire messages `lead` holds.
-    pub lead_count: usize,
-    /// The fields after `messages`, as a struct (may serialize as `{}`).
-    pub tail: &'a T,
-}
-
-/// Builds a request body: `head`, then `"messages":[...]` with the history's
-/// wire messages, then `tail`. With `cache` and a history id, the final wire
-/// messages are taken from (and added to) the cache; without, every message
-/// is rendered.
+/// Builds the body of `request` for `model`: the head, then
+/// `"messages":[...]` with the history's wire messages, then the tail. With
+/// `cache` and a history id, the final wire messages are taken from (and
+/// added to) the cache, and the parts around them reused while the request
+/// is unchanged around its messages; without, everything is encoded.
 ///
-/// `render(run)` renders a run of history messages that starts at a wire
-/// message boundary. Fails when no wire message results (`empty` is the
-/// message) or a part does not serialize.
-pub(crate) fn build<H: Serialize, T: Serialize>(
-    frame: Frame<'_, H, T>,
-    history: &[Message],
-    cached: Option<(&BodyCache, HistoryId)>,
+/// `frame()` encodes the parts around the messages (and checks them; a
+/// request equal to one that passed needs no new check). `render(run)`
+/// renders a run of history messages that starts at a wire message
+/// boundary. Fails when no wire message results (`empty` is the message),
+/// `frame` fails or a part does not serialize.
+pub(crate) fn build(
+    request: &ModelRequest<'_>,
+    model: &str,
+    stream: bool,
+    cache: Option<&BodyCache>,
+    frame: impl FnOnce() -> Result<FrameBytes, ModelError>,
     render: impl Fn(&[Message]) -> Result<Rendered, ModelError>,
     empty: &str,
 ) -> Result<Vec<u8>, ModelError> {
+    let history = request.messages;
+    let cached = cache.zip(request.history_id);
     let mut entry = match cached {
         Some((cache, id)) => cache
             .take(id)
@@ -169,25 +266,33 @@ pub(crate) fn build<H: Serialize, T: Serialize>(
             .unwrap_or_default(),
         None => Encoded::default(),
     };
+    let reused = entry
+        .key
+        .as_ref()
+        .is_some_and(|key| key.matches(request, model, stream));
+    if !reused {
+        entry.frame = frame()?;
+        entry.key = cached.map(|_| FrameKey::of(request, model, stream));
+    }
     let rendered = render(&history[entry.covered..])?;
     entry.json.extend_from_slice(&rendered.closed);
     entry.count += rendered.closed_count;
     entry.covered += rendered.consumed;
+    let frame = &entry.frame;
     let count = frame.lead_count + entry.count + usize::from(rendered.open.is_some());
     if count == 0 {
         return Err(ModelError::InvalidRequest(empty.to_owned()));
     }
 
-    let head = to_json(frame.head)?;
-    let tail = to_json(frame.tail)?;
+    let (head, tail) = (&frame.head, &frame.tail);
     let open = rendered.open.as_deref().unwrap_or_default();
     let mut body = Vec::with_capacity(
         head.len() + frame.lead.len() + entry.json.len() + open.len() + tail.len() + 16,
     );
     // `{"model":...}` without its closing brace.
-    body.extend_from_slice(&head[..head.len() - 1]);
+    body.extend_from_slice(&head[..head.len().saturating_sub(1)]);
     body.extend_from_slice(b",\"messages\":[");
-    body.extend_from_slice(frame.lead);
+    body.extend_from_slice(&frame.lead);
     body.extend_from_slice(&entry.json);
     if open.is_empty() {
         // The last message's comma goes: JSON has no trailing commas.
@@ -235,7 +340,7 @@ mod tests {
             covered: 1,
             json: vec![b'x'; n],
             count: 1,
-            used: 0,
+            ..Encoded::default()
         };
         let (a, b, c) = (HistoryId::fresh(), HistoryId::fresh(), HistoryId::fresh());
         cache.put(a, entry(4));

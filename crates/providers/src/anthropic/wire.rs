@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::PromptCaching;
-use crate::body::{self, BodyCache, Frame, Rendered};
+use crate::body::{self, BodyCache, FrameBytes, Rendered};
 use crate::convert::{self, Content};
 
 /// The prefix of a mid-conversation system instruction sent as user text.
@@ -210,17 +210,15 @@ pub(super) fn encode(
     stream: bool,
     cache: Option<&BodyCache>,
 ) -> Result<Vec<u8>, ModelError> {
-    let (head, tail) = frame(request, model, caching, stream)?;
-    let cached = cache.zip(request.history_id);
     body::build(
-        Frame {
-            head: &head,
-            lead: &[],
-            lead_count: 0,
-            tail: &tail,
+        request,
+        model,
+        stream,
+        cache,
+        || {
+            let (head, tail) = frame(request, model, caching, stream)?;
+            FrameBytes::new(&head, Vec::new(), 0, &tail)
         },
-        request.messages,
-        cached,
         render,
         NO_MESSAGES,
     )

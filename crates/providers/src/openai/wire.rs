@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{MaxTokensField, SchemaStrictness};
-use crate::body::{self, BodyCache, Frame, Rendered};
+use crate::body::{self, BodyCache, FrameBytes, Rendered};
 use crate::convert::{self, Content};
 
 /// The whole request as one value: what [`encode_plain`] writes with
@@ -190,25 +190,25 @@ pub(super) fn encode(
     stream: bool,
     cache: Option<&BodyCache>,
 ) -> Result<Vec<u8>, ModelError> {
-    let tail = tail(request, shape, stream)?;
-    let mut lead = Vec::new();
-    if !request.system.is_empty() {
-        body::push_json(
-            &mut lead,
-            &WireMessage::System {
-                content: Cow::Borrowed(request.system),
-            },
-        )?;
-    }
     body::build(
-        Frame {
-            head: &Head { model },
-            lead: &lead,
-            lead_count: usize::from(!request.system.is_empty()),
-            tail: &tail,
+        request,
+        model,
+        stream,
+        cache,
+        || {
+            let tail = tail(request, shape, stream)?;
+            let mut lead = Vec::new();
+            if !request.system.is_empty() {
+                body::push_json(
+                    &mut lead,
+                    &WireMessage::System {
+                        content: Cow::Borrowed(request.system),
+                    },
+                )?;
+            }
+            let lead_count = usize::from(!request.system.is_empty());
+            FrameBytes::new(&Head { model }, lead, lead_count, &tail)
         },
-        request.messages,
-        cache.zip(request.history_id),
         render,
         NO_MESSAGES,
     )

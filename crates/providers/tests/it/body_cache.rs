@@ -53,26 +53,56 @@ fn openai() -> OpenAi {
 
 /// Grows a history message by message; every request (with and without
 /// streaming, each with its history id) must equal the uncached body, and
-/// errors must agree.
-fn check_growing<E>(messages: &[Message], system: &str, encode: E)
+/// errors must agree. `frames[len]` picks what surrounds the messages of the
+/// request at `len` (system prompt, tools, tool choice, settings), so the
+/// parts around the messages change between some requests and not others.
+fn check_growing<E>(messages: &[Message], frames: &[u8], encode: E)
 where
     E: Fn(&ModelRequest<'_>, bool) -> (Result<Vec<u8>, String>, Result<Vec<u8>, String>),
 {
-    let settings = ModelSettings::default();
-    let tools = [markov_core::ToolDefinition::new(
+    let tool = |name: &str, schema| {
+        markov_core::ToolDefinition::new(name, "Adds.", schema).expect("valid name")
+    };
+    let add = tool(
         "add",
-        "Adds.",
         json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
-    )
-    .expect("valid name")];
-    let id = HistoryId::fresh();
-    for len in 0..=messages.len() {
-        let history = &messages[..len];
-        let request = ModelRequest::new(system, history, &settings)
-            .tools(&tools)
-            .tool_choice(&ToolChoice::Auto)
-            .history_id(id);
-        for stream in [false, true] {
+    );
+    let tool_lists = [
+        vec![],
+        vec![add.clone()],
+        vec![
+            tool(
+                "add",
+                json!({"type": "object", "properties": {"a": {"type": "number"}}}),
+            ),
+            tool("echo", json!({"type": "object"})),
+        ],
+        vec![add],
+    ];
+    let warm = ModelSettings {
+        temperature: Some(0.5),
+        ..ModelSettings::default()
+    };
+    let thinking = ModelSettings {
+        thinking: Some(markov_core::model::Thinking::Enabled {
+            budget_tokens: 1024,
+        }),
+        ..ModelSettings::default()
+    };
+    let settings = [ModelSettings::default(), warm, thinking];
+    let choices = [ToolChoice::Auto, ToolChoice::Any];
+    // Streaming is part of what surrounds the messages: each pass keeps one
+    // setting, so that the parts around the messages are reused.
+    for stream in [false, true] {
+        let id = HistoryId::fresh();
+        for len in 0..=messages.len() {
+            let history = &messages[..len];
+            let frame = usize::from(frames.get(len).copied().unwrap_or(0));
+            let system = ["", "Be brief.", "Be brief!"][frame % 3];
+            let request = ModelRequest::new(system, history, &settings[frame / 3 % 3])
+                .tools(&tool_lists[frame / 9 % 4])
+                .tool_choice(&choices[frame / 36 % 2])
+                .history_id(id);
             let (cached, plain) = encode(&request, stream);
             match (&cached, &plain) {
                 (Ok(c), Ok(p)) => assert_eq!(
@@ -87,16 +117,21 @@ where
     }
 }
 
+/// Mostly one frame, sometimes another: runs of reuse and changes.
+fn frames() -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(prop_oneof![3 => Just(10u8), 1 => 0u8..72], 0..25)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
     fn anthropic_bodies_from_the_cache_are_the_plain_bodies(
         messages in prop::collection::vec(message(), 0..24),
-        system in prop_oneof![Just(""), Just("Be brief.")],
+        frames in frames(),
     ) {
         let client = anthropic();
-        check_growing(&messages, system, |request, stream| {
+        check_growing(&messages, &frames, |request, stream| {
             (
                 client.request_body(request, stream).map_err(|e| e.to_string()),
                 client.request_body_uncached(request, stream).map_err(|e| e.to_string()),
@@ -107,10 +142,10 @@ proptest! {
     #[test]
     fn openai_bodies_from_the_cache_are_the_plain_bodies(
         messages in prop::collection::vec(message(), 0..24),
-        system in prop_oneof![Just(""), Just("Be brief.")],
+        frames in frames(),
     ) {
         let client = openai();
-        check_growing(&messages, system, |request, stream| {
+        check_growing(&messages, &frames, |request, stream| {
             (
                 client.request_body(request, stream).map_err(|e| e.to_string()),
                 client.request_body_uncached(request, stream).map_err(|e| e.to_string()),
