@@ -16,7 +16,6 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use markov_core::Message;
 use markov_executor::{FORMAT_VERSION, SerializedMachine};
 use markov_runtime::registry::{LedgerEntry, PolicySnapshot};
 use tokio::sync::Mutex;
@@ -24,7 +23,7 @@ use tokio_postgres::{Client, NoTls, Statement, Transaction};
 
 use crate::{
     Lease, SessionId, SessionInfo, StepRecord, Store, StoreError, StoredSession, WorkerId,
-    from_json, ms, now_ms, to_json,
+    from_json, message_from_json, ms, now_ms, to_json,
 };
 
 const SCHEMA: &str = "
@@ -402,7 +401,7 @@ impl Store for PostgresStore {
             .await
             .map_err(backend)?
             .iter()
-            .map(|r| from_json::<Message>(id, "a message", r.get::<_, &str>(0)))
+            .map(|r| message_from_json(id, r.get::<_, &str>(0)))
             .collect::<Result<Vec<_>, _>>()?;
         let ledger = tx
             .query(

@@ -20,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::{
     Lease, SessionId, SessionInfo, StepRecord, Store, StoreError, StoredSession, WorkerId,
-    from_json, ms, now_ms, to_json,
+    from_json, message_from_json, ms, now_ms, to_json,
 };
 
 /// How hard a commit waits for the disk.
@@ -427,7 +427,7 @@ impl Store for SqliteStore {
                     .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
                     .map_err(backend)?;
                 for body in bodies {
-                    history.push(from_json(&id, "a message", &body.map_err(backend)?)?);
+                    history.push(message_from_json(&id, &body.map_err(backend)?)?);
                 }
             }
             let mut ledger: Vec<LedgerEntry> = Vec::new();

@@ -23,7 +23,7 @@ mod de;
 mod read;
 mod ser;
 
-pub use read::{read_history_json, read_history_json_prefix};
+pub use read::{read_history_json, read_history_json_prefix, read_message_json};
 pub use ser::write_history_json;
 
 /// Who a message is from, and therefore what happens to it.

@@ -77,6 +77,34 @@ pub fn read_history_json_prefix(json: &str) -> serde_json::Result<(Vec<Message>,
     Ok((history, reader.pos))
 }
 
+/// Reads one message that is the whole of `json` (white space around it
+/// allowed): what `serde_json::from_str::<Message>` reads, faster for the
+/// shapes the history writer writes. For stores that keep a message per
+/// row.
+///
+/// ```
+/// use markov_core::Message;
+/// use markov_core::message::read_message_json;
+///
+/// let text = serde_json::to_string(&Message::assistant("hello")).unwrap();
+/// assert_eq!(read_message_json(&text).unwrap(), Message::assistant("hello"));
+/// assert!(read_message_json(r#"{"role":"user"}"#).is_err());
+/// ```
+///
+/// # Errors
+/// Text that is not one message: serde's error, or one naming the byte
+/// where something follows the message.
+pub fn read_message_json(json: &str) -> serde_json::Result<Message> {
+    let mut reader = Reader::new(json);
+    reader.skip_ws();
+    let message = reader.message()?;
+    reader.skip_ws();
+    if reader.pos < json.len() {
+        return Err(reader.error("trailing characters after the message"));
+    }
+    Ok(message)
+}
+
 /// A position in the text being read.
 struct Reader<'a> {
     text: &'a str,
@@ -129,7 +157,14 @@ impl<'a> Reader<'a> {
         self.skip_ws();
         if !self.eat(b"]") {
             loop {
-                history.push(self.message(history.len())?);
+                let start = self.pos;
+                let message = self.message().map_err(|e| {
+                    de::Error::custom(format_args!(
+                        "message {} (at byte {start}): {e}",
+                        history.len()
+                    ))
+                })?;
+                history.push(message);
                 self.skip_ws();
                 if self.eat(b",") {
                     self.skip_ws();
@@ -147,25 +182,21 @@ impl<'a> Reader<'a> {
     }
 
     /// The message that starts here: read directly when it has the written
-    /// shape, else by serde from its first byte.
-    fn message(&mut self, index: usize) -> serde_json::Result<Message> {
+    /// shape, else by serde from its first byte (serde's error as it is).
+    fn message(&mut self) -> serde_json::Result<Message> {
         let start = self.pos;
         if let Some(message) = self.written_message() {
             return Ok(message);
         }
+        self.pos = start;
         let mut stream = serde_json::Deserializer::from_str(&self.text[start..]).into_iter();
         match stream.next() {
             Some(Ok(message)) => {
                 self.pos = start + stream.byte_offset();
                 Ok(message)
             }
-            Some(Err(e)) => Err(de::Error::custom(format_args!(
-                "message {index} (at byte {start}): {e}"
-            ))),
-            None => {
-                self.pos = start;
-                Err(self.error("expected a message"))
-            }
+            Some(Err(e)) => Err(e),
+            None => Err(self.error("expected a message")),
         }
     }
 
@@ -606,6 +637,27 @@ mod tests {
             r#"[{"role":"user","items":[{"type":"tool_result","tool_use_id":"t","content":"c","is_error":null}]}]"#,
         ] {
             both(text).unwrap();
+        }
+    }
+
+    #[test]
+    fn one_message_reads_as_serde_reads_it() {
+        for text in [
+            r#"{"role":"user","items":"a"}"#,
+            r#" {"items":"a","role":"user"} "#,
+            r#"{"role":"assistant","items":[{"type":"tool_use","id":"t","name":"n","input":[1]}],"metadata":{"source":{"instanceId":"i"}}}"#,
+        ] {
+            let serde: Message = serde_json::from_str(text).unwrap();
+            assert_eq!(read_message_json(text).unwrap(), serde, "{text}");
+        }
+        for text in [
+            "",
+            "[]",
+            r#"{"role":"user"}"#,
+            r#"{"role":"user","items":"a"} {}"#,
+        ] {
+            assert!(read_message_json(text).is_err(), "{text}");
+            assert!(serde_json::from_str::<Message>(text).is_err(), "{text}");
         }
     }
 
