@@ -60,7 +60,7 @@ use markov_bench::{
     timed_runtime,
 };
 use markov_core::ids::ToolCallId;
-use markov_core::message::Message;
+use markov_core::message::{Message, read_history_json};
 use markov_core::tool::{NoState, ToolContext};
 use markov_executor::serialize::{
     SerializedMachine, deserialize_machine, serialize_machine, serialize_machine_json,
@@ -382,32 +382,36 @@ fn run_all(plan: Plan) -> ExitCode {
     );
     let _ = writeln!(
         table,
-        "\n4. To and from JSON with serde_json: the history (Vec<Message>) and the full machine snapshot"
+        "\n4. To and from JSON: the history (Vec<Message>) with serde_json and with read_history_json, and the full machine snapshot"
     );
     let _ = writeln!(
         table,
-        "   {:>6} {:>9} {:>11} {:>13} {:>13} {:>14} {:>13} {:>13}",
+        "   {:>6} {:>9} {:>11} {:>13} {:>13} {:>11} {:>14} {:>13} {:>13} {:>13}",
         "K",
         "messages",
         "JSON bytes",
         "serialize µs",
         "deserialize µs",
+        "reader µs",
         "snapshot bytes",
         "snapshot ser",
-        "snapshot de"
+        "snapshot de",
+        "round trip"
     );
     for s in &serde {
         let _ = writeln!(
             table,
-            "   {:>6} {:>9} {:>11} {:>13.1} {:>13.1} {:>14} {:>13.1} {:>13.1}",
+            "   {:>6} {:>9} {:>11} {:>13.1} {:>13.1} {:>11.1} {:>14} {:>13.1} {:>13.1} {:>13.1}",
             s.k,
             s.messages,
             s.bytes,
             s.serialize_us,
             s.deserialize_us,
+            s.read_us,
             s.snapshot_bytes,
             s.snapshot_serialize_us,
-            s.snapshot_deserialize_us
+            s.snapshot_deserialize_us,
+            s.snapshot_round_trip_us
         );
     }
     let _ = writeln!(
@@ -914,9 +918,13 @@ struct SerdeFigure {
     bytes: usize,
     serialize_us: f64,
     deserialize_us: f64,
+    /// The same bytes read by `read_history_json`.
+    read_us: f64,
     snapshot_bytes: usize,
     snapshot_serialize_us: f64,
     snapshot_deserialize_us: f64,
+    /// Median of each repetition's write plus read.
+    snapshot_round_trip_us: f64,
 }
 
 fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
@@ -931,8 +939,15 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
 
     // About the same total work for every K.
     let reps = (iterations / history.len()).clamp(20, 5_000);
+    let text = std::str::from_utf8(&json).expect("serde_json writes UTF-8");
+    assert_eq!(
+        read_history_json(text).expect("the history reads"),
+        history,
+        "the history reader reads what serde reads"
+    );
     let mut ser = Vec::with_capacity(reps);
     let mut de = Vec::with_capacity(reps);
+    let mut read = Vec::with_capacity(reps);
     for _ in 0..reps {
         let start = Instant::now();
         let out = serde_json::to_vec(black_box(history)).expect("the history serializes");
@@ -941,6 +956,10 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
         let back: Vec<Message> =
             serde_json::from_slice(black_box(&out)).expect("the history deserializes");
         de.push(start.elapsed());
+        drop(black_box(back));
+        let start = Instant::now();
+        let back = read_history_json(black_box(text)).expect("the history reads");
+        read.push(start.elapsed());
         drop(black_box(back));
     }
 
@@ -979,13 +998,17 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
     );
     let mut snap_ser = Vec::with_capacity(reps);
     let mut snap_de = Vec::with_capacity(reps);
+    let mut snap_both = Vec::with_capacity(reps);
     for _ in 0..reps {
         let start = Instant::now();
         let out = snapshot(black_box(&machine));
-        snap_ser.push(start.elapsed());
+        let written = start.elapsed();
+        snap_ser.push(written);
         let start = Instant::now();
         let back = restore(black_box(&out));
-        snap_de.push(start.elapsed());
+        let read = start.elapsed();
+        snap_de.push(read);
+        snap_both.push(written + read);
         drop(black_box(back));
     }
 
@@ -995,19 +1018,23 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
         bytes: json.len(),
         serialize_us: Stats::of(&ser).median_us,
         deserialize_us: Stats::of(&de).median_us,
+        read_us: Stats::of(&read).median_us,
         snapshot_bytes: snap.len(),
         snapshot_serialize_us: Stats::of(&snap_ser).median_us,
         snapshot_deserialize_us: Stats::of(&snap_de).median_us,
+        snapshot_round_trip_us: Stats::of(&snap_both).median_us,
     };
     println!(
-        "bench=history_serde k={k} messages={} json_bytes={} reps={reps} serialize_median_us={:.1} deserialize_median_us={:.1} snapshot_bytes={} snapshot_serialize_median_us={:.1} snapshot_deserialize_median_us={:.1}",
+        "bench=history_serde k={k} messages={} json_bytes={} reps={reps} serialize_median_us={:.1} deserialize_median_us={:.1} read_history_json_median_us={:.1} snapshot_bytes={} snapshot_serialize_median_us={:.1} snapshot_deserialize_median_us={:.1} snapshot_round_trip_median_us={:.1}",
         figure.messages,
         figure.bytes,
         figure.serialize_us,
         figure.deserialize_us,
+        figure.read_us,
         figure.snapshot_bytes,
         figure.snapshot_serialize_us,
-        figure.snapshot_deserialize_us
+        figure.snapshot_deserialize_us,
+        figure.snapshot_round_trip_us
     );
     figure
 }

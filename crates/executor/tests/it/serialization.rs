@@ -917,3 +917,62 @@ fn snapshot_reader_refuses_what_it_refused_and_sizes_the_history() {
     assert_eq!(snapshot.history.len(), 300);
     assert!(snapshot.history.capacity() <= 2 * 300 + 16);
 }
+
+/// The snapshot's text reader (its own walk of the object, the history by
+/// core's reader) reads what serde's reading of `SerializedMachine` reads,
+/// and refuses what it refuses: written, pretty-printed, keys in another
+/// order, white space anywhere, and broken forms.
+#[test]
+fn the_text_reader_agrees_with_serdes_reading() {
+    let instance = r#"{"id":"i1","node":{"ref":"main"},"state":{"n":1}}"#;
+    let history = r#"[{"role":"user","items":"hi"},{"role":"assistant","items":[{"type":"tool_use","id":"t1","name":"add","input":{"a":1}}],"metadata":{"source":{"instanceId":"i1"}}}]"#;
+    let policy = r#"{"approvals":[],"ledger":[]}"#;
+    let agree = |text: &str| {
+        let fast = SerializedMachine::from_json_str(text);
+        let serde = serde_json::from_str::<SerializedMachine>(text);
+        match (&fast, &serde) {
+            (Ok(fast), Ok(serde)) => assert_eq!(fast, serde, "{text}"),
+            (Err(_), Err(_)) => {}
+            _ => panic!("{text}: the reader says {fast:?}, serde {serde:?}"),
+        }
+        fast.is_ok()
+    };
+    let readable = [
+        format!(r#"{{"formatVersion":1,"instance":{instance},"history":{history}}}"#),
+        format!(r#"{{"history":{history},"instance":{instance},"formatVersion":1}}"#),
+        format!(r#"{{"instance":{instance},"history":{history},"policy":{policy}}}"#),
+        format!(" {{ \"instance\" : {instance} ,\n\t\"history\" : {history} }} \n"),
+        format!(r#"{{"instance":{instance},"history":[]}}"#),
+        format!(r#"{{"inst\u0061nce":{instance},"history":[]}}"#),
+    ];
+    for text in &readable {
+        assert!(agree(text), "{text}");
+        let value: Value = serde_json::from_str(text).expect("JSON");
+        let pretty = serde_json::to_string_pretty(&value).expect("writes");
+        assert!(agree(&pretty), "{pretty}");
+    }
+    let broken = [
+        String::new(),
+        "[]".to_owned(),
+        "{".to_owned(),
+        "{}".to_owned(),
+        format!(r#"{{"instance":{instance},"history":{history},}}"#),
+        format!(r#"{{"instance":{instance} "history":{history}}}"#),
+        format!(r#"{{"instance":{instance},"history":{history}}}{{}}"#),
+        format!(r#"{{"instance":{instance},"history":{history},"formatVersion":"1"}}"#),
+        format!(r#"{{"instance":{instance},"history":{history},"instance":{instance}}}"#),
+        format!(r#"{{"instance":{instance},"history":[{{"role":"user"}}]}}"#),
+        format!(r#"{{"instance":{instance},"history":{history},"policy":null}}"#),
+        format!(r#"{{"instance":{instance},"history":{history},"other":1}}"#),
+        format!(r#"{{"instance":{instance}:"history":{history}}}"#),
+        format!(r#"{{"instance":{instance},"history":{history}"#),
+    ];
+    for text in &broken {
+        assert!(!agree(text), "{text}");
+    }
+    // Cut anywhere, a snapshot is refused by both.
+    let whole = &readable[2];
+    for end in (0..whole.len()).filter(|&end| whole.is_char_boundary(end)) {
+        assert!(!agree(&whole[..end]), "{}", &whole[..end]);
+    }
+}
