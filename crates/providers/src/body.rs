@@ -323,10 +323,18 @@ fn to_json<S: Serialize>(value: &S) -> Result<Vec<u8>, ModelError> {
 
 /// Appends `value`'s JSON and a comma.
 pub(crate) fn push_json<S: Serialize>(out: &mut Vec<u8>, value: &S) -> Result<(), ModelError> {
-    serde_json::to_writer(&mut *out, value)
-        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))?;
+    write_json(out, value)?;
     out.push(b',');
     Ok(())
+}
+
+/// Appends `value`'s JSON, as serde_json writes it.
+pub(crate) fn write_json<S: Serialize + ?Sized>(
+    out: &mut Vec<u8>,
+    value: &S,
+) -> Result<(), ModelError> {
+    serde_json::to_writer(&mut *out, value)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
 }
 
 #[cfg(test)]

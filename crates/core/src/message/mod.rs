@@ -24,7 +24,7 @@ mod read;
 mod ser;
 
 pub use read::{read_history_json, read_history_json_prefix, read_message_json};
-pub use ser::write_history_json;
+pub use ser::{write_history_json, write_json_string};
 
 /// Who a message is from, and therefore what happens to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

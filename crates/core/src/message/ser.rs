@@ -216,9 +216,25 @@ fn serde<T: Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) -> serde_json::Res
     serde_json::to_writer(out, value)
 }
 
-/// `text` as a JSON string, escaped as serde_json escapes: `\"`, `\\`, the
-/// short forms `\b \f \n \r \t`, `\u00XX` (lower-case hex) for the other
-/// control characters, everything else as it is.
+/// Appends `text` as a JSON string, quoted and escaped exactly as
+/// serde_json writes it (`\"`, `\\`, the short forms `\b \f \n \r \t`,
+/// `\u00XX` in lower-case hex for the other control characters, everything
+/// else as it is), looking at eight bytes at a time where serde_json looks
+/// at one. For writers of other JSON shapes made of a history's strings,
+/// such as a provider's wire messages.
+///
+/// ```
+/// use markov_core::message::write_json_string;
+///
+/// let mut out = Vec::new();
+/// write_json_string("say \"hi\"\n", &mut out);
+/// assert_eq!(out, serde_json::to_vec("say \"hi\"\n").unwrap());
+/// ```
+pub fn write_json_string(text: &str, out: &mut Vec<u8>) {
+    string(text, out);
+}
+
+/// [`write_json_string`], under the short name this module uses.
 fn string(text: &str, out: &mut Vec<u8>) {
     out.push(b'"');
     let bytes = text.as_bytes();

@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 
-use markov_core::message::{EphemeralPart, camera_frame_text};
+use markov_core::message::{EphemeralPart, camera_frame_text, write_json_string};
 use markov_core::model::Thinking;
 use markov_core::tool::ProviderTool;
 use markov_core::{
@@ -251,19 +251,80 @@ pub(super) fn encode_plain(
 fn render(run: &[Message]) -> Result<Rendered, ModelError> {
     let mut wire = messages(run);
     let open = wire.pop();
-    let mut closed = Vec::new();
+    // About what a short message takes, so the buffer rarely grows.
+    let mut closed = Vec::with_capacity(256 * wire.len());
     for message in &wire {
-        body::push_json(&mut closed, message)?;
+        write_message(message, &mut closed)?;
+        closed.push(b',');
     }
+    let consumed = open.as_ref().map_or(run.len(), |m| m.start);
+    let open = match open {
+        Some(message) => {
+            let mut json = Vec::new();
+            write_message(&message, &mut json)?;
+            Some(json)
+        }
+        None => None,
+    };
     Ok(Rendered {
         closed,
         closed_count: wire.len(),
-        consumed: open.as_ref().map_or(run.len(), |m| m.start),
-        open: open
-            .map(|m| serde_json::to_vec(&m))
-            .transpose()
-            .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))?,
+        consumed,
+        open,
     })
+}
+
+/// Appends `message`'s JSON exactly as serde_json writes it (the property
+/// tests compare), its strings by core's faster writer: the blocks a
+/// conversation is mostly made of by hand, the rest by serde.
+fn write_message(message: &WireMessage<'_>, out: &mut Vec<u8>) -> Result<(), ModelError> {
+    out.extend_from_slice(b"{\"role\":");
+    write_json_string(message.role, out);
+    out.extend_from_slice(b",\"content\":[");
+    for (i, block) in message.content.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        match block {
+            Block::Text { text } => {
+                out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
+                write_json_string(text, out);
+            }
+            Block::ToolUse { id, name, input } => {
+                out.extend_from_slice(b"{\"type\":\"tool_use\",\"id\":");
+                write_json_string(id, out);
+                out.extend_from_slice(b",\"name\":");
+                write_json_string(name, out);
+                out.extend_from_slice(b",\"input\":");
+                body::write_json(out, input)?;
+            }
+            Block::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+            } => {
+                out.extend_from_slice(b"{\"type\":\"tool_result\",\"tool_use_id\":");
+                write_json_string(tool_use_id, out);
+                out.extend_from_slice(b",\"content\":");
+                write_json_string(content, out);
+                if let Some(is_error) = is_error {
+                    out.extend_from_slice(if *is_error {
+                        b",\"is_error\":true"
+                    } else {
+                        b",\"is_error\":false"
+                    });
+                }
+            }
+            // Images, thinking and server tools: serde's, closed.
+            other => {
+                body::write_json(out, other)?;
+                continue;
+            }
+        }
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    Ok(())
 }
 
 /// Everything of a request but its messages, checked.

@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 
-use markov_core::message::{EphemeralPart, camera_frame_text};
+use markov_core::message::{EphemeralPart, camera_frame_text, write_json_string};
 use markov_core::{
     Item, Message, ModelError, ModelRequest, ModelResponse, Role, StopReason, ToolChoice, Usage,
 };
@@ -251,9 +251,11 @@ fn render(run: &[Message]) -> Result<Rendered, ModelError> {
     for message in run {
         push_message(message, &mut wire);
     }
-    let mut closed = Vec::new();
+    // About what a short message takes, so the buffer rarely grows.
+    let mut closed = Vec::with_capacity(256 * wire.len());
     for message in &wire {
-        body::push_json(&mut closed, message)?;
+        write_message(message, &mut closed)?;
+        closed.push(b',');
     }
     Ok(Rendered {
         closed,
@@ -261,6 +263,64 @@ fn render(run: &[Message]) -> Result<Rendered, ModelError> {
         consumed: run.len(),
         open: None,
     })
+}
+
+/// Appends `message`'s JSON exactly as serde_json writes it (the property
+/// tests compare), its strings by core's faster writer: the messages a
+/// conversation is mostly made of by hand, content parts by serde.
+fn write_message(message: &WireMessage<'_>, out: &mut Vec<u8>) -> Result<(), ModelError> {
+    match message {
+        WireMessage::System { content } => {
+            out.extend_from_slice(b"{\"role\":\"system\",\"content\":");
+            write_json_string(content, out);
+        }
+        WireMessage::User {
+            content: UserContent::Text(text),
+        } => {
+            out.extend_from_slice(b"{\"role\":\"user\",\"content\":");
+            write_json_string(text, out);
+        }
+        WireMessage::User { .. } => return body::write_json(out, message),
+        WireMessage::Assistant {
+            content,
+            tool_calls,
+        } => {
+            out.extend_from_slice(b"{\"role\":\"assistant\"");
+            if let Some(content) = content {
+                out.extend_from_slice(b",\"content\":");
+                write_json_string(content, out);
+            }
+            if !tool_calls.is_empty() {
+                out.extend_from_slice(b",\"tool_calls\":[");
+                for (i, call) in tool_calls.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(b"{\"id\":");
+                    write_json_string(call.id, out);
+                    out.extend_from_slice(b",\"type\":");
+                    write_json_string(call.kind, out);
+                    out.extend_from_slice(b",\"function\":{\"name\":");
+                    write_json_string(call.function.name, out);
+                    out.extend_from_slice(b",\"arguments\":");
+                    write_json_string(&call.function.arguments, out);
+                    out.extend_from_slice(b"}}");
+                }
+                out.push(b']');
+            }
+        }
+        WireMessage::Tool {
+            tool_call_id,
+            content,
+        } => {
+            out.extend_from_slice(b"{\"role\":\"tool\",\"tool_call_id\":");
+            write_json_string(tool_call_id, out);
+            out.extend_from_slice(b",\"content\":");
+            write_json_string(content, out);
+        }
+    }
+    out.push(b'}');
+    Ok(())
 }
 
 /// Everything of a request after its messages, checked.

@@ -10,7 +10,7 @@ use serde_json::json;
 
 /// One message of any role and shape the wire renders differently.
 fn message() -> impl Strategy<Value = Message> {
-    let text = "[a-z \"\\\\é]{0,12}";
+    let text = "[a-z \"\\\\é\n\u{1}😀]{0,12}";
     prop_oneof![
         text.prop_map(Message::user),
         text.prop_map(Message::assistant),
@@ -19,10 +19,12 @@ fn message() -> impl Strategy<Value = Message> {
             Item::text("calling"),
             Item::tool_use(format!("t{n}"), "add", json!({"a": n, "b": [1, 2]})),
         ])),
-        (0u8..4, any::<bool>()).prop_map(|(n, error)| Message::user_items(vec![
-            Item::text("and"),
-            Item::tool_result(format!("t{n}"), "3", Some(error)),
-        ])),
+        (0u8..4, proptest::option::of(any::<bool>()), text).prop_map(|(n, error, out)| {
+            Message::user_items(vec![
+                Item::text("and"),
+                Item::tool_result(format!("t{n}"), out, error),
+            ])
+        }),
         text.prop_map(|t| Message {
             role: Role::Ephemeral,
             items: Items::Text(t),
