@@ -305,30 +305,20 @@ impl std::fmt::Debug for PromptCache {
 
 struct CachedPrompt {
     key: PromptKey,
-    /// The prompt without a step warning.
-    base: Arc<str>,
+    /// The prompt, ending with `warning` when there is one.
+    prompt: Arc<str>,
+    /// How much of `prompt` comes before its warning (the whole of it when
+    /// there is none): kept as a length rather than a second string, since
+    /// an idle machine holds its leaf's prompt.
+    base_len: usize,
     /// The warning `prompt` ends with.
     warning: Option<&'static str>,
-    /// `base` with `warning`: `base` itself when there is none.
-    prompt: Arc<str>,
-}
-
-impl CachedPrompt {
-    fn new(key: PromptKey, base: Arc<str>, warning: Option<&'static str>) -> Self {
-        let prompt = with_warning(&base, warning);
-        CachedPrompt {
-            key,
-            base,
-            warning,
-            prompt,
-        }
-    }
 }
 
 /// `base`, and `warning` as its last section.
-fn with_warning(base: &Arc<str>, warning: Option<&'static str>) -> Arc<str> {
+fn with_warning(base: &str, warning: Option<&'static str>) -> Arc<str> {
     match warning {
-        None => Arc::clone(base),
+        None => Arc::from(base),
         Some(warning) => {
             let mut prompt = String::with_capacity(base.len() + 2 + warning.len());
             prompt.push_str(base);
@@ -404,25 +394,32 @@ pub fn system_prompt_cached(
     // A poisoned lock only means another thread panicked mid-update; the
     // entry is replaced below either way.
     let mut last = cache.last.lock().unwrap_or_else(|p| p.into_inner());
-    match last.as_mut() {
-        Some(hit) if hit.key.matches(input, offered_tools) => {
-            if hit.warning != warning {
-                hit.prompt = with_warning(&hit.base, warning);
-                hit.warning = warning;
-            }
-            Arc::clone(&hit.prompt)
+    if let Some(hit) = last
+        .as_mut()
+        .filter(|hit| hit.key.matches(input, offered_tools))
+    {
+        if hit.warning != warning
+            && let Some(base) = hit.prompt.get(..hit.base_len)
+        {
+            hit.prompt = with_warning(base, warning);
+            hit.warning = warning;
         }
-        _ => {
-            let mut base = Prompt::for_input(input);
-            base.body(input, offered_tools);
-            let entry = CachedPrompt::new(
-                PromptKey::of(input, offered_tools),
-                base.finish().into(),
-                warning,
-            );
-            let prompt = Arc::clone(&entry.prompt);
-            *last = Some(entry);
-            prompt
+        if hit.warning == warning {
+            return Arc::clone(&hit.prompt);
         }
     }
+    let mut prompt = Prompt::for_input(input);
+    prompt.body(input, offered_tools);
+    let base_len = prompt.0.len();
+    if let Some(warning) = warning {
+        prompt.section(warning);
+    }
+    let prompt: Arc<str> = prompt.finish().into();
+    *last = Some(CachedPrompt {
+        key: PromptKey::of(input, offered_tools),
+        prompt: Arc::clone(&prompt),
+        base_len,
+        warning,
+    });
+    prompt
 }
