@@ -486,8 +486,6 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{InstancePayload, StreamInfo, StreamState};
-    use serde_json::json;
 
     /// Reads `text` both ways and checks that they agree.
     fn both(text: &str) -> Result<Vec<Message>, String> {
@@ -502,63 +500,7 @@ mod tests {
 
     #[test]
     fn written_shapes_and_others_read_as_serde_reads_them() {
-        let mut streamed = Message::assistant("partial");
-        streamed.metadata = Some(Metadata {
-            source: Some(Source {
-                instance_id: Some("i1".into()),
-                is_primary: Some(true),
-                external: Some(false),
-            }),
-            message_id: Some("m1".into()),
-            stream: Some(StreamInfo {
-                state: StreamState::Streaming,
-                seq: Some(3),
-            }),
-            silent: Some(true),
-            singleton: Some("cam".into()),
-            singleton_frame_count: Some(2),
-        });
-        let mut common = Message::user("now");
-        common.metadata = Some(Metadata {
-            source: Some(Source {
-                instance_id: Some("i\"1".into()),
-                is_primary: None,
-                external: Some(true),
-            }),
-            message_id: Some("m2".into()),
-            stream: None,
-            silent: Some(false),
-            singleton: Some("s".into()),
-            singleton_frame_count: None,
-        });
-        let history = vec![
-            Message::user("plain"),
-            Message::user_items(vec![Item::text("a\u{1}b\u{7f}é\"\\\n\t/😀")]),
-            Message::assistant_items(vec![
-                Item::Thinking {
-                    thinking: "hm".into(),
-                    signature: None,
-                },
-                Item::Thinking {
-                    thinking: "ho".into(),
-                    signature: Some("sig".into()),
-                },
-                Item::tool_use("t1", "add", json!({"a": [1, "x\"y"], "b": {"c": null}})),
-            ]),
-            Message::user_items(vec![
-                Item::tool_result("t1", "3", Some(true)),
-                Item::tool_result("t2", "", None),
-            ]),
-            Message::instance(InstancePayload::State {
-                instance_id: "i1".into(),
-                patch: json!({"n": 1}),
-            }),
-            Message::assistant_items(vec![Item::Output { data: json!(null) }]),
-            Message::assistant_items(vec![]),
-            streamed,
-            common,
-            Message::system("").with_metadata(Metadata::default()),
-        ];
+        let history = super::super::every_shape();
         let mut out = Vec::new();
         crate::message::write_history_json(&history, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();

@@ -298,9 +298,7 @@ pub(super) fn needs_escape(word: u64) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{InstancePayload, StreamInfo, StreamState};
     use proptest::prelude::*;
-    use serde_json::json;
 
     fn same(messages: &[Message]) {
         let mut out = Vec::new();
@@ -313,41 +311,7 @@ mod tests {
 
     #[test]
     fn every_shape_is_written_as_serde_writes_it() {
-        let mut streamed = Message::assistant("partial");
-        streamed.metadata = Some(Metadata {
-            source: Some(Source {
-                instance_id: Some("i1".into()),
-                is_primary: Some(true),
-                external: Some(false),
-            }),
-            message_id: Some("m1".into()),
-            stream: Some(StreamInfo {
-                state: StreamState::Streaming,
-                seq: Some(3),
-            }),
-            silent: Some(true),
-            singleton: Some("cam".into()),
-            singleton_frame_count: Some(2),
-        });
-        same(&[
-            Message::user("plain"),
-            Message::user_items(vec![Item::text("a\u{1}b\u{7f}é\"\\\n\t/")]),
-            Message::assistant_items(vec![
-                Item::Thinking {
-                    thinking: "hm".into(),
-                    signature: None,
-                },
-                Item::tool_use("t1", "add", json!({"a": [1, "x\"y"]})),
-            ]),
-            Message::user_items(vec![Item::tool_result("t1", "3", Some(true))]),
-            Message::instance(InstancePayload::State {
-                instance_id: "i1".into(),
-                patch: json!({"n": 1}),
-            }),
-            Message::assistant_items(vec![Item::Output { data: json!(null) }]),
-            streamed,
-            Message::system("").with_metadata(Metadata::default()),
-        ]);
+        same(&super::super::every_shape());
         same(&[]);
     }
 
