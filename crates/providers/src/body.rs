@@ -328,6 +328,21 @@ pub(crate) fn push_json<S: Serialize>(out: &mut Vec<u8>, value: &S) -> Result<()
     Ok(())
 }
 
+/// `messages` written by `write` one after another, each followed by a
+/// comma (the form of [`Rendered::closed`]).
+pub(crate) fn write_each<M>(
+    messages: &[M],
+    write: impl Fn(&M, &mut Vec<u8>) -> Result<(), ModelError>,
+) -> Result<Vec<u8>, ModelError> {
+    // About what a short message takes, so the buffer rarely grows.
+    let mut out = Vec::with_capacity(256 * messages.len());
+    for message in messages {
+        write(message, &mut out)?;
+        out.push(b',');
+    }
+    Ok(out)
+}
+
 /// Appends `value`'s JSON, as serde_json writes it.
 pub(crate) fn write_json<S: Serialize + ?Sized>(
     out: &mut Vec<u8>,

@@ -251,12 +251,7 @@ pub(super) fn encode_plain(
 fn render(run: &[Message]) -> Result<Rendered, ModelError> {
     let mut wire = messages(run);
     let open = wire.pop();
-    // About what a short message takes, so the buffer rarely grows.
-    let mut closed = Vec::with_capacity(256 * wire.len());
-    for message in &wire {
-        write_message(message, &mut closed)?;
-        closed.push(b',');
-    }
+    let closed = body::write_each(&wire, write_message)?;
     let consumed = open.as_ref().map_or(run.len(), |m| m.start);
     let open = match open {
         Some(message) => {

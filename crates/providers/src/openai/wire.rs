@@ -251,12 +251,7 @@ fn render(run: &[Message]) -> Result<Rendered, ModelError> {
     for message in run {
         push_message(message, &mut wire);
     }
-    // About what a short message takes, so the buffer rarely grows.
-    let mut closed = Vec::with_capacity(256 * wire.len());
-    for message in &wire {
-        write_message(message, &mut closed)?;
-        closed.push(b',');
-    }
+    let closed = body::write_each(&wire, write_message)?;
     Ok(Rendered {
         closed,
         closed_count: wire.len(),

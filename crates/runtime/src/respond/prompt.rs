@@ -103,12 +103,19 @@ pub fn system_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) 
     if let Some(builder) = input.charter.prompt_builder() {
         return builder(input);
     }
+    default_prompt(input, offered_tools).0
+}
+
+/// The default prompt (charter instructions included), and how much of it
+/// comes before its step warning.
+fn default_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) -> (String, usize) {
     let mut out = Prompt::for_input(input);
     out.body(input, offered_tools);
+    let base_len = out.0.len();
     if let Some(warning) = step_warning(input.current_step, input.max_steps) {
         out.section(warning);
     }
-    out.finish()
+    (out.finish(), base_len)
 }
 
 /// A prompt being written: one buffer for every section, where formatting
@@ -408,13 +415,8 @@ pub fn system_prompt_cached(
             return Arc::clone(&hit.prompt);
         }
     }
-    let mut prompt = Prompt::for_input(input);
-    prompt.body(input, offered_tools);
-    let base_len = prompt.0.len();
-    if let Some(warning) = warning {
-        prompt.section(warning);
-    }
-    let prompt: Arc<str> = prompt.finish().into();
+    let (prompt, base_len) = default_prompt(input, offered_tools);
+    let prompt: Arc<str> = prompt.into();
     *last = Some(CachedPrompt {
         key: PromptKey::of(input, offered_tools),
         prompt: Arc::clone(&prompt),
