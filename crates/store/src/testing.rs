@@ -1,6 +1,7 @@
 //! [`TempPostgres`]: a throwaway PostgreSQL server for tests and benchmarks,
 //! started from the machine's own PostgreSQL binaries (Debian's
-//! `postgresql` package) on a temporary directory and a loopback port.
+//! `postgresql` package) on a temporary directory and a loopback port, which
+//! a test can stop and start again under its clients.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -22,6 +23,18 @@ pub enum TempPostgresError {
         /// What it printed, or why it could not run.
         detail: String,
     },
+}
+
+/// How [`TempPostgres::stop`] shuts the server down (`pg_ctl -m`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Shutdown {
+    /// Rolls back open transactions and tells each client its connection
+    /// is being closed, as an administrator's restart does.
+    Fast,
+    /// Kills the server's processes without a word to the clients, as a
+    /// crash does; the next start recovers from the write-ahead log.
+    Immediate,
 }
 
 /// A PostgreSQL server of its own, stopped and deleted on drop.
@@ -121,32 +134,68 @@ impl TempPostgres {
                     .output(),
             )?;
         }
-        let data = server.dir.join("data");
         check(
             "initdb",
             server
                 .command("initdb")
                 .arg("-D")
-                .arg(&data)
+                .arg(server.data())
                 .args(["-U", "markov", "--auth=trust", "--no-sync", "-E", "UTF8"])
                 .output(),
         )?;
+        server.resume()?;
+        Ok(server)
+    }
+
+    /// Stops the server, keeping its data directory and port, so that
+    /// [`resume`](Self::resume) can start it again: what clients see when
+    /// their database goes down.
+    pub fn stop(&self, mode: Shutdown) -> Result<(), TempPostgresError> {
+        let mode = match mode {
+            Shutdown::Fast => "fast",
+            Shutdown::Immediate => "immediate",
+        };
+        check(
+            "pg_ctl stop",
+            self.command("pg_ctl")
+                .arg("-D")
+                .arg(self.data())
+                .args(["-m", mode, "-w", "stop"])
+                .output(),
+        )
+    }
+
+    /// Starts the server on its data directory and port, and waits until
+    /// it accepts connections: after [`stop`](Self::stop), the same
+    /// server with the same databases.
+    pub fn resume(&self) -> Result<(), TempPostgresError> {
         let options = format!(
-            "-p {port} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
-            server.dir.display()
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off",
+            self.port,
+            self.dir.display()
         );
         check(
             "pg_ctl start",
-            server
-                .command("pg_ctl")
+            self.command("pg_ctl")
                 .arg("-D")
-                .arg(&data)
+                .arg(self.data())
                 .args(["-o", &options, "-l"])
-                .arg(server.dir.join("log"))
+                .arg(self.dir.join("log"))
                 .args(["-w", "start"])
                 .output(),
-        )?;
-        Ok(server)
+        )
+    }
+
+    /// Stops the server with `mode` and starts it again: every connection
+    /// open before is closed, the data survives.
+    pub fn restart(&self, mode: Shutdown) -> Result<(), TempPostgresError> {
+        self.stop(mode)?;
+        self.resume()
+    }
+
+    /// The server's data directory.
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
     }
 
     /// `bin/name`, run as `postgres` when this process is root.
@@ -206,7 +255,7 @@ impl Drop for TempPostgres {
         let _ = self
             .command("pg_ctl")
             .arg("-D")
-            .arg(self.dir.join("data"))
+            .arg(self.data())
             .args(["-m", "immediate", "-w", "stop"])
             .output();
         let _ = std::fs::remove_dir_all(&self.dir);
