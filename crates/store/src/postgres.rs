@@ -9,17 +9,25 @@
 //! session. A step is one multi-row insert of its messages and one update
 //! of the session row, whatever the history's length.
 //!
-//! One store holds one connection, used by one transaction at a time (a
-//! `tokio::sync::Mutex`): open one store per worker task that writes
-//! concurrently, or put a pool in front of several.
+//! A store is a bounded pool of connections (deadpool-postgres,
+//! [`PostgresStore::DEFAULT_POOL_SIZE`] unless told otherwise): concurrent
+//! calls run each on a connection of its own. A pooled connection is
+//! checked (an empty query) before each use, and one that died with its
+//! server is dropped and replaced, so after a restart or a failover the
+//! same store works again without being rebuilt. Every call waits for its
+//! connection at most the store's wait, then fails with
+//! [`StoreError::Backend`]; while the server is down a call fails as soon
+//! as the connection is refused. A call whose connection breaks inside its
+//! transaction is not retried, since its commit may have happened: it
+//! returns the error, and the next call gets another connection.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Transaction};
 use markov_executor::{FORMAT_VERSION, SerializedMachine};
 use markov_runtime::registry::{LedgerEntry, PolicySnapshot};
-use tokio::sync::Mutex;
-use tokio_postgres::{Client, NoTls, Statement, Transaction};
+use tokio_postgres::NoTls;
 
 use crate::{
     Lease, SessionId, SessionInfo, StepRecord, Store, StoreError, StoredSession, WorkerId,
@@ -59,23 +67,39 @@ CREATE INDEX IF NOT EXISTS sessions_interrupted ON sessions (updated_at)
     WHERE run_state IS NOT NULL;
 ";
 
-/// Statements every step uses, prepared once per connection.
-struct Prepared {
-    lock: Statement,
-    insert_messages: Statement,
-    update: Statement,
-    journal: Statement,
-}
+// The statements every step uses, prepared once per connection through the
+// pool's statement cache: a connection opened after a restart prepares
+// them again on its first use.
+const LOCK: &str =
+    "SELECT lease_holder, lease_expires, messages FROM sessions WHERE id = $1 FOR UPDATE";
+const INSERT_MESSAGES: &str = "INSERT INTO messages (session_id, seq, body)
+     SELECT $1, $2 + t.ord - 1, t.body
+     FROM unnest($3::text[]) WITH ORDINALITY AS t(body, ord)";
+const UPDATE: &str = "UPDATE sessions SET
+        tree = COALESCE($2, tree),
+        approvals = COALESCE($3, approvals),
+        repeats = COALESCE($4, repeats),
+        run_state = $5,
+        steps = steps + 1,
+        messages = messages + $6,
+        updated_at = $7
+     WHERE id = $1";
+const JOURNAL: &str = "INSERT INTO ledger (session_id, key, recorded_at, body) VALUES ($1, $2, $3, $4)
+     ON CONFLICT (session_id, key) DO UPDATE SET recorded_at = EXCLUDED.recorded_at, body = EXCLUDED.body";
 
-/// Sessions in PostgreSQL.
+/// Sessions in PostgreSQL, over a bounded pool of connections that replaces
+/// the dead ones.
 pub struct PostgresStore {
-    client: Mutex<Client>,
-    prepared: Prepared,
+    pool: Pool,
+    wait: Duration,
 }
 
 impl std::fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PostgresStore").finish_non_exhaustive()
+        f.debug_struct("PostgresStore")
+            .field("pool_size", &self.pool.status().max_size)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
     }
 }
 
@@ -95,16 +119,58 @@ fn to_i64(v: u64) -> i64 {
 }
 
 impl PostgresStore {
+    /// How many connections a store made by [`connect`](Self::connect)
+    /// opens at most: enough for a worker's concurrent sessions, few enough
+    /// that a dozen workers stay under PostgreSQL's default
+    /// `max_connections` (100).
+    pub const DEFAULT_POOL_SIZE: usize = 8;
+
+    /// How long a call of a store made by [`connect`](Self::connect) waits
+    /// for a connection (a free one of the pool, checked, or a new one)
+    /// before it fails.
+    pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+
     /// Connects to `url` (a `postgres://` URL or `key=value` pairs; no TLS,
     /// for a database on the same host or network) and creates the tables
-    /// when missing.
+    /// when missing; the store opens at most
+    /// [`DEFAULT_POOL_SIZE`](Self::DEFAULT_POOL_SIZE) connections, and each
+    /// call waits at most [`DEFAULT_WAIT`](Self::DEFAULT_WAIT) for one.
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await.map_err(backend)?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::error!(%error, "the PostgreSQL connection ended");
-            }
-        });
+        Self::connect_with(url, Self::DEFAULT_POOL_SIZE, Self::DEFAULT_WAIT).await
+    }
+
+    /// Like [`connect`](Self::connect), with at most `pool_size` connections
+    /// (at least one), each call waiting at most `wait` for one before it
+    /// fails with a [`StoreError::Backend`] that names the wait.
+    pub async fn connect_with(
+        url: &str,
+        pool_size: usize,
+        wait: Duration,
+    ) -> Result<Self, StoreError> {
+        if pool_size == 0 {
+            return Err(StoreError::Backend(
+                "a PostgreSQL pool of 0 connections can serve no call".into(),
+            ));
+        }
+        let config: tokio_postgres::Config = url.parse().map_err(backend)?;
+        // Verified: a pooled connection answers an empty query before it is
+        // handed out, so one its server closed (a restart) is dropped and
+        // replaced instead of failing the caller's transaction.
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Verified,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .build()
+            .map_err(|e| StoreError::Backend(format!("the PostgreSQL pool: {e}")))?;
+        let store = PostgresStore { pool, wait };
+        // One connection now, so that a wrong URL or an absent server is an
+        // error of `connect`, not of the first call.
+        let client = store.client().await?;
         // Workers starting together must not race on CREATE TABLE.
         client
             .batch_execute(&format!(
@@ -112,47 +178,32 @@ impl PostgresStore {
             ))
             .await
             .map_err(backend)?;
-        let prepared = Prepared {
-            lock: client
-                .prepare(
-                    "SELECT lease_holder, lease_expires, messages FROM sessions WHERE id = $1 FOR UPDATE",
-                )
-                .await
-                .map_err(backend)?,
-            insert_messages: client
-                .prepare(
-                    "INSERT INTO messages (session_id, seq, body)
-                     SELECT $1, $2 + t.ord - 1, t.body
-                     FROM unnest($3::text[]) WITH ORDINALITY AS t(body, ord)",
-                )
-                .await
-                .map_err(backend)?,
-            update: client
-                .prepare(
-                    "UPDATE sessions SET
-                        tree = COALESCE($2, tree),
-                        approvals = COALESCE($3, approvals),
-                        repeats = COALESCE($4, repeats),
-                        run_state = $5,
-                        steps = steps + 1,
-                        messages = messages + $6,
-                        updated_at = $7
-                     WHERE id = $1",
-                )
-                .await
-                .map_err(backend)?,
-            journal: client
-                .prepare(
-                    "INSERT INTO ledger (session_id, key, recorded_at, body) VALUES ($1, $2, $3, $4)
-                     ON CONFLICT (session_id, key) DO UPDATE SET recorded_at = EXCLUDED.recorded_at, body = EXCLUDED.body",
-                )
-                .await
-                .map_err(backend)?,
-        };
-        Ok(PostgresStore {
-            client: Mutex::new(client),
-            prepared,
-        })
+        // Prepared now, so that a statement that does not prepare against
+        // this schema is an error of `connect`.
+        for statement in [LOCK, INSERT_MESSAGES, UPDATE, JOURNAL] {
+            client.prepare_cached(statement).await.map_err(backend)?;
+        }
+        Ok(store)
+    }
+
+    /// A connection: a pooled one that answers, or a new one; within the
+    /// store's wait.
+    async fn client(&self) -> Result<deadpool_postgres::Client, StoreError> {
+        // One bound over all of it (waiting for a free slot, checking pooled
+        // connections, opening a new one), so that no part of it hangs, not
+        // even on a server that accepts connections and never answers.
+        match tokio::time::timeout(self.wait, self.pool.get()).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(PoolError::Backend(e))) => Err(backend(e)),
+            Ok(Err(e)) => Err(StoreError::Backend(format!(
+                "no PostgreSQL connection: {e}"
+            ))),
+            Err(_) => Err(StoreError::Backend(format!(
+                "timed out after {:?} waiting for a PostgreSQL connection (pool of {})",
+                self.wait,
+                self.pool.status().max_size
+            ))),
+        }
     }
 
     /// Locks the session row and checks that `holder` holds its lease.
@@ -163,8 +214,9 @@ impl PostgresStore {
         id: &SessionId,
         holder: &WorkerId,
     ) -> Result<i64, StoreError> {
+        let lock = tx.prepare_cached(LOCK).await.map_err(backend)?;
         let row = tx
-            .query_opt(&self.prepared.lock, &[&id.as_str()])
+            .query_opt(&lock, &[&id.as_str()])
             .await
             .map_err(backend)?
             .ok_or_else(|| StoreError::NotFound(id.clone()))?;
@@ -183,7 +235,7 @@ impl PostgresStore {
 
 /// Leases the locked row `id` to `holder`, or says who holds it.
 async fn lease(
-    tx: &Transaction<'_>,
+    tx: &tokio_postgres::Transaction<'_>,
     id: &SessionId,
     holder: &WorkerId,
     ttl: Duration,
@@ -255,7 +307,7 @@ impl Store for PostgresStore {
             .collect::<Result<_, _>>()?;
         let now = now_ms();
         let expires = now.saturating_add(ms(ttl));
-        let mut client = self.client.lock().await;
+        let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
         let inserted = tx
             .execute(
@@ -279,16 +331,15 @@ impl Store for PostgresStore {
             return Err(StoreError::AlreadyExists(id.clone()));
         }
         if !messages.is_empty() {
-            tx.execute(
-                &self.prepared.insert_messages,
-                &[&id.as_str(), &0i64, &messages],
-            )
-            .await
-            .map_err(backend)?;
+            let insert = tx.prepare_cached(INSERT_MESSAGES).await.map_err(backend)?;
+            tx.execute(&insert, &[&id.as_str(), &0i64, &messages])
+                .await
+                .map_err(backend)?;
         }
         for entry in &snapshot.policy.ledger {
+            let journal = tx.prepare_cached(JOURNAL).await.map_err(backend)?;
             tx.execute(
-                &self.prepared.journal,
+                &journal,
                 &[
                     &id.as_str(),
                     &entry.key,
@@ -322,19 +373,18 @@ impl Store for PostgresStore {
         let approvals = step.approvals.map(to_json).transpose()?;
         let repeats = step.repeats.map(to_json).transpose()?;
         let run = step.run.map(to_json).transpose()?;
-        let mut client = self.client.lock().await;
+        let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
         let count = self.locked(&tx, id, holder).await?;
         if !messages.is_empty() {
-            tx.execute(
-                &self.prepared.insert_messages,
-                &[&id.as_str(), &count, &messages],
-            )
-            .await
-            .map_err(backend)?;
+            let insert = tx.prepare_cached(INSERT_MESSAGES).await.map_err(backend)?;
+            tx.execute(&insert, &[&id.as_str(), &count, &messages])
+                .await
+                .map_err(backend)?;
         }
+        let update = tx.prepare_cached(UPDATE).await.map_err(backend)?;
         tx.execute(
-            &self.prepared.update,
+            &update,
             &[
                 &id.as_str(),
                 &tree,
@@ -357,11 +407,12 @@ impl Store for PostgresStore {
         entry: &LedgerEntry,
     ) -> Result<(), StoreError> {
         let body = to_json(entry)?;
-        let mut client = self.client.lock().await;
+        let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
         self.locked(&tx, id, holder).await?;
+        let journal = tx.prepare_cached(JOURNAL).await.map_err(backend)?;
         tx.execute(
-            &self.prepared.journal,
+            &journal,
             &[&id.as_str(), &entry.key, &to_i64(entry.recorded_at), &body],
         )
         .await
@@ -370,7 +421,7 @@ impl Store for PostgresStore {
     }
 
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
-        let mut client = self.client.lock().await;
+        let mut client = self.client().await?;
         // One snapshot of the database for the three reads.
         let tx = client
             .build_transaction()
@@ -433,7 +484,7 @@ impl Store for PostgresStore {
     }
 
     async fn list(&self) -> Result<Vec<SessionInfo>, StoreError> {
-        let client = self.client.lock().await;
+        let client = self.client().await?;
         let rows = client
             .query(
                 "SELECT id, charter, steps, messages, run_state, created_at, updated_at
@@ -446,7 +497,7 @@ impl Store for PostgresStore {
     }
 
     async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
-        let mut client = self.client.lock().await;
+        let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
         tx.execute(
             "DELETE FROM messages WHERE session_id = $1",
@@ -471,7 +522,7 @@ impl Store for PostgresStore {
         holder: &WorkerId,
         ttl: Duration,
     ) -> Result<Lease, StoreError> {
-        let mut client = self.client.lock().await;
+        let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
         let lease = lease(&tx, id, holder, ttl).await?;
         tx.commit().await.map_err(backend)?;
@@ -479,7 +530,7 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, id: &SessionId, holder: &WorkerId) -> Result<(), StoreError> {
-        let client = self.client.lock().await;
+        let client = self.client().await?;
         client
             .execute(
                 "UPDATE sessions SET lease_holder = NULL, lease_expires = 0 WHERE id = $1 AND lease_holder = $2",
@@ -496,7 +547,7 @@ impl Store for PostgresStore {
         ttl: Duration,
     ) -> Result<Option<Lease>, StoreError> {
         let now = now_ms();
-        let mut client = self.client.lock().await;
+        let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
         // SKIP LOCKED: a row another worker is claiming right now is passed
         // over, never waited for, never claimed twice.

@@ -3,4 +3,5 @@
 
 mod common;
 mod postgres;
+mod postgres_restart;
 mod sqlite;

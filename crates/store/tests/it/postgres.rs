@@ -19,7 +19,7 @@ use serde_json::json;
 /// never dropped, so a shared one would outlive the process); `None` when
 /// PostgreSQL is not installed outside CI — in CI that is a failure, never
 /// a skip.
-fn server() -> Option<TempPostgres> {
+pub(crate) fn server() -> Option<TempPostgres> {
     if !TempPostgres::is_installed() {
         assert!(
             std::env::var("CI").as_deref() != Ok("true"),
