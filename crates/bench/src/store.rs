@@ -89,6 +89,8 @@ async fn measure(
                     tree: None,
                     approvals: None,
                     repeats: None,
+                    counters: None,
+                    answers: &[],
                     run: Some(&run),
                 },
             )

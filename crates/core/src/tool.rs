@@ -439,6 +439,7 @@ pub struct ToolContext<'a> {
     history: &'a [Message],
     state: &'a dyn StateAccess,
     deps: Option<&'a Deps>,
+    idempotency_key: Option<&'a str>,
 }
 
 impl fmt::Debug for ToolContext<'_> {
@@ -465,7 +466,25 @@ impl<'a> ToolContext<'a> {
             history,
             state,
             deps: None,
+            idempotency_key: None,
         }
+    }
+
+    /// Sets the call's idempotency key (see [`ToolContext::idempotency_key`]).
+    #[must_use]
+    pub fn with_idempotency_key(mut self, key: &'a str) -> Self {
+        self.idempotency_key = Some(key);
+        self
+    }
+
+    /// A key for this call that is the same on every retry and every resume
+    /// of it, and different for every other call: hand it to an outside API
+    /// that deduplicates requests (a payment provider's idempotency header),
+    /// so that even a crash inside the tool, after its side effect and
+    /// before its result was recorded, repeats nothing outside. Set by the
+    /// machine's tool path; `None` for a context made by hand.
+    pub fn idempotency_key(&self) -> Option<&'a str> {
+        self.idempotency_key
     }
 
     /// Hands the application's value to the tool (see [`ToolContext::deps`]).

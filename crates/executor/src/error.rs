@@ -22,6 +22,18 @@ pub enum RunError {
     /// The run used all its steps without finishing.
     #[error("Max steps ({0}) exceeded")]
     MaxSteps(usize),
+    /// The model's answer could not be recorded durably before its tools
+    /// ran, so none of them ran (the conversation's journal — a store —
+    /// failed or refused the write).
+    #[error(
+        "the model's answer at step {step} could not be recorded, so its tools did not run: {reason}"
+    )]
+    AnswerNotRecorded {
+        /// The 1-based step.
+        step: usize,
+        /// The journal's error.
+        reason: String,
+    },
     /// The stream ended without a step.
     #[error("No steps produced")]
     NoSteps,

@@ -145,12 +145,14 @@ impl Queue {
         self.entries().iter().map(|e| e.message.clone()).collect()
     }
 
-    pub(crate) fn drain_all(&self) -> Vec<Entry> {
+    /// Takes every queued entry out, in order (to hold new input back while
+    /// an interrupted run finishes, say).
+    pub fn drain_all(&self) -> Vec<Entry> {
         self.entries().drain(..).collect()
     }
 
     /// Puts drained entries back at the front, in order (a failed step loses nothing).
-    pub(crate) fn requeue_front(&self, entries: Vec<Entry>) {
+    pub fn requeue_front(&self, entries: Vec<Entry>) {
         let mut q = self.entries();
         for entry in entries.into_iter().rev() {
             q.push_front(entry);

@@ -551,6 +551,8 @@ impl RunState {
         results: Vec<Result<LeafOutcome, RunError>>,
     ) -> Result<MachineStep, RunError> {
         let mut step = self.record_step(machine, tasks, results)?;
+        // The answers this step replayed or recorded are in the history now.
+        machine.policy.answers().clear();
         self.usage += step.usage;
         step.run_usage = self.usage;
         self.finished = step.done;

@@ -36,7 +36,7 @@ use markov_runtime::pipeline::{
     CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
 };
 use markov_runtime::prompt::system_prompt_cached;
-use markov_runtime::registry::{Mode, RegistryBinding, ToolRegistry};
+use markov_runtime::registry::{Mode, RecordedAnswer, RegistryBinding, ToolRegistry};
 use markov_runtime::respond::take_transition;
 use markov_runtime::tool_choice::check_thinking;
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
@@ -757,10 +757,25 @@ impl Executor for StandardExecutor {
                 span.record("gen_ai.input.messages", json.as_str());
             }
         }
-        let called = self
-            .call_model(&cx, &prepared)
-            .instrument(span.clone())
-            .await;
+        // An answer recorded before its tools ran, by a step that did not
+        // finish (a crash, a failed write): the same calls with the same ids,
+        // never a new model call that would make new ones.
+        let recorded = cx
+            .policy
+            .answers()
+            .find(cx.instance().id(), cx.history.len());
+        let replayed = recorded.is_some();
+        let called = match recorded {
+            Some(response) => {
+                tracing::info!(parent: &span, "the recorded answer of an unfinished step is replayed");
+                Ok((response, None))
+            }
+            None => {
+                self.call_model(&cx, &prepared)
+                    .instrument(span.clone())
+                    .await
+            }
+        };
         let (response, vessel) = match called {
             Ok(answer) => answer,
             Err(error) => {
@@ -768,6 +783,22 @@ impl Executor for StandardExecutor {
                 return Err(error);
             }
         };
+        if !replayed && response.tool_calls().next().is_some() {
+            // Durable before the first tool runs: a resumed step must answer
+            // these calls, not ask the model for new ones.
+            let answer = RecordedAnswer {
+                instance: cx.instance().id().clone(),
+                history_len: u64::try_from(cx.history.len()).unwrap_or(u64::MAX),
+                response: response.clone(),
+            };
+            if let Err(reason) = cx.policy.record_answer(answer).await {
+                span.record("error.type", "journal_error");
+                return Err(RunError::AnswerNotRecorded {
+                    step: cx.current_step,
+                    reason,
+                });
+            }
+        }
         let usage = response.usage;
         span.record("gen_ai.usage.input_tokens", usage.input_tokens);
         span.record("gen_ai.usage.output_tokens", usage.output_tokens);
@@ -798,10 +829,7 @@ impl Executor for StandardExecutor {
         let calls = Calls::of(&entries, &refused);
         let ancestors = ancestor_views(&cx);
         let packs = pack_states(&cx);
-        let turn = self
-            .registry
-            .as_ref()
-            .map(|_| cx.policy.budgets().for_leaf(cx.instance().id()));
+        let turn = cx.policy.budgets().for_leaf(cx.instance().id());
         let view = LeafView {
             charter: cx.charter,
             node: cx.instance().node(),
@@ -816,8 +844,11 @@ impl Executor for StandardExecutor {
             policies: self
                 .registry
                 .as_deref()
-                .zip(turn.as_deref())
-                .map(|(binding, turn)| binding.session(turn, cx.policy)),
+                .map(|binding| binding.session(&turn, cx.policy)),
+            // Without a registry, the plain path still keeps this
+            // conversation's ledger, so a resumed step never runs a
+            // completed call again.
+            conversation: Some(cx.policy),
             deps: cx.deps,
             repeats: Some(cx.policy.repeats()),
             loop_guard: cx

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use markov_core::ids::InstanceId;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Rejection, ToolErrorKind};
 use crate::gate::{Gate, GateLayer, Gated};
@@ -202,6 +203,55 @@ impl TurnBudgets {
             .unwrap_or_else(|p| p.into_inner())
             .clear();
     }
+
+    /// The counters of the current user turn, one record per leaf that has
+    /// charged a call, ordered by instance (so two snapshots of the same
+    /// counters compare equal).
+    pub fn snapshot(&self) -> Vec<BudgetRecord> {
+        let leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+        let mut records: Vec<BudgetRecord> = leaves
+            .iter()
+            .filter_map(|(instance, state)| {
+                let counts = *state.counts();
+                (counts.total > 0).then(|| BudgetRecord {
+                    instance: instance.clone(),
+                    total: counts.total,
+                    per_category: counts.per_category,
+                })
+            })
+            .collect();
+        records.sort_by(|a, b| a.instance.as_str().cmp(b.instance.as_str()));
+        records
+    }
+
+    /// Replaces the counters with `records` (a restored conversation keeps
+    /// what its user turn has already spent).
+    pub fn restore(&self, records: impl IntoIterator<Item = BudgetRecord>) {
+        let mut leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+        leaves.clear();
+        for record in records.into_iter().take(MAX_LEAVES) {
+            let state = TurnBudgetState {
+                counts: Mutex::new(Counts {
+                    total: record.total,
+                    per_category: record.per_category,
+                }),
+            };
+            leaves.insert(record.instance, Arc::new(state));
+        }
+    }
+}
+
+/// One leaf's budget counters in the current user turn, as a snapshot keeps
+/// them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BudgetRecord {
+    /// The leaf instance.
+    pub instance: InstanceId,
+    /// Calls charged this turn.
+    pub total: u32,
+    /// Calls charged per category (retrieval, action, other).
+    pub per_category: [u32; 3],
 }
 
 #[cfg(test)]
@@ -247,5 +297,25 @@ mod tests {
         assert_eq!(budgets.for_leaf(&leaf).total(), 1);
         budgets.clear();
         assert_eq!(budgets.for_leaf(&leaf).total(), 0);
+    }
+
+    #[test]
+    fn a_snapshot_restores_the_counters_it_was_taken_from() {
+        let budgets = TurnBudgets::new();
+        let (a, b) = (InstanceId::new("a"), InstanceId::new("b"));
+        let _ = budgets
+            .for_leaf(&a)
+            .try_charge(Category::Retrieval, &Budget::TEXT);
+        let _ = budgets
+            .for_leaf(&a)
+            .try_charge(Category::Action, &Budget::TEXT);
+        let _ = budgets.for_leaf(&b);
+        let records = budgets.snapshot();
+        assert_eq!(records.len(), 1, "a leaf that charged nothing is not kept");
+        let restored = TurnBudgets::new();
+        restored.restore(records.clone());
+        assert_eq!(restored.for_leaf(&a).total(), 2);
+        assert_eq!(restored.for_leaf(&a).count(Category::Retrieval), 1);
+        assert_eq!(restored.snapshot(), records);
     }
 }

@@ -1,21 +1,35 @@
 //! Replays: a call whose idempotency key was already answered gets the stored
 //! result, and the tool does not run again.
 //!
-//! The key is `provider:<tool_call_id>` (providers' call ids are stable),
-//! prefixed with the leaf instance when the call has one
-//! (`provider:<instance>:<tool_call_id>`). An entry binds the key to the
-//! tool and its exact arguments: a call that reuses a key for another tool or
-//! other arguments is answered `IDEMPOTENCY_CONFLICT`, never with another
-//! call's result, and does not run.
+//! The key is `t<turn>:<instance>:<tool_call_id>`: the conversation's user
+//! turn, the leaf instance the call runs for, and the provider's call id. A
+//! resumed step answers the very calls the recorded model answer made, so
+//! their ids are the same and a completed call is answered from here. The
+//! turn is part of the key because a provider may reuse an id in a later
+//! turn: that is a new call, never the earlier turn's (stale) answer. An
+//! entry binds the key to the tool and its exact arguments: a call that
+//! reuses a key for another tool or other arguments is answered
+//! `IDEMPOTENCY_CONFLICT`, never with another call's result, and does not
+//! run.
+//!
+//! The tool itself gets a key for the outside world in its context
+//! ([`ToolContext::idempotency_key`](markov_core::tool::ToolContext::idempotency_key)),
+//! derived from the conversation, the turn, the instance and the call id:
+//! the same on every retry and resume of that call, so a payment provider's
+//! idempotency header makes even a crash inside the tool repeat nothing.
 //!
 //! The ledger belongs to one conversation (a machine's
 //! [`PolicyState`](crate::PolicyState)) and travels with it: it is part of
-//! the machine's snapshot, so a call id replayed after a restore in a fresh
+//! the machine's snapshot, so a call replayed after a restore in a fresh
 //! process is answered from the ledger. A key in flight makes a second
 //! concurrent call wait for the first one's result (if the first is
-//! cancelled, the second runs). Entries expire after
-//! [`IdempotencyLimits::ttl`], and the ledger is bounded in entries and in
-//! bytes (oldest first out).
+//! cancelled, the second runs). Entries of earlier turns expire after
+//! [`IdempotencyLimits::ttl`] and are bounded in entries and in bytes
+//! (oldest first out); entries of the current turn are never evicted, since
+//! a resumed step may still need them. A result too large to keep whole
+//! (over a quarter of [`IdempotencyLimits::max_bytes`]) is kept as a stub:
+//! the key, the tool, a digest of the arguments and a note that the call
+//! completed, which is what a replay then answers.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -26,6 +40,7 @@ use futures::future::BoxFuture;
 use markov_core::tool::{TerminateResponse, ToolExecutionResult, UserMessage};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use sha2::{Digest, Sha256};
 
 use crate::error::{Rejection, ToolErrorKind};
 use crate::service::{ToolLayer, ToolRequest, ToolService};
@@ -115,9 +130,59 @@ pub struct LedgerEntry {
     pub intents: Vec<Value>,
     /// When it was recorded, in Unix milliseconds.
     pub recorded_at: u64,
+    /// The user turn of the conversation the call was made in.
+    #[serde(default)]
+    pub turn: u64,
+    /// Set when the entry is a stub of a result too large to keep: the
+    /// digest of the arguments (which are then `null`), and the result's
+    /// content is a note that the call completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_digest: Option<String>,
+}
+
+/// The hex SHA-256 of `args`' JSON text.
+pub(crate) fn digest_of(args: &Value) -> String {
+    let text = serde_json::to_vec(args).unwrap_or_default();
+    hex(&Sha256::digest(&text))
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
 }
 
 impl LedgerEntry {
+    /// Whether this entry answers a call of `tool` with `args`.
+    fn matches(&self, tool: &str, args: &Value) -> bool {
+        self.tool == tool
+            && match &self.args_digest {
+                Some(digest) => *digest == digest_of(args),
+                None => self.args == *args,
+            }
+    }
+
+    /// The entry itself, or its stub when it is too large to keep within
+    /// `limits`: the call is still known to have completed, with which tool
+    /// and arguments, and a replay says so instead of running it again.
+    fn within(mut self, limits: &IdempotencyLimits) -> Self {
+        if self.size() <= limits.max_bytes / 4 || self.args_digest.is_some() {
+            return self;
+        }
+        let size = self.result.content.len();
+        self.args_digest = Some(digest_of(&self.args));
+        self.args = Value::Null;
+        self.intents = Vec::new();
+        self.result.content = format!(
+            "This call already completed; its result ({size} bytes) was too large to keep and is not repeated. The tool was not run again."
+        );
+        self
+    }
+
     /// Approximate bytes the entry holds.
     fn size(&self) -> usize {
         self.key.len()
@@ -161,10 +226,15 @@ struct Inner {
 }
 
 impl Inner {
-    fn evict(&mut self, limits: &IdempotencyLimits, now_ms: u64) {
+    /// Drops expired entries and the oldest ones over the bounds, but never
+    /// an entry of `turn`, the current user turn: a resumed step of this
+    /// turn may still need it. Entries are in the order they were answered
+    /// and turns only grow, so the current turn's are all at the back.
+    fn evict(&mut self, limits: &IdempotencyLimits, now_ms: u64, turn: u64) {
         let ttl_ms = u64::try_from(limits.ttl.as_millis()).unwrap_or(u64::MAX);
         while let Some(oldest) = self.order.front() {
             let expired = match self.slots.get(oldest) {
+                Some(Slot::Done(e)) if e.turn >= turn => break,
                 Some(Slot::Done(e)) => now_ms.saturating_sub(e.recorded_at) >= ttl_ms,
                 // Re-claimed or gone: its place in the order is stale.
                 _ => true,
@@ -189,7 +259,7 @@ enum Begin<'l> {
     /// Run the call; complete the claim with its result.
     Run(Claim<'l>),
     /// Answered before: replay.
-    Replay(LedgerEntry),
+    Replay(Box<LedgerEntry>),
     /// The key was used for another tool or other arguments.
     Conflict,
     /// Another call with this key is running: wait, then look again.
@@ -227,11 +297,12 @@ impl IdempotencyLedger {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The key of a request.
+    /// The key of a request: its user turn, instance and call id.
     pub fn key(req: &ToolRequest<'_>) -> String {
+        let turn = req.policy.turn();
         match req.cx.instance_id() {
-            Some(instance) => format!("provider:{instance}:{}", req.call_id),
-            None => format!("provider:{}", req.call_id),
+            Some(instance) => format!("t{turn}:{instance}:{}", req.call_id),
+            None => format!("t{turn}:{}", req.call_id),
         }
     }
 
@@ -267,14 +338,18 @@ impl IdempotencyLedger {
             .collect()
     }
 
-    /// Adds the answers of a snapshot (oldest first), within `limits`.
+    /// Adds the answers of a snapshot (oldest first), within `limits`;
+    /// `turn` is the conversation's current user turn, whose entries are
+    /// never evicted.
     pub fn restore(
         &self,
         entries: impl IntoIterator<Item = LedgerEntry>,
         limits: &IdempotencyLimits,
+        turn: u64,
     ) {
         let mut inner = self.lock();
         for entry in entries {
+            let entry = entry.within(limits);
             inner.bytes += entry.size();
             let key = entry.key.clone();
             if let Some(Slot::Done(old)) = inner.slots.insert(key.clone(), Slot::Done(entry)) {
@@ -283,7 +358,7 @@ impl IdempotencyLedger {
                 inner.order.push_back(key);
             }
         }
-        inner.evict(limits, unix_millis(SystemTime::now()));
+        inner.evict(limits, unix_millis(SystemTime::now()), turn);
     }
 
     fn begin(
@@ -293,11 +368,12 @@ impl IdempotencyLedger {
         args: &Value,
         limits: &IdempotencyLimits,
         now: SystemTime,
+        turn: u64,
     ) -> Begin<'_> {
         let mut inner = self.lock();
-        inner.evict(limits, unix_millis(now));
+        inner.evict(limits, unix_millis(now), turn);
         match inner.slots.get_mut(key) {
-            Some(Slot::Done(e)) if e.tool == tool && e.args == *args => Begin::Replay(e.clone()),
+            Some(Slot::Done(e)) if e.matches(tool, args) => Begin::Replay(Box::new(e.clone())),
             Some(Slot::Done(_)) => Begin::Conflict,
             // An empty tool name: the call is being journaled (its tool and
             // arguments moved into the entry); wait for it like any other.
@@ -349,12 +425,13 @@ impl Claim<'_> {
 
     fn complete(mut self, entry: LedgerEntry, limits: &IdempotencyLimits) {
         let Some(key) = self.key.take() else { return };
+        let turn = entry.turn;
         let mut inner = self.ledger.lock();
         // Waiters are woken by their senders being dropped with the slot.
         inner.bytes += entry.size();
         inner.slots.insert(key.clone(), Slot::Done(entry));
         inner.order.push_back(key);
-        inner.evict(limits, unix_millis(SystemTime::now()));
+        inner.evict(limits, unix_millis(SystemTime::now()), turn);
     }
 }
 
@@ -400,9 +477,20 @@ impl<S: ToolService> ToolService for Idempotency<S> {
     fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
         let key = IdempotencyLedger::key(&req);
         let ledger = req.policy.ledger();
+        let turn = req.policy.turn();
         Box::pin(async move {
+            // The key the tool hands to the outside world: the same on every
+            // retry and resume of this call.
+            let tool_key = req.policy.tool_key(req.cx.instance_id(), req.call_id);
             loop {
-                match ledger.begin(&key, req.name, &req.input, &self.limits, SystemTime::now()) {
+                match ledger.begin(
+                    &key,
+                    req.name,
+                    &req.input,
+                    &self.limits,
+                    SystemTime::now(),
+                    turn,
+                ) {
                     Begin::Replay(entry) => {
                         tracing::debug!(key = %key, "idempotent replay: the stored result is returned");
                         if let Some(kind) =
@@ -430,6 +518,20 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         let report = req.report;
                         let call_id = req.call_id;
                         let journal = req.policy.journal();
+                        // A worker that lost its session runs nothing more:
+                        // another one may be running this very call.
+                        if let Some(journal) = &journal
+                            && let Err(reason) = journal.check()
+                        {
+                            drop(claim);
+                            return Rejection::new(ToolErrorKind::ExecutionFailed)
+                                .with_detail(format!("not run: {reason}"))
+                                .respond(&req);
+                        }
+                        let req = ToolRequest {
+                            cx: req.cx.with_idempotency_key(&tool_key),
+                            ..req
+                        };
                         let result = self.inner.call(req).await;
                         // The tool and arguments the claim recorded move into
                         // the entry: no second copy of the arguments.
@@ -442,7 +544,10 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                             error: report.error_kind().map(|k| k.as_str().to_owned()),
                             intents: report.intents(),
                             recorded_at: unix_millis(SystemTime::now()),
-                        };
+                            turn,
+                            args_digest: None,
+                        }
+                        .within(&self.limits);
                         // Written ahead: durable before anyone uses the result.
                         if let Some(journal) = journal
                             && let Err(error) = journal.write(&entry).await
@@ -484,6 +589,8 @@ mod tests {
             error: None,
             intents: Vec::new(),
             recorded_at: at,
+            turn: 0,
+            args_digest: None,
         }
     }
 
@@ -495,18 +602,18 @@ mod tests {
     fn the_key_binds_tool_and_arguments() {
         let ledger = IdempotencyLedger::new();
         let limits = IdempotencyLimits::default();
-        ledger.restore([entry("k", "paid", now_ms())], &limits);
+        ledger.restore([entry("k", "paid", now_ms())], &limits, 0);
         let now = SystemTime::now();
         assert!(matches!(
-            ledger.begin("k", "pay", &json!({"amount": 1}), &limits, now),
+            ledger.begin("k", "pay", &json!({"amount": 1}), &limits, now, 0),
             Begin::Replay(e) if e.result.content == "paid"
         ));
         assert!(matches!(
-            ledger.begin("k", "pay", &json!({"amount": 2}), &limits, now),
+            ledger.begin("k", "pay", &json!({"amount": 2}), &limits, now, 0),
             Begin::Conflict
         ));
         assert!(matches!(
-            ledger.begin("k", "refund", &json!({"amount": 1}), &limits, now),
+            ledger.begin("k", "refund", &json!({"amount": 1}), &limits, now, 0),
             Begin::Conflict
         ));
     }
@@ -516,21 +623,22 @@ mod tests {
         let limits = IdempotencyLimits {
             ttl: Duration::from_secs(60),
             max_entries: 1000,
-            max_bytes: 1000,
+            max_bytes: 1200,
         };
         let ledger = IdempotencyLedger::new();
         let old = now_ms() - 61_000;
-        ledger.restore([entry("old", "x", old)], &limits);
+        ledger.restore([entry("old", "x", old)], &limits, 1);
         assert!(ledger.is_empty(), "expired on restore");
-        let big = "y".repeat(400);
+        let big = "y".repeat(200);
         ledger.restore(
             (0..5).map(|i| entry(&format!("k{i}"), &big, now_ms())),
             &limits,
+            1,
         );
-        assert!(ledger.bytes() <= 1000, "{} bytes", ledger.bytes());
-        assert_eq!(ledger.len(), 2, "the oldest went first");
+        assert!(ledger.bytes() <= 1200, "{} bytes", ledger.bytes());
+        assert_eq!(ledger.len(), 4, "the oldest went first");
         let keys: Vec<String> = ledger.snapshot().into_iter().map(|e| e.key).collect();
-        assert_eq!(keys, ["k3", "k4"]);
+        assert_eq!(keys, ["k1", "k2", "k3", "k4"]);
     }
 
     #[test]
@@ -539,18 +647,69 @@ mod tests {
         let limits = IdempotencyLimits::default();
         let args = json!({"amount": 1});
         let now = SystemTime::now();
-        let Begin::Run(claim) = ledger.begin("k", "pay", &args, &limits, now) else {
+        let Begin::Run(claim) = ledger.begin("k", "pay", &args, &limits, now, 0) else {
             panic!("the first call runs");
         };
-        let Begin::Wait(mut waiter) = ledger.begin("k", "pay", &args, &limits, now) else {
+        let Begin::Wait(mut waiter) = ledger.begin("k", "pay", &args, &limits, now, 0) else {
             panic!("the second call waits");
         };
         assert!(matches!(waiter.try_recv(), Ok(None)), "still waiting");
         drop(claim);
         assert!(waiter.try_recv().is_err(), "woken: the sender is gone");
         assert!(matches!(
-            ledger.begin("k", "pay", &args, &limits, now),
+            ledger.begin("k", "pay", &args, &limits, now, 0),
             Begin::Run(_)
+        ));
+    }
+
+    #[test]
+    fn entries_of_the_current_turn_are_never_evicted() {
+        let limits = IdempotencyLimits {
+            ttl: Duration::from_secs(60),
+            max_entries: 2,
+            max_bytes: 1000,
+        };
+        let ledger = IdempotencyLedger::new();
+        let big = "y".repeat(200);
+        let mut entries: Vec<LedgerEntry> = (0..6)
+            .map(|i| entry(&format!("k{i}"), &big, now_ms() - 120_000))
+            .collect();
+        for e in &mut entries[3..] {
+            e.turn = 4;
+        }
+        ledger.restore(entries, &limits, 4);
+        let keys: Vec<String> = ledger.snapshot().into_iter().map(|e| e.key).collect();
+        assert_eq!(
+            keys,
+            ["k3", "k4", "k5"],
+            "earlier turns went (expired and over the bounds), the current turn stayed"
+        );
+    }
+
+    #[test]
+    fn a_result_too_large_to_keep_leaves_a_stub_that_still_replays() {
+        let limits = IdempotencyLimits {
+            ttl: Duration::from_secs(60),
+            max_entries: 100,
+            max_bytes: 4000,
+        };
+        let ledger = IdempotencyLedger::new();
+        ledger.restore([entry("k", &"z".repeat(5000), now_ms())], &limits, 0);
+        assert_eq!(ledger.len(), 1, "the stub is kept");
+        let stub = &ledger.snapshot()[0];
+        assert_eq!(stub.args, Value::Null);
+        assert_eq!(
+            stub.args_digest.as_deref(),
+            Some(digest_of(&json!({"amount": 1})).as_str())
+        );
+        let now = SystemTime::now();
+        assert!(matches!(
+            ledger.begin("k", "pay", &json!({"amount": 1}), &limits, now, 0),
+            Begin::Replay(e) if e.result.content.contains("already completed")
+        ));
+        assert!(matches!(
+            ledger.begin("k", "pay", &json!({"amount": 2}), &limits, now, 0),
+            Begin::Conflict
         ));
     }
 }

@@ -6,6 +6,7 @@
 #![doc = include_str!("../docs/policy.md")]
 #![deny(missing_docs)]
 
+pub mod answers;
 pub mod audit;
 pub mod budget;
 pub mod confirm;
@@ -25,8 +26,9 @@ mod tools;
 pub mod unknown_tool;
 pub mod validate;
 
+pub use answers::{PendingAnswers, RecordedAnswer};
 pub use audit::{AuditLayer, AuditRecord, AuditSink};
-pub use budget::{Budget, TurnBudgetState, TurnBudgets};
+pub use budget::{Budget, BudgetRecord, TurnBudgetState, TurnBudgets};
 pub use confirm::{
     ApprovalError, ApprovalId, ApprovalRecord, ApprovalStatus, Approvals, CONFIRMATION_TOKEN,
     ConfirmLayer, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL,
@@ -44,7 +46,7 @@ pub use metadata::{Category, Mode, ToolMetadata};
 pub use repeat::{LoopGuard, Repeat, RepeatCounts, RepeatRecord};
 pub use service::{BoxToolService, CallReport, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
-pub use state::{LedgerJournal, PolicySnapshot, PolicyState};
+pub use state::{LedgerJournal, PolicyCounters, PolicySnapshot, PolicyState};
 pub use timeout::TimeoutLayer;
 pub use tools::{
     Executed, PolicyConfig, RegistryBinding, RegistryError, RegistrySession, ToolRegistry,

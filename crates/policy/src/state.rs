@@ -1,18 +1,24 @@
 //! [`PolicyState`]: what one conversation keeps between tool calls — its
-//! confirmation requests, its idempotency ledger and its per-turn budget
-//! counters — and [`PolicySnapshot`], the part of it a snapshot keeps.
+//! identity, its user-turn count, its confirmation requests, its
+//! idempotency ledger and its per-turn budget and loop-guard counters — and
+//! [`PolicySnapshot`], the part of it a snapshot keeps.
 //!
 //! A registry is shared by many conversations; this state is not. A machine
 //! owns one (`Machine::policy_state`), hands it to every tool call, writes
 //! it into its snapshot and reads it back, so approvals and answered calls
 //! survive a restart.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 
-use crate::budget::TurnBudgets;
+use markov_core::ids::{InstanceId, ToolCallId};
+use sha2::{Digest, Sha256};
+
+use crate::answers::{PendingAnswers, RecordedAnswer};
+use crate::budget::{BudgetRecord, TurnBudgets};
 use crate::confirm::{ApprovalRecord, Approvals};
 use crate::idempotency::{IdempotencyLedger, IdempotencyLimits, LedgerEntry};
 use crate::repeat::{RepeatCounts, RepeatRecord};
@@ -24,43 +30,140 @@ pub trait LedgerJournal: Send + Sync {
     /// Writes `entry` durably. An error is logged; the result is still
     /// used (the side effect already happened).
     fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>>;
+
+    /// Whether a call may start now: `Err` with the reason when the
+    /// conversation's writer has lost the right to write it (a store's
+    /// lease taken by another worker), so that nothing more runs here. The
+    /// default allows every call.
+    fn check(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Writes the answers of the step in flight durably (all of them: the
+    /// last write replaces the earlier ones). Called before any tool of the
+    /// newest answer runs; an error keeps those tools from running.
+    fn write_answers<'a>(
+        &'a self,
+        answers: &'a [RecordedAnswer],
+    ) -> BoxFuture<'a, Result<(), String>>;
 }
 
 /// The policy state of one conversation.
-#[derive(Default)]
 pub struct PolicyState {
+    /// A random id, kept by snapshots: what makes the keys handed to tools
+    /// unique across conversations.
+    conversation: String,
+    /// User turns begun so far.
+    turn: AtomicU64,
     approvals: Approvals,
     ledger: IdempotencyLedger,
     budgets: TurnBudgets,
     repeats: RepeatCounts,
+    answers: PendingAnswers,
     journal: Mutex<Option<Arc<dyn LedgerJournal>>>,
 }
 
 impl std::fmt::Debug for PolicyState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PolicyState")
+            .field("conversation", &self.conversation)
+            .field("turn", &self.turn())
             .field("approvals", &self.approvals)
             .field("ledger", &self.ledger)
             .field("budgets", &self.budgets)
             .field("repeats", &self.repeats)
+            .field("answers", &self.answers)
             .field("journal", &self.journal().is_some())
             .finish()
     }
 }
 
+impl Default for PolicyState {
+    fn default() -> Self {
+        PolicyState {
+            conversation: uuid::Uuid::new_v4().simple().to_string(),
+            turn: AtomicU64::new(0),
+            approvals: Approvals::default(),
+            ledger: IdempotencyLedger::default(),
+            budgets: TurnBudgets::default(),
+            repeats: RepeatCounts::default(),
+            answers: PendingAnswers::default(),
+            journal: Mutex::new(None),
+        }
+    }
+}
+
 impl PolicyState {
-    /// Empty: no requests, no answers, fresh budgets.
+    /// Empty: a new conversation id, no requests, no answers, fresh budgets.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// A state holding what `snapshot` kept.
+    /// A state holding what `snapshot` kept (a snapshot without a
+    /// conversation id gets a new one).
     pub fn restored(snapshot: PolicySnapshot, limits: &IdempotencyLimits) -> Self {
-        let state = Self::new();
+        let mut state = Self::new();
+        if let Some(conversation) = snapshot.conversation {
+            state.conversation = conversation;
+        }
+        state.turn = AtomicU64::new(snapshot.turn);
         state.approvals.restore(snapshot.approvals);
-        state.ledger.restore(snapshot.ledger, limits);
+        state.ledger.restore(snapshot.ledger, limits, snapshot.turn);
         state.repeats.restore(snapshot.repeats);
+        state.budgets.restore(snapshot.budgets);
+        state.answers.restore(snapshot.answers);
         state
+    }
+
+    /// The model's answers of the step in flight whose tools may have
+    /// started.
+    pub fn answers(&self) -> &PendingAnswers {
+        &self.answers
+    }
+
+    /// Records `answer` before any of its tools runs: in memory, then
+    /// through the journal when one is set. `Err` (the journal failed)
+    /// means the tools must not run: nothing durable says they were asked
+    /// for.
+    pub async fn record_answer(&self, answer: RecordedAnswer) -> Result<(), String> {
+        self.answers.push(answer);
+        let Some(journal) = self.journal() else {
+            return Ok(());
+        };
+        let _writing = self.answers.writing.lock().await;
+        let answers = self.answers.snapshot();
+        journal.write_answers(&answers).await
+    }
+
+    /// The conversation's id.
+    pub fn conversation(&self) -> &str {
+        &self.conversation
+    }
+
+    /// The user turns begun so far (0 before the first).
+    pub fn turn(&self) -> u64 {
+        self.turn.load(Ordering::Acquire)
+    }
+
+    /// The key a call hands to the outside world (a payment provider's
+    /// idempotency header): the hex SHA-256 of the conversation, the user
+    /// turn, the instance and the call id. It is the same on every retry
+    /// and resume of that call, and different for any other call.
+    pub fn tool_key(&self, instance: Option<&InstanceId>, call_id: &ToolCallId) -> String {
+        let mut hasher = Sha256::new();
+        for part in [
+            "markov-tool-call",
+            &self.conversation,
+            &self.turn().to_string(),
+            instance.map_or("", InstanceId::as_str),
+            call_id.as_str(),
+        ] {
+            hasher.update(part.as_bytes());
+            // A separator no part can contain in this position, so two
+            // different lists of parts never hash alike.
+            hasher.update([0u8]);
+        }
+        crate::idempotency::hex(&hasher.finalize())
     }
 
     /// The confirmation requests: list them, approve or deny them.
@@ -96,26 +199,65 @@ impl PolicyState {
             .clone()
     }
 
-    /// Starts a user turn: every leaf's budget counters start over.
+    /// Starts a user turn: the turn count goes up, every leaf's budget and
+    /// loop-guard counters start over.
     pub fn begin_user_turn(&self) {
+        self.turn.fetch_add(1, Ordering::AcqRel);
         self.budgets.clear();
         self.repeats.clear();
     }
 
-    /// What a snapshot keeps: pending and approved requests, and the ledger.
+    /// The counters a store rewrites when they change: the conversation,
+    /// its turn, and the current turn's budget counters.
+    pub fn counters(&self) -> PolicyCounters {
+        PolicyCounters {
+            conversation: Some(self.conversation.clone()),
+            turn: self.turn(),
+            budgets: self.budgets.snapshot(),
+        }
+    }
+
+    /// What a snapshot keeps: the conversation and its turn, pending and
+    /// approved requests, the ledger and the current turn's counters.
     pub fn snapshot(&self) -> PolicySnapshot {
         PolicySnapshot {
+            conversation: Some(self.conversation.clone()),
+            turn: self.turn(),
             approvals: self.approvals.snapshot(),
             ledger: self.ledger.snapshot(),
             repeats: self.repeats.snapshot(),
+            budgets: self.budgets.snapshot(),
+            answers: self.answers.snapshot(),
         }
     }
+}
+
+/// The small, often rewritten part of a [`PolicySnapshot`]: the
+/// conversation's identity, its turn and the current turn's budgets.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PolicyCounters {
+    /// The conversation's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+    /// User turns begun so far.
+    #[serde(default)]
+    pub turn: u64,
+    /// The budget counters of the current user turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<BudgetRecord>,
 }
 
 /// The durable part of a [`PolicyState`].
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PolicySnapshot {
+    /// The conversation's id (new when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conversation: Option<String>,
+    /// User turns begun so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub turn: u64,
     /// Pending and approved confirmation requests.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub approvals: Vec<ApprovalRecord>,
@@ -125,11 +267,37 @@ pub struct PolicySnapshot {
     /// The loop guard's counts of the current user turn.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub repeats: Vec<RepeatRecord>,
+    /// The budget counters of the current user turn.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub budgets: Vec<BudgetRecord>,
+    /// The model's answers of a step in flight whose tools may have
+    /// started (replayed, not asked again, when the step is resumed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answers: Vec<RecordedAnswer>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl PolicySnapshot {
     /// Whether there is nothing to keep.
     pub fn is_empty(&self) -> bool {
-        self.approvals.is_empty() && self.ledger.is_empty() && self.repeats.is_empty()
+        self.conversation.is_none()
+            && self.turn == 0
+            && self.approvals.is_empty()
+            && self.ledger.is_empty()
+            && self.repeats.is_empty()
+            && self.budgets.is_empty()
+            && self.answers.is_empty()
+    }
+
+    /// The counters part.
+    pub fn counters(&self) -> PolicyCounters {
+        PolicyCounters {
+            conversation: self.conversation.clone(),
+            turn: self.turn,
+            budgets: self.budgets.clone(),
+        }
     }
 }

@@ -17,7 +17,7 @@ use crate::budget::{Budget, BudgetGate, TurnBudgetState};
 use crate::confirm::{CONFIRMATION_TOKEN, DEFAULT_CONFIRMATION_TTL};
 use crate::error::ToolErrorKind;
 use crate::execute::{EnvelopeMode, ExecuteService};
-use crate::idempotency::IdempotencyLimits;
+use crate::idempotency::{IdempotencyLayer, IdempotencyLimits};
 use crate::metadata::{Mode, ToolMetadata};
 use crate::service::{CallReport, ToolOrigin, ToolRequest, ToolService};
 use crate::stack::PolicyStack;
@@ -253,8 +253,14 @@ pub fn plain_registry() -> &'static ToolRegistry {
             entries: Vec::new(),
             index: HashMap::new(),
             version: Arc::from("0.plain"),
+            // The ledger even here: a resumed step answers a completed call
+            // from it instead of running the tool again.
+            service: Arc::new(
+                PolicyStack::new()
+                    .layer(IdempotencyLayer::new(config.idempotency_limits()))
+                    .service(ExecuteService::plain()),
+            ),
             config,
-            service: Arc::new(ExecuteService::plain()),
             own_state: Arc::new(PolicyState::new()),
         }
     })

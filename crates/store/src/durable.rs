@@ -1,7 +1,8 @@
 //! [`DurableMachine`]: a machine whose every step is written to a [`Store`]
 //! before the next model call.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
@@ -11,7 +12,7 @@ use markov_executor::{
     deserialize_machine, run_command, run_leaves, serialize_instance_tree, serialize_machine,
 };
 use markov_runtime::charter::Charter;
-use markov_runtime::registry::{LedgerEntry, LedgerJournal};
+use markov_runtime::registry::{LedgerEntry, LedgerJournal, PolicyCounters, RecordedAnswer};
 use tracing::Instrument;
 
 use crate::{Lease, SessionId, StepRecord, Store, StoreError, WorkerId};
@@ -37,11 +38,33 @@ pub enum DurableError {
     Deserialize(#[from] DeserializeError),
 }
 
-/// Writes a session's answered calls ahead of their use.
+/// What a worker knows of its lease while a step runs: until when it holds
+/// it, and whether a renewal found it taken.
+#[derive(Debug, Default)]
+struct LeaseWatch {
+    /// When the lease expires (Unix milliseconds).
+    until: AtomicU64,
+    /// Why the lease is lost, once a renewal was refused.
+    lost: Mutex<Option<String>>,
+}
+
+impl LeaseWatch {
+    fn lost(&self) -> Option<String> {
+        self.lost.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_lost(&self, reason: String) {
+        *self.lost.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+    }
+}
+
+/// Writes a session's answered calls and model answers ahead of their use,
+/// and lets a call start only while the lease holds.
 struct StoreJournal<S: ?Sized> {
     store: Arc<S>,
     id: SessionId,
     holder: WorkerId,
+    lease: Arc<LeaseWatch>,
 }
 
 impl<S: Store + ?Sized> LedgerJournal for StoreJournal<S> {
@@ -52,6 +75,60 @@ impl<S: Store + ?Sized> LedgerJournal for StoreJournal<S> {
                 .await
                 .map_err(|e| e.to_string())
         })
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if let Some(reason) = self.lease.lost() {
+            return Err(reason);
+        }
+        if crate::now_ms() >= self.lease.until.load(Ordering::Acquire) {
+            return Err(format!(
+                "the lease of worker {} on session {} expired",
+                self.holder, self.id
+            ));
+        }
+        Ok(())
+    }
+
+    fn write_answers<'a>(
+        &'a self,
+        answers: &'a [RecordedAnswer],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            self.store
+                .journal_answers(&self.id, &self.holder, answers)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// Renews the lease every third of its time-to-live while a step's model
+/// call and tools run; returns (and marks the lease lost) once a renewal is
+/// refused.
+async fn heartbeat<S: Store + ?Sized>(
+    store: &S,
+    id: &SessionId,
+    holder: &WorkerId,
+    ttl: Duration,
+    watch: &LeaseWatch,
+) {
+    let period = (ttl / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(period).await;
+        match store.acquire(id, holder, ttl).await {
+            Ok(lease) => watch.until.store(lease.expires_at, Ordering::Release),
+            Err(StoreError::Backend(error)) => {
+                // The database may be back before the lease runs out; the
+                // calls check the expiry themselves meanwhile.
+                tracing::warn!(%error, "the lease could not be renewed; trying again");
+            }
+            Err(error) => {
+                tracing::error!(%error, "the lease is lost: no further tool call starts");
+                watch.set_lost(error.to_string());
+                return;
+            }
+        }
     }
 }
 
@@ -76,10 +153,12 @@ pub struct DurableMachine<S: Store + ?Sized> {
     approvals: u64,
     /// The loop guard's counts last written.
     repeats: Vec<markov_runtime::registry::RepeatRecord>,
+    /// The turn and budget counters last written.
+    counters: PolicyCounters,
     /// A run to continue.
     interrupted: Option<RunState>,
-    /// When the lease expires (Unix milliseconds).
-    lease_until: u64,
+    /// The lease, as renewals keep it.
+    lease: Arc<LeaseWatch>,
 }
 
 impl<S: Store + ?Sized> std::fmt::Debug for DurableMachine<S> {
@@ -167,17 +246,23 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             holder,
             expires_at,
         } = lease;
+        let lease = Arc::new(LeaseWatch {
+            until: AtomicU64::new(expires_at),
+            lost: Mutex::new(None),
+        });
         machine.policy_state().set_journal(Arc::new(StoreJournal {
             store: Arc::clone(&store),
             id: id.clone(),
             holder: holder.clone(),
+            lease: Arc::clone(&lease),
         }));
         DurableMachine {
-            lease_until: expires_at,
+            lease,
             written: machine.history().len(),
             tree: Arc::clone(machine.instance()),
             approvals: machine.approvals().revision(),
             repeats: machine.policy_state().repeats().snapshot(),
+            counters: machine.policy_state().counters(),
             store,
             id,
             holder,
@@ -210,7 +295,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             .store
             .acquire(&self.id, &self.holder, self.lease_ttl)
             .await?;
-        self.lease_until = lease.expires_at;
+        self.lease.until.store(lease.expires_at, Ordering::Release);
         Ok(lease)
     }
 
@@ -240,6 +325,10 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         let approvals = (revision != self.approvals).then(|| self.machine.approvals().snapshot());
         let repeats = self.machine.policy_state().repeats().snapshot();
         let repeats = (repeats != self.repeats).then_some(repeats);
+        let counters = self.machine.policy_state().counters();
+        let counters = (counters != self.counters).then_some(counters);
+        // The answers of a step not recorded yet; empty once it is.
+        let answers = self.machine.policy_state().answers().snapshot();
         self.store
             .append(
                 &self.id,
@@ -249,6 +338,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     tree: tree.as_ref(),
                     approvals: approvals.as_deref(),
                     repeats: repeats.as_deref(),
+                    counters: counters.as_ref(),
+                    answers: &answers,
                     run,
                 },
             )
@@ -258,6 +349,9 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         self.approvals = revision;
         if let Some(repeats) = repeats {
             self.repeats = repeats;
+        }
+        if let Some(counters) = counters {
+            self.counters = counters;
         }
         Ok(())
     }
@@ -292,13 +386,29 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         options: RunOptions,
         mut on_step: impl FnMut(&MachineStep),
     ) -> Result<MachineStep, DurableError> {
-        let mut state = match self.interrupted.take() {
-            Some(state) => {
-                tracing::info!("continuing an interrupted run");
-                state
+        if let Some(state) = self.interrupted.take() {
+            // New input waits until the interrupted run is finished: its
+            // answer comes first in the history, and the model then sees
+            // the new input after it, in order.
+            let held = self.machine.queue().drain_all();
+            tracing::info!(held = held.len(), "continuing an interrupted run");
+            let finished = self.drive(state, &mut on_step).await;
+            let has_input = !held.is_empty();
+            self.machine.queue().requeue_front(held);
+            let last = finished?;
+            if !has_input {
+                return Ok(last);
             }
-            None => RunState::new(options),
-        };
+        }
+        self.drive(RunState::new(options), &mut on_step).await
+    }
+
+    /// Drives one run to its end, writing every step.
+    async fn drive(
+        &mut self,
+        mut state: RunState,
+        on_step: &mut impl FnMut(&MachineStep),
+    ) -> Result<MachineStep, DurableError> {
         let mut last = None;
         loop {
             let action = match state.next(&mut self.machine) {
@@ -311,7 +421,9 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             match action {
                 Action::RunLeaves(tasks) => {
                     let half = crate::ms(self.lease_ttl) / 2;
-                    if crate::now_ms().saturating_add(half) >= self.lease_until {
+                    if crate::now_ms().saturating_add(half)
+                        >= self.lease.until.load(Ordering::Acquire)
+                    {
                         self.renew().await?;
                     }
                     // Durable before the model is called (what the last step
@@ -320,7 +432,15 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     if self.dirty() {
                         self.write(Some(&state)).await?;
                     }
-                    let results = run_leaves(&self.machine, &state, &tasks).await;
+                    let results = self.run_leaves_leased(&state, &tasks).await;
+                    if let Some(reason) = self.lease.lost() {
+                        tracing::error!(%reason, "this worker lost the session: it stops here");
+                        return Err(StoreError::LeaseLost {
+                            session: self.id.clone(),
+                            worker: self.holder.clone(),
+                        }
+                        .into());
+                    }
                     match state.on_leaf_results(&mut self.machine, &tasks, results) {
                         Ok(step) => {
                             let run = (!state.is_finished()).then_some(&state);
@@ -329,7 +449,14 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                             last = Some(step);
                         }
                         Err(e) => {
-                            self.write(None).await?;
+                            // An answer whose tools may have run keeps the run
+                            // in progress: the next run finishes it (replaying
+                            // the answer) before it takes new input.
+                            let unfinished = !self.machine.policy_state().answers().is_empty();
+                            self.write(unfinished.then_some(&state)).await?;
+                            if unfinished {
+                                self.interrupted = Some(state);
+                            }
                             return Err(e.into());
                         }
                     }
@@ -345,6 +472,30 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             }
         }
         last.ok_or(DurableError::Run(RunError::NoSteps))
+    }
+
+    /// Runs a step's leaves while a heartbeat keeps the lease: a long tool
+    /// must not let it lapse and another worker run the same calls.
+    async fn run_leaves_leased(
+        &self,
+        state: &RunState,
+        tasks: &[markov_executor::LeafTask],
+    ) -> Vec<Result<markov_executor::LeafOutcome, RunError>> {
+        let leaves = run_leaves(&self.machine, state, tasks);
+        let beat = heartbeat(
+            &*self.store,
+            &self.id,
+            &self.holder,
+            self.lease_ttl,
+            &self.lease,
+        );
+        futures::pin_mut!(leaves, beat);
+        match futures::future::select(leaves, beat).await {
+            futures::future::Either::Left((results, _)) => results,
+            // The lease is lost: the calls that have not started refuse to;
+            // the ones running finish.
+            futures::future::Either::Right(((), leaves)) => leaves.await,
+        }
     }
 
     /// Runs the command `name` (see `markov_executor::run_command`) and

@@ -49,12 +49,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use markov_core::Message;
 use markov_executor::{RunState, SerializedInstance, SerializedMachine};
-use markov_runtime::registry::{ApprovalRecord, LedgerEntry, RepeatRecord};
+use markov_runtime::registry::{
+    ApprovalRecord, LedgerEntry, PolicyCounters, RecordedAnswer, RepeatRecord,
+};
 use serde::{Deserialize, Serialize};
 
 mod durable;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod repair;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "postgres")]
@@ -63,6 +66,7 @@ pub mod testing;
 pub use durable::{DEFAULT_LEASE, DurableError, DurableMachine};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
+pub use repair::RepairReport;
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Durability, SqliteStore};
 
@@ -163,6 +167,11 @@ pub struct StepRecord<'a> {
     pub approvals: Option<&'a [ApprovalRecord]>,
     /// The loop guard's counts of the current user turn, if they changed.
     pub repeats: Option<&'a [RepeatRecord]>,
+    /// The conversation's turn and budget counters, if they changed.
+    pub counters: Option<&'a PolicyCounters>,
+    /// The model's answers whose tools may have started and whose step is
+    /// not recorded yet: empty once their step is (the common case).
+    pub answers: &'a [RecordedAnswer],
     /// The run in progress, or `None` when no run is in progress.
     pub run: Option<&'a RunState>,
 }
@@ -255,8 +264,27 @@ pub trait Store: Send + Sync + fmt::Debug {
         entry: &LedgerEntry,
     ) -> Result<(), StoreError>;
 
+    /// Writes the model's answers of the step in flight (replacing those
+    /// written before), at once: before any of their tools runs.
+    async fn journal_answers(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        answers: &[RecordedAnswer],
+    ) -> Result<(), StoreError>;
+
     /// Loads a session.
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError>;
+
+    /// Makes a session whose stored data does not read back
+    /// ([`StoreError::Corrupt`]) open again, and says what it changed: the
+    /// history is cut before its first unreadable message, back to the
+    /// last point where every tool call has its result; unreadable
+    /// approvals, counters, answers and ledger entries are dropped; the run
+    /// in progress is given up when the history was cut. A session that
+    /// reads back is left as it is. Fenced like every write: `holder` must
+    /// hold the lease ([`Store::acquire`] works on a corrupt session).
+    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError>;
 
     /// Lists the sessions, most recently written first.
     async fn list(&self) -> Result<Vec<SessionInfo>, StoreError>;
@@ -314,6 +342,36 @@ pub(crate) fn message_from_json(
     markov_core::message::read_message_json(text).map_err(|e| StoreError::Corrupt {
         session: session.clone(),
         detail: format!("a message: {e}"),
+    })
+}
+
+/// The policy part of a snapshot from its columns. A session written before
+/// conversations had ids gets its session id as one: stable across loads.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn policy_snapshot(
+    session: &SessionId,
+    approvals: &str,
+    repeats: &str,
+    counters: &str,
+    answers: Option<&str>,
+    ledger: Vec<LedgerEntry>,
+) -> Result<markov_runtime::registry::PolicySnapshot, StoreError> {
+    let counters: PolicyCounters = from_json(session, "the counters", counters)?;
+    Ok(markov_runtime::registry::PolicySnapshot {
+        conversation: Some(
+            counters
+                .conversation
+                .unwrap_or_else(|| session.as_str().to_owned()),
+        ),
+        turn: counters.turn,
+        approvals: from_json(session, "the approvals", approvals)?,
+        ledger,
+        repeats: from_json(session, "the loop guard's counts", repeats)?,
+        budgets: counters.budgets,
+        answers: answers
+            .map(|text| from_json(session, "the recorded answers", text))
+            .transpose()?
+            .unwrap_or_default(),
     })
 }
 

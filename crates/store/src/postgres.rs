@@ -26,12 +26,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Transaction};
 use markov_executor::{FORMAT_VERSION, SerializedMachine};
-use markov_runtime::registry::{LedgerEntry, PolicySnapshot};
+use markov_runtime::registry::{LedgerEntry, RecordedAnswer};
 use tokio_postgres::NoTls;
 
+use crate::repair::{self, RawSession, RepairReport};
 use crate::{
     Lease, SessionId, SessionInfo, StepRecord, Store, StoreError, StoredSession, WorkerId,
-    from_json, message_from_json, ms, now_ms, to_json,
+    from_json, message_from_json, ms, now_ms, policy_snapshot, to_json,
 };
 
 const SCHEMA: &str = "
@@ -41,6 +42,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     tree TEXT NOT NULL,
     approvals TEXT NOT NULL,
     repeats TEXT NOT NULL DEFAULT '[]',
+    counters TEXT NOT NULL DEFAULT '{}',
+    answers TEXT,
     run_state TEXT,
     steps BIGINT NOT NULL DEFAULT 0,
     messages BIGINT NOT NULL DEFAULT 0,
@@ -65,6 +68,8 @@ CREATE TABLE IF NOT EXISTS ledger (
 );
 CREATE INDEX IF NOT EXISTS sessions_interrupted ON sessions (updated_at)
     WHERE run_state IS NOT NULL;
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS counters TEXT NOT NULL DEFAULT '{}';
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS answers TEXT;
 ";
 
 // The statements every step uses, prepared once per connection through the
@@ -82,7 +87,9 @@ const UPDATE: &str = "UPDATE sessions SET
         run_state = $5,
         steps = steps + 1,
         messages = messages + $6,
-        updated_at = $7
+        updated_at = $7,
+        counters = COALESCE($8, counters),
+        answers = $9
      WHERE id = $1";
 const JOURNAL: &str = "INSERT INTO ledger (session_id, key, recorded_at, body) VALUES ($1, $2, $3, $4)
      ON CONFLICT (session_id, key) DO UPDATE SET recorded_at = EXCLUDED.recorded_at, body = EXCLUDED.body";
@@ -300,6 +307,10 @@ impl Store for PostgresStore {
         let tree = to_json(&snapshot.instance)?;
         let approvals = to_json(&snapshot.policy.approvals)?;
         let repeats = to_json(&snapshot.policy.repeats)?;
+        let counters = to_json(&snapshot.policy.counters())?;
+        let answers = (!snapshot.policy.answers.is_empty())
+            .then(|| to_json(&snapshot.policy.answers))
+            .transpose()?;
         let messages: Vec<String> = snapshot
             .history
             .iter()
@@ -311,8 +322,8 @@ impl Store for PostgresStore {
         let tx = client.transaction().await.map_err(backend)?;
         let inserted = tx
             .execute(
-                "INSERT INTO sessions (id, charter, tree, approvals, repeats, messages, created_at, updated_at, lease_holder, lease_expires)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO sessions (id, charter, tree, approvals, repeats, messages, created_at, updated_at, lease_holder, lease_expires, counters, answers)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
                 &[
                     &id.as_str(),
                     &charter,
@@ -323,6 +334,8 @@ impl Store for PostgresStore {
                     &to_i64(now),
                     &holder.as_str(),
                     &to_i64(expires),
+                    &counters,
+                    &answers,
                 ],
             )
             .await
@@ -372,6 +385,10 @@ impl Store for PostgresStore {
         let tree = step.tree.map(to_json).transpose()?;
         let approvals = step.approvals.map(to_json).transpose()?;
         let repeats = step.repeats.map(to_json).transpose()?;
+        let counters = step.counters.map(to_json).transpose()?;
+        let answers = (!step.answers.is_empty())
+            .then(|| to_json(step.answers))
+            .transpose()?;
         let run = step.run.map(to_json).transpose()?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
@@ -393,6 +410,8 @@ impl Store for PostgresStore {
                 &run,
                 &to_i64(messages.len() as u64),
                 &to_i64(now_ms()),
+                &counters,
+                &answers,
             ],
         )
         .await
@@ -420,6 +439,115 @@ impl Store for PostgresStore {
         tx.commit().await.map_err(backend)
     }
 
+    async fn journal_answers(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        answers: &[RecordedAnswer],
+    ) -> Result<(), StoreError> {
+        let body = (!answers.is_empty())
+            .then(|| to_json(answers))
+            .transpose()?;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(backend)?;
+        self.locked(&tx, id, holder).await?;
+        tx.execute(
+            "UPDATE sessions SET answers = $2 WHERE id = $1",
+            &[&id.as_str(), &body],
+        )
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(backend)?;
+        self.locked(&tx, id, holder).await?;
+        let row = tx
+            .query_one(
+                "SELECT tree, approvals, repeats, counters, answers, run_state FROM sessions WHERE id = $1",
+                &[&id.as_str()],
+            )
+            .await
+            .map_err(backend)?;
+        let messages: Vec<String> = tx
+            .query(
+                "SELECT body FROM messages WHERE session_id = $1 ORDER BY seq",
+                &[&id.as_str()],
+            )
+            .await
+            .map_err(backend)?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let ledger: Vec<(String, String)> = tx
+            .query(
+                "SELECT key, body FROM ledger WHERE session_id = $1 ORDER BY seq",
+                &[&id.as_str()],
+            )
+            .await
+            .map_err(backend)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let raw = RawSession {
+            tree: row.get(0),
+            approvals: row.get(1),
+            repeats: row.get(2),
+            counters: row.get(3),
+            answers: row.get(4),
+            run: row.get(5),
+            messages,
+            ledger,
+        };
+        let plan = repair::plan(id, &raw)?;
+        if plan.report.is_clean() {
+            return Ok(plan.report);
+        }
+        let keep = to_i64(plan.keep_messages as u64);
+        tx.execute(
+            "DELETE FROM messages WHERE session_id = $1 AND seq >= $2",
+            &[&id.as_str(), &keep],
+        )
+        .await
+        .map_err(backend)?;
+        for key in &plan.drop_ledger {
+            tx.execute(
+                "DELETE FROM ledger WHERE session_id = $1 AND key = $2",
+                &[&id.as_str(), key],
+            )
+            .await
+            .map_err(backend)?;
+        }
+        tx.execute(
+            "UPDATE sessions SET
+                messages = $2,
+                approvals = CASE WHEN $3 THEN '[]' ELSE approvals END,
+                repeats = CASE WHEN $4 THEN '[]' ELSE repeats END,
+                counters = CASE WHEN $5 THEN '{}' ELSE counters END,
+                answers = CASE WHEN $6 THEN NULL ELSE answers END,
+                run_state = CASE WHEN $7 THEN NULL ELSE run_state END,
+                updated_at = $8
+             WHERE id = $1",
+            &[
+                &id.as_str(),
+                &keep,
+                &plan.reset_approvals,
+                &plan.reset_repeats,
+                &plan.reset_counters,
+                &plan.clear_answers,
+                &plan.clear_run,
+                &to_i64(now_ms()),
+            ],
+        )
+        .await
+        .map_err(backend)?;
+        tx.commit().await.map_err(backend)?;
+        tracing::warn!(report = %plan.report, "a corrupt session was repaired");
+        Ok(plan.report)
+    }
+
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
         let mut client = self.client().await?;
         // One snapshot of the database for the three reads.
@@ -432,7 +560,7 @@ impl Store for PostgresStore {
             .map_err(backend)?;
         let row = tx
             .query_opt(
-                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats
+                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers
                  FROM sessions WHERE id = $1",
                 &[&id.as_str()],
             )
@@ -443,6 +571,8 @@ impl Store for PostgresStore {
         let tree: String = row.get(7);
         let approvals: String = row.get(8);
         let repeats: String = row.get(9);
+        let counters: String = row.get(10);
+        let answers: Option<String> = row.get(11);
         let run: Option<String> = row.get(4);
         let history = tx
             .query(
@@ -471,11 +601,14 @@ impl Store for PostgresStore {
                 format_version: FORMAT_VERSION,
                 instance: from_json(id, "the tree", &tree)?,
                 history,
-                policy: PolicySnapshot {
-                    approvals: from_json(id, "the approvals", &approvals)?,
+                policy: policy_snapshot(
+                    id,
+                    &approvals,
+                    &repeats,
+                    &counters,
+                    answers.as_deref(),
                     ledger,
-                    repeats: from_json(id, "the loop guard's counts", &repeats)?,
-                },
+                )?,
             },
             run: run
                 .map(|text| from_json(id, "the run state", &text))

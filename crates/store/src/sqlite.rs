@@ -15,24 +15,34 @@ use std::time::Duration;
 use async_trait::async_trait;
 use markov_core::Message;
 use markov_executor::{FORMAT_VERSION, SerializedMachine};
-use markov_runtime::registry::{LedgerEntry, PolicySnapshot};
+use markov_runtime::registry::{LedgerEntry, RecordedAnswer};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use crate::repair::{self, RawSession, RepairReport};
 use crate::{
     Lease, SessionId, SessionInfo, StepRecord, Store, StoreError, StoredSession, WorkerId,
-    from_json, message_from_json, ms, now_ms, to_json,
+    from_json, message_from_json, ms, now_ms, policy_snapshot, to_json,
 };
 
 /// How hard a commit waits for the disk.
+///
+/// The writes that come before a side effect — the model's answer before
+/// its tools run, a tool's ledger entry before its result is used — are
+/// what keeps a resumed session from repeating a payment, so by default
+/// every commit is synced ([`Durability::PowerLoss`]). Choosing
+/// [`Durability::ProcessCrash`] trades that for speed: the last commits
+/// before an OS crash or a power cut can vanish, and with them the record
+/// that a tool ran.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Durability {
     /// `synchronous=NORMAL` in WAL mode: a commit survives the process
-    /// being killed, not the machine losing power. The default.
-    #[default]
+    /// being killed, not the machine losing power or crashing. An explicit
+    /// choice for speed.
     ProcessCrash,
-    /// `synchronous=FULL`: a commit survives a power loss, at the cost of
-    /// an fsync per step.
+    /// `synchronous=FULL` in WAL mode: a commit is synced to disk before it
+    /// returns, so it survives a power loss. The default.
+    #[default]
     PowerLoss,
 }
 
@@ -43,6 +53,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     tree TEXT NOT NULL,
     approvals TEXT NOT NULL,
     repeats TEXT NOT NULL DEFAULT '[]',
+    counters TEXT NOT NULL DEFAULT '{}',
+    answers TEXT,
     run_state TEXT,
     steps INTEGER NOT NULL DEFAULT 0,
     messages INTEGER NOT NULL DEFAULT 0,
@@ -87,7 +99,7 @@ fn backend(e: rusqlite::Error) -> StoreError {
 
 impl SqliteStore {
     /// Opens (or creates) the database file at `path`, in WAL mode, with
-    /// [`Durability::ProcessCrash`].
+    /// [`Durability::PowerLoss`] (every commit synced).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(path, Durability::default())
     }
@@ -117,6 +129,26 @@ impl SqliteStore {
 
     fn with_connection(conn: Connection, label: &str) -> Result<Self, StoreError> {
         conn.execute_batch(SCHEMA).map_err(backend)?;
+        // A database written by an earlier version lacks the newer columns.
+        for (column, definition) in [
+            ("counters", "TEXT NOT NULL DEFAULT '{}'"),
+            ("answers", "TEXT"),
+        ] {
+            let present: bool = conn
+                .query_row(
+                    "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",
+                    params![column],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(backend)?
+                > 0;
+            if !present {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE sessions ADD COLUMN {column} {definition}"
+                ))
+                .map_err(backend)?;
+            }
+        }
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             label: Arc::from(label),
@@ -184,6 +216,29 @@ fn info_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
     })
 }
 
+/// The JSON columns of a session row, as text.
+struct RawColumns {
+    tree: String,
+    approvals: String,
+    repeats: String,
+    counters: String,
+    answers: Option<String>,
+    run: Option<String>,
+}
+
+/// Reads the columns of `SELECT id, charter, steps, messages, run_state,
+/// created_at, updated_at, tree, approvals, repeats, counters, answers`.
+fn raw_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawColumns> {
+    Ok(RawColumns {
+        run: row.get(4)?,
+        tree: row.get(7)?,
+        approvals: row.get(8)?,
+        repeats: row.get(9)?,
+        counters: row.get(10)?,
+        answers: row.get(11)?,
+    })
+}
+
 fn lease(
     tx: &rusqlite::Transaction<'_>,
     id: &SessionId,
@@ -236,6 +291,10 @@ impl Store for SqliteStore {
         let tree = to_json(&snapshot.instance)?;
         let approvals = to_json(&snapshot.policy.approvals)?;
         let repeats = to_json(&snapshot.policy.repeats)?;
+        let counters = to_json(&snapshot.policy.counters())?;
+        let answers = (!snapshot.policy.answers.is_empty())
+            .then(|| to_json(&snapshot.policy.answers))
+            .transpose()?;
         let messages: Vec<String> = snapshot
             .history
             .iter()
@@ -256,8 +315,8 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             let inserted = tx
                 .execute(
-                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9)",
+                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats, counters, answers)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11)",
                     params![
                         id.as_str(),
                         charter,
@@ -267,7 +326,9 @@ impl Store for SqliteStore {
                         to_i64(now),
                         holder.as_str(),
                         to_i64(expires),
-                        repeats
+                        repeats,
+                        counters,
+                        answers
                     ],
                 )
                 .map_err(backend)?;
@@ -318,6 +379,10 @@ impl Store for SqliteStore {
         let tree = step.tree.map(to_json).transpose()?;
         let approvals = step.approvals.map(to_json).transpose()?;
         let repeats = step.repeats.map(to_json).transpose()?;
+        let counters = step.counters.map(to_json).transpose()?;
+        let answers = (!step.answers.is_empty())
+            .then(|| to_json(step.answers))
+            .transpose()?;
         let run = step.run.map(to_json).transpose()?;
         let (id, holder) = (id.clone(), holder.clone());
         self.with(move |conn| {
@@ -353,7 +418,9 @@ impl Store for SqliteStore {
                     steps = steps + 1,
                     messages = messages + ?5,
                     updated_at = ?6,
-                    repeats = COALESCE(?7, repeats)
+                    repeats = COALESCE(?7, repeats),
+                    counters = COALESCE(?8, counters),
+                    answers = ?9
                  WHERE id = ?1",
             )
             .map_err(backend)?
@@ -364,7 +431,9 @@ impl Store for SqliteStore {
                 run,
                 to_i64(messages.len() as u64),
                 to_i64(now),
-                repeats
+                repeats,
+                counters,
+                answers
             ])
             .map_err(backend)?;
             tx.commit().map_err(backend)
@@ -401,23 +470,47 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn journal_answers(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        answers: &[RecordedAnswer],
+    ) -> Result<(), StoreError> {
+        let body = (!answers.is_empty())
+            .then(|| to_json(answers))
+            .transpose()?;
+        let (id, holder) = (id.clone(), holder.clone());
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            check_lease(&tx, &id, &holder, now_ms())?;
+            tx.prepare_cached("UPDATE sessions SET answers = ?2 WHERE id = ?1")
+                .map_err(backend)?
+                .execute(params![id.as_str(), body])
+                .map_err(backend)?;
+            tx.commit().map_err(backend)
+        })
+        .await
+    }
+
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
         let id = id.clone();
         self.with(move |conn| {
             let tx = conn.transaction().map_err(backend)?;
-            type Row = (SessionInfo, String, String, Option<String>, String);
-            let row: Option<Row> = tx
+            let row: Option<(SessionInfo, RawColumns)> = tx
                 .query_row(
-                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers
                      FROM sessions WHERE id = ?1",
                     params![id.as_str()],
-                    |r| Ok((info_of(r)?, r.get(7)?, r.get(8)?, r.get(4)?, r.get(9)?)),
+                    |r| Ok((info_of(r)?, raw_columns(r)?)),
                 )
                 .optional()
                 .map_err(backend)?;
-            let Some((info, tree, approvals, run, repeats)) = row else {
+            let Some((info, columns)) = row else {
                 return Err(StoreError::NotFound(id));
             };
+            let RawColumns { tree, approvals, repeats, counters, answers, run } = columns;
             let mut history: Vec<Message> = Vec::with_capacity(usize::try_from(info.messages).unwrap_or(0));
             {
                 let mut rows = tx
@@ -448,11 +541,7 @@ impl Store for SqliteStore {
                 format_version: FORMAT_VERSION,
                 instance: from_json(&id, "the tree", &tree)?,
                 history,
-                policy: PolicySnapshot {
-                    approvals: from_json(&id, "the approvals", &approvals)?,
-                    ledger,
-                    repeats: from_json(&id, "the loop guard's counts", &repeats)?,
-                },
+                policy: policy_snapshot(&id, &approvals, &repeats, &counters, answers.as_deref(), ledger)?,
             };
             let run = run
                 .map(|text| from_json(&id, "the run state", &text))
@@ -462,6 +551,86 @@ impl Store for SqliteStore {
                 snapshot,
                 run,
             })
+        })
+        .await
+    }
+
+    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
+        let (id, holder) = (id.clone(), holder.clone());
+        self.with(move |conn| {
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            check_lease(&tx, &id, &holder, now_ms())?;
+            let columns = tx
+                .query_row(
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers
+                     FROM sessions WHERE id = ?1",
+                    params![id.as_str()],
+                    raw_columns,
+                )
+                .map_err(backend)?;
+            let messages: Vec<String> = {
+                let mut rows = tx
+                    .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq")
+                    .map_err(backend)?;
+                let bodies = rows
+                    .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
+                    .map_err(backend)?;
+                bodies.collect::<Result<_, _>>().map_err(backend)?
+            };
+            let ledger: Vec<(String, String)> = {
+                let mut rows = tx
+                    .prepare_cached("SELECT key, body FROM ledger WHERE session_id = ?1 ORDER BY rowid")
+                    .map_err(backend)?;
+                let entries = rows
+                    .query_map(params![id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+                    .map_err(backend)?;
+                entries.collect::<Result<_, _>>().map_err(backend)?
+            };
+            let RawColumns { tree, approvals, repeats, counters, answers, run } = columns;
+            let raw = RawSession { tree, approvals, repeats, counters, answers, run, messages, ledger };
+            let plan = repair::plan(&id, &raw)?;
+            if plan.report.is_clean() {
+                return Ok(plan.report);
+            }
+            tx.execute(
+                "DELETE FROM messages WHERE session_id = ?1 AND seq >= ?2",
+                params![id.as_str(), to_i64(plan.keep_messages as u64)],
+            )
+            .map_err(backend)?;
+            for key in &plan.drop_ledger {
+                tx.execute(
+                    "DELETE FROM ledger WHERE session_id = ?1 AND key = ?2",
+                    params![id.as_str(), key],
+                )
+                .map_err(backend)?;
+            }
+            tx.execute(
+                "UPDATE sessions SET
+                    messages = ?2,
+                    approvals = CASE WHEN ?3 THEN '[]' ELSE approvals END,
+                    repeats = CASE WHEN ?4 THEN '[]' ELSE repeats END,
+                    counters = CASE WHEN ?5 THEN '{}' ELSE counters END,
+                    answers = CASE WHEN ?6 THEN NULL ELSE answers END,
+                    run_state = CASE WHEN ?7 THEN NULL ELSE run_state END,
+                    updated_at = ?8
+                 WHERE id = ?1",
+                params![
+                    id.as_str(),
+                    to_i64(plan.keep_messages as u64),
+                    plan.reset_approvals,
+                    plan.reset_repeats,
+                    plan.reset_counters,
+                    plan.clear_answers,
+                    plan.clear_run,
+                    to_i64(now_ms())
+                ],
+            )
+            .map_err(backend)?;
+            tx.commit().map_err(backend)?;
+            tracing::warn!(report = %plan.report, "a corrupt session was repaired");
+            Ok(plan.report)
         })
         .await
     }
@@ -563,5 +732,33 @@ impl Store for SqliteStore {
             Ok(Some(lease))
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synchronous(store: &SqliteStore) -> i64 {
+        let conn = store.conn.lock().unwrap_or_else(|p| p.into_inner());
+        conn.pragma_query_value(None, "synchronous", |r| r.get(0))
+            .expect("the pragma reads")
+    }
+
+    #[test]
+    fn every_commit_is_synced_unless_speed_is_chosen() {
+        let dir =
+            std::env::temp_dir().join(format!("markov-sync-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let synced = SqliteStore::open(dir.join("default.db")).expect("opens");
+        assert_eq!(
+            synchronous(&synced),
+            2,
+            "FULL: a commit survives a power loss"
+        );
+        let fast =
+            SqliteStore::open_with(dir.join("fast.db"), Durability::ProcessCrash).expect("opens");
+        assert_eq!(synchronous(&fast), 1, "NORMAL, when asked for");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, Message};
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, ToolChoice, Usage,
@@ -77,6 +78,7 @@ pub struct ScriptedModel {
     served: Mutex<usize>,
     recording: Recording,
     requests: Mutex<Vec<RecordedRequest>>,
+    fresh_call_ids: bool,
 }
 
 impl ScriptedModel {
@@ -96,7 +98,27 @@ impl ScriptedModel {
             served: Mutex::new(0),
             recording: Recording::On,
             requests: Mutex::new(Vec::new()),
+            fresh_call_ids: false,
         }
+    }
+
+    /// Gives every tool call of every answer a new, random id (the
+    /// scripted id with a random suffix), as real providers do: asked the
+    /// same question twice — a resumed session calling the model again, or
+    /// another process — they never answer with the same call ids.
+    ///
+    /// ```
+    /// use markov_testkit::ScriptedModel;
+    /// use serde_json::json;
+    ///
+    /// // Answers `pay` with an id such as `call_1-5f0c…`, new on every run.
+    /// let model = ScriptedModel::builder().tool_call("pay", json!({})).build().fresh_call_ids();
+    /// # let _ = model;
+    /// ```
+    #[must_use]
+    pub fn fresh_call_ids(mut self) -> Self {
+        self.fresh_call_ids = true;
+        self
     }
 
     /// Sets whether requests are recorded.
@@ -120,6 +142,15 @@ impl ScriptedModel {
     pub fn remaining(&self) -> usize {
         lock(&self.script).len()
     }
+}
+
+/// 64 random bits as hex: `RandomState` is seeded from the OS per process
+/// and varies per instance, which is all an id suffix needs.
+fn random_suffix() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(0);
+    format!("{:016x}", hasher.finish())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -180,8 +211,16 @@ impl Model for ScriptedModel {
         };
         let next = lock(&self.script).pop_front();
         match next {
-            Some(Scripted::Response(response)) => {
+            Some(Scripted::Response(mut response)) => {
                 check_tool_choice(request.tool_choice, &response, index)?;
+                if self.fresh_call_ids {
+                    let suffix = random_suffix();
+                    for item in &mut response.content {
+                        if let Item::ToolUse { id, .. } = item {
+                            *id = ToolCallId::new(format!("{id}-{suffix}"));
+                        }
+                    }
+                }
                 Ok(response)
             }
             Some(Scripted::Error(error)) => Err(error),

@@ -8,6 +8,7 @@ mod commands;
 mod common;
 mod ephemeral;
 mod ergonomics;
+mod exactly_once;
 mod externalize;
 mod finish_restriction;
 mod loop_guard;

@@ -309,8 +309,13 @@ async fn the_model_is_offered_the_registry_schema_and_cannot_approve_its_own_pay
 
 // --- idempotency --------------------------------------------------------------
 
+/// The ledger travels in the snapshot and is scoped to the user turn: a
+/// provider that reuses an id in a later turn makes a new call (the earlier
+/// turn's answer would be stale), and within one turn a reused id with
+/// other arguments is a conflict, never another call's answer. (Replaying
+/// an interrupted turn after a restore is `exactly_once`'s test.)
 #[tokio::test]
-async fn a_replayed_call_id_after_a_restore_does_not_pay_twice() {
+async fn a_call_id_reused_in_a_later_turn_after_a_restore_is_a_new_call() {
     let pays = Arc::new(AtomicUsize::new(0));
     let config = || PolicyConfig::new(Budget::UNLIMITED);
     // No confirmation here: the ledger is what is tested.
@@ -357,16 +362,12 @@ async fn a_replayed_call_id_after_a_restore_does_not_pay_twice() {
     assert!(err.is_none(), "{err:?}");
     assert_eq!(
         pays_after.load(Ordering::SeqCst),
-        0,
-        "the side effect did not run again"
+        1,
+        "the new turn's call ran: the snapshot's ledger belongs to the earlier turn"
     );
     let results = all_results(m.history());
     let n = results.len();
-    assert_eq!(
-        results[n - 2].1,
-        r#"{"ok":true,"data":"paid 7"}"#,
-        "the stored answer"
-    );
+    assert_eq!(results[n - 2].1, r#"{"ok":true,"data":"paid 7"}"#);
     assert_eq!(
         error_type(&results[n - 1].1).as_deref(),
         Some("IDEMPOTENCY_CONFLICT"),

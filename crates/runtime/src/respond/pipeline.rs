@@ -81,6 +81,10 @@ pub struct LeafView<'a> {
     /// The conversation's identical-call counts; `None` turns the loop
     /// guard off.
     pub repeats: Option<&'a RepeatCounts>,
+    /// The conversation whose ledger the plain path (no registry) keeps, so
+    /// that a resumed step answers a completed call from it; `None` keeps
+    /// the calls in a throwaway state of the process.
+    pub conversation: Option<&'a PolicyState>,
     /// The loop guard of the leaf's node (or the charter's).
     pub loop_guard: LoopGuard,
     /// Whether tool arguments and results go into the trace (opt-in: they
@@ -470,7 +474,7 @@ pub async fn run_tool_calls_logged(
                     // `'static` return would pin the leaf's lifetime.
                     let session = match leaf.policies {
                         Some(session) => session,
-                        None => plain_session(),
+                        None => plain_session(leaf),
                     };
                     let state = ScopedState::read_only(leaf.state.clone());
                     let cx = ToolContext::new(call.id, leaf.history, &state)
@@ -841,7 +845,7 @@ async fn call_tool(
 ) -> (ToolExecutionResult, Vec<Value>) {
     let session = match leaf.policies {
         Some(session) => session,
-        None => plain_session(),
+        None => plain_session(leaf),
     };
     let run = session.run_from(
         origin,
@@ -867,13 +871,16 @@ async fn call_tool(
 
 /// The tool path of a leaf without a registry: [`plain_registry`]'s
 /// execute-only stack, upstream's plain-text errors.
-fn plain_session() -> RegistrySession<'static> {
+fn plain_session<'a>(leaf: &LeafView<'a>) -> RegistrySession<'a> {
     static MODE: OnceLock<Mode> = OnceLock::new();
     static TURN: OnceLock<TurnBudgetState> = OnceLock::new();
     static STATE: OnceLock<PolicyState> = OnceLock::new();
     plain_registry().session_in(
         MODE.get_or_init(|| Mode::TEXT),
         TURN.get_or_init(TurnBudgetState::new),
-        STATE.get_or_init(PolicyState::new),
+        match leaf.conversation {
+            Some(state) => state,
+            None => STATE.get_or_init(PolicyState::new),
+        },
     )
 }

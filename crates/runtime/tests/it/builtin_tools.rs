@@ -211,6 +211,7 @@ async fn the_pipeline_skips_provider_tool_calls() {
         policies: None,
         deps: None,
         repeats: None,
+        conversation: None,
         loop_guard: Default::default(),
         capture_content: false,
     };

@@ -2,3 +2,4 @@
 
 mod browser;
 mod http;
+mod restart;

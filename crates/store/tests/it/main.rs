@@ -2,6 +2,11 @@
 //! dominate the test run): one module per area.
 
 mod common;
+#[cfg(feature = "sqlite")]
+mod exactly_once;
+#[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
 mod postgres_restart;
+#[cfg(feature = "sqlite")]
 mod sqlite;

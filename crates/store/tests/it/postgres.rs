@@ -134,6 +134,8 @@ async fn concurrent_claims_never_take_the_same_session() {
                     tree: None,
                     approvals: None,
                     repeats: None,
+                    counters: None,
+                    answers: &[],
                     run: Some(&run),
                 },
             )
@@ -176,15 +178,10 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     let dead = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let dir = Dir::new("pg-resume");
     // The first worker pays, journals, then hangs in the next tool; it is
-    // abandoned there, as a crashed process would be.
-    let model = Arc::new(
-        ScriptedModel::builder()
-            .response(calls(&[
-                ("pay-1", "pay", json!({"amount": 5})),
-                ("wait-1", "hang", json!({})),
-            ]))
-            .build(),
-    );
+    // abandoned there, as a crashed process would be. The model answers as
+    // real providers do: new call ids every time it is asked.
+    let steps = || vec![vec![("pay", json!({"amount": 5})), ("hang", json!({}))]];
+    let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
     let mut first = DurableMachine::create_with_lease(
         dead.clone(),
         SessionId::new("resume"),
@@ -202,21 +199,27 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     assert_eq!(lines(&dir.path("effects")), 1);
 
     let survivor = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
-    let lease = survivor
-        .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
-        .await
-        .expect("claims")
-        .expect("the interrupted session");
+    let mut claimed = None;
+    for _ in 0..100 {
+        claimed = survivor
+            .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
+            .await
+            .expect("claims");
+        if claimed.is_some() {
+            break;
+        }
+        // The dead worker's lease runs out.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lease = claimed.expect("the interrupted session");
     assert_eq!(lease.session, SessionId::new("resume"));
-    let model = Arc::new(
-        ScriptedModel::builder()
-            .response(calls(&[("pay-1", "pay", json!({"amount": 5}))]))
-            .text("Paid 5.")
-            .build(),
-    );
+    let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
     let (charter, _) = charter();
-    let executor: Arc<dyn Executor> =
-        Arc::new(executor(model, dir.path("effects"), dir.path("marker")));
+    let executor: Arc<dyn Executor> = Arc::new(executor(
+        model.clone(),
+        dir.path("effects"),
+        dir.path("marker"),
+    ));
     let mut session = DurableMachine::open(
         survivor.clone(),
         SessionId::new("resume"),
@@ -229,11 +232,13 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     assert!(session.is_interrupted());
     let last = session.run(RunOptions::default()).await.expect("continues");
     assert!(last.done);
+    assert_eq!(lines(&dir.path("effects")), 1, "paid once");
     assert_eq!(
-        lines(&dir.path("effects")),
+        lines(&calls_file(&dir.path("effects"))),
         1,
-        "the journaled payment was not repeated"
+        "the journaled payment was answered from the ledger"
     );
+    assert_eq!(model.served(), 1, "the model was asked only for the reply");
     // The first worker, back from the dead, is fenced out.
     assert!(matches!(
         dead.acquire(
@@ -244,4 +249,119 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
         .await,
         Err(StoreError::Leased { .. })
     ));
+}
+
+/// A payment whose side effect is followed by the database going down.
+struct PayThenStopTheDatabase {
+    pay: Pay,
+    server: Arc<TempPostgres>,
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl markov_core::tool::Tool for PayThenStopTheDatabase {
+    const NAME: &'static str = "pay";
+    type Args = PayArgs;
+    type Output = String;
+    type Error = std::io::Error;
+    fn description(&self) -> String {
+        "Pay an amount".into()
+    }
+    async fn call(
+        &self,
+        args: PayArgs,
+        cx: &markov_core::tool::ToolContext<'_>,
+    ) -> Result<String, std::io::Error> {
+        let paid = self.pay.call(args, cx).await?;
+        if !self.stopped.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.server
+                .stop(markov_store::testing::Shutdown::Fast)
+                .map_err(std::io::Error::other)?;
+        }
+        Ok(paid)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_session_pays_once() {
+    let Some(server) = server() else { return };
+    let server = Arc::new(server);
+    let url = server.new_database().expect("a database");
+    let store = Arc::new(
+        PostgresStore::connect_with(&url, 2, Duration::from_secs(2))
+            .await
+            .expect("connects"),
+    );
+    let dir = Dir::new("pg-stopped");
+    let effects = dir.path("effects");
+    let machine_parts = || {
+        let registry = markov_runtime::registry::ToolRegistry::builder(
+            markov_runtime::registry::PolicyConfig::new(
+                markov_runtime::registry::Budget::UNLIMITED,
+            ),
+        )
+        .register(
+            PayThenStopTheDatabase {
+                pay: Pay(effects.clone()),
+                server: Arc::clone(&server),
+                stopped: std::sync::atomic::AtomicBool::new(dir.path("stopped-once").exists()),
+            },
+            markov_runtime::registry::ToolMetadata::new(markov_runtime::registry::Category::Action),
+        )
+        .lock()
+        .expect("the registry locks");
+        let model = Arc::new(ProviderLike::new(
+            vec![vec![("pay", json!({"amount": 8}))]],
+            "Paid 8.",
+        ));
+        markov_executor::StandardExecutor::shared(model)
+            .with_registry(Arc::new(registry), markov_runtime::registry::Mode::TEXT)
+    };
+    let (charter, node) = charter();
+    let machine = markov_executor::Machine::new(
+        charter.clone(),
+        machine_parts(),
+        markov_executor::Instance::new(node, json!({"notes": 0})),
+    )
+    .expect("machine");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        SessionId::new("stopped"),
+        WorkerId::new("w"),
+        machine,
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("pay 8");
+    let failed = session.run(RunOptions::default()).await;
+    assert!(
+        matches!(
+            &failed,
+            Err(markov_store::DurableError::Store(StoreError::Backend(_)))
+        ),
+        "the step could not be written: {failed:?}"
+    );
+    assert_eq!(lines(&effects), 1, "paid before the database stopped");
+    drop(session);
+    std::fs::write(dir.path("stopped-once"), "").expect("a flag");
+
+    // The database comes back; the same store reconnects, and the session
+    // is opened again as a restarted worker would.
+    server.resume().expect("the server starts again");
+    let mut session = DurableMachine::open(
+        store.clone(),
+        SessionId::new("stopped"),
+        WorkerId::new("w"),
+        charter,
+        Arc::new(machine_parts()),
+    )
+    .await
+    .expect("opens");
+    let last = session.run(RunOptions::default()).await.expect("continues");
+    assert!(last.done);
+    assert_eq!(lines(&effects), 1, "paid once");
+    assert_eq!(
+        lines(&calls_file(&effects)),
+        2,
+        "the unrecorded call ran again, with the same idempotency key"
+    );
 }

@@ -21,6 +21,8 @@ fn step(messages: &[Message]) -> StepRecord<'_> {
         tree: None,
         approvals: None,
         repeats: None,
+        counters: None,
+        answers: &[],
         run: None,
     }
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use markov_core::Item;
-use markov_core::model::{ModelResponse, StopReason, Usage};
+use markov_core::model::{Model, ModelResponse, StopReason, Usage};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, StandardExecutor};
 use markov_runtime::charter::Charter;
@@ -25,8 +25,12 @@ pub struct PayArgs {
     pub amount: u32,
 }
 
-/// Pays: appends one line per execution to a file (a side effect another
-/// process can count).
+/// Pays, as a payment provider would: the payment is one line in a file
+/// (a side effect another process can count), deduplicated by the call's
+/// idempotency key like a provider's idempotency header. Every execution of
+/// the tool, deduplicated or not, is a line of `<file>.calls`. With
+/// `MARKOV_HANG_AFTER_PAY` set, it hangs right after paying (before its
+/// result is recorded): the moment to kill the process.
 pub struct Pay(pub PathBuf);
 
 impl Tool for Pay {
@@ -37,21 +41,124 @@ impl Tool for Pay {
     fn description(&self) -> String {
         "Pay an amount".into()
     }
-    async fn call(&self, args: PayArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.0)?;
-        writeln!(file, "paid {}", args.amount)?;
-        file.sync_all()?;
+    async fn call(&self, args: PayArgs, cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        let key = cx.idempotency_key().unwrap_or("no key").to_owned();
+        append(&calls_file(&self.0), &format!("call {key}"))?;
+        let paid = std::fs::read_to_string(&self.0).unwrap_or_default();
+        if !paid.lines().any(|line| line.ends_with(&key)) {
+            append(&self.0, &format!("paid {} {key}", args.amount))?;
+        }
+        if std::env::var_os("MARKOV_HANG_AFTER_PAY").is_some() {
+            let _ = std::fs::write(self.0.with_file_name("marker"), "paid, hanging");
+            std::future::pending::<()>().await;
+        }
         Ok(format!("paid {}", args.amount))
+    }
+}
+
+/// Where [`Pay`] counts its executions.
+pub fn calls_file(effects: &std::path::Path) -> PathBuf {
+    effects.with_extension("calls")
+}
+
+fn append(path: &std::path::Path, line: &str) -> std::io::Result<()> {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    writeln!(file, "{line}")?;
+    file.sync_all()
+}
+
+/// Answers as a real provider does: the same conversation gets the same
+/// tool calls, with new ids every time it is asked (Anthropic and OpenAI
+/// never repeat an id). `steps[n]` is what it calls after `n` of its own
+/// answers since the last user text; once they are used up it replies with
+/// text: `reply` after a request that mentions paying, `You said: <text>`
+/// otherwise.
+#[derive(Debug)]
+pub struct ProviderLike {
+    steps: Vec<Vec<(&'static str, Value)>>,
+    reply: String,
+    served: std::sync::atomic::AtomicUsize,
+}
+
+impl ProviderLike {
+    pub fn new(steps: Vec<Vec<(&'static str, Value)>>, reply: &str) -> Self {
+        ProviderLike {
+            steps,
+            reply: reply.to_owned(),
+            served: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// How many times it was asked.
+    pub fn served(&self) -> usize {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Whether `m` is a user's text (not tool results).
+pub fn is_user_text(m: &markov_core::Message) -> bool {
+    m.role == markov_core::message::Role::User
+        && !m
+            .item_list()
+            .iter()
+            .any(|i| matches!(i, Item::ToolResult { .. }))
+}
+
+#[async_trait::async_trait]
+impl Model for ProviderLike {
+    async fn complete(
+        &self,
+        request: markov_core::model::ModelRequest<'_>,
+    ) -> Result<ModelResponse, markov_core::model::ModelError> {
+        self.served
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let last_user = request.messages.iter().rposition(is_user_text);
+        let question = last_user
+            .map(|at| request.messages[at].text())
+            .unwrap_or_default();
+        let answered = last_user.map_or(0, |at| {
+            request.messages[at..]
+                .iter()
+                .filter(|m| m.role == markov_core::message::Role::Assistant)
+                .count()
+        });
+        let calls = match self.steps.get(answered) {
+            Some(calls) if question.contains("pay") => calls,
+            _ => {
+                let reply = if question.contains("pay") {
+                    self.reply.clone()
+                } else {
+                    format!("You said: {question}")
+                };
+                return Ok(markov_testkit::text_response(reply));
+            }
+        };
+        Ok(ModelResponse {
+            content: calls
+                .iter()
+                .map(|(name, input)| {
+                    Item::tool_use(
+                        format!("toolu_{}", uuid::Uuid::new_v4().simple()),
+                        *name,
+                        input.clone(),
+                    )
+                })
+                .collect(),
+            stop_reason: StopReason::ToolUse,
+            usage: Usage::default(),
+        })
     }
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct NoArgs {}
 
-/// Writes a marker file, then never finishes: the moment to kill a process.
+/// The first time, writes a marker file and never finishes (the moment to
+/// kill a process, or to abandon a worker); once the marker exists it
+/// answers at once, as it does for the worker that resumes the session.
 pub struct Hang(pub PathBuf);
 
 impl Tool for Hang {
@@ -63,9 +170,11 @@ impl Tool for Hang {
         "Wait".into()
     }
     async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        let _ = std::fs::write(&self.0, "hanging");
-        std::future::pending::<()>().await;
-        Ok(String::new())
+        if !self.0.exists() {
+            let _ = std::fs::write(&self.0, "hanging");
+            std::future::pending::<()>().await;
+        }
+        Ok("waited".into())
     }
 }
 
@@ -131,8 +240,18 @@ pub fn charter() -> (Charter, Node) {
     (charter, node)
 }
 
-pub fn executor(model: Arc<ScriptedModel>, effects: PathBuf, marker: PathBuf) -> StandardExecutor {
-    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+pub fn executor(model: Arc<dyn Model>, effects: PathBuf, marker: PathBuf) -> StandardExecutor {
+    executor_with_budget(model, effects, marker, Budget::UNLIMITED)
+}
+
+/// [`executor`] with a per-turn call budget.
+pub fn executor_with_budget(
+    model: Arc<dyn Model>,
+    effects: PathBuf,
+    marker: PathBuf,
+    budget: Budget,
+) -> StandardExecutor {
+    let registry = ToolRegistry::builder(PolicyConfig::new(budget))
         .register(Pay(effects), ToolMetadata::new(Category::Action))
         .register(Hang(marker), ToolMetadata::new(Category::Other))
         .register(Note, ToolMetadata::new(Category::Other))
@@ -141,7 +260,7 @@ pub fn executor(model: Arc<ScriptedModel>, effects: PathBuf, marker: PathBuf) ->
     StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT)
 }
 
-pub fn machine(model: Arc<ScriptedModel>, dir: &Dir) -> Machine {
+pub fn machine(model: Arc<dyn Model>, dir: &Dir) -> Machine {
     let (charter, node) = charter();
     Machine::new(
         charter,
@@ -194,6 +313,8 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
         tree: None,
         approvals: None,
         repeats: None,
+        counters: None,
+        answers: &[],
         run: None,
     };
     assert!(matches!(

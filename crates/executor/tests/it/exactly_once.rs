@@ -1,0 +1,204 @@
+//! The snapshot path of exactly-once: an application that keeps its own
+//! snapshots (a journal of answers and answered calls, the run state) and
+//! resumes a step interrupted while its tools ran answers the recorded
+//! calls — never asks the model for new ones — and runs no completed call
+//! again.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::common::*;
+use futures::future::BoxFuture;
+use markov_core::Item;
+use markov_core::tool::{Tool, ToolContext};
+use markov_executor::{
+    Action, Instance, Machine, MachineOptions, RunOptions, RunState, StandardExecutor,
+    deserialize_machine, run_leaves, serialize_machine,
+};
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_runtime::registry::{LedgerEntry, LedgerJournal, RecordedAnswer};
+use markov_testkit::ScriptedModel;
+use serde_json::json;
+
+/// What an application's journal kept.
+#[derive(Default)]
+struct Kept {
+    answers: Mutex<Vec<RecordedAnswer>>,
+    ledger: Mutex<Vec<LedgerEntry>>,
+}
+
+struct Journal(Arc<Kept>);
+
+impl LedgerJournal for Journal {
+    fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>> {
+        self.0.ledger.lock().expect("lock").push(entry.clone());
+        Box::pin(async { Ok(()) })
+    }
+
+    fn write_answers<'a>(
+        &'a self,
+        answers: &'a [RecordedAnswer],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        *self.0.answers.lock().expect("lock") = answers.to_vec();
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Counts its executions.
+struct Charge(Arc<AtomicUsize>);
+
+impl Tool for Charge {
+    const NAME: &'static str = "charge";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Charge the card".into()
+    }
+    async fn call(&self, _: NoArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok(format!(
+            "charged with key {}",
+            cx.idempotency_key().unwrap_or("none")
+        ))
+    }
+}
+
+/// Hangs the first time (the moment the process dies), answers after.
+struct HangOnce(Arc<AtomicBool>);
+
+impl Tool for HangOnce {
+    const NAME: &'static str = "wait";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Wait".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        if !self.0.swap(true, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        Ok("waited".into())
+    }
+}
+
+fn parts(charges: &Arc<AtomicUsize>, hung: &Arc<AtomicBool>) -> (Charter, Node) {
+    let node = Node::builder("Charge cards.")
+        .tool(Charge(Arc::clone(charges)))
+        .tool(HangOnce(Arc::clone(hung)))
+        .build()
+        .expect("node");
+    (Charter::builder("cards").build().expect("charter"), node)
+}
+
+#[tokio::test]
+async fn a_restored_snapshot_answers_the_recorded_calls_and_runs_no_completed_one_again() {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let hung = Arc::new(AtomicBool::new(false));
+    let (charter, node) = parts(&charges, &hung);
+    let first_model = ScriptedModel::builder()
+        .tool_calls([("charge", json!({})), ("wait", json!({}))])
+        .build()
+        .fresh_call_ids();
+    let mut machine = Machine::new(
+        charter.clone(),
+        StandardExecutor::new(first_model),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine");
+    let kept = Arc::new(Kept::default());
+    machine
+        .policy_state()
+        .set_journal(Arc::new(Journal(Arc::clone(&kept))));
+    machine.enqueue_user("charge it");
+
+    // What the application saved before the step: the snapshot, the run.
+    let mut state = RunState::new(RunOptions::default());
+    let Action::RunLeaves(tasks) = state.next(&mut machine).expect("a step") else {
+        panic!("the step runs a leaf");
+    };
+    let mut saved = serialize_machine(&machine).expect("serializes");
+    let saved_run = state.clone();
+    // The step charges, then hangs; the process dies there.
+    let interrupted = tokio::time::timeout(
+        Duration::from_millis(300),
+        run_leaves(&machine, &state, &tasks),
+    )
+    .await;
+    assert!(interrupted.is_err(), "the step never finished");
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
+    drop(machine);
+
+    // A fresh process restores the snapshot with what the journal kept.
+    saved.policy.answers = kept.answers.lock().expect("lock").clone();
+    saved.policy.ledger = kept.ledger.lock().expect("lock").clone();
+    assert_eq!(
+        saved.policy.answers.len(),
+        1,
+        "the answer was journaled before its tools ran"
+    );
+    let recorded: Vec<String> = saved.policy.answers[0]
+        .response
+        .tool_calls()
+        .map(|(id, _, _)| id.to_string())
+        .collect();
+    let second_model = Arc::new(
+        ScriptedModel::builder()
+            .text("Charged.")
+            .build()
+            .fresh_call_ids(),
+    );
+    let mut restored = deserialize_machine(
+        charter,
+        Arc::new(StandardExecutor::shared(second_model.clone())),
+        saved,
+        MachineOptions::default(),
+    )
+    .expect("restores");
+    let mut state = saved_run;
+    loop {
+        match state.next(&mut restored).expect("steps") {
+            Action::RunLeaves(tasks) => {
+                let results = run_leaves(&restored, &state, &tasks).await;
+                state
+                    .on_leaf_results(&mut restored, &tasks, results)
+                    .expect("recorded");
+            }
+            Action::Yield(_) => {}
+            _ => break,
+        }
+    }
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        1,
+        "the completed charge did not run again"
+    );
+    assert_eq!(
+        second_model.calls(),
+        1,
+        "the model was asked only after the tools"
+    );
+    let history = restored.history();
+    let ids: Vec<String> = history
+        .iter()
+        .flat_map(|m| m.item_list())
+        .filter_map(|i| match i {
+            Item::ToolUse { id, .. } => Some(id.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, recorded, "the recorded calls, with their ids");
+    assert_paired(history);
+    assert_eq!(
+        history.last().map(|m| m.text()).as_deref(),
+        Some("Charged.")
+    );
+    assert!(
+        restored.policy_state().answers().is_empty(),
+        "the answer is forgotten once its step is recorded"
+    );
+}

@@ -1,0 +1,315 @@
+//! A server killed (SIGKILL) while a turn's tools ran, and started again on
+//! the same database: the next message first finishes the interrupted turn
+//! — replaying the model's recorded answer, running no completed call again
+//! — and only then answers the new message, in order.
+
+use std::convert::Infallible;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use markov_core::tool::{Tool, ToolContext};
+use markov_executor::StandardExecutor;
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_runtime::registry::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
+use markov_server::{Agent, router};
+use markov_store::{SqliteStore, WorkerId};
+use markov_testkit::ScriptedModel;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+#[derive(Deserialize, JsonSchema)]
+struct PayArgs {
+    amount: u32,
+}
+
+/// Pays: one line per execution in a file another process can count.
+struct Pay(PathBuf);
+
+impl Tool for Pay {
+    const NAME: &'static str = "pay";
+    type Args = PayArgs;
+    type Output = String;
+    type Error = std::io::Error;
+    fn description(&self) -> String {
+        "Pay an amount".into()
+    }
+    async fn call(&self, args: PayArgs, _cx: &ToolContext<'_>) -> Result<String, std::io::Error> {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.0)?;
+        writeln!(file, "paid {}", args.amount)?;
+        file.sync_all()?;
+        Ok(format!("paid {}", args.amount))
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct NoArgs {}
+
+/// In the child (`MARKOV_SERVER_DIR` set) writes a marker and never
+/// returns: the moment to kill the server. Elsewhere it answers at once.
+struct Hang(PathBuf);
+
+impl Tool for Hang {
+    const NAME: &'static str = "hang";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Wait".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        if std::env::var_os("MARKOV_SERVER_DIR").is_some() {
+            let _ = std::fs::write(&self.0, "hanging");
+            std::future::pending::<()>().await;
+        }
+        Ok("waited".into())
+    }
+}
+
+fn agent(dir: &Path, model: ScriptedModel) -> Agent {
+    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+        .register(
+            Pay(dir.join("effects")),
+            ToolMetadata::new(Category::Action),
+        )
+        .register(Hang(dir.join("marker")), ToolMetadata::new(Category::Other))
+        .lock()
+        .expect("the registry locks");
+    let node = Node::builder("You pay bills.")
+        .name("main")
+        .build()
+        .expect("node");
+    let charter = Charter::builder("payments")
+        .node("main", node.clone())
+        .build()
+        .expect("charter");
+    Agent {
+        charter,
+        start: node,
+        state: json!({}),
+        executor: Arc::new(
+            StandardExecutor::new(model).with_registry(Arc::new(registry), Mode::TEXT),
+        ),
+    }
+}
+
+/// Serves `agent` on a loopback port over the SQLite file in `dir`.
+async fn serve(dir: &Path, agent: Agent) -> String {
+    let store = Arc::new(SqliteStore::open(dir.join("sessions.db")).expect("the database"));
+    // The same worker name across restarts: a restarted server takes its own
+    // sessions back at once.
+    let app = router(agent, store, WorkerId::new("server"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    base
+}
+
+/// The server process the test kills: not a test on its own (ignored).
+#[test]
+#[ignore = "run as a child process by the restart test"]
+fn server_child() {
+    let Some(dir) = std::env::var_os("MARKOV_SERVER_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let model = ScriptedModel::builder()
+            .tool_calls([("pay", json!({"amount": 5})), ("hang", json!({}))])
+            .build()
+            .fresh_call_ids();
+        let base = serve(&dir, agent(&dir, model)).await;
+        std::fs::write(dir.join("base"), &base).expect("the address is written");
+        std::future::pending::<()>().await;
+    });
+}
+
+fn lines(path: &Path) -> usize {
+    std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
+}
+
+async fn wait_for(path: &Path, child: &mut std::process::Child) {
+    let mut waited = Duration::ZERO;
+    while !path.exists() {
+        assert!(
+            waited < Duration::from_secs(120),
+            "{} never appeared",
+            path.display()
+        );
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the server exited early: {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
+    let dir = std::env::temp_dir().join(format!(
+        "markov-server-restart-{}-{}",
+        std::process::id(),
+        uuid_like()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "restart::server_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("MARKOV_SERVER_DIR", &dir)
+        .spawn()
+        .expect("the server starts");
+    wait_for(&dir.join("base"), &mut child).await;
+    let base = std::fs::read_to_string(dir.join("base")).expect("the address");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let created: Value = client
+        .post(format!("{base}/sessions"))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    let id = created["id"].as_str().expect("an id").to_owned();
+    // The turn pays, then hangs in its next tool; the server dies there.
+    let url = format!("{base}/sessions/{id}/messages");
+    let pending = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .post(url)
+                .json(&json!({"text": "pay 5"}))
+                .send()
+                .await
+        }
+    });
+    wait_for(&dir.join("marker"), &mut child).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let _ = pending.await;
+    assert_eq!(lines(&dir.join("effects")), 1, "paid once before the crash");
+
+    // The server starts again on the same database; the model is asked only
+    // after the tools (for the interrupted turn's reply) and for the new
+    // message.
+    let model = ScriptedModel::builder()
+        .text("Paid 5.")
+        .text("You said: thanks")
+        .build()
+        .fresh_call_ids();
+    let base = serve(&dir, agent(&dir, model)).await;
+    let response = client
+        .post(format!("{base}/sessions/{id}/messages"))
+        .json(&json!({"text": "thanks"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 200);
+    let stream = response.text().await.expect("the stream");
+    assert!(stream.contains("event: done"), "{stream}");
+    assert_eq!(
+        lines(&dir.join("effects")),
+        1,
+        "the payment was not repeated"
+    );
+
+    let session: Value = client
+        .get(format!("{base}/sessions/{id}"))
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    let texts: Vec<(String, String)> = session["history"]
+        .as_array()
+        .expect("a history")
+        .iter()
+        .filter_map(|m| {
+            let text = match &m["items"] {
+                Value::String(s) => s.clone(),
+                Value::Array(items) => items
+                    .iter()
+                    .filter(|i| i["type"] == "text")
+                    .filter_map(|i| i["text"].as_str())
+                    .collect(),
+                _ => String::new(),
+            };
+            (!text.is_empty()).then(|| (m["role"].as_str().unwrap_or("").to_owned(), text))
+        })
+        .collect();
+    let expected = [
+        ("user", "pay 5"),
+        ("assistant", "Paid 5."),
+        ("user", "thanks"),
+        ("assistant", "You said: thanks"),
+    ];
+    let expected: Vec<(String, String)> = expected
+        .iter()
+        .map(|(r, t)| ((*r).to_owned(), (*t).to_owned()))
+        .collect();
+    assert_eq!(
+        texts, expected,
+        "the interrupted turn first, then the new message"
+    );
+    let items: Vec<&Value> = session["history"]
+        .as_array()
+        .expect("a history")
+        .iter()
+        .filter_map(|m| m["items"].as_array())
+        .flatten()
+        .collect();
+    let calls: Vec<&str> = items
+        .iter()
+        .filter(|i| i["type"] == "tool_use")
+        .filter_map(|i| i["name"].as_str())
+        .collect();
+    assert_eq!(
+        calls,
+        ["pay", "hang"],
+        "the recorded answer's calls, once each"
+    );
+    let results: Vec<&str> = items
+        .iter()
+        .filter(|i| i["type"] == "tool_result")
+        .filter_map(|i| i["content"].as_str())
+        .collect();
+    assert_eq!(
+        results,
+        [
+            r#"{"ok":true,"data":"paid 5"}"#,
+            r#"{"ok":true,"data":"waited"}"#
+        ],
+        "the payment answered from the ledger"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A name no other run of this test uses.
+fn uuid_like() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(0);
+    format!("{:016x}", hasher.finish())
+}
