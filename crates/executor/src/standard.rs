@@ -17,7 +17,7 @@
 //! call without its result.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -341,7 +341,6 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     let source = cx.source();
     let output = cx.instance().node().output();
     let provider_tools = provider_tool_names(cx);
-    let mut refused: Vec<ToolExecutionResult> = Vec::new();
     let mut items: Vec<Item> = response
         .content
         .into_iter()
@@ -354,32 +353,7 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
             other => other,
         })
         .collect();
-    // In place, in order: the calls are read from the message itself later
-    // (borrowed, never copied).
-    for at in 0..items.len() {
-        let (done, rest) = items.split_at_mut(at);
-        let Some(Item::ToolUse { id, name, input }) = rest.first_mut() else {
-            continue;
-        };
-        if taken(done, id) {
-            // Providers reject a history with two calls of one id (Anthropic
-            // does), and running both could repeat a side effect: the repeat
-            // gets a unique id and an error result, and does not run.
-            let unique = unique_call_id(id, |c| taken(done, c));
-            refused.push(ToolExecutionResult::error(
-                unique.clone(),
-                DUPLICATE_TOOL_CALL,
-            ));
-            *id = unique;
-        } else if provider_tools.iter().any(|p| *p == **name) {
-            let provider = Item::ProviderToolUse {
-                id: id.clone(),
-                name: std::mem::take(name),
-                input: std::mem::take(input),
-            };
-            rest[0] = provider;
-        }
-    }
+    let refused = rename_repeated_calls(&mut items, &provider_tools);
     let has_calls = items.iter().any(|i| matches!(i, Item::ToolUse { .. }));
     // Room for the results or the reminder that usually follow.
     let mut entries = Vec::with_capacity(2);
@@ -418,6 +392,45 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
         return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::Restricted, turn));
     }
     AfterModel::Finish(LeafOutcome::new(entries, YieldReason::EndTurn, turn))
+}
+
+/// Gives each call of a response that repeats an earlier call's id a unique
+/// id (`id_2`, `id_3`, ...) and an error result, returned here: the repeat
+/// does not run. A plain `tool_use` naming one of `provider_tools` becomes
+/// an [`Item::ProviderToolUse`]. In place, in order: the calls are read from
+/// the message itself later (borrowed, never copied).
+fn rename_repeated_calls(
+    items: &mut [Item],
+    provider_tools: &[ToolName],
+) -> Vec<ToolExecutionResult> {
+    let mut refused = Vec::new();
+    let mut taken = CallIds::default();
+    for item in items.iter_mut() {
+        let Item::ToolUse { id, name, input } = item else {
+            continue;
+        };
+        if taken.contains(id) {
+            // Providers reject a history with two calls of one id (Anthropic
+            // does), and running both could repeat a side effect: the repeat
+            // gets a unique id and an error result, and does not run.
+            let unique = taken.unique(id);
+            refused.push(ToolExecutionResult::error(
+                unique.clone(),
+                DUPLICATE_TOOL_CALL,
+            ));
+            *id = unique.clone();
+            taken.insert(unique);
+        } else if provider_tools.iter().any(|p| *p == **name) {
+            *item = Item::ProviderToolUse {
+                id: id.clone(),
+                name: std::mem::take(name),
+                input: std::mem::take(input),
+            };
+        } else {
+            taken.insert(id.clone());
+        }
+    }
+    refused
 }
 
 /// Completes a streamed message: the answer's assistant message (always the
@@ -917,12 +930,39 @@ impl Drop for ToolsInFlight<'_> {
     }
 }
 
-/// Whether an earlier call of this response has `id` (a response has a
-/// handful of calls: a scan allocates nothing).
-fn taken(earlier: &[Item], id: &ToolCallId) -> bool {
-    earlier
-        .iter()
-        .any(|i| matches!(i, Item::ToolUse { id: other, .. } if other == id))
+/// The ids of the calls of one response so far, to make a repeated one
+/// unique. A model can repeat one id thousands of times in one response:
+/// a set, and a counter per repeated id that resumes where the last
+/// search stopped, keep the renaming linear in the number of calls.
+#[derive(Default)]
+struct CallIds {
+    taken: HashSet<ToolCallId>,
+    /// Per repeated id, the first suffix not yet tried.
+    next: HashMap<ToolCallId, u64>,
+}
+
+impl CallIds {
+    fn contains(&self, id: &ToolCallId) -> bool {
+        self.taken.contains(id)
+    }
+
+    fn insert(&mut self, id: ToolCallId) {
+        self.taken.insert(id);
+    }
+
+    /// `id` with the first numeric suffix from 2 (`id_2`, `id_3`, ...) that
+    /// no earlier call has. A suffix tried stays taken (ids are only ever
+    /// added), so the next search for `id` starts after it.
+    fn unique(&mut self, id: &ToolCallId) -> ToolCallId {
+        let n = self.next.entry(id.clone()).or_insert(2);
+        loop {
+            let candidate = ToolCallId::new(format!("{id}_{n}"));
+            *n = n.saturating_add(1);
+            if !self.taken.contains(&candidate) {
+                return candidate;
+            }
+        }
+    }
 }
 
 /// The calls to run of a response [`interpret`] returned as
@@ -937,11 +977,14 @@ fn calls_iter<'a>(
     entries: &'a [Entry],
     refused: &[ToolExecutionResult],
 ) -> impl Iterator<Item = ToolCall<'a>> {
+    // A set, not a scan per call: a response can repeat one id thousands
+    // of times, and every repeat is refused.
+    let refused: HashSet<ToolCallId> = refused.iter().map(|r| r.call_id.clone()).collect();
     entries
         .first()
         .into_iter()
         .flat_map(|first| ToolCall::all_in(&first.message))
-        .filter(|c| !refused.iter().any(|r| r.call_id == *c.id))
+        .filter(move |c| !refused.contains(c.id))
 }
 
 /// A response's calls: most responses make one, which needs no list.
@@ -971,10 +1014,85 @@ impl<'a> std::ops::Deref for Calls<'a> {
     }
 }
 
-/// `id` made unique by a numeric suffix.
-fn unique_call_id(id: &ToolCallId, taken: impl Fn(&ToolCallId) -> bool) -> ToolCallId {
-    (2..)
-        .map(|n| ToolCallId::new(format!("{id}_{n}")))
-        .find(|candidate| !taken(candidate))
-        .unwrap_or_else(|| id.clone())
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The renaming as it was first written (a scan of the earlier calls per
+    /// candidate): the names the linear one must reproduce.
+    fn reference(ids: &[(&str, bool)]) -> Vec<String> {
+        let mut out: Vec<(String, bool)> = Vec::new();
+        for (id, provider) in ids {
+            let taken = |c: &str| out.iter().any(|(o, call)| *call && o == c);
+            if taken(id) {
+                let unique = (2..)
+                    .map(|n| format!("{id}_{n}"))
+                    .find(|c| !taken(c))
+                    .unwrap_or_default();
+                out.push((unique, true));
+            } else {
+                out.push(((*id).to_owned(), !provider));
+            }
+        }
+        out.into_iter().map(|(id, _)| id).collect()
+    }
+
+    fn renamed(ids: &[(&str, bool)]) -> (Vec<Item>, Vec<ToolExecutionResult>) {
+        let mut items: Vec<Item> = ids
+            .iter()
+            .map(|(id, provider)| {
+                let name = if *provider { "web_search" } else { "pay" };
+                Item::tool_use(*id, name, serde_json::json!({}))
+            })
+            .collect();
+        let refused = rename_repeated_calls(
+            &mut items,
+            &[ToolName::new("web_search").expect("a tool name")],
+        );
+        (items, refused)
+    }
+
+    fn id_of(item: &Item) -> String {
+        match item {
+            Item::ToolUse { id, .. } | Item::ProviderToolUse { id, .. } => id.to_string(),
+            other => panic!("not a call: {other:?}"),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn repeated_ids_get_the_same_unique_names_as_before(
+            picks in proptest::collection::vec((0usize..6, proptest::bool::weighted(0.1)), 0..40)
+        ) {
+            const IDS: [&str; 6] = ["a", "a_2", "a_3", "a_2_2", "b", "b_2"];
+            let ids: Vec<(&str, bool)> = picks.iter().map(|(i, p)| (IDS[*i], *p)).collect();
+            let (items, refused) = renamed(&ids);
+            let names: Vec<String> = items.iter().map(id_of).collect();
+            prop_assert_eq!(&names, &reference(&ids));
+            let calls: Vec<&String> = items
+                .iter()
+                .zip(&names)
+                .filter(|(i, _)| matches!(i, Item::ToolUse { .. }))
+                .map(|(_, n)| n)
+                .collect();
+            let unique: HashSet<&String> = calls.iter().copied().collect();
+            prop_assert_eq!(unique.len(), calls.len(), "call ids are unique");
+            // Each refused result answers one renamed call; the others run.
+            let refused_ids: HashSet<String> =
+                refused.iter().map(|r| r.call_id.to_string()).collect();
+            prop_assert_eq!(refused_ids.len(), refused.len());
+            prop_assert!(refused_ids.iter().all(|r| unique.contains(r)));
+        }
+    }
+
+    #[test]
+    fn twenty_thousand_repeats_of_one_id_are_numbered_in_order() {
+        let ids = vec![("dup", false); 20_000];
+        let (items, refused) = renamed(&ids);
+        assert_eq!(id_of(&items[0]), "dup");
+        assert_eq!(id_of(&items[1]), "dup_2");
+        assert_eq!(id_of(&items[19_999]), "dup_20000");
+        assert_eq!(refused.len(), 19_999);
+    }
 }

@@ -627,6 +627,65 @@ async fn duplicate_call_ids_in_one_response_get_unique_ids_and_run_once() {
     assert_eq!(sent_ids.len(), 3);
 }
 
+#[test]
+fn many_calls_sharing_one_id_are_renamed_in_linear_time() {
+    // Renaming used to scan every earlier call for every candidate name
+    // (cubic in the calls): 20 000 calls took far longer than the bound
+    // below, which only detects such a blow-up.
+    const CALLS: usize = 20_000;
+    let pays = Arc::new(AtomicUsize::new(0));
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker_pays = pays.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let history = runtime.block_on(async move {
+            let node = Node::builder("Pay.")
+                .name("main")
+                .tool(Pay(worker_pays))
+                .build()
+                .expect("node builds");
+            let list: Vec<(&str, &str, Value)> = (0..CALLS)
+                .map(|_| ("dup", "pay", json!({"amount": 1})))
+                .collect();
+            let model = Arc::new(
+                ScriptedModel::builder()
+                    .response(calls(&list))
+                    .text("paid")
+                    .build(),
+            );
+            let mut m = machine(|c| c, node, json!({}), model);
+            m.enqueue_user("pay");
+            let (_, err) = run_all(&mut m, RunOptions::default()).await;
+            assert!(err.is_none(), "{err:?}");
+            m.history().to_vec()
+        });
+        let _ = done.send(history);
+    });
+    let history = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("20 000 repeated ids are renamed without a blow-up");
+    assert_eq!(pays.load(Ordering::SeqCst), 1, "only the first call runs");
+    let mut ids = std::collections::HashSet::new();
+    let mut uses = 0;
+    for msg in &history {
+        for (id, _, _) in msg.tool_uses() {
+            uses += 1;
+            assert!(ids.insert(id.to_string()), "{id} is repeated");
+        }
+    }
+    assert_eq!(uses, CALLS);
+    assert!(ids.contains("dup") && ids.contains("dup_2") && ids.contains("dup_20000"));
+    let mut answered = std::collections::HashSet::new();
+    for (id, _, _) in all_results(&history) {
+        assert!(ids.contains(&id), "{id} answers no call");
+        assert!(answered.insert(id.clone()), "{id} is answered twice");
+    }
+    assert_eq!(answered.len(), CALLS, "every call has exactly one result");
+}
+
 // --- cancellation ----------------------------------------------------------------
 
 #[tokio::test]
