@@ -75,6 +75,71 @@ async fn a_stream_of_pings_ends_at_the_stream_deadline() {
     assert_eq!(last_event(&model).await, Err(ModelError::Timeout(deadline)));
 }
 
+/// A non-streamed call, bounded by [`HANG`].
+async fn complete(model: &dyn Model) -> Result<(), ModelError> {
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let request = ModelRequest::new("", &history, &settings);
+    tokio::time::timeout(HANG, model.complete(request))
+        .await
+        .expect("the call ended by itself")
+        .map(|_| ())
+}
+
+#[tokio::test]
+async fn retried_complete_calls_end_at_the_call_deadline() {
+    let deadline = Duration::from_millis(500);
+    // Slow overloads, retried again and again: each attempt is short, so
+    // only a bound on the whole call (retries and waits included) ends it.
+    let slow_overload = |status: u16| {
+        Reply::json(status, anthropic::error("overloaded_error", "Overloaded"))
+            .delayed(Duration::from_millis(100))
+    };
+    let server = FakeServer::scripted((0..200).map(|_| slow_overload(529)).collect()).await;
+    let model = anthropic_client(&server)
+        .max_retries(u32::MAX)
+        .backoff(Duration::from_millis(1), Duration::from_millis(2))
+        .stream_deadline(deadline)
+        .build()
+        .expect("client");
+    assert_eq!(complete(&model).await, Err(ModelError::Timeout(deadline)));
+    assert!(server.remaining() > 0, "retries stopped at the deadline");
+
+    let server = FakeServer::scripted((0..200).map(|_| slow_overload(503)).collect()).await;
+    let model = openai_client(&server)
+        .max_retries(u32::MAX)
+        .backoff(Duration::from_millis(1), Duration::from_millis(2))
+        .stream_deadline(deadline)
+        .build()
+        .expect("client");
+    assert_eq!(complete(&model).await, Err(ModelError::Timeout(deadline)));
+    assert!(server.remaining() > 0, "retries stopped at the deadline");
+
+    // A server that never answers, under a per-attempt timeout longer than
+    // the deadline.
+    for openai in [false, true] {
+        let server = FakeServer::scripted(vec![Reply::hang(HANG)]).await;
+        let model: Box<dyn Model> = if openai {
+            Box::new(
+                openai_client(&server)
+                    .timeout(HANG * 2)
+                    .stream_deadline(deadline)
+                    .build()
+                    .expect("client"),
+            )
+        } else {
+            Box::new(
+                anthropic_client(&server)
+                    .timeout(HANG * 2)
+                    .stream_deadline(deadline)
+                    .build()
+                    .expect("client"),
+            )
+        };
+        assert_eq!(complete(&*model).await, Err(ModelError::Timeout(deadline)));
+    }
+}
+
 #[tokio::test]
 async fn an_endless_error_body_is_read_only_a_few_kilobytes() {
     let piece = "x".repeat(1024);
