@@ -59,6 +59,10 @@
 //! - Of an error body, at most 8 KiB are read, chunk by chunk, whatever its
 //!   size, on every attempt (retries included); the rest is never
 //!   downloaded. A message cut short ends with `… (truncated)`.
+//! - Redirects are never followed, so the API key never reaches an address
+//!   the base URL does not name: a `3xx` answer ends the call with
+//!   [`ModelError::Redirect`], which names the target (redacted) and is not
+//!   retried.
 //! - HTTP errors, overloads and connection failures ([`ModelError::Http`],
 //!   [`ModelError::Overloaded`], [`ModelError::Connection`]), before or
 //!   during a stream, end with `(from <url>)`: the URL they came from, with

@@ -177,6 +177,11 @@ impl Transport {
         let client = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .default_headers(default_headers)
+            // A redirect is never followed: reqwest strips `Authorization` on
+            // a redirect to another host but not `x-api-key` or other key
+            // headers, and a key must never reach an address the user did
+            // not configure. A 3xx becomes `ModelError::Redirect`.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(config.timeout.min(Duration::from_secs(30)))
             .read_timeout(config.timeout)
             .build()
@@ -338,6 +343,9 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
     if status.is_success() {
         return Ok(response);
     }
+    if status.is_redirection() {
+        return Err(redirect_error(&response));
+    }
     let retry_after = retry_after(response.headers());
     let url = redact_url(response.url().as_str());
     let (body, cut) = read_capped(response, MAX_ERROR_BODY_READ).await;
@@ -373,6 +381,24 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
         }
     };
     Err(naming_url(error, &url))
+}
+
+/// A redirect as an error naming its target: the `Location` header made
+/// absolute against the response's URL, redacted (a key may ride in its
+/// query).
+fn redirect_error(response: &Response) -> ModelError {
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).trim().to_owned())
+        .map(|target| match response.url().join(&target) {
+            Ok(absolute) => redact_url(absolute.as_str()),
+            Err(_) => "<an unparseable url>".to_owned(),
+        });
+    ModelError::Redirect {
+        status: response.status().as_u16(),
+        location,
+    }
 }
 
 /// `error` naming the `url` it came from (already redacted), when it is an

@@ -141,6 +141,55 @@ async fn retried_complete_calls_end_at_the_call_deadline() {
 }
 
 #[tokio::test]
+async fn a_redirect_to_another_origin_never_receives_the_key() {
+    for (openai, streamed) in [(false, false), (false, true), (true, false), (true, true)] {
+        // Another port of the same host is another origin.
+        let elsewhere = FakeServer::start().await;
+        let answer = if openai {
+            Reply::json(200, openai::text("redirected"))
+        } else {
+            Reply::json(200, anthropic::text("redirected"))
+        };
+        elsewhere.reply(answer.clone()).reply(answer);
+        let target = format!("{}/stolen?token=sk-in-query", elsewhere.base_url());
+        let server = FakeServer::scripted(vec![
+            Reply::json(307, json!({})).header("location", &target),
+        ])
+        .await;
+        let model: Box<dyn Model> = if openai {
+            Box::new(openai_client(&server).build().expect("client"))
+        } else {
+            Box::new(anthropic_client(&server).build().expect("client"))
+        };
+        let result = if streamed {
+            last_event(&*model).await
+        } else {
+            complete(&*model).await
+        };
+        for request in elsewhere.requests() {
+            assert_eq!(request.header("x-api-key"), None, "{request:?}");
+            assert_eq!(request.header("authorization"), None, "{request:?}");
+        }
+        assert!(
+            elsewhere.requests().is_empty(),
+            "the redirect is not followed"
+        );
+        let error = result.expect_err("a redirect is an error");
+        let text = error.to_string();
+        assert!(
+            text.contains(&elsewhere.base_url()),
+            "names the target: {text}"
+        );
+        assert!(!text.contains("sk-"), "no secret in {text}");
+        assert!(
+            matches!(&error, ModelError::Redirect { status: 307, .. }),
+            "{error:?}"
+        );
+        assert!(!error.is_retryable());
+    }
+}
+
+#[tokio::test]
 async fn an_endless_error_body_is_read_only_a_few_kilobytes() {
     let piece = "x".repeat(1024);
     for provider in ["anthropic", "openai"] {
