@@ -24,19 +24,23 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use markov_core::Role;
 use markov_core::ids::ToolCallId;
-use markov_core::message::{Item, Message, Metadata, Source};
+use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
     ToolChoice,
 };
-use markov_core::tool::{ProviderTool, ToolDefinition, ToolExecutionResult, ToolName};
+use markov_core::tool::{
+    InvalidArguments, ProviderTool, ToolCallError, ToolDefinition, ToolExecutionResult, ToolName,
+};
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{
     CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
 };
 use markov_runtime::prompt::system_prompt_cached;
-use markov_runtime::registry::{Mode, RegistryBinding, ToolRegistry};
+use markov_runtime::registry::{
+    ErrorFormat, Mode, RegistryBinding, Rejection, ToolErrorKind, ToolRegistry,
+};
 use markov_runtime::respond::take_transition;
 use markov_runtime::tool_choice::check_thinking;
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
@@ -337,7 +341,12 @@ fn with_source(message: Message, source: &Source) -> Message {
 /// [`Item::ProviderToolUse`], so the history keeps one result per client
 /// call. An answer whose only calls are provider calls ends the turn like a
 /// text answer.
-pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
+///
+/// Arguments nested deeper than [`MAX_ARGUMENT_DEPTH`] could be recorded but
+/// never read back: they are recorded as `{}`, and such a regular call is
+/// answered as invalid input, worded as `errors` says (the error envelope
+/// under a registry, the plain text without), without running.
+pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse, errors: ErrorFormat) -> AfterModel {
     let source = cx.source();
     let output = cx.instance().node().output();
     let provider_tools = provider_tool_names(cx);
@@ -353,7 +362,7 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
             other => other,
         })
         .collect();
-    let refused = rename_repeated_calls(&mut items, &provider_tools);
+    let refused = screen_calls(&mut items, &provider_tools, errors);
     let has_calls = items.iter().any(|i| matches!(i, Item::ToolUse { .. }));
     // Room for the results or the reminder that usually follow.
     let mut entries = Vec::with_capacity(2);
@@ -394,21 +403,43 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
     AfterModel::Finish(LeafOutcome::new(entries, YieldReason::EndTurn, turn))
 }
 
-/// Gives each call of a response that repeats an earlier call's id a unique
-/// id (`id_2`, `id_3`, ...) and an error result, returned here: the repeat
-/// does not run. A plain `tool_use` naming one of `provider_tools` becomes
-/// an [`Item::ProviderToolUse`]. In place, in order: the calls are read from
-/// the message itself later (borrowed, never copied).
-fn rename_repeated_calls(
+/// Screens the calls of a response before anything runs, returning the
+/// results of those answered without running:
+///
+/// - arguments nested deeper than [`MAX_ARGUMENT_DEPTH`] are replaced by
+///   `{}` (vendors want an object), and such a regular call gets an
+///   invalid-input error result;
+/// - a call that repeats an earlier call's id gets a unique id (`id_2`,
+///   `id_3`, ...) and an error result;
+/// - a plain `tool_use` naming one of `provider_tools` becomes an
+///   [`Item::ProviderToolUse`].
+///
+/// In place, in order: the calls are read from the message itself later
+/// (borrowed, never copied).
+fn screen_calls(
     items: &mut [Item],
     provider_tools: &[ToolName],
+    errors: ErrorFormat,
 ) -> Vec<ToolExecutionResult> {
     let mut refused = Vec::new();
     let mut taken = CallIds::default();
     for item in items.iter_mut() {
+        if let Item::ProviderToolUse { id, input, .. } = item
+            && nesting_exceeds(input, MAX_ARGUMENT_DEPTH)
+        {
+            // Answered by the provider already: only the record must be
+            // readable.
+            tracing::warn!(call_id = %id, "provider tool call arguments nested too deep; recorded as {{}}");
+            *input = Value::Object(serde_json::Map::new());
+        }
         let Item::ToolUse { id, name, input } = item else {
             continue;
         };
+        // What is recorded must read back: serde_json reads a bounded depth.
+        let too_deep = nesting_exceeds(input, MAX_ARGUMENT_DEPTH);
+        if too_deep {
+            *input = Value::Object(serde_json::Map::new());
+        }
         if taken.contains(id) {
             // Providers reject a history with two calls of one id (Anthropic
             // does), and running both could repeat a side effect: the repeat
@@ -427,10 +458,31 @@ fn rename_repeated_calls(
                 input: std::mem::take(input),
             };
         } else {
+            if too_deep {
+                refused.push(too_deep_result(id.clone(), errors));
+            }
             taken.insert(id.clone());
         }
     }
     refused
+}
+
+/// The error result of a call whose arguments were nested too deep to keep.
+fn too_deep_result(id: ToolCallId, errors: ErrorFormat) -> ToolExecutionResult {
+    let detail = format!(
+        "{}; the call was not run, and its arguments are recorded as {{}}",
+        InvalidArguments::TooDeep {
+            limit: MAX_ARGUMENT_DEPTH
+        }
+    );
+    tracing::debug!(call_id = %id, "tool call refused: {detail}");
+    let content = match errors {
+        ErrorFormat::PlainText => ToolCallError::InvalidInput(detail).to_string(),
+        _ => Rejection::new(ToolErrorKind::InvalidInput)
+            .with_detail(detail)
+            .to_envelope(),
+    };
+    ToolExecutionResult::error(id, content)
 }
 
 /// Completes a streamed message: the answer's assistant message (always the
@@ -794,7 +846,11 @@ impl Executor for StandardExecutor {
         {
             span.record("gen_ai.output.messages", json.as_str());
         }
-        let mut after = interpret(&cx, response);
+        let errors = match self.registry {
+            Some(_) => ErrorFormat::Envelope,
+            None => ErrorFormat::PlainText,
+        };
+        let mut after = interpret(&cx, response, errors);
         if let Some(mut vessel) = vessel
             && let Some(event) = finalize_vessel(&mut vessel, &mut after)
             && let Some(options) = &self.streaming
@@ -1046,9 +1102,10 @@ mod tests {
                 Item::tool_use(*id, name, serde_json::json!({}))
             })
             .collect();
-        let refused = rename_repeated_calls(
+        let refused = screen_calls(
             &mut items,
             &[ToolName::new("web_search").expect("a tool name")],
+            ErrorFormat::PlainText,
         );
         (items, refused)
     }
@@ -1084,6 +1141,45 @@ mod tests {
             prop_assert_eq!(refused_ids.len(), refused.len());
             prop_assert!(refused_ids.iter().all(|r| unique.contains(r)));
         }
+    }
+
+    #[test]
+    fn arguments_too_deep_are_recorded_as_an_empty_object_and_refused() {
+        let mut deep = Value::Object(serde_json::Map::new());
+        for _ in 0..MAX_ARGUMENT_DEPTH {
+            let mut outer = serde_json::Map::new();
+            outer.insert("a".to_owned(), deep);
+            deep = Value::Object(outer);
+        }
+        let mut items = vec![
+            Item::tool_use("c1", "pay", deep.clone()),
+            Item::tool_use("c1", "pay", deep.clone()),
+            Item::tool_use("c2", "web_search", deep.clone()),
+            Item::tool_use("c3", "pay", serde_json::json!({"a": 1})),
+        ];
+        let refused = screen_calls(
+            &mut items,
+            &[ToolName::new("web_search").expect("a tool name")],
+            ErrorFormat::Envelope,
+        );
+        let empty = serde_json::json!({});
+        for item in &items[..3] {
+            match item {
+                Item::ToolUse { input, .. } | Item::ProviderToolUse { input, .. } => {
+                    assert_eq!(*input, empty);
+                }
+                other => panic!("not a call: {other:?}"),
+            }
+        }
+        assert!(matches!(&items[2], Item::ProviderToolUse { .. }));
+        let ids: Vec<&str> = refused.iter().map(|r| r.call_id.as_str()).collect();
+        assert_eq!(ids, ["c1", "c1_2"], "c3 runs; the provider answered c2");
+        assert!(
+            refused[0].content.contains("INVALID_INPUT"),
+            "{}",
+            refused[0].content
+        );
+        assert_eq!(refused[1].content, DUPLICATE_TOOL_CALL);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::common::*;
 use markov_core::Item;
 use markov_core::ids::ToolCallId;
+use markov_core::message::{MAX_ARGUMENT_DEPTH, Message, read_message_json};
 use markov_core::model::{ModelResponse, StopReason, ToolChoice, Usage};
 use markov_core::tool::{Tool, ToolContext, parse_tool_arguments};
 use markov_executor::{
@@ -563,6 +564,115 @@ async fn garbled_arguments_never_reach_a_tool() {
             "{}",
             results[1].1
         );
+    }
+}
+
+/// Keeps anything: counts its executions.
+struct Keep(Arc<AtomicUsize>);
+
+#[derive(Deserialize, JsonSchema)]
+struct KeepArgs {
+    #[allow(dead_code)]
+    filter: Value,
+}
+
+impl Tool for Keep {
+    const NAME: &'static str = "keep";
+    type Args = KeepArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Keep a filter".into()
+    }
+    async fn call(&self, _: KeepArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok("kept".into())
+    }
+}
+
+/// `{"filter": {"a": {"a": ... }}}`, `depth` containers deep in all,
+/// built without recursion.
+fn nested_filter(depth: usize) -> Value {
+    // `json!` would serialize the inner value again at every level.
+    let wrap = |key: &str, inner: Value| {
+        let mut map = serde_json::Map::new();
+        map.insert(key.to_owned(), inner);
+        Value::Object(map)
+    };
+    let mut value = json!("x");
+    for _ in 1..depth {
+        value = wrap("a", value);
+    }
+    wrap("filter", value)
+}
+
+#[tokio::test]
+async fn arguments_nested_too_deep_are_refused_and_the_history_reads_back() {
+    for with_registry in [false, true] {
+        let deletes = Arc::new(AtomicUsize::new(0));
+        let model = Arc::new(
+            ScriptedModel::builder()
+                .response(calls(&[
+                    ("c1", "keep", nested_filter(126)),
+                    ("c2", "keep", nested_filter(1_000)),
+                    ("c3", "keep", nested_filter(MAX_ARGUMENT_DEPTH + 1)),
+                ]))
+                .text("I could not delete anything")
+                .build(),
+        );
+        let node = Node::builder("Records.")
+            .name("main")
+            .tool(Keep(deletes.clone()))
+            .build()
+            .expect("node builds");
+        let charter = Charter::builder("t")
+            .node("main", node.clone())
+            .build()
+            .expect("charter");
+        let mut executor = StandardExecutor::shared(model);
+        if with_registry {
+            let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+                .register(Keep(deletes.clone()), ToolMetadata::new(Category::Action))
+                .lock()
+                .expect("locks");
+            executor = executor.with_registry(Arc::new(registry), Mode::TEXT);
+        }
+        let mut m =
+            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        m.enqueue_user("delete record 4");
+        let (_, err) = run_all(&mut m, RunOptions::default()).await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(deletes.load(Ordering::SeqCst), 0, "the tool never ran");
+        let results = all_results(m.history());
+        assert_eq!(results.len(), 3);
+        for (_, content, is_error) in &results {
+            assert_eq!(*is_error, Some(true));
+            if with_registry {
+                assert_eq!(
+                    error_type(content).as_deref(),
+                    Some("INVALID_INPUT"),
+                    "{content}"
+                );
+            } else {
+                assert!(content.starts_with("Invalid tool input:"), "{content}");
+            }
+            assert!(content.contains("nested deeper than"), "{content}");
+        }
+        for (_, _, input) in m.history().iter().flat_map(|msg| msg.tool_uses()) {
+            assert_eq!(*input, json!({}), "a refused input is recorded as {{}}");
+        }
+        assert_paired(m.history());
+        for message in m.history() {
+            let json = serde_json::to_string(message).expect("writes");
+            let read: Message = serde_json::from_str(&json).expect("reads back");
+            assert_eq!(&read, message);
+            assert_eq!(&read_message_json(&json).expect("reads back"), message);
+        }
+        // The whole machine too: its snapshot nests the history deeper.
+        let snapshot = serialize_machine(&m).expect("serializes");
+        let text = serde_json::to_string(&snapshot).expect("writes");
+        let back: Value = serde_json::from_str(&text).expect("the snapshot reads back");
+        assert!(back.is_object());
     }
 }
 

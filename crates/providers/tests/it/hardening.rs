@@ -189,6 +189,60 @@ async fn a_redirect_to_another_origin_never_receives_the_key() {
     }
 }
 
+/// `depth` objects, one inside the other, built without recursion.
+fn nested(depth: usize) -> serde_json::Value {
+    let mut value = json!({});
+    for _ in 1..depth {
+        let mut outer = serde_json::Map::new();
+        outer.insert("a".to_owned(), value);
+        value = serde_json::Value::Object(outer);
+    }
+    value
+}
+
+#[tokio::test]
+async fn deeply_nested_tool_arguments_never_panic_a_client() {
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    for depth in [126, 1_000] {
+        let input = nested(depth);
+        for (openai, streamed) in [(false, false), (false, true), (true, false), (true, true)] {
+            let reply = match (openai, streamed) {
+                (false, false) => Reply::json(200, anthropic::tool_use("t1", "keep", &input)),
+                (false, true) => Reply::sse(&anthropic::tool_use_events("t1", "keep", &input)),
+                (true, false) => Reply::json(200, openai::tool_call("t1", "keep", &input)),
+                (true, true) => Reply::sse(&openai::tool_call_events("t1", "keep", &input)),
+            };
+            let server = FakeServer::scripted(vec![reply]).await;
+            let model: Box<dyn Model> = if openai {
+                Box::new(openai_client(&server).build().expect("client"))
+            } else {
+                Box::new(anthropic_client(&server).build().expect("client"))
+            };
+            let request = ModelRequest::new("", &history, &settings);
+            let answer = if streamed {
+                let stream = model.stream(request);
+                tokio::time::timeout(HANG, markov_core::model::collect_stream(stream))
+                    .await
+                    .expect("the stream ended by itself")
+            } else {
+                tokio::time::timeout(HANG, model.complete(request))
+                    .await
+                    .expect("the call ended by itself")
+            };
+            // An answer (the executor refuses arguments this deep) or a
+            // typed error: never a panic.
+            match answer {
+                Ok(response) => assert!(!response.content.is_empty()),
+                Err(error) => assert!(
+                    matches!(error, ModelError::InvalidResponse(_)),
+                    "{depth} deep, openai {openai}, streamed {streamed}: {error:?}"
+                ),
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_endless_error_body_is_read_only_a_few_kilobytes() {
     let piece = "x".repeat(1024);
