@@ -112,13 +112,22 @@ impl StandardExecutor {
         self
     }
 
-    /// Sends regular tool calls through `registry`'s policy stack in `mode`
+    /// Sends calls of `registry`'s tools through its policy stack in `mode`
     /// (see [`markov_runtime::registry`]), and offers the registry's tools
     /// to every leaf with the schemas the stack enforces (a tool is
     /// registered once, in the registry). Budgets count per user turn of
     /// each leaf: they start over when a user message starts a run, never
     /// on a transition. Approvals and answered calls are the machine's
     /// ([`Machine::policy_state`](crate::Machine::policy_state)).
+    ///
+    /// A leaf's own tools stay offered and callable beside the registry's:
+    /// a node, ancestor, charter or pack tool the registry does not register
+    /// (such as `respond` and `finish` from `markov-tools-std`) runs on the
+    /// plain execute-only path, exactly as without a registry — no budget,
+    /// confirmation or idempotency stage, its plain result text — and still
+    /// gets exactly one result per call. A tool of the same name in the
+    /// registry takes the registry's stack. Names that nobody declares are
+    /// refused by the registry's unknown-tool stage (`NOT_FOUND`).
     #[must_use]
     pub fn with_registry(mut self, registry: Arc<ToolRegistry>, mode: Mode) -> Self {
         self.registry = Some(Arc::new(RegistryBinding::new(registry, mode)));

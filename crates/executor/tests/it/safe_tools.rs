@@ -443,6 +443,80 @@ async fn transitions_inside_a_user_turn_do_not_refill_the_budget() {
     assert_eq!(last.1, r#"{"ok":true,"data":2}"#);
 }
 
+// --- a node's own tools beside a registry ----------------------------------------
+
+#[tokio::test]
+async fn a_nodes_own_unregistered_tools_are_callable_beside_a_registry() {
+    for last in ["respond", "finish"] {
+        let pays = Arc::new(AtomicUsize::new(0));
+        let registry = Arc::new(
+            ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+                .register(Pay(pays.clone()), ToolMetadata::new(Category::Action))
+                .lock()
+                .expect("the registry locks"),
+        );
+        let keeps = Arc::new(AtomicUsize::new(0));
+        let node = Node::builder("Pay and keep.")
+            .name("main")
+            .tool(Keep(keeps.clone()))
+            .tool(markov_tools_std::Respond)
+            .tool(markov_tools_std::Finish)
+            .build()
+            .expect("node builds");
+        let end = if last == "respond" {
+            json!({"text": "all done"})
+        } else {
+            json!({"note": "all done"})
+        };
+        let model = Arc::new(
+            ScriptedModel::builder()
+                .response(calls(&[
+                    ("c1", "keep", json!({"filter": "x"})),
+                    ("c2", "pay", json!({"amount": 3})),
+                ]))
+                .response(calls(&[("c3", last, end)]))
+                .text("unused")
+                .build(),
+        );
+        let charter = Charter::builder("t")
+            .node("main", node.clone())
+            .build()
+            .expect("charter");
+        let executor = StandardExecutor::shared(model.clone()).with_registry(registry, Mode::TEXT);
+        let mut m =
+            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        m.enqueue_user("go");
+        let (steps, err) = run_all(&mut m, RunOptions::default()).await;
+        assert!(err.is_none(), "{err:?}");
+        assert!(steps.last().is_some_and(|s| s.done), "{last} ends the run");
+        // What was offered is what could be called.
+        let offered: Vec<String> = model.requests()[0]
+            .tools
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        for name in ["keep", "respond", "finish", "pay"] {
+            assert!(
+                offered.iter().any(|o| o == name),
+                "{name} offered: {offered:?}"
+            );
+        }
+        assert_eq!(keeps.load(Ordering::SeqCst), 1, "the node's own tool ran");
+        assert_eq!(pays.load(Ordering::SeqCst), 1, "the registered tool ran");
+        let results = all_results(m.history());
+        assert_eq!(results.len(), 3, "{results:?}");
+        for (id, content, is_error) in &results {
+            assert_eq!(*is_error, Some(false), "{id}: {content}");
+        }
+        assert_eq!(results[0].1, "kept", "plain, as without a registry");
+        assert_eq!(
+            results[1].1, r#"{"ok":true,"data":"paid 3"}"#,
+            "through the registry's stack"
+        );
+        assert_paired(m.history());
+    }
+}
+
 // --- panics, garbled arguments, duplicates ------------------------------------
 
 #[tokio::test]
