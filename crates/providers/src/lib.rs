@@ -89,6 +89,7 @@
 //! [`ModelError::Timeout`]: markov_core::ModelError::Timeout
 //! [`ModelError::InvalidResponse`]: markov_core::ModelError::InvalidResponse
 //! [`ModelError::Connection`]: markov_core::ModelError::Connection
+//! [`ModelError::Redirect`]: markov_core::ModelError::Redirect
 #![deny(missing_docs)]
 
 #[cfg(feature = "anthropic")]
