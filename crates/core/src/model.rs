@@ -405,6 +405,20 @@ pub enum ModelError {
         /// How long the provider asked us to wait, if it said.
         retry_after: Option<Duration>,
     },
+    /// The provider answered with a redirect, which clients do not follow:
+    /// following one could send the API key to another address. The base
+    /// URL should name where the provider answers.
+    #[error(
+        "provider redirected ({status}) to {}; redirects are not followed, so that credentials never reach another address: set the base URL to the provider's own address",
+        .location.as_deref().unwrap_or("no address")
+    )]
+    Redirect {
+        /// The HTTP status (`3xx`).
+        status: u16,
+        /// Where the provider pointed (`Location`, made absolute, with any
+        /// password or query redacted), if it said.
+        location: Option<String>,
+    },
     /// The provider is overloaded (e.g. Anthropic's `overloaded_error`, also mid-stream).
     #[error("provider overloaded: {0}")]
     Overloaded(String),
@@ -430,7 +444,9 @@ impl ModelError {
                 matches!(status, 408 | 409 | 429) || (500..600).contains(status)
             }
             ModelError::Overloaded(_) | ModelError::Timeout(_) | ModelError::Connection(_) => true,
-            ModelError::InvalidResponse(_) | ModelError::InvalidRequest(_) => false,
+            ModelError::Redirect { .. }
+            | ModelError::InvalidResponse(_)
+            | ModelError::InvalidRequest(_) => false,
         }
     }
 }

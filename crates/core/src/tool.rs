@@ -43,7 +43,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::{InstanceId, ToolCallId};
-use crate::message::{Item, Message};
+use crate::message::{Item, MAX_ARGUMENT_DEPTH, Message, nesting_exceeds};
 
 /// A tool name that providers accept: `^[a-zA-Z0-9_-]{1,64}$`.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -732,6 +732,13 @@ pub enum InvalidArguments {
         /// The JSON type found (`"null"`, `"array"`, ...).
         found: &'static str,
     },
+    /// The arguments nest objects and arrays deeper than a history can
+    /// hold and read back ([`MAX_ARGUMENT_DEPTH`]).
+    #[error("the arguments are nested deeper than {limit} levels")]
+    TooDeep {
+        /// The deepest nesting accepted.
+        limit: usize,
+    },
 }
 
 /// Tool arguments from the JSON text a provider sent.
@@ -763,7 +770,8 @@ pub fn parse_tool_arguments(raw: &str) -> Value {
 }
 
 /// Whether `input` can be handed to a tool: a JSON object that is not the
-/// marker [`parse_tool_arguments`] leaves for malformed arguments.
+/// marker [`parse_tool_arguments`] leaves for malformed arguments, nested
+/// at most [`MAX_ARGUMENT_DEPTH`] deep.
 pub fn check_tool_arguments(input: &Value) -> Result<(), InvalidArguments> {
     let found = match input {
         Value::Object(map) => {
@@ -776,6 +784,11 @@ pub fn check_tool_arguments(input: &Value) -> Result<(), InvalidArguments> {
                         .unwrap_or("not JSON")
                         .to_owned(),
                 }),
+                None if nesting_exceeds(input, MAX_ARGUMENT_DEPTH) => {
+                    Err(InvalidArguments::TooDeep {
+                        limit: MAX_ARGUMENT_DEPTH,
+                    })
+                }
                 None => Ok(()),
             };
         }

@@ -17,26 +17,30 @@
 //! call without its result.
 
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures::StreamExt;
 use markov_core::Role;
 use markov_core::ids::ToolCallId;
-use markov_core::message::{Item, Message, Metadata, Source};
+use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
     ToolChoice,
 };
-use markov_core::tool::{ProviderTool, ToolDefinition, ToolExecutionResult, ToolName};
+use markov_core::tool::{
+    InvalidArguments, ProviderTool, ToolCallError, ToolDefinition, ToolExecutionResult, ToolName,
+};
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{
     CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
 };
 use markov_runtime::prompt::system_prompt_cached;
-use markov_runtime::registry::{Mode, RecordedAnswer, RegistryBinding, ToolRegistry};
+use markov_runtime::registry::{
+    ErrorFormat, Mode, RecordedAnswer, RegistryBinding, Rejection, ToolErrorKind, ToolRegistry,
+};
 use markov_runtime::respond::take_transition;
 use markov_runtime::tool_choice::check_thinking;
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
@@ -108,13 +112,22 @@ impl StandardExecutor {
         self
     }
 
-    /// Sends regular tool calls through `registry`'s policy stack in `mode`
+    /// Sends calls of `registry`'s tools through its policy stack in `mode`
     /// (see [`markov_runtime::registry`]), and offers the registry's tools
     /// to every leaf with the schemas the stack enforces (a tool is
     /// registered once, in the registry). Budgets count per user turn of
     /// each leaf: they start over when a user message starts a run, never
     /// on a transition. Approvals and answered calls are the machine's
     /// ([`Machine::policy_state`](crate::Machine::policy_state)).
+    ///
+    /// A leaf's own tools stay offered and callable beside the registry's:
+    /// a node, ancestor, charter or pack tool the registry does not register
+    /// (such as `respond` and `finish` from `markov-tools-std`) runs on the
+    /// plain execute-only path, exactly as without a registry — no budget,
+    /// confirmation or idempotency stage, its plain result text — and still
+    /// gets exactly one result per call. A tool of the same name in the
+    /// registry takes the registry's stack. Names that nobody declares are
+    /// refused by the registry's unknown-tool stage (`NOT_FOUND`).
     #[must_use]
     pub fn with_registry(mut self, registry: Arc<ToolRegistry>, mode: Mode) -> Self {
         self.registry = Some(Arc::new(RegistryBinding::new(registry, mode)));
@@ -337,11 +350,15 @@ fn with_source(message: Message, source: &Source) -> Message {
 /// [`Item::ProviderToolUse`], so the history keeps one result per client
 /// call. An answer whose only calls are provider calls ends the turn like a
 /// text answer.
-pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
+///
+/// Arguments nested deeper than [`MAX_ARGUMENT_DEPTH`] could be recorded but
+/// never read back: they are recorded as `{}`, and such a regular call is
+/// answered as invalid input, worded as `errors` says (the error envelope
+/// under a registry, the plain text without), without running.
+pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse, errors: ErrorFormat) -> AfterModel {
     let source = cx.source();
     let output = cx.instance().node().output();
     let provider_tools = provider_tool_names(cx);
-    let mut refused: Vec<ToolExecutionResult> = Vec::new();
     let mut items: Vec<Item> = response
         .content
         .into_iter()
@@ -354,32 +371,7 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
             other => other,
         })
         .collect();
-    // In place, in order: the calls are read from the message itself later
-    // (borrowed, never copied).
-    for at in 0..items.len() {
-        let (done, rest) = items.split_at_mut(at);
-        let Some(Item::ToolUse { id, name, input }) = rest.first_mut() else {
-            continue;
-        };
-        if taken(done, id) {
-            // Providers reject a history with two calls of one id (Anthropic
-            // does), and running both could repeat a side effect: the repeat
-            // gets a unique id and an error result, and does not run.
-            let unique = unique_call_id(id, |c| taken(done, c));
-            refused.push(ToolExecutionResult::error(
-                unique.clone(),
-                DUPLICATE_TOOL_CALL,
-            ));
-            *id = unique;
-        } else if provider_tools.iter().any(|p| *p == **name) {
-            let provider = Item::ProviderToolUse {
-                id: id.clone(),
-                name: std::mem::take(name),
-                input: std::mem::take(input),
-            };
-            rest[0] = provider;
-        }
-    }
+    let refused = screen_calls(&mut items, &provider_tools, errors);
     let has_calls = items.iter().any(|i| matches!(i, Item::ToolUse { .. }));
     // Room for the results or the reminder that usually follow.
     let mut entries = Vec::with_capacity(2);
@@ -418,6 +410,88 @@ pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse) -> AfterModel {
         return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::Restricted, turn));
     }
     AfterModel::Finish(LeafOutcome::new(entries, YieldReason::EndTurn, turn))
+}
+
+/// Screens the calls of a response before anything runs, returning the
+/// results of those answered without running:
+///
+/// - arguments nested deeper than [`MAX_ARGUMENT_DEPTH`] are replaced by
+///   `{}` (vendors want an object), and such a regular call gets an
+///   invalid-input error result;
+/// - a call that repeats an earlier call's id gets a unique id (`id_2`,
+///   `id_3`, ...) and an error result;
+/// - a plain `tool_use` naming one of `provider_tools` becomes an
+///   [`Item::ProviderToolUse`].
+///
+/// In place, in order: the calls are read from the message itself later
+/// (borrowed, never copied).
+fn screen_calls(
+    items: &mut [Item],
+    provider_tools: &[ToolName],
+    errors: ErrorFormat,
+) -> Vec<ToolExecutionResult> {
+    let mut refused = Vec::new();
+    let mut taken = CallIds::default();
+    for item in items.iter_mut() {
+        if let Item::ProviderToolUse { id, input, .. } = item
+            && nesting_exceeds(input, MAX_ARGUMENT_DEPTH)
+        {
+            // Answered by the provider already: only the record must be
+            // readable.
+            tracing::warn!(call_id = %id, "provider tool call arguments nested too deep; recorded as {{}}");
+            *input = Value::Object(serde_json::Map::new());
+        }
+        let Item::ToolUse { id, name, input } = item else {
+            continue;
+        };
+        // What is recorded must read back: serde_json reads a bounded depth.
+        let too_deep = nesting_exceeds(input, MAX_ARGUMENT_DEPTH);
+        if too_deep {
+            *input = Value::Object(serde_json::Map::new());
+        }
+        if taken.contains(id) {
+            // Providers reject a history with two calls of one id (Anthropic
+            // does), and running both could repeat a side effect: the repeat
+            // gets a unique id and an error result, and does not run.
+            let unique = taken.unique(id);
+            refused.push(ToolExecutionResult::error(
+                unique.clone(),
+                DUPLICATE_TOOL_CALL,
+            ));
+            *id = unique.clone();
+            taken.insert(unique);
+        } else if provider_tools.iter().any(|p| *p == **name) {
+            *item = Item::ProviderToolUse {
+                id: id.clone(),
+                name: std::mem::take(name),
+                input: std::mem::take(input),
+            };
+        } else {
+            if too_deep {
+                refused.push(too_deep_result(id.clone(), errors));
+            }
+            taken.insert(id.clone());
+        }
+    }
+    refused
+}
+
+/// The error result of a call whose arguments were nested too deep to keep.
+fn too_deep_result(id: ToolCallId, errors: ErrorFormat) -> ToolExecutionResult {
+    let detail = format!(
+        "{}; the call was not run, and its arguments are recorded as {{}}",
+        InvalidArguments::TooDeep {
+            limit: MAX_ARGUMENT_DEPTH
+        }
+    );
+    tracing::debug!(call_id = %id, "tool call refused: {detail}");
+    let content = match errors {
+        ErrorFormat::PlainText => ToolCallError::InvalidInput(detail).to_string(),
+        _ => Rejection::new(ToolErrorKind::InvalidInput)
+            .with_detail(detail)
+            .to_envelope(),
+    };
+    ToolExecutionResult::error(id, content)
 }
 
 /// Completes a streamed message: the answer's assistant message (always the
@@ -812,7 +886,11 @@ impl Executor for StandardExecutor {
         {
             span.record("gen_ai.output.messages", json.as_str());
         }
-        let mut after = interpret(&cx, response);
+        let errors = match self.registry {
+            Some(_) => ErrorFormat::Envelope,
+            None => ErrorFormat::PlainText,
+        };
+        let mut after = interpret(&cx, response, errors);
         if let Some(mut vessel) = vessel
             && let Some(event) = finalize_vessel(&mut vessel, &mut after)
             && let Some(options) = &self.streaming
@@ -948,12 +1026,39 @@ impl Drop for ToolsInFlight<'_> {
     }
 }
 
-/// Whether an earlier call of this response has `id` (a response has a
-/// handful of calls: a scan allocates nothing).
-fn taken(earlier: &[Item], id: &ToolCallId) -> bool {
-    earlier
-        .iter()
-        .any(|i| matches!(i, Item::ToolUse { id: other, .. } if other == id))
+/// The ids of the calls of one response so far, to make a repeated one
+/// unique. A model can repeat one id thousands of times in one response:
+/// a set, and a counter per repeated id that resumes where the last
+/// search stopped, keep the renaming linear in the number of calls.
+#[derive(Default)]
+struct CallIds {
+    taken: HashSet<ToolCallId>,
+    /// Per repeated id, the first suffix not yet tried.
+    next: HashMap<ToolCallId, u64>,
+}
+
+impl CallIds {
+    fn contains(&self, id: &ToolCallId) -> bool {
+        self.taken.contains(id)
+    }
+
+    fn insert(&mut self, id: ToolCallId) {
+        self.taken.insert(id);
+    }
+
+    /// `id` with the first numeric suffix from 2 (`id_2`, `id_3`, ...) that
+    /// no earlier call has. A suffix tried stays taken (ids are only ever
+    /// added), so the next search for `id` starts after it.
+    fn unique(&mut self, id: &ToolCallId) -> ToolCallId {
+        let n = self.next.entry(id.clone()).or_insert(2);
+        loop {
+            let candidate = ToolCallId::new(format!("{id}_{n}"));
+            *n = n.saturating_add(1);
+            if !self.taken.contains(&candidate) {
+                return candidate;
+            }
+        }
+    }
 }
 
 /// The calls to run of a response [`interpret`] returned as
@@ -968,11 +1073,14 @@ fn calls_iter<'a>(
     entries: &'a [Entry],
     refused: &[ToolExecutionResult],
 ) -> impl Iterator<Item = ToolCall<'a>> {
+    // A set, not a scan per call: a response can repeat one id thousands
+    // of times, and every repeat is refused.
+    let refused: HashSet<ToolCallId> = refused.iter().map(|r| r.call_id.clone()).collect();
     entries
         .first()
         .into_iter()
         .flat_map(|first| ToolCall::all_in(&first.message))
-        .filter(|c| !refused.iter().any(|r| r.call_id == *c.id))
+        .filter(move |c| !refused.contains(c.id))
 }
 
 /// A response's calls: most responses make one, which needs no list.
@@ -1002,10 +1110,125 @@ impl<'a> std::ops::Deref for Calls<'a> {
     }
 }
 
-/// `id` made unique by a numeric suffix.
-fn unique_call_id(id: &ToolCallId, taken: impl Fn(&ToolCallId) -> bool) -> ToolCallId {
-    (2..)
-        .map(|n| ToolCallId::new(format!("{id}_{n}")))
-        .find(|candidate| !taken(candidate))
-        .unwrap_or_else(|| id.clone())
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The renaming as it was first written (a scan of the earlier calls per
+    /// candidate): the names the linear one must reproduce.
+    fn reference(ids: &[(&str, bool)]) -> Vec<String> {
+        let mut out: Vec<(String, bool)> = Vec::new();
+        for (id, provider) in ids {
+            let taken = |c: &str| out.iter().any(|(o, call)| *call && o == c);
+            if taken(id) {
+                let unique = (2..)
+                    .map(|n| format!("{id}_{n}"))
+                    .find(|c| !taken(c))
+                    .unwrap_or_default();
+                out.push((unique, true));
+            } else {
+                out.push(((*id).to_owned(), !provider));
+            }
+        }
+        out.into_iter().map(|(id, _)| id).collect()
+    }
+
+    fn renamed(ids: &[(&str, bool)]) -> (Vec<Item>, Vec<ToolExecutionResult>) {
+        let mut items: Vec<Item> = ids
+            .iter()
+            .map(|(id, provider)| {
+                let name = if *provider { "web_search" } else { "pay" };
+                Item::tool_use(*id, name, serde_json::json!({}))
+            })
+            .collect();
+        let refused = screen_calls(
+            &mut items,
+            &[ToolName::new("web_search").expect("a tool name")],
+            ErrorFormat::PlainText,
+        );
+        (items, refused)
+    }
+
+    fn id_of(item: &Item) -> String {
+        match item {
+            Item::ToolUse { id, .. } | Item::ProviderToolUse { id, .. } => id.to_string(),
+            other => panic!("not a call: {other:?}"),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn repeated_ids_get_the_same_unique_names_as_before(
+            picks in proptest::collection::vec((0usize..6, proptest::bool::weighted(0.1)), 0..40)
+        ) {
+            const IDS: [&str; 6] = ["a", "a_2", "a_3", "a_2_2", "b", "b_2"];
+            let ids: Vec<(&str, bool)> = picks.iter().map(|(i, p)| (IDS[*i], *p)).collect();
+            let (items, refused) = renamed(&ids);
+            let names: Vec<String> = items.iter().map(id_of).collect();
+            prop_assert_eq!(&names, &reference(&ids));
+            let calls: Vec<&String> = items
+                .iter()
+                .zip(&names)
+                .filter(|(i, _)| matches!(i, Item::ToolUse { .. }))
+                .map(|(_, n)| n)
+                .collect();
+            let unique: HashSet<&String> = calls.iter().copied().collect();
+            prop_assert_eq!(unique.len(), calls.len(), "call ids are unique");
+            // Each refused result answers one renamed call; the others run.
+            let refused_ids: HashSet<String> =
+                refused.iter().map(|r| r.call_id.to_string()).collect();
+            prop_assert_eq!(refused_ids.len(), refused.len());
+            prop_assert!(refused_ids.iter().all(|r| unique.contains(r)));
+        }
+    }
+
+    #[test]
+    fn arguments_too_deep_are_recorded_as_an_empty_object_and_refused() {
+        let mut deep = Value::Object(serde_json::Map::new());
+        for _ in 0..MAX_ARGUMENT_DEPTH {
+            let mut outer = serde_json::Map::new();
+            outer.insert("a".to_owned(), deep);
+            deep = Value::Object(outer);
+        }
+        let mut items = vec![
+            Item::tool_use("c1", "pay", deep.clone()),
+            Item::tool_use("c1", "pay", deep.clone()),
+            Item::tool_use("c2", "web_search", deep.clone()),
+            Item::tool_use("c3", "pay", serde_json::json!({"a": 1})),
+        ];
+        let refused = screen_calls(
+            &mut items,
+            &[ToolName::new("web_search").expect("a tool name")],
+            ErrorFormat::Envelope,
+        );
+        let empty = serde_json::json!({});
+        for item in &items[..3] {
+            match item {
+                Item::ToolUse { input, .. } | Item::ProviderToolUse { input, .. } => {
+                    assert_eq!(*input, empty);
+                }
+                other => panic!("not a call: {other:?}"),
+            }
+        }
+        assert!(matches!(&items[2], Item::ProviderToolUse { .. }));
+        let ids: Vec<&str> = refused.iter().map(|r| r.call_id.as_str()).collect();
+        assert_eq!(ids, ["c1", "c1_2"], "c3 runs; the provider answered c2");
+        assert!(
+            refused[0].content.contains("INVALID_INPUT"),
+            "{}",
+            refused[0].content
+        );
+        assert_eq!(refused[1].content, DUPLICATE_TOOL_CALL);
+    }
+
+    #[test]
+    fn twenty_thousand_repeats_of_one_id_are_numbered_in_order() {
+        let ids = vec![("dup", false); 20_000];
+        let (items, refused) = renamed(&ids);
+        assert_eq!(id_of(&items[0]), "dup");
+        assert_eq!(id_of(&items[1]), "dup_2");
+        assert_eq!(id_of(&items[19_999]), "dup_20000");
+        assert_eq!(refused.len(), 19_999);
+    }
 }

@@ -24,6 +24,10 @@
 //! again issues a new id. The approvals belong to one conversation (a
 //! machine's [`PolicyState`](crate::PolicyState)): an id approved in one is
 //! unknown in every other.
+//!
+//! At most [`MAX_PENDING`] requests wait for a decision at once; a call that
+//! would issue one more gets its error result without a request. An approved
+//! request is never forgotten before it expires, however many calls follow.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -41,8 +45,18 @@ use crate::service::{ToolLayer, ToolRequest, ToolService};
 /// The argument that carries the id of an approved confirmation request.
 pub const CONFIRMATION_TOKEN: &str = "confirmationToken";
 
-/// Requests kept at most per conversation; decided and expired ones go first.
+/// Records kept per conversation before used, denied and expired ones are
+/// forgotten. Approved requests are never forgotten before they expire, and
+/// pending ones are bounded by [`MAX_PENDING`], so the set stays bounded by
+/// what the application itself approves.
 const MAX_REQUESTS: usize = 1024;
+
+/// Requests waiting for the application's decision at most per conversation.
+/// A call that would issue one more is refused without a request, so a model
+/// that floods the conversation with calls cannot push out an approval or a
+/// request the user is looking at; room comes back as requests are decided or
+/// expire.
+pub const MAX_PENDING: usize = 64;
 
 /// The default lifetime of a confirmation request.
 pub const DEFAULT_CONFIRMATION_TTL: Duration = Duration::from_secs(300);
@@ -282,14 +296,15 @@ impl Approvals {
     }
 
     /// A request for `tool` with `args`: the pending one for the same call
-    /// if there is one, else a new one.
+    /// if there is one, else a new one, or `None` when [`MAX_PENDING`]
+    /// requests already wait for a decision.
     fn request(
         &self,
         tool: &str,
         args: &Value,
         ttl: Duration,
         now: SystemTime,
-    ) -> ConfirmationRequest {
+    ) -> Option<ConfirmationRequest> {
         let now_ms = unix_millis(now);
         let mut records = self.lock();
         if let Some((record, _)) = records.values().find(|(r, _)| {
@@ -298,7 +313,14 @@ impl Approvals {
                 && r.request.tool == tool
                 && r.request.args == *args
         }) {
-            return record.request.clone();
+            return Some(record.request.clone());
+        }
+        let pending = records
+            .values()
+            .filter(|(r, _)| r.status == ApprovalStatus::Pending && now_ms < r.request.expires)
+            .count();
+        if pending >= MAX_PENDING {
+            return None;
         }
         // A lifetime too long for the clock ("never expires") saturates.
         let expires = now.checked_add(ttl).map_or(u64::MAX, unix_millis);
@@ -321,7 +343,7 @@ impl Approvals {
                 seq,
             ),
         );
-        request
+        Some(request)
     }
 
     /// The stage's decision for a call of `tool` (sans-IO): strips the token
@@ -339,9 +361,14 @@ impl Approvals {
             _ => None,
         };
         let fresh = |kind: ToolErrorKind, detail: &str| {
-            Rejection::new(kind)
+            match self.request(tool, input, ttl, now) {
+            Some(request) => Rejection::new(kind)
                 .with_detail(detail)
-                .with_confirmation(self.request(tool, input, ttl, now))
+                .with_confirmation(request),
+            None => Rejection::new(kind).with_detail(format!(
+                "{detail}; no new request was issued: {MAX_PENDING} requests already wait for the user's decision"
+            )),
+        }
         };
         let token = match token {
             None => {
@@ -405,24 +432,27 @@ fn next_seq(map: &BTreeMap<ApprovalId, (ApprovalRecord, u64)>) -> u64 {
     map.values().map(|(_, s)| *s + 1).max().unwrap_or(0)
 }
 
-/// Makes room for one more record: expired and decided records go first,
-/// then the oldest pending ones.
+/// Makes room for one more record: expired records go first, then the
+/// oldest used or denied ones. Pending and approved requests are never
+/// evicted: pending ones are bounded by [`MAX_PENDING`] where they are
+/// issued, approved ones by the application that approves them.
 fn trim(map: &mut BTreeMap<ApprovalId, (ApprovalRecord, u64)>, now_ms: u64) {
     if map.len() < MAX_REQUESTS {
         return;
     }
     map.retain(|_, (r, _)| now_ms < r.request.expires);
-    while map.len() >= MAX_REQUESTS {
-        let victim = map
-            .iter()
-            .min_by_key(|(_, (r, seq))| (r.status == ApprovalStatus::Pending, *seq))
-            .map(|(id, _)| id.clone());
-        match victim {
-            Some(id) => {
-                map.remove(&id);
-            }
-            None => break,
-        }
+    if map.len() < MAX_REQUESTS {
+        return;
+    }
+    let mut settled: Vec<(u64, ApprovalId)> = map
+        .iter()
+        .filter(|(_, (r, _))| matches!(r.status, ApprovalStatus::Used | ApprovalStatus::Denied))
+        .map(|(id, (_, seq))| (*seq, id.clone()))
+        .collect();
+    settled.sort_unstable();
+    let excess = map.len() + 1 - MAX_REQUESTS;
+    for (_, id) in settled.into_iter().take(excess) {
+        map.remove(&id);
     }
 }
 
@@ -676,6 +706,33 @@ mod tests {
             present(&restored, &approved.request_id, json!({"a": 2}), now),
             Ok(json!({"a": 2}))
         );
+    }
+
+    #[test]
+    fn a_flood_of_requests_never_evicts_an_approval() {
+        let approvals = Approvals::new();
+        let approved = required(&approvals, json!({"n": -1}), at(0)).request_id;
+        approvals
+            .decide(&approved, ApprovalStatus::Approved, at(1))
+            .expect("approve");
+        let mut refused = 0;
+        for n in 0..2_000 {
+            let mut input = json!({ "n": n });
+            let err = approvals
+                .check("pay", &mut input, TTL, at(2))
+                .expect_err("needs an approval");
+            assert_eq!(err.kind(), ToolErrorKind::ConfirmationRequired);
+            if err.confirmation().is_none() {
+                refused += 1;
+            }
+        }
+        assert_eq!(
+            present(&approvals, &approved, json!({"n": -1}), at(3)),
+            Ok(json!({"n": -1})),
+            "the approval survives the flood"
+        );
+        assert!(refused > 0, "a flood is refused, not stored");
+        assert!(approvals.pending_at(at(2)).len() <= MAX_PENDING);
     }
 
     #[test]

@@ -43,12 +43,14 @@
 //!
 //! # Servers that misbehave
 //!
-//! - A streamed call is bounded as a whole, from the request to the final
-//!   event (`stream_deadline` on either builder, 10 minutes by default): a
-//!   server that keeps the stream alive with pings or keep-alive comments
-//!   and never answers ends it with [`ModelError::Timeout`] carrying that
-//!   deadline. The per-attempt `timeout` still bounds the wait for the
-//!   response head and each pause between chunks.
+//! - A call is bounded as a whole, retries and the waits between them
+//!   included (`stream_deadline` on either builder, 10 minutes by default,
+//!   for `complete` as for `stream`): a server that keeps a stream alive
+//!   with pings or keep-alive comments and never answers, or answers each
+//!   attempt of `complete` slowly with a retryable error, ends the call with
+//!   [`ModelError::Timeout`] carrying that deadline. The per-attempt
+//!   `timeout` still bounds the wait for the response head and each pause
+//!   between chunks.
 //! - Server-sent events are parsed in one pass over the bytes, however an
 //!   event is split into chunks. One event larger than `max_event_bytes`
 //!   (16 MiB by default) ends the stream with
@@ -57,6 +59,10 @@
 //! - Of an error body, at most 8 KiB are read, chunk by chunk, whatever its
 //!   size, on every attempt (retries included); the rest is never
 //!   downloaded. A message cut short ends with `… (truncated)`.
+//! - Redirects are never followed, so the API key never reaches an address
+//!   the base URL does not name: a `3xx` answer ends the call with
+//!   [`ModelError::Redirect`], which names the target (redacted) and is not
+//!   retried.
 //! - HTTP errors, overloads and connection failures ([`ModelError::Http`],
 //!   [`ModelError::Overloaded`], [`ModelError::Connection`]), before or
 //!   during a stream, end with `(from <url>)`: the URL they came from, with
@@ -83,6 +89,7 @@
 //! [`ModelError::Timeout`]: markov_core::ModelError::Timeout
 //! [`ModelError::InvalidResponse`]: markov_core::ModelError::InvalidResponse
 //! [`ModelError::Connection`]: markov_core::ModelError::Connection
+//! [`ModelError::Redirect`]: markov_core::ModelError::Redirect
 #![deny(missing_docs)]
 
 #[cfg(feature = "anthropic")]

@@ -65,7 +65,7 @@ enum State<'a, D> {
 /// an event stream, `decoder` turns the events into [`StreamEvent`]s.
 ///
 /// The whole call — connecting, retries and every event — is bounded by
-/// `config.stream_deadline`: a server that keeps the stream alive with pings
+/// `config.deadline`: a server that keeps the stream alive with pings
 /// and never answers ends it with [`ModelError::Timeout`]. One event larger
 /// than `config.max_event_bytes` ends it with
 /// [`ModelError::InvalidResponse`]. Every other error of the body names the
@@ -83,7 +83,7 @@ where
     let now = tokio::time::Instant::now();
     // A deadline too far for the clock is no deadline (a year is plenty).
     let deadline = now
-        .checked_add(config.stream_deadline)
+        .checked_add(config.deadline)
         .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600));
     let start = State::Connecting(Box::pin(connect), decoder);
     stream::unfold(start, move |state| {
@@ -99,7 +99,7 @@ async fn step<D: SseDecoder>(
     config: TransportConfig,
     deadline: tokio::time::Instant,
 ) -> Step<'_, D> {
-    let late = || ModelError::Timeout(config.stream_deadline);
+    let late = || ModelError::Timeout(config.deadline);
     loop {
         state = match state {
             State::Finished => return None,

@@ -28,8 +28,8 @@ const MAX_ERROR_BODY: usize = 2_000;
 /// (a huge or endless body costs nothing, on every retry).
 pub(crate) const MAX_ERROR_BODY_READ: usize = 8 * 1024;
 
-/// The default bound of a whole streamed call.
-pub(crate) const DEFAULT_STREAM_DEADLINE: Duration = Duration::from_secs(600);
+/// The default bound of a whole call, streamed or not.
+pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
 
 /// The default size cap of one server-sent event (what the parser may hold
 /// of one event). Parsing is linear, so a generous cap costs nothing until
@@ -84,9 +84,11 @@ pub(crate) struct TransportConfig {
     /// wait for the response head and each pause between streamed chunks for a
     /// streaming call.
     pub(crate) timeout: Duration,
-    /// The limit of a whole streamed call, from the request to its last
-    /// event, whatever the server sends meanwhile (pings included).
-    pub(crate) stream_deadline: Duration,
+    /// The limit of a whole call, retries and the waits between them
+    /// included: a streamed one from the request to its last event, whatever
+    /// the server sends meanwhile (pings included); a complete one from the
+    /// request to its last byte.
+    pub(crate) deadline: Duration,
     /// The largest server-sent event accepted, in bytes.
     pub(crate) max_event_bytes: usize,
 }
@@ -97,7 +99,7 @@ impl TransportConfig {
         initial_backoff: Duration::from_millis(500),
         max_backoff: Duration::from_secs(8),
         timeout: Duration::from_secs(600),
-        stream_deadline: DEFAULT_STREAM_DEADLINE,
+        deadline: DEFAULT_DEADLINE,
         max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
     };
 
@@ -175,6 +177,11 @@ impl Transport {
         let client = reqwest::Client::builder()
             .tls_backend_preconfigured(tls)
             .default_headers(default_headers)
+            // A redirect is never followed: reqwest strips `Authorization` on
+            // a redirect to another host but not `x-api-key` or other key
+            // headers, and a key must never reach an address the user did
+            // not configure. A 3xx becomes `ModelError::Redirect`.
+            .redirect(reqwest::redirect::Policy::none())
             .connect_timeout(config.timeout.min(Duration::from_secs(30)))
             .read_timeout(config.timeout)
             .build()
@@ -232,6 +239,27 @@ impl Transport {
             tokio::time::sleep(delay).await;
             retry += 1;
         }
+    }
+
+    /// [`with_retries`](Self::with_retries) bounded as a whole by the
+    /// configured deadline: a server that answers every attempt slowly with
+    /// a retryable error, or never answers, ends the call with
+    /// [`ModelError::Timeout`] carrying the deadline. Streams bound their
+    /// retries by the same deadline in [`sse_stream`](crate::sse::sse_stream).
+    pub(crate) async fn with_retries_by_deadline<T, F, Fut>(
+        &self,
+        span: &tracing::Span,
+        attempt: F,
+    ) -> Result<T, ModelError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, ModelError>>,
+    {
+        // A deadline too far for the clock is no deadline: tokio's timeout
+        // then waits without end instead of panicking.
+        tokio::time::timeout(self.config.deadline, self.with_retries(span, attempt))
+            .await
+            .unwrap_or(Err(ModelError::Timeout(self.config.deadline)))
     }
 }
 
@@ -315,6 +343,9 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
     if status.is_success() {
         return Ok(response);
     }
+    if status.is_redirection() {
+        return Err(redirect_error(&response));
+    }
     let retry_after = retry_after(response.headers());
     let url = redact_url(response.url().as_str());
     let (body, cut) = read_capped(response, MAX_ERROR_BODY_READ).await;
@@ -350,6 +381,24 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
         }
     };
     Err(naming_url(error, &url))
+}
+
+/// A redirect as an error naming its target: the `Location` header made
+/// absolute against the response's URL, redacted (a key may ride in its
+/// query).
+fn redirect_error(response: &Response) -> ModelError {
+    let location = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .map(|value| String::from_utf8_lossy(value.as_bytes()).trim().to_owned())
+        .map(|target| match response.url().join(&target) {
+            Ok(absolute) => redact_url(absolute.as_str()),
+            Err(_) => "<an unparseable url>".to_owned(),
+        });
+    ModelError::Redirect {
+        status: response.status().as_u16(),
+        location,
+    }
 }
 
 /// `error` naming the `url` it came from (already redacted), when it is an

@@ -26,6 +26,47 @@ mod ser;
 pub use read::{read_history_json, read_history_json_prefix, read_message_json};
 pub use ser::{write_history_json, write_json_string};
 
+/// The deepest nesting of tool arguments a history may hold: objects and
+/// arrays, counted from the arguments object itself (`{}` is 1 deep,
+/// `{"a": [1]}` is 2).
+///
+/// serde_json reads at most 128 levels, and a stored message, a history
+/// and a machine snapshot add their own levels around the arguments: with
+/// arguments at most this deep, whatever is written reads back. Executors
+/// refuse deeper arguments as invalid input before any tool sees them, and
+/// record them as `{}` ([`tool::check_tool_arguments`] refuses them too).
+///
+/// [`tool::check_tool_arguments`]: crate::tool::check_tool_arguments
+pub const MAX_ARGUMENT_DEPTH: usize = 64;
+
+/// Whether `value` nests objects and arrays more than `limit` levels deep
+/// (a scalar is 0 deep, `{}` and `[]` 1). Walks the value without
+/// recursion, so no input, however deep, can exhaust the stack, and stops
+/// at the first level past the limit.
+pub fn nesting_exceeds(value: &Value, limit: usize) -> bool {
+    // Each entry is a value and how many containers hold it.
+    let mut pending: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((value, outside)) = pending.pop() {
+        let depth = outside + 1;
+        match value {
+            Value::Array(items) => {
+                if depth > limit {
+                    return true;
+                }
+                pending.extend(items.iter().map(|v| (v, depth)));
+            }
+            Value::Object(map) => {
+                if depth > limit {
+                    return true;
+                }
+                pending.extend(map.values().map(|v| (v, depth)));
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
 /// Who a message is from, and therefore what happens to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -723,6 +764,61 @@ fn every_shape() -> Vec<Message> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// `depth` objects, one inside the other, built without recursion.
+    fn nested(depth: usize) -> Value {
+        // `json!` would serialize the inner value again at every level.
+        let mut value = Value::Object(serde_json::Map::new());
+        for _ in 1..depth {
+            let mut outer = serde_json::Map::new();
+            outer.insert("a".to_owned(), value);
+            value = Value::Object(outer);
+        }
+        value
+    }
+
+    #[test]
+    fn nesting_is_counted_without_recursion() {
+        assert!(!nesting_exceeds(&json!(1), 0));
+        assert!(nesting_exceeds(&json!({}), 0));
+        assert!(!nesting_exceeds(&json!({"a": [1, {"b": []}]}), 4));
+        assert!(nesting_exceeds(&json!({"a": [1, {"b": []}]}), 3));
+        assert!(!nesting_exceeds(
+            &nested(MAX_ARGUMENT_DEPTH),
+            MAX_ARGUMENT_DEPTH
+        ));
+        assert!(nesting_exceeds(
+            &nested(MAX_ARGUMENT_DEPTH + 1),
+            MAX_ARGUMENT_DEPTH
+        ));
+        // Far deeper than any recursion could go on a test thread's stack.
+        let deep = nested(100_000);
+        assert!(nesting_exceeds(&deep, MAX_ARGUMENT_DEPTH));
+        // Dropping a value recurses: take it apart level by level instead.
+        let mut deep = deep;
+        while let Value::Object(mut map) = deep {
+            deep = map.remove("a").unwrap_or(Value::Null);
+        }
+    }
+
+    #[test]
+    fn a_message_with_arguments_at_the_limit_reads_back() {
+        let message = Message::assistant_items(vec![Item::tool_use(
+            "t1",
+            "add",
+            nested(MAX_ARGUMENT_DEPTH),
+        )]);
+        let text = serde_json::to_string(&message).expect("writes");
+        assert_eq!(
+            serde_json::from_str::<Message>(&text).expect("reads"),
+            message
+        );
+        assert_eq!(read_message_json(&text).expect("reads"), message);
+        let mut history = Vec::new();
+        write_history_json(std::slice::from_ref(&message), &mut history).expect("writes");
+        let history = String::from_utf8(history).expect("utf-8");
+        assert_eq!(read_history_json(&history).expect("reads"), vec![message]);
+    }
 
     #[test]
     fn wire_form_matches_upstream_shapes() {

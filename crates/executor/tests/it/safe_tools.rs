@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::common::*;
 use markov_core::Item;
 use markov_core::ids::ToolCallId;
+use markov_core::message::{MAX_ARGUMENT_DEPTH, Message, read_message_json};
 use markov_core::model::{ModelResponse, StopReason, ToolChoice, Usage};
 use markov_core::tool::{Tool, ToolContext, parse_tool_arguments};
 use markov_executor::{
@@ -443,6 +444,80 @@ async fn transitions_inside_a_user_turn_do_not_refill_the_budget() {
     assert_eq!(last.1, r#"{"ok":true,"data":2}"#);
 }
 
+// --- a node's own tools beside a registry ----------------------------------------
+
+#[tokio::test]
+async fn a_nodes_own_unregistered_tools_are_callable_beside_a_registry() {
+    for last in ["respond", "finish"] {
+        let pays = Arc::new(AtomicUsize::new(0));
+        let registry = Arc::new(
+            ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+                .register(Pay(pays.clone()), ToolMetadata::new(Category::Action))
+                .lock()
+                .expect("the registry locks"),
+        );
+        let keeps = Arc::new(AtomicUsize::new(0));
+        let node = Node::builder("Pay and keep.")
+            .name("main")
+            .tool(Keep(keeps.clone()))
+            .tool(markov_tools_std::Respond)
+            .tool(markov_tools_std::Finish)
+            .build()
+            .expect("node builds");
+        let end = if last == "respond" {
+            json!({"text": "all done"})
+        } else {
+            json!({"note": "all done"})
+        };
+        let model = Arc::new(
+            ScriptedModel::builder()
+                .response(calls(&[
+                    ("c1", "keep", json!({"filter": "x"})),
+                    ("c2", "pay", json!({"amount": 3})),
+                ]))
+                .response(calls(&[("c3", last, end)]))
+                .text("unused")
+                .build(),
+        );
+        let charter = Charter::builder("t")
+            .node("main", node.clone())
+            .build()
+            .expect("charter");
+        let executor = StandardExecutor::shared(model.clone()).with_registry(registry, Mode::TEXT);
+        let mut m =
+            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        m.enqueue_user("go");
+        let (steps, err) = run_all(&mut m, RunOptions::default()).await;
+        assert!(err.is_none(), "{err:?}");
+        assert!(steps.last().is_some_and(|s| s.done), "{last} ends the run");
+        // What was offered is what could be called.
+        let offered: Vec<String> = model.requests()[0]
+            .tools
+            .iter()
+            .map(|t| t.name.to_string())
+            .collect();
+        for name in ["keep", "respond", "finish", "pay"] {
+            assert!(
+                offered.iter().any(|o| o == name),
+                "{name} offered: {offered:?}"
+            );
+        }
+        assert_eq!(keeps.load(Ordering::SeqCst), 1, "the node's own tool ran");
+        assert_eq!(pays.load(Ordering::SeqCst), 1, "the registered tool ran");
+        let results = all_results(m.history());
+        assert_eq!(results.len(), 3, "{results:?}");
+        for (id, content, is_error) in &results {
+            assert_eq!(*is_error, Some(false), "{id}: {content}");
+        }
+        assert_eq!(results[0].1, "kept", "plain, as without a registry");
+        assert_eq!(
+            results[1].1, r#"{"ok":true,"data":"paid 3"}"#,
+            "through the registry's stack"
+        );
+        assert_paired(m.history());
+    }
+}
+
 // --- panics, garbled arguments, duplicates ------------------------------------
 
 #[tokio::test]
@@ -567,6 +642,115 @@ async fn garbled_arguments_never_reach_a_tool() {
     }
 }
 
+/// Keeps anything: counts its executions.
+struct Keep(Arc<AtomicUsize>);
+
+#[derive(Deserialize, JsonSchema)]
+struct KeepArgs {
+    #[allow(dead_code)]
+    filter: Value,
+}
+
+impl Tool for Keep {
+    const NAME: &'static str = "keep";
+    type Args = KeepArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Keep a filter".into()
+    }
+    async fn call(&self, _: KeepArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Ok("kept".into())
+    }
+}
+
+/// `{"filter": {"a": {"a": ... }}}`, `depth` containers deep in all,
+/// built without recursion.
+fn nested_filter(depth: usize) -> Value {
+    // `json!` would serialize the inner value again at every level.
+    let wrap = |key: &str, inner: Value| {
+        let mut map = serde_json::Map::new();
+        map.insert(key.to_owned(), inner);
+        Value::Object(map)
+    };
+    let mut value = json!("x");
+    for _ in 1..depth {
+        value = wrap("a", value);
+    }
+    wrap("filter", value)
+}
+
+#[tokio::test]
+async fn arguments_nested_too_deep_are_refused_and_the_history_reads_back() {
+    for with_registry in [false, true] {
+        let deletes = Arc::new(AtomicUsize::new(0));
+        let model = Arc::new(
+            ScriptedModel::builder()
+                .response(calls(&[
+                    ("c1", "keep", nested_filter(126)),
+                    ("c2", "keep", nested_filter(1_000)),
+                    ("c3", "keep", nested_filter(MAX_ARGUMENT_DEPTH + 1)),
+                ]))
+                .text("I could not delete anything")
+                .build(),
+        );
+        let node = Node::builder("Records.")
+            .name("main")
+            .tool(Keep(deletes.clone()))
+            .build()
+            .expect("node builds");
+        let charter = Charter::builder("t")
+            .node("main", node.clone())
+            .build()
+            .expect("charter");
+        let mut executor = StandardExecutor::shared(model);
+        if with_registry {
+            let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+                .register(Keep(deletes.clone()), ToolMetadata::new(Category::Action))
+                .lock()
+                .expect("locks");
+            executor = executor.with_registry(Arc::new(registry), Mode::TEXT);
+        }
+        let mut m =
+            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        m.enqueue_user("delete record 4");
+        let (_, err) = run_all(&mut m, RunOptions::default()).await;
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(deletes.load(Ordering::SeqCst), 0, "the tool never ran");
+        let results = all_results(m.history());
+        assert_eq!(results.len(), 3);
+        for (_, content, is_error) in &results {
+            assert_eq!(*is_error, Some(true));
+            if with_registry {
+                assert_eq!(
+                    error_type(content).as_deref(),
+                    Some("INVALID_INPUT"),
+                    "{content}"
+                );
+            } else {
+                assert!(content.starts_with("Invalid tool input:"), "{content}");
+            }
+            assert!(content.contains("nested deeper than"), "{content}");
+        }
+        for (_, _, input) in m.history().iter().flat_map(|msg| msg.tool_uses()) {
+            assert_eq!(*input, json!({}), "a refused input is recorded as {{}}");
+        }
+        assert_paired(m.history());
+        for message in m.history() {
+            let json = serde_json::to_string(message).expect("writes");
+            let read: Message = serde_json::from_str(&json).expect("reads back");
+            assert_eq!(&read, message);
+            assert_eq!(&read_message_json(&json).expect("reads back"), message);
+        }
+        // The whole machine too: its snapshot nests the history deeper.
+        let snapshot = serialize_machine(&m).expect("serializes");
+        let text = serde_json::to_string(&snapshot).expect("writes");
+        let back: Value = serde_json::from_str(&text).expect("the snapshot reads back");
+        assert!(back.is_object());
+    }
+}
+
 #[tokio::test]
 async fn duplicate_call_ids_in_one_response_get_unique_ids_and_run_once() {
     let pays = Arc::new(AtomicUsize::new(0));
@@ -626,6 +810,65 @@ async fn duplicate_call_ids_in_one_response_get_unique_ids_and_run_once() {
         })
         .collect();
     assert_eq!(sent_ids.len(), 3);
+}
+
+#[test]
+fn many_calls_sharing_one_id_are_renamed_in_linear_time() {
+    // Renaming used to scan every earlier call for every candidate name
+    // (cubic in the calls): 20 000 calls took far longer than the bound
+    // below, which only detects such a blow-up.
+    const CALLS: usize = 20_000;
+    let pays = Arc::new(AtomicUsize::new(0));
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker_pays = pays.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let history = runtime.block_on(async move {
+            let node = Node::builder("Pay.")
+                .name("main")
+                .tool(Pay(worker_pays))
+                .build()
+                .expect("node builds");
+            let list: Vec<(&str, &str, Value)> = (0..CALLS)
+                .map(|_| ("dup", "pay", json!({"amount": 1})))
+                .collect();
+            let model = Arc::new(
+                ScriptedModel::builder()
+                    .response(calls(&list))
+                    .text("paid")
+                    .build(),
+            );
+            let mut m = machine(|c| c, node, json!({}), model);
+            m.enqueue_user("pay");
+            let (_, err) = run_all(&mut m, RunOptions::default()).await;
+            assert!(err.is_none(), "{err:?}");
+            m.history().to_vec()
+        });
+        let _ = done.send(history);
+    });
+    let history = finished
+        .recv_timeout(Duration::from_secs(60))
+        .expect("20 000 repeated ids are renamed without a blow-up");
+    assert_eq!(pays.load(Ordering::SeqCst), 1, "only the first call runs");
+    let mut ids = std::collections::HashSet::new();
+    let mut uses = 0;
+    for msg in &history {
+        for (id, _, _) in msg.tool_uses() {
+            uses += 1;
+            assert!(ids.insert(id.to_string()), "{id} is repeated");
+        }
+    }
+    assert_eq!(uses, CALLS);
+    assert!(ids.contains("dup") && ids.contains("dup_2") && ids.contains("dup_20000"));
+    let mut answered = std::collections::HashSet::new();
+    for (id, _, _) in all_results(&history) {
+        assert!(ids.contains(&id), "{id} answers no call");
+        assert!(answered.insert(id.clone()), "{id} is answered twice");
+    }
+    assert_eq!(answered.len(), CALLS, "every call has exactly one result");
 }
 
 // --- cancellation ----------------------------------------------------------------

@@ -254,15 +254,17 @@ impl AnthropicBuilder {
         self
     }
 
-    /// Bounds a whole streamed call (default 10 minutes), from the request
-    /// to the final event: connecting, retries and every event. A server
-    /// that keeps the stream alive with pings or keep-alive comments and
-    /// never answers ends the call with `ModelError::Timeout(deadline)`.
-    /// [`timeout`](Self::timeout) still bounds each attempt and each pause
-    /// between chunks; dropping the stream still cancels the call.
+    /// Bounds a whole call, streamed or not (default 10 minutes): every
+    /// attempt, the waits between retries and, for a stream, every event up
+    /// to the final one. A server that keeps a stream alive with pings or
+    /// keep-alive comments and never answers, or that answers each attempt
+    /// of `complete` slowly with a retryable error, or not at all, ends the
+    /// call with `ModelError::Timeout(deadline)`. [`timeout`](Self::timeout)
+    /// still bounds each attempt and each pause between chunks; dropping the
+    /// stream or the future still cancels the call.
     #[must_use]
     pub fn stream_deadline(mut self, deadline: Duration) -> Self {
-        self.transport.stream_deadline = deadline;
+        self.transport.deadline = deadline;
         self
     }
 
@@ -449,7 +451,7 @@ impl Model for Anthropic {
         let call = async {
             let bytes = self
                 .transport
-                .with_retries(&span, || async {
+                .with_retries_by_deadline(&span, || async {
                     let response = self.post(body.clone(), structured).await?;
                     response
                         .bytes()

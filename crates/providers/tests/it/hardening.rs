@@ -75,6 +75,174 @@ async fn a_stream_of_pings_ends_at_the_stream_deadline() {
     assert_eq!(last_event(&model).await, Err(ModelError::Timeout(deadline)));
 }
 
+/// A non-streamed call, bounded by [`HANG`].
+async fn complete(model: &dyn Model) -> Result<(), ModelError> {
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let request = ModelRequest::new("", &history, &settings);
+    tokio::time::timeout(HANG, model.complete(request))
+        .await
+        .expect("the call ended by itself")
+        .map(|_| ())
+}
+
+#[tokio::test]
+async fn retried_complete_calls_end_at_the_call_deadline() {
+    let deadline = Duration::from_millis(500);
+    // Slow overloads, retried again and again: each attempt is short, so
+    // only a bound on the whole call (retries and waits included) ends it.
+    let slow_overload = |status: u16| {
+        Reply::json(status, anthropic::error("overloaded_error", "Overloaded"))
+            .delayed(Duration::from_millis(100))
+    };
+    let server = FakeServer::scripted((0..200).map(|_| slow_overload(529)).collect()).await;
+    let model = anthropic_client(&server)
+        .max_retries(u32::MAX)
+        .backoff(Duration::from_millis(1), Duration::from_millis(2))
+        .stream_deadline(deadline)
+        .build()
+        .expect("client");
+    assert_eq!(complete(&model).await, Err(ModelError::Timeout(deadline)));
+    assert!(server.remaining() > 0, "retries stopped at the deadline");
+
+    let server = FakeServer::scripted((0..200).map(|_| slow_overload(503)).collect()).await;
+    let model = openai_client(&server)
+        .max_retries(u32::MAX)
+        .backoff(Duration::from_millis(1), Duration::from_millis(2))
+        .stream_deadline(deadline)
+        .build()
+        .expect("client");
+    assert_eq!(complete(&model).await, Err(ModelError::Timeout(deadline)));
+    assert!(server.remaining() > 0, "retries stopped at the deadline");
+
+    // A server that never answers, under a per-attempt timeout longer than
+    // the deadline.
+    for openai in [false, true] {
+        let server = FakeServer::scripted(vec![Reply::hang(HANG)]).await;
+        let model: Box<dyn Model> = if openai {
+            Box::new(
+                openai_client(&server)
+                    .timeout(HANG * 2)
+                    .stream_deadline(deadline)
+                    .build()
+                    .expect("client"),
+            )
+        } else {
+            Box::new(
+                anthropic_client(&server)
+                    .timeout(HANG * 2)
+                    .stream_deadline(deadline)
+                    .build()
+                    .expect("client"),
+            )
+        };
+        assert_eq!(complete(&*model).await, Err(ModelError::Timeout(deadline)));
+    }
+}
+
+#[tokio::test]
+async fn a_redirect_to_another_origin_never_receives_the_key() {
+    for (openai, streamed) in [(false, false), (false, true), (true, false), (true, true)] {
+        // Another port of the same host is another origin.
+        let elsewhere = FakeServer::start().await;
+        let answer = if openai {
+            Reply::json(200, openai::text("redirected"))
+        } else {
+            Reply::json(200, anthropic::text("redirected"))
+        };
+        elsewhere.reply(answer.clone()).reply(answer);
+        let target = format!("{}/stolen?token=sk-in-query", elsewhere.base_url());
+        let server = FakeServer::scripted(vec![
+            Reply::json(307, json!({})).header("location", &target),
+        ])
+        .await;
+        let model: Box<dyn Model> = if openai {
+            Box::new(openai_client(&server).build().expect("client"))
+        } else {
+            Box::new(anthropic_client(&server).build().expect("client"))
+        };
+        let result = if streamed {
+            last_event(&*model).await
+        } else {
+            complete(&*model).await
+        };
+        for request in elsewhere.requests() {
+            assert_eq!(request.header("x-api-key"), None, "{request:?}");
+            assert_eq!(request.header("authorization"), None, "{request:?}");
+        }
+        assert!(
+            elsewhere.requests().is_empty(),
+            "the redirect is not followed"
+        );
+        let error = result.expect_err("a redirect is an error");
+        let text = error.to_string();
+        assert!(
+            text.contains(&elsewhere.base_url()),
+            "names the target: {text}"
+        );
+        assert!(!text.contains("sk-"), "no secret in {text}");
+        assert!(
+            matches!(&error, ModelError::Redirect { status: 307, .. }),
+            "{error:?}"
+        );
+        assert!(!error.is_retryable());
+    }
+}
+
+/// `depth` objects, one inside the other, built without recursion.
+fn nested(depth: usize) -> serde_json::Value {
+    let mut value = json!({});
+    for _ in 1..depth {
+        let mut outer = serde_json::Map::new();
+        outer.insert("a".to_owned(), value);
+        value = serde_json::Value::Object(outer);
+    }
+    value
+}
+
+#[tokio::test]
+async fn deeply_nested_tool_arguments_never_panic_a_client() {
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    for depth in [126, 1_000] {
+        let input = nested(depth);
+        for (openai, streamed) in [(false, false), (false, true), (true, false), (true, true)] {
+            let reply = match (openai, streamed) {
+                (false, false) => Reply::json(200, anthropic::tool_use("t1", "keep", &input)),
+                (false, true) => Reply::sse(&anthropic::tool_use_events("t1", "keep", &input)),
+                (true, false) => Reply::json(200, openai::tool_call("t1", "keep", &input)),
+                (true, true) => Reply::sse(&openai::tool_call_events("t1", "keep", &input)),
+            };
+            let server = FakeServer::scripted(vec![reply]).await;
+            let model: Box<dyn Model> = if openai {
+                Box::new(openai_client(&server).build().expect("client"))
+            } else {
+                Box::new(anthropic_client(&server).build().expect("client"))
+            };
+            let request = ModelRequest::new("", &history, &settings);
+            let answer = if streamed {
+                let stream = model.stream(request);
+                tokio::time::timeout(HANG, markov_core::model::collect_stream(stream))
+                    .await
+                    .expect("the stream ended by itself")
+            } else {
+                tokio::time::timeout(HANG, model.complete(request))
+                    .await
+                    .expect("the call ended by itself")
+            };
+            // An answer (the executor refuses arguments this deep) or a
+            // typed error: never a panic.
+            match answer {
+                Ok(response) => assert!(!response.content.is_empty()),
+                Err(error) => assert!(
+                    matches!(error, ModelError::InvalidResponse(_)),
+                    "{depth} deep, openai {openai}, streamed {streamed}: {error:?}"
+                ),
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn an_endless_error_body_is_read_only_a_few_kilobytes() {
     let piece = "x".repeat(1024);

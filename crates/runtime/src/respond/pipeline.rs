@@ -19,13 +19,18 @@
 //! - a tool whose `update_state` was refused gets an error result (upstream
 //!   ignored the failure silently).
 //!
-//! With a tool registry ([`LeafView::policies`]), regular calls (node,
-//! ancestor, charter and pack tools, and unknown names) go through the
-//! registry's policy stack (see [`crate::registry`]); the tool still runs
-//! with the same [`ToolContext`], so its state updates apply as without one.
-//! Built-ins (`updateState`, transitions) bypass the stack. An unknown name is
-//! then a `NOT_FOUND` envelope instead of `Unknown tool: <name>`, and the
-//! intents that tools returned are collected in [`PipelineOutcome::intents`].
+//! With a tool registry ([`LeafView::policies`]), calls of the tools it
+//! registers (whether the node, an ancestor, the charter, a pack or only the
+//! registry declares them) and of unknown names go through the registry's
+//! policy stack (see [`crate::registry`]); the tool still runs with the same
+//! [`ToolContext`], so its state updates apply as without one. A node,
+//! ancestor, charter or pack tool the registry does not register (a node's
+//! own `respond` or `finish`, say) takes the plain execute-only path, as
+//! without a registry: it is offered, so it must be callable. Built-ins
+//! (`updateState`, transitions) bypass the stack. An unknown name is then a
+//! `NOT_FOUND` envelope instead of `Unknown tool: <name>`, and the intents
+//! that tools returned through the stack are collected in
+//! [`PipelineOutcome::intents`].
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -834,8 +839,9 @@ async fn contain_panic(
 }
 
 /// Runs one resolved tool through the tool path: the registry's stack when
-/// one is set, else the plain execute-only stack ([`plain_session`]).
-/// Returns the result and the intents of a success.
+/// one is set and registers the tool's name, else the plain execute-only
+/// stack ([`plain_session`]). Returns the result and the intents of a
+/// success.
 async fn call_tool(
     leaf: &LeafView<'_>,
     tool: &SharedTool,
@@ -843,9 +849,13 @@ async fn call_tool(
     cx: ToolContext<'_>,
     origin: ToolOrigin,
 ) -> (ToolExecutionResult, Vec<Value>) {
+    // A tool the leaf offers but the registry does not register (a node's
+    // own `respond` or `finish`, say) has no metadata for the stack's
+    // stages, which would refuse every call of it as unknown: what is
+    // offered must be callable, so it runs as it would without a registry.
     let session = match leaf.policies {
-        Some(session) => session,
-        None => plain_session(leaf),
+        Some(session) if session.registry.metadata(call.name).is_some() => session,
+        _ => plain_session(leaf),
     };
     let run = session.run_from(
         origin,
