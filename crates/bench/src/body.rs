@@ -115,15 +115,16 @@ pub(crate) fn body_figures(ks: &[usize], reps: usize) -> Vec<BodyFigure> {
     for &k in ks {
         let history = history(k);
         let request = |len: usize| {
-            ModelRequest::new("You work through lists.", &history[..len], &settings).tools(&tools)
+            ModelRequest::new("You work through lists.", &history[..len], &settings)
+                .with_tools(&tools)
         };
         for (vendor, cached, plain) in &vendors {
             let full = history.len();
             let body = plain(&request(full)).expect("the body encodes");
             let cached_body = {
                 let id = HistoryId::fresh();
-                cached(&request(full - 2).history_id(id)).expect("the body encodes");
-                cached(&request(full).history_id(id)).expect("the body encodes")
+                cached(&request(full - 2).with_history_id(id)).expect("the body encodes");
+                cached(&request(full).with_history_id(id)).expect("the body encodes")
             };
             assert_eq!(body, cached_body, "the cached body is the plain body");
             let mut cached_times = Vec::with_capacity(reps);
@@ -135,9 +136,9 @@ pub(crate) fn body_figures(ks: &[usize], reps: usize) -> Vec<BodyFigure> {
                 // history's id (the first of them encodes everything).
                 let id = HistoryId::fresh();
                 for earlier in [full - 4, full - 2] {
-                    black_box(cached(&request(earlier).history_id(id)).ok());
+                    black_box(cached(&request(earlier).with_history_id(id)).ok());
                 }
-                let step = request(full).history_id(id);
+                let step = request(full).with_history_id(id);
                 cached_times.push(time(|| black_box(cached(&step)).ok()));
                 let whole = request(full);
                 plain_times.push(time(|| black_box(plain(&whole)).ok()));
@@ -200,8 +201,8 @@ pub(crate) fn profile(vendor: &str, k: usize, reps: usize, plain: bool) -> Resul
     let id = HistoryId::fresh();
     for len in (2 * k + 1..=history.len()).step_by(2) {
         let request = ModelRequest::new("You work through lists.", &history[..len], &settings)
-            .tools(&tools)
-            .history_id(id);
+            .with_tools(&tools)
+            .with_history_id(id);
         let body = if plain {
             uncached(&request)
         } else {

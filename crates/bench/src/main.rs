@@ -60,11 +60,9 @@ use markov_bench::{
     timed_runtime,
 };
 use markov_core::ids::ToolCallId;
-use markov_core::message::{Message, read_history_json};
+use markov_core::message::Message;
 use markov_core::tool::{NoState, ToolContext};
-use markov_executor::serialize::{
-    SerializedMachine, deserialize_machine, serialize_machine, serialize_machine_json,
-};
+use markov_executor::serialize::{SerializedMachine, deserialize_machine, serialize_machine};
 use markov_executor::{Executor, Machine, MachineOptions, StandardExecutor};
 use markov_runtime::registry::{
     AuditLayer, CallReport, ConfirmLayer, EnvelopeMode, ExecuteService, GateLayer,
@@ -239,14 +237,19 @@ fn profile_snapshot(k: usize, reps: usize, read_only: bool) {
     runtime.block_on(run_turn(&mut machine, k));
     let charter = machine.charter().clone();
     let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
-    let written = serialize_machine_json(&machine).expect("the machine serializes");
+    let write = |machine: &Machine| {
+        serde_json::to_vec(&serialize_machine(machine).expect("the machine serializes"))
+            .expect("the snapshot serializes")
+    };
+    let written = write(&machine);
     for _ in 0..reps {
         let bytes = if read_only {
             written.clone()
         } else {
-            serialize_machine_json(black_box(&machine)).expect("the machine serializes")
+            write(black_box(&machine))
         };
-        let data = SerializedMachine::from_json_slice(&bytes).expect("the snapshot deserializes");
+        let data: SerializedMachine =
+            serde_json::from_slice(&bytes).expect("the snapshot deserializes");
         let restored = deserialize_machine(
             charter.clone(),
             Arc::clone(&executor),
@@ -382,17 +385,16 @@ fn run_all(plan: Plan) -> ExitCode {
     );
     let _ = writeln!(
         table,
-        "\n4. To and from JSON: the history (Vec<Message>) with serde_json and with read_history_json, and the full machine snapshot"
+        "\n4. To and from JSON: the history (Vec<Message>) and the full machine snapshot, with serde_json"
     );
     let _ = writeln!(
         table,
-        "   {:>6} {:>9} {:>11} {:>13} {:>13} {:>11} {:>14} {:>13} {:>13} {:>13}",
+        "   {:>6} {:>9} {:>11} {:>13} {:>13} {:>14} {:>13} {:>13} {:>13}",
         "K",
         "messages",
         "JSON bytes",
         "serialize µs",
         "deserialize µs",
-        "reader µs",
         "snapshot bytes",
         "snapshot ser",
         "snapshot de",
@@ -401,13 +403,12 @@ fn run_all(plan: Plan) -> ExitCode {
     for s in &serde {
         let _ = writeln!(
             table,
-            "   {:>6} {:>9} {:>11} {:>13.1} {:>13.1} {:>11.1} {:>14} {:>13.1} {:>13.1} {:>13.1}",
+            "   {:>6} {:>9} {:>11} {:>13.1} {:>13.1} {:>14} {:>13.1} {:>13.1} {:>13.1}",
             s.k,
             s.messages,
             s.bytes,
             s.serialize_us,
             s.deserialize_us,
-            s.read_us,
             s.snapshot_bytes,
             s.snapshot_serialize_us,
             s.snapshot_deserialize_us,
@@ -918,8 +919,6 @@ struct SerdeFigure {
     bytes: usize,
     serialize_us: f64,
     deserialize_us: f64,
-    /// The same bytes read by `read_history_json`.
-    read_us: f64,
     snapshot_bytes: usize,
     snapshot_serialize_us: f64,
     snapshot_deserialize_us: f64,
@@ -939,15 +938,8 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
 
     // About the same total work for every K.
     let reps = (iterations / history.len()).clamp(20, 5_000);
-    let text = std::str::from_utf8(&json).expect("serde_json writes UTF-8");
-    assert_eq!(
-        read_history_json(text).expect("the history reads"),
-        history,
-        "the history reader reads what serde reads"
-    );
     let mut ser = Vec::with_capacity(reps);
     let mut de = Vec::with_capacity(reps);
-    let mut read = Vec::with_capacity(reps);
     for _ in 0..reps {
         let start = Instant::now();
         let out = serde_json::to_vec(black_box(history)).expect("the history serializes");
@@ -957,19 +949,18 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
             serde_json::from_slice(black_box(&out)).expect("the history deserializes");
         de.push(start.elapsed());
         drop(black_box(back));
-        let start = Instant::now();
-        let back = read_history_json(black_box(text)).expect("the history reads");
-        read.push(start.elapsed());
-        drop(black_box(back));
     }
 
     // The full snapshot: instance tree and history, written and read back.
     let charter = machine.charter().clone();
     let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
-    let snapshot =
-        |machine: &Machine| serialize_machine_json(machine).expect("the machine serializes");
+    let snapshot = |machine: &Machine| {
+        serde_json::to_vec(&serialize_machine(machine).expect("the machine serializes"))
+            .expect("the snapshot serializes")
+    };
     let restore = |bytes: &[u8]| {
-        let data = SerializedMachine::from_json_slice(bytes).expect("the snapshot deserializes");
+        let data: SerializedMachine =
+            serde_json::from_slice(bytes).expect("the snapshot deserializes");
         deserialize_machine(
             charter.clone(),
             Arc::clone(&executor),
@@ -979,12 +970,6 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
         .expect("the machine deserializes")
     };
     let snap = snapshot(&machine);
-    assert_eq!(
-        snap,
-        serde_json::to_vec(&serialize_machine(&machine).expect("the machine serializes"))
-            .expect("the snapshot serializes"),
-        "writing straight from the machine writes the snapshot's bytes"
-    );
     let restored = restore(&snap);
     assert_eq!(
         restored.history(),
@@ -1018,19 +1003,17 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
         bytes: json.len(),
         serialize_us: Stats::of(&ser).median_us,
         deserialize_us: Stats::of(&de).median_us,
-        read_us: Stats::of(&read).median_us,
         snapshot_bytes: snap.len(),
         snapshot_serialize_us: Stats::of(&snap_ser).median_us,
         snapshot_deserialize_us: Stats::of(&snap_de).median_us,
         snapshot_round_trip_us: Stats::of(&snap_both).median_us,
     };
     println!(
-        "bench=history_serde k={k} messages={} json_bytes={} reps={reps} serialize_median_us={:.1} deserialize_median_us={:.1} read_history_json_median_us={:.1} snapshot_bytes={} snapshot_serialize_median_us={:.1} snapshot_deserialize_median_us={:.1} snapshot_round_trip_median_us={:.1}",
+        "bench=history_serde k={k} messages={} json_bytes={} reps={reps} serialize_median_us={:.1} deserialize_median_us={:.1} snapshot_bytes={} snapshot_serialize_median_us={:.1} snapshot_deserialize_median_us={:.1} snapshot_round_trip_median_us={:.1}",
         figure.messages,
         figure.bytes,
         figure.serialize_us,
         figure.deserialize_us,
-        figure.read_us,
         figure.snapshot_bytes,
         figure.snapshot_serialize_us,
         figure.snapshot_deserialize_us,

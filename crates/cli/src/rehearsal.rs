@@ -48,7 +48,7 @@ impl Model for Rehearsal {
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let (turn, question) = current_turn(request.messages);
+        let (turn, question) = current_turn(request.messages());
         let results: Vec<i64> = turn
             .iter()
             .flat_map(|m| m.item_list().iter())

@@ -129,36 +129,23 @@ impl Default for ModelSettings {
 /// let history = [Message::user("What is 2 + 3?")];
 /// let settings = ModelSettings::default();
 /// let request = ModelRequest::new("You are terse.", &history, &settings)
-///     .tool_choice(&ToolChoice::None);
-/// assert!(request.tools.is_empty());
-/// assert_eq!(request.tool_choice, &ToolChoice::None);
+///     .with_tool_choice(&ToolChoice::None);
+/// assert!(request.tools().is_empty());
+/// assert_eq!(request.tool_choice(), &ToolChoice::None);
 /// ```
 #[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
 pub struct ModelRequest<'a> {
-    /// The system prompt.
-    pub system: &'a str,
-    /// The conversation, borrowed from the history.
-    pub messages: &'a [Message],
-    /// The tools offered, which the loop runs.
-    pub tools: &'a [ToolDefinition],
-    /// Provider built-in tools offered, which the provider runs itself (see
-    /// [`ProviderTool`]); empty for most requests. A client whose provider
-    /// has no such tools refuses a request that offers any with
-    /// [`ModelError::InvalidRequest`].
-    pub provider_tools: &'a [ProviderTool],
-    /// Which tools the model may or must call.
-    pub tool_choice: &'a ToolChoice,
-    /// Settings.
-    pub settings: &'a ModelSettings,
-    /// A JSON Schema the answer must follow (structured output), if any.
-    pub output_schema: Option<&'a Value>,
-    /// The identity of the append-only history `messages` is taken from, if
-    /// the caller vouches for one (see [`HistoryId`]): a client may then keep
-    /// the encoded form of the messages it has sent and encode only the new
-    /// ones. `None` (the default, and after [`Self::messages`]) makes every
-    /// request stand alone.
-    pub history_id: Option<HistoryId>,
+    system: &'a str,
+    messages: &'a [Message],
+    tools: &'a [ToolDefinition],
+    provider_tools: &'a [ProviderTool],
+    tool_choice: &'a ToolChoice,
+    settings: &'a ModelSettings,
+    output_schema: Option<&'a Value>,
+    // Private, with `messages`: the only way to send other messages is
+    // `with_messages`, which drops the id, so a client never sends the
+    // cached bytes of a history for messages that are not that history.
+    history_id: Option<HistoryId>,
 }
 
 /// The identity of one append-only history, as the requests sent over it
@@ -213,28 +200,28 @@ impl<'a> ModelRequest<'a> {
 
     /// Offers `tools`.
     #[must_use]
-    pub fn tools(mut self, tools: &'a [ToolDefinition]) -> Self {
+    pub fn with_tools(mut self, tools: &'a [ToolDefinition]) -> Self {
         self.tools = tools;
         self
     }
 
     /// Offers provider built-in tools.
     #[must_use]
-    pub fn provider_tools(mut self, tools: &'a [ProviderTool]) -> Self {
+    pub fn with_provider_tools(mut self, tools: &'a [ProviderTool]) -> Self {
         self.provider_tools = tools;
         self
     }
 
     /// Sets the tool choice.
     #[must_use]
-    pub fn tool_choice(mut self, choice: &'a ToolChoice) -> Self {
+    pub fn with_tool_choice(mut self, choice: &'a ToolChoice) -> Self {
         self.tool_choice = choice;
         self
     }
 
     /// Asks for an answer following `schema` (or none).
     #[must_use]
-    pub fn output_schema(mut self, schema: Option<&'a Value>) -> Self {
+    pub fn with_output_schema(mut self, schema: Option<&'a Value>) -> Self {
         self.output_schema = schema;
         self
     }
@@ -244,7 +231,7 @@ impl<'a> ModelRequest<'a> {
     /// the id is dropped; set it again only for a list that keeps the
     /// promise of [`HistoryId`].
     #[must_use]
-    pub fn messages(mut self, messages: &'a [Message]) -> Self {
+    pub fn with_messages(mut self, messages: &'a [Message]) -> Self {
         self.messages = messages;
         self.history_id = None;
         self
@@ -253,21 +240,68 @@ impl<'a> ModelRequest<'a> {
     /// Says that `messages` is the current content of the append-only
     /// history `id` (see [`HistoryId`]).
     #[must_use]
-    pub fn history_id(mut self, id: HistoryId) -> Self {
+    pub fn with_history_id(mut self, id: HistoryId) -> Self {
         self.history_id = Some(id);
         self
     }
 
+    /// The system prompt.
+    pub fn system(&self) -> &'a str {
+        self.system
+    }
+
+    /// The conversation, borrowed from the history.
+    pub fn messages(&self) -> &'a [Message] {
+        self.messages
+    }
+
+    /// The tools offered, which the loop runs.
+    pub fn tools(&self) -> &'a [ToolDefinition] {
+        self.tools
+    }
+
+    /// Provider built-in tools offered, which the provider runs itself (see
+    /// [`ProviderTool`]); empty for most requests. A client whose provider
+    /// has no such tools refuses a request that offers any with
+    /// [`ModelError::InvalidRequest`].
+    pub fn provider_tools(&self) -> &'a [ProviderTool] {
+        self.provider_tools
+    }
+
+    /// Which tools the model may or must call.
+    pub fn tool_choice(&self) -> &'a ToolChoice {
+        self.tool_choice
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &'a ModelSettings {
+        self.settings
+    }
+
+    /// A JSON Schema the answer must follow (structured output), if any.
+    pub fn output_schema(&self) -> Option<&'a Value> {
+        self.output_schema
+    }
+
+    /// The identity of the append-only history the messages are taken
+    /// from, if the caller vouches for one (see [`HistoryId`]): a client
+    /// may then keep the encoded form of the messages it has sent and
+    /// encode only the new ones. `None` (the default, and after
+    /// [`Self::with_messages`]) makes every request stand alone.
+    pub fn history_id(&self) -> Option<HistoryId> {
+        self.history_id
+    }
+
     /// Sends `system` instead.
     #[must_use]
-    pub fn system(mut self, system: &'a str) -> Self {
+    pub fn with_system(mut self, system: &'a str) -> Self {
         self.system = system;
         self
     }
 
     /// Uses `settings` instead.
     #[must_use]
-    pub fn settings(mut self, settings: &'a ModelSettings) -> Self {
+    pub fn with_settings(mut self, settings: &'a ModelSettings) -> Self {
         self.settings = settings;
         self
     }
@@ -453,7 +487,7 @@ impl ModelError {
 
 /// A model client.
 ///
-/// `request.messages` is the machine's history as recorded, ephemerals
+/// `request.messages()` is the machine's history as recorded, ephemerals
 /// included (the loop never copies it per step). A client must render each
 /// `ephemeral` message as [`Message::ephemeral_view`] describes — silent user
 /// messages, one per camera frame with its preamble — for example from the
@@ -518,56 +552,60 @@ pub trait Model: Send + Sync + fmt::Debug {
     }
 }
 
-/// A shared or boxed model is a model: every method forwards, so a wrapper
-/// never loses an override (`stream`, `thinking_allowance`).
-macro_rules! forward_model {
-    ($($pointer:ident)::+) => {
-        #[async_trait]
-        impl<M: Model + ?Sized> Model for $($pointer)::+<M> {
-            // The inner model's future as it is: an `async fn` here would box
-            // it a second time on every call.
-            fn complete<'life0, 'life1, 'async_trait>(
-                &'life0 self,
-                request: ModelRequest<'life1>,
-            ) -> std::pin::Pin<
-                Box<
-                    dyn std::future::Future<Output = Result<ModelResponse, ModelError>>
-                        + Send
-                        + 'async_trait,
-                >,
-            >
-            where
-                'life0: 'async_trait,
-                'life1: 'async_trait,
-                Self: 'async_trait,
-            {
-                (**self).complete(request)
-            }
+/// A shared model is a model: every method forwards, so a wrapper never
+/// loses an override (`stream`, `thinking_allowance`).
+#[async_trait]
+impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        (**self).complete(request).await
+    }
 
-            fn provider_name(&self) -> &str {
-                (**self).provider_name()
-            }
+    fn provider_name(&self) -> &str {
+        (**self).provider_name()
+    }
 
-            fn thinking_allowance(
-                &self,
-                settings: &ModelSettings,
-                thinking: Thinking,
-            ) -> ThinkingAllowance {
-                (**self).thinking_allowance(settings, thinking)
-            }
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
+        (**self).thinking_allowance(settings, thinking)
+    }
 
-            fn stream<'a>(
-                &'a self,
-                request: ModelRequest<'a>,
-            ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-                (**self).stream(request)
-            }
-        }
-    };
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        (**self).stream(request)
+    }
 }
 
-forward_model!(std::sync::Arc);
-forward_model!(Box);
+/// A boxed model is a model, forwarding like [`Arc`](std::sync::Arc)'s.
+#[async_trait]
+impl<M: Model + ?Sized> Model for Box<M> {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        (**self).complete(request).await
+    }
+
+    fn provider_name(&self) -> &str {
+        (**self).provider_name()
+    }
+
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
+        (**self).thinking_allowance(settings, thinking)
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        (**self).stream(request)
+    }
+}
 
 /// The events a stream of `response` would have produced, ending with `Done`.
 pub fn replay_events(response: ModelResponse) -> Vec<StreamEvent> {

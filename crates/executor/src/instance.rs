@@ -69,9 +69,6 @@ pub struct Instance {
     pub(crate) pack_states: BTreeMap<String, Value>,
     pub(crate) packs: Vec<Pack>,
     pub(crate) tool_choice: Option<ToolChoicePolicy>,
-    /// The leaf's last system prompt (empty in a clone, so an updated
-    /// instance starts afresh; never serialized).
-    pub(crate) prompt: markov_runtime::prompt::PromptCache,
 }
 
 /// One active leaf: the path from the root to it. Only the tree builds one
@@ -148,7 +145,6 @@ impl Instance {
             pack_states: BTreeMap::new(),
             packs: Vec::new(),
             tool_choice: None,
-            prompt: Default::default(),
         }
     }
 

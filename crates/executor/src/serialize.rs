@@ -41,14 +41,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use markov_core::message::read_history_json_prefix;
 use markov_core::{InstanceId, Message};
 use markov_runtime::charter::Charter;
 use markov_runtime::registry::{IdempotencyLimits, PolicySnapshot, PolicyState};
 use markov_runtime::serial::{
     NodeSpec, PackSpec, SerialError, node_from_spec, node_spec, pack_from_spec, pack_spec,
 };
-use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -66,248 +64,43 @@ fn format_version_1() -> u32 {
 
 /// A machine as stored (upstream's `SerializedMachine`).
 ///
-/// Read by a `Deserialize` of its own ([`SnapshotSeed`] without a size
-/// hint): the same fields, defaults and refusals as a derived impl with
-/// `deny_unknown_fields`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SerializedMachine {
+/// `H` is how the history is held: a `Vec<Message>` when read, a borrowed
+/// slice of the machine's own history when written by
+/// [`serialize_machine`] (no copy of a history that may hold thousands of
+/// messages). Both write the same JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SerializedMachine<H = Vec<Message>> {
     /// markov's format version ([`FORMAT_VERSION`]); 1 when absent.
     #[serde(default = "format_version_1")]
     pub format_version: u32,
     /// The root instance.
     pub instance: SerializedInstance,
     /// The history, as recorded.
-    pub history: Vec<Message>,
+    pub history: H,
     /// markov's: the conversation's pending and approved confirmation
     /// requests and its idempotency ledger (omitted when empty).
     #[serde(default, skip_serializing_if = "PolicySnapshot::is_empty")]
     pub policy: PolicySnapshot,
 }
 
+impl SerializedMachine<&[Message]> {
+    /// The snapshot with a history of its own (to restore a machine from).
+    pub fn into_owned(self) -> SerializedMachine {
+        SerializedMachine {
+            format_version: self.format_version,
+            instance: self.instance,
+            history: self.history.to_vec(),
+            policy: self.policy,
+        }
+    }
+}
+
 impl SerializedMachine {
-    /// Reads a snapshot from JSON text (shape errors are [`DeserializeError::Format`]).
-    ///
-    /// What it accepts and refuses is what the `Deserialize` impl does, but
-    /// faster: the snapshot's object is walked here and its history, most
-    /// of its bytes, read by [`read_history_json_prefix`] (the written
-    /// shapes straight from the text); the other fields go through serde.
-    pub fn from_json_str(json: &str) -> Result<Self, DeserializeError> {
-        read_snapshot(json).map_err(|e| DeserializeError::Format(e.to_string()))
-    }
-
-    /// Reads a snapshot from JSON bytes. The bytes are checked to be UTF-8
-    /// once, as a whole, rather than string by string as the parser would.
-    pub fn from_json_slice(json: &[u8]) -> Result<Self, DeserializeError> {
-        let text = std::str::from_utf8(json)
-            .map_err(|e| DeserializeError::Format(format!("the snapshot is not UTF-8: {e}")))?;
-        Self::from_json_str(text)
-    }
-
     /// Reads a snapshot from a JSON value (object keys are then read sorted,
     /// so an inline node's transitions lose their declaration order).
     pub fn from_json_value(json: Value) -> Result<Self, DeserializeError> {
         serde_json::from_value(json).map_err(|e| DeserializeError::Format(e.to_string()))
-    }
-}
-
-/// The snapshot object of `json`, its history read by the history reader.
-fn read_snapshot(json: &str) -> serde_json::Result<SerializedMachine> {
-    let bytes = json.as_bytes();
-    let skip_ws = |mut at: usize| {
-        while let Some(b' ' | b'\n' | b'\r' | b'\t') = bytes.get(at) {
-            at += 1;
-        }
-        at
-    };
-    let syntax = |what: &str, at: usize| {
-        serde::de::Error::custom(format_args!("expected {what} at byte {at}"))
-    };
-    let mut at = skip_ws(0);
-    if bytes.get(at) != Some(&b'{') {
-        return Err(syntax("a serialized machine (an object)", at));
-    }
-    at = skip_ws(at + 1);
-    let mut format_version = None;
-    let mut instance = None;
-    let mut history = None;
-    let mut policy = None;
-    if bytes.get(at) == Some(&b'}') {
-        at += 1;
-    } else {
-        loop {
-            let field: SnapshotField;
-            (field, at) = serde_at(json, at)?;
-            at = skip_ws(at);
-            if bytes.get(at) != Some(&b':') {
-                return Err(syntax("`:`", at));
-            }
-            at += 1;
-            let duplicate = match field {
-                SnapshotField::FormatVersion => {
-                    let version;
-                    (version, at) = serde_at(json, at)?;
-                    format_version.replace(version).map(|_| "formatVersion")
-                }
-                SnapshotField::Instance => {
-                    let root;
-                    (root, at) = serde_at(json, at)?;
-                    instance.replace(root).map(|_| "instance")
-                }
-                SnapshotField::History => {
-                    let (messages, used) = read_history_json_prefix(&json[at..])?;
-                    at += used;
-                    history.replace(messages).map(|_| "history")
-                }
-                SnapshotField::Policy => {
-                    let snapshot;
-                    (snapshot, at) = serde_at(json, at)?;
-                    policy.replace(snapshot).map(|_| "policy")
-                }
-            };
-            if let Some(name) = duplicate {
-                return Err(serde::de::Error::duplicate_field(name));
-            }
-            at = skip_ws(at);
-            match bytes.get(at) {
-                Some(b',') => at = skip_ws(at + 1),
-                Some(b'}') => {
-                    at += 1;
-                    break;
-                }
-                _ => return Err(syntax("`,` or `}`", at)),
-            }
-        }
-    }
-    if skip_ws(at) < bytes.len() {
-        return Err(syntax("the end of the snapshot", skip_ws(at)));
-    }
-    Ok(SerializedMachine {
-        format_version: format_version.unwrap_or_else(format_version_1),
-        instance: instance.ok_or_else(|| serde::de::Error::missing_field("instance"))?,
-        history: history.ok_or_else(|| serde::de::Error::missing_field("history"))?,
-        policy: policy.unwrap_or_default(),
-    })
-}
-
-/// The value that starts at byte `at` of `json` (after white space), read
-/// by serde, and where it ends.
-fn serde_at<T: serde::de::DeserializeOwned>(
-    json: &str,
-    at: usize,
-) -> serde_json::Result<(T, usize)> {
-    let mut stream = serde_json::Deserializer::from_str(&json[at..]).into_iter();
-    match stream.next() {
-        Some(Ok(value)) => Ok((value, at + stream.byte_offset())),
-        Some(Err(e)) => Err(serde::de::Error::custom(format_args!(
-            "{e} (in the value at byte {at})"
-        ))),
-        None => Err(serde::de::Error::custom(format_args!(
-            "expected a value at byte {at}"
-        ))),
-    }
-}
-
-/// Reads a [`SerializedMachine`] whose history is read into a list of
-/// `history_capacity` messages to start with.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct SnapshotSeed {
-    /// The history's first capacity (a guess; the list grows past it).
-    pub history_capacity: usize,
-}
-
-impl<'de> Deserialize<'de> for SerializedMachine {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        SnapshotSeed::default().deserialize(deserializer)
-    }
-}
-
-impl<'de> DeserializeSeed<'de> for SnapshotSeed {
-    type Value = SerializedMachine;
-
-    fn deserialize<D: serde::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<SerializedMachine, D::Error> {
-        deserializer.deserialize_struct("SerializedMachine", SNAPSHOT_FIELDS, self)
-    }
-}
-
-const SNAPSHOT_FIELDS: &[&str] = &["formatVersion", "instance", "history", "policy"];
-
-#[derive(Deserialize)]
-#[serde(field_identifier, rename_all = "camelCase")]
-enum SnapshotField {
-    FormatVersion,
-    Instance,
-    History,
-    Policy,
-}
-
-/// The history's messages, read into a list of a given first capacity.
-struct HistorySeed(usize);
-
-impl<'de> DeserializeSeed<'de> for HistorySeed {
-    type Value = Vec<Message>;
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<Message>, D::Error> {
-        d.deserialize_seq(self)
-    }
-}
-
-impl<'de> Visitor<'de> for HistorySeed {
-    type Value = Vec<Message>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a list of messages")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Message>, A::Error> {
-        let mut history = Vec::with_capacity(self.0);
-        while let Some(message) = seq.next_element()? {
-            history.push(message);
-        }
-        // A guess far too large gives its room back.
-        if history.capacity() > history.len() * 2 + 16 {
-            history.shrink_to_fit();
-        }
-        Ok(history)
-    }
-}
-
-impl<'de> Visitor<'de> for SnapshotSeed {
-    type Value = SerializedMachine;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("a serialized machine")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SerializedMachine, A::Error> {
-        let mut format_version = None;
-        let mut instance = None;
-        let mut history = None;
-        let mut policy = None;
-        while let Some(field) = map.next_key::<SnapshotField>()? {
-            let duplicate = match field {
-                SnapshotField::FormatVersion => format_version
-                    .replace(map.next_value()?)
-                    .map(|_| "formatVersion"),
-                SnapshotField::Instance => instance.replace(map.next_value()?).map(|_| "instance"),
-                SnapshotField::History => history
-                    .replace(map.next_value_seed(HistorySeed(self.history_capacity))?)
-                    .map(|_| "history"),
-                SnapshotField::Policy => policy.replace(map.next_value()?).map(|_| "policy"),
-            };
-            if let Some(name) = duplicate {
-                return Err(serde::de::Error::duplicate_field(name));
-            }
-        }
-        Ok(SerializedMachine {
-            format_version: format_version.unwrap_or_else(format_version_1),
-            instance: instance.ok_or_else(|| serde::de::Error::missing_field("instance"))?,
-            history: history.ok_or_else(|| serde::de::Error::missing_field("history"))?,
-            policy: policy.unwrap_or_default(),
-        })
     }
 }
 
@@ -438,68 +231,20 @@ pub enum DeserializeError {
 /// let text = serde_json::to_string(&serialize_machine(&machine).unwrap()).unwrap();
 /// assert!(text.starts_with(r#"{"formatVersion":1,"instance":{"id":"#));
 ///
-/// let snapshot = SerializedMachine::from_json_str(&text).unwrap();
+/// let snapshot: SerializedMachine = serde_json::from_str(&text).unwrap();
 /// let restored = deserialize_machine(charter, executor, snapshot, MachineOptions::default()).unwrap();
 /// assert_eq!(restored.instance().id(), machine.instance().id());
 /// assert_eq!(restored.instance().state(), &json!({"visits": 1}));
 /// ```
-pub fn serialize_machine(machine: &Machine) -> Result<SerializedMachine, SerializeError> {
+pub fn serialize_machine(
+    machine: &Machine,
+) -> Result<SerializedMachine<&[Message]>, SerializeError> {
     Ok(SerializedMachine {
         format_version: FORMAT_VERSION,
         instance: serialize_instance(&machine.charter, &machine.root, 0)?,
-        history: machine.history.clone(),
+        history: &machine.history,
         policy: machine.policy.snapshot(),
     })
-}
-
-/// The snapshot of [`serialize_machine`] as JSON, written straight from the
-/// machine: the same bytes as `serde_json::to_vec` of that snapshot,
-/// without copying the history into it first.
-///
-/// ```
-/// use markov_executor::serialize::{serialize_machine, serialize_machine_json};
-/// use markov_executor::{Instance, Machine, MachineOptions, StandardExecutor};
-/// use markov_runtime::{charter::Charter, node::Node};
-/// use markov_testkit::ScriptedModel;
-/// use serde_json::json;
-///
-/// let node = Node::builder("Greet the user.").build().unwrap();
-/// let charter = Charter::builder("greeter").node("greet", node.clone()).build().unwrap();
-/// let executor: std::sync::Arc<dyn markov_executor::Executor> =
-///     std::sync::Arc::new(StandardExecutor::new(ScriptedModel::builder().build()));
-/// let machine =
-///     Machine::with_options(charter, executor, Instance::new(node, json!({})), MachineOptions::default())
-///         .unwrap();
-/// let bytes = serialize_machine_json(&machine).unwrap();
-/// assert_eq!(bytes, serde_json::to_vec(&serialize_machine(&machine).unwrap()).unwrap());
-/// ```
-pub fn serialize_machine_json(machine: &Machine) -> Result<Vec<u8>, SerializeError> {
-    /// The fields of [`SerializedMachine`] before its history.
-    #[derive(Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct Head {
-        format_version: u32,
-        instance: SerializedInstance,
-    }
-    let json = |e: serde_json::Error| SerializeError::Json(e.to_string());
-    let head = Head {
-        format_version: FORMAT_VERSION,
-        instance: serialize_instance(&machine.charter, &machine.root, 0)?,
-    };
-    // About 200 bytes a message: one allocation for most snapshots.
-    let mut out = Vec::with_capacity(1024 + machine.history.len() * 256);
-    serde_json::to_writer(&mut out, &head).map_err(json)?;
-    // `{...}` without its closing brace, then the history and the rest.
-    out.pop();
-    out.extend_from_slice(b",\"history\":");
-    markov_core::message::write_history_json(&machine.history, &mut out).map_err(json)?;
-    let policy = machine.policy.snapshot();
-    if !policy.is_empty() {
-        out.extend_from_slice(b",\"policy\":");
-        serde_json::to_writer(&mut out, &policy).map_err(json)?;
-    }
-    out.push(b'}');
-    Ok(out)
 }
 
 /// The machine's instance tree as stored, without the history: what a store

@@ -37,7 +37,7 @@ use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::pipeline::{
     CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
 };
-use markov_runtime::prompt::system_prompt_cached;
+use markov_runtime::prompt::system_prompt;
 use markov_runtime::registry::{
     ErrorFormat, Mode, RecordedAnswer, RegistryBinding, Rejection, ToolErrorKind, ToolRegistry,
 };
@@ -178,10 +178,10 @@ impl Prepared {
     /// The request over `history`.
     pub fn request<'a>(&'a self, history: &'a [Message]) -> ModelRequest<'a> {
         ModelRequest::new(&self.system, history, &self.settings)
-            .tools(&self.tools)
-            .provider_tools(&self.provider_tools)
-            .tool_choice(&self.tool_choice)
-            .output_schema(self.output_schema.as_ref())
+            .with_tools(&self.tools)
+            .with_provider_tools(&self.provider_tools)
+            .with_tool_choice(&self.tool_choice)
+            .with_output_schema(self.output_schema.as_ref())
     }
 }
 
@@ -263,8 +263,7 @@ pub fn prepare(
         cx.root().packs()
     };
     let pack_states = pack_states(cx);
-    let system = system_prompt_cached(
-        &cx.instance().prompt,
+    let system: Arc<str> = system_prompt(
         &PromptInput {
             charter: cx.charter,
             node,
@@ -276,7 +275,8 @@ pub fn prepare(
             max_steps: cx.max_steps,
         },
         &tools,
-    );
+    )
+    .into();
     let mut settings = defaults.clone();
     let config = node.executor_config();
     if let Some(model) = &config.model {
@@ -761,7 +761,7 @@ impl StandardExecutor {
         cx: &LeafContext<'_>,
         prepared: &Prepared,
     ) -> Result<(ModelResponse, Option<VesselState>), RunError> {
-        let request = prepared.request(cx.history).history_id(cx.history_id);
+        let request = prepared.request(cx.history).with_history_id(cx.history_id);
         let model_error = |source| RunError::Model {
             step: cx.current_step,
             source,

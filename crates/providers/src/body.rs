@@ -14,23 +14,22 @@
 //! messages never merge closes all of them at once.
 //!
 //! The parts of a request around its messages (model, system prompt, tool
-//! schemas, settings) are kept too, encoded, with what they were made of:
-//! while the next request of the history has the same, they are reused
-//! rather than encoded again. In a short conversation they are most of the
-//! body.
+//! schemas, settings) are encoded on every call: they are small next to a
+//! long history, and nothing about them has to be remembered.
 //!
 //! The bytes are the exact bytes `serde_json::to_vec` of the whole request
-//! writes (the tests check it): the head and tail of the request object are
-//! serialized as two objects and joined around the messages array.
+//! writes: the head and tail of the request object are serialized as two
+//! objects and joined around the messages array. In test and debug builds
+//! every cached body is checked against the body encoded afresh
+//! ([`check_cached`]), so every test of the workspace checks the promise
+//! the cache rests on.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use markov_core::model::HistoryId;
-use markov_core::tool::ProviderTool;
-use markov_core::{Message, ModelError, ModelRequest, ModelSettings, ToolChoice, ToolDefinition};
+use markov_core::{Message, ModelError, ModelRequest};
 use serde::Serialize;
-use serde_json::Value;
 
 /// How many bytes of encoded messages a client keeps by default, over all
 /// the histories it serves.
@@ -50,8 +49,7 @@ pub(crate) struct Rendered {
     pub open: Option<Vec<u8>>,
 }
 
-/// The final wire messages of one history, encoded, and the parts around
-/// them of its last request.
+/// The final wire messages of one history, encoded.
 #[derive(Default)]
 struct Encoded {
     /// History messages covered.
@@ -60,64 +58,14 @@ struct Encoded {
     json: Vec<u8>,
     /// How many wire messages `json` holds.
     count: usize,
-    /// The last request's parts around the messages, encoded...
-    frame: FrameBytes,
-    /// ...from these inputs (`None`: not to be reused).
-    key: Option<FrameKey>,
     /// When the entry was last used (for eviction).
     used: u64,
 }
 
 impl Encoded {
-    /// What the entry counts against the cache's limit: its bytes, and as
-    /// much again for the inputs its frame was made of.
+    /// What the entry counts against the cache's limit.
     fn size(&self) -> usize {
-        self.json.len() + 2 * self.frame.len()
-    }
-}
-
-/// What a request's parts around its messages are made of, owned: every
-/// field of [`ModelRequest`] but the messages and the history id, and what
-/// the client adds (the model, streaming). A client's own settings (prompt
-/// caching, schema strictness) are fixed when it is built, and each client
-/// has its own cache, so they need no place here.
-struct FrameKey {
-    model: String,
-    stream: bool,
-    system: String,
-    tools: Vec<ToolDefinition>,
-    provider_tools: Vec<ProviderTool>,
-    tool_choice: ToolChoice,
-    settings: ModelSettings,
-    output_schema: Option<Value>,
-}
-
-impl FrameKey {
-    fn of(request: &ModelRequest<'_>, model: &str, stream: bool) -> Self {
-        FrameKey {
-            model: model.to_owned(),
-            stream,
-            system: request.system.to_owned(),
-            tools: request.tools.to_vec(),
-            provider_tools: request.provider_tools.to_vec(),
-            tool_choice: request.tool_choice.clone(),
-            settings: request.settings.clone(),
-            output_schema: request.output_schema.cloned(),
-        }
-    }
-
-    /// Whether `request` would be encoded around its messages as the
-    /// request this key was made of: compared, never assumed (cheaper than
-    /// encoding: the strings are compared as bytes, the schemas as values).
-    fn matches(&self, request: &ModelRequest<'_>, model: &str, stream: bool) -> bool {
-        self.stream == stream
-            && self.model == model
-            && self.system == request.system
-            && self.tool_choice == *request.tool_choice
-            && self.output_schema.as_ref() == request.output_schema
-            && self.settings == *request.settings
-            && self.provider_tools == request.provider_tools
-            && self.tools == request.tools
+        self.json.len()
     }
 }
 
@@ -151,10 +99,6 @@ impl FrameBytes {
             lead_count,
             tail: to_json(tail)?,
         })
-    }
-
-    fn len(&self) -> usize {
-        self.head.len() + self.lead.len() + self.tail.len()
     }
 }
 
@@ -235,28 +179,24 @@ impl BodyCache {
     }
 }
 
-/// Builds the body of `request` for `model`: the head, then
-/// `"messages":[...]` with the history's wire messages, then the tail. With
-/// `cache` and a history id, the final wire messages are taken from (and
-/// added to) the cache, and the parts around them reused while the request
-/// is unchanged around its messages; without, everything is encoded.
+/// Builds the body of `request`: the head, then `"messages":[...]` with
+/// the history's wire messages, then the tail. With `cache` and a history
+/// id, the final wire messages are taken from (and added to) the cache;
+/// without, everything is encoded.
 ///
-/// `frame()` encodes the parts around the messages (and checks them; a
-/// request equal to one that passed needs no new check). `render(run)`
+/// `frame()` encodes the parts around the messages (and checks them). `render(run)`
 /// renders a run of history messages that starts at a wire message
 /// boundary. Fails when no wire message results (`empty` is the message),
 /// `frame` fails or a part does not serialize.
 pub(crate) fn build(
     request: &ModelRequest<'_>,
-    model: &str,
-    stream: bool,
     cache: Option<&BodyCache>,
     frame: impl FnOnce() -> Result<FrameBytes, ModelError>,
     render: impl Fn(&[Message]) -> Result<Rendered, ModelError>,
     empty: &str,
 ) -> Result<Vec<u8>, ModelError> {
-    let history = request.messages;
-    let cached = cache.zip(request.history_id);
+    let history = request.messages();
+    let cached = cache.zip(request.history_id());
     let mut entry = match cached {
         Some((cache, id)) => cache
             .take(id)
@@ -266,19 +206,11 @@ pub(crate) fn build(
             .unwrap_or_default(),
         None => Encoded::default(),
     };
-    let reused = entry
-        .key
-        .as_ref()
-        .is_some_and(|key| key.matches(request, model, stream));
-    if !reused {
-        entry.frame = frame()?;
-        entry.key = cached.map(|_| FrameKey::of(request, model, stream));
-    }
+    let frame = frame()?;
     let rendered = render(&history[entry.covered..])?;
     entry.json.extend_from_slice(&rendered.closed);
     entry.count += rendered.closed_count;
     entry.covered += rendered.consumed;
-    let frame = &entry.frame;
     let count = frame.lead_count + entry.count + usize::from(rendered.open.is_some());
     if count == 0 {
         return Err(ModelError::InvalidRequest(empty.to_owned()));
@@ -352,6 +284,25 @@ pub(crate) fn write_json<S: Serialize + ?Sized>(
         .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
 }
 
+/// Checks a body built from the cache against the body of the same request
+/// encoded afresh: `Err` names the first byte where they part.
+#[cfg(any(debug_assertions, test))]
+pub(crate) fn check_cached(cached: &[u8], fresh: &[u8]) -> Result<(), String> {
+    if cached == fresh {
+        return Ok(());
+    }
+    let at = cached
+        .iter()
+        .zip(fresh)
+        .position(|(a, b)| a != b)
+        .unwrap_or(cached.len().min(fresh.len()));
+    Err(format!(
+        "a request body built from the cache differs from the body encoded afresh at byte {at} ({} vs {} bytes): the history of its id was not append-only",
+        cached.len(),
+        fresh.len()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -363,7 +314,7 @@ mod tests {
             covered: 1,
             json: vec![b'x'; n],
             count: 1,
-            ..Encoded::default()
+            used: 0,
         };
         let (a, b, c) = (HistoryId::fresh(), HistoryId::fresh(), HistoryId::fresh());
         cache.put(a, entry(4));

@@ -105,7 +105,6 @@ mod error;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod sse;
 #[cfg(feature = "anthropic")]
-mod tagged;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod transport;
 

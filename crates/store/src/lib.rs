@@ -242,7 +242,7 @@ pub trait Store: Send + Sync + fmt::Debug {
         &self,
         id: &SessionId,
         charter: &str,
-        snapshot: &SerializedMachine,
+        snapshot: &SerializedMachine<&[Message]>,
         holder: &WorkerId,
         ttl: Duration,
     ) -> Result<Lease, StoreError>;
@@ -332,17 +332,13 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreE
     serde_json::to_string(value).map_err(|e| StoreError::Backend(format!("cannot encode: {e}")))
 }
 
-/// A message's JSON column read back (by core's reader of written messages,
-/// several times faster than serde's for them).
+/// A message's JSON column read back.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn message_from_json(
     session: &SessionId,
     text: &str,
 ) -> Result<markov_core::Message, StoreError> {
-    markov_core::message::read_message_json(text).map_err(|e| StoreError::Corrupt {
-        session: session.clone(),
-        detail: format!("a message: {e}"),
-    })
+    from_json(session, "a message", text)
 }
 
 /// The policy part of a snapshot from its columns. A session written before

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Transaction};
+use markov_core::Message;
 use markov_executor::{FORMAT_VERSION, SerializedMachine};
 use markov_runtime::registry::{LedgerEntry, RecordedAnswer};
 use tokio_postgres::NoTls;
@@ -300,7 +301,7 @@ impl Store for PostgresStore {
         &self,
         id: &SessionId,
         charter: &str,
-        snapshot: &SerializedMachine,
+        snapshot: &SerializedMachine<&[Message]>,
         holder: &WorkerId,
         ttl: Duration,
     ) -> Result<Lease, StoreError> {

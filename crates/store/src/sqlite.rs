@@ -284,7 +284,7 @@ impl Store for SqliteStore {
         &self,
         id: &SessionId,
         charter: &str,
-        snapshot: &SerializedMachine,
+        snapshot: &SerializedMachine<&[Message]>,
         holder: &WorkerId,
         ttl: Duration,
     ) -> Result<Lease, StoreError> {

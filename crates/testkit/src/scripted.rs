@@ -195,13 +195,13 @@ impl Model for ScriptedModel {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         if self.recording == Recording::On {
             lock(&self.requests).push(RecordedRequest {
-                system: request.system.to_owned(),
-                messages: request.messages.to_vec(),
-                tools: request.tools.to_vec(),
-                provider_tools: request.provider_tools.to_vec(),
-                tool_choice: request.tool_choice.clone(),
-                settings: request.settings.clone(),
-                output_schema: request.output_schema.cloned(),
+                system: request.system().to_owned(),
+                messages: request.messages().to_vec(),
+                tools: request.tools().to_vec(),
+                provider_tools: request.provider_tools().to_vec(),
+                tool_choice: request.tool_choice().clone(),
+                settings: request.settings().clone(),
+                output_schema: request.output_schema().cloned(),
             });
         }
         let index = {
@@ -212,7 +212,7 @@ impl Model for ScriptedModel {
         let next = lock(&self.script).pop_front();
         match next {
             Some(Scripted::Response(mut response)) => {
-                check_tool_choice(request.tool_choice, &response, index)?;
+                check_tool_choice(request.tool_choice(), &response, index)?;
                 if self.fresh_call_ids {
                     let suffix = random_suffix();
                     for item in &mut response.content {
@@ -345,7 +345,7 @@ mod tests {
         choice: &'a ToolChoice,
         settings: &'a ModelSettings,
     ) -> ModelRequest<'a> {
-        ModelRequest::new("sys", messages, settings).tool_choice(choice)
+        ModelRequest::new("sys", messages, settings).with_tool_choice(choice)
     }
 
     #[tokio::test]

@@ -6,11 +6,10 @@
 //! `items`), which made reading a history three to five times slower than
 //! writing it. Here an item whose first key is `type` (how markov and
 //! upstream write them) is read in one pass: the tag picks the variant and
-//! the rest of the object goes straight to that variant's fields. An item
-//! whose `type` comes later is collected into a JSON object first and read
-//! from it: slower, same result. What is accepted and refused is what the
-//! derived reading accepted and refused: unknown keys are ignored, missing
-//! ones are errors.
+//! the rest of the object goes straight to that variant's fields (through
+//! [`crate::tagged`], the reader the providers' stream events use too). What
+//! is accepted and refused is what the derived reading accepted and
+//! refused: unknown keys are ignored, missing ones are errors.
 
 use std::fmt;
 
@@ -205,62 +204,21 @@ fn item<'de, D: Deserializer<'de>>(tag: ItemType, fields: D) -> Result<Item, D::
     })
 }
 
-/// A map key: `None` for `type`, else the key itself.
-struct FirstKey(Option<String>);
+/// An item read as a tagged object (a type of this module, so that the tag
+/// table stays private).
+struct TaggedItem(Item);
 
-impl<'de> Deserialize<'de> for FirstKey {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl Visitor<'_> for KeyVisitor {
-            type Value = FirstKey;
+impl crate::tagged::Tagged for TaggedItem {
+    type Tag = ItemType;
 
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a key")
-            }
-
-            fn visit_str<E: de::Error>(self, key: &str) -> Result<FirstKey, E> {
-                Ok(FirstKey((key != "type").then(|| key.to_owned())))
-            }
-        }
-        deserializer.deserialize_identifier(KeyVisitor)
+    fn from_fields<'de, D: Deserializer<'de>>(tag: ItemType, fields: D) -> Result<Self, D::Error> {
+        item(tag, fields).map(TaggedItem)
     }
 }
 
 impl<'de> Deserialize<'de> for Item {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_map(ItemVisitor)
-    }
-}
-
-struct ItemVisitor;
-
-impl<'de> Visitor<'de> for ItemVisitor {
-    type Value = Item;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("an item: an object with a \"type\"")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Item, A::Error> {
-        let first = match map.next_key::<FirstKey>()? {
-            None => return Err(de::Error::missing_field("type")),
-            Some(FirstKey(None)) => {
-                let tag: ItemType = map.next_value()?;
-                return item(tag, MapAccessDeserializer::new(map));
-            }
-            Some(FirstKey(Some(key))) => key,
-        };
-        // `type` is not first: collect the object, then read it.
-        let mut object = serde_json::Map::new();
-        object.insert(first, map.next_value()?);
-        while let Some((key, value)) = map.next_entry::<String, Value>()? {
-            object.insert(key, value);
-        }
-        let tag = object
-            .get("type")
-            .ok_or_else(|| de::Error::missing_field("type"))
-            .and_then(|tag| ItemType::deserialize(tag).map_err(de::Error::custom))?;
-        item(tag, Value::Object(object)).map_err(de::Error::custom)
+        crate::tagged::deserialize::<TaggedItem, D>(deserializer).map(|t| t.0)
     }
 }
 
@@ -566,23 +524,14 @@ mod tests {
                 prop_assert_eq!(back, messages);
             }
 
-            /// The history reader reads what serde reads, from the written
-            /// bytes and from pretty-printed ones (every message then
-            /// through serde).
+            /// Pretty-printed (white space everywhere) reads the same.
             #[test]
-            fn the_history_reader_reads_what_serde_reads(
-                messages in prop::collection::vec(message(), 0..6)
-            ) {
-                let mut out = Vec::new();
-                super::super::super::write_history_json(&messages, &mut out).unwrap();
-                let text = String::from_utf8(out).unwrap();
-                let read = super::super::super::read_history_json(&text).unwrap();
-                prop_assert_eq!(&read, &messages);
+            fn white_space_does_not_matter(messages in prop::collection::vec(message(), 0..6)) {
                 let pretty = serde_json::to_string_pretty(&messages).unwrap();
-                prop_assert_eq!(super::super::super::read_history_json(&pretty).unwrap(), messages);
+                prop_assert_eq!(serde_json::from_str::<Vec<Message>>(&pretty).unwrap(), messages);
             }
 
-            /// Cut anywhere, the written bytes are refused by both readers.
+            /// Cut anywhere, the written bytes are refused.
             #[test]
             fn a_cut_history_is_refused(
                 messages in prop::collection::vec(message(), 1..4),
@@ -593,19 +542,7 @@ mod tests {
                 while !text.is_char_boundary(end) {
                     end -= 1;
                 }
-                let cut = &text[..end];
-                prop_assert!(super::super::super::read_history_json(cut).is_err());
-                prop_assert!(serde_json::from_str::<Vec<Message>>(cut).is_err());
-            }
-
-            /// The history writer writes serde's bytes.
-            #[test]
-            fn the_history_writer_writes_serdes_bytes(
-                messages in prop::collection::vec(message(), 0..6)
-            ) {
-                let mut out = Vec::new();
-                super::super::super::write_history_json(&messages, &mut out).unwrap();
-                prop_assert_eq!(out, serde_json::to_vec(&messages).unwrap());
+                prop_assert!(serde_json::from_str::<Vec<Message>>(&text[..end]).is_err());
             }
 
             /// Keys in any order read the same item as keys in the written order.

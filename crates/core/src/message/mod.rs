@@ -20,11 +20,6 @@ use serde_json::Value;
 use crate::ids::{InstanceId, MessageId, ToolCallId};
 
 mod de;
-mod read;
-mod ser;
-
-pub use read::{read_history_json, read_history_json_prefix, read_message_json};
-pub use ser::{write_history_json, write_json_string};
 
 /// The deepest nesting of tool arguments a history may hold: objects and
 /// arrays, counted from the arguments object itself (`{}` is 1 deep,
@@ -695,9 +690,8 @@ impl EphemeralPart<'_> {
     }
 }
 
-/// One message of every shape the history writer and reader know (every
-/// item kind they write by hand, every metadata field, escapes, an
-/// instance payload), for their tests.
+/// One message of every shape (every item kind, every metadata field,
+/// escapes, an instance payload), for the round-trip test.
 #[cfg(test)]
 fn every_shape() -> Vec<Message> {
     use serde_json::json;
@@ -813,11 +807,21 @@ mod tests {
             serde_json::from_str::<Message>(&text).expect("reads"),
             message
         );
-        assert_eq!(read_message_json(&text).expect("reads"), message);
-        let mut history = Vec::new();
-        write_history_json(std::slice::from_ref(&message), &mut history).expect("writes");
-        let history = String::from_utf8(history).expect("utf-8");
-        assert_eq!(read_history_json(&history).expect("reads"), vec![message]);
+        let history = serde_json::to_string(&[&message]).expect("writes");
+        assert_eq!(
+            serde_json::from_str::<Vec<Message>>(&history).expect("reads"),
+            vec![message]
+        );
+    }
+
+    #[test]
+    fn every_shape_round_trips() {
+        let messages = super::every_shape();
+        let text = serde_json::to_string(&messages).expect("writes");
+        assert_eq!(
+            serde_json::from_str::<Vec<Message>>(&text).expect("reads"),
+            messages
+        );
     }
 
     #[test]

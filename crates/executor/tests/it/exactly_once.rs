@@ -121,7 +121,9 @@ async fn a_restored_snapshot_answers_the_recorded_calls_and_runs_no_completed_on
     let Action::RunLeaves(tasks) = state.next(&mut machine).expect("a step") else {
         panic!("the step runs a leaf");
     };
-    let mut saved = serialize_machine(&machine).expect("serializes");
+    let mut saved = serialize_machine(&machine)
+        .expect("serializes")
+        .into_owned();
     let saved_run = state.clone();
     // The step charges, then hangs; the process dies there.
     let interrupted = tokio::time::timeout(

@@ -379,7 +379,7 @@ async fn deserialization_registers_the_scopes_again() {
     let again = deserialize_machine(
         machine.charter().clone(),
         Script::new(),
-        snapshot,
+        snapshot.into_owned(),
         MachineOptions::default(),
     )
     .expect("deserializes");

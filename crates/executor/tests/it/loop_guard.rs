@@ -243,7 +243,7 @@ async fn the_counts_survive_a_snapshot_in_the_middle_of_a_turn() {
     let mut m = deserialize_machine(
         charter,
         executor,
-        markov_executor::SerializedMachine::from_json_str(&machine_json).expect("reads"),
+        serde_json::from_str::<markov_executor::SerializedMachine>(&machine_json).expect("reads"),
         MachineOptions::default(),
     )
     .expect("restores");

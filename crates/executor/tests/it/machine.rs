@@ -952,7 +952,7 @@ impl markov_core::Model for HistoryIds {
         self.seen
             .lock()
             .expect("lock")
-            .push((request.history_id, request.messages.len()));
+            .push((request.history_id(), request.messages().len()));
         self.inner.complete(request).await
     }
 }
@@ -999,8 +999,13 @@ async fn requests_name_the_machines_history_and_it_only_grows() {
 
     // A restored machine is another history (it may be restored twice).
     let snapshot = serialize_machine(&first).expect("serializes");
-    let mut restored = deserialize_machine(charter, executor, snapshot, MachineOptions::default())
-        .expect("restores");
+    let mut restored = deserialize_machine(
+        charter,
+        executor,
+        snapshot.into_owned(),
+        MachineOptions::default(),
+    )
+    .expect("restores");
     *model.seen.lock().expect("lock") = Vec::new();
     restored.enqueue_user("again?");
     let _ = run_all(&mut restored, RunOptions::default()).await;

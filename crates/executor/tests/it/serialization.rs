@@ -83,7 +83,7 @@ fn fixture() -> Fixture {
 fn roundtrip(charter: &Charter, machine: &Machine) -> (String, Machine) {
     let snapshot = serialize_machine(machine).expect("serializes");
     let text = serde_json::to_string(&snapshot).expect("to json");
-    let read = SerializedMachine::from_json_str(&text).expect("reads");
+    let read = serde_json::from_str::<SerializedMachine>(&text).expect("reads");
     let restored =
         deserialize_machine(charter.clone(), executor(), read, MachineOptions::default())
             .expect("deserializes");
@@ -378,7 +378,7 @@ fn inline_node_round_trips_instructions_schema_transitions_tools_commands() {
     let restored = deserialize_machine(
         charter.clone(),
         executor(),
-        SerializedMachine::from_json_str(&text).expect("reads"),
+        serde_json::from_str::<SerializedMachine>(&text).expect("reads"),
         MachineOptions::default(),
     )
     .expect("deserializes");
@@ -479,8 +479,13 @@ fn inline_pack_merges_with_the_charter_pack() {
         .node("root", restored.instance().node().clone())
         .build()
         .expect("charter builds");
-    let err =
-        deserialize_machine(bare, executor(), snapshot, MachineOptions::default()).unwrap_err();
+    let err = deserialize_machine(
+        bare,
+        executor(),
+        snapshot.into_owned(),
+        MachineOptions::default(),
+    )
+    .unwrap_err();
     assert_eq!(
         err.to_string(),
         "Pack not found in charter for inline merge: todo"
@@ -518,7 +523,7 @@ async fn a_restored_machine_continues_the_conversation() {
     let mut restored = deserialize_machine(
         charter,
         Arc::new(StandardExecutor::shared(model.clone())),
-        SerializedMachine::from_json_str(&text).expect("reads"),
+        serde_json::from_str::<SerializedMachine>(&text).expect("reads"),
         MachineOptions::default(),
     )
     .expect("deserializes");
@@ -840,7 +845,7 @@ proptest! {
     fn snapshot_shaped_json_never_panics(value in arb_snapshot_like()) {
         let (charter, _) = charter_for_props();
         let text = value.to_string();
-        if let Ok(data) = SerializedMachine::from_json_str(&text) {
+        if let Ok(data) = serde_json::from_str::<SerializedMachine>(&text) {
             let _ = deserialize_machine(charter, executor(), data, MachineOptions::default());
         }
     }
@@ -860,7 +865,7 @@ proptest! {
         let restored = deserialize_machine(
             charter,
             executor(),
-            SerializedMachine::from_json_str(&text).expect("reads"),
+            serde_json::from_str::<SerializedMachine>(&text).expect("reads"),
             MachineOptions::default(),
         )
         .expect("deserializes");
@@ -884,7 +889,7 @@ proptest! {
 #[test]
 fn snapshot_reader_refuses_what_it_refused_and_sizes_the_history() {
     let instance = json!({"id": "i1", "node": {"ref": "main"}, "state": {}});
-    let read = |v: Value| SerializedMachine::from_json_str(&v.to_string());
+    let read = |v: Value| serde_json::from_str::<SerializedMachine>(&v.to_string());
     let ok = read(json!({"instance": instance, "history": []})).expect("reads");
     assert_eq!(ok.format_version, 1, "formatVersion defaults to 1");
     assert!(ok.history.is_empty() && ok.history.capacity() <= 16);
@@ -900,12 +905,12 @@ fn snapshot_reader_refuses_what_it_refused_and_sizes_the_history() {
     );
     let twice =
         r#"{"instance":{"id":"i1","node":{"ref":"main"},"state":{}},"history":[],"history":[]}"#;
-    let err = SerializedMachine::from_json_str(twice).unwrap_err();
+    let err = serde_json::from_str::<SerializedMachine>(twice).unwrap_err();
     assert!(
         err.to_string().contains("duplicate field `history`"),
         "{err}"
     );
-    assert!(SerializedMachine::from_json_str("{} trailing").is_err());
+    assert!(serde_json::from_str::<SerializedMachine>("{} trailing").is_err());
 
     // A long history is read into a list sized from the text, with no
     // room to spare beyond the guess.
@@ -913,7 +918,7 @@ fn snapshot_reader_refuses_what_it_refused_and_sizes_the_history() {
         .map(|i| json!({"role": "user", "items": format!("message {i}")}))
         .collect();
     let text = json!({"instance": instance, "history": history}).to_string();
-    let snapshot = SerializedMachine::from_json_slice(text.as_bytes()).expect("reads");
+    let snapshot = serde_json::from_slice::<SerializedMachine>(text.as_bytes()).expect("reads");
     assert_eq!(snapshot.history.len(), 300);
     assert!(snapshot.history.capacity() <= 2 * 300 + 16);
 }
@@ -928,7 +933,7 @@ fn the_text_reader_agrees_with_serdes_reading() {
     let history = r#"[{"role":"user","items":"hi"},{"role":"assistant","items":[{"type":"tool_use","id":"t1","name":"add","input":{"a":1}}],"metadata":{"source":{"instanceId":"i1"}}}]"#;
     let policy = r#"{"approvals":[],"ledger":[]}"#;
     let agree = |text: &str| {
-        let fast = SerializedMachine::from_json_str(text);
+        let fast = serde_json::from_str::<SerializedMachine>(text);
         let serde = serde_json::from_str::<SerializedMachine>(text);
         match (&fast, &serde) {
             (Ok(fast), Ok(serde)) => assert_eq!(fast, serde, "{text}"),

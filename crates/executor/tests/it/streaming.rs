@@ -243,7 +243,7 @@ fn replacement_and_callbacks_work_the_same_after_deserialization() {
     let machine = deserialize_machine(
         charter(&node),
         Arc::new(seen.executor(ScriptedModel::new([]))),
-        data,
+        data.into_owned(),
         seen.options(),
     )
     .expect("deserializes");

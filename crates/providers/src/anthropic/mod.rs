@@ -339,7 +339,7 @@ impl Anthropic {
     }
 
     fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
-        request.settings.model.as_deref().unwrap_or(&self.model)
+        request.settings().model.as_deref().unwrap_or(&self.model)
     }
 
     /// The exact body this client sends for `request` (`stream`: asking for
@@ -363,7 +363,17 @@ impl Anthropic {
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        wire::encode(request, model, self.caching, stream, Some(&self.body_cache))
+        let body = wire::encode(request, model, self.caching, stream, Some(&self.body_cache))?;
+        // Debug and test builds check every cached body against the body
+        // encoded afresh: every test of the workspace checks the cache.
+        #[cfg(debug_assertions)]
+        if let Err(mismatch) = crate::body::check_cached(
+            &body,
+            &wire::encode_plain(request, model, self.caching, stream)?,
+        ) {
+            panic!("{mismatch}");
+        }
+        Ok(body)
     }
 
     /// The same bytes as [`Self::request_body`], every message encoded
@@ -440,14 +450,8 @@ impl Model for Anthropic {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);
-        let body = Bytes::from(wire::encode(
-            &request,
-            model,
-            self.caching,
-            false,
-            Some(&self.body_cache),
-        )?);
-        let structured = request.output_schema.is_some();
+        let body = Bytes::from(self.request_body(&request, false)?);
+        let structured = request.output_schema().is_some();
         let call = async {
             let bytes = self
                 .transport
@@ -472,11 +476,11 @@ impl Model for Anthropic {
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
         let model = self.model_for(&request);
         let span = call_span(model);
-        let body = match wire::encode(&request, model, self.caching, true, Some(&self.body_cache)) {
+        let body = match self.request_body(&request, true) {
             Ok(body) => Bytes::from(body),
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
-        let structured = request.output_schema.is_some();
+        let structured = request.output_schema().is_some();
         let connect_span = span.clone();
         let connect = async move {
             self.transport

@@ -22,9 +22,9 @@ use serde_json::Value;
 use super::wire::{self, Converted, KnownBlock, WireUsage};
 use crate::convert;
 use crate::sse::{Event, SseDecoder, parse_data};
-use crate::tagged::{self, Tagged};
+use markov_core::tagged::{self, Tagged};
 
-/// One event of the stream. Read in one pass (see [`crate::tagged`]): the
+/// One event of the stream. Read in one pass (see [`markov_core::tagged`]): the
 /// text and argument fragments are most of a stream's events.
 enum WireEvent {
     MessageStart {

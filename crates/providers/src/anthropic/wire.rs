@@ -13,7 +13,7 @@
 
 use std::borrow::Cow;
 
-use markov_core::message::{EphemeralPart, camera_frame_text, write_json_string};
+use markov_core::message::{EphemeralPart, camera_frame_text};
 use markov_core::model::Thinking;
 use markov_core::tool::ProviderTool;
 use markov_core::{
@@ -212,8 +212,6 @@ pub(super) fn encode(
 ) -> Result<Vec<u8>, ModelError> {
     body::build(
         request,
-        model,
-        stream,
         cache,
         || {
             let (head, tail) = frame(request, model, caching, stream)?;
@@ -233,7 +231,7 @@ pub(super) fn encode_plain(
     stream: bool,
 ) -> Result<Vec<u8>, ModelError> {
     let (head, tail) = frame(request, model, caching, stream)?;
-    let messages = messages(request.messages);
+    let messages = messages(request.messages());
     if messages.is_empty() {
         return Err(ModelError::InvalidRequest(NO_MESSAGES.into()));
     }
@@ -251,12 +249,12 @@ pub(super) fn encode_plain(
 fn render(run: &[Message]) -> Result<Rendered, ModelError> {
     let mut wire = messages(run);
     let open = wire.pop();
-    let closed = body::write_each(&wire, write_message)?;
+    let closed = body::write_each(&wire, |m, out| body::write_json(out, m))?;
     let consumed = open.as_ref().map_or(run.len(), |m| m.start);
     let open = match open {
         Some(message) => {
             let mut json = Vec::new();
-            write_message(&message, &mut json)?;
+            body::write_json(&mut json, &message)?;
             Some(json)
         }
         None => None,
@@ -269,59 +267,6 @@ fn render(run: &[Message]) -> Result<Rendered, ModelError> {
     })
 }
 
-/// Appends `message`'s JSON exactly as serde_json writes it (the property
-/// tests compare), its strings by core's faster writer: the blocks a
-/// conversation is mostly made of by hand, the rest by serde.
-fn write_message(message: &WireMessage<'_>, out: &mut Vec<u8>) -> Result<(), ModelError> {
-    out.extend_from_slice(b"{\"role\":");
-    write_json_string(message.role, out);
-    out.extend_from_slice(b",\"content\":[");
-    for (i, block) in message.content.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        match block {
-            Block::Text { text } => {
-                out.extend_from_slice(b"{\"type\":\"text\",\"text\":");
-                write_json_string(text, out);
-            }
-            Block::ToolUse { id, name, input } => {
-                out.extend_from_slice(b"{\"type\":\"tool_use\",\"id\":");
-                write_json_string(id, out);
-                out.extend_from_slice(b",\"name\":");
-                write_json_string(name, out);
-                out.extend_from_slice(b",\"input\":");
-                body::write_json(out, input)?;
-            }
-            Block::ToolResult {
-                tool_use_id,
-                content,
-                is_error,
-            } => {
-                out.extend_from_slice(b"{\"type\":\"tool_result\",\"tool_use_id\":");
-                write_json_string(tool_use_id, out);
-                out.extend_from_slice(b",\"content\":");
-                write_json_string(content, out);
-                if let Some(is_error) = is_error {
-                    out.extend_from_slice(if *is_error {
-                        b",\"is_error\":true"
-                    } else {
-                        b",\"is_error\":false"
-                    });
-                }
-            }
-            // Images, thinking and server tools: serde's, closed.
-            other => {
-                body::write_json(out, other)?;
-                continue;
-            }
-        }
-        out.push(b'}');
-    }
-    out.extend_from_slice(b"]}");
-    Ok(())
-}
-
 /// Everything of a request but its messages, checked.
 fn frame<'a>(
     request: &ModelRequest<'a>,
@@ -329,7 +274,7 @@ fn frame<'a>(
     caching: PromptCaching,
     stream: bool,
 ) -> Result<(Head<'a>, Tail<'a>), ModelError> {
-    let settings = request.settings;
+    let settings = request.settings();
     let cache = match caching {
         PromptCaching::SystemAndTools => Some(EPHEMERAL),
         PromptCaching::Off => None,
@@ -345,26 +290,26 @@ fn frame<'a>(
         }
     };
     if let Some(mode) = settings.thinking
-        && request.tool_choice.forces_tool_use()
+        && request.tool_choice().forces_tool_use()
         && !mode.allows().forced_tool_choice
-        && !request.tools.is_empty()
+        && !request.tools().is_empty()
     {
         return Err(ModelError::InvalidRequest(
             "anthropic does not allow forcing tool use while thinking has a fixed budget".into(),
         ));
     }
-    let system = if request.system.is_empty() {
+    let system = if request.system().is_empty() {
         Vec::new()
     } else {
         vec![SystemBlock {
             kind: "text",
-            text: request.system,
+            text: request.system(),
             cache_control: cache,
         }]
     };
-    let last_tool = request.tools.len().checked_sub(1);
+    let last_tool = request.tools().len().checked_sub(1);
     let tools = request
-        .tools
+        .tools()
         .iter()
         .enumerate()
         .map(|(i, tool)| {
@@ -375,10 +320,10 @@ fn frame<'a>(
                 cache_control: if Some(i) == last_tool { cache } else { None },
             })
         })
-        .chain(request.provider_tools.iter().map(server_tool))
+        .chain(request.provider_tools().iter().map(server_tool))
         .collect::<Vec<_>>();
     let disable_parallel_tool_use = !settings.parallel_tool_calls;
-    let tool_choice = (!tools.is_empty()).then(|| match request.tool_choice {
+    let tool_choice = (!tools.is_empty()).then(|| match request.tool_choice() {
         ToolChoice::Auto => WireToolChoice::Auto {
             disable_parallel_tool_use,
         },
@@ -402,7 +347,7 @@ fn frame<'a>(
             tool_choice,
             thinking,
             temperature: settings.temperature.filter(|_| settings.thinking.is_none()),
-            output_format: request.output_schema.map(|schema| OutputFormat {
+            output_format: request.output_schema().map(|schema| OutputFormat {
                 kind: "json_schema",
                 schema,
             }),

@@ -363,7 +363,7 @@ impl OpenAi {
     }
 
     fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
-        request.settings.model.as_deref().unwrap_or(&self.model)
+        request.settings().model.as_deref().unwrap_or(&self.model)
     }
 
     /// The exact body this client sends for `request` (`stream`: asking for
@@ -387,7 +387,17 @@ impl OpenAi {
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        wire::encode(request, model, self.shape, stream, Some(&self.body_cache))
+        let body = wire::encode(request, model, self.shape, stream, Some(&self.body_cache))?;
+        // Debug and test builds check every cached body against the body
+        // encoded afresh: every test of the workspace checks the cache.
+        #[cfg(debug_assertions)]
+        if let Err(mismatch) = crate::body::check_cached(
+            &body,
+            &wire::encode_plain(request, model, self.shape, stream)?,
+        ) {
+            panic!("{mismatch}");
+        }
+        Ok(body)
     }
 
     /// The same bytes as [`Self::request_body`], every message encoded
@@ -462,13 +472,7 @@ impl Model for OpenAi {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);
-        let body = Bytes::from(wire::encode(
-            &request,
-            model,
-            self.shape,
-            false,
-            Some(&self.body_cache),
-        )?);
+        let body = Bytes::from(self.request_body(&request, false)?);
         let call = async {
             let bytes = self
                 .transport
@@ -493,7 +497,7 @@ impl Model for OpenAi {
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
         let model = self.model_for(&request);
         let span = call_span(model);
-        let body = match wire::encode(&request, model, self.shape, true, Some(&self.body_cache)) {
+        let body = match self.request_body(&request, true) {
             Ok(body) => Bytes::from(body),
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };

@@ -9,7 +9,7 @@
 
 use std::borrow::Cow;
 
-use markov_core::message::{EphemeralPart, camera_frame_text, write_json_string};
+use markov_core::message::{EphemeralPart, camera_frame_text};
 use markov_core::{
     Item, Message, ModelError, ModelRequest, ModelResponse, Role, StopReason, ToolChoice, Usage,
 };
@@ -192,21 +192,19 @@ pub(super) fn encode(
 ) -> Result<Vec<u8>, ModelError> {
     body::build(
         request,
-        model,
-        stream,
         cache,
         || {
             let tail = tail(request, shape, stream)?;
             let mut lead = Vec::new();
-            if !request.system.is_empty() {
+            if !request.system().is_empty() {
                 body::push_json(
                     &mut lead,
                     &WireMessage::System {
-                        content: Cow::Borrowed(request.system),
+                        content: Cow::Borrowed(request.system()),
                     },
                 )?;
             }
-            let lead_count = usize::from(!request.system.is_empty());
+            let lead_count = usize::from(!request.system().is_empty());
             FrameBytes::new(&Head { model }, lead, lead_count, &tail)
         },
         render,
@@ -224,12 +222,12 @@ pub(super) fn encode_plain(
 ) -> Result<Vec<u8>, ModelError> {
     let tail = tail(request, shape, stream)?;
     let mut messages = Vec::new();
-    if !request.system.is_empty() {
+    if !request.system().is_empty() {
         messages.push(WireMessage::System {
-            content: Cow::Borrowed(request.system),
+            content: Cow::Borrowed(request.system()),
         });
     }
-    for message in request.messages {
+    for message in request.messages() {
         push_message(message, &mut messages);
     }
     if messages.is_empty() {
@@ -251,7 +249,7 @@ fn render(run: &[Message]) -> Result<Rendered, ModelError> {
     for message in run {
         push_message(message, &mut wire);
     }
-    let closed = body::write_each(&wire, write_message)?;
+    let closed = body::write_each(&wire, |m, out| body::write_json(out, m))?;
     Ok(Rendered {
         closed,
         closed_count: wire.len(),
@@ -260,81 +258,23 @@ fn render(run: &[Message]) -> Result<Rendered, ModelError> {
     })
 }
 
-/// Appends `message`'s JSON exactly as serde_json writes it (the property
-/// tests compare), its strings by core's faster writer: the messages a
-/// conversation is mostly made of by hand, content parts by serde.
-fn write_message(message: &WireMessage<'_>, out: &mut Vec<u8>) -> Result<(), ModelError> {
-    match message {
-        WireMessage::System { content } => {
-            out.extend_from_slice(b"{\"role\":\"system\",\"content\":");
-            write_json_string(content, out);
-        }
-        WireMessage::User {
-            content: UserContent::Text(text),
-        } => {
-            out.extend_from_slice(b"{\"role\":\"user\",\"content\":");
-            write_json_string(text, out);
-        }
-        WireMessage::User { .. } => return body::write_json(out, message),
-        WireMessage::Assistant {
-            content,
-            tool_calls,
-        } => {
-            out.extend_from_slice(b"{\"role\":\"assistant\"");
-            if let Some(content) = content {
-                out.extend_from_slice(b",\"content\":");
-                write_json_string(content, out);
-            }
-            if !tool_calls.is_empty() {
-                out.extend_from_slice(b",\"tool_calls\":[");
-                for (i, call) in tool_calls.iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(b"{\"id\":");
-                    write_json_string(call.id, out);
-                    out.extend_from_slice(b",\"type\":");
-                    write_json_string(call.kind, out);
-                    out.extend_from_slice(b",\"function\":{\"name\":");
-                    write_json_string(call.function.name, out);
-                    out.extend_from_slice(b",\"arguments\":");
-                    write_json_string(&call.function.arguments, out);
-                    out.extend_from_slice(b"}}");
-                }
-                out.push(b']');
-            }
-        }
-        WireMessage::Tool {
-            tool_call_id,
-            content,
-        } => {
-            out.extend_from_slice(b"{\"role\":\"tool\",\"tool_call_id\":");
-            write_json_string(tool_call_id, out);
-            out.extend_from_slice(b",\"content\":");
-            write_json_string(content, out);
-        }
-    }
-    out.push(b'}');
-    Ok(())
-}
-
 /// Everything of a request after its messages, checked.
 fn tail<'a>(
     request: &ModelRequest<'a>,
     shape: Shape,
     stream: bool,
 ) -> Result<Tail<'a>, ModelError> {
-    if let Some(tool) = request.provider_tools.first() {
+    if let Some(tool) = request.provider_tools().first() {
         return Err(ModelError::InvalidRequest(format!(
             "the openai client cannot offer provider built-in tool {:?} (type {:?}): Chat Completions has no provider-run tools",
             tool.name.as_str(),
             tool.kind
         )));
     }
-    let settings = request.settings;
+    let settings = request.settings();
     let strict = shape.strictness == SchemaStrictness::Strict;
     let tools: Vec<Tool<'_>> = request
-        .tools
+        .tools()
         .iter()
         .map(|tool| Tool {
             kind: "function",
@@ -347,7 +287,7 @@ fn tail<'a>(
         })
         .collect();
     let has_tools = !tools.is_empty();
-    let tool_choice = has_tools.then(|| match request.tool_choice {
+    let tool_choice = has_tools.then(|| match request.tool_choice() {
         ToolChoice::Auto => WireToolChoice::Mode("auto"),
         ToolChoice::Any => WireToolChoice::Mode("required"),
         ToolChoice::None => WireToolChoice::Mode("none"),
@@ -371,7 +311,7 @@ fn tail<'a>(
         max_completion_tokens,
         max_tokens,
         temperature: settings.temperature,
-        response_format: request.output_schema.map(|schema| ResponseFormat {
+        response_format: request.output_schema().map(|schema| ResponseFormat {
             kind: "json_schema",
             json_schema: JsonSchema {
                 name: OUTPUT_SCHEMA_NAME,

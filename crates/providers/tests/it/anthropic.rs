@@ -48,8 +48,8 @@ fn request<'a>(
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
     ModelRequest::new("You are a calculator.", messages, settings)
-        .tools(tools)
-        .tool_choice(tool_choice)
+        .with_tools(tools)
+        .with_tool_choice(tool_choice)
 }
 
 fn text_answer(text: &str) -> Value {
@@ -295,7 +295,7 @@ async fn adaptive_thinking_and_no_tools() {
         thinking: Some(Thinking::Adaptive),
         ..ModelSettings::default()
     };
-    let request = ModelRequest::new("", &history, &settings).tool_choice(&ToolChoice::Any);
+    let request = ModelRequest::new("", &history, &settings).with_tool_choice(&ToolChoice::Any);
     client(&server).complete(request).await.unwrap();
     assert_eq!(
         server.single().body,
@@ -333,7 +333,7 @@ async fn structured_output_uses_output_format_and_the_beta_header() {
     let history = [Message::user("count")];
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}});
     let settings = ModelSettings::default();
-    let request = ModelRequest::new("", &history, &settings).output_schema(Some(&schema));
+    let request = ModelRequest::new("", &history, &settings).with_output_schema(Some(&schema));
     client(&server).complete(request).await.unwrap();
     let sent = server.single();
     assert_eq!(

@@ -102,9 +102,9 @@ where
             let frame = usize::from(frames.get(len).copied().unwrap_or(0));
             let system = ["", "Be brief.", "Be brief!"][frame % 3];
             let request = ModelRequest::new(system, history, &settings[frame / 3 % 3])
-                .tools(&tool_lists[frame / 9 % 4])
-                .tool_choice(&choices[frame / 36 % 2])
-                .history_id(id);
+                .with_tools(&tool_lists[frame / 9 % 4])
+                .with_tool_choice(&choices[frame / 36 % 2])
+                .with_history_id(id);
             let (cached, plain) = encode(&request, stream);
             match (&cached, &plain) {
                 (Ok(c), Ok(p)) => assert_eq!(
@@ -170,7 +170,7 @@ fn a_shorter_history_under_one_id_is_encoded_afresh() {
     for client_body in [
         Box::new(|r: &ModelRequest<'_>| {
             let c = anthropic();
-            let _ = c.request_body(&r.messages(&long).history_id(id), false);
+            let _ = c.request_body(&r.with_messages(&long).with_history_id(id), false);
             (
                 c.request_body(r, false).unwrap(),
                 c.request_body_uncached(r, false).unwrap(),
@@ -178,7 +178,7 @@ fn a_shorter_history_under_one_id_is_encoded_afresh() {
         }) as Box<dyn Fn(&ModelRequest<'_>) -> (Vec<u8>, Vec<u8>)>,
         Box::new(|r: &ModelRequest<'_>| {
             let c = openai();
-            let _ = c.request_body(&r.messages(&long).history_id(id), false);
+            let _ = c.request_body(&r.with_messages(&long).with_history_id(id), false);
             (
                 c.request_body(r, false).unwrap(),
                 c.request_body_uncached(r, false).unwrap(),
@@ -186,7 +186,7 @@ fn a_shorter_history_under_one_id_is_encoded_afresh() {
         }),
     ] {
         let short = [Message::user("other")];
-        let request = ModelRequest::new("", &short, &settings).history_id(id);
+        let request = ModelRequest::new("", &short, &settings).with_history_id(id);
         let (cached, plain) = client_body(&request);
         assert_eq!(cached, plain);
         assert!(!String::from_utf8_lossy(&cached).contains("first"));
@@ -201,12 +201,54 @@ fn requests_without_a_history_id_stand_alone() {
     let one = [Message::user("one")];
     let two = [Message::user("two")];
     let id = HistoryId::fresh();
-    let request = ModelRequest::new("", &one, &settings).history_id(id);
-    assert_eq!(request.messages(&two).history_id, None);
+    let request = ModelRequest::new("", &one, &settings).with_history_id(id);
+    assert_eq!(request.with_messages(&two).history_id(), None);
     let client = anthropic();
     client.request_body(&request, false).unwrap();
-    let rewritten = request.messages(&two);
+    let rewritten = request.with_messages(&two);
     let body = client.request_body(&rewritten, false).unwrap();
     assert!(String::from_utf8_lossy(&body).contains("two"));
     assert!(!String::from_utf8_lossy(&body).contains("one"));
+}
+
+/// A history rewritten under its id (a broken promise, which only a caller
+/// that set the id by hand can make) is caught in debug and test builds:
+/// the cached body is checked against the body encoded afresh, so every
+/// test of the workspace would fail on a cache that sent stale messages.
+#[cfg(debug_assertions)]
+#[test]
+fn a_cached_body_that_differs_from_a_fresh_one_is_caught() {
+    let (anthropic, openai) = (anthropic(), openai());
+    let anthropic_client = || &anthropic;
+    let openai_client = || &openai;
+    let settings = ModelSettings::default();
+    let id = HistoryId::fresh();
+    let kept = [
+        Message::user("first"),
+        Message::assistant("kept"),
+        Message::user("more"),
+    ];
+    let rewritten = [
+        Message::user("first"),
+        Message::assistant("changed"),
+        Message::user("more"),
+    ];
+    let extra = Message::assistant("next");
+    for vendor in ["anthropic", "openai"] {
+        let body = |history: &[Message]| {
+            let request = ModelRequest::new("", history, &settings).with_history_id(id);
+            match vendor {
+                "anthropic" => anthropic_client().request_body(&request, false),
+                _ => openai_client().request_body(&request, false),
+            }
+        };
+        let _ = body(&kept);
+        let mut broken = rewritten.to_vec();
+        broken.push(extra.clone());
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(&broken)));
+        assert!(
+            caught.is_err(),
+            "{vendor}: the stale cached messages were sent unchecked"
+        );
+    }
 }

@@ -38,8 +38,8 @@ fn request<'a>(
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
     ModelRequest::new("", messages, settings)
-        .tools(tools)
-        .provider_tools(provider_tools)
+        .with_tools(tools)
+        .with_provider_tools(provider_tools)
 }
 
 fn search_results() -> Value {

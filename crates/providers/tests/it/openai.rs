@@ -49,8 +49,8 @@ fn request<'a>(
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
     ModelRequest::new("You are a calculator.", messages, settings)
-        .tools(tools)
-        .tool_choice(tool_choice)
+        .with_tools(tools)
+        .with_tool_choice(tool_choice)
 }
 
 fn completion(message: Value, finish_reason: &str) -> Value {
@@ -232,8 +232,8 @@ async fn older_servers_strict_schemas_and_structured_output() {
                         "required": ["n"], "additionalProperties": false});
     let settings = ModelSettings::default();
     let request = ModelRequest::new("", &history, &settings)
-        .tools(&tools[1..])
-        .output_schema(Some(&schema));
+        .with_tools(&tools[1..])
+        .with_output_schema(Some(&schema));
     model.complete(request).await.unwrap();
     let sent = server.single();
     assert_eq!(sent.header("authorization"), None, "no key, no header");

@@ -40,8 +40,8 @@ async fn sent_body(model: &dyn Model, server: &FakeServer, golden: Expect) {
         ..ModelSettings::default()
     };
     let request = ModelRequest::new("You do arithmetic.", &history, &settings)
-        .tools(&tools)
-        .tool_choice(&ToolChoice::Auto);
+        .with_tools(&tools)
+        .with_tool_choice(&ToolChoice::Auto);
     model.complete(request).await.expect("answered");
     let body = serde_json::to_string_pretty(&server.single().body).expect("json");
     golden.assert_eq(&body);

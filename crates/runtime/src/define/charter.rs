@@ -93,12 +93,6 @@ impl fmt::Debug for Charter {
 const MAX_REF_DEPTH: usize = 16;
 
 impl Charter {
-    /// Whether `self` and `other` are handles to the same definition (not
-    /// merely equal ones).
-    pub(crate) fn is_same(&self, other: &Charter) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
-    }
-
     /// A builder for a charter called `name`.
     pub fn builder(name: impl Into<String>) -> CharterBuilder {
         CharterBuilder {

@@ -189,12 +189,6 @@ impl PartialEq for Node {
 }
 
 impl Node {
-    /// Whether `self` and `other` are handles to the same definition (not
-    /// merely equal ones).
-    pub(crate) fn is_same(&self, other: &Node) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
-    }
-
     /// A builder for a node with these instructions.
     pub fn builder(instructions: impl Into<String>) -> NodeBuilder {
         NodeBuilder::new(instructions)

@@ -28,11 +28,8 @@ pub enum PackInstructions {
     None,
     /// Fixed text.
     Static(String),
-    /// Computed from the pack's current state. The function must depend on
-    /// the state alone: a leaf's system prompt is remembered while nothing it
-    /// shows changes (see [`PromptCache`](crate::prompt::PromptCache)), so it
-    /// is called again only when the state (or anything else in the prompt)
-    /// did.
+    /// Computed from the pack's current state, whenever a system prompt is
+    /// built (once per model call).
     Dynamic(Arc<DynamicInstructions>),
 }
 
@@ -83,12 +80,6 @@ impl fmt::Debug for Pack {
 }
 
 impl Pack {
-    /// Whether `self` and `other` are handles to the same definition (not
-    /// merely equal ones).
-    pub(crate) fn is_same(&self, other: &Pack) -> bool {
-        std::sync::Arc::ptr_eq(&self.0, &other.0)
-    }
-
     /// A builder for a pack.
     pub fn builder(name: impl Into<String>, description: impl Into<String>) -> PackBuilder {
         PackBuilder {

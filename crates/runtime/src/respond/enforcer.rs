@@ -47,7 +47,7 @@ use crate::tool_choice::{ToolChoicePolicy, check_thinking};
 /// let settings = ModelSettings::default();
 /// fn request<'a>(messages: &'a [Message], settings: &'a ModelSettings) -> ModelRequest<'a> {
 ///     // The caller's own tool choice is replaced by the policy's.
-///     ModelRequest::new("", messages, settings).tool_choice(&ToolChoice::Auto)
+///     ModelRequest::new("", messages, settings).with_tool_choice(&ToolChoice::Auto)
 /// }
 ///
 /// let mut history = vec![Message::user("What endpoints does Customer have?")];
@@ -114,16 +114,16 @@ impl<M> ToolChoiceEnforcer<M> {
 
 impl<M: Model> ToolChoiceEnforcer<M> {
     fn enforce<'a>(&'a self, request: ModelRequest<'a>) -> Result<ModelRequest<'a>, ModelError> {
-        if let Some(thinking) = request.settings.thinking {
+        if let Some(thinking) = request.settings().thinking {
             check_thinking(
                 thinking,
-                self.inner.thinking_allowance(request.settings, thinking),
+                self.inner.thinking_allowance(request.settings(), thinking),
                 &self.policy,
-                request.settings.temperature,
+                request.settings().temperature,
             )
             .map_err(ModelError::InvalidRequest)?;
         }
-        Ok(request.tool_choice(self.choice_for(request.messages)))
+        Ok(request.with_tool_choice(self.choice_for(request.messages())))
     }
 }
 

@@ -64,16 +64,12 @@
 //! - The custom builder receives the [`PromptInput`] exactly as given (including
 //!   `packs`) and no tool list, so it gets no "Terminal Tools" section.
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
-use std::sync::Arc;
 
 use markov_core::tool::ToolDefinition;
 use serde_json::Value;
 
-use crate::charter::{AncestorView, Charter, PromptInput};
-use crate::node::Node;
-use crate::pack::Pack;
+use crate::charter::{AncestorView, PromptInput};
 use crate::transition::Transition;
 
 /// The line that always ends the "Available Transitions" section.
@@ -103,19 +99,17 @@ pub fn system_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) 
     if let Some(builder) = input.charter.prompt_builder() {
         return builder(input);
     }
-    default_prompt(input, offered_tools).0
+    default_prompt(input, offered_tools)
 }
 
-/// The default prompt (charter instructions included), and how much of it
-/// comes before its step warning.
-fn default_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) -> (String, usize) {
+/// The default prompt (charter instructions included).
+fn default_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) -> String {
     let mut out = Prompt::for_input(input);
     out.body(input, offered_tools);
-    let base_len = out.0.len();
     if let Some(warning) = step_warning(input.current_step, input.max_steps) {
         out.section(warning);
     }
-    (out.finish(), base_len)
+    out.finish()
 }
 
 /// A prompt being written: one buffer for every section, where formatting
@@ -274,154 +268,4 @@ pub fn step_warning(current_step: usize, max_steps: usize) -> Option<&'static st
         2 => Some(STEP_WARNING_TWO),
         _ => None,
     }
-}
-
-/// The last default prompt built for one leaf, reused while nothing it shows
-/// has changed.
-///
-/// Building the prompt formats the state and the packs as pretty JSON; yet
-/// within a turn the state rarely changes. The cache keeps the inputs the
-/// prompt was built from and compares them (node, state, ancestors, packs
-/// and their states, the offered tools): a hit costs comparisons and no
-/// allocation, a miss rebuilds and remembers. The step warning, which
-/// changes in each of a turn's last steps, is kept apart: a new warning is
-/// appended to the remembered prompt instead of rebuilding it. A charter
-/// with a custom prompt builder is never cached, since the builder may read
-/// anything.
-///
-/// Cloning gives an empty cache: a changed copy of an instance starts afresh.
-#[derive(Default)]
-pub struct PromptCache {
-    last: std::sync::Mutex<Option<CachedPrompt>>,
-}
-
-impl Clone for PromptCache {
-    fn clone(&self) -> Self {
-        PromptCache::default()
-    }
-}
-
-impl std::fmt::Debug for PromptCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let cached = self.last.lock().map(|last| last.is_some()).unwrap_or(false);
-        f.debug_struct("PromptCache")
-            .field("cached", &cached)
-            .finish()
-    }
-}
-
-struct CachedPrompt {
-    key: PromptKey,
-    /// The prompt, ending with `warning` when there is one.
-    prompt: Arc<str>,
-    /// How much of `prompt` comes before its warning (the whole of it when
-    /// there is none): kept as a length rather than a second string, since
-    /// an idle machine holds its leaf's prompt.
-    base_len: usize,
-    /// The warning `prompt` ends with.
-    warning: Option<&'static str>,
-}
-
-/// `base`, and `warning` as its last section.
-fn with_warning(base: &str, warning: Option<&'static str>) -> Arc<str> {
-    match warning {
-        None => Arc::from(base),
-        Some(warning) => {
-            let mut prompt = String::with_capacity(base.len() + 2 + warning.len());
-            prompt.push_str(base);
-            prompt.push_str("\n\n");
-            prompt.push_str(warning);
-            prompt.into()
-        }
-    }
-}
-
-/// Everything [`system_prompt`] reads but the step, owned.
-struct PromptKey {
-    charter: Charter,
-    node: Node,
-    state: Value,
-    ancestors: Vec<(Node, Value)>,
-    packs: Vec<Pack>,
-    pack_states: BTreeMap<String, Value>,
-    tools: Arc<[ToolDefinition]>,
-}
-
-impl PromptKey {
-    fn of(input: &PromptInput<'_>, tools: &Arc<[ToolDefinition]>) -> Self {
-        PromptKey {
-            charter: input.charter.clone(),
-            node: input.node.clone(),
-            state: input.state.clone(),
-            ancestors: input
-                .ancestors
-                .iter()
-                .map(|a| (a.node.clone(), a.state.clone()))
-                .collect(),
-            packs: input.packs.to_vec(),
-            pack_states: input.pack_states.clone(),
-            tools: Arc::clone(tools),
-        }
-    }
-
-    fn matches(&self, input: &PromptInput<'_>, tools: &Arc<[ToolDefinition]>) -> bool {
-        self.charter.is_same(input.charter)
-            && self.node.is_same(input.node)
-            && Arc::ptr_eq(&self.tools, tools)
-            && self.ancestors.len() == input.ancestors.len()
-            && self.packs.len() == input.packs.len()
-            && self
-                .packs
-                .iter()
-                .zip(input.packs)
-                .all(|(a, b)| a.is_same(b))
-            && self
-                .ancestors
-                .iter()
-                .zip(input.ancestors)
-                .all(|((node, state), view)| node.is_same(view.node) && state == view.state)
-            && self.state == *input.state
-            && self.pack_states == *input.pack_states
-    }
-}
-
-/// [`system_prompt`], remembered in `cache` (see [`PromptCache`]).
-///
-/// `offered_tools` is compared by identity: the charter and the tool
-/// registry hand out the same shared list for as long as it is unchanged.
-pub fn system_prompt_cached(
-    cache: &PromptCache,
-    input: &PromptInput<'_>,
-    offered_tools: &Arc<[ToolDefinition]>,
-) -> Arc<str> {
-    if input.charter.prompt_builder().is_some() {
-        return system_prompt(input, offered_tools).into();
-    }
-    let warning = step_warning(input.current_step, input.max_steps);
-    // A poisoned lock only means another thread panicked mid-update; the
-    // entry is replaced below either way.
-    let mut last = cache.last.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(hit) = last
-        .as_mut()
-        .filter(|hit| hit.key.matches(input, offered_tools))
-    {
-        if hit.warning != warning
-            && let Some(base) = hit.prompt.get(..hit.base_len)
-        {
-            hit.prompt = with_warning(base, warning);
-            hit.warning = warning;
-        }
-        if hit.warning == warning {
-            return Arc::clone(&hit.prompt);
-        }
-    }
-    let (prompt, base_len) = default_prompt(input, offered_tools);
-    let prompt: Arc<str> = prompt.into();
-    *last = Some(CachedPrompt {
-        key: PromptKey::of(input, offered_tools),
-        prompt: Arc::clone(&prompt),
-        base_len,
-        warning,
-    });
-    prompt
 }

@@ -109,7 +109,7 @@ fn request<'a>(
     settings: &'a ModelSettings,
     choice: &'a ToolChoice,
 ) -> ModelRequest<'a> {
-    ModelRequest::new("sys", messages, settings).tool_choice(choice)
+    ModelRequest::new("sys", messages, settings).with_tool_choice(choice)
 }
 
 fn tool_results(ids: &[&str]) -> Message {

@@ -33,7 +33,7 @@ fn answer(content: Vec<Item>, stop: StopReason) -> ModelResponse {
 #[async_trait]
 impl Model for Cashier {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let last = request.messages.last();
+        let last = request.messages().last();
         let results: Vec<&str> = last
             .map(|m| {
                 m.item_list()
@@ -58,7 +58,7 @@ impl Model for Cashier {
         if said.contains("go") {
             // The request id from the envelope the first call got.
             let token = request
-                .messages
+                .messages()
                 .iter()
                 .rev()
                 .flat_map(|m| m.item_list().iter())
@@ -75,7 +75,7 @@ impl Model for Cashier {
                 .unwrap_or_default();
             input["confirmationToken"] = json!(token);
         }
-        let id = format!("call_{}", request.messages.len());
+        let id = format!("call_{}", request.messages().len());
         Ok(answer(
             vec![Item::tool_use(id, "pay", input)],
             StopReason::ToolUse,

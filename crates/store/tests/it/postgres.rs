@@ -60,7 +60,9 @@ async fn a_session_round_trips_through_postgres() {
         session.machine().enqueue_user(text);
         session.run(RunOptions::default()).await.expect("runs");
     }
-    let expected = serialize_machine(session.machine()).expect("serializes");
+    let expected = serialize_machine(session.machine())
+        .expect("serializes")
+        .into_owned();
     let stored = store.load(&id).await.expect("loads");
     assert_eq!(
         stored.snapshot, expected,
@@ -72,7 +74,8 @@ async fn a_session_round_trips_through_postgres() {
     let listed = store.list().await.expect("lists");
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].messages, expected.history.len() as u64);
-    let again = serialize_machine(&machine(Arc::new(two_turns()), &dir)).expect("serializes");
+    let fresh = machine(Arc::new(two_turns()), &dir);
+    let again = serialize_machine(&fresh).expect("serializes");
     assert!(matches!(
         store
             .create(
@@ -109,7 +112,8 @@ async fn concurrent_claims_never_take_the_same_session() {
     let first = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let second = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let dir = Dir::new("pg-claims");
-    let snapshot = serialize_machine(&machine(Arc::new(two_turns()), &dir)).expect("serializes");
+    let machine = machine(Arc::new(two_turns()), &dir);
+    let snapshot = serialize_machine(&machine).expect("serializes");
     let crashed = WorkerId::new("crashed");
     let run = markov_executor::RunState::new(RunOptions::default());
     // Four sessions whose runs were in progress when their worker died.

@@ -30,7 +30,8 @@ fn step(messages: &[Message]) -> StepRecord<'_> {
 /// Creates session `id`, leased to `holder` for a minute.
 async fn create(store: &PostgresStore, id: &SessionId, holder: &WorkerId, dir: &Dir) {
     let model = Arc::new(ScriptedModel::builder().build());
-    let snapshot = serialize_machine(&machine(model, dir)).expect("serializes");
+    let machine = machine(model, dir);
+    let snapshot = serialize_machine(&machine).expect("serializes");
     store
         .create(id, "payments", &snapshot, holder, Duration::from_secs(60))
         .await

@@ -118,7 +118,7 @@ async fn a_restored_session_sends_the_same_next_request_as_one_that_never_stoppe
     };
     // The machine that never stopped, on a model that records.
     let never_stopped_model = next();
-    let never_stopped_snapshot = serialize_machine(&kept).expect("serializes");
+    let never_stopped_snapshot = serialize_machine(&kept).expect("serializes").into_owned();
     let (charter, _) = charter();
     let mut never_stopped = deserialize_machine(
         charter.clone(),

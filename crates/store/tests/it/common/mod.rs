@@ -115,12 +115,12 @@ impl Model for ProviderLike {
     ) -> Result<ModelResponse, markov_core::model::ModelError> {
         self.served
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let last_user = request.messages.iter().rposition(is_user_text);
+        let last_user = request.messages().iter().rposition(is_user_text);
         let question = last_user
-            .map(|at| request.messages[at].text())
+            .map(|at| request.messages()[at].text())
             .unwrap_or_default();
         let answered = last_user.map_or(0, |at| {
-            request.messages[at..]
+            request.messages()[at..]
                 .iter()
                 .filter(|m| m.role == markov_core::message::Role::Assistant)
                 .count()
@@ -299,7 +299,8 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
     let id = SessionId::new("leased");
     let (a, b) = (WorkerId::new("a"), WorkerId::new("b"));
     let model = Arc::new(ScriptedModel::builder().build());
-    let snapshot = markov_executor::serialize_machine(&machine(model, &dir)).expect("serializes");
+    let machine = machine(model, &dir);
+    let snapshot = markov_executor::serialize_machine(&machine).expect("serializes");
     first
         .create(&id, "payments", &snapshot, &a, Duration::from_millis(400))
         .await

@@ -1,12 +1,16 @@
-//! Reading JSON objects tagged by a `type` key in one pass.
+//! Reading JSON objects tagged by a `type` key in one pass: the one reader
+//! of tagged objects, for markov's message items and for the events of the
+//! providers' streams.
 //!
 //! serde's derived internally tagged enums copy every object into a private
 //! buffer before reading it again, and a tagged enum inside another one
-//! does it twice: each event of a streamed answer (a text fragment, a piece
-//! of tool arguments) was parsed two or three times. Here, when `type` is
-//! the object's first key (how the APIs write their events), the tag picks
+//! does it twice. Here, when `type` is the object's first key (how markov
+//! writes its items and how the APIs write their events), the tag picks
 //! the variant and the rest of the object goes straight to its fields; a
 //! later `type` falls back to collecting the object into a JSON value first.
+//! Either way what is accepted and refused is what the derived reading
+//! would accept and refuse: unknown keys are ignored, missing ones are
+//! errors.
 
 use serde::Deserialize;
 use serde::de::value::MapAccessDeserializer;
@@ -14,7 +18,7 @@ use serde::de::{self, DeserializeOwned, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 /// A type read from an object tagged by `type`.
-pub(crate) trait Tagged: Sized {
+pub trait Tagged: Sized {
     /// The values of `type` (with a catch-all for unknown ones, if the
     /// type accepts those).
     type Tag: DeserializeOwned;
@@ -24,10 +28,8 @@ pub(crate) trait Tagged: Sized {
     fn from_fields<'de, D: Deserializer<'de>>(tag: Self::Tag, fields: D) -> Result<Self, D::Error>;
 }
 
-/// Reads a `T` from `deserializer`.
-pub(crate) fn deserialize<'de, T: Tagged, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<T, D::Error> {
+/// Reads a `T` from `deserializer` (use it in `T`'s `Deserialize` impl).
+pub fn deserialize<'de, T: Tagged, D: Deserializer<'de>>(deserializer: D) -> Result<T, D::Error> {
     deserializer.deserialize_map(TaggedVisitor(std::marker::PhantomData))
 }
 
