@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
+use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
-use markov_runtime::registry::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_testkit::{Recording, ScriptedModel};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -183,7 +183,7 @@ impl Scenario {
         // the loop guard would end it, so it is off here.
         let charter = Charter::builder("bench")
             .node("worker", node.clone())
-            .loop_guard(markov_runtime::registry::LoopGuard::OFF)
+            .loop_guard(markov_policy::LoopGuard::OFF)
             .build()
             .expect("the benchmark charter builds");
         Scenario {

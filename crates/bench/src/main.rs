@@ -64,7 +64,7 @@ use markov_core::message::Message;
 use markov_core::tool::{NoState, ToolContext};
 use markov_executor::serialize::{SerializedMachine, deserialize_machine, serialize_machine};
 use markov_executor::{Executor, Machine, MachineOptions, StandardExecutor};
-use markov_runtime::registry::{
+use markov_policy::{
     AuditLayer, CallReport, ConfirmLayer, EnvelopeMode, ExecuteService, GateLayer,
     IdempotencyLayer, LatencyLayer, Mode, PolicyStack, PolicyState, TimeoutLayer, ToolRequest,
     ToolService, TurnBudgetState, mode::ModeLayer, unknown_tool::UnknownToolLayer,

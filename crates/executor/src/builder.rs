@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use markov_core::model::{Model, ModelSettings};
+use markov_policy::{Mode, ToolRegistry};
 use markov_runtime::charter::{Charter, CharterBuilder};
 use markov_runtime::node::Node;
-use markov_runtime::registry::{Mode, ToolRegistry};
 use serde_json::Value;
 
 use crate::error::RunError;

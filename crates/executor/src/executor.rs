@@ -5,8 +5,8 @@ use markov_core::Message;
 use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::message::Source;
 use markov_core::tool::TerminateResponse;
+use markov_policy::PolicyState;
 use markov_runtime::charter::Charter;
-use markov_runtime::registry::PolicyState;
 use serde_json::Value;
 
 use crate::effect::Entry;

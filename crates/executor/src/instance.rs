@@ -11,7 +11,7 @@ use std::time::SystemTime;
 use markov_core::InstanceId;
 use markov_runtime::node::Node;
 use markov_runtime::pack::Pack;
-use markov_runtime::tool_choice::ToolChoicePolicy;
+use markov_runtime::tool_choice::ToolChoiceRule;
 use serde_json::{Value, json};
 
 use crate::error::RunError;
@@ -68,7 +68,7 @@ pub struct Instance {
     pub(crate) suspended: Option<SuspendInfo>,
     pub(crate) pack_states: BTreeMap<String, Value>,
     pub(crate) packs: Vec<Pack>,
-    pub(crate) tool_choice: Option<ToolChoicePolicy>,
+    pub(crate) tool_choice: Option<ToolChoiceRule>,
 }
 
 /// One active leaf: the path from the root to it. Only the tree builds one
@@ -148,16 +148,16 @@ impl Instance {
         }
     }
 
-    /// Overrides the node's tool-choice policy for this instance only
+    /// Overrides the node's tool-choice rule for this instance only
     /// (instance > node). Kept across transitions of this instance.
     #[must_use]
-    pub fn with_tool_choice(mut self, policy: ToolChoicePolicy) -> Self {
+    pub fn with_tool_choice(mut self, policy: ToolChoiceRule) -> Self {
         self.tool_choice = Some(policy);
         self
     }
 
-    /// The tool-choice policy in force: the instance's override, else the node's.
-    pub fn tool_choice(&self) -> &ToolChoicePolicy {
+    /// The tool-choice rule in force: the instance's override, else the node's.
+    pub fn tool_choice(&self) -> &ToolChoiceRule {
         self.tool_choice
             .as_ref()
             .unwrap_or(&self.node.policy().tool_choice)

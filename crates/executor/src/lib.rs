@@ -47,9 +47,10 @@ mod externalize;
 mod instance;
 mod machine;
 mod queue;
+mod respond;
 mod run;
 pub mod serialize;
-pub mod standard;
+mod standard;
 mod step;
 pub mod stream;
 mod typed;
@@ -68,6 +69,7 @@ pub use executor::{Executor, Intent, LeafContext, LeafOutcome};
 pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
 pub use machine::{Machine, MachineOptions};
 pub use queue::{OnEnqueue, Queue};
+pub use respond::enforcer::ToolChoiceEnforcer;
 pub use run::{
     Action, DEFAULT_MAX_STEPS, LeafTask, LeafTasks, RECOVERY_TEXT, RunOptions, RunState,
     run_leaves, run_machine, run_to_completion,

@@ -4,8 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use markov_core::Message;
+use markov_policy::{Approvals, PolicyState};
 use markov_runtime::charter::Charter;
-use markov_runtime::registry::{Approvals, PolicyState};
 use serde_json::Value;
 
 use crate::error::RunError;

@@ -42,8 +42,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use markov_core::{InstanceId, Message};
+use markov_policy::{IdempotencyLimits, PolicySnapshot, PolicyState};
 use markov_runtime::charter::Charter;
-use markov_runtime::registry::{IdempotencyLimits, PolicySnapshot, PolicyState};
 use markov_runtime::serial::{
     NodeSpec, PackSpec, SerialError, node_from_spec, node_spec, pack_from_spec, pack_spec,
 };

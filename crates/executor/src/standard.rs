@@ -20,6 +20,11 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use crate::respond::pipeline::{
+    CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
+};
+use crate::respond::prompt::system_prompt;
+use crate::respond::take_transition;
 use async_trait::async_trait;
 use futures::StreamExt;
 use markov_core::Role;
@@ -32,16 +37,11 @@ use markov_core::model::{
 use markov_core::tool::{
     InvalidArguments, ProviderTool, ToolCallError, ToolDefinition, ToolExecutionResult, ToolName,
 };
-use markov_runtime::ConfigError;
-use markov_runtime::charter::{AncestorView, PromptInput};
-use markov_runtime::pipeline::{
-    CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
-};
-use markov_runtime::prompt::system_prompt;
-use markov_runtime::registry::{
+use markov_policy::{
     ErrorFormat, Mode, RecordedAnswer, RegistryBinding, Rejection, ToolErrorKind, ToolRegistry,
 };
-use markov_runtime::respond::take_transition;
+use markov_runtime::ConfigError;
+use markov_runtime::charter::{AncestorView, PromptInput};
 use markov_runtime::tool_choice::check_thinking;
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
 use markov_runtime::transition::{TransitionError, TransitionOutcome};
@@ -113,7 +113,7 @@ impl StandardExecutor {
     }
 
     /// Sends calls of `registry`'s tools through its policy stack in `mode`
-    /// (see [`markov_runtime::registry`]), and offers the registry's tools
+    /// (see [`markov_policy`]), and offers the registry's tools
     /// to every leaf with the schemas the stack enforces (a tool is
     /// registered once, in the registry). Budgets count per user turn of
     /// each leaf: they start over when a user message starts a run, never
@@ -156,7 +156,7 @@ impl StandardExecutor {
 
 /// Everything a model call needs besides the history.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     /// The system prompt, shared with the leaf's prompt cache while its
     /// inputs are unchanged.
     pub system: Arc<str>,
@@ -176,7 +176,7 @@ pub struct Prepared {
 
 impl Prepared {
     /// The request over `history`.
-    pub fn request<'a>(&'a self, history: &'a [Message]) -> ModelRequest<'a> {
+    pub(crate) fn request<'a>(&'a self, history: &'a [Message]) -> ModelRequest<'a> {
         ModelRequest::new(&self.system, history, &self.settings)
             .with_tools(&self.tools)
             .with_provider_tools(&self.provider_tools)
@@ -231,10 +231,10 @@ fn pack_states<'a>(cx: &LeafContext<'a>) -> Cow<'a, BTreeMap<String, Value>> {
 /// Builds the call: system prompt, tools, tool choice and settings.
 ///
 /// When the final settings enable thinking, they are checked against the
-/// node's tool choice policy under `model`'s
+/// node's tool choice rule under `model`'s
 /// [`thinking_allowance`](Model::thinking_allowance) before any request is
 /// made; a conflict is a [`ConfigError::ThinkingConflict`].
-pub fn prepare(
+pub(crate) fn prepare(
     cx: &LeafContext<'_>,
     defaults: &ModelSettings,
     model: &dyn Model,
@@ -321,7 +321,7 @@ pub fn prepare(
 
 /// What to do after the model answered.
 #[derive(Debug)]
-pub enum AfterModel {
+pub(crate) enum AfterModel {
     /// The leaf is done for this step.
     Finish(LeafOutcome),
     /// Run the calls of the assistant message (see [`tool_calls`]), then
@@ -355,7 +355,11 @@ fn with_source(message: Message, source: &Source) -> Message {
 /// never read back: they are recorded as `{}`, and such a regular call is
 /// answered as invalid input, worded as `errors` says (the error envelope
 /// under a registry, the plain text without), without running.
-pub fn interpret(cx: &LeafContext<'_>, response: ModelResponse, errors: ErrorFormat) -> AfterModel {
+pub(crate) fn interpret(
+    cx: &LeafContext<'_>,
+    response: ModelResponse,
+    errors: ErrorFormat,
+) -> AfterModel {
     let source = cx.source();
     let output = cx.instance().node().output();
     let provider_tools = provider_tool_names(cx);
@@ -498,7 +502,7 @@ fn too_deep_result(id: ToolCallId, errors: ErrorFormat) -> ToolExecutionResult {
 /// first entry, see [`interpret`]) is replaced by its completed version under
 /// the vessel's id, which takes the vessel's place when the outcome is
 /// enqueued. Returns the `message_end` event; `None` if there is no entry.
-pub fn finalize_vessel(
+pub(crate) fn finalize_vessel(
     vessel: &mut VesselState,
     after: &mut AfterModel,
 ) -> Option<MessageStreamEvent> {
@@ -515,7 +519,7 @@ pub fn finalize_vessel(
 
 /// What to do after the tools ran.
 #[derive(Debug)]
-pub enum AfterTools {
+pub(crate) enum AfterTools {
     /// The leaf is done for this step.
     Finish(LeafOutcome),
     /// Take the queued transition, then call [`after_transition`].
@@ -524,7 +528,7 @@ pub enum AfterTools {
 
 /// A step waiting for its transition.
 #[derive(Debug)]
-pub struct PendingTransition {
+pub(crate) struct PendingTransition {
     entries: Vec<Entry>,
     outcome: PipelineOutcome,
     turn: TurnState,
@@ -539,7 +543,7 @@ pub struct PendingTransition {
 }
 
 /// Records the pipeline's outcome and decides the step's result.
-pub fn after_tools(
+pub(crate) fn after_tools(
     cx: &LeafContext<'_>,
     entries: Vec<Entry>,
     outcome: PipelineOutcome,
@@ -569,7 +573,7 @@ pub fn after_tools(
 }
 
 /// Completes a step whose transition was attempted.
-pub fn after_transition(
+pub(crate) fn after_transition(
     cx: &LeafContext<'_>,
     pending: PendingTransition,
     result: Result<TransitionOutcome, TransitionError>,
@@ -1065,7 +1069,10 @@ impl CallIds {
 /// [`AfterModel::RunTools`]: the assistant message's `tool_use` items
 /// (the first entry), but those answered without running (`refused`),
 /// borrowed from the message.
-pub fn tool_calls<'a>(entries: &'a [Entry], refused: &[ToolExecutionResult]) -> Vec<ToolCall<'a>> {
+pub(crate) fn tool_calls<'a>(
+    entries: &'a [Entry],
+    refused: &[ToolExecutionResult],
+) -> Vec<ToolCall<'a>> {
     calls_iter(entries, refused).collect()
 }
 

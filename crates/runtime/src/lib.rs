@@ -1,5 +1,5 @@
-//! markov's runtime: the definitions a machine is made of, their serialized
-//! forms, and the running of one model response's tool calls.
+//! markov's definitions: what a machine is made of, and their serialized
+//! forms.
 //!
 //! The crate is laid out by role, and each role only looks down:
 //!
@@ -11,15 +11,13 @@
 //!   [`tool_choice`] rules. Data, and the checks that freeze it.
 //! - **serialized forms** (`src/serial/`): [`serial`], nodes and packs as
 //!   JSON, read back against a charter.
-//! - **running one response** (`src/respond/`): [`pipeline`] runs one model
-//!   response's tool calls in order through the tool path and reports their
-//!   results and effects as data (it never touches the instance tree);
-//!   [`respond::take_transition`] decides a queued transition; [`prompt`] and
-//!   [`toolgen`] build what the model sees; [`ToolChoiceEnforcer`] applies a
-//!   tool-choice policy around any model.
+//! - **offered tools** ([`toolgen`]): the tool definitions a node offers
+//!   under a charter, derived from the definitions alone (the charter keeps
+//!   them, since nothing they are made of ever changes).
 //!
-//! The tool registry and its policy stack are the `markov-policy` crate,
-//! re-exported here as [`registry`].
+//! Running a machine — its loop, one response's tool calls, what the model
+//! is shown — is `markov-executor`'s; the tool registry and its policy
+//! stack are `markov-policy`'s.
 //!
 //! ```
 //! use markov_runtime::{charter::Charter, node::Node};
@@ -31,14 +29,9 @@
 #![deny(missing_docs)]
 
 mod define;
-pub mod respond;
 pub mod serial;
+pub mod toolgen;
 
 pub use define::error::ConfigError;
 pub use define::toolset::ToolSet;
 pub use define::{charter, command, externalize, node, pack, state, tool_choice, transition};
-pub use respond::enforcer::ToolChoiceEnforcer;
-pub use respond::{pipeline, prompt, toolgen};
-
-/// The tool registry and its policy pipeline: the `markov-policy` crate.
-pub use markov_policy as registry;

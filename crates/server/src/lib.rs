@@ -43,9 +43,9 @@ use markov_executor::stream::DeltaKind;
 use markov_executor::{
     Executor, Instance, Machine, MachineStep, MessageStreamEvent, RunOptions, StandardExecutor,
 };
+use markov_policy::{ApprovalId, ApprovalStatus};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
-use markov_runtime::registry::{ApprovalId, ApprovalStatus};
 use markov_store::{DurableError, DurableMachine, SessionId, Store, StoreError, WorkerId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

@@ -11,8 +11,8 @@ use markov_executor::{
     MachineOptions, MachineStep, RunError, RunOptions, RunState, SerializeError,
     deserialize_machine, run_command, run_leaves, serialize_instance_tree, serialize_machine,
 };
+use markov_policy::{LedgerEntry, LedgerJournal, PolicyCounters, RecordedAnswer};
 use markov_runtime::charter::Charter;
-use markov_runtime::registry::{LedgerEntry, LedgerJournal, PolicyCounters, RecordedAnswer};
 use tracing::Instrument;
 
 use crate::{Lease, SessionId, StepRecord, Store, StoreError, WorkerId};
@@ -152,7 +152,7 @@ pub struct DurableMachine<S: Store + ?Sized> {
     /// The approvals' revision last written.
     approvals: u64,
     /// The loop guard's counts last written.
-    repeats: Vec<markov_runtime::registry::RepeatRecord>,
+    repeats: Vec<markov_policy::RepeatRecord>,
     /// The turn and budget counters last written.
     counters: PolicyCounters,
     /// A run to continue.

@@ -49,9 +49,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use markov_core::Message;
 use markov_executor::{RunState, SerializedInstance, SerializedMachine};
-use markov_runtime::registry::{
-    ApprovalRecord, LedgerEntry, PolicyCounters, RecordedAnswer, RepeatRecord,
-};
+use markov_policy::{ApprovalRecord, LedgerEntry, PolicyCounters, RecordedAnswer, RepeatRecord};
 use serde::{Deserialize, Serialize};
 
 mod durable;
@@ -351,9 +349,9 @@ pub(crate) fn policy_snapshot(
     counters: &str,
     answers: Option<&str>,
     ledger: Vec<LedgerEntry>,
-) -> Result<markov_runtime::registry::PolicySnapshot, StoreError> {
+) -> Result<markov_policy::PolicySnapshot, StoreError> {
     let counters: PolicyCounters = from_json(session, "the counters", counters)?;
-    Ok(markov_runtime::registry::PolicySnapshot {
+    Ok(markov_policy::PolicySnapshot {
         conversation: Some(
             counters
                 .conversation

@@ -27,7 +27,7 @@ use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Transaction};
 use markov_core::Message;
 use markov_executor::{FORMAT_VERSION, SerializedMachine};
-use markov_runtime::registry::{LedgerEntry, RecordedAnswer};
+use markov_policy::{LedgerEntry, RecordedAnswer};
 use tokio_postgres::NoTls;
 
 use crate::repair::{self, RawSession, RepairReport};

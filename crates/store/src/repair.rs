@@ -107,7 +107,7 @@ fn reads<T: serde::de::DeserializeOwned>(text: &str) -> bool {
 /// Decides the repair of `raw`. A tree that does not read back cannot be
 /// repaired (nothing else says where the conversation is).
 pub(crate) fn plan(id: &SessionId, raw: &RawSession) -> Result<RepairPlan, StoreError> {
-    use markov_runtime::registry::{
+    use markov_policy::{
         ApprovalRecord, LedgerEntry, PolicyCounters, RecordedAnswer, RepeatRecord,
     };
     if !reads::<markov_executor::SerializedInstance>(&raw.tree) {

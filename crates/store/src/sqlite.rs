@@ -15,7 +15,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use markov_core::Message;
 use markov_executor::{FORMAT_VERSION, SerializedMachine};
-use markov_runtime::registry::{LedgerEntry, RecordedAnswer};
+use markov_policy::{LedgerEntry, RecordedAnswer};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::repair::{self, RawSession, RepairReport};

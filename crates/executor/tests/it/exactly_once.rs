@@ -17,9 +17,9 @@ use markov_executor::{
     Action, Instance, Machine, MachineOptions, RunOptions, RunState, StandardExecutor,
     deserialize_machine, run_leaves, serialize_machine,
 };
+use markov_policy::{LedgerEntry, LedgerJournal, RecordedAnswer};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
-use markov_runtime::registry::{LedgerEntry, LedgerJournal, RecordedAnswer};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

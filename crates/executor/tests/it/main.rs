@@ -23,4 +23,5 @@ mod streaming;
 mod suspend_resume;
 mod terminal_tools;
 mod tool_choice;
+mod tool_choice_rules;
 mod tree;

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use crate::common::*;
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor};
+use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
-use markov_runtime::registry::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_testkit::ScriptedModel;
 use serde_json::{Value, json};
 

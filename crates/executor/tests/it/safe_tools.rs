@@ -17,13 +17,13 @@ use markov_executor::{
     CANCELLED_TOOL_CALL, DUPLICATE_TOOL_CALL, Instance, Machine, MachineOptions, RunOptions,
     StandardExecutor, YieldReason, deserialize_machine, serialize_machine,
 };
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_runtime::registry::{
+use markov_policy::{
     ApprovalId, Budget, CONFIRMATION_TOKEN, Category, Mode, PolicyConfig, ToolMetadata,
     ToolRegistry, WithIntents,
 };
-use markov_runtime::tool_choice::{ToolChoicePolicy, TurnPolicy};
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_runtime::tool_choice::{ToolChoiceRule, TurnPolicy};
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
@@ -934,7 +934,7 @@ async fn the_max_tokens_recovery_call_forces_no_tool() {
         .name("main")
         .tool(Add)
         .policy(TurnPolicy {
-            tool_choice: ToolChoicePolicy::RequiredFirst,
+            tool_choice: ToolChoiceRule::RequiredFirst,
             ..TurnPolicy::default()
         })
         .build()

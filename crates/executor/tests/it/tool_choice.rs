@@ -15,15 +15,15 @@ use markov_core::model::{
     ToolChoice,
 };
 use markov_core::tool::{Tool, ToolContext};
+use markov_executor::ToolChoiceEnforcer;
 use markov_executor::{
     Instance, Machine, MachineStep, RunError, RunOptions, StandardExecutor, YieldReason,
 };
 use markov_runtime::ConfigError;
-use markov_runtime::ToolChoiceEnforcer;
 use markov_runtime::charter::Charter;
 use markov_runtime::node::{Node, NodeBuilder};
 use markov_runtime::tool_choice::{
-    DEFAULT_RESTRICTION_MESSAGE, OutputRestriction, ToolChoicePolicy, TurnPolicy,
+    DEFAULT_RESTRICTION_MESSAGE, OutputRestriction, ToolChoiceRule, TurnPolicy,
 };
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;
@@ -126,19 +126,19 @@ const DOMAIN_TOOLS: [&str; 3] = [
 
 // --- fixtures ------------------------------------------------------------------
 
-fn turn_policy(tool_choice: ToolChoicePolicy) -> TurnPolicy {
+fn turn_policy(tool_choice: ToolChoiceRule) -> TurnPolicy {
     TurnPolicy {
         tool_choice,
         ..TurnPolicy::default()
     }
 }
 
-fn named(tool: &str) -> ToolChoicePolicy {
-    ToolChoicePolicy::Named(ToolName::new(tool).expect("valid tool name"))
+fn named(tool: &str) -> ToolChoiceRule {
+    ToolChoiceRule::Named(ToolName::new(tool).expect("valid tool name"))
 }
 
 /// The seed's worker: domain tools only.
-fn bc_agent(tool_choice: ToolChoicePolicy) -> Node {
+fn bc_agent(tool_choice: ToolChoiceRule) -> Node {
     Node::builder("Answer questions about Business Central from your tools.")
         .name("bc-agent")
         .tool(ListAllEntities)
@@ -206,7 +206,7 @@ async fn required_first_forces_the_first_call_then_ends_with_text() {
             .text("3")
             .build(),
     );
-    let node = worker(turn_policy(ToolChoicePolicy::RequiredFirst), |b| b);
+    let node = worker(turn_policy(ToolChoiceRule::RequiredFirst), |b| b);
     let mut m = machine(|c| c, node, json!({}), model.clone());
     m.enqueue_user("1+2?");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
@@ -231,7 +231,7 @@ async fn a_second_user_turn_forces_again() {
             .text("3 again")
             .build(),
     );
-    let node = worker(turn_policy(ToolChoicePolicy::RequiredFirst), |b| b);
+    let node = worker(turn_policy(ToolChoiceRule::RequiredFirst), |b| b);
     let mut m = machine(|c| c, node, json!({}), model.clone());
     m.enqueue_user("1+2?");
     let (_, err) = run_all(&mut m, RunOptions::default()).await;
@@ -257,10 +257,10 @@ async fn a_transition_into_a_required_first_node_forces_again() {
     let next = Node::builder("Next node.")
         .name("next")
         .tool(Add)
-        .policy(turn_policy(ToolChoicePolicy::RequiredFirst))
+        .policy(turn_policy(ToolChoiceRule::RequiredFirst))
         .build()
         .expect("node");
-    let start = worker(turn_policy(ToolChoicePolicy::RequiredFirst), |b| {
+    let start = worker(turn_policy(ToolChoiceRule::RequiredFirst), |b| {
         b.transition("next", Transition::to("Go on", next.clone()))
     });
     let model = Arc::new(
@@ -293,7 +293,7 @@ async fn a_transition_into_a_required_first_node_forces_again() {
 #[tokio::test]
 async fn a_text_answer_under_a_forced_choice_is_the_models_error() {
     let model = Arc::new(ScriptedModel::builder().text("no tools needed").build());
-    let node = worker(turn_policy(ToolChoicePolicy::RequiredFirst), |b| b);
+    let node = worker(turn_policy(ToolChoiceRule::RequiredFirst), |b| b);
     let mut m = machine(|c| c, node, json!({}), model.clone());
     m.enqueue_user("1+2?");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
@@ -317,7 +317,7 @@ async fn required_ends_through_a_terminal_tool() {
             .tool_call("respond", json!({"text": "It is 3."}))
             .build(),
     );
-    let node = worker(turn_policy(ToolChoicePolicy::Required), |b| b.tool(Respond));
+    let node = worker(turn_policy(ToolChoiceRule::Required), |b| b.tool(Respond));
     let mut m = machine(|c| c, node, json!({}), model.clone());
     m.enqueue_user("1+2?");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
@@ -337,7 +337,7 @@ async fn required_ends_through_finish() {
             .tool_call("finish", json!({"note": "added"}))
             .build(),
     );
-    let node = worker(turn_policy(ToolChoicePolicy::Required), |b| b.tool(Finish));
+    let node = worker(turn_policy(ToolChoiceRule::Required), |b| b.tool(Finish));
     let mut m = machine(|c| c, node, json!({}), model.clone());
     m.enqueue_user("1+2?");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
@@ -358,7 +358,7 @@ async fn required_ends_at_the_step_limit() {
             .tool_calls([add()])
             .build(),
     );
-    let node = worker(turn_policy(ToolChoicePolicy::Required), |b| b.tool(Respond));
+    let node = worker(turn_policy(ToolChoiceRule::Required), |b| b.tool(Respond));
     let mut m = machine(|c| c, node, json!({}), model.clone());
     m.enqueue_user("loop");
     let (steps, err) = run_all(&mut m, RunOptions::default().max_steps(3)).await;
@@ -387,7 +387,7 @@ async fn named_sends_the_tool_then_auto() {
 #[tokio::test]
 async fn none_forbids_tool_calls() {
     let model = Arc::new(ScriptedModel::builder().tool_calls([add()]).build());
-    let node = worker(turn_policy(ToolChoicePolicy::None), |b| b);
+    let node = worker(turn_policy(ToolChoiceRule::None), |b| b);
     let mut m = machine(|c| c, node, json!({}), model.clone());
     m.enqueue_user("1+2?");
     let (_, err) = run_all(&mut m, RunOptions::default()).await;
@@ -411,7 +411,7 @@ async fn restriction_applies_to_later_tool_less_answers() {
     );
     let node = worker(
         TurnPolicy {
-            tool_choice: ToolChoicePolicy::RequiredFirst,
+            tool_choice: ToolChoiceRule::RequiredFirst,
             restriction: OutputRestriction::enabled(),
             thinking: None,
         },
@@ -451,7 +451,7 @@ async fn restriction_does_not_lift_the_forced_first_call() {
     let model = Arc::new(ScriptedModel::builder().text("straight answer").build());
     let node = worker(
         TurnPolicy {
-            tool_choice: ToolChoicePolicy::RequiredFirst,
+            tool_choice: ToolChoiceRule::RequiredFirst,
             restriction: OutputRestriction::enabled(),
             thinking: None,
         },
@@ -500,7 +500,7 @@ fn enabled_thinking() -> ModelSettings {
 async fn the_executor_rejects_thinking_with_forced_tools_before_any_request() {
     let model = Arc::new(ScriptedModel::builder().tool_calls([add()]).build());
     // The node itself builds: the thinking comes from the executor's defaults.
-    let node = worker(turn_policy(ToolChoicePolicy::RequiredFirst), |b| b);
+    let node = worker(turn_policy(ToolChoiceRule::RequiredFirst), |b| b);
     let mut m = machine_with(node, enabled_thinking(), model.clone());
     m.enqueue_user("1+2?");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
@@ -523,7 +523,7 @@ async fn a_capability_table_that_permits_forced_tools_passes_the_check() {
             .text("3")
             .build(),
     );
-    let node = worker(turn_policy(ToolChoicePolicy::RequiredFirst), |b| b);
+    let node = worker(turn_policy(ToolChoiceRule::RequiredFirst), |b| b);
     let model = Arc::new(ForcesUnderThinking(scripted.clone()));
     let mut m = machine_with(node, enabled_thinking(), model);
     m.enqueue_user("1+2?");
@@ -577,7 +577,7 @@ async fn the_enforcer_wraps_any_model_in_the_loop() {
     let node = worker(TurnPolicy::default(), |b| b);
     let model = Arc::new(ToolChoiceEnforcer::new(
         scripted.clone(),
-        ToolChoicePolicy::RequiredFirst,
+        ToolChoiceRule::RequiredFirst,
     ));
     let mut m = machine_with(node, ModelSettings::default(), model);
     m.enqueue_user("1+2?");
@@ -627,7 +627,7 @@ async fn each_query_makes_a_domain_tool_call_before_the_answer() {
         let model = Arc::new(script.text(row.answer).build());
         let mut m = machine(
             |c| c,
-            bc_agent(ToolChoicePolicy::RequiredFirst),
+            bc_agent(ToolChoiceRule::RequiredFirst),
             json!({}),
             model.clone(),
         );
@@ -673,7 +673,7 @@ async fn answering_from_training_data_first_is_refused() {
     );
     let mut m = machine(
         |c| c,
-        bc_agent(ToolChoicePolicy::RequiredFirst),
+        bc_agent(ToolChoiceRule::RequiredFirst),
         json!({}),
         model.clone(),
     );
@@ -698,7 +698,7 @@ async fn under_auto_the_same_script_skips_the_tools() {
     );
     let mut m = machine(
         |c| c,
-        bc_agent(ToolChoicePolicy::Auto),
+        bc_agent(ToolChoiceRule::Auto),
         json!({}),
         model.clone(),
     );
@@ -721,13 +721,13 @@ fn action() -> impl Strategy<Value = Action> {
     prop_oneof![Just(Action::Add), Just(Action::Respond), Just(Action::Text)]
 }
 
-fn policy_strategy() -> impl Strategy<Value = ToolChoicePolicy> {
+fn policy_strategy() -> impl Strategy<Value = ToolChoiceRule> {
     prop_oneof![
-        Just(ToolChoicePolicy::Auto),
-        Just(ToolChoicePolicy::RequiredFirst),
-        Just(ToolChoicePolicy::Required),
+        Just(ToolChoiceRule::Auto),
+        Just(ToolChoiceRule::RequiredFirst),
+        Just(ToolChoiceRule::Required),
         Just(named("add")),
-        Just(ToolChoicePolicy::None),
+        Just(ToolChoiceRule::None),
     ]
 }
 
@@ -778,7 +778,7 @@ proptest! {
                 prop_assert!(last.done);
                 let forced = matches!(
                     policy,
-                    ToolChoicePolicy::RequiredFirst | ToolChoicePolicy::Required
+                    ToolChoiceRule::RequiredFirst | ToolChoiceRule::Required
                 );
                 if forced && last.yield_reason == YieldReason::EndTurn {
                     prop_assert!(
@@ -796,7 +796,7 @@ proptest! {
 #[tokio::test]
 async fn an_instance_policy_wins_over_the_nodes() {
     use markov_executor::{Instance, Machine, StandardExecutor};
-    use markov_runtime::tool_choice::ToolChoicePolicy;
+    use markov_runtime::tool_choice::ToolChoiceRule;
     let node = markov_runtime::node::Node::builder("Auto node.")
         .tool(crate::common::Add)
         .build()
@@ -810,8 +810,8 @@ async fn an_instance_policy_wins_over_the_nodes() {
     let charter = markov_runtime::charter::Charter::builder("t")
         .build()
         .expect("charter");
-    let root = Instance::new(node, serde_json::json!({}))
-        .with_tool_choice(ToolChoicePolicy::RequiredFirst);
+    let root =
+        Instance::new(node, serde_json::json!({})).with_tool_choice(ToolChoiceRule::RequiredFirst);
     let mut m =
         Machine::new(charter, StandardExecutor::shared(model.clone()), root).expect("machine");
     m.enqueue_user("1+1");

@@ -95,7 +95,7 @@ pub enum ConfigError {
         got: &'static str,
     },
     /// A `Named` tool choice names a tool the node does not have.
-    #[error("node {node}: tool choice policy Named({tool}) names a tool the node does not offer")]
+    #[error("node {node}: tool choice rule Named({tool}) names a tool the node does not offer")]
     UnknownNamedTool {
         /// The node.
         node: String,
@@ -104,7 +104,7 @@ pub enum ConfigError {
     },
     /// A `Required` tool choice with no way to end the turn.
     #[error(
-        "node {0}: tool choice policy Required forces a tool call on every model call, so the node needs a way out: a terminal tool, a tool that ends the run (like finish) or a transition"
+        "node {0}: tool choice rule Required forces a tool call on every model call, so the node needs a way out: a terminal tool, a tool that ends the run (like finish) or a transition"
     )]
     RequiredWithoutExit(String),
     /// Two commands with one name on a node or a pack.

@@ -39,7 +39,7 @@ use crate::define::toolset::ToolSet;
 use crate::externalize::{Cleanup, ExternalContext, ExternalizeError, StateHandler};
 use crate::pack::Pack;
 use crate::state::{AnyObject, StateSchema, TypedState, json_type};
-use crate::tool_choice::{OutputRestriction, ToolChoicePolicy, TurnPolicy, check_thinking};
+use crate::tool_choice::{OutputRestriction, ToolChoiceRule, TurnPolicy, check_thinking};
 use crate::transition::Transition;
 
 /// Whether a node receives user input or works beside the node that does.
@@ -535,15 +535,15 @@ impl NodeBuilder {
         self
     }
 
-    /// Sets the tool-choice policy (see [`ToolChoicePolicy`]).
+    /// Sets the tool-choice rule (see [`ToolChoiceRule`]).
     #[must_use]
-    pub fn tool_choice(mut self, policy: ToolChoicePolicy) -> Self {
+    pub fn tool_choice(mut self, policy: ToolChoiceRule) -> Self {
         self.policy.tool_choice = policy;
         self
     }
 
     /// Enables extended thinking for this node's calls. Checked against the
-    /// tool-choice policy and temperature when the node is built.
+    /// tool-choice rule and temperature when the node is built.
     #[must_use]
     pub fn thinking(mut self, thinking: Thinking) -> Self {
         self.policy.thinking = Some(thinking);
@@ -647,13 +647,13 @@ impl NodeBuilder {
 fn validate_policy(policy: &TurnPolicy, node: &Node) -> Result<(), ConfigError> {
     let label = || node.name().unwrap_or("<unnamed>").to_owned();
     match &policy.tool_choice {
-        ToolChoicePolicy::Named(tool) if node.tools().get(tool.as_str()).is_none() => {
+        ToolChoiceRule::Named(tool) if node.tools().get(tool.as_str()).is_none() => {
             return Err(ConfigError::UnknownNamedTool {
                 node: label(),
                 tool: tool.to_string(),
             });
         }
-        ToolChoicePolicy::Required => {
+        ToolChoiceRule::Required => {
             let has_exit = !node.transitions().is_empty()
                 || node
                     .tools()

@@ -3,7 +3,7 @@
 //!
 //! Both are data on the node ([`TurnPolicy`]); the executor applies them,
 //! and `ToolChoiceEnforcer` (in the response-running half of this crate)
-//! applies a [`ToolChoicePolicy`] around any model client, without the loop.
+//! applies a [`ToolChoiceRule`] around any model client, without the loop.
 
 use markov_core::ToolName;
 use markov_core::model::{Thinking, ThinkingAllowance, ToolChoice};
@@ -14,19 +14,19 @@ pub const DEFAULT_RESTRICTION_MESSAGE: &str = "Do not produce a final answer dir
 /// Which tool choice each model call of a turn sends.
 ///
 /// Forcing a tool on every call loops until something ends the run; forcing
-/// none lets the model skip its tools. [`ToolChoicePolicy::RequiredFirst`] is
+/// none lets the model skip its tools. [`ToolChoiceRule::RequiredFirst`] is
 /// the middle way: the first call of a turn must use a tool, later calls may
 /// answer in text.
 ///
 /// A turn starts with new user input, or when the node is entered by a
-/// transition or a spawn. [`ToolChoicePolicy::choice`] is the one place the
-/// decision is made; the standard loop and [`ToolChoiceEnforcer`](crate::ToolChoiceEnforcer) both ask it.
+/// transition or a spawn. [`ToolChoiceRule::choice`] is the one place the
+/// decision is made; the standard loop and executor's `ToolChoiceEnforcer` both ask it.
 ///
 /// The policies that force tool use (`RequiredFirst`, `Required`, `Named`)
 /// cannot be combined with extended thinking under a fixed budget: see
 /// [`TurnPolicy`].
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum ToolChoicePolicy {
+pub enum ToolChoiceRule {
     /// The model decides every call.
     #[default]
     Auto,
@@ -44,27 +44,25 @@ pub enum ToolChoicePolicy {
     None,
 }
 
-impl ToolChoicePolicy {
+impl ToolChoiceRule {
     /// The tool choice for a call, given whether a tool already ran in this turn.
     ///
     /// ```
     /// use markov_core::model::ToolChoice;
-    /// use markov_runtime::tool_choice::ToolChoicePolicy;
+    /// use markov_runtime::tool_choice::ToolChoiceRule;
     ///
-    /// let policy = ToolChoicePolicy::RequiredFirst;
+    /// let policy = ToolChoiceRule::RequiredFirst;
     /// assert_eq!(policy.choice(false), ToolChoice::Any);
     /// assert_eq!(policy.choice(true), ToolChoice::Auto);
     /// ```
     pub fn choice(&self, tool_ran_this_turn: bool) -> ToolChoice {
         match (self, tool_ran_this_turn) {
-            (ToolChoicePolicy::Auto, _) => ToolChoice::Auto,
-            (ToolChoicePolicy::None, _) => ToolChoice::None,
-            (ToolChoicePolicy::Required, _) => ToolChoice::Any,
-            (ToolChoicePolicy::RequiredFirst, false) => ToolChoice::Any,
-            (ToolChoicePolicy::Named(name), false) => ToolChoice::Tool(name.clone()),
-            (ToolChoicePolicy::RequiredFirst | ToolChoicePolicy::Named(_), true) => {
-                ToolChoice::Auto
-            }
+            (ToolChoiceRule::Auto, _) => ToolChoice::Auto,
+            (ToolChoiceRule::None, _) => ToolChoice::None,
+            (ToolChoiceRule::Required, _) => ToolChoice::Any,
+            (ToolChoiceRule::RequiredFirst, false) => ToolChoice::Any,
+            (ToolChoiceRule::Named(name), false) => ToolChoice::Tool(name.clone()),
+            (ToolChoiceRule::RequiredFirst | ToolChoiceRule::Named(_), true) => ToolChoice::Auto,
         }
     }
 
@@ -72,19 +70,17 @@ impl ToolChoicePolicy {
     pub fn ever_forces(&self) -> bool {
         matches!(
             self,
-            ToolChoicePolicy::RequiredFirst
-                | ToolChoicePolicy::Required
-                | ToolChoicePolicy::Named(_)
+            ToolChoiceRule::RequiredFirst | ToolChoiceRule::Required | ToolChoiceRule::Named(_)
         )
     }
 
     fn label(&self) -> &'static str {
         match self {
-            ToolChoicePolicy::Auto => "Auto",
-            ToolChoicePolicy::RequiredFirst => "RequiredFirst",
-            ToolChoicePolicy::Required => "Required",
-            ToolChoicePolicy::Named(_) => "Named",
-            ToolChoicePolicy::None => "None",
+            ToolChoiceRule::Auto => "Auto",
+            ToolChoiceRule::RequiredFirst => "RequiredFirst",
+            ToolChoiceRule::Required => "Required",
+            ToolChoiceRule::Named(_) => "Named",
+            ToolChoiceRule::None => "None",
         }
     }
 }
@@ -156,30 +152,30 @@ impl OutputRestriction {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TurnPolicy {
     /// Tool choice per call.
-    pub tool_choice: ToolChoicePolicy,
+    pub tool_choice: ToolChoiceRule,
     /// Output restriction.
     pub restriction: OutputRestriction,
     /// Extended thinking for this node's calls.
     pub thinking: Option<Thinking>,
 }
 
-/// Checks a thinking mode against a tool-choice policy and a temperature,
+/// Checks a thinking mode against a tool-choice rule and a temperature,
 /// under a given allowance. Returns the violated constraint.
 ///
 /// ```
 /// use markov_core::model::Thinking;
-/// use markov_runtime::tool_choice::{ToolChoicePolicy, check_thinking};
+/// use markov_runtime::tool_choice::{ToolChoiceRule, check_thinking};
 ///
 /// let thinking = Thinking::Enabled { budget_tokens: 2048 };
-/// let err = check_thinking(thinking, thinking.allows(), &ToolChoicePolicy::RequiredFirst, None)
+/// let err = check_thinking(thinking, thinking.allows(), &ToolChoiceRule::RequiredFirst, None)
 ///     .unwrap_err();
 /// assert!(err.contains("RequiredFirst"), "{err}");
-/// assert!(check_thinking(thinking, thinking.allows(), &ToolChoicePolicy::Auto, None).is_ok());
+/// assert!(check_thinking(thinking, thinking.allows(), &ToolChoiceRule::Auto, None).is_ok());
 /// ```
 pub fn check_thinking(
     thinking: Thinking,
     allowance: ThinkingAllowance,
-    policy: &ToolChoicePolicy,
+    policy: &ToolChoiceRule,
     temperature: Option<f32>,
 ) -> Result<(), String> {
     let mode = match thinking {
@@ -190,7 +186,7 @@ pub fn check_thinking(
     };
     if policy.ever_forces() && !allowance.forced_tool_choice {
         return Err(format!(
-            "{mode} cannot be combined with tool choice policy {} (the provider refuses forced tool use while thinking)",
+            "{mode} cannot be combined with tool choice rule {} (the provider refuses forced tool use while thinking)",
             policy.label()
         ));
     }

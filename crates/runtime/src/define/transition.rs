@@ -80,9 +80,9 @@ impl From<Node> for NodeTarget {
     }
 }
 
-/// A way to leave a node.
+/// A way to leave a node. (Exhaustive: the executor matches every kind,
+/// and a new one must be handled there.)
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub enum Transition {
     /// Decided by code.
     Code(Arc<CodeTransition>),
@@ -187,9 +187,8 @@ pub enum CedeContent {
     Messages(Vec<markov_core::Message>),
 }
 
-/// What taking a transition yields.
+/// What taking a transition yields. (Exhaustive, as [`Transition`] is.)
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub enum TransitionResult {
     /// Replace the current node.
     To {

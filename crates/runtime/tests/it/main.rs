@@ -1,7 +1,4 @@
 //! The integration tests of this crate, one binary (so linking does not
 //! dominate the test run): one module per area.
 
-mod builtin_tools;
-mod policy;
-mod prompt;
 mod toolgen;

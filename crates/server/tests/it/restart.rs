@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::StandardExecutor;
+use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
-use markov_runtime::registry::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_server::{Agent, router};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;

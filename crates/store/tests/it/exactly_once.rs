@@ -11,7 +11,7 @@ use crate::common::*;
 use markov_core::Item;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Executor, Instance, Machine, RunOptions, StandardExecutor};
-use markov_runtime::registry::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
+use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_store::{
     DurableError, DurableMachine, SessionId, SqliteStore, Store, StoreError, WorkerId,
 };

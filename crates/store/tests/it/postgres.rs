@@ -298,18 +298,16 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
     let dir = Dir::new("pg-stopped");
     let effects = dir.path("effects");
     let machine_parts = || {
-        let registry = markov_runtime::registry::ToolRegistry::builder(
-            markov_runtime::registry::PolicyConfig::new(
-                markov_runtime::registry::Budget::UNLIMITED,
-            ),
-        )
+        let registry = markov_policy::ToolRegistry::builder(markov_policy::PolicyConfig::new(
+            markov_policy::Budget::UNLIMITED,
+        ))
         .register(
             PayThenStopTheDatabase {
                 pay: Pay(effects.clone()),
                 server: Arc::clone(&server),
                 stopped: std::sync::atomic::AtomicBool::new(dir.path("stopped-once").exists()),
             },
-            markov_runtime::registry::ToolMetadata::new(markov_runtime::registry::Category::Action),
+            markov_policy::ToolMetadata::new(markov_policy::Category::Action),
         )
         .lock()
         .expect("the registry locks");
@@ -318,7 +316,7 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
             "Paid 8.",
         ));
         markov_executor::StandardExecutor::shared(model)
-            .with_registry(Arc::new(registry), markov_runtime::registry::Mode::TEXT)
+            .with_registry(Arc::new(registry), markov_policy::Mode::TEXT)
     };
     let (charter, node) = charter();
     let machine = markov_executor::Machine::new(

@@ -7,7 +7,7 @@ use crate::common::*;
 use markov_executor::{
     Executor, MachineOptions, RunOptions, deserialize_machine, serialize_machine,
 };
-use markov_runtime::registry::{
+use markov_policy::{
     ApprovalId, ApprovalStatus, Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
 };
 use markov_store::{

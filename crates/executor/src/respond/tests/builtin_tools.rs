@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 
+use crate::respond::pipeline::{LeafView, ToolCall, run_tool_calls};
 use markov_core::tool::{ProviderTool, Tool, ToolContext, ToolDefinition};
 use markov_core::{InstanceId, Item, Message};
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, Charter};
 use markov_runtime::node::Node;
-use markov_runtime::pipeline::{LeafView, ToolCall, run_tool_calls};
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools};
 use schemars::JsonSchema;
 use serde::Deserialize;

@@ -69,20 +69,20 @@ use std::io::Write as _;
 use markov_core::tool::ToolDefinition;
 use serde_json::Value;
 
-use crate::charter::{AncestorView, PromptInput};
-use crate::transition::Transition;
+use markov_runtime::charter::{AncestorView, PromptInput};
+use markov_runtime::transition::Transition;
 
 /// The line that always ends the "Available Transitions" section.
-pub const TRANSITION_IMPORTANT: &str = "**Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently.";
+pub(crate) const TRANSITION_IMPORTANT: &str = "**Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently.";
 
 /// The step warning when no step remains after this one.
-pub const STEP_WARNING_CRITICAL: &str = "⚠️ CRITICAL: This is your FINAL step. You MUST respond to the user now with whatever progress you have made. Do not use any tools.";
+pub(crate) const STEP_WARNING_CRITICAL: &str = "⚠️ CRITICAL: This is your FINAL step. You MUST respond to the user now with whatever progress you have made. Do not use any tools.";
 
 /// The step warning when one step remains after this one.
-pub const STEP_WARNING_ONE: &str = "⚠️ WARNING: You have only 1 step remaining after this one. Wrap up your work and prepare to respond to the user.";
+pub(crate) const STEP_WARNING_ONE: &str = "⚠️ WARNING: You have only 1 step remaining after this one. Wrap up your work and prepare to respond to the user.";
 
 /// The step warning when two steps remain after this one.
-pub const STEP_WARNING_TWO: &str =
+pub(crate) const STEP_WARNING_TWO: &str =
     "⚠️ NOTICE: You have 2 steps remaining. Start wrapping up your work soon.";
 
 /// How many characters of an ancestor's instructions the prompt shows.
@@ -91,11 +91,11 @@ const ANCESTOR_INSTRUCTIONS_CHARS: usize = 100;
 /// The system prompt for one leaf.
 ///
 /// `offered_tools` is the tool list the model is offered in this call (as
-/// produced by [`generate_tools`](crate::toolgen::generate_tools)); its terminal
+/// produced by [`generate_tools`](markov_runtime::toolgen::generate_tools)); its terminal
 /// tools are listed in a "Terminal Tools" section. The charter's custom
 /// builder, when set, is called with `input` unchanged and its output returned
 /// verbatim.
-pub fn system_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) -> String {
+pub(crate) fn system_prompt(input: &PromptInput<'_>, offered_tools: &[ToolDefinition]) -> String {
     if let Some(builder) = input.charter.prompt_builder() {
         return builder(input);
     }
@@ -256,7 +256,7 @@ impl Prompt {
 }
 
 /// The step warning for `current_step` of `max_steps`, if any.
-pub fn step_warning(current_step: usize, max_steps: usize) -> Option<&'static str> {
+pub(crate) fn step_warning(current_step: usize, max_steps: usize) -> Option<&'static str> {
     if current_step == 0 || max_steps == 0 {
         return None;
     }

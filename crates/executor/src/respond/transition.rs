@@ -3,16 +3,16 @@
 
 use serde_json::Value;
 
-use crate::charter::Charter;
-use crate::define::error::ConfigError;
-use crate::node::Node;
-use crate::serial::node_from_json;
-use crate::transition::{
+use markov_runtime::ConfigError;
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_runtime::serial::node_from_json;
+use markov_runtime::transition::{
     NodeTarget, Transition, TransitionError, TransitionInput, TransitionOutcome, TransitionResult,
 };
 
 /// Takes the transition `name` of `node`, given the running state after this turn's updates.
-pub async fn take_transition(
+pub(crate) async fn take_transition(
     charter: &Charter,
     node: &Node,
     state: &Value,

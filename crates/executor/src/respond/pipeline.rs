@@ -22,7 +22,7 @@
 //! With a tool registry ([`LeafView::policies`]), calls of the tools it
 //! registers (whether the node, an ancestor, the charter, a pack or only the
 //! registry declares them) and of unknown names go through the registry's
-//! policy stack (see [`crate::registry`]); the tool still runs with the same
+//! policy stack (see [`markov_policy`]); the tool still runs with the same
 //! [`ToolContext`], so its state updates apply as without one. A node,
 //! ancestor, charter or pack tool the registry does not register (a node's
 //! own `respond` or `finish`, say) takes the plain execute-only path, as
@@ -45,19 +45,19 @@ use markov_core::tool::{
 use serde_json::{Map, Value};
 use tracing::Instrument;
 
-use crate::charter::{AncestorView, Charter};
-use crate::node::Node;
-use crate::pack::Pack;
-use crate::state::{StateSchema, accumulate_patch, merge_patch};
-use crate::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
 use markov_policy::{
     LoopGuard, Mode, PolicyState, RegistrySession, Rejection, Repeat, RepeatCounts, ToolErrorKind,
     ToolOrigin, TurnBudgetState, plain_registry,
 };
+use markov_runtime::charter::{AncestorView, Charter};
+use markov_runtime::node::Node;
+use markov_runtime::pack::Pack;
+use markov_runtime::state::{StateSchema, accumulate_patch, merge_patch};
+use markov_runtime::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
 
 /// What the pipeline needs to know about the leaf it runs for.
 #[derive(Debug, Clone, Copy)]
-pub struct LeafView<'a> {
+pub(crate) struct LeafView<'a> {
     /// The charter.
     pub charter: &'a Charter,
     /// The leaf's node.
@@ -100,7 +100,7 @@ pub struct LeafView<'a> {
 /// One requested call, borrowed from the assistant message that holds it
 /// (the history's copy is the only one).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ToolCall<'a> {
+pub(crate) struct ToolCall<'a> {
     /// Its id.
     pub id: &'a ToolCallId,
     /// The tool name the model wrote.
@@ -111,7 +111,7 @@ pub struct ToolCall<'a> {
 
 impl<'a> ToolCall<'a> {
     /// The calls of `message` (its `tool_use` items), in order.
-    pub fn all_in(message: &'a Message) -> impl Iterator<Item = ToolCall<'a>> {
+    pub(crate) fn all_in(message: &'a Message) -> impl Iterator<Item = ToolCall<'a>> {
         message
             .tool_uses()
             .map(|(id, name, input)| ToolCall { id, name, input })
@@ -120,7 +120,7 @@ impl<'a> ToolCall<'a> {
 
 /// A transition the model asked for, to run after all calls.
 #[derive(Debug, Clone, PartialEq)]
-pub struct QueuedTransition {
+pub(crate) struct QueuedTransition {
     /// Which result reports it (to correct it if the transition fails).
     pub result_index: usize,
     /// The transition's name on the node.
@@ -133,7 +133,7 @@ pub struct QueuedTransition {
 
 /// The response a terminal tool produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TerminalResponse {
+pub(crate) struct TerminalResponse {
     /// The call.
     pub call_id: ToolCallId,
     /// The tool.
@@ -146,7 +146,7 @@ pub struct TerminalResponse {
 
 /// Everything one response's calls produced.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct PipelineOutcome {
+pub(crate) struct PipelineOutcome {
     /// One result per call, in call order (none for provider built-in tool calls).
     pub results: Vec<ToolExecutionResult>,
     /// Whether each result's `is_error: false` is written on success (node
@@ -174,7 +174,8 @@ pub struct PipelineOutcome {
 
 impl PipelineOutcome {
     /// The `tool_result` items, in call order.
-    pub fn result_items(&self) -> Vec<Item> {
+    #[cfg(test)]
+    pub(crate) fn result_items(&self) -> Vec<Item> {
         self.results
             .iter()
             .zip(&self.result_states_known)
@@ -184,7 +185,7 @@ impl PipelineOutcome {
 
     /// [`Self::result_items`], moving the results out (they are left
     /// empty).
-    pub fn take_result_items(&mut self) -> Vec<Item> {
+    pub(crate) fn take_result_items(&mut self) -> Vec<Item> {
         std::mem::take(&mut self.results)
             .into_iter()
             .zip(&self.result_states_known)
@@ -339,18 +340,18 @@ fn pack_state(
 /// outer timeout) records them from here, so a call that ran is never
 /// forgotten.
 #[derive(Debug, Default)]
-pub struct CallLog {
+pub(crate) struct CallLog {
     results: Mutex<Vec<ToolExecutionResult>>,
 }
 
 impl CallLog {
     /// Nothing completed yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The result recorded for `call`, if it completed.
-    pub fn result_of(&self, call: &ToolCallId) -> Option<ToolExecutionResult> {
+    pub(crate) fn result_of(&self, call: &ToolCallId) -> Option<ToolExecutionResult> {
         self.results
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -380,7 +381,8 @@ impl CallLog {
 
 /// Runs `calls` in order for `leaf`. Never fails: every call gets one
 /// result, except calls of provider built-in tools, which get none.
-pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: &[ToolCall<'_>]) -> PipelineOutcome {
+#[cfg(test)]
+pub(crate) async fn run_tool_calls(leaf: &LeafView<'_>, calls: &[ToolCall<'_>]) -> PipelineOutcome {
     run_tool_calls_logged(leaf, calls, &CallLog::new()).await
 }
 
@@ -393,7 +395,7 @@ pub async fn run_tool_calls(leaf: &LeafView<'_>, calls: &[ToolCall<'_>]) -> Pipe
 /// and neither a built-in, a policy stage nor a tool sees them. A tool that
 /// panics gets an execution-failed error result; the calls after it still
 /// run.
-pub async fn run_tool_calls_logged(
+pub(crate) async fn run_tool_calls_logged(
     leaf: &LeafView<'_>,
     calls: &[ToolCall<'_>],
     log: &CallLog,

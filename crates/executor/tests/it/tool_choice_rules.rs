@@ -12,12 +12,10 @@ use markov_core::model::{
     ThinkingAllowance, ToolChoice,
 };
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
+use markov_executor::ToolChoiceEnforcer;
 use markov_runtime::ConfigError;
-use markov_runtime::ToolChoiceEnforcer;
 use markov_runtime::node::{ExecutorConfig, Node, NodeBuilder};
-use markov_runtime::tool_choice::{
-    OutputRestriction, ToolChoicePolicy, TurnPolicy, check_thinking,
-};
+use markov_runtime::tool_choice::{OutputRestriction, ToolChoiceRule, TurnPolicy, check_thinking};
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
@@ -84,7 +82,7 @@ const ENABLED: Thinking = Thinking::Enabled {
     budget_tokens: 2048,
 };
 
-fn policy(tool_choice: ToolChoicePolicy, thinking: Option<Thinking>) -> TurnPolicy {
+fn policy(tool_choice: ToolChoiceRule, thinking: Option<Thinking>) -> TurnPolicy {
     TurnPolicy {
         tool_choice,
         thinking,
@@ -92,8 +90,8 @@ fn policy(tool_choice: ToolChoicePolicy, thinking: Option<Thinking>) -> TurnPoli
     }
 }
 
-fn named(tool: &str) -> ToolChoicePolicy {
-    ToolChoicePolicy::Named(ToolName::new(tool).expect("valid tool name"))
+fn named(tool: &str) -> ToolChoiceRule {
+    ToolChoiceRule::Named(ToolName::new(tool).expect("valid tool name"))
 }
 
 /// A node named `worker` with a domain tool and a terminal tool.
@@ -155,15 +153,15 @@ fn sent_choices(model: &ToolChoiceEnforcer<ScriptedModel>) -> Vec<ToolChoice> {
 fn choice_table() {
     let tool = ToolChoice::Tool(ToolName::new("list_all_entities").expect("name"));
     let rows = [
-        (ToolChoicePolicy::Auto, ToolChoice::Auto, ToolChoice::Auto),
+        (ToolChoiceRule::Auto, ToolChoice::Auto, ToolChoice::Auto),
         (
-            ToolChoicePolicy::RequiredFirst,
+            ToolChoiceRule::RequiredFirst,
             ToolChoice::Any,
             ToolChoice::Auto,
         ),
-        (ToolChoicePolicy::Required, ToolChoice::Any, ToolChoice::Any),
+        (ToolChoiceRule::Required, ToolChoice::Any, ToolChoice::Any),
         (named("list_all_entities"), tool, ToolChoice::Auto),
-        (ToolChoicePolicy::None, ToolChoice::None, ToolChoice::None),
+        (ToolChoiceRule::None, ToolChoice::None, ToolChoice::None),
     ];
     for (policy, first, after_tool) in rows {
         assert_eq!(policy.choice(false), first, "{policy:?} before a tool ran");
@@ -178,7 +176,7 @@ fn choice_table() {
             "{policy:?}"
         );
     }
-    assert_eq!(ToolChoicePolicy::default(), ToolChoicePolicy::Auto);
+    assert_eq!(ToolChoiceRule::default(), ToolChoiceRule::Auto);
 }
 
 // --- the wrapper --------------------------------------------------------------
@@ -189,7 +187,7 @@ async fn the_enforcer_forces_the_first_call_then_relaxes() {
         .tool_call("list_all_entities", json!({}))
         .text("Customer has these endpoints.")
         .build();
-    let model = ToolChoiceEnforcer::new(scripted, ToolChoicePolicy::RequiredFirst);
+    let model = ToolChoiceEnforcer::new(scripted, ToolChoiceRule::RequiredFirst);
     let mut history = vec![Message::user("What endpoints does Customer have?")];
     exchange(&model, &mut history).await;
     let answer = exchange(&model, &mut history).await;
@@ -205,7 +203,7 @@ async fn a_new_user_message_forces_again() {
         .tool_call("list_all_entities", json!({}))
         .text("second answer")
         .build();
-    let model = ToolChoiceEnforcer::new(scripted, ToolChoicePolicy::RequiredFirst);
+    let model = ToolChoiceEnforcer::new(scripted, ToolChoiceRule::RequiredFirst);
     let mut history = vec![Message::user("first question")];
     exchange(&model, &mut history).await;
     exchange(&model, &mut history).await;
@@ -230,7 +228,7 @@ async fn a_text_answer_to_the_forced_first_call_is_refused_by_the_model() {
     let scripted = ScriptedModel::builder()
         .text("From my training data: GET /customers ...")
         .build();
-    let model = ToolChoiceEnforcer::new(scripted, ToolChoicePolicy::RequiredFirst);
+    let model = ToolChoiceEnforcer::new(scripted, ToolChoiceRule::RequiredFirst);
     let history = vec![Message::user("What endpoints does Customer have?")];
     let settings = ModelSettings::default();
     let err = model
@@ -262,9 +260,9 @@ async fn named_forces_the_tool_then_relaxes() {
 #[tokio::test]
 async fn none_auto_and_required_are_applied_on_every_call() {
     for (policy, expected) in [
-        (ToolChoicePolicy::None, ToolChoice::None),
-        (ToolChoicePolicy::Auto, ToolChoice::Auto),
-        (ToolChoicePolicy::Required, ToolChoice::Any),
+        (ToolChoiceRule::None, ToolChoice::None),
+        (ToolChoiceRule::Auto, ToolChoice::Auto),
+        (ToolChoiceRule::Required, ToolChoice::Any),
     ] {
         let scripted = ScriptedModel::builder()
             .tool_call("list_all_entities", json!({}))
@@ -299,7 +297,7 @@ async fn none_auto_and_required_are_applied_on_every_call() {
 async fn turn_detection_reads_only_the_messages() {
     let model = ToolChoiceEnforcer::new(
         ScriptedModel::builder().build(),
-        ToolChoicePolicy::RequiredFirst,
+        ToolChoiceRule::RequiredFirst,
     );
     let any = &ToolChoice::Any;
     let auto = &ToolChoice::Auto;
@@ -338,7 +336,7 @@ async fn streaming_is_enforced_too() {
     let scripted = ScriptedModel::builder()
         .tool_call("list_all_entities", json!({}))
         .build();
-    let model = ToolChoiceEnforcer::new(scripted, ToolChoicePolicy::RequiredFirst);
+    let model = ToolChoiceEnforcer::new(scripted, ToolChoiceRule::RequiredFirst);
     let history = vec![Message::user("q")];
     let settings = ModelSettings::default();
     let events: Vec<_> = model
@@ -382,7 +380,7 @@ async fn the_enforcer_checks_thinking_against_the_inner_allowance() {
         ScriptedModel::builder()
             .tool_call("list_all_entities", json!({}))
             .build(),
-        ToolChoicePolicy::RequiredFirst,
+        ToolChoiceRule::RequiredFirst,
     );
     let err = strict
         .complete(request(&history, &settings, &ToolChoice::Auto))
@@ -411,7 +409,7 @@ async fn the_enforcer_checks_thinking_against_the_inner_allowance() {
                 .tool_call("list_all_entities", json!({}))
                 .build(),
         ),
-        ToolChoicePolicy::RequiredFirst,
+        ToolChoiceRule::RequiredFirst,
     );
     assert!(
         permissive
@@ -439,8 +437,8 @@ fn thinking_conflict(result: Result<Node, ConfigError>) -> (String, String) {
 #[test]
 fn enabled_thinking_with_a_forcing_policy_is_rejected_at_build() {
     for (tool_choice, label) in [
-        (ToolChoicePolicy::RequiredFirst, "RequiredFirst"),
-        (ToolChoicePolicy::Required, "Required"),
+        (ToolChoiceRule::RequiredFirst, "RequiredFirst"),
+        (ToolChoiceRule::Required, "Required"),
         (named("list_all_entities"), "Named"),
     ] {
         let (node, constraint) =
@@ -448,7 +446,7 @@ fn enabled_thinking_with_a_forcing_policy_is_rejected_at_build() {
         assert_eq!(node, "worker");
         assert!(constraint.contains("extended thinking"), "{constraint}");
         assert!(
-            constraint.contains(&format!("tool choice policy {label} ")),
+            constraint.contains(&format!("tool choice rule {label} ")),
             "{constraint}"
         );
         assert!(constraint.contains("forced tool use"), "{constraint}");
@@ -463,7 +461,7 @@ fn thinking_with_a_temperature_is_rejected_at_build() {
                 temperature: Some(0.3),
                 ..ExecutorConfig::default()
             })
-            .policy(policy(ToolChoicePolicy::Auto, Some(thinking)))
+            .policy(policy(ToolChoiceRule::Auto, Some(thinking)))
             .build();
         let (node, constraint) = thinking_conflict(result);
         assert_eq!(node, "worker");
@@ -474,7 +472,7 @@ fn thinking_with_a_temperature_is_rejected_at_build() {
 #[test]
 fn the_conflict_error_names_node_and_constraint() {
     let err = worker()
-        .policy(policy(ToolChoicePolicy::RequiredFirst, Some(ENABLED)))
+        .policy(policy(ToolChoiceRule::RequiredFirst, Some(ENABLED)))
         .build()
         .expect_err("conflict");
     let text = err.to_string();
@@ -486,8 +484,8 @@ fn the_conflict_error_names_node_and_constraint() {
 fn accepted_thinking_combinations() {
     // Adaptive thinking is reported to accept forced tool use.
     for tool_choice in [
-        ToolChoicePolicy::RequiredFirst,
-        ToolChoicePolicy::Required,
+        ToolChoiceRule::RequiredFirst,
+        ToolChoiceRule::Required,
         named("list_all_entities"),
     ] {
         worker()
@@ -496,7 +494,7 @@ fn accepted_thinking_combinations() {
             .expect("adaptive thinking may force tools");
     }
     // A fixed budget is fine when nothing is forced.
-    for tool_choice in [ToolChoicePolicy::Auto, ToolChoicePolicy::None] {
+    for tool_choice in [ToolChoiceRule::Auto, ToolChoiceRule::None] {
         worker()
             .policy(policy(tool_choice, Some(ENABLED)))
             .build()
@@ -508,7 +506,7 @@ fn accepted_thinking_combinations() {
             temperature: Some(0.3),
             ..ExecutorConfig::default()
         })
-        .policy(policy(ToolChoicePolicy::RequiredFirst, None))
+        .policy(policy(ToolChoiceRule::RequiredFirst, None))
         .build()
         .expect("no thinking");
 }
@@ -519,8 +517,8 @@ fn check_thinking_follows_the_allowance() {
         forced_tool_choice: true,
         temperature: true,
     };
-    assert!(check_thinking(ENABLED, relaxed, &ToolChoicePolicy::Required, Some(0.5)).is_ok());
-    assert!(check_thinking(ENABLED, ENABLED.allows(), &ToolChoicePolicy::Required, None).is_err());
+    assert!(check_thinking(ENABLED, relaxed, &ToolChoiceRule::Required, Some(0.5)).is_ok());
+    assert!(check_thinking(ENABLED, ENABLED.allows(), &ToolChoiceRule::Required, None).is_err());
 }
 
 #[test]
@@ -551,7 +549,7 @@ fn required_needs_a_way_out() {
     let err = Node::builder("Loop forever.")
         .name("looper")
         .tool(ListAllEntities)
-        .policy(policy(ToolChoicePolicy::Required, None))
+        .policy(policy(ToolChoiceRule::Required, None))
         .build()
         .expect_err("no exit");
     assert_eq!(err, ConfigError::RequiredWithoutExit("looper".into()));
@@ -572,7 +570,7 @@ fn required_needs_a_way_out() {
     ];
     for exit in exits {
         exit(Node::builder("Work.").tool(ListAllEntities))
-            .policy(policy(ToolChoicePolicy::Required, None))
+            .policy(policy(ToolChoiceRule::Required, None))
             .build()
             .expect("a way out");
     }
@@ -582,7 +580,7 @@ fn required_needs_a_way_out() {
 fn restriction_and_required_first_build_together() {
     let node = worker()
         .policy(TurnPolicy {
-            tool_choice: ToolChoicePolicy::RequiredFirst,
+            tool_choice: ToolChoiceRule::RequiredFirst,
             restriction: OutputRestriction::enabled(),
             thinking: None,
         })

@@ -3,9 +3,11 @@
 //! It reports what happened as data; the executor applies it.
 
 pub(crate) mod enforcer;
-pub mod pipeline;
-pub mod prompt;
-pub mod toolgen;
+pub(crate) mod pipeline;
+pub(crate) mod prompt;
 mod transition;
 
-pub use transition::take_transition;
+pub(crate) use transition::take_transition;
+
+#[cfg(test)]
+mod tests;

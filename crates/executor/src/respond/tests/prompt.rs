@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
+use crate::respond::prompt::{STEP_WARNING_CRITICAL, system_prompt};
 use expect_test::expect;
 use markov_core::tool::ToolDefinition;
 use markov_runtime::charter::{AncestorView, Charter, PromptInput};
 use markov_runtime::node::Node;
 use markov_runtime::pack::Pack;
-use markov_runtime::prompt::{STEP_WARNING_CRITICAL, system_prompt};
 use markov_runtime::transition::Transition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -530,7 +530,7 @@ fn terminal_tools_section_follows_transitions() {
 
 #[test]
 fn no_step_warning_when_a_step_value_is_zero() {
-    use markov_runtime::prompt::step_warning;
+    use crate::respond::prompt::step_warning;
     // Upstream treats 0 as "not given".
     assert_eq!(step_warning(0, 10), None);
     assert_eq!(step_warning(1, 0), None);

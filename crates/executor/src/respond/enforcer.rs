@@ -1,4 +1,4 @@
-//! [`ToolChoiceEnforcer`]: a tool-choice policy applied around any model.
+//! [`ToolChoiceEnforcer`]: a tool-choice rule applied around any model.
 
 use async_trait::async_trait;
 use futures::stream::BoxStream;
@@ -8,14 +8,14 @@ use markov_core::model::{
     ThinkingAllowance, ToolChoice,
 };
 
-use crate::tool_choice::{ToolChoicePolicy, check_thinking};
+use markov_runtime::tool_choice::{ToolChoiceRule, check_thinking};
 
-/// A model wrapper that applies a [`ToolChoicePolicy`] to every request,
+/// A model wrapper that applies a [`ToolChoiceRule`] to every request,
 /// around any client and without the machine loop (the "first call tool
 /// enforcer").
 ///
 /// Each request's tool choice is replaced by
-/// [`ToolChoicePolicy::choice`], where "a tool ran in this turn" is read from
+/// [`ToolChoiceRule::choice`], where "a tool ran in this turn" is read from
 /// the request's messages alone: the last user message that has any content
 /// holds tool results only (the model called a tool and got its result back),
 /// rather than new input. The scan walks back from the end and stops at that
@@ -23,7 +23,7 @@ use crate::tool_choice::{ToolChoicePolicy, check_thinking};
 ///
 /// Messages alone cannot show a transition or a spawn into a new node; the
 /// standard loop, which knows them, does not use this wrapper but asks the
-/// same [`ToolChoicePolicy::choice`] with its own per-instance turn state.
+/// same [`ToolChoiceRule::choice`] with its own per-instance turn state.
 ///
 /// A request whose settings enable thinking is checked with
 /// [`check_thinking`] against the inner client's
@@ -33,8 +33,8 @@ use crate::tool_choice::{ToolChoicePolicy, check_thinking};
 /// ```
 /// use markov_core::message::{Item, Message};
 /// use markov_core::model::{Model, ModelRequest, ModelSettings, ToolChoice};
-/// use markov_runtime::ToolChoiceEnforcer;
-/// use markov_runtime::tool_choice::ToolChoicePolicy;
+/// use markov_executor::ToolChoiceEnforcer;
+/// use markov_runtime::tool_choice::ToolChoiceRule;
 /// use markov_testkit::ScriptedModel;
 /// use serde_json::json;
 ///
@@ -43,7 +43,7 @@ use crate::tool_choice::{ToolChoicePolicy, check_thinking};
 ///     .tool_call("lookup", json!({"key": "customer"}))
 ///     .text("Customer has 3 endpoints.")
 ///     .build();
-/// let model = ToolChoiceEnforcer::new(scripted, ToolChoicePolicy::RequiredFirst);
+/// let model = ToolChoiceEnforcer::new(scripted, ToolChoiceRule::RequiredFirst);
 /// let settings = ModelSettings::default();
 /// fn request<'a>(messages: &'a [Message], settings: &'a ModelSettings) -> ModelRequest<'a> {
 ///     // The caller's own tool choice is replaced by the policy's.
@@ -64,7 +64,7 @@ use crate::tool_choice::{ToolChoicePolicy, check_thinking};
 #[derive(Debug, Clone)]
 pub struct ToolChoiceEnforcer<M> {
     inner: M,
-    policy: ToolChoicePolicy,
+    policy: ToolChoiceRule,
     /// `policy.choice(false)`, kept so a request can borrow it.
     before_tool: ToolChoice,
     /// `policy.choice(true)`, kept so a request can borrow it.
@@ -73,7 +73,7 @@ pub struct ToolChoiceEnforcer<M> {
 
 impl<M> ToolChoiceEnforcer<M> {
     /// Wraps `inner`, applying `policy` to every request.
-    pub fn new(inner: M, policy: ToolChoicePolicy) -> Self {
+    pub fn new(inner: M, policy: ToolChoiceRule) -> Self {
         ToolChoiceEnforcer {
             inner,
             before_tool: policy.choice(false),
@@ -98,7 +98,7 @@ impl<M> ToolChoiceEnforcer<M> {
     }
 
     /// The policy applied.
-    pub fn policy(&self) -> &ToolChoicePolicy {
+    pub fn policy(&self) -> &ToolChoiceRule {
         &self.policy
     }
 
