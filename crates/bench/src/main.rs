@@ -197,6 +197,10 @@ fn main() -> ExitCode {
             body_figures(QUICK.body_reps);
             ExitCode::SUCCESS
         }
+        ["store"] => {
+            let _ = store::sqlite_figures(&STORE_KS, QUICK.store_appends);
+            ExitCode::SUCCESS
+        }
         ["profile-body", vendor, k, reps, rest @ ..] => match (k.parse(), reps.parse(), rest) {
             (Ok(k), Ok(reps), [] | ["plain"]) => {
                 match body::profile(vendor, k, reps, !rest.is_empty()) {
@@ -222,7 +226,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench serde | markov-bench body | markov-bench stream | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
 }

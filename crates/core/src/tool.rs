@@ -439,7 +439,37 @@ pub struct ToolContext<'a> {
     history: &'a [Message],
     state: &'a dyn StateAccess,
     deps: Option<&'a Deps>,
-    idempotency_key: Option<&'a str>,
+    idempotency_key: Option<&'a IdempotencyKey<'a>>,
+}
+
+/// A call's idempotency key, made the first time a tool asks for it (most
+/// tools never do, and making it hashes).
+pub struct IdempotencyKey<'a> {
+    make: &'a (dyn Fn() -> String + Send + Sync),
+    key: std::sync::OnceLock<String>,
+}
+
+impl<'a> IdempotencyKey<'a> {
+    /// A key that `make` makes when it is first asked for.
+    pub fn new(make: &'a (dyn Fn() -> String + Send + Sync)) -> Self {
+        IdempotencyKey {
+            make,
+            key: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The key.
+    pub fn get(&self) -> &str {
+        self.key.get_or_init(|| (self.make)())
+    }
+}
+
+impl fmt::Debug for IdempotencyKey<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyKey")
+            .field("key", &self.key.get())
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for ToolContext<'_> {
@@ -472,7 +502,7 @@ impl<'a> ToolContext<'a> {
 
     /// Sets the call's idempotency key (see [`ToolContext::idempotency_key`]).
     #[must_use]
-    pub fn with_idempotency_key(mut self, key: &'a str) -> Self {
+    pub fn with_idempotency_key(mut self, key: &'a IdempotencyKey<'a>) -> Self {
         self.idempotency_key = Some(key);
         self
     }
@@ -484,7 +514,7 @@ impl<'a> ToolContext<'a> {
     /// before its result was recorded, repeats nothing outside. Set by the
     /// machine's tool path; `None` for a context made by hand.
     pub fn idempotency_key(&self) -> Option<&'a str> {
-        self.idempotency_key
+        self.idempotency_key.map(IdempotencyKey::get)
     }
 
     /// Hands the application's value to the tool (see [`ToolContext::deps`]).

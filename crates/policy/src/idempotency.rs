@@ -146,12 +146,13 @@ pub(crate) fn digest_of(args: &Value) -> String {
     hex(&Sha256::digest(&text))
 }
 
-/// Lower-case hex of `bytes`.
+/// Lower-case hex of `bytes` (a digit table: every tool call makes one key).
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
     out
 }
@@ -481,7 +482,9 @@ impl<S: ToolService> ToolService for Idempotency<S> {
         Box::pin(async move {
             // The key the tool hands to the outside world: the same on every
             // retry and resume of this call.
-            let tool_key = req.policy.tool_key(req.cx.instance_id(), req.call_id);
+            let (policy, instance, call_id) = (req.policy, req.cx.instance_id(), req.call_id);
+            let make_key = move || policy.tool_key(instance, call_id);
+            let tool_key = markov_core::tool::IdempotencyKey::new(&make_key);
             loop {
                 match ledger.begin(
                     &key,
@@ -660,6 +663,11 @@ mod tests {
             ledger.begin("k", "pay", &args, &limits, now, 0),
             Begin::Run(_)
         ));
+    }
+
+    #[test]
+    fn hex_is_lower_case_two_digits_a_byte() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
     }
 
     #[test]
