@@ -5,12 +5,35 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+/// Reads an id straight into its shared string: one allocation, where
+/// serde's `Arc<str>` reads a `Box<str>` first and copies it (two). A
+/// history holds an id in nearly every message.
+struct IdVisitor;
+
+impl serde::de::Visitor<'_> for IdVisitor {
+    type Value = Arc<str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string id")
+    }
+
+    fn visit_str<E: serde::de::Error>(self, id: &str) -> Result<Arc<str>, E> {
+        Ok(Arc::from(id))
+    }
+}
+
 macro_rules! string_id {
     ($(#[$meta:meta])* $name:ident) => {
         $(#[$meta])*
-        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+        #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
         #[serde(transparent)]
         pub struct $name(Arc<str>);
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                deserializer.deserialize_str(IdVisitor).map(Self)
+            }
+        }
 
         impl $name {
             /// Wraps a string as this id. Ids are opaque: any string is accepted.
