@@ -17,7 +17,8 @@
 //!   `runtime` depends on neither `executor` nor `store`, `executor` knows
 //!   no database driver, no vendor and not `store`, `store` knows no model
 //!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
-//!   `runtime` and `executor`;
+//!   `runtime` and `executor`; `mcp` builds on `core` and `policy` only,
+//!   and none of `core`, `policy`, `runtime` and `executor` depends on it;
 //! - internal (`markov-*`) dependencies carry both `path` and `version`, so
 //!   each crate can be published on its own.
 //!
@@ -245,7 +246,7 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         package: "markov-runtime",
-        forbidden: &["markov-executor", "markov-store"],
+        forbidden: &["markov-executor", "markov-store", "markov-mcp"],
         reason: "the layers are core <- runtime <- executor <- store",
     },
     Layer {
@@ -253,6 +254,7 @@ const LAYERS: &[Layer] = &[
         forbidden: &[
             "markov-store",
             "markov-providers",
+            "markov-mcp",
             "rusqlite",
             "tokio-postgres",
         ],
@@ -270,8 +272,21 @@ const LAYERS: &[Layer] = &[
             "markov-executor",
             "markov-store",
             "markov-providers",
+            "markov-mcp",
         ],
         reason: "the tool registry depends on core only",
+    },
+    Layer {
+        package: "markov-mcp",
+        forbidden: &[
+            "markov-runtime",
+            "markov-executor",
+            "markov-store",
+            "markov-providers",
+            "markov-server",
+            "markov-cli",
+        ],
+        reason: "MCP tools are tools: markov-mcp builds on core and policy only",
     },
     Layer {
         package: "markov-otel",
@@ -617,6 +632,11 @@ fn layers_point_one_way() {
     assert_eq!(check_layering("e", executor_db).len(), 1);
     let providers = "[package]\nname = \"markov-providers\"\n[dependencies]\nmarkov-executor = { path = \"../executor\", version = \"0.1\" }\n";
     assert_eq!(check_layering("p", providers).len(), 1);
+    let mcp = "[package]\nname = \"markov-mcp\"\n[dependencies]\nmarkov-policy.workspace = true\nmarkov-executor.workspace = true\n";
+    assert_eq!(check_layering("m", mcp).len(), 1);
+    let policy =
+        "[package]\nname = \"markov-policy\"\n[dependencies]\nmarkov-mcp.workspace = true\n";
+    assert_eq!(check_layering("p", policy).len(), 1);
 }
 
 #[test]

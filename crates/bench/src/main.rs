@@ -34,6 +34,9 @@
 //! 9. Decoding a streamed answer, both vendors, against parsing each event
 //!    once into a `serde_json::Value` (see `stream.rs`).
 //!
+//! 10. A tool call through MCP, over stdio and over loopback HTTP, beside
+//!     the same tool called natively (see `mcp.rs`).
+//!
 //! Every figure prints one machine-readable line (`bench=<name> key=value
 //! ...`) as it finishes, and a table closes the run.
 //!
@@ -45,6 +48,7 @@
 
 mod body;
 mod counting;
+mod mcp;
 mod server;
 mod store;
 mod stream;
@@ -104,6 +108,8 @@ struct Plan {
     body_reps: usize,
     /// Timed decodings per vendor and N in figure 9.
     stream_reps: usize,
+    /// Timed calls per path in figure 10.
+    mcp_calls: usize,
 }
 
 /// The text fragments of figure 9's streams.
@@ -124,6 +130,7 @@ const FULL: Plan = Plan {
     server_sessions: &[1_000, 10_000],
     body_reps: 50,
     stream_reps: 200,
+    mcp_calls: 2_000,
 };
 
 const QUICK: Plan = Plan {
@@ -135,6 +142,7 @@ const QUICK: Plan = Plan {
     server_sessions: &[200],
     body_reps: 10,
     stream_reps: 20,
+    mcp_calls: 200,
 };
 
 fn main() -> ExitCode {
@@ -151,6 +159,11 @@ fn main() -> ExitCode {
             _ => usage(),
         },
         ["serve-worker", provider] => server::worker(provider),
+        ["mcp-server"] => mcp::serve_stdio(),
+        ["mcp"] => {
+            mcp::figure(QUICK.mcp_calls);
+            ExitCode::SUCCESS
+        }
         ["load-clients", n, bases] => match n.parse() {
             Ok(n) => server::clients(n, &bases.split(',').collect::<Vec<_>>()),
             Err(_) => usage(),
@@ -226,7 +239,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
 }
@@ -306,6 +319,7 @@ fn run_all(plan: Plan) -> ExitCode {
     let (pg_stores, pg_loads) = store::postgres_figures(&STORE_KS, plan.store_appends);
     let bodies = body_figures(plan.body_reps);
     let streams = stream_figures(plan.stream_reps);
+    let mcp = mcp::figure(plan.mcp_calls);
     let servers: Vec<server::ProcessesFigure> = plan
         .server_sessions
         .iter()
@@ -568,6 +582,37 @@ fn run_all(plan: Plan) -> ExitCode {
             s.decode_over_values(),
             s.decode_mb_per_s()
         );
+    }
+    let _ = writeln!(
+        table,
+        "\n10. A tool call through MCP (markov-mcp on rmcp) beside the same tool called natively; {} sequential calls each",
+        mcp.native.count
+    );
+    let _ = writeln!(
+        table,
+        "   {:>22} {:>10} {:>8} {:>16}",
+        "path", "median µs", "p90 µs", "over native µs"
+    );
+    for (path, stats) in [
+        ("native", Some(mcp.native)),
+        ("MCP stdio (child)", mcp.stdio),
+        ("MCP HTTP (loopback)", mcp.http),
+    ] {
+        match stats {
+            Some(s) => {
+                let _ = writeln!(
+                    table,
+                    "   {:>22} {:>10.1} {:>8.1} {:>16.1}",
+                    path,
+                    s.median_us,
+                    s.p90_us,
+                    s.median_us - mcp.native.median_us
+                );
+            }
+            None => {
+                let _ = writeln!(table, "   {path:>22} skipped (see stderr)");
+            }
+        }
     }
     println!("{table}");
     ExitCode::SUCCESS

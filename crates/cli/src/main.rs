@@ -10,6 +10,11 @@
 //!   Chat Completions server (OpenAI, vLLM, Ollama, llama.cpp, LM Studio);
 //! - else a scripted model, labelled as a rehearsal.
 //!
+//! `--mcp <server>` (or `MARKOV_MCP=<server>`) adds an MCP server's tools
+//! to the agent, each named `mcp_<its name>`: `<server>` is a Streamable
+//! HTTP URL or a command line that starts a stdio server. The second line
+//! names the server and its tools.
+//!
 //! A failure is printed on stderr and the process exits with status 1.
 //!
 //! ```text
@@ -17,6 +22,8 @@
 //! ANTHROPIC_API_KEY=... cargo run -p markov-cli --bin markov-demo
 //! ANTHROPIC_BASE_URL=http://localhost:8080 cargo run -p markov-cli --bin markov-demo
 //! OPENAI_BASE_URL=http://localhost:11434/v1 cargo run -p markov-cli --bin markov-demo
+//! cargo run -p markov-cli --bin markov-demo -- --mcp "npx -y @modelcontextprotocol/server-everything"
+//! MARKOV_MCP=http://127.0.0.1:8000/mcp cargo run -p markov-cli --bin markov-demo
 //! ```
 
 use std::process::ExitCode;
@@ -43,6 +50,41 @@ enum DemoError {
     /// The machine could not be built, or the run failed.
     #[error("the run failed: {0}")]
     Run(#[from] RunError),
+    /// The MCP server could not be reached or listed.
+    #[error("cannot use the MCP server: {0}")]
+    Mcp(#[from] markov_mcp::McpError),
+    /// The command line is not understood.
+    #[error("{0}")]
+    Usage(String),
+}
+
+/// The MCP server asked for with `--mcp <server>` or `MARKOV_MCP`, if any.
+fn mcp_spec() -> Result<Option<String>, DemoError> {
+    let mut args = std::env::args().skip(1);
+    let mut spec = None;
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--mcp" => {
+                spec = Some(args.next().ok_or_else(|| {
+                    DemoError::Usage("--mcp needs a server: a URL or a command".into())
+                })?);
+            }
+            other => {
+                if let Some(value) = other.strip_prefix("--mcp=") {
+                    spec = Some(value.to_owned());
+                } else {
+                    return Err(DemoError::Usage(format!(
+                        "unknown argument `{other}` (usage: markov-demo [--mcp <server>])"
+                    )));
+                }
+            }
+        }
+    }
+    Ok(spec.or_else(|| {
+        std::env::var("MARKOV_MCP")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+    }))
 }
 
 /// Prints the text, tool calls and tool results of one message.
@@ -68,13 +110,28 @@ fn print_message(message: &Message) {
 
 /// Builds the agent over the chosen model and runs it on [`QUESTION`].
 async fn demo() -> Result<(), DemoError> {
+    let spec = mcp_spec()?;
     let (model, label) = pick_model()?;
     println!("{label}");
-    let node = Node::builder(INSTRUCTIONS)
+    let mut node = Node::builder(INSTRUCTIONS)
         .name("cities")
         .tool(Add)
-        .tool(Population)
-        .build()?;
+        .tool(Population);
+    let mcp = match spec {
+        Some(spec) => {
+            let config = markov_mcp::McpServerConfig::parse(&spec)?.prefix("mcp_");
+            let client = markov_mcp::McpClient::connect(config).await?;
+            let tools = client.tools().await?;
+            let names: Vec<&str> = tools.iter().map(|t| t.definition().name.as_str()).collect();
+            println!("mcp: {}: {}", client.label(), names.join(", "));
+            for tool in tools {
+                node = node.shared_tool(tool);
+            }
+            Some(client)
+        }
+        None => None,
+    };
+    let node = node.build()?;
     let charter = Charter::builder("demo")
         .node("cities", node.clone())
         .build()?;
@@ -96,6 +153,9 @@ async fn demo() -> Result<(), DemoError> {
         for message in &step.history {
             print_message(message);
         }
+    }
+    if let Some(client) = mcp {
+        client.close().await;
     }
     Ok(())
 }

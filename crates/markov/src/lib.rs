@@ -41,12 +41,16 @@
 //! - `providers` (feature `providers`): Anthropic and OpenAI-compatible
 //!   clients;
 //! - `store` (feature `store`): durable sessions;
-//! - `otel` (feature `otel`): the spans as OpenTelemetry spans.
+//! - `otel` (feature `otel`): the spans as OpenTelemetry spans;
+//! - `mcp` (feature `mcp`): tools from Model Context Protocol servers, and
+//!   markov tools served over MCP.
 #![deny(missing_docs)]
 
 pub use markov_core as core;
 pub use markov_executor as executor;
 pub use markov_macros::tool;
+#[cfg(feature = "mcp")]
+pub use markov_mcp as mcp;
 #[cfg(feature = "otel")]
 pub use markov_otel as otel;
 pub use markov_policy as policy;

@@ -2,4 +2,5 @@
 //! dominate the test run): one module per area.
 
 mod demo;
+mod mcp;
 mod server;

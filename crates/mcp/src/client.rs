@@ -1,0 +1,637 @@
+//! The client: one connection (one MCP session) to one server, its tool
+//! list, and the tools it offers as markov tools.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as SyncMutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use markov_core::tool::{
+    DynTool, SharedTool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
+};
+use markov_policy::{Category, ToolMetadata, ToolRegistryBuilder};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation,
+    JsonObject, RequestMetaObject, ToolAnnotations,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
+use serde_json::Value;
+use tokio::sync::{Mutex, watch};
+
+use crate::config::{McpServerConfig, Transport};
+use crate::{IDEMPOTENCY_META_KEY, McpError};
+
+/// How long [`McpClient::close`] waits for the server to stop before it is
+/// killed (a child process) or dropped (a connection).
+pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A client of one MCP server: one connection, one MCP session.
+///
+/// Cheap to clone; clones share the connection. The tools it hands out
+/// ([`tools`](Self::tools)) share it too, so one client serves any number
+/// of nodes and machines. For a session per machine, connect one client
+/// per machine.
+///
+/// The connection is made by [`connect`](Self::connect) and made again,
+/// lazily, by the first call after it was lost: a stdio server whose child
+/// process died is started again, an HTTP server is reconnected. The call
+/// that saw the loss fails with an error result the model reads. Every
+/// wait is bounded: connecting, listing and each call by the
+/// configuration's timeouts.
+///
+/// The child process of a stdio server stops when the client is closed
+/// ([`close`](Self::close)) or when the last clone and the last of its
+/// tools are dropped (it is killed then, and on the owning process's exit
+/// its stdin closes, which ends a well-behaved server).
+#[derive(Clone)]
+pub struct McpClient {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for McpClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpClient")
+            .field("server", &self.inner.label)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner {
+    config: McpServerConfig,
+    label: String,
+    connection: Mutex<Connection>,
+    /// The offered tools, as last listed; `None` before the first listing.
+    listed: SyncMutex<Option<Arc<[Arc<ToolInfo>]>>>,
+    changes: Arc<Changes>,
+}
+
+enum Connection {
+    Idle,
+    Open(RunningService<RoleClient, Handler>),
+    Closed,
+}
+
+/// What the client learns from the server's notifications.
+#[derive(Debug)]
+struct Changes {
+    /// The tool list changed since it was last listed.
+    stale: AtomicBool,
+    /// Counts `tools/list_changed` notifications.
+    count: watch::Sender<u64>,
+}
+
+impl Changes {
+    fn mark(&self) {
+        self.stale.store(true, Ordering::SeqCst);
+        self.count.send_modify(|n| *n += 1);
+    }
+}
+
+/// The client side of the MCP session: answers the server's notifications.
+struct Handler {
+    changes: Arc<Changes>,
+}
+
+impl ClientHandler for Handler {
+    fn on_tool_list_changed(
+        &self,
+        _context: NotificationContext<RoleClient>,
+    ) -> impl Future<Output = ()> + Send + '_ {
+        tracing::debug!("MCP tool list changed");
+        self.changes.mark();
+        std::future::ready(())
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("markov-mcp", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+/// One tool of the server, as offered.
+#[derive(Debug)]
+struct ToolInfo {
+    definition: ToolDefinition,
+    remote: String,
+    annotations: Option<ToolAnnotations>,
+}
+
+impl McpClient {
+    /// Connects to the server and lists its tools, within the
+    /// configuration's connect and list timeouts.
+    pub async fn connect(config: McpServerConfig) -> Result<Self, McpError> {
+        let (count, _) = watch::channel(0);
+        let client = McpClient {
+            inner: Arc::new(Inner {
+                label: config.label(),
+                config,
+                connection: Mutex::new(Connection::Idle),
+                listed: SyncMutex::new(None),
+                changes: Arc::new(Changes {
+                    stale: AtomicBool::new(true),
+                    count,
+                }),
+            }),
+        };
+        client.refresh().await?;
+        Ok(client)
+    }
+
+    /// The server's label: its command or URL.
+    pub fn label(&self) -> &str {
+        &self.inner.label
+    }
+
+    /// The server's tools that the filter admits, as markov tools, named
+    /// with the prefix. The list is cached; it is listed again here after
+    /// the server said it changed (`notifications/tools/list_changed`) or
+    /// after a reconnection.
+    ///
+    /// A name that providers would refuse (longer than 64 characters, or
+    /// with characters outside `a-zA-Z0-9_-`) is offered with each such
+    /// character replaced by `_` and cut at 64; the server is called by
+    /// its own name. A second tool that would get an offered name already
+    /// taken is left out, with a warning.
+    pub async fn tools(&self) -> Result<Vec<SharedTool>, McpError> {
+        if self.inner.changes.stale.load(Ordering::SeqCst) || self.cached().is_none() {
+            self.refresh().await?;
+        }
+        Ok(self
+            .cached()
+            .iter()
+            .flat_map(|list| list.iter())
+            .map(|info| self.tool(info))
+            .collect())
+    }
+
+    /// Lists the server's tools again, whatever the cache holds.
+    pub async fn refresh(&self) -> Result<Vec<SharedTool>, McpError> {
+        // Cleared before the listing, so that a notification during it
+        // marks the new list stale again.
+        self.inner.changes.stale.store(false, Ordering::SeqCst);
+        let result = self.inner.list().await;
+        let list = match result {
+            Ok(list) => list,
+            Err(err) => {
+                self.inner.changes.stale.store(true, Ordering::SeqCst);
+                return Err(err);
+            }
+        };
+        let infos: Arc<[Arc<ToolInfo>]> = self.inner.offered(list).into();
+        *lock(&self.inner.listed) = Some(Arc::clone(&infos));
+        Ok(infos.iter().map(|info| self.tool(info)).collect())
+    }
+
+    /// A receiver that changes on each `notifications/tools/list_changed`
+    /// of the server: an application that rebuilds its registry or nodes
+    /// on a new tool list waits on it, then calls [`tools`](Self::tools).
+    pub fn list_changed(&self) -> watch::Receiver<u64> {
+        self.inner.changes.count.subscribe()
+    }
+
+    /// Registers every offered tool in `builder`, each with the metadata
+    /// `metadata` gives it (see [`default_metadata`](Self::default_metadata)),
+    /// so the registry's policies apply to MCP calls as to any other.
+    pub async fn register(
+        &self,
+        mut builder: ToolRegistryBuilder,
+        metadata: impl Fn(&McpTool) -> ToolMetadata,
+    ) -> Result<ToolRegistryBuilder, McpError> {
+        for info in self.cached_or_list().await? {
+            let tool = McpTool {
+                client: Arc::clone(&self.inner),
+                info,
+            };
+            let meta = metadata(&tool);
+            builder = builder.register_shared(Arc::new(tool), meta);
+        }
+        Ok(builder)
+    }
+
+    /// Metadata from the server's hints: a tool marked read-only is a
+    /// [`Category::Retrieval`], any other an [`Category::Action`]; the
+    /// timeout is the client's call timeout. No confirmation: require it
+    /// with `.with_confirmation()` on the result for the tools that need it.
+    pub fn default_metadata(tool: &McpTool) -> ToolMetadata {
+        let category = if tool.read_only() == Some(true) {
+            Category::Retrieval
+        } else {
+            Category::Action
+        };
+        ToolMetadata::new(category).with_timeout(tool.client.config.call_timeout)
+    }
+
+    /// Calls the server's tool `name` (its own name, not the offered one)
+    /// and returns its answer as it came. A tool's failure (`isError`) is
+    /// an `Ok` here.
+    pub async fn call_raw(
+        &self,
+        name: &str,
+        arguments: JsonObject,
+        idempotency_key: Option<&str>,
+    ) -> Result<CallToolResult, McpError> {
+        self.inner.call(name, arguments, idempotency_key).await
+    }
+
+    /// Closes the session: a stdio server's stdin is closed and the child
+    /// waited for, then terminated, then killed ([`CLOSE_TIMEOUT`] at
+    /// most); an HTTP session is ended. Later calls fail with
+    /// [`McpError::Closed`].
+    pub async fn close(&self) {
+        let previous = {
+            let mut connection = self.inner.connection.lock().await;
+            std::mem::replace(&mut *connection, Connection::Closed)
+        };
+        if let Connection::Open(mut service) = previous {
+            // The service's own close bounds each stage of the child's
+            // shutdown; this bounds the whole.
+            if tokio::time::timeout(CLOSE_TIMEOUT * 3, service.close_with_timeout(CLOSE_TIMEOUT))
+                .await
+                .is_err()
+            {
+                tracing::warn!(server = %self.inner.label, "MCP server did not close in time");
+            }
+        }
+    }
+
+    fn cached(&self) -> Option<Arc<[Arc<ToolInfo>]>> {
+        lock(&self.inner.listed).clone()
+    }
+
+    async fn cached_or_list(&self) -> Result<Vec<Arc<ToolInfo>>, McpError> {
+        if self.inner.changes.stale.load(Ordering::SeqCst) || self.cached().is_none() {
+            self.refresh().await?;
+        }
+        Ok(self
+            .cached()
+            .map(|list| list.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    fn tool(&self, info: &Arc<ToolInfo>) -> SharedTool {
+        Arc::new(McpTool {
+            client: Arc::clone(&self.inner),
+            info: Arc::clone(info),
+        })
+    }
+}
+
+impl Inner {
+    /// The connection's peer, connecting first if there is none or it closed.
+    async fn peer(&self) -> Result<Peer<RoleClient>, McpError> {
+        let limit = self.config.connect_timeout;
+        let timeout = || McpError::Timeout {
+            operation: "connect",
+            after: limit,
+        };
+        // Waiting for the lock counts against the connect timeout: another
+        // caller may be connecting.
+        let mut connection = tokio::time::timeout(limit, self.connection.lock())
+            .await
+            .map_err(|_| timeout())?;
+        match &*connection {
+            Connection::Open(service) if !service.is_closed() => {
+                return Ok(service.peer().clone());
+            }
+            Connection::Closed => return Err(McpError::Closed),
+            Connection::Open(_) => {
+                tracing::info!(server = %self.label, "MCP connection lost; connecting again");
+            }
+            Connection::Idle => {}
+        }
+        *connection = Connection::Idle;
+        let service = tokio::time::timeout(limit, self.open())
+            .await
+            .map_err(|_| timeout())??;
+        let peer = service.peer().clone();
+        *connection = Connection::Open(service);
+        // A new session may offer other tools.
+        self.changes.stale.store(true, Ordering::SeqCst);
+        Ok(peer)
+    }
+
+    /// Opens a new connection and runs the MCP handshake.
+    async fn open(&self) -> Result<RunningService<RoleClient, Handler>, McpError> {
+        let handler = Handler {
+            changes: Arc::clone(&self.changes),
+        };
+        let failed = |detail: String| McpError::Connect {
+            server: self.label.clone(),
+            detail,
+        };
+        match &self.config.transport {
+            Transport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
+                let mut cmd = tokio::process::Command::new(command);
+                cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+                if let Some(dir) = cwd {
+                    cmd.current_dir(dir);
+                }
+                cmd.kill_on_drop(true);
+                let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+                    .spawn()
+                    .map_err(|source| McpError::Spawn {
+                        command: self.label.clone(),
+                        source,
+                    })?;
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| failed(e.to_string()))
+            }
+            Transport::Http {
+                url,
+                headers,
+                bearer,
+            } => {
+                crate::install_crypto_provider();
+                let transport =
+                    http_transport(url, headers, bearer.as_deref(), self.config.connect_timeout)?;
+                handler
+                    .serve(transport)
+                    .await
+                    .map_err(|e| failed(e.to_string()))
+            }
+        }
+    }
+
+    /// Forgets the connection after it failed; the next call connects again.
+    async fn reset(&self) {
+        let mut connection = self.connection.lock().await;
+        if matches!(*connection, Connection::Open(_)) {
+            *connection = Connection::Idle;
+        }
+    }
+
+    /// Every page of `tools/list`, within the list timeout.
+    async fn list(&self) -> Result<Vec<rmcp::model::Tool>, McpError> {
+        let limit = self.config.list_timeout;
+        let peer = self.peer().await?;
+        match tokio::time::timeout(limit, peer.list_all_tools()).await {
+            Err(_) => Err(McpError::Timeout {
+                operation: "tools/list",
+                after: limit,
+            }),
+            Ok(Ok(tools)) => Ok(tools),
+            Ok(Err(err)) => Err(self.failed(err).await),
+        }
+    }
+
+    /// One `tools/call`, within the call timeout.
+    async fn call(
+        &self,
+        name: &str,
+        arguments: JsonObject,
+        idempotency_key: Option<&str>,
+    ) -> Result<CallToolResult, McpError> {
+        let limit = self.config.call_timeout;
+        let peer = self.peer().await?;
+        let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        if let Some(key) = idempotency_key {
+            let mut meta = RequestMetaObject::new();
+            meta.0.0.insert(
+                IDEMPOTENCY_META_KEY.to_owned(),
+                Value::String(key.to_owned()),
+            );
+            params.meta = Some(meta);
+        }
+        // Dropping the request at the deadline sends the server a
+        // cancellation; the connection stays.
+        match tokio::time::timeout(limit, peer.call_tool(params)).await {
+            Err(_) => Err(McpError::Timeout {
+                operation: "tools/call",
+                after: limit,
+            }),
+            Ok(Ok(result)) => Ok(result),
+            Ok(Err(err)) => Err(self.failed(err).await),
+        }
+    }
+
+    /// The error for a failed request; a lost connection is forgotten.
+    async fn failed(&self, err: ServiceError) -> McpError {
+        match err {
+            ServiceError::McpError(data) => McpError::Server {
+                code: data.code.0,
+                message: data.message.into_owned(),
+            },
+            ServiceError::Timeout { timeout } => McpError::Timeout {
+                operation: "request",
+                after: timeout,
+            },
+            ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
+                self.reset().await;
+                McpError::Disconnected(err.to_string())
+            }
+            other => McpError::Unexpected(other.to_string()),
+        }
+    }
+
+    /// The listed tools the filter admits, with their offered names.
+    fn offered(&self, list: Vec<rmcp::model::Tool>) -> Vec<Arc<ToolInfo>> {
+        let prefix = self.config.prefix.as_deref().unwrap_or("");
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for tool in list {
+            if !self.config.filter.admits(&tool.name) {
+                continue;
+            }
+            let offered = offered_name(prefix, &tool.name);
+            if !seen.insert(offered.clone()) {
+                tracing::warn!(
+                    server = %self.label,
+                    tool = %tool.name,
+                    offered,
+                    "MCP tool left out: its offered name is taken"
+                );
+                continue;
+            }
+            let schema = Value::Object((*tool.input_schema).clone());
+            let description = tool
+                .description
+                .as_deref()
+                .or(tool.title.as_deref())
+                .unwrap_or("")
+                .to_owned();
+            match ToolDefinition::new(offered, description, schema) {
+                Ok(definition) => out.push(Arc::new(ToolInfo {
+                    definition,
+                    remote: tool.name.into_owned(),
+                    annotations: tool.annotations,
+                })),
+                Err(err) => tracing::warn!(server = %self.label, %err, "MCP tool left out"),
+            }
+        }
+        out
+    }
+}
+
+/// `prefix` + `name`, with what providers refuse replaced by `_`, cut at 64.
+fn offered_name(prefix: &str, name: &str) -> String {
+    let mut out: String = prefix
+        .chars()
+        .chain(name.chars())
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(64)
+        .collect();
+    if out.is_empty() {
+        out.push('_');
+    }
+    out
+}
+
+/// The Streamable HTTP transport with the configuration's headers.
+fn http_transport(
+    url: &str,
+    headers: &std::collections::BTreeMap<String, String>,
+    bearer: Option<&str>,
+    connect_timeout: Duration,
+) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, McpError> {
+    use axum::http::{HeaderName, HeaderValue};
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let mut custom = std::collections::HashMap::new();
+    for (name, value) in headers {
+        let name = HeaderName::try_from(name.as_str())
+            .map_err(|e| McpError::Config(format!("header name `{name}`: {e}")))?;
+        let value = HeaderValue::try_from(value.as_str())
+            .map_err(|e| McpError::Config(format!("header `{name}`: {e}")))?;
+        custom.insert(name, value);
+    }
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
+        .custom_headers(custom)
+        .reinit_on_expired_session(true);
+    if let Some(token) = bearer {
+        config = config.auth_header(token.to_owned());
+    }
+    let client = reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        .build()
+        .map_err(|e| McpError::Config(format!("HTTP client: {e}")))?;
+    Ok(rmcp::transport::StreamableHttpClientTransport::with_client(
+        client, config,
+    ))
+}
+
+fn lock<T>(mutex: &SyncMutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave the cached list half-written: it is
+    // replaced whole.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One tool of an MCP server, as a markov tool ([`DynTool`]).
+///
+/// Register it in a registry (or let [`McpClient::register`] do it) and
+/// the registry's policies apply to its calls: modes, budgets,
+/// confirmations, idempotency, timeouts, audit, the loop guard. Give it to
+/// a node (`Node::builder(..).shared_tool(..)`) and it is offered and
+/// called like any other tool.
+///
+/// A call sends the call's [`ToolContext::idempotency_key`] to the server
+/// in the request's `_meta`, under [`IDEMPOTENCY_META_KEY`], so a server
+/// that deduplicates can recognise a call repeated after a crash. Every
+/// failure is an error result the model reads: the server's error, a
+/// timeout, a lost connection or a dead child process, `isError`.
+pub struct McpTool {
+    client: Arc<Inner>,
+    info: Arc<ToolInfo>,
+}
+
+impl fmt::Debug for McpTool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("McpTool")
+            .field("name", &self.info.definition.name)
+            .field("remote", &self.info.remote)
+            .field("server", &self.client.label)
+            .finish()
+    }
+}
+
+impl McpTool {
+    /// The name the server knows the tool by.
+    pub fn remote_name(&self) -> &str {
+        &self.info.remote
+    }
+
+    /// The offered definition (prefixed name, description, schema as given).
+    pub fn definition(&self) -> &ToolDefinition {
+        &self.info.definition
+    }
+
+    /// The server's `readOnlyHint`, if it gave one.
+    pub fn read_only(&self) -> Option<bool> {
+        self.info.annotations.as_ref()?.read_only_hint
+    }
+
+    /// The server's `destructiveHint`, if it gave one.
+    pub fn destructive(&self) -> Option<bool> {
+        self.info.annotations.as_ref()?.destructive_hint
+    }
+
+    /// The server's `idempotentHint`, if it gave one.
+    pub fn idempotent(&self) -> Option<bool> {
+        self.info.annotations.as_ref()?.idempotent_hint
+    }
+}
+
+impl DynTool for McpTool {
+    fn definition(&self) -> &ToolDefinition {
+        &self.info.definition
+    }
+
+    fn call_json<'a>(
+        &'a self,
+        input: &'a Value,
+        cx: ToolContext<'a>,
+    ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>> {
+        Box::pin(async move {
+            let Value::Object(arguments) = input else {
+                return Err(ToolCallError::InvalidInput(
+                    "the arguments are not a JSON object".into(),
+                ));
+            };
+            match self
+                .client
+                .call(&self.info.remote, arguments.clone(), cx.idempotency_key())
+                .await
+            {
+                Ok(result) => crate::content::to_outcome(result),
+                // The server refused the arguments (JSON-RPC invalid params).
+                Err(McpError::Server {
+                    code: -32602,
+                    message,
+                }) => Err(ToolCallError::InvalidInput(message)),
+                Err(err) => Err(ToolCallError::Execution(err.to_string())),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offered_names_are_provider_safe() {
+        assert_eq!(offered_name("gh_", "search.issues"), "gh_search_issues");
+        assert_eq!(offered_name("", "a/b c"), "a_b_c");
+        assert_eq!(offered_name("", "").len(), 1);
+        assert_eq!(offered_name("p_", &"x".repeat(100)).len(), 64);
+    }
+}

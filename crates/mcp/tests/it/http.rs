@@ -1,0 +1,170 @@
+//! The client over Streamable HTTP, against an rmcp server (not markov's)
+//! on a loopback port.
+
+use std::time::Duration;
+
+use markov_core::ToolCallId;
+use markov_core::tool::{NoState, SharedTool, ToolCallError, ToolContext, ToolOutcome};
+use markov_mcp::{McpClient, McpError, McpServerConfig};
+use serde_json::{Value, json};
+
+use crate::common::*;
+
+async fn call(
+    tools: &[SharedTool],
+    name: &str,
+    input: Value,
+) -> Result<ToolOutcome, ToolCallError> {
+    let tool = tools
+        .iter()
+        .find(|t| t.definition().name.as_str() == name)
+        .unwrap_or_else(|| panic!("{name} is offered"));
+    let id = ToolCallId::new("c1");
+    let state = NoState::default();
+    tool.call_json(&input, ToolContext::new(&id, &[], &state))
+        .await
+}
+
+#[tokio::test]
+async fn lists_and_calls_with_a_bearer_token_and_maps_the_content() {
+    let server = raw_server("127.0.0.1:0", Some("s3cret")).await;
+    let client = McpClient::connect(McpServerConfig::http(&server.url).bearer("s3cret"))
+        .await
+        .expect("connects with the token");
+    let tools = client.tools().await.expect("lists");
+    let names: Vec<&str> = tools.iter().map(|t| t.definition().name.as_str()).collect();
+    // A name providers refuse is offered with `_`.
+    assert_eq!(names, ["add", "grow", "boom", "image", "hang", "ns_dotted"]);
+    // Structured content is the result.
+    assert_eq!(
+        call(&tools, "add", json!({"a": 2, "b": 3})).await,
+        Ok(ToolOutcome::Value(json!({"sum": 5})))
+    );
+    assert_eq!(
+        call(&tools, "ns_dotted", json!({})).await,
+        Ok(ToolOutcome::Value(json!("dotted")))
+    );
+    // An image is described, never pasted as base64.
+    assert_eq!(
+        call(&tools, "image", json!({})).await,
+        Ok(ToolOutcome::Value(json!(
+            "a chart\n[image image/png, 5 bytes]"
+        )))
+    );
+    client.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_wrong_token_fails_to_connect_within_the_timeout() {
+    let server = raw_server("127.0.0.1:0", Some("s3cret")).await;
+    let err = McpClient::connect(
+        McpServerConfig::http(&server.url)
+            .bearer("wrong")
+            .connect_timeout(Duration::from_secs(5)),
+    )
+    .await
+    .expect_err("refused");
+    assert!(
+        matches!(err, McpError::Connect { .. } | McpError::Timeout { .. }),
+        "{err}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn server_errors_invalid_params_and_timeouts_are_error_results() {
+    let server = raw_server("127.0.0.1:0", None).await;
+    let client = McpClient::connect(
+        McpServerConfig::http(&server.url).call_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    let boom = call(&tools, "boom", json!({})).await;
+    assert!(
+        matches!(&boom, Err(ToolCallError::Execution(t)) if t.contains("the server broke")),
+        "{boom:?}"
+    );
+    // The server's invalid-params error reads as invalid input.
+    let bad = call(&tools, "add", json!({"a": "two"})).await;
+    assert_eq!(
+        bad,
+        Err(ToolCallError::InvalidInput(
+            "a and b must be integers".into()
+        ))
+    );
+    let hang = call(&tools, "hang", json!({})).await;
+    assert!(
+        matches!(&hang, Err(ToolCallError::Execution(t)) if t.contains("did not finish within 300 ms")),
+        "{hang:?}"
+    );
+    assert_eq!(
+        call(&tools, "add", json!({"a": 1, "b": 1})).await,
+        Ok(ToolOutcome::Value(json!({"sum": 2})))
+    );
+    client.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn list_changed_refreshes_the_cached_tools() {
+    let server = raw_server("127.0.0.1:0", None).await;
+    let client = McpClient::connect(McpServerConfig::http(&server.url))
+        .await
+        .expect("connects");
+    let mut changed = client.list_changed();
+    let tools = client.tools().await.expect("lists");
+    assert!(
+        !tools
+            .iter()
+            .any(|t| t.definition().name.as_str() == "extra")
+    );
+    assert_eq!(
+        call(&tools, "grow", json!({})).await,
+        Ok(ToolOutcome::Value(json!("grown")))
+    );
+    tokio::time::timeout(Duration::from_secs(10), changed.changed())
+        .await
+        .expect("the notification arrives")
+        .expect("the client lives");
+    let tools = client.tools().await.expect("lists again");
+    assert_eq!(
+        call(&tools, "extra", json!({})).await,
+        Ok(ToolOutcome::Value(json!("extra")))
+    );
+    client.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_dropped_server_is_an_error_result_and_the_client_reconnects_when_it_is_back() {
+    let server = raw_server("127.0.0.1:0", None).await;
+    let addr = server.addr;
+    let client = McpClient::connect(
+        McpServerConfig::http(&server.url)
+            .call_timeout(Duration::from_secs(5))
+            .connect_timeout(Duration::from_secs(5)),
+    )
+    .await
+    .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    server.shutdown().await;
+    let gone = tokio::time::timeout(
+        Duration::from_secs(20),
+        call(&tools, "add", json!({"a": 1, "b": 2})),
+    )
+    .await
+    .expect("a gone server does not hang the call");
+    assert!(matches!(gone, Err(ToolCallError::Execution(_))), "{gone:?}");
+
+    let again = raw_server(&addr.to_string(), None).await;
+    let mut answer = call(&tools, "add", json!({"a": 1, "b": 2})).await;
+    // The first call after the loss may still see the old session's end.
+    if answer.is_err() {
+        answer = call(&tools, "add", json!({"a": 1, "b": 2})).await;
+    }
+    assert_eq!(answer, Ok(ToolOutcome::Value(json!({"sum": 3}))));
+    client.close().await;
+    again.shutdown().await;
+}
