@@ -326,6 +326,25 @@ impl IdempotencyLedger {
         self.lock().bytes
     }
 
+    /// Forgets the answers of turns before `turn`: their keys name their
+    /// turn, so no call of `turn` or later can ever match them.
+    pub fn forget_before(&self, turn: u64) {
+        let mut inner = self.lock();
+        let Inner {
+            slots,
+            order,
+            bytes,
+        } = &mut *inner;
+        order.retain(|key| match slots.get(key) {
+            Some(Slot::Done(e)) if e.turn < turn => {
+                *bytes = bytes.saturating_sub(e.size());
+                slots.remove(key);
+                false
+            }
+            _ => true,
+        });
+    }
+
     /// The answers, oldest first, for a snapshot.
     pub fn snapshot(&self) -> Vec<LedgerEntry> {
         let inner = self.lock();
@@ -663,6 +682,21 @@ mod tests {
             ledger.begin("k", "pay", &args, &limits, now, 0),
             Begin::Run(_)
         ));
+    }
+
+    #[test]
+    fn a_new_turn_forgets_the_answers_of_the_earlier_ones() {
+        let ledger = IdempotencyLedger::new();
+        let limits = IdempotencyLimits::default();
+        let mut old = entry("t1:a", "old", now_ms());
+        old.turn = 1;
+        let mut current = entry("t2:a", "current", now_ms());
+        current.turn = 2;
+        ledger.restore([old, current], &limits, 2);
+        ledger.forget_before(2);
+        let keys: Vec<String> = ledger.snapshot().into_iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["t2:a"]);
+        assert!(ledger.bytes() > 0);
     }
 
     #[test]

@@ -109,6 +109,7 @@ impl PolicyState {
         state.turn = AtomicU64::new(snapshot.turn);
         state.approvals.restore(snapshot.approvals);
         state.ledger.restore(snapshot.ledger, limits, snapshot.turn);
+        state.ledger.forget_before(snapshot.turn);
         state.repeats.restore(snapshot.repeats);
         state.budgets.restore(snapshot.budgets);
         state.answers.restore(snapshot.answers);
@@ -200,11 +201,15 @@ impl PolicyState {
     }
 
     /// Starts a user turn: the turn count goes up, every leaf's budget and
-    /// loop-guard counters start over.
+    /// loop-guard counters start over, and the ledger forgets the earlier
+    /// turns' answers.
     pub fn begin_user_turn(&self) {
-        self.turn.fetch_add(1, Ordering::AcqRel);
+        let turn = self.turn.fetch_add(1, Ordering::AcqRel) + 1;
         self.budgets.clear();
         self.repeats.clear();
+        // The ledger's keys name their turn: the earlier turns' answers can
+        // never be matched again, so they are not kept (nor stored).
+        self.ledger.forget_before(turn);
     }
 
     /// The counters a store rewrites when they change: the conversation,

@@ -387,6 +387,7 @@ impl Store for PostgresStore {
         let approvals = step.approvals.map(to_json).transpose()?;
         let repeats = step.repeats.map(to_json).transpose()?;
         let counters = step.counters.map(to_json).transpose()?;
+        let turn = step.counters.map(|c| c.turn);
         let answers = (!step.answers.is_empty())
             .then(|| to_json(step.answers))
             .transpose()?;
@@ -417,6 +418,16 @@ impl Store for PostgresStore {
         )
         .await
         .map_err(backend)?;
+        if let Some(turn) = turn {
+            // A new user turn: the earlier turns' answers can never match
+            // again (their keys name their turn).
+            tx.execute(
+                "DELETE FROM ledger WHERE session_id = $1 AND key NOT LIKE $2",
+                &[&id.as_str(), &format!("t{turn}:%")],
+            )
+            .await
+            .map_err(backend)?;
+        }
         tx.commit().await.map_err(backend)
     }
 

@@ -380,6 +380,7 @@ impl Store for SqliteStore {
         let approvals = step.approvals.map(to_json).transpose()?;
         let repeats = step.repeats.map(to_json).transpose()?;
         let counters = step.counters.map(to_json).transpose()?;
+        let turn = step.counters.map(|c| c.turn);
         let answers = (!step.answers.is_empty())
             .then(|| to_json(step.answers))
             .transpose()?;
@@ -436,6 +437,14 @@ impl Store for SqliteStore {
                 answers
             ])
             .map_err(backend)?;
+            if let Some(turn) = turn {
+                // A new user turn: the earlier turns' answers can never
+                // match again (their keys name their turn).
+                tx.prepare_cached("DELETE FROM ledger WHERE session_id = ?1 AND key NOT LIKE ?2")
+                    .map_err(backend)?
+                    .execute(params![id.as_str(), format!("t{turn}:%")])
+                    .map_err(backend)?;
+            }
             tx.commit().map_err(backend)
         })
         .await

@@ -57,6 +57,18 @@ async fn a_session_round_trips_through_the_store() {
         stored.snapshot.policy.ledger, expected.policy.ledger,
         "the ledger"
     );
+    assert!(
+        !stored.snapshot.policy.ledger.is_empty()
+            && stored.snapshot.policy.ledger.iter().all(|e| e.turn == 2),
+        "only the current turn's answers are kept: {:?}",
+        stored
+            .snapshot
+            .policy
+            .ledger
+            .iter()
+            .map(|e| &e.key)
+            .collect::<Vec<_>>()
+    );
     assert_eq!(
         stored.snapshot.policy.repeats, expected.policy.repeats,
         "the loop guard's counts"
