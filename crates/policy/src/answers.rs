@@ -4,7 +4,7 @@
 //! A model gives new call ids every time it is asked, so a resumed step that
 //! called the model again would make new calls, and a completed side effect
 //! would run a second time. The answer is therefore recorded — durably,
-//! through the conversation's [`LedgerJournal`](crate::LedgerJournal) —
+//! through the conversation's [`Journal`](crate::Journal) —
 //! before the first of its tools runs, and a leaf asked for the same answer
 //! again (the same instance over the same history) gets the recorded one
 //! instead of a new model call: the same calls, with the same ids, answered

@@ -46,7 +46,7 @@ pub use metadata::{Category, Mode, ToolMetadata};
 pub use repeat::{LoopGuard, Repeat, RepeatCounts, RepeatRecord};
 pub use service::{BoxToolService, CallReport, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
-pub use state::{LedgerJournal, PolicyCounters, PolicySnapshot, PolicyState};
+pub use state::{Journal, PolicyCounters, PolicySnapshot, PolicyState};
 pub use timeout::TimeoutLayer;
 pub use tools::{
     Executed, PolicyConfig, RegistryBinding, RegistryError, RegistrySession, ToolRegistry,

@@ -23,10 +23,12 @@ use crate::confirm::{ApprovalRecord, Approvals};
 use crate::idempotency::{IdempotencyLedger, IdempotencyLimits, LedgerEntry};
 use crate::repeat::{RepeatCounts, RepeatRecord};
 
-/// Where answered calls are written before their result is used: a store
-/// implements it so that a crash between a tool's side effect and the step's
-/// commit cannot make a resumed conversation run the call again.
-pub trait LedgerJournal: Send + Sync {
+/// Where a conversation writes, ahead of their use, the model's answers
+/// before their tools run and the answered calls before their results are
+/// used: a store implements it so that a crash between a tool's side effect
+/// and the step's commit cannot make a resumed conversation run the call
+/// again, nor ask the model for new calls.
+pub trait Journal: Send + Sync {
     /// Writes `entry` durably. An error is logged; the result is still
     /// used (the side effect already happened).
     fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>>;
@@ -60,7 +62,7 @@ pub struct PolicyState {
     budgets: TurnBudgets,
     repeats: RepeatCounts,
     answers: PendingAnswers,
-    journal: Mutex<Option<Arc<dyn LedgerJournal>>>,
+    journal: Mutex<Option<Arc<dyn Journal>>>,
 }
 
 impl std::fmt::Debug for PolicyState {
@@ -188,12 +190,12 @@ impl PolicyState {
     }
 
     /// Writes every answered call to `journal` before its result is used.
-    pub fn set_journal(&self, journal: Arc<dyn LedgerJournal>) {
+    pub fn set_journal(&self, journal: Arc<dyn Journal>) {
         *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(journal);
     }
 
     /// The journal, if one is set.
-    pub fn journal(&self) -> Option<Arc<dyn LedgerJournal>> {
+    pub fn journal(&self) -> Option<Arc<dyn Journal>> {
         self.journal
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -11,7 +11,7 @@ use markov_executor::{
     MachineOptions, MachineStep, RunError, RunOptions, RunState, SerializeError,
     deserialize_machine, run_command, run_leaves, serialize_instance_tree, serialize_machine,
 };
-use markov_policy::{LedgerEntry, LedgerJournal, PolicyCounters, RecordedAnswer};
+use markov_policy::{Journal, LedgerEntry, PolicyCounters, RecordedAnswer};
 use markov_runtime::charter::Charter;
 use tracing::Instrument;
 
@@ -67,7 +67,7 @@ struct StoreJournal<S: ?Sized> {
     lease: Arc<LeaseWatch>,
 }
 
-impl<S: Store + ?Sized> LedgerJournal for StoreJournal<S> {
+impl<S: Store + ?Sized> Journal for StoreJournal<S> {
     fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
             self.store

@@ -17,7 +17,7 @@ use markov_executor::{
     Action, Instance, Machine, MachineOptions, RunOptions, RunState, StandardExecutor,
     deserialize_machine, run_leaves, serialize_machine,
 };
-use markov_policy::{LedgerEntry, LedgerJournal, RecordedAnswer};
+use markov_policy::{Journal, LedgerEntry, RecordedAnswer};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_testkit::ScriptedModel;
@@ -30,9 +30,9 @@ struct Kept {
     ledger: Mutex<Vec<LedgerEntry>>,
 }
 
-struct Journal(Arc<Kept>);
+struct AppJournal(Arc<Kept>);
 
-impl LedgerJournal for Journal {
+impl Journal for AppJournal {
     fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>> {
         self.0.ledger.lock().expect("lock").push(entry.clone());
         Box::pin(async { Ok(()) })
@@ -113,7 +113,7 @@ async fn a_restored_snapshot_answers_the_recorded_calls_and_runs_no_completed_on
     let kept = Arc::new(Kept::default());
     machine
         .policy_state()
-        .set_journal(Arc::new(Journal(Arc::clone(&kept))));
+        .set_journal(Arc::new(AppJournal(Arc::clone(&kept))));
     machine.enqueue_user("charge it");
 
     // What the application saved before the step: the snapshot, the run.

@@ -555,7 +555,7 @@ impl Tool for Slow {
     }
 }
 
-fn slow_then_pay(dir: &Dir, ms: u64) -> Machine {
+fn slow_then_pay_machine(dir: &Dir, ms: u64) -> Machine {
     let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
         .register(Slow, ToolMetadata::new(Category::Other))
         .register(
@@ -580,22 +580,33 @@ fn slow_then_pay(dir: &Dir, ms: u64) -> Machine {
     .expect("machine")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tool_longer_than_the_lease_keeps_it() {
-    let dir = Dir::new("heartbeat");
-    let store = store(&dir);
-    let id = SessionId::new("long");
+/// Creates session `id` for worker `first` with a 300 ms lease and runs,
+/// in a task of its own, a turn that works for `ms` and then pays.
+async fn run_slow_then_pay(
+    dir: &Dir,
+    store: &Arc<SqliteStore>,
+    id: &SessionId,
+    ms: u64,
+) -> tokio::task::JoinHandle<Result<(), DurableError>> {
     let mut session = DurableMachine::create_with_lease(
         store.clone(),
         id.clone(),
         WorkerId::new("first"),
-        slow_then_pay(&dir, 1500),
+        slow_then_pay_machine(dir, ms),
         Duration::from_millis(300),
     )
     .await
     .expect("created");
     session.machine().enqueue_user("pay 1");
-    let run = tokio::spawn(async move { session.run(RunOptions::default()).await.map(|_| ()) });
+    tokio::spawn(async move { session.run(RunOptions::default()).await.map(|_| ()) })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_longer_than_the_lease_keeps_it() {
+    let dir = Dir::new("heartbeat");
+    let store = store(&dir);
+    let id = SessionId::new("long");
+    let run = run_slow_then_pay(&dir, &store, &id, 1500).await;
     // Another worker keeps trying while the slow tool runs five leases long.
     for _ in 0..25 {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -620,17 +631,7 @@ async fn a_worker_that_lost_its_lease_runs_nothing_more_and_says_so() {
     let dir = Dir::new("lost-lease");
     let store = store(&dir);
     let id = SessionId::new("stolen");
-    let mut session = DurableMachine::create_with_lease(
-        store.clone(),
-        id.clone(),
-        WorkerId::new("first"),
-        slow_then_pay(&dir, 1000),
-        Duration::from_millis(300),
-    )
-    .await
-    .expect("created");
-    session.machine().enqueue_user("pay 1");
-    let run = tokio::spawn(async move { session.run(RunOptions::default()).await.map(|_| ()) });
+    let run = run_slow_then_pay(&dir, &store, &id, 1000).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     // An operator (or a bug elsewhere) hands the session to another worker
     // while the slow tool runs.
