@@ -18,7 +18,8 @@ pub use rehearsal::Rehearsal;
 
 use std::sync::Arc;
 
-use markov_core::model::Model;
+use markov_core::model::{Model, ModelSettings};
+use markov_executor::{Agent, AgentBuilder};
 use markov_providers::{Anthropic, OpenAi};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
@@ -76,6 +77,20 @@ pub fn pick_model_or(
                  this run is a rehearsal, not a real model)"
         .to_owned();
     Ok((rehearsal, label))
+}
+
+/// The demo agent on `model`, with its two tools: add more tools (an MCP
+/// server's) or policies, then build it.
+pub fn demo_agent(model: Arc<dyn Model>) -> AgentBuilder {
+    Agent::builder("cities")
+        .instructions(INSTRUCTIONS)
+        .tool(tools::Add)
+        .tool(tools::Population)
+        .shared_model(model)
+        .settings(ModelSettings {
+            model: model_override(),
+            ..ModelSettings::default()
+        })
 }
 
 /// What a model with the two tools would do: look both cities up, add,

@@ -30,13 +30,9 @@ use std::process::ExitCode;
 
 use futures::StreamExt;
 use markov_core::message::{Item, Message};
-use markov_executor::{Instance, Machine, RunError, RunOptions, StandardExecutor, run_machine};
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use serde_json::json;
+use markov_executor::{BuildError, RunError, RunOptions, run_machine};
 
-use markov_cli::tools::{Add, Population};
-use markov_cli::{INSTRUCTIONS, QUESTION, model_override, pick_model};
+use markov_cli::{QUESTION, demo_agent, pick_model};
 
 /// Why the demo stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -44,10 +40,10 @@ enum DemoError {
     /// A provider client could not be built from the environment.
     #[error("cannot configure the model: {0}")]
     Provider(#[from] markov_providers::ConfigError),
-    /// The node or charter is invalid.
+    /// The agent is invalid.
     #[error("invalid agent: {0}")]
-    Agent(#[from] markov_runtime::ConfigError),
-    /// The machine could not be built, or the run failed.
+    Agent(#[from] BuildError),
+    /// The run failed.
     #[error("the run failed: {0}")]
     Run(#[from] RunError),
     /// The MCP server could not be reached or listed.
@@ -113,10 +109,7 @@ async fn demo() -> Result<(), DemoError> {
     let spec = mcp_spec()?;
     let (model, label) = pick_model()?;
     println!("{label}");
-    let mut node = Node::builder(INSTRUCTIONS)
-        .name("cities")
-        .tool(Add)
-        .tool(Population);
+    let mut agent = demo_agent(model);
     let mcp = match spec {
         Some(spec) => {
             let config = markov_mcp::McpServerConfig::parse(&spec)?.prefix("mcp_");
@@ -125,24 +118,13 @@ async fn demo() -> Result<(), DemoError> {
             let names: Vec<&str> = tools.iter().map(|t| t.definition().name.as_str()).collect();
             println!("mcp: {}: {}", client.label(), names.join(", "));
             for tool in tools {
-                node = node.shared_tool(tool);
+                agent = agent.shared_tool(tool);
             }
             Some(client)
         }
         None => None,
     };
-    let node = node.build()?;
-    let charter = Charter::builder("demo")
-        .node("cities", node.clone())
-        .build()?;
-    let mut machine = Machine::new(
-        charter,
-        StandardExecutor::shared(model).with_settings(markov_core::model::ModelSettings {
-            model: model_override(),
-            ..markov_core::model::ModelSettings::default()
-        }),
-        Instance::new(node, json!({})),
-    )?;
+    let mut machine = agent.build()?.machine();
     machine.enqueue_user(QUESTION);
     let mut steps = std::pin::pin!(run_machine(&mut machine, RunOptions::default()));
     let mut n = 0;

@@ -37,7 +37,7 @@
 //! ```
 #![deny(missing_docs)]
 
-mod builder;
+mod agent;
 pub mod client;
 mod command;
 mod effect;
@@ -55,7 +55,7 @@ mod step;
 pub mod stream;
 mod typed;
 
-pub use builder::MachineBuilder;
+pub use agent::{Agent, AgentBuilder, BuildError};
 pub use client::{
     DisplayInstance, DryClientInstance, MachineContract, assert_contract, display_instance,
     dry_client_instance, find_command, is_command_item,

@@ -13,6 +13,7 @@ use crate::executor::Executor;
 use crate::externalize::Externals;
 use crate::instance::Instance;
 use crate::queue::{OnEnqueue, Queue};
+use crate::run::RunOptions;
 
 /// The unit of persistence: definitions plus everything a conversation accumulated.
 pub struct Machine {
@@ -30,6 +31,8 @@ pub struct Machine {
     pub(crate) policy: Arc<PolicyState>,
     /// The application's value for the machine's runs; never serialized.
     pub(crate) deps: Option<Arc<markov_core::tool::Deps>>,
+    /// The limits of [`Machine::run`] (the agent's).
+    pub(crate) run_options: RunOptions,
 }
 
 impl fmt::Debug for Machine {
@@ -81,9 +84,8 @@ impl Machine {
         root: Instance,
         options: MachineOptions,
     ) -> Result<Self, RunError> {
-        let mut root = Arc::new(root);
-        let all = root.all()?;
-        for instance in &all {
+        let root = Arc::new(root);
+        for instance in &root.all()? {
             instance
                 .node()
                 .schema()
@@ -95,21 +97,53 @@ impl Machine {
             // Nodes the charter does not register were not checked when it was built.
             charter.check(instance.node())?;
         }
-        let nodes: Vec<_> = all.iter().map(|i| i.node().clone()).collect();
+        let mut machine = Self::assemble(charter, executor, root, RunOptions::default());
+        machine.history = options.history;
+        machine.queue = Queue::new(options.on_enqueue);
+        Ok(machine)
+    }
+
+    /// A machine on an agent's validated start: its node and state were
+    /// checked when the agent was built.
+    pub(crate) fn fresh(
+        charter: Charter,
+        executor: Arc<dyn Executor>,
+        root: Instance,
+        run_options: RunOptions,
+    ) -> Self {
+        Self::assemble(charter, executor, Arc::new(root), run_options)
+    }
+
+    /// The machine over a checked tree: packs hoisted to the root and the
+    /// externalized scopes registered.
+    fn assemble(
+        charter: Charter,
+        executor: Arc<dyn Executor>,
+        mut root: Arc<Instance>,
+        run_options: RunOptions,
+    ) -> Self {
+        // The tree was walked (depth and cycles checked) before it came here.
+        let mut nodes = Vec::new();
+        let mut stack = vec![Arc::clone(&root)];
+        while let Some(instance) = stack.pop() {
+            nodes.push(instance.node().clone());
+            stack.extend(instance.children.iter().cloned());
+        }
         hoist_packs(&mut root, nodes.iter());
         let mut machine = Machine {
             charter,
             executor,
             root,
-            history: options.history,
+            history: Vec::new(),
             history_id: markov_core::model::HistoryId::fresh(),
-            queue: Queue::new(options.on_enqueue),
+            queue: Queue::new(None),
             externals: Externals::default(),
             policy: Arc::new(PolicyState::new()),
             deps: None,
+            run_options,
         };
         machine.sync_externalized();
-        Ok(machine)
+        machine
     }
 
     /// Synchronises externalized state with the tree: writes
@@ -173,6 +207,27 @@ impl Machine {
     pub fn with_deps<T: std::any::Any + Send + Sync>(mut self, deps: T) -> Self {
         self.set_deps(deps);
         self
+    }
+
+    /// The limits of [`run`](Self::run) (its agent's, else the defaults).
+    pub fn run_options(&self) -> &RunOptions {
+        &self.run_options
+    }
+
+    pub(crate) fn set_run_options(&mut self, options: RunOptions) {
+        self.run_options = options;
+    }
+
+    /// Runs the machine to the end of the turn within its agent's limits
+    /// and returns the last step. Input must be enqueued first.
+    pub async fn run(&mut self) -> Result<crate::MachineStep, RunError> {
+        let options = self.run_options.clone();
+        crate::run::run_to_completion(self, options).await
+    }
+
+    /// [`run`](Self::run) with other limits.
+    pub async fn run_with(&mut self, options: RunOptions) -> Result<crate::MachineStep, RunError> {
+        crate::run::run_to_completion(self, options).await
     }
 
     /// The queue (clone it to enqueue from another task).

@@ -355,6 +355,7 @@ pub fn deserialize_machine(
             &IdempotencyLimits::default(),
         )),
         deps: None,
+        run_options: crate::run::RunOptions::default(),
     };
     machine.sync_externalized();
     Ok(machine)

@@ -85,30 +85,29 @@ impl Machine {
     ///
     /// ```
     /// # use std::sync::Arc;
-    /// use markov_executor::{Instance, Machine, RunOptions, StandardExecutor};
-    /// use markov_runtime::{charter::Charter, node::{Node, OutputConfig}};
+    /// use markov_executor::Agent;
     /// use markov_testkit::ScriptedModel;
     /// use serde::Deserialize;
-    /// use serde_json::json;
     ///
     /// #[derive(Deserialize, schemars::JsonSchema)]
     /// struct Answer { value: i64 }
     ///
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-    /// let node = Node::builder("Answer in JSON.").output(OutputConfig::of::<Answer>()).build().unwrap();
-    /// let charter = Charter::builder("typed").node("main", node.clone()).build().unwrap();
-    /// let model = ScriptedModel::builder().text("forty-two").text(r#"{"value": 42}"#).build();
-    /// let mut machine = Machine::new(charter, StandardExecutor::new(model), Instance::new(node, json!({}))).unwrap();
+    /// let agent = Agent::builder("typed")
+    ///     .instructions("Answer in JSON.")
+    ///     .output::<Answer>()
+    ///     .model(ScriptedModel::builder().text("forty-two").text(r#"{"value": 42}"#).build())
+    ///     .build()
+    ///     .unwrap();
+    /// let mut machine = agent.machine();
     /// machine.enqueue_user("What is six times seven?");
-    /// let answer = machine.run_typed::<Answer>(RunOptions::default()).await.unwrap();
+    /// let answer = machine.run_typed::<Answer>().await.unwrap();
     /// assert_eq!(answer.value.value, 42);
     /// assert_eq!(answer.attempts, 2);
     /// # });
     /// ```
-    pub async fn run_typed<T: DeserializeOwned>(
-        &mut self,
-        options: RunOptions,
-    ) -> Result<Typed<T>, TypedRunError> {
+    pub async fn run_typed<T: DeserializeOwned>(&mut self) -> Result<Typed<T>, TypedRunError> {
+        let options = self.run_options().clone();
         self.run_typed_with(options, DEFAULT_TYPED_RETRIES).await
     }
 

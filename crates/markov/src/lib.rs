@@ -12,8 +12,9 @@
 //! }
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! let mut machine = Machine::builder("calculator")
-//!     .node("calc", Node::builder("You do arithmetic with your tools.").tool(Add).build()?)
+//! let agent = Agent::builder("calculator")
+//!     .instructions("You do arithmetic with your tools.")
+//!     .tool(Add)
 //!     .model(
 //!         ScriptedModel::builder()
 //!             .tool_call("add", json!({"a": 2, "b": 3}))
@@ -21,8 +22,9 @@
 //!             .build(),
 //!     )
 //!     .build()?;
+//! let mut machine = agent.machine();
 //! machine.enqueue_user("What is 2 + 3?");
-//! let last = machine.run(RunOptions::default()).await?;
+//! let last = machine.run().await?;
 //! assert!(last.done);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! # }).unwrap();
@@ -68,8 +70,7 @@ pub mod prelude {
     pub use markov_core::tool::{TerminateResponse, Tool, ToolContext, ToolReply};
     pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice};
     pub use markov_executor::{
-        Instance, Machine, MachineStep, RunError, RunOptions, StandardExecutor, YieldReason,
-        run_machine,
+        Agent, BuildError, Machine, MachineStep, RunError, RunOptions, YieldReason, run_machine,
     };
     pub use markov_macros::tool;
     pub use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};

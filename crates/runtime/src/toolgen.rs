@@ -2,7 +2,9 @@
 //!
 //! [`generate_tools`] lists, in this order:
 //!
-//! 1. [`UPDATE_STATE`], whose `patch` is the node's partial state schema;
+//! 1. [`UPDATE_STATE`], whose `patch` is the node's partial state schema
+//!    (for a node that has state, or every node in the
+//!    [`PromptStyle::Upstream`] style);
 //! 2. one [`TRANSITION`] tool choosing among the transitions without arguments
 //!    (omitted when there are none), then one `transition_<name>` tool per
 //!    transition with arguments (code with an argument schema, every general
@@ -44,6 +46,7 @@
 use markov_core::tool::{ProviderTool, ToolDefinition};
 use serde_json::{Map, Value, json};
 
+use crate::charter::PromptStyle;
 use crate::charter::{AncestorView, Charter};
 use crate::define::error::ConfigError;
 use crate::node::Node;
@@ -88,7 +91,10 @@ pub fn generate_tools(
     ancestors: &[AncestorView<'_>],
     is_worker: bool,
 ) -> Result<Vec<ToolDefinition>, ConfigError> {
-    let mut tools = vec![update_state_tool(node)?];
+    let mut tools = Vec::new();
+    if charter.prompt_style() == PromptStyle::Upstream || node.has_state() {
+        tools.push(update_state_tool(node)?);
+    }
 
     let mut without_args = Vec::new();
     let mut with_args = Vec::new();

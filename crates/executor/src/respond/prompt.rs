@@ -69,7 +69,7 @@ use std::io::Write as _;
 use markov_core::tool::ToolDefinition;
 use serde_json::Value;
 
-use markov_runtime::charter::{AncestorView, PromptInput};
+use markov_runtime::charter::{AncestorView, PromptInput, PromptStyle};
 use markov_runtime::transition::Transition;
 
 /// The line that always ends the "Available Transitions" section.
@@ -134,10 +134,19 @@ impl Prompt {
             self.text("\n\n");
         }
         self.text(input.node.instructions());
-        self.section("## Current Node State\n```json\n");
-        self.pretty(input.state);
-        self.text("\n```");
-        self.transitions(input.node.transitions());
+        let upstream = input.charter.prompt_style() == PromptStyle::Upstream;
+        let empty_state = input
+            .state
+            .as_object()
+            .is_some_and(serde_json::Map::is_empty);
+        if upstream || input.node.has_state() || !empty_state {
+            self.section("## Current Node State\n```json\n");
+            self.pretty(input.state);
+            self.text("\n```");
+        }
+        if upstream || !input.node.transitions().is_empty() {
+            self.transitions(input.node.transitions());
+        }
         self.terminal_tools(offered_tools);
         self.ancestors(input.ancestors);
         self.packs(input);

@@ -100,7 +100,7 @@ async fn a_provider_tool_call_ends_the_turn_and_round_trips() {
     assert_eq!(requests.len(), 3);
     for request in &requests {
         assert_eq!(request.provider_tools, vec![web_search()]);
-        assert_eq!(request.tool_names(), ["updateState", "add"]);
+        assert_eq!(request.tool_names(), ["add"]);
     }
     let sent: Vec<&Item> = requests[1]
         .messages

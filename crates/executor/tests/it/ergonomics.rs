@@ -114,10 +114,7 @@ async fn a_typed_run_asks_again_when_the_answer_does_not_parse() {
     );
     let mut m = machine(|c| c, typed_node(), json!({}), model.clone());
     m.enqueue_user("six times seven?");
-    let typed = m
-        .run_typed::<Answer>(RunOptions::default())
-        .await
-        .expect("a typed answer");
+    let typed = m.run_typed::<Answer>().await.expect("a typed answer");
     assert_eq!(typed.value, Answer { value: 42 });
     assert_eq!(typed.attempts, 2);
     let asked_again = &model.requests()[1].messages;

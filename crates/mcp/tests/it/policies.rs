@@ -4,11 +4,11 @@ use std::sync::Arc;
 
 use markov_core::ToolCallId;
 use markov_core::tool::{NoState, ToolContext};
-use markov_executor::{Machine, RunOptions};
+use markov_executor::Agent;
 use markov_mcp::McpClient;
 use markov_policy::{
     ApprovalId, Budget, CONFIRMATION_TOKEN, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
-    TurnBudgetState,
+    ToolRegistryBuilder, TurnBudgetState,
 };
 use markov_runtime::node::Node;
 use markov_testkit::ScriptedModel;
@@ -16,16 +16,25 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 
+async fn registry_builder(
+    client: &McpClient,
+    budget: Budget,
+    metadata: impl Fn(&markov_mcp::McpTool) -> ToolMetadata,
+) -> ToolRegistryBuilder {
+    client
+        .register(ToolRegistry::builder(PolicyConfig::new(budget)), metadata)
+        .await
+        .expect("registers")
+}
+
 async fn registry(
     client: &McpClient,
     budget: Budget,
     metadata: impl Fn(&markov_mcp::McpTool) -> ToolMetadata,
 ) -> Arc<ToolRegistry> {
     Arc::new(
-        client
-            .register(ToolRegistry::builder(PolicyConfig::new(budget)), metadata)
+        registry_builder(client, budget, metadata)
             .await
-            .expect("registers")
             .lock()
             .expect("locks"),
     )
@@ -34,7 +43,7 @@ async fn registry(
 #[tokio::test]
 async fn a_mode_refusal_and_a_schema_invalid_call_never_reach_the_server() {
     let client = McpClient::connect(stdio_config()).await.expect("connects");
-    let registry = registry(&client, Budget::UNLIMITED, |tool| {
+    let registry = registry_builder(&client, Budget::UNLIMITED, |tool| {
         let meta = McpClient::default_metadata(tool);
         if tool.remote_name() == "die" {
             meta.with_modes([Mode::VOICE])
@@ -55,14 +64,15 @@ async fn a_mode_refusal_and_a_schema_invalid_call_never_reach_the_server() {
         ])
         .text("done")
         .build();
-    let mut machine = Machine::builder("mcp")
+    let mut machine = Agent::builder("mcp")
         .node("main", node.build().expect("node builds"))
         .model(model)
-        .registry(registry, Mode::TEXT)
+        .registry(registry)
         .build()
-        .expect("machine builds");
+        .expect("agent builds")
+        .machine();
     machine.enqueue_user("go");
-    machine.run(RunOptions::default()).await.expect("runs");
+    machine.run().await.expect("runs");
     let results = results(machine.history());
     assert_eq!(
         error_type(&results[0].0).as_deref(),

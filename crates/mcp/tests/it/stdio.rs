@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use markov_core::ToolCallId;
 use markov_core::tool::{NoState, SharedTool, ToolCallError, ToolContext, ToolOutcome};
-use markov_executor::{Machine, RunOptions};
+use markov_executor::Agent;
 use markov_mcp::{McpClient, McpError, ToolFilter};
 use markov_runtime::node::Node;
 use markov_testkit::ScriptedModel;
@@ -159,13 +159,14 @@ async fn a_machine_offers_and_calls_mcp_tools_and_passes_the_idempotency_key() {
             .text("42")
             .build(),
     );
-    let mut machine = Machine::builder("mcp")
+    let mut machine = Agent::builder("mcp")
         .node("main", node.build().expect("node builds"))
         .shared_model(model.clone())
         .build()
-        .expect("machine builds");
+        .expect("agent builds")
+        .machine();
     machine.enqueue_user("add");
-    let last = machine.run(RunOptions::default()).await.expect("runs");
+    let last = machine.run().await.expect("runs");
     assert!(last.done);
     let offered: Vec<String> = model.requests()[0]
         .tools

@@ -101,7 +101,11 @@ fn check_requests(requests: &[Recorded], streamed: bool) {
             .iter()
             .map(|t| t["name"].as_str().expect("tool name"))
             .collect();
-        for name in ["updateState", "add", "respond", "finish"] {
+        assert!(
+            !tools.contains(&"updateState"),
+            "a node without state is offered updateState: {tools:?}"
+        );
+        for name in ["add", "respond", "finish"] {
             assert!(tools.contains(&name), "{name} missing from {tools:?}");
         }
         let system = system_text(&body);

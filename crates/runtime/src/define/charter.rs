@@ -69,7 +69,24 @@ struct CharterInner {
     nodes: Vec<(String, Node)>,
     packs: Vec<Pack>,
     prompt_builder: Option<Arc<PromptBuilderFn>>,
+    prompt_style: PromptStyle,
     loop_guard: markov_policy::LoopGuard,
+}
+
+/// What the default system prompt and the built-in tools show a node.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PromptStyle {
+    /// Only what applies: the state section and `updateState` for a node
+    /// that has state ([`Node::has_state`]) or a non-empty state, the
+    /// transitions section for a node that has transitions. Empty sections
+    /// cost tokens and confuse small models.
+    #[default]
+    Concise,
+    /// Every section and `updateState` for every node, exactly as
+    /// markov-machines writes them ("Current Node State {}", "Available
+    /// Transitions None").
+    Upstream,
 }
 
 /// The static, shareable registry. Cheap to clone.
@@ -103,6 +120,7 @@ impl Charter {
             nodes: Vec::new(),
             packs: Vec::new(),
             prompt_builder: None,
+            prompt_style: PromptStyle::default(),
             loop_guard: markov_policy::LoopGuard::default(),
             errors: Vec::new(),
         }
@@ -117,6 +135,11 @@ impl Charter {
     /// The charter's name.
     pub fn name(&self) -> &str {
         &self.0.name
+    }
+
+    /// What the default prompt and built-in tools show a node.
+    pub fn prompt_style(&self) -> PromptStyle {
+        self.0.prompt_style
     }
 
     /// Instructions prepended to every default system prompt.
@@ -350,6 +373,7 @@ pub struct CharterBuilder {
     nodes: Vec<(String, Node)>,
     packs: Vec<Pack>,
     prompt_builder: Option<Arc<PromptBuilderFn>>,
+    prompt_style: PromptStyle,
     loop_guard: markov_policy::LoopGuard,
     errors: Vec<ConfigError>,
 }
@@ -429,6 +453,14 @@ impl CharterBuilder {
         self
     }
 
+    /// What the default prompt and the built-in tools show a node
+    /// ([`PromptStyle::Concise`] unless set).
+    #[must_use]
+    pub fn prompt_style(mut self, style: PromptStyle) -> Self {
+        self.prompt_style = style;
+        self
+    }
+
     /// Validates and freezes the charter.
     pub fn build(mut self) -> Result<Charter, ConfigError> {
         if let Some(e) = self.errors.drain(..).next() {
@@ -467,6 +499,7 @@ impl CharterBuilder {
             nodes: self.nodes,
             packs: self.packs,
             prompt_builder: self.prompt_builder,
+            prompt_style: self.prompt_style,
             loop_guard: self.loop_guard,
         }));
         let mut seen = HashSet::new();

@@ -151,6 +151,8 @@ pub(crate) struct NodeInner {
     pub(crate) name: Option<String>,
     pub(crate) instructions: String,
     pub(crate) schema: Arc<dyn StateSchema>,
+    /// Whether the node was given a state type or schema.
+    pub(crate) stateful: bool,
     pub(crate) tools: ToolSet,
     pub(crate) provider_tools: Vec<ProviderTool>,
     pub(crate) transitions: Vec<(String, Transition)>,
@@ -207,6 +209,14 @@ impl Node {
     /// The instructions.
     pub fn instructions(&self) -> &str {
         &self.0.instructions
+    }
+
+    /// Whether the node has state of its own: a state type or schema was
+    /// given. By default only such a node is offered `updateState` and
+    /// shown its state in the prompt
+    /// ([`PromptStyle`](crate::charter::PromptStyle)).
+    pub fn has_state(&self) -> bool {
+        self.0.stateful
     }
 
     /// The state schema.
@@ -312,6 +322,7 @@ pub struct NodeBuilder {
     name: Option<String>,
     instructions: String,
     schema: Arc<dyn StateSchema>,
+    stateful: bool,
     tools: Vec<SharedTool>,
     provider_tools: Vec<ProviderTool>,
     transitions: Vec<(String, Transition)>,
@@ -338,6 +349,7 @@ impl NodeBuilder {
             name: None,
             instructions: instructions.into(),
             schema: Arc::new(AnyObject),
+            stateful: false,
             tools: Vec::new(),
             provider_tools: Vec::new(),
             transitions: Vec::new(),
@@ -369,6 +381,7 @@ impl NodeBuilder {
         S: Serialize + DeserializeOwned + JsonSchema + 'static,
     {
         self.schema = Arc::new(TypedState::<S>::new());
+        self.stateful = true;
         self.initial_state = Some(serde_json::to_value(initial).map_err(|e| e.to_string()));
         self
     }
@@ -380,6 +393,7 @@ impl NodeBuilder {
         S: Serialize + DeserializeOwned + JsonSchema + 'static,
     {
         self.schema = Arc::new(TypedState::<S>::new());
+        self.stateful = true;
         self.initial_state = None;
         self
     }
@@ -388,6 +402,7 @@ impl NodeBuilder {
     #[must_use]
     pub fn schema(mut self, schema: Arc<dyn StateSchema>, initial: Option<Value>) -> Self {
         self.schema = schema;
+        self.stateful = true;
         self.initial_state = initial.map(Ok);
         self
     }
@@ -624,6 +639,7 @@ impl NodeBuilder {
             name: self.name,
             instructions: self.instructions,
             schema: self.schema,
+            stateful: self.stateful,
             tools,
             provider_tools: self.provider_tools,
             transitions: self.transitions,

@@ -4,7 +4,7 @@ use std::convert::Infallible;
 
 use markov_core::tool::{Tool, ToolContext, ToolDefinition};
 use markov_runtime::ConfigError;
-use markov_runtime::charter::{AncestorView, Charter};
+use markov_runtime::charter::{AncestorView, Charter, PromptStyle};
 use markov_runtime::node::Node;
 use markov_runtime::pack::Pack;
 use markov_runtime::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE, generate_tools};
@@ -66,6 +66,7 @@ fn code_with(description: &str, arguments: Option<Value>) -> Transition {
 
 fn charter() -> Charter {
     Charter::builder("test")
+        .prompt_style(PromptStyle::Upstream)
         .tool(CharterLookup)
         .tool(Clock)
         .transition("goBack", code_with("Go back", None))
@@ -593,6 +594,7 @@ fn argument_named_reason_is_required_once() {
 #[test]
 fn ref_to_a_transition_with_arguments_gets_a_named_tool() {
     let charter = Charter::builder("test")
+        .prompt_style(PromptStyle::Upstream)
         .transition("shared", Transition::general("Shared general"))
         .build()
         .expect("charter builds");

@@ -8,7 +8,7 @@ use crate::respond::pipeline::{LeafView, ToolCall, run_tool_calls};
 use markov_core::tool::{ProviderTool, Tool, ToolContext, ToolDefinition};
 use markov_core::{InstanceId, Item, Message};
 use markov_runtime::ConfigError;
-use markov_runtime::charter::{AncestorView, Charter};
+use markov_runtime::charter::{AncestorView, Charter, PromptStyle};
 use markov_runtime::node::Node;
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools};
 use schemars::JsonSchema;
@@ -59,7 +59,10 @@ fn names(tools: &[ToolDefinition]) -> Vec<&str> {
 }
 
 fn charter() -> Charter {
-    Charter::builder("test").build().expect("charter builds")
+    Charter::builder("test")
+        .prompt_style(PromptStyle::Upstream)
+        .build()
+        .expect("charter builds")
 }
 
 #[test]
@@ -147,6 +150,7 @@ fn ancestors_provider_tools_are_offered_with_shadowing() {
     // A nearer provider tool hides a farther executable tool of that name,
     // the charter's included.
     let charter = Charter::builder("test")
+        .prompt_style(PromptStyle::Upstream)
         .tool(CharterCode)
         .build()
         .expect("charter builds");
@@ -236,4 +240,29 @@ async fn the_pipeline_skips_provider_tool_calls() {
     assert_eq!(outcome.result_states_known.len(), 2);
     assert_eq!(outcome.result_items().len(), 2);
     assert!(outcome.replies.is_empty());
+}
+
+/// By default `updateState` is offered only to a node that has state.
+#[test]
+fn update_state_is_offered_only_to_a_node_with_state() {
+    #[derive(serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+    struct Topic {
+        topic: String,
+    }
+    let charter = Charter::builder("test").build().expect("charter builds");
+    let plain = Node::builder("Search.")
+        .tool(Lookup)
+        .build()
+        .expect("node builds");
+    let tools = generate_tools(&charter, &plain, &[], false).expect("tools generate");
+    assert_eq!(names(&tools), ["lookup"]);
+    let stateful = Node::builder("Search.")
+        .state(Topic {
+            topic: "rust".into(),
+        })
+        .tool(Lookup)
+        .build()
+        .expect("node builds");
+    let tools = generate_tools(&charter, &stateful, &[], false).expect("tools generate");
+    assert_eq!(names(&tools), ["updateState", "lookup"]);
 }

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::respond::prompt::{STEP_WARNING_CRITICAL, system_prompt};
 use expect_test::expect;
 use markov_core::tool::ToolDefinition;
-use markov_runtime::charter::{AncestorView, Charter, PromptInput};
+use markov_runtime::charter::{AncestorView, Charter, PromptInput, PromptStyle};
 use markov_runtime::node::Node;
 use markov_runtime::pack::Pack;
 use markov_runtime::transition::Transition;
@@ -28,7 +28,10 @@ struct Mode {
 const IMPORTANT: &str = "**Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently.";
 
 fn plain_charter() -> Charter {
-    Charter::builder("test").build().expect("charter builds")
+    Charter::builder("test")
+        .prompt_style(PromptStyle::Upstream)
+        .build()
+        .expect("charter builds")
 }
 
 fn counter_node() -> Node {
@@ -372,6 +375,7 @@ fn step_warnings_follow_remaining_steps() {
 #[test]
 fn charter_instructions_are_prepended() {
     let charter = Charter::builder("test")
+        .prompt_style(PromptStyle::Upstream)
         .instructions("You are helpful.")
         .build()
         .expect("charter builds");
@@ -398,6 +402,7 @@ fn custom_builder_is_used_verbatim_with_unchanged_inputs() {
     let seen: Arc<Mutex<Option<Seen>>> = Arc::new(Mutex::new(None));
     let record = Arc::clone(&seen);
     let charter = Charter::builder("test")
+        .prompt_style(PromptStyle::Upstream)
         .instructions("Never shown.")
         .system_prompt(move |input: &PromptInput<'_>| {
             *record.lock().expect("lock") = Some(Seen {
@@ -535,4 +540,30 @@ fn no_step_warning_when_a_step_value_is_zero() {
     assert_eq!(step_warning(0, 10), None);
     assert_eq!(step_warning(1, 0), None);
     assert_eq!(step_warning(3, 3), Some(STEP_WARNING_CRITICAL));
+}
+
+/// The default style writes only what applies to the node.
+#[test]
+fn a_node_without_state_or_transitions_gets_no_empty_sections() {
+    let charter = Charter::builder("test").build().expect("charter builds");
+    let node = Node::builder("You help.").build().expect("node builds");
+    let prompt = simple(&charter, &node, &json!({}), (1, 10));
+    expect![[r#"You help."#]].assert_eq(&prompt);
+}
+
+#[test]
+fn a_node_with_state_or_transitions_gets_their_sections() {
+    let charter = Charter::builder("test").build().expect("charter builds");
+    let node = counter_node();
+    let prompt = simple(&charter, &node, &json!({"count": 2}), (1, 10));
+    assert!(prompt.contains("## Current Node State"), "{prompt}");
+    assert!(
+        prompt.contains("## Available Transitions\n- **next**"),
+        "{prompt}"
+    );
+    // A stateless node given a non-empty state still sees it.
+    let plain = Node::builder("You help.").build().expect("node builds");
+    let prompt = simple(&charter, &plain, &json!({"topic": "rust"}), (1, 10));
+    assert!(prompt.contains("\"topic\": \"rust\""), "{prompt}");
+    assert!(!prompt.contains("## Available Transitions"), "{prompt}");
 }

@@ -1,0 +1,373 @@
+//! The `Agent`: one value built once, validated, and run by everything.
+
+use std::sync::Arc;
+
+use markov_core::message::Item;
+use markov_executor::{Agent, BuildError, RunError, StandardExecutor, serialize_machine};
+use markov_policy::{Category, ToolMetadata};
+use markov_runtime::ConfigError;
+use markov_runtime::node::Node;
+use markov_testkit::ScriptedModel;
+use serde_json::json;
+
+use crate::common::*;
+
+fn scripted() -> ScriptedModel {
+    ScriptedModel::builder()
+        .tool_call("add", json!({"a": 2, "b": 3}))
+        .text("5")
+        .build()
+}
+
+#[tokio::test]
+async fn a_one_node_agent_runs_its_tools_and_answers() {
+    let model = Arc::new(scripted());
+    let agent = Agent::builder("calculator")
+        .instructions("Add.")
+        .tool(Add)
+        .shared_model(model.clone())
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("2 + 3?");
+    let last = machine.run().await.expect("runs");
+    assert!(last.done);
+    assert_eq!(
+        all_results(machine.history()),
+        [("call_1".to_owned(), "5".to_owned(), Some(false))]
+    );
+    // The node is named after the agent, and its prompt has no empty
+    // sections: no state, no transitions, no updateState.
+    let request = &model.requests()[0];
+    assert_eq!(request.system, "Add.");
+    assert_eq!(request.tool_names(), ["add"]);
+    assert_eq!(agent.start_node().name(), Some("calculator"));
+}
+
+#[tokio::test]
+async fn machines_of_one_agent_are_separate_conversations() {
+    let agent = Agent::builder("calculator")
+        .instructions("Add.")
+        .tool(Add)
+        .model(
+            ScriptedModel::builder()
+                .tool_call("add", json!({"a": 2, "b": 3}))
+                .text("5")
+                .text("hello")
+                .build(),
+        )
+        .build()
+        .expect("agent builds");
+    let mut first = agent.clone().machine();
+    first.enqueue_user("2 + 3?");
+    first.run().await.expect("runs");
+    let mut second = agent.machine();
+    second.enqueue_user("hi");
+    second.run().await.expect("runs");
+    assert_eq!(first.history().len(), 4);
+    assert_eq!(second.history().len(), 2);
+    assert_ne!(first.instance().id(), second.instance().id());
+}
+
+#[tokio::test]
+async fn the_agents_step_limit_bounds_every_run() {
+    let model = ScriptedModel::builder()
+        .tool_call("add", json!({"a": 1, "b": 1}))
+        .tool_call("add", json!({"a": 1, "b": 1}))
+        .tool_call("add", json!({"a": 1, "b": 1}))
+        .text("done")
+        .build();
+    let agent = Agent::builder("looper")
+        .instructions("Add.")
+        .tool(Add)
+        .model(model)
+        .max_steps(2)
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("go");
+    assert!(matches!(machine.run().await, Err(RunError::MaxSteps(2))));
+    assert_paired(machine.history());
+}
+
+#[tokio::test]
+async fn a_restored_conversation_continues_with_the_agent() {
+    let agent = Agent::builder("calculator")
+        .instructions("Add.")
+        .tool(Add)
+        .model(
+            ScriptedModel::builder()
+                .text("first")
+                .text("second")
+                .build(),
+        )
+        .max_steps(3)
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("one");
+    machine.run().await.expect("runs");
+    let snapshot = serialize_machine(&machine)
+        .expect("serializes")
+        .into_owned();
+    let mut restored = agent.restore(snapshot).expect("restores");
+    assert_eq!(restored.history(), machine.history());
+    assert_eq!(restored.run_options().max_steps, 3);
+    restored.enqueue_user("two");
+    restored.run().await.expect("runs");
+    assert_eq!(restored.history().len(), 4);
+}
+
+/// A tool given with `tool_with` runs under the policy pipeline and
+/// answers with its plain text, like a node's tool.
+#[tokio::test]
+async fn a_tool_with_a_policy_is_offered_and_answers_in_plain_text() {
+    let model = Arc::new(scripted());
+    let agent = Agent::builder("calculator")
+        .instructions("Add.")
+        .tool_with(Add, ToolMetadata::new(Category::Other))
+        .shared_model(model.clone())
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("2 + 3?");
+    machine.run().await.expect("runs");
+    assert_eq!(model.requests()[0].tool_names(), ["add"]);
+    assert_eq!(
+        all_results(machine.history()),
+        [("call_1".to_owned(), "5".to_owned(), Some(false))]
+    );
+    // The call went through the pipeline: it is in the ledger.
+    assert_eq!(machine.policy_state().snapshot().ledger.len(), 1);
+}
+
+#[tokio::test]
+async fn several_nodes_start_at_the_first_or_the_one_named() {
+    let agent = Agent::builder("desk")
+        .node("triage", node("triage"))
+        .node("billing", node("billing"))
+        .start("billing")
+        .model(ScriptedModel::builder().text("hi").build())
+        .build()
+        .expect("agent builds");
+    assert_eq!(agent.start_node().name(), Some("billing"));
+    assert_eq!(agent.charter().nodes().count(), 2);
+}
+
+#[tokio::test]
+async fn streamed_copies_the_agent_with_its_model_calls_streamed() {
+    let agent = Agent::builder("greeter")
+        .instructions("Greet.")
+        .model(ScriptedModel::builder().text("Hello there").build())
+        .build()
+        .expect("agent builds");
+    let deltas = Arc::new(std::sync::Mutex::new(0usize));
+    let seen = Arc::clone(&deltas);
+    let streamed = agent
+        .streamed(move |_| *seen.lock().expect("lock") += 1)
+        .expect("a standard executor streams");
+    let mut machine = streamed.machine();
+    machine.enqueue_user("hi");
+    machine.run().await.expect("runs");
+    assert!(*deltas.lock().expect("lock") > 0);
+    let custom = Agent::builder("custom")
+        .instructions("Greet.")
+        .executor(StandardExecutor::new(ScriptedModel::builder().build()))
+        .build()
+        .expect("agent builds");
+    assert!(custom.streamed(|_| {}).is_err());
+}
+
+fn build_error(builder: markov_executor::AgentBuilder) -> BuildError {
+    builder.build().expect_err("the agent must not build")
+}
+
+#[test]
+fn conflicting_options_are_build_errors_that_name_them() {
+    let model = || ScriptedModel::builder().build();
+    let error = build_error(
+        Agent::builder("a")
+            .instructions("x")
+            .model(model())
+            .executor(StandardExecutor::new(model())),
+    );
+    assert!(
+        matches!(
+            error,
+            BuildError::Conflict {
+                option: "model",
+                with: "executor",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "agent \"a\": `model` cannot be used with `executor`: an executor brings its own model"
+    );
+    let error = build_error(
+        Agent::builder("a")
+            .instructions("x")
+            .settings(Default::default())
+            .executor(StandardExecutor::new(model())),
+    );
+    assert!(
+        matches!(
+            error,
+            BuildError::Conflict {
+                option: "settings",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let error = build_error(
+        Agent::builder("a")
+            .instructions("x")
+            .tool_with(Add, ToolMetadata::new(Category::Other))
+            .executor(StandardExecutor::new(model())),
+    );
+    assert!(
+        matches!(
+            error,
+            BuildError::Conflict {
+                option: "tool_with",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let error = build_error(
+        Agent::builder("a")
+            .instructions("x")
+            .node("other", node("other"))
+            .model(model()),
+    );
+    assert!(
+        matches!(
+            error,
+            BuildError::Conflict {
+                option: "instructions",
+                with: "node",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let error = build_error(Agent::builder("a").tool(Add).model(model()));
+    assert!(
+        matches!(
+            error,
+            BuildError::Conflict {
+                option: "tool",
+                with: "no instructions",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    let error = build_error(
+        Agent::builder("a")
+            .instructions("x")
+            .policies(markov_policy::PolicyConfig::new(
+                markov_policy::Budget::UNLIMITED,
+            ))
+            .model(model()),
+    );
+    assert!(
+        matches!(
+            error,
+            BuildError::Conflict {
+                option: "policies",
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn missing_parts_and_bad_parts_are_named() {
+    let model = || ScriptedModel::builder().build();
+    assert!(matches!(
+        build_error(Agent::builder("a").instructions("x")),
+        BuildError::NoModel { agent } if agent == "a"
+    ));
+    assert!(matches!(
+        build_error(Agent::builder("a").model(model())),
+        BuildError::NoNode { .. }
+    ));
+    assert!(matches!(
+        build_error(Agent::builder("a").node("n", node("n")).start("m").model(model())),
+        BuildError::UnknownStart { node, .. } if node == "m"
+    ));
+    // Two tools of one name: the node and the tool are named.
+    let error = build_error(
+        Agent::builder("a")
+            .instructions("x")
+            .tool(Add)
+            .tool(Add)
+            .model(model()),
+    );
+    assert!(
+        matches!(
+            &error,
+            BuildError::Node { node, source: ConfigError::DuplicateTool(tool), .. }
+                if node == "a" && tool == "add"
+        ),
+        "{error:?}"
+    );
+    let error = build_error(
+        Agent::builder("a")
+            .instructions("x")
+            .tool_with(Add, ToolMetadata::new(Category::Other))
+            .tool_with(Add, ToolMetadata::new(Category::Other))
+            .model(model()),
+    );
+    assert!(matches!(error, BuildError::Tool { .. }), "{error:?}");
+    assert!(error.to_string().contains("\"add\""), "{error}");
+}
+
+#[test]
+fn a_start_state_the_node_refuses_is_a_build_error() {
+    let counter = Node::builder("Count.")
+        .state(Counter {
+            count: 0,
+            label: String::new(),
+        })
+        .build()
+        .expect("node builds");
+    let error = build_error(
+        Agent::builder("a")
+            .node("count", counter)
+            .state(json!({"count": "many"}))
+            .model(ScriptedModel::builder().build()),
+    );
+    assert!(matches!(error, BuildError::State { .. }), "{error:?}");
+}
+
+#[tokio::test]
+async fn the_output_type_of_a_one_node_agent_is_asked_for() {
+    #[derive(serde::Deserialize, schemars::JsonSchema, Debug, PartialEq)]
+    struct Sum {
+        sum: i64,
+    }
+    let model = Arc::new(ScriptedModel::builder().text(r#"{"sum": 5}"#).build());
+    let agent = Agent::builder("calculator")
+        .instructions("Add.")
+        .output::<Sum>()
+        .shared_model(model.clone())
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("2 + 3?");
+    let sum = machine.run_typed::<Sum>().await.expect("typed answer");
+    assert_eq!(sum.value, Sum { sum: 5 });
+    assert!(model.requests()[0].output_schema.is_some());
+    assert!(machine.history().iter().any(|m| {
+        m.item_list()
+            .iter()
+            .any(|i| matches!(i, Item::Output { .. }))
+    }));
+}
