@@ -7,11 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use markov_executor::StandardExecutor;
+use markov_executor::Agent;
 use markov_providers::Anthropic;
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_server::{Agent, router};
+use markov_server::router;
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::http::{FakeServer, Reply, anthropic};
 use serde_json::json;
@@ -45,17 +43,11 @@ async fn load(n: usize) -> ServerFigure {
         .timeout(Duration::from_secs(120))
         .build()
         .expect("the client builds");
-    let node = Node::builder("Answer.").name("main").build().expect("node");
-    let charter = Charter::builder("load")
-        .node("main", node.clone())
+    let agent = Agent::builder("load")
+        .instructions("Answer.")
+        .model(model)
         .build()
-        .expect("charter");
-    let agent = Agent {
-        charter,
-        start: node,
-        state: json!({}),
-        executor: Arc::new(StandardExecutor::new(model)),
-    };
+        .expect("the agent builds");
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
     let app = router(agent, store, WorkerId::new("bench"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -157,17 +149,11 @@ pub(crate) fn worker(provider_url: &str) -> std::process::ExitCode {
             .timeout(Duration::from_secs(300))
             .build()
             .expect("the client builds");
-        let node = Node::builder("Answer.").name("main").build().expect("node");
-        let charter = Charter::builder("load")
-            .node("main", node.clone())
+        let agent = Agent::builder("load")
+            .instructions("Answer.")
+            .model(model)
             .build()
-            .expect("charter");
-        let agent = Agent {
-            charter,
-            start: node,
-            state: json!({}),
-            executor: Arc::new(StandardExecutor::new(model)),
-        };
+            .expect("the agent builds");
         let store = Arc::new(SqliteStore::in_memory().expect("a database"));
         let app = router(agent, store, WorkerId::random());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

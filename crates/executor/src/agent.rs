@@ -461,8 +461,14 @@ impl AgentBuilder {
     /// over a model. It then owns the model, its settings and the tools'
     /// policies: giving those too is a build error.
     #[must_use]
-    pub fn executor(mut self, executor: impl Executor + 'static) -> Self {
-        self.executor = Some(Arc::new(executor));
+    pub fn executor(self, executor: impl Executor + 'static) -> Self {
+        self.shared_executor(Arc::new(executor))
+    }
+
+    /// [`executor`](Self::executor), shared with other agents.
+    #[must_use]
+    pub fn shared_executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.executor = Some(executor);
         self
     }
 

@@ -1,7 +1,6 @@
 //! markov's agents as an HTTP service.
 //!
-//! [`router`] serves one [`Agent`] (a charter, the node a session starts
-//! at, and an executor) over sessions kept in a [`Store`]:
+//! [`router`] serves one [`Agent`] over sessions kept in a [`Store`]:
 //!
 //! | method and path | what it does |
 //! | --- | --- |
@@ -14,8 +13,8 @@
 //! | `POST /sessions/{id}/approvals/{request}` `{"decision": "approve" \| "deny"}` | decides one |
 //! | `POST /sessions/{id}/commands` `{"name": ..., "input": {...}}` | runs a command (no model call) |
 //!
-//! A run is streamed as `delta` events (text as the model writes it, with
-//! an executor made by [`with_deltas`]), `step` events (each step's messages: text, tool
+//! A run is streamed as `delta` events (text as the model writes it, for
+//! an agent on the standard executor), `step` events (each step's messages: text, tool
 //! calls, tool results; its yield reason; the response when a terminal tool
 //! gave one), then `done` (the last step's response and whether the turn is
 //! over) or `error`. Every step is in the store before it is sent. A client
@@ -40,12 +39,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::Stream;
 use markov_executor::stream::DeltaKind;
-use markov_executor::{
-    Executor, Instance, Machine, MachineStep, MessageStreamEvent, RunOptions, StandardExecutor,
-};
+use markov_executor::{Agent, MachineStep, MessageStreamEvent, RunOptions};
 use markov_policy::{ApprovalId, ApprovalStatus};
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
 use markov_store::{DurableError, DurableMachine, SessionId, Store, StoreError, WorkerId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -60,50 +55,26 @@ tokio::task_local! {
     static RUN_EVENTS: tokio::sync::mpsc::UnboundedSender<Event>;
 }
 
-/// `executor` with its model calls streamed into the runs' event streams:
-/// each text delta becomes a `delta` event (`{"text": ...}`) of the run
-/// that asked, before that step's `step` event. One executor serves every
-/// session: the deltas find their run through the task that performs it.
-pub fn with_deltas(executor: StandardExecutor) -> StandardExecutor {
-    executor.with_streaming(|event: &MessageStreamEvent| {
-        if let MessageStreamEvent::Update { delta, .. } = event
-            && delta.kind == DeltaKind::Text
-        {
-            let _ = RUN_EVENTS.try_with(|events| {
-                let event = Event::default()
-                    .event("delta")
-                    .json_data(json!({"text": delta.delta}))
-                    .unwrap_or_else(|_| Event::default().event("delta"));
-                let _ = events.send(event);
-            });
-        }
-    })
+/// Sends a model call's text delta to the event stream of the run that
+/// asked, as a `delta` event (`{"text": ...}`) before that step's `step`
+/// event. One agent serves every session: the deltas find their run
+/// through the task that performs it.
+fn send_delta(event: &MessageStreamEvent) {
+    if let MessageStreamEvent::Update { delta, .. } = event
+        && delta.kind == DeltaKind::Text
+    {
+        let _ = RUN_EVENTS.try_with(|events| {
+            let event = Event::default()
+                .event("delta")
+                .json_data(json!({"text": delta.delta}))
+                .unwrap_or_else(|_| Event::default().event("delta"));
+            let _ = events.send(event);
+        });
+    }
 }
 
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
-
-/// What a session runs: a charter, the node new sessions start at (with its
-/// initial state), and the executor.
-#[derive(Clone)]
-pub struct Agent {
-    /// The charter.
-    pub charter: Charter,
-    /// The node a new session starts at.
-    pub start: Node,
-    /// The state a new session starts with.
-    pub state: Value,
-    /// Runs the leaves (a model, tools, a registry).
-    pub executor: Arc<dyn Executor>,
-}
-
-impl std::fmt::Debug for Agent {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Agent")
-            .field("charter", &self.charter.name())
-            .finish_non_exhaustive()
-    }
-}
 
 /// The service's shared state.
 struct Service {
@@ -116,8 +87,11 @@ struct Service {
 }
 
 /// The router serving `agent` over the sessions in `store`, writing as
-/// `worker`.
+/// `worker`. An agent on the standard executor has its answers streamed
+/// as they are written (`delta` events); one with an executor of its own
+/// streams as that executor does.
 pub fn router(agent: Agent, store: Arc<dyn Store>, worker: WorkerId) -> Router {
+    let agent = agent.streamed(send_delta).unwrap_or_else(|agent| agent);
     let service = Arc::new(Service {
         agent,
         store,
@@ -221,13 +195,7 @@ async fn page() -> axum::response::Html<&'static str> {
 }
 
 async fn create(State(service): Shared) -> Result<Response, ApiError> {
-    let machine = Machine::with_options(
-        service.agent.charter.clone(),
-        Arc::clone(&service.agent.executor),
-        Instance::new(service.agent.start.clone(), service.agent.state.clone()),
-        Default::default(),
-    )
-    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let machine = service.agent.machine();
     let id = SessionId::random();
     let session = DurableMachine::create(
         Arc::clone(&service.store),
@@ -338,8 +306,7 @@ async fn open(service: &Service, id: &SessionId) -> Result<DurableMachine<dyn St
         Arc::clone(&service.store),
         id.clone(),
         service.worker.clone(),
-        service.agent.charter.clone(),
-        Arc::clone(&service.agent.executor),
+        &service.agent,
     )
     .await?)
 }

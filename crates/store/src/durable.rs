@@ -7,12 +7,11 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use markov_executor::{
-    Action, CommandOptions, CommandOutcome, DeserializeError, Executor, Instance, Machine,
-    MachineOptions, MachineStep, RunError, RunOptions, RunState, SerializeError,
-    deserialize_machine, run_command, run_leaves, serialize_instance_tree, serialize_machine,
+    Action, Agent, CommandOptions, CommandOutcome, DeserializeError, Instance, Machine,
+    MachineStep, RunError, RunOptions, RunState, SerializeError, run_command, run_leaves,
+    serialize_instance_tree, serialize_machine,
 };
 use markov_policy::{Journal, LedgerEntry, PolicyCounters, RecordedAnswer};
-use markov_runtime::charter::Charter;
 use tracing::Instrument;
 
 use crate::{Lease, SessionId, StepRecord, Store, StoreError, WorkerId};
@@ -208,10 +207,9 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         store: Arc<S>,
         id: SessionId,
         holder: WorkerId,
-        charter: Charter,
-        executor: Arc<dyn Executor>,
+        agent: &Agent,
     ) -> Result<Self, DurableError> {
-        Self::open_with_lease(store, id, holder, charter, executor, DEFAULT_LEASE).await
+        Self::open_with_lease(store, id, holder, agent, DEFAULT_LEASE).await
     }
 
     /// [`open`](Self::open) with a lease of `ttl`.
@@ -219,18 +217,12 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         store: Arc<S>,
         id: SessionId,
         holder: WorkerId,
-        charter: Charter,
-        executor: Arc<dyn Executor>,
+        agent: &Agent,
         ttl: Duration,
     ) -> Result<Self, DurableError> {
         let lease = store.acquire(&id, &holder, ttl).await?;
         let stored = store.load(&id).await?;
-        let machine = deserialize_machine(
-            charter,
-            executor,
-            stored.snapshot,
-            MachineOptions::default(),
-        )?;
+        let machine = agent.restore(stored.snapshot)?;
         Ok(Self::bind(store, lease, machine, stored.run, ttl))
     }
 

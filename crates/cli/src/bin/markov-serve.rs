@@ -17,13 +17,11 @@ use std::sync::Arc;
 
 use markov_cli::tools::{Add, Population};
 use markov_cli::{INSTRUCTIONS, Rehearsal, model_override, pick_model_or};
-use markov_executor::StandardExecutor;
-use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_server::{Agent, router};
+use markov_core::model::ModelSettings;
+use markov_executor::Agent;
+use markov_policy::{Category, ToolMetadata};
+use markov_server::router;
 use markov_store::{PostgresStore, SqliteStore, Store, WorkerId};
-use serde_json::json;
 
 /// The command line.
 struct Args {
@@ -60,31 +58,17 @@ fn args() -> Result<Args, String> {
 async fn serve() -> Result<(), String> {
     let args = args()?;
     let (model, label) = pick_model_or(Arc::new(Rehearsal)).map_err(|e| e.to_string())?;
-    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
-        .register(Add, ToolMetadata::new(Category::Other))
-        .register(Population, ToolMetadata::new(Category::Retrieval))
-        .lock()
-        .map_err(|e| e.to_string())?;
-    let node = Node::builder(INSTRUCTIONS)
-        .name("cities")
-        .build()
-        .map_err(|e| e.to_string())?;
-    let charter = Charter::builder("demo")
-        .node("cities", node.clone())
-        .build()
-        .map_err(|e| e.to_string())?;
-    let executor = StandardExecutor::shared(model)
-        .with_settings(markov_core::model::ModelSettings {
+    let agent = Agent::builder("cities")
+        .instructions(INSTRUCTIONS)
+        .tool_with(Add, ToolMetadata::new(Category::Other))
+        .tool_with(Population, ToolMetadata::new(Category::Retrieval))
+        .shared_model(model)
+        .settings(ModelSettings {
             model: model_override(),
-            ..markov_core::model::ModelSettings::default()
+            ..ModelSettings::default()
         })
-        .with_registry(Arc::new(registry), Mode::TEXT);
-    let agent = Agent {
-        charter,
-        start: node,
-        state: json!({}),
-        executor: Arc::new(markov_server::with_deltas(executor)),
-    };
+        .build()
+        .map_err(|e| e.to_string())?;
     let (store, where_): (Arc<dyn Store>, String) = match &args.database_url {
         Some(url) => (
             Arc::new(

@@ -9,11 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::StandardExecutor;
-use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_runtime::charter::Charter;
+use markov_executor::Agent;
+use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
 use markov_runtime::node::Node;
-use markov_server::{Agent, MAX_BODY_BYTES, router, with_deltas};
+use markov_server::{MAX_BODY_BYTES, router};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
@@ -62,29 +61,17 @@ pub(crate) struct Fixture {
 
 pub(crate) async fn serve(model: impl Model + 'static) -> Fixture {
     let pays = Arc::new(AtomicUsize::new(0));
-    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
-        .register(
+    let agent = Agent::builder("payments")
+        .instructions("You pay bills.")
+        .tool_with(
             Pay(pays.clone()),
             ToolMetadata::new(Category::Action).with_confirmation(),
         )
-        .lock()
-        .expect("the registry locks");
-    let node = Node::builder("You pay bills.")
-        .name("main")
+        // The registry's own result format: JSON envelopes.
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .model(model)
         .build()
-        .expect("node");
-    let charter = Charter::builder("payments")
-        .node("main", node.clone())
-        .build()
-        .expect("charter");
-    let agent = Agent {
-        charter,
-        start: node,
-        state: json!({}),
-        executor: Arc::new(with_deltas(
-            StandardExecutor::new(model).with_registry(Arc::new(registry), Mode::TEXT),
-        )),
-    };
+        .expect("the agent builds");
     serve_agent(agent, pays).await
 }
 
@@ -405,17 +392,12 @@ async fn a_command_runs_without_the_model_and_is_stored() {
         .command(Bump)
         .build()
         .expect("node");
-    let charter = Charter::builder("counter")
-        .node("main", node.clone())
+    let agent = Agent::builder("counter")
+        .node("main", node)
+        .state(json!({"count": 0}))
+        .model(ScriptedModel::builder().build())
         .build()
-        .expect("charter");
-    let model = ScriptedModel::builder().build();
-    let agent = Agent {
-        charter,
-        start: node,
-        state: json!({"count": 0}),
-        executor: Arc::new(StandardExecutor::new(model)),
-    };
+        .expect("the agent builds");
     let f = serve_agent(agent, Arc::new(AtomicUsize::new(0))).await;
     let id = f.create().await;
     let run = |name: &'static str, input: Value| {

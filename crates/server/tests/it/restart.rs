@@ -11,11 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::StandardExecutor;
-use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_server::{Agent, router};
+use markov_executor::Agent;
+use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
+use markov_server::router;
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
@@ -74,30 +72,17 @@ impl Tool for Hang {
 }
 
 fn agent(dir: &Path, model: ScriptedModel) -> Agent {
-    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
-        .register(
+    Agent::builder("payments")
+        .instructions("You pay bills.")
+        .tool_with(
             Pay(dir.join("effects")),
             ToolMetadata::new(Category::Action),
         )
-        .register(Hang(dir.join("marker")), ToolMetadata::new(Category::Other))
-        .lock()
-        .expect("the registry locks");
-    let node = Node::builder("You pay bills.")
-        .name("main")
+        .tool_with(Hang(dir.join("marker")), ToolMetadata::new(Category::Other))
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .model(model)
         .build()
-        .expect("node");
-    let charter = Charter::builder("payments")
-        .node("main", node.clone())
-        .build()
-        .expect("charter");
-    Agent {
-        charter,
-        start: node,
-        state: json!({}),
-        executor: Arc::new(
-            StandardExecutor::new(model).with_registry(Arc::new(registry), Mode::TEXT),
-        ),
-    }
+        .expect("the agent builds")
 }
 
 /// Serves `agent` on a loopback port over the SQLite file in `dir`.

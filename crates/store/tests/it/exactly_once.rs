@@ -180,8 +180,7 @@ async fn take_over(dir: &Dir, mode: &str, model: Arc<ProviderLike>) -> DurableMa
             store(dir),
             SessionId::new("crash"),
             WorkerId::new("survivor"),
-            charter.clone(),
-            executor.clone(),
+            &agent_on(&charter, executor.clone()),
         )
         .await
         {
@@ -511,8 +510,7 @@ async fn a_full_disk_after_a_payment_fails_the_run_and_the_resumed_session_pays_
         store,
         SessionId::new("full"),
         WorkerId::new("w"),
-        charter,
-        Arc::new(executor),
+        &agent_on(&charter, Arc::new(executor)),
     )
     .await
     .expect("opens");
@@ -714,8 +712,7 @@ async fn a_corrupt_row_is_repaired_and_the_session_opens_again() {
         store.clone(),
         id.clone(),
         WorkerId::new("w"),
-        charter.clone(),
-        executor.clone(),
+        &agent_on(&charter, executor.clone()),
     )
     .await;
     assert!(
@@ -748,8 +745,7 @@ async fn a_corrupt_row_is_repaired_and_the_session_opens_again() {
         store.clone(),
         id.clone(),
         WorkerId::new("w"),
-        charter,
-        executor,
+        &agent_on(&charter, executor),
     )
     .await
     .expect("opens after the repair");

@@ -228,8 +228,7 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
         survivor.clone(),
         SessionId::new("resume"),
         WorkerId::new("second"),
-        charter,
-        executor,
+        &agent_on(&charter, executor),
     )
     .await
     .expect("opens");
@@ -353,8 +352,7 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
         store.clone(),
         SessionId::new("stopped"),
         WorkerId::new("w"),
-        charter,
-        Arc::new(machine_parts()),
+        &agent_on(&charter, Arc::new(machine_parts())),
     )
     .await
     .expect("opens");

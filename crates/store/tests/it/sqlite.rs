@@ -154,8 +154,7 @@ async fn a_restored_session_sends_the_same_next_request_as_one_that_never_stoppe
         store,
         SessionId::new("s"),
         WorkerId::new("b"),
-        charter,
-        executor,
+        &agent_on(&charter, executor),
     )
     .await
     .expect("opens");

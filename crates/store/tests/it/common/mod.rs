@@ -240,6 +240,22 @@ pub fn charter() -> (Charter, Node) {
     (charter, node)
 }
 
+/// The agent that opens sessions of `charter`'s nodes on `executor` (the
+/// first node is where new ones start).
+pub fn agent_on(
+    charter: &Charter,
+    executor: Arc<dyn markov_executor::Executor>,
+) -> markov_executor::Agent {
+    let mut agent = markov_executor::Agent::builder(charter.name());
+    for (name, node) in charter.nodes() {
+        agent = agent.node(name, node.clone());
+    }
+    agent
+        .shared_executor(executor)
+        .build()
+        .expect("the agent builds")
+}
+
 pub fn executor(model: Arc<dyn Model>, effects: PathBuf, marker: PathBuf) -> StandardExecutor {
     executor_with_budget(model, effects, marker, Budget::UNLIMITED)
 }
