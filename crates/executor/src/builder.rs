@@ -80,8 +80,35 @@ impl Machine {
 
     /// Runs the machine to the end of the turn and returns the last step
     /// (`run_to_completion`). Input must be enqueued first.
+    ///
+    /// A run ends with a step whose yield reason is
+    /// [`AwaitingApproval`](crate::YieldReason::AwaitingApproval) when calls
+    /// need the application's approval; while it waits, new input is
+    /// refused with [`RunError::AwaitingApproval`] (it stays queued).
     pub async fn run(&mut self, options: RunOptions) -> Result<MachineStep, RunError> {
         run_to_completion(self, options).await
+    }
+
+    /// Resumes the step that waits for approval, once the application has
+    /// decided its calls ([`Machine::approvals`]), and runs to the end of
+    /// the turn; returns the last step.
+    ///
+    /// No model is called before the calls are answered: the paused
+    /// answers are replayed, the calls that ran before the pause are
+    /// answered from the ledger, each approved call runs once with the
+    /// arguments approved, and the denied, answered and expired ones get
+    /// their results; then the model reads them all. A call still undecided
+    /// pauses the run again. Input queued while the step waited stays
+    /// queued for the next run. [`RunError::NotAwaitingApproval`] when no
+    /// step waits.
+    pub async fn resume(&mut self, options: RunOptions) -> Result<MachineStep, RunError> {
+        crate::run::resume_to_completion(self, options).await
+    }
+
+    /// Whether a step waits for the application's approval of its calls
+    /// (and for [`resume`](Self::resume)).
+    pub fn is_awaiting_approval(&self) -> bool {
+        self.policy.is_paused()
     }
 }
 

@@ -154,9 +154,12 @@ impl Machine {
         Arc::clone(&self.policy)
     }
 
-    /// The confirmation requests of the registry's tools: list the pending
-    /// ones, approve or deny them. Only the application decides; the model
-    /// can present an approved request's id, never approve one.
+    /// The requests of the calls that need approval: list the pending ones
+    /// ([`Approvals::pending`]), decide them ([`Approvals::decide`]: approve,
+    /// edit, deny with a message, answer). Only the application decides:
+    /// a paused call's request never reaches the model, and in the token
+    /// flow the model can present an approved request's id, never approve
+    /// one.
     pub fn approvals(&self) -> &Approvals {
         self.policy.approvals()
     }

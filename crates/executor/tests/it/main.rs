@@ -1,6 +1,7 @@
 //! The integration tests of this crate, one binary (so linking does not
 //! dominate the test run): one module per area.
 
+mod approvals;
 mod builtin_tools;
 mod cancellation;
 mod client;

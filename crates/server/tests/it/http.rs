@@ -62,13 +62,15 @@ pub(crate) struct Fixture {
 
 pub(crate) async fn serve(model: impl Model + 'static) -> Fixture {
     let pays = Arc::new(AtomicUsize::new(0));
-    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
-        .register(
-            Pay(pays.clone()),
-            ToolMetadata::new(Category::Action).with_confirmation(),
-        )
-        .lock()
-        .expect("the registry locks");
+    let registry = ToolRegistry::builder(
+        PolicyConfig::new(Budget::UNLIMITED).approval_flow(markov_policy::ApprovalFlow::Token),
+    )
+    .register(
+        Pay(pays.clone()),
+        ToolMetadata::new(Category::Action).with_confirmation(),
+    )
+    .lock()
+    .expect("the registry locks");
     let node = Node::builder("You pay bills.")
         .name("main")
         .build()
