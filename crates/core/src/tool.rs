@@ -129,6 +129,11 @@ pub struct ToolDefinition {
     /// Not sent to providers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub terminal: bool,
+    /// Whether every call waits for the application's approval before it
+    /// runs (the machine pauses; see `markov_policy::confirm`). Not sent to
+    /// providers: the model cannot tell, and cannot approve anything.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub needs_approval: bool,
 }
 
 impl ToolDefinition {
@@ -143,6 +148,7 @@ impl ToolDefinition {
             description: description.into(),
             input_schema,
             terminal: false,
+            needs_approval: false,
         })
     }
 
@@ -150,6 +156,14 @@ impl ToolDefinition {
     #[must_use]
     pub fn terminal(mut self, terminal: bool) -> Self {
         self.terminal = terminal;
+        self
+    }
+
+    /// Makes every call of the tool wait for the application's approval
+    /// (builder style), with or without a tool registry.
+    #[must_use]
+    pub fn needs_approval(mut self, needs_approval: bool) -> Self {
+        self.needs_approval = needs_approval;
         self
     }
 }
@@ -517,6 +531,19 @@ impl<'a> ToolContext<'a> {
         self.idempotency_key.map(IdempotencyKey::get)
     }
 
+    /// The same context writing through `state` instead (a stage that
+    /// records the updates a call makes, say).
+    #[must_use]
+    pub fn with_state(mut self, state: &'a dyn StateAccess) -> Self {
+        self.state = state;
+        self
+    }
+
+    /// The state the context reads and writes.
+    pub fn state_access(&self) -> &'a dyn StateAccess {
+        self.state
+    }
+
     /// Hands the application's value to the tool (see [`ToolContext::deps`]).
     #[must_use]
     pub fn with_deps(mut self, deps: Option<&'a Deps>) -> Self {
@@ -606,6 +633,10 @@ pub trait Tool: Send + Sync + 'static {
     const NAME: &'static str;
     /// Whether a successful output is the machine's response for the turn.
     const TERMINAL: bool = false;
+    /// Whether every call waits for the application's approval before it
+    /// runs: the machine pauses the run, and the application approves,
+    /// edits, denies or answers the call (see `markov_policy::confirm`).
+    const NEEDS_APPROVAL: bool = false;
     /// The input, deserialized from the model's arguments; its schema is sent to the model.
     type Args: DeserializeOwned + JsonSchema + Send;
     /// The output: any `Serialize` value, or a [`ToolReply`] / [`TerminateResponse`].
@@ -692,7 +723,8 @@ impl<T: Tool> Erased<T> {
     pub fn new(tool: T) -> Result<Self, InvalidToolName> {
         let definition =
             ToolDefinition::new(T::NAME, tool.description(), input_schema_for::<T::Args>())?
-                .terminal(T::TERMINAL);
+                .terminal(T::TERMINAL)
+                .needs_approval(T::NEEDS_APPROVAL);
         Ok(Erased { tool, definition })
     }
 

@@ -101,4 +101,17 @@ pub enum RunError {
     /// An executor failed.
     #[error("executor failed: {0}")]
     Executor(String),
+    /// A step waits for the application's decisions on calls that need
+    /// approval: new input waits (it stays queued) until they are decided
+    /// and the run resumed ([`Machine::resume`](crate::Machine::resume)).
+    #[error(
+        "the run waits for the application's decision on {pending} tool call(s): decide them, then resume the run"
+    )]
+    AwaitingApproval {
+        /// Calls still to decide (0 when every one is decided or expired).
+        pending: usize,
+    },
+    /// A resume found no step waiting for approval.
+    #[error("nothing to resume: no step waits for the application's approval")]
+    NotAwaitingApproval,
 }

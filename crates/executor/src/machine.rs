@@ -188,9 +188,12 @@ impl Machine {
         Arc::clone(&self.policy)
     }
 
-    /// The confirmation requests of the registry's tools: list the pending
-    /// ones, approve or deny them. Only the application decides; the model
-    /// can present an approved request's id, never approve one.
+    /// The requests of the calls that need approval: list the pending ones
+    /// ([`Approvals::pending`]), decide them ([`Approvals::decide`]: approve,
+    /// edit, deny with a message, answer). Only the application decides:
+    /// a paused call's request never reaches the model, and in the token
+    /// flow the model can present an approved request's id, never approve
+    /// one.
     pub fn approvals(&self) -> &Approvals {
         self.policy.approvals()
     }
@@ -220,6 +223,11 @@ impl Machine {
 
     /// Runs the machine to the end of the turn within its agent's limits
     /// and returns the last step. Input must be enqueued first.
+    ///
+    /// A run ends with a step whose yield reason is
+    /// [`AwaitingApproval`](crate::YieldReason::AwaitingApproval) when calls
+    /// need the application's approval; while it waits, new input is
+    /// refused with [`RunError::AwaitingApproval`] (it stays queued).
     pub async fn run(&mut self) -> Result<crate::MachineStep, RunError> {
         let options = self.run_options.clone();
         crate::run::run_to_completion(self, options).await
@@ -228,6 +236,37 @@ impl Machine {
     /// [`run`](Self::run) with other limits.
     pub async fn run_with(&mut self, options: RunOptions) -> Result<crate::MachineStep, RunError> {
         crate::run::run_to_completion(self, options).await
+    }
+
+    /// Resumes the step that waits for approval, once the application has
+    /// decided its calls ([`Machine::approvals`]), and runs to the end of
+    /// the turn within its agent's limits; returns the last step.
+    ///
+    /// No model is called before the calls are answered: the paused
+    /// answers are replayed, the calls that ran before the pause are
+    /// answered from the ledger, each approved call runs once with the
+    /// arguments approved, and the denied, answered and expired ones get
+    /// their results; then the model reads them all. A call still undecided
+    /// pauses the run again. Input queued while the step waited stays
+    /// queued for the next run. [`RunError::NotAwaitingApproval`] when no
+    /// step waits.
+    pub async fn resume(&mut self) -> Result<crate::MachineStep, RunError> {
+        let options = self.run_options.clone();
+        crate::run::resume_to_completion(self, options).await
+    }
+
+    /// [`resume`](Self::resume) with other limits.
+    pub async fn resume_with(
+        &mut self,
+        options: RunOptions,
+    ) -> Result<crate::MachineStep, RunError> {
+        crate::run::resume_to_completion(self, options).await
+    }
+
+    /// Whether a step waits for the application's approval of its calls
+    /// (and for [`resume`](Self::resume)).
+    pub fn is_awaiting_approval(&self) -> bool {
+        self.policy.is_paused()
     }
 
     /// The queue (clone it to enqueue from another task).

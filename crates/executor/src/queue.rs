@@ -151,6 +151,18 @@ impl Queue {
         self.entries().drain(..).collect()
     }
 
+    /// Takes the message `id` out of the queue (a streamed answer whose
+    /// step paused: it is recorded when the step is resumed).
+    pub(crate) fn remove_message(&self, id: &markov_core::MessageId) {
+        self.entries().retain(|e| {
+            e.message
+                .metadata
+                .as_ref()
+                .and_then(|m| m.message_id.as_ref())
+                != Some(id)
+        });
+    }
+
     /// Puts drained entries back at the front, in order (a failed step loses nothing).
     pub fn requeue_front(&self, entries: Vec<Entry>) {
         let mut q = self.entries();

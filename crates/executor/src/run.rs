@@ -372,6 +372,10 @@ pub struct RunState {
     /// Tokens used by the run's model calls so far.
     #[serde(default)]
     usage: Usage,
+    /// The run resumes a step that waited for approval: its first step runs
+    /// the paused leaves only, replaying their answers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    resuming: bool,
 }
 
 fn make_step(
@@ -387,6 +391,7 @@ fn make_step(
         done,
         cede_content: None,
         suspended_instances: Vec::new(),
+        approvals: Vec::new(),
         response: None,
         termination: None,
         intents: Vec::new(),
@@ -407,6 +412,23 @@ impl RunState {
             turns: HashMap::new(),
             finished: false,
             usage: Usage::default(),
+            resuming: false,
+        }
+    }
+
+    /// A run that resumes the machine's step that waits for approval: its
+    /// first step replays the paused answers (no model call) once the
+    /// application has decided their calls — the approved ones run, once,
+    /// the others get the denial, the application's result or an expiry —
+    /// and records every call's result; the steps after it call the model
+    /// as any run does. Nothing is drained first: a driver holds queued
+    /// input back meanwhile ([`Machine::resume`] does), so that it starts a
+    /// turn of its own after the paused one is over.
+    pub fn resume(options: RunOptions) -> Self {
+        RunState {
+            started: true,
+            resuming: true,
+            ..RunState::new(options)
         }
     }
 
@@ -475,6 +497,18 @@ impl RunState {
         let triggers = entries
             .iter()
             .any(|e| e.message.role == Role::User && !e.message.is_silent());
+        if triggers && machine.policy.is_paused() {
+            // The paused step's answer comes first in the history: the
+            // input waits, queued, until the step is resumed.
+            machine.queue.requeue_front(entries);
+            return Err(RunError::AwaitingApproval {
+                pending: machine
+                    .policy
+                    .approvals()
+                    .held_pending_at(std::time::SystemTime::now())
+                    .len(),
+            });
+        }
         if triggers {
             // A user turn starts: per-turn budgets start over (and only here,
             // so transitions inside the turn never refill them).
@@ -506,12 +540,45 @@ impl RunState {
         if self.steps >= self.options.max_steps {
             return Err(RunError::MaxSteps(self.options.max_steps));
         }
+        let resuming = std::mem::take(&mut self.resuming);
+        let paused = if resuming {
+            let paused = machine.policy.answers().paused();
+            let mut active = Vec::new();
+            machine
+                .root
+                .for_each_active_leaf(&mut |leaf| active.push(leaf.leaf().id().clone()));
+            for gone in paused.iter().filter(|i| !active.contains(i)) {
+                // Its leaf left the tree (a command, say): nothing can
+                // resume it, and the calls it held are not recorded.
+                tracing::warn!(instance = %gone, "a paused answer's leaf is gone: it is dropped");
+                machine.policy.abandon_paused(gone);
+            }
+            let paused: Vec<InstanceId> =
+                paused.into_iter().filter(|i| active.contains(i)).collect();
+            if paused.is_empty() {
+                return Err(RunError::NotAwaitingApproval);
+            }
+            Some(paused)
+        } else {
+            None
+        };
         self.steps += 1;
         let mut tasks = LeafTasks::new();
         let (turns, current_step) = (&self.turns, self.steps);
         machine.root.for_each_active_leaf(&mut |leaf| {
+            if let Some(paused) = &paused
+                && !paused.contains(leaf.leaf().id())
+            {
+                return;
+            }
+            // A resumed leaf has run a tool this turn: the model call after
+            // it is not forced again.
+            let mut turn = turns.get(leaf.leaf().id()).copied().unwrap_or_default();
+            if paused.is_some() {
+                turn.tool_ran = true;
+            }
             tasks.push(LeafTask {
-                turn: turns.get(leaf.leaf().id()).copied().unwrap_or_default(),
+                turn,
                 leaf,
                 current_step,
             });
@@ -551,8 +618,9 @@ impl RunState {
         results: Vec<Result<LeafOutcome, RunError>>,
     ) -> Result<MachineStep, RunError> {
         let mut step = self.record_step(machine, tasks, results)?;
-        // The answers this step replayed or recorded are in the history now.
-        machine.policy.answers().clear();
+        // The answers this step replayed or recorded are in the history now;
+        // the paused ones wait for their resume.
+        machine.policy.settle_step();
         self.usage += step.usage;
         step.run_usage = self.usage;
         self.finished = step.done;
@@ -595,6 +663,7 @@ impl RunState {
 
         let mut primary: Option<(YieldReason, Option<String>, Option<_>)> = None;
         let mut primary_id = None;
+        let mut paused = false;
         let mut busy_workers = Vec::new();
         let mut intents = Vec::new();
         let mut usage = Usage::default();
@@ -605,6 +674,7 @@ impl RunState {
             turn.recovering = false;
             self.turns.insert(leaf.leaf().id().clone(), turn);
             intents.append(&mut outcome.intents);
+            paused |= outcome.yield_reason == YieldReason::AwaitingApproval;
             if leaf.is_worker() {
                 match outcome.yield_reason {
                     YieldReason::EndTurn => tracing::warn!(
@@ -674,6 +744,18 @@ impl RunState {
                 step.usage = usage;
                 return Ok(step);
             }
+        }
+        if paused {
+            // The run waits for the application: whatever the other leaves
+            // did is recorded, the paused answers are not.
+            let mut step = make_step(machine, history, YieldReason::AwaitingApproval, true);
+            step.approvals = machine
+                .policy
+                .approvals()
+                .held_pending_at(std::time::SystemTime::now());
+            step.intents = intents;
+            step.usage = usage;
+            return Ok(step);
         }
         if reason == YieldReason::MaxTokens {
             let mut step = make_step(machine, history, YieldReason::MaxTokens, self.recovered);
@@ -855,6 +937,14 @@ pub fn run_machine(
     machine: &mut Machine,
     options: RunOptions,
 ) -> impl Stream<Item = Result<MachineStep, RunError>> + Send + '_ {
+    steps(machine, RunState::new(options))
+}
+
+/// The steps of `state`'s run, driven over `machine`.
+fn steps(
+    machine: &mut Machine,
+    state: RunState,
+) -> impl Stream<Item = Result<MachineStep, RunError>> + Send + '_ {
     // OpenTelemetry's GenAI conventions for an agent invocation.
     let span = tracing::info_span!(
         "invoke_agent",
@@ -863,9 +953,8 @@ pub fn run_machine(
         gen_ai.agent.name = machine.charter.name(),
         gen_ai.usage.input_tokens = tracing::field::Empty,
         gen_ai.usage.output_tokens = tracing::field::Empty,
-        max_steps = options.max_steps
+        max_steps = state.options.max_steps
     );
-    let state = RunState::new(options);
     stream::unfold(Some((machine, state)), move |run| {
         let span = span.clone();
         async move {
@@ -882,15 +971,36 @@ pub fn run_machine(
     })
 }
 
-/// Runs the machine to the end and returns the last step.
-pub async fn run_to_completion(
-    machine: &mut Machine,
-    options: RunOptions,
+/// The last step of a stream of steps.
+async fn last_step(
+    steps: impl Stream<Item = Result<MachineStep, RunError>>,
 ) -> Result<MachineStep, RunError> {
-    let mut steps = std::pin::pin!(run_machine(machine, options));
+    let mut steps = std::pin::pin!(steps);
     let mut last = None;
     while let Some(step) = steps.next().await {
         last = Some(step?);
     }
     last.ok_or(RunError::NoSteps)
+}
+
+/// Runs the machine to the end and returns the last step.
+pub async fn run_to_completion(
+    machine: &mut Machine,
+    options: RunOptions,
+) -> Result<MachineStep, RunError> {
+    last_step(run_machine(machine, options)).await
+}
+
+/// Resumes the machine's step that waits for approval
+/// ([`RunState::resume`]) and runs to the end; returns the last step. Input
+/// queued meanwhile is held back during the resumed run and left queued
+/// for the next one.
+pub(crate) async fn resume_to_completion(
+    machine: &mut Machine,
+    options: RunOptions,
+) -> Result<MachineStep, RunError> {
+    let held = machine.queue.drain_all();
+    let last = last_step(steps(machine, RunState::resume(options))).await;
+    machine.queue.requeue_front(held);
+    last
 }

@@ -123,9 +123,10 @@ impl StandardExecutor {
     /// A leaf's own tools stay offered and callable beside the registry's:
     /// a node, ancestor, charter or pack tool the registry does not register
     /// (such as `respond` and `finish` from `markov-tools-std`) runs on the
-    /// plain execute-only path, exactly as without a registry — no budget,
-    /// confirmation or idempotency stage, its plain result text — and still
-    /// gets exactly one result per call. A tool of the same name in the
+    /// plain path, exactly as without a registry — no mode or budget stage,
+    /// the conversation's ledger, a pause when its own definition needs
+    /// approval, its plain result text — and still gets exactly one result
+    /// per call. A tool of the same name in the
     /// registry takes the registry's stack. Names that nobody declares are
     /// refused by the registry's unknown-tool stage (`NOT_FOUND`).
     #[must_use]
@@ -843,6 +844,14 @@ impl Executor for StandardExecutor {
             .answers()
             .find(cx.instance().id(), cx.history.len());
         let replayed = recorded.is_some();
+        // A paused answer was counted by the step that asked for it.
+        let resumed = replayed && cx.policy.answers().is_paused(cx.instance().id());
+        let recorded = recorded.map(|mut response| {
+            if resumed {
+                apply_edits(&cx, &mut response);
+            }
+            response
+        });
         let called = match recorded {
             Some(response) => {
                 tracing::info!(parent: &span, "the recorded answer of an unfinished step is replayed");
@@ -868,6 +877,7 @@ impl Executor for StandardExecutor {
                 instance: cx.instance().id().clone(),
                 history_len: u64::try_from(cx.history.len()).unwrap_or(u64::MAX),
                 response: response.clone(),
+                paused: false,
             };
             if let Err(reason) = cx.policy.record_answer(answer).await {
                 span.record("error.type", "journal_error");
@@ -877,7 +887,11 @@ impl Executor for StandardExecutor {
                 });
             }
         }
-        let usage = response.usage;
+        let usage = if resumed {
+            markov_core::model::Usage::default()
+        } else {
+            response.usage
+        };
         span.record("gen_ai.usage.input_tokens", usage.input_tokens);
         span.record("gen_ai.usage.output_tokens", usage.output_tokens);
         span.record(
@@ -895,6 +909,7 @@ impl Executor for StandardExecutor {
             None => ErrorFormat::PlainText,
         };
         let mut after = interpret(&cx, response, errors);
+        let vessel_id = vessel.as_ref().map(|v| v.message_id().clone());
         if let Some(mut vessel) = vessel
             && let Some(event) = finalize_vessel(&mut vessel, &mut after)
             && let Some(options) = &self.streaming
@@ -940,6 +955,9 @@ impl Executor for StandardExecutor {
                 .unwrap_or_else(|| cx.charter.loop_guard()),
             capture_content: self.capture_content,
         };
+        // Taken before any call counts: a step that pauses puts the counters
+        // back, since resuming replays its calls.
+        let mark = cx.policy.mark_leaf(cx.instance().id());
         let log = CallLog::new();
         let in_flight = ToolsInFlight {
             queue: cx.queue,
@@ -951,6 +969,25 @@ impl Executor for StandardExecutor {
         let mut outcome = run_tool_calls_logged(&view, &calls, &log).await;
         in_flight.disarm();
         drop(calls);
+        if !outcome.awaiting.is_empty() {
+            // Nothing of the step is recorded: the answer waits, paused,
+            // with the calls that ran in the ledger, until the application
+            // has decided and the step is resumed.
+            tracing::info!(
+                parent: &span,
+                waiting = outcome.awaiting.len(),
+                "calls wait for the application's approval: the step pauses"
+            );
+            cx.policy.rewind_leaf(mark);
+            cx.policy.answers().set_paused(cx.instance().id(), true);
+            if let Some(id) = &vessel_id {
+                cx.queue.remove_message(id);
+            }
+            let mut paused = LeafOutcome::new(Vec::new(), YieldReason::AwaitingApproval, cx.turn);
+            paused.usage = usage;
+            return Ok(paused);
+        }
+        cx.policy.answers().set_paused(cx.instance().id(), false);
         outcome
             .result_states_known
             .extend(refused.iter().map(|_| true));
@@ -974,6 +1011,20 @@ impl Executor for StandardExecutor {
         };
         outcome.usage = usage;
         Ok(outcome)
+    }
+}
+
+/// Rewrites the calls of a resumed answer whose arguments the application
+/// edited: the history records each call with the arguments it ran with.
+/// The answer was never recorded in the history, so nothing recorded is
+/// rewritten.
+fn apply_edits(cx: &LeafContext<'_>, response: &mut ModelResponse) {
+    for item in &mut response.content {
+        if let Item::ToolUse { id, name, input } = item
+            && let Some(args) = cx.policy.edited_args(cx.instance().id(), id, name)
+        {
+            *input = args;
+        }
     }
 }
 

@@ -36,6 +36,11 @@ pub enum YieldReason {
     /// The loop guard ended the run: a leaf kept calling one tool with the
     /// same arguments within the user turn.
     LoopDetected,
+    /// Calls of the answer need the application's approval: the step ended
+    /// without recording the answer, and the run waits for the decisions
+    /// ([`MachineStep::approvals`] lists the calls), then for
+    /// [`Machine::resume`](crate::Machine::resume).
+    AwaitingApproval,
 }
 
 impl YieldReason {
@@ -52,6 +57,7 @@ impl YieldReason {
             YieldReason::External => "external",
             YieldReason::Restricted => "restricted",
             YieldReason::LoopDetected => "loop_detected",
+            YieldReason::AwaitingApproval => "awaiting_approval",
         }
     }
 }
@@ -84,6 +90,11 @@ pub struct MachineStep {
     pub cede_content: Option<Value>,
     /// Suspended instances (on `awaiting_resume`).
     pub suspended_instances: Vec<SuspendedInstance>,
+    /// The calls waiting for the application's decision (on
+    /// `awaiting_approval`), oldest first: each request's id, the call's id,
+    /// the tool, the arguments, a preview and the expiry. Decide them with
+    /// [`Machine::approvals`](crate::Machine::approvals).
+    pub approvals: Vec<markov_policy::ConfirmationRequest>,
     /// The machine's exact response, when a terminal tool produced it.
     pub response: Option<String>,
     /// Set when a tool ended the run with a `TerminateResponse`.

@@ -25,7 +25,9 @@
 //! A first parameter of type `&ToolContext<'_>` receives the call's
 //! context (state, history, the application's deps). A function returning
 //! `Result<T, E>` fails with `E`; any other return type cannot fail. Options:
-//! `#[tool(name = "other_name")]`, `#[tool(description = "...")]`.
+//! `#[tool(name = "other_name")]`, `#[tool(description = "...")]`, and
+//! `#[tool(needs_approval)]`: every call waits for the application's
+//! approval (the machine pauses its run until the application decides).
 //!
 //! The generated code names `markov_core`, or `markov::core` in a crate that
 //! depends on the `markov` facade instead.
@@ -45,14 +47,24 @@ use syn::{
 struct Options {
     name: Option<String>,
     description: Option<String>,
+    needs_approval: bool,
 }
 
 impl Parse for Options {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut options = Options::default();
         for meta in Punctuated::<Meta, Token![,]>::parse_terminated(input)? {
+            if let Meta::Path(path) = &meta
+                && path.is_ident("needs_approval")
+            {
+                options.needs_approval = true;
+                continue;
+            }
             let Meta::NameValue(nv) = &meta else {
-                return Err(syn::Error::new_spanned(meta, "expected `name = \"...\"`"));
+                return Err(syn::Error::new_spanned(
+                    meta,
+                    "expected `name = \"...\"`, `description = \"...\"` or `needs_approval`",
+                ));
             };
             let Expr::Lit(ExprLit {
                 lit: Lit::Str(value),
@@ -68,7 +80,7 @@ impl Parse for Options {
             } else {
                 return Err(syn::Error::new_spanned(
                     &nv.path,
-                    "unknown option: expected `name` or `description`",
+                    "unknown option: expected `name`, `description` or `needs_approval`",
                 ));
             }
         }
@@ -186,6 +198,7 @@ fn expand(options: Options, function: ItemFn) -> syn::Result<TokenStream2> {
     let struct_name = format_ident!("{}", upper_camel(&fn_name.to_string()));
     let args_name = format_ident!("{}Args", struct_name);
     let description = options.description.unwrap_or_else(|| doc_text(&function));
+    let needs_approval = options.needs_approval;
 
     let mut takes_context = false;
     let mut fields = Vec::new();
@@ -269,6 +282,7 @@ fn expand(options: Options, function: ItemFn) -> syn::Result<TokenStream2> {
 
         impl #core::tool::Tool for #struct_name {
             const NAME: &'static str = #tool_name;
+            const NEEDS_APPROVAL: bool = #needs_approval;
             type Args = #args_name;
             type Output = #output;
             type Error = #error;

@@ -1,8 +1,7 @@
 //! The server: a markov tool registry, with its policies, served over MCP.
 //!
 //! [`McpToolServer`] answers `tools/list` with the registry's definitions
-//! (exactly what a model would be offered, the `confirmationToken`
-//! argument of tools that need confirmation included) and `tools/call`
+//! (exactly what a model would be offered) and `tools/call`
 //! through the registry's stack, so every policy applies to calls from
 //! other agents and IDEs as to a machine's. A successful call's result is
 //! the tool's output as one text block (the registry's `{"ok":true,..}`
@@ -14,9 +13,14 @@
 //! What one MCP session is to the registry:
 //!
 //! - the conversation is the registry's own ([`ToolRegistry::policy_state`]):
-//!   its approvals (the application approves a request the caller saw in
-//!   an error result with `registry.policy_state().approvals()`) and its
-//!   ledger are shared by every session of the server;
+//!   its approvals and its ledger are shared by every session of the
+//!   server. A caller over MCP cannot be paused, and each of its calls has
+//!   a new id: serve tools that need approval from a registry configured
+//!   with `ApprovalFlow::Token`, whose definitions offer the
+//!   `confirmationToken` argument (the application approves a request the
+//!   caller saw in an error result with
+//!   `registry.policy_state().approvals()`, and the caller calls again with
+//!   its id);
 //! - the turn's budget counters belong to one MCP session (a stdio server
 //!   has one; each Streamable HTTP session has its own);
 //! - each call gets a fresh call id, and the idempotency key the caller sent

@@ -9,6 +9,11 @@
 //! again (the same instance over the same history) gets the recorded one
 //! instead of a new model call: the same calls, with the same ids, answered
 //! from the ledger when they completed and run once when they did not.
+//!
+//! An answer whose calls wait for the application's approval stays
+//! recorded, marked paused, after its step: resuming replays it over the
+//! history as it is then, and the step that records it is the one that
+//! answers every call.
 
 use std::sync::Mutex;
 
@@ -27,6 +32,10 @@ pub struct RecordedAnswer {
     pub history_len: u64,
     /// The answer as the model gave it.
     pub response: ModelResponse,
+    /// Whether some of its calls wait for the application's approval: its
+    /// step ended without recording it, and resuming replays it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 /// The recorded answers of the step in flight (one per leaf that called
@@ -45,13 +54,50 @@ impl PendingAnswers {
     }
 
     /// The answer recorded for `instance` over a history of `history_len`
-    /// messages, if any.
+    /// messages, or its paused answer (over whatever history), if any.
     pub fn find(&self, instance: &InstanceId, history_len: usize) -> Option<ModelResponse> {
         let len = u64::try_from(history_len).unwrap_or(u64::MAX);
         self.lock()
             .iter()
-            .find(|a| a.instance == *instance && a.history_len == len)
+            .find(|a| a.instance == *instance && (a.paused || a.history_len == len))
             .map(|a| a.response.clone())
+    }
+
+    /// Marks the answer of `instance` paused (its calls wait for the
+    /// application) or not.
+    pub fn set_paused(&self, instance: &InstanceId, paused: bool) {
+        for answer in self.lock().iter_mut() {
+            if answer.instance == *instance {
+                answer.paused = paused;
+            }
+        }
+    }
+
+    /// Whether the answer of `instance` is paused.
+    pub fn is_paused(&self, instance: &InstanceId) -> bool {
+        self.lock()
+            .iter()
+            .any(|a| a.paused && a.instance == *instance)
+    }
+
+    /// The instances whose answer is paused, in the order they were
+    /// recorded.
+    pub fn paused(&self) -> Vec<InstanceId> {
+        self.lock()
+            .iter()
+            .filter(|a| a.paused)
+            .map(|a| a.instance.clone())
+            .collect()
+    }
+
+    /// Forgets every answer but the paused ones: their step is recorded.
+    pub fn settle(&self) {
+        self.lock().retain(|a| a.paused);
+    }
+
+    /// Forgets the paused answer of `instance` (a leaf that is gone).
+    pub fn forget(&self, instance: &InstanceId) {
+        self.lock().retain(|a| a.instance != *instance);
     }
 
     /// Adds `answer`, replacing one for the same instance.
@@ -71,7 +117,7 @@ impl PendingAnswers {
         self.lock().is_empty()
     }
 
-    /// Forgets every answer: their step is recorded.
+    /// Forgets every answer, paused ones included.
     pub fn clear(&self) {
         self.lock().clear();
     }

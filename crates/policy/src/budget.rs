@@ -93,6 +93,20 @@ impl TurnBudgetState {
         self.counts().per_category[category.index()]
     }
 
+    /// The counters as they are, to put back with [`rewind`](Self::rewind).
+    pub(crate) fn mark(&self) -> (u32, [u32; 3]) {
+        let counts = *self.counts();
+        (counts.total, counts.per_category)
+    }
+
+    /// Puts back counters taken with [`mark`](Self::mark).
+    pub(crate) fn rewind(&self, (total, per_category): (u32, [u32; 3])) {
+        *self.counts() = Counts {
+            total,
+            per_category,
+        };
+    }
+
     /// Charges one call of `category` if `budget` allows it; otherwise leaves
     /// the counters alone and says which limit was hit.
     pub fn try_charge(&self, category: Category, budget: &Budget) -> Result<(), Rejection> {

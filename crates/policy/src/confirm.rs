@@ -1,13 +1,33 @@
-//! `CONFIRMATION_REQUIRED` / `_PENDING` / `_DENIED` / `_INVALID`: tools that
-//! need the user's approval before they run.
+//! Tools that need the user's approval before they run, and the two ways
+//! a call of one waits for it ([`ApprovalFlow`]).
 //!
-//! An approval is a decision of the application, never of the model:
+//! An approval is a decision of the application, never of the model.
+//!
+//! # Pause (the default)
+//!
+//! A call of such a tool does not run: a request is recorded as pending in
+//! the conversation's [`Approvals`] — a random id (from the operating
+//! system's CSPRNG), the call's id, the tool, the exact arguments, a
+//! preview and an expiry — bound to the call itself (its user turn, its
+//! instance and its call id), and the call is reported as awaiting
+//! ([`CallReport::awaiting`](crate::CallReport::awaiting)). A machine then
+//! ends its step without recording the response (the calls of the response
+//! that need no approval have run; their results wait in the ledger) and
+//! yields `AwaitingApproval`. The application decides each request with
+//! [`Approvals::decide`]: approve, approve with edited arguments (checked
+//! against the tool's schema), deny with a message the model reads, or
+//! answer with a result of its own. Resuming replays the response: the
+//! calls that ran are answered from the ledger, an approved call runs once,
+//! through every stage inside this one, with the approved arguments; the
+//! others get the denial, the application's result, or — when the request
+//! expired before an approval was used — an expiry error. The model never
+//! sees a request id, so there is nothing it could present.
+//!
+//! # Token (the model-mediated flow)
 //!
 //! 1. A call of such a tool without a `confirmationToken` argument is
-//!    answered `CONFIRMATION_REQUIRED` with a [`ConfirmationRequest`]: a
-//!    random request id (from the operating system's CSPRNG), the tool, the
-//!    exact arguments, a preview and an expiry. The request is recorded as
-//!    pending in the conversation's [`Approvals`].
+//!    answered `CONFIRMATION_REQUIRED` with a [`ConfirmationRequest`]; the
+//!    request is recorded as pending.
 //! 2. The application shows it ([`Approvals::pending`]) and records the
 //!    user's answer with [`Approvals::approve`] or [`Approvals::deny`].
 //! 3. The model calls again with the same arguments and
@@ -21,13 +41,17 @@
 //! `CONFIRMATION_PENDING` (not yet approved), `CONFIRMATION_DENIED` or
 //! `CONFIRMATION_INVALID` (unknown, used, expired, or issued for another
 //! call). A used, denied or expired request stays invalid for good; asking
-//! again issues a new id. The approvals belong to one conversation (a
-//! machine's [`PolicyState`](crate::PolicyState)): an id approved in one is
-//! unknown in every other.
+//! again issues a new id.
 //!
-//! At most [`MAX_PENDING`] requests wait for a decision at once; a call that
-//! would issue one more gets its error result without a request. An approved
-//! request is never forgotten before it expires, however many calls follow.
+//! # Both
+//!
+//! The approvals belong to one conversation (a machine's
+//! [`PolicyState`](crate::PolicyState)): an id issued in one is unknown in
+//! every other. At most [`MAX_PENDING`] requests wait for a decision at
+//! once; a call that would issue one more gets its error result without a
+//! request. An approved request is never forgotten before it expires, and a
+//! request holding a paused call is kept (expired or not) until the step
+//! that answers the call is recorded.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,19 +59,24 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::future::BoxFuture;
+use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::tool::ToolExecutionResult;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::{Rejection, ToolErrorKind};
+use crate::error::{Rejection, ToolErrorKind, success_envelope};
+use crate::execute::{EnvelopeMode, ErrorFormat};
+use crate::idempotency::IdempotencyLedger;
 use crate::service::{ToolLayer, ToolRequest, ToolService};
 
-/// The argument that carries the id of an approved confirmation request.
+/// The argument that carries the id of an approved confirmation request
+/// (the token flow only).
 pub const CONFIRMATION_TOKEN: &str = "confirmationToken";
 
 /// Records kept per conversation before used, denied and expired ones are
-/// forgotten. Approved requests are never forgotten before they expire, and
-/// pending ones are bounded by [`MAX_PENDING`], so the set stays bounded by
+/// forgotten. Approved requests are never forgotten before they expire,
+/// pending ones are bounded by [`MAX_PENDING`], and the requests of a
+/// paused call go when its step is recorded, so the set stays bounded by
 /// what the application itself approves.
 const MAX_REQUESTS: usize = 1024;
 
@@ -60,6 +89,22 @@ pub const MAX_PENDING: usize = 64;
 
 /// The default lifetime of a confirmation request.
 pub const DEFAULT_CONFIRMATION_TTL: Duration = Duration::from_secs(300);
+
+/// How a call of a tool that needs approval waits for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ApprovalFlow {
+    /// The call does not run and the machine pauses its run
+    /// (`YieldReason::AwaitingApproval`); once the application has decided,
+    /// resuming runs the approved call without asking the model again.
+    #[default]
+    Pause,
+    /// The call is answered `CONFIRMATION_REQUIRED`; after the
+    /// application's approval the model calls again with
+    /// `confirmationToken` set to the request id. For callers that cannot
+    /// pause (another agent over MCP, say).
+    Token,
+}
 
 /// The opaque id of a confirmation request (`apr_` and 32 hex digits).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -96,11 +141,14 @@ impl fmt::Display for ApprovalId {
     }
 }
 
-/// What the user is asked to approve; the model reads it in the envelope.
+/// What the user is asked to approve. In the token flow the model reads
+/// it in the envelope; a paused call's request reaches only the
+/// application.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfirmationRequest {
-    /// The request's id: what the model sends back as `confirmationToken`
-    /// once the application has approved it.
+    /// The request's id: what the application decides; in the token flow,
+    /// what the model sends back as `confirmationToken` once the
+    /// application has approved it.
     pub request_id: ApprovalId,
     /// When the request expires, in Unix milliseconds.
     pub expires: u64,
@@ -111,6 +159,9 @@ pub struct ConfirmationRequest {
     /// A one-line preview of the action (the tool and its arguments, keys
     /// sorted).
     pub preview: String,
+    /// The paused call's id (the pause flow only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<ToolCallId>,
 }
 
 /// Where a confirmation request stands.
@@ -120,12 +171,15 @@ pub struct ConfirmationRequest {
 pub enum ApprovalStatus {
     /// Waiting for the application's decision.
     Pending,
-    /// Approved: the next matching call runs.
+    /// Approved (as asked or with edited arguments): the call runs.
     Approved,
     /// Denied by the application.
     Denied,
     /// Approved and used by a call.
     Used,
+    /// Answered by the application with a result of its own: the tool
+    /// does not run.
+    Answered,
 }
 
 impl fmt::Display for ApprovalStatus {
@@ -135,8 +189,78 @@ impl fmt::Display for ApprovalStatus {
             ApprovalStatus::Approved => "approved",
             ApprovalStatus::Denied => "denied",
             ApprovalStatus::Used => "used",
+            ApprovalStatus::Answered => "answered",
         })
     }
+}
+
+/// The application's decision on a confirmation request. As JSON it is
+/// tagged by `decision`: `{"decision": "approve"}`,
+/// `{"decision": "edit", "args": {..}}`,
+/// `{"decision": "deny", "message": ".."}`,
+/// `{"decision": "respond", "result": ..}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum Decision {
+    /// Run the call as the model asked.
+    Approve,
+    /// Run the call with these arguments instead (checked against the
+    /// tool's input schema when decided). The pause flow only.
+    Edit {
+        /// The arguments the call runs with.
+        args: Value,
+    },
+    /// Do not run the call; the model reads that the user declined, and
+    /// the message if there is one.
+    Deny {
+        /// What the model reads beside the refusal.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// Do not run the call; the model reads `result` as its result. The
+    /// pause flow only.
+    Respond {
+        /// The result (a string is the text the model reads; any other
+        /// value is written as JSON).
+        result: Value,
+    },
+}
+
+impl Decision {
+    /// The status a request takes with this decision.
+    fn status(&self) -> ApprovalStatus {
+        match self {
+            Decision::Approve | Decision::Edit { .. } => ApprovalStatus::Approved,
+            Decision::Deny { .. } => ApprovalStatus::Denied,
+            Decision::Respond { .. } => ApprovalStatus::Answered,
+        }
+    }
+
+    /// The decision's name (`"approve"`, ...).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Decision::Approve => "approve",
+            Decision::Edit { .. } => "edit",
+            Decision::Deny { .. } => "deny",
+            Decision::Respond { .. } => "respond",
+        }
+    }
+}
+
+/// The paused call a request holds: what binds the decision to that call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeldCall {
+    /// The call's key in the idempotency ledger: its user turn, instance
+    /// and call id.
+    pub key: String,
+    /// The leaf instance the call runs for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceId>,
+    /// The tool's input schema, which edited arguments must fit.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub schema: Value,
 }
 
 /// A confirmation request and where it stands: what a snapshot keeps.
@@ -146,14 +270,28 @@ pub struct ApprovalRecord {
     pub request: ConfirmationRequest,
     /// Its status.
     pub status: ApprovalStatus,
+    /// The application's decision, once made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decision: Option<Decision>,
+    /// The paused call it holds (the pause flow only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<HeldCall>,
 }
 
-/// Why the application's decision on a request was refused.
+impl ApprovalRecord {
+    /// Whether the application may still decide it at `now_ms`.
+    fn open(&self, now_ms: u64) -> bool {
+        self.status == ApprovalStatus::Pending && now_ms < self.request.expires
+    }
+}
+
+/// Why the application's decision on a request was refused. A refused
+/// decision changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ApprovalError {
-    /// No such request in this conversation (never issued, or forgotten
-    /// after it was used or expired).
+    /// No such request in this conversation (never issued, issued in
+    /// another conversation, or forgotten after it was used or expired).
     #[error("no confirmation request {0} in this conversation")]
     NotFound(ApprovalId),
     /// The request was already decided.
@@ -167,6 +305,43 @@ pub enum ApprovalError {
     /// The request expired before the decision.
     #[error("confirmation request {0} has expired")]
     Expired(ApprovalId),
+    /// The edited arguments do not fit the tool's input schema.
+    #[error("the edited arguments of {id} do not fit the tool: {reason}")]
+    InvalidArguments {
+        /// The request.
+        id: ApprovalId,
+        /// What does not fit.
+        reason: String,
+    },
+    /// The decision needs a paused call (editing or answering a request of
+    /// the token flow, where the model makes the call).
+    #[error(
+        "confirmation request {id} cannot be decided with {decision}: the model makes its call"
+    )]
+    Unsupported {
+        /// The request.
+        id: ApprovalId,
+        /// The decision's name.
+        decision: &'static str,
+    },
+}
+
+/// What the pause flow does with one call (see [`Approvals::check_held`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum HeldCheck {
+    /// Run the call, with these arguments when the application edited them.
+    Run(Option<Value>),
+    /// Wait for the application's decision on this request.
+    Wait(ConfirmationRequest),
+    /// The application denied the call, with this message.
+    Denied(Option<String>),
+    /// The application answered the call with this result.
+    Answered(Value),
+    /// The request expired before an approval was used.
+    Expired,
+    /// [`MAX_PENDING`] requests already wait: no request was issued.
+    Full,
 }
 
 /// The confirmation requests of one conversation.
@@ -182,6 +357,8 @@ fn unix_millis(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+type Records = BTreeMap<ApprovalId, (ApprovalRecord, u64)>;
+
 impl Approvals {
     /// No requests.
     pub fn new() -> Self {
@@ -189,13 +366,13 @@ impl Approvals {
     }
 
     /// The records, to read.
-    fn read(&self) -> std::sync::MutexGuard<'_, BTreeMap<ApprovalId, (ApprovalRecord, u64)>> {
+    fn read(&self) -> std::sync::MutexGuard<'_, Records> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The records, to change: bumps the revision (a spurious bump only
     /// costs a store one extra write).
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<ApprovalId, (ApprovalRecord, u64)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Records> {
         self.revision
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.read()
@@ -206,18 +383,31 @@ impl Approvals {
         self.revision.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// The requests waiting for a decision and not expired, oldest first.
+    /// The requests waiting for a decision and not expired, oldest first
+    /// (the paused calls' and the token flow's).
     pub fn pending(&self) -> Vec<ConfirmationRequest> {
         self.pending_at(SystemTime::now())
     }
 
     /// [`pending`](Self::pending) at `now`.
     pub fn pending_at(&self, now: SystemTime) -> Vec<ConfirmationRequest> {
-        let now = unix_millis(now);
+        self.pending_where(unix_millis(now), |_| true)
+    }
+
+    /// The undecided, unexpired requests of paused calls, oldest first.
+    pub fn held_pending_at(&self, now: SystemTime) -> Vec<ConfirmationRequest> {
+        self.pending_where(unix_millis(now), |r| r.held.is_some())
+    }
+
+    fn pending_where(
+        &self,
+        now_ms: u64,
+        keep: impl Fn(&ApprovalRecord) -> bool,
+    ) -> Vec<ConfirmationRequest> {
         let mut pending: Vec<_> = self
             .read()
             .values()
-            .filter(|(r, _)| r.status == ApprovalStatus::Pending && now < r.request.expires)
+            .filter(|(r, _)| r.open(now_ms) && keep(r))
             .map(|(r, seq)| (*seq, r.request.clone()))
             .collect();
         pending.sort_by_key(|(seq, _)| *seq);
@@ -229,24 +419,38 @@ impl Approvals {
         self.read().get(id).map(|(r, _)| r.clone())
     }
 
-    /// Approves the pending request `id`: the next call of its tool with its
-    /// exact arguments and `confirmationToken: id` runs, once.
+    /// Approves the pending request `id`: the call runs as the model asked
+    /// (in the token flow: the next call of its tool with its exact
+    /// arguments and `confirmationToken: id` runs, once).
     pub fn approve(&self, id: &ApprovalId) -> Result<ConfirmationRequest, ApprovalError> {
-        self.decide(id, ApprovalStatus::Approved, SystemTime::now())
+        self.decide(id, Decision::Approve)
     }
 
-    /// Denies the pending request `id`: a call presenting it is answered
-    /// `CONFIRMATION_DENIED`, for good.
+    /// Denies the pending request `id` without a message: the call does
+    /// not run, for good.
     pub fn deny(&self, id: &ApprovalId) -> Result<ConfirmationRequest, ApprovalError> {
-        self.decide(id, ApprovalStatus::Denied, SystemTime::now())
+        self.decide(id, Decision::Deny { message: None })
     }
 
-    /// Records a decision at `now` (what [`approve`](Self::approve) and
-    /// [`deny`](Self::deny) do with the current time).
+    /// Records the application's decision on the pending request `id`.
+    /// Refused, changing nothing, when the request is unknown in this
+    /// conversation, already decided or expired, when edited arguments do
+    /// not fit the tool's schema, and when a token-flow request is edited
+    /// or answered. Of two decisions racing on one request, exactly one is
+    /// recorded; the other is refused as already decided.
     pub fn decide(
         &self,
         id: &ApprovalId,
-        decision: ApprovalStatus,
+        decision: Decision,
+    ) -> Result<ConfirmationRequest, ApprovalError> {
+        self.decide_at(id, decision, SystemTime::now())
+    }
+
+    /// [`decide`](Self::decide) at `now`.
+    pub fn decide_at(
+        &self,
+        id: &ApprovalId,
+        decision: Decision,
         now: SystemTime,
     ) -> Result<ConfirmationRequest, ApprovalError> {
         let mut records = self.lock();
@@ -262,22 +466,43 @@ impl Approvals {
         if unix_millis(now) >= record.request.expires {
             return Err(ApprovalError::Expired(id.clone()));
         }
-        if matches!(decision, ApprovalStatus::Approved | ApprovalStatus::Denied) {
-            record.status = decision;
+        match (&decision, &record.held) {
+            (Decision::Edit { .. } | Decision::Respond { .. }, None) => {
+                return Err(ApprovalError::Unsupported {
+                    id: id.clone(),
+                    decision: decision.as_str(),
+                });
+            }
+            (Decision::Edit { args }, Some(held)) => {
+                let invalid = |reason: String| ApprovalError::InvalidArguments {
+                    id: id.clone(),
+                    reason,
+                };
+                markov_core::tool::check_tool_arguments(args)
+                    .map_err(|e| invalid(e.to_string()))?;
+                if !args.is_object() {
+                    return Err(invalid("arguments must be an object".into()));
+                }
+                crate::validate::check_schema(&held.schema, args).map_err(invalid)?;
+            }
+            _ => {}
         }
+        record.status = decision.status();
+        record.decision = Some(decision);
         Ok(record.request.clone())
     }
 
-    /// The requests worth keeping (pending or approved, not expired), for a
-    /// snapshot.
+    /// The requests worth keeping, for a snapshot: the pending and approved
+    /// ones that have not expired, and every request holding a paused call.
     pub fn snapshot(&self) -> Vec<ApprovalRecord> {
         let now = unix_millis(SystemTime::now());
         let mut kept: Vec<_> = self
             .read()
             .values()
             .filter(|(r, _)| {
-                matches!(r.status, ApprovalStatus::Pending | ApprovalStatus::Approved)
-                    && now < r.request.expires
+                r.held.is_some()
+                    || (matches!(r.status, ApprovalStatus::Pending | ApprovalStatus::Approved)
+                        && now < r.request.expires)
             })
             .map(|(r, seq)| (*seq, r.clone()))
             .collect();
@@ -295,9 +520,115 @@ impl Approvals {
         trim(&mut map, 0);
     }
 
-    /// A request for `tool` with `args`: the pending one for the same call
-    /// if there is one, else a new one, or `None` when [`MAX_PENDING`]
-    /// requests already wait for a decision.
+    /// Forgets the requests of paused calls whose instance `still_paused`
+    /// does not name: their step is recorded, so the calls are answered.
+    pub fn forget_held(&self, still_paused: impl Fn(&InstanceId) -> bool) {
+        let mut records = self.read();
+        let before = records.len();
+        records.retain(|_, (r, _)| match &r.held {
+            Some(HeldCall {
+                instance: Some(instance),
+                ..
+            }) => still_paused(instance),
+            _ => true,
+        });
+        if records.len() != before {
+            self.revision
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// The arguments the application approved for the paused call `key` of
+    /// `tool`, when it edited them.
+    pub fn edited_args(&self, key: &str, tool: &str) -> Option<Value> {
+        self.read()
+            .values()
+            .find_map(|(r, _)| match (&r.held, &r.decision) {
+                (Some(held), Some(Decision::Edit { args }))
+                    if held.key == key && r.request.tool == tool =>
+                {
+                    Some(args.clone())
+                }
+                _ => None,
+            })
+    }
+
+    /// The pause flow's decision for the call `key` (its ledger key) of
+    /// `tool` with `args` (sans-IO): its request when it has one (the
+    /// arguments are the model's, or the ones the application approved),
+    /// else a new pending request. An approval is used here: a call that
+    /// gets [`HeldCheck::Run`] runs, and a used approval keeps letting the
+    /// same call through, so that a step resumed after a crash reaches the
+    /// ledger, which answers it without running it twice.
+    #[allow(clippy::too_many_arguments)]
+    pub fn check_held(
+        &self,
+        key: &str,
+        instance: Option<&InstanceId>,
+        call_id: &ToolCallId,
+        tool: &str,
+        args: &Value,
+        schema: impl FnOnce() -> Value,
+        ttl: Duration,
+        now: SystemTime,
+    ) -> HeldCheck {
+        let now_ms = unix_millis(now);
+        let mut records = self.lock();
+        let found = records.values_mut().find(|(r, _)| {
+            r.held.as_ref().is_some_and(|h| h.key == key)
+                && r.request.tool == tool
+                && (r.request.args == *args
+                    || matches!(&r.decision, Some(Decision::Edit { args: edited }) if edited == args))
+        });
+        if let Some((record, _)) = found {
+            let edited = match &record.decision {
+                Some(Decision::Edit { args }) => Some(args.clone()),
+                _ => None,
+            };
+            return match record.status {
+                ApprovalStatus::Used => HeldCheck::Run(edited),
+                ApprovalStatus::Approved if now_ms < record.request.expires => {
+                    record.status = ApprovalStatus::Used;
+                    HeldCheck::Run(edited)
+                }
+                ApprovalStatus::Pending if now_ms < record.request.expires => {
+                    HeldCheck::Wait(record.request.clone())
+                }
+                ApprovalStatus::Approved | ApprovalStatus::Pending => HeldCheck::Expired,
+                ApprovalStatus::Denied => HeldCheck::Denied(match &record.decision {
+                    Some(Decision::Deny { message }) => message.clone(),
+                    _ => None,
+                }),
+                ApprovalStatus::Answered => HeldCheck::Answered(match &record.decision {
+                    Some(Decision::Respond { result }) => result.clone(),
+                    _ => Value::Null,
+                }),
+            };
+        }
+        if open_count(&records, now_ms) >= MAX_PENDING {
+            return HeldCheck::Full;
+        }
+        let request = new_request(tool, args, ttl, now, Some(call_id.clone()));
+        insert(
+            &mut records,
+            ApprovalRecord {
+                request: request.clone(),
+                status: ApprovalStatus::Pending,
+                decision: None,
+                held: Some(HeldCall {
+                    key: key.to_owned(),
+                    instance: instance.cloned(),
+                    schema: schema(),
+                }),
+            },
+            now_ms,
+        );
+        HeldCheck::Wait(request)
+    }
+
+    /// A request for `tool` with `args` (the token flow): the pending one
+    /// for the same call if there is one, else a new one, or `None` when
+    /// [`MAX_PENDING`] requests already wait for a decision.
     fn request(
         &self,
         tool: &str,
@@ -308,47 +639,30 @@ impl Approvals {
         let now_ms = unix_millis(now);
         let mut records = self.lock();
         if let Some((record, _)) = records.values().find(|(r, _)| {
-            r.status == ApprovalStatus::Pending
-                && now_ms < r.request.expires
-                && r.request.tool == tool
-                && r.request.args == *args
+            r.held.is_none() && r.open(now_ms) && r.request.tool == tool && r.request.args == *args
         }) {
             return Some(record.request.clone());
         }
-        let pending = records
-            .values()
-            .filter(|(r, _)| r.status == ApprovalStatus::Pending && now_ms < r.request.expires)
-            .count();
-        if pending >= MAX_PENDING {
+        if open_count(&records, now_ms) >= MAX_PENDING {
             return None;
         }
-        // A lifetime too long for the clock ("never expires") saturates.
-        let expires = now.checked_add(ttl).map_or(u64::MAX, unix_millis);
-        let request = ConfirmationRequest {
-            request_id: ApprovalId::random(),
-            expires,
-            tool: tool.to_owned(),
-            args: args.clone(),
-            preview: format!("{tool} {}", canonical(args)),
-        };
-        trim(&mut records, now_ms);
-        let seq = next_seq(&records);
-        records.insert(
-            request.request_id.clone(),
-            (
-                ApprovalRecord {
-                    request: request.clone(),
-                    status: ApprovalStatus::Pending,
-                },
-                seq,
-            ),
+        let request = new_request(tool, args, ttl, now, None);
+        insert(
+            &mut records,
+            ApprovalRecord {
+                request: request.clone(),
+                status: ApprovalStatus::Pending,
+                decision: None,
+                held: None,
+            },
+            now_ms,
         );
         Some(request)
     }
 
-    /// The stage's decision for a call of `tool` (sans-IO): strips the token
-    /// from `input`, then passes the call (`Ok`, consuming an approval) or
-    /// says why not.
+    /// The token flow's decision for a call of `tool` (sans-IO): strips the
+    /// token from `input`, then passes the call (`Ok`, consuming an
+    /// approval) or says why not.
     pub fn check(
         &self,
         tool: &str,
@@ -387,7 +701,9 @@ impl Approvals {
         };
         let now_ms = unix_millis(now);
         let mut records = self.lock();
-        let Some((record, _)) = records.get_mut(&token) else {
+        // A paused call's request is the application's alone: no token
+        // names it.
+        let Some((record, _)) = records.get_mut(&token).filter(|(r, _)| r.held.is_none()) else {
             drop(records);
             return Err(fresh(
                 ToolErrorKind::ConfirmationInvalid,
@@ -416,8 +732,16 @@ impl Approvals {
             }
             ApprovalStatus::Pending => Err(Rejection::new(ToolErrorKind::ConfirmationPending)
                 .with_confirmation(record.request.clone())),
-            ApprovalStatus::Denied => Err(Rejection::new(ToolErrorKind::ConfirmationDenied)),
-            ApprovalStatus::Used => {
+            ApprovalStatus::Denied => {
+                let rejection = Rejection::new(ToolErrorKind::ConfirmationDenied);
+                Err(match &record.decision {
+                    Some(Decision::Deny {
+                        message: Some(message),
+                    }) => rejection.with_detail(message.clone()),
+                    _ => rejection,
+                })
+            }
+            ApprovalStatus::Used | ApprovalStatus::Answered => {
                 drop(records);
                 Err(fresh(
                     ToolErrorKind::ConfirmationInvalid,
@@ -428,25 +752,70 @@ impl Approvals {
     }
 }
 
-fn next_seq(map: &BTreeMap<ApprovalId, (ApprovalRecord, u64)>) -> u64 {
+/// Requests that wait for a decision and have not expired.
+fn open_count(records: &Records, now_ms: u64) -> usize {
+    records.values().filter(|(r, _)| r.open(now_ms)).count()
+}
+
+/// A new request with a random id.
+fn new_request(
+    tool: &str,
+    args: &Value,
+    ttl: Duration,
+    now: SystemTime,
+    call_id: Option<ToolCallId>,
+) -> ConfirmationRequest {
+    // A lifetime too long for the clock ("never expires") saturates.
+    let expires = now.checked_add(ttl).map_or(u64::MAX, unix_millis);
+    ConfirmationRequest {
+        request_id: ApprovalId::random(),
+        expires,
+        tool: tool.to_owned(),
+        args: args.clone(),
+        preview: format!("{tool} {}", canonical(args)),
+        call_id,
+    }
+}
+
+fn insert(records: &mut Records, record: ApprovalRecord, now_ms: u64) {
+    trim(records, now_ms);
+    let seq = next_seq(records);
+    records.insert(record.request.request_id.clone(), (record, seq));
+}
+
+fn next_seq(map: &Records) -> u64 {
     map.values().map(|(_, s)| *s + 1).max().unwrap_or(0)
 }
 
+/// Whether a record may be evicted to make room at all: not one holding a
+/// paused call of a machine, which goes when the call's step is recorded
+/// (a resumed step must find its decision).
+fn evictable(record: &ApprovalRecord) -> bool {
+    let machine_held = record.held.as_ref().is_some_and(|h| h.instance.is_some());
+    !machine_held
+}
+
 /// Makes room for one more record: expired records go first, then the
-/// oldest used or denied ones. Pending and approved requests are never
-/// evicted: pending ones are bounded by [`MAX_PENDING`] where they are
-/// issued, approved ones by the application that approves them.
-fn trim(map: &mut BTreeMap<ApprovalId, (ApprovalRecord, u64)>, now_ms: u64) {
+/// oldest used, denied or answered ones. Pending and approved requests are
+/// never evicted: pending ones are bounded by [`MAX_PENDING`] where they
+/// are issued, approved ones by the application that approves them.
+fn trim(map: &mut Records, now_ms: u64) {
     if map.len() < MAX_REQUESTS {
         return;
     }
-    map.retain(|_, (r, _)| now_ms < r.request.expires);
+    map.retain(|_, (r, _)| !evictable(r) || now_ms < r.request.expires);
     if map.len() < MAX_REQUESTS {
         return;
     }
     let mut settled: Vec<(u64, ApprovalId)> = map
         .iter()
-        .filter(|(_, (r, _))| matches!(r.status, ApprovalStatus::Used | ApprovalStatus::Denied))
+        .filter(|(_, (r, _))| {
+            evictable(r)
+                && matches!(
+                    r.status,
+                    ApprovalStatus::Used | ApprovalStatus::Denied | ApprovalStatus::Answered
+                )
+        })
         .map(|(id, (_, seq))| (*seq, id.clone()))
         .collect();
     settled.sort_unstable();
@@ -482,12 +851,38 @@ fn canonical(v: &Value) -> String {
 #[derive(Debug, Clone, Copy)]
 pub struct ConfirmLayer {
     ttl: Duration,
+    flow: ApprovalFlow,
+    envelope: EnvelopeMode,
+    errors: ErrorFormat,
 }
 
 impl ConfirmLayer {
-    /// A layer whose requests live for `ttl`.
+    /// A layer whose requests live for `ttl`, pausing calls
+    /// ([`ApprovalFlow::Pause`]) and answering in envelopes.
     pub fn new(ttl: Duration) -> Self {
-        ConfirmLayer { ttl }
+        ConfirmLayer {
+            ttl,
+            flow: ApprovalFlow::Pause,
+            envelope: EnvelopeMode::On,
+            errors: ErrorFormat::Envelope,
+        }
+    }
+
+    /// Sets how a call waits for its approval.
+    #[must_use]
+    pub fn flow(mut self, flow: ApprovalFlow) -> Self {
+        self.flow = flow;
+        self
+    }
+
+    /// Sets how the stage writes the results it gives itself: the
+    /// application's answer (`envelope`) and a refusal (`errors`; the token
+    /// flow's are always envelopes, which carry the request).
+    #[must_use]
+    pub fn format(mut self, envelope: EnvelopeMode, errors: ErrorFormat) -> Self {
+        self.envelope = envelope;
+        self.errors = errors;
+        self
     }
 }
 
@@ -496,7 +891,7 @@ impl<S> ToolLayer<S> for ConfirmLayer {
     fn layer(&self, inner: S) -> Self::Service {
         Confirm {
             inner,
-            ttl: self.ttl,
+            layer: *self,
         }
     }
 }
@@ -505,26 +900,115 @@ impl<S> ToolLayer<S> for ConfirmLayer {
 #[derive(Debug, Clone)]
 pub struct Confirm<S> {
     inner: S,
-    ttl: Duration,
+    layer: ConfirmLayer,
+}
+
+impl<S> Confirm<S> {
+    /// The error result of a call this stage answers itself.
+    fn refuse(
+        &self,
+        req: &ToolRequest<'_>,
+        kind: ToolErrorKind,
+        detail: Option<String>,
+    ) -> ToolExecutionResult {
+        let mut rejection = Rejection::new(kind);
+        if let Some(detail) = detail {
+            rejection = rejection.with_detail(detail);
+        }
+        match self.layer.errors {
+            ErrorFormat::PlainText => {
+                req.report.set_error(kind);
+                ToolExecutionResult::error(req.call_id.clone(), rejection.message())
+            }
+            _ => rejection.respond(req),
+        }
+    }
+
+    /// The application's own result for a call.
+    fn answered(&self, req: &ToolRequest<'_>, result: &Value) -> ToolExecutionResult {
+        let content = match self.layer.envelope {
+            EnvelopeMode::On => success_envelope(result, &[]),
+            EnvelopeMode::Off => match result {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            },
+        };
+        ToolExecutionResult::success(req.call_id.clone(), content)
+    }
+}
+
+/// Whether a call of this request's tool needs the application's approval:
+/// its registry metadata says so, or its own definition does.
+fn needs_approval(req: &ToolRequest<'_>) -> bool {
+    req.metadata.is_some_and(|m| m.requires_confirmation())
+        || req.tool.is_some_and(|t| t.definition().needs_approval)
 }
 
 impl<S: ToolService> ToolService for Confirm<S> {
     fn call<'a>(&'a self, mut req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
-        if !req.metadata.is_some_and(|m| m.requires_confirmation()) {
+        if !needs_approval(&req) {
             return self.inner.call(req);
         }
-        match req.policy.approvals().check(
-            req.name,
-            req.input.to_mut(),
-            self.ttl,
-            SystemTime::now(),
-        ) {
-            Ok(()) => self.inner.call(req),
-            Err(rejection) => {
-                let result = rejection.respond(&req);
-                Box::pin(std::future::ready(result))
-            }
+        let approvals = req.policy.approvals();
+        let now = SystemTime::now();
+        if self.layer.flow == ApprovalFlow::Token {
+            return match approvals.check(req.name, req.input.to_mut(), self.layer.ttl, now) {
+                Ok(()) => self.inner.call(req),
+                Err(rejection) => {
+                    let result = rejection.respond(&req);
+                    Box::pin(std::future::ready(result))
+                }
+            };
         }
+        let key = IdempotencyLedger::key(&req);
+        let tool = req.tool;
+        let check = approvals.check_held(
+            &key,
+            req.cx.instance_id(),
+            req.call_id,
+            req.name,
+            &req.input,
+            || tool.map_or(Value::Null, |t| t.definition().input_schema.clone()),
+            self.layer.ttl,
+            now,
+        );
+        let result = match check {
+            HeldCheck::Run(edited) => {
+                if let Some(args) = edited {
+                    req.input = std::borrow::Cow::Owned(args);
+                }
+                return self.inner.call(req);
+            }
+            HeldCheck::Wait(request) => {
+                // Never recorded when the machine pauses: the step is not.
+                // It is the result only of a run cancelled while it waits,
+                // or of a caller that does not pause.
+                let result = self.refuse(
+                    &req,
+                    ToolErrorKind::ConfirmationPending,
+                    Some("the call was not run: it waits for the user's decision".into()),
+                );
+                req.report.set_awaiting(request);
+                result
+            }
+            HeldCheck::Denied(message) => {
+                self.refuse(&req, ToolErrorKind::ConfirmationDenied, message)
+            }
+            HeldCheck::Answered(result) => self.answered(&req, &result),
+            HeldCheck::Expired => self.refuse(
+                &req,
+                ToolErrorKind::ConfirmationExpired,
+                Some("the call was not run".into()),
+            ),
+            HeldCheck::Full => self.refuse(
+                &req,
+                ToolErrorKind::ConfirmationRequired,
+                Some(format!(
+                    "the call was not run: {MAX_PENDING} calls already wait for the user's decision"
+                )),
+            ),
+        };
+        Box::pin(std::future::ready(result))
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {
@@ -584,7 +1068,7 @@ mod tests {
             "the model cannot approve its own call"
         );
         approvals
-            .decide(&id, ApprovalStatus::Approved, at(1_002))
+            .decide_at(&id, Decision::Approve, at(1_002))
             .expect("approve");
         assert_eq!(
             present(&approvals, &id, json!({"a": 1, "b": 3}), at(1_003)),
@@ -620,7 +1104,7 @@ mod tests {
             first.request_id
         );
         approvals
-            .decide(&first.request_id, ApprovalStatus::Denied, at(12))
+            .decide_at(&first.request_id, Decision::Deny { message: None }, at(12))
             .expect("deny");
         assert_eq!(
             present(&approvals, &first.request_id, json!({"a": 1}), at(13)),
@@ -645,12 +1129,12 @@ mod tests {
         let approvals = Approvals::new();
         let late = required(&approvals, json!({"a": 1}), at(0)).request_id;
         assert_eq!(
-            approvals.decide(&late, ApprovalStatus::Approved, at(301)),
+            approvals.decide_at(&late, Decision::Approve, at(301)),
             Err(ApprovalError::Expired(late.clone()))
         );
         let used_late = required(&approvals, json!({"a": 2}), at(400)).request_id;
         approvals
-            .decide(&used_late, ApprovalStatus::Approved, at(401))
+            .decide_at(&used_late, Decision::Approve, at(401))
             .expect("approve");
         assert_eq!(
             present(&approvals, &used_late, json!({"a": 2}), at(701)),
@@ -662,11 +1146,7 @@ mod tests {
             "an expired approval stays invalid"
         );
         assert_eq!(
-            approvals.decide(
-                &ApprovalId::from("apr_0"),
-                ApprovalStatus::Approved,
-                at(402)
-            ),
+            approvals.decide_at(&ApprovalId::from("apr_0"), Decision::Approve, at(402)),
             Err(ApprovalError::NotFound(ApprovalId::from("apr_0")))
         );
     }
@@ -691,11 +1171,11 @@ mod tests {
         let pending = required(&approvals, json!({"a": 1}), now);
         let approved = required(&approvals, json!({"a": 2}), now);
         approvals
-            .decide(&approved.request_id, ApprovalStatus::Approved, now)
+            .decide_at(&approved.request_id, Decision::Approve, now)
             .expect("approve");
         let denied = required(&approvals, json!({"a": 3}), now);
         approvals
-            .decide(&denied.request_id, ApprovalStatus::Denied, now)
+            .decide_at(&denied.request_id, Decision::Deny { message: None }, now)
             .expect("deny");
         let records = approvals.snapshot();
         assert_eq!(records.len(), 2);
@@ -713,7 +1193,7 @@ mod tests {
         let approvals = Approvals::new();
         let approved = required(&approvals, json!({"n": -1}), at(0)).request_id;
         approvals
-            .decide(&approved, ApprovalStatus::Approved, at(1))
+            .decide_at(&approved, Decision::Approve, at(1))
             .expect("approve");
         let mut refused = 0;
         for n in 0..2_000 {
@@ -743,5 +1223,101 @@ mod tests {
             .check("pay", &mut input, Duration::MAX, SystemTime::now())
             .expect_err("needs approval");
         assert_eq!(err.confirmation().map(|r| r.expires), Some(u64::MAX));
+    }
+
+    fn hold(approvals: &Approvals, key: &str, now: SystemTime) -> HeldCheck {
+        approvals.check_held(
+            key,
+            Some(&InstanceId::new("leaf")),
+            &ToolCallId::new("c1"),
+            "pay",
+            &json!({"a": 1}),
+            || json!({"type": "object", "properties": {"a": {"type": "integer"}}}),
+            TTL,
+            now,
+        )
+    }
+
+    #[test]
+    fn a_held_request_outlives_its_expiry_until_its_step_is_recorded() {
+        let approvals = Approvals::new();
+        let HeldCheck::Wait(request) = hold(&approvals, "t1:leaf:c1", at(0)) else {
+            panic!("a new call waits");
+        };
+        assert_eq!(request.call_id, Some(ToolCallId::new("c1")));
+        assert_eq!(approvals.held_pending_at(at(1)), vec![request.clone()]);
+        // Long expired, still in the snapshot: a restored step answers it
+        // as expired instead of asking again.
+        let records = approvals.snapshot();
+        assert_eq!(records.len(), 1);
+        let restored = Approvals::new();
+        restored.restore(records);
+        assert_eq!(hold(&restored, "t1:leaf:c1", at(1_000)), HeldCheck::Expired);
+        assert_eq!(
+            restored.held_pending_at(at(1_000)),
+            Vec::new(),
+            "nothing to decide"
+        );
+        // A paused leaf keeps it; once its step is recorded it goes.
+        restored.forget_held(|i| i.as_str() == "leaf");
+        assert_eq!(restored.snapshot().len(), 1);
+        restored.forget_held(|_| false);
+        assert!(restored.snapshot().is_empty());
+    }
+
+    #[test]
+    fn a_used_approval_keeps_letting_its_own_call_through_and_no_other() {
+        let approvals = Approvals::new();
+        let HeldCheck::Wait(request) = hold(&approvals, "t1:leaf:c1", at(0)) else {
+            panic!("waits");
+        };
+        approvals
+            .decide_at(&request.request_id, Decision::Approve, at(1))
+            .expect("approve");
+        assert_eq!(hold(&approvals, "t1:leaf:c1", at(2)), HeldCheck::Run(None));
+        // Used: a resumed step after a crash reaches the ledger again, even
+        // after the expiry.
+        assert_eq!(
+            hold(&approvals, "t1:leaf:c1", at(10_000)),
+            HeldCheck::Run(None)
+        );
+        // Another call (another key) is another request.
+        assert!(matches!(
+            hold(&approvals, "t1:leaf:c2", at(3)),
+            HeldCheck::Wait(r) if r.request_id != request.request_id
+        ));
+        // A token names no held request.
+        let mut input = json!({"a": 1, CONFIRMATION_TOKEN: request.request_id.as_str()});
+        assert_eq!(
+            approvals
+                .check("pay", &mut input, TTL, at(4))
+                .map_err(|r| r.kind()),
+            Err(ToolErrorKind::ConfirmationInvalid)
+        );
+    }
+
+    #[test]
+    fn a_flood_never_evicts_a_paused_call() {
+        let approvals = Approvals::new();
+        let HeldCheck::Wait(request) = hold(&approvals, "t1:leaf:c1", at(0)) else {
+            panic!("waits");
+        };
+        approvals
+            .decide_at(&request.request_id, Decision::Approve, at(1))
+            .expect("approve");
+        assert_eq!(hold(&approvals, "t1:leaf:c1", at(2)), HeldCheck::Run(None));
+        for n in 0..2_000 {
+            let id = approvals
+                .check("pay", &mut json!({ "n": n }), TTL, at(3))
+                .err()
+                .and_then(|r| r.confirmation().map(|c| c.request_id.clone()));
+            if let Some(id) = id {
+                let _ = approvals.decide_at(&id, Decision::Deny { message: None }, at(3));
+            }
+        }
+        assert_eq!(
+            approvals.get(&request.request_id).map(|r| r.status),
+            Some(ApprovalStatus::Used)
+        );
     }
 }

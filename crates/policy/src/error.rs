@@ -67,6 +67,8 @@ kinds! {
     ConfirmationDenied => "CONFIRMATION_DENIED", retryable: false, "The user declined this action";
     /// The confirmation token is unknown, used, expired, or for another call.
     ConfirmationInvalid => "CONFIRMATION_INVALID", retryable: false, "The confirmation token is invalid, used or expired";
+    /// A paused call's request expired before an approval was used.
+    ConfirmationExpired => "CONFIRMATION_EXPIRED", retryable: false, "The user's approval expired before this action ran";
     /// The leaf repeated an identical call too often in this user turn.
     RepeatedCall => "REPEATED_CALL", retryable: false, "Not run: this exact call was repeated too often";
     /// The call id was already used by a call with another tool or other arguments.
@@ -249,6 +251,7 @@ mod tests {
                 "CONFIRMATION_PENDING",
                 "CONFIRMATION_DENIED",
                 "CONFIRMATION_INVALID",
+                "CONFIRMATION_EXPIRED",
                 "REPEATED_CALL",
                 "IDEMPOTENCY_CONFLICT",
                 "INVALID_INPUT",

@@ -1,5 +1,6 @@
 //! Replays: a call whose idempotency key was already answered gets the stored
-//! result, and the tool does not run again.
+//! result, and the tool does not run again. The state patches the call wrote
+//! are written again, so a replayed step applies them as the first run did.
 //!
 //! The key is `t<turn>:<instance>:<tool_call_id>`: the conversation's user
 //! turn, the leaf instance the call runs for, and the provider's call id. A
@@ -37,7 +38,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::channel::oneshot;
 use futures::future::BoxFuture;
-use markov_core::tool::{TerminateResponse, ToolExecutionResult, UserMessage};
+use markov_core::tool::{
+    StateAccess, StateUpdateError, TerminateResponse, ToolExecutionResult, UserMessage,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -138,6 +141,11 @@ pub struct LedgerEntry {
     /// content is a note that the call completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub args_digest: Option<String>,
+    /// The state patches the call wrote, in order (accepted or not): a
+    /// replay writes them again, so the step that records the replayed
+    /// result applies what the call did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state_updates: Vec<Value>,
 }
 
 /// The hex SHA-256 of `args`' JSON text.
@@ -191,6 +199,7 @@ impl LedgerEntry {
             + value_size(&self.args)
             + self.result.content.len()
             + self.intents.iter().map(value_size).sum::<usize>()
+            + self.state_updates.iter().map(value_size).sum::<usize>()
             + 64
     }
 }
@@ -300,10 +309,19 @@ impl IdempotencyLedger {
 
     /// The key of a request: its user turn, instance and call id.
     pub fn key(req: &ToolRequest<'_>) -> String {
-        let turn = req.policy.turn();
-        match req.cx.instance_id() {
-            Some(instance) => format!("t{turn}:{instance}:{}", req.call_id),
-            None => format!("t{turn}:{}", req.call_id),
+        Self::key_of(req.policy.turn(), req.cx.instance_id(), req.call_id)
+    }
+
+    /// The key of the call `call_id` made for `instance` in user turn
+    /// `turn`.
+    pub fn key_of(
+        turn: u64,
+        instance: Option<&markov_core::ids::InstanceId>,
+        call_id: &markov_core::ids::ToolCallId,
+    ) -> String {
+        match instance {
+            Some(instance) => format!("t{turn}:{instance}:{call_id}"),
+            None => format!("t{turn}:{call_id}"),
         }
     }
 
@@ -463,6 +481,27 @@ impl Drop for Claim<'_> {
     }
 }
 
+/// The state a call writes through, recording each patch for its ledger
+/// entry.
+struct Recording<'a> {
+    inner: &'a dyn StateAccess,
+    updates: Mutex<Vec<Value>>,
+}
+
+impl StateAccess for Recording<'_> {
+    fn state(&self) -> &Value {
+        self.inner.state()
+    }
+
+    fn update_state(&self, patch: Value) -> Result<(), StateUpdateError> {
+        self.updates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(patch.clone());
+        self.inner.update_state(patch)
+    }
+}
+
 /// The idempotency stage's layer.
 #[derive(Debug, Clone, Copy)]
 pub struct IdempotencyLayer {
@@ -515,6 +554,11 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                 ) {
                     Begin::Replay(entry) => {
                         tracing::debug!(key = %key, "idempotent replay: the stored result is returned");
+                        for patch in &entry.state_updates {
+                            // Refused now as then: the running state is the
+                            // same, and the result already says so.
+                            let _ = req.cx.state_access().update_state(patch.clone());
+                        }
                         if let Some(kind) =
                             entry.error.as_deref().and_then(ToolErrorKind::from_wire)
                         {
@@ -550,11 +594,22 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                                 .with_detail(format!("not run: {reason}"))
                                 .respond(&req);
                         }
+                        let recording = Recording {
+                            inner: req.cx.state_access(),
+                            updates: Mutex::new(Vec::new()),
+                        };
                         let req = ToolRequest {
-                            cx: req.cx.with_idempotency_key(&tool_key),
+                            cx: req
+                                .cx
+                                .with_idempotency_key(&tool_key)
+                                .with_state(&recording),
                             ..req
                         };
                         let result = self.inner.call(req).await;
+                        let state_updates = recording
+                            .updates
+                            .into_inner()
+                            .unwrap_or_else(|p| p.into_inner());
                         // The tool and arguments the claim recorded move into
                         // the entry: no second copy of the arguments.
                         let (tool, args) = claim.take_call();
@@ -568,6 +623,7 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                             recorded_at: unix_millis(SystemTime::now()),
                             turn,
                             args_digest: None,
+                            state_updates,
                         }
                         .within(&self.limits);
                         // Written ahead: durable before anyone uses the result.
@@ -613,6 +669,7 @@ mod tests {
             recorded_at: at,
             turn: 0,
             args_digest: None,
+            state_updates: Vec::new(),
         }
     }
 

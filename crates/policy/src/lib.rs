@@ -30,8 +30,9 @@ pub use answers::{PendingAnswers, RecordedAnswer};
 pub use audit::{AuditLayer, AuditRecord, AuditSink};
 pub use budget::{Budget, BudgetRecord, TurnBudgetState, TurnBudgets};
 pub use confirm::{
-    ApprovalError, ApprovalId, ApprovalRecord, ApprovalStatus, Approvals, CONFIRMATION_TOKEN,
-    ConfirmLayer, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL,
+    ApprovalError, ApprovalFlow, ApprovalId, ApprovalRecord, ApprovalStatus, Approvals,
+    CONFIRMATION_TOKEN, ConfirmLayer, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL, Decision,
+    HeldCall, HeldCheck,
 };
 pub use error::{Rejection, ToolErrorKind};
 pub use execute::{
@@ -46,7 +47,7 @@ pub use metadata::{Category, Mode, ToolMetadata};
 pub use repeat::{LoopGuard, Repeat, RepeatCounts, RepeatRecord};
 pub use service::{BoxToolService, CallReport, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
-pub use state::{Journal, PolicyCounters, PolicySnapshot, PolicyState};
+pub use state::{Journal, LeafMark, PolicyCounters, PolicySnapshot, PolicyState};
 pub use timeout::TimeoutLayer;
 pub use tools::{
     Executed, PolicyConfig, RegistryBinding, RegistryError, RegistrySession, ToolRegistry,

@@ -149,6 +149,24 @@ impl RepeatCounts {
         }
     }
 
+    /// The counts of `leaf`, to put back with [`rewind`](Self::rewind).
+    pub(crate) fn mark(&self, leaf: &InstanceId) -> Vec<((String, u64), (u32, u32))> {
+        self.lock()
+            .iter()
+            .filter(|((instance, _, _), _)| instance == leaf)
+            .map(|((_, tool, fp), c)| ((tool.clone(), *fp), (c.calls, c.refused)))
+            .collect()
+    }
+
+    /// Puts back the counts of `leaf` taken with [`mark`](Self::mark).
+    pub(crate) fn rewind(&self, leaf: &InstanceId, marked: Vec<((String, u64), (u32, u32))>) {
+        let mut counts = self.lock();
+        counts.retain(|(instance, _, _), _| instance != leaf);
+        for ((tool, fp), (calls, refused)) in marked {
+            counts.insert((leaf.clone(), tool, fp), Count { calls, refused });
+        }
+    }
+
     /// Starts a user turn: every count starts over.
     pub fn clear(&self) {
         self.lock().clear();

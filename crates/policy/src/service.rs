@@ -10,6 +10,7 @@ use markov_core::tool::{SharedTool, ToolContext, ToolExecutionResult};
 use serde_json::Value;
 
 use crate::budget::TurnBudgetState;
+use crate::confirm::ConfirmationRequest;
 use crate::error::ToolErrorKind;
 use crate::metadata::{Mode, ToolMetadata};
 use crate::state::PolicyState;
@@ -60,8 +61,9 @@ pub enum ToolOrigin {
     Pack,
 }
 
-/// What a call produced besides its result: the error kind of a failure and
-/// the intents of a success. Filled in by the stages, read by audit and the
+/// What a call produced besides its result: the error kind of a failure,
+/// the intents of a success, and the request of a call that waits for the
+/// application's approval. Filled in by the stages, read by audit and the
 /// caller.
 #[derive(Debug, Default)]
 pub struct CallReport {
@@ -72,6 +74,7 @@ pub struct CallReport {
 struct ReportInner {
     error: Option<ToolErrorKind>,
     intents: Vec<Value>,
+    awaiting: Option<ConfirmationRequest>,
 }
 
 impl CallReport {
@@ -107,6 +110,17 @@ impl CallReport {
     /// Takes the intents out of the report.
     pub fn take_intents(&self) -> Vec<Value> {
         std::mem::take(&mut self.lock().intents)
+    }
+
+    /// Records that the call did not run and waits for the application's
+    /// decision on `request` (the pause flow).
+    pub fn set_awaiting(&self, request: ConfirmationRequest) {
+        self.lock().awaiting = Some(request);
+    }
+
+    /// The request the call waits for, if it was paused.
+    pub fn awaiting(&self) -> Option<ConfirmationRequest> {
+        self.lock().awaiting.clone()
     }
 }
 

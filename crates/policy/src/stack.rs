@@ -123,7 +123,11 @@ impl PolicyStack<Identity> {
             .layer(ModeLayer::mode())
             .layer(GateLayer::new(config.budget_gate()))
             .layer(ValidateLayer::validate())
-            .layer(ConfirmLayer::new(config.confirmation_lifetime()))
+            .layer(
+                ConfirmLayer::new(config.confirmation_lifetime())
+                    .flow(config.flow())
+                    .format(config.envelope_mode(), crate::ErrorFormat::Envelope),
+            )
             .layer(IdempotencyLayer::new(config.idempotency_limits()))
             .layer(LatencyLayer::new())
             .layer(TimeoutLayer::new())

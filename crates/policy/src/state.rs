@@ -169,9 +169,64 @@ impl PolicyState {
         crate::idempotency::hex(&hasher.finalize())
     }
 
-    /// The confirmation requests: list them, approve or deny them.
+    /// The confirmation requests: list them, decide them.
     pub fn approvals(&self) -> &Approvals {
         &self.approvals
+    }
+
+    /// Whether a step of this conversation ended with calls waiting for the
+    /// application's approval, and waits to be resumed.
+    pub fn is_paused(&self) -> bool {
+        !self.answers.paused().is_empty()
+    }
+
+    /// Called once a step is recorded: the answers it replayed or recorded
+    /// are forgotten, but those still paused; so are the requests of the
+    /// paused calls it answered.
+    pub fn settle_step(&self) {
+        self.answers.settle();
+        let paused = self.answers.paused();
+        self.approvals
+            .forget_held(|instance| paused.contains(instance));
+    }
+
+    /// Forgets the paused answer of `instance` and the requests of its
+    /// calls (the leaf is gone: nothing can resume it).
+    pub fn abandon_paused(&self, instance: &InstanceId) {
+        self.answers.forget(instance);
+        let paused = self.answers.paused();
+        self.approvals.forget_held(|i| paused.contains(i));
+    }
+
+    /// The arguments the application approved for the paused call
+    /// `call_id` of `tool` made by `instance` in the current user turn,
+    /// when it edited them.
+    pub fn edited_args(
+        &self,
+        instance: &InstanceId,
+        call_id: &ToolCallId,
+        tool: &str,
+    ) -> Option<serde_json::Value> {
+        let key = IdempotencyLedger::key_of(self.turn(), Some(instance), call_id);
+        self.approvals.edited_args(&key, tool)
+    }
+
+    /// The budget and loop-guard counters of `leaf`, to put back with
+    /// [`rewind_leaf`](Self::rewind_leaf) when its step pauses: resuming
+    /// replays the step's calls, and they must not count twice.
+    pub fn mark_leaf(&self, leaf: &InstanceId) -> LeafMark {
+        LeafMark {
+            leaf: leaf.clone(),
+            budget: self.budgets.for_leaf(leaf).mark(),
+            repeats: self.repeats.mark(leaf),
+        }
+    }
+
+    /// Puts back the counters of a leaf as [`mark_leaf`](Self::mark_leaf)
+    /// took them.
+    pub fn rewind_leaf(&self, mark: LeafMark) {
+        self.budgets.for_leaf(&mark.leaf).rewind(mark.budget);
+        self.repeats.rewind(&mark.leaf, mark.repeats);
     }
 
     /// The answered calls.
@@ -237,6 +292,15 @@ impl PolicyState {
             answers: self.answers.snapshot(),
         }
     }
+}
+
+/// One leaf's budget and loop-guard counters at a point of its step (see
+/// [`PolicyState::mark_leaf`]).
+#[derive(Debug, Clone)]
+pub struct LeafMark {
+    leaf: InstanceId,
+    budget: (u32, [u32; 3]),
+    repeats: Vec<((String, u64), (u32, u32))>,
 }
 
 /// The small, often rewritten part of a [`PolicySnapshot`]: the

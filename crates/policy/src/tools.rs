@@ -14,7 +14,9 @@ use serde_json::{Value, json};
 
 use crate::audit::AuditSink;
 use crate::budget::{Budget, BudgetGate, TurnBudgetState};
-use crate::confirm::{CONFIRMATION_TOKEN, DEFAULT_CONFIRMATION_TTL};
+use crate::confirm::{
+    ApprovalFlow, CONFIRMATION_TOKEN, ConfirmLayer, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL,
+};
 use crate::error::ToolErrorKind;
 use crate::execute::{EnvelopeMode, ExecuteService};
 use crate::idempotency::{IdempotencyLayer, IdempotencyLimits};
@@ -33,6 +35,7 @@ pub struct PolicyConfig {
     budget: Budget,
     mode_budgets: Vec<(Mode, Budget)>,
     confirmation_ttl: Duration,
+    approval_flow: ApprovalFlow,
     idempotency: IdempotencyLimits,
     audit_sink: Option<Arc<dyn AuditSink>>,
     envelope: EnvelopeMode,
@@ -41,14 +44,16 @@ pub struct PolicyConfig {
 }
 
 impl PolicyConfig {
-    /// `budget` in every mode; envelopes on; confirmation requests valid for
-    /// 5 minutes; answers kept for replays within
+    /// `budget` in every mode; envelopes on; calls that need approval
+    /// pause the run ([`ApprovalFlow::Pause`]) and their requests are valid
+    /// for 5 minutes; answers kept for replays within
     /// [`IdempotencyLimits::default`]; no audit sink.
     pub fn new(budget: Budget) -> Self {
         PolicyConfig {
             budget,
             mode_budgets: Vec::new(),
             confirmation_ttl: DEFAULT_CONFIRMATION_TTL,
+            approval_flow: ApprovalFlow::Pause,
             idempotency: IdempotencyLimits::default(),
             audit_sink: None,
             envelope: EnvelopeMode::On,
@@ -70,6 +75,20 @@ impl PolicyConfig {
     pub fn confirmation_ttl(mut self, ttl: Duration) -> Self {
         self.confirmation_ttl = ttl;
         self
+    }
+
+    /// How a call that needs approval waits for it: the run pauses
+    /// ([`ApprovalFlow::Pause`], the default), or the model is told to call
+    /// again with the approved request's id ([`ApprovalFlow::Token`]).
+    #[must_use]
+    pub fn approval_flow(mut self, flow: ApprovalFlow) -> Self {
+        self.approval_flow = flow;
+        self
+    }
+
+    /// How a call that needs approval waits for it.
+    pub fn flow(&self) -> ApprovalFlow {
+        self.approval_flow
     }
 
     /// How long, and how many, answered calls are kept for replays.
@@ -239,12 +258,17 @@ pub struct Executed {
     pub error: Option<ToolErrorKind>,
     /// The intents of a success.
     pub intents: Vec<Value>,
+    /// Set when the call did not run and waits for the application's
+    /// decision on this request ([`ApprovalFlow::Pause`]): once decided, the
+    /// same call (same id, same arguments) gets the decision's outcome.
+    pub awaiting: Option<ConfirmationRequest>,
 }
 
-/// The registry of a machine that has none: no tools, no policies, a stack
-/// with only the execute stage, in [`ErrorFormat::PlainText`](crate::ErrorFormat).
-/// Every tool call takes the same path through a [`ToolService`]; this is
-/// that path's plainest form.
+/// The registry of a machine that has none: no tools, no policies but the
+/// pause of a tool whose definition needs approval and the ledger, and the
+/// execute stage, in [`ErrorFormat::PlainText`](crate::ErrorFormat). Every
+/// tool call takes the same path through a [`ToolService`]; this is that
+/// path's plainest form.
 pub fn plain_registry() -> &'static ToolRegistry {
     static PLAIN: std::sync::OnceLock<ToolRegistry> = std::sync::OnceLock::new();
     PLAIN.get_or_init(|| {
@@ -257,6 +281,10 @@ pub fn plain_registry() -> &'static ToolRegistry {
             // from it instead of running the tool again.
             service: Arc::new(
                 PolicyStack::new()
+                    .layer(
+                        ConfirmLayer::new(config.confirmation_lifetime())
+                            .format(EnvelopeMode::Off, crate::ErrorFormat::PlainText),
+                    )
                     .layer(IdempotencyLayer::new(config.idempotency_limits()))
                     .service(ExecuteService::plain()),
             ),
@@ -335,16 +363,21 @@ impl ToolRegistry {
 
     /// The definition to offer a model for `name`, as [`definitions`](Self::definitions) writes it.
     pub fn definition(&self, name: &str) -> Option<ToolDefinition> {
-        self.index.get(name).map(|&i| offered(&self.entries[i]))
+        self.index
+            .get(name)
+            .map(|&i| offered(&self.entries[i], self.config.flow()))
     }
 
     /// The definitions to offer a model, in registration order: exactly the
-    /// schemas the stack enforces. A tool that needs confirmation gets an
-    /// optional `confirmationToken` string argument.
+    /// schemas the stack enforces. In the token flow
+    /// ([`ApprovalFlow::Token`]) a tool that needs confirmation gets an
+    /// optional `confirmationToken` string argument; a paused call needs
+    /// none, so the model is offered nothing to approve with.
     /// A provider crate renders them in its vendor's format (e.g.
     /// `markov_providers::openai::tool_schemas`).
     pub fn definitions(&self) -> Vec<ToolDefinition> {
-        self.entries.iter().map(offered).collect()
+        let flow = self.config.flow();
+        self.entries.iter().map(|e| offered(e, flow)).collect()
     }
 
     /// A session of this registry in `mode`, charging `turn`, in the
@@ -451,6 +484,7 @@ impl<'a> RegistrySession<'a> {
                 error: report.error_kind(),
                 intents: Vec::new(),
                 result,
+                awaiting: None,
             };
         }
         let req = ToolRequest {
@@ -471,6 +505,7 @@ impl<'a> RegistrySession<'a> {
         Executed {
             error: report.error_kind(),
             intents: report.take_intents(),
+            awaiting: report.awaiting(),
             result,
         }
     }
@@ -523,7 +558,7 @@ impl RegistryBinding {
         for entry in &self.registry.entries {
             let name = entry.tool.definition().name.as_str();
             if entry.metadata.allows(&self.mode) && !base.iter().any(|d| d.name.as_str() == name) {
-                merged.push(offered(entry));
+                merged.push(offered(entry, self.registry.config.flow()));
             }
         }
         let merged: Arc<[ToolDefinition]> = merged.into();
@@ -555,10 +590,12 @@ impl RegistryBinding {
 }
 
 /// A registered tool's definition as offered: with the `confirmationToken`
-/// argument when the tool needs confirmation.
-fn offered(e: &Entry) -> ToolDefinition {
+/// argument when the tool needs confirmation in the token flow.
+fn offered(e: &Entry, flow: ApprovalFlow) -> ToolDefinition {
     let mut def = e.tool.definition().clone();
-    if e.metadata.requires_confirmation()
+    let needs = e.metadata.requires_confirmation() || def.needs_approval;
+    if needs
+        && flow == ApprovalFlow::Token
         && let Some(obj) = def.input_schema.as_object_mut()
     {
         let props = obj

@@ -11,7 +11,10 @@ use markov_executor::{
     MachineStep, RunError, RunOptions, RunState, SerializeError, run_command, run_leaves,
     serialize_instance_tree, serialize_machine,
 };
-use markov_policy::{Journal, LedgerEntry, PolicyCounters, RecordedAnswer};
+use markov_policy::{
+    ApprovalError, ApprovalId, ConfirmationRequest, Decision, Journal, LedgerEntry, PolicyCounters,
+    RecordedAnswer,
+};
 use tracing::Instrument;
 
 use crate::{Lease, SessionId, StepRecord, Store, StoreError, WorkerId};
@@ -35,6 +38,9 @@ pub enum DurableError {
     /// The stored session does not read back into a machine.
     #[error(transparent)]
     Deserialize(#[from] DeserializeError),
+    /// A decision on a confirmation request was refused (nothing changed).
+    #[error(transparent)]
+    Approval(#[from] ApprovalError),
 }
 
 /// What a worker knows of its lease while a step runs: until when it holds
@@ -294,7 +300,9 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// Writes what changed since the last write (after an approval or a
     /// command outside a run, say).
     pub async fn persist(&mut self) -> Result<(), DurableError> {
-        self.write(None).await
+        // A run still to continue stays recorded as in progress.
+        let run = self.interrupted.clone();
+        self.write(run.as_ref()).await
     }
 
     /// Whether the machine changed since the last write.
@@ -488,6 +496,70 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             // the ones running finish.
             futures::future::Either::Right(((), leaves)) => leaves.await,
         }
+    }
+
+    /// Records the application's decision on the request `id` (see
+    /// `Approvals::decide`) and writes it before returning: a decision
+    /// given is never lost, and a refused one changes nothing.
+    pub async fn decide(
+        &mut self,
+        id: &ApprovalId,
+        decision: Decision,
+    ) -> Result<ConfirmationRequest, DurableError> {
+        let request = self.machine.approvals().decide(id, decision)?;
+        self.persist().await?;
+        Ok(request)
+    }
+
+    /// Resumes the step that waits for approval, once its calls are
+    /// decided (see `Machine::resume`): the paused answers are replayed —
+    /// no model call — the approved calls run once, every call's result is
+    /// recorded, and the run goes on, each step written before the next
+    /// model call. The run is written as in progress before anything runs,
+    /// so a crash in between leaves a run that [`run`](Self::run) continues
+    /// (an interrupted run is continued here too). Input queued meanwhile
+    /// is held back and left queued for the next run.
+    pub async fn resume(&mut self, options: RunOptions) -> Result<MachineStep, DurableError> {
+        self.resume_with(options, |_| {}).await
+    }
+
+    /// [`resume`](Self::resume), handing each step to `on_step` once it is
+    /// stored.
+    pub async fn resume_with(
+        &mut self,
+        options: RunOptions,
+        mut on_step: impl FnMut(&MachineStep),
+    ) -> Result<MachineStep, DurableError> {
+        let span = tracing::info_span!(
+            "invoke_agent",
+            otel.name = %format_args!("invoke_agent {}", self.machine.charter().name()),
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = self.machine.charter().name(),
+            session = %self.id,
+            worker = %self.holder,
+            resumed = true,
+        );
+        async move {
+            if let Some(state) = self.interrupted.take() {
+                let held = self.machine.queue().drain_all();
+                let finished = self.drive(state, &mut on_step).await;
+                self.machine.queue().requeue_front(held);
+                return finished;
+            }
+            if !self.machine.is_awaiting_approval() {
+                return Err(RunError::NotAwaitingApproval.into());
+            }
+            let held = self.machine.queue().drain_all();
+            let state = RunState::resume(options);
+            let finished = match self.write(Some(&state)).await {
+                Ok(()) => self.drive(state, &mut on_step).await,
+                Err(e) => Err(e),
+            };
+            self.machine.queue().requeue_front(held);
+            finished
+        }
+        .instrument(span)
+        .await
     }
 
     /// Runs the command `name` (see `markov_executor::run_command`) and

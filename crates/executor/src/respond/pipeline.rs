@@ -170,6 +170,9 @@ pub(crate) struct PipelineOutcome {
     /// The loop guard ended the run: the tool the leaf kept calling with the
     /// same arguments, and how many times it did in this user turn.
     pub loop_stop: Option<(String, u32)>,
+    /// The calls that did not run because they wait for the application's
+    /// decision, in call order: the step pauses instead of recording them.
+    pub awaiting: Vec<markov_policy::ConfirmationRequest>,
 }
 
 impl PipelineOutcome {
@@ -515,7 +518,7 @@ pub(crate) async fn run_tool_calls_logged(
                         (r, true)
                     } else {
                         let is_pack = matches!(found, Found::Pack(..));
-                        let (r, intents) = run_found(
+                        let (r, intents, awaiting) = run_found(
                             leaf,
                             found,
                             call,
@@ -528,6 +531,7 @@ pub(crate) async fn run_tool_calls_logged(
                         .await;
                         out.intents
                             .extend(intents.into_iter().map(|i| (call.id.clone(), i)));
+                        out.awaiting.extend(awaiting);
                         (r, !is_pack)
                     }
                 }
@@ -700,8 +704,13 @@ async fn run_found(
     state_patch: &mut Option<Value>,
     running_packs: &mut BTreeMap<String, Value>,
     pack_patches: &mut Vec<(String, Value)>,
-) -> (ToolExecutionResult, Vec<Value>) {
+) -> (
+    ToolExecutionResult,
+    Vec<Value>,
+    Option<markov_policy::ConfirmationRequest>,
+) {
     let intents;
+    let awaiting;
     let result = match found {
         Found::Node(tool, scope) => {
             let scoped = match scope {
@@ -711,9 +720,10 @@ async fn run_found(
             let cx = ToolContext::new(call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id)
                 .with_deps(leaf.deps);
-            let (mut result, tool_intents) =
+            let (mut result, tool_intents, waits) =
                 call_tool(leaf, tool, call, cx, ToolOrigin::Node).await;
             intents = tool_intents;
+            awaiting = waits;
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
                 // Updates made before a failure are kept, as upstream does.
@@ -736,8 +746,10 @@ async fn run_found(
             let cx = ToolContext::new(call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id)
                 .with_deps(leaf.deps);
-            let (result, tool_intents) = call_tool(leaf, tool, call, cx, ToolOrigin::Pack).await;
+            let (result, tool_intents, waits) =
+                call_tool(leaf, tool, call, cx, ToolOrigin::Pack).await;
             intents = tool_intents;
+            awaiting = waits;
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
                 running_packs.insert(pack.name().to_owned(), new_state);
@@ -763,7 +775,7 @@ async fn run_found(
             }
         }
     };
-    (result, intents)
+    (result, intents, awaiting)
 }
 
 /// The error result of a call the loop guard refused.
@@ -842,15 +854,20 @@ async fn contain_panic(
 
 /// Runs one resolved tool through the tool path: the registry's stack when
 /// one is set and registers the tool's name, else the plain execute-only
-/// stack ([`plain_session`]). Returns the result and the intents of a
-/// success.
+/// stack ([`plain_session`]). Returns the result, the intents of a success,
+/// and the request the call waits for when it needs the application's
+/// approval.
 async fn call_tool(
     leaf: &LeafView<'_>,
     tool: &SharedTool,
     call: &ToolCall<'_>,
     cx: ToolContext<'_>,
     origin: ToolOrigin,
-) -> (ToolExecutionResult, Vec<Value>) {
+) -> (
+    ToolExecutionResult,
+    Vec<Value>,
+    Option<markov_policy::ConfirmationRequest>,
+) {
     // A tool the leaf offers but the registry does not register (a node's
     // own `respond` or `finish`, say) has no metadata for the stack's
     // stages, which would refuse every call of it as unknown: what is
@@ -868,21 +885,20 @@ async fn call_tool(
         cx,
         leaf.terminate_message,
     );
-    let intents = Mutex::new(Vec::new());
+    let reported = Mutex::new((Vec::new(), None));
     let result = contain_panic(leaf, call, async {
         let executed = run.await;
-        *intents.lock().unwrap_or_else(|p| p.into_inner()) = executed.intents;
+        *reported.lock().unwrap_or_else(|p| p.into_inner()) = (executed.intents, executed.awaiting);
         executed.result
     })
     .await;
-    (
-        result,
-        intents.into_inner().unwrap_or_else(|p| p.into_inner()),
-    )
+    let (intents, awaiting) = reported.into_inner().unwrap_or_else(|p| p.into_inner());
+    (result, intents, awaiting)
 }
 
-/// The tool path of a leaf without a registry: [`plain_registry`]'s
-/// execute-only stack, upstream's plain-text errors.
+/// The tool path of a leaf without a registry: [`plain_registry`]'s stack
+/// (the pause of a tool that needs approval, the ledger, the execution),
+/// upstream's plain-text errors.
 fn plain_session<'a>(leaf: &LeafView<'a>) -> RegistrySession<'a> {
     static MODE: OnceLock<Mode> = OnceLock::new();
     static TURN: OnceLock<TurnBudgetState> = OnceLock::new();

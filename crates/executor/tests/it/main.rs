@@ -2,6 +2,7 @@
 //! dominate the test run): one module per area.
 
 mod agent;
+mod approvals;
 mod builtin_tools;
 mod cancellation;
 mod client;

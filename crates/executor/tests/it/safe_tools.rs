@@ -18,8 +18,8 @@ use markov_executor::{
     StandardExecutor, YieldReason, deserialize_machine, serialize_machine,
 };
 use markov_policy::{
-    ApprovalId, Budget, CONFIRMATION_TOKEN, Category, Mode, PolicyConfig, ToolMetadata,
-    ToolRegistry, WithIntents,
+    ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Category, Mode, PolicyConfig,
+    ToolMetadata, ToolRegistry, WithIntents,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
@@ -189,8 +189,13 @@ fn error_type(content: &str) -> Option<String> {
 
 // --- approvals --------------------------------------------------------------
 
+/// The model-mediated flow: the model calls again with the approved token.
+fn token_flow() -> PolicyConfig {
+    PolicyConfig::new(Budget::UNLIMITED).approval_flow(ApprovalFlow::Token)
+}
+
 #[tokio::test]
-async fn the_model_is_offered_the_registry_schema_and_cannot_approve_its_own_payment() {
+async fn in_the_token_flow_the_model_is_offered_the_token_and_cannot_approve_its_own_payment() {
     let pays = Arc::new(AtomicUsize::new(0));
     let model = Arc::new(
         ScriptedModel::builder()
@@ -198,10 +203,7 @@ async fn the_model_is_offered_the_registry_schema_and_cannot_approve_its_own_pay
             .text("Please approve the payment.")
             .build(),
     );
-    let (_, mut m) = registry_machine(
-        model.clone(),
-        registry(PolicyConfig::new(Budget::UNLIMITED), &pays),
-    );
+    let (_, mut m) = registry_machine(model.clone(), registry(token_flow(), &pays));
     m.enqueue_user("pay 50");
     let (_, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(err.is_none(), "{err:?}");
@@ -241,17 +243,14 @@ async fn the_model_is_offered_the_registry_schema_and_cannot_approve_its_own_pay
             .text("Still waiting.")
             .build(),
     );
-    let (charter, _) = registry_machine(
-        model.clone(),
-        registry(PolicyConfig::new(Budget::UNLIMITED), &pays),
-    );
+    let (charter, _) = registry_machine(model.clone(), registry(token_flow(), &pays));
     let snapshot = serialize_machine(&m).expect("serializes");
     assert_eq!(
         snapshot.policy.approvals.len(),
         1,
         "the pending approval is in the snapshot"
     );
-    let registry_again = registry(PolicyConfig::new(Budget::UNLIMITED), &pays);
+    let registry_again = registry(token_flow(), &pays);
     let mut m = deserialize_machine(
         charter.clone(),
         Arc::new(StandardExecutor::shared(model).with_registry(registry_again.clone(), Mode::TEXT)),

@@ -36,6 +36,27 @@ async fn divide(a: f64, b: f64) -> Result<f64, DivideByZero> {
     }
 }
 
+/// Transfers money.
+#[tool(name = "transfer", needs_approval)]
+async fn transfer(amount: u32) -> String {
+    format!("sent {amount}")
+}
+
+#[test]
+fn needs_approval_marks_the_definition_and_nothing_else() {
+    const { assert!(<Transfer as Tool>::NEEDS_APPROVAL) };
+    const { assert!(!<Add as Tool>::NEEDS_APPROVAL) };
+    let transfer = Erased::new(Transfer).expect("a valid name");
+    assert!(transfer.definition().needs_approval);
+    assert_eq!(transfer.definition().name.as_str(), "transfer");
+    assert!(
+        !Erased::new(Add)
+            .expect("a valid name")
+            .definition()
+            .needs_approval
+    );
+}
+
 #[test]
 fn names_and_descriptions_come_from_the_function() {
     assert_eq!(<Add as Tool>::NAME, "add");

@@ -7,8 +7,8 @@ use markov_core::tool::{NoState, ToolContext};
 use markov_executor::Agent;
 use markov_mcp::McpClient;
 use markov_policy::{
-    ApprovalId, Budget, CONFIRMATION_TOKEN, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
-    ToolRegistryBuilder, TurnBudgetState,
+    ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Mode, PolicyConfig, ToolMetadata,
+    ToolRegistry, ToolRegistryBuilder, TurnBudgetState,
 };
 use markov_runtime::node::Node;
 use markov_testkit::ScriptedModel;
@@ -32,9 +32,19 @@ async fn registry(
     budget: Budget,
     metadata: impl Fn(&markov_mcp::McpTool) -> ToolMetadata,
 ) -> Arc<ToolRegistry> {
+    registry_with(client, PolicyConfig::new(budget), metadata).await
+}
+
+async fn registry_with(
+    client: &McpClient,
+    config: PolicyConfig,
+    metadata: impl Fn(&markov_mcp::McpTool) -> ToolMetadata,
+) -> Arc<ToolRegistry> {
     Arc::new(
-        registry_builder(client, budget, metadata)
+        client
+            .register(ToolRegistry::builder(config), metadata)
             .await
+            .expect("registers")
             .lock()
             .expect("locks"),
     )
@@ -87,9 +97,12 @@ async fn a_mode_refusal_and_a_schema_invalid_call_never_reach_the_server() {
 #[tokio::test]
 async fn an_mcp_tool_that_needs_confirmation_runs_only_after_the_approval() {
     let client = McpClient::connect(stdio_config()).await.expect("connects");
-    let registry = registry(&client, Budget::UNLIMITED, |tool| {
-        McpClient::default_metadata(tool).with_confirmation()
-    })
+    // Called without a machine that could pause: the model-mediated flow.
+    let registry = registry_with(
+        &client,
+        PolicyConfig::new(Budget::UNLIMITED).approval_flow(ApprovalFlow::Token),
+        |tool| McpClient::default_metadata(tool).with_confirmation(),
+    )
     .await;
     let turn = TurnBudgetState::new();
     let state = NoState::default();

@@ -9,9 +9,10 @@ use futures::future::BoxFuture;
 use markov_core::ids::ToolCallId;
 use markov_core::tool::{NoState, Tool, ToolContext, ToolExecutionResult};
 use markov_policy::{
-    ApprovalId, AuditRecord, AuditSink, Budget, CONFIRMATION_TOKEN, Category, EnvelopeMode,
-    ExecuteService, Executed, Mode, PolicyConfig, PolicyStack, ToolErrorKind, ToolLayer,
-    ToolMetadata, ToolRegistry, ToolRequest, ToolService, TurnBudgetState, WithIntents,
+    ApprovalError, ApprovalFlow, ApprovalId, AuditRecord, AuditSink, Budget, CONFIRMATION_TOKEN,
+    Category, Decision, EnvelopeMode, ExecuteService, Executed, Mode, PolicyConfig, PolicyStack,
+    ToolErrorKind, ToolLayer, ToolMetadata, ToolRegistry, ToolRequest, ToolService,
+    TurnBudgetState, WithIntents,
 };
 use proptest::prelude::*;
 use schemars::JsonSchema;
@@ -209,6 +210,11 @@ fn fixture_with(config: PolicyConfig) -> Fixture {
 
 fn fixture() -> Fixture {
     fixture_with(PolicyConfig::new(Budget::TEXT))
+}
+
+/// The fixture with the model-mediated flow: the model presents the token.
+fn token_fixture() -> Fixture {
+    fixture_with(PolicyConfig::new(Budget::TEXT).approval_flow(ApprovalFlow::Token))
 }
 
 async fn call(
@@ -479,7 +485,7 @@ async fn the_retrieval_budget_runs_out_within_a_turn() {
 
 #[tokio::test]
 async fn confirmation_needs_the_applications_approval() {
-    let f = fixture();
+    let f = token_fixture();
     let turn = TurnBudgetState::new();
     let text = Mode::TEXT;
     let first = call(&f.registry, &text, &turn, "p1", "pay", json!({"amount": 5})).await;
@@ -578,7 +584,7 @@ async fn confirmation_needs_the_applications_approval() {
 
 #[tokio::test]
 async fn a_denied_request_stays_denied() {
-    let f = fixture();
+    let f = token_fixture();
     let turn = TurnBudgetState::new();
     let first = call(
         &f.registry,
@@ -612,7 +618,11 @@ async fn a_denied_request_stays_denied() {
 
 #[tokio::test]
 async fn an_expired_token_is_refused() {
-    let f = fixture_with(PolicyConfig::new(Budget::TEXT).confirmation_ttl(Duration::ZERO));
+    let f = fixture_with(
+        PolicyConfig::new(Budget::TEXT)
+            .approval_flow(ApprovalFlow::Token)
+            .confirmation_ttl(Duration::ZERO),
+    );
     let turn = TurnBudgetState::new();
     let first = call(
         &f.registry,
@@ -861,7 +871,7 @@ async fn audit_receives_one_record_per_call() {
             (
                 "pay",
                 false,
-                Some(ToolErrorKind::ConfirmationRequired),
+                Some(ToolErrorKind::ConfirmationPending),
                 Some(Category::Action)
             ),
         ]
@@ -907,15 +917,35 @@ fn the_version_follows_names_and_versions() {
 }
 
 #[test]
-fn definitions_offer_the_confirmation_token() {
+fn a_paused_call_is_offered_without_a_token() {
     let registry = ToolRegistry::builder(PolicyConfig::new(Budget::TEXT))
-        .register(Search, ToolMetadata::new(Category::Retrieval))
         .register(
             Pay::default(),
             ToolMetadata::new(Category::Action).with_confirmation(),
         )
         .lock()
         .expect("locks");
+    let defs = registry.definitions();
+    assert!(
+        defs[0].input_schema["properties"]
+            .get(CONFIRMATION_TOKEN)
+            .is_none(),
+        "nothing to approve with: {}",
+        defs[0].input_schema
+    );
+}
+
+#[test]
+fn definitions_offer_the_confirmation_token() {
+    let registry =
+        ToolRegistry::builder(PolicyConfig::new(Budget::TEXT).approval_flow(ApprovalFlow::Token))
+            .register(Search, ToolMetadata::new(Category::Retrieval))
+            .register(
+                Pay::default(),
+                ToolMetadata::new(Category::Action).with_confirmation(),
+            )
+            .lock()
+            .expect("locks");
     let defs = registry.definitions();
     let names: Vec<_> = defs.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["search", "pay"]);
@@ -997,14 +1027,283 @@ proptest! {
                 Kind::Restricted => Some("MODE_RESTRICTED"),
                 _ if charged >= 10 => Some("BUDGET_EXCEEDED"),
                 Kind::Retrieval if retrievals >= 5 => Some("BUDGET_EXCEEDED"),
-                Kind::NeedsConfirmation => { charged += 1; Some("CONFIRMATION_REQUIRED") }
+                Kind::NeedsConfirmation => { charged += 1; Some("CONFIRMATION_PENDING") }
                 Kind::Retrieval => { charged += 1; retrievals += 1; None }
                 Kind::Known => { charged += 1; None }
             };
             let got = error_type(e);
             prop_assert_eq!(got.as_deref(), expected);
             prop_assert_eq!(e.result.is_error, expected.is_some());
+            prop_assert_eq!(e.awaiting.is_some(), matches!(k, Kind::NeedsConfirmation) && expected == Some("CONFIRMATION_PENDING"));
         }
         prop_assert_eq!(f.sink.0.lock().expect("sink").len(), kinds.len());
     }
+}
+
+/// The pause flow, as a caller that does not pause sees it: the call waits
+/// (its result says so, without any request id), and the same call, once
+/// the application decided, gets the decision's outcome.
+#[tokio::test]
+async fn a_paused_call_runs_once_after_the_approval_with_the_same_call_id() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let text = Mode::TEXT;
+    let first = call(&f.registry, &text, &turn, "p1", "pay", json!({"amount": 5})).await;
+    assert_eq!(first.error, Some(ToolErrorKind::ConfirmationPending));
+    let request = first.awaiting.clone().expect("the call waits");
+    assert_eq!(request.call_id.as_ref().map(|c| c.as_str()), Some("p1"));
+    assert_eq!(request.args, json!({"amount": 5}));
+    assert!(
+        !first.result.content.contains(request.request_id.as_str())
+            && !first.result.content.contains("apr_"),
+        "the caller's result holds no request id: {}",
+        first.result.content
+    );
+    let again = call(&f.registry, &text, &turn, "p1", "pay", json!({"amount": 5})).await;
+    assert_eq!(
+        again.awaiting.map(|r| r.request_id),
+        Some(request.request_id.clone()),
+        "still the same request"
+    );
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+    let approvals = f.registry.policy_state().approvals();
+    assert_eq!(approvals.pending(), vec![request.clone()]);
+    approvals
+        .approve(&request.request_id)
+        .expect("the application approves");
+    for _ in 0..2 {
+        let run = call(&f.registry, &text, &turn, "p1", "pay", json!({"amount": 5})).await;
+        assert_eq!(run.result.content, r#"{"ok":true,"data":"paid 5"}"#);
+        assert!(run.awaiting.is_none());
+    }
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1, "paid once: then replayed");
+    // Another call (another id) is another request: an approval is for one call.
+    let other = call(&f.registry, &text, &turn, "p2", "pay", json!({"amount": 5})).await;
+    assert!(other.awaiting.is_some());
+    assert_ne!(
+        other.awaiting.map(|r| r.request_id),
+        Some(request.request_id)
+    );
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1);
+}
+
+/// Waits for a decision on the call `id` of `pay` with `args` and returns
+/// its request.
+async fn paused(f: &Fixture, turn: &TurnBudgetState, id: &str, args: Value) -> ApprovalId {
+    let e = call(&f.registry, &Mode::TEXT, turn, id, "pay", args).await;
+    e.awaiting.expect("the call waits").request_id
+}
+
+#[tokio::test]
+async fn an_edit_runs_the_call_with_the_approved_arguments_once_they_fit() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let id = paused(&f, &turn, "p1", json!({"amount": 500})).await;
+    let approvals = f.registry.policy_state().approvals();
+    let refused = approvals.decide(
+        &id,
+        Decision::Edit {
+            args: json!({"amount": "lots"}),
+        },
+    );
+    assert!(
+        matches!(&refused, Err(ApprovalError::InvalidArguments { reason, .. }) if reason.contains("amount")),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        approvals.decide(&id, Decision::Edit { args: json!([1]) }),
+        Err(ApprovalError::InvalidArguments { .. })
+    ));
+    assert_eq!(
+        approvals.pending().len(),
+        1,
+        "a refused edit changes nothing"
+    );
+    approvals
+        .decide(
+            &id,
+            Decision::Edit {
+                args: json!({"amount": 50}),
+            },
+        )
+        .expect("an edit that fits");
+    let run = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p1",
+        "pay",
+        json!({"amount": 500}),
+    )
+    .await;
+    assert_eq!(run.result.content, r#"{"ok":true,"data":"paid 50"}"#);
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_denial_or_an_answer_of_the_application_is_the_result_and_nothing_runs() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let denied = paused(&f, &turn, "p1", json!({"amount": 5})).await;
+    let answered = paused(&f, &turn, "p2", json!({"amount": 6})).await;
+    let approvals = f.registry.policy_state().approvals();
+    approvals
+        .decide(
+            &denied,
+            Decision::Deny {
+                message: Some("Not this month.".into()),
+            },
+        )
+        .expect("deny");
+    approvals
+        .decide(
+            &answered,
+            Decision::Respond {
+                result: json!("paid by cheque"),
+            },
+        )
+        .expect("respond");
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p1",
+        "pay",
+        json!({"amount": 5}),
+    )
+    .await;
+    assert_eq!(
+        e.result.content,
+        r#"{"ok":false,"error":{"type":"CONFIRMATION_DENIED","message":"The user declined this action: Not this month.","retryable":false}}"#
+    );
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p2",
+        "pay",
+        json!({"amount": 6}),
+    )
+    .await;
+    assert!(!e.result.is_error);
+    assert_eq!(e.result.content, r#"{"ok":true,"data":"paid by cheque"}"#);
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+    assert!(matches!(
+        approvals.approve(&denied),
+        Err(ApprovalError::AlreadyDecided { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_paused_call_whose_request_expired_is_answered_as_expired() {
+    let f = fixture_with(PolicyConfig::new(Budget::TEXT).confirmation_ttl(Duration::ZERO));
+    let turn = TurnBudgetState::new();
+    let id = paused(&f, &turn, "p1", json!({"amount": 5})).await;
+    let approvals = f.registry.policy_state().approvals();
+    assert_eq!(
+        approvals.approve(&id),
+        Err(ApprovalError::Expired(id.clone()))
+    );
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p1",
+        "pay",
+        json!({"amount": 5}),
+    )
+    .await;
+    assert_eq!(e.error, Some(ToolErrorKind::ConfirmationExpired));
+    assert!(e.awaiting.is_none());
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_token_request_cannot_be_edited_or_answered() {
+    let f = token_fixture();
+    let turn = TurnBudgetState::new();
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p1",
+        "pay",
+        json!({"amount": 5}),
+    )
+    .await;
+    let id = f.registry.policy_state().approvals().pending()[0]
+        .request_id
+        .clone();
+    assert!(e.awaiting.is_none(), "the token flow does not pause");
+    let approvals = f.registry.policy_state().approvals();
+    for decision in [
+        Decision::Edit {
+            args: json!({"amount": 1}),
+        },
+        Decision::Respond {
+            result: json!("done"),
+        },
+    ] {
+        assert!(matches!(
+            approvals.decide(&id, decision),
+            Err(ApprovalError::Unsupported { .. })
+        ));
+    }
+    assert_eq!(approvals.pending().len(), 1);
+}
+
+#[tokio::test]
+async fn of_two_decisions_racing_one_wins_and_the_other_is_refused() {
+    let f = fixture();
+    let turn = TurnBudgetState::new();
+    let id = paused(&f, &turn, "p1", json!({"amount": 5})).await;
+    let state = f.registry.policy_state();
+    let barrier = std::sync::Barrier::new(2);
+    let outcomes: Vec<_> = std::thread::scope(|s| {
+        let approve = s.spawn(|| {
+            barrier.wait();
+            state.approvals().approve(&id)
+        });
+        let deny = s.spawn(|| {
+            barrier.wait();
+            state.approvals().deny(&id)
+        });
+        vec![
+            approve.join().expect("no panic"),
+            deny.join().expect("no panic"),
+        ]
+    });
+    assert_eq!(
+        outcomes.iter().filter(|o| o.is_ok()).count(),
+        1,
+        "{outcomes:?}"
+    );
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| matches!(o, Err(ApprovalError::AlreadyDecided { .. })))
+    );
+    let record = state.approvals().get(&id).expect("kept");
+    let e = call(
+        &f.registry,
+        &Mode::TEXT,
+        &turn,
+        "p1",
+        "pay",
+        json!({"amount": 5}),
+    )
+    .await;
+    match record.decision {
+        Some(Decision::Approve) => assert_eq!(f.pays.load(Ordering::SeqCst), 1),
+        _ => {
+            assert_eq!(e.error, Some(ToolErrorKind::ConfirmationDenied));
+            assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+        }
+    }
+    // Another conversation knows nothing of it.
+    let other = fixture();
+    assert_eq!(
+        other.registry.policy_state().approvals().approve(&id),
+        Err(ApprovalError::NotFound(id))
+    );
 }

@@ -67,8 +67,11 @@ pub(crate) async fn serve(model: impl Model + 'static) -> Fixture {
             Pay(pays.clone()),
             ToolMetadata::new(Category::Action).with_confirmation(),
         )
-        // The registry's own result format: JSON envelopes.
-        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        // The registry's own result format (JSON envelopes) and the
+        // model-mediated approval flow these tests exercise.
+        .policies(
+            PolicyConfig::new(Budget::UNLIMITED).approval_flow(markov_policy::ApprovalFlow::Token),
+        )
         .model(model)
         .build()
         .expect("the agent builds");

@@ -1,6 +1,8 @@
 //! The integration tests of this crate, one binary (so linking does not
 //! dominate the test run): one module per area.
 
+#[cfg(feature = "sqlite")]
+mod approvals;
 mod common;
 #[cfg(feature = "sqlite")]
 mod exactly_once;

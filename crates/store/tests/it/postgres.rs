@@ -365,3 +365,96 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
         "the unrecorded call ran again, with the same idempotency key"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
+    let Some(server) = server() else { return };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("pg-paused");
+    let paying = |model: Arc<dyn markov_core::model::Model>| {
+        let registry = markov_policy::ToolRegistry::builder(markov_policy::PolicyConfig::new(
+            markov_policy::Budget::UNLIMITED,
+        ))
+        .register(
+            Pay(dir.path("effects")),
+            markov_policy::ToolMetadata::new(markov_policy::Category::Action).with_confirmation(),
+        )
+        .register(
+            Note,
+            markov_policy::ToolMetadata::new(markov_policy::Category::Other),
+        )
+        .lock()
+        .expect("the registry locks");
+        markov_executor::StandardExecutor::shared(model)
+            .with_registry(Arc::new(registry), markov_policy::Mode::TEXT)
+    };
+    let first_model = Arc::new(
+        ScriptedModel::builder()
+            .tool_calls([("note", json!({})), ("pay", json!({"amount": 4}))])
+            .build()
+            .fresh_call_ids(),
+    );
+    let (charter, node) = charter();
+    let machine = markov_executor::Machine::new(
+        charter.clone(),
+        paying(first_model.clone()),
+        markov_executor::Instance::new(node, json!({"notes": 0})),
+    )
+    .expect("machine builds");
+    let one = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    let mut first = DurableMachine::create(
+        one,
+        SessionId::new("paused"),
+        WorkerId::new("first"),
+        machine,
+    )
+    .await
+    .expect("created");
+    first.machine().enqueue_user("pay 4");
+    let last = first.run(RunOptions::default()).await.expect("runs");
+    assert_eq!(
+        last.yield_reason,
+        markov_executor::YieldReason::AwaitingApproval
+    );
+    first.release().await.expect("released");
+
+    let other = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    let model = Arc::new(ScriptedModel::builder().text("Paid 4.").build());
+    let mut second = DurableMachine::open(
+        other.clone(),
+        SessionId::new("paused"),
+        WorkerId::new("second"),
+        &agent_on(&charter, Arc::new(paying(model.clone()))),
+    )
+    .await
+    .expect("opens");
+    let pending = second.machine().approvals().pending();
+    assert_eq!(pending.len(), 1);
+    second
+        .decide(
+            &pending[0].request_id,
+            markov_policy::Decision::Edit {
+                args: json!({"amount": 3}),
+            },
+        )
+        .await
+        .expect("decided");
+    let last = second.resume(RunOptions::default()).await.expect("resumes");
+    assert!(last.done);
+    assert_eq!(lines(&dir.path("effects")), 1, "paid once");
+    assert!(
+        std::fs::read_to_string(dir.path("effects"))
+            .unwrap_or_default()
+            .starts_with("paid 3 "),
+        "with the approved arguments"
+    );
+    assert_eq!(first_model.calls(), 1);
+    assert_eq!(model.calls(), 1, "no extra round trip");
+    assert_eq!(second.machine().instance().state()["notes"], 1);
+    let expected = serialize_machine(second.machine())
+        .expect("serializes")
+        .into_owned();
+    second.release().await.expect("released");
+    let stored = other.load(&SessionId::new("paused")).await.expect("loads");
+    assert_eq!(stored.snapshot, expected);
+}

@@ -1,0 +1,766 @@
+//! Human in the loop: a call that needs approval pauses the run; the
+//! application approves, edits, denies or answers it; resuming runs the
+//! approved call once, records every call's result and only then calls the
+//! model. The model calls are counted: there is no extra round trip.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crate::common::*;
+use markov_core::Item;
+use markov_core::message::Message;
+use markov_core::tool::{Tool, ToolContext};
+use markov_executor::{
+    Instance, Machine, MachineOptions, MachineStep, RunError, StandardExecutor, YieldReason,
+    deserialize_machine, serialize_machine,
+};
+use markov_policy::{
+    ApprovalError, ApprovalFlow, Budget, CONFIRMATION_TOKEN, Category, Decision, Mode,
+    PolicyConfig, ToolMetadata, ToolRegistry,
+};
+use markov_runtime::charter::Charter;
+use markov_runtime::node::Node;
+use markov_testkit::ScriptedModel;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+// --- fixtures ---------------------------------------------------------------
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct PayArgs {
+    amount: u32,
+}
+
+/// Moves money: records every amount it paid.
+#[derive(Clone, Default)]
+struct Pay(Arc<Mutex<Vec<u32>>>);
+
+impl Pay {
+    fn paid(&self) -> Vec<u32> {
+        self.0.lock().expect("lock").clone()
+    }
+}
+
+impl Tool for Pay {
+    const NAME: &'static str = "pay";
+    type Args = PayArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Pay an amount".into()
+    }
+    async fn call(&self, args: PayArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.lock().expect("lock").push(args.amount);
+        Ok(format!("paid {}", args.amount))
+    }
+}
+
+/// [`Pay`] that needs approval by its own definition: no registry needed.
+#[derive(Clone, Default)]
+struct Wire(Pay);
+
+impl Tool for Wire {
+    const NAME: &'static str = "wire";
+    const NEEDS_APPROVAL: bool = true;
+    type Args = PayArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Wire an amount".into()
+    }
+    async fn call(&self, args: PayArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.call(args, cx).await
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct LookupArgs {
+    who: String,
+}
+
+/// Reads a balance; counts its executions and bumps the node's counter.
+#[derive(Clone, Default)]
+struct Lookup(Arc<AtomicUsize>);
+
+impl Tool for Lookup {
+    const NAME: &'static str = "lookup";
+    type Args = LookupArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Look up a balance".into()
+    }
+    async fn call(&self, args: LookupArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        let count = cx.state_json()["count"].as_i64().unwrap_or(0);
+        let _ = cx.update_state(json!({"count": count + 1}));
+        Ok(format!("{} has 100", args.who))
+    }
+}
+
+struct Bank {
+    pay: Pay,
+    lookups: Arc<AtomicUsize>,
+    model: Arc<ScriptedModel>,
+    machine: Machine,
+    charter: Charter,
+}
+
+fn registry(config: PolicyConfig, pay: &Pay, lookups: &Arc<AtomicUsize>) -> Arc<ToolRegistry> {
+    Arc::new(
+        ToolRegistry::builder(config)
+            .register(
+                pay.clone(),
+                ToolMetadata::new(Category::Action).with_confirmation(),
+            )
+            .register(
+                Lookup(lookups.clone()),
+                ToolMetadata::new(Category::Retrieval),
+            )
+            .lock()
+            .expect("the registry locks"),
+    )
+}
+
+fn bank_node() -> Node {
+    Node::builder("You move money.")
+        .name("main")
+        .state_type::<Counter>()
+        .build()
+        .expect("node builds")
+}
+
+/// A machine whose registry has `pay` (needs approval) and `lookup`.
+fn bank(config: PolicyConfig, model: ScriptedModel) -> Bank {
+    let pay = Pay::default();
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(model);
+    let node = bank_node();
+    let charter = Charter::builder("bank")
+        .node("main", node.clone())
+        .build()
+        .expect("charter builds");
+    let machine = Machine::new(
+        charter.clone(),
+        StandardExecutor::shared(model.clone())
+            .with_registry(registry(config, &pay, &lookups), Mode::TEXT),
+        Instance::new(node, json!({"count": 0})),
+    )
+    .expect("machine builds");
+    Bank {
+        pay,
+        lookups,
+        model,
+        machine,
+        charter,
+    }
+}
+
+/// The model asks for a lookup, a payment of 5 and another lookup in one
+/// response, then answers with text once it has read the results.
+fn mixed_script() -> ScriptedModel {
+    ScriptedModel::builder()
+        .tool_calls([
+            ("lookup", json!({"who": "alice"})),
+            ("pay", json!({"amount": 5})),
+            ("lookup", json!({"who": "bob"})),
+        ])
+        .text("All done.")
+        .build()
+}
+
+/// Runs a turn that pauses and returns its last step.
+async fn pause(machine: &mut Machine, text: &str) -> MachineStep {
+    machine.enqueue_user(text);
+    let last = machine.run().await.expect("runs");
+    assert_eq!(last.yield_reason, YieldReason::AwaitingApproval);
+    assert!(last.done, "the run waits for the application");
+    assert!(machine.is_awaiting_approval());
+    last
+}
+
+/// The calls and results of a history, as (call id, tool, input) and
+/// (call id, content).
+fn calls_of(history: &[Message]) -> Vec<(String, String, Value)> {
+    history
+        .iter()
+        .flat_map(|m| m.item_list())
+        .filter_map(|i| match i {
+            Item::ToolUse { id, name, input } => {
+                Some((id.to_string(), name.to_string(), input.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn contents(history: &[Message]) -> Vec<String> {
+    all_results(history)
+        .into_iter()
+        .map(|(_, c, _)| c)
+        .collect()
+}
+
+/// Everything the model was ever sent, as one string.
+fn all_the_model_saw(model: &ScriptedModel) -> String {
+    model
+        .requests()
+        .iter()
+        .map(|r| {
+            format!(
+                "{}\n{}\n{}",
+                r.system,
+                serde_json::to_string(&r.messages).expect("json"),
+                serde_json::to_string(&r.tools).expect("json")
+            )
+        })
+        .collect()
+}
+
+// --- the pause --------------------------------------------------------------
+
+#[tokio::test]
+async fn an_approved_call_runs_once_on_resume_without_another_model_call() {
+    let mut b = bank(PolicyConfig::new(Budget::UNLIMITED), mixed_script());
+    let step = pause(&mut b.machine, "pay alice 5").await;
+
+    // The pending call, as the application sees it.
+    assert_eq!(step.approvals.len(), 1);
+    let request = &step.approvals[0];
+    assert_eq!(request.tool, "pay");
+    assert_eq!(request.args, json!({"amount": 5}));
+    assert_eq!(request.preview, r#"pay {"amount":5}"#);
+    assert_eq!(request.call_id.as_ref().map(|c| c.as_str()), Some("call_2"));
+    assert!(request.expires > 0);
+    assert_eq!(b.machine.approvals().pending(), step.approvals);
+    // The other calls of the response ran; the payment did not; the
+    // response is not in the history yet.
+    assert_eq!(b.lookups.load(Ordering::SeqCst), 2);
+    assert!(b.pay.paid().is_empty());
+    assert_eq!(b.machine.history().len(), 1, "only the user's message");
+    assert_eq!(step.history, b.machine.history());
+    assert_eq!(b.model.calls(), 1);
+
+    b.machine
+        .approvals()
+        .approve(&request.request_id)
+        .expect("the application approves");
+    // No model call yet: deciding is not running.
+    assert_eq!(b.model.calls(), 1);
+    let last = b.machine.resume().await.expect("resumes");
+    assert!(last.done);
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert!(!b.machine.is_awaiting_approval());
+    assert_eq!(b.pay.paid(), [5], "paid once");
+    assert_eq!(
+        b.lookups.load(Ordering::SeqCst),
+        2,
+        "the calls that ran before the pause are answered from the ledger"
+    );
+    assert_eq!(
+        b.model.calls(),
+        2,
+        "one model call before the pause, one after the tools: no extra round trip"
+    );
+    let history = b.machine.history();
+    assert_paired(history);
+    let ids: Vec<String> = calls_of(history).into_iter().map(|(id, _, _)| id).collect();
+    assert_eq!(ids, ["call_1", "call_2", "call_3"]);
+    assert_eq!(
+        contents(history),
+        [
+            r#"{"ok":true,"data":"alice has 100"}"#,
+            r#"{"ok":true,"data":"paid 5"}"#,
+            r#"{"ok":true,"data":"bob has 100"}"#,
+        ]
+    );
+    assert_eq!(
+        history.last().map(Message::text).as_deref(),
+        Some("All done.")
+    );
+    // The second request is the whole history but its final answer: the
+    // first request's plus the answer and every result.
+    let requests = b.model.requests();
+    assert_eq!(requests[1].messages[..], history[..history.len() - 1]);
+    // The state updates of the lookups apply once each, replayed or not.
+    assert_eq!(b.machine.instance().state()["count"], 2);
+    // Their step is recorded: the requests are gone.
+    assert!(b.machine.approvals().pending().is_empty());
+    assert!(
+        serialize_machine(&b.machine)
+            .expect("serializes")
+            .policy
+            .approvals
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn an_edited_call_runs_with_the_approved_arguments_and_is_recorded_with_them() {
+    let mut b = bank(PolicyConfig::new(Budget::UNLIMITED), mixed_script());
+    let step = pause(&mut b.machine, "pay alice 5").await;
+    let id = &step.approvals[0].request_id;
+    let approvals = b.machine.approvals();
+    assert!(matches!(
+        approvals.decide(
+            id,
+            Decision::Edit {
+                args: json!({"amount": -3})
+            }
+        ),
+        Err(ApprovalError::InvalidArguments { .. })
+    ));
+    assert!(matches!(
+        approvals.decide(id, Decision::Edit { args: json!({}) }),
+        Err(ApprovalError::InvalidArguments { reason, .. }) if reason.contains("amount")
+    ));
+    approvals
+        .decide(
+            id,
+            Decision::Edit {
+                args: json!({"amount": 3}),
+            },
+        )
+        .expect("an edit that fits");
+    b.machine.resume().await.expect("resumes");
+    assert_eq!(b.pay.paid(), [3], "the approved arguments, once");
+    let history = b.machine.history();
+    assert_paired(history);
+    assert_eq!(
+        calls_of(history)[1],
+        ("call_2".to_owned(), "pay".to_owned(), json!({"amount": 3})),
+        "the history records the call as it ran"
+    );
+    assert_eq!(contents(history)[1], r#"{"ok":true,"data":"paid 3"}"#);
+    assert_eq!(b.model.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_denial_with_a_message_is_what_the_model_reads() {
+    let mut b = bank(PolicyConfig::new(Budget::UNLIMITED), mixed_script());
+    let step = pause(&mut b.machine, "pay alice 5").await;
+    b.machine
+        .approvals()
+        .decide(
+            &step.approvals[0].request_id,
+            Decision::Deny {
+                message: Some("Alice was paid yesterday.".into()),
+            },
+        )
+        .expect("deny");
+    b.machine.resume().await.expect("resumes");
+    assert!(b.pay.paid().is_empty(), "nothing paid");
+    let history = b.machine.history();
+    assert_paired(history);
+    assert_eq!(
+        contents(history)[1],
+        r#"{"ok":false,"error":{"type":"CONFIRMATION_DENIED","message":"The user declined this action: Alice was paid yesterday.","retryable":false}}"#
+    );
+    let seen = &b.model.requests()[1].messages;
+    assert!(
+        contents(seen)[1].contains("Alice was paid yesterday."),
+        "the model reads the message"
+    );
+    assert_eq!(b.model.calls(), 2);
+}
+
+#[tokio::test]
+async fn the_applications_own_result_answers_the_call_and_the_tool_never_runs() {
+    let mut b = bank(PolicyConfig::new(Budget::UNLIMITED), mixed_script());
+    let step = pause(&mut b.machine, "pay alice 5").await;
+    b.machine
+        .approvals()
+        .decide(
+            &step.approvals[0].request_id,
+            Decision::Respond {
+                result: json!({"status": "paid by cheque"}),
+            },
+        )
+        .expect("respond");
+    b.machine.resume().await.expect("resumes");
+    assert!(b.pay.paid().is_empty());
+    assert_eq!(
+        contents(b.machine.history())[1],
+        r#"{"ok":true,"data":{"status":"paid by cheque"}}"#
+    );
+    assert_eq!(b.model.calls(), 2);
+}
+
+#[tokio::test]
+async fn a_request_that_expires_while_paused_is_answered_as_expired() {
+    // Requests that expire at once: deterministic, no clock in the test.
+    let config = PolicyConfig::new(Budget::UNLIMITED).confirmation_ttl(std::time::Duration::ZERO);
+    let mut b = bank(config, mixed_script());
+    let step = pause(&mut b.machine, "pay alice 5").await;
+    assert!(step.approvals.is_empty(), "nothing left to decide");
+    let request = b
+        .machine
+        .approvals()
+        .held_pending_at(std::time::UNIX_EPOCH)
+        .pop()
+        .expect("the request, seen from before its expiry");
+    assert_eq!(
+        b.machine.approvals().approve(&request.request_id),
+        Err(ApprovalError::Expired(request.request_id.clone()))
+    );
+    b.machine.resume().await.expect("resumes");
+    assert!(b.pay.paid().is_empty());
+    let history = b.machine.history();
+    assert_paired(history);
+    assert!(
+        contents(history)[1].contains("CONFIRMATION_EXPIRED"),
+        "{}",
+        contents(history)[1]
+    );
+    assert_eq!(b.model.calls(), 2);
+}
+
+#[tokio::test]
+async fn an_approval_that_expires_before_the_resume_is_answered_as_expired() {
+    let config = PolicyConfig::new(Budget::UNLIMITED).confirmation_ttl(std::time::Duration::ZERO);
+    let mut b = bank(config, mixed_script());
+    pause(&mut b.machine, "pay alice 5").await;
+    let request = b
+        .machine
+        .approvals()
+        .held_pending_at(std::time::UNIX_EPOCH)
+        .pop()
+        .expect("the request");
+    // Approved in time (as of the epoch), used after its expiry (now).
+    b.machine
+        .approvals()
+        .decide_at(
+            &request.request_id,
+            Decision::Approve,
+            std::time::UNIX_EPOCH,
+        )
+        .expect("approved before the expiry");
+    b.machine.resume().await.expect("resumes");
+    assert!(b.pay.paid().is_empty(), "an expired approval runs nothing");
+    assert!(contents(b.machine.history())[1].contains("CONFIRMATION_EXPIRED"));
+}
+
+#[tokio::test]
+async fn an_undecided_call_pauses_the_resumed_run_again_without_a_model_call() {
+    let mut b = bank(
+        PolicyConfig::new(Budget::UNLIMITED),
+        ScriptedModel::builder()
+            .tool_calls([("pay", json!({"amount": 1})), ("pay", json!({"amount": 2}))])
+            .text("Both handled.")
+            .build(),
+    );
+    let step = pause(&mut b.machine, "pay twice").await;
+    assert_eq!(step.approvals.len(), 2);
+    let (first, second) = (
+        step.approvals[0].request_id.clone(),
+        step.approvals[1].request_id.clone(),
+    );
+    b.machine.approvals().approve(&first).expect("approve one");
+    let again = b.machine.resume().await.expect("resumes");
+    assert_eq!(again.yield_reason, YieldReason::AwaitingApproval);
+    assert_eq!(
+        again
+            .approvals
+            .iter()
+            .map(|r| &r.request_id)
+            .collect::<Vec<_>>(),
+        [&second]
+    );
+    assert_eq!(b.pay.paid(), [1], "the approved call ran");
+    assert_eq!(b.model.calls(), 1, "no model call while a call waits");
+    assert_eq!(b.machine.history().len(), 1);
+
+    b.machine.approvals().deny(&second).expect("deny the other");
+    b.machine.resume().await.expect("resumes");
+    assert_eq!(b.pay.paid(), [1], "the first is not paid twice");
+    assert_paired(b.machine.history());
+    assert_eq!(b.model.calls(), 2);
+}
+
+#[tokio::test]
+async fn new_input_waits_while_a_step_waits_for_approval() {
+    let mut b = bank(
+        PolicyConfig::new(Budget::UNLIMITED),
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("Paid.")
+            .text("You are welcome.")
+            .build(),
+    );
+    let step = pause(&mut b.machine, "pay 5").await;
+    b.machine.enqueue_user("thanks");
+    let refused = b.machine.run().await;
+    assert_eq!(
+        refused.err(),
+        Some(RunError::AwaitingApproval { pending: 1 }),
+    );
+    assert_eq!(b.machine.queue().len(), 1, "the input stays queued");
+    b.machine
+        .approvals()
+        .approve(&step.approvals[0].request_id)
+        .expect("approve");
+    let resumed = b.machine.resume().await.expect("resumes");
+    assert_eq!(
+        resumed.history.last().map(Message::text).as_deref(),
+        Some("Paid.")
+    );
+    assert_eq!(b.machine.queue().len(), 1, "still queued for its own turn");
+    let last = b.machine.run().await.expect("runs");
+    assert_eq!(
+        last.history.last().map(Message::text).as_deref(),
+        Some("You are welcome.")
+    );
+    assert_eq!(b.pay.paid(), [5]);
+    assert_paired(b.machine.history());
+    assert_eq!(
+        b.machine.resume().await.err(),
+        Some(RunError::NotAwaitingApproval)
+    );
+}
+
+#[tokio::test]
+async fn a_paused_step_costs_its_budget_once() {
+    let mut b = bank(
+        PolicyConfig::new(Budget::UNLIMITED.max_calls(2)),
+        ScriptedModel::builder()
+            .tool_calls([
+                ("lookup", json!({"who": "alice"})),
+                ("pay", json!({"amount": 5})),
+            ])
+            .text("Done.")
+            .build(),
+    );
+    let step = pause(&mut b.machine, "pay").await;
+    b.machine
+        .approvals()
+        .approve(&step.approvals[0].request_id)
+        .expect("approve");
+    b.machine.resume().await.expect("resumes");
+    assert_eq!(
+        b.pay.paid(),
+        [5],
+        "within the budget: the replay is not charged again"
+    );
+    assert!(
+        contents(b.machine.history())
+            .iter()
+            .all(|c| !c.contains("BUDGET"))
+    );
+}
+
+// --- the model cannot approve ------------------------------------------------
+
+#[tokio::test]
+async fn the_model_never_sees_anything_it_could_approve_with() {
+    // It even tries: its second payment presents the first one's request id.
+    let mut b = bank(
+        PolicyConfig::new(Budget::UNLIMITED),
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("Paid 5.")
+            .text("Paid 7.")
+            .build(),
+    );
+    let step = pause(&mut b.machine, "pay 5").await;
+    let id = step.approvals[0].request_id.clone();
+    b.machine.approvals().approve(&id).expect("approve");
+    b.machine.resume().await.expect("resumes");
+    let seen = all_the_model_saw(&b.model);
+    assert!(!seen.contains("apr_"), "no request id reaches the model");
+    assert!(!seen.contains(id.as_str()));
+    assert!(
+        !seen.contains(CONFIRMATION_TOKEN),
+        "no token argument is offered"
+    );
+
+    // A model that presents an approved id (it cannot know one: this test
+    // hands it over) gets no further: the call waits like any other.
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 7, CONFIRMATION_TOKEN: id.as_str()}))
+            .text("Paid 7.")
+            .build(),
+    );
+    let pay = Pay::default();
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let snapshot = serialize_machine(&b.machine).expect("serializes");
+    let mut m = deserialize_machine(
+        b.charter.clone(),
+        Arc::new(StandardExecutor::shared(model.clone()).with_registry(
+            registry(PolicyConfig::new(Budget::UNLIMITED), &pay, &lookups),
+            Mode::TEXT,
+        )),
+        snapshot.into_owned(),
+        MachineOptions::default(),
+    )
+    .expect("restores");
+    m.enqueue_user("pay 7");
+    let last = m.run().await.expect("runs");
+    assert_eq!(last.yield_reason, YieldReason::AwaitingApproval);
+    assert!(pay.paid().is_empty());
+    assert_ne!(last.approvals[0].request_id, id);
+}
+
+// --- durability ---------------------------------------------------------------
+
+#[tokio::test]
+async fn a_paused_machine_is_restored_from_its_snapshot_and_resumed() {
+    let mut b = bank(PolicyConfig::new(Budget::UNLIMITED), mixed_script());
+    let step = pause(&mut b.machine, "pay alice 5").await;
+    let text =
+        serde_json::to_string(&serialize_machine(&b.machine).expect("serializes")).expect("json");
+    drop(b.machine);
+
+    // Another process: new tools, a new model that has not been asked yet.
+    let model = Arc::new(ScriptedModel::builder().text("All done.").build());
+    let pay = Pay::default();
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let mut m = deserialize_machine(
+        b.charter.clone(),
+        Arc::new(StandardExecutor::shared(model.clone()).with_registry(
+            registry(PolicyConfig::new(Budget::UNLIMITED), &pay, &lookups),
+            Mode::TEXT,
+        )),
+        serde_json::from_str(&text).expect("reads"),
+        MachineOptions::default(),
+    )
+    .expect("restores");
+    assert!(m.is_awaiting_approval());
+    assert_eq!(m.approvals().pending(), step.approvals);
+    m.approvals()
+        .approve(&step.approvals[0].request_id)
+        .expect("approve after the restore");
+    m.resume().await.expect("resumes");
+    assert_eq!(pay.paid(), [5]);
+    assert_eq!(
+        lookups.load(Ordering::SeqCst),
+        0,
+        "the lookups ran before the restore"
+    );
+    assert_eq!(b.lookups.load(Ordering::SeqCst), 2);
+    assert_eq!(model.calls(), 1, "the answer is replayed, not asked again");
+    assert_paired(m.history());
+    assert_eq!(m.instance().state()["count"], 2);
+    assert_eq!(
+        contents(m.history()),
+        [
+            r#"{"ok":true,"data":"alice has 100"}"#,
+            r#"{"ok":true,"data":"paid 5"}"#,
+            r#"{"ok":true,"data":"bob has 100"}"#,
+        ]
+    );
+}
+
+// --- without a registry, and the token flow ---------------------------------
+
+#[tokio::test]
+async fn a_tool_that_needs_approval_pauses_a_machine_without_a_registry() {
+    let wire = Wire::default();
+    let node = Node::builder("You wire money.")
+        .name("main")
+        .tool(wire.clone())
+        .tool(Add)
+        .build()
+        .expect("node builds");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_calls([
+                ("add", json!({"a": 1, "b": 2})),
+                ("wire", json!({"amount": 9})),
+            ])
+            .text("Wired.")
+            .build(),
+    );
+    let mut m = machine(|c| c, node, json!({}), model.clone());
+    let step = pause(&mut m, "wire 9").await;
+    assert_eq!(step.approvals[0].tool, "wire");
+    assert!(
+        model.requests()[0]
+            .tools
+            .iter()
+            .all(|t| t.input_schema["properties"]
+                .get(CONFIRMATION_TOKEN)
+                .is_none()),
+        "nothing to approve with"
+    );
+    m.approvals()
+        .decide(
+            &step.approvals[0].request_id,
+            Decision::Deny {
+                message: Some("not now".into()),
+            },
+        )
+        .expect("deny");
+    m.resume().await.expect("resumes");
+    assert!(wire.0.paid().is_empty());
+    let results = contents(m.history());
+    assert_eq!(results[0], "3");
+    assert_eq!(results[1], "The user declined this action: not now");
+    assert_eq!(model.calls(), 2);
+    assert_paired(m.history());
+}
+
+#[tokio::test]
+async fn a_streamed_answer_that_pauses_leaves_nothing_half_recorded() {
+    let pay = Pay::default();
+    let lookups = Arc::new(AtomicUsize::new(0));
+    let model = Arc::new(mixed_script());
+    let node = bank_node();
+    let charter = Charter::builder("bank")
+        .node("main", node.clone())
+        .build()
+        .expect("charter builds");
+    let mut m = Machine::new(
+        charter,
+        StandardExecutor::shared(model.clone())
+            .with_registry(
+                registry(PolicyConfig::new(Budget::UNLIMITED), &pay, &lookups),
+                Mode::TEXT,
+            )
+            .with_streaming(|_| {}),
+        Instance::new(node, json!({"count": 0})),
+    )
+    .expect("machine builds");
+    let step = pause(&mut m, "pay alice 5").await;
+    assert_eq!(m.history().len(), 1, "no vessel left behind");
+    assert!(m.queue().is_empty());
+    m.approvals()
+        .approve(&step.approvals[0].request_id)
+        .expect("approve");
+    m.resume().await.expect("resumes");
+    assert_paired(m.history());
+    assert_eq!(pay.paid(), [5]);
+    assert_eq!(model.calls(), 2);
+    assert_eq!(
+        m.history().last().map(Message::text).as_deref(),
+        Some("All done.")
+    );
+}
+
+#[tokio::test]
+async fn the_token_flow_stays_available_and_does_not_pause() {
+    let mut b = bank(
+        PolicyConfig::new(Budget::UNLIMITED).approval_flow(ApprovalFlow::Token),
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("Please approve.")
+            .build(),
+    );
+    b.machine.enqueue_user("pay 5");
+    let last = b.machine.run().await.expect("runs");
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert!(!b.machine.is_awaiting_approval());
+    assert!(contents(b.machine.history())[0].contains("CONFIRMATION_REQUIRED"));
+    let id = b.machine.approvals().pending()[0].request_id.clone();
+    assert!(matches!(
+        b.machine.approvals().decide(
+            &id,
+            Decision::Edit {
+                args: json!({"amount": 1})
+            }
+        ),
+        Err(ApprovalError::Unsupported { .. })
+    ));
+}
