@@ -73,7 +73,9 @@ pub mod prelude {
         Agent, BuildError, Machine, MachineStep, RunError, RunOptions, YieldReason, run_machine,
     };
     pub use markov_macros::tool;
-    pub use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
+    pub use markov_policy::{
+        ApprovalFlow, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
+    };
     pub use markov_runtime::charter::Charter;
     pub use markov_runtime::node::{Node, OutputConfig};
     pub use markov_runtime::pack::Pack;

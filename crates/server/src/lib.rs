@@ -4,26 +4,39 @@
 //!
 //! | method and path | what it does |
 //! | --- | --- |
-//! | `GET /` | a web page: chat, the streamed steps, approve / deny buttons |
+//! | `GET /` | a web page: chat, the streamed steps, the calls waiting for approval with approve / edit / deny buttons |
 //! | `POST /sessions` | creates a session: `201 {"id": ...}` |
 //! | `GET /sessions` | lists the sessions |
-//! | `GET /sessions/{id}` | a session's history and pending approvals |
+//! | `GET /sessions/{id}` | a session's history, pending approvals and whether it waits for them |
 //! | `POST /sessions/{id}/messages` `{"text": ...}` | runs a turn, streamed as server-sent events |
-//! | `GET /sessions/{id}/approvals` | the pending confirmation requests |
-//! | `POST /sessions/{id}/approvals/{request}` `{"decision": "approve" \| "deny"}` | decides one |
+//! | `GET /sessions/{id}/approvals` | the calls waiting for a decision (request id, call id, tool, arguments, preview, expiry) |
+//! | `POST /sessions/{id}/approvals/{request}` | decides one, streamed as server-sent events: `{"decision": "approve"}`, `{"decision": "edit", "args": {...}}`, `{"decision": "deny", "message": "..."}` or `{"decision": "respond", "result": ...}` |
 //! | `POST /sessions/{id}/commands` `{"name": ..., "input": {...}}` | runs a command (no model call) |
 //!
 //! A run is streamed as `delta` events (text as the model writes it, for
 //! an agent on the standard executor), `step` events (each step's messages: text, tool
 //! calls, tool results; its yield reason; the response when a terminal tool
-//! gave one), then `done` (the last step's response and whether the turn is
-//! over) or `error`. Every step is in the store before it is sent. A client
-//! that goes away does not stop the run: it goes on and is stored, and
+//! gave one; the calls waiting for approval), then `done` (the last step's
+//! response, whether the turn is over, whether it waits for approvals) or
+//! `error`. Every step is in the store before it is sent. A client that
+//! goes away does not stop the run: it goes on and is stored, and
 //! `GET /sessions/{id}` shows it.
+//!
+//! A turn whose calls need approval ends waiting for them (a `step` with
+//! yield reason `awaiting_approval`). A decision is answered by a
+//! `decided` event; deciding the last waiting call resumes the run — the
+//! approved calls run, no model call first — and streams it like a
+//! message's. A message to a session that waits for decisions is a `409`;
+//! once nothing is left to decide (the requests expired), a message first
+//! resumes the waiting turn (expired calls are answered as expired), then
+//! runs.
 //!
 //! Bad input gets a JSON error, never a panic: malformed JSON `400`, an
 //! unknown session `404`, a body over the limit `413`, a second message
-//! while the session runs `409` (the first run is not disturbed).
+//! while the session runs `409` (the first run is not disturbed). A
+//! decision on an unknown request (or another session's) is a `404`, on a
+//! request already decided a `409`, on an expired one a `410`, with edited
+//! arguments that do not fit the tool a `400`; none changes anything.
 #![deny(missing_docs)]
 
 use std::collections::HashSet;
@@ -39,8 +52,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::Stream;
 use markov_executor::stream::DeltaKind;
-use markov_executor::{Agent, MachineStep, MessageStreamEvent, RunOptions};
-use markov_policy::{ApprovalId, ApprovalStatus};
+use markov_executor::{Agent, MachineStep, MessageStreamEvent, RunOptions, YieldReason};
+use markov_policy::{ApprovalError, ApprovalId, ApprovalStatus, Decision};
 use markov_store::{DurableError, DurableMachine, SessionId, Store, StoreError, WorkerId};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -121,9 +134,12 @@ pub enum ApiError {
     /// No such session or request.
     #[error("{0}")]
     NotFound(String),
-    /// The session is busy.
+    /// The session is busy, or the request already decided.
     #[error("{0}")]
     Conflict(String),
+    /// The request expired.
+    #[error("{0}")]
+    Gone(String),
     /// The body is too large.
     #[error("the request body is larger than {MAX_BODY_BYTES} bytes")]
     TooLarge,
@@ -138,6 +154,7 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Gone(_) => StatusCode::GONE,
             ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -169,7 +186,20 @@ impl From<DurableError> for ApiError {
     fn from(error: DurableError) -> Self {
         match error {
             DurableError::Store(e) => e.into(),
+            DurableError::Approval(e) => e.into(),
             other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<ApprovalError> for ApiError {
+    fn from(error: ApprovalError) -> Self {
+        let text = error.to_string();
+        match error {
+            ApprovalError::NotFound(_) => ApiError::NotFound(text),
+            ApprovalError::AlreadyDecided { .. } => ApiError::Conflict(text),
+            ApprovalError::Expired(_) => ApiError::Gone(text),
+            _ => ApiError::BadRequest(text),
         }
     }
 }
@@ -225,12 +255,13 @@ async fn list(State(service): Shared) -> Result<Json<Value>, ApiError> {
 
 async fn show(State(service): Shared, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let stored = service.store.load(&SessionId::new(id)).await?;
+    let now = now_ms();
     let pending: Vec<_> = stored
         .snapshot
         .policy
         .approvals
         .iter()
-        .filter(|r| r.status == ApprovalStatus::Pending)
+        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
         .map(|r| &r.request)
         .collect();
     Ok(Json(json!({
@@ -238,6 +269,7 @@ async fn show(State(service): Shared, Path(id): Path<String>) -> Result<Json<Val
         "history": stored.snapshot.history,
         "state": stored.snapshot.instance.state,
         "pending_approvals": pending,
+        "awaiting_approval": stored.snapshot.policy.answers.iter().any(|a| a.paused),
     })))
 }
 
@@ -246,28 +278,23 @@ async fn approvals(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let stored = service.store.load(&SessionId::new(id)).await?;
+    let now = now_ms();
     let pending: Vec<_> = stored
         .snapshot
         .policy
         .approvals
         .into_iter()
-        .filter(|r| r.status == ApprovalStatus::Pending)
+        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
         .map(|r| r.request)
         .collect();
     Ok(Json(json!(pending)))
 }
 
-/// A decision on a confirmation request.
-#[derive(Debug, Deserialize)]
-struct Decision {
-    decision: DecisionKind,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum DecisionKind {
-    Approve,
-    Deny,
+/// Now, in Unix milliseconds.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Marks a session as running in this process until dropped.
@@ -315,30 +342,126 @@ async fn decide(
     State(service): Shared,
     Path((id, request)): Path<(String, String)>,
     body: Result<Json<Decision>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let Json(decision) = body?;
     let id = SessionId::new(id);
-    let _busy = Busy::claim(&service, &id)?;
+    // One decision at a time per session: of two racing, the second is a
+    // 409 here, or refused as already decided below.
+    let busy = Busy::claim(&service, &id)?;
     let mut session = open(&service, &id).await?;
     let request_id = ApprovalId::from(request.as_str());
-    let approvals = session.machine().approvals();
-    let decided = match decision.decision {
-        DecisionKind::Approve => approvals.approve(&request_id),
-        DecisionKind::Deny => approvals.deny(&request_id),
+    let name = decision.as_str();
+    let decided = match session.decide(&request_id, decision).await {
+        Ok(request) => request,
+        Err(error) => {
+            session.release().await?;
+            return Err(error.into());
+        }
     };
-    let outcome = match decided {
-        Ok(request) => Ok(request),
-        Err(error) => Err(ApiError::NotFound(error.to_string())),
+    let machine = session.machine();
+    let waiting = machine
+        .approvals()
+        .held_pending_at(std::time::SystemTime::now())
+        .len();
+    let event = Event::default()
+        .event("decided")
+        .json_data(json!({
+            "request_id": decided.request_id,
+            "decision": name,
+            "tool": decided.tool,
+            "waiting": waiting,
+        }))
+        .unwrap_or_else(|_| Event::default().event("decided"));
+    let work = if waiting == 0 && machine.is_awaiting_approval() {
+        Work::Resume
+    } else {
+        Work::Nothing
     };
-    session.persist().await?;
-    session.release().await?;
-    let request = outcome?;
-    Ok(Json(
-        json!({"decided": request.request_id, "decision": match decision.decision {
-            DecisionKind::Approve => "approved",
-            DecisionKind::Deny => "denied",
-        }}),
-    ))
+    Ok(stream_run(service, busy, session, Some(event), work))
+}
+
+/// What a streamed request does with its session.
+enum Work {
+    /// Nothing more: the session is released.
+    Nothing,
+    /// Resume the turn that waits for approval.
+    Resume,
+    /// Run a turn for this message, resuming first a turn whose approvals
+    /// are all decided or expired.
+    Message(String),
+}
+
+/// Performs `work` on `session` in a task of its own (a client that leaves
+/// does not stop it), streaming `first`, then the run's events.
+fn stream_run(
+    service: Arc<Service>,
+    busy: Busy,
+    mut session: DurableMachine<dyn Store>,
+    first: Option<Event>,
+    work: Work,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let (events, receiver) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    if let Some(event) = first {
+        let _ = events.send(event);
+    }
+    let deltas = events.clone();
+    tokio::spawn(RUN_EVENTS.scope(deltas, async move {
+        // The run goes on when the client leaves: sends then fail, quietly.
+        let send = |event: Event| {
+            let _ = events.send(event);
+        };
+        let options = service.options.clone();
+        let result = async {
+            let last = match work {
+                Work::Nothing => None,
+                Work::Resume => Some(
+                    session
+                        .resume_with(options, |step| send(step_event(step)))
+                        .await,
+                ),
+                Work::Message(text) => Some(
+                    async {
+                        if session.machine().is_awaiting_approval() {
+                            session
+                                .resume_with(options.clone(), |step| send(step_event(step)))
+                                .await?;
+                        }
+                        session.machine().enqueue_user(text);
+                        session
+                            .run_with(options, |step| send(step_event(step)))
+                            .await
+                    }
+                    .await,
+                ),
+            };
+            let released = session.release().await;
+            let last = last.transpose()?;
+            released?;
+            Ok::<_, ApiError>(last)
+        }
+        .await;
+        match result {
+            Ok(Some(last)) => send(
+                Event::default()
+                    .event("done")
+                    .json_data(json!({
+                        "done": last.done,
+                        "response": last.response,
+                        "yield_reason": last.yield_reason.as_str(),
+                        "awaiting_approval": last.yield_reason == YieldReason::AwaitingApproval,
+                    }))
+                    .unwrap_or_else(|_| Event::default().event("done")),
+            ),
+            Ok(None) => {}
+            Err(error) => send(Event::default().event("error").data(error.to_string())),
+        }
+        drop(busy);
+    }));
+    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+        let event = receiver.recv().await?;
+        Some((Ok(event), receiver))
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
 }
 
 /// A command to run.
@@ -388,6 +511,8 @@ struct StepEvent<'a> {
     done: bool,
     messages: &'a [markov_core::Message],
     response: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    approvals: &'a [markov_policy::ConfirmationRequest],
 }
 
 fn step_event(step: &MachineStep) -> Event {
@@ -396,6 +521,7 @@ fn step_event(step: &MachineStep) -> Event {
         done: step.done,
         messages: &step.history,
         response: step.response.as_deref(),
+        approvals: &step.approvals,
     };
     Event::default()
         .event("step")
@@ -417,41 +543,25 @@ async fn message(
     // and held by the run until it ends.
     let busy = Busy::claim(&service, &id)?;
     // Opened here, so an unknown or leased session is a plain 404 / 409.
-    let mut session = open(&service, &id).await?;
-    let (events, receiver) = tokio::sync::mpsc::unbounded_channel::<Event>();
-    let task_service = Arc::clone(&service);
-    let deltas = events.clone();
-    tokio::spawn(RUN_EVENTS.scope(deltas, async move {
-        let service = task_service;
-        // The run goes on when the client leaves: sends then fail, quietly.
-        let send = |event: Event| {
-            let _ = events.send(event);
-        };
-        let result = async {
-            session.machine().enqueue_user(text);
-            let last = session
-                .run_with(service.options.clone(), |step| send(step_event(step)))
-                .await;
-            let released = session.release().await;
-            let last = last?;
-            released?;
-            Ok::<_, ApiError>(last)
+    let session = open(&service, &id).await?;
+    if session.machine().is_awaiting_approval() {
+        let waiting = session
+            .machine()
+            .approvals()
+            .held_pending_at(std::time::SystemTime::now())
+            .len();
+        if waiting > 0 {
+            session.release().await?;
+            return Err(ApiError::Conflict(format!(
+                "session {id} waits for the decision on {waiting} tool call(s): decide them first"
+            )));
         }
-        .await;
-        match result {
-            Ok(last) => send(
-                Event::default()
-                    .event("done")
-                    .json_data(json!({"done": last.done, "response": last.response}))
-                    .unwrap_or_else(|_| Event::default().event("done")),
-            ),
-            Err(error) => send(Event::default().event("error").data(error.to_string())),
-        }
-        drop(busy);
-    }));
-    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
-        let event = receiver.recv().await?;
-        Some((Ok(event), receiver))
-    });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    }
+    Ok(stream_run(
+        service,
+        busy,
+        session,
+        None,
+        Work::Message(text),
+    ))
 }

@@ -2,6 +2,7 @@
 //! dominate the test run): one module per area.
 
 mod anthropic;
+mod approvals;
 mod body_cache;
 mod builtin_tools;
 mod common;

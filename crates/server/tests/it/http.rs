@@ -1,5 +1,6 @@
 //! The service on a real loopback port, driven over HTTP: sessions, a run
-//! streamed as server-sent events, approvals, and bad input.
+//! streamed as server-sent events, calls that wait for approval and the
+//! decisions that resume them, and bad input.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use async_trait::async_trait;
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
-use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
+use markov_policy::{ApprovalFlow, Budget, Category, PolicyConfig, ToolMetadata};
 use markov_runtime::node::Node;
 use markov_server::{MAX_BODY_BYTES, router};
 use markov_store::{SqliteStore, WorkerId};
@@ -20,12 +21,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 #[derive(Deserialize, JsonSchema)]
-struct PayArgs {
+pub(crate) struct PayArgs {
     amount: u32,
+    /// What the payment is for.
+    #[allow(dead_code)]
+    memo: Option<String>,
 }
 
 /// Pays, counting its executions; needs the user's approval.
-struct Pay(Arc<AtomicUsize>);
+pub(crate) struct Pay(pub(crate) Arc<AtomicUsize>);
 
 impl Tool for Pay {
     const NAME: &'static str = "pay";
@@ -59,7 +63,23 @@ pub(crate) struct Fixture {
     client: reqwest::Client,
 }
 
+/// Counts the model calls of the model it wraps.
+#[derive(Debug)]
+pub(crate) struct Counted<M>(pub(crate) M, pub(crate) Arc<AtomicUsize>);
+
+#[async_trait]
+impl<M: Model> Model for Counted<M> {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        self.0.complete(request).await
+    }
+}
+
 pub(crate) async fn serve(model: impl Model + 'static) -> Fixture {
+    serve_with(model, PolicyConfig::new(Budget::UNLIMITED)).await
+}
+
+pub(crate) async fn serve_with(model: impl Model + 'static, config: PolicyConfig) -> Fixture {
     let pays = Arc::new(AtomicUsize::new(0));
     let agent = Agent::builder("payments")
         .instructions("You pay bills.")
@@ -67,11 +87,8 @@ pub(crate) async fn serve(model: impl Model + 'static) -> Fixture {
             Pay(pays.clone()),
             ToolMetadata::new(Category::Action).with_confirmation(),
         )
-        // The registry's own result format (JSON envelopes) and the
-        // model-mediated approval flow these tests exercise.
-        .policies(
-            PolicyConfig::new(Budget::UNLIMITED).approval_flow(markov_policy::ApprovalFlow::Token),
-        )
+        // The registry's own result format (JSON envelopes).
+        .policies(config)
         .model(model)
         .build()
         .expect("the agent builds");
@@ -125,6 +142,41 @@ impl Fixture {
         events(&response.text().await.expect("the stream"))
     }
 
+    /// Posts a decision: its status, and the event stream (or the error).
+    async fn decide(
+        &self,
+        id: &str,
+        request: &str,
+        decision: Value,
+    ) -> (u16, Vec<(String, Value)>) {
+        let response = self
+            .client
+            .post(format!("{}/sessions/{id}/approvals/{request}", self.base))
+            .json(&decision)
+            .send()
+            .await
+            .expect("sent");
+        let status = response.status().as_u16();
+        let body = response.text().await.expect("a body");
+        if status == 200 {
+            (status, events(&body))
+        } else {
+            let error = serde_json::from_str(&body).unwrap_or(Value::String(body));
+            (status, vec![("error".to_owned(), error)])
+        }
+    }
+
+    /// The ids of the requests waiting for a decision.
+    async fn pending(&self, id: &str) -> Vec<String> {
+        let (_, pending) = self.get(&format!("/sessions/{id}/approvals")).await;
+        pending
+            .as_array()
+            .expect("a list")
+            .iter()
+            .map(|r| r["request_id"].as_str().expect("an id").to_owned())
+            .collect()
+    }
+
     async fn get(&self, path: &str) -> (u16, Value) {
         let response = self
             .client
@@ -157,36 +209,50 @@ fn events(stream: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
+fn names(events: &[(String, Value)]) -> Vec<&str> {
+    events.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+/// The tool results of a session's history, in order.
+fn results(session: &Value) -> Vec<String> {
+    session["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|m| m["items"].as_array())
+        .flatten()
+        .filter(|i| i["type"] == "tool_result")
+        .map(|i| i["content"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_is_streamed_step_by_step_and_stored() {
+async fn a_turn_whose_call_needs_approval_is_streamed_and_stored_waiting() {
     let model = ScriptedModel::builder()
         .tool_call("pay", json!({"amount": 5}))
-        .text("Please approve the payment of 5.")
+        .text("Paid 5.")
         .build();
     let f = serve(model).await;
     let id = f.create().await;
     let events = f.say(&id, "pay 5").await;
-    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["step", "delta", "step", "done"], "{events:?}");
-    // The answer's text arrives as the model writes it, then in its step.
-    assert_eq!(events[1].1["text"], "Please approve the payment of 5.");
-    let first = &events[0].1;
-    assert_eq!(first["yield_reason"], "tool_use");
-    let text = first.to_string();
-    assert!(
-        text.contains("\"pay\""),
-        "the tool call is in the step: {text}"
-    );
-    assert!(
-        text.contains("CONFIRMATION_REQUIRED"),
-        "and its result: {text}"
-    );
-    assert_eq!(events[3].1["done"], true);
+    assert_eq!(names(&events), ["step", "done"], "{events:?}");
+    let step = &events[0].1;
+    assert_eq!(step["yield_reason"], "awaiting_approval");
+    assert_eq!(step["approvals"][0]["tool"], "pay");
+    assert_eq!(step["approvals"][0]["args"], json!({"amount": 5}));
+    assert_eq!(step["approvals"][0]["call_id"], "call_1");
+    assert!(step["approvals"][0]["expires"].is_u64());
+    assert_eq!(events[1].1["awaiting_approval"], true);
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
 
     let (status, session) = f.get(&format!("/sessions/{id}")).await;
     assert_eq!(status, 200);
-    let history = session["history"].as_array().expect("history");
-    assert_eq!(history.len(), 4, "{history:?}");
+    assert_eq!(
+        session["history"].as_array().map(Vec::len),
+        Some(1),
+        "{session}"
+    );
+    assert_eq!(session["awaiting_approval"], true);
     assert_eq!(
         session["pending_approvals"].as_array().map(Vec::len),
         Some(1)
@@ -196,39 +262,234 @@ async fn a_run_is_streamed_step_by_step_and_stored() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approval_given_over_http_lets_the_payment_run_once() {
+async fn approving_the_last_waiting_call_resumes_the_run_and_streams_it() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = ScriptedModel::builder()
+        .tool_call("pay", json!({"amount": 7}))
+        .text("Paid 7.")
+        .build();
+    let f = serve(Counted(model, calls.clone())).await;
+    let id = f.create().await;
+    f.say(&id, "pay 7").await;
+    let pending = f.pending(&id).await;
+    assert_eq!(pending.len(), 1);
+
+    let (status, _) = f
+        .decide(&id, "apr_nope", json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 404, "an unknown request");
+    let other = f.create().await;
+    let (status, _) = f
+        .decide(&other, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 404, "another session's request");
+    let (status, _) = f
+        .decide(&id, &pending[0], json!({"decision": "maybe"}))
+        .await;
+    assert_eq!(status, 400, "a decision that is none");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let (status, events) = f
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        names(&events),
+        ["decided", "step", "delta", "step", "done"],
+        "{events:?}"
+    );
+    assert_eq!(events[0].1["decision"], "approve");
+    assert_eq!(events[0].1["waiting"], 0);
+    let resumed = events[1].1.to_string();
+    assert!(
+        resumed.contains("paid 7"),
+        "the call's result streams: {resumed}"
+    );
+    assert_eq!(events[3].1["yield_reason"], "end_turn");
+    assert_eq!(events[4].1["done"], true);
+    assert_eq!(events[4].1["awaiting_approval"], false);
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1, "paid once");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "no model call between the decision and the payment"
+    );
+    let (_, session) = f.get(&format!("/sessions/{id}")).await;
+    assert_eq!(session["awaiting_approval"], false);
+    assert_eq!(results(&session), [r#"{"ok":true,"data":"paid 7"}"#]);
+    let (status, _) = f
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 404, "its call is answered: the request is gone");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edit_deny_and_respond_over_http_and_the_run_resumes_after_the_last() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = ScriptedModel::builder()
+        .tool_calls([
+            ("pay", json!({"amount": 1})),
+            ("pay", json!({"amount": 2})),
+            ("pay", json!({"amount": 4})),
+        ])
+        .text("Handled.")
+        .build();
+    let f = serve(Counted(model, calls.clone())).await;
+    let id = f.create().await;
+    f.say(&id, "pay three bills").await;
+    let pending = f.pending(&id).await;
+    assert_eq!(pending.len(), 3);
+
+    let (status, error) = f
+        .decide(
+            &id,
+            &pending[0],
+            json!({"decision": "edit", "args": {"amount": "three"}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{error:?}");
+    let (status, events) = f
+        .decide(
+            &id,
+            &pending[0],
+            json!({"decision": "edit", "args": {"amount": 3}}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(names(&events), ["decided"], "two still wait: {events:?}");
+    assert_eq!(events[0].1["waiting"], 2);
+    let (status, _) = f
+        .decide(&id, &pending[0], json!({"decision": "deny"}))
+        .await;
+    assert_eq!(status, 409, "already decided");
+    let refused = f
+        .client
+        .post(format!("{}/sessions/{id}/messages", f.base))
+        .json(&json!({"text": "hello?"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(refused.status(), 409, "a message waits for the decisions");
+    let (status, events) = f
+        .decide(
+            &id,
+            &pending[1],
+            json!({"decision": "deny", "message": "That one is paid already."}),
+        )
+        .await;
+    assert_eq!((status, names(&events)), (200, vec!["decided"]));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let (status, events) = f
+        .decide(
+            &id,
+            &pending[2],
+            json!({"decision": "respond", "result": "paid in cash"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        events.last().map(|(n, _)| n.as_str()),
+        Some("done"),
+        "{events:?}"
+    );
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1, "only the edited call ran");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    let (_, session) = f.get(&format!("/sessions/{id}")).await;
+    assert_eq!(
+        results(&session),
+        [
+            r#"{"ok":true,"data":"paid 3"}"#.to_owned(),
+            r#"{"ok":false,"error":{"type":"CONFIRMATION_DENIED","message":"The user declined this action: That one is paid already.","retryable":false}}"#.to_owned(),
+            r#"{"ok":true,"data":"paid in cash"}"#.to_owned(),
+        ]
+    );
+    assert!(
+        session["history"].to_string().contains(r#""amount":3"#),
+        "the history records the edited call"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_two_racing_decisions_one_wins_and_the_other_is_an_error() {
+    let model = Slow(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("Done.")
+            .build(),
+        Duration::from_millis(200),
+    );
+    let f = serve(model).await;
+    let id = f.create().await;
+    f.say(&id, "pay 5").await;
+    let request = f.pending(&id).await.remove(0);
+    let (approve, deny) = tokio::join!(
+        f.decide(&id, &request, json!({"decision": "approve"})),
+        f.decide(&id, &request, json!({"decision": "deny"})),
+    );
+    let statuses = [approve.0, deny.0];
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        1,
+        "{approve:?} {deny:?}"
+    );
+    assert!(
+        statuses.iter().any(|s| [404, 409].contains(s)),
+        "{statuses:?}"
+    );
+    let paid = f.pays.load(Ordering::SeqCst);
+    assert_eq!(paid, usize::from(approve.0 == 200), "the winner decided");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_request_is_gone_and_the_next_message_answers_it_as_expired() {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = ScriptedModel::builder()
+        .tool_call("pay", json!({"amount": 5}))
+        .text("The approval expired; nothing was paid.")
+        .text("You are welcome.")
+        .build();
+    let config = PolicyConfig::new(Budget::UNLIMITED).confirmation_ttl(Duration::ZERO);
+    let f = serve_with(Counted(model, calls.clone()), config).await;
+    let id = f.create().await;
+    let events = f.say(&id, "pay 5").await;
+    assert_eq!(events[0].1["yield_reason"], "awaiting_approval");
+    let (_, session) = f.get(&format!("/sessions/{id}")).await;
+    assert_eq!(session["awaiting_approval"], true);
+    assert!(f.pending(&id).await.is_empty(), "nothing left to decide");
+    let events = f.say(&id, "thanks").await;
+    assert_eq!(
+        events.last().map(|(n, _)| n.as_str()),
+        Some("done"),
+        "{events:?}"
+    );
+    assert_eq!(f.pays.load(Ordering::SeqCst), 0);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    let (_, session) = f.get(&format!("/sessions/{id}")).await;
+    assert!(results(&session)[0].contains("CONFIRMATION_EXPIRED"));
+    assert!(session["history"].to_string().contains("You are welcome."));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_flow_still_works_over_http() {
     let model = ScriptedModel::builder()
         .tool_call("pay", json!({"amount": 7}))
         .text("Please approve.")
         .build();
     // The second turn presents the request id the first one received.
-    let f = serve(Later(model, std::sync::OnceLock::new())).await;
+    let f = serve_with(
+        Later(model, std::sync::OnceLock::new()),
+        PolicyConfig::new(Budget::UNLIMITED).approval_flow(ApprovalFlow::Token),
+    )
+    .await;
     let id = f.create().await;
     f.say(&id, "pay 7").await;
-    let (_, pending) = f.get(&format!("/sessions/{id}/approvals")).await;
-    let request = pending[0]["request_id"]
-        .as_str()
-        .expect("a request")
-        .to_owned();
-
-    let unknown = f
-        .client
-        .post(format!("{}/sessions/{id}/approvals/apr_nope", f.base))
-        .json(&json!({"decision": "approve"}))
-        .send()
-        .await
-        .expect("sent");
-    assert_eq!(unknown.status(), 404);
-    let approved = f
-        .client
-        .post(format!("{}/sessions/{id}/approvals/{request}", f.base))
-        .json(&json!({"decision": "approve"}))
-        .send()
-        .await
-        .expect("sent");
-    assert_eq!(approved.status(), 200);
-    let (_, pending) = f.get(&format!("/sessions/{id}/approvals")).await;
-    assert_eq!(pending.as_array().map(Vec::len), Some(0));
+    let request = f.pending(&id).await.remove(0);
+    let (status, events) = f
+        .decide(&id, &request, json!({"decision": "approve"}))
+        .await;
+    assert_eq!((status, names(&events)), (200, vec!["decided"]));
+    assert!(f.pending(&id).await.is_empty());
 
     *NEXT.lock().expect("lock") = Some(request);
     let events = f.say(&id, "approved, go").await;
@@ -305,10 +566,7 @@ async fn bad_input_gets_clear_errors() {
 async fn a_second_message_while_running_is_a_conflict_and_a_client_that_leaves_does_not_stop_the_run()
  {
     let model = Slow(
-        ScriptedModel::builder()
-            .tool_call("pay", json!({"amount": 1}))
-            .text("Done thinking.")
-            .build(),
+        ScriptedModel::builder().text("Done thinking.").build(),
         Duration::from_millis(300),
     );
     let f = serve(model).await;
