@@ -800,3 +800,84 @@ async fn the_token_flow_stays_available_and_does_not_pause() {
         Err(ApprovalError::Unsupported { .. })
     ));
 }
+
+/// Needs approval; once running it says so and never finishes.
+#[derive(Clone, Default)]
+struct Stuck(Arc<tokio::sync::Notify>);
+
+impl Tool for Stuck {
+    const NAME: &'static str = "stuck";
+    const NEEDS_APPROVAL: bool = true;
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Never finishes".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.notify_one();
+        std::future::pending::<()>().await;
+        Ok("never".into())
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_resume_records_what_ran_and_loses_no_input() {
+    let stuck = Stuck::default();
+    let node = Node::builder("You do things.")
+        .name("main")
+        .tool(stuck.clone())
+        .tool(Add)
+        .build()
+        .expect("node builds");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_calls([("add", json!({"a": 2, "b": 3})), ("stuck", json!({}))])
+            .text("Noted.")
+            .build(),
+    );
+    let mut m = machine(|c| c, node, json!({}), model.clone());
+    let step = pause(&mut m, "add, then get stuck").await;
+    m.approvals()
+        .approve(&step.approvals[0].request_id)
+        .expect("approve");
+    m.enqueue_user("later");
+    {
+        let resume = m.resume(RunOptions::default());
+        futures::pin_mut!(resume);
+        tokio::select! {
+            done = &mut resume => panic!("it cannot finish: {:?}", done.map(|s| s.yield_reason)),
+            () = stuck.0.notified() => {}
+        }
+        // Dropped here, as a run cancelled by its caller.
+    }
+    assert!(
+        !m.is_awaiting_approval(),
+        "the cancelled step records the answer"
+    );
+    let queued: Vec<String> = m.queue().messages().iter().map(Message::text).collect();
+    assert_eq!(
+        queued.last().map(String::as_str),
+        Some("later"),
+        "{queued:?}"
+    );
+    m.run(RunOptions::default()).await.expect("runs");
+    let history = m.history();
+    assert_paired(history);
+    assert_eq!(calls_of(history).len(), 2, "the answer is recorded once");
+    assert_eq!(
+        contents(history),
+        [
+            "5".to_owned(),
+            markov_executor::CANCELLED_TOOL_CALL.to_owned()
+        ]
+    );
+    let said: Vec<String> = history
+        .iter()
+        .filter(|m| m.role == markov_core::Role::User)
+        .map(Message::text)
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(said, ["add, then get stuck", "later"], "in order");
+    assert_eq!(model.calls(), 2);
+}
