@@ -68,7 +68,7 @@ pub use error::RunError;
 pub use executor::{Executor, Intent, LeafContext, LeafOutcome};
 pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
 pub use machine::{Machine, MachineOptions};
-pub use queue::{OnEnqueue, Queue};
+pub use queue::{HeldBack, OnEnqueue, Queue};
 pub use respond::enforcer::ToolChoiceEnforcer;
 pub use run::{
     Action, DEFAULT_MAX_STEPS, LeafTask, LeafTasks, RECOVERY_TEXT, RunOptions, RunState,

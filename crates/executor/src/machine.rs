@@ -266,7 +266,33 @@ impl Machine {
     /// Whether a step waits for the application's approval of its calls
     /// (and for [`resume`](Self::resume)).
     pub fn is_awaiting_approval(&self) -> bool {
-        self.policy.is_paused()
+        if !self.policy.is_paused() {
+            return false;
+        }
+        let paused = self.policy.answers().paused();
+        let mut waiting = false;
+        self.root.for_each_active_leaf(&mut |leaf| {
+            waiting |= paused.contains(leaf.leaf().id());
+        });
+        waiting
+    }
+
+    /// The active leaves whose answer is paused. A paused answer whose leaf
+    /// left the tree (a command, say) can never be resumed: it is dropped
+    /// here, with the requests of its calls (none of them is recorded).
+    pub(crate) fn paused_leaves(&self) -> Vec<markov_core::InstanceId> {
+        let paused = self.policy.answers().paused();
+        if paused.is_empty() {
+            return paused;
+        }
+        let mut active = Vec::new();
+        self.root
+            .for_each_active_leaf(&mut |leaf| active.push(leaf.leaf().id().clone()));
+        for gone in paused.iter().filter(|i| !active.contains(i)) {
+            tracing::warn!(instance = %gone, "a paused answer's leaf is gone: it is dropped");
+            self.policy.abandon_paused(gone);
+        }
+        paused.into_iter().filter(|i| active.contains(i)).collect()
     }
 
     /// The queue (clone it to enqueue from another task).

@@ -38,6 +38,37 @@ impl Default for Queue {
     }
 }
 
+/// Entries taken out of a queue by [`Queue::hold_back`], put back when
+/// dropped.
+#[derive(Debug)]
+pub struct HeldBack {
+    queue: Queue,
+    entries: Vec<Entry>,
+}
+
+impl HeldBack {
+    /// Whether anything was held back.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// How many entries are held back.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+impl Drop for HeldBack {
+    fn drop(&mut self) {
+        if self.entries.is_empty() {
+            return;
+        }
+        // Back in the queue, not enqueued again: the callbacks saw them.
+        self.queue.entries().extend(self.entries.drain(..));
+        self.queue.notify();
+    }
+}
+
 /// A step's messages, and what the resolver made of them.
 pub(crate) type Drained<T> = (Vec<Message>, Vec<T>);
 
@@ -161,6 +192,18 @@ impl Queue {
                 .and_then(|m| m.message_id.as_ref())
                 != Some(id)
         });
+    }
+
+    /// Takes every queued entry out until the returned guard is dropped,
+    /// which puts them back, in order, after whatever the run left queued
+    /// (the entries of a step it was cancelled in, which came first): input
+    /// held back while a run finishes what came before it, and not lost if
+    /// that run is cancelled.
+    pub fn hold_back(&self) -> HeldBack {
+        HeldBack {
+            queue: self.clone(),
+            entries: self.drain_all(),
+        }
     }
 
     /// Puts drained entries back at the front, in order (a failed step loses nothing).

@@ -497,7 +497,7 @@ impl RunState {
         let triggers = entries
             .iter()
             .any(|e| e.message.role == Role::User && !e.message.is_silent());
-        if triggers && machine.policy.is_paused() {
+        if triggers && !machine.paused_leaves().is_empty() {
             // The paused step's answer comes first in the history: the
             // input waits, queued, until the step is resumed.
             machine.queue.requeue_front(entries);
@@ -542,19 +542,7 @@ impl RunState {
         }
         let resuming = std::mem::take(&mut self.resuming);
         let paused = if resuming {
-            let paused = machine.policy.answers().paused();
-            let mut active = Vec::new();
-            machine
-                .root
-                .for_each_active_leaf(&mut |leaf| active.push(leaf.leaf().id().clone()));
-            for gone in paused.iter().filter(|i| !active.contains(i)) {
-                // Its leaf left the tree (a command, say): nothing can
-                // resume it, and the calls it held are not recorded.
-                tracing::warn!(instance = %gone, "a paused answer's leaf is gone: it is dropped");
-                machine.policy.abandon_paused(gone);
-            }
-            let paused: Vec<InstanceId> =
-                paused.into_iter().filter(|i| active.contains(i)).collect();
+            let paused = machine.paused_leaves();
             if paused.is_empty() {
                 return Err(RunError::NotAwaitingApproval);
             }
@@ -999,8 +987,6 @@ pub(crate) async fn resume_to_completion(
     machine: &mut Machine,
     options: RunOptions,
 ) -> Result<MachineStep, RunError> {
-    let held = machine.queue.drain_all();
-    let last = last_step(steps(machine, RunState::resume(options))).await;
-    machine.queue.requeue_front(held);
-    last
+    let _held = machine.queue.hold_back();
+    last_step(steps(machine, RunState::resume(options))).await
 }

@@ -965,6 +965,7 @@ impl Executor for StandardExecutor {
             log: &log,
             recorded: Some((&entries, &refused)),
             source: cx.source(),
+            resumed: resumed.then(|| (cx.policy, cx.instance().id())),
         };
         let mut outcome = run_tool_calls_logged(&view, &calls, &log).await;
         in_flight.disarm();
@@ -1040,6 +1041,10 @@ struct ToolsInFlight<'a> {
     /// The entries so far and the refused calls' results, until disarmed.
     recorded: Option<(&'a [Entry], &'a [ToolExecutionResult])>,
     source: Source,
+    /// Set when the response is a paused answer being resumed: its record
+    /// goes once the cancelled step's entries are queued, since they
+    /// record the answer (replaying it again would record it twice).
+    resumed: Option<(&'a markov_policy::PolicyState, &'a markov_core::InstanceId)>,
 }
 
 impl ToolsInFlight<'_> {
@@ -1078,6 +1083,9 @@ impl Drop for ToolsInFlight<'_> {
             &self.source,
         )));
         self.queue.enqueue_entries(entries);
+        if let Some((policy, instance)) = self.resumed {
+            policy.abandon_paused(instance);
+        }
     }
 }
 

@@ -115,6 +115,10 @@ impl PolicyState {
         state.repeats.restore(snapshot.repeats);
         state.budgets.restore(snapshot.budgets);
         state.answers.restore(snapshot.answers);
+        // A paused call's request lives as long as its paused answer: one
+        // without it (a repaired session) can never be resumed.
+        let paused = state.answers.paused();
+        state.approvals.forget_held(|i| paused.contains(i));
         state
     }
 

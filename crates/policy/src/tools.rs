@@ -79,7 +79,9 @@ impl PolicyConfig {
 
     /// How a call that needs approval waits for it: the run pauses
     /// ([`ApprovalFlow::Pause`], the default), or the model is told to call
-    /// again with the approved request's id ([`ApprovalFlow::Token`]).
+    /// again with the approved request's id ([`ApprovalFlow::Token`]). It
+    /// applies to the calls through this registry; a tool outside every
+    /// registry that needs approval by its own definition always pauses.
     #[must_use]
     pub fn approval_flow(mut self, flow: ApprovalFlow) -> Self {
         self.approval_flow = flow;

@@ -390,11 +390,11 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             // New input waits until the interrupted run is finished: its
             // answer comes first in the history, and the model then sees
             // the new input after it, in order.
-            let held = self.machine.queue().drain_all();
+            let held = self.machine.queue().hold_back();
             tracing::info!(held = held.len(), "continuing an interrupted run");
             let finished = self.drive(state, &mut on_step).await;
             let has_input = !held.is_empty();
-            self.machine.queue().requeue_front(held);
+            drop(held);
             let last = finished?;
             if !has_input {
                 return Ok(last);
@@ -540,23 +540,16 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             resumed = true,
         );
         async move {
+            let _held = self.machine.queue().hold_back();
             if let Some(state) = self.interrupted.take() {
-                let held = self.machine.queue().drain_all();
-                let finished = self.drive(state, &mut on_step).await;
-                self.machine.queue().requeue_front(held);
-                return finished;
+                return self.drive(state, &mut on_step).await;
             }
             if !self.machine.is_awaiting_approval() {
                 return Err(RunError::NotAwaitingApproval.into());
             }
-            let held = self.machine.queue().drain_all();
             let state = RunState::resume(options);
-            let finished = match self.write(Some(&state)).await {
-                Ok(()) => self.drive(state, &mut on_step).await,
-                Err(e) => Err(e),
-            };
-            self.machine.queue().requeue_front(held);
-            finished
+            self.write(Some(&state)).await?;
+            self.drive(state, &mut on_step).await
         }
         .instrument(span)
         .await

@@ -550,6 +550,32 @@ async fn a_paused_step_costs_its_budget_once() {
     );
 }
 
+#[tokio::test]
+async fn a_paused_step_counts_its_calls_once_for_the_loop_guard() {
+    // Three identical lookups are allowed in a turn, a fourth is not: the
+    // replayed ones must not count again.
+    let lookup = || ("lookup", json!({"who": "alice"}));
+    let mut b = bank(
+        PolicyConfig::new(Budget::UNLIMITED),
+        ScriptedModel::builder()
+            .tool_calls([lookup(), lookup(), lookup(), ("pay", json!({"amount": 5}))])
+            .text("Done.")
+            .build(),
+    );
+    let step = pause(&mut b.machine, "look thrice, then pay").await;
+    b.machine
+        .approvals()
+        .approve(&step.approvals[0].request_id)
+        .expect("approve");
+    b.machine.resume().await.expect("resumes");
+    let results = contents(b.machine.history());
+    assert!(
+        results.iter().all(|r| !r.contains("REPEATED_CALL")),
+        "{results:?}"
+    );
+    assert_eq!(b.pay.paid(), [5]);
+}
+
 // --- the model cannot approve ------------------------------------------------
 
 #[tokio::test]
@@ -763,4 +789,218 @@ async fn the_token_flow_stays_available_and_does_not_pause() {
         ),
         Err(ApprovalError::Unsupported { .. })
     ));
+}
+
+/// Needs approval; once running it says so and never finishes.
+#[derive(Clone, Default)]
+struct Stuck(Arc<tokio::sync::Notify>);
+
+impl Tool for Stuck {
+    const NAME: &'static str = "stuck";
+    const NEEDS_APPROVAL: bool = true;
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Never finishes".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.0.notify_one();
+        std::future::pending::<()>().await;
+        Ok("never".into())
+    }
+}
+
+#[tokio::test]
+async fn a_cancelled_resume_records_what_ran_and_loses_no_input() {
+    let stuck = Stuck::default();
+    let node = Node::builder("You do things.")
+        .name("main")
+        .tool(stuck.clone())
+        .tool(Add)
+        .build()
+        .expect("node builds");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_calls([("add", json!({"a": 2, "b": 3})), ("stuck", json!({}))])
+            .text("Noted.")
+            .build(),
+    );
+    let mut m = machine(|c| c, node, json!({}), model.clone());
+    let step = pause(&mut m, "add, then get stuck").await;
+    m.approvals()
+        .approve(&step.approvals[0].request_id)
+        .expect("approve");
+    m.enqueue_user("later");
+    {
+        let resume = m.resume();
+        futures::pin_mut!(resume);
+        tokio::select! {
+            done = &mut resume => panic!("it cannot finish: {:?}", done.map(|s| s.yield_reason)),
+            () = stuck.0.notified() => {}
+        }
+        // Dropped here, as a run cancelled by its caller.
+    }
+    assert!(
+        !m.is_awaiting_approval(),
+        "the cancelled step records the answer"
+    );
+    let queued: Vec<String> = m.queue().messages().iter().map(Message::text).collect();
+    assert_eq!(
+        queued.last().map(String::as_str),
+        Some("later"),
+        "{queued:?}"
+    );
+    m.run().await.expect("runs");
+    let history = m.history();
+    assert_paired(history);
+    assert_eq!(calls_of(history).len(), 2, "the answer is recorded once");
+    assert_eq!(
+        contents(history),
+        [
+            "5".to_owned(),
+            markov_executor::CANCELLED_TOOL_CALL.to_owned()
+        ]
+    );
+    let said: Vec<String> = history
+        .iter()
+        .filter(|m| m.role == markov_core::Role::User)
+        .map(Message::text)
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(said, ["add, then get stuck", "later"], "in order");
+    assert_eq!(model.calls(), 2);
+}
+
+// --- the invariant over random answers and decisions -----------------------
+
+/// One call of a random answer: a plain lookup, or a payment of `amount`
+/// and what the application decides on it.
+#[derive(Debug, Clone)]
+enum Planned {
+    Lookup,
+    Pay(u32, Choice),
+}
+
+#[derive(Debug, Clone)]
+enum Choice {
+    Approve,
+    Edit(u32),
+    Deny,
+    Respond,
+}
+
+fn planned() -> impl proptest::strategy::Strategy<Value = Planned> {
+    use proptest::prelude::*;
+    let choice = prop_oneof![
+        Just(Choice::Approve),
+        (1u32..1000).prop_map(Choice::Edit),
+        Just(Choice::Deny),
+        Just(Choice::Respond),
+    ];
+    prop_oneof![
+        Just(Planned::Lookup),
+        ((1u32..1000), choice).prop_map(|(amount, choice)| Planned::Pay(amount, choice)),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Whatever the answer and the decisions: the step pauses after one
+    /// model call, the plain calls run once, each approved call runs once
+    /// with the arguments approved and no other payment runs, every call
+    /// gets its result in place, and the model is asked once more.
+    #[test]
+    fn an_approved_call_runs_once_with_the_arguments_approved(
+        plan in proptest::collection::vec(planned(), 1..6)
+    ) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            // Distinct arguments: the loop guard has no say here.
+            let calls: Vec<(&str, Value)> = plan
+                .iter()
+                .enumerate()
+                .map(|(i, p)| match p {
+                    Planned::Lookup => ("lookup", json!({"who": format!("p{i}")})),
+                    Planned::Pay(amount, _) => ("pay", json!({"amount": amount * 8 + i as u32})),
+                })
+                .collect();
+            let mut b = bank(
+                PolicyConfig::new(Budget::UNLIMITED),
+                ScriptedModel::builder().tool_calls(calls).text("Done.").build(),
+            );
+            let lookups = plan.iter().filter(|p| matches!(p, Planned::Lookup)).count();
+            let choices: Vec<&Choice> = plan
+                .iter()
+                .filter_map(|p| match p {
+                    Planned::Pay(_, choice) => Some(choice),
+                    Planned::Lookup => None,
+                })
+                .collect();
+            b.machine.enqueue_user("go");
+            let step = b.machine.run().await.expect("runs");
+            if choices.is_empty() {
+                assert_eq!(step.yield_reason, YieldReason::EndTurn);
+                assert_eq!(b.lookups.load(Ordering::SeqCst), lookups);
+                return;
+            }
+            assert_eq!(step.yield_reason, YieldReason::AwaitingApproval);
+            assert_eq!(step.approvals.len(), choices.len());
+            assert_eq!(b.lookups.load(Ordering::SeqCst), lookups);
+            assert!(b.pay.paid().is_empty());
+            let mut expected_paid = Vec::new();
+            for (request, choice) in step.approvals.iter().zip(&choices) {
+                let amount = request.args["amount"].as_u64().expect("an amount") as u32;
+                let decision = match choice {
+                    Choice::Approve => {
+                        expected_paid.push(amount);
+                        Decision::Approve
+                    }
+                    Choice::Edit(to) => {
+                        expected_paid.push(*to);
+                        Decision::Edit { args: json!({"amount": to}) }
+                    }
+                    Choice::Deny => Decision::Deny { message: Some("no".into()) },
+                    Choice::Respond => Decision::Respond { result: json!("by hand") },
+                };
+                b.machine
+                    .approvals()
+                    .decide(&request.request_id, decision)
+                    .expect("decided");
+            }
+            assert_eq!(b.model.calls(), 1);
+            let last = b.machine.resume().await.expect("resumes");
+            assert!(last.done);
+            assert_eq!(b.model.calls(), 2, "one model call after the results");
+            assert_eq!(b.pay.paid(), expected_paid, "each approved call once, as approved");
+            assert_eq!(b.lookups.load(Ordering::SeqCst), lookups, "no plain call twice");
+            let history = b.machine.history();
+            assert_paired(history);
+            let recorded = calls_of(history);
+            assert_eq!(recorded.len(), plan.len());
+            let results = contents(history);
+            let mut choice = choices.iter();
+            for ((_, tool, input), result) in recorded.iter().zip(&results) {
+                if tool == "lookup" {
+                    assert_eq!(
+                        *result,
+                        format!(r#"{{"ok":true,"data":"{} has 100"}}"#, input["who"].as_str().unwrap_or_default())
+                    );
+                    continue;
+                }
+                match choice.next().expect("a payment") {
+                    Choice::Approve | Choice::Edit(_) => assert_eq!(
+                        *result,
+                        format!(r#"{{"ok":true,"data":"paid {}"}}"#, input["amount"]),
+                        "recorded with the arguments it ran with"
+                    ),
+                    Choice::Deny => assert!(result.contains("CONFIRMATION_DENIED")),
+                    Choice::Respond => assert_eq!(result, r#"{"ok":true,"data":"by hand"}"#),
+                }
+            }
+        });
+    }
 }
