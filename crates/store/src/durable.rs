@@ -327,7 +327,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         let repeats = (repeats != self.repeats).then_some(repeats);
         let counters = self.machine.policy_state().counters();
         let counters = (counters != self.counters).then_some(counters);
-        // The answers of a step not recorded yet; empty once it is.
+        // The answers of a step not recorded yet (empty once it is), and
+        // those of a step paused for approval (until it is resumed).
         let answers = self.machine.policy_state().answers().snapshot();
         self.store
             .append(

@@ -2,8 +2,9 @@
 //!
 //! A [`Store`] keeps sessions: a machine's history as an append-only table
 //! of messages, its instance tree (written when it changes), its pending and
-//! approved confirmation requests, its idempotency ledger, and the state of
-//! a run in progress. [`DurableMachine`] drives a machine and writes each
+//! approved confirmation requests (and those of calls waiting for approval,
+//! with the paused answer that made them), its idempotency ledger, and the
+//! state of a run in progress. [`DurableMachine`] drives a machine and writes each
 //! step before the next model call, so a process that dies loses at most
 //! the step in flight — and a tool call of that step that already ran is
 //! not run again on resume: its ledger entry was written before its result
@@ -168,7 +169,9 @@ pub struct StepRecord<'a> {
     /// The conversation's turn and budget counters, if they changed.
     pub counters: Option<&'a PolicyCounters>,
     /// The model's answers whose tools may have started and whose step is
-    /// not recorded yet: empty once their step is (the common case).
+    /// not recorded yet: empty once their step is (the common case); a step
+    /// paused for approval keeps its answer here, marked paused, until it
+    /// is resumed.
     pub answers: &'a [RecordedAnswer],
     /// The run in progress, or `None` when no run is in progress.
     pub run: Option<&'a RunState>,
