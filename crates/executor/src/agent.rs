@@ -181,7 +181,6 @@ impl Agent {
             executor: None,
             settings: None,
             run: None,
-            conflicts: Vec::new(),
         }
     }
 
@@ -288,9 +287,6 @@ pub struct AgentBuilder {
     executor: Option<Arc<dyn Executor>>,
     settings: Option<ModelSettings>,
     run: Option<RunOptions>,
-    /// Options that conflict, found as they were given and reported by
-    /// `build` (a builder method cannot fail without breaking the chain).
-    conflicts: Vec<(&'static str, &'static str, &'static str)>,
 }
 
 impl std::fmt::Debug for AgentBuilder {
@@ -472,7 +468,10 @@ impl AgentBuilder {
         self
     }
 
-    fn conflicts(&mut self) {
+    /// The first pair of options that cannot be used together, as
+    /// (option, the one it conflicts with, what to do instead): reported by
+    /// `build`, since a builder method cannot fail without breaking the chain.
+    fn conflict(&self) -> Option<(&'static str, &'static str, &'static str)> {
         let custom = self.executor.is_some();
         let checks: [(bool, &'static str, &'static str, &'static str); 8] = [
             (
@@ -524,18 +523,16 @@ impl AgentBuilder {
                 "a one-node agent's tools and output need its instructions",
             ),
         ];
-        for (conflict, option, with, why) in checks {
-            if conflict {
-                self.conflicts.push((option, with, why));
-            }
-        }
+        checks
+            .into_iter()
+            .find(|check| check.0)
+            .map(|(_, option, with, why)| (option, with, why))
     }
 
     /// Validates everything and freezes the agent.
-    pub fn build(mut self) -> Result<Agent, BuildError> {
-        self.conflicts();
+    pub fn build(self) -> Result<Agent, BuildError> {
         let agent = self.name.clone();
-        if let Some(&(option, with, why)) = self.conflicts.first() {
+        if let Some((option, with, why)) = self.conflict() {
             return Err(BuildError::Conflict {
                 agent,
                 option,

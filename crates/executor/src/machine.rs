@@ -85,7 +85,8 @@ impl Machine {
         options: MachineOptions,
     ) -> Result<Self, RunError> {
         let root = Arc::new(root);
-        for instance in &root.all()? {
+        let all = root.all()?;
+        for instance in &all {
             instance
                 .node()
                 .schema()
@@ -97,7 +98,8 @@ impl Machine {
             // Nodes the charter does not register were not checked when it was built.
             charter.check(instance.node())?;
         }
-        let mut machine = Self::assemble(charter, executor, root, RunOptions::default());
+        let nodes: Vec<_> = all.iter().map(|i| i.node().clone()).collect();
+        let mut machine = Self::assemble(charter, executor, root, &nodes, RunOptions::default());
         machine.history = options.history;
         machine.queue = Queue::new(options.on_enqueue);
         Ok(machine)
@@ -111,24 +113,20 @@ impl Machine {
         root: Instance,
         run_options: RunOptions,
     ) -> Self {
-        Self::assemble(charter, executor, Arc::new(root), run_options)
+        let nodes = [root.node().clone()];
+        Self::assemble(charter, executor, Arc::new(root), &nodes, run_options)
     }
 
-    /// The machine over a checked tree: packs hoisted to the root and the
-    /// externalized scopes registered.
+    /// The machine over a checked tree whose nodes, in tree order, are
+    /// `nodes`: their packs hoisted to the root and the externalized scopes
+    /// registered.
     fn assemble(
         charter: Charter,
         executor: Arc<dyn Executor>,
         mut root: Arc<Instance>,
+        nodes: &[markov_runtime::node::Node],
         run_options: RunOptions,
     ) -> Self {
-        // The tree was walked (depth and cycles checked) before it came here.
-        let mut nodes = Vec::new();
-        let mut stack = vec![Arc::clone(&root)];
-        while let Some(instance) = stack.pop() {
-            nodes.push(instance.node().clone());
-            stack.extend(instance.children.iter().cloned());
-        }
         hoist_packs(&mut root, nodes.iter());
         let mut machine = Machine {
             charter,

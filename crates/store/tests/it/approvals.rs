@@ -60,37 +60,7 @@ async fn open(
 ) -> DurableMachine<SqliteStore> {
     let (charter, _) = charter();
     let executor = Arc::new(executor(model, dir, config));
-    let mut waited = Duration::ZERO;
-    loop {
-        match DurableMachine::open(
-            store(dir),
-            SessionId::new(id),
-            WorkerId::new(worker),
-            &agent_on(&charter, executor.clone()),
-        )
-        .await
-        {
-            Ok(session) => return session,
-            Err(DurableError::Store(StoreError::Leased { .. }))
-                if waited < Duration::from_secs(5) =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                waited += Duration::from_millis(50);
-            }
-            Err(e) => panic!("cannot open the session: {e}"),
-        }
-    }
-}
-
-fn results(history: &[markov_core::Message]) -> Vec<String> {
-    history
-        .iter()
-        .flat_map(|m| m.item_list())
-        .filter_map(|i| match i {
-            Item::ToolResult { content, .. } => Some(content.clone()),
-            _ => None,
-        })
-        .collect()
+    open_when_free(store(dir), id, worker, &agent_on(&charter, executor)).await
 }
 
 fn call_count(history: &[markov_core::Message]) -> usize {
@@ -236,7 +206,7 @@ async fn a_paused_session_is_decided_and_resumed_by_a_fresh_process() {
     let history = session.machine().history();
     assert_eq!(call_count(history), 2);
     assert_eq!(
-        results(history),
+        tool_results(history),
         [
             r#"{"ok":true,"data":"1 notes"}"#,
             r#"{"ok":true,"data":"paid 5"}"#
@@ -297,7 +267,7 @@ async fn a_request_that_expires_while_the_session_is_stored_is_answered_as_expir
         .await
         .expect("resumes");
     assert_eq!(lines(&dir.path("effects")), 0);
-    assert!(results(session.machine().history())[0].contains("CONFIRMATION_EXPIRED"));
+    assert!(tool_results(session.machine().history())[0].contains("CONFIRMATION_EXPIRED"));
     assert_eq!(model.calls(), 1);
 }
 
@@ -443,6 +413,6 @@ async fn a_worker_lost_while_a_resumed_call_runs_leaves_a_run_the_next_one_conti
     assert_eq!(model.calls(), 1, "no model call before the call's result");
     let history = session.machine().history();
     assert_eq!(call_count(history), 1);
-    assert_eq!(results(history), [r#"{"ok":true,"data":"paid 5"}"#]);
+    assert_eq!(tool_results(history), [r#"{"ok":true,"data":"paid 5"}"#]);
     assert!(!session.machine().is_awaiting_approval());
 }

@@ -174,26 +174,13 @@ async fn kill_child_when_it_hangs(dir: &Dir, mode: &str) {
 async fn take_over(dir: &Dir, mode: &str, model: Arc<ProviderLike>) -> DurableMachine<SqliteStore> {
     let (charter, _) = charter();
     let executor: Arc<dyn Executor> = Arc::new(crash_executor(model, dir, mode));
-    let mut waited = Duration::ZERO;
-    loop {
-        match DurableMachine::open(
-            store(dir),
-            SessionId::new("crash"),
-            WorkerId::new("survivor"),
-            &agent_on(&charter, executor.clone()),
-        )
-        .await
-        {
-            Ok(session) => return session,
-            Err(DurableError::Store(StoreError::Leased { .. }))
-                if waited < Duration::from_secs(5) =>
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                waited += Duration::from_millis(50);
-            }
-            Err(e) => panic!("cannot take over the session: {e}"),
-        }
-    }
+    open_when_free(
+        store(dir),
+        "crash",
+        "survivor",
+        &agent_on(&charter, executor),
+    )
+    .await
 }
 
 /// The ids of the tool calls in `history`, in order.
@@ -203,17 +190,6 @@ fn call_ids(history: &[markov_core::Message]) -> Vec<String> {
         .flat_map(|m| m.item_list())
         .filter_map(|item| match item {
             Item::ToolUse { id, .. } => Some(id.to_string()),
-            _ => None,
-        })
-        .collect()
-}
-
-fn tool_results(history: &[markov_core::Message]) -> Vec<String> {
-    history
-        .iter()
-        .flat_map(|m| m.item_list())
-        .filter_map(|item| match item {
-            Item::ToolResult { content, .. } => Some(content.clone()),
             _ => None,
         })
         .collect()

@@ -256,6 +256,49 @@ pub fn agent_on(
         .expect("the agent builds")
 }
 
+/// Opens session `id` as `worker` once no other worker holds its lease
+/// (waiting at most five seconds for a dead worker's lease to expire).
+pub async fn open_when_free(
+    store: Arc<markov_store::SqliteStore>,
+    id: &str,
+    worker: &str,
+    agent: &markov_executor::Agent,
+) -> markov_store::DurableMachine<markov_store::SqliteStore> {
+    use markov_store::{DurableError, DurableMachine, SessionId, StoreError, WorkerId};
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        match DurableMachine::open(
+            store.clone(),
+            SessionId::new(id),
+            WorkerId::new(worker),
+            agent,
+        )
+        .await
+        {
+            Ok(session) => return session,
+            Err(DurableError::Store(StoreError::Leased { .. }))
+                if waited < std::time::Duration::from_secs(5) =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                waited += std::time::Duration::from_millis(50);
+            }
+            Err(e) => panic!("cannot open session {id:?}: {e}"),
+        }
+    }
+}
+
+/// The contents of the tool results in `history`, in order.
+pub fn tool_results(history: &[markov_core::Message]) -> Vec<String> {
+    history
+        .iter()
+        .flat_map(|m| m.item_list())
+        .filter_map(|item| match item {
+            Item::ToolResult { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn executor(model: Arc<dyn Model>, effects: PathBuf, marker: PathBuf) -> StandardExecutor {
     executor_with_budget(model, effects, marker, Budget::UNLIMITED)
 }
