@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Instance, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
+use markov_executor::{Agent, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
@@ -138,11 +138,10 @@ pub fn model(k: usize) -> ScriptedModel {
     script.text("done").build().recording(Recording::Off)
 }
 
-/// The node and charter, built once and shared by every machine (both are
-/// cheap to clone), as a server running many sessions of one agent would.
+/// The charter (its one node and three tools), built once and shared by
+/// every machine, as a server running many sessions of one agent would.
 #[derive(Debug, Clone)]
 pub struct Scenario {
-    node: Node,
     charter: Charter,
     registry: Option<Arc<ToolRegistry>>,
 }
@@ -182,12 +181,11 @@ impl Scenario {
         // The scenario repeats identical calls on purpose (the peers' script):
         // the loop guard would end it, so it is off here.
         let charter = Charter::builder("bench")
-            .node("worker", node.clone())
+            .node("worker", node)
             .loop_guard(markov_policy::LoopGuard::OFF)
             .build()
             .expect("the benchmark charter builds");
         Scenario {
-            node,
             charter,
             registry: None,
         }
@@ -204,17 +202,16 @@ impl Scenario {
     /// A fresh machine whose model answers a turn of `k` tool steps, with
     /// the user message already enqueued.
     pub fn machine(&self, k: usize) -> Machine {
-        let machine = Machine::new(
-            self.charter.clone(),
-            match &self.registry {
+        let machine = Agent::on_charter(self.charter.clone())
+            .executor(match &self.registry {
                 None => StandardExecutor::new(model(k)),
                 Some(registry) => {
                     StandardExecutor::new(model(k)).with_registry(Arc::clone(registry), Mode::TEXT)
                 }
-            },
-            Instance::new(self.node.clone(), json!({})),
-        )
-        .expect("the benchmark machine builds");
+            })
+            .build()
+            .expect("the benchmark agent builds")
+            .machine();
         machine.enqueue_user(USER_MESSAGE);
         machine
     }

@@ -11,7 +11,7 @@
 //!    machine after a turn, counted by the global allocator in `counting.rs`.
 //! 4. Serializing and deserializing after K = 100 and 1 000 with serde_json:
 //!    the history alone (`Vec<Message>`), and the full machine snapshot
-//!    (`serialize_machine` + `to_vec`, `from_slice` + `deserialize_machine`).
+//!    (`serialize_machine` + `to_vec`, `from_slice` + `Agent::restore`).
 //!
 //! 5. The tool-registry policy pipeline: figure 1 at K = 10 and 1 000 with
 //!    the registry on and every policy active (nothing rejects), on a
@@ -56,7 +56,6 @@ mod stream;
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use markov_bench::{
@@ -66,8 +65,8 @@ use markov_bench::{
 use markov_core::ids::ToolCallId;
 use markov_core::message::Message;
 use markov_core::tool::{NoState, ToolContext};
-use markov_executor::serialize::{SerializedMachine, deserialize_machine, serialize_machine};
-use markov_executor::{Executor, Machine, MachineOptions, StandardExecutor};
+use markov_executor::serialize::{SerializedMachine, serialize_machine};
+use markov_executor::{Agent, Machine, StandardExecutor};
 use markov_policy::{
     AuditLayer, CallReport, ConfirmLayer, EnvelopeMode, ExecuteService, GateLayer,
     IdempotencyLayer, LatencyLayer, Mode, PolicyStack, PolicyState, TimeoutLayer, ToolRequest,
@@ -253,7 +252,10 @@ fn profile_snapshot(k: usize, reps: usize, read_only: bool) {
     let mut machine = scenario.machine(k);
     runtime.block_on(run_turn(&mut machine, k));
     let charter = machine.charter().clone();
-    let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
+    let agent = Agent::on_charter(charter.clone())
+        .executor(StandardExecutor::new(model(k)))
+        .build()
+        .expect("the benchmark agent builds");
     let write = |machine: &Machine| {
         serde_json::to_vec(&serialize_machine(machine).expect("the machine serializes"))
             .expect("the snapshot serializes")
@@ -267,13 +269,7 @@ fn profile_snapshot(k: usize, reps: usize, read_only: bool) {
         };
         let data: SerializedMachine =
             serde_json::from_slice(&bytes).expect("the snapshot deserializes");
-        let restored = deserialize_machine(
-            charter.clone(),
-            Arc::clone(&executor),
-            data,
-            MachineOptions::default(),
-        )
-        .expect("the machine deserializes");
+        let restored = agent.restore(data).expect("the machine deserializes");
         drop(black_box(restored));
     }
 }
@@ -1002,7 +998,10 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
 
     // The full snapshot: instance tree and history, written and read back.
     let charter = machine.charter().clone();
-    let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
+    let agent = Agent::on_charter(charter.clone())
+        .executor(StandardExecutor::new(model(k)))
+        .build()
+        .expect("the benchmark agent builds");
     let snapshot = |machine: &Machine| {
         serde_json::to_vec(&serialize_machine(machine).expect("the machine serializes"))
             .expect("the snapshot serializes")
@@ -1010,13 +1009,7 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
     let restore = |bytes: &[u8]| {
         let data: SerializedMachine =
             serde_json::from_slice(bytes).expect("the snapshot deserializes");
-        deserialize_machine(
-            charter.clone(),
-            Arc::clone(&executor),
-            data,
-            MachineOptions::default(),
-        )
-        .expect("the machine deserializes")
+        agent.restore(data).expect("the machine deserializes")
     };
     let snap = snapshot(&machine);
     let restored = restore(&snap);

@@ -4,12 +4,11 @@
 //! K messages, and the time to load a session of K = 1 000 back into a
 //! machine.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use markov_bench::{Scenario, current_thread_runtime, model, run_turn};
-use markov_executor::serialize::{deserialize_machine, serialize_machine};
-use markov_executor::{Executor, MachineOptions, RunOptions, RunState, StandardExecutor};
+use markov_executor::serialize::serialize_machine;
+use markov_executor::{Agent, RunOptions, RunState, StandardExecutor};
 use markov_store::testing::TempPostgres;
 use markov_store::{PostgresStore, SessionId, SqliteStore, StepRecord, Store, WorkerId};
 
@@ -108,7 +107,10 @@ async fn measure(
     let load = match load {
         None => None,
         Some((id, charter, k)) => {
-            let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::new(model(k)));
+            let agent = Agent::on_charter(charter.clone())
+                .executor(StandardExecutor::new(model(k)))
+                .build()
+                .expect("the benchmark agent builds");
             let mut load_ms = Vec::new();
             let mut restore_ms = Vec::new();
             let mut loaded_messages = 0;
@@ -118,13 +120,9 @@ async fn measure(
                 load_ms.push(start.elapsed());
                 loaded_messages = stored.snapshot.history.len();
                 let start = Instant::now();
-                let restored = deserialize_machine(
-                    charter.clone(),
-                    Arc::clone(&executor),
-                    stored.snapshot,
-                    MachineOptions::default(),
-                )
-                .expect("the machine restores");
+                let restored = agent
+                    .restore(stored.snapshot)
+                    .expect("the machine restores");
                 restore_ms.push(start.elapsed());
                 drop(restored);
             }

@@ -23,7 +23,7 @@ use serde_json::Value;
 use crate::error::RunError;
 use crate::executor::Executor;
 use crate::instance::Instance;
-use crate::machine::{Machine, MachineOptions};
+use crate::machine::Machine;
 use crate::run::RunOptions;
 use crate::serialize::{DeserializeError, SerializedMachine, deserialize_machine};
 use crate::standard::StandardExecutor;
@@ -166,6 +166,8 @@ impl Agent {
         let name = name.into();
         AgentBuilder {
             charter: Charter::builder(name.clone()),
+            charter_configured: false,
+            charter_given: None,
             name,
             instructions: None,
             node: None,
@@ -182,6 +184,20 @@ impl Agent {
             settings: None,
             run: None,
         }
+    }
+
+    /// Starts describing an agent over a charter built elsewhere (its nodes,
+    /// packs, transitions and charter tools; the agent's name is the
+    /// charter's), as a port of a markov-machines program has one. The
+    /// first node registered is where conversations start unless
+    /// [`start`](AgentBuilder::start) names another; the model, tools under
+    /// policies and limits are given as for [`builder`](Self::builder).
+    /// Nodes, instructions and [`charter`](AgentBuilder::charter) belong to
+    /// the charter given: giving them too is a build error.
+    pub fn on_charter(charter: Charter) -> AgentBuilder {
+        let mut builder = Self::builder(charter.name());
+        builder.charter_given = Some(charter);
+        builder
     }
 
     /// The agent's name (its charter's).
@@ -226,6 +242,20 @@ impl Agent {
         )
     }
 
+    /// A new conversation with this agent whose instance tree is `root`
+    /// instead of the start node (a tree prepared by the application: a
+    /// parent with children, packs, another start state). The tree is
+    /// checked as [`build`](AgentBuilder::build) checks the start: each
+    /// state against its node's schema, each node against the charter.
+    pub fn machine_at(&self, root: Instance) -> Result<Machine, RunError> {
+        Machine::from_tree(
+            self.inner.charter.clone(),
+            Arc::clone(&self.inner.executor),
+            root,
+            self.inner.run.clone(),
+        )
+    }
+
     /// A conversation with this agent restored from its snapshot
     /// ([`serialize_machine`](crate::serialize_machine)).
     pub fn restore(&self, snapshot: SerializedMachine) -> Result<Machine, DeserializeError> {
@@ -233,7 +263,6 @@ impl Agent {
             self.inner.charter.clone(),
             Arc::clone(&self.inner.executor),
             snapshot,
-            MachineOptions::default(),
         )?;
         machine.set_run_options(self.inner.run.clone());
         Ok(machine)
@@ -269,6 +298,10 @@ impl Agent {
 pub struct AgentBuilder {
     name: String,
     charter: CharterBuilder,
+    /// Whether `charter(..)` was called.
+    charter_configured: bool,
+    /// The charter given whole to [`Agent::on_charter`].
+    charter_given: Option<Charter>,
     instructions: Option<String>,
     /// What `tool` and `output` add to the one node made of the
     /// instructions (`Some` once any of the three is given).
@@ -414,6 +447,7 @@ impl AgentBuilder {
     #[must_use]
     pub fn charter(mut self, f: impl FnOnce(CharterBuilder) -> CharterBuilder) -> Self {
         self.charter = f(self.charter);
+        self.charter_configured = true;
         self
     }
 
@@ -473,7 +507,26 @@ impl AgentBuilder {
     /// `build`, since a builder method cannot fail without breaking the chain.
     fn conflict(&self) -> Option<(&'static str, &'static str, &'static str)> {
         let custom = self.executor.is_some();
-        let checks: [(bool, &'static str, &'static str, &'static str); 8] = [
+        let given = self.charter_given.is_some();
+        let checks: [(bool, &'static str, &'static str, &'static str); 11] = [
+            (
+                given && !self.nodes.is_empty(),
+                "node",
+                "on_charter",
+                "register the node in the charter given",
+            ),
+            (
+                given && self.node.is_some(),
+                "instructions",
+                "on_charter",
+                "the charter given holds the nodes: give the instructions to one of them",
+            ),
+            (
+                given && self.charter_configured,
+                "charter",
+                "on_charter",
+                "add packs, tools and transitions to the charter given before building it",
+            ),
             (
                 self.registry_given && self.tools_with,
                 "tool_with",
@@ -540,7 +593,13 @@ impl AgentBuilder {
                 why,
             });
         }
-        let mut nodes = self.nodes;
+        let mut nodes = match &self.charter_given {
+            Some(charter) => charter
+                .nodes()
+                .map(|(name, node)| (name.to_owned(), node.clone()))
+                .collect(),
+            None => self.nodes,
+        };
         if let (Some(instructions), Some(ops)) = (self.instructions, self.node) {
             let node = ops.into_iter().fold(
                 Node::builder(instructions).name(agent.clone()),
@@ -565,14 +624,19 @@ impl AgentBuilder {
                 agent: agent.clone(),
                 node: start_name.clone(),
             })?;
-        let mut charter = self.charter;
-        for (name, node) in nodes {
-            charter = charter.node(name, node);
-        }
-        let charter = charter.build().map_err(|source| BuildError::Charter {
-            agent: agent.clone(),
-            source,
-        })?;
+        let charter = match self.charter_given {
+            Some(charter) => charter,
+            None => {
+                let mut charter = self.charter;
+                for (name, node) in nodes {
+                    charter = charter.node(name, node);
+                }
+                charter.build().map_err(|source| BuildError::Charter {
+                    agent: agent.clone(),
+                    source,
+                })?
+            }
+        };
         let registry = match self.registry {
             Some(registry) => {
                 let registry = if self.registry_given {
@@ -610,13 +674,12 @@ impl AgentBuilder {
             .state
             .or_else(|| start.initial_state().cloned())
             .unwrap_or_else(|| Value::Object(serde_json::Map::new()));
-        // One machine made the way every later one is: whatever would make
-        // `Agent::machine` fail is found here.
-        Machine::with_options(
-            charter.clone(),
-            Arc::clone(&executor),
-            Instance::new(start.clone(), state.clone()),
-            MachineOptions::default(),
+        // The start checked as every machine's tree is (without running
+        // any externalized handler): whatever would make `Agent::machine`
+        // fail is found here.
+        Machine::check_tree(
+            &charter,
+            &Arc::new(Instance::new(start.clone(), state.clone())),
         )
         .map_err(|source| BuildError::State {
             agent: agent.clone(),

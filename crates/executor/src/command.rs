@@ -12,9 +12,9 @@
 //! upstream's message (`Command not found: <name>`, `Invalid input: <msg>`, …).
 //!
 //! ```
-//! use markov_executor::{CommandOptions, Instance, Machine, StandardExecutor, run_command};
+//! use markov_executor::{Agent, CommandOptions, run_command};
 //! use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
-//! use markov_runtime::{charter::Charter, node::Node};
+//! use markov_runtime::node::Node;
 //! use markov_testkit::ScriptedModel;
 //! use schemars::JsonSchema;
 //! use serde::Deserialize;
@@ -40,9 +40,13 @@
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
 //! let node = Node::builder("Count.").command(ResetCount).build().unwrap();
-//! let charter = Charter::builder("counter").node("main", node.clone()).build().unwrap();
-//! let executor = StandardExecutor::new(ScriptedModel::builder().build());
-//! let mut machine = Machine::new(charter, executor, Instance::new(node, json!({ "count": 3 }))).unwrap();
+//! let agent = Agent::builder("counter")
+//!     .node("main", node)
+//!     .state(json!({ "count": 3 }))
+//!     .model(ScriptedModel::builder().build())
+//!     .build()
+//!     .unwrap();
+//! let mut machine = agent.machine();
 //!
 //! let outcome = run_command(&mut machine, "reset", json!({}), CommandOptions::default()).await;
 //! assert!(outcome.result.success);

@@ -1,13 +1,16 @@
 //! markov's machine: the instance tree, the run loop and the standard executor.
 //!
-//! - [`Machine`]: a [`Charter`](markov_runtime::charter::Charter), an
-//!   [`Executor`], the instance tree, the history and the queue.
+//! - [`Agent`]: the entry point. Built once from instructions or nodes,
+//!   tools, a model and limits, validated and frozen; every
+//!   [`Machine`] (a conversation: the instance tree, the history and the
+//!   queue) is made by it, new ([`Agent::machine`]) or restored from a
+//!   snapshot ([`Agent::restore`]).
 //! - [`run_machine`] yields one [`MachineStep`] per step; [`run_to_completion`]
 //!   returns the last one.
 //! - [`StandardExecutor`]: one model call per leaf per step, the tool pipeline,
 //!   transitions, terminal tools, termination, output restriction and tool choice;
 //!   optionally streamed into the queue as a vessel message ([`stream`]).
-//! - [`serialize_machine`] and [`deserialize_machine`]: snapshots.
+//! - [`serialize_machine`] and [`Agent::restore`]: snapshots.
 //! - [`run_command`] and [`available_commands`]: commands, which bypass inference.
 //! - [`client`]: the dry client and display formats and the machine contract.
 //! - Externalized state ([`markov_runtime::externalize`]): the machine
@@ -16,21 +19,18 @@
 //!   ([`Machine::sync_externalized`]).
 //!
 //! ```
-//! use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};
-//! use markov_runtime::{charter::Charter, node::Node};
+//! use markov_executor::Agent;
 //! use markov_testkit::ScriptedModel;
 //!
 //! # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
-//! let node = Node::builder("Greet the user.").build().unwrap();
-//! let charter = Charter::builder("greeter").node("greet", node.clone()).build().unwrap();
-//! let model = ScriptedModel::builder().text("Hello!").build();
-//! let mut machine = Machine::new(
-//!     charter,
-//!     StandardExecutor::new(model),
-//!     Instance::new(node, serde_json::json!({})),
-//! ).unwrap();
+//! let agent = Agent::builder("greeter")
+//!     .instructions("Greet the user.")
+//!     .model(ScriptedModel::builder().text("Hello!").build())
+//!     .build()
+//!     .unwrap();
+//! let mut machine = agent.machine();
 //! machine.enqueue_user("hi");
-//! let last = run_to_completion(&mut machine, RunOptions::default()).await.unwrap();
+//! let last = machine.run().await.unwrap();
 //! assert!(last.done);
 //! assert_eq!(machine.history().len(), 2);
 //! # });
@@ -67,7 +67,7 @@ pub use effect::{Effect, Entry};
 pub use error::RunError;
 pub use executor::{Executor, Intent, LeafContext, LeafOutcome};
 pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
-pub use machine::{Machine, MachineOptions};
+pub use machine::Machine;
 pub use queue::{HeldBack, OnEnqueue, Queue};
 pub use respond::enforcer::ToolChoiceEnforcer;
 pub use run::{
@@ -76,7 +76,7 @@ pub use run::{
 };
 pub use serialize::{
     DeserializeError, FORMAT_VERSION, SerializeError, SerializedInstance, SerializedMachine,
-    deserialize_machine, serialize_instance_tree, serialize_machine,
+    serialize_instance_tree, serialize_machine,
 };
 pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};

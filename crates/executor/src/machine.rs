@@ -12,7 +12,7 @@ use crate::error::RunError;
 use crate::executor::Executor;
 use crate::externalize::Externals;
 use crate::instance::Instance;
-use crate::queue::{OnEnqueue, Queue};
+use crate::queue::Queue;
 use crate::run::RunOptions;
 
 /// The unit of persistence: definitions plus everything a conversation accumulated.
@@ -47,44 +47,29 @@ impl fmt::Debug for Machine {
     }
 }
 
-/// Options for creating a machine.
-#[derive(Default)]
-pub struct MachineOptions {
-    /// Messages already exchanged.
-    pub history: Vec<Message>,
-    /// Called for every non-ephemeral message enqueued (replacements included).
-    pub on_enqueue: Option<Box<OnEnqueue>>,
-}
-
-impl fmt::Debug for MachineOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MachineOptions")
-            .field("history", &self.history.len())
-            .field("on_enqueue", &self.on_enqueue.is_some())
-            .finish()
-    }
-}
-
 impl Machine {
-    /// Creates a machine: hoists the packs declared on the tree's nodes to the
-    /// root, validates every state against its node and registers the
-    /// externalized scopes (see [`markov_runtime::externalize`]).
-    pub fn new(
-        charter: Charter,
-        executor: impl Executor + 'static,
-        root: Instance,
-    ) -> Result<Self, RunError> {
-        Self::with_options(charter, Arc::new(executor), root, MachineOptions::default())
-    }
-
-    /// Creates a machine with options and a shared executor.
-    pub fn with_options(
+    /// A machine whose instance tree is `root`, checked by
+    /// [`check_tree`](Self::check_tree): the packs declared on the tree's
+    /// nodes are hoisted to the root and the externalized scopes registered
+    /// (see [`markov_runtime::externalize`]).
+    pub(crate) fn from_tree(
         charter: Charter,
         executor: Arc<dyn Executor>,
         root: Instance,
-        options: MachineOptions,
+        run_options: RunOptions,
     ) -> Result<Self, RunError> {
         let root = Arc::new(root);
+        let nodes = Self::check_tree(&charter, &root)?;
+        Ok(Self::assemble(charter, executor, root, &nodes, run_options))
+    }
+
+    /// Checks every state of the tree under `root` against its node and
+    /// every node against `charter`, without running anything (no
+    /// externalized handler is called); the tree's nodes in tree order.
+    pub(crate) fn check_tree(
+        charter: &Charter,
+        root: &Arc<Instance>,
+    ) -> Result<Vec<markov_runtime::node::Node>, RunError> {
         let all = root.all()?;
         for instance in &all {
             instance
@@ -98,11 +83,7 @@ impl Machine {
             // Nodes the charter does not register were not checked when it was built.
             charter.check(instance.node())?;
         }
-        let nodes: Vec<_> = all.iter().map(|i| i.node().clone()).collect();
-        let mut machine = Self::assemble(charter, executor, root, &nodes, RunOptions::default());
-        machine.history = options.history;
-        machine.queue = Queue::new(options.on_enqueue);
-        Ok(machine)
+        Ok(all.iter().map(|i| i.node().clone()).collect())
     }
 
     /// A machine on an agent's validated start: its node and state were
@@ -134,7 +115,7 @@ impl Machine {
             root,
             history: Vec::new(),
             history_id: markov_core::model::HistoryId::fresh(),
-            queue: Queue::new(None),
+            queue: Queue::new(),
             externals: Externals::default(),
             policy: Arc::new(PolicyState::new()),
             deps: None,

@@ -19,7 +19,7 @@ pub type OnEnqueue = dyn Fn(&Message) + Send + Sync;
 struct Inner {
     entries: Mutex<VecDeque<Entry>>,
     notify: Notify,
-    on_enqueue: Option<Box<OnEnqueue>>,
+    on_enqueue: std::sync::RwLock<Option<Arc<OnEnqueue>>>,
 }
 
 /// A shared handle to a machine's queue; clone it to enqueue from elsewhere.
@@ -34,7 +34,7 @@ impl fmt::Debug for Queue {
 
 impl Default for Queue {
     fn default() -> Self {
-        Self::new(None)
+        Self::new()
     }
 }
 
@@ -76,12 +76,20 @@ pub(crate) type Drained<T> = (Vec<Message>, Vec<T>);
 pub(crate) type Refused<E> = (E, Entry);
 
 impl Queue {
-    pub(crate) fn new(on_enqueue: Option<Box<OnEnqueue>>) -> Self {
+    pub(crate) fn new() -> Self {
         Queue(Arc::new(Inner {
             entries: Mutex::new(VecDeque::new()),
             notify: Notify::new(),
-            on_enqueue,
+            on_enqueue: std::sync::RwLock::new(None),
         }))
+    }
+
+    /// Calls `callback` with every non-ephemeral message enqueued from now
+    /// on (replacements included), before it joins the queue: a service
+    /// that shows messages as they arrive. A second call replaces the
+    /// first callback.
+    pub fn set_on_enqueue(&self, callback: impl Fn(&Message) + Send + Sync + 'static) {
+        *self.0.on_enqueue.write().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(callback));
     }
 
     fn entries(&self) -> std::sync::MutexGuard<'_, VecDeque<Entry>> {
@@ -102,9 +110,15 @@ impl Queue {
         let entries: Vec<Entry> = entries.into_iter().collect();
         let mut wake = false;
         // Callbacks run outside the lock: one may enqueue in turn.
+        let on_enqueue = self
+            .0
+            .on_enqueue
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         for entry in &entries {
             let ephemeral = entry.message.role == Role::Ephemeral;
-            if !ephemeral && let Some(cb) = &self.0.on_enqueue {
+            if !ephemeral && let Some(cb) = &on_enqueue {
                 cb(&entry.message);
             }
             wake |= !ephemeral;

@@ -52,7 +52,7 @@ use serde_json::Value;
 
 use crate::executor::Executor;
 use crate::instance::{Instance, MAX_TREE_DEPTH, SuspendInfo};
-use crate::machine::{Machine, MachineOptions};
+use crate::machine::Machine;
 use crate::queue::Queue;
 
 /// The snapshot format this build writes and the newest it reads.
@@ -210,29 +210,24 @@ pub enum DeserializeError {
 /// ([`SerialError::UnregisteredTransition`] otherwise).
 ///
 /// ```
-/// use markov_executor::serialize::{SerializedMachine, deserialize_machine, serialize_machine};
-/// use markov_executor::{Instance, Machine, MachineOptions, StandardExecutor};
-/// use markov_runtime::{charter::Charter, node::Node};
+/// use markov_executor::Agent;
+/// use markov_executor::serialize::{SerializedMachine, serialize_machine};
 /// use markov_testkit::ScriptedModel;
 /// use serde_json::json;
 ///
-/// let node = Node::builder("Greet the user.").build().unwrap();
-/// let charter = Charter::builder("greeter").node("greet", node.clone()).build().unwrap();
-/// let executor: std::sync::Arc<dyn markov_executor::Executor> =
-///     std::sync::Arc::new(StandardExecutor::new(ScriptedModel::builder().build()));
-/// let machine = Machine::with_options(
-///     charter.clone(),
-///     executor.clone(),
-///     Instance::new(node, json!({"visits": 1})),
-///     MachineOptions::default(),
-/// )
-/// .unwrap();
+/// let agent = Agent::builder("greeter")
+///     .instructions("Greet the user.")
+///     .state(json!({"visits": 1}))
+///     .model(ScriptedModel::builder().build())
+///     .build()
+///     .unwrap();
+/// let machine = agent.machine();
 ///
 /// let text = serde_json::to_string(&serialize_machine(&machine).unwrap()).unwrap();
 /// assert!(text.starts_with(r#"{"formatVersion":1,"instance":{"id":"#));
 ///
 /// let snapshot: SerializedMachine = serde_json::from_str(&text).unwrap();
-/// let restored = deserialize_machine(charter, executor, snapshot, MachineOptions::default()).unwrap();
+/// let restored = agent.restore(snapshot).unwrap();
 /// assert_eq!(restored.instance().id(), machine.instance().id());
 /// assert_eq!(restored.instance().state(), &json!({"visits": 1}));
 /// ```
@@ -325,30 +320,29 @@ fn iso_millis(t: SystemTime) -> Option<String> {
 /// state is parsed by its node's schema and the parsed value is stored.
 /// `packInstances` become the instance's packs (a ref is the charter pack, an
 /// inline pack is merged with the charter pack of its name) and pack states.
-/// The history is the snapshot's, followed by `options.history` (normally
-/// empty); the queue is new and empty, with `options.on_enqueue`. Unlike
-/// [`Machine::with_options`], packs are not hoisted and there is no separate
-/// validation pass. Externalized scopes are registered (their handlers run).
-pub fn deserialize_machine(
+/// The history is the snapshot's; the queue is new and empty. Unlike a new
+/// machine, packs are not hoisted and there is no separate validation pass.
+/// Externalized scopes are registered (their handlers run).
+/// [`Agent::restore`](crate::Agent::restore) calls it with the agent's
+/// charter and executor.
+pub(crate) fn deserialize_machine(
     charter: Charter,
     executor: Arc<dyn Executor>,
     data: SerializedMachine,
-    options: MachineOptions,
 ) -> Result<Machine, DeserializeError> {
     if data.format_version == 0 || data.format_version > FORMAT_VERSION {
         return Err(DeserializeError::UnsupportedVersion(data.format_version));
     }
     let mut seen = HashSet::new();
     let root = deserialize_instance(&charter, &data.instance, 0, &mut seen)?;
-    let mut history = data.history;
-    history.extend(options.history);
+    let history = data.history;
     let mut machine = Machine {
         charter,
         executor,
         root: Arc::new(root),
         history,
         history_id: markov_core::model::HistoryId::fresh(),
-        queue: Queue::new(options.on_enqueue),
+        queue: Queue::new(),
         externals: Default::default(),
         policy: Arc::new(PolicyState::restored(
             data.policy,

@@ -12,8 +12,7 @@ use markov_core::Item;
 use markov_core::message::Message;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
-    Instance, Machine, MachineOptions, MachineStep, RunError, StandardExecutor, YieldReason,
-    deserialize_machine, serialize_machine,
+    Instance, Machine, MachineStep, RunError, StandardExecutor, YieldReason, serialize_machine,
 };
 use markov_policy::{
     ApprovalError, ApprovalFlow, Budget, CONFIRMATION_TOKEN, Category, Decision, Mode,
@@ -142,7 +141,7 @@ fn bank(config: PolicyConfig, model: ScriptedModel) -> Bank {
         .node("main", node.clone())
         .build()
         .expect("charter builds");
-    let machine = Machine::new(
+    let machine = machine_on(
         charter.clone(),
         StandardExecutor::shared(model.clone())
             .with_registry(registry(config, &pay, &lookups), Mode::TEXT),
@@ -612,14 +611,13 @@ async fn the_model_never_sees_anything_it_could_approve_with() {
     let pay = Pay::default();
     let lookups = Arc::new(AtomicUsize::new(0));
     let snapshot = serialize_machine(&b.machine).expect("serializes");
-    let mut m = deserialize_machine(
+    let mut m = restore_on(
         b.charter.clone(),
         Arc::new(StandardExecutor::shared(model.clone()).with_registry(
             registry(PolicyConfig::new(Budget::UNLIMITED), &pay, &lookups),
             Mode::TEXT,
         )),
         snapshot.into_owned(),
-        MachineOptions::default(),
     )
     .expect("restores");
     m.enqueue_user("pay 7");
@@ -643,14 +641,13 @@ async fn a_paused_machine_is_restored_from_its_snapshot_and_resumed() {
     let model = Arc::new(ScriptedModel::builder().text("All done.").build());
     let pay = Pay::default();
     let lookups = Arc::new(AtomicUsize::new(0));
-    let mut m = deserialize_machine(
+    let mut m = restore_on(
         b.charter.clone(),
         Arc::new(StandardExecutor::shared(model.clone()).with_registry(
             registry(PolicyConfig::new(Budget::UNLIMITED), &pay, &lookups),
             Mode::TEXT,
         )),
         serde_json::from_str(&text).expect("reads"),
-        MachineOptions::default(),
     )
     .expect("restores");
     assert!(m.is_awaiting_approval());
@@ -738,7 +735,7 @@ async fn a_streamed_answer_that_pauses_leaves_nothing_half_recorded() {
         .node("main", node.clone())
         .build()
         .expect("charter builds");
-    let mut m = Machine::new(
+    let mut m = machine_on(
         charter,
         StandardExecutor::shared(model.clone())
             .with_registry(

@@ -56,7 +56,7 @@ fn streaming_machine(model: ScriptedModel) -> Machine {
         .expect("node");
     let charter = Charter::builder("t").build().expect("charter");
     let executor = StandardExecutor::new(model).with_streaming(|_| {});
-    Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine")
+    machine_on(charter, executor, Instance::new(node, json!({}))).expect("machine")
 }
 
 fn everything(m: &Machine) -> Vec<Message> {

@@ -2,6 +2,7 @@
 //! scenario of upstream's `client.test.ts` (the `[core]` command item guard
 //! included), display labels, `find_command` and the contract messages.
 
+use crate::common::{machine_on_shared, restore_on};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -12,9 +13,7 @@ use markov_executor::client::{
     dry_client_instance_by_id, find_command, is_command_item,
 };
 use markov_executor::serialize::SerializedMachine;
-use markov_executor::{
-    Executor, Instance, Machine, MachineOptions, StandardExecutor, SuspendInfo, deserialize_machine,
-};
+use markov_executor::{Executor, Instance, Machine, StandardExecutor, SuspendInfo};
 use markov_runtime::charter::Charter;
 use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
 use markov_runtime::node::{ExecutorConfig, Node};
@@ -186,7 +185,7 @@ fn executor() -> Arc<dyn Executor> {
 }
 
 fn machine(charter: Charter, root: Instance) -> Machine {
-    Machine::with_options(charter, executor(), root, MachineOptions::default()).expect("fixture")
+    machine_on_shared(charter, executor(), root).expect("fixture")
 }
 
 fn keys(v: &Value) -> Vec<&str> {
@@ -298,7 +297,7 @@ fn dry_instance_with_pack_states_lists_packs_and_copies_states() {
         "history": []
     }))
     .unwrap();
-    let m = deserialize_machine(charter, executor(), snapshot, MachineOptions::default()).unwrap();
+    let m = restore_on(charter, executor(), snapshot).unwrap();
 
     let dry = dry_client_instance(&m);
     let packs = dry.node.packs.as_ref().unwrap();
@@ -448,7 +447,7 @@ fn hydrated_pack_commands_are_callable_and_pack_states_kept() {
         "history": []
     }))
     .unwrap();
-    let m = deserialize_machine(charter, executor(), snapshot, MachineOptions::default()).unwrap();
+    let m = restore_on(charter, executor(), snapshot).unwrap();
     let text = serde_json::to_string(&dry_client_instance(&m)).unwrap();
     let client: DryClientInstance = serde_json::from_str(&text).unwrap();
 

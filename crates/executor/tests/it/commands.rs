@@ -1,6 +1,7 @@
 //! Commands: the `[core]` scenarios of upstream's `commands.test.ts`,
 //! `pack-command-patch.test.ts` and the command lines of `suspend-resume.test.ts`.
 
+use crate::common::{machine_on, machine_with_history};
 use std::sync::Arc;
 
 use markov_core::InstanceId;
@@ -721,7 +722,7 @@ fn parent_machine(child: Option<Node>) -> Machine {
     if let Some(child) = child {
         root = root.with_child(Instance::new(child, json!({"task": "t"})));
     }
-    Machine::new(charter, StandardExecutor::shared(no_model()), root).expect("machine builds")
+    machine_on(charter, StandardExecutor::shared(no_model()), root).expect("machine builds")
 }
 
 #[tokio::test]
@@ -823,7 +824,7 @@ async fn a_transition_replaces_the_target_by_a_new_instance_keeping_pack_states_
         metadata: None,
     };
     let root = Instance::new(node, json!({})).with_suspended(info);
-    let mut machine = Machine::new(charter, StandardExecutor::shared(no_model()), root).unwrap();
+    let mut machine = machine_on(charter, StandardExecutor::shared(no_model()), root).unwrap();
     let old_id = machine.instance().id().clone();
     let out = run_command(&mut machine, "go", json!({}), opts()).await;
     assert!(out.result.success, "{:?}", out.result);
@@ -879,16 +880,12 @@ async fn result_messages_are_enqueued_and_returned() {
         .node("main", node)
         .build()
         .expect("builds");
-    let mut machine = Machine::with_options(
+    let mut machine = machine_with_history(
         charter,
         Arc::new(StandardExecutor::shared(no_model())),
         root,
-        markov_executor::MachineOptions {
-            history: vec![Message::user("hi"), mine],
-            on_enqueue: None,
-        },
-    )
-    .unwrap();
+        vec![Message::user("hi"), mine],
+    );
     let out = run_command(&mut machine, "history", json!({}), opts()).await;
     assert_eq!(out.result.value, Some(json!(1)));
     assert_eq!(out.messages.len(), 1);
@@ -974,7 +971,7 @@ async fn a_command_on_a_suspended_root_updates_state_and_resumes() {
         .build()
         .expect("builds");
     let root = Instance::new(node, json!({"count": 0, "label": ""})).with_suspended(info);
-    let mut machine = Machine::new(charter, StandardExecutor::shared(no_model()), root).unwrap();
+    let mut machine = machine_on(charter, StandardExecutor::shared(no_model()), root).unwrap();
     let out = run_command(
         &mut machine,
         "resume_with",
@@ -999,7 +996,7 @@ async fn a_command_targeted_at_the_parent_by_id_changes_the_parent_only() {
         .expect("builds");
     let root = Instance::new(node.clone(), json!({"count": 0, "label": ""}))
         .with_child(Instance::new(node, json!({"count": 10, "label": "child"})));
-    let mut machine = Machine::new(charter, StandardExecutor::shared(no_model()), root).unwrap();
+    let mut machine = machine_on(charter, StandardExecutor::shared(no_model()), root).unwrap();
     let parent = machine.instance().id().clone();
     let options = CommandOptions::default().instance(parent.clone());
     let out = run_command(&mut machine, "increment", json!({"by": 5}), options).await;

@@ -3,6 +3,7 @@
 //! stay queued when enqueued mid-run, and reach the model as silent user
 //! messages ([`Message::ephemeral_view`]).
 
+use crate::common::machine_on;
 use std::pin::pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -11,8 +12,7 @@ use futures::poll;
 use markov_core::message::{Item, Items, Message, Metadata, Role};
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{
-    Instance, Machine, MachineOptions, Queue, RunOptions, StandardExecutor, YieldReason,
-    run_to_completion,
+    Instance, Machine, Queue, RunOptions, StandardExecutor, YieldReason, run_to_completion,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
@@ -52,7 +52,7 @@ fn shown_frame(data: &str, frames: u64) -> Message {
     })
 }
 
-fn machine(model: impl Model + 'static, options: MachineOptions) -> Machine {
+fn machine(model: impl Model + 'static) -> Machine {
     let node = Node::builder("Describe what you see.")
         .build()
         .expect("node builds");
@@ -60,11 +60,10 @@ fn machine(model: impl Model + 'static, options: MachineOptions) -> Machine {
         .node("main", node.clone())
         .build()
         .expect("charter builds");
-    Machine::with_options(
+    machine_on(
         charter,
-        Arc::new(StandardExecutor::new(model)),
+        StandardExecutor::new(model),
         Instance::new(node, json!({})),
-        options,
     )
     .expect("machine builds")
 }
@@ -78,15 +77,10 @@ fn as_seen(messages: &[Message]) -> Vec<Message> {
 async fn waiting_ignores_ephemerals_and_wakes_on_a_user_message() {
     let told = Arc::new(Mutex::new(0_usize));
     let counter = Arc::clone(&told);
-    let machine = machine(
-        ScriptedModel::new([]),
-        MachineOptions {
-            history: Vec::new(),
-            on_enqueue: Some(Box::new(move |_: &Message| {
-                *counter.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-            })),
-        },
-    );
+    let machine = machine(ScriptedModel::new([]));
+    machine.queue().set_on_enqueue(move |_: &Message| {
+        *counter.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+    });
     let queue = machine.queue().clone();
     let mut wait = pin!(queue.wait());
     assert!(poll!(wait.as_mut()).is_pending());
@@ -104,7 +98,7 @@ async fn waiting_ignores_ephemerals_and_wakes_on_a_user_message() {
 #[tokio::test]
 async fn camera_frames_sharing_a_key_collapse_to_the_last_with_their_count() {
     let model = Arc::new(ScriptedModel::builder().text("A cat.").build());
-    let mut machine = machine(Arc::clone(&model), MachineOptions::default());
+    let mut machine = machine(Arc::clone(&model));
     machine.enqueue([camera("A"), camera("B")]);
     machine.enqueue_user("What do you see?");
     let last = run_to_completion(&mut machine, RunOptions::default())
@@ -137,7 +131,7 @@ async fn camera_frames_sharing_a_key_collapse_to_the_last_with_their_count() {
 #[tokio::test]
 async fn ephemerals_alone_run_no_inference() {
     let model = Arc::new(ScriptedModel::new([]));
-    let mut machine = machine(Arc::clone(&model), MachineOptions::default());
+    let mut machine = machine(Arc::clone(&model));
     machine.enqueue([camera("A")]);
     let last = run_to_completion(&mut machine, RunOptions::default())
         .await
@@ -176,7 +170,7 @@ async fn an_ephemeral_enqueued_mid_run_waits_for_the_next_run() {
         inner: ScriptedModel::builder().text("Hi.").text("A dog.").build(),
         queue: Mutex::new(None),
     });
-    let mut machine = machine(Arc::clone(&model), MachineOptions::default());
+    let mut machine = machine(Arc::clone(&model));
     *model.queue.lock().unwrap_or_else(PoisonError::into_inner) = Some(machine.queue().clone());
 
     machine.enqueue_user("Hello");

@@ -14,8 +14,7 @@ use futures::future::BoxFuture;
 use markov_core::Item;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
-    Action, Instance, Machine, MachineOptions, RunOptions, RunState, StandardExecutor,
-    deserialize_machine, run_leaves, serialize_machine,
+    Action, Instance, RunOptions, RunState, StandardExecutor, run_leaves, serialize_machine,
 };
 use markov_policy::{Journal, LedgerEntry, RecordedAnswer};
 use markov_runtime::charter::Charter;
@@ -92,7 +91,11 @@ fn parts(charges: &Arc<AtomicUsize>, hung: &Arc<AtomicBool>) -> (Charter, Node) 
         .tool(HangOnce(Arc::clone(hung)))
         .build()
         .expect("node");
-    (Charter::builder("cards").build().expect("charter"), node)
+    let charter = Charter::builder("cards")
+        .node("cards", node.clone())
+        .build()
+        .expect("charter");
+    (charter, node)
 }
 
 #[tokio::test]
@@ -104,7 +107,7 @@ async fn a_restored_snapshot_answers_the_recorded_calls_and_runs_no_completed_on
         .tool_calls([("charge", json!({})), ("wait", json!({}))])
         .build()
         .fresh_call_ids();
-    let mut machine = Machine::new(
+    let mut machine = machine_on(
         charter.clone(),
         StandardExecutor::new(first_model),
         Instance::new(node, json!({})),
@@ -154,11 +157,10 @@ async fn a_restored_snapshot_answers_the_recorded_calls_and_runs_no_completed_on
             .build()
             .fresh_call_ids(),
     );
-    let mut restored = deserialize_machine(
+    let mut restored = restore_on(
         charter,
         Arc::new(StandardExecutor::shared(second_model.clone())),
         saved,
-        MachineOptions::default(),
     )
     .expect("restores");
     let mut state = saved_run;

@@ -2,13 +2,14 @@
 //! `externalize-state.test.ts`, plus registration, removal, errors,
 //! sequence numbers and hydration.
 
+use crate::common::{machine_on_shared, restore_on};
 use std::sync::{Arc, Mutex};
 
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Message};
 use markov_executor::{
-    CommandOptions, Effect, Instance, Machine, MachineOptions, RunOptions, YieldReason,
-    deserialize_machine, run_command, serialize_machine,
+    CommandOptions, Effect, Instance, Machine, RunOptions, YieldReason, run_command,
+    serialize_machine,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
@@ -110,13 +111,7 @@ fn machine_over(node: &Node, state: Value, script: Arc<Script>) -> Machine {
         .node("main", node.clone())
         .build()
         .expect("charter builds");
-    Machine::with_options(
-        charter,
-        script,
-        Instance::new(node.clone(), state),
-        MachineOptions::default(),
-    )
-    .expect("machine builds")
+    machine_on_shared(charter, script, Instance::new(node.clone(), state)).expect("machine builds")
 }
 
 // ------------------------------------------------------------------ [core]
@@ -298,8 +293,7 @@ async fn a_ceded_instance_is_unregistered_and_cleaned_up() {
     let tree = Instance::new(root.clone(), json!({}))
         .with_child(Instance::new(child, json!({"count": 0, "label": ""})));
     let charter = Charter::builder("ext").build().expect("charter builds");
-    let mut machine = Machine::with_options(charter, script, tree, MachineOptions::default())
-        .expect("machine builds");
+    let mut machine = machine_on_shared(charter, script, tree).expect("machine builds");
     let child_id = machine.instance().children()[0].id().clone();
     assert_eq!(log.lines()[0], format!("register node:{child_id}"));
 
@@ -376,11 +370,10 @@ async fn deserialization_registers_the_scopes_again() {
     let machine = machine_over(&node, json!({"count": 4, "label": ""}), Script::new());
     let id = machine.instance().id().clone();
     let snapshot = serialize_machine(&machine).expect("serializes");
-    let again = deserialize_machine(
+    let again = restore_on(
         machine.charter().clone(),
         Script::new(),
         snapshot.into_owned(),
-        MachineOptions::default(),
     )
     .expect("deserializes");
     let registrations = log
@@ -550,9 +543,7 @@ async fn a_removed_instance_refuses_writes() {
     let charter = Charter::builder("ext").build().expect("charter builds");
     let tree = Instance::new(root, json!({}))
         .with_child(Instance::new(child, json!({"count": 0, "label": ""})));
-    let mut machine =
-        Machine::with_options(charter, Script::new(), tree, MachineOptions::default())
-            .expect("machine builds");
+    let mut machine = machine_on_shared(charter, Script::new(), tree).expect("machine builds");
     let child_id = machine.instance().children()[0].id().clone();
     let cx = context(&slot);
 

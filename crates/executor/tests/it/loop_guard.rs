@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::common::*;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
-    Action, Executor, Instance, Machine, MachineOptions, RunOptions, RunState, StandardExecutor,
-    YieldReason, deserialize_machine, run_leaves, serialize_machine,
+    Action, Executor, Instance, Machine, RunOptions, RunState, StandardExecutor, YieldReason,
+    run_leaves, serialize_machine,
 };
 use markov_policy::LoopGuard;
 use markov_runtime::charter::Charter;
@@ -211,7 +211,7 @@ async fn the_counts_survive_a_snapshot_in_the_middle_of_a_turn() {
             .tool_call("search", search("x"))
             .build(),
     );
-    let mut m = Machine::new(
+    let mut m = machine_on(
         charter.clone(),
         StandardExecutor::shared(model),
         Instance::new(node, json!({})),
@@ -240,11 +240,10 @@ async fn the_counts_survive_a_snapshot_in_the_middle_of_a_turn() {
             .build(),
     );
     let executor: Arc<dyn Executor> = Arc::new(StandardExecutor::shared(model));
-    let mut m = deserialize_machine(
+    let mut m = restore_on(
         charter,
         executor,
         serde_json::from_str::<markov_executor::SerializedMachine>(&machine_json).expect("reads"),
-        MachineOptions::default(),
     )
     .expect("restores");
     let mut state: RunState = serde_json::from_str(&run_json).expect("the run state reads");

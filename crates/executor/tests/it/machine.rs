@@ -1,5 +1,6 @@
 //! Scenario tests of the machine loop with one active leaf.
 
+use markov_executor::Agent;
 use std::sync::Arc;
 
 use crate::common::*;
@@ -353,19 +354,32 @@ async fn structured_output_is_requested_and_recorded_as_output_items() {
 #[tokio::test]
 async fn the_state_of_a_new_machine_is_validated() {
     let node = counter_node();
-    let charter = markov_runtime::charter::Charter::builder("t")
+    let agent = Agent::builder("t")
+        .node("main", node.clone())
+        .state(counter_state())
+        .model(ScriptedModel::new([]))
         .build()
-        .expect("charter");
-    let err = markov_executor::Machine::new(
-        charter,
-        markov_executor::StandardExecutor::new(ScriptedModel::new([])),
-        markov_executor::Instance::new(node.clone(), json!({"count": "x"})),
-    )
-    .unwrap_err();
+        .expect("the agent builds");
+    let err = agent
+        .machine_at(markov_executor::Instance::new(
+            node.clone(),
+            json!({"count": "x"}),
+        ))
+        .unwrap_err();
     assert!(
         err.to_string()
             .starts_with(&format!("Invalid state for node \"{}\": ", node.id())),
         "{err}"
+    );
+    // The same state given to the agent is refused when it is built.
+    let built = Agent::builder("t")
+        .node("main", node)
+        .state(json!({"count": "x"}))
+        .model(ScriptedModel::new([]))
+        .build();
+    assert!(
+        matches!(built, Err(markov_executor::BuildError::State { .. })),
+        "{built:?}"
     );
 }
 
@@ -393,21 +407,14 @@ async fn messages_with_the_same_id_replace_each_other_in_the_queue() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let seen2 = seen.clone();
     let node = counter_node();
-    let charter = markov_runtime::charter::Charter::builder("t")
-        .build()
-        .expect("charter");
-    let m = markov_executor::Machine::with_options(
-        charter,
+    let m = script_machine(
+        "t",
         Arc::new(markov_executor::StandardExecutor::shared(model)),
         markov_executor::Instance::new(node, counter_state()),
-        markov_executor::MachineOptions {
-            history: Vec::new(),
-            on_enqueue: Some(Box::new(move |msg| {
-                seen2.lock().expect("lock").push(msg.text());
-            })),
-        },
-    )
-    .expect("machine");
+    );
+    m.queue().set_on_enqueue(move |msg| {
+        seen2.lock().expect("lock").push(msg.text());
+    });
     let with_id = |text: &str| {
         Message::assistant(text).with_metadata(Metadata {
             message_id: Some("m1".into()),
@@ -880,15 +887,14 @@ fn an_unregistered_node_with_a_broken_ref_is_refused_at_creation() {
         .transition("t", Transition::reference("nowhere"))
         .build()
         .expect("node");
-    let charter = markov_runtime::charter::Charter::builder("c")
+    let agent = Agent::builder("c")
+        .instructions("Count.")
+        .model(ScriptedModel::new([]))
         .build()
-        .expect("charter");
-    let err = markov_executor::Machine::new(
-        charter,
-        markov_executor::StandardExecutor::new(ScriptedModel::new([])),
-        markov_executor::Instance::new(node, json!({})),
-    )
-    .unwrap_err();
+        .expect("the agent builds");
+    let err = agent
+        .machine_at(markov_executor::Instance::new(node, json!({})))
+        .unwrap_err();
     assert_eq!(err.to_string(), "Unknown transition ref: nowhere");
 }
 
@@ -906,7 +912,7 @@ async fn a_failed_resume_keeps_the_rest_of_its_batch() {
         suspended_at: std::time::SystemTime::now(),
         metadata: None,
     });
-    let mut m = markov_executor::Machine::new(
+    let mut m = machine_on(
         charter,
         markov_executor::StandardExecutor::shared(model),
         root,
@@ -957,8 +963,8 @@ impl markov_core::Model for HistoryIds {
 
 #[tokio::test]
 async fn requests_name_the_machines_history_and_it_only_grows() {
-    use markov_executor::serialize::{deserialize_machine, serialize_machine};
-    use markov_executor::{Instance, Machine, MachineOptions, StandardExecutor};
+    use markov_executor::serialize::serialize_machine;
+    use markov_executor::{Instance, StandardExecutor};
 
     let script = || {
         Arc::new(
@@ -979,11 +985,10 @@ async fn requests_name_the_machines_history_and_it_only_grows() {
         .expect("charter builds");
     let executor: Arc<dyn markov_executor::Executor> =
         Arc::new(StandardExecutor::new(Arc::clone(&model)));
-    let mut first = Machine::with_options(
+    let mut first = machine_on_shared(
         charter.clone(),
         Arc::clone(&executor),
         Instance::new(counter_node(), counter_state()),
-        MachineOptions::default(),
     )
     .expect("machine builds");
     first.enqueue_user("2+3, then +1?");
@@ -997,13 +1002,7 @@ async fn requests_name_the_machines_history_and_it_only_grows() {
 
     // A restored machine is another history (it may be restored twice).
     let snapshot = serialize_machine(&first).expect("serializes");
-    let mut restored = deserialize_machine(
-        charter,
-        executor,
-        snapshot.into_owned(),
-        MachineOptions::default(),
-    )
-    .expect("restores");
+    let mut restored = restore_on(charter, executor, snapshot.into_owned()).expect("restores");
     *model.seen.lock().expect("lock") = Vec::new();
     restored.enqueue_user("again?");
     let _ = run_all(&mut restored, RunOptions::default()).await;

@@ -11,8 +11,7 @@ use crate::common::{Call, Script, cede_fx, node, outcome, run_all, say, script_m
 use async_trait::async_trait;
 use markov_core::message::{InstancePayload, Items, Message, Role, Source};
 use markov_executor::{
-    Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineOptions, RunError,
-    RunOptions, YieldReason,
+    Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, RunError, RunOptions, YieldReason,
 };
 use markov_runtime::node::Node;
 use markov_runtime::transition::CedeContent;
@@ -36,7 +35,7 @@ fn worker(name: &str) -> Node {
 }
 
 fn machine(executor: Arc<dyn Executor>, root: Instance) -> Machine {
-    script_machine("parallel", executor, root, MachineOptions::default())
+    script_machine("parallel", executor, root)
 }
 
 /// root → [worker "helper", primary "main"].

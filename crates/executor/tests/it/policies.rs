@@ -45,7 +45,7 @@ fn policed_machine(
         .node("main", node.clone())
         .build()
         .expect("charter builds");
-    Machine::new(
+    machine_on(
         charter,
         StandardExecutor::shared(model).with_registry(registry, Mode::TEXT),
         Instance::new(node, state),

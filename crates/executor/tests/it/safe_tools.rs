@@ -14,8 +14,8 @@ use markov_core::message::{MAX_ARGUMENT_DEPTH, Message};
 use markov_core::model::{ModelResponse, StopReason, ToolChoice, Usage};
 use markov_core::tool::{Tool, ToolContext, parse_tool_arguments};
 use markov_executor::{
-    CANCELLED_TOOL_CALL, DUPLICATE_TOOL_CALL, Instance, Machine, MachineOptions, RunOptions,
-    StandardExecutor, YieldReason, deserialize_machine, serialize_machine,
+    CANCELLED_TOOL_CALL, DUPLICATE_TOOL_CALL, Instance, Machine, RunOptions, StandardExecutor,
+    YieldReason, serialize_machine,
 };
 use markov_policy::{
     ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Category, Mode, PolicyConfig,
@@ -173,7 +173,7 @@ fn registry_machine(model: Arc<ScriptedModel>, registry: Arc<ToolRegistry>) -> (
         .node("main", node.clone())
         .build()
         .expect("charter builds");
-    let machine = Machine::new(
+    let machine = machine_on(
         charter.clone(),
         StandardExecutor::shared(model).with_registry(registry, Mode::TEXT),
         Instance::new(node, json!({})),
@@ -251,11 +251,10 @@ async fn in_the_token_flow_the_model_is_offered_the_token_and_cannot_approve_its
         "the pending approval is in the snapshot"
     );
     let registry_again = registry(token_flow(), &pays);
-    let mut m = deserialize_machine(
+    let mut m = restore_on(
         charter.clone(),
         Arc::new(StandardExecutor::shared(model).with_registry(registry_again.clone(), Mode::TEXT)),
         snapshot.into_owned(),
-        MachineOptions::default(),
     )
     .expect("restores");
     m.enqueue_user("go on");
@@ -285,11 +284,10 @@ async fn in_the_token_flow_the_model_is_offered_the_token_and_cannot_approve_its
             .build(),
     );
     let snapshot = serialize_machine(&m).expect("serializes");
-    let mut m = deserialize_machine(
+    let mut m = restore_on(
         charter,
         Arc::new(StandardExecutor::shared(model).with_registry(registry_again, Mode::TEXT)),
         snapshot.into_owned(),
-        MachineOptions::default(),
     )
     .expect("restores");
     m.enqueue_user("approved");
@@ -351,11 +349,10 @@ async fn a_call_id_reused_in_a_later_turn_after_a_restore_is_a_new_call() {
     );
     let snapshot =
         serde_json::from_str::<markov_executor::SerializedMachine>(&text).expect("reads");
-    let mut m = deserialize_machine(
+    let mut m = restore_on(
         charter,
         Arc::new(StandardExecutor::shared(model).with_registry(reg(&pays_after), Mode::TEXT)),
         snapshot,
-        MachineOptions::default(),
     )
     .expect("restores");
     m.enqueue_user("pay 7 again");
@@ -414,7 +411,7 @@ async fn transitions_inside_a_user_turn_do_not_refill_the_budget() {
             .text("done again")
             .build(),
     );
-    let mut m = Machine::new(
+    let mut m = machine_on(
         charter,
         StandardExecutor::shared(model).with_registry(registry, Mode::TEXT),
         Instance::new(a, json!({})),
@@ -484,8 +481,7 @@ async fn a_nodes_own_unregistered_tools_are_callable_beside_a_registry() {
             .build()
             .expect("charter");
         let executor = StandardExecutor::shared(model.clone()).with_registry(registry, Mode::TEXT);
-        let mut m =
-            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        let mut m = machine_on(charter, executor, Instance::new(node, json!({}))).expect("machine");
         m.enqueue_user("go");
         let (steps, err) = run_all(&mut m, RunOptions::default()).await;
         assert!(err.is_none(), "{err:?}");
@@ -552,8 +548,7 @@ async fn a_panicking_tool_is_an_error_result_and_the_rest_of_the_response_runs()
                 .expect("locks");
             executor = executor.with_registry(Arc::new(registry), Mode::TEXT);
         }
-        let mut m =
-            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        let mut m = machine_on(charter, executor, Instance::new(node, json!({}))).expect("machine");
         m.enqueue_user("go");
         let (steps, err) = run_all(&mut m, RunOptions::default()).await;
         assert!(err.is_none(), "{err:?}");
@@ -613,8 +608,7 @@ async fn garbled_arguments_never_reach_a_tool() {
                 .expect("locks");
             executor = executor.with_registry(Arc::new(registry), Mode::TEXT);
         }
-        let mut m =
-            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        let mut m = machine_on(charter, executor, Instance::new(node, json!({}))).expect("machine");
         m.enqueue_user("delete record 4");
         let (_, err) = run_all(&mut m, RunOptions::default()).await;
         assert!(err.is_none(), "{err:?}");
@@ -712,8 +706,7 @@ async fn arguments_nested_too_deep_are_refused_and_the_history_reads_back() {
                 .expect("locks");
             executor = executor.with_registry(Arc::new(registry), Mode::TEXT);
         }
-        let mut m =
-            Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+        let mut m = machine_on(charter, executor, Instance::new(node, json!({}))).expect("machine");
         m.enqueue_user("delete record 4");
         let (_, err) = run_all(&mut m, RunOptions::default()).await;
         assert!(err.is_none(), "{err:?}");

@@ -9,11 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::common::*;
 use markov_core::InstanceId;
 use markov_executor::serialize::{
-    DeserializeError, SerializeError, SerializedMachine, deserialize_machine, serialize_machine,
+    DeserializeError, SerializeError, SerializedMachine, serialize_machine,
 };
 use markov_executor::{
-    Executor, Instance, Machine, MachineOptions, RunOptions, StandardExecutor, SuspendInfo,
-    run_to_completion,
+    Executor, Instance, Machine, RunOptions, StandardExecutor, SuspendInfo, run_to_completion,
 };
 use markov_runtime::ConfigError;
 use markov_runtime::charter::Charter;
@@ -84,9 +83,7 @@ fn roundtrip(charter: &Charter, machine: &Machine) -> (String, Machine) {
     let snapshot = serialize_machine(machine).expect("serializes");
     let text = serde_json::to_string(&snapshot).expect("to json");
     let read = serde_json::from_str::<SerializedMachine>(&text).expect("reads");
-    let restored =
-        deserialize_machine(charter.clone(), executor(), read, MachineOptions::default())
-            .expect("deserializes");
+    let restored = restore_on(charter.clone(), executor(), read).expect("deserializes");
     (text, restored)
 }
 
@@ -111,16 +108,12 @@ fn registered_nodes_round_trip_ids_tree_states_suspension_and_packs() {
         f.main.clone(),
         json!({"count": 1}),
     ));
-    let mut machine = Machine::with_options(
+    let mut machine = machine_with_history(
         f.charter.clone(),
         executor(),
         root,
-        MachineOptions {
-            history: vec![markov_core::Message::user("hi")],
-            ..Default::default()
-        },
-    )
-    .expect("machine builds");
+        vec![markov_core::Message::user("hi")],
+    );
     // Pack state as a tool would have left it.
     let (_, restored) = roundtrip(&f.charter, &machine);
     assert_eq!(
@@ -136,13 +129,7 @@ fn registered_nodes_round_trip_ids_tree_states_suspension_and_packs() {
         v["instance"]["packInstances"][0]["state"] = json!({"items": [1, 2]});
         SerializedMachine::from_json_value(v).expect("reads")
     };
-    machine = deserialize_machine(
-        f.charter.clone(),
-        executor(),
-        with_items,
-        MachineOptions::default(),
-    )
-    .expect("deserializes");
+    machine = restore_on(f.charter.clone(), executor(), with_items).expect("deserializes");
 
     let (text, restored) = roundtrip(&f.charter, &machine);
     let json: Value = serde_json::from_str(&text).expect("json");
@@ -203,11 +190,10 @@ fn suspended_at_is_iso_with_milliseconds_and_restores_equal() {
         suspended_at: jan_15(),
         metadata: Some(json!({"ticket": 7})),
     };
-    let machine = Machine::with_options(
+    let machine = machine_on_shared(
         f.charter.clone(),
         executor(),
         Instance::new(f.main.clone(), json!({"count": 0})).with_suspended(info.clone()),
-        MachineOptions::default(),
     )
     .expect("machine builds");
     let snapshot = serialize_machine(&machine).expect("serializes");
@@ -228,7 +214,7 @@ fn sub_millisecond_time_is_truncated_and_ancient_time_is_an_error() {
             metadata: None,
         })
     };
-    let m = Machine::new(
+    let m = machine_on(
         f.charter.clone(),
         StandardExecutor::new(ScriptedModel::builder().build()),
         suspend(jan_15() + Duration::from_micros(1_999)),
@@ -239,7 +225,7 @@ fn sub_millisecond_time_is_truncated_and_ancient_time_is_an_error() {
         restored.instance().suspended().map(|s| s.suspended_at),
         Some(jan_15() + Duration::from_millis(1))
     );
-    let m = Machine::new(
+    let m = machine_on(
         f.charter.clone(),
         StandardExecutor::new(ScriptedModel::builder().build()),
         suspend(UNIX_EPOCH - Duration::from_secs(1)),
@@ -331,7 +317,7 @@ fn inline_fixture() -> (Charter, Node) {
 #[test]
 fn inline_node_round_trips_instructions_schema_transitions_tools_commands() {
     let (charter, inline) = inline_fixture();
-    let machine = Machine::with_options(
+    let machine = machine_on_shared(
         charter.clone(),
         executor(),
         Instance::with_id(
@@ -339,7 +325,6 @@ fn inline_node_round_trips_instructions_schema_transitions_tools_commands() {
             inline.clone(),
             json!({"count": 5, "label": "z"}),
         ),
-        MachineOptions::default(),
     )
     .expect("machine builds");
     let first = serialize_machine(&machine).expect("serializes");
@@ -375,11 +360,10 @@ fn inline_node_round_trips_instructions_schema_transitions_tools_commands() {
     );
 
     let text = serde_json::to_string(&first).expect("json");
-    let restored = deserialize_machine(
+    let restored = restore_on(
         charter.clone(),
         executor(),
         serde_json::from_str::<SerializedMachine>(&text).expect("reads"),
-        MachineOptions::default(),
     )
     .expect("deserializes");
     let n = restored.instance().node();
@@ -418,7 +402,7 @@ fn unregistered_code_transition_fails_strict_but_not_history() {
         )
         .build()
         .expect("node builds");
-    let machine = Machine::new(
+    let machine = machine_on(
         charter.clone(),
         StandardExecutor::new(ScriptedModel::builder().build()),
         Instance::new(node.clone(), json!({})),
@@ -458,7 +442,7 @@ fn inline_pack_merges_with_the_charter_pack() {
         .pack(charter_pack)
         .build()
         .expect("charter builds");
-    let machine = Machine::new(
+    let machine = machine_on(
         charter.clone(),
         StandardExecutor::new(ScriptedModel::builder().build()),
         Instance::new(node, json!({})),
@@ -479,13 +463,7 @@ fn inline_pack_merges_with_the_charter_pack() {
         .node("root", restored.instance().node().clone())
         .build()
         .expect("charter builds");
-    let err = deserialize_machine(
-        bare,
-        executor(),
-        snapshot.into_owned(),
-        MachineOptions::default(),
-    )
-    .unwrap_err();
+    let err = restore_on(bare, executor(), snapshot.into_owned()).unwrap_err();
     assert_eq!(
         err.to_string(),
         "Pack not found in charter for inline merge: todo"
@@ -505,11 +483,10 @@ async fn a_restored_machine_continues_the_conversation() {
         .node("main", node.clone())
         .build()
         .expect("charter builds");
-    let mut machine = Machine::with_options(
+    let mut machine = machine_on_shared(
         charter.clone(),
         Arc::new(StandardExecutor::shared(model.clone())),
         Instance::new(node, json!({"count": 0})),
-        MachineOptions::default(),
     )
     .expect("machine builds");
     machine.enqueue_user("hi");
@@ -520,11 +497,10 @@ async fn a_restored_machine_continues_the_conversation() {
         serde_json::to_string(&serialize_machine(&machine).expect("serializes")).expect("json");
     drop(machine);
 
-    let mut restored = deserialize_machine(
+    let mut restored = restore_on(
         charter,
         Arc::new(StandardExecutor::shared(model.clone())),
         serde_json::from_str::<SerializedMachine>(&text).expect("reads"),
-        MachineOptions::default(),
     )
     .expect("deserializes");
     restored.enqueue_user("I'm back");
@@ -547,7 +523,7 @@ fn snapshot_json(instance: Value) -> Value {
 
 fn load(charter: &Charter, json: Value) -> Result<Machine, DeserializeError> {
     let data = SerializedMachine::from_json_value(json)?;
-    deserialize_machine(charter.clone(), executor(), data, MachineOptions::default())
+    restore_on(charter.clone(), executor(), data)
 }
 
 fn load_err(charter: &Charter, json: Value) -> String {
@@ -846,7 +822,7 @@ proptest! {
         let (charter, _) = charter_for_props();
         let text = value.to_string();
         if let Ok(data) = serde_json::from_str::<SerializedMachine>(&text) {
-            let _ = deserialize_machine(charter, executor(), data, MachineOptions::default());
+            let _ = restore_on(charter, executor(), data);
         }
     }
 
@@ -854,20 +830,11 @@ proptest! {
     fn snapshots_of_registered_nodes_are_a_fixed_point(tree in arb_tree()) {
         let (charter, nodes) = charter_for_props();
         let root = build(&tree, &nodes, &mut 0);
-        let machine = Machine::new(
-            charter.clone(),
-            StandardExecutor::new(ScriptedModel::builder().build()),
-            root,
-        )
+        let machine = machine_on(charter.clone(), StandardExecutor::new(ScriptedModel::builder().build()), root)
         .expect("machine builds");
         let first = serialize_machine(&machine).expect("serializes");
         let text = serde_json::to_string(&first).expect("json");
-        let restored = deserialize_machine(
-            charter,
-            executor(),
-            serde_json::from_str::<SerializedMachine>(&text).expect("reads"),
-            MachineOptions::default(),
-        )
+        let restored = restore_on(charter, executor(), serde_json::from_str::<SerializedMachine>(&text).expect("reads"))
         .expect("deserializes");
         let second = serialize_machine(&restored).expect("serializes");
         prop_assert_eq!(&second, &first);

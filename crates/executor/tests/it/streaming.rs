@@ -1,6 +1,7 @@
 //! Streaming vessels and the queue's replacement by `messageId`
 //! (upstream streaming.test.ts), run through the standard executor.
 
+use crate::common::{machine_on, restore_on};
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -15,8 +16,8 @@ use markov_core::model::{
 };
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
-    Instance, Machine, MachineOptions, MachineStep, MessageStreamEvent, RunError, RunOptions,
-    StandardExecutor, deserialize_machine, run_machine, serialize_machine,
+    Instance, Machine, MachineStep, MessageStreamEvent, RunError, RunOptions, StandardExecutor,
+    run_machine, serialize_machine,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::node::{Node, OutputConfig};
@@ -69,17 +70,15 @@ impl Seen {
             .clone()
     }
 
-    fn options(&self) -> MachineOptions {
+    /// Records every message enqueued on `machine` from now on.
+    fn watch(&self, machine: &Machine) {
         let enqueued = Arc::clone(&self.enqueued);
-        MachineOptions {
-            history: Vec::new(),
-            on_enqueue: Some(Box::new(move |m: &Message| {
-                enqueued
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(m.clone())
-            })),
-        }
+        machine.queue().set_on_enqueue(move |m: &Message| {
+            enqueued
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(m.clone())
+        });
     }
 
     fn executor(&self, model: impl Model + 'static) -> StandardExecutor {
@@ -108,13 +107,10 @@ fn charter(node: &Node) -> Charter {
 }
 
 fn machine_with(executor: StandardExecutor, node: Node, seen: &Seen) -> Machine {
-    Machine::with_options(
-        charter(&node),
-        Arc::new(executor),
-        Instance::new(node, json!({})),
-        seen.options(),
-    )
-    .expect("machine builds")
+    let machine = machine_on(charter(&node), executor, Instance::new(node, json!({})))
+        .expect("machine builds");
+    seen.watch(&machine);
+    machine
 }
 
 fn streaming_machine(model: impl Model + 'static, seen: &Seen) -> Machine {
@@ -240,13 +236,13 @@ fn replacement_and_callbacks_work_the_same_after_deserialization() {
     let original = streaming_machine(ScriptedModel::new([]), &Seen::default());
     let data = serialize_machine(&original).expect("serializes");
     let node = node();
-    let machine = deserialize_machine(
+    let machine = restore_on(
         charter(&node),
         Arc::new(seen.executor(ScriptedModel::new([]))),
         data.into_owned(),
-        seen.options(),
     )
     .expect("deserializes");
+    seen.watch(&machine);
     assert_replaced_in_place(&machine, &seen);
 }
 

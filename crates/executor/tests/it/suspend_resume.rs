@@ -10,8 +10,7 @@ use crate::common::{Script, fx, instance_payloads, node, outcome, run_all, say, 
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Role};
 use markov_executor::{
-    Action, Effect, Executor, Instance, Machine, MachineOptions, RunOptions, RunState, SuspendInfo,
-    YieldReason,
+    Action, Effect, Executor, Instance, Machine, RunOptions, RunState, SuspendInfo, YieldReason,
 };
 use markov_runtime::node::Node;
 use markov_runtime::transition::{Transition, TransitionResult, suspend};
@@ -28,12 +27,7 @@ fn info(id: &str, reason: &str) -> SuspendInfo {
 }
 
 fn machine(script: &Arc<Script>, root: Instance) -> Machine {
-    script_machine(
-        "suspend",
-        Arc::clone(script) as Arc<dyn Executor>,
-        root,
-        MachineOptions::default(),
-    )
+    script_machine("suspend", Arc::clone(script) as Arc<dyn Executor>, root)
 }
 
 fn resume_message(id: &InstanceId, suspend_id: &str) -> Message {

@@ -262,7 +262,7 @@ async fn an_ancestors_terminal_tool_is_terminal() {
     let charter = Charter::builder("t").build().expect("charter");
     let root = Instance::new(parent, json!({})).with_child(Instance::new(child, json!({})));
     let mut m =
-        Machine::new(charter, StandardExecutor::shared(model.clone()), root).expect("machine");
+        machine_on(charter, StandardExecutor::shared(model.clone()), root).expect("machine");
     m.enqueue_user("go");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(err.is_none(), "{err:?}");

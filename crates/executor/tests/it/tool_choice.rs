@@ -188,7 +188,7 @@ fn machine_with(node: Node, defaults: ModelSettings, model: Arc<dyn Model>) -> M
         .node("main", node.clone())
         .build()
         .expect("charter builds");
-    Machine::new(
+    machine_on(
         charter,
         StandardExecutor::shared(model).with_settings(defaults),
         Instance::new(node, json!({})),
@@ -795,7 +795,7 @@ proptest! {
 
 #[tokio::test]
 async fn an_instance_policy_wins_over_the_nodes() {
-    use markov_executor::{Instance, Machine, StandardExecutor};
+    use markov_executor::{Instance, StandardExecutor};
     use markov_runtime::tool_choice::ToolChoiceRule;
     let node = markov_runtime::node::Node::builder("Auto node.")
         .tool(crate::common::Add)
@@ -813,7 +813,7 @@ async fn an_instance_policy_wins_over_the_nodes() {
     let root =
         Instance::new(node, serde_json::json!({})).with_tool_choice(ToolChoiceRule::RequiredFirst);
     let mut m =
-        Machine::new(charter, StandardExecutor::shared(model.clone()), root).expect("machine");
+        machine_on(charter, StandardExecutor::shared(model.clone()), root).expect("machine");
     m.enqueue_user("1+1");
     markov_executor::run_to_completion(&mut m, markov_executor::RunOptions::default())
         .await

@@ -2,6 +2,7 @@
 //! spawn-yield.test.ts), end to end through the standard executor, and
 //! properties of tree queries and of effects applied in any order.
 
+use crate::common::machine_on_shared;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
@@ -12,8 +13,8 @@ use crate::common::{
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role, SpawnedChild};
 use markov_executor::{
-    Effect, Entry, Executor, Instance, LeafContext, Machine, MachineOptions, RunError, RunOptions,
-    SuspendInfo, YieldReason,
+    Effect, Entry, Executor, Instance, LeafContext, Machine, RunError, RunOptions, SuspendInfo,
+    YieldReason,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
@@ -42,16 +43,7 @@ fn text(s: &str) -> Option<CedeContent> {
 }
 
 fn machine(script: &Arc<Script>, root: Instance) -> Machine {
-    machine_with(script, root, MachineOptions::default())
-}
-
-fn machine_with(script: &Arc<Script>, root: Instance, options: MachineOptions) -> Machine {
-    script_machine(
-        "tree",
-        Arc::clone(script) as Arc<dyn Executor>,
-        root,
-        options,
-    )
+    script_machine("tree", Arc::clone(script) as Arc<dyn Executor>, root)
 }
 
 /// root → child.
@@ -217,16 +209,10 @@ async fn cede_content_reaches_history_and_the_step_it_happened_in() {
                 .extend(cx.history.last().cloned());
             outcome(vec![say(cx, "thanks")], YieldReason::EndTurn)
         });
-    let mut m = machine_with(
-        &script,
-        parent_and_child(),
-        MachineOptions {
-            history: Vec::new(),
-            on_enqueue: Some(Box::new(move |msg| {
-                enqueued2.lock().expect("lock").push(msg.clone());
-            })),
-        },
-    );
+    let mut m = machine(&script, parent_and_child());
+    m.queue().set_on_enqueue(move |msg| {
+        enqueued2.lock().expect("lock").push(msg.clone());
+    });
     let child_id = m.instance().children()[0].id().clone();
     m.enqueue_user("go");
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
@@ -812,12 +798,7 @@ proptest! {
             .node("s", standard.clone())
             .build()
             .expect("charter");
-        let mut m = Machine::with_options(
-            charter,
-            Script::new(),
-            build(&shape, &worker, &standard),
-            MachineOptions::default(),
-        ).expect("machine");
+        let mut m = machine_on_shared(charter, Script::new(), build(&shape, &worker, &standard)).expect("machine");
         for (n, change) in changes.iter().enumerate() {
             let all = m.instance().all().expect("valid tree");
             let pick = |k: &usize| all[k % all.len()].id().clone();

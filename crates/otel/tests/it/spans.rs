@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use markov_core::Item;
 use markov_core::model::{ModelResponse, ModelSettings, StopReason, Usage};
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};
+use markov_executor::{RunOptions, StandardExecutor, run_to_completion};
 use markov_otel::opentelemetry::trace::TracerProvider as _;
 use markov_otel::opentelemetry::{KeyValue, Value};
 use markov_runtime::charter::Charter;
@@ -82,8 +82,12 @@ fn traced_run(capture: bool) -> Vec<SpanData> {
     let executor = StandardExecutor::new(model)
         .with_settings(settings)
         .with_content_capture(capture);
-    let mut machine =
-        Machine::new(charter, executor, Instance::new(node, json!({}))).expect("machine");
+    let mut machine = markov_executor::Agent::on_charter(charter)
+        .executor(executor)
+        .state(json!({}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine");
     machine.enqueue_user("What is 2 + 3?");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

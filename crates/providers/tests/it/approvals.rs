@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use markov_core::Model;
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Instance, Machine, StandardExecutor, YieldReason};
+use markov_executor::{Machine, StandardExecutor, YieldReason};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use schemars::JsonSchema;
@@ -55,12 +55,12 @@ fn bank(model: impl Model + 'static, wire: &Wire) -> Machine {
         .node("bank", node.clone())
         .build()
         .expect("charter builds");
-    Machine::new(
-        charter,
-        StandardExecutor::new(model),
-        Instance::new(node, serde_json::json!({})),
-    )
-    .expect("machine builds")
+    markov_executor::Agent::on_charter(charter)
+        .executor(StandardExecutor::new(model))
+        .state(serde_json::json!({}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine builds")
 }
 
 /// Pauses on the answer, approves and resumes, checking every request sent

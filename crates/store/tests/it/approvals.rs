@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::common::*;
 use markov_core::Item;
 use markov_core::model::Model;
-use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, YieldReason};
+use markov_executor::{Machine, RunOptions, StandardExecutor, YieldReason};
 use markov_policy::{
     ApprovalError, ApprovalStatus, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata,
     ToolRegistry,
@@ -40,13 +40,13 @@ fn executor(model: Arc<dyn Model>, dir: &Dir, config: PolicyConfig) -> StandardE
 }
 
 fn paying_machine(model: Arc<dyn Model>, dir: &Dir, config: PolicyConfig) -> Machine {
-    let (charter, node) = charter();
-    Machine::new(
-        charter,
-        executor(model, dir, config),
-        Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine builds")
+    let (charter, _) = charter();
+    markov_executor::Agent::on_charter(charter)
+        .executor(executor(model, dir, config))
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine builds")
 }
 
 /// Opens session `id` as `worker` with a fresh executor over `model`,
@@ -321,13 +321,13 @@ fn hanging_machine(
         .lock()
         .expect("the registry locks");
     let executor = StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT);
-    let (charter, node) = charter();
-    let machine = Machine::new(
-        charter.clone(),
-        executor.clone(),
-        Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine builds");
+    let (charter, _) = charter();
+    let machine = markov_executor::Agent::on_charter(charter.clone())
+        .executor(executor.clone())
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine builds");
     (charter, executor, machine)
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::common::*;
 use markov_core::Item;
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Executor, Instance, Machine, RunOptions, StandardExecutor};
+use markov_executor::{Executor, Machine, RunOptions, StandardExecutor};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_store::{
     DurableError, DurableMachine, SessionId, SqliteStore, Store, StoreError, WorkerId,
@@ -113,13 +113,13 @@ fn crash_child() {
         .expect("a runtime");
     runtime.block_on(async {
         let model = Arc::new(ProviderLike::new(child_steps(&mode), "Paid 5."));
-        let (charter, node) = charter();
-        let machine = Machine::new(
-            charter,
-            crash_executor(model, &dir, &mode),
-            Instance::new(node, json!({"notes": 0})),
-        )
-        .expect("machine builds");
+        let (charter, _) = charter();
+        let machine = markov_executor::Agent::on_charter(charter)
+            .executor(crash_executor(model, &dir, &mode))
+            .state(json!({"notes": 0}))
+            .build()
+            .map(|agent| agent.machine())
+            .expect("machine builds");
         let mut session = DurableMachine::create_with_lease(
             store(&dir),
             SessionId::new("crash"),
@@ -459,13 +459,13 @@ async fn a_full_disk_after_a_payment_fails_the_run_and_the_resumed_session_pays_
     };
 
     let (store, executor) = session_for(Arc::new(SqliteStore::open(&database).expect("opens")));
-    let (charter, node) = charter();
-    let machine = Machine::new(
-        charter.clone(),
-        executor,
-        Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine");
+    let (charter, _) = charter();
+    let machine = markov_executor::Agent::on_charter(charter.clone())
+        .executor(executor)
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine");
     let mut session =
         DurableMachine::create(store, SessionId::new("full"), WorkerId::new("w"), machine)
             .await
@@ -545,13 +545,13 @@ fn slow_then_pay_machine(dir: &Dir, ms: u64) -> Machine {
         ]],
         "Paid 1.",
     ));
-    let (charter, node) = charter();
-    Machine::new(
-        charter,
-        StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT),
-        Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine")
+    let (charter, _) = charter();
+    markov_executor::Agent::on_charter(charter)
+        .executor(StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT))
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine")
 }
 
 /// Creates session `id` for worker `first` with a 300 ms lease and runs,
@@ -772,13 +772,13 @@ async fn a_call_id_reused_in_a_later_turn_is_a_new_call() {
         .register(Balance(0.into()), ToolMetadata::new(Category::Retrieval))
         .lock()
         .expect("locks");
-    let (charter, node) = charter();
-    let mut machine = Machine::new(
-        charter,
-        StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT),
-        Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine");
+    let (charter, _) = charter();
+    let mut machine = markov_executor::Agent::on_charter(charter)
+        .executor(StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT))
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine");
     for text in ["balance?", "and now?"] {
         machine.enqueue_user(text);
         markov_executor::run_to_completion(&mut machine, RunOptions::default())

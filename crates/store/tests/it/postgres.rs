@@ -317,13 +317,13 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
         markov_executor::StandardExecutor::shared(model)
             .with_registry(Arc::new(registry), markov_policy::Mode::TEXT)
     };
-    let (charter, node) = charter();
-    let machine = markov_executor::Machine::new(
-        charter.clone(),
-        machine_parts(),
-        markov_executor::Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine");
+    let (charter, _) = charter();
+    let machine = markov_executor::Agent::on_charter(charter.clone())
+        .executor(machine_parts())
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine");
     let mut session = DurableMachine::create(
         store.clone(),
         SessionId::new("stopped"),
@@ -394,13 +394,13 @@ async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
             .build()
             .fresh_call_ids(),
     );
-    let (charter, node) = charter();
-    let machine = markov_executor::Machine::new(
-        charter.clone(),
-        paying(first_model.clone()),
-        markov_executor::Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine builds");
+    let (charter, _) = charter();
+    let machine = markov_executor::Agent::on_charter(charter.clone())
+        .executor(paying(first_model.clone()))
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine builds");
     let one = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let mut first = DurableMachine::create(
         one,

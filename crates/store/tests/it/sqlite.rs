@@ -4,9 +4,7 @@
 use std::sync::Arc;
 
 use crate::common::*;
-use markov_executor::{
-    Executor, MachineOptions, RunOptions, deserialize_machine, serialize_machine,
-};
+use markov_executor::{Agent, Executor, RunOptions, serialize_machine};
 use markov_policy::{
     ApprovalId, ApprovalStatus, Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
 };
@@ -132,17 +130,17 @@ async fn a_restored_session_sends_the_same_next_request_as_one_that_never_stoppe
     let never_stopped_model = next();
     let never_stopped_snapshot = serialize_machine(&kept).expect("serializes").into_owned();
     let (charter, _) = charter();
-    let mut never_stopped = deserialize_machine(
-        charter.clone(),
-        Arc::new(executor(
+    let mut never_stopped = Agent::on_charter(charter.clone())
+        .executor(executor(
             never_stopped_model.clone(),
             dir.path("effects"),
             dir.path("m"),
-        )),
-        never_stopped_snapshot,
-        MachineOptions::default(),
-    )
-    .expect("the live copy");
+        ))
+        .state(json!({"notes": 0}))
+        .build()
+        .expect("the agent builds")
+        .restore(never_stopped_snapshot)
+        .expect("the live copy");
     // The one another worker restores from the store.
     let restored_model = next();
     let executor: Arc<dyn Executor> = Arc::new(executor(
@@ -185,7 +183,7 @@ async fn leases_fence_every_write() {
 async fn approvals_are_stored_with_the_session() {
     let dir = Dir::new("approvals");
     let store = store(&dir);
-    let (charter, node) = charter();
+    let (charter, _) = charter();
     let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
         .register(
             Pay(dir.path("effects")),
@@ -199,13 +197,15 @@ async fn approvals_are_stored_with_the_session() {
             .text("Please approve.")
             .build(),
     );
-    let machine = markov_executor::Machine::new(
-        charter,
-        markov_executor::StandardExecutor::shared(model)
-            .with_registry(Arc::new(registry), Mode::TEXT),
-        markov_executor::Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine");
+    let machine = markov_executor::Agent::on_charter(charter)
+        .executor(
+            markov_executor::StandardExecutor::shared(model)
+                .with_registry(Arc::new(registry), Mode::TEXT),
+        )
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine");
     let id = SessionId::new("approve");
     let mut session =
         DurableMachine::create(store.clone(), id.clone(), WorkerId::new("w"), machine)

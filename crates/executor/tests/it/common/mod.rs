@@ -13,8 +13,8 @@ use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
 use markov_core::tool::{Tool, ToolContext, ToolReply};
 use markov_executor::{
-    Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineOptions,
-    MachineStep, RunError, RunOptions, StandardExecutor, TurnState, YieldReason, run_machine,
+    Agent, Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineStep,
+    RunError, RunOptions, SerializedMachine, StandardExecutor, TurnState, YieldReason, run_machine,
 };
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
@@ -210,7 +210,7 @@ pub fn machine(
     let charter = charter(Charter::builder("test").node("main", node.clone()))
         .build()
         .expect("charter builds");
-    Machine::new(
+    machine_on(
         charter,
         StandardExecutor::shared(model),
         Instance::new(node, state),
@@ -404,16 +404,101 @@ impl Executor for Script {
     }
 }
 
-/// A machine over `root` with an empty charter called `name`, run by
-/// `executor`.
-pub fn script_machine(
-    name: &str,
+/// A machine over `root`, run by `executor`: the agent of a charter called
+/// `name` whose only node is the root's.
+pub fn script_machine(name: &str, executor: Arc<dyn Executor>, root: Instance) -> Machine {
+    Agent::builder(name)
+        .node("root", root.node().clone())
+        .state(root.state().clone())
+        .shared_executor(executor)
+        .build()
+        .expect("the agent builds")
+        .machine_at(root)
+        .expect("machine builds")
+}
+
+/// The agent of `charter` run by `executor`, starting where `root` does
+/// when the charter registers `root`'s node. A charter without nodes (a
+/// tree of inline nodes) gets `root`'s node registered as `root`.
+pub fn agent_on(charter: Charter, executor: Arc<dyn Executor>, root: &Instance) -> Agent {
+    if charter.nodes().len() == 0 {
+        return Agent::builder(charter.name())
+            .node("root", root.node().clone())
+            .state(root.state().clone())
+            .shared_executor(executor)
+            .build()
+            .expect("the agent builds");
+    }
+    let start = charter.node_name(root.node()).map(str::to_owned);
+    let mut agent = Agent::on_charter(charter).shared_executor(executor);
+    if let Some(start) = start {
+        agent = agent.state(root.state().clone()).start(start);
+    }
+    agent.build().expect("the agent builds")
+}
+
+/// A machine of `charter`'s agent on `executor` whose tree is `root`.
+pub fn machine_on(
+    charter: Charter,
+    executor: impl Executor + 'static,
+    root: Instance,
+) -> Result<Machine, RunError> {
+    machine_on_shared(charter, Arc::new(executor), root)
+}
+
+/// [`machine_on`] with a shared executor.
+pub fn machine_on_shared(
+    charter: Charter,
     executor: Arc<dyn Executor>,
     root: Instance,
-    options: MachineOptions,
+) -> Result<Machine, RunError> {
+    agent_on(charter, executor, &root).machine_at(root)
+}
+
+/// A machine of `charter`'s agent whose tree is `root` and whose history
+/// already holds `history` (restored from a snapshot that has it).
+pub fn machine_with_history(
+    charter: Charter,
+    executor: Arc<dyn Executor>,
+    root: Instance,
+    history: Vec<Message>,
 ) -> Machine {
-    let charter = Charter::builder(name).build().expect("charter builds");
-    Machine::with_options(charter, executor, root, options).expect("machine builds")
+    let fresh =
+        machine_on_shared(charter.clone(), Arc::clone(&executor), root).expect("machine builds");
+    let mut snapshot = markov_executor::serialize_machine(&fresh)
+        .expect("serializes")
+        .into_owned();
+    snapshot.history = history;
+    restore_on(charter, executor, snapshot).expect("restores")
+}
+
+/// `snapshot` restored by the agent of `charter` on `executor`. The agent
+/// starts at the charter's first node with the snapshot's root state when
+/// that node accepts it, else with the node's own start state: either way
+/// the snapshot itself is read by `restore`, whatever it holds.
+pub fn restore_on(
+    charter: Charter,
+    executor: Arc<dyn Executor>,
+    snapshot: SerializedMachine,
+) -> Result<Machine, markov_executor::DeserializeError> {
+    let with_state = serde_json::to_value(&snapshot.instance)
+        .ok()
+        .and_then(|v| v.get("state").cloned())
+        .and_then(|state| {
+            Agent::on_charter(charter.clone())
+                .shared_executor(Arc::clone(&executor))
+                .state(state)
+                .build()
+                .ok()
+        });
+    let agent = match with_state {
+        Some(agent) => agent,
+        None => Agent::on_charter(charter)
+            .shared_executor(executor)
+            .build()
+            .expect("the agent builds"),
+    };
+    agent.restore(snapshot)
 }
 
 /// A node called `name` with one line of instructions.

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use markov_core::model::collect_stream;
 use markov_core::tool::{Tool, ToolContext};
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse};
-use markov_executor::{Instance, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
+use markov_executor::{Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_tools_std::{Finish, Respond};
@@ -79,12 +79,12 @@ pub fn calculator(model: impl Model + 'static) -> Machine {
         .node("calc", node.clone())
         .build()
         .expect("charter builds");
-    Machine::new(
-        charter,
-        StandardExecutor::new(model),
-        Instance::new(node, json!({})),
-    )
-    .expect("machine builds")
+    markov_executor::Agent::on_charter(charter)
+        .executor(StandardExecutor::new(model))
+        .state(json!({}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine builds")
 }
 
 /// Enqueues `text` as a user message and runs until the machine stops,

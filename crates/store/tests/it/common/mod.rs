@@ -11,7 +11,7 @@ use std::sync::Arc;
 use markov_core::Item;
 use markov_core::model::{Model, ModelResponse, StopReason, Usage};
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Instance, Machine, StandardExecutor};
+use markov_executor::{Machine, StandardExecutor};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
@@ -320,13 +320,13 @@ pub fn executor_with_budget(
 }
 
 pub fn machine(model: Arc<dyn Model>, dir: &Dir) -> Machine {
-    let (charter, node) = charter();
-    Machine::new(
-        charter,
-        executor(model, dir.path("effects"), dir.path("marker")),
-        Instance::new(node, json!({"notes": 0})),
-    )
-    .expect("machine builds")
+    let (charter, _) = charter();
+    markov_executor::Agent::on_charter(charter)
+        .executor(executor(model, dir.path("effects"), dir.path("marker")))
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine builds")
 }
 
 /// A response calling tools with the given ids.
