@@ -52,7 +52,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::Stream;
 use markov_executor::stream::DeltaKind;
-use markov_executor::{Agent, MachineStep, MessageStreamEvent, RunOptions, YieldReason};
+use markov_executor::{Agent, MachineStep, MessageStreamEvent, YieldReason};
 use markov_policy::{ApprovalError, ApprovalId, ApprovalStatus, Decision};
 use markov_store::{DurableError, DurableMachine, SessionId, Store, StoreError, WorkerId};
 use serde::{Deserialize, Serialize};
@@ -94,7 +94,6 @@ struct Service {
     agent: Agent,
     store: Arc<dyn Store>,
     worker: WorkerId,
-    options: RunOptions,
     /// Sessions with a run in progress in this process.
     running: Mutex<HashSet<SessionId>>,
 }
@@ -109,7 +108,6 @@ pub fn router(agent: Agent, store: Arc<dyn Store>, worker: WorkerId) -> Router {
         agent,
         store,
         worker,
-        options: RunOptions::default(),
         running: Mutex::new(HashSet::new()),
     });
     Router::new()
@@ -377,7 +375,7 @@ async fn decide(
     } else {
         Work::Nothing
     };
-    Ok(stream_run(service, busy, session, Some(event), work))
+    Ok(stream_run(busy, session, Some(event), work))
 }
 
 /// What a streamed request does with its session.
@@ -394,7 +392,6 @@ enum Work {
 /// Performs `work` on `session` in a task of its own (a client that leaves
 /// does not stop it), streaming `first`, then the run's events.
 fn stream_run(
-    service: Arc<Service>,
     busy: Busy,
     mut session: DurableMachine<dyn Store>,
     first: Option<Event>,
@@ -410,26 +407,23 @@ fn stream_run(
         let send = |event: Event| {
             let _ = events.send(event);
         };
-        let options = service.options.clone();
         let result = async {
             let last = match work {
                 Work::Nothing => None,
                 Work::Resume => Some(
                     session
-                        .resume_with(options, |step| send(step_event(step)))
+                        .resume_each_step(|step| send(step_event(step)))
                         .await,
                 ),
                 Work::Message(text) => Some(
                     async {
                         if session.machine().is_awaiting_approval() {
                             session
-                                .resume_with(options.clone(), |step| send(step_event(step)))
+                                .resume_each_step(|step| send(step_event(step)))
                                 .await?;
                         }
                         session.machine().enqueue_user(text);
-                        session
-                            .run_with(options, |step| send(step_event(step)))
-                            .await
+                        session.run_each_step(|step| send(step_event(step))).await
                     }
                     .await,
                 ),
@@ -557,11 +551,5 @@ async fn message(
             )));
         }
     }
-    Ok(stream_run(
-        service,
-        busy,
-        session,
-        None,
-        Work::Message(text),
-    ))
+    Ok(stream_run(busy, session, None, Work::Message(text)))
 }

@@ -358,19 +358,19 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     }
 
     /// Runs the machine to the end of the turn (or continues an interrupted
-    /// run), writing every step before the next model call. Returns the last
-    /// step.
-    pub async fn run(&mut self, options: RunOptions) -> Result<MachineStep, DurableError> {
-        self.run_with(options, |_| {}).await
+    /// run) within its agent's limits, writing every step before the next
+    /// model call. Returns the last step.
+    pub async fn run(&mut self) -> Result<MachineStep, DurableError> {
+        self.run_each_step(|_| {}).await
     }
 
     /// [`run`](Self::run), handing each step to `on_step` once it is stored
     /// (to stream it to a client, say).
-    pub async fn run_with(
+    pub async fn run_each_step(
         &mut self,
-        options: RunOptions,
         on_step: impl FnMut(&MachineStep),
     ) -> Result<MachineStep, DurableError> {
+        let options = self.machine.run_options().clone();
         let span = tracing::info_span!(
             "invoke_agent",
             otel.name = %format_args!("invoke_agent {}", self.machine.charter().name()),
@@ -520,17 +520,17 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// so a crash in between leaves a run that [`run`](Self::run) continues
     /// (an interrupted run is continued here too). Input queued meanwhile
     /// is held back and left queued for the next run.
-    pub async fn resume(&mut self, options: RunOptions) -> Result<MachineStep, DurableError> {
-        self.resume_with(options, |_| {}).await
+    pub async fn resume(&mut self) -> Result<MachineStep, DurableError> {
+        self.resume_each_step(|_| {}).await
     }
 
     /// [`resume`](Self::resume), handing each step to `on_step` once it is
     /// stored.
-    pub async fn resume_with(
+    pub async fn resume_each_step(
         &mut self,
-        options: RunOptions,
         mut on_step: impl FnMut(&MachineStep),
     ) -> Result<MachineStep, DurableError> {
+        let options = self.machine.run_options().clone();
         let span = tracing::info_span!(
             "invoke_agent",
             otel.name = %format_args!("invoke_agent {}", self.machine.charter().name()),
@@ -567,7 +567,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         options: CommandOptions,
     ) -> Result<CommandOutcome, DurableError> {
         let outcome = run_command(&mut self.machine, name, input, options).await;
-        self.run(RunOptions::default()).await?;
+        self.run().await?;
         Ok(outcome)
     }
 

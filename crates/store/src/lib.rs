@@ -37,7 +37,7 @@
 //! let mut session =
 //!     DurableMachine::create(store, SessionId::random(), WorkerId::new("web-1"), machine).await?;
 //! session.machine().enqueue_user("hello");
-//! let last = session.run(Default::default()).await?;
+//! let last = session.run().await?;
 //! # let _ = last;
 //! # Ok(())
 //! # }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::common::*;
 use markov_core::Item;
 use markov_core::model::Model;
-use markov_executor::{Machine, RunOptions, StandardExecutor, YieldReason};
+use markov_executor::{Machine, StandardExecutor, YieldReason};
 use markov_policy::{
     ApprovalError, ApprovalStatus, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata,
     ToolRegistry,
@@ -101,7 +101,7 @@ fn pause_child() {
         .await
         .expect("created");
         session.machine().enqueue_user("pay 5");
-        let last = session.run(RunOptions::default()).await.expect("runs");
+        let last = session.run().await.expect("runs");
         assert_eq!(last.yield_reason, YieldReason::AwaitingApproval);
         assert_eq!(model.calls(), 1);
         session.release().await.expect("released");
@@ -192,10 +192,7 @@ async fn a_paused_session_is_decided_and_resumed_by_a_fresh_process() {
         Err(DurableError::Approval(ApprovalError::AlreadyDecided { .. }))
     ));
 
-    let last = session
-        .resume(RunOptions::default())
-        .await
-        .expect("resumes");
+    let last = session.resume().await.expect("resumes");
     assert!(last.done);
     assert_eq!(lines(&dir.path("effects")), 1, "paid once");
     assert_eq!(
@@ -247,7 +244,7 @@ async fn a_request_that_expires_while_the_session_is_stored_is_answered_as_expir
     .await
     .expect("created");
     session.machine().enqueue_user("pay 5");
-    let last = session.run(RunOptions::default()).await.expect("runs");
+    let last = session.run().await.expect("runs");
     assert_eq!(last.yield_reason, YieldReason::AwaitingApproval);
     session.release().await.expect("released");
 
@@ -262,10 +259,7 @@ async fn a_request_that_expires_while_the_session_is_stored_is_answered_as_expir
         session.machine().approvals().pending().is_empty(),
         "nothing left to decide"
     );
-    session
-        .resume(RunOptions::default())
-        .await
-        .expect("resumes");
+    session.resume().await.expect("resumes");
     assert_eq!(lines(&dir.path("effects")), 0);
     assert!(tool_results(session.machine().history())[0].contains("CONFIRMATION_EXPIRED"));
     assert_eq!(model.calls(), 1);
@@ -350,7 +344,7 @@ async fn a_worker_lost_while_a_resumed_call_runs_leaves_a_run_the_next_one_conti
     .await
     .expect("created");
     session.machine().enqueue_user("pay 5");
-    let last = session.run(RunOptions::default()).await.expect("runs");
+    let last = session.run().await.expect("runs");
     assert_eq!(last.yield_reason, YieldReason::AwaitingApproval);
     let id = last.approvals[0].request_id.clone();
     session
@@ -359,7 +353,7 @@ async fn a_worker_lost_while_a_resumed_call_runs_leaves_a_run_the_next_one_conti
         .expect("decided");
     {
         // The approved call pays, then hangs: the worker is abandoned there.
-        let resume = session.resume(RunOptions::default());
+        let resume = session.resume();
         futures::pin_mut!(resume);
         let marker = dir.path("marker");
         while !marker.exists() {
@@ -403,7 +397,7 @@ async fn a_worker_lost_while_a_resumed_call_runs_leaves_a_run_the_next_one_conti
         }
     };
     assert!(session.is_interrupted());
-    let last = session.run(RunOptions::default()).await.expect("continues");
+    let last = session.run().await.expect("continues");
     assert!(last.done);
     assert_eq!(
         lines(&dir.path("effects")),

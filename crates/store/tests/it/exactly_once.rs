@@ -131,7 +131,7 @@ fn crash_child() {
         .expect("created");
         session.machine().enqueue_user("pay 5");
         // Never returns: a tool hangs until the process is killed.
-        let _ = session.run(RunOptions::default()).await;
+        let _ = session.run().await;
     });
     std::mem::forget(dir);
 }
@@ -219,10 +219,7 @@ async fn a_worker_killed_after_a_payment_is_resumed_without_paying_twice() {
     let model = Arc::new(ProviderLike::new(child_steps("after-ledger"), "Paid 5."));
     let mut session = take_over(&dir, "after-ledger", model.clone()).await;
     assert!(session.is_interrupted(), "the run was in progress");
-    let last = session
-        .run(RunOptions::default())
-        .await
-        .expect("the run continues");
+    let last = session.run().await.expect("the run continues");
     assert!(last.done);
     assert_eq!(lines(&effects), 1, "paid once");
     assert_eq!(
@@ -260,10 +257,7 @@ async fn a_worker_killed_inside_the_payment_resumes_it_with_the_same_idempotency
 
     let model = Arc::new(ProviderLike::new(child_steps("inside-pay"), "Paid 5."));
     let mut session = take_over(&dir, "inside-pay", model).await;
-    let last = session
-        .run(RunOptions::default())
-        .await
-        .expect("the run continues");
+    let last = session.run().await.expect("the run continues");
     assert!(last.done);
     let calls = std::fs::read_to_string(calls_file(&effects)).expect("calls");
     let keys: Vec<&str> = calls.lines().collect();
@@ -288,7 +282,7 @@ async fn new_input_to_an_interrupted_session_waits_for_the_interrupted_answer() 
     let model = Arc::new(ProviderLike::new(child_steps("after-ledger"), "Paid 5."));
     let mut session = take_over(&dir, "after-ledger", model.clone()).await;
     session.machine().enqueue_user("thanks");
-    let last = session.run(RunOptions::default()).await.expect("runs");
+    let last = session.run().await.expect("runs");
     assert!(last.done);
     assert_eq!(lines(&dir.path("effects")), 1, "paid once");
     let texts: Vec<(markov_core::message::Role, String)> = session
@@ -317,10 +311,7 @@ async fn the_budgets_of_a_turn_survive_a_crash_inside_it() {
     kill_child_when_it_hangs(&dir, "budget").await;
     let model = Arc::new(ProviderLike::new(child_steps("budget"), "Paid 5."));
     let mut session = take_over(&dir, "budget", model).await;
-    let last = session
-        .run(RunOptions::default())
-        .await
-        .expect("the run continues");
+    let last = session.run().await.expect("the run continues");
     assert!(last.done);
     let results = tool_results(session.machine().history());
     assert_eq!(results.len(), 3, "{results:?}");
@@ -346,10 +337,7 @@ async fn a_result_too_large_for_the_ledger_still_keeps_its_call_from_running_aga
     let model = Arc::new(ProviderLike::new(child_steps("big"), "Done."));
     // The question of this mode mentions paying, so the model calls tools.
     let mut session = take_over(&dir, "big", model).await;
-    let last = session
-        .run(RunOptions::default())
-        .await
-        .expect("the run continues");
+    let last = session.run().await.expect("the run continues");
     assert!(last.done);
     assert_eq!(
         lines(&dir.path("big-runs")),
@@ -471,7 +459,7 @@ async fn a_full_disk_after_a_payment_fails_the_run_and_the_resumed_session_pays_
             .await
             .expect("created");
     session.machine().enqueue_user("pay 7");
-    let failed = session.run(RunOptions::default()).await;
+    let failed = session.run().await;
     assert!(
         matches!(&failed, Err(DurableError::Store(StoreError::Backend(e))) if e.contains("full")),
         "the step could not be written: {failed:?}"
@@ -490,10 +478,7 @@ async fn a_full_disk_after_a_payment_fails_the_run_and_the_resumed_session_pays_
     )
     .await
     .expect("opens");
-    let last = session
-        .run(RunOptions::default())
-        .await
-        .expect("the run continues");
+    let last = session.run().await.expect("the run continues");
     assert!(last.done);
     assert_eq!(lines(&effects), 1, "paid once");
     assert_eq!(
@@ -572,7 +557,7 @@ async fn run_slow_then_pay(
     .await
     .expect("created");
     session.machine().enqueue_user("pay 1");
-    tokio::spawn(async move { session.run(RunOptions::default()).await.map(|_| ()) })
+    tokio::spawn(async move { session.run().await.map(|_| ()) })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,7 +633,7 @@ async fn a_corrupt_row_is_repaired_and_the_session_opens_again() {
     .expect("created");
     for text in ["pay attention", "and again, pay attention"] {
         session.machine().enqueue_user(text);
-        session.run(RunOptions::default()).await.expect("runs");
+        session.run().await.expect("runs");
     }
     // The row of the second turn's tool results goes bad on disk; what
     // reads back ends with a call that has no result, so the repair cuts
@@ -727,10 +712,7 @@ async fn a_corrupt_row_is_repaired_and_the_session_opens_again() {
     .expect("opens after the repair");
     assert_eq!(session.machine().history(), &history[..call]);
     session.machine().enqueue_user("pay attention once more");
-    let last = session
-        .run(RunOptions::default())
-        .await
-        .expect("runs again");
+    let last = session.run().await.expect("runs again");
     assert!(last.done);
     assert!(
         store

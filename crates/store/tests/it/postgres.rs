@@ -58,7 +58,7 @@ async fn a_session_round_trips_through_postgres() {
     .expect("created");
     for text in ["pay 3", "note it"] {
         session.machine().enqueue_user(text);
-        session.run(RunOptions::default()).await.expect("runs");
+        session.run().await.expect("runs");
     }
     let expected = serialize_machine(session.machine())
         .expect("serializes")
@@ -196,8 +196,7 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     .await
     .expect("created");
     first.machine().enqueue_user("pay 5");
-    let abandoned =
-        tokio::time::timeout(Duration::from_millis(500), first.run(RunOptions::default())).await;
+    let abandoned = tokio::time::timeout(Duration::from_millis(500), first.run()).await;
     assert!(abandoned.is_err(), "the first worker never finished");
     drop(first);
     assert_eq!(lines(&dir.path("effects")), 1);
@@ -233,7 +232,7 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     .await
     .expect("opens");
     assert!(session.is_interrupted());
-    let last = session.run(RunOptions::default()).await.expect("continues");
+    let last = session.run().await.expect("continues");
     assert!(last.done);
     assert_eq!(lines(&dir.path("effects")), 1, "paid once");
     assert_eq!(
@@ -333,7 +332,7 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
     .await
     .expect("created");
     session.machine().enqueue_user("pay 8");
-    let failed = session.run(RunOptions::default()).await;
+    let failed = session.run().await;
     assert!(
         matches!(
             &failed,
@@ -356,7 +355,7 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
     )
     .await
     .expect("opens");
-    let last = session.run(RunOptions::default()).await.expect("continues");
+    let last = session.run().await.expect("continues");
     assert!(last.done);
     assert_eq!(lines(&effects), 1, "paid once");
     assert_eq!(
@@ -411,7 +410,7 @@ async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
     .await
     .expect("created");
     first.machine().enqueue_user("pay 4");
-    let last = first.run(RunOptions::default()).await.expect("runs");
+    let last = first.run().await.expect("runs");
     assert_eq!(
         last.yield_reason,
         markov_executor::YieldReason::AwaitingApproval
@@ -439,7 +438,7 @@ async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
         )
         .await
         .expect("decided");
-    let last = second.resume(RunOptions::default()).await.expect("resumes");
+    let last = second.resume().await.expect("resumes");
     assert!(last.done);
     assert_eq!(lines(&dir.path("effects")), 1, "paid once");
     assert!(

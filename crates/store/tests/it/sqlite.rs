@@ -41,7 +41,7 @@ async fn a_session_round_trips_through_the_store() {
             .expect("created");
     for text in ["pay 3", "note it"] {
         session.machine().enqueue_user(text);
-        let last = session.run(RunOptions::default()).await.expect("runs");
+        let last = session.run().await.expect("runs");
         assert!(last.done);
     }
     let expected = serialize_machine(session.machine()).expect("serializes");
@@ -115,7 +115,7 @@ async fn a_restored_session_sends_the_same_next_request_as_one_that_never_stoppe
     .await
     .expect("created");
     session.machine().enqueue_user("pay 3");
-    session.run(RunOptions::default()).await.expect("runs");
+    session.run().await.expect("runs");
     let kept = session.release().await.expect("released");
 
     let next = || {
@@ -162,7 +162,7 @@ async fn a_restored_session_sends_the_same_next_request_as_one_that_never_stoppe
         .await
         .expect("runs");
     restored.machine().enqueue_user("note it");
-    restored.run(RunOptions::default()).await.expect("runs");
+    restored.run().await.expect("runs");
     let a = never_stopped_model.requests();
     let b = restored_model.requests();
     assert_eq!(a.len(), 2);
@@ -212,7 +212,7 @@ async fn approvals_are_stored_with_the_session() {
             .await
             .expect("created");
     session.machine().enqueue_user("pay 9");
-    session.run(RunOptions::default()).await.expect("runs");
+    session.run().await.expect("runs");
     let stored = store.load(&id).await.expect("loads");
     assert_eq!(stored.snapshot.policy.approvals.len(), 1);
     let request = stored.snapshot.policy.approvals[0].request.clone();
