@@ -1,4 +1,4 @@
-//! Command-line parsing for `cargo xtask`, by hand: three commands do not
+//! Command-line parsing for `cargo xtask`, by hand: three commands and one flag do not
 //! justify a dependency on an argument parser.
 
 use std::ffi::OsString;
@@ -8,18 +8,19 @@ pub(crate) const USAGE: &str = "\
 Usage: cargo xtask <command>
 
 Commands:
-  test    cargo fmt --check, cargo clippy -D warnings, cargo test (incl. doc
+  test [-p <crate>]...
+          cargo fmt --check, cargo clippy -D warnings, cargo test (incl. doc
           tests and tidy), cargo doc with RUSTDOCFLAGS=-D warnings; stops at
-          the first failure
+          the first failure. With -p, only the crates named (fmt checks all)
   bench   build in release mode and run the benchmarks (markov-bench's
           figures and table, then its divan bench); see docs/PERFORMANCE.md
   help    print this message";
 
 /// A parsed command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Command {
-    /// `cargo xtask test`.
-    Test,
+    /// `cargo xtask test`, for the packages named with `-p` (all when none).
+    Test(Vec<String>),
     /// `cargo xtask bench`.
     Bench,
     /// `cargo xtask help`, `-h` or `--help`.
@@ -38,7 +39,21 @@ where
         return Err("no command given".to_owned());
     };
     let command = match first.to_str() {
-        Some("test") => Command::Test,
+        Some("test") => {
+            let mut packages = Vec::new();
+            while let Some(flag) = args.next() {
+                match flag.to_str() {
+                    Some("-p" | "--package") => {
+                        match args.next().and_then(|p| p.into_string().ok()) {
+                            Some(package) => packages.push(package),
+                            None => return Err("-p needs a crate name".to_owned()),
+                        }
+                    }
+                    _ => return Err(format!("unexpected argument {flag:?} after `test`")),
+                }
+            }
+            return Ok(Command::Test(packages));
+        }
         Some("bench") => Command::Bench,
         Some("help" | "-h" | "--help") => Command::Help,
         Some(other) => return Err(format!("unknown command `{other}`")),
@@ -64,7 +79,11 @@ mod tests {
 
     #[test]
     fn known_commands() {
-        assert_eq!(parse_strs(&["test"]), Ok(Command::Test));
+        assert_eq!(parse_strs(&["test"]), Ok(Command::Test(vec![])));
+        assert_eq!(
+            parse_strs(&["test", "-p", "markov-core", "-p", "markov"]),
+            Ok(Command::Test(vec!["markov-core".into(), "markov".into()]))
+        );
         assert_eq!(parse_strs(&["bench"]), Ok(Command::Bench));
         assert_eq!(parse_strs(&["help"]), Ok(Command::Help));
         assert_eq!(parse_strs(&["--help"]), Ok(Command::Help));
@@ -79,6 +98,10 @@ mod tests {
             Err("unknown command `benches`".to_owned())
         );
         assert!(parse_strs(&["test", "--fast"]).is_err());
+        assert_eq!(
+            parse_strs(&["test", "-p"]),
+            Err("-p needs a crate name".to_owned())
+        );
         assert!(parse_strs(&["bench", "--quick"]).is_err());
     }
 }

@@ -5,7 +5,9 @@
 //! - `test`: the checks CI runs, in order, stopping at the first failure:
 //!   `cargo fmt --check`, `cargo clippy -D warnings`, `cargo test` (unit,
 //!   integration and doc tests, plus the `tidy` test in `src/tidy.rs`)
-//!   and `cargo doc` with `RUSTDOCFLAGS=-D warnings`.
+//!   and `cargo doc` with `RUSTDOCFLAGS=-D warnings`; the facade once more
+//!   with every feature (its examples and the README's). `-p <crate>`
+//!   limits the checks to the crates named.
 //! - `bench`: the benchmarks of `crates/bench` in release mode: the
 //!   `markov-bench` binary (figures, table and one `bench=...` line per
 //!   figure), then its divan bench. Never part of `test`.
@@ -38,7 +40,9 @@ fn main() -> ExitCode {
             println!("{}", flags::USAGE);
             Ok(())
         }
-        Command::Test => workspace_root().and_then(|root| pipeline::run(&root)),
+        Command::Test(packages) => {
+            workspace_root().and_then(|root| pipeline::run(&root, &packages))
+        }
         Command::Bench => workspace_root().and_then(|root| bench::run(&root)),
     };
     match result {

@@ -11,56 +11,96 @@ struct Step {
     /// Short name used in the failure message.
     name: &'static str,
     /// Arguments to cargo.
-    args: &'static [&'static str],
+    args: Vec<String>,
     /// Environment variables set for this step only.
     env: &'static [(&'static str, &'static str)],
+    /// Whether its output holds `test result:` lines to count.
+    counts_tests: bool,
 }
 
-/// The steps, in the order they run: cheapest first.
-const STEPS: &[Step] = &[
-    Step {
-        name: "fmt",
-        args: &["fmt", "--all", "--check"],
-        env: &[],
-    },
-    Step {
-        name: "clippy",
-        args: &[
+impl Step {
+    fn new(name: &'static str, args: &[&str]) -> Self {
+        Step {
+            name,
+            args: args.iter().map(|arg| (*arg).to_owned()).collect(),
+            env: &[],
+            counts_tests: false,
+        }
+    }
+}
+
+/// The steps, in the order they run (cheapest first): for the whole
+/// workspace, or for the packages named (`cargo xtask test -p <crate>`).
+fn steps(packages: &[String]) -> Vec<Step> {
+    let scope: Vec<String> = if packages.is_empty() {
+        vec!["--workspace".to_owned()]
+    } else {
+        packages
+            .iter()
+            .flat_map(|p| ["-p".to_owned(), p.clone()])
+            .collect()
+    };
+    let with_scope = |name, head: &[&str], tail: &[&str]| {
+        let mut step = Step::new(name, head);
+        step.args.extend(scope.iter().cloned());
+        step.args.extend(tail.iter().map(|arg| (*arg).to_owned()));
+        step
+    };
+    let mut steps = vec![
+        Step::new("fmt", &["fmt", "--all", "--check"]),
+        with_scope(
             "clippy",
-            "--workspace",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ],
-        env: &[],
-    },
-    Step {
+            &["clippy"],
+            &["--all-targets", "--", "-D", "warnings"],
+        ),
         // Unit, integration and doc tests of every crate, and xtask's tidy test.
-        name: "test",
-        args: &["test", "--workspace"],
-        env: &[],
-    },
-    Step {
-        name: "doc",
-        args: &["doc", "--workspace", "--no-deps"],
+        Step {
+            counts_tests: true,
+            ..with_scope("test", &["test"], &[])
+        },
+    ];
+    if packages.is_empty() || packages.iter().any(|p| p == "markov") {
+        // The facade with every feature: its examples (built and linted)
+        // and the README's examples as doc tests.
+        steps.push(Step::new(
+            "facade",
+            &[
+                "clippy",
+                "-p",
+                "markov",
+                "--all-features",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
+        ));
+        steps.push(Step {
+            counts_tests: true,
+            ..Step::new("facade tests", &["test", "-p", "markov", "--all-features"])
+        });
+    }
+    steps.push(Step {
         env: &[("RUSTDOCFLAGS", "-D warnings")],
-    },
-];
+        ..with_scope("doc", &["doc"], &["--no-deps"])
+    });
+    steps
+}
 
 /// Runs every step in `root`, stopping at the first that fails.
-pub(crate) fn run(root: &Path) -> Result<(), String> {
+pub(crate) fn run(root: &Path, packages: &[String]) -> Result<(), String> {
     // Set by cargo when it runs xtask, so the steps use the same toolchain.
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let total = STEPS.len();
-    let mut tests = None;
-    for (index, step) in STEPS.iter().enumerate() {
+    let steps = steps(packages);
+    let total = steps.len();
+    let mut tests: Option<Counts> = None;
+    for (index, step) in steps.iter().enumerate() {
         let number = index + 1;
         let shown = display(step);
         println!("$ {shown}");
         let mut command = Command::new(&cargo);
         command
-            .args(step.args)
+            .args(&step.args)
             .envs(step.env.iter().copied())
             .current_dir(root);
         let could_not_start = |err: std::io::Error| {
@@ -70,9 +110,11 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
                 cargo.to_string_lossy()
             )
         };
-        let status = if step.name == "test" {
+        let status = if step.counts_tests {
             let (status, counts) = run_counting(&mut command).map_err(could_not_start)?;
-            tests = Some(counts);
+            let sum = tests.get_or_insert_with(Counts::default);
+            sum.passed += counts.passed;
+            sum.failed += counts.failed;
             status
         } else {
             command.status().map_err(could_not_start)?
@@ -161,7 +203,7 @@ fn quote(word: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{Counts, STEPS, display};
+    use super::{Counts, display, steps};
 
     #[test]
     fn test_result_lines_are_counted() {
@@ -182,14 +224,29 @@ mod tests {
 
     #[test]
     fn steps_display_as_shell_commands() {
-        let shown: Vec<String> = STEPS.iter().map(display).collect();
+        let shown: Vec<String> = steps(&[]).iter().map(display).collect();
         assert_eq!(
             shown,
             [
                 "cargo fmt --all --check",
                 "cargo clippy --workspace --all-targets -- -D warnings",
                 "cargo test --workspace",
+                "cargo clippy -p markov --all-features --all-targets -- -D warnings",
+                "cargo test -p markov --all-features",
                 "RUSTDOCFLAGS='-D warnings' cargo doc --workspace --no-deps",
+            ]
+        );
+        let one: Vec<String> = steps(&["markov-core".to_owned()])
+            .iter()
+            .map(display)
+            .collect();
+        assert_eq!(
+            one,
+            [
+                "cargo fmt --all --check",
+                "cargo clippy -p markov-core --all-targets -- -D warnings",
+                "cargo test -p markov-core",
+                "RUSTDOCFLAGS='-D warnings' cargo doc -p markov-core --no-deps",
             ]
         );
     }

@@ -20,7 +20,10 @@
 //!   `runtime` and `executor`; `mcp` builds on `core` and `policy` only,
 //!   and none of `core`, `policy`, `runtime` and `executor` depends on it;
 //! - internal (`markov-*`) dependencies carry both `path` and `version`, so
-//!   each crate can be published on its own.
+//!   each crate can be published on its own;
+//! - a README code block announced by `<!-- example: NAME -->` is
+//!   `crates/markov/examples/NAME.rs` without its `//!` lines, so the code
+//!   the README shows is the code CI builds.
 //!
 //! Manifests are read by a crude line scan (see [`dependencies`]); it knows
 //! the forms this workspace uses and keeps this crate dependency-free.
@@ -38,12 +41,82 @@ fn tidy() {
     let mut violations = Vec::new();
     check_sources(&root, &mut violations);
     check_manifests(&root, &mut violations);
+    check_readme_examples(&root, &mut violations);
     assert!(
         violations.is_empty(),
         "tidy found {} problem(s):\n  {}\n",
         violations.len(),
         violations.join("\n  ")
     );
+}
+
+// ---------------------------------------------------------------------------
+// The README's examples.
+
+/// Compares every README block announced as an example with its file.
+fn check_readme_examples(root: &Path, violations: &mut Vec<String>) {
+    let readme = match fs::read_to_string(root.join("README.md")) {
+        Ok(text) => text,
+        Err(err) => return violations.push(format!("README.md: {err}")),
+    };
+    for (name, block) in announced_examples(&readme) {
+        let path = format!("crates/markov/examples/{name}.rs");
+        match fs::read_to_string(root.join(&path)) {
+            Ok(file) => {
+                if let Some(problem) = check_example_block(&name, &block, &file) {
+                    violations.push(problem);
+                }
+            }
+            Err(err) => violations.push(format!("README.md: example {name}: {path}: {err}")),
+        }
+    }
+}
+
+/// Each `<!-- example: NAME -->` marker with the fenced block that follows it.
+fn announced_examples(readme: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut lines = readme.lines();
+    while let Some(line) = lines.next() {
+        let Some(name) = line
+            .trim()
+            .strip_prefix("<!-- example:")
+            .and_then(|rest| rest.strip_suffix("-->"))
+        else {
+            continue;
+        };
+        let mut block = String::new();
+        let mut inside = false;
+        for line in lines.by_ref() {
+            if line.starts_with("```") {
+                if inside {
+                    break;
+                }
+                inside = true;
+                continue;
+            }
+            if inside {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+        found.push((name.trim().to_owned(), block));
+    }
+    found
+}
+
+/// `None` when `block` is `file` without its leading `//!` lines.
+fn check_example_block(name: &str, block: &str, file: &str) -> Option<String> {
+    let body: String = file
+        .lines()
+        .skip_while(|line| line.starts_with("//!"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    (body.trim() != block.trim()).then(|| {
+        format!(
+            "README.md: the example block `{name}` differs from crates/markov/examples/{name}.rs \
+             (copy the file, without its //! lines, into the README)"
+        )
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -549,6 +622,20 @@ fn unquote(value: &str) -> &str {
 
 // ---------------------------------------------------------------------------
 // Each check, on samples it must accept and reject.
+
+#[test]
+fn readme_examples_must_match_their_files() {
+    let readme = "text\n<!-- example: hello -->\n```rust,no_run\nfn main() {}\n```\nmore\n";
+    let found = announced_examples(readme);
+    assert_eq!(
+        found,
+        vec![("hello".to_owned(), "fn main() {}\n".to_owned())]
+    );
+    let file = "//! Says hello.\nfn main() {}\n";
+    assert_eq!(check_example_block("hello", &found[0].1, file), None);
+    let changed = "//! Says hello.\nfn main() { println!(); }\n";
+    assert!(check_example_block("hello", &found[0].1, changed).is_some());
+}
 
 #[test]
 fn module_doc_is_required() {

@@ -20,7 +20,6 @@ use std::sync::Arc;
 
 use markov_core::model::{Model, ModelSettings};
 use markov_executor::{Agent, AgentBuilder};
-use markov_providers::{Anthropic, OpenAi};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -53,25 +52,13 @@ pub fn pick_model() -> Result<(Arc<dyn Model>, String), markov_providers::Config
 pub fn pick_model_or(
     rehearsal: Arc<dyn Model>,
 ) -> Result<(Arc<dyn Model>, String), markov_providers::ConfigError> {
-    if is_set("ANTHROPIC_API_KEY") || is_set("ANTHROPIC_BASE_URL") {
-        let model = Anthropic::from_env()?;
-        // The endpoint as errors show it: a password or query (where a key
-        // may ride) is redacted.
-        let label = format!(
-            "model: anthropic messages api ({}, {})",
-            model.endpoint(),
-            model_override().as_deref().unwrap_or(model.default_model())
-        );
-        return Ok((Arc::new(model), label));
-    }
-    if is_set("OPENAI_API_KEY") || is_set("OPENAI_BASE_URL") {
-        let model = OpenAi::from_env()?;
-        let label = format!(
-            "model: openai-compatible ({}, {})",
-            model.endpoint(),
-            model_override().as_deref().unwrap_or(model.default_model())
-        );
-        return Ok((Arc::new(model), label));
+    if let Some(configured) = markov_providers::from_env()? {
+        // The model asked for, when `MARKOV_MODEL` overrides the client's.
+        let label = match model_override() {
+            Some(model) => format!("model: {} asking for {model}", configured.description()),
+            None => format!("model: {}", configured.description()),
+        };
+        return Ok((configured.model(), label));
     }
     let label = "model: scripted (no ANTHROPIC_API_KEY or OPENAI_API_KEY set; \
                  this run is a rehearsal, not a real model)"

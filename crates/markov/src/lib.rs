@@ -45,7 +45,9 @@
 //! - `store` (feature `store`): durable sessions;
 //! - `otel` (feature `otel`): the spans as OpenTelemetry spans;
 //! - `mcp` (feature `mcp`): tools from Model Context Protocol servers, and
-//!   markov tools served over MCP.
+//!   markov tools served over MCP;
+//! - `server` (feature `server`, with `store`): agents served over HTTP with
+//!   a web page.
 #![deny(missing_docs)]
 
 pub use markov_core as core;
@@ -59,6 +61,8 @@ pub use markov_policy as policy;
 #[cfg(feature = "providers")]
 pub use markov_providers as providers;
 pub use markov_runtime as runtime;
+#[cfg(feature = "server")]
+pub use markov_server as server;
 #[cfg(feature = "store")]
 pub use markov_store as store;
 #[cfg(feature = "testkit")]
@@ -80,12 +84,19 @@ pub mod prelude {
     pub use markov_runtime::node::{Node, OutputConfig};
     pub use markov_runtime::pack::Pack;
     pub use markov_runtime::transition::Transition;
+    #[cfg(feature = "server")]
+    pub use markov_server::{router, serve};
+    #[cfg(feature = "store")]
+    pub use markov_store::{DurableMachine, SessionId, SqliteStore, WorkerId};
     #[cfg(feature = "testkit")]
     pub use markov_testkit::ScriptedModel;
     pub use serde_json::json;
+    pub use std::sync::Arc;
 }
 
-/// The README's examples, compiled and run as doc tests.
-#[cfg(doctest)]
+/// The README's examples, compiled and run as doc tests (with every
+/// feature on, as `cargo xtask test` builds the facade once: the server
+/// example needs `server` and `providers`).
+#[cfg(all(doctest, feature = "server", feature = "providers"))]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;

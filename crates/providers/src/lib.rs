@@ -5,6 +5,7 @@
 //! - [`Anthropic`] (feature `anthropic`) speaks the Messages API.
 //! - [`OpenAi`] (feature `openai`) speaks Chat Completions at a configurable
 //!   base URL, so it also serves vLLM, Ollama, llama.cpp's server and LM Studio.
+//! - [`from_env`] picks the client the environment configures.
 //! - [`ConfigError`] says why a client could not be built.
 //!
 //! Both clients are configured from the environment (`from_env`:
@@ -101,6 +102,7 @@ pub mod openai;
 mod body;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod convert;
+mod env;
 mod error;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod sse;
@@ -112,6 +114,7 @@ mod transport;
 pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 pub use body::DEFAULT_BODY_CACHE_BYTES;
+pub use env::{EnvModel, from_env};
 pub use error::ConfigError;
 #[cfg(feature = "openai")]
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};

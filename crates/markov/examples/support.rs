@@ -1,0 +1,51 @@
+//! A support agent: two tools, one of which waits for a person's approval,
+//! its sessions in SQLite, served over HTTP with a web page.
+//!
+//! `cargo run -p markov --example support --features server,providers`,
+//! then open http://127.0.0.1:8080. A real model when `ANTHROPIC_API_KEY`
+//! or `OPENAI_API_KEY` (or a base URL) is set, else a scripted rehearsal.
+use markov::prelude::*;
+
+/// Looks up where an order is.
+#[tool]
+async fn order_status(order: String) -> String {
+    format!("order {order} left the warehouse on Monday")
+}
+
+/// Refunds part or all of an order.
+#[tool(needs_approval)]
+async fn refund(order: String, cents: u32) -> String {
+    format!("refunded {cents} cents on order {order}")
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let model = match markov::providers::from_env()? {
+        Some(configured) => configured.model(),
+        None => rehearsal(),
+    };
+    let agent = Agent::builder("support")
+        .instructions("You help customers with their orders. A person approves every refund.")
+        .tool(OrderStatus)
+        .tool(Refund)
+        .shared_model(model)
+        .build()?;
+    let store = SqliteStore::open("support-sessions.db")?;
+    let app = router(agent, Arc::new(store), WorkerId::new("support-1"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+    println!("serving on http://127.0.0.1:8080");
+    serve(listener, app).await?;
+    Ok(())
+}
+
+/// Without a provider configured: a scripted model, said to be one.
+fn rehearsal() -> Arc<dyn Model> {
+    println!("model: scripted (no provider configured; a rehearsal, not a real model)");
+    Arc::new(
+        ScriptedModel::builder()
+            .tool_call("order_status", json!({"order": "A-1001"}))
+            .tool_call("refund", json!({"order": "A-1001", "cents": 1500}))
+            .text("Your refund of 15.00 is on its way.")
+            .build(),
+    )
+}
