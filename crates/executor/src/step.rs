@@ -108,6 +108,24 @@ pub struct MachineStep {
     pub run_usage: markov_core::model::Usage,
 }
 
+impl MachineStep {
+    /// What the user reads of this step: the terminal tool's
+    /// [`response`](Self::response) when there is one, else the text of the
+    /// step's last assistant message (`None` when the step ended without
+    /// one: on tool calls, a pause for approval, a `finish` without text).
+    pub fn output(&self) -> Option<String> {
+        if let Some(response) = &self.response {
+            return Some(response.clone());
+        }
+        self.history
+            .iter()
+            .rev()
+            .find(|m| m.role == markov_core::Role::Assistant)
+            .map(markov_core::Message::text)
+            .filter(|text| !text.is_empty())
+    }
+}
+
 /// Per-leaf bookkeeping of the current turn, for tool-choice and restriction rules.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TurnState {

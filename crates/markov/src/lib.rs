@@ -83,6 +83,7 @@ pub mod prelude {
     pub use markov_runtime::charter::Charter;
     pub use markov_runtime::node::{Node, OutputConfig};
     pub use markov_runtime::pack::Pack;
+    pub use markov_runtime::tool_choice::{OutputRestriction, ToolChoiceRule};
     pub use markov_runtime::transition::Transition;
     #[cfg(feature = "server")]
     pub use markov_server::{router, serve};

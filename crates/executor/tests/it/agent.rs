@@ -371,3 +371,71 @@ async fn the_output_type_of_a_one_node_agent_is_asked_for() {
             .any(|i| matches!(i, Item::Output { .. }))
     }));
 }
+
+#[tokio::test]
+async fn a_steps_output_is_what_the_user_reads() {
+    let agent = Agent::builder("calculator")
+        .instructions("Add.")
+        .tool(Add)
+        .model(scripted())
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("2 + 3?");
+    let (steps, err) = run_all(&mut machine, Default::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(steps.len(), 2);
+    assert_eq!(
+        steps[0].output(),
+        None,
+        "a step of tool calls has no output"
+    );
+    assert_eq!(steps[1].output().as_deref(), Some("5"));
+}
+
+#[test]
+fn an_agent_on_a_charter_takes_its_nodes_and_refuses_others() {
+    let main = Node::builder("Count.").build().expect("node");
+    let charter = markov_runtime::charter::Charter::builder("counter")
+        .node("main", main.clone())
+        .build()
+        .expect("charter");
+    let agent = Agent::on_charter(charter.clone())
+        .model(ScriptedModel::new([]))
+        .build()
+        .expect("agent builds");
+    assert_eq!(agent.name(), "counter");
+    assert_eq!(agent.start_node().id(), main.id());
+    for (option, built) in [
+        (
+            "node",
+            Agent::on_charter(charter.clone())
+                .node("other", Node::builder("x").build().expect("node"))
+                .model(ScriptedModel::new([]))
+                .build(),
+        ),
+        (
+            "instructions",
+            Agent::on_charter(charter.clone())
+                .instructions("x")
+                .model(ScriptedModel::new([]))
+                .build(),
+        ),
+        (
+            "charter",
+            Agent::on_charter(charter.clone())
+                .charter(|c| c)
+                .model(ScriptedModel::new([]))
+                .build(),
+        ),
+    ] {
+        match built {
+            Err(BuildError::Conflict {
+                option: o, with, ..
+            }) => {
+                assert_eq!((o, with), (option, "on_charter"));
+            }
+            other => panic!("{option}: {other:?}"),
+        }
+    }
+}
