@@ -265,20 +265,18 @@ async fn an_approved_call_runs_once_on_resume_without_another_model_call() {
     );
     let history = b.machine.history();
     assert_paired(history);
-    let ids: Vec<String> = calls_of(history).into_iter().map(|(id, _, _)| id).collect();
-    assert_eq!(ids, ["call_1", "call_2", "call_3"]);
-    assert_eq!(
-        contents(history),
-        [
-            r#"{"ok":true,"data":"alice has 100"}"#,
-            r#"{"ok":true,"data":"paid 5"}"#,
-            r#"{"ok":true,"data":"bob has 100"}"#,
-        ]
-    );
-    assert_eq!(
-        history.last().map(Message::text).as_deref(),
-        Some("All done.")
-    );
+    expect_test::expect![[r#"
+        user: pay alice 5
+        assistant: call lookup {"who":"alice"} [call_1]
+        assistant: call pay {"amount":5} [call_2]
+        assistant: call lookup {"who":"bob"} [call_3]
+        instance: {"kind":"state","patch":{"count":2}}
+        user: result [call_1]: {"ok":true,"data":"alice has 100"}
+        user: result [call_2]: {"ok":true,"data":"paid 5"}
+        user: result [call_3]: {"ok":true,"data":"bob has 100"}
+        assistant: All done.
+    "#]]
+    .assert_eq(&transcript(history));
     // The second request is the whole history but its final answer: the
     // first request's plus the answer and every result.
     let requests = b.model.requests();

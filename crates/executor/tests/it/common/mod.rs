@@ -251,6 +251,46 @@ pub fn results(message: &Message) -> Vec<(String, String, Option<bool>)> {
         .collect()
 }
 
+/// A history as a person reads it, one line per item: who, then what
+/// (text, a tool call with its arguments, a result with its call id and
+/// whether it failed). Transcript tests compare it with `expect!` snapshots.
+pub fn transcript(history: &[Message]) -> String {
+    let mut out = String::new();
+    for m in history {
+        let who = format!("{:?}", m.role).to_lowercase();
+        match &m.items {
+            Items::Text(text) => out.push_str(&format!("{who}: {text}\n")),
+            Items::List(items) => {
+                for item in items {
+                    let line = match item {
+                        Item::Text { text } => text.clone(),
+                        Item::ToolUse { id, name, input } => format!("call {name} {input} [{id}]"),
+                        Item::ToolResult {
+                            tool_use_id,
+                            content,
+                            is_error,
+                        } => {
+                            let failed = if *is_error == Some(true) { " (error)" } else { "" };
+                            format!("result [{tool_use_id}]{failed}: {content}")
+                        }
+                        other => format!("{other:?}"),
+                    };
+                    out.push_str(&format!("{who}: {line}\n"));
+                }
+            }
+            Items::Instance(payload) => {
+                // Without the instance's id: a uuid, new on every run.
+                let mut json = serde_json::to_value(payload).unwrap_or_default();
+                if let Some(fields) = json.as_object_mut() {
+                    fields.retain(|key, _| !key.to_lowercase().contains("instanceid"));
+                }
+                out.push_str(&format!("{who}: {json}\n"));
+            }
+        }
+    }
+    out
+}
+
 /// All tool results in a history, in order.
 pub fn all_results(history: &[Message]) -> Vec<(String, String, Option<bool>)> {
     history.iter().flat_map(results).collect()
