@@ -5,19 +5,23 @@
 //! The key is `t<turn>:<instance>:<tool_call_id>`: the conversation's user
 //! turn, the leaf instance the call runs for, and the provider's call id. A
 //! resumed step answers the very calls the recorded model answer made, so
-//! their ids are the same and a completed call is answered from here. The
-//! turn is part of the key because a provider may reuse an id in a later
-//! turn: that is a new call, never the earlier turn's (stale) answer. An
-//! entry binds the key to the tool and its exact arguments: a call that
-//! reuses a key for another tool or other arguments is answered
-//! `IDEMPOTENCY_CONFLICT`, never with another call's result, and does not
-//! run.
+//! their ids are the same and a completed call is answered from here. An
+//! entry lives only while its answer may be replayed: once a step is
+//! recorded its results are in the history, and the ledger keeps only the
+//! calls of answers still waiting (a paused step's, or the step in
+//! flight's; [`IdempotencyLedger::retain_only`]). So a provider that reuses
+//! an id in a later step or turn makes a new call, never an earlier
+//! answer's (stale) result. An entry binds the key to the tool and its
+//! exact arguments: a replayed call that reuses a key for another tool or
+//! other arguments is answered `IDEMPOTENCY_CONFLICT`, never with another
+//! call's result, and does not run.
 //!
 //! The tool itself gets a key for the outside world in its context
 //! ([`ToolContext::idempotency_key`](markov_core::tool::ToolContext::idempotency_key)),
-//! derived from the conversation, the turn, the instance and the call id:
-//! the same on every retry and resume of that call, so a payment provider's
-//! idempotency header makes even a crash inside the tool repeat nothing.
+//! derived from the conversation, the turn, the instance, the answer and
+//! the call id: the same on every retry and resume of that call, so a
+//! payment provider's idempotency header makes even a crash inside the tool
+//! repeat nothing, and different for a later call that reuses the id.
 //!
 //! The ledger belongs to one conversation (a machine's
 //! [`PolicyState`](crate::PolicyState)) and travels with it: it is part of
@@ -355,6 +359,30 @@ impl IdempotencyLedger {
         } = &mut *inner;
         order.retain(|key| match slots.get(key) {
             Some(Slot::Done(e)) if e.turn < turn => {
+                *bytes = bytes.saturating_sub(e.size());
+                slots.remove(key);
+                false
+            }
+            _ => true,
+        });
+    }
+
+    /// Forgets every answered call whose key `keep` does not hold. Once a
+    /// step is recorded, its results are in the history and its answer is
+    /// never replayed: only the calls of answers still to be replayed (a
+    /// paused step's, or a step's in flight when its state was written)
+    /// can be asked for again. Dropping the rest also means a provider that
+    /// reuses a call id in a later step of the same turn gets a new call,
+    /// never an earlier step's stored answer. A call in flight is kept.
+    pub fn retain_only(&self, keep: &std::collections::HashSet<String>) {
+        let mut inner = self.lock();
+        let Inner {
+            slots,
+            order,
+            bytes,
+        } = &mut *inner;
+        order.retain(|key| match slots.get(key) {
+            Some(Slot::Done(e)) if !keep.contains(key) => {
                 *bytes = bytes.saturating_sub(e.size());
                 slots.remove(key);
                 false

@@ -8,6 +8,7 @@
 //! it into its snapshot and reads it back, so approvals and answered calls
 //! survive a restart.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -115,6 +116,10 @@ impl PolicyState {
         state.repeats.restore(snapshot.repeats);
         state.budgets.restore(snapshot.budgets);
         state.answers.restore(snapshot.answers);
+        // Only the calls of answers still to be replayed can be asked for
+        // again (a store may hold the answered calls of steps it has since
+        // recorded).
+        state.ledger.retain_only(&state.replayable_keys());
         // A paused call's request lives as long as its paused answer: one
         // without it (a repaired session) can never be resumed.
         let paused = state.answers.paused();
@@ -154,15 +159,25 @@ impl PolicyState {
 
     /// The key a call hands to the outside world (a payment provider's
     /// idempotency header): the hex SHA-256 of the conversation, the user
-    /// turn, the instance and the call id. It is the same on every retry
-    /// and resume of that call, and different for any other call.
+    /// turn, the instance, the answer that made the call (the length of the
+    /// history it was asked over, which a replay of that answer keeps) and
+    /// the call id. It is the same on every retry and resume of that call,
+    /// and different for any other call, even one whose provider reused the
+    /// id in a later step.
     pub fn tool_key(&self, instance: Option<&InstanceId>, call_id: &ToolCallId) -> String {
+        let answer = self
+            .answers
+            .snapshot()
+            .iter()
+            .find(|answer| Some(&answer.instance) == instance)
+            .map_or_else(String::new, |answer| answer.history_len.to_string());
         let mut hasher = Sha256::new();
         for part in [
             "markov-tool-call",
             &self.conversation,
             &self.turn().to_string(),
             instance.map_or("", InstanceId::as_str),
+            &answer,
             call_id.as_str(),
         ] {
             hasher.update(part.as_bytes());
@@ -189,9 +204,17 @@ impl PolicyState {
     /// paused calls it answered.
     pub fn settle_step(&self) {
         self.answers.settle();
+        // The step's results are in the history now: its answered calls are
+        // never asked for again, but those of a paused answer are.
+        self.ledger.retain_only(&self.replayable_keys());
         let paused = self.answers.paused();
         self.approvals
             .forget_held(|instance| paused.contains(instance));
+    }
+
+    /// The ledger keys of the calls of the answers still to be replayed.
+    fn replayable_keys(&self) -> HashSet<String> {
+        replayable_keys(self.turn(), &self.answers.snapshot())
     }
 
     /// Forgets the paused answer of `instance` and the requests of its
@@ -295,6 +318,32 @@ impl PolicyState {
             budgets: self.budgets.snapshot(),
             answers: self.answers.snapshot(),
         }
+    }
+}
+
+/// The ledger keys of the calls `answers` made in user turn `turn`: the
+/// only answered calls a replay can ask for again.
+fn replayable_keys(turn: u64, answers: &[RecordedAnswer]) -> HashSet<String> {
+    answers
+        .iter()
+        .flat_map(|answer| {
+            answer
+                .response
+                .tool_calls()
+                .map(|(id, _, _)| IdempotencyLedger::key_of(turn, Some(&answer.instance), id))
+        })
+        .collect()
+}
+
+impl PolicySnapshot {
+    /// Drops the answered calls no replay can ask for: those not made by
+    /// one of [`answers`](Self::answers) (a paused step's, or the step in
+    /// flight's). A store may still hold the answered calls of steps it
+    /// has since recorded; read back, they are dropped as a machine drops
+    /// them when a step is recorded.
+    pub fn retain_replayable(&mut self) {
+        let keep = replayable_keys(self.turn, &self.answers);
+        self.ledger.retain(|entry| keep.contains(&entry.key));
     }
 }
 

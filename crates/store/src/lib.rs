@@ -354,7 +354,7 @@ pub(crate) fn policy_snapshot(
     ledger: Vec<LedgerEntry>,
 ) -> Result<markov_policy::PolicySnapshot, StoreError> {
     let counters: PolicyCounters = from_json(session, "the counters", counters)?;
-    Ok(markov_policy::PolicySnapshot {
+    let mut snapshot = markov_policy::PolicySnapshot {
         conversation: Some(
             counters
                 .conversation
@@ -369,7 +369,9 @@ pub(crate) fn policy_snapshot(
             .map(|text| from_json(session, "the recorded answers", text))
             .transpose()?
             .unwrap_or_default(),
-    })
+    };
+    snapshot.retain_replayable();
+    Ok(snapshot)
 }
 
 /// A JSON column read back.

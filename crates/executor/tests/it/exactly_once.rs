@@ -206,3 +206,42 @@ async fn a_restored_snapshot_answers_the_recorded_calls_and_runs_no_completed_on
         "the answer is forgotten once its step is recorded"
     );
 }
+
+#[tokio::test]
+async fn a_call_id_reused_in_a_later_step_is_a_new_call_with_its_own_key() {
+    use markov_core::model::{ModelResponse, StopReason, Usage};
+    let charges = Arc::new(AtomicUsize::new(0));
+    let hung = Arc::new(AtomicBool::new(true));
+    let (charter, node) = parts(&charges, &hung);
+    // Some servers number the calls of each answer from zero: the same id
+    // in two steps of one turn names two different calls.
+    let charge = || ModelResponse {
+        content: vec![Item::tool_use("call_0", "charge", json!({}))],
+        stop_reason: StopReason::ToolUse,
+        usage: Usage::default(),
+    };
+    let model = ScriptedModel::new([
+        charge(),
+        charge(),
+        markov_testkit::text_response("Charged twice."),
+    ]);
+    let mut machine = machine_on(
+        charter,
+        StandardExecutor::new(model),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine");
+    machine.enqueue_user("charge me twice");
+    machine.run().await.expect("runs");
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        2,
+        "the model asked twice: the card is charged twice"
+    );
+    let results = all_results(machine.history());
+    assert_eq!(results.len(), 2);
+    assert_ne!(
+        results[0].1, results[1].1,
+        "each call hands the outside world its own idempotency key"
+    );
+}

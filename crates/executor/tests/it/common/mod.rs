@@ -270,7 +270,11 @@ pub fn transcript(history: &[Message]) -> String {
                             content,
                             is_error,
                         } => {
-                            let failed = if *is_error == Some(true) { " (error)" } else { "" };
+                            let failed = if *is_error == Some(true) {
+                                " (error)"
+                            } else {
+                                ""
+                            };
                             format!("result [{tool_use_id}]{failed}: {content}")
                         }
                         other => format!("{other:?}"),
