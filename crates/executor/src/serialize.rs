@@ -354,7 +354,6 @@ pub fn deserialize_machine(
             data.policy,
             &IdempotencyLimits::default(),
         )),
-        deps: None,
         run_options: crate::run::RunOptions::default(),
     };
     machine.sync_externalized();

@@ -22,6 +22,7 @@ pub mod registry;
 
 use std::convert::Infallible;
 
+use markov_core::async_trait;
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -37,6 +38,7 @@ pub struct RespondArgs {
     pub text: String,
 }
 
+#[async_trait]
 impl Tool for Respond {
     const NAME: &'static str = "respond";
     const TERMINAL: bool = true;
@@ -99,6 +101,7 @@ pub struct FinishArgs {
     pub note: Option<String>,
 }
 
+#[async_trait]
 impl Tool for Finish {
     const NAME: &'static str = "finish";
     type Args = FinishArgs;

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::*;
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::message::Message;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
@@ -43,6 +44,7 @@ impl Pay {
     }
 }
 
+#[async_trait]
 impl Tool for Pay {
     const NAME: &'static str = "pay";
     type Args = PayArgs;
@@ -61,6 +63,7 @@ impl Tool for Pay {
 #[derive(Clone, Default)]
 struct Wire(Pay);
 
+#[async_trait]
 impl Tool for Wire {
     const NAME: &'static str = "wire";
     const NEEDS_APPROVAL: bool = true;
@@ -84,6 +87,7 @@ struct LookupArgs {
 #[derive(Clone, Default)]
 struct Lookup(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Lookup {
     const NAME: &'static str = "lookup";
     type Args = LookupArgs;
@@ -795,6 +799,7 @@ async fn the_token_flow_stays_available_and_does_not_pause() {
 #[derive(Clone, Default)]
 struct Stuck(Arc<tokio::sync::Notify>);
 
+#[async_trait]
 impl Tool for Stuck {
     const NAME: &'static str = "stuck";
     const NEEDS_APPROVAL: bool = true;

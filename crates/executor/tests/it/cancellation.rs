@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
+use markov_core::async_trait;
 use markov_core::message::Message;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};
@@ -17,6 +18,7 @@ use serde_json::json;
 /// A tool that never finishes.
 struct Hang;
 
+#[async_trait]
 impl Tool for Hang {
     const NAME: &'static str = "hang";
     type Args = NoArgs;
@@ -34,6 +36,7 @@ impl Tool for Hang {
 /// A tool that takes a little while.
 struct Slow;
 
+#[async_trait]
 impl Tool for Slow {
     const NAME: &'static str = "slow";
     type Args = NoArgs;

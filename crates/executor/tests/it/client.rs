@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use markov_core::async_trait;
 use markov_core::message::Item;
 use markov_executor::client::{
     ClientError, CommandHandle, DryClientInstance, DryClientNode, MachineContract, assert_contract,
@@ -63,6 +64,7 @@ struct Amount {
 /// `clearAll`: empties the list.
 struct ClearAll;
 
+#[async_trait]
 impl Command for ClearAll {
     const NAME: &'static str = "clearAll";
     type Input = NoArgs;
@@ -83,6 +85,7 @@ impl Command for ClearAll {
 /// `addTodo`: appends a todo.
 struct AddTodo;
 
+#[async_trait]
 impl Command for AddTodo {
     const NAME: &'static str = "addTodo";
     type Input = TextArg;
@@ -110,6 +113,7 @@ impl Command for AddTodo {
 /// `incrementCounter`: a pack command.
 struct IncrementCounter;
 
+#[async_trait]
 impl Command for IncrementCounter {
     const NAME: &'static str = "incrementCounter";
     type Input = Amount;
@@ -131,6 +135,7 @@ impl Command for IncrementCounter {
 /// `resetCounter`: a pack command.
 struct ResetCounter;
 
+#[async_trait]
 impl Command for ResetCounter {
     const NAME: &'static str = "resetCounter";
     type Input = NoArgs;
@@ -151,6 +156,7 @@ impl Command for ResetCounter {
 /// `setTheme`: a charter pack's command.
 struct SetTheme;
 
+#[async_trait]
 impl Command for SetTheme {
     const NAME: &'static str = "setTheme";
     type Input = NoArgs;

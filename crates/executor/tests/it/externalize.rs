@@ -5,6 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use markov_core::InstanceId;
+use markov_core::async_trait;
 use markov_core::message::{InstancePayload, Message};
 use markov_executor::{
     CommandOptions, Effect, Instance, Machine, MachineOptions, RunOptions, YieldReason,
@@ -186,6 +187,7 @@ async fn observing_pack_handler_leaves_the_pack_state_unchanged() {
 /// `bump`: writes count + 10 through `update_state`.
 struct Bump;
 
+#[async_trait]
 impl Command for Bump {
     const NAME: &'static str = "bump";
     type Input = NoArgs;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_core::async_trait;
 use markov_core::message::{InstancePayload, Item, Message, Metadata, Role};
 use markov_executor::{RECOVERY_TEXT, RunError, RunOptions, YieldReason, run_to_completion};
 use markov_runtime::node::{Node, OutputConfig};
@@ -719,6 +720,7 @@ async fn spawned_children_run_and_see_their_ancestors() {
 #[test]
 fn reserved_and_duplicate_tool_names_fail_at_build() {
     struct Named;
+    #[async_trait]
     impl markov_core::tool::Tool for Named {
         const NAME: &'static str = "transition_x";
         type Args = NoArgs;
@@ -769,6 +771,7 @@ struct Prefs {
     size: i64,
 }
 
+#[async_trait]
 impl markov_core::tool::Tool for SetTheme {
     const NAME: &'static str = "set_theme";
     type Args = ThemeArgs;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{MAX_ARGUMENT_DEPTH, Message};
 use markov_core::model::{ModelResponse, StopReason, ToolChoice, Usage};
@@ -42,6 +43,7 @@ struct PayArgs {
 #[derive(Clone)]
 struct Pay(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Pay {
     const NAME: &'static str = "pay";
     type Args = PayArgs;
@@ -66,6 +68,7 @@ struct DeleteArgs {
 #[derive(Clone)]
 struct DeleteRecords(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for DeleteRecords {
     const NAME: &'static str = "delete_records";
     type Args = DeleteArgs;
@@ -86,6 +89,7 @@ impl Tool for DeleteRecords {
 /// Panics.
 struct Explode;
 
+#[async_trait]
 impl Tool for Explode {
     const NAME: &'static str = "explode";
     type Args = NoArgs;
@@ -104,6 +108,7 @@ impl Tool for Explode {
 /// Never finishes.
 struct Hang;
 
+#[async_trait]
 impl Tool for Hang {
     const NAME: &'static str = "hang";
     type Args = NoArgs;
@@ -121,6 +126,7 @@ impl Tool for Hang {
 /// Returns an intent for the application.
 struct EndSession;
 
+#[async_trait]
 impl Tool for EndSession {
     const NAME: &'static str = "end_session";
     type Args = NoArgs;
@@ -651,6 +657,7 @@ struct KeepArgs {
     filter: Value,
 }
 
+#[async_trait]
 impl Tool for Keep {
     const NAME: &'static str = "keep";
     type Args = KeepArgs;

@@ -2,7 +2,6 @@
 //! (upstream streaming.test.ts), run through the standard executor.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -13,7 +12,6 @@ use markov_core::message::{Item, Message, Metadata, Role, StreamInfo, StreamStat
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage, collect_stream,
 };
-use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
     Instance, Machine, MachineOptions, MachineStep, MessageStreamEvent, RunError, RunOptions,
     StandardExecutor, deserialize_machine, run_machine, serialize_machine,
@@ -21,31 +19,9 @@ use markov_executor::{
 use markov_runtime::charter::Charter;
 use markov_runtime::node::{Node, OutputConfig};
 use markov_testkit::ScriptedModel;
+use markov_testkit::fixtures::Add;
 use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::json;
-
-/// Adds two integers.
-struct Add;
-
-#[derive(Deserialize, JsonSchema)]
-struct AddArgs {
-    a: i64,
-    b: i64,
-}
-
-impl Tool for Add {
-    const NAME: &'static str = "add";
-    type Args = AddArgs;
-    type Output = i64;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Add two integers".into()
-    }
-    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Infallible> {
-        Ok(args.a + args.b)
-    }
-}
 
 /// What a test saw: every message given to `on_enqueue`, every stream event.
 #[derive(Clone, Default)]

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use markov_core::Model;
+use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, StandardExecutor, YieldReason};
 use markov_runtime::charter::Charter;
@@ -29,6 +30,7 @@ struct WireArgs {
 #[derive(Clone, Default)]
 struct Wire(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Wire {
     const NAME: &'static str = "wire";
     const NEEDS_APPROVAL: bool = true;
