@@ -27,6 +27,7 @@ use markov_runtime::node::Node;
 use markov_runtime::tool_choice::{ToolChoiceRule, TurnPolicy};
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;
+use markov_testkit::fixtures::{Explode, Hang};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -83,43 +84,6 @@ impl Tool for DeleteRecords {
             "deleted {}",
             args.filter.as_deref().unwrap_or("everything")
         ))
-    }
-}
-
-/// Panics.
-struct Explode;
-
-#[async_trait]
-impl Tool for Explode {
-    const NAME: &'static str = "explode";
-    type Args = NoArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "A tool with a bug".into()
-    }
-    async fn call(&self, _: NoArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        // An out-of-bounds index: the kind of bug that panics.
-        let items: Vec<String> = Vec::new();
-        Ok(items[cx.history().len()].clone())
-    }
-}
-
-/// Never finishes.
-struct Hang;
-
-#[async_trait]
-impl Tool for Hang {
-    const NAME: &'static str = "hang";
-    type Args = NoArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Waits forever".into()
-    }
-    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        std::future::pending::<()>().await;
-        Ok(String::new())
     }
 }
 
