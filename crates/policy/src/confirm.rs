@@ -955,10 +955,7 @@ impl<S: ToolService> ToolService for Confirm<S> {
         if self.layer.flow == ApprovalFlow::Token {
             return match approvals.check(req.name, req.input.to_mut(), self.layer.ttl, now) {
                 Ok(()) => self.inner.call(req).await,
-                Err(rejection) => {
-                    let result = rejection.respond(&req);
-                    result
-                }
+                Err(rejection) => rejection.respond(&req),
             };
         }
         let key = IdempotencyLedger::key(&req);
@@ -973,7 +970,7 @@ impl<S: ToolService> ToolService for Confirm<S> {
             self.layer.ttl,
             now,
         );
-        let result = match check {
+        match check {
             HeldCheck::Run(edited) => {
                 if let Some(args) = edited {
                     req.input = std::borrow::Cow::Owned(args);
@@ -1008,8 +1005,7 @@ impl<S: ToolService> ToolService for Confirm<S> {
                     "the call was not run: {MAX_PENDING} calls already wait for the user's decision"
                 )),
             ),
-        };
-        result
+        }
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {

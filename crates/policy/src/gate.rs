@@ -71,10 +71,7 @@ impl<S: ToolService, G: Gate> ToolService for Gated<S, G> {
     async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         match self.gate.check(&req, req.turn) {
             Ok(()) => self.inner.call(req).await,
-            Err(rejection) => {
-                let result = rejection.respond(&req);
-                result
-            }
+            Err(rejection) => rejection.respond(&req),
         }
     }
 
