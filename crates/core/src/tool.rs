@@ -602,7 +602,7 @@ impl<'a> ToolContext<'a> {
 /// looked up when it runs.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a markov tool",
-    note = "implement `markov_core::tool::Tool` with `NAME`, `Args`, `Output`, `Error`, `description` and `call`"
+    note = "write the tool with `#[tool]`, or implement `markov_core::tool::Tool` (with `#[async_trait]`) with `NAME`, `Args`, `Output`, `Error`, `description` and `call`"
 )]
 #[async_trait]
 pub trait Tool: Send + Sync + 'static {

@@ -129,6 +129,9 @@ impl CallReport {
 /// hyper 1.x's shape: `call(&self)`, no readiness, and no error channel (every
 /// call resolves to exactly one [`ToolExecutionResult`]; a rejection is an
 /// error result carrying the envelope).
+///
+/// Implemented with `#[async_trait]` (`markov_core::async_trait`), like
+/// every markov trait with async methods.
 #[async_trait]
 pub trait ToolService: Send + Sync {
     /// Handles one call.

@@ -28,6 +28,9 @@ use crate::repeat::{RepeatCounts, RepeatRecord};
 /// used: a store implements it so that a crash between a tool's side effect
 /// and the step's commit cannot make a resumed conversation run the call
 /// again, nor ask the model for new calls.
+///
+/// Implemented with `#[async_trait]` (`markov_core::async_trait`), like
+/// every markov trait with async methods.
 #[async_trait]
 pub trait Journal: Send + Sync {
     /// Writes `entry` durably. An error is logged; the result is still
