@@ -62,6 +62,7 @@ impl Tool for Respond {
 ///
 /// ```
 /// use std::convert::Infallible;
+/// use markov_core::async_trait;
 /// use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 /// use schemars::JsonSchema;
 /// use serde::Deserialize;
@@ -75,6 +76,7 @@ impl Tool for Respond {
 ///     summary: String,
 /// }
 ///
+/// #[async_trait]
 /// impl Tool for CompleteTask {
 ///     const NAME: &'static str = "complete_task";
 ///     type Args = CompleteTaskArgs;
