@@ -11,7 +11,8 @@
 //! - no source cites section numbers of a document outside the repository
 //!   (comments speak in prose; `docs/PORTING.md` relates us to upstream);
 //! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
-//!   hyper or `markov-*` crate in its `[dependencies]`;
+//!   hyper or `markov-*` crate in its `[dependencies]` but the proc-macro
+//!   `markov-macros` (its `macros` feature);
 //! - the layers point one way, `core` ← `policy` ← `runtime` ← `executor` ←
 //!   `store`: `policy` (the tool registry) depends on core only;
 //!   `runtime` depends on neither `executor` nor `store`, `executor` knows
@@ -307,6 +308,8 @@ struct Layer {
     package: &'static str,
     /// Crate names, or prefixes ending in `*`.
     forbidden: &'static [&'static str],
+    /// Crate names that a `forbidden` prefix matches but the layer allows.
+    except: &'static [&'static str],
     reason: &'static str,
 }
 
@@ -315,11 +318,15 @@ const LAYERS: &[Layer] = &[
     Layer {
         package: "markov-core",
         forbidden: &["tokio", "reqwest", "hyper", "markov-*"],
+        // The `#[tool]` attribute under its `macros` feature: a proc-macro
+        // crate that links no markov crate.
+        except: &["markov-macros"],
         reason: "core does no I/O and is the bottom layer",
     },
     Layer {
         package: "markov-runtime",
         forbidden: &["markov-executor", "markov-store", "markov-mcp"],
+        except: &[],
         reason: "the layers are core <- runtime <- executor <- store",
     },
     Layer {
@@ -331,11 +338,13 @@ const LAYERS: &[Layer] = &[
             "rusqlite",
             "tokio-postgres",
         ],
+        except: &[],
         reason: "the executor knows no database and no vendor; the store builds on it",
     },
     Layer {
         package: "markov-store",
         forbidden: &["markov-providers", "markov-cli", "reqwest"],
+        except: &[],
         reason: "the store persists machines; it knows no model vendor",
     },
     Layer {
@@ -347,6 +356,7 @@ const LAYERS: &[Layer] = &[
             "markov-providers",
             "markov-mcp",
         ],
+        except: &[],
         reason: "the tool registry depends on core only",
     },
     Layer {
@@ -359,31 +369,37 @@ const LAYERS: &[Layer] = &[
             "markov-server",
             "markov-cli",
         ],
+        except: &[],
         reason: "MCP tools are tools: markov-mcp builds on core and policy only",
     },
     Layer {
         package: "markov-otel",
         forbidden: &["markov-*"],
+        except: &[],
         reason: "the OpenTelemetry bridge works on tracing spans alone",
     },
     Layer {
         package: "markov-macros",
         forbidden: &["markov-*"],
+        except: &[],
         reason: "a proc-macro crate writes code; it links no markov crate",
     },
     Layer {
         package: "markov-tools-std",
         forbidden: ABOVE_CORE,
+        except: &[],
         reason: "tool crates depend on core only",
     },
     Layer {
         package: "markov-testkit",
         forbidden: ABOVE_CORE,
+        except: &[],
         reason: "testkit depends on core only",
     },
     Layer {
         package: "markov-providers",
         forbidden: ABOVE_CORE,
+        except: &[],
         reason: "model providers depend on core only",
     },
 ];
@@ -406,6 +422,7 @@ fn check_layering(path: &str, manifest: &str) -> Vec<String> {
                 .forbidden
                 .iter()
                 .any(|pattern| matches(pattern, dep.crate_name()))
+                && !layer.except.contains(&dep.crate_name())
         })
         .map(|dep| {
             format!(
@@ -687,6 +704,8 @@ fn core_must_not_depend_on_io_or_markov_crates() {
     );
     let clean = "[package]\nname = \"markov-core\"\n[dependencies]\nserde = \"1\"\n[dev-dependencies]\ntokio = \"1\"\n";
     assert!(check_layering("c", clean).is_empty());
+    let macros = "[package]\nname = \"markov-core\"\n[dependencies]\nmarkov-macros = { workspace = true, optional = true }\n";
+    assert!(check_layering("c", macros).is_empty());
 }
 
 #[test]

@@ -28,6 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Agent, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
@@ -57,6 +58,7 @@ pub struct AddArgs {
     pub b: i64,
 }
 
+#[async_trait]
 impl Tool for Add {
     const NAME: &'static str = "add";
     type Args = AddArgs;
@@ -81,6 +83,7 @@ pub struct EchoArgs {
     pub text: String,
 }
 
+#[async_trait]
 impl Tool for Echo {
     const NAME: &'static str = "echo";
     type Args = EchoArgs;
@@ -105,6 +108,7 @@ pub struct LookupArgs {
     pub key: String,
 }
 
+#[async_trait]
 impl Tool for Lookup {
     const NAME: &'static str = "lookup";
     type Args = LookupArgs;

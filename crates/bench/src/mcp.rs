@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::tool::{
     DynTool, NoState, SharedTool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
@@ -36,18 +36,19 @@ pub(crate) struct McpFigure {
 #[derive(Debug)]
 struct Add(ToolDefinition);
 
+#[async_trait]
 impl DynTool for Add {
     fn definition(&self) -> &ToolDefinition {
         &self.0
     }
 
-    fn call_json<'a>(
-        &'a self,
-        input: &'a Value,
-        _cx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>> {
+    async fn call_json(
+        &self,
+        input: &Value,
+        _cx: ToolContext<'_>,
+    ) -> Result<ToolOutcome, ToolCallError> {
         let sum = input["a"].as_i64().unwrap_or(0) + input["b"].as_i64().unwrap_or(0);
-        Box::pin(async move { Ok(ToolOutcome::Value(json!(sum))) })
+        Ok(ToolOutcome::Value(json!(sum)))
     }
 }
 

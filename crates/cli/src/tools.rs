@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 
+use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -19,6 +20,7 @@ pub struct AddArgs {
     b: i64,
 }
 
+#[async_trait]
 impl Tool for Add {
     const NAME: &'static str = "add";
     type Args = AddArgs;
@@ -48,6 +50,7 @@ pub struct PopulationArgs {
 #[error("no population known for {0}")]
 pub struct UnknownCity(String);
 
+#[async_trait]
 impl Tool for Population {
     const NAME: &'static str = "population";
     type Args = PopulationArgs;

@@ -7,6 +7,7 @@
 //! and the model, or a [`TerminateResponse`] that ends the run.
 //!
 //! ```
+//! use markov_core::async_trait;
 //! use markov_core::tool::{Tool, ToolContext};
 //! use schemars::JsonSchema;
 //! use serde::Deserialize;
@@ -17,6 +18,7 @@
 //! #[derive(Deserialize, JsonSchema)]
 //! struct AddArgs { a: i64, b: i64 }
 //!
+//! #[async_trait]
 //! impl Tool for Add {
 //!     const NAME: &'static str = "add";
 //!     type Args = AddArgs;
@@ -33,10 +35,9 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 
-use futures::future::BoxFuture;
+use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -440,10 +441,6 @@ impl StateAccess for NoState {
     }
 }
 
-/// The application's own value for a run (a database pool, the user, a
-/// clock), handed to every tool: what PydanticAI calls a run's `deps`.
-pub type Deps = dyn std::any::Any + Send + Sync;
-
 /// What a tool sees of the world during one call.
 #[derive(Clone, Copy)]
 pub struct ToolContext<'a> {
@@ -452,7 +449,6 @@ pub struct ToolContext<'a> {
     root_instance_id: Option<&'a InstanceId>,
     history: &'a [Message],
     state: &'a dyn StateAccess,
-    deps: Option<&'a Deps>,
     idempotency_key: Option<&'a IdempotencyKey<'a>>,
 }
 
@@ -509,7 +505,6 @@ impl<'a> ToolContext<'a> {
             root_instance_id: None,
             history,
             state,
-            deps: None,
             idempotency_key: None,
         }
     }
@@ -542,31 +537,6 @@ impl<'a> ToolContext<'a> {
     /// The state the context reads and writes.
     pub fn state_access(&self) -> &'a dyn StateAccess {
         self.state
-    }
-
-    /// Hands the application's value to the tool (see [`ToolContext::deps`]).
-    #[must_use]
-    pub fn with_deps(mut self, deps: Option<&'a Deps>) -> Self {
-        self.deps = deps;
-        self
-    }
-
-    /// The application's value for this run, if it is a `T`.
-    ///
-    /// ```
-    /// use markov_core::tool::{NoState, ToolContext};
-    /// use markov_core::ToolCallId;
-    ///
-    /// struct Db { name: &'static str }
-    /// let db = Db { name: "main" };
-    /// let id = ToolCallId::new("c1");
-    /// let state = NoState::default();
-    /// let cx = ToolContext::new(&id, &[], &state).with_deps(Some(&db));
-    /// assert_eq!(cx.deps::<Db>().map(|d| d.name), Some("main"));
-    /// assert!(cx.deps::<String>().is_none());
-    /// ```
-    pub fn deps<T: std::any::Any>(&self) -> Option<&'a T> {
-        self.deps.and_then(|d| d.downcast_ref::<T>())
     }
 
     /// Sets the instance the call runs for and the root of its tree.
@@ -623,11 +593,18 @@ impl<'a> ToolContext<'a> {
     }
 }
 
-/// A typed tool. Implement this; the runtime erases it into a [`DynTool`].
+/// A typed tool. Implement this, with `#[async_trait]` on the `impl` as on
+/// every markov trait with async methods, or let `#[tool]` write it (the
+/// `macros` feature); the runtime erases it into a [`DynTool`].
+///
+/// A tool owns what it needs of the application (a database pool, an HTTP
+/// client): they are its fields, given when the tool is made, so nothing is
+/// looked up when it runs.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a markov tool",
-    note = "implement `markov_core::tool::Tool` with `NAME`, `Args`, `Output`, `Error`, `description` and `call`"
+    note = "write the tool with `#[tool]`, or implement `markov_core::tool::Tool` (with `#[async_trait]`) with `NAME`, `Args`, `Output`, `Error`, `description` and `call`"
 )]
+#[async_trait]
 pub trait Tool: Send + Sync + 'static {
     /// The name the model calls it by; checked against `^[a-zA-Z0-9_-]{1,64}$`.
     const NAME: &'static str;
@@ -648,11 +625,11 @@ pub trait Tool: Send + Sync + 'static {
     fn description(&self) -> String;
 
     /// Runs the tool.
-    fn call(
+    async fn call(
         &self,
         args: Self::Args,
         cx: &ToolContext<'_>,
-    ) -> impl Future<Output = Result<Self::Output, Self::Error>> + Send;
+    ) -> Result<Self::Output, Self::Error>;
 }
 
 /// Why an erased tool call failed. The display texts are what the model reads.
@@ -668,6 +645,10 @@ pub enum ToolCallError {
 }
 
 /// The object-safe form of a tool, so a node can hold tools of different types.
+///
+/// Implemented for every [`Tool`] by [`Erased`]; implement it directly only
+/// for a tool whose schema is known at run time (an MCP server's tools).
+#[async_trait]
 pub trait DynTool: Send + Sync + fmt::Debug {
     /// The definition sent to models.
     fn definition(&self) -> &ToolDefinition;
@@ -681,11 +662,11 @@ pub trait DynTool: Send + Sync + fmt::Debug {
     ///
     /// The arguments are borrowed: the call's copy in the history is the only
     /// one, and the tool's typed arguments are read straight from it.
-    fn call_json<'a>(
-        &'a self,
-        input: &'a Value,
-        cx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>>;
+    async fn call_json(
+        &self,
+        input: &Value,
+        cx: ToolContext<'_>,
+    ) -> Result<ToolOutcome, ToolCallError>;
 }
 
 /// A shared, type-erased tool.
@@ -734,6 +715,7 @@ impl<T: Tool> Erased<T> {
     }
 }
 
+#[async_trait]
 impl<T: Tool> DynTool for Erased<T> {
     fn definition(&self) -> &ToolDefinition {
         &self.definition
@@ -743,23 +725,21 @@ impl<T: Tool> DynTool for Erased<T> {
         <T::Output as IntoToolOutcome>::MAY_TERMINATE
     }
 
-    fn call_json<'a>(
-        &'a self,
-        input: &'a Value,
-        cx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>> {
-        Box::pin(async move {
-            let args = T::Args::deserialize(input)
-                .map_err(|e| ToolCallError::InvalidInput(e.to_string()))?;
-            let output = self
-                .tool
-                .call(args, &cx)
-                .await
-                .map_err(|e| ToolCallError::Execution(e.to_string()))?;
-            output
-                .into_outcome()
-                .map_err(|e| ToolCallError::Execution(format!("output is not JSON: {e}")))
-        })
+    async fn call_json(
+        &self,
+        input: &Value,
+        cx: ToolContext<'_>,
+    ) -> Result<ToolOutcome, ToolCallError> {
+        let args =
+            T::Args::deserialize(input).map_err(|e| ToolCallError::InvalidInput(e.to_string()))?;
+        let output = self
+            .tool
+            .call(args, &cx)
+            .await
+            .map_err(|e| ToolCallError::Execution(e.to_string()))?;
+        output
+            .into_outcome()
+            .map_err(|e| ToolCallError::Execution(format!("output is not JSON: {e}")))
     }
 }
 
@@ -981,6 +961,7 @@ mod tests {
         a: i64,
         b: i64,
     }
+    #[async_trait]
     impl Tool for Add {
         const NAME: &'static str = "add";
         type Args = AddArgs;
@@ -995,6 +976,7 @@ mod tests {
     }
 
     struct BadName;
+    #[async_trait]
     impl Tool for BadName {
         const NAME: &'static str = "bad name";
         type Args = AddArgs;

@@ -12,6 +12,7 @@
 //! upstream's message (`Command not found: <name>`, `Invalid input: <msg>`, …).
 //!
 //! ```
+//! use markov_core::async_trait;
 //! use markov_executor::{Agent, CommandOptions, run_command};
 //! use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
 //! use markov_runtime::node::Node;
@@ -26,6 +27,7 @@
 //! /// Sets the count back to zero and returns the old one.
 //! struct ResetCount;
 //!
+//! #[async_trait]
 //! impl Command for ResetCount {
 //!     const NAME: &'static str = "reset";
 //!     type Input = Reset;

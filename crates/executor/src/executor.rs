@@ -42,8 +42,6 @@ pub struct LeafContext<'a> {
     pub queue: &'a Queue,
     /// The conversation's approvals, idempotency ledger and budget counters.
     pub policy: &'a PolicyState,
-    /// The application's value tools may read (`ToolContext::deps`).
-    pub deps: Option<&'a markov_core::tool::Deps>,
 }
 
 impl<'a> LeafContext<'a> {

@@ -29,8 +29,6 @@ pub struct Machine {
     pub(crate) externals: Externals,
     /// The conversation's approvals, idempotency ledger and budget counters.
     pub(crate) policy: Arc<PolicyState>,
-    /// The application's value for the machine's runs; never serialized.
-    pub(crate) deps: Option<Arc<markov_core::tool::Deps>>,
     /// The limits of [`Machine::run`] (the agent's).
     pub(crate) run_options: RunOptions,
 }
@@ -118,7 +116,6 @@ impl Machine {
             queue: Queue::new(),
             externals: Externals::default(),
             policy: Arc::new(PolicyState::new()),
-            deps: None,
             run_options,
         };
         machine.sync_externalized();
@@ -175,20 +172,6 @@ impl Machine {
     /// one.
     pub fn approvals(&self) -> &Approvals {
         self.policy.approvals()
-    }
-
-    /// Hands `deps` to every tool of the following runs: a tool reads it
-    /// with `cx.deps::<T>()` (a database pool, the signed-in user). It is
-    /// not part of the snapshot: set it again after a restore.
-    pub fn set_deps<T: std::any::Any + Send + Sync>(&mut self, deps: T) {
-        self.deps = Some(Arc::new(deps));
-    }
-
-    /// [`set_deps`](Self::set_deps), by value.
-    #[must_use]
-    pub fn with_deps<T: std::any::Any + Send + Sync>(mut self, deps: T) -> Self {
-        self.set_deps(deps);
-        self
     }
 
     /// The limits of [`run`](Self::run) (its agent's, else the defaults).

@@ -828,7 +828,6 @@ pub async fn run_leaves(
             terminate_message: &state.options.terminate_message,
             queue: &machine.queue,
             policy: &machine.policy,
-            deps: machine.deps.as_deref(),
         }
     }
     if let [task] = tasks {

@@ -348,7 +348,6 @@ pub(crate) fn deserialize_machine(
             data.policy,
             &IdempotencyLimits::default(),
         )),
-        deps: None,
         run_options: crate::run::RunOptions::default(),
     };
     machine.sync_externalized();

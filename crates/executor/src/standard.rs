@@ -946,7 +946,6 @@ impl Executor for StandardExecutor {
             // conversation's ledger, so a resumed step never runs a
             // completed call again.
             conversation: Some(cx.policy),
-            deps: cx.deps,
             repeats: Some(cx.policy.repeats()),
             loop_guard: cx
                 .instance()

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as SyncMutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::tool::{
     DynTool, SharedTool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
 };
@@ -590,36 +590,35 @@ impl McpTool {
     }
 }
 
+#[async_trait]
 impl DynTool for McpTool {
     fn definition(&self) -> &ToolDefinition {
         &self.info.definition
     }
 
-    fn call_json<'a>(
-        &'a self,
-        input: &'a Value,
-        cx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>> {
-        Box::pin(async move {
-            let Value::Object(arguments) = input else {
-                return Err(ToolCallError::InvalidInput(
-                    "the arguments are not a JSON object".into(),
-                ));
-            };
-            match self
-                .client
-                .call(&self.info.remote, arguments.clone(), cx.idempotency_key())
-                .await
-            {
-                Ok(result) => crate::content::to_outcome(result),
-                // The server refused the arguments (JSON-RPC invalid params).
-                Err(McpError::Server {
-                    code: -32602,
-                    message,
-                }) => Err(ToolCallError::InvalidInput(message)),
-                Err(err) => Err(ToolCallError::Execution(err.to_string())),
-            }
-        })
+    async fn call_json(
+        &self,
+        input: &Value,
+        cx: ToolContext<'_>,
+    ) -> Result<ToolOutcome, ToolCallError> {
+        let Value::Object(arguments) = input else {
+            return Err(ToolCallError::InvalidInput(
+                "the arguments are not a JSON object".into(),
+            ));
+        };
+        match self
+            .client
+            .call(&self.info.remote, arguments.clone(), cx.idempotency_key())
+            .await
+        {
+            Ok(result) => crate::content::to_outcome(result),
+            // The server refused the arguments (JSON-RPC invalid params).
+            Err(McpError::Server {
+                code: -32602,
+                message,
+            }) => Err(ToolCallError::InvalidInput(message)),
+            Err(err) => Err(ToolCallError::Execution(err.to_string())),
+        }
     }
 }
 

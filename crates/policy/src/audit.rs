@@ -6,7 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::tool::ToolExecutionResult;
 
@@ -77,51 +77,50 @@ pub struct Audit<S> {
     layer: AuditLayer,
 }
 
+#[async_trait]
 impl<S: ToolService> ToolService for Audit<S> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         let (call_id, tool, metadata, mode, report) =
             (req.call_id, req.name, req.metadata, req.mode, req.report);
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.call(req).await;
-            let duration = start.elapsed();
-            let error_type = if result.is_error {
-                Some(
-                    report
-                        .error_kind()
-                        .unwrap_or(ToolErrorKind::ExecutionFailed),
-                )
-            } else {
-                None
-            };
-            tracing::info!(
-                event = "tool_execution",
-                tool,
-                call_id = %call_id,
-                tool_version = metadata.map(|m| m.version()),
-                registry_version = &*self.layer.registry_version,
-                duration_ms = duration.as_secs_f64() * 1e3,
-                ok = !result.is_error,
-                category = metadata.map(|m| m.category().as_str()),
-                mode = mode.as_str(),
-                error_type = error_type.map(ToolErrorKind::as_str),
-                "tool execution"
-            );
-            if let Some(sink) = &self.layer.sink {
-                sink.record(&AuditRecord {
-                    call_id: call_id.clone(),
-                    tool: tool.to_owned(),
-                    tool_version: metadata.map(|m| m.version().to_owned()),
-                    registry_version: Arc::clone(&self.layer.registry_version),
-                    duration,
-                    ok: !result.is_error,
-                    category: metadata.map(|m| m.category()),
-                    mode: mode.clone(),
-                    error_type,
-                });
-            }
-            result
-        })
+        let start = Instant::now();
+        let result = self.inner.call(req).await;
+        let duration = start.elapsed();
+        let error_type = if result.is_error {
+            Some(
+                report
+                    .error_kind()
+                    .unwrap_or(ToolErrorKind::ExecutionFailed),
+            )
+        } else {
+            None
+        };
+        tracing::info!(
+            event = "tool_execution",
+            tool,
+            call_id = %call_id,
+            tool_version = metadata.map(|m| m.version()),
+            registry_version = &*self.layer.registry_version,
+            duration_ms = duration.as_secs_f64() * 1e3,
+            ok = !result.is_error,
+            category = metadata.map(|m| m.category().as_str()),
+            mode = mode.as_str(),
+            error_type = error_type.map(ToolErrorKind::as_str),
+            "tool execution"
+        );
+        if let Some(sink) = &self.layer.sink {
+            sink.record(&AuditRecord {
+                call_id: call_id.clone(),
+                tool: tool.to_owned(),
+                tool_version: metadata.map(|m| m.version().to_owned()),
+                registry_version: Arc::clone(&self.layer.registry_version),
+                duration,
+                ok: !result.is_error,
+                category: metadata.map(|m| m.category()),
+                mode: mode.clone(),
+                error_type,
+            });
+        }
+        result
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {

@@ -58,7 +58,7 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::tool::ToolExecutionResult;
 use serde::{Deserialize, Serialize};
@@ -944,20 +944,18 @@ fn needs_approval(req: &ToolRequest<'_>) -> bool {
         || req.tool.is_some_and(|t| t.definition().needs_approval)
 }
 
+#[async_trait]
 impl<S: ToolService> ToolService for Confirm<S> {
-    fn call<'a>(&'a self, mut req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+    async fn call(&self, mut req: ToolRequest<'_>) -> ToolExecutionResult {
         if !needs_approval(&req) {
-            return self.inner.call(req);
+            return self.inner.call(req).await;
         }
         let approvals = req.policy.approvals();
         let now = SystemTime::now();
         if self.layer.flow == ApprovalFlow::Token {
             return match approvals.check(req.name, req.input.to_mut(), self.layer.ttl, now) {
-                Ok(()) => self.inner.call(req),
-                Err(rejection) => {
-                    let result = rejection.respond(&req);
-                    Box::pin(std::future::ready(result))
-                }
+                Ok(()) => self.inner.call(req).await,
+                Err(rejection) => rejection.respond(&req),
             };
         }
         let key = IdempotencyLedger::key(&req);
@@ -972,12 +970,12 @@ impl<S: ToolService> ToolService for Confirm<S> {
             self.layer.ttl,
             now,
         );
-        let result = match check {
+        match check {
             HeldCheck::Run(edited) => {
                 if let Some(args) = edited {
                     req.input = std::borrow::Cow::Owned(args);
                 }
-                return self.inner.call(req);
+                return self.inner.call(req).await;
             }
             HeldCheck::Wait(request) => {
                 // Never recorded when the machine pauses: the step is not.
@@ -1007,8 +1005,7 @@ impl<S: ToolService> ToolService for Confirm<S> {
                     "the call was not run: {MAX_PENDING} calls already wait for the user's decision"
                 )),
             ),
-        };
-        Box::pin(std::future::ready(result))
+        }
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {

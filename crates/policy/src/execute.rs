@@ -2,7 +2,7 @@
 //! off its intents and writes the success envelope.
 
 use futures::FutureExt;
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::tool::{ToolCallError, ToolExecutionResult, ToolOutcome, UserMessage};
 use serde::Serialize;
@@ -137,8 +137,9 @@ fn split_intents(outcome: ToolOutcome) -> (ToolOutcome, Vec<Value>) {
     }
 }
 
+#[async_trait]
 impl ToolService for ExecuteService {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         let Some(tool) = req.tool else {
             let result = match self.errors {
                 ErrorFormat::Envelope => Rejection::new(ToolErrorKind::NotFound)
@@ -152,7 +153,7 @@ impl ToolService for ExecuteService {
                     )
                 }
             };
-            return Box::pin(std::future::ready(result));
+            return result;
         };
         let envelope = self.envelope;
         let errors = self.errors;
@@ -166,63 +167,59 @@ impl ToolService for ExecuteService {
             origin,
             ..
         } = req;
-        Box::pin(async move {
-            // A panic is the tool's failure, not the conversation's: it is
-            // answered like any other, so audit and the ledger see it too.
-            let outcome = std::panic::AssertUnwindSafe(tool.call_json(&input, cx))
-                .catch_unwind()
-                .await
-                .unwrap_or_else(|_| Err(ToolCallError::Execution("the tool panicked".to_owned())));
-            match outcome {
-                Ok(outcome) => {
-                    let (outcome, intents) = split_intents(outcome);
-                    let data = match (&outcome, envelope) {
-                        (ToolOutcome::Value(v), EnvelopeMode::On) => Some(v.clone()),
-                        (other, EnvelopeMode::On) => {
-                            Some(Value::String(other.model_text(terminate_message)))
-                        }
-                        (_, EnvelopeMode::Off) => None,
-                    };
-                    let mut result = into_result(
-                        call_id,
-                        tool.definition().terminal,
-                        Ok(outcome),
-                        terminate_message,
-                    );
-                    if let Some(data) = data {
-                        result.content = success_envelope(&data, &intents);
+        // A panic is the tool's failure, not the conversation's: it is
+        // answered like any other, so audit and the ledger see it too.
+        let outcome = std::panic::AssertUnwindSafe(tool.call_json(&input, cx))
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|_| Err(ToolCallError::Execution("the tool panicked".to_owned())));
+        match outcome {
+            Ok(outcome) => {
+                let (outcome, intents) = split_intents(outcome);
+                let data = match (&outcome, envelope) {
+                    (ToolOutcome::Value(v), EnvelopeMode::On) => Some(v.clone()),
+                    (other, EnvelopeMode::On) => {
+                        Some(Value::String(other.model_text(terminate_message)))
                     }
-                    if !intents.is_empty() {
-                        report.set_intents(intents);
-                    }
-                    result
+                    (_, EnvelopeMode::Off) => None,
+                };
+                let mut result = into_result(
+                    call_id,
+                    tool.definition().terminal,
+                    Ok(outcome),
+                    terminate_message,
+                );
+                if let Some(data) = data {
+                    result.content = success_envelope(&data, &intents);
                 }
-                Err(error) if errors == ErrorFormat::PlainText => {
-                    let kind = match error {
-                        ToolCallError::InvalidInput(_) => ToolErrorKind::InvalidInput,
-                        _ => ToolErrorKind::ExecutionFailed,
-                    };
-                    Self::plain_error(origin, call_id, report, kind, error)
+                if !intents.is_empty() {
+                    report.set_intents(intents);
                 }
-                Err(ToolCallError::InvalidInput(detail)) => {
-                    Rejection::new(ToolErrorKind::InvalidInput)
-                        .with_detail(detail)
-                        .into_result(call_id, report)
-                }
-                Err(ToolCallError::Execution(detail)) => {
-                    // The tool's Display is addressed to the model by the
-                    // `Tool` contract, so it is the safe detail.
-                    tracing::warn!(tool = name, error = %detail, "tool execution failed");
-                    Rejection::new(ToolErrorKind::ExecutionFailed)
-                        .with_detail(detail)
-                        .into_result(call_id, report)
-                }
-                Err(other) => {
-                    tracing::warn!(tool = name, error = %other, "tool execution failed");
-                    Rejection::new(ToolErrorKind::ExecutionFailed).into_result(call_id, report)
-                }
+                result
             }
-        })
+            Err(error) if errors == ErrorFormat::PlainText => {
+                let kind = match error {
+                    ToolCallError::InvalidInput(_) => ToolErrorKind::InvalidInput,
+                    _ => ToolErrorKind::ExecutionFailed,
+                };
+                Self::plain_error(origin, call_id, report, kind, error)
+            }
+            Err(ToolCallError::InvalidInput(detail)) => Rejection::new(ToolErrorKind::InvalidInput)
+                .with_detail(detail)
+                .into_result(call_id, report),
+            Err(ToolCallError::Execution(detail)) => {
+                // The tool's Display is addressed to the model by the
+                // `Tool` contract, so it is the safe detail.
+                tracing::warn!(tool = name, error = %detail, "tool execution failed");
+                Rejection::new(ToolErrorKind::ExecutionFailed)
+                    .with_detail(detail)
+                    .into_result(call_id, report)
+            }
+            Err(other) => {
+                tracing::warn!(tool = name, error = %other, "tool execution failed");
+                Rejection::new(ToolErrorKind::ExecutionFailed).into_result(call_id, report)
+            }
+        }
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {

@@ -1,6 +1,6 @@
 //! Pass/reject stages as predicates: [`Gate`] and the one [`GateLayer`].
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::tool::ToolExecutionResult;
 
 use crate::budget::TurnBudgetState;
@@ -66,14 +66,12 @@ impl<S, G> Gated<S, G> {
     }
 }
 
+#[async_trait]
 impl<S: ToolService, G: Gate> ToolService for Gated<S, G> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         match self.gate.check(&req, req.turn) {
-            Ok(()) => self.inner.call(req),
-            Err(rejection) => {
-                let result = rejection.respond(&req);
-                Box::pin(std::future::ready(result))
-            }
+            Ok(()) => self.inner.call(req).await,
+            Err(rejection) => rejection.respond(&req),
         }
     }
 

@@ -41,7 +41,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::channel::oneshot;
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::tool::{
     StateAccess, StateUpdateError, TerminateResponse, ToolExecutionResult, UserMessage,
 };
@@ -560,113 +560,110 @@ pub struct Idempotency<S> {
     limits: IdempotencyLimits,
 }
 
+#[async_trait]
 impl<S: ToolService> ToolService for Idempotency<S> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         let key = IdempotencyLedger::key(&req);
         let ledger = req.policy.ledger();
         let turn = req.policy.turn();
-        Box::pin(async move {
-            // The key the tool hands to the outside world: the same on every
-            // retry and resume of this call.
-            let (policy, instance, call_id) = (req.policy, req.cx.instance_id(), req.call_id);
-            let make_key = move || policy.tool_key(instance, call_id);
-            let tool_key = markov_core::tool::IdempotencyKey::new(&make_key);
-            loop {
-                match ledger.begin(
-                    &key,
-                    req.name,
-                    &req.input,
-                    &self.limits,
-                    SystemTime::now(),
-                    turn,
-                ) {
-                    Begin::Replay(entry) => {
-                        tracing::debug!(key = %key, "idempotent replay: the stored result is returned");
-                        for patch in &entry.state_updates {
-                            // Refused now as then: the running state is the
-                            // same, and the result already says so.
-                            let _ = req.cx.state_access().update_state(patch.clone());
-                        }
-                        if let Some(kind) =
-                            entry.error.as_deref().and_then(ToolErrorKind::from_wire)
-                        {
-                            req.report.set_error(kind);
-                        }
-                        req.report.set_intents(entry.intents);
-                        return entry.result.to_result(req.call_id);
+        // The key the tool hands to the outside world: the same on every
+        // retry and resume of this call.
+        let (policy, instance, call_id) = (req.policy, req.cx.instance_id(), req.call_id);
+        let make_key = move || policy.tool_key(instance, call_id);
+        let tool_key = markov_core::tool::IdempotencyKey::new(&make_key);
+        loop {
+            match ledger.begin(
+                &key,
+                req.name,
+                &req.input,
+                &self.limits,
+                SystemTime::now(),
+                turn,
+            ) {
+                Begin::Replay(entry) => {
+                    tracing::debug!(key = %key, "idempotent replay: the stored result is returned");
+                    for patch in &entry.state_updates {
+                        // Refused now as then: the running state is the
+                        // same, and the result already says so.
+                        let _ = req.cx.state_access().update_state(patch.clone());
                     }
-                    Begin::Conflict => {
-                        return Rejection::new(ToolErrorKind::IdempotencyConflict)
-                            .with_detail(format!(
-                                "the call id {} was already used by a call with another tool or other arguments; it was not run",
-                                req.call_id
-                            ))
+                    if let Some(kind) = entry.error.as_deref().and_then(ToolErrorKind::from_wire) {
+                        req.report.set_error(kind);
+                    }
+                    req.report.set_intents(entry.intents);
+                    return entry.result.to_result(req.call_id);
+                }
+                Begin::Conflict => {
+                    return Rejection::new(ToolErrorKind::IdempotencyConflict)
+                        .with_detail(format!(
+                            "the call id {} was already used by a call with another tool or other arguments; it was not run",
+                            req.call_id
+                        ))
+                        .respond(&req);
+                }
+                Begin::Wait(done) => {
+                    // Either the result is stored now, or the first call was
+                    // cancelled and the key is free: look again.
+                    let _ = done.await;
+                }
+                Begin::Run(claim) => {
+                    let report = req.report;
+                    let call_id = req.call_id;
+                    let journal = req.policy.journal();
+                    // A worker that lost its session runs nothing more:
+                    // another one may be running this very call.
+                    if let Some(journal) = &journal
+                        && let Err(reason) = journal.check()
+                    {
+                        drop(claim);
+                        return Rejection::new(ToolErrorKind::ExecutionFailed)
+                            .with_detail(format!("not run: {reason}"))
                             .respond(&req);
                     }
-                    Begin::Wait(done) => {
-                        // Either the result is stored now, or the first call was
-                        // cancelled and the key is free: look again.
-                        let _ = done.await;
+                    let recording = Recording {
+                        inner: req.cx.state_access(),
+                        updates: Mutex::new(Vec::new()),
+                    };
+                    let req = ToolRequest {
+                        cx: req
+                            .cx
+                            .with_idempotency_key(&tool_key)
+                            .with_state(&recording),
+                        ..req
+                    };
+                    let result = self.inner.call(req).await;
+                    let state_updates = recording
+                        .updates
+                        .into_inner()
+                        .unwrap_or_else(|p| p.into_inner());
+                    // The tool and arguments the claim recorded move into
+                    // the entry: no second copy of the arguments.
+                    let (tool, args) = claim.take_call();
+                    let entry = LedgerEntry {
+                        key,
+                        tool,
+                        args,
+                        result: StoredResult::of(&result),
+                        error: report.error_kind().map(|k| k.as_str().to_owned()),
+                        intents: report.intents(),
+                        recorded_at: unix_millis(SystemTime::now()),
+                        turn,
+                        args_digest: None,
+                        state_updates,
                     }
-                    Begin::Run(claim) => {
-                        let report = req.report;
-                        let call_id = req.call_id;
-                        let journal = req.policy.journal();
-                        // A worker that lost its session runs nothing more:
-                        // another one may be running this very call.
-                        if let Some(journal) = &journal
-                            && let Err(reason) = journal.check()
-                        {
-                            drop(claim);
-                            return Rejection::new(ToolErrorKind::ExecutionFailed)
-                                .with_detail(format!("not run: {reason}"))
-                                .respond(&req);
-                        }
-                        let recording = Recording {
-                            inner: req.cx.state_access(),
-                            updates: Mutex::new(Vec::new()),
-                        };
-                        let req = ToolRequest {
-                            cx: req
-                                .cx
-                                .with_idempotency_key(&tool_key)
-                                .with_state(&recording),
-                            ..req
-                        };
-                        let result = self.inner.call(req).await;
-                        let state_updates = recording
-                            .updates
-                            .into_inner()
-                            .unwrap_or_else(|p| p.into_inner());
-                        // The tool and arguments the claim recorded move into
-                        // the entry: no second copy of the arguments.
-                        let (tool, args) = claim.take_call();
-                        let entry = LedgerEntry {
-                            key,
-                            tool,
-                            args,
-                            result: StoredResult::of(&result),
-                            error: report.error_kind().map(|k| k.as_str().to_owned()),
-                            intents: report.intents(),
-                            recorded_at: unix_millis(SystemTime::now()),
-                            turn,
-                            args_digest: None,
-                            state_updates,
-                        }
-                        .within(&self.limits);
-                        // Written ahead: durable before anyone uses the result.
-                        if let Some(journal) = journal
-                            && let Err(error) = journal.write(&entry).await
-                        {
-                            tracing::error!(key = %entry.key, %error, "the ledger entry could not be journaled");
-                        }
-                        claim.complete(entry, &self.limits);
-                        debug_assert_eq!(&result.call_id, call_id);
-                        return result;
+                    .within(&self.limits);
+                    // Written ahead: durable before anyone uses the result.
+                    if let Some(journal) = journal
+                        && let Err(error) = journal.write(&entry).await
+                    {
+                        tracing::error!(key = %entry.key, %error, "the ledger entry could not be journaled");
                     }
+                    claim.complete(entry, &self.limits);
+                    debug_assert_eq!(&result.call_id, call_id);
+                    return result;
                 }
             }
-        })
+        }
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::tool::ToolExecutionResult;
 
 use crate::service::{ToolLayer, ToolRequest, ToolService};
@@ -33,26 +33,25 @@ pub struct Latency<S> {
     inner: S,
 }
 
+#[async_trait]
 impl<S: ToolService> ToolService for Latency<S> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         let Some(budget) = req.metadata.map(|m| m.latency_budget()) else {
-            return self.inner.call(req);
+            return self.inner.call(req).await;
         };
         let tool = req.name;
-        Box::pin(async move {
-            let start = Instant::now();
-            let result = self.inner.call(req).await;
-            let elapsed = start.elapsed();
-            if elapsed > budget {
-                tracing::warn!(
-                    tool,
-                    duration_ms = elapsed.as_millis() as u64,
-                    budget_ms = budget.as_millis() as u64,
-                    "tool exceeded its latency budget"
-                );
-            }
-            result
-        })
+        let start = Instant::now();
+        let result = self.inner.call(req).await;
+        let elapsed = start.elapsed();
+        if elapsed > budget {
+            tracing::warn!(
+                tool,
+                duration_ms = elapsed.as_millis() as u64,
+                budget_ms = budget.as_millis() as u64,
+                "tool exceeded its latency budget"
+            );
+        }
+        result
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {

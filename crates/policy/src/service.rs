@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::tool::{SharedTool, ToolContext, ToolExecutionResult};
 use serde_json::Value;
@@ -129,9 +129,13 @@ impl CallReport {
 /// hyper 1.x's shape: `call(&self)`, no readiness, and no error channel (every
 /// call resolves to exactly one [`ToolExecutionResult`]; a rejection is an
 /// error result carrying the envelope).
+///
+/// Implemented with `#[async_trait]` (`markov_core::async_trait`), like
+/// every markov trait with async methods.
+#[async_trait]
 pub trait ToolService: Send + Sync {
     /// Handles one call.
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult>;
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult;
 
     /// Appends the names of the stages from this one inwards (for diagnostics
     /// and the test that pins the order).
@@ -143,27 +147,30 @@ pub trait ToolService: Send + Sync {
 /// A type-erased, shared service.
 pub type BoxToolService = Arc<dyn ToolService>;
 
+#[async_trait]
 impl<S: ToolService + ?Sized> ToolService for Box<S> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
-        (**self).call(req)
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
+        (**self).call(req).await
     }
     fn stages(&self, out: &mut Vec<&'static str>) {
         (**self).stages(out);
     }
 }
 
+#[async_trait]
 impl<S: ToolService + ?Sized> ToolService for Arc<S> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
-        (**self).call(req)
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
+        (**self).call(req).await
     }
     fn stages(&self, out: &mut Vec<&'static str>) {
         (**self).stages(out);
     }
 }
 
+#[async_trait]
 impl<S: ToolService + ?Sized> ToolService for &S {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
-        (**self).call(req)
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
+        (**self).call(req).await
     }
     fn stages(&self, out: &mut Vec<&'static str>) {
         (**self).stages(out);

@@ -1,6 +1,6 @@
 //! [`PolicyStack`]: composing layers (tower's `ServiceBuilder`).
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::tool::ToolExecutionResult;
 
 use crate::audit::AuditLayer;
@@ -52,11 +52,12 @@ pub enum Either<A, B> {
     Right(B),
 }
 
+#[async_trait]
 impl<A: ToolService, B: ToolService> ToolService for Either<A, B> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         match self {
-            Either::Left(a) => a.call(req),
-            Either::Right(b) => b.call(req),
+            Either::Left(a) => a.call(req).await,
+            Either::Right(b) => b.call(req).await,
         }
     }
 

@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use serde::{Deserialize, Serialize};
 
 use markov_core::ids::{InstanceId, ToolCallId};
@@ -29,10 +29,14 @@ use crate::repeat::{RepeatCounts, RepeatRecord};
 /// used: a store implements it so that a crash between a tool's side effect
 /// and the step's commit cannot make a resumed conversation run the call
 /// again, nor ask the model for new calls.
+///
+/// Implemented with `#[async_trait]` (`markov_core::async_trait`), like
+/// every markov trait with async methods.
+#[async_trait]
 pub trait Journal: Send + Sync {
     /// Writes `entry` durably. An error is logged; the result is still
     /// used (the side effect already happened).
-    fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>>;
+    async fn write(&self, entry: &LedgerEntry) -> Result<(), String>;
 
     /// Whether a call may start now: `Err` with the reason when the
     /// conversation's writer has lost the right to write it (a store's
@@ -45,10 +49,7 @@ pub trait Journal: Send + Sync {
     /// Writes the answers of the step in flight durably (all of them: the
     /// last write replaces the earlier ones). Called before any tool of the
     /// newest answer runs; an error keeps those tools from running.
-    fn write_answers<'a>(
-        &'a self,
-        answers: &'a [RecordedAnswer],
-    ) -> BoxFuture<'a, Result<(), String>>;
+    async fn write_answers(&self, answers: &[RecordedAnswer]) -> Result<(), String>;
 }
 
 /// The policy state of one conversation.

@@ -3,7 +3,7 @@
 //! deadline. A tool without a timeout does not touch tokio; one with a
 //! timeout needs a tokio runtime with its time driver enabled.
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::tool::ToolExecutionResult;
 
 use crate::error::{Rejection, ToolErrorKind};
@@ -36,30 +36,29 @@ pub struct Timeout<S> {
     inner: S,
 }
 
+#[async_trait]
 impl<S: ToolService> ToolService for Timeout<S> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         let Some(limit) = req.metadata.and_then(|m| m.timeout()) else {
-            return self.inner.call(req);
+            return self.inner.call(req).await;
         };
         let (call_id, report, tool) = (req.call_id, req.report, req.name);
-        Box::pin(async move {
-            match tokio::time::timeout(limit, self.inner.call(req)).await {
-                Ok(result) => result,
-                Err(_elapsed) => {
-                    tracing::warn!(
-                        tool,
-                        timeout_ms = limit.as_millis() as u64,
-                        "tool timed out"
-                    );
-                    Rejection::new(REJECTION)
-                        .with_detail(format!(
-                            "{tool} did not finish within {} ms",
-                            limit.as_millis()
-                        ))
-                        .into_result(call_id, report)
-                }
+        match tokio::time::timeout(limit, self.inner.call(req)).await {
+            Ok(result) => result,
+            Err(_elapsed) => {
+                tracing::warn!(
+                    tool,
+                    timeout_ms = limit.as_millis() as u64,
+                    "tool timed out"
+                );
+                Rejection::new(REJECTION)
+                    .with_detail(format!(
+                        "{tool} did not finish within {} ms",
+                        limit.as_millis()
+                    ))
+                    .into_result(call_id, report)
             }
-        })
+        }
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_executor::{
     Action, Agent, CommandOptions, CommandOutcome, DeserializeError, Instance, Machine,
     MachineStep, RunError, RunOptions, RunState, SerializeError, run_command, run_leaves,
@@ -72,14 +72,13 @@ struct StoreJournal<S: ?Sized> {
     lease: Arc<LeaseWatch>,
 }
 
+#[async_trait]
 impl<S: Store + ?Sized> Journal for StoreJournal<S> {
-    fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            self.store
-                .journal(&self.id, &self.holder, entry)
-                .await
-                .map_err(|e| e.to_string())
-        })
+    async fn write(&self, entry: &LedgerEntry) -> Result<(), String> {
+        self.store
+            .journal(&self.id, &self.holder, entry)
+            .await
+            .map_err(|e| e.to_string())
     }
 
     fn check(&self) -> Result<(), String> {
@@ -95,16 +94,11 @@ impl<S: Store + ?Sized> Journal for StoreJournal<S> {
         Ok(())
     }
 
-    fn write_answers<'a>(
-        &'a self,
-        answers: &'a [RecordedAnswer],
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            self.store
-                .journal_answers(&self.id, &self.holder, answers)
-                .await
-                .map_err(|e| e.to_string())
-        })
+    async fn write_answers(&self, answers: &[RecordedAnswer]) -> Result<(), String> {
+        self.store
+            .journal_answers(&self.id, &self.holder, answers)
+            .await
+            .map_err(|e| e.to_string())
     }
 }
 

@@ -4,6 +4,9 @@
 //!   answers a real provider could not give, and errors when its script runs out.
 //! - [`FailingModel`] returns an error, at once or after some calls.
 //! - [`strategies`] generates messages and tool calls for property tests.
+//! - [`fixtures`] has tools for tests, written with `#[tool]`: `add`, a
+//!   payment you can count, one that needs approval, one that panics, one
+//!   that hangs, and [`Counted`](fixtures::Counted) for any tool.
 //! - `http` (with the `http` feature) is a loopback fake provider speaking
 //!   the Anthropic Messages and OpenAI Chat Completions wire formats, to
 //!   test real clients end to end.
@@ -21,6 +24,7 @@
 #![deny(missing_docs)]
 
 mod failing;
+pub mod fixtures;
 #[cfg(feature = "http")]
 pub mod http;
 mod scripted;

@@ -22,6 +22,7 @@ pub mod registry;
 
 use std::convert::Infallible;
 
+use markov_core::async_trait;
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -37,6 +38,7 @@ pub struct RespondArgs {
     pub text: String,
 }
 
+#[async_trait]
 impl Tool for Respond {
     const NAME: &'static str = "respond";
     const TERMINAL: bool = true;
@@ -60,6 +62,7 @@ impl Tool for Respond {
 ///
 /// ```
 /// use std::convert::Infallible;
+/// use markov_core::async_trait;
 /// use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 /// use schemars::JsonSchema;
 /// use serde::Deserialize;
@@ -73,6 +76,7 @@ impl Tool for Respond {
 ///     summary: String,
 /// }
 ///
+/// #[async_trait]
 /// impl Tool for CompleteTask {
 ///     const NAME: &'static str = "complete_task";
 ///     type Args = CompleteTaskArgs;
@@ -99,6 +103,7 @@ pub struct FinishArgs {
     pub note: Option<String>,
 }
 
+#[async_trait]
 impl Tool for Finish {
     const NAME: &'static str = "finish";
     type Args = FinishArgs;

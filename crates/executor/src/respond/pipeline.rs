@@ -81,8 +81,6 @@ pub(crate) struct LeafView<'a> {
     /// The tool registry, mode and turn counters regular calls go through;
     /// `None` runs tools directly.
     pub policies: Option<RegistrySession<'a>>,
-    /// The application's value tools may read ([`ToolContext::deps`]).
-    pub deps: Option<&'a markov_core::tool::Deps>,
     /// The conversation's identical-call counts; `None` turns the loop
     /// guard off.
     pub repeats: Option<&'a RepeatCounts>,
@@ -488,8 +486,7 @@ pub(crate) async fn run_tool_calls_logged(
                     };
                     let state = ScopedState::read_only(leaf.state.clone());
                     let cx = ToolContext::new(call.id, leaf.history, &state)
-                        .with_instance(leaf.instance_id, leaf.root_id)
-                        .with_deps(leaf.deps);
+                        .with_instance(leaf.instance_id, leaf.root_id);
                     let executed = session.run(
                         None,
                         call.id,
@@ -718,8 +715,7 @@ async fn run_found(
                 Scope::Ancestor(state) => ScopedState::read_only(state.clone()),
             };
             let cx = ToolContext::new(call.id, leaf.history, &scoped)
-                .with_instance(leaf.instance_id, leaf.root_id)
-                .with_deps(leaf.deps);
+                .with_instance(leaf.instance_id, leaf.root_id);
             let (mut result, tool_intents, waits) =
                 call_tool(leaf, tool, call, cx, ToolOrigin::Node).await;
             intents = tool_intents;
@@ -744,8 +740,7 @@ async fn run_found(
             let current = pack_state(running_packs, leaf.pack_states, pack);
             let scoped = ScopedState::writable(current, pack.schema());
             let cx = ToolContext::new(call.id, leaf.history, &scoped)
-                .with_instance(leaf.instance_id, leaf.root_id)
-                .with_deps(leaf.deps);
+                .with_instance(leaf.instance_id, leaf.root_id);
             let (result, tool_intents, waits) =
                 call_tool(leaf, tool, call, cx, ToolOrigin::Pack).await;
             intents = tool_intents;

@@ -4,11 +4,12 @@
 //! model. The model calls are counted: there is no extra round trip.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 
 use crate::common::*;
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::message::Message;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
@@ -21,58 +22,12 @@ use markov_policy::{
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_testkit::ScriptedModel;
+use markov_testkit::fixtures::{Pay, Wire};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 // --- fixtures ---------------------------------------------------------------
-
-#[derive(Debug, Deserialize, JsonSchema)]
-struct PayArgs {
-    amount: u32,
-}
-
-/// Moves money: records every amount it paid.
-#[derive(Clone, Default)]
-struct Pay(Arc<Mutex<Vec<u32>>>);
-
-impl Pay {
-    fn paid(&self) -> Vec<u32> {
-        self.0.lock().expect("lock").clone()
-    }
-}
-
-impl Tool for Pay {
-    const NAME: &'static str = "pay";
-    type Args = PayArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Pay an amount".into()
-    }
-    async fn call(&self, args: PayArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        self.0.lock().expect("lock").push(args.amount);
-        Ok(format!("paid {}", args.amount))
-    }
-}
-
-/// [`Pay`] that needs approval by its own definition: no registry needed.
-#[derive(Clone, Default)]
-struct Wire(Pay);
-
-impl Tool for Wire {
-    const NAME: &'static str = "wire";
-    const NEEDS_APPROVAL: bool = true;
-    type Args = PayArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Wire an amount".into()
-    }
-    async fn call(&self, args: PayArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        self.0.call(args, cx).await
-    }
-}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 struct LookupArgs {
@@ -83,6 +38,7 @@ struct LookupArgs {
 #[derive(Clone, Default)]
 struct Lookup(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Lookup {
     const NAME: &'static str = "lookup";
     type Args = LookupArgs;
@@ -715,7 +671,7 @@ async fn a_tool_that_needs_approval_pauses_a_machine_without_a_registry() {
         )
         .expect("deny");
     m.resume().await.expect("resumes");
-    assert!(wire.0.paid().is_empty());
+    assert!(wire.paid().is_empty());
     let results = contents(m.history());
     assert_eq!(results[0], "3");
     assert_eq!(results[1], "The user declined this action: not now");
@@ -790,6 +746,7 @@ async fn the_token_flow_stays_available_and_does_not_pause() {
 #[derive(Clone, Default)]
 struct Stuck(Arc<tokio::sync::Notify>);
 
+#[async_trait]
 impl Tool for Stuck {
     const NAME: &'static str = "stuck";
     const NEEDS_APPROVAL: bool = true;

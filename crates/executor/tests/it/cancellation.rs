@@ -6,34 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
+use markov_core::async_trait;
 use markov_core::message::Message;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_testkit::ScriptedModel;
+use markov_testkit::fixtures::Hang;
 use serde_json::json;
-
-/// A tool that never finishes.
-struct Hang;
-
-impl Tool for Hang {
-    const NAME: &'static str = "hang";
-    type Args = NoArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Never returns".into()
-    }
-    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        std::future::pending::<()>().await;
-        Ok(String::new())
-    }
-}
 
 /// A tool that takes a little while.
 struct Slow;
 
+#[async_trait]
 impl Tool for Slow {
     const NAME: &'static str = "slow";
     type Args = NoArgs;

@@ -6,6 +6,7 @@ use crate::common::{machine_on_shared, restore_on};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use markov_core::async_trait;
 use markov_core::message::Item;
 use markov_executor::client::{
     ClientError, CommandHandle, DryClientInstance, DryClientNode, MachineContract, assert_contract,
@@ -62,6 +63,7 @@ struct Amount {
 /// `clearAll`: empties the list.
 struct ClearAll;
 
+#[async_trait]
 impl Command for ClearAll {
     const NAME: &'static str = "clearAll";
     type Input = NoArgs;
@@ -82,6 +84,7 @@ impl Command for ClearAll {
 /// `addTodo`: appends a todo.
 struct AddTodo;
 
+#[async_trait]
 impl Command for AddTodo {
     const NAME: &'static str = "addTodo";
     type Input = TextArg;
@@ -109,6 +112,7 @@ impl Command for AddTodo {
 /// `incrementCounter`: a pack command.
 struct IncrementCounter;
 
+#[async_trait]
 impl Command for IncrementCounter {
     const NAME: &'static str = "incrementCounter";
     type Input = Amount;
@@ -130,6 +134,7 @@ impl Command for IncrementCounter {
 /// `resetCounter`: a pack command.
 struct ResetCounter;
 
+#[async_trait]
 impl Command for ResetCounter {
     const NAME: &'static str = "resetCounter";
     type Input = NoArgs;
@@ -150,6 +155,7 @@ impl Command for ResetCounter {
 /// `setTheme`: a charter pack's command.
 struct SetTheme;
 
+#[async_trait]
 impl Command for SetTheme {
     const NAME: &'static str = "setTheme";
     type Input = NoArgs;

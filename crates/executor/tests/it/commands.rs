@@ -5,6 +5,7 @@ use crate::common::{machine_on, machine_with_history};
 use std::sync::Arc;
 
 use markov_core::InstanceId;
+use markov_core::async_trait;
 use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
 use markov_executor::{
     CommandOptions, Instance, Machine, RunOptions, StandardExecutor, SuspendInfo, YieldReason,
@@ -35,6 +36,7 @@ struct By {
     by: i64,
 }
 
+#[async_trait]
 impl Command for Increment {
     const NAME: &'static str = "increment";
     type Input = By;
@@ -58,6 +60,7 @@ impl Command for Increment {
 /// `reset`: sets the count to zero.
 struct Reset;
 
+#[async_trait]
 impl Command for Reset {
     const NAME: &'static str = "reset";
     type Input = NoArgs;
@@ -83,6 +86,7 @@ struct Todos {
 /// `clear`: empties the list, returns how many items there were (from the snapshot).
 struct Clear;
 
+#[async_trait]
 impl Command for Clear {
     const NAME: &'static str = "clear";
     type Input = NoArgs;
@@ -109,6 +113,7 @@ impl Command for Clear {
 /// `slow_increment`: the async variant (yields to the runtime first).
 struct SlowIncrement;
 
+#[async_trait]
 impl Command for SlowIncrement {
     const NAME: &'static str = "slow_increment";
     type Input = NoArgs;
@@ -135,6 +140,7 @@ struct Boom;
 /// `explode`: writes the state, then fails with its own error.
 struct Explode;
 
+#[async_trait]
 impl Command for Explode {
     const NAME: &'static str = "explode";
     type Input = NoArgs;
@@ -151,6 +157,7 @@ impl Command for Explode {
 /// `bad_write`: writes a value the state type refuses.
 struct BadWrite;
 
+#[async_trait]
 impl Command for BadWrite {
     const NAME: &'static str = "bad_write";
     type Input = NoArgs;
@@ -176,6 +183,7 @@ struct Returns {
 macro_rules! returning {
     ($ty:ident, $name:literal) => {
         struct $ty(Returns);
+        #[async_trait]
         impl Command for $ty {
             const NAME: &'static str = $name;
             type Input = NoArgs;
@@ -474,6 +482,7 @@ struct Theme {
 /// `set_theme`: one field.
 struct SetTheme;
 
+#[async_trait]
 impl Command for SetTheme {
     const NAME: &'static str = "set_theme";
     type Input = Theme;
@@ -494,6 +503,7 @@ impl Command for SetTheme {
 /// `set_both`: two updates, returns nothing.
 struct SetBoth;
 
+#[async_trait]
 impl Command for SetBoth {
     const NAME: &'static str = "set_both";
     type Input = NoArgs;
@@ -517,6 +527,7 @@ impl Command for SetBoth {
 /// `set_volume_badly`: a string volume.
 struct SetVolumeBadly;
 
+#[async_trait]
 impl Command for SetVolumeBadly {
     const NAME: &'static str = "set_volume_badly";
     type Input = NoArgs;
@@ -537,6 +548,7 @@ impl Command for SetVolumeBadly {
 /// A pack command named like a node command.
 struct PackReset;
 
+#[async_trait]
 impl Command for PackReset {
     const NAME: &'static str = "reset";
     type Input = NoArgs;
@@ -680,6 +692,7 @@ fn child_node() -> Node {
 /// `spawn_child`: spawns one `child` (a charter node) with a given state.
 struct SpawnChildCmd;
 
+#[async_trait]
 impl Command for SpawnChildCmd {
     const NAME: &'static str = "spawn_child";
     type Input = NoArgs;
@@ -785,6 +798,7 @@ fn a_command_key_that_differs_from_its_name_is_refused() {
 /// `go`: transitions to the charter node `child`.
 struct Go;
 
+#[async_trait]
 impl Command for Go {
     const NAME: &'static str = "go";
     type Input = NoArgs;
@@ -845,6 +859,7 @@ async fn a_transition_replaces_the_target_by_a_new_instance_keeping_pack_states_
 /// `history`: counts the target's messages and replies with a text message.
 struct HistoryCmd;
 
+#[async_trait]
 impl Command for HistoryCmd {
     const NAME: &'static str = "history";
     type Input = NoArgs;
@@ -906,6 +921,7 @@ struct Answer {
     answer: String,
 }
 
+#[async_trait]
 impl Command for ResumeWith {
     const NAME: &'static str = "resume_with";
     type Input = Answer;

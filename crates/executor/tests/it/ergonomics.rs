@@ -1,13 +1,12 @@
 //! What users of other agent frameworks expect: token usage per step and
-//! per run, the application's value in every tool, typed answers.
+//! per run, tools that own the application's value, typed answers.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::common::*;
 use markov_core::Item;
 use markov_core::model::{ModelResponse, StopReason, Usage};
-use markov_core::tool::{Tool, ToolContext};
+use markov_core::tool;
 use markov_executor::{RunOptions, TypedRunError, retry_prompt};
 use markov_runtime::node::{Node, OutputConfig};
 use markov_testkit::ScriptedModel;
@@ -52,30 +51,27 @@ async fn usage_is_summed_per_step_and_per_run() {
 }
 
 /// The application's value: a tenant and its price list.
+#[derive(Clone)]
 struct Shop {
     tenant: &'static str,
 }
 
-/// Reads the run's deps.
-struct WhoAmI;
+/// A tool that owns what it needs of the application: given when the node
+/// is built, never looked up when the tool runs.
+struct WhoAmI {
+    shop: Shop,
+}
 
-impl Tool for WhoAmI {
-    const NAME: &'static str = "who_am_i";
-    type Args = NoArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Which shop is this".into()
-    }
-    async fn call(&self, _: NoArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        Ok(cx
-            .deps::<Shop>()
-            .map_or("no shop".to_owned(), |s| s.tenant.to_owned()))
+#[tool]
+impl WhoAmI {
+    /// Which shop is this.
+    async fn who_am_i(&self) -> String {
+        self.shop.tenant.to_owned()
     }
 }
 
 #[tokio::test]
-async fn tools_read_the_applications_value() {
+async fn tools_own_the_applications_value() {
     let model = Arc::new(
         ScriptedModel::builder()
             .tool_call("who_am_i", json!({}))
@@ -84,12 +80,24 @@ async fn tools_read_the_applications_value() {
             .text("Still acme.")
             .build(),
     );
-    let node = Node::builder("Shop.").tool(WhoAmI).build().expect("node");
-    let mut m = machine(|c| c, node, json!({}), model).with_deps(Shop { tenant: "acme" });
+    let shop = Shop { tenant: "acme" };
+    let node = Node::builder("Shop.")
+        .tool(WhoAmI { shop: shop.clone() })
+        .build()
+        .expect("node");
+    let mut m = machine(|c| c, node, json!({}), model);
     m.enqueue_user("who am I?");
     let (_, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(err.is_none(), "{err:?}");
-    assert_eq!(all_results(m.history())[0].1, "acme");
+    m.enqueue_user("and now?");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    let results = all_results(m.history());
+    assert_eq!(results.len(), 2);
+    assert!(
+        results.iter().all(|(_, text, _)| text == "acme"),
+        "{results:?}"
+    );
 }
 
 #[derive(Debug, Deserialize, JsonSchema, PartialEq)]

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::*;
-use futures::future::BoxFuture;
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
     Action, Instance, RunOptions, RunState, StandardExecutor, run_leaves, serialize_machine,
@@ -31,24 +31,23 @@ struct Kept {
 
 struct AppJournal(Arc<Kept>);
 
+#[async_trait]
 impl Journal for AppJournal {
-    fn write<'a>(&'a self, entry: &'a LedgerEntry) -> BoxFuture<'a, Result<(), String>> {
+    async fn write(&self, entry: &LedgerEntry) -> Result<(), String> {
         self.0.ledger.lock().expect("lock").push(entry.clone());
-        Box::pin(async { Ok(()) })
+        Ok(())
     }
 
-    fn write_answers<'a>(
-        &'a self,
-        answers: &'a [RecordedAnswer],
-    ) -> BoxFuture<'a, Result<(), String>> {
+    async fn write_answers(&self, answers: &[RecordedAnswer]) -> Result<(), String> {
         *self.0.answers.lock().expect("lock") = answers.to_vec();
-        Box::pin(async { Ok(()) })
+        Ok(())
     }
 }
 
 /// Counts its executions.
 struct Charge(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Charge {
     const NAME: &'static str = "charge";
     type Args = NoArgs;
@@ -69,6 +68,7 @@ impl Tool for Charge {
 /// Hangs the first time (the moment the process dies), answers after.
 struct HangOnce(Arc<AtomicBool>);
 
+#[async_trait]
 impl Tool for HangOnce {
     const NAME: &'static str = "wait";
     type Args = NoArgs;

@@ -6,6 +6,7 @@ use crate::common::{machine_on_shared, restore_on};
 use std::sync::{Arc, Mutex};
 
 use markov_core::InstanceId;
+use markov_core::async_trait;
 use markov_core::message::{InstancePayload, Message};
 use markov_executor::{
     CommandOptions, Effect, Instance, Machine, RunOptions, YieldReason, run_command,
@@ -181,6 +182,7 @@ async fn observing_pack_handler_leaves_the_pack_state_unchanged() {
 /// `bump`: writes count + 10 through `update_state`.
 struct Bump;
 
+#[async_trait]
 impl Command for Bump {
     const NAME: &'static str = "bump";
     type Input = NoArgs;

@@ -4,6 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_core::async_trait;
 use markov_core::message::{Message, Role};
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use markov_executor::{Machine, MachineStep, RunError, RunOptions, YieldReason};
@@ -25,6 +26,7 @@ struct CompleteTaskArgs {
     summary: String,
 }
 
+#[async_trait]
 impl Tool for CompleteTask {
     const NAME: &'static str = "complete_task";
     type Args = CompleteTaskArgs;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::*;
+use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
     Action, Executor, Instance, Machine, RunOptions, RunState, StandardExecutor, YieldReason,
@@ -29,6 +30,7 @@ struct Query {
 #[derive(Clone)]
 struct Search(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Search {
     const NAME: &'static str = "search";
     type Args = Query;

@@ -4,6 +4,7 @@ use markov_executor::Agent;
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_core::async_trait;
 use markov_core::message::{InstancePayload, Item, Message, Metadata, Role};
 use markov_executor::{RECOVERY_TEXT, RunError, RunOptions, YieldReason, run_to_completion};
 use markov_runtime::node::{Node, OutputConfig};
@@ -726,6 +727,7 @@ async fn spawned_children_run_and_see_their_ancestors() {
 #[test]
 fn reserved_and_duplicate_tool_names_fail_at_build() {
     struct Named;
+    #[async_trait]
     impl markov_core::tool::Tool for Named {
         const NAME: &'static str = "transition_x";
         type Args = NoArgs;
@@ -776,6 +778,7 @@ struct Prefs {
     size: i64,
 }
 
+#[async_trait]
 impl markov_core::tool::Tool for SetTheme {
     const NAME: &'static str = "set_theme";
     type Args = ThemeArgs;

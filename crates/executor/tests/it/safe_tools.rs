@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{MAX_ARGUMENT_DEPTH, Message};
 use markov_core::model::{ModelResponse, StopReason, ToolChoice, Usage};
@@ -26,6 +27,7 @@ use markov_runtime::node::Node;
 use markov_runtime::tool_choice::{ToolChoiceRule, TurnPolicy};
 use markov_runtime::transition::Transition;
 use markov_testkit::ScriptedModel;
+use markov_testkit::fixtures::{Explode, Hang};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -42,6 +44,7 @@ struct PayArgs {
 #[derive(Clone)]
 struct Pay(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Pay {
     const NAME: &'static str = "pay";
     type Args = PayArgs;
@@ -66,6 +69,7 @@ struct DeleteArgs {
 #[derive(Clone)]
 struct DeleteRecords(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for DeleteRecords {
     const NAME: &'static str = "delete_records";
     type Args = DeleteArgs;
@@ -83,44 +87,10 @@ impl Tool for DeleteRecords {
     }
 }
 
-/// Panics.
-struct Explode;
-
-impl Tool for Explode {
-    const NAME: &'static str = "explode";
-    type Args = NoArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "A tool with a bug".into()
-    }
-    async fn call(&self, _: NoArgs, cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        // An out-of-bounds index: the kind of bug that panics.
-        let items: Vec<String> = Vec::new();
-        Ok(items[cx.history().len()].clone())
-    }
-}
-
-/// Never finishes.
-struct Hang;
-
-impl Tool for Hang {
-    const NAME: &'static str = "hang";
-    type Args = NoArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Waits forever".into()
-    }
-    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        std::future::pending::<()>().await;
-        Ok(String::new())
-    }
-}
-
 /// Returns an intent for the application.
 struct EndSession;
 
+#[async_trait]
 impl Tool for EndSession {
     const NAME: &'static str = "end_session";
     type Args = NoArgs;
@@ -642,6 +612,7 @@ struct KeepArgs {
     filter: Value,
 }
 
+#[async_trait]
 impl Tool for Keep {
     const NAME: &'static str = "keep";
     type Args = KeepArgs;

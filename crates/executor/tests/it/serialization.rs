@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::*;
 use markov_core::InstanceId;
+use markov_core::async_trait;
 use markov_executor::serialize::{
     DeserializeError, SerializeError, SerializedMachine, serialize_machine,
 };
@@ -243,6 +244,7 @@ struct Reset;
 #[derive(Deserialize, schemars::JsonSchema)]
 struct ResetInput {}
 
+#[async_trait]
 impl Command for Reset {
     const NAME: &'static str = "reset";
     type Input = ResetInput;

@@ -3,7 +3,6 @@
 
 use crate::common::{machine_on, restore_on};
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
@@ -14,7 +13,6 @@ use markov_core::message::{Item, Message, Metadata, Role, StreamInfo, StreamStat
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage, collect_stream,
 };
-use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
     Instance, Machine, MachineStep, MessageStreamEvent, RunError, RunOptions, StandardExecutor,
     run_machine, serialize_machine,
@@ -22,31 +20,9 @@ use markov_executor::{
 use markov_runtime::charter::Charter;
 use markov_runtime::node::{Node, OutputConfig};
 use markov_testkit::ScriptedModel;
+use markov_testkit::fixtures::Add;
 use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::json;
-
-/// Adds two integers.
-struct Add;
-
-#[derive(Deserialize, JsonSchema)]
-struct AddArgs {
-    a: i64,
-    b: i64,
-}
-
-impl Tool for Add {
-    const NAME: &'static str = "add";
-    type Args = AddArgs;
-    type Output = i64;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Add two integers".into()
-    }
-    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Infallible> {
-        Ok(args.a + args.b)
-    }
-}
 
 /// What a test saw: every message given to `on_enqueue`, every stream event.
 #[derive(Clone, Default)]

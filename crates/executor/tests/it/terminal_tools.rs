@@ -4,6 +4,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_core::async_trait;
 use markov_core::message::{Message, Role};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, YieldReason};
@@ -70,6 +71,7 @@ struct Summary {
 
 struct Summarize;
 
+#[async_trait]
 impl Tool for Summarize {
     const NAME: &'static str = "summarize";
     const TERMINAL: bool = true;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use crate::common::*;
 use markov_core::ToolName;
+use markov_core::async_trait;
 use markov_core::message::{Message, Role};
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, Thinking, ThinkingAllowance,
@@ -41,6 +42,7 @@ struct ListAllEntities;
 #[derive(Deserialize, JsonSchema)]
 struct NoArgs {}
 
+#[async_trait]
 impl Tool for ListAllEntities {
     const NAME: &'static str = "list_all_entities";
     type Args = NoArgs;
@@ -69,6 +71,7 @@ struct EndpointDoc {
     endpoints: Vec<&'static str>,
 }
 
+#[async_trait]
 impl Tool for GetEndpointDocumentation {
     const NAME: &'static str = "get_endpoint_documentation";
     type Args = EntityArgs;
@@ -102,6 +105,7 @@ struct SearchArgs {
     query: String,
 }
 
+#[async_trait]
 impl Tool for KnowledgeSearch {
     const NAME: &'static str = "knowledge_search";
     type Args = SearchArgs;

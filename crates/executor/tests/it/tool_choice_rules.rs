@@ -6,6 +6,7 @@ use std::convert::Infallible;
 
 use futures::StreamExt;
 use markov_core::ToolName;
+use markov_core::async_trait;
 use markov_core::message::{Item, Message};
 use markov_core::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StreamEvent, Thinking,
@@ -28,6 +29,7 @@ struct NoArgs {}
 /// A plain domain tool.
 struct ListAllEntities;
 
+#[async_trait]
 impl Tool for ListAllEntities {
     const NAME: &'static str = "list_all_entities";
     type Args = NoArgs;
@@ -44,6 +46,7 @@ impl Tool for ListAllEntities {
 /// A terminal tool.
 struct Answer;
 
+#[async_trait]
 impl Tool for Answer {
     const NAME: &'static str = "answer";
     const TERMINAL: bool = true;
@@ -61,6 +64,7 @@ impl Tool for Answer {
 /// A tool that ends the run.
 struct Done;
 
+#[async_trait]
 impl Tool for Done {
     const NAME: &'static str = "done";
     type Args = NoArgs;

@@ -1,6 +1,7 @@
-//! `#[tool]` on plain async functions: names, descriptions, schemas, the
-//! context parameter, fallible and infallible functions, and a call through
-//! the erased tool the loop uses.
+//! `#[tool]` on plain async functions and on a struct's method: names,
+//! descriptions, parameter docs in the schema, the options, the context
+//! parameter, fallible and infallible functions, and a call through the
+//! erased tool the loop uses.
 
 use markov_core::ToolCallId;
 use markov_core::tool::{DynTool, Erased, NoState, Tool, ToolCallError, ToolContext, ToolOutcome};
@@ -11,15 +12,59 @@ use serde_json::json;
 ///
 /// Both may be negative.
 #[tool]
-async fn add(a: i64, b: i64) -> i64 {
+async fn add(
+    /// The first summand.
+    a: i64,
+    /// The second summand,
+    /// on two lines.
+    b: i64,
+) -> i64 {
     a + b
 }
 
-/// Greets the tenant the application handed to the run.
-#[tool(name = "greet_tenant")]
+/// Greets whoever the call is for.
+#[tool(name = "greet_caller")]
 async fn greet(cx: &ToolContext<'_>, greeting: String) -> String {
-    let tenant = cx.deps::<&'static str>().copied().unwrap_or("nobody");
-    format!("{greeting}, {tenant}")
+    format!("{greeting}, {}", cx.call_id())
+}
+
+/// The tenant a tool works for: what an application would hand a tool
+/// (a database pool, an HTTP client) when it builds the agent.
+struct Tenant {
+    name: String,
+}
+
+#[tool(name = "greet_tenant")]
+impl Tenant {
+    /// Greets the tenant.
+    async fn greet(
+        &self,
+        cx: &ToolContext<'_>,
+        /// How to greet.
+        greeting: String,
+    ) -> Result<String, DivideByZero> {
+        Ok(format!("{greeting}, {} ({})", self.name, cx.call_id()))
+    }
+}
+
+/// A tool with dependencies and no parameters.
+#[derive(Clone)]
+struct Clock {
+    now: u64,
+}
+
+#[tool]
+impl Clock {
+    /// The time.
+    pub(crate) async fn time(&self) -> u64 {
+        self.now
+    }
+}
+
+/// Answers the user, and ends the turn with the answer.
+#[tool(terminal)]
+async fn answer(text: String) -> String {
+    text
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -58,14 +103,79 @@ fn needs_approval_marks_the_definition_and_nothing_else() {
 }
 
 #[test]
+fn terminal_marks_the_definition_and_nothing_else() {
+    const { assert!(<Answer as Tool>::TERMINAL) };
+    const { assert!(!<Answer as Tool>::NEEDS_APPROVAL) };
+    const { assert!(!<Add as Tool>::TERMINAL) };
+    const { assert!(!<Transfer as Tool>::TERMINAL) };
+    let answer = Erased::new(Answer).expect("a valid name");
+    assert!(answer.definition().terminal);
+    assert!(!answer.definition().needs_approval);
+    assert!(
+        !Erased::new(Add)
+            .expect("a valid name")
+            .definition()
+            .terminal
+    );
+}
+
+#[test]
 fn names_and_descriptions_come_from_the_function() {
     assert_eq!(<Add as Tool>::NAME, "add");
     assert_eq!(
         Add.description(),
         "Adds two integers.\n\nBoth may be negative."
     );
-    assert_eq!(<Greet as Tool>::NAME, "greet_tenant");
+    assert_eq!(<Greet as Tool>::NAME, "greet_caller");
     assert_eq!(Divide.description(), "Divide a by b");
+}
+
+#[test]
+fn parameter_docs_are_the_schemas_descriptions() {
+    let add = Erased::new(Add).expect("a valid name");
+    let properties = &add.definition().input_schema["properties"];
+    assert_eq!(properties["a"]["description"], "The first summand.");
+    assert_eq!(
+        properties["b"]["description"],
+        "The second summand,\non two lines."
+    );
+    assert_eq!(properties["a"]["type"], "integer");
+    assert!(
+        add.definition().input_schema.get("description").is_none(),
+        "the arguments struct's own doc is not sent to the model"
+    );
+    let divide = Erased::new(Divide).expect("a valid name");
+    let properties = &divide.definition().input_schema["properties"];
+    assert!(properties["a"].is_object());
+    assert!(
+        properties["a"].get("description").is_none(),
+        "an undocumented parameter has no description: {properties}"
+    );
+}
+
+#[test]
+fn a_method_makes_its_struct_the_tool() {
+    assert_eq!(<Tenant as Tool>::NAME, "greet_tenant");
+    assert_eq!(<Clock as Tool>::NAME, "time");
+    let tenant = Tenant {
+        name: "acme".into(),
+    };
+    assert_eq!(tenant.description(), "Greets the tenant.");
+    let definition = Erased::new(tenant)
+        .expect("a valid name")
+        .definition()
+        .clone();
+    assert_eq!(definition.input_schema["required"], json!(["greeting"]));
+    assert_eq!(
+        definition.input_schema["properties"]["greeting"]["description"],
+        "How to greet."
+    );
+    assert!(definition.input_schema["properties"].get("cx").is_none());
+    let clock = Erased::new(Clock { now: 7 }).expect("a valid name");
+    assert_eq!(clock.definition().input_schema, json!({"type": "object"}));
+    // The arguments struct is named after the struct.
+    let _: TenantArgs = serde_json::from_value(json!({"greeting": "Hi"})).expect("args");
+    let _: ClockArgs = serde_json::from_value(json!({})).expect("args");
 }
 
 #[test]
@@ -83,8 +193,7 @@ fn the_schema_lists_the_parameters_but_not_the_context() {
 async fn the_erased_tool_calls_the_function() {
     let id = ToolCallId::new("c1");
     let state = NoState::default();
-    let tenant: &'static str = "acme";
-    let cx = ToolContext::new(&id, &[], &state).with_deps(Some(&tenant));
+    let cx = ToolContext::new(&id, &[], &state);
 
     let add = Erased::new(Add).expect("tool");
     let out = add
@@ -98,7 +207,26 @@ async fn the_erased_tool_calls_the_function() {
         .call_json(&json!({"greeting": "Hello"}), cx)
         .await
         .expect("greets");
-    assert_eq!(out, ToolOutcome::Value(json!("Hello, acme")));
+    assert_eq!(out, ToolOutcome::Value(json!("Hello, c1")));
+
+    let tenant = Erased::new(Tenant {
+        name: "acme".into(),
+    })
+    .expect("tool");
+    let out = tenant
+        .call_json(&json!({"greeting": "Hello"}), cx)
+        .await
+        .expect("greets");
+    assert_eq!(out, ToolOutcome::Value(json!("Hello, acme (c1)")));
+    // The struct's own method stays callable.
+    let clock = Clock { now: 42 };
+    assert_eq!(clock.time().await, 42);
+    let out = Erased::new(clock)
+        .expect("tool")
+        .call_json(&json!({}), cx)
+        .await
+        .expect("tells the time");
+    assert_eq!(out, ToolOutcome::Value(json!(42)));
 
     let divide = Erased::new(Divide).expect("tool");
     let err = divide

@@ -13,12 +13,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::tool::{DynTool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome};
 use markov_mcp::McpToolServer;
 use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata, ToolRegistry};
 use serde_json::{Value, json};
 
-/// What a test tool does with its arguments and context.
+/// What a test tool does with its arguments and context: a plain function
+/// pointer per tool (so the table below is a list of closures without
+/// captures), its future boxed because each closure's has its own type.
 type Run = fn(&Value, Option<&str>) -> BoxFuture<'static, Result<Value, String>>;
 
 /// A tool written as a function over JSON.
@@ -35,22 +38,21 @@ impl std::fmt::Debug for FnTool {
     }
 }
 
+#[async_trait]
 impl DynTool for FnTool {
     fn definition(&self) -> &ToolDefinition {
         &self.definition
     }
 
-    fn call_json<'a>(
-        &'a self,
-        input: &'a Value,
-        cx: ToolContext<'a>,
-    ) -> BoxFuture<'a, Result<ToolOutcome, ToolCallError>> {
-        let run = (self.run)(input, cx.idempotency_key());
-        Box::pin(async move {
-            run.await
-                .map(ToolOutcome::Value)
-                .map_err(ToolCallError::Execution)
-        })
+    async fn call_json(
+        &self,
+        input: &Value,
+        cx: ToolContext<'_>,
+    ) -> Result<ToolOutcome, ToolCallError> {
+        (self.run)(input, cx.idempotency_key())
+            .await
+            .map(ToolOutcome::Value)
+            .map_err(ToolCallError::Execution)
     }
 }
 

@@ -15,18 +15,19 @@ use crate::common::*;
 #[derive(Debug)]
 struct Upper(ToolDefinition);
 
+#[markov_core::async_trait]
 impl markov_core::tool::DynTool for Upper {
     fn definition(&self) -> &ToolDefinition {
         &self.0
     }
 
-    fn call_json<'a>(
-        &'a self,
-        input: &'a serde_json::Value,
-        _cx: ToolContext<'a>,
-    ) -> futures::future::BoxFuture<'a, Result<ToolOutcome, markov_core::tool::ToolCallError>> {
+    async fn call_json(
+        &self,
+        input: &serde_json::Value,
+        _cx: ToolContext<'_>,
+    ) -> Result<ToolOutcome, markov_core::tool::ToolCallError> {
         let text = input["text"].as_str().unwrap_or_default().to_uppercase();
-        Box::pin(async move { Ok(ToolOutcome::Value(json!(text))) })
+        Ok(ToolOutcome::Value(json!(text)))
     }
 }
 

@@ -1,43 +1,18 @@
 //! A two-step run with one tool call, exported through an in-memory
 //! OpenTelemetry exporter: the span tree and its GenAI attributes.
 
-use std::convert::Infallible;
-
 use markov_core::Item;
 use markov_core::model::{ModelResponse, ModelSettings, StopReason, Usage};
-use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{RunOptions, StandardExecutor, run_to_completion};
 use markov_otel::opentelemetry::trace::TracerProvider as _;
 use markov_otel::opentelemetry::{KeyValue, Value};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_testkit::ScriptedModel;
+use markov_testkit::fixtures::Add;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::json;
 use tracing_subscriber::layer::SubscriberExt;
-
-#[derive(Deserialize, JsonSchema)]
-struct AddArgs {
-    a: i64,
-    b: i64,
-}
-
-struct Add;
-
-impl Tool for Add {
-    const NAME: &'static str = "add";
-    type Args = AddArgs;
-    type Output = i64;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Add two integers".into()
-    }
-    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Infallible> {
-        Ok(args.a + args.b)
-    }
-}
 
 fn answer(content: Vec<Item>, stop: StopReason, input: u64, output: u64) -> ModelResponse {
     ModelResponse {

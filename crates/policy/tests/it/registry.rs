@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::tool::{NoState, Tool, ToolContext, ToolExecutionResult};
 use markov_policy::{
@@ -14,34 +14,11 @@ use markov_policy::{
     ToolErrorKind, ToolLayer, ToolMetadata, ToolRegistry, ToolRequest, ToolService,
     TurnBudgetState, WithIntents,
 };
+use markov_testkit::fixtures::{Add, Counted, Explode};
 use proptest::prelude::*;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
-
-#[derive(Debug, Deserialize, JsonSchema)]
-struct AddArgs {
-    a: i64,
-    b: i64,
-}
-
-/// Adds, counting its executions.
-#[derive(Debug, Clone, Default)]
-struct Add(Arc<AtomicUsize>);
-
-impl Tool for Add {
-    const NAME: &'static str = "add";
-    type Args = AddArgs;
-    type Output = i64;
-    type Error = std::convert::Infallible;
-    fn description(&self) -> String {
-        "Add two integers".into()
-    }
-    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Self::Error> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(args.a + args.b)
-    }
-}
 
 #[derive(Debug, Deserialize, JsonSchema)]
 struct QueryArgs {
@@ -52,6 +29,7 @@ struct QueryArgs {
 #[derive(Debug, Clone, Copy)]
 struct Search;
 
+#[async_trait]
 impl Tool for Search {
     const NAME: &'static str = "search";
     type Args = QueryArgs;
@@ -76,6 +54,7 @@ struct PayArgs {
 #[derive(Debug, Clone, Default)]
 struct Pay(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Pay {
     const NAME: &'static str = "pay";
     type Args = PayArgs;
@@ -99,6 +78,7 @@ struct SleepArgs {
 #[derive(Debug, Clone, Default)]
 struct Sleep(Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Sleep {
     const NAME: &'static str = "sleep";
     type Args = SleepArgs;
@@ -121,6 +101,7 @@ struct NoArgs {}
 #[derive(Debug, Clone, Copy)]
 struct Hangup;
 
+#[async_trait]
 impl Tool for Hangup {
     const NAME: &'static str = "hangup";
     type Args = NoArgs;
@@ -137,24 +118,6 @@ impl Tool for Hangup {
     }
 }
 
-/// A tool with a bug: it panics.
-#[derive(Debug, Clone, Copy)]
-struct Explode;
-
-impl Tool for Explode {
-    const NAME: &'static str = "explode";
-    type Args = NoArgs;
-    type Output = String;
-    type Error = std::convert::Infallible;
-    fn description(&self) -> String {
-        "Panics".into()
-    }
-    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
-        let empty: Vec<String> = Vec::new();
-        Ok(empty[0].clone())
-    }
-}
-
 #[derive(Debug, Default)]
 struct Sink(Mutex<Vec<AuditRecord>>);
 
@@ -166,19 +129,19 @@ impl AuditSink for Sink {
 
 struct Fixture {
     registry: ToolRegistry,
-    adds: Arc<AtomicUsize>,
+    adds: Counted<Add>,
     pays: Arc<AtomicUsize>,
     sleeps: Arc<AtomicUsize>,
     sink: Arc<Sink>,
 }
 
 fn fixture_with(config: PolicyConfig) -> Fixture {
-    let adds = Arc::new(AtomicUsize::new(0));
+    let adds = Counted::new(Add);
     let pays = Arc::new(AtomicUsize::new(0));
     let sleeps = Arc::new(AtomicUsize::new(0));
     let sink = Arc::new(Sink::default());
     let registry = ToolRegistry::builder(config.audit_sink(sink.clone()))
-        .register(Add(adds.clone()), ToolMetadata::new(Category::Other))
+        .register(adds.clone(), ToolMetadata::new(Category::Other))
         .register(Search, ToolMetadata::new(Category::Retrieval))
         .register(
             Pay(pays.clone()),
@@ -280,22 +243,21 @@ impl<S> ToolLayer<S> for Recording {
     }
 }
 
+#[async_trait]
 impl<S: ToolService> ToolService for Recorded<S> {
-    fn call<'a>(&'a self, req: ToolRequest<'a>) -> BoxFuture<'a, ToolExecutionResult> {
-        Box::pin(async move {
-            self.layer
-                .log
-                .lock()
-                .expect("log")
-                .push(format!("> {}", self.layer.name));
-            let r = self.inner.call(req).await;
-            self.layer
-                .log
-                .lock()
-                .expect("log")
-                .push(format!("< {}", self.layer.name));
-            r
-        })
+    async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
+        self.layer
+            .log
+            .lock()
+            .expect("log")
+            .push(format!("> {}", self.layer.name));
+        let r = self.inner.call(req).await;
+        self.layer
+            .log
+            .lock()
+            .expect("log")
+            .push(format!("< {}", self.layer.name));
+        r
     }
 }
 
@@ -312,8 +274,7 @@ async fn the_first_layer_added_sees_the_request_first() {
         .option_layer(Some(rec("middle")))
         .layer(rec("inner"))
         .service(ExecuteService::new(EnvelopeMode::Off));
-    let adds = Arc::new(AtomicUsize::new(0));
-    let tool = markov_core::tool::Erased::shared(Add(adds.clone())).expect("tool");
+    let tool = markov_core::tool::Erased::shared(Add).expect("tool");
     let id = ToolCallId::new("c1");
     let state = NoState::default();
     let report = markov_policy::CallReport::new();
@@ -678,7 +639,7 @@ async fn a_replay_does_not_execute_again() {
     )
     .await;
     assert_eq!(a, b);
-    assert_eq!(f.adds.load(Ordering::SeqCst), 1);
+    assert_eq!(f.adds.calls(), 1);
     let _ = call(
         &f.registry,
         &Mode::TEXT,
@@ -688,7 +649,7 @@ async fn a_replay_does_not_execute_again() {
         json!({"a": 1, "b": 2}),
     )
     .await;
-    assert_eq!(f.adds.load(Ordering::SeqCst), 2);
+    assert_eq!(f.adds.calls(), 2);
 }
 
 #[tokio::test]
@@ -730,7 +691,7 @@ async fn a_reused_call_id_with_other_arguments_is_a_conflict_not_a_replay() {
     )
     .await;
     assert_eq!(c.error, Some(ToolErrorKind::IdempotencyConflict));
-    assert_eq!(f.adds.load(Ordering::SeqCst), 1);
+    assert_eq!(f.adds.calls(), 1);
 }
 
 #[tokio::test]
@@ -772,7 +733,7 @@ async fn garbled_arguments_reach_no_stage_and_no_tool() {
     );
     let e = call(&f.registry, &Mode::TEXT, &turn, "g2", "add", json!(null)).await;
     assert_eq!(e.error, Some(ToolErrorKind::InvalidInput));
-    assert_eq!(f.adds.load(Ordering::SeqCst), 0);
+    assert_eq!(f.adds.calls(), 0);
 }
 
 #[tokio::test]

@@ -5,44 +5,14 @@
 //! call answered once, in order, right after the answer that made it) and
 //! holds nothing the model could approve with.
 
-use std::convert::Infallible;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use markov_core::Model;
-use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Machine, StandardExecutor, YieldReason};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
-use schemars::JsonSchema;
-use serde::Deserialize;
+use markov_testkit::fixtures::Wire;
 use serde_json::Value;
 
 use crate::common::machine::Add;
-
-#[derive(Deserialize, JsonSchema)]
-struct WireArgs {
-    amount: u32,
-}
-
-/// Wires money, counting its executions; every call needs approval.
-#[derive(Clone, Default)]
-struct Wire(Arc<AtomicUsize>);
-
-impl Tool for Wire {
-    const NAME: &'static str = "wire";
-    const NEEDS_APPROVAL: bool = true;
-    type Args = WireArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Wire an amount".into()
-    }
-    async fn call(&self, args: WireArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        self.0.fetch_add(1, Ordering::SeqCst);
-        Ok(format!("wired {}", args.amount))
-    }
-}
 
 fn bank(model: impl Model + 'static, wire: &Wire) -> Machine {
     let node = Node::builder("You move money.")
@@ -72,14 +42,14 @@ async fn pause_approve_resume(model: impl Model + 'static, requests: impl Fn() -
     let paused = machine.run().await.expect("runs");
     assert_eq!(paused.yield_reason, YieldReason::AwaitingApproval);
     assert_eq!(requests().len(), 1);
-    assert_eq!(wire.0.load(Ordering::SeqCst), 0);
+    assert_eq!(wire.payments.count(), 0);
     machine
         .approvals()
         .approve(&paused.approvals[0].request_id)
         .expect("approve");
     let last = machine.resume().await.expect("resumes");
     assert!(last.done);
-    assert_eq!(wire.0.load(Ordering::SeqCst), 1);
+    assert_eq!(wire.payments.count(), 1);
     let bodies = requests();
     assert_eq!(bodies.len(), 2, "exactly one request after the approval");
     for body in &bodies {

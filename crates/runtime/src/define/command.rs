@@ -7,11 +7,13 @@
 //! [`CommandResult`]: a value, a resume, or a transition
 //! ([`TransitionResult`]: replace, spawn, cede, suspend).
 //!
-//! Implement the typed [`Command`] trait; builders erase it into a
+//! Implement the typed [`Command`] trait (with `#[async_trait]`, like every
+//! markov trait with async methods); builders erase it into a
 //! [`DynCommand`]. The input is deserialized from JSON and its schema derived
 //! with `schemars`, as for tools.
 //!
 //! ```
+//! use markov_core::async_trait;
 //! use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
 //! use markov_runtime::node::Node;
 //! use schemars::JsonSchema;
@@ -27,6 +29,7 @@
 //! /// Adds `by` to the counter and returns the new count.
 //! struct Bump;
 //!
+//! #[async_trait]
 //! impl Command for Bump {
 //!     const NAME: &'static str = "bump";
 //!     type Input = By;
@@ -46,7 +49,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use futures::future::BoxFuture;
+use markov_core::async_trait;
 use markov_core::message::{Message, Metadata, Source};
 use markov_core::{InstanceId, tool::input_schema_for};
 use schemars::JsonSchema;
@@ -172,6 +175,7 @@ pub struct CommandInfo {
     message = "`{Self}` is not a markov command",
     note = "implement `markov_runtime::command::Command` with `NAME`, `Input`, `Error`, `description` and `execute`"
 )]
+#[async_trait]
 pub trait Command: Send + Sync + 'static {
     /// The name it is run by (unique among a node's or a pack's commands).
     const NAME: &'static str;
@@ -184,14 +188,15 @@ pub trait Command: Send + Sync + 'static {
     fn description(&self) -> String;
 
     /// Runs the command.
-    fn execute(
+    async fn execute(
         &self,
         input: Self::Input,
         cx: &CommandContext<'_>,
-    ) -> impl Future<Output = Result<CommandResult, Self::Error>> + Send;
+    ) -> Result<CommandResult, Self::Error>;
 }
 
 /// The object-safe form of a command, so a node can hold commands of different types.
+#[async_trait]
 pub trait DynCommand: Send + Sync + fmt::Debug {
     /// Name, description and input schema.
     fn info(&self) -> &CommandInfo;
@@ -202,11 +207,11 @@ pub trait DynCommand: Send + Sync + fmt::Debug {
     }
 
     /// Deserializes `input` and runs the command.
-    fn execute_json<'a>(
-        &'a self,
+    async fn execute_json(
+        &self,
         input: Value,
-        cx: &'a CommandContext<'a>,
-    ) -> BoxFuture<'a, Result<CommandResult, CommandError>>;
+        cx: &CommandContext<'_>,
+    ) -> Result<CommandResult, CommandError>;
 }
 
 /// A shared, type-erased command.
@@ -243,24 +248,23 @@ impl<C: Command> ErasedCommand<C> {
     }
 }
 
+#[async_trait]
 impl<C: Command> DynCommand for ErasedCommand<C> {
     fn info(&self) -> &CommandInfo {
         &self.info
     }
 
-    fn execute_json<'a>(
-        &'a self,
+    async fn execute_json(
+        &self,
         input: Value,
-        cx: &'a CommandContext<'a>,
-    ) -> BoxFuture<'a, Result<CommandResult, CommandError>> {
-        Box::pin(async move {
-            let input: C::Input = serde_json::from_value(input)
-                .map_err(|e| CommandError::InvalidInput(e.to_string()))?;
-            self.command
-                .execute(input, cx)
-                .await
-                .map_err(|e| CommandError::Failed(e.to_string()))
-        })
+        cx: &CommandContext<'_>,
+    ) -> Result<CommandResult, CommandError> {
+        let input: C::Input =
+            serde_json::from_value(input).map_err(|e| CommandError::InvalidInput(e.to_string()))?;
+        self.command
+            .execute(input, cx)
+            .await
+            .map_err(|e| CommandError::Failed(e.to_string()))
     }
 }
 
@@ -493,6 +497,7 @@ mod tests {
 
     struct Twice;
 
+    #[async_trait]
     impl Command for Twice {
         const NAME: &'static str = "twice";
         type Input = Empty;

@@ -26,6 +26,10 @@ pub struct TransitionInput {
     pub reason: String,
 }
 
+// Boxed twice on purpose: each transition is a closure of its own type
+// returning a future of its own type, and a charter keeps many in one map,
+// so both are erased. `Transition::code` takes any closure; only this alias
+// sees the boxes (an async closure cannot be a trait object).
 type CodeFn =
     dyn Fn(TransitionInput) -> BoxFuture<'static, Result<TransitionResult, String>> + Send + Sync;
 
@@ -57,11 +61,8 @@ impl CodeTransition {
     }
 
     /// Runs the transition.
-    pub fn execute(
-        &self,
-        input: TransitionInput,
-    ) -> BoxFuture<'static, Result<TransitionResult, String>> {
-        (self.execute)(input)
+    pub async fn execute(&self, input: TransitionInput) -> Result<TransitionResult, String> {
+        (self.execute)(input).await
     }
 }
 

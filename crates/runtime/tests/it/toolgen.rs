@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 
+use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext, ToolDefinition};
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, Charter, PromptStyle};
@@ -22,6 +23,7 @@ macro_rules! tool {
     };
     ($ty:ident, $name:literal, $desc:literal, $terminal:literal) => {
         struct $ty;
+        #[async_trait]
         impl Tool for $ty {
             const NAME: &'static str = $name;
             const TERMINAL: bool = $terminal;

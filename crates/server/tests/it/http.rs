@@ -31,6 +31,7 @@ pub(crate) struct PayArgs {
 /// Pays, counting its executions; needs the user's approval.
 pub(crate) struct Pay(pub(crate) Arc<AtomicUsize>);
 
+#[async_trait]
 impl Tool for Pay {
     const NAME: &'static str = "pay";
     type Args = PayArgs;
@@ -623,6 +624,7 @@ struct By {
 /// Adds `by` to the counter.
 struct Bump;
 
+#[async_trait]
 impl markov_runtime::command::Command for Bump {
     const NAME: &'static str = "bump";
     type Input = By;

@@ -10,6 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
@@ -28,6 +29,7 @@ struct PayArgs {
 /// Pays: one line per execution in a file another process can count.
 struct Pay(PathBuf);
 
+#[async_trait]
 impl Tool for Pay {
     const NAME: &'static str = "pay";
     type Args = PayArgs;
@@ -54,6 +56,7 @@ struct NoArgs {}
 /// returns: the moment to kill the server. Elsewhere it answers at once.
 struct Hang(PathBuf);
 
+#[async_trait]
 impl Tool for Hang {
     const NAME: &'static str = "hang";
     type Args = NoArgs;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::model::Model;
 use markov_executor::{Machine, StandardExecutor, YieldReason};
 use markov_policy::{
@@ -273,6 +274,7 @@ struct PayThenHang {
     marker: std::path::PathBuf,
 }
 
+#[async_trait]
 impl markov_core::tool::Tool for PayThenHang {
     const NAME: &'static str = "pay_then_hang";
     const NEEDS_APPROVAL: bool = true;

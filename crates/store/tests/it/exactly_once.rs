@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::common::*;
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Executor, Machine, RunOptions, StandardExecutor};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
@@ -55,6 +56,7 @@ struct NoArgs {}
 /// its executions in a file.
 struct Big(std::path::PathBuf);
 
+#[async_trait]
 impl Tool for Big {
     const NAME: &'static str = "big";
     type Args = NoArgs;
@@ -361,6 +363,7 @@ struct PayAndFill {
     filled: std::path::PathBuf,
 }
 
+#[async_trait]
 impl Tool for PayAndFill {
     const NAME: &'static str = "pay";
     type Args = PayArgs;
@@ -500,6 +503,7 @@ struct SleepArgs {
 /// Takes its time.
 struct Slow;
 
+#[async_trait]
 impl Tool for Slow {
     const NAME: &'static str = "slow";
     type Args = SleepArgs;
@@ -726,6 +730,7 @@ async fn a_corrupt_row_is_repaired_and_the_session_opens_again() {
 /// A balance that changes between turns.
 struct Balance(std::sync::atomic::AtomicU32);
 
+#[async_trait]
 impl Tool for Balance {
     const NAME: &'static str = "balance";
     type Args = NoArgs;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
+use markov_core::async_trait;
 use markov_executor::{Executor, RunOptions, serialize_machine};
 use markov_store::testing::TempPostgres;
 use markov_store::{
@@ -260,6 +261,7 @@ struct PayThenStopTheDatabase {
     stopped: std::sync::atomic::AtomicBool,
 }
 
+#[async_trait]
 impl markov_core::tool::Tool for PayThenStopTheDatabase {
     const NAME: &'static str = "pay";
     type Args = PayArgs;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use crate::respond::pipeline::{LeafView, ToolCall, run_tool_calls};
+use markov_core::async_trait;
 use markov_core::tool::{ProviderTool, Tool, ToolContext, ToolDefinition};
 use markov_core::{InstanceId, Item, Message};
 use markov_runtime::ConfigError;
@@ -21,6 +22,7 @@ struct Empty {}
 macro_rules! tool {
     ($ty:ident, $name:literal) => {
         struct $ty;
+        #[async_trait]
         impl Tool for $ty {
             const NAME: &'static str = $name;
             type Args = Empty;
@@ -213,7 +215,6 @@ async fn the_pipeline_skips_provider_tool_calls() {
         history: &[],
         terminate_message: "Finished",
         policies: None,
-        deps: None,
         repeats: None,
         conversation: None,
         loop_guard: Default::default(),

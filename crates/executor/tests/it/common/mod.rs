@@ -24,27 +24,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// Adds two integers.
-pub struct Add;
-
-#[derive(Deserialize, JsonSchema)]
-pub struct AddArgs {
-    pub a: i64,
-    pub b: i64,
-}
-
-impl Tool for Add {
-    const NAME: &'static str = "add";
-    type Args = AddArgs;
-    type Output = i64;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Add two integers".into()
-    }
-    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Infallible> {
-        Ok(args.a + args.b)
-    }
-}
+pub use markov_testkit::fixtures::Add;
 
 /// Counter state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -60,6 +40,7 @@ pub struct Increment;
 #[derive(Deserialize, JsonSchema)]
 pub struct NoArgs {}
 
+#[async_trait]
 impl Tool for Increment {
     const NAME: &'static str = "increment";
     type Args = NoArgs;
@@ -80,6 +61,7 @@ impl Tool for Increment {
 /// Writes an invalid state and reports success anyway.
 pub struct BadUpdate;
 
+#[async_trait]
 impl Tool for BadUpdate {
     const NAME: &'static str = "bad_update";
     type Args = NoArgs;
@@ -102,6 +84,7 @@ pub struct FormatArgs {
     pub items: Vec<String>,
 }
 
+#[async_trait]
 impl Tool for FormatResult {
     const NAME: &'static str = "formatResult";
     const TERMINAL: bool = true;
@@ -134,6 +117,7 @@ pub struct MaybeFailArgs {
 #[error("asked to fail")]
 pub struct Failed;
 
+#[async_trait]
 impl Tool for MaybeFail {
     const NAME: &'static str = "maybe_fail";
     const TERMINAL: bool = true;
@@ -167,6 +151,7 @@ impl Probe {
 /// A terminal tool that counts its calls.
 pub struct TerminalProbe(pub Probe);
 
+#[async_trait]
 impl Tool for TerminalProbe {
     const NAME: &'static str = "terminal_probe";
     const TERMINAL: bool = true;
@@ -185,6 +170,7 @@ impl Tool for TerminalProbe {
 /// A reply with separate texts.
 pub struct Reply;
 
+#[async_trait]
 impl Tool for Reply {
     const NAME: &'static str = "reply";
     type Args = NoArgs;

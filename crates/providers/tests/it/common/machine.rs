@@ -2,45 +2,17 @@
 //! `add` tool, the terminal `respond` tool and `finish`, run by the
 //! standard executor over whichever client a test passes in.
 
-use std::convert::Infallible;
-
 use async_trait::async_trait;
 use futures::StreamExt;
 use markov_core::model::collect_stream;
-use markov_core::tool::{Tool, ToolContext};
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
 use markov_runtime::charter::Charter;
 use markov_runtime::node::Node;
 use markov_tools_std::{Finish, Respond};
-use schemars::JsonSchema;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
-/// Adds two integers.
-pub struct Add;
-
-/// The input of [`Add`].
-#[derive(Deserialize, JsonSchema)]
-pub struct AddArgs {
-    /// The first addend.
-    pub a: i64,
-    /// The second addend.
-    pub b: i64,
-}
-
-impl Tool for Add {
-    const NAME: &'static str = "add";
-    type Args = AddArgs;
-    type Output = i64;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Add two integers.".into()
-    }
-    async fn call(&self, args: AddArgs, _cx: &ToolContext<'_>) -> Result<i64, Infallible> {
-        Ok(args.a + args.b)
-    }
-}
+pub use markov_testkit::fixtures::Add;
 
 /// The first user turn.
 pub const QUESTION: &str = "What is 2 + 3?";

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::model::{Model, ModelResponse, StopReason, Usage};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Machine, StandardExecutor};
@@ -33,6 +34,7 @@ pub struct PayArgs {
 /// result is recorded): the moment to kill the process.
 pub struct Pay(pub PathBuf);
 
+#[async_trait]
 impl Tool for Pay {
     const NAME: &'static str = "pay";
     type Args = PayArgs;
@@ -161,6 +163,7 @@ pub struct NoArgs {}
 /// answers at once, as it does for the worker that resumes the session.
 pub struct Hang(pub PathBuf);
 
+#[async_trait]
 impl Tool for Hang {
     const NAME: &'static str = "hang";
     type Args = NoArgs;
@@ -187,6 +190,7 @@ pub struct Ledger {
 /// Counts notes in its state (so the tree changes).
 pub struct Note;
 
+#[async_trait]
 impl Tool for Note {
     const NAME: &'static str = "note";
     type Args = NoArgs;
