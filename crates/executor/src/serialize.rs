@@ -1,6 +1,7 @@
 //! Machine snapshots: [`serialize_machine`] writes a [`Machine`]'s
-//! instance tree and history as serde values, [`deserialize_machine`] reads
-//! them back against a charter.
+//! instance tree and history as serde values,
+//! [`Agent::restore`](crate::Agent::restore) reads them back against the
+//! agent's charter.
 //!
 //! The JSON follows upstream's SerializedMachine, plus two fields of
 //! markov's: `formatVersion` ([`FORMAT_VERSION`]; a snapshot without it,

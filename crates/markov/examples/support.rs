@@ -8,13 +8,21 @@ use markov::prelude::*;
 
 /// Looks up where an order is.
 #[tool]
-async fn order_status(order: String) -> String {
+async fn order_status(
+    /// The order number, e.g. "A-1001".
+    order: String,
+) -> String {
     format!("order {order} left the warehouse on Monday")
 }
 
 /// Refunds part or all of an order.
 #[tool(needs_approval)]
-async fn refund(order: String, cents: u32) -> String {
+async fn refund(
+    /// The order number.
+    order: String,
+    /// How much to give back, in cents.
+    cents: u32,
+) -> String {
     format!("refunded {cents} cents on order {order}")
 }
 
