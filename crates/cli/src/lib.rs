@@ -29,12 +29,6 @@ pub const QUESTION: &str = "How many people live in Lisbon and Porto together?";
 /// The demo node's instructions.
 pub const INSTRUCTIONS: &str = "You answer questions about cities with your tools.";
 
-/// Whether an environment variable is set to something other than blanks
-/// (the providers treat an empty value as unset, and so does the choice).
-pub fn is_set(var: &str) -> bool {
-    std::env::var(var).is_ok_and(|value| !value.trim().is_empty())
-}
-
 /// `MARKOV_MODEL` names the model to ask for (e.g. a local server's model),
 /// overriding the client's default.
 pub fn model_override() -> Option<String> {

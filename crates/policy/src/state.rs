@@ -105,7 +105,11 @@ impl PolicyState {
 
     /// A state holding what `snapshot` kept (a snapshot without a
     /// conversation id gets a new one).
-    pub fn restored(snapshot: PolicySnapshot, limits: &IdempotencyLimits) -> Self {
+    pub fn restored(mut snapshot: PolicySnapshot, limits: &IdempotencyLimits) -> Self {
+        // Only the calls of answers still to be replayed can be asked for
+        // again (a store may hold the answered calls of steps it has since
+        // recorded, and every kept key names the current turn).
+        snapshot.retain_replayable();
         let mut state = Self::new();
         if let Some(conversation) = snapshot.conversation {
             state.conversation = conversation;
@@ -113,14 +117,9 @@ impl PolicyState {
         state.turn = AtomicU64::new(snapshot.turn);
         state.approvals.restore(snapshot.approvals);
         state.ledger.restore(snapshot.ledger, limits, snapshot.turn);
-        state.ledger.forget_before(snapshot.turn);
         state.repeats.restore(snapshot.repeats);
         state.budgets.restore(snapshot.budgets);
         state.answers.restore(snapshot.answers);
-        // Only the calls of answers still to be replayed can be asked for
-        // again (a store may hold the answered calls of steps it has since
-        // recorded).
-        state.ledger.retain_only(&state.replayable_keys());
         // A paused call's request lives as long as its paused answer: one
         // without it (a repaired session) can never be resumed.
         let paused = state.answers.paused();

@@ -39,6 +39,7 @@ impl EnvModel {
 
 /// Whether an environment variable is set to something other than blanks
 /// (the clients treat an empty value as unset, and so does the choice).
+#[cfg(any(feature = "anthropic", feature = "openai"))]
 fn is_set(var: &str) -> bool {
     std::env::var(var).is_ok_and(|value| !value.trim().is_empty())
 }
@@ -89,6 +90,5 @@ pub fn from_env() -> Result<Option<EnvModel>, ConfigError> {
             description,
         }));
     }
-    let _ = is_set;
     Ok(None)
 }
