@@ -41,6 +41,12 @@ pub enum YieldReason {
     /// ([`MachineStep::approvals`] lists the calls), then for
     /// [`Machine::resume`](crate::Machine::resume).
     AwaitingApproval,
+    /// The run was stopped from outside (cancelled, or past its deadline):
+    /// the step in flight is recorded with a result for each of its calls
+    /// (the calls that had not finished get
+    /// [`CANCELLED_TOOL_CALL`](crate::CANCELLED_TOOL_CALL)), and the turn is
+    /// over. See [`RunState::cancel`](crate::RunState::cancel).
+    Cancelled,
 }
 
 impl YieldReason {
@@ -58,6 +64,7 @@ impl YieldReason {
             YieldReason::Restricted => "restricted",
             YieldReason::LoopDetected => "loop_detected",
             YieldReason::AwaitingApproval => "awaiting_approval",
+            YieldReason::Cancelled => "cancelled",
         }
     }
 }

@@ -8,13 +8,14 @@ use std::time::Duration;
 use markov_core::async_trait;
 use markov_executor::{
     Action, Agent, CommandOptions, CommandOutcome, DeserializeError, Instance, Machine,
-    MachineStep, RunError, RunOptions, RunState, SerializeError, run_command, run_leaves,
-    serialize_instance_tree, serialize_machine,
+    MachineStep, RunError, RunOptions, RunState, SerializeError, YieldReason, run_command,
+    run_leaves, serialize_instance_tree, serialize_machine,
 };
 use markov_policy::{
     ApprovalError, ApprovalId, ConfirmationRequest, Decision, Journal, LedgerEntry, PolicyCounters,
     RecordedAnswer,
 };
+use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::{Lease, SessionId, StepRecord, Store, StoreError, WorkerId};
@@ -158,6 +159,8 @@ pub struct DurableMachine<S: Store + ?Sized> {
     interrupted: Option<RunState>,
     /// The lease, as renewals keep it.
     lease: Arc<LeaseWatch>,
+    /// Stops the run in progress (see [`DurableMachine::cancel_token`]).
+    cancel: CancellationToken,
 }
 
 impl<S: Store + ?Sized> std::fmt::Debug for DurableMachine<S> {
@@ -261,6 +264,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             lease_ttl,
             machine,
             interrupted,
+            cancel: CancellationToken::new(),
         }
     }
 
@@ -278,6 +282,18 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// [`run`](Self::run).
     pub fn is_interrupted(&self) -> bool {
         self.interrupted.is_some()
+    }
+
+    /// A token that stops this session's run in progress from another task
+    /// (a user's cancel, a deadline): the model call it waits for, or the
+    /// tools it runs, are dropped where they are; the step is recorded with
+    /// one result per call (see `RunState::cancel`) and written, and the
+    /// run returns that step, with yield reason `cancelled`. The session is
+    /// usable again at once. A token cancelled while no run is in progress
+    /// stops the next run before its first model call. Once a run has
+    /// stopped, later runs use a new token: ask for it again.
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
     }
 
     /// Renews the lease (a long tool call should not let it expire; a run
@@ -391,7 +407,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             let has_input = !held.is_empty();
             drop(held);
             let last = finished?;
-            if !has_input {
+            if !has_input || last.yield_reason == YieldReason::Cancelled {
                 return Ok(last);
             }
         }
@@ -427,7 +443,25 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     if self.dirty() {
                         self.write(Some(&state)).await?;
                     }
-                    let results = self.run_leaves_leased(&state, &tasks).await;
+                    if self.cancel.is_cancelled() {
+                        return self.stopped(&mut state, on_step).await;
+                    }
+                    let cancel = self.cancel.clone();
+                    let results = {
+                        let leaves = self.run_leaves_leased(&state, &tasks);
+                        futures::pin_mut!(leaves);
+                        // Stopped only while the step waits for its model
+                        // or its tools: never inside a store write.
+                        match futures::future::select(leaves, std::pin::pin!(cancel.cancelled()))
+                            .await
+                        {
+                            futures::future::Either::Left((results, _)) => Some(results),
+                            futures::future::Either::Right(((), _)) => None,
+                        }
+                    };
+                    let Some(results) = results else {
+                        return self.stopped(&mut state, on_step).await;
+                    };
                     if let Some(reason) = self.lease.lost() {
                         tracing::error!(%reason, "this worker lost the session: it stops here");
                         return Err(StoreError::LeaseLost {
@@ -467,6 +501,22 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             }
         }
         last.ok_or(DurableError::Run(RunError::NoSteps))
+    }
+
+    /// Ends a stopped run: records the cancelled step (see
+    /// `RunState::cancel`), writes it as the end of the run, and arms a new
+    /// token for the runs after it.
+    async fn stopped(
+        &mut self,
+        state: &mut RunState,
+        on_step: &mut impl FnMut(&MachineStep),
+    ) -> Result<MachineStep, DurableError> {
+        tracing::info!("the run was cancelled: the step in flight is recorded and the run ends");
+        self.cancel = CancellationToken::new();
+        let step = state.cancel(&mut self.machine);
+        self.write(None).await?;
+        on_step(&step);
+        Ok(step)
     }
 
     /// Runs a step's leaves while a heartbeat keeps the lease: a long tool

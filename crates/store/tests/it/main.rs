@@ -3,6 +3,8 @@
 
 #[cfg(feature = "sqlite")]
 mod approvals;
+#[cfg(feature = "sqlite")]
+mod cancel;
 mod common;
 #[cfg(feature = "sqlite")]
 mod exactly_once;
