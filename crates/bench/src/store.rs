@@ -70,7 +70,14 @@ async fn measure(
     let id = SessionId::random();
     let holder = WorkerId::new("bench");
     store
-        .create(&id, "bench", &snapshot, &holder, Duration::from_secs(3_600))
+        .create(
+            &id,
+            None,
+            "bench",
+            &snapshot,
+            &holder,
+            Duration::from_secs(3_600),
+        )
         .await
         .expect("the session is created");
     // A tool step: the last assistant call and its results.

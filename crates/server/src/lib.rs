@@ -237,7 +237,7 @@ async fn create(State(service): Shared) -> Result<Response, ApiError> {
 }
 
 async fn list(State(service): Shared) -> Result<Json<Value>, ApiError> {
-    let sessions = service.store.list().await?;
+    let sessions = service.store.list(None).await?;
     Ok(Json(Value::Array(
         sessions
             .into_iter()

@@ -18,7 +18,7 @@ use markov_policy::{
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::{Lease, SessionId, StepRecord, Store, StoreError, WorkerId};
+use crate::{Lease, Owner, SessionId, StepRecord, Store, StoreError, WorkerId};
 
 /// How long a lease lasts unless renewed; every write renews it.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
@@ -132,6 +132,41 @@ async fn heartbeat<S: Store + ?Sized>(
     }
 }
 
+/// How [`DurableMachine::create_with`] creates a session.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct CreateOptions {
+    /// The lease's length ([`DEFAULT_LEASE`] unless set).
+    pub lease: Duration,
+    /// Who the session belongs to (nobody unless set).
+    pub owner: Option<Owner>,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions {
+            lease: DEFAULT_LEASE,
+            owner: None,
+        }
+    }
+}
+
+impl CreateOptions {
+    /// Sets the lease's length.
+    #[must_use]
+    pub fn lease(mut self, ttl: Duration) -> Self {
+        self.lease = ttl;
+        self
+    }
+
+    /// Sets the owner.
+    #[must_use]
+    pub fn owner(mut self, owner: Owner) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+}
+
 /// A machine bound to a session of a [`Store`], leased to one worker.
 ///
 /// [`run`](Self::run) drives the machine like `run_to_completion` and writes
@@ -176,30 +211,38 @@ impl<S: Store + ?Sized> std::fmt::Debug for DurableMachine<S> {
 
 impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// Stores `machine` as the new session `id`, leased to `holder` for
-    /// [`DEFAULT_LEASE`].
+    /// [`DEFAULT_LEASE`], with no owner.
     pub async fn create(
         store: Arc<S>,
         id: SessionId,
         holder: WorkerId,
         machine: Machine,
     ) -> Result<Self, DurableError> {
-        Self::create_with_lease(store, id, holder, machine, DEFAULT_LEASE).await
+        Self::create_with(store, id, holder, machine, CreateOptions::default()).await
     }
 
-    /// [`create`](Self::create) with a lease of `ttl`, renewed by every
-    /// write. A crashed worker's sessions are free again after `ttl`.
-    pub async fn create_with_lease(
+    /// [`create`](Self::create) with `options`: the lease's length (renewed
+    /// by every write; a crashed worker's sessions are free again after
+    /// it) and the session's owner.
+    pub async fn create_with(
         store: Arc<S>,
         id: SessionId,
         holder: WorkerId,
         machine: Machine,
-        ttl: Duration,
+        options: CreateOptions,
     ) -> Result<Self, DurableError> {
         let snapshot = serialize_machine(&machine)?;
         let lease = store
-            .create(&id, machine.charter().name(), &snapshot, &holder, ttl)
+            .create(
+                &id,
+                options.owner.as_ref(),
+                machine.charter().name(),
+                &snapshot,
+                &holder,
+                options.lease,
+            )
             .await?;
-        Ok(Self::bind(store, lease, machine, None, ttl))
+        Ok(Self::bind(store, lease, machine, None, options.lease))
     }
 
     /// Leases session `id` to `holder` for [`DEFAULT_LEASE`] and restores

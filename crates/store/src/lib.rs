@@ -62,7 +62,7 @@ mod sqlite;
 #[cfg(feature = "postgres")]
 pub mod testing;
 
-pub use durable::{DEFAULT_LEASE, DurableError, DurableMachine};
+pub use durable::{CreateOptions, DEFAULT_LEASE, DurableError, DurableMachine};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use repair::RepairReport;
@@ -92,6 +92,31 @@ impl SessionId {
 }
 
 impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Who a session belongs to: the principal that created it (an API key's
+/// principal, a token's subject). A service shows and changes a session
+/// only for its owner.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Owner(String);
+
+impl Owner {
+    /// The owner `id`.
+    pub fn new(id: impl Into<String>) -> Self {
+        Owner(id.into())
+    }
+
+    /// The owner as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Owner {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
@@ -143,6 +168,8 @@ pub struct SessionInfo {
     pub id: SessionId,
     /// The charter it runs on.
     pub charter: String,
+    /// Who it belongs to; `None` for a session created without an owner.
+    pub owner: Option<Owner>,
     /// Steps written.
     pub steps: u64,
     /// Messages in its history.
@@ -237,11 +264,12 @@ pub enum StoreError {
 /// fenced by the writer's lease.
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug {
-    /// Creates session `id` from a whole snapshot, leased to `holder` for
-    /// `ttl`.
+    /// Creates session `id`, belonging to `owner` (if any), from a whole
+    /// snapshot, leased to `holder` for `ttl`.
     async fn create(
         &self,
         id: &SessionId,
+        owner: Option<&Owner>,
         charter: &str,
         snapshot: &SerializedMachine<&[Message]>,
         holder: &WorkerId,
@@ -287,8 +315,13 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// hold the lease ([`Store::acquire`] works on a corrupt session).
     async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError>;
 
-    /// Lists the sessions, most recently written first.
-    async fn list(&self) -> Result<Vec<SessionInfo>, StoreError>;
+    /// Lists the sessions, most recently written first: those of `owner`,
+    /// or all of them when `owner` is `None`.
+    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError>;
+
+    /// What the list shows of session `id`, without its history (to check
+    /// who owns it before opening it).
+    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError>;
 
     /// Deletes a session; `false` if there was none.
     async fn delete(&self, id: &SessionId) -> Result<bool, StoreError>;
@@ -313,6 +346,44 @@ pub trait Store: Send + Sync + fmt::Debug {
         holder: &WorkerId,
         ttl: Duration,
     ) -> Result<Option<Lease>, StoreError>;
+}
+
+/// An API key as stored: never the key itself, only its hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiKeyRecord {
+    /// The key's public id (the part of the key before its secret), to
+    /// find it and to revoke it.
+    pub id: String,
+    /// The principal it signs in as.
+    pub principal: String,
+    /// The principal's roles with this key (`approver`, ...).
+    pub roles: Vec<String>,
+    /// The hash of its secret, as the service computed it.
+    pub hash: String,
+    /// When it was created, in Unix milliseconds.
+    pub created_at: u64,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<u64>,
+}
+
+/// Where a service keeps its API keys (hashed), beside its sessions, so
+/// that every worker on one database knows them and an operator's command
+/// line creates and revokes them.
+#[async_trait]
+pub trait KeyStore: Send + Sync + fmt::Debug {
+    /// Adds a key (its id must be new: a taken id is a
+    /// [`StoreError::Backend`] error).
+    async fn add_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError>;
+
+    /// The key with public id `id`, revoked or not.
+    async fn key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError>;
+
+    /// Revokes key `id` (from now on it signs nobody in); `false` if there
+    /// is no such key or it was revoked already.
+    async fn revoke_key(&self, id: &str) -> Result<bool, StoreError>;
+
+    /// Every key, oldest first.
+    async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError>;
 }
 
 /// Now, in Unix milliseconds.

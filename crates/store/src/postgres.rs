@@ -32,8 +32,8 @@ use tokio_postgres::NoTls;
 
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
-    Lease, SessionId, SessionInfo, StepRecord, Store, StoreError, StoredSession, WorkerId,
-    from_json, message_from_json, ms, now_ms, policy_snapshot, to_json,
+    ApiKeyRecord, KeyStore, Lease, Owner, SessionId, SessionInfo, StepRecord, Store, StoreError,
+    StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot, to_json,
 };
 
 const SCHEMA: &str = "
@@ -71,6 +71,16 @@ CREATE INDEX IF NOT EXISTS sessions_interrupted ON sessions (updated_at)
     WHERE run_state IS NOT NULL;
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS counters TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS answers TEXT;
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS owner TEXT;
+CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, updated_at);
+CREATE TABLE IF NOT EXISTS api_keys (
+    id TEXT PRIMARY KEY,
+    principal TEXT NOT NULL,
+    roles TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    created_at BIGINT NOT NULL,
+    revoked_at BIGINT
+);
 ";
 
 // The statements every step uses, prepared once per connection through the
@@ -287,6 +297,7 @@ fn info_of(row: &tokio_postgres::Row) -> SessionInfo {
     SessionInfo {
         id: SessionId::new(row.get::<_, String>(0)),
         charter: row.get(1),
+        owner: row.get::<_, Option<String>>("owner").map(Owner::new),
         steps: to_u64(row.get(2)),
         messages: to_u64(row.get(3)),
         running: row.get::<_, Option<String>>(4).is_some(),
@@ -300,6 +311,7 @@ impl Store for PostgresStore {
     async fn create(
         &self,
         id: &SessionId,
+        owner: Option<&Owner>,
         charter: &str,
         snapshot: &SerializedMachine<&[Message]>,
         holder: &WorkerId,
@@ -323,8 +335,8 @@ impl Store for PostgresStore {
         let tx = client.transaction().await.map_err(backend)?;
         let inserted = tx
             .execute(
-                "INSERT INTO sessions (id, charter, tree, approvals, repeats, messages, created_at, updated_at, lease_holder, lease_expires, counters, answers)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO sessions (id, charter, tree, approvals, repeats, messages, created_at, updated_at, lease_holder, lease_expires, counters, answers, owner)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12) ON CONFLICT (id) DO NOTHING",
                 &[
                     &id.as_str(),
                     &charter,
@@ -337,6 +349,7 @@ impl Store for PostgresStore {
                     &to_i64(expires),
                     &counters,
                     &answers,
+                    &owner.map(Owner::as_str),
                 ],
             )
             .await
@@ -572,7 +585,7 @@ impl Store for PostgresStore {
             .map_err(backend)?;
         let row = tx
             .query_opt(
-                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers
+                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner
                  FROM sessions WHERE id = $1",
                 &[&id.as_str()],
             )
@@ -628,17 +641,34 @@ impl Store for PostgresStore {
         })
     }
 
-    async fn list(&self) -> Result<Vec<SessionInfo>, StoreError> {
+    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
         let client = self.client().await?;
+        let owner = owner.map(Owner::as_str);
         let rows = client
             .query(
-                "SELECT id, charter, steps, messages, run_state, created_at, updated_at
-                 FROM sessions ORDER BY updated_at DESC, id",
-                &[],
+                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
+                 FROM sessions WHERE $1::text IS NULL OR owner = $1
+                 ORDER BY updated_at DESC, id",
+                &[&owner],
             )
             .await
             .map_err(backend)?;
         Ok(rows.iter().map(info_of).collect())
+    }
+
+    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
+                 FROM sessions WHERE id = $1",
+                &[&id.as_str()],
+            )
+            .await
+            .map_err(backend)?;
+        row.as_ref()
+            .map(info_of)
+            .ok_or_else(|| StoreError::NotFound(id.clone()))
     }
 
     async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
@@ -713,4 +743,78 @@ impl Store for PostgresStore {
         tx.commit().await.map_err(backend)?;
         Ok(Some(lease))
     }
+}
+
+#[async_trait]
+impl KeyStore for PostgresStore {
+    async fn add_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+        let roles = to_json(&key.roles)?;
+        let client = self.client().await?;
+        client
+            .execute(
+                "INSERT INTO api_keys (id, principal, roles, hash, created_at, revoked_at)
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+                &[
+                    &key.id,
+                    &key.principal,
+                    &roles,
+                    &key.hash,
+                    &to_i64(key.created_at),
+                    &key.revoked_at.map(to_i64),
+                ],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT id, principal, roles, hash, created_at, revoked_at FROM api_keys WHERE id = $1",
+                &[&id],
+            )
+            .await
+            .map_err(backend)?;
+        row.as_ref().map(key_of).transpose()
+    }
+
+    async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        let changed = client
+            .execute(
+                "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
+                &[&id, &to_i64(now_ms())],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(changed > 0)
+    }
+
+    async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let client = self.client().await?;
+        let rows = client
+            .query(
+                "SELECT id, principal, roles, hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
+                &[],
+            )
+            .await
+            .map_err(backend)?;
+        rows.iter().map(key_of).collect()
+    }
+}
+
+fn key_of(row: &tokio_postgres::Row) -> Result<ApiKeyRecord, StoreError> {
+    let id: String = row.get(0);
+    let roles: Vec<String> = serde_json::from_str(row.get::<_, &str>(2))
+        .map_err(|e| StoreError::Backend(format!("the roles of key {id} do not read back: {e}")))?;
+    Ok(ApiKeyRecord {
+        principal: row.get(1),
+        roles,
+        hash: row.get(3),
+        created_at: to_u64(row.get(4)),
+        revoked_at: row.get::<_, Option<i64>>(5).map(to_u64),
+        id,
+    })
 }

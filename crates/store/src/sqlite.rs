@@ -20,8 +20,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
-    Lease, SessionId, SessionInfo, StepRecord, Store, StoreError, StoredSession, WorkerId,
-    from_json, message_from_json, ms, now_ms, policy_snapshot, to_json,
+    ApiKeyRecord, KeyStore, Lease, Owner, SessionId, SessionInfo, StepRecord, Store, StoreError,
+    StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot, to_json,
 };
 
 /// How hard a commit waits for the disk.
@@ -75,6 +75,14 @@ CREATE TABLE IF NOT EXISTS ledger (
     recorded_at INTEGER NOT NULL,
     body TEXT NOT NULL,
     PRIMARY KEY (session_id, key)
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    id TEXT PRIMARY KEY,
+    principal TEXT NOT NULL,
+    roles TEXT NOT NULL,
+    hash TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    revoked_at INTEGER
 );
 ";
 
@@ -133,6 +141,7 @@ impl SqliteStore {
         for (column, definition) in [
             ("counters", "TEXT NOT NULL DEFAULT '{}'"),
             ("answers", "TEXT"),
+            ("owner", "TEXT"),
         ] {
             let present: bool = conn
                 .query_row(
@@ -149,6 +158,10 @@ impl SqliteStore {
                 .map_err(backend)?;
             }
         }
+        conn.execute_batch(
+            "CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, updated_at)",
+        )
+        .map_err(backend)?;
         Ok(SqliteStore {
             conn: Arc::new(Mutex::new(conn)),
             label: Arc::from(label),
@@ -208,6 +221,7 @@ fn info_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionInfo> {
     Ok(SessionInfo {
         id: SessionId::new(row.get::<_, String>(0)?),
         charter: row.get(1)?,
+        owner: row.get::<_, Option<String>>("owner")?.map(Owner::new),
         steps: to_u64(row.get(2)?),
         messages: to_u64(row.get(3)?),
         running: row.get::<_, Option<String>>(4)?.is_some(),
@@ -283,6 +297,7 @@ impl Store for SqliteStore {
     async fn create(
         &self,
         id: &SessionId,
+        owner: Option<&Owner>,
         charter: &str,
         snapshot: &SerializedMachine<&[Message]>,
         holder: &WorkerId,
@@ -307,6 +322,7 @@ impl Store for SqliteStore {
             .map(|e| Ok((e.key.clone(), e.recorded_at, to_json(e)?)))
             .collect::<Result<_, StoreError>>()?;
         let (id, charter, holder) = (id.clone(), charter.to_owned(), holder.clone());
+        let owner = owner.map(|o| o.as_str().to_owned());
         self.with(move |conn| {
             let now = now_ms();
             let expires = now.saturating_add(ms(ttl));
@@ -315,8 +331,8 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             let inserted = tx
                 .execute(
-                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats, counters, answers)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats, counters, answers, owner)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
                     params![
                         id.as_str(),
                         charter,
@@ -328,7 +344,8 @@ impl Store for SqliteStore {
                         to_i64(expires),
                         repeats,
                         counters,
-                        answers
+                        answers,
+                        owner
                     ],
                 )
                 .map_err(backend)?;
@@ -509,7 +526,7 @@ impl Store for SqliteStore {
             let tx = conn.transaction().map_err(backend)?;
             let row: Option<(SessionInfo, RawColumns)> = tx
                 .query_row(
-                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner
                      FROM sessions WHERE id = ?1",
                     params![id.as_str()],
                     |r| Ok((info_of(r)?, raw_columns(r)?)),
@@ -573,7 +590,7 @@ impl Store for SqliteStore {
             check_lease(&tx, &id, &holder, now_ms())?;
             let columns = tx
                 .query_row(
-                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner
                      FROM sessions WHERE id = ?1",
                     params![id.as_str()],
                     raw_columns,
@@ -644,16 +661,34 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn list(&self) -> Result<Vec<SessionInfo>, StoreError> {
-        self.with(|conn| {
+    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
+        let owner = owner.map(|o| o.as_str().to_owned());
+        self.with(move |conn| {
             let mut rows = conn
                 .prepare_cached(
-                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at
-                     FROM sessions ORDER BY updated_at DESC, id",
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
+                     FROM sessions WHERE ?1 IS NULL OR owner = ?1
+                     ORDER BY updated_at DESC, id",
                 )
                 .map_err(backend)?;
-            let infos = rows.query_map([], info_of).map_err(backend)?;
+            let infos = rows.query_map(params![owner], info_of).map_err(backend)?;
             infos.map(|i| i.map_err(backend)).collect()
+        })
+        .await
+    }
+
+    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
+        let id = id.clone();
+        self.with(move |conn| {
+            conn.prepare_cached(
+                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
+                 FROM sessions WHERE id = ?1",
+            )
+            .map_err(backend)?
+            .query_row(params![id.as_str()], info_of)
+            .optional()
+            .map_err(backend)?
+            .ok_or(StoreError::NotFound(id))
         })
         .await
     }
@@ -770,4 +805,101 @@ mod tests {
         assert_eq!(synchronous(&fast), 1, "NORMAL, when asked for");
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+#[async_trait]
+impl KeyStore for SqliteStore {
+    async fn add_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+        let key = key.clone();
+        let roles = to_json(&key.roles)?;
+        self.with(move |conn| {
+            conn.execute(
+                "INSERT INTO api_keys (id, principal, roles, hash, created_at, revoked_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![
+                    key.id,
+                    key.principal,
+                    roles,
+                    key.hash,
+                    to_i64(key.created_at),
+                    key.revoked_at.map(to_i64)
+                ],
+            )
+            .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn| {
+            let row = conn
+                .prepare_cached(
+                    "SELECT id, principal, roles, hash, created_at, revoked_at FROM api_keys WHERE id = ?1",
+                )
+                .map_err(backend)?
+                .query_row(params![id], key_of)
+                .optional()
+                .map_err(backend)?;
+            row.map(key_from_row).transpose()
+        })
+        .await
+    }
+
+    async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.with(move |conn| {
+            let changed = conn
+                .execute(
+                    "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                    params![id, to_i64(now_ms())],
+                )
+                .map_err(backend)?;
+            Ok(changed > 0)
+        })
+        .await
+    }
+
+    async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        self.with(|conn| {
+            let mut rows = conn
+                .prepare_cached(
+                    "SELECT id, principal, roles, hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
+                )
+                .map_err(backend)?;
+            let keys = rows.query_map([], key_of).map_err(backend)?;
+            keys.map(|k| key_from_row(k.map_err(backend)?)).collect()
+        })
+        .await
+    }
+}
+
+/// A row of `api_keys`, its roles still JSON.
+type KeyRow = (String, String, String, String, i64, Option<i64>);
+
+fn key_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyRow> {
+    Ok((
+        row.get(0)?,
+        row.get(1)?,
+        row.get(2)?,
+        row.get(3)?,
+        row.get(4)?,
+        row.get(5)?,
+    ))
+}
+
+fn key_from_row(
+    (id, principal, roles, hash, created_at, revoked_at): KeyRow,
+) -> Result<ApiKeyRecord, StoreError> {
+    let roles: Vec<String> = serde_json::from_str(&roles)
+        .map_err(|e| StoreError::Backend(format!("the roles of key {id} do not read back: {e}")))?;
+    Ok(ApiKeyRecord {
+        id,
+        principal,
+        roles,
+        hash,
+        created_at: to_u64(created_at),
+        revoked_at: revoked_at.map(to_u64),
+    })
 }

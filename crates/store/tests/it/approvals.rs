@@ -336,12 +336,12 @@ async fn a_worker_lost_while_a_resumed_call_runs_leaves_a_run_the_next_one_conti
             .build(),
     );
     let (_, _, machine) = hanging_machine(first, &dir);
-    let mut session = DurableMachine::create_with_lease(
+    let mut session = DurableMachine::create_with(
         store(&dir),
         SessionId::new("lost"),
         WorkerId::new("a"),
         machine,
-        Duration::from_millis(300),
+        markov_store::CreateOptions::default().lease(Duration::from_millis(300)),
     )
     .await
     .expect("created");

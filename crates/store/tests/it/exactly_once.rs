@@ -122,12 +122,12 @@ fn crash_child() {
             .build()
             .map(|agent| agent.machine())
             .expect("machine builds");
-        let mut session = DurableMachine::create_with_lease(
+        let mut session = DurableMachine::create_with(
             store(&dir),
             SessionId::new("crash"),
             WorkerId::new("child"),
             machine,
-            Duration::from_millis(500),
+            markov_store::CreateOptions::default().lease(Duration::from_millis(500)),
         )
         .await
         .expect("created");
@@ -551,12 +551,12 @@ async fn run_slow_then_pay(
     id: &SessionId,
     ms: u64,
 ) -> tokio::task::JoinHandle<Result<(), DurableError>> {
-    let mut session = DurableMachine::create_with_lease(
+    let mut session = DurableMachine::create_with(
         store.clone(),
         id.clone(),
         WorkerId::new("first"),
         slow_then_pay_machine(dir, ms),
-        Duration::from_millis(300),
+        markov_store::CreateOptions::default().lease(Duration::from_millis(300)),
     )
     .await
     .expect("created");

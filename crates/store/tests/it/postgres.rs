@@ -72,7 +72,7 @@ async fn a_session_round_trips_through_postgres() {
     assert!(stored.run.is_none());
     assert_eq!(lines(&dir.path("effects")), 1);
 
-    let listed = store.list().await.expect("lists");
+    let listed = store.list(None).await.expect("lists");
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].messages, expected.history.len() as u64);
     let fresh = machine(Arc::new(two_turns()), &dir);
@@ -81,6 +81,7 @@ async fn a_session_round_trips_through_postgres() {
         store
             .create(
                 &id,
+                None,
                 "payments",
                 &again,
                 &WorkerId::new("w"),
@@ -123,6 +124,7 @@ async fn concurrent_claims_never_take_the_same_session() {
         first
             .create(
                 &id,
+                None,
                 "payments",
                 &snapshot,
                 &crashed,
@@ -187,12 +189,12 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     // real providers do: new call ids every time it is asked.
     let steps = || vec![vec![("pay", json!({"amount": 5})), ("hang", json!({}))]];
     let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
-    let mut first = DurableMachine::create_with_lease(
+    let mut first = DurableMachine::create_with(
         dead.clone(),
         SessionId::new("resume"),
         WorkerId::new("first"),
         machine(model, &dir),
-        Duration::from_millis(300),
+        markov_store::CreateOptions::default().lease(Duration::from_millis(300)),
     )
     .await
     .expect("created");
@@ -458,4 +460,12 @@ async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
     second.release().await.expect("released");
     let stored = other.load(&SessionId::new("paused")).await.expect("loads");
     assert_eq!(stored.snapshot, expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_belong_to_their_owner_and_keys_are_kept_in_postgres() {
+    let Some(server) = server() else { return };
+    let url = server.new_database().expect("a database");
+    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    owners_and_keys_contract(store).await;
 }

@@ -33,7 +33,14 @@ async fn create(store: &PostgresStore, id: &SessionId, holder: &WorkerId, dir: &
     let machine = machine(model, dir);
     let snapshot = serialize_machine(&machine).expect("serializes");
     store
-        .create(id, "payments", &snapshot, holder, Duration::from_secs(60))
+        .create(
+            id,
+            None,
+            "payments",
+            &snapshot,
+            holder,
+            Duration::from_secs(60),
+        )
         .await
         .expect("created");
 }
@@ -55,7 +62,7 @@ async fn a_store_reconnects_after_the_server_restarts() {
     {
         // Several calls at once, so that more than one connection is open
         // (and dies) when the store pools them.
-        let (a, b, c) = tokio::join!(store.load(&id), store.list(), store.load(&id));
+        let (a, b, c) = tokio::join!(store.load(&id), store.list(None), store.load(&id));
         a.expect("loads");
         b.expect("lists");
         c.expect("loads");
@@ -77,7 +84,7 @@ async fn a_store_reconnects_after_the_server_restarts() {
             .acquire(&id, &worker, Duration::from_secs(60))
             .await
             .expect("renews its lease after the restart");
-        assert_eq!(store.list().await.expect("lists").len(), 1);
+        assert_eq!(store.list(None).await.expect("lists").len(), 1);
     }
 }
 

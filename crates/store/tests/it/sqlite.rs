@@ -69,7 +69,7 @@ async fn a_session_round_trips_through_the_store() {
     assert_eq!(stored.info.messages, expected.history.len() as u64);
     assert_eq!(stored.snapshot.instance.state, json!({"notes": 2}));
 
-    let listed = store.list().await.expect("lists");
+    let listed = store.list(None).await.expect("lists");
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].charter, "payments");
     assert!(matches!(
@@ -226,4 +226,10 @@ async fn approvals_are_stored_with_the_session() {
         ApprovalStatus::Approved
     );
     assert_eq!(lines(&dir.path("effects")), 0);
+}
+
+#[tokio::test]
+async fn sessions_belong_to_their_owner_and_keys_are_kept_hashed() {
+    let dir = Dir::new("owners-sqlite");
+    owners_and_keys_contract(store(&dir)).await;
 }

@@ -365,7 +365,14 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
     let machine = machine(model, &dir);
     let snapshot = markov_executor::serialize_machine(&machine).expect("serializes");
     first
-        .create(&id, "payments", &snapshot, &a, Duration::from_millis(400))
+        .create(
+            &id,
+            None,
+            "payments",
+            &snapshot,
+            &a,
+            Duration::from_millis(400),
+        )
         .await
         .expect("created");
     assert!(matches!(
@@ -405,4 +412,93 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
         .acquire(&id, &a, Duration::from_secs(60))
         .await
         .expect("free again");
+}
+
+/// What every store keeps about owners and API keys: a session created
+/// for an owner lists for that owner only, `info` reads it without its
+/// history, and keys are added, found, revoked once and listed.
+pub async fn owners_and_keys_contract<S>(store: Arc<S>)
+where
+    S: markov_store::Store + markov_store::KeyStore + 'static,
+{
+    use markov_store::{
+        ApiKeyRecord, CreateOptions, DurableMachine, Owner, SessionId, StoreError, WorkerId,
+    };
+    let dir = Dir::new("owners");
+    let (alice, bob) = (Owner::new("alice"), Owner::new("bob"));
+    for (id, owner) in [
+        ("a1", Some(&alice)),
+        ("a2", Some(&alice)),
+        ("b1", Some(&bob)),
+        ("n", None),
+    ] {
+        let mut options = CreateOptions::default();
+        if let Some(owner) = owner {
+            options = options.owner(owner.clone());
+        }
+        let machine = machine(Arc::new(ScriptedModel::builder().build()), &dir);
+        DurableMachine::create_with(
+            store.clone(),
+            SessionId::new(id),
+            WorkerId::new("w"),
+            machine,
+            options,
+        )
+        .await
+        .expect("created")
+        .release()
+        .await
+        .expect("released");
+    }
+    let ids = |infos: Vec<markov_store::SessionInfo>| {
+        let mut ids: Vec<String> = infos
+            .into_iter()
+            .map(|i| i.id.as_str().to_owned())
+            .collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(
+        ids(store.list(Some(&alice)).await.expect("lists")),
+        ["a1", "a2"]
+    );
+    assert_eq!(ids(store.list(Some(&bob)).await.expect("lists")), ["b1"]);
+    assert_eq!(
+        ids(store.list(None).await.expect("lists")),
+        ["a1", "a2", "b1", "n"]
+    );
+    let info = store.info(&SessionId::new("b1")).await.expect("info");
+    assert_eq!(info.owner, Some(bob.clone()));
+    assert_eq!(info.charter, "payments");
+    assert_eq!(
+        store.info(&SessionId::new("n")).await.expect("info").owner,
+        None
+    );
+    assert!(matches!(
+        store.info(&SessionId::new("nope")).await,
+        Err(StoreError::NotFound(_))
+    ));
+
+    let key = ApiKeyRecord {
+        id: "k1".into(),
+        principal: "alice".into(),
+        roles: vec!["approver".into()],
+        hash: "hash-of-the-secret".into(),
+        created_at: 1,
+        revoked_at: None,
+    };
+    store.add_key(&key).await.expect("added");
+    assert!(store.add_key(&key).await.is_err(), "an id is never reused");
+    assert_eq!(store.key("k1").await.expect("reads"), Some(key.clone()));
+    assert_eq!(store.key("k2").await.expect("reads"), None);
+    assert!(store.revoke_key("k1").await.expect("revokes"));
+    assert!(!store.revoke_key("k1").await.expect("revokes"), "once");
+    assert!(
+        !store.revoke_key("k2").await.expect("revokes"),
+        "no such key"
+    );
+    let keys = store.keys().await.expect("lists");
+    assert_eq!(keys.len(), 1);
+    assert!(keys[0].revoked_at.is_some());
+    assert_eq!(keys[0].roles, ["approver"]);
 }
