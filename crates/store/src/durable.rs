@@ -196,6 +196,9 @@ pub struct DurableMachine<S: Store + ?Sized> {
     lease: Arc<LeaseWatch>,
     /// Stops the run in progress (see [`DurableMachine::cancel_token`]).
     cancel: CancellationToken,
+    /// Interrupts the run in progress after its step (see
+    /// [`DurableMachine::interrupt_when`]).
+    interrupt: CancellationToken,
 }
 
 impl<S: Store + ?Sized> std::fmt::Debug for DurableMachine<S> {
@@ -308,6 +311,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             machine,
             interrupted,
             cancel: CancellationToken::new(),
+            interrupt: CancellationToken::new(),
         }
     }
 
@@ -321,7 +325,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         &self.machine
     }
 
-    /// Whether a run interrupted by a crash waits to be continued by
+    /// Whether a run interrupted (by a crash, a failed step, or
+    /// [`interrupt_when`](Self::interrupt_when)) waits to be continued by
     /// [`run`](Self::run).
     pub fn is_interrupted(&self) -> bool {
         self.interrupted.is_some()
@@ -337,6 +342,16 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// stopped, later runs use a new token: ask for it again.
     pub fn cancel_token(&self) -> CancellationToken {
         self.cancel.clone()
+    }
+
+    /// Interrupts the run in progress once `token` is cancelled (a server
+    /// shutting down): the step it is in finishes and is stored, then the
+    /// run returns that step, still recorded as in progress —
+    /// [`is_interrupted`](Self::is_interrupted) says so — for the next
+    /// [`run`](Self::run) to continue here, or for another worker to claim
+    /// once this one has released the session.
+    pub fn interrupt_when(&mut self, token: CancellationToken) {
+        self.interrupt = token;
     }
 
     /// Renews the lease (a long tool call should not let it expire; a run
@@ -518,6 +533,13 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                             let run = (!state.is_finished()).then_some(&state);
                             self.write(run).await?;
                             on_step(&step);
+                            if self.interrupt.is_cancelled() && !state.is_finished() {
+                                tracing::info!(
+                                    "the run is interrupted after a stored step: the next run continues it"
+                                );
+                                self.interrupted = Some(state);
+                                return Ok(step);
+                            }
                             last = Some(step);
                         }
                         Err(e) => {

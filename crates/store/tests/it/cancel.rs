@@ -204,3 +204,63 @@ async fn a_token_cancelled_between_runs_stops_the_next_before_its_model_call() {
     );
     assert_eq!(model.served(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_run_stops_after_its_stored_step_and_another_worker_continues_it() {
+    let dir = Dir::new("interrupt");
+    let store = store(&dir);
+    let model = Arc::new(ProviderLike::new(
+        vec![
+            vec![("note", json!({}))],
+            vec![("pay", json!({"amount": 4}))],
+        ],
+        "Paid 4.",
+    ));
+    let machine = machine(model.clone(), &dir);
+    let id = SessionId::new("interrupted");
+    let mut session =
+        DurableMachine::create(store.clone(), id.clone(), WorkerId::new("w"), machine)
+            .await
+            .expect("created");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    session.interrupt_when(shutdown.clone());
+    session.machine().enqueue_user("note, then pay 4");
+    let last = session
+        .run_each_step(|_| shutdown.cancel())
+        .await
+        .expect("an interrupted run is not an error");
+    assert_eq!(
+        last.yield_reason,
+        YieldReason::ToolUse,
+        "after its first step"
+    );
+    assert!(session.is_interrupted());
+    assert_eq!(lines(&dir.path("effects")), 0, "nothing paid yet");
+    assert!(
+        store.load(&id).await.expect("loads").run.is_some(),
+        "stored as in progress"
+    );
+    session.release().await.expect("released");
+
+    let (charter, _) = charter();
+    let agent = agent_on(
+        &charter,
+        Arc::new(executor(
+            model.clone(),
+            dir.path("effects"),
+            dir.path("marker"),
+        )),
+    );
+    let claimed = store
+        .claim_interrupted(&WorkerId::new("other"), Duration::from_secs(60))
+        .await
+        .expect("claims")
+        .expect("the interrupted run is there to claim");
+    assert_eq!(claimed.session, id);
+    let mut session = open_when_free(store.clone(), "interrupted", "other", &agent).await;
+    assert!(session.is_interrupted());
+    let last = session.run().await.expect("continues");
+    assert_eq!(last.output().as_deref(), Some("Paid 4."));
+    assert_eq!(lines(&dir.path("effects")), 1, "paid once");
+    assert_each_call_answered_once(session.machine().history());
+}
