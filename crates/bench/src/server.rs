@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use markov_executor::Agent;
 use markov_providers::Anthropic;
-use markov_server::router;
+use markov_server::{Limits, Server, create_api_key};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::http::{FakeServer, Reply, anthropic};
 use serde_json::json;
@@ -49,12 +49,12 @@ async fn load(n: usize) -> ServerFigure {
         .build()
         .expect("the agent builds");
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
-    let app = router(agent, store, WorkerId::new("bench"));
+    let (server, key) = bench_server(agent, store, WorkerId::new("bench")).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
     let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(markov_server::serve(listener, app));
+    tokio::spawn(server.serve(listener));
 
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
@@ -65,6 +65,7 @@ async fn load(n: usize) -> ServerFigure {
     for _ in 0..n {
         let created = client
             .post(format!("{base}/sessions"))
+            .bearer_auth(&key)
             .send()
             .await
             .expect("created");
@@ -75,10 +76,12 @@ async fn load(n: usize) -> ServerFigure {
     let runs = ids.into_iter().map(|id| {
         let client = client.clone();
         let url = format!("{base}/sessions/{id}/messages");
+        let key = key.clone();
         tokio::spawn(async move {
             let sent = Instant::now();
             let stream = client
                 .post(url)
+                .bearer_auth(&key)
                 .json(&json!({"text": "hi"}))
                 .send()
                 .await
@@ -155,12 +158,16 @@ pub(crate) fn worker(provider_url: &str) -> std::process::ExitCode {
             .build()
             .expect("the agent builds");
         let store = Arc::new(SqliteStore::in_memory().expect("a database"));
-        let app = router(agent, store, WorkerId::random());
+        let (server, key) = bench_server(agent, store, WorkerId::random()).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a port");
-        println!("port={}", listener.local_addr().expect("an address").port());
-        let _ = markov_server::serve(listener, app).await;
+        // One line: where to send requests, and with which key.
+        println!(
+            "port={} key={key}",
+            listener.local_addr().expect("an address").port()
+        );
+        let _ = server.serve(listener).await;
     });
     std::process::ExitCode::SUCCESS
 }
@@ -181,25 +188,32 @@ pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
             .expect("a client");
         let mut urls = Vec::with_capacity(n);
         for i in 0..n {
-            let base = bases[i % bases.len()];
+            let (base, key) = bases[i % bases.len()]
+                .split_once('#')
+                .expect("a worker is `<base>#<key>`");
             let created = client
                 .post(format!("{base}/sessions"))
+                .bearer_auth(key)
                 .send()
                 .await
                 .expect("created");
             let body: serde_json::Value = created.json().await.expect("json");
-            urls.push(format!(
-                "{base}/sessions/{}/messages",
-                body["id"].as_str().unwrap_or_default()
+            urls.push((
+                format!(
+                    "{base}/sessions/{}/messages",
+                    body["id"].as_str().unwrap_or_default()
+                ),
+                key.to_owned(),
             ));
         }
         let start = Instant::now();
-        let runs = urls.into_iter().map(|url| {
+        let runs = urls.into_iter().map(|(url, key)| {
             let client = client.clone();
             tokio::spawn(async move {
                 let sent = Instant::now();
                 let stream = client
                     .post(url)
+                    .bearer_auth(&key)
                     .json(&json!({"text": "hi"}))
                     .send()
                     .await
@@ -274,8 +288,13 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
             if let Some(out) = child.stdout.take() {
                 let _ = std::io::BufReader::new(out).read_line(&mut line);
             }
-            let port = line.trim().trim_start_matches("port=").to_owned();
-            bases.push(format!("http://127.0.0.1:{port}"));
+            let (port, key) = line
+                .trim()
+                .trim_start_matches("port=")
+                .split_once(" key=")
+                .map(|(p, k)| (p.to_owned(), k.to_owned()))
+                .unwrap_or_default();
+            bases.push(format!("http://127.0.0.1:{port}#{key}"));
             children.push(child);
         }
         let client = {
@@ -348,4 +367,24 @@ impl ProcessesFigure {
             0.0
         }
     }
+}
+
+/// A server for load: one principal's key, and limits that let the load
+/// through (the figure measures the service, not its rate limit).
+async fn bench_server(agent: Agent, store: Arc<SqliteStore>, worker: WorkerId) -> (Server, String) {
+    let key = create_api_key(&*store, "bench", &[])
+        .await
+        .expect("a key")
+        .key;
+    let mut limits = Limits::default();
+    limits.requests_per_minute = std::num::NonZeroU32::MAX;
+    limits.max_connections = 1 << 20;
+    let server = Server::builder()
+        .agent(agent)
+        .store(store)
+        .worker(worker)
+        .limits(limits)
+        .build()
+        .expect("the server builds");
+    (server, key)
 }

@@ -2,8 +2,9 @@
 //! its sessions in SQLite, served over HTTP with a web page.
 //!
 //! `cargo run -p markov --example support --features server,providers`,
-//! then open http://127.0.0.1:8080. A real model when `ANTHROPIC_API_KEY`
-//! or `OPENAI_API_KEY` (or a base URL) is set, else a scripted rehearsal.
+//! then open http://127.0.0.1:8080 and sign in with the key it prints. A
+//! real model when `ANTHROPIC_API_KEY` or `OPENAI_API_KEY` (or a base URL)
+//! is set, else a scripted rehearsal.
 use markov::prelude::*;
 
 /// Looks up where an order is.
@@ -38,11 +39,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .tool(Refund)
         .shared_model(model)
         .build()?;
-    let store = SqliteStore::open("support-sessions.db")?;
-    let app = router(agent, Arc::new(store), WorkerId::new("support-1"));
+    let store = Arc::new(SqliteStore::open("support-sessions.db")?);
+    let key = create_api_key(&*store, "support", &[]).await?;
+    let server = Server::builder().agent(agent).store(store).build()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
-    println!("serving on http://127.0.0.1:8080");
-    serve(listener, app).await?;
+    println!("serving on http://127.0.0.1:8080: sign in with {}", key.key);
+    server.serve(listener).await?;
     Ok(())
 }
 

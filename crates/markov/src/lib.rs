@@ -86,7 +86,7 @@ pub mod prelude {
     pub use markov_runtime::tool_choice::{OutputRestriction, ToolChoiceRule};
     pub use markov_runtime::transition::Transition;
     #[cfg(feature = "server")]
-    pub use markov_server::{router, serve};
+    pub use markov_server::{Server, create_api_key};
     #[cfg(feature = "store")]
     pub use markov_store::{DurableMachine, SessionId, SqliteStore, WorkerId};
     #[cfg(feature = "testkit")]

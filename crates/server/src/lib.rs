@@ -1,125 +1,469 @@
-//! markov's agents as an HTTP service.
+//! markov's agents as an HTTP service you can put in front of users.
 //!
-//! [`router`] serves one [`Agent`] over sessions kept in a [`Store`]:
+//! A [`Server`] serves one or more [`Agent`]s over sessions kept in a
+//! store (SQLite or Postgres), each session owned by the principal that
+//! created it:
+//!
+//! ```no_run
+//! # async fn demo(agent: markov_executor::Agent) -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use markov_server::Server;
+//! use markov_store::SqliteStore;
+//!
+//! let store = Arc::new(SqliteStore::open("sessions.db")?);
+//! let key = markov_server::create_api_key(&*store, "alice", &[]).await?;
+//! println!("alice's key: {}", key.key);
+//! let server = Server::builder().agent(agent).store(store).build()?;
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! server.serve(listener).await?; // until SIGTERM or Ctrl-C
+//! # Ok(()) }
+//! ```
 //!
 //! | method and path | what it does |
 //! | --- | --- |
-//! | `GET /` | a web page: chat, the streamed steps, the calls waiting for approval with approve / edit / deny buttons |
-//! | `POST /sessions` | creates a session: `201 {"id": ...}` |
-//! | `GET /sessions` | lists the sessions |
-//! | `GET /sessions/{id}` | a session's history, pending approvals and whether it waits for them |
+//! | `GET /` | the web page (public, as are its `/assets/…`) |
+//! | `GET /healthz` | `{"status": "ok"}` (public) |
+//! | `POST /auth/session` `{"key": ...}` | a browser signs in with an API key: a session cookie |
+//! | `DELETE /auth/session` | signs out |
+//! | `GET /me` | the caller: principal and roles |
+//! | `GET /agents` | the agents served |
+//! | `POST /sessions`, `POST /agents/{agent}/sessions` | creates a session (of the first agent, or of `agent`): `201 {"id": ...}` |
+//! | `GET /sessions`, `GET /agents/{agent}/sessions` | the caller's sessions |
+//! | `GET /sessions/{id}` | a session's history, pending approvals, whether it waits for them or runs |
 //! | `POST /sessions/{id}/messages` `{"text": ...}` | runs a turn, streamed as server-sent events |
-//! | `GET /sessions/{id}/approvals` | the calls waiting for a decision (request id, call id, tool, arguments, preview, expiry) |
-//! | `POST /sessions/{id}/approvals/{request}` | decides one, streamed as server-sent events: `{"decision": "approve"}`, `{"decision": "edit", "args": {...}}`, `{"decision": "deny", "message": "..."}` or `{"decision": "respond", "result": ...}` |
+//! | `GET /sessions/{id}/events` | the running turn's events again (after `Last-Event-ID`), then live |
+//! | `POST /sessions/{id}/cancel` | stops the running turn |
+//! | `GET /sessions/{id}/approvals` | the calls waiting for a decision |
+//! | `POST /sessions/{id}/approvals/{request}` | decides one (`approve`, `edit`, `deny`, `respond`), streamed |
 //! | `POST /sessions/{id}/commands` `{"name": ..., "input": {...}}` | runs a command (no model call) |
+//! | `GET /openapi.json` | this API as an OpenAPI document |
+//! | `GET /metrics` | counters and latency histograms for Prometheus |
 //!
-//! A run is streamed as `delta` events (text as the model writes it, for
-//! an agent on the standard executor), `step` events (each step's messages: text, tool
-//! calls, tool results; its yield reason; the response when a terminal tool
-//! gave one; the calls waiting for approval), then `done` (the last step's
-//! response, whether the turn is over, whether it waits for approvals) or
-//! `error`. Every step is in the store before it is sent. A client that
-//! goes away does not stop the run: it goes on and is stored, and
-//! `GET /sessions/{id}` shows it.
+//! **Identity.** Every route but the page, its assets, the health check
+//! and sign-in needs a credential: `Authorization: Bearer <key>` with an
+//! API key ([`create_api_key`]; only its hash is stored, compared in
+//! constant time), a bearer token from an external issuer
+//! ([`JwtConfig`]), or the cookie a browser gets by signing in with a key
+//! (`HttpOnly`, `SameSite=Strict`, `Secure` when the public URL is
+//! `https`). A session belongs to its creator: another principal's
+//! session is a `404`, as if it did not exist. Deciding on calls of some
+//! tools can need a role ([`ServerBuilder::approval_role`]).
 //!
-//! A turn whose calls need approval ends waiting for them (a `step` with
-//! yield reason `awaiting_approval`). A decision is answered by a
-//! `decided` event; deciding the last waiting call resumes the run — the
-//! approved calls run, no model call first — and streams it like a
-//! message's. A message to a session that waits for decisions is a `409`;
-//! once nothing is left to decide (the requests expired), a message first
-//! resumes the waiting turn (expired calls are answered as expired), then
-//! runs.
+//! **Hosts.** A request whose `Host` is not one of the allowed names (by
+//! default only loopback: `localhost`, `127.0.0.1`, `[::1]`), or whose
+//! `Origin` is not one of theirs or a configured CORS origin, is a `403`:
+//! a page on another site cannot reach the service through DNS
+//! rebinding. A browser's unsafe request (a `POST`, a `DELETE`) signed in
+//! by cookie must carry an allowed `Origin`. No CORS unless configured.
 //!
-//! Bad input gets a JSON error, never a panic: malformed JSON `400`, an
-//! unknown session `404`, a body over the limit `413`, a second message
-//! while the session runs `409` (the first run is not disturbed). A
-//! decision on an unknown request (or another session's) is a `404`, on a
-//! request already decided a `409`, on an expired one a `410`, with edited
-//! arguments that do not fit the tool a `400`; none changes anything.
+//! **Limits.** Request heads must arrive within a timeout, bodies within
+//! another; connections are capped; a body over the limit is a `413`
+//! before it is read; each principal has a request rate, past which it
+//! gets `429` with `Retry-After`. Each run has a deadline: past it, the
+//! run is cancelled like `POST /sessions/{id}/cancel` does — the step in
+//! flight ends with a result for each of its calls, the turn ends with
+//! yield reason `cancelled`, and the session takes the next message.
+//!
+//! **Runs.** A run is streamed as `delta` events (text as the model writes
+//! it, for an agent on the standard executor), `step` events (each step's
+//! messages: text, tool calls, tool results; its yield reason; the
+//! response; the calls waiting for approval), then `done` (the last
+//! step's response, whether the turn is over, whether it waits for
+//! approvals, what stopped it), `interrupted` (the server shut down after
+//! a stored step; the run continues when it restarts) or `error`. Every
+//! event has an id: a client that lost its stream asks
+//! `GET /sessions/{id}/events` with `Last-Event-ID` and gets what it
+//! missed, then the rest live. Every step is in the store before it is
+//! sent, and a client that leaves does not stop the run.
+//!
+//! A turn whose calls need approval ends waiting for them; deciding the
+//! last one resumes the run and streams it. A message to a session that
+//! waits for decisions is a `409`.
+//!
+//! **Shutdown.** [`Server::serve`] stops on SIGTERM or Ctrl-C: it stops
+//! accepting, lets each running turn finish the step it is in and store
+//! it, and returns; the turns stay recorded as in progress, and a server
+//! started on the same store continues them (on Postgres, any worker's,
+//! once their lease has expired).
+//!
+//! Bad input gets a JSON error, never a panic: malformed JSON `400`, no
+//! credential `401`, a foreign host or a missing role `403`, an unknown or
+//! foreign session `404`, a body over the limit `413`, too many requests
+//! `429`, a second message while the session runs `409`.
 #![deny(missing_docs)]
 
-use std::collections::HashSet;
-use std::convert::Infallible;
-use std::sync::{Arc, Mutex};
+mod api;
+mod auth;
+mod guard;
+mod metrics;
+mod openapi;
+mod runs;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use std::collections::{BTreeMap, HashMap};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
 use axum::http::StatusCode;
-use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use futures::Stream;
-use markov_executor::stream::DeltaKind;
-use markov_executor::{Agent, MachineStep, MessageStreamEvent, YieldReason};
-use markov_policy::{ApprovalError, ApprovalId, ApprovalStatus, Decision};
-use markov_store::{DurableError, DurableMachine, SessionId, Store, StoreError, WorkerId};
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use markov_executor::Agent;
+use markov_policy::ApprovalError;
+use markov_store::{DurableError, KeyStore, Store, StoreError, WorkerId};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
-/// Serves `app` on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, app: Router) -> std::io::Result<()> {
-    axum::serve(listener, app).await
+pub use auth::{
+    APPROVER, JwtConfig, JwtConfigError, KeyError, NewApiKey, Principal, create_api_key,
+};
+
+use crate::auth::{CookieSigner, Verifiers};
+use crate::metrics::Metrics;
+use crate::runs::Runs;
+
+/// The limits a server keeps. Every wait has a bound.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Limits {
+    /// A request's head must arrive within this (slow clients are closed).
+    pub header_timeout: Duration,
+    /// A request's body must arrive within this.
+    pub body_timeout: Duration,
+    /// Connections served at once; more wait to be accepted.
+    pub max_connections: usize,
+    /// The largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Requests per minute per principal (bursts of as many).
+    pub requests_per_minute: NonZeroU32,
+    /// How long a run may take before it is cancelled.
+    pub run_deadline: Duration,
+    /// How long a shutdown waits for running steps to be stored.
+    pub shutdown_grace: Duration,
+    /// How long a browser's sign-in lasts.
+    pub sign_in: Duration,
 }
 
-tokio::task_local! {
-    /// The event stream of the run the current task performs.
-    static RUN_EVENTS: tokio::sync::mpsc::UnboundedSender<Event>;
-}
-
-/// Sends a model call's text delta to the event stream of the run that
-/// asked, as a `delta` event (`{"text": ...}`) before that step's `step`
-/// event. One agent serves every session: the deltas find their run
-/// through the task that performs it.
-fn send_delta(event: &MessageStreamEvent) {
-    if let MessageStreamEvent::Update { delta, .. } = event
-        && delta.kind == DeltaKind::Text
-    {
-        let _ = RUN_EVENTS.try_with(|events| {
-            let event = Event::default()
-                .event("delta")
-                .json_data(json!({"text": delta.delta}))
-                .unwrap_or_else(|_| Event::default().event("delta"));
-            let _ = events.send(event);
-        });
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            max_body_bytes: 64 * 1024,
+            requests_per_minute: NonZeroU32::new(600).unwrap_or(NonZeroU32::MIN),
+            run_deadline: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(30),
+            sign_in: Duration::from_secs(12 * 3600),
+        }
     }
 }
 
-/// The largest request body accepted.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-
-/// The service's shared state.
-struct Service {
-    agent: Agent,
-    store: Arc<dyn Store>,
-    worker: WorkerId,
-    /// Sessions with a run in progress in this process.
-    running: Mutex<HashSet<SessionId>>,
+/// Why a server cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No agent to serve.
+    #[error("a server needs at least one agent (ServerBuilder::agent)")]
+    NoAgent,
+    /// No store.
+    #[error("a server needs a store (ServerBuilder::store)")]
+    NoStore,
+    /// Two agents have one name.
+    #[error("two agents are named {0:?}: each needs its own name")]
+    DuplicateAgent(String),
+    /// An allowed host, an origin or the public URL cannot be used.
+    #[error("{0}")]
+    Address(String),
+    /// The cookie key is too short.
+    #[error("the cookie key has at least 32 bytes")]
+    CookieKey,
 }
 
-/// The router serving `agent` over the sessions in `store`, writing as
-/// `worker`. An agent on the standard executor has its answers streamed
-/// as they are written (`delta` events); one with an executor of its own
-/// streams as that executor does.
-pub fn router(agent: Agent, store: Arc<dyn Store>, worker: WorkerId) -> Router {
-    let agent = agent.streamed(send_delta).unwrap_or_else(|agent| agent);
-    let service = Arc::new(Service {
-        agent,
-        store,
-        worker,
-        running: Mutex::new(HashSet::new()),
-    });
-    Router::new()
-        .route("/", get(page))
-        .route("/sessions", post(create).get(list))
-        .route("/sessions/{id}", get(show))
-        .route("/sessions/{id}/messages", post(message))
-        .route("/sessions/{id}/approvals", get(approvals))
-        .route("/sessions/{id}/approvals/{request}", post(decide))
-        .route("/sessions/{id}/commands", post(command))
-        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(service)
+/// Builds a [`Server`]: the agents, the store, who may call, the limits.
+#[derive(Debug, Default)]
+#[must_use]
+pub struct ServerBuilder {
+    agents: Vec<Agent>,
+    store: Option<(Arc<dyn Store>, Arc<dyn KeyStore>)>,
+    worker: Option<WorkerId>,
+    jwt: Option<JwtConfig>,
+    hosts: Vec<String>,
+    cors: Vec<String>,
+    public_url: Option<String>,
+    approval_roles: HashMap<String, String>,
+    cookie_key: Option<Vec<u8>>,
+    limits: Limits,
+}
+
+impl ServerBuilder {
+    /// Serves `agent`, at `/agents/{its name}/sessions`; the first agent is
+    /// also the one `POST /sessions` creates sessions of.
+    pub fn agent(mut self, agent: Agent) -> Self {
+        self.agents.push(agent);
+        self
+    }
+
+    /// Keeps sessions and API keys in `store`.
+    pub fn store<S: Store + KeyStore + 'static>(mut self, store: Arc<S>) -> Self {
+        self.store = Some((store.clone(), store));
+        self
+    }
+
+    /// Writes sessions as `worker` (a random id unless set).
+    pub fn worker(mut self, worker: WorkerId) -> Self {
+        self.worker = Some(worker);
+        self
+    }
+
+    /// Also accepts bearer tokens from an external issuer.
+    pub fn jwt(mut self, jwt: JwtConfig) -> Self {
+        self.jwt = Some(jwt);
+        self
+    }
+
+    /// Also answers requests for `host` (a name, without scheme or port).
+    pub fn allowed_host(mut self, host: impl Into<String>) -> Self {
+        self.hosts.push(host.into());
+        self
+    }
+
+    /// Lets pages of `origin` (`https://app.example.com`) call the API with
+    /// bearer credentials (CORS). None unless configured.
+    pub fn cors_origin(mut self, origin: impl Into<String>) -> Self {
+        self.cors.push(origin.into());
+        self
+    }
+
+    /// The URL users reach the service at (`https://agents.example.com`):
+    /// its host is allowed, and an `https` URL makes the sign-in cookie
+    /// `Secure`.
+    pub fn public_url(mut self, url: impl Into<String>) -> Self {
+        self.public_url = Some(url.into());
+        self
+    }
+
+    /// Only principals with `role` may decide on calls of `tool`.
+    pub fn approval_role(mut self, tool: impl Into<String>, role: impl Into<String>) -> Self {
+        self.approval_roles.insert(tool.into(), role.into());
+        self
+    }
+
+    /// Signs browsers' sign-in cookies with `key` (at least 32 bytes), so
+    /// that every worker accepts them and they survive a restart; a random
+    /// key per process unless set.
+    pub fn cookie_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.cookie_key = Some(key.into());
+        self
+    }
+
+    /// Sets the limits.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Checks the configuration and builds the server.
+    pub fn build(self) -> Result<Server, BuildError> {
+        if self.agents.is_empty() {
+            return Err(BuildError::NoAgent);
+        }
+        let (store, keys) = self.store.ok_or(BuildError::NoStore)?;
+        let mut agents = BTreeMap::new();
+        let default_agent = self.agents[0].name().to_owned();
+        for agent in self.agents {
+            let name = agent.name().to_owned();
+            let agent = agent
+                .streamed(api::send_delta)
+                .unwrap_or_else(|agent| agent);
+            if agents.insert(name.clone(), agent).is_some() {
+                return Err(BuildError::DuplicateAgent(name));
+            }
+        }
+        let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "[::1]"]
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        for host in self.hosts {
+            hosts.push(guard::host_name(&host).ok_or_else(|| {
+                BuildError::Address(format!(
+                    "allowed host {host:?} is not a host name (no scheme, path or port)"
+                ))
+            })?);
+        }
+        let mut secure_cookies = false;
+        if let Some(url) = &self.public_url {
+            let (scheme, host) = guard::split_origin(url).ok_or_else(|| {
+                BuildError::Address(format!("public URL {url:?} is not `http(s)://host[:port]`"))
+            })?;
+            secure_cookies = scheme == "https";
+            hosts.push(host);
+        }
+        for origin in &self.cors {
+            if guard::split_origin(origin).is_none() {
+                return Err(BuildError::Address(format!(
+                    "CORS origin {origin:?} is not `http(s)://host[:port]`"
+                )));
+            }
+        }
+        let cookie_key = match self.cookie_key {
+            Some(key) if key.len() < 32 => return Err(BuildError::CookieKey),
+            Some(key) => key,
+            None => format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            )
+            .into_bytes(),
+        };
+        let limits = self.limits;
+        let limiter = RateLimiter::keyed(Quota::per_minute(limits.requests_per_minute));
+        Ok(Server {
+            service: Arc::new(Service {
+                agents,
+                default_agent,
+                store,
+                keys,
+                worker: self.worker.unwrap_or_else(WorkerId::random),
+                verifiers: Verifiers {
+                    jwt: self.jwt,
+                    cookie: CookieSigner::new(&cookie_key, limits.sign_in),
+                },
+                approval_roles: self.approval_roles,
+                hosts,
+                cors: self.cors,
+                secure_cookies,
+                limiter,
+                limits,
+                runs: Arc::default(),
+                metrics: Metrics::new(),
+                shutdown: CancellationToken::new(),
+            }),
+        })
+    }
+}
+
+/// What every request handler shares.
+struct Service {
+    agents: BTreeMap<String, Agent>,
+    default_agent: String,
+    store: Arc<dyn Store>,
+    keys: Arc<dyn KeyStore>,
+    worker: WorkerId,
+    verifiers: Verifiers,
+    approval_roles: HashMap<String, String>,
+    /// Allowed host names, lowercase, without port.
+    hosts: Vec<String>,
+    /// Allowed CORS origins.
+    cors: Vec<String>,
+    secure_cookies: bool,
+    limiter: DefaultKeyedRateLimiter<String>,
+    limits: Limits,
+    runs: Arc<Runs>,
+    metrics: Metrics,
+    /// Cancelled when the server shuts down: runs stop after their step.
+    shutdown: CancellationToken,
+}
+
+/// markov's agents served over HTTP (see the crate's documentation).
+#[derive(Clone)]
+pub struct Server {
+    service: Arc<Service>,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Server")
+            .field("agents", &self.service.agents.keys().collect::<Vec<_>>())
+            .field("worker", &self.service.worker)
+            .field("hosts", &self.service.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Server {
+    /// A builder.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+
+    /// The routes with their checks (identity, hosts, limits), to serve
+    /// with [`Server::serve`] — which adds the connection limits and the
+    /// graceful shutdown — or to nest in an application of one's own.
+    pub fn router(&self) -> Router {
+        api::router(Arc::clone(&self.service))
+    }
+
+    /// The OpenAPI document of the routes.
+    pub fn openapi_json(&self) -> String {
+        openapi::document()
+    }
+
+    /// Serves on `listener` until SIGTERM or Ctrl-C, then shuts down
+    /// gracefully (see the crate's documentation). Runs left in progress
+    /// on the store by an earlier server are continued first.
+    pub async fn serve(self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        self.serve_until(listener, shutdown_signal()).await
+    }
+
+    /// [`serve`](Self::serve) until `shutdown` completes.
+    pub async fn serve_until(
+        self,
+        listener: tokio::net::TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send,
+    ) -> std::io::Result<()> {
+        let service = Arc::clone(&self.service);
+        let resumer = tokio::spawn(api::continue_interrupted_forever(Arc::clone(&service)));
+        let connections = serve::accept(listener, self.router(), &service.limits, shutdown).await;
+        resumer.abort();
+        tracing::info!(
+            running = service.runs.running(),
+            "shutting down: running turns stop after the step they are in"
+        );
+        service.shutdown.cancel();
+        let grace = service.limits.shutdown_grace;
+        if !service.runs.drained(grace).await {
+            tracing::warn!(
+                running = service.runs.running(),
+                "shutdown grace over: runs still in progress are continued by the next server"
+            );
+        }
+        serve::close(connections, grace).await;
+        Ok(())
+    }
+}
+
+mod serve;
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+/// Now, in Unix milliseconds.
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// An error answered as `{"error": "..."}` with its status.
@@ -129,7 +473,13 @@ pub enum ApiError {
     /// The request is malformed.
     #[error("{0}")]
     BadRequest(String),
-    /// No such session or request.
+    /// No credential, or not a valid one.
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The caller may not do this (a foreign host, a missing role).
+    #[error("{0}")]
+    Forbidden(String),
+    /// No such session, agent or request (or not the caller's).
     #[error("{0}")]
     NotFound(String),
     /// The session is busy, or the request already decided.
@@ -139,8 +489,11 @@ pub enum ApiError {
     #[error("{0}")]
     Gone(String),
     /// The body is too large.
-    #[error("the request body is larger than {MAX_BODY_BYTES} bytes")]
-    TooLarge,
+    #[error("{0}")]
+    TooLarge(String),
+    /// Too many requests: try again after this many seconds.
+    #[error("too many requests: try again in {0} s")]
+    TooManyRequests(u64),
     /// Something failed on our side.
     #[error("{0}")]
     Internal(String),
@@ -150,10 +503,13 @@ impl ApiError {
     fn status(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Gone(_) => StatusCode::GONE,
-            ApiError::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -164,7 +520,25 @@ impl IntoResponse for ApiError {
         if matches!(self, ApiError::Internal(_)) {
             tracing::error!(error = %self, "request failed");
         }
-        (self.status(), Json(json!({"error": self.to_string()}))).into_response()
+        let mut response = (
+            self.status(),
+            axum::Json(json!({"error": self.to_string()})),
+        )
+            .into_response();
+        let headers = response.headers_mut();
+        match &self {
+            ApiError::TooManyRequests(seconds) => {
+                headers.insert(axum::http::header::RETRY_AFTER, (*seconds).into());
+            }
+            ApiError::Unauthorized(_) => {
+                headers.insert(
+                    axum::http::header::WWW_AUTHENTICATE,
+                    axum::http::HeaderValue::from_static("Bearer"),
+                );
+            }
+            _ => {}
+        }
+        response
     }
 }
 
@@ -202,354 +576,12 @@ impl From<ApprovalError> for ApiError {
     }
 }
 
-impl From<JsonRejection> for ApiError {
-    fn from(rejection: JsonRejection) -> Self {
+impl From<axum::extract::rejection::JsonRejection> for ApiError {
+    fn from(rejection: axum::extract::rejection::JsonRejection) -> Self {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::TooLarge
+            ApiError::TooLarge("the request body is larger than this server accepts".into())
         } else {
             ApiError::BadRequest(rejection.body_text())
         }
     }
-}
-
-type Shared = State<Arc<Service>>;
-
-/// The web page: a chat with the streamed steps and approve / deny buttons
-/// (plain HTML and JavaScript, no build step).
-const PAGE: &str = include_str!("../assets/index.html");
-
-async fn page() -> axum::response::Html<&'static str> {
-    axum::response::Html(PAGE)
-}
-
-async fn create(State(service): Shared) -> Result<Response, ApiError> {
-    let machine = service.agent.machine();
-    let id = SessionId::random();
-    let session = DurableMachine::create(
-        Arc::clone(&service.store),
-        id.clone(),
-        service.worker.clone(),
-        machine,
-    )
-    .await?;
-    session.release().await?;
-    Ok((StatusCode::CREATED, Json(json!({"id": id}))).into_response())
-}
-
-async fn list(State(service): Shared) -> Result<Json<Value>, ApiError> {
-    let sessions = service.store.list(None).await?;
-    Ok(Json(Value::Array(
-        sessions
-            .into_iter()
-            .map(|s| {
-                json!({
-                    "id": s.id, "charter": s.charter, "messages": s.messages,
-                    "running": s.running, "updated_at": s.updated_at,
-                })
-            })
-            .collect(),
-    )))
-}
-
-async fn show(State(service): Shared, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let stored = service.store.load(&SessionId::new(id)).await?;
-    let now = now_ms();
-    let pending: Vec<_> = stored
-        .snapshot
-        .policy
-        .approvals
-        .iter()
-        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
-        .map(|r| &r.request)
-        .collect();
-    Ok(Json(json!({
-        "id": stored.info.id,
-        "history": stored.snapshot.history,
-        "state": stored.snapshot.instance.state,
-        "pending_approvals": pending,
-        "awaiting_approval": stored.snapshot.policy.answers.iter().any(|a| a.paused),
-    })))
-}
-
-async fn approvals(
-    State(service): Shared,
-    Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let stored = service.store.load(&SessionId::new(id)).await?;
-    let now = now_ms();
-    let pending: Vec<_> = stored
-        .snapshot
-        .policy
-        .approvals
-        .into_iter()
-        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
-        .map(|r| r.request)
-        .collect();
-    Ok(Json(json!(pending)))
-}
-
-/// Now, in Unix milliseconds.
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-/// Marks a session as running in this process until dropped.
-struct Busy {
-    service: Arc<Service>,
-    id: SessionId,
-}
-
-impl Busy {
-    fn claim(service: &Arc<Service>, id: &SessionId) -> Result<Self, ApiError> {
-        let mut running = service.running.lock().unwrap_or_else(|p| p.into_inner());
-        if !running.insert(id.clone()) {
-            return Err(ApiError::Conflict(format!(
-                "session {id} is running; wait for its run to end"
-            )));
-        }
-        Ok(Busy {
-            service: Arc::clone(service),
-            id: id.clone(),
-        })
-    }
-}
-
-impl Drop for Busy {
-    fn drop(&mut self) {
-        self.service
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
-    }
-}
-
-async fn open(service: &Service, id: &SessionId) -> Result<DurableMachine<dyn Store>, ApiError> {
-    Ok(DurableMachine::open(
-        Arc::clone(&service.store),
-        id.clone(),
-        service.worker.clone(),
-        &service.agent,
-    )
-    .await?)
-}
-
-async fn decide(
-    State(service): Shared,
-    Path((id, request)): Path<(String, String)>,
-    body: Result<Json<Decision>, JsonRejection>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let Json(decision) = body?;
-    let id = SessionId::new(id);
-    // One decision at a time per session: of two racing, the second is a
-    // 409 here, or refused as already decided below.
-    let busy = Busy::claim(&service, &id)?;
-    let mut session = open(&service, &id).await?;
-    let request_id = ApprovalId::from(request.as_str());
-    let name = decision.as_str();
-    let decided = match session.decide(&request_id, decision).await {
-        Ok(request) => request,
-        Err(error) => {
-            session.release().await?;
-            return Err(error.into());
-        }
-    };
-    let machine = session.machine();
-    let waiting = machine
-        .approvals()
-        .held_pending_at(std::time::SystemTime::now())
-        .len();
-    let event = Event::default()
-        .event("decided")
-        .json_data(json!({
-            "request_id": decided.request_id,
-            "decision": name,
-            "tool": decided.tool,
-            "waiting": waiting,
-        }))
-        .unwrap_or_else(|_| Event::default().event("decided"));
-    let work = if waiting == 0 && machine.is_awaiting_approval() {
-        Work::Resume
-    } else {
-        Work::Nothing
-    };
-    Ok(stream_run(busy, session, Some(event), work))
-}
-
-/// What a streamed request does with its session.
-enum Work {
-    /// Nothing more: the session is released.
-    Nothing,
-    /// Resume the turn that waits for approval.
-    Resume,
-    /// Run a turn for this message, resuming first a turn whose approvals
-    /// are all decided or expired.
-    Message(String),
-}
-
-/// Performs `work` on `session` in a task of its own (a client that leaves
-/// does not stop it), streaming `first`, then the run's events.
-fn stream_run(
-    busy: Busy,
-    mut session: DurableMachine<dyn Store>,
-    first: Option<Event>,
-    work: Work,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let (events, receiver) = tokio::sync::mpsc::unbounded_channel::<Event>();
-    if let Some(event) = first {
-        let _ = events.send(event);
-    }
-    let deltas = events.clone();
-    tokio::spawn(RUN_EVENTS.scope(deltas, async move {
-        // The run goes on when the client leaves: sends then fail, quietly.
-        let send = |event: Event| {
-            let _ = events.send(event);
-        };
-        let result = async {
-            let last = match work {
-                Work::Nothing => None,
-                Work::Resume => Some(
-                    session
-                        .resume_each_step(|step| send(step_event(step)))
-                        .await,
-                ),
-                Work::Message(text) => Some(
-                    async {
-                        if session.machine().is_awaiting_approval() {
-                            session
-                                .resume_each_step(|step| send(step_event(step)))
-                                .await?;
-                        }
-                        session.machine().enqueue_user(text);
-                        session.run_each_step(|step| send(step_event(step))).await
-                    }
-                    .await,
-                ),
-            };
-            let released = session.release().await;
-            let last = last.transpose()?;
-            released?;
-            Ok::<_, ApiError>(last)
-        }
-        .await;
-        match result {
-            Ok(Some(last)) => send(
-                Event::default()
-                    .event("done")
-                    .json_data(json!({
-                        "done": last.done,
-                        "response": last.response,
-                        "yield_reason": last.yield_reason.as_str(),
-                        "awaiting_approval": last.yield_reason == YieldReason::AwaitingApproval,
-                    }))
-                    .unwrap_or_else(|_| Event::default().event("done")),
-            ),
-            Ok(None) => {}
-            Err(error) => send(Event::default().event("error").data(error.to_string())),
-        }
-        drop(busy);
-    }));
-    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
-        let event = receiver.recv().await?;
-        Some((Ok(event), receiver))
-    });
-    Sse::new(stream).keep_alive(KeepAlive::default())
-}
-
-/// A command to run.
-#[derive(Debug, Deserialize)]
-struct CommandRequest {
-    name: String,
-    #[serde(default)]
-    input: Option<Value>,
-}
-
-async fn command(
-    State(service): Shared,
-    Path(id): Path<String>,
-    body: Result<Json<CommandRequest>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let Json(request) = body?;
-    let id = SessionId::new(id);
-    let _busy = Busy::claim(&service, &id)?;
-    let mut session = open(&service, &id).await?;
-    let outcome = session
-        .command(
-            &request.name,
-            request.input.unwrap_or_else(|| json!({})),
-            Default::default(),
-        )
-        .await;
-    let released = session.release().await;
-    let outcome = outcome?;
-    released?;
-    Ok(Json(json!({
-        "success": outcome.result.success,
-        "value": outcome.result.value,
-        "error": outcome.result.error,
-    })))
-}
-
-/// A user message.
-#[derive(Debug, Deserialize)]
-struct UserText {
-    text: String,
-}
-
-/// One step as a client sees it.
-#[derive(Debug, Serialize)]
-struct StepEvent<'a> {
-    yield_reason: &'static str,
-    done: bool,
-    messages: &'a [markov_core::Message],
-    response: Option<&'a str>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    approvals: &'a [markov_policy::ConfirmationRequest],
-}
-
-fn step_event(step: &MachineStep) -> Event {
-    let body = StepEvent {
-        yield_reason: step.yield_reason.as_str(),
-        done: step.done,
-        messages: &step.history,
-        response: step.response.as_deref(),
-        approvals: &step.approvals,
-    };
-    Event::default()
-        .event("step")
-        .json_data(&body)
-        .unwrap_or_else(|_| Event::default().event("step").data("{}"))
-}
-
-async fn message(
-    State(service): Shared,
-    Path(id): Path<String>,
-    body: Result<Json<UserText>, JsonRejection>,
-) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
-    let Json(UserText { text }) = body?;
-    if text.trim().is_empty() {
-        return Err(ApiError::BadRequest("the message is empty".into()));
-    }
-    let id = SessionId::new(id);
-    // Claimed before the stream starts, so a busy session is a plain 409,
-    // and held by the run until it ends.
-    let busy = Busy::claim(&service, &id)?;
-    // Opened here, so an unknown or leased session is a plain 404 / 409.
-    let session = open(&service, &id).await?;
-    if session.machine().is_awaiting_approval() {
-        let waiting = session
-            .machine()
-            .approvals()
-            .held_pending_at(std::time::SystemTime::now())
-            .len();
-        if waiting > 0 {
-            session.release().await?;
-            return Err(ApiError::Conflict(format!(
-                "session {id} waits for the decision on {waiting} tool call(s): decide them first"
-            )));
-        }
-    }
-    Ok(stream_run(busy, session, None, Work::Message(text)))
 }

@@ -779,34 +779,6 @@ impl Store for SqliteStore {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn synchronous(store: &SqliteStore) -> i64 {
-        let conn = store.conn.lock().unwrap_or_else(|p| p.into_inner());
-        conn.pragma_query_value(None, "synchronous", |r| r.get(0))
-            .expect("the pragma reads")
-    }
-
-    #[test]
-    fn every_commit_is_synced_unless_speed_is_chosen() {
-        let dir =
-            std::env::temp_dir().join(format!("markov-sync-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).expect("a directory");
-        let synced = SqliteStore::open(dir.join("default.db")).expect("opens");
-        assert_eq!(
-            synchronous(&synced),
-            2,
-            "FULL: a commit survives a power loss"
-        );
-        let fast =
-            SqliteStore::open_with(dir.join("fast.db"), Durability::ProcessCrash).expect("opens");
-        assert_eq!(synchronous(&fast), 1, "NORMAL, when asked for");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
-
 #[async_trait]
 impl KeyStore for SqliteStore {
     async fn add_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
@@ -902,4 +874,32 @@ fn key_from_row(
         created_at: to_u64(created_at),
         revoked_at: revoked_at.map(to_u64),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn synchronous(store: &SqliteStore) -> i64 {
+        let conn = store.conn.lock().unwrap_or_else(|p| p.into_inner());
+        conn.pragma_query_value(None, "synchronous", |r| r.get(0))
+            .expect("the pragma reads")
+    }
+
+    #[test]
+    fn every_commit_is_synced_unless_speed_is_chosen() {
+        let dir =
+            std::env::temp_dir().join(format!("markov-sync-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let synced = SqliteStore::open(dir.join("default.db")).expect("opens");
+        assert_eq!(
+            synchronous(&synced),
+            2,
+            "FULL: a commit survives a power loss"
+        );
+        let fast =
+            SqliteStore::open_with(dir.join("fast.db"), Durability::ProcessCrash).expect("opens");
+        assert_eq!(synchronous(&fast), 1, "NORMAL, when asked for");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

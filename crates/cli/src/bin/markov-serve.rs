@@ -1,62 +1,313 @@
-//! `markov-serve`: the demo agent as an HTTP service with a web page, on
-//! `127.0.0.1`, its sessions in a SQLite file (or PostgreSQL with
+//! `markov-serve`: the demo agent as an HTTP service with a web page, its
+//! sessions and API keys in a SQLite file (or PostgreSQL with
 //! `--database-url`).
 //!
 //! ```text
-//! cargo run -p markov-cli --bin markov-serve              # http://127.0.0.1:8080
-//! cargo run -p markov-cli --bin markov-serve -- --port 9000 --database /tmp/sessions.db
-//! cargo run -p markov-cli --bin markov-serve -- --database-url "host=127.0.0.1 user=markov"
+//! cargo run -p markov-cli --bin markov-serve                  # http://127.0.0.1:8080
+//! cargo run -p markov-cli --bin markov-serve -- keys create alice --role approver
+//! cargo run -p markov-cli --bin markov-serve -- keys list
+//! cargo run -p markov-cli --bin markov-serve -- keys revoke <id>
+//! cargo run -p markov-cli --bin markov-serve -- --help
 //! ```
 //!
 //! The model is chosen as for `markov-demo` (see the library); without a
-//! key it is the scripted [`Rehearsal`], and the
-//! first line says so.
+//! key it is the scripted [`Rehearsal`], and the first line says so. When
+//! the store holds no API key yet, one is created for the principal
+//! `admin` (an approver) and printed once, to sign in with.
 
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
+use clap::{Args, Parser, Subcommand};
 use markov_cli::tools::{Add, Population};
 use markov_cli::{INSTRUCTIONS, Rehearsal, model_override, pick_model_or};
 use markov_core::model::ModelSettings;
 use markov_executor::Agent;
 use markov_policy::{Category, ToolMetadata};
-use markov_server::router;
-use markov_store::{PostgresStore, SqliteStore, Store, WorkerId};
+use markov_server::{JwtConfig, Limits, Server, create_api_key};
+use markov_store::{KeyStore, PostgresStore, SqliteStore, WorkerId};
 
-/// The command line.
-struct Args {
-    port: u16,
-    database: String,
+/// markov's demo agent as an HTTP service: a chat page, sessions that
+/// survive restarts, API keys.
+#[derive(Debug, Parser)]
+#[command(name = "markov-serve", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    database: Database,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Creates, lists and revokes API keys (kept hashed in the database).
+    #[command(subcommand)]
+    Keys(Keys),
+}
+
+#[derive(Debug, Subcommand)]
+enum Keys {
+    /// Creates a key for a principal and prints it (the only time it is shown).
+    Create {
+        /// Who the key signs in as: the owner of the sessions it creates.
+        principal: String,
+        /// A role the principal has with this key (repeat for more), e.g.
+        /// `approver`.
+        #[arg(long = "role")]
+        roles: Vec<String>,
+    },
+    /// Lists the keys: id, principal, roles, created, revoked.
+    List,
+    /// Revokes a key by its id: it signs nobody in from now on.
+    Revoke {
+        /// The key's id (the part after `mk_`, before the next `_`).
+        id: String,
+    },
+}
+
+/// Where sessions and keys are kept.
+#[derive(Debug, Args)]
+struct Database {
+    /// The SQLite file [default: $XDG_DATA_HOME/markov/sessions.db, or
+    /// ~/.local/share/markov/sessions.db].
+    #[arg(long, global = true, conflicts_with = "database_url")]
+    database: Option<PathBuf>,
+    /// A PostgreSQL connection string instead of SQLite (several servers
+    /// can share it). Also `MARKOV_DATABASE_URL`.
+    #[arg(
+        long,
+        global = true,
+        env = "MARKOV_DATABASE_URL",
+        hide_env_values = true
+    )]
     database_url: Option<String>,
 }
 
-fn args() -> Result<Args, String> {
-    let mut args = Args {
-        port: 8080,
-        database: "markov-sessions.db".into(),
-        database_url: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--port" => {
-                args.port = value()?.parse().map_err(|e| format!("--port: {e}"))?;
+/// How the service is served.
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: std::net::IpAddr,
+    /// The port to listen on.
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Also answer requests for this host name (repeat for more); loopback
+    /// names are always allowed.
+    #[arg(long = "allowed-host")]
+    allowed_hosts: Vec<String>,
+    /// The URL users reach the service at, e.g. https://agents.example.com
+    /// (its host is allowed; https makes the sign-in cookie Secure).
+    #[arg(long)]
+    public_url: Option<String>,
+    /// Let pages of this origin call the API with bearer credentials
+    /// (CORS; repeat for more). None by default.
+    #[arg(long = "cors-origin")]
+    cors_origins: Vec<String>,
+    /// Only principals with ROLE may decide on calls of TOOL (`TOOL=ROLE`;
+    /// repeat for more), e.g. `add=approver`.
+    #[arg(long = "approval-role", value_parser = tool_role)]
+    approval_roles: Vec<(String, String)>,
+    /// Accept bearer tokens from this issuer (with --jwt-audience and a key).
+    #[arg(long, requires = "jwt_audience")]
+    jwt_issuer: Option<String>,
+    /// The audience the tokens must name.
+    #[arg(long, requires = "jwt_issuer")]
+    jwt_audience: Option<String>,
+    /// The issuer's public key (PEM): RS256, or ES256 with --jwt-algorithm
+    /// es256. For HS256 the shared secret is read from MARKOV_JWT_SECRET.
+    #[arg(long)]
+    jwt_public_key: Option<PathBuf>,
+    /// The tokens' algorithm.
+    #[arg(long, value_enum, default_value = "rs256")]
+    jwt_algorithm: JwtAlgorithm,
+    /// Requests per minute per principal (429 past it).
+    #[arg(long, default_value_t = NonZeroU32::new(600).unwrap_or(NonZeroU32::MIN))]
+    rate_limit: NonZeroU32,
+    /// Seconds a run may take before it is cancelled.
+    #[arg(long, default_value_t = 600)]
+    run_deadline: u64,
+    /// Connections served at once.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds a client has to send a request's head.
+    #[arg(long, default_value_t = 10)]
+    header_timeout: u64,
+    /// The largest request body, in bytes.
+    #[arg(long, default_value_t = 64 * 1024)]
+    max_body: usize,
+    /// This server's name in the store's leases [default:
+    /// markov-serve@<host name>]: a server restarted with the same name
+    /// takes its sessions back at once.
+    #[arg(long)]
+    worker: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum JwtAlgorithm {
+    Rs256,
+    Es256,
+    Hs256,
+}
+
+fn tool_role(value: &str) -> Result<(String, String), String> {
+    value
+        .split_once('=')
+        .filter(|(tool, role)| !tool.is_empty() && !role.is_empty())
+        .map(|(tool, role)| (tool.to_owned(), role.to_owned()))
+        .ok_or_else(|| format!("expected TOOL=ROLE, got {value:?}"))
+}
+
+/// Sessions and keys in one store.
+enum Backend {
+    Sqlite(Arc<SqliteStore>, PathBuf),
+    Postgres(Arc<PostgresStore>),
+}
+
+impl Backend {
+    async fn open(database: &Database) -> Result<Self, String> {
+        if let Some(url) = &database.database_url {
+            let store = PostgresStore::connect(url)
+                .await
+                .map_err(|e| format!("cannot connect to PostgreSQL: {e}"))?;
+            return Ok(Backend::Postgres(Arc::new(store)));
+        }
+        let path = match &database.database {
+            Some(path) => path.clone(),
+            None => default_database()?,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        }
+        let store =
+            SqliteStore::open(&path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        Ok(Backend::Sqlite(Arc::new(store), path))
+    }
+
+    fn keys(&self) -> &dyn KeyStore {
+        match self {
+            Backend::Sqlite(store, _) => &**store,
+            Backend::Postgres(store) => &**store,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Backend::Sqlite(_, path) => format!("SQLite file {}", path.display()),
+            Backend::Postgres(_) => "PostgreSQL".into(),
+        }
+    }
+}
+
+/// Where a user expects an application's data: the XDG data directory.
+fn default_database() -> Result<PathBuf, String> {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .filter(|v| !v.is_empty())
+                .map(|home| PathBuf::from(home).join(".local/share"))
+        })
+        .ok_or("neither XDG_DATA_HOME nor HOME is set: give --database <file>")?;
+    Ok(base.join("markov").join("sessions.db"))
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+async fn keys(backend: &Backend, command: Keys) -> Result<(), String> {
+    let keys = backend.keys();
+    match command {
+        Keys::Create { principal, roles } => {
+            let key = create_api_key(keys, &principal, &roles)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("{}", key.key);
+            eprintln!(
+                "created key {} for {principal} (roles: {}); it is shown only this once",
+                key.id,
+                if roles.is_empty() {
+                    "none".into()
+                } else {
+                    roles.join(", ")
+                }
+            );
+        }
+        Keys::List => {
+            let all = keys.keys().await.map_err(|e| e.to_string())?;
+            if all.is_empty() {
+                println!("no keys");
             }
-            "--database" => args.database = value()?,
-            "--database-url" => args.database_url = Some(value()?),
-            other => {
-                return Err(format!(
-                    "unknown argument {other:?} (use --port, --database, --database-url)"
-                ));
+            for key in all {
+                println!(
+                    "{}  {}  roles: {}  created: {}{}",
+                    key.id,
+                    key.principal,
+                    if key.roles.is_empty() {
+                        "none".into()
+                    } else {
+                        key.roles.join(",")
+                    },
+                    key.created_at,
+                    key.revoked_at
+                        .map(|at| format!("  revoked: {at}"))
+                        .unwrap_or_default()
+                );
+            }
+        }
+        Keys::Revoke { id } => {
+            let id = id.trim_start_matches("mk_").split('_').next().unwrap_or("");
+            if keys.revoke_key(id).await.map_err(|e| e.to_string())? {
+                println!("revoked {id}");
+            } else {
+                return Err(format!("no live key {id:?}"));
             }
         }
     }
-    Ok(args)
+    Ok(())
 }
 
-async fn serve() -> Result<(), String> {
-    let args = args()?;
+fn jwt(args: &ServeArgs) -> Result<Option<JwtConfig>, String> {
+    let (Some(issuer), Some(audience)) = (&args.jwt_issuer, &args.jwt_audience) else {
+        return Ok(None);
+    };
+    let config = match args.jwt_algorithm {
+        JwtAlgorithm::Hs256 => {
+            let secret = std::env::var("MARKOV_JWT_SECRET")
+                .map_err(|_| "HS256 tokens need MARKOV_JWT_SECRET".to_owned())?;
+            JwtConfig::hs256(secret.as_bytes(), issuer, audience)
+        }
+        algorithm => {
+            let path = args
+                .jwt_public_key
+                .as_ref()
+                .ok_or("--jwt-issuer needs --jwt-public-key (or --jwt-algorithm hs256)")?;
+            let pem =
+                std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+            match algorithm {
+                JwtAlgorithm::Es256 => JwtConfig::es256_pem(&pem, issuer, audience),
+                _ => JwtConfig::rs256_pem(&pem, issuer, audience),
+            }
+        }
+    };
+    config.map(Some).map_err(|e| e.to_string())
+}
+
+async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     let (model, label) = pick_model_or(Arc::new(Rehearsal)).map_err(|e| e.to_string())?;
     let agent = Agent::builder("cities")
         .instructions(INSTRUCTIONS)
@@ -69,34 +320,96 @@ async fn serve() -> Result<(), String> {
         })
         .build()
         .map_err(|e| e.to_string())?;
-    let (store, where_): (Arc<dyn Store>, String) = match &args.database_url {
-        Some(url) => (
-            Arc::new(
-                PostgresStore::connect(url)
-                    .await
-                    .map_err(|e| e.to_string())?,
-            ),
-            "PostgreSQL".into(),
-        ),
-        None => (
-            Arc::new(SqliteStore::open(&args.database).map_err(|e| e.to_string())?),
-            format!("SQLite file {}", args.database),
-        ),
-    };
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
+    let first_key = if backend
+        .keys()
+        .keys()
         .await
-        .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", args.port))?;
+        .map_err(|e| e.to_string())?
+        .is_empty()
+    {
+        let key = create_api_key(backend.keys(), "admin", &["approver".to_owned()])
+            .await
+            .map_err(|e| e.to_string())?;
+        Some(key.key)
+    } else {
+        None
+    };
+    let mut limits = Limits::default();
+    limits.requests_per_minute = args.rate_limit;
+    limits.run_deadline = Duration::from_secs(args.run_deadline);
+    limits.max_connections = args.max_connections;
+    limits.header_timeout = Duration::from_secs(args.header_timeout);
+    limits.max_body_bytes = args.max_body;
+    let worker = args
+        .worker
+        .clone()
+        .unwrap_or_else(|| format!("markov-serve@{}", host_name()));
+    let mut builder = Server::builder()
+        .agent(agent)
+        .worker(WorkerId::new(worker))
+        .limits(limits);
+    builder = match &backend {
+        Backend::Sqlite(store, _) => builder.store(Arc::clone(store)),
+        Backend::Postgres(store) => builder.store(Arc::clone(store)),
+    };
+    for host in &args.allowed_hosts {
+        builder = builder.allowed_host(host);
+    }
+    for origin in &args.cors_origins {
+        builder = builder.cors_origin(origin);
+    }
+    for (tool, role) in &args.approval_roles {
+        builder = builder.approval_role(tool, role);
+    }
+    if let Some(url) = &args.public_url {
+        builder = builder.public_url(url);
+    }
+    if let Some(jwt) = jwt(&args)? {
+        builder = builder.jwt(jwt);
+    }
+    if let Ok(key) = std::env::var("MARKOV_COOKIE_KEY") {
+        builder = builder.cookie_key(key.into_bytes());
+    }
+    let server = builder.build().map_err(|e| e.to_string())?;
+    let address = SocketAddr::new(args.bind, args.port);
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .map_err(|e| format!("cannot listen on {address}: {e}"))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;
     println!("{label}");
-    println!("serving on http://{address} (sessions in {where_})");
-    markov_server::serve(listener, router(agent, store, WorkerId::random()))
-        .await
-        .map_err(|e| e.to_string())
+    println!(
+        "serving on http://{address} (sessions in {})",
+        backend.describe()
+    );
+    if let Some(key) = first_key {
+        println!("no API key existed: created one for `admin` (approver), shown only now:");
+        println!("  {key}");
+        println!(
+            "sign in on the page with it, or: curl -H 'Authorization: Bearer {key}' http://{address}/sessions"
+        );
+    }
+    server.serve(listener).await.map_err(|e| e.to_string())?;
+    println!("stopped");
+    Ok(())
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    match serve().await {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::INFO)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .init();
+    let result = async {
+        let backend = Backend::open(&cli.database).await?;
+        match cli.command {
+            Some(Command::Keys(command)) => keys(&backend, command).await,
+            None => serve(backend, cli.serve).await,
+        }
+    }
+    .await;
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error}");

@@ -335,6 +335,19 @@ async fn the_page_shows_a_waiting_call_visibly_and_approve_edit_and_deny_resume_
         }
     };
 
+    // 0. The page asks for a key; signed in, it shows the chat.
+    type_into("#key", f.key.clone()).await;
+    click("#signin-button").await;
+    let mut waited = Duration::ZERO;
+    while script("return document.getElementById('form').hidden").await != Value::Bool(false) {
+        assert!(
+            waited < Duration::from_secs(20),
+            "the sign-in never showed the chat"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        waited += Duration::from_millis(100);
+    }
+
     // 1. A payment waits; its memo's override is shown, not obeyed.
     say("pay 5").await;
     wait_for("log", "waiting for your decision on 1 tool call".into()).await;

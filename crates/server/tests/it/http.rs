@@ -13,7 +13,7 @@ use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{ApprovalFlow, Budget, Category, PolicyConfig, ToolMetadata};
 use markov_runtime::node::Node;
-use markov_server::{MAX_BODY_BYTES, router};
+use markov_server::{Limits, Server, ServerBuilder, create_api_key};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
@@ -48,7 +48,7 @@ impl Tool for Pay {
 
 /// A model that thinks for a while before each answer.
 #[derive(Debug)]
-struct Slow(ScriptedModel, Duration);
+pub(crate) struct Slow(pub(crate) ScriptedModel, pub(crate) Duration);
 
 #[async_trait]
 impl Model for Slow {
@@ -61,7 +61,17 @@ impl Model for Slow {
 pub(crate) struct Fixture {
     pub(crate) base: String,
     pub(crate) pays: Arc<AtomicUsize>,
-    client: reqwest::Client,
+    pub(crate) client: reqwest::Client,
+    /// The key requests are made with (alice's, an approver, unless
+    /// changed).
+    pub(crate) key: String,
+    /// Keys of the other principals: bob (no role), carol (no role).
+    pub(crate) keys: std::collections::HashMap<&'static str, String>,
+    pub(crate) store: Arc<dyn markov_store::KeyStore>,
+    /// Stops the server gracefully.
+    pub(crate) shutdown: tokio_util::sync::CancellationToken,
+    /// Ends once the server has shut down.
+    pub(crate) stopped: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
 }
 
 /// Counts the model calls of the model it wraps.
@@ -97,16 +107,42 @@ pub(crate) async fn serve_with(model: impl Model + 'static, config: PolicyConfig
 }
 
 /// Serves `agent` on a loopback port, its sessions in memory.
-async fn serve_agent(agent: Agent, pays: Arc<AtomicUsize>) -> Fixture {
+pub(crate) async fn serve_agent(agent: Agent, pays: Arc<AtomicUsize>) -> Fixture {
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
-    let app = router(agent, store, WorkerId::new("test"));
+    start(Server::builder().agent(agent), store, pays).await
+}
+
+/// Builds `builder` over `store` (with keys for alice, an approver, bob
+/// and carol) and serves it on a loopback port until the fixture's
+/// shutdown.
+pub(crate) async fn start<S>(
+    builder: ServerBuilder,
+    store: Arc<S>,
+    pays: Arc<AtomicUsize>,
+) -> Fixture
+where
+    S: markov_store::Store + markov_store::KeyStore + 'static,
+{
+    let mut keys = std::collections::HashMap::new();
+    for (name, roles) in [
+        ("alice", vec!["approver".to_owned()]),
+        ("bob", vec![]),
+        ("carol", vec![]),
+    ] {
+        let key = create_api_key(&*store, name, &roles).await.expect("a key");
+        keys.insert(name, key.key);
+    }
+    let server = builder
+        .store(store.clone())
+        .worker(WorkerId::new("test"))
+        .build()
+        .expect("the server builds");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
     let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stopped = tokio::spawn(server.serve_until(listener, shutdown.clone().cancelled_owned()));
     // reqwest is built without a default TLS provider; loopback is plain
     // HTTP, but the client wants one all the same.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -114,14 +150,26 @@ async fn serve_agent(agent: Agent, pays: Arc<AtomicUsize>) -> Fixture {
         base,
         pays,
         client: reqwest::Client::new(),
+        key: keys["alice"].clone(),
+        keys,
+        store: store as Arc<dyn markov_store::KeyStore>,
+        shutdown,
+        stopped: Some(stopped),
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
     }
 }
 
 impl Fixture {
-    async fn create(&self) -> String {
+    pub(crate) async fn create(&self) -> String {
         let response = self
             .client
             .post(format!("{}/sessions", self.base))
+            .bearer_auth(&self.key)
             .send()
             .await
             .expect("sent");
@@ -131,10 +179,11 @@ impl Fixture {
     }
 
     /// Posts a message and reads the whole event stream: (event, data) pairs.
-    async fn say(&self, id: &str, text: &str) -> Vec<(String, Value)> {
+    pub(crate) async fn say(&self, id: &str, text: &str) -> Vec<(String, Value)> {
         let response = self
             .client
             .post(format!("{}/sessions/{id}/messages", self.base))
+            .bearer_auth(&self.key)
             .json(&json!({"text": text}))
             .send()
             .await
@@ -144,7 +193,7 @@ impl Fixture {
     }
 
     /// Posts a decision: its status, and the event stream (or the error).
-    async fn decide(
+    pub(crate) async fn decide(
         &self,
         id: &str,
         request: &str,
@@ -153,6 +202,7 @@ impl Fixture {
         let response = self
             .client
             .post(format!("{}/sessions/{id}/approvals/{request}", self.base))
+            .bearer_auth(&self.key)
             .json(&decision)
             .send()
             .await
@@ -168,7 +218,7 @@ impl Fixture {
     }
 
     /// The ids of the requests waiting for a decision.
-    async fn pending(&self, id: &str) -> Vec<String> {
+    pub(crate) async fn pending(&self, id: &str) -> Vec<String> {
         let (_, pending) = self.get(&format!("/sessions/{id}/approvals")).await;
         pending
             .as_array()
@@ -178,10 +228,11 @@ impl Fixture {
             .collect()
     }
 
-    async fn get(&self, path: &str) -> (u16, Value) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, Value) {
         let response = self
             .client
             .get(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
             .send()
             .await
             .expect("sent");
@@ -190,7 +241,7 @@ impl Fixture {
     }
 }
 
-fn events(stream: &str) -> Vec<(String, Value)> {
+pub(crate) fn events(stream: &str) -> Vec<(String, Value)> {
     stream
         .split("\n\n")
         .filter_map(|block| {
@@ -210,12 +261,12 @@ fn events(stream: &str) -> Vec<(String, Value)> {
         .collect()
 }
 
-fn names(events: &[(String, Value)]) -> Vec<&str> {
+pub(crate) fn names(events: &[(String, Value)]) -> Vec<&str> {
     events.iter().map(|(n, _)| n.as_str()).collect()
 }
 
 /// The tool results of a session's history, in order.
-fn results(session: &Value) -> Vec<String> {
+pub(crate) fn results(session: &Value) -> Vec<String> {
     session["history"]
         .as_array()
         .expect("history")
@@ -366,6 +417,7 @@ async fn edit_deny_and_respond_over_http_and_the_run_resumes_after_the_last() {
     let refused = f
         .client
         .post(format!("{}/sessions/{id}/messages", f.base))
+        .bearer_auth(&f.key)
         .json(&json!({"text": "hello?"}))
         .send()
         .await
@@ -534,6 +586,7 @@ async fn bad_input_gets_clear_errors() {
     let post = |path: String, body: reqwest::Body| {
         f.client
             .post(format!("{}{path}", f.base))
+            .bearer_auth(&f.key)
             .header("content-type", "application/json")
             .body(body)
             .send()
@@ -553,7 +606,10 @@ async fn bad_input_gets_clear_errors() {
     .expect("sent");
     assert_eq!(unknown.status(), 404);
 
-    let huge = format!("{{\"text\": \"{}\"}}", "x".repeat(MAX_BODY_BYTES + 10));
+    let huge = format!(
+        "{{\"text\": \"{}\"}}",
+        "x".repeat(Limits::default().max_body_bytes + 10)
+    );
     let too_large = post(format!("/sessions/{id}/messages"), huge.into())
         .await
         .expect("sent");
@@ -575,6 +631,7 @@ async fn a_second_message_while_running_is_a_conflict_and_a_client_that_leaves_d
     let first = f
         .client
         .post(format!("{}/sessions/{id}/messages", f.base))
+        .bearer_auth(&f.key)
         .json(&json!({"text": "think"}))
         .send()
         .await
@@ -583,6 +640,7 @@ async fn a_second_message_while_running_is_a_conflict_and_a_client_that_leaves_d
     let second = f
         .client
         .post(format!("{}/sessions/{id}/messages", f.base))
+        .bearer_auth(&f.key)
         .json(&json!({"text": "and again"}))
         .send()
         .await
@@ -666,6 +724,7 @@ async fn a_command_runs_without_the_model_and_is_stored() {
     let run = |name: &'static str, input: Value| {
         f.client
             .post(format!("{}/sessions/{id}/commands", f.base))
+            .bearer_auth(&f.key)
             .json(&json!({"name": name, "input": input}))
             .send()
     };

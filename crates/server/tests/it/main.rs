@@ -3,3 +3,4 @@
 mod browser;
 mod http;
 mod restart;
+mod service;

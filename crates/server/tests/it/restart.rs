@@ -14,7 +14,7 @@ use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
-use markov_server::router;
+use markov_server::{Server, create_api_key};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
@@ -93,14 +93,17 @@ async fn serve(dir: &Path, agent: Agent) -> String {
     let store = Arc::new(SqliteStore::open(dir.join("sessions.db")).expect("the database"));
     // The same worker name across restarts: a restarted server takes its own
     // sessions back at once.
-    let app = router(agent, store, WorkerId::new("server"));
+    let server = Server::builder()
+        .agent(agent)
+        .store(store)
+        .worker(WorkerId::new("server"))
+        .build()
+        .expect("the server builds");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
     let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    tokio::spawn(server.serve_until(listener, std::future::pending()));
     base
 }
 
@@ -122,6 +125,10 @@ fn server_child() {
             .tool_calls([("pay", json!({"amount": 5})), ("hang", json!({}))])
             .build()
             .fresh_call_ids();
+        let store = SqliteStore::open(dir.join("sessions.db")).expect("the database");
+        let key = create_api_key(&store, "alice", &[]).await.expect("a key");
+        std::fs::write(dir.join("key"), &key.key).expect("the key is written");
+        drop(store);
         let base = serve(&dir, agent(&dir, model)).await;
         std::fs::write(dir.join("base"), &base).expect("the address is written");
         std::future::pending::<()>().await;
@@ -169,10 +176,12 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
         .expect("the server starts");
     wait_for(&dir.join("base"), &mut child).await;
     let base = std::fs::read_to_string(dir.join("base")).expect("the address");
+    let key = std::fs::read_to_string(dir.join("key")).expect("the key");
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let created: Value = client
         .post(format!("{base}/sessions"))
+        .bearer_auth(&key)
         .send()
         .await
         .expect("sent")
@@ -184,9 +193,11 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
     let url = format!("{base}/sessions/{id}/messages");
     let pending = tokio::spawn({
         let client = client.clone();
+        let key = key.clone();
         async move {
             client
                 .post(url)
+                .bearer_auth(&key)
                 .json(&json!({"text": "pay 5"}))
                 .send()
                 .await
@@ -209,6 +220,7 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
     let base = serve(&dir, agent(&dir, model)).await;
     let response = client
         .post(format!("{base}/sessions/{id}/messages"))
+        .bearer_auth(&key)
         .json(&json!({"text": "thanks"}))
         .send()
         .await
@@ -224,6 +236,7 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
 
     let session: Value = client
         .get(format!("{base}/sessions/{id}"))
+        .bearer_auth(&key)
         .send()
         .await
         .expect("sent")

@@ -1,0 +1,853 @@
+//! The routes and what they do.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::from_fn_with_state;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use axum_extra::extract::CookieJar;
+use axum_extra::extract::cookie::{Cookie, SameSite};
+use futures::Stream;
+use markov_core::Item;
+use markov_executor::stream::DeltaKind;
+use markov_executor::{Agent, MachineStep, MessageStreamEvent, YieldReason};
+use markov_policy::{ApprovalId, ApprovalStatus, Decision};
+use markov_store::{CreateOptions, DurableMachine, SessionId, SessionInfo, Store};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tower_http::timeout::RequestBodyTimeoutLayer;
+
+use crate::auth::{Principal, verify_api_key};
+use crate::guard::{self, COOKIE};
+use crate::runs::{RunGuard, RunLog, StopCause};
+use crate::{ApiError, Service};
+
+type Shared = State<Arc<Service>>;
+
+/// The routes, with their checks.
+pub(crate) fn router(service: Arc<Service>) -> Router {
+    let limits = service.limits.clone();
+    let protected = Router::new()
+        .route("/me", get(me))
+        .route("/agents", get(agents))
+        .route("/sessions", post(create_default).get(list_all))
+        .route("/agents/{agent}/sessions", post(create_for).get(list_for))
+        .route("/sessions/{id}", get(show))
+        .route("/sessions/{id}/messages", post(message))
+        .route("/sessions/{id}/events", get(events))
+        .route("/sessions/{id}/cancel", post(cancel))
+        .route("/sessions/{id}/approvals", get(approvals))
+        .route("/sessions/{id}/approvals/{request}", post(decide))
+        .route("/sessions/{id}/commands", post(command))
+        .route("/openapi.json", get(openapi))
+        .route("/metrics", get(metrics))
+        .route_layer(from_fn_with_state(
+            Arc::clone(&service),
+            guard::authenticate,
+        ));
+    let mut app = Router::new()
+        .route("/", get(page))
+        .route("/assets/app.js", get(script))
+        .route("/assets/app.css", get(style))
+        .route("/healthz", get(health))
+        .route("/auth/session", post(sign_in).delete(sign_out))
+        .merge(protected)
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(RequestBodyTimeoutLayer::new(limits.body_timeout));
+    if !service.cors.is_empty() {
+        let origins: Vec<HeaderValue> = service
+            .cors
+            .iter()
+            .filter_map(|o| HeaderValue::from_str(o).ok())
+            .collect();
+        app = app.layer(
+            tower_http::cors::CorsLayer::new()
+                .allow_origin(origins)
+                .allow_methods([
+                    axum::http::Method::GET,
+                    axum::http::Method::POST,
+                    axum::http::Method::DELETE,
+                ])
+                .allow_headers([
+                    header::AUTHORIZATION,
+                    header::CONTENT_TYPE,
+                    axum::http::HeaderName::from_static("last-event-id"),
+                ])
+                .max_age(Duration::from_secs(600)),
+        );
+    }
+    app.layer(from_fn_with_state(
+        Arc::clone(&service),
+        guard::hosts_and_headers,
+    ))
+    .layer(from_fn_with_state(Arc::clone(&service), guard::access_log))
+    .with_state(service)
+}
+
+async fn no_route() -> ApiError {
+    ApiError::NotFound("no route for this path".into())
+}
+
+// --- the page ---------------------------------------------------------------
+
+const PAGE: &str = include_str!("../assets/index.html");
+const SCRIPT: &str = include_str!("../assets/app.js");
+const STYLE: &str = include_str!("../assets/app.css");
+
+/// The page's policy: its own script and style only, requests to this
+/// service only, never framed.
+const PAGE_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
+     frame-ancestors 'none'";
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CONTENT_SECURITY_POLICY, PAGE_POLICY),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn page() -> Response {
+    asset("text/html; charset=utf-8", PAGE)
+}
+
+async fn script() -> Response {
+    asset("text/javascript; charset=utf-8", SCRIPT)
+}
+
+async fn style() -> Response {
+    asset("text/css; charset=utf-8", STYLE)
+}
+
+#[utoipa::path(get, path = "/healthz", tag = "service",
+    responses((status = 200, description = "The service is up")))]
+pub(crate) async fn health() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+// --- identity -----------------------------------------------------------------
+
+/// A browser's sign-in.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct SignIn {
+    /// An API key.
+    key: String,
+}
+
+#[utoipa::path(post, path = "/auth/session", tag = "identity", request_body = SignIn,
+    responses((status = 204, description = "Signed in: the session cookie is set"),
+              (status = 401, description = "Not a valid key")))]
+pub(crate) async fn sign_in(
+    State(service): Shared,
+    peer: Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
+    jar: CookieJar,
+    body: Result<Json<SignIn>, JsonRejection>,
+) -> Result<(CookieJar, StatusCode), ApiError> {
+    // Keys cannot be guessed, but each attempt costs a lookup: attempts are
+    // limited per address like a principal's requests.
+    let address = peer.map_or_else(|| "unknown".to_owned(), |p| p.0.0.ip().to_string());
+    if service
+        .limiter
+        .check_key(&format!("sign-in {address}"))
+        .is_err()
+    {
+        return Err(ApiError::TooManyRequests(60));
+    }
+    let Json(SignIn { key }) = body?;
+    let Some(principal) = verify_api_key(&*service.keys, key.trim()).await? else {
+        return Err(ApiError::Unauthorized("not a valid API key".into()));
+    };
+    let token = service
+        .verifiers
+        .cookie
+        .sign(&principal)
+        .ok_or_else(|| ApiError::Internal("cannot sign the session cookie".into()))?;
+    let cookie = Cookie::build((COOKIE, token))
+        .path("/")
+        .http_only(true)
+        .same_site(SameSite::Strict)
+        .secure(service.secure_cookies)
+        .build();
+    Ok((jar.add(cookie), StatusCode::NO_CONTENT))
+}
+
+#[utoipa::path(delete, path = "/auth/session", tag = "identity",
+    responses((status = 204, description = "Signed out: the cookie is cleared")))]
+pub(crate) async fn sign_out(jar: CookieJar) -> (CookieJar, StatusCode) {
+    (
+        jar.remove(Cookie::build(COOKIE).path("/")),
+        StatusCode::NO_CONTENT,
+    )
+}
+
+#[utoipa::path(get, path = "/me", tag = "identity",
+    responses((status = 200, description = "The caller's principal and roles")))]
+pub(crate) async fn me(Extension(principal): Extension<Principal>) -> Json<Value> {
+    Json(json!({
+        "principal": principal.id(),
+        "roles": principal.roles().collect::<Vec<_>>(),
+    }))
+}
+
+// --- agents and sessions ------------------------------------------------------
+
+#[utoipa::path(get, path = "/agents", tag = "sessions",
+    responses((status = 200, description = "The agents served; the first is the default")))]
+pub(crate) async fn agents(State(service): Shared) -> Json<Value> {
+    Json(Value::Array(
+        service
+            .agents
+            .keys()
+            .map(|name| json!({"name": name, "default": *name == service.default_agent}))
+            .collect(),
+    ))
+}
+
+#[utoipa::path(post, path = "/sessions", tag = "sessions",
+    responses((status = 201, description = "A session of the default agent")))]
+pub(crate) async fn create_default(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+) -> Result<Response, ApiError> {
+    let agent = service.default_agent.clone();
+    create(&service, &principal, &agent).await
+}
+
+#[utoipa::path(post, path = "/agents/{agent}/sessions", tag = "sessions",
+    params(("agent" = String, Path, description = "The agent's name")),
+    responses((status = 201, description = "A session of the agent"),
+              (status = 404, description = "No such agent")))]
+pub(crate) async fn create_for(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(agent): Path<String>,
+) -> Result<Response, ApiError> {
+    create(&service, &principal, &agent).await
+}
+
+fn agent_named<'a>(service: &'a Service, name: &str) -> Result<&'a Agent, ApiError> {
+    service
+        .agents
+        .get(name)
+        .ok_or_else(|| ApiError::NotFound(format!("no agent {name:?}")))
+}
+
+async fn create(
+    service: &Service,
+    principal: &Principal,
+    agent: &str,
+) -> Result<Response, ApiError> {
+    let agent = agent_named(service, agent)?;
+    let id = SessionId::random();
+    let session = DurableMachine::create_with(
+        Arc::clone(&service.store),
+        id.clone(),
+        service.worker.clone(),
+        agent.machine(),
+        CreateOptions::default().owner(principal.id().clone()),
+    )
+    .await?;
+    session.release().await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"id": id, "agent": agent.name()})),
+    )
+        .into_response())
+}
+
+fn listed(service: &Service, sessions: Vec<SessionInfo>) -> Json<Value> {
+    Json(Value::Array(
+        sessions
+            .into_iter()
+            .map(|s| {
+                let running = service
+                    .runs
+                    .get(&s.id)
+                    .is_some_and(|log| !log.is_finished());
+                json!({
+                    "id": s.id, "agent": s.charter, "messages": s.messages,
+                    "running": running, "interrupted": s.running,
+                    "created_at": s.created_at, "updated_at": s.updated_at,
+                })
+            })
+            .collect(),
+    ))
+}
+
+#[utoipa::path(get, path = "/sessions", tag = "sessions",
+    responses((status = 200, description = "The caller's sessions, most recent first")))]
+pub(crate) async fn list_all(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+) -> Result<Json<Value>, ApiError> {
+    let sessions = service.store.list(Some(principal.id())).await?;
+    Ok(listed(&service, sessions))
+}
+
+#[utoipa::path(get, path = "/agents/{agent}/sessions", tag = "sessions",
+    params(("agent" = String, Path, description = "The agent's name")),
+    responses((status = 200, description = "The caller's sessions of the agent")))]
+pub(crate) async fn list_for(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(agent): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    agent_named(&service, &agent)?;
+    let mut sessions = service.store.list(Some(principal.id())).await?;
+    sessions.retain(|s| s.charter == agent);
+    Ok(listed(&service, sessions))
+}
+
+/// Session `id` and its agent, if it is `principal`'s: another
+/// principal's session is "not found", as if it did not exist.
+async fn owned<'a>(
+    service: &'a Service,
+    principal: &Principal,
+    id: &str,
+) -> Result<(SessionId, &'a Agent), ApiError> {
+    let id = SessionId::new(id);
+    let info = service.store.info(&id).await?;
+    if info.owner.as_ref() != Some(principal.id()) {
+        return Err(ApiError::NotFound(format!("no session {id}")));
+    }
+    let agent = service.agents.get(&info.charter).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "session {id} runs agent {:?}, which this server does not serve",
+            info.charter
+        ))
+    })?;
+    Ok((id, agent))
+}
+
+#[utoipa::path(get, path = "/sessions/{id}", tag = "sessions",
+    params(("id" = String, Path, description = "The session")),
+    responses((status = 200, description = "History, state, pending approvals, whether it runs"),
+              (status = 404, description = "No such session of the caller's")))]
+pub(crate) async fn show(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (id, agent) = owned(&service, &principal, &id).await?;
+    let stored = service.store.load(&id).await?;
+    let now = crate::now_ms();
+    let pending: Vec<_> = stored
+        .snapshot
+        .policy
+        .approvals
+        .iter()
+        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
+        .map(|r| &r.request)
+        .collect();
+    let running = service.runs.get(&id).is_some_and(|log| !log.is_finished());
+    Ok(Json(json!({
+        "id": stored.info.id,
+        "agent": agent.name(),
+        "history": stored.snapshot.history,
+        "state": stored.snapshot.instance.state,
+        "pending_approvals": pending,
+        "awaiting_approval": stored.snapshot.policy.answers.iter().any(|a| a.paused),
+        "running": running,
+    })))
+}
+
+#[utoipa::path(get, path = "/sessions/{id}/approvals", tag = "approvals",
+    params(("id" = String, Path, description = "The session")),
+    responses((status = 200, description = "The calls waiting for a decision")))]
+pub(crate) async fn approvals(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (id, _) = owned(&service, &principal, &id).await?;
+    let stored = service.store.load(&id).await?;
+    let now = crate::now_ms();
+    let pending: Vec<_> = stored
+        .snapshot
+        .policy
+        .approvals
+        .into_iter()
+        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
+        .map(|r| r.request)
+        .collect();
+    Ok(Json(json!(pending)))
+}
+
+// --- runs -----------------------------------------------------------------------
+
+fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
+    service.runs.claim(id).ok_or_else(|| {
+        ApiError::Conflict(format!(
+            "session {id} is running; wait for its run to end, or cancel it"
+        ))
+    })
+}
+
+async fn open(
+    service: &Service,
+    id: &SessionId,
+    agent: &Agent,
+) -> Result<DurableMachine<dyn Store>, ApiError> {
+    Ok(DurableMachine::open(
+        Arc::clone(&service.store),
+        id.clone(),
+        service.worker.clone(),
+        agent,
+    )
+    .await?)
+}
+
+tokio::task_local! {
+    /// The event log of the run the current task performs.
+    static RUN_LOG: Arc<RunLog>;
+}
+
+/// Logs a model call's text delta as a `delta` event (`{"text": ...}`) of
+/// the run that asked. One agent serves every session: the deltas find
+/// their run through the task that performs it.
+pub(crate) fn send_delta(event: &MessageStreamEvent) {
+    if let MessageStreamEvent::Update { delta, .. } = event
+        && delta.kind == DeltaKind::Text
+    {
+        let _ = RUN_LOG.try_with(|log| log.push("delta", json!({"text": delta.delta}).to_string()));
+    }
+}
+
+/// What a run does with its session.
+enum Work {
+    /// Nothing more: the session is released.
+    Nothing,
+    /// Resume the turn that waits for approval.
+    Resume,
+    /// Run a turn for this message, resuming first a turn whose approvals
+    /// are all decided or expired.
+    Message(String),
+    /// Continue a run a stopped server left in progress.
+    Continue,
+}
+
+/// One step as a client sees it.
+#[derive(Debug, Serialize)]
+struct StepEvent<'a> {
+    yield_reason: &'static str,
+    done: bool,
+    messages: &'a [markov_core::Message],
+    response: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    approvals: &'a [markov_policy::ConfirmationRequest],
+}
+
+fn step_json(step: &MachineStep) -> String {
+    let body = StepEvent {
+        yield_reason: step.yield_reason.as_str(),
+        done: step.done,
+        messages: &step.history,
+        response: step.response.as_deref(),
+        approvals: &step.approvals,
+    };
+    serde_json::to_string(&body).unwrap_or_else(|_| "{}".into())
+}
+
+/// Performs `work` on `session` in a task of its own (a client that leaves
+/// does not stop it), logging `first`, then the run's events; returns the
+/// log.
+fn spawn_run(
+    service: &Arc<Service>,
+    guard: RunGuard,
+    mut session: DurableMachine<dyn Store>,
+    first: Option<(&'static str, String)>,
+    work: Work,
+) -> Arc<RunLog> {
+    let log = Arc::clone(guard.log());
+    if let Some((name, data)) = first {
+        log.push(name, data);
+    }
+    log.set_cancel(session.cancel_token());
+    session.interrupt_when(service.shutdown.child_token());
+    let service = Arc::clone(service);
+    let task_log = Arc::clone(&log);
+    tokio::spawn(RUN_LOG.scope(Arc::clone(&log), async move {
+        let log = task_log;
+        let started = Instant::now();
+        service.metrics.running.inc();
+        let deadline = {
+            let (log, limit) = (Arc::clone(&log), service.limits.run_deadline);
+            tokio::spawn(async move {
+                tokio::time::sleep(limit).await;
+                if log.stop(StopCause::Deadline) {
+                    tracing::warn!(?limit, "a run passed its deadline: it is cancelled");
+                }
+            })
+        };
+        let on_step = |step: &MachineStep| {
+            service.metrics.steps.inc();
+            let results = step
+                .history
+                .iter()
+                .flat_map(|m| m.item_list())
+                .filter(|i| matches!(i, Item::ToolResult { .. }))
+                .count();
+            service.metrics.tool_calls.inc_by(results as u64);
+            log.push("step", step_json(step));
+        };
+        let result = async {
+            let last = match work {
+                Work::Nothing => None,
+                Work::Resume => Some(session.resume_each_step(on_step).await),
+                Work::Continue => Some(session.run_each_step(on_step).await),
+                Work::Message(text) => Some(
+                    async {
+                        let mut on_step = on_step;
+                        if session.machine().is_awaiting_approval() {
+                            session.resume_each_step(&mut on_step).await?;
+                        }
+                        session.machine().enqueue_user(text);
+                        session.run_each_step(&mut on_step).await
+                    }
+                    .await,
+                ),
+            };
+            let interrupted = session.is_interrupted();
+            let released = session.release().await;
+            let last = last.transpose()?;
+            released?;
+            Ok::<_, ApiError>(last.map(|last| (last, interrupted)))
+        }
+        .await;
+        deadline.abort();
+        let outcome = match result {
+            Ok(Some((last, true))) => {
+                log.push(
+                    "interrupted",
+                    json!({
+                        "yield_reason": last.yield_reason.as_str(),
+                        "reason": "the server is shutting down: the run continues when it is back",
+                    })
+                    .to_string(),
+                );
+                "interrupted"
+            }
+            Ok(Some((last, false))) => {
+                let stopped = (last.yield_reason == YieldReason::Cancelled)
+                    .then(|| log.cause().map_or("cancelled", StopCause::as_str));
+                log.push(
+                    "done",
+                    json!({
+                        "done": last.done,
+                        "response": last.output(),
+                        "yield_reason": last.yield_reason.as_str(),
+                        "awaiting_approval": last.yield_reason == YieldReason::AwaitingApproval,
+                        "stopped": stopped,
+                    })
+                    .to_string(),
+                );
+                stopped.unwrap_or("done")
+            }
+            Ok(None) => "nothing",
+            Err(error) => {
+                tracing::warn!(%error, "a run failed");
+                log.push("error", json!({"error": error.to_string()}).to_string());
+                "error"
+            }
+        };
+        service.metrics.run_ended(outcome, started.elapsed());
+        service.metrics.running.dec();
+        drop(guard);
+    }));
+    log
+}
+
+fn streamed(log: &Arc<RunLog>) -> Sse<impl Stream<Item = Result<Event, Infallible>> + use<>> {
+    Sse::new(log.events(None)).keep_alive(KeepAlive::default())
+}
+
+/// A user message.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct UserText {
+    /// What the user says.
+    text: String,
+}
+
+#[utoipa::path(post, path = "/sessions/{id}/messages", tag = "runs",
+    params(("id" = String, Path, description = "The session")), request_body = UserText,
+    responses((status = 200, description = "The turn's events (text/event-stream)"),
+              (status = 409, description = "The session runs, or waits for decisions")))]
+pub(crate) async fn message(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<UserText>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(UserText { text }) = body?;
+    if text.trim().is_empty() {
+        return Err(ApiError::BadRequest("the message is empty".into()));
+    }
+    let (id, agent) = owned(&service, &principal, &id).await?;
+    // Claimed before the stream starts, so a busy session is a plain 409,
+    // and held by the run until it ends.
+    let guard = claim(&service, &id)?;
+    let session = open(&service, &id, agent).await?;
+    if session.machine().is_awaiting_approval() {
+        let waiting = session
+            .machine()
+            .approvals()
+            .held_pending_at(SystemTime::now())
+            .len();
+        if waiting > 0 {
+            session.release().await?;
+            return Err(ApiError::Conflict(format!(
+                "session {id} waits for the decision on {waiting} tool call(s): decide them first"
+            )));
+        }
+    }
+    let log = spawn_run(&service, guard, session, None, Work::Message(text));
+    Ok(streamed(&log).into_response())
+}
+
+#[utoipa::path(get, path = "/sessions/{id}/events", tag = "runs",
+    params(("id" = String, Path, description = "The session"),
+           ("Last-Event-ID" = Option<String>, Header, description = "The last event received")),
+    responses((status = 200, description = "The events after Last-Event-ID, then live"),
+              (status = 204, description = "No run in progress or just ended")))]
+pub(crate) async fn events(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    let (id, _) = owned(&service, &principal, &id).await?;
+    let Some(log) = service.runs.get(&id) else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
+    let after = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Ok(Sse::new(log.events(after.as_deref()))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+#[utoipa::path(post, path = "/sessions/{id}/cancel", tag = "runs",
+    params(("id" = String, Path, description = "The session")),
+    responses((status = 202, description = "The run is stopping; its stream ends with `done`, stopped: cancelled"),
+              (status = 409, description = "No run in progress")))]
+pub(crate) async fn cancel(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (id, _) = owned(&service, &principal, &id).await?;
+    match service.runs.get(&id) {
+        Some(log) if log.stop(StopCause::Cancelled) => {
+            Ok((StatusCode::ACCEPTED, Json(json!({"cancelling": true}))).into_response())
+        }
+        _ => Err(ApiError::Conflict(format!(
+            "session {id} has no run in progress"
+        ))),
+    }
+}
+
+/// A decision, as the API documents it.
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct DecisionBody {
+    /// `approve`, `edit`, `deny` or `respond`.
+    decision: String,
+    /// The edited arguments (`edit`).
+    #[schema(value_type = Option<Object>)]
+    args: Option<Value>,
+    /// Why (`deny`).
+    message: Option<String>,
+    /// The call's result, given by the application (`respond`).
+    #[schema(value_type = Option<Object>)]
+    result: Option<Value>,
+}
+
+#[utoipa::path(post, path = "/sessions/{id}/approvals/{request}", tag = "approvals",
+    params(("id" = String, Path, description = "The session"),
+           ("request" = String, Path, description = "The confirmation request")),
+    request_body = DecisionBody,
+    responses((status = 200, description = "`decided`, then the resumed run's events"),
+              (status = 403, description = "The tool's calls need a role the caller lacks"),
+              (status = 409, description = "Already decided, or the session runs"),
+              (status = 410, description = "Expired")))]
+pub(crate) async fn decide(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path((id, request)): Path<(String, String)>,
+    body: Result<Json<Decision>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(decision) = body?;
+    let (id, agent) = owned(&service, &principal, &id).await?;
+    // One decision at a time per session: of two racing, the second is a
+    // 409 here, or refused as already decided below.
+    let guard = claim(&service, &id)?;
+    let mut session = open(&service, &id, agent).await?;
+    let request_id = ApprovalId::from(request.as_str());
+    let tool = session
+        .machine()
+        .approvals()
+        .get(&request_id)
+        .map(|record| record.request.tool);
+    if let Some(role) = tool.as_ref().and_then(|t| service.approval_roles.get(t))
+        && !principal.has_role(role)
+    {
+        session.release().await?;
+        return Err(ApiError::Forbidden(format!(
+            "deciding on calls of `{}` needs the `{role}` role",
+            tool.unwrap_or_default()
+        )));
+    }
+    let name = decision.as_str();
+    let decided = match session.decide(&request_id, decision).await {
+        Ok(request) => request,
+        Err(error) => {
+            session.release().await?;
+            return Err(error.into());
+        }
+    };
+    let machine = session.machine();
+    let waiting = machine.approvals().held_pending_at(SystemTime::now()).len();
+    let event = json!({
+        "request_id": decided.request_id,
+        "decision": name,
+        "tool": decided.tool,
+        "waiting": waiting,
+    })
+    .to_string();
+    let work = if waiting == 0 && machine.is_awaiting_approval() {
+        Work::Resume
+    } else {
+        Work::Nothing
+    };
+    let log = spawn_run(&service, guard, session, Some(("decided", event)), work);
+    Ok(streamed(&log).into_response())
+}
+
+/// A command to run.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct CommandRequest {
+    /// The command's name.
+    name: String,
+    /// Its input.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    input: Option<Value>,
+}
+
+#[utoipa::path(post, path = "/sessions/{id}/commands", tag = "sessions",
+    params(("id" = String, Path, description = "The session")), request_body = CommandRequest,
+    responses((status = 200, description = "The command's result")))]
+pub(crate) async fn command(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<CommandRequest>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(request) = body?;
+    let (id, agent) = owned(&service, &principal, &id).await?;
+    let _guard = claim(&service, &id)?;
+    let mut session = open(&service, &id, agent).await?;
+    let outcome = session
+        .command(
+            &request.name,
+            request.input.unwrap_or_else(|| json!({})),
+            Default::default(),
+        )
+        .await;
+    let released = session.release().await;
+    let outcome = outcome?;
+    released?;
+    Ok(Json(json!({
+        "success": outcome.result.success,
+        "value": outcome.result.value,
+        "error": outcome.result.error,
+    })))
+}
+
+// --- the service itself -----------------------------------------------------------
+
+#[utoipa::path(get, path = "/openapi.json", tag = "service",
+    responses((status = 200, description = "This document")))]
+pub(crate) async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::document(),
+    )
+        .into_response()
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "service",
+    responses((status = 200, description = "Prometheus text format")))]
+pub(crate) async fn metrics(State(service): Shared) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        service.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Continues the runs left in progress on the store — by this server
+/// before a restart, or by a worker that died — now and every half lease,
+/// until the server stops.
+pub(crate) async fn continue_interrupted_forever(service: Arc<Service>) {
+    loop {
+        while let Some(id) = continue_one(&service).await {
+            tracing::info!(session = %id, "continuing a run left in progress");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(markov_store::DEFAULT_LEASE / 2) => {}
+            () = service.shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Claims one interrupted run and continues it in the background.
+async fn continue_one(service: &Arc<Service>) -> Option<SessionId> {
+    if service.shutdown.is_cancelled() {
+        return None;
+    }
+    let lease = match service
+        .store
+        .claim_interrupted(&service.worker, markov_store::DEFAULT_LEASE)
+        .await
+    {
+        Ok(lease) => lease?,
+        Err(error) => {
+            tracing::warn!(%error, "cannot look for runs to continue");
+            return None;
+        }
+    };
+    let id = lease.session;
+    let started = async {
+        let info = service.store.info(&id).await?;
+        let agent = agent_named(service, &info.charter)?;
+        let guard = claim(service, &id)?;
+        let session = open(service, &id, agent).await?;
+        spawn_run(service, guard, session, None, Work::Continue);
+        Ok::<_, ApiError>(())
+    }
+    .await;
+    if let Err(error) = started {
+        // Left leased: another worker may take it once the lease expires.
+        tracing::warn!(session = %id, %error, "cannot continue a run left in progress");
+    }
+    Some(id)
+}

@@ -1,0 +1,399 @@
+//! Who is asking: API keys (hashed in the store), JWT bearer tokens from an
+//! external issuer, and the browser's sign-in cookie.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use markov_store::{ApiKeyRecord, KeyStore, Owner, StoreError};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// The role that may decide on calls of the tools that require it (see
+/// `ServerBuilder::approval_role`).
+pub const APPROVER: &str = "approver";
+
+/// An authenticated caller: the sessions it creates are its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    id: Owner,
+    roles: BTreeSet<String>,
+}
+
+impl Principal {
+    /// A principal with `roles`.
+    pub fn new(id: impl Into<String>, roles: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Principal {
+            id: Owner::new(id),
+            roles: roles.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// Its id, which owns the sessions it creates.
+    pub fn id(&self) -> &Owner {
+        &self.id
+    }
+
+    /// Whether it has `role`.
+    pub fn has_role(&self, role: &str) -> bool {
+        self.roles.contains(role)
+    }
+
+    /// Its roles.
+    pub fn roles(&self) -> impl Iterator<Item = &str> {
+        self.roles.iter().map(String::as_str)
+    }
+}
+
+/// A key just created: the only time its secret is known.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NewApiKey {
+    /// The key's public id, to revoke it.
+    pub id: String,
+    /// The whole key (`mk_<id>_<secret>`), to give to its user once: only
+    /// its hash is stored.
+    pub key: String,
+    /// The principal it signs in as.
+    pub principal: String,
+    /// Its roles.
+    pub roles: Vec<String>,
+}
+
+impl fmt::Debug for NewApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NewApiKey")
+            .field("id", &self.id)
+            .field("key", &"<redacted>")
+            .field("principal", &self.principal)
+            .field("roles", &self.roles)
+            .finish()
+    }
+}
+
+/// Why an API key cannot be created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The principal's name is unusable.
+    #[error("a principal is 1 to 128 letters, digits, `-`, `_`, `.` or `@` (got {0:?})")]
+    BadPrincipal(String),
+    /// A role's name is unusable.
+    #[error("a role is 1 to 64 letters, digits, `-` or `_` (got {0:?})")]
+    BadRole(String),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+fn valid_name(name: &str, max: usize, extra: &[char]) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || extra.contains(&c))
+}
+
+/// Creates an API key for `principal` with `roles` and stores its hash in
+/// `keys`. The returned key is the only copy of its secret.
+pub async fn create_api_key(
+    keys: &dyn KeyStore,
+    principal: &str,
+    roles: &[String],
+) -> Result<NewApiKey, KeyError> {
+    if !valid_name(principal, 128, &['.', '@']) {
+        return Err(KeyError::BadPrincipal(principal.to_owned()));
+    }
+    if let Some(role) = roles.iter().find(|r| !valid_name(r, 64, &[])) {
+        return Err(KeyError::BadRole(role.clone()));
+    }
+    // Version 4 UUIDs come from the operating system's secure random
+    // source: 122 random bits each, 244 for the secret.
+    let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
+    let secret = format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
+    let record = ApiKeyRecord {
+        id: id.clone(),
+        principal: principal.to_owned(),
+        roles: roles.to_vec(),
+        hash: hash_secret(&secret),
+        created_at: crate::now_ms(),
+        revoked_at: None,
+    };
+    keys.add_key(&record).await?;
+    Ok(NewApiKey {
+        key: format!("mk_{id}_{secret}"),
+        id,
+        principal: principal.to_owned(),
+        roles: roles.to_vec(),
+    })
+}
+
+/// The stored form of a key's secret. A fast hash is enough: the secret is
+/// 244 random bits, so there is nothing to guess from the hash.
+fn hash_secret(secret: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"markov-api-key\0");
+    hasher.update(secret.as_bytes());
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The principal `presented` signs in as, if it is a live API key.
+pub(crate) async fn verify_api_key(
+    keys: &dyn KeyStore,
+    presented: &str,
+) -> Result<Option<Principal>, StoreError> {
+    let Some((id, secret)) = presented
+        .strip_prefix("mk_")
+        .and_then(|rest| rest.split_once('_'))
+    else {
+        return Ok(None);
+    };
+    if id.len() != 12 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(None);
+    }
+    let Some(record) = keys.key(id).await? else {
+        return Ok(None);
+    };
+    let matches: bool = hash_secret(secret)
+        .as_bytes()
+        .ct_eq(record.hash.as_bytes())
+        .into();
+    if !matches || record.revoked_at.is_some() {
+        return Ok(None);
+    }
+    Ok(Some(Principal::new(record.principal, record.roles)))
+}
+
+/// Bearer tokens from an external issuer (an identity provider): their
+/// signature, issuer, audience and expiry are checked; the subject is the
+/// principal and the `roles` claim (a list of strings) its roles.
+#[derive(Clone)]
+pub struct JwtConfig {
+    key: DecodingKey,
+    validation: Validation,
+}
+
+impl fmt::Debug for JwtConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtConfig")
+            .field("algorithms", &self.validation.algorithms)
+            .field("issuer", &self.validation.iss)
+            .field("audience", &self.validation.aud)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A JWT configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid JWT configuration: {0}")]
+pub struct JwtConfigError(String);
+
+impl JwtConfig {
+    /// Tokens signed with HMAC-SHA256 and the shared `secret` (at least
+    /// 32 bytes), from `issuer`, for `audience`.
+    pub fn hs256(secret: &[u8], issuer: &str, audience: &str) -> Result<Self, JwtConfigError> {
+        if secret.len() < 32 {
+            return Err(JwtConfigError(
+                "an HS256 secret has at least 32 bytes".into(),
+            ));
+        }
+        Ok(Self::with(
+            DecodingKey::from_secret(secret),
+            Algorithm::HS256,
+            issuer,
+            audience,
+        ))
+    }
+
+    /// Tokens signed with RS256 and the private key of the public key in
+    /// `pem`, from `issuer`, for `audience`.
+    pub fn rs256_pem(pem: &[u8], issuer: &str, audience: &str) -> Result<Self, JwtConfigError> {
+        let key = DecodingKey::from_rsa_pem(pem).map_err(|e| JwtConfigError(e.to_string()))?;
+        Ok(Self::with(key, Algorithm::RS256, issuer, audience))
+    }
+
+    /// Tokens signed with ES256 and the private key of the public key in
+    /// `pem`, from `issuer`, for `audience`.
+    pub fn es256_pem(pem: &[u8], issuer: &str, audience: &str) -> Result<Self, JwtConfigError> {
+        let key = DecodingKey::from_ec_pem(pem).map_err(|e| JwtConfigError(e.to_string()))?;
+        Ok(Self::with(key, Algorithm::ES256, issuer, audience))
+    }
+
+    fn with(key: DecodingKey, algorithm: Algorithm, issuer: &str, audience: &str) -> Self {
+        let mut validation = Validation::new(algorithm);
+        validation.set_issuer(&[issuer]);
+        validation.set_audience(&[audience]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        validation.leeway = 30;
+        JwtConfig { key, validation }
+    }
+
+    fn verify(&self, token: &str) -> Option<Principal> {
+        let data = jsonwebtoken::decode::<Claims>(token, &self.key, &self.validation).ok()?;
+        let Claims { sub, roles, .. } = data.claims;
+        valid_name(&sub, 128, &['.', '@', ':', '|']).then(|| Principal::new(sub, roles))
+    }
+}
+
+/// The claims read from a token.
+#[derive(Debug, Serialize, Deserialize)]
+struct Claims {
+    sub: String,
+    #[serde(default)]
+    roles: Vec<String>,
+    exp: u64,
+    #[serde(default)]
+    iss: String,
+    #[serde(default)]
+    aud: String,
+}
+
+/// The browser's sign-in cookie: a token the server signs itself, naming
+/// the principal of the key that signed in.
+#[derive(Clone)]
+pub(crate) struct CookieSigner {
+    encoding: EncodingKey,
+    decoding: DecodingKey,
+    /// How long a sign-in lasts.
+    pub(crate) lifetime: std::time::Duration,
+}
+
+impl fmt::Debug for CookieSigner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CookieSigner")
+            .field("lifetime", &self.lifetime)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The issuer and audience of the sign-in cookie's token.
+const COOKIE_ISSUER: &str = "markov-server";
+const COOKIE_AUDIENCE: &str = "markov-web";
+
+impl CookieSigner {
+    pub(crate) fn new(secret: &[u8], lifetime: std::time::Duration) -> Self {
+        CookieSigner {
+            encoding: EncodingKey::from_secret(secret),
+            decoding: DecodingKey::from_secret(secret),
+            lifetime,
+        }
+    }
+
+    pub(crate) fn sign(&self, principal: &Principal) -> Option<String> {
+        let claims = Claims {
+            sub: principal.id().as_str().to_owned(),
+            roles: principal.roles().map(str::to_owned).collect(),
+            exp: crate::now_ms() / 1000 + self.lifetime.as_secs(),
+            iss: COOKIE_ISSUER.into(),
+            aud: COOKIE_AUDIENCE.into(),
+        };
+        jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding).ok()
+    }
+
+    pub(crate) fn verify(&self, token: &str) -> Option<Principal> {
+        let mut validation = Validation::new(Algorithm::HS256);
+        validation.set_issuer(&[COOKIE_ISSUER]);
+        validation.set_audience(&[COOKIE_AUDIENCE]);
+        validation.leeway = 0;
+        let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation).ok()?;
+        Some(Principal::new(data.claims.sub, data.claims.roles))
+    }
+}
+
+/// How a request proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Credential {
+    /// `Authorization: Bearer` with an API key or a token.
+    Bearer,
+    /// The sign-in cookie (a browser): unsafe methods must come from an
+    /// allowed origin.
+    Cookie,
+}
+
+/// The verifiers of a server.
+#[derive(Debug, Clone)]
+pub(crate) struct Verifiers {
+    pub(crate) jwt: Option<JwtConfig>,
+    pub(crate) cookie: CookieSigner,
+}
+
+impl Verifiers {
+    /// The principal of a bearer credential: an API key, or a token when
+    /// an issuer is configured.
+    pub(crate) async fn bearer(
+        &self,
+        keys: &dyn KeyStore,
+        token: &str,
+    ) -> Result<Option<Principal>, StoreError> {
+        if token.starts_with("mk_") {
+            return verify_api_key(keys, token).await;
+        }
+        Ok(self.jwt.as_ref().and_then(|jwt| jwt.verify(token)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_signed_cookie_names_its_principal_and_a_forged_one_names_nobody() {
+        let signer = CookieSigner::new(&[7; 32], std::time::Duration::from_secs(60));
+        let alice = Principal::new("alice", ["approver"]);
+        let token = signer.sign(&alice).expect("signs");
+        assert_eq!(signer.verify(&token), Some(alice));
+        let other = CookieSigner::new(&[8; 32], std::time::Duration::from_secs(60));
+        assert_eq!(other.verify(&token), None, "another server's secret");
+        let mut tampered = token.clone();
+        tampered.insert(token.len() / 2, 'x');
+        assert_eq!(signer.verify(&tampered), None);
+    }
+
+    #[test]
+    fn an_external_token_is_checked_for_issuer_audience_and_expiry() {
+        let secret = [3u8; 32];
+        let config = JwtConfig::hs256(&secret, "https://idp.example", "markov").expect("config");
+        let sign = |iss: &str, aud: &str, exp: u64| {
+            let claims = Claims {
+                sub: "bob".into(),
+                roles: vec!["approver".into()],
+                exp,
+                iss: iss.into(),
+                aud: aud.into(),
+            };
+            jsonwebtoken::encode(
+                &Header::new(Algorithm::HS256),
+                &claims,
+                &EncodingKey::from_secret(&secret),
+            )
+            .expect("encodes")
+        };
+        let later = crate::now_ms() / 1000 + 600;
+        let ok = config
+            .verify(&sign("https://idp.example", "markov", later))
+            .expect("a valid token");
+        assert_eq!(ok.id().as_str(), "bob");
+        assert!(ok.has_role(APPROVER));
+        assert_eq!(
+            config.verify(&sign("https://evil.example", "markov", later)),
+            None
+        );
+        assert_eq!(
+            config.verify(&sign("https://idp.example", "other", later)),
+            None
+        );
+        assert_eq!(
+            config.verify(&sign("https://idp.example", "markov", 1000)),
+            None
+        );
+        assert!(JwtConfig::hs256(b"short", "i", "a").is_err());
+    }
+}

@@ -1,0 +1,310 @@
+//! The turns running in this process: one event log per session, which the
+//! request that started the run streams, a client that lost its stream
+//! reads again from where it stopped, and a cancel reaches.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::response::sse::Event;
+use futures::Stream;
+use markov_store::SessionId;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// How long the log of a finished run stays, for a client that reconnects
+/// just after its end.
+pub(crate) const KEEP_FINISHED: Duration = Duration::from_secs(60);
+
+/// The most bytes of `delta` events a log keeps: past it, deltas are
+/// dropped (each step's event still carries its whole messages), so a
+/// long answer cannot grow a log without bound.
+const MAX_DELTA_BYTES: usize = 4 * 1024 * 1024;
+
+/// Why a run was stopped from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopCause {
+    /// A user asked (`POST /sessions/{id}/cancel`).
+    Cancelled,
+    /// The run's deadline passed.
+    Deadline,
+}
+
+impl StopCause {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            StopCause::Cancelled => "cancelled",
+            StopCause::Deadline => "deadline",
+        }
+    }
+}
+
+/// One event as logged.
+#[derive(Debug, Clone)]
+struct Logged {
+    seq: u64,
+    name: &'static str,
+    data: String,
+}
+
+#[derive(Debug, Default)]
+struct LogState {
+    events: Vec<Logged>,
+    delta_bytes: usize,
+    finished: bool,
+    cancel: Option<CancellationToken>,
+    cause: Option<StopCause>,
+}
+
+/// The events of one run, in order, and how to stop it.
+#[derive(Debug)]
+pub(crate) struct RunLog {
+    /// The run's number in this process (event ids are `<run>-<seq>`, so an
+    /// id from an earlier run never skips events of this one).
+    run: u64,
+    state: Mutex<LogState>,
+    changed: Notify,
+}
+
+impl RunLog {
+    fn state(&self) -> std::sync::MutexGuard<'_, LogState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Appends an event (`data` is JSON) and wakes the readers.
+    pub(crate) fn push(&self, name: &'static str, data: String) {
+        {
+            let mut state = self.state();
+            if state.finished {
+                return;
+            }
+            if name == "delta" {
+                if state.delta_bytes + data.len() > MAX_DELTA_BYTES {
+                    return;
+                }
+                state.delta_bytes += data.len();
+            }
+            let seq = state.events.len() as u64 + 1;
+            state.events.push(Logged { seq, name, data });
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Lets [`RunLog::stop`] reach the run.
+    pub(crate) fn set_cancel(&self, token: CancellationToken) {
+        let mut state = self.state();
+        if state.cause.is_some() {
+            token.cancel();
+        }
+        state.cancel = Some(token);
+    }
+
+    /// Stops the run (the first cause is the one reported); `false` when
+    /// it is over already.
+    pub(crate) fn stop(&self, cause: StopCause) -> bool {
+        let mut state = self.state();
+        if state.finished {
+            return false;
+        }
+        state.cause.get_or_insert(cause);
+        if let Some(token) = &state.cancel {
+            token.cancel();
+        }
+        true
+    }
+
+    /// Why the run was stopped, if it was.
+    pub(crate) fn cause(&self) -> Option<StopCause> {
+        self.state().cause
+    }
+
+    /// Whether the run is over.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.state().finished
+    }
+
+    fn finish(&self) {
+        self.state().finished = true;
+        self.changed.notify_waiters();
+    }
+
+    /// The events after `after` (the `Last-Event-ID` a client saw, if it
+    /// is of this run), then the rest as they come, until the run ends.
+    pub(crate) fn events(
+        self: &Arc<Self>,
+        after: Option<&str>,
+    ) -> impl Stream<Item = Result<Event, Infallible>> + use<> {
+        let from = after
+            .and_then(|id| id.split_once('-'))
+            .filter(|(run, _)| run.parse::<u64>().ok() == Some(self.run))
+            .and_then(|(_, seq)| seq.parse::<usize>().ok())
+            .unwrap_or(0);
+        futures::stream::unfold((Arc::clone(self), from), |(log, next)| async move {
+            loop {
+                let waker = Arc::clone(&log);
+                let notified = waker.changed.notified();
+                futures::pin_mut!(notified);
+                notified.as_mut().enable();
+                let (event, finished) = {
+                    let state = log.state();
+                    (state.events.get(next).cloned(), state.finished)
+                };
+                if let Some(event) = event {
+                    let sse = Event::default()
+                        .id(format!("{}-{}", log.run, event.seq))
+                        .event(event.name)
+                        .data(event.data);
+                    return Some((Ok(sse), (log, next + 1)));
+                }
+                if finished {
+                    return None;
+                }
+                notified.await;
+            }
+        })
+    }
+}
+
+/// Marks a session as running in this process until dropped; then its
+/// log is finished, and forgotten a little later.
+#[derive(Debug)]
+pub(crate) struct RunGuard {
+    runs: Arc<Runs>,
+    id: SessionId,
+    log: Arc<RunLog>,
+}
+
+impl RunGuard {
+    pub(crate) fn log(&self) -> &Arc<RunLog> {
+        &self.log
+    }
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        self.log.finish();
+        let (runs, id, log) = (
+            Arc::clone(&self.runs),
+            self.id.clone(),
+            Arc::clone(&self.log),
+        );
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                tokio::time::sleep(KEEP_FINISHED).await;
+                runs.forget(&id, &log);
+            });
+        } else {
+            runs.forget(&id, &log);
+        }
+    }
+}
+
+/// The runs of this process, by session.
+#[derive(Debug, Default)]
+pub(crate) struct Runs {
+    logs: Mutex<HashMap<SessionId, Arc<RunLog>>>,
+    next: AtomicU64,
+}
+
+impl Runs {
+    fn logs(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<RunLog>>> {
+        self.logs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Claims session `id` for a run: `None` while another runs.
+    pub(crate) fn claim(self: &Arc<Self>, id: &SessionId) -> Option<RunGuard> {
+        let mut logs = self.logs();
+        if logs.get(id).is_some_and(|log| !log.is_finished()) {
+            return None;
+        }
+        let log = Arc::new(RunLog {
+            run: self.next.fetch_add(1, Ordering::Relaxed) + 1,
+            state: Mutex::default(),
+            changed: Notify::new(),
+        });
+        logs.insert(id.clone(), Arc::clone(&log));
+        Some(RunGuard {
+            runs: Arc::clone(self),
+            id: id.clone(),
+            log,
+        })
+    }
+
+    /// The log of session `id`'s run in progress, or of its last run if it
+    /// ended moments ago.
+    pub(crate) fn get(&self, id: &SessionId) -> Option<Arc<RunLog>> {
+        self.logs().get(id).cloned()
+    }
+
+    /// How many runs are in progress.
+    pub(crate) fn running(&self) -> usize {
+        self.logs().values().filter(|l| !l.is_finished()).count()
+    }
+
+    /// Waits until no run is in progress, or `limit` passed; `true` if none is.
+    pub(crate) async fn drained(&self, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        while self.running() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        true
+    }
+
+    fn forget(&self, id: &SessionId, log: &Arc<RunLog>) {
+        let mut logs = self.logs();
+        if logs.get(id).is_some_and(|l| Arc::ptr_eq(l, log)) {
+            logs.remove(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    #[tokio::test]
+    async fn a_reader_that_reconnects_gets_what_it_missed_then_the_rest_live() {
+        let runs = Arc::new(Runs::default());
+        let id = SessionId::new("s");
+        let guard = runs.claim(&id).expect("free");
+        assert!(runs.claim(&id).is_none(), "one run per session");
+        let log = Arc::clone(guard.log());
+        log.push("step", "1".into());
+        log.push("step", "2".into());
+        let first: Vec<String> = log
+            .events(None)
+            .take(1)
+            .map(|e| format!("{:?}", e.expect("event")))
+            .collect()
+            .await;
+        assert!(first[0].contains("id: 1-1"), "{first:?}");
+        let rest = tokio::spawn({
+            let log = Arc::clone(&log);
+            async move {
+                log.events(Some("1-1"))
+                    .map(|e| format!("{:?}", e.expect("event")))
+                    .collect::<Vec<_>>()
+                    .await
+            }
+        });
+        tokio::task::yield_now().await;
+        log.push("done", "3".into());
+        drop(guard);
+        let rest = rest.await.expect("joins");
+        assert_eq!(rest.len(), 2, "{rest:?}");
+        assert!(
+            rest[0].contains("id: 1-2") && rest[1].contains("id: 1-3"),
+            "{rest:?}"
+        );
+        // An id of another run reads this run from its start.
+        let all: Vec<_> = log.events(Some("7-40")).collect().await;
+        assert_eq!(all.len(), 3);
+        assert!(runs.claim(&id).is_some(), "free once finished");
+    }
+}
