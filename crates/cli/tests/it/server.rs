@@ -1,5 +1,7 @@
 //! The `markov-serve` binary: without a provider it serves the demo agent
-//! on the rehearsal model, over HTTP, its sessions in a SQLite file.
+//! on the rehearsal model, over HTTP, its sessions and API keys in a
+//! SQLite file; `keys` creates, lists and revokes keys; SIGTERM stops it
+//! cleanly; `--help` documents every flag.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -24,6 +26,10 @@ async fn the_server_answers_the_demo_question_over_http() {
         .map(|a| a.port())
         .expect("a free port");
     let db = std::env::temp_dir().join(format!("markov-server-{}-{port}.db", std::process::id()));
+    let created = keys(&db, &["create", "alice", "--role", "approver"]);
+    assert!(created.status.success(), "{created:?}");
+    let key = String::from_utf8_lossy(&created.stdout).trim().to_owned();
+    assert!(key.starts_with("mk_"), "the key is printed alone: {key:?}");
     let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
     for var in crate::demo::PROVIDER_VARS {
         command.env_remove(var);
@@ -32,18 +38,23 @@ async fn the_server_answers_the_demo_question_over_http() {
         command
             .args(["--port", &port.to_string(), "--database"])
             .arg(&db)
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("the server starts"),
-        db,
+        db.clone(),
     );
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
     let mut waited = Duration::ZERO;
     let created = loop {
-        match client.post(format!("{base}/sessions")).send().await {
+        match client
+            .post(format!("{base}/sessions"))
+            .bearer_auth(&key)
+            .send()
+            .await
+        {
             Ok(response) => break response,
             Err(_) => {
                 assert!(
@@ -62,6 +73,7 @@ async fn the_server_answers_the_demo_question_over_http() {
         .to_owned();
     let stream = client
         .post(format!("{base}/sessions/{id}/messages"))
+        .bearer_auth(&key)
         .json(&json!({"text": "How many people live in Lisbon and Porto together?"}))
         .send()
         .await
@@ -80,4 +92,131 @@ async fn the_server_answers_the_demo_question_over_http() {
         .await
         .expect("the page");
     assert!(page.contains("<title>markov</title>"));
+    let anonymous = client
+        .get(format!("{base}/sessions"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(anonymous.status(), 401);
+
+    // A revoked key signs nobody in, at once.
+    let id = key
+        .trim_start_matches("mk_")
+        .split('_')
+        .next()
+        .expect("an id");
+    let listed = keys(&db, &["list"]);
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    assert!(
+        listed.contains(id) && listed.contains("alice") && listed.contains("approver"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains(&key),
+        "the list never shows a secret: {listed}"
+    );
+    assert!(keys(&db, &["revoke", id]).status.success());
+    let revoked = client
+        .get(format!("{base}/sessions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(revoked.status(), 401);
+    assert!(!keys(&db, &["revoke", id]).status.success(), "revoked once");
+
+    // SIGTERM: it stops accepting, and exits cleanly.
+    let pid = _server.0.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill runs")
+            .success()
+    );
+    let mut server = _server;
+    let mut waited = Duration::ZERO;
+    let status = loop {
+        if let Some(status) = server.0.try_wait().expect("waits") {
+            break status;
+        }
+        assert!(
+            waited < Duration::from_secs(30),
+            "still running after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    };
+    assert!(status.success(), "{status}");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut server.0.stdout.take().expect("stdout"), &mut out)
+        .expect("reads");
+    assert!(
+        out.contains("serving on http://127.0.0.1:") && out.contains("stopped"),
+        "{out}"
+    );
+}
+
+fn keys(db: &std::path::Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_markov-serve"))
+        .arg("keys")
+        .args(args)
+        .arg("--database")
+        .arg(db)
+        .output()
+        .expect("markov-serve keys runs")
+}
+
+#[test]
+fn help_documents_every_flag() {
+    let help = Command::new(env!("CARGO_BIN_EXE_markov-serve"))
+        .arg("--help")
+        .output()
+        .expect("runs");
+    assert!(help.status.success());
+    let help = String::from_utf8_lossy(&help.stdout).into_owned();
+    for flag in [
+        "--database ",
+        "--database-url",
+        "--bind",
+        "--port",
+        "--allowed-host",
+        "--public-url",
+        "--cors-origin",
+        "--approval-role",
+        "--jwt-issuer",
+        "--jwt-audience",
+        "--jwt-public-key",
+        "--jwt-algorithm",
+        "--rate-limit",
+        "--run-deadline",
+        "--max-connections",
+        "--header-timeout",
+        "--max-body",
+        "--worker",
+        "keys",
+    ] {
+        let line = help
+            .lines()
+            .position(|l| l.trim_start().starts_with(flag))
+            .unwrap_or_else(|| panic!("{flag} is not in --help:\n{help}"));
+        // Each flag has its own description under it.
+        let described = help
+            .lines()
+            .nth(line + 1)
+            .is_some_and(|l| l.trim().len() > 10)
+            || help
+                .lines()
+                .nth(line)
+                .is_some_and(|l| l.trim().len() > flag.len() + 10);
+        assert!(described, "{flag} has no description:\n{help}");
+    }
+    let keys = Command::new(env!("CARGO_BIN_EXE_markov-serve"))
+        .args(["keys", "--help"])
+        .output()
+        .expect("runs");
+    let keys = String::from_utf8_lossy(&keys.stdout).into_owned();
+    for command in ["create", "list", "revoke"] {
+        assert!(keys.contains(command), "{keys}");
+    }
 }
