@@ -74,8 +74,8 @@ enum Keys {
 /// Where sessions and keys are kept.
 #[derive(Debug, Args)]
 struct Database {
-    /// The SQLite file [default: $XDG_DATA_HOME/markov/sessions.db, or
-    /// ~/.local/share/markov/sessions.db].
+    /// The SQLite file (default: `$XDG_DATA_HOME/markov/sessions.db`, or
+    /// `~/.local/share/markov/sessions.db`).
     #[arg(long, global = true, conflicts_with = "database_url")]
     database: Option<PathBuf>,
     /// A PostgreSQL connection string instead of SQLite (several servers
@@ -102,7 +102,7 @@ struct ServeArgs {
     /// names are always allowed.
     #[arg(long = "allowed-host")]
     allowed_hosts: Vec<String>,
-    /// The URL users reach the service at, e.g. https://agents.example.com
+    /// The URL users reach the service at, e.g. `https://agents.example.com`
     /// (its host is allowed; https makes the sign-in cookie Secure).
     #[arg(long)]
     public_url: Option<String>,
@@ -142,8 +142,8 @@ struct ServeArgs {
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 64 * 1024)]
     max_body: usize,
-    /// This server's name in the store's leases [default:
-    /// markov-serve@<host name>]: a server restarted with the same name
+    /// This server's name in the store's leases (default:
+    /// `markov-serve@HOSTNAME`): a server restarted with the same name
     /// takes its sessions back at once.
     #[arg(long)]
     worker: Option<String>,
