@@ -79,6 +79,24 @@
 //! answers it with an invalid-input error result before any tool or policy
 //! stage sees it. Empty arguments are `{}`.
 //!
+//! # Structured output with tools
+//!
+//! A request with an output schema (a node with an output type) that also
+//! offers tools asks for its structured answer through an *output tool*,
+//! `final_answer`, whose parameters are the schema, instead of the
+//! vendor's schema field (`response_format`, `output_format`): llama.cpp's
+//! server and vLLM turn that field into a grammar with no tool-call
+//! branch, so under it a model can never call a tool. Tool choice `auto`
+//! becomes `any` (`required`) then, so the answer is always a call, and
+//! the answer's call of `final_answer` comes back as a text item with its
+//! arguments' JSON, which the loop records as the structured answer; no
+//! call of it waits for a result. A call without tools (or under tool
+//! choice `none`) sends the schema field. At the vendor's own address
+//! (`api.openai.com`, `api.anthropic.com`), which combines the two, the
+//! schema field is sent with tools too; [`StructuredOutput`] overrides
+//! the choice on either builder. A call under the output tool is not
+//! streamed: its stream replays the whole answer.
+//!
 //! # Architecture invariant
 //!
 //! Only this crate knows vendor JSON. The wire structs are private to each
@@ -105,8 +123,9 @@ mod convert;
 mod env;
 mod error;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
+mod output;
+#[cfg(any(feature = "anthropic", feature = "openai"))]
 mod sse;
-#[cfg(feature = "anthropic")]
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod transport;
 
@@ -118,3 +137,5 @@ pub use env::{EnvModel, from_env};
 pub use error::ConfigError;
 #[cfg(feature = "openai")]
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};
+#[cfg(any(feature = "anthropic", feature = "openai"))]
+pub use output::StructuredOutput;

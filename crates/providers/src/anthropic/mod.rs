@@ -52,6 +52,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use tracing::Instrument;
 
 use crate::error::ConfigError;
+use crate::output::{Plan, StructuredOutput};
 use crate::sse::{log_done, sse_stream};
 use crate::transport::{
     self, ApiKey, Transport, TransportConfig, check_status, endpoint, transport_error,
@@ -105,6 +106,8 @@ pub struct Anthropic {
     url: Url,
     model: String,
     caching: PromptCaching,
+    /// Whether `output_format` is sent next to tools (see [`crate::output`]).
+    schema_with_tools: bool,
     body_cache: BodyCache,
 }
 
@@ -126,6 +129,7 @@ pub struct AnthropicBuilder {
     base_url: String,
     model: String,
     caching: PromptCaching,
+    structured_output: StructuredOutput,
     transport: TransportConfig,
     body_cache_bytes: usize,
 }
@@ -137,6 +141,7 @@ impl fmt::Debug for AnthropicBuilder {
             .field("base_url", &crate::transport::redact_url(&self.base_url))
             .field("model", &self.model)
             .field("caching", &self.caching)
+            .field("structured_output", &self.structured_output)
             .field("transport", &self.transport)
             .field("body_cache_bytes", &self.body_cache_bytes)
             .finish()
@@ -150,6 +155,7 @@ impl Default for AnthropicBuilder {
             base_url: DEFAULT_BASE_URL.to_owned(),
             model: DEFAULT_MODEL.to_owned(),
             caching: PromptCaching::default(),
+            structured_output: StructuredOutput::default(),
             transport: TransportConfig::DEFAULT,
             body_cache_bytes: crate::body::DEFAULT_BODY_CACHE_BYTES,
         }
@@ -211,6 +217,17 @@ impl AnthropicBuilder {
     #[must_use]
     pub fn prompt_caching(mut self, caching: PromptCaching) -> Self {
         self.caching = caching;
+        self
+    }
+
+    /// Sets how a structured answer is asked for on a call that also
+    /// offers tools (default [`StructuredOutput::Auto`]: `output_format` at
+    /// `api.anthropic.com`, the output tool at any other address, such as
+    /// llama.cpp's server, which makes tool calls impossible under a
+    /// schema). See [the crate docs](crate#structured-output-with-tools).
+    #[must_use]
+    pub fn structured_output(mut self, mode: StructuredOutput) -> Self {
+        self.structured_output = mode;
         self
     }
 
@@ -306,6 +323,9 @@ impl AnthropicBuilder {
             url: endpoint(&base, "v1/messages"),
             model: self.model,
             caching: self.caching,
+            schema_with_tools: self
+                .structured_output
+                .schema_with_tools(base.host_str() == Some("api.anthropic.com")),
             body_cache: BodyCache::new(self.body_cache_bytes),
         })
     }
@@ -363,13 +383,20 @@ impl Anthropic {
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        let body = wire::encode(request, model, self.caching, stream, Some(&self.body_cache))?;
+        let body = wire::encode(
+            request,
+            model,
+            self.caching,
+            self.schema_with_tools,
+            stream,
+            Some(&self.body_cache),
+        )?;
         // Debug and test builds check every cached body against the body
         // encoded afresh: every test of the workspace checks the cache.
         #[cfg(debug_assertions)]
         if let Err(mismatch) = crate::body::check_cached(
             &body,
-            &wire::encode_plain(request, model, self.caching, stream)?,
+            &wire::encode_plain(request, model, self.caching, self.schema_with_tools, stream)?,
         ) {
             panic!("{mismatch}");
         }
@@ -385,7 +412,7 @@ impl Anthropic {
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        wire::encode_plain(request, model, self.caching, stream)
+        wire::encode_plain(request, model, self.caching, self.schema_with_tools, stream)
     }
 
     async fn post(&self, body: Bytes, structured: bool) -> Result<reqwest::Response, ModelError> {
@@ -451,7 +478,8 @@ impl Model for Anthropic {
         let model = self.model_for(&request);
         let span = call_span(model);
         let body = Bytes::from(self.request_body(&request, false)?);
-        let structured = request.output_schema().is_some();
+        let plan = Plan::of(&request, self.schema_with_tools);
+        let structured = plan.schema_field().is_some();
         let call = async {
             let bytes = self
                 .transport
@@ -463,7 +491,7 @@ impl Model for Anthropic {
                         .map_err(|e| transport_error(e, self.transport.timeout()))
                 })
                 .await?;
-            let response = wire::decode(&bytes)?;
+            let response = plan.finish(wire::decode(&bytes)?);
             log_done(&response);
             Ok(response)
         };
@@ -474,13 +502,19 @@ impl Model for Anthropic {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let plan = Plan::of(&request, self.schema_with_tools);
+        if plan.tool().is_some() {
+            // The answer is the output tool's call, turned into text once
+            // whole: streamed, its deltas would show a call that is not one.
+            return crate::output::replayed(self, request);
+        }
         let model = self.model_for(&request);
         let span = call_span(model);
         let body = match self.request_body(&request, true) {
             Ok(body) => Bytes::from(body),
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
-        let structured = request.output_schema().is_some();
+        let structured = plan.schema_field().is_some();
         let connect_span = span.clone();
         let connect = async move {
             self.transport

@@ -56,6 +56,7 @@ use tracing::Instrument;
 
 use crate::body::BodyCache;
 use crate::error::ConfigError;
+use crate::output::{Plan, StructuredOutput};
 use crate::sse::{log_done, sse_stream};
 use crate::transport::{
     self, ApiKey, Transport, TransportConfig, check_status, endpoint, transport_error,
@@ -138,6 +139,7 @@ pub struct OpenAiBuilder {
     model: String,
     max_tokens_field: MaxTokensField,
     strictness: SchemaStrictness,
+    structured_output: StructuredOutput,
     transport: TransportConfig,
     body_cache_bytes: usize,
 }
@@ -150,6 +152,7 @@ impl fmt::Debug for OpenAiBuilder {
             .field("model", &self.model)
             .field("max_tokens_field", &self.max_tokens_field)
             .field("strictness", &self.strictness)
+            .field("structured_output", &self.structured_output)
             .field("transport", &self.transport)
             .field("body_cache_bytes", &self.body_cache_bytes)
             .finish()
@@ -164,6 +167,7 @@ impl Default for OpenAiBuilder {
             model: DEFAULT_MODEL.to_owned(),
             max_tokens_field: MaxTokensField::default(),
             strictness: SchemaStrictness::default(),
+            structured_output: StructuredOutput::default(),
             transport: TransportConfig::DEFAULT,
             body_cache_bytes: crate::body::DEFAULT_BODY_CACHE_BYTES,
         }
@@ -242,6 +246,17 @@ impl OpenAiBuilder {
     #[must_use]
     pub fn schema_strictness(mut self, strictness: SchemaStrictness) -> Self {
         self.strictness = strictness;
+        self
+    }
+
+    /// Sets how a structured answer is asked for on a call that also
+    /// offers tools (default [`StructuredOutput::Auto`]: `response_format`
+    /// at `api.openai.com`, the output tool elsewhere, since llama.cpp's
+    /// server and vLLM make tool calls impossible under `response_format`).
+    /// See [the crate docs](crate#structured-output-with-tools).
+    #[must_use]
+    pub fn structured_output(mut self, mode: StructuredOutput) -> Self {
+        self.structured_output = mode;
         self
     }
 
@@ -328,6 +343,9 @@ impl OpenAiBuilder {
             shape: wire::Shape {
                 max_tokens_field: self.max_tokens_field,
                 strictness: self.strictness,
+                schema_with_tools: self
+                    .structured_output
+                    .schema_with_tools(base.host_str() == Some("api.openai.com")),
             },
             body_cache: BodyCache::new(self.body_cache_bytes),
         })
@@ -472,6 +490,7 @@ impl Model for OpenAi {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);
+        let plan = Plan::of(&request, self.shape.schema_with_tools);
         let body = Bytes::from(self.request_body(&request, false)?);
         let call = async {
             let bytes = self
@@ -484,7 +503,7 @@ impl Model for OpenAi {
                         .map_err(|e| transport_error(e, self.transport.timeout()))
                 })
                 .await?;
-            let response = wire::decode(&bytes)?;
+            let response = plan.finish(wire::decode(&bytes)?);
             log_done(&response);
             Ok(response)
         };
@@ -495,6 +514,14 @@ impl Model for OpenAi {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        if Plan::of(&request, self.shape.schema_with_tools)
+            .tool()
+            .is_some()
+        {
+            // The answer is the output tool's call, turned into text once
+            // whole: streamed, its deltas would show a call that is not one.
+            return crate::output::replayed(self, request);
+        }
         let model = self.model_for(&request);
         let span = call_span(model);
         let body = match self.request_body(&request, true) {

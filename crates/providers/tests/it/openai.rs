@@ -12,7 +12,7 @@ use markov_core::{
     Item, Message, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, Role, StopReason,
     StreamEvent, ToolChoice, ToolDefinition, Usage,
 };
-use markov_providers::{MaxTokensField, OpenAi, SchemaStrictness};
+use markov_providers::{MaxTokensField, OpenAi, SchemaStrictness, StructuredOutput};
 use markov_testkit::http::{FakeServer, Reply, sse_data};
 use serde_json::{Value, json};
 
@@ -224,6 +224,8 @@ async fn older_servers_strict_schemas_and_structured_output() {
         .model("local-model")
         .max_tokens_field(MaxTokensField::MaxTokens)
         .schema_strictness(SchemaStrictness::Strict)
+        // A server known to keep tool calls possible under `response_format`.
+        .structured_output(StructuredOutput::SchemaField)
         .build()
         .unwrap();
     let history = [Message::user("count")];
