@@ -61,6 +61,41 @@ pub(crate) fn implied_stop_reason(has_tool_calls: bool) -> markov_core::StopReas
     }
 }
 
+/// Refuses an answer that calls no tool although the call offered tools
+/// and forced their use (`choice`, as sent): the server ignored the tools,
+/// as a local server does without a tool-capable chat template (llama.cpp
+/// without `--jinja`, vLLM without `--enable-auto-tool-choice`). The
+/// answer would be made up; the error says how to start the server.
+/// An answer cut by the token limit, refused or filtered passes.
+pub(crate) fn check_forced_call(
+    offered_tools: bool,
+    choice: &markov_core::ToolChoice,
+    response: &markov_core::ModelResponse,
+    endpoint: &str,
+) -> Result<(), markov_core::ModelError> {
+    use markov_core::StopReason;
+    let ignored = offered_tools
+        && choice.forces_tool_use()
+        && !response.has_tool_calls()
+        && response.provider_tool_calls().next().is_none()
+        && !matches!(
+            response.stop_reason,
+            StopReason::MaxTokens
+                | StopReason::Refusal
+                | StopReason::ContentFilter
+                | StopReason::PauseTurn
+        );
+    if ignored {
+        return Err(markov_core::ModelError::InvalidResponse(format!(
+            "the server at {endpoint} answered a call that requires a tool call without calling one: it ignores the tools it is offered. \
+             A local server needs a chat template that supports tools: start llama.cpp's llama-server with --jinja, \
+             vLLM with --enable-auto-tool-choice --tool-call-parser <the model's parser>, \
+             and use an Ollama model whose template supports tools (README, \"Local models\")"
+        )));
+    }
+    Ok(())
+}
+
 /// Tool arguments from their JSON text (see
 /// [`markov_core::tool::parse_tool_arguments`]: malformed text is kept, and
 /// refused before any tool runs).

@@ -133,7 +133,7 @@ mod transport;
 pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 pub use body::DEFAULT_BODY_CACHE_BYTES;
-pub use env::{EnvModel, from_env};
+pub use env::{EnvModel, MODEL_ENV, OPENAI_API_ENV, from_env};
 pub use error::ConfigError;
 #[cfg(feature = "openai")]
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};

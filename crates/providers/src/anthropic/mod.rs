@@ -104,6 +104,8 @@ pub enum PromptCaching {
 pub struct Anthropic {
     transport: Transport,
     url: Url,
+    /// `{base}/v1/models`, the list of the models the server serves.
+    models_url: Url,
     model: String,
     caching: PromptCaching,
     /// Whether `output_format` is sent next to tools (see [`crate::output`]).
@@ -127,6 +129,8 @@ impl fmt::Debug for Anthropic {
 pub struct AnthropicBuilder {
     api_key: Option<ApiKey>,
     base_url: String,
+    /// The environment variable `base_url` came from, for errors.
+    base_url_var: Option<&'static str>,
     model: String,
     caching: PromptCaching,
     structured_output: StructuredOutput,
@@ -153,6 +157,7 @@ impl Default for AnthropicBuilder {
         AnthropicBuilder {
             api_key: None,
             base_url: DEFAULT_BASE_URL.to_owned(),
+            base_url_var: None,
             model: DEFAULT_MODEL.to_owned(),
             caching: PromptCaching::default(),
             structured_output: StructuredOutput::default(),
@@ -186,6 +191,7 @@ impl AnthropicBuilder {
         }
         if let Some(base) = base {
             builder = builder.base_url(base);
+            builder.base_url_var = Some(BASE_URL_ENV);
         }
         Ok(builder)
     }
@@ -198,10 +204,13 @@ impl AnthropicBuilder {
     }
 
     /// Sets the base URL (default [`DEFAULT_BASE_URL`]); requests go to
-    /// `{base}/v1/messages`.
+    /// `{base}/v1/messages`, so the base URL has **no** `/v1`: e.g.
+    /// `http://localhost:8080` for llama.cpp's server (a base URL ending in
+    /// `/v1` is refused by [`build`](Self::build), naming the fix).
     #[must_use]
     pub fn base_url(mut self, url: impl Into<String>) -> Self {
         self.base_url = url.into();
+        self.base_url_var = None;
         self
     }
 
@@ -305,7 +314,20 @@ impl AnthropicBuilder {
     /// [`ConfigError::InvalidApiKey`], or [`ConfigError::HttpClient`] when TLS
     /// cannot be set up (no system root certificates for an https URL).
     pub fn build(self) -> Result<Anthropic, ConfigError> {
-        let base = transport::parse_base_url(&self.base_url)?;
+        let base = transport::parse_base_url(&self.base_url, self.base_url_var)?;
+        if base.path().trim_end_matches('/').ends_with("/v1") {
+            let mut without = base.clone();
+            let path = base.path().trim_end_matches('/');
+            without.set_path(&path[..path.len() - 3]);
+            return Err(ConfigError::InvalidBaseUrl {
+                url: crate::transport::redact_url(base.as_str()),
+                var: self.base_url_var,
+                reason: format!(
+                    "the anthropic client adds /v1/messages itself: leave /v1 out (\"{}\")",
+                    crate::transport::redact_url(without.as_str()).trim_end_matches('/')
+                ),
+            });
+        }
         let mut headers = HeaderMap::new();
         match &self.api_key {
             Some(key) => {
@@ -321,6 +343,7 @@ impl AnthropicBuilder {
         Ok(Anthropic {
             transport: Transport::new(self.transport, &base, headers)?,
             url: endpoint(&base, "v1/messages"),
+            models_url: endpoint(&base, "v1/models"),
             model: self.model,
             caching: self.caching,
             schema_with_tools: self
@@ -356,6 +379,28 @@ impl Anthropic {
     /// The model used when a request names none.
     pub fn default_model(&self) -> &str {
         &self.model
+    }
+
+    /// Whether the client talks to Anthropic's own service (not a local
+    /// server or a proxy).
+    pub fn is_vendor(&self) -> bool {
+        self.url.host_str() == Some("api.anthropic.com")
+    }
+
+    /// The client with another default model (the pool is shared).
+    #[must_use]
+    pub fn with_default_model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    /// The ids of the models the server serves (`GET {base}/v1/models`,
+    /// which llama.cpp's server answers too), in its order.
+    ///
+    /// # Errors
+    /// Any error of the call, as for a model call (not retried).
+    pub async fn served_models(&self) -> Result<Vec<String>, ModelError> {
+        self.transport.list_models(self.models_url.clone()).await
     }
 
     fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
@@ -491,7 +536,14 @@ impl Model for Anthropic {
                         .map_err(|e| transport_error(e, self.transport.timeout()))
                 })
                 .await?;
-            let response = plan.finish(wire::decode(&bytes)?);
+            let answer = wire::decode(&bytes)?;
+            crate::convert::check_forced_call(
+                !request.tools().is_empty() || plan.tool().is_some(),
+                plan.tool_choice(&request),
+                &answer,
+                &self.endpoint(),
+            )?;
+            let response = plan.finish(answer);
             log_done(&response);
             Ok(response)
         };

@@ -114,6 +114,8 @@ pub enum SchemaStrictness {
 pub struct OpenAi {
     transport: Transport,
     url: Url,
+    /// `{base}/models`, the list of the models the server serves.
+    models_url: Url,
     model: String,
     shape: wire::Shape,
     body_cache: BodyCache,
@@ -136,6 +138,8 @@ impl fmt::Debug for OpenAi {
 pub struct OpenAiBuilder {
     api_key: Option<ApiKey>,
     base_url: String,
+    /// The environment variable `base_url` came from, for errors.
+    base_url_var: Option<&'static str>,
     model: String,
     max_tokens_field: MaxTokensField,
     strictness: SchemaStrictness,
@@ -164,6 +168,7 @@ impl Default for OpenAiBuilder {
         OpenAiBuilder {
             api_key: None,
             base_url: DEFAULT_BASE_URL.to_owned(),
+            base_url_var: None,
             model: DEFAULT_MODEL.to_owned(),
             max_tokens_field: MaxTokensField::default(),
             strictness: SchemaStrictness::default(),
@@ -208,6 +213,7 @@ impl OpenAiBuilder {
         }
         if let Some(base) = base {
             builder = builder.base_url(base);
+            builder.base_url_var = Some(BASE_URL_ENV);
         }
         Ok(builder)
     }
@@ -220,10 +226,14 @@ impl OpenAiBuilder {
     }
 
     /// Sets the base URL (default [`DEFAULT_BASE_URL`]); requests go to
-    /// `{base}/chat/completions`, e.g. `http://localhost:11434/v1` for Ollama.
+    /// `{base}/chat/completions`, so the base URL **includes** `/v1`: e.g.
+    /// `http://localhost:8080/v1` for llama.cpp's server,
+    /// `http://localhost:8000/v1` for vLLM, `http://localhost:11434/v1` for
+    /// Ollama. A `404` from a base URL without `/v1` says so.
     #[must_use]
     pub fn base_url(mut self, url: impl Into<String>) -> Self {
         self.base_url = url.into();
+        self.base_url_var = None;
         self
     }
 
@@ -324,7 +334,7 @@ impl OpenAiBuilder {
     /// [`ConfigError::InvalidApiKey`], or [`ConfigError::HttpClient`] when
     /// TLS cannot be set up.
     pub fn build(self) -> Result<OpenAi, ConfigError> {
-        let base = transport::parse_base_url(&self.base_url)?;
+        let base = transport::parse_base_url(&self.base_url, self.base_url_var)?;
         let mut headers = HeaderMap::new();
         match &self.api_key {
             Some(key) => {
@@ -339,6 +349,7 @@ impl OpenAiBuilder {
         Ok(OpenAi {
             transport: Transport::new(self.transport, &base, headers)?,
             url: endpoint(&base, "chat/completions"),
+            models_url: endpoint(&base, "models"),
             model: self.model,
             shape: wire::Shape {
                 max_tokens_field: self.max_tokens_field,
@@ -378,6 +389,28 @@ impl OpenAi {
     /// The model used when a request names none.
     pub fn default_model(&self) -> &str {
         &self.model
+    }
+
+    /// Whether the client talks to OpenAI's own service (not a local
+    /// server or a proxy).
+    pub fn is_vendor(&self) -> bool {
+        self.url.host_str() == Some("api.openai.com")
+    }
+
+    /// The client with another default model (the pool is shared).
+    #[must_use]
+    pub fn with_default_model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    /// The ids of the models the server serves (`GET {base}/models`), in
+    /// its order.
+    ///
+    /// # Errors
+    /// Any error of the call, as for a model call (not retried).
+    pub async fn served_models(&self) -> Result<Vec<String>, ModelError> {
+        self.transport.list_models(self.models_url.clone()).await
     }
 
     fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
@@ -439,7 +472,9 @@ impl OpenAi {
             .send()
             .await
             .map_err(|e| transport_error(e, self.transport.timeout()))?;
-        check_status(response).await
+        check_status(response)
+            .await
+            .map_err(|error| transport::hint_v1(error, &self.url, "chat/completions"))
     }
 }
 
@@ -503,7 +538,14 @@ impl Model for OpenAi {
                         .map_err(|e| transport_error(e, self.transport.timeout()))
                 })
                 .await?;
-            let response = plan.finish(wire::decode(&bytes)?);
+            let answer = wire::decode(&bytes)?;
+            crate::convert::check_forced_call(
+                !request.tools().is_empty() || plan.tool().is_some(),
+                plan.tool_choice(&request),
+                &answer,
+                &self.endpoint(),
+            )?;
+            let response = plan.finish(answer);
             log_done(&response);
             Ok(response)
         };
