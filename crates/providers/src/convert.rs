@@ -96,6 +96,16 @@ pub(crate) fn check_forced_call(
     Ok(())
 }
 
+/// A call id for servers that send none. Random, so that ids stay unique
+/// across responses (a positional `call_0` would repeat in every response
+/// and make idempotency keys collide).
+pub(crate) fn fallback_call_id(index: usize) -> String {
+    format!(
+        "call_{:012x}_{index}",
+        crate::transport::random_u64() & 0xffff_ffff_ffff
+    )
+}
+
 /// Tool arguments from their JSON text (see
 /// [`markov_core::tool::parse_tool_arguments`]: malformed text is kept, and
 /// refused before any tool runs).

@@ -29,6 +29,8 @@ enum Client {
     Anthropic(crate::Anthropic),
     #[cfg(feature = "openai")]
     OpenAi(crate::OpenAi),
+    #[cfg(feature = "responses")]
+    Responses(crate::Responses),
 }
 
 /// A model client chosen from the environment, with the line that names
@@ -59,6 +61,8 @@ impl EnvModel {
             Client::Anthropic(client) => Arc::new(client.clone()),
             #[cfg(feature = "openai")]
             Client::OpenAi(client) => Arc::new(client.clone()),
+            #[cfg(feature = "responses")]
+            Client::Responses(client) => Arc::new(client.clone()),
         }
     }
 
@@ -84,6 +88,8 @@ impl EnvModel {
                 c.endpoint(),
                 c.default_model(),
             ),
+            #[cfg(feature = "responses")]
+            Client::Responses(c) => ("openai responses api", c.endpoint(), c.default_model()),
         }
     }
 
@@ -96,6 +102,8 @@ impl EnvModel {
             Client::Anthropic(c) => c.is_vendor(),
             #[cfg(feature = "openai")]
             Client::OpenAi(c) => c.is_vendor(),
+            #[cfg(feature = "responses")]
+            Client::Responses(c) => c.is_vendor(),
         }
     }
 
@@ -121,6 +129,8 @@ impl EnvModel {
             Client::Anthropic(c) => c.served_models().await,
             #[cfg(feature = "openai")]
             Client::OpenAi(c) => c.served_models().await,
+            #[cfg(feature = "responses")]
+            Client::Responses(c) => c.served_models().await,
         };
         let not_named = |reason: String| ConfigError::ModelNotNamed {
             endpoint: endpoint.clone(),
@@ -149,6 +159,8 @@ impl EnvModel {
             Client::Anthropic(c) => Client::Anthropic(c.with_default_model(model)),
             #[cfg(feature = "openai")]
             Client::OpenAi(c) => Client::OpenAi(c.with_default_model(model)),
+            #[cfg(feature = "responses")]
+            Client::Responses(c) => Client::Responses(c.with_default_model(model)),
         };
         EnvModel {
             client,
@@ -214,7 +226,27 @@ pub fn from_env() -> Result<Option<EnvModel>, ConfigError> {
     }
     #[cfg(feature = "openai")]
     if is_set("OPENAI_API_KEY") || is_set("OPENAI_BASE_URL") {
-        return Ok(pick(Client::OpenAi(crate::OpenAi::from_env()?)));
+        let api = std::env::var(OPENAI_API_ENV).unwrap_or_default();
+        match api.trim().to_ascii_lowercase().as_str() {
+            "" | "chat" | "chat_completions" | "chat-completions" => {
+                return Ok(pick(Client::OpenAi(crate::OpenAi::from_env()?)));
+            }
+            #[cfg(feature = "responses")]
+            "responses" => {
+                return Ok(pick(Client::Responses(crate::Responses::from_env()?)));
+            }
+            _ => {
+                return Err(ConfigError::InvalidEnv {
+                    var: OPENAI_API_ENV,
+                    value: api,
+                    expected: if cfg!(feature = "responses") {
+                        "`responses` or `chat`"
+                    } else {
+                        "`chat` (the `responses` feature of markov-providers is off)"
+                    },
+                });
+            }
+        }
     }
     let _ = &pick;
     Ok(None)

@@ -10,6 +10,16 @@ pub enum ConfigError {
         /// The variable's name.
         var: &'static str,
     },
+    /// An environment variable holds a value the choice does not know.
+    #[error("environment variable {var} is {value:?}; expected {expected}")]
+    InvalidEnv {
+        /// The variable's name.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it may be.
+        expected: &'static str,
+    },
     /// The builder was given no API key, and the provider requires one.
     #[error("no api key was given")]
     MissingApiKey,

@@ -5,6 +5,9 @@
 //! - [`Anthropic`] (feature `anthropic`) speaks the Messages API.
 //! - [`OpenAi`] (feature `openai`) speaks Chat Completions at a configurable
 //!   base URL, so it also serves vLLM, Ollama, llama.cpp's server and LM Studio.
+//! - [`Responses`] (feature `responses`) speaks OpenAI's Responses API
+//!   (`store: false`, reasoning items carried across steps, prompt cache
+//!   keys), also served by vLLM and llama.cpp's server.
 //! - [`from_env`] picks the client the environment configures.
 //! - [`ConfigError`] says why a client could not be built.
 //!
@@ -115,6 +118,8 @@
 pub mod anthropic;
 #[cfg(feature = "openai")]
 pub mod openai;
+#[cfg(feature = "responses")]
+pub mod responses;
 
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod body;
@@ -139,3 +144,5 @@ pub use error::ConfigError;
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 pub use output::StructuredOutput;
+#[cfg(feature = "responses")]
+pub use responses::{PromptCacheKey, Responses, ResponsesBuilder};

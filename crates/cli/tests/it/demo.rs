@@ -239,3 +239,69 @@ async fn a_server_that_ignores_the_tools_is_reported_not_believed() {
     assert!(!stdout.contains("3 million"), "{stdout}");
     assert_eq!(server.single().body["tool_choice"], "required");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn the_responses_api_is_picked_and_named_on_the_first_line() {
+    use markov_testkit::http::{FakeServer, Reply, responses};
+    use serde_json::json;
+
+    let server = FakeServer::scripted(vec![
+        Reply::json(
+            200,
+            responses::response(
+                "1",
+                vec![
+                    responses::function_call_item("c1", "population", &json!({"city": "Lisbon"})),
+                    responses::function_call_item("c2", "population", &json!({"city": "Porto"})),
+                ],
+            ),
+        ),
+        Reply::json(
+            200,
+            responses::function_call("c3", "add", &json!({"a": 545_923, "b": 231_962})),
+        ),
+        Reply::json(
+            200,
+            responses::text("777885 people, said the Responses API."),
+        ),
+    ])
+    .await;
+    let base = format!("{}/v1", server.base_url());
+    let output = tokio::task::spawn_blocking(move || {
+        demo(&[
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("MARKOV_OPENAI_API", "responses"),
+            ("MARKOV_MODEL", "local-model"),
+        ])
+    })
+    .await
+    .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.lines().next().unwrap_or_default(),
+        format!(
+            "model: openai responses api ({}/v1/responses, local-model)",
+            server.base_url()
+        )
+    );
+    assert!(stdout.contains("said the Responses API."), "{stdout}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    assert!(requests.iter().all(|r| r.path == "/v1/responses"));
+}
+
+#[test]
+fn an_unknown_openai_api_is_named() {
+    let output = demo(&[
+        ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
+        ("MARKOV_OPENAI_API", "assistants"),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(r#"MARKOV_OPENAI_API is "assistants"; expected `responses` or `chat`"#),
+        "{stderr}"
+    );
+}

@@ -586,10 +586,7 @@ fn arguments(value: Value) -> Value {
 /// across responses (a positional `call_0` would repeat in every response and
 /// make idempotency keys collide).
 pub(super) fn fallback_call_id(index: usize) -> String {
-    format!(
-        "call_{:012x}_{index}",
-        crate::transport::random_u64() & 0xffff_ffff_ffff
-    )
+    convert::fallback_call_id(index)
 }
 
 /// Maps `finish_reason`. A server that says `stop` (or nothing) while

@@ -11,6 +11,7 @@ mod hardening;
 mod machine_anthropic;
 mod machine_openai;
 mod openai;
+mod responses;
 mod structured_output;
 mod tool_schemas;
 mod tracing;

@@ -218,3 +218,71 @@ async fn the_openai_request_body() {
     )
     .await;
 }
+
+#[cfg(feature = "responses")]
+#[tokio::test]
+async fn the_responses_request_body() {
+    use markov_testkit::http::responses;
+    let server = FakeServer::scripted(vec![Reply::json(200, responses::text("5"))]).await;
+    let client = markov_providers::Responses::builder()
+        .base_url(format!("{}/v1", server.base_url()))
+        .build()
+        .expect("builds");
+    sent_body(
+        &client,
+        &server,
+        expect![[r#"
+        {
+          "input": [
+            {
+              "content": "What is 2 + 3?",
+              "role": "user"
+            },
+            {
+              "content": "Let me add.",
+              "role": "assistant"
+            },
+            {
+              "arguments": "{\"a\":2,\"b\":3}",
+              "call_id": "call_1",
+              "name": "add",
+              "type": "function_call"
+            },
+            {
+              "call_id": "call_1",
+              "output": "5",
+              "type": "function_call_output"
+            }
+          ],
+          "instructions": "You do arithmetic.",
+          "max_output_tokens": 256,
+          "model": "golden-model",
+          "store": false,
+          "tool_choice": "auto",
+          "tools": [
+            {
+              "description": "Add two integers",
+              "name": "add",
+              "parameters": {
+                "properties": {
+                  "a": {
+                    "type": "integer"
+                  },
+                  "b": {
+                    "type": "integer"
+                  }
+                },
+                "required": [
+                  "a",
+                  "b"
+                ],
+                "type": "object"
+              },
+              "strict": false,
+              "type": "function"
+            }
+          ]
+        }"#]],
+    )
+    .await;
+}

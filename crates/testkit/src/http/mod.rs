@@ -6,7 +6,8 @@
 //! client of `markov-providers`, or your own) at [`FakeServer::base_url`]
 //! and script what the "provider" says: complete JSON answers, server-sent
 //! event streams cut into arbitrary pieces, error statuses, delays and
-//! replies that never come. The [`anthropic`] and [`openai`] modules build
+//! replies that never come. The [`anthropic`], [`openai`] (Chat
+//! Completions) and [`responses`] (OpenAI's Responses API) modules build
 //! the vendors' response bodies and event streams for the common cases (a
 //! text answer, a tool call), so a test need not write vendor JSON.
 //!
@@ -40,6 +41,7 @@
 
 pub mod anthropic;
 pub mod openai;
+pub mod responses;
 mod server;
 
 pub use server::{FakeServer, Recorded, Reply};
