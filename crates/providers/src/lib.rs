@@ -8,6 +8,7 @@
 //! - [`Responses`] (feature `responses`) speaks OpenAI's Responses API
 //!   (`store: false`, reasoning items carried across steps, prompt cache
 //!   keys), also served by vLLM and llama.cpp's server.
+//! - [`Fallback`] tries a list of models in order when one cannot answer.
 //! - [`from_env`] picks the client the environment configures.
 //! - [`ConfigError`] says why a client could not be built.
 //!
@@ -127,6 +128,7 @@ mod body;
 mod convert;
 mod env;
 mod error;
+mod fallback;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod output;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
@@ -140,6 +142,7 @@ pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
 pub use body::DEFAULT_BODY_CACHE_BYTES;
 pub use env::{EnvModel, MODEL_ENV, OPENAI_API_ENV, from_env};
 pub use error::ConfigError;
+pub use fallback::{Fallback, falls_back};
 #[cfg(feature = "openai")]
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};
 #[cfg(any(feature = "anthropic", feature = "openai"))]

@@ -7,6 +7,7 @@ mod body_cache;
 mod builtin_tools;
 mod common;
 mod ephemeral;
+mod fallback;
 mod hardening;
 mod machine_anthropic;
 mod machine_openai;
