@@ -130,6 +130,8 @@ mod env;
 mod error;
 mod fallback;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
+mod limits;
+#[cfg(any(feature = "anthropic", feature = "openai"))]
 mod output;
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod sse;
@@ -143,6 +145,8 @@ pub use body::DEFAULT_BODY_CACHE_BYTES;
 pub use env::{EnvModel, MODEL_ENV, OPENAI_API_ENV, from_env};
 pub use error::ConfigError;
 pub use fallback::{Fallback, falls_back};
+#[cfg(any(feature = "anthropic", feature = "openai"))]
+pub use limits::Limits;
 #[cfg(feature = "openai")]
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};
 #[cfg(any(feature = "anthropic", feature = "openai"))]

@@ -91,6 +91,8 @@ pub(crate) struct TransportConfig {
     pub(crate) deadline: Duration,
     /// The largest server-sent event accepted, in bytes.
     pub(crate) max_event_bytes: usize,
+    /// The outgoing limits (all off by default).
+    pub(crate) limits: crate::limits::Limits,
 }
 
 impl TransportConfig {
@@ -101,6 +103,7 @@ impl TransportConfig {
         timeout: Duration::from_secs(600),
         deadline: DEFAULT_DEADLINE,
         max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        limits: crate::limits::Limits::DEFAULT,
     };
 
     /// The wait before retry number `retry` (0-based): the provider's
@@ -139,6 +142,8 @@ pub(crate) fn random_u64() -> u64 {
 pub(crate) struct Transport {
     client: reqwest::Client,
     config: TransportConfig,
+    /// The outgoing limits, shared by the client's clones.
+    limiter: Option<Arc<crate::limits::Limiter>>,
 }
 
 /// Parses and checks a base URL; `var` is the environment variable it
@@ -202,7 +207,54 @@ impl Transport {
             .read_timeout(config.timeout)
             .build()
             .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
-        Ok(Transport { client, config })
+        Ok(Transport {
+            client,
+            config,
+            limiter: crate::limits::Limiter::new(config.limits),
+        })
+    }
+
+    /// Waits for the call's place under the client's limits (see
+    /// [`crate::limits`]); the place is held as long as the value is.
+    pub(crate) async fn enter(
+        &self,
+        body_len: usize,
+        max_tokens: u32,
+    ) -> Result<Option<crate::limits::Place>, ModelError> {
+        match &self.limiter {
+            Some(limiter) => {
+                let tokens = crate::limits::estimate_tokens(body_len, max_tokens);
+                limiter.enter(tokens).await.map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// `stream` run under the client's limits: it waits for its place
+    /// before its first event and holds it until its last.
+    pub(crate) fn limited<'a>(
+        &'a self,
+        body_len: usize,
+        max_tokens: u32,
+        stream: futures::stream::BoxStream<'a, Result<markov_core::StreamEvent, ModelError>>,
+    ) -> futures::stream::BoxStream<'a, Result<markov_core::StreamEvent, ModelError>> {
+        use futures::StreamExt;
+        if self.limiter.is_none() {
+            return stream;
+        }
+        let mut stream = Some(stream);
+        futures::stream::once(self.enter(body_len, max_tokens))
+            .flat_map(move |entered| match (entered, stream.take()) {
+                (Ok(place), Some(stream)) => stream
+                    .map(move |event| {
+                        let _held = &place;
+                        event
+                    })
+                    .boxed(),
+                (Err(error), _) => futures::stream::once(async move { Err(error) }).boxed(),
+                (Ok(_), None) => futures::stream::empty().boxed(),
+            })
+            .boxed()
     }
 
     pub(crate) fn client(&self) -> &reqwest::Client {
@@ -247,12 +299,18 @@ impl Transport {
                 ModelError::Http { retry_after, .. } => *retry_after,
                 _ => None,
             };
-            if retry_after.is_some_and(|after| after > MAX_RETRY_AFTER) {
+            if retry_after.is_some_and(|after| after > MAX_RETRY_AFTER)
+                || is_quota_exhausted(&error)
+            {
                 return Err(error);
             }
             let delay = self.config.delay(retry, retry_after);
             tracing::warn!(parent: span, %error, ?delay, "model call failed; retrying");
             tokio::time::sleep(delay).await;
+            if let Some(limiter) = &self.limiter {
+                // A retry is a request like any other.
+                limiter.take_request().await;
+            }
             retry += 1;
         }
     }
@@ -426,6 +484,13 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
     });
     let error = if kind.as_deref() == Some("overloaded_error") {
         ModelError::Overloaded(message)
+    } else if status.as_u16() == 429 && kind.as_deref() == Some("insufficient_quota") {
+        // Waiting does not refill a quota: the call ends at once.
+        ModelError::Http {
+            status: 429,
+            message: format!("{QUOTA_EXHAUSTED}{message}"),
+            retry_after: None,
+        }
     } else {
         ModelError::Http {
             status: status.as_u16(),
@@ -455,6 +520,17 @@ pub(crate) fn hint_v1(error: ModelError, url: &Url, path: &str) -> ModelError {
         },
         other => other,
     }
+}
+
+/// How the message of an answer that says the account's quota is
+/// exhausted starts: such an answer is never retried (waiting does not
+/// refill a quota), though a [`Fallback`](crate::Fallback) may ask another
+/// model.
+pub(crate) const QUOTA_EXHAUSTED: &str = "quota exhausted (not retried): ";
+
+/// Whether `error` says the account's quota is exhausted.
+fn is_quota_exhausted(error: &ModelError) -> bool {
+    matches!(error, ModelError::Http { status: 429, message, .. } if message.starts_with(QUOTA_EXHAUSTED))
 }
 
 /// A redirect as an error naming its target: the `Location` header made

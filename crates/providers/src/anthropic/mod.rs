@@ -52,6 +52,7 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use tracing::Instrument;
 
 use crate::error::ConfigError;
+use crate::limits::Limits;
 use crate::output::{Plan, StructuredOutput};
 use crate::sse::{log_done, sse_stream};
 use crate::transport::{
@@ -268,6 +269,16 @@ impl AnthropicBuilder {
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.transport.initial_backoff = initial;
         self.transport.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Sets the client's outgoing limits (default none): a bound on the
+    /// calls in flight, requests and tokens per minute, and the longest a
+    /// call waits for its place; see [`Limits`]. Shared by the client's
+    /// clones.
+    #[must_use]
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.transport.limits = limits;
         self
     }
 
@@ -526,6 +537,10 @@ impl Model for Anthropic {
         let plan = Plan::of(&request, self.schema_with_tools);
         let structured = plan.schema_field().is_some();
         let call = async {
+            let _place = self
+                .transport
+                .enter(body.len(), request.settings().max_tokens)
+                .await?;
             let bytes = self
                 .transport
                 .with_retries_by_deadline(&span, || async {
@@ -567,18 +582,21 @@ impl Model for Anthropic {
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
         let structured = plan.schema_field().is_some();
+        let body_len = body.len();
         let connect_span = span.clone();
         let connect = async move {
             self.transport
                 .with_retries(&connect_span, || self.post(body.clone(), structured))
                 .await
         };
-        sse_stream(
+        let stream = sse_stream(
             span,
             *self.transport.config(),
             connect,
             stream::Decoder::default(),
-        )
+        );
+        self.transport
+            .limited(body_len, request.settings().max_tokens, stream)
     }
 }
 

@@ -60,6 +60,7 @@ use tracing::Instrument;
 
 use crate::body::BodyCache;
 use crate::error::ConfigError;
+use crate::limits::Limits;
 use crate::openai::SchemaStrictness;
 use crate::output::{Plan, StructuredOutput};
 use crate::sse::{log_done, sse_stream};
@@ -283,6 +284,16 @@ impl ResponsesBuilder {
         self
     }
 
+    /// Sets the client's outgoing limits (default none): a bound on the
+    /// calls in flight, requests and tokens per minute, and the longest a
+    /// call waits for its place; see [`Limits`]. Shared by the client's
+    /// clones.
+    #[must_use]
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.transport.limits = limits;
+        self
+    }
+
     /// Sets the timeout of one attempt (default 10 minutes).
     #[must_use]
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -495,6 +506,10 @@ impl Model for Responses {
         let plan = Plan::of(&request, self.shape.schema_with_tools);
         let body = Bytes::from(self.request_body(&request, false)?);
         let call = async {
+            let _place = self
+                .transport
+                .enter(body.len(), request.settings().max_tokens)
+                .await?;
             let bytes = self
                 .transport
                 .with_retries_by_deadline(&span, || async {
@@ -534,18 +549,21 @@ impl Model for Responses {
             Ok(body) => Bytes::from(body),
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
+        let body_len = body.len();
         let connect_span = span.clone();
         let connect = async move {
             self.transport
                 .with_retries(&connect_span, || self.post(body.clone()))
                 .await
         };
-        sse_stream(
+        let stream = sse_stream(
             span,
             *self.transport.config(),
             connect,
             stream::Decoder::default(),
-        )
+        );
+        self.transport
+            .limited(body_len, request.settings().max_tokens, stream)
     }
 }
 

@@ -9,6 +9,7 @@ mod common;
 mod ephemeral;
 mod fallback;
 mod hardening;
+mod limits;
 mod machine_anthropic;
 mod machine_openai;
 mod openai;
