@@ -1,6 +1,6 @@
 //! [`from_env`]: the model client the environment configures.
 #![cfg_attr(
-    not(any(feature = "anthropic", feature = "openai")),
+    not(any(feature = "anthropic", feature = "openai", feature = "gemini")),
     allow(unused_variables, unreachable_code, dead_code)
 )]
 
@@ -23,7 +23,7 @@ pub const OPENAI_API_ENV: &str = "MARKOV_OPENAI_API";
 #[derive(Clone)]
 enum Client {
     /// No client feature is on: there is no client to hold.
-    #[cfg(not(any(feature = "anthropic", feature = "openai")))]
+    #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
     Never(std::convert::Infallible),
     #[cfg(feature = "anthropic")]
     Anthropic(crate::Anthropic),
@@ -31,6 +31,8 @@ enum Client {
     OpenAi(crate::OpenAi),
     #[cfg(feature = "responses")]
     Responses(crate::Responses),
+    #[cfg(feature = "gemini")]
+    Gemini(crate::Gemini),
 }
 
 /// A model client chosen from the environment, with the line that names
@@ -55,12 +57,14 @@ impl EnvModel {
     /// The client, to give an agent (`AgentBuilder::shared_model`).
     pub fn model(&self) -> Arc<dyn Model> {
         match &self.client {
-            #[cfg(not(any(feature = "anthropic", feature = "openai")))]
+            #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
             Client::Never(never) => match *never {},
             #[cfg(feature = "anthropic")]
             Client::Anthropic(client) => Arc::new(client.clone()),
             #[cfg(feature = "openai")]
             Client::OpenAi(client) => Arc::new(client.clone()),
+            #[cfg(feature = "gemini")]
+            Client::Gemini(client) => Arc::new(client.clone()),
             #[cfg(feature = "responses")]
             Client::Responses(client) => Arc::new(client.clone()),
         }
@@ -78,7 +82,7 @@ impl EnvModel {
     /// The API's name, its endpoint (redacted) and the default model.
     fn parts(&self) -> (&'static str, String, &str) {
         match &self.client {
-            #[cfg(not(any(feature = "anthropic", feature = "openai")))]
+            #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
             Client::Never(never) => match *never {},
             #[cfg(feature = "anthropic")]
             Client::Anthropic(c) => ("anthropic messages api", c.endpoint(), c.default_model()),
@@ -90,13 +94,15 @@ impl EnvModel {
             ),
             #[cfg(feature = "responses")]
             Client::Responses(c) => ("openai responses api", c.endpoint(), c.default_model()),
+            #[cfg(feature = "gemini")]
+            Client::Gemini(c) => ("gemini api", c.endpoint(), c.default_model()),
         }
     }
 
     /// Whether the client talks to the vendor's own service.
     fn is_vendor(&self) -> bool {
         match &self.client {
-            #[cfg(not(any(feature = "anthropic", feature = "openai")))]
+            #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
             Client::Never(never) => match *never {},
             #[cfg(feature = "anthropic")]
             Client::Anthropic(c) => c.is_vendor(),
@@ -104,6 +110,8 @@ impl EnvModel {
             Client::OpenAi(c) => c.is_vendor(),
             #[cfg(feature = "responses")]
             Client::Responses(c) => c.is_vendor(),
+            #[cfg(feature = "gemini")]
+            Client::Gemini(c) => c.is_vendor(),
         }
     }
 
@@ -123,7 +131,7 @@ impl EnvModel {
         }
         let (_, endpoint, _) = self.parts();
         let listed: Result<Vec<String>, markov_core::ModelError> = match &self.client {
-            #[cfg(not(any(feature = "anthropic", feature = "openai")))]
+            #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
             Client::Never(never) => match *never {},
             #[cfg(feature = "anthropic")]
             Client::Anthropic(c) => c.served_models().await,
@@ -131,6 +139,8 @@ impl EnvModel {
             Client::OpenAi(c) => c.served_models().await,
             #[cfg(feature = "responses")]
             Client::Responses(c) => c.served_models().await,
+            #[cfg(feature = "gemini")]
+            Client::Gemini(c) => c.served_models().await,
         };
         let not_named = |reason: String| ConfigError::ModelNotNamed {
             endpoint: endpoint.clone(),
@@ -153,7 +163,7 @@ impl EnvModel {
     /// The same client with `model` as its default.
     fn with_model(self, model: String) -> Self {
         let client = match self.client {
-            #[cfg(not(any(feature = "anthropic", feature = "openai")))]
+            #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
             Client::Never(never) => match never {},
             #[cfg(feature = "anthropic")]
             Client::Anthropic(c) => Client::Anthropic(c.with_default_model(model)),
@@ -161,6 +171,8 @@ impl EnvModel {
             Client::OpenAi(c) => Client::OpenAi(c.with_default_model(model)),
             #[cfg(feature = "responses")]
             Client::Responses(c) => Client::Responses(c.with_default_model(model)),
+            #[cfg(feature = "gemini")]
+            Client::Gemini(c) => Client::Gemini(c.with_default_model(model)),
         };
         EnvModel {
             client,
@@ -171,7 +183,7 @@ impl EnvModel {
 
 /// Whether an environment variable is set to something other than blanks
 /// (the clients treat an empty value as unset, and so does the choice).
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 fn is_set(var: &str) -> bool {
     std::env::var(var).is_ok_and(|value| !value.trim().is_empty())
 }
@@ -223,6 +235,10 @@ pub fn from_env() -> Result<Option<EnvModel>, ConfigError> {
     #[cfg(feature = "anthropic")]
     if is_set("ANTHROPIC_API_KEY") || is_set("ANTHROPIC_BASE_URL") {
         return Ok(pick(Client::Anthropic(crate::Anthropic::from_env()?)));
+    }
+    #[cfg(feature = "gemini")]
+    if is_set(crate::gemini::API_KEY_ENV) || is_set(crate::gemini::BASE_URL_ENV) {
+        return Ok(pick(Client::Gemini(crate::Gemini::from_env()?)));
     }
     #[cfg(feature = "openai")]
     if is_set("OPENAI_API_KEY") || is_set("OPENAI_BASE_URL") {

@@ -8,6 +8,9 @@
 //! - [`Responses`] (feature `responses`) speaks OpenAI's Responses API
 //!   (`store: false`, reasoning items carried across steps, prompt cache
 //!   keys), also served by vLLM and llama.cpp's server.
+//! - [`Gemini`] (feature `gemini`) speaks the Gemini API
+//!   (`generateContent`, `streamGenerateContent`), tools converted to its
+//!   schema dialect, thought signatures sent back.
 //! - [`Fallback`] tries a list of models in order when one cannot answer.
 //! - [`from_env`] picks the client the environment configures.
 //! - [`ConfigError`] says why a client could not be built.
@@ -117,6 +120,8 @@
 
 #[cfg(feature = "anthropic")]
 pub mod anthropic;
+#[cfg(feature = "gemini")]
+pub mod gemini;
 #[cfg(feature = "openai")]
 pub mod openai;
 #[cfg(feature = "responses")]
@@ -124,18 +129,18 @@ pub mod responses;
 
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod body;
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod convert;
 mod env;
 mod error;
 mod fallback;
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod limits;
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod output;
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod sse;
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod transport;
 
 #[cfg(feature = "anthropic")]
@@ -145,11 +150,13 @@ pub use body::DEFAULT_BODY_CACHE_BYTES;
 pub use env::{EnvModel, MODEL_ENV, OPENAI_API_ENV, from_env};
 pub use error::ConfigError;
 pub use fallback::{Fallback, falls_back};
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(feature = "gemini")]
+pub use gemini::{Gemini, GeminiBuilder};
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 pub use limits::Limits;
 #[cfg(feature = "openai")]
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 pub use output::StructuredOutput;
 #[cfg(feature = "responses")]
 pub use responses::{PromptCacheKey, Responses, ResponsesBuilder};

@@ -319,13 +319,22 @@ impl Transport {
     /// as OpenAI, Anthropic, llama.cpp, vLLM and Ollama answer), one
     /// attempt bounded by the timeout (at most 30 s).
     pub(crate) async fn list_models(&self, url: Url) -> Result<Vec<String>, ModelError> {
+        // `data[].id` (OpenAI, Anthropic, llama.cpp, vLLM, Ollama) or
+        // `models[].name` (Gemini).
         #[derive(Deserialize)]
         struct List {
+            #[serde(default)]
             data: Vec<Entry>,
+            #[serde(default)]
+            models: Vec<Named>,
         }
         #[derive(Deserialize)]
         struct Entry {
             id: String,
+        }
+        #[derive(Deserialize)]
+        struct Named {
+            name: String,
         }
         let wait = self.config.timeout.min(Duration::from_secs(30));
         let call = async {
@@ -345,7 +354,12 @@ impl Transport {
             let list: List = serde_json::from_str(&body).map_err(|e| {
                 ModelError::InvalidResponse(format!("cannot parse the model list: {e}"))
             })?;
-            Ok(list.data.into_iter().map(|m| m.id).collect())
+            Ok(list
+                .data
+                .into_iter()
+                .map(|m| m.id)
+                .chain(list.models.into_iter().map(|m| m.name))
+                .collect())
         };
         tokio::time::timeout(wait, call)
             .await

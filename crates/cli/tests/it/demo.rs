@@ -305,3 +305,58 @@ fn an_unknown_openai_api_is_named() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn gemini_is_picked_and_named_on_the_first_line() {
+    use markov_testkit::http::{FakeServer, Reply, gemini};
+    use serde_json::json;
+
+    let server = FakeServer::scripted(vec![
+        Reply::json(
+            200,
+            gemini::response(
+                vec![
+                    gemini::function_call_part(
+                        "population",
+                        &json!({"city": "Lisbon"}),
+                        Some("s1"),
+                    ),
+                    gemini::function_call_part("population", &json!({"city": "Porto"}), None),
+                ],
+                "STOP",
+            ),
+        ),
+        Reply::json(
+            200,
+            gemini::function_call("add", &json!({"a": 545_923, "b": 231_962})),
+        ),
+        Reply::json(200, gemini::text("777885 people, said Gemini.")),
+    ])
+    .await;
+    let base = server.base_url();
+    let output = tokio::task::spawn_blocking(move || {
+        demo(&[
+            ("GEMINI_BASE_URL", base.as_str()),
+            ("MARKOV_MODEL", "gemini-local"),
+        ])
+    })
+    .await
+    .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.lines().next().unwrap_or_default(),
+        format!(
+            "model: gemini api ({}/v1beta/models/gemini-local:generateContent, gemini-local)",
+            server.base_url()
+        )
+    );
+    assert!(stdout.contains("said Gemini."), "{stdout}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(
+        requests[0].body["toolConfig"]["functionCallingConfig"]["mode"], "ANY",
+        "the demo's first call must use a tool"
+    );
+}

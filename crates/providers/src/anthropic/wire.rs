@@ -492,11 +492,13 @@ fn block(item: &Item, assistant: bool) -> Option<Block<'_>> {
             is_error: *is_error,
         },
         // The API checks thinking blocks by their signature; unsigned
-        // thinking (from another provider) cannot be sent back.
+        // thinking, and thinking another provider signed (OpenAI's
+        // Responses and Gemini mark theirs with a `|`, which Anthropic's
+        // base64 signatures never hold), cannot be sent back.
         Item::Thinking {
             thinking,
             signature: Some(signature),
-        } if assistant => Block::Thinking {
+        } if assistant && !signature.contains('|') => Block::Thinking {
             thinking,
             signature,
         },

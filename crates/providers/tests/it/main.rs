@@ -8,6 +8,7 @@ mod builtin_tools;
 mod common;
 mod ephemeral;
 mod fallback;
+mod gemini;
 mod hardening;
 mod limits;
 mod machine_anthropic;

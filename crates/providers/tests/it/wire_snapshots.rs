@@ -286,3 +286,104 @@ async fn the_responses_request_body() {
     )
     .await;
 }
+
+#[cfg(feature = "gemini")]
+#[tokio::test]
+async fn the_gemini_request_body() {
+    use markov_testkit::http::gemini;
+    let server = FakeServer::scripted(vec![Reply::json(200, gemini::text("5"))]).await;
+    let client = markov_providers::Gemini::builder()
+        .base_url(server.base_url())
+        .build()
+        .expect("builds");
+    sent_body(
+        &client,
+        &server,
+        expect![[r#"
+        {
+          "contents": [
+            {
+              "parts": [
+                {
+                  "text": "What is 2 + 3?"
+                }
+              ],
+              "role": "user"
+            },
+            {
+              "parts": [
+                {
+                  "text": "Let me add."
+                },
+                {
+                  "functionCall": {
+                    "args": {
+                      "a": 2,
+                      "b": 3
+                    },
+                    "id": "call_1",
+                    "name": "add"
+                  }
+                }
+              ],
+              "role": "model"
+            },
+            {
+              "parts": [
+                {
+                  "functionResponse": {
+                    "id": "call_1",
+                    "name": "add",
+                    "response": {
+                      "content": "5"
+                    }
+                  }
+                }
+              ],
+              "role": "user"
+            }
+          ],
+          "generationConfig": {
+            "maxOutputTokens": 256
+          },
+          "systemInstruction": {
+            "parts": [
+              {
+                "text": "You do arithmetic."
+              }
+            ]
+          },
+          "toolConfig": {
+            "functionCallingConfig": {
+              "mode": "AUTO"
+            }
+          },
+          "tools": [
+            {
+              "functionDeclarations": [
+                {
+                  "description": "Add two integers",
+                  "name": "add",
+                  "parameters": {
+                    "properties": {
+                      "a": {
+                        "type": "INTEGER"
+                      },
+                      "b": {
+                        "type": "INTEGER"
+                      }
+                    },
+                    "required": [
+                      "a",
+                      "b"
+                    ],
+                    "type": "OBJECT"
+                  }
+                }
+              ]
+            }
+          ]
+        }"#]],
+    )
+    .await;
+}

@@ -7,7 +7,8 @@
 //! and script what the "provider" says: complete JSON answers, server-sent
 //! event streams cut into arbitrary pieces, error statuses, delays and
 //! replies that never come. The [`anthropic`], [`openai`] (Chat
-//! Completions) and [`responses`] (OpenAI's Responses API) modules build
+//! Completions), [`responses`] (OpenAI's Responses API) and [`gemini`]
+//! modules build
 //! the vendors' response bodies and event streams for the common cases (a
 //! text answer, a tool call), so a test need not write vendor JSON.
 //!
@@ -40,6 +41,7 @@
 //! ```
 
 pub mod anthropic;
+pub mod gemini;
 pub mod openai;
 pub mod responses;
 mod server;
