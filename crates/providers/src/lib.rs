@@ -1,6 +1,6 @@
-//! Model clients for markov: the Anthropic Messages API and OpenAI-compatible
-//! Chat Completions, both implementing [`markov_core::Model`], with and
-//! without streaming.
+//! Model clients for markov: the Anthropic Messages API, OpenAI-compatible
+//! Chat Completions, OpenAI's Responses API and Gemini, each implementing
+//! [`markov_core::Model`], with and without streaming.
 //!
 //! - [`Anthropic`] (feature `anthropic`) speaks the Messages API.
 //! - [`OpenAi`] (feature `openai`) speaks Chat Completions at a configurable
@@ -15,12 +15,18 @@
 //! - [`from_env`] picks the client the environment configures.
 //! - [`ConfigError`] says why a client could not be built.
 //!
-//! Both clients are configured from the environment (`from_env`:
-//! `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`, `OPENAI_API_KEY` and
-//! `OPENAI_BASE_URL`; a base URL other than the vendor's needs no key, as
-//! for a local server such as llama.cpp's) or by a builder; they retry 408,
-//! 409, 429, 5xx, overload, timeouts and connection failures with
-//! exponential backoff and jitter, honouring `retry-after`;
+//! Every client is configured from the environment (`from_env`:
+//! `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`, `GEMINI_API_KEY` and
+//! `GEMINI_BASE_URL`, `OPENAI_API_KEY` and `OPENAI_BASE_URL`, with
+//! `MARKOV_OPENAI_API=responses` for the Responses API and `MARKOV_MODEL`
+//! for the model; a base URL other than the vendor's needs no key, as for a
+//! local server such as llama.cpp's) or by a builder. A base URL includes
+//! `/v1` for the OpenAI clients and not for Anthropic or Gemini; a value
+//! without a scheme is refused naming the value and its variable. They
+//! retry 408, 409, 429, 5xx, overload, timeouts and connection failures
+//! with exponential backoff and jitter, honouring a `retry-after` of up
+//! to 60 s (a longer one, and a 429 that says the quota is exhausted, end
+//! the call at once), under the client's [`Limits`];
 //! they never retry 400, 401 or 403, whose [`ModelError::Http`] carries the
 //! provider's own message. A streamed call is retried only until its
 //! response head arrives; once events have been delivered, a failure (such as

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 /// One message of any role and shape the wire renders differently.
-fn message() -> impl Strategy<Value = Message> {
+pub(crate) fn message() -> impl Strategy<Value = Message> {
     let text = "[a-z \"\\\\é\n\u{1}😀]{0,12}";
     prop_oneof![
         text.prop_map(Message::user),

@@ -392,3 +392,125 @@ fn debug_output_never_shows_the_key() {
     let client = builder.build().expect("builds");
     assert!(!format!("{client:?}").contains(KEY));
 }
+
+mod wire_form {
+    use std::collections::HashMap;
+
+    use markov_core::{Item, Message, ModelRequest, ModelSettings, Role};
+    use markov_providers::Gemini;
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use crate::body_cache::message;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        /// Any history encodes (or is refused as empty) without a panic,
+        /// into contents that alternate roles, one `functionCall` per call
+        /// and one `functionResponse` per result, each naming the function
+        /// of its call.
+        #[test]
+        fn every_call_and_result_keeps_its_part_and_name(
+            history in prop::collection::vec(message(), 0..24),
+        ) {
+            let client = Gemini::builder()
+                .base_url("http://127.0.0.1:1")
+                .build()
+                .expect("builds");
+            let settings = ModelSettings::default();
+            let request = ModelRequest::new("", &history, &settings);
+            let body = match client.request_body(&request) {
+                Ok(body) => body,
+                Err(error) => {
+                    prop_assert!(error.to_string().contains("no content to send"), "{error}");
+                    return Ok(());
+                }
+            };
+            let body: Value = serde_json::from_slice(&body).expect("valid JSON");
+            let contents = body["contents"].as_array().expect("contents");
+            for pair in contents.windows(2) {
+                prop_assert_ne!(&pair[0]["role"], &pair[1]["role"]);
+            }
+            let parts: Vec<&Value> = contents
+                .iter()
+                .flat_map(|c| c["parts"].as_array().into_iter().flatten())
+                .collect();
+            let calls: Vec<(&str, &str)> = history
+                .iter()
+                .filter(|m| m.role == Role::Assistant)
+                .flat_map(Message::item_list)
+                .filter_map(|item| match item {
+                    Item::ToolUse { id, name, .. } => Some((id.as_str(), name.as_str())),
+                    _ => None,
+                })
+                .collect();
+            let names: HashMap<&str, &str> = calls.iter().copied().collect();
+            let results: Vec<&str> = history
+                .iter()
+                .filter(|m| m.role == Role::User)
+                .flat_map(Message::item_list)
+                .filter_map(|item| match item {
+                    Item::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
+                    _ => None,
+                })
+                .collect();
+            let sent_calls = parts.iter().filter(|p| p.get("functionCall").is_some()).count();
+            prop_assert_eq!(sent_calls, calls.len());
+            let responses: Vec<&Value> = parts
+                .iter()
+                .filter_map(|p| p.get("functionResponse"))
+                .collect();
+            prop_assert_eq!(responses.len(), results.len());
+            for (response, id) in responses.iter().zip(&results) {
+                let expected = names.get(id).copied().unwrap_or("unknown_function");
+                prop_assert_eq!(response["name"].as_str(), Some(expected));
+            }
+        }
+    }
+}
+
+#[cfg(all(feature = "anthropic", feature = "responses"))]
+#[test]
+fn signatures_go_back_only_to_the_provider_that_made_them() {
+    use markov_providers::{Anthropic, Responses};
+
+    let thinking = |signature: &str| Item::Thinking {
+        thinking: "a thought".into(),
+        signature: Some(signature.into()),
+    };
+    let history = vec![
+        Message::user("hi"),
+        Message::assistant_items(vec![
+            thinking("EqQBCkgIARABGAIiQLanthropic"),
+            thinking("rs_1|encrypted"),
+            thinking("gemini|sig-g"),
+            Item::text("hello"),
+        ]),
+        Message::user("again"),
+    ];
+    let settings = ModelSettings::default();
+    let request = ModelRequest::new("", &history, &settings);
+    let body = |bytes: Vec<u8>| String::from_utf8(bytes).expect("utf-8");
+    let anthropic = Anthropic::builder()
+        .base_url("http://127.0.0.1:1")
+        .build()
+        .unwrap();
+    let sent = body(anthropic.request_body(&request, false).unwrap());
+    assert!(sent.contains("EqQBCkgIARABGAIiQLanthropic"), "{sent}");
+    assert!(!sent.contains("rs_1") && !sent.contains("sig-g"), "{sent}");
+    let responses = Responses::builder()
+        .base_url("http://127.0.0.1:1/v1")
+        .build()
+        .unwrap();
+    let sent = body(responses.request_body(&request, false).unwrap());
+    assert!(sent.contains(r#""id":"rs_1""#), "{sent}");
+    assert!(!sent.contains("EqQB") && !sent.contains("sig-g"), "{sent}");
+    let gemini = Gemini::builder()
+        .base_url("http://127.0.0.1:1")
+        .build()
+        .unwrap();
+    let sent = body(gemini.request_body(&request).unwrap());
+    assert!(sent.contains("sig-g"), "{sent}");
+    assert!(!sent.contains("EqQB") && !sent.contains("rs_1"), "{sent}");
+}
