@@ -106,6 +106,32 @@ pub(crate) fn fallback_call_id(index: usize) -> String {
     )
 }
 
+/// `stream` with its final answer checked as [`check_forced_call`] checks
+/// a complete one: the answer is replaced by the error.
+pub(crate) fn checked_stream<'a>(
+    stream: futures::stream::BoxStream<
+        'a,
+        Result<markov_core::StreamEvent, markov_core::ModelError>,
+    >,
+    offered_tools: bool,
+    choice: &'a markov_core::ToolChoice,
+    endpoint: String,
+) -> futures::stream::BoxStream<'a, Result<markov_core::StreamEvent, markov_core::ModelError>> {
+    use futures::StreamExt;
+    if !offered_tools || !choice.forces_tool_use() {
+        return stream;
+    }
+    stream
+        .map(move |event| match event {
+            Ok(markov_core::StreamEvent::Done(response)) => {
+                check_forced_call(offered_tools, choice, &response, &endpoint)
+                    .map(|()| markov_core::StreamEvent::Done(response))
+            }
+            other => other,
+        })
+        .boxed()
+}
+
 /// Tool arguments from their JSON text (see
 /// [`markov_core::tool::parse_tool_arguments`]: malformed text is kept, and
 /// refused before any tool runs).

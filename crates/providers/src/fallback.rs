@@ -33,7 +33,9 @@ struct Entry {
 /// is asked, and on a failure of the service (see the module docs) the
 /// next, in order. Every call runs in a `fallback` span whose
 /// `gen_ai.response.model` and `fallback.index` name the model that
-/// answered (its name, or its provider's when it was given none).
+/// answered (its name, the request's, or its provider's when neither
+/// names one); the caller's span gets the same `gen_ai.response.model`
+/// when it declares the field, as the loop's `chat` span of each step does.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -147,6 +149,9 @@ impl Model for Fallback {
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        // The caller's span (the loop's `chat` span of the step) hears which
+        // model answered too, when it declares the field.
+        let caller = tracing::Span::current();
         let span = span();
         let call = async {
             let mut last = None;
@@ -165,8 +170,10 @@ impl Model for Fallback {
                 match entry.model.complete(request).await {
                     Ok(response) => {
                         let span = tracing::Span::current();
-                        span.record("gen_ai.response.model", self.label(entry, &request));
+                        let label = self.label(entry, &request);
+                        span.record("gen_ai.response.model", label);
                         span.record("fallback.index", index);
+                        caller.record("gen_ai.response.model", label);
                         if index > 0 {
                             tracing::info!(index, "answered by a fallback model");
                         }
@@ -193,6 +200,7 @@ impl Model for Fallback {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let caller = tracing::Span::current();
         let span = span();
         let start = async move {
             for (index, entry) in self.entries.iter().enumerate() {
@@ -207,8 +215,10 @@ impl Model for Fallback {
                     first => {
                         if matches!(first, Some(Ok(_))) {
                             let span = tracing::Span::current();
-                            span.record("gen_ai.response.model", self.label(entry, &request));
+                            let label = self.label(entry, &request);
+                            span.record("gen_ai.response.model", label);
                             span.record("fallback.index", index);
+                            caller.record("gen_ai.response.model", label);
                         }
                         return futures::stream::iter(first).chain(events).boxed();
                     }

@@ -583,6 +583,7 @@ impl Model for Anthropic {
         };
         let structured = plan.schema_field().is_some();
         let body_len = body.len();
+        let endpoint = self.endpoint();
         let connect_span = span.clone();
         let connect = async move {
             self.transport
@@ -595,8 +596,15 @@ impl Model for Anthropic {
             connect,
             stream::Decoder::default(),
         );
-        self.transport
-            .limited(body_len, request.settings().max_tokens, stream)
+        let stream = self
+            .transport
+            .limited(body_len, request.settings().max_tokens, stream);
+        crate::convert::checked_stream(
+            stream,
+            !request.tools().is_empty(),
+            request.tool_choice(),
+            endpoint,
+        )
     }
 }
 

@@ -477,6 +477,7 @@ impl Model for Gemini {
         };
         let url = self.url(model, true);
         let body_len = body.len();
+        let endpoint = transport::redact_url(url.as_str());
         let connect_span = span.clone();
         let connect = async move {
             self.transport
@@ -489,8 +490,15 @@ impl Model for Gemini {
             connect,
             stream::Decoder::default(),
         );
-        self.transport
-            .limited(body_len, request.settings().max_tokens, stream)
+        let stream = self
+            .transport
+            .limited(body_len, request.settings().max_tokens, stream);
+        crate::convert::checked_stream(
+            stream,
+            !request.tools().is_empty(),
+            request.tool_choice(),
+            endpoint,
+        )
     }
 }
 

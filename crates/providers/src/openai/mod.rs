@@ -586,6 +586,7 @@ impl Model for OpenAi {
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
         let body_len = body.len();
+        let endpoint = self.endpoint();
         let connect_span = span.clone();
         let connect = async move {
             self.transport
@@ -598,8 +599,15 @@ impl Model for OpenAi {
             connect,
             stream::Decoder::default(),
         );
-        self.transport
-            .limited(body_len, request.settings().max_tokens, stream)
+        let stream = self
+            .transport
+            .limited(body_len, request.settings().max_tokens, stream);
+        crate::convert::checked_stream(
+            stream,
+            !request.tools().is_empty(),
+            request.tool_choice(),
+            endpoint,
+        )
     }
 }
 

@@ -550,6 +550,7 @@ impl Model for Responses {
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
         let body_len = body.len();
+        let endpoint = self.endpoint();
         let connect_span = span.clone();
         let connect = async move {
             self.transport
@@ -562,8 +563,15 @@ impl Model for Responses {
             connect,
             stream::Decoder::default(),
         );
-        self.transport
-            .limited(body_len, request.settings().max_tokens, stream)
+        let stream = self
+            .transport
+            .limited(body_len, request.settings().max_tokens, stream);
+        crate::convert::checked_stream(
+            stream,
+            !request.tools().is_empty(),
+            request.tool_choice(),
+            endpoint,
+        )
     }
 }
 

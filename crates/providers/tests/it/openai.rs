@@ -726,3 +726,25 @@ async fn debug_output_never_shows_the_key() {
     assert!(!format!("{model:#?}").contains(KEY));
     assert!(!format!("{builder:?}").contains(KEY));
 }
+
+#[tokio::test]
+async fn a_streamed_text_answer_to_a_forced_call_says_the_server_ignores_tools() {
+    let server = FakeServer::scripted(vec![Reply::sse(
+        &markov_testkit::http::openai::text_events("A confident guess."),
+    )])
+    .await;
+    let history = [Message::user("Use the tool.")];
+    let tools = tools();
+    let settings = ModelSettings::default();
+    let events: Vec<_> = client(&server)
+        .stream(request(&history, &tools, &ToolChoice::Any, &settings))
+        .collect()
+        .await;
+    match events.last() {
+        Some(Err(ModelError::InvalidResponse(message))) => {
+            assert!(message.contains("ignores the tools"), "{message}");
+            assert!(message.contains("--jinja"), "{message}");
+        }
+        other => panic!("the made-up answer was accepted: {other:?}"),
+    }
+}

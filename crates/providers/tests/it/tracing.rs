@@ -174,11 +174,22 @@ async fn a_fallback_span_names_the_model_that_answered() {
     let model = markov_providers::Fallback::new(client(&down)).or_named(client(&up), "gpt-spare");
     let history = [Message::user("hi")];
     let settings = ModelSettings::default();
-    model
-        .complete(ModelRequest::new("", &history, &settings))
-        .await
-        .unwrap();
+    // The loop's span of a model call, as markov-executor declares it.
+    let chat = tracing::info_span!("chat", gen_ai.response.model = tracing::field::Empty);
+    {
+        use tracing::Instrument;
+        model
+            .complete(ModelRequest::new("", &history, &settings))
+            .instrument(chat.clone())
+            .await
+            .unwrap();
+    }
+    tracing::info!(parent: &chat, "step done");
     let logs = sink.text();
+    assert!(
+        logs.contains(r#"chat{gen_ai.response.model="gpt-spare"}: "#),
+        "{logs}"
+    );
     assert!(logs.contains("trying the next"), "{logs}");
     assert!(
         logs.contains(r#"gen_ai.response.model="gpt-spare" fallback.index=1"#),
