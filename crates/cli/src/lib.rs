@@ -6,9 +6,14 @@
 //!
 //! - `ANTHROPIC_API_KEY` or `ANTHROPIC_BASE_URL` set: the Messages API, at
 //!   Anthropic or at another address (a local server such as llama.cpp's);
-//! - else `OPENAI_API_KEY` or `OPENAI_BASE_URL` set: an OpenAI-compatible
-//!   Chat Completions server (OpenAI, vLLM, Ollama, llama.cpp, LM Studio);
+//! - else `GEMINI_API_KEY` or `GEMINI_BASE_URL` set: the Gemini API;
+//! - else `OPENAI_API_KEY` or `OPENAI_BASE_URL` set: OpenAI's Responses API
+//!   with `MARKOV_OPENAI_API=responses`, else an OpenAI-compatible Chat
+//!   Completions server (OpenAI, vLLM, Ollama, llama.cpp, LM Studio);
 //! - else a scripted model, labelled as a rehearsal.
+//!
+//! `MARKOV_MODEL` names the model; without it, a server other than the
+//! vendor's is asked for the model it serves ([`pick_settled_model_or`]).
 #![deny(missing_docs)]
 
 mod rehearsal;
@@ -42,6 +47,36 @@ pub fn pick_model() -> Result<(Arc<dyn Model>, String), markov_providers::Config
     pick_model_or(Arc::new(scripted()))
 }
 
+/// [`pick_model_or`], and then, for a server other than the vendor's with
+/// no `MARKOV_MODEL` set, the model the server serves
+/// ([`markov_providers::EnvModel::settle_model`]): the vendor's default
+/// name (`gpt-4.1`, `claude-…`) is never sent to a local server.
+///
+/// # Errors
+/// As [`pick_model_or`], and [`markov_providers::ConfigError::ModelNotNamed`]
+/// when the server does not name exactly one model.
+pub async fn pick_settled_model_or(
+    rehearsal: Arc<dyn Model>,
+) -> Result<(Arc<dyn Model>, String), markov_providers::ConfigError> {
+    match markov_providers::from_env()? {
+        Some(configured) => {
+            let configured = configured.settle_model().await?;
+            Ok((
+                configured.model(),
+                format!("model: {}", configured.description()),
+            ))
+        }
+        None => Ok((rehearsal, rehearsal_label())),
+    }
+}
+
+/// The first line of a run on the scripted model.
+fn rehearsal_label() -> String {
+    "model: scripted (no ANTHROPIC_API_KEY, GEMINI_API_KEY or OPENAI_API_KEY set; \
+     this run is a rehearsal, not a real model)"
+        .to_owned()
+}
+
 /// [`pick_model`] with `rehearsal` when no provider is configured.
 pub fn pick_model_or(
     rehearsal: Arc<dyn Model>,
@@ -54,10 +89,7 @@ pub fn pick_model_or(
         };
         return Ok((configured.model(), label));
     }
-    let label = "model: scripted (no ANTHROPIC_API_KEY or OPENAI_API_KEY set; \
-                 this run is a rehearsal, not a real model)"
-        .to_owned();
-    Ok((rehearsal, label))
+    Ok((rehearsal, rehearsal_label()))
 }
 
 /// The demo agent on `model`, with its two tools: add more tools (an MCP

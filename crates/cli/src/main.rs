@@ -5,10 +5,22 @@
 //! The model is chosen at start, and the first line says which:
 //!
 //! - `ANTHROPIC_API_KEY` or `ANTHROPIC_BASE_URL` set: the Messages API, at
-//!   Anthropic or at another address (a local server such as llama.cpp's);
-//! - else `OPENAI_API_KEY` or `OPENAI_BASE_URL` set: an OpenAI-compatible
-//!   Chat Completions server (OpenAI, vLLM, Ollama, llama.cpp, LM Studio);
+//!   Anthropic or at another address (a local server such as llama.cpp's,
+//!   the base URL without `/v1`);
+//! - else `GEMINI_API_KEY` or `GEMINI_BASE_URL` set: the Gemini API;
+//! - else `OPENAI_API_KEY` or `OPENAI_BASE_URL` set: OpenAI's Responses API
+//!   with `MARKOV_OPENAI_API=responses`, else an OpenAI-compatible Chat
+//!   Completions server (OpenAI, vLLM, Ollama, llama.cpp, LM Studio; the
+//!   base URL with `/v1`);
 //! - else a scripted model, labelled as a rehearsal.
+//!
+//! The line names the API, the endpoint and the model. `MARKOV_MODEL`
+//! names the model; without it a local server is asked which model it
+//! serves, and a server serving several is an error that lists them.
+//! The first model call must call a tool (the question needs them): a
+//! server that ignores the tools it is offered (no tool-capable chat
+//! template) is then an error that says how to start it, not a confident
+//! made-up answer.
 //!
 //! `--mcp <server>` (or `MARKOV_MCP=<server>`) adds an MCP server's tools
 //! to the agent, each named `mcp_<its name>`: `<server>` is a Streamable
@@ -32,7 +44,9 @@ use futures::StreamExt;
 use markov_core::message::{Item, Message};
 use markov_executor::{BuildError, RunError, RunOptions, run_machine};
 
-use markov_cli::{QUESTION, demo_agent, pick_model};
+use markov_cli::{QUESTION, demo_agent, pick_settled_model_or, scripted};
+use markov_executor::ToolChoiceEnforcer;
+use markov_runtime::tool_choice::ToolChoiceRule;
 
 /// Why the demo stopped early.
 #[derive(Debug, thiserror::Error)]
@@ -107,8 +121,13 @@ fn print_message(message: &Message) {
 /// Builds the agent over the chosen model and runs it on [`QUESTION`].
 async fn demo() -> Result<(), DemoError> {
     let spec = mcp_spec()?;
-    let (model, label) = pick_model()?;
+    let (model, label) = pick_settled_model_or(std::sync::Arc::new(scripted())).await?;
     println!("{label}");
+    // The question needs the tools: the turn's first call must use one.
+    let model = std::sync::Arc::new(ToolChoiceEnforcer::new(
+        model,
+        ToolChoiceRule::RequiredFirst,
+    ));
     let mut agent = demo_agent(model);
     let mcp = match spec {
         Some(spec) => {

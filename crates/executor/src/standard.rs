@@ -816,6 +816,9 @@ impl Executor for StandardExecutor {
             gen_ai.provider.name = self.model.provider_name(),
             gen_ai.request.model = model_name,
             gen_ai.request.max_tokens = prepared.settings.max_tokens,
+            // Recorded by a model that knows which model answered (a
+            // `Fallback` of markov-providers).
+            gen_ai.response.model = tracing::field::Empty,
             gen_ai.usage.input_tokens = tracing::field::Empty,
             gen_ai.usage.output_tokens = tracing::field::Empty,
             gen_ai.response.finish_reasons = tracing::field::Empty,

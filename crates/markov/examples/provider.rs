@@ -1,6 +1,9 @@
 //! A real model from the environment: `ANTHROPIC_API_KEY` (or
 //! `ANTHROPIC_BASE_URL` for a local server such as llama.cpp's), else
-//! `OPENAI_API_KEY` or `OPENAI_BASE_URL` for any OpenAI-compatible server.
+//! `GEMINI_API_KEY`, else `OPENAI_API_KEY` or `OPENAI_BASE_URL` for any
+//! OpenAI-compatible server (`MARKOV_OPENAI_API=responses` for the
+//! Responses API). `MARKOV_MODEL` names the model; without it a local
+//! server is asked which one it serves.
 //!
 //! `ANTHROPIC_API_KEY=… cargo run -p markov --example provider --features providers`
 use markov::prelude::*;
@@ -14,10 +17,11 @@ async fn add(a: i64, b: i64) -> i64 {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let Some(configured) = markov::providers::from_env()? else {
-        println!("No provider configured: set ANTHROPIC_API_KEY or OPENAI_API_KEY");
+        println!("No provider configured: set ANTHROPIC_API_KEY, GEMINI_API_KEY or OPENAI_API_KEY");
         println!("(or ANTHROPIC_BASE_URL / OPENAI_BASE_URL for a local server).");
         return Ok(());
     };
+    let configured = configured.settle_model().await?;
     println!("model: {}", configured.description());
     let agent = Agent::builder("calculator")
         .instructions("You do arithmetic with your tools, then answer in one sentence.")

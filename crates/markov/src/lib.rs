@@ -40,8 +40,9 @@
 //! - [`executor`]: the machine, its run loop, snapshots;
 //! - [`tools`]: the standard `respond` and `finish` tools;
 //! - [`testkit`] (feature `testkit`, on by default): scripted models;
-//! - `providers` (feature `providers`): Anthropic and OpenAI-compatible
-//!   clients;
+//! - `providers` (feature `providers`): Anthropic, OpenAI-compatible
+//!   (Chat Completions and Responses) and Gemini clients, a fallback
+//!   list, outgoing limits;
 //! - `store` (feature `store`): durable sessions;
 //! - `otel` (feature `otel`): the spans as OpenTelemetry spans;
 //! - `mcp` (feature `mcp`): tools from Model Context Protocol servers, and

@@ -70,7 +70,6 @@ impl Encoded {
 }
 
 /// A request's parts around its messages, encoded.
-#[derive(Default)]
 pub(crate) struct FrameBytes {
     /// The fields before `messages`, as an object (never empty).
     head: Vec<u8>,
@@ -81,6 +80,9 @@ pub(crate) struct FrameBytes {
     lead_count: usize,
     /// The fields after `messages`, as an object (may be `{}`).
     tail: Vec<u8>,
+    /// The name of the array of wire messages (`messages`, or `input` in
+    /// OpenAI's Responses API).
+    array: &'static str,
 }
 
 impl FrameBytes {
@@ -98,7 +100,15 @@ impl FrameBytes {
             lead,
             lead_count,
             tail: to_json(tail)?,
+            array: "messages",
         })
+    }
+
+    /// The same parts around an array named `array` instead of `messages`.
+    #[cfg(feature = "responses")]
+    pub(crate) fn named(mut self, array: &'static str) -> Self {
+        self.array = array;
+        self
     }
 }
 
@@ -223,7 +233,9 @@ pub(crate) fn build(
     );
     // `{"model":...}` without its closing brace.
     body.extend_from_slice(&head[..head.len().saturating_sub(1)]);
-    body.extend_from_slice(b",\"messages\":[");
+    body.extend_from_slice(b",\"");
+    body.extend_from_slice(frame.array.as_bytes());
+    body.extend_from_slice(b"\":[");
     body.extend_from_slice(&frame.lead);
     body.extend_from_slice(&entry.json);
     if open.is_empty() {

@@ -61,6 +61,77 @@ pub(crate) fn implied_stop_reason(has_tool_calls: bool) -> markov_core::StopReas
     }
 }
 
+/// Refuses an answer that calls no tool although the call offered tools
+/// and forced their use (`choice`, as sent): the server ignored the tools,
+/// as a local server does without a tool-capable chat template (llama.cpp
+/// without `--jinja`, vLLM without `--enable-auto-tool-choice`). The
+/// answer would be made up; the error says how to start the server.
+/// An answer cut by the token limit, refused or filtered passes.
+pub(crate) fn check_forced_call(
+    offered_tools: bool,
+    choice: &markov_core::ToolChoice,
+    response: &markov_core::ModelResponse,
+    endpoint: &str,
+) -> Result<(), markov_core::ModelError> {
+    use markov_core::StopReason;
+    let ignored = offered_tools
+        && choice.forces_tool_use()
+        && !response.has_tool_calls()
+        && response.provider_tool_calls().next().is_none()
+        && !matches!(
+            response.stop_reason,
+            StopReason::MaxTokens
+                | StopReason::Refusal
+                | StopReason::ContentFilter
+                | StopReason::PauseTurn
+        );
+    if ignored {
+        return Err(markov_core::ModelError::InvalidResponse(format!(
+            "the server at {endpoint} answered a call that requires a tool call without calling one: it ignores the tools it is offered. \
+             A local server needs a chat template that supports tools: start llama.cpp's llama-server with --jinja, \
+             vLLM with --enable-auto-tool-choice --tool-call-parser <the model's parser>, \
+             and use an Ollama model whose template supports tools (README, \"Local models\")"
+        )));
+    }
+    Ok(())
+}
+
+/// A call id for servers that send none. Random, so that ids stay unique
+/// across responses (a positional `call_0` would repeat in every response
+/// and make idempotency keys collide).
+pub(crate) fn fallback_call_id(index: usize) -> String {
+    format!(
+        "call_{:012x}_{index}",
+        crate::transport::random_u64() & 0xffff_ffff_ffff
+    )
+}
+
+/// `stream` with its final answer checked as [`check_forced_call`] checks
+/// a complete one: the answer is replaced by the error.
+pub(crate) fn checked_stream<'a>(
+    stream: futures::stream::BoxStream<
+        'a,
+        Result<markov_core::StreamEvent, markov_core::ModelError>,
+    >,
+    offered_tools: bool,
+    choice: &'a markov_core::ToolChoice,
+    endpoint: String,
+) -> futures::stream::BoxStream<'a, Result<markov_core::StreamEvent, markov_core::ModelError>> {
+    use futures::StreamExt;
+    if !offered_tools || !choice.forces_tool_use() {
+        return stream;
+    }
+    stream
+        .map(move |event| match event {
+            Ok(markov_core::StreamEvent::Done(response)) => {
+                check_forced_call(offered_tools, choice, &response, &endpoint)
+                    .map(|()| markov_core::StreamEvent::Done(response))
+            }
+            other => other,
+        })
+        .boxed()
+}
+
 /// Tool arguments from their JSON text (see
 /// [`markov_core::tool::parse_tool_arguments`]: malformed text is kept, and
 /// refused before any tool runs).

@@ -10,15 +10,41 @@ pub enum ConfigError {
         /// The variable's name.
         var: &'static str,
     },
+    /// An environment variable holds a value the choice does not know.
+    #[error("environment variable {var} is {value:?}; expected {expected}")]
+    InvalidEnv {
+        /// The variable's name.
+        var: &'static str,
+        /// Its value.
+        value: String,
+        /// What it may be.
+        expected: &'static str,
+    },
     /// The builder was given no API key, and the provider requires one.
     #[error("no api key was given")]
     MissingApiKey,
-    /// The base URL is not an absolute `http` or `https` URL.
-    #[error("invalid base url {url:?}: {reason}")]
+    /// The base URL is not an absolute `http` or `https` URL, or is one
+    /// the client cannot use (an Anthropic base URL ending in `/v1`).
+    #[error("invalid base url {url:?}{}: {reason}", .var.map(|v| format!(" (from {v})")).unwrap_or_default())]
     InvalidBaseUrl {
-        /// The URL as given.
+        /// The URL as given, with any password or query in it redacted.
         url: String,
-        /// Why it was refused.
+        /// The environment variable it came from, if it came from one.
+        var: Option<&'static str>,
+        /// Why it was refused, and what to write instead.
+        reason: String,
+    },
+    /// The client talks to a server other than the vendor's, and no model
+    /// was named (`MARKOV_MODEL`): the vendor's default model name would
+    /// mean nothing there, and the server did not name a single model of
+    /// its own.
+    #[error("no model named for {endpoint}: set {var} to the model the server serves ({reason})")]
+    ModelNotNamed {
+        /// The endpoint, redacted.
+        endpoint: String,
+        /// The variable that names the model.
+        var: &'static str,
+        /// What the server said when asked for its models.
         reason: String,
     },
     /// The API key cannot be sent as an HTTP header value.

@@ -1,19 +1,32 @@
-//! Model clients for markov: the Anthropic Messages API and OpenAI-compatible
-//! Chat Completions, both implementing [`markov_core::Model`], with and
-//! without streaming.
+//! Model clients for markov: the Anthropic Messages API, OpenAI-compatible
+//! Chat Completions, OpenAI's Responses API and Gemini, each implementing
+//! [`markov_core::Model`], with and without streaming.
 //!
 //! - [`Anthropic`] (feature `anthropic`) speaks the Messages API.
 //! - [`OpenAi`] (feature `openai`) speaks Chat Completions at a configurable
 //!   base URL, so it also serves vLLM, Ollama, llama.cpp's server and LM Studio.
+//! - [`Responses`] (feature `responses`) speaks OpenAI's Responses API
+//!   (`store: false`, reasoning items carried across steps, prompt cache
+//!   keys), also served by vLLM and llama.cpp's server.
+//! - [`Gemini`] (feature `gemini`) speaks the Gemini API
+//!   (`generateContent`, `streamGenerateContent`), tools converted to its
+//!   schema dialect, thought signatures sent back.
+//! - [`Fallback`] tries a list of models in order when one cannot answer.
 //! - [`from_env`] picks the client the environment configures.
 //! - [`ConfigError`] says why a client could not be built.
 //!
-//! Both clients are configured from the environment (`from_env`:
-//! `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`, `OPENAI_API_KEY` and
-//! `OPENAI_BASE_URL`; a base URL other than the vendor's needs no key, as
-//! for a local server such as llama.cpp's) or by a builder; they retry 408,
-//! 409, 429, 5xx, overload, timeouts and connection failures with
-//! exponential backoff and jitter, honouring `retry-after`;
+//! Every client is configured from the environment (`from_env`:
+//! `ANTHROPIC_API_KEY` and `ANTHROPIC_BASE_URL`, `GEMINI_API_KEY` and
+//! `GEMINI_BASE_URL`, `OPENAI_API_KEY` and `OPENAI_BASE_URL`, with
+//! `MARKOV_OPENAI_API=responses` for the Responses API and `MARKOV_MODEL`
+//! for the model; a base URL other than the vendor's needs no key, as for a
+//! local server such as llama.cpp's) or by a builder. A base URL includes
+//! `/v1` for the OpenAI clients and not for Anthropic or Gemini; a value
+//! without a scheme is refused naming the value and its variable. They
+//! retry 408, 409, 429, 5xx, overload, timeouts and connection failures
+//! with exponential backoff and jitter, honouring a `retry-after` of up
+//! to 60 s (a longer one, and a 429 that says the quota is exhausted, end
+//! the call at once), under the client's [`Limits`];
 //! they never retry 400, 401 or 403, whose [`ModelError::Http`] carries the
 //! provider's own message. A streamed call is retried only until its
 //! response head arrives; once events have been delivered, a failure (such as
@@ -79,6 +92,24 @@
 //! answers it with an invalid-input error result before any tool or policy
 //! stage sees it. Empty arguments are `{}`.
 //!
+//! # Structured output with tools
+//!
+//! A request with an output schema (a node with an output type) that also
+//! offers tools asks for its structured answer through an *output tool*,
+//! `final_answer`, whose parameters are the schema, instead of the
+//! vendor's schema field (`response_format`, `output_format`): llama.cpp's
+//! server and vLLM turn that field into a grammar with no tool-call
+//! branch, so under it a model can never call a tool. Tool choice `auto`
+//! becomes `any` (`required`) then, so the answer is always a call, and
+//! the answer's call of `final_answer` comes back as a text item with its
+//! arguments' JSON, which the loop records as the structured answer; no
+//! call of it waits for a result. A call without tools (or under tool
+//! choice `none`) sends the schema field. At the vendor's own address
+//! (`api.openai.com`, `api.anthropic.com`), which combines the two, the
+//! schema field is sent with tools too; [`StructuredOutput`] overrides
+//! the choice on either builder. A call under the output tool is not
+//! streamed: its stream replays the whole answer.
+//!
 //! # Architecture invariant
 //!
 //! Only this crate knows vendor JSON. The wire structs are private to each
@@ -95,26 +126,43 @@
 
 #[cfg(feature = "anthropic")]
 pub mod anthropic;
+#[cfg(feature = "gemini")]
+pub mod gemini;
 #[cfg(feature = "openai")]
 pub mod openai;
+#[cfg(feature = "responses")]
+pub mod responses;
 
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 mod body;
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod convert;
 mod env;
 mod error;
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+mod fallback;
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
+mod limits;
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
+mod output;
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod sse;
-#[cfg(feature = "anthropic")]
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod transport;
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 pub use body::DEFAULT_BODY_CACHE_BYTES;
-pub use env::{EnvModel, from_env};
+pub use env::{EnvModel, MODEL_ENV, OPENAI_API_ENV, from_env};
 pub use error::ConfigError;
+pub use fallback::{Fallback, falls_back};
+#[cfg(feature = "gemini")]
+pub use gemini::{Gemini, GeminiBuilder};
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
+pub use limits::Limits;
 #[cfg(feature = "openai")]
 pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
+pub use output::StructuredOutput;
+#[cfg(feature = "responses")]
+pub use responses::{PromptCacheKey, Responses, ResponsesBuilder};

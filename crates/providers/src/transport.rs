@@ -91,6 +91,8 @@ pub(crate) struct TransportConfig {
     pub(crate) deadline: Duration,
     /// The largest server-sent event accepted, in bytes.
     pub(crate) max_event_bytes: usize,
+    /// The outgoing limits (all off by default).
+    pub(crate) limits: crate::limits::Limits,
 }
 
 impl TransportConfig {
@@ -101,6 +103,7 @@ impl TransportConfig {
         timeout: Duration::from_secs(600),
         deadline: DEFAULT_DEADLINE,
         max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
+        limits: crate::limits::Limits::DEFAULT,
     };
 
     /// The wait before retry number `retry` (0-based): the provider's
@@ -139,16 +142,34 @@ pub(crate) fn random_u64() -> u64 {
 pub(crate) struct Transport {
     client: reqwest::Client,
     config: TransportConfig,
+    /// The outgoing limits, shared by the client's clones.
+    limiter: Option<Arc<crate::limits::Limiter>>,
 }
 
-/// Parses and checks a base URL.
-pub(crate) fn parse_base_url(url: &str) -> Result<Url, ConfigError> {
+/// Parses and checks a base URL; `var` is the environment variable it
+/// came from, named in the error.
+pub(crate) fn parse_base_url(url: &str, var: Option<&'static str>) -> Result<Url, ConfigError> {
     let invalid = |reason: &str| ConfigError::InvalidBaseUrl {
-        url: redact_url(url),
+        url: redact_loose(url),
+        var,
         reason: reason.to_owned(),
     };
-    let parsed = Url::parse(url).map_err(|e| invalid(&e.to_string()))?;
+    let no_scheme = || {
+        invalid(&format!(
+            "it has no scheme: write it as \"http://{}\" (or https://)",
+            redact_loose(url.trim())
+        ))
+    };
+    let parsed = match Url::parse(url.trim()) {
+        Ok(parsed) => parsed,
+        Err(_) if !url.contains("://") => return Err(no_scheme()),
+        Err(e) => return Err(invalid(&e.to_string())),
+    };
     if !matches!(parsed.scheme(), "http" | "https") {
+        // `localhost:8080` parses with the scheme `localhost`.
+        if !url.contains("://") {
+            return Err(no_scheme());
+        }
         return Err(invalid("the scheme must be http or https"));
     }
     if parsed.cannot_be_a_base() {
@@ -186,7 +207,54 @@ impl Transport {
             .read_timeout(config.timeout)
             .build()
             .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
-        Ok(Transport { client, config })
+        Ok(Transport {
+            client,
+            config,
+            limiter: crate::limits::Limiter::new(config.limits),
+        })
+    }
+
+    /// Waits for the call's place under the client's limits (see
+    /// [`crate::limits`]); the place is held as long as the value is.
+    pub(crate) async fn enter(
+        &self,
+        body_len: usize,
+        max_tokens: u32,
+    ) -> Result<Option<crate::limits::Place>, ModelError> {
+        match &self.limiter {
+            Some(limiter) => {
+                let tokens = crate::limits::estimate_tokens(body_len, max_tokens);
+                limiter.enter(tokens).await.map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// `stream` run under the client's limits: it waits for its place
+    /// before its first event and holds it until its last.
+    pub(crate) fn limited<'a>(
+        &'a self,
+        body_len: usize,
+        max_tokens: u32,
+        stream: futures::stream::BoxStream<'a, Result<markov_core::StreamEvent, ModelError>>,
+    ) -> futures::stream::BoxStream<'a, Result<markov_core::StreamEvent, ModelError>> {
+        use futures::StreamExt;
+        if self.limiter.is_none() {
+            return stream;
+        }
+        let mut stream = Some(stream);
+        futures::stream::once(self.enter(body_len, max_tokens))
+            .flat_map(move |entered| match (entered, stream.take()) {
+                (Ok(place), Some(stream)) => stream
+                    .map(move |event| {
+                        let _held = &place;
+                        event
+                    })
+                    .boxed(),
+                (Err(error), _) => futures::stream::once(async move { Err(error) }).boxed(),
+                (Ok(_), None) => futures::stream::empty().boxed(),
+            })
+            .boxed()
     }
 
     pub(crate) fn client(&self) -> &reqwest::Client {
@@ -231,14 +299,71 @@ impl Transport {
                 ModelError::Http { retry_after, .. } => *retry_after,
                 _ => None,
             };
-            if retry_after.is_some_and(|after| after > MAX_RETRY_AFTER) {
+            if retry_after.is_some_and(|after| after > MAX_RETRY_AFTER)
+                || is_quota_exhausted(&error)
+            {
                 return Err(error);
             }
             let delay = self.config.delay(retry, retry_after);
             tracing::warn!(parent: span, %error, ?delay, "model call failed; retrying");
             tokio::time::sleep(delay).await;
+            if let Some(limiter) = &self.limiter {
+                // A retry is a request like any other.
+                limiter.take_request().await;
+            }
             retry += 1;
         }
+    }
+
+    /// The ids of the models a server lists at `url` (`{"data": [{"id"}]}`,
+    /// as OpenAI, Anthropic, llama.cpp, vLLM and Ollama answer), one
+    /// attempt bounded by the timeout (at most 30 s).
+    pub(crate) async fn list_models(&self, url: Url) -> Result<Vec<String>, ModelError> {
+        // `data[].id` (OpenAI, Anthropic, llama.cpp, vLLM, Ollama) or
+        // `models[].name` (Gemini).
+        #[derive(Deserialize)]
+        struct List {
+            #[serde(default)]
+            data: Vec<Entry>,
+            #[serde(default)]
+            models: Vec<Named>,
+        }
+        #[derive(Deserialize)]
+        struct Entry {
+            id: String,
+        }
+        #[derive(Deserialize)]
+        struct Named {
+            name: String,
+        }
+        let wait = self.config.timeout.min(Duration::from_secs(30));
+        let call = async {
+            let response = self
+                .client
+                .get(url.clone())
+                .send()
+                .await
+                .map_err(|e| transport_error(e, wait))?;
+            let response = check_status(response).await?;
+            let (body, cut) = read_capped(response, 1 << 20).await;
+            if cut {
+                return Err(ModelError::InvalidResponse(
+                    "the model list is larger than 1 MiB".into(),
+                ));
+            }
+            let list: List = serde_json::from_str(&body).map_err(|e| {
+                ModelError::InvalidResponse(format!("cannot parse the model list: {e}"))
+            })?;
+            Ok(list
+                .data
+                .into_iter()
+                .map(|m| m.id)
+                .chain(list.models.into_iter().map(|m| m.name))
+                .collect())
+        };
+        tokio::time::timeout(wait, call)
+            .await
+            .unwrap_or(Err(ModelError::Timeout(wait)))
     }
 
     /// [`with_retries`](Self::with_retries) bounded as a whole by the
@@ -373,6 +498,13 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
     });
     let error = if kind.as_deref() == Some("overloaded_error") {
         ModelError::Overloaded(message)
+    } else if status.as_u16() == 429 && kind.as_deref() == Some("insufficient_quota") {
+        // Waiting does not refill a quota: the call ends at once.
+        ModelError::Http {
+            status: 429,
+            message: format!("{QUOTA_EXHAUSTED}{message}"),
+            retry_after: None,
+        }
     } else {
         ModelError::Http {
             status: status.as_u16(),
@@ -381,6 +513,38 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
         }
     };
     Err(naming_url(error, &url))
+}
+
+/// A `404` from `url` (a call to `{base}/{path}`) whose base does not end
+/// in `/v1`, with the hint that OpenAI-compatible servers serve under
+/// `/v1`; other errors are returned as they are.
+pub(crate) fn hint_v1(error: ModelError, url: &Url, path: &str) -> ModelError {
+    let base = url.path().strip_suffix(path).unwrap_or(url.path());
+    match error {
+        ModelError::Http {
+            status: 404,
+            message,
+            retry_after,
+        } if !base.trim_end_matches('/').ends_with("/v1") => ModelError::Http {
+            status: 404,
+            message: format!(
+                "{message}; OpenAI-compatible servers usually answer under /v1: the base URL (OPENAI_BASE_URL) should end in /v1, e.g. http://localhost:8080/v1"
+            ),
+            retry_after,
+        },
+        other => other,
+    }
+}
+
+/// How the message of an answer that says the account's quota is
+/// exhausted starts: such an answer is never retried (waiting does not
+/// refill a quota), though a [`Fallback`](crate::Fallback) may ask another
+/// model.
+pub(crate) const QUOTA_EXHAUSTED: &str = "quota exhausted (not retried): ";
+
+/// Whether `error` says the account's quota is exhausted.
+fn is_quota_exhausted(error: &ModelError) -> bool {
+    matches!(error, ModelError::Http { status: 429, message, .. } if message.starts_with(QUOTA_EXHAUSTED))
 }
 
 /// A redirect as an error naming its target: the `Location` header made
@@ -460,6 +624,34 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
         return Some(duration(ms / 1000.0));
     }
     number("retry-after").map(duration)
+}
+
+/// `url` as [`redact_url`] shows it, or, when it does not parse, the text
+/// as given with what could be a secret cut out: everything from a `?`
+/// on, and a password before an `@`.
+pub(crate) fn redact_loose(url: &str) -> String {
+    // `host:8080` parses, with the scheme `host`: only a URL with an
+    // authority has its parts where `redact_url` looks.
+    if Url::parse(url).is_ok_and(|u| u.has_authority()) {
+        return redact_url(url);
+    }
+    let (mut text, query) = match url.split_once('?') {
+        Some((head, _)) => (head.to_owned(), true),
+        None => (url.to_owned(), false),
+    };
+    if let Some(at) = text.find('@') {
+        let (userinfo, rest) = text.split_at(at);
+        if let Some(colon) = userinfo.rfind(':') {
+            let scheme_end = userinfo.find("://").map_or(0, |i| i + 3);
+            if colon >= scheme_end {
+                text = format!("{}:redacted{rest}", &userinfo[..colon]);
+            }
+        }
+    }
+    if query {
+        text.push_str("?redacted");
+    }
+    text
 }
 
 /// `url` as it may be shown in logs, `Debug` output and errors: a password in
@@ -564,18 +756,39 @@ mod tests {
 
     #[test]
     fn endpoints_keep_the_base_path() {
-        let base = parse_base_url("http://localhost:11434/v1/").unwrap();
+        let base = parse_base_url("http://localhost:11434/v1/", None).unwrap();
         assert_eq!(
             endpoint(&base, "chat/completions").as_str(),
             "http://localhost:11434/v1/chat/completions"
         );
-        let base = parse_base_url("https://api.anthropic.com").unwrap();
+        let base = parse_base_url("https://api.anthropic.com", None).unwrap();
         assert_eq!(
             endpoint(&base, "v1/messages").as_str(),
             "https://api.anthropic.com/v1/messages"
         );
-        assert!(parse_base_url("ftp://x").is_err());
-        assert!(parse_base_url("not a url").is_err());
+        assert!(parse_base_url("ftp://x", None).is_err());
+        assert!(parse_base_url("not a url", None).is_err());
+    }
+
+    #[test]
+    fn a_base_url_without_a_scheme_is_named_with_its_variable() {
+        for url in ["localhost:8080/v1", "127.0.0.1:8080", "my-box/v1"] {
+            let error = parse_base_url(url, Some("OPENAI_BASE_URL")).unwrap_err();
+            let text = error.to_string();
+            assert!(text.contains(&format!("{url:?}")), "{text}");
+            assert!(text.contains("(from OPENAI_BASE_URL)"), "{text}");
+            assert!(text.contains(&format!("http://{url}")), "{text}");
+        }
+        let error = parse_base_url("ftp://x", None).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            r#"invalid base url "ftp://x/": the scheme must be http or https"#
+        );
+        // What could be a secret never shows, parseable or not.
+        let error = parse_base_url("user:sk-secret@host:1?key=sk-2", Some("X"))
+            .unwrap_err()
+            .to_string();
+        assert!(!error.contains("sk-"), "{error}");
     }
 
     #[test]

@@ -4,12 +4,16 @@
 
 use std::process::{Command, Output};
 
-/// The variables that choose a real provider.
-pub(crate) const PROVIDER_VARS: [&str; 4] = [
+/// The variables that choose a real provider and its model.
+pub(crate) const PROVIDER_VARS: [&str; 8] = [
     "ANTHROPIC_API_KEY",
     "ANTHROPIC_BASE_URL",
+    "GEMINI_API_KEY",
+    "GEMINI_BASE_URL",
     "OPENAI_API_KEY",
     "OPENAI_BASE_URL",
+    "MARKOV_OPENAI_API",
+    "MARKOV_MODEL",
 ];
 
 /// Runs the demo with the provider variables removed, then `set` applied.
@@ -35,7 +39,7 @@ fn without_a_provider_the_demo_rehearses_on_the_scripted_model() {
     let first = stdout.lines().next().unwrap_or_default();
     assert_eq!(
         first,
-        "model: scripted (no ANTHROPIC_API_KEY or OPENAI_API_KEY set; \
+        "model: scripted (no ANTHROPIC_API_KEY, GEMINI_API_KEY or OPENAI_API_KEY set; \
          this run is a rehearsal, not a real model)"
     );
     for expected in [
@@ -77,8 +81,12 @@ fn a_bad_provider_configuration_is_an_error_not_a_panic() {
         stderr.starts_with("error: cannot configure the model: "),
         "{stderr}"
     );
-    // The URL itself is redacted (it could carry a key); the reason is shown.
-    assert!(stderr.contains("<an unparseable url>"), "{stderr}");
+    // The value and the variable are named, with what to write instead.
+    assert!(
+        stderr.contains(r#"invalid base url "not a url" (from OPENAI_BASE_URL)"#),
+        "{stderr}"
+    );
+    assert!(stderr.contains("it has no scheme"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(stdout.is_empty(), "{stdout}");
 }
@@ -90,6 +98,11 @@ async fn a_local_messages_server_is_used_and_named_on_the_first_line() {
 
     let server = FakeServer::start().await;
     server
+        // No MARKOV_MODEL: the demo asks the server for its model.
+        .reply(Reply::json(
+            200,
+            json!({"object": "list", "data": [{"id": "local-model", "object": "model"}]}),
+        ))
         .reply(Reply::json(
             200,
             anthropic::message(
@@ -115,23 +128,24 @@ async fn a_local_messages_server_is_used_and_named_on_the_first_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
     let first = stdout.lines().next().unwrap_or_default();
-    assert!(
-        first.starts_with(&format!(
-            "model: anthropic messages api ({}",
+    assert_eq!(
+        first,
+        format!(
+            "model: anthropic messages api ({}/v1/messages, local-model)",
             server.base_url()
-        )),
-        "{first}"
+        ),
     );
     assert!(
         stdout.contains("777885 people, from a local server."),
         "{stdout}"
     );
-    assert_eq!(server.requests().len(), 3);
-    assert_eq!(
-        server.requests()[0].header("x-api-key"),
-        None,
-        "no key was set"
-    );
+    let requests = server.requests();
+    assert_eq!(requests.len(), 4);
+    assert_eq!(requests[0].path, "/v1/models");
+    for request in &requests[1..] {
+        assert_eq!(request.body["model"], "local-model", "never claude-…");
+    }
+    assert_eq!(requests[0].header("x-api-key"), None, "no key was set");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
@@ -145,16 +159,18 @@ async fn a_key_in_the_base_url_is_never_printed() {
         openai::error("invalid_request_error", "no such model"),
     ));
     let base = format!("{}/v1?api-key={SECRET}", server.base_url());
-    let output = tokio::task::spawn_blocking(move || demo(&[("OPENAI_BASE_URL", base.as_str())]))
-        .await
-        .expect("the demo ran");
+    let output = tokio::task::spawn_blocking(move || {
+        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
+    })
+    .await
+    .expect("the demo ran");
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
     let first = stdout.lines().next().unwrap_or_default();
     assert!(
         first.starts_with(&format!(
-            "model: openai-compatible ({}/v1/chat/completions?redacted, ",
+            "model: openai chat completions api ({}/v1/chat/completions?redacted, m)",
             server.base_url()
         )),
         "{first}"
@@ -173,5 +189,174 @@ async fn a_key_in_the_base_url_is_never_printed() {
     assert_eq!(
         server.single().path,
         format!("/v1/chat/completions?api-key={SECRET}")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_local_server_that_serves_several_models_wants_one_named() {
+    use markov_testkit::http::{FakeServer, Reply};
+    use serde_json::json;
+
+    let server = FakeServer::scripted(vec![Reply::json(
+        200,
+        json!({"object": "list", "data": [{"id": "qwen3"}, {"id": "llama3.2"}]}),
+    )])
+    .await;
+    let base = format!("{}/v1", server.base_url());
+    let output = tokio::task::spawn_blocking(move || demo(&[("OPENAI_BASE_URL", base.as_str())]))
+        .await
+        .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("set MARKOV_MODEL"), "{stderr}");
+    assert!(stderr.contains("qwen3, llama3.2"), "{stderr}");
+    assert_eq!(server.single().path, "/v1/models", "no model call was made");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_server_that_ignores_the_tools_is_reported_not_believed() {
+    use markov_testkit::http::{FakeServer, Reply, openai};
+
+    // A server without a tool-capable chat template answers the forced
+    // first call with a confident text.
+    let server = FakeServer::scripted(vec![Reply::json(
+        200,
+        openai::text("Lisbon and Porto have 3 million people together."),
+    )])
+    .await;
+    let base = format!("{}/v1", server.base_url());
+    let output = tokio::task::spawn_blocking(move || {
+        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
+    })
+    .await
+    .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stderr.contains("ignores the tools"), "{stderr}");
+    assert!(stderr.contains("--jinja"), "{stderr}");
+    assert!(!stdout.contains("3 million"), "{stdout}");
+    assert_eq!(server.single().body["tool_choice"], "required");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn the_responses_api_is_picked_and_named_on_the_first_line() {
+    use markov_testkit::http::{FakeServer, Reply, responses};
+    use serde_json::json;
+
+    let server = FakeServer::scripted(vec![
+        Reply::json(
+            200,
+            responses::response(
+                "1",
+                vec![
+                    responses::function_call_item("c1", "population", &json!({"city": "Lisbon"})),
+                    responses::function_call_item("c2", "population", &json!({"city": "Porto"})),
+                ],
+            ),
+        ),
+        Reply::json(
+            200,
+            responses::function_call("c3", "add", &json!({"a": 545_923, "b": 231_962})),
+        ),
+        Reply::json(
+            200,
+            responses::text("777885 people, said the Responses API."),
+        ),
+    ])
+    .await;
+    let base = format!("{}/v1", server.base_url());
+    let output = tokio::task::spawn_blocking(move || {
+        demo(&[
+            ("OPENAI_BASE_URL", base.as_str()),
+            ("MARKOV_OPENAI_API", "responses"),
+            ("MARKOV_MODEL", "local-model"),
+        ])
+    })
+    .await
+    .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.lines().next().unwrap_or_default(),
+        format!(
+            "model: openai responses api ({}/v1/responses, local-model)",
+            server.base_url()
+        )
+    );
+    assert!(stdout.contains("said the Responses API."), "{stdout}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    assert!(requests.iter().all(|r| r.path == "/v1/responses"));
+}
+
+#[test]
+fn an_unknown_openai_api_is_named() {
+    let output = demo(&[
+        ("OPENAI_BASE_URL", "http://127.0.0.1:9/v1"),
+        ("MARKOV_OPENAI_API", "assistants"),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(r#"MARKOV_OPENAI_API is "assistants"; expected `responses` or `chat`"#),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn gemini_is_picked_and_named_on_the_first_line() {
+    use markov_testkit::http::{FakeServer, Reply, gemini};
+    use serde_json::json;
+
+    let server = FakeServer::scripted(vec![
+        Reply::json(
+            200,
+            gemini::response(
+                vec![
+                    gemini::function_call_part(
+                        "population",
+                        &json!({"city": "Lisbon"}),
+                        Some("s1"),
+                    ),
+                    gemini::function_call_part("population", &json!({"city": "Porto"}), None),
+                ],
+                "STOP",
+            ),
+        ),
+        Reply::json(
+            200,
+            gemini::function_call("add", &json!({"a": 545_923, "b": 231_962})),
+        ),
+        Reply::json(200, gemini::text("777885 people, said Gemini.")),
+    ])
+    .await;
+    let base = server.base_url();
+    let output = tokio::task::spawn_blocking(move || {
+        demo(&[
+            ("GEMINI_BASE_URL", base.as_str()),
+            ("MARKOV_MODEL", "gemini-local"),
+        ])
+    })
+    .await
+    .expect("the demo ran");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.lines().next().unwrap_or_default(),
+        format!(
+            "model: gemini api ({}/v1beta/models/gemini-local:generateContent, gemini-local)",
+            server.base_url()
+        )
+    );
+    assert!(stdout.contains("said Gemini."), "{stdout}");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(
+        requests[0].body["toolConfig"]["functionCallingConfig"]["mode"], "ANY",
+        "the demo's first call must use a tool"
     );
 }

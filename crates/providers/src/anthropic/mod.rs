@@ -52,6 +52,8 @@ use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use tracing::Instrument;
 
 use crate::error::ConfigError;
+use crate::limits::Limits;
+use crate::output::{Plan, StructuredOutput};
 use crate::sse::{log_done, sse_stream};
 use crate::transport::{
     self, ApiKey, Transport, TransportConfig, check_status, endpoint, transport_error,
@@ -103,8 +105,12 @@ pub enum PromptCaching {
 pub struct Anthropic {
     transport: Transport,
     url: Url,
+    /// `{base}/v1/models`, the list of the models the server serves.
+    models_url: Url,
     model: String,
     caching: PromptCaching,
+    /// Whether `output_format` is sent next to tools (see [`crate::output`]).
+    schema_with_tools: bool,
     body_cache: BodyCache,
 }
 
@@ -124,8 +130,11 @@ impl fmt::Debug for Anthropic {
 pub struct AnthropicBuilder {
     api_key: Option<ApiKey>,
     base_url: String,
+    /// The environment variable `base_url` came from, for errors.
+    base_url_var: Option<&'static str>,
     model: String,
     caching: PromptCaching,
+    structured_output: StructuredOutput,
     transport: TransportConfig,
     body_cache_bytes: usize,
 }
@@ -137,6 +146,7 @@ impl fmt::Debug for AnthropicBuilder {
             .field("base_url", &crate::transport::redact_url(&self.base_url))
             .field("model", &self.model)
             .field("caching", &self.caching)
+            .field("structured_output", &self.structured_output)
             .field("transport", &self.transport)
             .field("body_cache_bytes", &self.body_cache_bytes)
             .finish()
@@ -148,8 +158,10 @@ impl Default for AnthropicBuilder {
         AnthropicBuilder {
             api_key: None,
             base_url: DEFAULT_BASE_URL.to_owned(),
+            base_url_var: None,
             model: DEFAULT_MODEL.to_owned(),
             caching: PromptCaching::default(),
+            structured_output: StructuredOutput::default(),
             transport: TransportConfig::DEFAULT,
             body_cache_bytes: crate::body::DEFAULT_BODY_CACHE_BYTES,
         }
@@ -180,6 +192,7 @@ impl AnthropicBuilder {
         }
         if let Some(base) = base {
             builder = builder.base_url(base);
+            builder.base_url_var = Some(BASE_URL_ENV);
         }
         Ok(builder)
     }
@@ -192,10 +205,13 @@ impl AnthropicBuilder {
     }
 
     /// Sets the base URL (default [`DEFAULT_BASE_URL`]); requests go to
-    /// `{base}/v1/messages`.
+    /// `{base}/v1/messages`, so the base URL has **no** `/v1`: e.g.
+    /// `http://localhost:8080` for llama.cpp's server (a base URL ending in
+    /// `/v1` is refused by [`build`](Self::build), naming the fix).
     #[must_use]
     pub fn base_url(mut self, url: impl Into<String>) -> Self {
         self.base_url = url.into();
+        self.base_url_var = None;
         self
     }
 
@@ -211,6 +227,17 @@ impl AnthropicBuilder {
     #[must_use]
     pub fn prompt_caching(mut self, caching: PromptCaching) -> Self {
         self.caching = caching;
+        self
+    }
+
+    /// Sets how a structured answer is asked for on a call that also
+    /// offers tools (default [`StructuredOutput::Auto`]: `output_format` at
+    /// `api.anthropic.com`, the output tool at any other address, such as
+    /// llama.cpp's server, which makes tool calls impossible under a
+    /// schema). See [the crate docs](crate#structured-output-with-tools).
+    #[must_use]
+    pub fn structured_output(mut self, mode: StructuredOutput) -> Self {
+        self.structured_output = mode;
         self
     }
 
@@ -242,6 +269,16 @@ impl AnthropicBuilder {
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.transport.initial_backoff = initial;
         self.transport.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Sets the client's outgoing limits (default none): a bound on the
+    /// calls in flight, requests and tokens per minute, and the longest a
+    /// call waits for its place; see [`Limits`]. Shared by the client's
+    /// clones.
+    #[must_use]
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.transport.limits = limits;
         self
     }
 
@@ -288,7 +325,20 @@ impl AnthropicBuilder {
     /// [`ConfigError::InvalidApiKey`], or [`ConfigError::HttpClient`] when TLS
     /// cannot be set up (no system root certificates for an https URL).
     pub fn build(self) -> Result<Anthropic, ConfigError> {
-        let base = transport::parse_base_url(&self.base_url)?;
+        let base = transport::parse_base_url(&self.base_url, self.base_url_var)?;
+        if base.path().trim_end_matches('/').ends_with("/v1") {
+            let mut without = base.clone();
+            let path = base.path().trim_end_matches('/');
+            without.set_path(&path[..path.len() - 3]);
+            return Err(ConfigError::InvalidBaseUrl {
+                url: crate::transport::redact_url(base.as_str()),
+                var: self.base_url_var,
+                reason: format!(
+                    "the anthropic client adds /v1/messages itself: leave /v1 out (\"{}\")",
+                    crate::transport::redact_url(without.as_str()).trim_end_matches('/')
+                ),
+            });
+        }
         let mut headers = HeaderMap::new();
         match &self.api_key {
             Some(key) => {
@@ -304,8 +354,12 @@ impl AnthropicBuilder {
         Ok(Anthropic {
             transport: Transport::new(self.transport, &base, headers)?,
             url: endpoint(&base, "v1/messages"),
+            models_url: endpoint(&base, "v1/models"),
             model: self.model,
             caching: self.caching,
+            schema_with_tools: self
+                .structured_output
+                .schema_with_tools(base.host_str() == Some("api.anthropic.com")),
             body_cache: BodyCache::new(self.body_cache_bytes),
         })
     }
@@ -338,6 +392,28 @@ impl Anthropic {
         &self.model
     }
 
+    /// Whether the client talks to Anthropic's own service (not a local
+    /// server or a proxy).
+    pub fn is_vendor(&self) -> bool {
+        self.url.host_str() == Some("api.anthropic.com")
+    }
+
+    /// The client with another default model (the pool is shared).
+    #[must_use]
+    pub fn with_default_model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    /// The ids of the models the server serves (`GET {base}/v1/models`,
+    /// which llama.cpp's server answers too), in its order.
+    ///
+    /// # Errors
+    /// Any error of the call, as for a model call (not retried).
+    pub async fn served_models(&self) -> Result<Vec<String>, ModelError> {
+        self.transport.list_models(self.models_url.clone()).await
+    }
+
     fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
         request.settings().model.as_deref().unwrap_or(&self.model)
     }
@@ -363,13 +439,20 @@ impl Anthropic {
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        let body = wire::encode(request, model, self.caching, stream, Some(&self.body_cache))?;
+        let body = wire::encode(
+            request,
+            model,
+            self.caching,
+            self.schema_with_tools,
+            stream,
+            Some(&self.body_cache),
+        )?;
         // Debug and test builds check every cached body against the body
         // encoded afresh: every test of the workspace checks the cache.
         #[cfg(debug_assertions)]
         if let Err(mismatch) = crate::body::check_cached(
             &body,
-            &wire::encode_plain(request, model, self.caching, stream)?,
+            &wire::encode_plain(request, model, self.caching, self.schema_with_tools, stream)?,
         ) {
             panic!("{mismatch}");
         }
@@ -385,7 +468,7 @@ impl Anthropic {
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        wire::encode_plain(request, model, self.caching, stream)
+        wire::encode_plain(request, model, self.caching, self.schema_with_tools, stream)
     }
 
     async fn post(&self, body: Bytes, structured: bool) -> Result<reqwest::Response, ModelError> {
@@ -451,8 +534,13 @@ impl Model for Anthropic {
         let model = self.model_for(&request);
         let span = call_span(model);
         let body = Bytes::from(self.request_body(&request, false)?);
-        let structured = request.output_schema().is_some();
+        let plan = Plan::of(&request, self.schema_with_tools);
+        let structured = plan.schema_field().is_some();
         let call = async {
+            let _place = self
+                .transport
+                .enter(body.len(), request.settings().max_tokens)
+                .await?;
             let bytes = self
                 .transport
                 .with_retries_by_deadline(&span, || async {
@@ -463,7 +551,14 @@ impl Model for Anthropic {
                         .map_err(|e| transport_error(e, self.transport.timeout()))
                 })
                 .await?;
-            let response = wire::decode(&bytes)?;
+            let answer = wire::decode(&bytes)?;
+            crate::convert::check_forced_call(
+                !request.tools().is_empty() || plan.tool().is_some(),
+                plan.tool_choice(&request),
+                &answer,
+                &self.endpoint(),
+            )?;
+            let response = plan.finish(answer);
             log_done(&response);
             Ok(response)
         };
@@ -474,24 +569,41 @@ impl Model for Anthropic {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let plan = Plan::of(&request, self.schema_with_tools);
+        if plan.tool().is_some() {
+            // The answer is the output tool's call, turned into text once
+            // whole: streamed, its deltas would show a call that is not one.
+            return crate::output::replayed(self, request);
+        }
         let model = self.model_for(&request);
         let span = call_span(model);
         let body = match self.request_body(&request, true) {
             Ok(body) => Bytes::from(body),
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
-        let structured = request.output_schema().is_some();
+        let structured = plan.schema_field().is_some();
+        let body_len = body.len();
+        let endpoint = self.endpoint();
         let connect_span = span.clone();
         let connect = async move {
             self.transport
                 .with_retries(&connect_span, || self.post(body.clone(), structured))
                 .await
         };
-        sse_stream(
+        let stream = sse_stream(
             span,
             *self.transport.config(),
             connect,
             stream::Decoder::default(),
+        );
+        let stream = self
+            .transport
+            .limited(body_len, request.settings().max_tokens, stream);
+        crate::convert::checked_stream(
+            stream,
+            !request.tools().is_empty(),
+            request.tool_choice(),
+            endpoint,
         )
     }
 }

@@ -25,6 +25,7 @@ use serde_json::Value;
 use super::PromptCaching;
 use crate::body::{self, BodyCache, FrameBytes, Rendered};
 use crate::convert::{self, Content};
+use crate::output::{self, Plan};
 
 /// The prefix of a mid-conversation system instruction sent as user text.
 const SYSTEM_PREFIX: &str = "[System instruction] ";
@@ -207,6 +208,7 @@ pub(super) fn encode(
     request: &ModelRequest<'_>,
     model: &str,
     caching: PromptCaching,
+    schema_with_tools: bool,
     stream: bool,
     cache: Option<&BodyCache>,
 ) -> Result<Vec<u8>, ModelError> {
@@ -214,7 +216,7 @@ pub(super) fn encode(
         request,
         cache,
         || {
-            let (head, tail) = frame(request, model, caching, stream)?;
+            let (head, tail) = frame(request, model, caching, schema_with_tools, stream)?;
             FrameBytes::new(&head, Vec::new(), 0, &tail)
         },
         render,
@@ -228,9 +230,10 @@ pub(super) fn encode_plain(
     request: &ModelRequest<'_>,
     model: &str,
     caching: PromptCaching,
+    schema_with_tools: bool,
     stream: bool,
 ) -> Result<Vec<u8>, ModelError> {
-    let (head, tail) = frame(request, model, caching, stream)?;
+    let (head, tail) = frame(request, model, caching, schema_with_tools, stream)?;
     let messages = messages(request.messages());
     if messages.is_empty() {
         return Err(ModelError::InvalidRequest(NO_MESSAGES.into()));
@@ -272,9 +275,11 @@ fn frame<'a>(
     request: &ModelRequest<'a>,
     model: &'a str,
     caching: PromptCaching,
+    schema_with_tools: bool,
     stream: bool,
 ) -> Result<(Head<'a>, Tail<'a>), ModelError> {
     let settings = request.settings();
+    let plan = Plan::of(request, schema_with_tools);
     let cache = match caching {
         PromptCaching::SystemAndTools => Some(EPHEMERAL),
         PromptCaching::Off => None,
@@ -320,10 +325,18 @@ fn frame<'a>(
                 cache_control: if Some(i) == last_tool { cache } else { None },
             })
         })
+        .chain(plan.tool().map(|(name, schema)| {
+            WireTool::Client(Tool {
+                name,
+                description: output::DESCRIPTION,
+                input_schema: schema,
+                cache_control: None,
+            })
+        }))
         .chain(request.provider_tools().iter().map(server_tool))
         .collect::<Vec<_>>();
     let disable_parallel_tool_use = !settings.parallel_tool_calls;
-    let tool_choice = (!tools.is_empty()).then(|| match request.tool_choice() {
+    let tool_choice = (!tools.is_empty()).then(|| match plan.tool_choice(request) {
         ToolChoice::Auto => WireToolChoice::Auto {
             disable_parallel_tool_use,
         },
@@ -347,7 +360,7 @@ fn frame<'a>(
             tool_choice,
             thinking,
             temperature: settings.temperature.filter(|_| settings.thinking.is_none()),
-            output_format: request.output_schema().map(|schema| OutputFormat {
+            output_format: plan.schema_field().map(|schema| OutputFormat {
                 kind: "json_schema",
                 schema,
             }),
@@ -479,11 +492,13 @@ fn block(item: &Item, assistant: bool) -> Option<Block<'_>> {
             is_error: *is_error,
         },
         // The API checks thinking blocks by their signature; unsigned
-        // thinking (from another provider) cannot be sent back.
+        // thinking, and thinking another provider signed (OpenAI's
+        // Responses and Gemini mark theirs with a `|`, which Anthropic's
+        // base64 signatures never hold), cannot be sent back.
         Item::Thinking {
             thinking,
             signature: Some(signature),
-        } if assistant => Block::Thinking {
+        } if assistant && !signature.contains('|') => Block::Thinking {
             thinking,
             signature,
         },

@@ -56,6 +56,8 @@ use tracing::Instrument;
 
 use crate::body::BodyCache;
 use crate::error::ConfigError;
+use crate::limits::Limits;
+use crate::output::{Plan, StructuredOutput};
 use crate::sse::{log_done, sse_stream};
 use crate::transport::{
     self, ApiKey, Transport, TransportConfig, check_status, endpoint, transport_error,
@@ -113,6 +115,8 @@ pub enum SchemaStrictness {
 pub struct OpenAi {
     transport: Transport,
     url: Url,
+    /// `{base}/models`, the list of the models the server serves.
+    models_url: Url,
     model: String,
     shape: wire::Shape,
     body_cache: BodyCache,
@@ -135,9 +139,12 @@ impl fmt::Debug for OpenAi {
 pub struct OpenAiBuilder {
     api_key: Option<ApiKey>,
     base_url: String,
+    /// The environment variable `base_url` came from, for errors.
+    base_url_var: Option<&'static str>,
     model: String,
     max_tokens_field: MaxTokensField,
     strictness: SchemaStrictness,
+    structured_output: StructuredOutput,
     transport: TransportConfig,
     body_cache_bytes: usize,
 }
@@ -150,6 +157,7 @@ impl fmt::Debug for OpenAiBuilder {
             .field("model", &self.model)
             .field("max_tokens_field", &self.max_tokens_field)
             .field("strictness", &self.strictness)
+            .field("structured_output", &self.structured_output)
             .field("transport", &self.transport)
             .field("body_cache_bytes", &self.body_cache_bytes)
             .finish()
@@ -161,9 +169,11 @@ impl Default for OpenAiBuilder {
         OpenAiBuilder {
             api_key: None,
             base_url: DEFAULT_BASE_URL.to_owned(),
+            base_url_var: None,
             model: DEFAULT_MODEL.to_owned(),
             max_tokens_field: MaxTokensField::default(),
             strictness: SchemaStrictness::default(),
+            structured_output: StructuredOutput::default(),
             transport: TransportConfig::DEFAULT,
             body_cache_bytes: crate::body::DEFAULT_BODY_CACHE_BYTES,
         }
@@ -204,6 +214,7 @@ impl OpenAiBuilder {
         }
         if let Some(base) = base {
             builder = builder.base_url(base);
+            builder.base_url_var = Some(BASE_URL_ENV);
         }
         Ok(builder)
     }
@@ -216,10 +227,14 @@ impl OpenAiBuilder {
     }
 
     /// Sets the base URL (default [`DEFAULT_BASE_URL`]); requests go to
-    /// `{base}/chat/completions`, e.g. `http://localhost:11434/v1` for Ollama.
+    /// `{base}/chat/completions`, so the base URL **includes** `/v1`: e.g.
+    /// `http://localhost:8080/v1` for llama.cpp's server,
+    /// `http://localhost:8000/v1` for vLLM, `http://localhost:11434/v1` for
+    /// Ollama. A `404` from a base URL without `/v1` says so.
     #[must_use]
     pub fn base_url(mut self, url: impl Into<String>) -> Self {
         self.base_url = url.into();
+        self.base_url_var = None;
         self
     }
 
@@ -245,6 +260,17 @@ impl OpenAiBuilder {
         self
     }
 
+    /// Sets how a structured answer is asked for on a call that also
+    /// offers tools (default [`StructuredOutput::Auto`]: `response_format`
+    /// at `api.openai.com`, the output tool elsewhere, since llama.cpp's
+    /// server and vLLM make tool calls impossible under `response_format`).
+    /// See [the crate docs](crate#structured-output-with-tools).
+    #[must_use]
+    pub fn structured_output(mut self, mode: StructuredOutput) -> Self {
+        self.structured_output = mode;
+        self
+    }
+
     /// Sets how many times a failed call is retried (default 2). Only
     /// retryable failures are retried: 408, 409, 429, 5xx, timeouts and
     /// connection failures.
@@ -263,6 +289,16 @@ impl OpenAiBuilder {
     pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
         self.transport.initial_backoff = initial;
         self.transport.max_backoff = max.max(initial);
+        self
+    }
+
+    /// Sets the client's outgoing limits (default none): a bound on the
+    /// calls in flight, requests and tokens per minute, and the longest a
+    /// call waits for its place; see [`Limits`]. Shared by the client's
+    /// clones.
+    #[must_use]
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.transport.limits = limits;
         self
     }
 
@@ -309,7 +345,7 @@ impl OpenAiBuilder {
     /// [`ConfigError::InvalidApiKey`], or [`ConfigError::HttpClient`] when
     /// TLS cannot be set up.
     pub fn build(self) -> Result<OpenAi, ConfigError> {
-        let base = transport::parse_base_url(&self.base_url)?;
+        let base = transport::parse_base_url(&self.base_url, self.base_url_var)?;
         let mut headers = HeaderMap::new();
         match &self.api_key {
             Some(key) => {
@@ -324,10 +360,14 @@ impl OpenAiBuilder {
         Ok(OpenAi {
             transport: Transport::new(self.transport, &base, headers)?,
             url: endpoint(&base, "chat/completions"),
+            models_url: endpoint(&base, "models"),
             model: self.model,
             shape: wire::Shape {
                 max_tokens_field: self.max_tokens_field,
                 strictness: self.strictness,
+                schema_with_tools: self
+                    .structured_output
+                    .schema_with_tools(base.host_str() == Some("api.openai.com")),
             },
             body_cache: BodyCache::new(self.body_cache_bytes),
         })
@@ -360,6 +400,28 @@ impl OpenAi {
     /// The model used when a request names none.
     pub fn default_model(&self) -> &str {
         &self.model
+    }
+
+    /// Whether the client talks to OpenAI's own service (not a local
+    /// server or a proxy).
+    pub fn is_vendor(&self) -> bool {
+        self.url.host_str() == Some("api.openai.com")
+    }
+
+    /// The client with another default model (the pool is shared).
+    #[must_use]
+    pub fn with_default_model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    /// The ids of the models the server serves (`GET {base}/models`), in
+    /// its order.
+    ///
+    /// # Errors
+    /// Any error of the call, as for a model call (not retried).
+    pub async fn served_models(&self) -> Result<Vec<String>, ModelError> {
+        self.transport.list_models(self.models_url.clone()).await
     }
 
     fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
@@ -421,7 +483,9 @@ impl OpenAi {
             .send()
             .await
             .map_err(|e| transport_error(e, self.transport.timeout()))?;
-        check_status(response).await
+        check_status(response)
+            .await
+            .map_err(|error| transport::hint_v1(error, &self.url, "chat/completions"))
     }
 }
 
@@ -472,8 +536,13 @@ impl Model for OpenAi {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);
+        let plan = Plan::of(&request, self.shape.schema_with_tools);
         let body = Bytes::from(self.request_body(&request, false)?);
         let call = async {
+            let _place = self
+                .transport
+                .enter(body.len(), request.settings().max_tokens)
+                .await?;
             let bytes = self
                 .transport
                 .with_retries_by_deadline(&span, || async {
@@ -484,7 +553,14 @@ impl Model for OpenAi {
                         .map_err(|e| transport_error(e, self.transport.timeout()))
                 })
                 .await?;
-            let response = wire::decode(&bytes)?;
+            let answer = wire::decode(&bytes)?;
+            crate::convert::check_forced_call(
+                !request.tools().is_empty() || plan.tool().is_some(),
+                plan.tool_choice(&request),
+                &answer,
+                &self.endpoint(),
+            )?;
+            let response = plan.finish(answer);
             log_done(&response);
             Ok(response)
         };
@@ -495,23 +571,42 @@ impl Model for OpenAi {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        if Plan::of(&request, self.shape.schema_with_tools)
+            .tool()
+            .is_some()
+        {
+            // The answer is the output tool's call, turned into text once
+            // whole: streamed, its deltas would show a call that is not one.
+            return crate::output::replayed(self, request);
+        }
         let model = self.model_for(&request);
         let span = call_span(model);
         let body = match self.request_body(&request, true) {
             Ok(body) => Bytes::from(body),
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
+        let body_len = body.len();
+        let endpoint = self.endpoint();
         let connect_span = span.clone();
         let connect = async move {
             self.transport
                 .with_retries(&connect_span, || self.post(body.clone()))
                 .await
         };
-        sse_stream(
+        let stream = sse_stream(
             span,
             *self.transport.config(),
             connect,
             stream::Decoder::default(),
+        );
+        let stream = self
+            .transport
+            .limited(body_len, request.settings().max_tokens, stream);
+        crate::convert::checked_stream(
+            stream,
+            !request.tools().is_empty(),
+            request.tool_choice(),
+            endpoint,
         )
     }
 }

@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::{MaxTokensField, SchemaStrictness};
 use crate::body::{self, BodyCache, FrameBytes, Rendered};
 use crate::convert::{self, Content};
+use crate::output::{self, Plan};
 
 /// The whole request as one value: what [`encode_plain`] writes with
 /// `serde_json::to_vec`. Flattened, its fields are [`Head`]'s and
@@ -148,6 +149,9 @@ const OUTPUT_SCHEMA_NAME: &str = "output";
 pub(super) struct Shape {
     pub(super) max_tokens_field: MaxTokensField,
     pub(super) strictness: SchemaStrictness,
+    /// Whether `response_format` is sent next to tools (see
+    /// [`crate::output`]).
+    pub(super) schema_with_tools: bool,
 }
 
 /// The fields before `messages`.
@@ -273,6 +277,7 @@ fn tail<'a>(
     }
     let settings = request.settings();
     let strict = shape.strictness == SchemaStrictness::Strict;
+    let plan = Plan::of(request, shape.schema_with_tools);
     let tools: Vec<Tool<'_>> = request
         .tools()
         .iter()
@@ -285,9 +290,18 @@ fn tail<'a>(
                 strict: strict.then_some(true),
             },
         })
+        .chain(plan.tool().map(|(name, schema)| Tool {
+            kind: "function",
+            function: Function {
+                name,
+                description: output::DESCRIPTION,
+                parameters: schema,
+                strict: strict.then_some(true),
+            },
+        }))
         .collect();
     let has_tools = !tools.is_empty();
-    let tool_choice = has_tools.then(|| match request.tool_choice() {
+    let tool_choice = has_tools.then(|| match plan.tool_choice(request) {
         ToolChoice::Auto => WireToolChoice::Mode("auto"),
         ToolChoice::Any => WireToolChoice::Mode("required"),
         ToolChoice::None => WireToolChoice::Mode("none"),
@@ -311,7 +325,7 @@ fn tail<'a>(
         max_completion_tokens,
         max_tokens,
         temperature: settings.temperature,
-        response_format: request.output_schema().map(|schema| ResponseFormat {
+        response_format: plan.schema_field().map(|schema| ResponseFormat {
             kind: "json_schema",
             json_schema: JsonSchema {
                 name: OUTPUT_SCHEMA_NAME,
@@ -572,10 +586,7 @@ fn arguments(value: Value) -> Value {
 /// across responses (a positional `call_0` would repeat in every response and
 /// make idempotency keys collide).
 pub(super) fn fallback_call_id(index: usize) -> String {
-    format!(
-        "call_{:012x}_{index}",
-        crate::transport::random_u64() & 0xffff_ffff_ffff
-    )
+    convert::fallback_call_id(index)
 }
 
 /// Maps `finish_reason`. A server that says `stop` (or nothing) while

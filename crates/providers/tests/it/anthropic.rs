@@ -159,11 +159,16 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
         thinking: None,
         parallel_tool_calls: false,
     };
-    let answer = client(&server)
+    // A text answer to a forced tool choice: the server ignored the tools.
+    let refused = client(&server)
         .complete(request(&history, &tools, &choice, &settings))
-        .await
-        .unwrap();
-    assert_eq!(answer.content, vec![Item::text("42")]);
+        .await;
+    match refused {
+        Err(ModelError::InvalidResponse(message)) => {
+            assert!(message.contains("ignores the tools"), "{message}")
+        }
+        other => panic!("a text answer to a forced call was accepted: {other:?}"),
+    }
 
     let sent = server.single();
     assert_eq!(sent.method, "POST");
@@ -236,10 +241,11 @@ async fn tool_choice_modes_are_mapped() {
     let tools = tools();
     let settings = ModelSettings::default();
     for (choice, _) in &cases {
-        model
+        // The text answers a forced choice only when tools are ignored.
+        let result = model
             .complete(request(&history, &tools, choice, &settings))
-            .await
-            .unwrap();
+            .await;
+        assert_eq!(result.is_ok(), !choice.forces_tool_use(), "{result:?}");
     }
     let sent = server.requests();
     for ((_, expected), sent) in cases.iter().zip(sent) {

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use serde_json::json;
 
 /// One message of any role and shape the wire renders differently.
-fn message() -> impl Strategy<Value = Message> {
+pub(crate) fn message() -> impl Strategy<Value = Message> {
     let text = "[a-z \"\\\\é\n\u{1}😀]{0,12}";
     prop_oneof![
         text.prop_map(Message::user),
@@ -18,6 +18,14 @@ fn message() -> impl Strategy<Value = Message> {
         (0u8..4).prop_map(|n| Message::assistant_items(vec![
             Item::text("calling"),
             Item::tool_use(format!("t{n}"), "add", json!({"a": n, "b": [1, 2]})),
+        ])),
+        // Reasoning as the Responses client records it, before its call.
+        (0u8..4).prop_map(|n| Message::assistant_items(vec![
+            Item::Thinking {
+                thinking: "why".into(),
+                signature: Some(format!("rs_{n}|enc")),
+            },
+            Item::tool_use(format!("t{n}"), "add", json!({"a": n})),
         ])),
         (0u8..4, proptest::option::of(any::<bool>()), text).prop_map(|(n, error, out)| {
             Message::user_items(vec![
@@ -42,6 +50,14 @@ fn message() -> impl Strategy<Value = Message> {
 fn anthropic() -> Anthropic {
     Anthropic::builder()
         .base_url("http://127.0.0.1:1")
+        .build()
+        .expect("client builds")
+}
+
+#[cfg(feature = "responses")]
+fn responses() -> markov_providers::Responses {
+    markov_providers::Responses::builder()
+        .base_url("http://127.0.0.1:1/v1")
         .build()
         .expect("client builds")
 }
@@ -133,6 +149,21 @@ proptest! {
         frames in frames(),
     ) {
         let client = anthropic();
+        check_growing(&messages, &frames, |request, stream| {
+            (
+                client.request_body(request, stream).map_err(|e| e.to_string()),
+                client.request_body_uncached(request, stream).map_err(|e| e.to_string()),
+            )
+        });
+    }
+
+    #[cfg(feature = "responses")]
+    #[test]
+    fn responses_bodies_from_the_cache_are_the_plain_bodies(
+        messages in prop::collection::vec(message(), 0..24),
+        frames in frames(),
+    ) {
+        let client = responses();
         check_growing(&messages, &frames, |request, stream| {
             (
                 client.request_body(request, stream).map_err(|e| e.to_string()),

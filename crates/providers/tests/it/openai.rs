@@ -12,7 +12,7 @@ use markov_core::{
     Item, Message, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, Role, StopReason,
     StreamEvent, ToolChoice, ToolDefinition, Usage,
 };
-use markov_providers::{MaxTokensField, OpenAi, SchemaStrictness};
+use markov_providers::{MaxTokensField, OpenAi, SchemaStrictness, StructuredOutput};
 use markov_testkit::http::{FakeServer, Reply, sse_data};
 use serde_json::{Value, json};
 
@@ -136,11 +136,16 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
         thinking: None,
         parallel_tool_calls: false,
     };
-    let answer = client(&server)
+    // A text answer to a forced tool choice: the server ignored the tools.
+    let refused = client(&server)
         .complete(request(&history, &tools, &choice, &settings))
-        .await
-        .unwrap();
-    assert_eq!(answer.content, vec![Item::text("42")]);
+        .await;
+    match refused {
+        Err(ModelError::InvalidResponse(message)) => {
+            assert!(message.contains("ignores the tools"), "{message}")
+        }
+        other => panic!("a text answer to a forced call was accepted: {other:?}"),
+    }
 
     let sent = server.single();
     assert_eq!(sent.method, "POST");
@@ -204,10 +209,11 @@ async fn tool_choice_modes_are_mapped() {
     let tools = tools();
     let settings = ModelSettings::default();
     for (choice, _) in &cases {
-        model
+        // The text answers a forced choice only when tools are ignored.
+        let result = model
             .complete(request(&history, &tools, choice, &settings))
-            .await
-            .unwrap();
+            .await;
+        assert_eq!(result.is_ok(), !choice.forces_tool_use(), "{result:?}");
     }
     for ((_, expected), sent) in cases.iter().zip(server.requests()) {
         let body = sent.body.clone();
@@ -224,6 +230,8 @@ async fn older_servers_strict_schemas_and_structured_output() {
         .model("local-model")
         .max_tokens_field(MaxTokensField::MaxTokens)
         .schema_strictness(SchemaStrictness::Strict)
+        // A server known to keep tool calls possible under `response_format`.
+        .structured_output(StructuredOutput::SchemaField)
         .build()
         .unwrap();
     let history = [Message::user("count")];
@@ -717,4 +725,26 @@ async fn debug_output_never_shows_the_key() {
     assert!(!format!("{model:?}").contains(KEY));
     assert!(!format!("{model:#?}").contains(KEY));
     assert!(!format!("{builder:?}").contains(KEY));
+}
+
+#[tokio::test]
+async fn a_streamed_text_answer_to_a_forced_call_says_the_server_ignores_tools() {
+    let server = FakeServer::scripted(vec![Reply::sse(
+        &markov_testkit::http::openai::text_events("A confident guess."),
+    )])
+    .await;
+    let history = [Message::user("Use the tool.")];
+    let tools = tools();
+    let settings = ModelSettings::default();
+    let events: Vec<_> = client(&server)
+        .stream(request(&history, &tools, &ToolChoice::Any, &settings))
+        .collect()
+        .await;
+    match events.last() {
+        Some(Err(ModelError::InvalidResponse(message))) => {
+            assert!(message.contains("ignores the tools"), "{message}");
+            assert!(message.contains("--jinja"), "{message}");
+        }
+        other => panic!("the made-up answer was accepted: {other:?}"),
+    }
 }

@@ -38,6 +38,10 @@ impl Sink {
 /// The sink of the capture under way, if any.
 static CURRENT: Mutex<Option<Sink>> = Mutex::new(None);
 
+/// Held by a test while it captures: the tests of this module take turns,
+/// so that each reads only what it logged.
+static TURN: Mutex<()> = Mutex::new(());
+
 /// Writes to the capture under way, or nowhere.
 struct Current;
 
@@ -59,7 +63,10 @@ impl Write for Current {
 /// global subscriber serves the whole test binary: tracing caches each
 /// callsite's interest globally, and a thread-local subscriber coming and
 /// going beside other tests can leave a span disabled for this one.
-fn capture() -> Sink {
+fn capture() -> (Sink, std::sync::MutexGuard<'static, ()>) {
+    let turn = TURN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     static INSTALLED: std::sync::Once = std::sync::Once::new();
     INSTALLED.call_once(|| {
         let subscriber = tracing_subscriber::fmt()
@@ -72,12 +79,14 @@ fn capture() -> Sink {
     });
     let sink = Sink::default();
     *CURRENT.lock().expect("lock") = Some(sink.clone());
-    sink
+    (sink, turn)
 }
 
+// The turn is held across the calls on purpose: see `TURN`.
+#[allow(clippy::await_holding_lock)]
 #[tokio::test]
 async fn calls_are_traced_per_attempt_without_keys() {
-    let sink = capture();
+    let (sink, _turn) = capture();
 
     let overloaded = Reply::json(
         529,
@@ -136,4 +145,54 @@ async fn calls_are_traced_per_attempt_without_keys() {
     );
     assert!(!logs.contains(ANTHROPIC_KEY), "{logs}");
     assert!(!logs.contains(OPENAI_KEY), "{logs}");
+}
+
+#[allow(clippy::await_holding_lock)]
+#[tokio::test]
+async fn a_fallback_span_names_the_model_that_answered() {
+    let (sink, _turn) = capture();
+    let down = FakeServer::scripted(vec![Reply::json(
+        503,
+        json!({"error": {"message": "down"}}),
+    )])
+    .await;
+    let up = FakeServer::scripted(vec![Reply::json(
+        200,
+        json!({"choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                            "finish_reason": "stop"}]}),
+    )])
+    .await;
+    let client = |server: &FakeServer| {
+        Arc::new(
+            OpenAi::builder()
+                .base_url(server.base_url())
+                .max_retries(0)
+                .build()
+                .unwrap(),
+        )
+    };
+    let model = markov_providers::Fallback::new(client(&down)).or_named(client(&up), "gpt-spare");
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    // The loop's span of a model call, as markov-executor declares it.
+    let chat = tracing::info_span!("chat", gen_ai.response.model = tracing::field::Empty);
+    {
+        use tracing::Instrument;
+        model
+            .complete(ModelRequest::new("", &history, &settings))
+            .instrument(chat.clone())
+            .await
+            .unwrap();
+    }
+    tracing::info!(parent: &chat, "step done");
+    let logs = sink.text();
+    assert!(
+        logs.contains(r#"chat{gen_ai.response.model="gpt-spare"}: "#),
+        "{logs}"
+    );
+    assert!(logs.contains("trying the next"), "{logs}");
+    assert!(
+        logs.contains(r#"gen_ai.response.model="gpt-spare" fallback.index=1"#),
+        "{logs}"
+    );
 }

@@ -218,3 +218,172 @@ async fn the_openai_request_body() {
     )
     .await;
 }
+
+#[cfg(feature = "responses")]
+#[tokio::test]
+async fn the_responses_request_body() {
+    use markov_testkit::http::responses;
+    let server = FakeServer::scripted(vec![Reply::json(200, responses::text("5"))]).await;
+    let client = markov_providers::Responses::builder()
+        .base_url(format!("{}/v1", server.base_url()))
+        .build()
+        .expect("builds");
+    sent_body(
+        &client,
+        &server,
+        expect![[r#"
+        {
+          "input": [
+            {
+              "content": "What is 2 + 3?",
+              "role": "user"
+            },
+            {
+              "content": "Let me add.",
+              "role": "assistant"
+            },
+            {
+              "arguments": "{\"a\":2,\"b\":3}",
+              "call_id": "call_1",
+              "name": "add",
+              "type": "function_call"
+            },
+            {
+              "call_id": "call_1",
+              "output": "5",
+              "type": "function_call_output"
+            }
+          ],
+          "instructions": "You do arithmetic.",
+          "max_output_tokens": 256,
+          "model": "golden-model",
+          "store": false,
+          "tool_choice": "auto",
+          "tools": [
+            {
+              "description": "Add two integers",
+              "name": "add",
+              "parameters": {
+                "properties": {
+                  "a": {
+                    "type": "integer"
+                  },
+                  "b": {
+                    "type": "integer"
+                  }
+                },
+                "required": [
+                  "a",
+                  "b"
+                ],
+                "type": "object"
+              },
+              "strict": false,
+              "type": "function"
+            }
+          ]
+        }"#]],
+    )
+    .await;
+}
+
+#[cfg(feature = "gemini")]
+#[tokio::test]
+async fn the_gemini_request_body() {
+    use markov_testkit::http::gemini;
+    let server = FakeServer::scripted(vec![Reply::json(200, gemini::text("5"))]).await;
+    let client = markov_providers::Gemini::builder()
+        .base_url(server.base_url())
+        .build()
+        .expect("builds");
+    sent_body(
+        &client,
+        &server,
+        expect![[r#"
+        {
+          "contents": [
+            {
+              "parts": [
+                {
+                  "text": "What is 2 + 3?"
+                }
+              ],
+              "role": "user"
+            },
+            {
+              "parts": [
+                {
+                  "text": "Let me add."
+                },
+                {
+                  "functionCall": {
+                    "args": {
+                      "a": 2,
+                      "b": 3
+                    },
+                    "id": "call_1",
+                    "name": "add"
+                  }
+                }
+              ],
+              "role": "model"
+            },
+            {
+              "parts": [
+                {
+                  "functionResponse": {
+                    "id": "call_1",
+                    "name": "add",
+                    "response": {
+                      "content": "5"
+                    }
+                  }
+                }
+              ],
+              "role": "user"
+            }
+          ],
+          "generationConfig": {
+            "maxOutputTokens": 256
+          },
+          "systemInstruction": {
+            "parts": [
+              {
+                "text": "You do arithmetic."
+              }
+            ]
+          },
+          "toolConfig": {
+            "functionCallingConfig": {
+              "mode": "AUTO"
+            }
+          },
+          "tools": [
+            {
+              "functionDeclarations": [
+                {
+                  "description": "Add two integers",
+                  "name": "add",
+                  "parameters": {
+                    "properties": {
+                      "a": {
+                        "type": "INTEGER"
+                      },
+                      "b": {
+                        "type": "INTEGER"
+                      }
+                    },
+                    "required": [
+                      "a",
+                      "b"
+                    ],
+                    "type": "OBJECT"
+                  }
+                }
+              ]
+            }
+          ]
+        }"#]],
+    )
+    .await;
+}

@@ -6,7 +6,9 @@
 //! client of `markov-providers`, or your own) at [`FakeServer::base_url`]
 //! and script what the "provider" says: complete JSON answers, server-sent
 //! event streams cut into arbitrary pieces, error statuses, delays and
-//! replies that never come. The [`anthropic`] and [`openai`] modules build
+//! replies that never come. The [`anthropic`], [`openai`] (Chat
+//! Completions), [`responses`] (OpenAI's Responses API) and [`gemini`]
+//! modules build
 //! the vendors' response bodies and event streams for the common cases (a
 //! text answer, a tool call), so a test need not write vendor JSON.
 //!
@@ -39,7 +41,9 @@
 //! ```
 
 pub mod anthropic;
+pub mod gemini;
 pub mod openai;
+pub mod responses;
 mod server;
 
 pub use server::{FakeServer, Recorded, Reply};

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -181,6 +182,10 @@ impl Reply {
 struct Shared {
     requests: Mutex<Vec<Recorded>>,
     replies: Mutex<VecDeque<Reply>>,
+    /// Requests read and not yet answered (see [`FakeServer::max_in_flight`]).
+    in_flight: AtomicUsize,
+    /// The most `in_flight` has been.
+    max_in_flight: AtomicUsize,
 }
 
 /// A fake provider on loopback. Dropping it stops accepting connections.
@@ -272,6 +277,13 @@ impl FakeServer {
         requests.remove(0)
     }
 
+    /// The most requests the server has held at once: read whole, their
+    /// reply (its delay included) not yet begun. A client's requests in
+    /// flight are at least as many, so this shows a bound on them is kept.
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
+    }
+
     /// How many scripted replies are still unused.
     pub fn remaining(&self) -> usize {
         lock(&self.shared.replies).len()
@@ -294,12 +306,17 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 async fn serve(mut socket: TcpStream, shared: &Shared) -> io::Result<()> {
     let request = read_request(&mut socket).await?;
     lock(&shared.requests).push(request);
+    let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
     let reply = lock(&shared.replies)
         .pop_front()
         .unwrap_or_else(|| Reply::text(418, "unscripted request"));
     if let Some(delay) = reply.delay {
         tokio::time::sleep(delay).await;
     }
+    // Answered from here on: the client cannot be done with the request
+    // before its reply begins.
+    shared.in_flight.fetch_sub(1, Ordering::SeqCst);
     let reason = match reply.status {
         200 => "OK",
         _ => "Scripted",

@@ -1,0 +1,302 @@
+//! [`Fallback`]: a model that tries a list of models in order.
+//!
+//! Each client retries a failing call itself (its own backoff, its own
+//! `retry-after` cap); what reaches the fallback is the failure left after
+//! those retries. The next model is tried only when that failure says the
+//! *service* could not answer — an overload, a `5xx`, a timeout, a
+//! connection failure, a `408`, or a `429` (a rate limit past the client's
+//! retry budget, or a quota that is exhausted) — never when the request
+//! itself is at fault (`400`, `401`, `403`, `404`, `422`, a redirect, an
+//! invalid request or an answer that cannot be read), since another model
+//! would be asked the same thing. A refusal is an answer (stop reason
+//! `refusal`), and is returned as it is.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use markov_core::StreamEvent;
+use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings};
+use markov_core::model::{Thinking, ThinkingAllowance};
+use tracing::Instrument;
+
+/// One model of the list, with the model name it is asked for.
+#[derive(Debug, Clone)]
+struct Entry {
+    model: Arc<dyn Model>,
+    /// The model name this entry sends instead of the request's, if any.
+    name: Option<String>,
+}
+
+/// A model that answers with the first of its models that can: the first
+/// is asked, and on a failure of the service (see the module docs) the
+/// next, in order. Every call runs in a `fallback` span whose
+/// `gen_ai.response.model` and `fallback.index` name the model that
+/// answered (its name, the request's, or its provider's when neither
+/// names one); the caller's span gets the same `gen_ai.response.model`
+/// when it declares the field, as the loop's `chat` span of each step does.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use markov_providers::{Anthropic, Fallback, OpenAi};
+///
+/// # fn build() -> Result<(), markov_providers::ConfigError> {
+/// let model = Fallback::new(Arc::new(Anthropic::from_env()?))
+///     .or_named(Arc::new(OpenAi::from_env()?), "gpt-4.1-mini");
+/// # let _ = model;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Fallback {
+    entries: Vec<Entry>,
+}
+
+/// Whether `error`, left after a client's own retries, is a failure of the
+/// service that another model may not share.
+pub fn falls_back(error: &ModelError) -> bool {
+    match error {
+        ModelError::Http { status, .. } => matches!(status, 408 | 429) || *status >= 500,
+        ModelError::Overloaded(_) | ModelError::Timeout(_) | ModelError::Connection(_) => true,
+        _ => false,
+    }
+}
+
+impl Fallback {
+    /// A fallback list that starts with `first`, asked with the request's
+    /// own model name.
+    pub fn new(first: Arc<dyn Model>) -> Self {
+        Fallback {
+            entries: vec![Entry {
+                model: first,
+                name: None,
+            }],
+        }
+    }
+
+    /// Adds `model`, asked with the request's own model name, after those
+    /// given so far.
+    #[must_use]
+    pub fn or(mut self, model: Arc<dyn Model>) -> Self {
+        self.entries.push(Entry { model, name: None });
+        self
+    }
+
+    /// Adds `model`, asked for the model `name` whatever the request names
+    /// (a smaller model of the same provider, another provider's model).
+    #[must_use]
+    pub fn or_named(mut self, model: Arc<dyn Model>, name: impl Into<String>) -> Self {
+        self.entries.push(Entry {
+            model,
+            name: Some(name.into()),
+        });
+        self
+    }
+
+    /// How many models the list holds.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the list is empty (never: it starts with one model).
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    fn label<'a>(&'a self, entry: &'a Entry, request: &'a ModelRequest<'_>) -> &'a str {
+        entry
+            .name
+            .as_deref()
+            .or(request.settings().model.as_deref())
+            .unwrap_or_else(|| entry.model.provider_name())
+    }
+}
+
+fn span() -> tracing::Span {
+    tracing::info_span!(
+        "fallback",
+        gen_ai.response.model = tracing::field::Empty,
+        fallback.index = tracing::field::Empty,
+    )
+}
+
+#[async_trait]
+impl Model for Fallback {
+    fn provider_name(&self) -> &str {
+        self.entries[0].model.provider_name()
+    }
+
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
+        // What every model of the list allows: the request may reach any.
+        self.entries
+            .iter()
+            .map(|e| e.model.thinking_allowance(settings, thinking))
+            .fold(
+                ThinkingAllowance {
+                    forced_tool_choice: true,
+                    temperature: true,
+                },
+                |all, one| ThinkingAllowance {
+                    forced_tool_choice: all.forced_tool_choice && one.forced_tool_choice,
+                    temperature: all.temperature && one.temperature,
+                },
+            )
+    }
+
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        // The caller's span (the loop's `chat` span of the step) hears which
+        // model answered too, when it declares the field.
+        let caller = tracing::Span::current();
+        let span = span();
+        let call = async {
+            let mut last = None;
+            for (index, entry) in self.entries.iter().enumerate() {
+                let renamed;
+                let request = match &entry.name {
+                    Some(name) => {
+                        renamed = ModelSettings {
+                            model: Some(name.clone()),
+                            ..request.settings().clone()
+                        };
+                        request.with_settings(&renamed)
+                    }
+                    None => request,
+                };
+                match entry.model.complete(request).await {
+                    Ok(response) => {
+                        let span = tracing::Span::current();
+                        let label = self.label(entry, &request);
+                        span.record("gen_ai.response.model", label);
+                        span.record("fallback.index", index);
+                        caller.record("gen_ai.response.model", label);
+                        if index > 0 {
+                            tracing::info!(index, "answered by a fallback model");
+                        }
+                        return Ok(response);
+                    }
+                    Err(error) if falls_back(&error) && index + 1 < self.entries.len() => {
+                        tracing::warn!(%error, index, "model failed; trying the next");
+                        last = Some(error);
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+            Err(last.unwrap_or_else(|| ModelError::InvalidRequest("no model to ask".into())))
+        };
+        call.instrument(span).await
+    }
+
+    /// Streams from the first model whose stream starts: a model whose
+    /// stream fails before its first event (the connection, the response
+    /// head) with a failure of the service is passed over; once events
+    /// flow, a failure ends the stream. A model given its own name is asked
+    /// without streaming and its answer replayed.
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let caller = tracing::Span::current();
+        let span = span();
+        let start = async move {
+            for (index, entry) in self.entries.iter().enumerate() {
+                let mut events = match &entry.name {
+                    Some(_) => crate::fallback::replayed(self, index, request),
+                    None => entry.model.stream(request),
+                };
+                match events.next().await {
+                    Some(Err(error)) if falls_back(&error) && index + 1 < self.entries.len() => {
+                        tracing::warn!(%error, index, "model stream failed; trying the next");
+                    }
+                    first => {
+                        if matches!(first, Some(Ok(_))) {
+                            let span = tracing::Span::current();
+                            let label = self.label(entry, &request);
+                            span.record("gen_ai.response.model", label);
+                            span.record("fallback.index", index);
+                            caller.record("gen_ai.response.model", label);
+                        }
+                        return futures::stream::iter(first).chain(events).boxed();
+                    }
+                }
+            }
+            futures::stream::empty().boxed()
+        };
+        futures::stream::once(start.instrument(span))
+            .flatten()
+            .boxed()
+    }
+}
+
+/// The answer of the entry at `index` (which names its model) as events.
+fn replayed<'a>(
+    fallback: &'a Fallback,
+    index: usize,
+    request: ModelRequest<'a>,
+) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+    let entry = &fallback.entries[index];
+    let name = entry.name.clone();
+    futures::stream::once(async move {
+        let settings = ModelSettings {
+            model: name,
+            ..request.settings().clone()
+        };
+        entry.model.complete(request.with_settings(&settings)).await
+    })
+    .flat_map(|result| match result {
+        Ok(response) => futures::stream::iter(
+            markov_core::model::replay_events(response)
+                .into_iter()
+                .map(Ok),
+        )
+        .boxed(),
+        Err(error) => futures::stream::once(async move { Err(error) }).boxed(),
+    })
+    .boxed()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn only_failures_of_the_service_fall_back() {
+        let http = |status| ModelError::Http {
+            status,
+            message: String::new(),
+            retry_after: None,
+        };
+        for error in [
+            http(500),
+            http(503),
+            http(529),
+            http(429),
+            http(408),
+            ModelError::Overloaded("busy".into()),
+            ModelError::Timeout(Duration::from_secs(1)),
+            ModelError::Connection("refused".into()),
+        ] {
+            assert!(falls_back(&error), "{error:?}");
+        }
+        for error in [
+            http(400),
+            http(401),
+            http(403),
+            http(404),
+            http(422),
+            ModelError::InvalidRequest("bad".into()),
+            ModelError::InvalidResponse("garbled".into()),
+            ModelError::Redirect {
+                status: 301,
+                location: None,
+            },
+        ] {
+            assert!(!falls_back(&error), "{error:?}");
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! Decoding of streamed Responses: typed events (`response.output_item.added`,
+//! `response.output_text.delta`, `response.function_call_arguments.delta`,
+//! `response.reasoning_summary_text.delta`, `response.output_item.done`,
+//! `response.completed`, ...), one output item per `output_index`.
+//!
+//! Content indexes in the emitted [`StreamEvent`]s are positions in the final
+//! [`ModelResponse::content`], given in order of first appearance: a call or
+//! a reasoning item gets its position when it is added, a message when its
+//! first text arrives. The final answer takes each item as its
+//! `output_item.done` event gives it whole (the encrypted reasoning, the
+//! whole arguments), and what the deltas said where a server sends no such
+//! event.
+
+use std::collections::{HashMap, VecDeque};
+
+use markov_core::{Item, ModelError, ModelResponse, StreamEvent};
+use serde::Deserialize;
+
+use super::wire::{self, OutputItem, WireResponse, WireUsage};
+use crate::convert;
+use crate::sse::{Event, SseDecoder, parse_data};
+
+/// One event, read in one pass into the fields any event type uses.
+#[derive(Deserialize)]
+struct WireEvent {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    output_index: Option<usize>,
+    #[serde(default)]
+    delta: Option<String>,
+    #[serde(default)]
+    item: Option<OutputItem>,
+    #[serde(default)]
+    response: Option<WireResponse>,
+    /// An `error` event's own fields.
+    #[serde(default)]
+    code: Option<serde_json::Value>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+/// One output item being streamed.
+#[derive(Default)]
+struct Slot {
+    kind: String,
+    /// Its position in the answer, once it has one.
+    index: Option<usize>,
+    text: String,
+    refused: bool,
+    call_id: Option<String>,
+    name: String,
+    arguments: String,
+    reasoning_id: Option<String>,
+    done: Option<OutputItem>,
+}
+
+/// The answer assembled so far.
+#[derive(Default)]
+pub(super) struct Decoder {
+    slots: Vec<Slot>,
+    /// `output_index` → position in `slots`.
+    by_output: HashMap<usize, usize>,
+    /// Positions given out so far.
+    next_index: usize,
+}
+
+impl Decoder {
+    fn slot(&mut self, output_index: usize, kind: &str) -> &mut Slot {
+        let position = *self.by_output.entry(output_index).or_insert_with(|| {
+            self.slots.push(Slot {
+                kind: kind.to_owned(),
+                ..Slot::default()
+            });
+            self.slots.len() - 1
+        });
+        &mut self.slots[position]
+    }
+
+    /// The position of the slot of `output_index`, given out now if it has
+    /// none yet.
+    fn index(&mut self, output_index: usize, kind: &str) -> usize {
+        let mut next = self.next_index;
+        let slot = self.slot(output_index, kind);
+        let index = *slot.index.get_or_insert_with(|| {
+            next += 1;
+            next - 1
+        });
+        self.next_index = next;
+        index
+    }
+
+    fn added(&mut self, output_index: usize, item: OutputItem, out: &mut VecDeque<StreamEvent>) {
+        let kind = item.kind.clone();
+        match kind.as_str() {
+            "function_call" => {
+                let index = self.index(output_index, &kind);
+                let slot = self.slot(output_index, &kind);
+                let id = item
+                    .call_id
+                    .filter(|id| !id.is_empty())
+                    .unwrap_or_else(|| convert::fallback_call_id(index));
+                slot.call_id = Some(id.clone());
+                slot.name = item.name.unwrap_or_default();
+                slot.arguments = item.arguments.unwrap_or_default();
+                out.push_back(StreamEvent::ToolCallStart {
+                    index,
+                    id: id.as_str().into(),
+                    name: slot.name.clone(),
+                });
+                if !slot.arguments.is_empty() {
+                    out.push_back(StreamEvent::ToolCallDelta {
+                        index,
+                        partial_json: slot.arguments.clone(),
+                    });
+                }
+            }
+            "reasoning" => {
+                self.index(output_index, &kind);
+                self.slot(output_index, &kind).reasoning_id = item.id;
+            }
+            _ => {
+                self.slot(output_index, &kind);
+            }
+        }
+    }
+
+    fn text(
+        &mut self,
+        output_index: usize,
+        delta: String,
+        refusal: bool,
+        out: &mut VecDeque<StreamEvent>,
+    ) {
+        if delta.is_empty() {
+            return;
+        }
+        let index = self.index(output_index, "message");
+        let slot = self.slot(output_index, "message");
+        slot.text.push_str(&delta);
+        slot.refused |= refusal;
+        out.push_back(StreamEvent::TextDelta { index, text: delta });
+    }
+
+    fn done(&mut self, output_index: usize, item: OutputItem, out: &mut VecDeque<StreamEvent>) {
+        let kind = item.kind.clone();
+        let has_index = self.slot(output_index, &kind).index.is_some();
+        if kind == "message" && !has_index {
+            // A message whose text came in no delta: it has its place now.
+            if let (Some(Item::Text { text }), _) = wire::item_of(item.clone(), 0) {
+                let index = self.index(output_index, &kind);
+                out.push_back(StreamEvent::TextDelta { index, text });
+            }
+        }
+        self.slot(output_index, &kind).done = Some(item);
+    }
+
+    fn response(&mut self, finished: WireResponse) -> Result<ModelResponse, ModelError> {
+        if let Some(error) = finished.error.as_ref().filter(|e| !e.is_null()) {
+            return Err(wire::error_of(error));
+        }
+        let mut slots: Vec<Slot> = std::mem::take(&mut self.slots)
+            .into_iter()
+            .filter(|s| s.index.is_some())
+            .collect();
+        slots.sort_by_key(|s| s.index);
+        let mut refused = false;
+        let mut content = Vec::with_capacity(slots.len());
+        for (position, slot) in slots.into_iter().enumerate() {
+            let from_done = slot.done.clone().and_then(|done| {
+                let (item, refusal) = wire::item_of(done, position);
+                refused |= refusal && item.is_some();
+                item
+            });
+            let item = from_done.or_else(|| {
+                refused |= slot.refused;
+                match slot.kind.as_str() {
+                    "function_call" => Some(Item::tool_use(
+                        slot.call_id
+                            .unwrap_or_else(|| convert::fallback_call_id(position)),
+                        slot.name,
+                        convert::parse_tool_arguments(&slot.arguments),
+                    )),
+                    "reasoning" => Some(Item::Thinking {
+                        thinking: slot.text,
+                        signature: slot
+                            .reasoning_id
+                            .map(|id| wire::reasoning_signature(&id, None)),
+                    }),
+                    _ => (!slot.text.is_empty()).then_some(Item::Text { text: slot.text }),
+                }
+            });
+            content.extend(item);
+        }
+        let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
+        Ok(ModelResponse {
+            stop_reason: wire::stop_reason(
+                finished.status.as_deref(),
+                finished
+                    .incomplete_details
+                    .as_ref()
+                    .and_then(|d| d.reason.as_deref()),
+                has_tool_calls,
+                refused,
+            ),
+            content,
+            usage: finished.usage.map(WireUsage::usage).unwrap_or_default(),
+        })
+    }
+}
+
+impl SseDecoder for Decoder {
+    fn on_event(
+        &mut self,
+        event: &Event,
+        out: &mut VecDeque<StreamEvent>,
+    ) -> Result<Option<ModelResponse>, ModelError> {
+        let data = event.data.trim();
+        if data.is_empty() || data == "[DONE]" {
+            return Ok(None);
+        }
+        let parsed: WireEvent = parse_data(event)?;
+        let output_index = parsed.output_index.unwrap_or(0);
+        match parsed.kind.as_str() {
+            "response.output_item.added" => {
+                if let Some(item) = parsed.item {
+                    self.added(output_index, item, out);
+                }
+            }
+            "response.output_text.delta" => {
+                self.text(output_index, parsed.delta.unwrap_or_default(), false, out);
+            }
+            "response.refusal.delta" => {
+                self.text(output_index, parsed.delta.unwrap_or_default(), true, out);
+            }
+            "response.function_call_arguments.delta" => {
+                let delta = parsed.delta.unwrap_or_default();
+                let index = self.index(output_index, "function_call");
+                let slot = self.slot(output_index, "function_call");
+                slot.arguments.push_str(&delta);
+                if !delta.is_empty() {
+                    out.push_back(StreamEvent::ToolCallDelta {
+                        index,
+                        partial_json: delta,
+                    });
+                }
+            }
+            "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+                let delta = parsed.delta.unwrap_or_default();
+                if !delta.is_empty() {
+                    let index = self.index(output_index, "reasoning");
+                    self.slot(output_index, "reasoning").text.push_str(&delta);
+                    out.push_back(StreamEvent::ThinkingDelta {
+                        index,
+                        thinking: delta,
+                    });
+                }
+            }
+            "response.output_item.done" => {
+                if let Some(item) = parsed.item {
+                    self.done(output_index, item, out);
+                }
+            }
+            "response.completed" | "response.incomplete" => {
+                return self.response(parsed.response.unwrap_or_default()).map(Some);
+            }
+            "response.failed" => {
+                let error = parsed
+                    .response
+                    .and_then(|r| r.error)
+                    .unwrap_or_else(|| serde_json::json!({"message": "the response failed"}));
+                return Err(wire::error_of(&error));
+            }
+            "error" => {
+                let error = serde_json::json!({
+                    "code": parsed.code.unwrap_or(serde_json::Value::Null),
+                    "message": parsed.message.unwrap_or_default(),
+                });
+                return Err(wire::error_of(&error));
+            }
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    fn on_end(&mut self) -> Result<ModelResponse, ModelError> {
+        Err(ModelError::InvalidResponse(
+            "the stream ended before response.completed".into(),
+        ))
+    }
+}

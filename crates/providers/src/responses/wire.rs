@@ -1,0 +1,809 @@
+//! The Responses API JSON, private to this module, and the hand-written
+//! conversions from and to markov's types. Request types borrow from the
+//! [`ModelRequest`]; response types are owned.
+//!
+//! A reasoning item is kept in the history as a thinking item whose
+//! signature is `<item id>|<encrypted content>` ([`reasoning_signature`]),
+//! so that the next request (with `store: false`, nothing is kept on the
+//! server) hands the reasoning back right before the calls it led to, as
+//! reasoning models require.
+
+use std::borrow::Cow;
+
+use markov_core::message::{EphemeralPart, camera_frame_text};
+use markov_core::{
+    Item, Message, ModelError, ModelRequest, ModelResponse, Role, StopReason, Thinking, ToolChoice,
+    Usage,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::body::{self, BodyCache, FrameBytes, Rendered};
+use crate::convert::{self, Content};
+use crate::openai::SchemaStrictness;
+use crate::output::{self, Plan};
+
+/// What marks a thinking item's signature as a Responses reasoning item's.
+const SIGNATURE_SEPARATOR: char = '|';
+
+/// A reasoning item's id and encrypted content as a thinking signature.
+pub(super) fn reasoning_signature(id: &str, encrypted: Option<&str>) -> String {
+    format!("{id}{SIGNATURE_SEPARATOR}{}", encrypted.unwrap_or_default())
+}
+
+/// The id and encrypted content of a Responses reasoning item, from a
+/// thinking signature made by [`reasoning_signature`]; `None` for another
+/// provider's signature.
+fn parse_signature(signature: &str) -> Option<(&str, Option<&str>)> {
+    let (id, encrypted) = signature.split_once(SIGNATURE_SEPARATOR)?;
+    id.starts_with("rs")
+        .then_some((id, (!encrypted.is_empty()).then_some(encrypted)))
+}
+
+/// The whole request as one value: what [`encode_plain`] writes with
+/// `serde_json::to_vec`.
+#[derive(Serialize)]
+struct Request<'a> {
+    #[serde(flatten)]
+    head: Head<'a>,
+    input: Vec<InputItem<'a>>,
+    #[serde(flatten)]
+    tail: Tail<'a>,
+}
+
+/// The fields before `input`.
+#[derive(Serialize)]
+struct Head<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    instructions: &'a str,
+}
+
+/// One input item.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum InputItem<'a> {
+    Message {
+        role: &'static str,
+        content: MessageContent<'a>,
+    },
+    Call {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        call_id: &'a str,
+        name: &'a str,
+        arguments: String,
+    },
+    Output {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        call_id: &'a str,
+        output: &'a str,
+    },
+    Reasoning {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        id: &'a str,
+        summary: Vec<SummaryText<'a>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        encrypted_content: Option<&'a str>,
+    },
+}
+
+#[derive(Serialize)]
+struct SummaryText<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum MessageContent<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<Part<'a>>),
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Part<'a> {
+    InputText {
+        text: Cow<'a, str>,
+    },
+    InputImage {
+        image_url: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        detail: Option<&'a str>,
+    },
+}
+
+#[derive(Serialize)]
+struct Tool<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    parameters: &'a Value,
+    /// Always sent: the Responses API makes function tools strict unless
+    /// told otherwise, and a strict schema must list every property as
+    /// required.
+    strict: bool,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WireToolChoice<'a> {
+    Mode(&'static str),
+    Named {
+        #[serde(rename = "type")]
+        kind: &'static str,
+        name: &'a str,
+    },
+}
+
+#[derive(Serialize)]
+struct TextConfig<'a> {
+    format: Format<'a>,
+}
+
+#[derive(Serialize)]
+struct Format<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    name: &'static str,
+    schema: &'a Value,
+    strict: bool,
+}
+
+#[derive(Serialize)]
+struct Reasoning {
+    effort: &'static str,
+    summary: &'static str,
+}
+
+/// The fields after `input`.
+#[derive(Serialize)]
+struct Tail<'a> {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<Tool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<WireToolChoice<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    max_output_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning: Option<Reasoning>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<TextConfig<'a>>,
+    store: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    include: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_cache_key: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+}
+
+/// How the client shapes a request, beyond the request itself.
+#[derive(Clone, Debug)]
+pub(super) struct Shape {
+    pub(super) strictness: SchemaStrictness,
+    pub(super) schema_with_tools: bool,
+    /// `store` (false by default: markov keeps the history).
+    pub(super) store: bool,
+    /// Whether encrypted reasoning is asked for (`include`), so that it
+    /// can be handed back with `store: false`.
+    pub(super) include_reasoning: bool,
+    /// The prompt cache key.
+    pub(super) cache_key: super::PromptCacheKey,
+}
+
+const NO_INPUT: &str = "no input to send: the conversation and the instructions are empty";
+
+/// The name given to a structured-output schema.
+const OUTPUT_SCHEMA_NAME: &str = "output";
+
+/// The request body of one call, with the history's items taken from
+/// `cache` when the request names its history (see [`crate::body`]).
+pub(super) fn encode(
+    request: &ModelRequest<'_>,
+    model: &str,
+    shape: &Shape,
+    stream: bool,
+    cache: Option<&BodyCache>,
+) -> Result<Vec<u8>, ModelError> {
+    body::build(
+        request,
+        cache,
+        || {
+            let tail = tail(request, shape, stream)?;
+            let head = Head {
+                model,
+                instructions: request.system(),
+            };
+            Ok(FrameBytes::new(&head, Vec::new(), 0, &tail)?.named("input"))
+        },
+        render,
+        NO_INPUT,
+    )
+}
+
+/// The request body as `serde_json::to_vec` of the whole request writes it,
+/// every item encoded afresh: the reference [`encode`] must equal.
+pub(super) fn encode_plain(
+    request: &ModelRequest<'_>,
+    model: &str,
+    shape: &Shape,
+    stream: bool,
+) -> Result<Vec<u8>, ModelError> {
+    let tail = tail(request, shape, stream)?;
+    let mut input = Vec::new();
+    for message in request.messages() {
+        push_message(message, &mut input);
+    }
+    if input.is_empty() {
+        return Err(ModelError::InvalidRequest(NO_INPUT.into()));
+    }
+    let body = Request {
+        head: Head {
+            model,
+            instructions: request.system(),
+        },
+        input,
+        tail,
+    };
+    serde_json::to_vec(&body)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+}
+
+/// A run of history messages as input items, all final: items never merge.
+fn render(run: &[Message]) -> Result<Rendered, ModelError> {
+    let mut wire = Vec::new();
+    for message in run {
+        push_message(message, &mut wire);
+    }
+    let closed = body::write_each(&wire, |m, out| body::write_json(out, m))?;
+    Ok(Rendered {
+        closed,
+        closed_count: wire.len(),
+        consumed: run.len(),
+        open: None,
+    })
+}
+
+/// Everything of a request after its input, checked.
+fn tail<'a>(
+    request: &ModelRequest<'a>,
+    shape: &Shape,
+    stream: bool,
+) -> Result<Tail<'a>, ModelError> {
+    if let Some(tool) = request.provider_tools().first() {
+        return Err(ModelError::InvalidRequest(format!(
+            "the responses client cannot offer provider built-in tool {:?} (type {:?})",
+            tool.name.as_str(),
+            tool.kind
+        )));
+    }
+    let settings = request.settings();
+    let strict = shape.strictness == SchemaStrictness::Strict;
+    let plan = Plan::of(request, shape.schema_with_tools);
+    let tools: Vec<Tool<'_>> = request
+        .tools()
+        .iter()
+        .map(|tool| Tool {
+            kind: "function",
+            name: tool.name.as_str(),
+            description: &tool.description,
+            parameters: &tool.input_schema,
+            strict,
+        })
+        .chain(plan.tool().map(|(name, schema)| Tool {
+            kind: "function",
+            name,
+            description: output::DESCRIPTION,
+            parameters: schema,
+            strict,
+        }))
+        .collect();
+    let has_tools = !tools.is_empty();
+    let tool_choice = has_tools.then(|| match plan.tool_choice(request) {
+        ToolChoice::Auto => WireToolChoice::Mode("auto"),
+        ToolChoice::Any => WireToolChoice::Mode("required"),
+        ToolChoice::None => WireToolChoice::Mode("none"),
+        ToolChoice::Tool(name) => WireToolChoice::Named {
+            kind: "function",
+            name: name.as_str(),
+        },
+    });
+    let reasoning = settings.thinking.map(|thinking| Reasoning {
+        effort: match thinking {
+            Thinking::Enabled { budget_tokens } if budget_tokens <= 2048 => "low",
+            Thinking::Enabled { budget_tokens } if budget_tokens > 16_384 => "high",
+            _ => "medium",
+        },
+        summary: "auto",
+    });
+    let include_reasoning = !shape.store && (shape.include_reasoning || reasoning.is_some());
+    Ok(Tail {
+        tools,
+        tool_choice,
+        parallel_tool_calls: (has_tools && !settings.parallel_tool_calls).then_some(false),
+        max_output_tokens: settings.max_tokens,
+        temperature: settings.temperature,
+        reasoning,
+        text: plan.schema_field().map(|schema| TextConfig {
+            format: Format {
+                kind: "json_schema",
+                name: OUTPUT_SCHEMA_NAME,
+                schema,
+                strict,
+            },
+        }),
+        store: shape.store,
+        include: if include_reasoning {
+            vec!["reasoning.encrypted_content"]
+        } else {
+            Vec::new()
+        },
+        prompt_cache_key: shape.cache_key.for_request(request),
+        stream,
+    })
+}
+
+/// Appends one stored message as input items.
+fn push_message<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
+    match message.role {
+        Role::User => push_user(convert::content(message), out),
+        Role::Ephemeral => {
+            for part in message.ephemeral_parts() {
+                match part {
+                    EphemeralPart::Text(text) => push_user(Content::Text(text), out),
+                    EphemeralPart::Items(items) => push_user(Content::Items(items), out),
+                    EphemeralPart::CameraFrame { frames, image } => {
+                        let mut parts = vec![Part::InputText {
+                            text: Cow::Owned(camera_frame_text(frames)),
+                        }];
+                        parts.extend(image_part(image));
+                        out.push(InputItem::Message {
+                            role: "user",
+                            content: MessageContent::Parts(parts),
+                        });
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Role::Assistant => push_assistant(message, out),
+        Role::System => {
+            if let Some(text) = convert::system_text(message) {
+                out.push(InputItem::Message {
+                    role: "system",
+                    content: MessageContent::Text(Cow::Owned(text)),
+                });
+            }
+        }
+        Role::Command | Role::Instance => {}
+    }
+}
+
+fn image_part(item: &Item) -> Option<Part<'_>> {
+    match item {
+        Item::Image {
+            mime_type,
+            data,
+            detail,
+        } => Some(Part::InputImage {
+            image_url: format!("data:{mime_type};base64,{data}"),
+            detail: detail.as_deref(),
+        }),
+        _ => None,
+    }
+}
+
+/// Tool results become `function_call_output` items, ahead of the rest of
+/// the user's content.
+fn push_user<'a>(content: Content<'a>, out: &mut Vec<InputItem<'a>>) {
+    let items = match content {
+        Content::Text("") => return,
+        Content::Text(text) => {
+            out.push(InputItem::Message {
+                role: "user",
+                content: MessageContent::Text(Cow::Borrowed(text)),
+            });
+            return;
+        }
+        Content::Items(items) => items,
+    };
+    let mut parts = Vec::new();
+    for item in items {
+        match item {
+            Item::ToolResult {
+                tool_use_id,
+                content,
+                ..
+            } => out.push(InputItem::Output {
+                kind: "function_call_output",
+                call_id: tool_use_id.as_str(),
+                output: content,
+            }),
+            Item::Image { .. } => parts.extend(image_part(item)),
+            other => {
+                if let Some(text) = item_text(other) {
+                    parts.push(Part::InputText { text });
+                }
+            }
+        }
+    }
+    let content = match parts.len() {
+        0 => return,
+        1 => match parts.pop() {
+            Some(Part::InputText { text }) => MessageContent::Text(text),
+            Some(part) => MessageContent::Parts(vec![part]),
+            None => return,
+        },
+        _ => MessageContent::Parts(parts),
+    };
+    out.push(InputItem::Message {
+        role: "user",
+        content,
+    });
+}
+
+/// An assistant message as items in its own order: its reasoning items
+/// (thinking with a Responses signature), its text as an assistant
+/// message, its calls as `function_call` items.
+fn push_assistant<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
+    let items = match convert::content(message) {
+        Content::Text("") => return,
+        Content::Text(text) => {
+            out.push(InputItem::Message {
+                role: "assistant",
+                content: MessageContent::Text(Cow::Borrowed(text)),
+            });
+            return;
+        }
+        Content::Items(items) => items,
+    };
+    let mut texts: Vec<Cow<'a, str>> = Vec::new();
+    let flush = |texts: &mut Vec<Cow<'a, str>>, out: &mut Vec<InputItem<'a>>| {
+        if !texts.is_empty() {
+            out.push(InputItem::Message {
+                role: "assistant",
+                content: MessageContent::Text(Cow::Owned(texts.join("\n"))),
+            });
+            texts.clear();
+        }
+    };
+    for item in items {
+        match item {
+            Item::Thinking {
+                thinking,
+                signature: Some(signature),
+            } => {
+                if let Some((id, encrypted)) = parse_signature(signature) {
+                    flush(&mut texts, out);
+                    out.push(InputItem::Reasoning {
+                        kind: "reasoning",
+                        id,
+                        summary: if thinking.is_empty() {
+                            Vec::new()
+                        } else {
+                            vec![SummaryText {
+                                kind: "summary_text",
+                                text: thinking,
+                            }]
+                        },
+                        encrypted_content: encrypted,
+                    });
+                }
+            }
+            Item::ToolUse { id, name, input } => {
+                flush(&mut texts, out);
+                out.push(InputItem::Call {
+                    kind: "function_call",
+                    call_id: id.as_str(),
+                    name,
+                    arguments: input.to_string(),
+                });
+            }
+            other => texts.extend(item_text(other)),
+        }
+    }
+    flush(&mut texts, out);
+}
+
+fn item_text(item: &Item) -> Option<Cow<'_, str>> {
+    match item {
+        Item::Text { text } if !text.is_empty() => Some(Cow::Borrowed(text)),
+        Item::File {
+            url,
+            media_type,
+            filename,
+            ..
+        } => Some(Cow::Owned(convert::file_reference(
+            url,
+            media_type,
+            filename.as_deref(),
+        ))),
+        Item::Output { data } => Some(Cow::Owned(convert::output_text(data))),
+        _ => None,
+    }
+}
+
+/// A response object, as a complete call returns it and as
+/// `response.completed` carries it.
+#[derive(Deserialize, Default)]
+pub(super) struct WireResponse {
+    #[serde(default)]
+    pub(super) status: Option<String>,
+    #[serde(default)]
+    pub(super) output: Vec<OutputItem>,
+    #[serde(default)]
+    pub(super) usage: Option<WireUsage>,
+    #[serde(default)]
+    pub(super) incomplete_details: Option<IncompleteDetails>,
+    #[serde(default)]
+    pub(super) error: Option<Value>,
+}
+
+#[derive(Deserialize, Default)]
+pub(super) struct IncompleteDetails {
+    #[serde(default)]
+    pub(super) reason: Option<String>,
+}
+
+/// One output item. Fields of the types not read are skipped.
+#[derive(Deserialize, Clone, Default)]
+pub(super) struct OutputItem {
+    #[serde(rename = "type", default)]
+    pub(super) kind: String,
+    #[serde(default)]
+    pub(super) id: Option<String>,
+    #[serde(default)]
+    pub(super) content: Option<Vec<ContentPart>>,
+    #[serde(default)]
+    pub(super) call_id: Option<String>,
+    #[serde(default)]
+    pub(super) name: Option<String>,
+    #[serde(default)]
+    pub(super) arguments: Option<String>,
+    #[serde(default)]
+    pub(super) summary: Option<Vec<Summary>>,
+    #[serde(default)]
+    pub(super) encrypted_content: Option<String>,
+}
+
+#[derive(Deserialize, Clone)]
+pub(super) struct ContentPart {
+    #[serde(rename = "type", default)]
+    kind: String,
+    #[serde(default)]
+    text: Option<String>,
+    #[serde(default)]
+    refusal: Option<String>,
+}
+
+#[derive(Deserialize, Clone)]
+pub(super) struct Summary {
+    #[serde(default)]
+    text: String,
+}
+
+/// Token counts; `input_tokens` includes cached tokens, which markov
+/// counts apart.
+#[derive(Deserialize, Clone, Copy)]
+pub(super) struct WireUsage {
+    #[serde(default)]
+    input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    input_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize, Clone, Copy)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    pub(super) fn usage(self) -> Usage {
+        let cached = self
+            .input_tokens_details
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0);
+        Usage {
+            input_tokens: self.input_tokens.saturating_sub(cached),
+            output_tokens: self.output_tokens,
+            cache_read_input_tokens: cached,
+            cache_creation_input_tokens: 0,
+        }
+    }
+}
+
+/// What one output item contributes to the answer: at most one item, and
+/// whether it is a refusal.
+pub(super) fn item_of(output: OutputItem, position: usize) -> (Option<Item>, bool) {
+    match output.kind.as_str() {
+        "message" => {
+            let mut text = String::new();
+            let mut refused = false;
+            for part in output.content.unwrap_or_default() {
+                match part.kind.as_str() {
+                    "refusal" => {
+                        refused = true;
+                        text.push_str(&part.refusal.unwrap_or_default());
+                    }
+                    _ => text.push_str(&part.text.unwrap_or_default()),
+                }
+            }
+            ((!text.is_empty()).then_some(Item::Text { text }), refused)
+        }
+        "function_call" => {
+            let id = output
+                .call_id
+                .filter(|id| !id.is_empty())
+                .unwrap_or_else(|| convert::fallback_call_id(position));
+            let arguments = convert::parse_tool_arguments(&output.arguments.unwrap_or_default());
+            (
+                Some(Item::tool_use(
+                    id,
+                    output.name.unwrap_or_default(),
+                    arguments,
+                )),
+                false,
+            )
+        }
+        "reasoning" => {
+            let thinking: Vec<String> = output
+                .summary
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| s.text)
+                .collect();
+            let thinking = thinking.join("\n\n");
+            // A reasoning item without an id cannot be handed back: only
+            // its summary is kept.
+            let signature = output
+                .id
+                .as_deref()
+                .map(|id| reasoning_signature(id, output.encrypted_content.as_deref()));
+            let item = (signature.is_some() || !thinking.is_empty()).then_some(Item::Thinking {
+                thinking,
+                signature,
+            });
+            (item, false)
+        }
+        other => {
+            tracing::debug!(kind = other, "output item of an unknown type skipped");
+            (None, false)
+        }
+    }
+}
+
+/// The stop reason of a finished response.
+pub(super) fn stop_reason(
+    status: Option<&str>,
+    incomplete: Option<&str>,
+    has_tool_calls: bool,
+    refused: bool,
+) -> StopReason {
+    if refused {
+        return StopReason::Refusal;
+    }
+    match (status, incomplete) {
+        (Some("incomplete"), Some("max_output_tokens")) => StopReason::MaxTokens,
+        (Some("incomplete"), Some("content_filter")) => StopReason::ContentFilter,
+        _ => convert::implied_stop_reason(has_tool_calls),
+    }
+}
+
+/// The answer of a response object.
+pub(super) fn response_of(response: WireResponse) -> Result<ModelResponse, ModelError> {
+    if let Some(error) = response.error.filter(|e| !e.is_null()) {
+        return Err(error_of(&error));
+    }
+    if response.status.as_deref() == Some("failed") {
+        return Err(ModelError::InvalidResponse("the response failed".into()));
+    }
+    let mut content = Vec::new();
+    let mut refused = false;
+    for (position, output) in response.output.into_iter().enumerate() {
+        let (item, refusal) = item_of(output, position);
+        refused |= refusal;
+        content.extend(item);
+    }
+    let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
+    Ok(ModelResponse {
+        stop_reason: stop_reason(
+            response.status.as_deref(),
+            response
+                .incomplete_details
+                .as_ref()
+                .and_then(|d| d.reason.as_deref()),
+            has_tool_calls,
+            refused,
+        ),
+        content,
+        usage: response.usage.map(WireUsage::usage).unwrap_or_default(),
+    })
+}
+
+/// An error object (`{"code", "message"}`) of a failed response or an
+/// `error` event: overload, rate limits and server errors are retryable.
+pub(super) fn error_of(error: &Value) -> ModelError {
+    let code = error
+        .get("code")
+        .or_else(|| error.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| error.to_string());
+    match code {
+        "server_is_overloaded" | "overloaded_error" | "slow_down" => {
+            ModelError::Overloaded(message)
+        }
+        "rate_limit_exceeded" => ModelError::Http {
+            status: 429,
+            message,
+            retry_after: None,
+        },
+        "server_error" | "" => ModelError::Http {
+            status: 500,
+            message,
+            retry_after: None,
+        },
+        _ => ModelError::Http {
+            status: 400,
+            message: format!("{code}: {message}"),
+            retry_after: None,
+        },
+    }
+}
+
+/// A complete answer from its body.
+pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+    let response: WireResponse = serde_json::from_slice(body)
+        .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the answer: {e}")))?;
+    response_of(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reasoning_signatures_round_trip_and_others_are_not_read() {
+        let signature = reasoning_signature("rs_1", Some("gAAA=="));
+        assert_eq!(parse_signature(&signature), Some(("rs_1", Some("gAAA=="))));
+        assert_eq!(
+            parse_signature(&reasoning_signature("rs_2", None)),
+            Some(("rs_2", None))
+        );
+        // An Anthropic signature is base64 without a separator.
+        assert_eq!(parse_signature("EqQBCkgIARABGAIiQL"), None);
+    }
+
+    #[test]
+    fn failed_responses_and_error_codes_are_typed() {
+        assert!(matches!(
+            error_of(&serde_json::json!({"code": "server_is_overloaded", "message": "busy"})),
+            ModelError::Overloaded(_)
+        ));
+        assert!(
+            error_of(&serde_json::json!({"code": "rate_limit_exceeded", "message": "x"}))
+                .is_retryable()
+        );
+        assert!(
+            !error_of(&serde_json::json!({"code": "invalid_prompt", "message": "x"}))
+                .is_retryable()
+        );
+    }
+}
