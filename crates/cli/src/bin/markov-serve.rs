@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use markov_cli::tools::{Add, Population};
-use markov_cli::{INSTRUCTIONS, Rehearsal, model_override, pick_model_or};
+use markov_cli::{INSTRUCTIONS, Rehearsal, model_override, pick_settled_model_or};
 use markov_core::model::ModelSettings;
 use markov_executor::Agent;
 use markov_policy::{Category, ToolMetadata};
@@ -308,7 +308,9 @@ fn jwt(args: &ServeArgs) -> Result<Option<JwtConfig>, String> {
 }
 
 async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
-    let (model, label) = pick_model_or(Arc::new(Rehearsal)).map_err(|e| e.to_string())?;
+    let (model, label) = pick_settled_model_or(Arc::new(Rehearsal))
+        .await
+        .map_err(|e| e.to_string())?;
     let agent = Agent::builder("cities")
         .instructions(INSTRUCTIONS)
         .tool_with(Add, ToolMetadata::new(Category::Other))
