@@ -332,6 +332,18 @@ async fn owned<'a>(
     Ok((id, agent))
 }
 
+/// The stored requests still waiting for a decision, unexpired.
+fn pending(
+    approvals: &[markov_policy::ApprovalRecord],
+) -> Vec<&markov_policy::ConfirmationRequest> {
+    let now = crate::now_ms();
+    approvals
+        .iter()
+        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
+        .map(|r| &r.request)
+        .collect()
+}
+
 #[utoipa::path(get, path = "/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "The session")),
     responses((status = 200, description = "History, state, pending approvals, whether it runs"),
@@ -343,15 +355,7 @@ pub(crate) async fn show(
 ) -> Result<Json<Value>, ApiError> {
     let (id, agent) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
-    let now = crate::now_ms();
-    let pending: Vec<_> = stored
-        .snapshot
-        .policy
-        .approvals
-        .iter()
-        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
-        .map(|r| &r.request)
-        .collect();
+    let pending = pending(&stored.snapshot.policy.approvals);
     let running = service.runs.get(&id).is_some_and(|log| !log.is_finished());
     Ok(Json(json!({
         "id": stored.info.id,
@@ -374,16 +378,7 @@ pub(crate) async fn approvals(
 ) -> Result<Json<Value>, ApiError> {
     let (id, _) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
-    let now = crate::now_ms();
-    let pending: Vec<_> = stored
-        .snapshot
-        .policy
-        .approvals
-        .into_iter()
-        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
-        .map(|r| r.request)
-        .collect();
-    Ok(Json(json!(pending)))
+    Ok(Json(json!(pending(&stored.snapshot.policy.approvals))))
 }
 
 // --- runs -----------------------------------------------------------------------
@@ -812,6 +807,9 @@ pub(crate) async fn continue_interrupted_forever(service: Arc<Service>) {
         while let Some(id) = continue_one(&service).await {
             tracing::info!(session = %id, "continuing a run left in progress");
         }
+        // The rate limiter's state of principals (and sign-in addresses)
+        // not seen for a while goes, so it does not grow without bound.
+        service.limiter.retain_recent();
         tokio::select! {
             () = tokio::time::sleep(markov_store::DEFAULT_LEASE / 2) => {}
             () = service.shutdown.cancelled() => return,

@@ -146,12 +146,17 @@ pub(crate) async fn hosts_and_headers(
         .and_then(|v| v.parse::<u64>().ok());
     let limit = service.limits.max_body_bytes;
     if declared.is_some_and(|length| length > limit as u64) {
-        return secured(
-            ApiError::TooLarge(format!(
-                "the request body is larger than {limit} bytes, this server's limit"
-            ))
-            .into_response(),
-        );
+        let mut response = ApiError::TooLarge(format!(
+            "the request body is larger than {limit} bytes, this server's limit"
+        ))
+        .into_response();
+        // The body is never read, so the connection cannot carry another
+        // request: say so, or a client reuses it and its next request
+        // fails on a closed socket.
+        response
+            .headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return secured(response);
     }
     secured(next.run(request).await)
 }

@@ -538,6 +538,10 @@ async fn a_body_over_the_limit_is_refused_before_it_is_sent() {
         .expect("reads");
     let answer = String::from_utf8_lossy(&answer[..n]);
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("connection: close"),
+        "the unread body ends the connection: {answer}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
