@@ -200,6 +200,13 @@ impl Agent {
         builder
     }
 
+    /// Whether `a` and `b` are the same agent: clones of one built value,
+    /// so that a machine one of them restored runs exactly as if the other
+    /// had. Two agents built alike are not the same.
+    pub fn ptr_eq(a: &Agent, b: &Agent) -> bool {
+        Arc::ptr_eq(&a.inner, &b.inner)
+    }
+
     /// The agent's name (its charter's).
     pub fn name(&self) -> &str {
         self.inner.charter.name()

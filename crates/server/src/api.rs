@@ -19,7 +19,7 @@ use markov_core::Item;
 use markov_executor::stream::DeltaKind;
 use markov_executor::{Agent, MachineStep, MessageStreamEvent, YieldReason};
 use markov_policy::{ApprovalId, ApprovalStatus, Decision};
-use markov_store::{CreateOptions, DurableMachine, SessionId, SessionInfo, Store};
+use markov_store::{CreateOptions, DurableMachine, OpenOptions, SessionId, SessionInfo, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tower_http::timeout::RequestBodyTimeoutLayer;
@@ -396,11 +396,16 @@ async fn open(
     id: &SessionId,
     agent: &Agent,
 ) -> Result<DurableMachine<dyn Store>, ApiError> {
-    Ok(DurableMachine::open(
+    let options = match &service.sessions {
+        Some(cache) => OpenOptions::default().cache(cache.clone()),
+        None => OpenOptions::default(),
+    };
+    Ok(DurableMachine::open_with(
         Arc::clone(&service.store),
         id.clone(),
         service.worker.clone(),
         agent,
+        options,
     )
     .await?)
 }

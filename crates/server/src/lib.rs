@@ -100,7 +100,7 @@ mod openapi;
 mod runs;
 
 use std::collections::{BTreeMap, HashMap};
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -110,7 +110,7 @@ use axum::response::{IntoResponse, Response};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use markov_executor::Agent;
 use markov_policy::ApprovalError;
-use markov_store::{DurableError, KeyStore, Store, StoreError, WorkerId};
+use markov_store::{DurableError, KeyStore, SessionCache, Store, StoreError, WorkerId};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -142,6 +142,12 @@ pub struct Limits {
     pub shutdown_grace: Duration,
     /// How long a browser's sign-in lasts.
     pub sign_in: Duration,
+    /// How many idle sessions' machines the server keeps in memory between
+    /// messages (the least recently used make room; `0` keeps none). A
+    /// message to a session kept here skips reading its history back,
+    /// unless another worker wrote the session since (see
+    /// `markov_store::SessionCache`). Memory grows with the histories kept.
+    pub open_sessions: usize,
 }
 
 impl Default for Limits {
@@ -155,6 +161,7 @@ impl Default for Limits {
             run_deadline: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
             sign_in: Duration::from_secs(12 * 3600),
+            open_sessions: 1000,
         }
     }
 }
@@ -330,6 +337,7 @@ impl ServerBuilder {
                     cookie: CookieSigner::new(&cookie_key, limits.sign_in),
                 },
                 approval_roles: self.approval_roles,
+                sessions: NonZeroUsize::new(limits.open_sessions).map(SessionCache::new),
                 hosts,
                 cors: self.cors,
                 secure_cookies,
@@ -352,6 +360,8 @@ struct Service {
     worker: WorkerId,
     verifiers: Verifiers,
     approval_roles: HashMap<String, String>,
+    /// The machines of idle sessions, kept between messages.
+    sessions: Option<SessionCache>,
     /// Allowed host names, lowercase, without port.
     hosts: Vec<String>,
     /// Allowed CORS origins.

@@ -18,7 +18,8 @@ use markov_policy::{
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::{Lease, Owner, SessionId, StepRecord, Store, StoreError, WorkerId};
+use crate::cache::Parked;
+use crate::{Lease, Owner, SessionCache, SessionId, StepRecord, Store, StoreError, WorkerId};
 
 /// How long a lease lasts unless renewed; every write renews it.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
@@ -167,6 +168,42 @@ impl CreateOptions {
     }
 }
 
+/// How [`DurableMachine::open_with`] opens a session.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct OpenOptions {
+    /// The lease's length ([`DEFAULT_LEASE`] unless set).
+    pub lease: Duration,
+    /// Where the machine is parked when released, and taken from when
+    /// nobody wrote the session since (none unless set).
+    pub cache: Option<SessionCache>,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            lease: DEFAULT_LEASE,
+            cache: None,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Sets the lease's length.
+    #[must_use]
+    pub fn lease(mut self, ttl: Duration) -> Self {
+        self.lease = ttl;
+        self
+    }
+
+    /// Keeps the machine in `cache` between leases (see [`SessionCache`]).
+    #[must_use]
+    pub fn cache(mut self, cache: SessionCache) -> Self {
+        self.cache = Some(cache);
+        self
+    }
+}
+
 /// A machine bound to a session of a [`Store`], leased to one worker.
 ///
 /// [`run`](Self::run) drives the machine like `run_to_completion` and writes
@@ -199,6 +236,9 @@ pub struct DurableMachine<S: Store + ?Sized> {
     /// Interrupts the run in progress after its step (see
     /// [`DurableMachine::interrupt_when`]).
     interrupt: CancellationToken,
+    /// Where [`release`](DurableMachine::release) parks the machine, and
+    /// the agent it runs on.
+    cache: Option<(SessionCache, Agent)>,
 }
 
 impl<S: Store + ?Sized> std::fmt::Debug for DurableMachine<S> {
@@ -249,30 +289,49 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     }
 
     /// Leases session `id` to `holder` for [`DEFAULT_LEASE`] and restores
-    /// its machine over `charter` and `executor`, with the run that was in
-    /// progress, if any. Refused with [`StoreError::Leased`] while another
-    /// worker's lease is live.
+    /// its machine over `agent`, with the run that was in progress, if
+    /// any. Refused with [`StoreError::Leased`] while another worker's
+    /// lease is live.
     pub async fn open(
         store: Arc<S>,
         id: SessionId,
         holder: WorkerId,
         agent: &Agent,
     ) -> Result<Self, DurableError> {
-        Self::open_with_lease(store, id, holder, agent, DEFAULT_LEASE).await
+        Self::open_with(store, id, holder, agent, OpenOptions::default()).await
     }
 
-    /// [`open`](Self::open) with a lease of `ttl`.
-    pub async fn open_with_lease(
+    /// [`open`](Self::open) with `options`: the lease's length, and a
+    /// [`SessionCache`] that keeps the machine between leases.
+    pub async fn open_with(
         store: Arc<S>,
         id: SessionId,
         holder: WorkerId,
         agent: &Agent,
-        ttl: Duration,
+        options: OpenOptions,
     ) -> Result<Self, DurableError> {
+        let OpenOptions { lease: ttl, cache } = options;
         let lease = store.acquire(&id, &holder, ttl).await?;
-        let stored = store.load(&id).await?;
-        let machine = agent.restore(stored.snapshot)?;
-        Ok(Self::bind(store, lease, machine, stored.run, ttl))
+        let parked = cache
+            .as_ref()
+            .and_then(|cache| cache.take(&id))
+            .filter(|parked| {
+                parked.revision == lease.revision && Agent::ptr_eq(&parked.agent, agent)
+            });
+        let (machine, run) = match parked {
+            Some(parked) => {
+                #[cfg(debug_assertions)]
+                check_parked(&*store, &id, agent, &parked.machine).await?;
+                (parked.machine, None)
+            }
+            None => {
+                let stored = store.load(&id).await?;
+                (agent.restore(stored.snapshot)?, stored.run)
+            }
+        };
+        let mut session = Self::bind(store, lease, machine, run, ttl);
+        session.cache = cache.map(|cache| (cache, agent.clone()));
+        Ok(session)
     }
 
     fn bind(
@@ -286,6 +345,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             session: id,
             holder,
             expires_at,
+            revision: _,
         } = lease;
         let lease = Arc::new(LeaseWatch {
             until: AtomicU64::new(expires_at),
@@ -312,6 +372,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             interrupted,
             cancel: CancellationToken::new(),
             interrupt: CancellationToken::new(),
+            cache: None,
         }
     }
 
@@ -680,9 +741,58 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         Ok(outcome)
     }
 
-    /// Gives up the lease and returns the machine.
-    pub async fn release(self) -> Result<Machine, DurableError> {
+    /// Gives up the lease. A session opened with a [`SessionCache`] leaves
+    /// its machine there when it is at rest: everything written, no run to
+    /// continue, no input queued.
+    pub async fn release(self) -> Result<(), DurableError> {
+        let at_rest = !self.dirty()
+            && self.interrupted.is_none()
+            && self.machine.queue().is_empty()
+            && self.machine.policy_state().answers().is_empty();
+        let revision = self.store.release(&self.id, &self.holder).await?;
+        if let (Some((cache, agent)), Some(revision), true) = (self.cache, revision, at_rest) {
+            cache.park(
+                self.id,
+                Parked {
+                    machine: self.machine,
+                    revision,
+                    agent,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Gives up the lease and returns the machine (never parked).
+    pub async fn into_machine(self) -> Result<Machine, DurableError> {
         self.store.release(&self.id, &self.holder).await?;
         Ok(self.machine)
     }
+}
+
+/// Checks that a machine taken from a [`SessionCache`] is the one the store
+/// holds: the cache's correctness rests on every write going through a
+/// fenced store call, which the compiler cannot check, so test and debug
+/// builds compare the two on every reuse.
+#[cfg(debug_assertions)]
+async fn check_parked<S: Store + ?Sized>(
+    store: &S,
+    id: &SessionId,
+    agent: &Agent,
+    parked: &Machine,
+) -> Result<(), DurableError> {
+    let stored = store.load(id).await?;
+    let run = stored.run.is_some();
+    let loaded = agent.restore(stored.snapshot)?;
+    let text = |machine: &Machine| -> Result<String, DurableError> {
+        serde_json::to_string(&serialize_machine(machine)?)
+            .map_err(|e| DurableError::Serialize(SerializeError::Json(e.to_string())))
+    };
+    let (parked, loaded) = (text(parked)?, text(&loaded)?);
+    assert!(
+        !run && parked == loaded,
+        "session {id}: the machine kept in the session cache differs from the stored one\n\
+         kept:   {parked}\nstored: {loaded}"
+    );
+    Ok(())
 }

@@ -53,6 +53,7 @@ use markov_executor::{RunState, SerializedInstance, SerializedMachine};
 use markov_policy::{ApprovalRecord, LedgerEntry, PolicyCounters, RecordedAnswer, RepeatRecord};
 use serde::{Deserialize, Serialize};
 
+mod cache;
 mod durable;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -62,7 +63,8 @@ mod sqlite;
 #[cfg(feature = "postgres")]
 pub mod testing;
 
-pub use durable::{CreateOptions, DEFAULT_LEASE, DurableError, DurableMachine};
+pub use cache::SessionCache;
+pub use durable::{CreateOptions, DEFAULT_LEASE, DurableError, DurableMachine, OpenOptions};
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use repair::RepairReport;
@@ -159,6 +161,43 @@ pub struct Lease {
     pub holder: WorkerId,
     /// When it expires unless renewed, in Unix milliseconds.
     pub expires_at: u64,
+    /// The session's revision when the lease was granted.
+    pub revision: Revision,
+}
+
+/// Which writes a session has seen: every write after its creation (a
+/// step, a journaled call or answer, a repair) makes a new revision, and a
+/// session created again under the same id starts from a new random one.
+///
+/// A worker that kept a session's machine in memory after releasing it
+/// ([`SessionCache`]) may use it again only if the revision it released
+/// is still the session's revision when it leases it again: nobody wrote
+/// in between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Revision(u64);
+
+impl Revision {
+    /// The revision numbered `n`, as a store reads it from its database.
+    pub fn new(n: u64) -> Self {
+        Revision(n)
+    }
+
+    /// A random first revision for a new session (below 2^62, so that a
+    /// database's signed 64-bit column counts up from it for ever).
+    pub fn first() -> Self {
+        Revision(uuid::Uuid::new_v4().as_u64_pair().0 >> 2)
+    }
+
+    /// Its number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 /// A session as listed.
@@ -261,7 +300,7 @@ pub enum StoreError {
 ///
 /// Implementations keep the history append-only and write in one
 /// transaction per call; every write after [`create`](Store::create) is
-/// fenced by the writer's lease.
+/// fenced by the writer's lease and makes a new [`Revision`].
 #[async_trait]
 pub trait Store: Send + Sync + fmt::Debug {
     /// Creates session `id`, belonging to `owner` (if any), from a whole
@@ -335,8 +374,14 @@ pub trait Store: Send + Sync + fmt::Debug {
         ttl: Duration,
     ) -> Result<Lease, StoreError>;
 
-    /// Gives up `holder`'s lease on `id` (nothing if it does not hold it).
-    async fn release(&self, id: &SessionId, holder: &WorkerId) -> Result<(), StoreError>;
+    /// Gives up `holder`'s lease on `id` and returns the session's revision
+    /// at that moment, or `None` (and does nothing) if `holder` does not
+    /// hold the lease.
+    async fn release(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+    ) -> Result<Option<Revision>, StoreError>;
 
     /// Leases to `holder` a session whose run was in progress at its last
     /// write and whose lease is free or expired (a crashed worker's), if

@@ -32,8 +32,9 @@ use tokio_postgres::NoTls;
 
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
-    ApiKeyRecord, KeyStore, Lease, Owner, SessionId, SessionInfo, StepRecord, Store, StoreError,
-    StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot, to_json,
+    ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, Store,
+    StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot,
+    to_json,
 };
 
 const SCHEMA: &str = "
@@ -72,6 +73,7 @@ CREATE INDEX IF NOT EXISTS sessions_interrupted ON sessions (updated_at)
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS counters TEXT NOT NULL DEFAULT '{}';
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS answers TEXT;
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS owner TEXT;
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS revision BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, updated_at);
 CREATE TABLE IF NOT EXISTS api_keys (
     id TEXT PRIMARY KEY,
@@ -86,8 +88,11 @@ CREATE TABLE IF NOT EXISTS api_keys (
 // The statements every step uses, prepared once per connection through the
 // pool's statement cache: a connection opened after a restart prepares
 // them again on its first use.
-const LOCK: &str =
-    "SELECT lease_holder, lease_expires, messages FROM sessions WHERE id = $1 FOR UPDATE";
+// Locks the row like `SELECT ... FOR UPDATE` and counts the write in the
+// session's revision (undone with the transaction when the lease check
+// that follows fails).
+const LOCK: &str = "UPDATE sessions SET revision = revision + 1 WHERE id = $1
+     RETURNING lease_holder, lease_expires, messages";
 const INSERT_MESSAGES: &str = "INSERT INTO messages (session_id, seq, body)
      SELECT $1, $2 + t.ord - 1, t.body
      FROM unnest($3::text[]) WITH ORDINALITY AS t(body, ord)";
@@ -261,7 +266,7 @@ async fn lease(
     let now = now_ms();
     let row = tx
         .query_opt(
-            "SELECT lease_holder, lease_expires FROM sessions WHERE id = $1 FOR UPDATE",
+            "SELECT lease_holder, lease_expires, revision FROM sessions WHERE id = $1 FOR UPDATE",
             &[&id.as_str()],
         )
         .await
@@ -269,6 +274,7 @@ async fn lease(
         .ok_or_else(|| StoreError::NotFound(id.clone()))?;
     let current: Option<String> = row.get(0);
     let until: i64 = row.get(1);
+    let revision = Revision::new(to_u64(row.get(2)));
     if let Some(current) = current
         && current != holder.as_str()
         && to_u64(until) > now
@@ -290,6 +296,7 @@ async fn lease(
         session: id.clone(),
         holder: holder.clone(),
         expires_at: expires,
+        revision,
     })
 }
 
@@ -331,12 +338,13 @@ impl Store for PostgresStore {
             .collect::<Result<_, _>>()?;
         let now = now_ms();
         let expires = now.saturating_add(ms(ttl));
+        let revision = Revision::first();
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
         let inserted = tx
             .execute(
-                "INSERT INTO sessions (id, charter, tree, approvals, repeats, messages, created_at, updated_at, lease_holder, lease_expires, counters, answers, owner)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO sessions (id, charter, tree, approvals, repeats, messages, created_at, updated_at, lease_holder, lease_expires, counters, answers, owner, revision)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (id) DO NOTHING",
                 &[
                     &id.as_str(),
                     &charter,
@@ -350,6 +358,7 @@ impl Store for PostgresStore {
                     &counters,
                     &answers,
                     &owner.map(Owner::as_str),
+                    &to_i64(revision.get()),
                 ],
             )
             .await
@@ -382,6 +391,7 @@ impl Store for PostgresStore {
             session: id.clone(),
             holder: holder.clone(),
             expires_at: expires,
+            revision,
         })
     }
 
@@ -704,16 +714,21 @@ impl Store for PostgresStore {
         Ok(lease)
     }
 
-    async fn release(&self, id: &SessionId, holder: &WorkerId) -> Result<(), StoreError> {
+    async fn release(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+    ) -> Result<Option<Revision>, StoreError> {
         let client = self.client().await?;
-        client
-            .execute(
-                "UPDATE sessions SET lease_holder = NULL, lease_expires = 0 WHERE id = $1 AND lease_holder = $2",
+        let row = client
+            .query_opt(
+                "UPDATE sessions SET lease_holder = NULL, lease_expires = 0
+                 WHERE id = $1 AND lease_holder = $2 RETURNING revision",
                 &[&id.as_str(), &holder.as_str()],
             )
             .await
             .map_err(backend)?;
-        Ok(())
+        Ok(row.map(|r| Revision::new(to_u64(r.get(0)))))
     }
 
     async fn claim_interrupted(

@@ -20,8 +20,9 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
-    ApiKeyRecord, KeyStore, Lease, Owner, SessionId, SessionInfo, StepRecord, Store, StoreError,
-    StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot, to_json,
+    ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, Store,
+    StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot,
+    to_json,
 };
 
 /// How hard a commit waits for the disk.
@@ -61,7 +62,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     created_at INTEGER NOT NULL,
     updated_at INTEGER NOT NULL,
     lease_holder TEXT,
-    lease_expires INTEGER NOT NULL DEFAULT 0
+    lease_expires INTEGER NOT NULL DEFAULT 0,
+    revision INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS messages (
     session_id TEXT NOT NULL,
@@ -142,6 +144,7 @@ impl SqliteStore {
             ("counters", "TEXT NOT NULL DEFAULT '{}'"),
             ("answers", "TEXT"),
             ("owner", "TEXT"),
+            ("revision", "INTEGER NOT NULL DEFAULT 0"),
         ] {
             let present: bool = conn
                 .query_row(
@@ -184,19 +187,23 @@ impl SqliteStore {
     }
 }
 
-/// Checks that `holder` holds `id`'s unexpired lease.
-fn check_lease(
+/// Checks that `holder` holds `id`'s unexpired lease, counting the write in
+/// the session's [`Revision`].
+fn fence(
     tx: &rusqlite::Transaction<'_>,
     id: &SessionId,
     holder: &WorkerId,
     now: u64,
 ) -> Result<(), StoreError> {
+    // The write counts in the session's revision; when the lease check
+    // fails, the transaction is dropped and the count with it.
     let row: Option<(Option<String>, i64)> = tx
-        .query_row(
-            "SELECT lease_holder, lease_expires FROM sessions WHERE id = ?1",
-            params![id.as_str()],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+        .prepare_cached(
+            "UPDATE sessions SET revision = revision + 1 WHERE id = ?1
+             RETURNING lease_holder, lease_expires",
         )
+        .map_err(backend)?
+        .query_row(params![id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()
         .map_err(backend)?;
     match row {
@@ -261,25 +268,25 @@ fn lease(
 ) -> Result<Lease, StoreError> {
     let now = now_ms();
     let expires = now.saturating_add(ms(ttl));
-    let row: Option<(Option<String>, i64)> = tx
+    let row: Option<(Option<String>, i64, i64)> = tx
         .query_row(
-            "SELECT lease_holder, lease_expires FROM sessions WHERE id = ?1",
+            "SELECT lease_holder, lease_expires, revision FROM sessions WHERE id = ?1",
             params![id.as_str()],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )
         .optional()
         .map_err(backend)?;
-    match row {
+    let revision = match row {
         None => return Err(StoreError::NotFound(id.clone())),
-        Some((Some(h), until)) if h != holder.as_str() && to_u64(until) > now => {
+        Some((Some(h), until, _)) if h != holder.as_str() && to_u64(until) > now => {
             return Err(StoreError::Leased {
                 session: id.clone(),
                 holder: WorkerId::new(h),
                 expires_at: to_u64(until),
             });
         }
-        Some(_) => {}
-    }
+        Some((_, _, revision)) => Revision::new(to_u64(revision)),
+    };
     tx.execute(
         "UPDATE sessions SET lease_holder = ?2, lease_expires = ?3 WHERE id = ?1",
         params![id.as_str(), holder.as_str(), to_i64(expires)],
@@ -289,6 +296,7 @@ fn lease(
         session: id.clone(),
         holder: holder.clone(),
         expires_at: expires,
+        revision,
     })
 }
 
@@ -323,6 +331,7 @@ impl Store for SqliteStore {
             .collect::<Result<_, StoreError>>()?;
         let (id, charter, holder) = (id.clone(), charter.to_owned(), holder.clone());
         let owner = owner.map(|o| o.as_str().to_owned());
+        let revision = Revision::first();
         self.with(move |conn| {
             let now = now_ms();
             let expires = now.saturating_add(ms(ttl));
@@ -331,8 +340,8 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             let inserted = tx
                 .execute(
-                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats, counters, answers, owner)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats, counters, answers, owner, revision)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                     params![
                         id.as_str(),
                         charter,
@@ -345,7 +354,8 @@ impl Store for SqliteStore {
                         repeats,
                         counters,
                         answers,
-                        owner
+                        owner,
+                        to_i64(revision.get())
                     ],
                 )
                 .map_err(backend)?;
@@ -377,6 +387,7 @@ impl Store for SqliteStore {
                 session: id,
                 holder,
                 expires_at: expires,
+                revision,
             })
         })
         .await
@@ -408,7 +419,7 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            check_lease(&tx, &id, &holder, now)?;
+            fence(&tx, &id, &holder, now)?;
             let count: i64 = tx
                 .query_row(
                     "SELECT messages FROM sessions WHERE id = ?1",
@@ -484,7 +495,7 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            check_lease(&tx, &id, &holder, now_ms())?;
+            fence(&tx, &id, &holder, now_ms())?;
             tx.prepare_cached(
                 "INSERT OR REPLACE INTO ledger (session_id, key, recorded_at, body) VALUES (?1, ?2, ?3, ?4)",
             )
@@ -510,7 +521,7 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            check_lease(&tx, &id, &holder, now_ms())?;
+            fence(&tx, &id, &holder, now_ms())?;
             tx.prepare_cached("UPDATE sessions SET answers = ?2 WHERE id = ?1")
                 .map_err(backend)?
                 .execute(params![id.as_str(), body])
@@ -587,7 +598,7 @@ impl Store for SqliteStore {
             let tx = conn
                 .transaction_with_behavior(TransactionBehavior::Immediate)
                 .map_err(backend)?;
-            check_lease(&tx, &id, &holder, now_ms())?;
+            fence(&tx, &id, &holder, now_ms())?;
             let columns = tx
                 .query_row(
                     "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner
@@ -736,15 +747,23 @@ impl Store for SqliteStore {
         .await
     }
 
-    async fn release(&self, id: &SessionId, holder: &WorkerId) -> Result<(), StoreError> {
+    async fn release(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+    ) -> Result<Option<Revision>, StoreError> {
         let (id, holder) = (id.clone(), holder.clone());
         self.with(move |conn| {
-            conn.execute(
-                "UPDATE sessions SET lease_holder = NULL, lease_expires = 0 WHERE id = ?1 AND lease_holder = ?2",
-                params![id.as_str(), holder.as_str()],
-            )
-            .map_err(backend)?;
-            Ok(())
+            let revision: Option<i64> = conn
+                .query_row(
+                    "UPDATE sessions SET lease_holder = NULL, lease_expires = 0
+                     WHERE id = ?1 AND lease_holder = ?2 RETURNING revision",
+                    params![id.as_str(), holder.as_str()],
+                    |r| r.get(0),
+                )
+                .optional()
+                .map_err(backend)?;
+            Ok(revision.map(|r| Revision::new(to_u64(r))))
         })
         .await
     }

@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, Message};
 use markov_core::model::{
-    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, ToolChoice, Usage,
+    HistoryId, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason,
+    ToolChoice, Usage,
 };
 use markov_core::tool::{ProviderTool, ToolDefinition};
 use serde_json::Value;
@@ -29,6 +30,11 @@ pub struct RecordedRequest {
     pub settings: ModelSettings,
     /// The structured-output schema, if any.
     pub output_schema: Option<Value>,
+    /// The history the request says its messages come from (see
+    /// [`HistoryId`]): the same for every request of one machine's
+    /// history, so a test can tell a machine kept in memory from one
+    /// restored again.
+    pub history_id: Option<HistoryId>,
 }
 
 impl RecordedRequest {
@@ -202,6 +208,7 @@ impl Model for ScriptedModel {
                 tool_choice: request.tool_choice().clone(),
                 settings: request.settings().clone(),
                 output_schema: request.output_schema().cloned(),
+                history_id: request.history_id(),
             });
         }
         let index = {

@@ -142,6 +142,9 @@ struct ServeArgs {
     /// The largest request body, in bytes.
     #[arg(long, default_value_t = 64 * 1024)]
     max_body: usize,
+    /// Idle sessions kept in memory between messages (0: none).
+    #[arg(long, default_value_t = 1000)]
+    open_sessions: usize,
     /// This server's name in the store's leases (default:
     /// `markov-serve@HOSTNAME`): a server restarted with the same name
     /// takes its sessions back at once.
@@ -342,6 +345,7 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     limits.max_connections = args.max_connections;
     limits.header_timeout = Duration::from_secs(args.header_timeout);
     limits.max_body_bytes = args.max_body;
+    limits.open_sessions = args.open_sessions;
     let worker = args
         .worker
         .clone()

@@ -109,12 +109,18 @@ pub(crate) async fn serve_with(model: impl Model + 'static, config: PolicyConfig
 /// Serves `agent` on a loopback port, its sessions in memory.
 pub(crate) async fn serve_agent(agent: Agent, pays: Arc<AtomicUsize>) -> Fixture {
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
-    start(Server::builder().agent(agent), store, pays).await
+    start(
+        Server::builder().agent(agent).worker(WorkerId::new("test")),
+        store,
+        pays,
+    )
+    .await
 }
 
 /// Builds `builder` over `store` (with keys for alice, an approver, bob
 /// and carol) and serves it on a loopback port until the fixture's
-/// shutdown.
+/// shutdown. The server's worker name is the builder's (a random one
+/// unless set).
 pub(crate) async fn start<S>(
     builder: ServerBuilder,
     store: Arc<S>,
@@ -134,7 +140,6 @@ where
     }
     let server = builder
         .store(store.clone())
-        .worker(WorkerId::new("test"))
         .build()
         .expect("the server builds");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

@@ -930,6 +930,82 @@ async fn on_postgres_another_worker_continues_the_turn_a_stopped_server_left() {
     assert_eq!(pays.load(Ordering::SeqCst), 1);
 }
 
+/// Answers with how many messages it was sent: what each worker's machine
+/// held shows in the replies.
+#[derive(Debug)]
+struct Counter;
+
+#[async_trait]
+impl Model for Counter {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        Ok(ModelResponse {
+            content: vec![Item::text(format!("heard {}", request.messages().len()))],
+            stop_reason: StopReason::EndTurn,
+            usage: Usage::default(),
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_workers_take_turns_on_a_session_and_each_sees_the_others_turns() {
+    let dir = std::env::temp_dir().join(format!(
+        "markov-server-turns-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let file = dir.join("sessions.db");
+    let agent = || {
+        Agent::builder("counter")
+            .instructions("Count.")
+            .model(Counter)
+            .build()
+            .expect("the agent builds")
+    };
+    // Two servers on one database, as behind a load balancer; each keeps
+    // the sessions it served in memory between messages.
+    let serve_on = |worker: &str| {
+        let store = Arc::new(SqliteStore::open(&file).expect("a database"));
+        start(
+            Server::builder()
+                .agent(agent())
+                .worker(WorkerId::new(worker)),
+            store,
+            Arc::default(),
+        )
+    };
+    let a = serve_on("a").await;
+    let mut b = serve_on("b").await;
+    b.key = a.key.clone();
+    let id = a.create().await;
+    let reply = |events: Vec<(String, Value)>| events.last().map(|(_, d)| d["response"].clone());
+    assert_eq!(reply(a.say(&id, "one").await), Some(json!("heard 1")));
+    assert_eq!(reply(a.say(&id, "two").await), Some(json!("heard 3")));
+    assert_eq!(reply(b.say(&id, "three").await), Some(json!("heard 5")));
+    // Back on the first server, whose machine of the session is stale.
+    assert_eq!(reply(a.say(&id, "four").await), Some(json!("heard 7")));
+    let (status, session) = a
+        .send_as(&a.key, "GET", &format!("/sessions/{id}"), Value::Null)
+        .await;
+    assert_eq!(status, 200);
+    let texts: Vec<String> = session["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .filter_map(|m| m["items"].as_array())
+        .flatten()
+        .filter_map(|i| i["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "one", "heard 1", "two", "heard 3", "three", "heard 5", "four", "heard 7"
+        ]
+    );
+    a.shutdown.cancel();
+    b.shutdown.cancel();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // --- several agents, the document, the metrics -----------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,6 +4,8 @@
 #[cfg(feature = "sqlite")]
 mod approvals;
 #[cfg(feature = "sqlite")]
+mod cache;
+#[cfg(feature = "sqlite")]
 mod cancel;
 mod common;
 #[cfg(feature = "sqlite")]

@@ -353,7 +353,9 @@ pub fn lines(path: &PathBuf) -> usize {
 /// The lease contract every store keeps, seen from two workers' handles on
 /// one database (`first` and `second` may be the same store): a live lease
 /// refuses the other worker's lease and writes, an expired one passes to
-/// it, and the old holder is fenced out.
+/// it, and the old holder is fenced out. Every write the lease lets through
+/// makes a new revision, a refused one does not, and a release says the
+/// revision it left (nothing for a worker that does not hold the lease).
 pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov_store::Store) {
     use markov_store::{SessionId, StepRecord, StoreError, WorkerId};
     use std::time::Duration;
@@ -364,7 +366,7 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
     let model = Arc::new(ScriptedModel::builder().build());
     let machine = machine(model, &dir);
     let snapshot = markov_executor::serialize_machine(&machine).expect("serializes");
-    first
+    let created = first
         .create(
             &id,
             None,
@@ -392,26 +394,73 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
         second.append(&id, &b, empty).await,
         Err(StoreError::LeaseLost { .. })
     ));
+    let renewed = first
+        .acquire(&id, &a, Duration::from_millis(400))
+        .await
+        .expect("the holder renews");
+    assert_eq!(
+        renewed.revision, created.revision,
+        "a refused write makes no revision"
+    );
     first
         .append(&id, &a, empty)
         .await
         .expect("the holder writes");
+    first
+        .journal_answers(&id, &a, &[])
+        .await
+        .expect("the holder journals");
+    let written = first
+        .acquire(&id, &a, Duration::from_millis(400))
+        .await
+        .expect("the holder renews");
+    assert_eq!(
+        written.revision.get(),
+        created.revision.get() + 2,
+        "every write makes a revision"
+    );
 
     // a dies; its lease expires; b takes over, and a is fenced out.
     tokio::time::sleep(Duration::from_millis(450)).await;
-    second
+    let taken = second
         .acquire(&id, &b, Duration::from_secs(60))
         .await
         .expect("b takes the expired lease");
+    assert_eq!(taken.revision, written.revision);
     assert!(matches!(
         first.append(&id, &a, empty).await,
         Err(StoreError::LeaseLost { .. })
     ));
-    second.release(&id, &b).await.expect("released");
-    first
+    assert_eq!(
+        first.release(&id, &a).await.expect("a no-op"),
+        None,
+        "a worker without the lease releases nothing"
+    );
+    assert_eq!(
+        second.release(&id, &b).await.expect("released"),
+        Some(written.revision),
+        "the fenced write made no revision"
+    );
+    let again = first
         .acquire(&id, &a, Duration::from_secs(60))
         .await
         .expect("free again");
+    assert_eq!(again.revision, written.revision);
+
+    // The same id created again starts from another revision.
+    assert!(second.delete(&id).await.expect("deleted"));
+    let recreated = second
+        .create(
+            &id,
+            None,
+            "payments",
+            &snapshot,
+            &b,
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("created again");
+    assert_ne!(recreated.revision, again.revision);
 }
 
 /// What every store keeps about owners and API keys: a session created

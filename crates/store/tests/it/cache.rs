@@ -1,0 +1,263 @@
+//! Sessions kept in memory between leases: a released session at rest is
+//! parked in a `SessionCache` and opened again from there — its history not
+//! read back, its requests still one history for the provider's cache —
+//! unless another worker wrote it meanwhile, it was restored over another
+//! agent, or the cache had to make room. (Test builds also compare every
+//! machine taken from the cache with the stored one.)
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use crate::common::*;
+use markov_executor::Agent;
+use markov_store::{
+    DurableMachine, OpenOptions, SessionCache, SessionId, SqliteStore, Store, WorkerId,
+};
+use markov_testkit::ScriptedModel;
+
+fn store(dir: &Dir) -> Arc<SqliteStore> {
+    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
+}
+
+fn cache(capacity: usize) -> SessionCache {
+    SessionCache::new(NonZeroUsize::new(capacity).expect("a capacity"))
+}
+
+/// An agent of the payments charter on `model`.
+fn agent(model: Arc<ScriptedModel>, dir: &Dir) -> Agent {
+    let (charter, _) = charter();
+    agent_on(
+        &charter,
+        Arc::new(executor(model, dir.path("effects"), dir.path("marker"))),
+    )
+}
+
+/// Creates session `id` from `agent` and releases it.
+async fn create(store: &Arc<SqliteStore>, id: &str, agent: &Agent) {
+    DurableMachine::create(
+        store.clone(),
+        SessionId::new(id),
+        WorkerId::new("creator"),
+        agent.machine(),
+    )
+    .await
+    .expect("created")
+    .release()
+    .await
+    .expect("released");
+}
+
+/// Opens session `id` as `worker`, through `cache` if one is given.
+async fn open(
+    store: &Arc<SqliteStore>,
+    id: &str,
+    worker: &str,
+    agent: &Agent,
+    cache: Option<&SessionCache>,
+) -> DurableMachine<SqliteStore> {
+    let options = match cache {
+        Some(cache) => OpenOptions::default().cache(cache.clone()),
+        None => OpenOptions::default(),
+    };
+    DurableMachine::open_with(
+        store.clone(),
+        SessionId::new(id),
+        WorkerId::new(worker),
+        agent,
+        options,
+    )
+    .await
+    .expect("opened")
+}
+
+/// Sends `text` to session `id` as `worker` and releases it.
+async fn turn(
+    store: &Arc<SqliteStore>,
+    id: &str,
+    worker: &str,
+    agent: &Agent,
+    cache: Option<&SessionCache>,
+    text: &str,
+) {
+    let mut session = open(store, id, worker, agent, cache).await;
+    session.machine().enqueue_user(text);
+    session.run().await.expect("the turn runs");
+    session.release().await.expect("released");
+}
+
+/// The texts of the messages of session `id` as stored.
+async fn stored_texts(store: &Arc<SqliteStore>, id: &str) -> Vec<String> {
+    let stored = store.load(&SessionId::new(id)).await.expect("loads");
+    stored.snapshot.history.iter().map(|m| m.text()).collect()
+}
+
+#[tokio::test]
+async fn a_hot_session_opens_from_memory_and_its_requests_stay_one_history() {
+    let dir = Dir::new("cache-hot");
+    let store = store(&dir);
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .text("one")
+            .text("two")
+            .text("three")
+            .build(),
+    );
+    let agent = agent(model.clone(), &dir);
+    let cache = cache(8);
+    create(&store, "hot", &agent).await;
+
+    turn(&store, "hot", "w", &agent, Some(&cache), "first").await;
+    assert!(
+        cache.contains(&SessionId::new("hot")),
+        "released at rest: parked"
+    );
+    turn(&store, "hot", "w", &agent, Some(&cache), "second").await;
+    // Without the cache the session is read back: a new history.
+    turn(&store, "hot", "w", &agent, None, "third").await;
+
+    let ids: Vec<_> = model.requests().iter().map(|r| r.history_id).collect();
+    assert_eq!(ids.len(), 3);
+    assert!(ids.iter().all(Option::is_some), "{ids:?}");
+    assert_eq!(
+        ids[0], ids[1],
+        "the second turn ran on the machine of the first"
+    );
+    assert_ne!(ids[1], ids[2], "a session read back is a new history");
+    assert_eq!(
+        stored_texts(&store, "hot").await,
+        ["first", "one", "second", "two", "third", "three"]
+    );
+}
+
+#[tokio::test]
+async fn a_session_another_worker_wrote_is_read_again() {
+    let dir = Dir::new("cache-stale");
+    let store = store(&dir);
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .text("one")
+            .text("two")
+            .text("three")
+            .build(),
+    );
+    let agent = agent(model.clone(), &dir);
+    let cache = cache(8);
+    create(&store, "shared", &agent).await;
+
+    turn(&store, "shared", "a", &agent, Some(&cache), "first").await;
+    assert!(cache.contains(&SessionId::new("shared")));
+    // Another worker (a load balancer sent it the next message).
+    turn(&store, "shared", "b", &agent, None, "second").await;
+    // Back on the first worker: its parked machine is stale.
+    let mut session = open(&store, "shared", "a", &agent, Some(&cache)).await;
+    let texts: Vec<String> = session
+        .machine()
+        .history()
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(texts, ["first", "one", "second", "two"]);
+    session.machine().enqueue_user("third");
+    session.run().await.expect("the turn runs");
+    session.release().await.expect("released");
+
+    assert_eq!(
+        stored_texts(&store, "shared").await,
+        ["first", "one", "second", "two", "third", "three"]
+    );
+    let requests = model.requests();
+    let third = requests.last().expect("three requests");
+    assert_eq!(
+        third.messages.len(),
+        5,
+        "the model saw the other worker's turn"
+    );
+    assert_ne!(requests[0].history_id, third.history_id);
+}
+
+#[tokio::test]
+async fn only_a_session_at_rest_is_kept() {
+    let dir = Dir::new("cache-rest");
+    let store = store(&dir);
+    let agent = agent(Arc::new(ScriptedModel::builder().build()), &dir);
+    let cache = cache(8);
+    create(&store, "busy", &agent).await;
+
+    // Input queued and never run is not in the store: not parked.
+    let session = open(&store, "busy", "w", &agent, Some(&cache)).await;
+    session.machine().enqueue_user("unsent");
+    session.release().await.expect("released");
+    assert!(cache.is_empty());
+
+    // A machine handed back to the caller is not parked either.
+    let session = open(&store, "busy", "w", &agent, Some(&cache)).await;
+    let machine = session.into_machine().await.expect("released");
+    assert!(machine.history().is_empty());
+    assert!(cache.is_empty());
+
+    // At rest: parked; forgotten on demand.
+    open(&store, "busy", "w", &agent, Some(&cache))
+        .await
+        .release()
+        .await
+        .expect("released");
+    assert_eq!(cache.len(), 1);
+    cache.forget(&SessionId::new("busy"));
+    assert!(cache.is_empty());
+}
+
+#[tokio::test]
+async fn the_least_recently_used_session_makes_room() {
+    let dir = Dir::new("cache-lru");
+    let store = store(&dir);
+    let agent = agent(Arc::new(ScriptedModel::builder().build()), &dir);
+    let cache = cache(2);
+    for id in ["s1", "s2", "s3", "s4"] {
+        create(&store, id, &agent).await;
+    }
+    let touch = |id: &'static str| {
+        let (store, agent, cache) = (store.clone(), agent.clone(), cache.clone());
+        async move {
+            open(&store, id, "w", &agent, Some(&cache))
+                .await
+                .release()
+                .await
+                .expect("released");
+        }
+    };
+    let held = |cache: &SessionCache| -> Vec<&str> {
+        ["s1", "s2", "s3", "s4"]
+            .into_iter()
+            .filter(|id| cache.contains(&SessionId::new(*id)))
+            .collect()
+    };
+    touch("s1").await;
+    touch("s2").await;
+    touch("s3").await;
+    assert_eq!(held(&cache), ["s2", "s3"]);
+    touch("s2").await;
+    touch("s4").await;
+    assert_eq!(held(&cache), ["s2", "s4"]);
+}
+
+#[tokio::test]
+async fn a_session_opened_by_another_agent_is_read_again() {
+    let dir = Dir::new("cache-agent");
+    let store = store(&dir);
+    let model = Arc::new(ScriptedModel::builder().text("one").text("two").build());
+    let first = agent(model.clone(), &dir);
+    // Built alike, but not the same agent: its tools may differ.
+    let second = agent(model.clone(), &dir);
+    let cache = cache(8);
+    create(&store, "agents", &first).await;
+
+    turn(&store, "agents", "w", &first, Some(&cache), "first").await;
+    turn(&store, "agents", "w", &second, Some(&cache), "second").await;
+
+    let ids: Vec<_> = model.requests().iter().map(|r| r.history_id).collect();
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(
+        stored_texts(&store, "agents").await,
+        ["first", "one", "second", "two"]
+    );
+}
