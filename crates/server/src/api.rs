@@ -400,14 +400,25 @@ async fn open(
         Some(cache) => OpenOptions::default().cache(cache.clone()),
         None => OpenOptions::default(),
     };
-    Ok(DurableMachine::open_with(
+    let session = DurableMachine::open_with(
         Arc::clone(&service.store),
         id.clone(),
         service.worker.clone(),
         agent,
         options,
     )
-    .await?)
+    .await?;
+    let source = if session.was_kept() {
+        "memory"
+    } else {
+        "store"
+    };
+    service
+        .metrics
+        .sessions_opened
+        .get_or_create(&crate::metrics::SourceLabel { source })
+        .inc();
+    Ok(session)
 }
 
 tokio::task_local! {

@@ -34,6 +34,11 @@ pub(crate) struct OutcomeLabel {
 }
 
 /// The service's metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct SourceLabel {
+    pub(crate) source: &'static str,
+}
+
 #[derive(Debug)]
 pub(crate) struct Metrics {
     registry: Registry,
@@ -46,6 +51,7 @@ pub(crate) struct Metrics {
     pub(crate) tool_calls: Counter,
     pub(crate) rate_limited: Counter,
     pub(crate) unauthenticated: Counter,
+    pub(crate) sessions_opened: Family<SourceLabel, Counter>,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -96,6 +102,13 @@ impl Metrics {
             "Requests refused for a missing or invalid credential",
             unauthenticated.clone(),
         );
+        let sessions_opened = Family::<SourceLabel, Counter>::default();
+        registry.register(
+            "sessions_opened",
+            "Sessions opened to serve a request, by where their machine came from \
+             (memory: kept since the last message; store: read back)",
+            sessions_opened.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -107,6 +120,7 @@ impl Metrics {
             tool_calls,
             rate_limited,
             unauthenticated,
+            sessions_opened,
         }
     }
 

@@ -239,6 +239,8 @@ pub struct DurableMachine<S: Store + ?Sized> {
     /// Where [`release`](DurableMachine::release) parks the machine, and
     /// the agent it runs on.
     cache: Option<(SessionCache, Agent)>,
+    /// Whether the machine was taken from the cache.
+    kept: bool,
 }
 
 impl<S: Store + ?Sized> std::fmt::Debug for DurableMachine<S> {
@@ -318,6 +320,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             .filter(|parked| {
                 parked.revision == lease.revision && Agent::ptr_eq(&parked.agent, agent)
             });
+        let kept = parked.is_some();
         let (machine, run) = match parked {
             Some(parked) => {
                 #[cfg(debug_assertions)]
@@ -331,6 +334,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         };
         let mut session = Self::bind(store, lease, machine, run, ttl);
         session.cache = cache.map(|cache| (cache, agent.clone()));
+        session.kept = kept;
         Ok(session)
     }
 
@@ -373,7 +377,14 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             cancel: CancellationToken::new(),
             interrupt: CancellationToken::new(),
             cache: None,
+            kept: false,
         }
+    }
+
+    /// Whether the machine was kept in memory since the session was last
+    /// released (taken from a [`SessionCache`], its history not read back).
+    pub fn was_kept(&self) -> bool {
+        self.kept
     }
 
     /// The session's id.
