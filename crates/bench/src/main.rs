@@ -11,7 +11,7 @@
 //!    machine after a turn, counted by the global allocator in `counting.rs`.
 //! 4. Serializing and deserializing after K = 100 and 1 000 with serde_json:
 //!    the history alone (`Vec<Message>`), and the full machine snapshot
-//!    (`serialize_machine` + `to_vec`, `from_slice` + `Agent::restore`).
+//!    (`serialize_machine` + `to_string`, `from_str` + `Agent::restore`).
 //!
 //! 5. The tool-registry policy pipeline: figure 1 at K = 10 and 1 000 with
 //!    the registry on and every policy active (nothing rejects), on a
@@ -257,7 +257,7 @@ fn profile_snapshot(k: usize, reps: usize, read_only: bool) {
         .build()
         .expect("the benchmark agent builds");
     let write = |machine: &Machine| {
-        serde_json::to_vec(&serialize_machine(machine).expect("the machine serializes"))
+        serde_json::to_string(&serialize_machine(machine).expect("the machine serializes"))
             .expect("the snapshot serializes")
     };
     let written = write(&machine);
@@ -268,7 +268,7 @@ fn profile_snapshot(k: usize, reps: usize, read_only: bool) {
             write(black_box(&machine))
         };
         let data: SerializedMachine =
-            serde_json::from_slice(&bytes).expect("the snapshot deserializes");
+            serde_json::from_str(&bytes).expect("the snapshot deserializes");
         let restored = agent.restore(data).expect("the machine deserializes");
         drop(black_box(restored));
     }
@@ -977,8 +977,8 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
     let mut machine = scenario.machine(k);
     runtime.block_on(run_turn(&mut machine, k));
     let history = machine.history();
-    let json = serde_json::to_vec(history).expect("the history serializes");
-    let back: Vec<Message> = serde_json::from_slice(&json).expect("the history deserializes");
+    let json = serde_json::to_string(history).expect("the history serializes");
+    let back: Vec<Message> = serde_json::from_str(&json).expect("the history deserializes");
     assert_eq!(back, history, "the history survives a JSON round trip");
 
     // About the same total work for every K.
@@ -987,11 +987,11 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
     let mut de = Vec::with_capacity(reps);
     for _ in 0..reps {
         let start = Instant::now();
-        let out = serde_json::to_vec(black_box(history)).expect("the history serializes");
+        let out = serde_json::to_string(black_box(history)).expect("the history serializes");
         ser.push(start.elapsed());
         let start = Instant::now();
         let back: Vec<Message> =
-            serde_json::from_slice(black_box(&out)).expect("the history deserializes");
+            serde_json::from_str(black_box(&out)).expect("the history deserializes");
         de.push(start.elapsed());
         drop(black_box(back));
     }
@@ -1002,13 +1002,14 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
         .executor(StandardExecutor::new(model(k)))
         .build()
         .expect("the benchmark agent builds");
+    // Written as text and read from text, as the stores keep it.
     let snapshot = |machine: &Machine| {
-        serde_json::to_vec(&serialize_machine(machine).expect("the machine serializes"))
+        serde_json::to_string(&serialize_machine(machine).expect("the machine serializes"))
             .expect("the snapshot serializes")
     };
-    let restore = |bytes: &[u8]| {
+    let restore = |text: &str| {
         let data: SerializedMachine =
-            serde_json::from_slice(bytes).expect("the snapshot deserializes");
+            serde_json::from_str(text).expect("the snapshot deserializes");
         agent.restore(data).expect("the machine deserializes")
     };
     let snap = snapshot(&machine);
