@@ -67,7 +67,7 @@ fn answer(content: Vec<Item>, stop: StopReason) -> ModelResponse {
 /// A scripted model that does what the user's message asks: `weather`
 /// (a lookup, then a markdown answer), `pay N` (a payment that needs
 /// approval, with a memo that hides its real file name behind a
-/// right-to-left override), `slow` (words for half a minute), `fail` (a
+/// right-to-left override), `slow` (words for a minute), `fail` (a
 /// provider error), `hostile` (a megabyte of tool output, then markup and
 /// a `javascript:` link). It streams its text in pieces, counts its calls
 /// and keeps the tool results it read.
@@ -155,7 +155,9 @@ impl Director {
             )),
             "hostile" => text(HOSTILE),
             "slow" => {
-                let words: Vec<String> = (1..=300).map(|n| format!("word{n} ")).collect();
+                // A minute of words: far longer than the test takes to
+                // stop it.
+                let words: Vec<String> = (1..=600).map(|n| format!("word{n} ")).collect();
                 Ok((
                     answer(vec![Item::text(words.concat())], StopReason::EndTurn),
                     Duration::from_millis(100),
@@ -519,12 +521,19 @@ impl Browser {
     }
 
     /// Clicks `css` as a person would: WebDriver refuses an element that
-    /// is hidden or covered.
+    /// is hidden or covered. An element the page drew anew between
+    /// finding and clicking (a list refreshed) is found again, a few times.
     async fn click(&self, css: &str) {
-        let element = self.element(css).await;
-        let clicked = self
-            .post(&format!("/element/{element}/click"), json!({}))
-            .await;
+        let mut clicked = Value::Null;
+        for _ in 0..3 {
+            let element = self.element(css).await;
+            clicked = self
+                .post(&format!("/element/{element}/click"), json!({}))
+                .await;
+            if clicked["error"] != "stale element reference" {
+                break;
+            }
+        }
         assert!(clicked.is_null(), "cannot click {css}: {clicked}");
     }
 
@@ -738,7 +747,7 @@ async fn a_person_signs_in_sees_a_streamed_answer_with_its_tool_call_and_finds_i
     browser
         .wait(
             "two chats",
-            "document.querySelectorAll('#sessions li').length === 2",
+            "document.querySelectorAll('#sessions li').length === 2 && !document.body.classList.contains('running')",
         )
         .await;
     browser.click("#sessions li:last-child button").await;
@@ -1065,6 +1074,20 @@ async fn the_page_fits_a_phone_screen() {
         return;
     };
     browser.open(&f.base).await;
+    browser
+        .wait(
+            "the sign-in form",
+            "!document.getElementById('signin').hidden",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .run("return document.documentElement.scrollWidth <= window.innerWidth")
+            .await,
+        json!(true),
+        "the sign-in fits the screen"
+    );
+    browser.screenshot("phone-sign-in.png").await;
     browser.sign_in(&f.key).await;
     let width = browser.run("return window.innerWidth").await;
     assert!(
