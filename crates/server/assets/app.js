@@ -1,263 +1,902 @@
 "use strict";
-let session = null;
-let live = null;
+// The chat page: signs in with an API key, lists the principal's chats,
+// shows one conversation (restored from the server on reload, joining its
+// running turn), streams turns, shows tool calls as cards and calls that
+// wait for approval as forms, and stops a running turn.
+//
+// Nothing the model or a tool writes is ever made markup here: their text
+// is set as text, and an assistant's markdown arrives rendered and
+// sanitized by the server (`html`), which is the one thing inserted as
+// HTML. Characters that would reorder or hide text are shown as marked
+// code points.
 
-function line(cls, text) {
-  const div = document.createElement("div");
-  div.className = cls;
-  div.textContent = text;
-  document.getElementById("log").appendChild(div);
-  return div;
-}
+const $ = (id) => document.getElementById(id);
 
-function status(text) {
-  document.getElementById("status").textContent = text;
-}
+// What the page holds of the open chat.
+const state = {
+  session: null,       // the open chat's id (null: a new chat, created on its first message)
+  running: false,      // a turn streams
+  generation: 0,       // bumped when another chat opens: a stream of the old one stops rendering
+  controller: null,    // aborts the stream being read
+  lastEventId: null,   // of the stream being read, to take it up again
+  echo: null,          // the text just sent, shown at once: its step does not show it again
+  echoNode: null,
+  live: null,          // the assistant's text as it is written
+  pendingDelta: "",
+  unkept: false,       // the last turn was stopped with its answer half written
+  cards: new Map(),    // tool call id -> its card
+  waiting: 0,          // calls waiting for a decision
+  target: null,        // where messages are appended (a fragment while a history renders)
+  agent: null,
+};
+
+// Past this many characters a text is shown cut, with a button for the rest.
+const SHOWN = 4000;
+
+// ---- Text, made visible --------------------------------------------------------
 
 // Characters that change how text around them is shown without being seen
 // themselves: controls (but new lines and tabs), bidirectional overrides
-// and isolates, zero-width and other format characters, line and paragraph
-// separators.
-const HIDDEN = /(?![\n\t])[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
+// and isolates, zero-width and other format characters, line and
+// paragraph separators. STRICT is for what a user approves and a tool's
+// arguments; PROSE leaves the joiners that build emoji and join letters.
+const STRICT = /(?![\n\t])[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
+const PROSE = /(?![\n\t\u200C\u200D])[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/gu;
 
 function codePoint(ch) {
-  return "U+" + ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+  return ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
 }
 
-// `text` with every hidden character written as its code point, as plain
-// text (for lines of the log).
-function visible(text) {
-  return String(text).replace(HIDDEN, (ch) => "\\u{" + codePoint(ch).slice(2) + "}");
-}
-
-// Fills `element` with `text`, every hidden character shown as a marked
-// code point: what the user approves is exactly what is shown, never
-// reordered or hidden by the characters themselves.
-function showVisibly(element, text) {
-  element.replaceChildren();
+// Appends `text` to `element` as text, each hidden character as a marked
+// `\u{…}`: what is shown is exactly what was written, never reordered.
+function appendVisibly(element, text, pattern = STRICT) {
+  text = String(text);
   let at = 0;
-  for (const match of String(text).matchAll(HIDDEN)) {
-    element.append(text.slice(at, match.index));
+  for (const match of text.matchAll(pattern)) {
+    if (match.index > at) element.append(text.slice(at, match.index));
     const mark = document.createElement("span");
     mark.className = "escaped";
-    mark.textContent = "\\u{" + codePoint(match[0]).slice(2) + "}";
-    mark.title = codePoint(match[0]);
+    mark.textContent = "\\u{" + codePoint(match[0]) + "}";
+    mark.title = "U+" + codePoint(match[0]);
     element.append(mark);
     at = match.index + match[0].length;
   }
-  element.append(String(text).slice(at));
+  if (at < text.length) element.append(text.slice(at));
 }
 
-async function ensureSession() {
-  if (session === null) {
-    const response = await fetch("/sessions", { method: "POST" });
-    session = (await response.json()).id;
-    document.body.dataset.session = session;
+function showVisibly(element, text, pattern = STRICT) {
+  element.replaceChildren();
+  appendVisibly(element, text, pattern);
+}
+
+// Shows `text` in `element`, cut at SHOWN characters with a button that
+// shows the rest: a megabyte of output costs nothing until asked for.
+function showLong(element, text, pattern = STRICT) {
+  text = String(text);
+  if (text.length <= SHOWN) {
+    showVisibly(element, text, pattern);
+    return;
   }
-  return session;
-}
-
-function items(message) {
-  if (typeof message.items === "string") return [{ type: "text", text: message.items }];
-  return Array.isArray(message.items) ? message.items : [];
-}
-
-function render(step) {
-  for (const message of step.messages) {
-    for (const item of items(message)) {
-      // The user's own words are shown when sent.
-      if (message.role === "user" && item.type === "text") continue;
-      if (item.type === "text" && item.text) line(message.role, message.role + ": " + visible(item.text));
-      else if (item.type === "tool_use") line("tool", "calls " + item.name + " " + visible(JSON.stringify(item.input)));
-      else if (item.type === "tool_result") line("result", "result: " + visible(item.content));
-    }
-  }
-  if (step.yield_reason === "awaiting_approval") {
-    const n = (step.approvals || []).length;
-    line("waiting", "waiting for your decision on " + n + " tool call" + (n === 1 ? "" : "s"));
-  }
-}
-
-function handle(block) {
-  let event = "message";
-  let data = "";
-  for (const l of block.split("\n")) {
-    if (l.startsWith("event:")) event = l.slice(6).trim();
-    else if (l.startsWith("data:")) data += l.slice(5).trim();
-  }
-  if (event === "delta") {
-    // Text as the model writes it; its step replaces it.
-    if (live === null) live = line("assistant live", "assistant: ");
-    live.textContent += visible(JSON.parse(data).text);
-  } else if (event === "step") {
-    if (live !== null) { live.remove(); live = null; }
-    render(JSON.parse(data));
-  } else if (event === "decided") {
-    const decided = JSON.parse(data);
-    line("decision", decided.decision + ": " + decided.tool + (decided.waiting ? " (" + decided.waiting + " still waiting)" : ""));
-  } else if (event === "error") line("error", "error: " + data);
-}
-
-// Reads a response's server-sent events as they arrive (the body of a POST).
-async function readEvents(response) {
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) break;
-    buffer += decoder.decode(value, { stream: true });
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      handle(buffer.slice(0, end));
-      buffer = buffer.slice(end + 2);
-    }
-  }
-}
-
-async function failed(response) {
-  let text = response.statusText;
-  try { text = (await response.json()).error; } catch (_) { /* not JSON */ }
-  line("error", "error: " + text);
-}
-
-async function send(text) {
-  const id = await ensureSession();
-  status("running");
-  const response = await fetch("/sessions/" + id + "/messages", {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ text }),
+  showVisibly(element, text.slice(0, SHOWN) + "\n…", pattern);
+  const more = button("Show all " + size(text), "more", () => {
+    showVisibly(element, text, pattern);
+    more.remove();
   });
-  if (response.ok) await readEvents(response);
-  else await failed(response);
-  await refreshApprovals();
-  status("idle");
+  element.after(more);
 }
 
-async function decide(request, body) {
-  status("running");
-  const response = await fetch("/sessions/" + session + "/approvals/" + encodeURIComponent(request.request_id), {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(body),
-  });
-  if (response.ok) await readEvents(response);
-  else await failed(response);
-  await refreshApprovals();
-  status("idle");
+function size(text) {
+  const n = text.length;
+  if (n < 10000) return n + " characters";
+  if (n < 1000000) return Math.round(n / 1000) + " thousand characters";
+  return (n / 1000000).toFixed(1) + " million characters";
 }
 
-function button(text, cls, onclick) {
-  const b = document.createElement("button");
+function el(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function button(text, className, onclick) {
+  const b = el("button", className, text);
   b.type = "button";
-  b.textContent = text;
-  b.className = cls;
   b.onclick = onclick;
   return b;
 }
 
+// ---- The conversation ------------------------------------------------------------
+
+const scroller = () => $("conversation");
+
+// Runs `change`, then keeps the conversation scrolled to its end if it was
+// there (a user who scrolled up to read stays where they are).
+function follow(change) {
+  const s = scroller();
+  const atEnd = s.scrollHeight - s.scrollTop - s.clientHeight < 80;
+  const result = change();
+  if (atEnd) s.scrollTop = s.scrollHeight;
+  return result;
+}
+
+function toEnd() {
+  const s = scroller();
+  s.scrollTop = s.scrollHeight;
+}
+
+function append(node) {
+  $("empty").hidden = true;
+  (state.target || $("log")).append(node);
+  return node;
+}
+
+function note(text) {
+  return follow(() => append(el("div", "note", text)));
+}
+
+function showError(title, detail) {
+  return follow(() => {
+    const box = el("div", "error");
+    box.setAttribute("role", "alert");
+    box.append(el("strong", "", title));
+    if (detail) {
+      const d = el("div", "detail");
+      showLong(d, detail, PROSE);
+      box.append(d);
+    }
+    return append(box);
+  });
+}
+
+function userMessage(text) {
+  const node = el("div", "msg user");
+  appendVisibly(node, text, PROSE);
+  return append(node);
+}
+
+// An assistant's text: the server's sanitized rendering of its markdown,
+// or the plain text when there is none (too long to render).
+function assistantMessage(text, html) {
+  const node = el("div", "msg assistant");
+  if (typeof html === "string") {
+    // Rendered and sanitized on the server (pulldown-cmark, ammonia): only
+    // formatting tags, http(s) and mailto links, no attribute of the
+    // model's; the page's policy runs no script but its own.
+    node.innerHTML = html;
+    for (const pre of node.querySelectorAll("pre")) {
+      const frame = el("div", "code");
+      pre.replaceWith(frame);
+      frame.append(pre);
+      if (navigator.clipboard) {
+        const copy = button("Copy", "copy", () => {
+          navigator.clipboard.writeText(pre.innerText).then(() => {
+            copy.textContent = "Copied";
+            setTimeout(() => { copy.textContent = "Copy"; }, 1200);
+          }, () => { copy.textContent = "Cannot copy"; });
+        });
+        frame.append(copy);
+      }
+    }
+  } else {
+    node.classList.add("plain");
+    showLong(node, text, PROSE);
+  }
+  return append(node);
+}
+
+function thinking(text) {
+  const box = el("details", "msg thinking");
+  box.append(el("summary", "", "Thinking"));
+  const body = el("div");
+  showLong(body, text, PROSE);
+  box.append(body);
+  return append(box);
+}
+
+// `key: value, …` of a call's arguments, for a card's one line.
+function brief(input) {
+  if (input === null || typeof input !== "object" || Array.isArray(input)) return JSON.stringify(input);
+  return Object.entries(input)
+    .map(([k, v]) => k + ": " + (typeof v === "string" ? v : JSON.stringify(v)))
+    .join(", ");
+}
+
+function clip(text, n) {
+  text = String(text);
+  return text.length > n ? text.slice(0, n) + "…" : text;
+}
+
+function part(label, text) {
+  const box = el("div", "part");
+  box.append(el("div", "label", label));
+  const pre = el("pre");
+  box.append(pre);
+  showLong(pre, text, STRICT);
+  return box;
+}
+
+// A card for a tool call: its name and arguments on one line, opening to
+// the arguments in full and, once it arrives, the result.
+function toolCard(id, name, input) {
+  const card = el("details", "tool");
+  card.dataset.call = id;
+  const summary = el("summary");
+  const title = el("code", "name");
+  appendVisibly(title, name);
+  const line = el("span", "brief");
+  appendVisibly(line, clip(brief(input), 160));
+  const status = el("span", "state", "running");
+  summary.append(title, line, status);
+  card.append(summary, part("Arguments", JSON.stringify(input, null, 2)));
+  state.cards.set(id, card);
+  return append(card);
+}
+
+// What a tool result says: the registry's envelopes (`{"ok": true,
+// "data": …}`, `{"ok": false, "error": {"type", "message"}}`) read as
+// their data or their error, other JSON pretty, text as it is.
+function readResult(content, isError) {
+  let value;
+  try { value = JSON.parse(content); } catch (_) { value = undefined; }
+  const pretty = (v) => (typeof v === "string" ? v : JSON.stringify(v, null, 2));
+  if (value && typeof value === "object" && !Array.isArray(value) && typeof value.ok === "boolean") {
+    if (value.ok) return { ok: true, text: pretty(value.data) };
+    const error = value.error || {};
+    return { ok: false, kind: error.type, text: error.message ? String(error.message) : pretty(error) };
+  }
+  if (value !== undefined && typeof value === "object" && value !== null) {
+    return { ok: !isError, text: pretty(value) };
+  }
+  return { ok: !isError, text: String(content) };
+}
+
+function toolResult(id, content, isError) {
+  let card = state.cards.get(id);
+  if (!card) card = toolCard(id, "tool", {});
+  const result = readResult(content, isError === true);
+  card.classList.add(result.ok ? "ok" : "failed");
+  const status = card.querySelector(".state");
+  status.textContent = result.ok ? "done" : "error" + (result.kind ? ": " + result.kind.toLowerCase().replaceAll("_", " ") : "");
+  const old = card.querySelector(".part.result");
+  if (old) old.remove();
+  const shown = part(result.ok ? "Result" : "Error", result.text);
+  shown.classList.add("result");
+  card.append(shown);
+  const line = card.querySelector(".brief");
+  line.append(" → ");
+  appendVisibly(line, clip(result.text.split("\n")[0], 80));
+}
+
+function itemsOf(message) {
+  if (typeof message.items === "string") return [{ type: "text", text: message.items, html: message.html }];
+  return Array.isArray(message.items) ? message.items : [];
+}
+
+// Shows one message of the history or of a step.
+function showMessage(message) {
+  for (const item of itemsOf(message)) {
+    if (message.role === "user") {
+      if (item.type === "text" && item.text) {
+        if (state.echo !== null && item.text === state.echo) {
+          // The text the user sent, shown when sent: once is enough.
+          state.echo = null;
+          state.echoNode = null;
+          continue;
+        }
+        userMessage(item.text);
+        remember(state.session, item.text);
+      } else if (item.type === "tool_result") {
+        toolResult(item.tool_use_id, item.content, item.is_error);
+      }
+    } else if (message.role === "assistant") {
+      if (item.type === "text" && item.text) assistantMessage(item.text, item.html);
+      else if (item.type === "tool_use") toolCard(item.id, item.name, item.input);
+      else if (item.type === "thinking" && item.thinking) thinking(item.thinking);
+      else if (item.type === "output") assistantMessage(JSON.stringify(item.data, null, 2));
+    }
+  }
+}
+
+function showStep(step) {
+  follow(() => {
+    let answered = false;
+    for (const message of step.messages || []) {
+      showMessage(message);
+      answered ||= message.role === "assistant" && itemsOf(message).some((i) => i.type === "text" && i.text);
+    }
+    // A terminal tool's output is the answer.
+    if (step.response && !answered) assistantMessage(step.response, step.response_html);
+  });
+  if (step.yield_reason === "awaiting_approval") showApprovals(step.approvals || []);
+}
+
+// ---- Text as it is written ---------------------------------------------------------
+
+function delta(text) {
+  if (state.live === null) {
+    state.live = follow(() => append(el("div", "msg assistant live")));
+  }
+  // Painted once a frame, however many pieces arrive.
+  if (state.pendingDelta === "") requestAnimationFrame(paintDelta);
+  state.pendingDelta += text;
+}
+
+function paintDelta() {
+  if (state.live === null || state.pendingDelta === "") return;
+  const text = state.pendingDelta;
+  state.pendingDelta = "";
+  follow(() => appendVisibly(state.live, text, PROSE));
+}
+
+// The step that follows replaces the text written so far.
+function endLive() {
+  if (state.live !== null) state.live.remove();
+  state.live = null;
+  state.pendingDelta = "";
+}
+
+// ---- Runs ------------------------------------------------------------------------------
+
+function setRunning(running) {
+  state.running = running;
+  const stop = $("stop");
+  stop.hidden = !running;
+  stop.disabled = false;
+  stop.textContent = "Stop";
+  document.body.classList.toggle("running", running);
+  updateComposer();
+}
+
+function updateComposer() {
+  const waiting = state.waiting > 0 && !state.running;
+  $("send").disabled = state.running || waiting;
+  const status = $("status");
+  status.classList.toggle("busy", state.running);
+  status.textContent = state.running
+    ? "The agent is working…"
+    : waiting
+      ? "Waiting for your decision on the call above."
+      : "";
+}
+
+// Handles one server-sent event; `true` when it ends the run's stream.
+function handle(name, data) {
+  let body = {};
+  try { body = JSON.parse(data); } catch (_) { body = { error: data }; }
+  switch (name) {
+    case "delta":
+      delta(body.text || "");
+      return false;
+    case "step":
+      if (body.yield_reason === "cancelled" && state.live !== null) {
+        // What was written before the stop stays in view, marked as not
+        // kept (the conversation goes on without it).
+        state.live.classList.replace("live", "plain");
+        state.live.classList.add("unkept");
+        state.live.title = "stopped before the answer was complete: not kept";
+        paintDelta();
+        state.live = null;
+        state.unkept = true;
+      }
+      endLive();
+      showStep(body);
+      return false;
+    case "decided": {
+      const verbs = { approve: "approved", edit: "approved with edited arguments", deny: "denied", respond: "answered" };
+      const waiting = body.waiting ? " (" + body.waiting + " more waiting)" : "";
+      note("You " + (verbs[body.decision] || body.decision) + " the call of " + visibleName(body.tool) + "." + waiting);
+      const box = document.querySelector('.approval[data-request="' + CSS.escape(body.request_id) + '"]');
+      if (box) box.remove();
+      state.waiting = document.querySelectorAll("#approvals .approval").length;
+      // While other calls wait, no run resumes: the stream ends here.
+      return body.waiting > 0;
+    }
+    case "done":
+      endLive();
+      if (body.stopped === "cancelled") {
+        note(state.unkept ? "Stopped. The unfinished answer above is not kept." : "Stopped.");
+      } else if (body.stopped === "deadline") note("Stopped: the turn took longer than the server allows.");
+      else if (body.yield_reason === "loop_detected") note("Stopped: the model kept making the same call.");
+      else if (body.yield_reason === "max_tokens") note("The answer was cut at the model's token limit.");
+      return true;
+    case "interrupted":
+      endLive();
+      note("The server is restarting; the turn goes on when it is back.");
+      reopenWhenBack();
+      return true;
+    case "error":
+      endLive();
+      showError("The turn failed", body.error || data);
+      return true;
+    default:
+      return false;
+  }
+}
+
+function visibleName(name) {
+  return String(name).replace(STRICT, (ch) => "\\u{" + codePoint(ch) + "}");
+}
+
+// Reads a response's server-sent events as they arrive; `true` when the
+// stream ended the run (`done`, `error`, `interrupted`).
+async function readEvents(response, generation) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  let ended = false;
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    if (generation !== state.generation) { reader.cancel(); return true; }
+    buffer += decoder.decode(value, { stream: true });
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      let name = "message";
+      const data = [];
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event:")) name = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+        else if (line.startsWith("id:")) state.lastEventId = line.slice(3).trim();
+      }
+      if (data.length) ended = handle(name, data.join("\n")) || ended;
+    }
+  }
+  return ended;
+}
+
+async function errorOf(response) {
+  let text = response.status + " " + response.statusText;
+  try { text = (await response.json()).error || text; } catch (_) { /* not JSON */ }
+  return text;
+}
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// One connection to a run's events: what became of it.
+async function connect(start, generation, refused) {
+  const controller = new AbortController();
+  state.controller = controller;
+  try {
+    const response = await start(controller.signal);
+    if (response.status === 401) return { kind: "signed out" };
+    // No turn runs (any more): what it did is in the history.
+    if (response.status === 204) return { kind: "gone" };
+    if (!response.ok) {
+      showError(refused, await errorOf(response));
+      return { kind: "refused" };
+    }
+    return { kind: (await readEvents(response, generation)) ? "ended" : "dropped" };
+  } catch (error) {
+    if (controller.signal.aborted) return { kind: "aborted" };
+    return { kind: "dropped", error };
+  }
+}
+
+// Streams a run: `start` makes the request (a message, a decision, or the
+// events of a running turn); `refused` titles the error of a request the
+// server refuses. Returns what became of it: `ended` (read to the end of
+// the run), `refused`, `dropped`, `gone`, `aborted` or `signed out`.
+async function stream(start, refused) {
+  const generation = state.generation;
+  state.lastEventId = null;
+  state.unkept = false;
+  setRunning(true);
+  let outcome = await connect(start, generation, refused);
+  // The connection dropped mid-turn, but the turn goes on on the server:
+  // take its stream up where it stopped (a few tries).
+  for (let attempt = 1; outcome.kind === "dropped" && state.lastEventId !== null && attempt <= 3; attempt++) {
+    await sleep(400 * attempt);
+    if (generation !== state.generation) return "aborted";
+    const last = state.lastEventId;
+    outcome = await connect((signal) => fetch(eventsUrl(state.session), {
+      headers: { "last-event-id": last }, signal,
+    }), generation, "Cannot follow the turn");
+  }
+  if (generation !== state.generation) return outcome.kind;
+  state.controller = null;
+  setRunning(false);
+  if (outcome.kind === "signed out") signedOut();
+  else if (outcome.kind === "gone") await openSession(state.session, { keepScroll: true });
+  else if (outcome.kind === "ended") afterRun();
+  else if (outcome.kind === "dropped") {
+    showError("Lost the connection to the server.",
+      outcome.error ? String(outcome.error.message || outcome.error) : "Reload the page to see how the turn ended.");
+  }
+  return outcome.kind;
+}
+
+function eventsUrl(id) {
+  return "/sessions/" + encodeURIComponent(id) + "/events";
+}
+
+// After the server went down mid-turn: waits until it is back (for a
+// minute at most), then shows the chat as it stands.
+async function reopenWhenBack() {
+  const generation = state.generation;
+  for (let attempt = 0; attempt < 30; attempt++) {
+    await sleep(2000);
+    if (generation !== state.generation) return;
+    try {
+      if ((await fetch("/healthz")).ok) {
+        await openSession(state.session, { keepScroll: true });
+        return;
+      }
+    } catch (_) { /* not back yet */ }
+  }
+}
+
+function afterRun() {
+  refreshApprovals();
+  loadSessions();
+}
+
+async function ensureSession() {
+  if (state.session !== null) return state.session;
+  const response = await fetch("/sessions", { method: "POST" });
+  if (response.status === 401) { signedOut(); return null; }
+  if (!response.ok) { showError("Cannot start a chat", await errorOf(response)); return null; }
+  state.session = (await response.json()).id;
+  document.body.dataset.session = state.session;
+  history.replaceState(null, "", "#" + state.session);
+  loadSessions();
+  return state.session;
+}
+
+async function send(text) {
+  if (state.running) return;
+  const generation = state.generation;
+  setRunning(true);
+  const id = await ensureSession();
+  if (id === null || generation !== state.generation) { setRunning(false); return; }
+  remember(id, text);
+  state.echo = text;
+  state.echoNode = userMessage(text);
+  toEnd();
+  const sent = state.echoNode;
+  const outcome = await stream((signal) => fetch("/sessions/" + encodeURIComponent(id) + "/messages", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ text }),
+    signal,
+  }), "Not sent");
+  if (outcome === "refused" && state.echoNode === sent) {
+    sent.classList.add("failed");
+    sent.title = "not sent";
+  }
+  state.echo = null;
+  state.echoNode = null;
+}
+
+async function cancel() {
+  if (!state.running || state.session === null) return;
+  const stop = $("stop");
+  stop.disabled = true;
+  stop.textContent = "Stopping…";
+  const response = await fetch("/sessions/" + encodeURIComponent(state.session) + "/cancel", { method: "POST" });
+  if (!response.ok && response.status !== 409) showError("Cannot stop the turn", await errorOf(response));
+}
+
+// ---- Approvals ------------------------------------------------------------------------
+
+async function decide(request, body, box) {
+  if (state.running) return;
+  box.classList.add("deciding");
+  for (const control of box.querySelectorAll("button, input, textarea")) control.disabled = true;
+  const outcome = await stream((signal) => fetch(
+    "/sessions/" + encodeURIComponent(state.session) + "/approvals/" + encodeURIComponent(request.request_id), {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+      signal,
+    }), "Not decided");
+  if (outcome !== "ended") refreshApprovals();
+}
+
 function approvalBox(request) {
-  const box = document.createElement("div");
-  box.className = "approval";
+  const box = el("div", "approval");
   box.dataset.request = request.request_id;
-  const title = document.createElement("h2");
+  const title = el("h2");
   title.append("Approve ");
-  const tool = document.createElement("code");
+  const tool = el("code");
   showVisibly(tool, request.tool);
   title.append(tool, "?");
-  const args = document.createElement("pre");
-  args.className = "args";
+  const args = el("pre", "args");
   showVisibly(args, JSON.stringify(request.args, null, 2));
-  const preview = document.createElement("div");
-  preview.className = "preview";
+  const preview = el("div", "preview");
   showVisibly(preview, request.preview);
-  const meta = document.createElement("div");
-  meta.className = "meta";
-  meta.textContent = "expires " + new Date(request.expires).toLocaleTimeString();
-  const actions = document.createElement("div");
-  actions.className = "actions";
-  actions.append(button("approve", "approve", () => decide(request, { decision: "approve" })));
+  const meta = el("div", "meta", "Expires at " + new Date(request.expires).toLocaleTimeString());
+  const actions = el("div", "actions");
+  actions.append(button("Approve", "approve", () => decide(request, { decision: "approve" }, box)));
+  // Arguments can be edited when the run paused for the call.
   const paused = Boolean(request.call_id);
-  if (paused) actions.append(button("edit", "edit", () => box.classList.toggle("editing")));
-  const reason = document.createElement("input");
-  reason.className = "deny-message";
-  reason.placeholder = "reason for the model (optional)";
+  if (paused) actions.append(button("Edit", "edit", () => box.classList.toggle("editing")));
+  const reason = el("input", "deny-message");
+  reason.placeholder = "Why not (the model reads it)";
   reason.setAttribute("aria-label", "reason for denying");
   actions.append(reason);
-  actions.append(button("deny", "deny", () => {
+  actions.append(button("Deny", "deny", () => {
     const message = reason.value.trim();
-    decide(request, message ? { decision: "deny", message } : { decision: "deny" });
+    decide(request, message ? { decision: "deny", message } : { decision: "deny" }, box);
   }));
-  box.append(title, args, preview, meta, actions);
+  box.append(title, el("div", "label", "Arguments"), args, el("div", "label", "What it does"), preview, meta, actions);
   if (paused) {
-    const editor = document.createElement("div");
-    editor.className = "editor";
-    const area = document.createElement("textarea");
-    area.className = "edit-args";
+    const editor = el("div", "editor");
+    const area = el("textarea", "edit-args");
     area.setAttribute("aria-label", "edited arguments (JSON)");
     area.value = JSON.stringify(request.args, null, 2);
-    editor.append(area, button("approve edited", "approve-edited", () => {
+    const problem = el("div", "meta");
+    editor.append(area, button("Approve edited", "approve-edited", () => {
       let edited;
-      try { edited = JSON.parse(area.value); } catch (e) { line("error", "error: the arguments are not JSON: " + e.message); return; }
-      decide(request, { decision: "edit", args: edited });
-    }));
+      try { edited = JSON.parse(area.value); } catch (e) { problem.textContent = "Not JSON: " + e.message; return; }
+      decide(request, { decision: "edit", args: edited }, box);
+    }), problem);
     box.append(editor);
   }
   return box;
 }
 
-async function refreshApprovals() {
-  const box = document.getElementById("approvals");
-  if (session === null) { box.replaceChildren(); return; }
-  const response = await fetch("/sessions/" + session + "/approvals");
-  const pending = response.ok ? await response.json() : [];
-  box.replaceChildren(...pending.map(approvalBox));
+function showApprovals(pending) {
+  follow(() => $("approvals").replaceChildren(...pending.map(approvalBox)));
+  state.waiting = pending.length;
+  if (pending.length) $("empty").hidden = true;
+  updateComposer();
 }
 
-document.getElementById("form").onsubmit = (event) => {
-  event.preventDefault();
-  const input = document.getElementById("text");
-  const text = input.value.trim();
-  if (!text) return;
-  input.value = "";
-  line("user", "you: " + visible(text));
-  send(text);
-};
+async function refreshApprovals() {
+  if (state.session === null) { showApprovals([]); return; }
+  const generation = state.generation;
+  const response = await fetch("/sessions/" + encodeURIComponent(state.session) + "/approvals");
+  if (generation !== state.generation || state.running) return;
+  showApprovals(response.ok ? await response.json() : []);
+}
 
-// Signing in: the page asks who it is; without a sign-in it shows the key
-// form, and a key exchanged for the service's cookie shows the chat.
-async function whoAmI() {
-  const response = await fetch("/me");
-  const signedIn = response.ok;
-  document.getElementById("signin").hidden = signedIn;
-  document.getElementById("form").hidden = !signedIn;
-  if (signedIn) {
-    const me = await response.json();
-    document.body.dataset.principal = me.principal;
-    status("idle");
-  } else {
-    status("sign in with an API key");
+// ---- Chats ------------------------------------------------------------------------------
+
+function titles() {
+  try { return JSON.parse(localStorage.getItem("markov.titles") || "{}"); } catch (_) { return {}; }
+}
+
+// A chat is called by its first message (kept in this browser).
+function remember(id, text) {
+  if (!id) return;
+  const all = titles();
+  if (all[id]) return;
+  all[id] = clip(text.replace(/\s+/g, " ").trim(), 80);
+  try { localStorage.setItem("markov.titles", JSON.stringify(all)); } catch (_) { /* full or off */ }
+}
+
+function when(ms) {
+  const d = new Date(ms);
+  const today = new Date().toDateString() === d.toDateString();
+  return today ? d.toLocaleTimeString([], { hour: "2-digit", minute: "2-digit" })
+    : d.toLocaleDateString([], { day: "numeric", month: "short" });
+}
+
+async function loadSessions() {
+  const response = await fetch("/sessions");
+  if (response.status === 401) { signedOut(); return; }
+  if (!response.ok) return;
+  const sessions = await response.json();
+  const named = titles();
+  const list = $("sessions");
+  list.replaceChildren(...sessions.map((s) => {
+    const item = el("li");
+    const b = button("", "session" + (s.id === state.session ? " current" : ""), () => {
+      document.body.classList.remove("menu-open");
+      if (s.id !== state.session) openSession(s.id);
+    });
+    b.dataset.id = s.id;
+    const title = el("span", "title" + (s.running ? " running" : ""));
+    appendVisibly(title, named[s.id] || "Chat of " + new Date(s.created_at).toLocaleString([], { dateStyle: "medium", timeStyle: "short" }), PROSE);
+    b.append(title, el("span", "meta", when(s.updated_at) + " · " + s.messages + " message" + (s.messages === 1 ? "" : "s")));
+    item.append(b);
+    return item;
+  }));
+}
+
+function markCurrent() {
+  for (const b of document.querySelectorAll("#sessions button")) {
+    b.classList.toggle("current", b.dataset.id === state.session);
   }
 }
 
-document.getElementById("signin").onsubmit = async (event) => {
+// Leaves whatever chat was open: its stream stops rendering.
+function reset(id) {
+  state.generation++;
+  if (state.controller) state.controller.abort();
+  state.controller = null;
+  state.session = id;
+  state.echo = null;
+  state.echoNode = null;
+  state.cards = new Map();
+  state.waiting = 0;
+  endLive();
+  setRunning(false);
+  $("log").replaceChildren();
+  $("approvals").replaceChildren();
+  $("empty").hidden = false;
+  if (id) document.body.dataset.session = id; else delete document.body.dataset.session;
+  markCurrent();
+}
+
+function newChat() {
+  reset(null);
+  history.replaceState(null, "", location.pathname);
+  document.body.classList.remove("menu-open");
+  $("text").focus();
+}
+
+// Opens chat `id`: its history from the server, its waiting calls, and,
+// when a turn runs, the turn's events from its start (the history the
+// server sends then ends where the turn began, so nothing shows twice).
+async function openSession(id, options = {}) {
+  const scrolled = scroller().scrollTop;
+  reset(id);
+  history.replaceState(null, "", "#" + id);
+  const generation = state.generation;
+  const response = await fetch("/sessions/" + encodeURIComponent(id));
+  if (generation !== state.generation) return;
+  if (response.status === 401) { signedOut(); return; }
+  if (!response.ok) {
+    showError("Cannot open this chat", await errorOf(response));
+    state.session = null;
+    history.replaceState(null, "", location.pathname);
+    return;
+  }
+  const view = await response.json();
+  if (generation !== state.generation) return;
+  const live = view.live_run || null;
+  const messages = live ? view.history.slice(0, live.history_len) : view.history;
+  // Built apart and added at once: one layout for the whole history.
+  const fragment = document.createDocumentFragment();
+  state.target = fragment;
+  try {
+    for (const message of messages) showMessage(message);
+  } finally {
+    state.target = null;
+  }
+  if (fragment.childNodes.length) append(fragment);
+  if (live && live.message) {
+    // The message that started the turn, which its first step records:
+    // shown now, and not again then.
+    state.echo = live.message;
+    state.echoNode = userMessage(live.message);
+  }
+  if (!live) showApprovals(view.pending_approvals || []);
+  if (options.keepScroll) scroller().scrollTop = scrolled; else toEnd();
+  markCurrent();
+  if (live) {
+    await stream((signal) => fetch(eventsUrl(id), { headers: { "last-event-id": live.last_event_id }, signal }),
+      "Cannot follow the turn");
+  }
+}
+
+// ---- Signing in -------------------------------------------------------------------------
+
+function signedOut() {
+  reset(null);
+  $("signin").hidden = false;
+  $("app").hidden = true;
+  $("who").hidden = true;
+  $("model").hidden = true;
+  $("menu").hidden = true;
+  delete document.body.dataset.principal;
+  $("key").focus();
+}
+
+async function showModel() {
+  const response = await fetch("/agents");
+  if (!response.ok) return;
+  const agents = await response.json();
+  const agent = agents.find((a) => a.default) || agents[0];
+  if (!agent) return;
+  state.agent = agent.name;
+  const line = $("model");
+  line.replaceChildren();
+  const name = el("span", "agent");
+  appendVisibly(name, agent.name);
+  line.append(name);
+  if (agent.model) {
+    line.append(" · ");
+    appendVisibly(line, agent.model);
+  }
+  line.title = agent.model ? agent.name + " · " + agent.model : agent.name;
+  line.hidden = false;
+  // In full where there is room for it (the header cuts it on a phone).
+  const about = $("about");
+  about.replaceChildren("Agent ");
+  const named = el("span", "agent");
+  appendVisibly(named, agent.name);
+  about.append(named);
+  if (agent.model) {
+    about.append(" on ");
+    appendVisibly(about, agent.model);
+  }
+  about.hidden = false;
+}
+
+// The page asks who it is; without a sign-in it shows the key form, and a
+// key exchanged for the service's cookie shows the chats.
+async function whoAmI() {
+  const response = await fetch("/me");
+  if (!response.ok) { signedOut(); return; }
+  const me = await response.json();
+  document.body.dataset.principal = me.principal;
+  $("principal").textContent = me.principal;
+  $("signin").hidden = true;
+  $("app").hidden = false;
+  $("who").hidden = false;
+  $("menu").hidden = false;
+  updateComposer();
+  await Promise.all([showModel(), loadSessions()]);
+  const id = decodeURIComponent(location.hash.slice(1));
+  if (id) await openSession(id);
+  else $("text").focus();
+}
+
+$("signin").onsubmit = async (event) => {
   event.preventDefault();
-  const input = document.getElementById("key");
+  const input = $("key");
   const response = await fetch("/auth/session", {
     method: "POST",
     headers: { "content-type": "application/json" },
     body: JSON.stringify({ key: input.value.trim() }),
   });
   input.value = "";
-  const error = document.getElementById("signin-error");
+  const error = $("signin-error");
   if (response.ok) {
     error.textContent = "";
     await whoAmI();
   } else {
-    const body = await response.json().catch(() => ({}));
-    error.textContent = body.error || ("sign-in failed: " + response.status);
+    error.textContent = response.status === 401 ? "That key is not valid." : await errorOf(response);
   }
 };
+
+$("signout").onclick = async () => {
+  await fetch("/auth/session", { method: "DELETE" });
+  history.replaceState(null, "", location.pathname);
+  signedOut();
+};
+
+// ---- The composer -----------------------------------------------------------------------
+
+function grow() {
+  const text = $("text");
+  text.style.height = "";
+  if (text.value) text.style.height = Math.min(text.scrollHeight + 2, 192) + "px";
+}
+
+$("form").onsubmit = (event) => {
+  event.preventDefault();
+  if ($("send").disabled) return;
+  const input = $("text");
+  const text = input.value.trim();
+  if (!text) return;
+  input.value = "";
+  grow();
+  send(text);
+};
+
+$("text").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    $("form").requestSubmit();
+  }
+});
+$("text").addEventListener("input", grow);
+$("stop").onclick = cancel;
+$("new").onclick = newChat;
+$("menu").onclick = () => {
+  const open = document.body.classList.toggle("menu-open");
+  $("menu").setAttribute("aria-expanded", String(open));
+};
+$("conversation").addEventListener("click", () => document.body.classList.remove("menu-open"));
+window.addEventListener("hashchange", () => {
+  const id = decodeURIComponent(location.hash.slice(1));
+  if (id && id !== state.session && !$("app").hidden) openSession(id);
+});
 
 whoAmI();

@@ -27,7 +27,7 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 use crate::auth::{Principal, verify_api_key};
 use crate::guard::{self, COOKIE};
 use crate::runs::{RunGuard, RunLog, StopCause};
-use crate::{ApiError, Service};
+use crate::{ApiError, Service, markdown};
 
 type Shared = State<Arc<Service>>;
 
@@ -205,13 +205,20 @@ pub(crate) async fn me(Extension(principal): Extension<Principal>) -> Json<Value
 // --- agents and sessions ------------------------------------------------------
 
 #[utoipa::path(get, path = "/agents", tag = "sessions",
-    responses((status = 200, description = "The agents served; the first is the default")))]
+    responses((status = 200, description = "The agents served (name, whether it is the default, \
+        the model it answers with if the server names it); the first is the default")))]
 pub(crate) async fn agents(State(service): Shared) -> Json<Value> {
     Json(Value::Array(
         service
             .agents
             .keys()
-            .map(|name| json!({"name": name, "default": *name == service.default_agent}))
+            .map(|name| {
+                json!({
+                    "name": name,
+                    "default": *name == service.default_agent,
+                    "model": service.models.get(name),
+                })
+            })
             .collect(),
     ))
 }
@@ -346,7 +353,10 @@ fn pending(
 
 #[utoipa::path(get, path = "/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "The session")),
-    responses((status = 200, description = "History, state, pending approvals, whether it runs"),
+    responses((status = 200, description = "History (assistant text also as sanitized `html`), state, \
+        pending approvals, whether it runs and, if it does, where its events take up from the history \
+        (`live_run`: the first `history_len` messages, then the events after `last_event_id`; \
+        `message` is the user's text that started the turn, which its first step records)"),
               (status = 404, description = "No such session of the caller's")))]
 pub(crate) async fn show(
     State(service): Shared,
@@ -356,15 +366,23 @@ pub(crate) async fn show(
     let (id, agent) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
     let pending = pending(&stored.snapshot.policy.approvals);
-    let running = service.runs.get(&id).is_some_and(|log| !log.is_finished());
+    // The run is looked up after the history is loaded: whatever it has
+    // stored by now, the page shows the history it started from and then
+    // every event of the run, so it shows each message once.
+    let live = service.runs.get(&id).filter(|log| !log.is_finished());
+    let live_run = live.as_ref().map(|log| {
+        let (last_event_id, history_len, message) = log.join();
+        json!({"last_event_id": last_event_id, "history_len": history_len, "message": message})
+    });
     Ok(Json(json!({
         "id": stored.info.id,
         "agent": agent.name(),
-        "history": stored.snapshot.history,
+        "history": markdown::with_html(&stored.snapshot.history),
         "state": stored.snapshot.instance.state,
         "pending_approvals": pending,
         "awaiting_approval": stored.snapshot.policy.answers.iter().any(|a| a.paused),
-        "running": running,
+        "running": live.is_some(),
+        "live_run": live_run,
     })))
 }
 
@@ -450,13 +468,17 @@ enum Work {
     Continue,
 }
 
-/// One step as a client sees it.
+/// One step as a client sees it: its messages (assistant text also as
+/// sanitized HTML, see `markdown::with_html`), why it ended, the response
+/// (and its HTML), the calls waiting for approval.
 #[derive(Debug, Serialize)]
 struct StepEvent<'a> {
     yield_reason: &'static str,
     done: bool,
-    messages: &'a [markov_core::Message],
+    messages: Value,
     response: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_html: Option<String>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     approvals: &'a [markov_policy::ConfirmationRequest],
 }
@@ -465,8 +487,9 @@ fn step_json(step: &MachineStep) -> String {
     let body = StepEvent {
         yield_reason: step.yield_reason.as_str(),
         done: step.done,
-        messages: &step.history,
+        messages: markdown::with_html(&step.history),
         response: step.response.as_deref(),
+        response_html: step.response.as_deref().and_then(markdown::to_html),
         approvals: &step.approvals,
     };
     serde_json::to_string(&body).unwrap_or_else(|_| "{}".into())
@@ -486,20 +509,29 @@ fn spawn_run(
     if let Some((name, data)) = first {
         log.push(name, data);
     }
-    log.set_cancel(session.cancel_token());
+    let message = match &work {
+        Work::Message(text) => Some(text.clone()),
+        _ => None,
+    };
+    log.start(
+        session.cancel_token(),
+        session.machine().history().len(),
+        message,
+    );
     session.interrupt_when(service.shutdown.child_token());
     let service = Arc::clone(service);
     let task_log = Arc::clone(&log);
+    let id = session.id().clone();
     tokio::spawn(RUN_LOG.scope(Arc::clone(&log), async move {
         let log = task_log;
         let started = Instant::now();
         service.metrics.running.inc();
         let deadline = {
-            let (log, limit) = (Arc::clone(&log), service.limits.run_deadline);
+            let (log, limit, id) = (Arc::clone(&log), service.limits.run_deadline, id.clone());
             tokio::spawn(async move {
                 tokio::time::sleep(limit).await;
                 if log.stop(StopCause::Deadline) {
-                    tracing::warn!(?limit, "a run passed its deadline: it is cancelled");
+                    tracing::warn!(session = %id, ?limit, "a run passed its deadline: it is cancelled");
                 }
             })
         };
@@ -569,7 +601,9 @@ fn spawn_run(
             }
             Ok(None) => "nothing",
             Err(error) => {
-                tracing::warn!(%error, "a run failed");
+                // On the console of whoever runs the server: the page shows
+                // the user the same message.
+                tracing::warn!(session = %id, %error, "a run failed");
                 log.push("error", json!({"error": error.to_string()}).to_string());
                 "error"
             }

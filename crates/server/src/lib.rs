@@ -26,10 +26,10 @@
 //! | `POST /auth/session` `{"key": ...}` | a browser signs in with an API key: a session cookie |
 //! | `DELETE /auth/session` | signs out |
 //! | `GET /me` | the caller: principal and roles |
-//! | `GET /agents` | the agents served |
+//! | `GET /agents` | the agents served, with the model each answers with if named ([`ServerBuilder::model_description`]) |
 //! | `POST /sessions`, `POST /agents/{agent}/sessions` | creates a session (of the first agent, or of `agent`): `201 {"id": ...}` |
 //! | `GET /sessions`, `GET /agents/{agent}/sessions` | the caller's sessions |
-//! | `GET /sessions/{id}` | a session's history, pending approvals, whether it waits for them or runs |
+//! | `GET /sessions/{id}` | a session's history, pending approvals, whether it waits for them or runs, and where a running turn's events take up from the history |
 //! | `POST /sessions/{id}/messages` `{"text": ...}` | runs a turn, streamed as server-sent events |
 //! | `GET /sessions/{id}/events` | the running turn's events again (after `Last-Event-ID`), then live |
 //! | `POST /sessions/{id}/cancel` | stops the running turn |
@@ -76,6 +76,14 @@
 //! missed, then the rest live. Every step is in the store before it is
 //! sent, and a client that leaves does not stop the run.
 //!
+//! **Assistant text as HTML.** Wherever messages are sent (`step`
+//! events, `GET /sessions/{id}`), an assistant's text item also carries
+//! `html`: its markdown rendered (pulldown-cmark) and sanitized (ammonia)
+//! for a page to insert as it is — formatting tags only, links only to
+//! `http`, `https` and `mailto` targets, any HTML the model wrote shown as
+//! text, characters that reorder or hide text written as marked code
+//! points. A text over 256 KiB has none.
+//!
 //! A turn whose calls need approval ends waiting for them; deciding the
 //! last one resumes the run and streams it. A message to a session that
 //! waits for decisions is a `409`.
@@ -95,6 +103,7 @@
 mod api;
 mod auth;
 mod guard;
+mod markdown;
 mod metrics;
 mod openapi;
 mod runs;
@@ -185,6 +194,9 @@ pub enum BuildError {
     /// The cookie key is too short.
     #[error("the cookie key has at least 32 bytes")]
     CookieKey,
+    /// A model is named for an agent the server does not serve.
+    #[error("a model is named for agent {0:?}, which is not served (ServerBuilder::agent)")]
+    UnknownAgent(String),
 }
 
 /// Builds a [`Server`]: the agents, the store, who may call, the limits.
@@ -201,6 +213,7 @@ pub struct ServerBuilder {
     approval_roles: HashMap<String, String>,
     cookie_key: Option<Vec<u8>>,
     limits: Limits,
+    models: HashMap<String, String>,
 }
 
 impl ServerBuilder {
@@ -208,6 +221,20 @@ impl ServerBuilder {
     /// also the one `POST /sessions` creates sessions of.
     pub fn agent(mut self, agent: Agent) -> Self {
         self.agents.push(agent);
+        self
+    }
+
+    /// Names the model `agent` answers with — its API, endpoint and model,
+    /// as `markov_providers::EnvModel::description` writes them — for the
+    /// people who talk to it: `GET /agents` gives it as the agent's
+    /// `model`, and the page shows it. An agent without one is shown
+    /// without a model (the server cannot ask a model what it is).
+    pub fn model_description(
+        mut self,
+        agent: impl Into<String>,
+        description: impl Into<String>,
+    ) -> Self {
+        self.models.insert(agent.into(), description.into());
         self
     }
 
@@ -287,6 +314,9 @@ impl ServerBuilder {
                 return Err(BuildError::DuplicateAgent(name));
             }
         }
+        if let Some(unknown) = self.models.keys().find(|name| !agents.contains_key(*name)) {
+            return Err(BuildError::UnknownAgent(unknown.clone()));
+        }
         let mut hosts: Vec<String> = ["localhost", "127.0.0.1", "[::1]"]
             .into_iter()
             .map(str::to_owned)
@@ -338,6 +368,7 @@ impl ServerBuilder {
                 },
                 approval_roles: self.approval_roles,
                 sessions: NonZeroUsize::new(limits.open_sessions).map(SessionCache::new),
+                models: self.models,
                 hosts,
                 cors: self.cors,
                 secure_cookies,
@@ -362,6 +393,8 @@ struct Service {
     approval_roles: HashMap<String, String>,
     /// The machines of idle sessions, kept between messages.
     sessions: Option<SessionCache>,
+    /// The models the agents answer with, as the application named them.
+    models: HashMap<String, String>,
     /// Allowed host names, lowercase, without port.
     hosts: Vec<String>,
     /// Allowed CORS origins.

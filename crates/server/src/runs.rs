@@ -56,6 +56,10 @@ struct LogState {
     finished: bool,
     cancel: Option<CancellationToken>,
     cause: Option<StopCause>,
+    /// How many messages the session's history held when the run started.
+    history_len: usize,
+    /// The user's text that started the run, if a message did.
+    message: Option<String>,
 }
 
 /// The events of one run, in order, and how to stop it.
@@ -92,13 +96,36 @@ impl RunLog {
         self.changed.notify_waiters();
     }
 
-    /// Lets [`RunLog::stop`] reach the run.
-    pub(crate) fn set_cancel(&self, token: CancellationToken) {
+    /// Lets [`RunLog::stop`] reach the run, and records how many messages
+    /// the history held before it (what the run adds arrives as its
+    /// events) and the message that started it.
+    pub(crate) fn start(
+        &self,
+        token: CancellationToken,
+        history_len: usize,
+        message: Option<String>,
+    ) {
         let mut state = self.state();
         if state.cause.is_some() {
             token.cancel();
         }
         state.cancel = Some(token);
+        state.history_len = history_len;
+        state.message = message;
+    }
+
+    /// Where a client that shows a session's history joins the run: the
+    /// first `history_len` messages were stored before the run started,
+    /// and the rest arrive as the events after the returned event id (the
+    /// run's first event on); and the user's text that started the run,
+    /// which its first step records (a page shows it until then).
+    pub(crate) fn join(&self) -> (String, usize, Option<String>) {
+        let state = self.state();
+        (
+            format!("{}-0", self.run),
+            state.history_len,
+            state.message.clone(),
+        )
     }
 
     /// Stops the run (the first cause is the one reported); `false` when

@@ -350,8 +350,12 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
         .worker
         .clone()
         .unwrap_or_else(|| format!("markov-serve@{}", host_name()));
+    // The page names the model for the people who talk to it, as the first
+    // line names it here.
+    let description = label.strip_prefix("model: ").unwrap_or(&label).to_owned();
     let mut builder = Server::builder()
         .agent(agent)
+        .model_description("cities", description)
         .worker(WorkerId::new(worker))
         .limits(limits);
     builder = match &backend {
@@ -402,9 +406,12 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The console log: each request, each failed turn, start and stop.
+    // Colours only on a terminal: a log file or a journal gets plain text.
     tracing_subscriber::fmt()
         .with_max_level(tracing::Level::INFO)
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .init();
     let result = async {

@@ -220,3 +220,173 @@ fn help_documents_every_flag() {
         assert!(keys.contains(command), "{keys}");
     }
 }
+
+/// A port nothing listens on (bound, then let go).
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_logs_requests_and_failed_turns_and_the_database_is_in_the_data_directory() {
+    let port = closed_port();
+    let model_port = closed_port();
+    let root = std::env::temp_dir().join(format!("markov-serve-{}-{port}", std::process::id()));
+    let cwd = root.join("checkout");
+    let data = root.join("data");
+    std::fs::create_dir_all(&cwd).expect("a directory");
+    struct Cleanup(std::path::PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _cleanup = Cleanup(root.clone());
+    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
+    for var in crate::demo::PROVIDER_VARS {
+        command.env_remove(var);
+    }
+    // A model server that is not there: every turn fails.
+    let mut child = command
+        .current_dir(&cwd)
+        .env("XDG_DATA_HOME", &data)
+        .env(
+            "OPENAI_BASE_URL",
+            format!("http://127.0.0.1:{model_port}/v1"),
+        )
+        .env("MARKOV_MODEL", "absent-model")
+        .args(["--port", &port.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the server starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut printed = String::new();
+    let key = loop {
+        let mut line = String::new();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("reads");
+        assert!(
+            read > 0,
+            "the server stopped before printing a key:\n{printed}"
+        );
+        printed.push_str(&line);
+        if let Some(key) = line.trim().strip_prefix("mk_") {
+            break format!("mk_{key}");
+        }
+    };
+    let label = printed.lines().next().unwrap_or_default().to_owned();
+    assert!(
+        label.starts_with("model: ") && label.contains("absent-model"),
+        "{printed}"
+    );
+    let server = Server(child, root.join("unused"));
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut waited = Duration::ZERO;
+    let agents = loop {
+        match client
+            .get(format!("{base}/agents"))
+            .bearer_auth(&key)
+            .send()
+            .await
+        {
+            Ok(response) => break response.json::<serde_json::Value>().await.expect("json"),
+            Err(_) => {
+                assert!(
+                    waited < Duration::from_secs(30),
+                    "the server never answered"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                waited += Duration::from_millis(100);
+            }
+        }
+    };
+    assert_eq!(
+        agents[0]["model"],
+        label.trim_start_matches("model: "),
+        "the page names the model as the console does"
+    );
+    let id = client
+        .post(format!("{base}/sessions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json")["id"]
+        .as_str()
+        .expect("an id")
+        .to_owned();
+    let stream = client
+        .post(format!("{base}/sessions/{id}/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"text": "hello"}))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the stream");
+    assert!(stream.contains("event: error"), "{stream}");
+
+    let mut server = server;
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &server.0.id().to_string()])
+            .status()
+            .expect("kill runs")
+            .success()
+    );
+    let mut waited = Duration::ZERO;
+    while server.0.try_wait().expect("waits").is_none() {
+        assert!(
+            waited < Duration::from_secs(30),
+            "still running after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+    let mut log = String::new();
+    std::io::Read::read_to_string(&mut server.0.stderr.take().expect("stderr"), &mut log)
+        .expect("reads");
+    assert!(
+        !log.contains('\u{1b}'),
+        "no colour codes off a terminal:\n{log}"
+    );
+    let line = |needle: &str| {
+        log.lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} on the console:\n{log}"))
+            .to_owned()
+    };
+    let request = line("route=/sessions/{id}/messages");
+    assert!(
+        request.contains("status=200") && request.contains("admin"),
+        "{request}"
+    );
+    line("route=/agents");
+    let failed = line("a run failed");
+    assert!(
+        failed.contains(&id),
+        "the failed turn names its session: {failed}"
+    );
+    assert!(failed.contains("connection"), "and why: {failed}");
+    assert!(!log.contains(&key), "no secret on the console");
+
+    // The database is where a user's data goes, nothing in the directory
+    // the server was started from.
+    assert!(data.join("markov").join("sessions.db").exists());
+    let left: Vec<_> = std::fs::read_dir(&cwd)
+        .expect("lists")
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .expect("names");
+    assert!(
+        left.is_empty(),
+        "files left in the working directory: {left:?}"
+    );
+}

@@ -1,22 +1,36 @@
 //! The web page in a real headless browser (Debian's chromium, driven by
-//! chromedriver over WebDriver): send a message, see the call that waits for
-//! approval — hostile text in its arguments shown as visible code points,
-//! never reordered — approve, edit or deny it, and see the run continue,
-//! the tool run once with the arguments approved, and no extra model call.
-//! Screenshots of the page go to the test's target directory. In CI a
-//! missing browser is a failure, never a skip.
+//! chromedriver over WebDriver), used as a person would: sign in, send a
+//! message, watch the answer stream with its tool call as a card, reload
+//! and find the conversation again, decide on a call that waits for
+//! approval and watch the run go on, stop a running turn, read an error,
+//! see hostile text stay text, and do it on a phone-width screen. Every
+//! flow saves a screenshot in the test's target directory
+//! (`CARGO_TARGET_TMPDIR`). In CI a missing browser is a failure, never a
+//! skip. Every wait is on a condition, with a bound.
 
+use std::convert::Infallible;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use markov_core::Item;
-use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason, Usage};
+use markov_core::model::{
+    Model, ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage,
+};
+use markov_core::tool::{Tool, ToolContext};
+use markov_executor::Agent;
+use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
+use markov_server::Server;
+use markov_store::SqliteStore;
+use schemars::JsonSchema;
+use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::http::serve;
+use crate::http::{Fixture, Pay, start};
 
 /// The WebDriver key of an element reference.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -24,15 +38,23 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 /// A right-to-left override: shown raw, `fdp.exe` would read `exe.pdf`.
 const RLO: char = '\u{202E}';
 
-/// A model that asks to pay the amount the user names, with a memo that
-/// hides its real file name behind a right-to-left override, and once it
-/// has read the call's result says what happened. It counts its calls and
-/// keeps the results it read.
-#[derive(Debug, Default)]
-struct Cashier {
-    calls: AtomicUsize,
-    read: Mutex<Vec<String>>,
-}
+/// How long any one condition may take to show on the page.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// The model's name as the page shows it.
+const MODEL: &str = "scripted test model (loopback, no network)";
+
+/// What the hostile answer says: markup, a script, a `javascript:` link,
+/// an override. None of it may run or hide anything.
+const HOSTILE: &str = "Here is <b>bold</b> and <script>document.body.dataset.pwned = 'script'</script>\n\n\
+<img src=x onerror=\"document.body.dataset.pwned = 'img'\">\n\n\
+[click me](javascript:document.body.dataset.pwned='link') and [a real link](https://example.com/docs)\n\n\
+The attachment is invoice \u{202E}fdp.exe";
+
+/// The weather answer: markdown with a table and code.
+const WEATHER: &str = "**Lisbon** is *sunny* today, 21 °C.\n\n\
+| city | sky | °C |\n|---|---|---|\n| Lisbon | sunny | 21 |\n\n\
+To check it yourself:\n\n```sh\ncurl 'https://wttr.in/Lisbon?format=3'\n```\n";
 
 fn answer(content: Vec<Item>, stop: StopReason) -> ModelResponse {
     ModelResponse {
@@ -42,55 +64,245 @@ fn answer(content: Vec<Item>, stop: StopReason) -> ModelResponse {
     }
 }
 
-/// The shared [`Cashier`] as the server's model.
-#[derive(Debug)]
-struct Till(Arc<Cashier>);
+/// A scripted model that does what the user's message asks: `weather`
+/// (a lookup, then a markdown answer), `pay N` (a payment that needs
+/// approval, with a memo that hides its real file name behind a
+/// right-to-left override), `slow` (words for a minute), `fail` (a
+/// provider error), `hostile` (a megabyte of tool output, then markup and
+/// a `javascript:` link). It streams its text in pieces, counts its calls
+/// and keeps the tool results it read.
+#[derive(Debug, Default)]
+struct Director {
+    calls: AtomicUsize,
+    read: Mutex<Vec<String>>,
+}
 
-#[async_trait]
-impl Model for Till {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let this = &self.0;
-        this.calls.fetch_add(1, Ordering::SeqCst);
-        let last = request.messages().last();
-        let results: Vec<&str> = last
+impl Director {
+    /// The answer to `request`, and how long to wait between its pieces.
+    fn plan(&self, request: &ModelRequest<'_>) -> Result<(ModelResponse, Duration), ModelError> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let messages = request.messages();
+        let results: Vec<String> = messages
+            .last()
             .map(|m| {
                 m.item_list()
                     .iter()
                     .filter_map(|i| match i {
-                        Item::ToolResult { content, .. } => Some(content.as_str()),
+                        Item::ToolResult { content, .. } => Some(content.clone()),
                         _ => None,
                     })
                     .collect()
             })
             .unwrap_or_default();
+        let said = messages
+            .iter()
+            .rev()
+            .find(|m| {
+                m.role == markov_core::Role::User && !m.text().is_empty() && {
+                    let items = m.item_list();
+                    !items.iter().any(|i| matches!(i, Item::ToolResult { .. }))
+                }
+            })
+            .map(|m| m.text())
+            .unwrap_or_default();
+        let quick = Duration::from_millis(10);
+        let call = |name: &str, input: Value| {
+            Item::tool_use(format!("call_{}", messages.len()), name, input)
+        };
         if let Some(result) = results.first() {
-            this.read.lock().expect("lock").push((*result).to_owned());
-            let text = match result.find("paid ") {
+            self.read.lock().expect("lock").push(result.clone());
+        }
+        let text = |t: &str| Ok((answer(vec![Item::text(t)], StopReason::EndTurn), quick));
+        if said.starts_with("pay") {
+            let Some(result) = results.first() else {
+                let amount: u32 = said
+                    .split(|c: char| !c.is_ascii_digit())
+                    .find(|part| !part.is_empty())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(1);
+                let input = json!({"amount": amount, "memo": format!("invoice {RLO}fdp.exe")});
+                return Ok((answer(vec![call("pay", input)], StopReason::ToolUse), quick));
+            };
+            return match result.find("paid ") {
                 Some(at) => {
                     let amount: String = result[at + 5..]
                         .chars()
                         .take_while(char::is_ascii_digit)
                         .collect();
-                    format!("Paid {amount}.")
+                    text(&format!("Paid {amount}."))
                 }
-                None if result.contains("declined") => "Understood: not paying.".to_owned(),
-                None => "Something went wrong.".to_owned(),
+                None if result.contains("declined") || result.contains("DENIED") => {
+                    text("Understood: not paying.")
+                }
+                None => text("Something went wrong."),
             };
-            return Ok(answer(vec![Item::text(text)], StopReason::EndTurn));
         }
-        let said = last.map(|m| m.text()).unwrap_or_default();
-        let amount: u32 = said
-            .split(|c: char| !c.is_ascii_digit())
-            .find(|part| !part.is_empty())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(1);
-        let input = json!({"amount": amount, "memo": format!("invoice {RLO}fdp.exe")});
-        let id = format!("call_{}", request.messages().len());
-        Ok(answer(
-            vec![Item::tool_use(id, "pay", input)],
-            StopReason::ToolUse,
-        ))
+        match said.as_str() {
+            "weather" if results.is_empty() => Ok((
+                answer(
+                    vec![
+                        Item::text("Let me look that up."),
+                        call("lookup", json!({"city": "Lisbon"})),
+                    ],
+                    StopReason::ToolUse,
+                ),
+                quick,
+            )),
+            "weather" => text(WEATHER),
+            "hostile" if results.is_empty() => Ok((
+                answer(vec![call("dump", json!({}))], StopReason::ToolUse),
+                quick,
+            )),
+            "hostile" => text(HOSTILE),
+            "slow" => {
+                // A minute of words: far longer than the test takes to
+                // stop it.
+                let words: Vec<String> = (1..=600).map(|n| format!("word{n} ")).collect();
+                Ok((
+                    answer(vec![Item::text(words.concat())], StopReason::EndTurn),
+                    Duration::from_millis(100),
+                ))
+            }
+            "fail" => Err(ModelError::Http {
+                status: 400,
+                message: "this model cannot answer that: the context is too long".into(),
+                retry_after: None,
+            }),
+            _ => text(
+                "Ask me about the `weather`, to `pay 5`, to be `slow`, to `fail`, or to be `hostile`.",
+            ),
+        }
     }
+}
+
+/// The shared [`Director`] as the server's model.
+#[derive(Debug)]
+struct Directed(Arc<Director>);
+
+#[async_trait]
+impl Model for Directed {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.0.plan(&request).map(|(response, _)| response)
+    }
+
+    /// The answer's text in pieces of a few characters, `pause` apart, as
+    /// a real model writes it.
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let (response, pause) = match self.0.plan(&request) {
+            Ok(planned) => planned,
+            Err(error) => return futures::stream::once(async move { Err(error) }).boxed(),
+        };
+        let mut events = Vec::new();
+        for (index, item) in response.content.iter().enumerate() {
+            match item {
+                Item::Text { text } => {
+                    let chars: Vec<char> = text.chars().collect();
+                    for piece in chars.chunks(if pause > Duration::from_millis(50) {
+                        6
+                    } else {
+                        24
+                    }) {
+                        events.push(StreamEvent::TextDelta {
+                            index,
+                            text: piece.iter().collect(),
+                        });
+                    }
+                }
+                Item::ToolUse { id, name, input } => {
+                    events.push(StreamEvent::ToolCallStart {
+                        index,
+                        id: id.clone(),
+                        name: name.clone(),
+                    });
+                    events.push(StreamEvent::ToolCallDelta {
+                        index,
+                        partial_json: input.to_string(),
+                    });
+                }
+                _ => {}
+            }
+        }
+        events.push(StreamEvent::Done(response));
+        futures::stream::iter(events)
+            .then(move |event| async move {
+                tokio::time::sleep(pause).await;
+                Ok(event)
+            })
+            .boxed()
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct LookupArgs {
+    /// The city.
+    city: String,
+}
+
+/// Looks the weather up (always sunny).
+struct Lookup;
+
+#[async_trait]
+impl Tool for Lookup {
+    const NAME: &'static str = "lookup";
+    type Args = LookupArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Look up the weather in a city".into()
+    }
+    async fn call(&self, args: LookupArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        Ok(format!("{}: 21 °C, sunny", args.city))
+    }
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct NoArgs {}
+
+/// Returns a megabyte of output, markup and an override in it.
+struct Dump;
+
+#[async_trait]
+impl Tool for Dump {
+    const NAME: &'static str = "dump";
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Dump the log".into()
+    }
+    async fn call(&self, _args: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        let line = format!(
+            "<img src=x onerror=\"document.body.dataset.pwned='tool'\"> {RLO}gol.exe <script>alert(1)</script>\n"
+        );
+        Ok(line.repeat(1024 * 1024 / line.len() + 1))
+    }
+}
+
+/// The server with the [`Director`]'s agent: its tools `pay` (needs
+/// approval), `lookup` and `dump`; its model named.
+async fn serve_director() -> (Fixture, Arc<Director>) {
+    let director = Arc::new(Director::default());
+    let pays = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder("helper")
+        .instructions("You help.")
+        .tool_with(
+            Pay(pays.clone()),
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        )
+        .tool_with(Lookup, ToolMetadata::new(Category::Retrieval))
+        .tool_with(Dump, ToolMetadata::new(Category::Retrieval))
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .model(Directed(Arc::clone(&director)))
+        .build()
+        .expect("the agent builds");
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let builder = Server::builder()
+        .agent(agent)
+        .model_description("helper", MODEL);
+    (start(builder, store, pays).await, director)
 }
 
 /// Standard base64 (what WebDriver's screenshots are) to bytes.
@@ -142,7 +354,257 @@ fn installed() -> bool {
         && std::path::Path::new("/usr/bin/chromedriver").exists()
 }
 
-async fn webdriver(
+/// A headless chromium, driven over WebDriver.
+struct Browser {
+    client: reqwest::Client,
+    /// `<driver>/session/<id>`.
+    session: String,
+    driver: Driver,
+}
+
+impl Browser {
+    /// A browser `width` × `height` pixels, or `None` (outside CI) when
+    /// chromium is not installed. Narrower than a desktop window can be,
+    /// it is a phone's screen (device emulation).
+    async fn start(width: u32, height: u32) -> Option<Browser> {
+        if !installed() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "chromium and chromedriver are not installed, and CI must run the browser tests (.ci/run installs them)"
+            );
+            eprintln!("skipped: chromium / chromedriver not installed");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let profile =
+            std::env::temp_dir().join(format!("markov-chromium-{}-{port}", std::process::id()));
+        let driver = Driver {
+            child: Command::new("/usr/bin/chromedriver")
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("chromedriver starts"),
+            url: format!("http://127.0.0.1:{port}"),
+            profile,
+        };
+        let client = reqwest::Client::new();
+        let mut waited = Duration::ZERO;
+        while client
+            .get(format!("{}/status", driver.url))
+            .send()
+            .await
+            .is_err()
+        {
+            assert!(waited < PATIENCE, "chromedriver never answered");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            waited += Duration::from_millis(100);
+        }
+        let mut options = json!({
+            "binary": "/usr/bin/chromium",
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                     "--disable-sync", "--hide-scrollbars", format!("--window-size={width},{height}"),
+                     format!("--user-data-dir={}", driver.profile.display())]
+        });
+        if width < 600 {
+            options["mobileEmulation"] = json!({
+                "deviceMetrics": {"width": width, "height": height, "pixelRatio": 1, "touch": true}
+            });
+        }
+        let created = call(
+            &client,
+            reqwest::Method::POST,
+            format!("{}/session", driver.url),
+            json!({"capabilities": {"alwaysMatch": {
+                "browserName": "chrome", "goog:chromeOptions": options
+            }}}),
+        )
+        .await;
+        let id = created["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no browser session: {created}"))
+            .to_owned();
+        Some(Browser {
+            session: format!("{}/session/{id}", driver.url),
+            client,
+            driver,
+        })
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        call(
+            &self.client,
+            reqwest::Method::POST,
+            format!("{}{path}", self.session),
+            body,
+        )
+        .await
+    }
+
+    async fn open(&self, url: &str) {
+        let navigated = self.post("/url", json!({"url": url})).await;
+        assert!(navigated.is_null(), "the page did not load: {navigated}");
+    }
+
+    async fn reload(&self) {
+        let reloaded = self.post("/refresh", json!({})).await;
+        assert!(reloaded.is_null(), "the page did not reload: {reloaded}");
+    }
+
+    /// Runs `code` (a function body) in the page.
+    async fn run(&self, code: &str) -> Value {
+        self.post("/execute/sync", json!({"script": code, "args": []}))
+            .await
+    }
+
+    /// Waits until `expression` is truthy in the page; its value.
+    async fn wait(&self, what: &str, expression: &str) -> Value {
+        let mut waited = Duration::ZERO;
+        loop {
+            let value = self.run(&format!("return ({expression})")).await;
+            let truthy = match &value {
+                Value::Null | Value::Bool(false) => false,
+                Value::String(s) => !s.is_empty(),
+                Value::Number(n) => n.as_f64() != Some(0.0),
+                Value::Object(o) => !o.contains_key("error"),
+                Value::Array(_) | Value::Bool(true) => true,
+            };
+            if truthy {
+                return value;
+            }
+            if waited >= PATIENCE {
+                let text = self.run("return document.body.innerText").await;
+                panic!(
+                    "{what} never showed ({expression} is {value}); the page says:\n{}",
+                    text.as_str().unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            waited += Duration::from_millis(100);
+        }
+    }
+
+    /// The visible text of the first element `css` selects.
+    async fn text(&self, css: &str) -> String {
+        self.run(&format!(
+            "const e = document.querySelector({}); return e ? e.innerText : ''",
+            json!(css)
+        ))
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+    }
+
+    async fn count(&self, css: &str) -> u64 {
+        self.run(&format!(
+            "return document.querySelectorAll({}).length",
+            json!(css)
+        ))
+        .await
+        .as_u64()
+        .unwrap_or(0)
+    }
+
+    async fn element(&self, css: &str) -> String {
+        let found = self
+            .post("/element", json!({"using": "css selector", "value": css}))
+            .await;
+        found[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {css} on the page: {found}"))
+            .to_owned()
+    }
+
+    /// Clicks `css` as a person would: WebDriver refuses an element that
+    /// is hidden or covered. An element the page drew anew between
+    /// finding and clicking (a list refreshed) is found again, a few times.
+    async fn click(&self, css: &str) {
+        let mut clicked = Value::Null;
+        for _ in 0..3 {
+            let element = self.element(css).await;
+            clicked = self
+                .post(&format!("/element/{element}/click"), json!({}))
+                .await;
+            if clicked["error"] != "stale element reference" {
+                break;
+            }
+        }
+        assert!(clicked.is_null(), "cannot click {css}: {clicked}");
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let element = self.element(css).await;
+        self.post(&format!("/element/{element}/clear"), json!({}))
+            .await;
+        let typed = self
+            .post(&format!("/element/{element}/value"), json!({"text": text}))
+            .await;
+        assert!(typed.is_null(), "cannot type into {css}: {typed}");
+    }
+
+    /// Types `text` as the message and sends it.
+    async fn say(&self, text: &str) {
+        self.wait(
+            "the Send button",
+            "!document.getElementById('send').disabled",
+        )
+        .await;
+        self.type_into("#text", text).await;
+        self.click("#send").await;
+    }
+
+    async fn sign_in(&self, key: &str) {
+        self.wait(
+            "the sign-in form",
+            "!document.getElementById('signin').hidden",
+        )
+        .await;
+        self.type_into("#key", key).await;
+        self.click("#signin-button").await;
+        self.wait(
+            "the chats",
+            "!document.getElementById('app').hidden && document.getElementById('signin').hidden",
+        )
+        .await;
+    }
+
+    /// Saves the page as `name` in the test's target directory.
+    async fn screenshot(&self, name: &str) {
+        // Whatever is still being painted (a frame's worth of text) lands first.
+        self.run("return new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+            .await;
+        let png = call(
+            &self.client,
+            reqwest::Method::GET,
+            format!("{}/screenshot", self.session),
+            Value::Null,
+        )
+        .await;
+        let bytes = base64(png.as_str().expect("a screenshot"));
+        assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
+        let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+        std::fs::write(&path, bytes).expect("the screenshot is saved");
+        eprintln!("screenshot: {}", path.display());
+    }
+
+    async fn close(self) {
+        call(
+            &self.client,
+            reqwest::Method::DELETE,
+            self.session.clone(),
+            json!({}),
+        )
+        .await;
+        drop(self.driver);
+    }
+}
+
+async fn call(
     client: &reqwest::Client,
     method: reqwest::Method,
     url: String,
@@ -159,199 +621,171 @@ async fn webdriver(
     value["value"].clone()
 }
 
+/// The conversation's visible text.
+async fn conversation(browser: &Browser) -> String {
+    browser.text("#conversation").await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_signs_in_sees_a_streamed_answer_with_its_tool_call_and_finds_it_after_a_reload() {
+    // The fixture first: it sets up the TLS provider reqwest wants.
+    let (f, _director) = serve_director().await;
+    let Some(browser) = Browser::start(1000, 860).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+
+    // Signing in: a wrong key is said to be wrong; the right one shows the
+    // chats, the model and who is signed in.
+    browser
+        .wait(
+            "the sign-in form",
+            "!document.getElementById('signin').hidden",
+        )
+        .await;
+    browser.type_into("#key", "mk_not_a_key").await;
+    browser.click("#signin-button").await;
+    browser
+        .wait(
+            "the refusal",
+            "document.getElementById('signin-error').innerText.includes('not valid')",
+        )
+        .await;
+    browser.screenshot("sign-in.png").await;
+    browser.sign_in(&f.key).await;
+    let header = browser.text("#top").await;
+    assert!(
+        header.contains("helper") && header.contains(MODEL) && header.contains("alice"),
+        "the header names the agent, its model and the user: {header}"
+    );
+
+    // A streamed answer with a tool call: the user's words once, the call
+    // as a card with its result read out of the envelope, the markdown
+    // rendered.
+    browser.say("weather").await;
+    browser
+        .wait(
+            "the answer",
+            "document.querySelector('#log .msg.assistant table') !== null && !document.body.classList.contains('running')",
+        )
+        .await;
+    assert_eq!(
+        browser.count("#log .msg.user").await,
+        1,
+        "sent once, shown once"
+    );
+    let card = browser.text("#log details.tool").await;
+    assert!(card.contains("lookup"), "{card}");
+    assert!(card.contains("city: Lisbon"), "{card}");
+    assert!(card.contains("done"), "{card}");
+    assert!(
+        card.contains("Lisbon: 21 °C, sunny") && !card.contains("\"ok\""),
+        "the result is read out of its envelope: {card}"
+    );
+    let answer = browser
+        .run("return Array.from(document.querySelectorAll('#log .msg.assistant')).pop().innerText")
+        .await;
+    let answer = answer.as_str().unwrap_or_default();
+    assert!(answer.contains("Lisbon is sunny today"), "{answer}");
+    assert_eq!(
+        browser
+            .count(
+                "#log .msg.assistant strong, #log .msg.assistant em, #log .msg.assistant pre code"
+            )
+            .await,
+        3,
+        "bold, emphasis and code are rendered"
+    );
+    assert!(
+        !browser.text("#log").await.contains("**"),
+        "no markdown left raw"
+    );
+    assert_eq!(browser.text("#send").await, "Send", "the composer is back");
+    let before = conversation(&browser).await;
+    browser.click("#log details.tool summary").await;
+    let opened = browser.text("#log details.tool").await;
+    assert!(opened.contains("\"city\": \"Lisbon\""), "{opened}");
+    browser.screenshot("answer-with-a-tool-call.png").await;
+
+    // Reloaded: the same conversation, from the server.
+    browser.reload().await;
+    browser
+        .wait(
+            "the restored conversation",
+            "document.querySelector('#log .msg.assistant table') !== null",
+        )
+        .await;
+    assert_eq!(browser.count("#log .msg.user").await, 1);
+    assert_eq!(browser.count("#log details.tool").await, 1);
+    assert_eq!(
+        conversation(&browser).await,
+        before,
+        "the same conversation"
+    );
+    assert_eq!(browser.count("#sessions li").await, 1, "one chat listed");
+    let listed = browser.text("#sessions").await;
+    assert!(
+        listed.contains("weather"),
+        "called by its first message: {listed}"
+    );
+
+    // A new chat, then the first one again from the list.
+    browser.click("#new").await;
+    browser
+        .wait(
+            "an empty chat",
+            "document.querySelectorAll('#log > *').length === 0",
+        )
+        .await;
+    browser.say("hello").await;
+    browser
+        .wait(
+            "the second answer",
+            "document.getElementById('log').innerText.includes('Ask me about')",
+        )
+        .await;
+    browser
+        .wait(
+            "two chats",
+            "document.querySelectorAll('#sessions li').length === 2 && !document.body.classList.contains('running')",
+        )
+        .await;
+    browser.click("#sessions li:last-child button").await;
+    browser
+        .wait(
+            "the first chat",
+            "document.querySelector('#log .msg.assistant table') !== null",
+        )
+        .await;
+    assert_eq!(conversation(&browser).await, before);
+
+    // Another principal sees none of alice's chats.
+    browser.click("#signout").await;
+    browser.sign_in(&f.keys["bob"]).await;
+    assert_eq!(browser.count("#sessions li").await, 0, "bob has no chats");
+    assert_eq!(browser.count("#log > *").await, 0);
+    browser.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_shows_a_waiting_call_visibly_and_approve_edit_and_deny_resume_the_run() {
-    if !installed() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "chromium and chromedriver are not installed, and CI must run the browser test (.ci/run installs them)"
-        );
-        eprintln!("skipped: chromium / chromedriver not installed");
+    // The fixture first: it sets up the TLS provider reqwest wants.
+    let (f, director) = serve_director().await;
+    let Some(browser) = Browser::start(1000, 900).await else {
         return;
-    }
-    let cashier = Arc::new(Cashier::default());
-    let f = serve(Till(Arc::clone(&cashier))).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
-    let profile =
-        std::env::temp_dir().join(format!("markov-chromium-{}-{port}", std::process::id()));
-    let driver = Driver {
-        child: Command::new("/usr/bin/chromedriver")
-            .arg(format!("--port={port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("chromedriver starts"),
-        url: format!("http://127.0.0.1:{port}"),
-        profile,
     };
-    let client = reqwest::Client::new();
-    let mut waited = Duration::ZERO;
-    while client
-        .get(format!("{}/status", driver.url))
-        .send()
-        .await
-        .is_err()
-    {
-        assert!(
-            waited < Duration::from_secs(20),
-            "chromedriver never answered"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        waited += Duration::from_millis(100);
-    }
-    let session = webdriver(
-        &client,
-        reqwest::Method::POST,
-        format!("{}/session", driver.url),
-        json!({"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
-            "binary": "/usr/bin/chromium",
-            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                     "--disable-sync", "--window-size=900,1100",
-                     format!("--user-data-dir={}", driver.profile.display())]
-        }}}}),
-    )
-    .await;
-    let sid = session["sessionId"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no browser session: {session}"))
-        .to_owned();
-    let at = |path: &str| format!("{}/session/{sid}{path}", driver.url);
-    let navigated = webdriver(
-        &client,
-        reqwest::Method::POST,
-        at("/url"),
-        json!({"url": f.base}),
-    )
-    .await;
-    assert!(navigated.is_null(), "the page did not load: {navigated}");
-
-    let find = |css: &'static str| {
-        let client = client.clone();
-        let url = at("/element");
-        async move {
-            let found = webdriver(
-                &client,
-                reqwest::Method::POST,
-                url,
-                json!({"using": "css selector", "value": css}),
-            )
-            .await;
-            found[ELEMENT].as_str().map(str::to_owned)
-        }
-    };
-    let script = |code: &'static str| {
-        let client = client.clone();
-        let url = at("/execute/sync");
-        async move {
-            webdriver(
-                &client,
-                reqwest::Method::POST,
-                url,
-                json!({"script": code, "args": []}),
-            )
-            .await
-        }
-    };
-    let text_of = |id: &'static str| async move {
-        match id {
-            "log" => script("return document.getElementById('log').innerText").await,
-            _ => script("return document.getElementById('approvals').innerText").await,
-        }
-        .as_str()
-        .unwrap_or_default()
-        .to_owned()
-    };
-    // Waits until `part` of the page (`log` or `approvals`) shows `needle`.
-    let wait_for = |part: &'static str, needle: String| async move {
-        let mut waited = Duration::ZERO;
-        loop {
-            let text = text_of(part).await;
-            if text.contains(&needle) {
-                return text;
-            }
-            assert!(
-                waited < Duration::from_secs(20),
-                "{needle:?} never showed in #{part}:\n{text}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            waited += Duration::from_millis(100);
-        }
-    };
-    let click = |css: &'static str| {
-        let client = client.clone();
-        async move {
-            let element = find(css)
-                .await
-                .unwrap_or_else(|| panic!("no {css} on the page"));
-            webdriver(
-                &client,
-                reqwest::Method::POST,
-                at(&format!("/element/{element}/click")),
-                json!({}),
-            )
-            .await;
-        }
-    };
-    let type_into = |css: &'static str, text: String| {
-        let client = client.clone();
-        async move {
-            let element = find(css)
-                .await
-                .unwrap_or_else(|| panic!("no {css} on the page"));
-            webdriver(
-                &client,
-                reqwest::Method::POST,
-                at(&format!("/element/{element}/clear")),
-                json!({}),
-            )
-            .await;
-            webdriver(
-                &client,
-                reqwest::Method::POST,
-                at(&format!("/element/{element}/value")),
-                json!({"text": text}),
-            )
-            .await;
-        }
-    };
-    let say = |text: &'static str| async move {
-        type_into("#text", text.to_owned()).await;
-        click("#send").await;
-    };
-    let screenshot = |name: &'static str| {
-        let client = client.clone();
-        let url = at("/screenshot");
-        async move {
-            let png = webdriver(&client, reqwest::Method::GET, url, Value::Null).await;
-            let bytes = base64(png.as_str().expect("a screenshot"));
-            assert!(bytes.starts_with(b"\x89PNG"), "a PNG");
-            let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
-            std::fs::write(&path, bytes).expect("the screenshot is saved");
-            eprintln!("screenshot: {}", path.display());
-        }
-    };
-
-    // 0. The page asks for a key; signed in, it shows the chat.
-    type_into("#key", f.key.clone()).await;
-    click("#signin-button").await;
-    let mut waited = Duration::ZERO;
-    while script("return document.getElementById('form').hidden").await != Value::Bool(false) {
-        assert!(
-            waited < Duration::from_secs(20),
-            "the sign-in never showed the chat"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        waited += Duration::from_millis(100);
-    }
+    browser.open(&f.base).await;
+    browser.sign_in(&f.key).await;
 
     // 1. A payment waits; its memo's override is shown, not obeyed.
-    say("pay 5").await;
-    wait_for("log", "waiting for your decision on 1 tool call".into()).await;
-    let shown = wait_for("approvals", "\"amount\": 5".into()).await;
+    browser.say("pay 5").await;
+    let shown = browser
+        .wait(
+            "the waiting call",
+            "document.getElementById('approvals').innerText.includes('\"amount\": 5') && document.getElementById('approvals').innerText",
+        )
+        .await;
+    let shown = shown.as_str().unwrap_or_default().to_owned();
     assert!(shown.contains("Approve pay?"), "{shown}");
     assert!(
         shown.contains("invoice \\u{202E}fdp.exe"),
@@ -361,65 +795,114 @@ async fn the_page_shows_a_waiting_call_visibly_and_approve_edit_and_deny_resume_
         !shown.contains(RLO),
         "no raw override reaches the page's text: {shown}"
     );
-    assert!(shown.contains("expires"), "{shown}");
-    let marked = script(
-        "return Array.from(document.querySelectorAll('#approvals .escaped')).map(e => e.textContent)",
-    )
-    .await;
+    assert!(shown.contains("Expires"), "{shown}");
+    let marked = browser
+        .run("return Array.from(document.querySelectorAll('#approvals .escaped')).map(e => e.textContent)")
+        .await;
     assert!(
         marked
             .as_array()
             .is_some_and(|m| !m.is_empty() && m.iter().all(|t| t == "\\u{202E}")),
         "each override is marked: {marked}"
     );
+    browser
+        .wait("the composer waiting for the decision", "document.getElementById('send').disabled && document.getElementById('status').innerText.includes('decision')")
+        .await;
     assert_eq!(
         f.pays.load(Ordering::SeqCst),
         0,
         "nothing paid before the approval"
     );
-    assert_eq!(cashier.calls.load(Ordering::SeqCst), 1);
-    screenshot("hitl-waiting.png").await;
+    assert_eq!(director.calls.load(Ordering::SeqCst), 1);
+    browser.screenshot("approval-waiting.png").await;
 
-    click("#approvals button.approve").await;
-    let log = wait_for("log", "Paid 5.".into()).await;
-    assert!(log.contains("approve: pay"), "{log}");
+    // Reloaded, the call still waits, shown once.
+    browser.reload().await;
+    browser
+        .wait(
+            "the waiting call again",
+            "document.querySelectorAll('#approvals .approval').length === 1",
+        )
+        .await;
+    assert_eq!(browser.count("#log .msg.user").await, 1);
+
+    // Approved: the run goes on, live, and the tool runs once.
+    browser.click("#approvals button.approve").await;
+    let log = browser
+        .wait(
+            "the run after the approval",
+            "document.getElementById('log').innerText.includes('Paid 5.') && document.getElementById('log').innerText",
+        )
+        .await;
+    let log = log.as_str().unwrap_or_default().to_owned();
+    assert!(log.contains("You approved the call of pay."), "{log}");
     assert!(log.contains("paid 5"), "the tool's result shows:\n{log}");
+    assert_eq!(browser.count("#approvals .approval").await, 0);
     assert_eq!(f.pays.load(Ordering::SeqCst), 1, "the tool ran once");
     assert_eq!(
-        cashier.calls.load(Ordering::SeqCst),
+        director.calls.load(Ordering::SeqCst),
         2,
         "no model call between the approval and the payment"
     );
+    browser
+        .wait("the composer", "!document.getElementById('send').disabled")
+        .await;
+    browser.screenshot("approval-approved.png").await;
 
     // 2. Edited: the payment runs with the arguments the user wrote.
-    say("pay 7").await;
-    wait_for("approvals", "\"amount\": 7".into()).await;
-    click("#approvals button.edit").await;
-    type_into(
-        "#approvals textarea.edit-args",
-        r#"{"amount": 3}"#.to_owned(),
-    )
-    .await;
-    click("#approvals button.approve-edited").await;
-    let log = wait_for("log", "Paid 3.".into()).await;
-    assert!(log.contains("edit: pay"), "{log}");
+    browser.say("pay 7").await;
+    browser
+        .wait(
+            "the second call",
+            "document.getElementById('approvals').innerText.includes('\"amount\": 7')",
+        )
+        .await;
+    browser.click("#approvals button.edit").await;
+    browser
+        .type_into("#approvals textarea.edit-args", r#"{"amount": 3}"#)
+        .await;
+    browser.click("#approvals button.approve-edited").await;
+    let log = browser
+        .wait(
+            "the edited payment",
+            "document.getElementById('log').innerText.includes('Paid 3.') && document.getElementById('log').innerText",
+        )
+        .await;
+    assert!(
+        log.as_str()
+            .unwrap_or_default()
+            .contains("approved with edited arguments"),
+        "{log}"
+    );
     assert_eq!(f.pays.load(Ordering::SeqCst), 2);
-    assert_eq!(cashier.calls.load(Ordering::SeqCst), 4);
+    assert_eq!(director.calls.load(Ordering::SeqCst), 4);
 
     // 3. Denied with a reason the model reads.
-    say("pay 9").await;
-    wait_for("approvals", "\"amount\": 9".into()).await;
-    type_into("#approvals input.deny-message", "over budget".to_owned()).await;
-    click("#approvals button.deny").await;
-    wait_for("log", "Understood: not paying.".into()).await;
+    browser.say("pay 9").await;
+    browser
+        .wait(
+            "the third call",
+            "document.getElementById('approvals').innerText.includes('\"amount\": 9')",
+        )
+        .await;
+    browser
+        .type_into("#approvals input.deny-message", "over budget")
+        .await;
+    browser.click("#approvals button.deny").await;
+    browser
+        .wait(
+            "the model's answer to the denial",
+            "document.getElementById('log').innerText.includes('Understood: not paying.')",
+        )
+        .await;
     assert_eq!(f.pays.load(Ordering::SeqCst), 2, "nothing paid");
     assert_eq!(
-        cashier.calls.load(Ordering::SeqCst),
+        director.calls.load(Ordering::SeqCst),
         6,
         "two model calls a turn"
     );
     assert!(
-        cashier
+        director
             .read
             .lock()
             .expect("lock")
@@ -427,17 +910,246 @@ async fn the_page_shows_a_waiting_call_visibly_and_approve_edit_and_deny_resume_
             .is_some_and(|r| r.contains("over budget")),
         "the model read the reason"
     );
-    let mut waited = Duration::ZERO;
-    while !text_of("approvals").await.is_empty() {
-        assert!(
-            waited < Duration::from_secs(20),
-            "the decided call stays shown"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        waited += Duration::from_millis(100);
-    }
-    screenshot("hitl-done.png").await;
+    browser
+        .wait(
+            "no call left waiting",
+            "document.getElementById('approvals').innerText === ''",
+        )
+        .await;
+    assert_eq!(
+        browser.count("#log .msg.user").await,
+        3,
+        "each message once"
+    );
+    assert_eq!(
+        browser.count("#log details.tool").await,
+        3,
+        "each call a card"
+    );
+    assert_eq!(
+        browser.count("#log details.tool.failed").await,
+        1,
+        "the denied one failed"
+    );
+    browser.close().await;
+}
 
-    webdriver(&client, reqwest::Method::DELETE, at(""), json!({})).await;
-    drop(driver);
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_turn_is_rejoined_after_a_reload_and_stopped_and_errors_and_hostile_text_stay_readable()
+ {
+    // The fixture first: it sets up the TLS provider reqwest wants.
+    let (f, _director) = serve_director().await;
+    let Some(browser) = Browser::start(1000, 900).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser.sign_in(&f.key).await;
+
+    // A slow answer: Send is off and Stop on while it is written.
+    browser.say("slow").await;
+    browser
+        .wait("the answer being written", "document.querySelector('#log .live') !== null && document.querySelector('#log .live').innerText.includes('word3 ')")
+        .await;
+    assert_eq!(
+        browser
+            .run("return [document.getElementById('send').disabled, document.getElementById('stop').hidden]")
+            .await,
+        json!([true, false])
+    );
+    // Reloaded mid-turn: the page joins the turn and shows its text from
+    // the start, the question once.
+    browser.reload().await;
+    browser
+        .wait("the turn joined again", "document.querySelector('#log .live') !== null && document.querySelector('#log .live').innerText.includes('word1 word2 word3 ')")
+        .await;
+    assert_eq!(browser.count("#log .msg.user").await, 1);
+    let before = browser.text("#log .live").await.len();
+    browser
+        .wait(
+            "more text",
+            &format!("document.querySelector('#log .live').innerText.length > {before}"),
+        )
+        .await;
+    browser.click("#stop").await;
+    browser
+        .wait("the stopped turn", "document.getElementById('log').innerText.includes('Stopped.') && !document.body.classList.contains('running')")
+        .await;
+    assert_eq!(
+        browser.count("#log .msg.assistant.unkept").await,
+        1,
+        "what was written before the stop stays in view, marked"
+    );
+    assert_eq!(
+        browser
+            .run("return [document.getElementById('send').disabled, document.getElementById('stop').hidden]")
+            .await,
+        json!([false, true])
+    );
+    browser.screenshot("stopped.png").await;
+
+    // A failed turn: the error, readable; the chat takes the next message.
+    browser.say("fail").await;
+    let error = browser
+        .wait("the error", "document.querySelector('#log .error') && document.querySelector('#log .error').innerText")
+        .await;
+    let error = error.as_str().unwrap_or_default().to_owned();
+    assert!(error.contains("The turn failed"), "{error}");
+    assert!(error.contains("the context is too long"), "{error}");
+    assert!(!error.contains("{\""), "no JSON: {error}");
+    browser.screenshot("error.png").await;
+    browser.say("hello").await;
+    browser
+        .wait(
+            "the next answer",
+            "document.getElementById('log').innerText.includes('Ask me about')",
+        )
+        .await;
+
+    // Hostile text: markup stays text, no script runs, the `javascript:`
+    // link is no link, the override is a visible code point, and the
+    // megabyte of output is shown cut.
+    browser.say("hostile").await;
+    browser
+        .wait("the hostile answer", "document.getElementById('log').innerText.includes('The attachment is invoice') && !document.body.classList.contains('running')")
+        .await;
+    let log = browser.text("#log").await;
+    assert!(
+        log.contains("Here is <b>bold</b> and <script>"),
+        "markup shown as text:\n{log}"
+    );
+    assert!(log.contains("invoice \\u{202E}fdp.exe"), "{log}");
+    assert!(
+        !log.contains(RLO),
+        "no raw override reaches the page's text"
+    );
+    assert_eq!(
+        browser
+            .run("return document.body.dataset.pwned === undefined")
+            .await,
+        json!(true),
+        "nothing ran"
+    );
+    assert_eq!(
+        browser
+            .count("#log script, #log img, #log b, #log [onerror], #log a[href^='javascript']")
+            .await,
+        0
+    );
+    let links = browser
+        .run("return Array.from(document.querySelectorAll('#log a')).map(a => [a.getAttribute('href'), a.target, a.rel])")
+        .await;
+    assert_eq!(
+        links,
+        json!([[
+            "https://example.com/docs",
+            "_blank",
+            "noopener noreferrer nofollow"
+        ]]),
+        "only the real link is a link"
+    );
+    browser.click("#log details.tool summary").await;
+    let shown = browser
+        .run("return document.querySelector('#log details.tool .result pre').textContent.length")
+        .await
+        .as_u64()
+        .unwrap_or(u64::MAX);
+    assert!(shown < 10_000, "a megabyte of output is shown cut: {shown}");
+    let more = browser.text("#log details.tool .result .more").await;
+    assert!(
+        more.contains("Show all") && more.contains("million characters"),
+        "{more}"
+    );
+    browser
+        .run("const c = document.getElementById('conversation'); c.scrollTop = c.scrollHeight")
+        .await;
+    browser.screenshot("hostile.png").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_fits_a_phone_screen() {
+    // The fixture first: it sets up the TLS provider reqwest wants.
+    let (f, _director) = serve_director().await;
+    let Some(browser) = Browser::start(390, 844).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser
+        .wait(
+            "the sign-in form",
+            "!document.getElementById('signin').hidden",
+        )
+        .await;
+    assert_eq!(
+        browser
+            .run("return document.documentElement.scrollWidth <= window.innerWidth")
+            .await,
+        json!(true),
+        "the sign-in fits the screen"
+    );
+    browser.screenshot("phone-sign-in.png").await;
+    browser.sign_in(&f.key).await;
+    let width = browser.run("return window.innerWidth").await;
+    assert!(
+        width.as_u64().is_some_and(|w| w <= 400),
+        "a phone's width: {width}"
+    );
+    assert_eq!(
+        browser
+            .run("return getComputedStyle(document.getElementById('sidebar')).transform !== 'none'")
+            .await,
+        json!(true),
+        "the chats are tucked away"
+    );
+    browser.say("weather").await;
+    browser
+        .wait("the answer", "document.querySelector('#log .msg.assistant table') !== null && !document.body.classList.contains('running')")
+        .await;
+    browser.say("pay 5").await;
+    browser
+        .wait(
+            "the waiting call",
+            "document.querySelectorAll('#approvals .approval').length === 1",
+        )
+        .await;
+    browser.screenshot("phone-approval.png").await;
+    assert_eq!(
+        browser
+            .run("return document.documentElement.scrollWidth <= window.innerWidth")
+            .await,
+        json!(true),
+        "nothing is wider than the screen"
+    );
+    // The buttons of the waiting call are on the screen and work.
+    browser.click("#approvals button.approve").await;
+    browser
+        .wait(
+            "the payment",
+            "document.getElementById('log').innerText.includes('Paid 5.')",
+        )
+        .await;
+    // A conversation longer than the screen: it follows each answer to
+    // its end.
+    browser.say("weather").await;
+    browser
+        .wait("the second answer", "document.querySelectorAll('#log .msg.assistant table').length === 2 && !document.body.classList.contains('running')")
+        .await;
+    let scrolled = browser
+        .run("const c = document.getElementById('conversation'); return [c.scrollHeight, c.clientHeight, c.scrollTop]")
+        .await;
+    let [height, shown, top] = [0, 1, 2].map(|i| scrolled[i].as_f64().unwrap_or(f64::NAN));
+    assert!(
+        height > shown && height - top - shown < 4.0,
+        "the conversation follows the answer to its end: {scrolled}"
+    );
+    browser.screenshot("phone.png").await;
+    browser.click("#menu").await;
+    browser
+        .wait(
+            "the chats",
+            "getComputedStyle(document.getElementById('sidebar')).transform === 'none'",
+        )
+        .await;
+    browser.screenshot("phone-chats.png").await;
+    browser.close().await;
 }

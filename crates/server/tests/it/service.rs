@@ -758,6 +758,134 @@ async fn a_client_that_lost_its_stream_gets_what_it_missed_then_the_rest_live() 
     assert_eq!(ids(&all), expected);
 }
 
+/// A message as stored, without what the server adds for pages (`html`).
+fn stored(message: &Value) -> Value {
+    let mut message = message.clone();
+    if let Some(object) = message.as_object_mut() {
+        object.remove("html");
+    }
+    if let Some(items) = message["items"].as_array_mut() {
+        for item in items.iter_mut().filter_map(Value::as_object_mut) {
+            item.remove("html");
+        }
+    }
+    message
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_that_opens_a_running_session_joins_the_run_where_its_history_ends() {
+    let model = Slow(
+        ScriptedModel::builder()
+            .text("Hello.")
+            .tool_call("pay", json!({"amount": 1}))
+            .text("**Paid** 1.")
+            .build(),
+        Duration::from_millis(400),
+    );
+    let pays = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder("payments")
+        .instructions("You pay bills.")
+        .tool_with(Pay(pays.clone()), ToolMetadata::new(Category::Action))
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let f = serve_agent(agent, pays).await;
+    let id = f.create().await;
+    f.say(&id, "hello").await;
+    let (_, before) = f.get(&format!("/sessions/{id}")).await;
+    let earlier = before["history"].as_array().expect("a history").len();
+    assert!(earlier > 0);
+    assert_eq!(before["running"], false);
+    assert_eq!(before["live_run"], Value::Null, "no run, nothing to join");
+    // A second turn, its first step stored, then the page opens the session.
+    let mut response = f
+        .request("POST", &format!("/sessions/{id}/messages"))
+        .bearer_auth(&f.key)
+        .body(json!({"text": "pay 1"}).to_string())
+        .send()
+        .await
+        .expect("sent");
+    let mut first = String::new();
+    while !first.contains("event: step") {
+        let chunk = response
+            .chunk()
+            .await
+            .expect("reads")
+            .expect("the first step");
+        first.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(response);
+    let (status, opened) = f.get(&format!("/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(opened["running"], true, "{opened}");
+    let live = &opened["live_run"];
+    assert_eq!(live["history_len"], earlier, "{opened}");
+    assert_eq!(live["message"], "pay 1", "{opened}");
+    let from = live["last_event_id"].as_str().expect("an event id");
+    assert!(from.ends_with("-0"), "from the run's first event: {from}");
+    let rest = f
+        .request("GET", &format!("/sessions/{id}/events"))
+        .bearer_auth(&f.key)
+        .header("last-event-id", from)
+        .send()
+        .await
+        .expect("sent");
+    let rest = tokio::time::timeout(Duration::from_secs(20), rest.text())
+        .await
+        .expect("the run ends")
+        .expect("a stream");
+    let events = events(&rest);
+    assert_eq!(
+        events.last().map(|(n, _)| n.as_str()),
+        Some("done"),
+        "{rest}"
+    );
+    // The history up to `history_len`, then the run's steps: the session
+    // as stored, each message once.
+    let mut shown: Vec<Value> = opened["history"].as_array().expect("a history")[..earlier]
+        .iter()
+        .map(stored)
+        .collect();
+    for (name, data) in &events {
+        if name == "step" {
+            shown.extend(
+                data["messages"]
+                    .as_array()
+                    .expect("messages")
+                    .iter()
+                    .map(stored),
+            );
+        }
+    }
+    let (_, after) = f.get(&format!("/sessions/{id}")).await;
+    let history: Vec<Value> = after["history"]
+        .as_array()
+        .expect("a history")
+        .iter()
+        .map(stored)
+        .collect();
+    assert_eq!(shown, history);
+    // The answer's markdown arrives rendered, in the stream and the history.
+    let answer = events
+        .iter()
+        .filter(|(n, _)| n == "step")
+        .flat_map(|(_, d)| d["messages"].as_array().cloned().unwrap_or_default())
+        .find(|m| m["role"] == "assistant" && m["items"][0]["type"] == "text")
+        .expect("the answer");
+    assert_eq!(
+        answer["items"][0]["html"],
+        "<p><strong>Paid</strong> 1.</p>\n"
+    );
+    let last = after["history"]
+        .as_array()
+        .and_then(|h| h.last())
+        .expect("a message");
+    assert_eq!(
+        last["items"][0]["html"],
+        "<p><strong>Paid</strong> 1.</p>\n"
+    );
+}
+
 // --- shutdown and restart -----------------------------------------------------------------
 
 /// Works for a while, counting its calls.
@@ -1020,7 +1148,8 @@ async fn one_server_serves_several_agents_each_with_its_own_sessions() {
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
     let builder = Server::builder()
         .agent(named("triage", "I am triage."))
-        .agent(named("billing", "I am billing."));
+        .agent(named("billing", "I am billing."))
+        .model_description("billing", "scripted (billing's rehearsal)");
     let f = start(builder, store, Arc::default()).await;
     let (status, created) = f
         .send_as(&f.key, "POST", "/agents/billing/sessions", Value::Null)
@@ -1052,7 +1181,11 @@ async fn one_server_serves_several_agents_each_with_its_own_sessions() {
     let (_, agents) = f.send_as(&f.key, "GET", "/agents", Value::Null).await;
     assert_eq!(
         agents,
-        json!([{"name": "billing", "default": false}, {"name": "triage", "default": true}])
+        json!([
+            {"name": "billing", "default": false, "model": "scripted (billing's rehearsal)"},
+            {"name": "triage", "default": true, "model": null},
+        ]),
+        "each agent with the model it answers with, where the server names it"
     );
     let (status, _) = f
         .send_as(&f.key, "POST", "/agents/nobody/sessions", Value::Null)
@@ -1064,6 +1197,12 @@ async fn one_server_serves_several_agents_each_with_its_own_sessions() {
         .store(Arc::new(SqliteStore::in_memory().expect("a database")))
         .build();
     assert!(matches!(twice, Err(BuildError::DuplicateAgent(name)) if name == "triage"));
+    let unserved = Server::builder()
+        .agent(named("triage", "one"))
+        .model_description("billing", "a model")
+        .store(Arc::new(SqliteStore::in_memory().expect("a database")))
+        .build();
+    assert!(matches!(unserved, Err(BuildError::UnknownAgent(name)) if name == "billing"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
