@@ -11,6 +11,7 @@ use markov_executor::Agent;
 use markov_providers::Anthropic;
 use markov_server::{Limits, Server, create_api_key};
 use markov_store::{SqliteStore, WorkerId};
+use markov_testkit::Recording;
 use markov_testkit::http::{FakeServer, Reply, anthropic};
 use serde_json::json;
 
@@ -32,9 +33,9 @@ pub(crate) struct ServerFigure {
 
 async fn load(n: usize) -> ServerFigure {
     let provider = FakeServer::start().await;
-    for _ in 0..n {
-        provider.reply(Reply::json(200, anthropic::text("ok")).delayed(MODEL_LATENCY));
-    }
+    provider
+        .answer_with(|_| Reply::json(200, anthropic::text("ok")).delayed(MODEL_LATENCY))
+        .recording(Recording::Off);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let model = Anthropic::builder()
         .api_key("sk-ant-bench")
@@ -273,9 +274,9 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
     let exe = std::env::current_exe().expect("the bench binary");
     runtime.block_on(async move {
         let provider = FakeServer::start().await;
-        for _ in 0..n {
-            provider.reply(Reply::json(200, anthropic::text("ok")).delayed(MODEL_LATENCY));
-        }
+        provider
+            .answer_with(|_| Reply::json(200, anthropic::text("ok")).delayed(MODEL_LATENCY))
+            .recording(Recording::Off);
         let mut children = Vec::new();
         let mut bases = Vec::new();
         for _ in 0..workers.max(1) {

@@ -12,10 +12,14 @@
 //! the vendors' response bodies and event streams for the common cases (a
 //! text answer, a tool call), so a test need not write vendor JSON.
 //!
-//! The server speaks just enough HTTP for ordinary clients: one request per
-//! connection, every reply sent with `Connection: close`. A request beyond
-//! the script is answered `418`, which no client retries. Dropping the
-//! server stops it. It needs a running tokio runtime.
+//! The server speaks just enough HTTP/1.1 for ordinary clients: a
+//! connection stays open for the client's next request (keep-alive; event
+//! streams are sent as chunked bodies), except after a reply that hangs or
+//! never ends. A request beyond the script is answered `418`, which no
+//! client retries, unless [`FakeServer::answer_with`] says how to answer
+//! it: with that, and [`FakeServer::recording`] off so that memory stays
+//! flat, it serves load tests too. Dropping the server stops it. It needs
+//! a running tokio runtime.
 //!
 //! Enabled by the `http` feature.
 //!

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -12,6 +12,8 @@ use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
+
+use crate::Recording;
 
 /// One request as the server saw it.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,8 +44,8 @@ impl Recorded {
 enum Body {
     /// With a `Content-Length`.
     Full(String),
-    /// Close-delimited, each piece written and flushed separately, then
-    /// optionally a stall before closing.
+    /// Each piece written and flushed separately (as one chunk of a
+    /// chunked body), then optionally a stall before the body ends.
     Chunks(Vec<Vec<u8>>, Option<Duration>),
     /// Nothing at all: the server waits this long, then closes.
     Hang(Duration),
@@ -177,15 +179,34 @@ impl Reply {
     }
 }
 
+/// Answers the requests beyond the script (see [`FakeServer::answer_with`]).
+type Responder = Arc<dyn Fn(&Recorded) -> Reply + Send + Sync>;
+
 /// What the server and its connections share.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Shared {
     requests: Mutex<Vec<Recorded>>,
     replies: Mutex<VecDeque<Reply>>,
+    responder: Mutex<Option<Responder>>,
+    /// Whether requests are kept for [`FakeServer::requests`].
+    forget: AtomicBool,
+    /// Requests read.
+    served: AtomicUsize,
+    /// Connections accepted.
+    connections: AtomicUsize,
     /// Requests read and not yet answered (see [`FakeServer::max_in_flight`]).
     in_flight: AtomicUsize,
     /// The most `in_flight` has been.
     max_in_flight: AtomicUsize,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("served", &self.served.load(Ordering::Relaxed))
+            .field("connections", &self.connections.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 /// A fake provider on loopback. Dropping it stops accepting connections.
@@ -230,6 +251,7 @@ impl FakeServer {
         let accepting = Arc::clone(&shared);
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
+                accepting.connections.fetch_add(1, Ordering::Relaxed);
                 let shared = Arc::clone(&accepting);
                 tokio::spawn(async move {
                     // A client that hangs up early is no concern of the test.
@@ -257,9 +279,47 @@ impl FakeServer {
         self.addr
     }
 
-    /// Every request so far, in the order they arrived.
+    /// Answers every request beyond the script with `responder`'s reply
+    /// to it (instead of `418`): a provider for load tests, which would
+    /// otherwise script one reply per request. Returns the server, so
+    /// calls chain.
+    pub fn answer_with(
+        &self,
+        responder: impl Fn(&Recorded) -> Reply + Send + Sync + 'static,
+    ) -> &Self {
+        *lock(&self.shared.responder) = Some(Arc::new(responder));
+        self
+    }
+
+    /// Sets whether requests are kept for [`requests`](Self::requests)
+    /// ([`Recording::On`], the default). A load test turns it off, so the
+    /// server's memory stays flat however many requests it answers;
+    /// [`served`](Self::served) still counts them.
+    pub fn recording(&self, recording: Recording) -> &Self {
+        self.shared
+            .forget
+            .store(recording == Recording::Off, Ordering::SeqCst);
+        self
+    }
+
+    /// Every request so far, in the order they arrived (those that came
+    /// while recording was off are not kept).
     pub fn requests(&self) -> Vec<Recorded> {
         lock(&self.shared.requests).clone()
+    }
+
+    /// How many requests the server has read, recorded or not.
+    pub fn served(&self) -> usize {
+        self.shared.served.load(Ordering::SeqCst)
+    }
+
+    /// How many connections the server has accepted. Replies keep the
+    /// connection open for the client's next request (HTTP/1.1
+    /// keep-alive), except a reply that [hangs](Reply::hang) or streams
+    /// [without end](Reply::endless): a client that reuses its connections
+    /// opens few.
+    pub fn connections(&self) -> usize {
+        self.shared.connections.load(Ordering::SeqCst)
     }
 
     /// The only request so far.
@@ -302,27 +362,58 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// Reads one request, records it and answers it with the next reply.
+/// Answers the requests of one connection, each with the next reply, for
+/// as long as the client keeps it open and the replies allow.
 async fn serve(mut socket: TcpStream, shared: &Shared) -> io::Result<()> {
-    let request = read_request(&mut socket).await?;
-    lock(&shared.requests).push(request);
-    let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-    shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
-    let reply = lock(&shared.replies)
-        .pop_front()
-        .unwrap_or_else(|| Reply::text(418, "unscripted request"));
-    if let Some(delay) = reply.delay {
-        tokio::time::sleep(delay).await;
+    let mut buffer = Vec::new();
+    loop {
+        let Some(request) = read_request(&mut socket, &mut buffer).await? else {
+            // The client closed its idle connection.
+            return Ok(());
+        };
+        shared.served.fetch_add(1, Ordering::SeqCst);
+        let close = request
+            .header("connection")
+            .is_some_and(|v| v.eq_ignore_ascii_case("close"));
+        let scripted = lock(&shared.replies).pop_front();
+        let reply = match scripted {
+            Some(reply) => reply,
+            None => match lock(&shared.responder).clone() {
+                Some(responder) => responder(&request),
+                None => Reply::text(418, "unscripted request"),
+            },
+        };
+        if !shared.forget.load(Ordering::SeqCst) {
+            lock(&shared.requests).push(request);
+        }
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        if let Some(delay) = reply.delay {
+            tokio::time::sleep(delay).await;
+        }
+        // Answered from here on: the client cannot be done with the request
+        // before its reply begins.
+        shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+        let open = write_reply(&mut socket, reply, !close).await?;
+        socket.flush().await?;
+        if !open {
+            return socket.shutdown().await;
+        }
     }
-    // Answered from here on: the client cannot be done with the request
-    // before its reply begins.
-    shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+}
+
+/// Writes `reply`; returns whether the connection stays open for another
+/// request (`keep`, unless the body is delimited by closing).
+async fn write_reply(socket: &mut TcpStream, reply: Reply, keep: bool) -> io::Result<bool> {
     let reason = match reply.status {
         200 => "OK",
         _ => "Scripted",
     };
+    // A hanging or endless body ends only when the connection does.
+    let keep = keep && matches!(reply.body, Body::Full(_) | Body::Chunks(..));
+    let connection = if keep { "keep-alive" } else { "close" };
     let mut head = format!(
-        "HTTP/1.1 {} {reason}\r\nconnection: close\r\n",
+        "HTTP/1.1 {} {reason}\r\nconnection: {connection}\r\n",
         reply.status
     );
     for (name, value) in &reply.headers {
@@ -335,15 +426,30 @@ async fn serve(mut socket: TcpStream, shared: &Shared) -> io::Result<()> {
             socket.write_all(body.as_bytes()).await?;
         }
         Body::Chunks(chunks, stall) => {
+            if keep {
+                head.push_str("transfer-encoding: chunked\r\n");
+            }
             head.push_str("\r\n");
             socket.write_all(head.as_bytes()).await?;
-            for chunk in chunks {
-                socket.write_all(&chunk).await?;
+            for chunk in chunks.iter().filter(|c| !c.is_empty()) {
+                if keep {
+                    // An empty chunk would end the body: skipped above.
+                    socket
+                        .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                        .await?;
+                    socket.write_all(chunk).await?;
+                    socket.write_all(b"\r\n").await?;
+                } else {
+                    socket.write_all(chunk).await?;
+                }
                 socket.flush().await?;
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             if let Some(stall) = stall {
                 tokio::time::sleep(stall).await;
+            }
+            if keep {
+                socket.write_all(b"0\r\n\r\n").await?;
             }
         }
         Body::Hang(duration) => {
@@ -365,13 +471,16 @@ async fn serve(mut socket: TcpStream, shared: &Shared) -> io::Result<()> {
             }
         }
     }
-    socket.flush().await?;
-    socket.shutdown().await
+    Ok(keep)
 }
 
-/// Reads a request's head and, by its `Content-Length`, its body.
-async fn read_request(socket: &mut TcpStream) -> io::Result<Recorded> {
-    let mut buffer = Vec::new();
+/// Reads a request's head and, by its `Content-Length`, its body; `None`
+/// when the client closed the connection before a new request began.
+/// `buffer` keeps what was read past the request for the next one.
+async fn read_request(
+    socket: &mut TcpStream,
+    buffer: &mut Vec<u8>,
+) -> io::Result<Option<Recorded>> {
     let mut chunk = [0u8; 4096];
     let head_end = loop {
         if let Some(i) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -379,6 +488,9 @@ async fn read_request(socket: &mut TcpStream) -> io::Result<Recorded> {
         }
         let n = socket.read(&mut chunk).await?;
         if n == 0 {
+            if buffer.is_empty() {
+                return Ok(None);
+            }
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         buffer.extend_from_slice(&chunk[..n]);
@@ -398,20 +510,21 @@ async fn read_request(socket: &mut TcpStream) -> io::Result<Recorded> {
         .find(|(n, _)| n == "content-length")
         .and_then(|(_, v)| v.parse().ok())
         .unwrap_or(0);
-    let mut body = buffer[head_end + 4..].to_vec();
-    while body.len() < length {
+    buffer.drain(..head_end + 4);
+    while buffer.len() < length {
         let n = socket.read(&mut chunk).await?;
         if n == 0 {
             break;
         }
-        body.extend_from_slice(&chunk[..n]);
+        buffer.extend_from_slice(&chunk[..n]);
     }
-    Ok(Recorded {
+    let body: Vec<u8> = buffer.drain(..length.min(buffer.len())).collect();
+    Ok(Some(Recorded {
         method,
         path,
         headers,
         body: parse_body(&body),
-    })
+    }))
 }
 
 /// A request body as JSON, `null` when empty, else its text.

@@ -1,19 +1,22 @@
 //! The loopback fake provider over a raw TCP client: scripted JSON and
-//! event-stream replies, recorded requests, the canned vendor answers and
-//! the `418` for a request beyond the script.
+//! event-stream replies, recorded requests, the canned vendor answers, the
+//! `418` for a request beyond the script, kept-alive connections, answers
+//! beyond the script and requests not recorded.
 #![cfg(feature = "http")]
 
+use markov_testkit::Recording;
 use markov_testkit::http::{FakeServer, Reply, anthropic, openai};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// Sends one POST with `body` and returns the whole raw response.
+/// Sends one POST with `body` on a connection of its own (asking the
+/// server to close it after the reply) and returns the whole raw response.
 async fn post(server: &FakeServer, path: &str, body: &Value) -> String {
     let mut socket = TcpStream::connect(server.addr()).await.expect("connect");
     let body = body.to_string();
     let request = format!(
-        "POST {path} HTTP/1.1\r\nHost: fake\r\nX-Api-Key: k\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: fake\r\nX-Api-Key: k\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     socket.write_all(request.as_bytes()).await.expect("write");
@@ -97,4 +100,104 @@ async fn a_scripted_server_starts_with_its_replies() {
     assert!(response.starts_with("HTTP/1.1 503 "), "{response}");
     assert!(response.ends_with("busy"), "{response}");
     assert_eq!(server.single().path, "/x");
+}
+
+/// Reads one response from a kept-alive connection: its head and its body,
+/// by `content-length` or as a chunked body (the chunks joined).
+async fn read_response(socket: &mut TcpStream, buffer: &mut Vec<u8>) -> (String, String) {
+    async fn fill(socket: &mut TcpStream, buffer: &mut Vec<u8>) {
+        let mut chunk = [0u8; 4096];
+        let n = socket.read(&mut chunk).await.expect("read");
+        assert!(n > 0, "the server closed a kept-alive connection");
+        buffer.extend_from_slice(&chunk[..n]);
+    }
+    let find = |buffer: &[u8], what: &[u8]| buffer.windows(what.len()).position(|w| w == what);
+    let head_end = loop {
+        match find(buffer, b"\r\n\r\n") {
+            Some(i) => break i,
+            None => fill(socket, buffer).await,
+        }
+    };
+    let head = String::from_utf8_lossy(&buffer[..head_end]).into_owned();
+    buffer.drain(..head_end + 4);
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.parse::<usize>().ok());
+    let mut body = Vec::new();
+    if let Some(length) = length {
+        while buffer.len() < length {
+            fill(socket, buffer).await;
+        }
+        body.extend(buffer.drain(..length));
+    } else {
+        assert!(head.contains("transfer-encoding: chunked"), "{head}");
+        loop {
+            let line_end = loop {
+                match find(buffer, b"\r\n") {
+                    Some(i) => break i,
+                    None => fill(socket, buffer).await,
+                }
+            };
+            let size = usize::from_str_radix(
+                std::str::from_utf8(&buffer[..line_end]).expect("a size"),
+                16,
+            )
+            .expect("a hex size");
+            while buffer.len() < line_end + 2 + size + 2 {
+                fill(socket, buffer).await;
+            }
+            body.extend_from_slice(&buffer[line_end + 2..line_end + 2 + size]);
+            buffer.drain(..line_end + 2 + size + 2);
+            if size == 0 {
+                break;
+            }
+        }
+    }
+    (head, String::from_utf8(body).expect("UTF-8"))
+}
+
+#[tokio::test]
+async fn one_connection_serves_request_after_request_and_streams_chunked() {
+    let server = FakeServer::start().await;
+    server
+        .reply(Reply::json(200, anthropic::text("one")))
+        .reply(Reply::sse_split(&openai::text_events("héllo"), 3))
+        .reply(Reply::text(503, "busy"));
+    let mut socket = TcpStream::connect(server.addr()).await.expect("connect");
+    let mut buffer = Vec::new();
+    let mut bodies = Vec::new();
+    for _ in 0..3 {
+        let body = "{}";
+        let request = format!(
+            "POST /v1/x HTTP/1.1\r\nHost: fake\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        socket.write_all(request.as_bytes()).await.expect("write");
+        let (head, body) = read_response(&mut socket, &mut buffer).await;
+        assert!(head.contains("connection: keep-alive"), "{head}");
+        bodies.push(body);
+    }
+    assert!(bodies[0].contains("\"one\""), "{}", bodies[0]);
+    assert_eq!(bodies[1], openai::text_events("héllo"));
+    assert_eq!(bodies[2], "busy");
+    assert_eq!(server.connections(), 1);
+    assert_eq!(server.served(), 3);
+}
+
+#[tokio::test]
+async fn requests_beyond_the_script_are_answered_and_can_go_unrecorded() {
+    let server = FakeServer::start().await;
+    server
+        .answer_with(|request| Reply::json(200, anthropic::text(&format!("to {}", request.path))))
+        .recording(Recording::Off);
+    for path in ["/a", "/b"] {
+        let response = post(&server, path, &json!({"n": 1})).await;
+        assert!(response.contains(&format!("to {path}")), "{response}");
+    }
+    assert!(server.requests().is_empty(), "nothing kept");
+    assert_eq!(server.served(), 2);
+    server.recording(Recording::On);
+    post(&server, "/c", &json!(null)).await;
+    assert_eq!(server.single().path, "/c");
 }
