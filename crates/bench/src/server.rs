@@ -12,7 +12,7 @@ use markov_providers::Anthropic;
 use markov_server::{Limits, Server, create_api_key};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::Recording;
-use markov_testkit::http::{FakeServer, Reply, anthropic};
+use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic};
 use serde_json::json;
 
 use crate::Stats;
@@ -31,11 +31,20 @@ pub(crate) struct ServerFigure {
     pub(crate) vm_hwm_kb: u64,
 }
 
+/// The fake provider's answer after [`MODEL_LATENCY`]: streamed when the
+/// request asks for a stream (the server streams its model calls).
+fn answer(request: &Recorded) -> Reply {
+    let reply = if request.body["stream"] == json!(true) {
+        Reply::sse(&anthropic::text_events("ok"))
+    } else {
+        Reply::json(200, anthropic::text("ok"))
+    };
+    reply.delayed(MODEL_LATENCY)
+}
+
 async fn load(n: usize) -> ServerFigure {
     let provider = FakeServer::start().await;
-    provider
-        .answer_with(|_| Reply::json(200, anthropic::text("ok")).delayed(MODEL_LATENCY))
-        .recording(Recording::Off);
+    provider.answer_with(answer).recording(Recording::Off);
     let _ = rustls::crypto::ring::default_provider().install_default();
     let model = Anthropic::builder()
         .api_key("sk-ant-bench")
@@ -90,9 +99,15 @@ async fn load(n: usize) -> ServerFigure {
                 .text()
                 .await
                 .ok()?;
-            stream
-                .contains("event: done")
-                .then(|| sent.elapsed().saturating_sub(MODEL_LATENCY))
+            if !stream.contains("event: done") {
+                // A figure of failed runs would measure nothing: say why.
+                eprintln!(
+                    "a run failed: {}",
+                    stream.lines().take(3).collect::<Vec<_>>().join(" | ")
+                );
+                return None;
+            }
+            Some(sent.elapsed().saturating_sub(MODEL_LATENCY))
         })
     });
     let results = futures::future::join_all(runs).await;
@@ -274,9 +289,7 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
     let exe = std::env::current_exe().expect("the bench binary");
     runtime.block_on(async move {
         let provider = FakeServer::start().await;
-        provider
-            .answer_with(|_| Reply::json(200, anthropic::text("ok")).delayed(MODEL_LATENCY))
-            .recording(Recording::Off);
+        provider.answer_with(answer).recording(Recording::Off);
         let mut children = Vec::new();
         let mut bases = Vec::new();
         for _ in 0..workers.max(1) {
