@@ -547,6 +547,8 @@ pub(super) struct WireResponse {
     pub(super) incomplete_details: Option<IncompleteDetails>,
     #[serde(default)]
     pub(super) error: Option<Value>,
+    #[serde(default)]
+    pub(super) model: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -718,19 +720,19 @@ pub(super) fn response_of(response: WireResponse) -> Result<ModelResponse, Model
         content.extend(item);
     }
     let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
-    Ok(ModelResponse {
-        stop_reason: stop_reason(
-            response.status.as_deref(),
-            response
-                .incomplete_details
-                .as_ref()
-                .and_then(|d| d.reason.as_deref()),
-            has_tool_calls,
-            refused,
-        ),
-        content,
-        usage: response.usage.map(WireUsage::usage).unwrap_or_default(),
-    })
+    let reason = stop_reason(
+        response.status.as_deref(),
+        response
+            .incomplete_details
+            .as_ref()
+            .and_then(|d| d.reason.as_deref()),
+        has_tool_calls,
+        refused,
+    );
+    let mut answer = ModelResponse::new(content, reason)
+        .with_usage(response.usage.map(WireUsage::usage).unwrap_or_default());
+    answer.model = convert::model_name(response.model);
+    Ok(answer)
 }
 
 /// An error object (`{"code", "message"}`) of a failed response or an

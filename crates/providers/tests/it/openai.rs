@@ -303,8 +303,8 @@ async fn a_complete_answer_with_tool_calls_is_parsed() {
     assert!(bad["__error"].is_string());
     assert_eq!(
         answer,
-        ModelResponse {
-            content: vec![
+        ModelResponse::new(
+            vec![
                 Item::Thinking {
                     thinking: "Two sums.".into(),
                     signature: None
@@ -314,14 +314,15 @@ async fn a_complete_answer_with_tool_calls_is_parsed() {
                 Item::tool_use("call_ghi", "finish", json!({})),
                 Item::tool_use("call_jkl", "add", json!({"a": 5, "b": 6})),
             ],
-            stop_reason: StopReason::ToolUse,
-            usage: Usage {
-                input_tokens: 86,
-                output_tokens: 300,
-                cache_read_input_tokens: 1920,
-                cache_creation_input_tokens: 0,
-            },
-        }
+            StopReason::ToolUse
+        )
+        .with_usage(Usage {
+            input_tokens: 86,
+            output_tokens: 300,
+            cache_read_input_tokens: 1920,
+            cache_creation_input_tokens: 0,
+        })
+        .with_model("gpt-test")
     );
 }
 
@@ -441,8 +442,8 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
         .map(|e| e.unwrap())
         .collect()
         .await;
-    let response = ModelResponse {
-        content: vec![
+    let response = ModelResponse::new(
+        vec![
             Item::Thinking {
                 thinking: "Sum them.".into(),
                 signature: None,
@@ -451,14 +452,16 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
             Item::tool_use("call_a", "add", json!({"a": 12, "b": 30})),
             Item::tool_use("call_b", "add", json!({"a": 5, "b": 6})),
         ],
-        stop_reason: StopReason::ToolUse,
-        usage: Usage {
-            input_tokens: 40,
-            output_tokens: 20,
-            cache_read_input_tokens: 10,
-            cache_creation_input_tokens: 0,
-        },
-    };
+        StopReason::ToolUse,
+    )
+    .with_usage(Usage {
+        input_tokens: 40,
+        output_tokens: 20,
+        cache_read_input_tokens: 10,
+        cache_creation_input_tokens: 0,
+    })
+    // The model the chunks name.
+    .with_model("gpt-test");
     let delta = |index: usize, json: &str| StreamEvent::ToolCallDelta {
         index,
         partial_json: json.into(),

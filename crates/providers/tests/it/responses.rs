@@ -14,7 +14,7 @@ use markov_core::{
     ToolChoice, ToolDefinition,
 };
 use markov_providers::{PromptCacheKey, Responses, ResponsesBuilder};
-use markov_testkit::http::{FakeServer, Reply, responses};
+use markov_testkit::http::{FakeServer, MODEL, Reply, responses};
 use serde_json::{Value, json};
 
 use crate::common::machine::{ANSWER, QUESTION, add_args, calculator, respond_args, turn};
@@ -73,6 +73,10 @@ async fn a_tool_round_trip_sends_calls_and_their_outputs_back_with_store_false()
         steps.last().and_then(|s| s.response.clone()),
         Some(ANSWER.to_owned())
     );
+    // Each step names the model the response object named.
+    for step in &steps {
+        assert_eq!(step.model.as_deref(), Some(MODEL), "{step:?}");
+    }
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
     for request in &requests {
@@ -269,6 +273,8 @@ async fn a_stream_is_decoded_however_it_is_cut() {
     assert_eq!(answer.stop_reason, StopReason::ToolUse);
     assert_eq!(answer.usage.input_tokens, 100);
     assert_eq!(answer.usage.cache_read_input_tokens, 20);
+    // As `response.completed` names it.
+    assert_eq!(answer.model.as_deref(), Some(MODEL));
     // Deltas name the positions the final answer has.
     for event in &expected {
         match event {
