@@ -108,7 +108,8 @@ pub(crate) fn check_forced_call(
     if ignored {
         return Err(markov_core::ModelError::InvalidResponse(format!(
             "the server at {endpoint} answered a call that requires a tool call without calling one: it ignores the tools it is offered. \
-             A local server needs a chat template that supports tools: start llama.cpp's llama-server with --jinja, \
+             A local server needs a chat template that supports tools: start llama.cpp's llama-server with --jinja \
+             (and --chat-template-file <a template with tools> for a model whose own template has none), \
              vLLM with --enable-auto-tool-choice --tool-call-parser <the model's parser>, \
              and use an Ollama model whose template supports tools (README, \"Local models\")"
         )));

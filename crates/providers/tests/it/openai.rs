@@ -721,6 +721,32 @@ async fn a_stream_that_stalls_mid_body_times_out() {
 }
 
 #[tokio::test]
+async fn a_model_list_names_each_model_once() {
+    // llama.cpp's server lists its one model twice: in `data` and again
+    // in Ollama's shape under `models`.
+    let llama_cpp = json!({
+        "models": [{"name": "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                    "model": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "type": "model"}],
+        "object": "list",
+        "data": [{"id": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "object": "model",
+                  "owned_by": "llamacpp"}]
+    });
+    let twice =
+        json!({"object": "list", "data": [{"id": "qwen3"}, {"id": "qwen3"}, {"id": "llama3.2"}]});
+    let server =
+        FakeServer::scripted(vec![Reply::json(200, llama_cpp), Reply::json(200, twice)]).await;
+    let model = client(&server);
+    assert_eq!(
+        model.served_models().await.expect("a list"),
+        ["/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    );
+    assert_eq!(
+        model.served_models().await.expect("a list"),
+        ["qwen3", "llama3.2"]
+    );
+}
+
+#[tokio::test]
 async fn debug_output_never_shows_the_key() {
     let server = FakeServer::start().await;
     let model = client(&server);
