@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 use markov_core::message::{Item, Message, Role};
-use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason, Usage};
+use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason};
 use serde_json::json;
 
 /// The cities the demo knows.
@@ -16,11 +16,7 @@ const CITIES: [&str; 2] = ["Lisbon", "Porto"];
 pub struct Rehearsal;
 
 fn answer(content: Vec<Item>, stop_reason: StopReason) -> ModelResponse {
-    ModelResponse {
-        content,
-        stop_reason,
-        usage: Usage::default(),
-    }
+    ModelResponse::new(content, stop_reason)
 }
 
 /// The messages of the current turn: after the last user message that is

@@ -351,7 +351,21 @@ impl std::ops::AddAssign for Usage {
 }
 
 /// A model's answer.
+///
+/// Built with [`ModelResponse::new`] and the setters, which leave the rest
+/// at its default (no token counts, no model name):
+///
+/// ```
+/// use markov_core::message::Item;
+/// use markov_core::model::{ModelResponse, StopReason, Usage};
+///
+/// let response = ModelResponse::new(vec![Item::text("5")], StopReason::EndTurn)
+///     .with_model("gpt-4.1-2025-04-14");
+/// assert_eq!(response.model.as_deref(), Some("gpt-4.1-2025-04-14"));
+/// assert_eq!(response.usage, Usage::default());
+/// ```
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ModelResponse {
     /// Content items: text, tool_use, thinking, and the calls and results of
     /// provider built-in tools the provider ran during the answer.
@@ -360,9 +374,40 @@ pub struct ModelResponse {
     pub stop_reason: StopReason,
     /// Token counts.
     pub usage: Usage,
+    /// The model that answered, as the provider named it in its answer
+    /// (Anthropic's and OpenAI's `model`, Gemini's `modelVersion`): often
+    /// a dated version of the name asked for, or another model altogether
+    /// when a fallback answered. `None` when the provider named none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 impl ModelResponse {
+    /// An answer of `content` that stopped for `stop_reason`, with no token
+    /// counts and no model name.
+    pub fn new(content: Vec<Item>, stop_reason: StopReason) -> Self {
+        ModelResponse {
+            content,
+            stop_reason,
+            usage: Usage::default(),
+            model: None,
+        }
+    }
+
+    /// Sets the token counts.
+    #[must_use]
+    pub fn with_usage(mut self, usage: Usage) -> Self {
+        self.usage = usage;
+        self
+    }
+
+    /// Names the model that answered.
+    #[must_use]
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
     /// The tool calls the caller must run, in order. Calls of provider
     /// built-in tools ([`Item::ProviderToolUse`]) are not among them: the
     /// provider already answered them (see [`Self::provider_tool_calls`]).
@@ -485,6 +530,48 @@ impl ModelError {
     }
 }
 
+/// What a model cannot be offered, found before any call by
+/// [`Model::check_tools`]: a tool, or the output type, whose schema the
+/// provider cannot express.
+///
+/// ```
+/// use markov_core::ToolName;
+/// use markov_core::model::Unsupported;
+///
+/// let tag = ToolName::new("tag").unwrap();
+/// let refused = Unsupported::tool(tag, "maps cannot be expressed");
+/// assert_eq!(refused.tool.as_ref().map(|t| t.as_str()), Some("tag"));
+/// assert_eq!(refused.to_string(), "maps cannot be expressed");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+#[non_exhaustive]
+pub struct Unsupported {
+    /// The tool refused; `None` when it is the output type.
+    pub tool: Option<ToolName>,
+    /// Why, as the provider client words it (what it cannot express, and
+    /// where in the schema).
+    pub reason: String,
+}
+
+impl Unsupported {
+    /// The tool `name` cannot be offered, because of `reason`.
+    pub fn tool(name: ToolName, reason: impl Into<String>) -> Self {
+        Unsupported {
+            tool: Some(name),
+            reason: reason.into(),
+        }
+    }
+
+    /// The output type cannot be asked for, because of `reason`.
+    pub fn output_type(reason: impl Into<String>) -> Self {
+        Unsupported {
+            tool: None,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// A model client.
 ///
 /// `request.messages()` is the machine's history as recorded, ephemerals
@@ -496,7 +583,7 @@ impl ModelError {
 ///
 /// ```
 /// use async_trait::async_trait;
-/// use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason, Usage};
+/// use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason};
 /// use markov_core::message::Item;
 ///
 /// /// Always says hello.
@@ -506,11 +593,7 @@ impl ModelError {
 /// #[async_trait]
 /// impl Model for Hello {
 ///     async fn complete(&self, _req: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-///         Ok(ModelResponse {
-///             content: vec![Item::text("hello")],
-///             stop_reason: StopReason::EndTurn,
-///             usage: Usage::default(),
-///         })
+///         Ok(ModelResponse::new(vec![Item::text("hello")], StopReason::EndTurn))
 ///     }
 /// }
 /// ```
@@ -537,6 +620,25 @@ pub trait Model: Send + Sync + fmt::Debug {
         thinking.allows()
     }
 
+    /// Checks, before any call, that this model can be offered `tools`
+    /// and asked for answers following `output_schema`: a client whose
+    /// provider cannot express some schema says which and why, so that an
+    /// agent fails when it is built rather than at its first call. An
+    /// agent's builder calls it with each node's tools (the built-in ones
+    /// included) and output type. The default accepts everything; a
+    /// wrapper forwards it to the models it wraps.
+    ///
+    /// # Errors
+    /// The first tool (or the output type) the provider cannot be offered.
+    fn check_tools(
+        &self,
+        tools: &[ToolDefinition],
+        output_schema: Option<&Value>,
+    ) -> Result<(), Unsupported> {
+        let _ = (tools, output_schema);
+        Ok(())
+    }
+
     /// Makes one call and streams the answer. The default makes a
     /// non-streaming call and replays it as events.
     fn stream<'a>(
@@ -553,7 +655,7 @@ pub trait Model: Send + Sync + fmt::Debug {
 }
 
 /// A shared model is a model: every method forwards, so a wrapper never
-/// loses an override (`stream`, `thinking_allowance`).
+/// loses an override (`stream`, `thinking_allowance`, `check_tools`).
 #[async_trait]
 impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
@@ -570,6 +672,14 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
         thinking: Thinking,
     ) -> ThinkingAllowance {
         (**self).thinking_allowance(settings, thinking)
+    }
+
+    fn check_tools(
+        &self,
+        tools: &[ToolDefinition],
+        output_schema: Option<&Value>,
+    ) -> Result<(), Unsupported> {
+        (**self).check_tools(tools, output_schema)
     }
 
     fn stream<'a>(
@@ -597,6 +707,14 @@ impl<M: Model + ?Sized> Model for Box<M> {
         thinking: Thinking,
     ) -> ThinkingAllowance {
         (**self).thinking_allowance(settings, thinking)
+    }
+
+    fn check_tools(
+        &self,
+        tools: &[ToolDefinition],
+        output_schema: Option<&Value>,
+    ) -> Result<(), Unsupported> {
+        (**self).check_tools(tools, output_schema)
     }
 
     fn stream<'a>(
@@ -670,14 +788,13 @@ mod tests {
 
     #[tokio::test]
     async fn default_stream_replays_the_response() {
-        let response = ModelResponse {
-            content: vec![
+        let response = ModelResponse::new(
+            vec![
                 Item::text("hi"),
                 Item::tool_use("c1", "add", json!({"a":1})),
             ],
-            stop_reason: StopReason::ToolUse,
-            usage: Usage::default(),
-        };
+            StopReason::ToolUse,
+        );
         let model = Fixed(response.clone());
         let settings = ModelSettings::default();
         let request = ModelRequest::new("", &[], &settings);

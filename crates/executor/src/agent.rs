@@ -26,7 +26,7 @@ use crate::instance::Instance;
 use crate::machine::Machine;
 use crate::run::RunOptions;
 use crate::serialize::{DeserializeError, SerializedMachine, deserialize_machine};
-use crate::standard::StandardExecutor;
+use crate::standard::{StandardExecutor, Unservable};
 use crate::stream::MessageStreamEvent;
 
 /// An agent, ready to run: see [`Agent::builder`].
@@ -125,6 +125,20 @@ pub enum BuildError {
         #[source]
         source: RegistryError,
     },
+    /// The model cannot be offered a node's tools or output type: its
+    /// provider cannot express a schema (Gemini's dialect has no maps, for
+    /// one). Found when the agent is built, by
+    /// [`Model::check_tools`], rather than at the node's first model call.
+    #[error("agent {agent:?}, node {node:?}: the model cannot be offered {}: {source}", offered(.source))]
+    Unsupported {
+        /// The agent.
+        agent: String,
+        /// The node's name.
+        node: String,
+        /// What the model refuses (the tool, or the output type), and why.
+        #[source]
+        source: markov_core::Unsupported,
+    },
     /// The start state does not fit the start node.
     #[error("agent {agent:?}: {source}")]
     State {
@@ -134,6 +148,14 @@ pub enum BuildError {
         #[source]
         source: RunError,
     },
+}
+
+/// What a refusal is about, as [`BuildError::Unsupported`] names it.
+fn offered(refused: &markov_core::Unsupported) -> String {
+    match &refused.tool {
+        Some(tool) => format!("tool {:?}", tool.as_str()),
+        None => "its output type".to_owned(),
+    }
 }
 
 impl Agent {
@@ -677,6 +699,22 @@ impl AgentBuilder {
             }
             (None, None) => return Err(BuildError::NoModel { agent }),
         };
+        if let Some(standard) = &standard {
+            standard
+                .check_nodes(&charter)
+                .map_err(|(node, why)| match why {
+                    Unservable::Tools(source) => BuildError::Node {
+                        agent: agent.clone(),
+                        node,
+                        source,
+                    },
+                    Unservable::Refused(source) => BuildError::Unsupported {
+                        agent: agent.clone(),
+                        node,
+                        source,
+                    },
+                })?;
+        }
         let state = self
             .state
             .or_else(|| start.initial_state().cloned())

@@ -87,6 +87,9 @@ pub struct LeafOutcome {
     pub intents: Vec<Intent>,
     /// The tokens the leaf's model call used.
     pub usage: markov_core::model::Usage,
+    /// The model that answered the leaf's call, as the answer names it
+    /// ([`ModelResponse::model`](markov_core::ModelResponse::model)).
+    pub model: Option<String>,
 }
 
 /// An intent a tool returned for the application (through the registry's
@@ -112,6 +115,7 @@ impl LeafOutcome {
             termination: None,
             intents: Vec::new(),
             usage: markov_core::model::Usage::default(),
+            model: None,
         }
     }
 }

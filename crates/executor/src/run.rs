@@ -397,6 +397,7 @@ fn make_step(
         intents: Vec::new(),
         usage: Usage::default(),
         run_usage: Usage::default(),
+        model: None,
     }
 }
 
@@ -720,6 +721,10 @@ impl RunState {
         let mut busy_workers = Vec::new();
         let mut intents = Vec::new();
         let mut usage = Usage::default();
+        // The model of the primary leaf's answer; of the first worker's
+        // that names one on a step without a primary leaf.
+        let mut primary_model = None;
+        let mut worker_model = None;
         for (task, mut outcome) in tasks.iter().zip(outcomes) {
             usage += outcome.usage;
             let leaf = &task.leaf;
@@ -740,9 +745,18 @@ impl RunState {
             } else if primary.is_none() {
                 primary = Some((outcome.yield_reason, outcome.response, outcome.termination));
                 primary_id = Some(leaf.leaf().id().clone());
+                primary_model = outcome.model.take();
+            }
+            if worker_model.is_none() && leaf.is_worker() {
+                worker_model = outcome.model.take();
             }
             machine.queue.enqueue_entries(outcome.entries);
         }
+        let model = if primary.is_some() {
+            primary_model
+        } else {
+            worker_model
+        };
         let (step_history, effects) = machine
             .queue
             .drain_messages(|e| resolve_effect(machine, e))
@@ -795,6 +809,7 @@ impl RunState {
                 step.cede_content = cede_json(content);
                 step.intents = intents;
                 step.usage = usage;
+                step.model = model;
                 return Ok(step);
             }
         }
@@ -808,12 +823,14 @@ impl RunState {
                 .held_pending_at(std::time::SystemTime::now());
             step.intents = intents;
             step.usage = usage;
+            step.model = model;
             return Ok(step);
         }
         if reason == YieldReason::MaxTokens {
             let mut step = make_step(machine, history, YieldReason::MaxTokens, self.recovered);
             step.intents = intents;
             step.usage = usage;
+            step.model = model;
             if !self.recovered {
                 self.recovered = true;
                 machine.history.push(Message::user(RECOVERY_TEXT));
@@ -832,6 +849,7 @@ impl RunState {
         step.termination = termination;
         step.intents = intents;
         step.usage = usage;
+        step.model = model;
         Ok(step)
     }
 }

@@ -155,6 +155,69 @@ impl StandardExecutor {
     }
 }
 
+/// Why the model cannot serve a node of a charter (see
+/// [`StandardExecutor::check_nodes`]).
+#[derive(Debug)]
+pub(crate) enum Unservable {
+    /// The node's tool list cannot be made.
+    Tools(ConfigError),
+    /// The model refuses a tool or the output type.
+    Refused(markov_core::Unsupported),
+}
+
+impl StandardExecutor {
+    /// Checks, through [`Model::check_tools`], that the model can be
+    /// offered what each node offers it: the nodes `charter` registers and
+    /// the nodes their transitions hold inline. Each is checked with the
+    /// tools of a leaf that is not a worker (the built-in ones, its own,
+    /// the charter's, its packs', the registry's) and its output type.
+    /// Tools a node only gets as a child of another (its ancestors') are
+    /// checked with the nodes that declare them; a node a model writes
+    /// (a general transition's) is known only when it is taken.
+    ///
+    /// # Errors
+    /// The first node the model cannot serve (its registered name, else
+    /// its own, else the transition's), and why.
+    pub(crate) fn check_nodes(
+        &self,
+        charter: &markov_runtime::charter::Charter,
+    ) -> Result<(), (String, Unservable)> {
+        use markov_runtime::transition::{NodeTarget, Transition};
+
+        // The registered nodes first, then the ones held inline.
+        let mut waiting: std::collections::VecDeque<(String, &markov_runtime::node::Node)> =
+            charter
+                .nodes()
+                .map(|(name, node)| (name.to_owned(), node))
+                .collect();
+        let mut seen = HashSet::new();
+        while let Some((name, node)) = waiting.pop_front() {
+            if !seen.insert(node.id().clone()) {
+                continue;
+            }
+            let mut tools = generate_tools_cached(charter, node, &[], false)
+                .map_err(|e| (name.clone(), Unservable::Tools(e)))?;
+            if let Some(binding) = &self.registry {
+                tools = binding.offered_tools(&tools);
+            }
+            self.model
+                .check_tools(&tools, node.output().map(|o| o.schema()))
+                .map_err(|e| (name.clone(), Unservable::Refused(e)))?;
+            for (transition_name, transition) in node.transitions() {
+                if let Ok(Transition::Serial {
+                    target: NodeTarget::Inline(inline),
+                    ..
+                }) = charter.resolve_transition(transition)
+                {
+                    let name = inline.name().unwrap_or(transition_name).to_owned();
+                    waiting.push_back((name, inline));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Everything a model call needs besides the history.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Prepared {
@@ -816,8 +879,9 @@ impl Executor for StandardExecutor {
             gen_ai.provider.name = self.model.provider_name(),
             gen_ai.request.model = model_name,
             gen_ai.request.max_tokens = prepared.settings.max_tokens,
-            // Recorded by a model that knows which model answered (a
-            // `Fallback` of markov-providers).
+            // The model the answer names, recorded once it is in; a
+            // model that knows which model answered before (a `Fallback`
+            // of markov-providers) records it too.
             gen_ai.response.model = tracing::field::Empty,
             gen_ai.usage.input_tokens = tracing::field::Empty,
             gen_ai.usage.output_tokens = tracing::field::Empty,
@@ -897,6 +961,10 @@ impl Executor for StandardExecutor {
         };
         span.record("gen_ai.usage.input_tokens", usage.input_tokens);
         span.record("gen_ai.usage.output_tokens", usage.output_tokens);
+        let model = response.model.clone();
+        if let Some(model) = &model {
+            span.record("gen_ai.response.model", model.as_str());
+        }
         span.record(
             "gen_ai.response.finish_reasons",
             tracing::field::debug([&response.stop_reason]),
@@ -922,6 +990,7 @@ impl Executor for StandardExecutor {
         let (entries, refused) = match after {
             AfterModel::Finish(mut outcome) => {
                 outcome.usage = usage;
+                outcome.model = model;
                 return Ok(outcome);
             }
             AfterModel::RunTools { entries, refused } => (entries, refused),
@@ -988,6 +1057,7 @@ impl Executor for StandardExecutor {
             }
             let mut paused = LeafOutcome::new(Vec::new(), YieldReason::AwaitingApproval, cx.turn);
             paused.usage = usage;
+            paused.model = model;
             return Ok(paused);
         }
         cx.policy.answers().set_paused(cx.instance().id(), false);
@@ -1013,6 +1083,7 @@ impl Executor for StandardExecutor {
             }
         };
         outcome.usage = usage;
+        outcome.model = model;
         Ok(outcome)
     }
 }

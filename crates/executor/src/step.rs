@@ -113,6 +113,12 @@ pub struct MachineStep {
     pub usage: markov_core::model::Usage,
     /// The tokens the run has used so far, this step included.
     pub run_usage: markov_core::model::Usage,
+    /// The model that answered this step's model call, as the answer names
+    /// it ([`ModelResponse::model`](markov_core::ModelResponse::model)):
+    /// the primary leaf's, or a worker's on a step of workers only. With a
+    /// fallback model it says which model of the list answered. `None`
+    /// when the step called no model or the answer named none.
+    pub model: Option<String>,
 }
 
 impl MachineStep {

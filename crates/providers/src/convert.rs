@@ -51,6 +51,26 @@ pub(crate) fn system_text(message: &Message) -> Option<String> {
     (!texts.is_empty()).then(|| texts.join("\n"))
 }
 
+/// The longest model name kept from an answer (in bytes); a longer one is
+/// cut, since the name travels on to steps, spans and a service's events.
+pub(crate) const MAX_MODEL_NAME: usize = 256;
+
+/// The model name an answer gives, as
+/// [`ModelResponse::model`](markov_core::ModelResponse::model) keeps it:
+/// `None` for an empty one, cut to [`MAX_MODEL_NAME`] bytes at a character
+/// boundary.
+pub(crate) fn model_name(name: Option<String>) -> Option<String> {
+    let mut name = name.filter(|n| !n.is_empty())?;
+    if name.len() > MAX_MODEL_NAME {
+        let mut end = MAX_MODEL_NAME;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+    }
+    Some(name)
+}
+
 /// The stop reason when the provider gives none (or one this crate does not
 /// know): tool use if the answer calls tools, else the end of the turn.
 pub(crate) fn implied_stop_reason(has_tool_calls: bool) -> markov_core::StopReason {
@@ -88,7 +108,8 @@ pub(crate) fn check_forced_call(
     if ignored {
         return Err(markov_core::ModelError::InvalidResponse(format!(
             "the server at {endpoint} answered a call that requires a tool call without calling one: it ignores the tools it is offered. \
-             A local server needs a chat template that supports tools: start llama.cpp's llama-server with --jinja, \
+             A local server needs a chat template that supports tools: start llama.cpp's llama-server with --jinja \
+             (and --chat-template-file <a template with tools> for a model whose own template has none), \
              vLLM with --enable-auto-tool-choice --tool-call-parser <the model's parser>, \
              and use an Ollama model whose template supports tools (README, \"Local models\")"
         )));
@@ -156,5 +177,19 @@ mod tests {
             output_text(&json!({"a":[1]})),
             "{\n  \"a\": [\n    1\n  ]\n}"
         );
+    }
+
+    #[test]
+    fn model_names_are_kept_short_and_whole() {
+        assert_eq!(model_name(None), None);
+        assert_eq!(model_name(Some(String::new())), None);
+        assert_eq!(
+            model_name(Some("gpt-4.1".into())).as_deref(),
+            Some("gpt-4.1")
+        );
+        let long = "é".repeat(MAX_MODEL_NAME);
+        let kept = model_name(Some(long)).unwrap();
+        assert!(kept.len() <= MAX_MODEL_NAME && kept.len() >= MAX_MODEL_NAME - 1);
+        assert!(kept.chars().all(|c| c == 'é'));
     }
 }

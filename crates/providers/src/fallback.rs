@@ -10,6 +10,11 @@
 //! invalid request or an answer that cannot be read), since another model
 //! would be asked the same thing. A refusal is an answer (stop reason
 //! `refusal`), and is returned as it is.
+//!
+//! The answer names the model that gave it
+//! ([`ModelResponse::model`]): the name its provider reported, else the
+//! name the fallback asked for (the entry's own, or the request's), so a
+//! machine's step says which model of the list answered.
 
 use std::sync::Arc;
 
@@ -18,7 +23,9 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use markov_core::StreamEvent;
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings};
-use markov_core::model::{Thinking, ThinkingAllowance};
+use markov_core::model::{Thinking, ThinkingAllowance, Unsupported};
+use markov_core::tool::ToolDefinition;
+use serde_json::Value;
 use tracing::Instrument;
 
 /// One model of the list, with the model name it is asked for.
@@ -31,11 +38,16 @@ struct Entry {
 
 /// A model that answers with the first of its models that can: the first
 /// is asked, and on a failure of the service (see the module docs) the
-/// next, in order. Every call runs in a `fallback` span whose
-/// `gen_ai.response.model` and `fallback.index` name the model that
-/// answered (its name, the request's, or its provider's when neither
-/// names one); the caller's span gets the same `gen_ai.response.model`
-/// when it declares the field, as the loop's `chat` span of each step does.
+/// next, in order. The answer's [`ModelResponse::model`] names the model
+/// that answered: as its provider reported it, else the name it was asked
+/// for. Every call runs in a `fallback` span whose `gen_ai.response.model`
+/// and `fallback.index` name the model that answered (the reported name,
+/// else the name asked for, else its provider's); the caller's span gets
+/// the same `gen_ai.response.model` when it declares the field, as the
+/// loop's `chat` span of each step does.
+///
+/// [`check_tools`](Model::check_tools) asks every model of the list: the
+/// request may reach any of them.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -104,13 +116,31 @@ impl Fallback {
         self.entries.is_empty()
     }
 
-    fn label<'a>(&'a self, entry: &'a Entry, request: &'a ModelRequest<'_>) -> &'a str {
+    /// The name `entry` is asked for with `request`, if any names one.
+    fn asked<'a>(entry: &'a Entry, request: &ModelRequest<'a>) -> Option<&'a str> {
         entry
             .name
             .as_deref()
             .or(request.settings().model.as_deref())
-            .unwrap_or_else(|| entry.model.provider_name())
     }
+}
+
+/// `response`, naming `asked` as the model that answered when its
+/// provider named none.
+fn named(mut response: ModelResponse, asked: Option<&str>) -> ModelResponse {
+    if response.model.is_none() {
+        response.model = asked.map(str::to_owned);
+    }
+    response
+}
+
+/// Records on the fallback's span and on the caller's which model of the
+/// list answered.
+fn record(caller: &tracing::Span, label: &str, index: usize) {
+    let span = tracing::Span::current();
+    span.record("gen_ai.response.model", label);
+    span.record("fallback.index", index);
+    caller.record("gen_ai.response.model", label);
 }
 
 fn span() -> tracing::Span {
@@ -125,6 +155,17 @@ fn span() -> tracing::Span {
 impl Model for Fallback {
     fn provider_name(&self) -> &str {
         self.entries[0].model.provider_name()
+    }
+
+    fn check_tools(
+        &self,
+        tools: &[ToolDefinition],
+        output_schema: Option<&Value>,
+    ) -> Result<(), Unsupported> {
+        // The request may reach any model of the list.
+        self.entries
+            .iter()
+            .try_for_each(|e| e.model.check_tools(tools, output_schema))
     }
 
     fn thinking_allowance(
@@ -169,11 +210,12 @@ impl Model for Fallback {
                 };
                 match entry.model.complete(request).await {
                     Ok(response) => {
-                        let span = tracing::Span::current();
-                        let label = self.label(entry, &request);
-                        span.record("gen_ai.response.model", label);
-                        span.record("fallback.index", index);
-                        caller.record("gen_ai.response.model", label);
+                        let response = named(response, Self::asked(entry, &request));
+                        let label = response
+                            .model
+                            .as_deref()
+                            .unwrap_or_else(|| entry.model.provider_name());
+                        record(&caller, label, index);
                         if index > 0 {
                             tracing::info!(index, "answered by a fallback model");
                         }
@@ -195,7 +237,9 @@ impl Model for Fallback {
     /// stream fails before its first event (the connection, the response
     /// head) with a failure of the service is passed over; once events
     /// flow, a failure ends the stream. A model given its own name is asked
-    /// without streaming and its answer replayed.
+    /// without streaming and its answer replayed. The spans name the model
+    /// when the stream starts, before the answer reports its name: the name
+    /// asked for, else the provider's.
     fn stream<'a>(
         &'a self,
         request: ModelRequest<'a>,
@@ -213,14 +257,20 @@ impl Model for Fallback {
                         tracing::warn!(%error, index, "model stream failed; trying the next");
                     }
                     first => {
+                        let asked = Self::asked(entry, &request);
                         if matches!(first, Some(Ok(_))) {
-                            let span = tracing::Span::current();
-                            let label = self.label(entry, &request);
-                            span.record("gen_ai.response.model", label);
-                            span.record("fallback.index", index);
-                            caller.record("gen_ai.response.model", label);
+                            let label = asked.unwrap_or_else(|| entry.model.provider_name());
+                            record(&caller, label, index);
                         }
-                        return futures::stream::iter(first).chain(events).boxed();
+                        return futures::stream::iter(first)
+                            .chain(events)
+                            .map(move |event| match event {
+                                Ok(StreamEvent::Done(response)) => {
+                                    Ok(StreamEvent::Done(named(response, asked)))
+                                }
+                                other => other,
+                            })
+                            .boxed();
                     }
                 }
             }

@@ -11,7 +11,8 @@
 //! - [`Gemini`] (feature `gemini`) speaks the Gemini API
 //!   (`generateContent`, `streamGenerateContent`), tools converted to its
 //!   schema dialect, thought signatures sent back.
-//! - [`Fallback`] tries a list of models in order when one cannot answer.
+//! - [`Fallback`] tries a list of models in order when one cannot answer;
+//!   its answer names the model that gave it.
 //! - [`from_env`] picks the client the environment configures.
 //! - [`ConfigError`] says why a client could not be built.
 //!
@@ -33,6 +34,11 @@
 //! Anthropic's mid-stream `overloaded_error`, [`ModelError::Overloaded`])
 //! ends the stream with that error. Dropping a call's future (or stream)
 //! cancels it.
+//! Every answer names the model that gave it as the provider reported it
+//! ([`ModelResponse::model`](markov_core::ModelResponse::model)), and the
+//! Gemini client refuses, through
+//! [`Model::check_tools`](markov_core::Model::check_tools), the tools and
+//! output types its schema dialect cannot express before any call.
 //! Every call runs in a `provider_request` tracing span with the fields
 //! `gen_ai.provider.name`, `gen_ai.request.model` and `attempt` (distinct
 //! from the loop's `chat` span around it). API keys never appear in `Debug`

@@ -178,7 +178,7 @@ pub(crate) fn replayed<'a, M: markov_core::Model>(
 
 #[cfg(test)]
 mod tests {
-    use markov_core::{Message, ModelSettings, ToolDefinition, Usage};
+    use markov_core::{Message, ModelSettings, ToolDefinition};
     use serde_json::json;
 
     use super::*;
@@ -232,42 +232,39 @@ mod tests {
             name: "final_answer",
             schema: &schema,
         };
-        let response = ModelResponse {
-            content: vec![
+        let response = ModelResponse::new(
+            vec![
                 Item::text("thinking aloud"),
                 Item::tool_use("c1", "final_answer", json!({"total": 5})),
             ],
-            stop_reason: StopReason::ToolUse,
-            usage: Usage::default(),
-        };
+            StopReason::ToolUse,
+        );
         let done = plan.finish(response);
         assert_eq!(
             done.content,
             vec![Item::text("thinking aloud"), Item::text(r#"{"total":5}"#)]
         );
         assert_eq!(done.stop_reason, StopReason::EndTurn);
-        let malformed = ModelResponse {
-            content: vec![Item::tool_use(
+        let malformed = ModelResponse::new(
+            vec![Item::tool_use(
                 "c2",
                 "final_answer",
                 markov_core::tool::parse_tool_arguments("{\"total\": 5"),
             )],
-            stop_reason: StopReason::ToolUse,
-            usage: Usage::default(),
-        };
+            StopReason::ToolUse,
+        );
         assert_eq!(
             plan.finish(malformed).content,
             vec![Item::text("{\"total\": 5")]
         );
         // Other calls stay, and so does the stop reason.
-        let mixed = ModelResponse {
-            content: vec![
+        let mixed = ModelResponse::new(
+            vec![
                 Item::tool_use("c3", "add", json!({})),
                 Item::tool_use("c4", "final_answer", json!({})),
             ],
-            stop_reason: StopReason::ToolUse,
-            usage: Usage::default(),
-        };
+            StopReason::ToolUse,
+        );
         let mixed = plan.finish(mixed);
         assert_eq!(mixed.stop_reason, StopReason::ToolUse);
         assert!(mixed.has_tool_calls());

@@ -316,11 +316,12 @@ impl Transport {
     }
 
     /// The ids of the models a server lists at `url` (`{"data": [{"id"}]}`,
-    /// as OpenAI, Anthropic, llama.cpp, vLLM and Ollama answer), one
-    /// attempt bounded by the timeout (at most 30 s).
+    /// as OpenAI, Anthropic, llama.cpp, vLLM and Ollama answer), each
+    /// once, one attempt bounded by the timeout (at most 30 s).
     pub(crate) async fn list_models(&self, url: Url) -> Result<Vec<String>, ModelError> {
-        // `data[].id` (OpenAI, Anthropic, llama.cpp, vLLM, Ollama) or
-        // `models[].name` (Gemini).
+        // `data[].id` (OpenAI, Anthropic, llama.cpp, vLLM, Ollama), else
+        // `models[].name` (Gemini). llama.cpp's server sends both, the
+        // same models twice (`models` in Ollama's shape): one list is read.
         #[derive(Deserialize)]
         struct List {
             #[serde(default)]
@@ -354,11 +355,15 @@ impl Transport {
             let list: List = serde_json::from_str(&body).map_err(|e| {
                 ModelError::InvalidResponse(format!("cannot parse the model list: {e}"))
             })?;
-            Ok(list
-                .data
+            let listed: Vec<String> = if list.data.is_empty() {
+                list.models.into_iter().map(|m| m.name).collect()
+            } else {
+                list.data.into_iter().map(|m| m.id).collect()
+            };
+            let mut seen = std::collections::HashSet::with_capacity(listed.len());
+            Ok(listed
                 .into_iter()
-                .map(|m| m.id)
-                .chain(list.models.into_iter().map(|m| m.name))
+                .filter(|model| seen.insert(model.clone()))
                 .collect())
         };
         tokio::time::timeout(wait, call)

@@ -28,6 +28,7 @@ const state = {
   waiting: 0,          // calls waiting for a decision
   target: null,        // where messages are appended (a fragment while a history renders)
   agent: null,
+  answeredBy: null,    // the model that answered the step being shown, if it said
 };
 
 // Past this many characters a text is shown cut, with a button for the rest.
@@ -182,6 +183,8 @@ function assistantMessage(text, html) {
     node.classList.add("plain");
     showLong(node, text, PROSE);
   }
+  // A tooltip, never markup: which model wrote it (a fallback's may differ).
+  if (state.answeredBy) node.title = "Answered by " + visibleName(state.answeredBy);
   return append(node);
 }
 
@@ -299,6 +302,7 @@ function showMessage(message) {
 }
 
 function showStep(step) {
+  state.answeredBy = typeof step.model === "string" ? step.model : null;
   follow(() => {
     let answered = false;
     for (const message of step.messages || []) {
@@ -308,6 +312,7 @@ function showStep(step) {
     // A terminal tool's output is the answer.
     if (step.response && !answered) assistantMessage(step.response, step.response_html);
   });
+  state.answeredBy = null;
   if (step.yield_reason === "awaiting_approval") showApprovals(step.approvals || []);
 }
 

@@ -470,7 +470,7 @@ enum Work {
 
 /// One step as a client sees it: its messages (assistant text also as
 /// sanitized HTML, see `markdown::with_html`), why it ended, the response
-/// (and its HTML), the calls waiting for approval.
+/// (and its HTML), the calls waiting for approval, the model that answered.
 #[derive(Debug, Serialize)]
 struct StepEvent<'a> {
     yield_reason: &'static str,
@@ -481,6 +481,8 @@ struct StepEvent<'a> {
     response_html: Option<String>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     approvals: &'a [markov_policy::ConfirmationRequest],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
 }
 
 fn step_json(step: &MachineStep) -> String {
@@ -491,6 +493,7 @@ fn step_json(step: &MachineStep) -> String {
         response: step.response.as_deref(),
         response_html: step.response.as_deref().and_then(markdown::to_html),
         approvals: &step.approvals,
+        model: step.model.as_deref(),
     };
     serde_json::to_string(&body).unwrap_or_else(|_| "{}".into())
 }

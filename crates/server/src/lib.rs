@@ -67,7 +67,8 @@
 //! **Runs.** A run is streamed as `delta` events (text as the model writes
 //! it, for an agent on the standard executor), `step` events (each step's
 //! messages: text, tool calls, tool results; its yield reason; the
-//! response; the calls waiting for approval), then `done` (the last
+//! response; the calls waiting for approval; the `model` that answered,
+//! when the provider named it), then `done` (the last
 //! step's response, whether the turn is over, whether it waits for
 //! approvals, what stopped it), `interrupted` (the server shut down after
 //! a stored step; the run continues when it restarts) or `error`. Every

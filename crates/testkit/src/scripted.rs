@@ -8,7 +8,7 @@ use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, Message};
 use markov_core::model::{
     HistoryId, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason,
-    ToolChoice, Usage,
+    ToolChoice,
 };
 use markov_core::tool::{ProviderTool, ToolDefinition};
 use serde_json::Value;
@@ -273,11 +273,10 @@ impl ScriptBuilder {
             .into_iter()
             .map(|(name, input)| Item::tool_use(self.next_call_id(), name, input))
             .collect();
-        self.script.push_back(Scripted::Response(ModelResponse {
+        self.script.push_back(Scripted::Response(ModelResponse::new(
             content,
-            stop_reason: StopReason::ToolUse,
-            usage: Usage::default(),
-        }));
+            StopReason::ToolUse,
+        )));
         self
     }
 
@@ -294,22 +293,20 @@ impl ScriptBuilder {
                 .into_iter()
                 .map(|(name, input)| Item::tool_use(self.next_call_id(), name, input)),
         );
-        self.script.push_back(Scripted::Response(ModelResponse {
+        self.script.push_back(Scripted::Response(ModelResponse::new(
             content,
-            stop_reason: StopReason::ToolUse,
-            usage: Usage::default(),
-        }));
+            StopReason::ToolUse,
+        )));
         self
     }
 
     /// An answer cut off by the token limit (`max_tokens`).
     #[must_use]
     pub fn max_tokens(mut self, partial_text: impl Into<String>) -> Self {
-        self.script.push_back(Scripted::Response(ModelResponse {
-            content: vec![Item::text(partial_text)],
-            stop_reason: StopReason::MaxTokens,
-            usage: Usage::default(),
-        }));
+        self.script.push_back(Scripted::Response(ModelResponse::new(
+            vec![Item::text(partial_text)],
+            StopReason::MaxTokens,
+        )));
         self
     }
 
@@ -335,11 +332,7 @@ impl ScriptBuilder {
 
 /// A plain text response (`end_turn`).
 pub fn text_response(text: impl Into<String>) -> ModelResponse {
-    ModelResponse {
-        content: vec![Item::text(text)],
-        stop_reason: StopReason::EndTurn,
-        usage: Usage::default(),
-    }
+    ModelResponse::new(vec![Item::text(text)], StopReason::EndTurn)
 }
 
 #[cfg(test)]

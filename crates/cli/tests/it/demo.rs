@@ -236,6 +236,9 @@ async fn a_server_that_ignores_the_tools_is_reported_not_believed() {
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
     assert!(stderr.contains("ignores the tools"), "{stderr}");
     assert!(stderr.contains("--jinja"), "{stderr}");
+    // With --jinja, a model whose own template has no tools still drops
+    // them (SmolLM2's, seen on a real llama-server): the way out is named.
+    assert!(stderr.contains("--chat-template-file"), "{stderr}");
     assert!(!stdout.contains("3 million"), "{stdout}");
     assert_eq!(server.single().body["tool_choice"], "required");
 }

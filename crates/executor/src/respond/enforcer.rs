@@ -168,6 +168,14 @@ impl<M: Model> Model for ToolChoiceEnforcer<M> {
         self.inner.thinking_allowance(settings, thinking)
     }
 
+    fn check_tools(
+        &self,
+        tools: &[markov_core::ToolDefinition],
+        output_schema: Option<&serde_json::Value>,
+    ) -> Result<(), markov_core::Unsupported> {
+        self.inner.check_tools(tools, output_schema)
+    }
+
     fn stream<'a>(
         &'a self,
         request: ModelRequest<'a>,

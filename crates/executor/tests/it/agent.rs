@@ -439,3 +439,252 @@ fn an_agent_on_a_charter_takes_its_nodes_and_refuses_others() {
         }
     }
 }
+
+/// Labels things (its arguments are a map, which some providers' schema
+/// dialects cannot express).
+#[markov_core::tool]
+async fn tag(
+    /// The labels, by thing.
+    labels: std::collections::BTreeMap<String, String>,
+) -> usize {
+    labels.len()
+}
+
+/// A state with a map in it.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+struct Tally {
+    counts: std::collections::BTreeMap<String, u32>,
+}
+
+/// A model that refuses, at build time, every schema holding a map (as
+/// Gemini's client does), and records the tool lists it was asked about.
+#[derive(Debug, Default)]
+struct NoMaps {
+    asked: std::sync::Mutex<Vec<(Vec<String>, bool)>>,
+}
+
+fn has_map(schema: &serde_json::Value) -> bool {
+    match schema {
+        serde_json::Value::Object(fields) => fields.iter().any(|(key, value)| {
+            (key == "additionalProperties" && value.is_object()) || has_map(value)
+        }),
+        serde_json::Value::Array(items) => items.iter().any(has_map),
+        _ => false,
+    }
+}
+
+#[markov_core::async_trait]
+impl markov_core::Model for NoMaps {
+    async fn complete(
+        &self,
+        _request: markov_core::ModelRequest<'_>,
+    ) -> Result<markov_core::ModelResponse, markov_core::ModelError> {
+        Ok(markov_testkit::text_response("fine"))
+    }
+
+    fn check_tools(
+        &self,
+        tools: &[markov_core::ToolDefinition],
+        output_schema: Option<&serde_json::Value>,
+    ) -> Result<(), markov_core::Unsupported> {
+        self.asked.lock().expect("not poisoned").push((
+            tools.iter().map(|t| t.name.to_string()).collect(),
+            output_schema.is_some(),
+        ));
+        if let Some(tool) = tools.iter().find(|t| has_map(&t.input_schema)) {
+            return Err(markov_core::Unsupported::tool(
+                tool.name.clone(),
+                format!("tool {:?} has a map", tool.name.as_str()),
+            ));
+        }
+        match output_schema {
+            Some(schema) if has_map(schema) => Err(markov_core::Unsupported::output_type(
+                "the output type has a map",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[test]
+fn a_model_refuses_what_it_cannot_be_offered_when_the_agent_is_built() {
+    // A node's own tool.
+    let error = build_error(
+        Agent::builder("labeller")
+            .instructions("Label.")
+            .tool(Tag)
+            .model(NoMaps::default()),
+    );
+    let BuildError::Unsupported {
+        node: refused_node,
+        source,
+        ..
+    } = &error
+    else {
+        panic!("{error:?}")
+    };
+    assert_eq!(refused_node, "labeller");
+    assert_eq!(source.tool.as_ref().map(|t| t.as_str()), Some("tag"));
+    assert_eq!(
+        error.to_string(),
+        "agent \"labeller\", node \"labeller\": the model cannot be offered tool \"tag\": tool \"tag\" has a map"
+    );
+
+    // A tool the charter adds: the state update of a node whose state has a map.
+    let tally = Node::builder("Count.")
+        .name("tally")
+        .state(Tally::default())
+        .build()
+        .expect("node builds");
+    let error = build_error(
+        Agent::builder("counter")
+            .node("start", node("start"))
+            .node("tally", tally)
+            .model(NoMaps::default()),
+    );
+    assert!(
+        matches!(
+            &error,
+            BuildError::Unsupported { node, source, .. }
+                if node == "tally"
+                    && source.tool.as_ref().map(|t| t.as_str()) == Some("updateState")
+        ),
+        "{error:?}"
+    );
+
+    // A tool of the registry, offered to every node.
+    let error = build_error(
+        Agent::builder("labeller")
+            .instructions("Label.")
+            .tool_with(Tag, ToolMetadata::new(Category::Other))
+            .model(NoMaps::default()),
+    );
+    assert!(
+        matches!(&error, BuildError::Unsupported { source, .. }
+            if source.tool.as_ref().map(|t| t.as_str()) == Some("tag")),
+        "{error:?}"
+    );
+
+    // The output type.
+    let error = build_error(
+        Agent::builder("counter")
+            .instructions("Count.")
+            .output::<Tally>()
+            .model(NoMaps::default()),
+    );
+    assert!(
+        matches!(&error, BuildError::Unsupported { source, .. } if source.tool.is_none()),
+        "{error:?}"
+    );
+    assert!(
+        error
+            .to_string()
+            .contains("cannot be offered its output type"),
+        "{error}"
+    );
+}
+
+#[test]
+fn every_node_is_checked_with_the_tools_it_will_be_offered() {
+    use markov_runtime::transition::Transition;
+
+    let model = Arc::new(NoMaps::default());
+    let inline = Node::builder("Labels.")
+        .name("labels")
+        .output(markov_runtime::node::OutputConfig::of::<u32>())
+        .build()
+        .expect("node builds");
+    let mover = Node::builder("Move on.")
+        .name("first")
+        .tool(Add)
+        .transition("next", Transition::to_ref("Go on.", "second"))
+        .transition("aside", Transition::to("Step aside.", inline))
+        .build()
+        .expect("node builds");
+    Agent::builder("mover")
+        .node("first", mover)
+        .node("second", node("second"))
+        .shared_model(model.clone())
+        .build()
+        .expect("no map anywhere");
+    let asked = model.asked.lock().expect("not poisoned").clone();
+    assert_eq!(
+        asked,
+        [
+            (vec!["transition".to_owned(), "add".to_owned()], false),
+            (Vec::new(), false),
+            // The node the transition holds inline, with its output type.
+            (Vec::new(), true),
+        ]
+    );
+
+    // A node held inline is refused by its own name.
+    let inline = Node::builder("Labels.")
+        .name("labels")
+        .tool(Tag)
+        .build()
+        .expect("node builds");
+    let mover = Node::builder("Move on.")
+        .name("first")
+        .transition("aside", Transition::to("Step aside.", inline))
+        .build()
+        .expect("node builds");
+    let error = build_error(
+        Agent::builder("mover")
+            .node("first", mover)
+            .model(NoMaps::default()),
+    );
+    assert!(
+        matches!(&error, BuildError::Unsupported { node, .. } if node == "labels"),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn each_step_names_the_model_that_answered_it() {
+    use markov_core::model::{ModelResponse, StopReason};
+
+    let agent = Agent::builder("calculator")
+        .instructions("Add.")
+        .tool(Add)
+        .model(
+            ScriptedModel::builder()
+                .response(
+                    ModelResponse::new(
+                        vec![Item::tool_use("c1", "add", json!({"a": 2, "b": 3}))],
+                        StopReason::ToolUse,
+                    )
+                    .with_model("big-model-2025"),
+                )
+                .response(
+                    ModelResponse::new(vec![Item::text("5")], StopReason::EndTurn)
+                        .with_model("small-model-2025"),
+                )
+                .text("no name")
+                .build(),
+        )
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("2 + 3?");
+    let mut models = Vec::new();
+    {
+        let mut run = std::pin::pin!(markov_executor::run_machine(
+            &mut machine,
+            Default::default()
+        ));
+        while let Some(step) = futures::StreamExt::next(&mut run).await {
+            models.push(step.expect("a step").model);
+        }
+    }
+    assert_eq!(
+        models,
+        [
+            Some("big-model-2025".to_owned()),
+            Some("small-model-2025".to_owned())
+        ]
+    );
+    machine.enqueue_user("and?");
+    let last = machine.run().await.expect("runs");
+    assert_eq!(last.model, None, "the answer named no model");
+}

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::common::*;
 use markov_core::message::{Item, Role};
-use markov_core::model::{ModelResponse, StopReason, Usage};
+use markov_core::model::{ModelResponse, StopReason};
 use markov_core::tool::ProviderTool;
 use markov_executor::{RunOptions, YieldReason};
 use markov_runtime::node::Node;
@@ -51,11 +51,7 @@ fn searched_answer() -> Vec<Item> {
 
 #[tokio::test]
 async fn a_provider_tool_call_ends_the_turn_and_round_trips() {
-    let first = ModelResponse {
-        content: searched_answer(),
-        stop_reason: StopReason::EndTurn,
-        usage: Usage::default(),
-    };
+    let first = ModelResponse::new(searched_answer(), StopReason::EndTurn);
     assert!(!first.has_tool_calls(), "no call for the loop to run");
     assert_eq!(first.tool_calls().count(), 0);
     assert_eq!(first.provider_tool_calls().count(), 1);

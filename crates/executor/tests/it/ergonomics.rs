@@ -26,16 +26,17 @@ fn used(input: u64, output: u64) -> Usage {
 async fn usage_is_summed_per_step_and_per_run() {
     let model = Arc::new(
         ScriptedModel::builder()
-            .response(ModelResponse {
-                content: vec![Item::tool_use("c1", "add", json!({"a": 1, "b": 2}))],
-                stop_reason: StopReason::ToolUse,
-                usage: used(100, 10),
-            })
-            .response(ModelResponse {
-                content: vec![Item::text("3")],
-                stop_reason: StopReason::EndTurn,
-                usage: used(120, 5),
-            })
+            .response(
+                ModelResponse::new(
+                    vec![Item::tool_use("c1", "add", json!({"a": 1, "b": 2}))],
+                    StopReason::ToolUse,
+                )
+                .with_usage(used(100, 10)),
+            )
+            .response(
+                ModelResponse::new(vec![Item::text("3")], StopReason::EndTurn)
+                    .with_usage(used(120, 5)),
+            )
             .build(),
     );
     let node = Node::builder("Add.").tool(Add).build().expect("node");

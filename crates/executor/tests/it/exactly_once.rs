@@ -209,16 +209,17 @@ async fn a_restored_snapshot_answers_the_recorded_calls_and_runs_no_completed_on
 
 #[tokio::test]
 async fn a_call_id_reused_in_a_later_step_is_a_new_call_with_its_own_key() {
-    use markov_core::model::{ModelResponse, StopReason, Usage};
+    use markov_core::model::{ModelResponse, StopReason};
     let charges = Arc::new(AtomicUsize::new(0));
     let hung = Arc::new(AtomicBool::new(true));
     let (charter, node) = parts(&charges, &hung);
     // Some servers number the calls of each answer from zero: the same id
     // in two steps of one turn names two different calls.
-    let charge = || ModelResponse {
-        content: vec![Item::tool_use("call_0", "charge", json!({}))],
-        stop_reason: StopReason::ToolUse,
-        usage: Usage::default(),
+    let charge = || {
+        ModelResponse::new(
+            vec![Item::tool_use("call_0", "charge", json!({}))],
+            StopReason::ToolUse,
+        )
     };
     let model = ScriptedModel::new([
         charge(),

@@ -12,7 +12,7 @@ use markov_core::Item;
 use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{MAX_ARGUMENT_DEPTH, Message};
-use markov_core::model::{ModelResponse, StopReason, ToolChoice, Usage};
+use markov_core::model::{ModelResponse, StopReason, ToolChoice};
 use markov_core::tool::{Tool, ToolContext, parse_tool_arguments};
 use markov_executor::{
     CANCELLED_TOOL_CALL, DUPLICATE_TOOL_CALL, Instance, Machine, RunOptions, StandardExecutor,
@@ -109,14 +109,12 @@ impl Tool for EndSession {
 
 /// A response calling tools with the given ids.
 fn calls(list: &[(&str, &str, Value)]) -> ModelResponse {
-    ModelResponse {
-        content: list
-            .iter()
+    ModelResponse::new(
+        list.iter()
             .map(|(id, name, input)| Item::tool_use(*id, *name, input.clone()))
             .collect(),
-        stop_reason: StopReason::ToolUse,
-        usage: Usage::default(),
-    }
+        StopReason::ToolUse,
+    )
 }
 
 fn registry(config: PolicyConfig, pays: &Arc<AtomicUsize>) -> Arc<ToolRegistry> {
@@ -899,11 +897,10 @@ async fn the_max_tokens_recovery_call_forces_no_tool() {
         })
         .build()
         .expect("node builds");
-    let cut = ModelResponse {
-        content: vec![Item::tool_use("c1", "add", json!({"a": 1}))],
-        stop_reason: StopReason::MaxTokens,
-        usage: Usage::default(),
-    };
+    let cut = ModelResponse::new(
+        vec![Item::tool_use("c1", "add", json!({"a": 1}))],
+        StopReason::MaxTokens,
+    );
     let model = Arc::new(
         ScriptedModel::builder()
             .response(cut)

@@ -11,7 +11,7 @@ use futures::stream::{self, BoxStream};
 use markov_core::MessageId;
 use markov_core::message::{Item, Message, Metadata, Role, StreamInfo, StreamState};
 use markov_core::model::{
-    Model, ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage, collect_stream,
+    Model, ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, collect_stream,
 };
 use markov_executor::{
     Instance, Machine, MachineStep, MessageStreamEvent, RunError, RunOptions, StandardExecutor,
@@ -106,11 +106,7 @@ async fn run_all(machine: &mut Machine) -> (Vec<MachineStep>, Option<RunError>) 
 }
 
 fn response(content: Vec<Item>, stop_reason: StopReason) -> ModelResponse {
-    ModelResponse {
-        content,
-        stop_reason,
-        usage: Usage::default(),
-    }
+    ModelResponse::new(content, stop_reason)
 }
 
 fn message_id(message: &Message) -> Option<MessageId> {

@@ -15,15 +15,14 @@ use serde_json::json;
 use tracing_subscriber::layer::SubscriberExt;
 
 fn answer(content: Vec<Item>, stop: StopReason, input: u64, output: u64) -> ModelResponse {
-    ModelResponse {
-        content,
-        stop_reason: stop,
-        usage: Usage {
+    ModelResponse::new(content, stop)
+        .with_usage(Usage {
             input_tokens: input,
             output_tokens: output,
             ..Usage::default()
-        },
-    }
+        })
+        // The dated snapshot a provider reports for the name asked for.
+        .with_model("test-model-2025-01-01")
 }
 
 /// Runs "2 + 3" (a tool step, then the answer) and returns the spans.
@@ -142,6 +141,10 @@ fn a_two_step_run_with_one_tool_call_follows_the_genai_conventions() {
         assert_eq!(
             text(chat, "gen_ai.request.model").as_deref(),
             Some("test-model")
+        );
+        assert_eq!(
+            text(chat, "gen_ai.response.model").as_deref(),
+            Some("test-model-2025-01-01")
         );
         assert_eq!(
             ancestor_operation(&spans, chat).as_deref(),

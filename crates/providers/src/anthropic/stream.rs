@@ -159,6 +159,8 @@ impl<'de> Deserialize<'de> for WireEvent {
 struct StartMessage {
     #[serde(default)]
     usage: WireUsage,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 /// A content block's delta (read in one pass, as the event).
@@ -281,6 +283,8 @@ pub(super) struct Decoder {
     positions: HashMap<usize, usize>,
     stop_reason: Option<String>,
     usage: Usage,
+    /// The model `message_start` named.
+    model: Option<String>,
     started: bool,
 }
 
@@ -463,11 +467,13 @@ impl Decoder {
             })
             .collect();
         let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
-        ModelResponse {
-            stop_reason: wire::stop_reason(self.stop_reason.as_deref(), has_tool_calls),
+        let mut response = ModelResponse::new(
             content,
-            usage: self.usage,
-        }
+            wire::stop_reason(self.stop_reason.as_deref(), has_tool_calls),
+        )
+        .with_usage(self.usage);
+        response.model = self.model.take();
+        response
     }
 }
 
@@ -484,6 +490,7 @@ impl SseDecoder for Decoder {
             WireEvent::MessageStart { message } => {
                 self.started = true;
                 message.usage.apply_to(&mut self.usage);
+                self.model = convert::model_name(message.model);
             }
             WireEvent::ContentBlockStart {
                 index,

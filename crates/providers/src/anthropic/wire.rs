@@ -532,6 +532,8 @@ struct Response {
     stop_reason: Option<String>,
     #[serde(default)]
     usage: WireUsage,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 /// Token counts, as `message_start`, `message_delta` and complete answers carry them.
@@ -729,11 +731,13 @@ pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
     let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
     let mut usage = Usage::default();
     response.usage.apply_to(&mut usage);
-    Ok(ModelResponse {
-        stop_reason: stop_reason(response.stop_reason.as_deref(), has_tool_calls),
+    let mut answer = ModelResponse::new(
         content,
-        usage,
-    })
+        stop_reason(response.stop_reason.as_deref(), has_tool_calls),
+    )
+    .with_usage(usage);
+    answer.model = convert::model_name(response.model);
+    Ok(answer)
 }
 
 /// The tool list in the Messages API's format (no cache control).

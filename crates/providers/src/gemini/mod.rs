@@ -20,7 +20,8 @@
 //!   and sent back on the part it came with (see the module `wire`).
 //! - **Tools** → one `functionDeclarations` list, each tool's parameters
 //!   converted to Gemini's schema dialect ([`SchemaError`] names what it
-//!   cannot express; [`check_tools`] tells at build time). **Tool choice**
+//!   cannot express; [`Model::check_tools`] tells when an agent is built,
+//!   [`check_tools`] without a client). **Tool choice**
 //!   → `functionCallingConfig.mode` `AUTO`, `ANY` or `NONE`; a named tool
 //!   → `ANY` with `allowedFunctionNames: [name]`.
 //! - **Structured output** → `responseMimeType: application/json` and
@@ -47,7 +48,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use markov_core::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent, ToolDefinition};
+use markov_core::{
+    Model, ModelError, ModelRequest, ModelResponse, StreamEvent, ToolDefinition, Unsupported,
+};
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
 use tracing::Instrument;
@@ -425,6 +428,25 @@ fn call_span(model: &str) -> tracing::Span {
 impl Model for Gemini {
     fn provider_name(&self) -> &str {
         "gcp.gemini"
+    }
+
+    /// Refuses a tool whose parameters, or an output type whose schema,
+    /// Gemini's schema dialect cannot express (see [`SchemaError`]): a
+    /// request offering it would be refused before it is sent.
+    fn check_tools(
+        &self,
+        tools: &[ToolDefinition],
+        output_schema: Option<&serde_json::Value>,
+    ) -> Result<(), Unsupported> {
+        for tool in tools {
+            wire::check_tools(std::slice::from_ref(tool))
+                .map_err(|error| Unsupported::tool(tool.name.clone(), error.to_string()))?;
+        }
+        match output_schema {
+            Some(schema) => wire::check_output(schema)
+                .map_err(|error| Unsupported::output_type(error.to_string())),
+            None => Ok(()),
+        }
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {

@@ -25,6 +25,8 @@ pub(super) struct Decoder {
     finish_reason: Option<String>,
     blocked: bool,
     usage: Option<UsageMetadata>,
+    /// The `modelVersion` the chunks named (each names it; the first is kept).
+    model: Option<String>,
 }
 
 impl Decoder {
@@ -39,6 +41,9 @@ impl Decoder {
         }
         if let Some(usage) = chunk.usage_metadata {
             self.usage = Some(usage);
+        }
+        if self.model.is_none() {
+            self.model = convert::model_name(chunk.model_version);
         }
         if chunk
             .prompt_feedback
@@ -166,11 +171,10 @@ impl Decoder {
             }
             _ => convert::implied_stop_reason(has_tool_calls),
         };
-        Ok(ModelResponse {
-            content,
-            stop_reason,
-            usage: self.usage.map(UsageMetadata::usage).unwrap_or_default(),
-        })
+        let mut response = ModelResponse::new(content, stop_reason)
+            .with_usage(self.usage.map(UsageMetadata::usage).unwrap_or_default());
+        response.model = self.model.take();
+        Ok(response)
     }
 }
 

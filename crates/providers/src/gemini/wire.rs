@@ -184,6 +184,19 @@ pub(super) fn check_tools(tools: &[ToolDefinition]) -> Result<(), SchemaError> {
     Ok(())
 }
 
+/// Checks that Gemini can be asked for answers following `schema` (an
+/// output type): sent as the response schema or as the output tool's
+/// parameters, it is converted the same way.
+///
+/// # Errors
+/// The [`SchemaError`] naming the output type and the place in its schema.
+pub(super) fn check_output(schema: &Value) -> Result<(), SchemaError> {
+    schema::convert(schema, OUTPUT_TYPE).map(drop)
+}
+
+/// How errors name the output type's schema.
+const OUTPUT_TYPE: &str = "the output type";
+
 const NO_CONTENTS: &str = "no content to send: the conversation has no user or assistant content";
 
 /// The request body of one call.
@@ -226,7 +239,7 @@ pub(super) fn encode(
     });
     let settings = request.settings();
     let response_schema = match plan.schema_field() {
-        Some(schema) => Some(schema::convert(schema, "the output type").map_err(refused)?),
+        Some(schema) => Some(schema::convert(schema, OUTPUT_TYPE).map_err(refused)?),
         None => None,
     };
     let thinking_config = settings.thinking.map(|thinking| ThinkingConfig {
@@ -484,6 +497,8 @@ pub(super) struct WireResponse {
     pub(super) prompt_feedback: Option<PromptFeedback>,
     #[serde(default)]
     pub(super) error: Option<Value>,
+    #[serde(default)]
+    pub(super) model_version: Option<String>,
 }
 
 #[derive(Deserialize, Default)]

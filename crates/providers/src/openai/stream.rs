@@ -26,6 +26,8 @@ struct Chunk {
     usage: Option<WireUsage>,
     #[serde(default)]
     error: Option<serde_json::Value>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +93,8 @@ pub(super) struct Decoder {
     refused: bool,
     finish_reason: Option<String>,
     usage: Option<WireUsage>,
+    /// The model the chunks named (each names it; the first is kept).
+    model: Option<String>,
 }
 
 impl Decoder {
@@ -210,15 +214,13 @@ impl Decoder {
                 }
             })
             .collect();
-        ModelResponse {
-            stop_reason: wire::stop_reason(
-                self.finish_reason.as_deref(),
-                has_tool_calls,
-                self.refused,
-            ),
+        let mut response = ModelResponse::new(
             content,
-            usage: self.usage.map(WireUsage::usage).unwrap_or_default(),
-        }
+            wire::stop_reason(self.finish_reason.as_deref(), has_tool_calls, self.refused),
+        )
+        .with_usage(self.usage.map(WireUsage::usage).unwrap_or_default());
+        response.model = self.model.take();
+        response
     }
 }
 
@@ -248,6 +250,9 @@ impl SseDecoder for Decoder {
         }
         if let Some(usage) = chunk.usage {
             self.usage = Some(usage);
+        }
+        if self.model.is_none() {
+            self.model = convert::model_name(chunk.model);
         }
         for choice in chunk.choices.into_iter().filter(|c| c.index == 0) {
             if let Some(delta) = choice.delta {

@@ -504,6 +504,8 @@ struct Response {
     choices: Vec<Choice>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -648,11 +650,13 @@ pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
             arguments(call.function.arguments),
         ));
     }
-    Ok(ModelResponse {
-        stop_reason: stop_reason(choice.finish_reason.as_deref(), has_tool_calls, refused),
+    let mut answer = ModelResponse::new(
         content,
-        usage: response.usage.map(WireUsage::usage).unwrap_or_default(),
-    })
+        stop_reason(choice.finish_reason.as_deref(), has_tool_calls, refused),
+    )
+    .with_usage(response.usage.map(WireUsage::usage).unwrap_or_default());
+    answer.model = convert::model_name(response.model);
+    Ok(answer)
 }
 
 /// The tool list in the Chat Completions format (not strict).

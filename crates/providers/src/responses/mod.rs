@@ -520,7 +520,7 @@ impl Model for Responses {
                         .map_err(|e| transport_error(e, self.transport.timeout()))
                 })
                 .await?;
-            let answer = wire::decode(&bytes)?;
+            let answer = cut_at_limit(wire::decode(&bytes)?, request.settings().max_tokens);
             crate::convert::check_forced_call(
                 !request.tools().is_empty() || plan.tool().is_some(),
                 plan.tool_choice(&request),
@@ -563,9 +563,17 @@ impl Model for Responses {
             connect,
             stream::Decoder::default(),
         );
+        let max_tokens = request.settings().max_tokens;
         let stream = self
             .transport
-            .limited(body_len, request.settings().max_tokens, stream);
+            .limited(body_len, max_tokens, stream)
+            .map(move |event| match event {
+                Ok(StreamEvent::Done(answer)) => {
+                    Ok(StreamEvent::Done(cut_at_limit(answer, max_tokens)))
+                }
+                other => other,
+            })
+            .boxed();
         crate::convert::checked_stream(
             stream,
             !request.tools().is_empty(),
@@ -573,6 +581,27 @@ impl Model for Responses {
             endpoint,
         )
     }
+}
+
+/// `answer`, read as cut by the token limit when its server reported it
+/// whole although it spent every output token it was allowed
+/// (`max_tokens`): llama.cpp's server answers `completed` for an answer
+/// its `max_output_tokens` cut (it never says `incomplete`), and the loop
+/// would take a cut text for a whole one, or a forced call cut before it
+/// began for a server that ignores its tools. A call the answer holds is
+/// left as it is: its arguments are checked where the loop runs it.
+fn cut_at_limit(mut answer: ModelResponse, max_tokens: u32) -> ModelResponse {
+    if answer.stop_reason == markov_core::StopReason::EndTurn
+        && max_tokens > 0
+        && answer.usage.output_tokens >= u64::from(max_tokens)
+    {
+        tracing::debug!(
+            max_tokens,
+            "an answer reported whole spent every output token: read as cut by the limit"
+        );
+        answer.stop_reason = markov_core::StopReason::MaxTokens;
+    }
+    answer
 }
 
 #[cfg(test)]

@@ -193,19 +193,19 @@ impl Decoder {
             content.extend(item);
         }
         let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
-        Ok(ModelResponse {
-            stop_reason: wire::stop_reason(
-                finished.status.as_deref(),
-                finished
-                    .incomplete_details
-                    .as_ref()
-                    .and_then(|d| d.reason.as_deref()),
-                has_tool_calls,
-                refused,
-            ),
-            content,
-            usage: finished.usage.map(WireUsage::usage).unwrap_or_default(),
-        })
+        let reason = wire::stop_reason(
+            finished.status.as_deref(),
+            finished
+                .incomplete_details
+                .as_ref()
+                .and_then(|d| d.reason.as_deref()),
+            has_tool_calls,
+            refused,
+        );
+        let mut answer = ModelResponse::new(content, reason)
+            .with_usage(finished.usage.map(WireUsage::usage).unwrap_or_default());
+        answer.model = convert::model_name(finished.model);
+        Ok(answer)
     }
 }
 

@@ -63,7 +63,12 @@ struct Head<'a> {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum InputItem<'a> {
+    /// A message, its type always named: OpenAI reads a message without
+    /// one, but llama.cpp's server refuses an assistant message that does
+    /// not say `"type": "message"` ("Cannot determine type of 'item'").
     Message {
+        #[serde(rename = "type")]
+        kind: &'static str,
         role: &'static str,
         content: MessageContent<'a>,
     },
@@ -368,6 +373,7 @@ fn push_message<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
                         }];
                         parts.extend(image_part(image));
                         out.push(InputItem::Message {
+                            kind: "message",
                             role: "user",
                             content: MessageContent::Parts(parts),
                         });
@@ -380,6 +386,7 @@ fn push_message<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
         Role::System => {
             if let Some(text) = convert::system_text(message) {
                 out.push(InputItem::Message {
+                    kind: "message",
                     role: "system",
                     content: MessageContent::Text(Cow::Owned(text)),
                 });
@@ -410,6 +417,7 @@ fn push_user<'a>(content: Content<'a>, out: &mut Vec<InputItem<'a>>) {
         Content::Text("") => return,
         Content::Text(text) => {
             out.push(InputItem::Message {
+                kind: "message",
                 role: "user",
                 content: MessageContent::Text(Cow::Borrowed(text)),
             });
@@ -447,6 +455,7 @@ fn push_user<'a>(content: Content<'a>, out: &mut Vec<InputItem<'a>>) {
         _ => MessageContent::Parts(parts),
     };
     out.push(InputItem::Message {
+        kind: "message",
         role: "user",
         content,
     });
@@ -460,6 +469,7 @@ fn push_assistant<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
         Content::Text("") => return,
         Content::Text(text) => {
             out.push(InputItem::Message {
+                kind: "message",
                 role: "assistant",
                 content: MessageContent::Text(Cow::Borrowed(text)),
             });
@@ -471,6 +481,7 @@ fn push_assistant<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
     let flush = |texts: &mut Vec<Cow<'a, str>>, out: &mut Vec<InputItem<'a>>| {
         if !texts.is_empty() {
             out.push(InputItem::Message {
+                kind: "message",
                 role: "assistant",
                 content: MessageContent::Text(Cow::Owned(texts.join("\n"))),
             });
@@ -547,6 +558,8 @@ pub(super) struct WireResponse {
     pub(super) incomplete_details: Option<IncompleteDetails>,
     #[serde(default)]
     pub(super) error: Option<Value>,
+    #[serde(default)]
+    pub(super) model: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -718,19 +731,19 @@ pub(super) fn response_of(response: WireResponse) -> Result<ModelResponse, Model
         content.extend(item);
     }
     let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
-    Ok(ModelResponse {
-        stop_reason: stop_reason(
-            response.status.as_deref(),
-            response
-                .incomplete_details
-                .as_ref()
-                .and_then(|d| d.reason.as_deref()),
-            has_tool_calls,
-            refused,
-        ),
-        content,
-        usage: response.usage.map(WireUsage::usage).unwrap_or_default(),
-    })
+    let reason = stop_reason(
+        response.status.as_deref(),
+        response
+            .incomplete_details
+            .as_ref()
+            .and_then(|d| d.reason.as_deref()),
+        has_tool_calls,
+        refused,
+    );
+    let mut answer = ModelResponse::new(content, reason)
+        .with_usage(response.usage.map(WireUsage::usage).unwrap_or_default());
+    answer.model = convert::model_name(response.model);
+    Ok(answer)
 }
 
 /// An error object (`{"code", "message"}`) of a failed response or an

@@ -385,8 +385,8 @@ async fn a_complete_answer_is_parsed() {
         .unwrap();
     assert_eq!(
         answer,
-        ModelResponse {
-            content: vec![
+        ModelResponse::new(
+            vec![
                 Item::Thinking {
                     thinking: "2 + 3 is 5.".into(),
                     signature: Some("EqQBCgIYAhIM".into()),
@@ -401,14 +401,15 @@ async fn a_complete_answer_is_parsed() {
                     .to_string()
                 ),
             ],
-            stop_reason: StopReason::ToolUse,
-            usage: Usage {
-                input_tokens: 2095,
-                output_tokens: 503,
-                cache_read_input_tokens: 1800,
-                cache_creation_input_tokens: 2051,
-            },
-        }
+            StopReason::ToolUse
+        )
+        .with_usage(Usage {
+            input_tokens: 2095,
+            output_tokens: 503,
+            cache_read_input_tokens: 1800,
+            cache_creation_input_tokens: 2051,
+        })
+        .with_model("claude-test")
     );
 }
 
@@ -548,8 +549,8 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
         .map(|e| e.unwrap())
         .collect()
         .await;
-    let expected_response = ModelResponse {
-        content: vec![
+    let expected_response = ModelResponse::new(
+        vec![
             Item::Thinking {
                 thinking: "I need to add.".into(),
                 signature: Some("EqQBCgIYAhIM1gbcDa9G".into()),
@@ -557,14 +558,16 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
             Item::text("Let me add."),
             Item::tool_use("toolu_01", "add", json!({"a": 12, "b": 30})),
         ],
-        stop_reason: StopReason::ToolUse,
-        usage: Usage {
-            input_tokens: 472,
-            output_tokens: 89,
-            cache_read_input_tokens: 100,
-            cache_creation_input_tokens: 0,
-        },
-    };
+        StopReason::ToolUse,
+    )
+    .with_usage(Usage {
+        input_tokens: 472,
+        output_tokens: 89,
+        cache_read_input_tokens: 100,
+        cache_creation_input_tokens: 0,
+    })
+    // The model `message_start` names.
+    .with_model("claude-test");
     assert_eq!(
         events,
         vec![

@@ -284,15 +284,15 @@ async fn anthropic_streams_server_tool_blocks() {
                 index: 3,
                 text: "Claude Shannon was born on April 30, 1916.".into()
             },
-            StreamEvent::Done(ModelResponse {
-                content: expected_items(),
-                stop_reason: StopReason::EndTurn,
-                usage: Usage {
-                    input_tokens: 6039,
-                    output_tokens: 931,
-                    ..Usage::default()
-                },
-            }),
+            StreamEvent::Done(
+                ModelResponse::new(expected_items(), StopReason::EndTurn)
+                    .with_usage(Usage {
+                        input_tokens: 6039,
+                        output_tokens: 931,
+                        ..Usage::default()
+                    })
+                    .with_model("claude-test")
+            ),
         ]
     );
     assert_eq!(

@@ -12,7 +12,7 @@ use markov_core::{
     Item, Message, Model, ModelError, ModelRequest, ModelSettings, StopReason, StreamEvent,
 };
 use markov_providers::{Fallback, OpenAi};
-use markov_testkit::http::{FakeServer, Reply, openai};
+use markov_testkit::http::{FakeServer, MODEL, Reply, openai};
 use serde_json::json;
 
 fn client(server: &FakeServer, model: &str) -> Arc<dyn Model> {
@@ -54,6 +54,11 @@ async fn the_models_are_tried_in_order_while_the_service_fails() {
         .or(client(&unused, "fourth"));
     let answer = ask(&model).await.expect("the third answers");
     assert_eq!(answer.content, vec![Item::text("from the third")]);
+    assert_eq!(
+        answer.model.as_deref(),
+        Some(MODEL),
+        "the name the server reported"
+    );
     assert_eq!(overloaded.requests().len(), 1);
     assert_eq!(out_of_quota.requests().len(), 1);
     assert_eq!(third.single().body["model"], "third-named");
@@ -122,6 +127,7 @@ async fn a_stream_moves_on_only_before_its_first_event() {
         panic!("{events:?}")
     };
     assert_eq!(answer.content, vec![Item::text("streamed")]);
+    assert_eq!(answer.model.as_deref(), Some(MODEL));
     assert!(events.iter().all(Result::is_ok));
     // Once events flow, a failure ends the stream: no second model.
     let cut = FakeServer::scripted(vec![
@@ -138,4 +144,55 @@ async fn a_stream_moves_on_only_before_its_first_event() {
         .pop();
     assert!(matches!(last, Some(Err(_))), "{last:?}");
     assert!(spare.requests().is_empty());
+}
+
+/// A text answer that names `model`, as a dated snapshot of a model does.
+fn answer_of(model: &str, text: &str) -> Reply {
+    let mut body = openai::text(text);
+    body["model"] = json!(model);
+    Reply::json(200, body)
+}
+
+#[tokio::test]
+async fn the_step_names_the_model_that_answered_when_the_first_is_overloaded() {
+    let overloaded = FakeServer::scripted(vec![Reply::json(
+        529,
+        json!({"error": {"message": "Overloaded", "type": "overloaded_error"}}),
+    )])
+    .await;
+    let spare = FakeServer::scripted(vec![answer_of("gpt-spare-2025-04-14", "5")]).await;
+    let model = Fallback::new(client(&overloaded, "gpt-main")).or(client(&spare, "gpt-spare"));
+    let agent = markov_executor::Agent::builder("adder")
+        .instructions("Add.")
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("2 + 3?");
+    let step = machine.run().await.expect("the spare answers");
+    assert_eq!(step.output().as_deref(), Some("5"));
+    assert_eq!(step.model.as_deref(), Some("gpt-spare-2025-04-14"));
+    assert_eq!(overloaded.requests().len(), 1);
+    assert_eq!(spare.single().body["model"], "gpt-spare");
+
+    // A server that names no model: the step names the one asked for.
+    let overloaded = FakeServer::scripted(vec![Reply::json(
+        503,
+        json!({"error": {"message": "busy"}}),
+    )])
+    .await;
+    let mut nameless = openai::text("5");
+    nameless.as_object_mut().unwrap().remove("model");
+    let spare = FakeServer::scripted(vec![Reply::json(200, nameless)]).await;
+    let model = Fallback::new(client(&overloaded, "gpt-main"))
+        .or_named(client(&spare, "gpt-spare"), "gpt-spare-mini");
+    let agent = markov_executor::Agent::builder("adder")
+        .instructions("Add.")
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("2 + 3?");
+    let step = machine.run().await.expect("the spare answers");
+    assert_eq!(step.model.as_deref(), Some("gpt-spare-mini"));
 }

@@ -13,7 +13,7 @@ use markov_core::{
     ToolChoice, ToolDefinition,
 };
 use markov_providers::{Gemini, GeminiBuilder};
-use markov_testkit::http::{FakeServer, Reply, gemini};
+use markov_testkit::http::{FakeServer, MODEL, Reply, gemini};
 use serde_json::{Value, json};
 
 use crate::common::machine::{ANSWER, QUESTION, add_args, calculator, respond_args, turn};
@@ -68,6 +68,10 @@ async fn a_tool_round_trip_sends_signed_calls_and_named_responses_back() {
         steps.last().and_then(|s| s.response.clone()),
         Some(ANSWER.to_owned())
     );
+    // Each step names the model the answer's `modelVersion` named.
+    for step in &steps {
+        assert_eq!(step.model.as_deref(), Some(MODEL), "{step:?}");
+    }
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
     for request in &requests {
@@ -160,6 +164,24 @@ async fn a_schema_the_dialect_cannot_express_is_refused_before_sending() {
     .unwrap();
     let tools = [map];
     assert!(markov_providers::gemini::check_tools(&tools).is_err());
+    // The hook an agent's builder calls names the tool and the place.
+    let refused = client(&server)
+        .check_tools(&tools, None)
+        .expect_err("a map is refused");
+    assert_eq!(refused.tool.as_ref().map(|t| t.as_str()), Some("tag"));
+    assert!(
+        refused
+            .reason
+            .contains("#/properties/tags/additionalProperties"),
+        "{refused}"
+    );
+    let map_output = json!({"type": "object", "additionalProperties": {"type": "integer"}});
+    let refused = client(&server)
+        .check_tools(&add_tool(), Some(&map_output))
+        .expect_err("a map as the output type is refused");
+    assert_eq!(refused.tool, None);
+    assert!(refused.reason.contains("the output type"), "{refused}");
+    assert_eq!(client(&server).check_tools(&add_tool(), None), Ok(()));
     let history = [Message::user("tag it")];
     let settings = ModelSettings::default();
     let error = client(&server)
@@ -175,6 +197,52 @@ async fn a_schema_the_dialect_cannot_express_is_refused_before_sending() {
         "{message}"
     );
     assert!(server.requests().is_empty());
+}
+
+/// Labels things (its arguments are a map, which Gemini's dialect lacks).
+#[markov_core::tool]
+async fn label(
+    /// The labels, by thing.
+    labels: std::collections::BTreeMap<String, String>,
+) -> usize {
+    labels.len()
+}
+
+#[tokio::test]
+async fn an_agent_offering_gemini_a_map_fails_when_it_is_built() {
+    let server = FakeServer::start().await;
+    let error = markov_executor::Agent::builder("labeller")
+        .instructions("Label things.")
+        .tool(Label)
+        .model(client(&server))
+        .build()
+        .expect_err("Gemini cannot be offered a map");
+    let markov_executor::BuildError::Unsupported { node, source, .. } = &error else {
+        panic!("{error:?}")
+    };
+    assert_eq!(node, "labeller");
+    assert_eq!(source.tool.as_ref().map(|t| t.as_str()), Some("label"));
+    let message = error.to_string();
+    assert!(
+        message.contains("Gemini's schema dialect at #/properties/labels/additionalProperties"),
+        "{message}"
+    );
+    // Behind a fallback, any model of the list may be asked: the same.
+    let fallback = markov_providers::Fallback::new(std::sync::Arc::new(
+        markov_testkit::ScriptedModel::builder().build(),
+    ))
+    .or(std::sync::Arc::new(client(&server)));
+    let error = markov_executor::Agent::builder("labeller")
+        .instructions("Label things.")
+        .tool(Label)
+        .model(fallback)
+        .build()
+        .expect_err("the fallback's Gemini cannot be offered a map");
+    assert!(
+        matches!(error, markov_executor::BuildError::Unsupported { .. }),
+        "{error:?}"
+    );
+    assert!(server.requests().is_empty(), "nothing was sent");
 }
 
 #[tokio::test]
@@ -278,13 +346,20 @@ async fn a_stream_is_decoded_however_it_is_cut() {
     assert!(matches!(second, Item::ToolUse { input, .. } if input["a"] == 5));
     assert_eq!(answer.stop_reason, StopReason::ToolUse);
     assert_eq!(answer.usage.input_tokens, 100);
+    assert_eq!(
+        answer.model.as_deref(),
+        Some(MODEL),
+        "the chunks' modelVersion"
+    );
     // Made-up call ids differ between decodes: compare the events without them.
     let without_ids = |events: Vec<StreamEvent>| -> Vec<String> {
         events
             .into_iter()
             .map(|e| match e {
                 StreamEvent::ToolCallStart { index, name, .. } => format!("start {index} {name}"),
-                StreamEvent::Done(done) => format!("done {}", done.content.len()),
+                StreamEvent::Done(done) => {
+                    format!("done {} by {:?}", done.content.len(), done.model)
+                }
                 other => format!("{other:?}"),
             })
             .collect()

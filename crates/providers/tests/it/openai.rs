@@ -303,8 +303,8 @@ async fn a_complete_answer_with_tool_calls_is_parsed() {
     assert!(bad["__error"].is_string());
     assert_eq!(
         answer,
-        ModelResponse {
-            content: vec![
+        ModelResponse::new(
+            vec![
                 Item::Thinking {
                     thinking: "Two sums.".into(),
                     signature: None
@@ -314,14 +314,15 @@ async fn a_complete_answer_with_tool_calls_is_parsed() {
                 Item::tool_use("call_ghi", "finish", json!({})),
                 Item::tool_use("call_jkl", "add", json!({"a": 5, "b": 6})),
             ],
-            stop_reason: StopReason::ToolUse,
-            usage: Usage {
-                input_tokens: 86,
-                output_tokens: 300,
-                cache_read_input_tokens: 1920,
-                cache_creation_input_tokens: 0,
-            },
-        }
+            StopReason::ToolUse
+        )
+        .with_usage(Usage {
+            input_tokens: 86,
+            output_tokens: 300,
+            cache_read_input_tokens: 1920,
+            cache_creation_input_tokens: 0,
+        })
+        .with_model("gpt-test")
     );
 }
 
@@ -441,8 +442,8 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
         .map(|e| e.unwrap())
         .collect()
         .await;
-    let response = ModelResponse {
-        content: vec![
+    let response = ModelResponse::new(
+        vec![
             Item::Thinking {
                 thinking: "Sum them.".into(),
                 signature: None,
@@ -451,14 +452,16 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
             Item::tool_use("call_a", "add", json!({"a": 12, "b": 30})),
             Item::tool_use("call_b", "add", json!({"a": 5, "b": 6})),
         ],
-        stop_reason: StopReason::ToolUse,
-        usage: Usage {
-            input_tokens: 40,
-            output_tokens: 20,
-            cache_read_input_tokens: 10,
-            cache_creation_input_tokens: 0,
-        },
-    };
+        StopReason::ToolUse,
+    )
+    .with_usage(Usage {
+        input_tokens: 40,
+        output_tokens: 20,
+        cache_read_input_tokens: 10,
+        cache_creation_input_tokens: 0,
+    })
+    // The model the chunks name.
+    .with_model("gpt-test");
     let delta = |index: usize, json: &str| StreamEvent::ToolCallDelta {
         index,
         partial_json: json.into(),
@@ -715,6 +718,32 @@ async fn a_stream_that_stalls_mid_body_times_out() {
         Err(ModelError::Timeout(Duration::from_millis(300)))
     );
     assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn a_model_list_names_each_model_once() {
+    // llama.cpp's server lists its one model twice: in `data` and again
+    // in Ollama's shape under `models`.
+    let llama_cpp = json!({
+        "models": [{"name": "/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+                    "model": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "type": "model"}],
+        "object": "list",
+        "data": [{"id": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "object": "model",
+                  "owned_by": "llamacpp"}]
+    });
+    let twice =
+        json!({"object": "list", "data": [{"id": "qwen3"}, {"id": "qwen3"}, {"id": "llama3.2"}]});
+    let server =
+        FakeServer::scripted(vec![Reply::json(200, llama_cpp), Reply::json(200, twice)]).await;
+    let model = client(&server);
+    assert_eq!(
+        model.served_models().await.expect("a list"),
+        ["/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
+    );
+    assert_eq!(
+        model.served_models().await.expect("a list"),
+        ["qwen3", "llama3.2"]
+    );
 }
 
 #[tokio::test]

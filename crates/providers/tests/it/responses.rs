@@ -14,7 +14,7 @@ use markov_core::{
     ToolChoice, ToolDefinition,
 };
 use markov_providers::{PromptCacheKey, Responses, ResponsesBuilder};
-use markov_testkit::http::{FakeServer, Reply, responses};
+use markov_testkit::http::{FakeServer, MODEL, Reply, responses};
 use serde_json::{Value, json};
 
 use crate::common::machine::{ANSWER, QUESTION, add_args, calculator, respond_args, turn};
@@ -73,6 +73,10 @@ async fn a_tool_round_trip_sends_calls_and_their_outputs_back_with_store_false()
         steps.last().and_then(|s| s.response.clone()),
         Some(ANSWER.to_owned())
     );
+    // Each step names the model the response object named.
+    for step in &steps {
+        assert_eq!(step.model.as_deref(), Some(MODEL), "{step:?}");
+    }
     let requests = server.requests();
     assert_eq!(requests.len(), 2);
     for request in &requests {
@@ -113,8 +117,13 @@ async fn a_tool_round_trip_sends_calls_and_their_outputs_back_with_store_false()
     assert_eq!(outputs[0]["output"], "5");
     assert_eq!(
         second["input"][0],
-        json!({"role": "user", "content": QUESTION})
+        json!({"type": "message", "role": "user", "content": QUESTION})
     );
+    // Every input item names its type: llama.cpp's server refuses an
+    // assistant message without one ("Cannot determine type of 'item'").
+    for item in second["input"].as_array().expect("input items") {
+        assert!(item["type"].is_string(), "{item}");
+    }
 }
 
 #[tokio::test]
@@ -269,6 +278,8 @@ async fn a_stream_is_decoded_however_it_is_cut() {
     assert_eq!(answer.stop_reason, StopReason::ToolUse);
     assert_eq!(answer.usage.input_tokens, 100);
     assert_eq!(answer.usage.cache_read_input_tokens, 20);
+    // As `response.completed` names it.
+    assert_eq!(answer.model.as_deref(), Some(MODEL));
     // Deltas name the positions the final answer has.
     for event in &expected {
         match event {
@@ -380,6 +391,64 @@ async fn an_incomplete_answer_is_cut_by_the_token_limit() {
         .await
         .unwrap();
     assert_eq!(answer.stop_reason, StopReason::MaxTokens);
+}
+
+#[tokio::test]
+async fn a_completed_answer_that_spent_every_token_is_cut_by_the_limit() {
+    // llama.cpp's server reports `completed` for an answer its
+    // `max_output_tokens` cut; the canned answers spend 30 tokens.
+    let cut = || {
+        let mut body = responses::text("1234 + 4321 is a classic problem that");
+        body["usage"]["output_tokens"] = json!(30);
+        body
+    };
+    let server = FakeServer::scripted(vec![
+        Reply::json(200, cut()),
+        Reply::json(200, cut()),
+        Reply::sse(&responses::text_events(
+            "1234 + 4321 is a classic problem that",
+        )),
+        Reply::json(200, responses::text("5555")),
+    ])
+    .await;
+    let model = client(&server);
+    let history = [Message::user("What is 1234 + 4321?")];
+    let settings = ModelSettings {
+        max_tokens: 30,
+        ..ModelSettings::default()
+    };
+    let answer = model
+        .complete(ModelRequest::new("", &history, &settings))
+        .await
+        .unwrap();
+    assert_eq!(answer.stop_reason, StopReason::MaxTokens);
+    // A forced call cut before it began is cut, not a server that ignores
+    // its tools.
+    let tools = add_tool();
+    let forced = ModelRequest::new("", &history, &settings)
+        .with_tools(&tools)
+        .with_tool_choice(&ToolChoice::Any);
+    let answer = model.complete(forced).await.expect("a cut answer");
+    assert_eq!(answer.stop_reason, StopReason::MaxTokens);
+    let events: Vec<StreamEvent> = model
+        .stream(forced)
+        .map(|event| event.expect("no error"))
+        .collect()
+        .await;
+    let Some(StreamEvent::Done(answer)) = events.last() else {
+        panic!("{events:?}")
+    };
+    assert_eq!(answer.stop_reason, StopReason::MaxTokens);
+    // An answer that ends before the limit ends the turn.
+    let settings = ModelSettings {
+        max_tokens: 31,
+        ..ModelSettings::default()
+    };
+    let answer = model
+        .complete(ModelRequest::new("", &history, &settings))
+        .await
+        .unwrap();
+    assert_eq!(answer.stop_reason, StopReason::EndTurn);
 }
 
 #[tokio::test]

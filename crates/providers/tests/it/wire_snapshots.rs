@@ -236,11 +236,13 @@ async fn the_responses_request_body() {
           "input": [
             {
               "content": "What is 2 + 3?",
-              "role": "user"
+              "role": "user",
+              "type": "message"
             },
             {
               "content": "Let me add.",
-              "role": "assistant"
+              "role": "assistant",
+              "type": "message"
             },
             {
               "arguments": "{\"a\":2,\"b\":3}",

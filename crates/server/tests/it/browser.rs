@@ -18,9 +18,7 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use markov_core::Item;
-use markov_core::model::{
-    Model, ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage,
-};
+use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
@@ -57,11 +55,7 @@ const WEATHER: &str = "**Lisbon** is *sunny* today, 21 °C.\n\n\
 To check it yourself:\n\n```sh\ncurl 'https://wttr.in/Lisbon?format=3'\n```\n";
 
 fn answer(content: Vec<Item>, stop: StopReason) -> ModelResponse {
-    ModelResponse {
-        content,
-        stop_reason: stop,
-        usage: Usage::default(),
-    }
+    ModelResponse::new(content, stop)
 }
 
 /// A scripted model that does what the user's message asks: `weather`

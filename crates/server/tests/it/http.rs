@@ -284,6 +284,36 @@ pub(crate) fn results(session: &Value) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_event_names_the_model_that_answered() {
+    use markov_core::message::Item;
+    use markov_core::model::StopReason;
+
+    let model = ScriptedModel::builder()
+        .response(
+            ModelResponse::new(vec![Item::text("Hello.")], StopReason::EndTurn)
+                .with_model("served-model-2025"),
+        )
+        .text("Again.")
+        .build();
+    let f = serve(model).await;
+    let id = f.create().await;
+    let step = |events: &[(String, Value)]| {
+        let steps: Vec<Value> = events
+            .iter()
+            .filter(|(n, _)| n == "step")
+            .map(|(_, d)| d.clone())
+            .collect();
+        assert_eq!(steps.len(), 1, "{events:?}");
+        steps[0].clone()
+    };
+    let events = f.say(&id, "hi").await;
+    assert_eq!(step(&events)["model"], "served-model-2025");
+    // An answer that names no model: the event has no `model`.
+    let events = f.say(&id, "hi again").await;
+    assert!(step(&events).get("model").is_none(), "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_whose_call_needs_approval_is_streamed_and_stored_waiting() {
     let model = ScriptedModel::builder()
         .tool_call("pay", json!({"amount": 5}))

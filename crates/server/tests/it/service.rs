@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use markov_core::Item;
-use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason, Usage};
+use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Agent, CANCELLED_TOOL_CALL};
 use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
@@ -197,15 +197,14 @@ impl Model for PayFive {
         if answered {
             return Ok(markov_testkit::text_response("Done."));
         }
-        Ok(ModelResponse {
-            content: vec![Item::tool_use(
+        Ok(ModelResponse::new(
+            vec![Item::tool_use(
                 format!("call-{n}"),
                 "pay",
                 json!({"amount": 5}),
             )],
-            stop_reason: StopReason::ToolUse,
-            usage: Usage::default(),
-        })
+            StopReason::ToolUse,
+        ))
     }
 }
 
@@ -1066,11 +1065,10 @@ struct Counter;
 #[async_trait]
 impl Model for Counter {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        Ok(ModelResponse {
-            content: vec![Item::text(format!("heard {}", request.messages().len()))],
-            stop_reason: StopReason::EndTurn,
-            usage: Usage::default(),
-        })
+        Ok(ModelResponse::new(
+            vec![Item::text(format!("heard {}", request.messages().len()))],
+            StopReason::EndTurn,
+        ))
     }
 }
 

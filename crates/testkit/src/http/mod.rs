@@ -52,7 +52,9 @@ mod server;
 
 pub use server::{FakeServer, Recorded, Reply};
 
-/// The model name the canned [`anthropic`] and [`openai`] answers report.
+/// The model name every canned answer reports ([`anthropic`]'s and
+/// [`openai`]'s `model`, [`responses`]' response object's, [`gemini`]'s
+/// `modelVersion`).
 pub const MODEL: &str = "fake-model";
 
 /// One named server-sent event with JSON data, as Anthropic sends them:

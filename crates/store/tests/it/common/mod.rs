@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use markov_core::Item;
 use markov_core::async_trait;
-use markov_core::model::{Model, ModelResponse, StopReason, Usage};
+use markov_core::model::{Model, ModelResponse, StopReason};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Machine, StandardExecutor};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
@@ -138,8 +138,8 @@ impl Model for ProviderLike {
                 return Ok(markov_testkit::text_response(reply));
             }
         };
-        Ok(ModelResponse {
-            content: calls
+        Ok(ModelResponse::new(
+            calls
                 .iter()
                 .map(|(name, input)| {
                     Item::tool_use(
@@ -149,9 +149,8 @@ impl Model for ProviderLike {
                     )
                 })
                 .collect(),
-            stop_reason: StopReason::ToolUse,
-            usage: Usage::default(),
-        })
+            StopReason::ToolUse,
+        ))
     }
 }
 
@@ -335,14 +334,12 @@ pub fn machine(model: Arc<dyn Model>, dir: &Dir) -> Machine {
 
 /// A response calling tools with the given ids.
 pub fn calls(list: &[(&str, &str, Value)]) -> ModelResponse {
-    ModelResponse {
-        content: list
-            .iter()
+    ModelResponse::new(
+        list.iter()
             .map(|(id, name, input)| Item::tool_use(*id, *name, input.clone()))
             .collect(),
-        stop_reason: StopReason::ToolUse,
-        usage: Usage::default(),
-    }
+        StopReason::ToolUse,
+    )
 }
 
 /// Lines in a file (0 when it does not exist).
