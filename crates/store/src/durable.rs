@@ -756,10 +756,16 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// its machine there when it is at rest: everything written, no run to
     /// continue, no input queued.
     pub async fn release(self) -> Result<(), DurableError> {
+        // Everything the next write would carry is written already (the
+        // loop guard's counts and the counters included, which `dirty`
+        // leaves to the step that writes them).
+        let policy = self.machine.policy_state();
         let at_rest = !self.dirty()
+            && policy.counters() == self.counters
+            && policy.repeats().snapshot() == self.repeats
+            && policy.answers().is_empty()
             && self.interrupted.is_none()
-            && self.machine.queue().is_empty()
-            && self.machine.policy_state().answers().is_empty();
+            && self.machine.queue().is_empty();
         let revision = self.store.release(&self.id, &self.holder).await?;
         if let (Some((cache, agent)), Some(revision), true) = (self.cache, revision, at_rest) {
             cache.park(
