@@ -23,7 +23,15 @@ use markov_core::ModelError;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-/// The outgoing limits of a client (all off by default).
+/// The outgoing limits of a client.
+///
+/// By default a client has at most [`Limits::DEFAULT_MAX_CONCURRENT`] calls
+/// in flight: each holds at most one connection to the provider while it
+/// runs (with HTTP/2 several calls share one), so this is also the bound on
+/// connections per host; a call beyond it waits for a place, at most
+/// [`Limits::queue_deadline`] (60 s by default), then fails with
+/// [`ModelError::Overloaded`] without a request. The rates are off by
+/// default.
 ///
 /// ```
 /// use std::time::Duration;
@@ -39,7 +47,8 @@ use tokio::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Limits {
-    /// The most calls in flight at once; `None` for no bound.
+    /// The most calls in flight at once; `None` for no bound (default
+    /// [`Limits::DEFAULT_MAX_CONCURRENT`]).
     pub max_concurrent: Option<usize>,
     /// Requests per minute (retries included); `None` for no rate.
     pub requests_per_minute: Option<u32>,
@@ -56,9 +65,17 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// No limits, and a queue deadline of 60 s for when some are set.
+    /// The default bound on calls in flight, and so on connections per
+    /// host: the connection limit of OpenAI's and Anthropic's own SDKs.
+    /// Without a bound, a service with many sessions opens a connection per
+    /// waiting call and runs out of file descriptors before the provider
+    /// says it is overloaded.
+    pub const DEFAULT_MAX_CONCURRENT: usize = 1_000;
+
+    /// At most [`Limits::DEFAULT_MAX_CONCURRENT`] calls in flight, no
+    /// rates, a queue deadline of 60 s.
     pub(crate) const DEFAULT: Limits = Limits {
-        max_concurrent: None,
+        max_concurrent: Some(Limits::DEFAULT_MAX_CONCURRENT),
         requests_per_minute: None,
         tokens_per_minute: None,
         queue_deadline: Duration::from_secs(60),
@@ -276,9 +293,14 @@ mod tests {
     }
 
     #[test]
-    fn limits_that_are_all_off_make_no_limiter() {
-        assert!(Limiter::new(Limits::default()).is_none());
-        assert!(Limiter::new(Limits::default().max_concurrent(0)).is_some());
+    fn calls_in_flight_are_bounded_by_default_and_all_off_makes_no_limiter() {
+        let default = Limits::default();
+        assert_eq!(default.max_concurrent, Some(Limits::DEFAULT_MAX_CONCURRENT));
+        assert!(Limiter::new(default).is_some());
+        let mut off = Limits::default();
+        off.max_concurrent = None;
+        assert!(Limiter::new(off).is_none());
+        assert_eq!(Limits::default().max_concurrent(0).max_concurrent, Some(1));
         assert_eq!(estimate_tokens(400, 50), 150);
     }
 }

@@ -400,17 +400,25 @@ fn tls_config(need_roots: bool) -> Result<rustls::ClientConfig, ConfigError> {
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| ConfigError::HttpClient(e.to_string()))?;
-    match builder.clone().with_platform_verifier() {
-        Ok(builder) => Ok(builder.with_no_client_auth()),
+    let mut config = match builder.clone().with_platform_verifier() {
+        Ok(builder) => builder.with_no_client_auth(),
         // A plain-http server (a local model server) needs no roots; without
         // them any https connection fails its handshake.
-        Err(_) if !need_roots => Ok(builder
+        Err(_) if !need_roots => builder
             .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth()),
-        Err(e) => Err(ConfigError::HttpClient(format!(
-            "cannot load the system's root certificates: {e}"
-        ))),
-    }
+            .with_no_client_auth(),
+        Err(e) => {
+            return Err(ConfigError::HttpClient(format!(
+                "cannot load the system's root certificates: {e}"
+            )));
+        }
+    };
+    // reqwest offers HTTP/2 only in a TLS configuration it builds itself;
+    // this one is ours, so it says so: a provider that speaks HTTP/2 then
+    // carries many calls on one connection, one that does not keeps
+    // HTTP/1.1 with keep-alive. Plain http (a local server) stays HTTP/1.1.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
 }
 
 /// A reqwest failure as a model error.
@@ -689,6 +697,15 @@ mod tests {
         let mut headers = HeaderMap::new();
         headers.insert("retry-after-ms", HeaderValue::from_static("1e300"));
         assert_eq!(retry_after(&headers), Some(Duration::MAX));
+    }
+
+    #[test]
+    fn tls_offers_http2_before_http1() {
+        let config = tls_config(false).expect("a TLS configuration");
+        assert_eq!(
+            config.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
     }
 
     #[test]

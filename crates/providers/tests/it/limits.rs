@@ -1,6 +1,6 @@
 //! Outgoing limits against a fake server on loopback: a thousand calls at
-//! once keep the bound on calls in flight, a call that waits past the
-//! queue deadline fails without a request, the request and token rates
+//! once keep the bound on calls in flight and on connections, a call that
+//! waits past the queue deadline fails without a request, the request and token rates
 //! hold calls back, and an exhausted quota or a long `retry-after` is not
 //! retried. Nothing here measures speed.
 #![cfg(feature = "openai")]
@@ -60,6 +60,12 @@ async fn a_thousand_calls_at_once_keep_the_bound_on_calls_in_flight() {
     assert!(
         most > 1,
         "the calls ran one at a time: the test shows nothing"
+    );
+    // Kept alive and reused: the bound on calls is a bound on connections.
+    let connections = server.connections();
+    assert!(
+        connections <= BOUND,
+        "{CALLS} calls opened {connections} connections"
     );
 }
 
