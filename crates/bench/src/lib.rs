@@ -195,6 +195,11 @@ impl Scenario {
         }
     }
 
+    /// The charter: its one node and three tools.
+    pub fn charter(&self) -> &Charter {
+        &self.charter
+    }
+
     /// The same scenario with every call going through [`policy_registry`].
     pub fn with_policies() -> Self {
         Scenario {

@@ -49,6 +49,7 @@
 mod body;
 mod counting;
 mod mcp;
+mod provider_path;
 mod server;
 mod store;
 mod stream;
@@ -109,6 +110,9 @@ struct Plan {
     stream_reps: usize,
     /// Timed calls per path in figure 10.
     mcp_calls: usize,
+    /// Turns at K = 10 in figure 11 (K = 1 000 runs a tenth as many, at
+    /// least one).
+    provider_turns: usize,
 }
 
 /// The text fragments of figure 9's streams.
@@ -130,6 +134,7 @@ const FULL: Plan = Plan {
     body_reps: 50,
     stream_reps: 200,
     mcp_calls: 2_000,
+    provider_turns: 400,
 };
 
 const QUICK: Plan = Plan {
@@ -142,6 +147,7 @@ const QUICK: Plan = Plan {
     body_reps: 10,
     stream_reps: 20,
     mcp_calls: 200,
+    provider_turns: 40,
 };
 
 fn main() -> ExitCode {
@@ -158,6 +164,28 @@ fn main() -> ExitCode {
             _ => usage(),
         },
         ["serve-worker", provider] => server::worker(provider),
+        ["fake-provider", k] => match k.parse() {
+            Ok(k) => provider_path::fake_provider(k),
+            Err(_) => usage(),
+        },
+        ["provider-path"] => {
+            provider_path_figures(FULL);
+            ExitCode::SUCCESS
+        }
+        ["provider-path", call, k, turns] => {
+            let call = match *call {
+                "plain" => provider_path::Call::Plain,
+                "streamed" => provider_path::Call::Streamed,
+                _ => return usage(),
+            };
+            match (k.parse(), turns.parse()) {
+                (Ok(k), Ok(turns)) => {
+                    provider_path::figure(call, k, turns);
+                    ExitCode::SUCCESS
+                }
+                _ => usage(),
+            }
+        }
         ["mcp-server"] => mcp::serve_stdio(),
         ["mcp"] => {
             mcp::figure(QUICK.mcp_calls);
@@ -238,7 +266,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
 }
@@ -316,6 +344,7 @@ fn run_all(plan: Plan) -> ExitCode {
     let bodies = body_figures(plan.body_reps);
     let streams = stream_figures(plan.stream_reps);
     let mcp = mcp::figure(plan.mcp_calls);
+    let provider_paths = provider_path_figures(plan);
     let servers: Vec<server::ProcessesFigure> = plan
         .server_sessions
         .iter()
@@ -610,8 +639,44 @@ fn run_all(plan: Plan) -> ExitCode {
             }
         }
     }
+    let _ = writeln!(
+        table,
+        "\n11. A step through the Anthropic client against a keep-alive loopback fake provider in a process of its own, answering at once; per step: wall, and this process's CPU (the client and the loop)"
+    );
+    let _ = writeln!(
+        table,
+        "   {:>9} {:>6} {:>6} {:>12} {:>16} {:>12}",
+        "call", "K", "steps", "wall µs", "client CPU µs", "connections"
+    );
+    for p in &provider_paths {
+        let _ = writeln!(
+            table,
+            "   {:>9} {:>6} {:>6} {:>12.1} {:>16.1} {:>12}",
+            p.call.as_str(),
+            p.k,
+            p.steps,
+            p.wall_per_step_us,
+            p.cpu_per_step_us,
+            p.connections
+        );
+    }
     println!("{table}");
     ExitCode::SUCCESS
+}
+
+/// Figure 11: both ways of calling, at K = 10 and 1 000.
+fn provider_path_figures(plan: Plan) -> Vec<provider_path::ProviderPathFigure> {
+    use provider_path::Call;
+    [Call::Plain, Call::Streamed]
+        .into_iter()
+        .flat_map(|call| {
+            [
+                (10, plan.provider_turns),
+                (1_000, (plan.provider_turns / 100).max(1)),
+            ]
+            .map(|(k, turns)| provider_path::figure(call, k, turns))
+        })
+        .collect()
 }
 
 /// Figure 9, printing its machine-readable lines.

@@ -297,8 +297,10 @@ mod tests {
         let default = Limits::default();
         assert_eq!(default.max_concurrent, Some(Limits::DEFAULT_MAX_CONCURRENT));
         assert!(Limiter::new(default).is_some());
-        let mut off = Limits::default();
-        off.max_concurrent = None;
+        let off = Limits {
+            max_concurrent: None,
+            ..Limits::default()
+        };
         assert!(Limiter::new(off).is_none());
         assert_eq!(Limits::default().max_concurrent(0).max_concurrent, Some(1));
         assert_eq!(estimate_tokens(400, 50), 150);

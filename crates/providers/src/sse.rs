@@ -158,14 +158,60 @@ async fn step<D: SseDecoder>(
                 match done {
                     Some(response) => {
                         log_done(&response);
-                        reader.pending.push_back(StreamEvent::Done(response));
-                        State::Draining(std::mem::take(&mut reader.pending))
+                        let Reader {
+                            response: body,
+                            mut pending,
+                            ..
+                        } = *reader;
+                        pending.push_back(StreamEvent::Done(response));
+                        finish_body(body);
+                        State::Draining(pending)
                     }
                     None => State::Reading(reader),
                 }
             }
         };
     }
+}
+
+/// The most of a body read after its answer's last event.
+const MAX_BODY_AFTER_ANSWER: usize = 64 * 1024;
+
+/// How long the rest of a body is waited for after its answer's last event.
+const BODY_AFTER_ANSWER_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Reads what is left of an event stream's body after the answer's last
+/// event (the end of the body, and perhaps a trailing event), so that its
+/// connection goes back to the client's pool: a body dropped unread closes
+/// its connection, and the next call would pay a new one (a TLS handshake,
+/// at a real provider). The end is usually there already; when it is not,
+/// a task of its own waits for it, bounded in bytes and time, so the answer
+/// is never held back.
+fn finish_body(mut body: Response) {
+    use futures::FutureExt;
+    loop {
+        match body.chunk().now_or_never() {
+            // Ended (or broken, and then not reusable anyway).
+            Some(Ok(None) | Err(_)) => return,
+            Some(Ok(Some(_))) => {}
+            None => break,
+        }
+    }
+    if tokio::runtime::Handle::try_current().is_err() {
+        return;
+    }
+    tokio::spawn(async move {
+        let rest = async {
+            let mut read = 0;
+            while let Ok(Some(bytes)) = body.chunk().await {
+                read += bytes.len();
+                if read > MAX_BODY_AFTER_ANSWER {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(BODY_AFTER_ANSWER_DEADLINE, rest).await;
+    });
 }
 
 fn fail<'a, D>(error: ModelError) -> Step<'a, D> {

@@ -803,6 +803,32 @@ async fn a_stream_retries_its_connection() {
 }
 
 #[tokio::test]
+async fn streamed_calls_reuse_their_connection() {
+    const CALLS: usize = 20;
+    let server = FakeServer::start().await;
+    server.answer_with(|_| Reply::sse(&markov_testkit::http::anthropic::text_events("ok")));
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    let model = client(&server);
+    for _ in 0..CALLS {
+        let answer =
+            collect_stream(model.stream(request(&history, &[], &ToolChoice::Auto, &settings)))
+                .await
+                .unwrap();
+        assert_eq!(answer.stop_reason, StopReason::EndTurn);
+    }
+    // A body dropped unread after `message_stop` would close its
+    // connection: one connection per call. Its end is read instead, so the
+    // connection goes back to the pool (the odd call may still find it not
+    // yet back and open another).
+    let connections = server.connections();
+    assert!(
+        connections <= CALLS / 2,
+        "{CALLS} streamed calls opened {connections} connections"
+    );
+}
+
+#[tokio::test]
 async fn a_slow_server_times_out() {
     let server = FakeServer::scripted(vec![Reply::hang(Duration::from_secs(5))]).await;
     let model = Anthropic::builder()

@@ -252,6 +252,11 @@ impl FakeServer {
         let task = tokio::spawn(async move {
             while let Ok((socket, _)) = listener.accept().await {
                 accepting.connections.fetch_add(1, Ordering::Relaxed);
+                // A reply is written in pieces (head, body, chunks): with
+                // Nagle's algorithm a piece waits for the client's delayed
+                // acknowledgement of the last, 40 ms on Linux, on every
+                // call of a kept-alive connection.
+                let _ = socket.set_nodelay(true);
                 let shared = Arc::clone(&accepting);
                 tokio::spawn(async move {
                     // A client that hangs up early is no concern of the test.
