@@ -461,6 +461,7 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
         output_tokens: 20,
         cache_read_input_tokens: 10,
         cache_creation_input_tokens: 0,
+        ..Usage::default()
     })
     // The model the chunks name.
     .with_model("gpt-test");
