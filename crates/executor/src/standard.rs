@@ -595,6 +595,10 @@ pub(crate) fn finalize_vessel(
 
 /// What to do after the tools ran.
 #[derive(Debug)]
+// Made once per leaf per step and matched at once: boxing the outcome
+// would add an allocation per step to save a few bytes of a short-lived
+// value.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AfterTools {
     /// The leaf is done for this step.
     Finish(LeafOutcome),

@@ -199,10 +199,7 @@ async fn a_per_run_request_limit_stops_before_the_call_and_the_next_turn_goes_on
     // results end the history.
     assert_paired(machine.history());
     assert_eq!(all_results(machine.history()).len(), 2);
-    assert_eq!(
-        machine.history().last().map(|m| m.role.clone()),
-        Some(Role::User)
-    );
+    assert_eq!(machine.history().last().map(|m| m.role), Some(Role::User));
 
     // The next run is a new run: it goes on.
     machine.enqueue_user("Go on.");
