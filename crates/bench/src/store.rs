@@ -98,6 +98,7 @@ async fn measure(
                     counters: None,
                     answers: &[],
                     run: Some(&run),
+                    usage: None,
                 },
             )
             .await

@@ -53,6 +53,7 @@ pub mod message;
 pub mod model;
 pub mod tagged;
 pub mod tool;
+pub mod usage;
 
 pub use ids::{InstanceId, MessageId, NodeId, RunId, ToolCallId};
 pub use message::{Item, Items, Message, Metadata, Role};
@@ -64,6 +65,7 @@ pub use tool::{
     DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,
     ToolDefinition, ToolExecutionResult, ToolName, ToolOutcome, ToolReply,
 };
+pub use usage::Usd;
 
 /// The attribute every markov trait with async methods is implemented
 /// with (`Tool`, `Model`, ...): `#[async_trait]` on the `impl` block.

@@ -328,27 +328,7 @@ pub enum StopReason {
     ContentFilter,
 }
 
-/// Token counts of one call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Input tokens.
-    pub input_tokens: u64,
-    /// Output tokens.
-    pub output_tokens: u64,
-    /// Input tokens read from the prompt cache.
-    pub cache_read_input_tokens: u64,
-    /// Input tokens written to the prompt cache.
-    pub cache_creation_input_tokens: u64,
-}
-
-impl std::ops::AddAssign for Usage {
-    fn add_assign(&mut self, rhs: Usage) {
-        self.input_tokens += rhs.input_tokens;
-        self.output_tokens += rhs.output_tokens;
-        self.cache_read_input_tokens += rhs.cache_read_input_tokens;
-        self.cache_creation_input_tokens += rhs.cache_creation_input_tokens;
-    }
-}
+pub use crate::usage::Usage;
 
 /// A model's answer.
 ///

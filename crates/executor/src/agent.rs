@@ -28,6 +28,7 @@ use crate::run::RunOptions;
 use crate::serialize::{DeserializeError, SerializedMachine, deserialize_machine};
 use crate::standard::{StandardExecutor, Unservable};
 use crate::stream::MessageStreamEvent;
+use crate::usage::{Prices, UsageLimits};
 
 /// An agent, ready to run: see [`Agent::builder`].
 ///
@@ -205,6 +206,7 @@ impl Agent {
             executor: None,
             settings: None,
             run: None,
+            prices: None,
         }
     }
 
@@ -349,6 +351,7 @@ pub struct AgentBuilder {
     executor: Option<Arc<dyn Executor>>,
     settings: Option<ModelSettings>,
     run: Option<RunOptions>,
+    prices: Option<Prices>,
 }
 
 impl std::fmt::Debug for AgentBuilder {
@@ -509,6 +512,47 @@ impl AgentBuilder {
         self
     }
 
+    /// Bounds on the tokens, requests and money of each run, each user
+    /// turn and the session (see [`UsageLimits`]): checked before each
+    /// model call, they end the run with
+    /// [`YieldReason::UsageLimit`](crate::YieldReason::UsageLimit) rather
+    /// than make a call that could pass one.
+    ///
+    /// ```
+    /// use markov_executor::{Agent, Limit, UsageLimits, YieldReason};
+    /// use markov_testkit::ScriptedModel;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let limits = UsageLimits::builder().per_turn(Limit::new().requests(1)).build().unwrap();
+    /// let model = ScriptedModel::builder().text("Hello.").build();
+    /// let agent = Agent::builder("frugal")
+    ///     .instructions("Answer.")
+    ///     .model(model)
+    ///     .usage_limits(limits)
+    ///     .build()
+    ///     .unwrap();
+    /// let mut machine = agent.machine();
+    /// machine.enqueue_user("hi");
+    /// assert_eq!(machine.run().await.unwrap().yield_reason, YieldReason::EndTurn);
+    /// assert_eq!(machine.usage().turn.requests, 1);
+    /// # });
+    /// ```
+    #[must_use]
+    pub fn usage_limits(mut self, limits: UsageLimits) -> Self {
+        let run = self.run.take().unwrap_or_default();
+        self.run = Some(run.usage_limits(limits));
+        self
+    }
+
+    /// The prices of the model calls (default: the bundled table of
+    /// [`Prices::table`]), for the cost in each step's usage and for
+    /// limits on money.
+    #[must_use]
+    pub fn prices(mut self, prices: Prices) -> Self {
+        self.prices = Some(prices);
+        self
+    }
+
     /// Every limit of each run at once.
     #[must_use]
     pub fn run_options(mut self, options: RunOptions) -> Self {
@@ -537,7 +581,11 @@ impl AgentBuilder {
     fn conflict(&self) -> Option<(&'static str, &'static str, &'static str)> {
         let custom = self.executor.is_some();
         let given = self.charter_given.is_some();
-        let checks: [(bool, &'static str, &'static str, &'static str); 11] = [
+        let limited = self
+            .run
+            .as_ref()
+            .is_some_and(|run| run.usage_limits.is_set());
+        let checks: [(bool, &'static str, &'static str, &'static str); 13] = [
             (
                 given && !self.nodes.is_empty(),
                 "node",
@@ -579,6 +627,18 @@ impl AgentBuilder {
                 "settings",
                 "executor",
                 "set the settings on the executor",
+            ),
+            (
+                custom && limited,
+                "usage_limits",
+                "executor",
+                "the standard executor checks usage limits before each model call: give the model instead",
+            ),
+            (
+                custom && self.prices.is_some(),
+                "prices",
+                "executor",
+                "give the prices to the executor (StandardExecutor::with_prices)",
             ),
             (
                 custom && self.registry.is_some(),
@@ -691,6 +751,9 @@ impl AgentBuilder {
                 let mut standard = StandardExecutor::shared(model);
                 if let Some(settings) = self.settings {
                     standard = standard.with_settings(settings);
+                }
+                if let Some(prices) = self.prices {
+                    standard = standard.with_prices(prices);
                 }
                 if let Some(registry) = registry {
                     standard = standard.with_registry(registry, self.mode.unwrap_or(Mode::TEXT));

@@ -114,4 +114,16 @@ pub enum RunError {
     /// A resume found no step waiting for approval.
     #[error("nothing to resume: no step waits for the application's approval")]
     NotAwaitingApproval,
+    /// A limit on money is set, but the model of the next call has no
+    /// price: the call was not made. Give it one with
+    /// [`Prices::model`](crate::Prices::model).
+    #[error(
+        "a cost limit is set but model {} has no price: give it one with Prices::model",
+        .model.as_deref().map_or_else(|| "(the client's default)".to_owned(), |m| format!("{m:?}"))
+    )]
+    NoPrice {
+        /// The model asked for; `None` when the request left it to the
+        /// client.
+        model: Option<String>,
+    },
 }

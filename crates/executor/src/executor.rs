@@ -42,6 +42,10 @@ pub struct LeafContext<'a> {
     pub queue: &'a Queue,
     /// The conversation's approvals, idempotency ledger and budget counters.
     pub policy: &'a PolicyState,
+    /// The usage limits and what the run, turn and session have used: a
+    /// model call is made only if [`UsageMeter::admit`](crate::UsageMeter::admit)
+    /// admits its estimate.
+    pub usage: &'a crate::usage::UsageMeter,
 }
 
 impl<'a> LeafContext<'a> {
@@ -85,8 +89,11 @@ pub struct LeafOutcome {
     pub termination: Option<TerminateResponse>,
     /// The intents tools returned, in call order.
     pub intents: Vec<Intent>,
-    /// The tokens the leaf's model call used.
+    /// What the leaf's model call used (tokens, one request, its cost).
     pub usage: markov_core::model::Usage,
+    /// The limit the leaf's model call could have passed, when it was not
+    /// made (with yield reason [`YieldReason::UsageLimit`]).
+    pub usage_limit: Option<crate::usage::LimitExceeded>,
     /// The model that answered the leaf's call, as the answer names it
     /// ([`ModelResponse::model`](markov_core::ModelResponse::model)).
     pub model: Option<String>,
@@ -115,6 +122,7 @@ impl LeafOutcome {
             termination: None,
             intents: Vec::new(),
             usage: markov_core::model::Usage::default(),
+            usage_limit: None,
             model: None,
         }
     }

@@ -54,6 +54,7 @@ mod standard;
 mod step;
 pub mod stream;
 mod typed;
+pub mod usage;
 
 pub use agent::{Agent, AgentBuilder, BuildError};
 pub use client::{
@@ -82,3 +83,7 @@ pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, 
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use typed::{DEFAULT_TYPED_RETRIES, Typed, TypedRunError, retry_prompt};
+pub use usage::{
+    Limit, LimitExceeded, LimitKind, LimitScope, ModelPrice, Prices, UsageLimits,
+    UsageLimitsBuilder, UsageLimitsError, UsageMeter, UsageTotals,
+};

@@ -14,6 +14,7 @@ use crate::externalize::Externals;
 use crate::instance::Instance;
 use crate::queue::Queue;
 use crate::run::RunOptions;
+use crate::usage::UsageTotals;
 
 /// The unit of persistence: definitions plus everything a conversation accumulated.
 pub struct Machine {
@@ -31,6 +32,8 @@ pub struct Machine {
     pub(crate) policy: Arc<PolicyState>,
     /// The limits of [`Machine::run`] (the agent's).
     pub(crate) run_options: RunOptions,
+    /// What the session and the current user turn have used.
+    pub(crate) usage: UsageTotals,
 }
 
 impl fmt::Debug for Machine {
@@ -117,6 +120,7 @@ impl Machine {
             externals: Externals::default(),
             policy: Arc::new(PolicyState::new()),
             run_options,
+            usage: UsageTotals::default(),
         };
         machine.sync_externalized();
         machine
@@ -172,6 +176,12 @@ impl Machine {
     /// one.
     pub fn approvals(&self) -> &Approvals {
         self.policy.approvals()
+    }
+
+    /// What the session and its current user turn have used: tokens,
+    /// requests and cost. Part of the snapshot.
+    pub fn usage(&self) -> &UsageTotals {
+        &self.usage
     }
 
     /// The limits of [`run`](Self::run) (its agent's, else the defaults).

@@ -28,6 +28,7 @@ use crate::executor::{LeafContext, LeafOutcome};
 use crate::instance::{ActiveLeaf, Instance};
 use crate::machine::{Machine, hoist_packs};
 use crate::step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
+use crate::usage::{UsageLimits, UsageMeter};
 
 /// The default step limit.
 pub const DEFAULT_MAX_STEPS: usize = 50;
@@ -42,6 +43,14 @@ pub struct RunOptions {
     pub max_steps: usize,
     /// The tool result of a `TerminateResponse` without a message.
     pub terminate_message: String,
+    /// Bounds on tokens, requests and money, checked before each model
+    /// call (none by default).
+    #[serde(default, skip_serializing_if = "unlimited")]
+    pub usage_limits: UsageLimits,
+}
+
+fn unlimited(limits: &UsageLimits) -> bool {
+    !limits.is_set()
 }
 
 impl Default for RunOptions {
@@ -49,6 +58,7 @@ impl Default for RunOptions {
         RunOptions {
             max_steps: DEFAULT_MAX_STEPS,
             terminate_message: "Finished".to_owned(),
+            usage_limits: UsageLimits::none(),
         }
     }
 }
@@ -65,6 +75,13 @@ impl RunOptions {
     #[must_use]
     pub fn terminate_message(mut self, message: impl Into<String>) -> Self {
         self.terminate_message = message.into();
+        self
+    }
+
+    /// Sets the usage limits.
+    #[must_use]
+    pub fn usage_limits(mut self, limits: UsageLimits) -> Self {
+        self.usage_limits = limits;
         self
     }
 }
@@ -397,6 +414,8 @@ fn make_step(
         intents: Vec::new(),
         usage: Usage::default(),
         run_usage: Usage::default(),
+        totals: machine.usage,
+        usage_limit: None,
         model: None,
     }
 }
@@ -512,8 +531,10 @@ impl RunState {
         }
         if triggers {
             // A user turn starts: per-turn budgets start over (and only here,
-            // so transitions inside the turn never refill them).
+            // so transitions inside the turn never refill them), and so
+            // does the turn's usage.
             machine.policy.begin_user_turn();
+            machine.usage.turn = Usage::default();
         }
         // Resolved on the raw batch, so what is requeued on an error is the
         // batch as it was (ephemerals not yet collapsed).
@@ -611,7 +632,9 @@ impl RunState {
         // the paused ones wait for their resume.
         machine.policy.settle_step();
         self.usage += step.usage;
+        machine.usage.add(step.usage);
         step.run_usage = self.usage;
+        step.totals = machine.usage;
         self.finished = step.done;
         announce(machine, &step, self.steps);
         Ok(step)
@@ -725,8 +748,12 @@ impl RunState {
         // that names one on a step without a primary leaf.
         let mut primary_model = None;
         let mut worker_model = None;
+        // The first limit a leaf's call could have passed: the run ends
+        // with this step.
+        let mut limited = None;
         for (task, mut outcome) in tasks.iter().zip(outcomes) {
             usage += outcome.usage;
+            limited = limited.or(outcome.usage_limit.take());
             let leaf = &task.leaf;
             let mut turn = outcome.turn;
             turn.recovering = false;
@@ -826,6 +853,17 @@ impl RunState {
             step.model = model;
             return Ok(step);
         }
+        if let Some(limit) = limited {
+            // What the other leaves did is recorded; the call that could
+            // have passed the limit was never made.
+            tracing::info!(%limit, "a usage limit ends the run before its next model call");
+            let mut step = make_step(machine, history, YieldReason::UsageLimit, true);
+            step.usage_limit = Some(limit);
+            step.intents = intents;
+            step.usage = usage;
+            step.model = model;
+            return Ok(step);
+        }
         if reason == YieldReason::MaxTokens {
             let mut step = make_step(machine, history, YieldReason::MaxTokens, self.recovered);
             step.intents = intents;
@@ -899,6 +937,7 @@ pub async fn run_leaves(
         machine: &'a Machine,
         state: &'a RunState,
         task: &'a LeafTask,
+        meter: &'a UsageMeter,
     ) -> LeafContext<'a> {
         LeafContext {
             charter: &machine.charter,
@@ -911,15 +950,18 @@ pub async fn run_leaves(
             terminate_message: &state.options.terminate_message,
             queue: &machine.queue,
             policy: &machine.policy,
+            usage: meter,
         }
     }
+    let meter = UsageMeter::new(state.options.usage_limits, state.usage, machine.usage);
+    let meter = &meter;
     if let [task] = tasks {
         // One leaf: nothing else finishes while it runs, and its own
         // in-flight calls are the executor's to record if it is cancelled.
         return vec![
             machine
                 .executor
-                .run_leaf(context(machine, state, task))
+                .run_leaf(context(machine, state, task, meter))
                 .await,
         ];
     }
@@ -931,7 +973,7 @@ pub async fn run_leaves(
     let futures = tasks.iter().zip(&finished.slots).map(|(task, slot)| async {
         let outcome = machine
             .executor
-            .run_leaf(context(machine, state, task))
+            .run_leaf(context(machine, state, task, meter))
             .await;
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(outcome);
     });

@@ -3,11 +3,13 @@
 //! [`Agent::restore`](crate::Agent::restore) reads them back against the
 //! agent's charter.
 //!
-//! The JSON follows upstream's SerializedMachine, plus two fields of
+//! The JSON follows upstream's SerializedMachine, plus three fields of
 //! markov's: `formatVersion` ([`FORMAT_VERSION`]; a snapshot without it,
-//! upstream's, is read as version 1) and `policy`, the conversation's pending
+//! upstream's, is read as version 1), `policy`, the conversation's pending
 //! and approved confirmation requests and its idempotency ledger (left out
-//! when empty), so that an approval or an answered call survives a restart.
+//! when empty), so that an approval or an answered call survives a restart,
+//! and `usage`, what the session and its current turn have used
+//! ([`UsageTotals`]; left out while nothing was).
 //!
 //! ```json
 //! {
@@ -55,6 +57,7 @@ use crate::executor::Executor;
 use crate::instance::{Instance, MAX_TREE_DEPTH, SuspendInfo};
 use crate::machine::Machine;
 use crate::queue::Queue;
+use crate::usage::UsageTotals;
 
 /// The snapshot format this build writes and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -83,6 +86,10 @@ pub struct SerializedMachine<H = Vec<Message>> {
     /// requests and its idempotency ledger (omitted when empty).
     #[serde(default, skip_serializing_if = "PolicySnapshot::is_empty")]
     pub policy: PolicySnapshot,
+    /// markov's: what the session and its current user turn have used
+    /// (omitted while nothing was; a snapshot without it used nothing).
+    #[serde(default, skip_serializing_if = "UsageTotals::is_empty")]
+    pub usage: UsageTotals,
 }
 
 impl SerializedMachine<&[Message]> {
@@ -93,6 +100,7 @@ impl SerializedMachine<&[Message]> {
             instance: self.instance,
             history: self.history.to_vec(),
             policy: self.policy,
+            usage: self.usage,
         }
     }
 }
@@ -240,6 +248,7 @@ pub fn serialize_machine(
         instance: serialize_instance(&machine.charter, &machine.root, 0)?,
         history: &machine.history,
         policy: machine.policy.snapshot(),
+        usage: machine.usage,
     })
 }
 
@@ -350,6 +359,7 @@ pub(crate) fn deserialize_machine(
             &IdempotencyLimits::default(),
         )),
         run_options: crate::run::RunOptions::default(),
+        usage: data.usage,
     };
     machine.sync_externalized();
     Ok(machine)

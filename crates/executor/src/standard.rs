@@ -25,6 +25,7 @@ use crate::respond::pipeline::{
 };
 use crate::respond::prompt::system_prompt;
 use crate::respond::take_transition;
+use crate::usage::{Prices, estimate_input_tokens};
 use async_trait::async_trait;
 use futures::StreamExt;
 use markov_core::Role;
@@ -76,6 +77,7 @@ pub struct StandardExecutor {
     registry: Option<Arc<RegistryBinding>>,
     streaming: Option<StreamOptions>,
     capture_content: bool,
+    prices: Prices,
 }
 
 impl StandardExecutor {
@@ -92,7 +94,17 @@ impl StandardExecutor {
             registry: None,
             streaming: None,
             capture_content: false,
+            prices: Prices::table(),
         }
+    }
+
+    /// Prices the model calls at `prices` (the bundled table by default):
+    /// each step's [`usage`](crate::MachineStep::usage) has their cost,
+    /// and limits on money are checked with them.
+    #[must_use]
+    pub fn with_prices(mut self, prices: Prices) -> Self {
+        self.prices = prices;
+        self
     }
 
     /// Records prompts, messages, tool arguments and tool results in the
@@ -583,6 +595,10 @@ pub(crate) fn finalize_vessel(
 
 /// What to do after the tools ran.
 #[derive(Debug)]
+// Made once per leaf per step and matched at once: boxing the outcome
+// would add an allocation per step to save a few bytes of a short-lived
+// value.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum AfterTools {
     /// The leaf is done for this step.
     Finish(LeafOutcome),
@@ -799,6 +815,72 @@ fn finish(
 }
 
 impl StandardExecutor {
+    /// The usage limits' verdict on the leaf's next model call: `None`
+    /// when it may be made (its estimate is then reserved for the step),
+    /// else the outcome of a leaf that stops before it.
+    fn admit(
+        &self,
+        cx: &LeafContext<'_>,
+        prepared: &Prepared,
+    ) -> Result<Option<LeafOutcome>, RunError> {
+        let meter = cx.usage;
+        if !meter.limits().is_set() {
+            return Ok(None);
+        }
+        let mut estimate = markov_core::model::Usage {
+            requests: 1,
+            ..markov_core::model::Usage::default()
+        };
+        if meter.needs_estimate() {
+            let input = estimate_input_tokens(&prepared.request(cx.history));
+            let output = u64::from(prepared.settings.max_tokens);
+            estimate.input_tokens = input;
+            estimate.output_tokens = output;
+            if meter.limits().limits_cost() {
+                let model = prepared.settings.model.as_deref();
+                estimate.cost = model
+                    .and_then(|m| {
+                        self.prices
+                            .estimate(self.model.provider_name(), m, input, output)
+                    })
+                    .ok_or_else(|| RunError::NoPrice {
+                        model: model.map(str::to_owned),
+                    })?;
+            }
+        }
+        match meter.admit(&estimate) {
+            Ok(()) => Ok(None),
+            Err(limit) => {
+                let mut stopped = LeafOutcome::new(Vec::new(), YieldReason::UsageLimit, cx.turn);
+                stopped.usage_limit = Some(limit);
+                Ok(Some(stopped))
+            }
+        }
+    }
+
+    /// What an answered call used: its token counts, one request, and its
+    /// cost at the executor's prices (or counted as unpriced).
+    fn metered(&self, response: &ModelResponse, prepared: &Prepared) -> markov_core::model::Usage {
+        let mut usage = response.usage;
+        usage.requests = 1;
+        match self.prices.cost_of_answer(
+            self.model.provider_name(),
+            response.model.as_deref(),
+            prepared.settings.model.as_deref(),
+            &usage,
+        ) {
+            Some(cost) => {
+                usage.cost = cost;
+                usage.unpriced_requests = 0;
+            }
+            None => {
+                usage.cost = markov_core::Usd::ZERO;
+                usage.unpriced_requests = 1;
+            }
+        }
+        usage
+    }
+
     /// Reads the model's stream into `vessel`, reporting each delta, until
     /// the final answer.
     async fn read_stream(
@@ -925,6 +1007,9 @@ impl Executor for StandardExecutor {
                 Ok((response, None))
             }
             None => {
+                if let Some(limited) = self.admit(&cx, &prepared)? {
+                    return Ok(limited);
+                }
                 self.call_model(&cx, &prepared)
                     .instrument(span.clone())
                     .await
@@ -957,7 +1042,7 @@ impl Executor for StandardExecutor {
         let usage = if resumed {
             markov_core::model::Usage::default()
         } else {
-            response.usage
+            self.metered(&response, &prepared)
         };
         span.record("gen_ai.usage.input_tokens", usage.input_tokens);
         span.record("gen_ai.usage.output_tokens", usage.output_tokens);

@@ -47,6 +47,12 @@ pub enum YieldReason {
     /// [`CANCELLED_TOOL_CALL`](crate::CANCELLED_TOOL_CALL)), and the turn is
     /// over. See [`RunState::cancel`](crate::RunState::cancel).
     Cancelled,
+    /// The next model call could have passed a usage limit
+    /// ([`UsageLimits`](crate::UsageLimits)), so it was not made: the run
+    /// ends here, everything before it recorded, and
+    /// [`MachineStep::usage_limit`] says which limit. The next turn goes on
+    /// unless the limit is the session's.
+    UsageLimit,
 }
 
 impl YieldReason {
@@ -65,6 +71,7 @@ impl YieldReason {
             YieldReason::LoopDetected => "loop_detected",
             YieldReason::AwaitingApproval => "awaiting_approval",
             YieldReason::Cancelled => "cancelled",
+            YieldReason::UsageLimit => "usage_limit",
         }
     }
 }
@@ -109,10 +116,17 @@ pub struct MachineStep {
     /// The intents the step's tools returned for the application, in leaf
     /// and call order.
     pub intents: Vec<crate::executor::Intent>,
-    /// The tokens this step's model calls used, summed over its leaves.
+    /// What this step's model calls used (tokens, requests, cost), summed
+    /// over its leaves.
     pub usage: markov_core::model::Usage,
-    /// The tokens the run has used so far, this step included.
+    /// What the run has used so far, this step included.
     pub run_usage: markov_core::model::Usage,
+    /// What the user turn and the session have used so far, this step
+    /// included ([`Machine::usage`](crate::Machine::usage)).
+    pub totals: crate::usage::UsageTotals,
+    /// The limit the next model call could have passed (on a
+    /// [`YieldReason::UsageLimit`] step).
+    pub usage_limit: Option<crate::usage::LimitExceeded>,
     /// The model that answered this step's model call, as the answer names
     /// it ([`ModelResponse::model`](markov_core::ModelResponse::model)):
     /// the primary leaf's, or a worker's on a step of workers only. With a

@@ -73,9 +73,10 @@ pub use markov_tools_std as tools;
 /// What an application needs to build and run an agent, in one import.
 pub mod prelude {
     pub use markov_core::tool::{TerminateResponse, Tool, ToolContext, ToolReply};
-    pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice};
+    pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice, Usd};
     pub use markov_executor::{
-        Agent, BuildError, Machine, MachineStep, RunError, RunOptions, YieldReason, run_machine,
+        Agent, BuildError, Limit, Machine, MachineStep, ModelPrice, Prices, RunError, RunOptions,
+        UsageLimits, YieldReason, run_machine,
     };
     pub use markov_macros::tool;
     pub use markov_policy::{

@@ -381,6 +381,7 @@ pub(crate) async fn show(
         "state": stored.snapshot.instance.state,
         "pending_approvals": pending,
         "awaiting_approval": stored.snapshot.policy.answers.iter().any(|a| a.paused),
+        "usage": stored.snapshot.usage,
         "running": live.is_some(),
         "live_run": live_run,
     })))
@@ -470,7 +471,9 @@ enum Work {
 
 /// One step as a client sees it: its messages (assistant text also as
 /// sanitized HTML, see `markdown::with_html`), why it ended, the response
-/// (and its HTML), the calls waiting for approval, the model that answered.
+/// (and its HTML), the calls waiting for approval, the model that answered,
+/// what the step and the turn and session so far used, and the usage limit
+/// that ended the run, if one did.
 #[derive(Debug, Serialize)]
 struct StepEvent<'a> {
     yield_reason: &'static str,
@@ -483,6 +486,10 @@ struct StepEvent<'a> {
     approvals: &'a [markov_policy::ConfirmationRequest],
     #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<&'a str>,
+    usage: &'a markov_core::Usage,
+    totals: &'a markov_executor::UsageTotals,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage_limit: Option<String>,
 }
 
 fn step_json(step: &MachineStep) -> String {
@@ -494,6 +501,9 @@ fn step_json(step: &MachineStep) -> String {
         response_html: step.response.as_deref().and_then(markdown::to_html),
         approvals: &step.approvals,
         model: step.model.as_deref(),
+        usage: &step.usage,
+        totals: &step.totals,
+        usage_limit: step.usage_limit.map(|limit| limit.to_string()),
     };
     serde_json::to_string(&body).unwrap_or_else(|_| "{}".into())
 }
@@ -597,6 +607,8 @@ fn spawn_run(
                         "yield_reason": last.yield_reason.as_str(),
                         "awaiting_approval": last.yield_reason == YieldReason::AwaitingApproval,
                         "stopped": stopped,
+                        "usage_limit": last.usage_limit.map(|limit| limit.to_string()),
+                        "usage": last.totals,
                     })
                     .to_string(),
                 );

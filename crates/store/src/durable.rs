@@ -227,6 +227,8 @@ pub struct DurableMachine<S: Store + ?Sized> {
     repeats: Vec<markov_policy::RepeatRecord>,
     /// The turn and budget counters last written.
     counters: PolicyCounters,
+    /// The usage last written.
+    usage: markov_executor::UsageTotals,
     /// A run to continue.
     interrupted: Option<RunState>,
     /// The lease, as renewals keep it.
@@ -368,6 +370,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             approvals: machine.approvals().revision(),
             repeats: machine.policy_state().repeats().snapshot(),
             counters: machine.policy_state().counters(),
+            usage: *machine.usage(),
             store,
             id,
             holder,
@@ -470,6 +473,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         // The answers of a step not recorded yet (empty once it is), and
         // those of a step paused for approval (until it is resumed).
         let answers = self.machine.policy_state().answers().snapshot();
+        let usage = *self.machine.usage();
+        let usage_changed = usage != self.usage;
         self.store
             .append(
                 &self.id,
@@ -482,6 +487,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     counters: counters.as_ref(),
                     answers: &answers,
                     run,
+                    usage: usage_changed.then_some(&usage),
                 },
             )
             .await?;
@@ -494,6 +500,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         if let Some(counters) = counters {
             self.counters = counters;
         }
+        self.usage = usage;
         Ok(())
     }
 
@@ -762,6 +769,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         let policy = self.machine.policy_state();
         let at_rest = !self.dirty()
             && policy.counters() == self.counters
+            && *self.machine.usage() == self.usage
             && policy.repeats().snapshot() == self.repeats
             && policy.answers().is_empty()
             && self.interrupted.is_none()

@@ -49,7 +49,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use markov_core::Message;
-use markov_executor::{RunState, SerializedInstance, SerializedMachine};
+use markov_executor::{RunState, SerializedInstance, SerializedMachine, UsageTotals};
 use markov_policy::{ApprovalRecord, LedgerEntry, PolicyCounters, RecordedAnswer, RepeatRecord};
 use serde::{Deserialize, Serialize};
 
@@ -241,6 +241,8 @@ pub struct StepRecord<'a> {
     pub answers: &'a [RecordedAnswer],
     /// The run in progress, or `None` when no run is in progress.
     pub run: Option<&'a RunState>,
+    /// What the session and its current user turn have used, if it changed.
+    pub usage: Option<&'a UsageTotals>,
 }
 
 /// A session as loaded.
@@ -488,6 +490,19 @@ pub(crate) fn policy_snapshot(
     };
     snapshot.retain_replayable();
     Ok(snapshot)
+}
+
+/// The usage column read back: none for a session stored before usage was
+/// kept.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn usage_totals(
+    session: &SessionId,
+    usage: Option<&str>,
+) -> Result<UsageTotals, StoreError> {
+    usage
+        .map(|text| from_json(session, "the usage", text))
+        .transpose()
+        .map(Option::unwrap_or_default)
 }
 
 /// A JSON column read back.

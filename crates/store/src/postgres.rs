@@ -34,7 +34,7 @@ use crate::repair::{self, RawSession, RepairReport};
 use crate::{
     ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, Store,
     StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot,
-    to_json,
+    to_json, usage_totals,
 };
 
 const SCHEMA: &str = "
@@ -74,6 +74,7 @@ ALTER TABLE sessions ADD COLUMN IF NOT EXISTS counters TEXT NOT NULL DEFAULT '{}
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS answers TEXT;
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS owner TEXT;
 ALTER TABLE sessions ADD COLUMN IF NOT EXISTS revision BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE sessions ADD COLUMN IF NOT EXISTS usage TEXT;
 CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, updated_at);
 CREATE TABLE IF NOT EXISTS api_keys (
     id TEXT PRIMARY KEY,
@@ -105,7 +106,8 @@ const UPDATE: &str = "UPDATE sessions SET
         messages = messages + $6,
         updated_at = $7,
         counters = COALESCE($8, counters),
-        answers = $9
+        answers = $9,
+        usage = COALESCE($10, usage)
      WHERE id = $1";
 const JOURNAL: &str = "INSERT INTO ledger (session_id, key, recorded_at, body) VALUES ($1, $2, $3, $4)
      ON CONFLICT (session_id, key) DO UPDATE SET recorded_at = EXCLUDED.recorded_at, body = EXCLUDED.body";
@@ -331,6 +333,9 @@ impl Store for PostgresStore {
         let answers = (!snapshot.policy.answers.is_empty())
             .then(|| to_json(&snapshot.policy.answers))
             .transpose()?;
+        let usage = (!snapshot.usage.is_empty())
+            .then(|| to_json(&snapshot.usage))
+            .transpose()?;
         let messages: Vec<String> = snapshot
             .history
             .iter()
@@ -343,8 +348,8 @@ impl Store for PostgresStore {
         let tx = client.transaction().await.map_err(backend)?;
         let inserted = tx
             .execute(
-                "INSERT INTO sessions (id, charter, tree, approvals, repeats, messages, created_at, updated_at, lease_holder, lease_expires, counters, answers, owner, revision)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13) ON CONFLICT (id) DO NOTHING",
+                "INSERT INTO sessions (id, charter, tree, approvals, repeats, messages, created_at, updated_at, lease_holder, lease_expires, counters, answers, owner, revision, usage)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13, $14) ON CONFLICT (id) DO NOTHING",
                 &[
                     &id.as_str(),
                     &charter,
@@ -359,6 +364,7 @@ impl Store for PostgresStore {
                     &answers,
                     &owner.map(Owner::as_str),
                     &to_i64(revision.get()),
+                    &usage,
                 ],
             )
             .await
@@ -415,6 +421,7 @@ impl Store for PostgresStore {
             .then(|| to_json(step.answers))
             .transpose()?;
         let run = step.run.map(to_json).transpose()?;
+        let usage = step.usage.map(to_json).transpose()?;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
         let count = self.locked(&tx, id, holder).await?;
@@ -437,6 +444,7 @@ impl Store for PostgresStore {
                 &to_i64(now_ms()),
                 &counters,
                 &answers,
+                &usage,
             ],
         )
         .await
@@ -501,7 +509,7 @@ impl Store for PostgresStore {
         self.locked(&tx, id, holder).await?;
         let row = tx
             .query_one(
-                "SELECT tree, approvals, repeats, counters, answers, run_state FROM sessions WHERE id = $1",
+                "SELECT tree, approvals, repeats, counters, answers, run_state, usage FROM sessions WHERE id = $1",
                 &[&id.as_str()],
             )
             .await
@@ -533,6 +541,7 @@ impl Store for PostgresStore {
             counters: row.get(3),
             answers: row.get(4),
             run: row.get(5),
+            usage: row.get(6),
             messages,
             ledger,
         };
@@ -563,7 +572,8 @@ impl Store for PostgresStore {
                 counters = CASE WHEN $5 THEN '{}' ELSE counters END,
                 answers = CASE WHEN $6 THEN NULL ELSE answers END,
                 run_state = CASE WHEN $7 THEN NULL ELSE run_state END,
-                updated_at = $8
+                updated_at = $8,
+                usage = CASE WHEN $9 THEN NULL ELSE usage END
              WHERE id = $1",
             &[
                 &id.as_str(),
@@ -574,6 +584,7 @@ impl Store for PostgresStore {
                 &plan.clear_answers,
                 &plan.clear_run,
                 &to_i64(now_ms()),
+                &plan.clear_usage,
             ],
         )
         .await
@@ -595,7 +606,7 @@ impl Store for PostgresStore {
             .map_err(backend)?;
         let row = tx
             .query_opt(
-                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner
+                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner, usage
                  FROM sessions WHERE id = $1",
                 &[&id.as_str()],
             )
@@ -608,6 +619,7 @@ impl Store for PostgresStore {
         let repeats: String = row.get(9);
         let counters: String = row.get(10);
         let answers: Option<String> = row.get(11);
+        let usage: Option<String> = row.get(13);
         let run: Option<String> = row.get(4);
         let history = tx
             .query(
@@ -644,6 +656,7 @@ impl Store for PostgresStore {
                     answers.as_deref(),
                     ledger,
                 )?,
+                usage: usage_totals(id, usage.as_deref())?,
             },
             run: run
                 .map(|text| from_json(id, "the run state", &text))

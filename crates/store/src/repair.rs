@@ -27,7 +27,7 @@ pub struct RepairReport {
     /// Ledger entries that did not read back and were dropped.
     pub ledger_dropped: u64,
     /// The parts that did not read back (or no longer fit the cut history)
-    /// and were reset: "approvals", "loop guard counts", "counters",
+    /// and were reset: "approvals", "loop guard counts", "counters", "usage",
     /// "answers", "run state".
     pub reset: Vec<&'static str>,
 }
@@ -75,6 +75,8 @@ pub(crate) struct RawSession {
     pub(crate) repeats: String,
     pub(crate) counters: String,
     pub(crate) answers: Option<String>,
+    /// What the session used; `None` for one stored before it was kept.
+    pub(crate) usage: Option<String>,
     pub(crate) run: Option<String>,
     /// Message bodies in order.
     pub(crate) messages: Vec<String>,
@@ -96,6 +98,7 @@ pub(crate) struct RepairPlan {
     pub(crate) reset_counters: bool,
     pub(crate) clear_answers: bool,
     pub(crate) clear_run: bool,
+    pub(crate) clear_usage: bool,
 }
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -182,12 +185,17 @@ pub(crate) fn plan(id: &SessionId, raw: &RawSession) -> Result<RepairPlan, Store
     // it is cut, they no longer fit it.
     let clear_answers = answers_bad || (cut && raw.answers.is_some());
     let clear_run = run_bad || (cut && raw.run.is_some());
+    let clear_usage = raw
+        .usage
+        .as_deref()
+        .is_some_and(|u| !reads::<markov_executor::UsageTotals>(u));
     for (reset, name) in [
         (reset_approvals, "approvals"),
         (reset_repeats, "loop guard counts"),
         (reset_counters, "counters"),
         (clear_answers, "answers"),
         (clear_run, "run state"),
+        (clear_usage, "usage"),
     ] {
         if reset {
             report.reset.push(name);
@@ -202,5 +210,6 @@ pub(crate) fn plan(id: &SessionId, raw: &RawSession) -> Result<RepairPlan, Store
         reset_counters,
         clear_answers,
         clear_run,
+        clear_usage,
     })
 }

@@ -22,7 +22,7 @@ use crate::repair::{self, RawSession, RepairReport};
 use crate::{
     ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, Store,
     StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot,
-    to_json,
+    to_json, usage_totals,
 };
 
 /// How hard a commit waits for the disk.
@@ -56,6 +56,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     repeats TEXT NOT NULL DEFAULT '[]',
     counters TEXT NOT NULL DEFAULT '{}',
     answers TEXT,
+    usage TEXT,
     run_state TEXT,
     steps INTEGER NOT NULL DEFAULT 0,
     messages INTEGER NOT NULL DEFAULT 0,
@@ -145,6 +146,8 @@ impl SqliteStore {
             ("answers", "TEXT"),
             ("owner", "TEXT"),
             ("revision", "INTEGER NOT NULL DEFAULT 0"),
+            // A session stored before usage was kept has none (NULL).
+            ("usage", "TEXT"),
         ] {
             let present: bool = conn
                 .query_row(
@@ -244,11 +247,13 @@ struct RawColumns {
     repeats: String,
     counters: String,
     answers: Option<String>,
+    usage: Option<String>,
     run: Option<String>,
 }
 
 /// Reads the columns of `SELECT id, charter, steps, messages, run_state,
-/// created_at, updated_at, tree, approvals, repeats, counters, answers`.
+/// created_at, updated_at, tree, approvals, repeats, counters, answers,
+/// owner, usage`.
 fn raw_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawColumns> {
     Ok(RawColumns {
         run: row.get(4)?,
@@ -257,6 +262,7 @@ fn raw_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawColumns> {
         repeats: row.get(9)?,
         counters: row.get(10)?,
         answers: row.get(11)?,
+        usage: row.get(13)?,
     })
 }
 
@@ -318,6 +324,9 @@ impl Store for SqliteStore {
         let answers = (!snapshot.policy.answers.is_empty())
             .then(|| to_json(&snapshot.policy.answers))
             .transpose()?;
+        let usage = (!snapshot.usage.is_empty())
+            .then(|| to_json(&snapshot.usage))
+            .transpose()?;
         let messages: Vec<String> = snapshot
             .history
             .iter()
@@ -340,8 +349,8 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             let inserted = tx
                 .execute(
-                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats, counters, answers, owner, revision)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                    "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats, counters, answers, owner, revision, usage)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                     params![
                         id.as_str(),
                         charter,
@@ -355,7 +364,8 @@ impl Store for SqliteStore {
                         counters,
                         answers,
                         owner,
-                        to_i64(revision.get())
+                        to_i64(revision.get()),
+                        usage
                     ],
                 )
                 .map_err(backend)?;
@@ -413,6 +423,7 @@ impl Store for SqliteStore {
             .then(|| to_json(step.answers))
             .transpose()?;
         let run = step.run.map(to_json).transpose()?;
+        let usage = step.usage.map(to_json).transpose()?;
         let (id, holder) = (id.clone(), holder.clone());
         self.with(move |conn| {
             let now = now_ms();
@@ -449,7 +460,8 @@ impl Store for SqliteStore {
                     updated_at = ?6,
                     repeats = COALESCE(?7, repeats),
                     counters = COALESCE(?8, counters),
-                    answers = ?9
+                    answers = ?9,
+                    usage = COALESCE(?10, usage)
                  WHERE id = ?1",
             )
             .map_err(backend)?
@@ -462,7 +474,8 @@ impl Store for SqliteStore {
                 to_i64(now),
                 repeats,
                 counters,
-                answers
+                answers,
+                usage
             ])
             .map_err(backend)?;
             if let Some(turn) = turn {
@@ -537,7 +550,7 @@ impl Store for SqliteStore {
             let tx = conn.transaction().map_err(backend)?;
             let row: Option<(SessionInfo, RawColumns)> = tx
                 .query_row(
-                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner, usage
                      FROM sessions WHERE id = ?1",
                     params![id.as_str()],
                     |r| Ok((info_of(r)?, raw_columns(r)?)),
@@ -547,7 +560,7 @@ impl Store for SqliteStore {
             let Some((info, columns)) = row else {
                 return Err(StoreError::NotFound(id));
             };
-            let RawColumns { tree, approvals, repeats, counters, answers, run } = columns;
+            let RawColumns { tree, approvals, repeats, counters, answers, usage, run } = columns;
             let mut history: Vec<Message> = Vec::with_capacity(usize::try_from(info.messages).unwrap_or(0));
             {
                 let mut rows = tx
@@ -579,6 +592,7 @@ impl Store for SqliteStore {
                 instance: from_json(&id, "the tree", &tree)?,
                 history,
                 policy: policy_snapshot(&id, &approvals, &repeats, &counters, answers.as_deref(), ledger)?,
+                usage: usage_totals(&id, usage.as_deref())?,
             };
             let run = run
                 .map(|text| from_json(&id, "the run state", &text))
@@ -601,7 +615,7 @@ impl Store for SqliteStore {
             fence(&tx, &id, &holder, now_ms())?;
             let columns = tx
                 .query_row(
-                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner, usage
                      FROM sessions WHERE id = ?1",
                     params![id.as_str()],
                     raw_columns,
@@ -625,8 +639,8 @@ impl Store for SqliteStore {
                     .map_err(backend)?;
                 entries.collect::<Result<_, _>>().map_err(backend)?
             };
-            let RawColumns { tree, approvals, repeats, counters, answers, run } = columns;
-            let raw = RawSession { tree, approvals, repeats, counters, answers, run, messages, ledger };
+            let RawColumns { tree, approvals, repeats, counters, answers, usage, run } = columns;
+            let raw = RawSession { tree, approvals, repeats, counters, answers, usage, run, messages, ledger };
             let plan = repair::plan(&id, &raw)?;
             if plan.report.is_clean() {
                 return Ok(plan.report);
@@ -651,7 +665,8 @@ impl Store for SqliteStore {
                     counters = CASE WHEN ?5 THEN '{}' ELSE counters END,
                     answers = CASE WHEN ?6 THEN NULL ELSE answers END,
                     run_state = CASE WHEN ?7 THEN NULL ELSE run_state END,
-                    updated_at = ?8
+                    updated_at = ?8,
+                    usage = CASE WHEN ?9 THEN NULL ELSE usage END
                  WHERE id = ?1",
                 params![
                     id.as_str(),
@@ -661,7 +676,8 @@ impl Store for SqliteStore {
                     plan.reset_counters,
                     plan.clear_answers,
                     plan.clear_run,
-                    to_i64(now_ms())
+                    to_i64(now_ms()),
+                    plan.clear_usage
                 ],
             )
             .map_err(backend)?;

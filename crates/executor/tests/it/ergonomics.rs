@@ -45,10 +45,19 @@ async fn usage_is_summed_per_step_and_per_run() {
     let (steps, err) = run_all(&mut m, RunOptions::default()).await;
     assert!(err.is_none(), "{err:?}");
     assert_eq!(steps.len(), 2);
-    assert_eq!(steps[0].usage, used(100, 10));
-    assert_eq!(steps[0].run_usage, used(100, 10));
-    assert_eq!(steps[1].usage, used(120, 5));
-    assert_eq!(steps[1].run_usage, used(220, 15));
+    // Each call is one request; the scripted model names no model, so it
+    // has no price.
+    let called = |input, output, calls| Usage {
+        requests: calls,
+        unpriced_requests: calls,
+        ..used(input, output)
+    };
+    assert_eq!(steps[0].usage, called(100, 10, 1));
+    assert_eq!(steps[0].run_usage, called(100, 10, 1));
+    assert_eq!(steps[1].usage, called(120, 5, 1));
+    assert_eq!(steps[1].run_usage, called(220, 15, 2));
+    assert_eq!(steps[1].totals.turn, called(220, 15, 2));
+    assert_eq!(m.usage().session, called(220, 15, 2));
 }
 
 /// The application's value: a tenant and its price list.

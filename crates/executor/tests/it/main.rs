@@ -27,3 +27,4 @@ mod terminal_tools;
 mod tool_choice;
 mod tool_choice_rules;
 mod tree;
+mod usage;

@@ -4,8 +4,11 @@
 //! and without streaming. How markov's types map to the API:
 //!
 //! - **System prompt** → `system: [{"type":"text","text":..}]`; with
-//!   [`PromptCaching::SystemAndTools`] (the default) it and the last tool
-//!   carry `cache_control: {"type":"ephemeral"}`.
+//!   [`PromptCaching::Conversation`] (the default) it, the last tool and
+//!   the last block of the last message carry
+//!   `cache_control: {"type":"ephemeral"}` (the last message's moves with
+//!   the conversation: the request cache never holds it, as the last wire
+//!   message is always encoded afresh).
 //! - **Messages**: `user` and `assistant` are sent; an `ephemeral` as the
 //!   silent user messages of `Message::ephemeral_view` (a camera-frame
 //!   preamble before each image); a `system` message as a user text block starting with
@@ -92,8 +95,16 @@ pub enum PromptCaching {
     Off,
     /// `cache_control: {"type":"ephemeral"}` on the system prompt and on the
     /// last tool, so both are cached across the calls of a run.
-    #[default]
     SystemAndTools,
+    /// Those two and a third on the last block of the last message, moved
+    /// to the new last message on every call: each call reads the
+    /// conversation so far from the cache and writes what it adds (the
+    /// cache hits are the answer's
+    /// [`Usage::cache_read_input_tokens`](markov_core::Usage)). Three of
+    /// the API's four breakpoints; a last block that cannot carry one (a
+    /// thinking block) leaves the message without.
+    #[default]
+    Conversation,
 }
 
 /// A client of the Anthropic Messages API.

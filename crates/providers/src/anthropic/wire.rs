@@ -59,13 +59,64 @@ struct SystemBlock<'a> {
     cache_control: Option<CacheControl>,
 }
 
-#[derive(Serialize)]
 struct WireMessage<'a> {
     role: &'static str,
     content: Vec<Block<'a>>,
     /// The index (in the rendered run) of the first history message in it.
-    #[serde(skip)]
     start: usize,
+    /// Whether its last block carries the conversation's cache breakpoint
+    /// (only ever the request's last message, which the request cache
+    /// never holds: the breakpoint moves without touching cached bytes).
+    breakpoint: bool,
+}
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut message = serializer.serialize_struct("WireMessage", 2)?;
+        message.serialize_field("role", self.role)?;
+        message.serialize_field(
+            "content",
+            &Blocks {
+                blocks: &self.content,
+                breakpoint: self.breakpoint,
+            },
+        )?;
+        message.end()
+    }
+}
+
+/// A message's blocks, the last one with the cache breakpoint if asked.
+struct Blocks<'b, 'a> {
+    blocks: &'b [Block<'a>],
+    breakpoint: bool,
+}
+
+impl Serialize for Blocks<'_, '_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        let mut seq = serializer.serialize_seq(Some(self.blocks.len()))?;
+        let last = self.blocks.len().checked_sub(1);
+        for (i, block) in self.blocks.iter().enumerate() {
+            if self.breakpoint && Some(i) == last && block.takes_cache_control() {
+                seq.serialize_element(&WithBreakpoint {
+                    block,
+                    cache_control: EPHEMERAL,
+                })?;
+            } else {
+                seq.serialize_element(block)?;
+            }
+        }
+        seq.end()
+    }
+}
+
+/// A block with `cache_control` after its own fields.
+#[derive(Serialize)]
+struct WithBreakpoint<'b, 'a> {
+    #[serde(flatten)]
+    block: &'b Block<'a>,
+    cache_control: CacheControl,
 }
 
 #[derive(Serialize)]
@@ -100,6 +151,20 @@ enum Block<'a> {
     /// A server tool's result; its `type` is the stored vendor block type.
     #[serde(untagged)]
     ServerToolResult(ServerToolResult<'a>),
+}
+
+impl Block<'_> {
+    /// Whether the API accepts `cache_control` on this block (thinking
+    /// blocks and server tool blocks take none).
+    fn takes_cache_control(&self) -> bool {
+        matches!(
+            self,
+            Block::Text { .. }
+                | Block::Image { .. }
+                | Block::ToolUse { .. }
+                | Block::ToolResult { .. }
+        )
+    }
 }
 
 #[derive(Serialize)]
@@ -219,7 +284,7 @@ pub(super) fn encode(
             let (head, tail) = frame(request, model, caching, schema_with_tools, stream)?;
             FrameBytes::new(&head, Vec::new(), 0, &tail)
         },
-        render,
+        |run| render(run, caching),
         NO_MESSAGES,
     )
 }
@@ -234,9 +299,12 @@ pub(super) fn encode_plain(
     stream: bool,
 ) -> Result<Vec<u8>, ModelError> {
     let (head, tail) = frame(request, model, caching, schema_with_tools, stream)?;
-    let messages = messages(request.messages());
+    let mut messages = messages(request.messages());
     if messages.is_empty() {
         return Err(ModelError::InvalidRequest(NO_MESSAGES.into()));
+    }
+    if let Some(last) = messages.last_mut() {
+        last.breakpoint = caching == PromptCaching::Conversation;
     }
     let body = Request {
         head,
@@ -248,10 +316,15 @@ pub(super) fn encode_plain(
 }
 
 /// A run of history messages as wire messages: all but the last are final
-/// (the next history message may still merge into the last).
-fn render(run: &[Message]) -> Result<Rendered, ModelError> {
+/// (the next history message may still merge into the last). The last is
+/// the request's last message: with [`PromptCaching::Conversation`] it
+/// carries the cache breakpoint, and it is never cached.
+fn render(run: &[Message], caching: PromptCaching) -> Result<Rendered, ModelError> {
     let mut wire = messages(run);
-    let open = wire.pop();
+    let mut open = wire.pop();
+    if let Some(last) = open.as_mut() {
+        last.breakpoint = caching == PromptCaching::Conversation;
+    }
     let closed = body::write_each(&wire, |m, out| body::write_json(out, m))?;
     let consumed = open.as_ref().map_or(run.len(), |m| m.start);
     let open = match open {
@@ -281,7 +354,7 @@ fn frame<'a>(
     let settings = request.settings();
     let plan = Plan::of(request, schema_with_tools);
     let cache = match caching {
-        PromptCaching::SystemAndTools => Some(EPHEMERAL),
+        PromptCaching::SystemAndTools | PromptCaching::Conversation => Some(EPHEMERAL),
         PromptCaching::Off => None,
     };
     let thinking = match settings.thinking {
@@ -419,6 +492,7 @@ fn push<'a>(out: &mut Vec<WireMessage<'a>>, at: usize, role: &'static str, block
             role,
             content: blocks,
             start: at,
+            breakpoint: false,
         }),
     }
 }

@@ -571,7 +571,8 @@ impl UsageMetadata {
                 .candidates_token_count
                 .saturating_add(self.thoughts_token_count),
             cache_read_input_tokens: self.cached_content_token_count,
-            cache_creation_input_tokens: 0,
+            reasoning_tokens: self.thoughts_token_count,
+            ..markov_core::Usage::default()
         }
     }
 }

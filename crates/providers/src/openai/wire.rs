@@ -542,7 +542,8 @@ struct ResponseFunction {
     arguments: Value,
 }
 
-/// Token counts. `prompt_tokens` includes cached tokens; markov counts them apart.
+/// Token counts. `prompt_tokens` includes cached tokens; markov counts them
+/// apart. `completion_tokens` includes the reasoning tokens.
 #[derive(Deserialize, Clone, Copy)]
 pub(super) struct WireUsage {
     #[serde(default)]
@@ -551,12 +552,21 @@ pub(super) struct WireUsage {
     completion_tokens: u64,
     #[serde(default)]
     prompt_tokens_details: Option<PromptDetails>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
 struct PromptDetails {
     #[serde(default)]
     cached_tokens: Option<u64>,
+}
+
+/// Of the completion tokens, the reasoning ones (which they include).
+#[derive(Deserialize, Clone, Copy)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 impl WireUsage {
@@ -569,7 +579,11 @@ impl WireUsage {
             input_tokens: self.prompt_tokens.saturating_sub(cached),
             output_tokens: self.completion_tokens,
             cache_read_input_tokens: cached,
-            cache_creation_input_tokens: 0,
+            reasoning_tokens: self
+                .completion_tokens_details
+                .and_then(|d| d.reasoning_tokens)
+                .unwrap_or(0),
+            ..Usage::default()
         }
     }
 }

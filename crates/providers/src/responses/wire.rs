@@ -615,6 +615,15 @@ pub(super) struct WireUsage {
     output_tokens: u64,
     #[serde(default)]
     input_tokens_details: Option<Details>,
+    #[serde(default)]
+    output_tokens_details: Option<OutputDetails>,
+}
+
+/// Of the output tokens, the reasoning ones (which they include).
+#[derive(Deserialize, Clone, Copy)]
+struct OutputDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
 }
 
 #[derive(Deserialize, Clone, Copy)]
@@ -633,7 +642,11 @@ impl WireUsage {
             input_tokens: self.input_tokens.saturating_sub(cached),
             output_tokens: self.output_tokens,
             cache_read_input_tokens: cached,
-            cache_creation_input_tokens: 0,
+            reasoning_tokens: self
+                .output_tokens_details
+                .and_then(|d| d.reasoning_tokens)
+                .unwrap_or(0),
+            ..Usage::default()
         }
     }
 }

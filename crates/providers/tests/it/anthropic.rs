@@ -213,7 +213,10 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
                         "type": "base64", "media_type": "image/png", "data": "aGVsbG8="
                     }},
                     {"type": "text", "text": "[file: report.pdf (application/pdf)] https://files.example/report.pdf"},
-                    {"type": "text", "text": "[file: text/csv] https://files.example/data.csv"}
+                    // The conversation's cache breakpoint: the last block
+                    // of the last message.
+                    {"type": "text", "text": "[file: text/csv] https://files.example/data.csv",
+                     "cache_control": {"type": "ephemeral"}}
                 ]}
             ],
             "tools": [
@@ -308,7 +311,9 @@ async fn adaptive_thinking_and_no_tools() {
         json!({
             "model": "claude-test",
             "max_tokens": 4096,
-            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}
+            ]}],
             "thinking": {"type": "adaptive"}
         })
     );
@@ -408,6 +413,7 @@ async fn a_complete_answer_is_parsed() {
             output_tokens: 503,
             cache_read_input_tokens: 1800,
             cache_creation_input_tokens: 2051,
+            ..Usage::default()
         })
         .with_model("claude-test")
     );
@@ -565,6 +571,7 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
         output_tokens: 89,
         cache_read_input_tokens: 100,
         cache_creation_input_tokens: 0,
+        ..Usage::default()
     })
     // The model `message_start` names.
     .with_model("claude-test");
@@ -874,4 +881,107 @@ async fn debug_output_never_shows_the_key() {
     assert!(!format!("{model:#?}").contains(KEY));
     assert!(!format!("{builder:?}").contains(KEY));
     assert!(format!("{model:?}").contains("redacted"));
+}
+
+/// Where `cache_control` is in a body: (message, block) of each message
+/// block that carries one, and how many the whole body carries.
+fn breakpoints(body: &Value) -> (Vec<(usize, usize)>, usize) {
+    let mut in_messages = Vec::new();
+    for (m, message) in body["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .enumerate()
+    {
+        for (b, block) in message["content"]
+            .as_array()
+            .expect("content")
+            .iter()
+            .enumerate()
+        {
+            if block.get("cache_control").is_some() {
+                in_messages.push((m, b));
+            }
+        }
+    }
+    let total = body.to_string().matches("\"cache_control\"").count();
+    (in_messages, total)
+}
+
+#[tokio::test]
+async fn the_conversation_breakpoint_moves_to_the_last_message_as_the_history_grows() {
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("ok")); 3]).await;
+    let model = client(&server);
+    let tools = tools();
+    let settings = ModelSettings::default();
+    // One history, named as a machine names it: the client encodes its
+    // messages once and keeps them (in test builds every body built from
+    // those bytes is checked against the body encoded afresh).
+    let id = markov_core::model::HistoryId::fresh();
+    let mut history = vec![Message::user("What is 1 + 2?")];
+    let choice = ToolChoice::Auto;
+    model
+        .complete(request(&history, &tools, &choice, &settings).with_history_id(id))
+        .await
+        .expect("answers");
+    history.push(Message::assistant_items(vec![
+        Item::text("Adding."),
+        Item::tool_use("t1", "add", json!({"a": 1, "b": 2})),
+    ]));
+    history.push(Message::user_items(vec![Item::tool_result(
+        "t1", "3", None,
+    )]));
+    model
+        .complete(request(&history, &tools, &choice, &settings).with_history_id(id))
+        .await
+        .expect("answers");
+    history.push(Message::assistant("3."));
+    history.push(Message::user("And 3 + 4?"));
+    model
+        .complete(request(&history, &tools, &choice, &settings).with_history_id(id))
+        .await
+        .expect("answers");
+
+    let sent = server.requests();
+    let found: Vec<_> = sent.iter().map(|r| breakpoints(&r.body)).collect();
+    // The last block of the last message each time, and three in all:
+    // system, last tool, last message (the API allows four).
+    assert_eq!(found[0], (vec![(0, 0)], 3));
+    assert_eq!(found[1], (vec![(2, 0)], 3));
+    assert_eq!(found[2], (vec![(4, 0)], 3));
+    // Earlier messages are sent as they were, without the breakpoint they
+    // once carried.
+    assert_eq!(
+        sent[2].body["messages"][0],
+        json!({"role": "user", "content": [{"type": "text", "text": "What is 1 + 2?"}]})
+    );
+    assert_eq!(
+        sent[2].body["messages"][2]["content"][0]["type"],
+        "tool_result"
+    );
+    assert!(
+        sent[2].body["messages"][2]["content"][0]
+            .get("cache_control")
+            .is_none()
+    );
+}
+
+#[tokio::test]
+async fn system_and_tools_caching_leaves_the_messages_without_a_breakpoint() {
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("ok"))]).await;
+    let model = Anthropic::builder()
+        .api_key(KEY)
+        .base_url(server.base_url())
+        .model("claude-test")
+        .prompt_caching(PromptCaching::SystemAndTools)
+        .build()
+        .unwrap();
+    let history = [Message::user("hi")];
+    let tools = tools();
+    let settings = ModelSettings::default();
+    model
+        .complete(request(&history, &tools, &ToolChoice::Auto, &settings))
+        .await
+        .unwrap();
+    assert_eq!(breakpoints(&server.single().body), (vec![], 2));
 }

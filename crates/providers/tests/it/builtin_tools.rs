@@ -154,7 +154,9 @@ async fn anthropic_offers_parses_and_returns_server_tool_blocks() {
         json!([
             {"role": "user", "content": [{"type": "text", "text": "When was Claude Shannon born?"}]},
             {"role": "assistant", "content": searched_answer()["content"]},
-            {"role": "user", "content": [{"type": "text", "text": "Thanks!"}]}
+            {"role": "user", "content": [
+                {"type": "text", "text": "Thanks!", "cache_control": {"type": "ephemeral"}}
+            ]}
         ])
     );
 }

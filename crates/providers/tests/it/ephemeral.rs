@@ -114,7 +114,8 @@ async fn anthropic_sends_ephemerals_as_silent_user_content() {
                 text(&preamble(2)), image("BBB"),
                 text("The user is smiling."),
                 text("Lighting: dim"),
-                text("What now?"),
+                // The conversation's cache breakpoint.
+                json!({"type": "text", "text": "What now?", "cache_control": {"type": "ephemeral"}}),
             ]},
         ])
     );

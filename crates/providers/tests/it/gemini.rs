@@ -346,6 +346,9 @@ async fn a_stream_is_decoded_however_it_is_cut() {
     assert!(matches!(second, Item::ToolUse { input, .. } if input["a"] == 5));
     assert_eq!(answer.stop_reason, StopReason::ToolUse);
     assert_eq!(answer.usage.input_tokens, 100);
+    // Thoughts are output, and counted apart too.
+    assert_eq!(answer.usage.output_tokens, 30);
+    assert_eq!(answer.usage.reasoning_tokens, 8);
     assert_eq!(
         answer.model.as_deref(),
         Some(MODEL),

@@ -287,7 +287,8 @@ async fn a_complete_answer_with_tool_calls_is_parsed() {
             "finish_reason": "tool_calls"
         }],
         "usage": {"prompt_tokens": 2006, "completion_tokens": 300, "total_tokens": 2306,
-                  "prompt_tokens_details": {"cached_tokens": 1920}}
+                  "prompt_tokens_details": {"cached_tokens": 1920},
+                  "completion_tokens_details": {"reasoning_tokens": 120}}
     });
     let server = FakeServer::scripted(vec![Reply::json(200, body)]).await;
     let history = [Message::user("2 + 3?")];
@@ -320,7 +321,8 @@ async fn a_complete_answer_with_tool_calls_is_parsed() {
             input_tokens: 86,
             output_tokens: 300,
             cache_read_input_tokens: 1920,
-            cache_creation_input_tokens: 0,
+            reasoning_tokens: 120,
+            ..Usage::default()
         })
         .with_model("gpt-test")
     );
@@ -459,6 +461,7 @@ async fn a_stream_is_decoded_across_arbitrary_chunk_boundaries() {
         output_tokens: 20,
         cache_read_input_tokens: 10,
         cache_creation_input_tokens: 0,
+        ..Usage::default()
     })
     // The model the chunks name.
     .with_model("gpt-test");

@@ -278,6 +278,9 @@ async fn a_stream_is_decoded_however_it_is_cut() {
     assert_eq!(answer.stop_reason, StopReason::ToolUse);
     assert_eq!(answer.usage.input_tokens, 100);
     assert_eq!(answer.usage.cache_read_input_tokens, 20);
+    // `output_tokens_details.reasoning_tokens`, part of the output.
+    assert_eq!(answer.usage.output_tokens, 30);
+    assert_eq!(answer.usage.reasoning_tokens, 8);
     // As `response.completed` names it.
     assert_eq!(answer.model.as_deref(), Some(MODEL));
     // Deltas name the positions the final answer has.

@@ -93,6 +93,9 @@ async fn the_anthropic_request_body() {
             {
               "content": [
                 {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
                   "content": "5",
                   "is_error": false,
                   "tool_use_id": "call_1",

@@ -314,6 +314,55 @@ async fn a_step_event_names_the_model_that_answered() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_usage_limit_ends_the_turn_with_its_reason_and_the_session_shows_its_usage() {
+    use markov_core::message::Item;
+    use markov_core::model::StopReason;
+    use markov_executor::{Limit, UsageLimits};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let model = ScriptedModel::builder()
+        .response(
+            ModelResponse::new(vec![Item::text("One.")], StopReason::EndTurn).with_usage(
+                markov_core::Usage {
+                    input_tokens: 10,
+                    output_tokens: 2,
+                    ..markov_core::Usage::default()
+                },
+            ),
+        )
+        .text("Never asked for.")
+        .build();
+    let limits = UsageLimits::builder()
+        .per_session(Limit::new().requests(1))
+        .build()
+        .expect("limits");
+    let agent = Agent::builder("frugal")
+        .instructions("Answer.")
+        .model(Counted(model, calls.clone()))
+        .usage_limits(limits)
+        .build()
+        .expect("the agent builds");
+    let f = serve_agent(agent, Arc::new(AtomicUsize::new(0))).await;
+    let id = f.create().await;
+    let events = f.say(&id, "hi").await;
+    let step = &events.iter().find(|(n, _)| n == "step").expect("a step").1;
+    assert_eq!(step["usage"]["input_tokens"], 10);
+    assert_eq!(step["usage"]["requests"], 1);
+    assert_eq!(step["totals"]["session"]["requests"], 1);
+
+    let events = f.say(&id, "again").await;
+    let done = events.iter().find(|(n, _)| n == "done").expect("done");
+    assert_eq!(done.1["yield_reason"], "usage_limit", "{events:?}");
+    let why = done.1["usage_limit"].as_str().expect("the limit, said");
+    assert!(why.contains("per-session limit on requests"), "{why}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "no second model call");
+
+    let (status, session) = f.get(&format!("/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(session["usage"]["session"]["requests"], 1);
+    assert_eq!(session["usage"]["session"]["output_tokens"], 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_whose_call_needs_approval_is_streamed_and_stored_waiting() {
     let model = ScriptedModel::builder()
         .tool_call("pay", json!({"amount": 5}))

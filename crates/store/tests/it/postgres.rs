@@ -98,6 +98,19 @@ async fn a_session_round_trips_through_postgres() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_survives_reconnecting_to_postgres() {
+    let Some(server) = server() else { return };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("pg-usage");
+    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    let (id, total) = usage_contract(store, &dir).await;
+    // Another worker process, its own connections.
+    let other = PostgresStore::connect(&url).await.expect("connects");
+    let stored = other.load(&id).await.expect("loads");
+    assert_eq!(stored.snapshot.usage, total);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_never_write_the_same_session() {
     let Some(server) = server() else { return };
     let url = server.new_database().expect("a database");
@@ -144,6 +157,7 @@ async fn concurrent_claims_never_take_the_same_session() {
                     counters: None,
                     answers: &[],
                     run: Some(&run),
+                    usage: None,
                 },
             )
             .await

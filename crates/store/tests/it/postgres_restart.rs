@@ -24,6 +24,7 @@ fn step(messages: &[Message]) -> StepRecord<'_> {
         counters: None,
         answers: &[],
         run: None,
+        usage: None,
     }
 }
 

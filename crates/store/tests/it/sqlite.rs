@@ -243,3 +243,50 @@ async fn sessions_belong_to_their_owner_and_keys_are_kept_hashed() {
     let dir = Dir::new("owners-sqlite");
     owners_and_keys_contract(store(&dir)).await;
 }
+
+#[tokio::test]
+async fn usage_survives_reopening_the_database() {
+    let dir = Dir::new("usage-reopen");
+    let (id, total) = usage_contract(store(&dir), &dir).await;
+    // Another process opens the same file.
+    let reopened = store(&dir);
+    let stored = reopened.load(&id).await.expect("loads");
+    assert_eq!(stored.snapshot.usage, total);
+}
+
+#[tokio::test]
+async fn a_database_written_before_usage_was_kept_opens_and_keeps_it_from_then_on() {
+    let dir = Dir::new("usage-migration");
+    let agent = metered_agent(&dir, &[("one", 1_000, 0)]);
+    let id = SessionId::new("old");
+    {
+        let store = store(&dir);
+        let session = DurableMachine::create(
+            store.clone(),
+            id.clone(),
+            WorkerId::new("w"),
+            agent.machine(),
+        )
+        .await
+        .expect("created");
+        session.release().await.expect("released");
+    }
+    // The database as an earlier version left it: no usage column.
+    let raw = rusqlite::Connection::open(dir.path("sessions.db")).expect("opens");
+    raw.execute_batch("ALTER TABLE sessions DROP COLUMN usage")
+        .expect("the column is dropped");
+    drop(raw);
+
+    let store = store(&dir);
+    let stored = store.load(&id).await.expect("an old session loads");
+    assert!(stored.snapshot.usage.is_empty());
+    let mut session = DurableMachine::open(store.clone(), id.clone(), WorkerId::new("w"), &agent)
+        .await
+        .expect("opens");
+    session.machine().enqueue_user("hello");
+    session.run().await.expect("runs");
+    let used = *session.machine().usage();
+    assert_eq!(used.session.requests, 1);
+    session.release().await.expect("released");
+    assert_eq!(store.load(&id).await.expect("loads").snapshot.usage, used);
+}

@@ -21,8 +21,8 @@ use super::{MODEL, split_in_two, sse_data};
 
 /// The usage every canned answer reports.
 fn usage() -> Value {
-    json!({"promptTokenCount": 120, "candidatesTokenCount": 30, "totalTokenCount": 150,
-           "cachedContentTokenCount": 20})
+    json!({"promptTokenCount": 120, "candidatesTokenCount": 22, "thoughtsTokenCount": 8,
+           "totalTokenCount": 150, "cachedContentTokenCount": 20})
 }
 
 /// A complete answer whose one candidate holds `parts`, ending with

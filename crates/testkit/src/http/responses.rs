@@ -29,7 +29,7 @@ fn usage() -> Value {
         "input_tokens": 120,
         "input_tokens_details": {"cached_tokens": 20},
         "output_tokens": 30,
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": 8},
         "total_tokens": 150
     })
 }

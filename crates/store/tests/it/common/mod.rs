@@ -386,6 +386,7 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
         counters: None,
         answers: &[],
         run: None,
+        usage: None,
     };
     assert!(matches!(
         second.append(&id, &b, empty).await,
@@ -547,4 +548,85 @@ where
     assert_eq!(keys.len(), 1);
     assert!(keys[0].revoked_at.is_some());
     assert_eq!(keys[0].roles, ["approver"]);
+}
+
+/// The model's name in the usage contract, and its price: $1 per million
+/// input tokens (cached ones too), $2 per million output.
+const HOUSE_MODEL: &str = "house-model";
+
+/// An agent on the payments charter whose model answers `texts`, each
+/// having used `input` tokens of input (100 more read from the cache), 10
+/// of output and `reasoning` reasoning tokens, priced at the house model's
+/// price.
+pub fn metered_agent(dir: &Dir, answers: &[(&str, u64, u64)]) -> markov_executor::Agent {
+    use markov_core::Usd;
+    use markov_core::model::Usage;
+    use markov_executor::{ModelPrice, Prices};
+    let script = answers.iter().map(|(text, input, reasoning)| {
+        ModelResponse::new(vec![Item::text(*text)], StopReason::EndTurn)
+            .with_usage(Usage {
+                input_tokens: *input,
+                output_tokens: 10,
+                cache_read_input_tokens: 100,
+                reasoning_tokens: *reasoning,
+                ..Usage::default()
+            })
+            .with_model(HOUSE_MODEL)
+    });
+    let model: Arc<dyn Model> = Arc::new(ScriptedModel::new(script));
+    let prices = Prices::only_given().model(
+        HOUSE_MODEL,
+        ModelPrice::per_million_tokens(Usd::from_cents(100), Usd::from_cents(200)),
+    );
+    let (charter, _) = charter();
+    markov_executor::Agent::on_charter(charter)
+        .executor(executor(model, dir.path("effects"), dir.path("marker")).with_prices(prices))
+        .state(json!({"notes": 0}))
+        .build()
+        .expect("the agent builds")
+}
+
+/// What a session used is written with each step and read back by the
+/// worker that opens it next: tokens (reasoning included), requests and
+/// cost, the session's and the turn's. Returns the session's id and its
+/// usage, for the caller to read back from a reopened store.
+pub async fn usage_contract<S: markov_store::Store + ?Sized + 'static>(
+    store: Arc<S>,
+    dir: &Dir,
+) -> (markov_store::SessionId, markov_executor::UsageTotals) {
+    use markov_core::Usd;
+    use markov_store::{DurableMachine, SessionId, WorkerId};
+    let agent = metered_agent(dir, &[("one", 1_000, 4), ("two", 2_000, 6)]);
+    let id = SessionId::new("metered");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w1"),
+        agent.machine(),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("first");
+    session.run().await.expect("runs");
+    let first = *session.machine().usage();
+    assert_eq!(first.session.requests, 1);
+    session.release().await.expect("released");
+
+    let mut session = DurableMachine::open(store.clone(), id.clone(), WorkerId::new("w2"), &agent)
+        .await
+        .expect("opens");
+    assert_eq!(*session.machine().usage(), first, "read back as written");
+    session.machine().enqueue_user("second");
+    session.run().await.expect("runs");
+    let total = *session.machine().usage();
+    assert_eq!(total.session.requests, 2);
+    assert_eq!(total.session.reasoning_tokens, 10);
+    assert_eq!(total.session.input_tokens, 3_000);
+    // 1100 × $1/M + 10 × $2/M, then 2100 × $1/M + 10 × $2/M.
+    assert_eq!(total.session.cost, Usd::from_micros(1_120 + 2_120));
+    assert_eq!(total.turn.requests, 1, "the second turn's own");
+    session.release().await.expect("released");
+    let stored = store.load(&id).await.expect("loads");
+    assert_eq!(stored.snapshot.usage, total);
+    (id, total)
 }
