@@ -52,6 +52,7 @@ pub mod ids;
 pub mod message;
 pub mod model;
 pub mod tagged;
+pub mod tokens;
 pub mod tool;
 
 pub use ids::{InstanceId, MessageId, NodeId, RunId, ToolCallId};

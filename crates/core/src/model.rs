@@ -513,6 +513,15 @@ pub enum ModelError {
     /// The request was refused before it was sent (configuration, a broken script).
     #[error("invalid model request: {0}")]
     InvalidRequest(String),
+    /// The request does not fit the model's context window: the history,
+    /// the system prompt, the tools and the tokens asked for the answer
+    /// are more than the model takes (Anthropic's `prompt is too long`,
+    /// OpenAI's `context_length_exceeded`, llama.cpp's
+    /// `exceed_context_size_error`, Gemini's input token limit). The same
+    /// request fails again: a context policy's compaction, or a shorter
+    /// conversation, is what helps.
+    #[error("the request does not fit the model's context window: {0}")]
+    ContextLength(String),
 }
 
 impl ModelError {
@@ -525,7 +534,8 @@ impl ModelError {
             ModelError::Overloaded(_) | ModelError::Timeout(_) | ModelError::Connection(_) => true,
             ModelError::Redirect { .. }
             | ModelError::InvalidResponse(_)
-            | ModelError::InvalidRequest(_) => false,
+            | ModelError::InvalidRequest(_)
+            | ModelError::ContextLength(_) => false,
         }
     }
 }
@@ -825,6 +835,7 @@ mod tests {
         assert!(!http(401).is_retryable());
         assert!(ModelError::Overloaded("x".into()).is_retryable());
         assert!(!ModelError::InvalidRequest("x".into()).is_retryable());
+        assert!(!ModelError::ContextLength("x".into()).is_retryable());
     }
 
     #[test]
