@@ -16,6 +16,7 @@ use markov_policy::{
 };
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{Charter, CharterBuilder};
+use markov_runtime::context::ContextPolicy;
 use markov_runtime::node::{Node, NodeBuilder, OutputConfig};
 use schemars::JsonSchema;
 use serde_json::Value;
@@ -204,6 +205,7 @@ impl Agent {
             model: None,
             executor: None,
             settings: None,
+            context_policy: None,
             run: None,
         }
     }
@@ -348,6 +350,7 @@ pub struct AgentBuilder {
     model: Option<Arc<dyn Model>>,
     executor: Option<Arc<dyn Executor>>,
     settings: Option<ModelSettings>,
+    context_policy: Option<ContextPolicy>,
     run: Option<RunOptions>,
 }
 
@@ -493,6 +496,19 @@ impl AgentBuilder {
         self
     }
 
+    /// What the model is shown of a long conversation (see
+    /// [`markov_runtime::context`]): keep the last turns, trim old tool
+    /// results, summarize older turns. A node's own policy
+    /// ([`NodeBuilder::context_policy`]) overrides it. Without one, every
+    /// call is sent the whole history, and a model that refuses it as too
+    /// long ends the run with
+    /// [`YieldReason::ContextExhausted`](crate::YieldReason::ContextExhausted).
+    #[must_use]
+    pub fn context_policy(mut self, policy: ContextPolicy) -> Self {
+        self.context_policy = Some(policy);
+        self
+    }
+
     /// Default model settings (a node's executor config overrides them).
     #[must_use]
     pub fn settings(mut self, settings: ModelSettings) -> Self {
@@ -537,7 +553,7 @@ impl AgentBuilder {
     fn conflict(&self) -> Option<(&'static str, &'static str, &'static str)> {
         let custom = self.executor.is_some();
         let given = self.charter_given.is_some();
-        let checks: [(bool, &'static str, &'static str, &'static str); 11] = [
+        let checks: [(bool, &'static str, &'static str, &'static str); 12] = [
             (
                 given && !self.nodes.is_empty(),
                 "node",
@@ -579,6 +595,12 @@ impl AgentBuilder {
                 "settings",
                 "executor",
                 "set the settings on the executor",
+            ),
+            (
+                custom && self.context_policy.is_some(),
+                "context_policy",
+                "executor",
+                "set the context policy on the executor (StandardExecutor::with_context_policy)",
             ),
             (
                 custom && self.registry.is_some(),
@@ -691,6 +713,9 @@ impl AgentBuilder {
                 let mut standard = StandardExecutor::shared(model);
                 if let Some(settings) = self.settings {
                     standard = standard.with_settings(settings);
+                }
+                if let Some(policy) = self.context_policy {
+                    standard = standard.with_context_policy(policy);
                 }
                 if let Some(registry) = registry {
                     standard = standard.with_registry(registry, self.mode.unwrap_or(Mode::TEXT));

@@ -9,6 +9,7 @@ use markov_policy::PolicyState;
 use markov_runtime::charter::Charter;
 use serde_json::Value;
 
+use crate::context::ContextViews;
 use crate::effect::Entry;
 use crate::error::RunError;
 use crate::instance::{ActiveLeaf, Instance};
@@ -42,6 +43,9 @@ pub struct LeafContext<'a> {
     pub queue: &'a Queue,
     /// The conversation's approvals, idempotency ledger and budget counters.
     pub policy: &'a PolicyState,
+    /// The machine's context views (what a context policy shows of the
+    /// history; see [`ContextViews`]).
+    pub views: &'a ContextViews,
 }
 
 impl<'a> LeafContext<'a> {

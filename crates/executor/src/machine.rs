@@ -31,6 +31,9 @@ pub struct Machine {
     pub(crate) policy: Arc<PolicyState>,
     /// The limits of [`Machine::run`] (the agent's).
     pub(crate) run_options: RunOptions,
+    /// What context policies show of the history; derived from it, never
+    /// serialized.
+    pub(crate) views: crate::context::ContextViews,
 }
 
 impl fmt::Debug for Machine {
@@ -117,6 +120,7 @@ impl Machine {
             externals: Externals::default(),
             policy: Arc::new(PolicyState::new()),
             run_options,
+            views: crate::context::ContextViews::default(),
         };
         machine.sync_externalized();
         machine

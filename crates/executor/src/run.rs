@@ -842,7 +842,10 @@ impl RunState {
         }
         let done = matches!(
             reason,
-            YieldReason::EndTurn | YieldReason::External | YieldReason::LoopDetected
+            YieldReason::EndTurn
+                | YieldReason::External
+                | YieldReason::LoopDetected
+                | YieldReason::ContextExhausted
         ) || termination.is_some();
         let mut step = make_step(machine, history, reason, done);
         step.response = response;
@@ -911,6 +914,7 @@ pub async fn run_leaves(
             terminate_message: &state.options.terminate_message,
             queue: &machine.queue,
             policy: &machine.policy,
+            views: &machine.views,
         }
     }
     if let [task] = tasks {

@@ -350,6 +350,7 @@ pub(crate) fn deserialize_machine(
             &IdempotencyLimits::default(),
         )),
         run_options: crate::run::RunOptions::default(),
+        views: Default::default(),
     };
     machine.sync_externalized();
     Ok(machine)

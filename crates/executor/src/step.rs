@@ -47,6 +47,14 @@ pub enum YieldReason {
     /// [`CANCELLED_TOOL_CALL`](crate::CANCELLED_TOOL_CALL)), and the turn is
     /// over. See [`RunState::cancel`](crate::RunState::cancel).
     Cancelled,
+    /// The model refused the conversation as too long for its context
+    /// window, and nothing could be left out: no context policy is set
+    /// (set one with `AgentBuilder::context_policy` or
+    /// `NodeBuilder::context_policy`, see `markov_runtime::context`), or
+    /// the current turn alone is too long. Nothing of the step is
+    /// recorded and the run is over; the session stays usable once a
+    /// policy is set (or with a model of a larger context window).
+    ContextExhausted,
 }
 
 impl YieldReason {
@@ -65,6 +73,7 @@ impl YieldReason {
             YieldReason::LoopDetected => "loop_detected",
             YieldReason::AwaitingApproval => "awaiting_approval",
             YieldReason::Cancelled => "cancelled",
+            YieldReason::ContextExhausted => "context_exhausted",
         }
     }
 }
