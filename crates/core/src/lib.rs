@@ -58,7 +58,7 @@ pub mod tool;
 pub use ids::{InstanceId, MessageId, NodeId, RunId, ToolCallId};
 pub use message::{Item, Items, Message, Metadata, Role};
 pub use model::{
-    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
+    Model, ModelError, ModelLimits, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
     Thinking, ToolChoice, Unsupported, Usage,
 };
 pub use tool::{

@@ -79,10 +79,16 @@ pub struct StandardExecutor {
     streaming: Option<StreamOptions>,
     capture_content: bool,
     context_policy: Option<ContextPolicy>,
+    /// Whether the application set the settings: if not, the answer
+    /// tokens follow the model ([`Model::default_max_tokens`]).
+    settings_given: bool,
 }
 
 impl StandardExecutor {
-    /// An executor over `model` with default settings (4096 max tokens).
+    /// An executor over `model` with default settings: the answer tokens
+    /// asked for follow the model ([`Model::default_max_tokens`]: a known
+    /// model's most, up to 8 192; 2 048 for a model it does not know)
+    /// until [`Self::with_settings`] or a node says otherwise.
     pub fn new(model: impl Model + 'static) -> Self {
         Self::shared(Arc::new(model))
     }
@@ -96,6 +102,7 @@ impl StandardExecutor {
             streaming: None,
             capture_content: false,
             context_policy: None,
+            settings_given: false,
         }
     }
 
@@ -124,6 +131,7 @@ impl StandardExecutor {
     #[must_use]
     pub fn with_settings(mut self, settings: ModelSettings) -> Self {
         self.settings = settings;
+        self.settings_given = true;
         self
     }
 
@@ -316,6 +324,7 @@ fn pack_states<'a>(cx: &LeafContext<'a>) -> Cow<'a, BTreeMap<String, Value>> {
 pub(crate) fn prepare(
     cx: &LeafContext<'_>,
     defaults: &ModelSettings,
+    defaults_given: bool,
     model: &dyn Model,
     registry: Option<&RegistryBinding>,
 ) -> Result<Prepared, RunError> {
@@ -363,6 +372,8 @@ pub(crate) fn prepare(
     }
     if let Some(max_tokens) = config.max_tokens {
         settings.max_tokens = max_tokens;
+    } else if !defaults_given {
+        settings.max_tokens = model.default_max_tokens(&settings);
     }
     if let Some(t) = config.temperature {
         settings.temperature = Some(t);
@@ -1024,6 +1035,7 @@ impl Executor for StandardExecutor {
         let prepared = prepare(
             &cx,
             &self.settings,
+            self.settings_given,
             self.model.as_ref(),
             self.registry.as_deref(),
         )?;
