@@ -543,3 +543,175 @@ fn render(message: &Message, out: &mut String) {
         Items::Instance(_) => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use markov_runtime::context::Summarize;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[derive(Debug)]
+    struct Never;
+
+    #[markov_core::async_trait]
+    impl markov_core::Model for Never {
+        async fn complete(
+            &self,
+            _request: markov_core::ModelRequest<'_>,
+        ) -> Result<markov_core::ModelResponse, markov_core::ModelError> {
+            Err(markov_core::ModelError::InvalidRequest("not called".into()))
+        }
+    }
+
+    /// A turn of the history: a question, `calls` tool calls with their
+    /// results (each `size` bytes), an answer.
+    fn push_turn(history: &mut Vec<Message>, n: usize, calls: usize, size: usize) {
+        history.push(Message::user(format!("question {n}")));
+        for c in 0..calls {
+            let id = format!("t{n}_{c}");
+            history.push(Message::assistant_items(vec![Item::tool_use(
+                id.as_str(),
+                "add",
+                json!({"a": c}),
+            )]));
+            history.push(Message::user_items(vec![Item::tool_result(
+                id.as_str(),
+                "r".repeat(size),
+                Some(false),
+            )]));
+        }
+        history.push(Message::assistant(format!("answer {n}")));
+    }
+
+    /// What must hold of a view whatever happened to it.
+    fn check(view: &ViewState, history: &[Message], policy: &ContextPolicy) {
+        let first = view.first();
+        if let Some(keep) = policy.trim_tool_results()
+            && view.turns.len() > keep
+        {
+            let boundary = view.turns[view.turns.len() - keep];
+            for message in &view.messages[first..boundary] {
+                for item in message.item_list() {
+                    if let Item::ToolResult { content, .. } = item {
+                        assert!(
+                            content.starts_with("[Result left out") || content.len() < 60,
+                            "an old result is stubbed: {content}"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(view.messages.len(), view.origin.len());
+        assert_eq!(view.messages.len(), view.cost.len());
+        assert_eq!(view.tokens, view.cost.iter().sum::<u64>());
+        assert_eq!(
+            view.tokens,
+            tokens::estimate_messages(&view.messages),
+            "the costs are the messages'"
+        );
+        let starts: Vec<usize> = (first..view.messages.len())
+            .filter(|&i| starts_turn(&view.messages[i]))
+            .collect();
+        assert_eq!(view.turns, starts, "the turn starts");
+        if view.messages.len() > first {
+            assert!(starts_turn(&view.messages[first]), "a cut at a turn's start");
+        }
+        if first == 1 {
+            assert!(view.messages[0].text().starts_with(SUMMARY_PREAMBLE));
+        }
+        for i in first..view.messages.len() {
+            let at = usize::try_from(view.origin[i]).unwrap();
+            let original = &history[at];
+            assert_eq!(original.role, view.messages[i].role);
+            if i >= view.trimmed {
+                assert_eq!(original, &view.messages[i], "untrimmed messages are the history's");
+            }
+        }
+        // Origins increase: the view keeps the history's order.
+        assert!(view.origin[first..].windows(2).all(|w| w[0] < w[1]));
+        // The view ends with the history's last message.
+        if let Some(last) = history.last()
+            && last.role != Role::Summary
+        {
+            assert_eq!(view.messages.last(), Some(last));
+        }
+    }
+
+    #[test]
+    fn a_view_is_appended_to_until_a_rule_cuts_it() {
+        let policy = ContextPolicy::builder().keep_last_turns(2).build().unwrap();
+        let views = ContextViews::default();
+        let mut history = Vec::new();
+        push_turn(&mut history, 0, 1, 10);
+        let Prepared::Ready(first) = views.prepare(&policy, &history) else {
+            panic!("no summary")
+        };
+        push_turn(&mut history, 1, 1, 10);
+        let Prepared::Ready(second) = views.prepare(&policy, &history) else {
+            panic!("no summary")
+        };
+        assert_eq!(first.id, second.id);
+        assert!(second.messages.starts_with(&first.messages));
+        drop((first, second));
+        push_turn(&mut history, 2, 1, 10);
+        let Prepared::Ready(third) = views.prepare(&policy, &history) else {
+            panic!("no summary")
+        };
+        assert_eq!(third.messages[0].text(), "question 1");
+        assert_eq!(third.messages.len(), 8);
+    }
+
+    proptest! {
+        /// Any sequence of turns, summaries (some made, some refused) and
+        /// forced compactions leaves a view whose bookkeeping is right.
+        #[test]
+        fn the_bookkeeping_holds_through_every_compaction(
+            turns in proptest::collection::vec((0usize..3, 0usize..300, 0u8..4), 1..24),
+            keep in proptest::option::of(1usize..5),
+            trim in proptest::option::of(1usize..4),
+            summarize in proptest::option::of((20u64..300, 1usize..3)),
+        ) {
+            let mut policy = ContextPolicy::builder();
+            if let Some(k) = keep { policy = policy.keep_last_turns(k); }
+            if let Some(t) = trim { policy = policy.trim_tool_results(t); }
+            if let Some((threshold, kept)) = summarize {
+                policy = policy.summarize(Summarize::new(Arc::new(Never), threshold).keep_last_turns(kept));
+            }
+            let Ok(policy) = policy.build() else { return Ok(()); };
+            let views = ContextViews::default();
+            let mut history = Vec::new();
+            for (n, (calls, size, action)) in turns.into_iter().enumerate() {
+                push_turn(&mut history, n, calls, size);
+                match views.prepare(&policy, &history) {
+                    Prepared::Ready(_) => {}
+                    Prepared::Summarize(job) => {
+                        if action != 0 {
+                            if let Some(summary) = views.apply_summary(&policy, job, format!("summary {n}")) {
+                                history.push(summary);
+                            }
+                        }
+                    }
+                }
+                if action == 3 {
+                    match views.force(&policy, &history) {
+                        Forced::Summarize(job) => {
+                            if let Some(summary) = views.apply_summary(&policy, job, format!("forced {n}")) {
+                                history.push(summary);
+                            }
+                        }
+                        Forced::Done | Forced::Nothing => {}
+                    }
+                }
+                let guard = views.lock();
+                check(&guard[&policy.id()], &history, &policy);
+                drop(guard);
+                // A view built afresh from the history (a restored
+                // machine) holds its bookkeeping too.
+                let mut fresh = ViewState::build(&policy, &history);
+                fresh.apply_rules(&policy);
+                check(&fresh, &history, &policy);
+            }
+        }
+    }
+}
