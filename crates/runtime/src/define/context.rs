@@ -110,8 +110,10 @@ impl ContextPolicy {
     }
 }
 
-/// Summarizes older turns with a model call once the view passes a token
-/// threshold (counted with [`markov_core::tokens`]' estimate).
+/// Summarizes older turns with a model call once the view's messages
+/// pass a token threshold (counted with [`markov_core::tokens`]' estimate;
+/// the system prompt and the tools are not counted, so leave room for
+/// them below the model's context window).
 ///
 /// The summary is appended to the history as a
 /// [`Role::Summary`](markov_core::Role::Summary) message that names the
@@ -138,8 +140,8 @@ impl fmt::Debug for Summarize {
 }
 
 impl Summarize {
-    /// Summarizes with `model` once the view is estimated at more than
-    /// `threshold_tokens`; keeps the last 2 turns (the current one
+    /// Summarizes with `model` once the view's messages are estimated at
+    /// more than `threshold_tokens`; keeps the last 2 turns (the current one
     /// included) as they are, with [`DEFAULT_SUMMARY_PROMPT`] and
     /// [`DEFAULT_SUMMARY_MAX_TOKENS`].
     pub fn new(model: Arc<dyn Model>, threshold_tokens: u64) -> Self {
