@@ -58,8 +58,8 @@ pub mod tool;
 pub use ids::{InstanceId, MessageId, NodeId, RunId, ToolCallId};
 pub use message::{Item, Items, Message, Metadata, Role};
 pub use model::{
-    Model, ModelError, ModelLimits, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
-    Thinking, ToolChoice, Unsupported, Usage,
+    Model, ModelError, ModelLimits, ModelRequest, ModelResponse, ModelSettings, StopReason,
+    StreamEvent, Thinking, ToolChoice, Unsupported, Usage,
 };
 pub use tool::{
     DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,

@@ -615,7 +615,10 @@ mod tests {
             .collect();
         assert_eq!(view.turns, starts, "the turn starts");
         if view.messages.len() > first {
-            assert!(starts_turn(&view.messages[first]), "a cut at a turn's start");
+            assert!(
+                starts_turn(&view.messages[first]),
+                "a cut at a turn's start"
+            );
         }
         if first == 1 {
             assert!(view.messages[0].text().starts_with(SUMMARY_PREAMBLE));
@@ -625,7 +628,10 @@ mod tests {
             let original = &history[at];
             assert_eq!(original.role, view.messages[i].role);
             if i >= view.trimmed {
-                assert_eq!(original, &view.messages[i], "untrimmed messages are the history's");
+                assert_eq!(
+                    original, &view.messages[i],
+                    "untrimmed messages are the history's"
+                );
             }
         }
         // Origins increase: the view keeps the history's order.

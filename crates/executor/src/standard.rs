@@ -31,8 +31,8 @@ use markov_core::Role;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
 use markov_core::model::{
-    HistoryId, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
-    ToolChoice,
+    HistoryId, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason,
+    StreamEvent, ToolChoice,
 };
 use markov_core::tool::{
     InvalidArguments, ProviderTool, ToolCallError, ToolDefinition, ToolExecutionResult, ToolName,
@@ -944,9 +944,7 @@ impl StandardExecutor {
                 cx.views.current(policy, cx.history)
             }
         };
-        let result = self
-            .call_model(cx, prepared, &view.messages, view.id)
-            .await;
+        let result = self.call_model(cx, prepared, &view.messages, view.id).await;
         let Some(message) = context_length(&result) else {
             return result.map(|(response, vessel)| Called::Answer(response, vessel));
         };
@@ -962,9 +960,7 @@ impl StandardExecutor {
             }
         }
         let view = cx.views.current(policy, cx.history);
-        let result = self
-            .call_model(cx, prepared, &view.messages, view.id)
-            .await;
+        let result = self.call_model(cx, prepared, &view.messages, view.id).await;
         if let Some(message) = context_length(&result) {
             return Ok(Called::Exhausted(message));
         }

@@ -735,7 +735,11 @@ mod tests {
             assert!(is_context_length(400, message, body), "{body}");
         }
         // Other refusals, and the same words on a server error, are not.
-        assert!(!is_context_length(400, "max_tokens: must be positive", "{}"));
+        assert!(!is_context_length(
+            400,
+            "max_tokens: must be positive",
+            "{}"
+        ));
         assert!(!is_context_length(500, "prompt is too long", "{}"));
     }
 

@@ -35,4 +35,6 @@ pub mod toolgen;
 
 pub use define::error::ConfigError;
 pub use define::toolset::ToolSet;
-pub use define::{charter, command, context, externalize, node, pack, state, tool_choice, transition};
+pub use define::{
+    charter, command, context, externalize, node, pack, state, tool_choice, transition,
+};

@@ -55,7 +55,11 @@ fn assert_valid_view(request: &RecordedRequest) {
         .iter()
         .filter(|m| matches!(m.role, Role::User | Role::Assistant | Role::System))
         .collect();
-    assert_eq!(sent.first().map(|m| m.role), Some(Role::User), "first message");
+    assert_eq!(
+        sent.first().map(|m| m.role),
+        Some(Role::User),
+        "first message"
+    );
     let owned: Vec<Message> = sent.into_iter().cloned().collect();
     assert_paired(&owned);
 }
@@ -144,7 +148,6 @@ async fn old_tool_results_become_stubs_that_name_what_was_left_out() {
         .collect();
     // The results are short ("1001000"): shorter than any stub, so kept.
     assert_eq!(results, ["1001000", "1001001", "1001002"]);
-
 }
 
 /// Returns a long text.
@@ -358,7 +361,10 @@ async fn without_a_summarizer_a_refusal_drops_the_older_turns() {
         .error(ModelError::ContextLength("too long".into()))
         .text("Fine now.");
     let model = Arc::new(script.build());
-    let policy = ContextPolicy::builder().keep_last_turns(50).build().unwrap();
+    let policy = ContextPolicy::builder()
+        .keep_last_turns(50)
+        .build()
+        .unwrap();
     let mut machine = agent(Arc::clone(&model), Some(policy)).machine();
     for n in 0..2 {
         turn(&mut machine, &format!("question {n}")).await;
@@ -462,7 +468,12 @@ async fn a_nodes_policy_overrides_its_agents() {
     let mut machine = Agent::builder("calculator")
         .node("calculator", node)
         .shared_model(Arc::clone(&model) as Arc<dyn markov_core::Model>)
-        .context_policy(ContextPolicy::builder().keep_last_turns(10).build().unwrap())
+        .context_policy(
+            ContextPolicy::builder()
+                .keep_last_turns(10)
+                .build()
+                .unwrap(),
+        )
         .build()
         .unwrap()
         .machine();
@@ -487,7 +498,9 @@ fn policies() -> impl Strategy<Value = (Option<usize>, Option<usize>, Option<(u6
         proptest::option::of(1usize..4),
         proptest::option::of((50u64..400, 1usize..3)),
     )
-        .prop_filter("a rule", |(k, t, s)| k.is_some() || t.is_some() || s.is_some())
+        .prop_filter("a rule", |(k, t, s)| {
+            k.is_some() || t.is_some() || s.is_some()
+        })
 }
 
 proptest! {

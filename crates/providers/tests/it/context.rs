@@ -131,7 +131,10 @@ fn assert_valid_openai(body: &Value) {
                 open.retain(|o| o != id);
             }
             role => {
-                assert!(open.is_empty(), "calls unanswered before a {role:?} message");
+                assert!(
+                    open.is_empty(),
+                    "calls unanswered before a {role:?} message"
+                );
                 if let Some(calls) = message["tool_calls"].as_array() {
                     open = calls
                         .iter()
@@ -254,7 +257,10 @@ async fn an_anthropic_refusal_is_compacted_and_answered_with_a_policy() {
         Reply::json(200, anthropic::text("Second answer.")),
     ])
     .await;
-    let policy = ContextPolicy::builder().keep_last_turns(20).build().unwrap();
+    let policy = ContextPolicy::builder()
+        .keep_last_turns(20)
+        .build()
+        .unwrap();
     let mut machine = agent(anthropic_client(&server), Some(policy)).machine();
     converse(&mut machine, 2).await;
     let requests = server.requests();
@@ -274,7 +280,10 @@ async fn a_llama_cpp_refusal_is_compacted_and_answered_with_a_policy() {
         Reply::json(200, openai::text("Second answer.")),
     ])
     .await;
-    let policy = ContextPolicy::builder().keep_last_turns(20).build().unwrap();
+    let policy = ContextPolicy::builder()
+        .keep_last_turns(20)
+        .build()
+        .unwrap();
     let mut machine = agent(openai_client(&server), Some(policy)).machine();
     converse(&mut machine, 2).await;
     let requests = server.requests();

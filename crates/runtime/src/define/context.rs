@@ -293,7 +293,9 @@ impl ContextPolicyBuilder {
 #[non_exhaustive]
 pub enum ContextPolicyError {
     /// No rule is set: leave the policy out instead.
-    #[error("a context policy needs at least one rule (keep_last_turns, trim_tool_results or summarize)")]
+    #[error(
+        "a context policy needs at least one rule (keep_last_turns, trim_tool_results or summarize)"
+    )]
     Empty,
     /// A count of turns is zero; the current turn is always kept, so the
     /// least is 1.

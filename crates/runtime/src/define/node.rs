@@ -33,8 +33,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::context::ContextPolicy;
 use crate::command::{Command, ErasedCommand, SharedCommand};
+use crate::context::ContextPolicy;
 use crate::define::error::ConfigError;
 use crate::define::toolset::ToolSet;
 use crate::externalize::{Cleanup, ExternalContext, ExternalizeError, StateHandler};
