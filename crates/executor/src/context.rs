@@ -368,8 +368,9 @@ impl ViewState {
         let mut names: HashMap<String, String> = HashMap::new();
         let mut changed = false;
         let messages = Arc::make_mut(&mut self.messages);
-        for at in from..boundary {
-            let Items::List(items) = &mut messages[at].items else {
+        let costs = &mut self.cost[from..boundary];
+        for (message, cost) in messages[from..boundary].iter_mut().zip(costs) {
+            let Items::List(items) = &mut message.items else {
                 continue;
             };
             let mut touched = false;
@@ -399,9 +400,9 @@ impl ViewState {
                 }
             }
             if touched {
-                let cost = tokens::estimate_message(&messages[at]);
-                self.tokens = self.tokens - self.cost[at] + cost;
-                self.cost[at] = cost;
+                let stubbed = tokens::estimate_message(message);
+                self.tokens = self.tokens - *cost + stubbed;
+                *cost = stubbed;
                 changed = true;
             }
         }
@@ -692,10 +693,10 @@ mod tests {
                 match views.prepare(&policy, &history) {
                     Prepared::Ready(_) => {}
                     Prepared::Summarize(job) => {
-                        if action != 0 {
-                            if let Some(summary) = views.apply_summary(&policy, job, format!("summary {n}")) {
-                                history.push(summary);
-                            }
+                        if action != 0
+                            && let Some(summary) = views.apply_summary(&policy, job, format!("summary {n}"))
+                        {
+                            history.push(summary);
                         }
                     }
                 }
