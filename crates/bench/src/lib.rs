@@ -33,6 +33,7 @@ use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Agent, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_runtime::charter::Charter;
+use markov_runtime::context::ContextPolicy;
 use markov_runtime::node::Node;
 use markov_testkit::{Recording, ScriptedModel};
 use schemars::JsonSchema;
@@ -148,6 +149,7 @@ pub fn model(k: usize) -> ScriptedModel {
 pub struct Scenario {
     charter: Charter,
     registry: Option<Arc<ToolRegistry>>,
+    context: Option<ContextPolicy>,
 }
 
 /// The registry of figure 5: the three tools, a budget no turn reaches, the
@@ -192,6 +194,23 @@ impl Scenario {
         Scenario {
             charter,
             registry: None,
+            context: None,
+        }
+    }
+
+    /// The same scenario with a context policy (keep the last 4 turns,
+    /// trim the tool results of all but the last 2): each model call is
+    /// sent the policy's view of the history, kept up to date step by
+    /// step, instead of the history itself.
+    pub fn with_context_policy() -> Self {
+        let policy = ContextPolicy::builder()
+            .keep_last_turns(4)
+            .trim_tool_results(2)
+            .build()
+            .expect("the benchmark context policy builds");
+        Scenario {
+            context: Some(policy),
+            ..Self::new()
         }
     }
 
@@ -211,13 +230,17 @@ impl Scenario {
     /// A fresh machine whose model answers a turn of `k` tool steps, with
     /// the user message already enqueued.
     pub fn machine(&self, k: usize) -> Machine {
+        let mut executor = match &self.registry {
+            None => StandardExecutor::new(model(k)),
+            Some(registry) => {
+                StandardExecutor::new(model(k)).with_registry(Arc::clone(registry), Mode::TEXT)
+            }
+        };
+        if let Some(policy) = &self.context {
+            executor = executor.with_context_policy(policy.clone());
+        }
         let machine = Agent::on_charter(self.charter.clone())
-            .executor(match &self.registry {
-                None => StandardExecutor::new(model(k)),
-                Some(registry) => {
-                    StandardExecutor::new(model(k)).with_registry(Arc::clone(registry), Mode::TEXT)
-                }
-            })
+            .executor(executor)
             .build()
             .expect("the benchmark agent builds")
             .machine();

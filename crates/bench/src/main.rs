@@ -37,6 +37,10 @@
 //! 10. A tool call through MCP, over stdio and over loopback HTTP, beside
 //!     the same tool called natively (see `mcp.rs`).
 //!
+//! 11. Context views: figure 1 at K = 10 and 1 000 with a context policy
+//!     (each call sent the policy's view, kept up to date step by step)
+//!     beside the same figure without one.
+//!
 //! Every figure prints one machine-readable line (`bench=<name> key=value
 //! ...`) as it finishes, and a table closes the run.
 //!
@@ -92,6 +96,8 @@ const WORKERS: usize = 2;
 const ROUNDS: usize = 7;
 /// The history lengths of figure 5.
 const POLICY_KS: [usize; 2] = [10, 1_000];
+/// The history lengths of figure 11.
+const CONTEXT_KS: [usize; 2] = [10, 1_000];
 /// The history lengths of figure 4.
 const SERDE_KS: [usize; 2] = [100, 1_000];
 
@@ -110,7 +116,7 @@ struct Plan {
     stream_reps: usize,
     /// Timed calls per path in figure 10.
     mcp_calls: usize,
-    /// Turns at K = 10 in figure 11 (K = 1 000 runs a tenth as many, at
+    /// Turns at K = 10 in figure 12 (K = 1 000 runs a tenth as many, at
     /// least one).
     provider_turns: usize,
 }
@@ -207,6 +213,10 @@ fn main() -> ExitCode {
             }
             _ => usage(),
         },
+        ["context"] => {
+            context_figures(QUICK);
+            ExitCode::SUCCESS
+        }
         ["steps"] => {
             for &k in QUICK.step_ks {
                 step_overhead(k, QUICK);
@@ -266,7 +276,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
     );
     ExitCode::from(2)
 }
@@ -339,6 +349,7 @@ fn run_all(plan: Plan) -> ExitCode {
         })
         .collect();
     let layers = layer_costs(plan.steps_per_k.max(20_000));
+    let context = context_figures(plan);
     let (mut stores, mut loads) = store::sqlite_figures(&STORE_KS, plan.store_appends);
     let (pg_stores, pg_loads) = store::postgres_figures(&STORE_KS, plan.store_appends);
     let bodies = body_figures(plan.body_reps);
@@ -494,6 +505,27 @@ fn run_all(plan: Plan) -> ExitCode {
     }
     let _ = writeln!(
         table,
+        "\n11. Context views (keep the last 4 turns, trim all but the last 2 turns' tool results)"
+    );
+    let _ = writeln!(
+        table,
+        "   {:>6} {:>16} {:>15} {:>10} {:>16} {:>15}",
+        "K", "median µs (off)", "median µs (on)", "Δ µs", "allocs/step off", "allocs/step on"
+    );
+    for (off, on) in &context {
+        let _ = writeln!(
+            table,
+            "   {:>6} {:>16.2} {:>15.2} {:>10.2} {:>16.1} {:>15.1}",
+            off.k,
+            off.stats.median_us,
+            on.stats.median_us,
+            on.stats.median_us - off.stats.median_us,
+            off.allocations_per_step,
+            on.allocations_per_step
+        );
+    }
+    let _ = writeln!(
+        table,
         "\n6. Durable sessions: persisting one step (2 messages + the run's progress), one transaction each"
     );
     let _ = writeln!(
@@ -641,7 +673,7 @@ fn run_all(plan: Plan) -> ExitCode {
     }
     let _ = writeln!(
         table,
-        "\n11. A step through the Anthropic client against a keep-alive loopback fake provider in a process of its own, answering at once; per step: wall, and this process's CPU (the client and the loop)"
+        "\n12. A step through the Anthropic client against a keep-alive loopback fake provider in a process of its own, answering at once; per step: wall, and this process's CPU (the client and the loop)"
     );
     let _ = writeln!(
         table,
@@ -664,7 +696,7 @@ fn run_all(plan: Plan) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Figure 11: both ways of calling, at K = 10 and 1 000.
+/// Figure 12: both ways of calling, at K = 10 and 1 000.
 fn provider_path_figures(plan: Plan) -> Vec<provider_path::ProviderPathFigure> {
     use provider_path::Call;
     [Call::Plain, Call::Streamed]
@@ -776,6 +808,35 @@ struct StepFigure {
     allocations_per_step: f64,
 }
 
+/// The `registry` label of a [`step_figure`] that prints no line of its
+/// own (its caller prints one).
+const QUIET: &str = "-";
+
+/// Figure 11: figure 1 at each of [`CONTEXT_KS`] without and with a
+/// context policy, on the same runtime.
+fn context_figures(plan: Plan) -> Vec<(StepFigure, StepFigure)> {
+    CONTEXT_KS
+        .iter()
+        .map(|&k| {
+            let runtime = current_thread_runtime();
+            let off = step_figure(k, plan, &Scenario::new(), &runtime, QUIET);
+            let on = step_figure(k, plan, &Scenario::with_context_policy(), &runtime, QUIET);
+            for (policy, figure) in [("off", &off), ("on", &on)] {
+                println!(
+                    "bench=context_view policy={policy} k={k} steps={} mean_us={:.3} median_us={:.3} p90_us={:.3} p99_us={:.3} allocs_per_step={:.1}",
+                    figure.stats.count,
+                    figure.stats.mean_us,
+                    figure.stats.median_us,
+                    figure.stats.p90_us,
+                    figure.stats.p99_us,
+                    figure.allocations_per_step
+                );
+            }
+            (off, on)
+        })
+        .collect()
+}
+
 fn step_overhead(k: usize, plan: Plan) -> StepFigure {
     step_figure(k, plan, &Scenario::new(), &current_thread_runtime(), "")
 }
@@ -821,6 +882,9 @@ fn step_figure(
         last_tenth_median_us: Stats::of(&last).median_us,
         allocations_per_step: counted.allocations as f64 / steps as f64,
     };
+    if registry == QUIET {
+        return figure;
+    }
     if !registry.is_empty() {
         println!(
             "bench=policy_pipeline registry={registry} k={k} steps={} mean_us={:.3} median_us={:.3} p90_us={:.3} p99_us={:.3} allocs_per_step={:.1}",

@@ -1,4 +1,4 @@
-//! Figure 11: a step through a real provider client. The scenario of
+//! Figure 12: a step through a real provider client. The scenario of
 //! figure 1 (K tool steps, then a text), but the model is the Anthropic
 //! client talking over loopback to the testkit's fake provider, which runs
 //! in a process of its own (`markov-bench fake-provider <K>`) and answers at
@@ -39,7 +39,7 @@ impl Call {
     }
 }
 
-/// One run of figure 11.
+/// One run of figure 12.
 #[derive(Debug)]
 pub(crate) struct ProviderPathFigure {
     pub(crate) call: Call,
@@ -152,7 +152,7 @@ fn stop_fake(mut child: Child) -> usize {
         .unwrap_or(0)
 }
 
-/// Figure 11 for one way of calling and one K: `turns` turns of `k` tool
+/// Figure 12 for one way of calling and one K: `turns` turns of `k` tool
 /// steps, each on a fresh machine, after one turn of warm-up.
 pub(crate) fn figure(call: Call, k: usize, turns: usize) -> ProviderPathFigure {
     let (child, url) = start_fake(k);

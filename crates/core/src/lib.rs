@@ -52,14 +52,15 @@ pub mod ids;
 pub mod message;
 pub mod model;
 pub mod tagged;
+pub mod tokens;
 pub mod tool;
 pub mod usage;
 
 pub use ids::{InstanceId, MessageId, NodeId, RunId, ToolCallId};
 pub use message::{Item, Items, Message, Metadata, Role};
 pub use model::{
-    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
-    Thinking, ToolChoice, Unsupported, Usage,
+    Model, ModelError, ModelLimits, ModelRequest, ModelResponse, ModelSettings, StopReason,
+    StreamEvent, Thinking, ToolChoice, Unsupported, Usage,
 };
 pub use tool::{
     DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,

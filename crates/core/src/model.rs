@@ -118,6 +118,96 @@ impl Default for ModelSettings {
     }
 }
 
+/// What a model takes and gives: its context window and the most tokens
+/// one answer may have, in tokens (see [`ModelLimits::of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ModelLimits {
+    /// The context window: prompt and answer together.
+    pub context_window: u32,
+    /// The most tokens one answer may have.
+    pub max_output_tokens: u32,
+}
+
+/// The answer tokens asked for by default of a model [`ModelLimits::of`]
+/// does not know (a local server's, say): well below the smallest context
+/// window such servers are run with (llama.cpp's is often 4 096 tokens,
+/// and an answer that fills the window leaves no room for the next
+/// question).
+pub const UNKNOWN_MODEL_MAX_TOKENS: u32 = 2_048;
+
+/// The most answer tokens asked for by default of a known model, however
+/// many it may write: a longer answer is rarely wanted, and a provider may
+/// refuse a long call that does not stream.
+pub const KNOWN_MODEL_MAX_TOKENS: u32 = 8_192;
+
+impl ModelLimits {
+    /// The limits of a known model, by the start of its name (a dated
+    /// version such as `claude-3-5-haiku-20241022` is its family's; a
+    /// routing prefix such as `models/` or `anthropic/` is ignored):
+    /// Anthropic's Claude, OpenAI's GPT and o-series, Google's Gemini, as
+    /// their vendors document them. `None` for any other model.
+    ///
+    /// ```
+    /// use markov_core::model::ModelLimits;
+    ///
+    /// let claude = ModelLimits::of("claude-3-5-haiku-20241022").unwrap();
+    /// assert_eq!(claude.context_window, 200_000);
+    /// assert!(ModelLimits::of("qwen2.5-7b-instruct").is_none());
+    /// ```
+    pub fn of(model: &str) -> Option<ModelLimits> {
+        // Longest prefixes first where one starts another.
+        const TABLE: &[(&str, u32, u32)] = &[
+            ("claude-opus-4", 200_000, 32_000),
+            ("claude-sonnet-4", 200_000, 64_000),
+            ("claude-haiku-4", 200_000, 64_000),
+            ("claude-3-7-sonnet", 200_000, 64_000),
+            ("claude-3-5-sonnet", 200_000, 8_192),
+            ("claude-3-5-haiku", 200_000, 8_192),
+            ("claude-3-haiku", 200_000, 4_096),
+            ("claude-3-opus", 200_000, 4_096),
+            ("gpt-5", 400_000, 128_000),
+            ("gpt-4.1", 1_047_576, 32_768),
+            ("gpt-4o", 128_000, 16_384),
+            ("gpt-4-turbo", 128_000, 4_096),
+            ("gpt-3.5-turbo", 16_385, 4_096),
+            ("o4-mini", 200_000, 100_000),
+            ("o3", 200_000, 100_000),
+            ("o1", 200_000, 100_000),
+            ("gemini-2.5", 1_048_576, 65_536),
+            ("gemini-2.0", 1_048_576, 8_192),
+            ("gemini-1.5", 1_048_576, 8_192),
+        ];
+        let name = model.rsplit('/').next().unwrap_or(model);
+        TABLE
+            .iter()
+            .find(|(prefix, _, _)| name.starts_with(prefix))
+            .map(|&(_, context_window, max_output_tokens)| ModelLimits {
+                context_window,
+                max_output_tokens,
+            })
+    }
+
+    /// The answer tokens to ask of `model` when the application sets none:
+    /// a known model's most, up to [`KNOWN_MODEL_MAX_TOKENS`]; else
+    /// [`UNKNOWN_MODEL_MAX_TOKENS`].
+    ///
+    /// ```
+    /// use markov_core::model::{ModelLimits, UNKNOWN_MODEL_MAX_TOKENS};
+    ///
+    /// assert_eq!(ModelLimits::default_max_tokens(Some("claude-3-haiku-20240307")), 4_096);
+    /// assert_eq!(ModelLimits::default_max_tokens(Some("gpt-4o-mini")), 8_192);
+    /// assert_eq!(ModelLimits::default_max_tokens(None), UNKNOWN_MODEL_MAX_TOKENS);
+    /// ```
+    pub fn default_max_tokens(model: Option<&str>) -> u32 {
+        model
+            .and_then(ModelLimits::of)
+            .map_or(UNKNOWN_MODEL_MAX_TOKENS, |limits| {
+                limits.max_output_tokens.min(KNOWN_MODEL_MAX_TOKENS)
+            })
+    }
+}
+
 /// One model call. Everything is borrowed from the caller.
 ///
 /// Built with [`ModelRequest::new`] and the setters, which leave the rest at
@@ -493,6 +583,15 @@ pub enum ModelError {
     /// The request was refused before it was sent (configuration, a broken script).
     #[error("invalid model request: {0}")]
     InvalidRequest(String),
+    /// The request does not fit the model's context window: the history,
+    /// the system prompt, the tools and the tokens asked for the answer
+    /// are more than the model takes (Anthropic's `prompt is too long`,
+    /// OpenAI's `context_length_exceeded`, llama.cpp's
+    /// `exceed_context_size_error`, Gemini's input token limit). The same
+    /// request fails again: a context policy's compaction, or a shorter
+    /// conversation, is what helps.
+    #[error("the request does not fit the model's context window: {0}")]
+    ContextLength(String),
 }
 
 impl ModelError {
@@ -505,7 +604,8 @@ impl ModelError {
             ModelError::Overloaded(_) | ModelError::Timeout(_) | ModelError::Connection(_) => true,
             ModelError::Redirect { .. }
             | ModelError::InvalidResponse(_)
-            | ModelError::InvalidRequest(_) => false,
+            | ModelError::InvalidRequest(_)
+            | ModelError::ContextLength(_) => false,
         }
     }
 }
@@ -588,6 +688,14 @@ pub trait Model: Send + Sync + fmt::Debug {
         "unknown"
     }
 
+    /// The answer tokens to ask for when the application sets none, for a
+    /// call with `settings`: [`ModelLimits::default_max_tokens`] of the
+    /// model the call goes to. The default knows only `settings.model`; a
+    /// client with a model of its own overrides it.
+    fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
+        ModelLimits::default_max_tokens(settings.model.as_deref())
+    }
+
     /// What `thinking` permits alongside it for `settings.model`: the client's
     /// capability table. The default is [`Thinking::allows`], the documented
     /// Anthropic rule; a client whose models differ overrides it.
@@ -646,6 +754,10 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
         (**self).provider_name()
     }
 
+    fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
+        (**self).default_max_tokens(settings)
+    }
+
     fn thinking_allowance(
         &self,
         settings: &ModelSettings,
@@ -679,6 +791,10 @@ impl<M: Model + ?Sized> Model for Box<M> {
 
     fn provider_name(&self) -> &str {
         (**self).provider_name()
+    }
+
+    fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
+        (**self).default_max_tokens(settings)
     }
 
     fn thinking_allowance(
@@ -805,6 +921,7 @@ mod tests {
         assert!(!http(401).is_retryable());
         assert!(ModelError::Overloaded("x".into()).is_retryable());
         assert!(!ModelError::InvalidRequest("x".into()).is_retryable());
+        assert!(!ModelError::ContextLength("x".into()).is_retryable());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use markov_policy::{
 };
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{Charter, CharterBuilder};
+use markov_runtime::context::ContextPolicy;
 use markov_runtime::node::{Node, NodeBuilder, OutputConfig};
 use schemars::JsonSchema;
 use serde_json::Value;
@@ -205,6 +206,7 @@ impl Agent {
             model: None,
             executor: None,
             settings: None,
+            context_policy: None,
             run: None,
             prices: None,
         }
@@ -350,6 +352,7 @@ pub struct AgentBuilder {
     model: Option<Arc<dyn Model>>,
     executor: Option<Arc<dyn Executor>>,
     settings: Option<ModelSettings>,
+    context_policy: Option<ContextPolicy>,
     run: Option<RunOptions>,
     prices: Option<Prices>,
 }
@@ -496,6 +499,19 @@ impl AgentBuilder {
         self
     }
 
+    /// What the model is shown of a long conversation (see
+    /// [`markov_runtime::context`]): keep the last turns, trim old tool
+    /// results, summarize older turns. A node's own policy
+    /// ([`NodeBuilder::context_policy`]) overrides it. Without one, every
+    /// call is sent the whole history, and a model that refuses it as too
+    /// long ends the run with
+    /// [`YieldReason::ContextExhausted`](crate::YieldReason::ContextExhausted).
+    #[must_use]
+    pub fn context_policy(mut self, policy: ContextPolicy) -> Self {
+        self.context_policy = Some(policy);
+        self
+    }
+
     /// Default model settings (a node's executor config overrides them).
     #[must_use]
     pub fn settings(mut self, settings: ModelSettings) -> Self {
@@ -585,7 +601,7 @@ impl AgentBuilder {
             .run
             .as_ref()
             .is_some_and(|run| run.usage_limits.is_set());
-        let checks: [(bool, &'static str, &'static str, &'static str); 13] = [
+        let checks: [(bool, &'static str, &'static str, &'static str); 14] = [
             (
                 given && !self.nodes.is_empty(),
                 "node",
@@ -639,6 +655,12 @@ impl AgentBuilder {
                 "prices",
                 "executor",
                 "give the prices to the executor (StandardExecutor::with_prices)",
+            ),
+            (
+                custom && self.context_policy.is_some(),
+                "context_policy",
+                "executor",
+                "set the context policy on the executor (StandardExecutor::with_context_policy)",
             ),
             (
                 custom && self.registry.is_some(),
@@ -754,6 +776,9 @@ impl AgentBuilder {
                 }
                 if let Some(prices) = self.prices {
                     standard = standard.with_prices(prices);
+                }
+                if let Some(policy) = self.context_policy {
+                    standard = standard.with_context_policy(policy);
                 }
                 if let Some(registry) = registry {
                     standard = standard.with_registry(registry, self.mode.unwrap_or(Mode::TEXT));

@@ -9,6 +9,7 @@ use markov_policy::PolicyState;
 use markov_runtime::charter::Charter;
 use serde_json::Value;
 
+use crate::context::ContextViews;
 use crate::effect::Entry;
 use crate::error::RunError;
 use crate::instance::{ActiveLeaf, Instance};
@@ -46,6 +47,9 @@ pub struct LeafContext<'a> {
     /// model call is made only if [`UsageMeter::admit`](crate::UsageMeter::admit)
     /// admits its estimate.
     pub usage: &'a crate::usage::UsageMeter,
+    /// The machine's context views (what a context policy shows of the
+    /// history; see [`ContextViews`]).
+    pub views: &'a ContextViews,
 }
 
 impl<'a> LeafContext<'a> {

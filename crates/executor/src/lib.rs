@@ -40,6 +40,7 @@
 mod agent;
 pub mod client;
 mod command;
+mod context;
 mod effect;
 mod error;
 mod executor;
@@ -64,6 +65,7 @@ pub use client::{
 pub use command::{
     CommandExecution, CommandOptions, CommandOutcome, available_commands, run_command,
 };
+pub use context::{ContextViews, SUMMARY_PREAMBLE};
 pub use effect::{Effect, Entry};
 pub use error::RunError;
 pub use executor::{Executor, Intent, LeafContext, LeafOutcome};

@@ -34,6 +34,9 @@ pub struct Machine {
     pub(crate) run_options: RunOptions,
     /// What the session and the current user turn have used.
     pub(crate) usage: UsageTotals,
+    /// What context policies show of the history; derived from it, never
+    /// serialized.
+    pub(crate) views: crate::context::ContextViews,
 }
 
 impl fmt::Debug for Machine {
@@ -121,6 +124,7 @@ impl Machine {
             policy: Arc::new(PolicyState::new()),
             run_options,
             usage: UsageTotals::default(),
+            views: crate::context::ContextViews::default(),
         };
         machine.sync_externalized();
         machine

@@ -880,7 +880,10 @@ impl RunState {
         }
         let done = matches!(
             reason,
-            YieldReason::EndTurn | YieldReason::External | YieldReason::LoopDetected
+            YieldReason::EndTurn
+                | YieldReason::External
+                | YieldReason::LoopDetected
+                | YieldReason::ContextExhausted
         ) || termination.is_some();
         let mut step = make_step(machine, history, reason, done);
         step.response = response;
@@ -951,6 +954,7 @@ pub async fn run_leaves(
             queue: &machine.queue,
             policy: &machine.policy,
             usage: meter,
+            views: &machine.views,
         }
     }
     let meter = UsageMeter::new(state.options.usage_limits, state.usage, machine.usage);

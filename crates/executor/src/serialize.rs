@@ -360,6 +360,7 @@ pub(crate) fn deserialize_machine(
         )),
         run_options: crate::run::RunOptions::default(),
         usage: data.usage,
+        views: Default::default(),
     };
     machine.sync_externalized();
     Ok(machine)

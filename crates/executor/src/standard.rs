@@ -32,8 +32,8 @@ use markov_core::Role;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
 use markov_core::model::{
-    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent,
-    ToolChoice,
+    HistoryId, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason,
+    StreamEvent, ToolChoice,
 };
 use markov_core::tool::{
     InvalidArguments, ProviderTool, ToolCallError, ToolDefinition, ToolExecutionResult, ToolName,
@@ -43,12 +43,14 @@ use markov_policy::{
 };
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, PromptInput};
+use markov_runtime::context::ContextPolicy;
 use markov_runtime::tool_choice::check_thinking;
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
 use markov_runtime::transition::{TransitionError, TransitionOutcome};
 use serde_json::Value;
 use tracing::Instrument;
 
+use crate::context::{Forced, SummaryJob};
 use crate::effect::{Effect, Entry};
 use crate::error::RunError;
 use crate::executor::{Executor, Intent, LeafContext, LeafOutcome};
@@ -78,10 +80,17 @@ pub struct StandardExecutor {
     streaming: Option<StreamOptions>,
     capture_content: bool,
     prices: Prices,
+    context_policy: Option<ContextPolicy>,
+    /// Whether the application set the settings: if not, the answer
+    /// tokens follow the model ([`Model::default_max_tokens`]).
+    settings_given: bool,
 }
 
 impl StandardExecutor {
-    /// An executor over `model` with default settings (4096 max tokens).
+    /// An executor over `model` with default settings: the answer tokens
+    /// asked for follow the model ([`Model::default_max_tokens`]: a known
+    /// model's most, up to 8 192; 2 048 for a model it does not know)
+    /// until [`Self::with_settings`] or a node says otherwise.
     pub fn new(model: impl Model + 'static) -> Self {
         Self::shared(Arc::new(model))
     }
@@ -95,6 +104,8 @@ impl StandardExecutor {
             streaming: None,
             capture_content: false,
             prices: Prices::table(),
+            context_policy: None,
+            settings_given: false,
         }
     }
 
@@ -117,10 +128,22 @@ impl StandardExecutor {
         self
     }
 
+    /// What every leaf's model call is shown of a long history (see
+    /// [`markov_runtime::context`]); a node's own policy overrides it.
+    /// Without one, every call is sent the whole history, and a model that
+    /// refuses it as too long ends the run with
+    /// [`YieldReason::ContextExhausted`].
+    #[must_use]
+    pub fn with_context_policy(mut self, policy: ContextPolicy) -> Self {
+        self.context_policy = Some(policy);
+        self
+    }
+
     /// Sets the default settings; a node's executor config overrides them.
     #[must_use]
     pub fn with_settings(mut self, settings: ModelSettings) -> Self {
         self.settings = settings;
+        self.settings_given = true;
         self
     }
 
@@ -313,6 +336,7 @@ fn pack_states<'a>(cx: &LeafContext<'a>) -> Cow<'a, BTreeMap<String, Value>> {
 pub(crate) fn prepare(
     cx: &LeafContext<'_>,
     defaults: &ModelSettings,
+    defaults_given: bool,
     model: &dyn Model,
     registry: Option<&RegistryBinding>,
 ) -> Result<Prepared, RunError> {
@@ -360,6 +384,8 @@ pub(crate) fn prepare(
     }
     if let Some(max_tokens) = config.max_tokens {
         settings.max_tokens = max_tokens;
+    } else if !defaults_given {
+        settings.max_tokens = model.default_max_tokens(&settings);
     }
     if let Some(t) = config.temperature {
         settings.temperature = Some(t);
@@ -905,13 +931,16 @@ impl StandardExecutor {
         ))
     }
 
-    /// The model call, streamed into a vessel when streaming is configured.
+    /// The model call over `messages` (the history `id`, or a context
+    /// view of it), streamed into a vessel when streaming is configured.
     async fn call_model(
         &self,
         cx: &LeafContext<'_>,
         prepared: &Prepared,
+        messages: &[Message],
+        id: HistoryId,
     ) -> Result<(ModelResponse, Option<VesselState>), RunError> {
-        let request = prepared.request(cx.history).with_history_id(cx.history_id);
+        let request = prepared.request(messages).with_history_id(id);
         let model_error = |source| RunError::Model {
             step: cx.current_step,
             source,
@@ -942,12 +971,149 @@ impl StandardExecutor {
     }
 }
 
+/// What [`StandardExecutor::call_in_context`] got.
+enum Called {
+    /// The model's answer (and the vessel it was streamed into).
+    Answer(ModelResponse, Option<VesselState>),
+    /// The model refused the request as too long for its context window,
+    /// and no compaction could make it fit: the provider's message.
+    Exhausted(String),
+}
+
+/// Whether `result` failed because the request does not fit the model's
+/// context window; its message if so.
+fn context_length<T>(result: &Result<T, RunError>) -> Option<String> {
+    match result {
+        Err(RunError::Model {
+            source: ModelError::ContextLength(message),
+            ..
+        }) => Some(message.clone()),
+        _ => None,
+    }
+}
+
+impl StandardExecutor {
+    /// The model call over what the leaf's context policy shows of the
+    /// history (the node's policy, else the executor's), or over the whole
+    /// history without one. A view past its summary threshold is
+    /// summarized first. A request the model refuses as too long is
+    /// compacted at once — everything before the current turn summarized
+    /// or left out — and sent once more; without a policy, or when the
+    /// current turn alone is too long, the answer is [`Called::Exhausted`].
+    async fn call_in_context(
+        &self,
+        cx: &LeafContext<'_>,
+        prepared: &Prepared,
+    ) -> Result<Called, RunError> {
+        let policy = cx
+            .instance()
+            .node()
+            .context_policy()
+            .or(self.context_policy.as_ref());
+        let Some(policy) = policy else {
+            let result = self
+                .call_model(cx, prepared, cx.history, cx.history_id)
+                .await;
+            if let Some(message) = context_length(&result) {
+                return Ok(Called::Exhausted(message));
+            }
+            return result.map(|(response, vessel)| Called::Answer(response, vessel));
+        };
+        let view = match cx.views.prepare(policy, cx.history) {
+            crate::context::Prepared::Ready(view) => view,
+            crate::context::Prepared::Summarize(job) => {
+                self.summarize(cx, policy, job).await;
+                cx.views.current(policy, cx.history)
+            }
+        };
+        let result = self.call_model(cx, prepared, &view.messages, view.id).await;
+        let Some(message) = context_length(&result) else {
+            return result.map(|(response, vessel)| Called::Answer(response, vessel));
+        };
+        drop(view);
+        tracing::warn!(%message, "the model refused the context as too long: it is compacted and the call made again");
+        match cx.views.force(policy, cx.history) {
+            Forced::Nothing => return Ok(Called::Exhausted(message)),
+            Forced::Done => {}
+            Forced::Summarize(job) => {
+                if !self.summarize(cx, policy, job).await {
+                    cx.views.drop_before_current(policy);
+                }
+            }
+        }
+        let view = cx.views.current(policy, cx.history);
+        let result = self.call_model(cx, prepared, &view.messages, view.id).await;
+        if let Some(message) = context_length(&result) {
+            return Ok(Called::Exhausted(message));
+        }
+        result.map(|(response, vessel)| Called::Answer(response, vessel))
+    }
+
+    /// Summarizes `job` with the policy's summarizer and puts the summary
+    /// in the view; the summary message goes to the queue, so the step
+    /// records it in the history. Whether it did: a failed summarizer is
+    /// logged, and the view stays as it was.
+    async fn summarize(
+        &self,
+        cx: &LeafContext<'_>,
+        policy: &ContextPolicy,
+        job: SummaryJob,
+    ) -> bool {
+        let Some(summarize) = policy.summarize() else {
+            return false;
+        };
+        let span = tracing::info_span!(
+            "summarize",
+            gen_ai.provider.name = summarize.model().provider_name(),
+            error.type = tracing::field::Empty,
+        );
+        let messages = [Message::user(job.transcript.clone())];
+        let request = ModelRequest::new(
+            summarize.instructions(),
+            &messages,
+            summarize.model_settings(),
+        );
+        let answer = summarize
+            .model()
+            .complete(request)
+            .instrument(span.clone())
+            .await;
+        let text = match answer {
+            Ok(response) => response
+                .content
+                .iter()
+                .filter_map(|item| match item {
+                    Item::Text { text } => Some(text.as_str()),
+                    _ => None,
+                })
+                .collect::<String>(),
+            Err(error) => {
+                span.record("error.type", "model_error");
+                tracing::warn!(parent: &span, %error, "the summarizer failed: the context is not summarized");
+                return false;
+            }
+        };
+        if text.trim().is_empty() {
+            tracing::warn!(parent: &span, "the summarizer wrote nothing: the context is not summarized");
+            return false;
+        }
+        match cx.views.apply_summary(policy, job, text) {
+            Some(message) => {
+                cx.queue.enqueue([message]);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 #[async_trait]
 impl Executor for StandardExecutor {
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
         let prepared = prepare(
             &cx,
             &self.settings,
+            self.settings_given,
             self.model.as_ref(),
             self.registry.as_deref(),
         )?;
@@ -1010,9 +1176,27 @@ impl Executor for StandardExecutor {
                 if let Some(limited) = self.admit(&cx, &prepared)? {
                     return Ok(limited);
                 }
-                self.call_model(&cx, &prepared)
+                match self
+                    .call_in_context(&cx, &prepared)
                     .instrument(span.clone())
                     .await
+                {
+                    Ok(Called::Answer(response, vessel)) => Ok((response, vessel)),
+                    Ok(Called::Exhausted(message)) => {
+                        span.record("error.type", "context_length");
+                        tracing::warn!(
+                            parent: &span,
+                            %message,
+                            "the conversation does not fit the model's context window: the run ends"
+                        );
+                        return Ok(LeafOutcome::new(
+                            Vec::new(),
+                            YieldReason::ContextExhausted,
+                            cx.turn,
+                        ));
+                    }
+                    Err(error) => Err(error),
+                }
             }
         };
         let (response, vessel) = match called {

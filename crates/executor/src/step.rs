@@ -53,6 +53,14 @@ pub enum YieldReason {
     /// [`MachineStep::usage_limit`] says which limit. The next turn goes on
     /// unless the limit is the session's.
     UsageLimit,
+    /// The model refused the conversation as too long for its context
+    /// window, and nothing could be left out: no context policy is set
+    /// (set one with `AgentBuilder::context_policy` or
+    /// `NodeBuilder::context_policy`, see `markov_runtime::context`), or
+    /// the current turn alone is too long. Nothing of the step is
+    /// recorded and the run is over; the session stays usable once a
+    /// policy is set (or with a model of a larger context window).
+    ContextExhausted,
 }
 
 impl YieldReason {
@@ -72,6 +80,7 @@ impl YieldReason {
             YieldReason::AwaitingApproval => "awaiting_approval",
             YieldReason::Cancelled => "cancelled",
             YieldReason::UsageLimit => "usage_limit",
+            YieldReason::ContextExhausted => "context_exhausted",
         }
     }
 }

@@ -483,24 +483,23 @@ impl UsageMeter {
     }
 }
 
-/// The input tokens a request could count at most, by a conservative rule:
-/// a token per three bytes of its JSON (system prompt, messages, tools,
-/// output schema), which no tokenizer in use exceeds on text.
-///
-/// This is the one place that estimates a request; a tokenizer-based
-/// estimate replaces it without touching its callers.
+/// The input tokens a request could count at most: core's conservative
+/// estimate ([`markov_core::tokens`], a token per three bytes of JSON,
+/// which no tokenizer in use exceeds on text), plus the provider's
+/// built-in tools.
 pub(crate) fn estimate_input_tokens(request: &ModelRequest<'_>) -> u64 {
-    fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
-        serde_json::to_vec(value).map_or(0, |v| v.len())
-    }
-    let mut bytes = request.system().len();
-    bytes += request.messages().iter().map(json_len).sum::<usize>();
-    bytes += request.tools().iter().map(json_len).sum::<usize>();
-    bytes += request.provider_tools().iter().map(json_len).sum::<usize>();
-    bytes += request.output_schema().map_or(0, json_len);
-    // A few tokens of framing per message, as every chat format adds.
-    let framing = request.messages().len().saturating_mul(4);
-    u64::try_from(bytes.div_ceil(3).saturating_add(framing)).unwrap_or(u64::MAX)
+    // The provider's built-in tools are the one part of a request core's
+    // estimate leaves out (their definitions are the provider's).
+    let provider_tools = request
+        .provider_tools()
+        .iter()
+        .map(|tool| {
+            serde_json::to_vec(tool)
+                .map_or(0, |v| v.len() as u64)
+                .div_ceil(3)
+        })
+        .sum::<u64>();
+    markov_core::tokens::estimate_request(request).saturating_add(provider_tools)
 }
 
 /// A model's price, per million tokens of each kind, exact.

@@ -157,6 +157,10 @@ impl Model for Fallback {
         self.entries[0].model.provider_name()
     }
 
+    fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
+        self.entries[0].model.default_max_tokens(settings)
+    }
+
     fn check_tools(
         &self,
         tools: &[ToolDefinition],

@@ -511,6 +511,8 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
     });
     let error = if kind.as_deref() == Some("overloaded_error") {
         ModelError::Overloaded(message)
+    } else if is_context_length(status.as_u16(), &message, &body) {
+        ModelError::ContextLength(message)
     } else if status.as_u16() == 429 && kind.as_deref() == Some("insufficient_quota") {
         // Waiting does not refill a quota: the call ends at once.
         ModelError::Http {
@@ -526,6 +528,33 @@ pub(crate) async fn check_status(response: Response) -> Result<Response, ModelEr
         }
     };
     Err(naming_url(error, &url))
+}
+
+/// Whether an error answer of `status` with `message` (and the whole
+/// `body`, whose codes the message may not repeat) says that the request
+/// does not fit the model's context window, as each vendor words it:
+///
+/// - Anthropic: `prompt is too long: 210000 tokens > 200000 maximum`, or
+///   `input length and max_tokens exceed context limit`;
+/// - OpenAI (and vLLM): the code `context_length_exceeded`, or `This
+///   model's maximum context length is 8192 tokens`;
+/// - llama.cpp's server: the type `exceed_context_size_error`, `the
+///   request exceeds the available context size`;
+/// - Gemini: `The input token count (…) exceeds the maximum number of
+///   tokens allowed (…)`.
+pub(crate) fn is_context_length(status: u16, message: &str, body: &str) -> bool {
+    if !matches!(status, 400 | 413 | 422) {
+        return false;
+    }
+    let message = message.to_ascii_lowercase();
+    body.contains("context_length_exceeded")
+        || body.contains("exceed_context_size_error")
+        || message.contains("prompt is too long")
+        || message.contains("exceed context limit")
+        || message.contains("maximum context length")
+        || message.contains("exceeds the available context size")
+        || message.contains("context_length_exceeded")
+        || (message.contains("input token count") && message.contains("exceeds the maximum"))
 }
 
 /// A `404` from `url` (a call to `{base}/{path}`) whose base does not end
@@ -601,6 +630,7 @@ pub(crate) fn naming_url(error: ModelError, url: &str) -> ModelError {
         },
         ModelError::Overloaded(message) => ModelError::Overloaded(named(message)),
         ModelError::Connection(text) => ModelError::Connection(named(text)),
+        ModelError::ContextLength(text) => ModelError::ContextLength(named(text)),
         other => other,
     }
 }
@@ -688,6 +718,38 @@ pub(crate) fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_vendors_context_length_error_is_recognized() {
+        let cases = [
+            (
+                r#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 210000 tokens > 200000 maximum"}}"#,
+                "prompt is too long: 210000 tokens > 200000 maximum",
+            ),
+            (
+                r#"{"error":{"message":"This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+                "This model's maximum context length is 8192 tokens.",
+            ),
+            (
+                r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}"#,
+                "the request exceeds the available context size, try increasing it",
+            ),
+            (
+                r#"{"error":{"code":400,"message":"The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#,
+                "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).",
+            ),
+        ];
+        for (body, message) in cases {
+            assert!(is_context_length(400, message, body), "{body}");
+        }
+        // Other refusals, and the same words on a server error, are not.
+        assert!(!is_context_length(
+            400,
+            "max_tokens: must be positive",
+            "{}"
+        ));
+        assert!(!is_context_length(500, "prompt is too long", "{}"));
+    }
 
     #[test]
     fn huge_retry_after_values_do_not_panic() {

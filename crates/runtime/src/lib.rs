@@ -6,7 +6,8 @@
 //! - **definitions** (`src/define/`): [`Charter`](charter::Charter), the
 //!   static registry shared by many machines; [`Node`](node::Node)
 //!   (instructions, typed state, tools, transitions, turn policy);
-//!   [`Transition`](transition::Transition), [`Pack`](pack::Pack), typed
+//!   [`Transition`](transition::Transition), [`Pack`](pack::Pack), the
+//!   [`context`] policy (what a model is shown of a long history), typed
 //!   [`command`]s, [`state`] schemas, [`externalize`]d state and the
 //!   [`tool_choice`] rules. Data, and the checks that freeze it.
 //! - **serialized forms** (`src/serial/`): [`serial`], nodes and packs as
@@ -34,4 +35,6 @@ pub mod toolgen;
 
 pub use define::error::ConfigError;
 pub use define::toolset::ToolSet;
-pub use define::{charter, command, externalize, node, pack, state, tool_choice, transition};
+pub use define::{
+    charter, command, context, externalize, node, pack, state, tool_choice, transition,
+};

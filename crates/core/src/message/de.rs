@@ -35,6 +35,7 @@ enum ItemType {
     Thinking,
     Output,
     Command,
+    Summary,
     Resume,
 }
 
@@ -109,6 +110,13 @@ struct CommandFields {
     instance_id: Option<InstanceId>,
     #[serde(rename = "clientId", default)]
     client_id: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct SummaryFields {
+    text: String,
+    start: u64,
+    end: u64,
 }
 
 #[derive(Deserialize)]
@@ -192,6 +200,14 @@ fn item<'de, D: Deserializer<'de>>(tag: ItemType, fields: D) -> Result<Item, D::
                 input: f.input,
                 instance_id: f.instance_id,
                 client_id: f.client_id,
+            }
+        }
+        ItemType::Summary => {
+            let f = SummaryFields::deserialize(fields)?;
+            Item::Summary {
+                text: f.text,
+                start: f.start,
+                end: f.end,
             }
         }
         ItemType::Resume => {
@@ -410,6 +426,11 @@ mod tests {
                 instance_id: "i1".into(),
                 suspend_id: "s".into(),
             },
+            Item::Summary {
+                text: "earlier".into(),
+                start: 0,
+                end: 12,
+            },
         ];
         for item in items {
             let value = serde_json::to_value(&item).unwrap();
@@ -491,6 +512,7 @@ mod tests {
                 Just(Role::Assistant),
                 Just(Role::System),
                 Just(Role::Ephemeral),
+                Just(Role::Summary),
             ];
             (
                 role,

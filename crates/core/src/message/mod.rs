@@ -79,6 +79,12 @@ pub enum Role {
     Ephemeral,
     /// An instance-tree mutation; `items` is one [`InstancePayload`]. Never sent to the model.
     Instance,
+    /// A summary of earlier messages, made by a context policy's
+    /// summarizer: `items` holds one [`Item::Summary`] that names the
+    /// messages it stands for. Never sent as it is: a context view shows
+    /// it, as user text, in place of those messages, and a request over the
+    /// whole history skips it (the messages it summarizes are there).
+    Summary,
 }
 
 /// One content item of a message, discriminated by `type`.
@@ -195,6 +201,18 @@ pub enum Item {
         /// The invoking client, if any.
         #[serde(rename = "clientId", default, skip_serializing_if = "Option::is_none")]
         client_id: Option<String>,
+    },
+    /// What a summary message ([`Role::Summary`]) says, and which history
+    /// messages it stands for: those at positions `start..end` of the
+    /// history it was appended to (the history is append-only, so the
+    /// positions never move).
+    Summary {
+        /// The summary's text, as the summarizer wrote it.
+        text: String,
+        /// The position of the first message it stands for.
+        start: u64,
+        /// The position after the last message it stands for.
+        end: u64,
     },
     /// A request to resume a suspended instance.
     Resume {
@@ -504,6 +522,31 @@ impl Message {
         Self::new(Role::System, vec![Item::text(text)])
     }
 
+    /// A summary message ([`Role::Summary`]) of the history messages at
+    /// positions `start..end`.
+    pub fn summary(text: impl Into<String>, start: u64, end: u64) -> Self {
+        Self::new(
+            Role::Summary,
+            vec![Item::Summary {
+                text: text.into(),
+                start,
+                end,
+            }],
+        )
+    }
+
+    /// The text and covered positions (`start..end`) of a summary message;
+    /// `None` for any other message.
+    pub fn as_summary(&self) -> Option<(&str, std::ops::Range<u64>)> {
+        if self.role != Role::Summary {
+            return None;
+        }
+        self.item_list().iter().find_map(|i| match i {
+            Item::Summary { text, start, end } => Some((text.as_str(), *start..*end)),
+            _ => None,
+        })
+    }
+
     /// An instance message carrying one tree mutation.
     pub fn instance(payload: InstancePayload) -> Self {
         Message {
@@ -751,6 +794,7 @@ fn every_shape() -> Vec<Message> {
         streamed,
         common,
         Message::system("").with_metadata(Metadata::default()),
+        Message::summary("they spoke of \"sums\"", 0, 7),
     ]
 }
 

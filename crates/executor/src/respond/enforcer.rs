@@ -160,6 +160,10 @@ impl<M: Model> Model for ToolChoiceEnforcer<M> {
         self.inner.provider_name()
     }
 
+    fn default_max_tokens(&self, settings: &markov_core::model::ModelSettings) -> u32 {
+        self.inner.default_max_tokens(settings)
+    }
+
     fn thinking_allowance(
         &self,
         settings: &ModelSettings,

@@ -8,6 +8,7 @@ mod cancellation;
 mod client;
 mod commands;
 mod common;
+mod context;
 mod ephemeral;
 mod ergonomics;
 mod exactly_once;

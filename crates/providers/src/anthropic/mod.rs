@@ -541,6 +541,12 @@ impl Model for Anthropic {
         "anthropic"
     }
 
+    fn default_max_tokens(&self, settings: &markov_core::ModelSettings) -> u32 {
+        markov_core::model::ModelLimits::default_max_tokens(Some(
+            settings.model.as_deref().unwrap_or(&self.model),
+        ))
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);

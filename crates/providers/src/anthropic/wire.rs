@@ -465,7 +465,7 @@ fn messages(history: &[Message]) -> Vec<WireMessage<'_>> {
                     push("user", vec![Block::Text { text }]);
                 }
             }
-            Role::Command | Role::Instance => {}
+            Role::Command | Role::Instance | Role::Summary => {}
         }
     }
     for message in out.iter_mut().filter(|m| m.role == "user") {

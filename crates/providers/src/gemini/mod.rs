@@ -430,6 +430,12 @@ impl Model for Gemini {
         "gcp.gemini"
     }
 
+    fn default_max_tokens(&self, settings: &markov_core::ModelSettings) -> u32 {
+        markov_core::model::ModelLimits::default_max_tokens(Some(
+            settings.model.as_deref().unwrap_or(&self.model),
+        ))
+    }
+
     /// Refuses a tool whose parameters, or an output type whose schema,
     /// Gemini's schema dialect cannot express (see [`SchemaError`]): a
     /// request offering it would be refused before it is sent.

@@ -341,7 +341,7 @@ fn contents(history: &[Message]) -> Vec<WireContent<'_>> {
                     push("user", vec![text_part(Cow::Owned(text))], &mut out);
                 }
             }
-            Role::Command | Role::Instance => {}
+            Role::Command | Role::Instance | Role::Summary => {}
         }
     }
     out
@@ -590,6 +590,9 @@ pub(super) fn error_of(error: &Value) -> ModelError {
         .and_then(Value::as_str)
         .map(str::to_owned)
         .unwrap_or_else(|| error.to_string());
+    if crate::transport::is_context_length(status, &message, "") {
+        return ModelError::ContextLength(message);
+    }
     ModelError::Http {
         status,
         message,

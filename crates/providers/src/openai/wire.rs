@@ -357,7 +357,7 @@ fn push_message<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
                 });
             }
         }
-        Role::Command | Role::Instance => {}
+        Role::Command | Role::Instance | Role::Summary => {}
     }
 }
 

@@ -392,7 +392,7 @@ fn push_message<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
                 });
             }
         }
-        Role::Command | Role::Instance => {}
+        Role::Command | Role::Instance | Role::Summary => {}
     }
 }
 
@@ -776,6 +776,7 @@ pub(super) fn error_of(error: &Value) -> ModelError {
         "server_is_overloaded" | "overloaded_error" | "slow_down" => {
             ModelError::Overloaded(message)
         }
+        "context_length_exceeded" => ModelError::ContextLength(message),
         "rate_limit_exceeded" => ModelError::Http {
             status: 429,
             message,

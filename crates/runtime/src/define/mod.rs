@@ -3,6 +3,7 @@
 
 pub mod charter;
 pub mod command;
+pub mod context;
 pub(crate) mod error;
 pub mod externalize;
 pub mod node;

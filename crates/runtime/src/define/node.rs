@@ -34,6 +34,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::command::{Command, ErasedCommand, SharedCommand};
+use crate::context::ContextPolicy;
 use crate::define::error::ConfigError;
 use crate::define::toolset::ToolSet;
 use crate::externalize::{Cleanup, ExternalContext, ExternalizeError, StateHandler};
@@ -165,6 +166,7 @@ pub(crate) struct NodeInner {
     pub(crate) policy: TurnPolicy,
     pub(crate) loop_guard: Option<markov_policy::LoopGuard>,
     pub(crate) externalize: Option<StateHandler>,
+    pub(crate) context_policy: Option<ContextPolicy>,
 }
 
 /// A behaviour blueprint. Cheap to clone (shared); identity is its [`NodeId`].
@@ -299,6 +301,12 @@ impl Node {
         self.0.loop_guard
     }
 
+    /// The node's own context policy, which overrides its agent's (see
+    /// [`crate::context`]).
+    pub fn context_policy(&self) -> Option<&ContextPolicy> {
+        self.0.context_policy.as_ref()
+    }
+
     /// How the loop treats this node's turns: output restriction, tool choice.
     pub fn policy(&self) -> &TurnPolicy {
         &self.0.policy
@@ -335,6 +343,7 @@ pub struct NodeBuilder {
     policy: TurnPolicy,
     loop_guard: Option<markov_policy::LoopGuard>,
     externalize: Option<StateHandler>,
+    context_policy: Option<ContextPolicy>,
     errors: Vec<ConfigError>,
 }
 
@@ -362,6 +371,7 @@ impl NodeBuilder {
             kind: NodeKind::Standard,
             policy: TurnPolicy::default(),
             loop_guard: None,
+            context_policy: None,
             externalize: None,
             errors: Vec::new(),
         }
@@ -565,6 +575,14 @@ impl NodeBuilder {
         self
     }
 
+    /// What this node's model calls are shown of a long history, instead
+    /// of its agent's policy (see [`crate::context`]).
+    #[must_use]
+    pub fn context_policy(mut self, policy: ContextPolicy) -> Self {
+        self.context_policy = Some(policy);
+        self
+    }
+
     /// Validates and freezes the node.
     pub fn build(mut self) -> Result<Node, ConfigError> {
         if let Some(e) = self.errors.drain(..).next() {
@@ -651,6 +669,7 @@ impl NodeBuilder {
             kind: self.kind,
             policy: self.policy,
             loop_guard: self.loop_guard,
+            context_policy: self.context_policy,
             externalize: self.externalize,
         }));
         validate_policy(node.policy(), &node)?;

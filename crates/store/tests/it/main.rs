@@ -8,6 +8,7 @@ mod cache;
 #[cfg(feature = "sqlite")]
 mod cancel;
 mod common;
+mod context;
 #[cfg(feature = "sqlite")]
 mod exactly_once;
 #[cfg(feature = "postgres")]

@@ -1,0 +1,724 @@
+//! Context views: what a model call is sent of a long history under a
+//! [`ContextPolicy`].
+//!
+//! The history is never changed. A view is an owned list of messages kept
+//! beside it, one per policy per machine ([`ContextViews`]), and kept up to
+//! date incrementally: each step appends the messages recorded since the
+//! last one (a clone of each new message, nothing else), and only a
+//! compaction — a cut at a turn's start, tool results stubbed, a summary
+//! put first — rebuilds it. The view has its own [`HistoryId`], kept while
+//! it is only appended to and replaced by a fresh one at every compaction,
+//! so a provider's cache of encoded messages serves the view as it serves
+//! a history, and never sends the bytes of messages the view no longer
+//! holds.
+//!
+//! Cuts fall only where a turn starts (a user message that is not tool
+//! results), so a tool call and its result are both in or both out, the
+//! view starts with a user message (the summary is shown as one, which
+//! Anthropic's client merges with the next), and the current turn is
+//! always whole.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use markov_core::message::{Item, Items, Message, Role};
+use markov_core::model::HistoryId;
+use markov_core::tokens;
+use markov_runtime::context::ContextPolicy;
+
+/// How a summary is shown to the model, before its text.
+pub const SUMMARY_PREAMBLE: &str =
+    "[Summary of the earlier conversation, whose messages are left out here]\n\n";
+
+/// The longest a tool result or a text is quoted in a summarizer's
+/// transcript, in bytes; the rest is marked as left out.
+const TRANSCRIPT_QUOTE: usize = 4_000;
+
+/// The context views of one machine, one per policy its nodes use.
+///
+/// Kept beside the history and never serialized: a restored machine
+/// builds its views again from its history, the summaries included.
+#[derive(Debug, Default)]
+pub struct ContextViews {
+    views: Mutex<HashMap<u64, ViewState>>,
+}
+
+/// A view ready for a request: its messages and its identity.
+#[derive(Debug, Clone)]
+pub(crate) struct ViewRef {
+    pub messages: Arc<Vec<Message>>,
+    pub id: HistoryId,
+}
+
+/// Older messages of a view to summarize, taken out by
+/// [`ContextViews::prepare`] or [`ContextViews::force`].
+#[derive(Debug, Clone)]
+pub(crate) struct SummaryJob {
+    /// The transcript the summarizer reads (the previous summary first).
+    pub transcript: String,
+    /// The history positions the summary will stand for.
+    start: u64,
+    end: u64,
+    /// The view's generation the job was taken from; a view changed since
+    /// (by another leaf) does not take the summary.
+    generation: u64,
+}
+
+/// What a view needs before the next call.
+#[derive(Debug)]
+pub(crate) enum Prepared {
+    /// The view is ready.
+    Ready(ViewRef),
+    /// It passed the summary threshold: summarize, then
+    /// [`ContextViews::apply_summary`].
+    Summarize(SummaryJob),
+}
+
+impl ContextViews {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, ViewState>> {
+        self.views.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Brings the view of `policy` up to date with `history` and applies
+    /// the policy's cuts and trims; asks for a summary when the view passed
+    /// the threshold and has turns to summarize.
+    pub(crate) fn prepare(&self, policy: &ContextPolicy, history: &[Message]) -> Prepared {
+        let mut views = self.lock();
+        let view = views
+            .entry(policy.id())
+            .or_insert_with(|| ViewState::build(policy, history));
+        view.sync(policy, history);
+        view.apply_rules(policy);
+        if let Some(summarize) = policy.summarize()
+            && view.tokens > summarize.threshold_tokens()
+            && let Some(job) = view.summary_job(summarize.kept_turns())
+        {
+            return Prepared::Summarize(job);
+        }
+        Prepared::Ready(view.reference())
+    }
+
+    /// The view of `policy` as it is.
+    pub(crate) fn current(&self, policy: &ContextPolicy, history: &[Message]) -> ViewRef {
+        let mut views = self.lock();
+        let view = views
+            .entry(policy.id())
+            .or_insert_with(|| ViewState::build(policy, history));
+        view.reference()
+    }
+
+    /// Puts `text`, the summary of `job`, first in the view in place of
+    /// the messages it stands for; the summary message to append to the
+    /// history, or `None` when the view changed since the job was taken.
+    pub(crate) fn apply_summary(
+        &self,
+        policy: &ContextPolicy,
+        job: SummaryJob,
+        text: String,
+    ) -> Option<Message> {
+        let mut views = self.lock();
+        let view = views.get_mut(&policy.id())?;
+        if view.generation != job.generation {
+            return None;
+        }
+        let message = Message::summary(text, job.start, job.end);
+        view.put_summary(&message, job.end);
+        Some(message)
+    }
+
+    /// The model refused the view as too long: everything before the
+    /// current turn goes. With a summarizer, the job that summarizes it
+    /// (apply it, or [`Self::drop_before_current`] if the summarizer
+    /// fails); without one, it is dropped at once. `None` when the view
+    /// holds the current turn only: nothing is left to take out.
+    pub(crate) fn force(&self, policy: &ContextPolicy, history: &[Message]) -> Forced {
+        let mut views = self.lock();
+        let view = views
+            .entry(policy.id())
+            .or_insert_with(|| ViewState::build(policy, history));
+        view.sync(policy, history);
+        let Some(&current) = view.turns.last() else {
+            return Forced::Nothing;
+        };
+        if current <= view.first() {
+            return Forced::Nothing;
+        }
+        if policy.summarize().is_some()
+            && let Some(job) = view.summary_job(1)
+        {
+            return Forced::Summarize(job);
+        }
+        view.drop_before(current);
+        Forced::Done
+    }
+
+    /// Drops everything before the current turn (a failed summarizer).
+    pub(crate) fn drop_before_current(&self, policy: &ContextPolicy) {
+        let mut views = self.lock();
+        if let Some(view) = views.get_mut(&policy.id())
+            && let Some(&current) = view.turns.last()
+        {
+            view.drop_before(current);
+        }
+    }
+}
+
+/// What [`ContextViews::force`] did.
+#[derive(Debug)]
+pub(crate) enum Forced {
+    /// Nothing could be taken out: the current turn alone is too long.
+    Nothing,
+    /// Everything before the current turn is out.
+    Done,
+    /// Summarize this first.
+    Summarize(SummaryJob),
+}
+
+/// One view.
+#[derive(Debug)]
+struct ViewState {
+    id: HistoryId,
+    /// Bumped at every compaction.
+    generation: u64,
+    messages: Arc<Vec<Message>>,
+    /// The history position of each message of the view (a summary's is
+    /// the position it was appended at, or `u64::MAX` before that).
+    origin: Vec<u64>,
+    /// The estimated tokens of each message of the view.
+    cost: Vec<u64>,
+    /// Their sum.
+    tokens: u64,
+    /// The indices in the view where turns start, in order.
+    turns: Vec<usize>,
+    /// How much of the history the view has read.
+    synced: usize,
+    /// The view's tool results before this index are stubbed.
+    trimmed: usize,
+    /// The history positions the summary first in the view stands for.
+    summary: Option<std::ops::Range<u64>>,
+}
+
+/// Whether `message` starts a turn: a user message that is not tool results.
+fn starts_turn(message: &Message) -> bool {
+    message.role == Role::User
+        && !message
+            .item_list()
+            .iter()
+            .any(|i| matches!(i, Item::ToolResult { .. }))
+}
+
+/// How the view shows a summary message: as user text.
+fn shown_summary(text: &str) -> Message {
+    Message::user(format!("{SUMMARY_PREAMBLE}{text}"))
+}
+
+impl ViewState {
+    fn empty() -> Self {
+        ViewState {
+            id: HistoryId::fresh(),
+            generation: 0,
+            messages: Arc::new(Vec::new()),
+            origin: Vec::new(),
+            cost: Vec::new(),
+            tokens: 0,
+            turns: Vec::new(),
+            synced: 0,
+            trimmed: 0,
+            summary: None,
+        }
+    }
+
+    /// The view of `history` from scratch: the latest summary first, then
+    /// what follows the messages it stands for, cut to the policy's last
+    /// turns. Reads the history from its end, only as far as the summary
+    /// or the first turn kept.
+    fn build(policy: &ContextPolicy, history: &[Message]) -> Self {
+        let mut view = ViewState::empty();
+        let mut start = 0usize;
+        let latest = history
+            .iter()
+            .enumerate()
+            .rev()
+            .find_map(|(at, m)| m.as_summary().map(|(text, range)| (at, text, range)));
+        if let Some((at, text, range)) = latest {
+            start = usize::try_from(range.end).unwrap_or(usize::MAX).min(at);
+            view.push(at as u64, shown_summary(text), false);
+            view.summary = Some(range);
+        }
+        if let Some(keep) = policy.keep_last_turns() {
+            let mut seen = 0;
+            for at in (start..history.len()).rev() {
+                if starts_turn(&history[at]) {
+                    seen += 1;
+                    if seen == keep {
+                        start = at;
+                        break;
+                    }
+                }
+            }
+        }
+        view.synced = start;
+        view.sync(policy, history);
+        view
+    }
+
+    fn reference(&self) -> ViewRef {
+        ViewRef {
+            messages: Arc::clone(&self.messages),
+            id: self.id,
+        }
+    }
+
+    /// The index of the view's first message that is not the summary.
+    fn first(&self) -> usize {
+        usize::from(self.summary.is_some())
+    }
+
+    /// Appends `message`, recorded at history position `origin`; `turn`
+    /// when it may start a turn (the summary never does).
+    fn push(&mut self, origin: u64, message: Message, turn: bool) {
+        let cost = tokens::estimate_message(&message);
+        if turn && starts_turn(&message) {
+            self.turns.push(self.messages.len());
+        }
+        self.tokens += cost;
+        self.cost.push(cost);
+        self.origin.push(origin);
+        Arc::make_mut(&mut self.messages).push(message);
+    }
+
+    /// Appends what the history recorded since the last call: each new
+    /// message once. A summary the view does not show yet (another
+    /// process's, another leaf's) makes it build again.
+    fn sync(&mut self, policy: &ContextPolicy, history: &[Message]) {
+        if history.len() < self.synced {
+            *self = ViewState::build(policy, history);
+            return;
+        }
+        for at in self.synced..history.len() {
+            let message = &history[at];
+            match message.role {
+                Role::Command | Role::Instance => {}
+                Role::Summary => {
+                    let newer = match (message.as_summary(), &self.summary) {
+                        (Some((_, range)), Some(shown)) => range.end > shown.end,
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    };
+                    if newer {
+                        *self = ViewState::build(policy, history);
+                        return;
+                    }
+                }
+                _ => self.push(at as u64, message.clone(), true),
+            }
+        }
+        self.synced = history.len();
+    }
+
+    /// Starts a new cached prefix: the view's messages changed.
+    fn compacted(&mut self) {
+        self.id = HistoryId::fresh();
+        self.generation += 1;
+    }
+
+    /// The policy's cuts and trims, each only when it has something to do.
+    fn apply_rules(&mut self, policy: &ContextPolicy) {
+        if let Some(keep) = policy.keep_last_turns()
+            && self.turns.len() > keep
+        {
+            let cut = self.turns[self.turns.len() - keep];
+            self.drop_before(cut);
+        }
+        if let Some(keep) = policy.trim_tool_results()
+            && self.turns.len() > keep
+        {
+            let boundary = self.turns[self.turns.len() - keep];
+            self.trim_before(boundary);
+        }
+    }
+
+    /// Leaves out the view's messages before index `cut` (a turn's start),
+    /// the summary excepted.
+    fn drop_before(&mut self, cut: usize) {
+        let first = self.first();
+        if cut <= first {
+            return;
+        }
+        Arc::make_mut(&mut self.messages).drain(first..cut);
+        self.origin.drain(first..cut);
+        self.cost.drain(first..cut);
+        let removed = cut - first;
+        self.turns.retain(|&t| t >= cut);
+        for t in &mut self.turns {
+            *t -= removed;
+        }
+        self.trimmed = self.trimmed.saturating_sub(removed).max(first);
+        self.tokens = self.cost.iter().sum();
+        self.compacted();
+    }
+
+    /// Stubs the tool results of the view's messages before index
+    /// `boundary` (a turn's start) that are not stubbed yet.
+    fn trim_before(&mut self, boundary: usize) {
+        let from = self.trimmed.max(self.first());
+        if boundary <= from {
+            return;
+        }
+        let mut names: HashMap<String, String> = HashMap::new();
+        let mut changed = false;
+        let messages = Arc::make_mut(&mut self.messages);
+        let costs = &mut self.cost[from..boundary];
+        for (message, cost) in messages[from..boundary].iter_mut().zip(costs) {
+            let Items::List(items) = &mut message.items else {
+                continue;
+            };
+            let mut touched = false;
+            for item in items.iter_mut() {
+                match item {
+                    Item::ToolUse { id, name, .. } => {
+                        names.insert(id.as_str().to_owned(), name.clone());
+                    }
+                    Item::ToolResult {
+                        tool_use_id,
+                        content,
+                        ..
+                    } => {
+                        let name = names
+                            .get(tool_use_id.as_str())
+                            .map_or("a tool", String::as_str);
+                        let stub = format!(
+                            "[Result left out of the context: {name}, call {tool_use_id}, {} bytes]",
+                            content.len()
+                        );
+                        if stub.len() < content.len() {
+                            *content = stub;
+                            touched = true;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if touched {
+                let stubbed = tokens::estimate_message(message);
+                self.tokens = self.tokens - *cost + stubbed;
+                *cost = stubbed;
+                changed = true;
+            }
+        }
+        self.trimmed = boundary;
+        if changed {
+            self.compacted();
+        }
+    }
+
+    /// The job that summarizes every turn but the last `keep` (and the
+    /// summary already shown); `None` when there is none to summarize.
+    fn summary_job(&self, keep: usize) -> Option<SummaryJob> {
+        if self.turns.len() <= keep {
+            return None;
+        }
+        let cut = self.turns[self.turns.len() - keep];
+        let first = self.first();
+        if cut <= first {
+            return None;
+        }
+        let mut transcript = String::new();
+        let start = match &self.summary {
+            Some(range) => {
+                transcript.push_str("Summary of what came before:\n");
+                transcript.push_str(
+                    self.messages[0]
+                        .text()
+                        .strip_prefix(SUMMARY_PREAMBLE)
+                        .unwrap_or_default(),
+                );
+                transcript.push_str("\n\nThen:\n");
+                range.start
+            }
+            None => self.origin[first],
+        };
+        for message in &self.messages[first..cut] {
+            render(message, &mut transcript);
+        }
+        Some(SummaryJob {
+            transcript,
+            start,
+            end: self.origin[cut],
+            generation: self.generation,
+        })
+    }
+
+    /// Puts `summary` first in place of the messages before history
+    /// position `end`.
+    fn put_summary(&mut self, summary: &Message, end: u64) {
+        let cut = self
+            .origin
+            .iter()
+            .enumerate()
+            .skip(self.first())
+            .find(|(_, o)| **o >= end)
+            .map_or(self.messages.len(), |(at, _)| at);
+        let Some((text, range)) = summary.as_summary() else {
+            return;
+        };
+        let shown = shown_summary(text);
+        let cost = tokens::estimate_message(&shown);
+        // The messages before `cut` (an older summary among them) become
+        // the one summary: index `i >= cut` moves to `i - cut + 1`.
+        Arc::make_mut(&mut self.messages).splice(0..cut, [shown]);
+        self.origin.splice(0..cut, [u64::MAX]);
+        self.cost.splice(0..cut, [cost]);
+        self.turns.retain(|&t| t >= cut);
+        for t in &mut self.turns {
+            *t = *t + 1 - cut;
+        }
+        self.trimmed = if self.trimmed >= cut {
+            self.trimmed + 1 - cut
+        } else {
+            1
+        };
+        self.tokens = self.cost.iter().sum();
+        self.summary = Some(range);
+        self.compacted();
+    }
+}
+
+/// Appends `message` to a summarizer's transcript, as plain lines.
+fn render(message: &Message, out: &mut String) {
+    let who = match message.role {
+        Role::User => "User",
+        Role::Assistant => "Assistant",
+        Role::System => "System",
+        Role::Ephemeral => "Context",
+        _ => return,
+    };
+    let quote = |text: &str, out: &mut String| {
+        if text.len() <= TRANSCRIPT_QUOTE {
+            out.push_str(text);
+        } else {
+            let mut end = TRANSCRIPT_QUOTE;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            out.push_str(&text[..end]);
+            out.push_str(&format!(" […{} bytes left out]", text.len() - end));
+        }
+    };
+    match &message.items {
+        Items::Text(text) => {
+            out.push_str(who);
+            out.push_str(": ");
+            quote(text, out);
+            out.push('\n');
+        }
+        Items::List(items) => {
+            for item in items {
+                match item {
+                    Item::Text { text } => {
+                        out.push_str(who);
+                        out.push_str(": ");
+                        quote(text, out);
+                        out.push('\n');
+                    }
+                    Item::ToolUse { name, input, .. } => {
+                        out.push_str(&format!("{who} called the tool {name} with "));
+                        quote(&input.to_string(), out);
+                        out.push('\n');
+                    }
+                    Item::ToolResult { content, .. } => {
+                        out.push_str("Tool result: ");
+                        quote(content, out);
+                        out.push('\n');
+                    }
+                    Item::Output { data } => {
+                        out.push_str(who);
+                        out.push_str(": ");
+                        quote(&data.to_string(), out);
+                        out.push('\n');
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Items::Instance(_) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use markov_runtime::context::Summarize;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[derive(Debug)]
+    struct Never;
+
+    #[markov_core::async_trait]
+    impl markov_core::Model for Never {
+        async fn complete(
+            &self,
+            _request: markov_core::ModelRequest<'_>,
+        ) -> Result<markov_core::ModelResponse, markov_core::ModelError> {
+            Err(markov_core::ModelError::InvalidRequest("not called".into()))
+        }
+    }
+
+    /// A turn of the history: a question, `calls` tool calls with their
+    /// results (each `size` bytes), an answer.
+    fn push_turn(history: &mut Vec<Message>, n: usize, calls: usize, size: usize) {
+        history.push(Message::user(format!("question {n}")));
+        for c in 0..calls {
+            let id = format!("t{n}_{c}");
+            history.push(Message::assistant_items(vec![Item::tool_use(
+                id.as_str(),
+                "add",
+                json!({"a": c}),
+            )]));
+            history.push(Message::user_items(vec![Item::tool_result(
+                id.as_str(),
+                "r".repeat(size),
+                Some(false),
+            )]));
+        }
+        history.push(Message::assistant(format!("answer {n}")));
+    }
+
+    /// What must hold of a view whatever happened to it.
+    fn check(view: &ViewState, history: &[Message], policy: &ContextPolicy) {
+        let first = view.first();
+        if let Some(keep) = policy.trim_tool_results()
+            && view.turns.len() > keep
+        {
+            let boundary = view.turns[view.turns.len() - keep];
+            for message in &view.messages[first..boundary] {
+                for item in message.item_list() {
+                    if let Item::ToolResult { content, .. } = item {
+                        assert!(
+                            content.starts_with("[Result left out") || content.len() < 60,
+                            "an old result is stubbed: {content}"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(view.messages.len(), view.origin.len());
+        assert_eq!(view.messages.len(), view.cost.len());
+        assert_eq!(view.tokens, view.cost.iter().sum::<u64>());
+        assert_eq!(
+            view.tokens,
+            tokens::estimate_messages(&view.messages),
+            "the costs are the messages'"
+        );
+        let starts: Vec<usize> = (first..view.messages.len())
+            .filter(|&i| starts_turn(&view.messages[i]))
+            .collect();
+        assert_eq!(view.turns, starts, "the turn starts");
+        if view.messages.len() > first {
+            assert!(
+                starts_turn(&view.messages[first]),
+                "a cut at a turn's start"
+            );
+        }
+        if first == 1 {
+            assert!(view.messages[0].text().starts_with(SUMMARY_PREAMBLE));
+        }
+        for i in first..view.messages.len() {
+            let at = usize::try_from(view.origin[i]).unwrap();
+            let original = &history[at];
+            assert_eq!(original.role, view.messages[i].role);
+            if i >= view.trimmed {
+                assert_eq!(
+                    original, &view.messages[i],
+                    "untrimmed messages are the history's"
+                );
+            }
+        }
+        // Origins increase: the view keeps the history's order.
+        assert!(view.origin[first..].windows(2).all(|w| w[0] < w[1]));
+        // The view ends with the history's last message.
+        if let Some(last) = history.last()
+            && last.role != Role::Summary
+        {
+            assert_eq!(view.messages.last(), Some(last));
+        }
+    }
+
+    #[test]
+    fn a_view_is_appended_to_until_a_rule_cuts_it() {
+        let policy = ContextPolicy::builder().keep_last_turns(2).build().unwrap();
+        let views = ContextViews::default();
+        let mut history = Vec::new();
+        push_turn(&mut history, 0, 1, 10);
+        let Prepared::Ready(first) = views.prepare(&policy, &history) else {
+            panic!("no summary")
+        };
+        push_turn(&mut history, 1, 1, 10);
+        let Prepared::Ready(second) = views.prepare(&policy, &history) else {
+            panic!("no summary")
+        };
+        assert_eq!(first.id, second.id);
+        assert!(second.messages.starts_with(&first.messages));
+        drop((first, second));
+        push_turn(&mut history, 2, 1, 10);
+        let Prepared::Ready(third) = views.prepare(&policy, &history) else {
+            panic!("no summary")
+        };
+        assert_eq!(third.messages[0].text(), "question 1");
+        assert_eq!(third.messages.len(), 8);
+    }
+
+    proptest! {
+        /// Any sequence of turns, summaries (some made, some refused) and
+        /// forced compactions leaves a view whose bookkeeping is right.
+        #[test]
+        fn the_bookkeeping_holds_through_every_compaction(
+            turns in proptest::collection::vec((0usize..3, 0usize..300, 0u8..4), 1..24),
+            keep in proptest::option::of(1usize..5),
+            trim in proptest::option::of(1usize..4),
+            summarize in proptest::option::of((20u64..300, 1usize..3)),
+        ) {
+            let mut policy = ContextPolicy::builder();
+            if let Some(k) = keep { policy = policy.keep_last_turns(k); }
+            if let Some(t) = trim { policy = policy.trim_tool_results(t); }
+            if let Some((threshold, kept)) = summarize {
+                policy = policy.summarize(Summarize::new(Arc::new(Never), threshold).keep_last_turns(kept));
+            }
+            let Ok(policy) = policy.build() else { return Ok(()); };
+            let views = ContextViews::default();
+            let mut history = Vec::new();
+            for (n, (calls, size, action)) in turns.into_iter().enumerate() {
+                push_turn(&mut history, n, calls, size);
+                match views.prepare(&policy, &history) {
+                    Prepared::Ready(_) => {}
+                    Prepared::Summarize(job) => {
+                        if action != 0
+                            && let Some(summary) = views.apply_summary(&policy, job, format!("summary {n}"))
+                        {
+                            history.push(summary);
+                        }
+                    }
+                }
+                if action == 3 {
+                    match views.force(&policy, &history) {
+                        Forced::Summarize(job) => {
+                            if let Some(summary) = views.apply_summary(&policy, job, format!("forced {n}")) {
+                                history.push(summary);
+                            }
+                        }
+                        Forced::Done | Forced::Nothing => {}
+                    }
+                }
+                let guard = views.lock();
+                check(&guard[&policy.id()], &history, &policy);
+                drop(guard);
+                // A view built afresh from the history (a restored
+                // machine) holds its bookkeeping too.
+                let mut fresh = ViewState::build(&policy, &history);
+                fresh.apply_rules(&policy);
+                check(&fresh, &history, &policy);
+            }
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! [`ContextPolicy`]: what a model is shown of a long conversation.
+//!
+//! The history stays whole, in memory, in snapshots and in the store; a
+//! policy decides the *view* of it each model call is sent: keep the last
+//! turns, trim old tool results to a stub that names what was left out,
+//! summarize older turns with a model call once the view passes a token
+//! threshold. Several combine in one policy. An agent sets one for all its
+//! nodes (`AgentBuilder::context_policy` in `markov-executor`), a node may
+//! set its own ([`NodeBuilder::context_policy`](crate::node::NodeBuilder::context_policy)).
+//!
+//! A *turn* starts with a user message that is not tool results (the
+//! user's input, a cede's content); the view is only ever cut where one
+//! starts, so a tool call and its result are both in or both out, the view
+//! starts with a user message, and the current turn is always whole.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use markov_core::{Message, Model, ModelError, ModelRequest, ModelResponse, StopReason, Item};
+//! use markov_runtime::context::{ContextPolicy, Summarize};
+//!
+//! # #[derive(Debug)]
+//! # struct Cheap;
+//! # #[markov_core::async_trait]
+//! # impl Model for Cheap {
+//! #     async fn complete(&self, _r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+//! #         Ok(ModelResponse::new(vec![Item::text("a summary")], StopReason::EndTurn))
+//! #     }
+//! # }
+//! let policy = ContextPolicy::builder()
+//!     .trim_tool_results(2)
+//!     .summarize(Summarize::new(Arc::new(Cheap), 50_000).keep_last_turns(4))
+//!     .build()
+//!     .unwrap();
+//! assert_eq!(policy.trim_tool_results(), Some(2));
+//!
+//! // Nonsense is refused when the policy is built.
+//! assert!(ContextPolicy::builder().keep_last_turns(0).build().is_err());
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use markov_core::model::{Model, ModelSettings};
+
+/// The instructions a summarizer gets unless [`Summarize::prompt`] says
+/// otherwise.
+pub const DEFAULT_SUMMARY_PROMPT: &str = "You summarize the earlier part of a conversation between a user and an assistant that uses tools, so that the assistant can carry on without it. Keep every fact, decision, name, number, open question and promise that may matter later, and what the tools returned that is still relevant; leave out pleasantries and repetition. Write plain prose, in the conversation's language, addressed to the assistant.";
+
+/// The answer tokens a summarizer is allowed unless
+/// [`Summarize::settings`] says otherwise.
+pub const DEFAULT_SUMMARY_MAX_TOKENS: u32 = 1_024;
+
+/// How a context view is made from a long history: frozen, cheap to
+/// clone, built with [`ContextPolicy::builder`].
+#[derive(Clone)]
+pub struct ContextPolicy(Arc<PolicyInner>);
+
+struct PolicyInner {
+    id: u64,
+    keep_last_turns: Option<usize>,
+    trim_tool_results: Option<usize>,
+    summarize: Option<Summarize>,
+}
+
+impl fmt::Debug for ContextPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ContextPolicy")
+            .field("keep_last_turns", &self.0.keep_last_turns)
+            .field("trim_tool_results", &self.0.trim_tool_results)
+            .field("summarize", &self.0.summarize)
+            .finish()
+    }
+}
+
+impl PartialEq for ContextPolicy {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id == other.0.id
+    }
+}
+
+impl ContextPolicy {
+    /// A builder with nothing set; at least one rule must be.
+    pub fn builder() -> ContextPolicyBuilder {
+        ContextPolicyBuilder::default()
+    }
+
+    /// An identity unique within the process (a machine keeps one view
+    /// per policy).
+    pub fn id(&self) -> u64 {
+        self.0.id
+    }
+
+    /// How many turns the view keeps, the current one included; older
+    /// turns are left out (and not summarized).
+    pub fn keep_last_turns(&self) -> Option<usize> {
+        self.0.keep_last_turns
+    }
+
+    /// How many of the last turns, the current one included, keep their
+    /// tool results whole; the results of older turns are shown as a stub
+    /// naming the tool, the call and the size of what was left out.
+    pub fn trim_tool_results(&self) -> Option<usize> {
+        self.0.trim_tool_results
+    }
+
+    /// The summarizer, if older turns are summarized.
+    pub fn summarize(&self) -> Option<&Summarize> {
+        self.0.summarize.as_ref()
+    }
+}
+
+/// Summarizes older turns with a model call once the view's messages
+/// pass a token threshold (counted with [`markov_core::tokens`]' estimate;
+/// the system prompt and the tools are not counted, so leave room for
+/// them below the model's context window).
+///
+/// The summary is appended to the history as a
+/// [`Role::Summary`](markov_core::Role::Summary) message that names the
+/// messages it stands for, and the view shows it in their place: one
+/// summary per crossing of the threshold, not one per step.
+#[derive(Clone)]
+pub struct Summarize {
+    model: Arc<dyn Model>,
+    settings: ModelSettings,
+    prompt: String,
+    threshold_tokens: u64,
+    keep_last_turns: usize,
+}
+
+impl fmt::Debug for Summarize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Summarize")
+            .field("model", &self.model)
+            .field("settings", &self.settings)
+            .field("threshold_tokens", &self.threshold_tokens)
+            .field("keep_last_turns", &self.keep_last_turns)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Summarize {
+    /// Summarizes with `model` once the view's messages are estimated at
+    /// more than `threshold_tokens`; keeps the last 2 turns (the current one
+    /// included) as they are, with [`DEFAULT_SUMMARY_PROMPT`] and
+    /// [`DEFAULT_SUMMARY_MAX_TOKENS`].
+    pub fn new(model: Arc<dyn Model>, threshold_tokens: u64) -> Self {
+        Summarize {
+            model,
+            settings: ModelSettings {
+                max_tokens: DEFAULT_SUMMARY_MAX_TOKENS,
+                ..ModelSettings::default()
+            },
+            prompt: DEFAULT_SUMMARY_PROMPT.to_owned(),
+            threshold_tokens,
+            keep_last_turns: 2,
+        }
+    }
+
+    /// The summarizer's instructions (its system prompt).
+    #[must_use]
+    pub fn prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.prompt = prompt.into();
+        self
+    }
+
+    /// The summarizer's settings (model name, answer tokens).
+    #[must_use]
+    pub fn settings(mut self, settings: ModelSettings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    /// How many of the last turns, the current one included, are kept as
+    /// they are when the rest is summarized.
+    #[must_use]
+    pub fn keep_last_turns(mut self, turns: usize) -> Self {
+        self.keep_last_turns = turns;
+        self
+    }
+
+    /// The summarizer's model.
+    pub fn model(&self) -> &Arc<dyn Model> {
+        &self.model
+    }
+
+    /// The summarizer's settings.
+    pub fn model_settings(&self) -> &ModelSettings {
+        &self.settings
+    }
+
+    /// The summarizer's instructions.
+    pub fn instructions(&self) -> &str {
+        &self.prompt
+    }
+
+    /// The estimated tokens past which older turns are summarized.
+    pub fn threshold_tokens(&self) -> u64 {
+        self.threshold_tokens
+    }
+
+    /// How many of the last turns are kept as they are.
+    pub fn kept_turns(&self) -> usize {
+        self.keep_last_turns
+    }
+}
+
+/// Builds a [`ContextPolicy`]; [`ContextPolicyBuilder::build`] validates.
+#[derive(Debug, Default)]
+pub struct ContextPolicyBuilder {
+    keep_last_turns: Option<usize>,
+    trim_tool_results: Option<usize>,
+    summarize: Option<Summarize>,
+}
+
+impl ContextPolicyBuilder {
+    /// Keeps the last `turns` turns, the current one included; older ones
+    /// are left out of the view.
+    #[must_use]
+    pub fn keep_last_turns(mut self, turns: usize) -> Self {
+        self.keep_last_turns = Some(turns);
+        self
+    }
+
+    /// Keeps the tool results of the last `turns` turns, the current one
+    /// included, whole; older results become a stub that names the tool,
+    /// the call and the size left out.
+    #[must_use]
+    pub fn trim_tool_results(mut self, turns: usize) -> Self {
+        self.trim_tool_results = Some(turns);
+        self
+    }
+
+    /// Summarizes older turns (see [`Summarize`]).
+    #[must_use]
+    pub fn summarize(mut self, summarize: Summarize) -> Self {
+        self.summarize = Some(summarize);
+        self
+    }
+
+    /// Validates and freezes the policy.
+    ///
+    /// # Errors
+    /// A count of zero turns (the current turn is always kept), a zero
+    /// threshold, an empty summary prompt or a summarizer allowed no
+    /// tokens, and a policy with no rule at all.
+    pub fn build(self) -> Result<ContextPolicy, ContextPolicyError> {
+        if self.keep_last_turns.is_none()
+            && self.trim_tool_results.is_none()
+            && self.summarize.is_none()
+        {
+            return Err(ContextPolicyError::Empty);
+        }
+        if self.keep_last_turns == Some(0) {
+            return Err(ContextPolicyError::ZeroTurns {
+                option: "keep_last_turns",
+            });
+        }
+        if self.trim_tool_results == Some(0) {
+            return Err(ContextPolicyError::ZeroTurns {
+                option: "trim_tool_results",
+            });
+        }
+        if let Some(summarize) = &self.summarize {
+            if summarize.keep_last_turns == 0 {
+                return Err(ContextPolicyError::ZeroTurns {
+                    option: "Summarize::keep_last_turns",
+                });
+            }
+            if summarize.threshold_tokens == 0 {
+                return Err(ContextPolicyError::ZeroThreshold);
+            }
+            if summarize.prompt.trim().is_empty() {
+                return Err(ContextPolicyError::EmptyPrompt);
+            }
+            if summarize.settings.max_tokens == 0 {
+                return Err(ContextPolicyError::NoSummaryTokens);
+            }
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Ok(ContextPolicy(Arc::new(PolicyInner {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            keep_last_turns: self.keep_last_turns,
+            trim_tool_results: self.trim_tool_results,
+            summarize: self.summarize,
+        })))
+    }
+}
+
+/// A context policy that makes no sense, refused by
+/// [`ContextPolicyBuilder::build`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ContextPolicyError {
+    /// No rule is set: leave the policy out instead.
+    #[error(
+        "a context policy needs at least one rule (keep_last_turns, trim_tool_results or summarize)"
+    )]
+    Empty,
+    /// A count of turns is zero; the current turn is always kept, so the
+    /// least is 1.
+    #[error("{option} must be at least 1: the current turn is always kept")]
+    ZeroTurns {
+        /// The option at fault.
+        option: &'static str,
+    },
+    /// The summary threshold is zero tokens.
+    #[error("the summary threshold must be more than 0 tokens")]
+    ZeroThreshold,
+    /// The summary prompt is empty.
+    #[error("the summary prompt is empty")]
+    EmptyPrompt,
+    /// The summarizer's settings allow no answer tokens.
+    #[error("the summarizer's max_tokens is 0: it could not write a summary")]
+    NoSummaryTokens,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nonsense_is_refused_by_name() {
+        assert_eq!(
+            ContextPolicy::builder().build().unwrap_err(),
+            ContextPolicyError::Empty
+        );
+        assert_eq!(
+            ContextPolicy::builder()
+                .trim_tool_results(0)
+                .build()
+                .unwrap_err(),
+            ContextPolicyError::ZeroTurns {
+                option: "trim_tool_results"
+            }
+        );
+        let policy = ContextPolicy::builder().keep_last_turns(3).build().unwrap();
+        assert_eq!(policy.keep_last_turns(), Some(3));
+        assert_eq!(policy.trim_tool_results(), None);
+        assert!(policy.summarize().is_none());
+        // Each policy is its own.
+        let other = ContextPolicy::builder().keep_last_turns(3).build().unwrap();
+        assert_ne!(policy, other);
+        assert_eq!(policy, policy.clone());
+    }
+}
