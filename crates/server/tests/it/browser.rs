@@ -157,6 +157,9 @@ impl Director {
                     Duration::from_millis(100),
                 ))
             }
+            "too long" => Err(ModelError::ContextLength(
+                "prompt is too long: 210000 tokens > 200000 maximum".into(),
+            )),
             "fail" => Err(ModelError::Http {
                 status: 400,
                 message: "this model cannot answer that: the context is too long".into(),
@@ -991,6 +994,19 @@ async fn a_running_turn_is_rejoined_after_a_reload_and_stopped_and_errors_and_ho
     assert!(error.contains("the context is too long"), "{error}");
     assert!(!error.contains("{\""), "no JSON: {error}");
     browser.screenshot("error.png").await;
+
+    // A conversation too long for the model: the turn ends with a note that
+    // says what the operator must configure, and the chat goes on.
+    browser.say("too long").await;
+    let note = browser
+        .wait(
+            "the context note",
+            "[...document.querySelectorAll('#log *')].map(e => e.innerText).find(t => t && t.includes('no longer fits'))",
+        )
+        .await;
+    let note = note.as_str().unwrap_or_default().to_owned();
+    assert!(note.contains("context policy"), "{note}");
+    browser.screenshot("context-exhausted.png").await;
     browser.say("hello").await;
     browser
         .wait(

@@ -363,6 +363,25 @@ async fn a_usage_limit_ends_the_turn_with_its_reason_and_the_session_shows_its_u
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversation_too_long_for_the_model_ends_the_turn_clearly_and_the_session_goes_on() {
+    let model = ScriptedModel::builder()
+        .error(markov_core::ModelError::ContextLength(
+            "prompt is too long: 210000 tokens > 200000 maximum".into(),
+        ))
+        .text("Fits again.")
+        .build();
+    let f = serve(model).await;
+    let id = f.create().await;
+    let events = f.say(&id, "a very long question").await;
+    let done = events.iter().find(|(n, _)| n == "done").expect("done");
+    assert_eq!(done.1["yield_reason"], "context_exhausted", "{events:?}");
+    // The session is not stuck: the next message is answered.
+    let events = f.say(&id, "shorter").await;
+    let done = events.iter().find(|(n, _)| n == "done").expect("done");
+    assert_eq!(done.1["yield_reason"], "end_turn", "{events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_turn_whose_call_needs_approval_is_streamed_and_stored_waiting() {
     let model = ScriptedModel::builder()
         .tool_call("pay", json!({"amount": 5}))
