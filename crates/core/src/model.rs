@@ -652,6 +652,39 @@ impl Unsupported {
     }
 }
 
+/// What [`Model::count_tokens`] answers: the provider's count of a
+/// request's input tokens, or that this model offers none.
+///
+/// ```
+/// use markov_core::model::InputTokenCount;
+///
+/// assert_eq!(InputTokenCount::Counted(1_234).tokens(), Some(1_234));
+/// assert_eq!(InputTokenCount::NotOffered.tokens(), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum InputTokenCount {
+    /// The provider counted the request's input (system prompt, tools and
+    /// messages, as it would be sent) at this many tokens.
+    Counted(u64),
+    /// This model cannot count the request: its API has no token counting
+    /// endpoint (OpenAI's Chat Completions, a scripted model), or the
+    /// endpoint refuses what the request holds (Anthropic's refuses
+    /// server tools). A caller falls back to an estimate
+    /// ([`crate::tokens`]).
+    NotOffered,
+}
+
+impl InputTokenCount {
+    /// The count, if the model gave one.
+    pub fn tokens(self) -> Option<u64> {
+        match self {
+            InputTokenCount::Counted(tokens) => Some(tokens),
+            InputTokenCount::NotOffered => None,
+        }
+    }
+}
+
 /// A model client.
 ///
 /// `request.messages()` is the machine's history as recorded, ephemerals
@@ -727,6 +760,26 @@ pub trait Model: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// Counts the input tokens `request` would be sent with (its system
+    /// prompt, tools and messages), exactly as the provider counts them,
+    /// without making the call: Anthropic's `/v1/messages/count_tokens`,
+    /// Gemini's `countTokens`, OpenAI's `/v1/responses/input_tokens`. The
+    /// default is [`InputTokenCount::NotOffered`]; a wrapper forwards it
+    /// to the model it wraps.
+    ///
+    /// Neither Anthropic nor Gemini bills a count, so callers do not
+    /// account it as usage; it is a request to the provider all the same
+    /// (rate limits, latency), made only when an estimate is not enough
+    /// (see `ContextPolicyBuilder::token_count` in `markov-runtime`).
+    ///
+    /// # Errors
+    /// A failed count, classified as a failed call is
+    /// ([`ModelError::is_retryable`]).
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        let _ = request;
+        Ok(InputTokenCount::NotOffered)
+    }
+
     /// Makes one call and streams the answer. The default makes a
     /// non-streaming call and replays it as events.
     fn stream<'a>(
@@ -743,7 +796,8 @@ pub trait Model: Send + Sync + fmt::Debug {
 }
 
 /// A shared model is a model: every method forwards, so a wrapper never
-/// loses an override (`stream`, `thinking_allowance`, `check_tools`).
+/// loses an override (`stream`, `thinking_allowance`, `check_tools`,
+/// `count_tokens`).
 #[async_trait]
 impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
@@ -772,6 +826,10 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
         output_schema: Option<&Value>,
     ) -> Result<(), Unsupported> {
         (**self).check_tools(tools, output_schema)
+    }
+
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        (**self).count_tokens(request).await
     }
 
     fn stream<'a>(
@@ -811,6 +869,10 @@ impl<M: Model + ?Sized> Model for Box<M> {
         output_schema: Option<&Value>,
     ) -> Result<(), Unsupported> {
         (**self).check_tools(tools, output_schema)
+    }
+
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        (**self).count_tokens(request).await
     }
 
     fn stream<'a>(
@@ -922,6 +984,43 @@ mod tests {
         assert!(ModelError::Overloaded("x".into()).is_retryable());
         assert!(!ModelError::InvalidRequest("x".into()).is_retryable());
         assert!(!ModelError::ContextLength("x".into()).is_retryable());
+    }
+
+    /// Counts a request's messages, one token each.
+    #[derive(Debug)]
+    struct Counting;
+
+    #[async_trait]
+    impl Model for Counting {
+        async fn complete(&self, _r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            Err(ModelError::InvalidRequest("not called".into()))
+        }
+
+        async fn count_tokens(&self, r: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+            Ok(InputTokenCount::Counted(r.messages().len() as u64))
+        }
+    }
+
+    #[tokio::test]
+    async fn counting_is_not_offered_by_default_and_forwarded_by_wrappers() {
+        let settings = ModelSettings::default();
+        let history = [Message::user("a"), Message::user("b")];
+        let request = ModelRequest::new("", &history, &settings);
+        let plain = Fixed(ModelResponse::new(Vec::new(), StopReason::EndTurn));
+        assert_eq!(
+            plain.count_tokens(request).await,
+            Ok(InputTokenCount::NotOffered)
+        );
+        let shared: std::sync::Arc<dyn Model> = std::sync::Arc::new(Counting);
+        assert_eq!(
+            shared.count_tokens(request).await,
+            Ok(InputTokenCount::Counted(2))
+        );
+        let boxed: Box<dyn Model> = Box::new(shared);
+        assert_eq!(
+            boxed.count_tokens(request).await,
+            Ok(InputTokenCount::Counted(2))
+        );
     }
 
     #[test]

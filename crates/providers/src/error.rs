@@ -47,6 +47,15 @@ pub enum ConfigError {
         /// What the server said when asked for its models.
         reason: String,
     },
+    /// A builder option holds a value the provider would refuse or that
+    /// could never take effect.
+    #[error("invalid {option}: {reason}")]
+    InvalidOption {
+        /// The option, as the builder names it.
+        option: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
     /// The API key cannot be sent as an HTTP header value.
     #[error("the api key contains characters that cannot be sent in a header")]
     InvalidApiKey,

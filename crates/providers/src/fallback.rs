@@ -22,7 +22,9 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use markov_core::StreamEvent;
-use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings};
+use markov_core::model::{
+    InputTokenCount, Model, ModelError, ModelRequest, ModelResponse, ModelSettings,
+};
 use markov_core::model::{Thinking, ThinkingAllowance, Unsupported};
 use markov_core::tool::ToolDefinition;
 use serde_json::Value;
@@ -48,6 +50,10 @@ struct Entry {
 ///
 /// [`check_tools`](Model::check_tools) asks every model of the list: the
 /// request may reach any of them.
+/// [`count_tokens`](Model::count_tokens) asks the first model only: the model that answers while the
+/// service is well, whose context window a count is measured against. Its
+/// failure is the count's failure (the caller estimates instead); another
+/// model of the list, another tokenizer, is not asked.
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -191,6 +197,12 @@ impl Model for Fallback {
                     temperature: all.temperature && one.temperature,
                 },
             )
+    }
+
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        // The first model is asked with the request's own name (it is
+        // never given one of its own).
+        self.entries[0].model.count_tokens(request).await
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {

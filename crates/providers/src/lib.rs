@@ -156,7 +156,7 @@ mod sse;
 mod transport;
 
 #[cfg(feature = "anthropic")]
-pub use anthropic::{Anthropic, AnthropicBuilder, PromptCaching};
+pub use anthropic::{Anthropic, AnthropicBuilder, ClearToolUses, PromptCaching};
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 pub use body::DEFAULT_BODY_CACHE_BYTES;
 pub use env::{EnvModel, MODEL_ENV, OPENAI_API_ENV, from_env};

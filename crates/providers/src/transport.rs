@@ -28,6 +28,9 @@ const MAX_ERROR_BODY: usize = 2_000;
 /// (a huge or endless body costs nothing, on every retry).
 pub(crate) const MAX_ERROR_BODY_READ: usize = 8 * 1024;
 
+/// The most of a token count's answer read: a few numbers of JSON.
+pub(crate) const MAX_COUNT_ANSWER: usize = 64 * 1024;
+
 /// The default bound of a whole call, streamed or not.
 pub(crate) const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
 
@@ -369,6 +372,38 @@ impl Transport {
         tokio::time::timeout(wait, call)
             .await
             .unwrap_or(Err(ModelError::Timeout(wait)))
+    }
+
+    /// A token count: `post` (which sends the count request and checks its
+    /// status) under the client's limits — a place among the calls in
+    /// flight and one request of the request rate, no tokens (the vendors
+    /// do not count a count against token rates) — retried like a call,
+    /// each attempt bounded by the timeout and all of them by the
+    /// deadline; the answer is read up to [`MAX_COUNT_ANSWER`] bytes (a
+    /// larger one is an invalid response).
+    pub(crate) async fn count<F, Fut>(
+        &self,
+        span: &tracing::Span,
+        mut post: F,
+    ) -> Result<String, ModelError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Response, ModelError>>,
+    {
+        let _place = self.enter(0, 0).await?;
+        self.with_retries_by_deadline(span, || {
+            let sent = post();
+            async move {
+                let (body, cut) = read_capped(sent.await?, MAX_COUNT_ANSWER).await;
+                if cut {
+                    return Err(ModelError::InvalidResponse(format!(
+                        "a token count answer larger than {MAX_COUNT_ANSWER} bytes"
+                    )));
+                }
+                Ok(body)
+            }
+        })
+        .await
     }
 
     /// [`with_retries`](Self::with_retries) bounded as a whole by the

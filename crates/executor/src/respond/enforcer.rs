@@ -180,6 +180,16 @@ impl<M: Model> Model for ToolChoiceEnforcer<M> {
         self.inner.check_tools(tools, output_schema)
     }
 
+    /// Counts the request the inner model would be sent: with the tool
+    /// choice this wrapper enforces.
+    async fn count_tokens(
+        &self,
+        request: ModelRequest<'_>,
+    ) -> Result<markov_core::InputTokenCount, ModelError> {
+        let request = self.enforce(request)?;
+        self.inner.count_tokens(request).await
+    }
+
     fn stream<'a>(
         &'a self,
         request: ModelRequest<'a>,

@@ -30,6 +30,14 @@
 //!   before sending ([`ModelError::InvalidRequest`]), as the API would.
 //! - **Structured output** → `output_format: {"type":"json_schema","schema":..}`
 //!   with the `anthropic-beta: structured-outputs-2025-11-13` header.
+//! - **Context editing** ([`ClearToolUses`], off by default) →
+//!   `context_management: {"edits": [{"type": "clear_tool_uses_20250919",
+//!   ..}]}` with the `anthropic-beta: context-management-2025-06-27`
+//!   header, on every request of the client; the edits the API applied
+//!   are recorded in the trace.
+//! - **Token counts** ([`Model::count_tokens`]) → `POST
+//!   {base}/v1/messages/count_tokens` with the call's body less
+//!   `max_tokens`, `temperature` and `stream`; `{"input_tokens": N}`.
 //! - **Answer**: text, tool_use and thinking (with signature) blocks become
 //!   items; redacted thinking is dropped; any other block becomes a text item
 //!   holding its JSON. `stop_reason` maps one to one onto [`StopReason`];
@@ -49,6 +57,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use markov_core::model::InputTokenCount;
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent};
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
@@ -80,6 +89,9 @@ pub const API_VERSION: &str = "2023-06-01";
 /// The beta that enables structured output (`anthropic-beta` header).
 pub const STRUCTURED_OUTPUTS_BETA: &str = "structured-outputs-2025-11-13";
 
+/// The beta that enables context editing (`anthropic-beta` header).
+pub const CONTEXT_MANAGEMENT_BETA: &str = "context-management-2025-06-27";
+
 /// The environment variable holding the API key.
 pub const API_KEY_ENV: &str = "ANTHROPIC_API_KEY";
 
@@ -107,6 +119,178 @@ pub enum PromptCaching {
     Conversation,
 }
 
+/// Anthropic's context editing of tool uses (`clear_tool_uses_20250919`),
+/// set with [`AnthropicBuilder::clear_tool_uses`]: once a request passes
+/// its trigger, the API replaces the oldest tool results (and, if asked,
+/// the calls' inputs) with a placeholder before the model reads it,
+/// keeping the most recent tool uses.
+///
+/// The edit happens on Anthropic's side, on every request of the client:
+/// markov's history, its context view and the request body stay as they
+/// are (`context_management` is a field beside the messages, so the
+/// client's cache of encoded messages keeps serving), and the edits the
+/// API applied are recorded in the trace. It complements a context policy
+/// (`ContextPolicy` in `markov-runtime`), which decides what is sent; it
+/// does not replace one: the conversation still grows on the wire, and a
+/// request past the context window is still refused. Clearing changes the
+/// prompt's prefix, so Anthropic's prompt cache is written again after
+/// each clearing; [`clear_at_least`](Self::clear_at_least) makes each one
+/// worth it.
+///
+/// Unset options take the API's defaults (a trigger of 100 000 input
+/// tokens, the last 3 tool uses kept).
+///
+/// ```
+/// use markov_providers::anthropic::{Anthropic, ClearToolUses};
+///
+/// let editing = ClearToolUses::new()
+///     .trigger_input_tokens(30_000)
+///     .keep_tool_uses(3)
+///     .clear_at_least(5_000)
+///     .exclude_tools(["memory"]);
+/// let client = Anthropic::builder()
+///     .base_url("http://127.0.0.1:1")
+///     .clear_tool_uses(editing)
+///     .build()
+///     .unwrap();
+/// # let _ = client;
+///
+/// // Nonsense is refused when the client is built.
+/// let never = ClearToolUses::new().trigger_input_tokens(1_000).clear_at_least(5_000);
+/// assert!(Anthropic::builder().base_url("http://127.0.0.1:1").clear_tool_uses(never).build().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClearToolUses {
+    trigger: Option<Trigger>,
+    keep_tool_uses: Option<u32>,
+    clear_at_least: Option<u32>,
+    exclude_tools: Vec<String>,
+    clear_tool_inputs: bool,
+}
+
+/// When context editing starts clearing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    InputTokens(u32),
+    ToolUses(u32),
+}
+
+impl ClearToolUses {
+    /// Context editing with the API's defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Clears once a request holds more than `tokens` input tokens.
+    #[must_use]
+    pub fn trigger_input_tokens(mut self, tokens: u32) -> Self {
+        self.trigger = Some(Trigger::InputTokens(tokens));
+        self
+    }
+
+    /// Clears once a request holds more than `uses` tool uses.
+    #[must_use]
+    pub fn trigger_tool_uses(mut self, uses: u32) -> Self {
+        self.trigger = Some(Trigger::ToolUses(uses));
+        self
+    }
+
+    /// Keeps the last `uses` tool uses (calls with their results) whole.
+    #[must_use]
+    pub fn keep_tool_uses(mut self, uses: u32) -> Self {
+        self.keep_tool_uses = Some(uses);
+        self
+    }
+
+    /// Clears only when at least `tokens` input tokens can be cleared, so
+    /// that each clearing, which invalidates the prompt cache past it,
+    /// saves more than the cache write costs.
+    #[must_use]
+    pub fn clear_at_least(mut self, tokens: u32) -> Self {
+        self.clear_at_least = Some(tokens);
+        self
+    }
+
+    /// Never clears the uses of these tools (a memory tool, say).
+    #[must_use]
+    pub fn exclude_tools<I, S>(mut self, tools: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.exclude_tools = tools.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Clears the calls' inputs too, not only their results.
+    #[must_use]
+    pub fn clear_tool_inputs(mut self, clear: bool) -> Self {
+        self.clear_tool_inputs = clear;
+        self
+    }
+
+    /// The option checked, as the `context_management` field.
+    fn to_field(&self) -> Result<serde_json::Value, ConfigError> {
+        use serde_json::{Map, Value, json};
+        let refused = |reason: String| ConfigError::InvalidOption {
+            option: "clear_tool_uses",
+            reason,
+        };
+        let mut edit = Map::new();
+        edit.insert("type".into(), json!("clear_tool_uses_20250919"));
+        match self.trigger {
+            Some(Trigger::InputTokens(0) | Trigger::ToolUses(0)) => {
+                return Err(refused(
+                    "a trigger of 0 would clear on every request".into(),
+                ));
+            }
+            Some(Trigger::InputTokens(tokens)) => {
+                edit.insert(
+                    "trigger".into(),
+                    json!({"type": "input_tokens", "value": tokens}),
+                );
+            }
+            Some(Trigger::ToolUses(uses)) => {
+                edit.insert(
+                    "trigger".into(),
+                    json!({"type": "tool_uses", "value": uses}),
+                );
+            }
+            None => {}
+        }
+        if let Some(uses) = self.keep_tool_uses {
+            edit.insert("keep".into(), json!({"type": "tool_uses", "value": uses}));
+        }
+        match (self.clear_at_least, self.trigger) {
+            (Some(0), _) => {
+                return Err(refused("clear_at_least of 0 tokens: leave it unset".into()));
+            }
+            (Some(least), Some(Trigger::InputTokens(trigger))) if least >= trigger => {
+                return Err(refused(format!(
+                    "clear_at_least ({least} tokens) is not below the trigger ({trigger} tokens): nothing could ever be cleared"
+                )));
+            }
+            (Some(least), _) => {
+                edit.insert(
+                    "clear_at_least".into(),
+                    json!({"type": "input_tokens", "value": least}),
+                );
+            }
+            (None, _) => {}
+        }
+        if let Some(empty) = self.exclude_tools.iter().find(|t| t.trim().is_empty()) {
+            return Err(refused(format!("an excluded tool has no name ({empty:?})")));
+        }
+        if !self.exclude_tools.is_empty() {
+            edit.insert("exclude_tools".into(), json!(self.exclude_tools));
+        }
+        if self.clear_tool_inputs {
+            edit.insert("clear_tool_inputs".into(), json!(true));
+        }
+        Ok(json!({"edits": [Value::Object(edit)]}))
+    }
+}
+
 /// A client of the Anthropic Messages API.
 ///
 /// Built by [`Anthropic::builder`] or [`Anthropic::from_env`]; cheap to
@@ -116,12 +300,12 @@ pub enum PromptCaching {
 pub struct Anthropic {
     transport: Transport,
     url: Url,
+    /// `{base}/v1/messages/count_tokens`.
+    count_url: Url,
     /// `{base}/v1/models`, the list of the models the server serves.
     models_url: Url,
     model: String,
-    caching: PromptCaching,
-    /// Whether `output_format` is sent next to tools (see [`crate::output`]).
-    schema_with_tools: bool,
+    shape: wire::Shape,
     body_cache: BodyCache,
 }
 
@@ -130,7 +314,8 @@ impl fmt::Debug for Anthropic {
         f.debug_struct("Anthropic")
             .field("url", &crate::transport::redact_url(self.url.as_str()))
             .field("model", &self.model)
-            .field("caching", &self.caching)
+            .field("caching", &self.shape.caching)
+            .field("context_management", &self.shape.context_management)
             .field("api_key", &"<redacted>")
             .finish_non_exhaustive()
     }
@@ -146,6 +331,7 @@ pub struct AnthropicBuilder {
     model: String,
     caching: PromptCaching,
     structured_output: StructuredOutput,
+    clear_tool_uses: Option<ClearToolUses>,
     transport: TransportConfig,
     body_cache_bytes: usize,
 }
@@ -158,6 +344,7 @@ impl fmt::Debug for AnthropicBuilder {
             .field("model", &self.model)
             .field("caching", &self.caching)
             .field("structured_output", &self.structured_output)
+            .field("clear_tool_uses", &self.clear_tool_uses)
             .field("transport", &self.transport)
             .field("body_cache_bytes", &self.body_cache_bytes)
             .finish()
@@ -173,6 +360,7 @@ impl Default for AnthropicBuilder {
             model: DEFAULT_MODEL.to_owned(),
             caching: PromptCaching::default(),
             structured_output: StructuredOutput::default(),
+            clear_tool_uses: None,
             transport: TransportConfig::DEFAULT,
             body_cache_bytes: crate::body::DEFAULT_BODY_CACHE_BYTES,
         }
@@ -249,6 +437,22 @@ impl AnthropicBuilder {
     #[must_use]
     pub fn structured_output(mut self, mode: StructuredOutput) -> Self {
         self.structured_output = mode;
+        self
+    }
+
+    /// Has the API clear old tool uses from every request (Anthropic's
+    /// context editing, a beta; see [`ClearToolUses`]). Off by default.
+    ///
+    /// OpenAI's Responses API has compaction of its own (encrypted
+    /// compaction items the next request must send back in place of the
+    /// items they stand for), and Gemini none: markov does not use
+    /// OpenAI's, because those items would have to replace messages of the
+    /// append-only history or be kept beside it per view, and a context
+    /// policy's summary does the same with any model; see the README's
+    /// "Long conversations".
+    #[must_use]
+    pub fn clear_tool_uses(mut self, editing: ClearToolUses) -> Self {
+        self.clear_tool_uses = Some(editing);
         self
     }
 
@@ -333,9 +537,18 @@ impl AnthropicBuilder {
     /// # Errors
     /// [`ConfigError::MissingApiKey`] without a key for Anthropic's own
     /// address (another server may need none), [`ConfigError::InvalidBaseUrl`],
-    /// [`ConfigError::InvalidApiKey`], or [`ConfigError::HttpClient`] when TLS
-    /// cannot be set up (no system root certificates for an https URL).
+    /// [`ConfigError::InvalidApiKey`], [`ConfigError::InvalidOption`] for
+    /// context editing that could never clear anything (a zero trigger or
+    /// `clear_at_least`, `clear_at_least` not below an input-token trigger,
+    /// an excluded tool without a name), or [`ConfigError::HttpClient`]
+    /// when TLS cannot be set up (no system root certificates for an https
+    /// URL).
     pub fn build(self) -> Result<Anthropic, ConfigError> {
+        let context_management = self
+            .clear_tool_uses
+            .as_ref()
+            .map(ClearToolUses::to_field)
+            .transpose()?;
         let base = transport::parse_base_url(&self.base_url, self.base_url_var)?;
         if base.path().trim_end_matches('/').ends_with("/v1") {
             let mut without = base.clone();
@@ -365,12 +578,16 @@ impl AnthropicBuilder {
         Ok(Anthropic {
             transport: Transport::new(self.transport, &base, headers)?,
             url: endpoint(&base, "v1/messages"),
+            count_url: endpoint(&base, "v1/messages/count_tokens"),
             models_url: endpoint(&base, "v1/models"),
             model: self.model,
-            caching: self.caching,
-            schema_with_tools: self
-                .structured_output
-                .schema_with_tools(base.host_str() == Some("api.anthropic.com")),
+            shape: wire::Shape {
+                caching: self.caching,
+                schema_with_tools: self
+                    .structured_output
+                    .schema_with_tools(base.host_str() == Some("api.anthropic.com")),
+                context_management,
+            },
             body_cache: BodyCache::new(self.body_cache_bytes),
         })
     }
@@ -449,21 +666,33 @@ impl Anthropic {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
+        self.body(request, wire::Purpose::Call { stream })
+    }
+
+    /// The exact body this client sends to count `request`'s input tokens
+    /// (`/v1/messages/count_tokens`): the call's body without
+    /// `max_tokens`, `temperature` and `stream`, its messages taken from
+    /// the same cache.
+    ///
+    /// # Errors
+    /// As [`Self::request_body`].
+    pub fn count_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
+        self.body(request, wire::Purpose::Count)
+    }
+
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        purpose: wire::Purpose,
+    ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        let body = wire::encode(
-            request,
-            model,
-            self.caching,
-            self.schema_with_tools,
-            stream,
-            Some(&self.body_cache),
-        )?;
+        let body = wire::encode(request, model, &self.shape, purpose, Some(&self.body_cache))?;
         // Debug and test builds check every cached body against the body
         // encoded afresh: every test of the workspace checks the cache.
         #[cfg(debug_assertions)]
         if let Err(mismatch) = crate::body::check_cached(
             &body,
-            &wire::encode_plain(request, model, self.caching, self.schema_with_tools, stream)?,
+            &wire::encode_plain(request, model, &self.shape, purpose)?,
         ) {
             panic!("{mismatch}");
         }
@@ -479,19 +708,40 @@ impl Anthropic {
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        wire::encode_plain(request, model, self.caching, self.schema_with_tools, stream)
+        wire::encode_plain(request, model, &self.shape, wire::Purpose::Call { stream })
     }
 
-    async fn post(&self, body: Bytes, structured: bool) -> Result<reqwest::Response, ModelError> {
-        let mut builder = self.transport.client().post(self.url.clone()).body(body);
-        if structured {
-            builder = builder.header("anthropic-beta", STRUCTURED_OUTPUTS_BETA);
+    /// Posts `body` to `url` with the betas it needs: structured output
+    /// when `structured`, context editing when the client edits context.
+    async fn post_to(
+        &self,
+        url: &Url,
+        body: Bytes,
+        structured: bool,
+    ) -> Result<reqwest::Response, ModelError> {
+        let mut builder = self.transport.client().post(url.clone()).body(body);
+        let betas: Vec<&str> = [
+            structured.then_some(STRUCTURED_OUTPUTS_BETA),
+            self.shape
+                .context_management
+                .is_some()
+                .then_some(CONTEXT_MANAGEMENT_BETA),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !betas.is_empty() {
+            builder = builder.header("anthropic-beta", betas.join(","));
         }
         let response = builder
             .send()
             .await
             .map_err(|e| transport_error(e, self.transport.timeout()))?;
         check_status(response).await
+    }
+
+    async fn post(&self, body: Bytes, structured: bool) -> Result<reqwest::Response, ModelError> {
+        self.post_to(&self.url, body, structured).await
     }
 }
 
@@ -535,6 +785,15 @@ fn call_span(model: &str) -> tracing::Span {
     )
 }
 
+fn count_span(model: &str) -> tracing::Span {
+    tracing::info_span!(
+        "count_tokens",
+        gen_ai.provider.name = "anthropic",
+        gen_ai.request.model = model,
+        attempt = tracing::field::Empty
+    )
+}
+
 #[async_trait]
 impl Model for Anthropic {
     fn provider_name(&self) -> &str {
@@ -547,11 +806,38 @@ impl Model for Anthropic {
         ))
     }
 
+    /// Asks `/v1/messages/count_tokens` (not billed by Anthropic), under
+    /// the client's limits, timeout and retries. A request that offers
+    /// server tools is [`InputTokenCount::NotOffered`]: the endpoint
+    /// refuses them.
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        if !request.provider_tools().is_empty() {
+            return Ok(InputTokenCount::NotOffered);
+        }
+        let span = count_span(self.model_for(&request));
+        let body = Bytes::from(self.count_body(&request)?);
+        let structured = Plan::of(&request, self.shape.schema_with_tools)
+            .schema_field()
+            .is_some();
+        let call = async {
+            let answer = self
+                .transport
+                .count(&span, || {
+                    self.post_to(&self.count_url, body.clone(), structured)
+                })
+                .await?;
+            let tokens = wire::decode_count(&answer)?;
+            tracing::debug!(input_tokens = tokens, "counted");
+            Ok(InputTokenCount::Counted(tokens))
+        };
+        call.instrument(span.clone()).await
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let model = self.model_for(&request);
         let span = call_span(model);
         let body = Bytes::from(self.request_body(&request, false)?);
-        let plan = Plan::of(&request, self.schema_with_tools);
+        let plan = Plan::of(&request, self.shape.schema_with_tools);
         let structured = plan.schema_field().is_some();
         let call = async {
             let _place = self
@@ -586,7 +872,7 @@ impl Model for Anthropic {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        let plan = Plan::of(&request, self.schema_with_tools);
+        let plan = Plan::of(&request, self.shape.schema_with_tools);
         if plan.tool().is_some() {
             // The answer is the output tool's call, turned into text once
             // whole: streamed, its deltas would show a call that is not one.

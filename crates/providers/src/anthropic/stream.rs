@@ -95,6 +95,8 @@ struct MessageDeltaFields {
     delta: MessageDelta,
     #[serde(default)]
     usage: Option<WireUsage>,
+    #[serde(default)]
+    context_management: Option<super::wire::AppliedEdits>,
 }
 
 #[derive(Deserialize)]
@@ -129,6 +131,9 @@ impl Tagged for WireEvent {
             },
             EventType::MessageDelta => {
                 let f = MessageDeltaFields::deserialize(fields)?;
+                if let Some(edits) = &f.context_management {
+                    edits.record();
+                }
                 WireEvent::MessageDelta {
                     delta: f.delta,
                     usage: f.usage,

@@ -243,7 +243,9 @@ struct OutputFormat<'a> {
 #[derive(Serialize)]
 struct Head<'a> {
     model: &'a str,
-    max_tokens: u32,
+    /// Left out of a token count, which takes none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     system: Vec<SystemBlock<'a>>,
 }
@@ -261,8 +263,36 @@ struct Tail<'a> {
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     output_format: Option<OutputFormat<'a>>,
+    /// The client's context editing, the same on every request (the
+    /// messages are encoded as they would be without it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_management: Option<&'a Value>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     stream: bool,
+}
+
+/// How the client shapes every request, beyond the request itself.
+#[derive(Debug, Clone)]
+pub(super) struct Shape {
+    pub(super) caching: PromptCaching,
+    /// Whether `output_format` is sent next to tools (see [`crate::output`]).
+    pub(super) schema_with_tools: bool,
+    /// The `context_management` field, if the client edits context.
+    pub(super) context_management: Option<Value>,
+}
+
+/// What a body is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Purpose {
+    /// A model call, streamed or not.
+    Call {
+        /// Whether the answer is streamed.
+        stream: bool,
+    },
+    /// A token count (`/v1/messages/count_tokens`): the call's body
+    /// without `max_tokens`, `temperature` and `stream`, which the
+    /// endpoint does not take.
+    Count,
 }
 
 const NO_MESSAGES: &str = "no message to send: the conversation has no user or assistant content";
@@ -272,19 +302,18 @@ const NO_MESSAGES: &str = "no message to send: the conversation has no user or a
 pub(super) fn encode(
     request: &ModelRequest<'_>,
     model: &str,
-    caching: PromptCaching,
-    schema_with_tools: bool,
-    stream: bool,
+    shape: &Shape,
+    purpose: Purpose,
     cache: Option<&BodyCache>,
 ) -> Result<Vec<u8>, ModelError> {
     body::build(
         request,
         cache,
         || {
-            let (head, tail) = frame(request, model, caching, schema_with_tools, stream)?;
+            let (head, tail) = frame(request, model, shape, purpose)?;
             FrameBytes::new(&head, Vec::new(), 0, &tail)
         },
-        |run| render(run, caching),
+        |run| render(run, shape.caching),
         NO_MESSAGES,
     )
 }
@@ -294,17 +323,16 @@ pub(super) fn encode(
 pub(super) fn encode_plain(
     request: &ModelRequest<'_>,
     model: &str,
-    caching: PromptCaching,
-    schema_with_tools: bool,
-    stream: bool,
+    shape: &Shape,
+    purpose: Purpose,
 ) -> Result<Vec<u8>, ModelError> {
-    let (head, tail) = frame(request, model, caching, schema_with_tools, stream)?;
+    let (head, tail) = frame(request, model, shape, purpose)?;
     let mut messages = messages(request.messages());
     if messages.is_empty() {
         return Err(ModelError::InvalidRequest(NO_MESSAGES.into()));
     }
     if let Some(last) = messages.last_mut() {
-        last.breakpoint = caching == PromptCaching::Conversation;
+        last.breakpoint = shape.caching == PromptCaching::Conversation;
     }
     let body = Request {
         head,
@@ -347,13 +375,13 @@ fn render(run: &[Message], caching: PromptCaching) -> Result<Rendered, ModelErro
 fn frame<'a>(
     request: &ModelRequest<'a>,
     model: &'a str,
-    caching: PromptCaching,
-    schema_with_tools: bool,
-    stream: bool,
+    shape: &'a Shape,
+    purpose: Purpose,
 ) -> Result<(Head<'a>, Tail<'a>), ModelError> {
     let settings = request.settings();
-    let plan = Plan::of(request, schema_with_tools);
-    let cache = match caching {
+    let plan = Plan::of(request, shape.schema_with_tools);
+    let call = matches!(purpose, Purpose::Call { .. });
+    let cache = match shape.caching {
         PromptCaching::SystemAndTools | PromptCaching::Conversation => Some(EPHEMERAL),
         PromptCaching::Off => None,
     };
@@ -425,19 +453,22 @@ fn frame<'a>(
     Ok((
         Head {
             model,
-            max_tokens: settings.max_tokens,
+            max_tokens: call.then_some(settings.max_tokens),
             system,
         },
         Tail {
             tools,
             tool_choice,
             thinking,
-            temperature: settings.temperature.filter(|_| settings.thinking.is_none()),
+            temperature: settings
+                .temperature
+                .filter(|_| call && settings.thinking.is_none()),
             output_format: plan.schema_field().map(|schema| OutputFormat {
                 kind: "json_schema",
                 schema,
             }),
-            stream,
+            context_management: shape.context_management.as_ref(),
+            stream: purpose == Purpose::Call { stream: true },
         },
     ))
 }
@@ -608,6 +639,57 @@ struct Response {
     usage: WireUsage,
     #[serde(default)]
     model: Option<String>,
+    #[serde(default)]
+    context_management: Option<AppliedEdits>,
+}
+
+/// What context editing did to a request, as an answer (or a stream's
+/// `message_delta`) reports it.
+#[derive(Deserialize, Debug, Default, PartialEq, Eq)]
+pub(super) struct AppliedEdits {
+    #[serde(default)]
+    applied_edits: Vec<AppliedEdit>,
+}
+
+/// One edit the API applied before the model read the request.
+#[derive(Deserialize, Debug, PartialEq, Eq)]
+struct AppliedEdit {
+    #[serde(default, rename = "type")]
+    kind: String,
+    #[serde(default)]
+    cleared_tool_uses: u64,
+    #[serde(default)]
+    cleared_input_tokens: u64,
+}
+
+impl AppliedEdits {
+    /// Records each edit in the trace (an event of the call's span): the
+    /// history is never changed, so this is the only record of what the
+    /// model did not see.
+    pub(super) fn record(&self) {
+        for edit in &self.applied_edits {
+            tracing::info!(
+                edit = %edit.kind,
+                cleared_tool_uses = edit.cleared_tool_uses,
+                cleared_input_tokens = edit.cleared_input_tokens,
+                "the provider's context editing cleared part of the request"
+            );
+        }
+    }
+}
+
+/// A token count's answer: `{"input_tokens": N}` (with context editing,
+/// the count after the edits).
+#[derive(Deserialize)]
+struct CountAnswer {
+    input_tokens: u64,
+}
+
+/// The input tokens of a count's answer.
+pub(super) fn decode_count(body: &str) -> Result<u64, ModelError> {
+    serde_json::from_str::<CountAnswer>(body)
+        .map(|answer| answer.input_tokens)
+        .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the token count: {e}")))
 }
 
 /// Token counts, as `message_start`, `message_delta` and complete answers carry them.
@@ -796,6 +878,9 @@ pub(super) fn stop_reason(reason: Option<&str>, has_tool_calls: bool) -> StopRea
 pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
     let response: Response = serde_json::from_slice(body)
         .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the answer: {e}")))?;
+    if let Some(edits) = &response.context_management {
+        edits.record();
+    }
     let mut content = Vec::with_capacity(response.content.len());
     for block in response.content {
         if let Some(item) = item(classify(block)?) {

@@ -33,6 +33,15 @@
 //!   an invalid-response error. Usage: `promptTokenCount` less the cached
 //!   tokens; thoughts count as output.
 //!
+//! **Token counts** ([`Model::count_tokens`]) → `POST
+//! {base}/v1beta/models/{model}:countTokens` with the call's body as
+//! `generateContentRequest` (naming `models/{model}`), so the system
+//! instruction and the tools are counted; the answer's `totalTokens`.
+//!
+//! Gemini has no compaction or context editing of its own: a context
+//! policy (`ContextPolicy` in `markov-runtime`) is how a long
+//! conversation stays within its window.
+//!
 //! Every request encodes the whole conversation: a function response
 //! names its function, found by a lookup over the history, so the
 //! request-body cache of the other clients does not apply.
@@ -48,6 +57,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use markov_core::model::InputTokenCount;
 use markov_core::{
     Model, ModelError, ModelRequest, ModelResponse, StreamEvent, ToolDefinition, Unsupported,
 };
@@ -363,12 +373,17 @@ impl Gemini {
 
     /// The URL of a call of `model`.
     fn url(&self, model: &str, stream: bool) -> Url {
-        let model = model.strip_prefix("models/").unwrap_or(model);
         let method = if stream {
             "streamGenerateContent"
         } else {
             "generateContent"
         };
+        self.method_url(model, method, stream)
+    }
+
+    /// The URL of `model`'s `method` (`?alt=sse` when `stream`).
+    fn method_url(&self, model: &str, method: &str, stream: bool) -> Url {
+        let model = model.strip_prefix("models/").unwrap_or(model);
         let mut url = endpoint(&self.base, "v1beta/models");
         if let Ok(mut segments) = url.path_segments_mut() {
             segments.push(&format!("{model}:{method}"));
@@ -386,6 +401,15 @@ impl Gemini {
     /// tool, a schema Gemini cannot express.
     pub fn request_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
         wire::encode(request, self.schema_with_tools)
+    }
+
+    /// The exact body this client sends to count `request`'s input tokens
+    /// (`countTokens`): the call's body as `generateContentRequest`.
+    ///
+    /// # Errors
+    /// As [`Self::request_body`].
+    pub fn count_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
+        wire::encode_count(request, self.model_for(request), self.schema_with_tools)
     }
 
     async fn post(&self, url: &Url, body: Bytes) -> Result<reqwest::Response, ModelError> {
@@ -453,6 +477,30 @@ impl Model for Gemini {
                 .map_err(|error| Unsupported::output_type(error.to_string())),
             None => Ok(()),
         }
+    }
+
+    /// Asks `countTokens` (free of charge at Google), under the client's
+    /// limits, timeout and retries.
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        let model = self.model_for(&request);
+        let span = tracing::info_span!(
+            "count_tokens",
+            gen_ai.provider.name = "gcp.gemini",
+            gen_ai.request.model = model,
+            attempt = tracing::field::Empty
+        );
+        let body = Bytes::from(self.count_body(&request)?);
+        let url = self.method_url(model, "countTokens", false);
+        let call = async {
+            let answer = self
+                .transport
+                .count(&span, || self.post(&url, body.clone()))
+                .await?;
+            let tokens = wire::decode_count(&answer)?;
+            tracing::debug!(input_tokens = tokens, "counted");
+            Ok(InputTokenCount::Counted(tokens))
+        };
+        call.instrument(span.clone()).await
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {

@@ -204,6 +204,60 @@ pub(super) fn encode(
     request: &ModelRequest<'_>,
     schema_with_tools: bool,
 ) -> Result<Vec<u8>, ModelError> {
+    let body = wire_request(request, schema_with_tools)?;
+    serde_json::to_vec(&body)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+}
+
+/// The body of a token count of `request` for `model` (`countTokens`):
+/// the call's body as `generateContentRequest`, which names its model,
+/// so the system instruction and the tools are counted too.
+pub(super) fn encode_count(
+    request: &ModelRequest<'_>,
+    model: &str,
+    schema_with_tools: bool,
+) -> Result<Vec<u8>, ModelError> {
+    #[derive(Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Count<'a> {
+        generate_content_request: Named<'a>,
+    }
+    #[derive(Serialize)]
+    struct Named<'a> {
+        model: String,
+        #[serde(flatten)]
+        request: Request<'a>,
+    }
+    let model = model.strip_prefix("models/").unwrap_or(model);
+    let body = Count {
+        generate_content_request: Named {
+            model: format!("models/{model}"),
+            request: wire_request(request, schema_with_tools)?,
+        },
+    };
+    serde_json::to_vec(&body)
+        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+}
+
+/// A count's answer: `{"totalTokens": N, ..}`.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct CountAnswer {
+    total_tokens: u64,
+}
+
+/// The input tokens of a count's answer.
+pub(super) fn decode_count(body: &str) -> Result<u64, ModelError> {
+    serde_json::from_str::<CountAnswer>(body)
+        .map(|answer| answer.total_tokens)
+        .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the token count: {e}")))
+}
+
+/// The request of one call, checked.
+fn wire_request<'a>(
+    request: &ModelRequest<'a>,
+    schema_with_tools: bool,
+) -> Result<Request<'a>, ModelError> {
     if let Some(tool) = request.provider_tools().first() {
         return Err(ModelError::InvalidRequest(format!(
             "the gemini client cannot offer provider built-in tool {:?} (type {:?})",
@@ -279,8 +333,7 @@ pub(super) fn encode(
             thinking_config,
         },
     };
-    serde_json::to_vec(&body)
-        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+    Ok(body)
 }
 
 /// Appends `parts` as a content of `role`, to the last content when it has

@@ -2,7 +2,9 @@
 //! speaks the same API (vLLM, Ollama, llama.cpp's server, LM Studio).
 //!
 //! [`OpenAi`] implements [`Model`] over `POST {base}/chat/completions`, with
-//! and without streaming. How markov's types map to the API:
+//! and without streaming. The API has no token counting endpoint:
+//! [`Model::count_tokens`] answers `InputTokenCount::NotOffered` (a
+//! context policy then estimates). How markov's types map to the API:
 //!
 //! - **System prompt** → a first `system` message (left out when empty).
 //! - **Messages**: `user` → `user`; an `ephemeral` → the `user` messages

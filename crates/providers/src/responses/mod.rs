@@ -42,6 +42,17 @@
 //!   `max_output_tokens` / `content_filter` → max_tokens / content_filter.
 //!   Usage: `input_tokens` less the cached tokens, which are
 //!   `cache_read_input_tokens`.
+//! - **Token counts** ([`Model::count_tokens`]) → `POST
+//!   {base}/responses/input_tokens` with the call's body less
+//!   `max_output_tokens`, `temperature`, `store`, `include`,
+//!   `prompt_cache_key` and `stream`; the answer's `input_tokens`.
+//!
+//! OpenAI's own compaction (a `compaction` item of encrypted content,
+//! from `/responses/compact` or the `context_management` option, that
+//! the next request must send in place of the items it stands for) is not
+//! used: it would replace items of markov's append-only history, or need
+//! a second, vendor-only history beside it, and a context policy's
+//! summary does the same for every provider.
 
 mod stream;
 mod wire;
@@ -53,6 +64,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use markov_core::model::InputTokenCount;
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent};
 use reqwest::Url;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
@@ -117,6 +129,8 @@ impl PromptCacheKey {
 pub struct Responses {
     transport: Transport,
     url: Url,
+    /// `{base}/responses/input_tokens`.
+    count_url: Url,
     models_url: Url,
     model: String,
     shape: wire::Shape,
@@ -347,6 +361,7 @@ impl ResponsesBuilder {
         Ok(Responses {
             transport: Transport::new(self.transport, &base, headers)?,
             url: endpoint(&base, "responses"),
+            count_url: endpoint(&base, "responses/input_tokens"),
             models_url: endpoint(&base, "models"),
             model: self.model,
             shape: wire::Shape {
@@ -431,12 +446,30 @@ impl Responses {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
+        self.body(request, wire::Purpose::Call { stream })
+    }
+
+    /// The exact body this client sends to count `request`'s input tokens
+    /// (`/responses/input_tokens`): the call's body without the fields the
+    /// endpoint does not take, its items taken from the same cache.
+    ///
+    /// # Errors
+    /// As [`Self::request_body`].
+    pub fn count_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
+        self.body(request, wire::Purpose::Count)
+    }
+
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        purpose: wire::Purpose,
+    ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
-        let body = wire::encode(request, model, &self.shape, stream, Some(&self.body_cache))?;
+        let body = wire::encode(request, model, &self.shape, purpose, Some(&self.body_cache))?;
         #[cfg(debug_assertions)]
         if let Err(mismatch) = crate::body::check_cached(
             &body,
-            &wire::encode_plain(request, model, &self.shape, stream)?,
+            &wire::encode_plain(request, model, &self.shape, purpose)?,
         ) {
             panic!("{mismatch}");
         }
@@ -452,21 +485,36 @@ impl Responses {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<Vec<u8>, ModelError> {
-        wire::encode_plain(request, self.model_for(request), &self.shape, stream)
+        wire::encode_plain(
+            request,
+            self.model_for(request),
+            &self.shape,
+            wire::Purpose::Call { stream },
+        )
     }
 
     async fn post(&self, body: Bytes) -> Result<reqwest::Response, ModelError> {
+        self.post_to(&self.url, "responses", body).await
+    }
+
+    /// Posts `body` to `url`, `{base}/{path}`.
+    async fn post_to(
+        &self,
+        url: &Url,
+        path: &str,
+        body: Bytes,
+    ) -> Result<reqwest::Response, ModelError> {
         let response = self
             .transport
             .client()
-            .post(self.url.clone())
+            .post(url.clone())
             .body(body)
             .send()
             .await
             .map_err(|e| transport_error(e, self.transport.timeout()))?;
         check_status(response)
             .await
-            .map_err(|error| transport::hint_v1(error, &self.url, "responses"))
+            .map_err(|error| transport::hint_v1(error, url, path))
     }
 }
 
@@ -504,6 +552,32 @@ impl Model for Responses {
         markov_core::model::ModelLimits::default_max_tokens(Some(
             settings.model.as_deref().unwrap_or(&self.model),
         ))
+    }
+
+    /// Asks `/responses/input_tokens`, under the client's limits, timeout
+    /// and retries. A server that does not offer the endpoint (vLLM,
+    /// llama.cpp's) answers `404`, an error like any other: the caller
+    /// estimates instead.
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        let span = tracing::info_span!(
+            "count_tokens",
+            gen_ai.provider.name = "openai",
+            gen_ai.request.model = self.model_for(&request),
+            attempt = tracing::field::Empty
+        );
+        let body = Bytes::from(self.count_body(&request)?);
+        let call = async {
+            let answer = self
+                .transport
+                .count(&span, || {
+                    self.post_to(&self.count_url, "responses/input_tokens", body.clone())
+                })
+                .await?;
+            let tokens = wire::decode_count(&answer)?;
+            tracing::debug!(input_tokens = tokens, "counted");
+            Ok(InputTokenCount::Counted(tokens))
+        };
+        call.instrument(span.clone()).await
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {

@@ -176,14 +176,19 @@ struct Tail<'a> {
     tool_choice: Option<WireToolChoice<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     parallel_tool_calls: Option<bool>,
-    max_output_tokens: u32,
+    /// Left out of a token count, as are `temperature`, `store`,
+    /// `include`, `prompt_cache_key` and `stream`: the endpoint takes
+    /// none of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     temperature: Option<f32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reasoning: Option<Reasoning>,
     #[serde(skip_serializing_if = "Option::is_none")]
     text: Option<TextConfig<'a>>,
-    store: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store: Option<bool>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     include: Vec<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,6 +211,18 @@ pub(super) struct Shape {
     pub(super) cache_key: super::PromptCacheKey,
 }
 
+/// What a body is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Purpose {
+    /// A model call, streamed or not.
+    Call {
+        /// Whether the answer is streamed.
+        stream: bool,
+    },
+    /// A token count (`/responses/input_tokens`).
+    Count,
+}
+
 const NO_INPUT: &str = "no input to send: the conversation and the instructions are empty";
 
 /// The name given to a structured-output schema.
@@ -217,14 +234,14 @@ pub(super) fn encode(
     request: &ModelRequest<'_>,
     model: &str,
     shape: &Shape,
-    stream: bool,
+    purpose: Purpose,
     cache: Option<&BodyCache>,
 ) -> Result<Vec<u8>, ModelError> {
     body::build(
         request,
         cache,
         || {
-            let tail = tail(request, shape, stream)?;
+            let tail = tail(request, shape, purpose)?;
             let head = Head {
                 model,
                 instructions: request.system(),
@@ -242,9 +259,9 @@ pub(super) fn encode_plain(
     request: &ModelRequest<'_>,
     model: &str,
     shape: &Shape,
-    stream: bool,
+    purpose: Purpose,
 ) -> Result<Vec<u8>, ModelError> {
-    let tail = tail(request, shape, stream)?;
+    let tail = tail(request, shape, purpose)?;
     let mut input = Vec::new();
     for message in request.messages() {
         push_message(message, &mut input);
@@ -283,8 +300,9 @@ fn render(run: &[Message]) -> Result<Rendered, ModelError> {
 fn tail<'a>(
     request: &ModelRequest<'a>,
     shape: &Shape,
-    stream: bool,
+    purpose: Purpose,
 ) -> Result<Tail<'a>, ModelError> {
+    let call = matches!(purpose, Purpose::Call { .. });
     if let Some(tool) = request.provider_tools().first() {
         return Err(ModelError::InvalidRequest(format!(
             "the responses client cannot offer provider built-in tool {:?} (type {:?})",
@@ -331,13 +349,14 @@ fn tail<'a>(
         },
         summary: "auto",
     });
-    let include_reasoning = !shape.store && (shape.include_reasoning || reasoning.is_some());
+    let include_reasoning =
+        call && !shape.store && (shape.include_reasoning || reasoning.is_some());
     Ok(Tail {
         tools,
         tool_choice,
         parallel_tool_calls: (has_tools && !settings.parallel_tool_calls).then_some(false),
-        max_output_tokens: settings.max_tokens,
-        temperature: settings.temperature,
+        max_output_tokens: call.then_some(settings.max_tokens),
+        temperature: settings.temperature.filter(|_| call),
         reasoning,
         text: plan.schema_field().map(|schema| TextConfig {
             format: Format {
@@ -347,14 +366,14 @@ fn tail<'a>(
                 strict,
             },
         }),
-        store: shape.store,
+        store: call.then_some(shape.store),
         include: if include_reasoning {
             vec!["reasoning.encrypted_content"]
         } else {
             Vec::new()
         },
-        prompt_cache_key: shape.cache_key.for_request(request),
-        stream,
+        prompt_cache_key: shape.cache_key.for_request(request).filter(|_| call),
+        stream: purpose == Purpose::Call { stream: true },
     })
 }
 
@@ -796,6 +815,19 @@ pub(super) fn error_of(error: &Value) -> ModelError {
 }
 
 /// A complete answer from its body.
+/// A count's answer: `{"object": "response.input_tokens", "input_tokens": N}`.
+#[derive(Deserialize)]
+struct CountAnswer {
+    input_tokens: u64,
+}
+
+/// The input tokens of a count's answer.
+pub(super) fn decode_count(body: &str) -> Result<u64, ModelError> {
+    serde_json::from_str::<CountAnswer>(body)
+        .map(|answer| answer.input_tokens)
+        .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the token count: {e}")))
+}
+
 pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
     let response: WireResponse = serde_json::from_slice(body)
         .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the answer: {e}")))?;

@@ -17,6 +17,7 @@ mod machine_openai;
 mod openai;
 mod responses;
 mod structured_output;
+mod token_count;
 mod tool_schemas;
 mod tracing;
 mod wire_snapshots;

@@ -196,3 +196,53 @@ async fn a_fallback_span_names_the_model_that_answered() {
         "{logs}"
     );
 }
+
+/// What Anthropic's context editing cleared is recorded in the trace,
+/// from a complete answer and from a stream's `message_delta`, inside
+/// the call's span.
+#[allow(clippy::await_holding_lock)]
+#[tokio::test]
+async fn the_edits_of_anthropic_context_editing_are_traced() {
+    let (sink, _turn) = capture();
+    let cleared = markov_testkit::http::anthropic::with_cleared_tool_uses(
+        markov_testkit::http::anthropic::text("ok"),
+        3,
+        12_000,
+    );
+    let stream = markov_testkit::http::anthropic::text_events("ok").replace(
+        r#""type":"message_delta","#,
+        r#""type":"message_delta","context_management":{"applied_edits":[{"type":"clear_tool_uses_20250919","cleared_tool_uses":5,"cleared_input_tokens":20000}]},"#,
+    );
+    assert!(stream.contains("cleared_tool_uses"), "{stream}");
+    let server = FakeServer::scripted(vec![Reply::json(200, cleared), Reply::sse(&stream)]).await;
+    let model = Anthropic::builder()
+        .base_url(server.base_url())
+        .model("claude-edited")
+        .clear_tool_uses(markov_providers::ClearToolUses::new())
+        .build()
+        .unwrap();
+    let history = [Message::user("hi")];
+    let settings = ModelSettings::default();
+    model
+        .complete(ModelRequest::new("", &history, &settings))
+        .await
+        .unwrap();
+    markov_core::model::collect_stream(model.stream(ModelRequest::new("", &history, &settings)))
+        .await
+        .unwrap();
+    let logs = sink.text();
+    let edits: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("context editing cleared"))
+        .collect();
+    assert_eq!(edits.len(), 2, "{logs}");
+    assert!(
+        edits[0].contains(r#"gen_ai.request.model="claude-edited""#)
+            && edits[0].contains("cleared_tool_uses=3 cleared_input_tokens=12000"),
+        "{logs}"
+    );
+    assert!(
+        edits[1].contains("cleared_tool_uses=5 cleared_input_tokens=20000"),
+        "{logs}"
+    );
+}

@@ -57,6 +57,30 @@ pub fn tool_use(id: &str, name: &str, input: &Value) -> Value {
     )
 }
 
+/// The answer of `/v1/messages/count_tokens`: `{"input_tokens": N}`.
+pub fn count(input_tokens: u64) -> Value {
+    json!({"input_tokens": input_tokens})
+}
+
+/// `answer` (a complete message) reporting that context editing cleared
+/// `tool_uses` tool uses, `input_tokens` tokens, before the model read
+/// the request (`context_management.applied_edits`).
+///
+/// ```
+/// use markov_testkit::http::anthropic;
+///
+/// let answer = anthropic::with_cleared_tool_uses(anthropic::text("Done."), 4, 12_000);
+/// assert_eq!(answer["context_management"]["applied_edits"][0]["cleared_tool_uses"], 4);
+/// ```
+pub fn with_cleared_tool_uses(mut answer: Value, tool_uses: u64, input_tokens: u64) -> Value {
+    answer["context_management"] = json!({"applied_edits": [{
+        "type": "clear_tool_uses_20250919",
+        "cleared_tool_uses": tool_uses,
+        "cleared_input_tokens": input_tokens
+    }]});
+    answer
+}
+
 /// An error body, such as
 /// `{"type": "error", "error": {"type": "overloaded_error", "message": ...}}`.
 pub fn error(kind: &str, message: &str) -> Value {

@@ -25,6 +25,15 @@ fn usage() -> Value {
            "totalTokenCount": 150, "cachedContentTokenCount": 20})
 }
 
+/// The answer of `models/{model}:countTokens`: `totalTokens`, all of
+/// them text.
+pub fn count(total_tokens: u64) -> Value {
+    json!({
+        "totalTokens": total_tokens,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": total_tokens}]
+    })
+}
+
 /// A complete answer whose one candidate holds `parts`, ending with
 /// `finish_reason` (`STOP`, `MAX_TOKENS`, `SAFETY`, ...).
 pub fn response(parts: Vec<Value>, finish_reason: &str) -> Value {

@@ -34,6 +34,12 @@ fn usage() -> Value {
     })
 }
 
+/// The answer of `/responses/input_tokens`:
+/// `{"object": "response.input_tokens", "input_tokens": N}`.
+pub fn input_tokens(input_tokens: u64) -> Value {
+    json!({"object": "response.input_tokens", "input_tokens": input_tokens})
+}
+
 /// A complete response object (`"object": "response"`, status
 /// `completed`) whose `output` is `output`, its id `resp_<id>`.
 pub fn response(id: &str, output: Vec<Value>) -> Value {
