@@ -41,6 +41,8 @@ const TRANSCRIPT_QUOTE: usize = 4_000;
 #[derive(Debug, Default)]
 pub struct ContextViews {
     views: Mutex<HashMap<u64, ViewState>>,
+    /// The exact token counts of the views, for policies that ask for them.
+    pub(crate) counts: crate::count::ExactCounts,
 }
 
 /// A view ready for a request: its messages and its identity.
@@ -96,6 +98,26 @@ impl ContextViews {
             return Prepared::Summarize(job);
         }
         Prepared::Ready(view.reference())
+    }
+
+    /// The view of `policy`, brought up to date and its cuts and trims
+    /// applied as [`Self::prepare`] does, when its estimate passes the
+    /// summary threshold and it has turns to summarize: what an exact
+    /// count is asked for. `None` when no summary is due.
+    pub(crate) fn summary_due(
+        &self,
+        policy: &ContextPolicy,
+        history: &[Message],
+    ) -> Option<ViewRef> {
+        let summarize = policy.summarize()?;
+        let mut views = self.lock();
+        let view = views
+            .entry(policy.id())
+            .or_insert_with(|| ViewState::build(policy, history));
+        view.sync(policy, history);
+        view.apply_rules(policy);
+        (view.tokens > summarize.threshold_tokens() && view.can_summarize(summarize.kept_turns()))
+            .then(|| view.reference())
     }
 
     /// The view of `policy` as it is.
@@ -410,6 +432,11 @@ impl ViewState {
         if changed {
             self.compacted();
         }
+    }
+
+    /// Whether [`Self::summary_job`] would find turns to summarize.
+    fn can_summarize(&self, keep: usize) -> bool {
+        self.turns.len() > keep && self.turns[self.turns.len() - keep] > self.first()
     }
 
     /// The job that summarizes every turn but the last `keep` (and the

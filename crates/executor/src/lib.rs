@@ -41,6 +41,7 @@ mod agent;
 pub mod client;
 mod command;
 mod context;
+mod count;
 mod effect;
 mod error;
 mod executor;

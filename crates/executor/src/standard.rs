@@ -32,8 +32,8 @@ use markov_core::Role;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
 use markov_core::model::{
-    HistoryId, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason,
-    StreamEvent, ToolChoice,
+    HistoryId, InputTokenCount, Model, ModelError, ModelRequest, ModelResponse, ModelSettings,
+    StopReason, StreamEvent, ToolChoice,
 };
 use markov_core::tool::{
     InvalidArguments, ProviderTool, ToolCallError, ToolDefinition, ToolExecutionResult, ToolName,
@@ -43,7 +43,7 @@ use markov_policy::{
 };
 use markov_runtime::ConfigError;
 use markov_runtime::charter::{AncestorView, PromptInput};
-use markov_runtime::context::ContextPolicy;
+use markov_runtime::context::{ContextPolicy, TokenCount};
 use markov_runtime::tool_choice::check_thinking;
 use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
 use markov_runtime::transition::{TransitionError, TransitionOutcome};
@@ -1019,7 +1019,12 @@ impl StandardExecutor {
             }
             return result.map(|(response, vessel)| Called::Answer(response, vessel));
         };
-        let view = match cx.views.prepare(policy, cx.history) {
+        // A view the model counts within its threshold is sent as it is.
+        let counted = self.within_by_count(cx, policy, prepared).await;
+        let view = match counted.map_or_else(
+            || cx.views.prepare(policy, cx.history),
+            crate::context::Prepared::Ready,
+        ) {
             crate::context::Prepared::Ready(view) => view,
             crate::context::Prepared::Summarize(job) => {
                 self.summarize(cx, policy, job).await;
@@ -1104,6 +1109,66 @@ impl StandardExecutor {
             }
             None => false,
         }
+    }
+}
+
+impl StandardExecutor {
+    /// Under a policy that counts with the provider
+    /// ([`TokenCount::Provider`]): the leaf's view, to send as it is, when
+    /// its estimate passes the summary threshold but the model's count of
+    /// the request (remembered, plus the estimates since) does not. `None`
+    /// when the estimate decides: it is within the threshold, the count
+    /// passes it too, or no count could be had (a model that offers none,
+    /// a failed count: warned about once per machine and policy).
+    ///
+    /// The count is not a billed call (see [`TokenCount::Provider`]): it
+    /// is not checked against the usage limits nor accounted.
+    async fn within_by_count(
+        &self,
+        cx: &LeafContext<'_>,
+        policy: &ContextPolicy,
+        prepared: &Prepared,
+    ) -> Option<crate::context::ViewRef> {
+        use crate::count::{Known, Unavailable};
+        if policy.token_count() != TokenCount::Provider {
+            return None;
+        }
+        let threshold = policy.summarize()?.threshold_tokens();
+        let view = cx.views.summary_due(policy, cx.history)?;
+        let counts = &cx.views.counts;
+        match counts.known(policy.id(), view.id, &view.messages, threshold) {
+            Known::Within => return Some(view),
+            Known::Estimate => return None,
+            Known::Ask => {}
+        }
+        let span = tracing::info_span!(
+            "count_view",
+            gen_ai.provider.name = self.model.provider_name(),
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            threshold,
+        );
+        let request = prepared.request(&view.messages).with_history_id(view.id);
+        let counted = self
+            .model
+            .count_tokens(request)
+            .instrument(span.clone())
+            .await;
+        let (why, error) = match counted {
+            Ok(InputTokenCount::Counted(tokens)) => {
+                span.record("gen_ai.usage.input_tokens", tokens);
+                counts.remember(policy.id(), view.id, view.messages.len(), tokens);
+                return (tokens <= threshold).then_some(view);
+            }
+            Ok(_) => (Unavailable::NotOffered, None),
+            Err(error) => (Unavailable::Failed, Some(error)),
+        };
+        let error = error.map(|e| e.to_string()).unwrap_or_default();
+        if counts.unavailable(policy.id(), why) {
+            tracing::warn!(parent: &span, ?why, %error, "no exact token count: the context policy's estimate decides when to summarize (warned once)");
+        } else {
+            tracing::debug!(parent: &span, ?why, %error, "no exact token count: the estimate decides");
+        }
+        None
     }
 }
 

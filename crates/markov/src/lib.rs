@@ -83,7 +83,7 @@ pub mod prelude {
         ApprovalFlow, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
     };
     pub use markov_runtime::charter::Charter;
-    pub use markov_runtime::context::{ContextPolicy, Summarize};
+    pub use markov_runtime::context::{ContextPolicy, Summarize, TokenCount};
     pub use markov_runtime::node::{Node, OutputConfig};
     pub use markov_runtime::pack::Pack;
     pub use markov_runtime::tool_choice::{OutputRestriction, ToolChoiceRule};

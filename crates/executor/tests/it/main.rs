@@ -25,6 +25,7 @@ mod serialization;
 mod streaming;
 mod suspend_resume;
 mod terminal_tools;
+mod token_count;
 mod tool_choice;
 mod tool_choice_rules;
 mod tree;

@@ -61,6 +61,7 @@ struct PolicyInner {
     keep_last_turns: Option<usize>,
     trim_tool_results: Option<usize>,
     summarize: Option<Summarize>,
+    token_count: TokenCount,
 }
 
 impl fmt::Debug for ContextPolicy {
@@ -69,6 +70,7 @@ impl fmt::Debug for ContextPolicy {
             .field("keep_last_turns", &self.0.keep_last_turns)
             .field("trim_tool_results", &self.0.trim_tool_results)
             .field("summarize", &self.0.summarize)
+            .field("token_count", &self.0.token_count)
             .finish()
     }
 }
@@ -108,6 +110,42 @@ impl ContextPolicy {
     pub fn summarize(&self) -> Option<&Summarize> {
         self.0.summarize.as_ref()
     }
+
+    /// How the view's tokens are counted against the summary threshold.
+    pub fn token_count(&self) -> TokenCount {
+        self.0.token_count
+    }
+}
+
+/// How a policy counts the view's tokens against its summary threshold
+/// (set with [`ContextPolicyBuilder::token_count`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum TokenCount {
+    /// [`markov_core::tokens`]' estimate of the view's messages: no call,
+    /// no tokenizer, and on the high side (a token per three bytes).
+    #[default]
+    Estimate,
+    /// The estimate first; where it says the threshold is passed, the main
+    /// model's own count of the request
+    /// ([`Model::count_tokens`](markov_core::Model::count_tokens): the
+    /// system prompt, the tools and the view, as the provider counts
+    /// them) decides, and the view is summarized only if that count passes
+    /// the threshold too.
+    ///
+    /// A count is remembered with the view it was of; while the view is
+    /// only appended to, the estimates of the messages added since are
+    /// added to it, and the provider is asked again only when that sum
+    /// passes the threshold: near a crossing, never on every step. A
+    /// count is a model call that the vendors do not bill (Anthropic's
+    /// and Gemini's counts are free), so it is not accounted as usage nor
+    /// checked against usage limits.
+    ///
+    /// A model that offers no count (OpenAI's Chat Completions, a server
+    /// without the endpoint), or a count that fails, leaves the decision
+    /// to the estimate, with one warning in the trace per machine and
+    /// policy; a model that offers none is not asked again.
+    Provider,
 }
 
 /// Summarizes older turns with a model call once the view's messages
@@ -211,6 +249,7 @@ pub struct ContextPolicyBuilder {
     keep_last_turns: Option<usize>,
     trim_tool_results: Option<usize>,
     summarize: Option<Summarize>,
+    token_count: TokenCount,
 }
 
 impl ContextPolicyBuilder {
@@ -238,13 +277,55 @@ impl ContextPolicyBuilder {
         self
     }
 
+    /// How the view's tokens are counted against the summary threshold
+    /// (default [`TokenCount::Estimate`]); [`TokenCount::Provider`] asks
+    /// the main model for an exact count near a crossing, and needs a
+    /// summarizer.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use markov_runtime::context::{ContextPolicy, ContextPolicyError, Summarize, TokenCount};
+    /// # use markov_core::{Item, Model, ModelError, ModelRequest, ModelResponse, StopReason};
+    /// # #[derive(Debug)]
+    /// # struct Cheap;
+    /// # #[markov_core::async_trait]
+    /// # impl Model for Cheap {
+    /// #     async fn complete(&self, _r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+    /// #         Ok(ModelResponse::new(vec![Item::text("a summary")], StopReason::EndTurn))
+    /// #     }
+    /// # }
+    ///
+    /// let policy = ContextPolicy::builder()
+    ///     .summarize(Summarize::new(Arc::new(Cheap), 100_000))
+    ///     .token_count(TokenCount::Provider)
+    ///     .build()
+    ///     .unwrap();
+    /// assert_eq!(policy.token_count(), TokenCount::Provider);
+    ///
+    /// // Exact counts decide only whether to summarize.
+    /// let alone = ContextPolicy::builder()
+    ///     .keep_last_turns(4)
+    ///     .token_count(TokenCount::Provider)
+    ///     .build();
+    /// assert_eq!(alone.unwrap_err(), ContextPolicyError::CountWithoutSummary);
+    /// ```
+    #[must_use]
+    pub fn token_count(mut self, count: TokenCount) -> Self {
+        self.token_count = count;
+        self
+    }
+
     /// Validates and freezes the policy.
     ///
     /// # Errors
     /// A count of zero turns (the current turn is always kept), a zero
     /// threshold, an empty summary prompt or a summarizer allowed no
-    /// tokens, and a policy with no rule at all.
+    /// tokens, a policy with no rule at all, and exact token counts
+    /// without a summarizer (they decide nothing else).
     pub fn build(self) -> Result<ContextPolicy, ContextPolicyError> {
+        if self.token_count == TokenCount::Provider && self.summarize.is_none() {
+            return Err(ContextPolicyError::CountWithoutSummary);
+        }
         if self.keep_last_turns.is_none()
             && self.trim_tool_results.is_none()
             && self.summarize.is_none()
@@ -283,6 +364,7 @@ impl ContextPolicyBuilder {
             keep_last_turns: self.keep_last_turns,
             trim_tool_results: self.trim_tool_results,
             summarize: self.summarize,
+            token_count: self.token_count,
         })))
     }
 }
@@ -313,6 +395,12 @@ pub enum ContextPolicyError {
     /// The summarizer's settings allow no answer tokens.
     #[error("the summarizer's max_tokens is 0: it could not write a summary")]
     NoSummaryTokens,
+    /// [`TokenCount::Provider`] without a summarizer: the count decides
+    /// only whether to summarize.
+    #[error(
+        "token_count(TokenCount::Provider) needs summarize: exact counts only decide when to summarize"
+    )]
+    CountWithoutSummary,
 }
 
 #[cfg(test)]
