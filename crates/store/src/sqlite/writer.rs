@@ -48,8 +48,11 @@ struct Written {
     /// Whether its savepoint is released (kept) or rolled back.
     keep: bool,
     /// Answers the caller, given why the commit failed, if it did.
-    reply: Box<dyn FnOnce(Option<&str>) + Send>,
+    reply: Reply,
 }
+
+/// Answers a write's caller, given why the commit failed, if it did.
+type Reply = Box<dyn FnOnce(Option<&str>) + Send>;
 
 enum Job {
     Read(ReadJob),
@@ -61,7 +64,8 @@ enum Job {
 #[derive(Clone)]
 pub(super) struct Writer {
     jobs: mpsc::Sender<Job>,
-    /// Write transactions committed so far.
+    /// Write transactions committed so far (what the tests look at).
+    #[cfg(test)]
     commits: Arc<AtomicU64>,
 }
 
@@ -83,7 +87,11 @@ impl Writer {
             .name("markov-sqlite".into())
             .spawn(move || run(conn, queue, &counted))
             .map_err(|e| StoreError::Backend(format!("the database thread did not start: {e}")))?;
-        Ok(Writer { jobs, commits })
+        Ok(Writer {
+            jobs,
+            #[cfg(test)]
+            commits,
+        })
     }
 
     /// Write transactions committed so far.
@@ -386,7 +394,8 @@ mod tests {
     async fn when_sqlite_drops_the_transaction_no_write_of_the_batch_is_reported_done() {
         let writer = Writer::start(table()).expect("starts");
         let release = hold(&writer).await;
-        let spawn = |f: Box<dyn FnOnce(&Connection) -> Result<i64, StoreError> + Send>| {
+        type Write = Box<dyn FnOnce(&Connection) -> Result<i64, StoreError> + Send>;
+        let spawn = |f: Write| {
             let w = writer.clone();
             tokio::spawn(async move { w.write(f).await })
         };
