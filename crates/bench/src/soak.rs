@@ -31,15 +31,19 @@ fn descriptors(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
 
-/// The database file and its write-ahead log, together.
+/// The database's size as a reader sees it (its pages, the write-ahead
+/// log's included; the files' sizes would count the log's preallocation).
 fn database_bytes(path: &std::path::Path) -> u64 {
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    [path.as_os_str().to_owned(), wal]
-        .iter()
-        .filter_map(|p| std::fs::metadata(p).ok())
-        .map(|m| m.len())
-        .sum()
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return 0;
+    };
+    let pragma = |name: &str| -> u64 {
+        conn.pragma_query_value(None, name, |r| r.get::<_, i64>(0))
+            .map_or(0, |v| u64::try_from(v).unwrap_or(0))
+    };
+    pragma("page_count") * pragma("page_size")
 }
 
 /// Runs the soak and prints one line per sample and a summary.
@@ -114,18 +118,20 @@ pub(crate) fn figure(sessions: usize, turns: usize) {
                         elapsed: start.elapsed(),
                     };
                     println!(
-                        "bench=soak sessions={sessions} round={round} elapsed_s={:.1} server_rss_mb={:.1} server_fds={} db_mb={:.2} db_bytes_per_turn={:.0}",
+                        "bench=soak sessions={sessions} round={round} elapsed_s={:.1} server_rss_mb={:.1} server_fds={} db_mb={:.2}",
                         sample.elapsed.as_secs_f64(),
                         sample.rss_kb as f64 / 1024.0,
                         sample.fds,
                         sample.db_bytes as f64 / 1_048_576.0,
-                        sample.db_bytes as f64 / (sessions * round).max(1) as f64,
                     );
                     let _ = std::io::stdout().flush();
                     samples.push(sample);
                 }
             }
-            let _ = client.wait();
+            match client.wait() {
+                Ok(status) if status.success() => {}
+                status => eprintln!("soak: the client process failed: {status:?}"),
+            }
             samples
         })
         .await
@@ -139,17 +145,20 @@ pub(crate) fn figure(sessions: usize, turns: usize) {
 }
 
 /// The summary: memory after warm-up (the first sample) to the end, per
-/// turn; descriptors; the database's bytes per turn at the first and the
-/// last sample.
+/// turn; descriptors; the database's growth per turn in the first and the
+/// second half of the run (equal when it is linear in the messages).
 fn summarize(sessions: usize, samples: &[Sample], peak_kb: u64) {
     let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
         println!("bench=soak_summary failed=\"no samples\"");
         return;
     };
+    let middle = &samples[samples.len() / 2];
     let turns_between = (sessions * (last.round - first.round)).max(1) as f64;
-    let per_turn = |s: &Sample| s.db_bytes as f64 / (sessions * s.round).max(1) as f64;
+    let growth = |a: &Sample, b: &Sample| {
+        (b.db_bytes as f64 - a.db_bytes as f64) / (sessions * (b.round - a.round)).max(1) as f64
+    };
     println!(
-        "bench=soak_summary sessions={sessions} turns={} wall_s={:.1} steps_per_s={:.0} rss_warm_mb={:.1} rss_end_mb={:.1} rss_growth_bytes_per_turn={:.0} peak_rss_mb={:.1} fds_warm={} fds_end={} db_bytes_per_turn_warm={:.0} db_bytes_per_turn_end={:.0}",
+        "bench=soak_summary sessions={sessions} turns={} wall_s={:.1} steps_per_s={:.0} rss_warm_mb={:.1} rss_end_mb={:.1} rss_growth_bytes_per_turn={:.0} peak_rss_mb={:.1} fds_warm={} fds_end={} db_growth_bytes_per_turn_first_half={:.0} db_growth_bytes_per_turn_second_half={:.0}",
         last.round,
         last.elapsed.as_secs_f64(),
         (sessions * last.round) as f64 / last.elapsed.as_secs_f64().max(1e-9),
@@ -159,8 +168,8 @@ fn summarize(sessions: usize, samples: &[Sample], peak_kb: u64) {
         peak_kb as f64 / 1024.0,
         first.fds,
         last.fds,
-        per_turn(first),
-        per_turn(last),
+        growth(first, middle),
+        growth(middle, last),
     );
 }
 
@@ -177,6 +186,7 @@ pub(crate) fn clients(sessions: usize, turns: usize, base: &str) -> std::process
         return std::process::ExitCode::from(2);
     };
     runtime.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder().build().expect("a client");
         let mut urls = Vec::with_capacity(sessions);
         for _ in 0..sessions {
