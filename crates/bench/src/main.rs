@@ -55,6 +55,7 @@ mod counting;
 mod mcp;
 mod provider_path;
 mod server;
+mod soak;
 mod store;
 mod stream;
 
@@ -169,7 +170,23 @@ fn main() -> ExitCode {
             }
             _ => usage(),
         },
-        ["serve-worker", provider] => server::worker(provider),
+        ["serve-worker", provider] => server::worker(provider, None),
+        ["serve-worker", provider, database] => server::worker(provider, Some(database)),
+        ["soak"] => {
+            soak::figure(1_000, 100);
+            ExitCode::SUCCESS
+        }
+        ["soak", sessions, turns] => match (sessions.parse(), turns.parse()) {
+            (Ok(sessions), Ok(turns)) => {
+                soak::figure(sessions, turns);
+                ExitCode::SUCCESS
+            }
+            _ => usage(),
+        },
+        ["soak-clients", sessions, turns, base] => match (sessions.parse(), turns.parse()) {
+            (Ok(sessions), Ok(turns)) => soak::clients(sessions, turns, base),
+            _ => usage(),
+        },
         ["fake-provider", k] => match k.parse() {
             Ok(k) => provider_path::fake_provider(k),
             Err(_) => usage(),
@@ -276,7 +293,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS>"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> | markov-bench soak [<SESSIONS> <TURNS>]"
     );
     ExitCode::from(2)
 }
@@ -564,7 +581,7 @@ fn run_all(plan: Plan) -> ExitCode {
     for s in &servers {
         let _ = writeln!(
             table,
-            "   N = {:>5}: {} completed in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; peak RSS of the {} servers {:.1} MB (clients {:.1} MB)",
+            "   N = {:>5}: {} completed in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; peak RSS of the {} servers {:.1} MB (clients {:.1} MB); CPU per step: servers {:.0} µs, clients {:.0} µs, provider {:.0} µs",
             s.sessions,
             s.completed,
             s.wall_ms,
@@ -573,7 +590,10 @@ fn run_all(plan: Plan) -> ExitCode {
             s.p99_ms,
             s.workers,
             s.workers_mb,
-            s.clients_mb
+            s.clients_mb,
+            s.cpu_per_step_us(s.workers_cpu),
+            s.cpu_per_step_us(s.client_cpu),
+            s.cpu_per_step_us(s.provider_cpu)
         );
     }
     let _ = writeln!(
@@ -1017,13 +1037,34 @@ fn throughput(plan: Plan) -> Throughput {
     figure
 }
 
-/// A `kB` line of `/proc/self/status`, e.g. `VmHWM`.
-pub(crate) fn proc_status_kb(key: &str) -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+/// CPU a process has used, all threads together: `utime` + `stime` of
+/// `/proc/<pid>/stat` (`pid` a number or `self`), in clock ticks of 1/100 s
+/// (`USER_HZ`, fixed at 100 by the kernel's ABI on the platforms we run on).
+pub(crate) fn process_cpu(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces; the fields after it are plain.
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // `utime` and `stime` are fields 14 and 15 of the whole line, so 11 and
+    // 12 (0-based) after the state field that follows the name.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
+/// A `kB` line of `/proc/<pid>/status` (`pid` a number or `self`), e.g.
+/// `VmHWM`.
+pub(crate) fn proc_status_kb_of(pid: &str, key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|line| {
         let rest = line.strip_prefix(key)?.strip_prefix(':')?;
         rest.trim().strip_suffix("kB")?.trim().parse().ok()
     })
+}
+
+/// A `kB` line of `/proc/self/status`, e.g. `VmHWM`.
+pub(crate) fn proc_status_kb(key: &str) -> Option<u64> {
+    proc_status_kb_of("self", key)
 }
 
 /// The per-machine part of figure 3.

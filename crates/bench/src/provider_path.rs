@@ -107,21 +107,6 @@ fn io_runtime() -> tokio::runtime::Runtime {
         .expect("a runtime")
 }
 
-/// Seconds of CPU this process has used, all threads together: `utime` +
-/// `stime` of `/proc/self/stat`, in clock ticks of 1/100 s (`USER_HZ`,
-/// fixed at 100 by the kernel's ABI on the platforms we run on).
-fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name may hold spaces; the fields after it are plain.
-    let after_name = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
-    // `utime` and `stime` are fields 14 and 15 of the whole line, so 11 and
-    // 12 (0-based) after the state field that follows the name.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 10))
-}
-
 /// The fake provider for `k`, started as a child process, and its URL.
 fn start_fake(k: usize) -> (Child, String) {
     let exe = std::env::current_exe().expect("the bench binary");
@@ -179,11 +164,11 @@ pub(crate) fn figure(call: Call, k: usize, turns: usize) -> ProviderPathFigure {
         runtime.block_on(run_turn(&mut machine, k))
     };
     turn(&agent);
-    let cpu_before = process_cpu();
+    let cpu_before = crate::process_cpu("self");
     let start = Instant::now();
     let steps: usize = (0..turns).map(|_| turn(&agent)).sum();
     let wall = start.elapsed();
-    let cpu = process_cpu()
+    let cpu = crate::process_cpu("self")
         .zip(cpu_before)
         .map_or(Duration::ZERO, |(after, before)| {
             after.saturating_sub(before)
@@ -213,11 +198,10 @@ pub(crate) fn figure(call: Call, k: usize, turns: usize) -> ProviderPathFigure {
 
 #[cfg(test)]
 mod tests {
-    use super::process_cpu;
 
     #[test]
     fn process_cpu_is_read_and_grows_with_work() {
-        let before = process_cpu().expect("Linux reports utime and stime");
+        let before = crate::process_cpu("self").expect("Linux reports utime and stime");
         // Busy until the kernel has counted a tick of it (bounded, so a
         // reading that never moves fails rather than hangs).
         let start = std::time::Instant::now();
@@ -227,7 +211,7 @@ mod tests {
             for _ in 0..100_000 {
                 x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
             }
-            after = process_cpu().expect("Linux reports utime and stime");
+            after = crate::process_cpu("self").expect("Linux reports utime and stime");
         }
         assert!(after > before, "{before:?} then {after:?}");
     }

@@ -33,7 +33,7 @@ pub(crate) struct ServerFigure {
 
 /// The fake provider's answer after [`MODEL_LATENCY`]: streamed when the
 /// request asks for a stream (the server streams its model calls).
-fn answer(request: &Recorded) -> Reply {
+pub(crate) fn answer(request: &Recorded) -> Reply {
     let reply = if request.body["stream"] == json!(true) {
         Reply::sse(&anthropic::text_events("ok"))
     } else {
@@ -153,7 +153,7 @@ pub(crate) fn server_figures(ns: &[usize]) -> Vec<ServerFigure> {
 /// The server of one worker process: the demo-less agent of figure 7 over
 /// the provider at `provider_url`, on a free loopback port, which it prints
 /// (`port=N`) before it serves until it is killed.
-pub(crate) fn worker(provider_url: &str) -> std::process::ExitCode {
+pub(crate) fn worker(provider_url: &str, database: Option<&str>) -> std::process::ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -173,7 +173,10 @@ pub(crate) fn worker(provider_url: &str) -> std::process::ExitCode {
             .model(model)
             .build()
             .expect("the agent builds");
-        let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+        let store = Arc::new(match database {
+            Some(path) => SqliteStore::open(path).expect("a database file"),
+            None => SqliteStore::in_memory().expect("a database"),
+        });
         let (server, key) = bench_server(agent, store, WorkerId::random()).await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
@@ -196,7 +199,7 @@ pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
         .enable_all()
         .build()
         .expect("a runtime");
-    let (completed, wall, added) = runtime.block_on(async {
+    let (completed, wall, added, cpu) = runtime.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(0)
@@ -222,6 +225,9 @@ pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
                 key.to_owned(),
             ));
         }
+        // The parent reads CPU counters from here on.
+        println!("start");
+        let cpu_before = crate::process_cpu("self").unwrap_or_default();
         let start = Instant::now();
         let runs = urls.into_iter().map(|(url, key)| {
             let client = client.clone();
@@ -248,29 +254,32 @@ pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
             .into_iter()
             .filter_map(|r| r.ok().flatten())
             .collect();
-        (added.len(), wall, Stats::of(&added))
+        let cpu = crate::process_cpu("self")
+            .unwrap_or_default()
+            .saturating_sub(cpu_before);
+        (added.len(), wall, Stats::of(&added), cpu)
     });
     println!(
-        "result completed={completed} wall_ms={:.0} p50_ms={:.1} p99_ms={:.1} client_vm_hwm_kb={}",
+        "result completed={completed} wall_ms={:.0} p50_ms={:.1} p99_ms={:.1} client_vm_hwm_kb={} client_cpu_ms={}",
         wall.as_secs_f64() * 1e3,
         added.median_us / 1e3,
         added.p99_us / 1e3,
-        crate::proc_status_kb("VmHWM").unwrap_or(0)
+        crate::proc_status_kb("VmHWM").unwrap_or(0),
+        cpu.as_millis()
     );
     std::process::ExitCode::SUCCESS
 }
 
 /// `VmHWM` of another process, in kB.
-fn vm_hwm_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status.lines().find_map(|l| {
-                l.strip_prefix("VmHWM:")
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            })
-        })
-        .unwrap_or(0)
+pub(crate) fn vm_hwm_of(pid: u32) -> u64 {
+    crate::proc_status_kb_of(&pid.to_string(), "VmHWM").unwrap_or(0)
+}
+
+/// CPU used by the processes `pids`, together.
+fn cpu_of(pids: &[u32]) -> Duration {
+    pids.iter()
+        .filter_map(|pid| crate::process_cpu(&pid.to_string()))
+        .sum()
 }
 
 /// Figure 7 with every part in a process of its own: the fake provider
@@ -311,25 +320,46 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
             bases.push(format!("http://127.0.0.1:{port}#{key}"));
             children.push(child);
         }
-        let client = {
+        let worker_pids: Vec<u32> = children.iter().map(std::process::Child::id).collect();
+        let (result, workers_cpu, provider_cpu) = {
             let exe = exe.clone();
             let bases = bases.join(",");
+            let worker_pids = worker_pids.clone();
             tokio::task::spawn_blocking(move || {
-                Command::new(exe)
+                let mut client = Command::new(exe)
                     .args(["load-clients", &n.to_string(), &bases])
-                    .output()
-                    .expect("the clients run")
+                    .stdout(Stdio::piped())
+                    .spawn()
+                    .expect("the clients run");
+                let out = client.stdout.take().expect("the client's output");
+                // CPU is counted over the messages, from the client's
+                // `start` (its sessions are created) to its result.
+                let mut before = (Duration::ZERO, Duration::ZERO);
+                let mut result = String::new();
+                for line in std::io::BufReader::new(out).lines() {
+                    let Ok(line) = line else { break };
+                    if line == "start" {
+                        before = (cpu_of(&worker_pids), crate::process_cpu("self").unwrap_or_default());
+                    } else if line.starts_with("result") {
+                        result = line;
+                    }
+                }
+                let workers = cpu_of(&worker_pids).saturating_sub(before.0);
+                let provider = crate::process_cpu("self")
+                    .unwrap_or_default()
+                    .saturating_sub(before.1);
+                let _ = client.wait();
+                (result, workers, provider)
             })
-        }
-        .await
-        .expect("the clients finished");
-        let result = String::from_utf8_lossy(&client.stdout).into_owned();
-        let workers_hwm_kb: u64 = children.iter().map(|c| vm_hwm_of(c.id())).sum();
+            .await
+            .expect("the clients finished")
+        };
+        let workers_hwm_kb: u64 = worker_pids.iter().map(|&pid| vm_hwm_of(pid)).sum();
         for mut child in children {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let line = result.lines().find(|l| l.starts_with("result")).unwrap_or("result failed");
+        let line = if result.is_empty() { "result failed" } else { result.as_str() };
         let field = |name: &str| -> f64 {
             line.split_whitespace()
                 .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
@@ -344,16 +374,22 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
             p99_ms: field("p99_ms"),
             workers_mb: workers_hwm_kb as f64 / 1024.0,
             clients_mb: field("client_vm_hwm_kb") / 1024.0,
+            workers_cpu,
+            client_cpu: Duration::from_millis(field("client_cpu_ms") as u64),
+            provider_cpu,
         };
         println!(
-            "bench=server_processes sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1}",
+            "bench=server_processes sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1} cpu_per_step_us_workers={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0}",
             figure.completed,
             figure.wall_ms,
             figure.steps_per_s(),
             figure.p50_ms,
             figure.p99_ms,
             figure.workers_mb,
-            figure.clients_mb
+            figure.clients_mb,
+            figure.cpu_per_step_us(figure.workers_cpu),
+            figure.cpu_per_step_us(figure.client_cpu),
+            figure.cpu_per_step_us(figure.provider_cpu),
         );
         figure
     })
@@ -371,9 +407,19 @@ pub(crate) struct ProcessesFigure {
     /// Peak resident memory of the server workers, summed.
     pub(crate) workers_mb: f64,
     pub(crate) clients_mb: f64,
+    /// CPU over the messages: the server workers together, the client
+    /// process, the fake provider (this process).
+    pub(crate) workers_cpu: Duration,
+    pub(crate) client_cpu: Duration,
+    pub(crate) provider_cpu: Duration,
 }
 
 impl ProcessesFigure {
+    /// `cpu` per completed step, in microseconds.
+    pub(crate) fn cpu_per_step_us(&self, cpu: Duration) -> f64 {
+        cpu.as_secs_f64() * 1e6 / self.completed.max(1) as f64
+    }
+
     pub(crate) fn steps_per_s(&self) -> f64 {
         if self.wall_ms > 0.0 {
             self.completed as f64 / (self.wall_ms / 1e3)

@@ -97,6 +97,13 @@ const LOCK: &str = "UPDATE sessions SET revision = revision + 1 WHERE id = $1
 const INSERT_MESSAGES: &str = "INSERT INTO messages (session_id, seq, body)
      SELECT $1, $2 + t.ord - 1, t.body
      FROM unnest($3::text[]) WITH ORDINALITY AS t(body, ord)";
+// A step's messages after those the session has: the count is read in the
+// statement, so it can be sent with the lock before the lock's answer is
+// back (it runs after the lock, which holds the row).
+const APPEND_MESSAGES: &str = "INSERT INTO messages (session_id, seq, body)
+     SELECT $1, s.messages + t.ord - 1, t.body
+     FROM sessions s, unnest($2::text[]) WITH ORDINALITY AS t(body, ord)
+     WHERE s.id = $1";
 const UPDATE: &str = "UPDATE sessions SET
         tree = COALESCE($2, tree),
         approvals = COALESCE($3, approvals),
@@ -109,6 +116,8 @@ const UPDATE: &str = "UPDATE sessions SET
         answers = $9,
         usage = COALESCE($10, usage)
      WHERE id = $1";
+const CLEAR_LEDGER: &str = "DELETE FROM ledger WHERE session_id = $1 AND key NOT LIKE $2";
+const SET_ANSWERS: &str = "UPDATE sessions SET answers = $2 WHERE id = $1";
 const JOURNAL: &str = "INSERT INTO ledger (session_id, key, recorded_at, body) VALUES ($1, $2, $3, $4)
      ON CONFLICT (session_id, key) DO UPDATE SET recorded_at = EXCLUDED.recorded_at, body = EXCLUDED.body";
 
@@ -205,7 +214,7 @@ impl PostgresStore {
             .map_err(backend)?;
         // Prepared now, so that a statement that does not prepare against
         // this schema is an error of `connect`.
-        for statement in [LOCK, INSERT_MESSAGES, UPDATE, JOURNAL] {
+        for statement in [LOCK, INSERT_MESSAGES, APPEND_MESSAGES, UPDATE, JOURNAL] {
             client.prepare_cached(statement).await.map_err(backend)?;
         }
         Ok(store)
@@ -240,22 +249,65 @@ impl PostgresStore {
         holder: &WorkerId,
     ) -> Result<i64, StoreError> {
         let lock = tx.prepare_cached(LOCK).await.map_err(backend)?;
-        let row = tx
-            .query_opt(&lock, &[&id.as_str()])
-            .await
-            .map_err(backend)?
-            .ok_or_else(|| StoreError::NotFound(id.clone()))?;
-        let lease_holder: Option<String> = row.get(0);
-        let expires: i64 = row.get(1);
-        let holds = lease_holder.as_deref() == Some(holder.as_str()) && to_u64(expires) > now_ms();
-        if !holds {
-            return Err(StoreError::LeaseLost {
-                session: id.clone(),
-                worker: holder.clone(),
-            });
-        }
-        Ok(row.get(2))
+        holds(tx.query_opt(&lock, &[&id.as_str()]).await, id, holder)
     }
+
+    /// Runs `writes` in one transaction after the lock of [`Self::locked`],
+    /// all sent at once (tokio-postgres pipelines the statements of futures
+    /// polled together), and commits only if `holder` holds the lease: three
+    /// round trips (begin, the statements, commit) whatever their number.
+    async fn fenced_pipeline(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        writes: &[(&str, &[&(dyn tokio_postgres::types::ToSql + Sync)])],
+    ) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(backend)?;
+        let mut statements = Vec::with_capacity(writes.len() + 1);
+        for statement in std::iter::once(LOCK).chain(writes.iter().map(|(sql, _)| *sql)) {
+            statements.push(tx.prepare_cached(statement).await.map_err(backend)?);
+        }
+        let id_text = id.as_str();
+        let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id_text];
+        let lock = tx.query_opt(&statements[0], &lock_params);
+        let rest = futures::future::join_all(
+            writes
+                .iter()
+                .zip(&statements[1..])
+                .map(|((_, params), statement)| tx.execute(statement, params)),
+        );
+        let (locked, written) = futures::join!(lock, rest);
+        // The lease first: a write that failed because another worker
+        // changed the session is reported as the lost lease it is.
+        holds(locked, id, holder)?;
+        for result in written {
+            result.map_err(backend)?;
+        }
+        tx.commit().await.map_err(backend)
+    }
+}
+
+/// The lock's answer: the session's message count, if `holder` holds its
+/// lease.
+fn holds(
+    row: Result<Option<tokio_postgres::Row>, tokio_postgres::Error>,
+    id: &SessionId,
+    holder: &WorkerId,
+) -> Result<i64, StoreError> {
+    let row = row
+        .map_err(backend)?
+        .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+    let lease_holder: Option<String> = row.get(0);
+    let expires: i64 = row.get(1);
+    let holds = lease_holder.as_deref() == Some(holder.as_str()) && to_u64(expires) > now_ms();
+    if !holds {
+        return Err(StoreError::LeaseLost {
+            session: id.clone(),
+            worker: holder.clone(),
+        });
+    }
+    Ok(row.get(2))
 }
 
 /// Leases the locked row `id` to `holder`, or says who holds it.
@@ -422,44 +474,25 @@ impl Store for PostgresStore {
             .transpose()?;
         let run = step.run.map(to_json).transpose()?;
         let usage = step.usage.map(to_json).transpose()?;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(backend)?;
-        let count = self.locked(&tx, id, holder).await?;
+        let (id_text, count, now) = (id.as_str(), to_i64(messages.len() as u64), to_i64(now_ms()));
+        let stale = turn.map(|turn| format!("t{turn}:%"));
+        let mut writes: Vec<(&str, &[&(dyn tokio_postgres::types::ToSql + Sync)])> =
+            Vec::with_capacity(3);
+        let insert: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id_text, &messages];
         if !messages.is_empty() {
-            let insert = tx.prepare_cached(INSERT_MESSAGES).await.map_err(backend)?;
-            tx.execute(&insert, &[&id.as_str(), &count, &messages])
-                .await
-                .map_err(backend)?;
+            writes.push((APPEND_MESSAGES, &insert));
         }
-        let update = tx.prepare_cached(UPDATE).await.map_err(backend)?;
-        tx.execute(
-            &update,
-            &[
-                &id.as_str(),
-                &tree,
-                &approvals,
-                &repeats,
-                &run,
-                &to_i64(messages.len() as u64),
-                &to_i64(now_ms()),
-                &counters,
-                &answers,
-                &usage,
-            ],
-        )
-        .await
-        .map_err(backend)?;
-        if let Some(turn) = turn {
-            // A new user turn: the earlier turns' answers can never match
-            // again (their keys name their turn).
-            tx.execute(
-                "DELETE FROM ledger WHERE session_id = $1 AND key NOT LIKE $2",
-                &[&id.as_str(), &format!("t{turn}:%")],
-            )
-            .await
-            .map_err(backend)?;
+        let update: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+            &id_text, &tree, &approvals, &repeats, &run, &count, &now, &counters, &answers, &usage,
+        ];
+        writes.push((UPDATE, &update));
+        // A new user turn: the earlier turns' answers can never match again
+        // (their keys name their turn).
+        let clear: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id_text, &stale];
+        if stale.is_some() {
+            writes.push((CLEAR_LEDGER, &clear));
         }
-        tx.commit().await.map_err(backend)
+        self.fenced_pipeline(id, holder, &writes).await
     }
 
     async fn journal(
@@ -469,17 +502,11 @@ impl Store for PostgresStore {
         entry: &LedgerEntry,
     ) -> Result<(), StoreError> {
         let body = to_json(entry)?;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(backend)?;
-        self.locked(&tx, id, holder).await?;
-        let journal = tx.prepare_cached(JOURNAL).await.map_err(backend)?;
-        tx.execute(
-            &journal,
-            &[&id.as_str(), &entry.key, &to_i64(entry.recorded_at), &body],
-        )
-        .await
-        .map_err(backend)?;
-        tx.commit().await.map_err(backend)
+        let (id_text, at) = (id.as_str(), to_i64(entry.recorded_at));
+        let journal: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&id_text, &entry.key, &at, &body];
+        self.fenced_pipeline(id, holder, &[(JOURNAL, &journal)])
+            .await
     }
 
     async fn journal_answers(
@@ -491,16 +518,10 @@ impl Store for PostgresStore {
         let body = (!answers.is_empty())
             .then(|| to_json(answers))
             .transpose()?;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(backend)?;
-        self.locked(&tx, id, holder).await?;
-        tx.execute(
-            "UPDATE sessions SET answers = $2 WHERE id = $1",
-            &[&id.as_str(), &body],
-        )
-        .await
-        .map_err(backend)?;
-        tx.commit().await.map_err(backend)
+        let id_text = id.as_str();
+        let answers: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id_text, &body];
+        self.fenced_pipeline(id, holder, &[(SET_ANSWERS, &answers)])
+            .await
     }
 
     async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {

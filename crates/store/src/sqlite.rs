@@ -9,14 +9,18 @@
 //! length.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use markov_core::Message;
 use markov_executor::{FORMAT_VERSION, SerializedMachine};
 use markov_policy::{LedgerEntry, RecordedAnswer};
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
+
+mod writer;
+
+use writer::Writer;
 
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
@@ -90,9 +94,14 @@ CREATE TABLE IF NOT EXISTS api_keys (
 ";
 
 /// Sessions in SQLite. Cheap to clone (one shared connection).
+///
+/// One thread owns the connection: the writes of many sessions that wait
+/// together are committed in one transaction (one sync of the disk), each
+/// answered only once it is committed, and a write that fails is rolled
+/// back alone. Calls beyond a bounded queue wait for room.
 #[derive(Clone)]
 pub struct SqliteStore {
-    conn: Arc<Mutex<Connection>>,
+    writer: Writer,
     label: Arc<str>,
 }
 
@@ -168,39 +177,22 @@ impl SqliteStore {
             "CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, updated_at)",
         )
         .map_err(backend)?;
+        // Every statement the store runs stays prepared (parsing SQL was a
+        // tenth of a busy worker's database time).
+        conn.set_prepared_statement_cache_capacity(64);
         Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
+            writer: Writer::start(conn)?,
             label: Arc::from(label),
         })
-    }
-
-    /// Runs `f` on the connection off the async threads.
-    async fn with<T, F>(&self, f: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
-    {
-        let conn = Arc::clone(&self.conn);
-        tokio::task::spawn_blocking(move || {
-            let mut conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .map_err(|e| StoreError::Backend(format!("the database task failed: {e}")))?
     }
 }
 
 /// Checks that `holder` holds `id`'s unexpired lease, counting the write in
 /// the session's [`Revision`].
-fn fence(
-    tx: &rusqlite::Transaction<'_>,
-    id: &SessionId,
-    holder: &WorkerId,
-    now: u64,
-) -> Result<(), StoreError> {
+fn fence(conn: &Connection, id: &SessionId, holder: &WorkerId, now: u64) -> Result<(), StoreError> {
     // The write counts in the session's revision; when the lease check
-    // fails, the transaction is dropped and the count with it.
-    let row: Option<(Option<String>, i64)> = tx
+    // fails, the write's savepoint is rolled back and the count with it.
+    let row: Option<(Option<String>, i64)> = conn
         .prepare_cached(
             "UPDATE sessions SET revision = revision + 1 WHERE id = ?1
              RETURNING lease_holder, lease_expires",
@@ -267,19 +259,19 @@ fn raw_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawColumns> {
 }
 
 fn lease(
-    tx: &rusqlite::Transaction<'_>,
+    conn: &Connection,
     id: &SessionId,
     holder: &WorkerId,
     ttl: Duration,
 ) -> Result<Lease, StoreError> {
     let now = now_ms();
     let expires = now.saturating_add(ms(ttl));
-    let row: Option<(Option<String>, i64, i64)> = tx
-        .query_row(
-            "SELECT lease_holder, lease_expires, revision FROM sessions WHERE id = ?1",
-            params![id.as_str()],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
+    let row: Option<(Option<String>, i64, i64)> = conn
+        .prepare_cached("SELECT lease_holder, lease_expires, revision FROM sessions WHERE id = ?1")
+        .map_err(backend)?
+        .query_row(params![id.as_str()], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
         .optional()
         .map_err(backend)?;
     let revision = match row {
@@ -293,11 +285,10 @@ fn lease(
         }
         Some((_, _, revision)) => Revision::new(to_u64(revision)),
     };
-    tx.execute(
-        "UPDATE sessions SET lease_holder = ?2, lease_expires = ?3 WHERE id = ?1",
-        params![id.as_str(), holder.as_str(), to_i64(expires)],
-    )
-    .map_err(backend)?;
+    conn.prepare_cached("UPDATE sessions SET lease_holder = ?2, lease_expires = ?3 WHERE id = ?1")
+        .map_err(backend)?
+        .execute(params![id.as_str(), holder.as_str(), to_i64(expires)])
+        .map_err(backend)?;
     Ok(Lease {
         session: id.clone(),
         holder: holder.clone(),
@@ -341,13 +332,10 @@ impl Store for SqliteStore {
         let (id, charter, holder) = (id.clone(), charter.to_owned(), holder.clone());
         let owner = owner.map(|o| o.as_str().to_owned());
         let revision = Revision::first();
-        self.with(move |conn| {
+        self.writer.write(move |conn| {
             let now = now_ms();
             let expires = now.saturating_add(ms(ttl));
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            let inserted = tx
+            let inserted = conn
                 .execute(
                     "INSERT OR IGNORE INTO sessions (id, charter, tree, approvals, messages, created_at, updated_at, lease_holder, lease_expires, repeats, counters, answers, owner, revision, usage)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
@@ -373,7 +361,7 @@ impl Store for SqliteStore {
                 return Err(StoreError::AlreadyExists(id));
             }
             {
-                let mut insert = tx
+                let mut insert = conn
                     .prepare_cached("INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)")
                     .map_err(backend)?;
                 for (seq, body) in messages.iter().enumerate() {
@@ -381,7 +369,7 @@ impl Store for SqliteStore {
                         .execute(params![id.as_str(), to_i64(seq as u64), body])
                         .map_err(backend)?;
                 }
-                let mut insert = tx
+                let mut insert = conn
                     .prepare_cached(
                         "INSERT OR REPLACE INTO ledger (session_id, key, recorded_at, body) VALUES (?1, ?2, ?3, ?4)",
                     )
@@ -392,7 +380,6 @@ impl Store for SqliteStore {
                         .map_err(backend)?;
                 }
             }
-            tx.commit().map_err(backend)?;
             Ok(Lease {
                 session: id,
                 holder,
@@ -425,33 +412,29 @@ impl Store for SqliteStore {
         let run = step.run.map(to_json).transpose()?;
         let usage = step.usage.map(to_json).transpose()?;
         let (id, holder) = (id.clone(), holder.clone());
-        self.with(move |conn| {
-            let now = now_ms();
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            fence(&tx, &id, &holder, now)?;
-            let count: i64 = tx
-                .query_row(
-                    "SELECT messages FROM sessions WHERE id = ?1",
-                    params![id.as_str()],
-                    |r| r.get(0),
-                )
-                .map_err(backend)?;
-            {
-                let mut insert = tx
-                    .prepare_cached(
-                        "INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)",
-                    )
+        self.writer
+            .write(move |conn| {
+                let now = now_ms();
+                fence(conn, &id, &holder, now)?;
+                let count: i64 = conn
+                    .prepare_cached("SELECT messages FROM sessions WHERE id = ?1")
+                    .map_err(backend)?
+                    .query_row(params![id.as_str()], |r| r.get(0))
                     .map_err(backend)?;
-                for (i, body) in messages.iter().enumerate() {
-                    insert
-                        .execute(params![id.as_str(), count + to_i64(i as u64), body])
+                {
+                    let mut insert = conn
+                        .prepare_cached(
+                            "INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)",
+                        )
                         .map_err(backend)?;
+                    for (i, body) in messages.iter().enumerate() {
+                        insert
+                            .execute(params![id.as_str(), count + to_i64(i as u64), body])
+                            .map_err(backend)?;
+                    }
                 }
-            }
-            tx.prepare_cached(
-                "UPDATE sessions SET
+                conn.prepare_cached(
+                    "UPDATE sessions SET
                     tree = COALESCE(?2, tree),
                     approvals = COALESCE(?3, approvals),
                     run_state = ?4,
@@ -463,32 +446,34 @@ impl Store for SqliteStore {
                     answers = ?9,
                     usage = COALESCE(?10, usage)
                  WHERE id = ?1",
-            )
-            .map_err(backend)?
-            .execute(params![
-                id.as_str(),
-                tree,
-                approvals,
-                run,
-                to_i64(messages.len() as u64),
-                to_i64(now),
-                repeats,
-                counters,
-                answers,
-                usage
-            ])
-            .map_err(backend)?;
-            if let Some(turn) = turn {
-                // A new user turn: the earlier turns' answers can never
-                // match again (their keys name their turn).
-                tx.prepare_cached("DELETE FROM ledger WHERE session_id = ?1 AND key NOT LIKE ?2")
+                )
+                .map_err(backend)?
+                .execute(params![
+                    id.as_str(),
+                    tree,
+                    approvals,
+                    run,
+                    to_i64(messages.len() as u64),
+                    to_i64(now),
+                    repeats,
+                    counters,
+                    answers,
+                    usage
+                ])
+                .map_err(backend)?;
+                if let Some(turn) = turn {
+                    // A new user turn: the earlier turns' answers can never
+                    // match again (their keys name their turn).
+                    conn.prepare_cached(
+                        "DELETE FROM ledger WHERE session_id = ?1 AND key NOT LIKE ?2",
+                    )
                     .map_err(backend)?
                     .execute(params![id.as_str(), format!("t{turn}:%")])
                     .map_err(backend)?;
-            }
-            tx.commit().map_err(backend)
-        })
-        .await
+                }
+                Ok(())
+            })
+            .await
     }
 
     async fn journal(
@@ -504,18 +489,15 @@ impl Store for SqliteStore {
             entry.key.clone(),
             entry.recorded_at,
         );
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            fence(&tx, &id, &holder, now_ms())?;
-            tx.prepare_cached(
+        self.writer.write(move |conn| {
+            fence(conn, &id, &holder, now_ms())?;
+            conn.prepare_cached(
                 "INSERT OR REPLACE INTO ledger (session_id, key, recorded_at, body) VALUES (?1, ?2, ?3, ?4)",
             )
             .map_err(backend)?
             .execute(params![id.as_str(), key, to_i64(at), body])
             .map_err(backend)?;
-            tx.commit().map_err(backend)
+            Ok(())
         })
         .await
     }
@@ -530,31 +512,29 @@ impl Store for SqliteStore {
             .then(|| to_json(answers))
             .transpose()?;
         let (id, holder) = (id.clone(), holder.clone());
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            fence(&tx, &id, &holder, now_ms())?;
-            tx.prepare_cached("UPDATE sessions SET answers = ?2 WHERE id = ?1")
-                .map_err(backend)?
-                .execute(params![id.as_str(), body])
-                .map_err(backend)?;
-            tx.commit().map_err(backend)
-        })
-        .await
+        self.writer
+            .write(move |conn| {
+                fence(conn, &id, &holder, now_ms())?;
+                conn.prepare_cached("UPDATE sessions SET answers = ?2 WHERE id = ?1")
+                    .map_err(backend)?
+                    .execute(params![id.as_str(), body])
+                    .map_err(backend)?;
+                Ok(())
+            })
+            .await
     }
 
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
         let id = id.clone();
-        self.with(move |conn| {
+        self.writer.read(move |conn| {
             let tx = conn.transaction().map_err(backend)?;
             let row: Option<(SessionInfo, RawColumns)> = tx
-                .query_row(
+                .prepare_cached(
                     "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner, usage
                      FROM sessions WHERE id = ?1",
-                    params![id.as_str()],
-                    |r| Ok((info_of(r)?, raw_columns(r)?)),
                 )
+                .map_err(backend)?
+                .query_row(params![id.as_str()], |r| Ok((info_of(r)?, raw_columns(r)?)))
                 .optional()
                 .map_err(backend)?;
             let Some((info, columns)) = row else {
@@ -608,12 +588,9 @@ impl Store for SqliteStore {
 
     async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
         let (id, holder) = (id.clone(), holder.clone());
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            fence(&tx, &id, &holder, now_ms())?;
-            let columns = tx
+        self.writer.write(move |conn| {
+            fence(conn, &id, &holder, now_ms())?;
+            let columns = conn
                 .query_row(
                     "SELECT id, charter, steps, messages, run_state, created_at, updated_at, tree, approvals, repeats, counters, answers, owner, usage
                      FROM sessions WHERE id = ?1",
@@ -622,7 +599,7 @@ impl Store for SqliteStore {
                 )
                 .map_err(backend)?;
             let messages: Vec<String> = {
-                let mut rows = tx
+                let mut rows = conn
                     .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq")
                     .map_err(backend)?;
                 let bodies = rows
@@ -631,7 +608,7 @@ impl Store for SqliteStore {
                 bodies.collect::<Result<_, _>>().map_err(backend)?
             };
             let ledger: Vec<(String, String)> = {
-                let mut rows = tx
+                let mut rows = conn
                     .prepare_cached("SELECT key, body FROM ledger WHERE session_id = ?1 ORDER BY rowid")
                     .map_err(backend)?;
                 let entries = rows
@@ -645,19 +622,19 @@ impl Store for SqliteStore {
             if plan.report.is_clean() {
                 return Ok(plan.report);
             }
-            tx.execute(
+            conn.execute(
                 "DELETE FROM messages WHERE session_id = ?1 AND seq >= ?2",
                 params![id.as_str(), to_i64(plan.keep_messages as u64)],
             )
             .map_err(backend)?;
             for key in &plan.drop_ledger {
-                tx.execute(
+                conn.execute(
                     "DELETE FROM ledger WHERE session_id = ?1 AND key = ?2",
                     params![id.as_str(), key],
                 )
                 .map_err(backend)?;
             }
-            tx.execute(
+            conn.execute(
                 "UPDATE sessions SET
                     messages = ?2,
                     approvals = CASE WHEN ?3 THEN '[]' ELSE approvals END,
@@ -681,68 +658,70 @@ impl Store for SqliteStore {
                 ],
             )
             .map_err(backend)?;
-            tx.commit().map_err(backend)?;
-            tracing::warn!(report = %plan.report, "a corrupt session was repaired");
             Ok(plan.report)
         })
         .await
+        .inspect(|report| {
+            if !report.is_clean() {
+                tracing::warn!(%report, "a corrupt session was repaired");
+            }
+        })
     }
 
     async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
         let owner = owner.map(|o| o.as_str().to_owned());
-        self.with(move |conn| {
-            let mut rows = conn
+        self.writer
+            .read(move |conn| {
+                let mut rows = conn
                 .prepare_cached(
                     "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
                      FROM sessions WHERE ?1 IS NULL OR owner = ?1
                      ORDER BY updated_at DESC, id",
                 )
                 .map_err(backend)?;
-            let infos = rows.query_map(params![owner], info_of).map_err(backend)?;
-            infos.map(|i| i.map_err(backend)).collect()
-        })
-        .await
+                let infos = rows.query_map(params![owner], info_of).map_err(backend)?;
+                infos.map(|i| i.map_err(backend)).collect()
+            })
+            .await
     }
 
     async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
         let id = id.clone();
-        self.with(move |conn| {
-            conn.prepare_cached(
-                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
+        self.writer
+            .read(move |conn| {
+                conn.prepare_cached(
+                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
                  FROM sessions WHERE id = ?1",
-            )
-            .map_err(backend)?
-            .query_row(params![id.as_str()], info_of)
-            .optional()
-            .map_err(backend)?
-            .ok_or(StoreError::NotFound(id))
-        })
-        .await
+                )
+                .map_err(backend)?
+                .query_row(params![id.as_str()], info_of)
+                .optional()
+                .map_err(backend)?
+                .ok_or(StoreError::NotFound(id))
+            })
+            .await
     }
 
     async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
         let id = id.clone();
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
+        self.writer
+            .write(move |conn| {
+                conn.execute(
+                    "DELETE FROM messages WHERE session_id = ?1",
+                    params![id.as_str()],
+                )
                 .map_err(backend)?;
-            tx.execute(
-                "DELETE FROM messages WHERE session_id = ?1",
-                params![id.as_str()],
-            )
-            .map_err(backend)?;
-            tx.execute(
-                "DELETE FROM ledger WHERE session_id = ?1",
-                params![id.as_str()],
-            )
-            .map_err(backend)?;
-            let deleted = tx
-                .execute("DELETE FROM sessions WHERE id = ?1", params![id.as_str()])
+                conn.execute(
+                    "DELETE FROM ledger WHERE session_id = ?1",
+                    params![id.as_str()],
+                )
                 .map_err(backend)?;
-            tx.commit().map_err(backend)?;
-            Ok(deleted > 0)
-        })
-        .await
+                let deleted = conn
+                    .execute("DELETE FROM sessions WHERE id = ?1", params![id.as_str()])
+                    .map_err(backend)?;
+                Ok(deleted > 0)
+            })
+            .await
     }
 
     async fn acquire(
@@ -752,15 +731,12 @@ impl Store for SqliteStore {
         ttl: Duration,
     ) -> Result<Lease, StoreError> {
         let (id, holder) = (id.clone(), holder.clone());
-        self.with(move |conn| {
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            let lease = lease(&tx, &id, &holder, ttl)?;
-            tx.commit().map_err(backend)?;
-            Ok(lease)
-        })
-        .await
+        self.writer
+            .write(move |conn| {
+                let lease = lease(conn, &id, &holder, ttl)?;
+                Ok(lease)
+            })
+            .await
     }
 
     async fn release(
@@ -769,19 +745,20 @@ impl Store for SqliteStore {
         holder: &WorkerId,
     ) -> Result<Option<Revision>, StoreError> {
         let (id, holder) = (id.clone(), holder.clone());
-        self.with(move |conn| {
-            let revision: Option<i64> = conn
-                .query_row(
-                    "UPDATE sessions SET lease_holder = NULL, lease_expires = 0
+        self.writer
+            .write(move |conn| {
+                let revision: Option<i64> = conn
+                    .prepare_cached(
+                        "UPDATE sessions SET lease_holder = NULL, lease_expires = 0
                      WHERE id = ?1 AND lease_holder = ?2 RETURNING revision",
-                    params![id.as_str(), holder.as_str()],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(backend)?;
-            Ok(revision.map(|r| Revision::new(to_u64(r))))
-        })
-        .await
+                    )
+                    .map_err(backend)?
+                    .query_row(params![id.as_str(), holder.as_str()], |r| r.get(0))
+                    .optional()
+                    .map_err(backend)?;
+                Ok(revision.map(|r| Revision::new(to_u64(r))))
+            })
+            .await
     }
 
     async fn claim_interrupted(
@@ -790,27 +767,24 @@ impl Store for SqliteStore {
         ttl: Duration,
     ) -> Result<Option<Lease>, StoreError> {
         let holder = holder.clone();
-        self.with(move |conn| {
-            let now = now_ms();
-            let tx = conn
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(backend)?;
-            let id: Option<String> = tx
-                .query_row(
-                    "SELECT id FROM sessions
+        self.writer
+            .write(move |conn| {
+                let now = now_ms();
+                let id: Option<String> = conn
+                    .prepare_cached(
+                        "SELECT id FROM sessions
                      WHERE run_state IS NOT NULL AND (lease_holder IS NULL OR lease_expires <= ?1)
                      ORDER BY updated_at LIMIT 1",
-                    params![to_i64(now)],
-                    |r| r.get(0),
-                )
-                .optional()
-                .map_err(backend)?;
-            let Some(id) = id else { return Ok(None) };
-            let lease = lease(&tx, &SessionId::new(id), &holder, ttl)?;
-            tx.commit().map_err(backend)?;
-            Ok(Some(lease))
-        })
-        .await
+                    )
+                    .map_err(backend)?
+                    .query_row(params![to_i64(now)], |r| r.get(0))
+                    .optional()
+                    .map_err(backend)?;
+                let Some(id) = id else { return Ok(None) };
+                let lease = lease(conn, &SessionId::new(id), &holder, ttl)?;
+                Ok(Some(lease))
+            })
+            .await
     }
 }
 
@@ -819,28 +793,29 @@ impl KeyStore for SqliteStore {
     async fn add_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
         let key = key.clone();
         let roles = to_json(&key.roles)?;
-        self.with(move |conn| {
-            conn.execute(
-                "INSERT INTO api_keys (id, principal, roles, hash, created_at, revoked_at)
+        self.writer
+            .write(move |conn| {
+                conn.execute(
+                    "INSERT INTO api_keys (id, principal, roles, hash, created_at, revoked_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![
-                    key.id,
-                    key.principal,
-                    roles,
-                    key.hash,
-                    to_i64(key.created_at),
-                    key.revoked_at.map(to_i64)
-                ],
-            )
-            .map_err(backend)?;
-            Ok(())
-        })
-        .await
+                    params![
+                        key.id,
+                        key.principal,
+                        roles,
+                        key.hash,
+                        to_i64(key.created_at),
+                        key.revoked_at.map(to_i64)
+                    ],
+                )
+                .map_err(backend)?;
+                Ok(())
+            })
+            .await
     }
 
     async fn key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
         let id = id.to_owned();
-        self.with(move |conn| {
+        self.writer.read(move |conn| {
             let row = conn
                 .prepare_cached(
                     "SELECT id, principal, roles, hash, created_at, revoked_at FROM api_keys WHERE id = ?1",
@@ -856,20 +831,21 @@ impl KeyStore for SqliteStore {
 
     async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_owned();
-        self.with(move |conn| {
-            let changed = conn
-                .execute(
-                    "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
-                    params![id, to_i64(now_ms())],
-                )
-                .map_err(backend)?;
-            Ok(changed > 0)
-        })
-        .await
+        self.writer
+            .write(move |conn| {
+                let changed = conn
+                    .execute(
+                        "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                        params![id, to_i64(now_ms())],
+                    )
+                    .map_err(backend)?;
+                Ok(changed > 0)
+            })
+            .await
     }
 
     async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        self.with(|conn| {
+        self.writer.read(|conn| {
             let mut rows = conn
                 .prepare_cached(
                     "SELECT id, principal, roles, hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
@@ -915,26 +891,31 @@ fn key_from_row(
 mod tests {
     use super::*;
 
-    fn synchronous(store: &SqliteStore) -> i64 {
-        let conn = store.conn.lock().unwrap_or_else(|p| p.into_inner());
-        conn.pragma_query_value(None, "synchronous", |r| r.get(0))
+    async fn synchronous(store: &SqliteStore) -> i64 {
+        store
+            .writer
+            .read(|conn| {
+                conn.pragma_query_value(None, "synchronous", |r| r.get(0))
+                    .map_err(backend)
+            })
+            .await
             .expect("the pragma reads")
     }
 
-    #[test]
-    fn every_commit_is_synced_unless_speed_is_chosen() {
+    #[tokio::test]
+    async fn every_commit_is_synced_unless_speed_is_chosen() {
         let dir =
             std::env::temp_dir().join(format!("markov-sync-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("a directory");
         let synced = SqliteStore::open(dir.join("default.db")).expect("opens");
         assert_eq!(
-            synchronous(&synced),
+            synchronous(&synced).await,
             2,
             "FULL: a commit survives a power loss"
         );
         let fast =
             SqliteStore::open_with(dir.join("fast.db"), Durability::ProcessCrash).expect("opens");
-        assert_eq!(synchronous(&fast), 1, "NORMAL, when asked for");
+        assert_eq!(synchronous(&fast).await, 1, "NORMAL, when asked for");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,0 +1,232 @@
+//! The soak figure: `sessions` sessions at once, each sent `turns`
+//! messages one after another, against one server process that stores in
+//! a SQLite file (synced, as by default). After every tenth of the rounds:
+//! the server's resident memory and open descriptors, and the database's
+//! size. Memory should be flat once the sessions are warm (their
+//! histories aside), descriptors constant, and the database grow by the
+//! same bytes for every turn.
+
+use std::io::{BufRead, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use markov_testkit::Recording;
+use markov_testkit::http::FakeServer;
+use serde_json::json;
+
+use crate::server::{answer, vm_hwm_of};
+
+/// One sample, after `round` rounds.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    round: usize,
+    rss_kb: u64,
+    fds: usize,
+    db_bytes: u64,
+    elapsed: Duration,
+}
+
+/// Open descriptors of process `pid`.
+fn descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// The database's size as a reader sees it (its pages, the write-ahead
+/// log's included; the files' sizes would count the log's preallocation).
+fn database_bytes(path: &std::path::Path) -> u64 {
+    let Ok(conn) =
+        rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+    else {
+        return 0;
+    };
+    let pragma = |name: &str| -> u64 {
+        conn.pragma_query_value(None, name, |r| r.get::<_, i64>(0))
+            .map_or(0, |v| u64::try_from(v).unwrap_or(0))
+    };
+    pragma("page_count") * pragma("page_size")
+}
+
+/// Runs the soak and prints one line per sample and a summary.
+pub(crate) fn figure(sessions: usize, turns: usize) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let exe = std::env::current_exe().expect("the bench binary");
+    let dir = std::env::temp_dir().join(format!("markov-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let database = dir.join("sessions.db");
+    runtime.block_on(async {
+        let provider = FakeServer::start().await;
+        provider.answer_with(answer).recording(Recording::Off);
+        let mut worker = Command::new(&exe)
+            .args([
+                "serve-worker",
+                &provider.base_url(),
+                &database.display().to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("a worker starts");
+        let mut line = String::new();
+        if let Some(out) = worker.stdout.take() {
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+        }
+        let (port, key) = line
+            .trim()
+            .trim_start_matches("port=")
+            .split_once(" key=")
+            .map(|(p, k)| (p.to_owned(), k.to_owned()))
+            .unwrap_or_default();
+        let base = format!("http://127.0.0.1:{port}#{key}");
+        let pid = worker.id();
+        let database = database.clone();
+        let samples = tokio::task::spawn_blocking(move || {
+            let mut client = Command::new(exe)
+                .args([
+                    "soak-clients",
+                    &sessions.to_string(),
+                    &turns.to_string(),
+                    &base,
+                ])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("the clients run");
+            let out = client.stdout.take().expect("the client's output");
+            let every = (turns / 10).max(1);
+            let start = Instant::now();
+            let mut samples = Vec::new();
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let Some(round) = line
+                    .strip_prefix("round=")
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|r| r.parse::<usize>().ok())
+                else {
+                    continue;
+                };
+                if line.contains("failed=") && !line.ends_with("failed=0") {
+                    eprintln!("soak: {line}");
+                }
+                if round % every == 0 || round == turns {
+                    let sample = Sample {
+                        round,
+                        rss_kb: crate::proc_status_kb_of(&pid.to_string(), "VmRSS").unwrap_or(0),
+                        fds: descriptors(pid),
+                        db_bytes: database_bytes(&database),
+                        elapsed: start.elapsed(),
+                    };
+                    println!(
+                        "bench=soak sessions={sessions} round={round} elapsed_s={:.1} server_rss_mb={:.1} server_fds={} db_mb={:.2}",
+                        sample.elapsed.as_secs_f64(),
+                        sample.rss_kb as f64 / 1024.0,
+                        sample.fds,
+                        sample.db_bytes as f64 / 1_048_576.0,
+                    );
+                    let _ = std::io::stdout().flush();
+                    samples.push(sample);
+                }
+            }
+            match client.wait() {
+                Ok(status) if status.success() => {}
+                status => eprintln!("soak: the client process failed: {status:?}"),
+            }
+            samples
+        })
+        .await
+        .expect("the soak finished");
+        let peak_kb = vm_hwm_of(pid);
+        let _ = worker.kill();
+        let _ = worker.wait();
+        summarize(sessions, &samples, peak_kb);
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The summary: memory after warm-up (the first sample) to the end, per
+/// turn; descriptors; the database's growth per turn in the first and the
+/// second half of the run (equal when it is linear in the messages).
+fn summarize(sessions: usize, samples: &[Sample], peak_kb: u64) {
+    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+        println!("bench=soak_summary failed=\"no samples\"");
+        return;
+    };
+    let middle = &samples[samples.len() / 2];
+    let turns_between = (sessions * (last.round - first.round)).max(1) as f64;
+    let growth = |a: &Sample, b: &Sample| {
+        (b.db_bytes as f64 - a.db_bytes as f64) / (sessions * (b.round - a.round)).max(1) as f64
+    };
+    println!(
+        "bench=soak_summary sessions={sessions} turns={} wall_s={:.1} steps_per_s={:.0} rss_warm_mb={:.1} rss_end_mb={:.1} rss_growth_bytes_per_turn={:.0} peak_rss_mb={:.1} fds_warm={} fds_end={} db_growth_bytes_per_turn_first_half={:.0} db_growth_bytes_per_turn_second_half={:.0}",
+        last.round,
+        last.elapsed.as_secs_f64(),
+        (sessions * last.round) as f64 / last.elapsed.as_secs_f64().max(1e-9),
+        first.rss_kb as f64 / 1024.0,
+        last.rss_kb as f64 / 1024.0,
+        (last.rss_kb as f64 - first.rss_kb as f64) * 1024.0 / turns_between,
+        peak_kb as f64 / 1024.0,
+        first.fds,
+        last.fds,
+        growth(first, middle),
+        growth(middle, last),
+    );
+}
+
+/// The client process: `sessions` sessions on `base` (`<url>#<key>`), then
+/// `turns` rounds, each one message to every session at once; prints
+/// `round=N failed=F` after each.
+pub(crate) fn clients(sessions: usize, turns: usize, base: &str) -> std::process::ExitCode {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let Some((base, key)) = base.split_once('#') else {
+        return std::process::ExitCode::from(2);
+    };
+    runtime.block_on(async {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder().build().expect("a client");
+        let mut urls = Vec::with_capacity(sessions);
+        for _ in 0..sessions {
+            let created = client
+                .post(format!("{base}/sessions"))
+                .bearer_auth(key)
+                .send()
+                .await
+                .expect("created");
+            let body: serde_json::Value = created.json().await.expect("json");
+            urls.push(format!(
+                "{base}/sessions/{}/messages",
+                body["id"].as_str().unwrap_or_default()
+            ));
+        }
+        for round in 1..=turns {
+            let runs = urls.iter().map(|url| {
+                let (client, url, key) = (client.clone(), url.clone(), key.to_owned());
+                tokio::spawn(async move {
+                    let stream = client
+                        .post(url)
+                        .bearer_auth(&key)
+                        .json(&json!({"text": format!("message {round}")}))
+                        .send()
+                        .await
+                        .ok()?
+                        .text()
+                        .await
+                        .ok()?;
+                    stream.contains("event: done").then_some(())
+                })
+            });
+            let failed = futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .filter(|r| !matches!(r, Ok(Some(()))))
+                .count();
+            println!("round={round} failed={failed}");
+            let _ = std::io::stdout().flush();
+        }
+    });
+    std::process::ExitCode::SUCCESS
+}
