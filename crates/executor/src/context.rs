@@ -946,6 +946,46 @@ mod tests {
     }
 
     proptest! {
+        /// The history's estimate kept as it grows is core's estimate of
+        /// it walked afresh, and with the framing it is the request's;
+        /// another history, or a shorter one, is counted afresh.
+        #[test]
+        fn the_history_estimate_kept_equals_a_fresh_one(
+            chunks in proptest::collection::vec(
+                proptest::collection::vec(markov_testkit::strategies::arb_message(), 0..5),
+                1..8,
+            ),
+        ) {
+            let views = ContextViews::default();
+            let id = HistoryId::fresh();
+            let settings = markov_core::ModelSettings::default();
+            let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}}});
+            let mut history = Vec::new();
+            for chunk in chunks {
+                history.extend(chunk);
+                let kept = views.history_tokens(&history, id);
+                prop_assert_eq!(kept, tokens::estimate_messages(&history));
+                let request = markov_core::ModelRequest::new("You answer.", &history, &settings)
+                    .with_output_schema(Some(&schema));
+                prop_assert_eq!(
+                    crate::usage::estimate_framing_tokens(&request) + kept,
+                    crate::usage::estimate_input_tokens(&request)
+                );
+                prop_assert_eq!(
+                    tokens::estimate_framing(&request) + kept,
+                    tokens::estimate_request(&request)
+                );
+            }
+            let shorter = &history[..history.len() / 2];
+            prop_assert_eq!(views.history_tokens(shorter, id), tokens::estimate_messages(shorter));
+            prop_assert_eq!(
+                views.history_tokens(&history, HistoryId::fresh()),
+                tokens::estimate_messages(&history)
+            );
+        }
+    }
+
+    proptest! {
         /// Any sequence of turns, summaries (some made, some refused) and
         /// forced compactions leaves a view whose bookkeeping is right.
         #[test]

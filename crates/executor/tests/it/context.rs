@@ -13,7 +13,7 @@ use markov_executor::{
 };
 use markov_runtime::context::{ContextPolicy, ContextPolicyError, Summarize};
 use markov_runtime::node::Node;
-use markov_testkit::{RecordedRequest, ScriptBuilder, ScriptedModel};
+use markov_testkit::{FailingModel, RecordedRequest, ScriptBuilder, ScriptedModel};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -593,4 +593,82 @@ proptest! {
             }
         });
     }
+}
+
+/// A first turn whose question alone is some 2 300 estimated tokens,
+/// past a threshold of 2 000, then a turn of `calls` tool steps: each
+/// adds some 30 tokens, far less than a quarter of the threshold.
+fn over_the_threshold(calls: usize) -> ScriptBuilder {
+    let mut script = ScriptedModel::builder().text("Read it.");
+    for n in 0..calls {
+        script = script.tool_call("add", json!({"a": n, "b": 1}));
+    }
+    script.text("Added.")
+}
+
+fn failing_summarizer_policy(summarizer: &Arc<FailingModel>) -> ContextPolicy {
+    ContextPolicy::builder()
+        .summarize(
+            Summarize::new(Arc::clone(summarizer) as Arc<dyn markov_core::Model>, 2_000)
+                .keep_last_turns(1),
+        )
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_is_asked_again_at_a_new_turn_not_at_every_step() {
+    let model = Arc::new(over_the_threshold(8).text("Hello again.").build());
+    let summarizer = Arc::new(FailingModel::new(ModelError::Overloaded("down".into())));
+    let policy = failing_summarizer_policy(&summarizer);
+    let mut machine = agent(Arc::clone(&model), Some(policy)).machine();
+    turn(&mut machine, &"w ".repeat(3_500)).await;
+    assert_eq!(summarizer.calls(), 0, "one turn: nothing to summarize");
+    // Nine steps over the threshold: one attempt, then none while the
+    // view grows by less than a quarter of the threshold.
+    let last = turn(&mut machine, "Add eight times.").await;
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert_eq!(model.calls(), 10, "every step was answered");
+    assert_eq!(summarizer.calls(), 1);
+    // A new turn tries again.
+    turn(&mut machine, "Hello?").await;
+    assert_eq!(summarizer.calls(), 2);
+    assert!(machine.history().iter().all(|m| m.role != Role::Summary));
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_is_asked_again_once_the_view_has_grown() {
+    // A quarter of the threshold is 500 tokens: some 17 tool steps.
+    let model = Arc::new(over_the_threshold(40).build());
+    let summarizer = Arc::new(FailingModel::new(ModelError::Overloaded("down".into())));
+    let policy = failing_summarizer_policy(&summarizer);
+    let mut machine = agent(Arc::clone(&model), Some(policy)).machine();
+    turn(&mut machine, &"w ".repeat(3_500)).await;
+    turn(&mut machine, "Add forty times.").await;
+    assert_eq!(model.calls(), 42);
+    let calls = summarizer.calls();
+    assert!((2..=4).contains(&calls), "{calls} attempts in 41 steps");
+}
+
+#[tokio::test]
+async fn a_context_length_refusal_asks_a_failing_summarizer_even_while_it_backs_off() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .text("Read it.")
+            .tool_call("add", json!({"a": 1, "b": 1}))
+            .error(ModelError::ContextLength("too long".into()))
+            .text("Added.")
+            .build(),
+    );
+    let summarizer = Arc::new(FailingModel::new(ModelError::Overloaded("down".into())));
+    let policy = failing_summarizer_policy(&summarizer);
+    let mut machine = agent(Arc::clone(&model), Some(policy)).machine();
+    turn(&mut machine, &"w ".repeat(3_500)).await;
+    let last = turn(&mut machine, "Add once.").await;
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    // The first step's attempt failed; the refusal at the second step
+    // forces another, which fails too, and the older turn is left out.
+    assert_eq!(summarizer.calls(), 2);
+    let retried = model.requests().pop().unwrap();
+    assert_eq!(retried.messages[0].text(), "Add once.");
 }
