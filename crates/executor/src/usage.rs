@@ -196,10 +196,12 @@ pub enum UsageLimitsError {
 /// unreachable bounds) and given to
 /// [`AgentBuilder::usage_limits`](crate::AgentBuilder::usage_limits).
 ///
-/// They are checked before each model call, against what the scope has
-/// used plus a conservative estimate of the call (its input, and its
-/// `max_tokens` of output, priced at the higher of the input and cache
-/// write rates): a call that could pass a bound is not made, and the run
+/// They are checked right before each model call (a context policy's
+/// summarizer's too, and a retry after a context-length refusal again),
+/// against what the scope has used plus a conservative estimate of the
+/// call (the input it sends, and its `max_tokens` of output, priced at
+/// the higher of the input and cache write rates): a call that could
+/// pass a bound is not made, and the run
 /// ends with [`YieldReason::UsageLimit`](crate::YieldReason::UsageLimit),
 /// the history intact. A per-run or per-turn limit lets the next turn go
 /// on; a per-session one stops every later call.
