@@ -613,7 +613,7 @@ fn failing_summarizer_policy(summarizer: &Arc<FailingModel>) -> ContextPolicy {
                 .keep_last_turns(1),
         )
         .build()
-        .unwrap()
+        .expect("a valid policy")
 }
 
 #[tokio::test]
