@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Agent, Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
+use markov_executor::{
+    Agent, Limit, Machine, MachineStep, RunOptions, StandardExecutor, UsageLimits, run_machine,
+};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_runtime::charter::Charter;
 use markov_runtime::context::ContextPolicy;
@@ -150,6 +152,7 @@ pub struct Scenario {
     charter: Charter,
     registry: Option<Arc<ToolRegistry>>,
     context: Option<ContextPolicy>,
+    limits: UsageLimits,
 }
 
 /// The registry of figure 5: the three tools, a budget no turn reaches, the
@@ -195,6 +198,7 @@ impl Scenario {
             charter,
             registry: None,
             context: None,
+            limits: UsageLimits::none(),
         }
     }
 
@@ -212,6 +216,24 @@ impl Scenario {
             context: Some(policy),
             ..Self::new()
         }
+    }
+
+    /// The same scenario with usage limits on tokens and requests that no
+    /// turn reaches: every model call is admitted first, its input
+    /// estimated (figure 11's limits variant).
+    #[must_use]
+    pub fn with_usage_limits(self) -> Self {
+        let limits = UsageLimits::builder()
+            .per_session(Limit::new().tokens(u64::MAX / 2).requests(u64::MAX / 2))
+            .build()
+            .expect("the benchmark limits build");
+        Scenario { limits, ..self }
+    }
+
+    /// The run options of a turn of `k` tool steps (see [`options`]), with
+    /// the scenario's usage limits.
+    pub fn options(&self, k: usize) -> RunOptions {
+        options(k).usage_limits(self.limits)
     }
 
     /// The charter: its one node and three tools.
@@ -278,7 +300,12 @@ fn check_step(step: &Result<MachineStep, markov_executor::RunError>, index: usiz
 /// Runs the machine's turn of `k` tool steps and returns how many steps it
 /// yielded (always `k + 1`; anything else panics).
 pub async fn run_turn(machine: &mut Machine, k: usize) -> usize {
-    let mut stream = std::pin::pin!(run_machine(machine, options(k)));
+    run_turn_with(machine, k, options(k)).await
+}
+
+/// [`run_turn`] with `options` (a scenario's, say).
+pub async fn run_turn_with(machine: &mut Machine, k: usize, options: RunOptions) -> usize {
+    let mut stream = std::pin::pin!(run_machine(machine, options));
     let mut steps = 0;
     while let Some(step) = stream.next().await {
         check_step(&step, steps, k);
@@ -290,8 +317,13 @@ pub async fn run_turn(machine: &mut Machine, k: usize) -> usize {
 
 /// Runs the machine's turn of `k` tool steps, timing each step around the
 /// stream's `next()`, and appends the `k + 1` durations to `times`.
-pub async fn run_turn_timed(machine: &mut Machine, k: usize, times: &mut Vec<Duration>) {
-    let mut stream = std::pin::pin!(run_machine(machine, options(k)));
+pub async fn run_turn_timed(
+    machine: &mut Machine,
+    k: usize,
+    options: RunOptions,
+    times: &mut Vec<Duration>,
+) {
+    let mut stream = std::pin::pin!(run_machine(machine, options));
     let mut steps = 0;
     loop {
         let start = Instant::now();

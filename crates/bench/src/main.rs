@@ -37,9 +37,11 @@
 //! 10. A tool call through MCP, over stdio and over loopback HTTP, beside
 //!     the same tool called natively (see `mcp.rs`).
 //!
-//! 11. Context views: figure 1 at K = 10 and 1 000 with a context policy
-//!     (each call sent the policy's view, kept up to date step by step)
-//!     beside the same figure without one.
+//! 11. Context views: figure 1 at K = 10, 1 000 and 10 000 with a context
+//!     policy (each call sent the policy's view, kept up to date step by
+//!     step) beside the same figure without one, and both again with usage
+//!     limits on tokens and requests (each call admitted first, its input
+//!     estimated from sums kept as the history grows).
 //!
 //! Every figure prints one machine-readable line (`bench=<name> key=value
 //! ...`) as it finishes, and a table closes the run.
@@ -66,7 +68,7 @@ use std::time::{Duration, Instant};
 
 use markov_bench::{
     Scenario, current_thread_runtime, model, policy_registry, run_turn, run_turn_timed,
-    timed_runtime,
+    run_turn_with, timed_runtime,
 };
 use markov_core::ids::ToolCallId;
 use markov_core::message::Message;
@@ -98,7 +100,7 @@ const ROUNDS: usize = 7;
 /// The history lengths of figure 5.
 const POLICY_KS: [usize; 2] = [10, 1_000];
 /// The history lengths of figure 11.
-const CONTEXT_KS: [usize; 2] = [10, 1_000];
+const CONTEXT_KS: [usize; 3] = [10, 1_000, 10_000];
 /// The history lengths of figure 4.
 const SERDE_KS: [usize; 2] = [100, 1_000];
 
@@ -526,19 +528,28 @@ fn run_all(plan: Plan) -> ExitCode {
     );
     let _ = writeln!(
         table,
-        "   {:>6} {:>16} {:>15} {:>10} {:>16} {:>15}",
-        "K", "median µs (off)", "median µs (on)", "Δ µs", "allocs/step off", "allocs/step on"
+        "   {:>6} {:>16} {:>15} {:>10} {:>16} {:>15} {:>18} {:>17}",
+        "K",
+        "median µs (off)",
+        "median µs (on)",
+        "Δ µs",
+        "allocs/step off",
+        "allocs/step on",
+        "off + limits µs",
+        "on + limits µs"
     );
-    for (off, on) in &context {
+    for f in &context {
         let _ = writeln!(
             table,
-            "   {:>6} {:>16.2} {:>15.2} {:>10.2} {:>16.1} {:>15.1}",
-            off.k,
-            off.stats.median_us,
-            on.stats.median_us,
-            on.stats.median_us - off.stats.median_us,
-            off.allocations_per_step,
-            on.allocations_per_step
+            "   {:>6} {:>16.2} {:>15.2} {:>10.2} {:>16.1} {:>15.1} {:>18.2} {:>17.2}",
+            f.off.k,
+            f.off.stats.median_us,
+            f.on.stats.median_us,
+            f.on.stats.median_us - f.off.stats.median_us,
+            f.off.allocations_per_step,
+            f.on.allocations_per_step,
+            f.off_limited.stats.median_us,
+            f.on_limited.stats.median_us
         );
     }
     let _ = writeln!(
@@ -832,18 +843,40 @@ struct StepFigure {
 /// own (its caller prints one).
 const QUIET: &str = "-";
 
+/// Figure 11 at one K: figure 1 without and with a context policy, each
+/// without and with usage limits, on the same runtime.
+#[derive(Debug)]
+struct ContextFigure {
+    off: StepFigure,
+    on: StepFigure,
+    off_limited: StepFigure,
+    on_limited: StepFigure,
+}
+
 /// Figure 11: figure 1 at each of [`CONTEXT_KS`] without and with a
-/// context policy, on the same runtime.
-fn context_figures(plan: Plan) -> Vec<(StepFigure, StepFigure)> {
+/// context policy, and both again with usage limits on tokens and
+/// requests (every call admitted first, its input estimated), on the
+/// same runtime.
+fn context_figures(plan: Plan) -> Vec<ContextFigure> {
     CONTEXT_KS
         .iter()
         .map(|&k| {
             let runtime = current_thread_runtime();
-            let off = step_figure(k, plan, &Scenario::new(), &runtime, QUIET);
-            let on = step_figure(k, plan, &Scenario::with_context_policy(), &runtime, QUIET);
-            for (policy, figure) in [("off", &off), ("on", &on)] {
+            let figure = |scenario: Scenario| step_figure(k, plan, &scenario, &runtime, QUIET);
+            let figures = ContextFigure {
+                off: figure(Scenario::new()),
+                on: figure(Scenario::with_context_policy()),
+                off_limited: figure(Scenario::new().with_usage_limits()),
+                on_limited: figure(Scenario::with_context_policy().with_usage_limits()),
+            };
+            for (policy, limits, figure) in [
+                ("off", "off", &figures.off),
+                ("on", "off", &figures.on),
+                ("off", "on", &figures.off_limited),
+                ("on", "on", &figures.on_limited),
+            ] {
                 println!(
-                    "bench=context_view policy={policy} k={k} steps={} mean_us={:.3} median_us={:.3} p90_us={:.3} p99_us={:.3} allocs_per_step={:.1}",
+                    "bench=context_view policy={policy} limits={limits} k={k} steps={} mean_us={:.3} median_us={:.3} p90_us={:.3} p99_us={:.3} allocs_per_step={:.1}",
                     figure.stats.count,
                     figure.stats.mean_us,
                     figure.stats.median_us,
@@ -852,7 +885,7 @@ fn context_figures(plan: Plan) -> Vec<(StepFigure, StepFigure)> {
                     figure.allocations_per_step
                 );
             }
-            (off, on)
+            figures
         })
         .collect()
 }
@@ -874,7 +907,7 @@ fn step_figure(
     // Warm up: caches, lazily registered tracing callsites, the allocator.
     for _ in 0..turns.min(3) {
         let mut machine = scenario.machine(k);
-        runtime.block_on(run_turn(&mut machine, k));
+        runtime.block_on(run_turn_with(&mut machine, k, scenario.options(k)));
     }
     let mut all = Vec::with_capacity(turns * steps);
     let mut first = Vec::new();
@@ -883,7 +916,12 @@ fn step_figure(
     for _ in 0..turns {
         let mut machine = scenario.machine(k);
         let mut times = Vec::with_capacity(steps);
-        runtime.block_on(run_turn_timed(&mut machine, k, &mut times));
+        runtime.block_on(run_turn_timed(
+            &mut machine,
+            k,
+            scenario.options(k),
+            &mut times,
+        ));
         first.extend_from_slice(&times[..tenth]);
         last.extend_from_slice(&times[times.len() - tenth..]);
         all.extend(times);
@@ -892,7 +930,7 @@ fn step_figure(
     let stats = Stats::of(&all);
     let mut machine = scenario.machine(k);
     let window = counting::Window::open();
-    runtime.block_on(run_turn(&mut machine, k));
+    runtime.block_on(run_turn_with(&mut machine, k, scenario.options(k)));
     let counted = window.close();
     drop(machine);
     let figure = StepFigure {

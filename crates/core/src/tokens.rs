@@ -117,10 +117,18 @@ pub fn estimate_tool(tool: &ToolDefinition) -> u64 {
 /// The estimated input tokens of a whole request: its system prompt, its
 /// messages, its tools and its output schema (not the answer it asks for,
 /// which [`ModelSettings::max_tokens`](crate::ModelSettings::max_tokens)
-/// bounds).
+/// bounds). Always [`estimate_framing`] plus [`estimate_messages`] of its
+/// messages, so a caller that keeps the messages' sum as they are
+/// appended adds the framing alone.
 pub fn estimate_request(request: &ModelRequest<'_>) -> u64 {
+    estimate_framing(request) + estimate_messages(request.messages())
+}
+
+/// The estimated input tokens of a request's parts other than its
+/// messages: its system prompt, its tools and its output schema. They do
+/// not grow with the conversation.
+pub fn estimate_framing(request: &ModelRequest<'_>) -> u64 {
     estimate_text(request.system())
-        + estimate_messages(request.messages())
         + request.tools().iter().map(estimate_tool).sum::<u64>()
         + request.output_schema().map_or(0, estimate_json)
 }

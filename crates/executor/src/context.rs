@@ -14,9 +14,16 @@
 //!
 //! Cuts fall only where a turn starts (a user message that is not tool
 //! results), so a tool call and its result are both in or both out, the
-//! view starts with a user message (the summary is shown as one, which
-//! Anthropic's client merges with the next), and the current turn is
-//! always whole.
+//! view starts with a user message, and the current turn is always whole.
+//! The summary is shown as the first text of that user message (the
+//! history keeps it as a `summary` message of its own), so a view never
+//! has two user messages in a row where its history has none: vendors
+//! and chat templates that insist on alternating roles take it as it is.
+//!
+//! Each view keeps the estimated tokens of its messages as they are
+//! appended, and [`ContextViews`] keeps those of the whole history for
+//! calls made without a policy, so checking a usage limit never walks the
+//! history.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,13 +50,30 @@ pub struct ContextViews {
     views: Mutex<HashMap<u64, ViewState>>,
     /// The exact token counts of the views, for policies that ask for them.
     pub(crate) counts: crate::count::ExactCounts,
+    history: Mutex<HistoryTokens>,
 }
 
-/// A view ready for a request: its messages and its identity.
+/// The estimated tokens of a whole history, kept as it is appended to
+/// (for calls made without a context policy).
+#[derive(Debug, Default)]
+struct HistoryTokens {
+    /// The history they were counted for.
+    id: Option<HistoryId>,
+    /// How much of it is counted.
+    synced: usize,
+    /// The sum of its messages' estimates.
+    tokens: u64,
+}
+
+/// A view ready for a request: its messages, its identity and their
+/// estimated tokens.
 #[derive(Debug, Clone)]
 pub(crate) struct ViewRef {
     pub messages: Arc<Vec<Message>>,
     pub id: HistoryId,
+    /// [`tokens::estimate_messages`] of the messages, kept as they were
+    /// appended.
+    pub tokens: u64,
 }
 
 /// Older messages of a view to summarize, taken out by
@@ -93,6 +117,7 @@ impl ContextViews {
         view.apply_rules(policy);
         if let Some(summarize) = policy.summarize()
             && view.tokens > summarize.threshold_tokens()
+            && !view.backing_off()
             && let Some(job) = view.summary_job(summarize.kept_turns())
         {
             return Prepared::Summarize(job);
@@ -118,6 +143,44 @@ impl ContextViews {
         view.apply_rules(policy);
         (view.tokens > summarize.threshold_tokens() && view.can_summarize(summarize.kept_turns()))
             .then(|| view.reference())
+    }
+
+    /// The summarizer failed (or wrote nothing) on the view of `policy`:
+    /// it is not asked again until the view has grown by a quarter of the
+    /// threshold or a new turn has started, so a summarizer that is down
+    /// costs one failed call per turn rather than one per step. A
+    /// compaction forced by a context-length refusal still asks it.
+    pub(crate) fn summary_failed(&self, policy: &ContextPolicy) {
+        let Some(summarize) = policy.summarize() else {
+            return;
+        };
+        let mut views = self.lock();
+        if let Some(view) = views.get_mut(&policy.id()) {
+            let growth = (summarize.threshold_tokens() / 4).max(1);
+            view.backoff = Some(Backoff {
+                tokens: view.tokens.saturating_add(growth),
+                turn: view.current_turn(),
+            });
+        }
+    }
+
+    /// The estimated tokens of `history` (the machine's, named `id`):
+    /// [`tokens::estimate_messages`] of it, kept as it is appended to, so
+    /// each call counts only the messages recorded since the last. A
+    /// history that is another, or shorter than what was counted, is
+    /// counted afresh.
+    pub(crate) fn history_tokens(&self, history: &[Message], id: HistoryId) -> u64 {
+        let mut kept = self.history.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.id != Some(id) || history.len() < kept.synced {
+            *kept = HistoryTokens {
+                id: Some(id),
+                ..HistoryTokens::default()
+            };
+        }
+        let new = tokens::estimate_messages(&history[kept.synced..]);
+        kept.tokens = kept.tokens.saturating_add(new);
+        kept.synced = history.len();
+        kept.tokens
     }
 
     /// The view of `policy` as it is.
@@ -196,6 +259,42 @@ pub(crate) enum Forced {
     Summarize(SummaryJob),
 }
 
+/// The summary a view shows first.
+#[derive(Debug)]
+struct ShownSummary {
+    /// The history positions it stands for.
+    range: std::ops::Range<u64>,
+    /// Its text, as the summarizer wrote it.
+    text: String,
+    /// Where the view shows it.
+    placement: Placement,
+}
+
+/// Where a view shows its summary.
+#[derive(Debug)]
+enum Placement {
+    /// Nowhere yet: the view has no message to show it with.
+    Pending,
+    /// As the first item of the view's first message, a user message that
+    /// starts a turn and is `original` in the history.
+    Merged {
+        /// The first message as the history has it.
+        original: Box<Message>,
+    },
+    /// As a user message of its own, first in the view: only when the
+    /// view's first message does not start a turn (a summary read back
+    /// whose range ends inside a turn; markov's own never do).
+    Alone,
+}
+
+/// A view's pause after its summarizer failed: no new attempt until the
+/// view has `tokens` or a turn other than `turn` is current.
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    tokens: u64,
+    turn: u64,
+}
+
 /// One view.
 #[derive(Debug)]
 struct ViewState {
@@ -216,8 +315,10 @@ struct ViewState {
     synced: usize,
     /// The view's tool results before this index are stubbed.
     trimmed: usize,
-    /// The history positions the summary first in the view stands for.
-    summary: Option<std::ops::Range<u64>>,
+    /// The summary the view shows first.
+    summary: Option<ShownSummary>,
+    /// Set while a failed summarizer is not asked again.
+    backoff: Option<Backoff>,
 }
 
 /// Whether `message` starts a turn: a user message that is not tool results.
@@ -229,9 +330,25 @@ fn starts_turn(message: &Message) -> bool {
             .any(|i| matches!(i, Item::ToolResult { .. }))
 }
 
-/// How the view shows a summary message: as user text.
-fn shown_summary(text: &str) -> Message {
-    Message::user(format!("{SUMMARY_PREAMBLE}{text}"))
+/// The text a view shows a summary as.
+fn summary_item(text: &str) -> Item {
+    Item::text(format!("{SUMMARY_PREAMBLE}{text}"))
+}
+
+/// `message` (a user message that starts a turn) with the summary's text
+/// as its first item.
+fn with_summary(text: &str, message: &Message) -> Message {
+    let mut items = vec![summary_item(text)];
+    match &message.items {
+        Items::Text(own) => items.push(Item::text(own.clone())),
+        Items::List(own) => items.extend(own.iter().cloned()),
+        Items::Instance(_) => {}
+    }
+    Message {
+        role: message.role,
+        items: Items::List(items),
+        metadata: message.metadata.clone(),
+    }
 }
 
 impl ViewState {
@@ -247,6 +364,7 @@ impl ViewState {
             synced: 0,
             trimmed: 0,
             summary: None,
+            backoff: None,
         }
     }
 
@@ -264,8 +382,12 @@ impl ViewState {
             .find_map(|(at, m)| m.as_summary().map(|(text, range)| (at, text, range)));
         if let Some((at, text, range)) = latest {
             start = usize::try_from(range.end).unwrap_or(usize::MAX).min(at);
-            view.push(at as u64, shown_summary(text), false);
-            view.summary = Some(range);
+            // Shown with the first message the view takes.
+            view.summary = Some(ShownSummary {
+                range,
+                text: text.to_owned(),
+                placement: Placement::Pending,
+            });
         }
         if let Some(keep) = policy.keep_last_turns() {
             let mut seen = 0;
@@ -288,17 +410,51 @@ impl ViewState {
         ViewRef {
             messages: Arc::clone(&self.messages),
             id: self.id,
+            tokens: self.tokens,
         }
     }
 
-    /// The index of the view's first message that is not the summary.
+    /// The index of the view's first message that is not a summary of
+    /// its own (1 only while the summary is shown [`Placement::Alone`]).
     fn first(&self) -> usize {
-        usize::from(self.summary.is_some())
+        usize::from(matches!(
+            self.summary,
+            Some(ShownSummary {
+                placement: Placement::Alone,
+                ..
+            })
+        ))
     }
 
-    /// Appends `message`, recorded at history position `origin`; `turn`
-    /// when it may start a turn (the summary never does).
-    fn push(&mut self, origin: u64, message: Message, turn: bool) {
+    /// The history position of the current turn's start (`u64::MAX`
+    /// before any).
+    fn current_turn(&self) -> u64 {
+        self.turns.last().map_or(u64::MAX, |&at| self.origin[at])
+    }
+
+    /// Whether a failed summarizer is not to be asked again yet.
+    fn backing_off(&self) -> bool {
+        self.backoff
+            .is_some_and(|b| self.tokens < b.tokens && self.current_turn() == b.turn)
+    }
+
+    /// Appends `message`, recorded at history position `origin`. The first
+    /// message of a view whose summary waits for one shows the summary.
+    fn push(&mut self, origin: u64, message: Message) {
+        if self.messages.is_empty()
+            && let Some(summary) = &self.summary
+            && matches!(summary.placement, Placement::Pending)
+        {
+            self.push_raw(origin, message, true);
+            self.place_summary();
+            return;
+        }
+        self.push_raw(origin, message, true);
+    }
+
+    /// Appends `message` as it is; `turn` when it may start a turn (a
+    /// summary of its own never does).
+    fn push_raw(&mut self, origin: u64, message: Message, turn: bool) {
         let cost = tokens::estimate_message(&message);
         if turn && starts_turn(&message) {
             self.turns.push(self.messages.len());
@@ -307,6 +463,71 @@ impl ViewState {
         self.cost.push(cost);
         self.origin.push(origin);
         Arc::make_mut(&mut self.messages).push(message);
+    }
+
+    /// Shows a [`Placement::Pending`] summary: in the view's first message
+    /// when it starts a turn (the usual case), else as a message of its
+    /// own before it. Nothing while the view is empty. Keeps `tokens` up
+    /// to date.
+    fn place_summary(&mut self) {
+        let Some(summary) = &mut self.summary else {
+            return;
+        };
+        if !matches!(summary.placement, Placement::Pending) || self.messages.is_empty() {
+            return;
+        }
+        let messages = Arc::make_mut(&mut self.messages);
+        let old = self.cost[0];
+        if starts_turn(&messages[0]) {
+            let shown = with_summary(&summary.text, &messages[0]);
+            let original = std::mem::replace(&mut messages[0], shown);
+            summary.placement = Placement::Merged {
+                original: Box::new(original),
+            };
+            self.cost[0] = tokens::estimate_message(&messages[0]);
+            self.tokens = self.tokens - old + self.cost[0];
+            return;
+        }
+        let shown = Message::user_items(vec![summary_item(&summary.text)]);
+        let cost = tokens::estimate_message(&shown);
+        messages.insert(0, shown);
+        summary.placement = Placement::Alone;
+        self.origin.insert(0, u64::MAX);
+        self.cost.insert(0, cost);
+        self.tokens += cost;
+        for t in &mut self.turns {
+            *t += 1;
+        }
+        self.trimmed += 1;
+    }
+
+    /// Takes the summary out of the view's messages (back to
+    /// [`Placement::Pending`]), before the messages it is shown with
+    /// change: the first message is the history's again, a summary of its
+    /// own is removed. Keeps `tokens` up to date.
+    fn unplace_summary(&mut self) {
+        let Some(summary) = &mut self.summary else {
+            return;
+        };
+        match std::mem::replace(&mut summary.placement, Placement::Pending) {
+            Placement::Pending => {}
+            Placement::Merged { original } => {
+                let messages = Arc::make_mut(&mut self.messages);
+                messages[0] = *original;
+                let old = self.cost[0];
+                self.cost[0] = tokens::estimate_message(&messages[0]);
+                self.tokens = self.tokens - old + self.cost[0];
+            }
+            Placement::Alone => {
+                Arc::make_mut(&mut self.messages).remove(0);
+                self.origin.remove(0);
+                self.tokens -= self.cost.remove(0);
+                for t in &mut self.turns {
+                    *t -= 1;
+                }
+                self.trimmed = self.trimmed.saturating_sub(1);
+            }
+        }
     }
 
     /// Appends what the history recorded since the last call: each new
@@ -323,7 +544,7 @@ impl ViewState {
                 Role::Command | Role::Instance => {}
                 Role::Summary => {
                     let newer = match (message.as_summary(), &self.summary) {
-                        (Some((_, range)), Some(shown)) => range.end > shown.end,
+                        (Some((_, range)), Some(shown)) => range.end > shown.range.end,
                         (Some(_), None) => true,
                         (None, _) => false,
                     };
@@ -332,7 +553,7 @@ impl ViewState {
                         return;
                     }
                 }
-                _ => self.push(at as u64, message.clone(), true),
+                _ => self.push(at as u64, message.clone()),
             }
         }
         self.synced = history.len();
@@ -360,24 +581,30 @@ impl ViewState {
         }
     }
 
-    /// Leaves out the view's messages before index `cut` (a turn's start),
-    /// the summary excepted.
+    /// Leaves out the view's messages before index `cut` (a turn's start);
+    /// the summary moves to the first message kept.
     fn drop_before(&mut self, cut: usize) {
         let first = self.first();
         if cut <= first {
             return;
         }
-        Arc::make_mut(&mut self.messages).drain(first..cut);
-        self.origin.drain(first..cut);
-        self.cost.drain(first..cut);
-        let removed = cut - first;
-        self.turns.retain(|&t| t >= cut);
-        for t in &mut self.turns {
-            *t -= removed;
-        }
-        self.trimmed = self.trimmed.saturating_sub(removed).max(first);
+        self.unplace_summary();
+        self.remove_front(cut - first);
+        self.place_summary();
         self.tokens = self.cost.iter().sum();
         self.compacted();
+    }
+
+    /// Removes the view's first `n` messages (the summary taken out).
+    fn remove_front(&mut self, n: usize) {
+        Arc::make_mut(&mut self.messages).drain(..n);
+        self.origin.drain(..n);
+        self.cost.drain(..n);
+        self.turns.retain(|&t| t >= n);
+        for t in &mut self.turns {
+            *t -= n;
+        }
+        self.trimmed = self.trimmed.saturating_sub(n);
     }
 
     /// Stubs the tool results of the view's messages before index
@@ -452,20 +679,24 @@ impl ViewState {
         }
         let mut transcript = String::new();
         let start = match &self.summary {
-            Some(range) => {
+            Some(summary) => {
                 transcript.push_str("Summary of what came before:\n");
-                transcript.push_str(
-                    self.messages[0]
-                        .text()
-                        .strip_prefix(SUMMARY_PREAMBLE)
-                        .unwrap_or_default(),
-                );
+                transcript.push_str(&summary.text);
                 transcript.push_str("\n\nThen:\n");
-                range.start
+                summary.range.start
             }
             None => self.origin[first],
         };
-        for message in &self.messages[first..cut] {
+        for (at, message) in self.messages[first..cut].iter().enumerate() {
+            // The first message reads as the history has it, without the
+            // summary shown in it.
+            let message = match &self.summary {
+                Some(ShownSummary {
+                    placement: Placement::Merged { original },
+                    ..
+                }) if at == 0 => original,
+                _ => message,
+            };
             render(message, &mut transcript);
         }
         Some(SummaryJob {
@@ -479,34 +710,26 @@ impl ViewState {
     /// Puts `summary` first in place of the messages before history
     /// position `end`.
     fn put_summary(&mut self, summary: &Message, end: u64) {
-        let cut = self
-            .origin
-            .iter()
-            .enumerate()
-            .skip(self.first())
-            .find(|(_, o)| **o >= end)
-            .map_or(self.messages.len(), |(at, _)| at);
         let Some((text, range)) = summary.as_summary() else {
             return;
         };
-        let shown = shown_summary(text);
-        let cost = tokens::estimate_message(&shown);
-        // The messages before `cut` (an older summary among them) become
-        // the one summary: index `i >= cut` moves to `i - cut + 1`.
-        Arc::make_mut(&mut self.messages).splice(0..cut, [shown]);
-        self.origin.splice(0..cut, [u64::MAX]);
-        self.cost.splice(0..cut, [cost]);
-        self.turns.retain(|&t| t >= cut);
-        for t in &mut self.turns {
-            *t = *t + 1 - cut;
-        }
-        self.trimmed = if self.trimmed >= cut {
-            self.trimmed + 1 - cut
-        } else {
-            1
-        };
+        self.unplace_summary();
+        // The messages before `cut` (an older summary's among them) are
+        // what the new summary stands for.
+        let cut = self
+            .origin
+            .iter()
+            .position(|&o| o >= end)
+            .unwrap_or(self.messages.len());
+        self.remove_front(cut);
+        self.summary = Some(ShownSummary {
+            range,
+            text: text.to_owned(),
+            placement: Placement::Pending,
+        });
+        self.place_summary();
         self.tokens = self.cost.iter().sum();
-        self.summary = Some(range);
+        self.backoff = None;
         self.compacted();
     }
 }
@@ -612,6 +835,31 @@ mod tests {
         history.push(Message::assistant(format!("answer {n}")));
     }
 
+    /// The view's message at `i` as the history has it: the first one
+    /// without the summary shown in it.
+    fn unmerged(view: &ViewState, i: usize) -> &Message {
+        match &view.summary {
+            Some(ShownSummary {
+                placement: Placement::Merged { original },
+                ..
+            }) if i == 0 => original,
+            _ => &view.messages[i],
+        }
+    }
+
+    /// Whether two user messages follow each other in `messages` (the
+    /// records never sent left out).
+    fn users_in_a_row<'a>(messages: impl IntoIterator<Item = &'a Message>) -> bool {
+        let roles: Vec<Role> = messages
+            .into_iter()
+            .map(|m| m.role)
+            .filter(|r| !matches!(r, Role::Command | Role::Instance | Role::Summary))
+            .collect();
+        roles
+            .windows(2)
+            .any(|w| w[0] == Role::User && w[1] == Role::User)
+    }
+
     /// What must hold of a view whatever happened to it.
     fn check(view: &ViewState, history: &[Message], policy: &ContextPolicy) {
         let first = view.first();
@@ -648,8 +896,26 @@ mod tests {
                 "a cut at a turn's start"
             );
         }
-        if first == 1 {
-            assert!(view.messages[0].text().starts_with(SUMMARY_PREAMBLE));
+        match &view.summary {
+            Some(ShownSummary {
+                text,
+                placement: Placement::Merged { original },
+                ..
+            }) => {
+                assert_eq!(view.messages[0], with_summary(text, original));
+                assert!(view.messages[0].text().starts_with(SUMMARY_PREAMBLE));
+            }
+            Some(ShownSummary {
+                placement: Placement::Alone,
+                ..
+            }) => {
+                assert!(view.messages[0].text().starts_with(SUMMARY_PREAMBLE));
+            }
+            Some(ShownSummary {
+                placement: Placement::Pending,
+                ..
+            }) => assert!(view.messages.is_empty(), "a summary waits for a message"),
+            None => {}
         }
         for i in first..view.messages.len() {
             let at = usize::try_from(view.origin[i]).unwrap();
@@ -657,7 +923,8 @@ mod tests {
             assert_eq!(original.role, view.messages[i].role);
             if i >= view.trimmed {
                 assert_eq!(
-                    original, &view.messages[i],
+                    original,
+                    unmerged(view, i),
                     "untrimmed messages are the history's"
                 );
             }
@@ -667,8 +934,17 @@ mod tests {
         // The view ends with the history's last message.
         if let Some(last) = history.last()
             && last.role != Role::Summary
+            && !view.messages.is_empty()
         {
-            assert_eq!(view.messages.last(), Some(last));
+            assert_eq!(unmerged(view, view.messages.len() - 1), last);
+        }
+        // Roles alternate in the view where they do in the history: the
+        // summary is never a user message of its own before a user's.
+        if !users_in_a_row(history) {
+            assert!(
+                !users_in_a_row(view.messages.iter()),
+                "two user messages in a row"
+            );
         }
     }
 
@@ -694,6 +970,46 @@ mod tests {
         };
         assert_eq!(third.messages[0].text(), "question 1");
         assert_eq!(third.messages.len(), 8);
+    }
+
+    proptest! {
+        /// The history's estimate kept as it grows is core's estimate of
+        /// it walked afresh, and with the framing it is the request's;
+        /// another history, or a shorter one, is counted afresh.
+        #[test]
+        fn the_history_estimate_kept_equals_a_fresh_one(
+            chunks in proptest::collection::vec(
+                proptest::collection::vec(markov_testkit::strategies::arb_message(), 0..5),
+                1..8,
+            ),
+        ) {
+            let views = ContextViews::default();
+            let id = HistoryId::fresh();
+            let settings = markov_core::ModelSettings::default();
+            let schema = json!({"type": "object", "properties": {"answer": {"type": "string"}}});
+            let mut history = Vec::new();
+            for chunk in chunks {
+                history.extend(chunk);
+                let kept = views.history_tokens(&history, id);
+                prop_assert_eq!(kept, tokens::estimate_messages(&history));
+                let request = markov_core::ModelRequest::new("You answer.", &history, &settings)
+                    .with_output_schema(Some(&schema));
+                prop_assert_eq!(
+                    crate::usage::estimate_framing_tokens(&request) + kept,
+                    crate::usage::estimate_input_tokens(&request)
+                );
+                prop_assert_eq!(
+                    tokens::estimate_framing(&request) + kept,
+                    tokens::estimate_request(&request)
+                );
+            }
+            let shorter = &history[..history.len() / 2];
+            prop_assert_eq!(views.history_tokens(shorter, id), tokens::estimate_messages(shorter));
+            prop_assert_eq!(
+                views.history_tokens(&history, HistoryId::fresh()),
+                tokens::estimate_messages(&history)
+            );
+        }
     }
 
     proptest! {

@@ -25,7 +25,10 @@ use crate::respond::pipeline::{
 };
 use crate::respond::prompt::system_prompt;
 use crate::respond::take_transition;
-use crate::usage::{Prices, estimate_input_tokens};
+use crate::usage::{
+    Call, LimitExceeded, Prices, admit_call, estimate_framing_tokens, estimate_input_tokens,
+    metered,
+};
 use async_trait::async_trait;
 use futures::StreamExt;
 use markov_core::Role;
@@ -841,70 +844,42 @@ fn finish(
 }
 
 impl StandardExecutor {
-    /// The usage limits' verdict on the leaf's next model call: `None`
-    /// when it may be made (its estimate is then reserved for the step),
-    /// else the outcome of a leaf that stops before it.
+    /// The usage limits' verdict on the leaf's model call over `messages`,
+    /// whose estimated tokens `message_tokens` gives (kept incrementally:
+    /// never a walk of the history): `Ok(None)` when it may be made (its
+    /// estimate is then reserved for the step), else the limit it could
+    /// pass.
     fn admit(
         &self,
         cx: &LeafContext<'_>,
         prepared: &Prepared,
-    ) -> Result<Option<LeafOutcome>, RunError> {
-        let meter = cx.usage;
-        if !meter.limits().is_set() {
-            return Ok(None);
-        }
-        let mut estimate = markov_core::model::Usage {
-            requests: 1,
-            ..markov_core::model::Usage::default()
-        };
-        if meter.needs_estimate() {
-            let input = estimate_input_tokens(&prepared.request(cx.history));
-            let output = u64::from(prepared.settings.max_tokens);
-            estimate.input_tokens = input;
-            estimate.output_tokens = output;
-            if meter.limits().limits_cost() {
-                let model = prepared.settings.model.as_deref();
-                estimate.cost = model
-                    .and_then(|m| {
-                        self.prices
-                            .estimate(self.model.provider_name(), m, input, output)
-                    })
-                    .ok_or_else(|| RunError::NoPrice {
-                        model: model.map(str::to_owned),
-                    })?;
-            }
-        }
-        match meter.admit(&estimate) {
-            Ok(()) => Ok(None),
-            Err(limit) => {
-                let mut stopped = LeafOutcome::new(Vec::new(), YieldReason::UsageLimit, cx.turn);
-                stopped.usage_limit = Some(limit);
-                Ok(Some(stopped))
-            }
-        }
+        messages: &[Message],
+        message_tokens: impl FnOnce() -> u64,
+    ) -> Result<Option<LimitExceeded>, RunError> {
+        let call = self.call(prepared);
+        let verdict = admit_call(cx.usage, &self.prices, &call, || {
+            // The framing (system prompt, tools) does not grow with the
+            // conversation; the messages' sum is kept as they are appended.
+            let framing = estimate_framing_tokens(&prepared.request(&[]));
+            let input = framing.saturating_add(message_tokens());
+            // Debug and test builds check the sum kept against the one
+            // estimate, walked afresh.
+            debug_assert_eq!(
+                input,
+                estimate_input_tokens(&prepared.request(messages)),
+                "the incremental estimate of the request"
+            );
+            input
+        })?;
+        Ok(verdict.err())
     }
 
-    /// What an answered call used: its token counts, one request, and its
-    /// cost at the executor's prices (or counted as unpriced).
-    fn metered(&self, response: &ModelResponse, prepared: &Prepared) -> markov_core::model::Usage {
-        let mut usage = response.usage;
-        usage.requests = 1;
-        match self.prices.cost_of_answer(
-            self.model.provider_name(),
-            response.model.as_deref(),
-            prepared.settings.model.as_deref(),
-            &usage,
-        ) {
-            Some(cost) => {
-                usage.cost = cost;
-                usage.unpriced_requests = 0;
-            }
-            None => {
-                usage.cost = markov_core::Usd::ZERO;
-                usage.unpriced_requests = 1;
-            }
+    /// The leaf's model call, as the usage limits and prices see it.
+    fn call<'a>(&'a self, prepared: &'a Prepared) -> Call<'a> {
+        Call {
+            provider: self.model.provider_name(),
+            settings: &prepared.settings,
         }
-        usage
     }
 
     /// Reads the model's stream into `vessel`, reporting each delta, until
@@ -978,6 +953,22 @@ enum Called {
     /// The model refused the request as too long for its context window,
     /// and no compaction could make it fit: the provider's message.
     Exhausted(String),
+    /// A usage limit refused the next call (the summarizer's or the
+    /// model's), which was not made.
+    Limited(LimitExceeded),
+}
+
+/// What [`StandardExecutor::summarize`] did.
+enum Summarized {
+    /// The summary is in the view, and queued for the history.
+    Done,
+    /// The summarizer failed or wrote nothing: the view is as it was.
+    Failed,
+    /// Another leaf compacted the view while the summarizer ran: its
+    /// summary is not used.
+    Stale,
+    /// A usage limit refused the summarizer's call, which was not made.
+    Limited(LimitExceeded),
 }
 
 /// Whether `result` failed because the request does not fit the model's
@@ -1000,10 +991,19 @@ impl StandardExecutor {
     /// compacted at once — everything before the current turn summarized
     /// or left out — and sent once more; without a policy, or when the
     /// current turn alone is too long, the answer is [`Called::Exhausted`].
+    ///
+    /// Every call — the summarizer's, the model's, the retry — is admitted
+    /// by the usage limits right before it is made, with the estimate of
+    /// what it sends (the view under a policy). A refused request's
+    /// reservation stays for the rest of the step: providers do not bill
+    /// a request refused as too long, so this errs on the side of
+    /// spending less (a retry must fit beside it). What the summarizer's
+    /// answered calls used is added to `spent`.
     async fn call_in_context(
         &self,
         cx: &LeafContext<'_>,
         prepared: &Prepared,
+        spent: &mut markov_core::model::Usage,
     ) -> Result<Called, RunError> {
         let policy = cx
             .instance()
@@ -1011,6 +1011,10 @@ impl StandardExecutor {
             .context_policy()
             .or(self.context_policy.as_ref());
         let Some(policy) = policy else {
+            let tokens = || cx.views.history_tokens(cx.history, cx.history_id);
+            if let Some(limit) = self.admit(cx, prepared, cx.history, tokens)? {
+                return Ok(Called::Limited(limit));
+            }
             let result = self
                 .call_model(cx, prepared, cx.history, cx.history_id)
                 .await;
@@ -1027,10 +1031,17 @@ impl StandardExecutor {
         ) {
             crate::context::Prepared::Ready(view) => view,
             crate::context::Prepared::Summarize(job) => {
-                self.summarize(cx, policy, job).await;
+                match self.summarize(cx, policy, job, spent).await? {
+                    Summarized::Limited(limit) => return Ok(Called::Limited(limit)),
+                    Summarized::Failed => cx.views.summary_failed(policy),
+                    Summarized::Done | Summarized::Stale => {}
+                }
                 cx.views.current(policy, cx.history)
             }
         };
+        if let Some(limit) = self.admit(cx, prepared, &view.messages, || view.tokens)? {
+            return Ok(Called::Limited(limit));
+        }
         let result = self.call_model(cx, prepared, &view.messages, view.id).await;
         let Some(message) = context_length(&result) else {
             return result.map(|(response, vessel)| Called::Answer(response, vessel));
@@ -1040,13 +1051,17 @@ impl StandardExecutor {
         match cx.views.force(policy, cx.history) {
             Forced::Nothing => return Ok(Called::Exhausted(message)),
             Forced::Done => {}
-            Forced::Summarize(job) => {
-                if !self.summarize(cx, policy, job).await {
-                    cx.views.drop_before_current(policy);
-                }
-            }
+            Forced::Summarize(job) => match self.summarize(cx, policy, job, spent).await? {
+                Summarized::Limited(limit) => return Ok(Called::Limited(limit)),
+                Summarized::Failed | Summarized::Stale => cx.views.drop_before_current(policy),
+                Summarized::Done => {}
+            },
         }
         let view = cx.views.current(policy, cx.history);
+        // A second request, admitted on its own estimate.
+        if let Some(limit) = self.admit(cx, prepared, &view.messages, || view.tokens)? {
+            return Ok(Called::Limited(limit));
+        }
         let result = self.call_model(cx, prepared, &view.messages, view.id).await;
         if let Some(message) = context_length(&result) {
             return Ok(Called::Exhausted(message));
@@ -1056,58 +1071,78 @@ impl StandardExecutor {
 
     /// Summarizes `job` with the policy's summarizer and puts the summary
     /// in the view; the summary message goes to the queue, so the step
-    /// records it in the history. Whether it did: a failed summarizer is
-    /// logged, and the view stays as it was.
+    /// records it in the history. The summarizer's call passes the usage
+    /// limits first, like any model call (its transcript and instructions
+    /// estimated, its `max_tokens` counted in full, priced at its own
+    /// model and provider), and what it used is added to `spent`. A failed
+    /// summarizer is logged, and the view stays as it was.
     async fn summarize(
         &self,
         cx: &LeafContext<'_>,
         policy: &ContextPolicy,
-        job: SummaryJob,
-    ) -> bool {
+        mut job: SummaryJob,
+        spent: &mut markov_core::model::Usage,
+    ) -> Result<Summarized, RunError> {
         let Some(summarize) = policy.summarize() else {
-            return false;
+            return Ok(Summarized::Failed);
         };
-        let span = tracing::info_span!(
-            "summarize",
-            gen_ai.provider.name = summarize.model().provider_name(),
-            error.type = tracing::field::Empty,
-        );
-        let messages = [Message::user(job.transcript.clone())];
+        let model = summarize.model();
+        let call = Call {
+            provider: model.provider_name(),
+            settings: summarize.model_settings(),
+        };
+        let messages = [Message::user(std::mem::take(&mut job.transcript))];
         let request = ModelRequest::new(
             summarize.instructions(),
             &messages,
             summarize.model_settings(),
         );
-        let answer = summarize
-            .model()
-            .complete(request)
-            .instrument(span.clone())
-            .await;
+        if let Err(limit) = admit_call(cx.usage, &self.prices, &call, || {
+            estimate_input_tokens(&request)
+        })? {
+            tracing::info!(%limit, "a usage limit refuses the summarizer's call: the leaf stops before it");
+            return Ok(Summarized::Limited(limit));
+        }
+        let span = tracing::info_span!(
+            "summarize",
+            gen_ai.provider.name = call.provider,
+            gen_ai.request.model = call.settings.model.as_deref().unwrap_or(""),
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let answer = model.complete(request).instrument(span.clone()).await;
         let text = match answer {
-            Ok(response) => response
-                .content
-                .iter()
-                .filter_map(|item| match item {
-                    Item::Text { text } => Some(text.as_str()),
-                    _ => None,
-                })
-                .collect::<String>(),
+            Ok(response) => {
+                let used = metered(&self.prices, &call, &response);
+                span.record("gen_ai.usage.input_tokens", used.input_tokens);
+                span.record("gen_ai.usage.output_tokens", used.output_tokens);
+                *spent += used;
+                response
+                    .content
+                    .iter()
+                    .filter_map(|item| match item {
+                        Item::Text { text } => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect::<String>()
+            }
             Err(error) => {
                 span.record("error.type", "model_error");
                 tracing::warn!(parent: &span, %error, "the summarizer failed: the context is not summarized");
-                return false;
+                return Ok(Summarized::Failed);
             }
         };
         if text.trim().is_empty() {
             tracing::warn!(parent: &span, "the summarizer wrote nothing: the context is not summarized");
-            return false;
+            return Ok(Summarized::Failed);
         }
         match cx.views.apply_summary(policy, job, text) {
             Some(message) => {
                 cx.queue.enqueue([message]);
-                true
+                Ok(Summarized::Done)
             }
-            None => false,
+            None => Ok(Summarized::Stale),
         }
     }
 }
@@ -1232,21 +1267,29 @@ impl Executor for StandardExecutor {
             }
             response
         });
+        // What the leaf's summarizer calls used, beside its model call.
+        let mut spent = markov_core::model::Usage::default();
         let called = match recorded {
             Some(response) => {
                 tracing::info!(parent: &span, "the recorded answer of an unfinished step is replayed");
                 Ok((response, None))
             }
             None => {
-                if let Some(limited) = self.admit(&cx, &prepared)? {
-                    return Ok(limited);
-                }
                 match self
-                    .call_in_context(&cx, &prepared)
+                    .call_in_context(&cx, &prepared, &mut spent)
                     .instrument(span.clone())
                     .await
                 {
                     Ok(Called::Answer(response, vessel)) => Ok((response, vessel)),
+                    Ok(Called::Limited(limit)) => {
+                        // The summary a summarizer made before is queued:
+                        // the step records it; nothing else happened.
+                        let mut stopped =
+                            LeafOutcome::new(Vec::new(), YieldReason::UsageLimit, cx.turn);
+                        stopped.usage_limit = Some(limit);
+                        stopped.usage = spent;
+                        return Ok(stopped);
+                    }
                     Ok(Called::Exhausted(message)) => {
                         span.record("error.type", "context_length");
                         tracing::warn!(
@@ -1254,11 +1297,10 @@ impl Executor for StandardExecutor {
                             %message,
                             "the conversation does not fit the model's context window: the run ends"
                         );
-                        return Ok(LeafOutcome::new(
-                            Vec::new(),
-                            YieldReason::ContextExhausted,
-                            cx.turn,
-                        ));
+                        let mut exhausted =
+                            LeafOutcome::new(Vec::new(), YieldReason::ContextExhausted, cx.turn);
+                        exhausted.usage = spent;
+                        return Ok(exhausted);
                     }
                     Err(error) => Err(error),
                 }
@@ -1288,11 +1330,12 @@ impl Executor for StandardExecutor {
                 });
             }
         }
-        let usage = if resumed {
+        let mut usage = if resumed {
             markov_core::model::Usage::default()
         } else {
-            self.metered(&response, &prepared)
+            metered(&self.prices, &self.call(&prepared), &response)
         };
+        usage += spent;
         span.record("gen_ai.usage.input_tokens", usage.input_tokens);
         span.record("gen_ai.usage.output_tokens", usage.output_tokens);
         let model = response.model.clone();

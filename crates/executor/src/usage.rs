@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 
-use markov_core::model::{ModelRequest, Usage};
+use markov_core::model::{ModelRequest, ModelSettings, Usage};
 use markov_core::usage::Usd;
 use serde::{Deserialize, Serialize};
 
@@ -196,10 +196,12 @@ pub enum UsageLimitsError {
 /// unreachable bounds) and given to
 /// [`AgentBuilder::usage_limits`](crate::AgentBuilder::usage_limits).
 ///
-/// They are checked before each model call, against what the scope has
-/// used plus a conservative estimate of the call (its input, and its
-/// `max_tokens` of output, priced at the higher of the input and cache
-/// write rates): a call that could pass a bound is not made, and the run
+/// They are checked right before each model call (a context policy's
+/// summarizer's too, and a retry after a context-length refusal again),
+/// against what the scope has used plus a conservative estimate of the
+/// call (the input it sends, and its `max_tokens` of output, priced at
+/// the higher of the input and cache write rates): a call that could
+/// pass a bound is not made, and the run
 /// ends with [`YieldReason::UsageLimit`](crate::YieldReason::UsageLimit),
 /// the history intact. A per-run or per-turn limit lets the next turn go
 /// on; a per-session one stops every later call.
@@ -486,8 +488,20 @@ impl UsageMeter {
 /// The input tokens a request could count at most: core's conservative
 /// estimate ([`markov_core::tokens`], a token per three bytes of JSON,
 /// which no tokenizer in use exceeds on text), plus the provider's
-/// built-in tools.
+/// built-in tools. Always [`estimate_framing_tokens`] plus core's
+/// estimate of the request's messages; the executor keeps the messages'
+/// sum as the history and the context views grow, and adds the framing
+/// alone.
 pub(crate) fn estimate_input_tokens(request: &ModelRequest<'_>) -> u64 {
+    estimate_framing_tokens(request)
+        .saturating_add(markov_core::tokens::estimate_messages(request.messages()))
+}
+
+/// The input tokens of a request's parts other than its messages (core's
+/// [`estimate_framing`](markov_core::tokens::estimate_framing): system
+/// prompt, tools, output schema), plus the provider's built-in tools:
+/// nothing that grows with the conversation.
+pub(crate) fn estimate_framing_tokens(request: &ModelRequest<'_>) -> u64 {
     // The provider's built-in tools are the one part of a request core's
     // estimate leaves out (their definitions are the provider's).
     let provider_tools = request
@@ -499,7 +513,83 @@ pub(crate) fn estimate_input_tokens(request: &ModelRequest<'_>) -> u64 {
                 .div_ceil(3)
         })
         .sum::<u64>();
-    markov_core::tokens::estimate_request(request).saturating_add(provider_tools)
+    markov_core::tokens::estimate_framing(request).saturating_add(provider_tools)
+}
+
+/// A model call about to be made, as the usage limits see it.
+pub(crate) struct Call<'a> {
+    /// The client's [`Model::provider_name`](markov_core::Model::provider_name).
+    pub provider: &'a str,
+    /// The settings it is made with (the model asked for, `max_tokens`).
+    pub settings: &'a ModelSettings,
+}
+
+/// The meter's verdict on `call`, whose input tokens `input` estimates
+/// (asked only when a bound on tokens or money is set): `Ok(Ok(()))` when
+/// it may be made (its estimate is then reserved for the step), else the
+/// limit it could pass. Its estimate is the input, its `max_tokens` of
+/// output in full and one request, priced at `prices` by the model its
+/// settings name.
+///
+/// # Errors
+/// [`RunError::NoPrice`](crate::RunError::NoPrice) when a limit on money
+/// is set and the model has no price.
+pub(crate) fn admit_call(
+    meter: &UsageMeter,
+    prices: &Prices,
+    call: &Call<'_>,
+    input: impl FnOnce() -> u64,
+) -> Result<Result<(), LimitExceeded>, crate::RunError> {
+    if !meter.limits().is_set() {
+        return Ok(Ok(()));
+    }
+    let mut estimate = Usage {
+        requests: 1,
+        ..Usage::default()
+    };
+    if meter.needs_estimate() {
+        let input = input();
+        let output = u64::from(call.settings.max_tokens);
+        estimate.input_tokens = input;
+        estimate.output_tokens = output;
+        if meter.limits().limits_cost() {
+            let model = call.settings.model.as_deref();
+            estimate.cost = model
+                .and_then(|m| prices.estimate(call.provider, m, input, output))
+                .ok_or_else(|| crate::RunError::NoPrice {
+                    model: model.map(str::to_owned),
+                })?;
+        }
+    }
+    Ok(meter.admit(&estimate))
+}
+
+/// What an answered call of `call` used: its token counts, one request,
+/// and its cost at `prices` (by the model the answer names, else the one
+/// asked for), or counted as unpriced.
+pub(crate) fn metered(
+    prices: &Prices,
+    call: &Call<'_>,
+    response: &markov_core::model::ModelResponse,
+) -> Usage {
+    let mut usage = response.usage;
+    usage.requests = 1;
+    match prices.cost_of_answer(
+        call.provider,
+        response.model.as_deref(),
+        call.settings.model.as_deref(),
+        &usage,
+    ) {
+        Some(cost) => {
+            usage.cost = cost;
+            usage.unpriced_requests = 0;
+        }
+        None => {
+            usage.cost = Usd::ZERO;
+            usage.unpriced_requests = 1;
+        }
+    }
+    usage
 }
 
 /// A model's price, per million tokens of each kind, exact.

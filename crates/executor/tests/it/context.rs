@@ -13,7 +13,7 @@ use markov_executor::{
 };
 use markov_runtime::context::{ContextPolicy, ContextPolicyError, Summarize};
 use markov_runtime::node::Node;
-use markov_testkit::{RecordedRequest, ScriptBuilder, ScriptedModel};
+use markov_testkit::{FailingModel, RecordedRequest, ScriptBuilder, ScriptedModel};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -46,9 +46,9 @@ async fn turn(machine: &mut Machine, text: &str) -> MachineStep {
 }
 
 /// The checks every request of a view passes: it starts with a user
-/// message, every tool call in it has its result and every result its
-/// call, and it ends with the history's own last messages (the current
-/// turn whole).
+/// message, roles alternate (the scripted conversations here never put
+/// two user messages in a row, so a view must not either), and every
+/// tool call in it has its result and every result its call.
 fn assert_valid_view(request: &RecordedRequest) {
     let sent: Vec<&Message> = request
         .messages
@@ -60,8 +60,36 @@ fn assert_valid_view(request: &RecordedRequest) {
         Some(Role::User),
         "first message"
     );
+    for pair in sent.windows(2) {
+        assert!(
+            !(pair[0].role == Role::User && pair[1].role == Role::User),
+            "two user messages in a row: {pair:?}"
+        );
+    }
     let owned: Vec<Message> = sent.into_iter().cloned().collect();
     assert_paired(&owned);
+}
+
+/// A message's items, its text as one when it is a plain string.
+fn items_of(message: &Message) -> Vec<Item> {
+    match &message.items {
+        markov_core::message::Items::Text(text) => vec![Item::text(text.clone())],
+        _ => message.item_list().to_vec(),
+    }
+}
+
+/// The summary a view shows as the first item of its first message, and
+/// that message without it (as the history has it, but for the form of
+/// its items).
+fn split_summary(message: &Message) -> (Option<String>, Vec<Item>) {
+    let items = items_of(message);
+    match items.first() {
+        Some(Item::Text { text }) if text.starts_with(SUMMARY_PREAMBLE) => (
+            Some(text[SUMMARY_PREAMBLE.len()..].to_owned()),
+            items[1..].to_vec(),
+        ),
+        _ => (None, items),
+    }
 }
 
 #[test]
@@ -265,12 +293,15 @@ async fn a_summary_is_made_once_per_threshold_crossing_and_stands_for_its_messag
         assert_valid_view(request);
         assert!(tokens::estimate_messages(&request.messages) < 400 + 200);
     }
+    // The summary is the first text of the first message, a question:
+    // never a user message of its own before another.
     let last = requests.last().unwrap();
-    assert!(last.messages[0].text().starts_with(SUMMARY_PREAMBLE));
+    let (summary, rest) = split_summary(&last.messages[0]);
+    assert_eq!(summary.as_ref(), Some(&summaries.last().unwrap().0));
+    assert_eq!(last.messages[0].role, Role::User);
     assert!(
-        last.messages[0]
-            .text()
-            .ends_with(&summaries.last().unwrap().0)
+        matches!(&rest[..], [Item::Text { text }] if text.starts_with("question")),
+        "{rest:?}"
     );
     // The summarizer read a transcript of the turns it summarized.
     let asked = &summarizer.requests()[0];
@@ -339,10 +370,11 @@ async fn a_context_length_refusal_is_compacted_and_retried_once() {
     let requests = model.requests();
     let refused = &requests[requests.len() - 2];
     let retried = &requests[requests.len() - 1];
-    // The retry holds the summary and the current turn only.
-    assert_eq!(retried.messages.len(), 2);
-    assert!(retried.messages[0].text().starts_with(SUMMARY_PREAMBLE));
-    assert_eq!(retried.messages[1].text(), "and now?");
+    // The retry holds the current turn only, the summary first in it.
+    assert_eq!(retried.messages.len(), 1);
+    let (summary, rest) = split_summary(&retried.messages[0]);
+    assert_eq!(summary.as_deref(), Some("Three sums."));
+    assert_eq!(rest, [Item::text("and now?")]);
     assert!(refused.messages.len() > retried.messages.len());
     assert_ne!(refused.history_id, retried.history_id);
     assert_eq!(summarizer.calls(), 1);
@@ -450,8 +482,9 @@ async fn a_restored_machine_shows_its_summary_first() {
     // The restored machine's first request: the summary, then what
     // follows the messages it stands for.
     let request = &model.requests()[6];
-    assert!(request.messages[0].text().ends_with("Earlier sums."));
-    assert_eq!(request.messages[1].text(), "question 2");
+    let (summary, rest) = split_summary(&request.messages[0]);
+    assert_eq!(summary.as_deref(), Some("Earlier sums."));
+    assert_eq!(rest, [Item::text("question 2")]);
     assert_eq!(request.messages.last().unwrap().text(), "question 3");
     assert_valid_view(request);
 }
@@ -551,8 +584,91 @@ proptest! {
                 .iter()
                 .filter(|m| m.role != Role::Summary)
                 .collect();
-            let sent: Vec<&Message> = last.messages[last.messages.len() - tail.len()..].iter().collect();
-            assert_eq!(sent, tail);
+            let sent = &last.messages[last.messages.len() - tail.len()..];
+            for (sent, kept) in sent.iter().zip(tail) {
+                // The first may show the summary first.
+                let (_, items) = split_summary(sent);
+                assert_eq!(sent.role, kept.role);
+                assert_eq!(items, items_of(kept));
+            }
         });
     }
+}
+
+/// A first turn whose question alone is some 2 300 estimated tokens,
+/// past a threshold of 2 000, then a turn of `calls` tool steps: each
+/// adds some 30 tokens, far less than a quarter of the threshold.
+fn over_the_threshold(calls: usize) -> ScriptBuilder {
+    let mut script = ScriptedModel::builder().text("Read it.");
+    for n in 0..calls {
+        script = script.tool_call("add", json!({"a": n, "b": 1}));
+    }
+    script.text("Added.")
+}
+
+fn failing_summarizer_policy(summarizer: &Arc<FailingModel>) -> ContextPolicy {
+    ContextPolicy::builder()
+        .summarize(
+            Summarize::new(Arc::clone(summarizer) as Arc<dyn markov_core::Model>, 2_000)
+                .keep_last_turns(1),
+        )
+        .build()
+        .expect("a valid policy")
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_is_asked_again_at_a_new_turn_not_at_every_step() {
+    let model = Arc::new(over_the_threshold(8).text("Hello again.").build());
+    let summarizer = Arc::new(FailingModel::new(ModelError::Overloaded("down".into())));
+    let policy = failing_summarizer_policy(&summarizer);
+    let mut machine = agent(Arc::clone(&model), Some(policy)).machine();
+    turn(&mut machine, &"w ".repeat(3_500)).await;
+    assert_eq!(summarizer.calls(), 0, "one turn: nothing to summarize");
+    // Nine steps over the threshold: one attempt, then none while the
+    // view grows by less than a quarter of the threshold.
+    let last = turn(&mut machine, "Add eight times.").await;
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert_eq!(model.calls(), 10, "every step was answered");
+    assert_eq!(summarizer.calls(), 1);
+    // A new turn tries again.
+    turn(&mut machine, "Hello?").await;
+    assert_eq!(summarizer.calls(), 2);
+    assert!(machine.history().iter().all(|m| m.role != Role::Summary));
+}
+
+#[tokio::test]
+async fn a_failing_summarizer_is_asked_again_once_the_view_has_grown() {
+    // A quarter of the threshold is 500 tokens: some 17 tool steps.
+    let model = Arc::new(over_the_threshold(40).build());
+    let summarizer = Arc::new(FailingModel::new(ModelError::Overloaded("down".into())));
+    let policy = failing_summarizer_policy(&summarizer);
+    let mut machine = agent(Arc::clone(&model), Some(policy)).machine();
+    turn(&mut machine, &"w ".repeat(3_500)).await;
+    turn(&mut machine, "Add forty times.").await;
+    assert_eq!(model.calls(), 42);
+    let calls = summarizer.calls();
+    assert!((2..=4).contains(&calls), "{calls} attempts in 41 steps");
+}
+
+#[tokio::test]
+async fn a_context_length_refusal_asks_a_failing_summarizer_even_while_it_backs_off() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .text("Read it.")
+            .tool_call("add", json!({"a": 1, "b": 1}))
+            .error(ModelError::ContextLength("too long".into()))
+            .text("Added.")
+            .build(),
+    );
+    let summarizer = Arc::new(FailingModel::new(ModelError::Overloaded("down".into())));
+    let policy = failing_summarizer_policy(&summarizer);
+    let mut machine = agent(Arc::clone(&model), Some(policy)).machine();
+    turn(&mut machine, &"w ".repeat(3_500)).await;
+    let last = turn(&mut machine, "Add once.").await;
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    // The first step's attempt failed; the refusal at the second step
+    // forces another, which fails too, and the older turn is left out.
+    assert_eq!(summarizer.calls(), 2);
+    let retried = model.requests().pop().unwrap();
+    assert_eq!(retried.messages[0].text(), "Add once.");
 }

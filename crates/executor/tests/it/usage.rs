@@ -11,6 +11,7 @@ use markov_executor::{
     Agent, AgentBuilder, BuildError, Limit, LimitKind, LimitScope, ModelPrice, Prices, RunError,
     UsageLimits, UsageLimitsError, YieldReason, serialize_machine,
 };
+use markov_runtime::context::{ContextPolicy, Summarize};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -355,4 +356,315 @@ async fn zero_unreachable_and_misplaced_limits_are_build_errors() {
         ),
         "{refused}"
     );
+}
+
+/// The summarizer's model, priced at $10 per million input tokens and
+/// $20 per million output.
+const SUMMARIZER: &str = "summary-model";
+
+fn summarizer_prices() -> Prices {
+    prices().model(
+        SUMMARIZER,
+        ModelPrice::per_million_tokens(Usd::from_cents(1_000), Usd::from_cents(2_000)),
+    )
+}
+
+/// A summarizer named [`SUMMARIZER`] that may answer `max_tokens`.
+fn summarize(model: &Arc<ScriptedModel>, threshold: u64, max_tokens: u32) -> Summarize {
+    Summarize::new(Arc::clone(model) as Arc<dyn markov_core::Model>, threshold)
+        .keep_last_turns(1)
+        .settings(ModelSettings {
+            model: Some(SUMMARIZER.into()),
+            max_tokens,
+            ..ModelSettings::default()
+        })
+}
+
+fn summary(text: &str, usage: Usage) -> ModelResponse {
+    ModelResponse::new(vec![Item::text(text)], StopReason::EndTurn)
+        .with_usage(usage)
+        .with_model(SUMMARIZER)
+}
+
+#[tokio::test]
+async fn the_summarizers_calls_are_counted_and_priced_at_its_own_model() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(answer("first", used(1_000, 10)))
+            .response(answer("second", used(1_000, 10)))
+            .build(),
+    );
+    let summarizer = Arc::new(
+        ScriptedModel::builder()
+            .response(summary("The user said hello.", used(2_000, 100)))
+            .build(),
+    );
+    // The first turn's question alone passes the threshold: the second
+    // turn's call summarizes it first.
+    let policy = ContextPolicy::builder()
+        .summarize(summarize(&summarizer, 50, 500))
+        .build()
+        .expect("policy");
+    let agent = agent(&model, |a| {
+        a.context_policy(policy).prices(summarizer_prices())
+    });
+    let mut machine = agent.machine();
+    machine.enqueue_user("w ".repeat(200));
+    machine.run().await.expect("runs");
+    let before = *machine.usage();
+    machine.enqueue_user("And now?");
+    let last = machine.run().await.expect("runs");
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert_eq!(summarizer.calls(), 1);
+    // 1000 × $1/M + 10 × $2/M for the model, 2000 × $10/M + 100 × $20/M
+    // for the summarizer.
+    let expected = Usage {
+        requests: 2,
+        cost: Usd::from_micros(1_020 + 22_000),
+        ..used(3_000, 110)
+    };
+    assert_eq!(last.usage, expected);
+    assert_eq!(last.run_usage, expected);
+    assert_eq!(last.totals.turn, expected);
+    let mut session = before.session;
+    session += expected;
+    assert_eq!(machine.usage().session, session);
+    assert_eq!(machine.usage().session.unpriced_requests, 0);
+    // Stored with the session, like any usage.
+    let text =
+        serde_json::to_string(&serialize_machine(&machine).expect("serializes")).expect("writes");
+    let restored = agent
+        .restore(serde_json::from_str(&text).expect("reads"))
+        .expect("restores");
+    assert_eq!(restored.usage().session, session);
+}
+
+#[tokio::test]
+async fn an_unpriced_summarizer_counts_as_unpriced() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(answer("first", used(10, 1)))
+            .response(answer("second", used(10, 1)))
+            .build(),
+    );
+    let summarizer = Arc::new(
+        ScriptedModel::builder()
+            .response(summary("Hello.", used(200, 5)))
+            .build(),
+    );
+    let policy = ContextPolicy::builder()
+        .summarize(summarize(&summarizer, 50, 500))
+        .build()
+        .expect("policy");
+    // `prices()` does not price the summarizer's model.
+    let agent = agent(&model, |a| a.context_policy(policy));
+    let mut machine = agent.machine();
+    machine.enqueue_user("w ".repeat(200));
+    machine.run().await.expect("runs");
+    machine.enqueue_user("And now?");
+    let last = machine.run().await.expect("runs");
+    assert_eq!(summarizer.calls(), 1);
+    assert_eq!(last.usage.requests, 2);
+    assert_eq!(last.usage.unpriced_requests, 1);
+    assert_eq!(last.usage.input_tokens, 210);
+}
+
+#[tokio::test]
+async fn a_limit_refuses_the_summarizers_call_and_the_main_call_is_not_made_either() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(answer("first", used(100, 10)))
+            .response(answer("never", used(100, 10)))
+            .build(),
+    );
+    let summarizer = Arc::new(
+        ScriptedModel::builder()
+            .response(summary("never", used(1, 1)))
+            .build(),
+    );
+    // The summarizer may answer 50 000 tokens: more than a turn's 20 000,
+    // which the model's own call (100 tokens of answer) would fit in.
+    let policy = ContextPolicy::builder()
+        .summarize(summarize(&summarizer, 50, 50_000))
+        .build()
+        .expect("policy");
+    let limits = UsageLimits::builder()
+        .per_turn(Limit::new().tokens(20_000))
+        .build()
+        .expect("limits");
+    let agent = agent(&model, |a| {
+        a.context_policy(policy)
+            .prices(summarizer_prices())
+            .usage_limits(limits)
+    });
+    let mut machine = agent.machine();
+    machine.enqueue_user("w ".repeat(200));
+    machine.run().await.expect("runs");
+    machine.enqueue_user("And now?");
+    let last = machine.run().await.expect("runs");
+    assert_eq!(last.yield_reason, YieldReason::UsageLimit);
+    let limit = last.usage_limit.expect("names the limit");
+    assert_eq!(
+        (limit.scope, limit.kind),
+        (LimitScope::Turn, LimitKind::Tokens)
+    );
+    assert!(limit.estimate >= 50_000, "{limit:?}");
+    assert_eq!(summarizer.calls(), 0, "the summarizer was not called");
+    assert_eq!(model.calls(), 1, "nor was the model");
+    assert!(last.usage.is_empty());
+    // Nothing lost: the question is in the history, unsummarized.
+    assert_eq!(
+        machine.history().last().map(|m| m.text()).as_deref(),
+        Some("And now?")
+    );
+    assert!(machine.history().iter().all(|m| m.role != Role::Summary));
+}
+
+#[tokio::test]
+async fn the_summarizers_reservation_counts_against_the_main_call() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(answer("first", used(10, 1)))
+            .response(answer("never", used(10, 1)))
+            .build(),
+    );
+    let summarizer = Arc::new(
+        ScriptedModel::builder()
+            .response(summary("Hello.", used(200, 5)))
+            .build(),
+    );
+    let policy = ContextPolicy::builder()
+        .summarize(summarize(&summarizer, 50, 500))
+        .build()
+        .expect("policy");
+    // One request per turn: the summarizer's takes it.
+    let limits = UsageLimits::builder()
+        .per_turn(Limit::new().requests(1))
+        .build()
+        .expect("limits");
+    let agent = agent(&model, |a| {
+        a.context_policy(policy)
+            .prices(summarizer_prices())
+            .usage_limits(limits)
+    });
+    let mut machine = agent.machine();
+    machine.enqueue_user("w ".repeat(200));
+    machine.run().await.expect("runs");
+    machine.enqueue_user("And now?");
+    let last = machine.run().await.expect("runs");
+    assert_eq!(last.yield_reason, YieldReason::UsageLimit);
+    assert_eq!(summarizer.calls(), 1);
+    assert_eq!(model.calls(), 1, "the main call was refused");
+    // The summary is recorded and its call counted.
+    assert_eq!(last.usage.requests, 1);
+    assert_eq!(last.usage.input_tokens, 200);
+    assert_eq!(machine.usage().turn.requests, 1);
+    assert!(machine.history().iter().any(|m| m.role == Role::Summary));
+}
+
+#[tokio::test]
+async fn a_cost_limit_refuses_an_unpriced_summarizer_like_an_unpriced_model() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(answer("first", used(10, 1)))
+            .build(),
+    );
+    let summarizer = Arc::new(ScriptedModel::builder().text("Hello.").build());
+    let policy = ContextPolicy::builder()
+        .summarize(summarize(&summarizer, 50, 500))
+        .build()
+        .expect("policy");
+    let limits = UsageLimits::builder()
+        .per_session(Limit::new().cost(Usd::from_cents(100)))
+        .build()
+        .expect("limits");
+    let agent = agent(&model, |a| a.context_policy(policy).usage_limits(limits));
+    let mut machine = agent.machine();
+    machine.enqueue_user("w ".repeat(200));
+    machine.run().await.expect("runs");
+    machine.enqueue_user("And now?");
+    let error = machine.run().await.expect_err("no price");
+    assert!(
+        matches!(&error, RunError::NoPrice { model: Some(m) } if m == SUMMARIZER),
+        "{error}"
+    );
+    assert_eq!(summarizer.calls(), 0);
+}
+
+#[tokio::test]
+async fn a_token_limit_admits_the_view_that_is_sent_not_the_whole_history() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(answer("a long read", used(100_000, 10)))
+            .response(answer("short", used(20, 5)))
+            .build(),
+    );
+    let policy = ContextPolicy::builder()
+        .keep_last_turns(1)
+        .build()
+        .expect("policy");
+    // A first turn of some 100 000 estimated tokens, without limits.
+    let unlimited = agent(&model, |a| a.context_policy(policy.clone()));
+    let mut machine = unlimited.machine();
+    machine.enqueue_user("x".repeat(300_000));
+    machine.run().await.expect("runs");
+    let snapshot = serialize_machine(&machine).expect("serializes");
+    let text = serde_json::to_string(&snapshot).expect("writes");
+    // The same session under a per-turn limit far below the history and
+    // far above the view (the last turn only).
+    let limits = UsageLimits::builder()
+        .per_turn(Limit::new().tokens(5_000))
+        .build()
+        .expect("limits");
+    let limited = agent(&model, |a| a.context_policy(policy).usage_limits(limits));
+    let mut machine = limited
+        .restore(serde_json::from_str(&text).expect("reads"))
+        .expect("restores");
+    machine.enqueue_user("Short.");
+    let last = machine.run().await.expect("runs");
+    assert_eq!(
+        last.yield_reason,
+        YieldReason::EndTurn,
+        "{:?}",
+        last.usage_limit
+    );
+    assert_eq!(model.calls(), 2);
+    assert_eq!(model.requests()[1].messages.len(), 1);
+}
+
+#[tokio::test]
+async fn the_retry_after_a_context_length_refusal_is_admitted_again() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(answer("first", used(10, 1)))
+            .error(markov_core::ModelError::ContextLength("too long".into()))
+            .response(answer("never", used(10, 1)))
+            .build(),
+    );
+    let policy = ContextPolicy::builder()
+        .keep_last_turns(10)
+        .build()
+        .expect("policy");
+    // One request per run: the refused request keeps its reservation, so
+    // the retry, a second request, does not fit.
+    let limits = UsageLimits::builder()
+        .per_run(Limit::new().requests(1))
+        .build()
+        .expect("limits");
+    let agent = agent(&model, |a| a.context_policy(policy).usage_limits(limits));
+    let mut machine = agent.machine();
+    machine.enqueue_user("First.");
+    machine.run().await.expect("runs");
+    machine.enqueue_user("Second.");
+    let last = machine.run().await.expect("runs");
+    assert_eq!(last.yield_reason, YieldReason::UsageLimit);
+    let limit = last.usage_limit.expect("names the limit");
+    assert_eq!(
+        (limit.scope, limit.kind, limit.used),
+        (LimitScope::Run, LimitKind::Requests, 1)
+    );
+    assert_eq!(model.calls(), 2, "the retry was not made");
+    // The refused request was not billed: nothing counted.
+    assert!(last.usage.is_empty());
+    assert_eq!(machine.usage().session.requests, 1);
 }

@@ -2,17 +2,19 @@
 //! context policy every request of 500 turns is a valid request of its
 //! vendor and stays within a budget, and a context-length refusal — in
 //! the words of Anthropic and of llama.cpp's server — is compacted and
-//! answered, or ends the run with a reason that says what to set.
+//! answered, or ends the run with a reason that says what to set; a
+//! summarized view keeps roles alternating on the wire.
 #![cfg(all(feature = "anthropic", feature = "openai"))]
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use expect_test::expect;
 use markov_core::Model;
 use markov_executor::{Agent, Machine, YieldReason};
 use markov_providers::{Anthropic, OpenAi};
-use markov_runtime::context::ContextPolicy;
+use markov_runtime::context::{ContextPolicy, Summarize};
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic, openai};
 use serde_json::{Value, json};
 
@@ -323,4 +325,88 @@ async fn an_unknown_model_is_asked_for_fewer_tokens_than_a_small_context() {
         .or_else(|| body["max_tokens"].as_u64())
         .expect("a token limit");
     assert_eq!(asked, 2_048);
+}
+
+/// Chat templates that insist on alternating roles (llama.cpp's, say)
+/// take a compacted view as it is: the summary is the first text of the
+/// first user message, never a user message of its own before it.
+#[tokio::test]
+async fn a_summarized_view_alternates_roles_on_the_chat_completions_wire() {
+    let server = FakeServer::scripted(vec![
+        Reply::json(200, openai::text("First answer.")),
+        Reply::json(
+            200,
+            openai::tool_call("call_1", "look_up", &json!({"topic": "t1"})),
+        ),
+        Reply::json(200, openai::text("Here.")),
+    ])
+    .await;
+    let summarizer = Arc::new(
+        markov_testkit::ScriptedModel::builder()
+            .text("The user asked about topic 0.")
+            .build(),
+    );
+    let policy = ContextPolicy::builder()
+        .summarize(Summarize::new(summarizer as Arc<dyn Model>, 20).keep_last_turns(1))
+        .build()
+        .unwrap();
+    let mut machine = agent(openai_client(&server), Some(policy)).machine();
+    converse(&mut machine, 2).await;
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    for request in &requests {
+        assert_valid_openai(&request.body);
+        let roles: Vec<&str> = request.body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["role"].as_str())
+            .filter(|r| *r != "tool")
+            .collect();
+        assert!(
+            roles.windows(2).all(|w| w[0] != w[1]),
+            "roles alternate: {roles:?}"
+        );
+    }
+    let mut last = requests[2].body["messages"].clone();
+    // The tool's long answer is not the point here.
+    last[3]["content"] = json!("…");
+    expect![[r#"
+        [
+          {
+            "content": "You look things up.",
+            "role": "system"
+          },
+          {
+            "content": [
+              {
+                "text": "[Summary of the earlier conversation, whose messages are left out here]\n\nThe user asked about topic 0.",
+                "type": "text"
+              },
+              {
+                "text": "Tell me about topic 1.",
+                "type": "text"
+              }
+            ],
+            "role": "user"
+          },
+          {
+            "role": "assistant",
+            "tool_calls": [
+              {
+                "function": {
+                  "arguments": "{\"topic\":\"t1\"}",
+                  "name": "look_up"
+                },
+                "id": "call_1",
+                "type": "function"
+              }
+            ]
+          },
+          {
+            "content": "…",
+            "role": "tool",
+            "tool_call_id": "call_1"
+          }
+        ]"#]].assert_eq(&serde_json::to_string_pretty(&last).unwrap());
 }

@@ -155,8 +155,18 @@ pub enum TokenCount {
 ///
 /// The summary is appended to the history as a
 /// [`Role::Summary`](markov_core::Role::Summary) message that names the
-/// messages it stands for, and the view shows it in their place: one
-/// summary per crossing of the threshold, not one per step.
+/// messages it stands for, and the view shows it in their place (as the
+/// first text of the first user message kept): one summary per crossing
+/// of the threshold, not one per step. A summarizer that fails or writes
+/// nothing is asked again only at a new turn or once the view has grown
+/// by a quarter of the threshold; a request the model refuses as too long
+/// asks it at once.
+///
+/// The summarizer's calls are model calls like any other: the executor's
+/// usage limits admit each one before it is made (its transcript and
+/// prompt estimated, its `max_tokens` counted in full, priced at the
+/// model its [`settings`](Self::settings) name), and what it used counts
+/// in the step's usage.
 #[derive(Clone)]
 pub struct Summarize {
     model: Arc<dyn Model>,

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::common::Dir;
-use markov_core::Model;
+use markov_core::{Item, Model};
 use markov_executor::{Agent, SUMMARY_PREAMBLE};
 use markov_runtime::context::{ContextPolicy, Summarize};
 use markov_store::{DurableMachine, SessionId, SqliteStore, WorkerId};
@@ -73,8 +73,13 @@ async fn a_reopened_session_keeps_its_summary() {
     assert_eq!(summaries[0].0, "Two sums so far.");
     reopened.machine().enqueue_user("question 3");
     reopened.run().await.expect("runs");
+    // The summary is the first text of the first user message kept.
     let request = &model.requests()[0];
-    assert!(request.messages[0].text().starts_with(SUMMARY_PREAMBLE));
-    assert!(request.messages[0].text().ends_with("Two sums so far."));
+    let first = request.messages[0].item_list();
+    assert!(
+        matches!(first.first(), Some(Item::Text { text }) if *text == format!("{SUMMARY_PREAMBLE}Two sums so far.")),
+        "{first:?}"
+    );
+    assert!(request.messages[0].text().ends_with("question 2"));
     assert_eq!(idle.calls(), 0, "no summary made again");
 }
