@@ -270,6 +270,30 @@ pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
+/// A server worker process (`serve-worker <args>`) and where to reach it:
+/// `http://127.0.0.1:<port>#<key>`, from the line it prints once it
+/// listens.
+pub(crate) fn start_worker(exe: &std::path::Path, args: &[&str]) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(exe)
+        .arg("serve-worker")
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("a worker starts");
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    let (port, key) = line
+        .trim()
+        .trim_start_matches("port=")
+        .split_once(" key=")
+        .map(|(p, k)| (p.to_owned(), k.to_owned()))
+        .unwrap_or_default();
+    (child, format!("http://127.0.0.1:{port}#{key}"))
+}
+
 /// `VmHWM` of another process, in kB.
 pub(crate) fn vm_hwm_of(pid: u32) -> u64 {
     crate::proc_status_kb_of(&pid.to_string(), "VmHWM").unwrap_or(0)
@@ -302,22 +326,8 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
         let mut children = Vec::new();
         let mut bases = Vec::new();
         for _ in 0..workers.max(1) {
-            let mut child = Command::new(&exe)
-                .args(["serve-worker", &provider.base_url()])
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("a worker starts");
-            let mut line = String::new();
-            if let Some(out) = child.stdout.take() {
-                let _ = std::io::BufReader::new(out).read_line(&mut line);
-            }
-            let (port, key) = line
-                .trim()
-                .trim_start_matches("port=")
-                .split_once(" key=")
-                .map(|(p, k)| (p.to_owned(), k.to_owned()))
-                .unwrap_or_default();
-            bases.push(format!("http://127.0.0.1:{port}#{key}"));
+            let (child, base) = start_worker(&exe, &[&provider.base_url()]);
+            bases.push(base);
             children.push(child);
         }
         let worker_pids: Vec<u32> = children.iter().map(std::process::Child::id).collect();

@@ -14,7 +14,7 @@ use markov_testkit::Recording;
 use markov_testkit::http::FakeServer;
 use serde_json::json;
 
-use crate::server::{answer, vm_hwm_of};
+use crate::server::{answer, start_worker, vm_hwm_of};
 
 /// One sample, after `round` rounds.
 #[derive(Debug, Clone, Copy)]
@@ -60,26 +60,10 @@ pub(crate) fn figure(sessions: usize, turns: usize) {
     runtime.block_on(async {
         let provider = FakeServer::start().await;
         provider.answer_with(answer).recording(Recording::Off);
-        let mut worker = Command::new(&exe)
-            .args([
-                "serve-worker",
-                &provider.base_url(),
-                &database.display().to_string(),
-            ])
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("a worker starts");
-        let mut line = String::new();
-        if let Some(out) = worker.stdout.take() {
-            let _ = std::io::BufReader::new(out).read_line(&mut line);
-        }
-        let (port, key) = line
-            .trim()
-            .trim_start_matches("port=")
-            .split_once(" key=")
-            .map(|(p, k)| (p.to_owned(), k.to_owned()))
-            .unwrap_or_default();
-        let base = format!("http://127.0.0.1:{port}#{key}");
+        let (mut worker, base) = start_worker(
+            &exe,
+            &[&provider.base_url(), &database.display().to_string()],
+        );
         let pid = worker.id();
         let database = database.clone();
         let samples = tokio::task::spawn_blocking(move || {

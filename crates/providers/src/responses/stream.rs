@@ -16,7 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use markov_core::{Item, ModelError, ModelResponse, StreamEvent};
 use serde::Deserialize;
 
-use super::wire::{self, OutputItem, WireResponse, WireUsage};
+use super::wire::{self, OutputItem, WireResponse};
 use crate::convert;
 use crate::sse::{Event, SseDecoder, parse_data};
 
@@ -192,20 +192,7 @@ impl Decoder {
             });
             content.extend(item);
         }
-        let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
-        let reason = wire::stop_reason(
-            finished.status.as_deref(),
-            finished
-                .incomplete_details
-                .as_ref()
-                .and_then(|d| d.reason.as_deref()),
-            has_tool_calls,
-            refused,
-        );
-        let mut answer = ModelResponse::new(content, reason)
-            .with_usage(finished.usage.map(WireUsage::usage).unwrap_or_default());
-        answer.model = convert::model_name(finished.model);
-        Ok(answer)
+        Ok(wire::answer(content, refused, finished))
     }
 }
 

@@ -748,20 +748,26 @@ pub(super) fn stop_reason(
 }
 
 /// The answer of a response object.
-pub(super) fn response_of(response: WireResponse) -> Result<ModelResponse, ModelError> {
-    if let Some(error) = response.error.filter(|e| !e.is_null()) {
-        return Err(error_of(&error));
+pub(super) fn response_of(mut response: WireResponse) -> Result<ModelResponse, ModelError> {
+    if let Some(error) = response.error.as_ref().filter(|e| !e.is_null()) {
+        return Err(error_of(error));
     }
     if response.status.as_deref() == Some("failed") {
         return Err(ModelError::InvalidResponse("the response failed".into()));
     }
     let mut content = Vec::new();
     let mut refused = false;
-    for (position, output) in response.output.into_iter().enumerate() {
+    for (position, output) in std::mem::take(&mut response.output).into_iter().enumerate() {
         let (item, refusal) = item_of(output, position);
         refused |= refusal;
         content.extend(item);
     }
+    Ok(answer(content, refused, response))
+}
+
+/// The answer of `content` (read from `response`'s output or from a
+/// stream's items): its stop reason, usage and model from `response`.
+pub(super) fn answer(content: Vec<Item>, refused: bool, response: WireResponse) -> ModelResponse {
     let has_tool_calls = content.iter().any(|i| matches!(i, Item::ToolUse { .. }));
     let reason = stop_reason(
         response.status.as_deref(),
@@ -775,7 +781,7 @@ pub(super) fn response_of(response: WireResponse) -> Result<ModelResponse, Model
     let mut answer = ModelResponse::new(content, reason)
         .with_usage(response.usage.map(WireUsage::usage).unwrap_or_default());
     answer.model = convert::model_name(response.model);
-    Ok(answer)
+    answer
 }
 
 /// An error object (`{"code", "message"}`) of a failed response or an
