@@ -785,6 +785,9 @@ async function openSession(id, options = {}) {
 
 function signedOut() {
   reset(null);
+  // The next person to sign in must not see this one's chats, not even
+  // until their own list arrives.
+  $("sessions").replaceChildren();
   $("signin").hidden = false;
   $("app").hidden = true;
   $("who").hidden = true;
