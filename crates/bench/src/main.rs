@@ -175,20 +175,33 @@ fn main() -> ExitCode {
         ["serve-worker", provider] => server::worker(provider, None),
         ["serve-worker", provider, database] => server::worker(provider, Some(database)),
         ["soak"] => {
-            soak::figure(1_000, 100);
+            soak::figure(1_000, 100, 1_000);
             ExitCode::SUCCESS
         }
         ["soak", sessions, turns] => match (sessions.parse(), turns.parse()) {
             (Ok(sessions), Ok(turns)) => {
-                soak::figure(sessions, turns);
+                soak::figure(sessions, turns, sessions);
                 ExitCode::SUCCESS
             }
             _ => usage(),
         },
-        ["soak-clients", sessions, turns, base] => match (sessions.parse(), turns.parse()) {
-            (Ok(sessions), Ok(turns)) => soak::clients(sessions, turns, base),
-            _ => usage(),
-        },
+        ["soak", sessions, turns, in_flight] => {
+            match (sessions.parse(), turns.parse(), in_flight.parse()) {
+                (Ok(sessions), Ok(turns), Ok(in_flight)) if in_flight > 0 => {
+                    soak::figure(sessions, turns, in_flight);
+                    ExitCode::SUCCESS
+                }
+                _ => usage(),
+            }
+        }
+        ["soak-clients", sessions, turns, in_flight, base] => {
+            match (sessions.parse(), turns.parse(), in_flight.parse()) {
+                (Ok(sessions), Ok(turns), Ok(in_flight)) => {
+                    soak::clients(sessions, turns, in_flight, base)
+                }
+                _ => usage(),
+            }
+        }
         ["fake-provider", k] => match k.parse() {
             Ok(k) => provider_path::fake_provider(k),
             Err(_) => usage(),
@@ -295,7 +308,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> | markov-bench soak [<SESSIONS> <TURNS>]"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
     );
     ExitCode::from(2)
 }

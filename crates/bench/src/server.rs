@@ -154,6 +154,7 @@ pub(crate) fn server_figures(ns: &[usize]) -> Vec<ServerFigure> {
 /// the provider at `provider_url`, on a free loopback port, which it prints
 /// (`port=N`) before it serves until it is killed.
 pub(crate) fn worker(provider_url: &str, database: Option<&str>) -> std::process::ExitCode {
+    answer_heap_requests();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -189,6 +190,27 @@ pub(crate) fn worker(provider_url: &str, database: Option<&str>) -> std::process
         let _ = server.serve(listener).await;
     });
     std::process::ExitCode::SUCCESS
+}
+
+/// Lets the process that started this worker read its live heap: on a
+/// `heap-open` line on stdin the counting allocator starts counting from
+/// zero; on `heap <path>` the bytes allocated and not freed since are
+/// written to `path`. Nothing is counted until asked, so the figures that
+/// do not ask pay nothing for it.
+fn answer_heap_requests() {
+    std::thread::spawn(|| {
+        use std::io::BufRead;
+        let mut window = None;
+        for line in std::io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if line == "heap-open" {
+                window = Some(crate::counting::Window::open());
+            } else if let Some(path) = line.strip_prefix("heap ") {
+                let net = window.as_ref().map_or(0, crate::counting::Window::net);
+                let _ = std::fs::write(path, net.to_string());
+            }
+        }
+    });
 }
 
 /// The client process: `n` sessions spread over `bases`, one message each,
@@ -278,6 +300,7 @@ pub(crate) fn start_worker(exe: &std::path::Path, args: &[&str]) -> (std::proces
     let mut child = std::process::Command::new(exe)
         .arg("serve-worker")
         .args(args)
+        .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("a worker starts");

@@ -5,11 +5,18 @@
 //! size. Memory should be flat once the sessions are warm (their
 //! histories aside), descriptors constant, and the database grow by the
 //! same bytes for every turn.
+//!
+//! The server's live heap is counted exactly too (its counting allocator,
+//! opened just before the first session is made): after the first turn,
+//! per session, is what an open session costs; its growth per turn is
+//! what the history costs in memory; once the clients have left, what
+//! the sessions hold without their connections.
 
 use std::io::{BufRead, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use markov_testkit::Recording;
 use markov_testkit::http::FakeServer;
 use serde_json::json;
@@ -23,7 +30,30 @@ struct Sample {
     rss_kb: u64,
     fds: usize,
     db_bytes: u64,
+    /// The server's live heap: bytes allocated and not freed since just
+    /// before the first session was made.
+    heap_bytes: i64,
     elapsed: Duration,
+}
+
+/// Asks the worker for its live heap (see `server::answer_heap_requests`)
+/// through `stdin`; the answer is a file, read within 5 s or 0.
+fn heap_of(stdin: &mut std::process::ChildStdin, dir: &std::path::Path, name: &str) -> i64 {
+    let path = dir.join(name);
+    if writeln!(stdin, "heap {}", path.display()).is_err() || stdin.flush().is_err() {
+        return 0;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < deadline {
+        if let Some(bytes) = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+        {
+            return bytes;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    0
 }
 
 /// Open descriptors of process `pid`.
@@ -47,7 +77,11 @@ fn database_bytes(path: &std::path::Path) -> u64 {
 }
 
 /// Runs the soak and prints one line per sample and a summary.
-pub(crate) fn figure(sessions: usize, turns: usize) {
+/// At most `in_flight` messages are sent at once: with fewer than the
+/// sessions, most sessions are open but idle, as in a real service, and
+/// the connections (the clients' and the provider's) stop dominating the
+/// memory per session.
+pub(crate) fn figure(sessions: usize, turns: usize, in_flight: usize) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -65,13 +99,17 @@ pub(crate) fn figure(sessions: usize, turns: usize) {
             &[&provider.base_url(), &database.display().to_string()],
         );
         let pid = worker.id();
+        let mut stdin = worker.stdin.take().expect("the worker's stdin");
+        let _ = writeln!(stdin, "heap-open").and_then(|()| stdin.flush());
         let database = database.clone();
-        let samples = tokio::task::spawn_blocking(move || {
+        let dir = dir.clone();
+        let (samples, heap_idle) = tokio::task::spawn_blocking(move || {
             let mut client = Command::new(exe)
                 .args([
                     "soak-clients",
                     &sessions.to_string(),
                     &turns.to_string(),
+                    &in_flight.to_string(),
                     &base,
                 ])
                 .stdout(Stdio::piped())
@@ -93,18 +131,20 @@ pub(crate) fn figure(sessions: usize, turns: usize) {
                 if line.contains("failed=") && !line.ends_with("failed=0") {
                     eprintln!("soak: {line}");
                 }
-                if round % every == 0 || round == turns {
+                if round == 1 || round % every == 0 || round == turns {
                     let sample = Sample {
                         round,
                         rss_kb: crate::proc_status_kb_of(&pid.to_string(), "VmRSS").unwrap_or(0),
                         fds: descriptors(pid),
                         db_bytes: database_bytes(&database),
+                        heap_bytes: heap_of(&mut stdin, &dir, &format!("heap-{round}")),
                         elapsed: start.elapsed(),
                     };
                     println!(
-                        "bench=soak sessions={sessions} round={round} elapsed_s={:.1} server_rss_mb={:.1} server_fds={} db_mb={:.2}",
+                        "bench=soak sessions={sessions} round={round} elapsed_s={:.1} server_rss_mb={:.1} server_heap_mb={:.1} server_fds={} db_mb={:.2}",
                         sample.elapsed.as_secs_f64(),
                         sample.rss_kb as f64 / 1024.0,
+                        sample.heap_bytes as f64 / 1_048_576.0,
                         sample.fds,
                         sample.db_bytes as f64 / 1_048_576.0,
                     );
@@ -116,14 +156,20 @@ pub(crate) fn figure(sessions: usize, turns: usize) {
                 Ok(status) if status.success() => {}
                 status => eprintln!("soak: the client process failed: {status:?}"),
             }
-            samples
+            // The clients have left: no connection of theirs holds buffers
+            // in the server any more; what is left is the sessions (parked
+            // with their histories, their last run's events) and the
+            // provider's idle connections.
+            std::thread::sleep(Duration::from_millis(500));
+            let idle = heap_of(&mut stdin, &dir, "heap-idle");
+            (samples, idle)
         })
         .await
         .expect("the soak finished");
         let peak_kb = vm_hwm_of(pid);
         let _ = worker.kill();
         let _ = worker.wait();
-        summarize(sessions, &samples, peak_kb);
+        summarize(sessions, in_flight, &samples, peak_kb, heap_idle);
     });
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -131,16 +177,28 @@ pub(crate) fn figure(sessions: usize, turns: usize) {
 /// The summary: memory after warm-up (the first sample) to the end, per
 /// turn; descriptors; the database's growth per turn in the first and the
 /// second half of the run (equal when it is linear in the messages).
-fn summarize(sessions: usize, samples: &[Sample], peak_kb: u64) {
-    let (Some(first), Some(last)) = (samples.first(), samples.last()) else {
+fn summarize(sessions: usize, in_flight: usize, samples: &[Sample], peak_kb: u64, heap_idle: i64) {
+    let (Some(first_turn), Some(last)) = (samples.first(), samples.last()) else {
         println!("bench=soak_summary failed=\"no samples\"");
         return;
     };
+    // Warm: after the first tenth of the rounds (the first sample is the
+    // first turn's, for the memory a session costs).
+    let first = samples.get(1).unwrap_or(first_turn);
     let middle = &samples[samples.len() / 2];
     let turns_between = (sessions * (last.round - first.round)).max(1) as f64;
     let growth = |a: &Sample, b: &Sample| {
         (b.db_bytes as f64 - a.db_bytes as f64) / (sessions * (b.round - a.round)).max(1) as f64
     };
+    let per_session = |bytes: i64| bytes as f64 / sessions.max(1) as f64;
+    println!(
+        "bench=soak_session_memory sessions={sessions} in_flight={in_flight} heap_per_session_after_first_turn_bytes={:.0} heap_growth_per_turn_bytes={:.0} heap_per_session_at_end_bytes={:.0} heap_per_session_clients_gone_bytes={:.0} db_per_session_after_first_turn_bytes={:.0}",
+        per_session(first_turn.heap_bytes),
+        (last.heap_bytes - first.heap_bytes) as f64 / turns_between,
+        per_session(last.heap_bytes),
+        per_session(heap_idle),
+        first_turn.db_bytes as f64 / sessions.max(1) as f64,
+    );
     println!(
         "bench=soak_summary sessions={sessions} turns={} wall_s={:.1} steps_per_s={:.0} rss_warm_mb={:.1} rss_end_mb={:.1} rss_growth_bytes_per_turn={:.0} peak_rss_mb={:.1} fds_warm={} fds_end={} db_growth_bytes_per_turn_first_half={:.0} db_growth_bytes_per_turn_second_half={:.0}",
         last.round,
@@ -158,9 +216,14 @@ fn summarize(sessions: usize, samples: &[Sample], peak_kb: u64) {
 }
 
 /// The client process: `sessions` sessions on `base` (`<url>#<key>`), then
-/// `turns` rounds, each one message to every session at once; prints
-/// `round=N failed=F` after each.
-pub(crate) fn clients(sessions: usize, turns: usize, base: &str) -> std::process::ExitCode {
+/// `turns` rounds, each one message to every session, at most `in_flight`
+/// at once; prints `round=N failed=F` after each.
+pub(crate) fn clients(
+    sessions: usize,
+    turns: usize,
+    in_flight: usize,
+    base: &str,
+) -> std::process::ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -203,7 +266,9 @@ pub(crate) fn clients(sessions: usize, turns: usize, base: &str) -> std::process
                     stream.contains("event: done").then_some(())
                 })
             });
-            let failed = futures::future::join_all(runs)
+            let failed = futures::stream::iter(runs)
+                .buffer_unordered(in_flight.max(1))
+                .collect::<Vec<_>>()
                 .await
                 .into_iter()
                 .filter(|r| !matches!(r, Ok(Some(()))))

@@ -875,6 +875,8 @@ pub(crate) async fn continue_interrupted_forever(service: Arc<Service>) {
         // The rate limiter's state of principals (and sign-in addresses)
         // not seen for a while goes, so it does not grow without bound.
         service.limiter.retain_recent();
+        // And the logs of runs that ended a while ago, on an idle server.
+        service.runs.sweep();
         tokio::select! {
             () = tokio::time::sleep(markov_store::DEFAULT_LEASE / 2) => {}
             () = service.shutdown.cancelled() => return,

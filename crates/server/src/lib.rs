@@ -74,8 +74,9 @@
 //! a stored step; the run continues when it restarts) or `error`. Every
 //! event has an id: a client that lost its stream asks
 //! `GET /sessions/{id}/events` with `Last-Event-ID` and gets what it
-//! missed, then the rest live. Every step is in the store before it is
-//! sent, and a client that leaves does not stop the run.
+//! missed, then the rest live (a finished run's events stay for a minute
+//! or until the session's next run). Every step is in the store before it
+//! is sent, and a client that leaves does not stop the run.
 //!
 //! **Assistant text as HTML.** Wherever messages are sent (`step`
 //! events, `GET /sessions/{id}`), an assistant's text item also carries

@@ -12,6 +12,7 @@ use axum::response::sse::Event;
 use futures::Stream;
 use markov_store::SessionId;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 /// How long the log of a finished run stays, for a client that reconnects
@@ -53,7 +54,8 @@ struct Logged {
 struct LogState {
     events: Vec<Logged>,
     delta_bytes: usize,
-    finished: bool,
+    /// When the run ended; `None` while it runs.
+    finished: Option<Instant>,
     cancel: Option<CancellationToken>,
     cause: Option<StopCause>,
     /// How many messages the session's history held when the run started.
@@ -81,7 +83,7 @@ impl RunLog {
     pub(crate) fn push(&self, name: &'static str, data: String) {
         {
             let mut state = self.state();
-            if state.finished {
+            if state.finished.is_some() {
                 return;
             }
             if name == "delta" {
@@ -132,7 +134,7 @@ impl RunLog {
     /// it is over already.
     pub(crate) fn stop(&self, cause: StopCause) -> bool {
         let mut state = self.state();
-        if state.finished {
+        if state.finished.is_some() {
             return false;
         }
         state.cause.get_or_insert(cause);
@@ -149,11 +151,16 @@ impl RunLog {
 
     /// Whether the run is over.
     pub(crate) fn is_finished(&self) -> bool {
+        self.state().finished.is_some()
+    }
+
+    /// When the run ended, if it has.
+    fn finished_at(&self) -> Option<Instant> {
         self.state().finished
     }
 
     fn finish(&self) {
-        self.state().finished = true;
+        self.state().finished.get_or_insert_with(Instant::now);
         self.changed.notify_waiters();
     }
 
@@ -176,7 +183,7 @@ impl RunLog {
                 notified.as_mut().enable();
                 let (event, finished) = {
                     let state = log.state();
-                    (state.events.get(next).cloned(), state.finished)
+                    (state.events.get(next).cloned(), state.finished.is_some())
                 };
                 if let Some(event) = event {
                     let sse = Event::default()
@@ -195,11 +202,10 @@ impl RunLog {
 }
 
 /// Marks a session as running in this process until dropped; then its
-/// log is finished, and forgotten a little later.
+/// log is finished, and forgotten a little later (see [`Runs`]).
 #[derive(Debug)]
 pub(crate) struct RunGuard {
     runs: Arc<Runs>,
-    id: SessionId,
     log: Arc<RunLog>,
 }
 
@@ -212,38 +218,58 @@ impl RunGuard {
 impl Drop for RunGuard {
     fn drop(&mut self) {
         self.log.finish();
-        let (runs, id, log) = (
-            Arc::clone(&self.runs),
-            self.id.clone(),
-            Arc::clone(&self.log),
-        );
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                tokio::time::sleep(KEEP_FINISHED).await;
-                runs.forget(&id, &log);
-            });
-        } else {
-            runs.forget(&id, &log);
-        }
+        self.runs.finished();
     }
 }
 
 /// The runs of this process, by session.
+///
+/// A session's entry is its run in progress or its last run: the next run
+/// replaces it, so a busy session keeps one finished log, not one per turn
+/// of the last minute. A finished run's log is forgotten once it has been
+/// kept for [`KEEP_FINISHED`], by a sweep over the sessions at most every
+/// half of that (when a run starts or finishes, or [`Runs::sweep`] is
+/// called): no task or timer per run.
 #[derive(Debug, Default)]
 pub(crate) struct Runs {
-    logs: Mutex<HashMap<SessionId, Arc<RunLog>>>,
+    logs: Mutex<Logs>,
     next: AtomicU64,
 }
 
+#[derive(Debug, Default)]
+struct Logs {
+    by_session: HashMap<SessionId, Arc<RunLog>>,
+    swept: Option<Instant>,
+}
+
+impl Logs {
+    /// Forgets the runs that finished [`KEEP_FINISHED`] or more before
+    /// `now`, if the last sweep was half of that ago.
+    fn sweep(&mut self, now: Instant) {
+        if self
+            .swept
+            .is_some_and(|at| now.duration_since(at) < KEEP_FINISHED / 2)
+        {
+            return;
+        }
+        self.swept = Some(now);
+        self.by_session.retain(|_, log| {
+            log.finished_at()
+                .is_none_or(|at| now.duration_since(at) < KEEP_FINISHED)
+        });
+    }
+}
+
 impl Runs {
-    fn logs(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Arc<RunLog>>> {
+    fn logs(&self) -> std::sync::MutexGuard<'_, Logs> {
         self.logs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Claims session `id` for a run: `None` while another runs.
     pub(crate) fn claim(self: &Arc<Self>, id: &SessionId) -> Option<RunGuard> {
         let mut logs = self.logs();
-        if logs.get(id).is_some_and(|log| !log.is_finished()) {
+        logs.sweep(Instant::now());
+        if logs.by_session.get(id).is_some_and(|log| !log.is_finished()) {
             return None;
         }
         let log = Arc::new(RunLog {
@@ -251,10 +277,9 @@ impl Runs {
             state: Mutex::default(),
             changed: Notify::new(),
         });
-        logs.insert(id.clone(), Arc::clone(&log));
+        logs.by_session.insert(id.clone(), Arc::clone(&log));
         Some(RunGuard {
             runs: Arc::clone(self),
-            id: id.clone(),
             log,
         })
     }
@@ -262,12 +287,16 @@ impl Runs {
     /// The log of session `id`'s run in progress, or of its last run if it
     /// ended moments ago.
     pub(crate) fn get(&self, id: &SessionId) -> Option<Arc<RunLog>> {
-        self.logs().get(id).cloned()
+        self.logs().by_session.get(id).cloned()
     }
 
     /// How many runs are in progress.
     pub(crate) fn running(&self) -> usize {
-        self.logs().values().filter(|l| !l.is_finished()).count()
+        self.logs()
+            .by_session
+            .values()
+            .filter(|l| !l.is_finished())
+            .count()
     }
 
     /// Waits until no run is in progress, or `limit` passed; `true` if none is.
@@ -282,11 +311,20 @@ impl Runs {
         true
     }
 
-    fn forget(&self, id: &SessionId, log: &Arc<RunLog>) {
-        let mut logs = self.logs();
-        if logs.get(id).is_some_and(|l| Arc::ptr_eq(l, log)) {
-            logs.remove(id);
-        }
+    fn finished(&self) {
+        self.logs().sweep(Instant::now());
+    }
+
+    /// Forgets the finished runs kept long enough; the server calls it
+    /// now and then, so an idle server lets go of them too.
+    pub(crate) fn sweep(&self) {
+        self.logs().sweep(Instant::now());
+    }
+
+    /// How many sessions' logs are kept.
+    #[cfg(test)]
+    fn kept(&self) -> usize {
+        self.logs().by_session.len()
     }
 }
 
@@ -333,5 +371,37 @@ mod tests {
         let all: Vec<_> = log.events(Some("7-40")).collect().await;
         assert_eq!(all.len(), 3);
         assert!(runs.claim(&id).is_some(), "free once finished");
+    }
+
+    #[tokio::test]
+    async fn a_session_keeps_one_finished_log_and_forgets_it_after_a_while() {
+        let runs = Arc::new(Runs::default());
+        let (busy, idle) = (SessionId::new("busy"), SessionId::new("idle"));
+        let first = runs.claim(&busy).expect("free");
+        let first_log = Arc::downgrade(first.log());
+        first.log().push("step", "a long step event".into());
+        drop(first);
+        assert!(runs.get(&busy).is_some(), "kept for a client that reconnects");
+        // The session's next run replaces its finished log at once: a busy
+        // session does not hold a log per turn of the last minute.
+        let second = runs.claim(&busy).expect("free once finished");
+        assert!(first_log.upgrade().is_none(), "the replaced log is dropped");
+        drop(second);
+        drop(runs.claim(&idle).expect("free"));
+        assert_eq!(runs.kept(), 2);
+        // A sweep before the logs were kept long enough forgets nothing; one
+        // after forgets both, and is not repeated within half the time.
+        let now = Instant::now();
+        runs.logs().swept = None;
+        runs.logs().sweep(now);
+        assert_eq!(runs.kept(), 2);
+        runs.logs().swept = None;
+        runs.logs().sweep(now + KEEP_FINISHED);
+        assert_eq!(runs.kept(), 0);
+        let running = runs.claim(&busy).expect("free");
+        runs.logs().swept = None;
+        runs.logs().sweep(now + KEEP_FINISHED * 10);
+        assert_eq!(runs.kept(), 1, "a run in progress is never forgotten");
+        drop(running);
     }
 }
