@@ -951,6 +951,95 @@ mod tests {
         assert_eq!(parse_signature("EqQBCkgIARABGAIiQL"), None);
     }
 
+    fn shape(native: &str) -> Shape {
+        Shape {
+            strictness: SchemaStrictness::default(),
+            schema_with_tools: false,
+            store: false,
+            include_reasoning: false,
+            cache_key: super::super::PromptCacheKey::Off,
+            native: native.to_owned(),
+        }
+    }
+
+    #[test]
+    fn compaction_items_are_kept_and_sent_byte_for_byte_to_their_vendor_only() {
+        // Keys out of order, white space, a number written as the server
+        // wrote it: none of it is changed.
+        let answer = r#"{"id":"resp_1","object":"response.compaction","output":[ {"type":"message","role":"user","content":"hi"},{"encrypted_content":"gA==" , "type":"compaction","id":"cmp_1","n":1.50}],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":20},"output_tokens":30,"output_tokens_details":{"reasoning_tokens":8},"total_tokens":150}}"#;
+        let (items, usage) = decode_compaction(answer).unwrap();
+        assert_eq!(
+            items,
+            [
+                r#"{"type":"message","role":"user","content":"hi"}"#,
+                r#"{"encrypted_content":"gA==" , "type":"compaction","id":"cmp_1","n":1.50}"#
+            ]
+        );
+        assert_eq!(
+            (usage.input_tokens, usage.cache_read_input_tokens),
+            (100, 20)
+        );
+        assert_eq!((usage.output_tokens, usage.reasoning_tokens), (30, 8));
+
+        let native = markov_core::message::NativeItems::new(NATIVE_TAG, items.clone());
+        let history = vec![
+            Message::user("earlier"),
+            // The history's own summary message is never sent: the
+            // messages it stands for are.
+            Message::native_summary(native.clone(), 0, 1),
+        ];
+        let shown = Message {
+            role: Role::Summary,
+            items: markov_core::Items::List(vec![Item::Native {
+                vendor: NATIVE_TAG.into(),
+                items: items.clone(),
+            }]),
+            metadata: None,
+        };
+        let view = vec![shown, Message::user("next")];
+        let settings = markov_core::ModelSettings::default();
+        let encode = |messages: &[Message], tag: &str| {
+            let request = ModelRequest::new("", messages, &settings);
+            let body = encode_plain(&request, "m", &shape(tag), Purpose::Compact).unwrap();
+            String::from_utf8(body).unwrap()
+        };
+        assert_eq!(
+            encode(&history, NATIVE_TAG),
+            r#"{"model":"m","input":[{"type":"message","role":"user","content":"earlier"}]}"#
+        );
+        assert_eq!(
+            encode(&view, NATIVE_TAG),
+            format!(
+                r#"{{"model":"m","input":[{},{},{{"type":"message","role":"user","content":"next"}}]}}"#,
+                items[0], items[1]
+            )
+        );
+        // Another server's client never sends them.
+        assert_eq!(
+            encode(&view, "openai.responses@127.0.0.1:8000"),
+            r#"{"model":"m","input":[{"type":"message","role":"user","content":"next"}]}"#
+        );
+        // An item that is not a JSON object is left out, not sent broken.
+        let broken = vec![Message {
+            role: Role::Summary,
+            items: markov_core::Items::List(vec![Item::Native {
+                vendor: NATIVE_TAG.into(),
+                items: vec!["{\"type\":".into(), "[1]".into(), items[1].clone()],
+            }]),
+            metadata: None,
+        }];
+        assert_eq!(
+            encode(&broken, NATIVE_TAG),
+            format!(r#"{{"model":"m","input":[{}]}}"#, items[1])
+        );
+        // The tags.
+        assert_eq!(native_tag("api.openai.com", true), "openai.responses");
+        assert_eq!(
+            native_tag("127.0.0.1:8000", false),
+            "openai.responses@127.0.0.1:8000"
+        );
+    }
+
     #[test]
     fn failed_responses_and_error_codes_are_typed() {
         assert!(matches!(
