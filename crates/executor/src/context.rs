@@ -20,6 +20,12 @@
 //! has two user messages in a row where its history has none: vendors
 //! and chat templates that insist on alternating roles take it as it is.
 //!
+//! A native summary (the vendor's own compaction, `Summarize::native`) is
+//! shown as a summary message of its own holding the vendor's items, and
+//! only in a view for a model that reads that vendor's items
+//! ([`native_reads`]); any other view passes over it to an earlier summary
+//! or to the messages it stands for, which the history still holds.
+//!
 //! Each view keeps the estimated tokens of its messages as they are
 //! appended, and [`ContextViews`] keeps those of the whole history for
 //! calls made without a policy, so checking a usage limit never walks the
