@@ -685,6 +685,46 @@ impl InputTokenCount {
     }
 }
 
+/// What [`Model::compact`] answers: the vendor's compaction of a
+/// request's messages, or that this model offers none.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Compaction {
+    /// The vendor compacted the messages into these items.
+    Compacted(Compacted),
+    /// This model has no compaction of its own (every client but OpenAI's
+    /// Responses API, a scripted model): a context policy summarizes with
+    /// a summarizer model instead.
+    NotOffered,
+}
+
+/// A vendor's compaction of a request's messages (see [`Model::compact`]).
+///
+/// ```
+/// use markov_core::message::NativeItems;
+/// use markov_core::model::{Compacted, Usage};
+///
+/// let items = NativeItems::new("openai.responses", vec![r#"{"type":"compaction"}"#.into()]);
+/// let compacted = Compacted::new(items, Usage::default());
+/// assert_eq!(compacted.native.vendor, "openai.responses");
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Compacted {
+    /// The opaque items that stand for the messages, tagged with the
+    /// vendor that reads them.
+    pub native: crate::message::NativeItems,
+    /// What the call used, as the vendor reported it.
+    pub usage: Usage,
+}
+
+impl Compacted {
+    /// The compaction `native`, which used `usage`.
+    pub fn new(native: crate::message::NativeItems, usage: Usage) -> Self {
+        Compacted { native, usage }
+    }
+}
+
 /// A model client.
 ///
 /// `request.messages()` is the machine's history as recorded, ephemerals
@@ -780,6 +820,39 @@ pub trait Model: Send + Sync + fmt::Debug {
         Ok(InputTokenCount::NotOffered)
     }
 
+    /// The vendor tag of the native summaries this model makes with
+    /// [`Self::compact`] and reads in a request's messages (`Some("openai.responses")`
+    /// for OpenAI's Responses API at OpenAI), if any. A context view shows
+    /// a native summary to a model only when this names its vendor, so no
+    /// client ever receives another's items. The default is `None`; a
+    /// wrapper forwards it (a list of models answers the tag all of them
+    /// share, else `None`).
+    fn native_summaries(&self) -> Option<&str> {
+        None
+    }
+
+    /// Compacts `request`'s messages with the vendor's own compaction,
+    /// without making a call for an answer: OpenAI's
+    /// `/v1/responses/compact`. The items it answers stand for the
+    /// messages in later requests to a model whose
+    /// [`Self::native_summaries`] names their vendor; a context policy
+    /// built with `Summarize::native` (in `markov-runtime`) appends them to
+    /// the history as a summary message. The default is
+    /// [`Compaction::NotOffered`]; a wrapper forwards it to the model it
+    /// wraps.
+    ///
+    /// Unlike a count, a compaction is billed: callers admit it under
+    /// their usage limits before it is made and count
+    /// [`Compacted::usage`].
+    ///
+    /// # Errors
+    /// A failed call, classified as any failed call is
+    /// ([`ModelError::is_retryable`]).
+    async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+        let _ = request;
+        Ok(Compaction::NotOffered)
+    }
+
     /// Makes one call and streams the answer. The default makes a
     /// non-streaming call and replays it as events.
     fn stream<'a>(
@@ -797,7 +870,7 @@ pub trait Model: Send + Sync + fmt::Debug {
 
 /// A shared model is a model: every method forwards, so a wrapper never
 /// loses an override (`stream`, `thinking_allowance`, `check_tools`,
-/// `count_tokens`).
+/// `count_tokens`, `native_summaries`, `compact`).
 #[async_trait]
 impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
@@ -830,6 +903,14 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
 
     async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
         (**self).count_tokens(request).await
+    }
+
+    fn native_summaries(&self) -> Option<&str> {
+        (**self).native_summaries()
+    }
+
+    async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+        (**self).compact(request).await
     }
 
     fn stream<'a>(
@@ -873,6 +954,14 @@ impl<M: Model + ?Sized> Model for Box<M> {
 
     async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
         (**self).count_tokens(request).await
+    }
+
+    fn native_summaries(&self) -> Option<&str> {
+        (**self).native_summaries()
+    }
+
+    async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+        (**self).compact(request).await
     }
 
     fn stream<'a>(
@@ -1021,6 +1110,48 @@ mod tests {
             boxed.count_tokens(request).await,
             Ok(InputTokenCount::Counted(2))
         );
+    }
+
+    /// Compacts every request into one item.
+    #[derive(Debug)]
+    struct Compacting;
+
+    #[async_trait]
+    impl Model for Compacting {
+        async fn complete(&self, _r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            Err(ModelError::InvalidRequest("not called".into()))
+        }
+
+        fn native_summaries(&self) -> Option<&str> {
+            Some("test.vendor")
+        }
+
+        async fn compact(&self, r: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+            let items = vec![format!("{{\"n\":{}}}", r.messages().len())];
+            Ok(Compaction::Compacted(Compacted::new(
+                crate::message::NativeItems::new("test.vendor", items),
+                Usage::default(),
+            )))
+        }
+    }
+
+    #[tokio::test]
+    async fn compaction_is_not_offered_by_default_and_forwarded_by_wrappers() {
+        let settings = ModelSettings::default();
+        let history = [Message::user("a"), Message::user("b")];
+        let request = ModelRequest::new("", &history, &settings);
+        let plain = Fixed(ModelResponse::new(Vec::new(), StopReason::EndTurn));
+        assert_eq!(plain.compact(request).await, Ok(Compaction::NotOffered));
+        assert_eq!(plain.native_summaries(), None);
+        let shared: std::sync::Arc<dyn Model> = std::sync::Arc::new(Compacting);
+        let boxed: Box<dyn Model> = Box::new(std::sync::Arc::clone(&shared));
+        for model in [&*shared, &*boxed] {
+            assert_eq!(model.native_summaries(), Some("test.vendor"));
+            let Ok(Compaction::Compacted(compacted)) = model.compact(request).await else {
+                panic!("forwarded");
+            };
+            assert_eq!(compacted.native.items, vec![r#"{"n":2}"#.to_owned()]);
+        }
     }
 
     #[test]

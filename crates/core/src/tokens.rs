@@ -80,6 +80,7 @@ pub fn estimate_item(item: &Item) -> u64 {
             Item::Output { data } => estimate_json(data),
             Item::Command { name, input, .. } => estimate_text(name) + estimate_json(input),
             Item::Summary { text, .. } => estimate_text(text),
+            Item::Native { items, .. } => items.iter().map(|i| estimate_text(i.as_str())).sum(),
             Item::Resume { .. } => 0,
         }
 }

@@ -141,6 +141,22 @@ pub enum BuildError {
         #[source]
         source: markov_core::Unsupported,
     },
+    /// A node's context policy compacts with a vendor's own compaction
+    /// (`Summarize::native`) that cannot serve the agent's model: the
+    /// policy's model offers none (`makes` is `None`), or it makes items
+    /// of a vendor the agent's model does not read
+    /// ([`Model::native_summaries`]).
+    #[error("agent {agent:?}, node {node:?}: {}", native_mismatch(.makes.as_deref(), .reads.as_deref()))]
+    NativeCompaction {
+        /// The agent.
+        agent: String,
+        /// The node's name.
+        node: String,
+        /// The vendor of the items the policy's model makes, if it makes any.
+        makes: Option<String>,
+        /// The vendor of the items the agent's model reads, if it reads any.
+        reads: Option<String>,
+    },
     /// The start state does not fit the start node.
     #[error("agent {agent:?}: {source}")]
     State {
@@ -150,6 +166,16 @@ pub enum BuildError {
         #[source]
         source: RunError,
     },
+}
+
+/// Why a native compaction cannot serve a model, as
+/// [`BuildError::NativeCompaction`] says it.
+fn native_mismatch(makes: Option<&str>, reads: Option<&str>) -> String {
+    match (makes, reads) {
+        (None, _) => "Summarize::native needs a model with a compaction of its own (OpenAI's Responses API); use Summarize::new with a summarizer model instead".to_owned(),
+        (Some(makes), None) => format!("the context policy's compaction makes {makes} items, which the agent's model cannot read; use Summarize::new instead"),
+        (Some(makes), Some(reads)) => format!("the context policy's compaction makes {makes} items, but the agent's model reads {reads} items only"),
+    }
 }
 
 /// What a refusal is about, as [`BuildError::Unsupported`] names it.
@@ -800,6 +826,12 @@ impl AgentBuilder {
                         agent: agent.clone(),
                         node,
                         source,
+                    },
+                    Unservable::Native { makes, reads } => BuildError::NativeCompaction {
+                        agent: agent.clone(),
+                        node,
+                        makes,
+                        reads,
                     },
                 })?;
         }

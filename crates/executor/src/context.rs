@@ -20,6 +20,12 @@
 //! has two user messages in a row where its history has none: vendors
 //! and chat templates that insist on alternating roles take it as it is.
 //!
+//! A native summary (the vendor's own compaction, `Summarize::native`) is
+//! shown as a summary message of its own holding the vendor's items, and
+//! only in a view for a model that reads that vendor's items
+//! ([`native_reads`]); any other view passes over it to an earlier summary
+//! or to the messages it stands for, which the history still holds.
+//!
 //! Each view keeps the estimated tokens of its messages as they are
 //! appended, and [`ContextViews`] keeps those of the whole history for
 //! calls made without a policy, so checking a usage limit never walks the
@@ -28,7 +34,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use markov_core::message::{Item, Items, Message, Role};
+use markov_core::message::{Item, Items, Message, NativeItems, Role};
 use markov_core::model::HistoryId;
 use markov_core::tokens;
 use markov_runtime::context::ContextPolicy;
@@ -51,6 +57,9 @@ pub struct ContextViews {
     /// The exact token counts of the views, for policies that ask for them.
     pub(crate) counts: crate::count::ExactCounts,
     history: Mutex<HistoryTokens>,
+    /// The policies whose native compaction was warned about (a model
+    /// without one, items its model cannot read): warned once each.
+    native_warned: Mutex<std::collections::HashSet<u64>>,
 }
 
 /// The estimated tokens of a whole history, kept as it is appended to
@@ -80,8 +89,13 @@ pub(crate) struct ViewRef {
 /// [`ContextViews::prepare`] or [`ContextViews::force`].
 #[derive(Debug, Clone)]
 pub(crate) struct SummaryJob {
-    /// The transcript the summarizer reads (the previous summary first).
+    /// The transcript the summarizer reads (the previous summary first);
+    /// empty for a native compaction.
     pub transcript: String,
+    /// For a native compaction: the view's messages to compact, as the
+    /// view shows them (a native summary shown first is sent as its
+    /// items, so the vendor folds it into the new one).
+    pub messages: Vec<Message>,
     /// The history positions the summary will stand for.
     start: u64,
     end: u64,
@@ -100,6 +114,41 @@ pub(crate) enum Prepared {
     Summarize(SummaryJob),
 }
 
+/// The vendor tag of the native summaries a view of `policy` shows to
+/// `model`: the model's own ([`Model::native_summaries`]) under a policy
+/// that compacts natively, else none. A view under a summarizer's prompt
+/// never shows a native summary, even one its model could read: the
+/// summarizer could not fold those items into the next summary, and the
+/// messages they stand for would be lost to it.
+///
+/// [`Model::native_summaries`]: markov_core::Model::native_summaries
+pub(crate) fn native_reads<'m>(
+    policy: &ContextPolicy,
+    model: &'m dyn markov_core::Model,
+) -> Option<&'m str> {
+    policy
+        .summarize()
+        .filter(|s| s.is_native())
+        .and(model.native_summaries())
+}
+
+/// The view of `policy` in `views`, made from `history` if there is none
+/// or it was made for a model that reads other native summaries.
+fn view_of<'v>(
+    views: &'v mut HashMap<u64, ViewState>,
+    policy: &ContextPolicy,
+    history: &[Message],
+    reads: Option<&str>,
+) -> &'v mut ViewState {
+    let view = views
+        .entry(policy.id())
+        .or_insert_with(|| ViewState::build(policy, history, reads));
+    if view.reads.as_deref() != reads {
+        *view = ViewState::build(policy, history, reads);
+    }
+    view
+}
+
 impl ContextViews {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, ViewState>> {
         self.views.lock().unwrap_or_else(|p| p.into_inner())
@@ -108,17 +157,23 @@ impl ContextViews {
     /// Brings the view of `policy` up to date with `history` and applies
     /// the policy's cuts and trims; asks for a summary when the view passed
     /// the threshold and has turns to summarize.
-    pub(crate) fn prepare(&self, policy: &ContextPolicy, history: &[Message]) -> Prepared {
+    ///
+    /// `reads` is [`native_reads`] of the model the view is for: the
+    /// native summaries it may show.
+    pub(crate) fn prepare(
+        &self,
+        policy: &ContextPolicy,
+        history: &[Message],
+        reads: Option<&str>,
+    ) -> Prepared {
         let mut views = self.lock();
-        let view = views
-            .entry(policy.id())
-            .or_insert_with(|| ViewState::build(policy, history));
+        let view = view_of(&mut views, policy, history, reads);
         view.sync(policy, history);
         view.apply_rules(policy);
         if let Some(summarize) = policy.summarize()
             && view.tokens > summarize.threshold_tokens()
             && !view.backing_off()
-            && let Some(job) = view.summary_job(summarize.kept_turns())
+            && let Some(job) = view.summary_job(summarize.kept_turns(), summarize.is_native())
         {
             return Prepared::Summarize(job);
         }
@@ -133,12 +188,11 @@ impl ContextViews {
         &self,
         policy: &ContextPolicy,
         history: &[Message],
+        reads: Option<&str>,
     ) -> Option<ViewRef> {
         let summarize = policy.summarize()?;
         let mut views = self.lock();
-        let view = views
-            .entry(policy.id())
-            .or_insert_with(|| ViewState::build(policy, history));
+        let view = view_of(&mut views, policy, history, reads);
         view.sync(policy, history);
         view.apply_rules(policy);
         (view.tokens > summarize.threshold_tokens() && view.can_summarize(summarize.kept_turns()))
@@ -164,6 +218,15 @@ impl ContextViews {
         }
     }
 
+    /// Notes that `policy`'s native compaction could not be used; whether
+    /// this is the first time for the policy (the one to warn about).
+    pub(crate) fn native_unavailable(&self, policy: u64) -> bool {
+        self.native_warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(policy)
+    }
+
     /// The estimated tokens of `history` (the machine's, named `id`):
     /// [`tokens::estimate_messages`] of it, kept as it is appended to, so
     /// each call counts only the messages recorded since the last. A
@@ -184,12 +247,14 @@ impl ContextViews {
     }
 
     /// The view of `policy` as it is.
-    pub(crate) fn current(&self, policy: &ContextPolicy, history: &[Message]) -> ViewRef {
+    pub(crate) fn current(
+        &self,
+        policy: &ContextPolicy,
+        history: &[Message],
+        reads: Option<&str>,
+    ) -> ViewRef {
         let mut views = self.lock();
-        let view = views
-            .entry(policy.id())
-            .or_insert_with(|| ViewState::build(policy, history));
-        view.reference()
+        view_of(&mut views, policy, history, reads).reference()
     }
 
     /// Puts `text`, the summary of `job`, first in the view in place of
@@ -211,16 +276,40 @@ impl ContextViews {
         Some(message)
     }
 
+    /// Puts `native`, the vendor's compaction of `job`, first in the view
+    /// in place of the messages it stands for, as
+    /// [`Self::apply_summary`] puts a summary's text; the summary message
+    /// to append, or `None` when the view changed since the job was taken
+    /// or does not read `native`'s vendor (the caller checks that first).
+    pub(crate) fn apply_native(
+        &self,
+        policy: &ContextPolicy,
+        job: SummaryJob,
+        native: NativeItems,
+    ) -> Option<Message> {
+        let mut views = self.lock();
+        let view = views.get_mut(&policy.id())?;
+        if view.generation != job.generation || view.reads.as_deref() != Some(&*native.vendor) {
+            return None;
+        }
+        let message = Message::native_summary(native, job.start, job.end);
+        view.put_summary(&message, job.end);
+        Some(message)
+    }
+
     /// The model refused the view as too long: everything before the
     /// current turn goes. With a summarizer, the job that summarizes it
     /// (apply it, or [`Self::drop_before_current`] if the summarizer
     /// fails); without one, it is dropped at once. `None` when the view
     /// holds the current turn only: nothing is left to take out.
-    pub(crate) fn force(&self, policy: &ContextPolicy, history: &[Message]) -> Forced {
+    pub(crate) fn force(
+        &self,
+        policy: &ContextPolicy,
+        history: &[Message],
+        reads: Option<&str>,
+    ) -> Forced {
         let mut views = self.lock();
-        let view = views
-            .entry(policy.id())
-            .or_insert_with(|| ViewState::build(policy, history));
+        let view = view_of(&mut views, policy, history, reads);
         view.sync(policy, history);
         let Some(&current) = view.turns.last() else {
             return Forced::Nothing;
@@ -228,8 +317,8 @@ impl ContextViews {
         if current <= view.first() {
             return Forced::Nothing;
         }
-        if policy.summarize().is_some()
-            && let Some(job) = view.summary_job(1)
+        if let Some(summarize) = policy.summarize()
+            && let Some(job) = view.summary_job(1, summarize.is_native())
         {
             return Forced::Summarize(job);
         }
@@ -266,6 +355,9 @@ struct ShownSummary {
     range: std::ops::Range<u64>,
     /// Its text, as the summarizer wrote it.
     text: String,
+    /// The vendor's items of a native summary, shown as they are in a
+    /// summary message of their own ([`Placement::Alone`]).
+    native: Option<NativeItems>,
     /// Where the view shows it.
     placement: Placement,
 }
@@ -281,9 +373,12 @@ enum Placement {
         /// The first message as the history has it.
         original: Box<Message>,
     },
-    /// As a user message of its own, first in the view: only when the
-    /// view's first message does not start a turn (a summary read back
-    /// whose range ends inside a turn; markov's own never do).
+    /// As a message of its own, first in the view: a native summary's
+    /// items, always (a summary message holding [`Item::Native`], which
+    /// only the client of that vendor sends); a text summary only when
+    /// the view's first message does not start a turn (a summary read
+    /// back whose range ends inside a turn; markov's own never do), as a
+    /// user message.
     Alone,
 }
 
@@ -319,6 +414,9 @@ struct ViewState {
     summary: Option<ShownSummary>,
     /// Set while a failed summarizer is not asked again.
     backoff: Option<Backoff>,
+    /// The vendor of the native summaries the view may show (see
+    /// [`native_reads`]).
+    reads: Option<String>,
 }
 
 /// Whether `message` starts a turn: a user message that is not tool results.
@@ -328,6 +426,25 @@ fn starts_turn(message: &Message) -> bool {
             .item_list()
             .iter()
             .any(|i| matches!(i, Item::ToolResult { .. }))
+}
+
+/// How a view shows a native summary: a summary message of its own
+/// holding the vendor's items, sent by that vendor's client alone.
+fn native_message(native: &NativeItems) -> Message {
+    Message {
+        role: Role::Summary,
+        items: Items::List(vec![Item::Native {
+            vendor: native.vendor.clone(),
+            items: native.items.clone(),
+        }]),
+        metadata: None,
+    }
+}
+
+/// Whether a view that reads `reads` shows a summary whose native part is
+/// `native`: a text summary always, a native one only to its vendor.
+fn shows(native: Option<&NativeItems>, reads: Option<&str>) -> bool {
+    native.is_none_or(|n| reads == Some(n.vendor.as_str()))
 }
 
 /// The text a view shows a summary as.
@@ -352,8 +469,9 @@ fn with_summary(text: &str, message: &Message) -> Message {
 }
 
 impl ViewState {
-    fn empty() -> Self {
+    fn empty(reads: Option<&str>) -> Self {
         ViewState {
+            reads: reads.map(str::to_owned),
             id: HistoryId::fresh(),
             generation: 0,
             messages: Arc::new(Vec::new()),
@@ -372,20 +490,24 @@ impl ViewState {
     /// what follows the messages it stands for, cut to the policy's last
     /// turns. Reads the history from its end, only as far as the summary
     /// or the first turn kept.
-    fn build(policy: &ContextPolicy, history: &[Message]) -> Self {
-        let mut view = ViewState::empty();
+    ///
+    /// A native summary of a vendor the view does not read is passed over
+    /// (an earlier summary, or the messages themselves, stand in).
+    fn build(policy: &ContextPolicy, history: &[Message], reads: Option<&str>) -> Self {
+        let mut view = ViewState::empty(reads);
         let mut start = 0usize;
-        let latest = history
-            .iter()
-            .enumerate()
-            .rev()
-            .find_map(|(at, m)| m.as_summary().map(|(text, range)| (at, text, range)));
-        if let Some((at, text, range)) = latest {
+        let latest = history.iter().enumerate().rev().find_map(|(at, m)| {
+            m.as_summary_item()
+                .filter(|(_, _, native)| shows(*native, reads))
+                .map(|(text, range, native)| (at, text, range, native))
+        });
+        if let Some((at, text, range, native)) = latest {
             start = usize::try_from(range.end).unwrap_or(usize::MAX).min(at);
             // Shown with the first message the view takes.
             view.summary = Some(ShownSummary {
                 range,
                 text: text.to_owned(),
+                native: native.cloned(),
                 placement: Placement::Pending,
             });
         }
@@ -478,7 +600,7 @@ impl ViewState {
         }
         let messages = Arc::make_mut(&mut self.messages);
         let old = self.cost[0];
-        if starts_turn(&messages[0]) {
+        if summary.native.is_none() && starts_turn(&messages[0]) {
             let shown = with_summary(&summary.text, &messages[0]);
             let original = std::mem::replace(&mut messages[0], shown);
             summary.placement = Placement::Merged {
@@ -488,7 +610,10 @@ impl ViewState {
             self.tokens = self.tokens - old + self.cost[0];
             return;
         }
-        let shown = Message::user_items(vec![summary_item(&summary.text)]);
+        let shown = match &summary.native {
+            Some(native) => native_message(native),
+            None => Message::user_items(vec![summary_item(&summary.text)]),
+        };
         let cost = tokens::estimate_message(&shown);
         messages.insert(0, shown);
         summary.placement = Placement::Alone;
@@ -535,7 +660,7 @@ impl ViewState {
     /// process's, another leaf's) makes it build again.
     fn sync(&mut self, policy: &ContextPolicy, history: &[Message]) {
         if history.len() < self.synced {
-            *self = ViewState::build(policy, history);
+            *self = ViewState::build(policy, history, self.reads.as_deref());
             return;
         }
         for at in self.synced..history.len() {
@@ -543,13 +668,16 @@ impl ViewState {
             match message.role {
                 Role::Command | Role::Instance => {}
                 Role::Summary => {
-                    let newer = match (message.as_summary(), &self.summary) {
-                        (Some((_, range)), Some(shown)) => range.end > shown.range.end,
+                    let reads = self.reads.clone();
+                    let reads = reads.as_deref();
+                    let newer = match (message.as_summary_item(), &self.summary) {
+                        (Some((_, _, native)), _) if !shows(native, reads) => false,
+                        (Some((_, range, _)), Some(shown)) => range.end > shown.range.end,
                         (Some(_), None) => true,
                         (None, _) => false,
                     };
                     if newer {
-                        *self = ViewState::build(policy, history);
+                        *self = ViewState::build(policy, history, reads);
                         return;
                     }
                 }
@@ -667,8 +795,10 @@ impl ViewState {
     }
 
     /// The job that summarizes every turn but the last `keep` (and the
-    /// summary already shown); `None` when there is none to summarize.
-    fn summary_job(&self, keep: usize) -> Option<SummaryJob> {
+    /// summary already shown), with a transcript for a summarizer or, when
+    /// `native`, the messages for the vendor's compaction; `None` when
+    /// there is none to summarize.
+    fn summary_job(&self, keep: usize, native: bool) -> Option<SummaryJob> {
         if self.turns.len() <= keep {
             return None;
         }
@@ -676,6 +806,19 @@ impl ViewState {
         let first = self.first();
         if cut <= first {
             return None;
+        }
+        let start = self
+            .summary
+            .as_ref()
+            .map_or(self.origin[first], |summary| summary.range.start);
+        if native {
+            return Some(SummaryJob {
+                transcript: String::new(),
+                messages: self.messages[..cut].to_vec(),
+                start,
+                end: self.origin[cut],
+                generation: self.generation,
+            });
         }
         let mut transcript = String::new();
         let start = match &self.summary {
@@ -701,6 +844,7 @@ impl ViewState {
         }
         Some(SummaryJob {
             transcript,
+            messages: Vec::new(),
             start,
             end: self.origin[cut],
             generation: self.generation,
@@ -710,7 +854,7 @@ impl ViewState {
     /// Puts `summary` first in place of the messages before history
     /// position `end`.
     fn put_summary(&mut self, summary: &Message, end: u64) {
-        let Some((text, range)) = summary.as_summary() else {
+        let Some((text, range, native)) = summary.as_summary_item() else {
             return;
         };
         self.unplace_summary();
@@ -725,6 +869,7 @@ impl ViewState {
         self.summary = Some(ShownSummary {
             range,
             text: text.to_owned(),
+            native: native.cloned(),
             placement: Placement::Pending,
         });
         self.place_summary();
@@ -801,6 +946,9 @@ mod tests {
     use markov_runtime::context::Summarize;
     use proptest::prelude::*;
     use serde_json::json;
+
+    /// The vendor tag of the native summaries in these tests.
+    const VENDOR: &str = "test.vendor";
 
     #[derive(Debug)]
     struct Never;
@@ -907,6 +1055,14 @@ mod tests {
             }
             Some(ShownSummary {
                 placement: Placement::Alone,
+                native: Some(native),
+                ..
+            }) => {
+                assert_eq!(view.messages[0], native_message(native));
+                assert_eq!(view.reads.as_deref(), Some(native.vendor.as_str()));
+            }
+            Some(ShownSummary {
+                placement: Placement::Alone,
                 ..
             }) => {
                 assert!(view.messages[0].text().starts_with(SUMMARY_PREAMBLE));
@@ -954,18 +1110,18 @@ mod tests {
         let views = ContextViews::default();
         let mut history = Vec::new();
         push_turn(&mut history, 0, 1, 10);
-        let Prepared::Ready(first) = views.prepare(&policy, &history) else {
+        let Prepared::Ready(first) = views.prepare(&policy, &history, None) else {
             panic!("no summary")
         };
         push_turn(&mut history, 1, 1, 10);
-        let Prepared::Ready(second) = views.prepare(&policy, &history) else {
+        let Prepared::Ready(second) = views.prepare(&policy, &history, None) else {
             panic!("no summary")
         };
         assert_eq!(first.id, second.id);
         assert!(second.messages.starts_with(&first.messages));
         drop((first, second));
         push_turn(&mut history, 2, 1, 10);
-        let Prepared::Ready(third) = views.prepare(&policy, &history) else {
+        let Prepared::Ready(third) = views.prepare(&policy, &history, None) else {
             panic!("no summary")
         };
         assert_eq!(third.messages[0].text(), "question 1");
@@ -1020,33 +1176,49 @@ mod tests {
             turns in proptest::collection::vec((0usize..3, 0usize..300, 0u8..4), 1..24),
             keep in proptest::option::of(1usize..5),
             trim in proptest::option::of(1usize..4),
-            summarize in proptest::option::of((20u64..300, 1usize..3)),
+            summarize in proptest::option::of((20u64..300, 1usize..3, any::<bool>())),
         ) {
             let mut policy = ContextPolicy::builder();
             if let Some(k) = keep { policy = policy.keep_last_turns(k); }
             if let Some(t) = trim { policy = policy.trim_tool_results(t); }
-            if let Some((threshold, kept)) = summarize {
-                policy = policy.summarize(Summarize::new(Arc::new(Never), threshold).keep_last_turns(kept));
+            let mut reads = None;
+            if let Some((threshold, kept, native)) = summarize {
+                let summarize = if native {
+                    reads = Some(VENDOR);
+                    Summarize::native(Arc::new(Never), threshold)
+                } else {
+                    Summarize::new(Arc::new(Never), threshold)
+                };
+                policy = policy.summarize(summarize.keep_last_turns(kept));
             }
             let Ok(policy) = policy.build() else { return Ok(()); };
             let views = ContextViews::default();
             let mut history = Vec::new();
+            // A native summary is the vendor's compaction of exactly the
+            // messages the job holds.
+            let summary = |job: SummaryJob, text: String| match reads {
+                Some(vendor) => {
+                    let items = vec![format!("{{\"compacted\":{}}}", job.messages.len())];
+                    views.apply_native(&policy, job, NativeItems::new(vendor, items))
+                }
+                None => views.apply_summary(&policy, job, text),
+            };
             for (n, (calls, size, action)) in turns.into_iter().enumerate() {
                 push_turn(&mut history, n, calls, size);
-                match views.prepare(&policy, &history) {
+                match views.prepare(&policy, &history, reads) {
                     Prepared::Ready(_) => {}
                     Prepared::Summarize(job) => {
                         if action != 0
-                            && let Some(summary) = views.apply_summary(&policy, job, format!("summary {n}"))
+                            && let Some(summary) = summary(job, format!("summary {n}"))
                         {
                             history.push(summary);
                         }
                     }
                 }
                 if action == 3 {
-                    match views.force(&policy, &history) {
+                    match views.force(&policy, &history, reads) {
                         Forced::Summarize(job) => {
-                            if let Some(summary) = views.apply_summary(&policy, job, format!("forced {n}")) {
+                            if let Some(summary) = summary(job, format!("forced {n}")) {
                                 history.push(summary);
                             }
                         }
@@ -1058,9 +1230,18 @@ mod tests {
                 drop(guard);
                 // A view built afresh from the history (a restored
                 // machine) holds its bookkeeping too.
-                let mut fresh = ViewState::build(&policy, &history);
+                let mut fresh = ViewState::build(&policy, &history, reads);
                 fresh.apply_rules(&policy);
                 check(&fresh, &history, &policy);
+                // A view for a model of another vendor never holds the
+                // native items.
+                let mut foreign = ViewState::build(&policy, &history, Some("other.vendor"));
+                foreign.apply_rules(&policy);
+                check(&foreign, &history, &policy);
+                prop_assert!(
+                    foreign.messages.iter().flat_map(Message::item_list).all(|i| !matches!(i, Item::Native { .. })),
+                    "a foreign model is shown no native items"
+                );
             }
         }
     }

@@ -27,7 +27,7 @@ use crate::respond::prompt::system_prompt;
 use crate::respond::take_transition;
 use crate::usage::{
     Call, LimitExceeded, Prices, admit_call, estimate_framing_tokens, estimate_input_tokens,
-    metered,
+    metered, metered_usage,
 };
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -35,8 +35,8 @@ use markov_core::Role;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
 use markov_core::model::{
-    HistoryId, InputTokenCount, Model, ModelError, ModelRequest, ModelResponse, ModelSettings,
-    StopReason, StreamEvent, ToolChoice,
+    Compaction, HistoryId, InputTokenCount, Model, ModelError, ModelRequest, ModelResponse,
+    ModelSettings, StopReason, StreamEvent, ToolChoice,
 };
 use markov_core::tool::{
     InvalidArguments, ProviderTool, ToolCallError, ToolDefinition, ToolExecutionResult, ToolName,
@@ -53,7 +53,7 @@ use markov_runtime::transition::{TransitionError, TransitionOutcome};
 use serde_json::Value;
 use tracing::Instrument;
 
-use crate::context::{Forced, SummaryJob};
+use crate::context::{Forced, SummaryJob, native_reads};
 use crate::effect::{Effect, Entry};
 use crate::error::RunError;
 use crate::executor::{Executor, Intent, LeafContext, LeafOutcome};
@@ -201,6 +201,14 @@ pub(crate) enum Unservable {
     Tools(ConfigError),
     /// The model refuses a tool or the output type.
     Refused(markov_core::Unsupported),
+    /// The node's context policy compacts natively with a model that
+    /// makes no items, or items of a vendor the model does not read.
+    Native {
+        /// The vendor the policy's model makes items of.
+        makes: Option<String>,
+        /// The vendor the executor's model reads.
+        reads: Option<String>,
+    },
 }
 
 impl StandardExecutor {
@@ -241,6 +249,26 @@ impl StandardExecutor {
             self.model
                 .check_tools(&tools, node.output().map(|o| o.schema()))
                 .map_err(|e| (name.clone(), Unservable::Refused(e)))?;
+            // A native compaction must make items the model reads: else
+            // every crossing would compact for nothing.
+            if let Some(summarize) = node
+                .context_policy()
+                .or(self.context_policy.as_ref())
+                .and_then(ContextPolicy::summarize)
+                .filter(|s| s.is_native())
+            {
+                let makes = summarize.model().native_summaries();
+                let reads = self.model.native_summaries();
+                if makes.is_none() || makes != reads {
+                    return Err((
+                        name.clone(),
+                        Unservable::Native {
+                            makes: makes.map(str::to_owned),
+                            reads: reads.map(str::to_owned),
+                        },
+                    ));
+                }
+            }
             for (transition_name, transition) in node.transitions() {
                 if let Ok(Transition::Serial {
                     target: NodeTarget::Inline(inline),
@@ -1023,20 +1051,23 @@ impl StandardExecutor {
             }
             return result.map(|(response, vessel)| Called::Answer(response, vessel));
         };
+        // The native summaries the model may be shown: its own vendor's,
+        // under a policy that compacts natively.
+        let reads = native_reads(policy, &*self.model);
         // A view the model counts within its threshold is sent as it is.
-        let counted = self.within_by_count(cx, policy, prepared).await;
+        let counted = self.within_by_count(cx, policy, prepared, reads).await;
         let view = match counted.map_or_else(
-            || cx.views.prepare(policy, cx.history),
+            || cx.views.prepare(policy, cx.history, reads),
             crate::context::Prepared::Ready,
         ) {
             crate::context::Prepared::Ready(view) => view,
             crate::context::Prepared::Summarize(job) => {
-                match self.summarize(cx, policy, job, spent).await? {
+                match self.summarize(cx, policy, prepared, job, spent).await? {
                     Summarized::Limited(limit) => return Ok(Called::Limited(limit)),
                     Summarized::Failed => cx.views.summary_failed(policy),
                     Summarized::Done | Summarized::Stale => {}
                 }
-                cx.views.current(policy, cx.history)
+                cx.views.current(policy, cx.history, reads)
             }
         };
         if let Some(limit) = self.admit(cx, prepared, &view.messages, || view.tokens)? {
@@ -1048,16 +1079,17 @@ impl StandardExecutor {
         };
         drop(view);
         tracing::warn!(%message, "the model refused the context as too long: it is compacted and the call made again");
-        match cx.views.force(policy, cx.history) {
+        match cx.views.force(policy, cx.history, reads) {
             Forced::Nothing => return Ok(Called::Exhausted(message)),
             Forced::Done => {}
-            Forced::Summarize(job) => match self.summarize(cx, policy, job, spent).await? {
+            Forced::Summarize(job) => match self.summarize(cx, policy, prepared, job, spent).await?
+            {
                 Summarized::Limited(limit) => return Ok(Called::Limited(limit)),
                 Summarized::Failed | Summarized::Stale => cx.views.drop_before_current(policy),
                 Summarized::Done => {}
             },
         }
-        let view = cx.views.current(policy, cx.history);
+        let view = cx.views.current(policy, cx.history, reads);
         // A second request, admitted on its own estimate.
         if let Some(limit) = self.admit(cx, prepared, &view.messages, || view.tokens)? {
             return Ok(Called::Limited(limit));
@@ -1080,12 +1112,16 @@ impl StandardExecutor {
         &self,
         cx: &LeafContext<'_>,
         policy: &ContextPolicy,
+        prepared: &Prepared,
         mut job: SummaryJob,
         spent: &mut markov_core::model::Usage,
     ) -> Result<Summarized, RunError> {
         let Some(summarize) = policy.summarize() else {
             return Ok(Summarized::Failed);
         };
+        if summarize.is_native() {
+            return self.compact(cx, policy, prepared, job, spent).await;
+        }
         let model = summarize.model();
         let call = Call {
             provider: model.provider_name(),
@@ -1148,6 +1184,104 @@ impl StandardExecutor {
 }
 
 impl StandardExecutor {
+    /// Compacts `job` with the vendor's own compaction
+    /// ([`Model::compact`](markov_core::Model::compact) of the policy's
+    /// model): the view's messages before the kept turns, as they are
+    /// shown, with the leaf's instructions. The vendor's items go into the
+    /// view in their place and, as a summary message, to the queue, so the
+    /// step records them. The call passes the usage limits first, its
+    /// input estimated and the settings' `max_tokens` counted for its
+    /// answer, and what it used is added to `spent`.
+    ///
+    /// A model that offers no compaction, items of a vendor the leaf's
+    /// model does not read (an executor configured by hand; an agent's
+    /// builder refuses both) and a failed call are warned about and end
+    /// as a failed summarizer does: the view stays as it was, and the
+    /// policy backs off.
+    async fn compact(
+        &self,
+        cx: &LeafContext<'_>,
+        policy: &ContextPolicy,
+        prepared: &Prepared,
+        mut job: SummaryJob,
+        spent: &mut markov_core::model::Usage,
+    ) -> Result<Summarized, RunError> {
+        let Some(summarize) = policy.summarize() else {
+            return Ok(Summarized::Failed);
+        };
+        let model = summarize.model();
+        // The leaf's own model name unless the policy names one: the
+        // items are read by the leaf's model.
+        let settings = ModelSettings {
+            model: summarize
+                .model_settings()
+                .model
+                .clone()
+                .or_else(|| prepared.settings.model.clone()),
+            ..summarize.model_settings().clone()
+        };
+        let call = Call {
+            provider: model.provider_name(),
+            settings: &settings,
+        };
+        let messages = std::mem::take(&mut job.messages);
+        let request = ModelRequest::new(&prepared.system, &messages, &settings);
+        if let Err(limit) = admit_call(cx.usage, &self.prices, &call, || {
+            estimate_input_tokens(&request)
+        })? {
+            tracing::info!(%limit, "a usage limit refuses the compaction call: the leaf stops before it");
+            return Ok(Summarized::Limited(limit));
+        }
+        let span = tracing::info_span!(
+            "compact",
+            gen_ai.provider.name = call.provider,
+            gen_ai.request.model = call.settings.model.as_deref().unwrap_or(""),
+            gen_ai.usage.input_tokens = tracing::field::Empty,
+            gen_ai.usage.output_tokens = tracing::field::Empty,
+            error.type = tracing::field::Empty,
+        );
+        let compacted = match model.compact(request).instrument(span.clone()).await {
+            Ok(Compaction::Compacted(compacted)) => compacted,
+            Ok(_) => {
+                span.record("error.type", "not_offered");
+                if cx.views.native_unavailable(policy.id()) {
+                    tracing::warn!(parent: &span, "the context policy's model offers no compaction of its own: the context is not compacted (warned once)");
+                }
+                return Ok(Summarized::Failed);
+            }
+            Err(error) => {
+                span.record("error.type", "model_error");
+                tracing::warn!(parent: &span, %error, "the compaction failed: the context is not compacted");
+                return Ok(Summarized::Failed);
+            }
+        };
+        let used = metered_usage(&self.prices, &call, compacted.usage, None);
+        span.record("gen_ai.usage.input_tokens", used.input_tokens);
+        span.record("gen_ai.usage.output_tokens", used.output_tokens);
+        *spent += used;
+        let vendor = compacted.native.vendor.clone();
+        if self.model.native_summaries() != Some(vendor.as_str()) {
+            span.record("error.type", "unreadable");
+            if cx.views.native_unavailable(policy.id()) {
+                tracing::warn!(parent: &span, vendor, "the compaction's items cannot be read by the leaf's model: the context is not compacted (warned once)");
+            }
+            return Ok(Summarized::Failed);
+        }
+        if compacted.native.items.is_empty() {
+            tracing::warn!(parent: &span, "the compaction answered no items: the context is not compacted");
+            return Ok(Summarized::Failed);
+        }
+        match cx.views.apply_native(policy, job, compacted.native) {
+            Some(message) => {
+                cx.queue.enqueue([message]);
+                Ok(Summarized::Done)
+            }
+            None => Ok(Summarized::Stale),
+        }
+    }
+}
+
+impl StandardExecutor {
     /// Under a policy that counts with the provider
     /// ([`TokenCount::Provider`]): the leaf's view, to send as it is, when
     /// its estimate passes the summary threshold but the model's count of
@@ -1163,13 +1297,14 @@ impl StandardExecutor {
         cx: &LeafContext<'_>,
         policy: &ContextPolicy,
         prepared: &Prepared,
+        reads: Option<&str>,
     ) -> Option<crate::context::ViewRef> {
         use crate::count::{Known, Unavailable};
         if policy.token_count() != TokenCount::Provider {
             return None;
         }
         let threshold = policy.summarize()?.threshold_tokens();
-        let view = cx.views.summary_due(policy, cx.history)?;
+        let view = cx.views.summary_due(policy, cx.history, reads)?;
         let counts = &cx.views.counts;
         match counts.known(policy.id(), view.id, &view.messages, threshold) {
             Known::Within => return Some(view),

@@ -572,11 +572,22 @@ pub(crate) fn metered(
     call: &Call<'_>,
     response: &markov_core::model::ModelResponse,
 ) -> Usage {
-    let mut usage = response.usage;
+    metered_usage(prices, call, response.usage, response.model.as_deref())
+}
+
+/// What a call of `call` that reported `usage` used, as [`metered`] counts
+/// an answer's: one request, priced by the model `answered` names, else
+/// the one asked for (a compaction names none).
+pub(crate) fn metered_usage(
+    prices: &Prices,
+    call: &Call<'_>,
+    mut usage: Usage,
+    answered: Option<&str>,
+) -> Usage {
     usage.requests = 1;
     match prices.cost_of_answer(
         call.provider,
-        response.model.as_deref(),
+        answered,
         call.settings.model.as_deref(),
         &usage,
     ) {

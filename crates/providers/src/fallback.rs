@@ -23,7 +23,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use markov_core::StreamEvent;
 use markov_core::model::{
-    InputTokenCount, Model, ModelError, ModelRequest, ModelResponse, ModelSettings,
+    Compaction, InputTokenCount, Model, ModelError, ModelRequest, ModelResponse, ModelSettings,
 };
 use markov_core::model::{Thinking, ThinkingAllowance, Unsupported};
 use markov_core::tool::ToolDefinition;
@@ -54,6 +54,15 @@ struct Entry {
 /// service is well, whose context window a count is measured against. Its
 /// failure is the count's failure (the caller estimates instead); another
 /// model of the list, another tokenizer, is not asked.
+///
+/// [`native_summaries`](Model::native_summaries) is the vendor tag every
+/// model of the list shares, else `None`, and
+/// [`compact`](Model::compact) asks the first model only when there is
+/// one: a list that mixes vendors (Anthropic then OpenAI, or two
+/// Responses servers) reads no native summaries, so a context view never
+/// sends one model's compaction items to another (an agent with
+/// `Summarize::native` on such a list fails when it is built; a text
+/// summary serves every model of a list).
 ///
 /// ```no_run
 /// use std::sync::Arc;
@@ -203,6 +212,25 @@ impl Model for Fallback {
         // The first model is asked with the request's own name (it is
         // never given one of its own).
         self.entries[0].model.count_tokens(request).await
+    }
+
+    fn native_summaries(&self) -> Option<&str> {
+        // A request may reach any model of the list: the items are shown
+        // only if every one reads them.
+        let first = self.entries[0].model.native_summaries()?;
+        self.entries[1..]
+            .iter()
+            .all(|e| e.model.native_summaries() == Some(first))
+            .then_some(first)
+    }
+
+    async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+        // Only items every model of the list reads are worth making; the
+        // first model makes them, as it counts.
+        if self.native_summaries().is_none() {
+            return Ok(Compaction::NotOffered);
+        }
+        self.entries[0].model.compact(request).await
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {

@@ -18,7 +18,9 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::{InstancePayload, Item, Items, Message, MessageShapeError, Metadata, Role};
+use super::{
+    InstancePayload, Item, Items, Message, MessageShapeError, Metadata, NativeItems, Role,
+};
 use crate::ids::{InstanceId, ToolCallId};
 
 /// The values of `type`.
@@ -36,6 +38,7 @@ enum ItemType {
     Output,
     Command,
     Summary,
+    Native,
     Resume,
 }
 
@@ -117,6 +120,15 @@ struct SummaryFields {
     text: String,
     start: u64,
     end: u64,
+    // Absent in every summary stored before native compaction.
+    #[serde(default)]
+    native: Option<NativeItems>,
+}
+
+#[derive(Deserialize)]
+struct NativeFields {
+    vendor: String,
+    items: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -208,6 +220,14 @@ fn item<'de, D: Deserializer<'de>>(tag: ItemType, fields: D) -> Result<Item, D::
                 text: f.text,
                 start: f.start,
                 end: f.end,
+                native: f.native,
+            }
+        }
+        ItemType::Native => {
+            let f = NativeFields::deserialize(fields)?;
+            Item::Native {
+                vendor: f.vendor,
+                items: f.items,
             }
         }
         ItemType::Resume => {
@@ -430,6 +450,20 @@ mod tests {
                 text: "earlier".into(),
                 start: 0,
                 end: 12,
+                native: None,
+            },
+            Item::Summary {
+                text: String::new(),
+                start: 12,
+                end: 20,
+                native: Some(NativeItems::new(
+                    "openai.responses",
+                    vec![r#"{"type":"compaction","id":"cmp_1"}"#.into()],
+                )),
+            },
+            Item::Native {
+                vendor: "openai.responses".into(),
+                items: vec![r#"{"z":1,"a":[1.50]}"#.into()],
             },
         ];
         for item in items {

@@ -207,12 +207,32 @@ pub enum Item {
     /// history it was appended to (the history is append-only, so the
     /// positions never move).
     Summary {
-        /// The summary's text, as the summarizer wrote it.
+        /// The summary's text, as the summarizer wrote it; empty for a
+        /// vendor's own compaction (`native`), which writes none.
         text: String,
         /// The position of the first message it stands for.
         start: u64,
         /// The position after the last message it stands for.
         end: u64,
+        /// The vendor's own compaction of those messages
+        /// ([`Model::compact`](crate::Model::compact)), if it made this
+        /// summary; absent in summaries written by a summarizer model and
+        /// in those stored before native compaction existed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        native: Option<NativeItems>,
+    },
+    /// A vendor's compaction items as a context view shows them, in place
+    /// of the history messages a native summary stands for. Never in a
+    /// history (the summary message keeps them in [`Item::Summary`]'s
+    /// `native`): only a view holds it, in a [`Role::Summary`] message of
+    /// its own, which the client of that vendor sends as its items,
+    /// verbatim, and every other client skips, as it skips every summary
+    /// message.
+    Native {
+        /// The vendor tag ([`NativeItems::vendor`]).
+        vendor: String,
+        /// The opaque items, each the JSON text the vendor wrote.
+        items: Vec<String>,
     },
     /// A request to resume a suspended instance.
     Resume {
@@ -276,6 +296,44 @@ impl Item {
             tool_use_id: tool_use_id.into(),
             content: content.into(),
             is_error,
+        }
+    }
+}
+
+/// A vendor's own compaction of earlier history
+/// ([`Model::compact`](crate::Model::compact)): opaque items that a later
+/// request to the same vendor sends, verbatim, in place of the messages
+/// they stand for.
+///
+/// markov never reads or changes them: each is kept as the JSON text the
+/// vendor wrote (key order and number forms included), and only a client
+/// whose [`Model::native_summaries`](crate::Model::native_summaries) names
+/// `vendor` sends them.
+///
+/// ```
+/// use markov_core::message::NativeItems;
+///
+/// let native = NativeItems::new("openai.responses", vec![r#"{"type":"compaction","id":"cmp_1"}"#.into()]);
+/// assert_eq!(native.vendor, "openai.responses");
+/// assert_eq!(native.items.len(), 1);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct NativeItems {
+    /// Which client reads them, as its
+    /// [`Model::native_summaries`](crate::Model::native_summaries) names
+    /// it (`openai.responses` for OpenAI's Responses API).
+    pub vendor: String,
+    /// The items, each one JSON value as the vendor wrote it.
+    pub items: Vec<String>,
+}
+
+impl NativeItems {
+    /// The items `items` of `vendor`.
+    pub fn new(vendor: impl Into<String>, items: Vec<String>) -> Self {
+        NativeItems {
+            vendor: vendor.into(),
+            items,
         }
     }
 }
@@ -531,6 +589,22 @@ impl Message {
                 text: text.into(),
                 start,
                 end,
+                native: None,
+            }],
+        )
+    }
+
+    /// A summary message ([`Role::Summary`]) of the history messages at
+    /// positions `start..end` made by the vendor's own compaction: no
+    /// text, the vendor's items.
+    pub fn native_summary(native: NativeItems, start: u64, end: u64) -> Self {
+        Self::new(
+            Role::Summary,
+            vec![Item::Summary {
+                text: String::new(),
+                start,
+                end,
+                native: Some(native),
             }],
         )
     }
@@ -538,11 +612,23 @@ impl Message {
     /// The text and covered positions (`start..end`) of a summary message;
     /// `None` for any other message.
     pub fn as_summary(&self) -> Option<(&str, std::ops::Range<u64>)> {
+        self.as_summary_item().map(|(text, range, _)| (text, range))
+    }
+
+    /// The text, covered positions (`start..end`) and the vendor's items
+    /// (for a native summary) of a summary message; `None` for any other
+    /// message.
+    pub fn as_summary_item(&self) -> Option<(&str, std::ops::Range<u64>, Option<&NativeItems>)> {
         if self.role != Role::Summary {
             return None;
         }
         self.item_list().iter().find_map(|i| match i {
-            Item::Summary { text, start, end } => Some((text.as_str(), *start..*end)),
+            Item::Summary {
+                text,
+                start,
+                end,
+                native,
+            } => Some((text.as_str(), *start..*end, native.as_ref())),
             _ => None,
         })
     }
@@ -795,6 +881,14 @@ fn every_shape() -> Vec<Message> {
         common,
         Message::system("").with_metadata(Metadata::default()),
         Message::summary("they spoke of \"sums\"", 0, 7),
+        Message::native_summary(
+            NativeItems::new(
+                "openai.responses",
+                vec![r#"{"type":"compaction","id":"cmp_1","encrypted_content":"gA=="}"#.into()],
+            ),
+            7,
+            12,
+        ),
     ]
 }
 
@@ -866,6 +960,34 @@ mod tests {
             serde_json::from_str::<Vec<Message>>(&text).expect("reads"),
             messages
         );
+    }
+
+    #[test]
+    fn summaries_stored_before_native_compaction_still_read() {
+        // The form every summary had before `native` existed.
+        let old =
+            r#"{"role":"summary","items":[{"type":"summary","text":"earlier","start":0,"end":7}]}"#;
+        let message: Message = serde_json::from_str(old).expect("an old summary reads");
+        assert_eq!(message, Message::summary("earlier", 0, 7));
+        assert_eq!(message.as_summary_item(), Some(("earlier", 0..7, None)));
+        // And a text summary is still written that way.
+        assert_eq!(serde_json::to_string(&message).unwrap(), old);
+        // A native one keeps its items as the vendor wrote them.
+        let items =
+            vec![r#"{"type":"compaction","id":"cmp_1","encrypted_content":"gA=="}"#.to_owned()];
+        let native =
+            Message::native_summary(NativeItems::new("openai.responses", items.clone()), 0, 7);
+        let text = serde_json::to_string(&native).unwrap();
+        let back: Message = serde_json::from_str(&text).unwrap();
+        let (summary, range, kept) = back.as_summary_item().expect("a summary");
+        assert_eq!((summary, range), ("", 0..7));
+        assert_eq!(
+            kept.map(|n| (n.vendor.as_str(), n.items.clone())),
+            Some(("openai.responses", items))
+        );
+        let from_value: Message =
+            serde_json::from_value(serde_json::to_value(&native).unwrap()).unwrap();
+        assert_eq!(from_value, native);
     }
 
     #[test]

@@ -672,3 +672,69 @@ async fn a_context_length_refusal_asks_a_failing_summarizer_even_while_it_backs_
     let retried = model.requests().pop().unwrap();
     assert_eq!(retried.messages[0].text(), "Add once.");
 }
+
+/// A compaction model that names a vendor but has no compaction after
+/// all: what an executor configured by hand may be given (an agent's
+/// builder refuses it).
+#[derive(Debug, Default)]
+struct NoCompaction {
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+#[markov_core::async_trait]
+impl markov_core::Model for NoCompaction {
+    async fn complete(
+        &self,
+        _request: markov_core::ModelRequest<'_>,
+    ) -> Result<markov_core::ModelResponse, ModelError> {
+        Err(ModelError::InvalidRequest("not called".into()))
+    }
+
+    fn native_summaries(&self) -> Option<&str> {
+        Some("test.vendor")
+    }
+
+    async fn compact(
+        &self,
+        _request: markov_core::ModelRequest<'_>,
+    ) -> Result<markov_core::Compaction, ModelError> {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(markov_core::Compaction::NotOffered)
+    }
+}
+
+#[tokio::test]
+async fn a_native_compaction_not_offered_backs_off_like_a_failed_summarizer() {
+    let model = Arc::new(over_the_threshold(8).text("Hello again.").build());
+    let compactor = Arc::new(NoCompaction::default());
+    let policy = ContextPolicy::builder()
+        .summarize(
+            Summarize::native(Arc::clone(&compactor) as Arc<dyn markov_core::Model>, 2_000)
+                .keep_last_turns(1),
+        )
+        .build()
+        .expect("a valid policy");
+    let executor = markov_executor::StandardExecutor::shared(
+        Arc::clone(&model) as Arc<dyn markov_core::Model>
+    )
+    .with_context_policy(policy);
+    let agent = Agent::builder("calculator")
+        .instructions("Add numbers with your tool.")
+        .tool(Add)
+        .executor(executor)
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    turn(&mut machine, &"w ".repeat(3_500)).await;
+    let last = turn(&mut machine, "Add eight times.").await;
+    assert_eq!(last.yield_reason, YieldReason::EndTurn, "never stuck");
+    assert_eq!(model.calls(), 10, "every step was answered");
+    let asked = || compactor.asked.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(asked(), 1, "asked once, then backed off");
+    turn(&mut machine, "Hello?").await;
+    assert_eq!(asked(), 2, "a new turn asks again");
+    assert!(machine.history().iter().all(|m| m.role != Role::Summary));
+    // Nothing was counted for calls that were not made.
+    assert_eq!(machine.usage().session.requests, 11);
+}

@@ -443,13 +443,11 @@ impl AnthropicBuilder {
     /// Has the API clear old tool uses from every request (Anthropic's
     /// context editing, a beta; see [`ClearToolUses`]). Off by default.
     ///
-    /// OpenAI's Responses API has compaction of its own (encrypted
-    /// compaction items the next request must send back in place of the
-    /// items they stand for), and Gemini none: markov does not use
-    /// OpenAI's, because those items would have to replace messages of the
-    /// append-only history or be kept beside it per view, and a context
-    /// policy's summary does the same with any model; see the README's
-    /// "Long conversations".
+    /// The history, the context views and the request cache are
+    /// unchanged by it. OpenAI's Responses API has a compaction of its own
+    /// instead, which a context policy uses with `Summarize::native`
+    /// (`Model::compact`; its items are never sent to Anthropic), and
+    /// Gemini none; see the README's "Long conversations".
     #[must_use]
     pub fn clear_tool_uses(mut self, editing: ClearToolUses) -> Self {
         self.clear_tool_uses = Some(editing);

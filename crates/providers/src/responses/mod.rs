@@ -47,12 +47,26 @@
 //!   `max_output_tokens`, `temperature`, `store`, `include`,
 //!   `prompt_cache_key` and `stream`; the answer's `input_tokens`.
 //!
-//! OpenAI's own compaction (a `compaction` item of encrypted content,
-//! from `/responses/compact` or the `context_management` option, that
-//! the next request must send in place of the items it stands for) is not
-//! used: it would replace items of markov's append-only history, or need
-//! a second, vendor-only history beside it, and a context policy's
-//! summary does the same for every provider.
+//! - **Compaction** ([`Model::compact`]) → `POST {base}/responses/compact`
+//!   with `model`, `instructions` and `input` as a call writes them; the
+//!   answer's `output` items (the user messages kept, one `compaction`
+//!   item of encrypted content) are kept as the server wrote them, byte
+//!   for byte, never read, under the vendor tag of
+//!   [`Model::native_summaries`]: `openai.responses` at OpenAI,
+//!   `openai.responses@<host:port>` elsewhere (another server's items are
+//!   encrypted by that server). A context policy built with
+//!   `Summarize::native` appends them to the history as a summary
+//!   message and its view shows them first; a request sends them as
+//!   input items, verbatim, in place of the messages they stand for, and
+//!   only when their tag is this client's. Every other client skips
+//!   them, as it skips every summary message.
+//!
+//! The server-side compaction of a call (`context_management: [{"type":
+//! "compaction", "compact_threshold"}]` on a create request) is not used:
+//! its items come back inside the answer, in place of input that markov's
+//! append-only history still holds, and with `store: false` it could only
+//! be sent again by rewriting that history; the standalone endpoint fits
+//! the summary a context policy appends.
 
 mod stream;
 mod wire;
@@ -64,7 +78,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use markov_core::model::InputTokenCount;
+use markov_core::message::NativeItems;
+use markov_core::model::{Compacted, Compaction, InputTokenCount};
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent};
 use reqwest::Url;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
@@ -131,6 +146,8 @@ pub struct Responses {
     url: Url,
     /// `{base}/responses/input_tokens`.
     count_url: Url,
+    /// `{base}/responses/compact`.
+    compact_url: Url,
     models_url: Url,
     model: String,
     shape: wire::Shape,
@@ -358,10 +375,15 @@ impl ResponsesBuilder {
             None => {}
         }
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let host = match (base.host_str(), base.port()) {
+            (Some(host), Some(port)) => format!("{host}:{port}"),
+            (host, _) => host.unwrap_or_default().to_owned(),
+        };
         Ok(Responses {
             transport: Transport::new(self.transport, &base, headers)?,
             url: endpoint(&base, "responses"),
             count_url: endpoint(&base, "responses/input_tokens"),
+            compact_url: endpoint(&base, "responses/compact"),
             models_url: endpoint(&base, "models"),
             model: self.model,
             shape: wire::Shape {
@@ -370,6 +392,7 @@ impl ResponsesBuilder {
                 store: self.store,
                 include_reasoning: vendor,
                 cache_key: self.cache_key,
+                native: wire::native_tag(&host, vendor),
             },
             body_cache: BodyCache::new(self.body_cache_bytes),
         })
@@ -457,6 +480,30 @@ impl Responses {
     /// As [`Self::request_body`].
     pub fn count_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
         self.body(request, wire::Purpose::Count)
+    }
+
+    /// The exact body this client sends to compact `request`'s messages
+    /// (`/responses/compact`): its model, instructions and input items as
+    /// a call writes them, nothing else.
+    ///
+    /// ```
+    /// use markov_core::{Message, ModelRequest, ModelSettings};
+    /// use markov_providers::Responses;
+    ///
+    /// let client = Responses::builder().base_url("http://127.0.0.1:1/v1").build().unwrap();
+    /// let history = [Message::user("hi")];
+    /// let settings = ModelSettings::default();
+    /// let body = client.compact_body(&ModelRequest::new("Be brief.", &history, &settings)).unwrap();
+    /// assert_eq!(
+    ///     String::from_utf8(body).unwrap(),
+    ///     r#"{"model":"gpt-4.1","instructions":"Be brief.","input":[{"type":"message","role":"user","content":"hi"}]}"#
+    /// );
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Self::request_body`].
+    pub fn compact_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
+        self.body(request, wire::Purpose::Compact)
     }
 
     fn body(
@@ -576,6 +623,56 @@ impl Model for Responses {
             let tokens = wire::decode_count(&answer)?;
             tracing::debug!(input_tokens = tokens, "counted");
             Ok(InputTokenCount::Counted(tokens))
+        };
+        call.instrument(span.clone()).await
+    }
+
+    /// `openai.responses` at OpenAI, `openai.responses@<host:port>` at
+    /// any other server: the items a server compacts to are encrypted by
+    /// it, and are sent back to the same server only.
+    fn native_summaries(&self) -> Option<&str> {
+        Some(&self.shape.native)
+    }
+
+    /// Asks `/responses/compact`, under the client's limits, timeout,
+    /// retries and deadline, as a call is made. A server without the
+    /// endpoint (vLLM, llama.cpp's) answers `404`, an error like any
+    /// other: the context policy backs off as from a failed summarizer.
+    async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+        let model = self.model_for(&request);
+        let span = tracing::info_span!(
+            "compact",
+            gen_ai.provider.name = "openai",
+            gen_ai.request.model = model,
+            attempt = tracing::field::Empty
+        );
+        let body = Bytes::from(self.compact_body(&request)?);
+        let call = async {
+            let _place = self
+                .transport
+                .enter(body.len(), request.settings().max_tokens)
+                .await?;
+            let bytes = self
+                .transport
+                .with_retries_by_deadline(&span, || async {
+                    let response = self
+                        .post_to(&self.compact_url, "responses/compact", body.clone())
+                        .await?;
+                    response
+                        .bytes()
+                        .await
+                        .map_err(|e| transport_error(e, self.transport.timeout()))
+                })
+                .await?;
+            let text = std::str::from_utf8(&bytes).map_err(|e| {
+                ModelError::InvalidResponse(format!("the compaction is not UTF-8: {e}"))
+            })?;
+            let (items, usage) = wire::decode_compaction(text)?;
+            tracing::debug!(items = items.len(), "compacted");
+            Ok(Compaction::Compacted(Compacted::new(
+                NativeItems::new(self.shape.native.clone(), items),
+                usage,
+            )))
         };
         call.instrument(span.clone()).await
     }

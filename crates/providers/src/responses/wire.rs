@@ -17,6 +17,7 @@ use markov_core::{
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::body::{self, BodyCache, FrameBytes, Rendered};
 use crate::convert::{self, Content};
@@ -43,12 +44,12 @@ fn parse_signature(signature: &str) -> Option<(&str, Option<&str>)> {
 /// The whole request as one value: what [`encode_plain`] writes with
 /// `serde_json::to_vec`.
 #[derive(Serialize)]
-struct Request<'a> {
+struct Request<'a, T> {
     #[serde(flatten)]
     head: Head<'a>,
     input: Vec<InputItem<'a>>,
     #[serde(flatten)]
-    tail: Tail<'a>,
+    tail: T,
 }
 
 /// The fields before `input`.
@@ -93,6 +94,9 @@ enum InputItem<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         encrypted_content: Option<&'a str>,
     },
+    /// An item of a native compaction, written exactly as the server
+    /// wrote it.
+    Native(&'a RawValue),
 }
 
 #[derive(Serialize)]
@@ -209,7 +213,24 @@ pub(super) struct Shape {
     pub(super) include_reasoning: bool,
     /// The prompt cache key.
     pub(super) cache_key: super::PromptCacheKey,
+    /// The vendor tag of the native summaries this client makes and reads
+    /// (see [`native_tag`]).
+    pub(super) native: String,
 }
+
+/// The vendor tag of the compaction items of the server at `host`: OpenAI's
+/// own are `openai.responses`; another server's carry its address, since
+/// its items are encrypted by that server and mean nothing to another.
+pub(super) fn native_tag(host: &str, vendor: bool) -> String {
+    if vendor {
+        NATIVE_TAG.to_owned()
+    } else {
+        format!("{NATIVE_TAG}@{host}")
+    }
+}
+
+/// The vendor tag of OpenAI's compaction items.
+pub(super) const NATIVE_TAG: &str = "openai.responses";
 
 /// What a body is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -221,6 +242,9 @@ pub(super) enum Purpose {
     },
     /// A token count (`/responses/input_tokens`).
     Count,
+    /// A compaction (`/responses/compact`): the model, the instructions
+    /// and the input, nothing else.
+    Compact,
 }
 
 const NO_INPUT: &str = "no input to send: the conversation and the instructions are empty";
@@ -241,14 +265,17 @@ pub(super) fn encode(
         request,
         cache,
         || {
-            let tail = tail(request, shape, purpose)?;
             let head = Head {
                 model,
                 instructions: request.system(),
             };
-            Ok(FrameBytes::new(&head, Vec::new(), 0, &tail)?.named("input"))
+            let frame = match purpose {
+                Purpose::Compact => FrameBytes::new(&head, Vec::new(), 0, &Empty {})?,
+                _ => FrameBytes::new(&head, Vec::new(), 0, &tail(request, shape, purpose)?)?,
+            };
+            Ok(frame.named("input"))
         },
-        render,
+        |run| render(run, &shape.native),
         NO_INPUT,
     )
 }
@@ -261,31 +288,42 @@ pub(super) fn encode_plain(
     shape: &Shape,
     purpose: Purpose,
 ) -> Result<Vec<u8>, ModelError> {
-    let tail = tail(request, shape, purpose)?;
     let mut input = Vec::new();
     for message in request.messages() {
-        push_message(message, &mut input);
+        push_message(message, &shape.native, &mut input);
     }
     if input.is_empty() {
         return Err(ModelError::InvalidRequest(NO_INPUT.into()));
     }
-    let body = Request {
-        head: Head {
-            model,
-            instructions: request.system(),
-        },
-        input,
-        tail,
+    let head = Head {
+        model,
+        instructions: request.system(),
     };
-    serde_json::to_vec(&body)
-        .map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
+    let written = if purpose == Purpose::Compact {
+        serde_json::to_vec(&Request {
+            head,
+            input,
+            tail: Empty {},
+        })
+    } else {
+        serde_json::to_vec(&Request {
+            head,
+            input,
+            tail: tail(request, shape, purpose)?,
+        })
+    };
+    written.map_err(|e| ModelError::InvalidRequest(format!("cannot encode the request: {e}")))
 }
 
+/// No fields: what follows `input` in a compaction's body.
+#[derive(Serialize)]
+struct Empty {}
+
 /// A run of history messages as input items, all final: items never merge.
-fn render(run: &[Message]) -> Result<Rendered, ModelError> {
+fn render(run: &[Message], native: &str) -> Result<Rendered, ModelError> {
     let mut wire = Vec::new();
     for message in run {
-        push_message(message, &mut wire);
+        push_message(message, native, &mut wire);
     }
     let closed = body::write_each(&wire, |m, out| body::write_json(out, m))?;
     Ok(Rendered {
@@ -377,8 +415,9 @@ fn tail<'a>(
     })
 }
 
-/// Appends one stored message as input items.
-fn push_message<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
+/// Appends one stored message as input items; `native` is the vendor tag
+/// of the native summaries this client sends.
+fn push_message<'a>(message: &'a Message, native: &str, out: &mut Vec<InputItem<'a>>) {
     match message.role {
         Role::User => push_user(convert::content(message), out),
         Role::Ephemeral => {
@@ -411,7 +450,36 @@ fn push_message<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
                 });
             }
         }
-        Role::Command | Role::Instance | Role::Summary => {}
+        // A summary message of the history is never sent (the messages it
+        // stands for are); a context view's native summary is sent as its
+        // items, verbatim, when they are this client's vendor's.
+        Role::Summary => push_native(message, native, out),
+        Role::Command | Role::Instance => {}
+    }
+}
+
+/// The items of a context view's native summary ([`Item::Native`]) of
+/// vendor `native`, each as the server wrote it. Items of another vendor
+/// are never sent, and an item that is not one JSON object (a stored
+/// session changed by hand) is left out with a warning rather than sent
+/// broken: the server would refuse the whole request.
+fn push_native<'a>(message: &'a Message, native: &str, out: &mut Vec<InputItem<'a>>) {
+    for item in message.item_list() {
+        let Item::Native { vendor, items } = item else {
+            continue;
+        };
+        if vendor != native {
+            continue;
+        }
+        for text in items {
+            match serde_json::from_str::<&RawValue>(text) {
+                Ok(raw) if raw.get().starts_with('{') => out.push(InputItem::Native(raw)),
+                _ => tracing::warn!(
+                    bytes = text.len(),
+                    "a native compaction item that is not a JSON object is left out"
+                ),
+            }
+        }
     }
 }
 
@@ -834,6 +902,33 @@ pub(super) fn decode_count(body: &str) -> Result<u64, ModelError> {
         .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the token count: {e}")))
 }
 
+/// A compaction's answer: `{"object": "response.compaction", "output":
+/// [...], "usage": {...}}`; the output items are kept as the server wrote
+/// them.
+#[derive(Deserialize)]
+struct CompactAnswer<'a> {
+    #[serde(borrow)]
+    output: Vec<&'a RawValue>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+/// The items (each its JSON text, unchanged) and usage of a compaction's
+/// answer.
+pub(super) fn decode_compaction(body: &str) -> Result<(Vec<String>, Usage), ModelError> {
+    let answer: CompactAnswer<'_> = serde_json::from_str(body)
+        .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the compaction: {e}")))?;
+    let items = answer
+        .output
+        .iter()
+        .map(|raw| raw.get().to_owned())
+        .collect();
+    Ok((
+        items,
+        answer.usage.map(WireUsage::usage).unwrap_or_default(),
+    ))
+}
+
 pub(super) fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
     let response: WireResponse = serde_json::from_slice(body)
         .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the answer: {e}")))?;
@@ -854,6 +949,95 @@ mod tests {
         );
         // An Anthropic signature is base64 without a separator.
         assert_eq!(parse_signature("EqQBCkgIARABGAIiQL"), None);
+    }
+
+    fn shape(native: &str) -> Shape {
+        Shape {
+            strictness: SchemaStrictness::default(),
+            schema_with_tools: false,
+            store: false,
+            include_reasoning: false,
+            cache_key: super::super::PromptCacheKey::Off,
+            native: native.to_owned(),
+        }
+    }
+
+    #[test]
+    fn compaction_items_are_kept_and_sent_byte_for_byte_to_their_vendor_only() {
+        // Keys out of order, white space, a number written as the server
+        // wrote it: none of it is changed.
+        let answer = r#"{"id":"resp_1","object":"response.compaction","output":[ {"type":"message","role":"user","content":"hi"},{"encrypted_content":"gA==" , "type":"compaction","id":"cmp_1","n":1.50}],"usage":{"input_tokens":120,"input_tokens_details":{"cached_tokens":20},"output_tokens":30,"output_tokens_details":{"reasoning_tokens":8},"total_tokens":150}}"#;
+        let (items, usage) = decode_compaction(answer).unwrap();
+        assert_eq!(
+            items,
+            [
+                r#"{"type":"message","role":"user","content":"hi"}"#,
+                r#"{"encrypted_content":"gA==" , "type":"compaction","id":"cmp_1","n":1.50}"#
+            ]
+        );
+        assert_eq!(
+            (usage.input_tokens, usage.cache_read_input_tokens),
+            (100, 20)
+        );
+        assert_eq!((usage.output_tokens, usage.reasoning_tokens), (30, 8));
+
+        let native = markov_core::message::NativeItems::new(NATIVE_TAG, items.clone());
+        let history = vec![
+            Message::user("earlier"),
+            // The history's own summary message is never sent: the
+            // messages it stands for are.
+            Message::native_summary(native.clone(), 0, 1),
+        ];
+        let shown = Message {
+            role: Role::Summary,
+            items: markov_core::Items::List(vec![Item::Native {
+                vendor: NATIVE_TAG.into(),
+                items: items.clone(),
+            }]),
+            metadata: None,
+        };
+        let view = vec![shown, Message::user("next")];
+        let settings = markov_core::ModelSettings::default();
+        let encode = |messages: &[Message], tag: &str| {
+            let request = ModelRequest::new("", messages, &settings);
+            let body = encode_plain(&request, "m", &shape(tag), Purpose::Compact).unwrap();
+            String::from_utf8(body).unwrap()
+        };
+        assert_eq!(
+            encode(&history, NATIVE_TAG),
+            r#"{"model":"m","input":[{"type":"message","role":"user","content":"earlier"}]}"#
+        );
+        assert_eq!(
+            encode(&view, NATIVE_TAG),
+            format!(
+                r#"{{"model":"m","input":[{},{},{{"type":"message","role":"user","content":"next"}}]}}"#,
+                items[0], items[1]
+            )
+        );
+        // Another server's client never sends them.
+        assert_eq!(
+            encode(&view, "openai.responses@127.0.0.1:8000"),
+            r#"{"model":"m","input":[{"type":"message","role":"user","content":"next"}]}"#
+        );
+        // An item that is not a JSON object is left out, not sent broken.
+        let broken = vec![Message {
+            role: Role::Summary,
+            items: markov_core::Items::List(vec![Item::Native {
+                vendor: NATIVE_TAG.into(),
+                items: vec!["{\"type\":".into(), "[1]".into(), items[1].clone()],
+            }]),
+            metadata: None,
+        }];
+        assert_eq!(
+            encode(&broken, NATIVE_TAG),
+            format!(r#"{{"model":"m","input":[{}]}}"#, items[1])
+        );
+        // The tags.
+        assert_eq!(native_tag("api.openai.com", true), "openai.responses");
+        assert_eq!(
+            native_tag("127.0.0.1:8000", false),
+            "openai.responses@127.0.0.1:8000"
+        );
     }
 
     #[test]

@@ -14,6 +14,7 @@ mod hardening;
 mod limits;
 mod machine_anthropic;
 mod machine_openai;
+mod native_compaction;
 mod openai;
 mod responses;
 mod structured_output;

@@ -167,6 +167,9 @@ pub enum TokenCount {
 /// prompt estimated, its `max_tokens` counted in full, priced at the
 /// model its [`settings`](Self::settings) name), and what it used counts
 /// in the step's usage.
+///
+/// [`Summarize::native`] uses the vendor's own compaction instead of a
+/// summarizer's prompt, under the same rules.
 #[derive(Clone)]
 pub struct Summarize {
     model: Arc<dyn Model>,
@@ -174,6 +177,9 @@ pub struct Summarize {
     prompt: String,
     threshold_tokens: u64,
     keep_last_turns: usize,
+    native: bool,
+    /// Whether `prompt` was set (refused on a native one).
+    prompt_set: bool,
 }
 
 impl fmt::Debug for Summarize {
@@ -183,6 +189,7 @@ impl fmt::Debug for Summarize {
             .field("settings", &self.settings)
             .field("threshold_tokens", &self.threshold_tokens)
             .field("keep_last_turns", &self.keep_last_turns)
+            .field("native", &self.native)
             .finish_non_exhaustive()
     }
 }
@@ -202,13 +209,52 @@ impl Summarize {
             prompt: DEFAULT_SUMMARY_PROMPT.to_owned(),
             threshold_tokens,
             keep_last_turns: 2,
+            native: false,
+            prompt_set: false,
         }
+    }
+
+    /// Compacts with `model`'s own compaction
+    /// ([`Model::compact`](markov_core::Model::compact): OpenAI's
+    /// `/responses/compact`) once the view's messages are estimated at
+    /// more than `threshold_tokens`, keeping the last 2 turns as they are:
+    /// the turns before them go to the vendor as they are shown (the
+    /// leaf's instructions with them), and the opaque items it answers are
+    /// appended to the history as a summary message with no text, shown
+    /// in their place, verbatim, to a model that reads that vendor's items
+    /// ([`Model::native_summaries`](markov_core::Model::native_summaries)).
+    /// The threshold, [`Self::keep_last_turns`], the back-off after a
+    /// failure, the one compaction per crossing and the usage limits work
+    /// as for a summarizer.
+    ///
+    /// An agent whose model cannot read what `model` makes (another
+    /// vendor, a model with no compaction) fails when it is built. The
+    /// compaction is asked of the model named by [`Self::settings`], else
+    /// of the leaf's own; its `max_tokens` (default
+    /// [`DEFAULT_SUMMARY_MAX_TOKENS`]) is what the usage limits count for
+    /// its answer. A native summarizer has no prompt: setting one is an
+    /// error ([`ContextPolicyError::PromptWithNative`]).
+    pub fn native(model: Arc<dyn Model>, threshold_tokens: u64) -> Self {
+        Summarize {
+            native: true,
+            settings: ModelSettings {
+                max_tokens: DEFAULT_SUMMARY_MAX_TOKENS,
+                ..ModelSettings::default()
+            },
+            ..Summarize::new(model, threshold_tokens)
+        }
+    }
+
+    /// Whether this is the vendor's own compaction ([`Self::native`]).
+    pub fn is_native(&self) -> bool {
+        self.native
     }
 
     /// The summarizer's instructions (its system prompt).
     #[must_use]
     pub fn prompt(mut self, prompt: impl Into<String>) -> Self {
         self.prompt = prompt.into();
+        self.prompt_set = true;
         self
     }
 
@@ -361,6 +407,9 @@ impl ContextPolicyBuilder {
             if summarize.threshold_tokens == 0 {
                 return Err(ContextPolicyError::ZeroThreshold);
             }
+            if summarize.native && summarize.prompt_set {
+                return Err(ContextPolicyError::PromptWithNative);
+            }
             if summarize.prompt.trim().is_empty() {
                 return Err(ContextPolicyError::EmptyPrompt);
             }
@@ -411,11 +460,28 @@ pub enum ContextPolicyError {
         "token_count(TokenCount::Provider) needs summarize: exact counts only decide when to summarize"
     )]
     CountWithoutSummary,
+    /// A prompt on [`Summarize::native`]: the vendor's compaction takes
+    /// none.
+    #[error("Summarize::native takes no prompt: the vendor's compaction has none")]
+    PromptWithNative,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(Debug)]
+    struct NoModel;
+
+    #[markov_core::async_trait]
+    impl Model for NoModel {
+        async fn complete(
+            &self,
+            _r: markov_core::ModelRequest<'_>,
+        ) -> Result<markov_core::ModelResponse, markov_core::ModelError> {
+            Err(markov_core::ModelError::InvalidRequest("not called".into()))
+        }
+    }
 
     #[test]
     fn nonsense_is_refused_by_name() {
@@ -436,6 +502,22 @@ mod tests {
         assert_eq!(policy.keep_last_turns(), Some(3));
         assert_eq!(policy.trim_tool_results(), None);
         assert!(policy.summarize().is_none());
+        let native = Summarize::native(Arc::new(NoModel), 1_000);
+        assert!(native.is_native());
+        assert!(!Summarize::new(Arc::new(NoModel), 1_000).is_native());
+        assert!(
+            ContextPolicy::builder()
+                .summarize(native.clone())
+                .build()
+                .is_ok()
+        );
+        assert_eq!(
+            ContextPolicy::builder()
+                .summarize(native.prompt("Be brief."))
+                .build()
+                .unwrap_err(),
+            ContextPolicyError::PromptWithNative
+        );
         // Each policy is its own.
         let other = ContextPolicy::builder().keep_last_turns(3).build().unwrap();
         assert_ne!(policy, other);

@@ -3,7 +3,8 @@
 //! [`Reply::sse`](super::Reply::sse) or
 //! [`Reply::sse_split`](super::Reply::sse_split), in the shapes of OpenAI's
 //! public API documentation (`response.output_item.added`, the deltas,
-//! `response.output_item.done`, `response.completed`).
+//! `response.output_item.done`, `response.completed`), and the answers of
+//! `/responses/compact` ([`compaction`], [`compacted`]).
 //!
 //! ```
 //! use markov_testkit::http::{Reply, responses};
@@ -93,6 +94,55 @@ pub fn text(text: &str) -> Value {
 /// A complete answer with one function call.
 pub fn function_call(call_id: &str, name: &str, arguments: &Value) -> Value {
     response(call_id, vec![function_call_item(call_id, name, arguments)])
+}
+
+/// A `compaction` output item of `/responses/compact`: an id and
+/// encrypted content, opaque to the client.
+pub fn compaction_item(id: &str, encrypted: &str) -> Value {
+    json!({"type": "compaction", "id": format!("cmp_{id}"), "encrypted_content": encrypted})
+}
+
+/// The answer of `/responses/compact` (`"object": "response.compaction"`)
+/// whose `output` is `output`, with the usage every canned answer reports.
+pub fn compaction(output: Vec<Value>) -> Value {
+    json!({
+        "id": "resp_compact",
+        "object": "response.compaction",
+        "created_at": CREATED,
+        "output": output,
+        "usage": usage()
+    })
+}
+
+/// The answer a compaction of `body` (a recorded `/responses/compact`
+/// request's) gets, as OpenAI shapes it: the user messages of its `input`
+/// kept as they were sent, then one [`compaction_item`] whose id and
+/// encrypted content are made from the number of input items (so each
+/// compaction of a growing conversation is told apart). Deterministic: a
+/// test snapshots what the next request sends.
+///
+/// ```
+/// use markov_testkit::http::responses;
+/// use serde_json::json;
+///
+/// let body = json!({"model": "m", "input": [
+///     {"type": "message", "role": "user", "content": "hi"},
+///     {"type": "message", "role": "assistant", "content": "hello"},
+/// ]});
+/// let answer = responses::compacted(&body);
+/// assert_eq!(answer["output"][0], body["input"][0]);
+/// assert_eq!(answer["output"][1]["encrypted_content"], "enc:2-items");
+/// ```
+pub fn compacted(body: &Value) -> Value {
+    let input = body["input"].as_array().cloned().unwrap_or_default();
+    let mut output: Vec<Value> = input
+        .iter()
+        .filter(|item| item["type"] == "message" && item["role"] == "user")
+        .cloned()
+        .collect();
+    let n = input.len();
+    output.push(compaction_item(&n.to_string(), &format!("enc:{n}-items")));
+    compaction(output)
 }
 
 /// An error body, such as `{"error": {"message", "type", "code"}}`.
