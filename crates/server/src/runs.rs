@@ -269,7 +269,11 @@ impl Runs {
     pub(crate) fn claim(self: &Arc<Self>, id: &SessionId) -> Option<RunGuard> {
         let mut logs = self.logs();
         logs.sweep(Instant::now());
-        if logs.by_session.get(id).is_some_and(|log| !log.is_finished()) {
+        if logs
+            .by_session
+            .get(id)
+            .is_some_and(|log| !log.is_finished())
+        {
             return None;
         }
         let log = Arc::new(RunLog {
@@ -381,7 +385,10 @@ mod tests {
         let first_log = Arc::downgrade(first.log());
         first.log().push("step", "a long step event".into());
         drop(first);
-        assert!(runs.get(&busy).is_some(), "kept for a client that reconnects");
+        assert!(
+            runs.get(&busy).is_some(),
+            "kept for a client that reconnects"
+        );
         // The session's next run replaces its finished log at once: a busy
         // session does not hold a log per turn of the last minute.
         let second = runs.claim(&busy).expect("free once finished");
