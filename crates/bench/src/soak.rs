@@ -14,7 +14,7 @@ use markov_testkit::Recording;
 use markov_testkit::http::FakeServer;
 use serde_json::json;
 
-use crate::server::{answer, start_worker, vm_hwm_of};
+use crate::server::{WorkerOptions, WorkerStore, answer, start_worker, vm_hwm_of};
 
 /// One sample, after `round` rounds.
 #[derive(Debug, Clone, Copy)]
@@ -60,10 +60,11 @@ pub(crate) fn figure(sessions: usize, turns: usize) {
     runtime.block_on(async {
         let provider = FakeServer::start().await;
         provider.answer_with(answer).recording(Recording::Off);
-        let (mut worker, base) = start_worker(
-            &exe,
-            &[&provider.base_url(), &database.display().to_string()],
-        );
+        let options = WorkerOptions {
+            store: WorkerStore::Sqlite(database.display().to_string()),
+            ..WorkerOptions::memory()
+        };
+        let (mut worker, base) = start_worker(&exe, &provider.base_url(), &options);
         let pid = worker.id();
         let database = database.clone();
         let samples = tokio::task::spawn_blocking(move || {
