@@ -7,7 +7,7 @@
 //! Every turn is two steps: the fake provider answers the first model call
 //! of a turn with a call of the `record` tool naming the session and the
 //! turn, and the second with text. `record` is a side effect outside the
-//! server: one file per execution in a directory, made with `create_new`
+//! server: one file per execution in a directory, written under a scratch name and linked (atomically, refused if it exists)
 //! under the call's idempotency key (as an outside API that deduplicates
 //! by key would), written and synced before the tool returns. After the
 //! run the figure checks that every (session, turn) was executed exactly
@@ -56,7 +56,8 @@ pub(crate) struct RecordArgs {
 
 /// Records one execution per call: a file named by the call's idempotency
 /// key, holding the session and the turn, in a directory every worker
-/// shares.
+/// shares; a second execution under the same key changes nothing (and is
+/// counted in a `repeats-` file).
 #[derive(Debug)]
 pub(crate) struct Record {
     dir: PathBuf,
@@ -89,21 +90,29 @@ impl Tool for Record {
             .idempotency_key()
             .ok_or_else(|| std::io::Error::other("no idempotency key"))?;
         let path = self.dir.join(format!("effect-{}", file_name(key)));
-        match std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&path)
-        {
-            Ok(mut file) => {
-                writeln!(
-                    file,
-                    "{} {} {}",
-                    args.session,
-                    args.turn,
-                    std::process::id()
-                )?;
-                file.sync_all()?;
-            }
+        // Written whole under a name of its own, then linked under the
+        // key's name: the link is the effect, atomic, and refused if the
+        // key's effect exists (a crash between creating the file and
+        // writing it would otherwise leave an empty effect).
+        static WRITES: AtomicU64 = AtomicU64::new(0);
+        let scratch = self.dir.join(format!(
+            "scratch-{}-{}",
+            std::process::id(),
+            WRITES.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut file = std::fs::File::create(&scratch)?;
+        writeln!(
+            file,
+            "{} {} {}",
+            args.session,
+            args.turn,
+            std::process::id()
+        )?;
+        file.sync_all()?;
+        let linked = std::fs::hard_link(&scratch, &path);
+        std::fs::remove_file(&scratch)?;
+        match linked {
+            Ok(()) => {}
             // Executed already under this key (a crash after the effect,
             // before its result was recorded): an outside API that
             // deduplicates by key does nothing; counted apart.
@@ -507,6 +516,10 @@ fn check_effects(dir: &Path, ids: &[String], turns: usize) -> (Vec<String>, usiz
             deduplicated += text.lines().count();
             continue;
         }
+        // A scratch file a killed worker left before linking it: no effect.
+        if name.starts_with("scratch-") {
+            continue;
+        }
         let mut fields = text.split_whitespace();
         match (fields.next(), fields.next().and_then(|t| t.parse().ok())) {
             (Some(session), Some(turn)) => {
@@ -811,7 +824,9 @@ async fn settled(
             Ok(_) => {}
             Err(_) => *worker = (*worker + 1) % bases.len(),
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Each look reads the session's whole history: hundreds of clients
+        // asking often would load the survivors more than the runs do.
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!("session {id}: no worker finished its turn within {FAILOVER_BOUND:?}");
     None

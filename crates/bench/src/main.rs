@@ -24,7 +24,11 @@
 //!    on loopback when installed), and the time to load a session of
 //!    K = 1 000 back into a machine.
 //!
-//! 7. The HTTP service under load (see `server.rs`).
+//! 7. The HTTP service under load, its workers on SQLite and on one
+//!    PostgreSQL (see `server.rs`).
+//!
+//! 7b. Workers on one PostgreSQL, one of them killed half-way: no step lost
+//!     or repeated (see `failover.rs`).
 //!
 //! 8. A provider's request body at K = 10, 1 000 and 10 000 tool steps, for
 //!    both vendors: built from the client's cache of encoded messages,
