@@ -132,7 +132,7 @@ struct Plan {
 }
 
 /// Sessions of the multi-worker figure: enough to keep every worker busy,
-/// few enough that its three runs take a few minutes on two cores.
+/// few enough that its three runs take about a minute on two cores.
 const FAILOVER_SESSIONS: usize = 500;
 /// Turns per session of the multi-worker figure, one after another.
 const FAILOVER_TURNS: usize = 5;
