@@ -24,7 +24,11 @@
 //!    on loopback when installed), and the time to load a session of
 //!    K = 1 000 back into a machine.
 //!
-//! 7. The HTTP service under load (see `server.rs`).
+//! 7. The HTTP service under load, its workers on SQLite and on one
+//!    PostgreSQL (see `server.rs`).
+//!
+//! 7b. Workers on one PostgreSQL, one of them killed half-way: no step lost
+//!     or repeated (see `failover.rs`).
 //!
 //! 8. A provider's request body at K = 10, 1 000 and 10 000 tool steps, for
 //!    both vendors: built from the client's cache of encoded messages,
@@ -54,6 +58,7 @@
 
 mod body;
 mod counting;
+mod failover;
 mod mcp;
 mod provider_path;
 mod server;
@@ -113,6 +118,8 @@ struct Plan {
     serde_iterations: usize,
     store_appends: usize,
     server_sessions: &'static [usize],
+    /// Sessions and turns per session of the multi-worker figure.
+    failover: (usize, usize),
     /// Timed bodies per vendor and K in figure 8.
     body_reps: usize,
     /// Timed decodings per vendor and N in figure 9.
@@ -122,6 +129,35 @@ struct Plan {
     /// Turns at K = 10 in figure 12 (K = 1 000 runs a tenth as many, at
     /// least one).
     provider_turns: usize,
+}
+
+/// Sessions of the multi-worker figure: enough to keep every worker busy,
+/// few enough that its three runs take about a minute on two cores.
+const FAILOVER_SESSIONS: usize = 500;
+/// Turns per session of the multi-worker figure, one after another.
+const FAILOVER_TURNS: usize = 5;
+/// Worker processes of the multi-worker figure's runs.
+const FAILOVER_WORKERS: [usize; 3] = [1, 2, 4];
+
+/// The multi-worker figure (see `failover.rs`) for each of
+/// [`FAILOVER_WORKERS`].
+fn failover_figures(plan: Plan) -> Vec<failover::FailoverFigure> {
+    let (sessions, turns) = plan.failover;
+    FAILOVER_WORKERS
+        .iter()
+        .filter_map(|&workers| failover::figure(sessions, turns, workers))
+        .collect()
+}
+
+/// Fails the run when a multi-worker figure lost or repeated a step: a
+/// figure that did is no figure.
+fn exactly_once(figures: &[failover::FailoverFigure]) -> ExitCode {
+    if figures.iter().all(|f| f.problems.is_empty()) {
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("the multi-worker figure lost or repeated a step (see its `problem=` lines)");
+        ExitCode::FAILURE
+    }
 }
 
 /// The text fragments of figure 9's streams.
@@ -140,6 +176,7 @@ const FULL: Plan = Plan {
     serde_iterations: 200_000,
     store_appends: 1_000,
     server_sessions: &[1_000, 10_000],
+    failover: (FAILOVER_SESSIONS, FAILOVER_TURNS),
     body_reps: 50,
     stream_reps: 200,
     mcp_calls: 2_000,
@@ -153,6 +190,7 @@ const QUICK: Plan = Plan {
     serde_iterations: 20_000,
     store_appends: 100,
     server_sessions: &[200],
+    failover: (50, 3),
     body_reps: 10,
     stream_reps: 20,
     mcp_calls: 200,
@@ -165,15 +203,41 @@ fn main() -> ExitCode {
     match args.as_slice() {
         [] => run_all(FULL),
         ["--quick"] => run_all(QUICK),
-        ["server-processes", n, workers] => match (n.parse(), workers.parse()) {
-            (Ok(n), Ok(workers)) => {
-                server::multi_process(n, workers);
-                ExitCode::SUCCESS
+        ["server-processes", n, workers, rest @ ..] => {
+            let backend = match rest {
+                [] | ["sqlite"] => server::Backend::Sqlite,
+                ["postgres"] => server::Backend::Postgres,
+                _ => return usage(),
+            };
+            match (n.parse(), workers.parse()) {
+                (Ok(n), Ok(workers)) => {
+                    server::multi_process(n, workers, backend);
+                    ExitCode::SUCCESS
+                }
+                _ => usage(),
+            }
+        }
+        ["serve-worker", provider, options @ ..] => match server::WorkerOptions::parse(options) {
+            Some(options) => server::worker(provider, &options),
+            None => usage(),
+        },
+        ["failover"] => exactly_once(&failover_figures(FULL)),
+        ["failover", sessions, turns, workers] => {
+            match (sessions.parse(), turns.parse(), workers.parse()) {
+                (Ok(sessions), Ok(turns), Ok(workers)) => exactly_once(
+                    &failover::figure(sessions, turns, workers)
+                        .into_iter()
+                        .collect::<Vec<_>>(),
+                ),
+                _ => usage(),
+            }
+        }
+        ["failover-clients", sessions, turns, bases] => match (sessions.parse(), turns.parse()) {
+            (Ok(sessions), Ok(turns)) => {
+                failover::clients(sessions, turns, &bases.split(',').collect::<Vec<_>>())
             }
             _ => usage(),
         },
-        ["serve-worker", provider] => server::worker(provider, None),
-        ["serve-worker", provider, database] => server::worker(provider, Some(database)),
         ["soak"] => {
             soak::figure(1_000, 100, 1_000);
             ExitCode::SUCCESS
@@ -308,7 +372,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
     );
     ExitCode::from(2)
 }
@@ -391,8 +455,13 @@ fn run_all(plan: Plan) -> ExitCode {
     let servers: Vec<server::ProcessesFigure> = plan
         .server_sessions
         .iter()
-        .map(|&n| server::multi_process(n, 2))
+        .flat_map(|&n| {
+            [server::Backend::Sqlite, server::Backend::Postgres]
+                .into_iter()
+                .filter_map(move |backend| server::multi_process(n, 2, backend))
+        })
         .collect();
+    let failovers = failover_figures(plan);
     stores.extend(pg_stores);
     loads.extend(pg_loads);
 
@@ -600,12 +669,13 @@ fn run_all(plan: Plan) -> ExitCode {
     );
     let _ = writeln!(
         table,
-        "\n7. The HTTP service: N sessions at once, one message each, the model 100 ms away on loopback (Anthropic client, fake provider); 2 server processes (SQLite in memory), the clients and the provider in processes of their own"
+        "\n7. The HTTP service: N sessions at once, one message each, the model 100 ms away on loopback (Anthropic client, fake provider); 2 server processes (each its own SQLite in memory, or one shared PostgreSQL on loopback with fsync off), the clients and the provider in processes of their own"
     );
     for s in &servers {
         let _ = writeln!(
             table,
-            "   N = {:>5}: {} completed in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; peak RSS of the {} servers {:.1} MB (clients {:.1} MB); CPU per step: servers {:.0} µs, clients {:.0} µs, provider {:.0} µs",
+            "   {:<8} N = {:>5}: {} completed in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; peak RSS of the {} servers {:.1} MB (clients {:.1} MB); CPU per step: servers {:.0} µs, clients {:.0} µs, provider {:.0} µs, database {:.0} µs",
+            s.backend.name(),
             s.sessions,
             s.completed,
             s.wall_ms,
@@ -617,7 +687,40 @@ fn run_all(plan: Plan) -> ExitCode {
             s.clients_mb,
             s.cpu_per_step_us(s.workers_cpu),
             s.cpu_per_step_us(s.client_cpu),
-            s.cpu_per_step_us(s.provider_cpu)
+            s.cpu_per_step_us(s.provider_cpu),
+            s.cpu_per_step_us(s.database_cpu)
+        );
+    }
+    let _ = writeln!(
+        table,
+        "\n7b. Workers on one PostgreSQL: N sessions of T turns each (a tool call, then text: 2 steps), spread over W server processes; with W > 1 the first is killed (SIGKILL) half-way and the others continue its runs (lease {} s); every (session, turn) checked executed exactly once and every stored history exact",
+        failover::LEASE.as_secs()
+    );
+    for f in &failovers {
+        let _ = writeln!(
+            table,
+            "   W = {}: N = {} x {} turns, {} turns in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; {} streams lost, {} runs continued, {} messages resent, longest failover {:.0} ms; {:.1} KB per session; CPU per step {:.0} µs (servers {:.0}, clients {:.0}, provider {:.0}, database {:.0}); exactly once: {} ({} problems, {} repeats absorbed by the idempotency key)",
+            f.workers,
+            f.sessions,
+            f.turns,
+            f.completed_turns,
+            f.wall_ms,
+            f.steps_per_s(),
+            f.p50_ms,
+            f.p99_ms,
+            f.streams_lost,
+            f.runs_continued,
+            f.resent,
+            f.failover_max_ms,
+            f.memory_per_session_kb,
+            f.cpu_per_step_us(f.total_cpu()),
+            f.cpu_per_step_us(f.workers_cpu),
+            f.cpu_per_step_us(f.client_cpu),
+            f.cpu_per_step_us(f.provider_cpu),
+            f.cpu_per_step_us(f.database_cpu),
+            if f.problems.is_empty() { "yes" } else { "NO" },
+            f.problems.len(),
+            f.deduplicated,
         );
     }
     let _ = writeln!(
@@ -737,7 +840,7 @@ fn run_all(plan: Plan) -> ExitCode {
         );
     }
     println!("{table}");
-    ExitCode::SUCCESS
+    exactly_once(&failovers)
 }
 
 /// Figure 12: both ways of calling, at K = 10 and 1 000.

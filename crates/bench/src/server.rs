@@ -1,16 +1,20 @@
 //! Figure 7: the HTTP service under load. N sessions at once, each created
 //! over HTTP and sent one message whose answer comes from the Anthropic
 //! client talking to the loopback fake provider, which answers after
-//! 100 ms; the runs are stored in SQLite (in memory) and streamed back as
-//! server-sent events.
+//! 100 ms; the runs are stored in SQLite (in memory, one per worker) or in
+//! one PostgreSQL all workers share, and streamed back as server-sent
+//! events.
 
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use markov_executor::Agent;
 use markov_providers::Anthropic;
 use markov_server::{Limits, Server, create_api_key};
-use markov_store::{SqliteStore, WorkerId};
+use markov_store::testing::TempPostgres;
+use markov_store::{KeyStore, PostgresStore, SqliteStore, Store, WorkerId};
 use markov_testkit::Recording;
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic};
 use serde_json::json;
@@ -59,7 +63,7 @@ async fn load(n: usize) -> ServerFigure {
         .build()
         .expect("the agent builds");
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
-    let (server, key) = bench_server(agent, store, WorkerId::new("bench")).await;
+    let (server, key) = bench_server(agent, store, WorkerId::new("bench"), None, None).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");
@@ -150,10 +154,94 @@ pub(crate) fn server_figures(ns: &[usize]) -> Vec<ServerFigure> {
         .collect()
 }
 
+/// Where a worker process keeps its sessions.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum WorkerStore {
+    /// SQLite in memory: a worker of its own, sharing nothing.
+    Memory,
+    /// A SQLite file.
+    Sqlite(String),
+    /// A PostgreSQL database the workers share, and the API key made in it
+    /// once for all of them (its key store is shared too).
+    Postgres { url: String, key: String },
+}
+
+/// How a worker process serves (`serve-worker <provider> [options]`).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct WorkerOptions {
+    pub(crate) store: WorkerStore,
+    /// The server's lease on a session (the server's default unless set).
+    pub(crate) lease: Option<Duration>,
+    /// Gives the agent the `record` tool, which records its executions in
+    /// this directory (see `failover.rs`).
+    pub(crate) effects: Option<PathBuf>,
+}
+
+impl WorkerOptions {
+    /// SQLite in memory, the server's lease, no tool.
+    pub(crate) fn memory() -> Self {
+        WorkerOptions {
+            store: WorkerStore::Memory,
+            lease: None,
+            effects: None,
+        }
+    }
+
+    /// Reads `[sqlite <path> | postgres <url> <key>] [lease-ms <ms>]
+    /// [effects <dir>]`.
+    pub(crate) fn parse(mut args: &[&str]) -> Option<Self> {
+        let mut options = Self::memory();
+        while !args.is_empty() {
+            args = match args {
+                ["sqlite", path, rest @ ..] => {
+                    options.store = WorkerStore::Sqlite((*path).to_owned());
+                    rest
+                }
+                ["postgres", url, key, rest @ ..] => {
+                    options.store = WorkerStore::Postgres {
+                        url: (*url).to_owned(),
+                        key: (*key).to_owned(),
+                    };
+                    rest
+                }
+                ["lease-ms", ms, rest @ ..] => {
+                    options.lease = Some(Duration::from_millis(ms.parse().ok()?));
+                    rest
+                }
+                ["effects", dir, rest @ ..] => {
+                    options.effects = Some(PathBuf::from(dir));
+                    rest
+                }
+                _ => return None,
+            };
+        }
+        Some(options)
+    }
+
+    /// The arguments [`parse`](Self::parse) reads back.
+    pub(crate) fn args(&self) -> Vec<String> {
+        let mut args = Vec::new();
+        match &self.store {
+            WorkerStore::Memory => {}
+            WorkerStore::Sqlite(path) => args.extend(["sqlite".to_owned(), path.clone()]),
+            WorkerStore::Postgres { url, key } => {
+                args.extend(["postgres".to_owned(), url.clone(), key.clone()]);
+            }
+        }
+        if let Some(lease) = self.lease {
+            args.extend(["lease-ms".to_owned(), lease.as_millis().to_string()]);
+        }
+        if let Some(dir) = &self.effects {
+            args.extend(["effects".to_owned(), dir.display().to_string()]);
+        }
+        args
+    }
+}
+
 /// The server of one worker process: the demo-less agent of figure 7 over
 /// the provider at `provider_url`, on a free loopback port, which it prints
 /// (`port=N`) before it serves until it is killed.
-pub(crate) fn worker(provider_url: &str, database: Option<&str>) -> std::process::ExitCode {
+pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::process::ExitCode {
     answer_heap_requests();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -169,16 +257,26 @@ pub(crate) fn worker(provider_url: &str, database: Option<&str>) -> std::process
             .timeout(Duration::from_secs(300))
             .build()
             .expect("the client builds");
-        let agent = Agent::builder("load")
-            .instructions("Answer.")
-            .model(model)
-            .build()
-            .expect("the agent builds");
-        let store = Arc::new(match database {
-            Some(path) => SqliteStore::open(path).expect("a database file"),
-            None => SqliteStore::in_memory().expect("a database"),
-        });
-        let (server, key) = bench_server(agent, store, WorkerId::random()).await;
+        let mut agent = Agent::builder("load").instructions("Answer.").model(model);
+        if let Some(dir) = &options.effects {
+            agent = agent.tool(crate::failover::Record::new(dir.clone()));
+        }
+        let agent = agent.build().expect("the agent builds");
+        let worker = WorkerId::random();
+        let (server, key) = match &options.store {
+            WorkerStore::Memory => {
+                let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+                bench_server(agent, store, worker, None, options.lease).await
+            }
+            WorkerStore::Sqlite(path) => {
+                let store = Arc::new(SqliteStore::open(path).expect("a database file"));
+                bench_server(agent, store, worker, None, options.lease).await
+            }
+            WorkerStore::Postgres { url, key } => {
+                let store = Arc::new(PostgresStore::connect(url).await.expect("the database"));
+                bench_server(agent, store, worker, Some(key.clone()), options.lease).await
+            }
+        };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a port");
@@ -295,11 +393,16 @@ pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
 /// A server worker process (`serve-worker <args>`) and where to reach it:
 /// `http://127.0.0.1:<port>#<key>`, from the line it prints once it
 /// listens.
-pub(crate) fn start_worker(exe: &std::path::Path, args: &[&str]) -> (std::process::Child, String) {
+pub(crate) fn start_worker(
+    exe: &std::path::Path,
+    provider: &str,
+    options: &WorkerOptions,
+) -> (std::process::Child, String) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(exe)
         .arg("serve-worker")
-        .args(args)
+        .arg(provider)
+        .args(options.args())
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -323,17 +426,105 @@ pub(crate) fn vm_hwm_of(pid: u32) -> u64 {
 }
 
 /// CPU used by the processes `pids`, together.
-fn cpu_of(pids: &[u32]) -> Duration {
+pub(crate) fn cpu_of(pids: &[u32]) -> Duration {
     pids.iter()
         .filter_map(|pid| crate::process_cpu(&pid.to_string()))
         .sum()
 }
 
+/// Where figure 7's workers keep their sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// Each worker its own SQLite database in memory.
+    Sqlite,
+    /// One PostgreSQL (`TempPostgres`: loopback, `fsync=off`) for all.
+    Postgres,
+}
+
+impl Backend {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// A PostgreSQL server's processes: the postmaster (the first line of
+/// `postmaster.pid`) and its children, the backends of the connections.
+pub(crate) fn postgres_pids(server: &TempPostgres) -> Vec<u32> {
+    let Some(main) = std::fs::read_to_string(server.dir().join("data/postmaster.pid"))
+        .ok()
+        .and_then(|s| s.lines().next()?.trim().parse::<u32>().ok())
+    else {
+        return Vec::new();
+    };
+    let mut pids = vec![main];
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let parent = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let after = &stat[stat.rfind(')')? + 2..];
+                    after.split_whitespace().nth(1)?.parse::<u32>().ok()
+                });
+            if parent == Some(main) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// The CPU each of `pids` has used so far.
+pub(crate) fn cpu_by_pid(pids: &[u32]) -> HashMap<u32, Duration> {
+    pids.iter()
+        .filter_map(|&pid| Some((pid, crate::process_cpu(&pid.to_string())?)))
+        .collect()
+}
+
+/// The CPU `pids` used since `before` (a process new since counts whole).
+pub(crate) fn cpu_since(before: &HashMap<u32, Duration>, pids: &[u32]) -> Duration {
+    cpu_by_pid(pids)
+        .into_iter()
+        .map(|(pid, now)| now.saturating_sub(before.get(&pid).copied().unwrap_or_default()))
+        .sum()
+}
+
+/// A PostgreSQL for the workers: a server of its own, a fresh database in
+/// it, and the one API key every worker accepts. `None` (and a line that
+/// says why) when PostgreSQL cannot be started.
+pub(crate) async fn shared_postgres(figure: &str) -> Option<(TempPostgres, String, String)> {
+    let server = match TempPostgres::start() {
+        Ok(server) => server,
+        Err(error) => {
+            println!("bench={figure} backend=postgres skipped=\"{error}\"");
+            return None;
+        }
+    };
+    let url = server.new_database().expect("a database");
+    let store = PostgresStore::connect(&url).await.expect("the database");
+    let key = create_api_key(&store, "bench", &[])
+        .await
+        .expect("a key")
+        .key;
+    Some((server, url, key))
+}
+
 /// Figure 7 with every part in a process of its own: the fake provider
-/// here, `workers` server processes, one client process. One process
-/// cannot hold four sockets for each of 10 000 sessions under a 20 000
-/// descriptor limit; split this way, none needs more than two per session.
-pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
+/// here, `workers` server processes, one client process (and, on
+/// PostgreSQL, the database's processes). One process cannot hold four
+/// sockets for each of 10 000 sessions under a 20 000 descriptor limit;
+/// split this way, none needs more than two per session. `None` when the
+/// backend is PostgreSQL and it cannot be started.
+pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Option<ProcessesFigure> {
     use std::io::BufRead;
     use std::process::{Command, Stdio};
 
@@ -346,15 +537,27 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
     runtime.block_on(async move {
         let provider = FakeServer::start().await;
         provider.answer_with(answer).recording(Recording::Off);
+        let (postgres, options) = match backend {
+            Backend::Sqlite => (None, WorkerOptions::memory()),
+            Backend::Postgres => {
+                let (server, url, key) = shared_postgres("server_processes").await?;
+                let options = WorkerOptions {
+                    store: WorkerStore::Postgres { url, key },
+                    ..WorkerOptions::memory()
+                };
+                (Some(server), options)
+            }
+        };
         let mut children = Vec::new();
         let mut bases = Vec::new();
         for _ in 0..workers.max(1) {
-            let (child, base) = start_worker(&exe, &[&provider.base_url()]);
+            let (child, base) = start_worker(&exe, &provider.base_url(), &options);
             bases.push(base);
             children.push(child);
         }
         let worker_pids: Vec<u32> = children.iter().map(std::process::Child::id).collect();
-        let (result, workers_cpu, provider_cpu) = {
+        let database_pids = move || postgres.as_ref().map(postgres_pids).unwrap_or_default();
+        let (result, workers_cpu, provider_cpu, database_cpu) = {
             let exe = exe.clone();
             let bases = bases.join(",");
             let worker_pids = worker_pids.clone();
@@ -367,12 +570,16 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
                 let out = client.stdout.take().expect("the client's output");
                 // CPU is counted over the messages, from the client's
                 // `start` (its sessions are created) to its result.
-                let mut before = (Duration::ZERO, Duration::ZERO);
+                let mut before = (Duration::ZERO, Duration::ZERO, HashMap::new());
                 let mut result = String::new();
                 for line in std::io::BufReader::new(out).lines() {
                     let Ok(line) = line else { break };
                     if line == "start" {
-                        before = (cpu_of(&worker_pids), crate::process_cpu("self").unwrap_or_default());
+                        before = (
+                            cpu_of(&worker_pids),
+                            crate::process_cpu("self").unwrap_or_default(),
+                            cpu_by_pid(&database_pids()),
+                        );
                     } else if line.starts_with("result") {
                         result = line;
                     }
@@ -381,8 +588,9 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
                 let provider = crate::process_cpu("self")
                     .unwrap_or_default()
                     .saturating_sub(before.1);
+                let database = cpu_since(&before.2, &database_pids());
                 let _ = client.wait();
-                (result, workers, provider)
+                (result, workers, provider, database)
             })
             .await
             .expect("the clients finished")
@@ -399,6 +607,7 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
                 .unwrap_or(0.0)
         };
         let figure = ProcessesFigure {
+            backend,
             sessions: n,
             workers,
             completed: field("completed") as usize,
@@ -410,9 +619,11 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
             workers_cpu,
             client_cpu: Duration::from_millis(field("client_cpu_ms") as u64),
             provider_cpu,
+            database_cpu,
         };
         println!(
-            "bench=server_processes sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1} cpu_per_step_us_workers={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0}",
+            "bench=server_processes store={} sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1} cpu_per_step_us_workers={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0} cpu_per_step_us_database={:.0}",
+            backend.name(),
             figure.completed,
             figure.wall_ms,
             figure.steps_per_s(),
@@ -423,14 +634,16 @@ pub(crate) fn multi_process(n: usize, workers: usize) -> ProcessesFigure {
             figure.cpu_per_step_us(figure.workers_cpu),
             figure.cpu_per_step_us(figure.client_cpu),
             figure.cpu_per_step_us(figure.provider_cpu),
+            figure.cpu_per_step_us(figure.database_cpu),
         );
-        figure
+        Some(figure)
     })
 }
 
 /// Figure 7 with the parts in their own processes.
 #[derive(Debug)]
 pub(crate) struct ProcessesFigure {
+    pub(crate) backend: Backend,
     pub(crate) sessions: usize,
     pub(crate) workers: usize,
     pub(crate) completed: usize,
@@ -445,6 +658,8 @@ pub(crate) struct ProcessesFigure {
     pub(crate) workers_cpu: Duration,
     pub(crate) client_cpu: Duration,
     pub(crate) provider_cpu: Duration,
+    /// The PostgreSQL server's processes (zero on SQLite).
+    pub(crate) database_cpu: Duration,
 }
 
 impl ProcessesFigure {
@@ -462,22 +677,35 @@ impl ProcessesFigure {
     }
 }
 
-/// A server for load: one principal's key, and limits that let the load
-/// through (the figure measures the service, not its rate limit).
-async fn bench_server(agent: Agent, store: Arc<SqliteStore>, worker: WorkerId) -> (Server, String) {
-    let key = create_api_key(&*store, "bench", &[])
-        .await
-        .expect("a key")
-        .key;
+/// A server for load: one principal's key (`key`, made in the shared key
+/// store already, or a new one), limits that let the load through (the
+/// figure measures the service, not its rate limit), and `lease` if set.
+async fn bench_server<S: Store + KeyStore + 'static>(
+    agent: Agent,
+    store: Arc<S>,
+    worker: WorkerId,
+    key: Option<String>,
+    lease: Option<Duration>,
+) -> (Server, String) {
+    let key = match key {
+        Some(key) => key,
+        None => {
+            create_api_key(&*store, "bench", &[])
+                .await
+                .expect("a key")
+                .key
+        }
+    };
     let mut limits = Limits::default();
     limits.requests_per_minute = std::num::NonZeroU32::MAX;
     limits.max_connections = 1 << 20;
-    let server = Server::builder()
+    let mut server = Server::builder()
         .agent(agent)
         .store(store)
         .worker(worker)
-        .limits(limits)
-        .build()
-        .expect("the server builds");
-    (server, key)
+        .limits(limits);
+    if let Some(lease) = lease {
+        server = server.lease(lease);
+    }
+    (server.build().expect("the server builds"), key)
 }

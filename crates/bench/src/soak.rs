@@ -21,7 +21,7 @@ use markov_testkit::Recording;
 use markov_testkit::http::FakeServer;
 use serde_json::json;
 
-use crate::server::{answer, start_worker, vm_hwm_of};
+use crate::server::{WorkerOptions, WorkerStore, answer, start_worker, vm_hwm_of};
 
 /// One sample, after `round` rounds.
 #[derive(Debug, Clone, Copy)]
@@ -94,10 +94,11 @@ pub(crate) fn figure(sessions: usize, turns: usize, in_flight: usize) {
     runtime.block_on(async {
         let provider = FakeServer::start().await;
         provider.answer_with(answer).recording(Recording::Off);
-        let (mut worker, base) = start_worker(
-            &exe,
-            &[&provider.base_url(), &database.display().to_string()],
-        );
+        let options = WorkerOptions {
+            store: WorkerStore::Sqlite(database.display().to_string()),
+            ..WorkerOptions::memory()
+        };
+        let (mut worker, base) = start_worker(&exe, &provider.base_url(), &options);
         let pid = worker.id();
         let mut stdin = worker.stdin.take().expect("the worker's stdin");
         let _ = writeln!(stdin, "heap-open").and_then(|()| stdin.flush());

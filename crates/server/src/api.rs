@@ -264,7 +264,9 @@ async fn create(
         id.clone(),
         service.worker.clone(),
         agent.machine(),
-        CreateOptions::default().owner(principal.id().clone()),
+        CreateOptions::default()
+            .owner(principal.id().clone())
+            .lease(service.lease),
     )
     .await?;
     session.release().await?;
@@ -354,7 +356,9 @@ fn pending(
 #[utoipa::path(get, path = "/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "The session")),
     responses((status = 200, description = "History (assistant text also as sanitized `html`), state, \
-        pending approvals, whether it runs and, if it does, where its events take up from the history \
+        pending approvals, whether a run is recorded in progress in the store (`interrupted`: running \
+        on this or another worker, or left by one that stopped or died, to be continued), whether it runs \
+        here and, if it does, where its events take up from the history \
         (`live_run`: the first `history_len` messages, then the events after `last_event_id`; \
         `message` is the user's text that started the turn, which its first step records)"),
               (status = 404, description = "No such session of the caller's")))]
@@ -383,6 +387,7 @@ pub(crate) async fn show(
         "awaiting_approval": stored.snapshot.policy.answers.iter().any(|a| a.paused),
         "usage": stored.snapshot.usage,
         "running": live.is_some(),
+        "interrupted": stored.info.running,
         "live_run": live_run,
     })))
 }
@@ -415,9 +420,10 @@ async fn open(
     id: &SessionId,
     agent: &Agent,
 ) -> Result<DurableMachine<dyn Store>, ApiError> {
+    let options = OpenOptions::default().lease(service.lease);
     let options = match &service.sessions {
-        Some(cache) => OpenOptions::default().cache(cache.clone()),
-        None => OpenOptions::default(),
+        Some(cache) => options.cache(cache.clone()),
+        None => options,
     };
     let session = DurableMachine::open_with(
         Arc::clone(&service.store),
@@ -878,7 +884,7 @@ pub(crate) async fn continue_interrupted_forever(service: Arc<Service>) {
         // And the logs of runs that ended a while ago, on an idle server.
         service.runs.sweep();
         tokio::select! {
-            () = tokio::time::sleep(markov_store::DEFAULT_LEASE / 2) => {}
+            () = tokio::time::sleep(service.lease / 2) => {}
             () = service.shutdown.cancelled() => return,
         }
     }
@@ -891,7 +897,7 @@ async fn continue_one(service: &Arc<Service>) -> Option<SessionId> {
     }
     let lease = match service
         .store
-        .claim_interrupted(&service.worker, markov_store::DEFAULT_LEASE)
+        .claim_interrupted(&service.worker, service.lease)
         .await
     {
         Ok(lease) => lease?,
@@ -907,6 +913,7 @@ async fn continue_one(service: &Arc<Service>) -> Option<SessionId> {
         let guard = claim(service, &id)?;
         let session = open(service, &id, agent).await?;
         spawn_run(service, guard, session, None, Work::Continue);
+        service.metrics.runs_continued.inc();
         Ok::<_, ApiError>(())
     }
     .await;

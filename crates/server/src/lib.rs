@@ -29,7 +29,7 @@
 //! | `GET /agents` | the agents served, with the model each answers with if named ([`ServerBuilder::model_description`]) |
 //! | `POST /sessions`, `POST /agents/{agent}/sessions` | creates a session (of the first agent, or of `agent`): `201 {"id": ...}` |
 //! | `GET /sessions`, `GET /agents/{agent}/sessions` | the caller's sessions |
-//! | `GET /sessions/{id}` | a session's history, pending approvals, whether it waits for them or runs, and where a running turn's events take up from the history |
+//! | `GET /sessions/{id}` | a session's history, pending approvals, whether it waits for them, whether a run is in progress on any worker (`interrupted`) or runs here, and where a running turn's events take up from the history |
 //! | `POST /sessions/{id}/messages` `{"text": ...}` | runs a turn, streamed as server-sent events |
 //! | `GET /sessions/{id}/events` | the running turn's events again (after `Last-Event-ID`), then live |
 //! | `POST /sessions/{id}/cancel` | stops the running turn |
@@ -94,7 +94,10 @@
 //! accepting, lets each running turn finish the step it is in and store
 //! it, and returns; the turns stay recorded as in progress, and a server
 //! started on the same store continues them (on Postgres, any worker's,
-//! once their lease has expired).
+//! once their lease has expired). A worker that dies mid-turn leaves its
+//! runs the same way: another worker continues them once their leases
+//! expire ([`ServerBuilder::lease`]), and a client polls
+//! `GET /sessions/{id}` there until `interrupted` is false.
 //!
 //! Bad input gets a JSON error, never a panic: malformed JSON `400`, no
 //! credential `401`, a foreign host or a missing role `403`, an unknown or
@@ -199,6 +202,14 @@ pub enum BuildError {
     /// A model is named for an agent the server does not serve.
     #[error("a model is named for agent {0:?}, which is not served (ServerBuilder::agent)")]
     UnknownAgent(String),
+    /// The lease is shorter than [`ServerBuilder::MIN_LEASE`] or longer
+    /// than [`ServerBuilder::MAX_LEASE`].
+    #[error(
+        "a lease of {0:?} is outside {min:?}..={max:?} (ServerBuilder::lease)",
+        min = ServerBuilder::MIN_LEASE,
+        max = ServerBuilder::MAX_LEASE
+    )]
+    Lease(Duration),
 }
 
 /// Builds a [`Server`]: the agents, the store, who may call, the limits.
@@ -216,9 +227,19 @@ pub struct ServerBuilder {
     cookie_key: Option<Vec<u8>>,
     limits: Limits,
     models: HashMap<String, String>,
+    lease: Option<Duration>,
 }
 
 impl ServerBuilder {
+    /// The shortest lease [`lease`](Self::lease) accepts: a lease is
+    /// renewed every third of its length while a step runs, and each
+    /// renewal is a store round trip that must fit in it.
+    pub const MIN_LEASE: Duration = Duration::from_secs(1);
+
+    /// The longest lease [`lease`](Self::lease) accepts: a worker that dies
+    /// holds its sessions this long.
+    pub const MAX_LEASE: Duration = Duration::from_secs(24 * 3600);
+
     /// Serves `agent`, at `/agents/{its name}/sessions`; the first agent is
     /// also the one `POST /sessions` creates sessions of.
     pub fn agent(mut self, agent: Agent) -> Self {
@@ -293,6 +314,21 @@ impl ServerBuilder {
         self
     }
 
+    /// How long this server's lease on a session lasts unless renewed
+    /// (`markov_store::DEFAULT_LEASE`, 60 s, unless set; between
+    /// [`MIN_LEASE`](Self::MIN_LEASE) and [`MAX_LEASE`](Self::MAX_LEASE),
+    /// or [`build`](Self::build) refuses it). A run renews its lease while
+    /// it works; a worker that dies mid-turn holds its sessions until their
+    /// leases expire, and then another worker on the same store continues
+    /// their runs. Servers look for such runs every half lease, so a
+    /// shorter lease resumes a dead worker's sessions sooner, at the price
+    /// of a renewal every third of it while a step runs. Every worker on a
+    /// store should use the same lease.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
     /// Sets the limits.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
@@ -355,6 +391,10 @@ impl ServerBuilder {
             )
             .into_bytes(),
         };
+        let lease = self.lease.unwrap_or(markov_store::DEFAULT_LEASE);
+        if !(Self::MIN_LEASE..=Self::MAX_LEASE).contains(&lease) {
+            return Err(BuildError::Lease(lease));
+        }
         let limits = self.limits;
         let limiter = RateLimiter::keyed(Quota::per_minute(limits.requests_per_minute));
         Ok(Server {
@@ -364,6 +404,7 @@ impl ServerBuilder {
                 store,
                 keys,
                 worker: self.worker.unwrap_or_else(WorkerId::random),
+                lease,
                 verifiers: Verifiers {
                     jwt: self.jwt,
                     cookie: CookieSigner::new(&cookie_key, limits.sign_in),
@@ -391,6 +432,8 @@ struct Service {
     store: Arc<dyn Store>,
     keys: Arc<dyn KeyStore>,
     worker: WorkerId,
+    /// The length of this server's leases on sessions.
+    lease: Duration,
     verifiers: Verifiers,
     approval_roles: HashMap<String, String>,
     /// The machines of idle sessions, kept between messages.

@@ -52,6 +52,7 @@ pub(crate) struct Metrics {
     pub(crate) rate_limited: Counter,
     pub(crate) unauthenticated: Counter,
     pub(crate) sessions_opened: Family<SourceLabel, Counter>,
+    pub(crate) runs_continued: Counter,
 }
 
 fn seconds_buckets() -> impl Iterator<Item = f64> {
@@ -109,6 +110,13 @@ impl Metrics {
              (memory: kept since the last message; store: read back)",
             sessions_opened.clone(),
         );
+        let runs_continued = Counter::default();
+        registry.register(
+            "runs_continued",
+            "Runs left in progress (by a server that stopped or a worker that died) \
+             that this server claimed and continued",
+            runs_continued.clone(),
+        );
         Metrics {
             registry,
             requests,
@@ -121,6 +129,7 @@ impl Metrics {
             rate_limited,
             unauthenticated,
             sessions_opened,
+            runs_continued,
         }
     }
 

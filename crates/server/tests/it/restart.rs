@@ -1,7 +1,10 @@
 //! A server killed (SIGKILL) while a turn's tools ran, and started again on
 //! the same database: the next message first finishes the interrupted turn
 //! — replaying the model's recorded answer, running no completed call again
-//! — and only then answers the new message, in order.
+//! — and only then answers the new message, in order. And one of two
+//! workers on one PostgreSQL killed the same way: the other continues the
+//! turn on its own once the dead worker's lease expires, with the same
+//! guarantees, and its client goes on there.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -15,7 +18,8 @@ use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
 use markov_server::{Server, create_api_key};
-use markov_store::{SqliteStore, WorkerId};
+use markov_store::testing::TempPostgres;
+use markov_store::{PostgresStore, SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -105,6 +109,56 @@ async fn serve(dir: &Path, agent: Agent) -> String {
     let base = format!("http://{}", listener.local_addr().expect("an address"));
     tokio::spawn(server.serve_until(listener, std::future::pending()));
     base
+}
+
+/// The lease of the PostgreSQL workers: the shortest a server accepts, so
+/// that the survivor takes the dead worker's session back soon.
+const SHORT_LEASE: Duration = markov_server::ServerBuilder::MIN_LEASE;
+
+/// Serves `agent` on a loopback port as `worker` over the PostgreSQL
+/// database at `url`, with leases of [`SHORT_LEASE`].
+async fn serve_postgres(url: &str, worker: &str, agent: Agent) -> String {
+    let store = Arc::new(PostgresStore::connect(url).await.expect("the database"));
+    let server = Server::builder()
+        .agent(agent)
+        .store(store)
+        .worker(WorkerId::new(worker))
+        .lease(SHORT_LEASE)
+        .build()
+        .expect("the server builds");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let base = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(server.serve_until(listener, std::future::pending()));
+    base
+}
+
+/// The PostgreSQL worker the test kills: not a test on its own (ignored).
+#[test]
+#[ignore = "run as a child process by the shared-PostgreSQL test"]
+fn postgres_worker_child() {
+    let (Some(dir), Ok(url)) = (
+        std::env::var_os("MARKOV_SERVER_DIR"),
+        std::env::var("MARKOV_SERVER_DATABASE"),
+    ) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let model = ScriptedModel::builder()
+            .tool_calls([("pay", json!({"amount": 5})), ("hang", json!({}))])
+            .build()
+            .fresh_call_ids();
+        let base = serve_postgres(&url, "doomed", agent(&dir, model)).await;
+        std::fs::write(dir.join("base"), &base).expect("the address is written");
+        std::future::pending::<()>().await;
+    });
 }
 
 /// The server process the test kills: not a test on its own (ignored).
@@ -243,7 +297,23 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
         .json()
         .await
         .expect("json");
-    let texts: Vec<(String, String)> = session["history"]
+    assert_eq!(
+        texts(&session),
+        owned(&[
+            ("user", "pay 5"),
+            ("assistant", "Paid 5."),
+            ("user", "thanks"),
+            ("assistant", "You said: thanks"),
+        ]),
+        "the interrupted turn first, then the new message"
+    );
+    assert_calls_once_and_payment_from_the_ledger(&session);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The texts of a session's history (`GET /sessions/{id}`), with their roles.
+fn texts(session: &Value) -> Vec<(String, String)> {
+    session["history"]
         .as_array()
         .expect("a history")
         .iter()
@@ -259,21 +329,12 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
             };
             (!text.is_empty()).then(|| (m["role"].as_str().unwrap_or("").to_owned(), text))
         })
-        .collect();
-    let expected = [
-        ("user", "pay 5"),
-        ("assistant", "Paid 5."),
-        ("user", "thanks"),
-        ("assistant", "You said: thanks"),
-    ];
-    let expected: Vec<(String, String)> = expected
-        .iter()
-        .map(|(r, t)| ((*r).to_owned(), (*t).to_owned()))
-        .collect();
-    assert_eq!(
-        texts, expected,
-        "the interrupted turn first, then the new message"
-    );
+        .collect()
+}
+
+/// The interrupted turn's answer is in the history once, with one result
+/// per call, the payment's read from the ledger rather than paid again.
+fn assert_calls_once_and_payment_from_the_ledger(session: &Value) {
     let items: Vec<&Value> = session["history"]
         .as_array()
         .expect("a history")
@@ -304,6 +365,173 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
         ],
         "the payment answered from the ledger"
     );
+}
+
+fn owned(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    pairs
+        .iter()
+        .map(|(r, t)| ((*r).to_owned(), (*t).to_owned()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_turn_on_postgres_has_its_turn_finished_once_by_another() {
+    if !TempPostgres::is_installed() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "PostgreSQL is not installed, and CI must run the Postgres tests (.ci/run installs it)"
+        );
+        eprintln!("skipped: PostgreSQL not installed");
+        return;
+    }
+    let postgres = TempPostgres::start().expect("PostgreSQL starts");
+    let url = postgres.new_database().expect("a database");
+    let dir = std::env::temp_dir().join(format!(
+        "markov-server-worker-killed-{}-{}",
+        std::process::id(),
+        uuid_like()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    // One key for every worker: the key store is the shared database.
+    let key = {
+        let store = PostgresStore::connect(&url).await.expect("the database");
+        create_api_key(&store, "alice", &[])
+            .await
+            .expect("a key")
+            .key
+    };
+    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "restart::postgres_worker_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("MARKOV_SERVER_DIR", &dir)
+        .env("MARKOV_SERVER_DATABASE", &url)
+        .spawn()
+        .expect("the worker starts");
+    // The survivor serves beside it from the start: nobody starts it again
+    // after the crash, it finds the dead worker's run by itself. Its model
+    // is asked for the interrupted turn's reply, then for the next message.
+    let survivor_model = ScriptedModel::builder()
+        .text("Paid 5.")
+        .text("You said: thanks")
+        .build()
+        .fresh_call_ids();
+    let survivor = serve_postgres(&url, "survivor", agent(&dir, survivor_model)).await;
+    wait_for(&dir.join("base"), &mut child).await;
+    let doomed = std::fs::read_to_string(dir.join("base")).expect("the address");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let created: Value = client
+        .post(format!("{doomed}/sessions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    let id = created["id"].as_str().expect("an id").to_owned();
+    let pending = tokio::spawn({
+        let (client, key) = (client.clone(), key.clone());
+        let url = format!("{doomed}/sessions/{id}/messages");
+        async move {
+            client
+                .post(url)
+                .bearer_auth(&key)
+                .json(&json!({"text": "pay 5"}))
+                .send()
+                .await?
+                .text()
+                .await
+        }
+    });
+    wait_for(&dir.join("marker"), &mut child).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let lost = pending.await.expect("the client's task");
+    assert!(
+        !lost.as_deref().unwrap_or("").contains("event: done"),
+        "the killed worker never finished the turn: {lost:?}"
+    );
+    assert_eq!(lines(&dir.join("effects")), 1, "paid once before the crash");
+
+    // The client goes on with the survivor: it waits until no run of the
+    // session is in progress anywhere, then sends its next message there.
+    let show = || async {
+        let response = client
+            .get(format!("{survivor}/sessions/{id}"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), 200);
+        response.json::<Value>().await.expect("json")
+    };
+    let mut waited = Duration::ZERO;
+    let session = loop {
+        let session = show().await;
+        if session["interrupted"] == json!(false) {
+            break session;
+        }
+        assert!(
+            waited < Duration::from_secs(120),
+            "the survivor never finished the dead worker's turn: {session}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    };
+    assert_eq!(
+        texts(&session),
+        owned(&[("user", "pay 5"), ("assistant", "Paid 5.")]),
+        "the survivor finished the turn by itself"
+    );
+    assert_calls_once_and_payment_from_the_ledger(&session);
+    assert_eq!(
+        lines(&dir.join("effects")),
+        1,
+        "the payment was not repeated"
+    );
+    let metrics = client
+        .get(format!("{survivor}/metrics"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the metrics");
+    assert!(
+        metrics.contains("markov_runs_continued_total 1\n"),
+        "the survivor counts the run it continued: {metrics}"
+    );
+
+    let stream = client
+        .post(format!("{survivor}/sessions/{id}/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"text": "thanks"}))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the stream");
+    assert!(stream.contains("event: done"), "{stream}");
+    let session = show().await;
+    assert_eq!(
+        texts(&session),
+        owned(&[
+            ("user", "pay 5"),
+            ("assistant", "Paid 5."),
+            ("user", "thanks"),
+            ("assistant", "You said: thanks"),
+        ])
+    );
+    assert_calls_once_and_payment_from_the_ledger(&session);
+    assert_eq!(lines(&dir.join("effects")), 1, "paid once in all");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -16,7 +16,7 @@ use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopRea
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Agent, CANCELLED_TOOL_CALL};
 use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
-use markov_server::{BuildError, JwtConfig, Limits, Server};
+use markov_server::{BuildError, JwtConfig, Limits, Server, ServerBuilder};
 use markov_store::testing::TempPostgres;
 use markov_store::{PostgresStore, SessionId, SqliteStore, Store, WorkerId};
 use markov_testkit::ScriptedModel;
@@ -1201,6 +1201,42 @@ async fn one_server_serves_several_agents_each_with_its_own_sessions() {
         .store(Arc::new(SqliteStore::in_memory().expect("a database")))
         .build();
     assert!(matches!(unserved, Err(BuildError::UnknownAgent(name)) if name == "billing"));
+}
+
+#[test]
+fn a_lease_outside_its_bounds_is_refused_and_one_inside_them_builds() {
+    let with_lease = |lease: Duration| {
+        Server::builder()
+            .agent(
+                Agent::builder("a")
+                    .instructions("Answer.")
+                    .model(ScriptedModel::builder().build())
+                    .build()
+                    .expect("an agent"),
+            )
+            .store(Arc::new(SqliteStore::in_memory().expect("a database")))
+            .lease(lease)
+            .build()
+    };
+    for refused in [
+        Duration::ZERO,
+        ServerBuilder::MIN_LEASE - Duration::from_millis(1),
+        ServerBuilder::MAX_LEASE + Duration::from_millis(1),
+        Duration::MAX,
+    ] {
+        let built = with_lease(refused);
+        assert!(
+            matches!(built, Err(BuildError::Lease(lease)) if lease == refused),
+            "{refused:?}: {built:?}"
+        );
+    }
+    for accepted in [
+        ServerBuilder::MIN_LEASE,
+        Duration::from_secs(5),
+        ServerBuilder::MAX_LEASE,
+    ] {
+        assert!(with_lease(accepted).is_ok(), "{accepted:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

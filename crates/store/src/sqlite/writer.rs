@@ -200,17 +200,17 @@ fn run(mut conn: Connection, mut queue: mpsc::Receiver<Job>, commits: &AtomicU64
                         Err(_) => break,
                     }
                 }
-                if commit(&conn, batch) {
-                    commits.fetch_add(1, Ordering::Relaxed);
-                }
+                commit(&conn, batch, commits);
             }
         }
     }
 }
 
 /// Runs `batch` in one transaction, each write in its savepoint, and
-/// answers every caller once the commit is decided; whether it committed.
-fn commit(conn: &Connection, batch: Vec<WriteJob>) -> bool {
+/// answers every caller once the commit is decided, counting a commit in
+/// `commits` before the callers hear of it (so a caller that reads the
+/// count after its answer sees its commit).
+fn commit(conn: &Connection, batch: Vec<WriteJob>, commits: &AtomicU64) {
     let sql = |statement: &str| -> Result<(), String> {
         conn.prepare_cached(statement)
             .and_then(|mut s| s.execute([]))
@@ -221,7 +221,7 @@ fn commit(conn: &Connection, batch: Vec<WriteJob>) -> bool {
         for write in batch {
             (write(Err(&why)).reply)(Some(&why));
         }
-        return false;
+        return;
     }
     let mut replies = Vec::with_capacity(batch.len());
     let mut jobs = batch.into_iter();
@@ -272,11 +272,12 @@ fn commit(conn: &Connection, batch: Vec<WriteJob>) -> bool {
             }
         },
     };
-    let committed = failed.is_none();
+    if failed.is_none() {
+        commits.fetch_add(1, Ordering::Relaxed);
+    }
     for reply in replies {
         reply(failed.as_deref());
     }
-    committed
 }
 
 #[cfg(test)]
