@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 use crate::Stats;
 use crate::server::{
     MODEL_LATENCY, WorkerOptions, WorkerStore, cpu_by_pid, cpu_of, cpu_since, postgres_pids,
-    shared_postgres, start_worker, vm_hwm_of,
+    result_field, shared_postgres, start_worker, vm_hwm_of,
 };
 
 /// The workers' lease: short, so that a dead worker's sessions are
@@ -415,12 +415,7 @@ async fn run(
     }
     drop(survivors);
 
-    let field = |name: &str| -> f64 {
-        result
-            .split_whitespace()
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-            .unwrap_or(0.0)
-    };
+    let field = |name: &str| result_field(&result, name);
     let ids: Vec<String> = result
         .split_whitespace()
         .find_map(|kv| kv.strip_prefix("sessions="))

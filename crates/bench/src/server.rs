@@ -390,6 +390,14 @@ pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
     std::process::ExitCode::SUCCESS
 }
 
+/// The number `name=<number>` in a client process's `result ...` line; 0
+/// when it is missing.
+pub(crate) fn result_field(line: &str, name: &str) -> f64 {
+    line.split_whitespace()
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// A server worker process (`serve-worker <args>`) and where to reach it:
 /// `http://127.0.0.1:<port>#<key>`, from the line it prints once it
 /// listens.
@@ -601,11 +609,7 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
             let _ = child.wait();
         }
         let line = if result.is_empty() { "result failed" } else { result.as_str() };
-        let field = |name: &str| -> f64 {
-            line.split_whitespace()
-                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse().ok())
-                .unwrap_or(0.0)
-        };
+        let field = |name: &str| result_field(line, name);
         let figure = ProcessesFigure {
             backend,
             sessions: n,
