@@ -424,37 +424,53 @@ async fn write_reply(socket: &mut TcpStream, reply: Reply, keep: bool) -> io::Re
     for (name, value) in &reply.headers {
         head.push_str(&format!("{name}: {value}\r\n"));
     }
+    // A reply is written in as few writes as it has pieces: with Nagle off,
+    // each write is a segment of its own and a wake-up of the client, which
+    // a real provider's answer (a TLS record or two) does not cost.
     match reply.body {
         Body::Full(body) => {
             head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
+            head.push_str(&body);
             socket.write_all(head.as_bytes()).await?;
-            socket.write_all(body.as_bytes()).await?;
         }
         Body::Chunks(chunks, stall) => {
             if keep {
                 head.push_str("transfer-encoding: chunked\r\n");
             }
             head.push_str("\r\n");
-            socket.write_all(head.as_bytes()).await?;
-            for chunk in chunks.iter().filter(|c| !c.is_empty()) {
+            let mut out = head.into_bytes();
+            let chunks: Vec<Vec<u8>> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
+            let last = chunks.len().checked_sub(1);
+            for (i, chunk) in chunks.iter().enumerate() {
                 if keep {
                     // An empty chunk would end the body: skipped above.
-                    socket
-                        .write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
-                        .await?;
-                    socket.write_all(chunk).await?;
-                    socket.write_all(b"\r\n").await?;
+                    out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+                    out.extend_from_slice(chunk);
+                    out.extend_from_slice(b"\r\n");
                 } else {
-                    socket.write_all(chunk).await?;
+                    out.extend_from_slice(chunk);
                 }
+                if Some(i) == last && stall.is_none() {
+                    // The body's end goes with its last piece.
+                    break;
+                }
+                socket.write_all(&out).await?;
                 socket.flush().await?;
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                out.clear();
+                // Pieces arrive a moment apart; the last one waits only
+                // for a stall that was asked for.
+                if Some(i) != last {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
             }
             if let Some(stall) = stall {
                 tokio::time::sleep(stall).await;
             }
             if keep {
-                socket.write_all(b"0\r\n\r\n").await?;
+                out.extend_from_slice(b"0\r\n\r\n");
+            }
+            if !out.is_empty() {
+                socket.write_all(&out).await?;
             }
         }
         Body::Hang(duration) => {
