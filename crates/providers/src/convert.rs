@@ -91,7 +91,7 @@ pub(crate) fn check_forced_call(
     offered_tools: bool,
     choice: &markov_core::ToolChoice,
     response: &markov_core::ModelResponse,
-    endpoint: &str,
+    endpoint: impl FnOnce() -> String,
 ) -> Result<(), markov_core::ModelError> {
     use markov_core::StopReason;
     let ignored = offered_tools
@@ -106,6 +106,8 @@ pub(crate) fn check_forced_call(
                 | StopReason::PauseTurn
         );
     if ignored {
+        // Named only here: redacting the URL costs a parse on every call.
+        let endpoint = endpoint();
         return Err(markov_core::ModelError::InvalidResponse(format!(
             "the server at {endpoint} answered a call that requires a tool call without calling one: it ignores the tools it is offered. \
              A local server needs a chat template that supports tools: start llama.cpp's llama-server with --jinja \
@@ -136,7 +138,7 @@ pub(crate) fn checked_stream<'a>(
     >,
     offered_tools: bool,
     choice: &'a markov_core::ToolChoice,
-    endpoint: String,
+    endpoint: impl Fn() -> String + Send + 'a,
 ) -> futures::stream::BoxStream<'a, Result<markov_core::StreamEvent, markov_core::ModelError>> {
     use futures::StreamExt;
     if !offered_tools || !choice.forces_tool_use() {

@@ -857,7 +857,7 @@ impl Model for Anthropic {
                 !request.tools().is_empty() || plan.tool().is_some(),
                 plan.tool_choice(&request),
                 &answer,
-                &self.endpoint(),
+                || self.endpoint(),
             )?;
             let response = plan.finish(answer);
             log_done(&response);
@@ -884,7 +884,7 @@ impl Model for Anthropic {
         };
         let structured = plan.schema_field().is_some();
         let body_len = body.len();
-        let endpoint = self.endpoint();
+        let endpoint = move || self.endpoint();
         let connect_span = span.clone();
         let connect = async move {
             self.transport

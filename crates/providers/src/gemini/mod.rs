@@ -529,7 +529,7 @@ impl Model for Gemini {
                 !request.tools().is_empty() || plan.tool().is_some(),
                 plan.tool_choice(&request),
                 &answer,
-                &transport::redact_url(url.as_str()),
+                || transport::redact_url(url.as_str()),
             )?;
             let response = plan.finish(answer);
             log_done(&response);
@@ -553,7 +553,8 @@ impl Model for Gemini {
         };
         let url = self.url(model, true);
         let body_len = body.len();
-        let endpoint = transport::redact_url(url.as_str());
+        let endpoint_url = url.clone();
+        let endpoint = move || transport::redact_url(endpoint_url.as_str());
         let connect_span = span.clone();
         let connect = async move {
             self.transport

@@ -566,7 +566,7 @@ impl Model for OpenAi {
                 !request.tools().is_empty() || plan.tool().is_some(),
                 plan.tool_choice(&request),
                 &answer,
-                &self.endpoint(),
+                || self.endpoint(),
             )?;
             let response = plan.finish(answer);
             log_done(&response);
@@ -594,7 +594,7 @@ impl Model for OpenAi {
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
         let body_len = body.len();
-        let endpoint = self.endpoint();
+        let endpoint = move || self.endpoint();
         let connect_span = span.clone();
         let connect = async move {
             self.transport
