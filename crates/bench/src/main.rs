@@ -820,23 +820,44 @@ fn run_all(plan: Plan) -> ExitCode {
     }
     let _ = writeln!(
         table,
-        "\n12. A step through the Anthropic client against a keep-alive loopback fake provider in a process of its own, answering at once; per step: wall, and this process's CPU (the client and the loop)"
+        "\n12. A step through the Anthropic client against a keep-alive loopback fake provider in a process of its own, answering at once; per step: wall, and this process's CPU (the client and the loop: its own code + the kernel's work for it), beside the floor: the same bytes exchanged bare over one connection"
     );
     let _ = writeln!(
         table,
-        "   {:>9} {:>6} {:>6} {:>12} {:>16} {:>12}",
-        "call", "K", "steps", "wall µs", "client CPU µs", "connections"
+        "   {:>9} {:>6} {:>6} {:>9} {:>22} {:>7} {:>6} {:>11} {:>22}",
+        "call",
+        "K",
+        "steps",
+        "wall µs",
+        "CPU µs (own + kernel)",
+        "allocs",
+        "conns",
+        "floor wall",
+        "floor CPU (own + kern)"
     );
     for p in &provider_paths {
         let _ = writeln!(
             table,
-            "   {:>9} {:>6} {:>6} {:>12.1} {:>16.1} {:>12}",
+            "   {:>9} {:>6} {:>6} {:>9.1} {:>22} {:>7.0} {:>6} {:>11.1} {:>22}",
             p.call.as_str(),
             p.k,
             p.steps,
             p.wall_per_step_us,
-            p.cpu_per_step_us,
-            p.connections
+            format!(
+                "{:.1} ({:.1} + {:.1})",
+                p.cpu.total_us(),
+                p.cpu.user_us,
+                p.cpu.kernel_us
+            ),
+            p.allocations_per_step,
+            p.connections,
+            p.floor.wall_per_step_us,
+            format!(
+                "{:.1} ({:.1} + {:.1})",
+                p.floor.cpu.total_us(),
+                p.floor.cpu.user_us,
+                p.floor.cpu.kernel_us
+            ),
         );
     }
     println!("{table}");
@@ -1195,6 +1216,31 @@ fn throughput(plan: Plan) -> Throughput {
 /// `/proc/<pid>/stat` (`pid` a number or `self`), in clock ticks of 1/100 s
 /// (`USER_HZ`, fixed at 100 by the kernel's ABI on the platforms we run on).
 pub(crate) fn process_cpu(pid: &str) -> Option<Duration> {
+    process_cpu_split(pid).map(|cpu| cpu.user + cpu.kernel)
+}
+
+/// A process's CPU time, split into its own code and the kernel's work for it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct CpuSplit {
+    /// Time in the process's own code (`utime`).
+    pub(crate) user: Duration,
+    /// Time in the kernel on its behalf (`stime`): system calls, and on
+    /// loopback the receiving side's TCP work, which runs in the sender.
+    pub(crate) kernel: Duration,
+}
+
+impl CpuSplit {
+    /// What was spent between `before` and `self`.
+    pub(crate) fn since(self, before: CpuSplit) -> CpuSplit {
+        CpuSplit {
+            user: self.user.saturating_sub(before.user),
+            kernel: self.kernel.saturating_sub(before.kernel),
+        }
+    }
+}
+
+/// [`process_cpu`], split into user and kernel time.
+pub(crate) fn process_cpu_split(pid: &str) -> Option<CpuSplit> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces; the fields after it are plain.
     let after_name = &stat[stat.rfind(')')? + 2..];
@@ -1203,7 +1249,10 @@ pub(crate) fn process_cpu(pid: &str) -> Option<Duration> {
     // 12 (0-based) after the state field that follows the name.
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 10))
+    Some(CpuSplit {
+        user: Duration::from_millis(utime * 10),
+        kernel: Duration::from_millis(stime * 10),
+    })
 }
 
 /// A `kB` line of `/proc/<pid>/status` (`pid` a number or `self`), e.g.

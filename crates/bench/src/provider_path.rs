@@ -20,6 +20,8 @@ use markov_bench::{Scenario, USER_MESSAGE, run_turn, tool_call};
 use markov_executor::{Agent, StandardExecutor};
 use markov_providers::Anthropic;
 use markov_testkit::Recording;
+
+use crate::CpuSplit;
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic};
 use serde_json::json;
 
@@ -46,9 +48,47 @@ pub(crate) struct ProviderPathFigure {
     pub(crate) k: usize,
     pub(crate) steps: usize,
     pub(crate) wall_per_step_us: f64,
-    pub(crate) cpu_per_step_us: f64,
+    /// This process's CPU per step, user and kernel.
+    pub(crate) cpu: CpuPerStep,
+    /// Allocations per step in this process (counted in a pass of its own,
+    /// so counting costs the timed pass nothing).
+    pub(crate) allocations_per_step: f64,
     /// Connections the client opened to the fake, as the fake counted them.
     pub(crate) connections: usize,
+    /// The floor under the step: the same requests' bytes written to the
+    /// same fake and its answers read, with nothing built or decoded.
+    pub(crate) floor: Floor,
+}
+
+/// CPU per step, in µs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CpuPerStep {
+    /// In the process's own code.
+    pub(crate) user_us: f64,
+    /// In the kernel on its behalf.
+    pub(crate) kernel_us: f64,
+}
+
+impl CpuPerStep {
+    fn of(cpu: CpuSplit, steps: usize) -> CpuPerStep {
+        let per_step = |d: Duration| d.as_secs_f64() * 1e6 / steps.max(1) as f64;
+        CpuPerStep {
+            user_us: per_step(cpu.user),
+            kernel_us: per_step(cpu.kernel),
+        }
+    }
+
+    /// User and kernel together.
+    pub(crate) fn total_us(&self) -> f64 {
+        self.user_us + self.kernel_us
+    }
+}
+
+/// What the bare exchange of a step's bytes costs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Floor {
+    pub(crate) wall_per_step_us: f64,
+    pub(crate) cpu: CpuPerStep,
 }
 
 /// The fake's answer to a request of a turn of `k` tool steps: the next
@@ -138,66 +178,185 @@ fn stop_fake(mut child: Child) -> usize {
 }
 
 /// Figure 12 for one way of calling and one K: `turns` turns of `k` tool
-/// steps, each on a fresh machine, after one turn of warm-up.
+/// steps, each on a fresh machine, after one turn of warm-up; then the
+/// same turns' bytes exchanged bare (the floor), and a shorter pass that
+/// counts allocations.
 pub(crate) fn figure(call: Call, k: usize, turns: usize) -> ProviderPathFigure {
     let (child, url) = start_fake(k);
     let runtime = io_runtime();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = Anthropic::builder()
-        .api_key("sk-ant-bench")
-        .base_url(&url)
-        .max_retries(0)
-        .timeout(Duration::from_secs(120))
-        .build()
-        .expect("the client builds");
-    let executor = match call {
-        Call::Plain => StandardExecutor::new(client),
-        Call::Streamed => StandardExecutor::new(client).with_streaming(|_| {}),
+    let agent = |url: &str| {
+        let client = Anthropic::builder()
+            .api_key("sk-ant-bench")
+            .base_url(url)
+            .max_retries(0)
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("the client builds");
+        let executor = match call {
+            Call::Plain => StandardExecutor::new(client),
+            Call::Streamed => StandardExecutor::new(client).with_streaming(|_| {}),
+        };
+        Agent::on_charter(Scenario::new().charter().clone())
+            .executor(executor)
+            .build()
+            .expect("the benchmark agent builds")
     };
-    let agent = Agent::on_charter(Scenario::new().charter().clone())
-        .executor(executor)
-        .build()
-        .expect("the benchmark agent builds");
     let turn = |agent: &Agent| {
         let mut machine = agent.machine();
         machine.enqueue_user(USER_MESSAGE);
         runtime.block_on(run_turn(&mut machine, k))
     };
-    turn(&agent);
-    let cpu_before = crate::process_cpu("self");
+    let measured = agent(&url);
+    turn(&measured);
+    let cpu_before = crate::process_cpu_split("self").unwrap_or_default();
     let start = Instant::now();
-    let steps: usize = (0..turns).map(|_| turn(&agent)).sum();
+    let steps: usize = (0..turns).map(|_| turn(&measured)).sum();
     let wall = start.elapsed();
-    let cpu = crate::process_cpu("self")
-        .zip(cpu_before)
-        .map_or(Duration::ZERO, |(after, before)| {
-            after.saturating_sub(before)
-        });
-    drop(agent);
-    let connections = stop_fake(child);
-    let per_step = |d: Duration| d.as_secs_f64() * 1e6 / steps.max(1) as f64;
+    let cpu = crate::process_cpu_split("self")
+        .unwrap_or_default()
+        .since(cpu_before);
+
+    let window = crate::counting::Window::open();
+    let counted_turns = (turns / 10).max(1);
+    let counted_steps: usize = (0..counted_turns).map(|_| turn(&measured)).sum();
+    let allocations = window.close().allocations;
+    drop(measured);
+
+    // The floor: one turn's requests as the client wrote them (recorded by
+    // a fake in this process), sent again byte for byte to the same fake.
+    let requests = runtime.block_on(async {
+        let recorder = FakeServer::start().await;
+        recorder.answer_with(move |request| answer(request, k));
+        let mut machine = agent(&recorder.base_url()).machine();
+        machine.enqueue_user(USER_MESSAGE);
+        run_turn(&mut machine, k).await;
+        recorder.requests()
+    });
+    let raw: Vec<Vec<u8>> = requests.iter().map(raw_request).collect();
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let floor_before = crate::process_cpu_split("self").unwrap_or_default();
+    let floor_start = Instant::now();
+    let floor_steps = runtime
+        .block_on(exchange_bare(&addr, &raw, turns))
+        .expect("the bare exchange with the fake");
+    let floor_wall = floor_start.elapsed();
+    let floor_cpu = crate::process_cpu_split("self")
+        .unwrap_or_default()
+        .since(floor_before);
+
+    // The bare exchange opened one connection of its own.
+    let connections = stop_fake(child).saturating_sub(1);
+    let per_step = |d: Duration, steps: usize| d.as_secs_f64() * 1e6 / steps.max(1) as f64;
     let figure = ProviderPathFigure {
         call,
         k,
         steps,
-        wall_per_step_us: per_step(wall),
-        cpu_per_step_us: per_step(cpu),
+        wall_per_step_us: per_step(wall, steps),
+        cpu: CpuPerStep::of(cpu, steps),
+        allocations_per_step: allocations as f64 / counted_steps.max(1) as f64,
         connections,
+        floor: Floor {
+            wall_per_step_us: per_step(floor_wall, floor_steps),
+            cpu: CpuPerStep::of(floor_cpu, floor_steps),
+        },
     };
     println!(
-        "bench=provider_path call={} k={} steps={} wall_per_step_us={:.1} client_cpu_per_step_us={:.1} connections={}",
+        "bench=provider_path call={} k={} steps={} wall_per_step_us={:.1} client_cpu_per_step_us={:.1} client_user_us={:.1} client_kernel_us={:.1} allocations_per_step={:.0} connections={} floor_wall_per_step_us={:.1} floor_cpu_per_step_us={:.1} floor_user_us={:.1} floor_kernel_us={:.1}",
         figure.call.as_str(),
         figure.k,
         figure.steps,
         figure.wall_per_step_us,
-        figure.cpu_per_step_us,
-        figure.connections
+        figure.cpu.total_us(),
+        figure.cpu.user_us,
+        figure.cpu.kernel_us,
+        figure.allocations_per_step,
+        figure.connections,
+        figure.floor.wall_per_step_us,
+        figure.floor.cpu.total_us(),
+        figure.floor.cpu.user_us,
+        figure.floor.cpu.kernel_us,
     );
     figure
 }
 
+/// A recorded request as bytes on the wire: its line, the headers a
+/// minimal client sends, and its body (the recorded JSON written again,
+/// as long as the client's: neither adds whitespace).
+fn raw_request(request: &Recorded) -> Vec<u8> {
+    let body = serde_json::to_vec(&request.body).expect("JSON writes");
+    let mut raw = format!(
+        "{} {} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        request.method,
+        request.path,
+        body.len()
+    )
+    .into_bytes();
+    raw.extend_from_slice(&body);
+    raw
+}
+
+/// Writes each request to one kept-alive connection to `addr` and reads
+/// its whole answer, `turns` times over, with nothing built or decoded:
+/// what any HTTP/1.1 client pays per step on this machine. Answers the
+/// number of exchanges.
+async fn exchange_bare(addr: &str, requests: &[Vec<u8>], turns: usize) -> std::io::Result<usize> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut socket = tokio::net::TcpStream::connect(addr).await?;
+    socket.set_nodelay(true)?;
+    let mut buffer = Vec::with_capacity(64 * 1024);
+    for _ in 0..turns {
+        for request in requests {
+            socket.write_all(request).await?;
+            buffer.clear();
+            while !answer_complete(&buffer) {
+                if socket.read_buf(&mut buffer).await? == 0 {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "the fake closed the connection mid-answer",
+                    ));
+                }
+            }
+        }
+    }
+    Ok(turns * requests.len())
+}
+
+/// Whether `bytes` hold a whole answer of the fake: a head, then a body of
+/// its `content-length` or a chunked body through its last chunk.
+fn answer_complete(bytes: &[u8]) -> bool {
+    let Some(head_end) = bytes.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&bytes[..head_end]).to_ascii_lowercase();
+    let body = &bytes[head_end + 4..];
+    match head
+        .lines()
+        .find_map(|line| line.strip_prefix("content-length:"))
+        .and_then(|n| n.trim().parse::<usize>().ok())
+    {
+        Some(length) => body.len() >= length,
+        None => body.ends_with(b"0\r\n\r\n"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::answer_complete;
+
+    #[test]
+    fn an_answer_is_complete_by_its_length_or_its_last_chunk() {
+        let head = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n";
+        assert!(!answer_complete(b"HTTP/1.1 200 OK\r\ncontent-len"));
+        assert!(!answer_complete(format!("{head}abcd").as_bytes()));
+        assert!(answer_complete(format!("{head}abcde").as_bytes()));
+        let chunked = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n";
+        assert!(!answer_complete(chunked.as_bytes()));
+        assert!(answer_complete(format!("{chunked}0\r\n\r\n").as_bytes()));
+    }
 
     #[test]
     fn process_cpu_is_read_and_grows_with_work() {
