@@ -43,12 +43,41 @@ fn tidy() {
     check_sources(&root, &mut violations);
     check_manifests(&root, &mut violations);
     check_readme_examples(&root, &mut violations);
+    check_code_map(&root, &mut violations);
     assert!(
         violations.is_empty(),
         "tidy found {} problem(s):\n  {}\n",
         violations.len(),
         violations.join("\n  ")
     );
+}
+
+// ---------------------------------------------------------------------------
+// docs/ARCHITECTURE.md's code map.
+
+/// Every crate under `crates/` has a section of its own in the code map,
+/// so a new crate cannot land undescribed.
+fn check_code_map(root: &Path, violations: &mut Vec<String>) {
+    let architecture = match fs::read_to_string(root.join("docs").join("ARCHITECTURE.md")) {
+        Ok(text) => text,
+        Err(err) => {
+            violations.push(format!("docs/ARCHITECTURE.md: cannot read: {err}"));
+            return;
+        }
+    };
+    for dir in crate_dirs(root, violations) {
+        let shown = relative(root, &dir);
+        violations.extend(missing_code_map_section(&architecture, &shown));
+    }
+}
+
+/// The violation when `architecture` has no `### \`<dir>\`` heading.
+fn missing_code_map_section(architecture: &str, dir: &str) -> Option<String> {
+    let heading = format!("### `{dir}`");
+    let present = architecture.lines().any(|line| line.trim_end() == heading);
+    (!present).then(|| {
+        format!("docs/ARCHITECTURE.md: no code map section for {dir} (a line `{heading}`)")
+    })
 }
 
 // ---------------------------------------------------------------------------
@@ -652,6 +681,14 @@ fn readme_examples_must_match_their_files() {
     assert_eq!(check_example_block("hello", &found[0].1, file), None);
     let changed = "//! Says hello.\nfn main() { println!(); }\n";
     assert!(check_example_block("hello", &found[0].1, changed).is_some());
+}
+
+#[test]
+fn every_crate_needs_a_code_map_section() {
+    let doc = "## Code Map\n\n### `crates/core`\n\nThe traits.\n";
+    assert_eq!(missing_code_map_section(doc, "crates/core"), None);
+    let missing = missing_code_map_section(doc, "crates/otel").expect("flagged");
+    assert!(missing.contains("crates/otel"), "{missing}");
 }
 
 #[test]
