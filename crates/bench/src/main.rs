@@ -843,21 +843,11 @@ fn run_all(plan: Plan) -> ExitCode {
             p.k,
             p.steps,
             p.wall_per_step_us,
-            format!(
-                "{:.1} ({:.1} + {:.1})",
-                p.cpu.total_us(),
-                p.cpu.user_us,
-                p.cpu.kernel_us
-            ),
+            p.cpu,
             p.allocations_per_step,
             p.connections,
             p.floor.wall_per_step_us,
-            format!(
-                "{:.1} ({:.1} + {:.1})",
-                p.floor.cpu.total_us(),
-                p.floor.cpu.user_us,
-                p.floor.cpu.kernel_us
-            ),
+            p.floor.cpu,
         );
     }
     println!("{table}");

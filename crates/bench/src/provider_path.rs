@@ -20,10 +20,10 @@ use markov_bench::{Scenario, USER_MESSAGE, run_turn, tool_call};
 use markov_executor::{Agent, StandardExecutor};
 use markov_providers::Anthropic;
 use markov_testkit::Recording;
-
-use crate::CpuSplit;
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic};
 use serde_json::json;
+
+use crate::CpuSplit;
 
 /// How the client asks: a plain call, or a streamed one (as the server does).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,18 +69,40 @@ pub(crate) struct CpuPerStep {
     pub(crate) kernel_us: f64,
 }
 
+/// `time` spread over `steps`, in µs.
+fn per_step_us(time: Duration, steps: usize) -> f64 {
+    time.as_secs_f64() * 1e6 / steps.max(1) as f64
+}
+
+/// This process's CPU so far (zero where `/proc` cannot be read).
+fn cpu_now() -> CpuSplit {
+    crate::process_cpu_split("self").unwrap_or_default()
+}
+
 impl CpuPerStep {
     fn of(cpu: CpuSplit, steps: usize) -> CpuPerStep {
-        let per_step = |d: Duration| d.as_secs_f64() * 1e6 / steps.max(1) as f64;
         CpuPerStep {
-            user_us: per_step(cpu.user),
-            kernel_us: per_step(cpu.kernel),
+            user_us: per_step_us(cpu.user, steps),
+            kernel_us: per_step_us(cpu.kernel, steps),
         }
     }
 
     /// User and kernel together.
     pub(crate) fn total_us(&self) -> f64 {
         self.user_us + self.kernel_us
+    }
+}
+
+/// `total (own + kernel)`, as figure 12's table shows it.
+impl std::fmt::Display for CpuPerStep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let text = format!(
+            "{:.1} ({:.1} + {:.1})",
+            self.total_us(),
+            self.user_us,
+            self.kernel_us
+        );
+        f.pad(&text)
     }
 }
 
@@ -209,13 +231,11 @@ pub(crate) fn figure(call: Call, k: usize, turns: usize) -> ProviderPathFigure {
     };
     let measured = agent(&url);
     turn(&measured);
-    let cpu_before = crate::process_cpu_split("self").unwrap_or_default();
+    let cpu_before = cpu_now();
     let start = Instant::now();
     let steps: usize = (0..turns).map(|_| turn(&measured)).sum();
     let wall = start.elapsed();
-    let cpu = crate::process_cpu_split("self")
-        .unwrap_or_default()
-        .since(cpu_before);
+    let cpu = cpu_now().since(cpu_before);
 
     let window = crate::counting::Window::open();
     let counted_turns = (turns / 10).max(1);
@@ -238,29 +258,26 @@ pub(crate) fn figure(call: Call, k: usize, turns: usize) -> ProviderPathFigure {
         .trim_start_matches("http://")
         .trim_end_matches('/')
         .to_owned();
-    let floor_before = crate::process_cpu_split("self").unwrap_or_default();
+    let floor_before = cpu_now();
     let floor_start = Instant::now();
     let floor_steps = runtime
         .block_on(exchange_bare(&addr, &raw, turns))
         .expect("the bare exchange with the fake");
     let floor_wall = floor_start.elapsed();
-    let floor_cpu = crate::process_cpu_split("self")
-        .unwrap_or_default()
-        .since(floor_before);
+    let floor_cpu = cpu_now().since(floor_before);
 
     // The bare exchange opened one connection of its own.
     let connections = stop_fake(child).saturating_sub(1);
-    let per_step = |d: Duration, steps: usize| d.as_secs_f64() * 1e6 / steps.max(1) as f64;
     let figure = ProviderPathFigure {
         call,
         k,
         steps,
-        wall_per_step_us: per_step(wall, steps),
+        wall_per_step_us: per_step_us(wall, steps),
         cpu: CpuPerStep::of(cpu, steps),
         allocations_per_step: allocations as f64 / counted_steps.max(1) as f64,
         connections,
         floor: Floor {
-            wall_per_step_us: per_step(floor_wall, floor_steps),
+            wall_per_step_us: per_step_us(floor_wall, floor_steps),
             cpu: CpuPerStep::of(floor_cpu, floor_steps),
         },
     };
@@ -345,7 +362,16 @@ fn answer_complete(bytes: &[u8]) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::answer_complete;
+    use super::{CpuPerStep, answer_complete};
+
+    #[test]
+    fn cpu_per_step_shows_its_total_then_its_parts_in_a_padded_cell() {
+        let cpu = CpuPerStep {
+            user_us: 74.04,
+            kernel_us: 39.1,
+        };
+        assert_eq!(format!("{cpu:>22}"), "   113.1 (74.0 + 39.1)");
+    }
 
     #[test]
     fn an_answer_is_complete_by_its_length_or_its_last_chunk() {

@@ -439,39 +439,41 @@ async fn write_reply(socket: &mut TcpStream, reply: Reply, keep: bool) -> io::Re
             }
             head.push_str("\r\n");
             let mut out = head.into_bytes();
-            let chunks: Vec<Vec<u8>> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
-            let last = chunks.len().checked_sub(1);
-            for (i, chunk) in chunks.iter().enumerate() {
+            // An empty chunk would end the body: skipped.
+            let pieces: Vec<&[u8]> = chunks
+                .iter()
+                .map(Vec::as_slice)
+                .filter(|c| !c.is_empty())
+                .collect();
+            let mut pieces = pieces.into_iter().peekable();
+            while let Some(piece) = pieces.next() {
                 if keep {
-                    // An empty chunk would end the body: skipped above.
-                    out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
-                    out.extend_from_slice(chunk);
+                    out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                    out.extend_from_slice(piece);
                     out.extend_from_slice(b"\r\n");
                 } else {
-                    out.extend_from_slice(chunk);
+                    out.extend_from_slice(piece);
                 }
-                if Some(i) == last && stall.is_none() {
-                    // The body's end goes with its last piece.
+                if pieces.peek().is_none() {
+                    // The last piece goes out with the body's end.
                     break;
                 }
                 socket.write_all(&out).await?;
                 socket.flush().await?;
                 out.clear();
-                // Pieces arrive a moment apart; the last one waits only
-                // for a stall that was asked for.
-                if Some(i) != last {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                }
+                // Pieces arrive a moment apart.
+                tokio::time::sleep(Duration::from_millis(2)).await;
             }
             if let Some(stall) = stall {
+                socket.write_all(&out).await?;
+                socket.flush().await?;
+                out.clear();
                 tokio::time::sleep(stall).await;
             }
             if keep {
                 out.extend_from_slice(b"0\r\n\r\n");
             }
-            if !out.is_empty() {
-                socket.write_all(&out).await?;
-            }
+            socket.write_all(&out).await?;
         }
         Body::Hang(duration) => {
             tokio::time::sleep(duration).await;
