@@ -64,9 +64,7 @@ async fn load(n: usize) -> ServerFigure {
         .expect("the agent builds");
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
     let (server, key) = bench_server(agent, store, WorkerId::new("bench"), None, None).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
+    let listener = markov_server::bind("127.0.0.1:0").await.expect("a port");
     let base = format!("http://{}", listener.local_addr().expect("an address"));
     tokio::spawn(server.serve(listener));
 
@@ -277,9 +275,7 @@ pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::proces
                 bench_server(agent, store, worker, Some(key.clone()), options.lease).await
             }
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
+        let listener = markov_server::bind("127.0.0.1:0").await.expect("a port");
         // One line: where to send requests, and with which key.
         println!(
             "port={} key={key}",

@@ -42,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = Arc::new(SqliteStore::open("support-sessions.db")?);
     let key = create_api_key(&*store, "support", &[]).await?;
     let server = Server::builder().agent(agent).store(store).build()?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+    let listener = markov::server::bind("127.0.0.1:8080").await?;
     println!("serving on http://127.0.0.1:8080: sign in with {}", key.key);
     server.serve(listener).await?;
     Ok(())

@@ -14,7 +14,7 @@
 //! let key = markov_server::create_api_key(&*store, "alice", &[]).await?;
 //! println!("alice's key: {}", key.key);
 //! let server = Server::builder().agent(agent).store(store).build()?;
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! let listener = markov_server::bind("127.0.0.1:8080").await?;
 //! server.serve(listener).await?; // until SIGTERM or Ctrl-C
 //! # Ok(()) }
 //! ```
@@ -131,6 +131,7 @@ use tokio_util::sync::CancellationToken;
 pub use auth::{
     APPROVER, JwtConfig, JwtConfigError, KeyError, NewApiKey, Principal, create_api_key,
 };
+pub use serve::{LISTEN_BACKLOG, bind};
 
 use crate::auth::{CookieSigner, Verifiers};
 use crate::metrics::Metrics;

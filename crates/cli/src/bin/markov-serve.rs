@@ -382,7 +382,7 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     }
     let server = builder.build().map_err(|e| e.to_string())?;
     let address = SocketAddr::new(args.bind, args.port);
-    let listener = tokio::net::TcpListener::bind(address)
+    let listener = markov_server::bind(address)
         .await
         .map_err(|e| format!("cannot listen on {address}: {e}"))?;
     let address = listener.local_addr().map_err(|e| e.to_string())?;

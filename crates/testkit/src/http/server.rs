@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 
 use crate::Recording;
@@ -245,7 +245,12 @@ impl FakeServer {
 
     /// Starts a server, or says why no loopback port could be bound.
     pub async fn try_start() -> io::Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        // Room for a load test's burst of new connections: with tokio's
+        // own `bind` the kernel queues 128, drops the next ones' first
+        // packets, and their clients wait a second to try again.
+        let socket = TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let listener = socket.listen(4096)?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared::default());
         let accepting = Arc::clone(&shared);
