@@ -161,8 +161,14 @@ pub struct Limits {
     /// messages (the least recently used make room; `0` keeps none). A
     /// message to a session kept here skips reading its history back,
     /// unless another worker wrote the session since (see
-    /// `markov_store::SessionCache`). Memory grows with the histories kept.
+    /// `markov_store::SessionCache`). Memory grows with the histories
+    /// kept, up to [`open_session_bytes`](Self::open_session_bytes).
     pub open_sessions: usize,
+    /// How many bytes of history (written as JSON, as the store holds it;
+    /// the machines in memory take about as much again) the sessions kept
+    /// in memory may take together: the least recently used make room, and
+    /// a session whose history alone is larger is not kept.
+    pub open_session_bytes: u64,
 }
 
 impl Default for Limits {
@@ -177,6 +183,7 @@ impl Default for Limits {
             shutdown_grace: Duration::from_secs(30),
             sign_in: Duration::from_secs(12 * 3600),
             open_sessions: 1000,
+            open_session_bytes: 256 * 1024 * 1024,
         }
     }
 }
@@ -411,7 +418,8 @@ impl ServerBuilder {
                     cookie: CookieSigner::new(&cookie_key, limits.sign_in),
                 },
                 approval_roles: self.approval_roles,
-                sessions: NonZeroUsize::new(limits.open_sessions).map(SessionCache::new),
+                sessions: NonZeroUsize::new(limits.open_sessions)
+                    .map(|sessions| SessionCache::new(sessions, limits.open_session_bytes)),
                 models: self.models,
                 hosts,
                 cors: self.cors,

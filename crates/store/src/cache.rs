@@ -14,6 +14,10 @@ pub(crate) struct Parked {
     pub(crate) machine: Machine,
     pub(crate) revision: Revision,
     pub(crate) agent: Agent,
+    /// Its history's size, each message written as JSON: its weight against the cache's
+    /// budget of bytes (kept as the history is written, never measured
+    /// again).
+    pub(crate) bytes: u64,
 }
 
 /// The machines of sessions this worker released, the most recently used
@@ -31,6 +35,12 @@ pub(crate) struct Parked {
 /// worker may take the session meanwhile; holding no idle leases keeps a
 /// load balancer free to send a session's next message anywhere.
 ///
+/// Two bounds keep its memory: a number of sessions, and a number of bytes
+/// of their histories (their size written as JSON, as the store holds
+/// them; a machine in memory takes about as much again). The least
+/// recently used sessions make room for a new one; a session whose
+/// history alone is over the budget of bytes is not kept.
+///
 /// In test and debug builds, every machine taken from the cache is also
 /// loaded from the store and the two are compared, so every test that
 /// opens a session twice checks that the parked machine is the stored one.
@@ -41,46 +51,74 @@ pub(crate) struct Parked {
 /// [`DurableMachine::release`]: crate::DurableMachine::release
 #[derive(Clone)]
 pub struct SessionCache {
-    inner: Arc<Mutex<LruCache<SessionId, Parked>>>,
+    inner: Arc<Mutex<Parking>>,
+}
+
+/// The parked machines, and the bytes of their histories.
+struct Parking {
+    lru: LruCache<SessionId, Parked>,
+    bytes: u64,
+    max_bytes: u64,
+}
+
+impl Parking {
+    /// Takes `id`'s machine out, and its bytes from the total.
+    fn pop(&mut self, id: &SessionId) -> Option<Parked> {
+        let parked = self.lru.pop(id)?;
+        self.bytes = self.bytes.saturating_sub(parked.bytes);
+        Some(parked)
+    }
 }
 
 impl std::fmt::Debug for SessionCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let lru = self.lock();
+        let parking = self.lock();
         f.debug_struct("SessionCache")
-            .field("len", &lru.len())
-            .field("capacity", &lru.cap())
+            .field("len", &parking.lru.len())
+            .field("capacity", &parking.lru.cap())
+            .field("bytes", &parking.bytes)
+            .field("max_bytes", &parking.max_bytes)
             .finish()
     }
 }
 
 impl SessionCache {
-    /// A cache of at most `capacity` machines; the least recently used one
-    /// is dropped to make room.
-    pub fn new(capacity: NonZeroUsize) -> Self {
+    /// A cache of at most `sessions` machines, whose histories take at
+    /// most `max_bytes` written as JSON.
+    pub fn new(sessions: NonZeroUsize, max_bytes: u64) -> Self {
         SessionCache {
-            inner: Arc::new(Mutex::new(LruCache::new(capacity))),
+            inner: Arc::new(Mutex::new(Parking {
+                lru: LruCache::new(sessions),
+                bytes: 0,
+                max_bytes,
+            })),
         }
     }
 
     /// How many machines it holds.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().lru.len()
     }
 
     /// Whether it holds none.
     pub fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        self.lock().lru.is_empty()
+    }
+
+    /// The bytes of the histories it holds, written as JSON.
+    pub fn bytes(&self) -> u64 {
+        self.lock().bytes
     }
 
     /// Whether it holds session `id`'s machine.
     pub fn contains(&self, id: &SessionId) -> bool {
-        self.lock().contains(id)
+        self.lock().lru.contains(id)
     }
 
     /// Drops session `id`'s machine (a session deleted, say).
     pub fn forget(&self, id: &SessionId) {
-        self.lock().pop(id);
+        let forgotten = self.lock().pop(id);
+        drop(forgotten);
     }
 
     pub(crate) fn take(&self, id: &SessionId) -> Option<Parked> {
@@ -88,14 +126,34 @@ impl SessionCache {
     }
 
     pub(crate) fn park(&self, id: SessionId, parked: Parked) {
-        // The machine pushed out is dropped after the lock is given back.
-        let evicted = self.lock().push(id, parked);
-        drop(evicted);
+        // The machines pushed out are dropped after the lock is given back.
+        let mut dropped = Vec::new();
+        {
+            let mut parking = self.lock();
+            dropped.extend(parking.pop(&id));
+            if parked.bytes > parking.max_bytes {
+                dropped.push(parked);
+            } else {
+                parking.bytes = parking.bytes.saturating_add(parked.bytes);
+                if let Some((_, evicted)) = parking.lru.push(id, parked) {
+                    parking.bytes = parking.bytes.saturating_sub(evicted.bytes);
+                    dropped.push(evicted);
+                }
+                while parking.bytes > parking.max_bytes {
+                    let Some((_, evicted)) = parking.lru.pop_lru() else {
+                        break;
+                    };
+                    parking.bytes = parking.bytes.saturating_sub(evicted.bytes);
+                    dropped.push(evicted);
+                }
+            }
+        }
+        drop(dropped);
     }
 
-    fn lock(&self) -> MutexGuard<'_, LruCache<SessionId, Parked>> {
-        // Every operation leaves the map whole: a panic elsewhere while it
-        // was held cannot have broken it.
+    fn lock(&self) -> MutexGuard<'_, Parking> {
+        // Every operation leaves the map and its total whole: a panic
+        // elsewhere while it was held cannot have broken them.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -219,6 +219,8 @@ pub struct DurableMachine<S: Store + ?Sized> {
     machine: Machine,
     /// History messages already written.
     written: usize,
+    /// Their size as JSON: the machine's weight in a [`SessionCache`].
+    history_bytes: u64,
     /// The tree last written.
     tree: Arc<Instance>,
     /// The approvals' revision last written.
@@ -323,20 +325,23 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 parked.revision == lease.revision && Agent::ptr_eq(&parked.agent, agent)
             });
         let kept = parked.is_some();
-        let (machine, run) = match parked {
+        let (machine, run, history_bytes) = match parked {
             Some(parked) => {
                 #[cfg(debug_assertions)]
                 check_parked(&*store, &id, agent, &parked.machine).await?;
-                (parked.machine, None)
+                (parked.machine, None, parked.bytes)
             }
             None => {
                 let stored = store.load(&id).await?;
-                (agent.restore(stored.snapshot)?, stored.run)
+                let machine = agent.restore(stored.snapshot)?;
+                let bytes = cache.as_ref().map_or(0, |_| json_len(machine.history()));
+                (machine, stored.run, bytes)
             }
         };
         let mut session = Self::bind(store, lease, machine, run, ttl);
         session.cache = cache.map(|cache| (cache, agent.clone()));
         session.kept = kept;
+        session.history_bytes = history_bytes;
         Ok(session)
     }
 
@@ -366,6 +371,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         DurableMachine {
             lease,
             written: machine.history().len(),
+            history_bytes: 0,
             tree: Arc::clone(machine.instance()),
             approvals: machine.approvals().revision(),
             repeats: machine.policy_state().repeats().snapshot(),
@@ -458,6 +464,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     async fn write(&mut self, run: Option<&RunState>) -> Result<(), DurableError> {
         let history = self.machine.history();
         let messages = history.get(self.written..).unwrap_or_default();
+        let added_bytes = self.cache.as_ref().map_or(0, |_| json_len(messages));
         let tree_changed = !Arc::ptr_eq(&self.tree, self.machine.instance());
         let tree = if tree_changed {
             Some(serialize_instance_tree(&self.machine)?)
@@ -492,6 +499,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             )
             .await?;
         self.written = history.len();
+        self.history_bytes = self.history_bytes.saturating_add(added_bytes);
         self.tree = Arc::clone(self.machine.instance());
         self.approvals = revision;
         if let Some(repeats) = repeats {
@@ -782,6 +790,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     machine: self.machine,
                     revision,
                     agent,
+                    bytes: self.history_bytes,
                 },
             );
         }
@@ -820,4 +829,25 @@ async fn check_parked<S: Store + ?Sized>(
          kept:   {parked}\nstored: {loaded}"
     );
     Ok(())
+}
+
+/// The size of `messages` written as JSON one by one, without keeping
+/// the text: summed over a history's steps, the history's.
+fn json_len(messages: &[markov_core::message::Message]) -> u64 {
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(bytes.len() as u64);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    for message in messages {
+        // Writing a message into a counter cannot fail.
+        let _ = serde_json::to_writer(&mut counter, message);
+    }
+    counter.0
 }

@@ -145,6 +145,10 @@ struct ServeArgs {
     /// Idle sessions kept in memory between messages (0: none).
     #[arg(long, default_value_t = 1000)]
     open_sessions: usize,
+    /// Bytes of history the idle sessions kept in memory may take
+    /// together (their size as JSON; the least recently used make room).
+    #[arg(long, default_value_t = 256 * 1024 * 1024)]
+    open_session_bytes: u64,
     /// This server's name in the store's leases (default:
     /// `markov-serve@HOSTNAME`): a server restarted with the same name
     /// takes its sessions back at once.
@@ -346,6 +350,7 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     limits.header_timeout = Duration::from_secs(args.header_timeout);
     limits.max_body_bytes = args.max_body;
     limits.open_sessions = args.open_sessions;
+    limits.open_session_bytes = args.open_session_bytes;
     let worker = args
         .worker
         .clone()

@@ -20,7 +20,7 @@ fn store(dir: &Dir) -> Arc<SqliteStore> {
 }
 
 fn cache(capacity: usize) -> SessionCache {
-    SessionCache::new(NonZeroUsize::new(capacity).expect("a capacity"))
+    SessionCache::new(NonZeroUsize::new(capacity).expect("a capacity"), u64::MAX)
 }
 
 /// An agent of the payments charter on `model`.
@@ -238,6 +238,94 @@ async fn the_least_recently_used_session_makes_room() {
     touch("s2").await;
     touch("s4").await;
     assert_eq!(held(&cache), ["s2", "s4"]);
+}
+
+/// The size of session `id`'s stored messages, each written as JSON.
+async fn stored_bytes(store: &Arc<SqliteStore>, id: &str) -> u64 {
+    let stored = store.load(&SessionId::new(id)).await.expect("loads");
+    let len = |message| serde_json::to_vec(message).expect("a message writes").len() as u64;
+    stored.snapshot.history.iter().map(len).sum()
+}
+
+/// Opens session `id` through `cache` and releases it at once.
+async fn touch(store: &Arc<SqliteStore>, id: &str, agent: &Agent, cache: &SessionCache) {
+    open(store, id, "w", agent, Some(cache))
+        .await
+        .release()
+        .await
+        .expect("released");
+}
+
+#[tokio::test]
+async fn a_parked_session_weighs_its_history_as_stored() {
+    let dir = Dir::new("cache-weight");
+    let store = store(&dir);
+    let model = Arc::new(ScriptedModel::builder().text("one").text("two").build());
+    let agent = agent(model, &dir);
+    let cache = cache(8);
+    create(&store, "s", &agent).await;
+
+    // Read from the store, then kept across a turn: the weight follows
+    // what each step writes, and is what the store holds.
+    turn(&store, "s", "w", &agent, Some(&cache), "first").await;
+    assert_eq!(cache.bytes(), stored_bytes(&store, "s").await);
+    turn(&store, "s", "w", &agent, Some(&cache), "second").await;
+    let stored = stored_bytes(&store, "s").await;
+    assert_eq!(cache.bytes(), stored);
+
+    // Taken out while open: the cache holds nothing meanwhile.
+    let session = open(&store, "s", "w", &agent, Some(&cache)).await;
+    assert_eq!(cache.bytes(), 0);
+    session.release().await.expect("released");
+    assert_eq!(cache.bytes(), stored);
+
+    // Another worker's cache reads the session back and weighs it whole.
+    let other = cache_of_bytes(u64::MAX);
+    touch(&store, "s", &agent, &other).await;
+    assert_eq!(other.bytes(), stored);
+    cache.forget(&SessionId::new("s"));
+    assert_eq!(cache.bytes(), 0);
+}
+
+fn cache_of_bytes(max_bytes: u64) -> SessionCache {
+    SessionCache::new(NonZeroUsize::new(8).expect("a capacity"), max_bytes)
+}
+
+#[tokio::test]
+async fn the_histories_bytes_bound_the_cache() {
+    let dir = Dir::new("cache-bytes");
+    let store = store(&dir);
+    let model = Arc::new(ScriptedModel::builder().text("short").text("long").build());
+    let agent = agent(model, &dir);
+    for id in ["small", "big"] {
+        create(&store, id, &agent).await;
+    }
+    turn(&store, "small", "w", &agent, None, "hi").await;
+    turn(&store, "big", "w", &agent, None, &"x".repeat(4000)).await;
+    let (small, big) = (
+        stored_bytes(&store, "small").await,
+        stored_bytes(&store, "big").await,
+    );
+    assert!(big > 4000 && small < 1000, "{big} against {small}");
+
+    // Room for the big history, not for both: the least recently used
+    // makes room, though the count would allow eight.
+    let cache = cache_of_bytes(big + small - 1);
+    touch(&store, "big", &agent, &cache).await;
+    assert!(cache.contains(&SessionId::new("big")));
+    touch(&store, "small", &agent, &cache).await;
+    assert!(cache.contains(&SessionId::new("small")));
+    assert!(!cache.contains(&SessionId::new("big")), "made room");
+    assert_eq!(cache.bytes(), small);
+
+    // A history larger than the whole budget is not kept, and pushes
+    // nothing out.
+    let cache = cache_of_bytes(big - 1);
+    touch(&store, "small", &agent, &cache).await;
+    touch(&store, "big", &agent, &cache).await;
+    assert!(!cache.contains(&SessionId::new("big")));
+    assert!(cache.contains(&SessionId::new("small")));
+    assert_eq!(cache.bytes(), small);
 }
 
 #[tokio::test]
