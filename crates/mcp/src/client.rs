@@ -354,12 +354,20 @@ impl Inner {
                 bearer,
             } => {
                 crate::install_crypto_provider();
-                let transport =
-                    http_transport(url, headers, bearer.as_deref(), self.config.connect_timeout)?;
+                let refused = Arc::new(SyncMutex::new(None));
+                let transport = http_transport(
+                    url,
+                    headers,
+                    bearer.as_deref(),
+                    self.config.connect_timeout,
+                    Arc::clone(&refused),
+                )?;
+                // rmcp's message ends at "error following redirect": the
+                // reason, if a redirect was refused, is said instead.
                 handler
                     .serve(transport)
                     .await
-                    .map_err(|e| failed(e.to_string()))
+                    .map_err(|e| failed(lock(&refused).take().unwrap_or_else(|| e.to_string())))
             }
         }
     }
@@ -500,6 +508,7 @@ fn http_transport(
     headers: &std::collections::BTreeMap<String, String>,
     bearer: Option<&str>,
     connect_timeout: Duration,
+    refused: Arc<SyncMutex<Option<String>>>,
 ) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, McpError> {
     use axum::http::{HeaderName, HeaderValue};
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -520,11 +529,53 @@ fn http_transport(
     }
     let client = reqwest::Client::builder()
         .connect_timeout(connect_timeout)
+        .redirect(reqwest::redirect::Policy::custom(move |attempt| {
+            same_origin_redirects(attempt, &refused)
+        }))
         .build()
         .map_err(|e| McpError::Config(format!("HTTP client: {e}")))?;
     Ok(rmcp::transport::StreamableHttpClientTransport::with_client(
         client, config,
     ))
+}
+
+/// How many redirects one request follows.
+const MAX_REDIRECTS: usize = 5;
+
+/// Follows a redirect only within the server's own origin (a server mounted
+/// at `/mcp` that answers from `/mcp/`, say). reqwest strips
+/// `Authorization` from a request redirected to another host, but not the
+/// configuration's other headers, which often carry keys: such a redirect
+/// is an error naming both origins (never their paths or queries, which
+/// may hold secrets too), also left in `refused` for the connection's
+/// error to say.
+fn same_origin_redirects(
+    attempt: reqwest::redirect::Attempt<'_>,
+    refused: &SyncMutex<Option<String>>,
+) -> reqwest::redirect::Action {
+    let Some(first) = attempt.previous().first() else {
+        return attempt.stop();
+    };
+    let origin = |url: &reqwest::Url| {
+        format!(
+            "{}://{}:{}",
+            url.scheme(),
+            url.host_str().unwrap_or_default(),
+            url.port_or_known_default().unwrap_or_default()
+        )
+    };
+    let (from, to) = (origin(first), origin(attempt.url()));
+    let reason = if attempt.previous().len() > MAX_REDIRECTS {
+        format!("more than {MAX_REDIRECTS} redirects from {from}")
+    } else if from == to {
+        return attempt.follow();
+    } else {
+        format!(
+            "refused a redirect from {from} to another origin, {to}: the configured headers would reach it (give the server's own URL)"
+        )
+    };
+    *lock(refused) = Some(reason.clone());
+    attempt.error(reason)
 }
 
 fn lock<T>(mutex: &SyncMutex<T>) -> std::sync::MutexGuard<'_, T> {

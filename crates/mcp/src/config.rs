@@ -103,7 +103,10 @@ impl McpServerConfig {
         })
     }
 
-    /// A server at a Streamable HTTP endpoint.
+    /// A server at a Streamable HTTP endpoint. A redirect is followed only
+    /// within the endpoint's origin (its scheme, host and port): one to
+    /// another origin fails the connection, so the headers and token
+    /// configured here reach no other host.
     pub fn http(url: impl Into<String>) -> Self {
         Self::with_transport(Transport::Http {
             url: url.into(),

@@ -202,20 +202,22 @@ pub(crate) async fn serve(
 
 /// [`RawServer`] on a loopback port.
 pub(crate) async fn raw_server(addr: &str, bearer: Option<&'static str>) -> Running {
-    serve(addr, bearer, |stop| {
-        let server = RawServer::default();
-        axum::Router::new().nest_service(
-            "/mcp",
-            StreamableHttpService::new(
-                move || Ok(server.clone()),
-                Arc::new(LocalSessionManager::default()),
-                StreamableHttpServerConfig::default()
-                    .with_cancellation_token(stop)
-                    .with_sse_keep_alive(None),
-            ),
-        )
-    })
-    .await
+    serve(addr, bearer, raw_server_router).await
+}
+
+/// A router serving [`RawServer`] at `/mcp`, until `stop`.
+pub(crate) fn raw_server_router(stop: CancellationToken) -> axum::Router {
+    let server = RawServer::default();
+    axum::Router::new().nest_service(
+        "/mcp",
+        StreamableHttpService::new(
+            move || Ok(server.clone()),
+            Arc::new(LocalSessionManager::default()),
+            StreamableHttpServerConfig::default()
+                .with_cancellation_token(stop)
+                .with_sse_keep_alive(None),
+        ),
+    )
 }
 
 /// Every tool result in `history`: (content, is_error).

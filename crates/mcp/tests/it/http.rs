@@ -1,6 +1,8 @@
 //! The client over Streamable HTTP, against an rmcp server (not markov's)
 //! on a loopback port.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use markov_core::ToolCallId;
@@ -167,4 +169,85 @@ async fn a_dropped_server_is_an_error_result_and_the_client_reconnects_when_it_i
     assert_eq!(answer, Ok(ToolOutcome::Value(json!({"sum": 3}))));
     client.close().await;
     again.shutdown().await;
+}
+
+/// A loopback server that answers every request with a `307` to `to`.
+async fn redirecting_to(to: String) -> Running {
+    serve("127.0.0.1:0", None, move |_| {
+        let to = to.clone();
+        axum::Router::new().fallback(move || {
+            let to = to.clone();
+            async move {
+                (
+                    axum::http::StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, to)],
+                )
+            }
+        })
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_redirect_to_another_origin_is_refused_and_the_headers_never_reach_it() {
+    // The other origin: an MCP server that would answer, whose every
+    // request is counted.
+    let reached = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&reached);
+    let elsewhere = serve("127.0.0.1:0", None, move |_| {
+        let counted = Arc::clone(&counted);
+        axum::Router::new().fallback(move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { axum::http::StatusCode::OK }
+        })
+    })
+    .await;
+    let redirector = redirecting_to(elsewhere.url.clone()).await;
+
+    let err = McpClient::connect(
+        McpServerConfig::http(&redirector.url)
+            .header("x-api-key", "s3cret")
+            .connect_timeout(Duration::from_secs(5)),
+    )
+    .await
+    .expect_err("the redirect is refused");
+    assert!(matches!(err, McpError::Connect { .. }), "{err}");
+    let said = err.to_string();
+    assert!(
+        said.contains("refused a redirect") && said.contains(&elsewhere.addr.to_string()),
+        "{said}"
+    );
+    assert_eq!(reached.load(Ordering::SeqCst), 0, "nothing was sent there");
+    redirector.shutdown().await;
+    elsewhere.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_redirect_within_the_server_s_origin_is_followed() {
+    // An MCP server at `/mcp` whose old address `/old` redirects there,
+    // with the bearer token required on both.
+    let server = serve("127.0.0.1:0", Some("s3cret"), |stop| {
+        let mcp = raw_server_router(stop);
+        mcp.route(
+            "/old",
+            axum::routing::any(|| async {
+                (
+                    axum::http::StatusCode::PERMANENT_REDIRECT,
+                    [(axum::http::header::LOCATION, "/mcp")],
+                )
+            }),
+        )
+    })
+    .await;
+    let old = server.url.replace("/mcp", "/old");
+    let client = McpClient::connect(McpServerConfig::http(&old).bearer("s3cret"))
+        .await
+        .expect("connects through the redirect");
+    let tools = client.tools().await.expect("lists");
+    assert_eq!(
+        call(&tools, "add", json!({"a": 2, "b": 3})).await,
+        Ok(ToolOutcome::Value(json!({"sum": 5})))
+    );
+    client.close().await;
+    server.shutdown().await;
 }
