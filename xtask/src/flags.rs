@@ -1,4 +1,4 @@
-//! Command-line parsing for `cargo xtask`, by hand: three commands and one flag do not
+//! Command-line parsing for `cargo xtask`, by hand: three commands and a few flags do not
 //! justify a dependency on an argument parser.
 
 use std::ffi::OsString;
@@ -14,6 +14,10 @@ Commands:
           the first failure. With -p, only the crates named (fmt checks all)
   bench   build in release mode and run the benchmarks (markov-bench's
           figures and table, then its divan bench); see docs/PERFORMANCE.md
+  bench --against <rev> [--rounds <n>] -- <markov-bench arguments>
+          build markov-bench at <rev> as well as here, run the figure the
+          arguments name with each, alternately, <n> times (3 unless set),
+          and print each number's range before and after
   help    print this message";
 
 /// A parsed command line.
@@ -23,8 +27,68 @@ pub(crate) enum Command {
     Test(Vec<String>),
     /// `cargo xtask bench`.
     Bench,
+    /// `cargo xtask bench --against <rev>`: one figure, before and after.
+    Against(Against),
     /// `cargo xtask help`, `-h` or `--help`.
     Help,
+}
+
+/// A figure measured with the binary of another revision and this one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Against {
+    /// The revision the figure is compared with (anything `git` resolves).
+    pub(crate) rev: String,
+    /// How many times each binary runs the figure.
+    pub(crate) rounds: u32,
+    /// `markov-bench`'s arguments: the figure.
+    pub(crate) figure: Vec<String>,
+}
+
+/// Runs of each binary unless `--rounds` says otherwise.
+const DEFAULT_ROUNDS: u32 = 3;
+
+/// Parses what follows `bench`.
+fn parse_bench(args: impl Iterator<Item = OsString>) -> Result<Command, String> {
+    let mut args = args.map(|arg| {
+        arg.into_string()
+            .map_err(|arg| format!("argument {arg:?} is not UTF-8"))
+    });
+    let mut rev = None;
+    let mut rounds = DEFAULT_ROUNDS;
+    let mut figure = Vec::new();
+    while let Some(arg) = args.next() {
+        match arg?.as_str() {
+            "--against" => match args.next() {
+                Some(value) => rev = Some(value?),
+                None => return Err("--against needs a revision".to_owned()),
+            },
+            "--rounds" => {
+                rounds = match args.next().transpose()?.map(|n| n.parse::<u32>()) {
+                    Some(Ok(n)) if n > 0 => n,
+                    _ => return Err("--rounds needs a number above 0".to_owned()),
+                };
+            }
+            "--" => {
+                figure = args.collect::<Result<_, _>>()?;
+                break;
+            }
+            other => return Err(format!("unexpected argument `{other}` after `bench`")),
+        }
+    }
+    match rev {
+        None if figure.is_empty() && rounds == DEFAULT_ROUNDS => Ok(Command::Bench),
+        None => Err("--rounds and a figure go with --against <rev>".to_owned()),
+        Some(_) if figure.is_empty() => {
+            Err("name the figure after `--`, as markov-bench takes it: \
+             cargo xtask bench --against <rev> -- server-processes 1000 2"
+                .to_owned())
+        }
+        Some(rev) => Ok(Command::Against(Against {
+            rev,
+            rounds,
+            figure,
+        })),
+    }
 }
 
 /// Parses the arguments after the program name.
@@ -54,7 +118,7 @@ where
             }
             return Ok(Command::Test(packages));
         }
-        Some("bench") => Command::Bench,
+        Some("bench") => return parse_bench(args),
         Some("help" | "-h" | "--help") => Command::Help,
         Some(other) => return Err(format!("unknown command `{other}`")),
         None => return Err(format!("unknown command {first:?}")),
@@ -103,5 +167,44 @@ mod tests {
             Err("-p needs a crate name".to_owned())
         );
         assert!(parse_strs(&["bench", "--quick"]).is_err());
+    }
+
+    #[test]
+    fn bench_against_a_revision() {
+        use super::Against;
+        assert_eq!(
+            parse_strs(&["bench", "--against", "HEAD~1", "--", "provider-path"]),
+            Ok(Command::Against(Against {
+                rev: "HEAD~1".into(),
+                rounds: 3,
+                figure: vec!["provider-path".into()],
+            }))
+        );
+        assert_eq!(
+            parse_strs(&[
+                "bench",
+                "--rounds",
+                "5",
+                "--against",
+                "a73a1be",
+                "--",
+                "server-processes",
+                "1000",
+                "2"
+            ]),
+            Ok(Command::Against(Against {
+                rev: "a73a1be".into(),
+                rounds: 5,
+                figure: vec!["server-processes".into(), "1000".into(), "2".into()],
+            }))
+        );
+        let refused = |args: &[&str]| parse_strs(args).expect_err("refused");
+        assert!(refused(&["bench", "--against", "HEAD~1"]).contains("name the figure"));
+        assert!(refused(&["bench", "--against"]).contains("needs a revision"));
+        assert!(
+            refused(&["bench", "--against", "x", "--rounds", "0", "--", "steps"])
+                .contains("above 0")
+        );
+        assert!(refused(&["bench", "--", "steps"]).contains("go with --against"));
     }
 }

@@ -10,7 +10,10 @@
 //!   limits the checks to the crates named.
 //! - `bench`: the benchmarks of `crates/bench` in release mode: the
 //!   `markov-bench` binary (figures, table and one `bench=...` line per
-//!   figure), then its divan bench. Never part of `test`.
+//!   figure), then its divan bench. Never part of `test`. With
+//!   `--against <rev> -- <figure>`: one figure with the binary of `rev`
+//!   and this tree's, alternately, and each number's range before and
+//!   after.
 //! - `help`: prints the usage.
 //!
 //! Arguments are parsed by hand in `flags.rs` to keep this crate free of
@@ -44,6 +47,9 @@ fn main() -> ExitCode {
             workspace_root().and_then(|root| pipeline::run(&root, &packages))
         }
         Command::Bench => workspace_root().and_then(|root| bench::run(&root)),
+        Command::Against(against) => {
+            workspace_root().and_then(|root| bench::against(&root, &against))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
