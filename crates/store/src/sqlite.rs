@@ -18,8 +18,10 @@ use markov_executor::{FORMAT_VERSION, SerializedMachine};
 use markov_policy::{LedgerEntry, RecordedAnswer};
 use rusqlite::{Connection, OptionalExtension, params};
 
+mod readers;
 mod writer;
 
+use readers::Readers;
 use writer::Writer;
 
 use crate::repair::{self, RawSession, RepairReport};
@@ -102,6 +104,9 @@ CREATE TABLE IF NOT EXISTS api_keys (
 #[derive(Clone)]
 pub struct SqliteStore {
     writer: Writer,
+    /// A file's read connections (none in memory, where the writer's
+    /// connection is the only one that sees the database).
+    readers: Option<Arc<Readers>>,
     label: Arc<str>,
 }
 
@@ -138,7 +143,9 @@ impl SqliteStore {
             .map_err(backend)?;
         // Another process writing the same file waits rather than failing.
         conn.busy_timeout(Duration::from_secs(5)).map_err(backend)?;
-        Self::with_connection(conn, &path.display().to_string())
+        let mut store = Self::with_connection(conn, &path.display().to_string())?;
+        store.readers = Some(Arc::new(Readers::new(path.to_path_buf())));
+        Ok(store)
     }
 
     /// A database in memory, gone with the store.
@@ -182,8 +189,22 @@ impl SqliteStore {
         conn.set_prepared_statement_cache_capacity(64);
         Ok(SqliteStore {
             writer: Writer::start(conn)?,
+            readers: None,
             label: Arc::from(label),
         })
+    }
+
+    /// Runs the read `f`: on a read connection of a file, beside the
+    /// writer's batches; in memory, on the writer's thread between them.
+    async fn read<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        match &self.readers {
+            Some(readers) => readers.read(f).await,
+            None => self.writer.read(f).await,
+        }
     }
 }
 
@@ -526,7 +547,7 @@ impl Store for SqliteStore {
 
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
         let id = id.clone();
-        self.writer.read(move |conn| {
+        self.read(move |conn| {
             let tx = conn.transaction().map_err(backend)?;
             let row: Option<(SessionInfo, RawColumns)> = tx
                 .prepare_cached(
@@ -670,36 +691,34 @@ impl Store for SqliteStore {
 
     async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
         let owner = owner.map(|o| o.as_str().to_owned());
-        self.writer
-            .read(move |conn| {
-                let mut rows = conn
+        self.read(move |conn| {
+            let mut rows = conn
                 .prepare_cached(
                     "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
                      FROM sessions WHERE ?1 IS NULL OR owner = ?1
                      ORDER BY updated_at DESC, id",
                 )
                 .map_err(backend)?;
-                let infos = rows.query_map(params![owner], info_of).map_err(backend)?;
-                infos.map(|i| i.map_err(backend)).collect()
-            })
-            .await
+            let infos = rows.query_map(params![owner], info_of).map_err(backend)?;
+            infos.map(|i| i.map_err(backend)).collect()
+        })
+        .await
     }
 
     async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
         let id = id.clone();
-        self.writer
-            .read(move |conn| {
-                conn.prepare_cached(
-                    "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
+        self.read(move |conn| {
+            conn.prepare_cached(
+                "SELECT id, charter, steps, messages, run_state, created_at, updated_at, owner
                  FROM sessions WHERE id = ?1",
-                )
-                .map_err(backend)?
-                .query_row(params![id.as_str()], info_of)
-                .optional()
-                .map_err(backend)?
-                .ok_or(StoreError::NotFound(id))
-            })
-            .await
+            )
+            .map_err(backend)?
+            .query_row(params![id.as_str()], info_of)
+            .optional()
+            .map_err(backend)?
+            .ok_or(StoreError::NotFound(id))
+        })
+        .await
     }
 
     async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
@@ -815,7 +834,7 @@ impl KeyStore for SqliteStore {
 
     async fn key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
         let id = id.to_owned();
-        self.writer.read(move |conn| {
+        self.read(move |conn| {
             let row = conn
                 .prepare_cached(
                     "SELECT id, principal, roles, hash, created_at, revoked_at FROM api_keys WHERE id = ?1",
@@ -845,7 +864,7 @@ impl KeyStore for SqliteStore {
     }
 
     async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
-        self.writer.read(|conn| {
+        self.read(|conn| {
             let mut rows = conn
                 .prepare_cached(
                     "SELECT id, principal, roles, hash, created_at, revoked_at FROM api_keys ORDER BY created_at, id",
@@ -917,5 +936,59 @@ mod tests {
             SqliteStore::open_with(dir.join("fast.db"), Durability::ProcessCrash).expect("opens");
         assert_eq!(synchronous(&fast).await, 1, "NORMAL, when asked for");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A write that holds the writer's thread for `held`, answered when it
+    /// lets go.
+    fn hold_the_writer(store: &SqliteStore, held: Duration) -> tokio::task::JoinHandle<()> {
+        let writer = store.writer.clone();
+        tokio::spawn(async move {
+            let _ = writer
+                .write(move |_| {
+                    std::thread::sleep(held);
+                    Ok(())
+                })
+                .await;
+        })
+    }
+
+    #[tokio::test]
+    async fn a_file_s_reads_do_not_wait_behind_the_writer_and_see_what_it_committed() {
+        let dir =
+            std::env::temp_dir().join(format!("markov-readers-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let store = SqliteStore::open(dir.join("sessions.db")).expect("opens");
+        let key = ApiKeyRecord {
+            id: "k1".into(),
+            principal: "alice".into(),
+            roles: Vec::new(),
+            hash: "h".into(),
+            created_at: 1,
+            revoked_at: None,
+        };
+        store.add_key(&key).await.expect("the key is written");
+        let created = key.id;
+
+        let held = hold_the_writer(&store, Duration::from_millis(1500));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let read = tokio::time::timeout(Duration::from_millis(700), store.key(&created))
+            .await
+            .expect("the read ran beside the held writer")
+            .expect("reads");
+        assert!(read.is_some(), "the committed key is seen");
+        held.await.expect("the write ends");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn in_memory_reads_run_on_the_writer_s_thread_in_turn() {
+        // What the readers are for: without them a read waits for the
+        // writer (a database in memory has only the writer's connection).
+        let store = SqliteStore::in_memory().expect("opens");
+        let held = hold_the_writer(&store, Duration::from_millis(1500));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let read = tokio::time::timeout(Duration::from_millis(700), store.key("k")).await;
+        assert!(read.is_err(), "the read waited for the writer");
+        held.await.expect("the write ends");
     }
 }

@@ -33,7 +33,7 @@ const MAX_BATCH: usize = 256;
 const QUEUE: usize = 1024;
 
 /// How long a call waits for room in a full queue before it fails.
-const QUEUE_WAIT: Duration = Duration::from_secs(10);
+pub(super) const QUEUE_WAIT: Duration = Duration::from_secs(10);
 
 /// A read: runs alone, outside any write transaction.
 type ReadJob = Box<dyn FnOnce(&mut Connection) + Send>;
@@ -69,7 +69,7 @@ pub(super) struct Writer {
     commits: Arc<AtomicU64>,
 }
 
-fn panicked() -> StoreError {
+pub(super) fn panicked() -> StoreError {
     StoreError::Backend("the database call panicked; it was rolled back".into())
 }
 
