@@ -278,11 +278,7 @@ fn effects(dir: &Path) -> usize {
 /// Runs the figure once: `workers` workers, the first killed half-way when
 /// there are several. `None` when PostgreSQL cannot be started.
 pub(crate) fn figure(sessions: usize, turns: usize, workers: usize) -> Option<FailoverFigure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = markov_bench::two_thread_runtime();
     let exe = std::env::current_exe().expect("the bench binary");
     let dir =
         std::env::temp_dir().join(format!("markov-failover-{}-{workers}", std::process::id()));
@@ -626,11 +622,7 @@ fn describe(message: &Value) -> String {
 /// message was never stored, and the next turn there. Prints `start`, then
 /// one `result ...` line with the sessions' ids.
 pub(crate) fn clients(sessions: usize, turns: usize, bases: &[&str]) -> std::process::ExitCode {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = markov_bench::two_thread_runtime();
     let bases: Vec<(String, String)> = bases
         .iter()
         .filter_map(|b| b.split_once('#'))

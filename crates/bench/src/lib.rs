@@ -348,6 +348,17 @@ pub fn timed_runtime() -> tokio::runtime::Runtime {
         .expect("a current-thread tokio runtime starts")
 }
 
+/// A tokio runtime of two worker threads (one per core of the machine the
+/// figures were measured on) with I/O and timers, for each process of the
+/// service figures: workers, clients, the fake provider.
+pub fn two_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a two-thread tokio runtime starts")
+}
+
 /// A single-threaded tokio runtime, for the per-step figures.
 pub fn current_thread_runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()

@@ -129,11 +129,7 @@ async fn load(n: usize) -> ServerFigure {
 
 /// Figure 7 for each N, on a 2-worker runtime.
 pub(crate) fn server_figures(ns: &[usize]) -> Vec<ServerFigure> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = markov_bench::two_thread_runtime();
     ns.iter()
         .map(|&n| {
             let figure = runtime.block_on(load(n));
@@ -241,11 +237,7 @@ impl WorkerOptions {
 /// (`port=N`) before it serves until it is killed.
 pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::process::ExitCode {
     answer_heap_requests();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = markov_bench::two_thread_runtime();
     runtime.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let model = Anthropic::builder()
@@ -310,11 +302,7 @@ fn answer_heap_requests() {
 /// The client process: `n` sessions spread over `bases`, one message each,
 /// all at once; prints one `result ...` line.
 pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = markov_bench::two_thread_runtime();
     let (completed, wall, added, cpu) = runtime.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
@@ -532,11 +520,7 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
     use std::io::BufRead;
     use std::process::{Command, Stdio};
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = markov_bench::two_thread_runtime();
     let exe = std::env::current_exe().expect("the bench binary");
     runtime.block_on(async move {
         let provider = FakeServer::start().await;

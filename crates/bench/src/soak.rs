@@ -82,11 +82,7 @@ fn database_bytes(path: &std::path::Path) -> u64 {
 /// the connections (the clients' and the provider's) stop dominating the
 /// memory per session.
 pub(crate) fn figure(sessions: usize, turns: usize, in_flight: usize) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = markov_bench::two_thread_runtime();
     let exe = std::env::current_exe().expect("the bench binary");
     let dir = std::env::temp_dir().join(format!("markov-soak-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory");
@@ -225,11 +221,7 @@ pub(crate) fn clients(
     in_flight: usize,
     base: &str,
 ) -> std::process::ExitCode {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
+    let runtime = markov_bench::two_thread_runtime();
     let Some((base, key)) = base.split_once('#') else {
         return std::process::ExitCode::from(2);
     };

@@ -17,6 +17,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::Semaphore;
 
+use super::backend;
 use super::writer::{QUEUE_WAIT, panicked};
 use crate::StoreError;
 
@@ -90,7 +91,6 @@ impl Readers {
 /// A read-only connection to `path`, which the writer has opened in WAL
 /// mode already.
 fn open(path: &std::path::Path) -> Result<Connection, StoreError> {
-    let backend = |e: rusqlite::Error| StoreError::Backend(e.to_string());
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
