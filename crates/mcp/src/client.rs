@@ -16,12 +16,17 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResult, ClientCapabilities, ClientConfig, Implementation,
     JsonObject, RequestMetaObject, ToolAnnotations,
 };
-use rmcp::service::{NotificationContext, RunningService};
-use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
+// Roots are deprecated by a protocol revision to come, but the servers of
+// today (the reference filesystem server) ask for them.
+#[allow(deprecated)]
+use rmcp::model::{ListRootsResult, Root};
+use rmcp::service::{ClientInitializeError, NotificationContext, RequestContext, RunningService};
+use rmcp::{ClientHandler, ErrorData, Peer, RoleClient, ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::sync::{Mutex, watch};
 
-use crate::config::{McpServerConfig, Transport};
+use crate::child::{ChildTransport, Seen};
+use crate::config::{Approval, DEFAULT_INHERITED_ENV, McpServerConfig, Transport};
 use crate::{IDEMPOTENCY_META_KEY, McpError};
 
 /// How long [`McpClient::close`] waits for the server to stop before it is
@@ -59,6 +64,7 @@ impl fmt::Debug for McpClient {
     }
 }
 
+#[allow(deprecated)]
 struct Inner {
     config: McpServerConfig,
     label: String,
@@ -66,6 +72,10 @@ struct Inner {
     /// The offered tools, as last listed; `None` before the first listing.
     listed: SyncMutex<Option<Arc<[Arc<ToolInfo>]>>>,
     changes: Arc<Changes>,
+    /// What the stdio transport's watch learned (see the `child` module).
+    seen: Arc<SyncMutex<Seen>>,
+    /// The configured roots, as `file://` URIs.
+    roots: Arc<[Root]>,
 }
 
 enum Connection {
@@ -90,11 +100,15 @@ impl Changes {
     }
 }
 
-/// The client side of the MCP session: answers the server's notifications.
+/// The client side of the MCP session: answers the server's notifications
+/// and its `roots/list`.
+#[allow(deprecated)]
 struct Handler {
     changes: Arc<Changes>,
+    roots: Arc<[Root]>,
 }
 
+#[allow(deprecated)]
 impl ClientHandler for Handler {
     fn on_tool_list_changed(
         &self,
@@ -105,12 +119,47 @@ impl ClientHandler for Handler {
         std::future::ready(())
     }
 
+    fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> impl Future<Output = Result<ListRootsResult, ErrorData>> + Send + '_ {
+        std::future::ready(Ok(ListRootsResult::new(self.roots.to_vec())))
+    }
+
     fn get_info(&self) -> ClientConfig {
+        // Roots are announced only when some are configured: a server then
+        // asks for them instead of falling back to its own defaults.
+        let capabilities = if self.roots.is_empty() {
+            ClientCapabilities::default()
+        } else {
+            ClientCapabilities::builder().enable_roots().build()
+        };
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("markov-mcp", env!("CARGO_PKG_VERSION")),
         )
     }
+}
+
+/// The configured roots as `file://` URIs, each named by its last component.
+#[allow(deprecated)]
+fn roots(config: &McpServerConfig) -> Result<Vec<Root>, McpError> {
+    config
+        .roots
+        .iter()
+        .map(|dir| {
+            let absolute = std::path::absolute(dir)
+                .map_err(|e| McpError::Config(format!("root {}: {e}", dir.display())))?;
+            let uri = reqwest::Url::from_file_path(&absolute).map_err(|()| {
+                McpError::Config(format!("root {} is not a usable path", dir.display()))
+            })?;
+            let mut root = Root::new(uri.to_string());
+            root.name = absolute
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+            Ok(root)
+        })
+        .collect()
 }
 
 /// One tool of the server, as offered.
@@ -119,6 +168,52 @@ struct ToolInfo {
     definition: ToolDefinition,
     remote: String,
     annotations: Option<ToolAnnotations>,
+    /// Whether the tool declares an output schema.
+    output_schema: bool,
+    approval: ApprovalDecision,
+}
+
+/// Whether one tool needs the application's approval before each call,
+/// and why: the outcome of the server's [`Approval`] mode, its lists of
+/// names, and the tool's annotations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApprovalDecision {
+    /// Approval is needed.
+    pub required: bool,
+    /// Why, in words (e.g. "the server marks it destructive").
+    pub reason: &'static str,
+}
+
+impl ApprovalDecision {
+    fn decide(config: &McpServerConfig, name: &str, hints: Option<&ToolAnnotations>) -> Self {
+        let decision = |required, reason| ApprovalDecision { required, reason };
+        if config.require_approval.iter().any(|n| n == name) {
+            return decision(true, "the configuration requires approval for it");
+        }
+        if config.skip_approval.iter().any(|n| n == name) {
+            return decision(false, "the configuration exempts it from approval");
+        }
+        match config.approval {
+            Approval::All => decision(true, "the configuration requires approval for all tools"),
+            Approval::None => decision(false, "the configuration trusts all tools of the server"),
+            Approval::Hints => {
+                let read_only = hints.and_then(|h| h.read_only_hint) == Some(true);
+                let destructive = hints.and_then(|h| h.destructive_hint);
+                if read_only {
+                    decision(false, "the server marks it read-only")
+                } else if destructive == Some(true) {
+                    decision(true, "the server marks it destructive")
+                } else if hints.is_none() {
+                    decision(
+                        true,
+                        "the server gives no annotations (a tool may change things unless marked read-only)",
+                    )
+                } else {
+                    decision(true, "the server does not mark it read-only")
+                }
+            }
+        }
+    }
 }
 
 impl McpClient {
@@ -126,6 +221,7 @@ impl McpClient {
     /// configuration's connect and list timeouts.
     pub async fn connect(config: McpServerConfig) -> Result<Self, McpError> {
         let (count, _) = watch::channel(0);
+        let roots = roots(&config)?.into();
         let client = McpClient {
             inner: Arc::new(Inner {
                 label: config.label(),
@@ -136,6 +232,8 @@ impl McpClient {
                     stale: AtomicBool::new(true),
                     count,
                 }),
+                seen: Arc::default(),
+                roots,
             }),
         };
         client.refresh().await?;
@@ -155,8 +253,16 @@ impl McpClient {
     /// A name that providers would refuse (longer than 64 characters, or
     /// with characters outside `a-zA-Z0-9_-`) is offered with each such
     /// character replaced by `_` and cut at 64; the server is called by
-    /// its own name. A second tool that would get an offered name already
-    /// taken is left out, with a warning.
+    /// its own name. When two of the server's names give the same offered
+    /// name (`files.read` and `files_read`), the one sorted later gets a
+    /// suffix made from its own name (`files_read_1a2b3c`), the same on
+    /// every listing, with a warning in the log.
+    ///
+    /// A tool the server marks task-only (`execution.taskSupport:
+    /// "required"`, callable only through the tasks extension, which this
+    /// client does not speak) is not offered, with a warning; over HTTP the
+    /// mark is not seen, and such a tool's calls fail with the server's
+    /// error.
     pub async fn tools(&self) -> Result<Vec<SharedTool>, McpError> {
         if self.inner.changes.stale.load(Ordering::SeqCst) || self.cached().is_none() {
             self.refresh().await?;
@@ -213,17 +319,24 @@ impl McpClient {
         Ok(builder)
     }
 
-    /// Metadata from the server's hints: a tool marked read-only is a
-    /// [`Category::Retrieval`], any other an [`Category::Action`]; the
-    /// timeout is the client's call timeout. No confirmation: require it
-    /// with `.with_confirmation()` on the result for the tools that need it.
+    /// Metadata from the server's hints and the configuration's approval
+    /// rules: a tool marked read-only is a [`Category::Retrieval`], any
+    /// other an [`Category::Action`]; the tool needs confirmation when
+    /// [`McpTool::approval`] says so (by default: unless the server marks
+    /// it read-only, see [`Approval`]); the timeout is the client's call
+    /// timeout.
     pub fn default_metadata(tool: &McpTool) -> ToolMetadata {
         let category = if tool.read_only() == Some(true) {
             Category::Retrieval
         } else {
             Category::Action
         };
-        ToolMetadata::new(category).with_timeout(tool.client.config.call_timeout)
+        let metadata = ToolMetadata::new(category).with_timeout(tool.client.config.call_timeout);
+        if tool.approval().required {
+            metadata.with_confirmation()
+        } else {
+            metadata
+        }
     }
 
     /// Calls the server's tool `name` (its own name, not the offered one)
@@ -319,6 +432,7 @@ impl Inner {
     async fn open(&self) -> Result<RunningService<RoleClient, Handler>, McpError> {
         let handler = Handler {
             changes: Arc::clone(&self.changes),
+            roots: Arc::clone(&self.roots),
         };
         let failed = |detail: String| McpError::Connect {
             server: self.label.clone(),
@@ -329,24 +443,46 @@ impl Inner {
                 command,
                 args,
                 env,
+                inherit,
                 cwd,
             } => {
                 let mut cmd = tokio::process::Command::new(command);
-                cmd.args(args).envs(env.iter().map(|(k, v)| (k, v)));
+                cmd.args(args).env_clear();
+                for name in DEFAULT_INHERITED_ENV
+                    .iter()
+                    .map(std::ffi::OsStr::new)
+                    .chain(inherit.iter().map(|n| n.as_os_str()))
+                {
+                    // A shell function exported into the environment is no
+                    // variable a server needs.
+                    if let Some(value) =
+                        std::env::var_os(name).filter(|v| !v.to_string_lossy().starts_with("()"))
+                    {
+                        cmd.env(name, value);
+                    }
+                }
+                cmd.envs(env.iter().map(|(k, v)| (k, v)));
                 if let Some(dir) = cwd {
                     cmd.current_dir(dir);
                 }
-                cmd.kill_on_drop(true);
-                let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
-                    .spawn()
+                cmd.stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::inherit())
+                    .kill_on_drop(true);
+                let child = cmd.spawn().map_err(|source| McpError::Spawn {
+                    command: self.label.clone(),
+                    source,
+                })?;
+                *lock(&self.seen) = Seen::default();
+                let transport = ChildTransport::new(child, Arc::clone(&self.seen), CLOSE_TIMEOUT)
                     .map_err(|source| McpError::Spawn {
-                        command: self.label.clone(),
-                        source,
-                    })?;
+                    command: self.label.clone(),
+                    source,
+                })?;
                 handler
                     .serve(transport)
                     .await
-                    .map_err(|e| failed(e.to_string()))
+                    .map_err(|e| failed(self.init_failure(&e)))
             }
             Transport::Http {
                 url,
@@ -364,10 +500,13 @@ impl Inner {
                 )?;
                 // rmcp's message ends at "error following redirect": the
                 // reason, if a redirect was refused, is said instead.
-                handler
-                    .serve(transport)
-                    .await
-                    .map_err(|e| failed(lock(&refused).take().unwrap_or_else(|| e.to_string())))
+                handler.serve(transport).await.map_err(|e| {
+                    failed(
+                        lock(&refused)
+                            .take()
+                            .unwrap_or_else(|| http_init_failure(url, &e)),
+                    )
+                })
             }
         }
     }
@@ -435,30 +574,111 @@ impl Inner {
                 operation: "request",
                 after: timeout,
             },
-            ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
+            ServiceError::TransportClosed => {
                 self.reset().await;
-                McpError::Disconnected(err.to_string())
+                McpError::Disconnected(self.lost_because(
+                    "the server closed the connection (a stdio server's process may have exited: see its messages on stderr)",
+                ))
             }
+            ServiceError::TransportSend(send) => {
+                self.reset().await;
+                McpError::Disconnected(self.lost_because(&format!(
+                    "a message could not be sent to the server: {}",
+                    send.error
+                )))
+            }
+            ServiceError::UnexpectedResponse => McpError::Unexpected(
+                "the server answered with a result of another kind than asked for".into(),
+            ),
             other => McpError::Unexpected(other.to_string()),
         }
     }
 
+    /// Why the connection was lost: the watch's reason when it ended it,
+    /// else `otherwise`.
+    fn lost_because(&self, otherwise: &str) -> String {
+        lock(&self.seen)
+            .refused
+            .clone()
+            .unwrap_or_else(|| otherwise.to_owned())
+    }
+
+    /// A stdio server's failed handshake, in words.
+    fn init_failure(&self, err: &ClientInitializeError) -> String {
+        if let Some(reason) = lock(&self.seen).refused.clone() {
+            return reason;
+        }
+        match err {
+            ClientInitializeError::ConnectionClosed(_) => {
+                "the server's process closed its output before answering the MCP handshake: \
+                 check that the command starts an MCP server speaking on stdio (its messages \
+                 are on stderr above)"
+                    .to_owned()
+            }
+            ClientInitializeError::TransportError { error, .. } => format!(
+                "the handshake could not be sent to the server's process ({}): check that \
+                 the command starts an MCP server and keeps running",
+                error.error
+            ),
+            other => handshake_failure(other),
+        }
+    }
+
     /// The listed tools the filter admits, with their offered names.
-    fn offered(&self, list: Vec<rmcp::model::Tool>) -> Vec<Arc<ToolInfo>> {
+    fn offered(&self, mut list: Vec<rmcp::model::Tool>) -> Vec<Arc<ToolInfo>> {
         let prefix = self.config.prefix.as_deref().unwrap_or("");
+        let task_only = lock(&self.seen).task_only.clone();
+        list.retain(|tool| self.config.filter.admits(&tool.name));
+        // Of the tools that share a plain offered name, the one whose own
+        // name sorts first keeps it, whatever the server's order.
+        let mut owners: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+        for tool in &list {
+            let owner = owners
+                .entry(offered_name(prefix, &tool.name))
+                .or_insert(&tool.name);
+            if *tool.name < **owner {
+                *owner = &tool.name;
+            }
+        }
+        let owners: std::collections::HashMap<String, String> = owners
+            .into_iter()
+            .map(|(offered, owner)| (offered, owner.to_owned()))
+            .collect();
         let mut seen = std::collections::HashSet::new();
         let mut out = Vec::new();
         for tool in list {
             if !self.config.filter.admits(&tool.name) {
                 continue;
             }
-            let offered = offered_name(prefix, &tool.name);
+            if task_only.contains(&*tool.name) {
+                tracing::warn!(
+                    server = %self.label,
+                    tool = %tool.name,
+                    "MCP tool not offered: the server runs it only as a task, which this client does not support"
+                );
+                continue;
+            }
+            let mut offered = offered_name(prefix, &tool.name);
+            if owners
+                .get(&offered)
+                .is_some_and(|owner| *owner != *tool.name)
+            {
+                let suffixed = suffixed_name(&offered, &tool.name);
+                tracing::warn!(
+                    server = %self.label,
+                    tool = %tool.name,
+                    taken = %offered,
+                    offered = %suffixed,
+                    "MCP tool offered under a suffixed name: its plain offered name is another tool's"
+                );
+                offered = suffixed;
+            }
             if !seen.insert(offered.clone()) {
                 tracing::warn!(
                     server = %self.label,
                     tool = %tool.name,
                     offered,
-                    "MCP tool left out: its offered name is taken"
+                    "MCP tool left out: even its suffixed name is taken"
                 );
                 continue;
             }
@@ -471,9 +691,15 @@ impl Inner {
                 .to_owned();
             match ToolDefinition::new(offered, description, schema) {
                 Ok(definition) => out.push(Arc::new(ToolInfo {
+                    approval: ApprovalDecision::decide(
+                        &self.config,
+                        &tool.name,
+                        tool.annotations.as_ref(),
+                    ),
                     definition,
                     remote: tool.name.into_owned(),
                     annotations: tool.annotations,
+                    output_schema: tool.output_schema.is_some(),
                 })),
                 Err(err) => tracing::warn!(server = %self.label, %err, "MCP tool left out"),
             }
@@ -500,6 +726,80 @@ fn offered_name(prefix: &str, name: &str) -> String {
         out.push('_');
     }
     out
+}
+
+/// `offered` with a suffix made from the server's own `name` (a hash, so
+/// the same name always gets the same suffix), still at most 64
+/// characters.
+fn suffixed_name(offered: &str, name: &str) -> String {
+    // FNV-1a: stable across runs and platforms, unlike the std hasher.
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let suffix = format!("_{:06x}", hash & 0xff_ffff);
+    let keep = 64 - suffix.len();
+    let mut out: String = offered.chars().take(keep).collect();
+    out.push_str(&suffix);
+    out
+}
+
+/// A failed handshake rmcp describes with its own types, in words.
+fn handshake_failure(err: &ClientInitializeError) -> String {
+    match err {
+        ClientInitializeError::JsonRpcError(data) => format!(
+            "the server refused the MCP handshake: {} (error {})",
+            data.message, data.code.0
+        ),
+        ClientInitializeError::NoCompatibleProtocolVersion {
+            server_supported, ..
+        } => format!(
+            "the server speaks no MCP protocol version this client does ({} offered)",
+            server_supported
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        ClientInitializeError::ConnectionClosed(_) => {
+            "the server closed the connection during the MCP handshake".to_owned()
+        }
+        ClientInitializeError::ExpectedInitResponse(_)
+        | ClientInitializeError::ExpectedInitResult(_)
+        | ClientInitializeError::ConflictInitResponseId(..)
+        | ClientInitializeError::UncorrelatedErrorResponse { .. } => {
+            "the server did not answer the MCP handshake as the protocol says".to_owned()
+        }
+        other => other.to_string(),
+    }
+}
+
+/// An HTTP server's failed handshake, in words: where, and what to check.
+fn http_init_failure(url: &str, err: &ClientInitializeError) -> String {
+    let ClientInitializeError::TransportError { error, .. } = err else {
+        return handshake_failure(err);
+    };
+    // The underlying error's own text (an HTTP status, a refused
+    // connection), without rmcp's wrapper that names its types.
+    let mut cause = error.error.to_string();
+    let mut source = std::error::Error::source(&*error.error);
+    while let Some(next) = source {
+        cause = format!("{cause}: {next}");
+        source = next.source();
+    }
+    let legacy = reqwest::Url::parse(url)
+        .ok()
+        .is_some_and(|u| u.path().trim_end_matches('/').ends_with("/sse"));
+    if legacy {
+        return format!(
+            "{url} looks like the endpoint of the legacy HTTP+SSE transport, which this \
+             client does not support: give the server's Streamable HTTP endpoint (often \
+             `/mcp`), or start the server in that mode ({cause})"
+        );
+    }
+    format!(
+        "no MCP handshake with {url} ({cause}): check the URL (a Streamable HTTP endpoint, \
+         often ending in `/mcp`), that the server is running, and its headers or token"
+    )
 }
 
 /// The Streamable HTTP transport with the configuration's headers.
@@ -578,13 +878,9 @@ fn same_origin_redirects(
     attempt.error(reason)
 }
 
-fn lock<T>(mutex: &SyncMutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic elsewhere cannot leave the cached list half-written: it is
-    // replaced whole.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+// A panic elsewhere cannot leave the cached list half-written: it is
+// replaced whole.
+use crate::child::lock;
 
 /// One tool of an MCP server, as a markov tool ([`DynTool`]).
 ///
@@ -639,6 +935,22 @@ impl McpTool {
     pub fn idempotent(&self) -> Option<bool> {
         self.info.annotations.as_ref()?.idempotent_hint
     }
+
+    /// All the server's annotations of the tool, as it gave them.
+    pub fn annotations(&self) -> Option<&ToolAnnotations> {
+        self.info.annotations.as_ref()
+    }
+
+    /// Whether the tool needs approval before each call, and why (see
+    /// [`Approval`]); [`McpClient::default_metadata`] follows it.
+    pub fn approval(&self) -> ApprovalDecision {
+        self.info.approval
+    }
+
+    /// The label of the tool's server (its command or URL).
+    pub fn server(&self) -> &str {
+        &self.client.label
+    }
 }
 
 #[async_trait]
@@ -662,7 +974,7 @@ impl DynTool for McpTool {
             .call(&self.info.remote, arguments.clone(), cx.idempotency_key())
             .await
         {
-            Ok(result) => crate::content::to_outcome(result),
+            Ok(result) => crate::content::to_outcome(result, self.info.output_schema),
             // The server refused the arguments (JSON-RPC invalid params).
             Err(McpError::Server {
                 code: -32602,
@@ -683,5 +995,59 @@ mod tests {
         assert_eq!(offered_name("", "a/b c"), "a_b_c");
         assert_eq!(offered_name("", "").len(), 1);
         assert_eq!(offered_name("p_", &"x".repeat(100)).len(), 64);
+    }
+
+    #[test]
+    fn suffixes_are_stable_and_fit() {
+        let a = suffixed_name("files_read", "files_read");
+        assert_eq!(a, suffixed_name("files_read", "files_read"));
+        assert_ne!(a, suffixed_name("files_read", "files.read"));
+        assert!(a.starts_with("files_read_"));
+        assert_eq!(suffixed_name(&"x".repeat(64), "y").len(), 64);
+    }
+
+    fn annotated(read_only: Option<bool>, destructive: Option<bool>) -> ToolAnnotations {
+        let mut a = ToolAnnotations::default();
+        a.read_only_hint = read_only;
+        a.destructive_hint = destructive;
+        a
+    }
+
+    #[test]
+    fn approval_follows_hints_then_the_configuration() {
+        let config = McpServerConfig::stdio("s", Vec::<String>::new());
+        let decide = |c: &McpServerConfig, name, hints: Option<ToolAnnotations>| {
+            ApprovalDecision::decide(c, name, hints.as_ref()).required
+        };
+        assert!(!decide(&config, "read", Some(annotated(Some(true), None))));
+        assert!(decide(
+            &config,
+            "write",
+            Some(annotated(Some(false), Some(true)))
+        ));
+        assert!(decide(
+            &config,
+            "mkdir",
+            Some(annotated(Some(false), Some(false)))
+        ));
+        assert!(decide(&config, "bare", None));
+        let config = config
+            .clone()
+            .require_approval(["read"])
+            .skip_approval(["write"]);
+        assert!(decide(&config, "read", Some(annotated(Some(true), None))));
+        assert!(!decide(
+            &config,
+            "write",
+            Some(annotated(Some(false), Some(true)))
+        ));
+        let all = McpServerConfig::stdio("s", Vec::<String>::new()).approval(Approval::All);
+        assert!(decide(&all, "read", Some(annotated(Some(true), None))));
+        let none = McpServerConfig::stdio("s", Vec::<String>::new()).approval(Approval::None);
+        assert!(!decide(
+            &none,
+            "write",
+            Some(annotated(Some(false), Some(true)))
+        ));
     }
 }

@@ -18,6 +18,71 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a `tools/list` may take by default (all pages together).
 pub const DEFAULT_LIST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The variables of markov's own environment a stdio server inherits by
+/// default, as the official MCP SDKs pass them: enough to find programs
+/// and a home directory, nothing that holds a secret. Anything else a
+/// server needs is named in its configuration
+/// ([`McpServerConfig::env`], [`McpServerConfig::inherit_env`]).
+#[cfg(not(windows))]
+pub const DEFAULT_INHERITED_ENV: &[&str] = &["HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER"];
+
+/// The variables of markov's own environment a stdio server inherits by
+/// default, as the official MCP SDKs pass them: enough to find programs
+/// and a home directory, nothing that holds a secret. Anything else a
+/// server needs is named in its configuration
+/// ([`McpServerConfig::env`], [`McpServerConfig::inherit_env`]).
+#[cfg(windows)]
+pub const DEFAULT_INHERITED_ENV: &[&str] = &[
+    "APPDATA",
+    "HOMEDRIVE",
+    "HOMEPATH",
+    "LOCALAPPDATA",
+    "PATH",
+    "PROCESSOR_ARCHITECTURE",
+    "PROGRAMFILES",
+    "SYSTEMDRIVE",
+    "SYSTEMROOT",
+    "TEMP",
+    "USERNAME",
+    "USERPROFILE",
+];
+
+/// Which of a server's tools need the application's approval before they
+/// run, when the tools are registered with
+/// [`McpClient::default_metadata`](crate::McpClient::default_metadata).
+///
+/// Names given with [`McpServerConfig::require_approval`] or
+/// [`McpServerConfig::skip_approval`] win over the mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Approval {
+    /// From the server's annotations (the default): a tool the server marks
+    /// read-only (`readOnlyHint: true`) runs without approval; any other
+    /// (destructive, or not marked read-only, or without annotations, which
+    /// the protocol reads as "may change things") needs it.
+    #[default]
+    Hints,
+    /// Every tool of the server needs approval.
+    All,
+    /// No tool of the server needs approval: the server is trusted whatever
+    /// its tools do.
+    None,
+}
+
+impl Approval {
+    /// Reads `hints`, `all` or `none`.
+    pub fn parse(word: &str) -> Result<Self, McpError> {
+        match word {
+            "hints" => Ok(Approval::Hints),
+            "all" => Ok(Approval::All),
+            "none" => Ok(Approval::None),
+            other => Err(McpError::Config(format!(
+                "approval `{other}`: expected `hints`, `all` or `none`"
+            ))),
+        }
+    }
+}
+
 /// How the client reaches the server.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -29,8 +94,12 @@ pub enum Transport {
         command: OsString,
         /// Its arguments.
         args: Vec<OsString>,
-        /// Extra environment variables (the rest is inherited).
+        /// The server's environment variables, set on top of the inherited
+        /// ones.
         env: Vec<(OsString, OsString)>,
+        /// The variables of markov's environment the server inherits, in
+        /// addition to [`DEFAULT_INHERITED_ENV`]; no other is passed.
+        inherit: Vec<OsString>,
         /// Its working directory (the current one when `None`).
         cwd: Option<PathBuf>,
     },
@@ -87,6 +156,10 @@ pub struct McpServerConfig {
     pub(crate) connect_timeout: Duration,
     pub(crate) call_timeout: Duration,
     pub(crate) list_timeout: Duration,
+    pub(crate) roots: Vec<PathBuf>,
+    pub(crate) approval: Approval,
+    pub(crate) require_approval: Vec<String>,
+    pub(crate) skip_approval: Vec<String>,
 }
 
 impl McpServerConfig {
@@ -99,6 +172,7 @@ impl McpServerConfig {
             command: command.into(),
             args: args.into_iter().map(Into::into).collect(),
             env: Vec::new(),
+            inherit: Vec::new(),
             cwd: None,
         })
     }
@@ -117,21 +191,30 @@ impl McpServerConfig {
 
     /// Reads a server from one line of text, as the demo's `--mcp` flag
     /// and `MARKOV_MCP` take it: an `http://` or `https://` URL, or a
-    /// command and its arguments separated by spaces.
+    /// command and its arguments in shell syntax: words separated by
+    /// spaces, a word with spaces in single or double quotes (or its
+    /// spaces escaped with `\\`). Nothing is expanded and no shell runs.
     ///
     /// ```
     /// use markov_mcp::McpServerConfig;
     ///
     /// assert!(McpServerConfig::parse("http://127.0.0.1:8000/mcp").is_ok());
     /// assert!(McpServerConfig::parse("npx -y @modelcontextprotocol/server-everything").is_ok());
+    /// assert!(McpServerConfig::parse("'/opt/my tools/server' --root '/home/me/My Files'").is_ok());
     /// assert!(McpServerConfig::parse("   ").is_err());
+    /// assert!(McpServerConfig::parse("server 'unclosed").is_err());
     /// ```
     pub fn parse(spec: &str) -> Result<Self, McpError> {
         let spec = spec.trim();
         if spec.starts_with("http://") || spec.starts_with("https://") {
             return Ok(Self::http(spec));
         }
-        let mut words = spec.split_whitespace();
+        let words = shlex::split(spec).ok_or_else(|| {
+            McpError::Config(format!(
+                "cannot read the MCP server command `{spec}`: an unclosed quote or a trailing `\\`"
+            ))
+        })?;
+        let mut words = words.into_iter();
         let command = words
             .next()
             .ok_or_else(|| McpError::Config("an empty MCP server command".into()))?;
@@ -147,15 +230,67 @@ impl McpServerConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             call_timeout: DEFAULT_CALL_TIMEOUT,
             list_timeout: DEFAULT_LIST_TIMEOUT,
+            roots: Vec::new(),
+            approval: Approval::default(),
+            require_approval: Vec::new(),
+            skip_approval: Vec::new(),
         }
     }
 
     /// Sets an environment variable of a stdio server (ignored for HTTP).
+    /// A stdio server's environment is [`DEFAULT_INHERITED_ENV`], the
+    /// variables named with [`inherit_env`](Self::inherit_env), and these;
+    /// nothing else of markov's environment (API keys, tokens) reaches it.
     #[must_use]
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
         if let Transport::Stdio { env, .. } = &mut self.transport {
             env.push((key.into(), value.into()));
         }
+        self
+    }
+
+    /// Passes the variable `name` of markov's own environment to a stdio
+    /// server, when it is set (ignored for HTTP); see [`env`](Self::env).
+    #[must_use]
+    pub fn inherit_env(mut self, name: impl Into<OsString>) -> Self {
+        if let Transport::Stdio { inherit, .. } = &mut self.transport {
+            inherit.push(name.into());
+        }
+        self
+    }
+
+    /// Offers `dir` to the server as a root (`roots/list`): a directory the
+    /// server may work in, such as the one a filesystem server started
+    /// without arguments serves. Roots are offered only when configured:
+    /// with none, the client does not announce the capability.
+    #[must_use]
+    pub fn root(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.roots.push(dir.into());
+        self
+    }
+
+    /// Which tools need approval ([`Approval::Hints`] by default).
+    #[must_use]
+    pub fn approval(mut self, mode: Approval) -> Self {
+        self.approval = mode;
+        self
+    }
+
+    /// These tools (by the server's names) need approval, whatever the mode
+    /// and the server's annotations say.
+    #[must_use]
+    pub fn require_approval(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.require_approval
+            .extend(names.into_iter().map(Into::into));
+        self
+    }
+
+    /// These tools (by the server's names) run without approval, whatever
+    /// the mode and the server's annotations say;
+    /// [`require_approval`](Self::require_approval) wins over it.
+    #[must_use]
+    pub fn skip_approval(mut self, names: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.skip_approval.extend(names.into_iter().map(Into::into));
         self
     }
 
@@ -248,6 +383,23 @@ mod tests {
         assert!(!f.admits("b"));
         assert!(!f.admits("c"));
         assert!(ToolFilter::default().admits("anything"));
+    }
+
+    #[test]
+    fn parse_keeps_quoted_spaces_in_one_word() {
+        let c = McpServerConfig::parse(r#"'/opt/my tools/srv' --root "/home/me/My Files" a\ b"#)
+            .expect("command");
+        match c.transport() {
+            Transport::Stdio { command, args, .. } => {
+                assert_eq!(command, "/opt/my tools/srv");
+                assert_eq!(args, &["--root", "/home/me/My Files", "a b"]);
+            }
+            other => panic!("not stdio: {other:?}"),
+        }
+        assert!(matches!(
+            McpServerConfig::parse("srv 'open"),
+            Err(McpError::Config(_))
+        ));
     }
 
     #[test]

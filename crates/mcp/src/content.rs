@@ -6,15 +6,24 @@
 //!
 //! - `isError: true` is a failed call: the model reads
 //!   `Tool execution error: <the blocks' text>`;
-//! - structured content, when the server gives it, is the result, as JSON
-//!   (the model reads its compact JSON text);
-//! - else one text block is the result's text, verbatim;
-//! - else the blocks are written one per line: text as it is, an embedded
-//!   text resource as its text, and what a text cannot hold (an image, an
-//!   audio clip, a binary resource) as a one-line note with its MIME type
-//!   and size, never its base64 data; a resource link keeps its name and
-//!   URI. The application still sees every block through
-//!   [`McpClient::call_raw`](crate::McpClient::call_raw).
+//! - the content blocks are what the model reads, as the official clients
+//!   show them: one text block is the result's text, verbatim; several
+//!   are written one per line: text as it is, an embedded text resource
+//!   as its text, and what a text cannot hold (an image, an audio clip, a
+//!   binary resource) as a one-line note with its MIME type and size,
+//!   never its base64 data; a resource link keeps its name and URI;
+//! - structured content is the result (a JSON value, its compact JSON text
+//!   for the model) only when the tool declares an output schema and its
+//!   one text block is the same JSON, or when there are no blocks; a
+//!   structured value that wraps the text (`{"content": "…"}`) or carries
+//!   an image's data is never what the model reads. An image or audio
+//!   object inside structured content (`{"type": "image", "data": …}`) is
+//!   replaced by the same note.
+//!
+//! A markov tool result is text, so an image never reaches the model as
+//! an image part from an MCP tool; it is the note. The application still
+//! sees every block and the structured content through
+//! [`McpClient::call_raw`](crate::McpClient::call_raw).
 
 use std::fmt::Write as _;
 
@@ -22,8 +31,13 @@ use markov_core::tool::{ToolCallError, ToolOutcome};
 use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 use serde_json::Value;
 
-/// Turns an MCP result into the outcome of a markov tool call.
-pub fn to_outcome(result: CallToolResult) -> Result<ToolOutcome, ToolCallError> {
+/// Turns an MCP result into the outcome of a markov tool call;
+/// `output_schema` says whether the tool declares one (see the module
+/// docs).
+pub fn to_outcome(
+    result: CallToolResult,
+    output_schema: bool,
+) -> Result<ToolOutcome, ToolCallError> {
     if result.is_error == Some(true) {
         let text = blocks_text(&result.content);
         let text = if text.is_empty() {
@@ -34,7 +48,17 @@ pub fn to_outcome(result: CallToolResult) -> Result<ToolOutcome, ToolCallError> 
         return Err(ToolCallError::Execution(text));
     }
     if let Some(structured) = result.structured_content {
-        return Ok(ToolOutcome::Value(structured));
+        let same = match result.content.as_slice() {
+            [] => true,
+            [ContentBlock::Text(text)] => {
+                output_schema
+                    && serde_json::from_str::<Value>(&text.text).ok() == Some(structured.clone())
+            }
+            _ => false,
+        };
+        if same {
+            return Ok(ToolOutcome::Value(without_media(structured)));
+        }
     }
     if let [ContentBlock::Text(text)] = result.content.as_slice() {
         return Ok(ToolOutcome::Value(Value::String(text.text.clone())));
@@ -103,6 +127,31 @@ fn write_block(out: &mut String, block: &ContentBlock) -> std::fmt::Result {
     }
 }
 
+/// `value` with each image or audio object (`{"type": "image", "data":
+/// "…", "mimeType": "…"}`) replaced by its note.
+fn without_media(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let kind = map.get("type").and_then(Value::as_str);
+            let data = map.get("data").and_then(Value::as_str);
+            if let (Some(kind @ ("image" | "audio")), Some(data)) = (kind, data) {
+                let mime = map
+                    .get("mimeType")
+                    .and_then(Value::as_str)
+                    .unwrap_or("application/octet-stream");
+                return Value::String(format!("[{kind} {mime}, {} bytes]", decoded_len(data)));
+            }
+            Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| (k, without_media(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(without_media).collect()),
+        other => other,
+    }
+}
+
 /// The size of base64 `data` once decoded.
 fn decoded_len(data: &str) -> usize {
     let padding = data.bytes().rev().take_while(|&b| b == b'=').count();
@@ -122,17 +171,48 @@ mod tests {
 
     #[test]
     fn one_text_block_is_the_text() {
-        let out = to_outcome(result(vec![ContentBlock::text("5")])).expect("ok");
+        let out = to_outcome(result(vec![ContentBlock::text("5")]), false).expect("ok");
         assert_eq!(out, ToolOutcome::Value(json!("5")));
     }
 
     #[test]
-    fn structured_content_wins() {
+    fn structured_content_is_the_value_when_declared_and_the_text_says_the_same() {
+        let mut r = result(vec![ContentBlock::text("{\"sum\": 5}")]);
+        r.structured_content = Some(json!({"sum": 5}));
+        assert_eq!(
+            to_outcome(r, true).expect("ok"),
+            ToolOutcome::Value(json!({"sum": 5}))
+        );
+    }
+
+    #[test]
+    fn the_text_wins_over_a_wrapping_structured_value() {
+        for declared in [false, true] {
+            let mut r = result(vec![ContentBlock::text("hello world")]);
+            r.structured_content = Some(json!({"content": "hello world"}));
+            assert_eq!(
+                to_outcome(r, declared).expect("ok"),
+                ToolOutcome::Value(json!("hello world"))
+            );
+        }
+        // Undeclared, even the same JSON is read as the text.
         let mut r = result(vec![ContentBlock::text("{\"sum\":5}")]);
         r.structured_content = Some(json!({"sum": 5}));
         assert_eq!(
-            to_outcome(r).expect("ok"),
-            ToolOutcome::Value(json!({"sum": 5}))
+            to_outcome(r, false).expect("ok"),
+            ToolOutcome::Value(json!("{\"sum\":5}"))
+        );
+    }
+
+    #[test]
+    fn media_in_structured_content_is_a_note() {
+        let mut r = result(vec![]);
+        r.structured_content = Some(json!({"content": [
+            {"type": "image", "data": "aGVsbG8=", "mimeType": "image/png"}
+        ]}));
+        assert_eq!(
+            to_outcome(r, true).expect("ok"),
+            ToolOutcome::Value(json!({"content": ["[image image/png, 5 bytes]"]}))
         );
     }
 
@@ -140,7 +220,7 @@ mod tests {
     fn is_error_is_an_execution_error() {
         let r = CallToolResult::error(vec![ContentBlock::text("no such city")]);
         assert_eq!(
-            to_outcome(r),
+            to_outcome(r, false),
             Err(ToolCallError::Execution("no such city".into()))
         );
     }
@@ -153,7 +233,7 @@ mod tests {
             ContentBlock::image("aGVsbG8=", "image/png"),
             ContentBlock::resource_link(link),
         ]);
-        let ToolOutcome::Value(Value::String(text)) = to_outcome(r).expect("ok") else {
+        let ToolOutcome::Value(Value::String(text)) = to_outcome(r, false).expect("ok") else {
             panic!("not text");
         };
         assert_eq!(

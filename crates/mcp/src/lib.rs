@@ -54,16 +54,18 @@
 //! call reconnects (or starts the child again).
 #![deny(missing_docs)]
 
+mod child;
 mod client;
 mod config;
 mod content;
 mod error;
+mod file;
 mod server;
 
-pub use client::{CLOSE_TIMEOUT, McpClient, McpTool};
+pub use client::{ApprovalDecision, CLOSE_TIMEOUT, McpClient, McpTool};
 pub use config::{
-    DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_LIST_TIMEOUT, McpServerConfig,
-    ToolFilter, Transport,
+    Approval, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_INHERITED_ENV,
+    DEFAULT_LIST_TIMEOUT, McpServerConfig, ToolFilter, Transport,
 };
 pub use content::{blocks_text, to_outcome};
 pub use error::McpError;

@@ -7,6 +7,11 @@
 //! milliseconds), `die` (the process exits in the middle of the call) and
 //! `pid` (the server's process id, to tell a restarted child from the
 //! first).
+//!
+//! With the argument `deep-schema` it is no registry but a misbehaving
+//! server written by hand: it answers the handshake, then lists one tool
+//! whose input schema nests 3 000 levels deep, a message no JSON parser
+//! with a recursion limit reads.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -110,8 +115,56 @@ fn tools() -> Vec<(&'static str, &'static str, Value, Run)> {
     ]
 }
 
+/// The `deep-schema` server: reads requests line by line on stdin and
+/// answers `initialize` and `tools/list`, the listing nested too deep.
+fn deep_schema() -> ExitCode {
+    use std::io::{BufRead, Write};
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else {
+            return ExitCode::FAILURE;
+        };
+        let Ok(request) = serde_json::from_str::<Value>(&line) else {
+            continue;
+        };
+        let id = request.get("id").cloned().unwrap_or(Value::Null);
+        let answer = match request.get("method").and_then(Value::as_str) {
+            Some("initialize") => json!({
+                "jsonrpc": "2.0", "id": id,
+                "result": {
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "deep-schema", "version": "0"}
+                }
+            })
+            .to_string(),
+            Some("tools/list") => {
+                // Written as text: building the value would recurse as deep.
+                let depth = 3000;
+                format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"deep","inputSchema":{{"type":"object","properties":{{"x":{}1{}}}}}}}]}}}}"#,
+                    r#"{"a":"#.repeat(depth),
+                    "}".repeat(depth)
+                )
+            }
+            _ => continue,
+        };
+        if writeln!(stdout, "{answer}")
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            return ExitCode::FAILURE;
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
+    if std::env::args().nth(1).as_deref() == Some("deep-schema") {
+        return deep_schema();
+    }
     let mut builder = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED));
     for (name, description, schema, run) in tools() {
         let definition = match ToolDefinition::new(name, description, schema) {

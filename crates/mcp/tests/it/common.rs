@@ -47,16 +47,23 @@ fn object(schema: Value) -> Arc<serde_json::Map<String, Value>> {
 impl RawServer {
     fn tools(&self) -> Vec<Tool> {
         let none = json!({"type": "object", "properties": {}});
+        // `add` declares its output, so its structured content is the value.
+        let mut add = Tool::new(
+            "add",
+            "Adds two integers.",
+            object(json!({
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"]
+            })),
+        );
+        add.output_schema = Some(object(json!({
+            "type": "object",
+            "properties": {"sum": {"type": "integer"}},
+            "required": ["sum"]
+        })));
         let mut tools = vec![
-            Tool::new(
-                "add",
-                "Adds two integers.",
-                object(json!({
-                    "type": "object",
-                    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                    "required": ["a", "b"]
-                })),
-            ),
+            add,
             Tool::new("grow", "Adds a tool.", object(none.clone())),
             Tool::new("boom", "Fails with a protocol error.", object(none.clone())),
             Tool::new("image", "Returns a picture.", object(none.clone())),

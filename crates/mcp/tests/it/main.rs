@@ -5,5 +5,6 @@
 mod common;
 mod http;
 mod policies;
+mod reference;
 mod server;
 mod stdio;

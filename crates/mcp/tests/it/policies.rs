@@ -5,7 +5,7 @@ use std::sync::Arc;
 use markov_core::ToolCallId;
 use markov_core::tool::{NoState, ToolContext};
 use markov_executor::Agent;
-use markov_mcp::McpClient;
+use markov_mcp::{Approval, McpClient};
 use markov_policy::{
     ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Mode, PolicyConfig, ToolMetadata,
     ToolRegistry, ToolRegistryBuilder, TurnBudgetState,
@@ -52,7 +52,11 @@ async fn registry_with(
 
 #[tokio::test]
 async fn a_mode_refusal_and_a_schema_invalid_call_never_reach_the_server() {
-    let client = McpClient::connect(stdio_config()).await.expect("connects");
+    // The test server gives no annotations: trusted here, so no call waits
+    // for an approval.
+    let client = McpClient::connect(stdio_config().approval(Approval::None))
+        .await
+        .expect("connects");
     let registry = registry_builder(&client, Budget::UNLIMITED, |tool| {
         let meta = McpClient::default_metadata(tool);
         if tool.remote_name() == "die" {
@@ -148,7 +152,9 @@ async fn an_mcp_tool_that_needs_confirmation_runs_only_after_the_approval() {
 
 #[tokio::test]
 async fn a_budget_caps_mcp_calls_per_turn() {
-    let client = McpClient::connect(stdio_config()).await.expect("connects");
+    let client = McpClient::connect(stdio_config().approval(Approval::None))
+        .await
+        .expect("connects");
     let registry = registry(
         &client,
         Budget::UNLIMITED.max_calls(1),

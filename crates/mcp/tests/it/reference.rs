@@ -1,0 +1,386 @@
+//! The client against the reference MCP servers a user starts with:
+//! `@modelcontextprotocol/server-everything` and
+//! `@modelcontextprotocol/server-filesystem` (npm), `mcp-server-time`
+//! (PyPI, on the Python SDK). `.ci/run` installs them; the tests find them
+//! on `PATH`. Under `CI=true` a missing server is a failure; elsewhere the
+//! test says why it skipped.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use markov_core::ToolCallId;
+use markov_core::tool::{NoState, SharedTool, ToolCallError, ToolContext, ToolOutcome};
+use markov_mcp::{McpClient, McpError, McpServerConfig};
+use markov_policy::{Budget, Mode, PolicyConfig, ToolRegistry, TurnBudgetState};
+use serde_json::{Value, json};
+
+use crate::common::error_type;
+
+/// The program `name` on `PATH`, or `None` (outside CI) with the reason
+/// printed.
+fn reference(name: &str, package: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name} is not on PATH: install {package} (.ci/run does)"
+        );
+        eprintln!("skipped: {name} is not on PATH (install {package})");
+    }
+    found
+}
+
+fn everything() -> Option<McpServerConfig> {
+    let program = reference(
+        "mcp-server-everything",
+        "npm install -g @modelcontextprotocol/server-everything",
+    )?;
+    Some(McpServerConfig::stdio(program, ["stdio"]).connect_timeout(Duration::from_secs(30)))
+}
+
+fn filesystem() -> Option<PathBuf> {
+    reference(
+        "mcp-server-filesystem",
+        "npm install -g @modelcontextprotocol/server-filesystem",
+    )
+}
+
+/// A fresh directory with `hello.txt` ("hello world") and `dot.png` (a
+/// 1×1 PNG).
+fn workdir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("markov-mcp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creates a directory");
+    std::fs::write(dir.join("hello.txt"), "hello world").expect("writes");
+    std::fs::write(dir.join("dot.png"), PNG).expect("writes");
+    dir
+}
+
+/// A 1×1 PNG, 70 bytes.
+const PNG: &[u8] = &[
+    0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1f, 0x15, 0xc4,
+    0x89, 0x00, 0x00, 0x00, 0x0d, 0x49, 0x44, 0x41, 0x54, 0x78, 0xda, 0x63, 0x64, 0xf8, 0xcf, 0x50,
+    0x0f, 0x00, 0x03, 0x86, 0x01, 0x80, 0x5a, 0x34, 0x7d, 0x6b, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45,
+    0x4e, 0x44, 0xae, 0x42, 0x60, 0x82,
+];
+
+fn find(tools: &[SharedTool], name: &str) -> SharedTool {
+    tools
+        .iter()
+        .find(|t| t.definition().name.as_str() == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} is offered"))
+}
+
+fn names(tools: &[SharedTool]) -> Vec<String> {
+    tools
+        .iter()
+        .map(|t| t.definition().name.as_str().to_owned())
+        .collect()
+}
+
+async fn call(tool: &SharedTool, input: Value) -> Result<ToolOutcome, ToolCallError> {
+    let id = ToolCallId::new("c1");
+    let state = NoState::default();
+    tool.call_json(&input, ToolContext::new(&id, &[], &state))
+        .await
+}
+
+/// The text the model reads of a successful call.
+async fn read(tool: &SharedTool, input: Value) -> String {
+    call(tool, input)
+        .await
+        .expect("the call succeeds")
+        .model_text("")
+}
+
+#[tokio::test]
+async fn a_stdio_server_sees_the_default_environment_and_what_is_configured_only() {
+    let Some(config) = everything() else { return };
+    // Cargo sets it for the test process: a variable of ours the server
+    // must not see, as it must not see an API key.
+    let ours = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let client = McpClient::connect(config.env("MARKOV_GIVEN", "passed on"))
+        .await
+        .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    let text = read(&find(&tools, "get-env"), json!({})).await;
+    let env: serde_json::Map<String, Value> =
+        serde_json::from_str(&text).expect("get-env answers a JSON object");
+    assert!(!text.contains(&ours), "{text}");
+    assert!(!env.contains_key("CARGO_MANIFEST_DIR"), "{text}");
+    assert_eq!(env.get("MARKOV_GIVEN"), Some(&json!("passed on")));
+    assert!(env.contains_key("PATH"), "{text}");
+    // Any other variable the server sees, its runtime set itself: none
+    // holds our value.
+    for (key, value) in &env {
+        if markov_mcp::DEFAULT_INHERITED_ENV.contains(&key.as_str()) || key == "MARKOV_GIVEN" {
+            continue;
+        }
+        let ours = std::env::var(key).ok();
+        assert!(
+            ours.is_none() || ours.as_deref() != value.as_str(),
+            "{key} was passed from markov's environment: {text}"
+        );
+    }
+    client.close().await;
+}
+
+#[tokio::test]
+async fn a_task_only_tool_is_not_offered() {
+    let Some(config) = everything() else { return };
+    let client = McpClient::connect(config).await.expect("connects");
+    let tools = names(&client.tools().await.expect("lists"));
+    assert!(
+        !tools.iter().any(|n| n == "simulate-research-query"),
+        "{tools:?}"
+    );
+    // The server's other tools are offered as before.
+    assert!(tools.iter().any(|n| n == "get-sum"), "{tools:?}");
+    client.close().await;
+}
+
+#[tokio::test]
+async fn an_image_is_a_note_with_its_type_and_size_never_its_data() {
+    let Some(config) = everything() else { return };
+    let client = McpClient::connect(config).await.expect("connects");
+    let tools = client.tools().await.expect("lists");
+    let text = read(&find(&tools, "get-tiny-image"), json!({})).await;
+    assert!(text.contains("[image image/png, "), "{text}");
+    assert!(!text.contains("iVBORw0KGgo"), "{text}");
+    client.close().await;
+}
+
+#[tokio::test]
+async fn text_blocks_reach_the_model_unwrapped_and_media_as_notes() {
+    let Some(program) = filesystem() else { return };
+    let dir = workdir("content");
+    let client = McpClient::connect(McpServerConfig::stdio(&program, [&dir]))
+        .await
+        .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    // The server also sends `{"content": "hello world"}` as structured content.
+    let text = read(
+        &find(&tools, "read_text_file"),
+        json!({"path": dir.join("hello.txt")}),
+    )
+    .await;
+    assert_eq!(text, "hello world");
+    let media = read(
+        &find(&tools, "read_media_file"),
+        json!({"path": dir.join("dot.png")}),
+    )
+    .await;
+    assert_eq!(media, format!("[image image/png, {} bytes]", PNG.len()));
+    client.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn declared_structured_output_that_matches_the_text_is_a_json_value() {
+    let Some(program) = reference("mcp-server-time", "pip install mcp-server-time") else {
+        return;
+    };
+    let client = McpClient::connect(
+        McpServerConfig::stdio(program, Vec::<String>::new())
+            .connect_timeout(Duration::from_secs(30)),
+    )
+    .await
+    .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    let ToolOutcome::Value(value) = call(
+        &find(&tools, "get_current_time"),
+        json!({"timezone": "UTC"}),
+    )
+    .await
+    .expect("succeeds") else {
+        panic!("not a value")
+    };
+    assert_eq!(value["timezone"], "UTC", "{value}");
+    client.close().await;
+}
+
+#[tokio::test]
+async fn destructive_tools_need_approval_and_read_only_ones_do_not() {
+    let Some(program) = filesystem() else { return };
+    let dir = workdir("approval");
+    let client = McpClient::connect(McpServerConfig::stdio(&program, [&dir]))
+        .await
+        .expect("connects");
+    let needs = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let registry = client
+        .register(
+            ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED)),
+            |tool| {
+                needs
+                    .lock()
+                    .expect("not poisoned")
+                    .insert(tool.remote_name().to_owned(), tool.approval());
+                McpClient::default_metadata(tool)
+            },
+        )
+        .await
+        .expect("registers")
+        .lock()
+        .expect("locks");
+    let needs = needs.into_inner().expect("not poisoned");
+    for name in ["write_file", "edit_file", "move_file"] {
+        let decision = needs[name];
+        assert!(decision.required, "{name}");
+        assert_eq!(decision.reason, "the server marks it destructive");
+    }
+    // Not destructive, but not read-only either: it changes things.
+    assert!(needs["create_directory"].required);
+    for name in ["read_text_file", "list_directory", "read_media_file"] {
+        assert!(!needs[name].required, "{name}");
+    }
+    // A write is held for approval and never reaches the server.
+    let registry = Arc::new(registry);
+    let call_id = ToolCallId::new("w1");
+    let state = NoState::default();
+    let target = dir.join("new.txt");
+    let executed = registry
+        .execute(
+            (&Mode::TEXT, &TurnBudgetState::new()),
+            &call_id,
+            "write_file",
+            json!({"path": target, "content": "x"}),
+            ToolContext::new(&call_id, &[], &state),
+        )
+        .await;
+    assert_eq!(
+        error_type(&executed.result.content).as_deref(),
+        Some("CONFIRMATION_PENDING"),
+        "{}",
+        executed.result.content
+    );
+    assert!(!target.exists());
+    client.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_filesystem_server_without_arguments_works_in_the_configured_root() {
+    let Some(program) = filesystem() else { return };
+    let dir = workdir("roots");
+    let client =
+        McpClient::connect(McpServerConfig::stdio(&program, Vec::<String>::new()).root(&dir))
+            .await
+            .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    let read_file = find(&tools, "read_text_file");
+    // The server asks for the roots after the handshake; give it a moment.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        match call(&read_file, json!({"path": dir.join("hello.txt")})).await {
+            Ok(outcome) => break outcome.model_text(""),
+            Err(err) if Instant::now() < deadline => {
+                let _ = err;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => panic!("the root was not granted: {err}"),
+        }
+    };
+    assert_eq!(text, "hello world");
+    // Outside the root, the server refuses.
+    let outside = call(&read_file, json!({"path": "/etc/hostname"})).await;
+    assert!(outside.is_err(), "{outside:?}");
+    client.close().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn a_legacy_sse_url_is_refused_with_a_sentence() {
+    let Some(program) = reference(
+        "mcp-server-everything",
+        "npm install -g @modelcontextprotocol/server-everything",
+    ) else {
+        return;
+    };
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+        probe.local_addr().expect("address").port()
+    };
+    let mut server = tokio::process::Command::new(program)
+        .arg("sse")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starts the SSE server");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the SSE server did not listen");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let url = format!("http://127.0.0.1:{port}/sse");
+    let err = McpClient::connect(McpServerConfig::http(&url))
+        .await
+        .expect_err("the legacy transport is not spoken");
+    let text = err.to_string();
+    assert!(
+        text.contains("legacy HTTP+SSE transport") && text.contains(&url),
+        "{text}"
+    );
+    assert!(!text.contains("rmcp::"), "{text}");
+    let _ = server.kill().await;
+}
+
+#[tokio::test]
+async fn connection_failures_say_what_failed_where_without_type_names() {
+    // Nothing listens on this port.
+    let port = {
+        let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+        probe.local_addr().expect("address").port()
+    };
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let err = McpClient::connect(McpServerConfig::http(&url))
+        .await
+        .expect_err("nothing to connect to")
+        .to_string();
+    assert!(err.contains(&url) && err.contains("check the URL"), "{err}");
+    assert!(
+        !err.contains("rmcp::") && !err.contains("Transport ["),
+        "{err}"
+    );
+    // A command that is no MCP server: it exits at once.
+    let err = McpClient::connect(McpServerConfig::stdio("sh", ["-c", "exit 3"]))
+        .await
+        .expect_err("no server")
+        .to_string();
+    assert!(
+        err.contains("closed its output before answering the MCP handshake"),
+        "{err}"
+    );
+    assert!(!err.contains("rmcp::"), "{err}");
+}
+
+#[tokio::test]
+async fn a_listing_nested_too_deep_fails_at_once_with_a_clear_error() {
+    let config = McpServerConfig::stdio(
+        env!("CARGO_BIN_EXE_markov-mcp-test-server"),
+        ["deep-schema"],
+    )
+    .list_timeout(Duration::from_secs(60));
+    let started = Instant::now();
+    let err = McpClient::connect(config)
+        .await
+        .expect_err("the listing cannot be read");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?}",
+        started.elapsed()
+    );
+    assert!(matches!(err, McpError::Disconnected(_)), "{err:?}");
+    assert!(err.to_string().contains("nested deeper than"), "{err}");
+}
