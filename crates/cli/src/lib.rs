@@ -16,6 +16,7 @@
 //! vendor's is asked for the model it serves ([`pick_settled_model_or`]).
 #![deny(missing_docs)]
 
+pub mod mcp;
 mod rehearsal;
 pub mod tools;
 

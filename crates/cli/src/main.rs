@@ -24,8 +24,13 @@
 //!
 //! `--mcp <server>` (or `MARKOV_MCP=<server>`) adds an MCP server's tools
 //! to the agent, each named `mcp_<its name>`: `<server>` is a Streamable
-//! HTTP URL or a command line that starts a stdio server. The second line
-//! names the server and its tools.
+//! HTTP URL or a command line (shell syntax: quote a path with spaces)
+//! that starts a stdio server. `--mcp-config <file>` adds the servers of an
+//! `mcpServers` JSON file, as Claude Desktop, Cursor and VS Code read it.
+//! Both repeat. The next lines name each server and its tools, and the
+//! tools that need approval and why (see [`markov_cli::mcp`]); the demo
+//! approves nothing, so a call to one of those ends the run waiting for
+//! an approval.
 //!
 //! A failure is printed on stderr and the process exits with status 1.
 //!
@@ -35,6 +40,7 @@
 //! ANTHROPIC_BASE_URL=http://localhost:8080 cargo run -p markov-cli --bin markov-demo
 //! OPENAI_BASE_URL=http://localhost:11434/v1 cargo run -p markov-cli --bin markov-demo
 //! cargo run -p markov-cli --bin markov-demo -- --mcp "npx -y @modelcontextprotocol/server-everything"
+//! cargo run -p markov-cli --bin markov-demo -- --mcp-config ~/.cursor/mcp.json
 //! MARKOV_MCP=http://127.0.0.1:8000/mcp cargo run -p markov-cli --bin markov-demo
 //! ```
 
@@ -44,6 +50,7 @@ use futures::StreamExt;
 use markov_core::message::{Item, Message};
 use markov_executor::{BuildError, RunError, RunOptions, run_machine};
 
+use markov_cli::mcp::{McpArgs, McpServers};
 use markov_cli::{QUESTION, demo_agent, pick_settled_model_or, scripted};
 use markov_executor::ToolChoiceEnforcer;
 use markov_runtime::tool_choice::ToolChoiceRule;
@@ -60,7 +67,7 @@ enum DemoError {
     /// The run failed.
     #[error("the run failed: {0}")]
     Run(#[from] RunError),
-    /// The MCP server could not be reached or listed.
+    /// An MCP server could not be reached or listed.
     #[error("cannot use the MCP server: {0}")]
     Mcp(#[from] markov_mcp::McpError),
     /// The command line is not understood.
@@ -68,33 +75,30 @@ enum DemoError {
     Usage(String),
 }
 
-/// The MCP server asked for with `--mcp <server>` or `MARKOV_MCP`, if any.
-fn mcp_spec() -> Result<Option<String>, DemoError> {
-    let mut args = std::env::args().skip(1);
-    let mut spec = None;
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--mcp" => {
-                spec = Some(args.next().ok_or_else(|| {
-                    DemoError::Usage("--mcp needs a server: a URL or a command".into())
-                })?);
-            }
-            other => {
-                if let Some(value) = other.strip_prefix("--mcp=") {
-                    spec = Some(value.to_owned());
-                } else {
-                    return Err(DemoError::Usage(format!(
-                        "unknown argument `{other}` (usage: markov-demo [--mcp <server>])"
-                    )));
-                }
-            }
+/// The demo's command line.
+#[derive(Debug, clap::Parser)]
+#[command(name = "markov-demo", version)]
+struct DemoArgs {
+    #[command(flatten)]
+    mcp: McpArgs,
+}
+
+/// The command line, or a usage error (`--help` prints and exits).
+fn demo_args() -> Result<DemoArgs, DemoError> {
+    use clap::Parser;
+    DemoArgs::try_parse().map_err(|err| match err.kind() {
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+            let _ = err.print();
+            std::process::exit(0)
         }
-    }
-    Ok(spec.or_else(|| {
-        std::env::var("MARKOV_MCP")
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-    }))
+        _ => DemoError::Usage(
+            err.render()
+                .to_string()
+                .trim_start_matches("error: ")
+                .trim_end()
+                .to_owned(),
+        ),
+    })
 }
 
 /// Prints the text, tool calls and tool results of one message.
@@ -120,7 +124,8 @@ fn print_message(message: &Message) {
 
 /// Builds the agent over the chosen model and runs it on [`QUESTION`].
 async fn demo() -> Result<(), DemoError> {
-    let spec = mcp_spec()?;
+    let args = demo_args()?;
+    let configs = args.mcp.configs()?;
     let (model, label) = pick_settled_model_or(std::sync::Arc::new(scripted())).await?;
     println!("{label}");
     // The question needs the tools: the turn's first call must use one.
@@ -128,21 +133,11 @@ async fn demo() -> Result<(), DemoError> {
         model,
         ToolChoiceRule::RequiredFirst,
     ));
-    let mut agent = demo_agent(model);
-    let mcp = match spec {
-        Some(spec) => {
-            let config = markov_mcp::McpServerConfig::parse(&spec)?.prefix("mcp_");
-            let client = markov_mcp::McpClient::connect(config).await?;
-            let tools = client.tools().await?;
-            let names: Vec<&str> = tools.iter().map(|t| t.definition().name.as_str()).collect();
-            println!("mcp: {}: {}", client.label(), names.join(", "));
-            for tool in tools {
-                agent = agent.shared_tool(tool);
-            }
-            Some(client)
-        }
-        None => None,
-    };
+    let mcp = McpServers::connect(configs).await?;
+    for line in mcp.summary() {
+        println!("{line}");
+    }
+    let agent = mcp.add_to(demo_agent(model));
     let mut machine = agent.build()?.machine();
     machine.enqueue_user(QUESTION);
     let mut steps = std::pin::pin!(run_machine(&mut machine, RunOptions::default()));
@@ -155,9 +150,7 @@ async fn demo() -> Result<(), DemoError> {
             print_message(message);
         }
     }
-    if let Some(client) = mcp {
-        client.close().await;
-    }
+    mcp.close().await;
     Ok(())
 }
 

@@ -444,6 +444,19 @@ impl AgentBuilder {
         self
     }
 
+    /// [`tool_with`](Self::tool_with) for a tool known only at run time
+    /// (such as an MCP server's, with `markov_mcp::McpClient::default_metadata`).
+    #[must_use]
+    pub fn shared_tool_with(mut self, tool: SharedTool, metadata: ToolMetadata) -> Self {
+        let registry = self
+            .registry
+            .take()
+            .unwrap_or_else(|| ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED)));
+        self.registry = Some(registry.register_shared(tool, metadata));
+        self.tools_with = true;
+        self
+    }
+
     /// Tools already registered with their metadata and policies (such as
     /// an MCP server's, `markov_mcp::McpClient::register`), instead of
     /// [`tool_with`](Self::tool_with) and [`policies`](Self::policies).
@@ -648,7 +661,7 @@ impl AgentBuilder {
             ),
             (
                 self.registry_given && self.tools_with,
-                "tool_with",
+                "tool_with (or shared_tool_with)",
                 "registry",
                 "register the tool in the registry given",
             ),

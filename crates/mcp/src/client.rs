@@ -275,6 +275,23 @@ impl McpClient {
             .collect())
     }
 
+    /// [`tools`](Self::tools) as [`McpTool`]s, for an application that
+    /// reads their annotations or approval decision (e.g. to register each
+    /// with [`default_metadata`](Self::default_metadata) in an agent).
+    pub async fn mcp_tools(&self) -> Result<Vec<Arc<McpTool>>, McpError> {
+        Ok(self
+            .cached_or_list()
+            .await?
+            .into_iter()
+            .map(|info| {
+                Arc::new(McpTool {
+                    client: Arc::clone(&self.inner),
+                    info,
+                })
+            })
+            .collect())
+    }
+
     /// Lists the server's tools again, whatever the cache holds.
     pub async fn refresh(&self) -> Result<Vec<SharedTool>, McpError> {
         // Cleared before the listing, so that a notification during it

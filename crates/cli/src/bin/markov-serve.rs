@@ -92,6 +92,9 @@ struct Database {
 /// How the service is served.
 #[derive(Debug, Args)]
 struct ServeArgs {
+    /// MCP servers whose tools the agent gets (see `markov_cli::mcp`).
+    #[command(flatten)]
+    mcp: markov_cli::mcp::McpArgs,
     /// The address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     bind: std::net::IpAddr,
@@ -318,10 +321,19 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     let (model, label) = pick_settled_model_or(Arc::new(Rehearsal))
         .await
         .map_err(|e| e.to_string())?;
-    let agent = Agent::builder("cities")
-        .instructions(INSTRUCTIONS)
-        .tool_with(Add, ToolMetadata::new(Category::Other))
-        .tool_with(Population, ToolMetadata::new(Category::Retrieval))
+    let mcp = markov_cli::mcp::McpServers::connect(args.mcp.configs().map_err(|e| e.to_string())?)
+        .await
+        .map_err(|e| format!("cannot use the MCP server: {e}"))?;
+    for line in mcp.summary() {
+        tracing::info!("{line}");
+    }
+    let agent = mcp.add_to(
+        Agent::builder("cities")
+            .instructions(INSTRUCTIONS)
+            .tool_with(Add, ToolMetadata::new(Category::Other))
+            .tool_with(Population, ToolMetadata::new(Category::Retrieval)),
+    );
+    let agent = agent
         .shared_model(model)
         .settings(ModelSettings {
             model: model_override(),
@@ -403,7 +415,9 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
             "sign in on the page with it, or: curl -H 'Authorization: Bearer {key}' http://{address}/sessions"
         );
     }
-    server.serve(listener).await.map_err(|e| e.to_string())?;
+    let served = server.serve(listener).await.map_err(|e| e.to_string());
+    mcp.close().await;
+    served?;
     println!("stopped");
     Ok(())
 }

@@ -1,4 +1,7 @@
-//! The demo with an MCP server's tools: `--mcp` and `MARKOV_MCP`.
+//! The demo and the service with MCP servers' tools: `--mcp` (repeatable,
+//! shell words), `MARKOV_MCP`, `--mcp-config` (the `mcpServers` file),
+//! and the approval lines. The reference servers (`.ci/run` installs them)
+//! are found on `PATH`; under `CI=true` a missing one is a failure.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -34,7 +37,10 @@ fn a_flag_without_its_server_is_a_usage_error() {
     let output = demo(&["--mcp"], &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("--mcp needs a server"), "{stderr}");
+    assert!(
+        stderr.contains("a value is required for '--mcp <SERVER>'"),
+        "{stderr}"
+    );
 }
 
 /// markov-mcp's stdio test server, when the workspace's build has made it
@@ -76,4 +82,185 @@ fn the_flag_adds_the_servers_tools_with_a_prefix() {
         stdout.contains("Lisbon and Porto have 777885 inhabitants together."),
         "{stdout}"
     );
+}
+
+/// The program `name` on `PATH`, or `None` (outside CI) with the reason
+/// printed.
+fn reference(name: &str, package: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "{name} is not on PATH: install {package} (.ci/run does)"
+        );
+        eprintln!("skipped: {name} is not on PATH (install {package})");
+    }
+    found
+}
+
+/// A fresh directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("markov-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("creates a directory");
+    dir
+}
+
+#[test]
+fn a_command_whose_path_has_spaces_is_one_word_when_quoted() {
+    let Some(time) = reference("mcp-server-time", "pip install mcp-server-time") else {
+        return;
+    };
+    let dir = scratch("spaces").join("my tools");
+    std::fs::create_dir_all(&dir).expect("creates a directory");
+    let script = dir.join("time server");
+    std::fs::write(
+        &script,
+        format!("#!/bin/sh\nexec '{}' \"$@\"\n", time.display()),
+    )
+    .expect("writes");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let spec = format!("'{}' --local-timezone UTC", script.display());
+    let output = demo(&["--mcp", &spec], &[]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.lines().nth(1).unwrap_or_default(),
+        format!(
+            "mcp: {}: mcp_get_current_time, mcp_convert_time",
+            script.display()
+        ),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn config_files_and_repeated_flags_add_every_server_and_say_which_tools_need_approval() {
+    let (Some(everything), Some(filesystem), Some(time)) = (
+        reference(
+            "mcp-server-everything",
+            "npm install -g @modelcontextprotocol/server-everything",
+        ),
+        reference(
+            "mcp-server-filesystem",
+            "npm install -g @modelcontextprotocol/server-filesystem",
+        ),
+        reference("mcp-server-time", "pip install mcp-server-time"),
+    ) else {
+        return;
+    };
+    let dir = scratch("config");
+    let file = dir.join("mcp.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({"mcpServers": {
+            "files": {"command": filesystem, "roots": [&dir],
+                      "noApproval": ["create_directory"]},
+            "everything": {"command": everything, "args": ["stdio"], "approval": "all",
+                           "includeTools": ["echo", "get-sum"]}
+        }})
+        .to_string(),
+    )
+    .expect("writes");
+    let time = time.to_string_lossy().into_owned();
+    let output = demo(
+        &["--mcp", &time, "--mcp-config", &file.to_string_lossy()],
+        &[],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[1],
+        format!("mcp: {time}: mcp_get_current_time, mcp_convert_time"),
+        "{stdout}"
+    );
+    // The files: destructive tools need approval, read-only ones not, and
+    // the file's exemption wins over the hints.
+    for line in [
+        "  files_write_file needs approval: the server marks it destructive",
+        "  files_move_file needs approval: the server marks it destructive",
+        "  everything_echo needs approval: the configuration requires approval for all tools",
+        "  everything_get-sum needs approval: the configuration requires approval for all tools",
+    ] {
+        assert!(lines.contains(&line), "{line:?} missing in\n{stdout}");
+    }
+    assert!(!stdout.contains("files_read_text_file needs"), "{stdout}");
+    assert!(!stdout.contains("files_create_directory needs"), "{stdout}");
+    assert!(
+        stdout.contains("Lisbon and Porto have 777885 inhabitants together."),
+        "{stdout}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_service_takes_the_same_flags_and_logs_the_approvals() {
+    let Some(filesystem) = reference(
+        "mcp-server-filesystem",
+        "npm install -g @modelcontextprotocol/server-filesystem",
+    ) else {
+        return;
+    };
+    let dir = scratch("serve");
+    let file = dir.join("mcp.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({"mcpServers": {"files": {"command": filesystem, "args": [&dir]}}})
+            .to_string(),
+    )
+    .expect("writes");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
+    for var in PROVIDER_VARS {
+        command.env_remove(var);
+    }
+    command.env_remove("MARKOV_MCP");
+    let mut child = command
+        .args(["--port", "0", "--database"])
+        .arg(dir.join("sessions.db"))
+        .arg("--mcp-config")
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("markov-serve starts");
+    let stderr = child.stderr.take().expect("piped");
+    let (found, log) = std::thread::scope(|scope| {
+        let reader = scope.spawn(move || {
+            use std::io::BufRead;
+            let mut log = String::new();
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                log.push_str(&line);
+                log.push('\n');
+                if line.contains("files_move_file needs approval") || line.contains("error") {
+                    return (line.contains("needs approval"), log);
+                }
+            }
+            (false, log)
+        });
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !reader.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        reader.join().unwrap_or((false, String::new()))
+    });
+    assert!(found, "{log}");
+    assert!(
+        log.contains("files_move_file needs approval: the server marks it destructive"),
+        "{log}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
