@@ -626,17 +626,11 @@ impl Inner {
             return reason;
         }
         match err {
-            ClientInitializeError::ConnectionClosed(_) => {
-                "the server's process closed its output before answering the MCP handshake: \
-                 check that the command starts an MCP server speaking on stdio (its messages \
-                 are on stderr above)"
-                    .to_owned()
+            ClientInitializeError::ConnectionClosed(_) => STOPPED_EARLY.to_owned(),
+            // The process may exit while the handshake is written to it.
+            ClientInitializeError::TransportError { error, .. } => {
+                format!("{STOPPED_EARLY} ({})", error.error)
             }
-            ClientInitializeError::TransportError { error, .. } => format!(
-                "the handshake could not be sent to the server's process ({}): check that \
-                 the command starts an MCP server and keeps running",
-                error.error
-            ),
             other => handshake_failure(other),
         }
     }
@@ -744,6 +738,10 @@ fn offered_name(prefix: &str, name: &str) -> String {
     }
     out
 }
+
+/// Why a stdio server's handshake failed when its process went away.
+const STOPPED_EARLY: &str = "the server's process stopped before answering the MCP handshake: \
+     check that the command starts an MCP server speaking on stdio (its messages are on stderr)";
 
 /// `offered` with a suffix made from the server's own `name` (a hash, so
 /// the same name always gets the same suffix), still at most 64

@@ -29,6 +29,54 @@
 //! # let _ = registry; Ok(()) }
 //! ```
 //!
+//! # What a stdio server sees
+//!
+//! A stdio server's environment is not markov's: it gets the variables of
+//! [`DEFAULT_INHERITED_ENV`] (`PATH`, `HOME`, `USER`, `LOGNAME`, `SHELL`,
+//! `TERM`; on Windows their equivalents), as the official SDKs pass them,
+//! plus what its configuration names ([`McpServerConfig::env`], and
+//! [`McpServerConfig::inherit_env`] for a variable of markov's own). An
+//! API key in markov's environment never reaches a server that was not
+//! given it.
+//!
+//! # Approvals
+//!
+//! [`McpClient::default_metadata`] maps a tool's annotations onto the
+//! registry: a tool the server marks read-only (`readOnlyHint: true`) runs
+//! without approval; any other (marked destructive, not marked read-only,
+//! or without annotations) needs the application's approval before each
+//! call. Per server, [`Approval::All`] or [`Approval::None`] replace the
+//! hints, and [`McpServerConfig::require_approval`] and
+//! [`McpServerConfig::skip_approval`] name tools either way.
+//! [`McpTool::approval`] says what was decided and why;
+//! [`McpTool::annotations`] keeps the server's hints.
+//!
+//! # What the model reads
+//!
+//! A tool's content blocks, as the official clients show them: text as it
+//! is, an image or audio clip as a note with its type and size (a markov
+//! tool result is text, so never its data), structured content only when
+//! the tool declares an output schema and it says what the text says. See
+//! [`to_outcome`].
+//!
+//! # What is offered
+//!
+//! Every tool the filter admits, under a provider-safe name; two names
+//! that clash get a stable suffix, with a warning. A tool the server runs
+//! only as a task (`taskSupport: "required"`) is not offered, since this
+//! client does not speak the tasks extension (seen over stdio).
+//!
+//! # Configuration file
+//!
+//! [`McpServerConfig::from_file`] reads the `mcpServers` JSON of Claude
+//! Desktop, Cursor and VS Code (`command`, `args`, `env`, `cwd`, `url`,
+//! `headers`), with markov's keys for roots, timeouts, approvals and tool
+//! filters. [`McpServerConfig::parse`] reads one server from a line (a URL,
+//! or a command in shell words). Roots ([`McpServerConfig::root`]) are
+//! offered only when configured, as desktop clients without a workspace
+//! do; the legacy HTTP+SSE transport is not supported, and an `/sse` URL
+//! or `"type": "sse"` says so.
+//!
 //! # Sessions
 //!
 //! One [`McpClient`] is one MCP session. Its clones and its tools share it,
@@ -51,7 +99,10 @@
 //! A tool call never panics and never hangs: a server error, `isError`, a
 //! call timeout (default [`DEFAULT_CALL_TIMEOUT`]), a lost connection or a
 //! dead child process is an error result the model reads, and the next
-//! call reconnects (or starts the child again).
+//! call reconnects (or starts the child again). Errors say what failed,
+//! where and what to check, in words; a server message nested too deep to
+//! read ends the connection at once with that reason, rather than leaving
+//! the request to wait out its timeout.
 #![deny(missing_docs)]
 
 mod child;

@@ -359,7 +359,7 @@ async fn connection_failures_say_what_failed_where_without_type_names() {
         .expect_err("no server")
         .to_string();
     assert!(
-        err.contains("closed its output before answering the MCP handshake"),
+        err.contains("the server's process stopped before answering the MCP handshake"),
         "{err}"
     );
     assert!(!err.contains("rmcp::"), "{err}");
