@@ -38,6 +38,14 @@ pub(crate) const MAX_DEPTH: usize = 120;
 /// `tools/list` page is passed on uninspected, with a warning.
 const MAX_INSPECTED: usize = 16 * 1024 * 1024;
 
+/// Why a message nested too deep ended the connection.
+pub(crate) fn too_deep() -> String {
+    format!(
+        "the server sent a message nested deeper than {MAX_DEPTH} levels, which this client \
+         does not read (a tool schema or result that deep is a bug in the server)"
+    )
+}
+
 /// What the watch learned, shared with the client.
 #[derive(Debug, Default)]
 pub(crate) struct Seen {
@@ -97,11 +105,7 @@ impl<R> Watch<R> {
                 b'{' | b'[' => {
                     self.depth += 1;
                     if self.depth > MAX_DEPTH {
-                        let reason = format!(
-                            "the server sent a message nested deeper than {MAX_DEPTH} levels, \
-                             which this client does not read (a tool schema or result that \
-                             deep is a bug in the server)"
-                        );
+                        let reason = too_deep();
                         lock(&self.seen).refused = Some(reason.clone());
                         return Err(io::Error::new(io::ErrorKind::InvalidData, reason));
                     }

@@ -599,9 +599,14 @@ impl Inner {
             }
             ServiceError::TransportSend(send) => {
                 self.reset().await;
+                let cause = error_chain(&*send.error);
+                // Over HTTP the answer is parsed with the request: a too
+                // deep one fails it at once, with the parser's words.
+                if cause.contains("recursion limit exceeded") {
+                    return McpError::Disconnected(crate::child::too_deep());
+                }
                 McpError::Disconnected(self.lost_because(&format!(
-                    "a message could not be sent to the server: {}",
-                    send.error
+                    "a request to the server failed ({cause}); the next call connects again"
                 )))
             }
             ServiceError::UnexpectedResponse => McpError::Unexpected(
@@ -788,6 +793,28 @@ fn handshake_failure(err: &ClientInitializeError) -> String {
     }
 }
 
+/// An error and its sources, one after the other (reqwest's top error
+/// says "error sending request", its source why).
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    // rmcp's HTTP error names its cause in its text but not as a source.
+    use rmcp::transport::streamable_http_client::StreamableHttpError;
+    if let Some(StreamableHttpError::Client(cause)) =
+        err.downcast_ref::<StreamableHttpError<reqwest::Error>>()
+    {
+        return error_chain(cause);
+    }
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(next) = source {
+        let text = next.to_string();
+        if !out.contains(&text) {
+            out = format!("{out}: {text}");
+        }
+        source = next.source();
+    }
+    out
+}
+
 /// An HTTP server's failed handshake, in words: where, and what to check.
 fn http_init_failure(url: &str, err: &ClientInitializeError) -> String {
     let ClientInitializeError::TransportError { error, .. } = err else {
@@ -795,12 +822,7 @@ fn http_init_failure(url: &str, err: &ClientInitializeError) -> String {
     };
     // The underlying error's own text (an HTTP status, a refused
     // connection), without rmcp's wrapper that names its types.
-    let mut cause = error.error.to_string();
-    let mut source = std::error::Error::source(&*error.error);
-    while let Some(next) = source {
-        cause = format!("{cause}: {next}");
-        source = next.source();
-    }
+    let cause = error_chain(&*error.error);
     let legacy = reqwest::Url::parse(url)
         .ok()
         .is_some_and(|u| u.path().trim_end_matches('/').ends_with("/sse"));

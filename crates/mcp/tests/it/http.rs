@@ -158,7 +158,16 @@ async fn a_dropped_server_is_an_error_result_and_the_client_reconnects_when_it_i
     )
     .await
     .expect("a gone server does not hang the call");
-    assert!(matches!(gone, Err(ToolCallError::Execution(_))), "{gone:?}");
+    // What the model reads says what happened, in words, without the
+    // SDK's type names.
+    let Err(ToolCallError::Execution(said)) = &gone else {
+        panic!("not an execution error: {gone:?}")
+    };
+    assert!(said.starts_with("the MCP connection closed: "), "{said}");
+    assert!(
+        !said.contains("rmcp::") && !said.contains("Transport ["),
+        "{said}"
+    );
 
     let again = raw_server(&addr.to_string(), None).await;
     let mut answer = call(&tools, "add", json!({"a": 1, "b": 2})).await;
@@ -249,5 +258,65 @@ async fn a_redirect_within_the_server_s_origin_is_followed() {
         Ok(ToolOutcome::Value(json!({"sum": 5})))
     );
     client.close().await;
+    server.shutdown().await;
+}
+
+/// A Streamable HTTP endpoint written by hand that answers the handshake
+/// and lists one tool whose schema nests 3 000 levels deep.
+async fn deep_schema_server() -> Running {
+    serve("127.0.0.1:0", None, |_| {
+        axum::Router::new().route(
+            "/mcp",
+            axum::routing::post(|body: String| async move {
+                let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                let id = request.get("id").cloned().unwrap_or(Value::Null);
+                let json = [(axum::http::header::CONTENT_TYPE, "application/json")];
+                match request.get("method").and_then(Value::as_str) {
+                    Some("initialize") => (
+                        axum::http::StatusCode::OK,
+                        json,
+                        json!({"jsonrpc": "2.0", "id": id, "result": {
+                            "protocolVersion": "2025-06-18",
+                            "capabilities": {"tools": {}},
+                            "serverInfo": {"name": "deep", "version": "0"}
+                        }})
+                        .to_string(),
+                    ),
+                    Some("tools/list") => {
+                        let depth = 3000;
+                        (
+                            axum::http::StatusCode::OK,
+                            json,
+                            format!(
+                                r#"{{"jsonrpc":"2.0","id":{id},"result":{{"tools":[{{"name":"deep","inputSchema":{{"type":"object","properties":{{"x":{}1{}}}}}}}]}}}}"#,
+                                r#"{"a":"#.repeat(depth),
+                                "}".repeat(depth)
+                            ),
+                        )
+                    }
+                    _ => (axum::http::StatusCode::ACCEPTED, json, String::new()),
+                }
+            }),
+        )
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_listing_nested_too_deep_fails_at_once_over_http_too() {
+    let server = deep_schema_server().await;
+    let started = std::time::Instant::now();
+    let err = McpClient::connect(
+        McpServerConfig::http(&server.url).list_timeout(Duration::from_secs(60)),
+    )
+    .await
+    .expect_err("the listing cannot be read");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "waited {:?}: {err}",
+        started.elapsed()
+    );
+    assert!(matches!(err, McpError::Disconnected(_)), "{err:?}");
+    assert!(err.to_string().contains("nested deeper than"), "{err}");
     server.shutdown().await;
 }
