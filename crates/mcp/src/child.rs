@@ -166,10 +166,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for Watch<R> {
         let this = self.get_mut();
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                let new = buf.filled()[before..].to_vec();
-                Poll::Ready(this.scan(&new))
-            }
+            Poll::Ready(Ok(())) => Poll::Ready(this.scan(&buf.filled()[before..])),
             other => other,
         }
     }

@@ -32,6 +32,7 @@ struct Entry {
     #[serde(default)]
     inherit_env: Vec<String>,
     cwd: Option<PathBuf>,
+    #[serde(alias = "httpUrl")]
     url: Option<String>,
     #[serde(default)]
     headers: BTreeMap<String, String>,
@@ -43,8 +44,9 @@ struct Entry {
     approval: Option<String>,
     #[serde(default)]
     require_approval: Vec<String>,
-    #[serde(default)]
+    #[serde(default, alias = "autoApprove", alias = "alwaysAllow")]
     no_approval: Vec<String>,
+    trust: Option<bool>,
     include_tools: Option<Vec<String>>,
     #[serde(default)]
     exclude_tools: Vec<String>,
@@ -89,7 +91,10 @@ impl McpServerConfig {
     /// milliseconds: a call, the connection, a listing), `approval`
     /// (`hints`, `all` or `none`, see [`Approval`]), `requireApproval` and
     /// `noApproval` (tool names), `includeTools` and `excludeTools`,
-    /// `disabled`. `type` may say `stdio` or `http`; `sse` (the legacy
+    /// `disabled`. The other clients' names for the same things are read
+    /// too: `httpUrl` for `url`, `autoApprove` and `alwaysAllow` for
+    /// `noApproval`, `trust: true` for `approval: none`. `type` may say
+    /// `stdio` or `http`; `sse` (the legacy
     /// transport) is refused with a sentence saying so. Values are taken
     /// as written: nothing is expanded. Other keys are ignored with a
     /// warning in the log.
@@ -158,6 +163,14 @@ impl Entry {
                 }
                 let mut config = McpServerConfig::stdio(command, self.args);
                 for (key, value) in self.env {
+                    if value.contains("${") {
+                        tracing::warn!(
+                            server = %name,
+                            variable = %key,
+                            "MCP server environment value is passed as written (nothing is expanded): \
+                             to pass a variable of markov's environment, name it in `inheritEnv`"
+                        );
+                    }
                     config = config.env(key, value);
                 }
                 for var in self.inherit_env {
@@ -201,6 +214,9 @@ impl Entry {
         }
         if let Some(t) = self.list_timeout {
             config = config.list_timeout(ms(t));
+        }
+        if self.trust == Some(true) {
+            config = config.approval(Approval::None);
         }
         if let Some(mode) = self.approval {
             config = config.approval(Approval::parse(&mode)?);
@@ -252,6 +268,18 @@ mod tests {
             servers[1].1.transport(),
             Transport::Http { headers, .. } if headers.get("X-Key").map(String::as_str) == Some("k")
         ));
+    }
+
+    #[test]
+    fn other_clients_names_for_the_same_keys() {
+        let text = r#"{"mcpServers": {
+            "a": {"httpUrl": "https://example.invalid/mcp", "trust": true},
+            "b": {"command": "srv", "autoApprove": ["read"]}
+        }}"#;
+        let servers = McpServerConfig::from_json(text, Path::new(".")).expect("valid");
+        assert!(matches!(servers[0].1.transport(), Transport::Http { .. }));
+        assert_eq!(servers[0].1.approval, Approval::None);
+        assert_eq!(servers[1].1.skip_approval, ["read"]);
     }
 
     #[test]
