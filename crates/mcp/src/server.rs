@@ -1,7 +1,8 @@
 //! The server: a markov tool registry, with its policies, served over MCP.
 //!
 //! [`McpToolServer`] answers `tools/list` with the registry's definitions
-//! (exactly what a model would be offered) and `tools/call`
+//! (exactly what a model would be offered; a [`Category::Retrieval`] tool
+//! marked `readOnlyHint: true`, any other `false`) and `tools/call`
 //! through the registry's stack, so every policy applies to calls from
 //! other agents and IDEs as to a machine's. A successful call's result is
 //! the tool's output as one text block (the registry's `{"ok":true,..}`
@@ -32,10 +33,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use markov_core::ToolCallId;
 use markov_core::tool::{NoState, ToolContext};
-use markov_policy::{EnvelopeMode, Mode, ToolRegistry, TurnBudgetState};
+use markov_policy::{Category, EnvelopeMode, Mode, ToolRegistry, TurnBudgetState};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -172,11 +174,21 @@ impl McpToolServer {
                     Value::Object(map) => map,
                     _ => serde_json::Map::from_iter([("type".to_owned(), Value::from("object"))]),
                 };
-                Tool::new(
+                // A retrieval tool changes nothing: said as `readOnlyHint`,
+                // so a client's approvals can follow it.
+                let read_only = self
+                    .registry
+                    .metadata(def.name.as_str())
+                    .is_some_and(|m| m.category() == Category::Retrieval);
+                let mut annotations = ToolAnnotations::default();
+                annotations.read_only_hint = Some(read_only);
+                let mut tool = Tool::new(
                     def.name.as_str().to_owned(),
                     def.description,
                     Arc::new(schema),
-                )
+                );
+                tool.annotations = Some(annotations);
+                tool
             })
             .collect()
     }

@@ -81,3 +81,36 @@ async fn a_registry_served_over_http_lists_and_runs_its_tools_under_its_policies
     client.close().await;
     running.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_served_retrieval_tool_is_read_only_and_runs_without_approval_on_the_client() {
+    let tool = |name: &str| {
+        Arc::new(Upper(
+            ToolDefinition::new(name, "Capitals.", json!({"type": "object"})).expect("valid"),
+        ))
+    };
+    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+        .register_shared(tool("peek"), ToolMetadata::new(Category::Retrieval))
+        .register_shared(tool("poke"), ToolMetadata::new(Category::Action))
+        .lock()
+        .expect("locks");
+    let server = McpToolServer::new(Arc::new(registry));
+    let running = serve("127.0.0.1:0", None, |stop| {
+        axum::Router::new().nest_service("/mcp", server.http_service(stop))
+    })
+    .await;
+    let client = McpClient::connect(McpServerConfig::http(&running.url))
+        .await
+        .expect("connects");
+    let tools = client.mcp_tools().await.expect("lists");
+    let decided: Vec<(&str, Option<bool>, bool)> = tools
+        .iter()
+        .map(|t| (t.remote_name(), t.read_only(), t.approval().required))
+        .collect();
+    assert_eq!(
+        decided,
+        [("peek", Some(true), false), ("poke", Some(false), true)]
+    );
+    client.close().await;
+    running.shutdown().await;
+}
