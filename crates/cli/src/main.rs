@@ -27,7 +27,14 @@
 //! HTTP URL or a command line that starts a stdio server. The second line
 //! names the server and its tools.
 //!
-//! A failure is printed on stderr and the process exits with status 1.
+//! The answer's tokens fit the server's context: a local server is asked
+//! for its context window (llama.cpp's `GET /props`, vLLM's model list)
+//! and an answer may take a quarter of it; a server that does not say
+//! gets the default (2 048 tokens for a model markov does not know).
+//!
+//! A failure, or a run that ends without an answer (the context used up,
+//! a usage limit, the loop guard), is printed on stderr with the reason,
+//! and the process exits with status 1.
 //!
 //! ```text
 //! cargo run -p markov-cli --bin markov-demo
@@ -41,8 +48,8 @@
 use std::process::ExitCode;
 
 use futures::StreamExt;
-use markov_core::message::{Item, Message};
-use markov_executor::{BuildError, RunError, RunOptions, run_machine};
+use markov_core::message::{Item, Message, Role};
+use markov_executor::{BuildError, MachineStep, RunError, RunOptions, YieldReason, run_machine};
 
 use markov_cli::{QUESTION, demo_agent, pick_settled_model_or, scripted};
 use markov_executor::ToolChoiceEnforcer;
@@ -63,6 +70,9 @@ enum DemoError {
     /// The MCP server could not be reached or listed.
     #[error("cannot use the MCP server: {0}")]
     Mcp(#[from] markov_mcp::McpError),
+    /// The run ended without an answer: why.
+    #[error("no answer: {0}")]
+    Unanswered(String),
     /// The command line is not understood.
     #[error("{0}")]
     Usage(String),
@@ -118,17 +128,53 @@ fn print_message(message: &Message) {
     }
 }
 
+/// Why a run that ended without an answer ended, in words (`None`: it
+/// answered).
+fn unanswered(step: &MachineStep, context_window: u32, max_tokens: u32) -> Option<String> {
+    let answered = step
+        .history
+        .iter()
+        .rev()
+        .find(|m| m.role == Role::Assistant)
+        .is_some_and(|m| !m.text().trim().is_empty());
+    Some(match step.yield_reason {
+        YieldReason::EndTurn if answered => return None,
+        YieldReason::EndTurn => "the model ended its turn without an answer".to_owned(),
+        YieldReason::ContextExhausted => format!(
+            "the conversation no longer fits the model's context window (about {context_window} tokens, \
+             answers of up to {max_tokens}): the model's answers used it up before it answered. \
+             Start the server with a larger context (llama-server -c, vLLM --max-model-len)"
+        ),
+        YieldReason::UsageLimit => match &step.usage_limit {
+            Some(limit) => format!("a usage limit ended the run before it answered: {limit}"),
+            None => "a usage limit ended the run before it answered".to_owned(),
+        },
+        YieldReason::MaxTokens => format!(
+            "the answer was cut by the token limit ({max_tokens} tokens) before it was complete"
+        ),
+        YieldReason::LoopDetected => {
+            "the model kept calling one tool with the same arguments, and the loop guard ended the run"
+                .to_owned()
+        }
+        YieldReason::Cancelled => "the run was stopped before the model answered".to_owned(),
+        other => format!(
+            "the run stopped without an answer ({})",
+            other.as_str()
+        ),
+    })
+}
+
 /// Builds the agent over the chosen model and runs it on [`QUESTION`].
 async fn demo() -> Result<(), DemoError> {
     let spec = mcp_spec()?;
-    let (model, label) = pick_settled_model_or(std::sync::Arc::new(scripted())).await?;
-    println!("{label}");
+    let chosen = pick_settled_model_or(std::sync::Arc::new(scripted())).await?;
+    println!("{}", chosen.label);
     // The question needs the tools: the turn's first call must use one.
     let model = std::sync::Arc::new(ToolChoiceEnforcer::new(
-        model,
+        std::sync::Arc::clone(&chosen.model),
         ToolChoiceRule::RequiredFirst,
     ));
-    let mut agent = demo_agent(model);
+    let mut agent = demo_agent(&chosen, model);
     let mcp = match spec {
         Some(spec) => {
             let config = markov_mcp::McpServerConfig::parse(&spec)?.prefix("mcp_");
@@ -147,18 +193,34 @@ async fn demo() -> Result<(), DemoError> {
     machine.enqueue_user(QUESTION);
     let mut steps = std::pin::pin!(run_machine(&mut machine, RunOptions::default()));
     let mut n = 0;
-    while let Some(step) = steps.next().await {
-        let step = step?;
+    let mut last = None;
+    let outcome = loop {
+        let Some(step) = steps.next().await else {
+            break Ok(());
+        };
+        let step = match step {
+            Ok(step) => step,
+            Err(error) => break Err(DemoError::Run(error)),
+        };
         n += 1;
         println!("step {n} ({}):", step.yield_reason.as_str());
         for message in &step.history {
             print_message(message);
         }
-    }
+        last = Some(step);
+    };
     if let Some(client) = mcp {
         client.close().await;
     }
-    Ok(())
+    outcome?;
+    let why = match &last {
+        Some(step) => unanswered(step, chosen.context_window(), chosen.settings().max_tokens),
+        None => Some("the run made no step".to_owned()),
+    };
+    match why {
+        Some(why) => Err(DemoError::Unanswered(why)),
+        None => Ok(()),
+    }
 }
 
 #[tokio::main(flavor = "current_thread")]
