@@ -10,6 +10,11 @@
 //! cargo run -p markov-cli --bin markov-serve -- --help
 //! ```
 //!
+//! A session never dies of its own length: the agent has a context policy
+//! (`--context`, summaries by default) sized to the context window the
+//! server reports, and its answers fit that window as `markov-demo`'s do.
+//! `--require-approval <tool>` makes a tool's calls wait for a person.
+//!
 //! The model is chosen as for `markov-demo` (see the library); without a
 //! key it is the scripted [`Rehearsal`], and the first line says so. When
 //! the store holds no API key yet, one is created for the principal
