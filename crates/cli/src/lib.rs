@@ -61,6 +61,9 @@ pub struct Chosen {
     /// for the vendor's API, a server that does not say, and the
     /// rehearsal.
     pub served_context: Option<u32>,
+    /// Whether the server's chat template handles tools, where it says
+    /// (llama.cpp's `GET /props`).
+    pub template_has_tools: Option<bool>,
     /// The client's default model (`None` for the rehearsal).
     pub default_model: Option<String>,
 }
@@ -112,8 +115,8 @@ impl Chosen {
 /// no `MARKOV_MODEL` set, the model the server serves
 /// ([`markov_providers::EnvModel::settle_model`]): the vendor's default
 /// name (`gpt-4.1`, `claude-…`) is never sent to a local server. A server
-/// other than the vendor's is asked for its context window as well
-/// ([`markov_providers::EnvModel::served_context`]).
+/// other than the vendor's is asked for its context window and chat
+/// template as well ([`markov_providers::EnvModel::served_facts`]).
 ///
 /// # Errors
 /// As [`pick_model_or`], and [`markov_providers::ConfigError::ModelNotNamed`]
@@ -124,11 +127,12 @@ pub async fn pick_settled_model_or(
     match markov_providers::from_env()? {
         Some(configured) => {
             let configured = configured.settle_model().await?;
-            let served_context = configured.served_context().await;
+            let facts = configured.served_facts().await;
             Ok(Chosen {
                 model: configured.model(),
                 label: format!("model: {}", configured.description()),
-                served_context,
+                served_context: facts.context_window,
+                template_has_tools: facts.template_has_tools,
                 default_model: Some(configured.default_model().to_owned()),
             })
         }
@@ -136,6 +140,7 @@ pub async fn pick_settled_model_or(
             model: rehearsal,
             label: rehearsal_label(),
             served_context: None,
+            template_has_tools: None,
             default_model: None,
         }),
     }

@@ -17,10 +17,12 @@
 //! The line names the API, the endpoint and the model. `MARKOV_MODEL`
 //! names the model; without it a local server is asked which model it
 //! serves, and a server serving several is an error that lists them.
-//! The first model call must call a tool (the question needs them): a
-//! server that ignores the tools it is offered (no tool-capable chat
-//! template) is then an error that says how to start it, not a confident
-//! made-up answer.
+//! The first model call must call a tool (the question needs them): an
+//! answer without one is an error, not a confident made-up answer, and
+//! the error tells a server that does not pass the tools (its chat
+//! template has none, as llama.cpp's `GET /props` shows, or the call came
+//! back as text) from a model that chose to answer in text (llama.cpp's
+//! server does not enforce a required tool choice).
 //!
 //! `--mcp <server>` (or `MARKOV_MCP=<server>`) adds an MCP server's tools
 //! to the agent, each named `mcp_<its name>`: `<server>` is a Streamable
@@ -70,6 +72,14 @@ enum DemoError {
     /// The MCP server could not be reached or listed.
     #[error("cannot use the MCP server: {0}")]
     Mcp(#[from] markov_mcp::McpError),
+    /// The model answered in text, and the server's chat template has no
+    /// tools: the server never passed them to the model.
+    #[error(
+        "the server does not pass the tools to the model: its chat template has none, so the model never saw them. \
+         Start llama-server with --jinja, and --chat-template-file <a template with tools> for a model whose own template has none \
+         (README, \"Local models\"). The run failed: {0}"
+    )]
+    ToolsNotPassed(String),
     /// The run ended without an answer: why.
     #[error("no answer: {0}")]
     Unanswered(String),
@@ -211,6 +221,16 @@ async fn demo() -> Result<(), DemoError> {
     };
     if let Some(client) = mcp {
         client.close().await;
+    }
+    if let Err(DemoError::Run(error)) = &outcome
+        && chosen.template_has_tools == Some(false)
+        && error
+            .to_string()
+            .contains(markov_providers::TEXT_INSTEAD_OF_TOOL_CALL)
+    {
+        // The server said its template has no tools: the model never saw
+        // them, whatever it would have chosen.
+        return Err(DemoError::ToolsNotPassed(error.to_string()));
     }
     outcome?;
     let why = match &last {

@@ -166,41 +166,45 @@ impl EnvModel {
         Ok(self.with_model(model))
     }
 
-    /// The context window, in tokens, a server other than the vendor's
-    /// runs the model with, when it says (llama.cpp's server at
-    /// `GET /props`, vLLM in its model list); `None` at the vendor's
-    /// address (markov knows its models, `ModelLimits`), for a server that
-    /// does not say, and when asking fails or takes longer than 5 s (said
-    /// in a warning): the caller then keeps its documented default.
-    pub async fn served_context(&self) -> Option<u32> {
+    /// What a server other than the vendor's says of itself: the context
+    /// window it runs the model with (llama.cpp's server at `GET /props`,
+    /// vLLM in its model list) and whether its chat template handles tools
+    /// (llama.cpp). Nothing at the vendor's address (markov knows its
+    /// models, `ModelLimits`), for a server that does not say, and when
+    /// asking fails or takes longer than 5 s (said in a warning): the
+    /// caller then keeps its documented default.
+    pub async fn served_facts(&self) -> crate::ServedFacts {
         if self.is_vendor() {
-            return None;
+            return crate::ServedFacts::default();
         }
         let (_, endpoint, model) = self.parts();
-        let asked: Result<Option<u32>, markov_core::ModelError> = match &self.client {
+        let asked: Result<crate::ServedFacts, markov_core::ModelError> = match &self.client {
             #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
             Client::Never(never) => match *never {},
             #[cfg(feature = "anthropic")]
-            Client::Anthropic(c) => c.served_context().await,
+            Client::Anthropic(c) => c.served_facts().await,
             #[cfg(feature = "openai")]
-            Client::OpenAi(c) => c.served_context().await,
+            Client::OpenAi(c) => c.served_facts().await,
             #[cfg(feature = "responses")]
-            Client::Responses(c) => c.served_context().await,
+            Client::Responses(c) => c.served_facts().await,
             #[cfg(feature = "gemini")]
-            Client::Gemini(_) => Ok(None),
+            Client::Gemini(_) => Ok(crate::ServedFacts::default()),
         };
         match asked {
-            Ok(Some(tokens)) => {
-                tracing::info!(%endpoint, model, tokens, "the server reports its context window");
-                Some(tokens)
-            }
-            Ok(None) => {
-                tracing::info!(%endpoint, model, "the server does not report its context window");
-                None
+            Ok(facts) => {
+                match facts.context_window {
+                    Some(tokens) => {
+                        tracing::info!(%endpoint, model, tokens, "the server reports its context window");
+                    }
+                    None => {
+                        tracing::info!(%endpoint, model, "the server does not report its context window");
+                    }
+                }
+                facts
             }
             Err(error) => {
-                tracing::warn!(%endpoint, model, %error, "asking the server for its context window failed");
-                None
+                tracing::warn!(%endpoint, model, %error, "asking the server about itself failed");
+                crate::ServedFacts::default()
             }
         }
     }

@@ -187,6 +187,37 @@ pub(crate) fn parse_base_url(url: &str, var: Option<&'static str>) -> Result<Url
 /// leaves the documented default in place.
 pub(crate) const CONTEXT_QUERY_WAIT: Duration = Duration::from_secs(5);
 
+/// What a local server says of itself (`EnvModel::served_facts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ServedFacts {
+    /// The context window, in tokens, the server runs the model with
+    /// (llama.cpp's `n_ctx`, vLLM's `max_model_len`).
+    pub context_window: Option<u32>,
+    /// Whether the server's chat template handles tools (llama.cpp's
+    /// `chat_template_caps.supports_tools`, else whether its
+    /// `chat_template` mentions them): `Some(false)` means the model never
+    /// sees the tools it is offered.
+    pub template_has_tools: Option<bool>,
+}
+
+/// Whether llama.cpp's chat template handles tools, from its `/props`:
+/// `chat_template_caps.supports_tools` where the build says, else whether
+/// the template's text mentions `tools`.
+pub(crate) fn template_has_tools(props: &serde_json::Value) -> Option<bool> {
+    props
+        .get("chat_template_caps")
+        .and_then(|caps| caps.get("supports_tools"))
+        .and_then(serde_json::Value::as_bool)
+        .or_else(|| {
+            props
+                .get("chat_template")
+                .and_then(serde_json::Value::as_str)
+                .filter(|t| !t.is_empty())
+                .map(|t| t.contains("tools"))
+        })
+}
+
 /// The context window vLLM reports for `model` in its model list
 /// (`data[].max_model_len`): the entry named `model`, or the only entry.
 pub(crate) fn context_from_models(list: &serde_json::Value, model: &str) -> Option<u32> {
@@ -367,35 +398,38 @@ impl Transport {
         }
     }
 
-    /// The context window a local server runs `model` with, in tokens:
-    /// vLLM lists it per model at `models_url` (`max_model_len`),
-    /// llama.cpp's server answers `props_url` (`GET /props`:
+    /// What a local server says of itself ([`ServedFacts`]): vLLM lists
+    /// the context per model at `models_url` (`max_model_len`), llama.cpp's
+    /// server answers `props_url` (`GET /props`: the context in
     /// `default_generation_settings.n_ctx`, or `n_ctx` at the top level in
-    /// newer builds). `Ok(None)` when neither says; each request is one
-    /// attempt bounded by the timeout (at most [`CONTEXT_QUERY_WAIT`]).
+    /// newer builds, and its chat template). Each request is one attempt
+    /// bounded by the timeout (at most [`CONTEXT_QUERY_WAIT`]).
     ///
     /// # Errors
     /// The error of the last request when no request succeeded.
-    pub(crate) async fn served_context(
+    pub(crate) async fn served_facts(
         &self,
         models_url: Url,
         props_url: Url,
         model: &str,
-    ) -> Result<Option<u32>, ModelError> {
+    ) -> Result<ServedFacts, ModelError> {
         let wait = self.config.timeout.min(CONTEXT_QUERY_WAIT);
         let models = self.get_json(models_url, wait).await;
-        if let Some(n) = models
+        let listed = models
             .as_ref()
             .ok()
-            .and_then(|list| context_from_models(list, model))
-        {
-            return Ok(Some(n));
-        }
+            .and_then(|list| context_from_models(list, model));
         match self.get_json(props_url, wait).await {
-            Ok(props) => Ok(context_from_props(&props)),
+            Ok(props) => Ok(ServedFacts {
+                context_window: listed.or_else(|| context_from_props(&props)),
+                template_has_tools: template_has_tools(&props),
+            }),
             // A server without `/props` (vLLM, Ollama) that answered the
             // model list has said what it knows.
-            Err(_) if models.is_ok() => Ok(None),
+            Err(_) if models.is_ok() => Ok(ServedFacts {
+                context_window: listed,
+                template_has_tools: None,
+            }),
             Err(error) => Err(error),
         }
     }
@@ -1009,6 +1043,19 @@ mod tests {
         assert_eq!(context_from_props(&json!({"n_ctx": 0})), None);
         assert_eq!(context_from_props(&json!({"n_ctx": "4096"})), None);
         assert_eq!(context_from_props(&json!([])), None);
+        // The chat template, with or without tools.
+        assert_eq!(
+            template_has_tools(&json!({"chat_template": "{% if tools %}…"})),
+            Some(true)
+        );
+        assert_eq!(
+            template_has_tools(&json!({"chat_template": "{{ messages }}"})),
+            Some(false)
+        );
+        let caps =
+            json!({"chat_template": "tools", "chat_template_caps": {"supports_tools": false}});
+        assert_eq!(template_has_tools(&caps), Some(false));
+        assert_eq!(template_has_tools(&json!({})), None);
     }
 
     #[test]

@@ -223,7 +223,7 @@ async fn a_local_server_that_serves_several_models_wants_one_named() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn a_server_that_ignores_the_tools_is_reported_not_believed() {
+async fn a_model_that_answers_in_text_is_reported_not_believed() {
     use markov_testkit::http::{FakeServer, Reply, openai};
 
     // A server without a tool-capable chat template answers the forced
@@ -243,10 +243,19 @@ async fn a_server_that_ignores_the_tools_is_reported_not_believed() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
-    assert!(stderr.contains("ignores the tools"), "{stderr}");
+    // Nothing says the server dropped the tools: the model chose text,
+    // which llama-server lets through.
+    assert!(
+        stderr.contains("answered in text although the call required a tool call"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("does not enforce a required tool choice"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not pass the tools"), "{stderr}");
+    // Should the model never have seen them, the way out is named.
     assert!(stderr.contains("--jinja"), "{stderr}");
-    // With --jinja, a model whose own template has no tools still drops
-    // them (SmolLM2's, seen on a real llama-server): the way out is named.
     assert!(stderr.contains("--chat-template-file"), "{stderr}");
     assert!(!stdout.contains("3 million"), "{stdout}");
     let calls: Vec<_> = server
@@ -521,4 +530,76 @@ async fn a_demo_that_ends_without_an_answer_says_why_and_fails() {
         "{stderr}"
     );
     assert!(stderr.contains("llama-server -c"), "{stderr}");
+}
+
+/// Runs the demo against `server` (Chat Completions, `MARKOV_MODEL=m`),
+/// whose first answer is the text `answer`; returns its stderr.
+async fn refused_text(server: markov_testkit::http::FakeServer, answer: &str) -> String {
+    use markov_testkit::http::{Reply, openai};
+    server.reply(Reply::json(200, openai::text(answer)));
+    let (_, output) = first_budget(&server).await;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("3 million"), "{stdout}");
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_server_whose_template_has_no_tools_is_named_as_the_cause() {
+    use markov_testkit::http::{FakeServer, Reply, openai};
+
+    // llama-server with a template that drops the tools (no --jinja, or a
+    // model's own template without tools), as its /props shows.
+    let server = FakeServer::start().await;
+    openai::serve_as_llama_cpp(&server, "m", 4096, false);
+    server.route(
+        "GET",
+        "/props",
+        Reply::json(200, openai::llama_cpp_props("m", 4096, "{{ messages }}")),
+    );
+    let stderr = refused_text(server, "Lisbon and Porto have 3 million people together.").await;
+    assert!(
+        stderr.contains(
+            "the server does not pass the tools to the model: its chat template has none"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--chat-template-file"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_template_with_tools_leaves_the_choice_to_the_model() {
+    use markov_testkit::http::{FakeServer, openai};
+
+    let server = FakeServer::start().await;
+    openai::serve_as_llama_cpp(&server, "m", 4096, false);
+    let stderr = refused_text(server, "Lisbon and Porto have 3 million people together.").await;
+    assert!(
+        stderr.contains("answered in text although the call required a tool call"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not pass the tools"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_tool_call_left_in_the_text_is_named_as_the_servers() {
+    use markov_testkit::http::{FakeServer, openai};
+
+    // The model called the tool; the server did not parse the call out.
+    let server = FakeServer::start().await;
+    openai::serve_without_context(&server, "m");
+    let stderr = refused_text(
+        server,
+        r#"<tool_call>
+{"name": "population", "arguments": {"city": "Lisbon"}}
+</tool_call>"#,
+    )
+    .await;
+    assert!(stderr.contains("returned a tool call as text"), "{stderr}");
+    assert!(
+        stderr.contains("does not parse tool calls out of the model's output"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--tool-call-parser"), "{stderr}");
 }

@@ -429,17 +429,18 @@ impl OpenAi {
         self.transport.list_models(self.models_url.clone()).await
     }
 
-    /// The context window, in tokens, the server runs the default model
-    /// with, as a local server reports it: vLLM in its model list
-    /// (`max_model_len`), llama.cpp's server at `GET /props` (`n_ctx`).
-    /// `Ok(None)` when the server does not say (the vendor's API, Ollama).
-    /// Each request is one attempt, bounded by the timeout (at most 5 s).
+    /// What the server says of itself ([`crate::ServedFacts`]): the
+    /// context window it runs the default model with (vLLM's model list,
+    /// `max_model_len`; llama.cpp's `GET /props`, `n_ctx`) and whether its
+    /// chat template handles tools (llama.cpp). Nothing for a server that
+    /// does not say (the vendor's API, Ollama). Each request is one
+    /// attempt, bounded by the timeout (at most 5 s).
     ///
     /// # Errors
     /// The error of the last request when no request was answered.
-    pub async fn served_context(&self) -> Result<Option<u32>, ModelError> {
+    pub async fn served_facts(&self) -> Result<crate::ServedFacts, ModelError> {
         self.transport
-            .served_context(self.models_url.clone(), self.props_url.clone(), &self.model)
+            .served_facts(self.models_url.clone(), self.props_url.clone(), &self.model)
             .await
     }
 

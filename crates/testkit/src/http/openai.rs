@@ -168,17 +168,28 @@ pub fn serve_as_llama_cpp(server: &FakeServer, model: &str, n_ctx: u32, top_leve
             }]}),
         ),
     );
-    let mut props = json!({
-        "default_generation_settings": {"n_ctx": n_ctx, "params": {"n_predict": -1}},
-        "total_slots": 1,
-        "model_path": format!("/models/{model}.gguf"),
-        "chat_template": "{% for message in messages %}...{% endfor %}",
-        "build_info": "b11434-0000000"
-    });
+    let mut props = llama_cpp_props(model, n_ctx, TOOL_TEMPLATE);
     if top_level {
         props["n_ctx"] = json!(n_ctx);
     }
     server.route("GET", "/props", Reply::json(200, props));
+}
+
+/// A chat template that handles tools (the start of Qwen2.5's).
+pub const TOOL_TEMPLATE: &str = "{%- if tools %}{{- '<|im_start|>system\\n' }}# Tools\\n<tools>{%- for tool in tools %}{{ tool | tojson }}{%- endfor %}</tools>{%- endif %}";
+
+/// llama.cpp's `GET /props` answer (older builds: the context only in
+/// `default_generation_settings`) for `model` with a context of `n_ctx`
+/// tokens and `chat_template` (a template without `tools` is one that
+/// drops them).
+pub fn llama_cpp_props(model: &str, n_ctx: u32, chat_template: &str) -> Value {
+    json!({
+        "default_generation_settings": {"n_ctx": n_ctx, "params": {"n_predict": -1}},
+        "total_slots": 1,
+        "model_path": format!("/models/{model}.gguf"),
+        "chat_template": chat_template,
+        "build_info": "b11434-0000000"
+    })
 }
 
 /// Makes `server` answer as vLLM does about itself: `GET /v1/models` lists
