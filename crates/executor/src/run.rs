@@ -740,6 +740,8 @@ impl RunState {
 
         let mut primary: Option<(YieldReason, Option<String>, Option<_>)> = None;
         let mut primary_id = None;
+        // Whether the primary leaf's node declares an output type.
+        let mut primary_typed = false;
         let mut paused = false;
         let mut busy_workers = Vec::new();
         let mut intents = Vec::new();
@@ -772,6 +774,7 @@ impl RunState {
             } else if primary.is_none() {
                 primary = Some((outcome.yield_reason, outcome.response, outcome.termination));
                 primary_id = Some(leaf.leaf().id().clone());
+                primary_typed = leaf.leaf().node().output().is_some();
                 primary_model = outcome.model.take();
             }
             if worker_model.is_none() && leaf.is_worker() {
@@ -865,6 +868,16 @@ impl RunState {
             return Ok(step);
         }
         if reason == YieldReason::MaxTokens {
+            // A cut typed answer gets no recovery call: asked to answer
+            // now, under its output schema, the model could only shape a
+            // guess like an answer. The run ends with the cut answer, and
+            // a typed run says it was cut.
+            if primary_typed && !self.recovered {
+                tracing::info!(
+                    "a typed answer was cut by the token limit: the run ends without a recovery call"
+                );
+                self.recovered = true;
+            }
             let mut step = make_step(machine, history, YieldReason::MaxTokens, self.recovered);
             step.intents = intents;
             step.usage = usage;
