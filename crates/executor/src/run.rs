@@ -33,8 +33,10 @@ use crate::usage::{UsageLimits, UsageMeter};
 /// The default step limit.
 pub const DEFAULT_MAX_STEPS: usize = 50;
 
-/// The message added after a first `max_tokens` step, asking for a short answer.
-pub const RECOVERY_TEXT: &str = "[System: Your response was cut off due to length limits. Please provide a brief summary of your findings and respond to the user now. Do not use any tools - just give your final answer.]";
+/// The text of the system message ([`Role::System`](markov_core::Role::System),
+/// markov's own words, never the user's) added after a first `max_tokens`
+/// step, asking for a short answer.
+pub const RECOVERY_TEXT: &str = "Your response was cut off due to length limits. Please provide a brief summary of your findings and respond to the user now. Do not use any tools - just give your final answer.";
 
 /// Options of one run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -878,17 +880,25 @@ impl RunState {
                 );
                 self.recovered = true;
             }
-            let mut step = make_step(machine, history, YieldReason::MaxTokens, self.recovered);
-            step.intents = intents;
-            step.usage = usage;
-            step.model = model;
-            if !self.recovered {
+            let mut history = history;
+            let recovering = !self.recovered;
+            if recovering {
                 self.recovered = true;
-                machine.history.push(Message::user(RECOVERY_TEXT));
+                // markov's own words, never the user's: a system message,
+                // which providers send as their vendor accepts and a page
+                // shows as markov's note. The step carries it, so that
+                // what shows the steps shows it.
+                let reminder = Message::system(RECOVERY_TEXT);
+                machine.history.push(reminder.clone());
+                history.push(reminder);
                 if let Some(turn) = primary_id.and_then(|id| self.turns.get_mut(&id)) {
                     turn.recovering = true;
                 }
             }
+            let mut step = make_step(machine, history, YieldReason::MaxTokens, !recovering);
+            step.intents = intents;
+            step.usage = usage;
+            step.model = model;
             return Ok(step);
         }
         let done = matches!(

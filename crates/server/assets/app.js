@@ -156,6 +156,17 @@ function userMessage(text) {
   return append(node);
 }
 
+// What markov itself told the model (a reminder it injected, such as the
+// one after a cut answer): markov's note, never the user's bubble.
+function markovNote(text) {
+  const node = el("div", "msg markov");
+  node.append(el("span", "who", "markov to the model"));
+  const body = el("div", "said");
+  appendVisibly(body, text, PROSE);
+  node.append(body);
+  return append(node);
+}
+
 // An assistant's text: the server's sanitized rendering of its markdown,
 // or the plain text when there is none (too long to render).
 function assistantMessage(text, html) {
@@ -297,6 +308,8 @@ function showMessage(message) {
       else if (item.type === "tool_use") toolCard(item.id, item.name, item.input);
       else if (item.type === "thinking" && item.thinking) thinking(item.thinking);
       else if (item.type === "output") assistantMessage(JSON.stringify(item.data, null, 2));
+    } else if (message.role === "system") {
+      if (item.type === "text" && item.text) markovNote(item.text);
     }
   }
 }
