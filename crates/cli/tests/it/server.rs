@@ -533,6 +533,10 @@ async fn hi_after_a_long_story(args: &[&str]) -> String {
     let before = posts();
     let hi = say(&client, &base, &key, &id, "Hi").await;
     assert!(posts() > before, "the model was asked");
+    // Every answer fits the context the server reported: a quarter of it.
+    for request in model.requests().iter().filter(|r| r.method == "POST") {
+        assert_eq!(request.body["max_completion_tokens"], N_CTX / 4);
+    }
     hi
 }
 
