@@ -417,7 +417,7 @@ function handle(name, data) {
       } else if (body.stopped === "deadline") note("Stopped: the turn took longer than the server allows.");
       else if (body.yield_reason === "loop_detected") note("Stopped: the model kept making the same call.");
       else if (body.yield_reason === "max_tokens") note("The answer was cut at the model's token limit.");
-      else if (body.yield_reason === "context_exhausted") note("Stopped: the conversation no longer fits the model's context window. The agent needs a context policy (or a model with a larger window); nothing was lost.");
+      else if (body.yield_reason === "context_exhausted") note("Stopped: the conversation no longer fits the model's context window. An agent without a context policy needs one; with one, this message alone is too long for the model. Nothing was lost.");
       else if (body.yield_reason === "usage_limit") note("Stopped before the next model call: " + (body.usage_limit || "a usage limit would be passed") + ".");
       return true;
     case "interrupted":
