@@ -249,3 +249,49 @@ pub fn scripted() -> ScriptedModel {
         .text("Lisbon and Porto have 777885 inhabitants together.")
         .build()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn served(context: Option<u32>) -> Chosen {
+        Chosen {
+            model: Arc::new(scripted()),
+            label: "model: test".into(),
+            served_context: context,
+            template_has_tools: None,
+            default_model: Some("qwen2.5-0.5b-instruct".into()),
+        }
+    }
+
+    #[test]
+    fn the_served_policy_is_sized_to_the_reported_context() {
+        let chosen = served(Some(1024));
+        assert_eq!(chosen.settings().max_tokens, 256);
+        let policy = context_policy(ContextChoice::Summarize, &chosen).expect("a policy");
+        let summarize = policy.summarize().expect("a summarizer");
+        assert_eq!(summarize.threshold_tokens(), 512);
+        assert_eq!(summarize.model_settings().max_tokens, 256);
+        assert_eq!(policy.trim_tool_results(), Some(2));
+
+        let recent = context_policy(ContextChoice::Recent, &chosen).expect("a policy");
+        assert_eq!(recent.keep_last_turns(), Some(RECENT_TURNS));
+        assert!(recent.summarize().is_none());
+        assert!(context_policy(ContextChoice::None, &chosen).is_none());
+    }
+
+    #[test]
+    fn an_unreported_context_falls_back_to_the_documented_defaults() {
+        let chosen = served(None);
+        assert_eq!(
+            chosen.settings().max_tokens,
+            markov_core::model::UNKNOWN_MODEL_MAX_TOKENS
+        );
+        assert_eq!(chosen.context_window(), ASSUMED_CONTEXT_WINDOW);
+        let known = Chosen {
+            default_model: Some("claude-3-5-haiku-20241022".into()),
+            ..served(None)
+        };
+        assert_eq!(known.context_window(), 200_000);
+    }
+}
