@@ -59,6 +59,8 @@ struct Slot {
     arguments: String,
     reasoning_id: Option<String>,
     done: Option<OutputItem>,
+    /// Whether an event named the item by its id.
+    has_id: bool,
 }
 
 /// Which output item an event is about: its `output_index`, as OpenAI
@@ -100,6 +102,9 @@ impl Decoder {
             })
             .or(match (key.output_index, &key.item_id, fresh) {
                 (None, None, false) => self.last,
+                // An id never seen, on an item added without one: that
+                // item's.
+                (None, Some(_), false) => self.last.filter(|&at| !self.slots[at].has_id),
                 _ => None,
             });
         let position = found.unwrap_or_else(|| {
@@ -113,6 +118,7 @@ impl Decoder {
         });
         if let Some(id) = &key.item_id {
             self.by_item.entry(id.clone()).or_insert(position);
+            self.slots[position].has_id = true;
         }
         if let Some(index) = key.output_index {
             self.by_output.entry(index).or_insert(position);

@@ -354,6 +354,45 @@ async fn parallel_calls_streamed_without_output_index_stay_two_calls() {
     assert_eq!(arguments, [r#"{"a":12,"b":30}"#, r#"{"a":5,"b":6}"#]);
 }
 
+#[test]
+fn calls_added_without_ids_or_indexes_keep_their_deltas() {
+    // The leanest server: items added with neither index nor id, deltas
+    // naming an id the added item did not have.
+    let event = |data: Value| {
+        let kind = data["type"].as_str().unwrap_or_default().to_owned();
+        markov_testkit::http::sse_event(&kind, data)
+    };
+    let call = |call_id: &str, item_id: &str, args: &str| {
+        [
+            event(json!({"type": "response.output_item.added",
+                "item": {"type": "function_call", "call_id": call_id, "name": "add", "arguments": ""}})),
+            event(json!({"type": "response.function_call_arguments.delta", "item_id": item_id, "delta": args})),
+            event(json!({"type": "response.output_item.done",
+                "item": {"type": "function_call", "id": item_id, "call_id": call_id, "name": "add", "arguments": args}})),
+        ]
+        .concat()
+    };
+    let stream = [
+        call("call_a", "fc_a", r#"{"a":1,"b":2}"#),
+        call("call_b", "fc_b", r#"{"a":3,"b":4}"#),
+        event(
+            json!({"type": "response.completed", "response": responses::response("r", Vec::new())}),
+        ),
+    ]
+    .concat();
+    let events = markov_providers::responses::replay_stream(stream.as_bytes()).expect("decodes");
+    let Some(StreamEvent::Done(answer)) = events.last() else {
+        panic!("no final answer: {events:?}")
+    };
+    assert_eq!(
+        answer.content,
+        vec![
+            Item::tool_use("call_a", "add", json!({"a": 1, "b": 2})),
+            Item::tool_use("call_b", "add", json!({"a": 3, "b": 4})),
+        ]
+    );
+}
+
 #[tokio::test]
 async fn stream_errors_and_cut_streams_fail_with_typed_errors() {
     let failed = concat!(
