@@ -206,6 +206,28 @@ impl ModelLimits {
                 limits.max_output_tokens.min(KNOWN_MODEL_MAX_TOKENS)
             })
     }
+
+    /// The answer tokens to ask of `model` served with a context window of
+    /// `context_window` tokens (as a local server reports it): a quarter
+    /// of the window, so that one answer never fills it and the next
+    /// question still fits, and never more than a known model's most (up
+    /// to [`KNOWN_MODEL_MAX_TOKENS`]), nor less than one token.
+    ///
+    /// ```
+    /// use markov_core::model::ModelLimits;
+    ///
+    /// assert_eq!(ModelLimits::max_tokens_within(4_096, Some("qwen2.5-7b")), 1_024);
+    /// assert_eq!(ModelLimits::max_tokens_within(131_072, None), 8_192);
+    /// assert_eq!(ModelLimits::max_tokens_within(200_000, Some("claude-3-haiku")), 4_096);
+    /// ```
+    pub fn max_tokens_within(context_window: u32, model: Option<&str>) -> u32 {
+        let cap = model
+            .and_then(ModelLimits::of)
+            .map_or(KNOWN_MODEL_MAX_TOKENS, |limits| {
+                limits.max_output_tokens.min(KNOWN_MODEL_MAX_TOKENS)
+            });
+        (context_window / 4).min(cap).max(1)
+    }
 }
 
 /// One model call. Everything is borrowed from the caller.

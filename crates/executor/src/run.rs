@@ -33,8 +33,10 @@ use crate::usage::{UsageLimits, UsageMeter};
 /// The default step limit.
 pub const DEFAULT_MAX_STEPS: usize = 50;
 
-/// The message added after a first `max_tokens` step, asking for a short answer.
-pub const RECOVERY_TEXT: &str = "[System: Your response was cut off due to length limits. Please provide a brief summary of your findings and respond to the user now. Do not use any tools - just give your final answer.]";
+/// The text of the system message ([`Role::System`](markov_core::Role::System),
+/// markov's own words, never the user's) added after a first `max_tokens`
+/// step, asking for a short answer.
+pub const RECOVERY_TEXT: &str = "Your response was cut off due to length limits. Please provide a brief summary of your findings and respond to the user now. Do not use any tools - just give your final answer.";
 
 /// Options of one run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -740,6 +742,8 @@ impl RunState {
 
         let mut primary: Option<(YieldReason, Option<String>, Option<_>)> = None;
         let mut primary_id = None;
+        // Whether the primary leaf's node declares an output type.
+        let mut primary_typed = false;
         let mut paused = false;
         let mut busy_workers = Vec::new();
         let mut intents = Vec::new();
@@ -772,6 +776,7 @@ impl RunState {
             } else if primary.is_none() {
                 primary = Some((outcome.yield_reason, outcome.response, outcome.termination));
                 primary_id = Some(leaf.leaf().id().clone());
+                primary_typed = leaf.leaf().node().output().is_some();
                 primary_model = outcome.model.take();
             }
             if worker_model.is_none() && leaf.is_worker() {
@@ -865,17 +870,35 @@ impl RunState {
             return Ok(step);
         }
         if reason == YieldReason::MaxTokens {
-            let mut step = make_step(machine, history, YieldReason::MaxTokens, self.recovered);
-            step.intents = intents;
-            step.usage = usage;
-            step.model = model;
-            if !self.recovered {
+            // A cut typed answer gets no recovery call: asked to answer
+            // now, under its output schema, the model could only shape a
+            // guess like an answer. The run ends with the cut answer, and
+            // a typed run says it was cut.
+            if primary_typed && !self.recovered {
+                tracing::info!(
+                    "a typed answer was cut by the token limit: the run ends without a recovery call"
+                );
                 self.recovered = true;
-                machine.history.push(Message::user(RECOVERY_TEXT));
+            }
+            let mut history = history;
+            let recovering = !self.recovered;
+            if recovering {
+                self.recovered = true;
+                // markov's own words, never the user's: a system message,
+                // which providers send as their vendor accepts and a page
+                // shows as markov's note. The step carries it, so that
+                // what shows the steps shows it.
+                let reminder = Message::system(RECOVERY_TEXT);
+                machine.history.push(reminder.clone());
+                history.push(reminder);
                 if let Some(turn) = primary_id.and_then(|id| self.turns.get_mut(&id)) {
                     turn.recovering = true;
                 }
             }
+            let mut step = make_step(machine, history, YieldReason::MaxTokens, !recovering);
+            step.intents = intents;
+            step.usage = usage;
+            step.model = model;
             return Ok(step);
         }
         let done = matches!(

@@ -1,6 +1,7 @@
 //! Typed answers: [`Machine::run_typed`] runs the machine and parses its
 //! final answer into a Rust type, asking the model again — a bounded number
-//! of times — when the answer does not parse.
+//! of times — when the answer does not parse. An answer cut by the token
+//! limit is an error ([`TypedRunError::Cut`]), never a guess.
 
 use markov_core::{Item, Message, Role};
 use serde::de::DeserializeOwned;
@@ -9,7 +10,7 @@ use serde_json::Value;
 use crate::error::RunError;
 use crate::machine::Machine;
 use crate::run::{RunOptions, run_to_completion};
-use crate::step::MachineStep;
+use crate::step::{MachineStep, YieldReason};
 
 /// How many times [`Machine::run_typed`] asks again after an answer that
 /// does not parse.
@@ -33,6 +34,20 @@ pub enum TypedRunError {
     /// A run failed.
     #[error(transparent)]
     Run(#[from] RunError),
+    /// The answer was cut by the token limit before it was complete: it
+    /// is not guessed at, nor asked for again under the output schema
+    /// (which would make the model shape a guess like an answer). Give
+    /// the node more answer tokens (`NodeBuilder::max_tokens` or the
+    /// agent's settings) and run it again.
+    #[error(
+        "the answer was cut by the token limit before it was complete (run {attempts}): give the node more answer tokens"
+    )]
+    Cut {
+        /// Runs made.
+        attempts: usize,
+        /// The cut answer, as the model gave it.
+        answer: Value,
+    },
     /// No answer parsed, after every retry.
     #[error("the answer did not parse after {attempts} attempts: {error}")]
     Invalid {
@@ -122,6 +137,9 @@ impl Machine {
             attempts += 1;
             let step = run_to_completion(self, options.clone()).await?;
             let answer = last_answer(self);
+            if step.yield_reason == YieldReason::MaxTokens {
+                return Err(TypedRunError::Cut { attempts, answer });
+            }
             match serde_json::from_value::<T>(answer.clone()) {
                 Ok(value) => {
                     return Ok(Typed {

@@ -81,12 +81,45 @@ pub(crate) fn implied_stop_reason(has_tool_calls: bool) -> markov_core::StopReas
     }
 }
 
+/// The start of the error of a forced call answered by a tool call the
+/// server left in the text: the server does not parse tool calls.
+pub const TOOL_CALL_AS_TEXT: &str = "returned a tool call as text";
+
+/// The start of the error of a forced call answered in plain text: the
+/// model chose text, which a server that does not enforce the tool choice
+/// (llama.cpp's) lets through.
+pub const TEXT_INSTEAD_OF_TOOL_CALL: &str =
+    "answered in text although the call required a tool call";
+
+/// Whether `text` holds a tool call written out as text: a chat template's
+/// call markers (Qwen's and Hermes' `<tool_call>`, Mistral's
+/// `[TOOL_CALLS]`, Llama's `<|python_tag|>` and `<function=`), or a JSON
+/// object with a `name` and its `arguments` or `parameters`.
+fn looks_like_a_tool_call(text: &str) -> bool {
+    const MARKERS: [&str; 7] = [
+        "<tool_call>",
+        "</tool_call>",
+        "[TOOL_CALLS]",
+        "<|python_tag|>",
+        "<function=",
+        "<|tool_call",
+        "<tool_use>",
+    ];
+    MARKERS.iter().any(|marker| text.contains(marker))
+        || (text.contains("\"name\"")
+            && (text.contains("\"arguments\"") || text.contains("\"parameters\"")))
+}
+
 /// Refuses an answer that calls no tool although the call offered tools
-/// and forced their use (`choice`, as sent): the server ignored the tools,
-/// as a local server does without a tool-capable chat template (llama.cpp
-/// without `--jinja`, vLLM without `--enable-auto-tool-choice`). The
-/// answer would be made up; the error says how to start the server.
-/// An answer cut by the token limit, refused or filtered passes.
+/// and forced their use (`choice`, as sent): the answer would be made up.
+/// The error tells two causes apart: a tool call the server left in the
+/// text ([`TOOL_CALL_AS_TEXT`]: its chat template or parser does not
+/// handle tools, as llama.cpp without a tool-capable template, vLLM
+/// without `--enable-auto-tool-choice`), and a plain text answer
+/// ([`TEXT_INSTEAD_OF_TOOL_CALL`]: the model chose text, which llama.cpp's
+/// server does not prevent, as it does not enforce `tool_choice:
+/// "required"`). An answer cut by the token limit, refused or filtered
+/// passes.
 pub(crate) fn check_forced_call(
     offered_tools: bool,
     choice: &markov_core::ToolChoice,
@@ -105,18 +138,37 @@ pub(crate) fn check_forced_call(
                 | StopReason::ContentFilter
                 | StopReason::PauseTurn
         );
-    if ignored {
-        // Named only here: redacting the URL costs a parse on every call.
-        let endpoint = endpoint();
-        return Err(markov_core::ModelError::InvalidResponse(format!(
-            "the server at {endpoint} answered a call that requires a tool call without calling one: it ignores the tools it is offered. \
-             A local server needs a chat template that supports tools: start llama.cpp's llama-server with --jinja \
+    if !ignored {
+        return Ok(());
+    }
+    // Named only here: redacting the URL costs a parse on every call.
+    let endpoint = endpoint();
+    let text: String = response
+        .content
+        .iter()
+        .filter_map(|item| match item {
+            markov_core::Item::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    let message = if looks_like_a_tool_call(&text) {
+        format!(
+            "the server at {endpoint} {TOOL_CALL_AS_TEXT} instead of a call: it does not parse tool calls out of the model's output. \
+             A local server needs a chat template and parser that support tools: start llama.cpp's llama-server with --jinja \
              (and --chat-template-file <a template with tools> for a model whose own template has none), \
              vLLM with --enable-auto-tool-choice --tool-call-parser <the model's parser>, \
              and use an Ollama model whose template supports tools (README, \"Local models\")"
-        )));
-    }
-    Ok(())
+        )
+    } else {
+        format!(
+            "the model at {endpoint} {TEXT_INSTEAD_OF_TOOL_CALL} (tool_choice \"required\"). \
+             llama.cpp's llama-server does not enforce a required tool choice, so a model that prefers text answers in text: \
+             a model trained for tool calls calls them. If the model never saw the tools, the server's chat template has none \
+             (llama-server --jinja, and --chat-template-file <a template with tools> for a model whose own template has none; \
+             vLLM --enable-auto-tool-choice) (README, \"Local models\")"
+        )
+    };
+    Err(markov_core::ModelError::InvalidResponse(message))
 }
 
 /// A call id for servers that send none. Random, so that ids stay unique

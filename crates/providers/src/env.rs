@@ -79,6 +79,12 @@ impl EnvModel {
         format!("{api} ({endpoint}, {model})")
     }
 
+    /// The model asked for when a request names none (the client's
+    /// default, or the one [`Self::settle_model`] settled on).
+    pub fn default_model(&self) -> &str {
+        self.parts().2
+    }
+
     /// The API's name, its endpoint (redacted) and the default model.
     fn parts(&self) -> (&'static str, String, &str) {
         match &self.client {
@@ -158,6 +164,49 @@ impl EnvModel {
             }
         };
         Ok(self.with_model(model))
+    }
+
+    /// What a server other than the vendor's says of itself: the context
+    /// window it runs the model with (llama.cpp's server at `GET /props`,
+    /// vLLM in its model list) and whether its chat template handles tools
+    /// (llama.cpp). Nothing at the vendor's address (markov knows its
+    /// models, `ModelLimits`), for a server that does not say, and when
+    /// asking fails or takes longer than 5 s (said in a warning): the
+    /// caller then keeps its documented default.
+    pub async fn served_facts(&self) -> crate::ServedFacts {
+        if self.is_vendor() {
+            return crate::ServedFacts::default();
+        }
+        let (_, endpoint, model) = self.parts();
+        let asked: Result<crate::ServedFacts, markov_core::ModelError> = match &self.client {
+            #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
+            Client::Never(never) => match *never {},
+            #[cfg(feature = "anthropic")]
+            Client::Anthropic(c) => c.served_facts().await,
+            #[cfg(feature = "openai")]
+            Client::OpenAi(c) => c.served_facts().await,
+            #[cfg(feature = "responses")]
+            Client::Responses(c) => c.served_facts().await,
+            #[cfg(feature = "gemini")]
+            Client::Gemini(_) => Ok(crate::ServedFacts::default()),
+        };
+        match asked {
+            Ok(facts) => {
+                match facts.context_window {
+                    Some(tokens) => {
+                        tracing::info!(%endpoint, model, tokens, "the server reports its context window");
+                    }
+                    None => {
+                        tracing::info!(%endpoint, model, "the server does not report its context window");
+                    }
+                }
+                facts
+            }
+            Err(error) => {
+                tracing::warn!(%endpoint, model, %error, "asking the server about itself failed");
+                crate::ServedFacts::default()
+            }
+        }
     }
 
     /// The same client with `model` as its default.

@@ -159,6 +159,7 @@ mod transport;
 pub use anthropic::{Anthropic, AnthropicBuilder, ClearToolUses, PromptCaching};
 #[cfg(any(feature = "anthropic", feature = "openai"))]
 pub use body::DEFAULT_BODY_CACHE_BYTES;
+pub use convert::{TEXT_INSTEAD_OF_TOOL_CALL, TOOL_CALL_AS_TEXT};
 pub use env::{EnvModel, MODEL_ENV, OPENAI_API_ENV, from_env};
 pub use error::ConfigError;
 pub use fallback::{Fallback, falls_back};
@@ -172,3 +173,4 @@ pub use openai::{MaxTokensField, OpenAi, OpenAiBuilder, SchemaStrictness};
 pub use output::StructuredOutput;
 #[cfg(feature = "responses")]
 pub use responses::{PromptCacheKey, Responses, ResponsesBuilder};
+pub use transport::ServedFacts;

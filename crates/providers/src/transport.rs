@@ -182,6 +182,86 @@ pub(crate) fn parse_base_url(url: &str, var: Option<&'static str>) -> Result<Url
 }
 
 /// Joins `path` (no leading slash) under `base`, keeping the base's own path.
+/// The longest a question about a server's context (`served_context`) may
+/// take: it is asked once at start, and a server that does not answer
+/// leaves the documented default in place.
+pub(crate) const CONTEXT_QUERY_WAIT: Duration = Duration::from_secs(5);
+
+/// What a local server says of itself (`EnvModel::served_facts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ServedFacts {
+    /// The context window, in tokens, the server runs the model with
+    /// (llama.cpp's `n_ctx`, vLLM's `max_model_len`).
+    pub context_window: Option<u32>,
+    /// Whether the server's chat template handles tools (llama.cpp's
+    /// `chat_template_caps.supports_tools`, else whether its
+    /// `chat_template` mentions them): `Some(false)` means the model never
+    /// sees the tools it is offered.
+    pub template_has_tools: Option<bool>,
+}
+
+/// Whether llama.cpp's chat template handles tools, from its `/props`:
+/// `chat_template_caps.supports_tools` where the build says, else whether
+/// the template's text mentions `tools`.
+pub(crate) fn template_has_tools(props: &serde_json::Value) -> Option<bool> {
+    props
+        .get("chat_template_caps")
+        .and_then(|caps| caps.get("supports_tools"))
+        .and_then(serde_json::Value::as_bool)
+        .or_else(|| {
+            props
+                .get("chat_template")
+                .and_then(serde_json::Value::as_str)
+                .filter(|t| !t.is_empty())
+                .map(|t| t.contains("tools"))
+        })
+}
+
+/// The context window vLLM reports for `model` in its model list
+/// (`data[].max_model_len`): the entry named `model`, or the only entry.
+pub(crate) fn context_from_models(list: &serde_json::Value, model: &str) -> Option<u32> {
+    let entries = list.get("data")?.as_array()?;
+    let entry = entries
+        .iter()
+        .find(|e| e.get("id").and_then(serde_json::Value::as_str) == Some(model))
+        .or(match entries.as_slice() {
+            [only] => Some(only),
+            _ => None,
+        })?;
+    positive_u32(entry.get("max_model_len")?)
+}
+
+/// The context window llama.cpp's server reports at `GET /props`: `n_ctx`
+/// at the top level (newer builds), else
+/// `default_generation_settings.n_ctx`.
+pub(crate) fn context_from_props(props: &serde_json::Value) -> Option<u32> {
+    props.get("n_ctx").and_then(positive_u32).or_else(|| {
+        props
+            .get("default_generation_settings")?
+            .get("n_ctx")
+            .and_then(positive_u32)
+    })
+}
+
+fn positive_u32(value: &serde_json::Value) -> Option<u32> {
+    value
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|&n| n > 0)
+}
+
+/// `{server}/props`, llama.cpp's server's own endpoint, from a base URL
+/// with or without the `/v1` of the OpenAI-compatible API (the query, where
+/// a key may ride, is kept).
+pub(crate) fn props_endpoint(base: &Url) -> Url {
+    let mut url = base.clone();
+    let path = base.path().trim_end_matches('/');
+    let path = path.strip_suffix("/v1").unwrap_or(path);
+    url.set_path(&format!("{path}/props"));
+    url
+}
+
 pub(crate) fn endpoint(base: &Url, path: &str) -> Url {
     let mut url = base.clone();
     let joined = format!("{}/{}", base.path().trim_end_matches('/'), path);
@@ -316,6 +396,66 @@ impl Transport {
             }
             retry += 1;
         }
+    }
+
+    /// What a local server says of itself ([`ServedFacts`]): vLLM lists
+    /// the context per model at `models_url` (`max_model_len`), llama.cpp's
+    /// server answers `props_url` (`GET /props`: the context in
+    /// `default_generation_settings.n_ctx`, or `n_ctx` at the top level in
+    /// newer builds, and its chat template). Each request is one attempt
+    /// bounded by the timeout (at most [`CONTEXT_QUERY_WAIT`]).
+    ///
+    /// # Errors
+    /// The error of the last request when no request succeeded.
+    pub(crate) async fn served_facts(
+        &self,
+        models_url: Url,
+        props_url: Url,
+        model: &str,
+    ) -> Result<ServedFacts, ModelError> {
+        let wait = self.config.timeout.min(CONTEXT_QUERY_WAIT);
+        let models = self.get_json(models_url, wait).await;
+        let listed = models
+            .as_ref()
+            .ok()
+            .and_then(|list| context_from_models(list, model));
+        match self.get_json(props_url, wait).await {
+            Ok(props) => Ok(ServedFacts {
+                context_window: listed.or_else(|| context_from_props(&props)),
+                template_has_tools: template_has_tools(&props),
+            }),
+            // A server without `/props` (vLLM, Ollama) that answered the
+            // model list has said what it knows.
+            Err(_) if models.is_ok() => Ok(ServedFacts {
+                context_window: listed,
+                template_has_tools: None,
+            }),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// One GET of a JSON document of at most 1 MiB, bounded by `wait`.
+    async fn get_json(&self, url: Url, wait: Duration) -> Result<serde_json::Value, ModelError> {
+        let call = async {
+            let response = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| transport_error(e, wait))?;
+            let response = check_status(response).await?;
+            let (body, cut) = read_capped(response, 1 << 20).await;
+            if cut {
+                return Err(ModelError::InvalidResponse(
+                    "the answer is larger than 1 MiB".into(),
+                ));
+            }
+            serde_json::from_str(&body)
+                .map_err(|e| ModelError::InvalidResponse(format!("cannot parse the answer: {e}")))
+        };
+        tokio::time::timeout(wait, call)
+            .await
+            .unwrap_or(Err(ModelError::Timeout(wait)))
     }
 
     /// The ids of the models a server lists at `url` (`{"data": [{"id"}]}`,
@@ -871,6 +1011,67 @@ mod tests {
             Some((None, "model not found".into()))
         );
         assert_eq!(parse_error_body("<html>"), None);
+    }
+
+    #[test]
+    fn the_context_is_read_as_vllm_and_llama_cpp_report_it() {
+        use serde_json::json;
+        // vLLM: per model in the model list.
+        let vllm = json!({"object": "list", "data": [
+            {"id": "a", "max_model_len": 8192},
+            {"id": "Qwen/Qwen2.5-7B-Instruct", "max_model_len": 32768},
+        ]});
+        assert_eq!(
+            context_from_models(&vllm, "Qwen/Qwen2.5-7B-Instruct"),
+            Some(32_768)
+        );
+        assert_eq!(
+            context_from_models(&vllm, "other"),
+            None,
+            "two models, neither named"
+        );
+        let one = json!({"data": [{"id": "m", "max_model_len": 4096}]});
+        assert_eq!(context_from_models(&one, "alias"), Some(4096));
+        // llama.cpp lists no context in its model list.
+        let llama = json!({"data": [{"id": "m", "meta": {"n_ctx_train": 32768}}]});
+        assert_eq!(context_from_models(&llama, "m"), None);
+        // llama.cpp's /props, older and newer.
+        let props = json!({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 1});
+        assert_eq!(context_from_props(&props), Some(4096));
+        let props = json!({"n_ctx": 8192, "default_generation_settings": {"params": {}}});
+        assert_eq!(context_from_props(&props), Some(8192));
+        assert_eq!(context_from_props(&json!({"n_ctx": 0})), None);
+        assert_eq!(context_from_props(&json!({"n_ctx": "4096"})), None);
+        assert_eq!(context_from_props(&json!([])), None);
+        // The chat template, with or without tools.
+        assert_eq!(
+            template_has_tools(&json!({"chat_template": "{% if tools %}…"})),
+            Some(true)
+        );
+        assert_eq!(
+            template_has_tools(&json!({"chat_template": "{{ messages }}"})),
+            Some(false)
+        );
+        let caps =
+            json!({"chat_template": "tools", "chat_template_caps": {"supports_tools": false}});
+        assert_eq!(template_has_tools(&caps), Some(false));
+        assert_eq!(template_has_tools(&json!({})), None);
+    }
+
+    #[test]
+    fn props_sit_beside_v1() {
+        let base = parse_base_url("http://localhost:8080/v1/", None).unwrap();
+        assert_eq!(
+            props_endpoint(&base).as_str(),
+            "http://localhost:8080/props"
+        );
+        let base = parse_base_url("http://localhost:8080", None).unwrap();
+        assert_eq!(
+            props_endpoint(&base).as_str(),
+            "http://localhost:8080/props"
+        );
+        let base = parse_base_url("http://h/proxy/v1?k=1", None).unwrap();
+        assert_eq!(props_endpoint(&base).as_str(), "http://h/proxy/props?k=1");
     }
 
     #[test]

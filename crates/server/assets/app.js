@@ -156,6 +156,17 @@ function userMessage(text) {
   return append(node);
 }
 
+// What markov itself told the model (a reminder it injected, such as the
+// one after a cut answer): markov's note, never the user's bubble.
+function markovNote(text) {
+  const node = el("div", "msg markov");
+  node.append(el("span", "who", "markov to the model"));
+  const body = el("div", "said");
+  appendVisibly(body, text, PROSE);
+  node.append(body);
+  return append(node);
+}
+
 // An assistant's text: the server's sanitized rendering of its markdown,
 // or the plain text when there is none (too long to render).
 function assistantMessage(text, html) {
@@ -297,6 +308,8 @@ function showMessage(message) {
       else if (item.type === "tool_use") toolCard(item.id, item.name, item.input);
       else if (item.type === "thinking" && item.thinking) thinking(item.thinking);
       else if (item.type === "output") assistantMessage(JSON.stringify(item.data, null, 2));
+    } else if (message.role === "system") {
+      if (item.type === "text" && item.text) markovNote(item.text);
     }
   }
 }
@@ -404,7 +417,7 @@ function handle(name, data) {
       } else if (body.stopped === "deadline") note("Stopped: the turn took longer than the server allows.");
       else if (body.yield_reason === "loop_detected") note("Stopped: the model kept making the same call.");
       else if (body.yield_reason === "max_tokens") note("The answer was cut at the model's token limit.");
-      else if (body.yield_reason === "context_exhausted") note("Stopped: the conversation no longer fits the model's context window. The agent needs a context policy (or a model with a larger window); nothing was lost.");
+      else if (body.yield_reason === "context_exhausted") note("Stopped: the conversation no longer fits the model's context window. An agent without a context policy needs one; with one, this message alone is too long for the model. Nothing was lost.");
       else if (body.yield_reason === "usage_limit") note("Stopped before the next model call: " + (body.usage_limit || "a usage limit would be passed") + ".");
       return true;
     case "interrupted":

@@ -10,6 +10,11 @@
 //! cargo run -p markov-cli --bin markov-serve -- --help
 //! ```
 //!
+//! A session never dies of its own length: the agent has a context policy
+//! (`--context`, summaries by default) sized to the context window the
+//! server reports, and its answers fit that window as `markov-demo`'s do.
+//! `--require-approval <tool>` makes a tool's calls wait for a person.
+//!
 //! The model is chosen as for `markov-demo` (see the library); without a
 //! key it is the scripted [`Rehearsal`], and the first line says so. When
 //! the store holds no API key yet, one is created for the principal
@@ -24,8 +29,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use markov_cli::tools::{Add, Population};
-use markov_cli::{INSTRUCTIONS, Rehearsal, model_override, pick_settled_model_or};
-use markov_core::model::ModelSettings;
+use markov_cli::{ContextChoice, INSTRUCTIONS, Rehearsal, context_policy, pick_settled_model_or};
+use markov_core::tool::Tool;
 use markov_executor::Agent;
 use markov_policy::{Category, ToolMetadata};
 use markov_server::{JwtConfig, Limits, Server, create_api_key};
@@ -117,6 +122,19 @@ struct ServeArgs {
     /// repeat for more), e.g. `add=approver`.
     #[arg(long = "approval-role", value_parser = tool_role)]
     approval_roles: Vec<(String, String)>,
+    /// Calls of TOOL wait for a person's approval on the page (or
+    /// `POST /sessions/{id}/approvals/{request}`) before they run (repeat
+    /// for more): `add` or `population`.
+    #[arg(long = "require-approval", value_name = "TOOL")]
+    require_approval: Vec<String>,
+    /// What the model is shown of a long session: `summarize` (older turns
+    /// summarized by the model once a session passes half the context
+    /// window), `recent` (the last turns only) or `none` (everything: a
+    /// session that outgrows the context fails each message). With either
+    /// policy a request the server refuses as too long is sent again with
+    /// the current turn alone.
+    #[arg(long, value_enum, default_value = "summarize")]
+    context: ContextArg,
     /// Accept bearer tokens from this issuer (with --jwt-audience and a key).
     #[arg(long, requires = "jwt_audience")]
     jwt_issuer: Option<String>,
@@ -157,6 +175,24 @@ struct ServeArgs {
     /// takes its sessions back at once.
     #[arg(long)]
     worker: Option<String>,
+}
+
+/// `--context`, as [`ContextChoice`].
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum ContextArg {
+    Summarize,
+    Recent,
+    None,
+}
+
+impl From<ContextArg> for ContextChoice {
+    fn from(arg: ContextArg) -> Self {
+        match arg {
+            ContextArg::Summarize => ContextChoice::Summarize,
+            ContextArg::Recent => ContextChoice::Recent,
+            ContextArg::None => ContextChoice::None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -318,29 +354,47 @@ fn jwt(args: &ServeArgs) -> Result<Option<JwtConfig>, String> {
 }
 
 async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
-    let (model, label) = pick_settled_model_or(Arc::new(Rehearsal))
+    let chosen = pick_settled_model_or(Arc::new(Rehearsal))
         .await
         .map_err(|e| e.to_string())?;
+    let label = chosen.label.clone();
+    for tool in &args.require_approval {
+        if ![Add::NAME, Population::NAME].contains(&tool.as_str()) {
+            return Err(format!(
+                "--require-approval {tool}: the agent has no such tool (it has {} and {})",
+                Add::NAME,
+                Population::NAME
+            ));
+        }
+    }
+    let metadata = |tool: &str, category| {
+        let metadata = ToolMetadata::new(category);
+        if args.require_approval.iter().any(|t| t == tool) {
+            metadata.with_confirmation()
+        } else {
+            metadata
+        }
+    };
     let mcp = markov_cli::mcp::McpServers::connect(args.mcp.configs().map_err(|e| e.to_string())?)
         .await
         .map_err(|e| format!("cannot use the MCP server: {e}"))?;
     for line in mcp.summary() {
         tracing::info!("{line}");
     }
-    let agent = mcp.add_to(
-        Agent::builder("cities")
-            .instructions(INSTRUCTIONS)
-            .tool_with(Add, ToolMetadata::new(Category::Other))
-            .tool_with(Population, ToolMetadata::new(Category::Retrieval)),
-    );
-    let agent = agent
-        .shared_model(model)
-        .settings(ModelSettings {
-            model: model_override(),
-            ..ModelSettings::default()
-        })
-        .build()
-        .map_err(|e| e.to_string())?;
+    let mut agent = mcp
+        .add_to(
+            Agent::builder("cities")
+                .instructions(INSTRUCTIONS)
+                .tool_with(Add, metadata(Add::NAME, Category::Other))
+                .tool_with(Population, metadata(Population::NAME, Category::Retrieval)),
+        )
+        .shared_model(Arc::clone(&chosen.model))
+        .settings(chosen.settings());
+    let policy = context_policy(args.context.into(), &chosen);
+    if let Some(policy) = policy {
+        agent = agent.context_policy(policy);
+    }
+    let agent = agent.build().map_err(|e| e.to_string())?;
     let first_key = if backend
         .keys()
         .keys()

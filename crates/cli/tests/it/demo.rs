@@ -97,12 +97,10 @@ async fn a_local_messages_server_is_used_and_named_on_the_first_line() {
     use serde_json::json;
 
     let server = FakeServer::start().await;
+    // No MARKOV_MODEL: the demo asks the server for its model (and its
+    // context, which this one does not report).
+    markov_testkit::http::openai::serve_without_context(&server, "local-model");
     server
-        // No MARKOV_MODEL: the demo asks the server for its model.
-        .reply(Reply::json(
-            200,
-            json!({"object": "list", "data": [{"id": "local-model", "object": "model"}]}),
-        ))
         .reply(Reply::json(
             200,
             anthropic::message(
@@ -140,10 +138,14 @@ async fn a_local_messages_server_is_used_and_named_on_the_first_line() {
         "{stdout}"
     );
     let requests = server.requests();
-    assert_eq!(requests.len(), 4);
+    assert_eq!(requests.len(), 6);
     assert_eq!(requests[0].path, "/v1/models");
-    for request in &requests[1..] {
+    let calls: Vec<_> = requests.iter().filter(|r| r.method == "POST").collect();
+    assert_eq!(calls.len(), 3);
+    for request in calls {
         assert_eq!(request.body["model"], "local-model", "never claude-…");
+        // The server does not say its context: the documented default.
+        assert_eq!(request.body["max_tokens"], 2048);
     }
     assert_eq!(requests[0].header("x-api-key"), None, "no key was set");
 }
@@ -154,6 +156,7 @@ async fn a_key_in_the_base_url_is_never_printed() {
 
     const SECRET: &str = "sk-demo-secret";
     let server = FakeServer::start().await;
+    openai::serve_without_context(&server, "m");
     server.reply(Reply::json(
         400,
         openai::error("invalid_request_error", "no such model"),
@@ -186,9 +189,14 @@ async fn a_key_in_the_base_url_is_never_printed() {
     );
     assert!(!stdout.contains(SECRET), "{stdout}");
     assert!(!stderr.contains(SECRET), "{stderr}");
+    let paths: Vec<String> = server.requests().into_iter().map(|r| r.path).collect();
     assert_eq!(
-        server.single().path,
-        format!("/v1/chat/completions?api-key={SECRET}")
+        paths,
+        [
+            format!("/v1/models?api-key={SECRET}"),
+            format!("/props?api-key={SECRET}"),
+            format!("/v1/chat/completions?api-key={SECRET}"),
+        ]
     );
 }
 
@@ -215,7 +223,7 @@ async fn a_local_server_that_serves_several_models_wants_one_named() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
-async fn a_server_that_ignores_the_tools_is_reported_not_believed() {
+async fn a_model_that_answers_in_text_is_reported_not_believed() {
     use markov_testkit::http::{FakeServer, Reply, openai};
 
     // A server without a tool-capable chat template answers the forced
@@ -225,6 +233,7 @@ async fn a_server_that_ignores_the_tools_is_reported_not_believed() {
         openai::text("Lisbon and Porto have 3 million people together."),
     )])
     .await;
+    openai::serve_without_context(&server, "m");
     let base = format!("{}/v1", server.base_url());
     let output = tokio::task::spawn_blocking(move || {
         demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
@@ -234,18 +243,33 @@ async fn a_server_that_ignores_the_tools_is_reported_not_believed() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
-    assert!(stderr.contains("ignores the tools"), "{stderr}");
+    // Nothing says the server dropped the tools: the model chose text,
+    // which llama-server lets through.
+    assert!(
+        stderr.contains("answered in text although the call required a tool call"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("does not enforce a required tool choice"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not pass the tools"), "{stderr}");
+    // Should the model never have seen them, the way out is named.
     assert!(stderr.contains("--jinja"), "{stderr}");
-    // With --jinja, a model whose own template has no tools still drops
-    // them (SmolLM2's, seen on a real llama-server): the way out is named.
     assert!(stderr.contains("--chat-template-file"), "{stderr}");
     assert!(!stdout.contains("3 million"), "{stdout}");
-    assert_eq!(server.single().body["tool_choice"], "required");
+    let calls: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].body["tool_choice"], "required");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
 async fn the_responses_api_is_picked_and_named_on_the_first_line() {
-    use markov_testkit::http::{FakeServer, Reply, responses};
+    use markov_testkit::http::{FakeServer, Reply, openai, responses};
     use serde_json::json;
 
     let server = FakeServer::scripted(vec![
@@ -269,6 +293,7 @@ async fn the_responses_api_is_picked_and_named_on_the_first_line() {
         ),
     ])
     .await;
+    openai::serve_without_context(&server, "local-model");
     let base = format!("{}/v1", server.base_url());
     let output = tokio::task::spawn_blocking(move || {
         demo(&[
@@ -290,7 +315,11 @@ async fn the_responses_api_is_picked_and_named_on_the_first_line() {
         )
     );
     assert!(stdout.contains("said the Responses API."), "{stdout}");
-    let requests = server.requests();
+    let requests: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
     assert_eq!(requests.len(), 3);
     assert!(requests.iter().all(|r| r.path == "/v1/responses"));
 }
@@ -362,4 +391,215 @@ async fn gemini_is_picked_and_named_on_the_first_line() {
         requests[0].body["toolConfig"]["functionCallingConfig"]["mode"], "ANY",
         "the demo's first call must use a tool"
     );
+}
+
+/// Runs the demo against `server`'s Chat Completions API with
+/// `MARKOV_MODEL=m` and returns the `max_completion_tokens` of its first
+/// model call and the demo's output.
+async fn first_budget(server: &markov_testkit::http::FakeServer) -> (serde_json::Value, Output) {
+    let base = format!("{}/v1", server.base_url());
+    let output = tokio::task::spawn_blocking(move || {
+        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
+    })
+    .await
+    .expect("the demo ran");
+    let call = server
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST")
+        .expect("a model call");
+    (call.body["max_completion_tokens"].clone(), output)
+}
+
+/// The demo's four model calls on the Chat Completions API.
+fn the_demo_answers(server: &markov_testkit::http::FakeServer) {
+    use markov_testkit::http::{Reply, openai};
+    use serde_json::json;
+    server
+        .reply(Reply::json(
+            200,
+            openai::tool_call("c1", "population", &json!({"city": "Lisbon"})),
+        ))
+        .reply(Reply::json(
+            200,
+            openai::tool_call("c2", "population", &json!({"city": "Porto"})),
+        ))
+        .reply(Reply::json(
+            200,
+            openai::tool_call("c3", "add", &json!({"a": 545_923, "b": 231_962})),
+        ))
+        .reply(Reply::json(200, openai::text("777885 people.")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn the_answer_fits_the_context_a_llama_cpp_server_reports() {
+    use markov_testkit::http::{FakeServer, openai};
+
+    // llama-server -c 4096: a quarter of it, never the whole context.
+    let server = FakeServer::start().await;
+    openai::serve_as_llama_cpp(&server, "m", 4096, false);
+    the_demo_answers(&server);
+    let (budget, output) = first_budget(&server).await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(budget, 1024);
+    assert_eq!(server.requests()[1].path, "/props", "llama.cpp was asked");
+
+    // A newer build says `n_ctx` at the top level as well.
+    let server = FakeServer::start().await;
+    openai::serve_as_llama_cpp(&server, "m", 8192, true);
+    the_demo_answers(&server);
+    let (budget, output) = first_budget(&server).await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(budget, 2048);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn the_answer_fits_the_context_a_vllm_server_reports() {
+    use markov_testkit::http::{FakeServer, openai};
+
+    let server = FakeServer::start().await;
+    openai::serve_as_vllm(&server, "m", 16_384);
+    the_demo_answers(&server);
+    let (budget, output) = first_budget(&server).await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(budget, 4096);
+
+    // However large the context, no more than a known model's cap.
+    let server = FakeServer::start().await;
+    openai::serve_as_vllm(&server, "m", 131_072);
+    the_demo_answers(&server);
+    let (budget, _) = first_budget(&server).await;
+    assert_eq!(budget, 8192);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_server_that_does_not_report_its_context_gets_the_documented_default() {
+    use markov_testkit::http::{FakeServer, openai};
+
+    let server = FakeServer::start().await;
+    openai::serve_without_context(&server, "m");
+    the_demo_answers(&server);
+    let (budget, output) = first_budget(&server).await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(budget, markov_core::model::UNKNOWN_MODEL_MAX_TOKENS);
+
+    // A server that answers nothing about itself (each GET refused):
+    // the default too, and the run goes on.
+    let server = FakeServer::start().await;
+    server.route(
+        "GET",
+        "/v1/models",
+        markov_testkit::http::Reply::text(500, "no"),
+    );
+    server.route(
+        "GET",
+        "/props",
+        markov_testkit::http::Reply::text(500, "no"),
+    );
+    the_demo_answers(&server);
+    let (budget, output) = first_budget(&server).await;
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(budget, markov_core::model::UNKNOWN_MODEL_MAX_TOKENS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_demo_that_ends_without_an_answer_says_why_and_fails() {
+    use markov_testkit::http::{FakeServer, Reply, openai};
+    use serde_json::json;
+
+    // The first answer calls the tools; then llama-server refuses the
+    // conversation as longer than its context.
+    let server = FakeServer::start().await;
+    openai::serve_as_llama_cpp(&server, "m", 4096, false);
+    server
+        .reply(Reply::json(
+            200,
+            openai::tool_call("c1", "population", &json!({"city": "Lisbon"})),
+        ))
+        .reply(Reply::json(
+            400,
+            json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 5000, "n_ctx": 4096}}),
+        ));
+    let (_, output) = first_budget(&server).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(stdout.contains("(context_exhausted):"), "{stdout}");
+    assert!(
+        stderr.contains("no answer: the conversation no longer fits the model's context window (about 4096 tokens"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("llama-server -c"), "{stderr}");
+}
+
+/// Runs the demo against `server` (Chat Completions, `MARKOV_MODEL=m`),
+/// whose first answer is the text `answer`; returns its stderr.
+async fn refused_text(server: markov_testkit::http::FakeServer, answer: &str) -> String {
+    use markov_testkit::http::{Reply, openai};
+    server.reply(Reply::json(200, openai::text(answer)));
+    let (_, output) = first_budget(&server).await;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("3 million"), "{stdout}");
+    stderr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_server_whose_template_has_no_tools_is_named_as_the_cause() {
+    use markov_testkit::http::{FakeServer, Reply, openai};
+
+    // llama-server with a template that drops the tools (no --jinja, or a
+    // model's own template without tools), as its /props shows.
+    let server = FakeServer::start().await;
+    openai::serve_as_llama_cpp(&server, "m", 4096, false);
+    server.route(
+        "GET",
+        "/props",
+        Reply::json(200, openai::llama_cpp_props("m", 4096, "{{ messages }}")),
+    );
+    let stderr = refused_text(server, "Lisbon and Porto have 3 million people together.").await;
+    assert!(
+        stderr.contains(
+            "the server does not pass the tools to the model: its chat template has none"
+        ),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--chat-template-file"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_template_with_tools_leaves_the_choice_to_the_model() {
+    use markov_testkit::http::{FakeServer, openai};
+
+    let server = FakeServer::start().await;
+    openai::serve_as_llama_cpp(&server, "m", 4096, false);
+    let stderr = refused_text(server, "Lisbon and Porto have 3 million people together.").await;
+    assert!(
+        stderr.contains("answered in text although the call required a tool call"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("does not pass the tools"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_tool_call_left_in_the_text_is_named_as_the_servers() {
+    use markov_testkit::http::{FakeServer, openai};
+
+    // The model called the tool; the server did not parse the call out.
+    let server = FakeServer::start().await;
+    openai::serve_without_context(&server, "m");
+    let stderr = refused_text(
+        server,
+        r#"<tool_call>
+{"name": "population", "arguments": {"city": "Lisbon"}}
+</tool_call>"#,
+    )
+    .await;
+    assert!(stderr.contains("returned a tool call as text"), "{stderr}");
+    assert!(
+        stderr.contains("does not parse tool calls out of the model's output"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--tool-call-parser"), "{stderr}");
 }

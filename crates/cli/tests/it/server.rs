@@ -184,6 +184,8 @@ fn help_documents_every_flag() {
         "--public-url",
         "--cors-origin",
         "--approval-role",
+        "--require-approval",
+        "--context ",
         "--jwt-issuer",
         "--jwt-audience",
         "--jwt-public-key",
@@ -388,5 +390,246 @@ async fn the_console_logs_requests_and_failed_turns_and_the_database_is_in_the_d
     assert!(
         left.is_empty(),
         "files left in the working directory: {left:?}"
+    );
+}
+
+/// A `markov-serve` started on a free port with a database of its own,
+/// `args` and `envs` (no provider variable otherwise), with the key it
+/// printed and its base URL, once it answers.
+async fn started(args: &[&str], envs: &[(&str, String)]) -> (Server, String, String) {
+    let port = closed_port();
+    let db = std::env::temp_dir().join(format!("markov-serve-h-{}-{port}.db", std::process::id()));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
+    for var in crate::demo::PROVIDER_VARS {
+        command.env_remove(var);
+    }
+    let mut child = command
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .args(["--port", &port.to_string(), "--database"])
+        .arg(&db)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the server starts");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut printed = String::new();
+    let key = loop {
+        let mut line = String::new();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("reads");
+        assert!(
+            read > 0,
+            "the server stopped before printing a key:\n{printed}"
+        );
+        printed.push_str(&line);
+        if let Some(key) = line.trim().strip_prefix("mk_") {
+            break format!("mk_{key}");
+        }
+    };
+    // The rest of stdout is not read: drained so the server never blocks.
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    (Server(child, db), key, format!("http://127.0.0.1:{port}"))
+}
+
+/// A new session's id.
+async fn new_session(client: &reqwest::Client, base: &str, key: &str) -> String {
+    let mut waited = Duration::ZERO;
+    loop {
+        match client
+            .post(format!("{base}/sessions"))
+            .bearer_auth(key)
+            .send()
+            .await
+        {
+            Ok(response) => {
+                let body = response.json::<serde_json::Value>().await.expect("json");
+                return body["id"].as_str().expect("an id").to_owned();
+            }
+            Err(_) => {
+                assert!(
+                    waited < Duration::from_secs(30),
+                    "the server never answered"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                waited += Duration::from_millis(100);
+            }
+        }
+    }
+}
+
+/// Sends `text` to the session and returns the event stream as text.
+async fn say(client: &reqwest::Client, base: &str, key: &str, id: &str, text: &str) -> String {
+    client
+        .post(format!("{base}/sessions/{id}/messages"))
+        .bearer_auth(key)
+        .json(&json!({ "text": text }))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the stream")
+}
+
+/// A fake llama-server with a context of `N_CTX` tokens (a token counted
+/// per four bytes of the request body) that refuses longer requests as
+/// llama.cpp does; it rambles when asked to, summarizes when asked to,
+/// and says hello otherwise.
+const N_CTX: usize = 1024;
+
+async fn small_llama_server() -> markov_testkit::http::FakeServer {
+    use markov_testkit::http::{FakeServer, Reply, openai};
+    let server = FakeServer::start().await;
+    openai::serve_as_llama_cpp(&server, "smol", N_CTX as u32, false);
+    server.answer_with(|request| {
+        let body = request.body.to_string();
+        let n_prompt_tokens = body.len() / 4;
+        if n_prompt_tokens > N_CTX {
+            return Reply::json(
+                400,
+                json!({"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": n_prompt_tokens, "n_ctx": N_CTX}}),
+            );
+        }
+        let answer = |text: &str| {
+            if request.body["stream"] == true {
+                Reply::sse(&openai::text_events(text))
+            } else {
+                Reply::json(200, openai::text(text))
+            }
+        };
+        let system = request.body["messages"][0]["content"].to_string();
+        if system.contains("You summarize") {
+            return answer("The user asked for a long story.");
+        }
+        if body.contains("Tell me a long story") && !body.contains("Once upon a time") {
+            return answer(&"Once upon a time, a city grew. ".repeat(200));
+        }
+        answer("Hello again!")
+    });
+    server
+}
+
+/// Runs the rambling session on a served agent with `args`: the story,
+/// then "Hi"; returns the stream of "Hi".
+async fn hi_after_a_long_story(args: &[&str]) -> String {
+    let model = small_llama_server().await;
+    let (_server, key, base) = started(
+        args,
+        &[("OPENAI_BASE_URL", format!("{}/v1", model.base_url()))],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let id = new_session(&client, &base, &key).await;
+    let story = say(&client, &base, &key, &id, "Tell me a long story").await;
+    assert!(story.contains("Once upon a time"), "{story}");
+    let posts = || {
+        model
+            .requests()
+            .into_iter()
+            .filter(|r| r.method == "POST")
+            .count()
+    };
+    let before = posts();
+    let hi = say(&client, &base, &key, &id, "Hi").await;
+    assert!(posts() > before, "the model was asked");
+    // Every answer fits the context the server reported: a quarter of it.
+    for request in model.requests().iter().filter(|r| r.method == "POST") {
+        assert_eq!(request.body["max_completion_tokens"], N_CTX / 4);
+    }
+    hi
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_session_outgrows_a_small_context_and_still_answers() {
+    // The default policy: the story no longer fits, and "Hi" is answered.
+    let hi = hi_after_a_long_story(&[]).await;
+    assert!(hi.contains("Hello again!"), "{hi}");
+    assert!(!hi.contains("context_exhausted"), "{hi}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recent_context_policy_keeps_a_session_alive_too() {
+    let hi = hi_after_a_long_story(&["--context", "recent"]).await;
+    assert!(hi.contains("Hello again!"), "{hi}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_context_policy_a_session_dies_of_its_length() {
+    // What --context none chooses: the whole history, refused.
+    let hi = hi_after_a_long_story(&["--context", "none"]).await;
+    assert!(hi.contains("context_exhausted"), "{hi}");
+    assert!(!hi.contains("Hello again!"), "{hi}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_approval_makes_a_tool_wait_for_a_person() {
+    let (_server, key, base) = started(&["--require-approval", "population"], &[]).await;
+    let client = reqwest::Client::new();
+    let id = new_session(&client, &base, &key).await;
+    let asked = say(
+        &client,
+        &base,
+        &key,
+        &id,
+        "How many people live in Lisbon and Porto together?",
+    )
+    .await;
+    assert!(asked.contains("\"awaiting_approval\":true"), "{asked}");
+    assert!(!asked.contains("777885"), "nothing ran: {asked}");
+    let pending = client
+        .get(format!("{base}/sessions/{id}/approvals"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    let requests: Vec<String> = pending
+        .as_array()
+        .or_else(|| pending["approvals"].as_array())
+        .expect("a list")
+        .iter()
+        .map(|r| r["request_id"].as_str().expect("an id").to_owned())
+        .collect();
+    assert_eq!(requests.len(), 2, "both lookups wait: {pending}");
+    let mut last = String::new();
+    for request in requests {
+        last = client
+            .post(format!("{base}/sessions/{id}/approvals/{request}"))
+            .bearer_auth(&key)
+            .json(&json!({"decision": "approve"}))
+            .send()
+            .await
+            .expect("sent")
+            .text()
+            .await
+            .expect("the stream");
+    }
+    assert!(last.contains("777885"), "{last}");
+}
+
+#[test]
+fn require_approval_of_an_unknown_tool_is_refused() {
+    let db = std::env::temp_dir().join(format!("markov-serve-ra-{}.db", std::process::id()));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
+    for var in crate::demo::PROVIDER_VARS {
+        command.env_remove(var);
+    }
+    let output = command
+        .args(["--port", &closed_port().to_string(), "--database"])
+        .arg(&db)
+        .args(["--require-approval", "delete"])
+        .output()
+        .expect("runs");
+    let _ = std::fs::remove_file(&db);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(
+            "--require-approval delete: the agent has no such tool (it has add and population)"
+        ),
+        "{stderr}"
     );
 }

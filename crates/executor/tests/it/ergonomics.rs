@@ -145,6 +145,36 @@ async fn a_typed_run_asks_again_when_the_answer_does_not_parse() {
 }
 
 #[tokio::test]
+async fn a_cut_typed_answer_is_an_error_not_a_guess() {
+    // The answer is cut mid-JSON; a recovery call under the output schema
+    // would have the model shape a guess like an answer (the second one).
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .max_tokens(r#"{"value": 4"#)
+            .text(r#"{"value": 7}"#)
+            .build(),
+    );
+    let mut m = machine(|c| c, typed_node(), json!({}), model.clone());
+    m.enqueue_user("six times seven?");
+    let err = m.run_typed::<Answer>().await.expect_err("cut, not guessed");
+    match &err {
+        TypedRunError::Cut { attempts, answer } => {
+            assert_eq!(*attempts, 1);
+            assert_eq!(answer, &json!(r#"{"value": 4"#));
+        }
+        other => panic!("unexpected: {other}"),
+    }
+    assert!(err.to_string().contains("cut by the token limit"), "{err}");
+    assert_eq!(model.calls(), 1, "no recovery call, no retry");
+    assert!(
+        m.history()
+            .iter()
+            .all(|msg| msg.text() != markov_executor::RECOVERY_TEXT),
+        "no reminder was injected"
+    );
+}
+
+#[tokio::test]
 async fn a_typed_run_gives_up_after_its_retries() {
     let model = Arc::new(ScriptedModel::builder().text("no").text("still no").build());
     let mut m = machine(|c| c, typed_node(), json!({}), model.clone());

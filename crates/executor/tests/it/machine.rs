@@ -320,6 +320,22 @@ async fn max_tokens_recovers_once_then_ends() {
         .filter(|msg| msg.text() == RECOVERY_TEXT)
         .collect();
     assert_eq!(recovery.len(), 1);
+    // markov's words, never the user's: a system message, which the step
+    // that asks for it carries.
+    assert_eq!(recovery[0].role, Role::System);
+    assert!(
+        m.history()
+            .iter()
+            .filter(|msg| msg.role == Role::User)
+            .all(|msg| msg.text() == "long"),
+        "the only user message is the user's"
+    );
+    assert!(
+        steps[0]
+            .history
+            .iter()
+            .any(|msg| msg.role == Role::System && msg.text() == RECOVERY_TEXT)
+    );
 }
 
 #[tokio::test]

@@ -119,6 +119,8 @@ pub struct OpenAi {
     url: Url,
     /// `{base}/models`, the list of the models the server serves.
     models_url: Url,
+    /// llama.cpp's `{server}/props`, which reports its context.
+    props_url: Url,
     model: String,
     shape: wire::Shape,
     body_cache: BodyCache,
@@ -363,6 +365,7 @@ impl OpenAiBuilder {
             transport: Transport::new(self.transport, &base, headers)?,
             url: endpoint(&base, "chat/completions"),
             models_url: endpoint(&base, "models"),
+            props_url: crate::transport::props_endpoint(&base),
             model: self.model,
             shape: wire::Shape {
                 max_tokens_field: self.max_tokens_field,
@@ -424,6 +427,21 @@ impl OpenAi {
     /// Any error of the call, as for a model call (not retried).
     pub async fn served_models(&self) -> Result<Vec<String>, ModelError> {
         self.transport.list_models(self.models_url.clone()).await
+    }
+
+    /// What the server says of itself ([`crate::ServedFacts`]): the
+    /// context window it runs the default model with (vLLM's model list,
+    /// `max_model_len`; llama.cpp's `GET /props`, `n_ctx`) and whether its
+    /// chat template handles tools (llama.cpp). Nothing for a server that
+    /// does not say (the vendor's API, Ollama). Each request is one
+    /// attempt, bounded by the timeout (at most 5 s).
+    ///
+    /// # Errors
+    /// The error of the last request when no request was answered.
+    pub async fn served_facts(&self) -> Result<crate::ServedFacts, ModelError> {
+        self.transport
+            .served_facts(self.models_url.clone(), self.props_url.clone(), &self.model)
+            .await
     }
 
     fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {

@@ -1,7 +1,9 @@
 //! Decoding of streamed Responses: typed events (`response.output_item.added`,
 //! `response.output_text.delta`, `response.function_call_arguments.delta`,
 //! `response.reasoning_summary_text.delta`, `response.output_item.done`,
-//! `response.completed`, ...), one output item per `output_index`.
+//! `response.completed`, ...), one output item per `output_index`, or per
+//! item id where a server leaves the index out (llama.cpp's server): two
+//! items are never merged into one.
 //!
 //! Content indexes in the emitted [`StreamEvent`]s are positions in the final
 //! [`ModelResponse::content`], given in order of first appearance: a call or
@@ -27,6 +29,10 @@ struct WireEvent {
     kind: String,
     #[serde(default)]
     output_index: Option<usize>,
+    /// The item a delta belongs to (llama.cpp's server sends this and no
+    /// `output_index`).
+    #[serde(default)]
+    item_id: Option<String>,
     #[serde(default)]
     delta: Option<String>,
     #[serde(default)]
@@ -53,6 +59,17 @@ struct Slot {
     arguments: String,
     reasoning_id: Option<String>,
     done: Option<OutputItem>,
+    /// Whether an event named the item by its id.
+    has_id: bool,
+}
+
+/// Which output item an event is about: its `output_index`, as OpenAI
+/// sends it, else the item's id (`item_id` on a delta, `item.id` on an
+/// added or done item), as a server that leaves the index out
+/// (llama.cpp's) still sends.
+struct Key {
+    output_index: Option<usize>,
+    item_id: Option<String>,
 }
 
 /// The answer assembled so far.
@@ -61,28 +78,59 @@ pub(super) struct Decoder {
     slots: Vec<Slot>,
     /// `output_index` → position in `slots`.
     by_output: HashMap<usize, usize>,
+    /// Item id → position in `slots`.
+    by_item: HashMap<String, usize>,
+    /// The position of the item added last: where an event that names no
+    /// item belongs.
+    last: Option<usize>,
     /// Positions given out so far.
     next_index: usize,
 }
 
 impl Decoder {
-    fn slot(&mut self, output_index: usize, kind: &str) -> &mut Slot {
-        let position = *self.by_output.entry(output_index).or_insert_with(|| {
+    /// The slot `key` names, made now (of `kind`) if it names none yet.
+    /// `fresh` (an added item): an item that names neither index nor id is
+    /// a new one, never merged into the last; any other event that names
+    /// neither belongs to the item added last.
+    fn locate(&mut self, key: &Key, kind: &str, fresh: bool) -> usize {
+        let found = key
+            .output_index
+            .and_then(|index| self.by_output.get(&index).copied())
+            .or_else(|| {
+                let id = key.item_id.as_ref()?;
+                self.by_item.get(id).copied()
+            })
+            .or(match (key.output_index, &key.item_id, fresh) {
+                (None, None, false) => self.last,
+                // An id never seen, on an item added without one: that
+                // item's.
+                (None, Some(_), false) => self.last.filter(|&at| !self.slots[at].has_id),
+                _ => None,
+            });
+        let position = found.unwrap_or_else(|| {
             self.slots.push(Slot {
                 kind: kind.to_owned(),
                 ..Slot::default()
             });
-            self.slots.len() - 1
+            let position = self.slots.len() - 1;
+            self.last = Some(position);
+            position
         });
-        &mut self.slots[position]
+        if let Some(id) = &key.item_id {
+            self.by_item.entry(id.clone()).or_insert(position);
+            self.slots[position].has_id = true;
+        }
+        if let Some(index) = key.output_index {
+            self.by_output.entry(index).or_insert(position);
+        }
+        position
     }
 
-    /// The position of the slot of `output_index`, given out now if it has
-    /// none yet.
-    fn index(&mut self, output_index: usize, kind: &str) -> usize {
+    /// The answer position of the slot at `position`, given out now if it
+    /// has none yet.
+    fn index(&mut self, position: usize) -> usize {
         let mut next = self.next_index;
-        let slot = self.slot(output_index, kind);
-        let index = *slot.index.get_or_insert_with(|| {
+        let index = *self.slots[position].index.get_or_insert_with(|| {
             next += 1;
             next - 1
         });
@@ -90,12 +138,13 @@ impl Decoder {
         index
     }
 
-    fn added(&mut self, output_index: usize, item: OutputItem, out: &mut VecDeque<StreamEvent>) {
+    fn added(&mut self, key: &Key, item: OutputItem, out: &mut VecDeque<StreamEvent>) {
         let kind = item.kind.clone();
+        let position = self.locate(key, &kind, true);
         match kind.as_str() {
             "function_call" => {
-                let index = self.index(output_index, &kind);
-                let slot = self.slot(output_index, &kind);
+                let index = self.index(position);
+                let slot = &mut self.slots[position];
                 let id = item
                     .call_id
                     .filter(|id| !id.is_empty())
@@ -116,43 +165,37 @@ impl Decoder {
                 }
             }
             "reasoning" => {
-                self.index(output_index, &kind);
-                self.slot(output_index, &kind).reasoning_id = item.id;
+                self.index(position);
+                self.slots[position].reasoning_id = item.id;
             }
-            _ => {
-                self.slot(output_index, &kind);
-            }
+            _ => {}
         }
     }
 
-    fn text(
-        &mut self,
-        output_index: usize,
-        delta: String,
-        refusal: bool,
-        out: &mut VecDeque<StreamEvent>,
-    ) {
+    fn text(&mut self, key: &Key, delta: String, refusal: bool, out: &mut VecDeque<StreamEvent>) {
         if delta.is_empty() {
             return;
         }
-        let index = self.index(output_index, "message");
-        let slot = self.slot(output_index, "message");
+        let position = self.locate(key, "message", false);
+        let index = self.index(position);
+        let slot = &mut self.slots[position];
         slot.text.push_str(&delta);
         slot.refused |= refusal;
         out.push_back(StreamEvent::TextDelta { index, text: delta });
     }
 
-    fn done(&mut self, output_index: usize, item: OutputItem, out: &mut VecDeque<StreamEvent>) {
+    fn done(&mut self, key: &Key, item: OutputItem, out: &mut VecDeque<StreamEvent>) {
         let kind = item.kind.clone();
-        let has_index = self.slot(output_index, &kind).index.is_some();
+        let position = self.locate(key, &kind, false);
+        let has_index = self.slots[position].index.is_some();
         if kind == "message" && !has_index {
             // A message whose text came in no delta: it has its place now.
             if let (Some(Item::Text { text }), _) = wire::item_of(item.clone(), 0) {
-                let index = self.index(output_index, &kind);
+                let index = self.index(position);
                 out.push_back(StreamEvent::TextDelta { index, text });
             }
         }
-        self.slot(output_index, &kind).done = Some(item);
+        self.slots[position].done = Some(item);
     }
 
     fn response(&mut self, finished: WireResponse) -> Result<ModelResponse, ModelError> {
@@ -207,24 +250,31 @@ impl SseDecoder for Decoder {
             return Ok(None);
         }
         let parsed: WireEvent = parse_data(event)?;
-        let output_index = parsed.output_index.unwrap_or(0);
+        let key = Key {
+            output_index: parsed.output_index,
+            item_id: parsed
+                .item_id
+                .clone()
+                .or_else(|| parsed.item.as_ref().and_then(|item| item.id.clone()))
+                .filter(|id| !id.is_empty()),
+        };
         match parsed.kind.as_str() {
             "response.output_item.added" => {
                 if let Some(item) = parsed.item {
-                    self.added(output_index, item, out);
+                    self.added(&key, item, out);
                 }
             }
             "response.output_text.delta" => {
-                self.text(output_index, parsed.delta.unwrap_or_default(), false, out);
+                self.text(&key, parsed.delta.unwrap_or_default(), false, out);
             }
             "response.refusal.delta" => {
-                self.text(output_index, parsed.delta.unwrap_or_default(), true, out);
+                self.text(&key, parsed.delta.unwrap_or_default(), true, out);
             }
             "response.function_call_arguments.delta" => {
                 let delta = parsed.delta.unwrap_or_default();
-                let index = self.index(output_index, "function_call");
-                let slot = self.slot(output_index, "function_call");
-                slot.arguments.push_str(&delta);
+                let position = self.locate(&key, "function_call", false);
+                let index = self.index(position);
+                self.slots[position].arguments.push_str(&delta);
                 if !delta.is_empty() {
                     out.push_back(StreamEvent::ToolCallDelta {
                         index,
@@ -235,8 +285,9 @@ impl SseDecoder for Decoder {
             "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
                 let delta = parsed.delta.unwrap_or_default();
                 if !delta.is_empty() {
-                    let index = self.index(output_index, "reasoning");
-                    self.slot(output_index, "reasoning").text.push_str(&delta);
+                    let position = self.locate(&key, "reasoning", false);
+                    let index = self.index(position);
+                    self.slots[position].text.push_str(&delta);
                     out.push_back(StreamEvent::ThinkingDelta {
                         index,
                         thinking: delta,
@@ -245,7 +296,7 @@ impl SseDecoder for Decoder {
             }
             "response.output_item.done" => {
                 if let Some(item) = parsed.item {
-                    self.done(output_index, item, out);
+                    self.done(&key, item, out);
                 }
             }
             "response.completed" | "response.incomplete" => {

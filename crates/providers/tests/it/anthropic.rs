@@ -165,7 +165,10 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
         .await;
     match refused {
         Err(ModelError::InvalidResponse(message)) => {
-            assert!(message.contains("ignores the tools"), "{message}")
+            assert!(
+                message.contains(markov_providers::TEXT_INSTEAD_OF_TOOL_CALL),
+                "{message}"
+            )
         }
         other => panic!("a text answer to a forced call was accepted: {other:?}"),
     }

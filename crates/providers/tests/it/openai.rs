@@ -142,7 +142,10 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
         .await;
     match refused {
         Err(ModelError::InvalidResponse(message)) => {
-            assert!(message.contains("ignores the tools"), "{message}")
+            assert!(
+                message.contains(markov_providers::TEXT_INSTEAD_OF_TOOL_CALL),
+                "{message}"
+            )
         }
         other => panic!("a text answer to a forced call was accepted: {other:?}"),
     }
@@ -760,7 +763,7 @@ async fn debug_output_never_shows_the_key() {
 }
 
 #[tokio::test]
-async fn a_streamed_text_answer_to_a_forced_call_says_the_server_ignores_tools() {
+async fn a_streamed_text_answer_to_a_forced_call_says_the_model_chose_text() {
     let server = FakeServer::scripted(vec![Reply::sse(
         &markov_testkit::http::openai::text_events("A confident guess."),
     )])
@@ -774,9 +777,49 @@ async fn a_streamed_text_answer_to_a_forced_call_says_the_server_ignores_tools()
         .await;
     match events.last() {
         Some(Err(ModelError::InvalidResponse(message))) => {
-            assert!(message.contains("ignores the tools"), "{message}");
+            assert!(
+                message.contains(markov_providers::TEXT_INSTEAD_OF_TOOL_CALL),
+                "{message}"
+            );
             assert!(message.contains("--jinja"), "{message}");
         }
         other => panic!("the made-up answer was accepted: {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_tool_call_left_in_the_text_says_the_server_does_not_parse_calls() {
+    // Qwen's, Mistral's and Llama's call markers, and a bare JSON call.
+    for text in [
+        "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>",
+        "[TOOL_CALLS][{\"name\": \"add\", \"arguments\": {\"a\": 1}}]",
+        "<|python_tag|>add(a=1, b=2)",
+        "{\"name\": \"add\", \"parameters\": {\"a\": 1}}",
+    ] {
+        let server = FakeServer::scripted(vec![Reply::json(
+            200,
+            markov_testkit::http::openai::text(text),
+        )])
+        .await;
+        let history = [Message::user("Use the tool.")];
+        let tools = tools();
+        let settings = ModelSettings::default();
+        match client(&server)
+            .complete(request(&history, &tools, &ToolChoice::Any, &settings))
+            .await
+        {
+            Err(ModelError::InvalidResponse(message)) => {
+                assert!(
+                    message.contains(markov_providers::TOOL_CALL_AS_TEXT),
+                    "{message}"
+                );
+                assert!(
+                    !message.contains(markov_providers::TEXT_INSTEAD_OF_TOOL_CALL),
+                    "{message}"
+                );
+                assert!(message.contains("--tool-call-parser"), "{message}");
+            }
+            other => panic!("{text}: the text call was accepted: {other:?}"),
+        }
     }
 }

@@ -307,6 +307,93 @@ async fn a_stream_is_decoded_however_it_is_cut() {
 }
 
 #[tokio::test]
+async fn parallel_calls_streamed_without_output_index_stay_two_calls() {
+    // llama.cpp's server leaves `output_index` out of its events: the item
+    // ids tell the items apart.
+    let stream = responses::events_without_output_index(
+        "s2",
+        vec![
+            responses::message_item("m1", "Adding both."),
+            responses::function_call_item("call_a", "add", &json!({"a": 12, "b": 30})),
+            responses::function_call_item("call_b", "add", &json!({"a": 5, "b": 6})),
+        ],
+    );
+    assert!(!stream.contains("output_index"), "{stream}");
+    let server = FakeServer::scripted(vec![Reply::sse_split(&stream, 7)]).await;
+    let events = streamed(&server).await;
+    let Some(StreamEvent::Done(answer)) = events.last() else {
+        panic!("no final answer: {events:?}")
+    };
+    assert_eq!(
+        answer.content,
+        vec![
+            Item::text("Adding both."),
+            Item::tool_use("call_a", "add", json!({"a": 12, "b": 30})),
+            Item::tool_use("call_b", "add", json!({"a": 5, "b": 6})),
+        ]
+    );
+    // The deltas name the same positions.
+    let starts: Vec<(usize, String)> = events
+        .iter()
+        .filter_map(|e| match e {
+            StreamEvent::ToolCallStart { index, id, .. } => Some((*index, id.to_string())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(starts, [(1, "call_a".to_owned()), (2, "call_b".to_owned())]);
+    let mut arguments = [String::new(), String::new()];
+    for event in &events {
+        if let StreamEvent::ToolCallDelta {
+            index,
+            partial_json,
+        } = event
+        {
+            arguments[index - 1].push_str(partial_json);
+        }
+    }
+    assert_eq!(arguments, [r#"{"a":12,"b":30}"#, r#"{"a":5,"b":6}"#]);
+}
+
+#[test]
+fn calls_added_without_ids_or_indexes_keep_their_deltas() {
+    // The leanest server: items added with neither index nor id, deltas
+    // naming an id the added item did not have.
+    let event = |data: Value| {
+        let kind = data["type"].as_str().unwrap_or_default().to_owned();
+        markov_testkit::http::sse_event(&kind, data)
+    };
+    let call = |call_id: &str, item_id: &str, args: &str| {
+        [
+            event(json!({"type": "response.output_item.added",
+                "item": {"type": "function_call", "call_id": call_id, "name": "add", "arguments": ""}})),
+            event(json!({"type": "response.function_call_arguments.delta", "item_id": item_id, "delta": args})),
+            event(json!({"type": "response.output_item.done",
+                "item": {"type": "function_call", "id": item_id, "call_id": call_id, "name": "add", "arguments": args}})),
+        ]
+        .concat()
+    };
+    let stream = [
+        call("call_a", "fc_a", r#"{"a":1,"b":2}"#),
+        call("call_b", "fc_b", r#"{"a":3,"b":4}"#),
+        event(
+            json!({"type": "response.completed", "response": responses::response("r", Vec::new())}),
+        ),
+    ]
+    .concat();
+    let events = markov_providers::responses::replay_stream(stream.as_bytes()).expect("decodes");
+    let Some(StreamEvent::Done(answer)) = events.last() else {
+        panic!("no final answer: {events:?}")
+    };
+    assert_eq!(
+        answer.content,
+        vec![
+            Item::tool_use("call_a", "add", json!({"a": 1, "b": 2})),
+            Item::tool_use("call_b", "add", json!({"a": 3, "b": 4})),
+        ]
+    );
+}
+
+#[tokio::test]
 async fn stream_errors_and_cut_streams_fail_with_typed_errors() {
     let failed = concat!(
         "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{}}\n\n",

@@ -195,3 +195,52 @@ async fn a_streamed_call_under_the_output_tool_yields_the_answer_as_text() {
             .all(|e| !matches!(e, Ok(StreamEvent::ToolCallStart { .. })))
     );
 }
+
+#[tokio::test]
+async fn a_cut_output_tool_call_on_a_local_server_is_an_error_not_a_guess() {
+    // llama-server cuts the output tool's call at the token limit; the
+    // recovery call would go out under the schema grammar, and the model
+    // would have to shape a guess like an answer.
+    let server = FakeServer::scripted(vec![
+        Reply::json(
+            200,
+            openai::completion(
+                "cut",
+                json!({
+                    "role": "assistant",
+                    "content": null,
+                    "tool_calls": [{
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "final_answer", "arguments": "{\"total\": 12"}
+                    }]
+                }),
+                "length",
+            ),
+        ),
+        Reply::json(200, openai::text(r#"{"total": 99}"#)),
+    ])
+    .await;
+    let agent = Agent::builder("summer")
+        .instructions("You add with your tool and answer in JSON.")
+        .tool(Add)
+        .output::<Sum>()
+        .model(local_openai(&server, StructuredOutput::Auto))
+        .build()
+        .expect("agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("What is 2 + 3?");
+    let error = machine
+        .run_typed::<Sum>()
+        .await
+        .expect_err("a cut answer is not a success");
+    assert!(
+        matches!(error, markov_executor::TypedRunError::Cut { .. }),
+        "{error}"
+    );
+    assert_eq!(
+        server.requests().len(),
+        1,
+        "no schema-constrained recovery call"
+    );
+}

@@ -131,7 +131,19 @@ impl Director {
                 None => text("Something went wrong."),
             };
         }
+        // markov's reminder after a cut answer, the last message sent.
+        let reminded = messages
+            .last()
+            .is_some_and(|m| m.role == markov_core::Role::System);
         match said.as_str() {
+            "ramble" if reminded => text("In short: the city grew."),
+            "ramble" => Ok((
+                answer(
+                    vec![Item::text("Once upon a time, a city grew, and grew, and")],
+                    StopReason::MaxTokens,
+                ),
+                quick,
+            )),
             "weather" if results.is_empty() => Ok((
                 answer(
                     vec![
@@ -1073,6 +1085,57 @@ async fn a_running_turn_is_rejoined_after_a_reload_and_stopped_and_errors_and_ho
         .run("const c = document.getElementById('conversation'); c.scrollTop = c.scrollHeight")
         .await;
     browser.screenshot("hostile.png").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markovs_reminder_after_a_cut_answer_is_shown_as_markovs_never_as_the_users() {
+    let (f, director) = serve_director().await;
+    let Some(browser) = Browser::start(1000, 860).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser.sign_in(&f.key).await;
+    browser.say("ramble").await;
+    browser
+        .wait(
+            "the short answer",
+            "document.getElementById('log').innerText.includes('In short') && !document.body.classList.contains('running')",
+        )
+        .await;
+    assert_eq!(
+        director.calls.load(Ordering::SeqCst),
+        2,
+        "the cut answer, then the short one"
+    );
+    for when in ["live", "after a reload"] {
+        assert_eq!(
+            browser.count("#log .msg.user").await,
+            1,
+            "{when}: the user's one message, and no other bubble of theirs"
+        );
+        let user = browser.text("#log .msg.user").await;
+        assert_eq!(user.trim(), "ramble", "{when}");
+        assert_eq!(browser.count("#log .msg.markov").await, 1, "{when}");
+        let reminder = browser.text("#log .msg.markov").await;
+        assert!(
+            reminder.to_lowercase().contains("markov to the model") && reminder.contains("cut off"),
+            "{when}: {reminder}"
+        );
+        let log = browser.text("#log").await;
+        assert!(log.contains("In short: the city grew."), "{when}: {log}");
+        if when == "live" {
+            browser.screenshot("markov-reminder.png").await;
+            browser.reload().await;
+            browser
+                .wait(
+                    "the history",
+                    "document.getElementById('log').innerText.includes('In short')",
+                )
+                .await;
+        }
+    }
+    browser.screenshot("markov-reminder-reloaded.png").await;
     browser.close().await;
 }
 

@@ -19,7 +19,7 @@
 
 use serde_json::{Value, json};
 
-use super::{MODEL, split_in_two, sse_data};
+use super::{FakeServer, MODEL, Reply, split_in_two, sse_data};
 
 /// When every canned answer was created (seconds since the epoch).
 const CREATED: u64 = 1_741_569_952;
@@ -149,4 +149,82 @@ pub fn tool_call_events(id: &str, name: &str, arguments: &Value) -> String {
     ];
     events.extend(stream_end(id));
     events.concat()
+}
+
+/// Makes `server` answer as llama.cpp's `llama-server` does about itself:
+/// `GET /v1/models` lists `model` (with the training context in `meta`,
+/// never the context it runs with) and `GET /props` reports the context
+/// it runs with, `n_ctx`, in `default_generation_settings` (older builds)
+/// or at the top level as well (`top_level`, newer builds).
+pub fn serve_as_llama_cpp(server: &FakeServer, model: &str, n_ctx: u32, top_level: bool) {
+    server.route(
+        "GET",
+        "/v1/models",
+        Reply::json(
+            200,
+            json!({"object": "list", "data": [{
+                "id": model, "object": "model", "owned_by": "llamacpp",
+                "meta": {"n_ctx_train": 32_768, "n_params": 494_032_768}
+            }]}),
+        ),
+    );
+    let mut props = llama_cpp_props(model, n_ctx, TOOL_TEMPLATE);
+    if top_level {
+        props["n_ctx"] = json!(n_ctx);
+    }
+    server.route("GET", "/props", Reply::json(200, props));
+}
+
+/// A chat template that handles tools (the start of Qwen2.5's).
+pub const TOOL_TEMPLATE: &str = "{%- if tools %}{{- '<|im_start|>system\\n' }}# Tools\\n<tools>{%- for tool in tools %}{{ tool | tojson }}{%- endfor %}</tools>{%- endif %}";
+
+/// llama.cpp's `GET /props` answer (older builds: the context only in
+/// `default_generation_settings`) for `model` with a context of `n_ctx`
+/// tokens and `chat_template` (a template without `tools` is one that
+/// drops them).
+pub fn llama_cpp_props(model: &str, n_ctx: u32, chat_template: &str) -> Value {
+    json!({
+        "default_generation_settings": {"n_ctx": n_ctx, "params": {"n_predict": -1}},
+        "total_slots": 1,
+        "model_path": format!("/models/{model}.gguf"),
+        "chat_template": chat_template,
+        "build_info": "b11434-0000000"
+    })
+}
+
+/// Makes `server` answer as vLLM does about itself: `GET /v1/models` lists
+/// `model` with the context it runs with (`max_model_len`), and `/props`
+/// is unknown (404).
+pub fn serve_as_vllm(server: &FakeServer, model: &str, max_model_len: u32) {
+    server.route(
+        "GET",
+        "/v1/models",
+        Reply::json(
+            200,
+            json!({"object": "list", "data": [{
+                "id": model, "object": "model", "owned_by": "vllm",
+                "root": model, "max_model_len": max_model_len
+            }]}),
+        ),
+    );
+    server.route(
+        "GET",
+        "/props",
+        Reply::json(404, json!({"detail": "Not Found"})),
+    );
+}
+
+/// Makes `server` answer as a server that does not report its context
+/// (Ollama, a proxy): `GET /v1/models` lists `model` alone and `/props` is
+/// unknown (404).
+pub fn serve_without_context(server: &FakeServer, model: &str) {
+    server.route(
+        "GET",
+        "/v1/models",
+        Reply::json(
+            200,
+            json!({"object": "list", "data": [{"id": model, "object": "model"}]}),
+        ),
+    );
+    server.route("GET", "/props", Reply::text(404, "404 page not found"));
 }

@@ -245,3 +245,35 @@ pub fn text_events(text: &str) -> String {
 pub fn function_call_events(call_id: &str, name: &str, arguments: &Value) -> String {
     events(call_id, vec![function_call_item(call_id, name, arguments)])
 }
+
+/// `output` as an event stream the way llama.cpp's server sends it: as
+/// [`events`], but no event carries an `output_index`, so only the item
+/// ids (`item_id` on a delta, `item.id` on an added or done item) tell the
+/// items apart.
+pub fn events_without_output_index(id: &str, output: Vec<Value>) -> String {
+    let middle = output
+        .iter()
+        .enumerate()
+        .flat_map(|(index, item)| item_events(index, item))
+        .map(|event| {
+            event
+                .lines()
+                .map(|line| match line.strip_prefix("data: ") {
+                    Some(data) => match serde_json::from_str::<Value>(data) {
+                        Ok(mut data) => {
+                            if let Some(object) = data.as_object_mut() {
+                                object.remove("output_index");
+                            }
+                            format!("data: {data}")
+                        }
+                        Err(_) => line.to_owned(),
+                    },
+                    None => line.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+                + "\n\n"
+        })
+        .collect();
+    framed(id, output, middle)
+}

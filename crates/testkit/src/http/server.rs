@@ -188,6 +188,8 @@ struct Shared {
     requests: Mutex<Vec<Recorded>>,
     replies: Mutex<VecDeque<Reply>>,
     responder: Mutex<Option<Responder>>,
+    /// Standing replies by method and path (see [`FakeServer::route`]).
+    routes: Mutex<Vec<(String, String, Reply)>>,
     /// Whether requests are kept for [`FakeServer::requests`].
     forget: AtomicBool,
     /// Requests read.
@@ -276,6 +278,17 @@ impl FakeServer {
     /// calls chain.
     pub fn reply(&self, reply: Reply) -> &Self {
         lock(&self.shared.replies).push_back(reply);
+        self
+    }
+
+    /// Answers every `method` request for `path` (the query aside) with
+    /// `reply`, however often it comes and wherever it falls in the
+    /// script, which it leaves alone: a server's standing endpoints, such
+    /// as its model list. A later route for the same method and path
+    /// replaces this one. Such requests are recorded like any other.
+    /// Returns the server, so calls chain.
+    pub fn route(&self, method: &str, path: &str, reply: Reply) -> &Self {
+        lock(&self.shared.routes).push((method.to_owned(), path.to_owned(), reply));
         self
     }
 
@@ -385,7 +398,14 @@ async fn serve(mut socket: TcpStream, shared: &Shared) -> io::Result<()> {
         let close = request
             .header("connection")
             .is_some_and(|v| v.eq_ignore_ascii_case("close"));
-        let scripted = lock(&shared.replies).pop_front();
+        let path = request.path.split('?').next().unwrap_or_default();
+        // The latest route for a method and path is the one in force.
+        let routed = lock(&shared.routes)
+            .iter()
+            .rev()
+            .find(|(method, route, _)| *method == request.method && route == path)
+            .map(|(_, _, reply)| reply.clone());
+        let scripted = routed.or_else(|| lock(&shared.replies).pop_front());
         let reply = match scripted {
             Some(reply) => reply,
             None => match lock(&shared.responder).clone() {
