@@ -59,9 +59,9 @@ pub mod usage;
 pub use ids::{InstanceId, MessageId, NodeId, RunId, ToolCallId};
 pub use message::{Item, Items, Message, Metadata, Role};
 pub use model::{
-    Compacted, Compaction, InputTokenCount, Model, ModelError, ModelLimits, ModelRequest,
-    ModelResponse, ModelSettings, StopReason, StreamEvent, Thinking, ToolChoice, Unsupported,
-    Usage,
+    Compacted, Compaction, InputTokenCount, Model, ModelError, ModelLayer, ModelLimits,
+    ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent, Thinking, ToolChoice,
+    Unsupported, Usage,
 };
 pub use tool::{
     DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,
