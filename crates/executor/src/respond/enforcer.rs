@@ -219,6 +219,15 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn every_method_of_the_enforcer_reaches_the_inner_model() {
+        use markov_testkit::ProbeModel;
+        for rule in [ToolChoiceRule::Auto, ToolChoiceRule::RequiredFirst] {
+            let model = ToolChoiceEnforcer::new(ProbeModel, rule);
+            ProbeModel::assert_reached_through(&model).await;
+        }
+    }
+
+    #[tokio::test]
     async fn a_compacting_model_wrapped_in_the_enforcer_still_offers_native_summaries() {
         let model = ToolChoiceEnforcer::new(Compacting, ToolChoiceRule::RequiredFirst);
         assert_eq!(model.native_summaries(), Some("openai.responses"));
