@@ -6,7 +6,9 @@
 //! - [`Tool`]: a typed tool; [`DynTool`] its erased form;
 //!   [`ToolDefinition`] what a model is told about it.
 //! - [`Model`]: one async trait every model client implements, over a
-//!   [`ModelRequest`] that borrows the history.
+//!   [`ModelRequest`] that borrows the history; [`ModelLayer`] what a
+//!   wrapper around a model implements: the methods it changes, every
+//!   other one passed through by construction.
 //!
 //! ```
 //! use markov_core::message::{Item, Message};
