@@ -1,4 +1,4 @@
-//! Command-line parsing for `cargo xtask`, by hand: three commands and a few flags do not
+//! Command-line parsing for `cargo xtask`, by hand: four commands and a few flags do not
 //! justify a dependency on an argument parser.
 
 use std::ffi::OsString;
@@ -11,7 +11,10 @@ Commands:
   test [-p <crate>]...
           cargo fmt --check, cargo clippy -D warnings, cargo test (incl. doc
           tests and tidy), cargo doc with RUSTDOCFLAGS=-D warnings; stops at
-          the first failure. With -p, only the crates named (fmt checks all)
+          the first failure, then readme. With -p, only the crates named
+          (fmt checks all; readme runs with -p markov)
+  readme  build every Rust snippet of README.md in a fresh crate with the
+          [dependencies] block shown before it (offline, target/ reused)
   bench   build in release mode and run the benchmarks (markov-bench's
           figures and table, then its divan bench); see docs/PERFORMANCE.md
   bench --against <rev> [--rounds <n>] -- <markov-bench arguments>
@@ -25,6 +28,8 @@ Commands:
 pub(crate) enum Command {
     /// `cargo xtask test`, for the packages named with `-p` (all when none).
     Test(Vec<String>),
+    /// `cargo xtask readme`.
+    Readme,
     /// `cargo xtask bench`.
     Bench,
     /// `cargo xtask bench --against <rev>`: one figure, before and after.
@@ -119,6 +124,7 @@ where
             return Ok(Command::Test(packages));
         }
         Some("bench") => return parse_bench(args),
+        Some("readme") => Command::Readme,
         Some("help" | "-h" | "--help") => Command::Help,
         Some(other) => return Err(format!("unknown command `{other}`")),
         None => return Err(format!("unknown command {first:?}")),

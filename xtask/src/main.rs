@@ -7,7 +7,10 @@
 //!   integration and doc tests, plus the `tidy` test in `src/tidy.rs`)
 //!   and `cargo doc` with `RUSTDOCFLAGS=-D warnings`; the facade once more
 //!   with every feature (its examples and the README's). `-p <crate>`
-//!   limits the checks to the crates named.
+//!   limits the checks to the crates named. Last, `readme` (for the
+//!   whole workspace or `-p markov`).
+//! - `readme`: every Rust snippet of the README built in a fresh crate
+//!   with the `[dependencies]` block shown before it (`src/readme.rs`).
 //! - `bench`: the benchmarks of `crates/bench` in release mode: the
 //!   `markov-bench` binary (figures, table and one `bench=...` line per
 //!   figure), then its divan bench. Never part of `test`. With
@@ -22,6 +25,7 @@
 mod bench;
 mod flags;
 mod pipeline;
+mod readme;
 #[cfg(test)]
 mod tidy;
 
@@ -46,6 +50,7 @@ fn main() -> ExitCode {
         Command::Test(packages) => {
             workspace_root().and_then(|root| pipeline::run(&root, &packages))
         }
+        Command::Readme => workspace_root().and_then(|root| readme::run(&root)),
         Command::Bench => workspace_root().and_then(|root| bench::run(&root)),
         Command::Against(against) => {
             workspace_root().and_then(|root| bench::against(&root, &against))

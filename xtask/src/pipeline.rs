@@ -130,6 +130,10 @@ pub(crate) fn run(root: &Path, packages: &[String]) -> Result<(), String> {
             ));
         }
     }
+    if packages.is_empty() || packages.iter().any(|p| p == "markov") {
+        println!("$ cargo xtask readme");
+        crate::readme::run(root)?;
+    }
     println!("xtask: all {total} steps passed");
     if let Some(counts) = tests {
         // A plain closing line, so a reader of the log sees what ran.

@@ -6,7 +6,9 @@
 //! - [`Tool`]: a typed tool; [`DynTool`] its erased form;
 //!   [`ToolDefinition`] what a model is told about it.
 //! - [`Model`]: one async trait every model client implements, over a
-//!   [`ModelRequest`] that borrows the history.
+//!   [`ModelRequest`] that borrows the history; [`ModelLayer`] what a
+//!   wrapper around a model implements: the methods it changes, every
+//!   other one passed through by construction.
 //!
 //! ```
 //! use markov_core::message::{Item, Message};
@@ -59,9 +61,9 @@ pub mod usage;
 pub use ids::{InstanceId, MessageId, NodeId, RunId, ToolCallId};
 pub use message::{Item, Items, Message, Metadata, Role};
 pub use model::{
-    Compacted, Compaction, InputTokenCount, Model, ModelError, ModelLimits, ModelRequest,
-    ModelResponse, ModelSettings, StopReason, StreamEvent, Thinking, ToolChoice, Unsupported,
-    Usage,
+    Compacted, Compaction, InputTokenCount, Model, ModelError, ModelLayer, ModelLimits,
+    ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent, Thinking, ToolChoice,
+    Unsupported, Usage,
 };
 pub use tool::{
     DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,

@@ -783,12 +783,20 @@ pub trait Model: Send + Sync + fmt::Debug {
         "unknown"
     }
 
+    /// The model this client calls when a request names none (its
+    /// configured model), if it has one: what a call is priced and
+    /// limited by when neither the answer nor the request names a model.
+    /// The default is `None`; a client with a model of its own answers it.
+    fn model_name(&self) -> Option<&str> {
+        None
+    }
+
     /// The answer tokens to ask for when the application sets none, for a
     /// call with `settings`: [`ModelLimits::default_max_tokens`] of the
-    /// model the call goes to. The default knows only `settings.model`; a
-    /// client with a model of its own overrides it.
+    /// model the call goes to (`settings.model`, else
+    /// [`Self::model_name`]).
     fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
-        ModelLimits::default_max_tokens(settings.model.as_deref())
+        ModelLimits::default_max_tokens(settings.model.as_deref().or(self.model_name()))
     }
 
     /// What `thinking` permits alongside it for `settings.model`: the client's
@@ -890,9 +898,189 @@ pub trait Model: Send + Sync + fmt::Debug {
     }
 }
 
-/// A shared model is a model: every method forwards, so a wrapper never
-/// loses an override (`stream`, `thinking_allowance`, `check_tools`,
-/// `count_tokens`, `native_summaries`, `compact`).
+/// A model that wraps another: what it changes, with everything else
+/// passed through by construction.
+///
+/// Every method of [`Model`] has a twin here whose default forwards to
+/// [`Self::inner`], and every `ModelLayer` is a [`Model`] through one
+/// blanket impl. A wrapper implements `ModelLayer`, names its inner model
+/// and overrides only the methods it changes; a method added to [`Model`]
+/// later is added here with a forwarding default and reaches the inner
+/// model of every wrapper without touching any of them. Implement
+/// [`Model`] directly only for a client that answers itself.
+///
+/// `Box<M>` is a layer that changes nothing (and `Arc<M>` a model that
+/// forwards every method). With both traits in scope, a method call on a
+/// layer (a `Box` included) is ambiguous: import `ModelLayer` only where a
+/// layer is implemented, and inside one call `Model::complete(&layer, ..)`
+/// on a layer or a `Box`.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use markov_core::model::{
+///     Model, ModelError, ModelLayer, ModelRequest, ModelResponse, ModelSettings,
+/// };
+///
+/// /// Sends every request with a temperature of zero.
+/// #[derive(Debug)]
+/// struct Cold<M>(M);
+///
+/// #[async_trait]
+/// impl<M: Model> ModelLayer for Cold<M> {
+///     type Inner = M;
+///
+///     fn inner(&self) -> &M {
+///         &self.0
+///     }
+///
+///     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+///         let settings = ModelSettings { temperature: Some(0.0), ..request.settings().clone() };
+///         self.0.complete(request.with_settings(&settings)).await
+///     }
+///     // `stream`, `count_tokens`, `compact` ... reach the inner model as
+///     // they are; a real layer would change `stream` too.
+/// }
+/// ```
+#[async_trait]
+pub trait ModelLayer: Send + Sync + fmt::Debug {
+    /// The wrapped model.
+    type Inner: Model + ?Sized;
+
+    /// The wrapped model, which every method not overridden reaches.
+    fn inner(&self) -> &Self::Inner;
+
+    /// [`Model::complete`]; forwards by default.
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.inner().complete(request).await
+    }
+
+    /// [`Model::provider_name`]; forwards by default.
+    fn provider_name(&self) -> &str {
+        self.inner().provider_name()
+    }
+
+    /// [`Model::model_name`]; forwards by default.
+    fn model_name(&self) -> Option<&str> {
+        self.inner().model_name()
+    }
+
+    /// [`Model::default_max_tokens`]; forwards by default.
+    fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
+        self.inner().default_max_tokens(settings)
+    }
+
+    /// [`Model::thinking_allowance`]; forwards by default.
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
+        self.inner().thinking_allowance(settings, thinking)
+    }
+
+    /// [`Model::check_tools`]; forwards by default.
+    ///
+    /// # Errors
+    /// As the inner model's.
+    fn check_tools(
+        &self,
+        tools: &[ToolDefinition],
+        output_schema: Option<&Value>,
+    ) -> Result<(), Unsupported> {
+        self.inner().check_tools(tools, output_schema)
+    }
+
+    /// [`Model::count_tokens`]; forwards by default.
+    ///
+    /// # Errors
+    /// As the inner model's.
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        self.inner().count_tokens(request).await
+    }
+
+    /// [`Model::native_summaries`]; forwards by default.
+    fn native_summaries(&self) -> Option<&str> {
+        self.inner().native_summaries()
+    }
+
+    /// [`Model::compact`]; forwards by default.
+    ///
+    /// # Errors
+    /// As the inner model's.
+    async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+        self.inner().compact(request).await
+    }
+
+    /// [`Model::stream`]; forwards by default.
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        self.inner().stream(request)
+    }
+}
+
+/// Every layer is a model: each method is the layer's (which forwards
+/// unless the layer changes it).
+#[async_trait]
+impl<L: ModelLayer> Model for L {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        ModelLayer::complete(self, request).await
+    }
+
+    fn provider_name(&self) -> &str {
+        ModelLayer::provider_name(self)
+    }
+
+    fn model_name(&self) -> Option<&str> {
+        ModelLayer::model_name(self)
+    }
+
+    fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
+        ModelLayer::default_max_tokens(self, settings)
+    }
+
+    fn thinking_allowance(
+        &self,
+        settings: &ModelSettings,
+        thinking: Thinking,
+    ) -> ThinkingAllowance {
+        ModelLayer::thinking_allowance(self, settings, thinking)
+    }
+
+    fn check_tools(
+        &self,
+        tools: &[ToolDefinition],
+        output_schema: Option<&Value>,
+    ) -> Result<(), Unsupported> {
+        ModelLayer::check_tools(self, tools, output_schema)
+    }
+
+    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+        ModelLayer::count_tokens(self, request).await
+    }
+
+    fn native_summaries(&self) -> Option<&str> {
+        ModelLayer::native_summaries(self)
+    }
+
+    async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+        ModelLayer::compact(self, request).await
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        ModelLayer::stream(self, request)
+    }
+}
+
+/// A shared model is a model: every method forwards. (Written out rather
+/// than a [`ModelLayer`], so that a layer holding an `Arc<dyn Model>` calls
+/// its methods unambiguously: inside a layer's impl both traits are in
+/// scope. A method added to [`Model`] is forwarded here, in
+/// [`ModelLayer`] and in its blanket impl, all in this file.)
 #[async_trait]
 impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
@@ -901,6 +1089,10 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
 
     fn provider_name(&self) -> &str {
         (**self).provider_name()
+    }
+
+    fn model_name(&self) -> Option<&str> {
+        (**self).model_name()
     }
 
     fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
@@ -943,54 +1135,13 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
     }
 }
 
-/// A boxed model is a model, forwarding like [`Arc`](std::sync::Arc)'s.
-#[async_trait]
-impl<M: Model + ?Sized> Model for Box<M> {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        (**self).complete(request).await
-    }
+/// A boxed model is a model: a layer that changes nothing (a direct impl
+/// would overlap the blanket one, `Box` being fundamental).
+impl<M: Model + ?Sized> ModelLayer for Box<M> {
+    type Inner = M;
 
-    fn provider_name(&self) -> &str {
-        (**self).provider_name()
-    }
-
-    fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
-        (**self).default_max_tokens(settings)
-    }
-
-    fn thinking_allowance(
-        &self,
-        settings: &ModelSettings,
-        thinking: Thinking,
-    ) -> ThinkingAllowance {
-        (**self).thinking_allowance(settings, thinking)
-    }
-
-    fn check_tools(
-        &self,
-        tools: &[ToolDefinition],
-        output_schema: Option<&Value>,
-    ) -> Result<(), Unsupported> {
-        (**self).check_tools(tools, output_schema)
-    }
-
-    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
-        (**self).count_tokens(request).await
-    }
-
-    fn native_summaries(&self) -> Option<&str> {
-        (**self).native_summaries()
-    }
-
-    async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
-        (**self).compact(request).await
-    }
-
-    fn stream<'a>(
-        &'a self,
-        request: ModelRequest<'a>,
-    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        (**self).stream(request)
+    fn inner(&self) -> &M {
+        self
     }
 }
 
@@ -1129,7 +1280,7 @@ mod tests {
         );
         let boxed: Box<dyn Model> = Box::new(shared);
         assert_eq!(
-            boxed.count_tokens(request).await,
+            Model::count_tokens(&boxed, request).await,
             Ok(InputTokenCount::Counted(2))
         );
     }
@@ -1174,6 +1325,119 @@ mod tests {
             };
             assert_eq!(compacted.native.items, vec![r#"{"n":2}"#.to_owned()]);
         }
+    }
+
+    /// A layer that changes the answer only.
+    #[derive(Debug)]
+    struct Loud<M>(M);
+
+    #[async_trait]
+    impl<M: Model> ModelLayer for Loud<M> {
+        type Inner = M;
+
+        fn inner(&self) -> &M {
+            &self.0
+        }
+
+        async fn complete(&self, r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            let mut answer = self.0.complete(r).await?;
+            answer.model = Some("LOUD".into());
+            Ok(answer)
+        }
+    }
+
+    /// Answers every method with something of its own.
+    #[derive(Debug)]
+    struct Probe;
+
+    #[async_trait]
+    impl Model for Probe {
+        async fn complete(&self, _r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            Ok(ModelResponse::new(
+                vec![Item::text("probe")],
+                StopReason::EndTurn,
+            ))
+        }
+        fn provider_name(&self) -> &str {
+            "probe"
+        }
+        fn model_name(&self) -> Option<&str> {
+            Some("probe-1")
+        }
+        fn default_max_tokens(&self, _s: &ModelSettings) -> u32 {
+            7
+        }
+        fn thinking_allowance(&self, _s: &ModelSettings, _t: Thinking) -> ThinkingAllowance {
+            ThinkingAllowance {
+                forced_tool_choice: true,
+                temperature: true,
+            }
+        }
+        fn check_tools(
+            &self,
+            _t: &[ToolDefinition],
+            _o: Option<&Value>,
+        ) -> Result<(), Unsupported> {
+            Err(Unsupported::output_type("probe"))
+        }
+        async fn count_tokens(&self, _r: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+            Ok(InputTokenCount::Counted(11))
+        }
+        fn native_summaries(&self) -> Option<&str> {
+            Some("probe.vendor")
+        }
+        async fn compact(&self, _r: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+            Err(ModelError::InvalidRequest("probe compacts".into()))
+        }
+        fn stream<'a>(
+            &'a self,
+            _r: ModelRequest<'a>,
+        ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+            stream::once(async { Err(ModelError::InvalidRequest("probe streams".into())) }).boxed()
+        }
+    }
+
+    /// Every method of `model` but `complete` answers as [`Probe`]'s.
+    async fn reaches_the_probe(model: &dyn Model) {
+        let settings = ModelSettings::default();
+        let request = ModelRequest::new("", &[], &settings);
+        assert_eq!(model.provider_name(), "probe");
+        assert_eq!(model.model_name(), Some("probe-1"));
+        assert_eq!(model.default_max_tokens(&settings), 7);
+        assert!(
+            model
+                .thinking_allowance(&settings, Thinking::Adaptive)
+                .temperature
+        );
+        assert!(model.check_tools(&[], None).is_err());
+        assert_eq!(
+            model.count_tokens(request).await,
+            Ok(InputTokenCount::Counted(11))
+        );
+        assert_eq!(model.native_summaries(), Some("probe.vendor"));
+        assert_eq!(
+            model.compact(request).await,
+            Err(ModelError::InvalidRequest("probe compacts".into()))
+        );
+        let streamed: Vec<_> = model.stream(request).collect().await;
+        assert_eq!(
+            streamed,
+            vec![Err(ModelError::InvalidRequest("probe streams".into()))]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_layer_changes_what_it_overrides_and_forwards_every_other_method() {
+        let settings = ModelSettings::default();
+        let request = ModelRequest::new("", &[], &settings);
+        let loud = Loud(Probe);
+        let answer = Model::complete(&loud, request).await.unwrap();
+        assert_eq!(answer.model.as_deref(), Some("LOUD"));
+        reaches_the_probe(&loud).await;
+        reaches_the_probe(&std::sync::Arc::new(Probe)).await;
+        reaches_the_probe(&Box::new(Probe)).await;
+        let layered: Box<dyn Model> = Box::new(std::sync::Arc::new(Loud(Probe)));
+        reaches_the_probe(&layered).await;
     }
 
     #[test]

@@ -119,11 +119,11 @@ pub enum RunError {
     /// [`Prices::model`](crate::Prices::model).
     #[error(
         "a cost limit is set but model {} has no price: give it one with Prices::model",
-        .model.as_deref().map_or_else(|| "(the client's default)".to_owned(), |m| format!("{m:?}"))
+        .model.as_deref().map_or_else(|| "(none named: neither the request nor the client names one)".to_owned(), |m| format!("{m:?}"))
     )]
     NoPrice {
-        /// The model asked for; `None` when the request left it to the
-        /// client.
+        /// The model the call goes to (asked for, else the client's
+        /// own); `None` when neither names one.
         model: Option<String>,
     },
 }

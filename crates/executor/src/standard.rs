@@ -907,6 +907,7 @@ impl StandardExecutor {
         Call {
             provider: self.model.provider_name(),
             settings: &prepared.settings,
+            configured: self.model.model_name(),
         }
     }
 
@@ -1126,6 +1127,7 @@ impl StandardExecutor {
         let call = Call {
             provider: model.provider_name(),
             settings: summarize.model_settings(),
+            configured: model.model_name(),
         };
         let messages = [Message::user(std::mem::take(&mut job.transcript))];
         let request = ModelRequest::new(
@@ -1223,6 +1225,7 @@ impl StandardExecutor {
         let call = Call {
             provider: model.provider_name(),
             settings: &settings,
+            configured: model.model_name(),
         };
         let messages = std::mem::take(&mut job.messages);
         let request = ModelRequest::new(&prepared.system, &messages, &settings);

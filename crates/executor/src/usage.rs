@@ -522,6 +522,16 @@ pub(crate) struct Call<'a> {
     pub provider: &'a str,
     /// The settings it is made with (the model asked for, `max_tokens`).
     pub settings: &'a ModelSettings,
+    /// The client's own model, which a request that names none goes to
+    /// ([`Model::model_name`](markov_core::Model::model_name)).
+    pub configured: Option<&'a str>,
+}
+
+impl Call<'_> {
+    /// The model the call goes to: the one asked for, else the client's.
+    fn model(&self) -> Option<&str> {
+        self.settings.model.as_deref().or(self.configured)
+    }
 }
 
 /// The meter's verdict on `call`, whose input tokens `input` estimates
@@ -553,7 +563,7 @@ pub(crate) fn admit_call(
         estimate.input_tokens = input;
         estimate.output_tokens = output;
         if meter.limits().limits_cost() {
-            let model = call.settings.model.as_deref();
+            let model = call.model();
             estimate.cost = model
                 .and_then(|m| prices.estimate(call.provider, m, input, output))
                 .ok_or_else(|| crate::RunError::NoPrice {
@@ -566,7 +576,7 @@ pub(crate) fn admit_call(
 
 /// What an answered call of `call` used: its token counts, one request,
 /// and its cost at `prices` (by the model the answer names, else the one
-/// asked for), or counted as unpriced.
+/// asked for, else the client's own), or counted as unpriced.
 pub(crate) fn metered(
     prices: &Prices,
     call: &Call<'_>,
@@ -577,7 +587,7 @@ pub(crate) fn metered(
 
 /// What a call of `call` that reported `usage` used, as [`metered`] counts
 /// an answer's: one request, priced by the model `answered` names, else
-/// the one asked for (a compaction names none).
+/// the one asked for, else the client's own (a compaction names none).
 pub(crate) fn metered_usage(
     prices: &Prices,
     call: &Call<'_>,
@@ -585,12 +595,7 @@ pub(crate) fn metered_usage(
     answered: Option<&str>,
 ) -> Usage {
     usage.requests = 1;
-    match prices.cost_of_answer(
-        call.provider,
-        answered,
-        call.settings.model.as_deref(),
-        &usage,
-    ) {
+    match prices.cost_of_answer(call.provider, answered, call.model(), &usage) {
         Some(cost) => {
             usage.cost = cost;
             usage.unpriced_requests = 0;
@@ -673,7 +678,9 @@ impl ModelPrice {
 /// per model, which win.
 ///
 /// A model is looked up by the name its answer gives, then by the name
-/// asked for; a model found nowhere is unpriced (counted in
+/// asked for, then by the client's own model
+/// ([`Model::model_name`](markov_core::Model::model_name): the one
+/// `OpenAi::builder().model(..)` configures, say); a model found nowhere is unpriced (counted in
 /// [`Usage::unpriced_requests`], and refused before the call when a limit
 /// on money is set). A model served locally through an OpenAI-compatible
 /// server is usually not in the table: give it [`ModelPrice::free`].
@@ -730,7 +737,7 @@ impl Prices {
     }
 
     /// What the answered call cost: by the model the answer names, else
-    /// the one asked for.
+    /// the one the call went to (asked for, else the client's own).
     pub(crate) fn cost_of_answer(
         &self,
         provider: &str,

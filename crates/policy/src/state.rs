@@ -276,6 +276,12 @@ impl PolicyState {
         *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(journal);
     }
 
+    /// Removes the journal: answers and answered calls are kept in memory
+    /// only from now on (a machine taken out of a store's hands).
+    pub fn clear_journal(&self) {
+        *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
     /// The journal, if one is set.
     pub fn journal(&self) -> Option<Arc<dyn Journal>> {
         self.journal

@@ -23,7 +23,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use markov_core::StreamEvent;
 use markov_core::model::{
-    Compaction, InputTokenCount, Model, ModelError, ModelRequest, ModelResponse, ModelSettings,
+    Compaction, Model, ModelError, ModelRequest, ModelResponse, ModelSettings,
 };
 use markov_core::model::{Thinking, ThinkingAllowance, Unsupported};
 use markov_core::tool::ToolDefinition;
@@ -166,14 +166,16 @@ fn span() -> tracing::Span {
     )
 }
 
+/// A layer over the first model of the list: what the list changes is
+/// here; every other method (the provider's name, the configured model,
+/// the default answer tokens, a count) is the first model's, the one that
+/// answers while the service is well.
 #[async_trait]
-impl Model for Fallback {
-    fn provider_name(&self) -> &str {
-        self.entries[0].model.provider_name()
-    }
+impl markov_core::model::ModelLayer for Fallback {
+    type Inner = dyn Model;
 
-    fn default_max_tokens(&self, settings: &ModelSettings) -> u32 {
-        self.entries[0].model.default_max_tokens(settings)
+    fn inner(&self) -> &Self::Inner {
+        &*self.entries[0].model
     }
 
     fn check_tools(
@@ -208,12 +210,6 @@ impl Model for Fallback {
             )
     }
 
-    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
-        // The first model is asked with the request's own name (it is
-        // never given one of its own).
-        self.entries[0].model.count_tokens(request).await
-    }
-
     fn native_summaries(&self) -> Option<&str> {
         // A request may reach any model of the list: the items are shown
         // only if every one reads them.
@@ -227,7 +223,7 @@ impl Model for Fallback {
     async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
         // Only items every model of the list reads are worth making; the
         // first model makes them, as it counts.
-        if self.native_summaries().is_none() {
+        if Model::native_summaries(self).is_none() {
             return Ok(Compaction::NotOffered);
         }
         self.entries[0].model.compact(request).await

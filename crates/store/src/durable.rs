@@ -797,9 +797,12 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         Ok(())
     }
 
-    /// Gives up the lease and returns the machine (never parked).
+    /// Gives up the lease and returns the machine (never parked). The
+    /// machine runs in memory from then on: its steps are no longer
+    /// written to the store (which another worker may now lease).
     pub async fn into_machine(self) -> Result<Machine, DurableError> {
         self.store.release(&self.id, &self.holder).await?;
+        self.machine.policy_state().clear_journal();
         Ok(self.machine)
     }
 }

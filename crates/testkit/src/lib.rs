@@ -3,6 +3,8 @@
 //! - [`ScriptedModel`] answers from a script, records every request, refuses
 //!   answers a real provider could not give, and errors when its script runs out.
 //! - [`FailingModel`] returns an error, at once or after some calls.
+//! - [`ProbeModel`] answers every method of `Model` with something of its
+//!   own, to check that a wrapper forwards each.
 //! - [`strategies`] generates messages and tool calls for property tests.
 //! - [`fixtures`] has tools for tests, written with `#[tool]`: `add`, a
 //!   payment you can count, one that needs approval, one that panics, one
@@ -27,8 +29,10 @@ mod failing;
 pub mod fixtures;
 #[cfg(feature = "http")]
 pub mod http;
+mod probe;
 mod scripted;
 pub mod strategies;
 
 pub use failing::FailingModel;
+pub use probe::ProbeModel;
 pub use scripted::{RecordedRequest, Recording, ScriptBuilder, ScriptedModel, text_response};

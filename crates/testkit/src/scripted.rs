@@ -5,7 +5,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use markov_core::ids::ToolCallId;
-use markov_core::message::{Item, Message};
+use markov_core::message::{Item, Items, Message, Role};
 use markov_core::model::{
     HistoryId, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StopReason,
     ToolChoice,
@@ -85,6 +85,7 @@ pub struct ScriptedModel {
     recording: Recording,
     requests: Mutex<Vec<RecordedRequest>>,
     fresh_call_ids: bool,
+    per_turn: bool,
 }
 
 impl ScriptedModel {
@@ -105,6 +106,7 @@ impl ScriptedModel {
             recording: Recording::On,
             requests: Mutex::new(Vec::new()),
             fresh_call_ids: false,
+            per_turn: false,
         }
     }
 
@@ -124,6 +126,36 @@ impl ScriptedModel {
     #[must_use]
     pub fn fresh_call_ids(mut self) -> Self {
         self.fresh_call_ids = true;
+        self
+    }
+
+    /// Serves every user turn of every conversation from the start of the
+    /// script: the answer to a request is the script's `n`-th, `n` being
+    /// how many answers the model has given in the request's current turn
+    /// (the messages after the last user message that holds more than tool
+    /// results). Read from the conversation alone, so one model serves any
+    /// number of sessions, each the same way; the script is never used up
+    /// ([`remaining`](Self::remaining) stays its length). A rehearsal of a
+    /// service without a real model, say; a test of one conversation's
+    /// order wants the default.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// use markov_core::{Message, Model, ModelRequest, ModelSettings};
+    /// use markov_testkit::ScriptedModel;
+    ///
+    /// let model = ScriptedModel::builder().text("Hello.").build().per_turn();
+    /// let settings = ModelSettings::default();
+    /// for conversation in ["Hi", "Hey"] {
+    ///     let history = [Message::user(conversation)];
+    ///     let answer = model.complete(ModelRequest::new("", &history, &settings)).await;
+    ///     assert_eq!(answer.unwrap().content, vec![markov_core::Item::text("Hello.")]);
+    /// }
+    /// # });
+    /// ```
+    #[must_use]
+    pub fn per_turn(mut self) -> Self {
+        self.per_turn = true;
         self
     }
 
@@ -192,6 +224,28 @@ fn check_tool_choice(
     }
 }
 
+/// How many answers the model gave in the current turn of `messages`:
+/// the assistant messages after the last user message that holds more
+/// than tool results.
+fn answers_this_turn(messages: &[Message]) -> usize {
+    let mut answers = 0;
+    for message in messages.iter().rev() {
+        match (&message.role, &message.items) {
+            (Role::Assistant, _) => answers += 1,
+            (Role::User, Items::Text(text)) if !text.is_empty() => break,
+            (Role::User, Items::List(items))
+                if items
+                    .iter()
+                    .any(|item| !matches!(item, Item::ToolResult { .. })) =>
+            {
+                break;
+            }
+            _ => {}
+        }
+    }
+    answers
+}
+
 #[async_trait]
 impl Model for ScriptedModel {
     fn provider_name(&self) -> &str {
@@ -211,12 +265,17 @@ impl Model for ScriptedModel {
                 history_id: request.history_id(),
             });
         }
-        let index = {
+        let served = {
             let mut served = lock(&self.served);
             *served += 1;
             *served - 1
         };
-        let next = lock(&self.script).pop_front();
+        let (index, next) = if self.per_turn {
+            let index = answers_this_turn(request.messages());
+            (index, lock(&self.script).get(index).cloned())
+        } else {
+            (served, lock(&self.script).pop_front())
+        };
         match next {
             Some(Scripted::Response(mut response)) => {
                 check_tool_choice(request.tool_choice(), &response, index)?;
@@ -231,6 +290,11 @@ impl Model for ScriptedModel {
                 Ok(response)
             }
             Some(Scripted::Error(error)) => Err(error),
+            None if self.per_turn => Err(ModelError::InvalidRequest(format!(
+                "the scripted model's script has no answer {} for this turn ({} are scripted per turn)",
+                index + 1,
+                lock(&self.script).len()
+            ))),
             None => Err(ModelError::InvalidRequest(format!(
                 "the scripted model's script is exhausted: request {} has no scripted answer ({index} were scripted)",
                 index + 1
@@ -346,6 +410,50 @@ mod tests {
         settings: &'a ModelSettings,
     ) -> ModelRequest<'a> {
         ModelRequest::new("sys", messages, settings).with_tool_choice(choice)
+    }
+
+    #[tokio::test]
+    async fn a_per_turn_script_serves_every_turn_of_every_conversation_from_its_start() {
+        let model = ScriptedModel::builder()
+            .tool_call("look", json!({}))
+            .text("found")
+            .build()
+            .per_turn();
+        let settings = ModelSettings::default();
+        let ask = |history: Vec<Message>| {
+            let model = &model;
+            let settings = &settings;
+            async move {
+                model
+                    .complete(request(&history, &ToolChoice::Auto, settings))
+                    .await
+            }
+        };
+        for conversation in 0..10 {
+            let mut history = vec![Message::user(format!("question {conversation}"))];
+            for turn in 0..2 {
+                let first = ask(history.clone()).await.unwrap();
+                assert!(
+                    first.has_tool_calls(),
+                    "conversation {conversation}, turn {turn}"
+                );
+                history.push(Message::assistant_items(first.content));
+                history.push(Message::user_items(vec![Item::tool_result(
+                    "call_1", "it", None,
+                )]));
+                let second = ask(history.clone()).await.unwrap();
+                assert_eq!(second.content, vec![Item::text("found")]);
+                history.push(Message::assistant_items(second.content));
+                // The turn has no third answer.
+                let error = ask(history.clone()).await.unwrap_err();
+                assert!(
+                    error.to_string().contains("no answer 3 for this turn"),
+                    "{error}"
+                );
+                history.push(Message::user("and again"));
+            }
+        }
+        assert_eq!(model.remaining(), 2);
     }
 
     #[tokio::test]

@@ -3,10 +3,7 @@
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use markov_core::message::{Item, Items, Message, Role};
-use markov_core::model::{
-    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, StreamEvent, Thinking,
-    ThinkingAllowance, ToolChoice,
-};
+use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent, ToolChoice};
 
 use markov_runtime::tool_choice::{ToolChoiceRule, check_thinking};
 
@@ -149,35 +146,20 @@ fn tool_ran_this_turn(messages: &[Message]) -> bool {
     false
 }
 
+/// A layer: the requests of `complete`, `count_tokens` and `stream` get
+/// the enforced tool choice; every other method reaches the inner model
+/// as it is.
 #[async_trait]
-impl<M: Model> Model for ToolChoiceEnforcer<M> {
+impl<M: Model> markov_core::model::ModelLayer for ToolChoiceEnforcer<M> {
+    type Inner = M;
+
+    fn inner(&self) -> &M {
+        &self.inner
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let request = self.enforce(request)?;
         self.inner.complete(request).await
-    }
-
-    fn provider_name(&self) -> &str {
-        self.inner.provider_name()
-    }
-
-    fn default_max_tokens(&self, settings: &markov_core::model::ModelSettings) -> u32 {
-        self.inner.default_max_tokens(settings)
-    }
-
-    fn thinking_allowance(
-        &self,
-        settings: &ModelSettings,
-        thinking: Thinking,
-    ) -> ThinkingAllowance {
-        self.inner.thinking_allowance(settings, thinking)
-    }
-
-    fn check_tools(
-        &self,
-        tools: &[markov_core::ToolDefinition],
-        output_schema: Option<&serde_json::Value>,
-    ) -> Result<(), markov_core::Unsupported> {
-        self.inner.check_tools(tools, output_schema)
     }
 
     /// Counts the request the inner model would be sent: with the tool
@@ -198,5 +180,67 @@ impl<M: Model> Model for ToolChoiceEnforcer<M> {
             Ok(request) => self.inner.stream(request),
             Err(e) => Box::pin(futures::stream::once(async move { Err(e) })),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use markov_core::message::NativeItems;
+    use markov_core::model::{Compacted, Compaction, ModelSettings, StopReason, Usage};
+
+    /// A Responses-like client: native summaries and compaction of its own.
+    #[derive(Debug)]
+    struct Compacting;
+
+    #[async_trait]
+    impl Model for Compacting {
+        async fn complete(&self, _r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            Ok(ModelResponse::new(
+                vec![Item::text("hi")],
+                StopReason::EndTurn,
+            ))
+        }
+        fn provider_name(&self) -> &str {
+            "openai"
+        }
+        fn model_name(&self) -> Option<&str> {
+            Some("house-local")
+        }
+        fn native_summaries(&self) -> Option<&str> {
+            Some("openai.responses")
+        }
+        async fn compact(&self, r: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+            Ok(Compaction::Compacted(Compacted::new(
+                NativeItems::new("openai.responses", vec![r.messages().len().to_string()]),
+                Usage::default(),
+            )))
+        }
+    }
+
+    #[tokio::test]
+    async fn every_method_of_the_enforcer_reaches_the_inner_model() {
+        use markov_testkit::ProbeModel;
+        for rule in [ToolChoiceRule::Auto, ToolChoiceRule::RequiredFirst] {
+            let model = ToolChoiceEnforcer::new(ProbeModel, rule);
+            ProbeModel::assert_reached_through(&model).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_compacting_model_wrapped_in_the_enforcer_still_offers_native_summaries() {
+        let model = ToolChoiceEnforcer::new(Compacting, ToolChoiceRule::RequiredFirst);
+        assert_eq!(model.native_summaries(), Some("openai.responses"));
+        assert_eq!(model.provider_name(), "openai");
+        assert_eq!(model.model_name(), Some("house-local"));
+        let settings = ModelSettings::default();
+        let history = [Message::user("a"), Message::user("b")];
+        let Ok(Compaction::Compacted(compacted)) = model
+            .compact(ModelRequest::new("", &history, &settings))
+            .await
+        else {
+            panic!("the compaction reaches the inner model");
+        };
+        assert_eq!(compacted.native.items, vec!["2".to_owned()]);
     }
 }

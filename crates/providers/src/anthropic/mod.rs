@@ -816,10 +816,8 @@ impl Model for Anthropic {
         "anthropic"
     }
 
-    fn default_max_tokens(&self, settings: &markov_core::ModelSettings) -> u32 {
-        markov_core::model::ModelLimits::default_max_tokens(Some(
-            settings.model.as_deref().unwrap_or(&self.model),
-        ))
+    fn model_name(&self) -> Option<&str> {
+        Some(&self.model)
     }
 
     /// Asks `/v1/messages/count_tokens` (not billed by Anthropic), under

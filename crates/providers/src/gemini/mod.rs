@@ -454,10 +454,8 @@ impl Model for Gemini {
         "gcp.gemini"
     }
 
-    fn default_max_tokens(&self, settings: &markov_core::ModelSettings) -> u32 {
-        markov_core::model::ModelLimits::default_max_tokens(Some(
-            settings.model.as_deref().unwrap_or(&self.model),
-        ))
+    fn model_name(&self) -> Option<&str> {
+        Some(&self.model)
     }
 
     /// Refuses a tool whose parameters, or an output type whose schema,

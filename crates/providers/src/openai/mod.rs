@@ -553,10 +553,8 @@ impl Model for OpenAi {
         "openai"
     }
 
-    fn default_max_tokens(&self, settings: &markov_core::ModelSettings) -> u32 {
-        markov_core::model::ModelLimits::default_max_tokens(Some(
-            settings.model.as_deref().unwrap_or(&self.model),
-        ))
+    fn model_name(&self) -> Option<&str> {
+        Some(&self.model)
     }
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {

@@ -613,10 +613,8 @@ impl Model for Responses {
         "openai"
     }
 
-    fn default_max_tokens(&self, settings: &markov_core::ModelSettings) -> u32 {
-        markov_core::model::ModelLimits::default_max_tokens(Some(
-            settings.model.as_deref().unwrap_or(&self.model),
-        ))
+    fn model_name(&self) -> Option<&str> {
+        Some(&self.model)
     }
 
     /// Asks `/responses/input_tokens`, under the client's limits, timeout

@@ -196,3 +196,21 @@ async fn the_step_names_the_model_that_answered_when_the_first_is_overloaded() {
     let step = machine.run().await.expect("the spare answers");
     assert_eq!(step.model.as_deref(), Some("gpt-spare-mini"));
 }
+
+/// A list of one model is that model: every method reaches it (a method
+/// added to `Model` later included, as `Fallback` is a layer over its
+/// first model).
+#[tokio::test]
+async fn every_method_of_a_one_model_list_reaches_the_model() {
+    use markov_testkit::ProbeModel;
+    ProbeModel::assert_reached_through(&Fallback::new(Arc::new(ProbeModel))).await;
+}
+
+/// A list answers its first model's configured name: what a call that
+/// names no model is priced and limited by.
+#[tokio::test]
+async fn a_list_names_its_first_models_configured_model() {
+    use markov_testkit::ProbeModel;
+    let list = Fallback::new(Arc::new(ProbeModel)).or_named(Arc::new(ProbeModel), "other");
+    assert_eq!(list.model_name(), Some(ProbeModel::MODEL));
+}

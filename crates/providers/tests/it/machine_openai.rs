@@ -189,3 +189,52 @@ async fn a_machine_runs_tools_respond_and_finish_through_event_streams() {
     let server = FakeServer::scripted(replies).await;
     run(&server, true).await;
 }
+
+/// A price given for the client's own model (`.model(..)` on the builder)
+/// is found: a request that names no model goes to it, and a cost limit
+/// admits the call at its price.
+#[tokio::test]
+async fn a_price_given_for_the_clients_model_admits_a_call_under_a_cost_limit() {
+    use markov_core::Usd;
+    use markov_executor::{Limit, ModelPrice, Prices, UsageLimits};
+
+    let mut answer = openai::text("Hello.");
+    answer["model"] = json!("house-local");
+    let server = FakeServer::scripted(vec![Reply::json(200, answer)]).await;
+    let model = OpenAi::builder()
+        .api_key("sk-local")
+        .base_url(format!("{}/v1", server.base_url()))
+        .model("house-local")
+        .build()
+        .expect("a valid client");
+    let node = markov_runtime::node::Node::builder("Be brief.")
+        .name("main")
+        .build()
+        .expect("node builds");
+    let charter = markov_runtime::charter::Charter::builder("local")
+        .node("main", node)
+        .build()
+        .expect("charter builds");
+    let limits = UsageLimits::builder()
+        .per_run(Limit::new().cost(Usd::from_cents(1)))
+        .build()
+        .expect("limits");
+    let prices = Prices::table().model(
+        "house-local",
+        ModelPrice::per_million_tokens(Usd::from_cents(100), Usd::from_cents(200)),
+    );
+    let mut machine = markov_executor::Agent::on_charter(charter)
+        .model(model)
+        .usage_limits(limits)
+        .prices(prices)
+        .build()
+        .expect("the agent builds")
+        .machine();
+    let steps = turn(&mut machine, "Hi.").await;
+    assert!(steps.last().expect("a step").done);
+    assert_eq!(server.requests().len(), 1, "the call was made");
+    assert_eq!(server.requests()[0].body["model"], "house-local");
+    // 120 input tokens at $1 and 30 output tokens at $2 per million.
+    assert_eq!(machine.usage().session.cost, Usd::from_nanos(180_000));
+    assert_eq!(machine.usage().session.unpriced_requests, 0);
+}

@@ -4,10 +4,13 @@
 use std::sync::Arc;
 
 use crate::common::*;
-use markov_executor::{Agent, Executor, RunOptions, serialize_machine};
+use markov_core::model::{ModelResponse, StopReason};
+use markov_core::{Item, Message};
+use markov_executor::{Agent, Executor, RunOptions, SerializedMachine, serialize_machine};
 use markov_policy::{
     ApprovalId, ApprovalStatus, Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
 };
+use markov_policy::{IdempotencyLedger, RecordedAnswer};
 use markov_store::{
     DurableError, DurableMachine, SessionId, SqliteStore, Store, StoreError, WorkerId,
 };
@@ -174,6 +177,127 @@ async fn a_restored_session_sends_the_same_next_request_as_one_that_never_stoppe
         serde_json::to_string(&a[0].messages).expect("json"),
         serde_json::to_string(&b[0].messages).expect("json")
     );
+}
+
+#[tokio::test]
+async fn a_machine_taken_out_of_the_store_runs_its_next_tool_step_in_memory() {
+    let dir = Dir::new("into-machine");
+    let store = store(&dir);
+    let id = SessionId::new("s");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("a"),
+        machine(Arc::new(two_turns()), &dir),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("pay 3");
+    assert!(session.run().await.expect("runs").done);
+    let stored_before = store.load(&id).await.expect("loads").info.messages;
+    let mut kept = session.into_machine().await.expect("released");
+
+    // The second turn's first step calls a tool: it runs, with no lease.
+    kept.enqueue_user("note it");
+    let last = kept.run().await.expect("the tool step runs in memory");
+    assert!(last.done);
+    let snapshot = serialize_machine(&kept).expect("serializes");
+    assert_eq!(snapshot.instance.state, json!({"notes": 2}));
+    // Nothing of it reached the store, which another worker may lease.
+    assert_eq!(
+        store.load(&id).await.expect("loads").info.messages,
+        stored_before
+    );
+    DurableMachine::open(store, id, WorkerId::new("b"), &agent_for(&dir))
+        .await
+        .expect("another worker takes the session");
+}
+
+fn agent_for(dir: &Dir) -> Agent {
+    let (charter, _) = charter();
+    let model: Arc<dyn markov_core::Model> = Arc::new(ScriptedModel::builder().build());
+    agent_on(
+        &charter,
+        Arc::new(executor(model, dir.path("effects"), dir.path("m"))),
+    )
+}
+
+/// Every number of a session reads back as the double it was written as:
+/// tool-call arguments in the history, in the answers of the step in
+/// flight and in the ledger, and the instance's state. (An argument one
+/// digit off no longer matches the digest a ledger stub keeps of it.)
+#[test]
+fn every_float_of_a_session_reads_back_bit_identical() {
+    use proptest::prelude::*;
+    let dir = Dir::new("floats");
+    let store = store(&dir);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let session = std::sync::atomic::AtomicU64::new(0);
+    let finite = any::<f64>().prop_filter("JSON numbers are finite", |x| x.is_finite());
+    proptest!(ProptestConfig::with_cases(64), |(x in finite)| {
+        let n = session.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = SessionId::new(format!("s{n}"));
+        let holder = WorkerId::new("w");
+        let number = json!({"x": x});
+        let call = Message::assistant_items(vec![Item::tool_use("c1", "pay", number.clone())]);
+        let mut snapshot = serialize_machine(&machine_for_dir(&dir))
+            .expect("serializes")
+            .into_owned();
+        snapshot.instance.state = number.clone();
+        snapshot.history.push(Message::user("pay"));
+        snapshot.history.push(call);
+        let answer = RecordedAnswer {
+            instance: snapshot.instance.id.clone(),
+            history_len: 1,
+            response: ModelResponse::new(
+                vec![Item::tool_use("c2", "pay", number.clone())],
+                StopReason::ToolUse,
+            ),
+            paused: false,
+        };
+        // An answered call of the answer in flight (the ledger keeps no
+        // other across a load).
+        let key = IdempotencyLedger::key_of(1, Some(&answer.instance), &"c2".into());
+        snapshot.policy.turn = 1;
+        snapshot.policy.answers.push(answer.clone());
+        snapshot.policy.ledger.push(
+            serde_json::from_value(json!({
+                "key": key, "tool": "pay", "args": number,
+                "result": {"content": "paid", "isError": false},
+                "recordedAt": 0, "turn": 1,
+            }))
+            .expect("a ledger entry"),
+        );
+        let stored = runtime.block_on(async {
+            let borrowed = SerializedMachine {
+                format_version: snapshot.format_version,
+                instance: snapshot.instance.clone(),
+                history: &snapshot.history[..],
+                policy: snapshot.policy.clone(),
+                usage: snapshot.usage,
+            };
+            store
+                .create(&id, None, "payments", &borrowed, &holder, std::time::Duration::from_secs(60))
+                .await
+                .expect("created");
+            store
+                .journal_answers(&id, &holder, std::slice::from_ref(&answer))
+                .await
+                .expect("journaled");
+            store.load(&id).await.expect("loads")
+        });
+        let bits = |value: &serde_json::Value| value["x"].as_f64().map(f64::to_bits);
+        let want = Some(x.to_bits());
+        prop_assert_eq!(bits(&stored.snapshot.instance.state), want, "the state");
+        let args = stored.snapshot.history.iter().flat_map(|m| m.tool_uses()).map(|(_, _, a)| bits(a)).collect::<Vec<_>>();
+        prop_assert_eq!(args, vec![want], "the history's call");
+        prop_assert_eq!(bits(&stored.snapshot.policy.ledger[0].args), want, "the ledger");
+        let answered = stored.snapshot.policy.answers[0].response.tool_calls().map(|(_, _, a)| bits(a)).collect::<Vec<_>>();
+        prop_assert_eq!(answered, vec![want], "the answer in flight");
+    });
 }
 
 #[tokio::test]

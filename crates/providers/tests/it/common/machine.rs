@@ -80,7 +80,13 @@ pub async fn turn(machine: &mut Machine, text: &str) -> Vec<MachineStep> {
 pub struct Streamed<M>(pub M);
 
 #[async_trait]
-impl<M: Model> Model for Streamed<M> {
+impl<M: Model> markov_core::ModelLayer for Streamed<M> {
+    type Inner = M;
+
+    fn inner(&self) -> &M {
+        &self.0
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         collect_stream(self.0.stream(request)).await
     }
