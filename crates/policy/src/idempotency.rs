@@ -182,8 +182,11 @@ pub struct LedgerEntry {
 /// answered `INTERRUPTED` and not run again. Its outcome is unknown; the
 /// application shows it to a person, who reconciles it (checks whether the
 /// effect happened).
+///
+/// Its JSON form (as `markov-server`'s step event carries it) has the
+/// fields' names: `call_id`, `tool`, `args`, `instance`, `key`,
+/// `started_at`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
 pub struct InterruptedCall {
     /// The call's id in the model's answer.
     pub call_id: ToolCallId,
