@@ -242,6 +242,11 @@ impl LedgerEntry {
         self.args_digest = Some(digest_of(&self.args));
         self.args = Value::Null;
         self.intents = Vec::new();
+        if self.started {
+            // Its result is the short `INTERRUPTED` error: only the
+            // arguments were too large, and the call did not complete.
+            return self;
+        }
         self.result.content = format!(
             "This call already completed; its result ({size} bytes) was too large to keep and is not repeated. The tool was not run again."
         );
@@ -264,8 +269,8 @@ impl LedgerEntry {
 /// and until its real entry replaces it, its result is `INTERRUPTED`.
 fn started_entry(req: &ToolRequest<'_>, key: &str, turn: u64) -> LedgerEntry {
     let rejection = Rejection::new(ToolErrorKind::Interrupted).with_detail(format!(
-        "the call {} of {} started before its conversation was interrupted, and nothing recorded its result; whatever it did may or may not have happened. Tell the user; do not assume it succeeded or failed",
-        req.call_id, req.name
+        "{} was running when the conversation was interrupted, and its result was never recorded: it may or may not have taken effect. Tell the user; do not assume either",
+        req.name
     ));
     LedgerEntry {
         key: key.to_owned(),
@@ -752,7 +757,7 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         // The start is recorded before anything can happen:
                         // a resumed step finds it and does not run the call
                         // again.
-                        let started = started_entry(&req, &key, turn);
+                        let started = started_entry(&req, &key, turn).within(&self.limits);
                         if let Some(journal) = &journal
                             && let Err(error) = journal.write(&started).await
                         {
@@ -944,6 +949,23 @@ mod tests {
             ledger.begin("k", "pay", &args, &limits, now, 0),
             Begin::Replay(e) if !e.started && e.result.content == "paid"
         ));
+    }
+
+    #[test]
+    fn a_start_with_arguments_too_large_to_keep_still_says_interrupted() {
+        let limits = IdempotencyLimits {
+            ttl: Duration::from_secs(60),
+            max_entries: 100,
+            max_bytes: 4000,
+        };
+        let mut started = entry("k", "interrupted", now_ms());
+        started.started = true;
+        started.args = json!({"body": "b".repeat(5000)});
+        let kept = started.within(&limits);
+        assert_eq!(kept.args, Value::Null);
+        assert!(kept.args_digest.is_some());
+        assert_eq!(kept.result.content, "interrupted");
+        assert!(kept.started);
     }
 
     #[test]
