@@ -380,3 +380,66 @@ async fn an_at_most_once_call_interrupted_in_a_journaled_step_is_answered_interr
         "the model was asked once more: after the interrupted result"
     );
 }
+
+/// A journal that cannot write the start of an at-most-once call.
+struct NoStarts;
+
+#[async_trait]
+impl Journal for NoStarts {
+    async fn write(&self, entry: &LedgerEntry) -> Result<(), String> {
+        if entry.started {
+            return Err("the disk is full".into());
+        }
+        Ok(())
+    }
+
+    async fn write_answers(&self, _: &[RecordedAnswer]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn an_at_most_once_call_whose_start_cannot_be_journaled_does_not_run() {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let node = Node::builder("Send emails.")
+        .tool(SendEmail {
+            sent: Arc::clone(&sent),
+            hung: Arc::new(AtomicBool::new(true)),
+        })
+        .build()
+        .expect("node");
+    let charter = Charter::builder("mail")
+        .node("mail", node.clone())
+        .build()
+        .expect("charter");
+    let model = ScriptedModel::builder()
+        .tool_call("send_email", json!({}))
+        .text("It could not be sent.")
+        .build();
+    let mut machine = machine_on(
+        charter,
+        StandardExecutor::new(model),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine");
+    machine.policy_state().set_journal(Arc::new(NoStarts));
+    machine.enqueue_user("send it");
+    let last = machine.run().await.expect("runs");
+    assert!(last.done);
+    assert_eq!(sent.load(Ordering::SeqCst), 0, "the tool never ran");
+    let results: Vec<String> = machine
+        .history()
+        .iter()
+        .flat_map(|m| m.item_list())
+        .filter_map(|i| match i {
+            Item::ToolResult { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(
+        results[0].contains("EXECUTION_FAILED") && results[0].contains("could not be recorded"),
+        "{}",
+        results[0]
+    );
+}
