@@ -5,15 +5,20 @@
 //! their leases expire, and its clients go on with another worker.
 //!
 //! Every turn is two steps: the fake provider answers the first model call
-//! of a turn with a call of the `record` tool naming the session and the
-//! turn, and the second with text. `record` is a side effect outside the
-//! server: one file per execution in a directory, written under a scratch name and linked (atomically, refused if it exists)
-//! under the call's idempotency key (as an outside API that deduplicates
-//! by key would), written and synced before the tool returns. After the
-//! run the figure checks that every (session, turn) was executed exactly
-//! once — by the session and turn the tool was given, never by call ids,
-//! which a real provider changes on every answer — and that every
-//! session's stored history is exactly its turns' messages, in order.
+//! of a turn with two calls naming the session and the turn, of the
+//! `record` tool and of the `notify` tool, and the second with text.
+//! `record` is an at-least-once side effect outside the server: one file
+//! per execution in a directory, written under a scratch name and linked
+//! (atomically, refused if it exists) under the call's idempotency key (as
+//! an outside API that deduplicates by key would), written and synced
+//! before the tool returns. `notify` is an at-most-once side effect that
+//! honours no key: one file per execution, under a name of its own. After
+//! the run the figure checks that every (session, turn) was recorded
+//! exactly once and notified at most once — by the session and turn the
+//! tools were given, never by call ids, which a real provider changes on
+//! every answer — and that every session's stored history is exactly its
+//! turns' messages, in order: a notification never made, or made by a
+//! worker that died before its result was stored, answered `INTERRUPTED`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, Write};
@@ -24,10 +29,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use markov_core::async_trait;
-use markov_core::tool::{Tool, ToolContext};
+use markov_core::tool::{Delivery, Tool, ToolContext};
 use markov_store::{PostgresStore, Store};
 use markov_testkit::Recording;
-use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic};
+use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic, sse_event};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -129,6 +134,55 @@ impl Tool for Record {
     }
 }
 
+/// Notifies that a turn happened: one file per execution, named by the
+/// process and a counter, never by a key (it honours none), holding the
+/// session and the turn. At most once: a call a dead worker started is
+/// answered `INTERRUPTED` by the worker that continues the session, never
+/// run again.
+#[derive(Debug)]
+pub(crate) struct Notify {
+    dir: PathBuf,
+}
+
+impl Notify {
+    pub(crate) fn new(dir: PathBuf) -> Self {
+        Notify { dir }
+    }
+}
+
+#[async_trait]
+impl Tool for Notify {
+    const NAME: &'static str = "notify";
+    const DELIVERY: Option<Delivery> = Some(Delivery::AtMostOnce);
+    type Args = RecordArgs;
+    type Output = String;
+    type Error = std::io::Error;
+
+    fn description(&self) -> String {
+        "Notifies that a turn happened".into()
+    }
+
+    async fn call(
+        &self,
+        args: RecordArgs,
+        _cx: &ToolContext<'_>,
+    ) -> Result<String, std::io::Error> {
+        static SENT: AtomicU64 = AtomicU64::new(0);
+        let name = format!(
+            "{}-{}",
+            std::process::id(),
+            SENT.fetch_add(1, Ordering::Relaxed)
+        );
+        let scratch = self.dir.join(format!("scratch-notice-{name}"));
+        let mut file = std::fs::File::create(&scratch)?;
+        writeln!(file, "{} {}", args.session, args.turn)?;
+        file.sync_all()?;
+        // The rename is the effect: whole or not at all.
+        std::fs::rename(&scratch, self.dir.join(format!("notice-{name}")))?;
+        Ok(format!("notified turn {}", args.turn))
+    }
+}
+
 /// The user's message of `turn` in `session`.
 fn user_text(session: &str, turn: usize) -> String {
     format!("session {session} turn {turn}")
@@ -152,10 +206,48 @@ fn content_text(content: &Value) -> String {
     }
 }
 
+/// An answer with a `tool_use` block for each of `calls` (id, name), all
+/// with `input`, as an event stream.
+fn tool_uses_events(calls: &[(String, &str)], input: &Value) -> String {
+    let mut events = vec![sse_event(
+        "message_start",
+        json!({"type": "message_start", "message": {
+            "id": format!("msg_{}", calls.first().map_or("", |(id, _)| id.as_str())),
+            "type": "message", "role": "assistant", "content": [],
+            "model": markov_testkit::http::MODEL, "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 120, "output_tokens": 1}
+        }}),
+    )];
+    for (index, (id, name)) in calls.iter().enumerate() {
+        events.push(sse_event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index,
+                   "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+        ));
+        events.push(sse_event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index,
+                   "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+        ));
+        events.push(sse_event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+    events.push(sse_event(
+        "message_delta",
+        json!({"type": "message_delta",
+               "delta": {"stop_reason": "tool_use", "stop_sequence": null},
+               "usage": {"output_tokens": 30}}),
+    ));
+    events.push(sse_event("message_stop", json!({"type": "message_stop"})));
+    events.concat()
+}
+
 /// The fake provider: a call whose last message is the user's text is
-/// answered with a `record` call naming the session and turn that text
-/// names (a fresh call id every time, as real providers do), a call after
-/// the tool's result with the turn's final text; both after
+/// answered with a `record` and a `notify` call naming the session and
+/// turn that text names (fresh call ids every time, as real providers do),
+/// a call after the tools' results with the turn's final text; both after
 /// [`MODEL_LATENCY`], streamed when asked to.
 fn answer(request: &Recorded) -> Reply {
     static CALLS: AtomicU64 = AtomicU64::new(0);
@@ -187,12 +279,25 @@ fn answer(request: &Recorded) -> Reply {
             Reply::json(200, anthropic::text(&text))
         }
     } else {
-        let id = format!("toolu_{}", CALLS.fetch_add(1, Ordering::Relaxed));
+        let calls = [
+            (
+                format!("toolu_{}", CALLS.fetch_add(1, Ordering::Relaxed)),
+                "record",
+            ),
+            (
+                format!("toolu_{}", CALLS.fetch_add(1, Ordering::Relaxed)),
+                "notify",
+            ),
+        ];
         let input = json!({"session": session, "turn": turn});
         if streamed {
-            Reply::sse(&anthropic::tool_use_events(&id, "record", &input))
+            Reply::sse(&tool_uses_events(&calls, &input))
         } else {
-            Reply::json(200, anthropic::tool_use(&id, "record", &input))
+            let blocks = calls
+                .iter()
+                .map(|(id, name)| json!({"type": "tool_use", "id": id, "name": name, "input": input}))
+                .collect();
+            Reply::json(200, anthropic::message(&calls[0].0, blocks, "tool_use"))
         }
     };
     reply.delayed(MODEL_LATENCY)
@@ -231,6 +336,11 @@ pub(crate) struct FailoverFigure {
     pub(crate) problems: Vec<String>,
     /// Executions a repeated idempotency key turned into no-ops.
     pub(crate) deduplicated: usize,
+    /// Executions of the at-most-once `notify` tool (at most one per turn).
+    pub(crate) notified: usize,
+    /// Its calls answered `INTERRUPTED` (started by a worker that died
+    /// before their result was stored; never run again).
+    pub(crate) interrupted: usize,
 }
 
 impl FailoverFigure {
@@ -440,9 +550,11 @@ async fn run(
             sessions * turns
         ));
     }
-    let (more, deduplicated) = check_effects(dir, &ids, turns);
+    let (more, deduplicated, notices) = check_effects(dir, &ids, turns);
     problems.extend(more);
-    problems.extend(check_histories(&url, &ids, turns).await);
+    let (more, interrupted) = check_histories(&url, &ids, turns, &notices).await;
+    problems.extend(more);
+    let notified = notices.values().sum();
     drop(postgres);
 
     let figure = FailoverFigure {
@@ -465,9 +577,11 @@ async fn run(
         database_cpu,
         problems,
         deduplicated,
+        notified,
+        interrupted,
     };
     println!(
-        "bench=failover sessions={sessions} turns={turns} workers={workers} killed={} completed_turns={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} streams_lost={} failover_max_ms={:.0} resent={} runs_continued={} memory_per_session_kb={:.1} cpu_per_step_us_total={:.0} cpu_per_step_us_workers={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0} cpu_per_step_us_database={:.0} deduplicated={} exactly_once={} problems={}",
+        "bench=failover sessions={sessions} turns={turns} workers={workers} killed={} completed_turns={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} streams_lost={} failover_max_ms={:.0} resent={} runs_continued={} memory_per_session_kb={:.1} cpu_per_step_us_total={:.0} cpu_per_step_us_workers={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0} cpu_per_step_us_database={:.0} deduplicated={} notified={} interrupted={} exactly_once={} problems={}",
         figure.killed,
         figure.completed_turns,
         figure.wall_ms,
@@ -485,6 +599,8 @@ async fn run(
         figure.cpu_per_step_us(figure.provider_cpu),
         figure.cpu_per_step_us(figure.database_cpu),
         figure.deduplicated,
+        figure.notified,
+        figure.interrupted,
         figure.problems.is_empty(),
         figure.problems.len(),
     );
@@ -494,10 +610,16 @@ async fn run(
     Some(figure)
 }
 
-/// Every (session, turn) of `ids` × 1..=`turns` executed exactly once, and
-/// nothing else; with the executions a repeated key made no-ops.
-fn check_effects(dir: &Path, ids: &[String], turns: usize) -> (Vec<String>, usize) {
+/// Every (session, turn) of `ids` × 1..=`turns` recorded exactly once and
+/// notified at most once, and nothing else; with the executions a repeated
+/// key made no-ops, and the notifications of each (session, turn).
+fn check_effects(
+    dir: &Path,
+    ids: &[String],
+    turns: usize,
+) -> (Vec<String>, usize, BTreeMap<(String, usize), usize>) {
     let mut executed: BTreeMap<(String, usize), usize> = BTreeMap::new();
+    let mut notices: BTreeMap<(String, usize), usize> = BTreeMap::new();
     let mut deduplicated = 0;
     let mut problems = Vec::new();
     for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -511,12 +633,29 @@ fn check_effects(dir: &Path, ids: &[String], turns: usize) -> (Vec<String>, usiz
         if name.starts_with("scratch-") {
             continue;
         }
+        let counts = if name.starts_with("notice-") {
+            &mut notices
+        } else {
+            &mut executed
+        };
         let mut fields = text.split_whitespace();
         match (fields.next(), fields.next().and_then(|t| t.parse().ok())) {
             (Some(session), Some(turn)) => {
-                *executed.entry((session.to_owned(), turn)).or_default() += 1;
+                *counts.entry((session.to_owned(), turn)).or_default() += 1;
             }
             _ => problems.push(format!("an unreadable effect {name}: {text:?}")),
+        }
+    }
+    for ((id, turn), n) in &notices {
+        if *n > 1 {
+            problems.push(format!(
+                "session {id} turn {turn} notified {n} times by an at-most-once tool"
+            ));
+        }
+        if !ids.contains(id) || !(1..=turns).contains(turn) {
+            problems.push(format!(
+                "a notification of no turn asked for: session {id} turn {turn}"
+            ));
         }
     }
     for id in ids {
@@ -533,18 +672,27 @@ fn check_effects(dir: &Path, ids: &[String], turns: usize) -> (Vec<String>, usiz
             "an execution of no turn asked for: session {id} turn {turn} ({n}×)"
         ));
     }
-    (problems, deduplicated)
+    (problems, deduplicated, notices)
 }
 
 /// Every session's stored history: for each turn, the user's text, one
-/// `record` call of that session and turn, its successful result, and the
-/// turn's final text — nothing missing, nothing twice.
-async fn check_histories(url: &str, ids: &[String], turns: usize) -> Vec<String> {
+/// `record` and one `notify` call of that session and turn, their results,
+/// and the turn's final text — nothing missing, nothing twice. `record`'s
+/// result is its success; `notify`'s is its success when it ran and its
+/// result was stored, else `INTERRUPTED`: never a success without its
+/// effect (`notices`). With the number of `INTERRUPTED` results.
+async fn check_histories(
+    url: &str,
+    ids: &[String],
+    turns: usize,
+    notices: &BTreeMap<(String, usize), usize>,
+) -> (Vec<String>, usize) {
     let store = match PostgresStore::connect(url).await {
         Ok(store) => store,
-        Err(error) => return vec![format!("the store for the check: {error}")],
+        Err(error) => return (vec![format!("the store for the check: {error}")], 0),
     };
     let mut problems = Vec::new();
+    let mut interrupted = 0;
     for id in ids {
         let stored = match store.load(&markov_store::SessionId::new(id.as_str())).await {
             Ok(stored) => stored,
@@ -557,19 +705,31 @@ async fn check_histories(url: &str, ids: &[String], turns: usize) -> Vec<String>
             problems.push(format!("session {id}: a run is still in progress"));
         }
         let history = serde_json::to_value(&stored.snapshot.history).unwrap_or_default();
-        let got: Vec<String> = history
+        let mut got: Vec<String> = history
             .as_array()
             .map(Vec::as_slice)
             .unwrap_or_default()
             .iter()
             .map(describe)
             .collect();
+        // A notification answered `INTERRUPTED` is right whether or not it
+        // took effect; one that succeeded must have taken effect.
+        for (turn, line) in (1..=turns).zip(got.iter_mut().skip(2).step_by(4)) {
+            if line.ends_with(" | interrupted") {
+                interrupted += 1;
+                *line = format!("user result recorded turn {turn} | result notified turn {turn}");
+            } else if notices.get(&(id.clone(), turn)).copied().unwrap_or(0) == 0 {
+                problems.push(format!(
+                    "session {id} turn {turn}: notified without an effect: {line}"
+                ));
+            }
+        }
         let expected: Vec<String> = (1..=turns)
             .flat_map(|turn| {
                 [
                     format!("user text {}", user_text(id, turn)),
-                    format!("assistant record {id} {turn}"),
-                    format!("user result recorded turn {turn}"),
+                    format!("assistant record {id} {turn} | notify {id} {turn}"),
+                    format!("user result recorded turn {turn} | result notified turn {turn}"),
                     format!("assistant text {}", final_text(turn as u64)),
                 ]
             })
@@ -580,7 +740,7 @@ async fn check_histories(url: &str, ids: &[String], turns: usize) -> Vec<String>
             ));
         }
     }
-    problems
+    (problems, interrupted)
 }
 
 /// One stored message, in a line the check compares.
@@ -603,7 +763,12 @@ fn describe(message: &Value) -> String {
             ),
             Some("tool_result") => {
                 let content = item["content"].as_str().unwrap_or("");
-                if item["is_error"] == json!(true) {
+                let kind = serde_json::from_str::<Value>(content)
+                    .ok()
+                    .map(|v| v["error"]["type"].clone());
+                if kind == Some(json!("INTERRUPTED")) {
+                    "interrupted".to_owned()
+                } else if item["is_error"] == json!(true) {
                     format!("failed result {content}")
                 } else {
                     format!("result {content}")

@@ -699,7 +699,7 @@ fn run_all(plan: Plan) -> ExitCode {
     for f in &failovers {
         let _ = writeln!(
             table,
-            "   W = {}: N = {} x {} turns, {} turns in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; {} streams lost, {} runs continued, {} messages resent, longest failover {:.0} ms; {:.1} KB per session; CPU per step {:.0} µs (servers {:.0}, clients {:.0}, provider {:.0}, database {:.0}); exactly once: {} ({} problems, {} repeats absorbed by the idempotency key)",
+            "   W = {}: N = {} x {} turns, {} turns in {:.0} ms, {:.0} steps/s; added latency p50 {:.1} ms, p99 {:.1} ms; {} streams lost, {} runs continued, {} messages resent, longest failover {:.0} ms; {:.1} KB per session; CPU per step {:.0} µs (servers {:.0}, clients {:.0}, provider {:.0}, database {:.0}); exactly once: {} ({} problems, {} repeats absorbed by the idempotency key; at most once: {} notifications, {} calls answered INTERRUPTED, none run twice)",
             f.workers,
             f.sessions,
             f.turns,
@@ -721,6 +721,8 @@ fn run_all(plan: Plan) -> ExitCode {
             if f.problems.is_empty() { "yes" } else { "NO" },
             f.problems.len(),
             f.deduplicated,
+            f.notified,
+            f.interrupted,
         );
     }
     let _ = writeln!(

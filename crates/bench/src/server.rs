@@ -249,7 +249,9 @@ pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::proces
             .expect("the client builds");
         let mut agent = Agent::builder("load").instructions("Answer.").model(model);
         if let Some(dir) = &options.effects {
-            agent = agent.tool(crate::failover::Record::new(dir.clone()));
+            agent = agent
+                .tool(crate::failover::Record::new(dir.clone()))
+                .tool(crate::failover::Notify::new(dir.clone()));
         }
         let agent = agent.build().expect("the agent builds");
         let worker = WorkerId::random();

@@ -66,7 +66,7 @@ pub use model::{
     Unsupported, Usage,
 };
 pub use tool::{
-    DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,
+    Delivery, DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,
     ToolDefinition, ToolExecutionResult, ToolName, ToolOutcome, ToolReply,
 };
 pub use usage::Usd;

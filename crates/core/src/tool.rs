@@ -117,6 +117,62 @@ impl PartialEq<str> for ToolName {
     }
 }
 
+/// What a tool promises about running a call again: the contract a
+/// resumed conversation keeps for a call that may have started but whose
+/// result was never recorded (the process died between the tool's side
+/// effect and the write of its result).
+///
+/// A tool that does not say ([`ToolDefinition::delivery`] unset) gets
+/// [`Delivery::default_for`] its approval: at most once when every call
+/// waits for the application's approval, at least once otherwise. A tool
+/// registry's metadata may set it too, and wins over the definition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// The call runs again on resume, with the same
+    /// [`ToolContext::idempotency_key`]: right for a tool that honours the
+    /// key (an outside API that deduplicates by it) or has no side effect,
+    /// such as a retrieval.
+    AtLeastOnce,
+    /// The call never runs twice. Its start is recorded (durably, with a
+    /// store) before the tool runs; a resumed conversation that finds the
+    /// start but no result answers the call with an `INTERRUPTED` error (its
+    /// outcome is unknown and it was not run again) and names it to the
+    /// application, so that a person can reconcile it. Right for a tool
+    /// that cannot honour a key (an email, a payment without idempotency).
+    AtMostOnce,
+}
+
+impl Delivery {
+    /// The contract of a tool that does not state one: [`AtMostOnce`]
+    /// when every call needs the application's approval (a person decided
+    /// it, and it must not happen twice), [`AtLeastOnce`] otherwise.
+    ///
+    /// [`AtMostOnce`]: Delivery::AtMostOnce
+    /// [`AtLeastOnce`]: Delivery::AtLeastOnce
+    pub fn default_for(needs_approval: bool) -> Self {
+        if needs_approval {
+            Delivery::AtMostOnce
+        } else {
+            Delivery::AtLeastOnce
+        }
+    }
+
+    /// The wire name (`"at_least_once"`, `"at_most_once"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delivery::AtLeastOnce => "at_least_once",
+            Delivery::AtMostOnce => "at_most_once",
+        }
+    }
+}
+
+impl fmt::Display for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// What a model is told about a tool.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolDefinition {
@@ -135,6 +191,11 @@ pub struct ToolDefinition {
     /// providers: the model cannot tell, and cannot approve anything.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub needs_approval: bool,
+    /// Whether a call interrupted before its result was recorded runs
+    /// again on resume ([`Delivery`]); `None`: [`Delivery::default_for`]
+    /// its approval. Not sent to providers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<Delivery>,
 }
 
 impl ToolDefinition {
@@ -150,6 +211,7 @@ impl ToolDefinition {
             input_schema,
             terminal: false,
             needs_approval: false,
+            delivery: None,
         })
     }
 
@@ -166,6 +228,23 @@ impl ToolDefinition {
     pub fn needs_approval(mut self, needs_approval: bool) -> Self {
         self.needs_approval = needs_approval;
         self
+    }
+
+    /// States the tool's [`Delivery`] contract (builder style): what a
+    /// resumed conversation does with a call interrupted before its result
+    /// was recorded.
+    #[must_use]
+    pub fn delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = Some(delivery);
+        self
+    }
+
+    /// The contract a call of this tool gets: the one stated, else
+    /// [`Delivery::default_for`] its approval. (A registry's metadata may
+    /// override both.)
+    pub fn effective_delivery(&self) -> Delivery {
+        self.delivery
+            .unwrap_or_else(|| Delivery::default_for(self.needs_approval))
     }
 }
 
@@ -614,6 +693,10 @@ pub trait Tool: Send + Sync + 'static {
     /// runs: the machine pauses the run, and the application approves,
     /// edits, denies or answers the call (see `markov_policy::confirm`).
     const NEEDS_APPROVAL: bool = false;
+    /// What a resumed conversation does with a call interrupted before its
+    /// result was recorded ([`Delivery`]); `None` (the default):
+    /// [`Delivery::default_for`] [`NEEDS_APPROVAL`](Self::NEEDS_APPROVAL).
+    const DELIVERY: Option<Delivery> = None;
     /// The input, deserialized from the model's arguments; its schema is sent to the model.
     type Args: DeserializeOwned + JsonSchema + Send;
     /// The output: any `Serialize` value, or a [`ToolReply`] / [`TerminateResponse`].
@@ -706,6 +789,10 @@ impl<T: Tool> Erased<T> {
             ToolDefinition::new(T::NAME, tool.description(), input_schema_for::<T::Args>())?
                 .terminal(T::TERMINAL)
                 .needs_approval(T::NEEDS_APPROVAL);
+        let definition = match T::DELIVERY {
+            Some(delivery) => definition.delivery(delivery),
+            None => definition,
+        };
         Ok(Erased { tool, definition })
     }
 

@@ -419,6 +419,7 @@ fn make_step(
         totals: machine.usage,
         usage_limit: None,
         model: None,
+        interrupted: machine.policy.take_interrupted(),
     }
 }
 

@@ -142,6 +142,12 @@ pub struct MachineStep {
     /// fallback model it says which model of the list answered. `None`
     /// when the step called no model or the answer named none.
     pub model: Option<String>,
+    /// At-most-once calls this step found started and never finished (the
+    /// process died, or the run was dropped, while their tool ran): each
+    /// was answered `INTERRUPTED` and not run again. Their outcome is
+    /// unknown: show them (call id, tool, arguments) to a person, who
+    /// checks whether the effect happened.
+    pub interrupted: Vec<markov_policy::InterruptedCall>,
 }
 
 impl MachineStep {

@@ -87,7 +87,13 @@
 //! - `#[tool(terminal)]`: a successful output is the machine's response for
 //!   the turn (the run ends with it, and the model is not called again);
 //! - `#[tool(needs_approval)]`: every call waits for the application's
-//!   approval (the machine pauses its run until the application decides).
+//!   approval (the machine pauses its run until the application decides);
+//! - `#[tool(at_most_once)]` / `#[tool(at_least_once)]`: the tool's
+//!   `Delivery` contract, what a resumed conversation does with a call
+//!   interrupted before its result was recorded: never run it again
+//!   (answer it `INTERRUPTED`), or run it again with the same idempotency
+//!   key. Unset, a tool that needs approval is at most once, any other at
+//!   least once.
 //!
 //! The generated code names `markov_core`, or `markov::core` in a crate that
 //! depends on the `markov` facade instead. `markov-core`'s `macros` feature
@@ -111,10 +117,11 @@ struct Options {
     description: Option<String>,
     needs_approval: bool,
     terminal: bool,
+    /// `Some(true)`: `at_most_once`; `Some(false)`: `at_least_once`.
+    at_most_once: Option<bool>,
 }
 
-const EXPECTED_OPTIONS: &str =
-    "expected `name = \"...\"`, `description = \"...\"`, `terminal` or `needs_approval`";
+const EXPECTED_OPTIONS: &str = "expected `name = \"...\"`, `description = \"...\"`, `terminal`, `needs_approval`, `at_most_once` or `at_least_once`";
 
 impl Parse for Options {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
@@ -127,6 +134,21 @@ impl Parse for Options {
                 }
                 if path.is_ident("terminal") {
                     options.terminal = true;
+                    continue;
+                }
+                for (word, at_most_once) in [("at_most_once", true), ("at_least_once", false)] {
+                    if !path.is_ident(word) {
+                        continue;
+                    }
+                    if options.at_most_once.is_some_and(|set| set != at_most_once) {
+                        return Err(syn::Error::new_spanned(
+                            path,
+                            "`at_most_once` and `at_least_once` exclude each other",
+                        ));
+                    }
+                    options.at_most_once = Some(at_most_once);
+                }
+                if path.is_ident("at_most_once") || path.is_ident("at_least_once") {
                     continue;
                 }
             }
@@ -365,6 +387,11 @@ fn tool_items(parts: ToolParts<'_>) -> TokenStream2 {
     let description = options.description.unwrap_or_else(|| doc_text(fn_attrs));
     let needs_approval = options.needs_approval;
     let terminal = options.terminal;
+    let delivery = match options.at_most_once {
+        Some(true) => quote!(::std::option::Option::Some(#core::tool::Delivery::AtMostOnce)),
+        Some(false) => quote!(::std::option::Option::Some(#core::tool::Delivery::AtLeastOnce)),
+        None => quote!(::std::option::Option::None),
+    };
     let fields = &parameters.fields;
 
     let invoke = quote!(#invoke.await);
@@ -419,6 +446,7 @@ fn tool_items(parts: ToolParts<'_>) -> TokenStream2 {
             const NAME: &'static str = #tool_name;
             const TERMINAL: bool = #terminal;
             const NEEDS_APPROVAL: bool = #needs_approval;
+            const DELIVERY: ::std::option::Option<#core::tool::Delivery> = #delivery;
             type Args = #args_name;
             type Output = #output;
             type Error = #error;
@@ -599,5 +627,17 @@ mod tests {
             syn::parse2(quote!(terminal, needs_approval, name = "n")).expect("options");
         assert!(options.terminal && options.needs_approval);
         assert_eq!(options.name.as_deref(), Some("n"));
+        assert_eq!(options.at_most_once, None, "unset unless written");
+        let once: Options = syn::parse2(quote!(at_most_once)).expect("options");
+        assert_eq!(once.at_most_once, Some(true));
+        let again: Options = syn::parse2(quote!(needs_approval, at_least_once)).expect("options");
+        assert_eq!(again.at_most_once, Some(false));
+        let both = syn::parse2::<Options>(quote!(at_most_once, at_least_once))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            both.is_some_and(|e| e.contains("exclude each other")),
+            "contradicting options are an error"
+        );
     }
 }

@@ -72,7 +72,7 @@ pub use markov_tools_std as tools;
 
 /// What an application needs to build and run an agent, in one import.
 pub mod prelude {
-    pub use markov_core::tool::{TerminateResponse, Tool, ToolContext, ToolReply};
+    pub use markov_core::tool::{Delivery, TerminateResponse, Tool, ToolContext, ToolReply};
     pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice, Usd};
     pub use markov_executor::{
         Agent, BuildError, Limit, Machine, MachineStep, ModelPrice, Prices, RunError, RunOptions,

@@ -939,7 +939,7 @@ impl<S> Confirm<S> {
 
 /// Whether a call of this request's tool needs the application's approval:
 /// its registry metadata says so, or its own definition does.
-fn needs_approval(req: &ToolRequest<'_>) -> bool {
+pub(crate) fn needs_approval(req: &ToolRequest<'_>) -> bool {
     req.metadata.is_some_and(|m| m.requires_confirmation())
         || req.tool.is_some_and(|t| t.definition().needs_approval)
 }

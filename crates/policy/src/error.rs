@@ -79,6 +79,9 @@ kinds! {
     Timeout => "TIMEOUT", retryable: true, "Tool timed out";
     /// The tool ran and failed.
     ExecutionFailed => "EXECUTION_FAILED", retryable: false, "Tool execution failed";
+    /// An at-most-once call started and its result was never recorded (the
+    /// process died): its outcome is unknown, and it was not run again.
+    Interrupted => "INTERRUPTED", retryable: false, "Interrupted: this call started, its outcome is unknown, and it was not run again";
 }
 
 impl fmt::Display for ToolErrorKind {
@@ -256,7 +259,8 @@ mod tests {
                 "IDEMPOTENCY_CONFLICT",
                 "INVALID_INPUT",
                 "TIMEOUT",
-                "EXECUTION_FAILED"
+                "EXECUTION_FAILED",
+                "INTERRUPTED"
             ]
         );
         assert!(ToolErrorKind::Timeout.retryable());

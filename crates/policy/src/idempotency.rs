@@ -35,6 +35,23 @@
 //! (over a quarter of [`IdempotencyLimits::max_bytes`]) is kept as a stub:
 //! the key, the tool, a digest of the arguments and a note that the call
 //! completed, which is what a replay then answers.
+//!
+//! A tool's [`Delivery`] contract decides what happens to a call that
+//! started and whose result was never recorded (the process died between
+//! the tool's side effect and the write of its entry). At least once (the
+//! default, but for tools that need approval): nothing records the start,
+//! so a resumed step runs the call again, with the same key for the
+//! outside world. At most once (the default for tools that need approval):
+//! before the tool runs, an entry that says the call started is written —
+//! through the journal, durably, when there is one; the call does not run
+//! if that write fails — whose result is the `INTERRUPTED` error. The
+//! call's real entry replaces it when the tool returns. So a resumed step
+//! that finds only the start answers the call `INTERRUPTED` (its outcome is
+//! unknown, and it was not run again), and the call is named to the
+//! application ([`PolicyState::take_interrupted`](crate::PolicyState::take_interrupted))
+//! so that a person can reconcile it. Without a journal the same holds
+//! within the process: a call whose future was dropped while its tool ran
+//! leaves the start in the ledger.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -42,14 +59,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::channel::oneshot;
 use markov_core::async_trait;
+use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::tool::{
-    StateAccess, StateUpdateError, TerminateResponse, ToolExecutionResult, UserMessage,
+    Delivery, StateAccess, StateUpdateError, TerminateResponse, ToolExecutionResult, UserMessage,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::{Rejection, ToolErrorKind};
+use crate::metadata::ToolMetadata;
 use crate::service::{ToolLayer, ToolRequest, ToolService};
 
 /// How long answered calls are kept and how much room they may take.
@@ -150,6 +169,39 @@ pub struct LedgerEntry {
     /// result applies what the call did.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub state_updates: Vec<Value>,
+    /// Set on the entry an at-most-once call writes before its tool runs:
+    /// the call started, and its result (the `INTERRUPTED` error) stands
+    /// until the call's real entry replaces it. Found on resume, it means
+    /// the call was interrupted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub started: bool,
+}
+
+/// An at-most-once call a resumed step found started and never finished
+/// (its process died while it ran, or its run was dropped): it was
+/// answered `INTERRUPTED` and not run again. Its outcome is unknown; the
+/// application shows it to a person, who reconciles it (checks whether the
+/// effect happened).
+///
+/// Its JSON form (as `markov-server`'s step event carries it) has the
+/// fields' names: `call_id`, `tool`, `args`, `instance`, `key`,
+/// `started_at`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct InterruptedCall {
+    /// The call's id in the model's answer.
+    pub call_id: ToolCallId,
+    /// The tool.
+    pub tool: String,
+    /// The arguments it was called with (`null` when they were too large
+    /// to keep).
+    pub args: Value,
+    /// The leaf instance the call ran for, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceId>,
+    /// The call's ledger key (user turn, instance, call id).
+    pub key: String,
+    /// When the call started, in Unix milliseconds.
+    pub started_at: u64,
 }
 
 /// The hex SHA-256 of `args`' JSON text.
@@ -190,6 +242,11 @@ impl LedgerEntry {
         self.args_digest = Some(digest_of(&self.args));
         self.args = Value::Null;
         self.intents = Vec::new();
+        if self.started {
+            // Its result is the short `INTERRUPTED` error: only the
+            // arguments were too large, and the call did not complete.
+            return self;
+        }
         self.result.content = format!(
             "This call already completed; its result ({size} bytes) was too large to keep and is not repeated. The tool was not run again."
         );
@@ -206,6 +263,43 @@ impl LedgerEntry {
             + self.state_updates.iter().map(value_size).sum::<usize>()
             + 64
     }
+}
+
+/// The entry an at-most-once call writes before its tool runs: it started,
+/// and until its real entry replaces it, its result is `INTERRUPTED`.
+fn started_entry(req: &ToolRequest<'_>, key: &str, turn: u64) -> LedgerEntry {
+    let rejection = Rejection::new(ToolErrorKind::Interrupted).with_detail(format!(
+        "{} was running when the conversation was interrupted, and its result was never recorded: it may or may not have taken effect. Tell the user; do not assume either",
+        req.name
+    ));
+    LedgerEntry {
+        key: key.to_owned(),
+        tool: req.name.to_owned(),
+        args: req.input.clone().into_owned(),
+        result: StoredResult {
+            content: rejection.to_envelope(),
+            is_error: true,
+            is_terminal: false,
+            terminate: None,
+            user_message: None,
+        },
+        error: Some(ToolErrorKind::Interrupted.as_str().to_owned()),
+        intents: Vec::new(),
+        recorded_at: unix_millis(SystemTime::now()),
+        turn,
+        args_digest: None,
+        state_updates: Vec::new(),
+        started: true,
+    }
+}
+
+/// The [`Delivery`] contract of a request's call: the registry's metadata,
+/// else the tool's definition, else the default for its approval.
+pub(crate) fn delivery_of(req: &ToolRequest<'_>) -> Delivery {
+    req.metadata
+        .and_then(ToolMetadata::delivery)
+        .or_else(|| req.tool.and_then(|t| t.definition().delivery))
+        .unwrap_or_else(|| Delivery::default_for(crate::confirm::needs_approval(req)))
 }
 
 fn value_size(v: &Value) -> usize {
@@ -228,7 +322,7 @@ enum Slot {
         args: Value,
         waiters: Vec<oneshot::Sender<()>>,
     },
-    Done(LedgerEntry),
+    Done(Box<LedgerEntry>),
 }
 
 #[derive(Default)]
@@ -398,7 +492,7 @@ impl IdempotencyLedger {
             .order
             .iter()
             .filter_map(|k| match inner.slots.get(k) {
-                Some(Slot::Done(e)) => Some(e.clone()),
+                Some(Slot::Done(e)) => Some(LedgerEntry::clone(e)),
                 _ => None,
             })
             .collect()
@@ -418,7 +512,9 @@ impl IdempotencyLedger {
             let entry = entry.within(limits);
             inner.bytes += entry.size();
             let key = entry.key.clone();
-            if let Some(Slot::Done(old)) = inner.slots.insert(key.clone(), Slot::Done(entry)) {
+            if let Some(Slot::Done(old)) =
+                inner.slots.insert(key.clone(), Slot::Done(Box::new(entry)))
+            {
                 inner.bytes = inner.bytes.saturating_sub(old.size());
             } else {
                 inner.order.push_back(key);
@@ -439,7 +535,7 @@ impl IdempotencyLedger {
         let mut inner = self.lock();
         inner.evict(limits, unix_millis(now), turn);
         match inner.slots.get_mut(key) {
-            Some(Slot::Done(e)) if e.matches(tool, args) => Begin::Replay(Box::new(e.clone())),
+            Some(Slot::Done(e)) if e.matches(tool, args) => Begin::Replay(e.clone()),
             Some(Slot::Done(_)) => Begin::Conflict,
             // An empty tool name: the call is being journaled (its tool and
             // arguments moved into the entry); wait for it like any other.
@@ -463,6 +559,7 @@ impl IdempotencyLedger {
                 Begin::Run(Claim {
                     ledger: self,
                     key: Some(key.to_owned()),
+                    started: None,
                 })
             }
         }
@@ -474,6 +571,9 @@ impl IdempotencyLedger {
 struct Claim<'l> {
     ledger: &'l IdempotencyLedger,
     key: Option<String>,
+    /// An at-most-once call's start, once its tool may have run: what a
+    /// dropped claim leaves in the ledger, so the call never runs again.
+    started: Option<Box<(LedgerEntry, IdempotencyLimits)>>,
 }
 
 impl Claim<'_> {
@@ -490,12 +590,20 @@ impl Claim<'_> {
     }
 
     fn complete(mut self, entry: LedgerEntry, limits: &IdempotencyLimits) {
+        self.started = None;
         let Some(key) = self.key.take() else { return };
+        self.ledger.insert_done(key, entry, limits);
+    }
+}
+
+impl IdempotencyLedger {
+    /// Stores `entry` as the answer of `key` (in flight until now).
+    fn insert_done(&self, key: String, entry: LedgerEntry, limits: &IdempotencyLimits) {
         let turn = entry.turn;
-        let mut inner = self.ledger.lock();
+        let mut inner = self.lock();
         // Waiters are woken by their senders being dropped with the slot.
         inner.bytes += entry.size();
-        inner.slots.insert(key.clone(), Slot::Done(entry));
+        inner.slots.insert(key.clone(), Slot::Done(Box::new(entry)));
         inner.order.push_back(key);
         inner.evict(limits, unix_millis(SystemTime::now()), turn);
     }
@@ -503,8 +611,16 @@ impl Claim<'_> {
 
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
-        if let Some(key) = self.key.take() {
-            self.ledger.lock().slots.remove(&key);
+        let Some(key) = self.key.take() else { return };
+        match self.started.take() {
+            // The tool may have run: the call is never run again.
+            Some(started) => {
+                let (entry, limits) = *started;
+                self.ledger.insert_done(key, entry, &limits);
+            }
+            None => {
+                self.ledger.lock().slots.remove(&key);
+            }
         }
     }
 }
@@ -581,7 +697,24 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                 turn,
             ) {
                 Begin::Replay(entry) => {
-                    tracing::debug!(key = %key, "idempotent replay: the stored result is returned");
+                    if entry.started {
+                        tracing::warn!(
+                            key = %key,
+                            tool = %entry.tool,
+                            call_id = %req.call_id,
+                            "an at-most-once call was interrupted: its outcome is unknown; answered INTERRUPTED, not run again"
+                        );
+                        req.policy.note_interrupted(InterruptedCall {
+                            call_id: req.call_id.clone(),
+                            tool: entry.tool.clone(),
+                            args: entry.args.clone(),
+                            instance: req.cx.instance_id().cloned(),
+                            key: entry.key.clone(),
+                            started_at: entry.recorded_at,
+                        });
+                    } else {
+                        tracing::debug!(key = %key, "idempotent replay: the stored result is returned");
+                    }
                     for patch in &entry.state_updates {
                         // Refused now as then: the running state is the
                         // same, and the result already says so.
@@ -606,7 +739,7 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                     // cancelled and the key is free: look again.
                     let _ = done.await;
                 }
-                Begin::Run(claim) => {
+                Begin::Run(mut claim) => {
                     let report = req.report;
                     let call_id = req.call_id;
                     let journal = req.policy.journal();
@@ -619,6 +752,24 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         return Rejection::new(ToolErrorKind::ExecutionFailed)
                             .with_detail(format!("not run: {reason}"))
                             .respond(&req);
+                    }
+                    if delivery_of(&req) == Delivery::AtMostOnce {
+                        // The start is recorded before anything can happen:
+                        // a resumed step finds it and does not run the call
+                        // again.
+                        let started = started_entry(&req, &key, turn).within(&self.limits);
+                        if let Some(journal) = &journal
+                            && let Err(error) = journal.write(&started).await
+                        {
+                            tracing::error!(key = %key, %error, "the start of an at-most-once call could not be journaled: it does not run");
+                            drop(claim);
+                            return Rejection::new(ToolErrorKind::ExecutionFailed)
+                                .with_detail(
+                                    "not run: its start could not be recorded, and this tool must never run twice",
+                                )
+                                .respond(&req);
+                        }
+                        claim.started = Some(Box::new((started, self.limits)));
                     }
                     let recording = Recording {
                         inner: req.cx.state_access(),
@@ -650,6 +801,7 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         turn,
                         args_digest: None,
                         state_updates,
+                        started: false,
                     }
                     .within(&self.limits);
                     // Written ahead: durable before anyone uses the result.
@@ -695,6 +847,7 @@ mod tests {
             turn: 0,
             args_digest: None,
             state_updates: Vec::new(),
+            started: false,
         }
     }
 
@@ -764,6 +917,55 @@ mod tests {
             ledger.begin("k", "pay", &args, &limits, now, 0),
             Begin::Run(_)
         ));
+    }
+
+    #[test]
+    fn a_dropped_claim_of_a_started_call_leaves_its_start_and_the_call_never_runs_again() {
+        let ledger = IdempotencyLedger::new();
+        let limits = IdempotencyLimits::default();
+        let args = json!({"amount": 1});
+        let now = SystemTime::now();
+        let Begin::Run(mut claim) = ledger.begin("k", "pay", &args, &limits, now, 0) else {
+            panic!("the first call runs");
+        };
+        let mut started = entry("k", "interrupted", now_ms());
+        started.started = true;
+        claim.started = Some(Box::new((started, limits)));
+        drop(claim);
+        assert!(matches!(
+            ledger.begin("k", "pay", &args, &limits, now, 0),
+            Begin::Replay(e) if e.started && e.result.content == "interrupted"
+        ));
+        // A completed claim replaces the start with its real entry.
+        let ledger = IdempotencyLedger::new();
+        let Begin::Run(mut claim) = ledger.begin("k", "pay", &args, &limits, now, 0) else {
+            panic!("the first call runs");
+        };
+        let mut started = entry("k", "interrupted", now_ms());
+        started.started = true;
+        claim.started = Some(Box::new((started, limits)));
+        claim.complete(entry("k", "paid", now_ms()), &limits);
+        assert!(matches!(
+            ledger.begin("k", "pay", &args, &limits, now, 0),
+            Begin::Replay(e) if !e.started && e.result.content == "paid"
+        ));
+    }
+
+    #[test]
+    fn a_start_with_arguments_too_large_to_keep_still_says_interrupted() {
+        let limits = IdempotencyLimits {
+            ttl: Duration::from_secs(60),
+            max_entries: 100,
+            max_bytes: 4000,
+        };
+        let mut started = entry("k", "interrupted", now_ms());
+        started.started = true;
+        started.args = json!({"body": "b".repeat(5000)});
+        let kept = started.within(&limits);
+        assert_eq!(kept.args, Value::Null);
+        assert!(kept.args_digest.is_some());
+        assert_eq!(kept.result.content, "interrupted");
+        assert!(kept.started);
     }
 
     #[test]

@@ -40,7 +40,8 @@ pub use execute::{
 };
 pub use gate::{Gate, GateLayer, Gated};
 pub use idempotency::{
-    IdempotencyLayer, IdempotencyLedger, IdempotencyLimits, LedgerEntry, StoredResult,
+    IdempotencyLayer, IdempotencyLedger, IdempotencyLimits, InterruptedCall, LedgerEntry,
+    StoredResult,
 };
 pub use latency::LatencyLayer;
 pub use metadata::{Category, Mode, ToolMetadata};

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
+use markov_core::tool::Delivery;
 use serde::Serialize;
 
 /// The kind of session a call runs in (`text`, `voice`, or an application's
@@ -76,7 +77,8 @@ impl fmt::Display for Category {
 /// The registry's facts about one tool.
 ///
 /// Defaults: every mode allowed, no confirmation, a 2 s latency budget,
-/// version `"1.0.0"`, no timeout.
+/// version `"1.0.0"`, no timeout, the [`Delivery`] the tool's definition
+/// states (or its default).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolMetadata {
     allowed_modes: Option<Vec<Mode>>,
@@ -85,6 +87,7 @@ pub struct ToolMetadata {
     latency_budget: Duration,
     version: String,
     timeout: Option<Duration>,
+    delivery: Option<Delivery>,
 }
 
 impl ToolMetadata {
@@ -97,6 +100,7 @@ impl ToolMetadata {
             latency_budget: Duration::from_secs(2),
             version: "1.0.0".to_owned(),
             timeout: None,
+            delivery: None,
         }
     }
 
@@ -133,6 +137,21 @@ impl ToolMetadata {
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
+    }
+
+    /// States the tool's [`Delivery`] contract, over what its definition
+    /// says: what a resumed conversation does with a call interrupted
+    /// before its result was recorded.
+    #[must_use]
+    pub fn with_delivery(mut self, delivery: Delivery) -> Self {
+        self.delivery = Some(delivery);
+        self
+    }
+
+    /// The [`Delivery`] contract set by [`with_delivery`](Self::with_delivery),
+    /// if any.
+    pub fn delivery(&self) -> Option<Delivery> {
+        self.delivery
     }
 
     /// The allowed modes; `None` allows every mode.

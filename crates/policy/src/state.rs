@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 use crate::answers::{PendingAnswers, RecordedAnswer};
 use crate::budget::{BudgetRecord, TurnBudgets};
 use crate::confirm::{ApprovalRecord, Approvals};
-use crate::idempotency::{IdempotencyLedger, IdempotencyLimits, LedgerEntry};
+use crate::idempotency::{IdempotencyLedger, IdempotencyLimits, InterruptedCall, LedgerEntry};
 use crate::repeat::{RepeatCounts, RepeatRecord};
 
 /// Where a conversation writes, ahead of their use, the model's answers
@@ -65,6 +65,9 @@ pub struct PolicyState {
     repeats: RepeatCounts,
     answers: PendingAnswers,
     journal: Mutex<Option<Arc<dyn Journal>>>,
+    /// At-most-once calls answered `INTERRUPTED` since the application
+    /// last took them.
+    interrupted: Mutex<Vec<InterruptedCall>>,
 }
 
 impl std::fmt::Debug for PolicyState {
@@ -93,6 +96,7 @@ impl Default for PolicyState {
             repeats: RepeatCounts::default(),
             answers: PendingAnswers::default(),
             journal: Mutex::new(None),
+            interrupted: Mutex::new(Vec::new()),
         }
     }
 }
@@ -280,6 +284,22 @@ impl PolicyState {
     /// only from now on (a machine taken out of a store's hands).
     pub fn clear_journal(&self) {
         *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// Takes the at-most-once calls answered `INTERRUPTED` since the last
+    /// take, oldest first: calls that started and whose result was never
+    /// recorded, which were not run again. A machine puts them in its next
+    /// step (`MachineStep::interrupted`), for a person to reconcile.
+    pub fn take_interrupted(&self) -> Vec<InterruptedCall> {
+        std::mem::take(&mut *self.interrupted.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Records a call answered `INTERRUPTED`.
+    pub(crate) fn note_interrupted(&self, call: InterruptedCall) {
+        self.interrupted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(call);
     }
 
     /// The journal, if one is set.

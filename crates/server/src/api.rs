@@ -478,8 +478,9 @@ enum Work {
 /// One step as a client sees it: its messages (assistant text also as
 /// sanitized HTML, see `markdown::with_html`), why it ended, the response
 /// (and its HTML), the calls waiting for approval, the model that answered,
-/// what the step and the turn and session so far used, and the usage limit
-/// that ended the run, if one did.
+/// what the step and the turn and session so far used, the usage limit
+/// that ended the run, if one did, and the at-most-once calls it answered
+/// `INTERRUPTED` (for a person to reconcile).
 #[derive(Debug, Serialize)]
 struct StepEvent<'a> {
     yield_reason: &'static str,
@@ -496,6 +497,8 @@ struct StepEvent<'a> {
     totals: &'a markov_executor::UsageTotals,
     #[serde(skip_serializing_if = "Option::is_none")]
     usage_limit: Option<String>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    interrupted: &'a [markov_policy::InterruptedCall],
 }
 
 fn step_json(step: &MachineStep) -> String {
@@ -510,6 +513,7 @@ fn step_json(step: &MachineStep) -> String {
         usage: &step.usage,
         totals: &step.totals,
         usage_limit: step.usage_limit.map(|limit| limit.to_string()),
+        interrupted: &step.interrupted,
     };
     serde_json::to_string(&body).unwrap_or_else(|_| "{}".into())
 }

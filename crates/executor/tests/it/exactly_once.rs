@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::common::*;
 use markov_core::Item;
 use markov_core::async_trait;
-use markov_core::tool::{Tool, ToolContext};
+use markov_core::tool::{Delivery, Tool, ToolContext};
 use markov_executor::{
     Action, Instance, RunOptions, RunState, StandardExecutor, run_leaves, serialize_machine,
 };
@@ -244,5 +244,202 @@ async fn a_call_id_reused_in_a_later_step_is_a_new_call_with_its_own_key() {
     assert_ne!(
         results[0].1, results[1].1,
         "each call hands the outside world its own idempotency key"
+    );
+}
+
+/// Sends an email (it honours no idempotency key): counts its executions,
+/// and hangs the first time, right after its effect.
+struct SendEmail {
+    sent: Arc<AtomicUsize>,
+    hung: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl Tool for SendEmail {
+    const NAME: &'static str = "send_email";
+    const DELIVERY: Option<Delivery> = Some(Delivery::AtMostOnce);
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Send the email".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        if !self.hung.swap(true, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        Ok("sent".into())
+    }
+}
+
+/// A step whose at-most-once call hangs after its effect is abandoned there
+/// (the process dies); a fresh machine restored from what the
+/// application's journal kept answers the call `INTERRUPTED`, names it on
+/// a step, and never runs it again.
+#[tokio::test]
+async fn an_at_most_once_call_interrupted_in_a_journaled_step_is_answered_interrupted_after_a_restore()
+ {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let hung = Arc::new(AtomicBool::new(false));
+    let node = Node::builder("Send emails.")
+        .tool(SendEmail {
+            sent: Arc::clone(&sent),
+            hung: Arc::clone(&hung),
+        })
+        .build()
+        .expect("node");
+    let charter = Charter::builder("mail")
+        .node("mail", node.clone())
+        .build()
+        .expect("charter");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("send_email", json!({}))
+            .text("Not sure it went.")
+            .build()
+            .fresh_call_ids(),
+    );
+    let mut machine = machine_on(
+        charter.clone(),
+        StandardExecutor::shared(model.clone()),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine");
+    let kept = Arc::new(Kept::default());
+    machine
+        .policy_state()
+        .set_journal(Arc::new(AppJournal(Arc::clone(&kept))));
+    machine.enqueue_user("send it");
+    let mut state = RunState::new(RunOptions::default());
+    let Action::RunLeaves(tasks) = state.next(&mut machine).expect("a step") else {
+        panic!("the step runs a leaf");
+    };
+    let mut saved = serialize_machine(&machine)
+        .expect("serializes")
+        .into_owned();
+    let saved_run = state.clone();
+    let interrupted = tokio::time::timeout(
+        Duration::from_millis(300),
+        run_leaves(&machine, &state, &tasks),
+    )
+    .await;
+    assert!(interrupted.is_err(), "the step never finished");
+    assert_eq!(sent.load(Ordering::SeqCst), 1);
+
+    drop(machine);
+    saved.policy.answers = kept.answers.lock().expect("lock").clone();
+    saved.policy.ledger = kept.ledger.lock().expect("lock").clone();
+    assert!(
+        saved.policy.ledger.iter().any(|e| e.started),
+        "the start was journaled before the tool ran"
+    );
+    let mut machine = restore_on(
+        charter,
+        Arc::new(StandardExecutor::shared(model.clone())),
+        saved,
+    )
+    .expect("restores");
+    let mut state = saved_run;
+    let mut named = Vec::new();
+    loop {
+        match state.next(&mut machine).expect("steps") {
+            Action::RunLeaves(tasks) => {
+                let results = run_leaves(&machine, &state, &tasks).await;
+                let step = state
+                    .on_leaf_results(&mut machine, &tasks, results)
+                    .expect("recorded");
+                named.extend(step.interrupted);
+            }
+            Action::Yield(step) => named.extend(step.interrupted),
+            _ => break,
+        }
+    }
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        1,
+        "the email was not sent again"
+    );
+    let history = machine.history();
+    assert_paired(history);
+    let results: Vec<&str> = history
+        .iter()
+        .flat_map(|m| m.item_list())
+        .filter_map(|i| match i {
+            Item::ToolResult { content, .. } => Some(content.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 1, "one result: {results:?}");
+    assert!(results[0].contains("\"INTERRUPTED\""), "{}", results[0]);
+    assert_eq!(named.len(), 1, "the call is named to the application");
+    assert_eq!(named[0].tool, "send_email");
+    assert_eq!(
+        model.calls(),
+        2,
+        "the model was asked once more: after the interrupted result"
+    );
+}
+
+/// A journal that cannot write the start of an at-most-once call.
+struct NoStarts;
+
+#[async_trait]
+impl Journal for NoStarts {
+    async fn write(&self, entry: &LedgerEntry) -> Result<(), String> {
+        if entry.started {
+            return Err("the disk is full".into());
+        }
+        Ok(())
+    }
+
+    async fn write_answers(&self, _: &[RecordedAnswer]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn an_at_most_once_call_whose_start_cannot_be_journaled_does_not_run() {
+    let sent = Arc::new(AtomicUsize::new(0));
+    let node = Node::builder("Send emails.")
+        .tool(SendEmail {
+            sent: Arc::clone(&sent),
+            hung: Arc::new(AtomicBool::new(true)),
+        })
+        .build()
+        .expect("node");
+    let charter = Charter::builder("mail")
+        .node("mail", node.clone())
+        .build()
+        .expect("charter");
+    let model = ScriptedModel::builder()
+        .tool_call("send_email", json!({}))
+        .text("It could not be sent.")
+        .build();
+    let mut machine = machine_on(
+        charter,
+        StandardExecutor::new(model),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine");
+    machine.policy_state().set_journal(Arc::new(NoStarts));
+    machine.enqueue_user("send it");
+    let last = machine.run().await.expect("runs");
+    assert!(last.done);
+    assert_eq!(sent.load(Ordering::SeqCst), 0, "the tool never ran");
+    let results: Vec<String> = machine
+        .history()
+        .iter()
+        .flat_map(|m| m.item_list())
+        .filter_map(|i| match i {
+            Item::ToolResult { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(
+        results[0].contains("EXECUTION_FAILED") && results[0].contains("could not be recorded"),
+        "{}",
+        results[0]
     );
 }

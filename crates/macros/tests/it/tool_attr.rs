@@ -102,6 +102,47 @@ fn needs_approval_marks_the_definition_and_nothing_else() {
     );
 }
 
+/// Sends an email: it cannot honour an idempotency key.
+#[tool(at_most_once)]
+async fn send_email(to: String) -> String {
+    format!("sent to {to}")
+}
+
+/// Refunds, deduplicated by the provider's idempotency key.
+#[tool(needs_approval, at_least_once)]
+async fn refund(amount: u32) -> String {
+    format!("refunded {amount}")
+}
+
+#[test]
+fn at_most_once_and_at_least_once_set_the_delivery_contract() {
+    use markov_core::tool::Delivery;
+    let email = Erased::new(SendEmail).expect("a valid name");
+    assert_eq!(email.definition().delivery, Some(Delivery::AtMostOnce));
+    assert!(!email.definition().needs_approval);
+    assert_eq!(
+        email.definition().effective_delivery(),
+        Delivery::AtMostOnce
+    );
+    let refund = Erased::new(Refund).expect("a valid name");
+    assert_eq!(refund.definition().delivery, Some(Delivery::AtLeastOnce));
+    assert_eq!(
+        refund.definition().effective_delivery(),
+        Delivery::AtLeastOnce,
+        "a tool that needs approval is opted back into at least once"
+    );
+    // Unstated: the default follows the approval.
+    let transfer = Erased::new(Transfer).expect("a valid name");
+    assert_eq!(transfer.definition().delivery, None);
+    assert_eq!(
+        transfer.definition().effective_delivery(),
+        Delivery::AtMostOnce
+    );
+    let add = Erased::new(Add).expect("a valid name");
+    assert_eq!(add.definition().delivery, None);
+    assert_eq!(add.definition().effective_delivery(), Delivery::AtLeastOnce);
+}
+
 #[test]
 fn terminal_marks_the_definition_and_nothing_else() {
     const { assert!(<Answer as Tool>::TERMINAL) };

@@ -720,6 +720,52 @@ async fn a_second_concurrent_call_with_one_key_waits_for_the_first() {
     assert_eq!(f.sleeps.load(Ordering::SeqCst), 1, "the tool ran once");
 }
 
+/// A registry of [`Sleep`] with `metadata`, and the call `k` of it,
+/// dropped while the tool runs, then made again: its result, unless it is
+/// still running after a while (it ran again), and the tool's runs.
+async fn dropped_then_again(metadata: ToolMetadata) -> (Option<Executed>, usize) {
+    let sleeps = Arc::new(AtomicUsize::new(0));
+    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+        .register(Sleep(sleeps.clone()), metadata)
+        .lock()
+        .expect("the registry locks");
+    let turn = TurnBudgetState::new();
+    let args = || json!({"ms": 10_000});
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(20),
+        call(&registry, &Mode::TEXT, &turn, "k", "sleep", args()),
+    )
+    .await;
+    assert!(dropped.is_err(), "dropped while the tool ran");
+    let again = tokio::time::timeout(
+        Duration::from_millis(100),
+        call(&registry, &Mode::TEXT, &turn, "k", "sleep", args()),
+    )
+    .await
+    .ok();
+    (again, sleeps.load(Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn an_at_most_once_call_dropped_while_it_ran_is_answered_interrupted_and_never_runs_again() {
+    let (again, runs) = dropped_then_again(
+        ToolMetadata::new(Category::Action).with_delivery(markov_core::tool::Delivery::AtMostOnce),
+    )
+    .await;
+    assert_eq!(runs, 1, "the tool ran once");
+    let again = again.expect("answered at once");
+    assert_eq!(again.error, Some(ToolErrorKind::Interrupted));
+    assert_eq!(error_type(&again).as_deref(), Some("INTERRUPTED"));
+    assert!(again.result.is_error);
+}
+
+#[tokio::test]
+async fn an_at_least_once_call_dropped_while_it_ran_runs_again() {
+    let (again, runs) = dropped_then_again(ToolMetadata::new(Category::Retrieval)).await;
+    assert!(again.is_none(), "running again: {again:?}");
+    assert_eq!(runs, 2, "the call ran again");
+}
+
 #[tokio::test]
 async fn garbled_arguments_reach_no_stage_and_no_tool() {
     let f = fixture();

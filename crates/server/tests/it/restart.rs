@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use markov_core::async_trait;
-use markov_core::tool::{Tool, ToolContext};
+use markov_core::tool::{Delivery, Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{Budget, Category, PolicyConfig, ToolMetadata};
 use markov_server::{Server, create_api_key};
@@ -79,13 +79,18 @@ impl Tool for Hang {
 }
 
 fn agent(dir: &Path, model: ScriptedModel) -> Agent {
+    agent_with(dir, model, ToolMetadata::new(Category::Other))
+}
+
+/// [`agent`], its `hang` tool registered with `hang`.
+fn agent_with(dir: &Path, model: ScriptedModel, hang: ToolMetadata) -> Agent {
     Agent::builder("payments")
         .instructions("You pay bills.")
         .tool_with(
             Pay(dir.join("effects")),
             ToolMetadata::new(Category::Action),
         )
-        .tool_with(Hang(dir.join("marker")), ToolMetadata::new(Category::Other))
+        .tool_with(Hang(dir.join("marker")), hang)
         .policies(PolicyConfig::new(Budget::UNLIMITED))
         .model(model)
         .build()
@@ -183,7 +188,12 @@ fn server_child() {
         let key = create_api_key(&store, "alice", &[]).await.expect("a key");
         std::fs::write(dir.join("key"), &key.key).expect("the key is written");
         drop(store);
-        let base = serve(&dir, agent(&dir, model)).await;
+        let hang = if std::env::var_os("MARKOV_SERVER_AT_MOST_ONCE").is_some() {
+            ToolMetadata::new(Category::Other).with_delivery(Delivery::AtMostOnce)
+        } else {
+            ToolMetadata::new(Category::Other)
+        };
+        let base = serve(&dir, agent_with(&dir, model, hang)).await;
         std::fs::write(dir.join("base"), &base).expect("the address is written");
         std::future::pending::<()>().await;
     });
@@ -308,6 +318,118 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
         "the interrupted turn first, then the new message"
     );
     assert_calls_once_and_payment_from_the_ledger(&session);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_inside_an_at_most_once_call_answers_it_interrupted_in_the_step_event() {
+    let dir = std::env::temp_dir().join(format!(
+        "markov-server-at-most-once-{}-{}",
+        std::process::id(),
+        uuid_like()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "restart::server_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("MARKOV_SERVER_DIR", &dir)
+        .env("MARKOV_SERVER_AT_MOST_ONCE", "1")
+        .spawn()
+        .expect("the server starts");
+    wait_for(&dir.join("base"), &mut child).await;
+    let base = std::fs::read_to_string(dir.join("base")).expect("the address");
+    let key = std::fs::read_to_string(dir.join("key")).expect("the key");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let created: Value = client
+        .post(format!("{base}/sessions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    let id = created["id"].as_str().expect("an id").to_owned();
+    // The turn pays, then hangs inside its at-most-once `hang` call.
+    let url = format!("{base}/sessions/{id}/messages");
+    let pending = tokio::spawn({
+        let client = client.clone();
+        let key = key.clone();
+        async move {
+            client
+                .post(url)
+                .bearer_auth(&key)
+                .json(&json!({"text": "pay 5"}))
+                .send()
+                .await
+        }
+    });
+    wait_for(&dir.join("marker"), &mut child).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let _ = pending.await;
+
+    let model = ScriptedModel::builder()
+        .text("Paid 5; the wait may not have happened.")
+        .text("You said: thanks")
+        .build()
+        .fresh_call_ids();
+    let hang = ToolMetadata::new(Category::Other).with_delivery(Delivery::AtMostOnce);
+    let base = serve(&dir, agent_with(&dir, model, hang)).await;
+    let response = client
+        .post(format!("{base}/sessions/{id}/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"text": "thanks"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 200);
+    let stream = response.text().await.expect("the stream");
+    assert!(stream.contains("event: done"), "{stream}");
+    let named: Vec<Value> = stream
+        .lines()
+        .filter_map(|line| line.strip_prefix("data: "))
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|event| event["interrupted"].as_array().cloned())
+        .flatten()
+        .collect();
+    assert_eq!(named.len(), 1, "one step event names the call: {stream}");
+    assert_eq!(named[0]["tool"], "hang");
+    assert_eq!(named[0]["args"], json!({}));
+    assert!(named[0]["call_id"].is_string(), "{}", named[0]);
+    assert_eq!(lines(&dir.join("effects")), 1, "paid once");
+
+    let session: Value = client
+        .get(format!("{base}/sessions/{id}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    let results: Vec<String> = session["history"]
+        .as_array()
+        .expect("a history")
+        .iter()
+        .filter_map(|m| m["items"].as_array())
+        .flatten()
+        .filter(|i| i["type"] == "tool_result")
+        .filter_map(|i| i["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(results.len(), 2, "{results:?}");
+    assert_eq!(results[0], r#"{"ok":true,"data":"paid 5"}"#);
+    assert!(
+        results[1].contains(r#""type":"INTERRUPTED""#),
+        "{}",
+        results[1]
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

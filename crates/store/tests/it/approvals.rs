@@ -268,7 +268,9 @@ async fn a_request_that_expires_while_the_session_is_stored_is_answered_as_expir
 
 /// Pays (deduplicated by the call's idempotency key, as a payment
 /// provider does), then, the first time, hangs: the moment a worker dies.
-/// Needs approval by its own definition.
+/// Needs approval by its own definition, and, since the provider honours
+/// the key, says it may run again (at least once) rather than the default
+/// of a tool that needs approval.
 struct PayThenHang {
     effects: std::path::PathBuf,
     marker: std::path::PathBuf,
@@ -278,6 +280,8 @@ struct PayThenHang {
 impl markov_core::tool::Tool for PayThenHang {
     const NAME: &'static str = "pay_then_hang";
     const NEEDS_APPROVAL: bool = true;
+    const DELIVERY: Option<markov_core::tool::Delivery> =
+        Some(markov_core::tool::Delivery::AtLeastOnce);
     type Args = PayArgs;
     type Output = String;
     type Error = std::io::Error;

@@ -10,9 +10,12 @@ use std::time::Duration;
 use crate::common::*;
 use markov_core::Item;
 use markov_core::async_trait;
+use markov_core::tool::Delivery;
 use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Executor, Machine, RunOptions, StandardExecutor};
-use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
+use markov_executor::{Executor, Machine, RunOptions, StandardExecutor, YieldReason};
+use markov_policy::{
+    Budget, Category, Decision, Mode, PolicyConfig, ToolErrorKind, ToolMetadata, ToolRegistry,
+};
 use markov_store::{
     DurableError, DurableMachine, SessionId, SqliteStore, Store, StoreError, WorkerId,
 };
@@ -47,6 +50,12 @@ fn child_steps(mode: &str) -> Vec<Vec<(&'static str, serde_json::Value)>> {
             ("big", json!({"ratio": 212.918_907_267_134_59})),
             ("hang", json!({})),
         ]],
+        // An at-most-once notification hangs right after its side effect
+        // (stated at most once, or by default as a tool that needs
+        // approval).
+        "inside-notify" | "approved-notify" | "approved-notify-again" => {
+            vec![vec![("notify", json!({"to": "ops"}))]]
+        }
         other => panic!("unknown crash mode {other}"),
     }
 }
@@ -85,6 +94,35 @@ fn crash_executor(
     dir: &Dir,
     mode: &str,
 ) -> StandardExecutor {
+    match mode {
+        "inside-notify" => {
+            return notify_executor(
+                model,
+                dir,
+                ToolMetadata::new(Category::Action).with_delivery(Delivery::AtMostOnce),
+            );
+        }
+        // Nothing said of its delivery: needing approval makes it at most
+        // once.
+        "approved-notify" => {
+            return notify_executor(
+                model,
+                dir,
+                ToolMetadata::new(Category::Action).with_confirmation(),
+            );
+        }
+        // Opted back into at least once: it runs again on resume.
+        "approved-notify-again" => {
+            return notify_executor(
+                model,
+                dir,
+                ToolMetadata::new(Category::Action)
+                    .with_confirmation()
+                    .with_delivery(Delivery::AtLeastOnce),
+            );
+        }
+        _ => {}
+    }
     if mode.starts_with("big") {
         let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
             .register(
@@ -138,6 +176,19 @@ fn crash_child() {
         .await
         .expect("created");
         session.machine().enqueue_user("pay 5");
+        if mode.starts_with("approved-notify") {
+            let paused = session.run().await.expect("runs until the approval");
+            assert_eq!(paused.yield_reason, YieldReason::AwaitingApproval);
+            let request = session.machine().approvals().pending()[0]
+                .request_id
+                .clone();
+            session
+                .decide(&request, Decision::Approve)
+                .await
+                .expect("approved");
+            // Never returns: the approved call hangs.
+            let _ = session.resume().await;
+        }
         // Never returns: a tool hangs until the process is killed.
         let _ = session.run().await;
     });
@@ -281,6 +332,107 @@ async fn a_worker_killed_inside_the_payment_resumes_it_with_the_same_idempotency
         1,
         "so the payment provider deduplicated it: paid once"
     );
+}
+
+/// Kills the crash child of `mode` inside its at-most-once `notify` call,
+/// resumes its session in another worker, and checks that the call was
+/// answered `INTERRUPTED`, once, without running again, and named to the
+/// application in a step.
+async fn an_interrupted_notification_is_not_sent_again(mode: &str) {
+    let dir = Dir::new(mode);
+    kill_child_when_it_hangs(&dir, mode).await;
+    let notices = dir.path("notices");
+    assert_eq!(lines(&notices), 1, "notified before the crash");
+    let recorded = store(&dir)
+        .load(&SessionId::new("crash"))
+        .await
+        .expect("loads");
+    let started: Vec<_> = recorded
+        .snapshot
+        .policy
+        .ledger
+        .iter()
+        .filter(|e| e.started)
+        .collect();
+    assert_eq!(started.len(), 1, "the start was durable before the effect");
+    let answered: Vec<String> = recorded.snapshot.policy.answers[0]
+        .response
+        .tool_calls()
+        .map(|(id, _, _)| id.to_string())
+        .collect();
+
+    let model = Arc::new(ProviderLike::new(child_steps(mode), "Paid 5."));
+    let mut session = take_over(&dir, mode, model.clone()).await;
+    assert!(session.is_interrupted(), "the run was in progress");
+    let mut steps = Vec::new();
+    let last = session
+        .run_each_step(|step| steps.push(step.clone()))
+        .await
+        .expect("the run continues");
+    assert!(last.done);
+    assert_eq!(lines(&notices), 1, "not run again");
+    let history = session.machine().history();
+    assert_eq!(
+        call_ids(history),
+        answered,
+        "the recorded call was answered"
+    );
+    let (result, is_error) = only_result(history);
+    assert!(is_error, "{result}");
+    let envelope: serde_json::Value = serde_json::from_str(&result).expect("an envelope");
+    assert_eq!(
+        envelope["error"]["type"],
+        ToolErrorKind::Interrupted.as_str(),
+        "{result}"
+    );
+    let message = envelope["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("outcome is unknown") && message.contains("not run again"),
+        "{message}"
+    );
+    let interrupted: Vec<_> = steps.iter().flat_map(|s| s.interrupted.clone()).collect();
+    assert_eq!(interrupted.len(), 1, "named once to the application");
+    assert_eq!(interrupted[0].call_id.to_string(), answered[0]);
+    assert_eq!(interrupted[0].tool, "notify");
+    assert_eq!(interrupted[0].args, json!({"to": "ops"}));
+    assert_eq!(
+        model.served(),
+        1,
+        "the model was asked only for the reply after the interrupted result"
+    );
+    assert_eq!(history.last().map(|m| m.text()).as_deref(), Some("Paid 5."));
+}
+
+#[tokio::test]
+async fn a_worker_killed_inside_an_at_most_once_call_answers_it_interrupted_and_never_runs_it_again()
+ {
+    an_interrupted_notification_is_not_sent_again("inside-notify").await;
+}
+
+#[tokio::test]
+async fn an_approved_call_is_at_most_once_by_default_and_a_crash_inside_it_never_runs_it_again() {
+    an_interrupted_notification_is_not_sent_again("approved-notify").await;
+}
+
+#[tokio::test]
+async fn an_approved_call_opted_into_at_least_once_runs_again_after_a_crash_inside_it() {
+    let mode = "approved-notify-again";
+    let dir = Dir::new(mode);
+    kill_child_when_it_hangs(&dir, mode).await;
+    let notices = dir.path("notices");
+    assert_eq!(lines(&notices), 1, "notified before the crash");
+    let model = Arc::new(ProviderLike::new(child_steps(mode), "Paid 5."));
+    let mut session = take_over(&dir, mode, model).await;
+    let mut steps = Vec::new();
+    let last = session
+        .run_each_step(|step| steps.push(step.clone()))
+        .await
+        .expect("the run continues");
+    assert!(last.done);
+    assert_eq!(lines(&notices), 2, "run again: nothing recorded its start");
+    let (result, is_error) = only_result(session.machine().history());
+    assert!(!is_error && result.contains("notified ops"), "{result}");
+    assert!(steps.iter().all(|s| s.interrupted.is_empty()));
 }
 
 #[tokio::test]

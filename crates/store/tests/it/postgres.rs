@@ -270,6 +270,82 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     ));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_at_most_once_call_abandoned_by_its_worker_is_answered_interrupted_by_another() {
+    let Some(server) = server() else { return };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("pg-at-most-once");
+    let steps = || vec![vec![("notify", json!({"to": "ops"}))]];
+    let at_most_once = || {
+        markov_policy::ToolMetadata::new(markov_policy::Category::Action)
+            .with_delivery(markov_core::tool::Delivery::AtMostOnce)
+    };
+    // The first worker notifies, then hangs; it is abandoned there, as a
+    // crashed process would be.
+    let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
+    let (charter, _) = charter();
+    let machine = markov_executor::Agent::on_charter(charter.clone())
+        .executor(notify_executor(model, &dir, at_most_once()))
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine builds");
+    let dead = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    let mut first = DurableMachine::create_with(
+        dead,
+        SessionId::new("once"),
+        WorkerId::new("first"),
+        machine,
+        markov_store::CreateOptions::default().lease(Duration::from_millis(300)),
+    )
+    .await
+    .expect("created");
+    first.machine().enqueue_user("pay 5");
+    let abandoned = tokio::time::timeout(Duration::from_millis(500), first.run()).await;
+    assert!(abandoned.is_err(), "the first worker never finished");
+    drop(first);
+    assert_eq!(lines(&dir.path("notices")), 1);
+
+    let survivor = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    let mut claimed = None;
+    for _ in 0..100 {
+        claimed = survivor
+            .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
+            .await
+            .expect("claims");
+        if claimed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    claimed.expect("the interrupted session");
+    let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
+    let executor: Arc<dyn Executor> =
+        Arc::new(notify_executor(model.clone(), &dir, at_most_once()));
+    let mut session = DurableMachine::open(
+        survivor,
+        SessionId::new("once"),
+        WorkerId::new("second"),
+        &agent_on(&charter, executor),
+    )
+    .await
+    .expect("opens");
+    assert!(session.is_interrupted());
+    let mut named = Vec::new();
+    let last = session
+        .run_each_step(|step| named.extend(step.interrupted.clone()))
+        .await
+        .expect("continues");
+    assert!(last.done);
+    assert_eq!(lines(&dir.path("notices")), 1, "not notified again");
+    let (result, is_error) = only_result(session.machine().history());
+    assert!(is_error && result.contains("\"INTERRUPTED\""), "{result}");
+    assert_eq!(named.len(), 1, "named to the application");
+    assert_eq!(named[0].tool, "notify");
+    assert_eq!(named[0].args, json!({"to": "ops"}));
+    assert_eq!(model.served(), 1, "the model was asked only for the reply");
+}
+
 /// A payment whose side effect is followed by the database going down.
 struct PayThenStopTheDatabase {
     pay: Pay,

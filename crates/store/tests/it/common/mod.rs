@@ -630,3 +630,77 @@ pub async fn usage_contract<S: markov_store::Store + ?Sized + 'static>(
     assert_eq!(stored.snapshot.usage, total);
     (id, total)
 }
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct NotifyArgs {
+    pub to: String,
+}
+
+/// Sends a notification: a side effect that honours no idempotency key, one
+/// line in `effects` per execution. The first time (no `marker` yet) it
+/// writes the marker right after its effect and never finishes: the moment
+/// to kill a process or abandon a worker. Its contract ([`Delivery`]) is
+/// whatever it is registered with.
+///
+/// [`Delivery`]: markov_core::tool::Delivery
+pub struct Notify {
+    pub effects: PathBuf,
+    pub marker: PathBuf,
+}
+
+#[async_trait]
+impl Tool for Notify {
+    const NAME: &'static str = "notify";
+    type Args = NotifyArgs;
+    type Output = String;
+    type Error = std::io::Error;
+    fn description(&self) -> String {
+        "Notify someone".into()
+    }
+    async fn call(&self, args: NotifyArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        append(&self.effects, &format!("notified {}", args.to))?;
+        if !self.marker.exists() {
+            std::fs::write(&self.marker, "notified, hanging")?;
+            std::future::pending::<()>().await;
+        }
+        Ok(format!("notified {}", args.to))
+    }
+}
+
+/// An executor whose registry has [`Notify`] (writing to `dir`'s `notices`
+/// and `marker`) with `metadata`, and [`Note`].
+pub fn notify_executor(
+    model: Arc<dyn Model>,
+    dir: &Dir,
+    metadata: ToolMetadata,
+) -> StandardExecutor {
+    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+        .register(
+            Notify {
+                effects: dir.path("notices"),
+                marker: dir.path("marker"),
+            },
+            metadata,
+        )
+        .register(Note, ToolMetadata::new(Category::Other))
+        .lock()
+        .expect("the registry locks");
+    StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT)
+}
+
+/// The one tool result of `history` (a resumed step answers each call
+/// exactly once), with whether it is an error.
+pub fn only_result(history: &[markov_core::Message]) -> (String, bool) {
+    let results: Vec<(String, bool)> = history
+        .iter()
+        .flat_map(|m| m.item_list())
+        .filter_map(|item| match item {
+            Item::ToolResult {
+                content, is_error, ..
+            } => Some((content.clone(), is_error.unwrap_or(false))),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 1, "exactly one result: {results:?}");
+    results.into_iter().next().unwrap_or_default()
+}
