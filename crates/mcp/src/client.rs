@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use markov_core::async_trait;
 use markov_core::tool::{
-    DynTool, SharedTool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
+    Delivery, DynTool, SharedTool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
 };
 use markov_policy::{Category, ToolMetadata, ToolRegistryBuilder};
 use rmcp::model::{
@@ -705,7 +705,13 @@ impl Inner {
                 .or(tool.title.as_deref())
                 .unwrap_or("")
                 .to_owned();
-            match ToolDefinition::new(offered, description, schema) {
+            let definition = ToolDefinition::new(offered, description, schema).map(|definition| {
+                match delivery_from_hints(tool.annotations.as_ref()) {
+                    Some(delivery) => definition.delivery(delivery),
+                    None => definition,
+                }
+            });
+            match definition {
                 Ok(definition) => out.push(Arc::new(ToolInfo {
                     approval: ApprovalDecision::decide(
                         &self.config,
@@ -1022,6 +1028,23 @@ impl DynTool for McpTool {
     }
 }
 
+/// The side-effect contract the server's hints state: a read-only or
+/// idempotent tool may run again after a crash (with the same idempotency
+/// key, which markov passes in the call's `_meta`); a destructive one that
+/// is not idempotent runs at most once. Without such hints the contract
+/// follows the approval ([`Delivery::default_for`]): a tool that needs
+/// approval runs at most once.
+fn delivery_from_hints(hints: Option<&ToolAnnotations>) -> Option<Delivery> {
+    let hints = hints?;
+    if hints.read_only_hint == Some(true) || hints.idempotent_hint == Some(true) {
+        Some(Delivery::AtLeastOnce)
+    } else if hints.destructive_hint == Some(true) {
+        Some(Delivery::AtMostOnce)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1041,6 +1064,29 @@ mod tests {
         assert_ne!(a, suffixed_name("files_read", "files.read"));
         assert!(a.starts_with("files_read_"));
         assert_eq!(suffixed_name(&"x".repeat(64), "y").len(), 64);
+    }
+
+    #[test]
+    fn delivery_follows_the_hints_and_otherwise_the_approval() {
+        let mut idempotent = annotated(Some(false), Some(true));
+        idempotent.idempotent_hint = Some(true);
+        assert_eq!(
+            delivery_from_hints(Some(&annotated(Some(true), None))),
+            Some(Delivery::AtLeastOnce)
+        );
+        assert_eq!(
+            delivery_from_hints(Some(&idempotent)),
+            Some(Delivery::AtLeastOnce)
+        );
+        assert_eq!(
+            delivery_from_hints(Some(&annotated(Some(false), Some(true)))),
+            Some(Delivery::AtMostOnce)
+        );
+        assert_eq!(
+            delivery_from_hints(Some(&annotated(Some(false), Some(false)))),
+            None
+        );
+        assert_eq!(delivery_from_hints(None), None);
     }
 
     fn annotated(read_only: Option<bool>, destructive: Option<bool>) -> ToolAnnotations {

@@ -51,6 +51,13 @@
 //! [`McpTool::approval`] says what was decided and why;
 //! [`McpTool::annotations`] keeps the server's hints.
 //!
+//! The hints also state what a crash may repeat (the tool definition's
+//! [`Delivery`](markov_core::tool::Delivery)): a tool marked read-only or
+//! idempotent runs again after a crash with the same idempotency key; one
+//! marked destructive and not idempotent runs at most once (a call found
+//! started on resume is answered `INTERRUPTED`, never run again); without
+//! those hints the contract follows the approval.
+//!
 //! # What the model reads
 //!
 //! A tool's content blocks, as the official clients show them: text as it

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use markov_core::ToolCallId;
-use markov_core::tool::{NoState, SharedTool, ToolCallError, ToolContext, ToolOutcome};
+use markov_core::tool::{Delivery, NoState, SharedTool, ToolCallError, ToolContext, ToolOutcome};
 use markov_mcp::{McpClient, McpError, McpServerConfig};
 use markov_policy::{Budget, Mode, PolicyConfig, ToolRegistry, TurnBudgetState};
 use serde_json::{Value, json};
@@ -214,6 +214,7 @@ async fn destructive_tools_need_approval_and_read_only_ones_do_not() {
         .await
         .expect("connects");
     let needs = std::sync::Mutex::new(std::collections::BTreeMap::new());
+    let deliveries = std::sync::Mutex::new(std::collections::BTreeMap::new());
     let registry = client
         .register(
             ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED)),
@@ -222,6 +223,10 @@ async fn destructive_tools_need_approval_and_read_only_ones_do_not() {
                     .lock()
                     .expect("not poisoned")
                     .insert(tool.remote_name().to_owned(), tool.approval());
+                deliveries.lock().expect("not poisoned").insert(
+                    tool.remote_name().to_owned(),
+                    tool.definition().effective_delivery(),
+                );
                 McpClient::default_metadata(tool)
             },
         )
@@ -234,6 +239,16 @@ async fn destructive_tools_need_approval_and_read_only_ones_do_not() {
         let decision = needs[name];
         assert!(decision.required, "{name}");
         assert_eq!(decision.reason, "the server marks it destructive");
+    }
+    // The hints state the side-effect contract too: a destructive change
+    // that is not idempotent (an edit, a move) never runs twice after a
+    // crash; a read, or a write of the same bytes (marked idempotent), may.
+    let deliveries = deliveries.into_inner().expect("not poisoned");
+    for name in ["edit_file", "move_file"] {
+        assert_eq!(deliveries[name], Delivery::AtMostOnce, "{name}");
+    }
+    for name in ["write_file", "read_text_file", "list_directory"] {
+        assert_eq!(deliveries[name], Delivery::AtLeastOnce, "{name}");
     }
     // Not destructive, but not read-only either: it changes things.
     assert!(needs["create_directory"].required);
