@@ -1,0 +1,1 @@
+//! The integration tests of this crate, one binary: one module per area.
