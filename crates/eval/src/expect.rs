@@ -18,7 +18,7 @@ use crate::judge;
 
 /// One expectation of a case, as the dataset writes it (`kind = "..."`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
 pub enum Expect {
     /// The tools called, in the way `mode` says, each with arguments that
@@ -398,7 +398,9 @@ impl CaseRun {
                 call.is_error = *is_error == Some(true);
             }
         }
-        let output = steps.last().and_then(MachineStep::output);
+        let output = steps
+            .last()
+            .and_then(|last| last.output().or_else(|| structured_output(&last.history)));
         CaseRun {
             case: case.into(),
             steps,
@@ -428,6 +430,20 @@ impl CaseRun {
             })
             .collect()
     }
+}
+
+/// The structured output of a step's last assistant message (an agent
+/// with an output type records its answer as `output` items): a string as
+/// it is, other JSON as its text.
+fn structured_output(history: &[Message]) -> Option<String> {
+    let message = history.iter().rev().find(|m| m.role == Role::Assistant)?;
+    message.item_list().iter().find_map(|item| match item {
+        Item::Output {
+            data: Value::String(s),
+        } => Some(s.clone()),
+        Item::Output { data } => Some(data.to_string()),
+        _ => None,
+    })
 }
 
 /// Whether `actual` contains `expected`: objects key by key, recursively;
@@ -619,7 +635,7 @@ fn budget(
         over.push(format!("{tokens} tokens > {max}"));
     }
     if let Some(max) = max_cost.filter(|max| run.usage.cost > *max) {
-        over.push(format!("${} > ${max}", run.usage.cost));
+        over.push(format!("{} > {max}", run.usage.cost));
     }
     let ms = u64::try_from(run.latency.as_millis()).unwrap_or(u64::MAX);
     if let Some(max) = max_latency_ms.filter(|max| ms > *max) {

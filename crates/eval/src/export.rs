@@ -67,6 +67,13 @@ pub async fn export_session(store: &dyn Store, id: &SessionId) -> Result<Case, E
                                 None => text.clone(),
                             });
                         }
+                        Item::Output { data } => {
+                            let text = match data {
+                                serde_json::Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            };
+                            answer.text = Some(answer.text.take().unwrap_or_default() + &text);
+                        }
                         Item::ToolUse { id, name, input } => {
                             answer.calls.push(Call {
                                 id: Some(id.to_string()),

@@ -296,7 +296,7 @@ impl Report {
                 format!("{passed}/{}", case.runs.len()),
                 steps,
                 tokens,
-                format!("${}", case.mean_cost()),
+                case.mean_cost().to_string(),
                 case.mean_latency_ms()
             );
             for run in case.runs.iter().filter(|r| !r.passed) {
@@ -316,7 +316,7 @@ impl Report {
         let s = &self.summary;
         let _ = writeln!(
             out,
-            "{} of {} runs passed ({:.0}%), {} errors; {} tokens, ${}; judge {} tokens, ${}; sessions in {}",
+            "{} of {} runs passed ({:.0}%), {} errors; {} tokens, {}; judge {} tokens, {}; sessions in {}",
             s.passed,
             s.runs,
             s.pass_rate * 100.0,
@@ -547,7 +547,7 @@ impl Comparison {
         for d in &self.cases {
             let _ = writeln!(
                 out,
-                "  {}: pass {:.0}% -> {:.0}%, cost ${} -> ${}, time {}ms -> {}ms",
+                "  {}: pass {:.0}% -> {:.0}%, cost {} -> {}, time {}ms -> {}ms",
                 d.case,
                 d.pass_rate.0 * 100.0,
                 d.pass_rate.1 * 100.0,
