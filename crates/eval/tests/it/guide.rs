@@ -143,3 +143,18 @@ async fn a_case_that_errors_is_a_failed_run_with_its_error_and_the_others_still_
     assert!(report.to_junit().contains("<error message="));
     assert_eq!(report.cases[2].pass_rate(), 1.0);
 }
+
+#[test]
+fn the_guide_shows_the_dataset_ci_runs() {
+    let guide = include_str!("../../../../docs/guide/evals.md");
+    let dataset = include_str!("../../datasets/calculator.toml");
+    let block = guide
+        .split("```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the guide has a TOML block");
+    assert!(
+        dataset.contains(block),
+        "the guide's TOML block is not in datasets/calculator.toml:\n{block}"
+    );
+}
