@@ -43,6 +43,11 @@ pub struct Case {
     /// The user turns, in order: each is enqueued and run to the end of
     /// its turn before the next.
     pub input: Vec<String>,
+    /// The state the conversation starts in: an object whose keys replace
+    /// those of the agent's start state (checked against the start node's
+    /// state schema); the agent's start state when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Value>,
     /// How many times the case runs (the dataset's `repeat` when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repeat: Option<u32>,
@@ -227,6 +232,12 @@ impl Dataset {
             }
             if case.input.is_empty() {
                 return Err(invalid(format!("case `{}` has no input", case.id)));
+            }
+            if case.state.as_ref().is_some_and(|s| !s.is_object()) {
+                return Err(invalid(format!(
+                    "case `{}`: `state` must be a table (an object)",
+                    case.id
+                )));
             }
             if case.repeat == Some(0) {
                 return Err(invalid(format!(

@@ -117,6 +117,7 @@ pub async fn export_session(store: &dyn Store, id: &SessionId) -> Result<Case, E
         id: id.to_string(),
         tags: vec!["exported".to_owned()],
         input,
+        state: None,
         repeat: None,
         script,
         judge_script: Vec::new(),

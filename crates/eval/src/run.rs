@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use markov_core::model::{Model, Usage};
-use markov_executor::{Agent, BuildError, MachineStep};
+use markov_executor::{Agent, BuildError, Instance, MachineStep};
 use markov_store::{DurableMachine, SessionId, SqliteStore, Store, WorkerId};
 use serde_json::Value;
 
@@ -377,11 +377,27 @@ impl Runner {
         };
         let agent = (self.factory)(model).map_err(|e| format!("the agent does not build: {e}"))?;
         let schema = agent.start_node().output().map(|o| o.schema().clone());
+        let machine = match &case.state {
+            None => agent.machine(),
+            Some(state) => {
+                let mut start = agent.start_state().clone();
+                match (&mut start, state) {
+                    (Value::Object(start), Value::Object(patch)) => {
+                        start.extend(patch.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    }
+                    (start, state) => *start = state.clone(),
+                }
+                let root = Instance::new(agent.start_node().clone(), start);
+                agent
+                    .machine_at(root)
+                    .map_err(|e| format!("the case's starting state does not fit: {e}"))?
+            }
+        };
         let mut durable = DurableMachine::create(
             store,
             session.clone(),
             WorkerId::new("markov-eval"),
-            agent.machine(),
+            machine,
         )
         .await
         .map_err(|e| format!("cannot store the session: {e}"))?;

@@ -4,3 +4,4 @@ mod export;
 mod fixtures;
 mod guide;
 mod regression;
+mod state;
