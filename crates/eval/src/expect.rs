@@ -348,54 +348,38 @@ impl CaseRun {
         history: Vec<Message>,
         latency: Duration,
     ) -> Self {
+        // Results by call id, from the whole history.
+        let mut results = HashMap::new();
+        for message in &history {
+            for item in message.item_list() {
+                if let Item::ToolResult {
+                    tool_use_id,
+                    content,
+                    is_error,
+                } = item
+                {
+                    results.insert(
+                        tool_use_id.clone(),
+                        (content.clone(), *is_error == Some(true)),
+                    );
+                }
+            }
+        }
         let mut calls: Vec<ToolCall> = Vec::new();
         let mut usage = Usage::default();
         for (n, step) in steps.iter().enumerate() {
             usage += step.usage;
-            for message in &step.history {
-                for item in message.item_list() {
-                    match item {
-                        Item::ToolUse { name, input, .. } if message.role == Role::Assistant => {
-                            calls.push(ToolCall {
-                                step: n + 1,
-                                tool: name.clone(),
-                                args: input.clone(),
-                                result: None,
-                                is_error: false,
-                            });
-                        }
-                        _ => {}
-                    }
+            for message in step.history.iter().filter(|m| m.role == Role::Assistant) {
+                for (id, name, input) in message.tool_uses() {
+                    let result = results.get(id);
+                    calls.push(ToolCall {
+                        step: n + 1,
+                        tool: name.to_owned(),
+                        args: input.clone(),
+                        result: result.map(|(content, _)| content.clone()),
+                        is_error: result.is_some_and(|(_, is_error)| *is_error),
+                    });
                 }
-            }
-        }
-        // Results by call id, from the whole history.
-        let mut ids = Vec::new();
-        let mut results = HashMap::new();
-        for message in &history {
-            for item in message.item_list() {
-                match item {
-                    Item::ToolUse { id, .. } if message.role == Role::Assistant => {
-                        ids.push(id.clone());
-                    }
-                    Item::ToolResult {
-                        tool_use_id,
-                        content,
-                        is_error,
-                    } => {
-                        results.insert(tool_use_id.clone(), (content.clone(), *is_error));
-                    }
-                    _ => {}
-                }
-            }
-        }
-        // The steps' calls are the history's last ones (a case's history
-        // starts empty, so they are all of them).
-        let skip = ids.len().saturating_sub(calls.len());
-        for (call, id) in calls.iter_mut().zip(ids.iter().skip(skip)) {
-            if let Some((content, is_error)) = results.get(id) {
-                call.result = Some(content.clone());
-                call.is_error = *is_error == Some(true);
             }
         }
         let output = steps

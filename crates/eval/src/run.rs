@@ -352,10 +352,16 @@ impl Runner {
     async fn evaluate(&self, expect: &Expect, run: &CaseRun) -> Verdict {
         // An evaluator of one's own may panic: that is its failure, not
         // the run's end.
+        // A judge's call is bounded like a run.
         let future = std::panic::AssertUnwindSafe(expect.evaluate(run, &self.evaluators));
-        match futures::FutureExt::catch_unwind(future).await {
-            Ok(verdict) => verdict,
-            Err(_) => Verdict::fail(format!("the evaluator `{}` panicked", expect.name())),
+        match tokio::time::timeout(self.timeout, futures::FutureExt::catch_unwind(future)).await {
+            Ok(Ok(verdict)) => verdict,
+            Ok(Err(_)) => Verdict::fail(format!("the evaluator `{}` panicked", expect.name())),
+            Err(_) => Verdict::fail(format!(
+                "the evaluator `{}` took longer than {:?}",
+                expect.name(),
+                self.timeout
+            )),
         }
     }
 

@@ -1,5 +1,6 @@
 //! The integration tests of this crate, one binary: one module per area.
 
+mod cli;
 mod export;
 mod fixtures;
 mod guide;
