@@ -366,6 +366,16 @@ value = "5"
     }
 
     #[test]
+    fn a_key_written_under_an_expectation_by_mistake_is_an_error() {
+        // TOML puts `judge_script` under the last `[[case.expect]]` opened.
+        let err = Dataset::from_toml(
+            "name = \"d\"\n[[case]]\nid = \"a\"\ninput = [\"x\"]\n[[case.expect]]\nkind = \"judge\"\nrubric = \"r\"\njudge_script = [\"PASS\"]\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("judge_script"), "{err}");
+    }
+
+    #[test]
     fn jsonl_cases_read_one_per_line() {
         let dataset = Dataset::from_jsonl(
             "j",
