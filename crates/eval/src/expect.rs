@@ -559,7 +559,12 @@ fn terminal_tool(run: &CaseRun, tool: &str, output: Option<&str>) -> Verdict {
         ))
         .at_step(step);
     };
-    let ended_by = run.calls.iter().rev().find(|c| c.step == step);
+    // The call whose result is the response (several calls may share the
+    // step), else the step's last call.
+    let in_step = || run.calls.iter().rev().filter(|c| c.step == step);
+    let ended_by = in_step()
+        .find(|c| !c.is_error && c.result.as_deref() == Some(response.as_str()))
+        .or_else(|| in_step().next());
     match ended_by {
         Some(call) if call.tool == tool => {}
         Some(call) => {
