@@ -21,6 +21,11 @@ Commands:
           build markov-bench at <rev> as well as here, run the figure the
           arguments name with each, alternately, <n> times (3 unless set),
           and print each number's range before and after
+  eval <dataset> [-- <markov-eval run arguments>]
+          run an eval dataset against the demo agent (markov-cli's
+          markov-eval): offline on each case's script, or on the model the
+          environment configures (OPENAI_BASE_URL, ANTHROPIC_API_KEY, ...);
+          see docs/guide/evals.md
   help    print this message";
 
 /// A parsed command line.
@@ -34,6 +39,9 @@ pub(crate) enum Command {
     Bench,
     /// `cargo xtask bench --against <rev>`: one figure, before and after.
     Against(Against),
+    /// `cargo xtask eval <dataset> [-- <arguments>]`: the dataset and the
+    /// arguments handed on to `markov-eval run`.
+    Eval(String, Vec<String>),
     /// `cargo xtask help`, `-h` or `--help`.
     Help,
 }
@@ -125,6 +133,27 @@ where
         }
         Some("bench") => return parse_bench(args),
         Some("readme") => Command::Readme,
+        Some("eval") => {
+            let mut args = args.map(|arg| {
+                arg.into_string()
+                    .map_err(|arg| format!("argument {arg:?} is not UTF-8"))
+            });
+            let dataset = match args.next().transpose()? {
+                Some(dataset) if !dataset.starts_with('-') => dataset,
+                _ => return Err("eval needs a dataset: cargo xtask eval <dataset>".to_owned()),
+            };
+            let rest = match args.next().transpose()? {
+                None => Vec::new(),
+                Some(dashes) if dashes == "--" => args.collect::<Result<_, _>>()?,
+                Some(other) => {
+                    return Err(format!(
+                        "unexpected argument `{other}` after the dataset (put markov-eval's \
+                         arguments after `--`)"
+                    ));
+                }
+            };
+            return Ok(Command::Eval(dataset, rest));
+        }
         Some("help" | "-h" | "--help") => Command::Help,
         Some(other) => return Err(format!("unknown command `{other}`")),
         None => return Err(format!("unknown command {first:?}")),
@@ -173,6 +202,23 @@ mod tests {
             Err("-p needs a crate name".to_owned())
         );
         assert!(parse_strs(&["bench", "--quick"]).is_err());
+    }
+
+    #[test]
+    fn eval_takes_a_dataset_and_hands_on_the_rest() {
+        assert_eq!(
+            parse_strs(&["eval", "crates/cli/evals/demo.toml"]),
+            Ok(Command::Eval("crates/cli/evals/demo.toml".into(), vec![]))
+        );
+        assert_eq!(
+            parse_strs(&["eval", "d.toml", "--", "--repeat", "5"]),
+            Ok(Command::Eval(
+                "d.toml".into(),
+                vec!["--repeat".into(), "5".into()]
+            ))
+        );
+        assert!(parse_strs(&["eval"]).is_err());
+        assert!(parse_strs(&["eval", "d.toml", "--repeat"]).is_err());
     }
 
     #[test]

@@ -17,6 +17,11 @@
 //!   `--against <rev> -- <figure>`: one figure with the binary of `rev`
 //!   and this tree's, alternately, and each number's range before and
 //!   after.
+//! - `eval <dataset> [-- <arguments>]`: runs an eval dataset against the
+//!   demo agent with `markov-cli`'s `markov-eval run` (offline on each
+//!   case's script, or on the model the environment configures); the
+//!   arguments after `--` go to it. Not part of `test`: the datasets CI
+//!   runs are run by their crates' tests.
 //! - `help`: prints the usage.
 //!
 //! Arguments are parsed by hand in `flags.rs` to keep this crate free of
@@ -51,6 +56,9 @@ fn main() -> ExitCode {
             workspace_root().and_then(|root| pipeline::run(&root, &packages))
         }
         Command::Readme => workspace_root().and_then(|root| readme::run(&root)),
+        Command::Eval(dataset, rest) => {
+            workspace_root().and_then(|root| eval(&root, &dataset, &rest))
+        }
         Command::Bench => workspace_root().and_then(|root| bench::run(&root)),
         Command::Against(against) => {
             workspace_root().and_then(|root| bench::against(&root, &against))
@@ -62,6 +70,41 @@ fn main() -> ExitCode {
             eprintln!("xtask: {message}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// `cargo run -p markov-cli --bin markov-eval -- run <dataset> <rest>` in
+/// `root`.
+fn eval(root: &Path, dataset: &str, rest: &[String]) -> Result<(), String> {
+    // The dataset is named from where the command was typed; cargo runs
+    // from the root.
+    let dataset = std::env::current_dir()
+        .map_err(|e| format!("no current directory: {e}"))?
+        .join(dataset);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .current_dir(root)
+        .args([
+            "run",
+            "-q",
+            "-p",
+            "markov-cli",
+            "--bin",
+            "markov-eval",
+            "--",
+            "run",
+        ])
+        .arg(&dataset)
+        .args(rest)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "the eval of {} failed ({status})",
+            dataset.display()
+        ))
     }
 }
 

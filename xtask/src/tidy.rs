@@ -402,6 +402,12 @@ const LAYERS: &[Layer] = &[
         reason: "MCP tools are tools: markov-mcp builds on core and policy only",
     },
     Layer {
+        package: "markov-eval",
+        forbidden: &["markov-server", "markov-cli", "markov-mcp"],
+        except: &[],
+        reason: "evals run any agent; the demo's eval binary builds on them, not they on it",
+    },
+    Layer {
         package: "markov-otel",
         forbidden: &["markov-*"],
         except: &[],

@@ -238,6 +238,30 @@ pub fn demo_agent(chosen: &Chosen, model: Arc<dyn Model>) -> AgentBuilder {
         .settings(chosen.settings())
 }
 
+/// The demo agent as `markov-demo` runs it, on `model`: the turn's first
+/// call must use a tool (the questions need them), so a server that
+/// ignores the tools it is offered fails rather than making an answer up.
+/// The agent the demo's eval dataset (`crates/cli/evals/demo.toml`) runs.
+///
+/// # Errors
+/// The agent does not build.
+pub fn demo_eval_agent(model: Arc<dyn Model>) -> Result<Agent, markov_executor::BuildError> {
+    // Nothing is asked of the server here: the answer budget is the
+    // client's default for its model.
+    let chosen = Chosen {
+        label: String::new(),
+        served_context: None,
+        template_has_tools: None,
+        default_model: model.model_name().map(str::to_owned),
+        model: Arc::clone(&model),
+    };
+    let model = Arc::new(markov_executor::ToolChoiceEnforcer::new(
+        model,
+        markov_runtime::tool_choice::ToolChoiceRule::RequiredFirst,
+    ));
+    demo_agent(&chosen, model).build()
+}
+
 /// What a model with the two tools would do: look both cities up, add,
 /// answer.
 pub fn scripted() -> ScriptedModel {

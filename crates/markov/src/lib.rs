@@ -48,10 +48,14 @@
 //! - `mcp` (feature `mcp`): tools from Model Context Protocol servers, and
 //!   markov tools served over MCP;
 //! - `server` (feature `server`, with `store`): agents served over HTTP with
-//!   a web page.
+//!   a web page;
+//! - `eval` (feature `eval`): evals — datasets of cases, evaluators over a
+//!   run's steps, reports and baseline comparison.
 #![deny(missing_docs)]
 
 pub use markov_core as core;
+#[cfg(feature = "eval")]
+pub use markov_eval as eval;
 pub use markov_executor as executor;
 pub use markov_macros::tool;
 #[cfg(feature = "mcp")]

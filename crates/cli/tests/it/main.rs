@@ -2,5 +2,6 @@
 //! dominate the test run): one module per area.
 
 mod demo;
+mod eval;
 mod mcp;
 mod server;

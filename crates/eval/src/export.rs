@@ -1,0 +1,126 @@
+//! A stored session as a case: its user turns become the input, its
+//! model answers the script that plays them back offline, and what it did
+//! the expectations.
+
+use markov_core::{Item, Role};
+use markov_store::{SessionId, Store, StoreError};
+
+use crate::dataset::{Answer, Call, Case};
+use crate::expect::{Expect, ExpectedCall, TrajectoryMode};
+
+/// Why a session could not become a case.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// The session could not be loaded.
+    #[error("cannot load the session: {0}")]
+    Store(#[from] StoreError),
+    /// The session has no user turn to replay.
+    #[error("session {0} has no user turn")]
+    NoInput(SessionId),
+}
+
+/// The case a stored session makes: each user message with text is a
+/// turn of `input`; each assistant message is an answer of `script`, its
+/// tool calls with their recorded ids; the expectations are the recorded
+/// tool calls exactly (`trajectory`, mode `exact`) and the last answer's
+/// text (`output_equals`). Replayed with [`crate::ModelChoice::Scripted`],
+/// the case plays the recorded answers; edit its expectations to what
+/// must hold when the agent changes.
+///
+/// An assistant message a tool wrote (a user-facing reply) is played as a
+/// model answer too: remove it from the script if the tool writes it again.
+///
+/// # Errors
+/// The session cannot be loaded, or has no user turn.
+pub async fn export_session(store: &dyn Store, id: &SessionId) -> Result<Case, ExportError> {
+    let session = store.load(id).await?;
+    let mut input = Vec::new();
+    let mut script = Vec::new();
+    let mut calls = Vec::new();
+    let mut last_text = None;
+    for message in &session.snapshot.history {
+        match message.role {
+            Role::User => {
+                let text: String = message
+                    .item_list()
+                    .iter()
+                    .filter_map(|item| match item {
+                        Item::Text { text } => Some(text.as_str()),
+                        _ => None,
+                    })
+                    .collect();
+                if !text.is_empty() {
+                    input.push(text);
+                }
+            }
+            Role::Assistant => {
+                let mut answer = Answer {
+                    text: None,
+                    calls: Vec::new(),
+                };
+                for item in message.item_list() {
+                    match item {
+                        Item::Text { text } => {
+                            answer.text = Some(match answer.text.take() {
+                                Some(before) => before + text,
+                                None => text.clone(),
+                            });
+                        }
+                        Item::Output { data } => {
+                            let text = match data {
+                                serde_json::Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            };
+                            answer.text = Some(answer.text.take().unwrap_or_default() + &text);
+                        }
+                        Item::ToolUse { id, name, input } => {
+                            answer.calls.push(Call {
+                                id: Some(id.to_string()),
+                                tool: name.clone(),
+                                args: input.clone(),
+                            });
+                            calls.push(ExpectedCall {
+                                tool: name.clone(),
+                                args: Some(input.clone()),
+                            });
+                        }
+                        _ => {}
+                    }
+                }
+                if answer.text.is_none() && answer.calls.is_empty() {
+                    continue;
+                }
+                last_text = answer.text.clone().or(last_text);
+                if !answer.calls.is_empty() {
+                    last_text = None;
+                }
+                script.push(answer);
+            }
+            _ => {}
+        }
+    }
+    if input.is_empty() {
+        return Err(ExportError::NoInput(id.clone()));
+    }
+    let mut expect = Vec::new();
+    if !calls.is_empty() {
+        expect.push(Expect::Trajectory {
+            mode: TrajectoryMode::Exact,
+            calls,
+        });
+    }
+    if let Some(value) = last_text {
+        expect.push(Expect::OutputEquals { value });
+    }
+    Ok(Case {
+        id: id.to_string(),
+        tags: vec!["exported".to_owned()],
+        input,
+        state: None,
+        repeat: None,
+        script,
+        judge_script: Vec::new(),
+        expect,
+    })
+}

@@ -1,0 +1,72 @@
+//! A stored session exported as a case replays offline.
+
+use std::sync::Arc;
+
+use markov_eval::{Dataset, Expect, Runner, export_session};
+use markov_store::{DurableMachine, SessionId, SqliteStore, Store, WorkerId};
+use markov_testkit::ScriptedModel;
+use serde_json::json;
+
+use crate::fixtures::{INSTRUCTIONS, calculator};
+
+#[tokio::test]
+async fn a_case_exported_from_a_stored_session_replays_offline() {
+    let store = Arc::new(SqliteStore::in_memory().expect("store"));
+    // A recorded conversation of two turns (the model's answers stand in
+    // for a real model's).
+    let recorded = ScriptedModel::builder()
+        .tool_call("add", json!({"a": 1, "b": 2}))
+        .text("{\"sum\": 3}")
+        .tool_call("add", json!({"a": 3, "b": 4}))
+        .text("{\"sum\": 7}")
+        .build()
+        .fresh_call_ids();
+    let agent = calculator(Arc::new(recorded), INSTRUCTIONS).expect("builds");
+    let id = SessionId::new("recorded");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("app"),
+        agent.machine(),
+    )
+    .await
+    .expect("created");
+    for turn in ["What is 1 + 2?", "And 3 + 4?"] {
+        session.machine().enqueue_user(turn);
+        session.run().await.expect("runs");
+    }
+    session.release().await.expect("released");
+
+    let case = export_session(store.as_ref() as &dyn Store, &id)
+        .await
+        .expect("exports");
+    assert_eq!(case.input, ["What is 1 + 2?", "And 3 + 4?"]);
+    assert_eq!(case.script.len(), 4);
+    assert!(
+        matches!(&case.expect[..], [Expect::Trajectory { calls, .. }, Expect::OutputEquals { value }]
+        if calls.len() == 2 && value == "{\"sum\":7}")
+    );
+    // As TOML, as the command line writes it, and back.
+    let dataset = Dataset {
+        name: "exported".into(),
+        description: None,
+        repeat: None,
+        cases: vec![case],
+    };
+    let dataset = Dataset::from_toml(&dataset.to_toml().expect("writes")).expect("reads");
+    let report = Runner::new(|model| calculator(model, INSTRUCTIONS))
+        .run(&dataset)
+        .await
+        .expect("runs");
+    assert_eq!(report.summary.passed, 1, "{}", report.table());
+    assert_eq!(report.cases[0].runs[0].steps, 4);
+}
+
+#[tokio::test]
+async fn a_session_that_is_not_there_is_an_error() {
+    let store = SqliteStore::in_memory().expect("store");
+    let err = export_session(&store, &SessionId::new("nope"))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("nope"), "{err}");
+}

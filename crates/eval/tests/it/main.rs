@@ -1,0 +1,8 @@
+//! The integration tests of this crate, one binary: one module per area.
+
+mod cli;
+mod export;
+mod fixtures;
+mod guide;
+mod regression;
+mod state;
