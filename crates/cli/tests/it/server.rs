@@ -16,6 +16,7 @@ impl Drop for Server {
         let _ = self.0.kill();
         let _ = self.0.wait();
         let _ = std::fs::remove_file(&self.1);
+        let _ = std::fs::remove_file(self.1.with_extension("stderr"));
     }
 }
 
@@ -397,39 +398,55 @@ async fn the_console_logs_requests_and_failed_turns_and_the_database_is_in_the_d
 /// `args` and `envs` (no provider variable otherwise), with the key it
 /// printed and its base URL, once it answers.
 async fn started(args: &[&str], envs: &[(&str, String)]) -> (Server, String, String) {
-    let port = closed_port();
-    let db = std::env::temp_dir().join(format!("markov-serve-h-{}-{port}.db", std::process::id()));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
-    for var in crate::demo::PROVIDER_VARS {
-        command.env_remove(var);
-    }
-    let mut child = command
-        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
-        .args(["--port", &port.to_string(), "--database"])
-        .arg(&db)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the server starts");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut printed = String::new();
-    let key = loop {
-        let mut line = String::new();
-        let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("reads");
-        assert!(
-            read > 0,
-            "the server stopped before printing a key:\n{printed}"
-        );
-        printed.push_str(&line);
-        if let Some(key) = line.trim().strip_prefix("mk_") {
-            break format!("mk_{key}");
+    // A port found free can be taken by another test before the server
+    // binds it: then the server says so on stderr and another port is tried.
+    for attempt in 1..=3 {
+        let port = closed_port();
+        let db =
+            std::env::temp_dir().join(format!("markov-serve-h-{}-{port}.db", std::process::id()));
+        let log = db.with_extension("stderr");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
+        for var in crate::demo::PROVIDER_VARS {
+            command.env_remove(var);
         }
-    };
-    // The rest of stdout is not read: drained so the server never blocks.
-    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    (Server(child, db), key, format!("http://127.0.0.1:{port}"))
+        let mut child = command
+            .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+            .args(["--port", &port.to_string(), "--database"])
+            .arg(&db)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("a log file"))
+            .spawn()
+            .expect("the server starts");
+        let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+        let mut printed = String::new();
+        let key = loop {
+            let mut line = String::new();
+            let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("reads");
+            if read == 0 {
+                break None;
+            }
+            printed.push_str(&line);
+            if let Some(key) = line.trim().strip_prefix("mk_") {
+                break Some(format!("mk_{key}"));
+            }
+        };
+        let Some(key) = key else {
+            let _ = child.wait();
+            let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+            let _ = std::fs::remove_file(&log);
+            let _ = std::fs::remove_file(&db);
+            if attempt < 3 && stderr.contains("in use") {
+                continue;
+            }
+            panic!("the server stopped before printing a key:\n{printed}\nstderr:\n{stderr}");
+        };
+        // The rest of stdout is not read: drained so the server never blocks.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        return (Server(child, db), key, format!("http://127.0.0.1:{port}"));
+    }
+    unreachable!("the loop returns or panics")
 }
 
 /// A new session's id.
