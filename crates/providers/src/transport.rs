@@ -481,37 +481,19 @@ impl Transport {
             name: String,
         }
         let wait = self.config.timeout.min(Duration::from_secs(30));
-        let call = async {
-            let response = self
-                .client
-                .get(url.clone())
-                .send()
-                .await
-                .map_err(|e| transport_error(e, wait))?;
-            let response = check_status(response).await?;
-            let (body, cut) = read_capped(response, 1 << 20).await;
-            if cut {
-                return Err(ModelError::InvalidResponse(
-                    "the model list is larger than 1 MiB".into(),
-                ));
-            }
-            let list: List = serde_json::from_str(&body).map_err(|e| {
-                ModelError::InvalidResponse(format!("cannot parse the model list: {e}"))
-            })?;
-            let listed: Vec<String> = if list.data.is_empty() {
-                list.models.into_iter().map(|m| m.name).collect()
-            } else {
-                list.data.into_iter().map(|m| m.id).collect()
-            };
-            let mut seen = std::collections::HashSet::with_capacity(listed.len());
-            Ok(listed
-                .into_iter()
-                .filter(|model| seen.insert(model.clone()))
-                .collect())
+        let list: List = serde_json::from_value(self.get_json(url, wait).await?).map_err(|e| {
+            ModelError::InvalidResponse(format!("cannot parse the model list: {e}"))
+        })?;
+        let listed: Vec<String> = if list.data.is_empty() {
+            list.models.into_iter().map(|m| m.name).collect()
+        } else {
+            list.data.into_iter().map(|m| m.id).collect()
         };
-        tokio::time::timeout(wait, call)
-            .await
-            .unwrap_or(Err(ModelError::Timeout(wait)))
+        let mut seen = std::collections::HashSet::with_capacity(listed.len());
+        Ok(listed
+            .into_iter()
+            .filter(|model| seen.insert(model.clone()))
+            .collect())
     }
 
     /// A token count: `post` (which sends the count request and checks its
