@@ -22,7 +22,7 @@ use std::time::Duration;
 use axum::http::{HeaderName, HeaderValue};
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest};
+use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ServerJsonRpcMessage, ServerResult};
 use rmcp::transport::common::http_header::{
     EVENT_STREAM_MIME_TYPE, HEADER_SESSION_ID, JSON_MIME_TYPE,
 };
@@ -220,7 +220,13 @@ impl StreamableHttpClient for WatchedClient {
                 Ok(StreamableHttpPostResponse::Sse(self.watch(stream), session))
             }
             StreamableHttpPostResponse::Json(answer, session) => {
-                if let Some((message, sent_session, auth, headers)) = again {
+                // Only a listing with tools can hold a task-only one.
+                let listed = matches!(
+                    &answer,
+                    ServerJsonRpcMessage::Response(response)
+                        if matches!(&response.result, ServerResult::ListToolsResult(list) if !list.tools.is_empty())
+                );
+                if let (true, Some((message, sent_session, auth, headers))) = (listed, again) {
                     let request = Reread {
                         uri: &uri,
                         message: &message,
@@ -296,5 +302,66 @@ impl StreamableHttpClient for WatchedClient {
             )
             .await?;
         Ok(self.watch(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn message(value: serde_json::Value) -> ClientJsonRpcMessage {
+        serde_json::from_value(value).expect("a client message")
+    }
+
+    #[test]
+    fn only_a_tools_list_request_is_read_again() {
+        assert!(lists_tools(&message(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        )));
+        assert!(lists_tools(&message(
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": {"cursor": "c"}})
+        )));
+        assert!(!lists_tools(&message(
+            json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "a"}})
+        )));
+        assert!(!lists_tools(&message(
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        )));
+    }
+
+    #[tokio::test]
+    async fn sse_events_are_watched_as_they_pass_and_passed_on_unchanged() {
+        crate::install_crypto_provider();
+        let seen: Arc<SyncMutex<Seen>> = Arc::default();
+        let client = WatchedClient::new(
+            reqwest::Client::new(),
+            Arc::clone(&seen),
+            Duration::from_secs(1),
+        );
+        let listing = r#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"a","execution":{"taskSupport":"required"}},{"name":"b"}]}}"#;
+        let events = vec![
+            Ok(sse_stream::Sse {
+                event: Some("message".into()),
+                data: Some(listing.into()),
+                ..Default::default()
+            }),
+            Err(SseError::InvalidLine),
+        ];
+        let passed: Vec<_> = client
+            .watch(futures::stream::iter(events).boxed())
+            .collect()
+            .await;
+        assert_eq!(passed.len(), 2);
+        assert_eq!(
+            passed[0].as_ref().ok().and_then(|e| e.data.as_deref()),
+            Some(listing)
+        );
+        assert!(passed[1].is_err());
+        let seen = crate::child::lock(&seen);
+        assert_eq!(
+            seen.task_only,
+            std::collections::HashSet::from(["a".to_owned()])
+        );
     }
 }
