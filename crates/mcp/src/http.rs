@@ -11,9 +11,10 @@
 //! - an answer in an SSE stream is read from each event's data as it
 //!   passes;
 //! - an answer in a JSON body reaches this client already parsed, without
-//!   the field, so the same `tools/list` request is sent once more and its
-//!   body read here, bounded in size and time. A failure of that second
-//!   request is a warning: the listing itself stands.
+//!   the field, so when it lists tools the same `tools/list` request is
+//!   sent once more and its body read here, bounded in size and time. A
+//!   failure of that second request is a warning: the listing itself
+//!   stands.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex as SyncMutex};
