@@ -131,24 +131,32 @@ impl<R> Watch<R> {
             );
             return;
         }
-        if !contains(&line, b"taskSupport") {
-            return;
-        }
-        let Ok(message) = serde_json::from_slice::<Value>(&line) else {
-            return;
-        };
-        let Some(tools) = message.pointer("/result/tools").and_then(Value::as_array) else {
-            return;
-        };
-        let mut seen = lock(&self.seen);
-        for tool in tools {
-            let required = tool
-                .pointer("/execution/taskSupport")
-                .and_then(Value::as_str)
-                == Some("required");
-            if let (true, Some(name)) = (required, tool.get("name").and_then(Value::as_str)) {
-                seen.task_only.insert(name.to_owned());
-            }
+        note_task_only(&line, &self.seen);
+    }
+}
+
+/// Notes the tools a message marks task-only (`execution.taskSupport:
+/// "required"`) when it is an answer to `tools/list`; any other message,
+/// or one that is no JSON, is left alone. Both transports call it on each
+/// message before rmcp parses it, since rmcp's tool type drops the field.
+pub(crate) fn note_task_only(message: &[u8], seen: &SyncMutex<Seen>) {
+    if !contains(message, b"taskSupport") {
+        return;
+    }
+    let Ok(message) = serde_json::from_slice::<Value>(message) else {
+        return;
+    };
+    let Some(tools) = message.pointer("/result/tools").and_then(Value::as_array) else {
+        return;
+    };
+    let mut seen = lock(seen);
+    for tool in tools {
+        let required = tool
+            .pointer("/execution/taskSupport")
+            .and_then(Value::as_str)
+            == Some("required");
+        if let (true, Some(name)) = (required, tool.get("name").and_then(Value::as_str)) {
+            seen.task_only.insert(name.to_owned());
         }
     }
 }

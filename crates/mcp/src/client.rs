@@ -27,6 +27,7 @@ use tokio::sync::{Mutex, watch};
 
 use crate::child::{ChildTransport, Seen};
 use crate::config::{Approval, DEFAULT_INHERITED_ENV, McpServerConfig, Transport};
+use crate::http::WatchedClient;
 use crate::{IDEMPOTENCY_META_KEY, McpError};
 
 /// How long [`McpClient::close`] waits for the server to stop before it is
@@ -260,9 +261,8 @@ impl McpClient {
     ///
     /// A tool the server marks task-only (`execution.taskSupport:
     /// "required"`, callable only through the tasks extension, which this
-    /// client does not speak) is not offered, with a warning; over HTTP the
-    /// mark is not seen, and such a tool's calls fail with the server's
-    /// error.
+    /// client does not speak) is not offered, with a warning, over stdio
+    /// and Streamable HTTP alike.
     pub async fn tools(&self) -> Result<Vec<SharedTool>, McpError> {
         if self.inner.changes.stale.load(Ordering::SeqCst) || self.cached().is_none() {
             self.refresh().await?;
@@ -508,12 +508,14 @@ impl Inner {
             } => {
                 crate::install_crypto_provider();
                 let refused = Arc::new(SyncMutex::new(None));
+                *lock(&self.seen) = Seen::default();
                 let transport = http_transport(
                     url,
                     headers,
                     bearer.as_deref(),
-                    self.config.connect_timeout,
+                    &self.config,
                     Arc::clone(&refused),
+                    Arc::clone(&self.seen),
                 )?;
                 // rmcp's message ends at "error following redirect": the
                 // reason, if a redirect was refused, is said instead.
@@ -845,14 +847,16 @@ fn http_init_failure(url: &str, err: &ClientInitializeError) -> String {
     )
 }
 
-/// The Streamable HTTP transport with the configuration's headers.
+/// The Streamable HTTP transport with the configuration's headers, its
+/// answers watched for task-only tools (noted in `seen`).
 fn http_transport(
     url: &str,
     headers: &std::collections::BTreeMap<String, String>,
     bearer: Option<&str>,
-    connect_timeout: Duration,
+    config: &McpServerConfig,
     refused: Arc<SyncMutex<Option<String>>>,
-) -> Result<rmcp::transport::StreamableHttpClientTransport<reqwest::Client>, McpError> {
+    seen: Arc<SyncMutex<Seen>>,
+) -> Result<rmcp::transport::StreamableHttpClientTransport<WatchedClient>, McpError> {
     use axum::http::{HeaderName, HeaderValue};
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 
@@ -864,21 +868,22 @@ fn http_transport(
             .map_err(|e| McpError::Config(format!("header `{name}`: {e}")))?;
         custom.insert(name, value);
     }
-    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
+    let mut transport = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
         .custom_headers(custom)
         .reinit_on_expired_session(true);
     if let Some(token) = bearer {
-        config = config.auth_header(token.to_owned());
+        transport = transport.auth_header(token.to_owned());
     }
     let client = reqwest::Client::builder()
-        .connect_timeout(connect_timeout)
+        .connect_timeout(config.connect_timeout)
         .redirect(reqwest::redirect::Policy::custom(move |attempt| {
             same_origin_redirects(attempt, &refused)
         }))
         .build()
         .map_err(|e| McpError::Config(format!("HTTP client: {e}")))?;
     Ok(rmcp::transport::StreamableHttpClientTransport::with_client(
-        client, config,
+        WatchedClient::new(client, seen, config.list_timeout),
+        transport,
     ))
 }
 

@@ -71,7 +71,8 @@
 //! Every tool the filter admits, under a provider-safe name; two names
 //! that clash get a stable suffix, with a warning. A tool the server runs
 //! only as a task (`taskSupport: "required"`) is not offered, since this
-//! client does not speak the tasks extension (seen over stdio).
+//! client does not speak the tasks extension (seen over stdio and
+//! Streamable HTTP, from the listing's raw messages).
 //!
 //! # Configuration file
 //!
@@ -118,6 +119,7 @@ mod config;
 mod content;
 mod error;
 mod file;
+mod http;
 mod server;
 
 pub use client::{ApprovalDecision, CLOSE_TIMEOUT, McpClient, McpTool};

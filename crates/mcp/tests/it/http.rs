@@ -320,3 +320,117 @@ async fn a_listing_nested_too_deep_fails_at_once_over_http_too() {
     assert!(err.to_string().contains("nested deeper than"), "{err}");
     server.shutdown().await;
 }
+
+/// A Streamable HTTP endpoint written by hand that answers in JSON bodies
+/// (never SSE) and lists `only_task` (task-only), `maybe_task` (task
+/// optional) and `plain`; it keeps the ids of its `tools/list` requests
+/// and, when `fail_repeats` is set, answers a repeated id with HTTP 500.
+async fn json_task_server(lists: Arc<std::sync::Mutex<Vec<Value>>>, fail_repeats: bool) -> Running {
+    serve("127.0.0.1:0", None, move |_| {
+        let lists = Arc::clone(&lists);
+        axum::Router::new().route(
+            "/mcp",
+            axum::routing::post(move |body: String| async move {
+                let request: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                let id = request.get("id").cloned().unwrap_or(Value::Null);
+                let json = || [(axum::http::header::CONTENT_TYPE, "application/json")];
+                let ok = |result: Value| {
+                    (
+                        axum::http::StatusCode::OK,
+                        json(),
+                        json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
+                    )
+                };
+                match request.get("method").and_then(Value::as_str) {
+                    Some("initialize") => ok(json!({
+                        "protocolVersion": "2025-06-18",
+                        "capabilities": {"tools": {}},
+                        "serverInfo": {"name": "tasks", "version": "0"}
+                    })),
+                    Some("tools/list") => {
+                        let repeated = {
+                            let mut ids = lists.lock().unwrap_or_else(|p| p.into_inner());
+                            let repeated = ids.contains(&id);
+                            ids.push(id.clone());
+                            repeated
+                        };
+                        if repeated && fail_repeats {
+                            return (
+                                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                                json(),
+                                String::new(),
+                            );
+                        }
+                        let schema = json!({"type": "object", "properties": {}});
+                        ok(json!({"tools": [
+                            {"name": "only_task", "inputSchema": schema,
+                             "execution": {"taskSupport": "required"}},
+                            {"name": "maybe_task", "inputSchema": schema,
+                             "execution": {"taskSupport": "optional"}},
+                            {"name": "plain", "inputSchema": schema},
+                        ]}))
+                    }
+                    Some("tools/call") => ok(json!({
+                        "content": [{"type": "text", "text": "called"}]
+                    })),
+                    _ => (axum::http::StatusCode::ACCEPTED, json(), String::new()),
+                }
+            }),
+        )
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_task_only_tool_in_a_json_answer_is_not_offered() {
+    let lists = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let server = json_task_server(Arc::clone(&lists), false).await;
+    let (logs, _capture) = Logs::capture();
+    let client = McpClient::connect(McpServerConfig::http(&server.url))
+        .await
+        .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    let names: Vec<&str> = tools.iter().map(|t| t.definition().name.as_str()).collect();
+    assert_eq!(names, ["maybe_task", "plain"]);
+    let log = logs.text();
+    assert!(
+        log.contains("WARN") && log.contains("tool=only_task") && log.contains("only as a task"),
+        "{log}"
+    );
+    // Each JSON answer was parsed before the client saw it: each request
+    // was sent a second time, once.
+    let ids = lists.lock().expect("lock").clone();
+    assert!(!ids.is_empty());
+    for id in &ids {
+        assert_eq!(ids.iter().filter(|i| *i == id).count(), 2, "{ids:?}");
+    }
+    assert_eq!(
+        call(&tools, "plain", json!({})).await,
+        Ok(ToolOutcome::Value(json!("called")))
+    );
+    client.close().await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_failed_second_read_of_a_json_listing_is_a_warning_and_the_listing_stands() {
+    let lists = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let server = json_task_server(Arc::clone(&lists), true).await;
+    let (logs, _capture) = Logs::capture();
+    let client = McpClient::connect(McpServerConfig::http(&server.url))
+        .await
+        .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    let names: Vec<&str> = tools.iter().map(|t| t.definition().name.as_str()).collect();
+    // Unseen, the task-only mark cannot be acted on; the log says so.
+    assert_eq!(names, ["only_task", "maybe_task", "plain"]);
+    let log = logs.text();
+    assert!(
+        log.contains("WARN")
+            && log.contains("not inspected for task-only tools")
+            && log.contains("HTTP 500"),
+        "{log}"
+    );
+    client.close().await;
+    server.shutdown().await;
+}

@@ -43,6 +43,49 @@ fn everything() -> Option<McpServerConfig> {
     Some(McpServerConfig::stdio(program, ["stdio"]).connect_timeout(Duration::from_secs(30)))
 }
 
+/// `mcp-server-everything` serving Streamable HTTP on a free port, killed
+/// when dropped.
+struct EverythingOverHttp {
+    url: String,
+    _process: tokio::process::Child,
+}
+
+/// Starts `mcp-server-everything streamableHttp` and waits, bounded, until
+/// its port takes connections.
+async fn everything_over_http() -> Option<EverythingOverHttp> {
+    let program = reference(
+        "mcp-server-everything",
+        "npm install -g @modelcontextprotocol/server-everything",
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port();
+    let process = tokio::process::Command::new(program)
+        .arg("streamableHttp")
+        .env("PORT", port.to_string())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("starts mcp-server-everything");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "mcp-server-everything did not listen on port {port} within 30s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Some(EverythingOverHttp {
+        url: format!("http://127.0.0.1:{port}/mcp"),
+        _process: process,
+    })
+}
+
 fn filesystem() -> Option<PathBuf> {
     reference(
         "mcp-server-filesystem",
@@ -143,6 +186,41 @@ async fn a_task_only_tool_is_not_offered() {
     );
     // The server's other tools are offered as before.
     assert!(tools.iter().any(|n| n == "get-sum"), "{tools:?}");
+    client.close().await;
+}
+
+#[tokio::test]
+async fn a_task_only_tool_is_not_offered_over_streamable_http_either() {
+    let Some(server) = everything_over_http().await else {
+        return;
+    };
+    let (logs, _capture) = crate::common::Logs::capture();
+    let client = McpClient::connect(
+        McpServerConfig::http(&server.url).connect_timeout(Duration::from_secs(30)),
+    )
+    .await
+    .expect("connects");
+    let tools = client.tools().await.expect("lists");
+    let offered = names(&tools);
+    assert!(
+        !offered.iter().any(|n| n == "simulate-research-query"),
+        "{offered:?}"
+    );
+    let log = logs.text();
+    assert!(
+        log.contains("WARN")
+            && log.contains("tool=simulate-research-query")
+            && log.contains("only as a task"),
+        "{log}"
+    );
+    // The server's other tools are offered, and work over HTTP.
+    assert!(offered.iter().any(|n| n == "get-sum"), "{offered:?}");
+    let echoed = read(&find(&tools, "echo"), json!({"message": "over http"})).await;
+    assert_eq!(echoed, "Echo: over http");
+    assert_eq!(
+        read(&find(&tools, "get-sum"), json!({"a": 2, "b": 3})).await,
+        "The sum of 2 and 3 is 5."
+    );
     client.close().await;
 }
 
