@@ -3,7 +3,7 @@
 //! of times — when the answer does not parse. An answer cut by the token
 //! limit is an error ([`TypedRunError::Cut`]), never a guess.
 
-use markov_core::{Item, Message, Role};
+use markov_core::{Item, Role};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -150,7 +150,9 @@ impl Machine {
                 }
                 Err(error) if attempts <= retries => {
                     tracing::debug!(attempts, %error, "the answer did not parse: asking again");
-                    self.enqueue([Message::user(retry_prompt(&error.to_string()))]);
+                    // markov's words, not the user's: a system message
+                    // that runs the model again within the user's turn.
+                    self.enqueue_instruction(retry_prompt(&error.to_string()));
                 }
                 Err(error) => {
                     return Err(TypedRunError::Invalid {
