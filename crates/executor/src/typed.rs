@@ -96,7 +96,10 @@ impl Machine {
     /// Runs the machine and parses its answer into `T` (the node's
     /// structured output when it declares one, else the answer's JSON
     /// text), asking again up to [`DEFAULT_TYPED_RETRIES`] times when it
-    /// does not parse. Input must be enqueued first.
+    /// does not parse. Input must be enqueued first. markov asks again with
+    /// [`retry_prompt`] as its own instruction
+    /// ([`Machine::enqueue_instruction`]): a system message in the history,
+    /// never the user's words.
     ///
     /// ```
     /// # use std::sync::Arc;
