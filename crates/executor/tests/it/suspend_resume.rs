@@ -249,7 +249,13 @@ async fn a_resume_item_clears_the_suspension_in_one_command_step_that_ends_the_r
     let notice = Message::system(format!("[Resumed instance {id}]"));
     assert_eq!(step.history, vec![notice.clone()]);
     // Quirk kept: the rest of the batch is discarded, the notice alone is recorded.
-    assert_eq!(m.history(), [notice]);
+    assert_eq!(m.history(), std::slice::from_ref(&notice));
+    // A snapshot keeps it markov's.
+    let snapshot =
+        serde_json::to_string(&markov_executor::serialize_machine(&m).expect("serializes"))
+            .expect("writes");
+    let read: markov_executor::SerializedMachine = serde_json::from_str(&snapshot).expect("reads");
+    assert_eq!(read.history, [notice]);
     assert!(m.queue().is_empty());
     assert!(script.calls().is_empty(), "no executor ran");
 
