@@ -41,6 +41,9 @@ pub async fn export_session(store: &dyn Store, id: &SessionId) -> Result<Case, E
     let mut last_text = None;
     for message in &session.snapshot.history {
         match message.role {
+            // Text an agent instance handed back (a cede, a command's
+            // result) is not the user's input: the replay makes it again.
+            Role::User if message.source_instance().is_some() => {}
             Role::User => {
                 let text: String = message
                     .item_list()

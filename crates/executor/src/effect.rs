@@ -73,6 +73,8 @@ pub struct Entry {
     /// The typed effect; `None` for conversation messages and for instance
     /// messages enqueued by applications (parsed when drained).
     pub effect: Option<Effect>,
+    /// Whether this is markov's own instruction (see [`Entry::instruction`]).
+    instruction: bool,
 }
 
 impl Entry {
@@ -81,7 +83,27 @@ impl Entry {
         Entry {
             message,
             effect: None,
+            instruction: false,
         }
+    }
+
+    /// markov's own instruction to the model (a follow-up asking again for
+    /// an answer, say): recorded as a system message
+    /// ([`Role::System`](markov_core::Role::System)), never as the user's
+    /// words, yet it starts a run as user input does. It continues the
+    /// user's turn: per-turn budgets do not start over.
+    pub fn instruction(text: impl Into<String>) -> Self {
+        Entry {
+            message: Message::system(text),
+            effect: None,
+            instruction: true,
+        }
+    }
+
+    /// Whether this is markov's own instruction, made by
+    /// [`Entry::instruction`]: it starts a run.
+    pub fn is_instruction(&self) -> bool {
+        self.instruction
     }
 
     /// An effect with its history record.
@@ -93,6 +115,7 @@ impl Entry {
         Entry {
             message,
             effect: Some(effect),
+            instruction: false,
         }
     }
 

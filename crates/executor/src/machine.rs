@@ -285,6 +285,15 @@ impl Machine {
     pub fn enqueue_user(&self, text: impl Into<String>) {
         self.queue.enqueue([Message::user(text)]);
     }
+
+    /// Enqueues markov's own instruction to the model (see
+    /// [`Entry::instruction`](crate::Entry::instruction)): a system message
+    /// that starts the next run like user input, without being the user's
+    /// words.
+    pub fn enqueue_instruction(&self, text: impl Into<String>) {
+        self.queue
+            .enqueue_entries([crate::effect::Entry::instruction(text)]);
+    }
 }
 
 /// Appends to the root's pack list every pack of `nodes` not yet there, and

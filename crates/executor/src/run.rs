@@ -517,9 +517,11 @@ impl RunState {
                 }
             };
         }
-        let triggers = entries
+        let user_turn = entries
             .iter()
             .any(|e| e.message.role == Role::User && !e.message.is_silent());
+        // markov's own instruction runs the model too, within the turn.
+        let triggers = user_turn || entries.iter().any(Entry::is_instruction);
         if triggers && !machine.paused_leaves().is_empty() {
             // The paused step's answer comes first in the history: the
             // input waits, queued, until the step is resumed.
@@ -532,7 +534,7 @@ impl RunState {
                     .len(),
             });
         }
-        if triggers {
+        if user_turn {
             // A user turn starts: per-turn budgets start over (and only here,
             // so transitions inside the turn never refill them), and so
             // does the turn's usage.
@@ -938,7 +940,8 @@ fn resume(
         });
     }
     Instance::update(&mut machine.root, id, &mut |i| i.suspended = None);
-    let notice = Message::user(format!("[Resumed instance {id}]"));
+    // markov's note, not the user's words: a system message.
+    let notice = Message::system(format!("[Resumed instance {id}]"));
     machine.history.push(notice.clone());
     Ok(make_step(
         machine,

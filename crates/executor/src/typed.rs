@@ -3,7 +3,7 @@
 //! of times — when the answer does not parse. An answer cut by the token
 //! limit is an error ([`TypedRunError::Cut`]), never a guess.
 
-use markov_core::{Item, Message, Role};
+use markov_core::{Item, Role};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -96,7 +96,10 @@ impl Machine {
     /// Runs the machine and parses its answer into `T` (the node's
     /// structured output when it declares one, else the answer's JSON
     /// text), asking again up to [`DEFAULT_TYPED_RETRIES`] times when it
-    /// does not parse. Input must be enqueued first.
+    /// does not parse. Input must be enqueued first. markov asks again with
+    /// [`retry_prompt`] as its own instruction
+    /// ([`Machine::enqueue_instruction`]): a system message in the history,
+    /// never the user's words.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -150,7 +153,9 @@ impl Machine {
                 }
                 Err(error) if attempts <= retries => {
                     tracing::debug!(attempts, %error, "the answer did not parse: asking again");
-                    self.enqueue([Message::user(retry_prompt(&error.to_string()))]);
+                    // markov's words, not the user's: a system message
+                    // that runs the model again within the user's turn.
+                    self.enqueue_instruction(retry_prompt(&error.to_string()));
                 }
                 Err(error) => {
                     return Err(TypedRunError::Invalid {

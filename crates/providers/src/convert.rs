@@ -34,6 +34,11 @@ pub(crate) fn output_text(data: &Value) -> String {
     serde_json::to_string_pretty(data).unwrap_or_else(|_| data.to_string())
 }
 
+/// The prefix of a mid-conversation system message sent as user text, by
+/// the clients whose vendor has no system role there (Anthropic, Gemini):
+/// markov's words are never passed off as the user's.
+pub(crate) const SYSTEM_PREFIX: &str = "[System instruction] ";
+
 /// The text of a `system` message as one instruction for providers without a
 /// mid-conversation system role, or `None` when it holds no text.
 pub(crate) fn system_text(message: &Message) -> Option<String> {

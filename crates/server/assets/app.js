@@ -157,10 +157,11 @@ function userMessage(text) {
 }
 
 // What markov itself told the model (a reminder it injected, such as the
-// one after a cut answer): markov's note, never the user's bubble.
-function markovNote(text) {
+// one after a cut answer, a follow-up asking again, a resume notice) or
+// handed it from an agent instance: markov's note, never the user's bubble.
+function markovNote(text, who = "markov to the model") {
   const node = el("div", "msg markov");
-  node.append(el("span", "who", "markov to the model"));
+  node.append(el("span", "who", who));
   const body = el("div", "said");
   appendVisibly(body, text, PROSE);
   node.append(body);
@@ -287,11 +288,22 @@ function itemsOf(message) {
   return Array.isArray(message.items) ? message.items : [];
 }
 
+// Whether a message is attributed to an agent instance: a user message so
+// attributed was not written by the user.
+function fromInstance(message) {
+  const source = message.metadata && message.metadata.source;
+  return Boolean(source && typeof source.instanceId === "string" && source.instanceId);
+}
+
 // Shows one message of the history or of a step.
 function showMessage(message) {
   for (const item of itemsOf(message)) {
     if (message.role === "user") {
-      if (item.type === "text" && item.text) {
+      if (item.type === "text" && item.text && fromInstance(message)) {
+        // Text an agent instance handed back (a cede, a command's result):
+        // its words, relayed by markov, never the user's.
+        markovNote(item.text, "markov to the model, from an agent");
+      } else if (item.type === "text" && item.text) {
         if (state.echo !== null && item.text === state.echo) {
           // The text the user sent, shown when sent: once is enough.
           state.echo = null;

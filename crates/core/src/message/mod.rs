@@ -66,12 +66,13 @@ pub fn nesting_exceeds(value: &Value, limit: usize) -> bool {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// User input, tool results, cede content and synthetic notices. Sent to the model.
+    /// User input, tool results and cede content. Sent to the model.
     User,
     /// Model output and user-facing tool replies. Sent to the model.
     Assistant,
-    /// Control messages: `resume` items, and instructions injected mid-conversation
-    /// (such as the output-restriction reminder), which providers render as they can.
+    /// Control messages: `resume` items, and markov's own words injected
+    /// mid-conversation (a reminder, a typed run's follow-up, a resume
+    /// notice), which providers render as they can. Never the user's words.
     System,
     /// The record of a command invocation. Never sent to the model.
     Command,

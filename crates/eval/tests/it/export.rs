@@ -70,3 +70,40 @@ async fn a_session_that_is_not_there_is_an_error() {
         .unwrap_err();
     assert!(err.to_string().contains("nope"), "{err}");
 }
+
+#[tokio::test]
+async fn only_the_users_words_are_exported_as_input() {
+    use markov_core::message::{Message, Metadata, Source};
+    let store = Arc::new(SqliteStore::in_memory().expect("store"));
+    let recorded = ScriptedModel::builder()
+        .text("{\"sum\": 3}")
+        .text("{\"sum\": 3}")
+        .build();
+    let agent = calculator(Arc::new(recorded), INSTRUCTIONS).expect("builds");
+    let id = SessionId::new("noted");
+    let machine = agent.machine();
+    let instance = machine.instance().id().clone();
+    let mut session =
+        DurableMachine::create(store.clone(), id.clone(), WorkerId::new("app"), machine)
+            .await
+            .expect("created");
+    session.machine().enqueue_user("What is 1 + 2?");
+    session.run().await.expect("runs");
+    // markov's own follow-up, and text an agent instance handed back.
+    session.machine().enqueue_instruction("Answer again.");
+    session
+        .machine()
+        .enqueue([
+            Message::user("the child's findings").with_metadata(Metadata::with_source(Source {
+                instance_id: Some(instance),
+                ..Source::default()
+            })),
+        ]);
+    session.run().await.expect("runs");
+    session.release().await.expect("released");
+
+    let case = export_session(store.as_ref() as &dyn Store, &id)
+        .await
+        .expect("exports");
+    assert_eq!(case.input, ["What is 1 + 2?"]);
+}

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use crate::common::*;
 use markov_core::Item;
+use markov_core::message::{Message, Role};
 use markov_core::model::{ModelResponse, StopReason, Usage};
 use markov_core::tool;
-use markov_executor::{RunOptions, TypedRunError, retry_prompt};
+use markov_executor::{RunOptions, StandardExecutor, TypedRunError, retry_prompt};
 use markov_runtime::node::{Node, OutputConfig};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
@@ -141,6 +142,91 @@ async fn a_typed_run_asks_again_when_the_answer_does_not_parse() {
         last.text().starts_with("Your answer did not match"),
         "{}",
         last.text()
+    );
+    // The follow-up is markov's words, not the user's: a system message.
+    assert_eq!(last.role, Role::System, "{last:?}");
+    let users: Vec<String> = m
+        .history()
+        .iter()
+        .filter(|msg| msg.role == Role::User)
+        .map(Message::text)
+        .collect();
+    assert_eq!(users, ["six times seven?"], "the user wrote one message");
+    let follow_ups: Vec<&Message> = m
+        .history()
+        .iter()
+        .filter(|msg| msg.text().starts_with("Your answer did not match"))
+        .collect();
+    assert_eq!(follow_ups.len(), 1, "{:?}", m.history());
+    assert_eq!(follow_ups[0].role, Role::System);
+
+    // A snapshot and its restore keep the role.
+    let text = serde_json::to_string(&markov_executor::serialize_machine(&m).expect("serializes"))
+        .expect("writes");
+    let snapshot: markov_executor::SerializedMachine = serde_json::from_str(&text).expect("reads");
+    let charter = m.charter().clone();
+    let restored = restore_on(
+        charter,
+        Arc::new(StandardExecutor::shared(model.clone())),
+        snapshot,
+    )
+    .expect("restores");
+    assert_eq!(restored.history(), m.history());
+    let roles: Vec<Role> = restored.history().iter().map(|msg| msg.role).collect();
+    assert_eq!(
+        roles,
+        [Role::User, Role::Assistant, Role::System, Role::Assistant]
+    );
+}
+
+#[tokio::test]
+async fn markovs_follow_up_starts_a_run_within_the_users_turn() {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .text("first")
+            .text("second")
+            .build(),
+    );
+    let mut m = machine(
+        |c| c,
+        Node::builder("Answer.").build().expect("node"),
+        json!({}),
+        model.clone(),
+    );
+    m.enqueue_user("hello");
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(model.calls(), 1);
+
+    // A system message enqueued as a plain message records and calls no
+    // model; markov's instruction calls one.
+    m.enqueue([Message::system("a note")]);
+    let (_, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(model.calls(), 1, "a plain system message starts no run");
+    m.enqueue_instruction("Say it again.");
+    let (steps, err) = run_all(&mut m, RunOptions::default()).await;
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(model.calls(), 2, "markov's instruction runs the model");
+    assert!(steps.last().is_some_and(|s| s.done));
+    let last = model.requests()[1]
+        .messages
+        .last()
+        .cloned()
+        .expect("a message");
+    assert_eq!(last, Message::system("Say it again."));
+    assert_eq!(
+        m.history().last().map(Message::text).as_deref(),
+        Some("second")
+    );
+    assert_eq!(
+        m.history()
+            .iter()
+            .filter(|msg| msg.role == Role::User)
+            .count(),
+        1,
+        "{:?}",
+        m.history()
     );
 }
 

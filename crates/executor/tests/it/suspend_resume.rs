@@ -245,10 +245,17 @@ async fn a_resume_item_clears_the_suspension_in_one_command_step_that_ends_the_r
     assert!(!step.done);
     assert!(step.instance.suspended().is_none());
     assert!(m.instance().suspended().is_none());
-    let notice = Message::user(format!("[Resumed instance {id}]"));
+    // markov's note, never the user's words: a system message.
+    let notice = Message::system(format!("[Resumed instance {id}]"));
     assert_eq!(step.history, vec![notice.clone()]);
     // Quirk kept: the rest of the batch is discarded, the notice alone is recorded.
-    assert_eq!(m.history(), [notice]);
+    assert_eq!(m.history(), std::slice::from_ref(&notice));
+    // A snapshot keeps it markov's.
+    let snapshot =
+        serde_json::to_string(&markov_executor::serialize_machine(&m).expect("serializes"))
+            .expect("writes");
+    let read: markov_executor::SerializedMachine = serde_json::from_str(&snapshot).expect("reads");
+    assert_eq!(read.history, [notice]);
     assert!(m.queue().is_empty());
     assert!(script.calls().is_empty(), "no executor ran");
 
@@ -450,18 +457,15 @@ async fn a_code_transition_suspends_and_a_resume_continues() {
         Some("approved, carrying on")
     );
     assert_eq!(model.calls(), 2);
-    // The model saw the resume notice.
-    let texts: Vec<_> = model.requests()[1]
+    // The model saw the resume notice, as markov's note, not the user's.
+    let notice = format!("[Resumed instance {id}]");
+    let seen: Vec<_> = model.requests()[1]
         .messages
         .iter()
-        .map(|msg| format!("{msg:?}"))
+        .filter(|msg| msg.text() == notice)
+        .map(|msg| msg.role)
         .collect();
-    assert!(
-        texts
-            .iter()
-            .any(|t| t.contains(&format!("[Resumed instance {id}]"))),
-        "{texts:?}"
-    );
+    assert_eq!(seen, [Role::System], "{:?}", model.requests()[1].messages);
 }
 
 // ---------------------------------------------------------------------------

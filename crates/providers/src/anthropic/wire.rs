@@ -24,11 +24,8 @@ use serde_json::Value;
 
 use super::PromptCaching;
 use crate::body::{self, BodyCache, FrameBytes, Rendered};
-use crate::convert::{self, Content};
+use crate::convert::{self, Content, SYSTEM_PREFIX};
 use crate::output::{self, Plan};
-
-/// The prefix of a mid-conversation system instruction sent as user text.
-const SYSTEM_PREFIX: &str = "[System instruction] ";
 
 /// The whole request as one value: what [`encode_plain`] writes with
 /// `serde_json::to_vec`. Flattened, its fields are [`Head`]'s and

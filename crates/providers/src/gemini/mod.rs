@@ -12,8 +12,9 @@
 //!   function's name found in the history, `{"content": ..}` or, for an
 //!   error, `{"error": ..}`) before the rest of its message; a call → a
 //!   `functionCall` part (`id` when the model gave one); a `system`
-//!   message with text → a user text part; `command` and `instance` are
-//!   skipped.
+//!   message with text → a user text part starting with
+//!   `[System instruction] ` (the API has no mid-conversation system role);
+//!   `command` and `instance` are skipped.
 //! - **Thinking**: `thinkingConfig` (`thinkingBudget`: the budget, or -1
 //!   for adaptive; `includeThoughts`); thought summaries come back as
 //!   thinking items, and every thought signature is kept in the history

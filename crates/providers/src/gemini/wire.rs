@@ -391,6 +391,7 @@ fn contents(history: &[Message]) -> Vec<WireContent<'_>> {
             Role::Assistant => push("model", model_parts(message), &mut out),
             Role::System => {
                 if let Some(text) = convert::system_text(message) {
+                    let text = format!("{}{text}", convert::SYSTEM_PREFIX);
                     push("user", vec![text_part(Cow::Owned(text))], &mut out);
                 }
             }

@@ -392,3 +392,177 @@ async fn the_gemini_request_body() {
     )
     .await;
 }
+
+/// A typed run's history when markov asks again: the user's question, the
+/// answer that did not fit, and markov's follow-up, a system message last.
+fn asked_again() -> Vec<Message> {
+    vec![
+        Message::user("What is six times seven?"),
+        Message::assistant("forty-two"),
+        Message::system(
+            "Your answer did not match the required format: expected a number. Answer again.",
+        ),
+    ]
+}
+
+/// The messages part (`field`) of the body `model` sends for [`asked_again`].
+async fn sent_messages(model: &dyn Model, server: &FakeServer, field: &str, golden: Expect) {
+    let history = asked_again();
+    let settings = ModelSettings {
+        model: Some("golden-model".into()),
+        max_tokens: 256,
+        ..ModelSettings::default()
+    };
+    model
+        .complete(ModelRequest::new("Answer in JSON.", &history, &settings))
+        .await
+        .expect("answered");
+    let body = serde_json::to_string_pretty(&server.single().body[field]).expect("json");
+    golden.assert_eq(&body);
+}
+
+// markov's follow-up is never sent as the user's words: a system message
+// where the vendor has one mid-conversation, else user text marked as
+// markov's instruction (Anthropic, and Gemini, whose contents have only
+// user and model roles).
+
+#[tokio::test]
+async fn markovs_follow_up_reaches_anthropic_marked_as_its_instruction() {
+    let server = FakeServer::start().await;
+    server.reply(Reply::json(200, anthropic::text("{}")));
+    let model = Anthropic::builder()
+        .api_key("sk-ant-golden")
+        .base_url(server.base_url())
+        .build()
+        .expect("client");
+    sent_messages(&model, &server, "messages", expect![[r#"
+        [
+          {
+            "content": [
+              {
+                "text": "What is six times seven?",
+                "type": "text"
+              }
+            ],
+            "role": "user"
+          },
+          {
+            "content": [
+              {
+                "text": "forty-two",
+                "type": "text"
+              }
+            ],
+            "role": "assistant"
+          },
+          {
+            "content": [
+              {
+                "cache_control": {
+                  "type": "ephemeral"
+                },
+                "text": "[System instruction] Your answer did not match the required format: expected a number. Answer again.",
+                "type": "text"
+              }
+            ],
+            "role": "user"
+          }
+        ]"#]]).await;
+}
+
+#[tokio::test]
+async fn markovs_follow_up_reaches_openai_as_a_system_message() {
+    let server = FakeServer::start().await;
+    server.reply(Reply::json(200, openai::text("{}")));
+    let model = OpenAi::builder()
+        .api_key("sk-golden")
+        .base_url(format!("{}/v1", server.base_url()))
+        .build()
+        .expect("client");
+    sent_messages(&model, &server, "messages", expect![[r#"
+        [
+          {
+            "content": "Answer in JSON.",
+            "role": "system"
+          },
+          {
+            "content": "What is six times seven?",
+            "role": "user"
+          },
+          {
+            "content": "forty-two",
+            "role": "assistant"
+          },
+          {
+            "content": "Your answer did not match the required format: expected a number. Answer again.",
+            "role": "system"
+          }
+        ]"#]]).await;
+}
+
+#[cfg(feature = "responses")]
+#[tokio::test]
+async fn markovs_follow_up_reaches_responses_as_a_system_message() {
+    use markov_testkit::http::responses;
+    let server = FakeServer::scripted(vec![Reply::json(200, responses::text("{}"))]).await;
+    let client = markov_providers::Responses::builder()
+        .base_url(format!("{}/v1", server.base_url()))
+        .build()
+        .expect("builds");
+    sent_messages(&client, &server, "input", expect![[r#"
+        [
+          {
+            "content": "What is six times seven?",
+            "role": "user",
+            "type": "message"
+          },
+          {
+            "content": "forty-two",
+            "role": "assistant",
+            "type": "message"
+          },
+          {
+            "content": "Your answer did not match the required format: expected a number. Answer again.",
+            "role": "system",
+            "type": "message"
+          }
+        ]"#]]).await;
+}
+
+#[cfg(feature = "gemini")]
+#[tokio::test]
+async fn markovs_follow_up_reaches_gemini_marked_as_its_instruction() {
+    use markov_testkit::http::gemini;
+    let server = FakeServer::scripted(vec![Reply::json(200, gemini::text("{}"))]).await;
+    let client = markov_providers::Gemini::builder()
+        .base_url(server.base_url())
+        .build()
+        .expect("builds");
+    sent_messages(&client, &server, "contents", expect![[r#"
+        [
+          {
+            "parts": [
+              {
+                "text": "What is six times seven?"
+              }
+            ],
+            "role": "user"
+          },
+          {
+            "parts": [
+              {
+                "text": "forty-two"
+              }
+            ],
+            "role": "model"
+          },
+          {
+            "parts": [
+              {
+                "text": "[System instruction] Your answer did not match the required format: expected a number. Answer again."
+              }
+            ],
+            "role": "user"
+          }
+        ]"#]]).await;
+}

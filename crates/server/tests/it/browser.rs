@@ -1226,3 +1226,90 @@ async fn the_page_fits_a_phone_screen() {
     browser.screenshot("phone-chats.png").await;
     browser.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn markovs_follow_ups_notices_and_an_agents_hand_back_are_never_shown_as_the_users() {
+    use markov_core::message::{Message, Metadata, Source};
+    use markov_testkit::ScriptedModel;
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    struct Answer {
+        #[allow(dead_code)]
+        value: i64,
+    }
+    // A typed run whose first answer does not fit: markov asks again.
+    let agent = Agent::builder("typed")
+        .instructions("Answer in JSON.")
+        .output::<Answer>()
+        .model(
+            ScriptedModel::builder()
+                .text("forty-two")
+                .text(r#"{"value": 42}"#)
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("six times seven?");
+    let typed = machine.run_typed::<Answer>().await.expect("a typed answer");
+    assert_eq!(typed.attempts, 2);
+    let mut messages = machine.history().to_vec();
+    // A resume's notice, and text an agent instance handed back (as the run
+    // records them).
+    let id = machine.instance().id().clone();
+    messages.push(Message::system(format!("[Resumed instance {id}]")));
+    messages.push(
+        Message::user("the child's findings").with_metadata(Metadata::with_source(Source {
+            instance_id: Some(id),
+            ..Source::default()
+        })),
+    );
+    let users = messages
+        .iter()
+        .filter(|m| m.role == markov_core::Role::User)
+        .count();
+    assert_eq!(
+        users, 2,
+        "the user's question and the hand-back: {messages:?}"
+    );
+
+    let (f, _director) = serve_director().await;
+    let Some(browser) = Browser::start(1000, 860).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser.sign_in(&f.key).await;
+    let shown = browser
+        .run(&format!(
+            "showStep({{messages: {}}}); return document.querySelectorAll('#log .msg').length",
+            json!(messages)
+        ))
+        .await;
+    assert!(shown.as_u64().is_some_and(|n| n >= 5), "{shown}");
+    assert_eq!(
+        browser.count("#log .msg.user").await,
+        1,
+        "only what the user wrote is their bubble"
+    );
+    assert_eq!(
+        browser.text("#log .msg.user").await.trim(),
+        "six times seven?"
+    );
+    let notes = browser
+        .run("return [...document.querySelectorAll('#log .msg.markov')].map(e => e.innerText)")
+        .await;
+    let notes: Vec<String> = serde_json::from_value(notes).expect("the notes' texts");
+    assert_eq!(notes.len(), 3, "{notes:?}");
+    assert!(
+        notes[0].contains("did not match the required format"),
+        "{notes:?}"
+    );
+    assert!(notes[1].contains("[Resumed instance"), "{notes:?}");
+    assert!(
+        notes[2].contains("the child's findings")
+            && notes[2].to_lowercase().contains("from an agent"),
+        "{notes:?}"
+    );
+    browser.screenshot("markov-notes.png").await;
+    browser.close().await;
+}
