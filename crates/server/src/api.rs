@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
-use crate::auth::{Principal, verify_api_key};
+use crate::auth::{Principal, verify_api_key_with_id};
 use crate::guard::{self, COOKIE};
 use crate::runs::{RunGuard, RunLog, StopCause};
 use crate::{ApiError, Service, markdown};
@@ -167,13 +167,14 @@ pub(crate) async fn sign_in(
         return Err(ApiError::TooManyRequests(60));
     }
     let Json(SignIn { key }) = body?;
-    let Some(principal) = verify_api_key(&*service.keys, key.trim()).await? else {
+    let Some((principal, key_id)) = verify_api_key_with_id(&*service.keys, key.trim()).await?
+    else {
         return Err(ApiError::Unauthorized("not a valid API key".into()));
     };
     let token = service
         .verifiers
         .cookie
-        .sign(&principal)
+        .sign(&principal, &key_id)
         .ok_or_else(|| ApiError::Internal("cannot sign the session cookie".into()))?;
     let cookie = Cookie::build((COOKIE, token))
         .path("/")
@@ -186,7 +187,15 @@ pub(crate) async fn sign_in(
 
 #[utoipa::path(delete, path = "/auth/session", tag = "identity",
     responses((status = 204, description = "Signed out: the cookie is cleared")))]
-pub(crate) async fn sign_out(jar: CookieJar) -> (CookieJar, StatusCode) {
+pub(crate) async fn sign_out(State(service): Shared, jar: CookieJar) -> (CookieJar, StatusCode) {
+    // The cookie's value stays refused, not only cleared from this
+    // browser: a copy of it signs nobody in any more.
+    if let Some(signed) = jar
+        .get(COOKIE)
+        .and_then(|cookie| service.verifiers.cookie.verify(cookie.value()))
+    {
+        service.signed_out.add(&signed);
+    }
     (
         jar.remove(Cookie::build(COOKIE).path("/")),
         StatusCode::NO_CONTENT,
@@ -695,13 +704,20 @@ pub(crate) async fn events(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (id, _) = owned(&service, &principal, &id).await?;
-    let Some(log) = service.runs.get(&id) else {
-        return Ok(StatusCode::NO_CONTENT.into_response());
-    };
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // A finished run is replayed only to a client that read part of it
+    // (or of an earlier run) and says so: a client that merely looks for
+    // a run to follow learns there is none.
+    let Some(log) = service
+        .runs
+        .get(&id)
+        .filter(|log| after.is_some() || !log.is_finished())
+    else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
     Ok(Sse::new(log.events(after.as_deref()))
         .keep_alive(KeepAlive::default())
         .into_response())
