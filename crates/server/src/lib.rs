@@ -112,6 +112,7 @@ mod markdown;
 mod metrics;
 mod openapi;
 mod runs;
+mod wire;
 
 use std::collections::{BTreeMap, HashMap};
 use std::num::{NonZeroU32, NonZeroUsize};

@@ -98,6 +98,12 @@ impl RunLog {
         self.changed.notify_waiters();
     }
 
+    /// Appends `event`.
+    pub(crate) fn record(&self, event: crate::wire::RunEvent) {
+        let (name, data) = event.into_logged();
+        self.push(name, data);
+    }
+
     /// Lets [`RunLog::stop`] reach the run, and records how many messages
     /// the history held before it (what the run adds arrives as its
     /// events) and the message that started it.

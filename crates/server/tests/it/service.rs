@@ -1453,3 +1453,113 @@ fn an_allowed_host_that_is_not_one_is_a_build_error_not_a_panic() {
         assert!(with_host(accepted).is_ok(), "{accepted:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_document_says_which_routes_need_a_credential_and_describes_every_answer() {
+    let f = serve_agent(paying_agent(&Arc::default()), Arc::default()).await;
+    let id = f.create().await;
+    let (_, document) = f.send_as(&f.key, "GET", "/openapi.json", Value::Null).await;
+    let global = &document["security"];
+    assert_eq!(global, &json!([{"bearer": []}, {"cookie": []}]));
+    let schemes = &document["components"]["securitySchemes"];
+    assert_eq!(schemes["bearer"]["scheme"], "bearer");
+    assert_eq!(schemes["cookie"]["in"], "cookie");
+    assert_eq!(schemes["cookie"]["name"], "markov_session");
+    let mut public = BTreeSet::new();
+    for (path, item) in document["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("methods") {
+            let responses = operation["responses"].as_object().expect("responses");
+            for (status, response) in responses {
+                let content = response["content"].as_object();
+                if status == "204" {
+                    assert!(content.is_none(), "{method} {path} {status} has no body");
+                    continue;
+                }
+                let content = content
+                    .unwrap_or_else(|| panic!("{method} {path} {status} has no body described"));
+                for (media, body) in content {
+                    assert!(
+                        body["schema"].is_object(),
+                        "{method} {path} {status} {media} has no schema"
+                    );
+                    if status.starts_with('4') {
+                        assert_eq!(
+                            body["schema"]["$ref"], "#/components/schemas/ErrorBody",
+                            "{method} {path} {status}"
+                        );
+                    }
+                }
+            }
+            let needs_credential = operation.get("security") != Some(&json!([]));
+            if needs_credential {
+                for status in ["401", "429"] {
+                    assert!(
+                        responses.contains_key(status),
+                        "{method} {path} documents {status}"
+                    );
+                }
+            } else {
+                public.insert(format!("{} {path}", method.to_uppercase()));
+            }
+            let concrete = path
+                .replace("{id}", &id)
+                .replace("{agent}", "payments")
+                .replace("{request}", "nope");
+            // Without a credential (a sign-in's body is the key it signs
+            // in with, not a credential of the request).
+            let anonymous = f
+                .request(&method.to_uppercase(), &concrete)
+                .header("origin", f.base.clone())
+                .body(json!({"key": f.key, "text": "hi"}).to_string())
+                .send()
+                .await
+                .expect("sent");
+            let status = anonymous.status().as_u16();
+            if needs_credential {
+                assert_eq!(status, 401, "{method} {path} without a credential");
+            } else {
+                assert!(
+                    (200..300).contains(&status),
+                    "{method} {path} needs no credential: {status}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        public,
+        BTreeSet::from([
+            "DELETE /auth/session".to_owned(),
+            "GET /healthz".to_owned(),
+            "POST /auth/session".to_owned(),
+        ])
+    );
+    // Runs stream their events; each is described, by name.
+    let names: BTreeSet<String> = document["components"]["schemas"]["RunEvent"]["oneOf"]
+        .as_array()
+        .expect("variants")
+        .iter()
+        .map(|v| {
+            v["properties"]["event"]["enum"][0]
+                .as_str()
+                .expect("a name")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        ["decided", "delta", "done", "error", "interrupted", "step"]
+            .map(str::to_owned)
+            .into()
+    );
+    for path in [
+        "/sessions/{id}/messages",
+        "/sessions/{id}/approvals/{request}",
+    ] {
+        assert_eq!(
+            document["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+                ["$ref"],
+            "#/components/schemas/RunEvent",
+            "{path}"
+        );
+    }
+}
