@@ -492,18 +492,16 @@ impl Approvals {
         Ok(record.request.clone())
     }
 
-    /// The requests worth keeping, for a snapshot: the pending and approved
-    /// ones that have not expired, and every request holding a paused call.
+    /// The requests worth keeping, for a snapshot: the ones that have not
+    /// expired — pending and approved ones to act on, decided ones so that
+    /// a second decision is refused as already decided rather than unknown
+    /// — and every request holding a paused call.
     pub fn snapshot(&self) -> Vec<ApprovalRecord> {
         let now = unix_millis(SystemTime::now());
         let mut kept: Vec<_> = self
             .read()
             .values()
-            .filter(|(r, _)| {
-                r.held.is_some()
-                    || (matches!(r.status, ApprovalStatus::Pending | ApprovalStatus::Approved)
-                        && now < r.request.expires)
-            })
+            .filter(|(r, _)| r.held.is_some() || now < r.request.expires)
             .map(|(r, seq)| (*seq, r.clone()))
             .collect();
         kept.sort_by_key(|(seq, _)| *seq);
@@ -520,19 +518,33 @@ impl Approvals {
         trim(&mut map, 0);
     }
 
-    /// Forgets the requests of paused calls whose instance `still_paused`
-    /// does not name: their step is recorded, so the calls are answered.
+    /// Forgets the paused calls whose instance `still_paused` does not
+    /// name: their step is recorded, so the calls are answered. A request
+    /// that was decided stays, without its call, until it expires, so that
+    /// deciding it again is refused as already decided rather than
+    /// unknown; an undecided one goes.
     pub fn forget_held(&self, still_paused: impl Fn(&InstanceId) -> bool) {
         let mut records = self.read();
         let before = records.len();
+        let mut settled = false;
         records.retain(|_, (r, _)| match &r.held {
             Some(HeldCall {
                 instance: Some(instance),
                 ..
-            }) => still_paused(instance),
+            }) if !still_paused(instance) => {
+                let decided = matches!(
+                    r.status,
+                    ApprovalStatus::Used | ApprovalStatus::Denied | ApprovalStatus::Answered
+                );
+                if decided {
+                    r.held = None;
+                    settled = true;
+                }
+                decided
+            }
             _ => true,
         });
-        if records.len() != before {
+        if settled || records.len() != before {
             self.revision
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -1162,7 +1174,7 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_keeps_pending_and_approved_requests() {
+    fn a_snapshot_keeps_unexpired_requests_and_a_decided_one_stays_decided() {
         let approvals = Approvals::new();
         let now = SystemTime::now();
         let pending = required(&approvals, json!({"a": 1}), now);
@@ -1174,14 +1186,27 @@ mod tests {
         approvals
             .decide_at(&denied.request_id, Decision::Deny { message: None }, now)
             .expect("deny");
+        let expired = required(&approvals, json!({"a": 4}), at(0));
         let records = approvals.snapshot();
-        assert_eq!(records.len(), 2);
+        assert_eq!(records.len(), 3, "all but the expired one");
         let restored = Approvals::new();
         restored.restore(records);
         assert_eq!(restored.pending_at(now), vec![pending]);
         assert_eq!(
             present(&restored, &approved.request_id, json!({"a": 2}), now),
             Ok(json!({"a": 2}))
+        );
+        assert_eq!(
+            restored.decide_at(&denied.request_id, Decision::Approve, now),
+            Err(ApprovalError::AlreadyDecided {
+                id: denied.request_id.clone(),
+                status: ApprovalStatus::Denied
+            }),
+            "a second decision is refused as such"
+        );
+        assert_eq!(
+            restored.decide_at(&expired.request_id, Decision::Approve, now),
+            Err(ApprovalError::NotFound(expired.request_id.clone()))
         );
     }
 

@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::from_fn_with_state;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::get;
 use axum::{Json, Router};
 use axum_extra::extract::CookieJar;
 use axum_extra::extract::cookie::{Cookie, SameSite};
@@ -20,44 +20,38 @@ use markov_executor::stream::DeltaKind;
 use markov_executor::{Agent, MachineStep, MessageStreamEvent, YieldReason};
 use markov_policy::{ApprovalId, ApprovalStatus, Decision};
 use markov_store::{CreateOptions, DurableMachine, OpenOptions, SessionId, SessionInfo, Store};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
-use crate::auth::{Principal, verify_api_key};
+use crate::auth::{Principal, verify_api_key_with_id};
 use crate::guard::{self, COOKIE};
 use crate::runs::{RunGuard, RunLog, StopCause};
+use crate::wire::{
+    AgentInfo, ApprovalRequest, Cancelling, CommandResult, DecidedEvent, DeltaEvent, DoneEvent,
+    ErrorBody, Health, InterruptedEvent, LiveRun, Me, NewSession, RunEvent, SessionDetail,
+    SessionSummary, StepEvent,
+};
 use crate::{ApiError, Service, markdown};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 type Shared = State<Arc<Service>>;
 
 /// The routes, with their checks.
 pub(crate) fn router(service: Arc<Service>) -> Router {
     let limits = service.limits.clone();
-    let protected = Router::new()
-        .route("/me", get(me))
-        .route("/agents", get(agents))
-        .route("/sessions", post(create_default).get(list_all))
-        .route("/agents/{agent}/sessions", post(create_for).get(list_for))
-        .route("/sessions/{id}", get(show))
-        .route("/sessions/{id}/messages", post(message))
-        .route("/sessions/{id}/events", get(events))
-        .route("/sessions/{id}/cancel", post(cancel))
-        .route("/sessions/{id}/approvals", get(approvals))
-        .route("/sessions/{id}/approvals/{request}", post(decide))
-        .route("/sessions/{id}/commands", post(command))
-        .route("/openapi.json", get(openapi))
-        .route("/metrics", get(metrics))
-        .route_layer(from_fn_with_state(
-            Arc::clone(&service),
-            guard::authenticate,
-        ));
+    let (public, _) = public_routes().split_for_parts();
+    let (protected, _) = protected_routes().split_for_parts();
+    let protected = protected.route_layer(from_fn_with_state(
+        Arc::clone(&service),
+        guard::authenticate,
+    ));
     let mut app = Router::new()
         .route("/", get(page))
         .route("/assets/app.js", get(script))
         .route("/assets/app.css", get(style))
-        .route("/healthz", get(health))
-        .route("/auth/session", post(sign_in).delete(sign_out))
+        .merge(public)
         .merge(protected)
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
@@ -90,6 +84,32 @@ pub(crate) fn router(service: Arc<Service>) -> Router {
     ))
     .layer(from_fn_with_state(Arc::clone(&service), guard::access_log))
     .with_state(service)
+}
+
+/// The documented routes that need no credential: each route and its
+/// entry in the document come from one declaration, so they cannot drift.
+pub(crate) fn public_routes() -> OpenApiRouter<Arc<Service>> {
+    OpenApiRouter::new()
+        .routes(routes!(health))
+        .routes(routes!(sign_in, sign_out))
+}
+
+/// The documented routes that need a credential.
+pub(crate) fn protected_routes() -> OpenApiRouter<Arc<Service>> {
+    OpenApiRouter::new()
+        .routes(routes!(me))
+        .routes(routes!(agents))
+        .routes(routes!(create_default, list_all))
+        .routes(routes!(create_for, list_for))
+        .routes(routes!(show))
+        .routes(routes!(message))
+        .routes(routes!(events))
+        .routes(routes!(cancel))
+        .routes(routes!(approvals))
+        .routes(routes!(decide))
+        .routes(routes!(command))
+        .routes(routes!(openapi))
+        .routes(routes!(metrics))
 }
 
 async fn no_route() -> ApiError {
@@ -132,10 +152,12 @@ async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
 }
 
-#[utoipa::path(get, path = "/healthz", tag = "service",
-    responses((status = 200, description = "The service is up")))]
-pub(crate) async fn health() -> Json<Value> {
-    Json(json!({"status": "ok"}))
+#[utoipa::path(get, path = "/healthz", tag = "service", security(),
+    responses((status = 200, description = "The service is up", body = Health)))]
+pub(crate) async fn health() -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+    })
 }
 
 // --- identity -----------------------------------------------------------------
@@ -147,9 +169,15 @@ pub(crate) struct SignIn {
     key: String,
 }
 
-#[utoipa::path(post, path = "/auth/session", tag = "identity", request_body = SignIn,
-    responses((status = 204, description = "Signed in: the session cookie is set"),
-              (status = 401, description = "Not a valid key")))]
+#[utoipa::path(post, path = "/auth/session", tag = "identity", request_body = SignIn, security(),
+    responses((status = 204, description = "Signed in: the session cookie (`markov_session`, \
+        HTTP-only, SameSite=Strict) is set; it lasts until it expires, the key is revoked or \
+        the browser signs out"),
+              (status = 400, description = "Not a sign-in body", body = ErrorBody),
+              (status = 401, description = "Not a valid key", body = ErrorBody),
+              (status = 413, description = "The body is too large", body = ErrorBody),
+              (status = 429, description = "Too many attempts from this address: \
+                  `Retry-After` says when to try again", body = ErrorBody)))]
 pub(crate) async fn sign_in(
     State(service): Shared,
     peer: Option<Extension<ConnectInfo<std::net::SocketAddr>>>,
@@ -167,13 +195,14 @@ pub(crate) async fn sign_in(
         return Err(ApiError::TooManyRequests(60));
     }
     let Json(SignIn { key }) = body?;
-    let Some(principal) = verify_api_key(&*service.keys, key.trim()).await? else {
+    let Some((principal, key_id)) = verify_api_key_with_id(&*service.keys, key.trim()).await?
+    else {
         return Err(ApiError::Unauthorized("not a valid API key".into()));
     };
     let token = service
         .verifiers
         .cookie
-        .sign(&principal)
+        .sign(&principal, &key_id)
         .ok_or_else(|| ApiError::Internal("cannot sign the session cookie".into()))?;
     let cookie = Cookie::build((COOKIE, token))
         .path("/")
@@ -184,9 +213,18 @@ pub(crate) async fn sign_in(
     Ok((jar.add(cookie), StatusCode::NO_CONTENT))
 }
 
-#[utoipa::path(delete, path = "/auth/session", tag = "identity",
-    responses((status = 204, description = "Signed out: the cookie is cleared")))]
-pub(crate) async fn sign_out(jar: CookieJar) -> (CookieJar, StatusCode) {
+#[utoipa::path(delete, path = "/auth/session", tag = "identity", security(),
+    responses((status = 204, description = "Signed out: the cookie is cleared, and its value \
+        signs nobody in any more")))]
+pub(crate) async fn sign_out(State(service): Shared, jar: CookieJar) -> (CookieJar, StatusCode) {
+    // The cookie's value stays refused, not only cleared from this
+    // browser: a copy of it signs nobody in any more.
+    if let Some(signed) = jar
+        .get(COOKIE)
+        .and_then(|cookie| service.verifiers.cookie.verify(cookie.value()))
+    {
+        service.signed_out.add(&signed);
+    }
     (
         jar.remove(Cookie::build(COOKIE).path("/")),
         StatusCode::NO_CONTENT,
@@ -194,37 +232,41 @@ pub(crate) async fn sign_out(jar: CookieJar) -> (CookieJar, StatusCode) {
 }
 
 #[utoipa::path(get, path = "/me", tag = "identity",
-    responses((status = 200, description = "The caller's principal and roles")))]
-pub(crate) async fn me(Extension(principal): Extension<Principal>) -> Json<Value> {
-    Json(json!({
-        "principal": principal.id(),
-        "roles": principal.roles().collect::<Vec<_>>(),
-    }))
+    responses((status = 200, description = "The caller's principal and roles", body = Me),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn me(Extension(principal): Extension<Principal>) -> Json<Me> {
+    Json(Me {
+        principal: principal.id().as_str().to_owned(),
+        roles: principal.roles().map(str::to_owned).collect(),
+    })
 }
 
 // --- agents and sessions ------------------------------------------------------
 
 #[utoipa::path(get, path = "/agents", tag = "sessions",
-    responses((status = 200, description = "The agents served (name, whether it is the default, \
-        the model it answers with if the server names it); the first is the default")))]
-pub(crate) async fn agents(State(service): Shared) -> Json<Value> {
-    Json(Value::Array(
+    responses((status = 200, description = "The agents served", body = Vec<AgentInfo>),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn agents(State(service): Shared) -> Json<Vec<AgentInfo>> {
+    Json(
         service
             .agents
             .keys()
-            .map(|name| {
-                json!({
-                    "name": name,
-                    "default": *name == service.default_agent,
-                    "model": service.models.get(name),
-                })
+            .map(|name| AgentInfo {
+                name: name.clone(),
+                default: *name == service.default_agent,
+                model: service.models.get(name).cloned(),
             })
             .collect(),
-    ))
+    )
 }
 
 #[utoipa::path(post, path = "/sessions", tag = "sessions",
-    responses((status = 201, description = "A session of the default agent")))]
+    responses((status = 201, description = "A session of the default agent", body = NewSession),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn create_default(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
@@ -235,8 +277,11 @@ pub(crate) async fn create_default(
 
 #[utoipa::path(post, path = "/agents/{agent}/sessions", tag = "sessions",
     params(("agent" = String, Path, description = "The agent's name")),
-    responses((status = 201, description = "A session of the agent"),
-              (status = 404, description = "No such agent")))]
+    responses((status = 201, description = "A session of the agent", body = NewSession),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such agent", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn create_for(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
@@ -272,13 +317,16 @@ async fn create(
     session.release().await?;
     Ok((
         StatusCode::CREATED,
-        Json(json!({"id": id, "agent": agent.name()})),
+        Json(NewSession {
+            id: id.to_string(),
+            agent: agent.name().to_owned(),
+        }),
     )
         .into_response())
 }
 
-fn listed(service: &Service, sessions: Vec<SessionInfo>) -> Json<Value> {
-    Json(Value::Array(
+fn listed(service: &Service, sessions: Vec<SessionInfo>) -> Json<Vec<SessionSummary>> {
+    Json(
         sessions
             .into_iter()
             .map(|s| {
@@ -286,34 +334,45 @@ fn listed(service: &Service, sessions: Vec<SessionInfo>) -> Json<Value> {
                     .runs
                     .get(&s.id)
                     .is_some_and(|log| !log.is_finished());
-                json!({
-                    "id": s.id, "agent": s.charter, "messages": s.messages,
-                    "running": running, "interrupted": s.running,
-                    "created_at": s.created_at, "updated_at": s.updated_at,
-                })
+                SessionSummary {
+                    id: s.id.to_string(),
+                    agent: s.charter,
+                    messages: s.messages,
+                    running,
+                    interrupted: s.running,
+                    created_at: s.created_at,
+                    updated_at: s.updated_at,
+                }
             })
             .collect(),
-    ))
+    )
 }
 
 #[utoipa::path(get, path = "/sessions", tag = "sessions",
-    responses((status = 200, description = "The caller's sessions, most recent first")))]
+    responses((status = 200, description = "The caller's sessions, most recent first",
+                  body = Vec<SessionSummary>),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn list_all(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Vec<SessionSummary>>, ApiError> {
     let sessions = service.store.list(Some(principal.id())).await?;
     Ok(listed(&service, sessions))
 }
 
 #[utoipa::path(get, path = "/agents/{agent}/sessions", tag = "sessions",
     params(("agent" = String, Path, description = "The agent's name")),
-    responses((status = 200, description = "The caller's sessions of the agent")))]
+    responses((status = 200, description = "The caller's sessions of the agent",
+                  body = Vec<SessionSummary>),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 404, description = "No such agent", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn list_for(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
     Path(agent): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Vec<SessionSummary>>, ApiError> {
     agent_named(&service, &agent)?;
     let mut sessions = service.store.list(Some(principal.id())).await?;
     sessions.retain(|s| s.charter == agent);
@@ -360,13 +419,16 @@ fn pending(
         on this or another worker, or left by one that stopped or died, to be continued), whether it runs \
         here and, if it does, where its events take up from the history \
         (`live_run`: the first `history_len` messages, then the events after `last_event_id`; \
-        `message` is the user's text that started the turn, which its first step records)"),
-              (status = 404, description = "No such session of the caller's")))]
+        `message` is the user's text that started the turn, which its first step records)",
+                  body = SessionDetail),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 404, description = "No such session of the caller's", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn show(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionDetail>, ApiError> {
     let (id, agent) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
     let pending = pending(&stored.snapshot.policy.approvals);
@@ -376,33 +438,46 @@ pub(crate) async fn show(
     let live = service.runs.get(&id).filter(|log| !log.is_finished());
     let live_run = live.as_ref().map(|log| {
         let (last_event_id, history_len, message) = log.join();
-        json!({"last_event_id": last_event_id, "history_len": history_len, "message": message})
+        LiveRun {
+            last_event_id,
+            history_len,
+            message,
+        }
     });
-    Ok(Json(json!({
-        "id": stored.info.id,
-        "agent": agent.name(),
-        "history": markdown::with_html(&stored.snapshot.history),
-        "state": stored.snapshot.instance.state,
-        "pending_approvals": pending,
-        "awaiting_approval": stored.snapshot.policy.answers.iter().any(|a| a.paused),
-        "usage": stored.snapshot.usage,
-        "running": live.is_some(),
-        "interrupted": stored.info.running,
-        "live_run": live_run,
-    })))
+    Ok(Json(SessionDetail {
+        id: stored.info.id.to_string(),
+        agent: agent.name().to_owned(),
+        history: markdown::with_html(&stored.snapshot.history),
+        state: json!(stored.snapshot.instance.state),
+        pending_approvals: pending.into_iter().cloned().collect(),
+        awaiting_approval: stored.snapshot.policy.answers.iter().any(|a| a.paused),
+        usage: json!(stored.snapshot.usage),
+        running: live.is_some(),
+        interrupted: stored.info.running,
+        live_run,
+    }))
 }
 
 #[utoipa::path(get, path = "/sessions/{id}/approvals", tag = "approvals",
     params(("id" = String, Path, description = "The session")),
-    responses((status = 200, description = "The calls waiting for a decision")))]
+    responses((status = 200, description = "The calls waiting for a decision",
+                  body = Vec<ApprovalRequest>),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 404, description = "No such session of the caller's", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn approvals(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Vec<markov_policy::ConfirmationRequest>>, ApiError> {
     let (id, _) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
-    Ok(Json(json!(pending(&stored.snapshot.policy.approvals))))
+    Ok(Json(
+        pending(&stored.snapshot.policy.approvals)
+            .into_iter()
+            .cloned()
+            .collect(),
+    ))
 }
 
 // --- runs -----------------------------------------------------------------------
@@ -458,7 +533,11 @@ pub(crate) fn send_delta(event: &MessageStreamEvent) {
     if let MessageStreamEvent::Update { delta, .. } = event
         && delta.kind == DeltaKind::Text
     {
-        let _ = RUN_LOG.try_with(|log| log.push("delta", json!({"text": delta.delta}).to_string()));
+        let _ = RUN_LOG.try_with(|log| {
+            log.record(RunEvent::Delta(DeltaEvent {
+                text: delta.delta.clone(),
+            }))
+        });
     }
 }
 
@@ -475,47 +554,21 @@ enum Work {
     Continue,
 }
 
-/// One step as a client sees it: its messages (assistant text also as
-/// sanitized HTML, see `markdown::with_html`), why it ended, the response
-/// (and its HTML), the calls waiting for approval, the model that answered,
-/// what the step and the turn and session so far used, the usage limit
-/// that ended the run, if one did, and the at-most-once calls it answered
-/// `INTERRUPTED` (for a person to reconcile).
-#[derive(Debug, Serialize)]
-struct StepEvent<'a> {
-    yield_reason: &'static str,
-    done: bool,
-    messages: Value,
-    response: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    response_html: Option<String>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    approvals: &'a [markov_policy::ConfirmationRequest],
-    #[serde(skip_serializing_if = "Option::is_none")]
-    model: Option<&'a str>,
-    usage: &'a markov_core::Usage,
-    totals: &'a markov_executor::UsageTotals,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    usage_limit: Option<String>,
-    #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    interrupted: &'a [markov_policy::InterruptedCall],
-}
-
-fn step_json(step: &MachineStep) -> String {
-    let body = StepEvent {
-        yield_reason: step.yield_reason.as_str(),
+/// One step as a client sees it (see [`StepEvent`]).
+fn step_event(step: &MachineStep) -> RunEvent {
+    RunEvent::Step(StepEvent {
+        yield_reason: step.yield_reason.as_str().to_owned(),
         done: step.done,
         messages: markdown::with_html(&step.history),
-        response: step.response.as_deref(),
+        response: step.response.clone(),
         response_html: step.response.as_deref().and_then(markdown::to_html),
-        approvals: &step.approvals,
-        model: step.model.as_deref(),
-        usage: &step.usage,
-        totals: &step.totals,
+        approvals: step.approvals.clone(),
+        model: step.model.clone(),
+        usage: json!(step.usage),
+        totals: json!(step.totals),
         usage_limit: step.usage_limit.map(|limit| limit.to_string()),
-        interrupted: &step.interrupted,
-    };
-    serde_json::to_string(&body).unwrap_or_else(|_| "{}".into())
+        interrupted: step.interrupted.clone(),
+    })
 }
 
 /// Performs `work` on `session` in a task of its own (a client that leaves
@@ -525,12 +578,12 @@ fn spawn_run(
     service: &Arc<Service>,
     guard: RunGuard,
     mut session: DurableMachine<dyn Store>,
-    first: Option<(&'static str, String)>,
+    first: Option<RunEvent>,
     work: Work,
 ) -> Arc<RunLog> {
     let log = Arc::clone(guard.log());
-    if let Some((name, data)) = first {
-        log.push(name, data);
+    if let Some(event) = first {
+        log.record(event);
     }
     let message = match &work {
         Work::Message(text) => Some(text.clone()),
@@ -567,7 +620,7 @@ fn spawn_run(
                 .filter(|i| matches!(i, Item::ToolResult { .. }))
                 .count();
             service.metrics.tool_calls.inc_by(results as u64);
-            log.push("step", step_json(step));
+            log.record(step_event(step));
         };
         let result = async {
             let last = match work {
@@ -596,32 +649,25 @@ fn spawn_run(
         deadline.abort();
         let outcome = match result {
             Ok(Some((last, true))) => {
-                log.push(
-                    "interrupted",
-                    json!({
-                        "yield_reason": last.yield_reason.as_str(),
-                        "reason": "the server is shutting down: the run continues when it is back",
-                    })
-                    .to_string(),
-                );
+                log.record(RunEvent::Interrupted(InterruptedEvent {
+                    yield_reason: last.yield_reason.as_str().to_owned(),
+                    reason: "the server is shutting down: the run continues when it is back"
+                        .into(),
+                }));
                 "interrupted"
             }
             Ok(Some((last, false))) => {
                 let stopped = (last.yield_reason == YieldReason::Cancelled)
                     .then(|| log.cause().map_or("cancelled", StopCause::as_str));
-                log.push(
-                    "done",
-                    json!({
-                        "done": last.done,
-                        "response": last.output(),
-                        "yield_reason": last.yield_reason.as_str(),
-                        "awaiting_approval": last.yield_reason == YieldReason::AwaitingApproval,
-                        "stopped": stopped,
-                        "usage_limit": last.usage_limit.map(|limit| limit.to_string()),
-                        "usage": last.totals,
-                    })
-                    .to_string(),
-                );
+                log.record(RunEvent::Done(DoneEvent {
+                    done: last.done,
+                    response: last.output(),
+                    yield_reason: last.yield_reason.as_str().to_owned(),
+                    awaiting_approval: last.yield_reason == YieldReason::AwaitingApproval,
+                    stopped: stopped.map(str::to_owned),
+                    usage_limit: last.usage_limit.map(|limit| limit.to_string()),
+                    usage: json!(last.totals),
+                }));
                 stopped.unwrap_or("done")
             }
             Ok(None) => "nothing",
@@ -629,7 +675,9 @@ fn spawn_run(
                 // On the console of whoever runs the server: the page shows
                 // the user the same message.
                 tracing::warn!(session = %id, %error, "a run failed");
-                log.push("error", json!({"error": error.to_string()}).to_string());
+                log.record(RunEvent::Error(ErrorBody {
+                    error: error.to_string(),
+                }));
                 "error"
             }
         };
@@ -653,8 +701,16 @@ pub(crate) struct UserText {
 
 #[utoipa::path(post, path = "/sessions/{id}/messages", tag = "runs",
     params(("id" = String, Path, description = "The session")), request_body = UserText,
-    responses((status = 200, description = "The turn's events (text/event-stream)"),
-              (status = 409, description = "The session runs, or waits for decisions")))]
+    responses((status = 200, content_type = "text/event-stream", body = RunEvent,
+                  description = "The turn's events, as server-sent events (see `RunEvent`), \
+                  until the run ends with `done`, `interrupted` or `error`"),
+              (status = 400, description = "Not a message, or an empty one", body = ErrorBody),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such session of the caller's", body = ErrorBody),
+              (status = 409, description = "The session runs, or waits for decisions", body = ErrorBody),
+              (status = 413, description = "The body is too large", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn message(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
@@ -690,8 +746,15 @@ pub(crate) async fn message(
 #[utoipa::path(get, path = "/sessions/{id}/events", tag = "runs",
     params(("id" = String, Path, description = "The session"),
            ("Last-Event-ID" = Option<String>, Header, description = "The last event received")),
-    responses((status = 200, description = "The events after Last-Event-ID, then live"),
-              (status = 204, description = "No run in progress or just ended")))]
+    responses((status = 200, content_type = "text/event-stream", body = RunEvent,
+                  description = "The run's events after `Last-Event-ID` (from its start if the \
+                  id is of another run), then live until the run ends; a finished run is \
+                  replayed only when `Last-Event-ID` is sent, for a short while after its end"),
+              (status = 204, description = "No run in progress, and no `Last-Event-ID` asks \
+                  for what a finished one sent"),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 404, description = "No such session of the caller's", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn events(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
@@ -699,13 +762,20 @@ pub(crate) async fn events(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let (id, _) = owned(&service, &principal, &id).await?;
-    let Some(log) = service.runs.get(&id) else {
-        return Ok(StatusCode::NO_CONTENT.into_response());
-    };
     let after = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    // A finished run is replayed only to a client that read part of it
+    // (or of an earlier run) and says so: a client that merely looks for
+    // a run to follow learns there is none.
+    let Some(log) = service
+        .runs
+        .get(&id)
+        .filter(|log| after.is_some() || !log.is_finished())
+    else {
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    };
     Ok(Sse::new(log.events(after.as_deref()))
         .keep_alive(KeepAlive::default())
         .into_response())
@@ -713,8 +783,13 @@ pub(crate) async fn events(
 
 #[utoipa::path(post, path = "/sessions/{id}/cancel", tag = "runs",
     params(("id" = String, Path, description = "The session")),
-    responses((status = 202, description = "The run is stopping; its stream ends with `done`, stopped: cancelled"),
-              (status = 409, description = "No run in progress")))]
+    responses((status = 202, description = "The run is stopping; its stream ends with `done`, \
+                  stopped: cancelled", body = Cancelling),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such session of the caller's", body = ErrorBody),
+              (status = 409, description = "No run in progress", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn cancel(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
@@ -723,7 +798,7 @@ pub(crate) async fn cancel(
     let (id, _) = owned(&service, &principal, &id).await?;
     match service.runs.get(&id) {
         Some(log) if log.stop(StopCause::Cancelled) => {
-            Ok((StatusCode::ACCEPTED, Json(json!({"cancelling": true}))).into_response())
+            Ok((StatusCode::ACCEPTED, Json(Cancelling { cancelling: true })).into_response())
         }
         _ => Err(ApiError::Conflict(format!(
             "session {id} has no run in progress"
@@ -751,10 +826,18 @@ pub(crate) struct DecisionBody {
     params(("id" = String, Path, description = "The session"),
            ("request" = String, Path, description = "The confirmation request")),
     request_body = DecisionBody,
-    responses((status = 200, description = "`decided`, then the resumed run's events"),
-              (status = 403, description = "The tool's calls need a role the caller lacks"),
-              (status = 409, description = "Already decided, or the session runs"),
-              (status = 410, description = "Expired")))]
+    responses((status = 200, content_type = "text/event-stream", body = RunEvent,
+                  description = "`decided`, then, once no call waits, the resumed run's events, \
+                  as server-sent events (see `RunEvent`)"),
+              (status = 400, description = "Not a decision, or one the request cannot take", body = ErrorBody),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "The tool's calls need a role the caller lacks, or a \
+                  signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such session of the caller's, or no such request in it", body = ErrorBody),
+              (status = 409, description = "Already decided, or the session runs", body = ErrorBody),
+              (status = 410, description = "Expired", body = ErrorBody),
+              (status = 413, description = "The body is too large", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn decide(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
@@ -792,19 +875,18 @@ pub(crate) async fn decide(
     };
     let machine = session.machine();
     let waiting = machine.approvals().held_pending_at(SystemTime::now()).len();
-    let event = json!({
-        "request_id": decided.request_id,
-        "decision": name,
-        "tool": decided.tool,
-        "waiting": waiting,
-    })
-    .to_string();
+    let event = RunEvent::Decided(DecidedEvent {
+        request_id: decided.request_id.to_string(),
+        decision: name.to_owned(),
+        tool: decided.tool,
+        waiting,
+    });
     let work = if waiting == 0 && machine.is_awaiting_approval() {
         Work::Resume
     } else {
         Work::Nothing
     };
-    let log = spawn_run(&service, guard, session, Some(("decided", event)), work);
+    let log = spawn_run(&service, guard, session, Some(event), work);
     Ok(streamed(&log).into_response())
 }
 
@@ -821,13 +903,20 @@ pub(crate) struct CommandRequest {
 
 #[utoipa::path(post, path = "/sessions/{id}/commands", tag = "sessions",
     params(("id" = String, Path, description = "The session")), request_body = CommandRequest,
-    responses((status = 200, description = "The command's result")))]
+    responses((status = 200, description = "The command's result", body = CommandResult),
+              (status = 400, description = "Not a command request", body = ErrorBody),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such session of the caller's", body = ErrorBody),
+              (status = 409, description = "The session runs", body = ErrorBody),
+              (status = 413, description = "The body is too large", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn command(
     State(service): Shared,
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
     body: Result<Json<CommandRequest>, JsonRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<CommandResult>, ApiError> {
     let Json(request) = body?;
     let (id, agent) = owned(&service, &principal, &id).await?;
     let _guard = claim(&service, &id)?;
@@ -842,17 +931,20 @@ pub(crate) async fn command(
     let released = session.release().await;
     let outcome = outcome?;
     released?;
-    Ok(Json(json!({
-        "success": outcome.result.success,
-        "value": outcome.result.value,
-        "error": outcome.result.error,
-    })))
+    Ok(Json(CommandResult {
+        success: outcome.result.success,
+        value: json!(outcome.result.value),
+        error: outcome.result.error,
+    }))
 }
 
 // --- the service itself -----------------------------------------------------------
 
 #[utoipa::path(get, path = "/openapi.json", tag = "service",
-    responses((status = 200, description = "This document")))]
+    responses((status = 200, description = "This document", content_type = "application/json",
+                  body = Object),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn openapi() -> Response {
     (
         [(header::CONTENT_TYPE, "application/json")],
@@ -862,7 +954,10 @@ pub(crate) async fn openapi() -> Response {
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "service",
-    responses((status = 200, description = "Prometheus text format")))]
+    responses((status = 200, description = "The metrics, in the OpenMetrics text format",
+                  content_type = "application/openmetrics-text", body = String),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn metrics(State(service): Shared) -> Response {
     (
         [(

@@ -150,6 +150,16 @@ pub(crate) async fn verify_api_key(
     keys: &dyn KeyStore,
     presented: &str,
 ) -> Result<Option<Principal>, StoreError> {
+    Ok(verify_api_key_with_id(keys, presented)
+        .await?
+        .map(|(principal, _)| principal))
+}
+
+/// [`verify_api_key`], with the key's public id.
+pub(crate) async fn verify_api_key_with_id(
+    keys: &dyn KeyStore,
+    presented: &str,
+) -> Result<Option<(Principal, String)>, StoreError> {
     let Some((id, secret)) = presented
         .strip_prefix("mk_")
         .and_then(|rest| rest.split_once('_'))
@@ -169,7 +179,10 @@ pub(crate) async fn verify_api_key(
     if !matches || record.revoked_at.is_some() {
         return Ok(None);
     }
-    Ok(Some(Principal::new(record.principal, record.roles)))
+    Ok(Some((
+        Principal::new(record.principal, record.roles),
+        record.id,
+    )))
 }
 
 /// Bearer tokens from an external issuer (an identity provider): their
@@ -254,6 +267,12 @@ struct Claims {
     iss: String,
     #[serde(default)]
     aud: String,
+    /// The sign-in cookie's key: the id of the API key that signed in.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    kid: String,
+    /// The sign-in cookie's own id, which signing out refuses.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    sid: String,
 }
 
 /// The browser's sign-in cookie: a token the server signs itself, naming
@@ -287,24 +306,99 @@ impl CookieSigner {
         }
     }
 
-    pub(crate) fn sign(&self, principal: &Principal) -> Option<String> {
+    /// A cookie for `principal`, signed in with the API key `key_id`.
+    pub(crate) fn sign(&self, principal: &Principal, key_id: &str) -> Option<String> {
         let claims = Claims {
             sub: principal.id().as_str().to_owned(),
             roles: principal.roles().map(str::to_owned).collect(),
             exp: crate::now_ms() / 1000 + self.lifetime.as_secs(),
             iss: COOKIE_ISSUER.into(),
             aud: COOKIE_AUDIENCE.into(),
+            kid: key_id.to_owned(),
+            sid: uuid::Uuid::new_v4().simple().to_string(),
         };
         jsonwebtoken::encode(&Header::new(Algorithm::HS256), &claims, &self.encoding).ok()
     }
 
-    pub(crate) fn verify(&self, token: &str) -> Option<Principal> {
+    /// The sign-in `token` records, if this server signed it and it has
+    /// not expired. Whether its key is still live and whether it was
+    /// signed out is for the caller to check ([`CookieSignIn`]).
+    pub(crate) fn verify(&self, token: &str) -> Option<CookieSignIn> {
         let mut validation = Validation::new(Algorithm::HS256);
         validation.set_issuer(&[COOKIE_ISSUER]);
         validation.set_audience(&[COOKIE_AUDIENCE]);
         validation.leeway = 0;
         let data = jsonwebtoken::decode::<Claims>(token, &self.decoding, &validation).ok()?;
-        Some(Principal::new(data.claims.sub, data.claims.roles))
+        let Claims {
+            sub, exp, kid, sid, ..
+        } = data.claims;
+        // A cookie without its key or its own id (signed by an older
+        // server) cannot be checked against either: it signs nobody in.
+        (!kid.is_empty() && !sid.is_empty()).then_some(CookieSignIn {
+            principal: sub,
+            key: kid,
+            id: sid,
+            expires: exp,
+        })
+    }
+}
+
+/// What a valid sign-in cookie records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CookieSignIn {
+    /// The principal it signed in as.
+    pub(crate) principal: String,
+    /// The id of the API key that signed in.
+    pub(crate) key: String,
+    /// The sign-in's own id.
+    pub(crate) id: String,
+    /// When it expires, in Unix seconds.
+    pub(crate) expires: u64,
+}
+
+impl CookieSignIn {
+    /// Its principal, with the roles its key has now, if the key is still
+    /// live and the sign-in was not signed out: checked on every request,
+    /// so revoking the key or signing out takes effect on the next one.
+    pub(crate) async fn live(
+        &self,
+        keys: &dyn KeyStore,
+        signed_out: &SignedOut,
+    ) -> Result<Option<Principal>, StoreError> {
+        if signed_out.contains(&self.id) {
+            return Ok(None);
+        }
+        let Some(record) = keys.key(&self.key).await? else {
+            return Ok(None);
+        };
+        if record.revoked_at.is_some() || record.principal != self.principal {
+            return Ok(None);
+        }
+        Ok(Some(Principal::new(record.principal, record.roles)))
+    }
+}
+
+/// The sign-ins signed out in this process, each kept until its cookie
+/// would have expired anyway.
+#[derive(Debug, Default)]
+pub(crate) struct SignedOut(std::sync::Mutex<std::collections::HashMap<String, u64>>);
+
+impl SignedOut {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses `sign_in` from now on (until it expires on its own).
+    pub(crate) fn add(&self, sign_in: &CookieSignIn) {
+        let now = crate::now_ms() / 1000;
+        let mut map = self.lock();
+        map.retain(|_, expires| *expires >= now);
+        map.insert(sign_in.id.clone(), sign_in.expires);
+    }
+
+    /// Whether sign-in `id` was signed out.
+    pub(crate) fn contains(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
     }
 }
 
@@ -348,8 +442,17 @@ mod tests {
     fn a_signed_cookie_names_its_principal_and_a_forged_one_names_nobody() {
         let signer = CookieSigner::new(&[7; 32], std::time::Duration::from_secs(60));
         let alice = Principal::new("alice", ["approver"]);
-        let token = signer.sign(&alice).expect("signs");
-        assert_eq!(signer.verify(&token), Some(alice));
+        let token = signer.sign(&alice, "0123456789ab").expect("signs");
+        let signed = signer.verify(&token).expect("verifies");
+        assert_eq!(signed.principal, "alice");
+        assert_eq!(signed.key, "0123456789ab");
+        assert_eq!(signed.id.len(), 32);
+        let again = signer.sign(&alice, "0123456789ab").expect("signs");
+        assert_ne!(
+            signer.verify(&again).map(|s| s.id),
+            Some(signed.id),
+            "each sign-in has its own id"
+        );
         let other = CookieSigner::new(&[8; 32], std::time::Duration::from_secs(60));
         assert_eq!(other.verify(&token), None, "another server's secret");
         let mut tampered = token.clone();
@@ -368,6 +471,8 @@ mod tests {
                 exp,
                 iss: iss.into(),
                 aud: aud.into(),
+                kid: String::new(),
+                sid: String::new(),
             };
             jsonwebtoken::encode(
                 &Header::new(Algorithm::HS256),

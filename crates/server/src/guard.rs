@@ -25,7 +25,10 @@ pub(crate) fn host_name(authority: &str) -> Option<String> {
     let host = if authority.starts_with('[') {
         let end = authority.find(']')?;
         let (host, rest) = authority.split_at(end + 1);
-        if !(rest.is_empty() || rest[1..].parse::<u16>().is_ok() && rest.starts_with(':')) {
+        let port_ok = rest
+            .strip_prefix(':')
+            .is_some_and(|port| port.parse::<u16>().is_ok());
+        if !(rest.is_empty() || port_ok) {
             return None;
         }
         host.to_owned()
@@ -209,9 +212,16 @@ pub(crate) async fn authenticate(
             Err(error) => return ApiError::from(error).into_response(),
         }
     } else {
-        jar.get(COOKIE)
-            .and_then(|cookie| service.verifiers.cookie.verify(cookie.value()))
-            .map(|p| (p, Credential::Cookie))
+        let signed = jar
+            .get(COOKIE)
+            .and_then(|cookie| service.verifiers.cookie.verify(cookie.value()));
+        match signed {
+            None => None,
+            Some(signed) => match signed.live(&*service.keys, &service.signed_out).await {
+                Ok(principal) => principal.map(|p| (p, Credential::Cookie)),
+                Err(error) => return ApiError::from(error).into_response(),
+            },
+        }
     };
     let Some((principal, credential)) = found else {
         service.metrics.unauthenticated.inc();
@@ -264,6 +274,11 @@ mod tests {
         assert_eq!(host_name("evil.com:x"), None);
         assert_eq!(host_name("a/b"), None);
         assert_eq!(host_name(""), None);
+        // Not a port after the bracket, even one whose first character
+        // takes more than a byte.
+        assert_eq!(host_name("[::1]é"), None);
+        assert_eq!(host_name("[::1]:é"), None);
+        assert_eq!(host_name("[::1]x80"), None);
         assert_eq!(
             split_origin("https://app.example.com:8443"),
             Some(("https".into(), "app.example.com".into()))

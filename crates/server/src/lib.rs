@@ -112,6 +112,7 @@ mod markdown;
 mod metrics;
 mod openapi;
 mod runs;
+mod wire;
 
 use std::collections::{BTreeMap, HashMap};
 use std::num::{NonZeroU32, NonZeroUsize};
@@ -417,6 +418,7 @@ impl ServerBuilder {
                     jwt: self.jwt,
                     cookie: CookieSigner::new(&cookie_key, limits.sign_in),
                 },
+                signed_out: Default::default(),
                 approval_roles: self.approval_roles,
                 sessions: NonZeroUsize::new(limits.open_sessions)
                     .map(|sessions| SessionCache::new(sessions, limits.open_session_bytes)),
@@ -444,6 +446,8 @@ struct Service {
     /// The length of this server's leases on sessions.
     lease: Duration,
     verifiers: Verifiers,
+    /// The browser sign-ins signed out in this process.
+    signed_out: crate::auth::SignedOut,
     approval_roles: HashMap<String, String>,
     /// The machines of idle sessions, kept between messages.
     sessions: Option<SessionCache>,

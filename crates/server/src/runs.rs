@@ -98,6 +98,12 @@ impl RunLog {
         self.changed.notify_waiters();
     }
 
+    /// Appends `event`.
+    pub(crate) fn record(&self, event: crate::wire::RunEvent) {
+        let (name, data) = event.into_logged();
+        self.push(name, data);
+    }
+
     /// Lets [`RunLog::stop`] reach the run, and records how many messages
     /// the history held before it (what the run adds arrives as its
     /// events) and the message that started it.
@@ -206,7 +212,12 @@ impl RunLog {
 #[derive(Debug)]
 pub(crate) struct RunGuard {
     runs: Arc<Runs>,
+    session: SessionId,
     log: Arc<RunLog>,
+    /// The session's last run before this claim: kept, not replaced, if
+    /// the claim ends without a run (a refused decision or message), so
+    /// a client can still read what it missed of it.
+    previous: Option<Arc<RunLog>>,
 }
 
 impl RunGuard {
@@ -218,6 +229,16 @@ impl RunGuard {
 impl Drop for RunGuard {
     fn drop(&mut self) {
         self.log.finish();
+        if self.log.state().events.is_empty()
+            && let Some(previous) = self.previous.take()
+        {
+            let mut logs = self.runs.logs();
+            if let Some(entry) = logs.by_session.get_mut(&self.session)
+                && Arc::ptr_eq(entry, &self.log)
+            {
+                *entry = previous;
+            }
+        }
         self.runs.finished();
     }
 }
@@ -281,10 +302,12 @@ impl Runs {
             state: Mutex::default(),
             changed: Notify::new(),
         });
-        logs.by_session.insert(id.clone(), Arc::clone(&log));
+        let previous = logs.by_session.insert(id.clone(), Arc::clone(&log));
         Some(RunGuard {
             runs: Arc::clone(self),
+            session: id.clone(),
             log,
+            previous,
         })
     }
 
@@ -389,11 +412,12 @@ mod tests {
             runs.get(&busy).is_some(),
             "kept for a client that reconnects"
         );
-        // The session's next run replaces its finished log at once: a busy
-        // session does not hold a log per turn of the last minute.
+        // The session's next run replaces its finished log once it ends:
+        // a busy session does not hold a log per turn of the last minute.
         let second = runs.claim(&busy).expect("free once finished");
-        assert!(first_log.upgrade().is_none(), "the replaced log is dropped");
+        second.log().push("step", "the next run's".into());
         drop(second);
+        assert!(first_log.upgrade().is_none(), "the replaced log is dropped");
         drop(runs.claim(&idle).expect("free"));
         assert_eq!(runs.kept(), 2);
         // A sweep before the logs were kept long enough forgets nothing; one
@@ -410,5 +434,25 @@ mod tests {
         runs.logs().sweep(now + KEEP_FINISHED * 10);
         assert_eq!(runs.kept(), 1, "a run in progress is never forgotten");
         drop(running);
+    }
+
+    #[test]
+    fn a_claim_that_ends_without_a_run_keeps_the_last_run() {
+        let runs = Arc::new(Runs::default());
+        let id = SessionId::new("s");
+        let guard = runs.claim(&id).expect("free");
+        let ran = Arc::clone(guard.log());
+        ran.push("done", "{}".into());
+        drop(guard);
+        let refused = runs.claim(&id).expect("free again");
+        assert!(!Arc::ptr_eq(refused.log(), &ran));
+        drop(refused);
+        let kept = runs.get(&id).expect("a log");
+        assert!(Arc::ptr_eq(&kept, &ran), "the run that ran is still there");
+        let next = runs.claim(&id).expect("free again");
+        next.log().push("step", "{}".into());
+        let next_log = Arc::clone(next.log());
+        drop(next);
+        assert!(Arc::ptr_eq(&runs.get(&id).expect("a log"), &next_log));
     }
 }

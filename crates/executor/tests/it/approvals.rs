@@ -239,15 +239,24 @@ async fn an_approved_call_runs_once_on_resume_without_another_model_call() {
     assert_eq!(requests[1].messages[..], history[..history.len() - 1]);
     // The state updates of the lookups apply once each, replayed or not.
     assert_eq!(b.machine.instance().state()["count"], 2);
-    // Their step is recorded: the requests are gone.
+    // Their step is recorded: the paused call is gone; the request stays,
+    // decided, until it expires (a second decision is refused as such).
     assert!(b.machine.approvals().pending().is_empty());
-    assert!(
-        serialize_machine(&b.machine)
-            .expect("serializes")
-            .policy
-            .approvals
-            .is_empty()
-    );
+    let kept = serialize_machine(&b.machine)
+        .expect("serializes")
+        .policy
+        .approvals;
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].request.request_id, request.request_id);
+    assert_eq!(kept[0].status, markov_policy::ApprovalStatus::Used);
+    assert!(kept[0].held.is_none(), "the call is not kept");
+    assert!(matches!(
+        b.machine
+            .approvals()
+            .approve(&request.request_id)
+            .expect_err("decided already"),
+        markov_policy::ApprovalError::AlreadyDecided { .. }
+    ));
 }
 
 #[tokio::test]

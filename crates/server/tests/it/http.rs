@@ -472,10 +472,16 @@ async fn approving_the_last_waiting_call_resumes_the_run_and_streams_it() {
     let (_, session) = f.get(&format!("/sessions/{id}")).await;
     assert_eq!(session["awaiting_approval"], false);
     assert_eq!(results(&session), [r#"{"ok":true,"data":"paid 7"}"#]);
-    let (status, _) = f
+    let (status, body) = f
         .decide(&id, &pending[0], json!({"decision": "approve"}))
         .await;
-    assert_eq!(status, 404, "its call is answered: the request is gone");
+    assert_eq!(status, 409, "decided twice: {body:?}");
+    let message = body[0].1["error"].as_str().expect("an error").to_owned();
+    assert!(
+        message.contains(&pending[0]) && message.contains("already"),
+        "{message}"
+    );
+    assert_eq!(f.pays.load(Ordering::SeqCst), 1, "still paid once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

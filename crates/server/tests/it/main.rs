@@ -1,6 +1,7 @@
 //! The integration tests of this crate, one binary: one module per area.
 
 mod browser;
+mod client;
 mod http;
 mod restart;
 mod service;

@@ -430,6 +430,78 @@ async fn a_browser_signs_in_with_a_key_and_gets_a_strict_http_only_cookie() {
     );
 }
 
+impl Fixture {
+    /// Signs a browser in with `key`: the `markov_session=...` cookie.
+    async fn cookie_for(&self, key: &str) -> String {
+        let signed = self
+            .request("POST", "/auth/session")
+            .header("origin", self.base.clone())
+            .body(json!({"key": key}).to_string())
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(signed.status(), 204);
+        signed.headers()["set-cookie"]
+            .to_str()
+            .expect("text")
+            .split(';')
+            .next()
+            .expect("a value")
+            .to_owned()
+    }
+
+    /// `method path` with the browser's `cookie` (from the page's origin).
+    async fn as_browser(&self, cookie: &str, method: &str, path: &str) -> u16 {
+        self.request(method, path)
+            .header("cookie", cookie)
+            .header("origin", self.base.clone())
+            .send()
+            .await
+            .expect("sent")
+            .status()
+            .as_u16()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_key_or_signing_out_ends_the_browser_sign_in_at_the_next_request() {
+    let f = serve(ScriptedModel::builder().build()).await;
+    let bob = f.keys["bob"].clone();
+    let cookie = f.cookie_for(&bob).await;
+    assert_eq!(f.as_browser(&cookie, "GET", "/me").await, 200);
+    assert_eq!(f.as_browser(&cookie, "POST", "/sessions").await, 201);
+    assert!(f.store.revoke_key(key_id(&bob)).await.expect("revokes"));
+    for (method, path) in [("GET", "/me"), ("GET", "/sessions"), ("POST", "/sessions")] {
+        assert_eq!(
+            f.as_browser(&cookie, method, path).await,
+            401,
+            "{method} {path} after the key is revoked"
+        );
+    }
+
+    // Signing out refuses the cookie's value itself, not only this
+    // browser's copy of it; another sign-in with the same key goes on.
+    let carol = f.keys["carol"].clone();
+    let cookie = f.cookie_for(&carol).await;
+    let other = f.cookie_for(&carol).await;
+    assert_eq!(f.as_browser(&cookie, "GET", "/me").await, 200);
+    let out = f
+        .request("DELETE", "/auth/session")
+        .header("cookie", cookie.clone())
+        .header("origin", f.base.clone())
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(out.status(), 204);
+    assert_eq!(
+        f.as_browser(&cookie, "GET", "/me").await,
+        401,
+        "the signed-out cookie replayed"
+    );
+    assert_eq!(f.as_browser(&cookie, "POST", "/sessions").await, 401);
+    assert_eq!(f.as_browser(&other, "GET", "/me").await, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bearer_tokens_from_an_external_issuer_are_accepted_only_when_valid() {
     let secret = [9u8; 32];
@@ -742,10 +814,22 @@ async fn a_client_that_lost_its_stream_gets_what_it_missed_then_the_rest_live() 
     assert!(!missed.contains(&seen[0]), "nothing twice: {rest}");
     assert!(rest.contains("event: done"), "{rest}");
     assert!(rest.contains("Paid 1."), "{rest}");
-    // From the start, every event once, in order.
+    // Once the run is over, a client that asks for nothing in particular
+    // learns that nothing runs.
+    let idle = f
+        .request("GET", &format!("/sessions/{id}/events"))
+        .bearer_auth(&f.key)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(idle.status(), 204, "no run in progress and no replay asked");
+    // From the start (the event id before the run's first), every event
+    // once, in order.
+    let run = seen[0].split_once('-').expect("<run>-<seq>").0;
     let all = f
         .request("GET", &format!("/sessions/{id}/events"))
         .bearer_auth(&f.key)
+        .header("last-event-id", format!("{run}-0"))
         .send()
         .await
         .expect("sent")
@@ -1341,4 +1425,141 @@ async fn metrics_count_requests_runs_steps_and_tool_calls_for_prometheus() {
         text.contains("markov_run_duration_seconds_count 1"),
         "{text}"
     );
+}
+
+#[test]
+fn an_allowed_host_that_is_not_one_is_a_build_error_not_a_panic() {
+    let with_host = |host: &str| {
+        Server::builder()
+            .agent(
+                Agent::builder("a")
+                    .instructions("Answer.")
+                    .model(ScriptedModel::builder().build())
+                    .build()
+                    .expect("an agent"),
+            )
+            .store(Arc::new(SqliteStore::in_memory().expect("a database")))
+            .allowed_host(host)
+            .build()
+    };
+    for refused in ["[::1]é", "[::1]:é", "[::1]x", "a/b", "evil.com:x"] {
+        let built = with_host(refused);
+        assert!(
+            matches!(&built, Err(BuildError::Address(reason)) if reason.contains("allowed host")),
+            "{refused:?}: {built:?}"
+        );
+    }
+    for accepted in ["[::1]", "[::1]:8080", "agents.example"] {
+        assert!(with_host(accepted).is_ok(), "{accepted:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_document_says_which_routes_need_a_credential_and_describes_every_answer() {
+    let f = serve_agent(paying_agent(&Arc::default()), Arc::default()).await;
+    let id = f.create().await;
+    let (_, document) = f.send_as(&f.key, "GET", "/openapi.json", Value::Null).await;
+    let global = &document["security"];
+    assert_eq!(global, &json!([{"bearer": []}, {"cookie": []}]));
+    let schemes = &document["components"]["securitySchemes"];
+    assert_eq!(schemes["bearer"]["scheme"], "bearer");
+    assert_eq!(schemes["cookie"]["in"], "cookie");
+    assert_eq!(schemes["cookie"]["name"], "markov_session");
+    let mut public = BTreeSet::new();
+    for (path, item) in document["paths"].as_object().expect("paths") {
+        for (method, operation) in item.as_object().expect("methods") {
+            let responses = operation["responses"].as_object().expect("responses");
+            for (status, response) in responses {
+                let content = response["content"].as_object();
+                if status == "204" {
+                    assert!(content.is_none(), "{method} {path} {status} has no body");
+                    continue;
+                }
+                let content = content
+                    .unwrap_or_else(|| panic!("{method} {path} {status} has no body described"));
+                for (media, body) in content {
+                    assert!(
+                        body["schema"].is_object(),
+                        "{method} {path} {status} {media} has no schema"
+                    );
+                    if status.starts_with('4') {
+                        assert_eq!(
+                            body["schema"]["$ref"], "#/components/schemas/ErrorBody",
+                            "{method} {path} {status}"
+                        );
+                    }
+                }
+            }
+            let needs_credential = operation.get("security") != Some(&json!([]));
+            if needs_credential {
+                for status in ["401", "429"] {
+                    assert!(
+                        responses.contains_key(status),
+                        "{method} {path} documents {status}"
+                    );
+                }
+            } else {
+                public.insert(format!("{} {path}", method.to_uppercase()));
+            }
+            let concrete = path
+                .replace("{id}", &id)
+                .replace("{agent}", "payments")
+                .replace("{request}", "nope");
+            // Without a credential (a sign-in's body is the key it signs
+            // in with, not a credential of the request).
+            let anonymous = f
+                .request(&method.to_uppercase(), &concrete)
+                .header("origin", f.base.clone())
+                .body(json!({"key": f.key, "text": "hi"}).to_string())
+                .send()
+                .await
+                .expect("sent");
+            let status = anonymous.status().as_u16();
+            if needs_credential {
+                assert_eq!(status, 401, "{method} {path} without a credential");
+            } else {
+                assert!(
+                    (200..300).contains(&status),
+                    "{method} {path} needs no credential: {status}"
+                );
+            }
+        }
+    }
+    assert_eq!(
+        public,
+        BTreeSet::from([
+            "DELETE /auth/session".to_owned(),
+            "GET /healthz".to_owned(),
+            "POST /auth/session".to_owned(),
+        ])
+    );
+    // Runs stream their events; each is described, by name.
+    let names: BTreeSet<String> = document["components"]["schemas"]["RunEvent"]["oneOf"]
+        .as_array()
+        .expect("variants")
+        .iter()
+        .map(|v| {
+            v["properties"]["event"]["enum"][0]
+                .as_str()
+                .expect("a name")
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(
+        names,
+        ["decided", "delta", "done", "error", "interrupted", "step"]
+            .map(str::to_owned)
+            .into()
+    );
+    for path in [
+        "/sessions/{id}/messages",
+        "/sessions/{id}/approvals/{request}",
+    ] {
+        assert_eq!(
+            document["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+                ["$ref"],
+            "#/components/schemas/RunEvent",
+            "{path}"
+        );
+    }
 }

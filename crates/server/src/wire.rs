@@ -1,0 +1,305 @@
+//! The bodies the API answers and the events it streams, as the types the
+//! handlers build: the OpenAPI document describes these very types.
+
+use serde::Serialize;
+use serde_json::Value;
+use utoipa::ToSchema;
+
+/// An error: what went wrong, in words.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct ErrorBody {
+    /// What went wrong.
+    pub(crate) error: String,
+}
+
+/// The service is up.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Health {
+    /// Always `ok`.
+    pub(crate) status: String,
+}
+
+/// Who the caller is.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Me {
+    /// The principal, which owns the sessions it creates.
+    pub(crate) principal: String,
+    /// Its roles.
+    pub(crate) roles: Vec<String>,
+}
+
+/// An agent the server serves.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct AgentInfo {
+    /// Its name.
+    pub(crate) name: String,
+    /// Whether `POST /sessions` creates its sessions.
+    pub(crate) default: bool,
+    /// The model it answers with, if the server names it.
+    pub(crate) model: Option<String>,
+}
+
+/// A session just created.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct NewSession {
+    /// Its id.
+    pub(crate) id: String,
+    /// Its agent.
+    pub(crate) agent: String,
+}
+
+/// A session in a list.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SessionSummary {
+    /// Its id.
+    pub(crate) id: String,
+    /// Its agent.
+    pub(crate) agent: String,
+    /// How many messages its history holds.
+    pub(crate) messages: u64,
+    /// Whether a run of it is in progress on this server.
+    pub(crate) running: bool,
+    /// Whether a run is recorded in progress in the store (here, on
+    /// another worker, or left by one that stopped, to be continued).
+    pub(crate) interrupted: bool,
+    /// When it was created, in Unix milliseconds.
+    pub(crate) created_at: u64,
+    /// When it last changed, in Unix milliseconds.
+    pub(crate) updated_at: u64,
+}
+
+/// A call waiting for the user's decision.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ApprovalRequest {
+    /// What `POST /sessions/{id}/approvals/{request}` decides.
+    request_id: String,
+    /// When it expires, in Unix milliseconds.
+    expires: u64,
+    /// The tool.
+    tool: String,
+    /// The exact arguments.
+    #[schema(value_type = Object)]
+    args: Value,
+    /// A one-line preview of the action.
+    preview: String,
+    /// The paused call's id (calls paused for approval only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    call_id: Option<String>,
+}
+
+/// An at-most-once call that a resumed step found started and never
+/// finished: answered `INTERRUPTED` and not run again, its outcome
+/// unknown, for a person to reconcile.
+#[derive(Debug, Serialize, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct InterruptedCall {
+    /// The call's id in the model's answer.
+    call_id: String,
+    /// The tool.
+    tool: String,
+    /// The arguments it was called with (`null` when they were too large
+    /// to keep).
+    #[schema(value_type = Object)]
+    args: Value,
+    /// The agent instance the call ran for, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    instance: Option<String>,
+    /// The call's ledger key (user turn, instance, call id).
+    key: String,
+    /// When the call started, in Unix milliseconds.
+    started_at: u64,
+}
+
+/// Where a page that shows the history joins the run in progress.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct LiveRun {
+    /// The `Last-Event-ID` to read the run's events from its start.
+    pub(crate) last_event_id: String,
+    /// How many messages of the history were stored before the run.
+    pub(crate) history_len: usize,
+    /// The user's text that started the turn, which its first step
+    /// records.
+    pub(crate) message: Option<String>,
+}
+
+/// A session, whole.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SessionDetail {
+    /// Its id.
+    pub(crate) id: String,
+    /// Its agent.
+    pub(crate) agent: String,
+    /// Its messages (assistant text also as sanitized `html`).
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) history: Value,
+    /// The agent's state.
+    #[schema(value_type = Object)]
+    pub(crate) state: Value,
+    /// The calls waiting for a decision.
+    #[schema(value_type = Vec<ApprovalRequest>)]
+    pub(crate) pending_approvals: Vec<markov_policy::ConfirmationRequest>,
+    /// Whether a turn waits for decisions.
+    pub(crate) awaiting_approval: bool,
+    /// What the session used so far.
+    #[schema(value_type = Object)]
+    pub(crate) usage: Value,
+    /// Whether a run of it is in progress on this server.
+    pub(crate) running: bool,
+    /// Whether a run is recorded in progress in the store.
+    pub(crate) interrupted: bool,
+    /// Where the run in progress here takes up from the history.
+    pub(crate) live_run: Option<LiveRun>,
+}
+
+/// A run is stopping.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Cancelling {
+    /// Always `true`.
+    pub(crate) cancelling: bool,
+}
+
+/// What a command did.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct CommandResult {
+    /// Whether it succeeded.
+    pub(crate) success: bool,
+    /// Its value.
+    #[schema(value_type = Option<Object>)]
+    pub(crate) value: Value,
+    /// Why it failed.
+    pub(crate) error: Option<String>,
+}
+
+// --- the events of a run --------------------------------------------------------
+
+/// One step: its messages (assistant text also as sanitized HTML), why it
+/// ended, the response (and its HTML), the calls waiting for approval, the
+/// model that answered, what the step and the turn and session so far
+/// used, and the usage limit that ended the run, if one did.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StepEvent {
+    /// Why the step ended (`end_turn`, `tool_calls`, `awaiting_approval`, ...).
+    pub(crate) yield_reason: String,
+    /// Whether the turn is over.
+    pub(crate) done: bool,
+    /// The messages the step added.
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) messages: Value,
+    /// The model's answer, if the step ended the turn with one.
+    pub(crate) response: Option<String>,
+    /// The answer as sanitized HTML.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) response_html: Option<String>,
+    /// The calls waiting for approval.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<ApprovalRequest>)]
+    pub(crate) approvals: Vec<markov_policy::ConfirmationRequest>,
+    /// The model that answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) model: Option<String>,
+    /// What the step used.
+    #[schema(value_type = Object)]
+    pub(crate) usage: Value,
+    /// What the turn and the session used so far.
+    #[schema(value_type = Object)]
+    pub(crate) totals: Value,
+    /// The usage limit that ended the run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) usage_limit: Option<String>,
+    /// The at-most-once calls this step answered `INTERRUPTED` (started
+    /// before a crash, never finished, not run again).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<InterruptedCall>)]
+    pub(crate) interrupted: Vec<markov_policy::InterruptedCall>,
+}
+
+/// A piece of the model's text as it arrives.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DeltaEvent {
+    /// The text.
+    pub(crate) text: String,
+}
+
+/// A decision was recorded (the first event of a decision's stream).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DecidedEvent {
+    /// The request decided.
+    pub(crate) request_id: String,
+    /// `approve`, `edit`, `deny` or `respond`.
+    pub(crate) decision: String,
+    /// The tool.
+    pub(crate) tool: String,
+    /// How many calls still wait: the run resumes when none does.
+    pub(crate) waiting: usize,
+}
+
+/// The run ended (the last event of a run that was not interrupted).
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct DoneEvent {
+    /// Whether the turn is over.
+    pub(crate) done: bool,
+    /// The model's answer.
+    pub(crate) response: Option<String>,
+    /// Why the last step ended.
+    pub(crate) yield_reason: String,
+    /// Whether the turn waits for decisions.
+    pub(crate) awaiting_approval: bool,
+    /// Why it was stopped from outside (`cancelled`, `deadline`), if it
+    /// was.
+    pub(crate) stopped: Option<String>,
+    /// The usage limit that ended the run, if one did.
+    pub(crate) usage_limit: Option<String>,
+    /// What the turn and the session used.
+    #[schema(value_type = Object)]
+    pub(crate) usage: Value,
+}
+
+/// The server is shutting down mid-run: the run continues when it is back.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct InterruptedEvent {
+    /// Why the last step ended.
+    pub(crate) yield_reason: String,
+    /// Why the run stopped here.
+    pub(crate) reason: String,
+}
+
+/// One server-sent event of a run, as `{"event": <name>, "data": <the
+/// event's JSON>}`. On the wire each is an SSE frame: `event:` is the
+/// name, `data:` the JSON text and `id:` `<run>-<seq>`, which a client
+/// that lost its stream sends back as `Last-Event-ID` to
+/// `GET /sessions/{id}/events` to read what followed.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(tag = "event", content = "data", rename_all = "snake_case")]
+#[allow(dead_code)]
+pub(crate) enum RunEvent {
+    /// A decision was recorded.
+    Decided(DecidedEvent),
+    /// A step was stored.
+    Step(StepEvent),
+    /// A piece of the model's text.
+    Delta(DeltaEvent),
+    /// The run ended.
+    Done(DoneEvent),
+    /// The server stopped mid-run.
+    Interrupted(InterruptedEvent),
+    /// The run failed.
+    Error(ErrorBody),
+}
+
+impl RunEvent {
+    /// Its name and its data as JSON text, for the run's log.
+    pub(crate) fn into_logged(self) -> (&'static str, String) {
+        fn text(value: &impl Serialize) -> String {
+            serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
+        }
+        match self {
+            RunEvent::Decided(e) => ("decided", text(&e)),
+            RunEvent::Step(e) => ("step", text(&e)),
+            RunEvent::Delta(e) => ("delta", text(&e)),
+            RunEvent::Done(e) => ("done", text(&e)),
+            RunEvent::Interrupted(e) => ("interrupted", text(&e)),
+            RunEvent::Error(e) => ("error", text(&e)),
+        }
+    }
+}
