@@ -223,7 +223,18 @@ async fn a_paused_session_is_decided_and_resumed_by_a_fresh_process() {
         .expect("loads");
     assert_eq!(stored.snapshot.history, history);
     assert!(stored.snapshot.policy.answers.is_empty());
-    assert!(stored.snapshot.policy.approvals.is_empty());
+    // The decided request stays until it expires (so deciding it again is
+    // refused as already decided), but no call is held with it any more.
+    assert!(
+        stored
+            .snapshot
+            .policy
+            .approvals
+            .iter()
+            .all(|record| record.held.is_none() && record.status != ApprovalStatus::Pending),
+        "{:?}",
+        stored.snapshot.policy.approvals
+    );
 }
 
 #[tokio::test]
