@@ -4,7 +4,8 @@
 //! A tool has a typed input (deserialized from the model's JSON and described
 //! by a JSON Schema derived with `schemars`) and a typed output. Its output can
 //! be any serializable value, a [`ToolReply`] with separate texts for the user
-//! and the model, or a [`TerminateResponse`] that ends the run.
+//! and the model, a [`TerminateResponse`] that ends the run, or a
+//! [`ToolOutcome::Images`]: a text and the images the model sees beside it.
 //!
 //! ```
 //! use markov_core::async_trait;
@@ -1031,6 +1032,19 @@ pub type Description = Cow<'static, str>;
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_images_outcome_is_its_text_for_the_model_and_keeps_its_images() {
+        let image = ImageData::new("image/jpeg", "/9j/4AAQ");
+        let outcome = ToolOutcome::Images {
+            text: "the photo".into(),
+            images: vec![image.clone()],
+        };
+        assert_eq!(outcome.model_text("Finished"), "the photo");
+        assert_eq!(outcome.response_text("Finished"), "the photo");
+        assert_eq!(outcome.images(), std::slice::from_ref(&image));
+        assert!(ToolOutcome::Value(json!("x")).images().is_empty());
+    }
 
     #[test]
     fn arguments_parse_or_are_kept_as_malformed() {
