@@ -128,15 +128,23 @@ fn print_message(message: &Message) {
             Item::Text { text } => println!("  {:?}: {text}", message.role),
             Item::ToolUse { name, input, .. } => println!("  model calls {name}({input})"),
             Item::ToolResult {
-                content, is_error, ..
-            } => println!(
-                "  tool {}: {content}",
-                if *is_error == Some(true) {
-                    "error"
-                } else {
-                    "result"
+                content,
+                is_error,
+                images,
+                ..
+            } => {
+                println!(
+                    "  tool {}: {content}",
+                    if *is_error == Some(true) {
+                        "error"
+                    } else {
+                        "result"
+                    }
+                );
+                for image in images {
+                    println!("  tool image: {}", image.note());
                 }
-            ),
+            }
             _ => {}
         }
     }

@@ -66,8 +66,14 @@ pub fn estimate_item(item: &Item) -> u64 {
             Item::ToolResult {
                 tool_use_id,
                 content,
+                images,
                 ..
-            } => estimate_text(tool_use_id.as_str()) + estimate_text(content),
+            } => {
+                // An image counts as an image, never as its base64 text.
+                estimate_text(tool_use_id.as_str())
+                    + estimate_text(content)
+                    + ATTACHMENT_TOKENS * images.len() as u64
+            }
             Item::ProviderToolResult {
                 tool_use_id,
                 content,
@@ -188,6 +194,24 @@ mod tests {
         assert_eq!(
             estimate_message(&image),
             MESSAGE_OVERHEAD + ITEM_OVERHEAD + ATTACHMENT_TOKENS
+        );
+    }
+
+    #[test]
+    fn an_image_in_a_tool_result_counts_as_an_image_not_its_base64() {
+        let note = "[image image/png, 750000 bytes]";
+        let result = Item::tool_result_with_images(
+            "t1",
+            note,
+            None,
+            vec![crate::message::ImageData::new(
+                "image/png",
+                "A".repeat(1_000_000),
+            )],
+        );
+        assert_eq!(
+            estimate_item(&result),
+            ITEM_OVERHEAD + estimate_text("t1") + estimate_text(note) + ATTACHMENT_TOKENS
         );
     }
 

@@ -4,7 +4,8 @@
 //! A tool has a typed input (deserialized from the model's JSON and described
 //! by a JSON Schema derived with `schemars`) and a typed output. Its output can
 //! be any serializable value, a [`ToolReply`] with separate texts for the user
-//! and the model, or a [`TerminateResponse`] that ends the run.
+//! and the model, a [`TerminateResponse`] that ends the run, or a
+//! [`ToolOutcome::Images`]: a text and the images the model sees beside it.
 //!
 //! ```
 //! use markov_core::async_trait;
@@ -44,7 +45,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::ids::{InstanceId, ToolCallId};
-use crate::message::{Item, MAX_ARGUMENT_DEPTH, Message, nesting_exceeds};
+use crate::message::{ImageData, Item, MAX_ARGUMENT_DEPTH, Message, nesting_exceeds};
 
 /// A tool name that providers accept: `^[a-zA-Z0-9_-]{1,64}$`.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -394,6 +395,16 @@ pub enum ToolOutcome {
     Reply(ToolReply),
     /// End the run.
     Terminate(TerminateResponse),
+    /// A text and the images that go with it: the model reads the text
+    /// and sees the images in the same tool result where its provider
+    /// takes images there (elsewhere it reads a note with each image's
+    /// type and size, never its data).
+    Images {
+        /// What the model reads.
+        text: String,
+        /// The images, in order.
+        images: Vec<ImageData>,
+    },
 }
 
 impl ToolOutcome {
@@ -404,10 +415,20 @@ impl ToolOutcome {
             ToolOutcome::Value(Value::String(s)) => s.clone(),
             ToolOutcome::Value(v) => v.to_string(),
             ToolOutcome::Reply(r) => r.llm_message.clone(),
+            ToolOutcome::Images { text, .. } => text.clone(),
             ToolOutcome::Terminate(t) => t
                 .message
                 .clone()
                 .unwrap_or_else(|| default_terminate.to_owned()),
+        }
+    }
+
+    /// The images that go with the text the model reads (none but for
+    /// [`ToolOutcome::Images`]).
+    pub fn images(&self) -> &[ImageData] {
+        match self {
+            ToolOutcome::Images { images, .. } => images,
+            _ => &[],
         }
     }
 
@@ -945,6 +966,8 @@ pub struct ToolExecutionResult {
     pub terminate: Option<TerminateResponse>,
     /// Text for the user rather than the model: a terminal tool's response or a reply's user text.
     pub user_message: Option<UserMessage>,
+    /// Images the model sees beside `content` ([`ToolOutcome::Images`]).
+    pub images: Vec<ImageData>,
 }
 
 impl ToolExecutionResult {
@@ -957,6 +980,7 @@ impl ToolExecutionResult {
             is_terminal: false,
             terminate: None,
             user_message: None,
+            images: Vec::new(),
         }
     }
 
@@ -969,23 +993,25 @@ impl ToolExecutionResult {
             is_terminal: false,
             terminate: None,
             user_message: None,
+            images: Vec::new(),
         }
     }
 
     /// The `tool_result` item for the history. `state_known` writes `is_error`
     /// even on success (node tools do; built-ins leave it out).
     pub fn to_item(&self, state_known: bool) -> Item {
-        Item::tool_result(
+        Item::tool_result_with_images(
             self.call_id.clone(),
             self.content.clone(),
             self.is_error_field(state_known),
+            self.images.clone(),
         )
     }
 
     /// [`Self::to_item`], moving the content instead of copying it.
     pub fn into_item(self, state_known: bool) -> Item {
         let is_error = self.is_error_field(state_known);
-        Item::tool_result(self.call_id, self.content, is_error)
+        Item::tool_result_with_images(self.call_id, self.content, is_error, self.images)
     }
 
     fn is_error_field(&self, state_known: bool) -> Option<bool> {
@@ -1006,6 +1032,19 @@ pub type Description = Cow<'static, str>;
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_images_outcome_is_its_text_for_the_model_and_keeps_its_images() {
+        let image = ImageData::new("image/jpeg", "/9j/4AAQ");
+        let outcome = ToolOutcome::Images {
+            text: "the photo".into(),
+            images: vec![image.clone()],
+        };
+        assert_eq!(outcome.model_text("Finished"), "the photo");
+        assert_eq!(outcome.response_text("Finished"), "the photo");
+        assert_eq!(outcome.images(), std::slice::from_ref(&image));
+        assert!(ToolOutcome::Value(json!("x")).images().is_empty());
+    }
 
     #[test]
     fn arguments_parse_or_are_kept_as_malformed() {

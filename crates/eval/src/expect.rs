@@ -356,6 +356,7 @@ impl CaseRun {
                     tool_use_id,
                     content,
                     is_error,
+                    ..
                 } = item
                 {
                     results.insert(

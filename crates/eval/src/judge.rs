@@ -29,7 +29,10 @@ pub fn transcript(history: &[Message]) -> String {
                     out.push_str(&format!("{role} calls {name}({input})\n"));
                 }
                 Item::ToolResult {
-                    content, is_error, ..
+                    content,
+                    is_error,
+                    images,
+                    ..
                 } => {
                     let kind = if *is_error == Some(true) {
                         "error"
@@ -37,6 +40,10 @@ pub fn transcript(history: &[Message]) -> String {
                         "result"
                     };
                     out.push_str(&format!("tool {kind}: {content}\n"));
+                    // A judge reads text: an image is its note.
+                    for image in images {
+                        out.push_str(&format!("tool image: {}\n", image.note()));
+                    }
                 }
                 _ => {}
             }

@@ -759,17 +759,25 @@ impl ViewState {
                     Item::ToolResult {
                         tool_use_id,
                         content,
+                        images,
                         ..
                     } => {
                         let name = names
                             .get(tool_use_id.as_str())
                             .map_or("a tool", String::as_str);
-                        let stub = format!(
+                        let mut stub = format!(
                             "[Result left out of the context: {name}, call {tool_use_id}, {} bytes]",
                             content.len()
                         );
-                        if stub.len() < content.len() {
+                        // Its images are left out with it, each said by
+                        // its note.
+                        for image in images.iter() {
+                            stub.push('\n');
+                            stub.push_str(&image.note());
+                        }
+                        if stub.len() < content.len() || !images.is_empty() {
                             *content = stub;
+                            images.clear();
                             touched = true;
                         }
                     }
@@ -921,10 +929,18 @@ fn render(message: &Message, out: &mut String) {
                         quote(&input.to_string(), out);
                         out.push('\n');
                     }
-                    Item::ToolResult { content, .. } => {
+                    Item::ToolResult {
+                        content, images, ..
+                    } => {
                         out.push_str("Tool result: ");
                         quote(content, out);
                         out.push('\n');
+                        // A summarizer reads text: an image is its note.
+                        for image in images {
+                            out.push_str("Tool result image: ");
+                            out.push_str(&image.note());
+                            out.push('\n');
+                        }
                     }
                     Item::Output { data } => {
                         out.push_str(who);

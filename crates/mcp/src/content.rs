@@ -20,13 +20,21 @@
 //!   object inside structured content (`{"type": "image", "data": …}`) is
 //!   replaced by the same note.
 //!
-//! A markov tool result is text, so an image never reaches the model as
-//! an image part from an MCP tool; it is the note. The application still
-//! sees every block and the structured content through
+//! An image block goes to the model as an image, beside the result's
+//! text ([`ToolOutcome::Images`]): each provider that takes images in a
+//! tool result sends it there, and one that does not (Chat Completions)
+//! sends the same note instead, so the text keeps no note for it. An
+//! image stays a note in the text when it cannot go as an image: a type
+//! other than PNG, JPEG, GIF or WebP (the ones every such provider takes),
+//! data that is not base64, or more than [`MAX_IMAGE_BYTES`]; each such
+//! case is said in a warning log. Audio is always a note: no provider
+//! takes audio in a tool result. The application still sees every block
+//! and the structured content through
 //! [`McpClient::call_raw`](crate::McpClient::call_raw).
 
 use std::fmt::Write as _;
 
+use markov_core::message::ImageData;
 use markov_core::tool::{ToolCallError, ToolOutcome};
 use rmcp::model::{CallToolResult, ContentBlock, ResourceContents};
 use serde_json::Value;
@@ -60,6 +68,20 @@ pub fn to_outcome(
             return Ok(ToolOutcome::Value(without_media(structured)));
         }
     }
+    let images: Vec<ImageData> = result.content.iter().filter_map(image_part).collect();
+    if !images.is_empty() {
+        // The images go as images: the text holds the other blocks.
+        let rest: Vec<&ContentBlock> = result
+            .content
+            .iter()
+            .filter(|block| image_part(block).is_none())
+            .collect();
+        let text = match rest.as_slice() {
+            [ContentBlock::Text(text)] => text.text.clone(),
+            _ => lines(rest.into_iter()),
+        };
+        return Ok(ToolOutcome::Images { text, images });
+    }
     if let [ContentBlock::Text(text)] = result.content.as_slice() {
         return Ok(ToolOutcome::Value(Value::String(text.text.clone())));
     }
@@ -68,8 +90,59 @@ pub fn to_outcome(
     ))))
 }
 
+/// The largest image, in bytes once decoded, that goes to the model as an
+/// image; a larger one is a note. Anthropic takes at most 5 MB of base64
+/// per image, which is this many bytes.
+pub const MAX_IMAGE_BYTES: usize = 3_750_000;
+
+/// The image types every provider that takes images in a tool result
+/// accepts.
+const IMAGE_TYPES: [&str; 4] = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// `block` as an image part, when it is an image that can go as one (see
+/// the module docs); a refused image is said in a warning.
+fn image_part(block: &ContentBlock) -> Option<ImageData> {
+    let ContentBlock::Image(image) = block else {
+        return None;
+    };
+    let mime = image.mime_type.to_ascii_lowercase();
+    let bytes = decoded_len(&image.data);
+    let why = if !IMAGE_TYPES.contains(&mime.as_str()) {
+        "its type is not PNG, JPEG, GIF or WebP"
+    } else if bytes > MAX_IMAGE_BYTES {
+        "it is larger than the cap"
+    } else if !is_base64(&image.data) {
+        "its data is not base64"
+    } else {
+        return Some(ImageData::new(mime, image.data.clone()));
+    };
+    tracing::warn!(
+        mime_type = %image.mime_type,
+        bytes,
+        cap = MAX_IMAGE_BYTES,
+        "an MCP tool's image goes to the model as a note, since {why}"
+    );
+    None
+}
+
+/// Whether `data` is standard base64 (padded or not), as providers take it.
+fn is_base64(data: &str) -> bool {
+    let body = data.trim_end_matches('=');
+    data.len() - body.len() <= 2
+        && body.len() % 4 != 1
+        && !body.is_empty()
+        && body
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+}
+
 /// The blocks, one per line, as described in the module docs.
 pub fn blocks_text(blocks: &[ContentBlock]) -> String {
+    lines(blocks.iter())
+}
+
+/// `blocks`, one per line.
+fn lines<'a>(blocks: impl Iterator<Item = &'a ContentBlock>) -> String {
     let mut out = String::new();
     for block in blocks {
         if !out.is_empty() {
@@ -154,8 +227,7 @@ fn without_media(value: Value) -> Value {
 
 /// The size of base64 `data` once decoded.
 fn decoded_len(data: &str) -> usize {
-    let padding = data.bytes().rev().take_while(|&b| b == b'=').count();
-    (data.len() / 4 * 3).saturating_sub(padding)
+    markov_core::message::base64_decoded_len(data)
 }
 
 #[cfg(test)]
@@ -226,19 +298,49 @@ mod tests {
     }
 
     #[test]
-    fn images_and_links_are_described() {
+    fn an_image_goes_as_an_image_and_links_are_described() {
         let link = Resource::new("file:///tmp/report.pdf", "report");
         let r = result(vec![
             ContentBlock::text("here"),
             ContentBlock::image("aGVsbG8=", "image/png"),
             ContentBlock::resource_link(link),
         ]);
+        assert_eq!(
+            to_outcome(r, false).expect("ok"),
+            ToolOutcome::Images {
+                text: "here\n[resource link report <file:///tmp/report.pdf>]".into(),
+                images: vec![ImageData::new("image/png", "aGVsbG8=")],
+            }
+        );
+        let alone = result(vec![ContentBlock::image("aGVsbG8=", "image/png")]);
+        assert_eq!(
+            to_outcome(alone, false).expect("ok"),
+            ToolOutcome::Images {
+                text: String::new(),
+                images: vec![ImageData::new("image/png", "aGVsbG8=")],
+            }
+        );
+    }
+
+    #[test]
+    fn an_image_that_cannot_go_as_one_and_audio_are_notes() {
+        let big = "A".repeat((MAX_IMAGE_BYTES / 3 + 1) * 4);
+        let r = result(vec![
+            ContentBlock::image(big, "image/png"),
+            ContentBlock::image("PHN2Zz4=", "image/svg+xml"),
+            ContentBlock::image("not base64!", "image/png"),
+            ContentBlock::audio("aGVsbG8=", "audio/wav"),
+        ]);
         let ToolOutcome::Value(Value::String(text)) = to_outcome(r, false).expect("ok") else {
             panic!("not text");
         };
         assert_eq!(
             text,
-            "here\n[image image/png, 5 bytes]\n[resource link report <file:///tmp/report.pdf>]"
+            format!(
+                "[image image/png, {} bytes]\n[image image/svg+xml, 5 bytes]\n\
+                 [image image/png, 8 bytes]\n[audio audio/wav, 5 bytes]",
+                MAX_IMAGE_BYTES + 3
+            )
         );
     }
 }

@@ -61,8 +61,11 @@
 //! # What the model reads
 //!
 //! A tool's content blocks, as the official clients show them: text as it
-//! is, an image or audio clip as a note with its type and size (a markov
-//! tool result is text, so never its data), structured content only when
+//! is, an image as an image part of the tool result (a provider that takes
+//! no images there, such as Chat Completions, sends a note with its type
+//! and size instead), an audio clip, or an image too large
+//! ([`MAX_IMAGE_BYTES`]) or of a type providers refuse, as that note;
+//! never base64 data as text. Structured content is the result only when
 //! the tool declares an output schema and it says what the text says. See
 //! [`to_outcome`].
 //!
@@ -127,7 +130,7 @@ pub use config::{
     Approval, DEFAULT_CALL_TIMEOUT, DEFAULT_CONNECT_TIMEOUT, DEFAULT_INHERITED_ENV,
     DEFAULT_LIST_TIMEOUT, McpServerConfig, ToolFilter, Transport,
 };
-pub use content::{blocks_text, to_outcome};
+pub use content::{MAX_IMAGE_BYTES, blocks_text, to_outcome};
 pub use error::McpError;
 pub use server::McpToolServer;
 

@@ -242,6 +242,7 @@ pub fn into_result(
                 id.clone(),
                 outcome.model_text(default_terminate_message),
             );
+            result.images = outcome.images().to_vec();
             if terminal {
                 result.is_terminal = true;
                 result.user_message = Some(UserMessage::Text(
@@ -256,5 +257,27 @@ pub fn into_result(
             result
         }
         Err(e) => ToolExecutionResult::error(id.clone(), e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use markov_core::message::{ImageData, Item};
+
+    use super::*;
+
+    #[test]
+    fn the_images_of_an_outcome_reach_the_tool_result_item() {
+        let image = ImageData::new("image/png", "aGVsbG8=");
+        let outcome = ToolOutcome::Images {
+            text: "a chart".into(),
+            images: vec![image.clone()],
+        };
+        let result = into_result(&ToolCallId::from("t1"), false, Ok(outcome), "Finished");
+        assert_eq!(result.content, "a chart");
+        assert_eq!(
+            result.into_item(true),
+            Item::tool_result_with_images("t1", "a chart", Some(false), vec![image])
+        );
     }
 }

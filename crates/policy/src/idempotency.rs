@@ -113,9 +113,18 @@ pub struct StoredResult {
 }
 
 impl StoredResult {
+    /// The record of `result`. Its images are not kept (a ledger holds
+    /// text, within its byte limit): a replay reads each one's note.
     fn of(result: &ToolExecutionResult) -> Self {
+        let mut content = result.content.clone();
+        for image in &result.images {
+            if !content.is_empty() {
+                content.push('\n');
+            }
+            content.push_str(&image.note());
+        }
         StoredResult {
-            content: result.content.clone(),
+            content,
             is_error: result.is_error,
             is_terminal: result.is_terminal,
             terminate: result.terminate.as_ref().map(|t| t.message.clone()),
@@ -828,6 +837,18 @@ impl<S: ToolService> ToolService for Idempotency<S> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_recorded_results_images_replay_as_their_notes() {
+        let mut result = ToolExecutionResult::success("c1".into(), "a chart");
+        result.images = vec![markov_core::message::ImageData::new(
+            "image/png",
+            "aGVsbG8=",
+        )];
+        let replayed = StoredResult::of(&result).to_result(&"c1".into());
+        assert_eq!(replayed.content, "a chart\n[image image/png, 5 bytes]");
+        assert!(replayed.images.is_empty());
+    }
 
     fn entry(key: &str, content: &str, at: u64) -> LedgerEntry {
         LedgerEntry {

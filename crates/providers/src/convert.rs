@@ -2,6 +2,9 @@
 //! block for, the marking of mid-conversation system instructions, and the
 //! parsing of tool arguments (whose rule lives in core).
 
+use std::borrow::Cow;
+
+use markov_core::message::ImageData;
 use markov_core::{Item, Items, Message};
 use serde_json::Value;
 
@@ -27,6 +30,33 @@ pub(crate) fn file_reference(url: &str, media_type: &str, filename: Option<&str>
         Some(name) => format!("[file: {name} ({media_type})] {url}"),
         None => format!("[file: {media_type}] {url}"),
     }
+}
+
+/// A tool result's text for a provider that takes no images in a tool
+/// result: the text, then one note per image (its type and size, never
+/// its data), one per line. Said in a debug log, since the model reads
+/// less than the tool returned.
+pub(crate) fn tool_result_text<'a>(
+    provider: &'static str,
+    content: &'a str,
+    images: &[ImageData],
+) -> Cow<'a, str> {
+    if images.is_empty() {
+        return Cow::Borrowed(content);
+    }
+    tracing::debug!(
+        provider,
+        images = images.len(),
+        "this API takes no images in a tool result: the model reads a note for each"
+    );
+    let mut text = content.to_owned();
+    for image in images {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&image.note());
+    }
+    Cow::Owned(text)
 }
 
 /// An `output` item's data as the model sees it: JSON with a 2-space indent.

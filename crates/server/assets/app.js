@@ -266,7 +266,31 @@ function readResult(content, isError) {
   return { ok: !isError, text: String(content) };
 }
 
-function toolResult(id, content, isError) {
+// The raster types a thumbnail shows; any other image is named only.
+const THUMBNAIL_TYPES = ["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+// A tool result's images: a thumbnail each, or "an image (type, size)".
+function resultImages(images) {
+  const shown = el("div", "part images");
+  for (const image of Array.isArray(images) ? images : []) {
+    const type = String(image.mimeType || "");
+    const data = String(image.data || "");
+    const bytes = Math.floor((data.replace(/=+$/, "").length * 3) / 4);
+    const name = "an image (" + type + ", " + bytes + " bytes)";
+    if (THUMBNAIL_TYPES.includes(type) && /^[A-Za-z0-9+/]+=*$/.test(data)) {
+      const img = el("img", "thumb");
+      img.src = "data:" + type + ";base64," + data;
+      img.alt = name;
+      img.title = name;
+      shown.append(img);
+    } else {
+      shown.append(el("div", "label", name));
+    }
+  }
+  return shown;
+}
+
+function toolResult(id, content, isError, images) {
   let card = state.cards.get(id);
   if (!card) card = toolCard(id, "tool", {});
   const result = readResult(content, isError === true);
@@ -277,10 +301,13 @@ function toolResult(id, content, isError) {
   if (old) old.remove();
   const shown = part(result.ok ? "Result" : "Error", result.text);
   shown.classList.add("result");
+  if (Array.isArray(images) && images.length > 0) shown.append(resultImages(images));
   card.append(shown);
   const line = card.querySelector(".brief");
   line.append(" → ");
-  appendVisibly(line, clip(result.text.split("\n")[0], 80));
+  const count = Array.isArray(images) ? images.length : 0;
+  const first = result.text.split("\n")[0] || (count > 0 ? count + (count === 1 ? " image" : " images") : "");
+  appendVisibly(line, clip(first, 80));
 }
 
 function itemsOf(message) {
@@ -313,7 +340,7 @@ function showMessage(message) {
         userMessage(item.text);
         remember(state.session, item.text);
       } else if (item.type === "tool_result") {
-        toolResult(item.tool_use_id, item.content, item.is_error);
+        toolResult(item.tool_use_id, item.content, item.is_error, item.images);
       }
     } else if (message.role === "assistant") {
       if (item.type === "text" && item.text) assistantMessage(item.text, item.html);

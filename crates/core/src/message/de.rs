@@ -19,7 +19,8 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::{
-    InstancePayload, Item, Items, Message, MessageShapeError, Metadata, NativeItems, Role,
+    ImageData, InstancePayload, Item, Items, Message, MessageShapeError, Metadata, NativeItems,
+    Role,
 };
 use crate::ids::{InstanceId, ToolCallId};
 
@@ -84,6 +85,10 @@ struct ResultFields {
     content: String,
     #[serde(default)]
     is_error: Option<bool>,
+    // Absent in every result without images, and in all stored before
+    // tool results could carry them.
+    #[serde(default)]
+    images: Vec<ImageData>,
 }
 
 #[derive(Deserialize)]
@@ -185,6 +190,7 @@ fn item<'de, D: Deserializer<'de>>(tag: ItemType, fields: D) -> Result<Item, D::
                 tool_use_id: f.tool_use_id,
                 content: f.content,
                 is_error: f.is_error,
+                images: f.images,
             }
         }
         ItemType::ProviderToolResult => {
@@ -427,6 +433,12 @@ mod tests {
             },
             Item::tool_use("t1", "add", json!({"a": [1, 2]})),
             Item::tool_result("t1", "3", Some(false)),
+            Item::tool_result_with_images(
+                "t2",
+                "[image image/png, 3 bytes]",
+                None,
+                vec![ImageData::new("image/png", "AAAA")],
+            ),
             Item::provider_tool_use("s1", "web_search", json!({"q": "x"})),
             Item::provider_tool_result("s1", "web_search_tool_result", json!([{"u": 1}])),
             Item::Thinking {
@@ -523,6 +535,19 @@ mod tests {
                 (text, json_value()).prop_map(|(id, input)| Item::tool_use(id, "add", input)),
                 (text, text, proptest::option::of(any::<bool>()))
                     .prop_map(|(id, content, e)| Item::tool_result(id, content, e)),
+                (
+                    text,
+                    text,
+                    prop::collection::vec("[A-Za-z0-9+/]{0,8}", 1..3)
+                )
+                    .prop_map(|(id, content, data)| Item::tool_result_with_images(
+                        id,
+                        content,
+                        None,
+                        data.into_iter()
+                            .map(|d| ImageData::new("image/png", d))
+                            .collect()
+                    )),
                 (text, json_value())
                     .prop_map(|(id, input)| Item::provider_tool_use(id, "s", input)),
                 (text, json_value()).prop_map(|(id, c)| Item::provider_tool_result(

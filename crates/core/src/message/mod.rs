@@ -147,6 +147,13 @@ pub enum Item {
         /// Written only when known: `false` on success for node tools, `true` on every error.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         is_error: Option<bool>,
+        /// Images the tool returned beside its text, in order. A provider
+        /// that takes images in a tool result sends them there; one that
+        /// does not sends a note with each image's type and size instead,
+        /// never its data. Absent when there are none (and in every result
+        /// stored before tool results could carry images).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<ImageData>,
     },
     /// A call to a provider built-in tool ([`ProviderTool`](crate::tool::ProviderTool)),
     /// which the provider ran itself (Anthropic: a `server_tool_use` block).
@@ -293,12 +300,80 @@ impl Item {
         content: impl Into<String>,
         is_error: Option<bool>,
     ) -> Self {
+        Item::tool_result_with_images(tool_use_id, content, is_error, Vec::new())
+    }
+
+    /// A tool result item with the images the tool returned beside its text.
+    pub fn tool_result_with_images(
+        tool_use_id: impl Into<ToolCallId>,
+        content: impl Into<String>,
+        is_error: Option<bool>,
+        images: Vec<ImageData>,
+    ) -> Self {
         Item::ToolResult {
             tool_use_id: tool_use_id.into(),
             content: content.into(),
             is_error,
+            images,
         }
     }
+}
+
+/// An image a tool returned: its media type and its data, in base64.
+///
+/// Kept in the tool result's [`Item::ToolResult`] `images`; written as
+/// `{"mimeType": "image/png", "data": "iVBOR…"}`.
+///
+/// ```
+/// use markov_core::message::ImageData;
+///
+/// let image = ImageData::new("image/png", "aGVsbG8=");
+/// assert_eq!(image.byte_len(), 5);
+/// assert_eq!(image.note(), "[image image/png, 5 bytes]");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ImageData {
+    /// The media type, typically `image/png` or `image/jpeg`.
+    #[serde(rename = "mimeType")]
+    pub mime_type: String,
+    /// The image, base64 without a `data:` prefix.
+    pub data: String,
+}
+
+impl ImageData {
+    /// The image of media type `mime_type` whose base64 data is `data`.
+    pub fn new(mime_type: impl Into<String>, data: impl Into<String>) -> Self {
+        ImageData {
+            mime_type: mime_type.into(),
+            data: data.into(),
+        }
+    }
+
+    /// The image's size in bytes, once decoded (counted from the base64
+    /// text, without decoding it).
+    pub fn byte_len(&self) -> usize {
+        base64_decoded_len(&self.data)
+    }
+
+    /// The one-line note that stands for the image where it cannot go:
+    /// `[image image/png, 5 bytes]`, its type and size, never its data.
+    pub fn note(&self) -> String {
+        format!("[image {}, {} bytes]", self.mime_type, self.byte_len())
+    }
+
+    /// The image as a `data:` URL (`data:image/png;base64,…`).
+    pub fn data_url(&self) -> String {
+        format!("data:{};base64,{}", self.mime_type, self.data)
+    }
+}
+
+/// The size of base64 `data` once decoded, counted from its length and
+/// padding.
+pub fn base64_decoded_len(data: &str) -> usize {
+    let data = data.trim_end();
+    let padding = data.bytes().rev().take_while(|&b| b == b'=').count();
+    (data.len() / 4 * 3 + [0, 0, 1, 2][data.len() % 4]).saturating_sub(padding)
 }
 
 /// A vendor's own compaction of earlier history

@@ -244,6 +244,70 @@ async fn long_results_of_older_turns_are_stubbed_the_current_turns_never() {
     }
 }
 
+/// Returns a small image.
+#[markov_core::tool]
+async fn snap() -> markov_core::ToolOutcome {
+    markov_core::ToolOutcome::Images {
+        text: String::new(),
+        images: vec![markov_core::message::ImageData::new("image/png", "AAAA")],
+    }
+}
+
+#[tokio::test]
+async fn a_tools_image_reaches_the_model_and_leaves_with_its_stubbed_result() {
+    let mut script = ScriptedModel::builder();
+    for _ in 0..3 {
+        script = script.tool_call("snap", json!({})).text("seen");
+    }
+    let model = Arc::new(script.build());
+    let policy = ContextPolicy::builder()
+        .trim_tool_results(2)
+        .build()
+        .unwrap();
+    let mut machine = Agent::builder("snap")
+        .instructions("Look.")
+        .tool(Snap)
+        .shared_model(Arc::clone(&model) as Arc<dyn markov_core::Model>)
+        .context_policy(policy)
+        .build()
+        .unwrap()
+        .machine();
+    for n in 0..3 {
+        turn(&mut machine, &format!("snap {n}")).await;
+    }
+    let image = markov_core::message::ImageData::new("image/png", "AAAA");
+    let results = |messages: &[markov_core::Message]| -> Vec<(String, Vec<_>)> {
+        messages
+            .iter()
+            .flat_map(|m| m.item_list())
+            .filter_map(|i| match i {
+                Item::ToolResult {
+                    content, images, ..
+                } => Some((content.clone(), images.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    let last = results(&model.requests().last().unwrap().messages);
+    assert_eq!(last.len(), 3);
+    // The oldest result is stubbed, its image left out with it and said.
+    assert!(last[0].0.starts_with("[Result left out"), "{}", last[0].0);
+    assert!(
+        last[0].0.ends_with("\n[image image/png, 3 bytes]"),
+        "{}",
+        last[0].0
+    );
+    assert!(last[0].1.is_empty());
+    assert_eq!(last[1], (String::new(), vec![image.clone()]));
+    assert_eq!(last[2], (String::new(), vec![image.clone()]));
+    // The history keeps every image.
+    assert!(
+        results(machine.history())
+            .iter()
+            .all(|(_, images)| images == std::slice::from_ref(&image))
+    );
+}
+
 #[tokio::test]
 async fn a_summary_is_made_once_per_threshold_crossing_and_stands_for_its_messages() {
     let summarizer = Arc::new(

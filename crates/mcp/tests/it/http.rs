@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use markov_core::ToolCallId;
+use markov_core::message::ImageData;
 use markov_core::tool::{NoState, SharedTool, ToolCallError, ToolContext, ToolOutcome};
 use markov_mcp::{McpClient, McpError, McpServerConfig};
 use serde_json::{Value, json};
@@ -46,12 +47,13 @@ async fn lists_and_calls_with_a_bearer_token_and_maps_the_content() {
         call(&tools, "ns_dotted", json!({})).await,
         Ok(ToolOutcome::Value(json!("dotted")))
     );
-    // An image is described, never pasted as base64.
+    // An image is an image part beside the text, never pasted as base64.
     assert_eq!(
         call(&tools, "image", json!({})).await,
-        Ok(ToolOutcome::Value(json!(
-            "a chart\n[image image/png, 5 bytes]"
-        )))
+        Ok(ToolOutcome::Images {
+            text: "a chart".into(),
+            images: vec![ImageData::new("image/png", "aGVsbG8=")],
+        })
     );
     client.close().await;
     server.shutdown().await;

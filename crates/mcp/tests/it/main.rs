@@ -4,6 +4,7 @@
 
 mod common;
 mod http;
+mod images;
 mod naming;
 mod policies;
 mod reference;

@@ -225,18 +225,27 @@ async fn a_task_only_tool_is_not_offered_over_streamable_http_either() {
 }
 
 #[tokio::test]
-async fn an_image_is_a_note_with_its_type_and_size_never_its_data() {
+async fn an_image_is_an_image_part_of_the_result_never_base64_text() {
     let Some(config) = everything() else { return };
     let client = McpClient::connect(config).await.expect("connects");
     let tools = client.tools().await.expect("lists");
-    let text = read(&find(&tools, "get-tiny-image"), json!({})).await;
-    assert!(text.contains("[image image/png, "), "{text}");
+    let outcome = call(&find(&tools, "get-tiny-image"), json!({}))
+        .await
+        .expect("the call succeeds");
+    let ToolOutcome::Images { text, images } = outcome else {
+        panic!("no image part: {outcome:?}");
+    };
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(images[0].mime_type, "image/png");
+    assert!(images[0].data.starts_with("iVBORw0KGgo"), "not a PNG");
+    // The image goes as an image, so the text needs no note for it.
     assert!(!text.contains("iVBORw0KGgo"), "{text}");
+    assert!(!text.contains("[image "), "{text}");
     client.close().await;
 }
 
 #[tokio::test]
-async fn text_blocks_reach_the_model_unwrapped_and_media_as_notes() {
+async fn text_blocks_reach_the_model_unwrapped_and_images_as_image_parts() {
     let Some(program) = filesystem() else { return };
     let dir = workdir("content");
     let client = McpClient::connect(McpServerConfig::stdio(&program, [&dir]))
@@ -250,12 +259,19 @@ async fn text_blocks_reach_the_model_unwrapped_and_media_as_notes() {
     )
     .await;
     assert_eq!(text, "hello world");
-    let media = read(
+    let media = call(
         &find(&tools, "read_media_file"),
         json!({"path": dir.join("dot.png")}),
     )
-    .await;
-    assert_eq!(media, format!("[image image/png, {} bytes]", PNG.len()));
+    .await
+    .expect("the call succeeds");
+    let ToolOutcome::Images { text, images } = media else {
+        panic!("no image part: {media:?}");
+    };
+    assert_eq!(text, "", "nothing but the image");
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(images[0].mime_type, "image/png");
+    assert_eq!(images[0].byte_len(), PNG.len());
     client.close().await;
     let _ = std::fs::remove_dir_all(&dir);
 }

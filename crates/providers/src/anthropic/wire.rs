@@ -132,7 +132,7 @@ enum Block<'a> {
     },
     ToolResult {
         tool_use_id: &'a str,
-        content: &'a str,
+        content: ToolResultContent<'a>,
         #[serde(skip_serializing_if = "Option::is_none")]
         is_error: Option<bool>,
     },
@@ -162,6 +162,15 @@ impl Block<'_> {
                 | Block::ToolResult { .. }
         )
     }
+}
+
+/// A tool result's `content`: its text, or, when the tool returned
+/// images, a list of a text block (if there is text) and image blocks.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ToolResultContent<'a> {
+    Text(&'a str),
+    Blocks(Vec<Block<'a>>),
 }
 
 #[derive(Serialize)]
@@ -588,9 +597,29 @@ fn block(item: &Item, assistant: bool) -> Option<Block<'_>> {
             tool_use_id,
             content,
             is_error,
+            images,
         } => Block::ToolResult {
             tool_use_id: tool_use_id.as_str(),
-            content,
+            content: if images.is_empty() {
+                ToolResultContent::Text(content)
+            } else {
+                // The API refuses an empty text block: an image-only
+                // result is its images.
+                let text = (!content.is_empty()).then_some(Block::Text {
+                    text: Cow::Borrowed(content),
+                });
+                ToolResultContent::Blocks(
+                    text.into_iter()
+                        .chain(images.iter().map(|image| Block::Image {
+                            source: ImageSource {
+                                kind: "base64",
+                                media_type: &image.mime_type,
+                                data: &image.data,
+                            },
+                        }))
+                        .collect(),
+                )
+            },
             is_error: *is_error,
         },
         // The API checks thinking blocks by their signature; unsigned

@@ -100,6 +100,16 @@ struct FunctionResponse<'a> {
     id: Option<&'a str>,
     name: &'a str,
     response: Value,
+    /// The images the tool returned, as the response's own media parts.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    parts: Vec<FunctionResponsePart<'a>>,
+}
+
+/// One media part of a function response.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FunctionResponsePart<'a> {
+    inline_data: InlineData<'a>,
 }
 
 #[derive(Serialize)]
@@ -453,6 +463,7 @@ fn user_parts<'a>(content: Content<'a>, names: &HashMap<&str, &'a str>) -> Vec<P
                 tool_use_id,
                 content,
                 is_error,
+                images,
             } => {
                 let id = tool_use_id.as_str();
                 let response = if *is_error == Some(true) {
@@ -465,6 +476,15 @@ fn user_parts<'a>(content: Content<'a>, names: &HashMap<&str, &'a str>) -> Vec<P
                         id: (!id.starts_with(MADE_ID)).then_some(id),
                         name: names.get(id).copied().unwrap_or("unknown_function"),
                         response,
+                        parts: images
+                            .iter()
+                            .map(|image| FunctionResponsePart {
+                                inline_data: InlineData {
+                                    mime_type: &image.mime_type,
+                                    data: &image.data,
+                                },
+                            })
+                            .collect(),
                     }),
                     ..Part::default()
                 });

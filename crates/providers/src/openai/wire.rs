@@ -50,7 +50,7 @@ enum WireMessage<'a> {
     },
     Tool {
         tool_call_id: &'a str,
-        content: &'a str,
+        content: Cow<'a, str>,
     },
 }
 
@@ -412,13 +412,16 @@ fn push_user<'a>(content: Content<'a>, out: &mut Vec<WireMessage<'a>>) {
     let mut parts = Vec::new();
     for item in items {
         match item {
+            // A tool message is text only: an image the tool returned is
+            // its note.
             Item::ToolResult {
                 tool_use_id,
                 content,
+                images,
                 ..
             } => out.push(WireMessage::Tool {
                 tool_call_id: tool_use_id.as_str(),
-                content,
+                content: convert::tool_result_text("openai", content, images),
             }),
             Item::Image { .. } => parts.extend(image_part(item)),
             other => {

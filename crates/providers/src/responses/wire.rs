@@ -84,7 +84,7 @@ enum InputItem<'a> {
         #[serde(rename = "type")]
         kind: &'static str,
         call_id: &'a str,
-        output: &'a str,
+        output: OutputContent<'a>,
     },
     Reasoning {
         #[serde(rename = "type")]
@@ -124,6 +124,15 @@ enum Part<'a> {
         #[serde(skip_serializing_if = "Option::is_none")]
         detail: Option<&'a str>,
     },
+}
+
+/// A function call's output: its text, or, when the tool returned
+/// images, a list of a text part (if there is text) and image parts.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum OutputContent<'a> {
+    Text(&'a str),
+    Parts(Vec<Part<'a>>),
 }
 
 #[derive(Serialize)]
@@ -518,11 +527,26 @@ fn push_user<'a>(content: Content<'a>, out: &mut Vec<InputItem<'a>>) {
             Item::ToolResult {
                 tool_use_id,
                 content,
+                images,
                 ..
             } => out.push(InputItem::Output {
                 kind: "function_call_output",
                 call_id: tool_use_id.as_str(),
-                output: content,
+                output: if images.is_empty() {
+                    OutputContent::Text(content)
+                } else {
+                    let text = (!content.is_empty()).then_some(Part::InputText {
+                        text: Cow::Borrowed(content.as_str()),
+                    });
+                    OutputContent::Parts(
+                        text.into_iter()
+                            .chain(images.iter().map(|image| Part::InputImage {
+                                image_url: image.data_url(),
+                                detail: None,
+                            }))
+                            .collect(),
+                    )
+                },
             }),
             Item::Image { .. } => parts.extend(image_part(item)),
             other => {

@@ -19,6 +19,7 @@ mod openai;
 mod responses;
 mod structured_output;
 mod token_count;
+mod tool_images;
 mod tool_schemas;
 mod tracing;
 mod wire_snapshots;

@@ -160,6 +160,11 @@ impl Director {
                 quick,
             )),
             "hostile" => text(HOSTILE),
+            "picture" if results.is_empty() => Ok((
+                answer(vec![call("snap", json!({}))], StopReason::ToolUse),
+                quick,
+            )),
+            "picture" => text("A red dot."),
             "slow" => {
                 // A minute of words: far longer than the test takes to
                 // stop it.
@@ -290,6 +295,33 @@ impl Tool for Dump {
     }
 }
 
+/// The base64 of a 1×1 PNG.
+const DOT: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg==";
+
+/// Returns a picture (a red dot) beside its text.
+struct Snap;
+
+#[async_trait]
+impl Tool for Snap {
+    const NAME: &'static str = "snap";
+    type Args = NoArgs;
+    type Output = markov_core::ToolOutcome;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Take a picture".into()
+    }
+    async fn call(
+        &self,
+        _args: NoArgs,
+        _cx: &ToolContext<'_>,
+    ) -> Result<markov_core::ToolOutcome, Infallible> {
+        Ok(markov_core::ToolOutcome::Images {
+            text: "a dot".into(),
+            images: vec![markov_core::message::ImageData::new("image/png", DOT)],
+        })
+    }
+}
+
 /// The server with the [`Director`]'s agent: its tools `pay` (needs
 /// approval), `lookup` and `dump`; its model named.
 async fn serve_director() -> (Fixture, Arc<Director>) {
@@ -303,6 +335,7 @@ async fn serve_director() -> (Fixture, Arc<Director>) {
         )
         .tool_with(Lookup, ToolMetadata::new(Category::Retrieval))
         .tool_with(Dump, ToolMetadata::new(Category::Retrieval))
+        .tool_with(Snap, ToolMetadata::new(Category::Retrieval))
         .policies(PolicyConfig::new(Budget::UNLIMITED))
         .model(Directed(Arc::clone(&director)))
         .build()
@@ -1311,5 +1344,61 @@ async fn markovs_follow_ups_notices_and_an_agents_hand_back_are_never_shown_as_t
         "{notes:?}"
     );
     browser.screenshot("markov-notes.png").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_results_image_is_a_thumbnail_in_its_card_never_base64_text() {
+    let (f, _director) = serve_director().await;
+    let Some(browser) = Browser::start(1200, 900).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser
+        .wait(
+            "the sign-in form",
+            "!document.getElementById('signin').hidden",
+        )
+        .await;
+    browser.sign_in(&f.key).await;
+    browser.say("picture").await;
+    browser
+        .wait(
+            "the answer",
+            "document.getElementById('log').innerText.includes('A red dot.') && !document.body.classList.contains('running')",
+        )
+        .await;
+    for when in ["live", "after a reload"] {
+        assert_eq!(
+            browser.count("#log details.tool img.thumb").await,
+            1,
+            "{when}: one thumbnail"
+        );
+        let src = browser
+            .run("return document.querySelector('#log details.tool img.thumb').getAttribute('src')")
+            .await;
+        assert_eq!(src, json!(format!("data:image/png;base64,{DOT}")), "{when}");
+        let loaded = browser
+            .run("const i = document.querySelector('#log details.tool img.thumb'); return i.complete && i.naturalWidth")
+            .await;
+        assert_eq!(loaded, json!(1), "{when}: the image decodes");
+        let card = browser
+            .run("return document.querySelector('#log details.tool').textContent")
+            .await;
+        let card = card.as_str().unwrap_or_default();
+        assert!(card.contains("a dot"), "{when}: {card}");
+        assert!(
+            !card.contains("iVBORw0KGgo"),
+            "{when}: base64 as text: {card}"
+        );
+        if when == "live" {
+            browser.reload().await;
+            browser
+                .wait(
+                    "the history",
+                    "document.getElementById('log').innerText.includes('A red dot.')",
+                )
+                .await;
+        }
+    }
     browser.close().await;
 }

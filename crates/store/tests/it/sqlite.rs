@@ -414,3 +414,60 @@ async fn a_database_written_before_usage_was_kept_opens_and_keeps_it_from_then_o
     session.release().await.expect("released");
     assert_eq!(store.load(&id).await.expect("loads").snapshot.usage, used);
 }
+
+#[tokio::test]
+async fn a_tool_results_images_survive_the_store() {
+    use markov_core::message::ImageData;
+    let dir = Dir::new("images");
+    let store = store(&dir);
+    let id = SessionId::new("images");
+    let holder = WorkerId::new("w");
+    let mut snapshot = serialize_machine(&machine_for_dir(&dir))
+        .expect("serializes")
+        .into_owned();
+    let result = Item::tool_result_with_images(
+        "c1",
+        "the chart",
+        Some(false),
+        vec![ImageData::new("image/png", "iVBORw0KGgo=")],
+    );
+    snapshot.history.push(Message::user("chart it"));
+    snapshot
+        .history
+        .push(Message::assistant_items(vec![Item::tool_use(
+            "c1",
+            "chart",
+            json!({}),
+        )]));
+    snapshot
+        .history
+        .push(Message::user_items(vec![result.clone()]));
+    let borrowed = SerializedMachine {
+        format_version: snapshot.format_version,
+        instance: snapshot.instance.clone(),
+        history: &snapshot.history[..],
+        policy: snapshot.policy.clone(),
+        usage: snapshot.usage,
+    };
+    store
+        .create(
+            &id,
+            None,
+            "charts",
+            &borrowed,
+            &holder,
+            std::time::Duration::from_secs(60),
+        )
+        .await
+        .expect("created");
+    let stored = store.load(&id).await.expect("loads");
+    assert_eq!(stored.snapshot.history, snapshot.history);
+    assert_eq!(
+        stored
+            .snapshot
+            .history
+            .last()
+            .map(|m| m.item_list().to_vec()),
+        Some(vec![result])
+    );
+}

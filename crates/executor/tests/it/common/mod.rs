@@ -231,6 +231,7 @@ pub fn results(message: &Message) -> Vec<(String, String, Option<bool>)> {
                 tool_use_id,
                 content,
                 is_error,
+                ..
             } => Some((tool_use_id.to_string(), content.clone(), *is_error)),
             _ => None,
         })
@@ -255,6 +256,7 @@ pub fn transcript(history: &[Message]) -> String {
                             tool_use_id,
                             content,
                             is_error,
+                            ..
                         } => {
                             let failed = if *is_error == Some(true) {
                                 " (error)"
