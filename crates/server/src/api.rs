@@ -216,19 +216,24 @@ pub(crate) async fn sign_in(
 #[utoipa::path(delete, path = "/auth/session", tag = "identity", security(),
     responses((status = 204, description = "Signed out: the cookie is cleared, and its value \
         signs nobody in any more")))]
-pub(crate) async fn sign_out(State(service): Shared, jar: CookieJar) -> (CookieJar, StatusCode) {
+pub(crate) async fn sign_out(
+    State(service): Shared,
+    jar: CookieJar,
+) -> Result<(CookieJar, StatusCode), ApiError> {
     // The cookie's value stays refused, not only cleared from this
-    // browser: a copy of it signs nobody in any more.
+    // browser: a copy of it signs nobody in any more, on any worker. If
+    // the store cannot record that, the browser is told and keeps its
+    // cookie to sign out again.
     if let Some(signed) = jar
         .get(COOKIE)
         .and_then(|cookie| service.verifiers.cookie.verify(cookie.value()))
     {
-        service.signed_out.add(&signed);
+        signed.end(&*service.keys).await?;
     }
-    (
+    Ok((
         jar.remove(Cookie::build(COOKIE).path("/")),
         StatusCode::NO_CONTENT,
-    )
+    ))
 }
 
 #[utoipa::path(get, path = "/me", tag = "identity",

@@ -358,14 +358,12 @@ pub(crate) struct CookieSignIn {
 
 impl CookieSignIn {
     /// Its principal, with the roles its key has now, if the key is still
-    /// live and the sign-in was not signed out: checked on every request,
-    /// so revoking the key or signing out takes effect on the next one.
-    pub(crate) async fn live(
-        &self,
-        keys: &dyn KeyStore,
-        signed_out: &SignedOut,
-    ) -> Result<Option<Principal>, StoreError> {
-        if signed_out.contains(&self.id) {
+    /// live and the sign-in was not signed out: both are read from the
+    /// store on every request (one indexed read each), so revoking the key
+    /// or signing out on any worker takes effect on the next request on
+    /// every worker, and after a restart.
+    pub(crate) async fn live(&self, keys: &dyn KeyStore) -> Result<Option<Principal>, StoreError> {
+        if keys.sign_in_ended(&self.id).await? {
             return Ok(None);
         }
         let Some(record) = keys.key(&self.key).await? else {
@@ -376,29 +374,11 @@ impl CookieSignIn {
         }
         Ok(Some(Principal::new(record.principal, record.roles)))
     }
-}
 
-/// The sign-ins signed out in this process, each kept until its cookie
-/// would have expired anyway.
-#[derive(Debug, Default)]
-pub(crate) struct SignedOut(std::sync::Mutex<std::collections::HashMap<String, u64>>);
-
-impl SignedOut {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u64>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Refuses `sign_in` from now on (until it expires on its own).
-    pub(crate) fn add(&self, sign_in: &CookieSignIn) {
-        let now = crate::now_ms() / 1000;
-        let mut map = self.lock();
-        map.retain(|_, expires| *expires >= now);
-        map.insert(sign_in.id.clone(), sign_in.expires);
-    }
-
-    /// Whether sign-in `id` was signed out.
-    pub(crate) fn contains(&self, id: &str) -> bool {
-        self.lock().contains_key(id)
+    /// Ends this sign-in on every worker of the store, until its cookie
+    /// would have expired anyway.
+    pub(crate) async fn end(&self, keys: &dyn KeyStore) -> Result<(), StoreError> {
+        keys.end_sign_in(&self.id, self.expires).await
     }
 }
 

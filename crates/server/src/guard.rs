@@ -217,7 +217,7 @@ pub(crate) async fn authenticate(
             .and_then(|cookie| service.verifiers.cookie.verify(cookie.value()));
         match signed {
             None => None,
-            Some(signed) => match signed.live(&*service.keys, &service.signed_out).await {
+            Some(signed) => match signed.live(&*service.keys).await {
                 Ok(principal) => principal.map(|p| (p, Credential::Cookie)),
                 Err(error) => return ApiError::from(error).into_response(),
             },

@@ -418,7 +418,6 @@ impl ServerBuilder {
                     jwt: self.jwt,
                     cookie: CookieSigner::new(&cookie_key, limits.sign_in),
                 },
-                signed_out: Default::default(),
                 approval_roles: self.approval_roles,
                 sessions: NonZeroUsize::new(limits.open_sessions)
                     .map(|sessions| SessionCache::new(sessions, limits.open_session_bytes)),
@@ -446,8 +445,6 @@ struct Service {
     /// The length of this server's leases on sessions.
     lease: Duration,
     verifiers: Verifiers,
-    /// The browser sign-ins signed out in this process.
-    signed_out: crate::auth::SignedOut,
     approval_roles: HashMap<String, String>,
     /// The machines of idle sessions, kept between messages.
     sessions: Option<SessionCache>,

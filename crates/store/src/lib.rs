@@ -431,7 +431,26 @@ pub trait KeyStore: Send + Sync + fmt::Debug {
 
     /// Every key, oldest first.
     async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError>;
+
+    /// Records the browser sign-in `id` as ended (signed out) until
+    /// `expires_at`, in Unix seconds (when its cookie expires anyway), so
+    /// that every worker on this database refuses it from its next request
+    /// on, and after a restart too. Recording an id again keeps the later
+    /// expiry. Records whose expiry has passed are deleted on the way (a
+    /// bounded number per call).
+    async fn end_sign_in(&self, id: &str, expires_at: u64) -> Result<(), StoreError>;
+
+    /// Whether the browser sign-in `id` was ended with
+    /// [`end_sign_in`](Self::end_sign_in). A record is kept at least until
+    /// its expiry; after it, it may be forgotten (its cookie has expired
+    /// by then).
+    async fn sign_in_ended(&self, id: &str) -> Result<bool, StoreError>;
 }
+
+/// How many expired ended sign-ins one [`KeyStore::end_sign_in`] deletes
+/// at most: the sweep's cost stays bounded however many expired at once.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) const ENDED_SIGN_INS_SWEPT: i64 = 100;
 
 /// Now, in Unix milliseconds.
 pub(crate) fn now_ms() -> u64 {

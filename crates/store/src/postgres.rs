@@ -84,6 +84,11 @@ CREATE TABLE IF NOT EXISTS api_keys (
     created_at BIGINT NOT NULL,
     revoked_at BIGINT
 );
+CREATE TABLE IF NOT EXISTS ended_sign_ins (
+    id TEXT PRIMARY KEY,
+    expires_at BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ended_sign_ins_expiry ON ended_sign_ins (expires_at);
 ";
 
 // The statements every step uses, prepared once per connection through the
@@ -851,6 +856,43 @@ impl KeyStore for PostgresStore {
             .await
             .map_err(backend)?;
         rows.iter().map(key_of).collect()
+    }
+
+    async fn end_sign_in(&self, id: &str, expires_at: u64) -> Result<(), StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(
+                "DELETE FROM ended_sign_ins WHERE id IN
+                 (SELECT id FROM ended_sign_ins WHERE expires_at < $1 LIMIT $2)",
+                &[&to_i64(now_ms() / 1000), &crate::ENDED_SIGN_INS_SWEPT],
+            )
+            .await
+            .map_err(backend)?;
+        client
+            .execute(
+                "INSERT INTO ended_sign_ins (id, expires_at) VALUES ($1, $2)
+                 ON CONFLICT (id) DO UPDATE
+                 SET expires_at = GREATEST(ended_sign_ins.expires_at, EXCLUDED.expires_at)",
+                &[&id, &to_i64(expires_at)],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(())
+    }
+
+    async fn sign_in_ended(&self, id: &str) -> Result<bool, StoreError> {
+        let client = self.client().await?;
+        // Asked on every request a browser makes: prepared once per
+        // connection.
+        let statement = client
+            .prepare_cached("SELECT 1 FROM ended_sign_ins WHERE id = $1")
+            .await
+            .map_err(backend)?;
+        let row = client
+            .query_opt(&statement, &[&id])
+            .await
+            .map_err(backend)?;
+        Ok(row.is_some())
     }
 }
 

@@ -93,6 +93,11 @@ CREATE TABLE IF NOT EXISTS api_keys (
     created_at INTEGER NOT NULL,
     revoked_at INTEGER
 );
+CREATE TABLE IF NOT EXISTS ended_sign_ins (
+    id TEXT PRIMARY KEY,
+    expires_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ended_sign_ins_expiry ON ended_sign_ins (expires_at);
 ";
 
 /// Sessions in SQLite. Cheap to clone (one shared connection).
@@ -872,6 +877,46 @@ impl KeyStore for SqliteStore {
                 .map_err(backend)?;
             let keys = rows.query_map([], key_of).map_err(backend)?;
             keys.map(|k| key_from_row(k.map_err(backend)?)).collect()
+        })
+        .await
+    }
+
+    async fn end_sign_in(&self, id: &str, expires_at: u64) -> Result<(), StoreError> {
+        let id = id.to_owned();
+        self.writer
+            .write(move |conn| {
+                conn.prepare_cached(
+                    "DELETE FROM ended_sign_ins WHERE id IN
+                     (SELECT id FROM ended_sign_ins WHERE expires_at < ?1 LIMIT ?2)",
+                )
+                .map_err(backend)?
+                .execute(params![
+                    to_i64(now_ms() / 1000),
+                    crate::ENDED_SIGN_INS_SWEPT
+                ])
+                .map_err(backend)?;
+                conn.prepare_cached(
+                    "INSERT INTO ended_sign_ins (id, expires_at) VALUES (?1, ?2)
+                     ON CONFLICT (id) DO UPDATE
+                     SET expires_at = max(expires_at, excluded.expires_at)",
+                )
+                .map_err(backend)?
+                .execute(params![id, to_i64(expires_at)])
+                .map_err(backend)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn sign_in_ended(&self, id: &str) -> Result<bool, StoreError> {
+        let id = id.to_owned();
+        self.read(move |conn| {
+            conn.prepare_cached("SELECT 1 FROM ended_sign_ins WHERE id = ?1")
+                .map_err(backend)?
+                .query_row(params![id], |_| Ok(()))
+                .optional()
+                .map(|row| row.is_some())
+                .map_err(backend)
         })
         .await
     }

@@ -502,6 +502,116 @@ async fn revoking_a_key_or_signing_out_ends_the_browser_sign_in_at_the_next_requ
     assert_eq!(f.as_browser(&other, "GET", "/me").await, 200);
 }
 
+impl Fixture {
+    /// Signs the browser with `cookie` out: the answer's status.
+    async fn sign_out(&self, cookie: &str) -> u16 {
+        self.request("DELETE", "/auth/session")
+            .header("cookie", cookie)
+            .header("origin", self.base.clone())
+            .send()
+            .await
+            .expect("sent")
+            .status()
+            .as_u16()
+    }
+}
+
+/// The key every worker of these tests signs cookies with.
+const SHARED_COOKIE_KEY: [u8; 32] = [5; 32];
+
+/// A worker over `store` that signs cookies with the shared key.
+async fn cookie_worker<S>(store: Arc<S>, worker: &str) -> crate::http::Fixture
+where
+    S: markov_store::Store + markov_store::KeyStore + 'static,
+{
+    let builder = Server::builder()
+        .agent(paying_agent(&Arc::default()))
+        .worker(WorkerId::new(worker))
+        .cookie_key(SHARED_COOKIE_KEY.to_vec());
+    start(builder, store, Arc::default()).await
+}
+
+/// Signs in on `a` and out again there: `b`, another worker on the same
+/// database, refuses the signed-out cookie at its next request and still
+/// accepts another sign-in of the same key. The signed-out cookie and
+/// the one still signed in.
+async fn sign_out_on_one_worker_and_replay_on_another(
+    a: &crate::http::Fixture,
+    b: &crate::http::Fixture,
+) -> (String, String) {
+    let carol = a.keys["carol"].clone();
+    let cookie = a.cookie_for(&carol).await;
+    let other = a.cookie_for(&carol).await;
+    assert_eq!(
+        b.as_browser(&cookie, "GET", "/me").await,
+        200,
+        "both workers accept it"
+    );
+    assert_eq!(a.sign_out(&cookie).await, 204);
+    assert_eq!(
+        b.as_browser(&cookie, "GET", "/me").await,
+        401,
+        "the cookie signed out on another worker"
+    );
+    assert_eq!(b.as_browser(&cookie, "POST", "/sessions").await, 401);
+    assert_eq!(a.as_browser(&cookie, "GET", "/me").await, 401);
+    assert_eq!(b.as_browser(&other, "GET", "/me").await, 200);
+    (cookie, other)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sign_out_on_one_worker_is_refused_by_another_and_after_a_restart() {
+    let dir = std::env::temp_dir().join(format!(
+        "markov-server-sign-out-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let file = dir.join("sessions.db");
+    let open = || Arc::new(SqliteStore::open(&file).expect("a database"));
+    let a = cookie_worker(open(), "a").await;
+    let b = cookie_worker(open(), "b").await;
+    let (cookie, other) = sign_out_on_one_worker_and_replay_on_another(&a, &b).await;
+    drop((a, b));
+
+    // A server started again on the same file.
+    let restarted = cookie_worker(open(), "restarted").await;
+    assert_eq!(
+        restarted.as_browser(&cookie, "GET", "/me").await,
+        401,
+        "the signed-out cookie after a restart"
+    );
+    assert_eq!(restarted.as_browser(&other, "GET", "/me").await, 200);
+    drop(restarted);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_sign_out_on_one_worker_is_refused_by_another_and_after_a_restart() {
+    if !TempPostgres::is_installed() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "PostgreSQL is not installed, and CI must run the Postgres tests (.ci/run installs it)"
+        );
+        eprintln!("skipped: PostgreSQL not installed");
+        return;
+    }
+    let server = TempPostgres::start().expect("PostgreSQL starts");
+    let url = server.new_database().expect("a database");
+    let connect = async || Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    let a = cookie_worker(connect().await, "a").await;
+    let b = cookie_worker(connect().await, "b").await;
+    let (cookie, other) = sign_out_on_one_worker_and_replay_on_another(&a, &b).await;
+    drop((a, b));
+
+    let restarted = cookie_worker(connect().await, "restarted").await;
+    assert_eq!(
+        restarted.as_browser(&cookie, "GET", "/me").await,
+        401,
+        "the signed-out cookie after a restart"
+    );
+    assert_eq!(restarted.as_browser(&other, "GET", "/me").await, 200);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bearer_tokens_from_an_external_issuer_are_accepted_only_when_valid() {
     let secret = [9u8; 32];

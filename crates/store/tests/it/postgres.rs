@@ -559,3 +559,47 @@ async fn sessions_belong_to_their_owner_and_keys_are_kept_in_postgres() {
     let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     owners_and_keys_contract(store).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_sign_in_is_ended_for_every_worker_on_postgres_and_expired_ones_are_swept() {
+    let Some(server) = server() else { return };
+    let url = server.new_database().expect("a database");
+    let first = PostgresStore::connect(&url).await.expect("connects");
+    let second = PostgresStore::connect(&url).await.expect("connects");
+    ended_sign_ins_contract(&first, &second).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_database_written_before_sign_ins_were_ended_in_it_upgrades() {
+    use markov_store::{ApiKeyRecord, KeyStore};
+    let Some(server) = server() else { return };
+    let url = server.new_database().expect("a database");
+    let key = ApiKeyRecord {
+        id: "k1".into(),
+        principal: "alice".into(),
+        roles: vec![],
+        hash: "hash".into(),
+        created_at: 1,
+        revoked_at: None,
+    };
+    {
+        let store = PostgresStore::connect(&url).await.expect("connects");
+        store.add_key(&key).await.expect("added");
+    }
+    // The database as an earlier version left it: no such table.
+    let (raw, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connects");
+    let connection = tokio::spawn(connection);
+    raw.batch_execute("DROP TABLE ended_sign_ins")
+        .await
+        .expect("the table is dropped");
+    drop(raw);
+    let _ = connection.await;
+
+    let store = PostgresStore::connect(&url).await.expect("upgrades");
+    assert_eq!(store.key("k1").await.expect("reads"), Some(key));
+    assert!(!store.sign_in_ended("s").await.expect("reads"));
+    store.end_sign_in("s", now_secs() + 60).await.expect("ends");
+    assert!(store.sign_in_ended("s").await.expect("reads"));
+}

@@ -12,7 +12,7 @@ use markov_policy::{
 };
 use markov_policy::{IdempotencyLedger, RecordedAnswer};
 use markov_store::{
-    DurableError, DurableMachine, SessionId, SqliteStore, Store, StoreError, WorkerId,
+    DurableError, DurableMachine, KeyStore, SessionId, SqliteStore, Store, StoreError, WorkerId,
 };
 use markov_testkit::ScriptedModel;
 use serde_json::json;
@@ -470,4 +470,41 @@ async fn a_tool_results_images_survive_the_store() {
             .map(|m| m.item_list().to_vec()),
         Some(vec![result])
     );
+}
+
+#[tokio::test]
+async fn an_ended_sign_in_is_ended_for_every_handle_on_the_file_and_expired_ones_are_swept() {
+    let dir = Dir::new("ended-sign-ins");
+    ended_sign_ins_contract(&*store(&dir), &*store(&dir)).await;
+    // In memory, the writer's connection answers the reads.
+    let memory = SqliteStore::in_memory().expect("a database");
+    ended_sign_ins_contract(&memory, &memory).await;
+    // After a restart.
+    assert!(store(&dir).sign_in_ended("a").await.expect("reads"));
+}
+
+#[tokio::test]
+async fn a_database_written_before_sign_ins_were_ended_in_it_opens_and_ends_them() {
+    use markov_store::ApiKeyRecord;
+    let dir = Dir::new("ended-sign-ins-migration");
+    let key = ApiKeyRecord {
+        id: "k1".into(),
+        principal: "alice".into(),
+        roles: vec![],
+        hash: "hash".into(),
+        created_at: 1,
+        revoked_at: None,
+    };
+    store(&dir).add_key(&key).await.expect("added");
+    // The database as an earlier version left it: no such table.
+    let raw = rusqlite::Connection::open(dir.path("sessions.db")).expect("opens");
+    raw.execute_batch("DROP TABLE ended_sign_ins")
+        .expect("the table is dropped");
+    drop(raw);
+
+    let store = store(&dir);
+    assert_eq!(store.key("k1").await.expect("reads"), Some(key));
+    assert!(!store.sign_in_ended("s").await.expect("reads"));
+    store.end_sign_in("s", now_secs() + 60).await.expect("ends");
+    assert!(store.sign_in_ended("s").await.expect("reads"));
 }

@@ -704,3 +704,49 @@ pub fn only_result(history: &[markov_core::Message]) -> (String, bool) {
     assert_eq!(results.len(), 1, "exactly one result: {results:?}");
     results.into_iter().next().unwrap_or_default()
 }
+
+/// Now, in Unix seconds.
+pub fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+/// What every store keeps about ended browser sign-ins: one ended on
+/// `store` reads back as ended on `other` (a second handle on the same
+/// database, as another worker has), one never ended does not, ending
+/// again keeps the later expiry, and a record whose expiry has passed is
+/// swept by a later write.
+pub async fn ended_sign_ins_contract(
+    store: &dyn markov_store::KeyStore,
+    other: &dyn markov_store::KeyStore,
+) {
+    let now = now_secs();
+    assert!(!store.sign_in_ended("a").await.expect("reads"));
+    store.end_sign_in("a", now + 3600).await.expect("ends");
+    assert!(store.sign_in_ended("a").await.expect("reads"));
+    assert!(
+        other.sign_in_ended("a").await.expect("reads"),
+        "another worker on the database sees it"
+    );
+    assert!(!other.sign_in_ended("b").await.expect("reads"), "not ended");
+
+    // Ending it again with an earlier expiry does not shorten it.
+    other.end_sign_in("a", now - 60).await.expect("ends again");
+    store.end_sign_in("stale", now - 60).await.expect("ends");
+    assert!(
+        store.sign_in_ended("stale").await.expect("reads"),
+        "kept until a later write"
+    );
+    other.end_sign_in("c", now + 3600).await.expect("ends");
+    assert!(
+        !store.sign_in_ended("stale").await.expect("reads"),
+        "an expired record is swept by the next write"
+    );
+    assert!(
+        store.sign_in_ended("a").await.expect("reads"),
+        "still ended"
+    );
+    assert!(store.sign_in_ended("c").await.expect("reads"));
+}
