@@ -98,6 +98,28 @@ impl TempPostgres {
         find_bin().is_some()
     }
 
+    /// A server of a test's own, stopped when the test ends; `None` (said
+    /// on stderr, and the test then returns) where PostgreSQL is not
+    /// installed outside CI. Under `CI=true` a missing PostgreSQL is a
+    /// failure, never a skip.
+    ///
+    /// # Panics
+    /// PostgreSQL is missing under `CI=true`, or the server does not start.
+    pub fn for_test() -> Option<TempPostgres> {
+        if !Self::is_installed() {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "PostgreSQL is not installed, and CI must run the Postgres tests (.ci/run installs it)"
+            );
+            eprintln!("skipped: PostgreSQL not installed");
+            return None;
+        }
+        match Self::start() {
+            Ok(server) => Some(server),
+            Err(err) => panic!("PostgreSQL does not start: {err}"),
+        }
+    }
+
     /// Starts a server (a few seconds).
     pub fn start() -> Result<TempPostgres, TempPostgresError> {
         let bin = find_bin().ok_or(TempPostgresError::NotInstalled)?;

@@ -587,15 +587,9 @@ async fn a_sign_out_on_one_worker_is_refused_by_another_and_after_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_a_sign_out_on_one_worker_is_refused_by_another_and_after_a_restart() {
-    if !TempPostgres::is_installed() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "PostgreSQL is not installed, and CI must run the Postgres tests (.ci/run installs it)"
-        );
-        eprintln!("skipped: PostgreSQL not installed");
+    let Some(server) = TempPostgres::for_test() else {
         return;
-    }
-    let server = TempPostgres::start().expect("PostgreSQL starts");
+    };
     let url = server.new_database().expect("a database");
     let connect = async || Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let a = cookie_worker(connect().await, "a").await;
@@ -1218,15 +1212,9 @@ async fn a_shutdown_stores_the_running_step_and_a_restarted_server_continues_the
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_postgres_another_worker_continues_the_turn_a_stopped_server_left() {
-    if !TempPostgres::is_installed() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "PostgreSQL is not installed, and CI must run the Postgres tests (.ci/run installs it)"
-        );
-        eprintln!("skipped: PostgreSQL not installed");
+    let Some(server) = TempPostgres::for_test() else {
         return;
-    }
-    let server = TempPostgres::start().expect("PostgreSQL starts");
+    };
     let url = server.new_database().expect("a database");
     let pays = Arc::new(AtomicUsize::new(0));
     let work = Work::default();

@@ -16,22 +16,6 @@ use markov_store::{
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
-/// A server of the test's own, stopped when the test ends (statics are
-/// never dropped, so a shared one would outlive the process); `None` when
-/// PostgreSQL is not installed outside CI — in CI that is a failure, never
-/// a skip.
-pub(crate) fn server() -> Option<TempPostgres> {
-    if !TempPostgres::is_installed() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "PostgreSQL is not installed, and CI must run the Postgres tests (.ci/run installs it)"
-        );
-        eprintln!("skipped: PostgreSQL not installed");
-        return None;
-    }
-    Some(TempPostgres::start().expect("PostgreSQL starts"))
-}
-
 fn two_turns() -> ScriptedModel {
     ScriptedModel::builder()
         .tool_call("note", json!({}))
@@ -44,7 +28,9 @@ fn two_turns() -> ScriptedModel {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_round_trips_through_postgres() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let dir = Dir::new("pg-round-trip");
@@ -99,7 +85,9 @@ async fn a_session_round_trips_through_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn usage_survives_reconnecting_to_postgres() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let dir = Dir::new("pg-usage");
     let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
@@ -112,7 +100,9 @@ async fn usage_survives_reconnecting_to_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_never_write_the_same_session() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     // Two connections: two worker processes.
     let first = PostgresStore::connect(&url).await.expect("connects");
@@ -122,7 +112,9 @@ async fn two_workers_never_write_the_same_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_claims_never_take_the_same_session() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let first = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let second = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
@@ -194,7 +186,9 @@ async fn concurrent_claims_never_take_the_same_session() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let dead = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let dir = Dir::new("pg-resume");
@@ -272,7 +266,9 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_at_most_once_call_abandoned_by_its_worker_is_answered_interrupted_by_another() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let dir = Dir::new("pg-at-most-once");
     let steps = || vec![vec![("notify", json!({"to": "ops"}))]];
@@ -379,7 +375,9 @@ impl markov_core::tool::Tool for PayThenStopTheDatabase {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_session_pays_once() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let server = Arc::new(server);
     let url = server.new_database().expect("a database");
     let store = Arc::new(
@@ -461,7 +459,9 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let dir = Dir::new("pg-paused");
     let paying = |model: Arc<dyn markov_core::model::Model>| {
@@ -554,7 +554,9 @@ async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_belong_to_their_owner_and_keys_are_kept_in_postgres() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     owners_and_keys_contract(store).await;
@@ -562,7 +564,9 @@ async fn sessions_belong_to_their_owner_and_keys_are_kept_in_postgres() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ended_sign_in_is_ended_for_every_worker_on_postgres_and_expired_ones_are_swept() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let first = PostgresStore::connect(&url).await.expect("connects");
     let second = PostgresStore::connect(&url).await.expect("connects");
@@ -572,7 +576,9 @@ async fn an_ended_sign_in_is_ended_for_every_worker_on_postgres_and_expired_ones
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_database_written_before_sign_ins_were_ended_in_it_upgrades() {
     use markov_store::{ApiKeyRecord, KeyStore};
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let key = ApiKeyRecord {
         id: "k1".into(),

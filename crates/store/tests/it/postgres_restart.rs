@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::*;
-use crate::postgres::server;
 use markov_core::Message;
 use markov_executor::serialize_machine;
-use markov_store::testing::Shutdown;
+use markov_store::testing::{Shutdown, TempPostgres};
 use markov_store::{PostgresStore, SessionId, StepRecord, Store, StoreError, WorkerId};
 use markov_testkit::ScriptedModel;
 
@@ -48,7 +47,9 @@ async fn create(store: &PostgresStore, id: &SessionId, holder: &WorkerId, dir: &
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_reconnects_after_the_server_restarts() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let store = PostgresStore::connect(&url).await.expect("connects");
     let dir = Dir::new("pg-restart");
@@ -91,7 +92,9 @@ async fn a_store_reconnects_after_the_server_restarts() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_while_the_server_is_down_fails_at_once_and_works_after_the_start() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let store = PostgresStore::connect(&url).await.expect("connects");
     let dir = Dir::new("pg-down");
@@ -137,7 +140,9 @@ async fn a_call_while_the_server_is_down_fails_at_once_and_works_after_the_start
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_for_a_connection_is_bounded() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     let wait = Duration::from_millis(300);
     let store = Arc::new(
@@ -226,7 +231,9 @@ async fn waiting_for_a_connection_is_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_no_connections_is_refused() {
-    let Some(server) = server() else { return };
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
     let url = server.new_database().expect("a database");
     assert!(matches!(
         PostgresStore::connect_with(&url, 0, Duration::from_secs(1)).await,
