@@ -13,13 +13,13 @@
 //! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
 //!   hyper or `markov-*` crate in its `[dependencies]` but the proc-macro
 //!   `markov-macros` (its `macros` feature);
-//! - the layers point one way, `core` ← `policy` ← `runtime` ← `executor` ←
+//! - the layers point one way, `core` ← `policy` ← `charter` ← `executor` ←
 //!   `store`: `policy` (the tool registry) depends on core only;
-//!   `runtime` depends on neither `executor` nor `store`, `executor` knows
+//!   `charter` depends on neither `executor` nor `store`, `executor` knows
 //!   no database driver, no vendor and not `store`, `store` knows no model
 //!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
-//!   `runtime` and `executor`; `mcp` builds on `core` and `policy` only,
-//!   and none of `core`, `policy`, `runtime` and `executor` depends on it;
+//!   `charter` and `executor`; `mcp` builds on `core` and `policy` only,
+//!   and none of `core`, `policy`, `charter` and `executor` depends on it;
 //! - internal (`markov-*`) dependencies carry both `path` and `version`, so
 //!   each crate can be published on its own;
 //! - a README code block announced by `<!-- example: NAME -->` is
@@ -353,10 +353,10 @@ const LAYERS: &[Layer] = &[
         reason: "core does no I/O and is the bottom layer",
     },
     Layer {
-        package: "markov-runtime",
+        package: "markov-charter",
         forbidden: &["markov-executor", "markov-store", "markov-mcp"],
         except: &[],
-        reason: "the layers are core <- runtime <- executor <- store",
+        reason: "the layers are core <- charter <- executor <- store",
     },
     Layer {
         package: "markov-executor",
@@ -379,7 +379,7 @@ const LAYERS: &[Layer] = &[
     Layer {
         package: "markov-policy",
         forbidden: &[
-            "markov-runtime",
+            "markov-charter",
             "markov-executor",
             "markov-store",
             "markov-providers",
@@ -391,7 +391,7 @@ const LAYERS: &[Layer] = &[
     Layer {
         package: "markov-mcp",
         forbidden: &[
-            "markov-runtime",
+            "markov-charter",
             "markov-executor",
             "markov-store",
             "markov-providers",
@@ -440,7 +440,7 @@ const LAYERS: &[Layer] = &[
 ];
 
 /// The layers a leaf crate (tools, testkit, providers) must not reach.
-const ABOVE_CORE: &[&str] = &["markov-runtime", "markov-executor"];
+const ABOVE_CORE: &[&str] = &["markov-charter", "markov-executor"];
 
 /// Flags `[dependencies]` of the manifest's package that its layer forbids.
 fn check_layering(path: &str, manifest: &str) -> Vec<String> {
@@ -736,13 +736,13 @@ fn should_panic_is_flagged() {
 
 #[test]
 fn core_must_not_depend_on_io_or_markov_crates() {
-    let sample = "[package]\nname = \"markov-core\"\n\n[dependencies]\nserde.workspace = true\ntokio = { workspace = true, features = [\"rt\", \"macros\"] }\nhttp-client = { package = \"reqwest\", version = \"0.12\" }\nmarkov-runtime.workspace = true\n\n[dev-dependencies]\ntokio = { workspace = true, features = [\"rt\"] }\nhyper = \"1\"\n";
+    let sample = "[package]\nname = \"markov-core\"\n\n[dependencies]\nserde.workspace = true\ntokio = { workspace = true, features = [\"rt\", \"macros\"] }\nhttp-client = { package = \"reqwest\", version = \"0.12\" }\nmarkov-charter.workspace = true\n\n[dev-dependencies]\ntokio = { workspace = true, features = [\"rt\"] }\nhyper = \"1\"\n";
     assert_eq!(
         check_layering("crates/core/Cargo.toml", sample),
         [
             "crates/core/Cargo.toml:6: `markov-core` must not depend on `tokio` (core does no I/O and is the bottom layer)",
             "crates/core/Cargo.toml:7: `markov-core` must not depend on `reqwest` (core does no I/O and is the bottom layer)",
-            "crates/core/Cargo.toml:8: `markov-core` must not depend on `markov-runtime` (core does no I/O and is the bottom layer)",
+            "crates/core/Cargo.toml:8: `markov-core` must not depend on `markov-charter` (core does no I/O and is the bottom layer)",
         ]
     );
     let clean = "[package]\nname = \"markov-core\"\n[dependencies]\nserde = \"1\"\n[dev-dependencies]\ntokio = \"1\"\n";
@@ -753,20 +753,20 @@ fn core_must_not_depend_on_io_or_markov_crates() {
 
 #[test]
 fn layers_point_one_way() {
-    let runtime = "[package]\nname = \"markov-runtime\"\n[dependencies]\nmarkov-core.workspace = true\n[dependencies.markov-executor]\nworkspace = true\n";
+    let charter = "[package]\nname = \"markov-charter\"\n[dependencies]\nmarkov-core.workspace = true\n[dependencies.markov-executor]\nworkspace = true\n";
     assert_eq!(
-        check_layering("r", runtime),
+        check_layering("r", charter),
         [
-            "r:5: `markov-runtime` must not depend on `markov-executor` (the layers are core <- runtime <- executor <- store)"
+            "r:5: `markov-charter` must not depend on `markov-executor` (the layers are core <- charter <- executor <- store)"
         ]
     );
-    let executor = "[package]\nname = \"markov-executor\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-runtime.workspace = true\n";
+    let executor = "[package]\nname = \"markov-executor\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-charter.workspace = true\n";
     assert!(check_layering("e", executor).is_empty());
-    let testkit = "[package]\nname = \"markov-testkit\"\n[dependencies]\nmarkov-core.workspace = true\n[target.'cfg(unix)'.dependencies]\nmarkov-runtime.workspace = true\n[dev-dependencies]\nmarkov-executor.workspace = true\n";
+    let testkit = "[package]\nname = \"markov-testkit\"\n[dependencies]\nmarkov-core.workspace = true\n[target.'cfg(unix)'.dependencies]\nmarkov-charter.workspace = true\n[dev-dependencies]\nmarkov-executor.workspace = true\n";
     assert_eq!(
         check_layering("t", testkit),
         [
-            "t:6: `markov-testkit` must not depend on `markov-runtime` (testkit depends on core only)"
+            "t:6: `markov-testkit` must not depend on `markov-charter` (testkit depends on core only)"
         ]
     );
     let store = "[package]\nname = \"markov-store\"\n[dependencies]\nmarkov-executor.workspace = true\nreqwest = \"0.13\"\n";
@@ -790,16 +790,16 @@ fn layers_point_one_way() {
 
 #[test]
 fn internal_deps_need_path_and_version() {
-    let sample = "[workspace.dependencies]\nmarkov-core = { path = \"crates/core\", version = \"0.1.0\" }\nmarkov-runtime = { path = \"crates/runtime\" }\nmarkov-executor = \"0.1.0\"\nserde = \"1\"\n[workspace.dependencies.markov-testkit]\npath = \"crates/testkit\"\n";
+    let sample = "[workspace.dependencies]\nmarkov-core = { path = \"crates/core\", version = \"0.1.0\" }\nmarkov-charter = { path = \"crates/charter\" }\nmarkov-executor = \"0.1.0\"\nserde = \"1\"\n[workspace.dependencies.markov-testkit]\npath = \"crates/testkit\"\n";
     assert_eq!(
         check_internal_deps_versioned("Cargo.toml", sample, "workspace.dependencies"),
         [
-            "Cargo.toml:3: internal dependency `markov-runtime` in `[workspace.dependencies]` needs both `path` and `version`",
+            "Cargo.toml:3: internal dependency `markov-charter` in `[workspace.dependencies]` needs both `path` and `version`",
             "Cargo.toml:4: internal dependency `markov-executor` in `[workspace.dependencies]` needs both `path` and `version`",
             "Cargo.toml:6: internal dependency `markov-testkit` in `[workspace.dependencies]` needs both `path` and `version`",
         ]
     );
-    let member = "[dependencies]\nmarkov-core.workspace = true\nmarkov-runtime = { path = \"../runtime\" }\n[dev-dependencies]\nmarkov-testkit = { path = \"../testkit\" }\n";
+    let member = "[dependencies]\nmarkov-core.workspace = true\nmarkov-charter = { path = \"../runtime\" }\n[dev-dependencies]\nmarkov-testkit = { path = \"../testkit\" }\n";
     assert_eq!(
         check_internal_deps_versioned("m", member, "dependencies").len(),
         1

@@ -34,9 +34,9 @@ use markov_executor::{
     Agent, Limit, Machine, MachineStep, RunOptions, StandardExecutor, UsageLimits, run_machine,
 };
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_runtime::charter::Charter;
-use markov_runtime::context::ContextPolicy;
-use markov_runtime::node::Node;
+use markov_charter::charter::Charter;
+use markov_charter::context::ContextPolicy;
+use markov_charter::node::Node;
 use markov_testkit::{Recording, ScriptedModel};
 use schemars::JsonSchema;
 use serde::Deserialize;

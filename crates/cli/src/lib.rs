@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use markov_core::model::{Model, ModelLimits, ModelSettings};
 use markov_executor::{Agent, AgentBuilder};
-use markov_runtime::context::{ContextPolicy, DEFAULT_SUMMARY_MAX_TOKENS, Summarize};
+use markov_charter::context::{ContextPolicy, DEFAULT_SUMMARY_MAX_TOKENS, Summarize};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -257,7 +257,7 @@ pub fn demo_eval_agent(model: Arc<dyn Model>) -> Result<Agent, markov_executor::
     };
     let model = Arc::new(markov_executor::ToolChoiceEnforcer::new(
         model,
-        markov_runtime::tool_choice::ToolChoiceRule::RequiredFirst,
+        markov_charter::tool_choice::ToolChoiceRule::RequiredFirst,
     ));
     demo_agent(&chosen, model).build()
 }

@@ -62,7 +62,7 @@ use markov_executor::{BuildError, MachineStep, RunError, RunOptions, YieldReason
 use markov_cli::mcp::{McpArgs, McpServers};
 use markov_cli::{QUESTION, demo_agent, pick_settled_model_or, scripted};
 use markov_executor::ToolChoiceEnforcer;
-use markov_runtime::tool_choice::ToolChoiceRule;
+use markov_charter::tool_choice::ToolChoiceRule;
 
 /// Why the demo stopped early.
 #[derive(Debug, thiserror::Error)]

@@ -840,7 +840,7 @@ pub trait Model: Send + Sync + fmt::Debug {
     /// Neither Anthropic nor Gemini bills a count, so callers do not
     /// account it as usage; it is a request to the provider all the same
     /// (rate limits, latency), made only when an estimate is not enough
-    /// (see `ContextPolicyBuilder::token_count` in `markov-runtime`).
+    /// (see `ContextPolicyBuilder::token_count` in `markov-charter`).
     ///
     /// # Errors
     /// A failed count, classified as a failed call is
@@ -866,7 +866,7 @@ pub trait Model: Send + Sync + fmt::Debug {
     /// `/v1/responses/compact`. The items it answers stand for the
     /// messages in later requests to a model whose
     /// [`Self::native_summaries`] names their vendor; a context policy
-    /// built with `Summarize::native` (in `markov-runtime`) appends them to
+    /// built with `Summarize::native` (in `markov-charter`) appends them to
     /// the history as a summary message. The default is
     /// [`Compaction::NotOffered`]; a wrapper forwards it to the model it
     /// wraps.

@@ -14,10 +14,10 @@ use markov_policy::{
     Budget, EnvelopeMode, ErrorFormat, Mode, PolicyConfig, RegistryError, ToolMetadata,
     ToolRegistry, ToolRegistryBuilder,
 };
-use markov_runtime::ConfigError;
-use markov_runtime::charter::{Charter, CharterBuilder};
-use markov_runtime::context::ContextPolicy;
-use markov_runtime::node::{Node, NodeBuilder, OutputConfig};
+use markov_charter::ConfigError;
+use markov_charter::charter::{Charter, CharterBuilder};
+use markov_charter::context::ContextPolicy;
+use markov_charter::node::{Node, NodeBuilder, OutputConfig};
 use schemars::JsonSchema;
 use serde_json::Value;
 
@@ -539,7 +539,7 @@ impl AgentBuilder {
     }
 
     /// What the model is shown of a long conversation (see
-    /// [`markov_runtime::context`]): keep the last turns, trim old tool
+    /// [`markov_charter::context`]): keep the last turns, trim old tool
     /// results, summarize older turns. A node's own policy
     /// ([`NodeBuilder::context_policy`]) overrides it. Without one, every
     /// call is sent the whole history, and a model that refuses it as too

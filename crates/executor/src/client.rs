@@ -18,7 +18,7 @@
 //! ```
 //! use markov_executor::client::{DryClientInstance, is_command_item};
 //! use markov_executor::Instance;
-//! use markov_runtime::node::Node;
+//! use markov_charter::node::Node;
 //! use serde_json::json;
 //!
 //! let node = Node::builder("Keep a list.").build().unwrap();
@@ -37,13 +37,13 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use markov_core::InstanceId;
 use markov_core::message::Item;
-use markov_runtime::charter::Charter;
-use markov_runtime::command::{CommandInfo, SharedCommand};
-use markov_runtime::node::Node;
-use markov_runtime::pack::{Pack, PackInstructions};
-use markov_runtime::serial::{Entries, escape_schema, executor_config_to_json};
-use markov_runtime::state::json_type;
-use markov_runtime::transition::{NodeTarget, Transition};
+use markov_charter::charter::Charter;
+use markov_charter::command::{CommandInfo, SharedCommand};
+use markov_charter::node::Node;
+use markov_charter::pack::{Pack, PackInstructions};
+use markov_charter::serial::{Entries, escape_schema, executor_config_to_json};
+use markov_charter::state::json_type;
+use markov_charter::transition::{NodeTarget, Transition};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -581,7 +581,7 @@ impl CommandHandle {
 ///
 /// ```
 /// use markov_executor::client::{MachineContract, assert_contract};
-/// use markov_runtime::{charter::Charter, node::Node};
+/// use markov_charter::{charter::Charter, node::Node};
 ///
 /// let charter = Charter::builder("c")
 ///     .node("main", Node::builder("Main.").build().unwrap())

@@ -14,8 +14,8 @@
 //! ```
 //! use markov_core::async_trait;
 //! use markov_executor::{Agent, CommandOptions, run_command};
-//! use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
-//! use markov_runtime::node::Node;
+//! use markov_charter::command::{Command, CommandContext, CommandError, CommandResult};
+//! use markov_charter::node::Node;
 //! use markov_testkit::ScriptedModel;
 //! use schemars::JsonSchema;
 //! use serde::Deserialize;
@@ -64,13 +64,13 @@ use std::time::SystemTime;
 
 use markov_core::message::{Item, Items, Message};
 use markov_core::{InstanceId, Role};
-use markov_runtime::charter::Charter;
-use markov_runtime::command::{
+use markov_charter::charter::Charter;
+use markov_charter::command::{
     CommandContext, CommandError, CommandInfo, CommandResult, SharedCommand,
 };
-use markov_runtime::externalize::Scope;
-use markov_runtime::pack::Pack;
-use markov_runtime::transition::{SpawnChild, TransitionResult};
+use markov_charter::externalize::Scope;
+use markov_charter::pack::Pack;
+use markov_charter::transition::{SpawnChild, TransitionResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -359,7 +359,7 @@ async fn run_node_command(
     }
 }
 
-fn initial_state(node: &markov_runtime::node::Node) -> Value {
+fn initial_state(node: &markov_charter::node::Node) -> Value {
     node.initial_state()
         .cloned()
         .unwrap_or_else(|| Value::Object(serde_json::Map::new()))

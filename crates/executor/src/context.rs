@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex};
 use markov_core::message::{Item, Items, Message, NativeItems, Role};
 use markov_core::model::HistoryId;
 use markov_core::tokens;
-use markov_runtime::context::ContextPolicy;
+use markov_charter::context::ContextPolicy;
 
 /// How a summary is shown to the model, before its text.
 pub const SUMMARY_PREAMBLE: &str =
@@ -959,7 +959,7 @@ fn render(message: &Message, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use markov_runtime::context::Summarize;
+    use markov_charter::context::Summarize;
     use proptest::prelude::*;
     use serde_json::json;
 

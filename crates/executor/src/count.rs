@@ -1,5 +1,5 @@
 //! Exact token counts of context views, for policies that ask for them
-//! ([`TokenCount::Provider`](markov_runtime::context::TokenCount)).
+//! ([`TokenCount::Provider`](markov_charter::context::TokenCount)).
 //!
 //! The cheap estimate runs on every step; the model's own count only
 //! where the estimate says a view passed its summary threshold. A count is

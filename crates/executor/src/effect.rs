@@ -6,10 +6,10 @@
 
 use markov_core::message::{InstancePayload, Items, Message, Metadata, Source, SpawnedChild};
 use markov_core::{InstanceId, Role};
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_runtime::serial::{node_from_json, serialize_node};
-use markov_runtime::transition::CedeContent;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
+use markov_charter::serial::{node_from_json, serialize_node};
+use markov_charter::transition::CedeContent;
 use serde_json::Value;
 
 use crate::error::RunError;
@@ -190,7 +190,7 @@ fn node_from_payload(charter: &Charter, node: &Value) -> Result<Node, RunError> 
         Some(r) => charter
             .node(r)
             .cloned()
-            .ok_or_else(|| markov_runtime::ConfigError::UnknownNodeRef(r.to_owned()).into()),
+            .ok_or_else(|| markov_charter::ConfigError::UnknownNodeRef(r.to_owned()).into()),
         None => Ok(node_from_json(charter, node)?),
     }
 }

@@ -2,8 +2,8 @@
 
 use markov_core::InstanceId;
 use markov_core::model::ModelError;
-use markov_runtime::ConfigError;
-use markov_runtime::transition::TransitionError;
+use markov_charter::ConfigError;
+use markov_charter::transition::TransitionError;
 
 /// Why a run stopped without finishing. The history stays consistent either
 /// way: every recorded tool call has its result.

@@ -6,7 +6,7 @@ use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::message::Source;
 use markov_core::tool::TerminateResponse;
 use markov_policy::PolicyState;
-use markov_runtime::charter::Charter;
+use markov_charter::charter::Charter;
 use serde_json::Value;
 
 use crate::context::ContextViews;

@@ -5,16 +5,16 @@
 //! Registrations live on the [`Machine`](crate::Machine), never in the
 //! serializable [`RunState`](crate::RunState). Handlers and callbacks are
 //! plain synchronous calls; what they write with
-//! [`ExternalContext::set_state`](markov_runtime::externalize::ExternalContext::set_state)
+//! [`ExternalContext::set_state`](markov_charter::externalize::ExternalContext::set_state)
 //! is recorded in the context and copied into the tree, copy-on-write, as
 //! soon as they return.
 
 use std::sync::Arc;
 
 use markov_core::message::Message;
-use markov_runtime::charter::Charter;
-use markov_runtime::externalize::{MutationEvent, Registration, Scope, StateHandler, StepInfo};
-use markov_runtime::state::StateSchema;
+use markov_charter::charter::Charter;
+use markov_charter::externalize::{MutationEvent, Registration, Scope, StateHandler, StepInfo};
+use markov_charter::state::StateSchema;
 use serde_json::Value;
 
 use crate::instance::Instance;

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use markov_core::InstanceId;
-use markov_runtime::node::Node;
-use markov_runtime::pack::Pack;
-use markov_runtime::tool_choice::ToolChoiceRule;
+use markov_charter::node::Node;
+use markov_charter::pack::Pack;
+use markov_charter::tool_choice::ToolChoiceRule;
 use serde_json::{Value, json};
 
 use crate::error::RunError;

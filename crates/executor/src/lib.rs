@@ -13,7 +13,7 @@
 //! - [`serialize_machine`] and [`Agent::restore`]: snapshots.
 //! - [`run_command`] and [`available_commands`]: commands, which bypass inference.
 //! - [`client`]: the dry client and display formats and the machine contract.
-//! - Externalized state ([`markov_runtime::externalize`]): the machine
+//! - Externalized state ([`markov_charter::externalize`]): the machine
 //!   registers the scopes whose node or pack declares a handler, hands their
 //!   state messages over and notifies them of every step
 //!   ([`Machine::sync_externalized`]).

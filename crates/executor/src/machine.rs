@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use markov_core::Message;
 use markov_policy::{Approvals, PolicyState};
-use markov_runtime::charter::Charter;
+use markov_charter::charter::Charter;
 use serde_json::Value;
 
 use crate::error::RunError;
@@ -55,7 +55,7 @@ impl Machine {
     /// A machine whose instance tree is `root`, checked by
     /// [`check_tree`](Self::check_tree): the packs declared on the tree's
     /// nodes are hoisted to the root and the externalized scopes registered
-    /// (see [`markov_runtime::externalize`]).
+    /// (see [`markov_charter::externalize`]).
     pub(crate) fn from_tree(
         charter: Charter,
         executor: Arc<dyn Executor>,
@@ -73,7 +73,7 @@ impl Machine {
     pub(crate) fn check_tree(
         charter: &Charter,
         root: &Arc<Instance>,
-    ) -> Result<Vec<markov_runtime::node::Node>, RunError> {
+    ) -> Result<Vec<markov_charter::node::Node>, RunError> {
         let all = root.all()?;
         for instance in &all {
             instance
@@ -109,7 +109,7 @@ impl Machine {
         charter: Charter,
         executor: Arc<dyn Executor>,
         mut root: Arc<Instance>,
-        nodes: &[markov_runtime::node::Node],
+        nodes: &[markov_charter::node::Node],
         run_options: RunOptions,
     ) -> Self {
         hoist_packs(&mut root, nodes.iter());
@@ -139,7 +139,7 @@ impl Machine {
     /// after every apply phase of a run and around [`run_command`](crate::run_command);
     /// call it to see an external write in [`Machine::instance`] sooner.
     ///
-    /// [`ExternalContext::set_state`]: markov_runtime::externalize::ExternalContext::set_state
+    /// [`ExternalContext::set_state`]: markov_charter::externalize::ExternalContext::set_state
     pub fn sync_externalized(&mut self) {
         self.externals.sync(&self.charter, &mut self.root);
     }
@@ -300,7 +300,7 @@ impl Machine {
 /// initialises its state from `initial_state` when missing.
 pub(crate) fn hoist_packs<'a>(
     root: &mut Arc<Instance>,
-    nodes: impl Iterator<Item = &'a markov_runtime::node::Node>,
+    nodes: impl Iterator<Item = &'a markov_charter::node::Node>,
 ) {
     let new: Vec<_> = nodes
         .flat_map(|n| n.packs().iter())

@@ -37,7 +37,7 @@
 //! instructions. An unregistered node is inlined: it gets a new id on load and
 //! loses its worker flag, packs, output config, turn policy, unregistered
 //! tools and commands; its state is then accepted as any object (see
-//! [`markov_runtime::serial::DeclaredSchema`]). A per-instance tool-choice
+//! [`markov_charter::serial::DeclaredSchema`]). A per-instance tool-choice
 //! override ([`Instance::with_tool_choice`]) is not written.
 
 use std::collections::{BTreeMap, HashSet};
@@ -46,8 +46,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use markov_core::{InstanceId, Message};
 use markov_policy::{IdempotencyLimits, PolicySnapshot, PolicyState};
-use markov_runtime::charter::Charter;
-use markov_runtime::serial::{
+use markov_charter::charter::Charter;
+use markov_charter::serial::{
     NodeSpec, PackSpec, SerialError, node_from_spec, node_spec, pack_from_spec, pack_spec,
 };
 use serde::{Deserialize, Serialize};

@@ -44,12 +44,12 @@ use markov_core::tool::{
 use markov_policy::{
     ErrorFormat, Mode, RecordedAnswer, RegistryBinding, Rejection, ToolErrorKind, ToolRegistry,
 };
-use markov_runtime::ConfigError;
-use markov_runtime::charter::{AncestorView, PromptInput};
-use markov_runtime::context::{ContextPolicy, TokenCount};
-use markov_runtime::tool_choice::check_thinking;
-use markov_runtime::toolgen::{generate_provider_tools, generate_tools_cached};
-use markov_runtime::transition::{TransitionError, TransitionOutcome};
+use markov_charter::ConfigError;
+use markov_charter::charter::{AncestorView, PromptInput};
+use markov_charter::context::{ContextPolicy, TokenCount};
+use markov_charter::tool_choice::check_thinking;
+use markov_charter::toolgen::{generate_provider_tools, generate_tools_cached};
+use markov_charter::transition::{TransitionError, TransitionOutcome};
 use serde_json::Value;
 use tracing::Instrument;
 
@@ -132,7 +132,7 @@ impl StandardExecutor {
     }
 
     /// What every leaf's model call is shown of a long history (see
-    /// [`markov_runtime::context`]); a node's own policy overrides it.
+    /// [`markov_charter::context`]); a node's own policy overrides it.
     /// Without one, every call is sent the whole history, and a model that
     /// refuses it as too long ends the run with
     /// [`YieldReason::ContextExhausted`].
@@ -226,12 +226,12 @@ impl StandardExecutor {
     /// its own, else the transition's), and why.
     pub(crate) fn check_nodes(
         &self,
-        charter: &markov_runtime::charter::Charter,
+        charter: &markov_charter::charter::Charter,
     ) -> Result<(), (String, Unservable)> {
-        use markov_runtime::transition::{NodeTarget, Transition};
+        use markov_charter::transition::{NodeTarget, Transition};
 
         // The registered nodes first, then the ones held inline.
-        let mut waiting: std::collections::VecDeque<(String, &markov_runtime::node::Node)> =
+        let mut waiting: std::collections::VecDeque<(String, &markov_charter::node::Node)> =
             charter
                 .nodes()
                 .map(|(name, node)| (name.to_owned(), node))

@@ -56,7 +56,7 @@ pub enum YieldReason {
     /// The model refused the conversation as too long for its context
     /// window, and nothing could be left out: no context policy is set
     /// (set one with `AgentBuilder::context_policy` or
-    /// `NodeBuilder::context_policy`, see `markov_runtime::context`), or
+    /// `NodeBuilder::context_policy`, see `markov_charter::context`), or
     /// the current turn alone is too long. Nothing of the step is
     /// recorded and the run is over; the session stays usable once a
     /// policy is set (or with a model of a larger context window).

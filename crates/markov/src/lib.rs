@@ -35,8 +35,8 @@
 //! - [`core`]: messages, the `Tool` and `Model` traits (what a tool author or
 //!   a model client depends on);
 //! - [`policy`]: the tool registry and its policy pipeline;
-//! - [`runtime`]: charter, nodes, transitions, packs, and running one
-//!   response's tool calls;
+//! - [`charter`]: the definitions a machine is made of (charter, nodes,
+//!   transitions, packs) and their serialized forms;
 //! - [`executor`]: the machine, its run loop, snapshots;
 //! - [`tools`]: the standard `respond` and `finish` tools;
 //! - [`testkit`] (feature `testkit`, on by default): scripted models;
@@ -65,7 +65,7 @@ pub use markov_otel as otel;
 pub use markov_policy as policy;
 #[cfg(feature = "providers")]
 pub use markov_providers as providers;
-pub use markov_runtime as runtime;
+pub use markov_charter as charter;
 #[cfg(feature = "server")]
 pub use markov_server as server;
 #[cfg(feature = "store")]
@@ -86,12 +86,12 @@ pub mod prelude {
     pub use markov_policy::{
         ApprovalFlow, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
     };
-    pub use markov_runtime::charter::Charter;
-    pub use markov_runtime::context::{ContextPolicy, Summarize, TokenCount};
-    pub use markov_runtime::node::{Node, OutputConfig};
-    pub use markov_runtime::pack::Pack;
-    pub use markov_runtime::tool_choice::{OutputRestriction, ToolChoiceRule};
-    pub use markov_runtime::transition::Transition;
+    pub use markov_charter::charter::Charter;
+    pub use markov_charter::context::{ContextPolicy, Summarize, TokenCount};
+    pub use markov_charter::node::{Node, OutputConfig};
+    pub use markov_charter::pack::Pack;
+    pub use markov_charter::tool_choice::{OutputRestriction, ToolChoiceRule};
+    pub use markov_charter::transition::Transition;
     #[cfg(feature = "server")]
     pub use markov_server::{Server, create_api_key};
     #[cfg(feature = "store")]

@@ -5,7 +5,7 @@ use futures::stream::BoxStream;
 use markov_core::message::{Item, Items, Message, Role};
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent, ToolChoice};
 
-use markov_runtime::tool_choice::{ToolChoiceRule, check_thinking};
+use markov_charter::tool_choice::{ToolChoiceRule, check_thinking};
 
 /// A model wrapper that applies a [`ToolChoiceRule`] to every request,
 /// around any client and without the machine loop (the "first call tool
@@ -31,7 +31,7 @@ use markov_runtime::tool_choice::{ToolChoiceRule, check_thinking};
 /// use markov_core::message::{Item, Message};
 /// use markov_core::model::{Model, ModelRequest, ModelSettings, ToolChoice};
 /// use markov_executor::ToolChoiceEnforcer;
-/// use markov_runtime::tool_choice::ToolChoiceRule;
+/// use markov_charter::tool_choice::ToolChoiceRule;
 /// use markov_testkit::ScriptedModel;
 /// use serde_json::json;
 ///

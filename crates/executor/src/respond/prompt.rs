@@ -69,8 +69,8 @@ use std::io::Write as _;
 use markov_core::tool::ToolDefinition;
 use serde_json::Value;
 
-use markov_runtime::charter::{AncestorView, PromptInput, PromptStyle};
-use markov_runtime::transition::Transition;
+use markov_charter::charter::{AncestorView, PromptInput, PromptStyle};
+use markov_charter::transition::Transition;
 
 /// The line that always ends the "Available Transitions" section.
 pub(crate) const TRANSITION_IMPORTANT: &str = "**Important**: After calling a transition tool, you MUST respond to the user in your next message. Greet them or acknowledge the transition context - do not end your turn silently.";
@@ -91,7 +91,7 @@ const ANCESTOR_INSTRUCTIONS_CHARS: usize = 100;
 /// The system prompt for one leaf.
 ///
 /// `offered_tools` is the tool list the model is offered in this call (as
-/// produced by [`generate_tools`](markov_runtime::toolgen::generate_tools)); its terminal
+/// produced by [`generate_tools`](markov_charter::toolgen::generate_tools)); its terminal
 /// tools are listed in a "Terminal Tools" section. The charter's custom
 /// builder, when set, is called with `input` unchanged and its output returned
 /// verbatim.

@@ -3,11 +3,11 @@
 
 use serde_json::Value;
 
-use markov_runtime::ConfigError;
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_runtime::serial::node_from_json;
-use markov_runtime::transition::{
+use markov_charter::ConfigError;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
+use markov_charter::serial::node_from_json;
+use markov_charter::transition::{
     NodeTarget, Transition, TransitionError, TransitionInput, TransitionOutcome, TransitionResult,
 };
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use markov_core::message::Item;
 use markov_executor::{Agent, BuildError, RunError, StandardExecutor, serialize_machine};
 use markov_policy::{Category, ToolMetadata};
-use markov_runtime::ConfigError;
-use markov_runtime::node::Node;
+use markov_charter::ConfigError;
+use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -396,7 +396,7 @@ async fn a_steps_output_is_what_the_user_reads() {
 #[test]
 fn an_agent_on_a_charter_takes_its_nodes_and_refuses_others() {
     let main = Node::builder("Count.").build().expect("node");
-    let charter = markov_runtime::charter::Charter::builder("counter")
+    let charter = markov_charter::charter::Charter::builder("counter")
         .node("main", main.clone())
         .build()
         .expect("charter");
@@ -586,12 +586,12 @@ fn a_model_refuses_what_it_cannot_be_offered_when_the_agent_is_built() {
 
 #[test]
 fn every_node_is_checked_with_the_tools_it_will_be_offered() {
-    use markov_runtime::transition::Transition;
+    use markov_charter::transition::Transition;
 
     let model = Arc::new(NoMaps::default());
     let inline = Node::builder("Labels.")
         .name("labels")
-        .output(markov_runtime::node::OutputConfig::of::<u32>())
+        .output(markov_charter::node::OutputConfig::of::<u32>())
         .build()
         .expect("node builds");
     let mover = Node::builder("Move on.")

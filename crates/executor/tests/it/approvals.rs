@@ -19,8 +19,8 @@ use markov_policy::{
     ApprovalError, ApprovalFlow, Budget, CONFIRMATION_TOKEN, Category, Decision, Mode,
     PolicyConfig, ToolMetadata, ToolRegistry,
 };
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::{Pay, Wire};
 use schemars::JsonSchema;

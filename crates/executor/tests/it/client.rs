@@ -15,12 +15,12 @@ use markov_executor::client::{
 };
 use markov_executor::serialize::SerializedMachine;
 use markov_executor::{Executor, Instance, Machine, StandardExecutor, SuspendInfo};
-use markov_runtime::charter::Charter;
-use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
-use markov_runtime::node::{ExecutorConfig, Node};
-use markov_runtime::pack::Pack;
-use markov_runtime::serial::DeclaredSchema;
-use markov_runtime::transition::{Transition, TransitionResult};
+use markov_charter::charter::Charter;
+use markov_charter::command::{Command, CommandContext, CommandError, CommandResult};
+use markov_charter::node::{ExecutorConfig, Node};
+use markov_charter::pack::Pack;
+use markov_charter::serial::DeclaredSchema;
+use markov_charter::transition::{Transition, TransitionResult};
 use markov_testkit::ScriptedModel;
 use markov_testkit::strategies::arb_json;
 use proptest::prelude::*;
@@ -172,7 +172,7 @@ impl Command for SetTheme {
     }
 }
 
-fn todo_node() -> markov_runtime::node::NodeBuilder {
+fn todo_node() -> markov_charter::node::NodeBuilder {
     Node::builder("Test node").state(TodoState { todos: vec![] })
 }
 

@@ -11,14 +11,14 @@ use markov_executor::{
     CommandOptions, Instance, Machine, RunOptions, StandardExecutor, SuspendInfo, YieldReason,
     available_commands, run_command,
 };
-use markov_runtime::ConfigError;
-use markov_runtime::charter::Charter;
-use markov_runtime::command::{
+use markov_charter::ConfigError;
+use markov_charter::charter::Charter;
+use markov_charter::command::{
     Command, CommandContext, CommandError, CommandResult, ErasedCommand, command_resume,
 };
-use markov_runtime::node::Node;
-use markov_runtime::pack::Pack;
-use markov_runtime::transition::{CedeContent, TransitionResult, cede, spawn, transition_to};
+use markov_charter::node::Node;
+use markov_charter::pack::Pack;
+use markov_charter::transition::{CedeContent, TransitionResult, cede, spawn, transition_to};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -706,7 +706,7 @@ impl Command for SpawnChildCmd {
         _cx: &CommandContext<'_>,
     ) -> Result<CommandResult, CommandError> {
         Ok(spawn(
-            markov_runtime::transition::NodeTarget::Ref("child".into()),
+            markov_charter::transition::NodeTarget::Ref("child".into()),
             Some(json!({"task": "research"})),
         )
         .into())
@@ -812,7 +812,7 @@ impl Command for Go {
         _cx: &CommandContext<'_>,
     ) -> Result<CommandResult, CommandError> {
         Ok(transition_to(
-            markov_runtime::transition::NodeTarget::Ref("child".into()),
+            markov_charter::transition::NodeTarget::Ref("child".into()),
             Some(json!({"task": "new"})),
         )
         .into())

@@ -11,8 +11,8 @@ use markov_executor::{
     Agent, Machine, MachineStep, RunError, SUMMARY_PREAMBLE, SerializedMachine, YieldReason,
     serialize_machine,
 };
-use markov_runtime::context::{ContextPolicy, ContextPolicyError, Summarize};
-use markov_runtime::node::Node;
+use markov_charter::context::{ContextPolicy, ContextPolicyError, Summarize};
+use markov_charter::node::Node;
 use markov_testkit::{FailingModel, RecordedRequest, ScriptBuilder, ScriptedModel};
 use proptest::prelude::*;
 use serde_json::json;

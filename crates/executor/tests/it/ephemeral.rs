@@ -14,8 +14,8 @@ use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{
     Instance, Machine, Queue, RunOptions, StandardExecutor, YieldReason, run_to_completion,
 };
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

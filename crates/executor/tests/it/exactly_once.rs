@@ -17,8 +17,8 @@ use markov_executor::{
     Action, Instance, RunOptions, RunState, StandardExecutor, run_leaves, serialize_machine,
 };
 use markov_policy::{Journal, LedgerEntry, RecordedAnswer};
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

@@ -12,14 +12,14 @@ use markov_executor::{
     CommandOptions, Effect, Instance, Machine, RunOptions, YieldReason, run_command,
     serialize_machine,
 };
-use markov_runtime::charter::Charter;
-use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
-use markov_runtime::externalize::{
+use markov_charter::charter::Charter;
+use markov_charter::command::{Command, CommandContext, CommandError, CommandResult};
+use markov_charter::externalize::{
     ExternalContext, ExternalizeError, MutationEvent, Scope, SetStateOptions, StateHandler,
 };
-use markov_runtime::node::Node;
-use markov_runtime::pack::Pack;
-use markov_runtime::transition::CedeContent;
+use markov_charter::node::Node;
+use markov_charter::pack::Pack;
+use markov_charter::transition::CedeContent;
 use serde_json::{Value, json};
 
 use crate::common::{Counter, NoArgs, Script, cede_fx, fx, outcome, run_all, say};

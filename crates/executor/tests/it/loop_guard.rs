@@ -14,8 +14,8 @@ use markov_executor::{
     run_leaves, serialize_machine,
 };
 use markov_policy::LoopGuard;
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::Deserialize;

@@ -7,8 +7,8 @@ use crate::common::*;
 use markov_core::async_trait;
 use markov_core::message::{InstancePayload, Item, Message, Metadata, Role};
 use markov_executor::{RECOVERY_TEXT, RunError, RunOptions, YieldReason, run_to_completion};
-use markov_runtime::node::{Node, OutputConfig};
-use markov_runtime::transition::{Transition, transition_to};
+use markov_charter::node::{Node, OutputConfig};
+use markov_charter::transition::{Transition, transition_to};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -711,7 +711,7 @@ async fn spawned_children_run_and_see_their_ancestors() {
             "delegate",
             Transition::code("Spawn a child", move |_| {
                 let child = child2.clone();
-                async move { Ok(markov_runtime::transition::spawn(child, None)) }
+                async move { Ok(markov_charter::transition::spawn(child, None)) }
             }),
         )
         .build()
@@ -767,7 +767,7 @@ fn reserved_and_duplicate_tool_names_fail_at_build() {
     );
     let err = Node::builder("x").tool(Add).tool(Add).build().unwrap_err();
     assert!(err.to_string().contains("duplicate tool name"), "{err}");
-    let err = markov_runtime::charter::Charter::builder("c")
+    let err = markov_charter::charter::Charter::builder("c")
         .node(
             "n",
             Node::builder("x")
@@ -815,7 +815,7 @@ impl markov_core::tool::Tool for SetTheme {
 
 #[tokio::test]
 async fn a_pack_tool_emits_only_its_patch() {
-    let pack = markov_runtime::pack::Pack::builder("prefs", "User preferences")
+    let pack = markov_charter::pack::Pack::builder("prefs", "User preferences")
         .instructions("Respect the preferences.")
         .state(Prefs {
             theme: "light".into(),
@@ -922,7 +922,7 @@ async fn a_failed_resume_keeps_the_rest_of_its_batch() {
     use markov_executor::{Instance, SuspendInfo};
     let model = Arc::new(ScriptedModel::builder().build());
     let node = counter_node();
-    let charter = markov_runtime::charter::Charter::builder("t")
+    let charter = markov_charter::charter::Charter::builder("t")
         .build()
         .expect("charter");
     let root = Instance::new(node, counter_state()).with_suspended(SuspendInfo {
@@ -998,7 +998,7 @@ async fn requests_name_the_machines_history_and_it_only_grows() {
         inner: script(),
         seen: std::sync::Mutex::new(Vec::new()),
     });
-    let charter = markov_runtime::charter::Charter::builder("test")
+    let charter = markov_charter::charter::Charter::builder("test")
         .node("main", counter_node())
         .build()
         .expect("charter builds");

@@ -13,8 +13,8 @@ use markov_core::message::{InstancePayload, Items, Message, Role, Source};
 use markov_executor::{
     Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, RunError, RunOptions, YieldReason,
 };
-use markov_runtime::node::Node;
-use markov_runtime::transition::CedeContent;
+use markov_charter::node::Node;
+use markov_charter::transition::CedeContent;
 use serde_json::json;
 
 // ---------------------------------------------------------------------------

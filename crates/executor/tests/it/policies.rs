@@ -6,8 +6,8 @@ use std::sync::Arc;
 use crate::common::*;
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::{Value, json};
 

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use crate::common::*;
 use markov_executor::{RunError, RunOptions};
-use markov_runtime::node::Node;
-use markov_runtime::transition::Transition;
+use markov_charter::node::Node;
+use markov_charter::transition::Transition;
 use markov_testkit::ScriptedModel;
 use proptest::prelude::*;
 use serde_json::{Value, json};

@@ -22,10 +22,10 @@ use markov_policy::{
     ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Category, Mode, PolicyConfig,
     ToolMetadata, ToolRegistry, WithIntents,
 };
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_runtime::tool_choice::{ToolChoiceRule, TurnPolicy};
-use markov_runtime::transition::Transition;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
+use markov_charter::tool_choice::{ToolChoiceRule, TurnPolicy};
+use markov_charter::transition::Transition;
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::{Explode, Hang};
 use schemars::JsonSchema;

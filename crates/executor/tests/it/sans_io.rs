@@ -7,7 +7,7 @@ use markov_core::message::Message;
 use markov_executor::{
     Action, Entry, LeafOutcome, RunError, RunOptions, RunState, TurnState, YieldReason,
 };
-use markov_runtime::node::Node;
+use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

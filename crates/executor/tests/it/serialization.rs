@@ -15,13 +15,13 @@ use markov_executor::serialize::{
 use markov_executor::{
     Executor, Instance, Machine, RunOptions, StandardExecutor, SuspendInfo, run_to_completion,
 };
-use markov_runtime::ConfigError;
-use markov_runtime::charter::Charter;
-use markov_runtime::command::{Command, CommandContext, CommandResult};
-use markov_runtime::node::{ExecutorConfig, Node};
-use markov_runtime::pack::Pack;
-use markov_runtime::serial::{SerialError, serialize_node};
-use markov_runtime::transition::{Transition, transition_to};
+use markov_charter::ConfigError;
+use markov_charter::charter::Charter;
+use markov_charter::command::{Command, CommandContext, CommandResult};
+use markov_charter::node::{ExecutorConfig, Node};
+use markov_charter::pack::Pack;
+use markov_charter::serial::{SerialError, serialize_node};
+use markov_charter::transition::{Transition, transition_to};
 use markov_testkit::ScriptedModel;
 use proptest::prelude::*;
 use serde::Deserialize;
@@ -265,7 +265,7 @@ impl Command for Reset {
 /// a command, and an inline node using all of them.
 fn inline_fixture() -> (Charter, Node) {
     let done = Transition::code("Finish", |_| async {
-        Ok(markov_runtime::transition::cede(None))
+        Ok(markov_charter::transition::cede(None))
     });
     let with_command = Node::builder("Has a command.")
         .command(Reset)
@@ -299,7 +299,7 @@ fn inline_fixture() -> (Charter, Node) {
             "to_main",
             Transition::Serial {
                 description: "Go to main".into(),
-                target: markov_runtime::transition::NodeTarget::Ref("main".into()),
+                target: markov_charter::transition::NodeTarget::Ref("main".into()),
                 arguments: Some(
                     json!({"type": "object", "properties": {"why": {"type": "string"}}}),
                 ),
@@ -397,7 +397,7 @@ fn unregistered_code_transition_fails_strict_but_not_history() {
             "go",
             Transition::code("Go", |_| async {
                 Ok(transition_to(
-                    markov_runtime::transition::NodeTarget::Ref("main".into()),
+                    markov_charter::transition::NodeTarget::Ref("main".into()),
                     None,
                 ))
             }),

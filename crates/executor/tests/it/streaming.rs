@@ -17,8 +17,8 @@ use markov_executor::{
     Instance, Machine, MachineStep, MessageStreamEvent, RunError, RunOptions, StandardExecutor,
     run_machine, serialize_machine,
 };
-use markov_runtime::charter::Charter;
-use markov_runtime::node::{Node, OutputConfig};
+use markov_charter::charter::Charter;
+use markov_charter::node::{Node, OutputConfig};
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::Add;
 use schemars::JsonSchema;

@@ -12,8 +12,8 @@ use markov_core::message::{InstancePayload, Item, Items, Message, Role};
 use markov_executor::{
     Action, Effect, Executor, Instance, Machine, RunOptions, RunState, SuspendInfo, YieldReason,
 };
-use markov_runtime::node::Node;
-use markov_runtime::transition::{Transition, TransitionResult, suspend};
+use markov_charter::node::Node;
+use markov_charter::transition::{Transition, TransitionResult, suspend};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

@@ -20,13 +20,13 @@ use markov_executor::ToolChoiceEnforcer;
 use markov_executor::{
     Instance, Machine, MachineStep, RunError, RunOptions, StandardExecutor, YieldReason,
 };
-use markov_runtime::ConfigError;
-use markov_runtime::charter::Charter;
-use markov_runtime::node::{Node, NodeBuilder};
-use markov_runtime::tool_choice::{
+use markov_charter::ConfigError;
+use markov_charter::charter::Charter;
+use markov_charter::node::{Node, NodeBuilder};
+use markov_charter::tool_choice::{
     DEFAULT_RESTRICTION_MESSAGE, OutputRestriction, ToolChoiceRule, TurnPolicy,
 };
-use markov_runtime::transition::Transition;
+use markov_charter::transition::Transition;
 use markov_testkit::ScriptedModel;
 use markov_tools_std::{Finish, Respond};
 use proptest::prelude::*;
@@ -800,8 +800,8 @@ proptest! {
 #[tokio::test]
 async fn an_instance_policy_wins_over_the_nodes() {
     use markov_executor::{Instance, StandardExecutor};
-    use markov_runtime::tool_choice::ToolChoiceRule;
-    let node = markov_runtime::node::Node::builder("Auto node.")
+    use markov_charter::tool_choice::ToolChoiceRule;
+    let node = markov_charter::node::Node::builder("Auto node.")
         .tool(crate::common::Add)
         .build()
         .expect("node");
@@ -811,7 +811,7 @@ async fn an_instance_policy_wins_over_the_nodes() {
             .text("2")
             .build(),
     );
-    let charter = markov_runtime::charter::Charter::builder("t")
+    let charter = markov_charter::charter::Charter::builder("t")
         .build()
         .expect("charter");
     let root =

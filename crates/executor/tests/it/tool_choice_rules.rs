@@ -14,10 +14,10 @@ use markov_core::model::{
 };
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use markov_executor::ToolChoiceEnforcer;
-use markov_runtime::ConfigError;
-use markov_runtime::node::{ExecutorConfig, Node, NodeBuilder};
-use markov_runtime::tool_choice::{OutputRestriction, ToolChoiceRule, TurnPolicy, check_thinking};
-use markov_runtime::transition::Transition;
+use markov_charter::ConfigError;
+use markov_charter::node::{ExecutorConfig, Node, NodeBuilder};
+use markov_charter::tool_choice::{OutputRestriction, ToolChoiceRule, TurnPolicy, check_thinking};
+use markov_charter::transition::Transition;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::Deserialize;

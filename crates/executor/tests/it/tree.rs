@@ -16,9 +16,9 @@ use markov_executor::{
     Effect, Entry, Executor, Instance, LeafContext, Machine, RunError, RunOptions, SuspendInfo,
     YieldReason,
 };
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_runtime::transition::{CedeContent, Transition, cede, spawn};
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
+use markov_charter::transition::{CedeContent, Transition, cede, spawn};
 use markov_testkit::ScriptedModel;
 use proptest::prelude::*;
 use serde_json::{Value, json};

@@ -11,7 +11,7 @@ use markov_executor::{
     Agent, AgentBuilder, BuildError, Limit, LimitKind, LimitScope, ModelPrice, Prices, RunError,
     UsageLimits, UsageLimitsError, YieldReason, serialize_machine,
 };
-use markov_runtime::context::{ContextPolicy, Summarize};
+use markov_charter::context::{ContextPolicy, Summarize};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

@@ -10,7 +10,7 @@ use markov_policy::{
     ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Mode, PolicyConfig, ToolMetadata,
     ToolRegistry, ToolRegistryBuilder, TurnBudgetState,
 };
-use markov_runtime::node::Node;
+use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::{Value, json};
 

@@ -130,7 +130,7 @@ pub enum PromptCaching {
 /// are (`context_management` is a field beside the messages, so the
 /// client's cache of encoded messages keeps serving), and the edits the
 /// API applied are recorded in the trace. It complements a context policy
-/// (`ContextPolicy` in `markov-runtime`), which decides what is sent; it
+/// (`ContextPolicy` in `markov-charter`), which decides what is sent; it
 /// does not replace one: the conversation still grows on the wire, and a
 /// request past the context window is still refused. Clearing changes the
 /// prompt's prefix, so Anthropic's prompt cache is written again after

@@ -40,7 +40,7 @@
 //! instruction and the tools are counted; the answer's `totalTokens`.
 //!
 //! Gemini has no compaction or context editing of its own: a context
-//! policy (`ContextPolicy` in `markov-runtime`) is how a long
+//! policy (`ContextPolicy` in `markov-charter`) is how a long
 //! conversation stays within its window.
 //!
 //! Every request encodes the whole conversation: a function response

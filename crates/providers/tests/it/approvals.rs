@@ -7,8 +7,8 @@
 
 use markov_core::Model;
 use markov_executor::{Machine, StandardExecutor, YieldReason};
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_testkit::fixtures::Wire;
 use serde_json::Value;
 

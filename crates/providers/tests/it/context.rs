@@ -14,7 +14,7 @@ use expect_test::expect;
 use markov_core::Model;
 use markov_executor::{Agent, Machine, YieldReason};
 use markov_providers::{Anthropic, OpenAi};
-use markov_runtime::context::{ContextPolicy, Summarize};
+use markov_charter::context::{ContextPolicy, Summarize};
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic, openai};
 use serde_json::{Value, json};
 

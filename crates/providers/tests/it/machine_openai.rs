@@ -207,11 +207,11 @@ async fn a_price_given_for_the_clients_model_admits_a_call_under_a_cost_limit() 
         .model("house-local")
         .build()
         .expect("a valid client");
-    let node = markov_runtime::node::Node::builder("Be brief.")
+    let node = markov_charter::node::Node::builder("Be brief.")
         .name("main")
         .build()
         .expect("node builds");
-    let charter = markov_runtime::charter::Charter::builder("local")
+    let charter = markov_charter::charter::Charter::builder("local")
         .node("main", node)
         .build()
         .expect("charter builds");

@@ -14,7 +14,7 @@ use expect_test::expect;
 use markov_core::{Message, Model, Role};
 use markov_executor::{Agent, BuildError, Machine, YieldReason, serialize_machine};
 use markov_providers::{Anthropic, Fallback, Responses};
-use markov_runtime::context::{ContextPolicy, Summarize};
+use markov_charter::context::{ContextPolicy, Summarize};
 use markov_testkit::ScriptedModel;
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic, responses};
 use serde_json::Value;

@@ -12,7 +12,7 @@ use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{ApprovalFlow, Budget, Category, PolicyConfig, ToolMetadata};
-use markov_runtime::node::Node;
+use markov_charter::node::Node;
 use markov_server::{Limits, Server, ServerBuilder, create_api_key};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
@@ -792,23 +792,23 @@ struct By {
 struct Bump;
 
 #[async_trait]
-impl markov_runtime::command::Command for Bump {
+impl markov_charter::command::Command for Bump {
     const NAME: &'static str = "bump";
     type Input = By;
-    type Error = markov_runtime::command::CommandError;
+    type Error = markov_charter::command::CommandError;
     fn description(&self) -> String {
         "Bump the counter".into()
     }
     async fn execute(
         &self,
         input: By,
-        cx: &markov_runtime::command::CommandContext<'_>,
-    ) -> Result<markov_runtime::command::CommandResult, Self::Error> {
+        cx: &markov_charter::command::CommandContext<'_>,
+    ) -> Result<markov_charter::command::CommandResult, Self::Error> {
         let Counter { count } = cx
             .state()
-            .map_err(markov_runtime::command::CommandError::failed)?;
+            .map_err(markov_charter::command::CommandError::failed)?;
         cx.update_state(json!({"count": count + input.by}))?;
-        Ok(markov_runtime::command::CommandResult::with_payload(json!(
+        Ok(markov_charter::command::CommandResult::with_payload(json!(
             count + input.by
         )))
     }

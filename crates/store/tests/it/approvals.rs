@@ -320,7 +320,7 @@ impl markov_core::tool::Tool for PayThenHang {
 fn hanging_machine(
     model: Arc<dyn Model>,
     dir: &Dir,
-) -> (markov_runtime::charter::Charter, StandardExecutor, Machine) {
+) -> (markov_charter::charter::Charter, StandardExecutor, Machine) {
     let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
         .register(
             PayThenHang {

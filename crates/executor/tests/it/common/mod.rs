@@ -16,9 +16,9 @@ use markov_executor::{
     Agent, Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineStep,
     RunError, RunOptions, SerializedMachine, StandardExecutor, TurnState, YieldReason, run_machine,
 };
-use markov_runtime::charter::Charter;
-use markov_runtime::node::Node;
-use markov_runtime::transition::CedeContent;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
+use markov_charter::transition::CedeContent;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -187,8 +187,8 @@ impl Tool for Reply {
 /// A machine over `node` registered as `main` in a charter built by `charter`.
 pub fn machine(
     charter: impl FnOnce(
-        markov_runtime::charter::CharterBuilder,
-    ) -> markov_runtime::charter::CharterBuilder,
+        markov_charter::charter::CharterBuilder,
+    ) -> markov_charter::charter::CharterBuilder,
     node: Node,
     state: Value,
     model: Arc<ScriptedModel>,

@@ -16,7 +16,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use markov_core::{Message, Model, ModelError, ModelRequest, ModelResponse, StopReason, Item};
-//! use markov_runtime::context::{ContextPolicy, Summarize};
+//! use markov_charter::context::{ContextPolicy, Summarize};
 //!
 //! # #[derive(Debug)]
 //! # struct Cheap;
@@ -340,7 +340,7 @@ impl ContextPolicyBuilder {
     ///
     /// ```
     /// use std::sync::Arc;
-    /// use markov_runtime::context::{ContextPolicy, ContextPolicyError, Summarize, TokenCount};
+    /// use markov_charter::context::{ContextPolicy, ContextPolicyError, Summarize, TokenCount};
     /// # use markov_core::{Item, Model, ModelError, ModelRequest, ModelResponse, StopReason};
     /// # #[derive(Debug)]
     /// # struct Cheap;

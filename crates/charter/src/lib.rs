@@ -21,7 +21,7 @@
 //! stack are `markov-policy`'s.
 //!
 //! ```
-//! use markov_runtime::{charter::Charter, node::Node};
+//! use markov_charter::{charter::Charter, node::Node};
 //!
 //! let node = Node::builder("Greet the user.").build().unwrap();
 //! let charter = Charter::builder("greeter").node("greet", node).build().unwrap();

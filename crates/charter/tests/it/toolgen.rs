@@ -4,12 +4,12 @@ use std::convert::Infallible;
 
 use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext, ToolDefinition};
-use markov_runtime::ConfigError;
-use markov_runtime::charter::{AncestorView, Charter, PromptStyle};
-use markov_runtime::node::Node;
-use markov_runtime::pack::Pack;
-use markov_runtime::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE, generate_tools};
-use markov_runtime::transition::{NodeTarget, Transition, TransitionResult};
+use markov_charter::ConfigError;
+use markov_charter::charter::{AncestorView, Charter, PromptStyle};
+use markov_charter::node::Node;
+use markov_charter::pack::Pack;
+use markov_charter::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE, generate_tools};
+use markov_charter::transition::{NodeTarget, Transition, TransitionResult};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -651,7 +651,7 @@ fn unknown_transition_refs_are_errors() {
 
 #[test]
 fn cached_tool_lists_are_shared_per_node_and_context() {
-    use markov_runtime::toolgen::generate_tools_cached;
+    use markov_charter::toolgen::generate_tools_cached;
     let node = Node::builder("Cached.").build().expect("node");
     let charter = Charter::builder("c").build().expect("charter");
     let first = generate_tools_cached(&charter, &node, &[], false).expect("tools");

@@ -14,8 +14,8 @@
 //!
 //! ```
 //! use markov_core::async_trait;
-//! use markov_runtime::command::{Command, CommandContext, CommandError, CommandResult};
-//! use markov_runtime::node::Node;
+//! use markov_charter::command::{Command, CommandContext, CommandError, CommandResult};
+//! use markov_charter::node::Node;
 //! use schemars::JsonSchema;
 //! use serde::{Deserialize, Serialize};
 //! use serde_json::json;
@@ -173,7 +173,7 @@ pub struct CommandInfo {
 /// [`DynCommand`].
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a markov command",
-    note = "implement `markov_runtime::command::Command` with `NAME`, `Input`, `Error`, `description` and `execute`"
+    note = "implement `markov_charter::command::Command` with `NAME`, `Input`, `Error`, `description` and `execute`"
 )]
 #[async_trait]
 pub trait Command: Send + Sync + 'static {

@@ -49,7 +49,7 @@ impl ToolChoiceRule {
     ///
     /// ```
     /// use markov_core::model::ToolChoice;
-    /// use markov_runtime::tool_choice::ToolChoiceRule;
+    /// use markov_charter::tool_choice::ToolChoiceRule;
     ///
     /// let policy = ToolChoiceRule::RequiredFirst;
     /// assert_eq!(policy.choice(false), ToolChoice::Any);
@@ -164,7 +164,7 @@ pub struct TurnPolicy {
 ///
 /// ```
 /// use markov_core::model::Thinking;
-/// use markov_runtime::tool_choice::{ToolChoiceRule, check_thinking};
+/// use markov_charter::tool_choice::{ToolChoiceRule, check_thinking};
 ///
 /// let thinking = Thinking::Enabled { budget_tokens: 2048 };
 /// let err = check_thinking(thinking, thinking.allows(), &ToolChoiceRule::RequiredFirst, None)

@@ -185,8 +185,8 @@ pub fn generate_tools(
 ///
 /// ```
 /// use markov_core::tool::ProviderTool;
-/// use markov_runtime::node::Node;
-/// use markov_runtime::toolgen::generate_provider_tools;
+/// use markov_charter::node::Node;
+/// use markov_charter::toolgen::generate_provider_tools;
 ///
 /// let search = ProviderTool::new("web_search_20250305", "web_search")?;
 /// let node = Node::builder("Search.").provider_tool(search.clone()).build()?;

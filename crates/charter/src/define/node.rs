@@ -7,7 +7,7 @@
 //! state its schema refuses is an error at build time.
 //!
 //! ```
-//! use markov_runtime::node::Node;
+//! use markov_charter::node::Node;
 //! use schemars::JsonSchema;
 //! use serde::{Deserialize, Serialize};
 //!
@@ -442,7 +442,7 @@ impl NodeBuilder {
     ///
     /// ```
     /// use markov_core::tool::ProviderTool;
-    /// use markov_runtime::node::Node;
+    /// use markov_charter::node::Node;
     /// use serde_json::json;
     ///
     /// let search = ProviderTool::new("web_search_20250305", "web_search")?

@@ -30,8 +30,8 @@
 //!
 //! ```
 //! use markov_core::Message;
-//! use markov_runtime::externalize::{ExternalContext, MutationEvent, Scope, SetStateOptions};
-//! use markov_runtime::node::Node;
+//! use markov_charter::externalize::{ExternalContext, MutationEvent, Scope, SetStateOptions};
+//! use markov_charter::node::Node;
 //! use serde_json::{Value, json};
 //!
 //! // A handler that accepts every patch the model or a tool writes.
