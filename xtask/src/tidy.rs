@@ -13,9 +13,10 @@
 //! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
 //!   hyper or `markov-*` crate in its `[dependencies]` but the proc-macro
 //!   `markov-macros` (its `macros` feature);
-//! - the layers point one way, `core` ← `policy` ← `charter` ← `executor` ←
+//! - the layers point one way, `core` ← `policy`, `charter` ← `executor` ←
 //!   `store`: `policy` (the tool registry) depends on core only;
-//!   `charter` depends on neither `executor` nor `store`, `executor` knows
+//!   `charter` (the definitions) depends on none of `policy`, `executor`
+//!   and `store`, `executor` knows
 //!   no database driver, no vendor and not `store`, `store` knows no model
 //!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
 //!   `charter` and `executor`; `mcp` builds on `core` and `policy` only,
@@ -354,7 +355,12 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         package: "markov-charter",
-        forbidden: &["markov-executor", "markov-store", "markov-mcp"],
+        forbidden: &[
+            "markov-policy",
+            "markov-executor",
+            "markov-store",
+            "markov-mcp",
+        ],
         except: &[],
         reason: "the layers are core <- charter <- executor <- store",
     },
@@ -758,6 +764,14 @@ fn layers_point_one_way() {
         check_layering("r", charter),
         [
             "r:5: `markov-charter` must not depend on `markov-executor` (the layers are core <- charter <- executor <- store)"
+        ]
+    );
+    let charter_on_policy =
+        "[package]\nname = \"markov-charter\"\n[dependencies]\nmarkov-policy.workspace = true\n";
+    assert_eq!(
+        check_layering("r", charter_on_policy),
+        [
+            "r:4: `markov-charter` must not depend on `markov-policy` (the layers are core <- charter <- executor <- store)"
         ]
     );
     let executor = "[package]\nname = \"markov-executor\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-charter.workspace = true\n";

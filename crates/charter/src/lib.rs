@@ -5,7 +5,8 @@
 //!
 //! - **definitions** (`src/define/`): [`Charter`](charter::Charter), the
 //!   static registry shared by many machines; [`Node`](node::Node)
-//!   (instructions, typed state, tools, transitions, turn policy);
+//!   (instructions, typed state, tools, transitions, turn policy, the
+//!   [`loop_guard`] on identical calls);
 //!   [`Transition`](transition::Transition), [`Pack`](pack::Pack), the
 //!   [`context`] policy (what a model is shown of a long history), typed
 //!   [`command`]s, [`state`] schemas, [`externalize`]d state and the
@@ -36,5 +37,5 @@ pub mod toolgen;
 pub use define::error::ConfigError;
 pub use define::toolset::ToolSet;
 pub use define::{
-    charter, command, context, externalize, node, pack, state, tool_choice, transition,
+    charter, command, context, externalize, loop_guard, node, pack, state, tool_choice, transition,
 };

@@ -45,7 +45,7 @@ pub use idempotency::{
 };
 pub use latency::LatencyLayer;
 pub use metadata::{Category, Mode, ToolMetadata};
-pub use repeat::{LoopGuard, Repeat, RepeatCounts, RepeatRecord};
+pub use repeat::{Repeat, RepeatCounts, RepeatRecord};
 pub use service::{BoxToolService, CallReport, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
 pub use state::{Journal, LeafMark, PolicyCounters, PolicySnapshot, PolicyState};

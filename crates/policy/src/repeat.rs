@@ -1,13 +1,14 @@
-//! The loop guard: a leaf that calls the same tool with the same arguments
-//! over and over within one user turn is stopped.
+//! Identical-call counts: a leaf that calls the same tool with the same
+//! arguments over and over within one user turn is stopped.
 //!
-//! [`LoopGuard`] is the rule (on a node, or the charter's default): after
-//! `max_repeats` identical calls in a user turn, the next one is not run and
-//! gets an error result telling the model it is repeating itself; after
-//! `stop_after` more such refusals the run ends. [`RepeatCounts`] holds one
-//! conversation's counts (part of its [`PolicyState`](crate::PolicyState)
-//! and of its snapshot); they start over with each user turn. The step limit
-//! still bounds everything.
+//! The rule (how many repeats, how many refusals before the run ends) is
+//! the charter's loop guard; the executor passes its two numbers to
+//! [`RepeatCounts::check`]. After `max_repeats` identical calls in a user
+//! turn, the next one is not run and gets an error result telling the model
+//! it is repeating itself; after `stop_after` more such refusals the run
+//! ends. [`RepeatCounts`] holds one conversation's counts (part of its
+//! [`PolicyState`](crate::PolicyState) and of its snapshot); they start over
+//! with each user turn. The step limit still bounds everything.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,54 +17,7 @@ use markov_core::ids::InstanceId;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// How many identical calls a leaf may make in one user turn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LoopGuard {
-    max_repeats: Option<u32>,
-    stop_after: Option<u32>,
-}
-
-impl Default for LoopGuard {
-    /// Three identical calls; the run ends after two more refused ones.
-    fn default() -> Self {
-        LoopGuard {
-            max_repeats: Some(3),
-            stop_after: Some(2),
-        }
-    }
-}
-
-impl LoopGuard {
-    /// No limit (the step limit still applies).
-    pub const OFF: LoopGuard = LoopGuard {
-        max_repeats: None,
-        stop_after: None,
-    };
-
-    /// `n` identical calls per user turn (at least one); the run ends after
-    /// two more refused ones.
-    pub fn repeats(n: u32) -> Self {
-        LoopGuard {
-            max_repeats: Some(n.max(1)),
-            stop_after: Some(2),
-        }
-    }
-
-    /// The run ends after `m` refused repeats beyond the limit (`None`:
-    /// refuse, never end).
-    #[must_use]
-    pub fn stop_after(mut self, m: Option<u32>) -> Self {
-        self.stop_after = m;
-        self
-    }
-
-    /// The identical calls allowed per user turn; `None` is no limit.
-    pub fn max_repeats(&self) -> Option<u32> {
-        self.max_repeats
-    }
-}
-
-/// What the guard says about one call.
+/// What the loop guard's rule says about one call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Repeat {
@@ -125,9 +79,18 @@ impl RepeatCounts {
     }
 
     /// Counts a call of `tool` with `args` by `leaf` and says whether it may
-    /// run under `guard`.
-    pub fn check(&self, guard: &LoopGuard, leaf: &InstanceId, tool: &str, args: &Value) -> Repeat {
-        let Some(max) = guard.max_repeats else {
+    /// run when `max_repeats` identical calls are allowed per user turn
+    /// (`None`: no limit) and the run ends after `stop_after` refused ones
+    /// (`None`: never).
+    pub fn check(
+        &self,
+        max_repeats: Option<u32>,
+        stop_after: Option<u32>,
+        leaf: &InstanceId,
+        tool: &str,
+        args: &Value,
+    ) -> Repeat {
+        let Some(max) = max_repeats else {
             return Repeat::Allowed;
         };
         let mut counts = self.lock();
@@ -143,7 +106,7 @@ impl RepeatCounts {
         }
         count.refused = count.refused.saturating_add(1);
         let times = count.calls;
-        match guard.stop_after {
+        match stop_after {
             Some(m) if count.refused > m => Repeat::Stop { times },
             _ => Repeat::Refused { times },
         }
@@ -255,45 +218,63 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// The charter's default loop guard: three calls, two refusals.
+    const DEFAULT: (Option<u32>, Option<u32>) = (Some(3), Some(2));
+    /// No limit.
+    const OFF: (Option<u32>, Option<u32>) = (None, None);
+
+    fn check(
+        counts: &RepeatCounts,
+        (max, stop): (Option<u32>, Option<u32>),
+        leaf: &InstanceId,
+        tool: &str,
+        args: &Value,
+    ) -> Repeat {
+        counts.check(max, stop, leaf, tool, args)
+    }
+
     #[test]
     fn the_fourth_identical_call_is_refused_and_the_sixth_stops_the_run() {
         let counts = RepeatCounts::new();
         let leaf = InstanceId::new("a");
-        let guard = LoopGuard::default();
+        let guard = DEFAULT;
         let args = json!({"q": "x", "n": 1});
         for _ in 0..3 {
             assert_eq!(
-                counts.check(&guard, &leaf, "search", &args),
+                check(&counts, guard, &leaf, "search", &args),
                 Repeat::Allowed
             );
         }
         // Key order does not matter: the same call.
         let reordered = json!({"n": 1, "q": "x"});
         assert_eq!(
-            counts.check(&guard, &leaf, "search", &reordered),
+            check(&counts, guard, &leaf, "search", &reordered),
             Repeat::Refused { times: 4 }
         );
         assert_eq!(
-            counts.check(&guard, &leaf, "search", &args),
+            check(&counts, guard, &leaf, "search", &args),
             Repeat::Refused { times: 5 }
         );
         assert_eq!(
-            counts.check(&guard, &leaf, "search", &args),
+            check(&counts, guard, &leaf, "search", &args),
             Repeat::Stop { times: 6 }
         );
         // Other arguments, another tool, another leaf: counted apart.
         assert_eq!(
-            counts.check(&guard, &leaf, "search", &json!({"q": "y"})),
+            check(&counts, guard, &leaf, "search", &json!({"q": "y"})),
             Repeat::Allowed
         );
-        assert_eq!(counts.check(&guard, &leaf, "fetch", &args), Repeat::Allowed);
         assert_eq!(
-            counts.check(&guard, &InstanceId::new("b"), "search", &args),
+            check(&counts, guard, &leaf, "fetch", &args),
+            Repeat::Allowed
+        );
+        assert_eq!(
+            check(&counts, guard, &InstanceId::new("b"), "search", &args),
             Repeat::Allowed
         );
         counts.clear();
         assert_eq!(
-            counts.check(&guard, &leaf, "search", &args),
+            check(&counts, guard, &leaf, "search", &args),
             Repeat::Allowed
         );
     }
@@ -303,24 +284,21 @@ mod tests {
         let counts = RepeatCounts::new();
         let leaf = InstanceId::new("a");
         for _ in 0..10 {
-            assert_eq!(
-                counts.check(&LoopGuard::OFF, &leaf, "t", &json!({})),
-                Repeat::Allowed
-            );
+            assert_eq!(check(&counts, OFF, &leaf, "t", &json!({})), Repeat::Allowed);
         }
-        let guard = LoopGuard::repeats(2).stop_after(None);
-        counts.check(&guard, &leaf, "t", &json!({"a": 1}));
-        counts.check(&guard, &leaf, "t", &json!({"a": 1}));
+        let guard = (Some(2), None);
+        check(&counts, guard, &leaf, "t", &json!({"a": 1}));
+        check(&counts, guard, &leaf, "t", &json!({"a": 1}));
         let restored = RepeatCounts::new();
         restored.restore(counts.snapshot());
         assert_eq!(restored.snapshot(), counts.snapshot());
         assert_eq!(
-            restored.check(&guard, &leaf, "t", &json!({"a": 1})),
+            check(&restored, guard, &leaf, "t", &json!({"a": 1})),
             Repeat::Refused { times: 3 }
         );
         for _ in 0..5 {
             assert!(matches!(
-                restored.check(&guard, &leaf, "t", &json!({"a": 1})),
+                check(&restored, guard, &leaf, "t", &json!({"a": 1})),
                 Repeat::Refused { .. }
             ));
         }

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::define::error::ConfigError;
 use crate::define::toolset::ToolSet;
+use crate::loop_guard::LoopGuard;
 use crate::node::Node;
 use crate::pack::Pack;
 use crate::transition::{NodeTarget, Transition};
@@ -70,7 +71,7 @@ struct CharterInner {
     packs: Vec<Pack>,
     prompt_builder: Option<Arc<PromptBuilderFn>>,
     prompt_style: PromptStyle,
-    loop_guard: markov_policy::LoopGuard,
+    loop_guard: LoopGuard,
 }
 
 /// What the default system prompt and the built-in tools show a node.
@@ -121,14 +122,14 @@ impl Charter {
             packs: Vec::new(),
             prompt_builder: None,
             prompt_style: PromptStyle::default(),
-            loop_guard: markov_policy::LoopGuard::default(),
+            loop_guard: LoopGuard::default(),
             errors: Vec::new(),
         }
     }
 
     /// The loop guard of nodes that set none (three identical calls per
     /// user turn by default).
-    pub fn loop_guard(&self) -> markov_policy::LoopGuard {
+    pub fn loop_guard(&self) -> LoopGuard {
         self.0.loop_guard
     }
 
@@ -374,7 +375,7 @@ pub struct CharterBuilder {
     packs: Vec<Pack>,
     prompt_builder: Option<Arc<PromptBuilderFn>>,
     prompt_style: PromptStyle,
-    loop_guard: markov_policy::LoopGuard,
+    loop_guard: LoopGuard,
     errors: Vec<ConfigError>,
 }
 
@@ -390,10 +391,8 @@ impl CharterBuilder {
     /// The loop guard of nodes that set none: how many identical tool
     /// calls a leaf may make per user turn ([`LoopGuard::OFF`] for no
     /// limit).
-    ///
-    /// [`LoopGuard::OFF`]: markov_policy::LoopGuard::OFF
     #[must_use]
-    pub fn loop_guard(mut self, guard: markov_policy::LoopGuard) -> Self {
+    pub fn loop_guard(mut self, guard: LoopGuard) -> Self {
         self.loop_guard = guard;
         self
     }

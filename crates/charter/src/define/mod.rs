@@ -6,6 +6,7 @@ pub mod command;
 pub mod context;
 pub(crate) mod error;
 pub mod externalize;
+pub mod loop_guard;
 pub mod node;
 pub mod pack;
 pub mod state;

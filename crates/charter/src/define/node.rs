@@ -38,6 +38,7 @@ use crate::context::ContextPolicy;
 use crate::define::error::ConfigError;
 use crate::define::toolset::ToolSet;
 use crate::externalize::{Cleanup, ExternalContext, ExternalizeError, StateHandler};
+use crate::loop_guard::LoopGuard;
 use crate::pack::Pack;
 use crate::state::{AnyObject, StateSchema, TypedState, json_type};
 use crate::tool_choice::{OutputRestriction, ToolChoiceRule, TurnPolicy, check_thinking};
@@ -164,7 +165,7 @@ pub(crate) struct NodeInner {
     pub(crate) packs: Vec<Pack>,
     pub(crate) kind: NodeKind,
     pub(crate) policy: TurnPolicy,
-    pub(crate) loop_guard: Option<markov_policy::LoopGuard>,
+    pub(crate) loop_guard: Option<LoopGuard>,
     pub(crate) externalize: Option<StateHandler>,
     pub(crate) context_policy: Option<ContextPolicy>,
 }
@@ -297,7 +298,7 @@ impl Node {
     }
 
     /// The node's own loop guard, if it sets one (else the charter's applies).
-    pub fn loop_guard(&self) -> Option<markov_policy::LoopGuard> {
+    pub fn loop_guard(&self) -> Option<LoopGuard> {
         self.0.loop_guard
     }
 
@@ -341,7 +342,7 @@ pub struct NodeBuilder {
     packs: Vec<Pack>,
     kind: NodeKind,
     policy: TurnPolicy,
-    loop_guard: Option<markov_policy::LoopGuard>,
+    loop_guard: Option<LoopGuard>,
     externalize: Option<StateHandler>,
     context_policy: Option<ContextPolicy>,
     errors: Vec<ConfigError>,
@@ -539,9 +540,9 @@ impl NodeBuilder {
 
     /// How many identical tool calls this node's leaves may make per user
     /// turn, instead of the charter's
-    /// ([`LoopGuard::OFF`](markov_policy::LoopGuard::OFF) for no limit).
+    /// ([`LoopGuard::OFF`] for no limit).
     #[must_use]
-    pub fn loop_guard(mut self, guard: markov_policy::LoopGuard) -> Self {
+    pub fn loop_guard(mut self, guard: LoopGuard) -> Self {
         self.loop_guard = Some(guard);
         self
     }

@@ -45,15 +45,16 @@ use markov_core::tool::{
 use serde_json::{Map, Value};
 use tracing::Instrument;
 
-use markov_policy::{
-    LoopGuard, Mode, PolicyState, RegistrySession, Rejection, Repeat, RepeatCounts, ToolErrorKind,
-    ToolOrigin, TurnBudgetState, plain_registry,
-};
 use markov_charter::charter::{AncestorView, Charter};
+use markov_charter::loop_guard::LoopGuard;
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::state::{StateSchema, accumulate_patch, merge_patch};
 use markov_charter::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
+use markov_policy::{
+    Mode, PolicyState, RegistrySession, Rejection, Repeat, RepeatCounts, ToolErrorKind, ToolOrigin,
+    TurnBudgetState, plain_registry,
+};
 
 /// What the pipeline needs to know about the leaf it runs for.
 #[derive(Debug, Clone, Copy)]
@@ -436,7 +437,13 @@ pub(crate) async fn run_tool_calls_logged(
             (false, Some(counts))
                 if out.loop_stop.is_none() && !is_provider_tool(leaf, call.name) =>
             {
-                counts.check(&leaf.loop_guard, leaf.instance_id, call.name, call.input)
+                counts.check(
+                    leaf.loop_guard.max_repeats(),
+                    leaf.loop_guard.refusals_before_stop(),
+                    leaf.instance_id,
+                    call.name,
+                    call.input,
+                )
             }
             _ => Repeat::Allowed,
         };

@@ -4,14 +4,14 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::common::*;
-use markov_core::async_trait;
-use markov_core::message::{Message, Role};
-use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, YieldReason};
 use markov_charter::charter::Charter;
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::transition::Transition;
+use markov_core::async_trait;
+use markov_core::message::{Message, Role};
+use markov_core::tool::{Tool, ToolContext};
+use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, YieldReason};
 use markov_testkit::ScriptedModel;
 use proptest::prelude::*;
 use serde::Serialize;
@@ -378,7 +378,7 @@ proptest! {
             // Identical calls repeat freely in random scripts: the loop guard
             // (tested on its own) stays out of this property.
             let mut m = machine(
-                |c| c.loop_guard(markov_policy::LoopGuard::OFF),
+                |c| c.loop_guard(markov_charter::loop_guard::LoopGuard::OFF),
                 node_with(&Probe::default()),
                 json!({}),
                 model,
