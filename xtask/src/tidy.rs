@@ -21,6 +21,10 @@
 //!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
 //!   `charter` and `executor`; `mcp` builds on `core` and `policy` only,
 //!   and none of `core`, `policy`, `charter` and `executor` depends on it;
+//! - no crate's top-level modules import each other in a cycle (`use
+//!   crate::x` and `crate::x::` edges between the files and folders of its
+//!   `src/`, test modules aside), but the crates of [`CYCLES_ALLOWED`],
+//!   which still have one;
 //! - internal (`markov-*`) dependencies carry both `path` and `version`, so
 //!   each crate can be published on its own;
 //! - a README code block announced by `<!-- example: NAME -->` is
@@ -43,6 +47,7 @@ fn tidy() {
     let mut violations = Vec::new();
     check_sources(&root, &mut violations);
     check_manifests(&root, &mut violations);
+    check_module_cycles(&root, &mut violations);
     check_readme_examples(&root, &mut violations);
     check_code_map(&root, &mut violations);
     assert!(
@@ -318,6 +323,273 @@ fn check_prose_references(path: &str, text: &str) -> Vec<String> {
             )
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Module cycles.
+
+/// The crates whose top-level modules still import each other in a cycle,
+/// each with the modules of its cycles. A crate listed here that has no
+/// cycle any more, or other ones, is flagged too, so the list only shrinks.
+const CYCLES_ALLOWED: &[(&str, &str)] = &[
+    ("crates/bench", "failover, server"),
+    ("crates/eval", "expect, judge; report, run"),
+    ("crates/executor", "executor, step; machine, run"),
+    ("crates/server", "api, openapi"),
+];
+
+/// Runs [`module_cycles`] on every crate's `src/`.
+fn check_module_cycles(root: &Path, violations: &mut Vec<String>) {
+    for dir in crate_dirs(root, violations) {
+        let src = dir.join("src");
+        if !src.is_dir() {
+            continue;
+        }
+        let shown = relative(root, &dir);
+        let mut modules: Vec<(String, String)> = Vec::new();
+        let mut crate_root = String::new();
+        for path in read_dir_sorted(&src, root, violations) {
+            let Some(name) = path.file_stem().map(|n| n.to_string_lossy().into_owned()) else {
+                continue;
+            };
+            let mut files = Vec::new();
+            if path.is_dir() {
+                collect_rust_files(&path, root, &mut files, violations);
+            } else if path.extension().is_some_and(|ext| ext == "rs") {
+                files.push(path.clone());
+            }
+            let mut text = String::new();
+            for file in files {
+                match fs::read_to_string(&file) {
+                    Ok(t) => text.push_str(&t),
+                    Err(err) => {
+                        violations.push(format!("{}: cannot read: {err}", relative(root, &file)))
+                    }
+                }
+                text.push('\n');
+            }
+            if name == "lib" || name == "main" {
+                crate_root.push_str(&text);
+            } else if !text.is_empty() {
+                modules.push((name, text));
+            }
+        }
+        let cycles = module_cycles(&crate_root, &modules);
+        let allowed = CYCLES_ALLOWED.iter().find(|(krate, _)| *krate == shown);
+        match (allowed, cycles.is_empty()) {
+            (None, false) => violations.push(format!(
+                "{shown}/src: modules import each other in a cycle ({}): let the data and state types import no stage, and the stages import them",
+                describe_cycles(&cycles)
+            )),
+            (Some((_, listed)), false) if *listed != describe_cycles(&cycles) => violations.push(format!(
+                "{shown}/src: its module cycles are now {}, not the {listed} CYCLES_ALLOWED lists: break the new ones, or update the list if some went",
+                describe_cycles(&cycles)
+            )),
+            (Some(_), true) => violations.push(format!(
+                "{shown}/src: has no module cycle any more: take it off CYCLES_ALLOWED"
+            )),
+            _ => {}
+        }
+    }
+}
+
+/// `a, b; c, d` for the cycles `[a, b]` and `[c, d]`.
+fn describe_cycles(cycles: &[Vec<String>]) -> String {
+    cycles
+        .iter()
+        .map(|cycle| cycle.join(", "))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The cycles among a crate's top-level modules, each sorted, in order:
+/// the strongly connected components of more than one module of the graph
+/// in which a module points at every module its production code names as
+/// `crate::x` (also in `use crate::{x, y::Z}` groups, and through a name
+/// the crate root re-exports, `pub use x::Z`). `modules` are the modules'
+/// names and source texts; `crate_root` is `lib.rs`'s (or `main.rs`'s).
+fn module_cycles(crate_root: &str, modules: &[(String, String)]) -> Vec<Vec<String>> {
+    let index = |name: &str| modules.iter().position(|(m, _)| m == name);
+    let reexported = reexports(crate_root);
+    let target = |name: &str| {
+        index(name).or_else(|| {
+            reexported
+                .iter()
+                .find(|(item, _)| item == name)
+                .and_then(|(_, module)| index(module))
+        })
+    };
+    let edges: Vec<Vec<usize>> = modules
+        .iter()
+        .enumerate()
+        .map(|(at, (_, text))| {
+            let mut out: Vec<usize> = crate_paths(&production_code(text))
+                .iter()
+                .filter_map(|name| target(name))
+                .filter(|&to| to != at)
+                .collect();
+            out.sort_unstable();
+            out.dedup();
+            out
+        })
+        .collect();
+    let mut cycles: Vec<Vec<String>> = strongly_connected(&edges)
+        .into_iter()
+        .filter(|component| component.len() > 1)
+        .map(|component| {
+            let mut names: Vec<String> = component.iter().map(|&i| modules[i].0.clone()).collect();
+            names.sort();
+            names
+        })
+        .collect();
+    cycles.sort();
+    cycles
+}
+
+/// The source without comment lines and without its test module (from a
+/// `#[cfg(test)]` line followed by an inline `mod … {`).
+fn production_code(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = String::new();
+    let mut skipping = false;
+    for (n, line) in lines.iter().enumerate() {
+        let trimmed = line.trim();
+        let next = lines.get(n + 1).map_or("", |l| l.trim());
+        if trimmed == "#[cfg(test)]" && next.starts_with("mod ") && next.ends_with('{') {
+            // A file's test module is its last item: skip to the next file
+            // of a folder (each starts with its `//!` doc).
+            skipping = true;
+        } else if skipping && trimmed.starts_with("//!") {
+            skipping = false;
+        }
+        if !skipping && !trimmed.starts_with("//") {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// The first segment of every `crate::` path in `code`, including each
+/// path of a `crate::{..}` group.
+fn crate_paths(code: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().next_back();
+        rest = &rest[at + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // `markov_crate::`, not this crate
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let mut depth = 0usize;
+            let mut start = true;
+            for (i, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => break,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => start = true,
+                    c if start && !c.is_whitespace() => {
+                        start = false;
+                        names.push(ident(&group[i..]));
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            names.push(ident(rest));
+        }
+    }
+    names.retain(|n| !n.is_empty());
+    names
+}
+
+/// The names the crate root re-exports, each with the module it comes
+/// from: `pub use x::{A, B};` and `pub use x::A;`.
+fn reexports(crate_root: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for statement in crate_root.split(';') {
+        let Some((_, path)) = statement.split_once("pub use ") else {
+            continue;
+        };
+        let path = path.trim().trim_start_matches("crate::");
+        let Some((module, items)) = path.split_once("::") else {
+            continue;
+        };
+        let items = items.trim().trim_start_matches('{').trim_end_matches('}');
+        for item in items.split(',') {
+            let name = item.rsplit("::").next().unwrap_or("").trim();
+            let name = name.rsplit(" as ").next().unwrap_or(name).trim();
+            if !name.is_empty() {
+                out.push((name.to_owned(), module.trim().to_owned()));
+            }
+        }
+    }
+    out
+}
+
+/// Tarjan's strongly connected components of the graph `edges` (node `i`
+/// points at `edges[i]`).
+fn strongly_connected(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
+    struct Walk<'a> {
+        edges: &'a [Vec<usize>],
+        index: Vec<Option<usize>>,
+        low: Vec<usize>,
+        on_stack: Vec<bool>,
+        stack: Vec<usize>,
+        next: usize,
+        out: Vec<Vec<usize>>,
+    }
+    fn visit(w: &mut Walk<'_>, v: usize) {
+        w.index[v] = Some(w.next);
+        w.low[v] = w.next;
+        w.next += 1;
+        w.stack.push(v);
+        w.on_stack[v] = true;
+        for &to in &w.edges[v] {
+            match w.index[to] {
+                None => {
+                    visit(w, to);
+                    w.low[v] = w.low[v].min(w.low[to]);
+                }
+                Some(i) if w.on_stack[to] => w.low[v] = w.low[v].min(i),
+                Some(_) => {}
+            }
+        }
+        if Some(w.low[v]) == w.index[v] {
+            let mut component = Vec::new();
+            while let Some(top) = w.stack.pop() {
+                w.on_stack[top] = false;
+                component.push(top);
+                if top == v {
+                    break;
+                }
+            }
+            w.out.push(component);
+        }
+    }
+    let n = edges.len();
+    let mut walk = Walk {
+        edges,
+        index: vec![None; n],
+        low: vec![0; n],
+        on_stack: vec![false; n],
+        stack: Vec::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in 0..n {
+        if walk.index[v].is_none() {
+            visit(&mut walk, v);
+        }
+    }
+    walk.out
 }
 
 // ---------------------------------------------------------------------------
@@ -840,4 +1112,32 @@ fn scanner_reads_the_forms_we_use() {
         without_target("workspace.dependencies"),
         "workspace.dependencies"
     );
+}
+
+#[test]
+fn module_cycles_are_found_through_uses_groups_and_reexports() {
+    let module = |name: &str, text: &str| (name.to_owned(), text.to_owned());
+    // error -> confirm (a `use`), confirm -> service (a group), service ->
+    // error (a path through a name the root re-exports).
+    let root =
+        "mod confirm;\nmod error;\nmod service;\npub use error::{Rejection, ToolErrorKind};\n";
+    let modules = [
+        module("confirm", "//! C.\nuse crate::{service::Req, metadata};\n"),
+        module("error", "//! E.\nuse crate::confirm::Request;\n"),
+        module("metadata", "//! M.\n"),
+        module("service", "//! S.\nfn f(k: crate::ToolErrorKind) {}\n"),
+    ];
+    assert_eq!(
+        module_cycles(root, &modules),
+        [["confirm", "error", "service"]]
+    );
+    // Comments, test modules and other crates' paths are no edges.
+    let acyclic = [
+        module("a", "//! A.\nuse crate::b::X;\n"),
+        module(
+            "b",
+            "//! B, see [`crate::a`].\n// crate::a::Y\nuse markov_crate::a;\n#[cfg(test)]\nmod tests {\n    use crate::a::Y;\n}\n",
+        ),
+    ];
+    assert!(module_cycles("", &acyclic).is_empty());
 }

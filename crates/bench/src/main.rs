@@ -81,10 +81,10 @@ use markov_core::tool::{NoState, ToolContext};
 use markov_executor::serialize::{SerializedMachine, serialize_machine};
 use markov_executor::{Agent, Machine, StandardExecutor};
 use markov_policy::{
-    AuditLayer, CallReport, ConfirmLayer, EnvelopeMode, ExecuteService, GateLayer,
-    IdempotencyLayer, LatencyLayer, Mode, PolicyStack, PolicyState, TimeoutLayer, ToolRequest,
-    ToolService, TurnBudgetState, mode::ModeLayer, unknown_tool::UnknownToolLayer,
-    validate::ValidateLayer,
+    AuditLayer, CallReport, ConfirmLayer, DEFAULT_CONFIRMATION_TTL, EnvelopeMode, ExecuteService,
+    GateLayer, IdempotencyLayer, IdempotencyLimits, LatencyLayer, Mode, PolicyStack, PolicyState,
+    TimeoutLayer, ToolRequest, ToolService, TurnBudgetState, mode::ModeLayer,
+    unknown_tool::UnknownToolLayer, validate::ValidateLayer,
 };
 
 #[global_allocator]
@@ -1461,13 +1461,13 @@ fn layer_costs(calls: usize) -> Vec<(&'static str, f64)> {
         let on = |layer: usize| depth >= layer;
         Box::new(
             PolicyStack::new()
-                .option_layer(on(9).then(|| AuditLayer::new(config.version(), None)))
+                .option_layer(on(9).then(|| AuditLayer::new(registry.version(), None)))
                 .option_layer(on(8).then(UnknownToolLayer::unknown_tool))
                 .option_layer(on(7).then(ModeLayer::mode))
                 .option_layer(on(6).then(|| GateLayer::new(config.budget_gate())))
                 .option_layer(on(5).then(ValidateLayer::validate))
-                .option_layer(on(4).then(|| ConfirmLayer::new(config.confirmation_lifetime())))
-                .option_layer(on(3).then(|| IdempotencyLayer::new(config.idempotency_limits())))
+                .option_layer(on(4).then(|| ConfirmLayer::new(DEFAULT_CONFIRMATION_TTL)))
+                .option_layer(on(3).then(|| IdempotencyLayer::new(IdempotencyLimits::default())))
                 .option_layer(on(2).then(LatencyLayer::new))
                 .option_layer(on(1).then(TimeoutLayer::new))
                 .service(ExecuteService::new(EnvelopeMode::On)),

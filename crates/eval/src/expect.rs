@@ -653,7 +653,7 @@ fn output_schema(run: &CaseRun, schema: &Value) -> Verdict {
     with_output(run, |out| {
         let value: Value = serde_json::from_str(out.trim())
             .map_err(|e| format!("the output is not JSON ({e}): {out:?}"))?;
-        markov_policy::validate::check_schema(schema, &value)
+        markov_policy::schema::check_schema(schema, &value)
             .map_err(|why| format!("the output does not fit the schema: {why}"))
     })
 }

@@ -218,7 +218,7 @@ impl McpToolServer {
         if executed.result.is_error {
             return CallToolResult::error(vec![ContentBlock::text(executed.result.content)]);
         }
-        let enveloped = self.registry.config().envelope_mode() == EnvelopeMode::On;
+        let enveloped = self.registry.envelope() == EnvelopeMode::On;
         success(executed.result.content, enveloped)
     }
 }

@@ -2,46 +2,15 @@
 //! included) with `event = "tool_execution"`, and an optional [`AuditSink`]
 //! receiving an [`AuditRecord`].
 
-use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use markov_core::async_trait;
-use markov_core::ids::ToolCallId;
 use markov_core::tool::ToolExecutionResult;
 
-use crate::error::ToolErrorKind;
-use crate::metadata::{Category, Mode};
+use crate::kind::ToolErrorKind;
+use crate::report::{AuditRecord, AuditSink};
 use crate::service::{ToolLayer, ToolRequest, ToolService};
-
-/// One call, as audited.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AuditRecord {
-    /// The call.
-    pub call_id: ToolCallId,
-    /// The tool name the model wrote.
-    pub tool: String,
-    /// The tool's version, if it is registered.
-    pub tool_version: Option<String>,
-    /// The registry's version.
-    pub registry_version: Arc<str>,
-    /// Time spent in the stack.
-    pub duration: Duration,
-    /// Whether the call succeeded.
-    pub ok: bool,
-    /// The tool's category, if it is registered.
-    pub category: Option<Category>,
-    /// The session's mode.
-    pub mode: Mode,
-    /// Why the call failed.
-    pub error_type: Option<ToolErrorKind>,
-}
-
-/// Receives one [`AuditRecord`] per call (e.g. to persist them).
-pub trait AuditSink: Send + Sync + fmt::Debug {
-    /// Records one call. Called on the task that ran the call: keep it quick.
-    fn record(&self, record: &AuditRecord);
-}
 
 /// The audit stage's layer.
 #[derive(Debug, Clone)]

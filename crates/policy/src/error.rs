@@ -1,4 +1,6 @@
-//! The error envelope: [`ToolErrorKind`] (one table) and [`Rejection`].
+//! The envelopes: [`Rejection`] (a refused or failed call as the error
+//! envelope), the success envelope, and the two settings of how results
+//! are written ([`EnvelopeMode`], [`ErrorFormat`]).
 
 use std::fmt;
 
@@ -7,88 +9,9 @@ use markov_core::tool::ToolExecutionResult;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::confirm::ConfirmationRequest;
-use crate::service::{CallReport, ToolRequest};
-
-macro_rules! kinds {
-    ($(
-        $(#[$doc:meta])*
-        $variant:ident => $name:literal, retryable: $retry:literal, $message:literal;
-    )*) => {
-        /// Why a call failed: the `type` of the error envelope.
-        ///
-        /// Each kind's wire name, default retryability and model-facing
-        /// message come from one table.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-        #[non_exhaustive]
-        pub enum ToolErrorKind {
-            $( $(#[$doc])* $variant, )*
-        }
-
-        impl ToolErrorKind {
-            /// Every kind, in table order.
-            pub const ALL: &'static [ToolErrorKind] = &[$(ToolErrorKind::$variant),*];
-
-            /// The wire name (`"NOT_FOUND"`, ...).
-            pub fn as_str(self) -> &'static str {
-                match self { $(ToolErrorKind::$variant => $name,)* }
-            }
-
-            /// Whether the model may retry the same call as it is.
-            pub fn retryable(self) -> bool {
-                match self { $(ToolErrorKind::$variant => $retry,)* }
-            }
-
-            /// The kind of a wire name (`"NOT_FOUND"`, ...).
-            pub fn from_wire(name: &str) -> Option<Self> {
-                match name { $($name => Some(ToolErrorKind::$variant),)* _ => None }
-            }
-
-            /// The message the model reads (before any detail).
-            pub fn message(self) -> &'static str {
-                match self { $(ToolErrorKind::$variant => $message,)* }
-            }
-        }
-    };
-}
-
-kinds! {
-    /// The tool is not registered, or not available to this leaf.
-    NotFound => "NOT_FOUND", retryable: false, "Unknown tool";
-    /// The tool is not allowed in the session's mode.
-    ModeRestricted => "MODE_RESTRICTED", retryable: false, "Tool not available in this mode";
-    /// A per-turn call budget is used up.
-    BudgetExceeded => "BUDGET_EXCEEDED", retryable: false, "Tool call budget exceeded for this turn";
-    /// The tool needs the user's approval; a request was issued.
-    ConfirmationRequired => "CONFIRMATION_REQUIRED", retryable: false, "This action requires the user's approval";
-    /// The confirmation token names a request the application has not approved yet.
-    ConfirmationPending => "CONFIRMATION_PENDING", retryable: false, "The user has not approved this action yet";
-    /// The application denied the request the token names.
-    ConfirmationDenied => "CONFIRMATION_DENIED", retryable: false, "The user declined this action";
-    /// The confirmation token is unknown, used, expired, or for another call.
-    ConfirmationInvalid => "CONFIRMATION_INVALID", retryable: false, "The confirmation token is invalid, used or expired";
-    /// A paused call's request expired before an approval was used.
-    ConfirmationExpired => "CONFIRMATION_EXPIRED", retryable: false, "The user's approval expired before this action ran";
-    /// The leaf repeated an identical call too often in this user turn.
-    RepeatedCall => "REPEATED_CALL", retryable: false, "Not run: this exact call was repeated too often";
-    /// The call id was already used by a call with another tool or other arguments.
-    IdempotencyConflict => "IDEMPOTENCY_CONFLICT", retryable: false, "Duplicate call id";
-    /// The arguments do not fit the tool's input.
-    InvalidInput => "INVALID_INPUT", retryable: true, "Invalid tool input";
-    /// The tool did not finish within its timeout.
-    Timeout => "TIMEOUT", retryable: true, "Tool timed out";
-    /// The tool ran and failed.
-    ExecutionFailed => "EXECUTION_FAILED", retryable: false, "Tool execution failed";
-    /// An at-most-once call started and its result was never recorded (the
-    /// process died): its outcome is unknown, and it was not run again.
-    Interrupted => "INTERRUPTED", retryable: false, "Interrupted: this call started, its outcome is unknown, and it was not run again";
-}
-
-impl fmt::Display for ToolErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::approvals::ConfirmationRequest;
+use crate::kind::ToolErrorKind;
+use crate::report::CallReport;
 
 /// A stage's refusal of a call (or a failed execution), turned into the
 /// error envelope by [`Rejection::into_result`].
@@ -187,11 +110,6 @@ impl Rejection {
         );
         ToolExecutionResult::error(call_id.clone(), self.to_envelope())
     }
-
-    /// [`into_result`](Self::into_result) for a request.
-    pub fn respond(self, req: &ToolRequest<'_>) -> ToolExecutionResult {
-        self.into_result(req.call_id, req.report)
-    }
 }
 
 impl fmt::Display for Rejection {
@@ -201,6 +119,33 @@ impl fmt::Display for Rejection {
 }
 
 impl std::error::Error for Rejection {}
+
+/// Whether successful results are wrapped in `{"ok":true,"data":..}`.
+///
+/// Errors always are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnvelopeMode {
+    /// `{"ok":true,"data":..,"intents":[..]?}` (the seed's choice).
+    On,
+    /// The tool's text as without a registry.
+    Off,
+}
+
+/// How the execute stage words the errors it produces itself (an unknown
+/// tool, arguments that do not fit, a failing tool).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorFormat {
+    /// The error envelope, `{"ok":false,"error":{"type":..}}`: the default
+    /// of a registry.
+    Envelope,
+    /// upstream markov-machines' plain texts — `Unknown tool: <name>`,
+    /// `Invalid tool input: ..`, `Tool execution error: ..` (for pack tools
+    /// `Invalid pack tool input: ..`, `Tool error: ..`): the default of a
+    /// machine without a registry, so that its transcripts stay
+    /// upstream-compatible.
+    PlainText,
+}
 
 #[derive(Serialize)]
 struct ErrorEnvelope<'a> {

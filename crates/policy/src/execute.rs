@@ -8,7 +8,8 @@ use markov_core::tool::{ToolCallError, ToolExecutionResult, ToolOutcome, UserMes
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::error::{Rejection, ToolErrorKind, success_envelope};
+use crate::error::{EnvelopeMode, ErrorFormat, Rejection, success_envelope};
+use crate::kind::ToolErrorKind;
 use crate::service::{ToolOrigin, ToolRequest, ToolService};
 
 /// The key under which [`WithIntents`] serializes its intents.
@@ -36,33 +37,6 @@ impl<T> WithIntents<T> {
             intents: intents.into_iter().collect(),
         }
     }
-}
-
-/// Whether successful results are wrapped in `{"ok":true,"data":..}`.
-///
-/// Errors always are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EnvelopeMode {
-    /// `{"ok":true,"data":..,"intents":[..]?}` (the seed's choice).
-    On,
-    /// The tool's text as without a registry.
-    Off,
-}
-
-/// How the execute stage words the errors it produces itself (an unknown
-/// tool, arguments that do not fit, a failing tool).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ErrorFormat {
-    /// The error envelope, `{"ok":false,"error":{"type":..}}`: the default
-    /// of a registry.
-    Envelope,
-    /// upstream markov-machines' plain texts — `Unknown tool: <name>`,
-    /// `Invalid tool input: ..`, `Tool execution error: ..` (for pack tools
-    /// `Invalid pack tool input: ..`, `Tool error: ..`): the default of a
-    /// machine without a registry, so that its transcripts stay
-    /// upstream-compatible.
-    PlainText,
 }
 
 /// Runs the request's tool.
@@ -102,7 +76,7 @@ impl ExecuteService {
     fn plain_error(
         origin: ToolOrigin,
         call_id: &ToolCallId,
-        report: &crate::service::CallReport,
+        report: &crate::report::CallReport,
         kind: ToolErrorKind,
         error: ToolCallError,
     ) -> ToolExecutionResult {

@@ -3,9 +3,9 @@
 use markov_core::async_trait;
 use markov_core::tool::ToolExecutionResult;
 
-use crate::budget::TurnBudgetState;
 use crate::error::Rejection;
 use crate::service::{ToolLayer, ToolRequest, ToolService};
+use crate::turn::TurnBudgetState;
 
 /// A predicate over a call (tower's `filter::Predicate`, without IO): it
 /// passes the call on or rejects it. Gates are plain values, tested without

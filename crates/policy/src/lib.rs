@@ -7,50 +7,61 @@
 #![deny(missing_docs)]
 
 pub mod answers;
+pub mod approvals;
 pub mod audit;
 pub mod budget;
+mod config;
 pub mod confirm;
 mod error;
 mod execute;
 mod gate;
 pub mod idempotency;
+mod kind;
 pub mod latency;
+pub mod ledger;
 mod metadata;
 pub mod mode;
+mod pause;
 pub mod repeat;
+mod report;
+pub mod schema;
 mod service;
 mod stack;
 mod state;
 pub mod timeout;
+mod token;
 mod tools;
+pub mod turn;
 pub mod unknown_tool;
 pub mod validate;
 
 pub use answers::{PendingAnswers, RecordedAnswer};
-pub use audit::{AuditLayer, AuditRecord, AuditSink};
-pub use budget::{Budget, BudgetRecord, TurnBudgetState, TurnBudgets};
-pub use confirm::{
+pub use approvals::{
     ApprovalError, ApprovalFlow, ApprovalId, ApprovalRecord, ApprovalStatus, Approvals,
-    CONFIRMATION_TOKEN, ConfirmLayer, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL, Decision,
-    HeldCall, HeldCheck,
+    CONFIRMATION_TOKEN, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL, Decision, HeldCall,
+    HeldCheck,
 };
-pub use error::{Rejection, ToolErrorKind};
-pub use execute::{
-    EnvelopeMode, ErrorFormat, ExecuteService, INTENTS_KEY, WithIntents, into_result,
-};
+pub use audit::AuditLayer;
+pub use config::PolicyConfig;
+pub use confirm::ConfirmLayer;
+pub use error::{EnvelopeMode, ErrorFormat, Rejection};
+pub use execute::{ExecuteService, INTENTS_KEY, WithIntents, into_result};
 pub use gate::{Gate, GateLayer, Gated};
-pub use idempotency::{
-    IdempotencyLayer, IdempotencyLedger, IdempotencyLimits, InterruptedCall, LedgerEntry,
-    StoredResult,
-};
+pub use idempotency::IdempotencyLayer;
+pub use kind::ToolErrorKind;
 pub use latency::LatencyLayer;
+pub use ledger::{
+    IdempotencyLedger, IdempotencyLimits, InterruptedCall, LedgerEntry, StoredResult,
+};
 pub use metadata::{Category, Mode, ToolMetadata};
 pub use repeat::{Repeat, RepeatCounts, RepeatRecord};
-pub use service::{BoxToolService, CallReport, ToolLayer, ToolOrigin, ToolRequest, ToolService};
+pub use report::{AuditRecord, AuditSink, CallReport};
+pub use service::{BoxToolService, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
 pub use state::{Journal, LeafMark, PolicyCounters, PolicySnapshot, PolicyState};
 pub use timeout::TimeoutLayer;
 pub use tools::{
-    Executed, PolicyConfig, RegistryBinding, RegistryError, RegistrySession, ToolRegistry,
-    ToolRegistryBuilder, plain_registry,
+    Executed, RegistryBinding, RegistryError, RegistrySession, ToolRegistry, ToolRegistryBuilder,
+    plain_registry,
 };
+pub use turn::{Budget, BudgetRecord, TurnBudgetState, TurnBudgets};

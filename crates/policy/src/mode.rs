@@ -1,9 +1,10 @@
 //! `MODE_RESTRICTED`: the tool is not allowed in the session's mode.
 
-use crate::budget::TurnBudgetState;
-use crate::error::{Rejection, ToolErrorKind};
+use crate::error::Rejection;
 use crate::gate::{Gate, GateLayer, Gated};
+use crate::kind::ToolErrorKind;
 use crate::service::ToolRequest;
+use crate::turn::TurnBudgetState;
 
 /// The gate: the tool's metadata must allow the request's mode.
 #[derive(Debug, Clone, Copy, Default)]

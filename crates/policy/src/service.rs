@@ -2,18 +2,19 @@
 //! request a stage sees.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
 use markov_core::tool::{SharedTool, ToolContext, ToolExecutionResult};
 use serde_json::Value;
 
-use crate::budget::TurnBudgetState;
-use crate::confirm::ConfirmationRequest;
-use crate::error::ToolErrorKind;
+use crate::error::Rejection;
+use crate::ledger::IdempotencyLedger;
 use crate::metadata::{Mode, ToolMetadata};
+use crate::report::CallReport;
 use crate::state::PolicyState;
+use crate::turn::TurnBudgetState;
 
 /// One tool call on its way through the stack.
 ///
@@ -50,6 +51,28 @@ pub struct ToolRequest<'a> {
     pub origin: ToolOrigin,
 }
 
+impl ToolRequest<'_> {
+    /// Whether the call's tool needs the application's approval: its
+    /// registry metadata says so, or its own definition does.
+    pub(crate) fn needs_approval(&self) -> bool {
+        self.metadata.is_some_and(|m| m.requires_confirmation())
+            || self.tool.is_some_and(|t| t.definition().needs_approval)
+    }
+
+    /// The call's key in the idempotency ledger: its user turn, instance
+    /// and call id.
+    pub(crate) fn ledger_key(&self) -> String {
+        IdempotencyLedger::key_of(self.policy.turn(), self.cx.instance_id(), self.call_id)
+    }
+}
+
+impl Rejection {
+    /// [`into_result`](Self::into_result) for a request.
+    pub fn respond(self, req: &ToolRequest<'_>) -> ToolExecutionResult {
+        self.into_result(req.call_id, req.report)
+    }
+}
+
 /// Where a tool was found for a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -59,69 +82,6 @@ pub enum ToolOrigin {
     Node,
     /// A pack of the node.
     Pack,
-}
-
-/// What a call produced besides its result: the error kind of a failure,
-/// the intents of a success, and the request of a call that waits for the
-/// application's approval. Filled in by the stages, read by audit and the
-/// caller.
-#[derive(Debug, Default)]
-pub struct CallReport {
-    inner: Mutex<ReportInner>,
-}
-
-#[derive(Debug, Default, Clone)]
-struct ReportInner {
-    error: Option<ToolErrorKind>,
-    intents: Vec<Value>,
-    awaiting: Option<ConfirmationRequest>,
-}
-
-impl CallReport {
-    /// An empty report.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, ReportInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// The kind of the failure, if the call failed.
-    pub fn error_kind(&self) -> Option<ToolErrorKind> {
-        self.lock().error
-    }
-
-    /// Records the kind of the call's failure.
-    pub fn set_error(&self, kind: ToolErrorKind) {
-        self.lock().error = Some(kind);
-    }
-
-    /// Records the intents of a successful call.
-    pub fn set_intents(&self, intents: Vec<Value>) {
-        self.lock().intents = intents;
-    }
-
-    /// A copy of the intents recorded so far.
-    pub fn intents(&self) -> Vec<Value> {
-        self.lock().intents.clone()
-    }
-
-    /// Takes the intents out of the report.
-    pub fn take_intents(&self) -> Vec<Value> {
-        std::mem::take(&mut self.lock().intents)
-    }
-
-    /// Records that the call did not run and waits for the application's
-    /// decision on `request` (the pause flow).
-    pub fn set_awaiting(&self, request: ConfirmationRequest) {
-        self.lock().awaiting = Some(request);
-    }
-
-    /// The request the call waits for, if it was paused.
-    pub fn awaiting(&self) -> Option<ConfirmationRequest> {
-        self.lock().awaiting.clone()
-    }
 }
 
 /// A stage of the pipeline, or the tool execution at its centre.

@@ -5,14 +5,15 @@ use markov_core::tool::ToolExecutionResult;
 
 use crate::audit::AuditLayer;
 use crate::budget::BudgetLayer;
+use crate::config::PolicyConfig;
 use crate::confirm::ConfirmLayer;
+use crate::error::ErrorFormat;
 use crate::gate::GateLayer;
 use crate::idempotency::IdempotencyLayer;
 use crate::latency::LatencyLayer;
 use crate::mode::ModeLayer;
 use crate::service::{ToolLayer, ToolRequest, ToolService};
 use crate::timeout::TimeoutLayer;
-use crate::tools::PolicyConfig;
 use crate::unknown_tool::UnknownToolLayer;
 use crate::validate::ValidateLayer;
 
@@ -119,17 +120,20 @@ impl PolicyStack<Identity> {
     /// module docs for why).
     pub fn standard(config: &PolicyConfig) -> PolicyStack<StandardLayers> {
         PolicyStack::new()
-            .layer(AuditLayer::new(config.version(), config.sink().cloned()))
+            .layer(AuditLayer::new(
+                config.registry_version.clone(),
+                config.audit_sink.clone(),
+            ))
             .layer(UnknownToolLayer::unknown_tool())
             .layer(ModeLayer::mode())
             .layer(GateLayer::new(config.budget_gate()))
             .layer(ValidateLayer::validate())
             .layer(
-                ConfirmLayer::new(config.confirmation_lifetime())
-                    .flow(config.flow())
-                    .format(config.envelope_mode(), crate::ErrorFormat::Envelope),
+                ConfirmLayer::new(config.confirmation_ttl)
+                    .flow(config.approval_flow)
+                    .format(config.envelope, ErrorFormat::Envelope),
             )
-            .layer(IdempotencyLayer::new(config.idempotency_limits()))
+            .layer(IdempotencyLayer::new(config.idempotency))
             .layer(LatencyLayer::new())
             .layer(TimeoutLayer::new())
     }

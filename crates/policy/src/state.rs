@@ -19,10 +19,10 @@ use markov_core::ids::{InstanceId, ToolCallId};
 use sha2::{Digest, Sha256};
 
 use crate::answers::{PendingAnswers, RecordedAnswer};
-use crate::budget::{BudgetRecord, TurnBudgets};
-use crate::confirm::{ApprovalRecord, Approvals};
-use crate::idempotency::{IdempotencyLedger, IdempotencyLimits, InterruptedCall, LedgerEntry};
+use crate::approvals::{ApprovalRecord, Approvals};
+use crate::ledger::{IdempotencyLedger, IdempotencyLimits, InterruptedCall, LedgerEntry};
 use crate::repeat::{RepeatCounts, RepeatRecord};
+use crate::turn::{BudgetRecord, TurnBudgets};
 
 /// Where a conversation writes, ahead of their use, the model's answers
 /// before their tools run and the answered calls before their results are
@@ -189,7 +189,7 @@ impl PolicyState {
             // different lists of parts never hash alike.
             hasher.update([0u8]);
         }
-        crate::idempotency::hex(&hasher.finalize())
+        crate::ledger::hex(&hasher.finalize())
     }
 
     /// The confirmation requests: list them, decide them.

@@ -6,7 +6,8 @@
 use markov_core::async_trait;
 use markov_core::tool::ToolExecutionResult;
 
-use crate::error::{Rejection, ToolErrorKind};
+use crate::error::Rejection;
+use crate::kind::ToolErrorKind;
 use crate::service::{ToolLayer, ToolRequest, ToolService};
 
 /// The kind this stage fails with.

@@ -4,7 +4,6 @@
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
 
 use markov_core::ids::ToolCallId;
 use markov_core::tool::{
@@ -12,155 +11,23 @@ use markov_core::tool::{
 };
 use serde_json::{Value, json};
 
-use crate::audit::AuditSink;
-use crate::budget::{Budget, BudgetGate, TurnBudgetState};
-use crate::confirm::{
-    ApprovalFlow, CONFIRMATION_TOKEN, ConfirmLayer, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL,
-};
-use crate::error::ToolErrorKind;
-use crate::execute::{EnvelopeMode, ExecuteService};
-use crate::idempotency::{IdempotencyLayer, IdempotencyLimits};
+use crate::approvals::{ApprovalFlow, CONFIRMATION_TOKEN, ConfirmationRequest};
+use crate::config::PolicyConfig;
+use crate::confirm::ConfirmLayer;
+use crate::error::{EnvelopeMode, ErrorFormat, Rejection};
+use crate::execute::ExecuteService;
+use crate::idempotency::IdempotencyLayer;
+use crate::kind::ToolErrorKind;
 use crate::metadata::{Mode, ToolMetadata};
-use crate::service::{CallReport, ToolOrigin, ToolRequest, ToolService};
+use crate::report::CallReport;
+use crate::service::{ToolOrigin, ToolRequest, ToolService};
 use crate::stack::PolicyStack;
 use crate::state::PolicyState;
+use crate::turn::{Budget, TurnBudgetState};
 
 /// The result text of a `TerminateResponse` without a message, for
 /// [`ToolRegistry::execute`].
 const TERMINATE_MESSAGE: &str = "Finished";
-
-/// The settings of the standard stack.
-#[derive(Debug, Clone)]
-pub struct PolicyConfig {
-    budget: Budget,
-    mode_budgets: Vec<(Mode, Budget)>,
-    confirmation_ttl: Duration,
-    approval_flow: ApprovalFlow,
-    idempotency: IdempotencyLimits,
-    audit_sink: Option<Arc<dyn AuditSink>>,
-    envelope: EnvelopeMode,
-    errors: crate::ErrorFormat,
-    registry_version: Arc<str>,
-}
-
-impl PolicyConfig {
-    /// `budget` in every mode; envelopes on; calls that need approval
-    /// pause the run ([`ApprovalFlow::Pause`]) and their requests are valid
-    /// for 5 minutes; answers kept for replays within
-    /// [`IdempotencyLimits::default`]; no audit sink.
-    pub fn new(budget: Budget) -> Self {
-        PolicyConfig {
-            budget,
-            mode_budgets: Vec::new(),
-            confirmation_ttl: DEFAULT_CONFIRMATION_TTL,
-            approval_flow: ApprovalFlow::Pause,
-            idempotency: IdempotencyLimits::default(),
-            audit_sink: None,
-            envelope: EnvelopeMode::On,
-            errors: crate::ErrorFormat::Envelope,
-            registry_version: Arc::from(""),
-        }
-    }
-
-    /// A budget for one mode, instead of the default one.
-    #[must_use]
-    pub fn mode_budget(mut self, mode: Mode, budget: Budget) -> Self {
-        self.mode_budgets.retain(|(m, _)| *m != mode);
-        self.mode_budgets.push((mode, budget));
-        self
-    }
-
-    /// How long a confirmation request may wait for its approval and use.
-    #[must_use]
-    pub fn confirmation_ttl(mut self, ttl: Duration) -> Self {
-        self.confirmation_ttl = ttl;
-        self
-    }
-
-    /// How a call that needs approval waits for it: the run pauses
-    /// ([`ApprovalFlow::Pause`], the default), or the model is told to call
-    /// again with the approved request's id ([`ApprovalFlow::Token`]). It
-    /// applies to the calls through this registry; a tool outside every
-    /// registry that needs approval by its own definition always pauses.
-    #[must_use]
-    pub fn approval_flow(mut self, flow: ApprovalFlow) -> Self {
-        self.approval_flow = flow;
-        self
-    }
-
-    /// How a call that needs approval waits for it.
-    pub fn flow(&self) -> ApprovalFlow {
-        self.approval_flow
-    }
-
-    /// How long, and how many, answered calls are kept for replays.
-    #[must_use]
-    pub fn idempotency(mut self, limits: IdempotencyLimits) -> Self {
-        self.idempotency = limits;
-        self
-    }
-
-    /// Sends an [`AuditRecord`](crate::AuditRecord) per call to `sink`.
-    #[must_use]
-    pub fn audit_sink(mut self, sink: Arc<dyn AuditSink>) -> Self {
-        self.audit_sink = Some(sink);
-        self
-    }
-
-    /// Sets whether successes are wrapped in the envelope.
-    #[must_use]
-    pub fn envelope(mut self, envelope: EnvelopeMode) -> Self {
-        self.envelope = envelope;
-        self
-    }
-
-    /// Sets how the execute stage words its own errors (envelopes by
-    /// default; [`ErrorFormat::PlainText`](crate::ErrorFormat) for
-    /// upstream's texts). Rejections of the other stages are envelopes.
-    #[must_use]
-    pub fn errors(mut self, errors: crate::ErrorFormat) -> Self {
-        self.errors = errors;
-        self
-    }
-
-    /// Sets the registry version audit reports ([`ToolRegistryBuilder::lock`]
-    /// sets it).
-    #[must_use]
-    pub fn registry_version(mut self, version: impl Into<Arc<str>>) -> Self {
-        self.registry_version = version.into();
-        self
-    }
-
-    /// The registry version audit reports.
-    pub fn version(&self) -> Arc<str> {
-        Arc::clone(&self.registry_version)
-    }
-
-    /// The budget gate of these settings.
-    pub fn budget_gate(&self) -> BudgetGate {
-        BudgetGate::new(self.budget, self.mode_budgets.iter().cloned())
-    }
-
-    /// How long a confirmation request lives.
-    pub fn confirmation_lifetime(&self) -> Duration {
-        self.confirmation_ttl
-    }
-
-    /// The limits of the idempotency ledger.
-    pub fn idempotency_limits(&self) -> IdempotencyLimits {
-        self.idempotency
-    }
-
-    /// The audit sink, if any.
-    pub fn sink(&self) -> Option<&Arc<dyn AuditSink>> {
-        self.audit_sink.as_ref()
-    }
-
-    /// The envelope mode.
-    pub fn envelope_mode(&self) -> EnvelopeMode {
-        self.envelope
-    }
-}
 
 /// A registry that could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -235,10 +102,11 @@ impl ToolRegistryBuilder {
         let mut h = DefaultHasher::new();
         keys.hash(&mut h);
         let version: Arc<str> = Arc::from(format!("{}.{:016x}", keys.len(), h.finish()));
-        let config = self.config.registry_version(Arc::clone(&version));
+        let mut config = self.config;
+        config.registry_version = Arc::clone(&version);
         let service: Arc<dyn ToolService> = Arc::new(
             PolicyStack::standard(&config)
-                .service(ExecuteService::new(config.envelope_mode()).errors(config.errors)),
+                .service(ExecuteService::new(config.envelope).errors(config.errors)),
         );
         Ok(ToolRegistry {
             entries: self.entries,
@@ -268,7 +136,7 @@ pub struct Executed {
 
 /// The registry of a machine that has none: no tools, no policies but the
 /// pause of a tool whose definition needs approval and the ledger, and the
-/// execute stage, in [`ErrorFormat::PlainText`](crate::ErrorFormat). Every
+/// execute stage, in [`ErrorFormat::PlainText`]. Every
 /// tool call takes the same path through a [`ToolService`]; this is that
 /// path's plainest form.
 pub fn plain_registry() -> &'static ToolRegistry {
@@ -284,10 +152,10 @@ pub fn plain_registry() -> &'static ToolRegistry {
             service: Arc::new(
                 PolicyStack::new()
                     .layer(
-                        ConfirmLayer::new(config.confirmation_lifetime())
-                            .format(EnvelopeMode::Off, crate::ErrorFormat::PlainText),
+                        ConfirmLayer::new(config.confirmation_ttl)
+                            .format(EnvelopeMode::Off, ErrorFormat::PlainText),
                     )
-                    .layer(IdempotencyLayer::new(config.idempotency_limits()))
+                    .layer(IdempotencyLayer::new(config.idempotency))
                     .service(ExecuteService::plain()),
             ),
             config,
@@ -346,6 +214,11 @@ impl ToolRegistry {
         &self.config
     }
 
+    /// Whether this registry wraps successful results in the envelope.
+    pub fn envelope(&self) -> EnvelopeMode {
+        self.config.envelope
+    }
+
     /// The standard stack over the execution.
     pub fn service(&self) -> &dyn ToolService {
         &*self.service
@@ -367,7 +240,7 @@ impl ToolRegistry {
     pub fn definition(&self, name: &str) -> Option<ToolDefinition> {
         self.index
             .get(name)
-            .map(|&i| offered(&self.entries[i], self.config.flow()))
+            .map(|&i| offered(&self.entries[i], self.config.approval_flow))
     }
 
     /// The definitions to offer a model, in registration order: exactly the
@@ -378,7 +251,7 @@ impl ToolRegistry {
     /// A provider crate renders them in its vendor's format (e.g.
     /// `markov_providers::openai::tool_schemas`).
     pub fn definitions(&self) -> Vec<ToolDefinition> {
-        let flow = self.config.flow();
+        let flow = self.config.approval_flow;
         self.entries.iter().map(|e| offered(e, flow)).collect()
     }
 
@@ -479,7 +352,7 @@ impl<'a> RegistrySession<'a> {
         let report = CallReport::new();
         if let Err(error) = markov_core::tool::check_tool_arguments(&input) {
             // No stage and no tool sees arguments that are not an object.
-            let result = crate::error::Rejection::new(ToolErrorKind::InvalidInput)
+            let result = Rejection::new(ToolErrorKind::InvalidInput)
                 .with_detail(error.to_string())
                 .into_result(call_id, &report);
             return Executed {
@@ -560,7 +433,7 @@ impl RegistryBinding {
         for entry in &self.registry.entries {
             let name = entry.tool.definition().name.as_str();
             if entry.metadata.allows(&self.mode) && !base.iter().any(|d| d.name.as_str() == name) {
-                merged.push(offered(entry, self.registry.config.flow()));
+                merged.push(offered(entry, self.registry.config.approval_flow));
             }
         }
         let merged: Arc<[ToolDefinition]> = merged.into();

@@ -1,10 +1,11 @@
 //! `NOT_FOUND`: the tool is not registered, or the caller found no tool of
 //! that name for this leaf.
 
-use crate::budget::TurnBudgetState;
-use crate::error::{Rejection, ToolErrorKind};
+use crate::error::Rejection;
 use crate::gate::{Gate, GateLayer, Gated};
+use crate::kind::ToolErrorKind;
 use crate::service::ToolRequest;
+use crate::turn::TurnBudgetState;
 
 /// The gate: a call needs both registered metadata and a resolved tool.
 #[derive(Debug, Clone, Copy, Default)]
