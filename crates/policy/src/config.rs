@@ -94,8 +94,8 @@ impl PolicyConfig {
     }
 
     /// Sets how the execute stage words its own errors (envelopes by
-    /// default; [`ErrorFormat::PlainText`] for
-    /// upstream's texts). Rejections of the other stages are envelopes.
+    /// default; [`ErrorFormat::PlainText`] for plain texts). Rejections of
+    /// the other stages are envelopes.
     #[must_use]
     pub fn errors(mut self, errors: ErrorFormat) -> Self {
         self.errors = errors;

@@ -125,7 +125,7 @@ impl std::error::Error for Rejection {}
 /// Errors always are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EnvelopeMode {
-    /// `{"ok":true,"data":..,"intents":[..]?}` (the seed's choice).
+    /// `{"ok":true,"data":..,"intents":[..]?}` (a registry's default).
     On,
     /// The tool's text as without a registry.
     Off,
@@ -139,11 +139,10 @@ pub enum ErrorFormat {
     /// The error envelope, `{"ok":false,"error":{"type":..}}`: the default
     /// of a registry.
     Envelope,
-    /// upstream markov-machines' plain texts — `Unknown tool: <name>`,
-    /// `Invalid tool input: ..`, `Tool execution error: ..` (for pack tools
-    /// `Invalid pack tool input: ..`, `Tool error: ..`): the default of a
-    /// machine without a registry, so that its transcripts stay
-    /// upstream-compatible.
+    /// Plain texts — `Unknown tool: <name>`, `Invalid tool input: ..`,
+    /// `Tool execution error: ..` (for pack tools `Invalid pack tool input:
+    /// ..`, `Tool error: ..`): the default of a machine without a registry,
+    /// so that its transcripts read as they always have.
     PlainText,
 }
 
