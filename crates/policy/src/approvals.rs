@@ -582,35 +582,55 @@ impl Approvals {
                 }),
             };
         }
-        if open_count(&records, now_ms) >= MAX_PENDING {
-            return HeldCheck::Full;
+        let held = HeldCall {
+            key: key.to_owned(),
+            instance: instance.cloned(),
+            schema: schema(),
+        };
+        match issue(&mut records, tool, args, ttl, now, Some((call_id, held))) {
+            Some(request) => HeldCheck::Wait(request),
+            None => HeldCheck::Full,
         }
-        let request = new_request(tool, args, ttl, now, Some(call_id.clone()));
-        insert(
-            &mut records,
-            ApprovalRecord {
-                request: request.clone(),
-                status: ApprovalStatus::Pending,
-                decision: None,
-                held: Some(HeldCall {
-                    key: key.to_owned(),
-                    instance: instance.cloned(),
-                    schema: schema(),
-                }),
-            },
-            now_ms,
-        );
-        HeldCheck::Wait(request)
     }
 }
 
+/// Records a new pending request for `tool` with `args` (for the paused
+/// call `held` names, if any) and returns it, or `None` when
+/// [`MAX_PENDING`] requests already wait for a decision.
+pub(crate) fn issue(
+    records: &mut Records,
+    tool: &str,
+    args: &Value,
+    ttl: Duration,
+    now: SystemTime,
+    held: Option<(&ToolCallId, HeldCall)>,
+) -> Option<ConfirmationRequest> {
+    let now_ms = unix_millis(now);
+    if open_count(records, now_ms) >= MAX_PENDING {
+        return None;
+    }
+    let (call_id, held) = held.map_or((None, None), |(id, held)| (Some(id.clone()), Some(held)));
+    let request = new_request(tool, args, ttl, now, call_id);
+    insert(
+        records,
+        ApprovalRecord {
+            request: request.clone(),
+            status: ApprovalStatus::Pending,
+            decision: None,
+            held,
+        },
+        now_ms,
+    );
+    Some(request)
+}
+
 /// Requests that wait for a decision and have not expired.
-pub(crate) fn open_count(records: &Records, now_ms: u64) -> usize {
+fn open_count(records: &Records, now_ms: u64) -> usize {
     records.values().filter(|(r, _)| r.open(now_ms)).count()
 }
 
 /// A new request with a random id.
-pub(crate) fn new_request(
+fn new_request(
     tool: &str,
     args: &Value,
     ttl: Duration,
@@ -629,8 +649,7 @@ pub(crate) fn new_request(
     }
 }
 
-/// Adds `record`, making room first.
-pub(crate) fn insert(records: &mut Records, record: ApprovalRecord, now_ms: u64) {
+fn insert(records: &mut Records, record: ApprovalRecord, now_ms: u64) {
     trim(records, now_ms);
     let seq = next_seq(records);
     records.insert(record.request.request_id.clone(), (record, seq));

@@ -369,20 +369,7 @@ impl IdempotencyLedger {
     /// Forgets the answers of turns before `turn`: their keys name their
     /// turn, so no call of `turn` or later can ever match them.
     pub fn forget_before(&self, turn: u64) {
-        let mut inner = self.lock();
-        let Inner {
-            slots,
-            order,
-            bytes,
-        } = &mut *inner;
-        order.retain(|key| match slots.get(key) {
-            Some(Slot::Done(e)) if e.turn < turn => {
-                *bytes = bytes.saturating_sub(e.size());
-                slots.remove(key);
-                false
-            }
-            _ => true,
-        });
+        self.forget_answered(|_, entry| entry.turn < turn);
     }
 
     /// Forgets every answered call whose key `keep` does not hold. Once a
@@ -393,6 +380,12 @@ impl IdempotencyLedger {
     /// reuses a call id in a later step of the same turn gets a new call,
     /// never an earlier step's stored answer. A call in flight is kept.
     pub fn retain_only(&self, keep: &std::collections::HashSet<String>) {
+        self.forget_answered(|key, _| !keep.contains(key));
+    }
+
+    /// Forgets the answered calls `forget` picks (by key and entry); calls
+    /// in flight stay.
+    fn forget_answered(&self, forget: impl Fn(&str, &LedgerEntry) -> bool) {
         let mut inner = self.lock();
         let Inner {
             slots,
@@ -400,7 +393,7 @@ impl IdempotencyLedger {
             bytes,
         } = &mut *inner;
         order.retain(|key| match slots.get(key) {
-            Some(Slot::Done(e)) if !keep.contains(key) => {
+            Some(Slot::Done(e)) if forget(key, e) => {
                 *bytes = bytes.saturating_sub(e.size());
                 slots.remove(key);
                 false

@@ -53,22 +53,14 @@ fn check_at(
             }
         }
     }
-    if let Some(expected) = schema.get("type") {
-        let fits = match expected {
-            Value::String(t) => has_type(value, t),
-            Value::Array(ts) => ts
-                .iter()
-                .filter_map(Value::as_str)
-                .any(|t| has_type(value, t)),
-            _ => true,
-        };
-        if !fits {
-            return Err(format!(
-                "{at} must be {}, not {}",
-                expected_name(expected),
-                type_name(value)
-            ));
-        }
+    if let Some(expected) = schema.get("type")
+        && !fits_type(value, expected)
+    {
+        return Err(format!(
+            "{at} must be {}, not {}",
+            expected_name(expected),
+            type_name(value)
+        ));
     }
     if let Some(options) = schema.get("enum").and_then(Value::as_array)
         && !options.contains(value)
@@ -176,7 +168,20 @@ fn check_at(
     Ok(())
 }
 
-pub(crate) fn has_type(value: &Value, t: &str) -> bool {
+/// Whether `value` has the JSON type `expected` names: a type, or a list of
+/// types (anything else constrains nothing).
+pub(crate) fn fits_type(value: &Value, expected: &Value) -> bool {
+    match expected {
+        Value::String(t) => has_type(value, t),
+        Value::Array(ts) => ts
+            .iter()
+            .filter_map(Value::as_str)
+            .any(|t| has_type(value, t)),
+        _ => true,
+    }
+}
+
+fn has_type(value: &Value, t: &str) -> bool {
     match t {
         "object" => value.is_object(),
         "array" => value.is_array(),

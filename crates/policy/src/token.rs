@@ -25,8 +25,8 @@ use markov_core::tool::ToolExecutionResult;
 use serde_json::Value;
 
 use crate::approvals::{
-    ApprovalId, ApprovalRecord, ApprovalStatus, Approvals, CONFIRMATION_TOKEN, ConfirmationRequest,
-    Decision, MAX_PENDING, insert, new_request, open_count, unix_millis,
+    ApprovalId, ApprovalStatus, Approvals, CONFIRMATION_TOKEN, ConfirmationRequest, Decision,
+    MAX_PENDING, issue, unix_millis,
 };
 use crate::error::Rejection;
 use crate::kind::ToolErrorKind;
@@ -64,21 +64,7 @@ impl Approvals {
         }) {
             return Some(record.request.clone());
         }
-        if open_count(&records, now_ms) >= MAX_PENDING {
-            return None;
-        }
-        let request = new_request(tool, args, ttl, now, None);
-        insert(
-            &mut records,
-            ApprovalRecord {
-                request: request.clone(),
-                status: ApprovalStatus::Pending,
-                decision: None,
-                held: None,
-            },
-            now_ms,
-        );
-        Some(request)
+        issue(&mut records, tool, args, ttl, now, None)
     }
 
     /// The token flow's decision for a call of `tool` (sans-IO): strips the

@@ -14,7 +14,7 @@ use crate::approvals::CONFIRMATION_TOKEN;
 use crate::error::Rejection;
 use crate::gate::{Gate, GateLayer, Gated};
 use crate::kind::ToolErrorKind;
-use crate::schema::{expected_name, has_type, type_name};
+use crate::schema::{expected_name, fits_type, type_name};
 use crate::service::ToolRequest;
 use crate::turn::TurnBudgetState;
 
@@ -79,15 +79,7 @@ pub fn check_input(schema: &Value, input: &Value) -> Result<(), String> {
             let Some(expected) = properties.get(name).and_then(|p| p.get("type")) else {
                 continue;
             };
-            let fits = match expected {
-                Value::String(t) => has_type(value, t),
-                Value::Array(ts) => ts
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .any(|t| has_type(value, t)),
-                _ => true,
-            };
-            if !fits {
+            if !fits_type(value, expected) {
                 return Err(format!(
                     "field `{name}` must be {}, not {}",
                     expected_name(expected),
