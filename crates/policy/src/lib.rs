@@ -18,7 +18,7 @@ mod gate;
 pub mod idempotency;
 mod kind;
 pub mod latency;
-pub mod ledger;
+mod ledger;
 mod metadata;
 pub mod mode;
 mod pause;
@@ -31,7 +31,7 @@ mod state;
 pub mod timeout;
 mod token;
 mod tools;
-pub mod turn;
+mod turn;
 pub mod unknown_tool;
 pub mod validate;
 

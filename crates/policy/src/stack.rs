@@ -117,7 +117,7 @@ impl PolicyStack<Identity> {
 
     /// The standard stack, outermost first: audit → unknown tool → mode →
     /// budget → validate → confirm → idempotency → latency → timeout (see the
-    /// module docs for why).
+    /// crate documentation for why).
     pub fn standard(config: &PolicyConfig) -> PolicyStack<StandardLayers> {
         PolicyStack::new()
             .layer(AuditLayer::new(
