@@ -289,6 +289,7 @@ impl ToolRegistry {
         let (mode, turn) = session;
         self.session(mode, turn)
             .run(
+                ToolOrigin::Node,
                 self.tool(name),
                 call_id,
                 name,
@@ -315,31 +316,10 @@ pub struct RegistrySession<'a> {
 }
 
 impl<'a> RegistrySession<'a> {
-    /// Runs `tool` (as the caller resolved it) for `name` through the stack.
-    pub async fn run(
-        &self,
-        tool: Option<&'a SharedTool>,
-        call_id: &'a ToolCallId,
-        name: &'a str,
-        input: std::borrow::Cow<'a, Value>,
-        cx: ToolContext<'a>,
-        terminate_message: &'a str,
-    ) -> Executed {
-        self.run_from(
-            ToolOrigin::Node,
-            tool,
-            call_id,
-            name,
-            input,
-            cx,
-            terminate_message,
-        )
-        .await
-    }
-
-    /// [`run`](Self::run) for a tool found at `origin`.
+    /// Runs `tool` (as the caller resolved it, found at `origin`) for
+    /// `name` through the stack.
     #[allow(clippy::too_many_arguments)]
-    pub async fn run_from(
+    pub async fn run(
         &self,
         origin: ToolOrigin,
         tool: Option<&'a SharedTool>,

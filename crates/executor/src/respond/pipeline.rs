@@ -495,6 +495,7 @@ pub(crate) async fn run_tool_calls_logged(
                     let cx = ToolContext::new(call.id, leaf.history, &state)
                         .with_instance(leaf.instance_id, leaf.root_id);
                     let executed = session.run(
+                        ToolOrigin::Node,
                         None,
                         call.id,
                         call.name,
@@ -878,7 +879,7 @@ async fn call_tool(
         Some(session) if session.registry.metadata(call.name).is_some() => session,
         _ => plain_session(leaf),
     };
-    let run = session.run_from(
+    let run = session.run(
         origin,
         Some(tool),
         call.id,
