@@ -28,15 +28,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use markov_charter::charter::Charter;
+use markov_charter::context::ContextPolicy;
+use markov_charter::node::Node;
 use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
     Agent, Limit, Machine, MachineStep, RunOptions, StandardExecutor, UsageLimits, run_machine,
 };
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_charter::charter::Charter;
-use markov_charter::context::ContextPolicy;
-use markov_charter::node::Node;
 use markov_testkit::{Recording, ScriptedModel};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -261,8 +261,7 @@ impl Scenario {
         if let Some(policy) = &self.context {
             executor = executor.with_context_policy(policy.clone());
         }
-        let machine = Agent::on_charter(self.charter.clone())
-            .executor(executor)
+        let machine = Agent::on_charter_with_executor(self.charter.clone(), Arc::new(executor))
             .build()
             .expect("the benchmark agent builds")
             .machine();

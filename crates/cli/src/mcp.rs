@@ -161,13 +161,11 @@ impl McpServers {
 
     /// Gives `agent` every tool, each under the registry's policies with
     /// [`McpClient::default_metadata`] (approvals included).
-    pub fn add_to(&self, mut agent: AgentBuilder) -> AgentBuilder {
-        for tool in &self.tools {
-            let metadata = McpClient::default_metadata(tool);
+    pub fn add_to<N>(&self, agent: AgentBuilder<N>) -> AgentBuilder<N> {
+        agent.tools_with(self.tools.iter().map(|tool| {
             let shared: SharedTool = Arc::clone(tool) as SharedTool;
-            agent = agent.shared_tool_with(shared, metadata);
-        }
-        agent
+            (shared, McpClient::default_metadata(tool))
+        }))
     }
 
     /// Closes every session (stops the stdio servers).

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use markov_charter::context::{ContextPolicy, ContextPolicyError, Summarize};
+use markov_charter::node::Node;
 use markov_core::message::{Item, Message, Role};
 use markov_core::model::{HistoryId, ModelError};
 use markov_core::tokens;
@@ -11,8 +13,6 @@ use markov_executor::{
     Agent, Machine, MachineStep, RunError, SUMMARY_PREAMBLE, SerializedMachine, YieldReason,
     serialize_machine,
 };
-use markov_charter::context::{ContextPolicy, ContextPolicyError, Summarize};
-use markov_charter::node::Node;
 use markov_testkit::{FailingModel, RecordedRequest, ScriptBuilder, ScriptedModel};
 use proptest::prelude::*;
 use serde_json::json;
@@ -783,10 +783,9 @@ async fn a_native_compaction_not_offered_backs_off_like_a_failed_summarizer() {
         Arc::clone(&model) as Arc<dyn markov_core::Model>
     )
     .with_context_policy(policy);
-    let agent = Agent::builder("calculator")
+    let agent = Agent::with_executor("calculator", Arc::new(executor))
         .instructions("Add numbers with your tool.")
         .tool(Add)
-        .executor(executor)
         .build()
         .expect("agent builds");
     let mut machine = agent.machine();

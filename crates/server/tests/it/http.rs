@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use markov_charter::node::Node;
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{ApprovalFlow, Budget, Category, PolicyConfig, ToolMetadata};
-use markov_charter::node::Node;
 use markov_server::{Limits, Server, ServerBuilder, create_api_key};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
@@ -338,7 +338,7 @@ async fn a_usage_limit_ends_the_turn_with_its_reason_and_the_session_shows_its_u
     let agent = Agent::builder("frugal")
         .instructions("Answer.")
         .model(Counted(model, calls.clone()))
-        .usage_limits(limits)
+        .limits(markov_executor::RunOptions::default().usage_limits(limits))
         .build()
         .expect("the agent builds");
     let f = serve_agent(agent, Arc::new(AtomicUsize::new(0))).await;

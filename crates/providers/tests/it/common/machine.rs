@@ -4,11 +4,11 @@
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::model::collect_stream;
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_tools_std::{Finish, Respond};
 use serde_json::{Value, json};
 
@@ -51,12 +51,14 @@ pub fn calculator(model: impl Model + 'static) -> Machine {
         .node("calc", node.clone())
         .build()
         .expect("charter builds");
-    markov_executor::Agent::on_charter(charter)
-        .executor(StandardExecutor::new(model))
-        .state(json!({}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine builds")
+    markov_executor::Agent::on_charter_with_executor(
+        charter,
+        std::sync::Arc::new(StandardExecutor::new(model)),
+    )
+    .state(json!({}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine builds")
 }
 
 /// Enqueues `text` as a user message and runs until the machine stops,
