@@ -133,7 +133,7 @@ pub enum BuildError {
     /// The model cannot be offered a node's tools or output type: its
     /// provider cannot express a schema (Gemini's dialect has no maps, for
     /// one). Found when the agent is built, by
-    /// [`Model::check_tools`], rather than at the node's first model call.
+    /// [`Model::check_tools`](markov_core::Model::check_tools), rather than at the node's first model call.
     #[error("agent {agent:?}, node {node:?}: the model cannot be offered {}: {source}", offered(.source))]
     Unsupported {
         /// The agent.
@@ -148,7 +148,7 @@ pub enum BuildError {
     /// (`Summarize::native`) that cannot serve the agent's model: the
     /// policy's model offers none (`makes` is `None`), or it makes items
     /// of a vendor the agent's model does not read
-    /// ([`Model::native_summaries`]).
+    /// ([`Model::native_summaries`](markov_core::Model::native_summaries)).
     #[error("agent {agent:?}, node {node:?}: {}", native_mismatch(.makes.as_deref(), .reads.as_deref()))]
     NativeCompaction {
         /// The agent.
