@@ -109,10 +109,8 @@ pub struct OnModel {
     settings: Option<ModelSettings>,
     prices: Option<Prices>,
     context_policy: Option<ContextPolicy>,
-    /// The tools given with `tool_with`.
+    /// The tools given with `tool_with` and `tools_with`.
     registry: Option<ToolRegistryBuilder>,
-    /// The registry given whole to `registry`.
-    given: Option<ToolRegistryBuilder>,
     policies: Option<PolicyConfig>,
     mode: Option<Mode>,
 }
@@ -427,18 +425,12 @@ impl<N> AgentBuilder<N, OnModel> {
         })
     }
 
-    /// Tools already registered with their metadata and policies (such as
-    /// an MCP server's, `markov_mcp::McpClient::register`), instead of
-    /// [`tool_with`](Self::tool_with) and [`policies`](Self::policies):
-    /// giving those too is a build error, since the registry brings its
-    /// own policies.
-    pub fn registry(self, registry: ToolRegistryBuilder) -> Self {
-        self.on_model(|run| run.given = Some(registry))
-    }
-
     /// The budgets, approval lifetime, idempotency limits and result format
-    /// of the tools given with [`tool_with`](Self::tool_with). By default:
-    /// no budget, and results as the tools' own text (no JSON envelope).
+    /// of the tools given with [`tool_with`](Self::tool_with) and
+    /// [`tools_with`](Self::tools_with). By default: no budget, and results
+    /// as the tools' own text (no JSON envelope). (What a
+    /// [`ToolRegistryBuilder`] holds is these and the tools, so an MCP
+    /// server's tools under its policies are `policies` and `tools_with`.)
     pub fn policies(self, config: PolicyConfig) -> Self {
         self.on_model(|run| run.policies = Some(config))
     }
@@ -611,24 +603,7 @@ mod sealed {
 
     impl Runner for OnModel {
         fn check(&self, agent: &str, _limits: &RunOptions) -> Result<(), BuildError> {
-            if self.given.is_some() {
-                if self.registry.is_some() {
-                    return Err(conflict(
-                        agent,
-                        "tool_with",
-                        "registry",
-                        "register the tool in the registry given",
-                    ));
-                }
-                if self.policies.is_some() {
-                    return Err(conflict(
-                        agent,
-                        "policies",
-                        "registry",
-                        "the registry given brings its own policies",
-                    ));
-                }
-            } else if self.registry.is_none() && (self.policies.is_some() || self.mode.is_some()) {
+            if self.registry.is_none() && (self.policies.is_some() || self.mode.is_some()) {
                 return Err(conflict(
                     agent,
                     "policies",
@@ -641,14 +616,12 @@ mod sealed {
 
         fn executor(self, agent: &str, charter: &Charter) -> Result<Executors, BuildError> {
             let policies = self.policies;
-            let registry = self.given.or_else(|| {
-                self.registry.map(|registry| {
-                    registry.policies(policies.unwrap_or_else(|| {
-                        PolicyConfig::new(Budget::UNLIMITED)
-                            .envelope(EnvelopeMode::Off)
-                            .errors(ErrorFormat::PlainText)
-                    }))
-                })
+            let registry = self.registry.map(|registry| {
+                registry.policies(policies.unwrap_or_else(|| {
+                    PolicyConfig::new(Budget::UNLIMITED)
+                        .envelope(EnvelopeMode::Off)
+                        .errors(ErrorFormat::PlainText)
+                }))
             });
             let registry = registry
                 .map(|registry| registry.lock())

@@ -86,9 +86,8 @@ pub enum BuildError {
     },
     /// Two options that cannot be used together, where the builder's type
     /// cannot tell: usage limits on an executor of the application's
-    /// (only the standard executor checks them), and the tools under
-    /// policies (a whole registry with tools or policies of its own, or
-    /// policies and a mode with no tool to apply them to).
+    /// (only the standard executor checks them), and policies or a mode
+    /// with no tool under policies to apply them to.
     #[error("agent {agent:?}: `{option}` cannot be used with `{with}`: {why}")]
     Conflict {
         /// The agent.

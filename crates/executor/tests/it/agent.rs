@@ -9,7 +9,7 @@ use markov_executor::agent::builder::{Runnable, Runner};
 use markov_executor::{
     Agent, AgentBuilder, BuildError, RunError, StandardExecutor, serialize_machine,
 };
-use markov_policy::{Category, ToolMetadata, ToolRegistry};
+use markov_policy::{Category, ToolMetadata};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -220,49 +220,6 @@ fn policies_without_tools_under_policies_are_a_build_error() {
             .model(model()),
     );
     assert!(conflict(&error, "policies", "no tool_with"), "{error:?}");
-}
-
-#[test]
-fn a_registry_given_whole_takes_no_other_tools_or_policies() {
-    let model = || ScriptedModel::builder().build();
-    let registry = || {
-        ToolRegistry::builder(markov_policy::PolicyConfig::new(
-            markov_policy::Budget::UNLIMITED,
-        ))
-    };
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .registry(registry())
-            .tool_with(Add, ToolMetadata::new(Category::Other))
-            .model(model()),
-    );
-    assert!(conflict(&error, "tool_with", "registry"), "{error:?}");
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .tool_with(Add, ToolMetadata::new(Category::Other))
-            .registry(registry())
-            .model(model()),
-    );
-    assert!(conflict(&error, "tool_with", "registry"), "{error:?}");
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .policies(markov_policy::PolicyConfig::new(
-                markov_policy::Budget::UNLIMITED,
-            ))
-            .registry(registry())
-            .model(model()),
-    );
-    assert!(conflict(&error, "policies", "registry"), "{error:?}");
-    // The registry alone builds.
-    Agent::builder("a")
-        .instructions("x")
-        .registry(registry().register(Add, ToolMetadata::new(Category::Other)))
-        .model(model())
-        .build()
-        .expect("the agent builds");
 }
 
 #[test]
