@@ -144,6 +144,41 @@ async fn a_tool_with_a_policy_is_offered_and_answers_in_plain_text() {
     assert!(!machine.policy_state().snapshot().budgets.is_empty());
 }
 
+/// Tools known only at run time (an MCP server's, say) are given in one
+/// call: to the one node with `tools`, under policies with `tools_with`.
+#[tokio::test]
+async fn tools_known_at_run_time_are_given_in_one_call() {
+    use markov_core::tool::{Erased, SharedTool};
+    let shared = || -> SharedTool { Erased::shared(Add).expect("a valid name") };
+    for under_policies in [false, true] {
+        let model = Arc::new(scripted());
+        let agent = Agent::builder("calculator").instructions("Add.");
+        let agent = if under_policies {
+            agent.tools_with([(shared(), ToolMetadata::new(Category::Other))])
+        } else {
+            agent.tools([shared()])
+        };
+        let agent = agent
+            .shared_model(model.clone())
+            .build()
+            .expect("agent builds");
+        let mut machine = agent.machine();
+        machine.enqueue_user("2 + 3?");
+        machine.run().await.expect("runs");
+        assert_eq!(model.requests()[0].tool_names(), ["add"]);
+        assert_eq!(
+            all_results(machine.history()),
+            [("call_1".to_owned(), "5".to_owned(), Some(false))]
+        );
+        // Only the tools under policies went through the pipeline.
+        assert_eq!(
+            machine.policy_state().snapshot().budgets.is_empty(),
+            !under_policies,
+            "under policies: {under_policies}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn several_nodes_start_at_the_first_or_the_one_named() {
     let agent = Agent::builder("desk")
