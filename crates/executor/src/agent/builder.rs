@@ -66,7 +66,7 @@ macro_rules! debug_as_name {
     )*};
 }
 
-debug_as_name!(Empty, OneNode, Nodes, OnCharter, OnModel, OnExecutor);
+debug_as_name!(Empty, OneNode, Nodes, OnCharter, PolicyTools, OnExecutor);
 
 impl<N, R> std::fmt::Debug for AgentBuilder<N, R> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -102,17 +102,35 @@ pub struct OnCharter {
     charter: Charter,
 }
 
-/// The standard executor over a model, with what configures it.
+/// The standard executor over a model, with what configures it. `P` is
+/// whether tools run under the policy pipeline: [`NoPolicyTools`] until a
+/// first [`tool_with`](AgentBuilder::tool_with), then [`PolicyTools`], with
+/// their [`policies`](AgentBuilder::policies) and
+/// [`mode`](AgentBuilder::mode).
 #[derive(Default)]
-pub struct OnModel {
+pub struct OnModel<P = NoPolicyTools> {
     model: Option<Arc<dyn Model>>,
     settings: Option<ModelSettings>,
     prices: Option<Prices>,
     context_policy: Option<ContextPolicy>,
-    /// The tools given with `tool_with` and `tools_with`.
-    registry: Option<ToolRegistryBuilder>,
+    tools: P,
+}
+
+/// No tool under the policy pipeline (yet).
+#[derive(Debug, Default)]
+pub struct NoPolicyTools(());
+
+/// Tools under the policy pipeline, with its policies and mode.
+pub struct PolicyTools {
+    registry: ToolRegistryBuilder,
     policies: Option<PolicyConfig>,
     mode: Option<Mode>,
+}
+
+impl<P> std::fmt::Debug for OnModel<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnModel")
+    }
 }
 
 /// An executor of the application's, which owns the model, its settings
@@ -353,8 +371,8 @@ macro_rules! charter_setter {
 
 charter_setter!(Empty, OneNode, Nodes);
 
-impl<N> AgentBuilder<N, OnModel> {
-    fn on_model(mut self, f: impl FnOnce(&mut OnModel)) -> Self {
+impl<N, P> AgentBuilder<N, OnModel<P>> {
+    fn on_model(mut self, f: impl FnOnce(&mut OnModel<P>)) -> Self {
         f(&mut self.run);
         self
     }
@@ -393,18 +411,85 @@ impl<N> AgentBuilder<N, OnModel> {
     pub fn context_policy(self, policy: ContextPolicy) -> Self {
         self.on_model(|run| run.context_policy = Some(policy))
     }
+}
+
+impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
+    fn with_policy_tools(
+        self,
+        registry: ToolRegistryBuilder,
+    ) -> AgentBuilder<N, OnModel<PolicyTools>> {
+        let OnModel {
+            model,
+            settings,
+            prices,
+            context_policy,
+            tools: NoPolicyTools(()),
+        } = self.run;
+        AgentBuilder {
+            name: self.name,
+            nodes: self.nodes,
+            run: OnModel {
+                model,
+                settings,
+                prices,
+                context_policy,
+                tools: PolicyTools {
+                    registry,
+                    policies: None,
+                    mode: None,
+                },
+            },
+            start: self.start,
+            state: self.state,
+            limits: self.limits,
+        }
+    }
 
     /// A tool under the policy pipeline, offered to every node: `metadata`
     /// says its category (for budgets and audit), whether it needs the
     /// application's approval, its latency budget and the modes it may run
     /// in. Its completed calls are never repeated, even across a crash.
-    pub fn tool_with<T: Tool>(self, tool: T, metadata: ToolMetadata) -> Self {
-        self.register(|registry| registry.register(tool, metadata))
+    /// Its [`policies`](AgentBuilder::policies) and
+    /// [`mode`](AgentBuilder::mode) can be given after it.
+    pub fn tool_with<T: Tool>(
+        self,
+        tool: T,
+        metadata: ToolMetadata,
+    ) -> AgentBuilder<N, OnModel<PolicyTools>> {
+        self.with_policy_tools(registry()).tool_with(tool, metadata)
     }
 
     /// Tools known only at run time under the policy pipeline, each with
     /// its metadata, as [`tool_with`](Self::tool_with) gives one: an MCP
     /// server's, say, with `markov_mcp::McpClient::default_metadata`.
+    pub fn tools_with(
+        self,
+        tools: impl IntoIterator<Item = (SharedTool, ToolMetadata)>,
+    ) -> AgentBuilder<N, OnModel<PolicyTools>> {
+        self.with_policy_tools(registry()).tools_with(tools)
+    }
+}
+
+/// The registry tools under policies are registered in.
+fn registry() -> ToolRegistryBuilder {
+    ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+}
+
+impl<N> AgentBuilder<N, OnModel<PolicyTools>> {
+    fn register(mut self, f: impl FnOnce(ToolRegistryBuilder) -> ToolRegistryBuilder) -> Self {
+        let tools = &mut self.run.tools;
+        tools.registry = f(std::mem::replace(&mut tools.registry, registry()));
+        self
+    }
+
+    /// Another tool under the policy pipeline (see
+    /// [`tool_with`](AgentBuilder::tool_with)).
+    pub fn tool_with<T: Tool>(self, tool: T, metadata: ToolMetadata) -> Self {
+        self.register(|registry| registry.register(tool, metadata))
+    }
+
+    /// More tools known only at run time under the policy pipeline (see
+    /// [`tools_with`](AgentBuilder::tools_with)).
     pub fn tools_with(self, tools: impl IntoIterator<Item = (SharedTool, ToolMetadata)>) -> Self {
         self.register(|registry| {
             tools
@@ -415,30 +500,21 @@ impl<N> AgentBuilder<N, OnModel> {
         })
     }
 
-    fn register(self, f: impl FnOnce(ToolRegistryBuilder) -> ToolRegistryBuilder) -> Self {
-        self.on_model(|run| {
-            let registry = run
-                .registry
-                .take()
-                .unwrap_or_else(|| ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED)));
-            run.registry = Some(f(registry));
-        })
-    }
-
     /// The budgets, approval lifetime, idempotency limits and result format
-    /// of the tools given with [`tool_with`](Self::tool_with) and
-    /// [`tools_with`](Self::tools_with). By default: no budget, and results
-    /// as the tools' own text (no JSON envelope). (What a
+    /// of the tools under the policy pipeline. By default: no budget, and
+    /// results as the tools' own text (no JSON envelope). (What a
     /// [`ToolRegistryBuilder`] holds is these and the tools, so an MCP
-    /// server's tools under its policies are `policies` and `tools_with`.)
-    pub fn policies(self, config: PolicyConfig) -> Self {
-        self.on_model(|run| run.policies = Some(config))
+    /// server's tools under its policies are `tools_with` and `policies`.)
+    pub fn policies(mut self, config: PolicyConfig) -> Self {
+        self.run.tools.policies = Some(config);
+        self
     }
 
     /// The mode the policy pipeline runs calls in (default
     /// [`Mode::TEXT`]).
-    pub fn mode(self, mode: Mode) -> Self {
-        self.on_model(|run| run.mode = Some(mode))
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.run.tools.mode = Some(mode);
+        self
     }
 }
 
@@ -453,7 +529,8 @@ impl Runnable for OnCharter {}
 /// How it runs: [`OnModel`] or [`OnExecutor`].
 pub trait Runner: sealed::Runner {}
 
-impl Runner for OnModel {}
+impl Runner for OnModel<NoPolicyTools> {}
+impl Runner for OnModel<PolicyTools> {}
 impl Runner for OnExecutor {}
 
 mod sealed {
@@ -601,35 +678,58 @@ mod sealed {
         }
     }
 
-    impl Runner for OnModel {
-        fn check(&self, agent: &str, _limits: &RunOptions) -> Result<(), BuildError> {
-            if self.registry.is_none() && (self.policies.is_some() || self.mode.is_some()) {
-                return Err(conflict(
-                    agent,
-                    "policies",
-                    "no tool_with",
-                    "policies and mode apply to tools given with tool_with",
-                ));
-            }
+    impl Runner for OnModel<NoPolicyTools> {
+        fn check(&self, _agent: &str, _limits: &RunOptions) -> Result<(), BuildError> {
             Ok(())
         }
 
         fn executor(self, agent: &str, charter: &Charter) -> Result<Executors, BuildError> {
-            let policies = self.policies;
-            let registry = self.registry.map(|registry| {
-                registry.policies(policies.unwrap_or_else(|| {
+            self.standard(agent, charter, None)
+        }
+    }
+
+    impl Runner for OnModel<PolicyTools> {
+        fn check(&self, _agent: &str, _limits: &RunOptions) -> Result<(), BuildError> {
+            Ok(())
+        }
+
+        fn executor(mut self, agent: &str, charter: &Charter) -> Result<Executors, BuildError> {
+            let PolicyTools {
+                registry,
+                policies,
+                mode,
+            } = std::mem::replace(
+                &mut self.tools,
+                PolicyTools {
+                    registry: registry(),
+                    policies: None,
+                    mode: None,
+                },
+            );
+            let registry = registry
+                .policies(policies.unwrap_or_else(|| {
                     PolicyConfig::new(Budget::UNLIMITED)
                         .envelope(EnvelopeMode::Off)
                         .errors(ErrorFormat::PlainText)
                 }))
-            });
-            let registry = registry
-                .map(|registry| registry.lock())
-                .transpose()
+                .lock()
                 .map_err(|source| BuildError::Tool {
                     agent: agent.to_owned(),
                     source,
                 })?;
+            self.standard(agent, charter, Some((registry, mode.unwrap_or(Mode::TEXT))))
+        }
+    }
+
+    impl<P> OnModel<P> {
+        /// The standard executor over the model, with `registry` run in
+        /// its mode.
+        fn standard(
+            self,
+            agent: &str,
+            charter: &Charter,
+            registry: Option<(ToolRegistry, Mode)>,
+        ) -> Result<Executors, BuildError> {
             let Some(model) = self.model else {
                 return Err(BuildError::NoModel {
                     agent: agent.to_owned(),
@@ -645,9 +745,8 @@ mod sealed {
             if let Some(policy) = self.context_policy {
                 standard = standard.with_context_policy(policy);
             }
-            if let Some(registry) = registry {
-                standard =
-                    standard.with_registry(Arc::new(registry), self.mode.unwrap_or(Mode::TEXT));
+            if let Some((registry, mode)) = registry {
+                standard = standard.with_registry(Arc::new(registry), mode);
             }
             standard.check_nodes(charter).map_err(|(node, why)| {
                 let agent = agent.to_owned();

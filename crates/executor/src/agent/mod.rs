@@ -85,9 +85,9 @@ pub enum BuildError {
         node: String,
     },
     /// Two options that cannot be used together, where the builder's type
-    /// cannot tell: usage limits on an executor of the application's
-    /// (only the standard executor checks them), and policies or a mode
-    /// with no tool under policies to apply them to.
+    /// cannot tell: usage limits (in the [`limits`](AgentBuilder::limits))
+    /// on an executor of the application's, since only the standard
+    /// executor checks them.
     #[error("agent {agent:?}: `{option}` cannot be used with `{with}`: {why}")]
     Conflict {
         /// The agent.

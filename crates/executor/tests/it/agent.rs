@@ -153,15 +153,15 @@ async fn tools_known_at_run_time_are_given_in_one_call() {
     for under_policies in [false, true] {
         let model = Arc::new(scripted());
         let agent = Agent::builder("calculator").instructions("Add.");
-        let agent = if under_policies {
-            agent.tools_with([(shared(), ToolMetadata::new(Category::Other))])
+        let built = if under_policies {
+            agent
+                .tools_with([(shared(), ToolMetadata::new(Category::Other))])
+                .shared_model(model.clone())
+                .build()
         } else {
-            agent.tools([shared()])
+            agent.tools([shared()]).shared_model(model.clone()).build()
         };
-        let agent = agent
-            .shared_model(model.clone())
-            .build()
-            .expect("agent builds");
+        let agent = built.expect("agent builds");
         let mut machine = agent.machine();
         machine.enqueue_user("2 + 3?");
         machine.run().await.expect("runs");
@@ -222,40 +222,12 @@ fn build_error<N: Runnable, R: Runner>(builder: AgentBuilder<N, R>) -> BuildErro
     builder.build().expect_err("the agent must not build")
 }
 
-/// Whether `error` is the conflict of `option` with `with`.
-fn conflict(error: &BuildError, option: &str, with: &str) -> bool {
-    matches!(error, BuildError::Conflict { option: o, with: w, .. } if (*o, *w) == (option, with))
-}
-
-// What the builder's type cannot tell is still a build error naming both
-// options; what it can tell (a model with an executor, nodes with a
-// charter given, tools without instructions...) cannot be written: see the
-// `compile_fail` examples of `markov_executor::agent::builder`.
-
-#[test]
-fn policies_without_tools_under_policies_are_a_build_error() {
-    let model = || ScriptedModel::builder().build();
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .policies(markov_policy::PolicyConfig::new(
-                markov_policy::Budget::UNLIMITED,
-            ))
-            .model(model()),
-    );
-    assert!(conflict(&error, "policies", "no tool_with"), "{error:?}");
-    assert_eq!(
-        error.to_string(),
-        "agent \"a\": `policies` cannot be used with `no tool_with`: policies and mode apply to tools given with tool_with"
-    );
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .mode(markov_policy::Mode::VOICE)
-            .model(model()),
-    );
-    assert!(conflict(&error, "policies", "no tool_with"), "{error:?}");
-}
+// What the builder's type can tell (a model with an executor, nodes with a
+// charter given, tools without instructions, policies without tools under
+// them...) cannot be written: see the `compile_fail` examples of
+// `markov_executor::agent::builder`. What it cannot (usage limits on an
+// executor of one's own) is a build error naming both options: see
+// `usage::`.
 
 #[test]
 fn missing_parts_and_bad_parts_are_named() {

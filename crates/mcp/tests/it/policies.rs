@@ -76,8 +76,8 @@ async fn a_mode_refusal_and_a_schema_invalid_call_never_reach_the_server() {
     let mut machine = Agent::builder("mcp")
         .node("main", node.build().expect("node builds"))
         .model(model)
-        .policies(PolicyConfig::new(Budget::UNLIMITED))
         .tools_with(under_policies)
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
         .build()
         .expect("agent builds")
         .machine();
