@@ -35,6 +35,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use markov_core::InstanceId;
+use markov_core::message::Item;
 use markov_charter::charter::Charter;
 use markov_charter::command::{CommandInfo, SharedCommand};
 use markov_charter::node::Node;
@@ -42,8 +44,6 @@ use markov_charter::pack::{Pack, PackInstructions};
 use markov_charter::serial::{Entries, escape_schema, executor_config_to_json};
 use markov_charter::state::json_type;
 use markov_charter::transition::{NodeTarget, Transition};
-use markov_core::InstanceId;
-use markov_core::message::Item;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 

@@ -62,6 +62,8 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use markov_core::message::{Item, Items, Message};
+use markov_core::{InstanceId, Role};
 use markov_charter::charter::Charter;
 use markov_charter::command::{
     CommandContext, CommandError, CommandInfo, CommandResult, SharedCommand,
@@ -69,8 +71,6 @@ use markov_charter::command::{
 use markov_charter::externalize::Scope;
 use markov_charter::pack::Pack;
 use markov_charter::transition::{SpawnChild, TransitionResult};
-use markov_core::message::{Item, Items, Message};
-use markov_core::{InstanceId, Role};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
