@@ -261,8 +261,7 @@ impl Scenario {
         if let Some(policy) = &self.context {
             executor = executor.with_context_policy(policy.clone());
         }
-        let machine = Agent::on_charter(self.charter.clone())
-            .executor(executor)
+        let machine = Agent::on_charter_with_executor(self.charter.clone(), Arc::new(executor))
             .build()
             .expect("the benchmark agent builds")
             .machine();

@@ -386,10 +386,12 @@ fn profile_snapshot(k: usize, reps: usize, read_only: bool) {
     let mut machine = scenario.machine(k);
     runtime.block_on(run_turn(&mut machine, k));
     let charter = machine.charter().clone();
-    let agent = Agent::on_charter(charter.clone())
-        .executor(StandardExecutor::new(model(k)))
-        .build()
-        .expect("the benchmark agent builds");
+    let agent = Agent::on_charter_with_executor(
+        charter.clone(),
+        std::sync::Arc::new(StandardExecutor::new(model(k))),
+    )
+    .build()
+    .expect("the benchmark agent builds");
     let write = |machine: &Machine| {
         serde_json::to_string(&serialize_machine(machine).expect("the machine serializes"))
             .expect("the snapshot serializes")
@@ -1366,10 +1368,12 @@ fn history_serde(k: usize, iterations: usize) -> SerdeFigure {
 
     // The full snapshot: instance tree and history, written and read back.
     let charter = machine.charter().clone();
-    let agent = Agent::on_charter(charter.clone())
-        .executor(StandardExecutor::new(model(k)))
-        .build()
-        .expect("the benchmark agent builds");
+    let agent = Agent::on_charter_with_executor(
+        charter.clone(),
+        std::sync::Arc::new(StandardExecutor::new(model(k))),
+    )
+    .build()
+    .expect("the benchmark agent builds");
     // Written as text and read from text, as the stores keep it.
     let snapshot = |machine: &Machine| {
         serde_json::to_string(&serialize_machine(machine).expect("the machine serializes"))

@@ -219,10 +219,12 @@ pub(crate) fn figure(call: Call, k: usize, turns: usize) -> ProviderPathFigure {
             Call::Plain => StandardExecutor::new(client),
             Call::Streamed => StandardExecutor::new(client).with_streaming(|_| {}),
         };
-        Agent::on_charter(Scenario::new().charter().clone())
-            .executor(executor)
-            .build()
-            .expect("the benchmark agent builds")
+        Agent::on_charter_with_executor(
+            Scenario::new().charter().clone(),
+            std::sync::Arc::new(executor),
+        )
+        .build()
+        .expect("the benchmark agent builds")
     };
     let turn = |agent: &Agent| {
         let mut machine = agent.machine();

@@ -115,10 +115,12 @@ async fn measure(
     let load = match load {
         None => None,
         Some((id, charter, k)) => {
-            let agent = Agent::on_charter(charter.clone())
-                .executor(StandardExecutor::new(model(k)))
-                .build()
-                .expect("the benchmark agent builds");
+            let agent = Agent::on_charter_with_executor(
+                charter.clone(),
+                std::sync::Arc::new(StandardExecutor::new(model(k))),
+            )
+            .build()
+            .expect("the benchmark agent builds");
             let mut load_ms = Vec::new();
             let mut restore_ms = Vec::new();
             let mut loaded_messages = 0;

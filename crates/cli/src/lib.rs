@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use markov_charter::context::{ContextPolicy, DEFAULT_SUMMARY_MAX_TOKENS, Summarize};
 use markov_core::model::{Model, ModelLimits, ModelSettings};
+use markov_executor::agent::builder::OneNode;
 use markov_executor::{Agent, AgentBuilder};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
@@ -229,7 +230,7 @@ pub fn pick_model_or(
 /// The demo agent on `chosen`'s model (`model` in its place, a wrapper of
 /// it, say), with its two tools and [`Chosen::settings`]: add more tools
 /// (an MCP server's) or policies, then build it.
-pub fn demo_agent(chosen: &Chosen, model: Arc<dyn Model>) -> AgentBuilder {
+pub fn demo_agent(chosen: &Chosen, model: Arc<dyn Model>) -> AgentBuilder<OneNode> {
     Agent::builder("cities")
         .instructions(INSTRUCTIONS)
         .tool(tools::Add)

@@ -201,7 +201,7 @@ async fn demo() -> Result<(), DemoError> {
     for line in mcp.summary() {
         println!("{line}");
     }
-    let agent = mcp.add_to(demo_agent(&chosen, model));
+    let agent = demo_agent(&chosen, model).tools_with(mcp.under_policies());
     let mut machine = agent.build()?.machine();
     machine.enqueue_user(QUESTION);
     let mut steps = std::pin::pin!(run_machine(&mut machine, RunOptions::default()));

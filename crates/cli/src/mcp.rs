@@ -24,8 +24,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use markov_core::tool::SharedTool;
-use markov_executor::AgentBuilder;
 use markov_mcp::{McpClient, McpError, McpServerConfig, McpTool};
+use markov_policy::ToolMetadata;
 
 /// The command line's MCP servers, for `clap`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -159,15 +159,14 @@ impl McpServers {
         lines
     }
 
-    /// Gives `agent` every tool, each under the registry's policies with
-    /// [`McpClient::default_metadata`] (approvals included).
-    pub fn add_to(&self, mut agent: AgentBuilder) -> AgentBuilder {
-        for tool in &self.tools {
-            let metadata = McpClient::default_metadata(tool);
+    /// Every tool, each with [`McpClient::default_metadata`] (approvals
+    /// included), for an agent to run under its policies
+    /// (`AgentBuilder::tools_with`).
+    pub fn under_policies(&self) -> impl Iterator<Item = (SharedTool, ToolMetadata)> + '_ {
+        self.tools.iter().map(|tool| {
             let shared: SharedTool = Arc::clone(tool) as SharedTool;
-            agent = agent.shared_tool_with(shared, metadata);
-        }
-        agent
+            (shared, McpClient::default_metadata(tool))
+        })
     }
 
     /// Closes every session (stops the stdio servers).

@@ -1080,7 +1080,8 @@ impl<L: ModelLayer> Model for L {
 /// than a [`ModelLayer`], so that a layer holding an `Arc<dyn Model>` calls
 /// its methods unambiguously: inside a layer's impl both traits are in
 /// scope. A method added to [`Model`] is forwarded here, in
-/// [`ModelLayer`] and in its blanket impl, all in this file.)
+/// [`ModelLayer`] and in its blanket impl, all in this file, which a test
+/// of this file checks.)
 #[async_trait]
 impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
@@ -1346,28 +1347,42 @@ mod tests {
         }
     }
 
-    /// Answers every method with something of its own.
-    #[derive(Debug)]
-    struct Probe;
+    /// Answers every method with something of its own, and notes which
+    /// methods were reached.
+    #[derive(Debug, Default)]
+    struct Probe {
+        reached: std::sync::Mutex<std::collections::BTreeSet<&'static str>>,
+    }
+
+    impl Probe {
+        fn reach(&self, method: &'static str) {
+            self.reached.lock().unwrap().insert(method);
+        }
+    }
 
     #[async_trait]
     impl Model for Probe {
         async fn complete(&self, _r: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            self.reach("complete");
             Ok(ModelResponse::new(
                 vec![Item::text("probe")],
                 StopReason::EndTurn,
             ))
         }
         fn provider_name(&self) -> &str {
+            self.reach("provider_name");
             "probe"
         }
         fn model_name(&self) -> Option<&str> {
+            self.reach("model_name");
             Some("probe-1")
         }
         fn default_max_tokens(&self, _s: &ModelSettings) -> u32 {
+            self.reach("default_max_tokens");
             7
         }
         fn thinking_allowance(&self, _s: &ModelSettings, _t: Thinking) -> ThinkingAllowance {
+            self.reach("thinking_allowance");
             ThinkingAllowance {
                 forced_tool_choice: true,
                 temperature: true,
@@ -1378,29 +1393,90 @@ mod tests {
             _t: &[ToolDefinition],
             _o: Option<&Value>,
         ) -> Result<(), Unsupported> {
+            self.reach("check_tools");
             Err(Unsupported::output_type("probe"))
         }
         async fn count_tokens(&self, _r: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
+            self.reach("count_tokens");
             Ok(InputTokenCount::Counted(11))
         }
         fn native_summaries(&self) -> Option<&str> {
+            self.reach("native_summaries");
             Some("probe.vendor")
         }
         async fn compact(&self, _r: ModelRequest<'_>) -> Result<Compaction, ModelError> {
+            self.reach("compact");
             Err(ModelError::InvalidRequest("probe compacts".into()))
         }
         fn stream<'a>(
             &'a self,
             _r: ModelRequest<'a>,
         ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+            self.reach("stream");
             stream::once(async { Err(ModelError::InvalidRequest("probe streams".into())) }).boxed()
         }
     }
 
-    /// Every method of `model` but `complete` answers as [`Probe`]'s.
-    async fn reaches_the_probe(model: &dyn Model) {
+    /// The methods the item of this file whose first line is `header`
+    /// declares (a trait or an impl), as rustfmt lays them out: a `fn`
+    /// line one indent in.
+    fn methods_in(header: &str) -> std::collections::BTreeSet<&'static str> {
+        let source: &'static str = include_str!("model.rs");
+        let (_, body) = source
+            .split_once(&format!("\n{header}\n"))
+            .unwrap_or_else(|| panic!("no line {header:?} in model.rs"));
+        let body = &body[..body.find("\n}\n").expect("the item ends")];
+        body.lines()
+            .filter_map(|line| {
+                let line = line.strip_prefix("    ")?;
+                let rest = line
+                    .strip_prefix("async fn ")
+                    .or_else(|| line.strip_prefix("fn "))?;
+                Some(&rest[..rest.find(['(', '<'])?])
+            })
+            .collect()
+    }
+
+    /// Every method of [`Model`], as this file declares them.
+    fn model_methods() -> std::collections::BTreeSet<&'static str> {
+        methods_in("pub trait Model: Send + Sync + fmt::Debug {")
+    }
+
+    #[test]
+    fn every_model_method_has_a_forwarding_twin_and_both_blanket_impls_pass_it_on() {
+        let model = model_methods();
+        assert!(
+            model.contains("complete") && model.contains("stream") && model.len() >= 10,
+            "{model:?}"
+        );
+        let mut layer = model.clone();
+        layer.insert("inner");
+        assert_eq!(
+            methods_in("pub trait ModelLayer: Send + Sync + fmt::Debug {"),
+            layer,
+            "ModelLayer has a twin of each method of Model"
+        );
+        assert_eq!(
+            methods_in("impl<L: ModelLayer> Model for L {"),
+            model,
+            "every layer's Model impl"
+        );
+        assert_eq!(
+            methods_in("impl<M: Model + ?Sized> Model for std::sync::Arc<M> {"),
+            model,
+            "Arc's Model impl"
+        );
+    }
+
+    /// Calls every method of `model` (a wrapper of `probe`), checks that
+    /// each answers as the probe does, and that each reached it: every
+    /// method [`Model`] declares, so that a method added to the trait
+    /// fails here until the probe answers it and a wrapper passes it on.
+    async fn reaches_the_probe(model: &dyn Model, probe: &Probe) {
         let settings = ModelSettings::default();
         let request = ModelRequest::new("", &[], &settings);
+        let answer = model.complete(request).await.unwrap();
+        assert_eq!(answer.content, vec![Item::text("probe")]);
         assert_eq!(model.provider_name(), "probe");
         assert_eq!(model.model_name(), Some("probe-1"));
         assert_eq!(model.default_max_tokens(&settings), 7);
@@ -1424,20 +1500,25 @@ mod tests {
             streamed,
             vec![Err(ModelError::InvalidRequest("probe streams".into()))]
         );
+        assert_eq!(*probe.reached.lock().unwrap(), model_methods());
     }
 
     #[tokio::test]
     async fn a_layer_changes_what_it_overrides_and_forwards_every_other_method() {
         let settings = ModelSettings::default();
         let request = ModelRequest::new("", &[], &settings);
-        let loud = Loud(Probe);
+        let loud = Loud(Probe::default());
         let answer = Model::complete(&loud, request).await.unwrap();
         assert_eq!(answer.model.as_deref(), Some("LOUD"));
-        reaches_the_probe(&loud).await;
-        reaches_the_probe(&std::sync::Arc::new(Probe)).await;
-        reaches_the_probe(&Box::new(Probe)).await;
-        let layered: Box<dyn Model> = Box::new(std::sync::Arc::new(Loud(Probe)));
-        reaches_the_probe(&layered).await;
+        let loud = Loud(Probe::default());
+        reaches_the_probe(&loud, &loud.0).await;
+        let shared = std::sync::Arc::new(Probe::default());
+        reaches_the_probe(&shared, &shared).await;
+        let boxed = Box::new(Probe::default());
+        reaches_the_probe(&boxed, &boxed).await;
+        let layered = std::sync::Arc::new(Loud(Probe::default()));
+        let boxed: Box<dyn Model> = Box::new(std::sync::Arc::clone(&layered));
+        reaches_the_probe(&boxed, &layered.0).await;
     }
 
     #[test]

@@ -37,7 +37,7 @@
 //! ```
 #![deny(missing_docs)]
 
-mod agent;
+pub mod agent;
 pub mod client;
 mod command;
 mod context;

@@ -194,7 +194,7 @@ pub enum UsageLimitsError {
 /// Bounds on what model calls may use, per run, per user turn and per
 /// session, built with [`UsageLimits::builder`] (which refuses zero and
 /// unreachable bounds) and given to
-/// [`AgentBuilder::usage_limits`](crate::AgentBuilder::usage_limits).
+/// [`AgentBuilder::limits`](crate::AgentBuilder::limits).
 ///
 /// They are checked right before each model call (a context policy's
 /// summarizer's too, and a retry after a context-length refusal again),

@@ -27,7 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .instructions("You do arithmetic with your tools, then answer in one sentence.")
         .tool(Add)
         .shared_model(configured.model())
-        .max_steps(8)
+        .limits(RunOptions::default().max_steps(8))
         .build()?;
     let mut machine = agent.machine();
     machine.enqueue_user("What is 1234 + 4321?");

@@ -25,7 +25,7 @@
 //!     .register(ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED)), McpClient::default_metadata)
 //!     .await?
 //!     .lock()?;
-//! // Or, without a registry: Node::builder(..).shared_tool(tool) for each of `files.tools().await?`.
+//! // Or, without a registry: Agent::builder(..).instructions(..).tools(files.tools().await?).
 //! # let _ = registry; Ok(()) }
 //! ```
 //!

@@ -164,3 +164,61 @@ impl Model for ProbeModel {
         stream::once(async { Err(ModelError::InvalidRequest("the probe streams".into())) }).boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The methods the item of `source` whose first line is `header`
+    /// declares, as rustfmt lays them out: a `fn` line one indent in.
+    fn methods_in(source: &'static str, header: &str) -> BTreeSet<&'static str> {
+        let (_, body) = source
+            .split_once(&format!("\n{header}\n"))
+            .unwrap_or_else(|| panic!("no line {header:?}"));
+        let body = &body[..body.find("\n}\n").expect("the item ends")];
+        body.lines()
+            .filter_map(|line| {
+                let line = line.strip_prefix("    ")?;
+                let rest = line
+                    .strip_prefix("async fn ")
+                    .or_else(|| line.strip_prefix("fn "))?;
+                Some(&rest[..rest.find(['(', '<'])?])
+            })
+            .collect()
+    }
+
+    /// The probe answers every method `Model` declares (else a method
+    /// added to the trait would answer its default through a wrapper that
+    /// forgets it, and no check would tell), and
+    /// `assert_reached_through` asks each.
+    #[test]
+    fn the_probe_answers_and_checks_every_method_of_model() {
+        let model = methods_in(
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../core/src/model.rs")),
+            "pub trait Model: Send + Sync + fmt::Debug {",
+        );
+        assert!(
+            model.contains("complete") && model.contains("stream") && model.len() >= 10,
+            "{model:?}"
+        );
+        let probe: &'static str = include_str!("probe.rs");
+        assert_eq!(
+            methods_in(probe, "impl Model for ProbeModel {"),
+            model,
+            "ProbeModel answers every method"
+        );
+        let (_, check) = probe
+            .split_once("pub async fn assert_reached_through(")
+            .expect("the check");
+        // Without spaces: rustfmt breaks a call across lines.
+        let check: String = check[..check.find("\n    }\n").expect("the check ends")]
+            .split_whitespace()
+            .collect();
+        for method in &model {
+            assert!(
+                check.contains(&format!("model.{method}(")),
+                "assert_reached_through asks {method}"
+            );
+        }
+    }
+}

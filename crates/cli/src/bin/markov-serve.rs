@@ -381,13 +381,11 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     for line in mcp.summary() {
         tracing::info!("{line}");
     }
-    let mut agent = mcp
-        .add_to(
-            Agent::builder("cities")
-                .instructions(INSTRUCTIONS)
-                .tool_with(Add, metadata(Add::NAME, Category::Other))
-                .tool_with(Population, metadata(Population::NAME, Category::Retrieval)),
-        )
+    let mut agent = Agent::builder("cities")
+        .instructions(INSTRUCTIONS)
+        .tool_with(Add, metadata(Add::NAME, Category::Other))
+        .tool_with(Population, metadata(Population::NAME, Category::Retrieval))
+        .tools_with(mcp.under_policies())
         .shared_model(Arc::clone(&chosen.model))
         .settings(chosen.settings());
     let policy = context_policy(args.context.into(), &chosen);

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use markov_charter::ConfigError;
 use markov_charter::node::Node;
 use markov_core::message::Item;
-use markov_executor::{Agent, BuildError, RunError, StandardExecutor, serialize_machine};
+use markov_executor::agent::builder::{Runnable, Runner};
+use markov_executor::{
+    Agent, AgentBuilder, BuildError, RunError, StandardExecutor, serialize_machine,
+};
 use markov_policy::{Category, ToolMetadata};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
@@ -81,7 +84,7 @@ async fn the_agents_step_limit_bounds_every_run() {
         .instructions("Add.")
         .tool(Add)
         .model(model)
-        .max_steps(2)
+        .limits(markov_executor::RunOptions::default().max_steps(2))
         .build()
         .expect("agent builds");
     let mut machine = agent.machine();
@@ -101,7 +104,7 @@ async fn a_restored_conversation_continues_with_the_agent() {
                 .text("second")
                 .build(),
         )
-        .max_steps(3)
+        .limits(markov_executor::RunOptions::default().max_steps(3))
         .build()
         .expect("agent builds");
     let mut machine = agent.machine();
@@ -141,6 +144,41 @@ async fn a_tool_with_a_policy_is_offered_and_answers_in_plain_text() {
     assert!(!machine.policy_state().snapshot().budgets.is_empty());
 }
 
+/// Tools known only at run time (an MCP server's, say) are given in one
+/// call: to the one node with `tools`, under policies with `tools_with`.
+#[tokio::test]
+async fn tools_known_at_run_time_are_given_in_one_call() {
+    use markov_core::tool::{Erased, SharedTool};
+    let shared = || -> SharedTool { Erased::shared(Add).expect("a valid name") };
+    for under_policies in [false, true] {
+        let model = Arc::new(scripted());
+        let agent = Agent::builder("calculator").instructions("Add.");
+        let built = if under_policies {
+            agent
+                .tools_with([(shared(), ToolMetadata::new(Category::Other))])
+                .shared_model(model.clone())
+                .build()
+        } else {
+            agent.tools([shared()]).shared_model(model.clone()).build()
+        };
+        let agent = built.expect("agent builds");
+        let mut machine = agent.machine();
+        machine.enqueue_user("2 + 3?");
+        machine.run().await.expect("runs");
+        assert_eq!(model.requests()[0].tool_names(), ["add"]);
+        assert_eq!(
+            all_results(machine.history()),
+            [("call_1".to_owned(), "5".to_owned(), Some(false))]
+        );
+        // Only the tools under policies went through the pipeline.
+        assert_eq!(
+            machine.policy_state().snapshot().budgets.is_empty(),
+            !under_policies,
+            "under policies: {under_policies}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn several_nodes_start_at_the_first_or_the_one_named() {
     let agent = Agent::builder("desk")
@@ -170,122 +208,26 @@ async fn streamed_copies_the_agent_with_its_model_calls_streamed() {
     machine.enqueue_user("hi");
     machine.run().await.expect("runs");
     assert!(*deltas.lock().expect("lock") > 0);
-    let custom = Agent::builder("custom")
-        .instructions("Greet.")
-        .executor(StandardExecutor::new(ScriptedModel::builder().build()))
-        .build()
-        .expect("agent builds");
+    let custom = Agent::with_executor(
+        "custom",
+        Arc::new(StandardExecutor::new(ScriptedModel::builder().build())),
+    )
+    .instructions("Greet.")
+    .build()
+    .expect("agent builds");
     assert!(custom.streamed(|_| {}).is_err());
 }
 
-fn build_error(builder: markov_executor::AgentBuilder) -> BuildError {
+fn build_error<N: Runnable, R: Runner>(builder: AgentBuilder<N, R>) -> BuildError {
     builder.build().expect_err("the agent must not build")
 }
 
-#[test]
-fn conflicting_options_are_build_errors_that_name_them() {
-    let model = || ScriptedModel::builder().build();
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .model(model())
-            .executor(StandardExecutor::new(model())),
-    );
-    assert!(
-        matches!(
-            error,
-            BuildError::Conflict {
-                option: "model",
-                with: "executor",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-    assert_eq!(
-        error.to_string(),
-        "agent \"a\": `model` cannot be used with `executor`: an executor brings its own model"
-    );
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .settings(Default::default())
-            .executor(StandardExecutor::new(model())),
-    );
-    assert!(
-        matches!(
-            error,
-            BuildError::Conflict {
-                option: "settings",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .tool_with(Add, ToolMetadata::new(Category::Other))
-            .executor(StandardExecutor::new(model())),
-    );
-    assert!(
-        matches!(
-            error,
-            BuildError::Conflict {
-                option: "tool_with",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .node("other", node("other"))
-            .model(model()),
-    );
-    assert!(
-        matches!(
-            error,
-            BuildError::Conflict {
-                option: "instructions",
-                with: "node",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-    let error = build_error(Agent::builder("a").tool(Add).model(model()));
-    assert!(
-        matches!(
-            error,
-            BuildError::Conflict {
-                option: "tool",
-                with: "no instructions",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-    let error = build_error(
-        Agent::builder("a")
-            .instructions("x")
-            .policies(markov_policy::PolicyConfig::new(
-                markov_policy::Budget::UNLIMITED,
-            ))
-            .model(model()),
-    );
-    assert!(
-        matches!(
-            error,
-            BuildError::Conflict {
-                option: "policies",
-                ..
-            }
-        ),
-        "{error:?}"
-    );
-}
+// What the builder's type can tell (a model with an executor, nodes with a
+// charter given, tools without instructions, policies without tools under
+// them...) cannot be written: see the `compile_fail` examples of
+// `markov_executor::agent::builder`. What it cannot (usage limits on an
+// executor of one's own) is a build error naming both options: see
+// `usage::`.
 
 #[test]
 fn missing_parts_and_bad_parts_are_named() {
@@ -295,7 +237,7 @@ fn missing_parts_and_bad_parts_are_named() {
         BuildError::NoModel { agent } if agent == "a"
     ));
     assert!(matches!(
-        build_error(Agent::builder("a").model(model())),
+        build_error(Agent::builder("a").nodes(Vec::new()).model(model())),
         BuildError::NoNode { .. }
     ));
     assert!(matches!(
@@ -394,7 +336,7 @@ async fn a_steps_output_is_what_the_user_reads() {
 }
 
 #[test]
-fn an_agent_on_a_charter_takes_its_nodes_and_refuses_others() {
+fn an_agent_on_a_charter_takes_its_nodes_and_start() {
     let main = Node::builder("Count.").build().expect("node");
     let charter = markov_charter::charter::Charter::builder("counter")
         .node("main", main.clone())
@@ -406,38 +348,18 @@ fn an_agent_on_a_charter_takes_its_nodes_and_refuses_others() {
         .expect("agent builds");
     assert_eq!(agent.name(), "counter");
     assert_eq!(agent.start_node().id(), main.id());
-    for (option, built) in [
-        (
-            "node",
-            Agent::on_charter(charter.clone())
-                .node("other", Node::builder("x").build().expect("node"))
-                .model(ScriptedModel::new([]))
-                .build(),
-        ),
-        (
-            "instructions",
-            Agent::on_charter(charter.clone())
-                .instructions("x")
-                .model(ScriptedModel::new([]))
-                .build(),
-        ),
-        (
-            "charter",
-            Agent::on_charter(charter.clone())
-                .charter(|c| c)
-                .model(ScriptedModel::new([]))
-                .build(),
-        ),
-    ] {
-        match built {
-            Err(BuildError::Conflict {
-                option: o, with, ..
-            }) => {
-                assert_eq!((o, with), (option, "on_charter"));
-            }
-            other => panic!("{option}: {other:?}"),
-        }
-    }
+    // Its nodes, instructions and charter are the charter's: the builder
+    // offers none (see the `compile_fail` examples of
+    // `markov_executor::agent::builder`). A start it does not have is named.
+    let error = build_error(
+        Agent::on_charter(charter)
+            .start("other")
+            .model(ScriptedModel::new([])),
+    );
+    assert!(
+        matches!(&error, BuildError::UnknownStart { node, .. } if node == "other"),
+        "{error:?}"
+    );
 }
 
 /// Labels things (its arguments are a map, which some providers' schema

@@ -783,10 +783,9 @@ async fn a_native_compaction_not_offered_backs_off_like_a_failed_summarizer() {
         Arc::clone(&model) as Arc<dyn markov_core::Model>
     )
     .with_context_policy(policy);
-    let agent = Agent::builder("calculator")
+    let agent = Agent::with_executor("calculator", Arc::new(executor))
         .instructions("Add numbers with your tool.")
         .tool(Add)
-        .executor(executor)
         .build()
         .expect("agent builds");
     let mut machine = agent.machine();

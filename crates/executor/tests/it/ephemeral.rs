@@ -150,7 +150,13 @@ struct FrameDuringCall {
 }
 
 #[async_trait]
-impl Model for FrameDuringCall {
+impl markov_core::ModelLayer for FrameDuringCall {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.inner
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let queue = self
             .queue

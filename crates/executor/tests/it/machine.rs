@@ -967,7 +967,13 @@ struct HistoryIds {
 }
 
 #[async_trait::async_trait]
-impl markov_core::Model for HistoryIds {
+impl markov_core::ModelLayer for HistoryIds {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.inner
+    }
+
     async fn complete(
         &self,
         request: markov_core::ModelRequest<'_>,
@@ -976,7 +982,7 @@ impl markov_core::Model for HistoryIds {
             .lock()
             .expect("lock")
             .push((request.history_id(), request.messages().len()));
-        self.inner.complete(request).await
+        markov_core::Model::complete(&self.inner, request).await
     }
 }
 

@@ -487,10 +487,11 @@ struct NoStream {
     streams: Mutex<usize>,
 }
 
-#[async_trait]
-impl Model for NoStream {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.inner.complete(request).await
+impl markov_core::ModelLayer for NoStream {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.inner
     }
 
     fn stream<'a>(

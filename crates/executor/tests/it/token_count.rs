@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use markov_charter::context::{ContextPolicy, Summarize, TokenCount};
 use markov_core::model::InputTokenCount;
 use markov_core::tokens;
-use markov_core::{Model, ModelError, ModelRequest, ModelResponse};
+use markov_core::{Model, ModelError, ModelRequest};
 use markov_executor::{Agent, Machine};
 use markov_testkit::{ScriptBuilder, ScriptedModel};
 use serde_json::json;
@@ -39,9 +39,11 @@ struct Counting {
 }
 
 #[markov_core::async_trait]
-impl Model for Counting {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.inner.complete(request).await
+impl markov_core::ModelLayer for Counting {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.inner
     }
 
     async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {

@@ -19,8 +19,7 @@ use markov_core::ToolName;
 use markov_core::async_trait;
 use markov_core::message::{Message, Role};
 use markov_core::model::{
-    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, Thinking, ThinkingAllowance,
-    ToolChoice,
+    Model, ModelError, ModelSettings, Thinking, ThinkingAllowance, ToolChoice,
 };
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::ToolChoiceEnforcer;
@@ -477,10 +476,11 @@ async fn restriction_does_not_lift_the_forced_first_call() {
 #[derive(Debug)]
 struct ForcesUnderThinking(Arc<ScriptedModel>);
 
-#[async_trait::async_trait]
-impl Model for ForcesUnderThinking {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.0.complete(request).await
+impl markov_core::ModelLayer for ForcesUnderThinking {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.0
     }
 
     fn thinking_allowance(&self, _: &ModelSettings, _: Thinking) -> ThinkingAllowance {

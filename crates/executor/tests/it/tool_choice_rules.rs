@@ -358,10 +358,11 @@ async fn streaming_is_enforced_too() {
 #[derive(Debug)]
 struct Permissive(ScriptedModel);
 
-#[async_trait::async_trait]
-impl Model for Permissive {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.0.complete(request).await
+impl markov_core::ModelLayer for Permissive {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.0
     }
 
     fn thinking_allowance(&self, _: &ModelSettings, _: Thinking) -> ThinkingAllowance {

@@ -8,6 +8,7 @@ use crate::common::*;
 use markov_charter::context::{ContextPolicy, Summarize};
 use markov_core::model::{ModelResponse, ModelSettings, StopReason, Usage};
 use markov_core::{Item, Role, Usd};
+use markov_executor::agent::builder::OneNode;
 use markov_executor::{
     Agent, AgentBuilder, BuildError, Limit, LimitKind, LimitScope, ModelPrice, Prices, RunError,
     UsageLimits, UsageLimitsError, YieldReason, serialize_machine,
@@ -51,7 +52,10 @@ fn answer(text: &str, usage: Usage) -> ModelResponse {
         .with_model(MODEL)
 }
 
-fn agent(model: &Arc<ScriptedModel>, build: impl FnOnce(AgentBuilder) -> AgentBuilder) -> Agent {
+fn agent(
+    model: &Arc<ScriptedModel>,
+    build: impl FnOnce(AgentBuilder<OneNode>) -> AgentBuilder<OneNode>,
+) -> Agent {
     let settings = ModelSettings {
         model: Some(MODEL.into()),
         max_tokens: 100,
@@ -179,7 +183,9 @@ async fn a_per_run_request_limit_stops_before_the_call_and_the_next_turn_goes_on
         .per_run(Limit::new().requests(2))
         .build()
         .expect("limits");
-    let agent = agent(&model, |a| a.usage_limits(limits));
+    let agent = agent(&model, |a| {
+        a.limits(markov_executor::RunOptions::default().usage_limits(limits))
+    });
     let mut machine = agent.machine();
     machine.enqueue_user("Add twice.");
     let last = machine.run().await.expect("runs");
@@ -226,7 +232,9 @@ async fn a_per_turn_token_limit_resets_with_the_next_turn() {
         .per_turn(Limit::new().tokens(1_200))
         .build()
         .expect("limits");
-    let agent = agent(&model, |a| a.usage_limits(limits));
+    let agent = agent(&model, |a| {
+        a.limits(markov_executor::RunOptions::default().usage_limits(limits))
+    });
     let mut machine = agent.machine();
     machine.enqueue_user("1 + 2?");
     let last = machine.run().await.expect("runs");
@@ -263,7 +271,9 @@ async fn a_per_session_cost_limit_stops_every_later_turn() {
         .per_session(Limit::new().cost(Usd::from_cents(15)))
         .build()
         .expect("limits");
-    let agent = agent(&model, |a| a.usage_limits(limits));
+    let agent = agent(&model, |a| {
+        a.limits(markov_executor::RunOptions::default().usage_limits(limits))
+    });
     let mut machine = agent.machine();
     machine.enqueue_user("First.");
     assert_eq!(
@@ -301,7 +311,8 @@ async fn a_cost_limit_on_a_model_without_a_price_is_refused_before_the_call() {
         .build()
         .expect("limits");
     let agent = agent(&model, |a| {
-        a.usage_limits(limits).prices(Prices::only_given())
+        a.limits(markov_executor::RunOptions::default().usage_limits(limits))
+            .prices(Prices::only_given())
     });
     let mut machine = agent.machine();
     machine.enqueue_user("hi");
@@ -340,10 +351,9 @@ async fn zero_unreachable_and_misplaced_limits_are_build_errors() {
         .build()
         .expect("limits");
     let executor = markov_executor::StandardExecutor::new(ScriptedModel::builder().build());
-    let refused = Agent::builder("custom")
+    let refused = Agent::with_executor("custom", Arc::new(executor))
         .instructions("Hi.")
-        .executor(executor)
-        .usage_limits(limits)
+        .limits(markov_executor::RunOptions::default().usage_limits(limits))
         .build()
         .expect_err("an executor of its own checks no limits");
     assert!(
@@ -495,7 +505,7 @@ async fn a_limit_refuses_the_summarizers_call_and_the_main_call_is_not_made_eith
     let agent = agent(&model, |a| {
         a.context_policy(policy)
             .prices(summarizer_prices())
-            .usage_limits(limits)
+            .limits(markov_executor::RunOptions::default().usage_limits(limits))
     });
     let mut machine = agent.machine();
     machine.enqueue_user("w ".repeat(200));
@@ -545,7 +555,7 @@ async fn the_summarizers_reservation_counts_against_the_main_call() {
     let agent = agent(&model, |a| {
         a.context_policy(policy)
             .prices(summarizer_prices())
-            .usage_limits(limits)
+            .limits(markov_executor::RunOptions::default().usage_limits(limits))
     });
     let mut machine = agent.machine();
     machine.enqueue_user("w ".repeat(200));
@@ -578,7 +588,10 @@ async fn a_cost_limit_refuses_an_unpriced_summarizer_like_an_unpriced_model() {
         .per_session(Limit::new().cost(Usd::from_cents(100)))
         .build()
         .expect("limits");
-    let agent = agent(&model, |a| a.context_policy(policy).usage_limits(limits));
+    let agent = agent(&model, |a| {
+        a.context_policy(policy)
+            .limits(markov_executor::RunOptions::default().usage_limits(limits))
+    });
     let mut machine = agent.machine();
     machine.enqueue_user("w ".repeat(200));
     machine.run().await.expect("runs");
@@ -616,7 +629,10 @@ async fn a_token_limit_admits_the_view_that_is_sent_not_the_whole_history() {
         .per_turn(Limit::new().tokens(5_000))
         .build()
         .expect("limits");
-    let limited = agent(&model, |a| a.context_policy(policy).usage_limits(limits));
+    let limited = agent(&model, |a| {
+        a.context_policy(policy)
+            .limits(markov_executor::RunOptions::default().usage_limits(limits))
+    });
     let mut machine = limited
         .restore(serde_json::from_str(&text).expect("reads"))
         .expect("restores");
@@ -651,7 +667,10 @@ async fn the_retry_after_a_context_length_refusal_is_admitted_again() {
         .per_run(Limit::new().requests(1))
         .build()
         .expect("limits");
-    let agent = agent(&model, |a| a.context_policy(policy).usage_limits(limits));
+    let agent = agent(&model, |a| {
+        a.context_policy(policy)
+            .limits(markov_executor::RunOptions::default().usage_limits(limits))
+    });
     let mut machine = agent.machine();
     machine.enqueue_user("First.");
     machine.run().await.expect("runs");

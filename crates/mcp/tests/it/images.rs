@@ -22,11 +22,13 @@ async fn second_request(model: impl markov_core::Model + 'static, fake: &FakeSer
     let client = McpClient::connect(McpServerConfig::http(&server.url))
         .await
         .expect("connects");
-    let mut agent = Agent::builder("mcp").instructions("Use your tools.");
-    for tool in client.tools().await.expect("lists") {
-        agent = agent.shared_tool(tool);
-    }
-    let mut machine = agent.model(model).build().expect("builds").machine();
+    let mut machine = Agent::builder("mcp")
+        .instructions("Use your tools.")
+        .tools(client.tools().await.expect("lists"))
+        .model(model)
+        .build()
+        .expect("builds")
+        .machine();
     machine.enqueue_user("show me the chart");
     machine.run().await.expect("runs");
     client.close().await;

@@ -9,23 +9,12 @@ use markov_executor::Agent;
 use markov_mcp::{Approval, McpClient};
 use markov_policy::{
     ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Mode, PolicyConfig, ToolMetadata,
-    ToolRegistry, ToolRegistryBuilder, TurnBudgetState,
+    ToolRegistry, TurnBudgetState,
 };
 use markov_testkit::ScriptedModel;
 use serde_json::{Value, json};
 
 use crate::common::*;
-
-async fn registry_builder(
-    client: &McpClient,
-    budget: Budget,
-    metadata: impl Fn(&markov_mcp::McpTool) -> ToolMetadata,
-) -> ToolRegistryBuilder {
-    client
-        .register(ToolRegistry::builder(PolicyConfig::new(budget)), metadata)
-        .await
-        .expect("registers")
-}
 
 async fn registry(
     client: &McpClient,
@@ -57,15 +46,21 @@ async fn a_mode_refusal_and_a_schema_invalid_call_never_reach_the_server() {
     let client = McpClient::connect(stdio_config().approval(Approval::None))
         .await
         .expect("connects");
-    let registry = registry_builder(&client, Budget::UNLIMITED, |tool| {
-        let meta = McpClient::default_metadata(tool);
-        if tool.remote_name() == "die" {
-            meta.with_modes([Mode::VOICE])
-        } else {
-            meta
-        }
-    })
-    .await;
+    let under_policies: Vec<(markov_core::tool::SharedTool, ToolMetadata)> = client
+        .mcp_tools()
+        .await
+        .expect("lists")
+        .into_iter()
+        .map(|tool| {
+            let meta = McpClient::default_metadata(&tool);
+            let meta = if tool.remote_name() == "die" {
+                meta.with_modes([Mode::VOICE])
+            } else {
+                meta
+            };
+            (tool as markov_core::tool::SharedTool, meta)
+        })
+        .collect();
     let mut node = Node::builder("Use your tools.").name("main");
     for tool in client.tools().await.expect("lists") {
         node = node.shared_tool(tool);
@@ -81,7 +76,8 @@ async fn a_mode_refusal_and_a_schema_invalid_call_never_reach_the_server() {
     let mut machine = Agent::builder("mcp")
         .node("main", node.build().expect("node builds"))
         .model(model)
-        .registry(registry)
+        .tools_with(under_policies)
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
         .build()
         .expect("agent builds")
         .machine();

@@ -56,12 +56,12 @@ fn traced_run(capture: bool) -> Vec<SpanData> {
     let executor = StandardExecutor::new(model)
         .with_settings(settings)
         .with_content_capture(capture);
-    let mut machine = markov_executor::Agent::on_charter(charter)
-        .executor(executor)
-        .state(json!({}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine");
+    let mut machine =
+        markov_executor::Agent::on_charter_with_executor(charter, std::sync::Arc::new(executor))
+            .state(json!({}))
+            .build()
+            .map(|agent| agent.machine())
+            .expect("machine");
     machine.enqueue_user("What is 2 + 3?");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()

@@ -25,12 +25,14 @@ fn bank(model: impl Model + 'static, wire: &Wire) -> Machine {
         .node("bank", node.clone())
         .build()
         .expect("charter builds");
-    markov_executor::Agent::on_charter(charter)
-        .executor(StandardExecutor::new(model))
-        .state(serde_json::json!({}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine builds")
+    markov_executor::Agent::on_charter_with_executor(
+        charter,
+        std::sync::Arc::new(StandardExecutor::new(model)),
+    )
+    .state(serde_json::json!({}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine builds")
 }
 
 /// Pauses on the answer, approves and resumes, checking every request sent

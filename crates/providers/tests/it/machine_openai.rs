@@ -225,7 +225,7 @@ async fn a_price_given_for_the_clients_model_admits_a_call_under_a_cost_limit() 
     );
     let mut machine = markov_executor::Agent::on_charter(charter)
         .model(model)
-        .usage_limits(limits)
+        .limits(markov_executor::RunOptions::default().usage_limits(limits))
         .prices(prices)
         .build()
         .expect("the agent builds")

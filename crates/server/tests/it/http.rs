@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::stream::{BoxStream, StreamExt};
 use markov_charter::node::Node;
-use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
+use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StreamEvent};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{ApprovalFlow, Budget, Category, PolicyConfig, ToolMetadata};
@@ -51,10 +52,26 @@ impl Tool for Pay {
 pub(crate) struct Slow(pub(crate) ScriptedModel, pub(crate) Duration);
 
 #[async_trait]
-impl Model for Slow {
+impl markov_core::ModelLayer for Slow {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.0
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         tokio::time::sleep(self.1).await;
         self.0.complete(request).await
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let pause = tokio::time::sleep(self.1);
+        futures::stream::once(pause)
+            .flat_map(move |()| self.0.stream(request))
+            .boxed()
     }
 }
 
@@ -79,10 +96,24 @@ pub(crate) struct Fixture {
 pub(crate) struct Counted<M>(pub(crate) M, pub(crate) Arc<AtomicUsize>);
 
 #[async_trait]
-impl<M: Model> Model for Counted<M> {
+impl<M: Model> markov_core::ModelLayer for Counted<M> {
+    type Inner = M;
+
+    fn inner(&self) -> &M {
+        &self.0
+    }
+
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         self.1.fetch_add(1, Ordering::SeqCst);
         self.0.complete(request).await
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        self.1.fetch_add(1, Ordering::SeqCst);
+        self.0.stream(request)
     }
 }
 
@@ -338,7 +369,7 @@ async fn a_usage_limit_ends_the_turn_with_its_reason_and_the_session_shows_its_u
     let agent = Agent::builder("frugal")
         .instructions("Answer.")
         .model(Counted(model, calls.clone()))
-        .usage_limits(limits)
+        .limits(markov_executor::RunOptions::default().usage_limits(limits))
         .build()
         .expect("the agent builds");
     let f = serve_agent(agent, Arc::new(AtomicUsize::new(0))).await;

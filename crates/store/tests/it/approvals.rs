@@ -42,12 +42,14 @@ fn executor(model: Arc<dyn Model>, dir: &Dir, config: PolicyConfig) -> StandardE
 
 fn paying_machine(model: Arc<dyn Model>, dir: &Dir, config: PolicyConfig) -> Machine {
     let (charter, _) = charter();
-    markov_executor::Agent::on_charter(charter)
-        .executor(executor(model, dir, config))
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine builds")
+    markov_executor::Agent::on_charter_with_executor(
+        charter,
+        Arc::new(executor(model, dir, config)),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine builds")
 }
 
 /// Opens session `id` as `worker` with a fresh executor over `model`,
@@ -333,12 +335,14 @@ fn hanging_machine(
         .expect("the registry locks");
     let executor = StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT);
     let (charter, _) = charter();
-    let machine = markov_executor::Agent::on_charter(charter.clone())
-        .executor(executor.clone())
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine builds");
+    let machine = markov_executor::Agent::on_charter_with_executor(
+        charter.clone(),
+        Arc::new(executor.clone()),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine builds");
     (charter, executor, machine)
 }
 

@@ -160,12 +160,14 @@ fn crash_child() {
     runtime.block_on(async {
         let model = Arc::new(ProviderLike::new(child_steps(&mode), "Paid 5."));
         let (charter, _) = charter();
-        let machine = markov_executor::Agent::on_charter(charter)
-            .executor(crash_executor(model, &dir, &mode))
-            .state(json!({"notes": 0}))
-            .build()
-            .map(|agent| agent.machine())
-            .expect("machine builds");
+        let machine = markov_executor::Agent::on_charter_with_executor(
+            charter,
+            Arc::new(crash_executor(model, &dir, &mode)),
+        )
+        .state(json!({"notes": 0}))
+        .build()
+        .map(|agent| agent.machine())
+        .expect("machine builds");
         let mut session = DurableMachine::create_with(
             store(&dir),
             SessionId::new("crash"),
@@ -633,12 +635,12 @@ async fn a_full_disk_after_a_payment_fails_the_run_and_the_resumed_session_pays_
 
     let (store, executor) = session_for(Arc::new(SqliteStore::open(&database).expect("opens")));
     let (charter, _) = charter();
-    let machine = markov_executor::Agent::on_charter(charter.clone())
-        .executor(executor)
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine");
+    let machine =
+        markov_executor::Agent::on_charter_with_executor(charter.clone(), Arc::new(executor))
+            .state(json!({"notes": 0}))
+            .build()
+            .map(|agent| agent.machine())
+            .expect("machine");
     let mut session =
         DurableMachine::create(store, SessionId::new("full"), WorkerId::new("w"), machine)
             .await
@@ -717,12 +719,14 @@ fn slow_then_pay_machine(dir: &Dir, ms: u64) -> Machine {
         "Paid 1.",
     ));
     let (charter, _) = charter();
-    markov_executor::Agent::on_charter(charter)
-        .executor(StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT))
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine")
+    markov_executor::Agent::on_charter_with_executor(
+        charter,
+        Arc::new(StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT)),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine")
 }
 
 /// Creates session `id` for worker `first` with a 300 ms lease and runs,
@@ -942,12 +946,14 @@ async fn a_call_id_reused_in_a_later_turn_is_a_new_call() {
         .lock()
         .expect("locks");
     let (charter, _) = charter();
-    let mut machine = markov_executor::Agent::on_charter(charter)
-        .executor(StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT))
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine");
+    let mut machine = markov_executor::Agent::on_charter_with_executor(
+        charter,
+        Arc::new(StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT)),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine");
     for text in ["balance?", "and now?"] {
         machine.enqueue_user(text);
         markov_executor::run_to_completion(&mut machine, RunOptions::default())

@@ -280,12 +280,14 @@ async fn an_at_most_once_call_abandoned_by_its_worker_is_answered_interrupted_by
     // crashed process would be.
     let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
     let (charter, _) = charter();
-    let machine = markov_executor::Agent::on_charter(charter.clone())
-        .executor(notify_executor(model, &dir, at_most_once()))
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine builds");
+    let machine = markov_executor::Agent::on_charter_with_executor(
+        charter.clone(),
+        Arc::new(notify_executor(model, &dir, at_most_once())),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine builds");
     let dead = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let mut first = DurableMachine::create_with(
         dead,
@@ -409,12 +411,14 @@ async fn a_database_stopped_after_a_payment_fails_the_run_and_the_resumed_sessio
             .with_registry(Arc::new(registry), markov_policy::Mode::TEXT)
     };
     let (charter, _) = charter();
-    let machine = markov_executor::Agent::on_charter(charter.clone())
-        .executor(machine_parts())
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine");
+    let machine = markov_executor::Agent::on_charter_with_executor(
+        charter.clone(),
+        Arc::new(machine_parts()),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine");
     let mut session = DurableMachine::create(
         store.clone(),
         SessionId::new("stopped"),
@@ -488,12 +492,14 @@ async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
             .fresh_call_ids(),
     );
     let (charter, _) = charter();
-    let machine = markov_executor::Agent::on_charter(charter.clone())
-        .executor(paying(first_model.clone()))
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine builds");
+    let machine = markov_executor::Agent::on_charter_with_executor(
+        charter.clone(),
+        Arc::new(paying(first_model.clone())),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine builds");
     let one = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let mut first = DurableMachine::create(
         one,

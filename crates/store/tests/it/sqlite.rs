@@ -126,17 +126,19 @@ async fn a_restored_session_sends_the_same_next_request_as_one_that_never_stoppe
     let never_stopped_model = next();
     let never_stopped_snapshot = serialize_machine(&kept).expect("serializes").into_owned();
     let (charter, _) = charter();
-    let mut never_stopped = Agent::on_charter(charter.clone())
-        .executor(executor(
+    let mut never_stopped = Agent::on_charter_with_executor(
+        charter.clone(),
+        Arc::new(executor(
             never_stopped_model.clone(),
             dir.path("effects"),
             dir.path("m"),
-        ))
-        .state(json!({"notes": 0}))
-        .build()
-        .expect("the agent builds")
-        .restore(never_stopped_snapshot)
-        .expect("the live copy");
+        )),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .expect("the agent builds")
+    .restore(never_stopped_snapshot)
+    .expect("the live copy");
     // The one another worker restores from the store.
     let restored_model = next();
     let executor: Arc<dyn Executor> = Arc::new(executor(
@@ -324,15 +326,17 @@ async fn approvals_are_stored_with_the_session() {
             .text("Please approve.")
             .build(),
     );
-    let machine = markov_executor::Agent::on_charter(charter)
-        .executor(
+    let machine = markov_executor::Agent::on_charter_with_executor(
+        charter,
+        Arc::new(
             markov_executor::StandardExecutor::shared(model)
                 .with_registry(Arc::new(registry), Mode::TEXT),
-        )
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine");
+        ),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine");
     let id = SessionId::new("approve");
     let mut session =
         DurableMachine::create(store.clone(), id.clone(), WorkerId::new("w"), machine)

@@ -439,10 +439,9 @@ impl Executor for Script {
 /// A machine over `root`, run by `executor`: the agent of a charter called
 /// `name` whose only node is the root's.
 pub fn script_machine(name: &str, executor: Arc<dyn Executor>, root: Instance) -> Machine {
-    Agent::builder(name)
+    Agent::with_executor(name, executor)
         .node("root", root.node().clone())
         .state(root.state().clone())
-        .shared_executor(executor)
         .build()
         .expect("the agent builds")
         .machine_at(root)
@@ -454,15 +453,14 @@ pub fn script_machine(name: &str, executor: Arc<dyn Executor>, root: Instance) -
 /// tree of inline nodes) gets `root`'s node registered as `root`.
 pub fn agent_on(charter: Charter, executor: Arc<dyn Executor>, root: &Instance) -> Agent {
     if charter.nodes().len() == 0 {
-        return Agent::builder(charter.name())
+        return Agent::with_executor(charter.name(), executor)
             .node("root", root.node().clone())
             .state(root.state().clone())
-            .shared_executor(executor)
             .build()
             .expect("the agent builds");
     }
     let start = charter.node_name(root.node()).map(str::to_owned);
-    let mut agent = Agent::on_charter(charter).shared_executor(executor);
+    let mut agent = Agent::on_charter_with_executor(charter, executor);
     if let Some(start) = start {
         agent = agent.state(root.state().clone()).start(start);
     }
@@ -517,16 +515,14 @@ pub fn restore_on(
         .ok()
         .and_then(|v| v.get("state").cloned())
         .and_then(|state| {
-            Agent::on_charter(charter.clone())
-                .shared_executor(Arc::clone(&executor))
+            Agent::on_charter_with_executor(charter.clone(), Arc::clone(&executor))
                 .state(state)
                 .build()
                 .ok()
         });
     let agent = match with_state {
         Some(agent) => agent,
-        None => Agent::on_charter(charter)
-            .shared_executor(executor)
+        None => Agent::on_charter_with_executor(charter, executor)
             .build()
             .expect("the agent builds"),
     };

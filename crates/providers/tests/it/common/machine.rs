@@ -51,12 +51,14 @@ pub fn calculator(model: impl Model + 'static) -> Machine {
         .node("calc", node.clone())
         .build()
         .expect("charter builds");
-    markov_executor::Agent::on_charter(charter)
-        .executor(StandardExecutor::new(model))
-        .state(json!({}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine builds")
+    markov_executor::Agent::on_charter_with_executor(
+        charter,
+        std::sync::Arc::new(StandardExecutor::new(model)),
+    )
+    .state(json!({}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine builds")
 }
 
 /// Enqueues `text` as a user message and runs until the machine stops,

@@ -249,12 +249,12 @@ pub fn agent_on(
     charter: &Charter,
     executor: Arc<dyn markov_executor::Executor>,
 ) -> markov_executor::Agent {
-    let mut agent = markov_executor::Agent::builder(charter.name());
-    for (name, node) in charter.nodes() {
-        agent = agent.node(name, node.clone());
-    }
-    agent
-        .shared_executor(executor)
+    markov_executor::Agent::with_executor(charter.name(), executor)
+        .nodes(
+            charter
+                .nodes()
+                .map(|(name, node)| (name.to_owned(), node.clone())),
+        )
         .build()
         .expect("the agent builds")
 }
@@ -324,12 +324,14 @@ pub fn executor_with_budget(
 
 pub fn machine(model: Arc<dyn Model>, dir: &Dir) -> Machine {
     let (charter, _) = charter();
-    markov_executor::Agent::on_charter(charter)
-        .executor(executor(model, dir.path("effects"), dir.path("marker")))
-        .state(json!({"notes": 0}))
-        .build()
-        .map(|agent| agent.machine())
-        .expect("machine builds")
+    markov_executor::Agent::on_charter_with_executor(
+        charter,
+        Arc::new(executor(model, dir.path("effects"), dir.path("marker"))),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .map(|agent| agent.machine())
+    .expect("machine builds")
 }
 
 /// A response calling tools with the given ids.
@@ -579,11 +581,13 @@ pub fn metered_agent(dir: &Dir, answers: &[(&str, u64, u64)]) -> markov_executor
         ModelPrice::per_million_tokens(Usd::from_cents(100), Usd::from_cents(200)),
     );
     let (charter, _) = charter();
-    markov_executor::Agent::on_charter(charter)
-        .executor(executor(model, dir.path("effects"), dir.path("marker")).with_prices(prices))
-        .state(json!({"notes": 0}))
-        .build()
-        .expect("the agent builds")
+    markov_executor::Agent::on_charter_with_executor(
+        charter,
+        Arc::new(executor(model, dir.path("effects"), dir.path("marker")).with_prices(prices)),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .expect("the agent builds")
 }
 
 /// What a session used is written with each step and read back by the
