@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use crate::respond::pipeline::{
-    CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
+    CallLog, LeafView, PipelineOutcome, ToolCall, may_pause, run_tool_calls_logged,
 };
 use crate::respond::prompt::system_prompt;
 use crate::respond::take_transition;
@@ -31,6 +31,12 @@ use crate::usage::{
 };
 use async_trait::async_trait;
 use futures::StreamExt;
+use markov_charter::ConfigError;
+use markov_charter::charter::{AncestorView, PromptInput};
+use markov_charter::context::{ContextPolicy, TokenCount};
+use markov_charter::tool_choice::check_thinking;
+use markov_charter::toolgen::{generate_provider_tools, generate_tools_cached};
+use markov_charter::transition::{TransitionError, TransitionOutcome};
 use markov_core::Role;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
@@ -44,12 +50,6 @@ use markov_core::tool::{
 use markov_policy::{
     ErrorFormat, Mode, RecordedAnswer, RegistryBinding, Rejection, ToolErrorKind, ToolRegistry,
 };
-use markov_charter::ConfigError;
-use markov_charter::charter::{AncestorView, PromptInput};
-use markov_charter::context::{ContextPolicy, TokenCount};
-use markov_charter::tool_choice::check_thinking;
-use markov_charter::toolgen::{generate_provider_tools, generate_tools_cached};
-use markov_charter::transition::{TransitionError, TransitionOutcome};
 use serde_json::Value;
 use tracing::Instrument;
 
@@ -1451,12 +1451,56 @@ impl Executor for StandardExecutor {
                 return Err(error);
             }
         };
-        if !replayed && response.tool_calls().next().is_some() {
+        // The leaf as its calls see it, made before any call runs.
+        let ancestors = ancestor_views(&cx);
+        let packs = pack_states(&cx);
+        let turn = cx.policy.budgets().for_leaf(cx.instance().id());
+        let mut view = LeafView {
+            charter: cx.charter,
+            node: cx.instance().node(),
+            instance_id: cx.instance().id(),
+            root_id: cx.root().id(),
+            state: cx.instance().state(),
+            ancestors: &ancestors,
+            pack_states: &packs,
+            is_worker: cx.is_worker(),
+            history: cx.history,
+            terminate_message: cx.terminate_message,
+            policies: self
+                .registry
+                .as_deref()
+                .map(|binding| binding.session(&turn, cx.policy)),
+            // Without a registry, the plain path still keeps this
+            // conversation's ledger, so a resumed step never runs a
+            // completed call again.
+            conversation: Some(cx.policy),
+            repeats: Some(cx.policy.repeats()),
+            unrecorded: None,
+            loop_guard: cx
+                .instance()
+                .node()
+                .loop_guard()
+                .unwrap_or_else(|| cx.charter.loop_guard()),
+            capture_content: self.capture_content,
+        };
+        let history_len = u64::try_from(cx.history.len()).unwrap_or(u64::MAX);
+        // Nothing can replay an answer that no journal keeps, whose calls
+        // cannot pause the step and that is not a replay itself: without a
+        // registry (policies off), it is not recorded and its calls keep no
+        // ledger entries.
+        if !replayed
+            && self.registry.is_none()
+            && cx.policy.journal().is_none()
+            && !may_pause(&view, response.tool_calls().map(|(_, name, _)| name))
+        {
+            view.unrecorded = Some(history_len);
+        }
+        if !replayed && view.unrecorded.is_none() && response.tool_calls().next().is_some() {
             // Durable before the first tool runs: a resumed step must answer
             // these calls, not ask the model for new ones.
             let answer = RecordedAnswer {
                 instance: cx.instance().id().clone(),
-                history_len: u64::try_from(cx.history.len()).unwrap_or(u64::MAX),
+                history_len,
                 response: response.clone(),
                 paused: false,
             };
@@ -1511,36 +1555,6 @@ impl Executor for StandardExecutor {
             AfterModel::RunTools { entries, refused } => (entries, refused),
         };
         let calls = Calls::of(&entries, &refused);
-        let ancestors = ancestor_views(&cx);
-        let packs = pack_states(&cx);
-        let turn = cx.policy.budgets().for_leaf(cx.instance().id());
-        let view = LeafView {
-            charter: cx.charter,
-            node: cx.instance().node(),
-            instance_id: cx.instance().id(),
-            root_id: cx.root().id(),
-            state: cx.instance().state(),
-            ancestors: &ancestors,
-            pack_states: &packs,
-            is_worker: cx.is_worker(),
-            history: cx.history,
-            terminate_message: cx.terminate_message,
-            policies: self
-                .registry
-                .as_deref()
-                .map(|binding| binding.session(&turn, cx.policy)),
-            // Without a registry, the plain path still keeps this
-            // conversation's ledger, so a resumed step never runs a
-            // completed call again.
-            conversation: Some(cx.policy),
-            repeats: Some(cx.policy.repeats()),
-            loop_guard: cx
-                .instance()
-                .node()
-                .loop_guard()
-                .unwrap_or_else(|| cx.charter.loop_guard()),
-            capture_content: self.capture_content,
-        };
         // Taken before any call counts: a step that pauses puts the counters
         // back, since resuming replays its calls.
         let mark = cx.policy.mark_leaf(cx.instance().id());

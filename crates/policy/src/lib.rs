@@ -52,5 +52,5 @@ pub use state::{Journal, LeafMark, PolicyCounters, PolicySnapshot, PolicyState};
 pub use timeout::TimeoutLayer;
 pub use tools::{
     Executed, PolicyConfig, RegistryBinding, RegistryError, RegistrySession, ToolRegistry,
-    ToolRegistryBuilder, plain_registry,
+    ToolRegistryBuilder, plain_registry, unrecorded_registry,
 };

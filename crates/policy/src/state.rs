@@ -174,7 +174,21 @@ impl PolicyState {
             .snapshot()
             .iter()
             .find(|answer| Some(&answer.instance) == instance)
-            .map_or_else(String::new, |answer| answer.history_len.to_string());
+            .map(|answer| answer.history_len);
+        self.tool_key_at(instance, answer, call_id)
+    }
+
+    /// [`tool_key`](Self::tool_key) of a call made by the answer asked over
+    /// a history of `answer` messages (`None`: no answer is recorded for
+    /// the instance), for a call whose answer was not recorded because
+    /// nothing can replay it: the same key it would have had.
+    pub fn tool_key_at(
+        &self,
+        instance: Option<&InstanceId>,
+        answer: Option<u64>,
+        call_id: &ToolCallId,
+    ) -> String {
+        let answer = answer.map_or_else(String::new, |len| len.to_string());
         let mut hasher = Sha256::new();
         for part in [
             "markov-tool-call",
