@@ -1454,7 +1454,11 @@ impl Executor for StandardExecutor {
         // The leaf as its calls see it, made before any call runs.
         let ancestors = ancestor_views(&cx);
         let packs = pack_states(&cx);
-        let turn = cx.policy.budgets().for_leaf(cx.instance().id());
+        // The turn's budget counters only matter to a registry's stages.
+        let turn = self
+            .registry
+            .as_ref()
+            .map(|_| cx.policy.budgets().for_leaf(cx.instance().id()));
         let mut view = LeafView {
             charter: cx.charter,
             node: cx.instance().node(),
@@ -1469,7 +1473,8 @@ impl Executor for StandardExecutor {
             policies: self
                 .registry
                 .as_deref()
-                .map(|binding| binding.session(&turn, cx.policy)),
+                .zip(turn.as_ref())
+                .map(|(binding, turn)| binding.session(turn, cx.policy)),
             // Without a registry, the plain path still keeps this
             // conversation's ledger, so a resumed step never runs a
             // completed call again.

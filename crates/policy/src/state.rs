@@ -262,7 +262,7 @@ impl PolicyState {
     pub fn mark_leaf(&self, leaf: &InstanceId) -> LeafMark {
         LeafMark {
             leaf: leaf.clone(),
-            budget: self.budgets.for_leaf(leaf).mark(),
+            budget: self.budgets.mark(leaf),
             repeats: self.repeats.mark(leaf),
         }
     }
