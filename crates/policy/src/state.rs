@@ -223,8 +223,11 @@ impl PolicyState {
     pub fn settle_step(&self) {
         self.answers.settle();
         // The step's results are in the history now: its answered calls are
-        // never asked for again, but those of a paused answer are.
-        self.ledger.retain_only(&self.replayable_keys());
+        // never asked for again, but those of a paused answer are. (A step
+        // whose calls kept no ledger entries has nothing to sort out.)
+        if !self.ledger.is_empty() {
+            self.ledger.retain_only(&self.replayable_keys());
+        }
         let paused = self.answers.paused();
         self.approvals
             .forget_held(|instance| paused.contains(instance));
