@@ -959,7 +959,9 @@ impl StandardExecutor {
         (options.on_message_stream)(&event);
         // Structured output is never streamed.
         let result = if prepared.output_schema.is_none() {
-            self.read_stream(request, &mut vessel, options).await
+            // Boxed, so that the stream's reader does not enlarge the step
+            // future of every call that is not streamed.
+            Box::pin(self.read_stream(request, &mut vessel, options)).await
         } else {
             self.model.complete(request).await
         };
@@ -1052,6 +1054,19 @@ impl StandardExecutor {
             }
             return result.map(|(response, vessel)| Called::Answer(response, vessel));
         };
+        // Boxed: the policy's summaries and counts would make every leaf's
+        // step future larger, copied whole on every step without a policy.
+        Box::pin(self.call_with_policy(cx, policy, prepared, spent)).await
+    }
+
+    /// [`call_in_context`](Self::call_in_context) under a context policy.
+    async fn call_with_policy(
+        &self,
+        cx: &LeafContext<'_>,
+        policy: &ContextPolicy,
+        prepared: &Prepared,
+        spent: &mut markov_core::model::Usage,
+    ) -> Result<Called, RunError> {
         // The native summaries the model may be shown: its own vendor's,
         // under a policy that compacts natively.
         let reads = native_reads(policy, &*self.model);
