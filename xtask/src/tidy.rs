@@ -15,10 +15,13 @@
 //!   `markov-macros` (its `macros` feature);
 //! - the layers point one way, `core` ← `policy` ← `charter` ← `executor` ←
 //!   `store`: `policy` (the tool registry) depends on core only;
-//!   `charter` depends on neither `executor` nor `store`, `executor` knows
+//!   `charter` depends on neither `context`, `executor` nor `store`;
+//!   `context` (views, token counts, usage, limits, prices) sits between
+//!   `charter` and `executor` and depends on neither `executor`, `store`
+//!   nor a vendor; `executor` knows
 //!   no database driver, no vendor and not `store`, `store` knows no model
 //!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
-//!   `charter` and `executor`; `mcp` builds on `core` and `policy` only,
+//!   `charter`, `context` and `executor`; `mcp` builds on `core` and `policy` only,
 //!   and none of `core`, `policy`, `charter` and `executor` depends on it;
 //! - internal (`markov-*`) dependencies carry both `path` and `version`, so
 //!   each crate can be published on its own;
@@ -354,7 +357,12 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         package: "markov-charter",
-        forbidden: &["markov-executor", "markov-store", "markov-mcp"],
+        forbidden: &[
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+            "markov-mcp",
+        ],
         except: &[],
         reason: "the layers are core <- charter <- executor <- store",
     },
@@ -371,6 +379,20 @@ const LAYERS: &[Layer] = &[
         reason: "the executor knows no database and no vendor; the store builds on it",
     },
     Layer {
+        package: "markov-context",
+        forbidden: &[
+            "markov-executor",
+            "markov-store",
+            "markov-server",
+            "markov-providers",
+            "markov-mcp",
+            "markov-cli",
+            "markov-eval",
+        ],
+        except: &[],
+        reason: "context and usage are leaves the executor calls: they know no instance tree, store or vendor",
+    },
+    Layer {
         package: "markov-store",
         forbidden: &["markov-providers", "markov-cli", "reqwest"],
         except: &[],
@@ -380,6 +402,7 @@ const LAYERS: &[Layer] = &[
         package: "markov-policy",
         forbidden: &[
             "markov-charter",
+            "markov-context",
             "markov-executor",
             "markov-store",
             "markov-providers",
@@ -392,6 +415,7 @@ const LAYERS: &[Layer] = &[
         package: "markov-mcp",
         forbidden: &[
             "markov-charter",
+            "markov-context",
             "markov-executor",
             "markov-store",
             "markov-providers",
@@ -440,7 +464,7 @@ const LAYERS: &[Layer] = &[
 ];
 
 /// The layers a leaf crate (tools, testkit, providers) must not reach.
-const ABOVE_CORE: &[&str] = &["markov-charter", "markov-executor"];
+const ABOVE_CORE: &[&str] = &["markov-charter", "markov-context", "markov-executor"];
 
 /// Flags `[dependencies]` of the manifest's package that its layer forbids.
 fn check_layering(path: &str, manifest: &str) -> Vec<String> {
@@ -786,6 +810,13 @@ fn layers_point_one_way() {
     let policy =
         "[package]\nname = \"markov-policy\"\n[dependencies]\nmarkov-mcp.workspace = true\n";
     assert_eq!(check_layering("p", policy).len(), 1);
+    // Context and usage are leaves the executor calls, never the reverse,
+    // and the definitions they read do not know them.
+    let context = "[package]\nname = \"markov-context\"\n[dependencies]\nmarkov-charter.workspace = true\nmarkov-executor.workspace = true\nmarkov-store.workspace = true\n";
+    assert_eq!(check_layering("c", context).len(), 2);
+    let charter_context =
+        "[package]\nname = \"markov-charter\"\n[dependencies]\nmarkov-context.workspace = true\n";
+    assert_eq!(check_layering("r", charter_context).len(), 1);
 }
 
 #[test]

@@ -8,16 +8,16 @@
 
 use std::sync::Arc;
 
+use markov_charter::ConfigError;
+use markov_charter::charter::{Charter, CharterBuilder};
+use markov_charter::context::ContextPolicy;
+use markov_charter::node::{Node, NodeBuilder, OutputConfig};
 use markov_core::model::{Model, ModelSettings};
 use markov_core::tool::{SharedTool, Tool};
 use markov_policy::{
     Budget, EnvelopeMode, ErrorFormat, Mode, PolicyConfig, RegistryError, ToolMetadata,
     ToolRegistry, ToolRegistryBuilder,
 };
-use markov_charter::ConfigError;
-use markov_charter::charter::{Charter, CharterBuilder};
-use markov_charter::context::ContextPolicy;
-use markov_charter::node::{Node, NodeBuilder, OutputConfig};
 use schemars::JsonSchema;
 use serde_json::Value;
 
@@ -29,7 +29,7 @@ use crate::run::RunOptions;
 use crate::serialize::{DeserializeError, SerializedMachine, deserialize_machine};
 use crate::standard::{StandardExecutor, Unservable};
 use crate::stream::MessageStreamEvent;
-use crate::usage::{Prices, UsageLimits};
+use markov_context::{Prices, UsageLimits};
 
 /// An agent, ready to run: see [`Agent::builder`].
 ///
@@ -574,7 +574,8 @@ impl AgentBuilder {
     /// than make a call that could pass one.
     ///
     /// ```
-    /// use markov_executor::{Agent, Limit, UsageLimits, YieldReason};
+    /// use markov_context::{Limit, UsageLimits};
+    /// use markov_executor::{Agent, YieldReason};
     /// use markov_testkit::ScriptedModel;
     ///
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {

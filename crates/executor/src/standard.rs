@@ -25,10 +25,6 @@ use crate::respond::pipeline::{
 };
 use crate::respond::prompt::system_prompt;
 use crate::respond::take_transition;
-use crate::usage::{
-    Call, LimitExceeded, Prices, admit_call, estimate_framing_tokens, estimate_input_tokens,
-    metered, metered_usage,
-};
 use async_trait::async_trait;
 use futures::StreamExt;
 use markov_charter::ConfigError;
@@ -37,6 +33,10 @@ use markov_charter::context::{ContextPolicy, TokenCount};
 use markov_charter::tool_choice::check_thinking;
 use markov_charter::toolgen::{generate_provider_tools, generate_tools_cached};
 use markov_charter::transition::{TransitionError, TransitionOutcome};
+use markov_context::{
+    LimitExceeded, ModelCall, Prices, admit_call, estimate_framing_tokens, estimate_input_tokens,
+    metered, metered_usage,
+};
 use markov_core::Role;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
@@ -53,7 +53,6 @@ use markov_policy::{
 use serde_json::Value;
 use tracing::Instrument;
 
-use crate::context::{Forced, SummaryJob, native_reads};
 use crate::effect::{Effect, Entry};
 use crate::error::RunError;
 use crate::executor::{Executor, Intent, LeafContext, LeafOutcome};
@@ -61,6 +60,7 @@ use crate::instance::SuspendInfo;
 use crate::queue::Queue;
 use crate::step::{TurnState, YieldReason};
 use crate::stream::{MessageStreamEvent, StreamOptions, VesselState};
+use markov_context::{Forced, SummaryJob, native_reads};
 
 /// The result text of a tool call cut off by the token limit.
 pub const CUT_OFF_TOOL_CALL: &str =
@@ -903,8 +903,8 @@ impl StandardExecutor {
     }
 
     /// The leaf's model call, as the usage limits and prices see it.
-    fn call<'a>(&'a self, prepared: &'a Prepared) -> Call<'a> {
-        Call {
+    fn call<'a>(&'a self, prepared: &'a Prepared) -> ModelCall<'a> {
+        ModelCall {
             provider: self.model.provider_name(),
             settings: &prepared.settings,
             configured: self.model.model_name(),
@@ -1074,10 +1074,10 @@ impl StandardExecutor {
         let counted = self.within_by_count(cx, policy, prepared, reads).await;
         let view = match counted.map_or_else(
             || cx.views.prepare(policy, cx.history, reads),
-            crate::context::Prepared::Ready,
+            markov_context::Prepared::Ready,
         ) {
-            crate::context::Prepared::Ready(view) => view,
-            crate::context::Prepared::Summarize(job) => {
+            markov_context::Prepared::Ready(view) => view,
+            markov_context::Prepared::Summarize(job) => {
                 match self.summarize(cx, policy, prepared, job, spent).await? {
                     Summarized::Limited(limit) => return Ok(Called::Limited(limit)),
                     Summarized::Failed => cx.views.summary_failed(policy),
@@ -1139,7 +1139,7 @@ impl StandardExecutor {
             return self.compact(cx, policy, prepared, job, spent).await;
         }
         let model = summarize.model();
-        let call = Call {
+        let call = ModelCall {
             provider: model.provider_name(),
             settings: summarize.model_settings(),
             configured: model.model_name(),
@@ -1237,7 +1237,7 @@ impl StandardExecutor {
                 .or_else(|| prepared.settings.model.clone()),
             ..summarize.model_settings().clone()
         };
-        let call = Call {
+        let call = ModelCall {
             provider: model.provider_name(),
             settings: &settings,
             configured: model.model_name(),
@@ -1316,8 +1316,8 @@ impl StandardExecutor {
         policy: &ContextPolicy,
         prepared: &Prepared,
         reads: Option<&str>,
-    ) -> Option<crate::context::ViewRef> {
-        use crate::count::{Known, Unavailable};
+    ) -> Option<markov_context::ViewRef> {
+        use markov_context::{Known, Unavailable};
         if policy.token_count() != TokenCount::Provider {
             return None;
         }

@@ -37,6 +37,8 @@
 //! - [`policy`]: the tool registry and its policy pipeline;
 //! - [`charter`]: the definitions a machine is made of (charter, nodes,
 //!   transitions, packs) and their serialized forms;
+//! - [`context`]: context views and compaction, token counts, usage,
+//!   usage limits and model prices;
 //! - [`executor`]: the machine, its run loop, snapshots;
 //! - [`tools`]: the standard `respond` and `finish` tools;
 //! - [`testkit`] (feature `testkit`, on by default): scripted models;
@@ -53,6 +55,8 @@
 //!   run's steps, reports and baseline comparison.
 #![deny(missing_docs)]
 
+pub use markov_charter as charter;
+pub use markov_context as context;
 pub use markov_core as core;
 #[cfg(feature = "eval")]
 pub use markov_eval as eval;
@@ -65,7 +69,6 @@ pub use markov_otel as otel;
 pub use markov_policy as policy;
 #[cfg(feature = "providers")]
 pub use markov_providers as providers;
-pub use markov_charter as charter;
 #[cfg(feature = "server")]
 pub use markov_server as server;
 #[cfg(feature = "store")]
@@ -76,22 +79,22 @@ pub use markov_tools_std as tools;
 
 /// What an application needs to build and run an agent, in one import.
 pub mod prelude {
-    pub use markov_core::tool::{Delivery, TerminateResponse, Tool, ToolContext, ToolReply};
-    pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice, Usd};
-    pub use markov_executor::{
-        Agent, BuildError, Limit, Machine, MachineStep, ModelPrice, Prices, RunError, RunOptions,
-        UsageLimits, YieldReason, run_machine,
-    };
-    pub use markov_macros::tool;
-    pub use markov_policy::{
-        ApprovalFlow, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
-    };
     pub use markov_charter::charter::Charter;
     pub use markov_charter::context::{ContextPolicy, Summarize, TokenCount};
     pub use markov_charter::node::{Node, OutputConfig};
     pub use markov_charter::pack::Pack;
     pub use markov_charter::tool_choice::{OutputRestriction, ToolChoiceRule};
     pub use markov_charter::transition::Transition;
+    pub use markov_context::{Limit, ModelPrice, Prices, UsageLimits};
+    pub use markov_core::tool::{Delivery, TerminateResponse, Tool, ToolContext, ToolReply};
+    pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice, Usd};
+    pub use markov_executor::{
+        Agent, BuildError, Machine, MachineStep, RunError, RunOptions, YieldReason, run_machine,
+    };
+    pub use markov_macros::tool;
+    pub use markov_policy::{
+        ApprovalFlow, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
+    };
     #[cfg(feature = "server")]
     pub use markov_server::{Server, create_api_key};
     #[cfg(feature = "store")]

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use markov_charter::node::Node;
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{ApprovalFlow, Budget, Category, PolicyConfig, ToolMetadata};
-use markov_charter::node::Node;
 use markov_server::{Limits, Server, ServerBuilder, create_api_key};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
@@ -315,9 +315,9 @@ async fn a_step_event_names_the_model_that_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_usage_limit_ends_the_turn_with_its_reason_and_the_session_shows_its_usage() {
+    use markov_context::{Limit, UsageLimits};
     use markov_core::message::Item;
     use markov_core::model::StopReason;
-    use markov_executor::{Limit, UsageLimits};
     let calls = Arc::new(AtomicUsize::new(0));
     let model = ScriptedModel::builder()
         .response(

@@ -8,14 +8,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::Item;
 use markov_core::async_trait;
 use markov_core::model::{Model, ModelResponse, StopReason};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Machine, StandardExecutor};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -559,9 +559,9 @@ const HOUSE_MODEL: &str = "house-model";
 /// of output and `reasoning` reasoning tokens, priced at the house model's
 /// price.
 pub fn metered_agent(dir: &Dir, answers: &[(&str, u64, u64)]) -> markov_executor::Agent {
+    use markov_context::{ModelPrice, Prices};
     use markov_core::Usd;
     use markov_core::model::Usage;
-    use markov_executor::{ModelPrice, Prices};
     let script = answers.iter().map(|(text, input, reasoning)| {
         ModelResponse::new(vec![Item::text(*text)], StopReason::EndTurn)
             .with_usage(Usage {
@@ -593,7 +593,7 @@ pub fn metered_agent(dir: &Dir, answers: &[(&str, u64, u64)]) -> markov_executor
 pub async fn usage_contract<S: markov_store::Store + ?Sized + 'static>(
     store: Arc<S>,
     dir: &Dir,
-) -> (markov_store::SessionId, markov_executor::UsageTotals) {
+) -> (markov_store::SessionId, markov_context::UsageTotals) {
     use markov_core::Usd;
     use markov_store::{DurableMachine, SessionId, WorkerId};
     let agent = metered_agent(dir, &[("one", 1_000, 4), ("two", 2_000, 6)]);
