@@ -300,13 +300,36 @@ fn is_provider_tool(leaf: &LeafView<'_>, name: &str) -> bool {
 }
 
 fn resolve<'a>(leaf: &LeafView<'a>, name: &str) -> Option<Found<'a>> {
-    if let Some(t) = leaf.node.tools().get(name) {
+    find(
+        leaf.charter,
+        leaf.node,
+        leaf.ancestors,
+        leaf.is_worker,
+        name,
+    )
+    // A tool registered only in the registry runs like a charter tool.
+    .or_else(|| {
+        let t = leaf.policies.and_then(|p| p.registry.tool(name))?;
+        Some(Found::Node(t, Scope::Current))
+    })
+}
+
+/// [`resolve`] without a registry: the node, its ancestors (nearest
+/// first), the charter, then the node's packs (not for a worker).
+fn find<'a>(
+    charter: &'a Charter,
+    node: &'a Node,
+    ancestors: &'a [AncestorView<'a>],
+    is_worker: bool,
+    name: &str,
+) -> Option<Found<'a>> {
+    if let Some(t) = node.tools().get(name) {
         return Some(Found::Node(t, Scope::Current));
     }
-    for ancestor in leaf.ancestors.iter().rev() {
+    for ancestor in ancestors.iter().rev() {
         if let Some(t) = ancestor.node.tools().get(name) {
             // An ancestor sharing the leaf's node definition counts as current.
-            let scope = if ancestor.node.id() == leaf.node.id() {
+            let scope = if ancestor.node.id() == node.id() {
                 Scope::Current
             } else {
                 Scope::Ancestor(ancestor.state)
@@ -314,35 +337,40 @@ fn resolve<'a>(leaf: &LeafView<'a>, name: &str) -> Option<Found<'a>> {
             return Some(Found::Node(t, scope));
         }
     }
-    if let Some(t) = leaf.charter.tools().get(name) {
+    if let Some(t) = charter.tools().get(name) {
         return Some(Found::Node(t, Scope::Current));
     }
-    if !leaf.is_worker {
-        for pack in leaf.node.packs() {
+    if !is_worker {
+        for pack in node.packs() {
             if let Some(t) = pack.tools().get(name) {
                 return Some(Found::Pack(t, pack));
             }
         }
     }
-    // A tool registered only in the registry runs like a charter tool.
-    if let Some(t) = leaf.policies.and_then(|p| p.registry.tool(name)) {
-        return Some(Found::Node(t, Scope::Current));
-    }
     None
 }
 
-/// Whether a call of `names` may pause the step or must run at most once:
-/// its tool needs the application's approval, or must never run twice.
-/// Such an answer is recorded before its calls run, and they keep the
-/// ledger, so that a resumed step answers what ran.
-pub(crate) fn may_pause<'n>(leaf: &LeafView<'_>, mut names: impl Iterator<Item = &'n str>) -> bool {
-    names.any(|name| match resolve(leaf, name) {
-        Some(Found::Node(tool, _) | Found::Pack(tool, _)) => {
-            let definition = tool.definition();
-            definition.needs_approval || definition.delivery == Some(Delivery::AtMostOnce)
-        }
-        None => false,
-    })
+/// Whether a call of `names` by a leaf without a registry (its `node`
+/// under `ancestors`) may pause the step or must run at most once: its
+/// tool needs the application's approval, or must never run twice. Such
+/// an answer is recorded before its calls run, and they keep the ledger,
+/// so that a resumed step answers what ran.
+pub(crate) fn may_pause<'n>(
+    charter: &Charter,
+    node: &Node,
+    ancestors: &[AncestorView<'_>],
+    is_worker: bool,
+    mut names: impl Iterator<Item = &'n str>,
+) -> bool {
+    names.any(
+        |name| match find(charter, node, ancestors, is_worker, name) {
+            Some(Found::Node(tool, _) | Found::Pack(tool, _)) => {
+                let definition = tool.definition();
+                definition.needs_approval || definition.delivery == Some(Delivery::AtMostOnce)
+            }
+            None => false,
+        },
+    )
 }
 
 fn pack_state(
