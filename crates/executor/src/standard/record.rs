@@ -368,8 +368,12 @@ pub(super) fn finalize_vessel(
 /// unique. A model can repeat one id thousands of times in one response:
 /// a set, and a counter per repeated id that resumes where the last
 /// search stopped, keep the renaming linear in the number of calls.
+/// The first id is held apart, so that a response of one call (the most
+/// common) makes no set.
 #[derive(Default)]
 pub(super) struct CallIds {
+    first: Option<ToolCallId>,
+    /// The ids after the first.
     taken: HashSet<ToolCallId>,
     /// Per repeated id, the first suffix not yet tried.
     next: HashMap<ToolCallId, u64>,
@@ -377,11 +381,16 @@ pub(super) struct CallIds {
 
 impl CallIds {
     fn contains(&self, id: &ToolCallId) -> bool {
-        self.taken.contains(id)
+        self.first.as_ref() == Some(id) || self.taken.contains(id)
     }
 
     fn insert(&mut self, id: ToolCallId) {
-        self.taken.insert(id);
+        match self.first {
+            None => self.first = Some(id),
+            Some(_) => {
+                self.taken.insert(id);
+            }
+        }
     }
 
     /// `id` with the first numeric suffix from 2 (`id_2`, `id_3`, ...) that
@@ -392,7 +401,7 @@ impl CallIds {
         loop {
             let candidate = ToolCallId::new(format!("{id}_{n}"));
             *n = n.saturating_add(1);
-            if !self.taken.contains(&candidate) {
+            if self.first.as_ref() != Some(&candidate) && !self.taken.contains(&candidate) {
                 return candidate;
             }
         }
