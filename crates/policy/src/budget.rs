@@ -215,9 +215,7 @@ impl TurnBudgets {
     /// for it: a machine without a registry never charges one).
     pub(crate) fn mark(&self, leaf: &InstanceId) -> (u32, [u32; 3]) {
         let leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
-        leaves
-            .get(leaf)
-            .map_or((0, [0; 3]), |state| state.mark())
+        leaves.get(leaf).map_or((0, [0; 3]), |state| state.mark())
     }
 
     /// Starts a new user turn: every leaf's counters start over.
