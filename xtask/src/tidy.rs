@@ -15,11 +15,13 @@
 //!   `markov-macros` (its `macros` feature);
 //! - the layers point one way, `core` ← `policy`, `charter` ← `executor` ←
 //!   `store`: `policy` (the tool registry) depends on core only;
-//!   `charter` (the definitions) depends on none of `policy`, `executor`
-//!   and `store`, `executor` knows
+//!   `charter` (the definitions) depends on none of `policy`, `context`,
+//!   `executor` and `store`; `context` (views, token counts, usage, limits,
+//!   prices) sits between `charter` and `executor` and depends on neither
+//!   `executor`, `store` nor a vendor; `executor` knows
 //!   no database driver, no vendor and not `store`, `store` knows no model
 //!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
-//!   `charter` and `executor`; `mcp` builds on `core` and `policy` only,
+//!   `charter`, `context` and `executor`; `mcp` builds on `core` and `policy` only,
 //!   and none of `core`, `policy`, `charter` and `executor` depends on it;
 //! - no crate's top-level modules import each other in a cycle (`use
 //!   crate::x` and `crate::x::` edges between the files and folders of its
@@ -629,6 +631,7 @@ const LAYERS: &[Layer] = &[
         package: "markov-charter",
         forbidden: &[
             "markov-policy",
+            "markov-context",
             "markov-executor",
             "markov-store",
             "markov-mcp",
@@ -649,6 +652,20 @@ const LAYERS: &[Layer] = &[
         reason: "the executor knows no database and no vendor; the store builds on it",
     },
     Layer {
+        package: "markov-context",
+        forbidden: &[
+            "markov-executor",
+            "markov-store",
+            "markov-server",
+            "markov-providers",
+            "markov-mcp",
+            "markov-cli",
+            "markov-eval",
+        ],
+        except: &[],
+        reason: "context and usage are leaves the executor calls: they know no instance tree, store or vendor",
+    },
+    Layer {
         package: "markov-store",
         forbidden: &["markov-providers", "markov-cli", "reqwest"],
         except: &[],
@@ -658,6 +675,7 @@ const LAYERS: &[Layer] = &[
         package: "markov-policy",
         forbidden: &[
             "markov-charter",
+            "markov-context",
             "markov-executor",
             "markov-store",
             "markov-providers",
@@ -670,6 +688,7 @@ const LAYERS: &[Layer] = &[
         package: "markov-mcp",
         forbidden: &[
             "markov-charter",
+            "markov-context",
             "markov-executor",
             "markov-store",
             "markov-providers",
@@ -718,7 +737,7 @@ const LAYERS: &[Layer] = &[
 ];
 
 /// The layers a leaf crate (tools, testkit, providers) must not reach.
-const ABOVE_CORE: &[&str] = &["markov-charter", "markov-executor"];
+const ABOVE_CORE: &[&str] = &["markov-charter", "markov-context", "markov-executor"];
 
 /// Flags `[dependencies]` of the manifest's package that its layer forbids.
 fn check_layering(path: &str, manifest: &str) -> Vec<String> {
@@ -1072,6 +1091,13 @@ fn layers_point_one_way() {
     let policy =
         "[package]\nname = \"markov-policy\"\n[dependencies]\nmarkov-mcp.workspace = true\n";
     assert_eq!(check_layering("p", policy).len(), 1);
+    // Context and usage are leaves the executor calls, never the reverse,
+    // and the definitions they read do not know them.
+    let context = "[package]\nname = \"markov-context\"\n[dependencies]\nmarkov-charter.workspace = true\nmarkov-executor.workspace = true\nmarkov-store.workspace = true\n";
+    assert_eq!(check_layering("c", context).len(), 2);
+    let charter_context =
+        "[package]\nname = \"markov-charter\"\n[dependencies]\nmarkov-context.workspace = true\n";
+    assert_eq!(check_layering("r", charter_context).len(), 1);
 }
 
 #[test]

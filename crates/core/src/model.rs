@@ -1084,8 +1084,24 @@ impl<L: ModelLayer> Model for L {
 /// of this file checks.)
 #[async_trait]
 impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        (**self).complete(request).await
+    // The inner model's future as it is: an `async fn` here would box it a
+    // second time on every call.
+    fn complete<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        request: ModelRequest<'life1>,
+    ) -> std::pin::Pin<
+        Box<
+            dyn std::future::Future<Output = Result<ModelResponse, ModelError>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        (**self).complete(request)
     }
 
     fn provider_name(&self) -> &str {

@@ -116,7 +116,7 @@ pub enum RunError {
     NotAwaitingApproval,
     /// A limit on money is set, but the model of the next call has no
     /// price: the call was not made. Give it one with
-    /// [`Prices::model`](crate::Prices::model).
+    /// [`Prices::model`](markov_context::Prices::model).
     #[error(
         "a cost limit is set but model {} has no price: give it one with Prices::model",
         .model.as_deref().map_or_else(|| "(none named: neither the request nor the client names one)".to_owned(), |m| format!("{m:?}"))
@@ -126,4 +126,12 @@ pub enum RunError {
         /// own); `None` when neither names one.
         model: Option<String>,
     },
+}
+
+impl From<markov_context::NoPrice> for RunError {
+    fn from(no_price: markov_context::NoPrice) -> Self {
+        RunError::NoPrice {
+            model: no_price.model,
+        }
+    }
 }

@@ -9,12 +9,12 @@ use markov_core::tool::TerminateResponse;
 use markov_policy::PolicyState;
 use serde_json::Value;
 
-use crate::context::ContextViews;
 use crate::effect::Entry;
 use crate::error::RunError;
 use crate::instance::{ActiveLeaf, Instance};
 use crate::queue::Queue;
 use crate::step::{TurnState, YieldReason};
+use markov_context::ContextViews;
 
 /// Everything an executor may read for one leaf in one step. It may not
 /// change the tree: it reports messages and effects in a [`LeafOutcome`].
@@ -44,9 +44,9 @@ pub struct LeafContext<'a> {
     /// The conversation's approvals, idempotency ledger and budget counters.
     pub policy: &'a PolicyState,
     /// The usage limits and what the run, turn and session have used: a
-    /// model call is made only if [`UsageMeter::admit`](crate::UsageMeter::admit)
+    /// model call is made only if [`UsageMeter::admit`](markov_context::UsageMeter::admit)
     /// admits its estimate.
-    pub usage: &'a crate::usage::UsageMeter,
+    pub usage: &'a markov_context::UsageMeter,
     /// The machine's context views (what a context policy shows of the
     /// history; see [`ContextViews`]).
     pub views: &'a ContextViews,
@@ -97,7 +97,7 @@ pub struct LeafOutcome {
     pub usage: markov_core::model::Usage,
     /// The limit the leaf's model call could have passed, when it was not
     /// made (with yield reason [`YieldReason::UsageLimit`]).
-    pub usage_limit: Option<crate::usage::LimitExceeded>,
+    pub usage_limit: Option<markov_context::LimitExceeded>,
     /// The model that answered the leaf's call, as the answer names it
     /// ([`ModelResponse::model`](markov_core::ModelResponse::model)).
     pub model: Option<String>,

@@ -40,8 +40,6 @@
 pub mod agent;
 pub mod client;
 mod command;
-mod context;
-mod count;
 mod effect;
 mod error;
 mod executor;
@@ -56,7 +54,6 @@ mod standard;
 mod step;
 pub mod stream;
 mod typed;
-pub mod usage;
 
 pub use agent::{Agent, AgentBuilder, BuildError};
 pub use client::{
@@ -66,7 +63,6 @@ pub use client::{
 pub use command::{
     CommandExecution, CommandOptions, CommandOutcome, available_commands, run_command,
 };
-pub use context::{ContextViews, SUMMARY_PREAMBLE};
 pub use effect::{Effect, Entry};
 pub use error::RunError;
 pub use executor::{Executor, Intent, LeafContext, LeafOutcome};
@@ -86,7 +82,3 @@ pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, 
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use typed::{DEFAULT_TYPED_RETRIES, Typed, TypedRunError, retry_prompt};
-pub use usage::{
-    Limit, LimitExceeded, LimitKind, LimitScope, ModelPrice, Prices, UsageLimits,
-    UsageLimitsBuilder, UsageLimitsError, UsageMeter, UsageTotals,
-};

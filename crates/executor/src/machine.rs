@@ -14,7 +14,7 @@ use crate::externalize::Externals;
 use crate::instance::Instance;
 use crate::queue::Queue;
 use crate::run::RunOptions;
-use crate::usage::UsageTotals;
+use markov_context::UsageTotals;
 
 /// The unit of persistence: definitions plus everything a conversation accumulated.
 pub struct Machine {
@@ -36,7 +36,7 @@ pub struct Machine {
     pub(crate) usage: UsageTotals,
     /// What context policies show of the history; derived from it, never
     /// serialized.
-    pub(crate) views: crate::context::ContextViews,
+    pub(crate) views: markov_context::ContextViews,
 }
 
 impl fmt::Debug for Machine {
@@ -124,7 +124,7 @@ impl Machine {
             policy: Arc::new(PolicyState::new()),
             run_options,
             usage: UsageTotals::default(),
-            views: crate::context::ContextViews::default(),
+            views: markov_context::ContextViews::default(),
         };
         machine.sync_externalized();
         machine

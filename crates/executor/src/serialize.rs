@@ -57,7 +57,7 @@ use crate::executor::Executor;
 use crate::instance::{Instance, MAX_TREE_DEPTH, SuspendInfo};
 use crate::machine::Machine;
 use crate::queue::Queue;
-use crate::usage::UsageTotals;
+use markov_context::UsageTotals;
 
 /// The snapshot format this build writes and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;

@@ -48,7 +48,7 @@ pub enum YieldReason {
     /// over. See [`RunState::cancel`](crate::RunState::cancel).
     Cancelled,
     /// The next model call could have passed a usage limit
-    /// ([`UsageLimits`](crate::UsageLimits)), so it was not made: the run
+    /// ([`UsageLimits`](markov_context::UsageLimits)), so it was not made: the run
     /// ends here, everything before it recorded, and
     /// [`MachineStep::usage_limit`] says which limit. The next turn goes on
     /// unless the limit is the session's.
@@ -132,10 +132,10 @@ pub struct MachineStep {
     pub run_usage: markov_core::model::Usage,
     /// What the user turn and the session have used so far, this step
     /// included ([`Machine::usage`](crate::Machine::usage)).
-    pub totals: crate::usage::UsageTotals,
+    pub totals: markov_context::UsageTotals,
     /// The limit the next model call could have passed (on a
     /// [`YieldReason::UsageLimit`] step).
-    pub usage_limit: Option<crate::usage::LimitExceeded>,
+    pub usage_limit: Option<markov_context::LimitExceeded>,
     /// The model that answered this step's model call, as the answer names
     /// it ([`ModelResponse::model`](markov_core::ModelResponse::model)):
     /// the primary leaf's, or a worker's on a step of workers only. With a

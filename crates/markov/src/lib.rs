@@ -37,6 +37,8 @@
 //! - [`policy`]: the tool registry and its policy pipeline;
 //! - [`charter`]: the definitions a machine is made of (charter, nodes,
 //!   transitions, packs) and their serialized forms;
+//! - [`context`]: context views and compaction, token counts, usage,
+//!   usage limits and model prices;
 //! - [`executor`]: the machine, its run loop, snapshots;
 //! - [`tools`]: the standard `respond` and `finish` tools;
 //! - [`testkit`] (feature `testkit`, on by default): scripted models;
@@ -54,6 +56,7 @@
 #![deny(missing_docs)]
 
 pub use markov_charter as charter;
+pub use markov_context as context;
 pub use markov_core as core;
 #[cfg(feature = "eval")]
 pub use markov_eval as eval;
@@ -83,11 +86,11 @@ pub mod prelude {
     pub use markov_charter::pack::Pack;
     pub use markov_charter::tool_choice::{OutputRestriction, ToolChoiceRule};
     pub use markov_charter::transition::Transition;
+    pub use markov_context::{Limit, ModelPrice, Prices, UsageLimits};
     pub use markov_core::tool::{Delivery, TerminateResponse, Tool, ToolContext, ToolReply};
     pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice, Usd};
     pub use markov_executor::{
-        Agent, BuildError, Limit, Machine, MachineStep, ModelPrice, Prices, RunError, RunOptions,
-        UsageLimits, YieldReason, run_machine,
+        Agent, BuildError, Machine, MachineStep, RunError, RunOptions, YieldReason, run_machine,
     };
     pub use markov_macros::tool;
     pub use markov_policy::{

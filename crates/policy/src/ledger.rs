@@ -18,7 +18,7 @@
 //! at-most-once calls — is said in its own file.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures::channel::oneshot;
@@ -256,9 +256,11 @@ enum Slot {
 
 #[derive(Default)]
 struct Inner {
-    slots: HashMap<String, Slot>,
+    // A key is shared by its slot, its place in the order and the claim of
+    // its call: one allocation each.
+    slots: HashMap<Arc<str>, Slot>,
     /// Answered keys, oldest first.
-    order: VecDeque<String>,
+    order: VecDeque<Arc<str>>,
     bytes: usize,
 }
 
@@ -341,10 +343,21 @@ impl IdempotencyLedger {
         instance: Option<&markov_core::ids::InstanceId>,
         call_id: &markov_core::ids::ToolCallId,
     ) -> String {
-        match instance {
-            Some(instance) => format!("t{turn}:{instance}:{call_id}"),
-            None => format!("t{turn}:{call_id}"),
+        use std::fmt::Write as _;
+        // Sized first, so the key is one allocation (a call's key is made
+        // on every call).
+        let instance = instance.map(InstanceId::as_str);
+        let digits = turn.checked_ilog10().map_or(1, |d| d as usize + 1);
+        let len = 1 + digits + instance.map_or(0, |i| i.len() + 1) + 1 + call_id.as_str().len();
+        let mut key = String::with_capacity(len);
+        let _ = write!(key, "t{turn}:");
+        if let Some(instance) = instance {
+            key.push_str(instance);
+            key.push(':');
         }
+        key.push_str(call_id.as_str());
+        debug_assert_eq!(key.len(), len);
+        key
     }
 
     /// How many answers are stored.
@@ -428,7 +441,7 @@ impl IdempotencyLedger {
         for entry in entries {
             let entry = entry.within(limits);
             inner.bytes += entry.size();
-            let key = entry.key.clone();
+            let key: Arc<str> = Arc::from(entry.key.as_str());
             if let Some(Slot::Done(old)) =
                 inner.slots.insert(key.clone(), Slot::Done(Box::new(entry)))
             {
@@ -465,8 +478,9 @@ impl IdempotencyLedger {
                 Begin::Wait(rx)
             }
             None => {
+                let key: Arc<str> = Arc::from(key);
                 inner.slots.insert(
-                    key.to_owned(),
+                    Arc::clone(&key),
                     Slot::InFlight {
                         tool: tool.to_owned(),
                         args: args.clone(),
@@ -475,7 +489,7 @@ impl IdempotencyLedger {
                 );
                 Begin::Run(Claim {
                     ledger: self,
-                    key: Some(key.to_owned()),
+                    key: Some(key),
                     started: None,
                 })
             }
@@ -487,7 +501,7 @@ impl IdempotencyLedger {
 /// it frees the key and wakes the waiters, one of which then runs.
 pub(crate) struct Claim<'l> {
     ledger: &'l IdempotencyLedger,
-    key: Option<String>,
+    key: Option<Arc<str>>,
     /// An at-most-once call's start, once its tool may have run: what a
     /// dropped claim leaves in the ledger, so the call never runs again.
     pub(crate) started: Option<Box<(LedgerEntry, IdempotencyLimits)>>,
@@ -516,12 +530,14 @@ impl Claim<'_> {
 
 impl IdempotencyLedger {
     /// Stores `entry` as the answer of `key` (in flight until now).
-    fn insert_done(&self, key: String, entry: LedgerEntry, limits: &IdempotencyLimits) {
+    fn insert_done(&self, key: Arc<str>, entry: LedgerEntry, limits: &IdempotencyLimits) {
         let turn = entry.turn;
         let mut inner = self.lock();
         // Waiters are woken by their senders being dropped with the slot.
         inner.bytes += entry.size();
-        inner.slots.insert(key.clone(), Slot::Done(Box::new(entry)));
+        inner
+            .slots
+            .insert(Arc::clone(&key), Slot::Done(Box::new(entry)));
         inner.order.push_back(key);
         inner.evict(limits, unix_millis(SystemTime::now()), turn);
     }
@@ -546,6 +562,21 @@ impl Drop for Claim<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_key_names_the_turn_the_instance_and_the_call() {
+        let call = ToolCallId::from("call_7");
+        let instance = InstanceId::from("root");
+        assert_eq!(IdempotencyLedger::key_of(0, None, &call), "t0:call_7");
+        assert_eq!(
+            IdempotencyLedger::key_of(12_345, Some(&instance), &call),
+            "t12345:root:call_7"
+        );
+        assert_eq!(
+            IdempotencyLedger::key_of(u64::MAX, Some(&instance), &call),
+            format!("t{}:root:call_7", u64::MAX)
+        );
+    }
     use serde_json::json;
 
     #[test]

@@ -62,6 +62,6 @@ pub use state::{Journal, LeafMark, PolicyCounters, PolicySnapshot, PolicyState};
 pub use timeout::TimeoutLayer;
 pub use tools::{
     Executed, RegistryBinding, RegistryError, RegistrySession, ToolRegistry, ToolRegistryBuilder,
-    plain_registry,
+    plain_registry, unrecorded_registry,
 };
 pub use turn::{Budget, BudgetRecord, TurnBudgetState, TurnBudgets};

@@ -174,7 +174,21 @@ impl PolicyState {
             .snapshot()
             .iter()
             .find(|answer| Some(&answer.instance) == instance)
-            .map_or_else(String::new, |answer| answer.history_len.to_string());
+            .map(|answer| answer.history_len);
+        self.tool_key_at(instance, answer, call_id)
+    }
+
+    /// [`tool_key`](Self::tool_key) of a call made by the answer asked over
+    /// a history of `answer` messages (`None`: no answer is recorded for
+    /// the instance), for a call whose answer was not recorded because
+    /// nothing can replay it: the same key it would have had.
+    pub fn tool_key_at(
+        &self,
+        instance: Option<&InstanceId>,
+        answer: Option<u64>,
+        call_id: &ToolCallId,
+    ) -> String {
+        let answer = answer.map_or_else(String::new, |len| len.to_string());
         let mut hasher = Sha256::new();
         for part in [
             "markov-tool-call",
@@ -209,8 +223,11 @@ impl PolicyState {
     pub fn settle_step(&self) {
         self.answers.settle();
         // The step's results are in the history now: its answered calls are
-        // never asked for again, but those of a paused answer are.
-        self.ledger.retain_only(&self.replayable_keys());
+        // never asked for again, but those of a paused answer are. (A step
+        // whose calls kept no ledger entries has nothing to sort out.)
+        if !self.ledger.is_empty() {
+            self.ledger.retain_only(&self.replayable_keys());
+        }
         let paused = self.answers.paused();
         self.approvals
             .forget_held(|instance| paused.contains(instance));
@@ -248,7 +265,7 @@ impl PolicyState {
     pub fn mark_leaf(&self, leaf: &InstanceId) -> LeafMark {
         LeafMark {
             leaf: leaf.clone(),
-            budget: self.budgets.for_leaf(leaf).mark(),
+            budget: self.budgets.mark(leaf),
             repeats: self.repeats.mark(leaf),
         }
     }

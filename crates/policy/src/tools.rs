@@ -164,6 +164,28 @@ pub fn plain_registry() -> &'static ToolRegistry {
     })
 }
 
+/// The registry of a machine that has none, for the calls of an answer
+/// nothing can replay (no journal keeps it, no call of it can pause the
+/// step, it is not itself a replay): only the execute stage, in
+/// [`ErrorFormat::PlainText`](crate::ErrorFormat). A ledger entry is kept
+/// so that a replayed answer does not run a completed call again; an
+/// answer that is never replayed needs none, and its calls cost no more
+/// than the tool.
+pub fn unrecorded_registry() -> &'static ToolRegistry {
+    static UNRECORDED: std::sync::OnceLock<ToolRegistry> = std::sync::OnceLock::new();
+    UNRECORDED.get_or_init(|| {
+        let config = PolicyConfig::new(Budget::UNLIMITED).envelope(EnvelopeMode::Off);
+        ToolRegistry {
+            entries: Vec::new(),
+            index: HashMap::new(),
+            version: Arc::from("0.unrecorded"),
+            service: Arc::new(ExecuteService::plain()),
+            config,
+            own_state: Arc::new(PolicyState::new()),
+        }
+    })
+}
+
 /// The frozen registry: tools, metadata, version and the standard stack.
 #[derive(Debug, Clone)]
 pub struct ToolRegistry {

@@ -165,6 +165,14 @@ impl TurnBudgets {
         state
     }
 
+    /// The counters of `leaf` as [`TurnBudgetState`]'s `mark` takes them,
+    /// zero for a leaf that has charged nothing this turn (no state is made
+    /// for it: a machine without a registry never charges one).
+    pub(crate) fn mark(&self, leaf: &InstanceId) -> (u32, [u32; 3]) {
+        let leaves = self.leaves.lock().unwrap_or_else(|p| p.into_inner());
+        leaves.get(leaf).map_or((0, [0; 3]), |state| state.mark())
+    }
+
     /// Starts a new user turn: every leaf's counters start over.
     pub fn clear(&self) {
         self.leaves

@@ -230,7 +230,7 @@ pub struct DurableMachine<S: Store + ?Sized> {
     /// The turn and budget counters last written.
     counters: PolicyCounters,
     /// The usage last written.
-    usage: markov_executor::UsageTotals,
+    usage: markov_context::UsageTotals,
     /// A run to continue.
     interrupted: Option<RunState>,
     /// The lease, as renewals keep it.

@@ -48,8 +48,9 @@ use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use markov_context::UsageTotals;
 use markov_core::Message;
-use markov_executor::{RunState, SerializedInstance, SerializedMachine, UsageTotals};
+use markov_executor::{RunState, SerializedInstance, SerializedMachine};
 use markov_policy::{ApprovalRecord, LedgerEntry, PolicyCounters, RecordedAnswer, RepeatRecord};
 use serde::{Deserialize, Serialize};
 

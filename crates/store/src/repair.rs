@@ -188,7 +188,7 @@ pub(crate) fn plan(id: &SessionId, raw: &RawSession) -> Result<RepairPlan, Store
     let clear_usage = raw
         .usage
         .as_deref()
-        .is_some_and(|u| !reads::<markov_executor::UsageTotals>(u));
+        .is_some_and(|u| !reads::<markov_context::UsageTotals>(u));
     for (reset, name) in [
         (reset_approvals, "approvals"),
         (reset_repeats, "loop guard counts"),

@@ -39,6 +39,11 @@ pub const MAX_ARGUMENT_DEPTH: usize = 64;
 /// recursion, so no input, however deep, can exhaust the stack, and stops
 /// at the first level past the limit.
 pub fn nesting_exceeds(value: &Value, limit: usize) -> bool {
+    // Most arguments nest two levels at most: those are answered without
+    // allocating (a call's arguments are checked a few times per step).
+    if let Some(depth) = shallow_depth(value) {
+        return depth > limit;
+    }
     // Each entry is a value and how many containers hold it.
     let mut pending: Vec<(&Value, usize)> = vec![(value, 0)];
     while let Some((value, outside)) = pending.pop() {
@@ -60,6 +65,32 @@ pub fn nesting_exceeds(value: &Value, limit: usize) -> bool {
         }
     }
     false
+}
+
+/// The nesting of `value` when it is at most 2 deep, else `None`.
+fn shallow_depth(value: &Value) -> Option<usize> {
+    // The depth of a container whose children are all scalars.
+    let flat = |value: &Value| match value {
+        Value::Array(items) => items.iter().all(is_scalar).then_some(1),
+        Value::Object(map) => map.values().all(is_scalar).then_some(1),
+        _ => Some(0),
+    };
+    let deepest = |children: &mut dyn Iterator<Item = &Value>| {
+        let mut deepest = 0;
+        for child in children {
+            deepest = deepest.max(flat(child)?);
+        }
+        Some(deepest)
+    };
+    match value {
+        Value::Array(items) => deepest(&mut items.iter()).map(|d| d + 1),
+        Value::Object(map) => deepest(&mut map.values()).map(|d| d + 1),
+        _ => Some(0),
+    }
+}
+
+fn is_scalar(value: &Value) -> bool {
+    !matches!(value, Value::Array(_) | Value::Object(_))
 }
 
 /// Who a message is from, and therefore what happens to it.
@@ -999,6 +1030,25 @@ mod tests {
             &nested(MAX_ARGUMENT_DEPTH + 1),
             MAX_ARGUMENT_DEPTH
         ));
+        // Shallow values (answered without the walk) at and around their depth.
+        for (value, depth) in [
+            (json!("s"), 0),
+            (json!({}), 1),
+            (json!([1, "two", null]), 1),
+            (json!({"a": 2, "b": 3}), 1),
+            (json!({"a": [1], "b": 3}), 2),
+            (json!([[], {}]), 2),
+            (json!({"a": {"b": {}}}), 3),
+            (json!([1, [2, [3]]]), 3),
+        ] {
+            assert!(!nesting_exceeds(&value, depth), "{value} is {depth} deep");
+            if depth > 0 {
+                assert!(
+                    nesting_exceeds(&value, depth - 1),
+                    "{value} is {depth} deep"
+                );
+            }
+        }
         // Far deeper than any recursion could go on a test thread's stack.
         let deep = nested(100_000);
         assert!(nesting_exceeds(&deep, MAX_ARGUMENT_DEPTH));

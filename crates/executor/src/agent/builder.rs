@@ -37,7 +37,7 @@ use super::{Agent, BuildError};
 use crate::executor::Executor;
 use crate::run::RunOptions;
 use crate::standard::StandardExecutor;
-use crate::usage::Prices;
+use markov_context::Prices;
 
 /// Describes an [`Agent`]; [`build`](Self::build) validates and freezes it.
 ///
@@ -284,7 +284,7 @@ impl<N, R> AgentBuilder<N, R> {
     /// [`RunOptions::default`]): its step limit
     /// ([`DEFAULT_MAX_STEPS`](crate::DEFAULT_MAX_STEPS) unless set) and
     /// its bounds on the tokens, requests and money of each run, user turn
-    /// and session ([`UsageLimits`](crate::UsageLimits)), checked before
+    /// and session ([`UsageLimits`](markov_context::UsageLimits)), checked before
     /// each model call: they end the run with
     /// [`YieldReason::UsageLimit`](crate::YieldReason::UsageLimit) rather
     /// than make a call that could pass one. Usage limits need the
@@ -292,7 +292,8 @@ impl<N, R> AgentBuilder<N, R> {
     /// of its own that is given some does not build.
     ///
     /// ```
-    /// use markov_executor::{Agent, Limit, RunOptions, UsageLimits, YieldReason};
+    /// use markov_context::{Limit, UsageLimits};
+    /// use markov_executor::{Agent, RunOptions, YieldReason};
     /// use markov_testkit::ScriptedModel;
     ///
     /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {

@@ -39,8 +39,8 @@ use futures::FutureExt;
 use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::message::{Item, Message};
 use markov_core::tool::{
-    SharedTool, StateAccess, StateUpdateError, TerminateResponse, ToolCallError, ToolContext,
-    ToolExecutionResult, UserMessage, check_tool_arguments,
+    Delivery, SharedTool, StateAccess, StateUpdateError, TerminateResponse, ToolCallError,
+    ToolContext, ToolExecutionResult, UserMessage, check_tool_arguments,
 };
 use serde_json::{Map, Value};
 use tracing::Instrument;
@@ -53,7 +53,7 @@ use markov_charter::state::{StateSchema, accumulate_patch, merge_patch};
 use markov_charter::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
 use markov_policy::{
     Mode, PolicyState, RegistrySession, Rejection, Repeat, RepeatCounts, ToolErrorKind, ToolOrigin,
-    TurnBudgetState, plain_registry,
+    TurnBudgetState, plain_registry, unrecorded_registry,
 };
 
 /// What the pipeline needs to know about the leaf it runs for.
@@ -89,6 +89,14 @@ pub(crate) struct LeafView<'a> {
     /// that a resumed step answers a completed call from it; `None` keeps
     /// the calls in a throwaway state of the process.
     pub conversation: Option<&'a PolicyState>,
+    /// Set when nothing can replay the step's answer (it was not
+    /// recorded: no journal keeps it, no call of it can pause the step, it
+    /// is not a replay): the length of the history it was asked over. The
+    /// plain path's calls then go straight to the tool with no ledger
+    /// entry, and a tool that asks for its idempotency key gets the key a
+    /// recorded answer would have given it. `None`: the plain path keeps
+    /// the ledger.
+    pub unrecorded: Option<u64>,
     /// The loop guard of the leaf's node (or the charter's).
     pub loop_guard: LoopGuard,
     /// Whether tool arguments and results go into the trace (opt-in: they
@@ -293,13 +301,36 @@ fn is_provider_tool(leaf: &LeafView<'_>, name: &str) -> bool {
 }
 
 fn resolve<'a>(leaf: &LeafView<'a>, name: &str) -> Option<Found<'a>> {
-    if let Some(t) = leaf.node.tools().get(name) {
+    find(
+        leaf.charter,
+        leaf.node,
+        leaf.ancestors,
+        leaf.is_worker,
+        name,
+    )
+    // A tool registered only in the registry runs like a charter tool.
+    .or_else(|| {
+        let t = leaf.policies.and_then(|p| p.registry.tool(name))?;
+        Some(Found::Node(t, Scope::Current))
+    })
+}
+
+/// [`resolve`] without a registry: the node, its ancestors (nearest
+/// first), the charter, then the node's packs (not for a worker).
+fn find<'a>(
+    charter: &'a Charter,
+    node: &'a Node,
+    ancestors: &'a [AncestorView<'a>],
+    is_worker: bool,
+    name: &str,
+) -> Option<Found<'a>> {
+    if let Some(t) = node.tools().get(name) {
         return Some(Found::Node(t, Scope::Current));
     }
-    for ancestor in leaf.ancestors.iter().rev() {
+    for ancestor in ancestors.iter().rev() {
         if let Some(t) = ancestor.node.tools().get(name) {
             // An ancestor sharing the leaf's node definition counts as current.
-            let scope = if ancestor.node.id() == leaf.node.id() {
+            let scope = if ancestor.node.id() == node.id() {
                 Scope::Current
             } else {
                 Scope::Ancestor(ancestor.state)
@@ -307,21 +338,40 @@ fn resolve<'a>(leaf: &LeafView<'a>, name: &str) -> Option<Found<'a>> {
             return Some(Found::Node(t, scope));
         }
     }
-    if let Some(t) = leaf.charter.tools().get(name) {
+    if let Some(t) = charter.tools().get(name) {
         return Some(Found::Node(t, Scope::Current));
     }
-    if !leaf.is_worker {
-        for pack in leaf.node.packs() {
+    if !is_worker {
+        for pack in node.packs() {
             if let Some(t) = pack.tools().get(name) {
                 return Some(Found::Pack(t, pack));
             }
         }
     }
-    // A tool registered only in the registry runs like a charter tool.
-    if let Some(t) = leaf.policies.and_then(|p| p.registry.tool(name)) {
-        return Some(Found::Node(t, Scope::Current));
-    }
     None
+}
+
+/// Whether a call of `names` by a leaf without a registry (its `node`
+/// under `ancestors`) may pause the step or must run at most once: its
+/// tool needs the application's approval, or must never run twice. Such
+/// an answer is recorded before its calls run, and they keep the ledger,
+/// so that a resumed step answers what ran.
+pub(crate) fn may_pause<'n>(
+    charter: &Charter,
+    node: &Node,
+    ancestors: &[AncestorView<'_>],
+    is_worker: bool,
+    mut names: impl Iterator<Item = &'n str>,
+) -> bool {
+    names.any(
+        |name| match find(charter, node, ancestors, is_worker, name) {
+            Some(Found::Node(tool, _) | Found::Pack(tool, _)) => {
+                let definition = tool.definition();
+                definition.needs_approval || definition.delivery == Some(Delivery::AtMostOnce)
+            }
+            None => false,
+        },
+    )
 }
 
 fn pack_state(
@@ -376,6 +426,11 @@ impl CallLog {
         self.lock().push(result);
     }
 
+    /// Room for `n` more results (one allocation for a step's calls).
+    fn reserve(&self, n: usize) {
+        self.lock().reserve(n);
+    }
+
     fn take(&self) -> Vec<ToolExecutionResult> {
         std::mem::take(&mut *self.lock())
     }
@@ -403,6 +458,7 @@ pub(crate) async fn run_tool_calls_logged(
     log: &CallLog,
 ) -> PipelineOutcome {
     let mut out = PipelineOutcome::default();
+    log.reserve(calls.len());
     let mut running_state = leaf.state.clone();
     let mut state_patch: Option<Value> = None;
     let mut running_packs: BTreeMap<String, Value> = BTreeMap::new();
@@ -875,9 +931,25 @@ async fn call_tool(
     // own `respond` or `finish`, say) has no metadata for the stack's
     // stages, which would refuse every call of it as unknown: what is
     // offered must be callable, so it runs as it would without a registry.
-    let session = match leaf.policies {
-        Some(session) if session.registry.metadata(call.name).is_some() => session,
-        _ => plain_session(leaf),
+    let (session, plain) = match leaf.policies {
+        Some(session) if session.registry.metadata(call.name).is_some() => (session, false),
+        _ => (plain_session(leaf), true),
+    };
+    // Without the ledger's stage, the key a tool may ask for is made here,
+    // the same as that stage makes it from the recorded answer.
+    let (instance, call_id) = (leaf.instance_id, call.id);
+    let make_key = match (plain, leaf.unrecorded, leaf.conversation) {
+        (true, Some(answer), Some(policy)) => {
+            Some(move || policy.tool_key_at(Some(instance), Some(answer), call_id))
+        }
+        _ => None,
+    };
+    let key = make_key
+        .as_ref()
+        .map(|make| markov_core::tool::IdempotencyKey::new(make));
+    let cx = match &key {
+        Some(key) => cx.with_idempotency_key(key),
+        None => cx,
     };
     let run = session.run(
         origin,
@@ -901,12 +973,17 @@ async fn call_tool(
 
 /// The tool path of a leaf without a registry: [`plain_registry`]'s stack
 /// (the pause of a tool that needs approval, the ledger, the execution),
-/// upstream's plain-text errors.
+/// or [`unrecorded_registry`]'s (the execution alone) for an answer nothing
+/// can replay; upstream's plain-text errors.
 fn plain_session<'a>(leaf: &LeafView<'a>) -> RegistrySession<'a> {
     static MODE: OnceLock<Mode> = OnceLock::new();
     static TURN: OnceLock<TurnBudgetState> = OnceLock::new();
     static STATE: OnceLock<PolicyState> = OnceLock::new();
-    plain_registry().session_in(
+    let registry = match leaf.unrecorded {
+        Some(_) => unrecorded_registry(),
+        None => plain_registry(),
+    };
+    registry.session_in(
         MODE.get_or_init(|| Mode::TEXT),
         TURN.get_or_init(TurnBudgetState::new),
         match leaf.conversation {

@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use markov_charter::context::{ContextPolicy, ContextPolicyError, Summarize};
 use markov_charter::node::Node;
+use markov_context::SUMMARY_PREAMBLE;
 use markov_core::message::{Item, Message, Role};
 use markov_core::model::{HistoryId, ModelError};
 use markov_core::tokens;
 use markov_executor::{
-    Agent, Machine, MachineStep, RunError, SUMMARY_PREAMBLE, SerializedMachine, YieldReason,
-    serialize_machine,
+    Agent, Machine, MachineStep, RunError, SerializedMachine, YieldReason, serialize_machine,
 };
 use markov_testkit::{FailingModel, RecordedRequest, ScriptBuilder, ScriptedModel};
 use proptest::prelude::*;

@@ -443,3 +443,161 @@ async fn an_at_most_once_call_whose_start_cannot_be_journaled_does_not_run() {
         results[0]
     );
 }
+
+/// Charges once its caller says it may: a tool that needs approval.
+struct ApprovedCharge;
+
+#[async_trait]
+impl Tool for ApprovedCharge {
+    const NAME: &'static str = "approved_charge";
+    const NEEDS_APPROVAL: bool = true;
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Charge the card, once approved".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        Ok("charged".into())
+    }
+}
+
+/// Interrupts a machine's first step after `charge` ran and while `wait`
+/// hangs, and returns the machine: what the step kept is what a resumed
+/// step could replay.
+async fn interrupted_after_a_charge(
+    calls: Vec<(&'static str, serde_json::Value)>,
+    journal: Option<Arc<Kept>>,
+) -> (markov_executor::Machine, Arc<AtomicUsize>) {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let hung = Arc::new(AtomicBool::new(false));
+    let node = Node::builder("Charge cards.")
+        .tool(Charge(Arc::clone(&charges)))
+        .tool(HangOnce(Arc::clone(&hung)))
+        .tool(ApprovedCharge)
+        .build()
+        .expect("node");
+    let charter = Charter::builder("cards")
+        .node("cards", node.clone())
+        .build()
+        .expect("charter");
+    let model = ScriptedModel::builder().tool_calls(calls).build();
+    let mut machine = machine_on(
+        charter,
+        StandardExecutor::new(model),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine");
+    if let Some(kept) = journal {
+        machine
+            .policy_state()
+            .set_journal(Arc::new(AppJournal(kept)));
+    }
+    machine.enqueue_user("charge it");
+    let mut state = RunState::new(RunOptions::default());
+    let Action::RunLeaves(tasks) = state.next(&mut machine).expect("a step") else {
+        panic!("the step runs a leaf");
+    };
+    let interrupted = tokio::time::timeout(
+        Duration::from_millis(200),
+        run_leaves(&machine, &state, &tasks),
+    )
+    .await;
+    assert!(interrupted.is_err(), "the step never finished");
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "the charge ran");
+    (machine, charges)
+}
+
+#[tokio::test]
+async fn without_a_journal_an_answer_that_cannot_pause_is_not_recorded_and_its_calls_keep_no_ledger()
+ {
+    let (machine, _) =
+        interrupted_after_a_charge(vec![("charge", json!({})), ("wait", json!({}))], None).await;
+    let policy = machine.policy_state();
+    assert!(
+        policy.answers().is_empty(),
+        "nothing can replay the answer: it is not recorded"
+    );
+    assert!(
+        policy.ledger().is_empty(),
+        "the completed charge has no ledger entry"
+    );
+}
+
+#[tokio::test]
+async fn an_answer_kept_by_a_journal_or_with_a_call_that_may_pause_is_recorded_with_its_ledger() {
+    // A journal keeps it: a restarted process may resume the step.
+    let kept = Arc::new(Kept::default());
+    let (journaled, _) = interrupted_after_a_charge(
+        vec![("charge", json!({})), ("wait", json!({}))],
+        Some(Arc::clone(&kept)),
+    )
+    .await;
+    assert_eq!(journaled.policy_state().answers().snapshot().len(), 1);
+    assert_eq!(journaled.policy_state().ledger().len(), 1);
+    assert_eq!(kept.ledger.lock().expect("lock").len(), 1);
+
+    // No journal, but a call of the answer needs approval: the step may
+    // pause and its resumption replays the answer.
+    let (pausable, _) = interrupted_after_a_charge(
+        vec![
+            ("charge", json!({})),
+            ("wait", json!({})),
+            ("approved_charge", json!({})),
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(pausable.policy_state().answers().snapshot().len(), 1);
+    assert_eq!(
+        pausable.policy_state().ledger().len(),
+        1,
+        "the charge that ran is answered from the ledger on resume"
+    );
+}
+
+#[tokio::test]
+async fn a_call_of_an_unrecorded_answer_gets_the_idempotency_key_a_recorded_one_would() {
+    let charges = Arc::new(AtomicUsize::new(0));
+    let hung = Arc::new(AtomicBool::new(true));
+    let (charter, node) = parts(&charges, &hung);
+    let model = ScriptedModel::builder()
+        .tool_calls([("charge", json!({}))])
+        .text("Charged.")
+        .build();
+    let mut machine = machine_on(
+        charter,
+        StandardExecutor::new(model),
+        Instance::new(node, json!({})),
+    )
+    .expect("machine");
+    machine.enqueue_user("charge it");
+    machine.run().await.expect("the turn runs");
+    let (call_id, content) = machine
+        .history()
+        .iter()
+        .flat_map(|m| m.item_list())
+        .find_map(|item| match item {
+            Item::ToolResult {
+                tool_use_id,
+                content,
+                ..
+            } => Some((tool_use_id.clone(), content.clone())),
+            _ => None,
+        })
+        .expect("the charge's result");
+    let policy = machine.policy_state();
+    let instance = machine.instance().id().clone();
+    // The answer was asked over the user's message alone.
+    let recorded = policy.tool_key_at(Some(&instance), Some(1), &call_id);
+    assert_eq!(
+        content,
+        format!("charged with key {recorded}"),
+        "the key names the answer as a recorded answer's key does"
+    );
+    assert_ne!(
+        recorded,
+        policy.tool_key_at(Some(&instance), None, &call_id),
+        "a key that did not name the answer would repeat for a reused call id"
+    );
+}

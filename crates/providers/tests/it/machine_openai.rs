@@ -195,8 +195,8 @@ async fn a_machine_runs_tools_respond_and_finish_through_event_streams() {
 /// admits the call at its price.
 #[tokio::test]
 async fn a_price_given_for_the_clients_model_admits_a_call_under_a_cost_limit() {
+    use markov_context::{Limit, ModelPrice, Prices, UsageLimits};
     use markov_core::Usd;
-    use markov_executor::{Limit, ModelPrice, Prices, UsageLimits};
 
     let mut answer = openai::text("Hello.");
     answer["model"] = json!("house-local");

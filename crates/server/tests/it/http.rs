@@ -346,9 +346,9 @@ async fn a_step_event_names_the_model_that_answered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_usage_limit_ends_the_turn_with_its_reason_and_the_session_shows_its_usage() {
+    use markov_context::{Limit, UsageLimits};
     use markov_core::message::Item;
     use markov_core::model::StopReason;
-    use markov_executor::{Limit, UsageLimits};
     let calls = Arc::new(AtomicUsize::new(0));
     let model = ScriptedModel::builder()
         .response(

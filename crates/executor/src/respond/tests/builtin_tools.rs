@@ -217,6 +217,7 @@ async fn the_pipeline_skips_provider_tool_calls() {
         policies: None,
         repeats: None,
         conversation: None,
+        unrecorded: None,
         loop_guard: Default::default(),
         capture_content: false,
     };

@@ -561,9 +561,9 @@ const HOUSE_MODEL: &str = "house-model";
 /// of output and `reasoning` reasoning tokens, priced at the house model's
 /// price.
 pub fn metered_agent(dir: &Dir, answers: &[(&str, u64, u64)]) -> markov_executor::Agent {
+    use markov_context::{ModelPrice, Prices};
     use markov_core::Usd;
     use markov_core::model::Usage;
-    use markov_executor::{ModelPrice, Prices};
     let script = answers.iter().map(|(text, input, reasoning)| {
         ModelResponse::new(vec![Item::text(*text)], StopReason::EndTurn)
             .with_usage(Usage {
@@ -597,7 +597,7 @@ pub fn metered_agent(dir: &Dir, answers: &[(&str, u64, u64)]) -> markov_executor
 pub async fn usage_contract<S: markov_store::Store + ?Sized + 'static>(
     store: Arc<S>,
     dir: &Dir,
-) -> (markov_store::SessionId, markov_executor::UsageTotals) {
+) -> (markov_store::SessionId, markov_context::UsageTotals) {
     use markov_core::Usd;
     use markov_store::{DurableMachine, SessionId, WorkerId};
     let agent = metered_agent(dir, &[("one", 1_000, 4), ("two", 2_000, 6)]);

@@ -55,7 +55,7 @@ const TRANSCRIPT_QUOTE: usize = 4_000;
 pub struct ContextViews {
     views: Mutex<HashMap<u64, ViewState>>,
     /// The exact token counts of the views, for policies that ask for them.
-    pub(crate) counts: crate::count::ExactCounts,
+    pub counts: crate::count::ExactCounts,
     history: Mutex<HistoryTokens>,
     /// The policies whose native compaction was warned about (a model
     /// without one, items its model cannot read): warned once each.
@@ -77,8 +77,10 @@ struct HistoryTokens {
 /// A view ready for a request: its messages, its identity and their
 /// estimated tokens.
 #[derive(Debug, Clone)]
-pub(crate) struct ViewRef {
+pub struct ViewRef {
+    /// The messages the call is sent, shared with the view.
     pub messages: Arc<Vec<Message>>,
+    /// The view's identity, for a provider's cache of encoded messages.
     pub id: HistoryId,
     /// [`tokens::estimate_messages`] of the messages, kept as they were
     /// appended.
@@ -88,7 +90,7 @@ pub(crate) struct ViewRef {
 /// Older messages of a view to summarize, taken out by
 /// [`ContextViews::prepare`] or [`ContextViews::force`].
 #[derive(Debug, Clone)]
-pub(crate) struct SummaryJob {
+pub struct SummaryJob {
     /// The transcript the summarizer reads (the previous summary first);
     /// empty for a native compaction.
     pub transcript: String,
@@ -106,7 +108,7 @@ pub(crate) struct SummaryJob {
 
 /// What a view needs before the next call.
 #[derive(Debug)]
-pub(crate) enum Prepared {
+pub enum Prepared {
     /// The view is ready.
     Ready(ViewRef),
     /// It passed the summary threshold: summarize, then
@@ -122,7 +124,7 @@ pub(crate) enum Prepared {
 /// messages they stand for would be lost to it.
 ///
 /// [`Model::native_summaries`]: markov_core::Model::native_summaries
-pub(crate) fn native_reads<'m>(
+pub fn native_reads<'m>(
     policy: &ContextPolicy,
     model: &'m dyn markov_core::Model,
 ) -> Option<&'m str> {
@@ -160,7 +162,7 @@ impl ContextViews {
     ///
     /// `reads` is [`native_reads`] of the model the view is for: the
     /// native summaries it may show.
-    pub(crate) fn prepare(
+    pub fn prepare(
         &self,
         policy: &ContextPolicy,
         history: &[Message],
@@ -184,7 +186,7 @@ impl ContextViews {
     /// applied as [`Self::prepare`] does, when its estimate passes the
     /// summary threshold and it has turns to summarize: what an exact
     /// count is asked for. `None` when no summary is due.
-    pub(crate) fn summary_due(
+    pub fn summary_due(
         &self,
         policy: &ContextPolicy,
         history: &[Message],
@@ -204,7 +206,7 @@ impl ContextViews {
     /// threshold or a new turn has started, so a summarizer that is down
     /// costs one failed call per turn rather than one per step. A
     /// compaction forced by a context-length refusal still asks it.
-    pub(crate) fn summary_failed(&self, policy: &ContextPolicy) {
+    pub fn summary_failed(&self, policy: &ContextPolicy) {
         let Some(summarize) = policy.summarize() else {
             return;
         };
@@ -220,7 +222,7 @@ impl ContextViews {
 
     /// Notes that `policy`'s native compaction could not be used; whether
     /// this is the first time for the policy (the one to warn about).
-    pub(crate) fn native_unavailable(&self, policy: u64) -> bool {
+    pub fn native_unavailable(&self, policy: u64) -> bool {
         self.native_warned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -232,7 +234,7 @@ impl ContextViews {
     /// each call counts only the messages recorded since the last. A
     /// history that is another, or shorter than what was counted, is
     /// counted afresh.
-    pub(crate) fn history_tokens(&self, history: &[Message], id: HistoryId) -> u64 {
+    pub fn history_tokens(&self, history: &[Message], id: HistoryId) -> u64 {
         let mut kept = self.history.lock().unwrap_or_else(|p| p.into_inner());
         if kept.id != Some(id) || history.len() < kept.synced {
             *kept = HistoryTokens {
@@ -247,7 +249,7 @@ impl ContextViews {
     }
 
     /// The view of `policy` as it is.
-    pub(crate) fn current(
+    pub fn current(
         &self,
         policy: &ContextPolicy,
         history: &[Message],
@@ -260,7 +262,7 @@ impl ContextViews {
     /// Puts `text`, the summary of `job`, first in the view in place of
     /// the messages it stands for; the summary message to append to the
     /// history, or `None` when the view changed since the job was taken.
-    pub(crate) fn apply_summary(
+    pub fn apply_summary(
         &self,
         policy: &ContextPolicy,
         job: SummaryJob,
@@ -281,7 +283,7 @@ impl ContextViews {
     /// [`Self::apply_summary`] puts a summary's text; the summary message
     /// to append, or `None` when the view changed since the job was taken
     /// or does not read `native`'s vendor (the caller checks that first).
-    pub(crate) fn apply_native(
+    pub fn apply_native(
         &self,
         policy: &ContextPolicy,
         job: SummaryJob,
@@ -302,7 +304,7 @@ impl ContextViews {
     /// (apply it, or [`Self::drop_before_current`] if the summarizer
     /// fails); without one, it is dropped at once. `None` when the view
     /// holds the current turn only: nothing is left to take out.
-    pub(crate) fn force(
+    pub fn force(
         &self,
         policy: &ContextPolicy,
         history: &[Message],
@@ -327,7 +329,7 @@ impl ContextViews {
     }
 
     /// Drops everything before the current turn (a failed summarizer).
-    pub(crate) fn drop_before_current(&self, policy: &ContextPolicy) {
+    pub fn drop_before_current(&self, policy: &ContextPolicy) {
         let mut views = self.lock();
         if let Some(view) = views.get_mut(&policy.id())
             && let Some(&current) = view.turns.last()
@@ -339,7 +341,7 @@ impl ContextViews {
 
 /// What [`ContextViews::force`] did.
 #[derive(Debug)]
-pub(crate) enum Forced {
+pub enum Forced {
     /// Nothing could be taken out: the current turn alone is too long.
     Nothing,
     /// Everything before the current turn is out.

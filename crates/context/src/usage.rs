@@ -3,12 +3,12 @@
 //!
 //! - [`UsageTotals`]: the session's total and the current user turn's,
 //!   kept by the machine and stored with its snapshot; a run's total is in
-//!   each [`MachineStep::run_usage`](crate::MachineStep::run_usage).
+//!   each step the executor yields (its run's usage).
 //! - [`UsageLimits`]: tokens, requests and money per run, per turn and per
 //!   session, checked **before** each model call against a conservative
 //!   estimate of that call ([`UsageMeter`]); a call that could pass a limit
 //!   is not made, and the run ends with
-//!   [`YieldReason::UsageLimit`](crate::YieldReason::UsageLimit).
+//!   a usage-limit yield reason.
 //! - [`Prices`]: a maintained table of model prices (the `genai-prices`
 //!   crate's, bundled: no network), overridable per model with
 //!   [`ModelPrice`]; every call's cost is summed in exact nano-dollars
@@ -41,7 +41,7 @@ impl UsageTotals {
     }
 
     /// Adds one step's usage to both totals.
-    pub(crate) fn add(&mut self, usage: Usage) {
+    pub fn add(&mut self, usage: Usage) {
         self.session += usage;
         self.turn += usage;
     }
@@ -52,7 +52,7 @@ impl UsageTotals {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum LimitScope {
-    /// One run ([`Machine::run`](crate::Machine::run), or a resume).
+    /// One run (a machine's run, or a resume).
     Run,
     /// One user turn: from a user message to the end of its answer, over
     /// every run it takes (a pause for approval and its resume, say).
@@ -194,7 +194,7 @@ pub enum UsageLimitsError {
 /// Bounds on what model calls may use, per run, per user turn and per
 /// session, built with [`UsageLimits::builder`] (which refuses zero and
 /// unreachable bounds) and given to
-/// [`AgentBuilder::limits`](crate::AgentBuilder::limits).
+/// the agent builder's `limits`.
 ///
 /// They are checked right before each model call (a context policy's
 /// summarizer's too, and a retry after a context-length refusal again),
@@ -202,13 +202,13 @@ pub enum UsageLimitsError {
 /// call (the input it sends, and its `max_tokens` of output, priced at
 /// the higher of the input and cache write rates): a call that could
 /// pass a bound is not made, and the run
-/// ends with [`YieldReason::UsageLimit`](crate::YieldReason::UsageLimit),
+/// ends with the usage-limit yield reason,
 /// the history intact. A per-run or per-turn limit lets the next turn go
 /// on; a per-session one stops every later call.
 ///
 /// ```
 /// use markov_core::Usd;
-/// use markov_executor::{Limit, UsageLimits};
+/// use markov_context::{Limit, UsageLimits};
 ///
 /// let limits = UsageLimits::builder()
 ///     .per_turn(Limit::new().requests(10).tokens(200_000))
@@ -291,7 +291,7 @@ impl UsageLimits {
     }
 
     /// Whether a bound on money is set.
-    pub(crate) fn limits_cost(&self) -> bool {
+    pub fn limits_cost(&self) -> bool {
         [&self.run, &self.turn, &self.session]
             .iter()
             .any(|l| l.cost.is_some())
@@ -492,7 +492,7 @@ impl UsageMeter {
 /// estimate of the request's messages; the executor keeps the messages'
 /// sum as the history and the context views grow, and adds the framing
 /// alone.
-pub(crate) fn estimate_input_tokens(request: &ModelRequest<'_>) -> u64 {
+pub fn estimate_input_tokens(request: &ModelRequest<'_>) -> u64 {
     estimate_framing_tokens(request)
         .saturating_add(markov_core::tokens::estimate_messages(request.messages()))
 }
@@ -501,7 +501,7 @@ pub(crate) fn estimate_input_tokens(request: &ModelRequest<'_>) -> u64 {
 /// [`estimate_framing`](markov_core::tokens::estimate_framing): system
 /// prompt, tools, output schema), plus the provider's built-in tools:
 /// nothing that grows with the conversation.
-pub(crate) fn estimate_framing_tokens(request: &ModelRequest<'_>) -> u64 {
+pub fn estimate_framing_tokens(request: &ModelRequest<'_>) -> u64 {
     // The provider's built-in tools are the one part of a request core's
     // estimate leaves out (their definitions are the provider's).
     let provider_tools = request
@@ -516,8 +516,19 @@ pub(crate) fn estimate_framing_tokens(request: &ModelRequest<'_>) -> u64 {
     markov_core::tokens::estimate_framing(request).saturating_add(provider_tools)
 }
 
+/// A limit on money is set and the model a call goes to has no price:
+/// the call cannot be checked against it, so it is not made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("no price for the model {}", model.as_deref().unwrap_or("(none named)"))]
+pub struct NoPrice {
+    /// The model the call goes to (asked for, else the client's own);
+    /// `None` when neither names one.
+    pub model: Option<String>,
+}
+
 /// A model call about to be made, as the usage limits see it.
-pub(crate) struct Call<'a> {
+#[derive(Debug, Clone, Copy)]
+pub struct ModelCall<'a> {
     /// The client's [`Model::provider_name`](markov_core::Model::provider_name).
     pub provider: &'a str,
     /// The settings it is made with (the model asked for, `max_tokens`).
@@ -527,7 +538,7 @@ pub(crate) struct Call<'a> {
     pub configured: Option<&'a str>,
 }
 
-impl Call<'_> {
+impl ModelCall<'_> {
     /// The model the call goes to: the one asked for, else the client's.
     fn model(&self) -> Option<&str> {
         self.settings.model.as_deref().or(self.configured)
@@ -542,14 +553,14 @@ impl Call<'_> {
 /// settings name.
 ///
 /// # Errors
-/// [`RunError::NoPrice`](crate::RunError::NoPrice) when a limit on money
+/// [`NoPrice`] when a limit on money
 /// is set and the model has no price.
-pub(crate) fn admit_call(
+pub fn admit_call(
     meter: &UsageMeter,
     prices: &Prices,
-    call: &Call<'_>,
+    call: &ModelCall<'_>,
     input: impl FnOnce() -> u64,
-) -> Result<Result<(), LimitExceeded>, crate::RunError> {
+) -> Result<Result<(), LimitExceeded>, NoPrice> {
     if !meter.limits().is_set() {
         return Ok(Ok(()));
     }
@@ -566,7 +577,7 @@ pub(crate) fn admit_call(
             let model = call.model();
             estimate.cost = model
                 .and_then(|m| prices.estimate(call.provider, m, input, output))
-                .ok_or_else(|| crate::RunError::NoPrice {
+                .ok_or_else(|| NoPrice {
                     model: model.map(str::to_owned),
                 })?;
         }
@@ -577,9 +588,9 @@ pub(crate) fn admit_call(
 /// What an answered call of `call` used: its token counts, one request,
 /// and its cost at `prices` (by the model the answer names, else the one
 /// asked for, else the client's own), or counted as unpriced.
-pub(crate) fn metered(
+pub fn metered(
     prices: &Prices,
-    call: &Call<'_>,
+    call: &ModelCall<'_>,
     response: &markov_core::model::ModelResponse,
 ) -> Usage {
     metered_usage(prices, call, response.usage, response.model.as_deref())
@@ -588,9 +599,9 @@ pub(crate) fn metered(
 /// What a call of `call` that reported `usage` used, as [`metered`] counts
 /// an answer's: one request, priced by the model `answered` names, else
 /// the one asked for, else the client's own (a compaction names none).
-pub(crate) fn metered_usage(
+pub fn metered_usage(
     prices: &Prices,
-    call: &Call<'_>,
+    call: &ModelCall<'_>,
     mut usage: Usage,
     answered: Option<&str>,
 ) -> Usage {
@@ -612,7 +623,7 @@ pub(crate) fn metered_usage(
 ///
 /// ```
 /// use markov_core::Usd;
-/// use markov_executor::ModelPrice;
+/// use markov_context::ModelPrice;
 ///
 /// // $3 and $15 per million input and output tokens.
 /// let price = ModelPrice::per_million_tokens(Usd::from_cents(300), Usd::from_cents(1500))
@@ -687,7 +698,7 @@ impl ModelPrice {
 ///
 /// ```
 /// use markov_core::Usd;
-/// use markov_executor::{ModelPrice, Prices};
+/// use markov_context::{ModelPrice, Prices};
 ///
 /// let prices = Prices::table().model(
 ///     "my-fine-tune",
@@ -738,7 +749,7 @@ impl Prices {
 
     /// What the answered call cost: by the model the answer names, else
     /// the one the call went to (asked for, else the client's own).
-    pub(crate) fn cost_of_answer(
+    pub fn cost_of_answer(
         &self,
         provider: &str,
         answered: Option<&str>,
@@ -754,13 +765,7 @@ impl Prices {
     /// The most a call of `input` tokens and `output` tokens could cost on
     /// `model`: the input at the higher of the plain and cache write
     /// rates, as a cache breakpoint may write it all.
-    pub(crate) fn estimate(
-        &self,
-        provider: &str,
-        model: &str,
-        input: u64,
-        output: u64,
-    ) -> Option<Usd> {
+    pub fn estimate(&self, provider: &str, model: &str, input: u64, output: u64) -> Option<Usd> {
         let plain = Usage {
             input_tokens: input,
             output_tokens: output,
