@@ -22,6 +22,8 @@
 //!   case's script, or on the model the environment configures); the
 //!   arguments after `--` go to it. Not part of `test`: the datasets CI
 //!   runs are run by their crates' tests.
+//! - `stats [<dir>]`: production lines and `pub` items per crate, as a
+//!   table (`src/stats.rs`), of this workspace or the checkout at `dir`.
 //! - `help`: prints the usage.
 //!
 //! Arguments are parsed by hand in `flags.rs` to keep this crate free of
@@ -31,6 +33,7 @@ mod bench;
 mod flags;
 mod pipeline;
 mod readme;
+mod stats;
 #[cfg(test)]
 mod tidy;
 
@@ -56,6 +59,10 @@ fn main() -> ExitCode {
             workspace_root().and_then(|root| pipeline::run(&root, &packages))
         }
         Command::Readme => workspace_root().and_then(|root| readme::run(&root)),
+        Command::Stats(dir) => match dir {
+            Some(dir) => stats::run(Path::new(&dir)),
+            None => workspace_root().and_then(|root| stats::run(&root)),
+        },
         Command::Eval(dataset, rest) => {
             workspace_root().and_then(|root| eval(&root, &dataset, &rest))
         }

@@ -10,16 +10,15 @@
 //!   the panic payload instead;
 //! - no source cites section numbers of a document outside the repository
 //!   (comments speak in prose; `docs/PORTING.md` relates us to upstream);
-//! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
-//!   hyper or `markov-*` crate in its `[dependencies]` but the proc-macro
-//!   `markov-macros` (its `macros` feature);
-//! - the layers point one way, `core` ← `policy` ← `charter` ← `executor` ←
-//!   `store`: `policy` (the tool registry) depends on core only;
-//!   `charter` depends on neither `executor` nor `store`, `executor` knows
-//!   no database driver, no vendor and not `store`, `store` knows no model
-//!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
-//!   `charter` and `executor`; `mcp` builds on `core` and `policy` only,
-//!   and none of `core`, `policy`, `charter` and `executor` depends on it;
+//! - the layers point one way: each workspace crate (and `xtask`) has a
+//!   row in [`LAYERS`] naming the markov crates its `[dependencies]` may
+//!   use (an allow-list: `core` <- `policy`, `charter` <- `executor` <-
+//!   `store` <- `server`; the leaf crates `tools-std`, `testkit` and
+//!   `providers` on core alone; `mcp` on core and policy; `otel` and
+//!   `macros` on none), plus the outside crates it must not use (`core`
+//!   no tokio, reqwest or hyper; `executor` no database driver; `store`
+//!   no HTTP client); a crate without a row fails with a message to add
+//!   one;
 //! - internal (`markov-*`) dependencies carry both `path` and `version`, so
 //!   each crate can be published on its own;
 //! - a README code block announced by `<!-- example: NAME -->` is
@@ -178,6 +177,10 @@ fn check_manifests(root: &Path, violations: &mut Vec<String>) {
         )),
         Err(err) => violations.push(format!("Cargo.toml: cannot read: {err}")),
     }
+    match fs::read_to_string(root.join("xtask").join("Cargo.toml")) {
+        Ok(text) => violations.extend(check_layering("xtask/Cargo.toml", &text)),
+        Err(err) => violations.push(format!("xtask/Cargo.toml: cannot read: {err}")),
+    }
     for dir in crate_dirs(root, violations) {
         let manifest = dir.join("Cargo.toml");
         let shown = relative(root, &manifest);
@@ -322,150 +325,239 @@ fn check_prose_references(path: &str, text: &str) -> Vec<String> {
 // ---------------------------------------------------------------------------
 // Manifest checks.
 
-/// Whether `name` matches `pattern`: a crate name, or a prefix ending in
-/// `*` (`markov-*`).
-fn matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => name == pattern,
-    }
-}
-
-/// A layering rule: what `package` must not depend on, and why.
+/// A layering rule: the markov crates `package` may depend on, and why.
+///
+/// An allow-list: a `markov-*` dependency in `[dependencies]` that its row
+/// does not name is a violation, and so is a crate with no row.
+/// `[dev-dependencies]` are not checked (a crate's tests may run it under
+/// the loop and the testkit above it). `forbidden` names the outside
+/// crates the layer must not use either.
 #[derive(Debug)]
 struct Layer {
     package: &'static str,
-    /// Crate names, or prefixes ending in `*`.
+    /// The `markov-*` crates its `[dependencies]` may name.
+    allowed: &'static [&'static str],
+    /// Outside crates it must not depend on.
     forbidden: &'static [&'static str],
-    /// Crate names that a `forbidden` prefix matches but the layer allows.
-    except: &'static [&'static str],
     reason: &'static str,
 }
 
-/// The architecture's dependency rules, one per package.
+/// The architecture's dependency rules, one row per workspace crate. A
+/// row may name a crate that does not exist yet; a crate without a row
+/// fails tidy.
 const LAYERS: &[Layer] = &[
     Layer {
-        package: "markov-core",
-        forbidden: &["tokio", "reqwest", "hyper", "markov-*"],
-        // The `#[tool]` attribute under its `macros` feature: a proc-macro
-        // crate that links no markov crate.
-        except: &["markov-macros"],
-        reason: "core does no I/O and is the bottom layer",
-    },
-    Layer {
-        package: "markov-charter",
-        forbidden: &["markov-executor", "markov-store", "markov-mcp"],
-        except: &[],
-        reason: "the layers are core <- charter <- executor <- store",
-    },
-    Layer {
-        package: "markov-executor",
-        forbidden: &[
-            "markov-store",
-            "markov-providers",
-            "markov-mcp",
-            "rusqlite",
-            "tokio-postgres",
-        ],
-        except: &[],
-        reason: "the executor knows no database and no vendor; the store builds on it",
-    },
-    Layer {
-        package: "markov-store",
-        forbidden: &["markov-providers", "markov-cli", "reqwest"],
-        except: &[],
-        reason: "the store persists machines; it knows no model vendor",
-    },
-    Layer {
-        package: "markov-policy",
-        forbidden: &[
-            "markov-charter",
-            "markov-executor",
-            "markov-store",
-            "markov-providers",
-            "markov-mcp",
-        ],
-        except: &[],
-        reason: "the tool registry depends on core only",
-    },
-    Layer {
-        package: "markov-mcp",
-        forbidden: &[
-            "markov-charter",
-            "markov-executor",
-            "markov-store",
-            "markov-providers",
-            "markov-server",
-            "markov-cli",
-        ],
-        except: &[],
-        reason: "MCP tools are tools: markov-mcp builds on core and policy only",
-    },
-    Layer {
-        package: "markov-eval",
-        forbidden: &["markov-server", "markov-cli", "markov-mcp"],
-        except: &[],
-        reason: "evals run any agent; the demo's eval binary builds on them, not they on it",
-    },
-    Layer {
-        package: "markov-otel",
-        forbidden: &["markov-*"],
-        except: &[],
-        reason: "the OpenTelemetry bridge works on tracing spans alone",
-    },
-    Layer {
         package: "markov-macros",
-        forbidden: &["markov-*"],
-        except: &[],
+        allowed: &[],
+        forbidden: &[],
         reason: "a proc-macro crate writes code; it links no markov crate",
     },
     Layer {
+        package: "markov-core",
+        // The `#[tool]` attribute under its `macros` feature: a proc-macro
+        // crate that links no markov crate.
+        allowed: &["markov-macros"],
+        forbidden: &["tokio", "reqwest", "hyper"],
+        reason: "core does no I/O and is the bottom layer",
+    },
+    Layer {
+        package: "markov-policy",
+        allowed: &["markov-core"],
+        forbidden: &[],
+        reason: "the tool registry depends on core only",
+    },
+    Layer {
+        package: "markov-charter",
+        allowed: &["markov-core"],
+        forbidden: &[],
+        reason: "the definitions depend on core only; running them is the executor's",
+    },
+    Layer {
+        package: "markov-context",
+        allowed: &["markov-core", "markov-charter"],
+        forbidden: &[],
+        reason: "context views, usage, limits and prices build on the definitions",
+    },
+    Layer {
+        package: "markov-executor",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+        ],
+        forbidden: &["rusqlite", "tokio-postgres"],
+        reason: "the executor knows no database and no vendor; the store builds on it",
+    },
+    Layer {
         package: "markov-tools-std",
-        forbidden: ABOVE_CORE,
-        except: &[],
+        allowed: &["markov-core"],
+        forbidden: &[],
         reason: "tool crates depend on core only",
     },
     Layer {
         package: "markov-testkit",
-        forbidden: ABOVE_CORE,
-        except: &[],
+        allowed: &["markov-core"],
+        forbidden: &[],
         reason: "testkit depends on core only",
     },
     Layer {
         package: "markov-providers",
-        forbidden: ABOVE_CORE,
-        except: &[],
+        allowed: &["markov-core"],
+        forbidden: &[],
         reason: "model providers depend on core only",
+    },
+    Layer {
+        package: "markov-otel",
+        allowed: &[],
+        forbidden: &[],
+        reason: "the OpenTelemetry bridge works on tracing spans alone",
+    },
+    Layer {
+        package: "markov-mcp",
+        allowed: &["markov-core", "markov-policy"],
+        forbidden: &[],
+        reason: "MCP tools are tools: markov-mcp builds on core and policy only",
+    },
+    Layer {
+        package: "markov-store",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+        ],
+        forbidden: &["reqwest"],
+        reason: "the store persists machines; it knows no model vendor",
+    },
+    Layer {
+        package: "markov-server",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+        ],
+        forbidden: &[],
+        reason: "the server serves any agent on any model from a store",
+    },
+    Layer {
+        package: "markov-eval",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+            "markov-providers",
+            "markov-testkit",
+        ],
+        forbidden: &[],
+        reason: "evals run any agent; the demo's eval binary builds on them, not they on it",
+    },
+    Layer {
+        package: "markov-cli",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+            "markov-server",
+            "markov-providers",
+            "markov-mcp",
+            "markov-eval",
+            "markov-testkit",
+            "markov-tools-std",
+        ],
+        forbidden: &[],
+        reason: "the demo binaries use the crates, never the facade or the benchmarks",
+    },
+    Layer {
+        package: "markov-bench",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+            "markov-server",
+            "markov-providers",
+            "markov-mcp",
+            "markov-testkit",
+        ],
+        forbidden: &[],
+        reason: "the benchmarks measure the crates, never the facade or the demo",
+    },
+    Layer {
+        package: "xtask",
+        allowed: &[],
+        forbidden: &[],
+        reason: "the build tasks build the crates; they link none",
+    },
+    Layer {
+        package: "markov",
+        allowed: &[
+            "markov-core",
+            "markov-macros",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-tools-std",
+            "markov-testkit",
+            "markov-providers",
+            "markov-otel",
+            "markov-mcp",
+            "markov-store",
+            "markov-server",
+            "markov-eval",
+        ],
+        forbidden: &[],
+        reason: "the facade re-exports the libraries, not the demo or the benchmarks",
     },
 ];
 
-/// The layers a leaf crate (tools, testkit, providers) must not reach.
-const ABOVE_CORE: &[&str] = &["markov-charter", "markov-executor"];
+/// Edges the layering does not intend that the tree still has, allowed
+/// until the crate loses them: `(package, dependency)`.
+const TEMPORARY_EDGES: &[(&str, &str)] = &[
+    // The charter still reads the registry's types; the edge is being removed.
+    ("markov-charter", "markov-policy"),
+];
 
-/// Flags `[dependencies]` of the manifest's package that its layer forbids.
+/// Flags the `[dependencies]` of the manifest's package that its row does
+/// not allow, and a package with no row.
 fn check_layering(path: &str, manifest: &str) -> Vec<String> {
     let Some(package) = package_name(manifest) else {
         return vec![format!("{path}: no `name` in `[package]`")];
     };
     let Some(layer) = LAYERS.iter().find(|layer| layer.package == package) else {
-        return Vec::new();
+        return vec![format!(
+            "{path}: `{package}` has no row in LAYERS (xtask/src/tidy.rs): add one that names the markov crates it may depend on"
+        )];
     };
     dependencies(manifest, "dependencies")
         .into_iter()
-        .filter(|dep| {
-            layer
-                .forbidden
-                .iter()
-                .any(|pattern| matches(pattern, dep.crate_name()))
-                && !layer.except.contains(&dep.crate_name())
-        })
-        .map(|dep| {
-            format!(
-                "{path}:{}: `{package}` must not depend on `{}` ({})",
-                dep.line,
-                dep.crate_name(),
-                layer.reason
-            )
+        .filter_map(|dep| {
+            let name = dep.crate_name();
+            let refused = if name.starts_with("markov") {
+                !layer.allowed.contains(&name)
+                    && !TEMPORARY_EDGES.contains(&(package.as_str(), name))
+            } else {
+                layer.forbidden.contains(&name)
+            };
+            refused.then(|| {
+                format!(
+                    "{path}:{}: `{package}` must not depend on `{name}` ({})",
+                    dep.line, layer.reason
+                )
+            })
         })
         .collect()
 }
@@ -757,7 +849,7 @@ fn layers_point_one_way() {
     assert_eq!(
         check_layering("r", charter),
         [
-            "r:5: `markov-charter` must not depend on `markov-executor` (the layers are core <- charter <- executor <- store)"
+            "r:5: `markov-charter` must not depend on `markov-executor` (the definitions depend on core only; running them is the executor's)"
         ]
     );
     let executor = "[package]\nname = \"markov-executor\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-charter.workspace = true\n";
@@ -786,6 +878,53 @@ fn layers_point_one_way() {
     let policy =
         "[package]\nname = \"markov-policy\"\n[dependencies]\nmarkov-mcp.workspace = true\n";
     assert_eq!(check_layering("p", policy).len(), 1);
+    // Leaf crates reach neither the store, the server nor the policy.
+    for leaf in ["markov-tools-std", "markov-testkit", "markov-providers"] {
+        for above in ["markov-store", "markov-server", "markov-policy"] {
+            let manifest = format!(
+                "[package]\nname = \"{leaf}\"\n[dependencies]\nmarkov-core.workspace = true\n{above}.workspace = true\n"
+            );
+            assert_eq!(check_layering("l", &manifest).len(), 1, "{leaf} on {above}");
+        }
+    }
+    // The server may use the store; the store may not use the server.
+    let server = "[package]\nname = \"markov-server\"\n[dependencies]\nmarkov-store.workspace = true\nmarkov-cli.workspace = true\n";
+    assert_eq!(
+        check_layering("s", server),
+        [
+            "s:5: `markov-server` must not depend on `markov-cli` (the server serves any agent on any model from a store)"
+        ]
+    );
+    let store =
+        "[package]\nname = \"markov-store\"\n[dependencies]\nmarkov-server.workspace = true\n";
+    assert_eq!(check_layering("s", store).len(), 1);
+    // Dev-dependencies are free.
+    let dev = "[package]\nname = \"markov-providers\"\n[dependencies]\nmarkov-core.workspace = true\n[dev-dependencies]\nmarkov-executor.workspace = true\n";
+    assert!(check_layering("p", dev).is_empty());
+}
+
+#[test]
+fn every_crate_needs_a_layering_row() {
+    let new = "[package]\nname = \"markov-new\"\n[dependencies]\nmarkov-core.workspace = true\n";
+    let problems = check_layering("crates/new/Cargo.toml", new);
+    assert_eq!(problems.len(), 1);
+    assert!(
+        problems[0].contains("`markov-new` has no row in LAYERS"),
+        "{problems:?}"
+    );
+    // A row may come before its crate: markov-context's is there already.
+    let context = "[package]\nname = \"markov-context\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-charter.workspace = true\n";
+    assert!(check_layering("c", context).is_empty());
+    // Every row names crates that have rows themselves.
+    for layer in LAYERS {
+        for allowed in layer.allowed {
+            assert!(
+                LAYERS.iter().any(|row| row.package == *allowed),
+                "{} allows {allowed}, which has no row",
+                layer.package
+            );
+        }
+    }
 }
 
 #[test]

@@ -28,15 +28,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use markov_charter::charter::Charter;
+use markov_charter::context::ContextPolicy;
+use markov_charter::node::Node;
 use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
     Agent, Limit, Machine, MachineStep, RunOptions, StandardExecutor, UsageLimits, run_machine,
 };
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_charter::charter::Charter;
-use markov_charter::context::ContextPolicy;
-use markov_charter::node::Node;
 use markov_testkit::{Recording, ScriptedModel};
 use schemars::JsonSchema;
 use serde::Deserialize;

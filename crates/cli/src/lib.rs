@@ -24,9 +24,9 @@ pub use rehearsal::Rehearsal;
 
 use std::sync::Arc;
 
+use markov_charter::context::{ContextPolicy, DEFAULT_SUMMARY_MAX_TOKENS, Summarize};
 use markov_core::model::{Model, ModelLimits, ModelSettings};
 use markov_executor::{Agent, AgentBuilder};
-use markov_charter::context::{ContextPolicy, DEFAULT_SUMMARY_MAX_TOKENS, Summarize};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

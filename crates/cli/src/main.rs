@@ -59,10 +59,10 @@ use futures::StreamExt;
 use markov_core::message::{Item, Message, Role};
 use markov_executor::{BuildError, MachineStep, RunError, RunOptions, YieldReason, run_machine};
 
+use markov_charter::tool_choice::ToolChoiceRule;
 use markov_cli::mcp::{McpArgs, McpServers};
 use markov_cli::{QUESTION, demo_agent, pick_settled_model_or, scripted};
 use markov_executor::ToolChoiceEnforcer;
-use markov_charter::tool_choice::ToolChoiceRule;
 
 /// Why the demo stopped early.
 #[derive(Debug, thiserror::Error)]

@@ -8,16 +8,16 @@
 
 use std::sync::Arc;
 
+use markov_charter::ConfigError;
+use markov_charter::charter::{Charter, CharterBuilder};
+use markov_charter::context::ContextPolicy;
+use markov_charter::node::{Node, NodeBuilder, OutputConfig};
 use markov_core::model::{Model, ModelSettings};
 use markov_core::tool::{SharedTool, Tool};
 use markov_policy::{
     Budget, EnvelopeMode, ErrorFormat, Mode, PolicyConfig, RegistryError, ToolMetadata,
     ToolRegistry, ToolRegistryBuilder,
 };
-use markov_charter::ConfigError;
-use markov_charter::charter::{Charter, CharterBuilder};
-use markov_charter::context::ContextPolicy;
-use markov_charter::node::{Node, NodeBuilder, OutputConfig};
 use schemars::JsonSchema;
 use serde_json::Value;
 

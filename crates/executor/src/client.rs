@@ -35,8 +35,6 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use markov_core::InstanceId;
-use markov_core::message::Item;
 use markov_charter::charter::Charter;
 use markov_charter::command::{CommandInfo, SharedCommand};
 use markov_charter::node::Node;
@@ -44,6 +42,8 @@ use markov_charter::pack::{Pack, PackInstructions};
 use markov_charter::serial::{Entries, escape_schema, executor_config_to_json};
 use markov_charter::state::json_type;
 use markov_charter::transition::{NodeTarget, Transition};
+use markov_core::InstanceId;
+use markov_core::message::Item;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 

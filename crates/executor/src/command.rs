@@ -62,8 +62,6 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use markov_core::message::{Item, Items, Message};
-use markov_core::{InstanceId, Role};
 use markov_charter::charter::Charter;
 use markov_charter::command::{
     CommandContext, CommandError, CommandInfo, CommandResult, SharedCommand,
@@ -71,6 +69,8 @@ use markov_charter::command::{
 use markov_charter::externalize::Scope;
 use markov_charter::pack::Pack;
 use markov_charter::transition::{SpawnChild, TransitionResult};
+use markov_core::message::{Item, Items, Message};
+use markov_core::{InstanceId, Role};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -34,10 +34,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use markov_charter::context::ContextPolicy;
 use markov_core::message::{Item, Items, Message, NativeItems, Role};
 use markov_core::model::HistoryId;
 use markov_core::tokens;
-use markov_charter::context::ContextPolicy;
 
 /// How a summary is shown to the model, before its text.
 pub const SUMMARY_PREAMBLE: &str =

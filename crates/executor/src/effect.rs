@@ -4,12 +4,12 @@
 //! after every leaf of a step has finished. Each effect is also written to
 //! history as an `instance` message, with nodes in their serialized form.
 
-use markov_core::message::{InstancePayload, Items, Message, Metadata, Source, SpawnedChild};
-use markov_core::{InstanceId, Role};
 use markov_charter::charter::Charter;
 use markov_charter::node::Node;
 use markov_charter::serial::{node_from_json, serialize_node};
 use markov_charter::transition::CedeContent;
+use markov_core::message::{InstancePayload, Items, Message, Metadata, Source, SpawnedChild};
+use markov_core::{InstanceId, Role};
 use serde_json::Value;
 
 use crate::error::RunError;

@@ -1,9 +1,9 @@
 //! Errors that end a run.
 
-use markov_core::InstanceId;
-use markov_core::model::ModelError;
 use markov_charter::ConfigError;
 use markov_charter::transition::TransitionError;
+use markov_core::InstanceId;
+use markov_core::model::ModelError;
 
 /// Why a run stopped without finishing. The history stays consistent either
 /// way: every recorded tool call has its result.

@@ -1,12 +1,12 @@
 //! The executor contract: one inference for one leaf.
 
 use async_trait::async_trait;
+use markov_charter::charter::Charter;
 use markov_core::Message;
 use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::message::Source;
 use markov_core::tool::TerminateResponse;
 use markov_policy::PolicyState;
-use markov_charter::charter::Charter;
 use serde_json::Value;
 
 use crate::context::ContextViews;

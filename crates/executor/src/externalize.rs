@@ -11,10 +11,10 @@
 
 use std::sync::Arc;
 
-use markov_core::message::Message;
 use markov_charter::charter::Charter;
 use markov_charter::externalize::{MutationEvent, Registration, Scope, StateHandler, StepInfo};
 use markov_charter::state::StateSchema;
+use markov_core::message::Message;
 use serde_json::Value;
 
 use crate::instance::Instance;

@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use markov_core::InstanceId;
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::tool_choice::ToolChoiceRule;
+use markov_core::InstanceId;
 use serde_json::{Value, json};
 
 use crate::error::RunError;

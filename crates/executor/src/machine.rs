@@ -3,9 +3,9 @@
 use std::fmt;
 use std::sync::Arc;
 
+use markov_charter::charter::Charter;
 use markov_core::Message;
 use markov_policy::{Approvals, PolicyState};
-use markov_charter::charter::Charter;
 use serde_json::Value;
 
 use crate::error::RunError;

@@ -12,12 +12,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use futures::stream::{self, Stream, StreamExt};
-use markov_core::message::{Item, Message, Metadata, Source};
-use markov_core::model::Usage;
-use markov_core::{InstanceId, Role};
 use markov_charter::externalize::{Scope, StepInfo};
 use markov_charter::state::merge_patch;
 use markov_charter::transition::CedeContent;
+use markov_core::message::{Item, Message, Metadata, Source};
+use markov_core::model::Usage;
+use markov_core::{InstanceId, Role};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::Instrument;

@@ -44,12 +44,12 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use markov_core::{InstanceId, Message};
-use markov_policy::{IdempotencyLimits, PolicySnapshot, PolicyState};
 use markov_charter::charter::Charter;
 use markov_charter::serial::{
     NodeSpec, PackSpec, SerialError, node_from_spec, node_spec, pack_from_spec, pack_spec,
 };
+use markov_core::{InstanceId, Message};
+use markov_policy::{IdempotencyLimits, PolicySnapshot, PolicyState};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

@@ -31,6 +31,12 @@ use crate::usage::{
 };
 use async_trait::async_trait;
 use futures::StreamExt;
+use markov_charter::ConfigError;
+use markov_charter::charter::{AncestorView, PromptInput};
+use markov_charter::context::{ContextPolicy, TokenCount};
+use markov_charter::tool_choice::check_thinking;
+use markov_charter::toolgen::{generate_provider_tools, generate_tools_cached};
+use markov_charter::transition::{TransitionError, TransitionOutcome};
 use markov_core::Role;
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, MAX_ARGUMENT_DEPTH, Message, Metadata, Source, nesting_exceeds};
@@ -44,12 +50,6 @@ use markov_core::tool::{
 use markov_policy::{
     ErrorFormat, Mode, RecordedAnswer, RegistryBinding, Rejection, ToolErrorKind, ToolRegistry,
 };
-use markov_charter::ConfigError;
-use markov_charter::charter::{AncestorView, PromptInput};
-use markov_charter::context::{ContextPolicy, TokenCount};
-use markov_charter::tool_choice::check_thinking;
-use markov_charter::toolgen::{generate_provider_tools, generate_tools_cached};
-use markov_charter::transition::{TransitionError, TransitionOutcome};
 use serde_json::Value;
 use tracing::Instrument;
 

@@ -53,6 +53,7 @@
 //!   run's steps, reports and baseline comparison.
 #![deny(missing_docs)]
 
+pub use markov_charter as charter;
 pub use markov_core as core;
 #[cfg(feature = "eval")]
 pub use markov_eval as eval;
@@ -65,7 +66,6 @@ pub use markov_otel as otel;
 pub use markov_policy as policy;
 #[cfg(feature = "providers")]
 pub use markov_providers as providers;
-pub use markov_charter as charter;
 #[cfg(feature = "server")]
 pub use markov_server as server;
 #[cfg(feature = "store")]
@@ -76,6 +76,12 @@ pub use markov_tools_std as tools;
 
 /// What an application needs to build and run an agent, in one import.
 pub mod prelude {
+    pub use markov_charter::charter::Charter;
+    pub use markov_charter::context::{ContextPolicy, Summarize, TokenCount};
+    pub use markov_charter::node::{Node, OutputConfig};
+    pub use markov_charter::pack::Pack;
+    pub use markov_charter::tool_choice::{OutputRestriction, ToolChoiceRule};
+    pub use markov_charter::transition::Transition;
     pub use markov_core::tool::{Delivery, TerminateResponse, Tool, ToolContext, ToolReply};
     pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice, Usd};
     pub use markov_executor::{
@@ -86,12 +92,6 @@ pub mod prelude {
     pub use markov_policy::{
         ApprovalFlow, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
     };
-    pub use markov_charter::charter::Charter;
-    pub use markov_charter::context::{ContextPolicy, Summarize, TokenCount};
-    pub use markov_charter::node::{Node, OutputConfig};
-    pub use markov_charter::pack::Pack;
-    pub use markov_charter::tool_choice::{OutputRestriction, ToolChoiceRule};
-    pub use markov_charter::transition::Transition;
     #[cfg(feature = "server")]
     pub use markov_server::{Server, create_api_key};
     #[cfg(feature = "store")]

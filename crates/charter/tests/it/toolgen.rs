@@ -2,14 +2,14 @@
 
 use std::convert::Infallible;
 
-use markov_core::async_trait;
-use markov_core::tool::{Tool, ToolContext, ToolDefinition};
 use markov_charter::ConfigError;
 use markov_charter::charter::{AncestorView, Charter, PromptStyle};
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE, generate_tools};
 use markov_charter::transition::{NodeTarget, Transition, TransitionResult};
+use markov_core::async_trait;
+use markov_core::tool::{Tool, ToolContext, ToolDefinition};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

@@ -45,15 +45,15 @@ use markov_core::tool::{
 use serde_json::{Map, Value};
 use tracing::Instrument;
 
-use markov_policy::{
-    LoopGuard, Mode, PolicyState, RegistrySession, Rejection, Repeat, RepeatCounts, ToolErrorKind,
-    ToolOrigin, TurnBudgetState, plain_registry,
-};
 use markov_charter::charter::{AncestorView, Charter};
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::state::{StateSchema, accumulate_patch, merge_patch};
 use markov_charter::toolgen::{TRANSITION, TRANSITION_PREFIX, UPDATE_STATE};
+use markov_policy::{
+    LoopGuard, Mode, PolicyState, RegistrySession, Rejection, Repeat, RepeatCounts, ToolErrorKind,
+    ToolOrigin, TurnBudgetState, plain_registry,
+};
 
 /// What the pipeline needs to know about the leaf it runs for.
 #[derive(Debug, Clone, Copy)]

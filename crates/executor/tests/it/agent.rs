@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
+use markov_charter::ConfigError;
+use markov_charter::node::Node;
 use markov_core::message::Item;
 use markov_executor::{Agent, BuildError, RunError, StandardExecutor, serialize_machine};
 use markov_policy::{Category, ToolMetadata};
-use markov_charter::ConfigError;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::*;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::Item;
 use markov_core::async_trait;
 use markov_core::message::Message;
@@ -19,8 +21,6 @@ use markov_policy::{
     ApprovalError, ApprovalFlow, Budget, CONFIRMATION_TOKEN, Category, Decision, Mode,
     PolicyConfig, ToolMetadata, ToolRegistry,
 };
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::{Pay, Wire};
 use schemars::JsonSchema;

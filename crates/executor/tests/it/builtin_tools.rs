@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_charter::node::Node;
 use markov_core::message::{Item, Role};
 use markov_core::model::{ModelResponse, StopReason};
 use markov_core::tool::ProviderTool;
 use markov_executor::{RunOptions, YieldReason};
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

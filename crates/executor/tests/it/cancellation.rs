@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::async_trait;
 use markov_core::message::Message;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, run_to_completion};
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::Hang;
 use serde_json::json;

@@ -6,6 +6,12 @@ use crate::common::{machine_on_shared, restore_on};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
+use markov_charter::charter::Charter;
+use markov_charter::command::{Command, CommandContext, CommandError, CommandResult};
+use markov_charter::node::{ExecutorConfig, Node};
+use markov_charter::pack::Pack;
+use markov_charter::serial::DeclaredSchema;
+use markov_charter::transition::{Transition, TransitionResult};
 use markov_core::async_trait;
 use markov_core::message::Item;
 use markov_executor::client::{
@@ -15,12 +21,6 @@ use markov_executor::client::{
 };
 use markov_executor::serialize::SerializedMachine;
 use markov_executor::{Executor, Instance, Machine, StandardExecutor, SuspendInfo};
-use markov_charter::charter::Charter;
-use markov_charter::command::{Command, CommandContext, CommandError, CommandResult};
-use markov_charter::node::{ExecutorConfig, Node};
-use markov_charter::pack::Pack;
-use markov_charter::serial::DeclaredSchema;
-use markov_charter::transition::{Transition, TransitionResult};
 use markov_testkit::ScriptedModel;
 use markov_testkit::strategies::arb_json;
 use proptest::prelude::*;

@@ -4,13 +4,6 @@
 use crate::common::{machine_on, machine_with_history};
 use std::sync::Arc;
 
-use markov_core::InstanceId;
-use markov_core::async_trait;
-use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
-use markov_executor::{
-    CommandOptions, Instance, Machine, RunOptions, StandardExecutor, SuspendInfo, YieldReason,
-    available_commands, run_command,
-};
 use markov_charter::ConfigError;
 use markov_charter::charter::Charter;
 use markov_charter::command::{
@@ -19,6 +12,13 @@ use markov_charter::command::{
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::transition::{CedeContent, TransitionResult, cede, spawn, transition_to};
+use markov_core::InstanceId;
+use markov_core::async_trait;
+use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
+use markov_executor::{
+    CommandOptions, Instance, Machine, RunOptions, StandardExecutor, SuspendInfo, YieldReason,
+    available_commands, run_command,
+};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -4,6 +4,8 @@
 
 use std::sync::Arc;
 
+use markov_charter::context::{ContextPolicy, ContextPolicyError, Summarize};
+use markov_charter::node::Node;
 use markov_core::message::{Item, Message, Role};
 use markov_core::model::{HistoryId, ModelError};
 use markov_core::tokens;
@@ -11,8 +13,6 @@ use markov_executor::{
     Agent, Machine, MachineStep, RunError, SUMMARY_PREAMBLE, SerializedMachine, YieldReason,
     serialize_machine,
 };
-use markov_charter::context::{ContextPolicy, ContextPolicyError, Summarize};
-use markov_charter::node::Node;
 use markov_testkit::{FailingModel, RecordedRequest, ScriptBuilder, ScriptedModel};
 use proptest::prelude::*;
 use serde_json::json;

@@ -9,13 +9,13 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use async_trait::async_trait;
 use futures::poll;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::message::{Item, Items, Message, Metadata, Role};
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{
     Instance, Machine, Queue, RunOptions, StandardExecutor, YieldReason, run_to_completion,
 };
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_charter::node::{Node, OutputConfig};
 use markov_core::Item;
 use markov_core::message::{Message, Role};
 use markov_core::model::{ModelResponse, StopReason, Usage};
 use markov_core::tool;
 use markov_executor::{RunOptions, StandardExecutor, TypedRunError, retry_prompt};
-use markov_charter::node::{Node, OutputConfig};
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::Deserialize;

@@ -10,6 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::common::*;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::Item;
 use markov_core::async_trait;
 use markov_core::tool::{Delivery, Tool, ToolContext};
@@ -17,8 +19,6 @@ use markov_executor::{
     Action, Instance, RunOptions, RunState, StandardExecutor, run_leaves, serialize_machine,
 };
 use markov_policy::{Journal, LedgerEntry, RecordedAnswer};
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

@@ -5,13 +5,6 @@
 use crate::common::{machine_on_shared, restore_on};
 use std::sync::{Arc, Mutex};
 
-use markov_core::InstanceId;
-use markov_core::async_trait;
-use markov_core::message::{InstancePayload, Message};
-use markov_executor::{
-    CommandOptions, Effect, Instance, Machine, RunOptions, YieldReason, run_command,
-    serialize_machine,
-};
 use markov_charter::charter::Charter;
 use markov_charter::command::{Command, CommandContext, CommandError, CommandResult};
 use markov_charter::externalize::{
@@ -20,6 +13,13 @@ use markov_charter::externalize::{
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::transition::CedeContent;
+use markov_core::InstanceId;
+use markov_core::async_trait;
+use markov_core::message::{InstancePayload, Message};
+use markov_executor::{
+    CommandOptions, Effect, Instance, Machine, RunOptions, YieldReason, run_command,
+    serialize_machine,
+};
 use serde_json::{Value, json};
 
 use crate::common::{Counter, NoArgs, Script, cede_fx, fx, outcome, run_all, say};

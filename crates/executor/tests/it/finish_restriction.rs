@@ -4,13 +4,13 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_charter::node::Node;
+use markov_charter::tool_choice::{DEFAULT_RESTRICTION_MESSAGE, OutputRestriction};
+use markov_charter::transition::Transition;
 use markov_core::async_trait;
 use markov_core::message::{Message, Role};
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use markov_executor::{Machine, MachineStep, RunError, RunOptions, YieldReason};
-use markov_charter::node::Node;
-use markov_charter::tool_choice::{DEFAULT_RESTRICTION_MESSAGE, OutputRestriction};
-use markov_charter::transition::Transition;
 use markov_testkit::ScriptedModel;
 use markov_tools_std::Finish;
 use proptest::prelude::*;

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::common::*;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::async_trait;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
@@ -14,8 +16,6 @@ use markov_executor::{
     run_leaves, serialize_machine,
 };
 use markov_policy::LoopGuard;
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::Deserialize;

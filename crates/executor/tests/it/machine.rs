@@ -4,11 +4,11 @@ use markov_executor::Agent;
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_charter::node::{Node, OutputConfig};
+use markov_charter::transition::{Transition, transition_to};
 use markov_core::async_trait;
 use markov_core::message::{InstancePayload, Item, Message, Metadata, Role};
 use markov_executor::{RECOVERY_TEXT, RunError, RunOptions, YieldReason, run_to_completion};
-use markov_charter::node::{Node, OutputConfig};
-use markov_charter::transition::{Transition, transition_to};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 
 use crate::common::{Call, Script, cede_fx, node, outcome, run_all, say, script_machine};
 use async_trait::async_trait;
+use markov_charter::node::Node;
+use markov_charter::transition::CedeContent;
 use markov_core::message::{InstancePayload, Items, Message, Role, Source};
 use markov_executor::{
     Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, RunError, RunOptions, YieldReason,
 };
-use markov_charter::node::Node;
-use markov_charter::transition::CedeContent;
 use serde_json::json;
 
 // ---------------------------------------------------------------------------

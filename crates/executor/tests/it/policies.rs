@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use crate::common::*;
-use markov_executor::{Instance, Machine, RunOptions, StandardExecutor};
-use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_charter::charter::Charter;
 use markov_charter::node::Node;
+use markov_executor::{Instance, Machine, RunOptions, StandardExecutor};
+use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
 use markov_testkit::ScriptedModel;
 use serde_json::{Value, json};
 

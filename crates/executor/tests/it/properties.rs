@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use crate::common::*;
-use markov_executor::{RunError, RunOptions};
 use markov_charter::node::Node;
 use markov_charter::transition::Transition;
+use markov_executor::{RunError, RunOptions};
 use markov_testkit::ScriptedModel;
 use proptest::prelude::*;
 use serde_json::{Value, json};

@@ -8,6 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::common::*;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
+use markov_charter::tool_choice::{ToolChoiceRule, TurnPolicy};
+use markov_charter::transition::Transition;
 use markov_core::Item;
 use markov_core::async_trait;
 use markov_core::ids::ToolCallId;
@@ -22,10 +26,6 @@ use markov_policy::{
     ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Category, Mode, PolicyConfig,
     ToolMetadata, ToolRegistry, WithIntents,
 };
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
-use markov_charter::tool_choice::{ToolChoiceRule, TurnPolicy};
-use markov_charter::transition::Transition;
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::{Explode, Hang};
 use schemars::JsonSchema;

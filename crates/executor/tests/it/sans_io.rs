@@ -3,11 +3,11 @@
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_charter::node::Node;
 use markov_core::message::Message;
 use markov_executor::{
     Action, Entry, LeafOutcome, RunError, RunOptions, RunState, TurnState, YieldReason,
 };
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

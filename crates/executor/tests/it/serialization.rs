@@ -7,6 +7,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::*;
+use markov_charter::ConfigError;
+use markov_charter::charter::Charter;
+use markov_charter::command::{Command, CommandContext, CommandResult};
+use markov_charter::node::{ExecutorConfig, Node};
+use markov_charter::pack::Pack;
+use markov_charter::serial::{SerialError, serialize_node};
+use markov_charter::transition::{Transition, transition_to};
 use markov_core::InstanceId;
 use markov_core::async_trait;
 use markov_executor::serialize::{
@@ -15,13 +22,6 @@ use markov_executor::serialize::{
 use markov_executor::{
     Executor, Instance, Machine, RunOptions, StandardExecutor, SuspendInfo, run_to_completion,
 };
-use markov_charter::ConfigError;
-use markov_charter::charter::Charter;
-use markov_charter::command::{Command, CommandContext, CommandResult};
-use markov_charter::node::{ExecutorConfig, Node};
-use markov_charter::pack::Pack;
-use markov_charter::serial::{SerialError, serialize_node};
-use markov_charter::transition::{Transition, transition_to};
 use markov_testkit::ScriptedModel;
 use proptest::prelude::*;
 use serde::Deserialize;

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
+use markov_charter::charter::Charter;
+use markov_charter::node::{Node, OutputConfig};
 use markov_core::MessageId;
 use markov_core::message::{Item, Message, Metadata, Role, StreamInfo, StreamState};
 use markov_core::model::{
@@ -17,8 +19,6 @@ use markov_executor::{
     Instance, Machine, MachineStep, MessageStreamEvent, RunError, RunOptions, StandardExecutor,
     run_machine, serialize_machine,
 };
-use markov_charter::charter::Charter;
-use markov_charter::node::{Node, OutputConfig};
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::Add;
 use schemars::JsonSchema;

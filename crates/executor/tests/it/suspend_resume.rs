@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use crate::common::{Script, fx, instance_payloads, node, outcome, run_all, say, script_machine};
+use markov_charter::node::Node;
+use markov_charter::transition::{Transition, TransitionResult, suspend};
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Role};
 use markov_executor::{
     Action, Effect, Executor, Instance, Machine, RunOptions, RunState, SuspendInfo, YieldReason,
 };
-use markov_charter::node::Node;
-use markov_charter::transition::{Transition, TransitionResult, suspend};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

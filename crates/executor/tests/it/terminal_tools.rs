@@ -4,14 +4,14 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::common::*;
-use markov_core::async_trait;
-use markov_core::message::{Message, Role};
-use markov_core::tool::{Tool, ToolContext};
-use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, YieldReason};
 use markov_charter::charter::Charter;
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::transition::Transition;
+use markov_core::async_trait;
+use markov_core::message::{Message, Role};
+use markov_core::tool::{Tool, ToolContext};
+use markov_executor::{Instance, Machine, RunOptions, StandardExecutor, YieldReason};
 use markov_testkit::ScriptedModel;
 use proptest::prelude::*;
 use serde::Serialize;

@@ -6,11 +6,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use markov_charter::context::{ContextPolicy, Summarize, TokenCount};
 use markov_core::model::InputTokenCount;
 use markov_core::tokens;
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{Agent, Machine};
-use markov_charter::context::{ContextPolicy, Summarize, TokenCount};
 use markov_testkit::{ScriptBuilder, ScriptedModel};
 use serde_json::json;
 

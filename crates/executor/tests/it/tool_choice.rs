@@ -8,6 +8,13 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_charter::ConfigError;
+use markov_charter::charter::Charter;
+use markov_charter::node::{Node, NodeBuilder};
+use markov_charter::tool_choice::{
+    DEFAULT_RESTRICTION_MESSAGE, OutputRestriction, ToolChoiceRule, TurnPolicy,
+};
+use markov_charter::transition::Transition;
 use markov_core::ToolName;
 use markov_core::async_trait;
 use markov_core::message::{Message, Role};
@@ -20,13 +27,6 @@ use markov_executor::ToolChoiceEnforcer;
 use markov_executor::{
     Instance, Machine, MachineStep, RunError, RunOptions, StandardExecutor, YieldReason,
 };
-use markov_charter::ConfigError;
-use markov_charter::charter::Charter;
-use markov_charter::node::{Node, NodeBuilder};
-use markov_charter::tool_choice::{
-    DEFAULT_RESTRICTION_MESSAGE, OutputRestriction, ToolChoiceRule, TurnPolicy,
-};
-use markov_charter::transition::Transition;
 use markov_testkit::ScriptedModel;
 use markov_tools_std::{Finish, Respond};
 use proptest::prelude::*;
@@ -799,8 +799,8 @@ proptest! {
 
 #[tokio::test]
 async fn an_instance_policy_wins_over_the_nodes() {
-    use markov_executor::{Instance, StandardExecutor};
     use markov_charter::tool_choice::ToolChoiceRule;
+    use markov_executor::{Instance, StandardExecutor};
     let node = markov_charter::node::Node::builder("Auto node.")
         .tool(crate::common::Add)
         .build()

@@ -5,6 +5,10 @@
 use std::convert::Infallible;
 
 use futures::StreamExt;
+use markov_charter::ConfigError;
+use markov_charter::node::{ExecutorConfig, Node, NodeBuilder};
+use markov_charter::tool_choice::{OutputRestriction, ToolChoiceRule, TurnPolicy, check_thinking};
+use markov_charter::transition::Transition;
 use markov_core::ToolName;
 use markov_core::async_trait;
 use markov_core::message::{Item, Message};
@@ -14,10 +18,6 @@ use markov_core::model::{
 };
 use markov_core::tool::{TerminateResponse, Tool, ToolContext};
 use markov_executor::ToolChoiceEnforcer;
-use markov_charter::ConfigError;
-use markov_charter::node::{ExecutorConfig, Node, NodeBuilder};
-use markov_charter::tool_choice::{OutputRestriction, ToolChoiceRule, TurnPolicy, check_thinking};
-use markov_charter::transition::Transition;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::Deserialize;

@@ -10,15 +10,15 @@ use crate::common::{
     Script, assert_paired, cede_fx, fx, instance_payloads, node, outcome, run_all, say,
     script_machine,
 };
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
+use markov_charter::transition::{CedeContent, Transition, cede, spawn};
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role, SpawnedChild};
 use markov_executor::{
     Effect, Entry, Executor, Instance, LeafContext, Machine, RunError, RunOptions, SuspendInfo,
     YieldReason,
 };
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
-use markov_charter::transition::{CedeContent, Transition, cede, spawn};
 use markov_testkit::ScriptedModel;
 use proptest::prelude::*;
 use serde_json::{Value, json};

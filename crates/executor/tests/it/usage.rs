@@ -5,13 +5,13 @@
 use std::sync::Arc;
 
 use crate::common::*;
+use markov_charter::context::{ContextPolicy, Summarize};
 use markov_core::model::{ModelResponse, ModelSettings, StopReason, Usage};
 use markov_core::{Item, Role, Usd};
 use markov_executor::{
     Agent, AgentBuilder, BuildError, Limit, LimitKind, LimitScope, ModelPrice, Prices, RunError,
     UsageLimits, UsageLimitsError, YieldReason, serialize_machine,
 };
-use markov_charter::context::{ContextPolicy, Summarize};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use markov_charter::node::Node;
 use markov_core::ToolCallId;
 use markov_core::tool::{NoState, ToolContext};
 use markov_executor::Agent;
@@ -10,7 +11,6 @@ use markov_policy::{
     ApprovalFlow, ApprovalId, Budget, CONFIRMATION_TOKEN, Mode, PolicyConfig, ToolMetadata,
     ToolRegistry, ToolRegistryBuilder, TurnBudgetState,
 };
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::{Value, json};
 

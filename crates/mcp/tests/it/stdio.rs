@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use markov_charter::node::Node;
 use markov_core::ToolCallId;
 use markov_core::tool::{NoState, SharedTool, ToolCallError, ToolContext, ToolOutcome};
 use markov_executor::Agent;
 use markov_mcp::{McpClient, McpError, ToolFilter};
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use serde_json::{Value, json};
 

@@ -1,13 +1,13 @@
 //! A two-step run with one tool call, exported through an in-memory
 //! OpenTelemetry exporter: the span tree and its GenAI attributes.
 
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::Item;
 use markov_core::model::{ModelResponse, ModelSettings, StopReason, Usage};
 use markov_executor::{RunOptions, StandardExecutor, run_to_completion};
 use markov_otel::opentelemetry::trace::TracerProvider as _;
 use markov_otel::opentelemetry::{KeyValue, Value};
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::Add;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider, SpanData};

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 
 use crate::common::Dir;
+use markov_charter::context::{ContextPolicy, Summarize};
 use markov_core::{Item, Model};
 use markov_executor::{Agent, SUMMARY_PREAMBLE};
-use markov_charter::context::{ContextPolicy, Summarize};
 use markov_store::{DurableMachine, SessionId, SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
 use markov_testkit::fixtures::Add;

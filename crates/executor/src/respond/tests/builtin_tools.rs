@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 
 use crate::respond::pipeline::{LeafView, ToolCall, run_tool_calls};
-use markov_core::async_trait;
-use markov_core::tool::{ProviderTool, Tool, ToolContext, ToolDefinition};
-use markov_core::{InstanceId, Item, Message};
 use markov_charter::ConfigError;
 use markov_charter::charter::{AncestorView, Charter, PromptStyle};
 use markov_charter::node::Node;
 use markov_charter::toolgen::{generate_provider_tools, generate_tools};
+use markov_core::async_trait;
+use markov_core::tool::{ProviderTool, Tool, ToolContext, ToolDefinition};
+use markov_core::{InstanceId, Item, Message};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 
 use crate::respond::prompt::{STEP_WARNING_CRITICAL, system_prompt};
 use expect_test::expect;
-use markov_core::tool::ToolDefinition;
 use markov_charter::charter::{AncestorView, Charter, PromptInput, PromptStyle};
 use markov_charter::node::Node;
 use markov_charter::pack::Pack;
 use markov_charter::transition::Transition;
+use markov_core::tool::ToolDefinition;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};

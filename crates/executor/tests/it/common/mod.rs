@@ -9,6 +9,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
+use markov_charter::transition::CedeContent;
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
 use markov_core::tool::{Tool, ToolContext, ToolReply};
@@ -16,9 +19,6 @@ use markov_executor::{
     Agent, Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineStep,
     RunError, RunOptions, SerializedMachine, StandardExecutor, TurnState, YieldReason, run_machine,
 };
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
-use markov_charter::transition::CedeContent;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};

@@ -8,14 +8,14 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::Item;
 use markov_core::async_trait;
 use markov_core::model::{Model, ModelResponse, StopReason};
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Machine, StandardExecutor};
 use markov_policy::{Budget, Category, Mode, PolicyConfig, ToolMetadata, ToolRegistry};
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
