@@ -43,6 +43,7 @@ fn tidy() {
     check_manifests(&root, &mut violations);
     check_readme_examples(&root, &mut violations);
     check_code_map(&root, &mut violations);
+    check_docs(&root, &mut violations);
     assert!(
         violations.is_empty(),
         "tidy found {} problem(s):\n  {}\n",
@@ -80,23 +81,154 @@ fn missing_code_map_section(architecture: &str, dir: &str) -> Option<String> {
 }
 
 // ---------------------------------------------------------------------------
-// The README's examples.
+// The README and the guide.
 
-/// Compares every README block announced as an example with its file.
-fn check_readme_examples(root: &Path, violations: &mut Vec<String>) {
-    let readme = match fs::read_to_string(root.join("README.md")) {
-        Ok(text) => text,
-        Err(err) => return violations.push(format!("README.md: {err}")),
+/// The most lines the README may have: what markov is, the set-up, the
+/// quickstart and links; the manual is the guide.
+const README_MAX_LINES: usize = 200;
+
+/// The README stays short, every guide page is linked from the guide's
+/// index, the facade doc-tests every page with Rust in it, and every
+/// `crates/...` path the README, the guide and `docs/*.md` name exists
+/// (but in a `*-HISTORY.md`).
+fn check_docs(root: &Path, violations: &mut Vec<String>) {
+    let read = |path: &str, violations: &mut Vec<String>| match fs::read_to_string(root.join(path))
+    {
+        Ok(text) => Some(text),
+        Err(err) => {
+            violations.push(format!("{path}: cannot read: {err}"));
+            None
+        }
     };
-    for (name, block) in announced_examples(&readme) {
-        let path = format!("crates/markov/examples/{name}.rs");
-        match fs::read_to_string(root.join(&path)) {
-            Ok(file) => {
-                if let Some(problem) = check_example_block(&name, &block, &file) {
-                    violations.push(problem);
+    if let Some(readme) = read("README.md", violations) {
+        violations.extend(check_readme_length(&readme));
+    }
+    let pages = match crate::readme::documents(root) {
+        Ok(pages) => pages,
+        Err(err) => return violations.push(err),
+    };
+    let index = read("docs/guide/README.md", violations).unwrap_or_default();
+    let facade = read("crates/markov/src/lib.rs", violations).unwrap_or_default();
+    for page in pages.iter().filter(|p| p.starts_with("docs/guide/")) {
+        let Some(text) = read(page, violations) else {
+            continue;
+        };
+        let name = page.trim_start_matches("docs/guide/");
+        if name != "README.md" {
+            violations.extend(check_linked_from_index(&index, name));
+        }
+        violations.extend(check_doc_tested(&facade, page, &text));
+    }
+    let mut docs = vec!["README.md".to_owned()];
+    docs.extend(pages.into_iter().filter(|p| p != "README.md"));
+    for entry in read_dir_sorted(&root.join("docs"), root, violations) {
+        // A history names the files of its time.
+        let history = entry.to_string_lossy().ends_with("-HISTORY.md");
+        if entry.extension().is_some_and(|ext| ext == "md") && !history {
+            docs.push(relative(root, &entry));
+        }
+    }
+    for doc in docs {
+        if let Some(text) = read(&doc, violations) {
+            for path in named_crate_paths(&text) {
+                if !root.join(&path).exists() {
+                    violations.push(format!("{doc}: names `{path}`, which does not exist"));
                 }
             }
-            Err(err) => violations.push(format!("README.md: example {name}: {path}: {err}")),
+        }
+    }
+}
+
+/// The violation when the README is longer than [`README_MAX_LINES`].
+fn check_readme_length(readme: &str) -> Option<String> {
+    let lines = readme.lines().count();
+    (lines > README_MAX_LINES).then(|| {
+        format!(
+            "README.md: {lines} lines, more than {README_MAX_LINES}: move the manual to a page of docs/guide/"
+        )
+    })
+}
+
+/// The violation when the guide's index has no link to `page`.
+fn check_linked_from_index(index: &str, page: &str) -> Option<String> {
+    let link = format!("]({page})");
+    let anchored = format!("]({page}#");
+    (!index.contains(&link) && !index.contains(&anchored)).then(|| {
+        format!("docs/guide/{page}: not linked from the guide's index, docs/guide/README.md")
+    })
+}
+
+/// The violation when `page` has a Rust block that rustdoc builds but the
+/// facade does not include the page as a doc test.
+fn check_doc_tested(facade: &str, page: &str, text: &str) -> Option<String> {
+    let has_rust = text.lines().any(|line| {
+        line.strip_prefix("```").is_some_and(|info| {
+            let mut words = info.split(',').map(str::trim);
+            words.next() == Some("rust") && !words.any(|word| word == "ignore")
+        })
+    });
+    let include = format!("include_str!(\"../../../{page}\")");
+    (has_rust && !facade.contains(&include)).then(|| {
+        format!("{page}: has Rust examples, but crates/markov/src/lib.rs does not doc-test it ({include})")
+    })
+}
+
+/// The `crates/...` paths `text` names: a run of path characters after
+/// `crates/`, without trailing punctuation; paths with a placeholder
+/// (`*`, `<name>`, `{..}`) are left out.
+fn named_crate_paths(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("crates/") {
+        let before = rest[..at].chars().next_back();
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || "/._-*<>{}".contains(c)))
+            .unwrap_or(tail.len());
+        let path = tail[..end].trim_end_matches(['.', '/']);
+        rest = &tail[end..];
+        let placeholder = path.contains(['*', '<', '>', '{', '}']);
+        // `../shared/crates/x` or `markov/crates/x` are not this repository's.
+        let inside = !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '/' || c == '.');
+        if inside
+            && !placeholder
+            && path.len() > "crates/".len()
+            && !found.iter().any(|f| f == path)
+        {
+            found.push(path.to_owned());
+        }
+    }
+    found
+}
+
+// ---------------------------------------------------------------------------
+// The README's examples.
+
+/// Compares every block of the README and the guide announced as an
+/// example with its file.
+fn check_readme_examples(root: &Path, violations: &mut Vec<String>) {
+    let documents = match crate::readme::documents(root) {
+        Ok(documents) => documents,
+        Err(err) => return violations.push(err),
+    };
+    for document in documents {
+        let text = match fs::read_to_string(root.join(&document)) {
+            Ok(text) => text,
+            Err(err) => {
+                violations.push(format!("{document}: {err}"));
+                continue;
+            }
+        };
+        for (name, block) in announced_examples(&text) {
+            let path = format!("crates/markov/examples/{name}.rs");
+            match fs::read_to_string(root.join(&path)) {
+                Ok(file) => {
+                    if let Some(problem) = check_example_block(&name, &block, &file) {
+                        violations.push(format!("{document}: {problem}"));
+                    }
+                }
+                Err(err) => violations.push(format!("{document}: example {name}: {path}: {err}")),
+            }
         }
     }
 }
@@ -142,8 +274,8 @@ fn check_example_block(name: &str, block: &str, file: &str) -> Option<String> {
         .collect();
     (body.trim() != block.trim()).then(|| {
         format!(
-            "README.md: the example block `{name}` differs from crates/markov/examples/{name}.rs \
-             (copy the file, without its //! lines, into the README)"
+            "the example block `{name}` differs from crates/markov/examples/{name}.rs \
+             (copy the file, without its //! lines, into the page)"
         )
     })
 }
@@ -964,5 +1096,51 @@ fn scanner_reads_the_forms_we_use() {
     assert_eq!(
         without_target("workspace.dependencies"),
         "workspace.dependencies"
+    );
+}
+
+#[test]
+fn the_readme_stays_short() {
+    assert_eq!(check_readme_length(&"line\n".repeat(200)), None);
+    let long = check_readme_length(&"line\n".repeat(201)).expect("flagged");
+    assert!(long.contains("201 lines"), "{long}");
+}
+
+#[test]
+fn every_guide_page_is_linked_from_the_index() {
+    let index = "- [Approvals](approvals.md)\n- [MCP](mcp.md#servers)\n";
+    assert_eq!(check_linked_from_index(index, "approvals.md"), None);
+    assert_eq!(check_linked_from_index(index, "mcp.md"), None);
+    assert!(check_linked_from_index(index, "serving.md").is_some());
+}
+
+#[test]
+fn guide_pages_with_rust_are_doc_tested() {
+    let facade = "#[doc = include_str!(\"../../../docs/guide/approvals.md\")]\n";
+    let rust = "text\n```rust\nfn main() {}\n```\n";
+    assert_eq!(
+        check_doc_tested(facade, "docs/guide/approvals.md", rust),
+        None
+    );
+    assert!(check_doc_tested(facade, "docs/guide/serving.md", rust).is_some());
+    let ignored = "```rust,ignore\nlet x = y;\n```\n";
+    assert_eq!(
+        check_doc_tested(facade, "docs/guide/evals.md", ignored),
+        None
+    );
+}
+
+#[test]
+fn named_crate_paths_are_read_from_prose() {
+    let text = "See `crates/core/src/tool.rs`, crates/cli/evals/demo.toml. Tests in \
+        `crates/*/tests/it/`, `crates/markov/examples/<name>.rs`; the peers in \
+        ../shared/crates/x and crates/otel.";
+    assert_eq!(
+        named_crate_paths(text),
+        [
+            "crates/core/src/tool.rs",
+            "crates/cli/evals/demo.toml",
+            "crates/otel"
+        ]
     );
 }

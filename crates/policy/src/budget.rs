@@ -29,7 +29,7 @@ impl Budget {
         per_category: [None; 3],
     };
 
-    /// The seed's text-mode budget: 10 calls per turn, 5 of them retrieval.
+    /// The text-mode budget: 10 calls per turn, 5 of them retrieval.
     pub const TEXT: Budget = Budget {
         max_calls: Some(10),
         per_category: [Some(5), None, None],

@@ -43,7 +43,7 @@ impl<T> WithIntents<T> {
 /// Errors always are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EnvelopeMode {
-    /// `{"ok":true,"data":..,"intents":[..]?}` (the seed's choice).
+    /// `{"ok":true,"data":..,"intents":[..]?}`, the shape of the error envelope.
     On,
     /// The tool's text as without a registry.
     Off,
