@@ -13,8 +13,9 @@ Commands:
           tests and tidy), cargo doc with RUSTDOCFLAGS=-D warnings; stops at
           the first failure, then readme. With -p, only the crates named
           (fmt checks all; readme runs with -p markov)
-  readme  build every Rust snippet of README.md in a fresh crate with the
-          [dependencies] block shown before it (offline, target/ reused)
+  readme  build every Rust snippet of README.md and docs/guide/*.md in a
+          fresh crate with the [dependencies] block shown before it
+          (offline, target/ reused)
   bench   build in release mode and run the benchmarks (markov-bench's
           figures and table, then its divan bench); see docs/PERFORMANCE.md
   bench --against <rev> [--rounds <n>] -- <markov-bench arguments>

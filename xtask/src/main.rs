@@ -6,11 +6,12 @@
 //!   `cargo fmt --check`, `cargo clippy -D warnings`, `cargo test` (unit,
 //!   integration and doc tests, plus the `tidy` test in `src/tidy.rs`)
 //!   and `cargo doc` with `RUSTDOCFLAGS=-D warnings`; the facade once more
-//!   with every feature (its examples and the README's). `-p <crate>`
-//!   limits the checks to the crates named. Last, `readme` (for the
+//!   with every feature (its examples, the README's and the guide's).
+//!   `-p <crate>` limits the checks to the crates named. Last, `readme` (for the
 //!   whole workspace or `-p markov`).
-//! - `readme`: every Rust snippet of the README built in a fresh crate
-//!   with the `[dependencies]` block shown before it (`src/readme.rs`).
+//! - `readme`: every Rust snippet of the README and the guide
+//!   (`docs/guide/*.md`) built in a fresh crate with the `[dependencies]`
+//!   block shown before it (`src/readme.rs`).
 //! - `bench`: the benchmarks of `crates/bench` in release mode: the
 //!   `markov-bench` binary (figures, table and one `bench=...` line per
 //!   figure), then its divan bench. Never part of `test`. With

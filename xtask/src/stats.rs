@@ -4,8 +4,8 @@
 //!
 //! Production code is every `.rs` file under a crate's `src/` (and
 //! `xtask/src/`), without the modules compiled for tests only: a
-//! `#[cfg(test)] mod name { .. }` block, and the file a
-//! `#[cfg(test)] mod name;` line names. `tests/`, `benches/` and
+//! `#[cfg(test)] mod name { .. }` block (or `#[cfg(doctest)]`), and the
+//! file a `#[cfg(test)] mod name;` line names. `tests/`, `benches/` and
 //! `examples/` are not production code. Lines are the non-blank ones, doc
 //! comments included. A `pub` item is a line that starts with `pub` (not
 //! `pub(crate)` or `pub(super)`) followed by an item keyword: `fn`,
@@ -164,11 +164,12 @@ fn test_module_files(text: &str) -> Vec<String> {
     found
 }
 
-/// `#[cfg(test)]`, also when it is one condition of several.
+/// `#[cfg(test)]` or `#[cfg(doctest)]`, also when it is one condition of
+/// several (`all(..)`).
 fn is_cfg_test(line: &str) -> bool {
-    line.starts_with("#[cfg(")
-        && (line == "#[cfg(test)]" || line.contains("(test,") || line.contains(", test)"))
-        && !line.contains("not(test")
+    let test = line == "#[cfg(test)]" || line.contains("(test,") || line.contains(", test)");
+    let doctest = line.contains("(doctest") || line.contains(", doctest");
+    line.starts_with("#[cfg(") && (test || doctest) && !line.contains("not(")
 }
 
 /// What follows `mod ` (or `pub mod `, `pub(crate) mod `) on `line`.
@@ -373,6 +374,7 @@ mod tests {
             ["tests", "fixtures"]
         );
         assert!(test_module_files("#[cfg(not(test))]\nmod real;\n").is_empty());
+        assert!(is_cfg_test("#[cfg(all(doctest, feature = \"server\"))]"));
         assert_eq!(module_dir(Path::new("src/lib.rs")), Path::new("src"));
         assert_eq!(module_dir(Path::new("src/a/mod.rs")), Path::new("src/a"));
         assert_eq!(module_dir(Path::new("src/a.rs")), Path::new("src/a"));
