@@ -119,6 +119,9 @@ pub mod guide {
     /// `docs/guide/context-and-cost.md`.
     #[doc = include_str!("../../../docs/guide/context-and-cost.md")]
     pub struct ContextAndCost;
+    /// `docs/guide/structured-output.md`.
+    #[doc = include_str!("../../../docs/guide/structured-output.md")]
+    pub struct StructuredOutput;
     /// `docs/guide/serving.md` (its example needs `server` and `providers`).
     #[doc = include_str!("../../../docs/guide/serving.md")]
     pub struct Serving;
