@@ -13,8 +13,9 @@ Commands:
           tests and tidy), cargo doc with RUSTDOCFLAGS=-D warnings; stops at
           the first failure, then readme. With -p, only the crates named
           (fmt checks all; readme runs with -p markov)
-  readme  build every Rust snippet of README.md in a fresh crate with the
-          [dependencies] block shown before it (offline, target/ reused)
+  readme  build every Rust snippet of README.md and docs/guide/*.md in a
+          fresh crate with the [dependencies] block shown before it
+          (offline, target/ reused)
   bench   build in release mode and run the benchmarks (markov-bench's
           figures and table, then its divan bench); see docs/PERFORMANCE.md
   bench --against <rev> [--rounds <n>] -- <markov-bench arguments>
@@ -26,6 +27,10 @@ Commands:
           markov-eval): offline on each case's script, or on the model the
           environment configures (OPENAI_BASE_URL, ANTHROPIC_API_KEY, ...);
           see docs/guide/evals.md
+  stats [<dir>]
+          production lines (no test modules, tests/, benches/ or
+          examples/) and pub items per crate, as a table; <dir> is another
+          checkout (git archive <rev> | tar -x -C <dir>), this one unless set
   help    print this message";
 
 /// A parsed command line.
@@ -42,6 +47,9 @@ pub(crate) enum Command {
     /// `cargo xtask eval <dataset> [-- <arguments>]`: the dataset and the
     /// arguments handed on to `markov-eval run`.
     Eval(String, Vec<String>),
+    /// `cargo xtask stats [<dir>]`: the workspace at `dir`, this one when
+    /// `None`.
+    Stats(Option<String>),
     /// `cargo xtask help`, `-h` or `--help`.
     Help,
 }
@@ -133,6 +141,14 @@ where
         }
         Some("bench") => return parse_bench(args),
         Some("readme") => Command::Readme,
+        Some("stats") => match args.next() {
+            None => Command::Stats(None),
+            Some(dir) => match dir.into_string() {
+                Ok(dir) if !dir.starts_with('-') => Command::Stats(Some(dir)),
+                Ok(dir) => return Err(format!("unexpected argument `{dir}` after `stats`")),
+                Err(dir) => return Err(format!("argument {dir:?} is not UTF-8")),
+            },
+        },
         Some("eval") => {
             let mut args = args.map(|arg| {
                 arg.into_string()
@@ -184,6 +200,12 @@ mod tests {
             Ok(Command::Test(vec!["markov-core".into(), "markov".into()]))
         );
         assert_eq!(parse_strs(&["bench"]), Ok(Command::Bench));
+        assert_eq!(parse_strs(&["stats"]), Ok(Command::Stats(None)));
+        assert_eq!(
+            parse_strs(&["stats", "/tmp/base"]),
+            Ok(Command::Stats(Some("/tmp/base".into())))
+        );
+        assert!(parse_strs(&["stats", "a", "b"]).is_err());
         assert_eq!(parse_strs(&["help"]), Ok(Command::Help));
         assert_eq!(parse_strs(&["--help"]), Ok(Command::Help));
         assert_eq!(parse_strs(&["-h"]), Ok(Command::Help));

@@ -6,11 +6,12 @@
 //!   `cargo fmt --check`, `cargo clippy -D warnings`, `cargo test` (unit,
 //!   integration and doc tests, plus the `tidy` test in `src/tidy.rs`)
 //!   and `cargo doc` with `RUSTDOCFLAGS=-D warnings`; the facade once more
-//!   with every feature (its examples and the README's). `-p <crate>`
-//!   limits the checks to the crates named. Last, `readme` (for the
+//!   with every feature (its examples, the README's and the guide's).
+//!   `-p <crate>` limits the checks to the crates named. Last, `readme` (for the
 //!   whole workspace or `-p markov`).
-//! - `readme`: every Rust snippet of the README built in a fresh crate
-//!   with the `[dependencies]` block shown before it (`src/readme.rs`).
+//! - `readme`: every Rust snippet of the README and the guide
+//!   (`docs/guide/*.md`) built in a fresh crate with the `[dependencies]`
+//!   block shown before it (`src/readme.rs`).
 //! - `bench`: the benchmarks of `crates/bench` in release mode: the
 //!   `markov-bench` binary (figures, table and one `bench=...` line per
 //!   figure), then its divan bench. Never part of `test`. With
@@ -22,6 +23,8 @@
 //!   case's script, or on the model the environment configures); the
 //!   arguments after `--` go to it. Not part of `test`: the datasets CI
 //!   runs are run by their crates' tests.
+//! - `stats [<dir>]`: production lines and `pub` items per crate, as a
+//!   table (`src/stats.rs`), of this workspace or the checkout at `dir`.
 //! - `help`: prints the usage.
 //!
 //! Arguments are parsed by hand in `flags.rs` to keep this crate free of
@@ -31,6 +34,7 @@ mod bench;
 mod flags;
 mod pipeline;
 mod readme;
+mod stats;
 #[cfg(test)]
 mod tidy;
 
@@ -56,6 +60,10 @@ fn main() -> ExitCode {
             workspace_root().and_then(|root| pipeline::run(&root, &packages))
         }
         Command::Readme => workspace_root().and_then(|root| readme::run(&root)),
+        Command::Stats(dir) => match dir {
+            Some(dir) => stats::run(Path::new(&dir)),
+            None => workspace_root().and_then(|root| stats::run(&root)),
+        },
         Command::Eval(dataset, rest) => {
             workspace_root().and_then(|root| eval(&root, &dataset, &rest))
         }

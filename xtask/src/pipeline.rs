@@ -61,7 +61,7 @@ fn steps(packages: &[String]) -> Vec<Step> {
     ];
     if packages.is_empty() || packages.iter().any(|p| p == "markov") {
         // The facade with every feature: its examples (built and linted)
-        // and the README's examples as doc tests.
+        // and the README's and the guide's examples as doc tests.
         steps.push(Step::new(
             "facade",
             &[

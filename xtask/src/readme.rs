@@ -1,8 +1,9 @@
-//! `cargo xtask readme`: every Rust snippet of the README builds in a
-//! fresh crate with the `[dependencies]` block shown beside it, and with
-//! nothing else.
+//! `cargo xtask readme`: every Rust snippet of the README and of the guide
+//! (`docs/guide/*.md`) builds in a fresh crate with the `[dependencies]`
+//! block shown beside it, and with nothing else.
 //!
-//! Each ```rust block must have a ```toml block starting with
+//! Each ```rust block (but a `rust,ignore` one, which rustdoc does not
+//! build either) must have a ```toml block starting with
 //! `[dependencies]` as the fenced block right before it. The snippets that
 //! share a block become the bins of one crate under
 //! `target/readme-crates/`, its dependencies those of the block with each
@@ -18,10 +19,12 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-/// One Rust snippet of the README with the dependency block before it.
+/// One Rust snippet of a document with the dependency block before it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Snippet {
-    /// The README line its block starts on (for messages).
+    /// The document, relative to the workspace root (`README.md`).
+    pub(crate) file: String,
+    /// The line its block starts on (for messages).
     pub(crate) line: usize,
     /// The dependency block (`[dependencies]` and its lines).
     pub(crate) dependencies: String,
@@ -29,9 +32,9 @@ pub(crate) struct Snippet {
     pub(crate) code: String,
 }
 
-/// The README's Rust snippets with their dependency blocks, or what is
-/// wrong with them.
-pub(crate) fn snippets(readme: &str) -> Result<Vec<Snippet>, Vec<String>> {
+/// The Rust snippets of `file`, whose text is `readme`, with their
+/// dependency blocks, or what is wrong with them.
+pub(crate) fn snippets(file: &str, readme: &str) -> Result<Vec<Snippet>, Vec<String>> {
     let mut found = Vec::new();
     let mut problems = Vec::new();
     // The fenced block before the current one: its info string and text.
@@ -50,20 +53,25 @@ pub(crate) fn snippets(readme: &str) -> Result<Vec<Snippet>, Vec<String>> {
             body.push_str(line);
             body.push('\n');
         }
-        let language = info.split(',').next().unwrap_or_default();
+        let mut words = info.split(',').map(str::trim);
+        let language = words.next().unwrap_or_default();
+        if language == "rust" && words.any(|word| word == "ignore") {
+            continue;
+        }
         if language == "rust" {
             match previous.take() {
                 Some((before, block))
                     if before == "toml" && block.trim_start().starts_with("[dependencies]") =>
                 {
                     found.push(Snippet {
+                        file: file.to_owned(),
                         line: number + 1,
                         dependencies: block,
                         code: rustdoc_code(&body),
                     });
                 }
                 _ => problems.push(format!(
-                    "README.md:{}: a rust block without a ```toml [dependencies] block right before it",
+                    "{file}:{}: a rust block without a ```toml [dependencies] block right before it",
                     number + 1
                 )),
             }
@@ -169,9 +177,18 @@ fn profiles(root: &Path) -> Result<String, String> {
 /// Writes one crate per dependency block under `target/readme-crates/`
 /// and builds each with `cargo`.
 pub(crate) fn run(root: &Path) -> Result<(), String> {
-    let readme =
-        fs::read_to_string(root.join("README.md")).map_err(|e| format!("README.md: {e}"))?;
-    let snippets = snippets(&readme).map_err(|problems| problems.join("\n"))?;
+    let mut snippets = Vec::new();
+    let mut problems = Vec::new();
+    for file in documents(root)? {
+        let text = fs::read_to_string(root.join(&file)).map_err(|e| format!("{file}: {e}"))?;
+        match self::snippets(&file, &text) {
+            Ok(found) => snippets.extend(found),
+            Err(found) => problems.extend(found),
+        }
+    }
+    if !problems.is_empty() {
+        return Err(problems.join("\n"));
+    }
     let crates = workspace_crates(root)?;
     let profiles = profiles(root)?;
     let lock = root.join("Cargo.lock");
@@ -189,15 +206,15 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
         let bins = dir.join("src").join("bin");
         let _ = fs::remove_dir_all(&bins);
         fs::create_dir_all(&bins).map_err(|e| format!("{}: {e}", bins.display()))?;
+        let places = members
+            .iter()
+            .map(|s| format!("{}:{}", s.file, s.line))
+            .collect::<Vec<_>>()
+            .join(", ");
         let manifest = format!(
-            "# Written by `cargo xtask readme`: the README's snippets of lines {lines}.\n\
+            "# Written by `cargo xtask readme`: the snippets of {places}.\n\
              [package]\nname = \"readme-deps-{index}\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
              # Not a member of the markov workspace it sits in.\n[workspace]\n\n{deps}\n{profiles}",
-            lines = members
-                .iter()
-                .map(|s| s.line.to_string())
-                .collect::<Vec<_>>()
-                .join(", "),
             deps = with_paths(block, &crates)?,
         );
         let write = |path: &Path, text: &str| {
@@ -206,19 +223,11 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
         write(&dir.join("Cargo.toml"), &manifest)?;
         fs::copy(&lock, dir.join("Cargo.lock")).map_err(|e| format!("{}: {e}", lock.display()))?;
         for snippet in members {
-            write(
-                &bins.join(format!("line{}.rs", snippet.line)),
-                &snippet.code,
-            )?;
+            write(&bins.join(bin_name(snippet)), &snippet.code)?;
         }
         println!(
-            "$ cargo build --offline --bins --manifest-path {} (README lines {})",
+            "$ cargo build --offline --bins --manifest-path {} ({places})",
             dir.join("Cargo.toml").display(),
-            members
-                .iter()
-                .map(|s| s.line.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
         );
         let status = Command::new(&cargo)
             .args(["build", "--offline", "--bins", "--manifest-path"])
@@ -228,21 +237,46 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
             .map_err(|e| format!("cannot start cargo: {e}"))?;
         if !status.success() {
             return Err(format!(
-                "the README's snippets of lines {} do not build with the dependencies shown before them ({})",
-                members
-                    .iter()
-                    .map(|s| s.line.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", "),
+                "the snippets of {places} do not build with the dependencies shown before them ({})",
                 dir.display()
             ));
         }
     }
     println!(
-        "xtask: {} README snippets build with their dependency blocks",
+        "xtask: {} snippets of the README and the guide build with their dependency blocks",
         snippets.len()
     );
     Ok(())
+}
+
+/// The documents whose snippets are built: `README.md` and every
+/// `docs/guide/*.md`, relative to `root`, sorted.
+pub(crate) fn documents(root: &Path) -> Result<Vec<String>, String> {
+    let guide = root.join("docs").join("guide");
+    let mut pages: Vec<String> = fs::read_dir(&guide)
+        .map_err(|e| format!("{}: {e}", guide.display()))?
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| name.ends_with(".md"))
+        .map(|name| format!("docs/guide/{name}"))
+        .collect();
+    pages.sort();
+    pages.insert(0, "README.md".to_owned());
+    Ok(pages)
+}
+
+/// The file name of a snippet's bin: its document and line.
+fn bin_name(snippet: &Snippet) -> String {
+    let stem = Path::new(&snippet.file)
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_lowercase())
+        .unwrap_or_default();
+    let prefix = if snippet.file.starts_with("docs/guide/") {
+        "guide-"
+    } else {
+        ""
+    };
+    format!("{prefix}{stem}-line{}.rs", snippet.line)
 }
 
 #[cfg(test)]
@@ -252,15 +286,28 @@ mod tests {
     #[test]
     fn each_rust_block_needs_a_dependency_block_right_before_it() {
         let readme = "text\n```toml\n[dependencies]\nmarkov = \"0.1\"\n```\nmore\n```rust\nfn main() {}\n```\n```rust\nlet x = 1;\n```\n";
-        let problems = snippets(readme).expect_err("the second block has none");
+        let problems = snippets("README.md", readme).expect_err("the second block has none");
         assert_eq!(problems.len(), 1);
         assert!(problems[0].starts_with("README.md:10:"), "{problems:?}");
         let readme = "```toml\n[dependencies]\nmarkov = \"0.1\"\n```\n```rust,no_run\n# fn x() {}\nlet x = 1;\n```\n";
-        let found = snippets(readme).expect("paired");
+        let found = snippets("docs/guide/x.md", readme).expect("paired");
+        assert_eq!(bin_name(&found[0]), "guide-x-line5.rs");
         assert_eq!(found[0].dependencies, "[dependencies]\nmarkov = \"0.1\"\n");
         assert_eq!(
             found[0].code,
             "#![allow(unused)]\nfn main() {\nfn x() {}\nlet x = 1;\n}\n"
+        );
+    }
+
+    #[test]
+    fn ignored_blocks_are_not_built() {
+        let page = "```rust,ignore\nlet runner = Runner::new(..);\n```\n";
+        assert_eq!(snippets("docs/guide/evals.md", page), Ok(Vec::new()));
+        let problems = snippets("docs/guide/x.md", "```rust\nlet x = 1;\n```\n")
+            .expect_err("no dependency block");
+        assert!(
+            problems[0].starts_with("docs/guide/x.md:1:"),
+            "{problems:?}"
         );
     }
 

@@ -10,19 +10,15 @@
 //!   the panic payload instead;
 //! - no source cites section numbers of a document outside the repository
 //!   (comments speak in prose; `docs/PORTING.md` relates us to upstream);
-//! - `markov-core` does no I/O and is the bottom layer: no tokio, reqwest,
-//!   hyper or `markov-*` crate in its `[dependencies]` but the proc-macro
-//!   `markov-macros` (its `macros` feature);
-//! - the layers point one way, `core` ← `policy`, `charter` ← `executor` ←
-//!   `store`: `policy` (the tool registry) depends on core only;
-//!   `charter` (the definitions) depends on none of `policy`, `context`,
-//!   `executor` and `store`; `context` (views, token counts, usage, limits,
-//!   prices) sits between `charter` and `executor` and depends on neither
-//!   `executor`, `store` nor a vendor; `executor` knows
-//!   no database driver, no vendor and not `store`, `store` knows no model
-//!   vendor, and `tools-std`, `testkit` and `providers` depend on none of
-//!   `charter`, `context` and `executor`; `mcp` builds on `core` and `policy` only,
-//!   and none of `core`, `policy`, `charter` and `executor` depends on it;
+//! - the layers point one way: each workspace crate (and `xtask`) has a
+//!   row in [`LAYERS`] naming the markov crates its `[dependencies]` may
+//!   use (an allow-list: `core` <- `policy`, `charter` <- `executor` <-
+//!   `store` <- `server`; the leaf crates `tools-std`, `testkit` and
+//!   `providers` on core alone; `mcp` on core and policy; `otel` and
+//!   `macros` on none), plus the outside crates it must not use (`core`
+//!   no tokio, reqwest or hyper; `executor` no database driver; `store`
+//!   no HTTP client); a crate without a row fails with a message to add
+//!   one;
 //! - no crate's top-level modules import each other in a cycle (`use
 //!   crate::x` and `crate::x::` edges between the files and folders of its
 //!   `src/`, test modules aside), but the crates of [`CYCLES_ALLOWED`],
@@ -52,6 +48,7 @@ fn tidy() {
     check_module_cycles(&root, &mut violations);
     check_readme_examples(&root, &mut violations);
     check_code_map(&root, &mut violations);
+    check_docs(&root, &mut violations);
     assert!(
         violations.is_empty(),
         "tidy found {} problem(s):\n  {}\n",
@@ -89,23 +86,154 @@ fn missing_code_map_section(architecture: &str, dir: &str) -> Option<String> {
 }
 
 // ---------------------------------------------------------------------------
-// The README's examples.
+// The README and the guide.
 
-/// Compares every README block announced as an example with its file.
-fn check_readme_examples(root: &Path, violations: &mut Vec<String>) {
-    let readme = match fs::read_to_string(root.join("README.md")) {
-        Ok(text) => text,
-        Err(err) => return violations.push(format!("README.md: {err}")),
+/// The most lines the README may have: what markov is, the set-up, the
+/// quickstart and links; the manual is the guide.
+const README_MAX_LINES: usize = 200;
+
+/// The README stays short, every guide page is linked from the guide's
+/// index, the facade doc-tests every page with Rust in it, and every
+/// `crates/...` path the README, the guide and `docs/*.md` name exists
+/// (but in a `*-HISTORY.md`).
+fn check_docs(root: &Path, violations: &mut Vec<String>) {
+    let read = |path: &str, violations: &mut Vec<String>| match fs::read_to_string(root.join(path))
+    {
+        Ok(text) => Some(text),
+        Err(err) => {
+            violations.push(format!("{path}: cannot read: {err}"));
+            None
+        }
     };
-    for (name, block) in announced_examples(&readme) {
-        let path = format!("crates/markov/examples/{name}.rs");
-        match fs::read_to_string(root.join(&path)) {
-            Ok(file) => {
-                if let Some(problem) = check_example_block(&name, &block, &file) {
-                    violations.push(problem);
+    if let Some(readme) = read("README.md", violations) {
+        violations.extend(check_readme_length(&readme));
+    }
+    let pages = match crate::readme::documents(root) {
+        Ok(pages) => pages,
+        Err(err) => return violations.push(err),
+    };
+    let index = read("docs/guide/README.md", violations).unwrap_or_default();
+    let facade = read("crates/markov/src/lib.rs", violations).unwrap_or_default();
+    for page in pages.iter().filter(|p| p.starts_with("docs/guide/")) {
+        let Some(text) = read(page, violations) else {
+            continue;
+        };
+        let name = page.trim_start_matches("docs/guide/");
+        if name != "README.md" {
+            violations.extend(check_linked_from_index(&index, name));
+        }
+        violations.extend(check_doc_tested(&facade, page, &text));
+    }
+    let mut docs = vec!["README.md".to_owned()];
+    docs.extend(pages.into_iter().filter(|p| p != "README.md"));
+    for entry in read_dir_sorted(&root.join("docs"), root, violations) {
+        // A history names the files of its time.
+        let history = entry.to_string_lossy().ends_with("-HISTORY.md");
+        if entry.extension().is_some_and(|ext| ext == "md") && !history {
+            docs.push(relative(root, &entry));
+        }
+    }
+    for doc in docs {
+        if let Some(text) = read(&doc, violations) {
+            for path in named_crate_paths(&text) {
+                if !root.join(&path).exists() {
+                    violations.push(format!("{doc}: names `{path}`, which does not exist"));
                 }
             }
-            Err(err) => violations.push(format!("README.md: example {name}: {path}: {err}")),
+        }
+    }
+}
+
+/// The violation when the README is longer than [`README_MAX_LINES`].
+fn check_readme_length(readme: &str) -> Option<String> {
+    let lines = readme.lines().count();
+    (lines > README_MAX_LINES).then(|| {
+        format!(
+            "README.md: {lines} lines, more than {README_MAX_LINES}: move the manual to a page of docs/guide/"
+        )
+    })
+}
+
+/// The violation when the guide's index has no link to `page`.
+fn check_linked_from_index(index: &str, page: &str) -> Option<String> {
+    let link = format!("]({page})");
+    let anchored = format!("]({page}#");
+    (!index.contains(&link) && !index.contains(&anchored)).then(|| {
+        format!("docs/guide/{page}: not linked from the guide's index, docs/guide/README.md")
+    })
+}
+
+/// The violation when `page` has a Rust block that rustdoc builds but the
+/// facade does not include the page as a doc test.
+fn check_doc_tested(facade: &str, page: &str, text: &str) -> Option<String> {
+    let has_rust = text.lines().any(|line| {
+        line.strip_prefix("```").is_some_and(|info| {
+            let mut words = info.split(',').map(str::trim);
+            words.next() == Some("rust") && !words.any(|word| word == "ignore")
+        })
+    });
+    let include = format!("include_str!(\"../../../{page}\")");
+    (has_rust && !facade.contains(&include)).then(|| {
+        format!("{page}: has Rust examples, but crates/markov/src/lib.rs does not doc-test it ({include})")
+    })
+}
+
+/// The `crates/...` paths `text` names: a run of path characters after
+/// `crates/`, without trailing punctuation; paths with a placeholder
+/// (`*`, `<name>`, `{..}`) are left out.
+fn named_crate_paths(text: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("crates/") {
+        let before = rest[..at].chars().next_back();
+        let tail = &rest[at..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_alphanumeric() || "/._-*<>{}".contains(c)))
+            .unwrap_or(tail.len());
+        let path = tail[..end].trim_end_matches(['.', '/']);
+        rest = &tail[end..];
+        let placeholder = path.contains(['*', '<', '>', '{', '}']);
+        // `../shared/crates/x` or `markov/crates/x` are not this repository's.
+        let inside = !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '/' || c == '.');
+        if inside
+            && !placeholder
+            && path.len() > "crates/".len()
+            && !found.iter().any(|f| f == path)
+        {
+            found.push(path.to_owned());
+        }
+    }
+    found
+}
+
+// ---------------------------------------------------------------------------
+// The README's examples.
+
+/// Compares every block of the README and the guide announced as an
+/// example with its file.
+fn check_readme_examples(root: &Path, violations: &mut Vec<String>) {
+    let documents = match crate::readme::documents(root) {
+        Ok(documents) => documents,
+        Err(err) => return violations.push(err),
+    };
+    for document in documents {
+        let text = match fs::read_to_string(root.join(&document)) {
+            Ok(text) => text,
+            Err(err) => {
+                violations.push(format!("{document}: {err}"));
+                continue;
+            }
+        };
+        for (name, block) in announced_examples(&text) {
+            let path = format!("crates/markov/examples/{name}.rs");
+            match fs::read_to_string(root.join(&path)) {
+                Ok(file) => {
+                    if let Some(problem) = check_example_block(&name, &block, &file) {
+                        violations.push(format!("{document}: {problem}"));
+                    }
+                }
+                Err(err) => violations.push(format!("{document}: example {name}: {path}: {err}")),
+            }
         }
     }
 }
@@ -151,8 +279,8 @@ fn check_example_block(name: &str, block: &str, file: &str) -> Option<String> {
         .collect();
     (body.trim() != block.trim()).then(|| {
         format!(
-            "README.md: the example block `{name}` differs from crates/markov/examples/{name}.rs \
-             (copy the file, without its //! lines, into the README)"
+            "the example block `{name}` differs from crates/markov/examples/{name}.rs \
+             (copy the file, without its //! lines, into the page)"
         )
     })
 }
@@ -185,6 +313,10 @@ fn check_manifests(root: &Path, violations: &mut Vec<String>) {
             "workspace.dependencies",
         )),
         Err(err) => violations.push(format!("Cargo.toml: cannot read: {err}")),
+    }
+    match fs::read_to_string(root.join("xtask").join("Cargo.toml")) {
+        Ok(text) => violations.extend(check_layering("xtask/Cargo.toml", &text)),
+        Err(err) => violations.push(format!("xtask/Cargo.toml: cannot read: {err}")),
     }
     for dir in crate_dirs(root, violations) {
         let manifest = dir.join("Cargo.toml");
@@ -597,172 +729,236 @@ fn strongly_connected(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
 // ---------------------------------------------------------------------------
 // Manifest checks.
 
-/// Whether `name` matches `pattern`: a crate name, or a prefix ending in
-/// `*` (`markov-*`).
-fn matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => name == pattern,
-    }
-}
-
-/// A layering rule: what `package` must not depend on, and why.
+/// A layering rule: the markov crates `package` may depend on, and why.
+///
+/// An allow-list: a `markov-*` dependency in `[dependencies]` that its row
+/// does not name is a violation, and so is a crate with no row.
+/// `[dev-dependencies]` are not checked (a crate's tests may run it under
+/// the loop and the testkit above it). `forbidden` names the outside
+/// crates the layer must not use either.
 #[derive(Debug)]
 struct Layer {
     package: &'static str,
-    /// Crate names, or prefixes ending in `*`.
+    /// The `markov-*` crates its `[dependencies]` may name.
+    allowed: &'static [&'static str],
+    /// Outside crates it must not depend on.
     forbidden: &'static [&'static str],
-    /// Crate names that a `forbidden` prefix matches but the layer allows.
-    except: &'static [&'static str],
     reason: &'static str,
 }
 
-/// The architecture's dependency rules, one per package.
+/// The architecture's dependency rules, one row per workspace crate. A
+/// row may name a crate that does not exist yet; a crate without a row
+/// fails tidy.
 const LAYERS: &[Layer] = &[
     Layer {
-        package: "markov-core",
-        forbidden: &["tokio", "reqwest", "hyper", "markov-*"],
-        // The `#[tool]` attribute under its `macros` feature: a proc-macro
-        // crate that links no markov crate.
-        except: &["markov-macros"],
-        reason: "core does no I/O and is the bottom layer",
-    },
-    Layer {
-        package: "markov-charter",
-        forbidden: &[
-            "markov-policy",
-            "markov-context",
-            "markov-executor",
-            "markov-store",
-            "markov-mcp",
-        ],
-        except: &[],
-        reason: "the layers are core <- charter <- executor <- store",
-    },
-    Layer {
-        package: "markov-executor",
-        forbidden: &[
-            "markov-store",
-            "markov-providers",
-            "markov-mcp",
-            "rusqlite",
-            "tokio-postgres",
-        ],
-        except: &[],
-        reason: "the executor knows no database and no vendor; the store builds on it",
-    },
-    Layer {
-        package: "markov-context",
-        forbidden: &[
-            "markov-executor",
-            "markov-store",
-            "markov-server",
-            "markov-providers",
-            "markov-mcp",
-            "markov-cli",
-            "markov-eval",
-        ],
-        except: &[],
-        reason: "context and usage are leaves the executor calls: they know no instance tree, store or vendor",
-    },
-    Layer {
-        package: "markov-store",
-        forbidden: &["markov-providers", "markov-cli", "reqwest"],
-        except: &[],
-        reason: "the store persists machines; it knows no model vendor",
-    },
-    Layer {
-        package: "markov-policy",
-        forbidden: &[
-            "markov-charter",
-            "markov-context",
-            "markov-executor",
-            "markov-store",
-            "markov-providers",
-            "markov-mcp",
-        ],
-        except: &[],
-        reason: "the tool registry depends on core only",
-    },
-    Layer {
-        package: "markov-mcp",
-        forbidden: &[
-            "markov-charter",
-            "markov-context",
-            "markov-executor",
-            "markov-store",
-            "markov-providers",
-            "markov-server",
-            "markov-cli",
-        ],
-        except: &[],
-        reason: "MCP tools are tools: markov-mcp builds on core and policy only",
-    },
-    Layer {
-        package: "markov-eval",
-        forbidden: &["markov-server", "markov-cli", "markov-mcp"],
-        except: &[],
-        reason: "evals run any agent; the demo's eval binary builds on them, not they on it",
-    },
-    Layer {
-        package: "markov-otel",
-        forbidden: &["markov-*"],
-        except: &[],
-        reason: "the OpenTelemetry bridge works on tracing spans alone",
-    },
-    Layer {
         package: "markov-macros",
-        forbidden: &["markov-*"],
-        except: &[],
+        allowed: &[],
+        forbidden: &[],
         reason: "a proc-macro crate writes code; it links no markov crate",
     },
     Layer {
+        package: "markov-core",
+        // The `#[tool]` attribute under its `macros` feature: a proc-macro
+        // crate that links no markov crate.
+        allowed: &["markov-macros"],
+        forbidden: &["tokio", "reqwest", "hyper"],
+        reason: "core does no I/O and is the bottom layer",
+    },
+    Layer {
+        package: "markov-policy",
+        allowed: &["markov-core"],
+        forbidden: &[],
+        reason: "the tool registry depends on core only",
+    },
+    Layer {
+        package: "markov-charter",
+        allowed: &["markov-core"],
+        forbidden: &[],
+        reason: "the definitions depend on core only; running them is the executor's",
+    },
+    Layer {
+        package: "markov-context",
+        allowed: &["markov-core", "markov-charter"],
+        forbidden: &[],
+        reason: "context views, usage, limits and prices build on the definitions",
+    },
+    Layer {
+        package: "markov-executor",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+        ],
+        forbidden: &["rusqlite", "tokio-postgres"],
+        reason: "the executor knows no database and no vendor; the store builds on it",
+    },
+    Layer {
         package: "markov-tools-std",
-        forbidden: ABOVE_CORE,
-        except: &[],
+        allowed: &["markov-core"],
+        forbidden: &[],
         reason: "tool crates depend on core only",
     },
     Layer {
         package: "markov-testkit",
-        forbidden: ABOVE_CORE,
-        except: &[],
+        allowed: &["markov-core"],
+        forbidden: &[],
         reason: "testkit depends on core only",
     },
     Layer {
         package: "markov-providers",
-        forbidden: ABOVE_CORE,
-        except: &[],
+        allowed: &["markov-core"],
+        forbidden: &[],
         reason: "model providers depend on core only",
+    },
+    Layer {
+        package: "markov-otel",
+        allowed: &[],
+        forbidden: &[],
+        reason: "the OpenTelemetry bridge works on tracing spans alone",
+    },
+    Layer {
+        package: "markov-mcp",
+        allowed: &["markov-core", "markov-policy"],
+        forbidden: &[],
+        reason: "MCP tools are tools: markov-mcp builds on core and policy only",
+    },
+    Layer {
+        package: "markov-store",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+        ],
+        forbidden: &["reqwest"],
+        reason: "the store persists machines; it knows no model vendor",
+    },
+    Layer {
+        package: "markov-server",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+        ],
+        forbidden: &[],
+        reason: "the server serves any agent on any model from a store",
+    },
+    Layer {
+        package: "markov-eval",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+            "markov-providers",
+            "markov-testkit",
+        ],
+        forbidden: &[],
+        reason: "evals run any agent; the demo's eval binary builds on them, not they on it",
+    },
+    Layer {
+        package: "markov-cli",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+            "markov-server",
+            "markov-providers",
+            "markov-mcp",
+            "markov-eval",
+            "markov-testkit",
+            "markov-tools-std",
+        ],
+        forbidden: &[],
+        reason: "the demo binaries use the crates, never the facade or the benchmarks",
+    },
+    Layer {
+        package: "markov-bench",
+        allowed: &[
+            "markov-core",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-store",
+            "markov-server",
+            "markov-providers",
+            "markov-mcp",
+            "markov-testkit",
+        ],
+        forbidden: &[],
+        reason: "the benchmarks measure the crates, never the facade or the demo",
+    },
+    Layer {
+        package: "xtask",
+        allowed: &[],
+        forbidden: &[],
+        reason: "the build tasks build the crates; they link none",
+    },
+    Layer {
+        package: "markov",
+        allowed: &[
+            "markov-core",
+            "markov-macros",
+            "markov-policy",
+            "markov-charter",
+            "markov-context",
+            "markov-executor",
+            "markov-tools-std",
+            "markov-testkit",
+            "markov-providers",
+            "markov-otel",
+            "markov-mcp",
+            "markov-store",
+            "markov-server",
+            "markov-eval",
+        ],
+        forbidden: &[],
+        reason: "the facade re-exports the libraries, not the demo or the benchmarks",
     },
 ];
 
-/// The layers a leaf crate (tools, testkit, providers) must not reach.
-const ABOVE_CORE: &[&str] = &["markov-charter", "markov-context", "markov-executor"];
+/// Edges the layering does not intend that the tree still has, allowed
+/// until the crate loses them: `(package, dependency)`.
+const TEMPORARY_EDGES: &[(&str, &str)] = &[];
 
-/// Flags `[dependencies]` of the manifest's package that its layer forbids.
+/// Flags the `[dependencies]` of the manifest's package that its row does
+/// not allow, and a package with no row.
 fn check_layering(path: &str, manifest: &str) -> Vec<String> {
     let Some(package) = package_name(manifest) else {
         return vec![format!("{path}: no `name` in `[package]`")];
     };
     let Some(layer) = LAYERS.iter().find(|layer| layer.package == package) else {
-        return Vec::new();
+        return vec![format!(
+            "{path}: `{package}` has no row in LAYERS (xtask/src/tidy.rs): add one that names the markov crates it may depend on"
+        )];
     };
     dependencies(manifest, "dependencies")
         .into_iter()
-        .filter(|dep| {
-            layer
-                .forbidden
-                .iter()
-                .any(|pattern| matches(pattern, dep.crate_name()))
-                && !layer.except.contains(&dep.crate_name())
-        })
-        .map(|dep| {
-            format!(
-                "{path}:{}: `{package}` must not depend on `{}` ({})",
-                dep.line,
-                dep.crate_name(),
-                layer.reason
-            )
+        .filter_map(|dep| {
+            let name = dep.crate_name();
+            let refused = if name.starts_with("markov") {
+                !layer.allowed.contains(&name)
+                    && !TEMPORARY_EDGES.contains(&(package.as_str(), name))
+            } else {
+                layer.forbidden.contains(&name)
+            };
+            refused.then(|| {
+                format!(
+                    "{path}:{}: `{package}` must not depend on `{name}` ({})",
+                    dep.line, layer.reason
+                )
+            })
         })
         .collect()
 }
@@ -1054,7 +1250,7 @@ fn layers_point_one_way() {
     assert_eq!(
         check_layering("r", charter),
         [
-            "r:5: `markov-charter` must not depend on `markov-executor` (the layers are core <- charter <- executor <- store)"
+            "r:5: `markov-charter` must not depend on `markov-executor` (the definitions depend on core only; running them is the executor's)"
         ]
     );
     let charter_on_policy =
@@ -1062,7 +1258,7 @@ fn layers_point_one_way() {
     assert_eq!(
         check_layering("r", charter_on_policy),
         [
-            "r:4: `markov-charter` must not depend on `markov-policy` (the layers are core <- charter <- executor <- store)"
+            "r:4: `markov-charter` must not depend on `markov-policy` (the definitions depend on core only; running them is the executor's)"
         ]
     );
     let executor = "[package]\nname = \"markov-executor\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-charter.workspace = true\n";
@@ -1091,13 +1287,53 @@ fn layers_point_one_way() {
     let policy =
         "[package]\nname = \"markov-policy\"\n[dependencies]\nmarkov-mcp.workspace = true\n";
     assert_eq!(check_layering("p", policy).len(), 1);
-    // Context and usage are leaves the executor calls, never the reverse,
-    // and the definitions they read do not know them.
-    let context = "[package]\nname = \"markov-context\"\n[dependencies]\nmarkov-charter.workspace = true\nmarkov-executor.workspace = true\nmarkov-store.workspace = true\n";
-    assert_eq!(check_layering("c", context).len(), 2);
-    let charter_context =
-        "[package]\nname = \"markov-charter\"\n[dependencies]\nmarkov-context.workspace = true\n";
-    assert_eq!(check_layering("r", charter_context).len(), 1);
+    // Leaf crates reach neither the store, the server nor the policy.
+    for leaf in ["markov-tools-std", "markov-testkit", "markov-providers"] {
+        for above in ["markov-store", "markov-server", "markov-policy"] {
+            let manifest = format!(
+                "[package]\nname = \"{leaf}\"\n[dependencies]\nmarkov-core.workspace = true\n{above}.workspace = true\n"
+            );
+            assert_eq!(check_layering("l", &manifest).len(), 1, "{leaf} on {above}");
+        }
+    }
+    // The server may use the store; the store may not use the server.
+    let server = "[package]\nname = \"markov-server\"\n[dependencies]\nmarkov-store.workspace = true\nmarkov-cli.workspace = true\n";
+    assert_eq!(
+        check_layering("s", server),
+        [
+            "s:5: `markov-server` must not depend on `markov-cli` (the server serves any agent on any model from a store)"
+        ]
+    );
+    let store =
+        "[package]\nname = \"markov-store\"\n[dependencies]\nmarkov-server.workspace = true\n";
+    assert_eq!(check_layering("s", store).len(), 1);
+    // Dev-dependencies are free.
+    let dev = "[package]\nname = \"markov-providers\"\n[dependencies]\nmarkov-core.workspace = true\n[dev-dependencies]\nmarkov-executor.workspace = true\n";
+    assert!(check_layering("p", dev).is_empty());
+}
+
+#[test]
+fn every_crate_needs_a_layering_row() {
+    let new = "[package]\nname = \"markov-new\"\n[dependencies]\nmarkov-core.workspace = true\n";
+    let problems = check_layering("crates/new/Cargo.toml", new);
+    assert_eq!(problems.len(), 1);
+    assert!(
+        problems[0].contains("`markov-new` has no row in LAYERS"),
+        "{problems:?}"
+    );
+    // A row may come before its crate: markov-context's is there already.
+    let context = "[package]\nname = \"markov-context\"\n[dependencies]\nmarkov-core.workspace = true\nmarkov-charter.workspace = true\n";
+    assert!(check_layering("c", context).is_empty());
+    // Every row names crates that have rows themselves.
+    for layer in LAYERS {
+        for allowed in layer.allowed {
+            assert!(
+                LAYERS.iter().any(|row| row.package == *allowed),
+                "{} allows {allowed}, which has no row",
+                layer.package
+            );
+        }
+    }
 }
 
 #[test]
@@ -1141,29 +1377,47 @@ fn scanner_reads_the_forms_we_use() {
 }
 
 #[test]
-fn module_cycles_are_found_through_uses_groups_and_reexports() {
-    let module = |name: &str, text: &str| (name.to_owned(), text.to_owned());
-    // error -> confirm (a `use`), confirm -> service (a group), service ->
-    // error (a path through a name the root re-exports).
-    let root =
-        "mod confirm;\nmod error;\nmod service;\npub use error::{Rejection, ToolErrorKind};\n";
-    let modules = [
-        module("confirm", "//! C.\nuse crate::{service::Req, metadata};\n"),
-        module("error", "//! E.\nuse crate::confirm::Request;\n"),
-        module("metadata", "//! M.\n"),
-        module("service", "//! S.\nfn f(k: crate::ToolErrorKind) {}\n"),
-    ];
+fn the_readme_stays_short() {
+    assert_eq!(check_readme_length(&"line\n".repeat(200)), None);
+    let long = check_readme_length(&"line\n".repeat(201)).expect("flagged");
+    assert!(long.contains("201 lines"), "{long}");
+}
+
+#[test]
+fn every_guide_page_is_linked_from_the_index() {
+    let index = "- [Approvals](approvals.md)\n- [MCP](mcp.md#servers)\n";
+    assert_eq!(check_linked_from_index(index, "approvals.md"), None);
+    assert_eq!(check_linked_from_index(index, "mcp.md"), None);
+    assert!(check_linked_from_index(index, "serving.md").is_some());
+}
+
+#[test]
+fn guide_pages_with_rust_are_doc_tested() {
+    let facade = "#[doc = include_str!(\"../../../docs/guide/approvals.md\")]\n";
+    let rust = "text\n```rust\nfn main() {}\n```\n";
     assert_eq!(
-        module_cycles(root, &modules),
-        [["confirm", "error", "service"]]
+        check_doc_tested(facade, "docs/guide/approvals.md", rust),
+        None
     );
-    // Comments, test modules and other crates' paths are no edges.
-    let acyclic = [
-        module("a", "//! A.\nuse crate::b::X;\n"),
-        module(
-            "b",
-            "//! B, see [`crate::a`].\n// crate::a::Y\nuse markov_crate::a;\n#[cfg(test)]\nmod tests {\n    use crate::a::Y;\n}\n",
-        ),
-    ];
-    assert!(module_cycles("", &acyclic).is_empty());
+    assert!(check_doc_tested(facade, "docs/guide/serving.md", rust).is_some());
+    let ignored = "```rust,ignore\nlet x = y;\n```\n";
+    assert_eq!(
+        check_doc_tested(facade, "docs/guide/evals.md", ignored),
+        None
+    );
+}
+
+#[test]
+fn named_crate_paths_are_read_from_prose() {
+    let text = "See `crates/core/src/tool.rs`, crates/cli/evals/demo.toml. Tests in \
+        `crates/*/tests/it/`, `crates/markov/examples/<name>.rs`; the peers in \
+        ../shared/crates/x and crates/otel.";
+    assert_eq!(
+        named_crate_paths(text),
+        [
+            "crates/core/src/tool.rs",
+            "crates/cli/evals/demo.toml",
+            "crates/otel"
+        ]
+    );
 }

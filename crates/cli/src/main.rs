@@ -84,7 +84,7 @@ enum DemoError {
     #[error(
         "the server does not pass the tools to the model: its chat template has none, so the model never saw them. \
          Start llama-server with --jinja, and --chat-template-file <a template with tools> for a model whose own template has none \
-         (README, \"Local models\"). The run failed: {0}"
+         (docs/guide/local-models.md). The run failed: {0}"
     )]
     ToolsNotPassed(String),
     /// The run ended without an answer: why.

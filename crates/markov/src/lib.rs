@@ -107,8 +107,29 @@ pub mod prelude {
 }
 
 /// The README's examples, compiled and run as doc tests (with every
-/// feature on, as `cargo xtask test` builds the facade once: the server
-/// example needs `server` and `providers`).
+/// feature on, as `cargo xtask test` builds the facade once).
 #[cfg(all(doctest, feature = "server", feature = "providers"))]
 #[doc = include_str!("../../../README.md")]
 pub struct ReadmeDoctests;
+
+/// The guide's examples, one page each, compiled and run as doc tests
+/// like the README's (the tidy test checks that every page with a Rust
+/// example is here).
+#[cfg(all(doctest, feature = "server", feature = "providers"))]
+pub mod guide {
+    /// `docs/guide/approvals.md`.
+    #[doc = include_str!("../../../docs/guide/approvals.md")]
+    pub struct Approvals;
+    /// `docs/guide/context-and-cost.md`.
+    #[doc = include_str!("../../../docs/guide/context-and-cost.md")]
+    pub struct ContextAndCost;
+    /// `docs/guide/structured-output.md`.
+    #[doc = include_str!("../../../docs/guide/structured-output.md")]
+    pub struct StructuredOutput;
+    /// `docs/guide/serving.md` (its example needs `server` and `providers`).
+    #[doc = include_str!("../../../docs/guide/serving.md")]
+    pub struct Serving;
+    /// `docs/guide/tools-and-policies.md`.
+    #[doc = include_str!("../../../docs/guide/tools-and-policies.md")]
+    pub struct ToolsAndPolicies;
+}

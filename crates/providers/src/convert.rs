@@ -192,7 +192,7 @@ pub(crate) fn check_forced_call(
              A local server needs a chat template and parser that support tools: start llama.cpp's llama-server with --jinja \
              (and --chat-template-file <a template with tools> for a model whose own template has none), \
              vLLM with --enable-auto-tool-choice --tool-call-parser <the model's parser>, \
-             and use an Ollama model whose template supports tools (README, \"Local models\")"
+             and use an Ollama model whose template supports tools (docs/guide/local-models.md)"
         )
     } else {
         format!(
@@ -200,7 +200,7 @@ pub(crate) fn check_forced_call(
              llama.cpp's llama-server does not enforce a required tool choice, so a model that prefers text answers in text: \
              a model trained for tool calls calls them. If the model never saw the tools, the server's chat template has none \
              (llama-server --jinja, and --chat-template-file <a template with tools> for a model whose own template has none; \
-             vLLM --enable-auto-tool-choice) (README, \"Local models\")"
+             vLLM --enable-auto-tool-choice) (docs/guide/local-models.md)"
         )
     };
     Err(markov_core::ModelError::InvalidResponse(message))

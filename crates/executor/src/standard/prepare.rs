@@ -25,8 +25,8 @@ use crate::executor::LeafContext;
 /// Everything a model call needs besides the history.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Prepared {
-    /// The system prompt, shared with the leaf's prompt cache while its
-    /// inputs are unchanged.
+    /// The system prompt, written afresh for each call from the node, its
+    /// state and the step.
     pub system: Arc<str>,
     /// The tools offered, shared with every other step of the same node
     /// (see `generate_tools_cached`).

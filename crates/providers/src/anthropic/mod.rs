@@ -449,7 +449,7 @@ impl AnthropicBuilder {
     /// unchanged by it. OpenAI's Responses API has a compaction of its own
     /// instead, which a context policy uses with `Summarize::native`
     /// (`Model::compact`; its items are never sent to Anthropic), and
-    /// Gemini none; see the README's "Long conversations".
+    /// Gemini none; see docs/guide/context-and-cost.md.
     #[must_use]
     pub fn clear_tool_uses(mut self, editing: ClearToolUses) -> Self {
         self.clear_tool_uses = Some(editing);
