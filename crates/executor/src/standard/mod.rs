@@ -126,7 +126,7 @@ impl StandardExecutor {
     /// [`markov_charter::context`]); a node's own policy overrides it.
     /// Without one, every call is sent the whole history, and a model that
     /// refuses it as too long ends the run with
-    /// [`YieldReason::ContextExhausted`].
+    /// [`YieldReason::ContextExhausted`](crate::YieldReason::ContextExhausted).
     #[must_use]
     pub fn with_context_policy(mut self, policy: ContextPolicy) -> Self {
         self.context_policy = Some(policy);
