@@ -354,7 +354,12 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         package: "markov-charter",
-        forbidden: &["markov-executor", "markov-store", "markov-mcp"],
+        forbidden: &[
+            "markov-executor",
+            "markov-store",
+            "markov-mcp",
+            "markov-restate",
+        ],
         except: &[],
         reason: "the layers are core <- charter <- executor <- store",
     },
@@ -364,6 +369,7 @@ const LAYERS: &[Layer] = &[
             "markov-store",
             "markov-providers",
             "markov-mcp",
+            "markov-restate",
             "rusqlite",
             "tokio-postgres",
         ],
@@ -372,7 +378,12 @@ const LAYERS: &[Layer] = &[
     },
     Layer {
         package: "markov-store",
-        forbidden: &["markov-providers", "markov-cli", "reqwest"],
+        forbidden: &[
+            "markov-providers",
+            "markov-cli",
+            "markov-restate",
+            "reqwest",
+        ],
         except: &[],
         reason: "the store persists machines; it knows no model vendor",
     },
@@ -384,6 +395,7 @@ const LAYERS: &[Layer] = &[
             "markov-store",
             "markov-providers",
             "markov-mcp",
+            "markov-restate",
         ],
         except: &[],
         reason: "the tool registry depends on core only",
@@ -397,15 +409,34 @@ const LAYERS: &[Layer] = &[
             "markov-providers",
             "markov-server",
             "markov-cli",
+            "markov-restate",
         ],
         except: &[],
         reason: "MCP tools are tools: markov-mcp builds on core and policy only",
     },
     Layer {
         package: "markov-eval",
-        forbidden: &["markov-server", "markov-cli", "markov-mcp"],
+        forbidden: &[
+            "markov-server",
+            "markov-cli",
+            "markov-mcp",
+            "markov-restate",
+        ],
         except: &[],
         reason: "evals run any agent; the demo's eval binary builds on them, not they on it",
+    },
+    Layer {
+        package: "markov-restate",
+        forbidden: &["markov-*"],
+        except: &[
+            "markov-core",
+            "markov-charter",
+            "markov-policy",
+            "markov-executor",
+            "markov-store",
+            "markov-testkit",
+        ],
+        reason: "the Restate adapter drives the executor's loop; only the facade and the cli build on it",
     },
     Layer {
         package: "markov-otel",
@@ -440,7 +471,7 @@ const LAYERS: &[Layer] = &[
 ];
 
 /// The layers a leaf crate (tools, testkit, providers) must not reach.
-const ABOVE_CORE: &[&str] = &["markov-charter", "markov-executor"];
+const ABOVE_CORE: &[&str] = &["markov-charter", "markov-executor", "markov-restate"];
 
 /// Flags `[dependencies]` of the manifest's package that its layer forbids.
 fn check_layering(path: &str, manifest: &str) -> Vec<String> {

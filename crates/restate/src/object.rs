@@ -213,9 +213,11 @@ impl SessionObject {
             });
             waits.push((request.request_id.clone(), decision));
         }
+        // Only what every attempt writes the same is written before the
+        // wait: a retried invocation's replay checks each state write
+        // against the journal, and the machine's snapshot holds the
+        // requests' random ids and clock times.
         ctx.set(APPROVALS, Json(listed));
-        // The snapshot handler shows the paused machine meanwhile.
-        store(ctx, machine)?;
         for (id, decision) in waits {
             let Json(decision) = decision.await?;
             if let Err(error) = machine.approvals().decide(&id, decision) {

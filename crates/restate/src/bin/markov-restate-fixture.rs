@@ -11,7 +11,8 @@
 //!   the stall happen once across restarts), so that a test can kill the
 //!   process there.
 //!
-//! Prints `listening <port>` once it serves on a free loopback port.
+//! Prints `listening <port>` once it serves on a loopback port (a free
+//! one, or `MARKOV_FIXTURE_PORT`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -182,7 +183,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ToolMetadata::new(Category::Action).with_confirmation(),
         )
         .build()?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    // A restarted service binds the port it had: Restate sends an
+    // invocation's retries to the deployment it started on.
+    let port: u16 = std::env::var("MARKOV_FIXTURE_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    let mut tries = 0;
+    let listener = loop {
+        match tokio::net::TcpListener::bind(("127.0.0.1", port)).await {
+            Ok(listener) => break listener,
+            Err(error) if tries < 50 => {
+                tries += 1;
+                eprintln!("port {port} not free yet: {error}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    };
     println!("listening {}", listener.local_addr()?.port());
     SessionObject::new(agent).serve(listener).await;
     Ok(())

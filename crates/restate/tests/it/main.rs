@@ -1,0 +1,4 @@
+//! Scenario tests against a real `restate-server` on loopback.
+
+mod kills;
+mod support;
