@@ -11,6 +11,9 @@
 //!   the stall happen once across restarts), so that a test can kill the
 //!   process there.
 //!
+//! - `MARKOV_FIXTURE_QUIET` set: no logs written (for timing the journal
+//!   alone).
+//!
 //! Prints `listening <port>` once it serves on a loopback port (a free
 //! one, or `MARKOV_FIXTURE_PORT`).
 
@@ -30,6 +33,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 fn append(path: &Path, line: &str) {
+    if std::env::var_os("MARKOV_FIXTURE_QUIET").is_some() {
+        return;
+    }
     let written = std::fs::OpenOptions::new()
         .create(true)
         .append(true)

@@ -41,8 +41,13 @@ async fn killed_mid_tool_the_at_most_once_call_is_not_run_again() {
 
     let invocation = client.send_async("mid-tool", "record please").await;
     fixture.wait_for_stall("effects.log", "effect record first");
+    let killed = Instant::now();
     fixture.kill_and_restart();
     let result = client.attach(&invocation).await;
+    println!(
+        "failover, killed mid-tool to the turn's end: {:?}",
+        killed.elapsed()
+    );
 
     assert_eq!(result["response"], "done after 2 steps", "{result}");
     assert_eq!(fixture.count("effects.log", "effect record first"), 1);
@@ -71,8 +76,13 @@ async fn killed_mid_model_call_no_finished_call_or_effect_is_repeated() {
 
     let invocation = client.send_async("mid-model", "record please").await;
     fixture.wait_for_stall("model.log", "begin 1");
+    let killed = Instant::now();
     fixture.kill_and_restart();
     let result = client.attach(&invocation).await;
+    println!(
+        "failover, killed mid-model-call to the turn's end: {:?}",
+        killed.elapsed()
+    );
 
     assert_eq!(result["response"], "done after 2 steps", "{result}");
     // Step 0's call finished and was journaled; step 1's was cut off and

@@ -1,4 +1,5 @@
 //! Scenario tests against a real `restate-server` on loopback.
 
 mod kills;
+mod overhead;
 mod support;

@@ -162,6 +162,7 @@ pub(crate) struct Fixture {
     pub(crate) port: u16,
     pub(crate) dir: PathBuf,
     stall: Option<String>,
+    quiet: bool,
 }
 
 impl Fixture {
@@ -172,6 +173,20 @@ impl Fixture {
             port: 0,
             dir: dir.to_owned(),
             stall: stall.map(str::to_owned),
+            quiet: false,
+        };
+        fixture.spawn();
+        fixture
+    }
+
+    /// Starts the fixture with no logs, for timing.
+    pub(crate) fn start_quiet(dir: &Path) -> Fixture {
+        let mut fixture = Fixture {
+            child: None,
+            port: 0,
+            dir: dir.to_owned(),
+            stall: None,
+            quiet: true,
         };
         fixture.spawn();
         fixture
@@ -184,6 +199,9 @@ impl Fixture {
             .env("MARKOV_FIXTURE_PORT", self.port.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if self.quiet {
+            command.env("MARKOV_FIXTURE_QUIET", "1");
+        }
         if let Some(stall) = &self.stall {
             command.env("MARKOV_FIXTURE_STALL", stall);
         }
@@ -290,6 +308,23 @@ impl Client {
             "registration failed: {}",
             response.text().await.unwrap_or_default()
         );
+    }
+
+    /// Runs a turn and waits for its result.
+    pub(crate) async fn send(&self, session: &str, message: &str) -> Value {
+        let response = self
+            .http
+            .post(format!("{}/MarkovSession/{session}/send", self.ingress))
+            .json(&message)
+            .send()
+            .await
+            .expect("the ingress answers");
+        assert!(
+            response.status().is_success(),
+            "the turn failed: {}",
+            response.status()
+        );
+        response.json().await.expect("json")
     }
 
     /// Starts a turn without waiting; its invocation id.
