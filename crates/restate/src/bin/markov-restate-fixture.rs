@@ -11,6 +11,8 @@
 //!   the stall happen once across restarts), so that a test can kill the
 //!   process there.
 //!
+//! - `MARKOV_FIXTURE_MODEL_MS`: every model call takes that long, so that
+//!   sessions are in flight when a test kills something.
 //! - `MARKOV_FIXTURE_QUIET` set: no logs written (for timing the journal
 //!   alone).
 //!
@@ -80,6 +82,12 @@ impl Model for FileModel {
         let log = self.dir.join("model.log");
         append(&log, &format!("begin {step}"));
         stall_once(&self.dir, &format!("model:{step}")).await;
+        if let Some(ms) = std::env::var("MARKOV_FIXTURE_MODEL_MS")
+            .ok()
+            .and_then(|ms| ms.parse().ok())
+        {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         let first_user = messages
             .iter()
             .find(|m| m.role == Role::User)
@@ -108,7 +116,10 @@ impl Model for FileModel {
                 StopReason::EndTurn,
             ),
         };
-        append(&log, &format!("end {step}"));
+        append(
+            &log,
+            &format!("end {step} {}", first_user.replace(' ', "_")),
+        );
         Ok(response)
     }
 }

@@ -2,6 +2,7 @@
 //! loopback, and a client of the ingress and the admin API.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -83,6 +84,10 @@ impl Server {
             let (node, admin, ingress) = (free_port(), free_port(), free_port());
             let log = std::fs::File::create(dir.0.join("server.log")).expect("log file");
             let mut child = Command::new(&binary)
+                // npm's restate-server is a node script that starts the
+                // server as its child: a group of its own lets the test
+                // kill both.
+                .process_group(0)
                 .arg("--no-logo")
                 .env("RESTATE_BASE_DIR", dir.0.join("data"))
                 .env("RESTATE_BIND_IP", "127.0.0.1")
@@ -115,8 +120,7 @@ impl Server {
                 }
                 std::thread::sleep(Duration::from_millis(200));
             }
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_group(&mut child);
             eprintln!(
                 "restate-server did not come up; retrying: {}",
                 std::fs::read_to_string(dir.0.join("server.log")).unwrap_or_default()
@@ -150,9 +154,17 @@ fn health(admin: &str) -> bool {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        kill_group(&mut self.child);
     }
+}
+
+/// SIGKILL to `child`'s process group (it leads one), then reaps it.
+pub(crate) fn kill_group(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
 }
 
 /// The fixture service (`markov-restate-fixture`), killable and
@@ -163,6 +175,7 @@ pub(crate) struct Fixture {
     pub(crate) dir: PathBuf,
     stall: Option<String>,
     quiet: bool,
+    model_ms: Option<u64>,
 }
 
 impl Fixture {
@@ -174,6 +187,21 @@ impl Fixture {
             dir: dir.to_owned(),
             stall: stall.map(str::to_owned),
             quiet: false,
+            model_ms: None,
+        };
+        fixture.spawn();
+        fixture
+    }
+
+    /// Starts the fixture with every model call taking `ms`.
+    pub(crate) fn start_slow(dir: &Path, ms: u64) -> Fixture {
+        let mut fixture = Fixture {
+            child: None,
+            port: 0,
+            dir: dir.to_owned(),
+            stall: None,
+            quiet: false,
+            model_ms: Some(ms),
         };
         fixture.spawn();
         fixture
@@ -187,6 +215,7 @@ impl Fixture {
             dir: dir.to_owned(),
             stall: None,
             quiet: true,
+            model_ms: None,
         };
         fixture.spawn();
         fixture
@@ -199,6 +228,9 @@ impl Fixture {
             .env("MARKOV_FIXTURE_PORT", self.port.to_string())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
+        if let Some(ms) = self.model_ms {
+            command.env("MARKOV_FIXTURE_MODEL_MS", ms.to_string());
+        }
         if self.quiet {
             command.env("MARKOV_FIXTURE_QUIET", "1");
         }
@@ -283,14 +315,19 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn new(server: &Server) -> Client {
+        Client::at(&server.ingress, &server.admin)
+    }
+
+    /// A client of the ingress and admin API at these addresses.
+    pub(crate) fn at(ingress: &str, admin: &str) -> Client {
         let _ = rustls::crypto::ring::default_provider().install_default();
         Client {
             http: reqwest::Client::builder()
                 .timeout(Duration::from_secs(120))
                 .build()
                 .expect("client"),
-            ingress: server.ingress.clone(),
-            admin: server.admin.clone(),
+            ingress: ingress.to_owned(),
+            admin: admin.to_owned(),
         }
     }
 
@@ -325,6 +362,16 @@ impl Client {
             response.status()
         );
         response.json().await.expect("json")
+    }
+
+    /// Registers the service at `port`; whether the server took it.
+    pub(crate) async fn try_register(&self, port: u16) -> bool {
+        self.http
+            .post(format!("{}/deployments", self.admin))
+            .json(&json!({ "uri": format!("http://127.0.0.1:{port}"), "force": true }))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
     }
 
     /// Starts a turn without waiting; its invocation id.
@@ -397,5 +444,77 @@ impl Client {
             "resolve failed: {}",
             response.status()
         );
+    }
+}
+
+/// Three `restate-server` nodes on loopback forming one cluster (every
+/// node runs every role; logs and partitions replicated on two nodes).
+pub(crate) struct Cluster {
+    pub(crate) nodes: Vec<Option<Server>>,
+}
+
+impl Cluster {
+    /// Starts the cluster, or `None` (skip) when the binary is missing
+    /// outside CI.
+    pub(crate) fn start() -> Option<Cluster> {
+        let binary = server_binary()?;
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let metadata = format!(
+            "[{}]",
+            ports
+                .iter()
+                .map(|(node, _, _)| format!("\"http://127.0.0.1:{node}\""))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let mut nodes = Vec::new();
+        for (i, (node, admin, ingress)) in ports.iter().enumerate() {
+            let dir = TempDir::new("cluster");
+            let log = std::fs::File::create(dir.0.join("server.log")).expect("log file");
+            let child = Command::new(&binary)
+                .process_group(0)
+                .arg("--no-logo")
+                .env("RESTATE_BASE_DIR", dir.0.join("data"))
+                .env("RESTATE_CLUSTER_NAME", "markov-test")
+                .env("RESTATE_NODE_NAME", format!("n{}", i + 1))
+                .env(
+                    "RESTATE_AUTO_PROVISION",
+                    if i == 0 { "true" } else { "false" },
+                )
+                .env("RESTATE_METADATA_CLIENT__ADDRESSES", &metadata)
+                .env("RESTATE_DEFAULT_REPLICATION", "2")
+                .env("RESTATE_BIND_IP", "127.0.0.1")
+                .env("RESTATE_BIND_PORT", node.to_string())
+                .env("RESTATE_ADMIN__BIND_PORT", admin.to_string())
+                .env("RESTATE_INGRESS__BIND_PORT", ingress.to_string())
+                .env("RESTATE_LISTEN_MODE", "tcp")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("restate-server starts");
+            nodes.push(Some(Server {
+                child,
+                ingress: format!("http://127.0.0.1:{ingress}"),
+                admin: format!("http://127.0.0.1:{admin}"),
+                _dir: dir,
+            }));
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        for server in nodes.iter().flatten() {
+            while !health(&server.admin) {
+                assert!(Instant::now() < deadline, "the cluster did not come up");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        Some(Cluster { nodes })
+    }
+
+    /// SIGKILL to node `i`.
+    pub(crate) fn kill(&mut self, i: usize) {
+        if let Some(mut server) = self.nodes[i].take() {
+            kill_group(&mut server.child);
+        }
     }
 }
