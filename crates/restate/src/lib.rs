@@ -502,3 +502,55 @@ impl DynTool for JournaledTool {
             .into_result()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use markov_testkit::ScriptedModel;
+
+    #[test]
+    fn a_journaled_tool_result_reads_back_as_it_was() {
+        let outcomes = [
+            Ok(ToolOutcome::Value(serde_json::json!({"a": 1}))),
+            Ok(ToolOutcome::Reply(ToolReply::new(
+                "for you",
+                "for the model",
+            ))),
+            Ok(ToolOutcome::Terminate(TerminateResponse::new(Some(
+                "bye".into(),
+            )))),
+            Err(ToolCallError::InvalidInput("no".into())),
+            Err(ToolCallError::Execution("failed".into())),
+        ];
+        for outcome in outcomes {
+            let journaled = serde_json::to_value(JournaledOutcome::from_result(outcome.clone()))
+                .expect("serializes");
+            let read = serde_json::from_value::<JournaledOutcome>(journaled)
+                .expect("reads")
+                .into_result();
+            assert_eq!(read, outcome);
+        }
+    }
+
+    #[tokio::test]
+    async fn outside_a_handler_the_model_is_called_straight_through() {
+        let model = JournaledModel::new(ScriptedModel::builder().text("hi").build());
+        let agent = markov_executor::Agent::builder("a")
+            .instructions("Say hi.")
+            .model(model)
+            .build()
+            .expect("agent");
+        let mut machine = agent.machine();
+        machine.enqueue_user("hello");
+        let last = machine.run().await.expect("a run");
+        assert!(last.done);
+        assert_eq!(machine.history().len(), 2);
+    }
+
+    #[test]
+    fn a_journaled_model_failure_keeps_its_kind() {
+        let error = ModelError::ContextLength("too long".into());
+        let value = serde_json::json!({ "err": JournaledModelError::from_error(&error) });
+        assert_eq!(read_model_value(value), Err(error));
+    }
+}
