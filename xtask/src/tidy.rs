@@ -783,6 +783,17 @@ const LAYERS: &[Layer] = &[
         reason: "context views, usage, limits and prices build on the definitions",
     },
     Layer {
+        package: "markov-restate",
+        allowed: &[
+            "markov-core",
+            "markov-charter",
+            "markov-policy",
+            "markov-executor",
+        ],
+        forbidden: &[],
+        reason: "the Restate adapter drives the executor's loop; only the facade and the cli may build on it",
+    },
+    Layer {
         package: "markov-executor",
         allowed: &[
             "markov-core",

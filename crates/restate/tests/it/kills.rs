@@ -1,0 +1,141 @@
+//! The service killed with SIGKILL mid-tool, mid-model-call and while a
+//! call waits for approval: nothing repeated, nothing lost.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::support::{Client, Fixture, Server, TempDir};
+
+/// The user messages and the tool results of a session's stored history.
+async fn history(client: &Client, session: &str) -> Vec<Value> {
+    let snapshot = client.shared(session, "snapshot").await;
+    snapshot["history"].as_array().cloned().unwrap_or_default()
+}
+
+fn user_messages(history: &[Value]) -> usize {
+    history
+        .iter()
+        .filter(|m| m["role"] == "user" && m["items"][0]["type"] == "text")
+        .count()
+}
+
+fn tool_result_text(history: &[Value], call: &str) -> String {
+    history
+        .iter()
+        .flat_map(|m| m["items"].as_array().cloned().unwrap_or_default())
+        .find(|i| i["type"] == "tool_result" && i["tool_use_id"] == call)
+        .map(|i| i["content"].to_string())
+        .unwrap_or_else(|| panic!("no result for {call}: {history:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_tool_the_at_most_once_call_is_not_run_again() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let dir = TempDir::new("mid-tool");
+    let mut fixture = Fixture::start(&dir.0, Some("tool"));
+    let client = Client::new(&server);
+    client.register(fixture.port).await;
+
+    let invocation = client.send_async("mid-tool", "record please").await;
+    fixture.wait_for_stall("effects.log", "effect record first");
+    let killed = Instant::now();
+    fixture.kill_and_restart();
+    let result = client.attach(&invocation).await;
+    println!(
+        "failover, killed mid-tool to the turn's end: {:?}",
+        killed.elapsed()
+    );
+
+    assert_eq!(result["response"], "done after 2 steps", "{result}");
+    assert_eq!(fixture.count("effects.log", "effect record first"), 1);
+    assert_eq!(fixture.count("effects.log", "effect record second"), 1);
+    // The model call before the kill was journaled: never made again.
+    assert_eq!(fixture.count("model.log", "begin 0"), 1);
+    assert_eq!(fixture.count("model.log", "begin 1"), 1);
+    let history = history(&client, "mid-tool").await;
+    assert_eq!(user_messages(&history), 1, "{history:?}");
+    assert!(
+        tool_result_text(&history, "call_1").contains("INTERRUPTED"),
+        "the interrupted call is answered as such: {history:?}"
+    );
+    assert!(tool_result_text(&history, "call_2").contains("recorded second"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_model_call_no_finished_call_or_effect_is_repeated() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let dir = TempDir::new("mid-model");
+    let mut fixture = Fixture::start(&dir.0, Some("model:1"));
+    let client = Client::new(&server);
+    client.register(fixture.port).await;
+
+    let invocation = client.send_async("mid-model", "record please").await;
+    fixture.wait_for_stall("model.log", "begin 1");
+    let killed = Instant::now();
+    fixture.kill_and_restart();
+    let result = client.attach(&invocation).await;
+    println!(
+        "failover, killed mid-model-call to the turn's end: {:?}",
+        killed.elapsed()
+    );
+
+    assert_eq!(result["response"], "done after 2 steps", "{result}");
+    // Step 0's call finished and was journaled; step 1's was cut off and
+    // made again, once.
+    assert_eq!(fixture.count("model.log", "begin 0"), 1);
+    assert_eq!(fixture.count("model.log", "begin 1"), 2);
+    assert_eq!(fixture.count("model.log", "end 1"), 1);
+    assert_eq!(fixture.count("effects.log", "effect record first"), 1);
+    assert_eq!(fixture.count("effects.log", "effect record second"), 1);
+    let history = history(&client, "mid-model").await;
+    assert_eq!(user_messages(&history), 1, "{history:?}");
+    assert!(tool_result_text(&history, "call_1").contains("recorded first"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_waits_across_a_restart_of_the_service() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let dir = TempDir::new("approval");
+    let mut fixture = Fixture::start(&dir.0, None);
+    let client = Client::new(&server);
+    client.register(fixture.port).await;
+
+    let invocation = client.send_async("approval", "guarded please").await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let pending = loop {
+        let pending = client.shared("approval", "approvals").await;
+        if pending.as_array().is_some_and(|p| !p.is_empty()) {
+            break pending;
+        }
+        assert!(Instant::now() < deadline, "no approval was asked for");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(pending[0]["tool"], "guarded");
+    assert_eq!(pending[0]["args"], json!({"note": "first"}));
+    assert_eq!(
+        fixture.count("effects.log", "effect guarded"),
+        0,
+        "nothing runs before approval"
+    );
+
+    fixture.kill_and_restart();
+    let awakeable = pending[0]["awakeable"].as_str().expect("an awakeable id");
+    client
+        .resolve(awakeable, json!({"decision": "approve"}))
+        .await;
+    let result = client.attach(&invocation).await;
+
+    assert_eq!(result["response"], "done after 2 steps", "{result}");
+    assert_eq!(fixture.count("effects.log", "effect guarded first"), 1);
+    assert_eq!(fixture.count("model.log", "begin 0"), 1);
+    assert_eq!(client.shared("approval", "approvals").await, json!([]));
+    let history = history(&client, "approval").await;
+    assert!(tool_result_text(&history, "call_1").contains("guarded first"));
+}

@@ -1,0 +1,6 @@
+//! Scenario tests against a real `restate-server` on loopback.
+
+mod cluster;
+mod kills;
+mod overhead;
+mod support;

@@ -1,0 +1,520 @@
+//! A `restate-server` and the fixture service, both child processes on
+//! loopback, and a client of the ingress and the admin API.
+
+use std::io::{BufRead, BufReader};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// A temporary directory removed on drop.
+pub(crate) struct TempDir(pub(crate) PathBuf);
+
+impl TempDir {
+    pub(crate) fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "markov-restate-{name}-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos() ^ u128::from(rand_suffix())
+        ));
+        std::fs::create_dir_all(&path).expect("temp dir");
+        TempDir(path)
+    }
+}
+
+fn rand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// The `restate-server` binary: `MARKOV_RESTATE_SERVER`, else on PATH.
+/// Missing: a skip outside CI, a failure under `CI=true`.
+fn server_binary() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("MARKOV_RESTATE_SERVER") {
+        return Some(PathBuf::from(path));
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join("restate-server"))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "restate-server is missing (npm install -g @restatedev/restate-server): under CI this is a failure"
+        );
+        eprintln!("restate-server is missing: skipped (npm install -g @restatedev/restate-server)");
+    }
+    found
+}
+
+/// One `restate-server` node on loopback with its own data directory.
+pub(crate) struct Server {
+    child: Child,
+    pub(crate) ingress: String,
+    pub(crate) admin: String,
+    _dir: TempDir,
+}
+
+impl Server {
+    /// Starts a single-node server, or `None` (skip) when the binary is
+    /// missing outside CI. Ports are picked free and the start retried
+    /// when one was taken meanwhile.
+    pub(crate) fn start() -> Option<Server> {
+        let binary = server_binary()?;
+        for _ in 0..5 {
+            let dir = TempDir::new("server");
+            let (node, admin, ingress) = (free_port(), free_port(), free_port());
+            let log = std::fs::File::create(dir.0.join("server.log")).expect("log file");
+            let mut child = Command::new(&binary)
+                // npm's restate-server is a node script that starts the
+                // server as its child: a group of its own lets the test
+                // kill both.
+                .process_group(0)
+                .arg("--no-logo")
+                .env("RESTATE_BASE_DIR", dir.0.join("data"))
+                .env("RESTATE_BIND_IP", "127.0.0.1")
+                .env("RESTATE_BIND_PORT", node.to_string())
+                .env("RESTATE_ADMIN__BIND_PORT", admin.to_string())
+                .env("RESTATE_INGRESS__BIND_PORT", ingress.to_string())
+                .env("RESTATE_LISTEN_MODE", "tcp")
+                .env("RESTATE_LOG_FORMAT", "compact")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("restate-server starts");
+            let admin = format!("http://127.0.0.1:{admin}");
+            let ingress = format!("http://127.0.0.1:{ingress}");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                let up = |url: String| {
+                    std::net::TcpStream::connect(url.trim_start_matches("http://")).is_ok()
+                };
+                if up(admin.clone()) && up(ingress.clone()) && health(&admin) {
+                    return Some(Server {
+                        child,
+                        ingress,
+                        admin,
+                        _dir: dir,
+                    });
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            kill_group(&mut child);
+            eprintln!(
+                "restate-server did not come up; retrying: {}",
+                std::fs::read_to_string(dir.0.join("server.log")).unwrap_or_default()
+            );
+        }
+        panic!("restate-server did not start in five attempts");
+    }
+}
+
+fn health(admin: &str) -> bool {
+    let Some(rest) = admin.strip_prefix("http://") else {
+        return false;
+    };
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(rest) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(
+            format!("GET /health HTTP/1.1\r\nHost: {rest}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .is_err()
+    {
+        return false;
+    }
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.starts_with("HTTP/1.1 200")
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        kill_group(&mut self.child);
+    }
+}
+
+/// SIGKILL to `child`'s process group (it leads one), then reaps it.
+pub(crate) fn kill_group(child: &mut Child) {
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .status();
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The fixture service (`markov-restate-fixture`), killable and
+/// restartable on the same port.
+pub(crate) struct Fixture {
+    child: Option<Child>,
+    pub(crate) port: u16,
+    pub(crate) dir: PathBuf,
+    stall: Option<String>,
+    quiet: bool,
+    model_ms: Option<u64>,
+}
+
+impl Fixture {
+    /// Starts the fixture writing to `dir`, stalling once at `stall`.
+    pub(crate) fn start(dir: &Path, stall: Option<&str>) -> Fixture {
+        let mut fixture = Fixture {
+            child: None,
+            port: 0,
+            dir: dir.to_owned(),
+            stall: stall.map(str::to_owned),
+            quiet: false,
+            model_ms: None,
+        };
+        fixture.spawn();
+        fixture
+    }
+
+    /// Starts the fixture with every model call taking `ms`.
+    pub(crate) fn start_slow(dir: &Path, ms: u64) -> Fixture {
+        let mut fixture = Fixture {
+            child: None,
+            port: 0,
+            dir: dir.to_owned(),
+            stall: None,
+            quiet: false,
+            model_ms: Some(ms),
+        };
+        fixture.spawn();
+        fixture
+    }
+
+    /// Starts the fixture with no logs, for timing.
+    pub(crate) fn start_quiet(dir: &Path) -> Fixture {
+        let mut fixture = Fixture {
+            child: None,
+            port: 0,
+            dir: dir.to_owned(),
+            stall: None,
+            quiet: true,
+            model_ms: None,
+        };
+        fixture.spawn();
+        fixture
+    }
+
+    fn spawn(&mut self) {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_markov-restate-fixture"));
+        command
+            .env("MARKOV_FIXTURE_DIR", &self.dir)
+            .env("MARKOV_FIXTURE_PORT", self.port.to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        if let Some(ms) = self.model_ms {
+            command.env("MARKOV_FIXTURE_MODEL_MS", ms.to_string());
+        }
+        if self.quiet {
+            command.env("MARKOV_FIXTURE_QUIET", "1");
+        }
+        if let Some(stall) = &self.stall {
+            command.env("MARKOV_FIXTURE_STALL", stall);
+        }
+        let mut child = command.spawn().expect("the fixture starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the fixture prints its port");
+        self.port = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected fixture output: {line:?}"));
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, then a new process on the same port.
+    pub(crate) fn kill_and_restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+
+    /// SIGKILL.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("SIGKILL");
+            let _ = child.wait();
+        }
+    }
+
+    /// The lines of one of the fixture's logs.
+    pub(crate) fn lines(&self, file: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join(file))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// How many lines of `file` equal `line` (or start with it, with
+    /// `prefix`).
+    pub(crate) fn count(&self, file: &str, line: &str) -> usize {
+        self.lines(file)
+            .iter()
+            .filter(|l| l.starts_with(line))
+            .count()
+    }
+
+    /// Waits (at most 30 s) until `file` has a line starting with `line`
+    /// and the fixture has stalled.
+    pub(crate) fn wait_for_stall(&self, file: &str, line: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if self.count(file, line) > 0 && self.dir.join("stalled").exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "the fixture never reached {line:?} in {file}: {:?}",
+            self.lines(file)
+        );
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A client of one server's ingress and admin API.
+pub(crate) struct Client {
+    http: reqwest::Client,
+    ingress: String,
+    admin: String,
+}
+
+impl Client {
+    pub(crate) fn new(server: &Server) -> Client {
+        Client::at(&server.ingress, &server.admin)
+    }
+
+    /// A client of the ingress and admin API at these addresses.
+    pub(crate) fn at(ingress: &str, admin: &str) -> Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        Client {
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .expect("client"),
+            ingress: ingress.to_owned(),
+            admin: admin.to_owned(),
+        }
+    }
+
+    /// Registers the service at `port`.
+    pub(crate) async fn register(&self, port: u16) {
+        let response = self
+            .http
+            .post(format!("{}/deployments", self.admin))
+            .json(&json!({ "uri": format!("http://127.0.0.1:{port}"), "force": true }))
+            .send()
+            .await
+            .expect("the admin API answers");
+        assert!(
+            response.status().is_success(),
+            "registration failed: {}",
+            response.text().await.unwrap_or_default()
+        );
+    }
+
+    /// Runs a turn and waits for its result.
+    pub(crate) async fn send(&self, session: &str, message: &str) -> Value {
+        let response = self
+            .http
+            .post(format!("{}/MarkovSession/{session}/send", self.ingress))
+            .json(&message)
+            .send()
+            .await
+            .expect("the ingress answers");
+        assert!(
+            response.status().is_success(),
+            "the turn failed: {}",
+            response.status()
+        );
+        response.json().await.expect("json")
+    }
+
+    /// Registers the service at `port`; whether the server took it.
+    pub(crate) async fn try_register(&self, port: u16) -> bool {
+        self.http
+            .post(format!("{}/deployments", self.admin))
+            .json(&json!({ "uri": format!("http://127.0.0.1:{port}"), "force": true }))
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+    }
+
+    /// Starts a turn without waiting; its invocation id.
+    pub(crate) async fn send_async(&self, session: &str, message: &str) -> String {
+        let answer: Value = self
+            .http
+            .post(format!(
+                "{}/MarkovSession/{session}/send/send",
+                self.ingress
+            ))
+            .json(&message)
+            .send()
+            .await
+            .expect("the ingress answers")
+            .json()
+            .await
+            .expect("json");
+        answer["invocationId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no invocation id: {answer}"))
+            .to_owned()
+    }
+
+    /// Waits for an invocation's result.
+    pub(crate) async fn attach(&self, invocation: &str) -> Value {
+        let response = self
+            .http
+            .get(format!(
+                "{}/restate/invocation/{invocation}/attach",
+                self.ingress
+            ))
+            .send()
+            .await
+            .expect("the ingress answers");
+        let status = response.status();
+        let text = response.text().await.expect("a body");
+        assert!(status.is_success(), "the turn failed: {status} {text}");
+        serde_json::from_str(&text).expect("json")
+    }
+
+    /// Calls a shared handler of a session.
+    pub(crate) async fn shared(&self, session: &str, handler: &str) -> Value {
+        self.http
+            .post(format!(
+                "{}/MarkovSession/{session}/{handler}",
+                self.ingress
+            ))
+            .send()
+            .await
+            .expect("the ingress answers")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// Resolves an awakeable with `value`.
+    pub(crate) async fn resolve(&self, awakeable: &str, value: Value) {
+        let response = self
+            .http
+            .post(format!(
+                "{}/restate/awakeables/{awakeable}/resolve",
+                self.ingress
+            ))
+            .json(&value)
+            .send()
+            .await
+            .expect("the ingress answers");
+        assert!(
+            response.status().is_success(),
+            "resolve failed: {}",
+            response.status()
+        );
+    }
+}
+
+/// Three `restate-server` nodes on loopback forming one cluster (every
+/// node runs every role; logs and partitions replicated on two nodes).
+pub(crate) struct Cluster {
+    pub(crate) nodes: Vec<Option<Server>>,
+}
+
+impl Cluster {
+    /// Starts the cluster, or `None` (skip) when the binary is missing
+    /// outside CI.
+    pub(crate) fn start() -> Option<Cluster> {
+        let binary = server_binary()?;
+        let ports: Vec<(u16, u16, u16)> = (0..3)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let metadata = format!(
+            "[{}]",
+            ports
+                .iter()
+                .map(|(node, _, _)| format!("\"http://127.0.0.1:{node}\""))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+        let mut nodes = Vec::new();
+        for (i, (node, admin, ingress)) in ports.iter().enumerate() {
+            let dir = TempDir::new("cluster");
+            let log = std::fs::File::create(dir.0.join("server.log")).expect("log file");
+            let child = Command::new(&binary)
+                .process_group(0)
+                .arg("--no-logo")
+                .env("RESTATE_BASE_DIR", dir.0.join("data"))
+                .env("RESTATE_CLUSTER_NAME", "markov-test")
+                .env("RESTATE_NODE_NAME", format!("n{}", i + 1))
+                .env(
+                    "RESTATE_AUTO_PROVISION",
+                    if i == 0 { "true" } else { "false" },
+                )
+                .env("RESTATE_METADATA_CLIENT__ADDRESSES", &metadata)
+                .env("RESTATE_DEFAULT_REPLICATION", "2")
+                .env("RESTATE_BIND_IP", "127.0.0.1")
+                .env("RESTATE_BIND_PORT", node.to_string())
+                .env("RESTATE_ADMIN__BIND_PORT", admin.to_string())
+                .env("RESTATE_INGRESS__BIND_PORT", ingress.to_string())
+                .env("RESTATE_LISTEN_MODE", "tcp")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("restate-server starts");
+            nodes.push(Some(Server {
+                child,
+                ingress: format!("http://127.0.0.1:{ingress}"),
+                admin: format!("http://127.0.0.1:{admin}"),
+                _dir: dir,
+            }));
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        for server in nodes.iter().flatten() {
+            while !health(&server.admin) {
+                assert!(Instant::now() < deadline, "the cluster did not come up");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+        Some(Cluster { nodes })
+    }
+
+    /// SIGKILL to node `i`.
+    pub(crate) fn kill(&mut self, i: usize) {
+        if let Some(mut server) = self.nodes[i].take() {
+            kill_group(&mut server.child);
+        }
+    }
+}
