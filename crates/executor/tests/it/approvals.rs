@@ -176,6 +176,65 @@ fn all_the_model_saw(model: &ScriptedModel) -> String {
 
 // --- the pause --------------------------------------------------------------
 
+/// A step that pauses for approval made its model call: the step reports
+/// what that call used, and the session counts it then; the resumed step
+/// replays the answer and counts nothing for it again.
+#[tokio::test]
+async fn a_paused_step_reports_its_model_calls_usage_and_the_resume_counts_it_once() {
+    use markov_core::model::{ModelResponse, StopReason, Usage};
+    let used = |input, output| Usage {
+        input_tokens: input,
+        output_tokens: output,
+        ..Usage::default()
+    };
+    let script = ScriptedModel::builder()
+        .response(
+            ModelResponse::new(
+                vec![Item::tool_use("call_1", "pay", json!({"amount": 5}))],
+                StopReason::ToolUse,
+            )
+            .with_usage(used(100, 10)),
+        )
+        .response(
+            ModelResponse::new(vec![Item::text("Paid.")], StopReason::EndTurn)
+                .with_usage(used(200, 20)),
+        )
+        .build();
+    let mut b = bank(PolicyConfig::new(Budget::UNLIMITED), script);
+    let paused = pause(&mut b.machine, "pay 5").await;
+    assert_eq!(
+        (
+            paused.usage.requests,
+            paused.usage.input_tokens,
+            paused.usage.output_tokens
+        ),
+        (1, 100, 10),
+        "the paused step reports the call it made"
+    );
+    assert_eq!(paused.run_usage.input_tokens, 100);
+    assert_eq!(b.machine.usage().session.input_tokens, 100);
+
+    let request = paused.approvals[0].request_id.clone();
+    b.machine
+        .approvals()
+        .approve(&request)
+        .expect("the application approves");
+    let last = b.machine.resume().await.expect("resumes");
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert_eq!(b.model.calls(), 2);
+    assert_eq!(b.pay.paid(), [5]);
+    let session = b.machine.usage().session;
+    assert_eq!(
+        (
+            session.requests,
+            session.input_tokens,
+            session.output_tokens
+        ),
+        (2, 300, 30),
+        "each model call counted once: the replayed answer is not counted again"
+    );
+}
+
 #[tokio::test]
 async fn an_approved_call_runs_once_on_resume_without_another_model_call() {
     let mut b = bank(PolicyConfig::new(Budget::UNLIMITED), mixed_script());
