@@ -3,6 +3,7 @@
 //! It reports what happened as data; the executor applies it.
 
 pub(crate) mod enforcer;
+pub(crate) mod lookup;
 pub(crate) mod pipeline;
 pub(crate) mod prompt;
 mod transition;

@@ -19,7 +19,7 @@ use super::{CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor, with_sourc
 use crate::effect::Entry;
 use crate::error::RunError;
 use crate::executor::{LeafContext, LeafOutcome};
-use crate::respond::pipeline::may_pause;
+use crate::respond::lookup::may_pause;
 use crate::step::YieldReason;
 use crate::stream::{MessageStreamEvent, VesselState};
 
