@@ -5,10 +5,10 @@
 //! call answered once, in order, right after the answer that made it) and
 //! holds nothing the model could approve with.
 
-use markov_core::Model;
-use markov_executor::{Machine, StandardExecutor, YieldReason};
 use markov_charter::charter::Charter;
 use markov_charter::node::Node;
+use markov_core::Model;
+use markov_executor::{Machine, StandardExecutor, YieldReason};
 use markov_testkit::fixtures::Wire;
 use serde_json::Value;
 

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use expect_test::expect;
+use markov_charter::context::{ContextPolicy, Summarize};
 use markov_core::Model;
 use markov_executor::{Agent, Machine, YieldReason};
 use markov_providers::{Anthropic, OpenAi};
-use markov_charter::context::{ContextPolicy, Summarize};
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic, openai};
 use serde_json::{Value, json};
 

@@ -498,7 +498,7 @@ mod wire_form {
                 .expect("builds");
             let settings = ModelSettings::default();
             let request = ModelRequest::new("", &history, &settings);
-            let body = match client.request_body(&request) {
+            let body = match client.request_body(&request, false) {
                 Ok(body) => body,
                 Err(error) => {
                     prop_assert!(error.to_string().contains("no content to send"), "{error}");
@@ -588,7 +588,7 @@ fn signatures_go_back_only_to_the_provider_that_made_them() {
         .base_url("http://127.0.0.1:1")
         .build()
         .unwrap();
-    let sent = body(gemini.request_body(&request).unwrap());
+    let sent = body(gemini.request_body(&request, false).unwrap());
     assert!(sent.contains("sig-g"), "{sent}");
     assert!(!sent.contains("EqQB") && !sent.contains("rs_1"), "{sent}");
 }

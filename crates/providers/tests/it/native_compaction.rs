@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use expect_test::expect;
+use markov_charter::context::{ContextPolicy, Summarize};
 use markov_core::{Message, Model, Role};
 use markov_executor::{Agent, BuildError, Machine, YieldReason, serialize_machine};
 use markov_providers::{Anthropic, Fallback, Responses};
-use markov_charter::context::{ContextPolicy, Summarize};
 use markov_testkit::ScriptedModel;
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic, responses};
 use serde_json::Value;

@@ -4,11 +4,11 @@
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use markov_charter::charter::Charter;
+use markov_charter::node::Node;
 use markov_core::model::collect_stream;
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
-use markov_charter::charter::Charter;
-use markov_charter::node::Node;
 use markov_tools_std::{Finish, Respond};
 use serde_json::{Value, json};
 
