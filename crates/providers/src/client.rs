@@ -636,8 +636,8 @@ impl<V: Vendor> Client<V> {
     ) -> Result<Vec<u8>, ModelError> {
         let model = self.model_for(request);
         let body = self.vendor.encode(request, model, purpose, true)?;
-        #[cfg(debug_assertions)]
-        if V::CACHES_BODIES
+        if cfg!(debug_assertions)
+            && V::CACHES_BODIES
             && let Err(mismatch) = crate::body::check_cached(
                 &body,
                 &self.vendor.encode(request, model, purpose, false)?,
