@@ -139,8 +139,10 @@ pub mod openai;
 #[cfg(feature = "responses")]
 pub mod responses;
 
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod body;
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
+mod client;
 #[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 mod convert;
 mod env;
@@ -157,8 +159,10 @@ mod transport;
 
 #[cfg(feature = "anthropic")]
 pub use anthropic::{Anthropic, AnthropicBuilder, ClearToolUses, PromptCaching};
-#[cfg(any(feature = "anthropic", feature = "openai"))]
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
 pub use body::DEFAULT_BODY_CACHE_BYTES;
+#[cfg(any(feature = "anthropic", feature = "openai", feature = "gemini"))]
+pub use client::{Client, ClientBuilder};
 pub use convert::{TEXT_INSTEAD_OF_TOOL_CALL, TOOL_CALL_AS_TEXT};
 pub use env::{EnvModel, MODEL_ENV, OPENAI_API_ENV, from_env};
 pub use error::ConfigError;

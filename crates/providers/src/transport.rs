@@ -714,11 +714,11 @@ pub(crate) fn is_context_length(status: u16, message: &str, body: &str) -> bool 
         || (message.contains("input token count") && message.contains("exceeds the maximum"))
 }
 
-/// A `404` from `url` (a call to `{base}/{path}`) whose base does not end
-/// in `/v1`, with the hint that OpenAI-compatible servers serve under
-/// `/v1`; other errors are returned as they are.
-pub(crate) fn hint_v1(error: ModelError, url: &Url, path: &str) -> ModelError {
-    let base = url.path().strip_suffix(path).unwrap_or(url.path());
+/// A `404` from under `base` when `base` does not end in `/v1`, with the
+/// hint that OpenAI-compatible servers serve under `/v1`; other errors are
+/// returned as they are.
+pub(crate) fn hint_v1(error: ModelError, base: &Url) -> ModelError {
+    let base = base.path();
     match error {
         ModelError::Http {
             status: 404,

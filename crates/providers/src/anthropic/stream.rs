@@ -282,7 +282,7 @@ enum Slot {
 
 /// The answer assembled so far.
 #[derive(Default)]
-pub(super) struct Decoder {
+pub(crate) struct Decoder {
     slots: Vec<Slot>,
     /// The API's block index → position in `slots`.
     positions: HashMap<usize, usize>,

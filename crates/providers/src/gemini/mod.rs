@@ -51,30 +51,20 @@ mod schema;
 mod stream;
 mod wire;
 
+use std::borrow::Cow;
 use std::fmt;
-use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
-use futures::StreamExt;
-use futures::stream::BoxStream;
-use markov_core::model::InputTokenCount;
 use markov_core::{
-    Model, ModelError, ModelRequest, ModelResponse, StreamEvent, ToolDefinition, Unsupported,
+    ModelError, ModelRequest, ModelResponse, StreamEvent, ToolDefinition, Unsupported,
 };
 use reqwest::Url;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
-use tracing::Instrument;
 
 pub use schema::SchemaError;
 
+use crate::client::{Client, ClientBuilder, Parts, Purpose, Vendor, not_offered};
 use crate::error::ConfigError;
-use crate::limits::Limits;
-use crate::output::{Plan, StructuredOutput};
-use crate::sse::{log_done, sse_stream};
-use crate::transport::{
-    self, ApiKey, Transport, TransportConfig, check_status, endpoint, transport_error,
-};
+use crate::output::StructuredOutput;
+use crate::transport::endpoint;
 
 /// Google's address.
 pub const DEFAULT_BASE_URL: &str = "https://generativelanguage.googleapis.com";
@@ -122,270 +112,38 @@ pub fn tool_schemas(tools: &[ToolDefinition]) -> Result<serde_json::Value, Schem
     wire::tool_schemas(tools)
 }
 
-/// A client of the Gemini API.
-///
-/// Built by [`Gemini::builder`] or [`Gemini::from_env`]; cheap to clone.
-/// Its `Debug` output never shows the API key.
+/// The Gemini API's part of a client: see [`Gemini`].
 #[derive(Clone)]
-pub struct Gemini {
-    transport: Transport,
-    base: Url,
-    model: String,
+pub struct GeminiVendor {
+    /// `{base}/v1beta/models`, under which each model's methods are.
+    models: Url,
     schema_with_tools: bool,
 }
 
-impl fmt::Debug for Gemini {
+impl fmt::Debug for GeminiVendor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Gemini")
-            .field("base", &transport::redact_url(self.base.as_str()))
-            .field("model", &self.model)
-            .field("api_key", &"<redacted>")
+        f.debug_struct("GeminiVendor")
+            .field("schema_with_tools", &self.schema_with_tools)
             .finish_non_exhaustive()
     }
 }
 
+/// A client of the Gemini API.
+///
+/// Built by [`Gemini::builder`] or [`Gemini::from_env`]; cheap to clone.
+/// Its `Debug` output never shows the API key. The setters and methods
+/// every client has are [`Client`]'s and [`ClientBuilder`]'s; its
+/// `request_body` is the same for a streamed call.
+pub type Gemini = Client<GeminiVendor>;
+
 /// Configures a [`Gemini`] client.
-#[derive(Clone)]
-pub struct GeminiBuilder {
-    api_key: Option<ApiKey>,
-    base_url: String,
-    base_url_var: Option<&'static str>,
-    model: String,
-    structured_output: StructuredOutput,
-    transport: TransportConfig,
-}
+pub type GeminiBuilder = ClientBuilder<GeminiVendor>;
 
-impl fmt::Debug for GeminiBuilder {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GeminiBuilder")
-            .field("api_key", &self.api_key)
-            .field("base_url", &transport::redact_url(&self.base_url))
-            .field("model", &self.model)
-            .field("structured_output", &self.structured_output)
-            .field("transport", &self.transport)
-            .finish()
-    }
-}
-
-impl Default for GeminiBuilder {
-    fn default() -> Self {
-        GeminiBuilder {
-            api_key: None,
-            base_url: DEFAULT_BASE_URL.to_owned(),
-            base_url_var: None,
-            model: DEFAULT_MODEL.to_owned(),
-            structured_output: StructuredOutput::default(),
-            transport: TransportConfig::DEFAULT,
-        }
-    }
-}
-
-impl GeminiBuilder {
-    /// A builder from `GEMINI_API_KEY` and `GEMINI_BASE_URL`; the key is
-    /// required unless a base URL is set.
-    ///
-    /// # Errors
-    /// [`ConfigError::MissingEnv`] naming `GEMINI_API_KEY` when neither
-    /// variable is set.
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_env_with(&transport::process_env)
-    }
-
-    fn from_env_with(env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let key = transport::env_var(env, API_KEY_ENV);
-        let base = transport::env_var(env, BASE_URL_ENV);
-        if key.is_none() && base.is_none() {
-            return Err(ConfigError::MissingEnv { var: API_KEY_ENV });
-        }
-        let mut builder = Self::default();
-        if let Some(key) = key {
-            builder = builder.api_key(key);
-        }
-        if let Some(base) = base {
-            builder = builder.base_url(base);
-            builder.base_url_var = Some(BASE_URL_ENV);
-        }
-        Ok(builder)
-    }
-
-    /// Sets the API key (sent as `x-goog-api-key`).
-    #[must_use]
-    pub fn api_key(mut self, key: impl Into<String>) -> Self {
-        self.api_key = Some(ApiKey::new(key));
-        self
-    }
-
-    /// Sets the base URL (default [`DEFAULT_BASE_URL`]); requests go to
-    /// `{base}/v1beta/models/{model}:generateContent`, so the base URL has
-    /// no `/v1beta`.
-    #[must_use]
-    pub fn base_url(mut self, url: impl Into<String>) -> Self {
-        self.base_url = url.into();
-        self.base_url_var = None;
-        self
-    }
-
-    /// Sets the model used when a request's settings name none (default
-    /// [`DEFAULT_MODEL`]).
-    #[must_use]
-    pub fn model(mut self, model: impl Into<String>) -> Self {
-        self.model = model.into();
-        self
-    }
-
-    /// Sets how a structured answer is asked for on a call that also
-    /// offers tools (default [`StructuredOutput::Auto`], which for Gemini
-    /// is the output tool: the API refuses a response schema beside
-    /// function declarations on most models).
-    #[must_use]
-    pub fn structured_output(mut self, mode: StructuredOutput) -> Self {
-        self.structured_output = mode;
-        self
-    }
-
-    /// Sets how many times a failed call is retried (default 2).
-    #[must_use]
-    pub fn max_retries(mut self, retries: u32) -> Self {
-        self.transport.max_retries = retries;
-        self
-    }
-
-    /// Sets the exponential backoff between retries (defaults 500 ms and 8 s).
-    #[must_use]
-    pub fn backoff(mut self, initial: Duration, max: Duration) -> Self {
-        self.transport.initial_backoff = initial;
-        self.transport.max_backoff = max.max(initial);
-        self
-    }
-
-    /// Sets the client's outgoing limits (default none); see [`Limits`].
-    #[must_use]
-    pub fn limits(mut self, limits: Limits) -> Self {
-        self.transport.limits = limits;
-        self
-    }
-
-    /// Sets the timeout of one attempt (default 10 minutes).
-    #[must_use]
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.transport.timeout = timeout;
-        self
-    }
-
-    /// Bounds a whole call, streamed or not, retries included (default 10
-    /// minutes).
-    #[must_use]
-    pub fn stream_deadline(mut self, deadline: Duration) -> Self {
-        self.transport.deadline = deadline;
-        self
-    }
-
-    /// The largest server-sent event accepted, in bytes (default 16 MiB,
-    /// at least 1).
-    #[must_use]
-    pub fn max_event_bytes(mut self, bytes: usize) -> Self {
-        self.transport.max_event_bytes = bytes.max(1);
-        self
-    }
-
-    /// Builds the client.
-    ///
-    /// # Errors
-    /// [`ConfigError::MissingApiKey`] without a key for Google's address,
-    /// [`ConfigError::InvalidBaseUrl`], [`ConfigError::InvalidApiKey`] or
-    /// [`ConfigError::HttpClient`].
-    pub fn build(self) -> Result<Gemini, ConfigError> {
-        let base = transport::parse_base_url(&self.base_url, self.base_url_var)?;
-        let mut headers = HeaderMap::new();
-        match &self.api_key {
-            Some(key) => {
-                headers.insert("x-goog-api-key", key.header("")?);
-            }
-            None if base.host_str() == Some("generativelanguage.googleapis.com") => {
-                return Err(ConfigError::MissingApiKey);
-            }
-            None => {}
-        }
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        Ok(Gemini {
-            transport: Transport::new(self.transport, &base, headers)?,
-            schema_with_tools: self.structured_output == StructuredOutput::SchemaField,
-            base,
-            model: self.model,
-        })
-    }
-}
-
-impl Gemini {
-    /// A builder with the defaults and no key.
-    pub fn builder() -> GeminiBuilder {
-        GeminiBuilder::default()
-    }
-
-    /// A client from `GEMINI_API_KEY` and `GEMINI_BASE_URL`.
-    ///
-    /// # Errors
-    /// As [`GeminiBuilder::from_env`] and [`GeminiBuilder::build`].
-    pub fn from_env() -> Result<Self, ConfigError> {
-        GeminiBuilder::from_env()?.build()
-    }
-
-    /// The URL a call of the default model goes to, redacted.
-    pub fn endpoint(&self) -> String {
-        transport::redact_url(self.url(&self.model, false).as_str())
-    }
-
-    /// The model used when a request names none.
-    pub fn default_model(&self) -> &str {
-        &self.model
-    }
-
-    /// Whether the client talks to Google's own service.
-    pub fn is_vendor(&self) -> bool {
-        self.base.host_str() == Some("generativelanguage.googleapis.com")
-    }
-
-    /// The client with another default model.
-    #[must_use]
-    pub fn with_default_model(mut self, model: impl Into<String>) -> Self {
-        self.model = model.into();
-        self
-    }
-
-    /// The names of the models the server serves (`GET {base}/v1beta/models`,
-    /// `models/` left off).
-    ///
-    /// # Errors
-    /// Any error of the call (not retried).
-    pub async fn served_models(&self) -> Result<Vec<String>, ModelError> {
-        let models = self
-            .transport
-            .list_models(endpoint(&self.base, "v1beta/models"))
-            .await?;
-        Ok(models
-            .into_iter()
-            .map(|m| m.strip_prefix("models/").map(str::to_owned).unwrap_or(m))
-            .collect())
-    }
-
-    fn model_for<'a>(&'a self, request: &ModelRequest<'a>) -> &'a str {
-        request.settings().model.as_deref().unwrap_or(&self.model)
-    }
-
-    /// The URL of a call of `model`.
-    fn url(&self, model: &str, stream: bool) -> Url {
-        let method = if stream {
-            "streamGenerateContent"
-        } else {
-            "generateContent"
-        };
-        self.method_url(model, method, stream)
-    }
-
+impl GeminiVendor {
     /// The URL of `model`'s `method` (`?alt=sse` when `stream`).
     fn method_url(&self, model: &str, method: &str, stream: bool) -> Url {
         let model = model.strip_prefix("models/").unwrap_or(model);
-        let mut url = endpoint(&self.base, "v1beta/models");
+        let mut url = self.models.clone();
         if let Ok(mut segments) = url.path_segments_mut() {
             segments.push(&format!("{model}:{method}"));
         }
@@ -394,69 +152,76 @@ impl Gemini {
         }
         url
     }
-
-    /// The exact body this client sends for `request`.
-    ///
-    /// # Errors
-    /// A request that cannot be sent: no content, a provider built-in
-    /// tool, a schema Gemini cannot express.
-    pub fn request_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
-        wire::encode(request, self.schema_with_tools)
-    }
-
-    /// The exact body this client sends to count `request`'s input tokens
-    /// (`countTokens`): the call's body as `generateContentRequest`.
-    ///
-    /// # Errors
-    /// As [`Self::request_body`].
-    pub fn count_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
-        wire::encode_count(request, self.model_for(request), self.schema_with_tools)
-    }
-
-    async fn post(&self, url: &Url, body: Bytes) -> Result<reqwest::Response, ModelError> {
-        let response = self
-            .transport
-            .client()
-            .post(url.clone())
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| transport_error(e, self.transport.timeout()))?;
-        check_status(response).await
-    }
 }
 
-/// Decodes a recorded `streamGenerateContent?alt=sse` body with the
-/// client's own decoder: the [`StreamEvent`]s a streamed call would have
-/// yielded, ending with [`StreamEvent::Done`].
-///
-/// # Errors
-/// What a streamed call would fail with.
-pub fn replay_stream(body: &[u8]) -> Result<Vec<StreamEvent>, ModelError> {
-    crate::sse::decode_body(
-        stream::Decoder::default(),
-        body,
-        TransportConfig::DEFAULT.max_event_bytes,
-    )
-}
+impl Vendor for GeminiVendor {
+    type Options = ();
+    type Decoder = stream::Decoder;
+    const NAME: &'static str = "Gemini";
+    const PROVIDER: &'static str = "gcp.gemini";
+    const DEFAULT_BASE_URL: &'static str = DEFAULT_BASE_URL;
+    const DEFAULT_MODEL: &'static str = DEFAULT_MODEL;
+    const API_KEY_ENV: &'static str = API_KEY_ENV;
+    const BASE_URL_ENV: &'static str = BASE_URL_ENV;
+    const HOST: &'static str = "generativelanguage.googleapis.com";
+    const KEY_HEADER: (&'static str, &'static str) = ("x-goog-api-key", "");
+    const MODELS_PATH: &'static str = "v1beta/models";
+    const ASKS_SERVED_FACTS: bool = false;
 
-fn call_span(model: &str) -> tracing::Span {
-    tracing::info_span!(
-        "provider_request",
-        gen_ai.provider.name = "gcp.gemini",
-        gen_ai.request.model = model,
-        attempt = tracing::field::Empty
-    )
-}
-
-#[async_trait]
-impl Model for Gemini {
-    fn provider_name(&self) -> &str {
-        "gcp.gemini"
+    /// Gemini's schema field beside tools is refused on most models:
+    /// [`StructuredOutput::Auto`] is the output tool here.
+    fn build(parts: Parts<'_, ()>) -> Result<Self, ConfigError> {
+        Ok(GeminiVendor {
+            models: endpoint(parts.base, "v1beta/models"),
+            schema_with_tools: parts.structured_output == StructuredOutput::SchemaField,
+        })
     }
 
-    fn model_name(&self) -> Option<&str> {
-        Some(&self.model)
+    fn schema_with_tools(&self) -> bool {
+        self.schema_with_tools
+    }
+
+    fn call_url(&self, model: &str, stream: bool) -> Cow<'_, Url> {
+        let method = if stream {
+            "streamGenerateContent"
+        } else {
+            "generateContent"
+        };
+        Cow::Owned(self.method_url(model, method, stream))
+    }
+
+    /// `countTokens`, free of charge at Google.
+    fn count_url(&self, _request: &ModelRequest<'_>, model: &str) -> Option<Url> {
+        Some(self.method_url(model, "countTokens", false))
+    }
+
+    fn encode(
+        &self,
+        request: &ModelRequest<'_>,
+        model: &str,
+        purpose: Purpose,
+        _cached: bool,
+    ) -> Result<Vec<u8>, ModelError> {
+        match purpose {
+            Purpose::Call { .. } => wire::encode(request, self.schema_with_tools),
+            Purpose::Count => wire::encode_count(request, model, self.schema_with_tools),
+            Purpose::Compact => Err(not_offered(Self::NAME, purpose)),
+        }
+    }
+
+    fn decode(&self, body: &[u8]) -> Result<ModelResponse, ModelError> {
+        stream::decode(body)
+    }
+
+    fn decode_count(&self, body: &str) -> Result<u64, ModelError> {
+        wire::decode_count(body)
+    }
+
+    fn served_model(listed: String) -> String {
+        listed
+            .strip_prefix("models/")
+            .map(str::to_owned)
+            .unwrap_or(listed)
     }
 
     /// Refuses a tool whose parameters, or an output type whose schema,
@@ -477,105 +242,27 @@ impl Model for Gemini {
             None => Ok(()),
         }
     }
+}
 
-    /// Asks `countTokens` (free of charge at Google), under the client's
-    /// limits, timeout and retries.
-    async fn count_tokens(&self, request: ModelRequest<'_>) -> Result<InputTokenCount, ModelError> {
-        let model = self.model_for(&request);
-        let span = tracing::info_span!(
-            "count_tokens",
-            gen_ai.provider.name = "gcp.gemini",
-            gen_ai.request.model = model,
-            attempt = tracing::field::Empty
-        );
-        let body = Bytes::from(self.count_body(&request)?);
-        let url = self.method_url(model, "countTokens", false);
-        let call = async {
-            let answer = self
-                .transport
-                .count(&span, || self.post(&url, body.clone()))
-                .await?;
-            let tokens = wire::decode_count(&answer)?;
-            tracing::debug!(input_tokens = tokens, "counted");
-            Ok(InputTokenCount::Counted(tokens))
-        };
-        call.instrument(span.clone()).await
+impl Gemini {
+    /// The exact body this client sends to count `request`'s input tokens
+    /// (`countTokens`): the call's body as `generateContentRequest`.
+    ///
+    /// # Errors
+    /// As [`Client::request_body`].
+    pub fn count_body(&self, request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
+        self.body(request, Purpose::Count)
     }
+}
 
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let model = self.model_for(&request);
-        let span = call_span(model);
-        let plan = Plan::of(&request, self.schema_with_tools);
-        let body = Bytes::from(self.request_body(&request)?);
-        let url = self.url(model, false);
-        let call = async {
-            let _place = self
-                .transport
-                .enter(body.len(), request.settings().max_tokens)
-                .await?;
-            let bytes = self
-                .transport
-                .with_retries_by_deadline(&span, || async {
-                    let response = self.post(&url, body.clone()).await?;
-                    response
-                        .bytes()
-                        .await
-                        .map_err(|e| transport_error(e, self.transport.timeout()))
-                })
-                .await?;
-            let answer = stream::decode(&bytes)?;
-            crate::convert::check_forced_call(
-                !request.tools().is_empty() || plan.tool().is_some(),
-                plan.tool_choice(&request),
-                &answer,
-                || transport::redact_url(url.as_str()),
-            )?;
-            let response = plan.finish(answer);
-            log_done(&response);
-            Ok(response)
-        };
-        call.instrument(span.clone()).await
-    }
-
-    fn stream<'a>(
-        &'a self,
-        request: ModelRequest<'a>,
-    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        if Plan::of(&request, self.schema_with_tools).tool().is_some() {
-            return crate::output::replayed(self, request);
-        }
-        let model = self.model_for(&request);
-        let span = call_span(model);
-        let body = match self.request_body(&request) {
-            Ok(body) => Bytes::from(body),
-            Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
-        };
-        let url = self.url(model, true);
-        let body_len = body.len();
-        let endpoint_url = url.clone();
-        let endpoint = move || transport::redact_url(endpoint_url.as_str());
-        let connect_span = span.clone();
-        let connect = async move {
-            self.transport
-                .with_retries(&connect_span, || self.post(&url, body.clone()))
-                .await
-        };
-        let stream = sse_stream(
-            span,
-            *self.transport.config(),
-            connect,
-            stream::Decoder::default(),
-        );
-        let stream = self
-            .transport
-            .limited(body_len, request.settings().max_tokens, stream);
-        crate::convert::checked_stream(
-            stream,
-            !request.tools().is_empty(),
-            request.tool_choice(),
-            endpoint,
-        )
-    }
+/// Decodes a recorded `streamGenerateContent?alt=sse` body with the
+/// client's own decoder: the [`StreamEvent`]s a streamed call would have
+/// yielded, ending with [`StreamEvent::Done`].
+///
+/// # Errors
+/// What a streamed call would fail with.
+pub fn replay_stream(body: &[u8]) -> Result<Vec<StreamEvent>, ModelError> {
+    crate::client::replay::<GeminiVendor>(body)
 }
 
 #[cfg(test)]
@@ -590,11 +277,14 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(
-            client.url("gemini-2.5-pro", false).as_str(),
+            client.vendor.call_url("gemini-2.5-pro", false).as_str(),
             "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:generateContent"
         );
         assert_eq!(
-            client.url("models/gemini-2.5-pro", true).as_str(),
+            client
+                .vendor
+                .call_url("models/gemini-2.5-pro", true)
+                .as_str(),
             "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
         );
         assert!(!format!("{client:?}").contains("AIza-secret"));

@@ -18,7 +18,7 @@ use crate::sse::{Event, SseDecoder, parse_data};
 
 /// The answer assembled so far.
 #[derive(Default)]
-pub(super) struct Decoder {
+pub(crate) struct Decoder {
     items: Vec<Item>,
     /// Whether the last item may still grow (text or thought text).
     open: bool,

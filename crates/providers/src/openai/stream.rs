@@ -84,7 +84,7 @@ enum Slot {
 
 /// The answer assembled so far.
 #[derive(Default)]
-pub(super) struct Decoder {
+pub(crate) struct Decoder {
     slots: Vec<Slot>,
     thinking: Option<usize>,
     text: Option<usize>,

@@ -74,7 +74,7 @@ struct Key {
 
 /// The answer assembled so far.
 #[derive(Default)]
-pub(super) struct Decoder {
+pub(crate) struct Decoder {
     slots: Vec<Slot>,
     /// `output_index` → position in `slots`.
     by_output: HashMap<usize, usize>,

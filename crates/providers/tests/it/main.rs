@@ -6,6 +6,7 @@ mod approvals;
 mod body_cache;
 mod builtin_tools;
 mod common;
+mod conformance;
 mod context;
 mod ephemeral;
 mod fallback;
