@@ -1,6 +1,6 @@
 //! markov sessions as Restate virtual objects.
 //!
-//! [`SessionObject`] serves an [`Agent`] as a Restate virtual object
+//! [`SessionObject`] serves an [`Agent`](markov_executor::Agent) as a Restate virtual object
 //! keyed by session: Restate runs one invocation at a time per key, keeps
 //! the session's machine (its history, instance tree, policy state and
 //! usage) in the object's K/V state, and journals every model call and

@@ -1,6 +1,6 @@
 //! The Anthropic Messages API client.
 //!
-//! [`Anthropic`] implements [`Model`] over `POST {base}/v1/messages`, with
+//! [`Anthropic`] implements [`Model`](markov_core::model::Model) over `POST {base}/v1/messages`, with
 //! and without streaming. How markov's types map to the API:
 //!
 //! - **System prompt** → `system: [{"type":"text","text":..}]`; with
@@ -35,7 +35,7 @@
 //!   ..}]}` with the `anthropic-beta: context-management-2025-06-27`
 //!   header, on every request of the client; the edits the API applied
 //!   are recorded in the trace.
-//! - **Token counts** ([`Model::count_tokens`]) → `POST
+//! - **Token counts** ([`Model::count_tokens`](markov_core::model::Model::count_tokens)) → `POST
 //!   {base}/v1/messages/count_tokens` with the call's body less
 //!   `max_tokens`, `temperature` and `stream`; `{"input_tokens": N}`.
 //! - **Answer**: text, tool_use and thinking (with signature) blocks become

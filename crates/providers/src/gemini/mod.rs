@@ -1,6 +1,6 @@
 //! The Gemini API client (`generateContent` / `streamGenerateContent`).
 //!
-//! [`Gemini`] implements [`Model`] over
+//! [`Gemini`] implements [`Model`](markov_core::model::Model) over
 //! `POST {base}/v1beta/models/{model}:generateContent` and, streamed,
 //! `:streamGenerateContent?alt=sse`; the key goes in the `x-goog-api-key`
 //! header, never in the URL. How markov's types map to the API:
@@ -21,7 +21,7 @@
 //!   and sent back on the part it came with (see the module `wire`).
 //! - **Tools** → one `functionDeclarations` list, each tool's parameters
 //!   converted to Gemini's schema dialect ([`SchemaError`] names what it
-//!   cannot express; [`Model::check_tools`] tells when an agent is built,
+//!   cannot express; [`Model::check_tools`](markov_core::model::Model::check_tools) tells when an agent is built,
 //!   [`check_tools`] without a client). **Tool choice**
 //!   → `functionCallingConfig.mode` `AUTO`, `ANY` or `NONE`; a named tool
 //!   → `ANY` with `allowedFunctionNames: [name]`.
@@ -34,7 +34,7 @@
 //!   an invalid-response error. Usage: `promptTokenCount` less the cached
 //!   tokens; thoughts count as output.
 //!
-//! **Token counts** ([`Model::count_tokens`]) → `POST
+//! **Token counts** ([`Model::count_tokens`](markov_core::model::Model::count_tokens)) → `POST
 //! {base}/v1beta/models/{model}:countTokens` with the call's body as
 //! `generateContentRequest` (naming `models/{model}`), so the system
 //! instruction and the tools are counted; the answer's `totalTokens`.

@@ -1,9 +1,9 @@
 //! The OpenAI Chat Completions client, for OpenAI and every server that
 //! speaks the same API (vLLM, Ollama, llama.cpp's server, LM Studio).
 //!
-//! [`OpenAi`] implements [`Model`] over `POST {base}/chat/completions`, with
+//! [`OpenAi`] implements [`Model`](markov_core::model::Model) over `POST {base}/chat/completions`, with
 //! and without streaming. The API has no token counting endpoint:
-//! [`Model::count_tokens`] answers `InputTokenCount::NotOffered` (a
+//! [`Model::count_tokens`](markov_core::model::Model::count_tokens) answers `InputTokenCount::NotOffered` (a
 //! context policy then estimates). How markov's types map to the API:
 //!
 //! - **System prompt** → a first `system` message (left out when empty).

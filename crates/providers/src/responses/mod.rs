@@ -1,7 +1,7 @@
 //! The OpenAI Responses API client (`POST {base}/responses`), for OpenAI
 //! and the servers that speak it too (vLLM, llama.cpp's server).
 //!
-//! [`Responses`] implements [`Model`] with and without streaming. How
+//! [`Responses`] implements [`Model`](markov_core::model::Model) with and without streaming. How
 //! markov's types map to the API:
 //!
 //! - **System prompt** → `instructions` (left out when empty).
@@ -42,17 +42,17 @@
 //!   `max_output_tokens` / `content_filter` → max_tokens / content_filter.
 //!   Usage: `input_tokens` less the cached tokens, which are
 //!   `cache_read_input_tokens`.
-//! - **Token counts** ([`Model::count_tokens`]) → `POST
+//! - **Token counts** ([`Model::count_tokens`](markov_core::model::Model::count_tokens)) → `POST
 //!   {base}/responses/input_tokens` with the call's body less
 //!   `max_output_tokens`, `temperature`, `store`, `include`,
 //!   `prompt_cache_key` and `stream`; the answer's `input_tokens`.
 //!
-//! - **Compaction** ([`Model::compact`]) → `POST {base}/responses/compact`
+//! - **Compaction** ([`Model::compact`](markov_core::model::Model::compact)) → `POST {base}/responses/compact`
 //!   with `model`, `instructions` and `input` as a call writes them; the
 //!   answer's `output` items (the user messages kept, one `compaction`
 //!   item of encrypted content) are kept as the server wrote them, byte
 //!   for byte, never read, under the vendor tag of
-//!   [`Model::native_summaries`]: `openai.responses` at OpenAI,
+//!   [`Model::native_summaries`](markov_core::model::Model::native_summaries): `openai.responses` at OpenAI,
 //!   `openai.responses@<host:port>` elsewhere (another server's items are
 //!   encrypted by that server). A context policy built with
 //!   `Summarize::native` appends them to the history as a summary
