@@ -78,13 +78,18 @@ async fn a_node_killed_mid_run_loses_and_repeats_no_effect() {
         effects.len(),
         "an effect ran twice: {effects:?}"
     );
-    let repeated = fixture
+    // A figure, not a check: a model call whose result the killed node had
+    // not stored is made again (the model has no side effect). Under a
+    // loaded machine one run has also logged fewer answered calls than the
+    // sessions asked, with every turn ended and every effect accounted for;
+    // that is not explained yet, so the count is printed, not asserted.
+    let answered = fixture
         .lines("model.log")
         .iter()
         .filter(|l| l.starts_with("end"))
-        .count()
-        - 3 * SESSIONS;
+        .count();
     println!(
-        "model calls made again (cut off by the kill before their result was stored): {repeated}"
+        "model calls answered: {answered} for {} asked by the sessions",
+        3 * SESSIONS
     );
 }
