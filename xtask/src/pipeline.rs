@@ -53,6 +53,14 @@ fn steps(packages: &[String]) -> Vec<Step> {
             &["clippy"],
             &["--all-targets", "--", "-D", "warnings"],
         ),
+        // The libraries and binaries as users build them for production:
+        // code behind `cfg(debug_assertions)` or `cfg(test)` can break a
+        // release build that every other step passes.
+        with_scope(
+            "release",
+            &["clippy"],
+            &["--release", "--", "-D", "warnings"],
+        ),
         // Unit, integration and doc tests of every crate, and xtask's tidy test.
         Step {
             counts_tests: true,
@@ -234,6 +242,7 @@ mod tests {
             [
                 "cargo fmt --all --check",
                 "cargo clippy --workspace --all-targets -- -D warnings",
+                "cargo clippy --workspace --release -- -D warnings",
                 "cargo test --workspace",
                 "cargo clippy -p markov --all-features --all-targets -- -D warnings",
                 "cargo test -p markov --all-features",
@@ -249,6 +258,7 @@ mod tests {
             [
                 "cargo fmt --all --check",
                 "cargo clippy -p markov-core --all-targets -- -D warnings",
+                "cargo clippy -p markov-core --release -- -D warnings",
                 "cargo test -p markov-core",
                 "RUSTDOCFLAGS='-D warnings' cargo doc -p markov-core --no-deps",
             ]
