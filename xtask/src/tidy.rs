@@ -794,6 +794,17 @@ const LAYERS: &[Layer] = &[
         reason: "the Restate adapter drives the executor's loop; only the facade and the cli may build on it",
     },
     Layer {
+        package: "markov-temporal",
+        allowed: &[
+            "markov-core",
+            "markov-charter",
+            "markov-policy",
+            "markov-executor",
+        ],
+        forbidden: &[],
+        reason: "the Temporal adapter drives the executor's loop; only the cli may build on it",
+    },
+    Layer {
         package: "markov-executor",
         allowed: &[
             "markov-core",

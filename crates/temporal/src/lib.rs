@@ -78,12 +78,13 @@ use tokio::sync::{mpsc, oneshot};
 
 mod activities;
 mod client;
+mod worker;
 mod workflow;
 
 pub use client::{SessionClient, TemporalError};
+pub use worker::SessionWorker;
 pub use workflow::{
-    ApprovalDecision, MarkovSession, PendingApproval, SessionInput, SessionStatus, SessionWorker,
-    TurnResult,
+    ApprovalDecision, MarkovSession, PendingApproval, SessionInput, SessionStatus, TurnResult,
 };
 
 /// The text of the result of an at-most-once call whose activity was
@@ -619,6 +620,10 @@ pub struct StepOptions {
     /// Continue as new after a turn once the workflow's history has this
     /// many events. Default: 2 000.
     pub continue_after_events: u32,
+    /// How long a workflow task waits for the worker that ran the session
+    /// last (Temporal's sticky queue) before any worker may take it: after
+    /// a worker dies, its sessions resume no sooner. Default: 10 seconds.
+    pub sticky_timeout: Duration,
 }
 
 impl Default for StepOptions {
@@ -628,6 +633,7 @@ impl Default for StepOptions {
             heartbeat_timeout: Duration::from_secs(10),
             max_attempts: 5,
             continue_after_events: 2_000,
+            sticky_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -651,6 +657,13 @@ impl StepOptions {
     #[must_use]
     pub fn with_max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
+        self
+    }
+
+    /// Sets [`StepOptions::sticky_timeout`].
+    #[must_use]
+    pub fn with_sticky_timeout(mut self, timeout: Duration) -> Self {
+        self.sticky_timeout = timeout;
         self
     }
 

@@ -16,8 +16,7 @@ use temporalio_sdk::{
 };
 
 use crate::activities::MarkovActivities;
-use crate::client::{SessionClient, TemporalError};
-use crate::{StepInput, StepOptions, Steps, drive, interrupted_value};
+use crate::{StepInput, StepOptions, drive, interrupted_value};
 
 /// What a turn answers: the last step's text, whether the machine is done,
 /// and the length of the history after the turn.
@@ -149,11 +148,15 @@ mod session {
                 )
                 .into());
             };
-            let mut machine = match input.snapshot {
-                Some(snapshot) => restore(&agent, snapshot)?,
+            let mut machine = match &input.snapshot {
+                Some(snapshot) => restore(&agent, snapshot.clone())?,
                 None => agent.machine(),
             };
             ctx.state_mut(|s| {
+                // A run continued as new answers the snapshot it carries over.
+                if let Some(snapshot) = input.snapshot {
+                    s.snapshot = snapshot;
+                }
                 s.inbox.extend(input.inbox);
                 s.status.turns = input.turns;
                 s.status.queued = s.inbox.len();
@@ -227,6 +230,20 @@ mod session {
         #[query]
         pub fn snapshot(&self, _ctx: &WorkflowContextView) -> Value {
             self.snapshot.clone()
+        }
+    }
+}
+
+impl MarkovSession {
+    /// The instance the worker's factory makes for each workflow run.
+    pub(crate) fn for_agent(agent: Agent, options: Arc<StepOptions>) -> Self {
+        MarkovSession {
+            agent: Some(agent),
+            options,
+            inbox: VecDeque::new(),
+            decisions: HashMap::new(),
+            status: SessionStatus::default(),
+            snapshot: Value::Null,
         }
     }
 }
@@ -409,76 +426,5 @@ async fn serve(
                     }
                 })
         }
-    }
-}
-
-/// Runs an [`Agent`] as the workflow [`MarkovSession`] on a task queue,
-/// with the activities that call its registered model and tools.
-#[derive(Debug, Clone)]
-pub struct SessionWorker {
-    agent: Agent,
-    steps: Steps,
-    options: StepOptions,
-}
-
-impl SessionWorker {
-    /// Serves `agent`, whose model and tools were registered in `steps`
-    /// ([`Steps::model`], [`Steps::tool`]): what is not registered runs in
-    /// the workflow itself, again on every replay.
-    pub fn new(agent: Agent, steps: Steps) -> Self {
-        SessionWorker {
-            agent,
-            steps,
-            options: StepOptions::default(),
-        }
-    }
-
-    /// Schedules the activities with `options`.
-    #[must_use]
-    pub fn with_options(mut self, options: StepOptions) -> Self {
-        self.options = options;
-        self
-    }
-
-    /// Polls `client`'s task queue until the process ends or the worker
-    /// fails.
-    ///
-    /// # Errors
-    /// The worker could not be made (no Tokio runtime, a bad option) or
-    /// stopped on an error.
-    pub async fn run(self, client: &SessionClient) -> Result<(), TemporalError> {
-        let runtime = temporalio_sdk::Runtime::from_current_tokio(Default::default())
-            .map_err(|e| TemporalError::Worker(e.to_string()))?;
-        let agent = self.agent;
-        let options = Arc::new(self.options);
-        let heartbeat_every =
-            (options.heartbeat_timeout / 3).max(std::time::Duration::from_millis(100));
-        let factory_options = Arc::clone(&options);
-        let worker_options = temporalio_sdk::WorkerOptions::new(client.task_queue())
-            .register_workflow_with_factory::<MarkovSession, _>(move || MarkovSession {
-                agent: Some(agent.clone()),
-                options: Arc::clone(&factory_options),
-                inbox: VecDeque::new(),
-                decisions: HashMap::new(),
-                status: SessionStatus::default(),
-                snapshot: Value::Null,
-            })
-            .map_err(|e| TemporalError::Worker(e.to_string()))?
-            .register_activities(MarkovActivities {
-                steps: self.steps,
-                heartbeat_every,
-            })
-            // The machine and the activities meet over in-process channels,
-            // woken inside the workflow's own poll: deterministic, but not
-            // the SDK's wakers.
-            .detect_nondeterministic_futures(false)
-            .build();
-        let mut worker =
-            temporalio_sdk::Worker::new(&runtime, client.inner().clone(), worker_options)
-                .map_err(|e| TemporalError::Worker(e.to_string()))?;
-        worker
-            .run()
-            .await
-            .map_err(|e| TemporalError::Worker(e.to_string()))
     }
 }

@@ -17,6 +17,9 @@
 //!   instructions and a tool `tally` added; `v3`: that, and the `guarded` tool
 //!   removed.
 //!
+//! - `MARKOV_FIXTURE_CONTINUE_AFTER`: continue as new after a turn once the
+//!   history has that many events.
+//!
 //! Connects to `MARKOV_TEMPORAL_ADDRESS`, polls the task queue
 //! `MARKOV_FIXTURE_QUEUE`, and prints `ready` once its worker is made.
 
@@ -242,7 +245,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .tools_with(tools)
         .build()?;
     let client = SessionClient::connect(&address, "default", &queue).await?;
-    let options = StepOptions::default().with_heartbeat_timeout(Duration::from_secs(2));
+    let mut options = StepOptions::default()
+        .with_heartbeat_timeout(Duration::from_secs(2))
+        .with_sticky_timeout(Duration::from_secs(2));
+    if let Some(events) = std::env::var("MARKOV_FIXTURE_CONTINUE_AFTER")
+        .ok()
+        .and_then(|e| e.parse().ok())
+    {
+        options = options.with_continue_after_events(events);
+    }
     println!("ready");
     SessionWorker::new(agent, steps)
         .with_options(options)

@@ -1,5 +1,6 @@
 //! Scenario tests against a real `temporal server start-dev` on loopback.
 
+mod continued;
 mod kills;
 mod overhead;
 mod redeploy;

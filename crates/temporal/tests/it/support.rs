@@ -86,6 +86,7 @@ pub(crate) fn kill_group(child: &mut Child) {
 /// One `temporal server start-dev` on loopback with its own database file.
 pub(crate) struct Server {
     child: Child,
+    binary: PathBuf,
     pub(crate) address: String,
     _dir: TempDir,
 }
@@ -128,6 +129,7 @@ impl Server {
                 if healthy {
                     return Some(Server {
                         child,
+                        binary: binary.clone(),
                         address: format!("http://{address}"),
                         _dir: dir,
                     });
@@ -141,6 +143,23 @@ impl Server {
             );
         }
         panic!("temporal server did not start in five attempts");
+    }
+
+    /// The runs (executions) of workflow `id`, newest first, as the CLI
+    /// lists them: each with its `status`.
+    pub(crate) fn runs(&self, id: &str) -> Vec<Value> {
+        let output = Command::new(&self.binary)
+            .args(["workflow", "list", "--output", "json", "--address"])
+            .arg(self.address.trim_start_matches("http://"))
+            .args(["--query", &format!("WorkflowId = '{id}'")])
+            .output()
+            .expect("the CLI runs");
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "the CLI's list is not JSON ({e}): {}",
+                String::from_utf8_lossy(&output.stdout)
+            )
+        })
     }
 
     /// A client on task queue `queue`.
@@ -167,6 +186,7 @@ pub(crate) struct Fixture {
     stall: Option<String>,
     quiet: bool,
     agent: String,
+    continue_after: Option<u32>,
 }
 
 impl Fixture {
@@ -184,9 +204,35 @@ impl Fixture {
             stall: stall.map(str::to_owned),
             quiet: false,
             agent: "v1".to_owned(),
+            continue_after: None,
         };
         fixture.spawn();
         fixture
+    }
+
+    /// Starts the fixture continuing its workflows as new after a turn
+    /// once their history has `events` events.
+    pub(crate) fn start_continuing(server: &Server, dir: &Path, events: u32) -> Fixture {
+        let mut fixture = Fixture::start_stopped(server, dir);
+        fixture.continue_after = Some(events);
+        fixture.spawn();
+        fixture
+    }
+
+    fn start_stopped(server: &Server, dir: &Path) -> Fixture {
+        Fixture {
+            child: None,
+            address: server.address.clone(),
+            queue: format!(
+                "markov-{}",
+                dir.file_name().and_then(|n| n.to_str()).unwrap_or("test")
+            ),
+            dir: dir.to_owned(),
+            stall: None,
+            quiet: false,
+            agent: "v1".to_owned(),
+            continue_after: None,
+        }
     }
 
     /// Starts the fixture with no logs, for timing.
@@ -199,6 +245,7 @@ impl Fixture {
             stall: None,
             quiet: true,
             agent: "v1".to_owned(),
+            continue_after: None,
         };
         fixture.spawn();
         fixture
@@ -215,6 +262,9 @@ impl Fixture {
             .stderr(Stdio::inherit());
         if self.quiet {
             command.env("MARKOV_FIXTURE_QUIET", "1");
+        }
+        if let Some(events) = self.continue_after {
+            command.env("MARKOV_FIXTURE_CONTINUE_AFTER", events.to_string());
         }
         if let Some(stall) = &self.stall {
             command.env("MARKOV_FIXTURE_STALL", stall);
