@@ -2,8 +2,9 @@
 //! `MarkovSession` whose model and tools write what really happened to
 //! files in `MARKOV_FIXTURE_DIR`.
 //!
-//! - `model.log`: `begin N` and `end N` around each real model call, `N`
-//!   being the assistant messages the request holds (the step's index).
+//! - `model.log`: `begin N V` and `end N` around each real model call, `N`
+//!   being the assistant messages the request holds (the step's index) and
+//!   `V` the agent's version the instructions name (`v1`, `v2`).
 //! - `effects.log`: `effect <tool> <note> <idempotency key>`, once per real
 //!   side effect.
 //! - `MARKOV_FIXTURE_STALL` = `model:N` stalls the first model call of step
@@ -15,6 +16,9 @@
 //!   sessions are in flight when a test kills something.
 //! - `MARKOV_FIXTURE_QUIET` set: no logs written (for timing the journal
 //!   alone).
+//! - `MARKOV_FIXTURE_AGENT` = `v2`: the agent changed for a redeploy: new
+//!   instructions and a tool `tally` added; `v3`: that, and the `guarded`
+//!   tool removed.
 //!
 //! Prints `listening <port>` once it serves on a loopback port (a free
 //! one, or `MARKOV_FIXTURE_PORT`).
@@ -79,8 +83,13 @@ impl Model for FileModel {
             .iter()
             .filter(|m| m.role == Role::Assistant)
             .count();
+        let version = if request.system().contains("briefly") {
+            "v2"
+        } else {
+            "v1"
+        };
         let log = self.dir.join("model.log");
-        append(&log, &format!("begin {step}"));
+        append(&log, &format!("begin {step} {version}"));
         stall_once(&self.dir, &format!("model:{step}")).await;
         if let Some(ms) = std::env::var("MARKOV_FIXTURE_MODEL_MS")
             .ok()
@@ -183,24 +192,53 @@ impl Tool for Guarded {
     }
 }
 
+/// The tool the changed agent adds.
+struct Tally;
+
+#[async_trait]
+impl Tool for Tally {
+    const NAME: &'static str = "tally";
+    type Args = NoteArgs;
+    type Output = String;
+    type Error = std::convert::Infallible;
+
+    fn description(&self) -> String {
+        "Count a note.".into()
+    }
+
+    async fn call(&self, args: NoteArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+        Ok(format!("counted {}", args.note))
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = PathBuf::from(
         std::env::var_os("MARKOV_FIXTURE_DIR").ok_or("MARKOV_FIXTURE_DIR is not set")?,
     );
+    let version = std::env::var("MARKOV_FIXTURE_AGENT").unwrap_or_else(|_| "v1".to_owned());
+    let mut tools = vec![(
+        journaled(Record { dir: dir.clone() })?,
+        ToolMetadata::new(Category::Action),
+    )];
+    if version != "v3" {
+        tools.push((
+            journaled(Guarded { dir: dir.clone() })?,
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        ));
+    }
+    if version != "v1" {
+        tools.push((journaled(Tally)?, ToolMetadata::new(Category::Retrieval)));
+    }
+    let instructions = if version == "v1" {
+        "Record what you are asked to."
+    } else {
+        "Record what you are asked to, briefly."
+    };
     let agent = Agent::builder("fixture")
-        .instructions("Record what you are asked to.")
+        .instructions(instructions)
         .model(JournaledModel::new(FileModel { dir: dir.clone() }))
-        .tools_with([
-            (
-                journaled(Record { dir: dir.clone() })?,
-                ToolMetadata::new(Category::Action),
-            ),
-            (
-                journaled(Guarded { dir: dir.clone() })?,
-                ToolMetadata::new(Category::Action).with_confirmation(),
-            ),
-        ])
+        .tools_with(tools)
         .build()?;
     // A restarted service binds the port it had: Restate sends an
     // invocation's retries to the deployment it started on.

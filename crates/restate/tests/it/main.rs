@@ -3,4 +3,5 @@
 mod cluster;
 mod kills;
 mod overhead;
+mod redeploy;
 mod support;

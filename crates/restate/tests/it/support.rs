@@ -176,6 +176,7 @@ pub(crate) struct Fixture {
     stall: Option<String>,
     quiet: bool,
     model_ms: Option<u64>,
+    agent: String,
 }
 
 impl Fixture {
@@ -188,6 +189,7 @@ impl Fixture {
             stall: stall.map(str::to_owned),
             quiet: false,
             model_ms: None,
+            agent: "v1".to_owned(),
         };
         fixture.spawn();
         fixture
@@ -202,6 +204,7 @@ impl Fixture {
             stall: None,
             quiet: false,
             model_ms: Some(ms),
+            agent: "v1".to_owned(),
         };
         fixture.spawn();
         fixture
@@ -216,6 +219,7 @@ impl Fixture {
             stall: None,
             quiet: true,
             model_ms: None,
+            agent: "v1".to_owned(),
         };
         fixture.spawn();
         fixture
@@ -226,6 +230,7 @@ impl Fixture {
         command
             .env("MARKOV_FIXTURE_DIR", &self.dir)
             .env("MARKOV_FIXTURE_PORT", self.port.to_string())
+            .env("MARKOV_FIXTURE_AGENT", &self.agent)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         if let Some(ms) = self.model_ms {
@@ -254,6 +259,15 @@ impl Fixture {
     /// SIGKILL, then a new process on the same port.
     pub(crate) fn kill_and_restart(&mut self) {
         self.kill();
+        self.spawn();
+    }
+
+    /// SIGKILL, then a new process on the same port serving the agent
+    /// `version` (`v2`: new instructions and a tool added; `v3`: the
+    /// `guarded` tool removed too).
+    pub(crate) fn redeploy(&mut self, version: &str) {
+        self.kill();
+        version.clone_into(&mut self.agent);
         self.spawn();
     }
 
@@ -422,6 +436,23 @@ impl Client {
             .send()
             .await
             .expect("the ingress answers")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// The invocation's status and last failure, as the admin API's
+    /// `sys_invocation` table has them.
+    pub(crate) async fn invocation_state(&self, invocation: &str) -> Value {
+        self.http
+            .post(format!("{}/query", self.admin))
+            .header("accept", "application/json")
+            .json(&json!({ "query": format!(
+                "SELECT status, retry_count, last_failure, last_failure_error_code FROM sys_invocation WHERE id = '{invocation}'"
+            ) }))
+            .send()
+            .await
+            .expect("the admin API answers")
             .json()
             .await
             .expect("json")
