@@ -83,9 +83,10 @@ pub struct SessionStatus {
     pub queued: usize,
 }
 
-/// The workflow's input: a new session (`SessionInput::default()`), or the
-/// session carried over by continue-as-new.
+/// The workflow's input: a new session (`SessionInput::default()`, `{}` as
+/// JSON), or the session carried over by continue-as-new.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
 #[non_exhaustive]
 pub struct SessionInput {
     /// The machine's snapshot (`SerializedMachine` as JSON); `None` for a
