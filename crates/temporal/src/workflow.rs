@@ -37,7 +37,7 @@ pub struct TurnResult {
 }
 
 /// A call that waits for the application's decision: answer it with
-/// [`SessionClient::decide`] and this `id`.
+/// [`SessionClient::decide`](crate::SessionClient::decide) and this `id`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct PendingApproval {
