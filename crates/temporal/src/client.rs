@@ -12,6 +12,19 @@ use temporalio_client::{
 
 use crate::workflow::{ApprovalDecision, MarkovSession, SessionInput, SessionStatus};
 
+/// The longest one call to the server may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `call`, bounded by [`CALL_TIMEOUT`].
+async fn bounded<T>(
+    what: &str,
+    call: impl Future<Output = Result<T, TemporalError>>,
+) -> Result<T, TemporalError> {
+    tokio::time::timeout(CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| Err(TemporalError::Timeout(CALL_TIMEOUT, what.to_owned())))
+}
+
 /// A failure talking to the Temporal server.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -79,6 +92,15 @@ impl SessionClient {
         })
     }
 
+    /// A client made by the application (TLS, an API key, other options of
+    /// `temporalio_client`), on task queue `task_queue`.
+    pub fn from_client(client: Client, task_queue: &str) -> Self {
+        SessionClient {
+            client,
+            task_queue: task_queue.to_owned(),
+        }
+    }
+
     /// The task queue the workers poll.
     pub fn task_queue(&self) -> &str {
         &self.task_queue
@@ -92,66 +114,78 @@ impl SessionClient {
     /// not running.
     ///
     /// # Errors
-    /// [`TemporalError::Signal`].
+    /// [`TemporalError::Signal`], or [`TemporalError::Timeout`] after 30 s.
     pub async fn send(&self, session: &str, message: &str) -> Result<(), TemporalError> {
-        self.client
-            .signal_with_start_workflow(
-                MarkovSession::run,
-                SessionInput::default(),
-                MarkovSession::send,
-                message.to_owned(),
-                WorkflowStartOptions::new(self.task_queue.clone(), session.to_owned()).build(),
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| TemporalError::Signal(e.to_string()))
+        bounded("send", async {
+            self.client
+                .signal_with_start_workflow(
+                    MarkovSession::run,
+                    SessionInput::default(),
+                    MarkovSession::send,
+                    message.to_owned(),
+                    WorkflowStartOptions::new(self.task_queue.clone(), session.to_owned()).build(),
+                )
+                .await
+                .map(|_| ())
+                .map_err(|e| TemporalError::Signal(e.to_string()))
+        })
+        .await
     }
 
     /// Decides the pending call `id` of `session` (a
     /// [`PendingApproval`](crate::PendingApproval)'s id).
     ///
     /// # Errors
-    /// [`TemporalError::Signal`].
+    /// [`TemporalError::Signal`], or [`TemporalError::Timeout`] after 30 s.
     pub async fn decide(
         &self,
         session: &str,
         id: &str,
         decision: Decision,
     ) -> Result<(), TemporalError> {
-        self.client
-            .get_workflow_handle::<MarkovSession>(session)
-            .signal(
-                MarkovSession::decide,
-                ApprovalDecision::new(id, decision),
-                WorkflowSignalOptions::default(),
-            )
-            .await
-            .map_err(|e| TemporalError::Signal(e.to_string()))
+        bounded("decide", async {
+            self.client
+                .get_workflow_handle::<MarkovSession>(session)
+                .signal(
+                    MarkovSession::decide,
+                    ApprovalDecision::new(id, decision),
+                    WorkflowSignalOptions::default(),
+                )
+                .await
+                .map_err(|e| TemporalError::Signal(e.to_string()))
+        })
+        .await
     }
 
     /// Where `session` stands (answered by a worker).
     ///
     /// # Errors
-    /// [`TemporalError::Query`].
+    /// [`TemporalError::Query`], or [`TemporalError::Timeout`] after 30 s.
     pub async fn status(&self, session: &str) -> Result<SessionStatus, TemporalError> {
-        self.client
-            .get_workflow_handle::<MarkovSession>(session)
-            .query(MarkovSession::status, (), WorkflowQueryOptions::default())
-            .await
-            .map_err(|e| TemporalError::Query(e.to_string()))
+        bounded("status", async {
+            self.client
+                .get_workflow_handle::<MarkovSession>(session)
+                .query(MarkovSession::status, (), WorkflowQueryOptions::default())
+                .await
+                .map_err(|e| TemporalError::Query(e.to_string()))
+        })
+        .await
     }
 
     /// `session`'s machine as markov's snapshot JSON (`null` before its
     /// first turn).
     ///
     /// # Errors
-    /// [`TemporalError::Query`].
+    /// [`TemporalError::Query`], or [`TemporalError::Timeout`] after 30 s.
     pub async fn snapshot(&self, session: &str) -> Result<Value, TemporalError> {
-        self.client
-            .get_workflow_handle::<MarkovSession>(session)
-            .query(MarkovSession::snapshot, (), WorkflowQueryOptions::default())
-            .await
-            .map_err(|e| TemporalError::Query(e.to_string()))
+        bounded("snapshot", async {
+            self.client
+                .get_workflow_handle::<MarkovSession>(session)
+                .query(MarkovSession::snapshot, (), WorkflowQueryOptions::default())
+                .await
+                .map_err(|e| TemporalError::Query(e.to_string()))
+        })
+        .await
     }
 
     /// Waits (at most `timeout`) until `ready` holds for `session`'s status,
