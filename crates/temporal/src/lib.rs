@@ -38,6 +38,9 @@
 //! - A tool run as an activity sees the machine's state as it was when the
 //!   call started and no history ([`ToolContext::history`] is empty); its
 //!   state updates are applied by the workflow when the activity answers.
+//! - A tool's `ToolMetadata::timeout` would run a clock inside the
+//!   workflow, which a replay does not repeat: bound calls with
+//!   [`StepOptions::call_timeout`] instead.
 //!
 //! ```no_run
 //! use markov_executor::Agent;
