@@ -94,41 +94,165 @@ impl MarkovActivities {
                 );
             }
         };
-        if input.at_most_once && ctx.info().attempt > 1 {
-            tracing::warn!(tool = %input.tool, call = %input.call_id, "an at-most-once call started before a crash is answered as interrupted");
-            return Ok(interrupted_value());
-        }
-        let Some(tool) = self.steps.tool_named(&input.tool) else {
-            // A worker whose agent no longer has the tool: the model reads why.
-            tracing::warn!(tool = %input.tool, "a recorded call names a tool this worker does not have");
-            let outcome = RecordedOutcome::from_result(Err(ToolCallError::Execution(format!(
-                "the tool `{}` is not available any more",
-                input.tool
-            ))));
-            return Ok(tool_value(outcome, Vec::new()));
-        };
-        let call_id = ToolCallId::new(input.call_id.as_str());
-        let state = RecordingState::new(input.state);
-        let key_text = input.idempotency_key.clone().unwrap_or_default();
-        let make = move || key_text.clone();
-        let key = IdempotencyKey::new(&make);
+        let attempt = ctx.info().attempt;
+        let every = self.heartbeat_every;
+        Ok(run_tool(&self.steps, input, attempt, Some((&ctx, every))).await)
+    }
+}
+
+/// Runs the tool call `input` describes on attempt `attempt`, heartbeating
+/// through `heartbeat` (an activity's context and how often) while the
+/// tool runs, and answers the value the workflow records.
+async fn run_tool(
+    steps: &Steps,
+    input: ToolInput,
+    attempt: u32,
+    heartbeat: Option<(&ActivityContext, Duration)>,
+) -> Value {
+    if input.at_most_once && attempt > 1 {
+        tracing::warn!(tool = %input.tool, call = %input.call_id, "an at-most-once call started before a crash is answered as interrupted");
+        return interrupted_value();
+    }
+    let Some(tool) = steps.tool_named(&input.tool) else {
+        // A worker whose agent no longer has the tool: the model reads why.
+        tracing::warn!(tool = %input.tool, "a recorded call names a tool this worker does not have");
+        let outcome = RecordedOutcome::from_result(Err(ToolCallError::Execution(format!(
+            "the tool `{}` is not available any more",
+            input.tool
+        ))));
+        return tool_value(outcome, Vec::new());
+    };
+    let call_id = ToolCallId::new(input.call_id.as_str());
+    let state = RecordingState::new(input.state);
+    let key_text = input.idempotency_key.clone().unwrap_or_default();
+    let make = move || key_text.clone();
+    let key = IdempotencyKey::new(&make);
+    let result = {
         let mut cx = ToolContext::new(&call_id, &[], &state);
         if input.idempotency_key.is_some() {
             cx = cx.with_idempotency_key(&key);
         }
-        let result = heartbeating(&ctx, self.heartbeat_every, async {
-            let outcome = RecordedOutcome::from_result(tool.call_json(&input.args, cx).await);
+        let args = &input.args;
+        let work = async move {
+            let outcome = RecordedOutcome::from_result(tool.call_json(args, cx).await);
             serde_json::to_value(outcome).unwrap_or_else(|e| {
                 serde_json::json!({ "kind": "failed", "message": format!("the result could not be recorded: {e}") })
             })
-        })
-        .await;
-        let patches = state.into_patches();
-        Ok(serde_json::json!({ "outcome": result, "patches": patches }))
-    }
+        };
+        match heartbeat {
+            Some((ctx, every)) => heartbeating(ctx, every, work).await,
+            None => work.await,
+        }
+    };
+    let patches = state.into_patches();
+    serde_json::json!({ "outcome": result, "patches": patches })
 }
 
 /// A retryable failure as the error Temporal retries on.
 fn anyhow_message(message: &str) -> std::io::Error {
     std::io::Error::other(message.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use markov_core::async_trait;
+    use markov_core::tool::Tool;
+    use schemars::JsonSchema;
+    use serde::Deserialize;
+    use serde_json::json;
+
+    use super::*;
+
+    #[derive(Debug, Deserialize, JsonSchema)]
+    struct Args {
+        n: u32,
+    }
+
+    /// Counts its runs and writes `n` to the state.
+    struct Count(Arc<AtomicUsize>);
+
+    #[async_trait]
+    impl Tool for Count {
+        const NAME: &'static str = "count";
+        type Args = Args;
+        type Output = String;
+        type Error = std::convert::Infallible;
+
+        fn description(&self) -> String {
+            "Count.".into()
+        }
+
+        async fn call(&self, args: Args, cx: &ToolContext<'_>) -> Result<String, Self::Error> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            let _ = cx.state_access().update_state(json!({ "n": args.n }));
+            Ok(format!(
+                "counted {} with {}",
+                args.n,
+                cx.idempotency_key().unwrap_or("-")
+            ))
+        }
+    }
+
+    fn input(tool: &str, at_most_once: bool) -> ToolInput {
+        ToolInput {
+            tool: tool.to_owned(),
+            args: json!({"n": 3}),
+            call_id: "call_1".to_owned(),
+            idempotency_key: Some("key-1".to_owned()),
+            state: json!({"n": 1}),
+            at_most_once,
+        }
+    }
+
+    fn steps() -> (Steps, Arc<AtomicUsize>) {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let steps = Steps::new();
+        steps.tool(Count(Arc::clone(&runs))).expect("a tool");
+        (steps, runs)
+    }
+
+    #[tokio::test]
+    async fn a_tool_call_answers_its_outcome_and_state_updates() {
+        let (steps, runs) = steps();
+        let value = run_tool(&steps, input("count", true), 1, None).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            value["outcome"]["value"],
+            json!("counted 3 with key-1"),
+            "{value}"
+        );
+        assert_eq!(value["patches"], json!([{"n": 3}]));
+    }
+
+    #[tokio::test]
+    async fn a_second_attempt_of_an_at_most_once_call_does_not_run_it() {
+        let (steps, runs) = steps();
+        let value = run_tool(&steps, input("count", true), 2, None).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert_eq!(value, interrupted_value());
+    }
+
+    #[tokio::test]
+    async fn a_second_attempt_of_an_at_least_once_call_runs_it_again() {
+        let (steps, runs) = steps();
+        let value = run_tool(&steps, input("count", false), 2, None).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert_eq!(value["outcome"]["kind"], "value", "{value}");
+    }
+
+    #[tokio::test]
+    async fn a_call_to_a_tool_this_worker_lacks_answers_an_error_the_model_reads() {
+        let (steps, runs) = steps();
+        let value = run_tool(&steps, input("gone", false), 1, None).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+        assert_eq!(value["outcome"]["kind"], "failed", "{value}");
+        assert!(
+            value["outcome"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("`gone` is not available")),
+            "{value}"
+        );
+    }
 }
