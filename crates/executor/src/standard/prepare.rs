@@ -124,7 +124,7 @@ pub(super) fn prepare(
     let ancestors = ancestor_views(cx);
     let mut tools = generate_tools_cached(cx.charter, node, &ancestors, cx.is_worker())?;
     if let Some(binding) = registry {
-        tools = binding.offered_tools(&tools);
+        tools = binding.offered_tools(&tools, &cx.policy.found());
     }
     let packs = if cx.root().packs().is_empty() {
         node.packs()

@@ -28,5 +28,6 @@ mod terminal_tools;
 mod token_count;
 mod tool_choice;
 mod tool_choice_rules;
+mod tool_search;
 mod tree;
 mod usage;
