@@ -456,6 +456,8 @@ pub struct RegistryBinding {
     /// Offered tool lists by the address of the list they extend (which is
     /// kept alive here, so the address is not reused).
     offered: std::sync::Mutex<Vec<OfferedList>>,
+    /// The deferred tools the mode allows, made on first use.
+    deferred: std::sync::OnceLock<Arc<[markov_core::tool::ToolName]>>,
 }
 
 /// One offered list, by what it was made from.
@@ -477,7 +479,30 @@ impl RegistryBinding {
             registry,
             mode,
             offered: std::sync::Mutex::new(Vec::new()),
+            deferred: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The names of the deferred tools the mode allows, in registration
+    /// order: what a provider's own tool search is sent as deferred (with
+    /// [`all_tools`](Self::all_tools)).
+    pub fn deferred_names(&self) -> Arc<[markov_core::tool::ToolName]> {
+        Arc::clone(self.deferred.get_or_init(|| {
+            self.registry
+                .entries
+                .iter()
+                .filter(|e| e.metadata.is_deferred() && e.metadata.allows(&self.mode))
+                .map(|e| e.tool.definition().name.clone())
+                .collect()
+        }))
+    }
+
+    /// Whether calls offered through this binding use a provider's own
+    /// tool search when `model_searches` (the model's
+    /// `native_tool_search`): some tool is deferred and the registry's
+    /// [`ToolSearch`](crate::ToolSearch) allows it.
+    pub fn uses_native_search(&self, model_searches: bool) -> bool {
+        model_searches && self.registry.has_deferred() && self.registry.config.tool_search.native
     }
 
     /// The tools to offer a leaf whose own tool list is `base`, with the

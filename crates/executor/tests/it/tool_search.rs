@@ -456,3 +456,85 @@ async fn a_found_at_most_once_call_interrupted_is_answered_interrupted_after_a_r
     assert_eq!(results.len(), 2, "{results:?}");
     assert!(results[1].contains("\"INTERRUPTED\""), "{}", results[1]);
 }
+
+// --- a provider's own tool search ----------------------------------------------
+
+/// A scripted model whose provider searches tools itself, keeping the
+/// deferred tools of each request.
+#[derive(Debug)]
+struct Native {
+    inner: Arc<ScriptedModel>,
+    deferred: Mutex<Vec<Vec<String>>>,
+}
+
+#[async_trait]
+impl markov_core::model::ModelLayer for Native {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.inner
+    }
+
+    async fn complete(
+        &self,
+        request: markov_core::model::ModelRequest<'_>,
+    ) -> Result<markov_core::model::ModelResponse, markov_core::model::ModelError> {
+        self.deferred.lock().expect("lock").push(
+            request
+                .deferred_tools()
+                .iter()
+                .map(|n| n.as_str().to_owned())
+                .collect(),
+        );
+        markov_core::model::Model::complete(&*self.inner, request).await
+    }
+
+    fn native_tool_search(&self) -> bool {
+        true
+    }
+}
+
+#[tokio::test]
+async fn a_provider_with_its_own_tool_search_is_sent_every_tool_with_the_deferred_marked() {
+    for native in [true, false] {
+        let pay = Pay::default();
+        let scripted = Arc::new(
+            ScriptedModel::builder()
+                .tool_call("pay", json!({"amount": 4}))
+                .text("Paid.")
+                .build(),
+        );
+        let model = Arc::new(Native {
+            inner: Arc::clone(&scripted),
+            deferred: Mutex::new(Vec::new()),
+        });
+        let config =
+            PolicyConfig::new(Budget::UNLIMITED).tool_search(ToolSearch::new().native(native));
+        let (charter, node) = charter_and_node();
+        let mut m = machine_on(
+            charter,
+            StandardExecutor::shared(model.clone()).with_registry(
+                registry(config, &pay, ToolMetadata::new(Category::Action)),
+                Mode::TEXT,
+            ),
+            Instance::new(node, json!({})),
+        )
+        .expect("machine builds");
+        m.enqueue_user("pay 4");
+        run_all(&mut m, RunOptions::default()).await;
+        // The provider found `pay`; its call runs through the registry.
+        assert_eq!(pay.paid(), [4], "native: {native}");
+        let offered = offered(&scripted);
+        let deferred = model.deferred.lock().expect("lock").clone();
+        if native {
+            assert_eq!(offered[0].len(), 42, "lookup, pay and the 40 fillers");
+            assert!(!offered[0].iter().any(|n| n == "search_tools"));
+            assert_eq!(deferred[0].len(), 41, "pay and the fillers");
+            assert_eq!(deferred[0][0], "pay");
+            assert!(!deferred[0].iter().any(|n| n == "lookup"));
+        } else {
+            assert_eq!(offered[0], ["lookup", "search_tools"]);
+            assert!(deferred[0].is_empty());
+        }
+    }
+}
