@@ -94,7 +94,8 @@ pub mod prelude {
     };
     pub use markov_macros::tool;
     pub use markov_policy::{
-        ApprovalFlow, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
+        ApprovalFlow, Budget, Category, Decision, FoundScope, Mode, PolicyConfig, ToolMetadata,
+        ToolRegistry, ToolSearch,
     };
     #[cfg(feature = "server")]
     pub use markov_server::{Server, create_api_key};
@@ -132,4 +133,7 @@ pub mod guide {
     /// `docs/guide/tools-and-policies.md`.
     #[doc = include_str!("../../../docs/guide/tools-and-policies.md")]
     pub struct ToolsAndPolicies;
+    /// `docs/guide/many-tools-and-agents.md`.
+    #[doc = include_str!("../../../docs/guide/many-tools-and-agents.md")]
+    pub struct ManyToolsAndAgents;
 }
