@@ -550,6 +550,31 @@ pub struct ToolContext<'a> {
     history: &'a [Message],
     state: &'a dyn StateAccess,
     idempotency_key: Option<&'a IdempotencyKey<'a>>,
+    usage: Option<&'a UsageSink>,
+}
+
+/// Usage spent inside tool calls (a sub-agent's model calls, say) that the
+/// caller's step counts as its own: in its usage, its cost and its limits.
+/// The machine's tool path gives each call one
+/// ([`ToolContext::report_usage`]).
+#[derive(Debug, Default)]
+pub struct UsageSink(std::sync::Mutex<crate::usage::Usage>);
+
+impl UsageSink {
+    /// Nothing spent yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `usage`.
+    pub fn add(&self, usage: crate::usage::Usage) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) += usage;
+    }
+
+    /// What was added since the last take.
+    pub fn take(&self) -> crate::usage::Usage {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 /// A call's idempotency key, made the first time a tool asks for it (most
@@ -606,6 +631,28 @@ impl<'a> ToolContext<'a> {
             history,
             state,
             idempotency_key: None,
+            usage: None,
+        }
+    }
+
+    /// Sets where the call's own usage goes (see
+    /// [`report_usage`](Self::report_usage)).
+    #[must_use]
+    pub fn with_usage_sink(mut self, sink: &'a UsageSink) -> Self {
+        self.usage = Some(sink);
+        self
+    }
+
+    /// Reports usage the call spent (a sub-agent's model calls): the
+    /// machine adds it to the step's usage, cost and limits. `false` when
+    /// nothing counts it (a context made by hand).
+    pub fn report_usage(&self, usage: crate::usage::Usage) -> bool {
+        match self.usage {
+            Some(sink) => {
+                sink.add(usage);
+                true
+            }
+            None => false,
         }
     }
 

@@ -55,7 +55,7 @@ mod step;
 pub mod stream;
 mod typed;
 
-pub use agent::{Agent, AgentBuilder, BuildError};
+pub use agent::{Agent, AgentBuilder, AgentTool, BuildError};
 pub use client::{
     DisplayInstance, DryClientInstance, MachineContract, assert_contract, display_instance,
     dry_client_instance, find_command, is_command_item,

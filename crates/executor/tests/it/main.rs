@@ -2,6 +2,7 @@
 //! dominate the test run): one module per area.
 
 mod agent;
+mod agents_as_tools;
 mod approvals;
 mod builtin_tools;
 mod cancellation;
