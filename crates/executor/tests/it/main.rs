@@ -15,6 +15,7 @@ mod ergonomics;
 mod exactly_once;
 mod externalize;
 mod finish_restriction;
+mod handoffs;
 mod loop_guard;
 mod machine;
 mod parallel;
