@@ -90,7 +90,8 @@ pub mod prelude {
     pub use markov_core::tool::{Delivery, TerminateResponse, Tool, ToolContext, ToolReply};
     pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice, Usd};
     pub use markov_executor::{
-        Agent, BuildError, Machine, MachineStep, RunError, RunOptions, YieldReason, run_machine,
+        Agent, AgentTool, BuildError, Handoff, HistoryFilter, Machine, MachineStep, RunError,
+        RunOptions, Team, YieldReason, run_machine,
     };
     pub use markov_macros::tool;
     pub use markov_policy::{
