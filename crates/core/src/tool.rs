@@ -551,6 +551,36 @@ pub struct ToolContext<'a> {
     state: &'a dyn StateAccess,
     idempotency_key: Option<&'a IdempotencyKey<'a>>,
     usage: Option<&'a UsageSink>,
+    hold: Option<&'a dyn Hold>,
+}
+
+/// A person's decision asked for by a running call
+/// ([`ToolContext::ask_approval`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum HoldDecision {
+    /// Approved: go on with these arguments (the asked ones, or as the
+    /// person edited them).
+    Approved(Value),
+    /// Denied, with the person's message if any.
+    Denied(Option<String>),
+    /// The person answered in the action's place with this result.
+    Answered(Value),
+    /// Not decided yet: the call returns at once, the step pauses, and the
+    /// call runs again (same id, same arguments) when the run is resumed,
+    /// asking again.
+    Waiting,
+    /// Nobody can decide here (a context made by hand, a step nothing
+    /// can resume, the request expired or too many wait): why.
+    Unavailable(String),
+}
+
+/// The conversation's approvals as a running call sees them (see
+/// [`ToolContext::ask_approval`]); the machine's tool path gives one.
+pub trait Hold: Send + Sync {
+    /// Asks for a person's decision on `action` with `args`, bound to the
+    /// call.
+    fn ask(&self, action: &str, args: &Value) -> HoldDecision;
 }
 
 /// Usage spent inside tool calls (a sub-agent's model calls, say) that the
@@ -632,6 +662,30 @@ impl<'a> ToolContext<'a> {
             state,
             idempotency_key: None,
             usage: None,
+            hold: None,
+        }
+    }
+
+    /// Sets what [`ask_approval`](Self::ask_approval) asks.
+    #[must_use]
+    pub fn with_hold(mut self, hold: &'a dyn Hold) -> Self {
+        self.hold = Some(hold);
+        self
+    }
+
+    /// Asks the application for a person's decision on `action` with
+    /// `args` while the call runs (a sub-agent's call that needs
+    /// approval): the request is the caller's, listed with its other
+    /// approvals. [`HoldDecision::Waiting`] means the step pauses: return
+    /// at once; the call runs again when the run is resumed and gets the
+    /// decision by asking the same. A tool that asks says so with
+    /// [`DynTool::may_pause`].
+    pub fn ask_approval(&self, action: &str, args: &Value) -> HoldDecision {
+        match self.hold {
+            Some(hold) => hold.ask(action, args),
+            None => {
+                HoldDecision::Unavailable("no approvals can be asked for in this call".to_owned())
+            }
         }
     }
 
@@ -806,6 +860,13 @@ pub trait DynTool: Send + Sync + fmt::Debug {
 
     /// Whether a call may end the run (its output type can be a [`TerminateResponse`]).
     fn may_terminate(&self) -> bool {
+        false
+    }
+
+    /// Whether a call may ask for a person's decision while it runs
+    /// ([`ToolContext::ask_approval`]) and so pause the step: the
+    /// machine then keeps the answer that made the call, to resume it.
+    fn may_pause(&self) -> bool {
         false
     }
 

@@ -126,8 +126,11 @@ impl ToolRegistryBuilder {
         let mut config = self.config;
         config.registry_version = Arc::clone(&version);
         let service: Arc<dyn ToolService> = Arc::new(
-            PolicyStack::standard(&config)
-                .service(ExecuteService::new(config.envelope).errors(config.errors)),
+            PolicyStack::standard(&config).service(
+                ExecuteService::new(config.envelope)
+                    .errors(config.errors)
+                    .holds(config.confirmation_ttl),
+            ),
         );
         Ok(ToolRegistry {
             entries: self.entries,
@@ -178,7 +181,7 @@ pub fn plain_registry() -> &'static ToolRegistry {
                             .format(EnvelopeMode::Off, ErrorFormat::PlainText),
                     )
                     .layer(IdempotencyLayer::new(config.idempotency))
-                    .service(ExecuteService::plain()),
+                    .service(ExecuteService::plain().holds(config.confirmation_ttl)),
             ),
             config,
             own_state: Arc::new(PolicyState::new()),

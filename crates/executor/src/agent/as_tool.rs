@@ -6,20 +6,34 @@
 //! tool's result is the sub-agent's answer. What its model calls spend is
 //! reported to the caller's step ([`ToolContext::report_usage`]), so it is
 //! in the caller's usage, cost and usage limits.
+//!
+//! A call of the sub-agent that needs a person's approval is asked of the
+//! caller's approvals ([`ToolContext::ask_approval`]): the caller's step
+//! pauses with the request among its own, and the sub-agent's machine
+//! waits here, by the call's idempotency key, until the caller's run is
+//! resumed and the call runs again; the decision then goes to the
+//! sub-agent, which resumes.
 
 use std::fmt;
+use std::sync::{Arc, Mutex};
 
 use markov_core::async_trait;
 use markov_core::tool::{
-    DynTool, InvalidToolName, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
-    input_schema_for,
+    DynTool, HoldDecision, InvalidToolName, ToolCallError, ToolContext, ToolDefinition,
+    ToolOutcome, input_schema_for,
 };
+use markov_policy::Decision;
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::Agent;
-use crate::step::YieldReason;
+use crate::machine::Machine;
+use crate::step::{MachineStep, YieldReason};
+
+/// The most sub-agent machines one tool keeps waiting for decisions: the
+/// oldest is dropped beyond it (a log line says so).
+const MAX_WAITING: usize = 256;
 
 /// The argument of an agent tool without a typed input.
 const REQUEST: &str = "request";
@@ -35,6 +49,9 @@ pub struct AgentTool {
     /// Set for a typed input: the arguments are checked against it and
     /// the sub-agent reads their JSON.
     typed: Option<Check>,
+    /// The sub-agents waiting for a decision of the caller's, by the
+    /// call's idempotency key, oldest first.
+    waiting: Arc<Mutex<Vec<(String, Machine)>>>,
 }
 
 impl fmt::Debug for AgentTool {
@@ -79,6 +96,7 @@ impl Agent {
             agent: self.clone(),
             definition,
             typed: None,
+            waiting: Arc::default(),
         })
     }
 }
@@ -122,6 +140,10 @@ impl DynTool for AgentTool {
         &self.definition
     }
 
+    fn may_pause(&self) -> bool {
+        true
+    }
+
     async fn call_json(
         &self,
         input: &Value,
@@ -135,35 +157,115 @@ impl DynTool for AgentTool {
             gen_ai.operation.name = "invoke_agent",
             gen_ai.agent.name = name,
         );
-        let mut machine = self.agent.machine();
-        machine.enqueue_user(message);
-        let ran = tracing::Instrument::instrument(machine.run(), span).await;
-        // Spent whether the sub-agent answered or not.
-        if !cx.report_usage(machine.usage().session) {
-            tracing::debug!(agent = name, "a sub-agent's usage has no step to count it");
+        let key = cx.idempotency_key().map(str::to_owned);
+        let waiting = key.as_deref().and_then(|key| self.take_waiting(key));
+        let (mut machine, mut last) = match waiting {
+            Some(machine) => (machine, None),
+            None => {
+                let mut machine = self.agent.machine();
+                machine.enqueue_user(message);
+                let ran = tracing::Instrument::instrument(machine.run(), span.clone()).await;
+                // Spent whether the sub-agent answered or not.
+                report(&cx, name, machine.usage().session);
+                let step =
+                    ran.map_err(|e| ToolCallError::Execution(format!("{name} failed: {e}")))?;
+                (machine, Some(step))
+            }
+        };
+        while machine.is_awaiting_approval() {
+            for request in machine.approvals().pending() {
+                let action = format!("{name}.{}", request.tool);
+                let decision = match cx.ask_approval(&action, &request.args) {
+                    HoldDecision::Waiting => {
+                        if let Some(key) = key {
+                            self.keep_waiting(key, machine);
+                        }
+                        return Err(ToolCallError::Execution(format!(
+                            "{name} waits for a person's decision on {}",
+                            request.tool
+                        )));
+                    }
+                    HoldDecision::Approved(args) if args == request.args => Decision::Approve,
+                    HoldDecision::Approved(args) => Decision::Edit { args },
+                    HoldDecision::Denied(message) => Decision::Deny { message },
+                    HoldDecision::Answered(result) => Decision::Respond { result },
+                    HoldDecision::Unavailable(why) => {
+                        tracing::warn!(agent = name, %why, "a sub-agent's call cannot get an approval: not run");
+                        return Err(ToolCallError::Execution(format!(
+                            "{name} stopped: {} needs a person's approval, which cannot be asked for here ({why})",
+                            request.tool
+                        )));
+                    }
+                    _ => {
+                        return Err(ToolCallError::Execution(format!(
+                            "{name} stopped: an unknown decision on {}",
+                            request.tool
+                        )));
+                    }
+                };
+                if let Err(e) = machine.approvals().decide(&request.request_id, decision) {
+                    tracing::debug!(agent = name, error = %e, "a sub-agent's request was decided already");
+                }
+            }
+            let resumed = tracing::Instrument::instrument(machine.resume(), span.clone()).await;
+            let step =
+                resumed.map_err(|e| ToolCallError::Execution(format!("{name} failed: {e}")))?;
+            report(&cx, name, step.run_usage);
+            last = Some(step);
         }
-        let last = ran.map_err(|e| ToolCallError::Execution(format!("{name} failed: {e}")))?;
-        if last.yield_reason == YieldReason::AwaitingApproval {
+        let Some(last) = last else {
+            return Err(ToolCallError::Execution(format!(
+                "{name} was waiting and ran no further"
+            )));
+        };
+        answer(name, &last)
+    }
+}
+
+impl AgentTool {
+    fn take_waiting(&self, key: &str) -> Option<Machine> {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let i = waiting.iter().position(|(k, _)| k == key)?;
+        Some(waiting.remove(i).1)
+    }
+
+    fn keep_waiting(&self, key: String, machine: Machine) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        if waiting.len() >= MAX_WAITING {
             tracing::warn!(
-                agent = name,
-                waiting = last.approvals.len(),
-                "a sub-agent's call waits for an approval it cannot get here: not run"
+                agent = self.definition.name.as_str(),
+                "too many sub-agents wait for decisions: the oldest is dropped"
             );
-            return Err(ToolCallError::Execution(format!(
-                "{name} stopped: one of its actions needs a person's approval, which it cannot get when called as a tool"
-            )));
+            waiting.remove(0);
         }
-        if let Some(limit) = &last.usage_limit {
-            return Err(ToolCallError::Execution(format!(
-                "{name} stopped at its usage limit: {limit}"
-            )));
-        }
-        match last.output() {
-            Some(answer) => Ok(ToolOutcome::Value(Value::String(answer))),
-            None => Err(ToolCallError::Execution(format!(
-                "{name} ended without an answer ({:?})",
-                last.yield_reason
-            ))),
-        }
+        waiting.push((key, machine));
+    }
+}
+
+/// Reports a sub-agent's spending to the caller's step.
+fn report(cx: &ToolContext<'_>, name: &str, usage: markov_core::model::Usage) {
+    if !cx.report_usage(usage) {
+        tracing::debug!(agent = name, "a sub-agent's usage has no step to count it");
+    }
+}
+
+/// The call's result from the sub-agent's last step.
+fn answer(name: &str, last: &MachineStep) -> Result<ToolOutcome, ToolCallError> {
+    if let Some(limit) = &last.usage_limit {
+        return Err(ToolCallError::Execution(format!(
+            "{name} stopped at its usage limit: {limit}"
+        )));
+    }
+    if last.yield_reason == YieldReason::AwaitingApproval {
+        return Err(ToolCallError::Execution(format!(
+            "{name} stopped: it waits for an approval"
+        )));
+    }
+    match last.output() {
+        Some(answer) => Ok(ToolOutcome::Value(Value::String(answer))),
+        None => Err(ToolCallError::Execution(format!(
+            "{name} ended without an answer ({:?})",
+            last.yield_reason
+        ))),
     }
 }

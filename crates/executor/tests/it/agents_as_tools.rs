@@ -247,17 +247,13 @@ async fn a_sub_agent_that_hits_its_own_step_limit_is_an_error_result_and_the_cal
     assert_eq!(sub.calls(), 1, "its own limit: one step");
 }
 
-/// What a sub-agent cannot do yet: pause the caller's run for an approval.
-/// Its call that needs one is not run, and the caller's model reads why.
-#[tokio::test]
-async fn a_sub_agent_action_that_needs_approval_is_not_run_and_the_caller_reads_why() {
-    let pay = Pay::default();
-    let sub = Arc::new(
-        ScriptedModel::builder()
-            .tool_call("pay", json!({"amount": 5}))
-            .text("Paid.")
-            .build(),
-    );
+/// A cashier sub-agent whose `pay` needs approval, and an assistant that
+/// calls it; both scripted.
+fn cashier_and_assistant(
+    pay: &Pay,
+    sub: &Arc<ScriptedModel>,
+    caller: &Arc<ScriptedModel>,
+) -> Agent {
     let tool = Agent::builder("cashier")
         .instructions("You pay.")
         .tool_with(
@@ -265,28 +261,100 @@ async fn a_sub_agent_action_that_needs_approval_is_not_run_and_the_caller_reads_
             ToolMetadata::new(Category::Action).with_confirmation(),
         )
         .policies(PolicyConfig::new(Budget::UNLIMITED))
-        .shared_model(sub)
+        .shared_model(sub.clone())
         .build()
         .expect("builds")
         .as_tool("cashier", "Pays.")
         .expect("a valid name");
+    Agent::builder("assistant")
+        .instructions("You are the assistant.")
+        .tools([Arc::new(tool) as markov_core::tool::SharedTool])
+        .shared_model(caller.clone())
+        .build()
+        .expect("builds")
+}
+
+#[tokio::test]
+async fn an_approval_inside_the_sub_agent_pauses_the_callers_run_and_is_decided_through_its_session()
+ {
+    let pay = Pay::default();
+    let sub = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("Paid 5.")
+            .build(),
+    );
     let caller = Arc::new(
         ScriptedModel::builder()
             .tool_call("cashier", json!({"request": "pay 5"}))
-            .text("I could not pay.")
+            .text("Done: paid 5.")
             .build(),
     );
-    let agent = Agent::builder("assistant")
-        .instructions("You are the assistant.")
-        .tools([Arc::new(tool) as markov_core::tool::SharedTool])
-        .shared_model(caller)
-        .build()
-        .expect("builds");
-    let mut machine = agent.machine();
+    let mut machine = cashier_and_assistant(&pay, &sub, &caller).machine();
     machine.enqueue_user("Pay 5.");
-    let last = machine.run().await.expect("runs");
+    let paused = machine.run().await.expect("runs");
+    assert_eq!(paused.yield_reason, YieldReason::AwaitingApproval);
+    assert!(machine.is_awaiting_approval());
+    assert!(pay.paid().is_empty(), "not before the decision");
+    // The sub-agent's request is the caller's.
+    let pending = machine.approvals().pending();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].tool, "cashier.pay");
+    assert_eq!(pending[0].args, json!({"amount": 5}));
+    machine
+        .approvals()
+        .approve(&pending[0].request_id)
+        .expect("approves");
+    let last = machine.resume().await.expect("resumes");
+    assert_eq!(last.output().as_deref(), Some("Done: paid 5."));
+    assert_eq!(pay.paid(), [5], "once, after the approval");
+    assert_paired(machine.history());
+    assert_eq!(all_results(machine.history())[0].1, "Paid 5.");
+    assert_eq!(sub.calls(), 2, "the sub-agent resumed: no call asked again");
+    assert_eq!(caller.calls(), 2, "the caller's answer was replayed");
+    assert_eq!(
+        machine.usage().session.requests,
+        4,
+        "every model call counted once"
+    );
+}
+
+#[tokio::test]
+async fn a_denial_through_the_callers_session_reaches_the_sub_agent() {
+    let pay = Pay::default();
+    let sub = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("The payment was declined.")
+            .build(),
+    );
+    let caller = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("cashier", json!({"request": "pay 5"}))
+            .text("Not paid.")
+            .build(),
+    );
+    let mut machine = cashier_and_assistant(&pay, &sub, &caller).machine();
+    machine.enqueue_user("Pay 5.");
+    machine.run().await.expect("runs");
+    let pending = machine.approvals().pending();
+    machine
+        .approvals()
+        .decide(
+            &pending[0].request_id,
+            markov_policy::Decision::Deny {
+                message: Some("not today".into()),
+            },
+        )
+        .expect("denies");
+    let last = machine.resume().await.expect("resumes");
     assert_eq!(last.yield_reason, YieldReason::EndTurn);
     assert!(pay.paid().is_empty());
-    let results = all_results(machine.history());
-    assert!(results[0].1.contains("approval"), "{}", results[0].1);
+    assert_eq!(
+        all_results(machine.history())[0].1,
+        "The payment was declined."
+    );
+    // The sub-agent's model read the denial and its message.
+    let seen = format!("{:?}", sub.requests()[1].messages);
+    assert!(seen.contains("not today"), "{seen}");
 }
