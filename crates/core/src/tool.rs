@@ -581,6 +581,13 @@ pub trait Hold: Send + Sync {
     /// Asks for a person's decision on `action` with `args`, bound to the
     /// call.
     fn ask(&self, action: &str, args: &Value) -> HoldDecision;
+
+    /// Keeps `state` with the call's waiting request, stored with the
+    /// conversation; `false` when the call has none.
+    fn keep(&self, state: Value) -> bool;
+
+    /// The state the call kept with its request, if any.
+    fn kept(&self) -> Option<Value>;
 }
 
 /// Usage spent inside tool calls (a sub-agent's model calls, say) that the
@@ -695,6 +702,22 @@ impl<'a> ToolContext<'a> {
     pub fn with_usage_sink(mut self, sink: &'a UsageSink) -> Self {
         self.usage = Some(sink);
         self
+    }
+
+    /// Keeps `state` with the request this call is waiting for
+    /// ([`ask_approval`](Self::ask_approval) answered
+    /// [`HoldDecision::Waiting`]), stored with the conversation, so that
+    /// the call, run again on resume (in this process or another), can
+    /// continue from it ([`kept_state`](Self::kept_state)). `false` when
+    /// there is nothing to keep it with.
+    pub fn keep_state(&self, state: Value) -> bool {
+        self.hold.is_some_and(|hold| hold.keep(state))
+    }
+
+    /// The state this call kept while it waited (see
+    /// [`keep_state`](Self::keep_state)).
+    pub fn kept_state(&self) -> Option<Value> {
+        self.hold.and_then(Hold::kept)
     }
 
     /// Reports usage the call spent (a sub-agent's model calls): the

@@ -307,6 +307,14 @@ impl markov_core::tool::Hold for CallHold<'_> {
             )),
         }
     }
+
+    fn keep(&self, state: Value) -> bool {
+        self.policy.approvals().keep_held_state(self.key, state)
+    }
+
+    fn kept(&self) -> Option<Value> {
+        self.policy.approvals().held_state(self.key)
+    }
 }
 
 #[cfg(test)]

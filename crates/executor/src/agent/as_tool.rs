@@ -12,7 +12,9 @@
 //! pauses with the request among its own, and the sub-agent's machine
 //! waits here, by the call's idempotency key, until the caller's run is
 //! resumed and the call runs again; the decision then goes to the
-//! sub-agent, which resumes.
+//! sub-agent, which resumes. The waiting machine is also kept with the
+//! caller's request ([`ToolContext::keep_state`]), so a caller restored
+//! from a snapshot or a store continues it.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -158,7 +160,10 @@ impl DynTool for AgentTool {
             gen_ai.agent.name = name,
         );
         let key = cx.idempotency_key().map(str::to_owned);
-        let waiting = key.as_deref().and_then(|key| self.take_waiting(key));
+        let waiting = key
+            .as_deref()
+            .and_then(|key| self.take_waiting(key))
+            .or_else(|| self.restore_kept(&cx));
         let (mut machine, mut last) = match waiting {
             Some(machine) => (machine, None),
             None => {
@@ -177,6 +182,24 @@ impl DynTool for AgentTool {
                 let action = format!("{name}.{}", request.tool);
                 let decision = match cx.ask_approval(&action, &request.args) {
                     HoldDecision::Waiting => {
+                        // Kept with the caller's request too, so that a
+                        // caller restored elsewhere continues from here.
+                        match crate::serialize::serialize_machine(&machine)
+                            .map_err(|e| e.to_string())
+                            .and_then(|s| serde_json::to_value(&s).map_err(|e| e.to_string()))
+                        {
+                            Ok(state) => {
+                                if !cx.keep_state(state) {
+                                    tracing::debug!(
+                                        agent = name,
+                                        "nothing keeps the waiting sub-agent with the request"
+                                    );
+                                }
+                            }
+                            Err(e) => {
+                                tracing::warn!(agent = name, error = %e, "the waiting sub-agent could not be serialized: kept in memory only")
+                            }
+                        }
                         if let Some(key) = key {
                             self.keep_waiting(key, machine);
                         }
@@ -223,6 +246,26 @@ impl DynTool for AgentTool {
 }
 
 impl AgentTool {
+    /// The waiting sub-agent the call kept with the caller's request (a
+    /// caller restored from a snapshot or a store), if any.
+    fn restore_kept(&self, cx: &ToolContext<'_>) -> Option<Machine> {
+        let kept = cx.kept_state()?;
+        let restored = serde_json::from_value(kept)
+            .map_err(|e| e.to_string())
+            .and_then(|snapshot| self.agent.restore(snapshot).map_err(|e| e.to_string()));
+        match restored {
+            Ok(machine) => Some(machine),
+            Err(e) => {
+                tracing::warn!(
+                    agent = self.definition.name.as_str(),
+                    error = %e,
+                    "the kept sub-agent does not read back: it starts again"
+                );
+                None
+            }
+        }
+    }
+
     fn take_waiting(&self, key: &str) -> Option<Machine> {
         let mut waiting = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
         let i = waiting.iter().position(|(k, _)| k == key)?;

@@ -358,3 +358,45 @@ async fn a_denial_through_the_callers_session_reaches_the_sub_agent() {
     let seen = format!("{:?}", sub.requests()[1].messages);
     assert!(seen.contains("not today"), "{seen}");
 }
+
+#[tokio::test]
+async fn a_waiting_sub_agent_is_kept_with_the_callers_snapshot_and_resumed_after_a_restore() {
+    let pay = Pay::default();
+    let sub = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .build(),
+    );
+    let caller = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("cashier", json!({"request": "pay 5"}))
+            .build(),
+    );
+    let mut machine = cashier_and_assistant(&pay, &sub, &caller).machine();
+    machine.enqueue_user("Pay 5.");
+    machine.run().await.expect("runs");
+    let request = machine.approvals().pending()[0].request_id.clone();
+    let text =
+        serde_json::to_string(&markov_executor::serialize_machine(&machine).expect("serializes"))
+            .expect("json");
+    drop(machine);
+
+    // Another process: the same agents built again, new models that have
+    // not been asked anything, no sub-agent waiting in memory.
+    let sub = Arc::new(ScriptedModel::builder().text("Paid 5.").build());
+    let caller = Arc::new(ScriptedModel::builder().text("Done: paid 5.").build());
+    let agent = cashier_and_assistant(&pay, &sub, &caller);
+    let mut machine = agent
+        .restore(serde_json::from_str(&text).expect("reads"))
+        .expect("restores");
+    machine.approvals().approve(&request).expect("approves");
+    let last = machine.resume().await.expect("resumes");
+    assert_eq!(last.output().as_deref(), Some("Done: paid 5."));
+    assert_eq!(pay.paid(), [5], "once");
+    assert_eq!(
+        sub.calls(),
+        1,
+        "the sub-agent continued from its paused answer: only its last call"
+    );
+    assert_eq!(all_results(machine.history())[0].1, "Paid 5.");
+}

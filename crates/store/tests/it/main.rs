@@ -2,6 +2,8 @@
 //! dominate the test run): one module per area.
 
 #[cfg(feature = "sqlite")]
+mod agents;
+#[cfg(feature = "sqlite")]
 mod approvals;
 #[cfg(feature = "sqlite")]
 mod cache;
