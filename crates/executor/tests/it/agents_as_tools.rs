@@ -400,3 +400,43 @@ async fn a_waiting_sub_agent_is_kept_with_the_callers_snapshot_and_resumed_after
     );
     assert_eq!(all_results(machine.history())[0].1, "Paid 5.");
 }
+
+/// Called where no approval can be asked for (a context made by hand),
+/// the sub-agent's call that needs one is not run, and the result says why.
+#[tokio::test]
+async fn outside_a_machine_a_sub_agent_call_that_needs_approval_is_not_run() {
+    use markov_core::tool::{DynTool, NoState, ToolContext};
+
+    let pay = Pay::default();
+    let sub = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .build(),
+    );
+    let tool = Agent::builder("cashier")
+        .instructions("You pay.")
+        .tool_with(
+            pay.clone(),
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        )
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .shared_model(sub)
+        .build()
+        .expect("builds")
+        .as_tool("cashier", "Pays.")
+        .expect("a valid name");
+    let id = markov_core::ToolCallId::new("c1");
+    let state = NoState::default();
+    let err = tool
+        .call_json(
+            &json!({"request": "pay 5"}),
+            ToolContext::new(&id, &[], &state),
+        )
+        .await
+        .expect_err("not run");
+    assert!(
+        err.to_string().contains("cannot be asked for here"),
+        "{err}"
+    );
+    assert!(pay.paid().is_empty());
+}
