@@ -65,6 +65,7 @@ mod server;
 mod soak;
 mod store;
 mod stream;
+mod tool_search;
 
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -289,6 +290,13 @@ fn main() -> ExitCode {
             }
         }
         ["mcp-server"] => mcp::serve_stdio(),
+        ["tool-search"] => match tool_search::figure(500) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tool search: {e}");
+                ExitCode::FAILURE
+            }
+        },
         ["mcp"] => {
             mcp::figure(QUICK.mcp_calls);
             ExitCode::SUCCESS
@@ -372,7 +380,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
     );
     ExitCode::from(2)
 }

@@ -66,8 +66,8 @@ pub use model::{
     Unsupported, Usage,
 };
 pub use tool::{
-    Delivery, DynTool, Erased, ProviderTool, SharedTool, TerminateResponse, Tool, ToolContext,
-    ToolDefinition, ToolExecutionResult, ToolName, ToolOutcome, ToolReply,
+    Delivery, DynTool, Erased, Hold, HoldDecision, ProviderTool, SharedTool, TerminateResponse,
+    Tool, ToolContext, ToolDefinition, ToolExecutionResult, ToolName, ToolOutcome, ToolReply,
 };
 pub use usage::Usd;
 

@@ -254,6 +254,7 @@ pub struct ModelRequest<'a> {
     tool_choice: &'a ToolChoice,
     settings: &'a ModelSettings,
     output_schema: Option<&'a Value>,
+    deferred_tools: &'a [ToolName],
     // Private, with `messages`: the only way to send other messages is
     // `with_messages`, which drops the id, so a client never sends the
     // cached bytes of a history for messages that are not that history.
@@ -306,6 +307,7 @@ impl<'a> ModelRequest<'a> {
             tool_choice: &AUTO,
             settings,
             output_schema: None,
+            deferred_tools: &[],
             history_id: None,
         }
     }
@@ -315,6 +317,28 @@ impl<'a> ModelRequest<'a> {
     pub fn with_tools(mut self, tools: &'a [ToolDefinition]) -> Self {
         self.tools = tools;
         self
+    }
+
+    /// Marks the offered tools named in `names` deferred: a provider
+    /// that searches tools itself ([`Model::native_tool_search`]) sends
+    /// them for loading on demand, with its tool search tool, so the model
+    /// is not shown their schemas until it finds them. A model without one
+    /// is never sent such a request.
+    #[must_use]
+    pub fn with_deferred_tools(mut self, names: &'a [ToolName]) -> Self {
+        self.deferred_tools = names;
+        self
+    }
+
+    /// The offered tools marked deferred (see
+    /// [`with_deferred_tools`](Self::with_deferred_tools)).
+    pub fn deferred_tools(&self) -> &'a [ToolName] {
+        self.deferred_tools
+    }
+
+    /// Whether the offered tool `name` is deferred.
+    pub fn is_deferred(&self, name: &str) -> bool {
+        self.deferred_tools.iter().any(|n| n.as_str() == name)
     }
 
     /// Offers provider built-in tools.
@@ -861,6 +885,15 @@ pub trait Model: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether the provider searches tools itself: a request's deferred
+    /// tools ([`ModelRequest::deferred_tools`]) are then sent for loading
+    /// on demand beside the provider's tool search tool (Anthropic's), and
+    /// an agent with deferred tools offers them so instead of its own
+    /// `search_tools`. The default is `false`; a wrapper forwards it.
+    fn native_tool_search(&self) -> bool {
+        false
+    }
+
     /// Compacts `request`'s messages with the vendor's own compaction,
     /// without making a call for an answer: OpenAI's
     /// `/v1/responses/compact`. The items it answers stand for the
@@ -1003,6 +1036,11 @@ pub trait ModelLayer: Send + Sync + fmt::Debug {
         self.inner().native_summaries()
     }
 
+    /// [`Model::native_tool_search`]; forwards by default.
+    fn native_tool_search(&self) -> bool {
+        self.inner().native_tool_search()
+    }
+
     /// [`Model::compact`]; forwards by default.
     ///
     /// # Errors
@@ -1062,6 +1100,10 @@ impl<L: ModelLayer> Model for L {
 
     fn native_summaries(&self) -> Option<&str> {
         ModelLayer::native_summaries(self)
+    }
+
+    fn native_tool_search(&self) -> bool {
+        ModelLayer::native_tool_search(self)
     }
 
     async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
@@ -1138,6 +1180,10 @@ impl<M: Model + ?Sized> Model for std::sync::Arc<M> {
 
     fn native_summaries(&self) -> Option<&str> {
         (**self).native_summaries()
+    }
+
+    fn native_tool_search(&self) -> bool {
+        (**self).native_tool_search()
     }
 
     async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
@@ -1420,6 +1466,10 @@ mod tests {
             self.reach("native_summaries");
             Some("probe.vendor")
         }
+        fn native_tool_search(&self) -> bool {
+            self.reach("native_tool_search");
+            true
+        }
         async fn compact(&self, _r: ModelRequest<'_>) -> Result<Compaction, ModelError> {
             self.reach("compact");
             Err(ModelError::InvalidRequest("probe compacts".into()))
@@ -1507,6 +1557,7 @@ mod tests {
             Ok(InputTokenCount::Counted(11))
         );
         assert_eq!(model.native_summaries(), Some("probe.vendor"));
+        assert!(model.native_tool_search());
         assert_eq!(
             model.compact(request).await,
             Err(ModelError::InvalidRequest("probe compacts".into()))

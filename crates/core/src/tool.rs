@@ -550,6 +550,68 @@ pub struct ToolContext<'a> {
     history: &'a [Message],
     state: &'a dyn StateAccess,
     idempotency_key: Option<&'a IdempotencyKey<'a>>,
+    usage: Option<&'a UsageSink>,
+    hold: Option<&'a dyn Hold>,
+}
+
+/// A person's decision asked for by a running call
+/// ([`ToolContext::ask_approval`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum HoldDecision {
+    /// Approved: go on with these arguments (the asked ones, or as the
+    /// person edited them).
+    Approved(Value),
+    /// Denied, with the person's message if any.
+    Denied(Option<String>),
+    /// The person answered in the action's place with this result.
+    Answered(Value),
+    /// Not decided yet: the call returns at once, the step pauses, and the
+    /// call runs again (same id, same arguments) when the run is resumed,
+    /// asking again.
+    Waiting,
+    /// Nobody can decide here (a context made by hand, a step nothing
+    /// can resume, the request expired or too many wait): why.
+    Unavailable(String),
+}
+
+/// The conversation's approvals as a running call sees them (see
+/// [`ToolContext::ask_approval`]); the machine's tool path gives one.
+pub trait Hold: Send + Sync {
+    /// Asks for a person's decision on `action` with `args`, bound to the
+    /// call.
+    fn ask(&self, action: &str, args: &Value) -> HoldDecision;
+
+    /// Keeps `state` with the call's waiting request, stored with the
+    /// conversation; `false` when the call has none.
+    fn keep(&self, state: Value) -> bool;
+
+    /// The state the call kept with its request, if any.
+    fn kept(&self) -> Option<Value>;
+}
+
+/// Usage spent inside tool calls (a sub-agent's model calls, say) that the
+/// caller's step counts as its own: in its usage, its cost and its limits.
+/// The machine's tool path gives each call one
+/// ([`ToolContext::report_usage`]).
+#[derive(Debug, Default)]
+pub struct UsageSink(std::sync::Mutex<crate::usage::Usage>);
+
+impl UsageSink {
+    /// Nothing spent yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `usage`.
+    pub fn add(&self, usage: crate::usage::Usage) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) += usage;
+    }
+
+    /// What was added since the last take.
+    pub fn take(&self) -> crate::usage::Usage {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
 }
 
 /// A call's idempotency key, made the first time a tool asks for it (most
@@ -606,6 +668,68 @@ impl<'a> ToolContext<'a> {
             history,
             state,
             idempotency_key: None,
+            usage: None,
+            hold: None,
+        }
+    }
+
+    /// Sets what [`ask_approval`](Self::ask_approval) asks.
+    #[must_use]
+    pub fn with_hold(mut self, hold: &'a dyn Hold) -> Self {
+        self.hold = Some(hold);
+        self
+    }
+
+    /// Asks the application for a person's decision on `action` with
+    /// `args` while the call runs (a sub-agent's call that needs
+    /// approval): the request is the caller's, listed with its other
+    /// approvals. [`HoldDecision::Waiting`] means the step pauses: return
+    /// at once; the call runs again when the run is resumed and gets the
+    /// decision by asking the same. A tool that asks says so with
+    /// [`DynTool::may_pause`].
+    pub fn ask_approval(&self, action: &str, args: &Value) -> HoldDecision {
+        match self.hold {
+            Some(hold) => hold.ask(action, args),
+            None => {
+                HoldDecision::Unavailable("no approvals can be asked for in this call".to_owned())
+            }
+        }
+    }
+
+    /// Sets where the call's own usage goes (see
+    /// [`report_usage`](Self::report_usage)).
+    #[must_use]
+    pub fn with_usage_sink(mut self, sink: &'a UsageSink) -> Self {
+        self.usage = Some(sink);
+        self
+    }
+
+    /// Keeps `state` with the request this call is waiting for
+    /// ([`ask_approval`](Self::ask_approval) answered
+    /// [`HoldDecision::Waiting`]), stored with the conversation, so that
+    /// the call, run again on resume (in this process or another), can
+    /// continue from it ([`kept_state`](Self::kept_state)). `false` when
+    /// there is nothing to keep it with.
+    pub fn keep_state(&self, state: Value) -> bool {
+        self.hold.is_some_and(|hold| hold.keep(state))
+    }
+
+    /// The state this call kept while it waited (see
+    /// [`keep_state`](Self::keep_state)).
+    pub fn kept_state(&self) -> Option<Value> {
+        self.hold.and_then(Hold::kept)
+    }
+
+    /// Reports usage the call spent (a sub-agent's model calls): the
+    /// machine adds it to the step's usage, cost and limits. `false` when
+    /// nothing counts it (a context made by hand).
+    pub fn report_usage(&self, usage: crate::usage::Usage) -> bool {
+        match self.usage {
+            Some(sink) => {
+                sink.add(usage);
+                true
+            }
+            None => false,
         }
     }
 
@@ -759,6 +883,13 @@ pub trait DynTool: Send + Sync + fmt::Debug {
 
     /// Whether a call may end the run (its output type can be a [`TerminateResponse`]).
     fn may_terminate(&self) -> bool {
+        false
+    }
+
+    /// Whether a call may ask for a person's decision while it runs
+    /// ([`ToolContext::ask_approval`]) and so pause the step: the
+    /// machine then keeps the answer that made the call, to resume it.
+    fn may_pause(&self) -> bool {
         false
     }
 

@@ -53,9 +53,10 @@ pub mod serialize;
 mod standard;
 mod step;
 pub mod stream;
+pub mod team;
 mod typed;
 
-pub use agent::{Agent, AgentBuilder, BuildError};
+pub use agent::{Agent, AgentBuilder, AgentTool, BuildError};
 pub use client::{
     DisplayInstance, DryClientInstance, MachineContract, assert_contract, display_instance,
     dry_client_instance, find_command, is_command_item,
@@ -81,4 +82,7 @@ pub use serialize::{
 pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
+pub use team::{
+    Handoff, HandoffRecord, HistoryFilter, Team, TeamBuilder, TeamError, TeamSession, TeamTurn,
+};
 pub use typed::{DEFAULT_TYPED_RETRIES, Typed, TypedRunError, retry_prompt};

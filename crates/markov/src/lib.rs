@@ -90,11 +90,13 @@ pub mod prelude {
     pub use markov_core::tool::{Delivery, TerminateResponse, Tool, ToolContext, ToolReply};
     pub use markov_core::{Message, Model, ModelRequest, ModelSettings, ToolChoice, Usd};
     pub use markov_executor::{
-        Agent, BuildError, Machine, MachineStep, RunError, RunOptions, YieldReason, run_machine,
+        Agent, AgentTool, BuildError, Handoff, HistoryFilter, Machine, MachineStep, RunError,
+        RunOptions, Team, YieldReason, run_machine,
     };
     pub use markov_macros::tool;
     pub use markov_policy::{
-        ApprovalFlow, Budget, Category, Decision, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
+        ApprovalFlow, Budget, Category, Decision, FoundScope, Mode, PolicyConfig, ToolMetadata,
+        ToolRegistry, ToolSearch,
     };
     #[cfg(feature = "server")]
     pub use markov_server::{Server, create_api_key};
@@ -132,4 +134,7 @@ pub mod guide {
     /// `docs/guide/tools-and-policies.md`.
     #[doc = include_str!("../../../docs/guide/tools-and-policies.md")]
     pub struct ToolsAndPolicies;
+    /// `docs/guide/many-tools-and-agents.md`.
+    #[doc = include_str!("../../../docs/guide/many-tools-and-agents.md")]
+    pub struct ManyToolsAndAgents;
 }

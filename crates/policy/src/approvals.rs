@@ -226,6 +226,11 @@ pub struct HeldCall {
     /// The tool's input schema, which edited arguments must fit.
     #[serde(default, skip_serializing_if = "Value::is_null")]
     pub schema: Value,
+    /// What a call that asked for this decision while it ran kept to
+    /// continue from when it runs again (a sub-agent's machine), stored
+    /// with the request.
+    #[serde(default, skip_serializing_if = "Value::is_null")]
+    pub state: Value,
 }
 
 /// A confirmation request and where it stands: what a snapshot keeps.
@@ -341,6 +346,39 @@ impl Approvals {
         self.revision
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.read()
+    }
+
+    /// Keeps `state` with the newest request held for the call `key`
+    /// (see [`HeldCall::state`]); `false` when the call holds none.
+    pub fn keep_held_state(&self, key: &str, state: Value) -> bool {
+        let mut records = self.lock();
+        let newest = records
+            .values_mut()
+            .filter(|(r, _)| r.held.as_ref().is_some_and(|h| h.key == key))
+            .max_by_key(|(_, order)| *order)
+            .and_then(|(r, _)| r.held.as_mut());
+        match newest {
+            Some(held) => {
+                held.state = state;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The state kept with a request held for the call `key`, if any
+    /// (the newest).
+    pub fn held_state(&self, key: &str) -> Option<Value> {
+        self.read()
+            .values()
+            .filter(|(r, _)| {
+                r.held
+                    .as_ref()
+                    .is_some_and(|h| h.key == key && !h.state.is_null())
+            })
+            .max_by_key(|(_, order)| *order)
+            .and_then(|(r, _)| r.held.as_ref())
+            .map(|h| h.state.clone())
     }
 
     /// A number that changes whenever the requests may have changed.
@@ -586,6 +624,7 @@ impl Approvals {
             key: key.to_owned(),
             instance: instance.cloned(),
             schema: schema(),
+            state: Value::Null,
         };
         match issue(&mut records, tool, args, ttl, now, Some((call_id, held))) {
             Some(request) => HeldCheck::Wait(request),

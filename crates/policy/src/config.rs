@@ -9,6 +9,7 @@ use crate::error::{EnvelopeMode, ErrorFormat};
 use crate::ledger::IdempotencyLimits;
 use crate::metadata::Mode;
 use crate::report::AuditSink;
+use crate::search::ToolSearch;
 use crate::turn::Budget;
 
 /// The settings of the standard stack.
@@ -22,6 +23,7 @@ pub struct PolicyConfig {
     pub(crate) audit_sink: Option<Arc<dyn AuditSink>>,
     pub(crate) envelope: EnvelopeMode,
     pub(crate) errors: ErrorFormat,
+    pub(crate) tool_search: ToolSearch,
     /// The version audit reports; [`ToolRegistryBuilder::lock`](crate::ToolRegistryBuilder::lock)
     /// sets it.
     pub(crate) registry_version: Arc<str>,
@@ -42,6 +44,7 @@ impl PolicyConfig {
             audit_sink: None,
             envelope: EnvelopeMode::On,
             errors: ErrorFormat::Envelope,
+            tool_search: ToolSearch::default(),
             registry_version: Arc::from(""),
         }
     }
@@ -91,6 +94,20 @@ impl PolicyConfig {
     pub fn envelope(mut self, envelope: EnvelopeMode) -> Self {
         self.envelope = envelope;
         self
+    }
+
+    /// How deferred tools are searched for and how long what is found
+    /// stays offered ([`ToolSearch::default`] unless set). It matters only
+    /// when a tool is deferred ([`ToolMetadata::deferred`](crate::ToolMetadata::deferred)).
+    #[must_use]
+    pub fn tool_search(mut self, search: ToolSearch) -> Self {
+        self.tool_search = search;
+        self
+    }
+
+    /// The tool-search setting.
+    pub fn tool_search_setting(&self) -> ToolSearch {
+        self.tool_search
     }
 
     /// Sets how the execute stage words its own errors (envelopes by

@@ -44,6 +44,9 @@ impl<T> WithIntents<T> {
 pub struct ExecuteService {
     envelope: EnvelopeMode,
     errors: ErrorFormat,
+    /// How long a request a running call asks for lives; `None`: a call
+    /// cannot ask (nothing could resume its step).
+    holds: Option<std::time::Duration>,
 }
 
 impl ExecuteService {
@@ -53,6 +56,7 @@ impl ExecuteService {
         ExecuteService {
             envelope,
             errors: ErrorFormat::Envelope,
+            holds: None,
         }
     }
 
@@ -62,7 +66,18 @@ impl ExecuteService {
         ExecuteService {
             envelope: EnvelopeMode::Off,
             errors: ErrorFormat::PlainText,
+            holds: None,
         }
+    }
+
+    /// Lets a running call ask for a person's decision
+    /// (`ToolContext::ask_approval`), as a request of the conversation's
+    /// approvals bound to the call that lives for `ttl`: only where the
+    /// step that made the call can pause and be resumed.
+    #[must_use]
+    pub fn holds(mut self, ttl: std::time::Duration) -> Self {
+        self.holds = Some(ttl);
+        self
     }
 
     /// Sets how errors are worded.
@@ -131,6 +146,22 @@ impl ToolService for ExecuteService {
         };
         let envelope = self.envelope;
         let errors = self.errors;
+        let key = self.holds.map(|_| req.ledger_key());
+        let hold = match (self.holds, &key) {
+            (Some(ttl), Some(key)) => Some(CallHold {
+                policy: req.policy,
+                report: req.report,
+                key,
+                instance: req.cx.instance_id(),
+                call_id: req.call_id,
+                ttl,
+            }),
+            _ => None,
+        };
+        let cx = match &hold {
+            Some(hold) => req.cx.with_hold(hold),
+            None => req.cx,
+        };
         let ToolRequest {
             call_id,
             name,
@@ -140,7 +171,7 @@ impl ToolService for ExecuteService {
             terminate_message,
             origin,
             ..
-        } = req;
+        } = ToolRequest { cx, ..req };
         // A panic is the tool's failure, not the conversation's: it is
         // answered like any other, so audit and the ledger see it too.
         let outcome = std::panic::AssertUnwindSafe(tool.call_json(&input, cx))
@@ -231,6 +262,58 @@ pub fn into_result(
             result
         }
         Err(e) => ToolExecutionResult::error(id.clone(), e.to_string()),
+    }
+}
+
+/// What a running call asks of the conversation's approvals: a request
+/// bound to the call (its ledger key), decided like any other.
+struct CallHold<'a> {
+    policy: &'a crate::state::PolicyState,
+    report: &'a crate::report::CallReport,
+    key: &'a str,
+    instance: Option<&'a markov_core::ids::InstanceId>,
+    call_id: &'a ToolCallId,
+    ttl: std::time::Duration,
+}
+
+impl markov_core::tool::Hold for CallHold<'_> {
+    fn ask(&self, action: &str, args: &Value) -> markov_core::tool::HoldDecision {
+        use crate::approvals::HeldCheck;
+        use markov_core::tool::HoldDecision;
+        let check = self.policy.approvals().check_held(
+            self.key,
+            self.instance,
+            self.call_id,
+            action,
+            args,
+            || Value::Null,
+            self.ttl,
+            std::time::SystemTime::now(),
+        );
+        match check {
+            HeldCheck::Run(edited) => {
+                HoldDecision::Approved(edited.unwrap_or_else(|| args.clone()))
+            }
+            HeldCheck::Wait(request) => {
+                self.report.set_awaiting(request);
+                HoldDecision::Waiting
+            }
+            HeldCheck::Denied(message) => HoldDecision::Denied(message),
+            HeldCheck::Answered(result) => HoldDecision::Answered(result),
+            HeldCheck::Expired => HoldDecision::Unavailable("the request expired".to_owned()),
+            HeldCheck::Full => HoldDecision::Unavailable(format!(
+                "{} requests already wait for a decision",
+                crate::approvals::MAX_PENDING
+            )),
+        }
+    }
+
+    fn keep(&self, state: Value) -> bool {
+        self.policy.approvals().keep_held_state(self.key, state)
+    }
+
+    fn kept(&self) -> Option<Value> {
+        self.policy.approvals().held_state(self.key)
     }
 }
 

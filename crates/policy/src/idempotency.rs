@@ -262,6 +262,13 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         ..req
                     };
                     let result = self.inner.call(req).await;
+                    if report.awaiting().is_some() {
+                        // The call asked for a decision while it ran: the
+                        // step pauses and the call runs again on resume,
+                        // so nothing of it is answered yet.
+                        drop(claim);
+                        return result;
+                    }
                     let state_updates = recording
                         .updates
                         .into_inner()

@@ -25,6 +25,7 @@ mod pause;
 pub mod repeat;
 mod report;
 pub mod schema;
+pub mod search;
 mod service;
 mod stack;
 mod state;
@@ -56,6 +57,7 @@ pub use ledger::{
 pub use metadata::{Category, Mode, ToolMetadata};
 pub use repeat::{Repeat, RepeatCounts, RepeatRecord};
 pub use report::{AuditRecord, AuditSink, CallReport};
+pub use search::{FoundScope, FoundTool, SEARCH_TOOLS, SearchIndex, ToolSearch};
 pub use service::{BoxToolService, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
 pub use state::{Journal, LeafMark, PolicyCounters, PolicySnapshot, PolicyState};

@@ -78,7 +78,7 @@ impl fmt::Display for Category {
 ///
 /// Defaults: every mode allowed, no confirmation, a 2 s latency budget,
 /// version `"1.0.0"`, no timeout, the [`Delivery`] the tool's definition
-/// states (or its default).
+/// states (or its default), offered up front (not deferred).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolMetadata {
     allowed_modes: Option<Vec<Mode>>,
@@ -88,6 +88,7 @@ pub struct ToolMetadata {
     version: String,
     timeout: Option<Duration>,
     delivery: Option<Delivery>,
+    deferred: bool,
 }
 
 impl ToolMetadata {
@@ -101,7 +102,25 @@ impl ToolMetadata {
             version: "1.0.0".to_owned(),
             timeout: None,
             delivery: None,
+            deferred: false,
         }
+    }
+
+    /// Defers the tool: it is registered but not offered up front; the
+    /// built-in `search_tools` tool (added to the registry when a tool is
+    /// deferred) finds it, and it is offered from then on (see
+    /// [`ToolSearch`](crate::ToolSearch)). A deferred tool runs through the
+    /// same policies as any other; a call of it before it is found is run
+    /// too (a provider's own tool search may have found it).
+    #[must_use]
+    pub fn deferred(mut self) -> Self {
+        self.deferred = true;
+        self
+    }
+
+    /// Whether the tool is deferred (see [`deferred`](Self::deferred)).
+    pub fn is_deferred(&self) -> bool {
+        self.deferred
     }
 
     /// Restricts the tool to these modes.

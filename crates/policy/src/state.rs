@@ -22,6 +22,7 @@ use crate::answers::{PendingAnswers, RecordedAnswer};
 use crate::approvals::{ApprovalRecord, Approvals};
 use crate::ledger::{IdempotencyLedger, IdempotencyLimits, InterruptedCall, LedgerEntry};
 use crate::repeat::{RepeatCounts, RepeatRecord};
+use crate::search::{FoundScope, FoundTool, MAX_FOUND};
 use crate::turn::{BudgetRecord, TurnBudgets};
 
 /// Where a conversation writes, ahead of their use, the model's answers
@@ -68,6 +69,8 @@ pub struct PolicyState {
     /// At-most-once calls answered `INTERRUPTED` since the application
     /// last took them.
     interrupted: Mutex<Vec<InterruptedCall>>,
+    /// The deferred tools `search_tools` found, in the order found.
+    found: Mutex<Arc<[FoundTool]>>,
 }
 
 impl std::fmt::Debug for PolicyState {
@@ -81,6 +84,7 @@ impl std::fmt::Debug for PolicyState {
             .field("repeats", &self.repeats)
             .field("answers", &self.answers)
             .field("journal", &self.journal().is_some())
+            .field("found", &self.found())
             .finish()
     }
 }
@@ -97,6 +101,7 @@ impl Default for PolicyState {
             answers: PendingAnswers::default(),
             journal: Mutex::new(None),
             interrupted: Mutex::new(Vec::new()),
+            found: Mutex::new(Arc::from([])),
         }
     }
 }
@@ -124,6 +129,8 @@ impl PolicyState {
         state.repeats.restore(snapshot.repeats);
         state.budgets.restore(snapshot.budgets);
         state.answers.restore(snapshot.answers);
+        *state.found.get_mut().unwrap_or_else(|p| p.into_inner()) =
+            snapshot.found.into_iter().take(MAX_FOUND).collect();
         // A paused call's request lives as long as its paused answer: one
         // without it (a repaired session) can never be resumed.
         let paused = state.answers.paused();
@@ -204,6 +211,44 @@ impl PolicyState {
             hasher.update([0u8]);
         }
         crate::ledger::hex(&hasher.finalize())
+    }
+
+    /// The deferred tools found by `search_tools` and still offered, in the
+    /// order found (the order they are offered in, after every other tool).
+    pub fn found(&self) -> Arc<[FoundTool]> {
+        Arc::clone(&self.found.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Records that `names` were found, to be offered for `scope`: a name
+    /// found already keeps its place (and takes the longer scope). Beyond
+    /// the most a conversation keeps, the oldest are dropped, with a log
+    /// line.
+    pub fn note_found(&self, names: impl IntoIterator<Item = String>, scope: FoundScope) {
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        let mut list = found.to_vec();
+        let before = list.clone();
+        for name in names {
+            match list.iter_mut().find(|f| f.name == name) {
+                Some(f) => {
+                    if scope == FoundScope::Session {
+                        f.scope = FoundScope::Session;
+                    }
+                }
+                None => list.push(FoundTool { name, scope }),
+            }
+        }
+        if list.len() > MAX_FOUND {
+            let dropped = list.len() - MAX_FOUND;
+            tracing::warn!(
+                dropped,
+                kept = MAX_FOUND,
+                "found tools: the oldest are no longer offered"
+            );
+            list.drain(..dropped);
+        }
+        if list != before {
+            *found = list.into();
+        }
     }
 
     /// The confirmation requests: list them, decide them.
@@ -337,6 +382,15 @@ impl PolicyState {
         // The ledger's keys name their turn: the earlier turns' answers can
         // never be matched again, so they are not kept (nor stored).
         self.ledger.forget_before(turn);
+        // Tools found for the turn are no longer offered.
+        let mut found = self.found.lock().unwrap_or_else(|p| p.into_inner());
+        if found.iter().any(|f| f.scope == FoundScope::Turn) {
+            *found = found
+                .iter()
+                .filter(|f| f.scope == FoundScope::Session)
+                .cloned()
+                .collect();
+        }
     }
 
     /// The counters a store rewrites when they change: the conversation,
@@ -346,6 +400,7 @@ impl PolicyState {
             conversation: Some(self.conversation.clone()),
             turn: self.turn(),
             budgets: self.budgets.snapshot(),
+            found: self.found().to_vec(),
         }
     }
 
@@ -360,6 +415,7 @@ impl PolicyState {
             repeats: self.repeats.snapshot(),
             budgets: self.budgets.snapshot(),
             answers: self.answers.snapshot(),
+            found: self.found().to_vec(),
         }
     }
 }
@@ -413,6 +469,9 @@ pub struct PolicyCounters {
     /// The budget counters of the current user turn.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub budgets: Vec<BudgetRecord>,
+    /// The deferred tools found and still offered, in the order found.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub found: Vec<FoundTool>,
 }
 
 /// The durable part of a [`PolicyState`].
@@ -441,6 +500,9 @@ pub struct PolicySnapshot {
     /// started (replayed, not asked again, when the step is resumed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub answers: Vec<RecordedAnswer>,
+    /// The deferred tools found and still offered, in the order found.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub found: Vec<FoundTool>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -457,6 +519,7 @@ impl PolicySnapshot {
             && self.repeats.is_empty()
             && self.budgets.is_empty()
             && self.answers.is_empty()
+            && self.found.is_empty()
     }
 
     /// The counters part.
@@ -465,6 +528,7 @@ impl PolicySnapshot {
             conversation: self.conversation.clone(),
             turn: self.turn,
             budgets: self.budgets.clone(),
+            found: self.found.clone(),
         }
     }
 }

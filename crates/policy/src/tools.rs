@@ -20,6 +20,7 @@ use crate::idempotency::IdempotencyLayer;
 use crate::kind::ToolErrorKind;
 use crate::metadata::{Mode, ToolMetadata};
 use crate::report::CallReport;
+use crate::search::{FoundTool, SEARCH_TOOLS, SearchIndex, SearchTool};
 use crate::service::{ToolOrigin, ToolRequest, ToolService};
 use crate::stack::PolicyStack;
 use crate::state::PolicyState;
@@ -82,10 +83,30 @@ impl ToolRegistryBuilder {
 
     /// Freezes the registry: checks the names, computes the version and
     /// builds the standard stack.
-    pub fn lock(self) -> Result<ToolRegistry, RegistryError> {
+    ///
+    /// When a tool is deferred ([`ToolMetadata::deferred`]), the built-in
+    /// `search_tools` tool is registered last, over an index of the
+    /// deferred tools.
+    pub fn lock(mut self) -> Result<ToolRegistry, RegistryError> {
         if let Some(e) = self.errors.into_iter().next() {
             return Err(e);
         }
+        let search = if self.entries.iter().any(|e| e.metadata.is_deferred()) {
+            let index = SearchIndex::new(
+                self.entries
+                    .iter()
+                    .filter(|e| e.metadata.is_deferred())
+                    .map(|e| (e.tool.definition(), e.metadata.allowed_modes())),
+            );
+            let tool = SearchTool::new(Arc::new(index), self.config.tool_search.max_results)?;
+            self.entries.push(Entry {
+                tool: Arc::new(tool.clone()),
+                metadata: ToolMetadata::new(crate::metadata::Category::Retrieval),
+            });
+            Some(tool)
+        } else {
+            None
+        };
         let mut index = HashMap::with_capacity(self.entries.len());
         for (i, e) in self.entries.iter().enumerate() {
             let name = e.tool.definition().name.as_str().to_owned();
@@ -105,8 +126,11 @@ impl ToolRegistryBuilder {
         let mut config = self.config;
         config.registry_version = Arc::clone(&version);
         let service: Arc<dyn ToolService> = Arc::new(
-            PolicyStack::standard(&config)
-                .service(ExecuteService::new(config.envelope).errors(config.errors)),
+            PolicyStack::standard(&config).service(
+                ExecuteService::new(config.envelope)
+                    .errors(config.errors)
+                    .holds(config.confirmation_ttl),
+            ),
         );
         Ok(ToolRegistry {
             entries: self.entries,
@@ -115,6 +139,7 @@ impl ToolRegistryBuilder {
             config,
             service,
             own_state: Arc::new(PolicyState::new()),
+            search,
         })
     }
 }
@@ -156,10 +181,11 @@ pub fn plain_registry() -> &'static ToolRegistry {
                             .format(EnvelopeMode::Off, ErrorFormat::PlainText),
                     )
                     .layer(IdempotencyLayer::new(config.idempotency))
-                    .service(ExecuteService::plain()),
+                    .service(ExecuteService::plain().holds(config.confirmation_ttl)),
             ),
             config,
             own_state: Arc::new(PolicyState::new()),
+            search: None,
         }
     })
 }
@@ -182,6 +208,7 @@ pub fn unrecorded_registry() -> &'static ToolRegistry {
             service: Arc::new(ExecuteService::plain()),
             config,
             own_state: Arc::new(PolicyState::new()),
+            search: None,
         }
     })
 }
@@ -197,6 +224,8 @@ pub struct ToolRegistry {
     /// The conversation state of calls made through [`ToolRegistry::execute`]
     /// (a machine brings its own).
     own_state: Arc<PolicyState>,
+    /// `search_tools`, when a tool is deferred.
+    search: Option<SearchTool>,
 }
 
 impl ToolRegistry {
@@ -244,6 +273,16 @@ impl ToolRegistry {
     /// The standard stack over the execution.
     pub fn service(&self) -> &dyn ToolService {
         &*self.service
+    }
+
+    /// Whether a tool is deferred (and `search_tools` registered).
+    pub fn has_deferred(&self) -> bool {
+        self.search.is_some()
+    }
+
+    /// Whether `name` is registered and deferred.
+    pub fn is_deferred(&self, name: &str) -> bool {
+        self.metadata(name).is_some_and(ToolMetadata::is_deferred)
     }
 
     /// Whether `name` is registered.
@@ -364,6 +403,18 @@ impl<'a> RegistrySession<'a> {
                 awaiting: None,
             };
         }
+        // `search_tools` sees only the tools the session's mode allows.
+        let search = self
+            .registry
+            .search
+            .as_ref()
+            .filter(|_| name == SEARCH_TOOLS)
+            .map(|s| Arc::new(s.in_mode(self.mode)) as SharedTool);
+        let tool = match &search {
+            Some(s) => Some(s),
+            None => tool,
+        };
+        let found_input = search.is_some().then(|| input.clone().into_owned());
         let req = ToolRequest {
             call_id,
             name,
@@ -379,6 +430,17 @@ impl<'a> RegistrySession<'a> {
             origin,
         };
         let result = self.registry.service.call(req).await;
+        if let (Some(input), Some(search)) = (found_input, &self.registry.search)
+            && !result.is_error
+            && report.awaiting().is_none()
+        {
+            // The search is a pure function of the frozen registry: a
+            // replayed call (answered from the ledger) finds the same.
+            self.policy.note_found(
+                search.in_mode(self.mode).found(&input),
+                self.registry.config.tool_search.scope,
+            );
+        }
         Executed {
             error: report.error_kind(),
             intents: report.take_intents(),
@@ -397,9 +459,18 @@ pub struct RegistryBinding {
     /// Offered tool lists by the address of the list they extend (which is
     /// kept alive here, so the address is not reused).
     offered: std::sync::Mutex<Vec<OfferedList>>,
+    /// The deferred tools the mode allows, made on first use.
+    deferred: std::sync::OnceLock<Arc<[markov_core::tool::ToolName]>>,
 }
 
-type OfferedList = (Arc<[ToolDefinition]>, Arc<[ToolDefinition]>);
+/// One offered list, by what it was made from.
+#[derive(Debug)]
+struct OfferedList {
+    base: Arc<[ToolDefinition]>,
+    found: Arc<[FoundTool]>,
+    all: bool,
+    merged: Arc<[ToolDefinition]>,
+}
 
 /// Tool lists remembered at most by [`RegistryBinding::offered_tools`].
 const MAX_OFFERED_LISTS: usize = 256;
@@ -411,18 +482,69 @@ impl RegistryBinding {
             registry,
             mode,
             offered: std::sync::Mutex::new(Vec::new()),
+            deferred: std::sync::OnceLock::new(),
         }
     }
 
-    /// The tools to offer a leaf whose own tool list is `base`: a tool of
-    /// `base` that is registered is offered with the registry's definition
-    /// (the schema the stack enforces, with `confirmationToken` where
-    /// needed), and the registered tools the mode allows that `base` lacks
-    /// are added after it. Computed once per `base` list.
-    pub fn offered_tools(&self, base: &Arc<[ToolDefinition]>) -> Arc<[ToolDefinition]> {
+    /// The names of the deferred tools the mode allows, in registration
+    /// order: what a provider's own tool search is sent as deferred (with
+    /// [`all_tools`](Self::all_tools)).
+    pub fn deferred_names(&self) -> Arc<[markov_core::tool::ToolName]> {
+        Arc::clone(self.deferred.get_or_init(|| {
+            self.registry
+                .entries
+                .iter()
+                .filter(|e| e.metadata.is_deferred() && e.metadata.allows(&self.mode))
+                .map(|e| e.tool.definition().name.clone())
+                .collect()
+        }))
+    }
+
+    /// Whether calls offered through this binding use a provider's own
+    /// tool search when `model_searches` (the model's
+    /// `native_tool_search`): some tool is deferred and the registry's
+    /// [`ToolSearch`](crate::ToolSearch) allows it.
+    pub fn uses_native_search(&self, model_searches: bool) -> bool {
+        model_searches && self.registry.has_deferred() && self.registry.config.tool_search.native
+    }
+
+    /// The tools to offer a leaf whose own tool list is `base`, with the
+    /// deferred tools in `found` (in that order): a tool of `base` that is
+    /// registered is offered with the registry's definition (the schema the
+    /// stack enforces, with `confirmationToken` where needed), then the
+    /// registered tools the mode allows that `base` lacks and that are not
+    /// deferred (`search_tools` last of them), then the found ones — at the
+    /// end, so that a list grows only by its tail and a provider's prompt
+    /// cache stays warm. Computed once per `base` list and found list.
+    pub fn offered_tools(
+        &self,
+        base: &Arc<[ToolDefinition]>,
+        found: &Arc<[FoundTool]>,
+    ) -> Arc<[ToolDefinition]> {
+        self.offered_list(base, found, false)
+    }
+
+    /// Every tool that may be offered to a leaf whose own tool list is
+    /// `base` (the deferred ones included, `search_tools` left out), for a
+    /// provider's own tool search (the deferred tools are sent marked for
+    /// loading on demand) and for a model's check of what it can be
+    /// offered.
+    pub fn all_tools(&self, base: &Arc<[ToolDefinition]>) -> Arc<[ToolDefinition]> {
+        self.offered_list(base, &Arc::from([]), true)
+    }
+
+    fn offered_list(
+        &self,
+        base: &Arc<[ToolDefinition]>,
+        found: &Arc<[FoundTool]>,
+        all: bool,
+    ) -> Arc<[ToolDefinition]> {
         let mut lists = self.offered.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, merged)) = lists.iter().find(|(b, _)| Arc::ptr_eq(b, base)) {
-            return Arc::clone(merged);
+        if let Some(list) = lists
+            .iter()
+            .find(|l| Arc::ptr_eq(&l.base, base) && l.all == all && l.found[..] == found[..])
+        {
+            return Arc::clone(&list.merged);
         }
         let mut merged: Vec<ToolDefinition> = base
             .iter()
@@ -432,17 +554,45 @@ impl RegistryBinding {
                     .unwrap_or_else(|| d.clone())
             })
             .collect();
+        let in_base = |name: &str| base.iter().any(|d| d.name.as_str() == name);
         for entry in &self.registry.entries {
             let name = entry.tool.definition().name.as_str();
-            if entry.metadata.allows(&self.mode) && !base.iter().any(|d| d.name.as_str() == name) {
+            let wanted = if all {
+                name != SEARCH_TOOLS
+            } else {
+                !entry.metadata.is_deferred()
+            };
+            if wanted && entry.metadata.allows(&self.mode) && !in_base(name) {
                 merged.push(offered(entry, self.registry.config.approval_flow));
+            }
+        }
+        if !all {
+            for f in found.iter() {
+                let Some(&i) = self.registry.index.get(&f.name) else {
+                    tracing::debug!(tool = %f.name, "a found tool is no longer registered: not offered");
+                    continue;
+                };
+                let entry = &self.registry.entries[i];
+                let name = f.name.as_str();
+                if entry.metadata.is_deferred()
+                    && entry.metadata.allows(&self.mode)
+                    && !in_base(name)
+                    && !merged.iter().any(|d| d.name.as_str() == name)
+                {
+                    merged.push(offered(entry, self.registry.config.approval_flow));
+                }
             }
         }
         let merged: Arc<[ToolDefinition]> = merged.into();
         if lists.len() >= MAX_OFFERED_LISTS {
             lists.clear();
         }
-        lists.push((Arc::clone(base), Arc::clone(&merged)));
+        lists.push(OfferedList {
+            base: Arc::clone(base),
+            found: Arc::clone(found),
+            all,
+            merged: Arc::clone(&merged),
+        });
         merged
     }
 

@@ -166,14 +166,10 @@ pub(crate) trait Vendor: fmt::Debug + Clone + Send + Sync + Sized + 'static {
         Err(not_offered(Self::NAME, Purpose::Count))
     }
 
-    /// Adds what one request needs besides its body (Anthropic's betas);
-    /// `structured` says whether the body carries the schema field.
-    fn prepare(
-        &self,
-        request: reqwest::RequestBuilder,
-        structured: bool,
-    ) -> reqwest::RequestBuilder {
-        let _ = structured;
+    /// Adds what one request needs besides its body (Anthropic's betas),
+    /// as `needs` says.
+    fn prepare(&self, request: reqwest::RequestBuilder, needs: Needs) -> reqwest::RequestBuilder {
+        let _ = needs;
         request
     }
 
@@ -214,6 +210,11 @@ pub(crate) trait Vendor: fmt::Debug + Clone + Send + Sync + Sized + 'static {
     /// See [`Model::native_summaries`].
     fn native_summaries(&self) -> Option<&str> {
         None
+    }
+
+    /// See [`Model::native_tool_search`].
+    fn native_tool_search(&self) -> bool {
+        false
     }
 
     /// See [`Model::compact`].
@@ -658,12 +659,11 @@ impl<V: Vendor> Client<V> {
         &self,
         url: &Url,
         body: Bytes,
-        structured: bool,
+        needs: Needs,
     ) -> Result<reqwest::Response, ModelError> {
-        let request = self.vendor.prepare(
-            self.transport.client().post(url.clone()).body(body),
-            structured,
-        );
+        let request = self
+            .vendor
+            .prepare(self.transport.client().post(url.clone()).body(body), needs);
         let response = request
             .send()
             .await
@@ -681,13 +681,13 @@ impl<V: Vendor> Client<V> {
         span: &tracing::Span,
         url: &Url,
         body: Bytes,
-        structured: bool,
+        needs: Needs,
         max_tokens: u32,
     ) -> Result<Bytes, ModelError> {
         let _place = self.transport.enter(body.len(), max_tokens).await?;
         self.transport
             .with_retries_by_deadline(span, || async {
-                let response = self.post(url, body.clone(), structured).await?;
+                let response = self.post(url, body.clone(), needs).await?;
                 response
                     .bytes()
                     .await
@@ -732,6 +732,26 @@ pub(crate) fn replay<V: Vendor>(body: &[u8]) -> Result<Vec<StreamEvent>, ModelEr
     )
 }
 
+/// What one request needs of the vendor besides its body.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Needs {
+    /// The body carries the structured-output schema field.
+    pub(crate) structured: bool,
+    /// Some offered tools are deferred, for the provider's tool search.
+    pub(crate) deferred_tools: bool,
+}
+
+impl Needs {
+    /// The needs of `request`, whose body carries the schema field when
+    /// `structured`.
+    pub(crate) fn of(request: &ModelRequest<'_>, structured: bool) -> Self {
+        Needs {
+            structured,
+            deferred_tools: !request.deferred_tools().is_empty(),
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl<V: Vendor> Model for Client<V> {
     fn provider_name(&self) -> &str {
@@ -764,13 +784,16 @@ impl<V: Vendor> Model for Client<V> {
         };
         let span = Self::span("count_tokens", model);
         let body = Bytes::from(self.body(&request, Purpose::Count)?);
-        let structured = Plan::of(&request, self.vendor.schema_with_tools())
-            .schema_field()
-            .is_some();
+        let needs = Needs::of(
+            &request,
+            Plan::of(&request, self.vendor.schema_with_tools())
+                .schema_field()
+                .is_some(),
+        );
         let call = async {
             let answer = self
                 .transport
-                .count(&span, || self.post(&url, body.clone(), structured))
+                .count(&span, || self.post(&url, body.clone(), needs))
                 .await?;
             let tokens = self.vendor.decode_count(&answer)?;
             tracing::debug!(input_tokens = tokens, "counted");
@@ -783,6 +806,10 @@ impl<V: Vendor> Model for Client<V> {
         self.vendor.native_summaries()
     }
 
+    fn native_tool_search(&self) -> bool {
+        self.vendor.native_tool_search()
+    }
+
     async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
         V::compact(self, request).await
     }
@@ -793,12 +820,10 @@ impl<V: Vendor> Model for Client<V> {
         let plan = Plan::of(&request, self.vendor.schema_with_tools());
         let body = Bytes::from(self.request_body(&request, false)?);
         let url = self.vendor.call_url(model, false);
-        let structured = plan.schema_field().is_some();
+        let needs = Needs::of(&request, plan.schema_field().is_some());
         let max_tokens = request.settings().max_tokens;
         let call = async {
-            let bytes = self
-                .exchange(&span, &url, body, structured, max_tokens)
-                .await?;
+            let bytes = self.exchange(&span, &url, body, needs, max_tokens).await?;
             let answer = self.vendor.finish(self.vendor.decode(&bytes)?, max_tokens);
             crate::convert::check_forced_call(
                 !request.tools().is_empty() || plan.tool().is_some(),
@@ -830,7 +855,7 @@ impl<V: Vendor> Model for Client<V> {
             Err(error) => return futures::stream::once(async { Err(error) }).boxed(),
         };
         let url = self.vendor.call_url(model, true).into_owned();
-        let structured = plan.schema_field().is_some();
+        let needs = Needs::of(&request, plan.schema_field().is_some());
         let body_len = body.len();
         let max_tokens = request.settings().max_tokens;
         let named = url.clone();
@@ -838,7 +863,7 @@ impl<V: Vendor> Model for Client<V> {
         let connect_span = span.clone();
         let connect = async move {
             self.transport
-                .with_retries(&connect_span, || self.post(&url, body.clone(), structured))
+                .with_retries(&connect_span, || self.post(&url, body.clone(), needs))
                 .await
         };
         let stream = sse_stream(

@@ -220,6 +220,11 @@ impl markov_core::model::ModelLayer for Fallback {
             .then_some(first)
     }
 
+    fn native_tool_search(&self) -> bool {
+        // A request with deferred tools may reach any model of the list.
+        self.entries.iter().all(|e| e.model.native_tool_search())
+    }
+
     async fn compact(&self, request: ModelRequest<'_>) -> Result<Compaction, ModelError> {
         // Only items every model of the list reads are worth making; the
         // first model makes them, as it counts.

@@ -507,6 +507,7 @@ pub(crate) fn policy_snapshot(
             .map(|text| from_json(session, "the recorded answers", text))
             .transpose()?
             .unwrap_or_default(),
+        found: counters.found,
     };
     snapshot.retain_replayable();
     Ok(snapshot)

@@ -89,6 +89,7 @@ impl ProbeModel {
             Some(Self::VENDOR),
             "native_summaries"
         );
+        assert!(model.native_tool_search(), "native_tool_search");
         assert_eq!(
             model.compact(request).await,
             Err(ModelError::InvalidRequest("the probe compacts".into())),
@@ -151,6 +152,10 @@ impl Model for ProbeModel {
 
     fn native_summaries(&self) -> Option<&str> {
         Some(Self::VENDOR)
+    }
+
+    fn native_tool_search(&self) -> bool {
+        true
     }
 
     async fn compact(&self, _request: ModelRequest<'_>) -> Result<Compaction, ModelError> {

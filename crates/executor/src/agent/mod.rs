@@ -23,8 +23,10 @@ use crate::serialize::{DeserializeError, SerializedMachine, deserialize_machine}
 use crate::standard::StandardExecutor;
 use crate::stream::MessageStreamEvent;
 
+mod as_tool;
 pub mod builder;
 
+pub use as_tool::AgentTool;
 pub use builder::AgentBuilder;
 
 /// An agent, ready to run: see [`Agent::builder`] and [`AgentBuilder`].

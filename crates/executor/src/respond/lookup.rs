@@ -181,7 +181,9 @@ pub(crate) fn may_pause<'n>(
         |name| match find(charter, node, ancestors, is_worker, name) {
             Some(Found::Node(tool, _) | Found::Pack(tool, _)) => {
                 let definition = tool.definition();
-                definition.needs_approval || definition.delivery == Some(Delivery::AtMostOnce)
+                definition.needs_approval
+                    || definition.delivery == Some(Delivery::AtMostOnce)
+                    || tool.may_pause()
             }
             None => false,
         },

@@ -103,6 +103,9 @@ pub(crate) struct LeafView<'a> {
     /// Whether tool arguments and results go into the trace (opt-in: they
     /// may hold personal data).
     pub capture_content: bool,
+    /// Where the calls report what they spend themselves (a sub-agent's
+    /// model calls), for the step to count; `None`: nothing counts it.
+    pub usage: Option<&'a markov_core::tool::UsageSink>,
 }
 
 /// One requested call, borrowed from the assistant message that holds it
@@ -767,6 +770,10 @@ async fn call_tool(
         .map(|make| markov_core::tool::IdempotencyKey::new(make));
     let cx = match &key {
         Some(key) => cx.with_idempotency_key(key),
+        None => cx,
+    };
+    let cx = match leaf.usage {
+        Some(sink) => cx.with_usage_sink(sink),
         None => cx,
     };
     let run = session.run(

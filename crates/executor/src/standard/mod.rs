@@ -235,7 +235,8 @@ impl StandardExecutor {
             let mut tools = generate_tools_cached(charter, node, &[], false)
                 .map_err(|e| (name.clone(), Unservable::Tools(e)))?;
             if let Some(binding) = &self.registry {
-                tools = binding.offered_tools(&tools);
+                // The deferred tools too: any may be found and offered.
+                tools = binding.all_tools(&tools);
             }
             self.model
                 .check_tools(&tools, node.output().map(|o| o.schema()))

@@ -31,6 +31,9 @@ pub(super) struct Prepared {
     /// The tools offered, shared with every other step of the same node
     /// (see `generate_tools_cached`).
     pub tools: Arc<[ToolDefinition]>,
+    /// The offered tools that are deferred, for a provider that searches
+    /// tools itself (empty otherwise).
+    pub deferred_tools: Arc<[ToolName]>,
     /// The provider built-in tools offered (see
     /// [`generate_provider_tools`]); the provider runs them.
     pub provider_tools: Vec<ProviderTool>,
@@ -47,6 +50,7 @@ impl Prepared {
     pub(crate) fn request<'a>(&'a self, history: &'a [Message]) -> ModelRequest<'a> {
         ModelRequest::new(&self.system, history, &self.settings)
             .with_tools(&self.tools)
+            .with_deferred_tools(&self.deferred_tools)
             .with_provider_tools(&self.provider_tools)
             .with_tool_choice(&self.tool_choice)
             .with_output_schema(self.output_schema.as_ref())
@@ -123,8 +127,16 @@ pub(super) fn prepare(
     let node = cx.instance().node();
     let ancestors = ancestor_views(cx);
     let mut tools = generate_tools_cached(cx.charter, node, &ancestors, cx.is_worker())?;
+    let mut deferred_tools: Arc<[ToolName]> = Arc::from([]);
     if let Some(binding) = registry {
-        tools = binding.offered_tools(&tools);
+        if binding.uses_native_search(model.native_tool_search()) {
+            // The provider's own tool search: every tool, the deferred
+            // ones marked, and no `search_tools`.
+            tools = binding.all_tools(&tools);
+            deferred_tools = binding.deferred_names();
+        } else {
+            tools = binding.offered_tools(&tools, &cx.policy.found());
+        }
     }
     let packs = if cx.root().packs().is_empty() {
         node.packs()
@@ -178,6 +190,7 @@ pub(super) fn prepare(
         system,
         provider_tools: generate_provider_tools(node, &ancestors),
         tools,
+        deferred_tools,
         // The recovery call asks for an answer without tools: forcing one
         // would contradict it (and a provider may then refuse the call).
         tool_choice: if cx.turn.recovering {

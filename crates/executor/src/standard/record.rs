@@ -31,6 +31,11 @@ pub(super) struct Metered {
 }
 
 impl Metered {
+    /// Adds what the step's tool calls spent themselves.
+    pub(super) fn add(&mut self, usage: Usage) {
+        self.usage += usage;
+    }
+
     /// `outcome` with the step's usage and model.
     pub(super) fn onto(self, mut outcome: LeafOutcome) -> LeafOutcome {
         outcome.usage = self.usage;

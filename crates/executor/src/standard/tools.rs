@@ -59,11 +59,14 @@ impl StandardExecutor {
         let ToolStep {
             entries,
             refused,
-            metered,
+            mut metered,
             vessel_id,
             resumed,
             unrecorded,
         } = step;
+        // What the calls spend themselves (a sub-agent's model calls)
+        // counts as the step's.
+        let spent = markov_core::tool::UsageSink::new();
         let calls = Calls::of(&entries, &refused);
         let ancestors = ancestor_views(cx);
         let packs = pack_states(cx);
@@ -100,6 +103,7 @@ impl StandardExecutor {
                 .loop_guard()
                 .unwrap_or_else(|| cx.charter.loop_guard()),
             capture_content: self.capture_content,
+            usage: Some(&spent),
         };
         // Taken before any call counts: a step that pauses puts the counters
         // back, since resuming replays its calls.
@@ -115,6 +119,7 @@ impl StandardExecutor {
         };
         let mut outcome = run_tool_calls_logged(&view, &calls, &log).await;
         in_flight.disarm();
+        metered.add(spent.take());
         drop(calls);
         if !outcome.awaiting.is_empty() {
             // Nothing of the step is recorded: the answer waits, paused,

@@ -2,6 +2,7 @@
 //! dominate the test run): one module per area.
 
 mod agent;
+mod agents_as_tools;
 mod approvals;
 mod builtin_tools;
 mod cancellation;
@@ -14,6 +15,7 @@ mod ergonomics;
 mod exactly_once;
 mod externalize;
 mod finish_restriction;
+mod handoffs;
 mod loop_guard;
 mod machine;
 mod parallel;
@@ -28,5 +30,6 @@ mod terminal_tools;
 mod token_count;
 mod tool_choice;
 mod tool_choice_rules;
+mod tool_search;
 mod tree;
 mod usage;

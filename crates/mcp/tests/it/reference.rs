@@ -493,3 +493,76 @@ async fn a_listing_nested_too_deep_fails_at_once_with_a_clear_error() {
     assert!(matches!(err, McpError::Disconnected(_)), "{err:?}");
     assert!(err.to_string().contains("nested deeper than"), "{err}");
 }
+
+/// Every tool of `mcp-server-everything` deferred: the model is offered
+/// only `search_tools`, finds `echo` by what it does, and calls it on the
+/// real server through the registry's policies.
+#[tokio::test]
+async fn the_everything_servers_tools_deferred_are_found_by_search_and_called() {
+    use markov_charter::node::Node;
+    use markov_executor::Agent;
+    use markov_policy::ToolMetadata;
+    use markov_testkit::ScriptedModel;
+
+    let Some(config) = everything() else {
+        return;
+    };
+    let client = McpClient::connect(config).await.expect("connects");
+    let deferred: Vec<(SharedTool, ToolMetadata)> = client
+        .mcp_tools()
+        .await
+        .expect("lists")
+        .into_iter()
+        .map(|tool| {
+            let metadata = McpClient::default_metadata(&tool).deferred();
+            (tool as SharedTool, metadata)
+        })
+        .collect();
+    let listed = deferred.len();
+    assert!(listed > 5, "the server lists its tools: {listed}");
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("search_tools", json!({"query": "echo back a message"}))
+            .tool_call("echo", json!({"message": "found and called"}))
+            .text("done")
+            .build(),
+    );
+    let mut machine = Agent::builder("mcp")
+        .node(
+            "main",
+            Node::builder("Use your tools.")
+                .name("main")
+                .build()
+                .expect("node builds"),
+        )
+        .shared_model(model.clone())
+        .tools_with(deferred)
+        // The echo tool is not marked read-only: trusted here.
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .build()
+        .expect("agent builds")
+        .machine();
+    machine.enqueue_user("echo something");
+    machine.run().await.expect("runs");
+    let requests = model.requests();
+    assert_eq!(requests[0].tool_names(), ["search_tools"]);
+    assert_eq!(requests[1].tool_names().first(), Some(&"search_tools"));
+    assert!(
+        requests[1].tool_names().contains(&"echo"),
+        "{:?}",
+        requests[1].tool_names()
+    );
+    assert!(requests[1].tools.len() < listed, "only what was found");
+    let results = crate::common::results(machine.history());
+    assert!(
+        results[0].0.contains(r#""name":"echo""#),
+        "{}",
+        results[0].0
+    );
+    assert!(
+        results[1].0.contains("found and called") && !results[1].1,
+        "{:?}",
+        results[1]
+    );
+    client.close().await;
+}

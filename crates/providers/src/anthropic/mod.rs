@@ -56,7 +56,9 @@ use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderValue};
 
 use crate::body::BodyCache;
-use crate::client::{CachesBodies, Client, ClientBuilder, Parts, Purpose, Vendor, not_offered};
+use crate::client::{
+    CachesBodies, Client, ClientBuilder, Needs, Parts, Purpose, Vendor, not_offered,
+};
 use crate::error::ConfigError;
 use crate::transport::{endpoint, redact_url};
 
@@ -80,6 +82,17 @@ pub const STRUCTURED_OUTPUTS_BETA: &str = "structured-outputs-2025-11-13";
 
 /// The beta that enables context editing (`anthropic-beta` header).
 pub const CONTEXT_MANAGEMENT_BETA: &str = "context-management-2025-06-27";
+
+/// The beta that enables the tool search tool and deferred tools
+/// (`anthropic-beta` header).
+pub const TOOL_SEARCH_BETA: &str = "advanced-tool-use-2025-11-20";
+
+/// The type of the API's tool search tool that a request with deferred
+/// tools is sent with (the BM25 variant: the model searches with words).
+pub const TOOL_SEARCH_TOOL_TYPE: &str = "tool_search_tool_bm25_20251119";
+
+/// The name of that tool, which its `server_tool_use` blocks carry.
+pub const TOOL_SEARCH_TOOL_NAME: &str = "tool_search_tool_bm25";
 
 /// The environment variable holding the API key.
 pub const API_KEY_ENV: &str = "ANTHROPIC_API_KEY";
@@ -373,6 +386,12 @@ impl Vendor for AnthropicVendor {
         self.shape.schema_with_tools
     }
 
+    /// The Messages API's tool search tool: deferred tools are sent with
+    /// `defer_loading`, and the model finds them itself.
+    fn native_tool_search(&self) -> bool {
+        true
+    }
+
     fn call_url(&self, _model: &str, _stream: bool) -> Cow<'_, Url> {
         Cow::Borrowed(&self.url)
     }
@@ -413,15 +432,13 @@ impl Vendor for AnthropicVendor {
         wire::decode_count(body)
     }
 
-    /// The betas a request needs: structured output when `structured`,
-    /// context editing when the client edits context.
-    fn prepare(
-        &self,
-        request: reqwest::RequestBuilder,
-        structured: bool,
-    ) -> reqwest::RequestBuilder {
+    /// The betas a request needs: structured output when its body carries
+    /// the schema, tool search when it defers tools, context editing when
+    /// the client edits context.
+    fn prepare(&self, request: reqwest::RequestBuilder, needs: Needs) -> reqwest::RequestBuilder {
         let betas: Vec<&str> = [
-            structured.then_some(STRUCTURED_OUTPUTS_BETA),
+            needs.structured.then_some(STRUCTURED_OUTPUTS_BETA),
+            needs.deferred_tools.then_some(TOOL_SEARCH_BETA),
             self.shape
                 .context_management
                 .is_some()

@@ -208,8 +208,20 @@ struct Tool<'a> {
     #[serde(skip_serializing_if = "str::is_empty")]
     description: &'a str,
     input_schema: &'a Value,
+    /// Loaded only once the API's tool search finds it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    defer_loading: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     cache_control: Option<CacheControl>,
+}
+
+/// The API's tool search tool (BM25 over the deferred tools), sent after
+/// the client tools when some are deferred.
+fn tool_search_tool() -> WireTool<'static> {
+    WireTool::Server(serde_json::json!({
+        "type": super::TOOL_SEARCH_TOOL_TYPE,
+        "name": super::TOOL_SEARCH_TOOL_NAME,
+    }))
 }
 
 #[derive(Serialize)]
@@ -419,7 +431,13 @@ fn frame<'a>(
             cache_control: cache,
         }]
     };
-    let last_tool = request.tools().len().checked_sub(1);
+    // The breakpoint goes on the last tool the prompt holds: a deferred
+    // one is loaded only when found.
+    let last_tool = request
+        .tools()
+        .iter()
+        .rposition(|t| !request.is_deferred(t.name.as_str()));
+    let deferred = !request.deferred_tools().is_empty();
     let tools = request
         .tools()
         .iter()
@@ -429,14 +447,17 @@ fn frame<'a>(
                 name: tool.name.as_str(),
                 description: &tool.description,
                 input_schema: &tool.input_schema,
+                defer_loading: deferred && request.is_deferred(tool.name.as_str()),
                 cache_control: if Some(i) == last_tool { cache } else { None },
             })
         })
+        .chain(deferred.then(tool_search_tool))
         .chain(plan.tool().map(|(name, schema)| {
             WireTool::Client(Tool {
                 name,
                 description: output::DESCRIPTION,
                 input_schema: schema,
+                defer_loading: false,
                 cache_control: None,
             })
         }))
@@ -933,6 +954,7 @@ pub(super) fn tool_schemas(tools: &[markov_core::ToolDefinition]) -> Value {
             name: tool.name.as_str(),
             description: &tool.description,
             input_schema: &tool.input_schema,
+            defer_loading: false,
             cache_control: None,
         })
         .collect();

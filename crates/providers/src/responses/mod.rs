@@ -279,7 +279,13 @@ impl Vendor for ResponsesVendor {
             let call = async {
                 let url = &client.vendor.compact_url;
                 let bytes = client
-                    .exchange(&span, url, body, false, request.settings().max_tokens)
+                    .exchange(
+                        &span,
+                        url,
+                        body,
+                        crate::client::Needs::default(),
+                        request.settings().max_tokens,
+                    )
                     .await?;
                 let text = std::str::from_utf8(&bytes).map_err(|e| {
                     ModelError::InvalidResponse(format!("the compaction is not UTF-8: {e}"))

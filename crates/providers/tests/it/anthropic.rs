@@ -866,3 +866,119 @@ async fn system_and_tools_caching_leaves_the_messages_without_a_breakpoint() {
         .unwrap();
     assert_eq!(breakpoints(&server.single().body), (vec![], 2));
 }
+
+/// Deferred tools go out with `defer_loading`, the API's tool search tool
+/// after them and its beta; the cache breakpoint stays on the last tool
+/// the prompt holds. The model's search and its result come back as
+/// provider items, and the found tool's call as a client call.
+#[tokio::test]
+async fn deferred_tools_are_sent_for_the_apis_tool_search_and_its_blocks_read_back() {
+    use expect_test::expect;
+    use markov_core::ToolName;
+
+    let answer = json!({
+        "id": "msg_01",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": [
+            {"type": "server_tool_use", "id": "srvtoolu_01", "name": "tool_search_tool_bm25", "input": {"query": "add numbers"}},
+            {"type": "tool_search_tool_result", "tool_use_id": "srvtoolu_01", "content": {"type": "tool_search_tool_search_result", "tool_references": [{"type": "tool_reference", "tool_name": "add"}]}},
+            {"type": "tool_use", "id": "toolu_01", "name": "add", "input": {"a": 2, "b": 3}}
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 10, "output_tokens": 5}
+    });
+    let server = FakeServer::scripted(vec![Reply::json(200, answer)]).await;
+    let history = [Message::user("2 + 3?")];
+    let tools = tools();
+    let deferred = [ToolName::new("add").expect("valid name")];
+    let settings = ModelSettings::default();
+    let client = Anthropic::builder()
+        .api_key(KEY)
+        .base_url(server.base_url())
+        .model("claude-test")
+        .prompt_caching(PromptCaching::SystemAndTools)
+        .build()
+        .expect("a valid client");
+    assert!(client.native_tool_search());
+    let response = client
+        .complete(
+            request(&history, &tools, &ToolChoice::Auto, &settings).with_deferred_tools(&deferred),
+        )
+        .await
+        .expect("answers");
+    let sent = server.single();
+    assert_eq!(
+        sent.header("anthropic-beta"),
+        Some("advanced-tool-use-2025-11-20")
+    );
+    expect![[r#"
+        [
+          {
+            "defer_loading": true,
+            "description": "Adds two numbers.",
+            "input_schema": {
+              "properties": {
+                "a": {
+                  "type": "integer"
+                },
+                "b": {
+                  "type": "integer"
+                }
+              },
+              "required": [
+                "a",
+                "b"
+              ],
+              "type": "object"
+            },
+            "name": "add"
+          },
+          {
+            "cache_control": {
+              "type": "ephemeral"
+            },
+            "description": "Ends the run.",
+            "input_schema": {
+              "type": "object"
+            },
+            "name": "finish"
+          },
+          {
+            "name": "tool_search_tool_bm25",
+            "type": "tool_search_tool_bm25_20251119"
+          }
+        ]"#]]
+    .assert_eq(&serde_json::to_string_pretty(&sent.body["tools"]).expect("json"));
+    assert_eq!(
+        response
+            .provider_tool_calls()
+            .map(|c| c.1)
+            .collect::<Vec<_>>(),
+        ["tool_search_tool_bm25"]
+    );
+    assert_eq!(
+        response.tool_calls().map(|c| c.1).collect::<Vec<_>>(),
+        ["add"]
+    );
+}
+
+#[tokio::test]
+async fn a_request_without_deferred_tools_sends_no_tool_search() {
+    let server = FakeServer::scripted(vec![Reply::json(200, text_answer("5"))]).await;
+    let history = [Message::user("2 + 3?")];
+    let tools = tools();
+    let settings = ModelSettings::default();
+    client(&server)
+        .complete(request(&history, &tools, &ToolChoice::Auto, &settings))
+        .await
+        .expect("answers");
+    let sent = server.single();
+    assert_eq!(sent.header("anthropic-beta"), None);
+    let text = sent.body["tools"].to_string();
+    assert!(
+        !text.contains("defer_loading") && !text.contains("tool_search"),
+        "{text}"
+    );
+}

@@ -2,6 +2,8 @@
 //! dominate the test run): one module per area.
 
 #[cfg(feature = "sqlite")]
+mod agents;
+#[cfg(feature = "sqlite")]
 mod approvals;
 #[cfg(feature = "sqlite")]
 mod cache;
@@ -17,3 +19,5 @@ mod postgres;
 mod postgres_restart;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
+mod tool_search;

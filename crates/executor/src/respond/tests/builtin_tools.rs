@@ -220,6 +220,7 @@ async fn the_pipeline_skips_provider_tool_calls() {
         unrecorded: None,
         loop_guard: Default::default(),
         capture_content: false,
+        usage: None,
     };
     let message = calling(&[
         ("srv_1", "web_search"),

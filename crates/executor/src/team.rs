@@ -1,0 +1,545 @@
+//! [`Team`]: several agents and the handoffs between them. One agent has
+//! the conversation at a time; its model hands it to another by calling a
+//! handoff tool ([`Handoff::tool`]), and the other continues with its own
+//! instructions and tools, shown the conversation as the handoff says
+//! ([`HistoryFilter`]), until it hands back ([`Handoff::back`]) or on.
+//!
+//! A [`TeamSession`] holds one machine per agent that has had the
+//! conversation; [`TeamSession::send`] runs the user's turn, following
+//! the handoffs it makes (at most [`MAX_HANDOFFS_PER_TURN`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use markov_core::async_trait;
+use markov_core::message::{Message, Role};
+use markov_core::model::{Model, ModelRequest, ModelSettings};
+use markov_core::tool::{
+    DynTool, SharedTool, TerminateResponse, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
+};
+use serde_json::{Value, json};
+
+use crate::agent::Agent;
+use crate::error::RunError;
+use crate::machine::Machine;
+use crate::step::MachineStep;
+
+/// The most handoffs one user turn follows: the agent that holds the
+/// conversation after them answers, and a further handoff is refused with
+/// a log line.
+pub const MAX_HANDOFFS_PER_TURN: usize = 4;
+
+/// The name of the hand-back tool.
+pub const HAND_BACK: &str = "hand_back";
+
+/// The prefix of a handoff tool's name (`transfer_to_<agent>`).
+pub const TRANSFER_PREFIX: &str = "transfer_to_";
+
+/// What the agent taking over is shown of the conversation so far.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum HistoryFilter {
+    /// Every user and assistant text of the conversation (tool calls and
+    /// their results stay with the agent that made them).
+    #[default]
+    Everything,
+    /// The texts of the last `n` user turns (at least the current one).
+    LastTurns(usize),
+    /// A summary of the conversation, written by this model, as one
+    /// message.
+    Summary(Arc<dyn Model>),
+}
+
+impl std::fmt::Debug for HistoryFilter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HistoryFilter::Everything => f.write_str("Everything"),
+            HistoryFilter::LastTurns(n) => write!(f, "LastTurns({n})"),
+            HistoryFilter::Summary(_) => f.write_str("Summary"),
+        }
+    }
+}
+
+/// The handoff tools an agent's builder is given.
+#[derive(Debug, Clone, Copy)]
+pub struct Handoff;
+
+impl Handoff {
+    /// The tool that hands the conversation to the team's agent `agent`
+    /// (`transfer_to_<agent>`); `when` tells the model when to use it. The
+    /// agent's run ends with the call: the other continues.
+    ///
+    /// # Errors
+    /// `agent` makes no valid tool name.
+    pub fn tool(
+        agent: &str,
+        when: impl Into<String>,
+    ) -> Result<SharedTool, markov_core::tool::InvalidToolName> {
+        let definition = ToolDefinition::new(
+            format!("{TRANSFER_PREFIX}{agent}"),
+            format!(
+                "Hand the conversation to the {agent} agent. {}",
+                when.into()
+            ),
+            reason_schema(),
+        )?;
+        Ok(Arc::new(HandoffTool { definition }))
+    }
+
+    /// The tool that hands the conversation back to the agent that handed
+    /// it over (`hand_back`), for an agent others hand to.
+    ///
+    /// # Errors
+    /// Never in practice: the name is a constant.
+    pub fn back() -> Result<SharedTool, markov_core::tool::InvalidToolName> {
+        let definition = ToolDefinition::new(
+            HAND_BACK,
+            "Hand the conversation back to the agent that handed it to you, once your part is done.",
+            reason_schema(),
+        )?;
+        Ok(Arc::new(HandoffTool { definition }))
+    }
+}
+
+fn reason_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "reason": {"type": "string", "description": "Why, in a sentence, for the agent taking over."}
+        },
+        "required": ["reason"],
+        "additionalProperties": false
+    })
+}
+
+/// A handoff tool: ends the run; the team reads the call.
+#[derive(Debug)]
+struct HandoffTool {
+    definition: ToolDefinition,
+}
+
+#[async_trait]
+impl DynTool for HandoffTool {
+    fn definition(&self) -> &ToolDefinition {
+        &self.definition
+    }
+
+    fn may_terminate(&self) -> bool {
+        true
+    }
+
+    async fn call_json(
+        &self,
+        _input: &Value,
+        _cx: ToolContext<'_>,
+    ) -> Result<ToolOutcome, ToolCallError> {
+        Ok(ToolOutcome::Terminate(TerminateResponse::new(Some(
+            "Handed over.".to_owned(),
+        ))))
+    }
+}
+
+/// A team that could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TeamError {
+    /// No agent was added.
+    #[error("a team needs at least one agent")]
+    Empty,
+    /// Two agents share a name.
+    #[error("agent {0:?} is added twice")]
+    Duplicate(String),
+    /// A handoff names an agent the team does not have.
+    #[error("a handoff from {from:?} goes to {to:?}, which is not in the team")]
+    UnknownAgent {
+        /// The agent handing over.
+        from: String,
+        /// The agent it names.
+        to: String,
+    },
+}
+
+/// Several agents, keyed by name, the first the entry, with the filter of
+/// each handoff.
+#[derive(Clone, Debug)]
+pub struct Team {
+    agents: Arc<BTreeMap<String, Agent>>,
+    entry: String,
+    /// The filter of a handoff to each agent (default: everything).
+    filters: Arc<BTreeMap<String, HistoryFilter>>,
+}
+
+/// Builds a [`Team`].
+#[derive(Debug, Default)]
+pub struct TeamBuilder {
+    agents: Vec<(String, Agent)>,
+    filters: BTreeMap<String, HistoryFilter>,
+}
+
+impl TeamBuilder {
+    /// Adds `agent` as `name`; the first added has the conversation first.
+    #[must_use]
+    pub fn agent(mut self, name: impl Into<String>, agent: Agent) -> Self {
+        self.agents.push((name.into(), agent));
+        self
+    }
+
+    /// What an agent taking the conversation over is shown of it
+    /// (default: [`HistoryFilter::Everything`]).
+    #[must_use]
+    pub fn history(mut self, agent: impl Into<String>, filter: HistoryFilter) -> Self {
+        self.filters.insert(agent.into(), filter);
+        self
+    }
+
+    /// The team: checks that names are unique, and that every
+    /// `transfer_to_<agent>` tool an agent offers names an agent of the
+    /// team.
+    ///
+    /// # Errors
+    /// A [`TeamError`].
+    pub fn build(self) -> Result<Team, TeamError> {
+        let entry = self.agents.first().ok_or(TeamError::Empty)?.0.clone();
+        let mut agents = BTreeMap::new();
+        for (name, agent) in self.agents {
+            if agents.insert(name.clone(), agent).is_some() {
+                return Err(TeamError::Duplicate(name));
+            }
+        }
+        for (name, agent) in &agents {
+            for def in agent.start_node().tools().definitions() {
+                if let Some(to) = def.name.as_str().strip_prefix(TRANSFER_PREFIX)
+                    && !agents.contains_key(to)
+                {
+                    return Err(TeamError::UnknownAgent {
+                        from: name.clone(),
+                        to: to.to_owned(),
+                    });
+                }
+            }
+        }
+        if let Some(unknown) = self.filters.keys().find(|k| !agents.contains_key(*k)) {
+            return Err(TeamError::UnknownAgent {
+                from: String::new(),
+                to: unknown.clone(),
+            });
+        }
+        Ok(Team {
+            agents: Arc::new(agents),
+            entry,
+            filters: Arc::new(self.filters),
+        })
+    }
+}
+
+impl Team {
+    /// A builder.
+    pub fn builder() -> TeamBuilder {
+        TeamBuilder::default()
+    }
+
+    /// The agent `name`.
+    pub fn agent(&self, name: &str) -> Option<&Agent> {
+        self.agents.get(name)
+    }
+
+    /// The agents' names.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.agents.keys().map(String::as_str)
+    }
+
+    /// A new conversation, held by the entry agent.
+    pub fn session(&self) -> TeamSession {
+        TeamSession {
+            team: self.clone(),
+            current: self.entry.clone(),
+            handed_by: Vec::new(),
+            machines: BTreeMap::new(),
+            transcript: Vec::new(),
+            seen: BTreeMap::new(),
+        }
+    }
+}
+
+/// One handoff a turn made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandoffRecord {
+    /// The agent that handed over.
+    pub from: String,
+    /// The agent that took over.
+    pub to: String,
+    /// The reason its model gave.
+    pub reason: String,
+}
+
+/// What [`TeamSession::send`] ended with.
+#[derive(Debug)]
+pub struct TeamTurn {
+    /// The agent holding the conversation now (the one that answered).
+    pub agent: String,
+    /// Its last step.
+    pub step: MachineStep,
+    /// The handoffs of the turn, in order.
+    pub handoffs: Vec<HandoffRecord>,
+}
+
+/// One conversation with a [`Team`].
+pub struct TeamSession {
+    team: Team,
+    current: String,
+    /// The agents that handed over, most recent last: where `hand_back`
+    /// goes.
+    handed_by: Vec<String>,
+    machines: BTreeMap<String, Machine>,
+    /// The conversation's texts, as every agent of the team saw them.
+    transcript: Vec<Message>,
+    /// How much of the transcript each agent has seen.
+    seen: BTreeMap<String, usize>,
+}
+
+impl std::fmt::Debug for TeamSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TeamSession")
+            .field("current", &self.current)
+            .field("handed_by", &self.handed_by)
+            .field("transcript", &self.transcript.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TeamSession {
+    /// The agent holding the conversation.
+    pub fn current(&self) -> &str {
+        &self.current
+    }
+
+    /// The machine of agent `name`, if it has had the conversation.
+    pub fn machine(&self, name: &str) -> Option<&Machine> {
+        self.machines.get(name)
+    }
+
+    /// The conversation's texts (users' and agents'), in order.
+    pub fn transcript(&self) -> &[Message] {
+        &self.transcript
+    }
+
+    /// Runs the user's turn: the agent holding the conversation answers,
+    /// or hands it over and the next one answers, and so on.
+    ///
+    /// # Errors
+    /// A run's [`RunError`].
+    pub async fn send(&mut self, text: impl Into<String>) -> Result<TeamTurn, RunError> {
+        let text = text.into();
+        self.transcript.push(Message::user(text.clone()));
+        let mut handoffs = Vec::new();
+        let mut pending: Option<Vec<Message>> = None;
+        loop {
+            let name = self.current.clone();
+            let agent = self
+                .team
+                .agents
+                .get(&name)
+                .cloned()
+                .ok_or_else(|| RunError::Executor(format!("no agent {name:?} in the team")))?;
+            let machine = self
+                .machines
+                .entry(name.clone())
+                .or_insert_with(|| agent.machine());
+            let start = machine.history().len();
+            match pending.take() {
+                Some(context) if !context.is_empty() => {
+                    machine.enqueue(context);
+                }
+                _ => {}
+            }
+            if handoffs.is_empty() {
+                machine.enqueue_user(text.clone());
+            }
+            let step = machine.run().await?;
+            self.seen.insert(name.clone(), self.transcript.len());
+            let made = handoff_of(&machine.history()[start..]);
+            let answer = step.output();
+            match made {
+                Some((tool, reason)) if handoffs.len() < MAX_HANDOFFS_PER_TURN => {
+                    let to = if tool == HAND_BACK {
+                        match self.handed_by.pop() {
+                            Some(to) => to,
+                            None => {
+                                tracing::warn!(agent = %name, "hand_back with nobody to hand back to: ignored");
+                                return Ok(self.answered(name, step, answer, handoffs));
+                            }
+                        }
+                    } else {
+                        let to = tool[TRANSFER_PREFIX.len()..].to_owned();
+                        self.handed_by.push(name.clone());
+                        to
+                    };
+                    tracing::info!(from = %name, to = %to, "handoff");
+                    let context = self.context_for(&to, &name, &reason).await?;
+                    handoffs.push(HandoffRecord {
+                        from: name,
+                        to: to.clone(),
+                        reason,
+                    });
+                    self.current = to;
+                    pending = Some(context);
+                }
+                Some(_) => {
+                    tracing::warn!(
+                        agent = %name,
+                        max = MAX_HANDOFFS_PER_TURN,
+                        "too many handoffs in one turn: the last is not followed"
+                    );
+                    return Ok(self.answered(name, step, answer, handoffs));
+                }
+                None => return Ok(self.answered(name, step, answer, handoffs)),
+            }
+        }
+    }
+
+    fn answered(
+        &mut self,
+        agent: String,
+        step: MachineStep,
+        answer: Option<String>,
+        handoffs: Vec<HandoffRecord>,
+    ) -> TeamTurn {
+        if let Some(answer) = answer {
+            self.transcript.push(Message::assistant(answer));
+            self.seen.insert(agent.clone(), self.transcript.len());
+        }
+        TeamTurn {
+            agent,
+            step,
+            handoffs,
+        }
+    }
+
+    /// What agent `to` is given when `from` hands it the conversation:
+    /// the transcript filtered as the team says for `to` (an agent that
+    /// had the conversation before: what it has not seen), then a note of
+    /// the handoff and its reason.
+    async fn context_for(
+        &self,
+        to: &str,
+        from: &str,
+        reason: &str,
+    ) -> Result<Vec<Message>, RunError> {
+        let mut messages = match self.seen.get(to) {
+            // An agent that had the conversation before gets what came
+            // after its part.
+            Some(&seen) => self.transcript.get(seen..).unwrap_or_default().to_vec(),
+            None => match self.team.filters.get(to).cloned().unwrap_or_default() {
+                HistoryFilter::Everything => self.transcript.clone(),
+                HistoryFilter::LastTurns(n) => last_turns(&self.transcript, n.max(1)),
+                HistoryFilter::Summary(model) => vec![Message::user(format!(
+                    "A summary of the conversation so far:\n{}",
+                    summarize(model.as_ref(), &self.transcript).await?
+                ))],
+            },
+        };
+        // The current user message is enqueued by the turn only for the
+        // first agent; the one taking over reads it here.
+        messages.push(Message::user(format!(
+            "[The {from} agent handed the conversation to you: {reason}] Continue it: answer the user's last message."
+        )));
+        Ok(merge_roles(messages))
+    }
+}
+
+/// The index in `transcript` where its `n`-th user turn (from 0) starts.
+fn user_turn_start(transcript: &[Message], n: usize) -> usize {
+    transcript
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == Role::User)
+        .nth(n)
+        .map_or(transcript.len(), |(i, _)| i)
+}
+
+/// The texts of the last `n` user turns of `transcript`.
+fn last_turns(transcript: &[Message], n: usize) -> Vec<Message> {
+    let users = transcript.iter().filter(|m| m.role == Role::User).count();
+    transcript[user_turn_start(transcript, users.saturating_sub(n))..].to_vec()
+}
+
+/// Consecutive messages of one role as one (what every provider takes).
+fn merge_roles(messages: Vec<Message>) -> Vec<Message> {
+    let mut out: Vec<(Role, String)> = Vec::new();
+    for m in messages {
+        let text = m.text();
+        match out.last_mut() {
+            Some((role, acc)) if *role == m.role => {
+                acc.push_str("\n\n");
+                acc.push_str(&text);
+            }
+            _ => out.push((m.role, text)),
+        }
+    }
+    out.into_iter()
+        .map(|(role, text)| match role {
+            Role::Assistant => Message::assistant(text),
+            _ => Message::user(text),
+        })
+        .collect()
+}
+
+/// A summary of `transcript` by `model`.
+async fn summarize(model: &dyn Model, transcript: &[Message]) -> Result<String, RunError> {
+    let mut text = String::new();
+    for m in transcript {
+        let who = if m.role == Role::Assistant {
+            "Agent"
+        } else {
+            "User"
+        };
+        text.push_str(&format!("{who}: {}\n", m.text()));
+    }
+    let messages = [Message::user(text)];
+    let settings = ModelSettings::default();
+    let request = ModelRequest::new(
+        "Summarize this conversation for the agent taking it over: what the user wants, what was done, what is open. Be brief.",
+        &messages,
+        &settings,
+    );
+    let answer = model
+        .complete(request)
+        .await
+        .map_err(|e| RunError::Executor(format!("the handoff's summary failed: {e}")))?;
+    Ok(answer
+        .content
+        .iter()
+        .filter_map(|i| match i {
+            markov_core::Item::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join(""))
+}
+
+/// The handoff tool `messages` called successfully, with its reason.
+fn handoff_of(messages: &[Message]) -> Option<(String, String)> {
+    let mut calls: Vec<(&markov_core::ids::ToolCallId, &str, &Value)> = Vec::new();
+    for m in messages {
+        calls.extend(
+            m.tool_uses()
+                .filter(|(_, name, _)| *name == HAND_BACK || name.starts_with(TRANSFER_PREFIX)),
+        );
+    }
+    calls.into_iter().rev().find_map(|(id, name, input)| {
+        let ok = messages.iter().flat_map(|m| m.item_list()).any(|item| {
+            matches!(item, markov_core::Item::ToolResult { tool_use_id, is_error, .. }
+                if tool_use_id == id && *is_error != Some(true))
+        });
+        ok.then(|| {
+            (
+                name.to_owned(),
+                input
+                    .get("reason")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+            )
+        })
+    })
+}
