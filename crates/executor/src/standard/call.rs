@@ -83,10 +83,12 @@ impl StandardExecutor {
                 spent,
             }));
         }
-        let called = self
-            .call_in_context(cx, prepared, &mut spent)
-            .instrument(span.clone())
-            .await;
+        // Pinned where it is made, so instrumenting it moves a reference,
+        // not the call's future.
+        let called = {
+            let called = std::pin::pin!(self.call_in_context(cx, prepared, &mut spent));
+            called.instrument(span.clone()).await
+        };
         match called {
             Ok(Called::Answer((response, vessel))) => Ok(Reply::Answer(Answer {
                 response,
