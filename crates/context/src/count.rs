@@ -20,7 +20,7 @@ use markov_core::tokens;
 /// The exact counts of one machine's views, per policy; never serialized
 /// (a restored machine's views have new ids, so nothing would apply).
 #[derive(Debug, Default)]
-pub struct ExactCounts {
+pub(crate) struct ExactCounts {
     by_policy: Mutex<HashMap<u64, PolicyCounts>>,
 }
 
@@ -47,7 +47,7 @@ struct Counted {
 
 /// What the counts know of a view whose estimate passed its threshold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Known {
+pub(crate) enum Known {
     /// The last count plus the estimates since is within the threshold:
     /// the view is sent as it is, without asking.
     Within,
@@ -60,7 +60,7 @@ pub enum Known {
 
 /// Why a count could not decide, for the warning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unavailable {
+pub(crate) enum Unavailable {
     /// The model offers no count.
     NotOffered,
     /// The count failed.
@@ -74,7 +74,13 @@ impl ExactCounts {
 
     /// What is known of `policy`'s view `messages` (the view `id`),
     /// against `threshold`.
-    pub fn known(&self, policy: u64, id: HistoryId, messages: &[Message], threshold: u64) -> Known {
+    pub(crate) fn known(
+        &self,
+        policy: u64,
+        id: HistoryId,
+        messages: &[Message],
+        threshold: u64,
+    ) -> Known {
         let by_policy = self.lock();
         let Some(counts) = by_policy.get(&policy) else {
             return Known::Ask;
@@ -100,13 +106,13 @@ impl ExactCounts {
 
     /// Remembers that `policy`'s view `id`, `len` messages long, counted
     /// `tokens`.
-    pub fn remember(&self, policy: u64, id: HistoryId, len: usize, tokens: u64) {
+    pub(crate) fn remember(&self, policy: u64, id: HistoryId, len: usize, tokens: u64) {
         self.lock().entry(policy).or_default().last = Some(Counted { id, len, tokens });
     }
 
     /// Notes that `policy`'s count could not be had; whether this is the
     /// first time for the policy (the one to warn about).
-    pub fn unavailable(&self, policy: u64, why: Unavailable) -> bool {
+    pub(crate) fn unavailable(&self, policy: u64, why: Unavailable) -> bool {
         let mut by_policy = self.lock();
         let counts = by_policy.entry(policy).or_default();
         if why == Unavailable::NotOffered {

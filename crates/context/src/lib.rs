@@ -5,8 +5,10 @@
 //!   incrementally; compaction (a summary, a vendor's native compaction, a
 //!   forced cut after a context-length refusal) and the token estimates
 //!   that decide when to compact.
-//! - [`ExactCounts`]: the model's own counts of a view, remembered so a
-//!   view is counted again only when its estimate could cross a threshold.
+//! - [`call_in_view`]: a leaf's call under a context policy, the summary,
+//!   compaction or count it needs first and the second call after a
+//!   refusal as too long, each admitted by the usage limits; the calls
+//!   themselves are the caller's ([`LeafCalls`]).
 //! - [`UsageTotals`], [`UsageLimits`] and [`UsageMeter`]: what a
 //!   conversation used, the bounds on it, and the check made before every
 //!   model call ([`admit_call`]); [`metered`] counts what an answered call
@@ -14,20 +16,19 @@
 //! - [`Prices`] and [`ModelPrice`]: the bundled price table and its
 //!   overrides, in exact nano-dollars.
 //!
-//! The executor calls these; none of them calls a model or knows the
-//! instance tree.
+//! The executor calls these; none of them calls a model (the executor
+//! makes every call) or knows the instance tree.
 #![deny(missing_docs)]
 
+mod compact;
 mod count;
 mod usage;
 mod views;
 
-pub use count::{ExactCounts, Known, Unavailable};
+pub use compact::{Called, Leaf, LeafCalls, call_in_view};
 pub use usage::{
     Limit, LimitExceeded, LimitKind, LimitScope, ModelCall, ModelPrice, NoPrice, Prices,
     UsageLimits, UsageLimitsBuilder, UsageLimitsError, UsageMeter, UsageTotals, admit_call,
     estimate_framing_tokens, estimate_input_tokens, metered, metered_usage,
 };
-pub use views::{
-    ContextViews, Forced, Prepared, SUMMARY_PREAMBLE, SummaryJob, ViewRef, native_reads,
-};
+pub use views::{ContextViews, SUMMARY_PREAMBLE};

@@ -55,7 +55,7 @@ const TRANSCRIPT_QUOTE: usize = 4_000;
 pub struct ContextViews {
     views: Mutex<HashMap<u64, ViewState>>,
     /// The exact token counts of the views, for policies that ask for them.
-    pub counts: crate::count::ExactCounts,
+    pub(crate) counts: crate::count::ExactCounts,
     history: Mutex<HistoryTokens>,
     /// The policies whose native compaction was warned about (a model
     /// without one, items its model cannot read): warned once each.
@@ -77,27 +77,27 @@ struct HistoryTokens {
 /// A view ready for a request: its messages, its identity and their
 /// estimated tokens.
 #[derive(Debug, Clone)]
-pub struct ViewRef {
+pub(crate) struct ViewRef {
     /// The messages the call is sent, shared with the view.
-    pub messages: Arc<Vec<Message>>,
+    pub(crate) messages: Arc<Vec<Message>>,
     /// The view's identity, for a provider's cache of encoded messages.
-    pub id: HistoryId,
+    pub(crate) id: HistoryId,
     /// [`tokens::estimate_messages`] of the messages, kept as they were
     /// appended.
-    pub tokens: u64,
+    pub(crate) tokens: u64,
 }
 
 /// Older messages of a view to summarize, taken out by
 /// [`ContextViews::prepare`] or [`ContextViews::force`].
 #[derive(Debug, Clone)]
-pub struct SummaryJob {
+pub(crate) struct SummaryJob {
     /// The transcript the summarizer reads (the previous summary first);
     /// empty for a native compaction.
-    pub transcript: String,
+    pub(crate) transcript: String,
     /// For a native compaction: the view's messages to compact, as the
     /// view shows them (a native summary shown first is sent as its
     /// items, so the vendor folds it into the new one).
-    pub messages: Vec<Message>,
+    pub(crate) messages: Vec<Message>,
     /// The history positions the summary will stand for.
     start: u64,
     end: u64,
@@ -108,7 +108,7 @@ pub struct SummaryJob {
 
 /// What a view needs before the next call.
 #[derive(Debug)]
-pub enum Prepared {
+pub(crate) enum Prepared {
     /// The view is ready.
     Ready(ViewRef),
     /// It passed the summary threshold: summarize, then
@@ -117,21 +117,15 @@ pub enum Prepared {
 }
 
 /// The vendor tag of the native summaries a view of `policy` shows to
-/// `model`: the model's own ([`Model::native_summaries`]) under a policy
-/// that compacts natively, else none. A view under a summarizer's prompt
+/// a model that reads `native`'s items (its [`Model::native_summaries`]):
+/// those under a policy that compacts natively, else none. A view under a summarizer's prompt
 /// never shows a native summary, even one its model could read: the
 /// summarizer could not fold those items into the next summary, and the
 /// messages they stand for would be lost to it.
 ///
 /// [`Model::native_summaries`]: markov_core::Model::native_summaries
-pub fn native_reads<'m>(
-    policy: &ContextPolicy,
-    model: &'m dyn markov_core::Model,
-) -> Option<&'m str> {
-    policy
-        .summarize()
-        .filter(|s| s.is_native())
-        .and(model.native_summaries())
+pub(crate) fn native_reads<'m>(policy: &ContextPolicy, native: Option<&'m str>) -> Option<&'m str> {
+    policy.summarize().filter(|s| s.is_native()).and(native)
 }
 
 /// The view of `policy` in `views`, made from `history` if there is none
@@ -162,7 +156,7 @@ impl ContextViews {
     ///
     /// `reads` is [`native_reads`] of the model the view is for: the
     /// native summaries it may show.
-    pub fn prepare(
+    pub(crate) fn prepare(
         &self,
         policy: &ContextPolicy,
         history: &[Message],
@@ -186,7 +180,7 @@ impl ContextViews {
     /// applied as [`Self::prepare`] does, when its estimate passes the
     /// summary threshold and it has turns to summarize: what an exact
     /// count is asked for. `None` when no summary is due.
-    pub fn summary_due(
+    pub(crate) fn summary_due(
         &self,
         policy: &ContextPolicy,
         history: &[Message],
@@ -206,7 +200,7 @@ impl ContextViews {
     /// threshold or a new turn has started, so a summarizer that is down
     /// costs one failed call per turn rather than one per step. A
     /// compaction forced by a context-length refusal still asks it.
-    pub fn summary_failed(&self, policy: &ContextPolicy) {
+    pub(crate) fn summary_failed(&self, policy: &ContextPolicy) {
         let Some(summarize) = policy.summarize() else {
             return;
         };
@@ -222,7 +216,7 @@ impl ContextViews {
 
     /// Notes that `policy`'s native compaction could not be used; whether
     /// this is the first time for the policy (the one to warn about).
-    pub fn native_unavailable(&self, policy: u64) -> bool {
+    pub(crate) fn native_unavailable(&self, policy: u64) -> bool {
         self.native_warned
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -249,7 +243,7 @@ impl ContextViews {
     }
 
     /// The view of `policy` as it is.
-    pub fn current(
+    pub(crate) fn current(
         &self,
         policy: &ContextPolicy,
         history: &[Message],
@@ -262,7 +256,7 @@ impl ContextViews {
     /// Puts `text`, the summary of `job`, first in the view in place of
     /// the messages it stands for; the summary message to append to the
     /// history, or `None` when the view changed since the job was taken.
-    pub fn apply_summary(
+    pub(crate) fn apply_summary(
         &self,
         policy: &ContextPolicy,
         job: SummaryJob,
@@ -283,7 +277,7 @@ impl ContextViews {
     /// [`Self::apply_summary`] puts a summary's text; the summary message
     /// to append, or `None` when the view changed since the job was taken
     /// or does not read `native`'s vendor (the caller checks that first).
-    pub fn apply_native(
+    pub(crate) fn apply_native(
         &self,
         policy: &ContextPolicy,
         job: SummaryJob,
@@ -304,7 +298,7 @@ impl ContextViews {
     /// (apply it, or [`Self::drop_before_current`] if the summarizer
     /// fails); without one, it is dropped at once. `None` when the view
     /// holds the current turn only: nothing is left to take out.
-    pub fn force(
+    pub(crate) fn force(
         &self,
         policy: &ContextPolicy,
         history: &[Message],
@@ -329,7 +323,7 @@ impl ContextViews {
     }
 
     /// Drops everything before the current turn (a failed summarizer).
-    pub fn drop_before_current(&self, policy: &ContextPolicy) {
+    pub(crate) fn drop_before_current(&self, policy: &ContextPolicy) {
         let mut views = self.lock();
         if let Some(view) = views.get_mut(&policy.id())
             && let Some(&current) = view.turns.last()
@@ -341,7 +335,7 @@ impl ContextViews {
 
 /// What [`ContextViews::force`] did.
 #[derive(Debug)]
-pub enum Forced {
+pub(crate) enum Forced {
     /// Nothing could be taken out: the current turn alone is too long.
     Nothing,
     /// Everything before the current turn is out.

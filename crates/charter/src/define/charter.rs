@@ -62,7 +62,11 @@ const TOOL_CACHE_LIMIT: usize = 256;
 struct CharterInner {
     name: String,
     tool_cache: std::sync::RwLock<
-        std::collections::HashMap<ToolCacheKey, Arc<[markov_core::ToolDefinition]>>,
+        std::collections::HashMap<
+            ToolCacheKey,
+            Arc<[markov_core::ToolDefinition]>,
+            foldhash::fast::RandomState,
+        >,
     >,
     instructions: Option<String>,
     tools: ToolSet,

@@ -380,9 +380,11 @@ pub(crate) async fn run_tool_calls_logged(
                         cx,
                         leaf.terminate_message,
                     );
-                    let result = contain_panic(leaf, call, async { executed.await.result })
-                        .instrument(span.clone())
-                        .await;
+                    // Pinned where it is made: instrumenting it moves a
+                    // reference, not the call's future.
+                    let result =
+                        std::pin::pin!(contain_panic(leaf, call, async { executed.await.result }));
+                    let result = result.instrument(span.clone()).await;
                     (result, true)
                 }
                 Some(found) => {
@@ -400,7 +402,7 @@ pub(crate) async fn run_tool_calls_logged(
                         (r, true)
                     } else {
                         let is_pack = matches!(found, Found::Pack(..));
-                        let (r, intents, awaiting) = run_found(
+                        let ran = std::pin::pin!(run_found(
                             leaf,
                             found,
                             call,
@@ -408,9 +410,8 @@ pub(crate) async fn run_tool_calls_logged(
                             &mut state_patch,
                             &mut running_packs,
                             &mut pack_patches,
-                        )
-                        .instrument(span.clone())
-                        .await;
+                        ));
+                        let (r, intents, awaiting) = ran.instrument(span.clone()).await;
                         out.intents
                             .extend(intents.into_iter().map(|i| (call.id.clone(), i)));
                         out.awaiting.extend(awaiting);

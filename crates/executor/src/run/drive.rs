@@ -115,22 +115,23 @@ async fn drive(
     machine: &mut Machine,
     state: &mut RunState,
 ) -> Result<Option<MachineStep>, RunError> {
-    match state.next(machine)? {
-        Action::Yield(step) => Ok(Some(step)),
-        Action::RunLeaves(tasks) => {
-            let span = tracing::info_span!("step", step = state.steps, leaves = tasks.len());
-            let results = run_leaves(machine, state, &tasks).instrument(span).await;
-            let step = state.on_leaf_results(machine, &tasks, results)?;
-            if state.is_finished() {
-                // The run's totals, once (`gen_ai.usage.*` of invoke_agent).
-                let run = tracing::Span::current();
-                run.record("gen_ai.usage.input_tokens", step.run_usage.input_tokens);
-                run.record("gen_ai.usage.output_tokens", step.run_usage.output_tokens);
-            }
-            Ok(Some(step))
-        }
-        Action::Finished => Ok(None),
+    // The action is taken apart before the leaves run, so the future
+    // does not keep a step's room across the await.
+    let tasks = match state.next(machine)? {
+        Action::Yield(step) => return Ok(Some(step)),
+        Action::Finished => return Ok(None),
+        Action::RunLeaves(tasks) => tasks,
+    };
+    let span = tracing::info_span!("step", step = state.steps, leaves = tasks.len());
+    let results = run_leaves(machine, state, &tasks).instrument(span).await;
+    let step = state.on_leaf_results(machine, &tasks, results)?;
+    if state.is_finished() {
+        // The run's totals, once (`gen_ai.usage.*` of invoke_agent).
+        let run = tracing::Span::current();
+        run.record("gen_ai.usage.input_tokens", step.run_usage.input_tokens);
+        run.record("gen_ai.usage.output_tokens", step.run_usage.output_tokens);
     }
+    Ok(Some(step))
 }
 
 /// Runs the machine, yielding one step per model call round, until a step is
@@ -159,7 +160,9 @@ fn steps(
         gen_ai.usage.output_tokens = tracing::field::Empty,
         max_steps = state.options.max_steps
     );
-    stream::unfold(Some((machine, state)), move |run| {
+    // The state is boxed once per run: each step's future moves a pointer
+    // in and out, not the state.
+    stream::unfold(Some((machine, Box::new(state))), move |run| {
         let span = span.clone();
         async move {
             let (machine, mut state) = run?;

@@ -174,7 +174,8 @@ pub struct RunState {
     steps: usize,
     pending: Vec<Message>,
     recovered: bool,
-    turns: HashMap<InstanceId, TurnState>,
+    /// Looked up twice a step: hashed with a fast seeded hasher.
+    turns: HashMap<InstanceId, TurnState, foldhash::fast::RandomState>,
     /// Set once the run has yielded its last step.
     #[serde(default)]
     finished: bool,
@@ -222,7 +223,7 @@ impl RunState {
             steps: 0,
             pending: Vec::new(),
             recovered: false,
-            turns: HashMap::new(),
+            turns: HashMap::default(),
             finished: false,
             usage: Usage::default(),
             resuming: false,

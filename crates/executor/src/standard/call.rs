@@ -5,22 +5,22 @@
 
 use futures::StreamExt;
 use markov_context::{
-    LimitExceeded, ModelCall, admit_call, estimate_framing_tokens, estimate_input_tokens,
+    Leaf, LeafCalls, LimitExceeded, ModelCall, admit_call, call_in_view, estimate_framing_tokens,
+    estimate_input_tokens,
 };
 use markov_core::message::{Item, Message};
 use markov_core::model::{
-    HistoryId, Model, ModelError, ModelRequest, ModelResponse, StreamEvent, Usage,
+    Compaction, HistoryId, InputTokenCount, Model, ModelError, ModelRequest, ModelResponse,
+    StreamEvent, Usage,
 };
 use tracing::Instrument;
 
 use super::StandardExecutor;
-use super::compact::Summarized;
 use super::prepare::Prepared;
 use crate::error::RunError;
 use crate::executor::{LeafContext, LeafOutcome};
 use crate::step::YieldReason;
 use crate::stream::{StreamOptions, VesselState};
-use markov_context::{Forced, native_reads};
 
 /// The leaf's answer, called or replayed.
 pub(super) struct Answer {
@@ -83,12 +83,14 @@ impl StandardExecutor {
                 spent,
             }));
         }
-        let called = self
-            .call_in_context(cx, prepared, &mut spent)
-            .instrument(span.clone())
-            .await;
+        // Pinned where it is made, so instrumenting it moves a reference,
+        // not the call's future.
+        let called = {
+            let called = std::pin::pin!(self.call_in_context(cx, prepared, &mut spent));
+            called.instrument(span.clone()).await
+        };
         match called {
-            Ok(Called::Answer(response, vessel)) => Ok(Reply::Answer(Answer {
+            Ok(Called::Answer((response, vessel))) => Ok(Reply::Answer(Answer {
                 response,
                 vessel,
                 replayed,
@@ -243,51 +245,36 @@ impl StandardExecutor {
     }
 }
 
-/// What [`StandardExecutor::call_in_context`] got.
-pub(super) enum Called {
-    /// The model's answer (and the vessel it was streamed into).
-    Answer(ModelResponse, Option<VesselState>),
-    /// The model refused the request as too long for its context window,
-    /// and no compaction could make it fit: the provider's message.
-    Exhausted(String),
-    /// A usage limit refused the next call (the summarizer's or the
-    /// model's), which was not made.
-    Limited(LimitExceeded),
-}
+/// What [`StandardExecutor::call_in_context`] got: the model's answer
+/// and the vessel it was streamed into.
+pub(super) type Called = markov_context::Called<(ModelResponse, Option<VesselState>)>;
 
 /// Whether `result` failed because the request does not fit the model's
 /// context window; its message if so.
-pub(super) fn context_length<T>(result: &Result<T, RunError>) -> Option<String> {
-    match result {
-        Err(RunError::Model {
+fn context_length(error: &RunError) -> Option<String> {
+    match error {
+        RunError::Model {
             source: ModelError::ContextLength(message),
             ..
-        }) => Some(message.clone()),
+        } => Some(message.clone()),
         _ => None,
     }
 }
 
 impl StandardExecutor {
     /// The model call over what the leaf's context policy shows of the
-    /// history (the node's policy, else the executor's), or over the whole
-    /// history without one. A view past its summary threshold is
-    /// summarized first. A request the model refuses as too long is
-    /// compacted at once — everything before the current turn summarized
-    /// or left out — and sent once more; without a policy, or when the
-    /// current turn alone is too long, the answer is [`Called::Exhausted`].
-    ///
-    /// Every call — the summarizer's, the model's, the retry — is admitted
-    /// by the usage limits right before it is made, with the estimate of
-    /// what it sends (the view under a policy). A refused request's
-    /// reservation stays for the rest of the step: providers do not bill
-    /// a request refused as too long, so this errs on the side of
-    /// spending less (a retry must fit beside it). What the summarizer's
+    /// history (the node's policy, else the executor's; see
+    /// [`markov_context::call_in_view`], which makes its calls through
+    /// [`PolicyCalls`]), or over the whole history without one. Without a
+    /// policy, a request the model refuses as too long is
+    /// [`Called::Exhausted`]. Every call is admitted by the usage limits
+    /// right before it is made; what a summarizer's or compaction's
     /// answered calls used is added to `spent`.
     pub(super) async fn call_in_context(
         &self,
         cx: &LeafContext<'_>,
         prepared: &Prepared,
-        spent: &mut markov_core::model::Usage,
+        spent: &mut Usage,
     ) -> Result<Called, RunError> {
         let policy = cx
             .instance()
@@ -299,74 +286,93 @@ impl StandardExecutor {
             if let Some(limit) = self.admit(cx, prepared, cx.history, tokens)? {
                 return Ok(Called::Limited(limit));
             }
-            let result = self
+            return match self
                 .call_model(cx, prepared, cx.history, cx.history_id)
-                .await;
-            if let Some(message) = context_length(&result) {
-                return Ok(Called::Exhausted(message));
-            }
-            return result.map(|(response, vessel)| Called::Answer(response, vessel));
+                .await
+            {
+                Ok(answer) => Ok(Called::Answer(answer)),
+                Err(error) => match context_length(&error) {
+                    Some(message) => Ok(Called::Exhausted(message)),
+                    None => Err(error),
+                },
+            };
+        };
+        let leaf = Leaf {
+            policy,
+            views: cx.views,
+            history: cx.history,
+            meter: cx.usage,
+            prices: &self.prices,
+            provider: self.model.provider_name(),
+            native: self.model.native_summaries(),
+            system: &prepared.system,
+            model: prepared.settings.model.as_deref(),
+        };
+        let calls = PolicyCalls {
+            executor: self,
+            cx,
+            prepared,
         };
         // Boxed: the policy's summaries and counts would make every leaf's
         // step future larger, copied whole on every step without a policy.
-        Box::pin(self.call_with_policy(cx, policy, prepared, spent)).await
+        Box::pin(call_in_view(&leaf, &calls, spent)).await
+    }
+}
+
+/// The calls a leaf's step under a context policy makes, for
+/// [`call_in_view`]: the leaf's own as without a policy, the others
+/// straight to the model they name.
+struct PolicyCalls<'a, 'c> {
+    executor: &'a StandardExecutor,
+    cx: &'a LeafContext<'c>,
+    prepared: &'a Prepared,
+}
+
+impl LeafCalls for PolicyCalls<'_, '_> {
+    type Answer = (ModelResponse, Option<VesselState>);
+    type Error = RunError;
+
+    fn admit(&self, messages: &[Message], tokens: u64) -> Result<Option<LimitExceeded>, RunError> {
+        self.executor
+            .admit(self.cx, self.prepared, messages, || tokens)
     }
 
-    /// [`call_in_context`](Self::call_in_context) under a context policy.
-    async fn call_with_policy(
+    async fn call(&self, messages: &[Message], id: HistoryId) -> Result<Self::Answer, RunError> {
+        self.executor
+            .call_model(self.cx, self.prepared, messages, id)
+            .await
+    }
+
+    fn too_long(error: &RunError) -> Option<String> {
+        context_length(error)
+    }
+
+    async fn count(
         &self,
-        cx: &LeafContext<'_>,
-        policy: &markov_charter::context::ContextPolicy,
-        prepared: &Prepared,
-        spent: &mut markov_core::model::Usage,
-    ) -> Result<Called, RunError> {
-        // The native summaries the model may be shown: its own vendor's,
-        // under a policy that compacts natively.
-        let reads = native_reads(policy, &*self.model);
-        // A view the model counts within its threshold is sent as it is.
-        let counted = self.within_by_count(cx, policy, prepared, reads).await;
-        let view = match counted.map_or_else(
-            || cx.views.prepare(policy, cx.history, reads),
-            markov_context::Prepared::Ready,
-        ) {
-            markov_context::Prepared::Ready(view) => view,
-            markov_context::Prepared::Summarize(job) => {
-                match self.summarize(cx, policy, prepared, job, spent).await? {
-                    Summarized::Limited(limit) => return Ok(Called::Limited(limit)),
-                    Summarized::Failed => cx.views.summary_failed(policy),
-                    Summarized::Done | Summarized::Stale => {}
-                }
-                cx.views.current(policy, cx.history, reads)
-            }
-        };
-        if let Some(limit) = self.admit(cx, prepared, &view.messages, || view.tokens)? {
-            return Ok(Called::Limited(limit));
-        }
-        let result = self.call_model(cx, prepared, &view.messages, view.id).await;
-        let Some(message) = context_length(&result) else {
-            return result.map(|(response, vessel)| Called::Answer(response, vessel));
-        };
-        drop(view);
-        tracing::warn!(%message, "the model refused the context as too long: it is compacted and the call made again");
-        match cx.views.force(policy, cx.history, reads) {
-            Forced::Nothing => return Ok(Called::Exhausted(message)),
-            Forced::Done => {}
-            Forced::Summarize(job) => match self.summarize(cx, policy, prepared, job, spent).await?
-            {
-                Summarized::Limited(limit) => return Ok(Called::Limited(limit)),
-                Summarized::Failed | Summarized::Stale => cx.views.drop_before_current(policy),
-                Summarized::Done => {}
-            },
-        }
-        let view = cx.views.current(policy, cx.history, reads);
-        // A second request, admitted on its own estimate.
-        if let Some(limit) = self.admit(cx, prepared, &view.messages, || view.tokens)? {
-            return Ok(Called::Limited(limit));
-        }
-        let result = self.call_model(cx, prepared, &view.messages, view.id).await;
-        if let Some(message) = context_length(&result) {
-            return Ok(Called::Exhausted(message));
-        }
-        result.map(|(response, vessel)| Called::Answer(response, vessel))
+        messages: &[Message],
+        id: HistoryId,
+    ) -> Result<InputTokenCount, ModelError> {
+        let request = self.prepared.request(messages).with_history_id(id);
+        self.executor.model.count_tokens(request).await
+    }
+
+    async fn summarize(
+        &self,
+        model: &dyn Model,
+        request: ModelRequest<'_>,
+    ) -> Result<ModelResponse, ModelError> {
+        model.complete(request).await
+    }
+
+    async fn compact(
+        &self,
+        model: &dyn Model,
+        request: ModelRequest<'_>,
+    ) -> Result<Compaction, ModelError> {
+        model.compact(request).await
+    }
+
+    fn record(&self, summary: Message) {
+        self.cx.queue.enqueue([summary]);
     }
 }

@@ -6,7 +6,8 @@
 //! 1. `prepare`: system prompt, tools, tool choice, settings ([`prepare`]);
 //! 2. `call`: the recorded answer of an unfinished step replayed, else the
 //!    model called over what the context policy shows, each call admitted
-//!    by the usage limits first (the compaction it may need is `compact`'s);
+//!    by the usage limits first (the compaction it may need is
+//!    `markov_context::call_in_view`'s);
 //! 3. `record`: an answer with calls made durable before any tool runs,
 //!    its usage metered, the answer interpreted ([`interpret`]);
 //! 4. `tools`: the calls through the tool pipeline, a pause for approvals,
@@ -47,7 +48,6 @@ use settle::settle;
 use tools::ToolsRan;
 
 mod call;
-mod compact;
 mod prepare;
 mod record;
 mod settle;
