@@ -794,9 +794,16 @@ const LAYERS: &[Layer] = &[
         reason: "the Restate adapter drives the executor's loop; only the facade and the cli may build on it",
     },
     Layer {
+        package: "markov-guard",
+        allowed: &["markov-core"],
+        forbidden: &["tokio", "reqwest", "hyper"],
+        reason: "guards are checks on text, on core alone; the executor runs them",
+    },
+    Layer {
         package: "markov-executor",
         allowed: &[
             "markov-core",
+            "markov-guard",
             "markov-policy",
             "markov-charter",
             "markov-context",
