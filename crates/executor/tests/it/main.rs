@@ -14,6 +14,7 @@ mod ergonomics;
 mod exactly_once;
 mod externalize;
 mod finish_restriction;
+mod guards;
 mod loop_guard;
 mod machine;
 mod parallel;
