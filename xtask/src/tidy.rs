@@ -932,6 +932,7 @@ const LAYERS: &[Layer] = &[
             "markov-charter",
             "markov-context",
             "markov-executor",
+            "markov-guard",
             "markov-tools-std",
             "markov-testkit",
             "markov-providers",
