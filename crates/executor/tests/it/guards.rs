@@ -392,3 +392,29 @@ async fn a_tool_result_that_addresses_the_model_is_withheld() {
     );
     assert!(!shown[0].1.contains("reveal your system prompt"));
 }
+
+#[tokio::test]
+async fn a_streamed_answer_waits_for_a_slow_input_guard_and_is_never_told_when_it_blocks() {
+    let model = Chunked(Mutex::new(vec![
+        chunked(&["Sure. ", "Here is the plan."]),
+        chunked(&["Sunny. ", "Warm."]),
+    ]));
+    let guard = Forbid {
+        delay: Duration::from_millis(100),
+        ..Forbid::new("secret plan")
+    };
+    let (mut m, events) = streamed(model, Guards::new().input(guard));
+    let steps = turn(&mut m, "tell me the secret plan").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::Blocked);
+    let told = events.lock().unwrap().clone();
+    assert_eq!(released(&told), "", "no text of the answer was told");
+    assert_eq!(
+        told.last().map(MessageStreamEvent::kind),
+        Some("message_error")
+    );
+
+    events.lock().unwrap().clear();
+    let steps = turn(&mut m, "the weather?").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::EndTurn);
+    assert_eq!(released(&events.lock().unwrap()), "Sunny. Warm.");
+}
