@@ -805,9 +805,16 @@ const LAYERS: &[Layer] = &[
         reason: "the Temporal adapter drives the executor's loop; only the cli may build on it",
     },
     Layer {
+        package: "markov-guard",
+        allowed: &["markov-core"],
+        forbidden: &["tokio", "reqwest", "hyper"],
+        reason: "guards are checks on text, on core alone; the executor runs them",
+    },
+    Layer {
         package: "markov-executor",
         allowed: &[
             "markov-core",
+            "markov-guard",
             "markov-policy",
             "markov-charter",
             "markov-context",
@@ -936,6 +943,7 @@ const LAYERS: &[Layer] = &[
             "markov-charter",
             "markov-context",
             "markov-executor",
+            "markov-guard",
             "markov-tools-std",
             "markov-testkit",
             "markov-providers",

@@ -79,7 +79,9 @@ pub use serialize::{
     DeserializeError, FORMAT_VERSION, SerializeError, SerializedInstance, SerializedMachine,
     serialize_instance_tree, serialize_machine,
 };
-pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
+pub use standard::{
+    BLOCKED_NOTE, CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor,
+};
 pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use team::{

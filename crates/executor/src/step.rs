@@ -61,6 +61,12 @@ pub enum YieldReason {
     /// recorded and the run is over; the session stays usable once a
     /// policy is set (or with a model of a larger context window).
     ContextExhausted,
+    /// A guard blocked the user's message or the answer (see
+    /// `markov_guard`): no text it blocked was delivered and no call of
+    /// the blocked answer ran. The history records markov's note in the
+    /// answer's place (a system message naming the guard and its reason);
+    /// the turn is over and the next one goes on.
+    Blocked,
 }
 
 impl YieldReason {
@@ -81,6 +87,7 @@ impl YieldReason {
             YieldReason::Cancelled => "cancelled",
             YieldReason::UsageLimit => "usage_limit",
             YieldReason::ContextExhausted => "context_exhausted",
+            YieldReason::Blocked => "blocked",
         }
     }
 }

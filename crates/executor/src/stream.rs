@@ -219,6 +219,11 @@ impl VesselState {
         &self.message_id
     }
 
+    /// The leaf that writes the message.
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
     /// The current sequence number.
     pub fn seq(&self) -> u64 {
         self.seq

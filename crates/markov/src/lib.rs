@@ -40,6 +40,8 @@
 //! - [`context`]: context views and compaction, token counts, usage,
 //!   usage limits and model prices;
 //! - [`executor`]: the machine, its run loop, snapshots;
+//! - [`guard`]: guardrails on input, output, tool calls and tool results,
+//!   and ready-made guards;
 //! - [`tools`]: the standard `respond` and `finish` tools;
 //! - [`testkit`] (feature `testkit`, on by default): scripted models;
 //! - `providers` (feature `providers`): Anthropic, OpenAI-compatible
@@ -61,6 +63,7 @@ pub use markov_core as core;
 #[cfg(feature = "eval")]
 pub use markov_eval as eval;
 pub use markov_executor as executor;
+pub use markov_guard as guard;
 pub use markov_macros::tool;
 #[cfg(feature = "mcp")]
 pub use markov_mcp as mcp;
@@ -122,6 +125,9 @@ pub mod guide {
     /// `docs/guide/approvals.md`.
     #[doc = include_str!("../../../docs/guide/approvals.md")]
     pub struct Approvals;
+    /// `docs/guide/guardrails.md`.
+    #[doc = include_str!("../../../docs/guide/guardrails.md")]
+    pub mod guardrails {}
     /// `docs/guide/context-and-cost.md`.
     #[doc = include_str!("../../../docs/guide/context-and-cost.md")]
     pub struct ContextAndCost;

@@ -348,7 +348,10 @@ function showMessage(message) {
       else if (item.type === "thinking" && item.thinking) thinking(item.thinking);
       else if (item.type === "output") assistantMessage(JSON.stringify(item.data, null, 2));
     } else if (message.role === "system") {
-      if (item.type === "text" && item.text) markovNote(item.text);
+      // A guard's block is markov's note too, shown as a block.
+      if (item.type === "text" && item.text && item.text.startsWith("[guard] ")) {
+        markovNote(item.text.slice(8), "blocked by a guard").classList.add("blocked");
+      } else if (item.type === "text" && item.text) markovNote(item.text);
     }
   }
 }
@@ -457,6 +460,7 @@ function handle(name, data) {
       else if (body.yield_reason === "loop_detected") note("Stopped: the model kept making the same call.");
       else if (body.yield_reason === "max_tokens") note("The answer was cut at the model's token limit.");
       else if (body.yield_reason === "context_exhausted") note("Stopped: the conversation no longer fits the model's context window. An agent without a context policy needs one; with one, this message alone is too long for the model. Nothing was lost.");
+      else if (body.yield_reason === "blocked") note("Blocked by a guard: nothing it blocked was shown.");
       else if (body.yield_reason === "usage_limit") note("Stopped before the next model call: " + (body.usage_limit || "a usage limit would be passed") + ".");
       return true;
     case "interrupted":

@@ -3,6 +3,7 @@
 mod cli;
 mod export;
 mod fixtures;
+mod guards;
 mod guide;
 mod regression;
 mod state;

@@ -113,6 +113,7 @@ pub struct OnModel<P = NoPolicyTools> {
     settings: Option<ModelSettings>,
     prices: Option<Prices>,
     context_policy: Option<ContextPolicy>,
+    guards: Option<markov_guard::Guards>,
     tools: P,
 }
 
@@ -412,6 +413,14 @@ impl<N, P> AgentBuilder<N, OnModel<P>> {
     pub fn context_policy(self, policy: ContextPolicy) -> Self {
         self.on_model(|run| run.context_policy = Some(policy))
     }
+
+    /// Guards on what goes in and what comes out (see [`markov_guard`] and
+    /// [`StandardExecutor::with_guards`]): a block ends the run with
+    /// [`YieldReason::Blocked`](crate::YieldReason::Blocked), and nothing
+    /// a guard blocks is streamed or run.
+    pub fn guards(self, guards: markov_guard::Guards) -> Self {
+        self.on_model(|run| run.guards = Some(guards))
+    }
 }
 
 impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
@@ -424,6 +433,7 @@ impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
             settings,
             prices,
             context_policy,
+            guards,
             tools: NoPolicyTools(()),
         } = self.run;
         AgentBuilder {
@@ -434,6 +444,7 @@ impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
                 settings,
                 prices,
                 context_policy,
+                guards,
                 tools: PolicyTools {
                     registry,
                     policies: None,

@@ -701,6 +701,7 @@ impl RunState {
                 | YieldReason::External
                 | YieldReason::LoopDetected
                 | YieldReason::ContextExhausted
+                | YieldReason::Blocked
         ) || termination.is_some();
         let mut step = make_step(machine, history, reason, done);
         step.response = response;

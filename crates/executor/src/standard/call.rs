@@ -187,6 +187,9 @@ impl StandardExecutor {
         vessel: &mut VesselState,
         options: &StreamOptions,
     ) -> Result<ModelResponse, ModelError> {
+        if let Some(hold) = &self.hold {
+            return super::guard::read_held(self, request, vessel, options, hold).await;
+        }
         let mut events = self.model.stream(request);
         while let Some(event) = events.next().await {
             match event? {

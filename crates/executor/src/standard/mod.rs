@@ -48,6 +48,8 @@ use settle::settle;
 use tools::ToolsRan;
 
 mod call;
+pub(crate) mod guard;
+pub use guard::BLOCKED_NOTE;
 mod prepare;
 mod record;
 mod settle;
@@ -78,6 +80,10 @@ pub struct StandardExecutor {
     /// Whether the application set the settings: if not, the answer
     /// tokens follow the model ([`Model::default_max_tokens`]).
     settings_given: bool,
+    /// The guards; `None` (the default) costs a step nothing.
+    guards: Option<Arc<markov_guard::Guards>>,
+    /// Set on a guarded leaf's own copy only: its streamed text held back.
+    hold: Option<Arc<guard::HoldBack>>,
 }
 
 impl StandardExecutor {
@@ -100,6 +106,8 @@ impl StandardExecutor {
             prices: Prices::table(),
             context_policy: None,
             settings_given: false,
+            guards: None,
+            hold: None,
         }
     }
 
@@ -130,6 +138,19 @@ impl StandardExecutor {
     #[must_use]
     pub fn with_context_policy(mut self, policy: ContextPolicy) -> Self {
         self.context_policy = Some(policy);
+        self
+    }
+
+    /// Checks what goes in and what comes out with `guards` (see
+    /// [`markov_guard`]): the user's message, concurrently with the model
+    /// call but before any of its tool calls runs; the answer, streamed text
+    /// held back until the output guards passed it; each call's arguments;
+    /// each tool result. A block ends the run with
+    /// [`YieldReason::Blocked`](crate::YieldReason::Blocked). Guards with no
+    /// guard in them are the same as none.
+    #[must_use]
+    pub fn with_guards(mut self, guards: markov_guard::Guards) -> Self {
+        self.guards = (!guards.is_empty()).then(|| Arc::new(guards));
         self
     }
 
@@ -288,6 +309,10 @@ impl Executor for StandardExecutor {
     /// tools (so a step that pauses for approvals reports it), and every
     /// call gets exactly one result, a cancelled run's included.
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
+        if let Some(guards) = &self.guards {
+            // Boxed: the guarded step does not enlarge the plain one.
+            return Box::pin(self.run_guarded(cx, guards)).await;
+        }
         let prepared = self.prepare(&cx)?;
         let span = self.chat_span(&cx, &prepared);
         let answer = match self.call_or_replay(&cx, &prepared, &span).await? {

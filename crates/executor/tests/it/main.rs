@@ -16,6 +16,7 @@ mod exactly_once;
 mod externalize;
 mod finish_restriction;
 mod handoffs;
+mod guards;
 mod loop_guard;
 mod machine;
 mod parallel;

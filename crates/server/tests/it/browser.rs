@@ -1402,3 +1402,54 @@ async fn a_tool_results_image_is_a_thumbnail_in_its_card_never_base64_text() {
     }
     browser.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_answer_shows_as_blocked_and_none_of_it_is_shown() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder("helper")
+        .instructions("You help.")
+        .guards(markov_guard::Guards::new().output(markov_guard::MaxLength::new(20)))
+        .model(
+            markov_testkit::ScriptedModel::builder()
+                .text("The whole secret recipe, far longer than allowed.")
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let f = start(Server::builder().agent(agent), store, pays).await;
+    let Some(browser) = Browser::start(1000, 700).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser.sign_in(&f.key).await;
+    browser.say("the recipe, please").await;
+    browser
+        .wait(
+            "the block",
+            "document.querySelector('#log .msg.markov.blocked') !== null && !document.body.classList.contains('running')",
+        )
+        .await;
+    for when in ["live", "after a reload"] {
+        let blocked = browser.text("#log .msg.markov.blocked").await;
+        assert!(
+            blocked.to_lowercase().contains("blocked by a guard")
+                && blocked.contains("blocked by max-length"),
+            "{when}: {blocked}"
+        );
+        let log = browser.text("#log").await;
+        assert!(!log.contains("secret recipe"), "{when}: {log}");
+        assert_eq!(browser.count("#log .msg.assistant").await, 0, "{when}");
+        if when == "live" {
+            browser.screenshot("blocked.png").await;
+            browser.reload().await;
+            browser
+                .wait(
+                    "the history",
+                    "document.querySelector('#log .msg.markov.blocked') !== null",
+                )
+                .await;
+        }
+    }
+    browser.close().await;
+}

@@ -200,6 +200,9 @@ impl<P> OnModel<P> {
         if let Some(policy) = self.context_policy {
             standard = standard.with_context_policy(policy);
         }
+        if let Some(guards) = self.guards {
+            standard = standard.with_guards(guards);
+        }
         if let Some((registry, mode)) = registry {
             standard = standard.with_registry(Arc::new(registry), mode);
         }

@@ -1,0 +1,530 @@
+//! The step with guards on ([`StandardExecutor::with_guards`]): the same
+//! phases, with the input guard run concurrently with the model call, the
+//! output guard on the answer (streamed text held back until it passed),
+//! the tool-call guard before the calls run and the tool-result guard
+//! before the model reads their results.
+//!
+//! The guarantees: no tool call of an answer whose input guard has not
+//! passed runs, however slow the guard; no streamed text leaves the
+//! executor before the output guard passed it, so a blocked answer is
+//! never partly delivered.
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::StreamExt;
+use futures::future::{Either, select};
+use markov_core::MessageId;
+use markov_core::message::{Item, Message, Metadata, Role, StreamInfo, StreamState};
+use markov_core::model::{ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage};
+use markov_core::tool::ToolExecutionResult;
+use markov_guard::{Blocked, Checked, Guards};
+use tokio::sync::watch;
+
+use super::StandardExecutor;
+use super::call::{Answer, Reply};
+use super::record::Recorded;
+use super::settle::settle;
+use super::tools::ToolsRan;
+use crate::effect::Entry;
+use crate::error::RunError;
+use crate::executor::{LeafContext, LeafOutcome};
+use crate::step::YieldReason;
+use crate::stream::{
+    DeltaKind, MessageStreamEvent, StreamDelta, StreamFailure, StreamOptions, VesselState,
+};
+
+/// The prefix of the note recorded in a blocked step's place.
+pub const BLOCKED_NOTE: &str = "[guard]";
+
+/// One leaf's streamed text held back until the guards passed it.
+#[derive(Debug)]
+pub(crate) struct HoldBack {
+    guards: Arc<Guards>,
+    /// The input guard's verdict, once known (`true`: passed); `None`
+    /// when no input guard runs.
+    input: Option<watch::Receiver<Option<bool>>>,
+    state: Mutex<HoldState>,
+}
+
+#[derive(Debug, Default)]
+struct HoldState {
+    /// The vessel the answer streams into, once enqueued, and the last
+    /// sequence number told.
+    vessel: Option<(MessageId, u64)>,
+    /// The stream was read through the hold-back.
+    streamed: bool,
+    /// The text released, as released (rewritten where a guard rewrote).
+    released: String,
+    /// A guard rewrote some of the text.
+    rewritten: bool,
+    /// The output guard blocked.
+    blocked: Option<Blocked>,
+}
+
+impl HoldBack {
+    fn state(&self) -> std::sync::MutexGuard<'_, HoldState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Waits for the input guard; `false` if it blocked.
+    async fn input_passed(&self) -> bool {
+        let Some(input) = &self.input else {
+            return true;
+        };
+        let mut input = input.clone();
+        match input.wait_for(Option::is_some).await {
+            Ok(verdict) => *verdict == Some(true),
+            // The step stopped waiting: nothing is released.
+            Err(_) => false,
+        }
+    }
+}
+
+/// The text of the user's message that starts a turn: the user messages
+/// at the end of the history, tool results left out. `None` when the
+/// history does not end with one (a later step of the turn).
+fn turn_input(history: &[Message]) -> Option<String> {
+    let mut texts: Vec<String> = history
+        .iter()
+        .rev()
+        .take_while(|m| m.role == Role::User)
+        .map(Message::text)
+        .filter(|t| !t.is_empty())
+        .collect();
+    if texts.is_empty() {
+        return None;
+    }
+    texts.reverse();
+    Some(texts.join("\n"))
+}
+
+/// The answer's text items, joined.
+fn answer_text(content: &[Item]) -> String {
+    content
+        .iter()
+        .filter_map(|i| match i {
+            Item::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect::<Vec<_>>()
+        .join("")
+}
+
+/// Replaces the answer's text by `text`: in the first text item's place,
+/// the other text items removed.
+fn replace_text(content: &mut Vec<Item>, text: String) {
+    let mut text = Some(text);
+    content.retain_mut(|item| match item {
+        Item::Text { text: t } => match text.take() {
+            Some(new) => {
+                *t = new;
+                true
+            }
+            None => false,
+        },
+        _ => true,
+    });
+}
+
+impl StandardExecutor {
+    /// The step with `guards` on: see the module's documentation.
+    pub(super) async fn run_guarded(
+        &self,
+        cx: LeafContext<'_>,
+        guards: &Arc<Guards>,
+    ) -> Result<LeafOutcome, RunError> {
+        let prepared = self.prepare(&cx)?;
+        let span = self.chat_span(&cx, &prepared);
+        let input = if guards.input.is_empty() {
+            None
+        } else {
+            turn_input(cx.history)
+        };
+        let (verdict_tx, verdict_rx) = watch::channel(None);
+        // Streamed text goes through a hold-back: a copy of this executor,
+        // for this leaf, whose stream reader holds text back and whose
+        // callback notes the vessel.
+        let hold = self.streaming.as_ref().map(|_| {
+            Arc::new(HoldBack {
+                guards: Arc::clone(guards),
+                input: input.is_some().then(|| verdict_rx.clone()),
+                state: Mutex::new(HoldState::default()),
+            })
+        });
+        let held;
+        let exec = match (&hold, &self.streaming) {
+            (Some(hold), Some(options)) => {
+                let noted = Arc::clone(hold);
+                let inner = Arc::clone(&options.on_message_stream);
+                let mut copy = self.clone();
+                copy.guards = None;
+                copy.hold = Some(Arc::clone(hold));
+                copy.streaming = Some(StreamOptions::new(move |event| {
+                    if let MessageStreamEvent::Start {
+                        message_id, seq, ..
+                    } = event
+                    {
+                        noted.state().vessel = Some((message_id.clone(), *seq));
+                    }
+                    inner(event);
+                }));
+                held = copy;
+                &held
+            }
+            _ => self,
+        };
+        let model_call = exec.call_or_replay(&cx, &prepared, &span);
+        let reply = match input {
+            None => model_call.await?,
+            Some(text) => {
+                let check = guards.input.check(&text);
+                futures::pin_mut!(check, model_call);
+                match select(check, model_call).await {
+                    Either::Left((checked, model_call)) => match checked {
+                        Checked::Blocked(blocked) => {
+                            // The model call is dropped unfinished when the
+                            // step returns: none of its text was released,
+                            // none of its calls runs.
+                            let _ = verdict_tx.send(Some(false));
+                            return Ok(self.blocked(
+                                &cx,
+                                hold.as_deref(),
+                                "message",
+                                blocked,
+                                Usage::default(),
+                            ));
+                        }
+                        Checked::Passed(rewritten) => {
+                            if rewritten.is_some() {
+                                tracing::warn!(
+                                    "an input guard rewrote the user's message: the message is already in the history, so the rewrite is not applied"
+                                );
+                            }
+                            let _ = verdict_tx.send(Some(true));
+                            model_call.await?
+                        }
+                    },
+                    Either::Right((reply, check)) => {
+                        let reply = reply?;
+                        // The answer waits for the input guard: none of its
+                        // calls runs before it passed.
+                        match check.await {
+                            Checked::Blocked(blocked) => {
+                                let _ = verdict_tx.send(Some(false));
+                                let usage = match &reply {
+                                    Reply::Answer(answer) => self.used(&prepared, answer),
+                                    Reply::Stopped(outcome) => outcome.usage,
+                                };
+                                return Ok(self.blocked(
+                                    &cx,
+                                    hold.as_deref(),
+                                    "message",
+                                    blocked,
+                                    usage,
+                                ));
+                            }
+                            Checked::Passed(_) => {
+                                let _ = verdict_tx.send(Some(true));
+                                reply
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let mut answer = match reply {
+            Reply::Answer(answer) => answer,
+            Reply::Stopped(outcome) => return Ok(outcome),
+        };
+        if !guards.output.is_empty() {
+            let streamed = hold.as_ref().map(|h| {
+                let mut state = h.state();
+                let blocked = state.blocked.take();
+                let released = state.rewritten.then(|| std::mem::take(&mut state.released));
+                (state.streamed, blocked, released)
+            });
+            match streamed {
+                Some((true, Some(blocked), _)) => {
+                    let usage = self.used(&prepared, &answer);
+                    return Ok(self.blocked(&cx, hold.as_deref(), "answer", blocked, usage));
+                }
+                Some((true, None, Some(released))) => {
+                    replace_text(&mut answer.response.content, released)
+                }
+                Some((true, None, None)) => {}
+                // Not streamed (or structured output, never streamed):
+                // the whole answer is checked.
+                _ => {
+                    let text = answer_text(&answer.response.content);
+                    if !text.is_empty() {
+                        match guards.output.check(&text).await {
+                            Checked::Blocked(blocked) => {
+                                let usage = self.used(&prepared, &answer);
+                                return Ok(self.blocked(
+                                    &cx,
+                                    hold.as_deref(),
+                                    "answer",
+                                    blocked,
+                                    usage,
+                                ));
+                            }
+                            Checked::Passed(Some(rewritten)) => {
+                                replace_text(&mut answer.response.content, rewritten);
+                            }
+                            Checked::Passed(None) => {}
+                        }
+                    }
+                }
+            }
+        }
+        // The tool-call guard before the answer is recorded: a rewrite is
+        // what the call runs with and what the history keeps; a blocked
+        // call is answered with an error, not run.
+        let mut refused = Vec::new();
+        if !guards.tool_calls.is_empty() {
+            for item in &mut answer.response.content {
+                let Item::ToolUse { id, input, .. } = item else {
+                    continue;
+                };
+                match guards.tool_calls.check(&input.to_string()).await {
+                    Checked::Passed(None) => {}
+                    Checked::Passed(Some(rewritten)) => match serde_json::from_str(&rewritten) {
+                        Ok(value) => *input = value,
+                        Err(_) => refused.push(ToolExecutionResult::error(
+                            id.clone(),
+                            "Tool call not run: a guard rewrote its arguments into text that is not JSON.",
+                        )),
+                    },
+                    Checked::Blocked(blocked) => refused.push(ToolExecutionResult::error(
+                        id.clone(),
+                        format!("Tool call not run: {blocked}."),
+                    )),
+                }
+            }
+        }
+        let mut calls = match self.record(&cx, &prepared, answer, &span).await? {
+            Recorded::Finished(outcome) => return Ok(outcome),
+            Recorded::Calls(calls) => calls,
+        };
+        calls.refused.extend(refused);
+        let mut ran = match self.run_tools(&cx, calls, &span).await {
+            ToolsRan::Paused(outcome) => return Ok(outcome),
+            ToolsRan::Done(ran) => ran,
+        };
+        if !guards.tool_results.is_empty() {
+            for result in &mut ran.outcome.results {
+                match guards.tool_results.check(&result.content).await {
+                    Checked::Passed(None) => {}
+                    Checked::Passed(Some(rewritten)) => result.content = rewritten,
+                    Checked::Blocked(blocked) => {
+                        result.content = format!("Tool result withheld: {blocked}.");
+                        result.is_error = true;
+                    }
+                }
+            }
+        }
+        Ok(settle(&cx, ran).await)
+    }
+
+    /// What an answer's call used, with the summarizer's calls.
+    fn used(&self, prepared: &super::prepare::Prepared, answer: &Answer) -> Usage {
+        let mut usage = if answer.resumed {
+            Usage::default()
+        } else {
+            markov_context::metered(&self.prices, &self.call(prepared), &answer.response)
+        };
+        usage += answer.spent;
+        usage
+    }
+
+    /// The outcome of a blocked step: markov's note in its place (a system
+    /// message, never the user's words), replacing the streamed vessel if
+    /// one was enqueued, the stream told it failed, and the run's yield
+    /// reason [`YieldReason::Blocked`].
+    fn blocked(
+        &self,
+        cx: &LeafContext<'_>,
+        hold: Option<&HoldBack>,
+        what: &str,
+        blocked: Blocked,
+        usage: Usage,
+    ) -> LeafOutcome {
+        tracing::warn!(
+            instance = %cx.instance().id(),
+            guard = %blocked.guard,
+            reason = %blocked.reason,
+            "the {what} was blocked by a guard"
+        );
+        let source = cx.source();
+        let text = format!("{BLOCKED_NOTE} The {what} was {blocked}.");
+        let mut metadata = Metadata::with_source(source.clone());
+        let vessel = hold.and_then(|h| h.state().vessel.clone());
+        if let Some((message_id, seq)) = &vessel {
+            metadata.message_id = Some(message_id.clone());
+            metadata.stream = Some(StreamInfo {
+                state: StreamState::Error,
+                seq: Some(seq + 1),
+            });
+        }
+        let note = Message::system(text).with_metadata(metadata);
+        if let (Some((message_id, seq)), Some(options)) = (vessel, &self.streaming) {
+            (options.on_message_stream)(&MessageStreamEvent::Error {
+                message_id,
+                seq: seq + 1,
+                source,
+                error: StreamFailure {
+                    message: blocked.to_string(),
+                },
+            });
+        }
+        let mut outcome =
+            LeafOutcome::new(vec![Entry::message(note)], YieldReason::Blocked, cx.turn);
+        outcome.usage = usage;
+        outcome
+    }
+}
+
+/// Reads the model's stream into `vessel` like the plain reader, but tells
+/// `options` of text only once the guards passed it: nothing before the
+/// input guard passed, and answer text in the pieces the output guards'
+/// [`Hold`] asks for, each passed (or rewritten) by them. On a block the
+/// stream is dropped (the model call stops) and nothing more is told.
+pub(super) async fn read_held(
+    exec: &StandardExecutor,
+    request: ModelRequest<'_>,
+    vessel: &mut VesselState,
+    options: &StreamOptions,
+    hold: &HoldBack,
+) -> Result<ModelResponse, ModelError> {
+    hold.state().streamed = true;
+    let unit = hold.guards.output.hold();
+    let checked = !hold.guards.output.is_empty();
+    let mut input_passed = hold.input.is_none();
+    // Text received and not yet released, its content index, and thinking
+    // deltas waiting for the input guard.
+    let mut held = String::new();
+    let mut index = 0;
+    let mut thinking: Vec<MessageStreamEvent> = Vec::new();
+    let mut events = exec.model.stream(request);
+    let stopped = || Ok(ModelResponse::new(Vec::new(), StopReason::EndTurn));
+    while let Some(event) = events.next().await {
+        let event = event?;
+        let done = matches!(event, StreamEvent::Done(_));
+        if let Some(update) = vessel.on_event(&event) {
+            match &update {
+                MessageStreamEvent::Update { delta, .. } if delta.kind == DeltaKind::Text => {
+                    held.push_str(&delta.delta);
+                    index = delta.content_index;
+                }
+                _ => thinking.push(update),
+            }
+        }
+        let ready = if done {
+            Some(held.len())
+        } else if checked {
+            unit.ready(&held)
+        } else {
+            Some(held.len())
+        };
+        if (ready.is_some() || !thinking.is_empty()) && !input_passed {
+            if done || hold.input.as_ref().is_some_and(|rx| rx.borrow().is_some()) {
+                input_passed = hold.input_passed().await;
+                if !input_passed {
+                    return stopped();
+                }
+            } else {
+                // The input guard has not decided: keep reading.
+                if let StreamEvent::Done(response) = event {
+                    return Ok(response);
+                }
+                continue;
+            }
+        }
+        for update in thinking.drain(..) {
+            options_tell(hold, options, &update);
+        }
+        if let Some(upto) = ready.filter(|n| *n > 0) {
+            let piece: String = held.drain(..upto).collect();
+            let text = if checked {
+                match hold.guards.output.check(&piece).await {
+                    Checked::Passed(None) => piece,
+                    Checked::Passed(Some(rewritten)) => {
+                        hold.state().rewritten = true;
+                        rewritten
+                    }
+                    Checked::Blocked(blocked) => {
+                        hold.state().blocked = Some(blocked);
+                        return stopped();
+                    }
+                }
+            } else {
+                piece
+            };
+            hold.state().released.push_str(&text);
+            let update = MessageStreamEvent::Update {
+                message_id: vessel.message_id().clone(),
+                seq: vessel.seq(),
+                source: vessel.source().clone(),
+                delta: StreamDelta {
+                    kind: DeltaKind::Text,
+                    content_index: index,
+                    delta: text,
+                },
+            };
+            options_tell(hold, options, &update);
+        }
+        if let StreamEvent::Done(response) = event {
+            return Ok(response);
+        }
+    }
+    Err(ModelError::InvalidResponse(
+        "the stream ended without a final message".into(),
+    ))
+}
+
+/// Tells `options` of `update` and notes its sequence number.
+fn options_tell(hold: &HoldBack, options: &StreamOptions, update: &MessageStreamEvent) {
+    if let Some((_, seq)) = &mut hold.state().vessel {
+        *seq = update.seq();
+    }
+    (options.on_message_stream)(update);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_turn_input_is_the_trailing_user_text() {
+        let history = [
+            Message::user("old"),
+            Message::assistant("answer"),
+            Message::user("new one"),
+        ];
+        assert_eq!(turn_input(&history).as_deref(), Some("new one"));
+        assert_eq!(turn_input(&history[..2]), None);
+    }
+
+    #[test]
+    fn replacing_text_keeps_other_items_in_place() {
+        let mut content = vec![
+            Item::text("a"),
+            Item::Thinking {
+                thinking: "t".into(),
+                signature: None,
+            },
+            Item::text("b"),
+        ];
+        replace_text(&mut content, "X".into());
+        assert_eq!(
+            content,
+            vec![
+                Item::text("X"),
+                Item::Thinking {
+                    thinking: "t".into(),
+                    signature: None
+                }
+            ]
+        );
+    }
+}

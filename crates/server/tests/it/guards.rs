@@ -1,0 +1,127 @@
+//! A guarded answer over real loopback HTTP: an answer the output guard
+//! blocks mid-way reaches the SSE client only up to what the guard passed.
+
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::{self, BoxStream};
+use markov_core::Item;
+use markov_core::model::{
+    Model, ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, collect_stream,
+};
+use markov_executor::Agent;
+use markov_guard::{Guard, Guards, Hold, Verdict};
+use serde_json::json;
+
+use crate::http::{events, serve_agent};
+
+/// A model whose calls stream scripted text pieces.
+#[derive(Debug)]
+struct Pieces(Mutex<Vec<Vec<&'static str>>>);
+
+#[async_trait]
+impl Model for Pieces {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        collect_stream(self.stream(request)).await
+    }
+
+    fn stream<'a>(&'a self, _: ModelRequest<'a>) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let mut calls = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let pieces = if calls.is_empty() {
+            Vec::new()
+        } else {
+            calls.remove(0)
+        };
+        let mut events: Vec<Result<StreamEvent, ModelError>> = pieces
+            .iter()
+            .map(|p| {
+                Ok(StreamEvent::TextDelta {
+                    index: 0,
+                    text: (*p).to_owned(),
+                })
+            })
+            .collect();
+        events.push(Ok(StreamEvent::Done(ModelResponse::new(
+            vec![Item::text(pieces.concat())],
+            StopReason::EndTurn,
+        ))));
+        stream::iter(events).boxed()
+    }
+}
+
+/// Blocks a sentence with a card number in it.
+#[derive(Debug)]
+struct NoCards;
+
+#[async_trait]
+impl Guard for NoCards {
+    fn name(&self) -> &str {
+        "no-cards"
+    }
+    fn hold(&self) -> Hold {
+        Hold::Sentence
+    }
+    async fn check(&self, text: &str) -> Verdict {
+        if text.contains("4111") {
+            Verdict::block("a card number")
+        } else {
+            Verdict::Pass
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_blocked_mid_way_sends_no_blocked_byte_to_the_sse_client() {
+    let model = Pieces(Mutex::new(vec![
+        vec![
+            "Hello there. ",
+            "Your card ",
+            "is 4111 1111 ",
+            "1111 1111",
+            ". Bye.",
+        ],
+        vec!["All ", "good."],
+    ]));
+    let agent = Agent::builder("support")
+        .instructions("Help.")
+        .guards(Guards::new().output(NoCards))
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let f = serve_agent(agent, Arc::new(AtomicUsize::new(0))).await;
+    let id = f.create().await;
+    let response = f
+        .client
+        .post(format!("{}/sessions/{id}/messages", f.base))
+        .bearer_auth(&f.key)
+        .json(&json!({"text": "what is my card?"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 200);
+    let raw = response.text().await.expect("the stream");
+    // Not one byte of the blocked sentence, in any event.
+    assert!(!raw.contains("4111") && !raw.contains("card is"), "{raw}");
+    assert!(!raw.contains("Your card"), "{raw}");
+    let events = events(&raw);
+    let deltas: String = events
+        .iter()
+        .filter(|(name, _)| name == "delta")
+        .filter_map(|(_, data)| data["text"].as_str())
+        .collect();
+    assert_eq!(deltas, "Hello there.");
+    let blocked = events
+        .iter()
+        .find(|(name, data)| name == "step" && data["yield_reason"] == "blocked");
+    assert!(blocked.is_some(), "a blocked step: {raw}");
+
+    // The session takes the next message.
+    let next = f.say(&id, "thanks").await;
+    assert!(
+        next.iter()
+            .any(|(name, data)| name == "step" && data["yield_reason"] == "end_turn"),
+        "{next:?}"
+    );
+}
