@@ -240,6 +240,8 @@ pub struct DurableMachine<S: Store + ?Sized> {
     /// Interrupts the run in progress after its step (see
     /// [`DurableMachine::interrupt_when`]).
     interrupt: CancellationToken,
+    /// The trace of the step the next write records, if it records one.
+    trace: Option<crate::StepTrace>,
     /// Where [`release`](DurableMachine::release) parks the machine, and
     /// the agent it runs on.
     cache: Option<(SessionCache, Agent)>,
@@ -348,7 +350,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     fn bind(
         store: Arc<S>,
         lease: Lease,
-        machine: Machine,
+        mut machine: Machine,
         interrupted: Option<RunState>,
         lease_ttl: Duration,
     ) -> Self {
@@ -368,6 +370,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             holder: holder.clone(),
             lease: Arc::clone(&lease),
         }));
+        // Every step is recorded with what it was made of.
+        machine.set_record_calls(true);
         DurableMachine {
             lease,
             written: machine.history().len(),
@@ -387,6 +391,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             interrupt: CancellationToken::new(),
             cache: None,
             kept: false,
+            trace: None,
         }
     }
 
@@ -482,6 +487,10 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         let answers = self.machine.policy_state().answers().snapshot();
         let usage = *self.machine.usage();
         let usage_changed = usage != self.usage;
+        let mut trace = self.trace.take();
+        if let Some(trace) = &mut trace {
+            trace.tree.clone_from(&tree);
+        }
         self.store
             .append(
                 &self.id,
@@ -495,6 +504,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     answers: &answers,
                     run,
                     usage: usage_changed.then_some(&usage),
+                    trace: trace.as_ref(),
                 },
             )
             .await?;
@@ -559,6 +569,18 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         self.drive(RunState::new(options), &mut on_step).await
     }
 
+    /// Keeps `step`'s trace for the write that records it, when the
+    /// machine records its steps.
+    fn trace_step(&mut self, step: &MachineStep, took: Duration) {
+        if !self.machine.records_calls() {
+            return;
+        }
+        let to = self.machine.history().len() as u64;
+        let from = to.saturating_sub(step.history.len() as u64);
+        let millis = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        self.trace = Some(crate::StepTrace::of_step(step, from, millis));
+    }
+
     /// Drives one run to its end, writing every step.
     async fn drive(
         &mut self,
@@ -592,6 +614,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                         return self.stopped(&mut state, on_step).await;
                     }
                     let cancel = self.cancel.clone();
+                    let started = std::time::Instant::now();
                     let results = {
                         let leaves = self.run_leaves_leased(&state, &tasks);
                         futures::pin_mut!(leaves);
@@ -617,6 +640,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     }
                     match state.on_leaf_results(&mut self.machine, &tasks, results) {
                         Ok(step) => {
+                            self.trace_step(&step, started.elapsed());
                             let run = (!state.is_finished()).then_some(&state);
                             self.write(run).await?;
                             on_step(&step);
@@ -643,6 +667,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     }
                 }
                 Action::Yield(step) => {
+                    self.trace_step(&step, Duration::ZERO);
                     let run = (!state.is_finished()).then_some(&state);
                     self.write(run).await?;
                     on_step(&step);
@@ -666,6 +691,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         tracing::info!("the run was cancelled: the step in flight is recorded and the run ends");
         self.cancel = CancellationToken::new();
         let step = state.cancel(&mut self.machine);
+        self.trace_step(&step, Duration::ZERO);
         self.write(None).await?;
         on_step(&step);
         Ok(step)
