@@ -41,6 +41,10 @@ pub struct ModelCall {
     /// `history_len` messages, not those messages as they are.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub context_view: bool,
+    /// The leaf's turn bookkeeping when it called (what the tool choice
+    /// rules saw), so that a fork continues the turn as it stood.
+    #[serde(default)]
+    pub turn: crate::TurnState,
     /// Whether the answer was a recorded one replayed (no model call).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replayed: bool,

@@ -56,6 +56,7 @@ use serde::{Deserialize, Serialize};
 
 mod cache;
 mod durable;
+mod fork;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod repair;
@@ -66,6 +67,7 @@ pub mod testing;
 
 pub use cache::SessionCache;
 pub use durable::{CreateOptions, DEFAULT_LEASE, DurableError, DurableMachine, OpenOptions};
+pub use fork::ForkOptions;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use repair::RepairReport;
@@ -293,6 +295,17 @@ pub struct StepTrace {
     /// The instance tree after the step, when the step changed it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tree: Option<SerializedInstance>,
+    /// The instance tree before the step, on the first step a worker
+    /// recorded after creating or opening the session (the steps after it
+    /// say only what they changed, in [`tree`](Self::tree)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_before: Option<SerializedInstance>,
+    /// The conversation's turn and budget counters before the step.
+    #[serde(default)]
+    pub counters_before: PolicyCounters,
+    /// What the session and its user turn had used before the step.
+    #[serde(default)]
+    pub usage_before: UsageTotals,
 }
 
 impl StepTrace {
@@ -313,6 +326,9 @@ impl StepTrace {
             calls: step.calls.clone(),
             approvals: step.approvals.clone(),
             tree: None,
+            tree_before: None,
+            counters_before: PolicyCounters::default(),
+            usage_before: UsageTotals::default(),
         }
     }
 

@@ -319,6 +319,7 @@ impl Executor for StandardExecutor {
                     .context_policy()
                     .or(self.context_policy.as_ref())
                     .is_some(),
+                turn: cx.turn,
                 replayed,
                 model_ms: millis(answered.duration_since(started)),
                 tools_ms: millis(answered.elapsed()),

@@ -126,3 +126,171 @@ async fn every_step_is_recorded_and_its_request_rebuilt_on_postgres() {
     );
     steps_contract(store, &dir).await;
 }
+
+/// The script's answers from the `n`th on.
+fn script_from(n: usize) -> ScriptedModel {
+    let mut builder = ScriptedModel::builder();
+    for i in n..5 {
+        builder = match i {
+            0 | 3 => builder.tool_call("note", json!({})),
+            1 => builder.response(calls(&[("pay-1", "pay", json!({"amount": 3}))])),
+            2 => builder.text("Paid 3."),
+            _ => builder.text("Noted."),
+        };
+    }
+    builder.build()
+}
+
+fn agent(model: Arc<ScriptedModel>, dir: &Dir) -> markov_executor::Agent {
+    markov_executor::Agent::on_charter_with_executor(
+        charter().0,
+        Arc::new(executor(model, dir.path("effects"), dir.path("marker"))),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .expect("the agent builds")
+}
+
+#[tokio::test]
+async fn a_fork_at_any_step_sends_that_steps_request_again() {
+    let dir = Dir::new("fork");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let model = Arc::new(script());
+    let id = SessionId::new("original");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        agent(model.clone(), &dir).machine(),
+    )
+    .await
+    .expect("created");
+    for text in ["pay 3", "note it"] {
+        session.machine().enqueue_user(text);
+        assert!(session.run().await.expect("runs").done);
+    }
+    session.release().await.expect("released");
+    let original = model.requests();
+    assert_eq!(original.len(), 5);
+    for (n, sent) in original.iter().enumerate() {
+        let replay = Arc::new(script_from(n));
+        let fork_id = SessionId::new(format!("fork-{n}"));
+        let mut fork = DurableMachine::fork(
+            store.clone(),
+            &id,
+            n as u64,
+            fork_id.clone(),
+            WorkerId::new("developer"),
+            &agent(replay.clone(), &dir),
+            markov_store::ForkOptions::default(),
+        )
+        .await
+        .expect("forks");
+        let last = fork.run().await.expect("the fork runs");
+        assert!(last.done, "the fork finishes the turn");
+        let first = replay
+            .requests()
+            .into_iter()
+            .next()
+            .expect("the fork called the model");
+        assert_eq!(first.system, sent.system, "step {n}: the system prompt");
+        assert_eq!(first.messages, sent.messages, "step {n}: the messages");
+        assert_eq!(first.tools, sent.tools, "step {n}: the tools");
+        assert_eq!(
+            first.tool_choice, sent.tool_choice,
+            "step {n}: the tool choice"
+        );
+        assert_eq!(first.settings, sent.settings, "step {n}: the settings");
+        // Byte for byte, as the Anthropic and OpenAI wire bodies say it.
+        for (vendor, body) in wire_bodies(&first, sent) {
+            assert_eq!(body.0, body.1, "step {n}: the {vendor} body");
+        }
+        assert!(
+            store.info(&fork_id).await.is_ok(),
+            "the fork is a session of its own"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fork_can_ask_something_else() {
+    let dir = Dir::new("fork-edit");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let model = Arc::new(script());
+    let id = SessionId::new("original");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        agent(model.clone(), &dir).machine(),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("pay 3");
+    session.run().await.expect("runs");
+    session.release().await.expect("released");
+    let replay = Arc::new(ScriptedModel::builder().text("Sure.").build());
+    let mut fork = DurableMachine::fork(
+        store.clone(),
+        &id,
+        0,
+        SessionId::new("edited"),
+        WorkerId::new("developer"),
+        &agent(replay.clone(), &dir),
+        markov_store::ForkOptions {
+            edit_user: Some("pay 4".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("forks");
+    fork.run().await.expect("runs");
+    let first = replay.requests().into_iter().next().expect("called");
+    let asked: Vec<String> = first
+        .messages
+        .iter()
+        .filter(|m| is_user_text(m))
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(asked, ["pay 4"], "the edited question, not the original");
+}
+
+/// Two wire bodies to compare.
+type BodyPair = (Vec<u8>, Vec<u8>);
+
+/// The Anthropic Messages and OpenAI Chat bodies of two recorded
+/// requests, as the providers' encoders write them.
+fn wire_bodies(
+    a: &markov_testkit::RecordedRequest,
+    b: &markov_testkit::RecordedRequest,
+) -> Vec<(&'static str, BodyPair)> {
+    fn request(r: &markov_testkit::RecordedRequest) -> markov_core::model::ModelRequest<'_> {
+        markov_core::model::ModelRequest::new(&r.system, &r.messages, &r.settings)
+            .with_tools(&r.tools)
+            .with_provider_tools(&r.provider_tools)
+            .with_tool_choice(&r.tool_choice)
+            .with_output_schema(r.output_schema.as_ref())
+    }
+    let anthropic = markov_providers::Anthropic::builder()
+        .base_url("http://127.0.0.1:1")
+        .build()
+        .expect("builds");
+    let openai = markov_providers::OpenAi::builder()
+        .base_url("http://127.0.0.1:1")
+        .build()
+        .expect("builds");
+    let claude = |r| {
+        anthropic
+            .request_body_uncached(&request(r), false)
+            .expect("encodes")
+    };
+    let gpt = |r| {
+        openai
+            .request_body_uncached(&request(r), false)
+            .expect("encodes")
+    };
+    vec![
+        ("Anthropic Messages", (claude(a), claude(b))),
+        ("OpenAI Chat", (gpt(a), gpt(b))),
+    ]
+}
