@@ -88,7 +88,7 @@ pub async fn export_steps(
     // Back to the user message that began the first step's turn.
     let start = history[..from]
         .iter()
-        .rposition(|m| is_user_input(m))
+        .rposition(is_user_input)
         .filter(|_| !history[from..to].iter().take(1).any(is_user_input))
         .unwrap_or(from);
     let mut case = case_of(id, &history[start..to])?;
