@@ -60,6 +60,7 @@ mod fork;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod repair;
+mod replay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "postgres")]
@@ -71,6 +72,7 @@ pub use fork::ForkOptions;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use repair::RepairReport;
+pub use replay::{AnswerSource, ReplayMode, ReplayReport, StepDiff, StepSide, replay};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Durability, SqliteStore};
 

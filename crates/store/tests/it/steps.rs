@@ -294,3 +294,119 @@ fn wire_bodies(
         ("OpenAI Chat", (gpt(a), gpt(b))),
     ]
 }
+
+async fn recorded_session(dir: &Dir) -> (Arc<SqliteStore>, SessionId) {
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let id = SessionId::new("recorded");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        agent(Arc::new(script()), dir).machine(),
+    )
+    .await
+    .expect("created");
+    for text in ["pay 3", "note it"] {
+        session.machine().enqueue_user(text);
+        assert!(session.run().await.expect("runs").done);
+    }
+    session.release().await.expect("released");
+    (store, id)
+}
+
+#[tokio::test]
+async fn a_replay_of_an_unchanged_agent_plays_the_recording_back() {
+    let dir = Dir::new("replay-same");
+    let (store, id) = recorded_session(&dir).await;
+    let live = Arc::new(ScriptedModel::builder().build());
+    let replay_dir = Dir::new("replay-same-effects");
+    let report = markov_store::replay(
+        &*store,
+        &id,
+        live.clone(),
+        |model| {
+            markov_executor::Agent::on_charter_with_executor(
+                charter().0,
+                Arc::new(executor(
+                    model,
+                    replay_dir.path("effects"),
+                    replay_dir.path("marker"),
+                )),
+            )
+            .state(json!({"notes": 0}))
+            .build()
+            .expect("builds")
+        },
+        markov_store::ReplayMode::RecordedWhereUnchanged,
+    )
+    .await
+    .expect("replays");
+    assert_eq!(report.error, None);
+    assert_eq!(report.parted_at, None, "{report:#?}");
+    assert_eq!(report.steps.len(), 5);
+    assert!(
+        report
+            .steps
+            .iter()
+            .all(|s| s.answered_from == Some(markov_store::AnswerSource::Recorded))
+    );
+    assert!(live.requests().is_empty(), "the live model was never asked");
+}
+
+#[tokio::test]
+async fn a_replay_of_a_changed_agent_says_where_the_runs_part() {
+    let dir = Dir::new("replay-changed");
+    let (store, id) = recorded_session(&dir).await;
+    // The live model answers the second turn differently.
+    let live = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("note", json!({}))
+            .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
+            .text("Paid 3.")
+            .text("Nothing to note.")
+            .build(),
+    );
+    let replay_dir = Dir::new("replay-changed-effects");
+    let report = markov_store::replay(
+        &*store,
+        &id,
+        live.clone(),
+        |model| {
+            // The agent now: a lower temperature.
+            let settings = markov_core::model::ModelSettings {
+                temperature: Some(0.0),
+                ..Default::default()
+            };
+            markov_executor::Agent::on_charter_with_executor(
+                charter().0,
+                Arc::new(
+                    executor(model, replay_dir.path("effects"), replay_dir.path("marker"))
+                        .with_settings(settings),
+                ),
+            )
+            .state(json!({"notes": 0}))
+            .build()
+            .expect("builds")
+        },
+        markov_store::ReplayMode::RecordedWhereUnchanged,
+    )
+    .await
+    .expect("replays");
+    assert_eq!(report.parted_at, Some(0), "the first request differs");
+    assert!(report.steps[0].request_changed);
+    assert!(!report.steps[0].answer_changed, "the same first answer");
+    assert_eq!(
+        report.steps[0].answered_from,
+        Some(markov_store::AnswerSource::Live)
+    );
+    // The second turn's answers differ: four replayed steps, five recorded.
+    assert_eq!(report.steps.len(), 5);
+    assert!(report.steps[3].answer_changed);
+    assert!(
+        report.steps[4].replayed.is_none(),
+        "the replay has no fifth step"
+    );
+    // The diff is a serde type a page shows.
+    let json = serde_json::to_value(&report).expect("serializes");
+    assert_eq!(json["parted_at"], 0);
+}
