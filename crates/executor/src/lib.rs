@@ -82,7 +82,7 @@ pub use serialize::{
 pub use standard::{
     BLOCKED_NOTE, CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor,
 };
-pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
+pub use step::{MachineStep, ModelCall, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use team::{
     Handoff, HandoffRecord, HistoryFilter, Team, TeamBuilder, TeamError, TeamSession, TeamTurn,

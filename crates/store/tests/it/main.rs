@@ -20,4 +20,6 @@ mod postgres_restart;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "sqlite")]
+mod steps;
+#[cfg(feature = "sqlite")]
 mod tool_search;
