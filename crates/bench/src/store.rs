@@ -99,6 +99,7 @@ async fn measure(
                     answers: &[],
                     run: Some(&run),
                     usage: None,
+                    trace: None,
                 },
             )
             .await

@@ -2,7 +2,9 @@
 //! model answers the script that plays them back offline, and what it did
 //! the expectations.
 
-use markov_core::{Item, Role};
+use std::ops::Range;
+
+use markov_core::{Item, Message, Role};
 use markov_store::{SessionId, Store, StoreError};
 
 use crate::dataset::{Answer, Call, Case};
@@ -18,6 +20,15 @@ pub enum ExportError {
     /// The session has no user turn to replay.
     #[error("session {0} has no user turn")]
     NoInput(SessionId),
+    /// The steps asked for were not recorded (the session ran before steps
+    /// were recorded, retention dropped them, or the range is past the end).
+    #[error("session {session} has no recorded steps {steps:?}")]
+    NoSteps {
+        /// The session.
+        session: SessionId,
+        /// The steps asked for.
+        steps: Range<u64>,
+    },
 }
 
 /// The case a stored session makes: each user message with text is a
@@ -35,11 +46,73 @@ pub enum ExportError {
 /// The session cannot be loaded, or has no user turn.
 pub async fn export_session(store: &dyn Store, id: &SessionId) -> Result<Case, ExportError> {
     let session = store.load(id).await?;
+    case_of(id, &session.snapshot.history)
+}
+
+/// The case a range of a stored session's recorded steps makes (see
+/// [`Store::steps`]), as [`export_session`] makes one of a whole session:
+/// the user turns those steps belong to, from the start of the turn of the
+/// first step to the end of the last step, with their recorded answers as
+/// the script. The turns before it are not part of the case: it starts
+/// from the agent's initial state, so the model is shown that turn without
+/// the conversation before it.
+///
+/// # Errors
+/// The session cannot be loaded, the steps were not recorded, or they
+/// hold no user turn.
+pub async fn export_steps(
+    store: &dyn Store,
+    id: &SessionId,
+    steps: Range<u64>,
+) -> Result<Case, ExportError> {
+    let no_steps = || ExportError::NoSteps {
+        session: id.clone(),
+        steps: steps.clone(),
+    };
+    let count = usize::try_from(steps.end.saturating_sub(steps.start)).unwrap_or(usize::MAX);
+    let traces = store.steps(id, steps.start, count).await?;
+    let (Some(first), Some(last)) = (traces.first(), traces.last()) else {
+        return Err(no_steps());
+    };
+    if first.index != steps.start {
+        return Err(no_steps());
+    }
+    let session = store.load(id).await?;
+    let history = &session.snapshot.history;
+    let to = usize::try_from(last.history_to)
+        .unwrap_or(usize::MAX)
+        .min(history.len());
+    let from = usize::try_from(first.history_from)
+        .unwrap_or(usize::MAX)
+        .min(to);
+    // Back to the user message that began the first step's turn.
+    let start = history[..from]
+        .iter()
+        .rposition(is_user_input)
+        .filter(|_| !history[from..to].iter().take(1).any(is_user_input))
+        .unwrap_or(from);
+    let mut case = case_of(id, &history[start..to])?;
+    case.id = format!("{id}-steps-{}-{}", steps.start, steps.end);
+    Ok(case)
+}
+
+/// Whether `message` is text a user typed (not an instance's hand-back).
+fn is_user_input(message: &Message) -> bool {
+    message.role == Role::User
+        && message.source_instance().is_none()
+        && message
+            .item_list()
+            .iter()
+            .any(|item| matches!(item, Item::Text { text } if !text.is_empty()))
+}
+
+/// The case `history` of session `id` makes (see [`export_session`]).
+fn case_of(id: &SessionId, history: &[Message]) -> Result<Case, ExportError> {
     let mut input = Vec::new();
     let mut script = Vec::new();
     let mut calls = Vec::new();
     let mut last_text = None;
-    for message in &session.snapshot.history {
+    for message in history {
         match message.role {
             // Text an agent instance handed back (a cede, a command's
             // result) is not the user's input: the replay makes it again.

@@ -50,6 +50,9 @@ pub struct LeafContext<'a> {
     /// The machine's context views (what a context policy shows of the
     /// history; see [`ContextViews`]).
     pub views: &'a ContextViews,
+    /// Whether the leaf's outcome should say what its model call was made
+    /// of ([`LeafOutcome::call`]): set for a store that records every step.
+    pub record_calls: bool,
 }
 
 impl<'a> LeafContext<'a> {
@@ -101,6 +104,9 @@ pub struct LeafOutcome {
     /// The model that answered the leaf's call, as the answer names it
     /// ([`ModelResponse::model`](markov_core::ModelResponse::model)).
     pub model: Option<String>,
+    /// What the leaf's model call was made of and how long it took, when
+    /// the machine records calls ([`LeafContext::record_calls`]).
+    pub call: Option<Box<crate::trace::ModelCall>>,
 }
 
 /// An intent a tool returned for the application (through the registry's
@@ -128,6 +134,7 @@ impl LeafOutcome {
             usage: markov_core::model::Usage::default(),
             usage_limit: None,
             model: None,
+            call: None,
         }
     }
 }

@@ -37,6 +37,9 @@ pub struct Machine {
     /// What context policies show of the history; derived from it, never
     /// serialized.
     pub(crate) views: markov_context::ContextViews,
+    /// Whether each step says what its model calls were made of
+    /// ([`MachineStep::calls`](crate::MachineStep::calls)).
+    pub(crate) record_calls: bool,
 }
 
 impl fmt::Debug for Machine {
@@ -125,6 +128,7 @@ impl Machine {
             run_options,
             usage: UsageTotals::default(),
             views: markov_context::ContextViews::default(),
+            record_calls: false,
         };
         machine.sync_externalized();
         machine
@@ -186,6 +190,20 @@ impl Machine {
     /// requests and cost. Part of the snapshot.
     pub fn usage(&self) -> &UsageTotals {
         &self.usage
+    }
+
+    /// Whether each step says what its model calls were made of and how
+    /// long they took ([`MachineStep::calls`](crate::MachineStep::calls)):
+    /// off by default (nothing is built for it); a store that records
+    /// every step turns it on.
+    pub fn set_record_calls(&mut self, record: bool) {
+        self.record_calls = record;
+    }
+
+    /// Whether steps record their model calls (see
+    /// [`set_record_calls`](Self::set_record_calls)).
+    pub fn records_calls(&self) -> bool {
+        self.record_calls
     }
 
     /// The limits of [`run`](Self::run) (its agent's, else the defaults).

@@ -361,6 +361,7 @@ pub(crate) fn deserialize_machine(
         run_options: crate::run::RunOptions::default(),
         usage: data.usage,
         views: Default::default(),
+        record_calls: false,
     };
     machine.sync_externalized();
     Ok(machine)

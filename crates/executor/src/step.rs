@@ -148,6 +148,10 @@ pub struct MachineStep {
     /// unknown: show them (call id, tool, arguments) to a person, who
     /// checks whether the effect happened.
     pub interrupted: Vec<markov_policy::InterruptedCall>,
+    /// What each leaf's model call was made of and how long it took, in
+    /// leaf order: empty unless the machine records calls
+    /// ([`Machine::set_record_calls`](crate::Machine::set_record_calls)).
+    pub calls: Vec<crate::ModelCall>,
 }
 
 impl MachineStep {

@@ -8,8 +8,8 @@ use std::time::Duration;
 use markov_core::async_trait;
 use markov_executor::{
     Action, Agent, CommandOptions, CommandOutcome, DeserializeError, Instance, Machine,
-    MachineStep, RunError, RunOptions, RunState, SerializeError, YieldReason, run_command,
-    run_leaves, serialize_instance_tree, serialize_machine,
+    MachineStep, RunError, RunOptions, RunState, SerializeError, SerializedInstance, YieldReason,
+    run_command, run_leaves, serialize_instance_tree, serialize_machine,
 };
 use markov_policy::{
     ApprovalError, ApprovalId, ConfirmationRequest, Decision, Journal, LedgerEntry, PolicyCounters,
@@ -240,6 +240,11 @@ pub struct DurableMachine<S: Store + ?Sized> {
     /// Interrupts the run in progress after its step (see
     /// [`DurableMachine::interrupt_when`]).
     interrupt: CancellationToken,
+    /// The trace of the step the next write records, if it records one.
+    trace: Option<crate::StepTrace>,
+    /// Whether a step was traced since the session was created or opened
+    /// here (the first one records the tree it started from).
+    traced: bool,
     /// Where [`release`](DurableMachine::release) parks the machine, and
     /// the agent it runs on.
     cache: Option<(SessionCache, Agent)>,
@@ -345,10 +350,10 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         Ok(session)
     }
 
-    fn bind(
+    pub(crate) fn bind(
         store: Arc<S>,
         lease: Lease,
-        machine: Machine,
+        mut machine: Machine,
         interrupted: Option<RunState>,
         lease_ttl: Duration,
     ) -> Self {
@@ -368,6 +373,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             holder: holder.clone(),
             lease: Arc::clone(&lease),
         }));
+        // Every step is recorded with what it was made of.
+        machine.set_record_calls(true);
         DurableMachine {
             lease,
             written: machine.history().len(),
@@ -387,6 +394,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             interrupt: CancellationToken::new(),
             cache: None,
             kept: false,
+            trace: None,
+            traced: false,
         }
     }
 
@@ -482,6 +491,10 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         let answers = self.machine.policy_state().answers().snapshot();
         let usage = *self.machine.usage();
         let usage_changed = usage != self.usage;
+        let mut trace = self.trace.take();
+        if let Some(trace) = &mut trace {
+            trace.tree.clone_from(&tree);
+        }
         self.store
             .append(
                 &self.id,
@@ -495,6 +508,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     answers: &answers,
                     run,
                     usage: usage_changed.then_some(&usage),
+                    trace: trace.as_ref(),
                 },
             )
             .await?;
@@ -559,6 +573,31 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         self.drive(RunState::new(options), &mut on_step).await
     }
 
+    /// Keeps `step`'s trace for the write that records it, when the
+    /// machine records its steps.
+    fn trace_step(
+        &mut self,
+        step: &MachineStep,
+        took: Duration,
+        before: Option<SerializedInstance>,
+    ) {
+        if !self.machine.records_calls() {
+            return;
+        }
+        let to = self.machine.history().len() as u64;
+        let from = to.saturating_sub(step.history.len() as u64);
+        let millis = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+        let mut trace = crate::StepTrace::of_step(step, from, millis);
+        // What was last written is what the step started from.
+        trace.counters_before = self.counters.clone();
+        trace.usage_before = self.usage;
+        if before.is_some() {
+            trace.tree_before = before;
+            self.traced = true;
+        }
+        self.trace = Some(trace);
+    }
+
     /// Drives one run to its end, writing every step.
     async fn drive(
         &mut self,
@@ -592,6 +631,18 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                         return self.stopped(&mut state, on_step).await;
                     }
                     let cancel = self.cancel.clone();
+                    let started = std::time::Instant::now();
+                    // The first step recorded here says what tree it
+                    // started from (the later ones say what they changed).
+                    let before = if self.machine.records_calls() && !self.traced {
+                        serialize_instance_tree(&self.machine)
+                            .inspect_err(|error| {
+                                tracing::warn!(%error, "the tree a step started from is not recorded: no fork can start before it");
+                            })
+                            .ok()
+                    } else {
+                        None
+                    };
                     let results = {
                         let leaves = self.run_leaves_leased(&state, &tasks);
                         futures::pin_mut!(leaves);
@@ -617,6 +668,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     }
                     match state.on_leaf_results(&mut self.machine, &tasks, results) {
                         Ok(step) => {
+                            self.trace_step(&step, started.elapsed(), before);
                             let run = (!state.is_finished()).then_some(&state);
                             self.write(run).await?;
                             on_step(&step);
@@ -643,6 +695,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     }
                 }
                 Action::Yield(step) => {
+                    self.trace_step(&step, Duration::ZERO, None);
                     let run = (!state.is_finished()).then_some(&state);
                     self.write(run).await?;
                     on_step(&step);
@@ -666,6 +719,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         tracing::info!("the run was cancelled: the step in flight is recorded and the run ends");
         self.cancel = CancellationToken::new();
         let step = state.cancel(&mut self.machine);
+        self.trace_step(&step, Duration::ZERO, None);
         self.write(None).await?;
         on_step(&step);
         Ok(step)

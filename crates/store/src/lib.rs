@@ -56,9 +56,11 @@ use serde::{Deserialize, Serialize};
 
 mod cache;
 mod durable;
+mod fork;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod repair;
+mod replay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 #[cfg(feature = "postgres")]
@@ -66,9 +68,11 @@ pub mod testing;
 
 pub use cache::SessionCache;
 pub use durable::{CreateOptions, DEFAULT_LEASE, DurableError, DurableMachine, OpenOptions};
+pub use fork::ForkOptions;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use repair::RepairReport;
+pub use replay::{AnswerSource, ReplayMode, ReplayReport, StepDiff, StepSide, replay};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Durability, SqliteStore};
 
@@ -244,6 +248,105 @@ pub struct StepRecord<'a> {
     pub run: Option<&'a RunState>,
     /// What the session and its current user turn have used, if it changed.
     pub usage: Option<&'a UsageTotals>,
+    /// What the step was made of, when it is a step of a run and the
+    /// machine records its steps: kept beside the step, in the same
+    /// transaction. `None` for a write that is not a step (an approval, a
+    /// command, the write before a model call).
+    pub trace: Option<&'a StepTrace>,
+}
+
+/// What one step of a session recorded, to see why the run did what it
+/// did and to rebuild the exact request of any step: the model calls'
+/// system prompts, tools, tool choice and settings (kept once per distinct
+/// content by the store), the history the step added, the usage and
+/// latency, the yield reason, and the instance tree when the step changed
+/// it. Read back with [`Store::steps`].
+///
+/// Holds what the model was sent and answered; never a provider's key or
+/// an HTTP header (those are the provider client's, and a request does not
+/// carry them).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepTrace {
+    /// The step's place in the session, from 0, in the order recorded
+    /// (the store numbers steps when it writes them).
+    pub index: u64,
+    /// When it was recorded, in Unix milliseconds.
+    pub recorded_at: u64,
+    /// Why the step ended.
+    pub yield_reason: markov_executor::YieldReason,
+    /// Whether the run ended with it.
+    pub done: bool,
+    /// The model that answered, as the answer named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// What the step's model calls used (tokens, requests, cost).
+    pub usage: markov_core::model::Usage,
+    /// Milliseconds from the step's start to its end.
+    pub step_ms: u64,
+    /// The history before the step had this many messages: the step added
+    /// those from here to [`history_to`](Self::history_to).
+    pub history_from: u64,
+    /// The history after the step had this many messages.
+    pub history_to: u64,
+    /// Each leaf's model call, in leaf order (empty on a step that called
+    /// no model: a resume, a cancelled step).
+    pub calls: Vec<markov_executor::ModelCall>,
+    /// The calls that waited for a person's approval when the step ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<markov_policy::ConfirmationRequest>,
+    /// The instance tree after the step, when the step changed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree: Option<SerializedInstance>,
+    /// The instance tree before the step, on the first step a worker
+    /// recorded after creating or opening the session (the steps after it
+    /// say only what they changed, in [`tree`](Self::tree)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tree_before: Option<SerializedInstance>,
+    /// The conversation's turn and budget counters before the step.
+    #[serde(default)]
+    pub counters_before: PolicyCounters,
+    /// What the session and its user turn had used before the step.
+    #[serde(default)]
+    pub usage_before: UsageTotals,
+}
+
+impl StepTrace {
+    /// The trace of `step`, which ran for `step_ms` over a history of
+    /// `history_from` messages. The store gives it its
+    /// [`index`](Self::index) and time when it writes it.
+    pub fn of_step(step: &markov_executor::MachineStep, history_from: u64, step_ms: u64) -> Self {
+        StepTrace {
+            index: 0,
+            recorded_at: 0,
+            yield_reason: step.yield_reason,
+            done: step.done,
+            model: step.model.clone(),
+            usage: step.usage,
+            step_ms,
+            history_from,
+            history_to: history_from.saturating_add(step.history.len() as u64),
+            calls: step.calls.clone(),
+            approvals: step.approvals.clone(),
+            tree: None,
+            tree_before: None,
+            counters_before: PolicyCounters::default(),
+            usage_before: UsageTotals::default(),
+        }
+    }
+
+    /// The request of this step's first model call (the primary leaf's) as
+    /// the model received it, over the session's `history` (as
+    /// [`Store::load`] reads it back): `None` when the step made no model
+    /// call, when the history is shorter than the call saw, or when a
+    /// context policy chose what the call was shown of it (see
+    /// [`ModelCall::context_view`](markov_executor::ModelCall::context_view)).
+    pub fn request<'a>(
+        &'a self,
+        history: &'a [Message],
+    ) -> Option<markov_core::model::ModelRequest<'a>> {
+        let call = self.calls.first().filter(|c| !c.context_view)?;
+        call.request(history)
+    }
 }
 
 /// A session as loaded.
@@ -343,6 +446,16 @@ pub trait Store: Send + Sync + fmt::Debug {
         holder: &WorkerId,
         answers: &[RecordedAnswer],
     ) -> Result<(), StoreError>;
+
+    /// Up to `limit` recorded steps of session `id`, from step index
+    /// `from` on, in order (an empty list past the last). Steps whose
+    /// detail retention dropped are left out.
+    async fn steps(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StepTrace>, StoreError>;
 
     /// Loads a session.
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError>;
@@ -536,4 +649,112 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
         session: session.clone(),
         detail: format!("{what}: {e}"),
     })
+}
+
+/// A step trace as a store keeps it: its JSON with each call's system
+/// prompt and tool list replaced by the hash of their content, and those
+/// contents (hash, JSON) to keep once each.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) struct EncodedTrace {
+    /// The trace's JSON, contents by hash.
+    pub body: String,
+    /// Each content the body names: its hash and its JSON.
+    pub blobs: Vec<(String, String)>,
+}
+
+/// The key under which a trace's JSON names a content kept apart.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const BLOB_KEY: &str = "$content";
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn content_hash(text: &str) -> String {
+    use sha2::Digest;
+    use std::fmt::Write;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest.iter().fold(String::with_capacity(64), |mut out, b| {
+        let _ = write!(out, "{b:02x}");
+        out
+    })
+}
+
+/// `trace` as a store keeps it (see [`EncodedTrace`]).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn encode_trace(trace: &StepTrace) -> Result<EncodedTrace, StoreError> {
+    let encode = |e: serde_json::Error| StoreError::Backend(format!("cannot encode: {e}"));
+    let mut value = serde_json::to_value(trace).map_err(encode)?;
+    let mut blobs = Vec::new();
+    if let Some(calls) = value.get_mut("calls").and_then(|c| c.as_array_mut()) {
+        for call in calls {
+            for field in ["system", "tools"] {
+                if let Some(content) = call.get_mut(field) {
+                    let text = serde_json::to_string(content).map_err(encode)?;
+                    let hash = content_hash(&text);
+                    *content = serde_json::json!({ BLOB_KEY: hash });
+                    if !blobs.iter().any(|(h, _)| *h == hash) {
+                        blobs.push((hash, text));
+                    }
+                }
+            }
+        }
+    }
+    Ok(EncodedTrace {
+        body: serde_json::to_string(&value).map_err(encode)?,
+        blobs,
+    })
+}
+
+/// The hashes of the contents a kept trace's JSON names.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn trace_blob_hashes(value: &serde_json::Value) -> Vec<String> {
+    let mut hashes = Vec::new();
+    for call in value
+        .get("calls")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+    {
+        for field in ["system", "tools"] {
+            if let Some(hash) = call
+                .get(field)
+                .and_then(|c| c.get(BLOB_KEY))
+                .and_then(|h| h.as_str())
+                && !hashes.iter().any(|h| h == hash)
+            {
+                hashes.push(hash.to_owned());
+            }
+        }
+    }
+    hashes
+}
+
+/// A kept trace read back: its JSON `value` (with index and time set by
+/// the store), contents looked up in `blobs` (hash → JSON).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn decode_trace(
+    session: &SessionId,
+    mut value: serde_json::Value,
+    blobs: &std::collections::HashMap<String, String>,
+) -> Result<StepTrace, StoreError> {
+    let corrupt = |detail: String| StoreError::Corrupt {
+        session: session.clone(),
+        detail,
+    };
+    if let Some(calls) = value.get_mut("calls").and_then(|c| c.as_array_mut()) {
+        for call in calls {
+            for field in ["system", "tools"] {
+                let Some(slot) = call.get_mut(field) else {
+                    continue;
+                };
+                let Some(hash) = slot.get(BLOB_KEY).and_then(|h| h.as_str()) else {
+                    continue;
+                };
+                let text = blobs
+                    .get(hash)
+                    .ok_or_else(|| corrupt(format!("a step names content {hash}, not kept")))?;
+                *slot = serde_json::from_str(text)
+                    .map_err(|e| corrupt(format!("step content {hash}: {e}")))?;
+            }
+        }
+    }
+    serde_json::from_value(value).map_err(|e| corrupt(format!("a step trace: {e}")))
 }

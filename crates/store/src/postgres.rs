@@ -32,9 +32,9 @@ use tokio_postgres::NoTls;
 
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
-    ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, Store,
-    StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot,
-    to_json, usage_totals,
+    ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, StepTrace,
+    Store, StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms,
+    policy_snapshot, to_json, usage_totals,
 };
 
 const SCHEMA: &str = "
@@ -89,6 +89,18 @@ CREATE TABLE IF NOT EXISTS ended_sign_ins (
     expires_at BIGINT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ended_sign_ins_expiry ON ended_sign_ins (expires_at);
+CREATE TABLE IF NOT EXISTS step_traces (
+    session_id TEXT NOT NULL,
+    idx BIGINT NOT NULL,
+    recorded_at BIGINT NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session_id, idx)
+);
+CREATE INDEX IF NOT EXISTS step_traces_age ON step_traces (recorded_at);
+CREATE TABLE IF NOT EXISTS step_contents (
+    hash TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+);
 ";
 
 // The statements every step uses, prepared once per connection through the
@@ -121,6 +133,13 @@ const UPDATE: &str = "UPDATE sessions SET
         answers = $9,
         usage = COALESCE($10, usage)
      WHERE id = $1";
+// A step's contents (system prompts, tool lists), once each.
+const KEEP_CONTENTS: &str = "INSERT INTO step_contents (hash, body)
+     SELECT * FROM unnest($1::text[], $2::text[]) ON CONFLICT (hash) DO NOTHING";
+// A step's trace under the session's next index (the session row is
+// locked, so no other write numbers it meanwhile).
+const INSERT_TRACE: &str = "INSERT INTO step_traces (session_id, idx, recorded_at, body)
+     SELECT $1, COALESCE(MAX(idx) + 1, 0), $2, $3 FROM step_traces WHERE session_id = $1";
 const CLEAR_LEDGER: &str = "DELETE FROM ledger WHERE session_id = $1 AND key NOT LIKE $2";
 const SET_ANSWERS: &str = "UPDATE sessions SET answers = $2 WHERE id = $1";
 const JOURNAL: &str = "INSERT INTO ledger (session_id, key, recorded_at, body) VALUES ($1, $2, $3, $4)
@@ -479,10 +498,25 @@ impl Store for PostgresStore {
             .transpose()?;
         let run = step.run.map(to_json).transpose()?;
         let usage = step.usage.map(to_json).transpose()?;
+        let trace = step.trace.map(crate::encode_trace).transpose()?;
         let (id_text, count, now) = (id.as_str(), to_i64(messages.len() as u64), to_i64(now_ms()));
         let stale = turn.map(|turn| format!("t{turn}:%"));
         let mut writes: Vec<(&str, &[&(dyn tokio_postgres::types::ToSql + Sync)])> =
-            Vec::with_capacity(3);
+            Vec::with_capacity(5);
+        let (hashes, contents): (Vec<&str>, Vec<&str>) = trace
+            .iter()
+            .flat_map(|t| t.blobs.iter())
+            .map(|(h, b)| (h.as_str(), b.as_str()))
+            .unzip();
+        let trace_body = trace.as_ref().map(|t| t.body.as_str());
+        let keep: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&hashes, &contents];
+        let record: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&id_text, &now, &trace_body];
+        if trace.is_some() {
+            if !hashes.is_empty() {
+                writes.push((KEEP_CONTENTS, &keep));
+            }
+            writes.push((INSERT_TRACE, &record));
+        }
         let insert: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id_text, &messages];
         if !messages.is_empty() {
             writes.push((APPEND_MESSAGES, &insert));
@@ -620,6 +654,66 @@ impl Store for PostgresStore {
         Ok(plan.report)
     }
 
+    async fn steps(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StepTrace>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(backend)?;
+        let exists = tx
+            .query_opt("SELECT 1 FROM sessions WHERE id = $1", &[&id.as_str()])
+            .await
+            .map_err(backend)?
+            .is_some();
+        if !exists {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        let rows = tx
+            .query(
+                "SELECT idx, recorded_at, body FROM step_traces
+                 WHERE session_id = $1 AND idx >= $2 ORDER BY idx LIMIT $3",
+                &[&id.as_str(), &to_i64(from), &to_i64(limit as u64)],
+            )
+            .await
+            .map_err(backend)?;
+        let mut values = Vec::with_capacity(rows.len());
+        let mut hashes: Vec<String> = Vec::new();
+        for row in &rows {
+            let mut value: serde_json::Value =
+                crate::from_json(id, "a step trace", row.get::<_, &str>(2))?;
+            for hash in crate::trace_blob_hashes(&value) {
+                if !hashes.contains(&hash) {
+                    hashes.push(hash);
+                }
+            }
+            value["index"] = serde_json::json!(to_u64(row.get::<_, i64>(0)));
+            value["recorded_at"] = serde_json::json!(to_u64(row.get::<_, i64>(1)));
+            values.push(value);
+        }
+        let blobs: std::collections::HashMap<String, String> = tx
+            .query(
+                "SELECT hash, body FROM step_contents WHERE hash = ANY($1)",
+                &[&hashes],
+            )
+            .await
+            .map_err(backend)?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        values
+            .into_iter()
+            .map(|value| crate::decode_trace(id, value, &blobs))
+            .collect()
+    }
+
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
         let mut client = self.client().await?;
         // One snapshot of the database for the three reads.
@@ -732,6 +826,12 @@ impl Store for PostgresStore {
         tx.execute("DELETE FROM ledger WHERE session_id = $1", &[&id.as_str()])
             .await
             .map_err(backend)?;
+        tx.execute(
+            "DELETE FROM step_traces WHERE session_id = $1",
+            &[&id.as_str()],
+        )
+        .await
+        .map_err(backend)?;
         let deleted = tx
             .execute("DELETE FROM sessions WHERE id = $1", &[&id.as_str()])
             .await

@@ -26,9 +26,9 @@ use writer::Writer;
 
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
-    ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, Store,
-    StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms, policy_snapshot,
-    to_json, usage_totals,
+    ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, StepTrace,
+    Store, StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms,
+    policy_snapshot, to_json, usage_totals,
 };
 
 /// How hard a commit waits for the disk.
@@ -98,6 +98,18 @@ CREATE TABLE IF NOT EXISTS ended_sign_ins (
     expires_at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS ended_sign_ins_expiry ON ended_sign_ins (expires_at);
+CREATE TABLE IF NOT EXISTS step_traces (
+    session_id TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    recorded_at INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (session_id, idx)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS step_traces_age ON step_traces (recorded_at);
+CREATE TABLE IF NOT EXISTS step_contents (
+    hash TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// Sessions in SQLite. Cheap to clone (one shared connection).
@@ -235,6 +247,32 @@ fn fence(conn: &Connection, id: &SessionId, holder: &WorkerId, now: u64) -> Resu
             worker: holder.clone(),
         }),
     }
+}
+
+/// Writes a step's trace: its contents once each, the trace under the
+/// session's next step index.
+fn write_trace(
+    conn: &Connection,
+    id: &SessionId,
+    trace: &crate::EncodedTrace,
+    now: u64,
+) -> Result<(), StoreError> {
+    {
+        let mut keep = conn
+            .prepare_cached("INSERT OR IGNORE INTO step_contents (hash, body) VALUES (?1, ?2)")
+            .map_err(backend)?;
+        for (hash, body) in &trace.blobs {
+            keep.execute(params![hash, body]).map_err(backend)?;
+        }
+    }
+    conn.prepare_cached(
+        "INSERT INTO step_traces (session_id, idx, recorded_at, body)
+         VALUES (?1, (SELECT COALESCE(MAX(idx) + 1, 0) FROM step_traces WHERE session_id = ?1), ?2, ?3)",
+    )
+    .map_err(backend)?
+    .execute(params![id.as_str(), to_i64(now), trace.body])
+    .map_err(backend)?;
+    Ok(())
 }
 
 fn to_u64(v: i64) -> u64 {
@@ -437,11 +475,15 @@ impl Store for SqliteStore {
             .transpose()?;
         let run = step.run.map(to_json).transpose()?;
         let usage = step.usage.map(to_json).transpose()?;
+        let trace = step.trace.map(crate::encode_trace).transpose()?;
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
             .write(move |conn| {
                 let now = now_ms();
                 fence(conn, &id, &holder, now)?;
+                if let Some(trace) = &trace {
+                    write_trace(conn, &id, trace, now)?;
+                }
                 let count: i64 = conn
                     .prepare_cached("SELECT messages FROM sessions WHERE id = ?1")
                     .map_err(backend)?
@@ -548,6 +590,63 @@ impl Store for SqliteStore {
                 Ok(())
             })
             .await
+    }
+
+    async fn steps(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StepTrace>, StoreError> {
+        let id = id.clone();
+        self.read(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let exists = tx
+                .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
+                .map_err(backend)?
+                .exists(params![id.as_str()])
+                .map_err(backend)?;
+            if !exists {
+                return Err(StoreError::NotFound(id));
+            }
+            let rows: Vec<(i64, i64, String)> = tx
+                .prepare_cached(
+                    "SELECT idx, recorded_at, body FROM step_traces
+                     WHERE session_id = ?1 AND idx >= ?2 ORDER BY idx LIMIT ?3",
+                )
+                .map_err(backend)?
+                .query_map(
+                    params![id.as_str(), to_i64(from), to_i64(limit as u64)],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .map_err(backend)?
+                .collect::<Result<_, _>>()
+                .map_err(backend)?;
+            let mut blobs = std::collections::HashMap::new();
+            let mut traces = Vec::with_capacity(rows.len());
+            for (idx, at, body) in rows {
+                let mut value: serde_json::Value = from_json(&id, "a step trace", &body)?;
+                for hash in crate::trace_blob_hashes(&value) {
+                    if blobs.contains_key(&hash) {
+                        continue;
+                    }
+                    let text: Option<String> = tx
+                        .prepare_cached("SELECT body FROM step_contents WHERE hash = ?1")
+                        .map_err(backend)?
+                        .query_row(params![hash], |r| r.get(0))
+                        .optional()
+                        .map_err(backend)?;
+                    if let Some(text) = text {
+                        blobs.insert(hash, text);
+                    }
+                }
+                value["index"] = serde_json::json!(to_u64(idx));
+                value["recorded_at"] = serde_json::json!(to_u64(at));
+                traces.push(crate::decode_trace(&id, value, &blobs)?);
+            }
+            Ok(traces)
+        })
+        .await
     }
 
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
@@ -737,6 +836,11 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
                 conn.execute(
                     "DELETE FROM ledger WHERE session_id = ?1",
+                    params![id.as_str()],
+                )
+                .map_err(backend)?;
+                conn.execute(
+                    "DELETE FROM step_traces WHERE session_id = ?1",
                     params![id.as_str()],
                 )
                 .map_err(backend)?;

@@ -107,3 +107,54 @@ async fn only_the_users_words_are_exported_as_input() {
         .expect("exports");
     assert_eq!(case.input, ["What is 1 + 2?"]);
 }
+
+#[tokio::test]
+async fn a_range_of_recorded_steps_exports_as_a_case_that_replays_offline() {
+    let store = Arc::new(SqliteStore::in_memory().expect("store"));
+    let recorded = ScriptedModel::builder()
+        .tool_call("add", json!({"a": 1, "b": 2}))
+        .text("{\"sum\": 3}")
+        .tool_call("add", json!({"a": 3, "b": 4}))
+        .text("{\"sum\": 7}")
+        .build()
+        .fresh_call_ids();
+    let agent = calculator(Arc::new(recorded), INSTRUCTIONS).expect("builds");
+    let id = SessionId::new("recorded");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("app"),
+        agent.machine(),
+    )
+    .await
+    .expect("created");
+    for turn in ["What is 1 + 2?", "And 3 + 4?"] {
+        session.machine().enqueue_user(turn);
+        session.run().await.expect("runs");
+    }
+    session.release().await.expect("released");
+    // The second turn's two steps.
+    let case = markov_eval::export_steps(store.as_ref() as &dyn Store, &id, 2..4)
+        .await
+        .expect("exports");
+    assert_eq!(case.input, ["And 3 + 4?"], "only the turn of those steps");
+    assert_eq!(case.script.len(), 2, "their two recorded answers");
+    let dataset = Dataset {
+        name: "exported".into(),
+        description: None,
+        repeat: None,
+        cases: vec![case],
+    };
+    let dataset = Dataset::from_toml(&dataset.to_toml().expect("writes")).expect("reads");
+    let report = Runner::new(|model| calculator(model, INSTRUCTIONS))
+        .run(&dataset)
+        .await
+        .expect("runs");
+    assert_eq!(report.summary.passed, 1, "{}", report.table());
+    assert_eq!(report.cases[0].runs[0].steps, 2);
+    // Steps that were not recorded are an error, not an empty case.
+    let err = markov_eval::export_steps(store.as_ref() as &dyn Store, &id, 9..12)
+        .await
+        .expect_err("nothing recorded there");
+    assert!(matches!(err, markov_eval::ExportError::NoSteps { .. }));
+}

@@ -43,6 +43,7 @@ pub async fn run_leaves(
             policy: &machine.policy,
             usage: meter,
             views: &machine.views,
+            record_calls: machine.record_calls,
         }
     }
     let meter = UsageMeter::new(state.options.usage_limits, state.usage, machine.usage);

@@ -210,6 +210,7 @@ fn make_step(
         usage_limit: None,
         model: None,
         interrupted: machine.policy.take_interrupted(),
+        calls: Vec::new(),
     }
 }
 
@@ -548,8 +549,12 @@ impl RunState {
         // The first limit a leaf's call could have passed: the run ends
         // with this step.
         let mut limited = None;
+        let mut calls = Vec::new();
         for (task, mut outcome) in tasks.iter().zip(outcomes) {
             usage += outcome.usage;
+            if let Some(call) = outcome.call.take() {
+                calls.push(*call);
+            }
             limited = limited.or(outcome.usage_limit.take());
             let leaf = &task.leaf;
             let mut turn = outcome.turn;
@@ -635,6 +640,7 @@ impl RunState {
                 step.intents = intents;
                 step.usage = usage;
                 step.model = model;
+                step.calls = std::mem::take(&mut calls);
                 return Ok(step);
             }
         }
@@ -649,6 +655,7 @@ impl RunState {
             step.intents = intents;
             step.usage = usage;
             step.model = model;
+            step.calls = std::mem::take(&mut calls);
             return Ok(step);
         }
         if let Some(limit) = limited {
@@ -660,6 +667,7 @@ impl RunState {
             step.intents = intents;
             step.usage = usage;
             step.model = model;
+            step.calls = std::mem::take(&mut calls);
             return Ok(step);
         }
         if reason == YieldReason::MaxTokens {
@@ -692,6 +700,7 @@ impl RunState {
             step.intents = intents;
             step.usage = usage;
             step.model = model;
+            step.calls = std::mem::take(&mut calls);
             return Ok(step);
         }
         let done = matches!(
@@ -707,6 +716,7 @@ impl RunState {
         step.intents = intents;
         step.usage = usage;
         step.model = model;
+        step.calls = std::mem::take(&mut calls);
         Ok(step)
     }
 }

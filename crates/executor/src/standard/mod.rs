@@ -289,18 +289,63 @@ impl Executor for StandardExecutor {
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
         let prepared = self.prepare(&cx)?;
         let span = self.chat_span(&cx, &prepared);
+        // Only a machine that records its steps pays for the clock and
+        // the call's description.
+        let started = cx.record_calls.then(std::time::Instant::now);
+        let history_len = cx.history.len();
         let answer = match self.call_or_replay(&cx, &prepared, &span).await? {
             Reply::Answer(answer) => answer,
             Reply::Stopped(outcome) => return Ok(outcome),
         };
-        let calls = match self.record(&cx, &prepared, answer, &span).await? {
+        let answered = cx.record_calls.then(std::time::Instant::now);
+        let replayed = answer.replayed;
+        let mut outcome = self.finish_leaf(&cx, &prepared, answer, &span).await?;
+        if let (Some(started), Some(answered)) = (started, answered) {
+            let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+            let node = cx.instance().node();
+            outcome.call = Some(Box::new(crate::trace::ModelCall {
+                instance: cx.instance().id().to_string(),
+                node: node
+                    .name()
+                    .map_or_else(|| node.id().to_string(), str::to_owned),
+                system: Arc::clone(&prepared.system),
+                tools: Arc::clone(&prepared.tools),
+                provider_tools: prepared.provider_tools.clone(),
+                tool_choice: prepared.tool_choice.clone(),
+                settings: prepared.settings.clone(),
+                output_schema: prepared.output_schema.clone(),
+                history_len: history_len as u64,
+                context_view: node
+                    .context_policy()
+                    .or(self.context_policy.as_ref())
+                    .is_some(),
+                turn: cx.turn,
+                replayed,
+                model_ms: millis(answered.duration_since(started)),
+                tools_ms: millis(answered.elapsed()),
+            }));
+        }
+        Ok(outcome)
+    }
+}
+
+impl StandardExecutor {
+    /// The step after the answer: record it, run its tools, settle.
+    async fn finish_leaf(
+        &self,
+        cx: &LeafContext<'_>,
+        prepared: &prepare::Prepared,
+        answer: call::Answer,
+        span: &tracing::Span,
+    ) -> Result<LeafOutcome, RunError> {
+        let calls = match self.record(cx, prepared, answer, span).await? {
             Recorded::Finished(outcome) => return Ok(outcome),
             Recorded::Calls(calls) => calls,
         };
-        let ran = match self.run_tools(&cx, calls, &span).await {
+        let ran = match self.run_tools(cx, calls, span).await {
             ToolsRan::Paused(outcome) => return Ok(outcome),
             ToolsRan::Done(ran) => ran,
         };
-        Ok(settle(&cx, ran).await)
+        Ok(settle(cx, ran).await)
     }
 }

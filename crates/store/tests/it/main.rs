@@ -17,3 +17,5 @@ mod postgres;
 mod postgres_restart;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+#[cfg(feature = "sqlite")]
+mod steps;

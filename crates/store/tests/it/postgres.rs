@@ -150,6 +150,7 @@ async fn concurrent_claims_never_take_the_same_session() {
                     answers: &[],
                     run: Some(&run),
                     usage: None,
+                    trace: None,
                 },
             )
             .await

@@ -24,6 +24,7 @@ fn step(messages: &[Message]) -> StepRecord<'_> {
         answers: &[],
         run: None,
         usage: None,
+        trace: None,
     }
 }
 

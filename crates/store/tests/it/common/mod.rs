@@ -389,6 +389,7 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
         answers: &[],
         run: None,
         usage: None,
+        trace: None,
     };
     assert!(matches!(
         second.append(&id, &b, empty).await,

@@ -1,0 +1,171 @@
+//! Forking a session at one of its recorded steps (time travel): a new
+//! session whose next request is the request that step sent.
+
+use std::sync::Arc;
+
+use markov_core::{Message, Role};
+use markov_executor::{Agent, FORMAT_VERSION, RunState, SerializedInstance, SerializedMachine};
+use markov_policy::PolicySnapshot;
+
+use crate::durable::{CreateOptions, DurableError, DurableMachine};
+use crate::{SessionId, StepTrace, Store, StoreError, WorkerId};
+
+/// How [`DurableMachine::fork`] forks a session.
+#[derive(Debug, Clone, Default)]
+pub struct ForkOptions {
+    /// The new session's lease and owner (whoever forks).
+    pub create: CreateOptions,
+    /// Replaces the text of the user message the forked step answered (the
+    /// last one before it): the fork then asks the model something else.
+    pub edit_user: Option<String>,
+}
+
+impl<S: Store + ?Sized + 'static> DurableMachine<S> {
+    /// Forks session `source` at its recorded step `step` into the new
+    /// session `id`, over `agent`, leased to `holder`: the history, the
+    /// instance tree and the turn and budget counters as they were before
+    /// that step, and the step's input waiting to be run. Its next
+    /// [`run`](Self::run) sends the model the request the step sent, byte
+    /// for byte, when `agent` is the one the source ran on and nothing was
+    /// edited. The approvals waiting and the ledger of answered calls are
+    /// not carried over: the fork starts with none.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] when there is no such session or step, and
+    /// [`StoreError::Corrupt`] when the step made no model call or what it
+    /// started from was not recorded.
+    pub async fn fork(
+        store: Arc<S>,
+        source: &SessionId,
+        step: u64,
+        id: SessionId,
+        holder: WorkerId,
+        agent: &Agent,
+        options: ForkOptions,
+    ) -> Result<Self, DurableError> {
+        let limit = usize::try_from(step.saturating_add(1)).unwrap_or(usize::MAX);
+        let steps = store.steps(source, 0, limit).await?;
+        let corrupt = |detail: String| StoreError::Corrupt {
+            session: source.clone(),
+            detail,
+        };
+        let at = steps
+            .iter()
+            .position(|s| s.index == step)
+            .ok_or_else(|| StoreError::NotFound(SessionId::new(format!("{source} step {step}"))))?;
+        let trace = &steps[at];
+        let call = trace
+            .calls
+            .first()
+            .ok_or_else(|| corrupt(format!("step {step} made no model call to fork at")))?;
+        let tree = tree_before(&steps[..=at]).ok_or_else(|| {
+            corrupt(format!(
+                "the tree step {step} started from was not recorded"
+            ))
+        })?;
+        let stored = store.load(source).await?;
+        let from = usize::try_from(trace.history_from).unwrap_or(usize::MAX);
+        let sent = usize::try_from(call.history_len).unwrap_or(usize::MAX);
+        let history = &stored.snapshot.history;
+        if sent > history.len() || from > sent {
+            return Err(corrupt(format!(
+                "step {step} names history the session does not have"
+            ))
+            .into());
+        }
+        let mut kept: Vec<Message> = history[..from].to_vec();
+        // The input the step's run drained before its model call.
+        let mut input: Vec<Message> = history[from..sent].to_vec();
+        if let Some(text) = options.edit_user {
+            let last = input
+                .iter_mut()
+                .rev()
+                .chain(kept.iter_mut().rev())
+                .find(|m| m.role == Role::User && !m.is_silent() && !m.text().is_empty());
+            match last {
+                Some(message) => *message = Message::user(text),
+                None => {
+                    return Err(
+                        corrupt(format!("step {step} answered no user message to edit")).into(),
+                    );
+                }
+            }
+        }
+        let counters = trace.counters_before.clone();
+        let snapshot = SerializedMachine {
+            format_version: FORMAT_VERSION,
+            instance: tree,
+            history: std::mem::take(&mut kept),
+            policy: PolicySnapshot {
+                conversation: Some(id.as_str().to_owned()),
+                turn: counters.turn,
+                approvals: Vec::new(),
+                ledger: Vec::new(),
+                repeats: Vec::new(),
+                budgets: counters.budgets,
+                answers: Vec::new(),
+            },
+            usage: trace.usage_before,
+        };
+        let machine = agent.restore(snapshot)?;
+        let (store_ref, owner, ttl) = (&store, options.create.owner.clone(), options.create.lease);
+        let written = markov_executor::serialize_machine(&machine)?;
+        let lease = store_ref
+            .create(
+                &id,
+                owner.as_ref(),
+                machine.charter().name(),
+                &written,
+                &holder,
+                ttl,
+            )
+            .await?;
+        let run = if input.is_empty() {
+            // A step inside a run: the run goes on from it, the leaf's turn
+            // as it stood.
+            Some(continuing_run(&machine, call).map_err(|e| corrupt(e.to_string()))?)
+        } else {
+            machine.enqueue(input);
+            None
+        };
+        let mut session = Self::bind(store, lease, machine, run, ttl);
+        // The run state and the queued input are this process's until the
+        // first step writes them.
+        session.persist().await?;
+        Ok(session)
+    }
+}
+
+/// The tree the last of `steps` started from: the tree the latest step
+/// before it left, else the one the first recorded step started from.
+fn tree_before(steps: &[StepTrace]) -> Option<SerializedInstance> {
+    let (last, earlier) = steps.split_last()?;
+    if let Some(tree) = &last.tree_before {
+        return Some(tree.clone());
+    }
+    for step in earlier.iter().rev() {
+        if let Some(tree) = &step.tree {
+            return Some(tree.clone());
+        }
+        if let Some(tree) = &step.tree_before {
+            return Some(tree.clone());
+        }
+    }
+    None
+}
+
+/// A run that has begun, its leaf's turn as `call` found it: the next step
+/// calls the model at once.
+fn continuing_run(
+    machine: &markov_executor::Machine,
+    call: &markov_executor::ModelCall,
+) -> Result<RunState, serde_json::Error> {
+    serde_json::from_value(serde_json::json!({
+        "options": machine.run_options(),
+        "started": true,
+        "steps": 0,
+        "pending": [],
+        "recovered": false,
+        "turns": { call.instance.clone(): call.turn },
+    }))
+}

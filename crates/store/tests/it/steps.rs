@@ -1,0 +1,412 @@
+//! Every step recorded: read back in pages, each step's request rebuilt
+//! exactly as the model received it, on SQLite and Postgres.
+
+use std::sync::Arc;
+
+use crate::common::*;
+use markov_core::Message;
+use markov_store::{DurableMachine, SessionId, SqliteStore, StepTrace, Store, WorkerId};
+use markov_testkit::ScriptedModel;
+use serde_json::json;
+
+fn script() -> ScriptedModel {
+    ScriptedModel::builder()
+        .tool_call("note", json!({}))
+        .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
+        .text("Paid 3.")
+        .tool_call("note", json!({}))
+        .text("Noted.")
+        .build()
+}
+
+/// Runs two turns on `store` and checks that each model call's request is
+/// rebuilt from the recorded steps exactly as the model received it.
+pub(crate) async fn steps_contract<S: Store + 'static>(store: Arc<S>, dir: &Dir) {
+    let model = Arc::new(script());
+    let machine = machine(model.clone(), dir);
+    let id = SessionId::random();
+    let mut session =
+        DurableMachine::create(store.clone(), id.clone(), WorkerId::new("w"), machine)
+            .await
+            .expect("created");
+    for text in ["pay 3", "note it"] {
+        session.machine().enqueue_user(text);
+        assert!(session.run().await.expect("runs").done);
+    }
+    let history: Vec<Message> = store.load(&id).await.expect("loads").snapshot.history;
+    let steps: Vec<StepTrace> = store.steps(&id, 0, 100).await.expect("steps read");
+    let requests = model.requests();
+    assert_eq!(
+        steps.len(),
+        requests.len(),
+        "one recorded step per model call"
+    );
+    for (n, (step, sent)) in steps.iter().zip(&requests).enumerate() {
+        assert_eq!(step.index, n as u64, "steps are numbered in order");
+        let rebuilt = step.request(&history).expect("the request rebuilds");
+        assert_eq!(rebuilt.system(), sent.system, "step {n}: system prompt");
+        assert_eq!(
+            rebuilt.messages(),
+            sent.messages.as_slice(),
+            "step {n}: messages"
+        );
+        assert_eq!(rebuilt.tools(), sent.tools.as_slice(), "step {n}: tools");
+        assert_eq!(
+            rebuilt.tool_choice(),
+            &sent.tool_choice,
+            "step {n}: tool choice"
+        );
+        assert_eq!(rebuilt.settings(), &sent.settings, "step {n}: settings");
+        assert!(step.history_to >= step.history_from);
+    }
+    // The steps partition the history the runs added.
+    for pair in steps.windows(2) {
+        assert_eq!(
+            pair[0].history_to, pair[1].history_from,
+            "steps follow each other"
+        );
+    }
+    assert_eq!(
+        steps.last().map(|s| s.history_to),
+        Some(history.len() as u64),
+        "the last step ends the history"
+    );
+    assert_eq!(steps[1].calls[0].tools.len(), steps[0].calls[0].tools.len());
+    // Paged: from an index, at most a limit.
+    let page = store.steps(&id, 2, 2).await.expect("a page");
+    assert_eq!(page, steps[2..4].to_vec(), "a page is the steps it names");
+    assert!(
+        store
+            .steps(&id, 99, 10)
+            .await
+            .expect("past the end")
+            .is_empty()
+    );
+    // Deleting the session deletes its steps.
+    assert!(store.delete(&id).await.expect("deletes"));
+    assert!(
+        store.steps(&id, 0, 10).await.is_err(),
+        "no session, no steps"
+    );
+}
+
+#[tokio::test]
+async fn every_step_is_recorded_and_its_request_rebuilt_on_sqlite() {
+    let dir = Dir::new("steps-sqlite");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    steps_contract(store, &dir).await;
+}
+
+#[tokio::test]
+async fn a_machine_outside_a_store_records_no_calls() {
+    let dir = Dir::new("steps-off");
+    let machine = machine(Arc::new(script()), &dir);
+    assert!(!machine.records_calls(), "off unless a store records steps");
+    machine.enqueue_user("pay 3");
+    let mut machine = machine;
+    let step = machine.run().await.expect("runs");
+    assert!(
+        step.calls.is_empty(),
+        "nothing built for a machine without a store"
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_step_is_recorded_and_its_request_rebuilt_on_postgres() {
+    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("steps-pg");
+    let store = Arc::new(
+        markov_store::PostgresStore::connect(&url)
+            .await
+            .expect("connects"),
+    );
+    steps_contract(store, &dir).await;
+}
+
+/// The script's answers from the `n`th on.
+fn script_from(n: usize) -> ScriptedModel {
+    let mut builder = ScriptedModel::builder();
+    for i in n..5 {
+        builder = match i {
+            0 | 3 => builder.tool_call("note", json!({})),
+            1 => builder.response(calls(&[("pay-1", "pay", json!({"amount": 3}))])),
+            2 => builder.text("Paid 3."),
+            _ => builder.text("Noted."),
+        };
+    }
+    builder.build()
+}
+
+fn agent(model: Arc<ScriptedModel>, dir: &Dir) -> markov_executor::Agent {
+    markov_executor::Agent::on_charter_with_executor(
+        charter().0,
+        Arc::new(executor(model, dir.path("effects"), dir.path("marker"))),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .expect("the agent builds")
+}
+
+#[tokio::test]
+async fn a_fork_at_any_step_sends_that_steps_request_again() {
+    let dir = Dir::new("fork");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let model = Arc::new(script());
+    let id = SessionId::new("original");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        agent(model.clone(), &dir).machine(),
+    )
+    .await
+    .expect("created");
+    for text in ["pay 3", "note it"] {
+        session.machine().enqueue_user(text);
+        assert!(session.run().await.expect("runs").done);
+    }
+    session.release().await.expect("released");
+    let original = model.requests();
+    assert_eq!(original.len(), 5);
+    for (n, sent) in original.iter().enumerate() {
+        let replay = Arc::new(script_from(n));
+        let fork_id = SessionId::new(format!("fork-{n}"));
+        let mut fork = DurableMachine::fork(
+            store.clone(),
+            &id,
+            n as u64,
+            fork_id.clone(),
+            WorkerId::new("developer"),
+            &agent(replay.clone(), &dir),
+            markov_store::ForkOptions::default(),
+        )
+        .await
+        .expect("forks");
+        let last = fork.run().await.expect("the fork runs");
+        assert!(last.done, "the fork finishes the turn");
+        let first = replay
+            .requests()
+            .into_iter()
+            .next()
+            .expect("the fork called the model");
+        assert_eq!(first.system, sent.system, "step {n}: the system prompt");
+        assert_eq!(first.messages, sent.messages, "step {n}: the messages");
+        assert_eq!(first.tools, sent.tools, "step {n}: the tools");
+        assert_eq!(
+            first.tool_choice, sent.tool_choice,
+            "step {n}: the tool choice"
+        );
+        assert_eq!(first.settings, sent.settings, "step {n}: the settings");
+        // Byte for byte, as the Anthropic and OpenAI wire bodies say it.
+        for (vendor, body) in wire_bodies(&first, sent) {
+            assert_eq!(body.0, body.1, "step {n}: the {vendor} body");
+        }
+        assert!(
+            store.info(&fork_id).await.is_ok(),
+            "the fork is a session of its own"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fork_can_ask_something_else() {
+    let dir = Dir::new("fork-edit");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let model = Arc::new(script());
+    let id = SessionId::new("original");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        agent(model.clone(), &dir).machine(),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("pay 3");
+    session.run().await.expect("runs");
+    session.release().await.expect("released");
+    let replay = Arc::new(ScriptedModel::builder().text("Sure.").build());
+    let mut fork = DurableMachine::fork(
+        store.clone(),
+        &id,
+        0,
+        SessionId::new("edited"),
+        WorkerId::new("developer"),
+        &agent(replay.clone(), &dir),
+        markov_store::ForkOptions {
+            edit_user: Some("pay 4".into()),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect("forks");
+    fork.run().await.expect("runs");
+    let first = replay.requests().into_iter().next().expect("called");
+    let asked: Vec<String> = first
+        .messages
+        .iter()
+        .filter(|m| is_user_text(m))
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(asked, ["pay 4"], "the edited question, not the original");
+}
+
+/// Two wire bodies to compare.
+type BodyPair = (Vec<u8>, Vec<u8>);
+
+/// The Anthropic Messages and OpenAI Chat bodies of two recorded
+/// requests, as the providers' encoders write them.
+fn wire_bodies(
+    a: &markov_testkit::RecordedRequest,
+    b: &markov_testkit::RecordedRequest,
+) -> Vec<(&'static str, BodyPair)> {
+    fn request(r: &markov_testkit::RecordedRequest) -> markov_core::model::ModelRequest<'_> {
+        markov_core::model::ModelRequest::new(&r.system, &r.messages, &r.settings)
+            .with_tools(&r.tools)
+            .with_provider_tools(&r.provider_tools)
+            .with_tool_choice(&r.tool_choice)
+            .with_output_schema(r.output_schema.as_ref())
+    }
+    let anthropic = markov_providers::Anthropic::builder()
+        .base_url("http://127.0.0.1:1")
+        .build()
+        .expect("builds");
+    let openai = markov_providers::OpenAi::builder()
+        .base_url("http://127.0.0.1:1")
+        .build()
+        .expect("builds");
+    let claude = |r| {
+        anthropic
+            .request_body_uncached(&request(r), false)
+            .expect("encodes")
+    };
+    let gpt = |r| {
+        openai
+            .request_body_uncached(&request(r), false)
+            .expect("encodes")
+    };
+    vec![
+        ("Anthropic Messages", (claude(a), claude(b))),
+        ("OpenAI Chat", (gpt(a), gpt(b))),
+    ]
+}
+
+async fn recorded_session(dir: &Dir) -> (Arc<SqliteStore>, SessionId) {
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let id = SessionId::new("recorded");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        agent(Arc::new(script()), dir).machine(),
+    )
+    .await
+    .expect("created");
+    for text in ["pay 3", "note it"] {
+        session.machine().enqueue_user(text);
+        assert!(session.run().await.expect("runs").done);
+    }
+    session.release().await.expect("released");
+    (store, id)
+}
+
+#[tokio::test]
+async fn a_replay_of_an_unchanged_agent_plays_the_recording_back() {
+    let dir = Dir::new("replay-same");
+    let (store, id) = recorded_session(&dir).await;
+    let live = Arc::new(ScriptedModel::builder().build());
+    let replay_dir = Dir::new("replay-same-effects");
+    let report = markov_store::replay(
+        &*store,
+        &id,
+        live.clone(),
+        |model| {
+            markov_executor::Agent::on_charter_with_executor(
+                charter().0,
+                Arc::new(executor(
+                    model,
+                    replay_dir.path("effects"),
+                    replay_dir.path("marker"),
+                )),
+            )
+            .state(json!({"notes": 0}))
+            .build()
+            .expect("builds")
+        },
+        markov_store::ReplayMode::RecordedWhereUnchanged,
+    )
+    .await
+    .expect("replays");
+    assert_eq!(report.error, None);
+    assert_eq!(report.parted_at, None, "{report:#?}");
+    assert_eq!(report.steps.len(), 5);
+    assert!(
+        report
+            .steps
+            .iter()
+            .all(|s| s.answered_from == Some(markov_store::AnswerSource::Recorded))
+    );
+    assert!(live.requests().is_empty(), "the live model was never asked");
+}
+
+#[tokio::test]
+async fn a_replay_of_a_changed_agent_says_where_the_runs_part() {
+    let dir = Dir::new("replay-changed");
+    let (store, id) = recorded_session(&dir).await;
+    // The live model answers the second turn differently.
+    let live = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("note", json!({}))
+            .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
+            .text("Paid 3.")
+            .text("Nothing to note.")
+            .build(),
+    );
+    let replay_dir = Dir::new("replay-changed-effects");
+    let report = markov_store::replay(
+        &*store,
+        &id,
+        live.clone(),
+        |model| {
+            // The agent now: a lower temperature.
+            let settings = markov_core::model::ModelSettings {
+                temperature: Some(0.0),
+                ..Default::default()
+            };
+            markov_executor::Agent::on_charter_with_executor(
+                charter().0,
+                Arc::new(
+                    executor(model, replay_dir.path("effects"), replay_dir.path("marker"))
+                        .with_settings(settings),
+                ),
+            )
+            .state(json!({"notes": 0}))
+            .build()
+            .expect("builds")
+        },
+        markov_store::ReplayMode::RecordedWhereUnchanged,
+    )
+    .await
+    .expect("replays");
+    assert_eq!(report.parted_at, Some(0), "the first request differs");
+    assert!(report.steps[0].request_changed);
+    assert!(!report.steps[0].answer_changed, "the same first answer");
+    assert_eq!(
+        report.steps[0].answered_from,
+        Some(markov_store::AnswerSource::Live)
+    );
+    // The second turn's answers differ: four replayed steps, five recorded.
+    assert_eq!(report.steps.len(), 5);
+    assert!(report.steps[3].answer_changed);
+    assert!(
+        report.steps[4].replayed.is_none(),
+        "the replay has no fifth step"
+    );
+    // The diff is a serde type a page shows.
+    let json = serde_json::to_value(&report).expect("serializes");
+    assert_eq!(json["parted_at"], 0);
+}
