@@ -108,6 +108,9 @@ pub(crate) fn protected_routes() -> OpenApiRouter<Arc<Service>> {
         .routes(routes!(approvals))
         .routes(routes!(decide))
         .routes(routes!(command))
+        .routes(routes!(crate::studio::steps))
+        .routes(routes!(crate::studio::step_request))
+        .routes(routes!(crate::studio::fork))
         .routes(routes!(openapi))
         .routes(routes!(metrics))
 }
@@ -487,7 +490,7 @@ pub(crate) async fn approvals(
 
 // --- runs -----------------------------------------------------------------------
 
-fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
+pub(crate) fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
     service.runs.claim(id).ok_or_else(|| {
         ApiError::Conflict(format!(
             "session {id} is running; wait for its run to end, or cancel it"
@@ -547,7 +550,7 @@ pub(crate) fn send_delta(event: &MessageStreamEvent) {
 }
 
 /// What a run does with its session.
-enum Work {
+pub(crate) enum Work {
     /// Nothing more: the session is released.
     Nothing,
     /// Resume the turn that waits for approval.
@@ -579,7 +582,7 @@ fn step_event(step: &MachineStep) -> RunEvent {
 /// Performs `work` on `session` in a task of its own (a client that leaves
 /// does not stop it), logging `first`, then the run's events; returns the
 /// log.
-fn spawn_run(
+pub(crate) fn spawn_run(
     service: &Arc<Service>,
     guard: RunGuard,
     mut session: DurableMachine<dyn Store>,

@@ -112,6 +112,7 @@ mod markdown;
 mod metrics;
 mod openapi;
 mod runs;
+mod studio;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -130,7 +131,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{
-    APPROVER, JwtConfig, JwtConfigError, KeyError, NewApiKey, Principal, create_api_key,
+    APPROVER, DEVELOPER, JwtConfig, JwtConfigError, KeyError, NewApiKey, Principal, create_api_key,
 };
 pub use serve::{LISTEN_BACKLOG, bind};
 

@@ -5,3 +5,4 @@ mod client;
 mod http;
 mod restart;
 mod service;
+mod studio;
