@@ -143,23 +143,29 @@ async fn step_of(
     Ok((id, stored, step))
 }
 
-/// Replaces the values of fields named like a credential, at any depth,
-/// so that a key a tool argument or setting carried is never shown.
+/// Replaces the values of fields named as credentials are (`api_key`,
+/// `authorization`, `password`, ...), at any depth, so that a key a tool
+/// argument or setting carried is never shown. Names are matched whole:
+/// `max_tokens` is a setting, not a token.
 fn redact(value: &mut Value) {
-    const SECRET: [&str; 7] = [
+    const SECRET: [&str; 11] = [
         "api_key",
         "apikey",
+        "x-api-key",
         "authorization",
+        "proxy-authorization",
         "password",
         "secret",
+        "client_secret",
         "token",
-        "x-api-key",
+        "access_token",
+        "refresh_token",
     ];
     match value {
         Value::Object(map) => {
             for (key, field) in map.iter_mut() {
                 let lower = key.to_ascii_lowercase();
-                if SECRET.iter().any(|s| lower.contains(s)) && !field.is_null() {
+                if SECRET.contains(&lower.as_str()) && !field.is_null() {
                     *field = Value::String("<redacted>".into());
                 } else {
                     redact(field);
@@ -300,4 +306,29 @@ pub(crate) async fn fork(
         }),
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_redacted_at_any_depth_and_settings_are_not() {
+        let mut body = json!({
+            "settings": {"max_tokens": 100, "temperature": null},
+            "messages": [{"items": [{"input": {"Api_Key": "sk-1", "amount": 4,
+                "nested": {"password": "hunter2", "token": null}}}]}],
+            "Authorization": "Bearer x",
+        });
+        redact(&mut body);
+        assert_eq!(
+            body,
+            json!({
+                "settings": {"max_tokens": 100, "temperature": null},
+                "messages": [{"items": [{"input": {"Api_Key": "<redacted>", "amount": 4,
+                    "nested": {"password": "<redacted>", "token": null}}}]}],
+                "Authorization": "<redacted>",
+            })
+        );
+    }
 }
