@@ -74,7 +74,7 @@ fn summary(step: &StepTrace, history: &[Message]) -> StepSummary {
         done: step.done,
         model: step.model.clone(),
         node: call.map(|c| c.node.clone()),
-        tool_choice: call.map_or(Value::Null, |c| json!(c.tool_choice)),
+        tool_choice: call.map(|c| json!(c.tool_choice)),
         tools: call.map_or(0, |c| c.tools.len()),
         usage: json!(step.usage),
         step_ms: step.step_ms,

@@ -323,9 +323,10 @@ pub(crate) struct StepSummary {
     /// The node whose model call it made, if it made one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) node: Option<String>,
-    /// The tool choice of its model call (null without one).
-    #[schema(value_type = Object)]
-    pub(crate) tool_choice: Value,
+    /// The tool choice of its model call, if it made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub(crate) tool_choice: Option<Value>,
     /// How many tools its model call was offered.
     pub(crate) tools: usize,
     /// What it used (tokens, requests, cost).
@@ -344,7 +345,6 @@ pub(crate) struct StepSummary {
     #[schema(value_type = Vec<Object>)]
     pub(crate) messages: Value,
     /// The calls that waited for approval when it ended.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<ApprovalRequest>)]
     pub(crate) approvals: Vec<markov_policy::ConfirmationRequest>,
 }
