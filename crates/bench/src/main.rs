@@ -347,6 +347,11 @@ fn main() -> ExitCode {
             let _ = store::sqlite_figures(&STORE_KS, QUICK.store_appends);
             ExitCode::SUCCESS
         }
+        ["store-traced"] => {
+            store::TRACED.store(true, std::sync::atomic::Ordering::Relaxed);
+            let _ = store::sqlite_figures(&STORE_KS, QUICK.store_appends);
+            ExitCode::SUCCESS
+        }
         ["profile-body", vendor, k, reps, rest @ ..] => match (k.parse(), reps.parse(), rest) {
             (Ok(k), Ok(reps), [] | ["plain"]) => {
                 match body::profile(vendor, k, reps, !rest.is_empty()) {

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use markov_bench::{Scenario, current_thread_runtime, model, run_turn};
+use markov_bench::{Scenario, model, run_turn};
 use markov_executor::serialize::serialize_machine;
 use markov_executor::{Agent, RunOptions, RunState, StandardExecutor};
 use markov_store::testing::TempPostgres;
@@ -53,6 +53,55 @@ impl Drop for Scratch {
     }
 }
 
+/// Whether the appends carry a step trace (`markov-bench store-traced`).
+pub(crate) static TRACED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A step's trace as a durable machine records it: one model call with a
+/// 2 KB system prompt and three tools (kept once by content hash), the
+/// history range, usage and latency.
+fn step_trace(history: u64) -> markov_store::StepTrace {
+    let tool = |name: &str| markov_core::tool::ToolDefinition {
+        name: markov_core::ToolName::new(name).expect("a valid tool name"),
+        description: format!("The {name} tool: does what its name says, with care."),
+        input_schema: serde_json::json!({"type": "object", "properties": {"x": {"type": "string"}}}),
+        terminal: false,
+        needs_approval: false,
+        delivery: None,
+    };
+    markov_store::StepTrace {
+        index: 0,
+        recorded_at: 0,
+        yield_reason: markov_executor::YieldReason::ToolUse,
+        done: false,
+        model: Some("bench-model".into()),
+        usage: markov_core::model::Usage::default(),
+        step_ms: 1,
+        history_from: history.saturating_sub(2),
+        history_to: history,
+        calls: vec![markov_executor::ModelCall {
+            instance: "root".into(),
+            node: "main".into(),
+            system: std::sync::Arc::from("You are a careful agent. ".repeat(80)),
+            tools: std::sync::Arc::from(vec![tool("search"), tool("fetch"), tool("finish")]),
+            provider_tools: Vec::new(),
+            tool_choice: markov_core::model::ToolChoice::Auto,
+            settings: markov_core::model::ModelSettings::default(),
+            output_schema: None,
+            history_len: history.saturating_sub(2),
+            context_view: false,
+            turn: markov_executor::TurnState::default(),
+            replayed: false,
+            model_ms: 1,
+            tools_ms: 1,
+        }],
+        approvals: Vec::new(),
+        tree: None,
+        tree_before: None,
+        counters_before: markov_policy::PolicyCounters::default(),
+        usage_before: markov_context::UsageTotals::default(),
+    }
+}
+
 /// Times `appends` appends of one step to a session of about `k` messages
 /// in `store`, and (for `load`) the load of that session.
 async fn measure(
@@ -83,6 +132,9 @@ async fn measure(
     // A tool step: the last assistant call and its results.
     let step: Vec<_> = snapshot.history[messages - 3..messages - 1].to_vec();
     let run = RunState::new(RunOptions::default());
+    let trace = TRACED
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .then(|| step_trace(messages as u64));
     let mut times = Vec::with_capacity(appends);
     for _ in 0..appends {
         let start = Instant::now();
@@ -99,7 +151,7 @@ async fn measure(
                     answers: &[],
                     run: Some(&run),
                     usage: None,
-                    trace: None,
+                    trace: trace.as_ref(),
                 },
             )
             .await
@@ -221,7 +273,11 @@ pub(crate) fn postgres_figures(
 pub(crate) fn sqlite_figures(ks: &[usize], appends: usize) -> (Vec<StoreFigure>, Vec<LoadFigure>) {
     let scratch = Scratch::new();
     let store = SqliteStore::open(scratch.0.join("bench.db")).expect("the database opens");
-    let runtime = current_thread_runtime();
+    // With timers: the store's reads are bounded waits.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current-thread tokio runtime starts");
     figures(
         &runtime,
         ks,

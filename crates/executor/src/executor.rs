@@ -106,7 +106,7 @@ pub struct LeafOutcome {
     pub model: Option<String>,
     /// What the leaf's model call was made of and how long it took, when
     /// the machine records calls ([`LeafContext::record_calls`]).
-    pub call: Option<Box<crate::trace::ModelCall>>,
+    pub call: Option<Box<crate::step::ModelCall>>,
 }
 
 /// An intent a tool returned for the application (through the registry's

@@ -53,7 +53,6 @@ pub mod serialize;
 mod standard;
 mod step;
 pub mod stream;
-mod trace;
 mod typed;
 
 pub use agent::{Agent, AgentBuilder, BuildError};
@@ -80,7 +79,6 @@ pub use serialize::{
     serialize_instance_tree, serialize_machine,
 };
 pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
-pub use step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
+pub use step::{MachineStep, ModelCall, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
-pub use trace::ModelCall;
 pub use typed::{DEFAULT_TYPED_RETRIES, Typed, TypedRunError, retry_prompt};

@@ -129,6 +129,9 @@ pub mod guide {
     /// `docs/guide/serving.md` (its example needs `server` and `providers`).
     #[doc = include_str!("../../../docs/guide/serving.md")]
     pub struct Serving;
+    /// `docs/guide/studio.md`.
+    #[doc = include_str!("../../../docs/guide/studio.md")]
+    pub struct Studio;
     /// `docs/guide/tools-and-policies.md`.
     #[doc = include_str!("../../../docs/guide/tools-and-policies.md")]
     pub struct ToolsAndPolicies;

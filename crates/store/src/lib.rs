@@ -255,6 +255,16 @@ pub struct StepRecord<'a> {
     pub trace: Option<&'a StepTrace>,
 }
 
+/// How long recorded step detail ([`StepTrace`]) is kept, for
+/// [`Store::prune_steps`]: a step is dropped when either limit says so.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepRetention {
+    /// Keep the steps recorded in the last this many days.
+    pub days: Option<u32>,
+    /// Keep the steps of the this many most recently written sessions.
+    pub sessions: Option<u32>,
+}
+
 /// What one step of a session recorded, to see why the run did what it
 /// did and to rebuild the exact request of any step: the model calls'
 /// system prompts, tools, tool choice and settings (kept once per distinct
@@ -456,6 +466,11 @@ pub trait Store: Send + Sync + fmt::Debug {
         from: u64,
         limit: usize,
     ) -> Result<Vec<StepTrace>, StoreError>;
+
+    /// Drops the recorded step detail `retention` does not keep (the
+    /// sessions themselves stay whole) and returns how many steps were
+    /// dropped. Call it now and then (a service's housekeeping).
+    async fn prune_steps(&self, retention: &StepRetention) -> Result<u64, StoreError>;
 
     /// Loads a session.
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError>;

@@ -714,6 +714,29 @@ impl Store for PostgresStore {
             .collect()
     }
 
+    async fn prune_steps(&self, retention: &crate::StepRetention) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        let mut dropped = 0;
+        if let Some(days) = retention.days {
+            let cutoff = to_i64(now_ms().saturating_sub(u64::from(days) * 86_400_000));
+            dropped += client
+                .execute("DELETE FROM step_traces WHERE recorded_at < $1", &[&cutoff])
+                .await
+                .map_err(backend)?;
+        }
+        if let Some(n) = retention.sessions {
+            dropped += client
+                .execute(
+                    "DELETE FROM step_traces WHERE session_id NOT IN
+                     (SELECT id FROM sessions ORDER BY updated_at DESC, id LIMIT $1)",
+                    &[&i64::from(n)],
+                )
+                .await
+                .map_err(backend)?;
+        }
+        Ok(dropped)
+    }
+
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
         let mut client = self.client().await?;
         // One snapshot of the database for the three reads.

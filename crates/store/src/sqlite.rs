@@ -649,6 +649,36 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn prune_steps(&self, retention: &crate::StepRetention) -> Result<u64, StoreError> {
+        let cutoff = retention
+            .days
+            .map(|days| to_i64(now_ms().saturating_sub(u64::from(days) * 86_400_000)));
+        let sessions = retention.sessions.map(i64::from);
+        self.writer
+            .write(move |conn| {
+                let mut dropped = 0;
+                if let Some(cutoff) = cutoff {
+                    dropped += conn
+                        .execute(
+                            "DELETE FROM step_traces WHERE recorded_at < ?1",
+                            params![cutoff],
+                        )
+                        .map_err(backend)?;
+                }
+                if let Some(n) = sessions {
+                    dropped += conn
+                        .execute(
+                            "DELETE FROM step_traces WHERE session_id NOT IN
+                             (SELECT id FROM sessions ORDER BY updated_at DESC, id LIMIT ?1)",
+                            params![n],
+                        )
+                        .map_err(backend)?;
+                }
+                Ok(dropped as u64)
+            })
+            .await
+    }
+
     async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
         let id = id.clone();
         self.read(move |conn| {

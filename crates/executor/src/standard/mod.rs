@@ -303,7 +303,7 @@ impl Executor for StandardExecutor {
         if let (Some(started), Some(answered)) = (started, answered) {
             let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
             let node = cx.instance().node();
-            outcome.call = Some(Box::new(crate::trace::ModelCall {
+            outcome.call = Some(Box::new(crate::step::ModelCall {
                 instance: cx.instance().id().to_string(),
                 node: node
                     .name()

@@ -410,3 +410,84 @@ async fn a_replay_of_a_changed_agent_says_where_the_runs_part() {
     let json = serde_json::to_value(&report).expect("serializes");
     assert_eq!(json["parted_at"], 0);
 }
+
+#[tokio::test]
+async fn a_database_from_before_step_traces_opens_and_records_them() {
+    let dir = Dir::new("steps-old-schema");
+    let path = dir.path("sessions.db");
+    let id = SessionId::new("old");
+    {
+        let store = Arc::new(SqliteStore::open(&path).expect("opens"));
+        let session = DurableMachine::create(
+            store.clone(),
+            id.clone(),
+            WorkerId::new("w"),
+            agent(Arc::new(script()), &dir).machine(),
+        )
+        .await
+        .expect("created");
+        session.release().await.expect("released");
+    }
+    // The database as an earlier version left it: no step tables.
+    {
+        let conn = rusqlite::Connection::open(&path).expect("opens");
+        conn.execute_batch("DROP TABLE step_traces; DROP TABLE step_contents;")
+            .expect("the old schema");
+    }
+    let store = Arc::new(SqliteStore::open(&path).expect("the old database opens"));
+    assert!(store.steps(&id, 0, 10).await.expect("reads").is_empty());
+    let mut session = DurableMachine::open(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        &agent(Arc::new(script()), &dir),
+    )
+    .await
+    .expect("opens");
+    session.machine().enqueue_user("pay 3");
+    session.run().await.expect("runs");
+    assert_eq!(store.steps(&id, 0, 10).await.expect("reads").len(), 3);
+}
+
+#[tokio::test]
+async fn retention_drops_step_detail_and_keeps_the_sessions() {
+    let dir = Dir::new("steps-retention");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let mut ids = Vec::new();
+    for name in ["older", "newer"] {
+        let id = SessionId::new(name);
+        let mut session = DurableMachine::create(
+            store.clone(),
+            id.clone(),
+            WorkerId::new("w"),
+            agent(Arc::new(script()), &dir).machine(),
+        )
+        .await
+        .expect("created");
+        session.machine().enqueue_user("pay 3");
+        session.run().await.expect("runs");
+        session.release().await.expect("released");
+        ids.push(id);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let keep_one = markov_store::StepRetention {
+        sessions: Some(1),
+        ..Default::default()
+    };
+    assert_eq!(store.prune_steps(&keep_one).await.expect("prunes"), 3);
+    assert!(store.steps(&ids[0], 0, 10).await.expect("reads").is_empty());
+    assert_eq!(store.steps(&ids[1], 0, 10).await.expect("reads").len(), 3);
+    assert!(
+        store.load(&ids[0]).await.is_ok(),
+        "the session itself stays"
+    );
+    let a_year = markov_store::StepRetention {
+        days: Some(365),
+        ..Default::default()
+    };
+    assert_eq!(
+        store.prune_steps(&a_year).await.expect("prunes"),
+        0,
+        "recent steps stay"
+    );
+}
