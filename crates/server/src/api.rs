@@ -110,7 +110,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<Arc<Service>> {
         .routes(routes!(command))
         .routes(routes!(crate::studio::steps))
         .routes(routes!(crate::studio::step_request))
-        .routes(routes!(crate::studio::fork))
+        .routes(routes!(fork))
         .routes(routes!(openapi))
         .routes(routes!(metrics))
 }
@@ -488,9 +488,46 @@ pub(crate) async fn approvals(
     ))
 }
 
+// --- the studio ----------------------------------------------------------------
+
+#[utoipa::path(post, path = "/sessions/{id}/steps/{n}/fork", tag = "studio",
+    params(("id" = String, Path, description = "The session"),
+           ("n" = u64, Path, description = "The step, from 0")),
+    request_body = crate::studio::Fork,
+    responses((status = 201, description = "A new session, the caller's, as the source was before \
+        the step (history, state, turn and budget counters), and its run started at once: its first \
+        request is the step's request again (with the user's message edited, if asked). Follow \
+        it as any session (`GET /sessions/{id}`, its events)", body = NewSession),
+              (status = 400, description = "Not a fork body", body = ErrorBody),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such session the caller may read, or no such step", body = ErrorBody),
+              (status = 409, description = "The step cannot be forked at (no model call, or what it \
+                  started from was not recorded)", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn fork(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path((id, n)): Path<(String, u64)>,
+    body: Result<Json<crate::studio::Fork>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(crate::studio::Fork { edit_user }) = body?;
+    let (new, agent, forked) = crate::studio::fork(&service, &principal, &id, n, edit_user).await?;
+    let guard = claim(&service, &new)?;
+    spawn_run(&service, guard, forked, None, Work::Continue);
+    Ok((
+        StatusCode::CREATED,
+        Json(NewSession {
+            id: new.to_string(),
+            agent,
+        }),
+    )
+        .into_response())
+}
+
 // --- runs -----------------------------------------------------------------------
 
-pub(crate) fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
+fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
     service.runs.claim(id).ok_or_else(|| {
         ApiError::Conflict(format!(
             "session {id} is running; wait for its run to end, or cancel it"
@@ -550,7 +587,7 @@ pub(crate) fn send_delta(event: &MessageStreamEvent) {
 }
 
 /// What a run does with its session.
-pub(crate) enum Work {
+enum Work {
     /// Nothing more: the session is released.
     Nothing,
     /// Resume the turn that waits for approval.
@@ -582,7 +619,7 @@ fn step_event(step: &MachineStep) -> RunEvent {
 /// Performs `work` on `session` in a task of its own (a client that leaves
 /// does not stop it), logging `first`, then the run's events; returns the
 /// log.
-pub(crate) fn spawn_run(
+fn spawn_run(
     service: &Arc<Service>,
     guard: RunGuard,
     mut session: DurableMachine<dyn Store>,

@@ -6,10 +6,7 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{Extension, Path, Query, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use markov_core::Message;
 use markov_store::{
     CreateOptions, DurableMachine, ForkOptions, SessionId, StepTrace, StoredSession,
@@ -18,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::auth::{DEVELOPER, Principal};
-use crate::wire::{ErrorBody, NewSession, StepPage, StepRequest, StepSummary};
+use crate::wire::{ErrorBody, StepPage, StepRequest, StepSummary};
 use crate::{ApiError, Service, markdown};
 
 type Shared = State<Arc<Service>>;
@@ -238,32 +235,20 @@ pub(crate) async fn step_request(
 pub(crate) struct Fork {
     /// Replaces the text of the user message the step answered.
     #[serde(default)]
-    edit_user: Option<String>,
+    pub(crate) edit_user: Option<String>,
 }
 
-#[utoipa::path(post, path = "/sessions/{id}/steps/{n}/fork", tag = "studio",
-    params(("id" = String, Path, description = "The session"),
-           ("n" = u64, Path, description = "The step, from 0")),
-    request_body = Fork,
-    responses((status = 201, description = "A new session, the caller's, as the source was before \
-        the step (history, state, turn and budget counters), and its run started at once: its first \
-        request is the step's request again (with the user's message edited, if asked). Follow \
-        it as any session (`GET /sessions/{id}`, its events)", body = NewSession),
-              (status = 400, description = "Not a fork body", body = ErrorBody),
-              (status = 401, description = "No live credential", body = ErrorBody),
-              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
-              (status = 404, description = "No such session the caller may read, or no such step", body = ErrorBody),
-              (status = 409, description = "The step cannot be forked at (no model call, or what it \
-                  started from was not recorded)", body = ErrorBody),
-              (status = 429, description = "Too many requests", body = ErrorBody)))]
+/// Forks session `id` at step `n` for `principal`, who may read its steps:
+/// the new session's id and its machine, leased to this worker, its run
+/// still to start.
 pub(crate) async fn fork(
-    State(service): Shared,
-    Extension(principal): Extension<Principal>,
-    Path((id, n)): Path<(String, u64)>,
-    body: Result<Json<Fork>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let Json(Fork { edit_user }) = body?;
-    let (source, stored) = readable(&service, &principal, &id).await?;
+    service: &Service,
+    principal: &Principal,
+    id: &str,
+    n: u64,
+    edit_user: Option<String>,
+) -> Result<(SessionId, String, DurableMachine<dyn markov_store::Store>), ApiError> {
+    let (source, stored) = readable(service, principal, id).await?;
     let agent = service.agents.get(&stored.info.charter).ok_or_else(|| {
         ApiError::NotFound(format!(
             "session {source} runs agent {:?}, which this server does not serve",
@@ -295,17 +280,8 @@ pub(crate) async fn fork(
         }
         other => ApiError::from(other),
     })?;
-    let guard = crate::api::claim(&service, &new)?;
-    crate::api::spawn_run(&service, guard, forked, None, crate::api::Work::Continue);
     tracing::info!(source = %source, step = n, fork = %new, by = %principal.id().as_str(), "forked a session");
-    Ok((
-        StatusCode::CREATED,
-        Json(NewSession {
-            id: new.to_string(),
-            agent: agent.name().to_owned(),
-        }),
-    )
-        .into_response())
+    Ok((new, agent.name().to_owned(), forked))
 }
 
 #[cfg(test)]
