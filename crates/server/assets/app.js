@@ -901,7 +901,7 @@ function stepBody(step, box) {
   }
   for (const request of step.approvals || []) {
     const call = el("div", "call");
-    call.append(el("div", "label", "Waiting for approval"), pre(request.tool_name + " " + JSON.stringify(request.args)));
+    call.append(el("div", "label", "Waiting for approval"), pre(String(request.tool) + " " + JSON.stringify(request.args)));
     box.append(call);
   }
   box.append(el("div", "label", "Usage and latency"),
@@ -963,6 +963,9 @@ function stepLine(step) {
       else if (message.role === "assistant" && i.type === "text" && i.text && !gist) gist = i.text.split("\n")[0];
       else if (i.type === "tool_result" && !readResult(i.content, i.is_error === true).ok) refused = true;
     }
+  }
+  for (const request of step.approvals || []) {
+    gist += (gist ? " · " : "") + "waits: " + request.tool + "(" + clip(brief(request.args), 40) + ")";
   }
   const gistNode = el("span", "gist");
   appendVisibly(gistNode, clip(gist, 200), PROSE);

@@ -1551,3 +1551,73 @@ async fn a_developer_reads_a_200_step_session_as_a_timeline_opens_a_request_and_
     browser.screenshot("studio-fork.png").await;
     browser.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_shows_a_paused_approval_and_the_steps_stored_after_it_appear_while_open() {
+    use markov_testkit::ScriptedModel;
+
+    let f = crate::http::serve(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("Paid 5.")
+            .build(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "pay 5").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the paused step",
+            "document.querySelectorAll('#timeline > li').length === 1",
+        )
+        .await;
+    assert!(
+        browser
+            .text("#timeline > li[data-step='0'] .reason")
+            .await
+            .contains("awaiting_approval")
+    );
+    assert!(
+        browser
+            .text("#timeline > li[data-step='0'] .gist")
+            .await
+            .contains("waits: pay(amount: 5)"),
+        "{}",
+        browser.text("#timeline > li[data-step='0'] summary").await
+    );
+    browser.click("#timeline > li[data-step='0'] summary").await;
+    let step = browser
+        .wait(
+            "the waiting call",
+            "document.querySelector(\"#timeline > li[data-step='0'] .body\").innerText",
+        )
+        .await;
+    let step = step.as_str().unwrap_or_default();
+    assert!(step.contains("WAITING FOR APPROVAL"), "{step}");
+    assert!(step.contains("pay {\"amount\":5}"), "{step}");
+    browser.screenshot("studio-paused-approval.png").await;
+
+    // Approved elsewhere: the steps the resumed run stores appear.
+    let pending = f.pending(&id).await;
+    let (status, _) = f
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 200);
+    browser
+        .wait(
+            "the resumed run's steps",
+            "document.getElementById('timeline').innerText.includes('Paid 5.')",
+        )
+        .await;
+    assert_eq!(
+        browser.count("#timeline > li").await,
+        3,
+        "resume, then answer"
+    );
+    browser.close().await;
+}
