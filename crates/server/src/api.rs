@@ -111,6 +111,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<Arc<Service>> {
         .routes(routes!(crate::studio::steps))
         .routes(routes!(crate::studio::step_request))
         .routes(routes!(fork))
+        .routes(routes!(crate::studio::replay))
         .routes(routes!(openapi))
         .routes(routes!(metrics))
 }

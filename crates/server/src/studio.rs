@@ -119,6 +119,7 @@ pub(crate) async fn steps(
     Ok(Json(StepPage {
         steps: traces.iter().map(|s| summary(s, history)).collect(),
         next,
+        replayable: service.replays.contains_key(&stored.info.charter),
     }))
 }
 
@@ -228,6 +229,62 @@ pub(crate) async fn step_request(
             .unwrap_or_default(),
         request: body,
     }))
+}
+
+/// How to replay.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+pub(crate) struct Replay {
+    /// `recorded_where_unchanged` (the default: the recorded answer while
+    /// the request is unchanged, the live model from where it differs) or
+    /// `live` (the live model throughout).
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    mode: Option<markov_store::ReplayMode>,
+}
+
+#[utoipa::path(post, path = "/sessions/{id}/replay", tag = "studio",
+    params(("id" = String, Path, description = "The session")),
+    request_body = Replay,
+    responses((status = 200, description = "The session's user turns asked again of the agent as \
+        the server runs it now, in memory (nothing is stored): each step beside the recorded one \
+        (`steps`: requests, answer text, tool calls, usage, where the answer came from, whether \
+        request and answer changed), `parted_at` the first step where the runs part, \
+        `tools_ran` that the agent's tools ran (recorded tool results are not played back)",
+                  body = Object),
+              (status = 400, description = "Not a replay body", body = ErrorBody),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such session the caller may read", body = ErrorBody),
+              (status = 409, description = "The server replays no session of this agent", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn replay(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<Replay>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(Replay { mode }) = body?;
+    let (id, stored) = readable(&service, &principal, &id).await?;
+    let replayer = service.replays.get(&stored.info.charter).ok_or_else(|| {
+        ApiError::Conflict(format!(
+            "this server replays no session of agent {:?}",
+            stored.info.charter
+        ))
+    })?;
+    let build = Arc::clone(&replayer.build);
+    let report = markov_store::replay(
+        &*service.store,
+        &id,
+        Arc::clone(&replayer.live),
+        move |model| build(model),
+        mode.unwrap_or_default(),
+    )
+    .await?;
+    tracing::info!(session = %id, by = %principal.id().as_str(), parted_at = ?report.parted_at, "replayed a session");
+    let mut report = serde_json::to_value(&report)
+        .map_err(|e| ApiError::Internal(format!("the replay's report: {e}")))?;
+    redact(&mut report);
+    Ok(Json(report))
 }
 
 /// How to fork.

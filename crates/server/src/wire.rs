@@ -357,6 +357,8 @@ pub(crate) struct StepPage {
     /// Where the next page starts (`from`), absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) next: Option<u64>,
+    /// Whether the server replays the session (`POST /sessions/{id}/replay`).
+    pub(crate) replayable: bool,
 }
 
 /// A step's model request as the model received it.

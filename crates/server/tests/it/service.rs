@@ -43,6 +43,7 @@ const PROTECTED: &[(&str, &str)] = &[
     ("GET", "/sessions/x/steps"),
     ("GET", "/sessions/x/steps/0/request"),
     ("POST", "/sessions/x/steps/0/fork"),
+    ("POST", "/sessions/x/replay"),
     ("GET", "/openapi.json"),
     ("GET", "/metrics"),
 ];

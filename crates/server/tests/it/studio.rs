@@ -225,3 +225,96 @@ async fn a_fork_at_a_step_asks_the_same_request_and_belongs_to_whoever_forked() 
     let (status, body) = fork_as(&f, &dave, &id, 7, json!({})).await;
     assert_eq!(status, 404, "no step 7: {body}");
 }
+
+/// An agent like the fixture's, with `instructions`, over `model`.
+fn payments(
+    instructions: &str,
+    model: std::sync::Arc<dyn markov_core::model::Model>,
+) -> markov_executor::Agent {
+    markov_executor::Agent::builder("payments")
+        .instructions(instructions)
+        .tool_with(
+            crate::http::Pay(std::sync::Arc::default()),
+            markov_policy::ToolMetadata::new(markov_policy::Category::Action),
+        )
+        .model(model)
+        .build()
+        .expect("the agent builds")
+}
+
+/// Serves the payments agent, replayable against `changed` instructions
+/// with `live` answering where the recording does not.
+async fn replayable(changed: &'static str, live: ScriptedModel) -> Fixture {
+    let recorded = std::sync::Arc::new(ScriptedModel::builder().text("Hello.").build());
+    let store = std::sync::Arc::new(markov_store::SqliteStore::in_memory().expect("a database"));
+    crate::http::start(
+        markov_server::Server::builder()
+            .agent(payments("You pay bills.", recorded))
+            .replay_agent("payments", std::sync::Arc::new(live), move |model| {
+                payments(changed, model)
+            })
+            .worker(markov_store::WorkerId::new("test")),
+        store,
+        std::sync::Arc::default(),
+    )
+    .await
+}
+
+async fn replay_as(f: &Fixture, key: &str, id: &str, body: Value) -> (u16, Value) {
+    let response = f
+        .client
+        .post(format!("{}/sessions/{id}/replay", f.base))
+        .bearer_auth(key)
+        .json(&body)
+        .send()
+        .await
+        .expect("sent");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_against_changed_instructions_says_where_the_runs_part() {
+    let f = replayable(
+        "You pay bills, carefully.",
+        ScriptedModel::builder().text("Carefully: hello.").build(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "hi").await;
+    let (_, page) = get_as(&f, Some(&f.key), &format!("/sessions/{id}/steps")).await;
+    assert_eq!(page["replayable"], true, "{page}");
+    let (status, report) = replay_as(&f, &f.key, &id, json!({})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["parted_at"], 0, "{report}");
+    let step = &report["steps"][0];
+    assert_eq!(step["request_changed"], true);
+    assert_eq!(step["answered_from"], "live");
+    assert_eq!(step["recorded"]["text"], "Hello.");
+    assert_eq!(step["replayed"]["text"], "Carefully: hello.");
+    assert_eq!(
+        step["replayed"]["request"]["system"],
+        "You pay bills, carefully."
+    );
+    let (status, _) = replay_as(&f, &f.keys["bob"], &id, json!({})).await;
+    assert_eq!(status, 404, "bob may not replay alice's session");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_an_unchanged_agent_plays_the_recording_back_and_an_unreplayable_agent_is_a_conflict()
+ {
+    let f = replayable("You pay bills.", ScriptedModel::builder().build()).await;
+    let id = f.create().await;
+    f.say(&id, "hi").await;
+    let (status, report) =
+        replay_as(&f, &f.key, &id, json!({"mode": "recorded_where_unchanged"})).await;
+    assert_eq!(status, 200, "{report}");
+    assert!(report["parted_at"].is_null(), "{report}");
+    assert_eq!(report["steps"][0]["answered_from"], "recorded");
+
+    let (g, id, _) = three_turns(script()).await;
+    let (_, page) = get_as(&g, Some(&g.key), &format!("/sessions/{id}/steps")).await;
+    assert_eq!(page["replayable"], false);
+    let (status, body) = replay_as(&g, &g.key, &id, json!({})).await;
+    assert_eq!(status, 409, "{body}");
+}
