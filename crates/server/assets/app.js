@@ -1007,6 +1007,7 @@ async function moreSteps() {
     const page = await response.json();
     if (generation !== studio.generation) return;
     $("timeline").append(...page.steps.map(stepLine));
+    $("replay-controls").hidden = page.replayable !== true;
     studio.count += page.steps.length;
     const last = page.steps.length ? page.steps[page.steps.length - 1].index + 1 : studio.next;
     studio.next = typeof page.next === "number" ? page.next : null;
@@ -1041,11 +1042,72 @@ async function openSteps(id) {
   $("studio-error").textContent = "";
   $("studio-count").textContent = "";
   $("back-link").href = "#" + id;
+  $("replay-diff").hidden = true;
+  $("replay-diff").replaceChildren();
+  $("replay-controls").hidden = true;
   showStudio(true);
   await moreSteps();
   studio.poll = setTimeout(() => pollSteps(studio.generation), 2000);
 }
 
+// What a side of a replayed step answered: its text and tool calls.
+function answerText(side) {
+  if (!side) return "—";
+  const calls = (side.tool_calls || []).map(([name, args]) => name + "(" + clip(brief(args), 60) + ")");
+  return [side.text || "", ...calls].filter(Boolean).join(" · ") || "(nothing)";
+}
+
+// Replays the session against the agent as the server runs it now and
+// shows where the runs part, step by step.
+async function replay() {
+  const shown = $("replay-diff");
+  $("replay").disabled = true;
+  shown.hidden = false;
+  shown.replaceChildren(el("p", "note", "Replaying…"));
+  const generation = studio.generation;
+  try {
+    const response = await fetch("/sessions/" + encodeURIComponent(studio.id) + "/replay", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ mode: $("replay-live").checked ? "live" : "recorded_where_unchanged" }),
+    });
+    if (generation !== studio.generation) return;
+    if (!response.ok) { shown.replaceChildren(el("p", "note", "Cannot replay: " + await errorOf(response))); return; }
+    const report = await response.json();
+    const parted = typeof report.parted_at === "number";
+    const heading = el("h3", null, parted ? "The runs part at step " + report.parted_at : "The replay runs as recorded");
+    const notes = [el("p", "note", "Mode: " + String(report.mode).replaceAll("_", " ") + ". "
+      + (report.tools_ran ? "The agent's tools ran; recorded tool results were not played back." : ""))];
+    if (report.error) notes.push(el("p", "note", "The replay stopped early: " + report.error));
+    const table = el("table");
+    const head = el("tr");
+    for (const title of ["Step", "Request", "Answer from", "Recorded answer", "Replayed answer", "Usage (recorded → replayed)"]) head.append(el("th", null, title));
+    table.append(head);
+    for (const step of report.steps || []) {
+      const row = el("tr", (step.request_changed || step.answer_changed ? "changed" : "") + (parted && step.index === report.parted_at ? " parted" : ""));
+      row.dataset.step = step.index;
+      const cells = [
+        "#" + step.index,
+        step.request_changed ? "changed" : "same",
+        step.answered_from || "—",
+        answerText(step.recorded),
+        answerText(step.replayed),
+        usageLine(step.recorded && step.recorded.usage) + " → " + usageLine(step.replayed && step.replayed.usage),
+      ];
+      for (const text of cells) {
+        const cell = el("td");
+        appendVisibly(cell, text, PROSE);
+        row.append(cell);
+      }
+      table.append(row);
+    }
+    shown.replaceChildren(heading, ...notes, table);
+  } finally {
+    $("replay").disabled = false;
+  }
+}
+
+$("replay").onclick = replay;
 $("more").onclick = moreSteps;
 new IntersectionObserver((entries) => {
   if (entries.some((e) => e.isIntersecting) && !$("studio").hidden) moreSteps();

@@ -1621,3 +1621,70 @@ async fn the_timeline_shows_a_paused_approval_and_the_steps_stored_after_it_appe
     );
     browser.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_against_changed_instructions_shows_where_the_runs_part_step_by_step() {
+    use markov_testkit::ScriptedModel;
+
+    let recorded = Arc::new(ScriptedModel::builder().text("Hello.").text("Bye.").build());
+    let live = Arc::new(
+        ScriptedModel::builder()
+            .text("Carefully: hello.")
+            .text("Bye.")
+            .build(),
+    );
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let f = start(
+        Server::builder()
+            .agent(crate::studio::payments("You pay bills.", recorded))
+            .replay_agent("payments", live, |model| {
+                crate::studio::payments("You pay bills, carefully.", model)
+            }),
+        store,
+        Arc::default(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "hi").await;
+    f.say(&id, "bye").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the replay button",
+            "!document.getElementById('replay-controls').hidden && document.querySelectorAll('#timeline > li').length === 2",
+        )
+        .await;
+    browser.click("#replay").await;
+    browser
+        .wait(
+            "the diff",
+            "document.querySelectorAll('#replay-diff tr[data-step]').length === 2",
+        )
+        .await;
+    let diff = browser.text("#replay-diff").await;
+    assert!(diff.contains("The runs part at step 0"), "{diff}");
+    assert!(
+        diff.contains("recorded tool results were not played back"),
+        "{diff}"
+    );
+    let first = browser.text("#replay-diff tr[data-step='0']").await;
+    assert!(
+        first.contains("Hello.") && first.contains("Carefully: hello."),
+        "{first}"
+    );
+    assert!(
+        first.contains("changed") && first.contains("live"),
+        "{first}"
+    );
+    assert_eq!(
+        browser.count("#replay-diff tr.parted").await,
+        1,
+        "the step where the runs part is marked"
+    );
+    browser.screenshot("studio-replay-diff.png").await;
+    browser.close().await;
+}

@@ -227,7 +227,7 @@ async fn a_fork_at_a_step_asks_the_same_request_and_belongs_to_whoever_forked() 
 }
 
 /// An agent like the fixture's, with `instructions`, over `model`.
-fn payments(
+pub(crate) fn payments(
     instructions: &str,
     model: std::sync::Arc<dyn markov_core::model::Model>,
 ) -> markov_executor::Agent {
