@@ -258,8 +258,8 @@ r = documented("post", "/sessions/{id}/cancel", cancel.sync_detailed(session, cl
 check(r.status_code == 409 and isinstance(r.parsed, ErrorBody), "nothing left to cancel")
 
 # --- the studio: the session's recorded steps, a step's request, a fork -------
-from markov_client.api.studio import fork, step_request, steps  # noqa: E402
-from markov_client.models import Fork, StepPage, StepRequest  # noqa: E402
+from markov_client.api.studio import fork, replay, step_request, steps  # noqa: E402
+from markov_client.models import Fork, Replay, StepPage, StepRequest  # noqa: E402
 
 r = documented("get", "/sessions/{id}/steps", steps.sync_detailed(session, client=alice, limit=1))
 check(isinstance(r.parsed, StepPage) and len(r.parsed.steps) == 1, f"a page of steps: {r}")
@@ -271,6 +271,7 @@ r = documented("get", "/sessions/{id}/steps", steps.sync_detailed(session, clien
 check(r.status_code == 401, "no steps without a key")
 r = documented("get", "/sessions/{id}/steps", steps.sync_detailed(session, client=alice))
 asked = next(s.index for s in r.parsed.steps if s.has_request)
+steps_replayable = r.parsed.replayable
 r = documented(
     "get",
     "/sessions/{id}/steps/{n}/request",
@@ -288,6 +289,11 @@ r = documented(
     fork.sync_detailed(session, 99, client=alice, body=Fork()),
 )
 check(r.status_code == 404 and isinstance(r.parsed, ErrorBody), f"no step 99 to fork: {r}")
+check(steps_replayable is False, "this server replays nothing")
+r = documented(
+    "post", "/sessions/{id}/replay", replay.sync_detailed(session, client=alice, body=Replay())
+)
+check(r.status_code == 409 and isinstance(r.parsed, ErrorBody), f"not replayable: {r}")
 
 # --- a browser's sign-in with a key ---------------------------------------------
 r = documented(
