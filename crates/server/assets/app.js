@@ -749,7 +749,7 @@ async function loadSessions() {
     const item = el("li");
     const b = button("", "session" + (s.id === state.session ? " current" : ""), () => {
       document.body.classList.remove("menu-open");
-      if (s.id !== state.session) openSession(s.id);
+      if (s.id !== state.session || !$("studio").hidden) openSession(s.id);
     });
     b.dataset.id = s.id;
     const title = el("span", "title" + (s.running ? " running" : ""));
@@ -782,10 +782,13 @@ function reset(id) {
   $("approvals").replaceChildren();
   $("empty").hidden = false;
   if (id) document.body.dataset.session = id; else delete document.body.dataset.session;
+  $("chatbar").hidden = !id;
+  if (id) $("steps-link").href = "#steps/" + encodeURIComponent(id);
   markCurrent();
 }
 
 function newChat() {
+  leaveStudio();
   reset(null);
   history.replaceState(null, "", location.pathname);
   document.body.classList.remove("menu-open");
@@ -797,6 +800,7 @@ function newChat() {
 // server sends then ends where the turn began, so nothing shows twice).
 async function openSession(id, options = {}) {
   const scrolled = scroller().scrollTop;
+  leaveStudio();
   reset(id);
   history.replaceState(null, "", "#" + id);
   const generation = state.generation;
@@ -835,6 +839,295 @@ async function openSession(id, options = {}) {
     await stream((signal) => fetch(eventsUrl(id), { headers: { "last-event-id": live.last_event_id }, signal }),
       "Cannot follow the turn");
   }
+}
+
+// ---- The studio: a session's steps ------------------------------------------------------
+//
+// The steps the store recorded, a page at a time (more as the list's end
+// scrolls into view), each a line that opens to what the step added (the
+// answer, each tool call with its arguments and result), its usage and
+// latency, and, on a click, the request exactly as the model received it.
+// A running session's new steps are polled for while the list is shown.
+
+const STEP_PAGE = 50;
+const studio = { id: null, next: 0, generation: 0, poll: null, count: 0, loading: false };
+
+function leaveStudio() {
+  studio.generation++;
+  clearTimeout(studio.poll);
+  showStudio(false);
+}
+
+function showStudio(shown) {
+  $("chat").hidden = shown;
+  $("studio").hidden = !shown;
+}
+
+function usageLine(usage) {
+  if (!usage || typeof usage !== "object") return "";
+  const tokens = (usage.input_tokens || 0) + " in / " + (usage.output_tokens || 0) + " out";
+  const cost = typeof usage.cost === "number" && usage.cost > 0 ? " · $" + usage.cost.toFixed(4) : "";
+  return tokens + cost;
+}
+
+function pre(text) {
+  const node = el("pre");
+  showLong(node, text, STRICT);
+  return node;
+}
+
+// What a step added, as the timeline shows it: text, and each tool call
+// beside its result.
+function stepBody(step, box) {
+  const calls = new Map();
+  for (const message of step.messages || []) {
+    for (const item of itemsOf(message)) {
+      if (message.role === "user" && item.type === "text" && item.text) {
+        box.append(el("div", "label", fromInstance(message) ? "From an agent" : "User"), pre(item.text));
+      } else if (message.role === "assistant" && item.type === "text" && item.text) {
+        box.append(el("div", "label", "Answer"), pre(item.text));
+      } else if (item.type === "tool_use") {
+        const call = el("div", "call");
+        call.dataset.call = item.id;
+        const name = el("code", "name");
+        appendVisibly(name, item.name);
+        call.append(el("div", "label", "Tool call"), name, pre(JSON.stringify(item.input, null, 2)));
+        calls.set(item.id, call);
+        box.append(call);
+      } else if (item.type === "tool_result") {
+        const result = readResult(item.content, item.is_error === true);
+        const call = calls.get(item.tool_use_id) || box.appendChild(el("div", "call"));
+        call.classList.add(result.ok ? "ok" : "failed");
+        const label = result.ok ? "Result" : "Refused or failed" + (result.kind ? " (" + result.kind.toLowerCase().replaceAll("_", " ") + ")" : "");
+        call.append(el("div", "label", label), pre(result.text));
+      }
+    }
+  }
+  for (const request of step.approvals || []) {
+    const call = el("div", "call");
+    call.append(el("div", "label", "Waiting for approval"), pre(String(request.tool) + " " + JSON.stringify(request.args)));
+    box.append(call);
+  }
+  box.append(el("div", "label", "Usage and latency"),
+    pre(usageLine(step.usage) + "\nstep " + step.step_ms + " ms · model " + step.model_ms + " ms · tools " + step.tools_ms + " ms"
+      + (step.node ? "\nnode " + step.node : "") + "\ntool choice " + JSON.stringify(step.tool_choice) + " of " + step.tools + " tools"));
+}
+
+// The request of step `n`, as the model received it: its parts, and the
+// whole body one more click away.
+async function showRequest(n, box, button) {
+  button.disabled = true;
+  const response = await fetch("/sessions/" + encodeURIComponent(studio.id) + "/steps/" + n + "/request");
+  if (!response.ok) { box.append(el("div", "label", "Cannot read the request: " + await errorOf(response))); return; }
+  const body = await response.json();
+  const request = body.request || {};
+  const shown = el("div", "request");
+  shown.append(el("div", "label", "System prompt"), pre(String(request.system || "")));
+  const messages = el("details");
+  messages.append(el("summary", null, (request.messages || []).length + " messages"), pre(JSON.stringify(request.messages, null, 2)));
+  const tools = el("details");
+  tools.append(el("summary", null, (request.tools || []).map((t) => t.name).join(", ") || "no tools"), pre(JSON.stringify(request.tools, null, 2)));
+  shown.append(el("div", "label", "Messages"), messages, el("div", "label", "Tools"), tools,
+    el("div", "label", "Tool choice and settings"), pre(JSON.stringify({ tool_choice: request.tool_choice, settings: request.settings })));
+  const wire = el("details", "wire");
+  wire.append(el("summary", null, "Whole request body"), pre(JSON.stringify(request, null, 2)));
+  shown.append(wire);
+  box.append(shown);
+}
+
+async function forkAt(n, edit, button) {
+  button.disabled = true;
+  const text = edit.value.trim();
+  const response = await fetch("/sessions/" + encodeURIComponent(studio.id) + "/steps/" + n + "/fork", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(text ? { edit_user: text } : {}),
+  });
+  if (!response.ok) {
+    $("studio-error").textContent = "Cannot fork at step " + n + ": " + await errorOf(response);
+    button.disabled = false;
+    return;
+  }
+  const fork = await response.json();
+  await loadSessions();
+  location.hash = "#" + fork.id;
+}
+
+function stepLine(step) {
+  const item = el("li");
+  item.dataset.step = step.index;
+  const details = el("details");
+  const summary = el("summary");
+  const reason = el("span", "reason " + step.yield_reason, step.yield_reason);
+  let gist = "";
+  let refused = false;
+  for (const message of step.messages || []) {
+    for (const i of itemsOf(message)) {
+      if (i.type === "tool_use") gist += (gist ? " · " : "") + i.name + "(" + clip(brief(i.input), 40) + ")";
+      else if (message.role === "assistant" && i.type === "text" && i.text && !gist) gist = i.text.split("\n")[0];
+      else if (i.type === "tool_result" && !readResult(i.content, i.is_error === true).ok) refused = true;
+    }
+  }
+  for (const request of step.approvals || []) {
+    gist += (gist ? " · " : "") + "waits: " + request.tool + "(" + clip(brief(request.args), 40) + ")";
+  }
+  const gistNode = el("span", "gist");
+  appendVisibly(gistNode, clip(gist, 200), PROSE);
+  summary.append(el("span", "n", "#" + step.index), reason, gistNode);
+  if (refused) summary.append(el("span", "refused", "refused"));
+  summary.append(el("span", "meta", usageLine(step.usage) + " · " + step.step_ms + " ms"));
+  details.append(summary);
+  // Built when first opened: a long session's list stays light.
+  details.addEventListener("toggle", () => {
+    if (!details.open || details.dataset.built) return;
+    details.dataset.built = "1";
+    const body = el("div", "body");
+    stepBody(step, body);
+    if (step.has_request) {
+      const actions = el("div", "actions");
+      const requestButton = button("Show the request", "show-request", () => showRequest(step.index, body, requestButton));
+      const edit = el("input");
+      edit.placeholder = "Optional: the user's message, edited";
+      edit.setAttribute("aria-label", "Edited user message for the fork");
+      const forkButton = button("Fork here", "fork", () => forkAt(step.index, edit, forkButton));
+      actions.append(requestButton, edit, forkButton);
+      body.append(actions);
+    }
+    details.append(body);
+  });
+  item.append(details);
+  return item;
+}
+
+async function moreSteps() {
+  if (studio.loading || studio.next === null) return;
+  studio.loading = true;
+  const generation = studio.generation;
+  try {
+    const response = await fetch("/sessions/" + encodeURIComponent(studio.id) + "/steps?from=" + studio.next + "&limit=" + STEP_PAGE);
+    if (generation !== studio.generation) return;
+    if (response.status === 401) { signedOut(); return; }
+    if (!response.ok) { $("studio-error").textContent = "Cannot read the steps: " + await errorOf(response); return; }
+    const page = await response.json();
+    if (generation !== studio.generation) return;
+    $("timeline").append(...page.steps.map(stepLine));
+    $("replay-controls").hidden = page.replayable !== true;
+    studio.count += page.steps.length;
+    const last = page.steps.length ? page.steps[page.steps.length - 1].index + 1 : studio.next;
+    studio.next = typeof page.next === "number" ? page.next : null;
+    studio.after = last;
+    $("more").hidden = studio.next === null;
+    $("studio-count").textContent = studio.count + " step" + (studio.count === 1 ? "" : "s") + (studio.next === null ? "" : " shown so far");
+  } finally {
+    studio.loading = false;
+  }
+}
+
+// While the list is shown and all of it loaded, asks for steps recorded
+// since: a running session's steps appear as they are stored.
+async function pollSteps(generation) {
+  if (generation !== studio.generation || $("studio").hidden) return;
+  if (studio.next === null && !studio.loading) {
+    studio.next = studio.after || 0;
+    await moreSteps();
+  }
+  studio.poll = setTimeout(() => pollSteps(generation), 2000);
+}
+
+async function openSteps(id) {
+  reset(id);
+  studio.generation++;
+  clearTimeout(studio.poll);
+  studio.id = id;
+  studio.next = 0;
+  studio.after = 0;
+  studio.count = 0;
+  $("timeline").replaceChildren();
+  $("studio-error").textContent = "";
+  $("studio-count").textContent = "";
+  $("back-link").href = "#" + id;
+  $("replay-diff").hidden = true;
+  $("replay-diff").replaceChildren();
+  $("replay-controls").hidden = true;
+  showStudio(true);
+  await moreSteps();
+  studio.poll = setTimeout(() => pollSteps(studio.generation), 2000);
+}
+
+// What a side of a replayed step answered: its text and tool calls.
+function answerText(side) {
+  if (!side) return "—";
+  const calls = (side.tool_calls || []).map(([name, args]) => name + "(" + clip(brief(args), 60) + ")");
+  return [side.text || "", ...calls].filter(Boolean).join(" · ") || "(nothing)";
+}
+
+// Replays the session against the agent as the server runs it now and
+// shows where the runs part, step by step.
+async function replay() {
+  const shown = $("replay-diff");
+  $("replay").disabled = true;
+  shown.hidden = false;
+  shown.replaceChildren(el("p", "note", "Replaying…"));
+  const generation = studio.generation;
+  try {
+    const response = await fetch("/sessions/" + encodeURIComponent(studio.id) + "/replay", {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ mode: $("replay-live").checked ? "live" : "recorded_where_unchanged" }),
+    });
+    if (generation !== studio.generation) return;
+    if (!response.ok) { shown.replaceChildren(el("p", "note", "Cannot replay: " + await errorOf(response))); return; }
+    const report = await response.json();
+    const parted = typeof report.parted_at === "number";
+    const heading = el("h3", null, parted ? "The runs part at step " + report.parted_at : "The replay runs as recorded");
+    const notes = [el("p", "note", "Mode: " + String(report.mode).replaceAll("_", " ") + ". "
+      + (report.tools_ran ? "The agent's tools ran; recorded tool results were not played back." : ""))];
+    if (report.error) notes.push(el("p", "note", "The replay stopped early: " + report.error));
+    const table = el("table");
+    const head = el("tr");
+    for (const title of ["Step", "Request", "Answer from", "Recorded answer", "Replayed answer", "Usage (recorded → replayed)"]) head.append(el("th", null, title));
+    table.append(head);
+    for (const step of report.steps || []) {
+      const row = el("tr", (step.request_changed || step.answer_changed ? "changed" : "") + (parted && step.index === report.parted_at ? " parted" : ""));
+      row.dataset.step = step.index;
+      const cells = [
+        "#" + step.index,
+        step.request_changed ? "changed" : "same",
+        step.answered_from || "—",
+        answerText(step.recorded),
+        answerText(step.replayed),
+        usageLine(step.recorded && step.recorded.usage) + " → " + usageLine(step.replayed && step.replayed.usage),
+      ];
+      for (const text of cells) {
+        const cell = el("td");
+        appendVisibly(cell, text, PROSE);
+        row.append(cell);
+      }
+      table.append(row);
+    }
+    shown.replaceChildren(heading, ...notes, table);
+  } finally {
+    $("replay").disabled = false;
+  }
+}
+
+$("replay").onclick = replay;
+$("more").onclick = moreSteps;
+new IntersectionObserver((entries) => {
+  if (entries.some((e) => e.isIntersecting) && !$("studio").hidden) moreSteps();
+}, { root: $("studio") }).observe($("studio-more"));
+
+// Opens what the address names: a chat (`#id`) or its steps (`#steps/id`).
+function route() {
+  const hash = decodeURIComponent(location.hash.slice(1));
+  if (hash.startsWith("steps/")) {
+    const id = hash.slice("steps/".length);
+    if (id) return openSteps(id);
+  }
+  const fromStudio = !$("studio").hidden;
+  if (hash && (hash !== state.session || fromStudio)) return openSession(hash);
+  leaveStudio();
+  if (!hash) $("text").focus();
 }
 
 // ---- Signing in -------------------------------------------------------------------------
@@ -898,9 +1191,7 @@ async function whoAmI() {
   $("menu").hidden = false;
   updateComposer();
   await Promise.all([showModel(), loadSessions()]);
-  const id = decodeURIComponent(location.hash.slice(1));
-  if (id) await openSession(id);
-  else $("text").focus();
+  await route();
 }
 
 $("signin").onsubmit = async (event) => {
@@ -961,8 +1252,7 @@ $("menu").onclick = () => {
 };
 $("conversation").addEventListener("click", () => document.body.classList.remove("menu-open"));
 window.addEventListener("hashchange", () => {
-  const id = decodeURIComponent(location.hash.slice(1));
-  if (id && id !== state.session && !$("app").hidden) openSession(id);
+  if (!$("app").hidden) route();
 });
 
 whoAmI();

@@ -108,6 +108,10 @@ pub(crate) fn protected_routes() -> OpenApiRouter<Arc<Service>> {
         .routes(routes!(approvals))
         .routes(routes!(decide))
         .routes(routes!(command))
+        .routes(routes!(crate::studio::steps))
+        .routes(routes!(crate::studio::step_request))
+        .routes(routes!(fork))
+        .routes(routes!(crate::studio::replay))
         .routes(routes!(openapi))
         .routes(routes!(metrics))
 }
@@ -483,6 +487,43 @@ pub(crate) async fn approvals(
             .cloned()
             .collect(),
     ))
+}
+
+// --- the studio ----------------------------------------------------------------
+
+#[utoipa::path(post, path = "/sessions/{id}/steps/{n}/fork", tag = "studio",
+    params(("id" = String, Path, description = "The session"),
+           ("n" = u64, Path, description = "The step, from 0")),
+    request_body = crate::studio::Fork,
+    responses((status = 201, description = "A new session, the caller's, as the source was before \
+        the step (history, state, turn and budget counters), and its run started at once: its first \
+        request is the step's request again (with the user's message edited, if asked). Follow \
+        it as any session (`GET /sessions/{id}`, its events)", body = NewSession),
+              (status = 400, description = "Not a fork body", body = ErrorBody),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such session the caller may read, or no such step", body = ErrorBody),
+              (status = 409, description = "The step cannot be forked at (no model call, or what it \
+                  started from was not recorded)", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn fork(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path((id, n)): Path<(String, u64)>,
+    body: Result<Json<crate::studio::Fork>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(crate::studio::Fork { edit_user }) = body?;
+    let (new, agent, forked) = crate::studio::fork(&service, &principal, &id, n, edit_user).await?;
+    let guard = claim(&service, &new)?;
+    spawn_run(&service, guard, forked, None, Work::Continue);
+    Ok((
+        StatusCode::CREATED,
+        Json(NewSession {
+            id: new.to_string(),
+            agent,
+        }),
+    )
+        .into_response())
 }
 
 // --- runs -----------------------------------------------------------------------

@@ -14,6 +14,12 @@ use subtle::ConstantTimeEq;
 /// `ServerBuilder::approval_role`).
 pub const APPROVER: &str = "approver";
 
+/// The role that may read every session's recorded steps and fork any of
+/// them (the studio). A principal without it reads and forks its own
+/// sessions only; an operator gives it with the key
+/// ([`create_api_key`]) or the identity provider's `roles` claim.
+pub const DEVELOPER: &str = "developer";
+
 /// An authenticated caller: the sessions it creates are its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Principal {

@@ -112,6 +112,7 @@ mod markdown;
 mod metrics;
 mod openapi;
 mod runs;
+mod studio;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -130,7 +131,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 pub use auth::{
-    APPROVER, JwtConfig, JwtConfigError, KeyError, NewApiKey, Principal, create_api_key,
+    APPROVER, DEVELOPER, JwtConfig, JwtConfigError, KeyError, NewApiKey, Principal, create_api_key,
 };
 pub use serve::{LISTEN_BACKLOG, bind};
 
@@ -237,6 +238,21 @@ pub struct ServerBuilder {
     limits: Limits,
     models: HashMap<String, String>,
     lease: Option<Duration>,
+    replays: HashMap<String, Replayer>,
+}
+
+/// How the studio replays an agent's sessions: the live model, and the
+/// agent as it is now over a given model.
+#[derive(Clone)]
+pub(crate) struct Replayer {
+    pub(crate) live: Arc<dyn markov_core::model::Model>,
+    pub(crate) build: Arc<dyn Fn(Arc<dyn markov_core::model::Model>) -> Agent + Send + Sync>,
+}
+
+impl std::fmt::Debug for Replayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replayer").finish_non_exhaustive()
+    }
 }
 
 impl ServerBuilder {
@@ -306,6 +322,28 @@ impl ServerBuilder {
     /// `Secure`.
     pub fn public_url(mut self, url: impl Into<String>) -> Self {
         self.public_url = Some(url.into());
+        self
+    }
+
+    /// Lets the studio replay sessions of agent `agent` (`POST
+    /// /sessions/{id}/replay`) against the agent `build` makes over a model
+    /// — the agent as it is now — with `live` answering wherever the
+    /// recording does not (see `markov_store::replay`). A replay runs the
+    /// agent's own tools: give `build`'s agent stand-ins for tools with
+    /// effects. An agent without one is not replayed.
+    pub fn replay_agent(
+        mut self,
+        agent: impl Into<String>,
+        live: Arc<dyn markov_core::model::Model>,
+        build: impl Fn(Arc<dyn markov_core::model::Model>) -> Agent + Send + Sync + 'static,
+    ) -> Self {
+        self.replays.insert(
+            agent.into(),
+            Replayer {
+                live,
+                build: Arc::new(build),
+            },
+        );
         self
     }
 
@@ -422,6 +460,7 @@ impl ServerBuilder {
                 sessions: NonZeroUsize::new(limits.open_sessions)
                     .map(|sessions| SessionCache::new(sessions, limits.open_session_bytes)),
                 models: self.models,
+                replays: self.replays,
                 hosts,
                 cors: self.cors,
                 secure_cookies,
@@ -450,6 +489,8 @@ struct Service {
     sessions: Option<SessionCache>,
     /// The models the agents answer with, as the application named them.
     models: HashMap<String, String>,
+    /// The agents the studio replays, and how.
+    replays: HashMap<String, Replayer>,
     /// Allowed host names, lowercase, without port.
     hosts: Vec<String>,
     /// Allowed CORS origins.

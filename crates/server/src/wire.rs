@@ -303,3 +303,73 @@ impl RunEvent {
         }
     }
 }
+
+// --- the studio -------------------------------------------------------------------
+
+/// One recorded step, as the studio's timeline shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StepSummary {
+    /// Its place in the session, from 0.
+    pub(crate) index: u64,
+    /// When it was recorded, in Unix milliseconds.
+    pub(crate) recorded_at: u64,
+    /// Why it ended (`end_turn`, `tool_calls`, `awaiting_approval`, ...).
+    pub(crate) yield_reason: String,
+    /// Whether the run ended with it.
+    pub(crate) done: bool,
+    /// The model that answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) model: Option<String>,
+    /// The node whose model call it made, if it made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) node: Option<String>,
+    /// The tool choice of its model call, if it made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub(crate) tool_choice: Option<Value>,
+    /// How many tools its model call was offered.
+    pub(crate) tools: usize,
+    /// What it used (tokens, requests, cost).
+    #[schema(value_type = Object)]
+    pub(crate) usage: Value,
+    /// Milliseconds from its start to its end.
+    pub(crate) step_ms: u64,
+    /// Milliseconds its model calls took.
+    pub(crate) model_ms: u64,
+    /// Milliseconds its tools took.
+    pub(crate) tools_ms: u64,
+    /// Whether its exact request can be read (`GET .../steps/{n}/request`).
+    pub(crate) has_request: bool,
+    /// The messages it added: the answer, its tool calls, their results
+    /// (assistant text also as sanitized `html`).
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) messages: Value,
+    /// The calls that waited for approval when it ended.
+    #[schema(value_type = Vec<ApprovalRequest>)]
+    pub(crate) approvals: Vec<markov_policy::ConfirmationRequest>,
+}
+
+/// A page of a session's recorded steps.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StepPage {
+    /// The steps, in order.
+    pub(crate) steps: Vec<StepSummary>,
+    /// Where the next page starts (`from`), absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) next: Option<u64>,
+    /// Whether the server replays the session (`POST /sessions/{id}/replay`).
+    pub(crate) replayable: bool,
+}
+
+/// A step's model request as the model received it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StepRequest {
+    /// The step.
+    pub(crate) step: u64,
+    /// The node that called.
+    pub(crate) node: String,
+    /// System prompt, messages, tools, provider tools, tool choice,
+    /// settings and output schema, credential-like fields redacted.
+    #[schema(value_type = Object)]
+    pub(crate) request: Value,
+}

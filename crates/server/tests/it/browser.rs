@@ -1453,3 +1453,289 @@ async fn a_blocked_answer_shows_as_blocked_and_none_of_it_is_shown() {
     }
     browser.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_developer_reads_a_200_step_session_as_a_timeline_opens_a_request_and_forks_a_step() {
+    use markov_testkit::ScriptedModel;
+
+    // A hundred turns, each a tool call and an answer: two hundred steps.
+    // The first turn's call names a tool the agent does not have, and is
+    // refused.
+    let mut script = ScriptedModel::builder();
+    for i in 0..100 {
+        let tool = if i == 0 { "wire_money" } else { "pay" };
+        script = script
+            .tool_call(tool, json!({"amount": i}))
+            .text(format!("Paid {i}."));
+    }
+    let model = script.text("Forked answer.").build();
+    let pays = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder("payments")
+        .instructions("You pay bills.")
+        .tool_with(Pay(pays.clone()), ToolMetadata::new(Category::Action))
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let f = crate::http::serve_agent(agent, pays).await;
+    let id = f.create().await;
+    for i in 0..100 {
+        f.say(&id, &format!("pay {i}")).await;
+    }
+    let mut recorded = 0;
+    let mut from = 0;
+    loop {
+        let (status, page) = f.get(&format!("/sessions/{id}/steps?from={from}")).await;
+        assert_eq!(status, 200, "{page}");
+        recorded += page["steps"].as_array().expect("steps").len();
+        match page["next"].as_u64() {
+            Some(next) => from = next,
+            None => break,
+        }
+    }
+    assert_eq!(recorded, 200, "two steps a turn");
+
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the chat",
+            "document.getElementById('log').innerText.includes('Paid 99.')",
+        )
+        .await;
+    // The chat links to its steps.
+    browser.click("#steps-link").await;
+    browser
+        .wait(
+            "the first page of steps",
+            "document.querySelectorAll('#timeline > li').length === 50",
+        )
+        .await;
+    // Paged: more arrive as the list's end scrolls into view.
+    browser
+        .wait(
+            "all the steps",
+            "(document.getElementById('studio').scrollTop = 1e9, document.querySelectorAll('#timeline > li').length === 200)",
+        )
+        .await;
+    assert_eq!(browser.text("#studio-count").await, "200 steps");
+    assert_eq!(
+        browser.count("#timeline .body").await,
+        0,
+        "a step's detail is built when opened"
+    );
+    browser
+        .run("document.getElementById('studio').scrollTop = 0")
+        .await;
+    // The refused call, flagged on its line and shown with its reason.
+    browser.screenshot("studio-timeline.png").await;
+    browser
+        .wait(
+            "the refused call's flag",
+            "document.querySelector(\"#timeline > li[data-step='0'] summary\").innerText.includes('refused')",
+        )
+        .await;
+    browser.click("#timeline > li[data-step='0'] summary").await;
+    let step = browser
+        .wait(
+            "the step's detail",
+            "document.querySelector(\"#timeline > li[data-step='0'] .body\").innerText",
+        )
+        .await;
+    let step = step.as_str().unwrap_or_default();
+    assert!(step.contains("wire_money"), "{step}");
+    assert!(step.contains("REFUSED OR FAILED"), "{step}");
+    assert!(step.contains("Unknown tool"), "{step}");
+    browser.click("#timeline > li[data-step='1'] summary").await;
+    let step = browser
+        .wait(
+            "the step's detail",
+            "document.querySelector(\"#timeline > li[data-step='1'] .body\").innerText",
+        )
+        .await;
+    let step = step.as_str().unwrap_or_default();
+    assert!(step.contains("Paid 0."), "{step}");
+    assert!(step.contains("in /"), "usage: {step}");
+    browser
+        .click("#timeline > li[data-step='1'] .show-request")
+        .await;
+    browser
+        .wait(
+            "the step's request",
+            "document.querySelector(\"#timeline > li[data-step='1'] .request\")",
+        )
+        .await;
+    let request = browser.text("#timeline > li[data-step='1'] .request").await;
+    assert!(request.contains("You pay bills."), "{request}");
+    assert!(
+        request.contains("3 messages"),
+        "pay 0, the call, its result: {request}"
+    );
+    assert!(request.contains("pay"), "{request}");
+    assert!(
+        request.contains("\"max_tokens\":") && !request.contains("<redacted>"),
+        "a setting is not a credential: {request}"
+    );
+    browser
+        .run("document.querySelector(\"#timeline > li[data-step='1'] .request\").scrollIntoView({block: 'end'})")
+        .await;
+    browser.screenshot("studio-request.png").await;
+
+    // Forked at the answer's step: the fork asks the same again, and its
+    // chat opens with the new answer.
+    browser.click("#timeline > li[data-step='1'] .fork").await;
+    browser
+        .wait(
+            "the fork's answer",
+            "!document.getElementById('chat').hidden && document.getElementById('log').innerText.includes('Forked answer.')",
+        )
+        .await;
+    let log = conversation(&browser).await;
+    assert!(log.contains("pay 0"), "{log}");
+    assert!(
+        !log.contains("Paid 1."),
+        "the fork stops before the later turns: {log}"
+    );
+    browser.screenshot("studio-fork.png").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_shows_a_paused_approval_and_the_steps_stored_after_it_appear_while_open() {
+    use markov_testkit::ScriptedModel;
+
+    let f = crate::http::serve(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("Paid 5.")
+            .build(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "pay 5").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the paused step",
+            "document.querySelectorAll('#timeline > li').length === 1",
+        )
+        .await;
+    assert!(
+        browser
+            .text("#timeline > li[data-step='0'] .reason")
+            .await
+            .contains("awaiting_approval")
+    );
+    assert!(
+        browser
+            .text("#timeline > li[data-step='0'] .gist")
+            .await
+            .contains("waits: pay(amount: 5)"),
+        "{}",
+        browser.text("#timeline > li[data-step='0'] summary").await
+    );
+    browser.click("#timeline > li[data-step='0'] summary").await;
+    let step = browser
+        .wait(
+            "the waiting call",
+            "document.querySelector(\"#timeline > li[data-step='0'] .body\").innerText",
+        )
+        .await;
+    let step = step.as_str().unwrap_or_default();
+    assert!(step.contains("WAITING FOR APPROVAL"), "{step}");
+    assert!(step.contains("pay {\"amount\":5}"), "{step}");
+    browser.screenshot("studio-paused-approval.png").await;
+
+    // Approved elsewhere: the steps the resumed run stores appear.
+    let pending = f.pending(&id).await;
+    let (status, _) = f
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 200);
+    browser
+        .wait(
+            "the resumed run's steps",
+            "document.getElementById('timeline').innerText.includes('Paid 5.')",
+        )
+        .await;
+    assert_eq!(
+        browser.count("#timeline > li").await,
+        3,
+        "resume, then answer"
+    );
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_against_changed_instructions_shows_where_the_runs_part_step_by_step() {
+    use markov_testkit::ScriptedModel;
+
+    let recorded = Arc::new(ScriptedModel::builder().text("Hello.").text("Bye.").build());
+    let live = Arc::new(
+        ScriptedModel::builder()
+            .text("Carefully: hello.")
+            .text("Bye.")
+            .build(),
+    );
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let f = start(
+        Server::builder()
+            .agent(crate::studio::payments("You pay bills.", recorded))
+            .replay_agent("payments", live, |model| {
+                crate::studio::payments("You pay bills, carefully.", model)
+            }),
+        store,
+        Arc::default(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "hi").await;
+    f.say(&id, "bye").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the replay button",
+            "!document.getElementById('replay-controls').hidden && document.querySelectorAll('#timeline > li').length === 2",
+        )
+        .await;
+    browser.click("#replay").await;
+    browser
+        .wait(
+            "the diff",
+            "document.querySelectorAll('#replay-diff tr[data-step]').length === 2",
+        )
+        .await;
+    let diff = browser.text("#replay-diff").await;
+    assert!(diff.contains("The runs part at step 0"), "{diff}");
+    assert!(
+        diff.contains("recorded tool results were not played back"),
+        "{diff}"
+    );
+    let first = browser.text("#replay-diff tr[data-step='0']").await;
+    assert!(
+        first.contains("Hello.") && first.contains("Carefully: hello."),
+        "{first}"
+    );
+    assert!(
+        first.contains("changed") && first.contains("live"),
+        "{first}"
+    );
+    assert_eq!(
+        browser.count("#replay-diff tr.parted").await,
+        1,
+        "the step where the runs part is marked"
+    );
+    browser.screenshot("studio-replay-diff.png").await;
+    browser.close().await;
+}

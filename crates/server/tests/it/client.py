@@ -257,6 +257,44 @@ check(cancelled[-1]["data"]["stopped"] == "cancelled", f"stopped: {cancelled[-1]
 r = documented("post", "/sessions/{id}/cancel", cancel.sync_detailed(session, client=alice))
 check(r.status_code == 409 and isinstance(r.parsed, ErrorBody), "nothing left to cancel")
 
+# --- the studio: the session's recorded steps, a step's request, a fork -------
+from markov_client.api.studio import fork, replay, step_request, steps  # noqa: E402
+from markov_client.models import Fork, Replay, StepPage, StepRequest  # noqa: E402
+
+r = documented("get", "/sessions/{id}/steps", steps.sync_detailed(session, client=alice, limit=1))
+check(isinstance(r.parsed, StepPage) and len(r.parsed.steps) == 1, f"a page of steps: {r}")
+check(r.parsed.steps[0].index == 0, "the first step")
+check(r.parsed.to_dict().get("next") == 1, f"another page follows: {r.parsed.to_dict()}")
+r = documented("get", "/sessions/{id}/steps", steps.sync_detailed(session, client=alice, limit=0))
+check(r.status_code == 400 and isinstance(r.parsed, ErrorBody), "a page of none")
+r = documented("get", "/sessions/{id}/steps", steps.sync_detailed(session, client=anonymous))
+check(r.status_code == 401, "no steps without a key")
+r = documented("get", "/sessions/{id}/steps", steps.sync_detailed(session, client=alice))
+asked = next(s.index for s in r.parsed.steps if s.has_request)
+steps_replayable = r.parsed.replayable
+r = documented(
+    "get",
+    "/sessions/{id}/steps/{n}/request",
+    step_request.sync_detailed(session, asked, client=alice),
+)
+check(isinstance(r.parsed, StepRequest), f"a step's request: {r}")
+check(r.parsed.request.to_dict()["system"] == "You pay bills.", "the system prompt sent")
+r = documented(
+    "get", "/sessions/{id}/steps/{n}/request", step_request.sync_detailed(session, 99, client=alice)
+)
+check(r.status_code == 404 and isinstance(r.parsed, ErrorBody), "no step 99")
+r = documented(
+    "post",
+    "/sessions/{id}/steps/{n}/fork",
+    fork.sync_detailed(session, 99, client=alice, body=Fork()),
+)
+check(r.status_code == 404 and isinstance(r.parsed, ErrorBody), f"no step 99 to fork: {r}")
+check(steps_replayable is False, "this server replays nothing")
+r = documented(
+    "post", "/sessions/{id}/replay", replay.sync_detailed(session, client=alice, body=Replay())
+)
+check(r.status_code == 409 and isinstance(r.parsed, ErrorBody), f"not replayable: {r}")
+
 # --- a browser's sign-in with a key ---------------------------------------------
 r = documented(
     "post", "/auth/session", sign_in.sync_detailed(client=anonymous, body=SignIn(key="mk_0_x"))

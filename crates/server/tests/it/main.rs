@@ -6,3 +6,4 @@ mod guards;
 mod http;
 mod restart;
 mod service;
+mod studio;

@@ -40,6 +40,10 @@ const PROTECTED: &[(&str, &str)] = &[
     ("GET", "/sessions/x/approvals"),
     ("POST", "/sessions/x/approvals/y"),
     ("POST", "/sessions/x/commands"),
+    ("GET", "/sessions/x/steps"),
+    ("GET", "/sessions/x/steps/0/request"),
+    ("POST", "/sessions/x/steps/0/fork"),
+    ("POST", "/sessions/x/replay"),
     ("GET", "/openapi.json"),
     ("GET", "/metrics"),
 ];
@@ -1442,6 +1446,7 @@ async fn the_openapi_document_lists_every_route_and_every_listed_route_answers()
                     "/sessions/{id}/approvals/{request}",
                 )
                 .replace("/sessions/x", "/sessions/{id}")
+                .replace("/steps/0", "/steps/{n}")
                 .replace("/agents/payments", "/agents/{agent}");
             ((*m).to_owned(), p)
         })
@@ -1454,7 +1459,8 @@ async fn the_openapi_document_lists_every_route_and_every_listed_route_answers()
         let concrete = path
             .replace("{id}", &id)
             .replace("{agent}", "payments")
-            .replace("{request}", "nope");
+            .replace("{request}", "nope")
+            .replace("{n}", "0");
         let response = f
             .request(method, &concrete)
             .bearer_auth(&f.key)

@@ -1,0 +1,367 @@
+//! The studio's routes: a session's recorded steps, one step's exact
+//! request, and forking a session at a step. Read by the session's owner
+//! and by principals with the developer role; a fork belongs to whoever
+//! forked.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Extension, Path, Query, State};
+use markov_core::Message;
+use markov_store::{
+    CreateOptions, DurableMachine, ForkOptions, SessionId, StepTrace, StoredSession,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::auth::{DEVELOPER, Principal};
+use crate::wire::{ErrorBody, StepPage, StepRequest, StepSummary};
+use crate::{ApiError, Service, markdown};
+
+type Shared = State<Arc<Service>>;
+
+/// The most steps one page holds.
+pub(crate) const MAX_PAGE: usize = 200;
+
+/// Session `id`, loaded, if `principal` may read its steps: its owner or a
+/// developer. Anyone else is told it does not exist, as for the session
+/// itself.
+async fn readable(
+    service: &Service,
+    principal: &Principal,
+    id: &str,
+) -> Result<(SessionId, StoredSession), ApiError> {
+    let id = SessionId::new(id);
+    let info = service.store.info(&id).await?;
+    let owner = info.owner.as_ref() == Some(principal.id());
+    if !owner && !principal.has_role(DEVELOPER) {
+        return Err(ApiError::NotFound(format!("no session {id}")));
+    }
+    let stored = service.store.load(&id).await?;
+    Ok((id, stored))
+}
+
+/// A page of steps.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct Page {
+    /// The first step, from 0 (default 0).
+    #[serde(default)]
+    from: u64,
+    /// How many steps at most (default and most 200).
+    limit: Option<usize>,
+}
+
+fn history_slice(history: &[Message], from: u64, to: u64) -> &[Message] {
+    let from = usize::try_from(from)
+        .unwrap_or(usize::MAX)
+        .min(history.len());
+    let to = usize::try_from(to)
+        .unwrap_or(usize::MAX)
+        .clamp(from, history.len());
+    &history[from..to]
+}
+
+fn summary(step: &StepTrace, history: &[Message]) -> StepSummary {
+    let call = step.calls.first();
+    StepSummary {
+        index: step.index,
+        recorded_at: step.recorded_at,
+        yield_reason: step.yield_reason.as_str().to_owned(),
+        done: step.done,
+        model: step.model.clone(),
+        node: call.map(|c| c.node.clone()),
+        tool_choice: call.map(|c| json!(c.tool_choice)),
+        tools: call.map_or(0, |c| c.tools.len()),
+        usage: json!(step.usage),
+        step_ms: step.step_ms,
+        model_ms: step.calls.iter().map(|c| c.model_ms).sum(),
+        tools_ms: step.calls.iter().map(|c| c.tools_ms).sum(),
+        has_request: step.request(history).is_some(),
+        messages: markdown::with_html(history_slice(history, step.history_from, step.history_to)),
+        approvals: step.approvals.clone(),
+    }
+}
+
+#[utoipa::path(get, path = "/sessions/{id}/steps", tag = "studio",
+    params(("id" = String, Path, description = "The session"), Page),
+    responses((status = 200, description = "A page of the session's recorded steps, in order: \
+        per step its yield reason, model, node, tool choice, usage, latency (whole step, model, \
+        tools), the messages it added (the answer, its tool calls and their results, assistant \
+        text also as sanitized `html`) and the approvals it left waiting. `next` is where the \
+        next page starts, absent on the last page. For the session's owner and developers.",
+                  body = StepPage),
+              (status = 400, description = "A bad `from` or `limit`", body = ErrorBody),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 404, description = "No such session the caller may read", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn steps(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    page: Result<Query<Page>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<StepPage>, ApiError> {
+    let Query(page) = page.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    let limit = page.limit.unwrap_or(MAX_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::BadRequest(format!(
+            "limit is 1 to {MAX_PAGE} (got {limit})"
+        )));
+    }
+    let (id, stored) = readable(&service, &principal, &id).await?;
+    // One more than asked says whether another page follows.
+    let mut traces = service.store.steps(&id, page.from, limit + 1).await?;
+    let next = (traces.len() > limit).then(|| {
+        traces.truncate(limit);
+        traces.last().map_or(page.from, |s| s.index + 1)
+    });
+    let history = &stored.snapshot.history;
+    Ok(Json(StepPage {
+        steps: traces.iter().map(|s| summary(s, history)).collect(),
+        next,
+        replayable: service.replays.contains_key(&stored.info.charter),
+    }))
+}
+
+/// One recorded step, read by `principal`.
+async fn step_of(
+    service: &Service,
+    principal: &Principal,
+    id: &str,
+    n: u64,
+) -> Result<(SessionId, StoredSession, StepTrace), ApiError> {
+    let (id, stored) = readable(service, principal, id).await?;
+    let step = service
+        .store
+        .steps(&id, n, 1)
+        .await?
+        .into_iter()
+        .find(|s| s.index == n)
+        .ok_or_else(|| ApiError::NotFound(format!("session {id} recorded no step {n}")))?;
+    Ok((id, stored, step))
+}
+
+/// Replaces the values of fields named as credentials are (`api_key`,
+/// `authorization`, `password`, ...), at any depth, so that a key a tool
+/// argument or setting carried is never shown. Names are matched whole:
+/// `max_tokens` is a setting, not a token.
+fn redact(value: &mut Value) {
+    const SECRET: [&str; 11] = [
+        "api_key",
+        "apikey",
+        "x-api-key",
+        "authorization",
+        "proxy-authorization",
+        "password",
+        "secret",
+        "client_secret",
+        "token",
+        "access_token",
+        "refresh_token",
+    ];
+    match value {
+        Value::Object(map) => {
+            for (key, field) in map.iter_mut() {
+                let lower = key.to_ascii_lowercase();
+                if SECRET.contains(&lower.as_str()) && !field.is_null() {
+                    *field = Value::String("<redacted>".into());
+                } else {
+                    redact(field);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+#[utoipa::path(get, path = "/sessions/{id}/steps/{n}/request", tag = "studio",
+    params(("id" = String, Path, description = "The session"),
+           ("n" = u64, Path, description = "The step, from 0")),
+    responses((status = 200, description = "The step's first model call as the model received \
+        it: system prompt, messages, tools, tool choice, settings (`request`, its credential-like \
+        fields redacted), and the node that called", body = StepRequest),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 404, description = "No such session the caller may read, or no such step", body = ErrorBody),
+              (status = 409, description = "The step made no model call, or a context policy chose \
+                  what it showed the model, so its request cannot be rebuilt", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn step_request(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path((id, n)): Path<(String, u64)>,
+) -> Result<Json<StepRequest>, ApiError> {
+    let (id, stored, step) = step_of(&service, &principal, &id, n).await?;
+    let history = &stored.snapshot.history;
+    let request = step.request(history).ok_or_else(|| {
+        ApiError::Conflict(format!(
+            "step {n} of session {id} has no request to rebuild (no model call, or a context \
+             policy chose what the model was shown)"
+        ))
+    })?;
+    let messages: Vec<Value> = request
+        .messages()
+        .iter()
+        .map(|m| {
+            let mut value = serde_json::to_value(m).unwrap_or(Value::Null);
+            if let Some(object) = value.as_object_mut() {
+                object.remove("metadata");
+            }
+            value
+        })
+        .collect();
+    let mut body = json!({
+        "system": request.system(),
+        "messages": messages,
+        "tools": request.tools(),
+        "provider_tools": request.provider_tools(),
+        "tool_choice": request.tool_choice(),
+        "settings": request.settings(),
+        "output_schema": request.output_schema(),
+    });
+    redact(&mut body);
+    Ok(Json(StepRequest {
+        step: n,
+        node: step
+            .calls
+            .first()
+            .map(|c| c.node.clone())
+            .unwrap_or_default(),
+        request: body,
+    }))
+}
+
+/// How to replay.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+pub(crate) struct Replay {
+    /// `recorded_where_unchanged` (the default: the recorded answer while
+    /// the request is unchanged, the live model from where it differs) or
+    /// `live` (the live model throughout).
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    mode: Option<markov_store::ReplayMode>,
+}
+
+#[utoipa::path(post, path = "/sessions/{id}/replay", tag = "studio",
+    params(("id" = String, Path, description = "The session")),
+    request_body = Replay,
+    responses((status = 200, description = "The session's user turns asked again of the agent as \
+        the server runs it now, in memory (nothing is stored): each step beside the recorded one \
+        (`steps`: requests, answer text, tool calls, usage, where the answer came from, whether \
+        request and answer changed), `parted_at` the first step where the runs part, \
+        `tools_ran` that the agent's tools ran (recorded tool results are not played back)",
+                  body = Object),
+              (status = 400, description = "Not a replay body", body = ErrorBody),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
+              (status = 404, description = "No such session the caller may read", body = ErrorBody),
+              (status = 409, description = "The server replays no session of this agent", body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn replay(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path(id): Path<String>,
+    body: Result<Json<Replay>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(Replay { mode }) = body?;
+    let (id, stored) = readable(&service, &principal, &id).await?;
+    let replayer = service.replays.get(&stored.info.charter).ok_or_else(|| {
+        ApiError::Conflict(format!(
+            "this server replays no session of agent {:?}",
+            stored.info.charter
+        ))
+    })?;
+    let build = Arc::clone(&replayer.build);
+    let report = markov_store::replay(
+        &*service.store,
+        &id,
+        Arc::clone(&replayer.live),
+        move |model| build(model),
+        mode.unwrap_or_default(),
+    )
+    .await?;
+    tracing::info!(session = %id, by = %principal.id().as_str(), parted_at = ?report.parted_at, "replayed a session");
+    let mut report = serde_json::to_value(&report)
+        .map_err(|e| ApiError::Internal(format!("the replay's report: {e}")))?;
+    redact(&mut report);
+    Ok(Json(report))
+}
+
+/// How to fork.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+pub(crate) struct Fork {
+    /// Replaces the text of the user message the step answered.
+    #[serde(default)]
+    pub(crate) edit_user: Option<String>,
+}
+
+/// Forks session `id` at step `n` for `principal`, who may read its steps:
+/// the new session's id and its machine, leased to this worker, its run
+/// still to start.
+pub(crate) async fn fork(
+    service: &Service,
+    principal: &Principal,
+    id: &str,
+    n: u64,
+    edit_user: Option<String>,
+) -> Result<(SessionId, String, DurableMachine<dyn markov_store::Store>), ApiError> {
+    let (source, stored) = readable(service, principal, id).await?;
+    let agent = service.agents.get(&stored.info.charter).ok_or_else(|| {
+        ApiError::NotFound(format!(
+            "session {source} runs agent {:?}, which this server does not serve",
+            stored.info.charter
+        ))
+    })?;
+    let new = SessionId::random();
+    let forked = DurableMachine::fork(
+        Arc::clone(&service.store),
+        &source,
+        n,
+        new.clone(),
+        service.worker.clone(),
+        agent,
+        ForkOptions {
+            create: CreateOptions::default()
+                .owner(principal.id().clone())
+                .lease(service.lease),
+            edit_user,
+        },
+    )
+    .await
+    .map_err(|e| match e {
+        markov_store::DurableError::Store(markov_store::StoreError::Corrupt { detail, .. }) => {
+            ApiError::Conflict(detail)
+        }
+        markov_store::DurableError::Store(markov_store::StoreError::NotFound(_)) => {
+            ApiError::NotFound(format!("session {source} recorded no step {n}"))
+        }
+        other => ApiError::from(other),
+    })?;
+    tracing::info!(source = %source, step = n, fork = %new, by = %principal.id().as_str(), "forked a session");
+    Ok((new, agent.name().to_owned(), forked))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn credentials_are_redacted_at_any_depth_and_settings_are_not() {
+        let mut body = json!({
+            "settings": {"max_tokens": 100, "temperature": null},
+            "messages": [{"items": [{"input": {"Api_Key": "sk-1", "amount": 4,
+                "nested": {"password": "hunter2", "token": null}}}]}],
+            "Authorization": "Bearer x",
+        });
+        redact(&mut body);
+        assert_eq!(
+            body,
+            json!({
+                "settings": {"max_tokens": 100, "temperature": null},
+                "messages": [{"items": [{"input": {"Api_Key": "<redacted>", "amount": 4,
+                    "nested": {"password": "<redacted>", "token": null}}}]}],
+                "Authorization": "<redacted>",
+            })
+        );
+    }
+}
