@@ -97,6 +97,11 @@ CREATE TABLE IF NOT EXISTS ended_sign_ins (
     id TEXT PRIMARY KEY,
     expires_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS key_generation (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    generation INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO key_generation (id, generation) VALUES (0, 0);
 CREATE INDEX IF NOT EXISTS ended_sign_ins_expiry ON ended_sign_ins (expires_at);
 ";
 
@@ -863,8 +868,32 @@ impl KeyStore for SqliteStore {
                         params![id, to_i64(now_ms())],
                     )
                     .map_err(backend)?;
+                // In the revocation's own savepoint: no cache of keys can
+                // see the revocation committed and the generation not yet
+                // raised.
+                if changed > 0 {
+                    conn.execute(
+                        "UPDATE key_generation SET generation = generation + 1 WHERE id = 0",
+                        [],
+                    )
+                    .map_err(backend)?;
+                }
                 Ok(changed > 0)
             })
+            .await
+    }
+
+    async fn key_generation(&self) -> Result<u64, StoreError> {
+        fn generation(conn: &Connection) -> Result<i64, rusqlite::Error> {
+            conn.prepare_cached("SELECT generation FROM key_generation WHERE id = 0")?
+                .query_row([], |r| r.get(0))
+        }
+        // Asked on every request: a read of one row in the page cache,
+        // done where it is asked when a read connection is idle.
+        if let Some(read) = self.readers.as_ref().and_then(|r| r.try_now(generation)) {
+            return read.map(to_u64);
+        }
+        self.read(|conn| generation(conn).map(to_u64).map_err(backend))
             .await
     }
 
