@@ -117,6 +117,10 @@ pub struct SqliteStore {
     /// A file's read connections (none in memory, where the writer's
     /// connection is the only one that sees the database).
     readers: Option<Arc<Readers>>,
+    /// The revocations made through this store, raised once each has
+    /// committed: the key generation of a database in memory, which no
+    /// other store can reach.
+    revocations: Arc<std::sync::atomic::AtomicU64>,
     label: Arc<str>,
 }
 
@@ -200,6 +204,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             writer: Writer::start(conn)?,
             readers: None,
+            revocations: Arc::default(),
             label: Arc::from(label),
         })
     }
@@ -860,7 +865,8 @@ impl KeyStore for SqliteStore {
 
     async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_owned();
-        self.writer
+        let revoked = self
+            .writer
             .write(move |conn| {
                 let changed = conn
                     .execute(
@@ -880,7 +886,14 @@ impl KeyStore for SqliteStore {
                 }
                 Ok(changed > 0)
             })
-            .await
+            .await?;
+        if revoked {
+            // After the commit: a key read again under the new value is
+            // read revoked.
+            self.revocations
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        Ok(revoked)
     }
 
     async fn key_generation(&self) -> Result<u64, StoreError> {
@@ -888,9 +901,15 @@ impl KeyStore for SqliteStore {
             conn.prepare_cached("SELECT generation FROM key_generation WHERE id = 0")?
                 .query_row([], |r| r.get(0))
         }
-        // Asked on every request: a read of one row in the page cache,
-        // done where it is asked when a read connection is idle.
-        if let Some(read) = self.readers.as_ref().and_then(|r| r.try_now(generation)) {
+        // Asked on every request. A database in memory is this store's
+        // alone: its revocations are counted here, with no read at all.
+        let Some(readers) = &self.readers else {
+            return Ok(self.revocations.load(std::sync::atomic::Ordering::Acquire));
+        };
+        // A file may be shared with other processes: a read of one row in
+        // the page cache, done where it is asked when a read connection is
+        // idle.
+        if let Some(read) = readers.try_now(generation) {
             return read.map(to_u64);
         }
         self.read(|conn| generation(conn).map(to_u64).map_err(backend))
