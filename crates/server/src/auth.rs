@@ -151,30 +151,15 @@ fn hash_secret(secret: &str) -> String {
         .collect()
 }
 
-/// The principal `presented` signs in as, if it is a live API key.
-pub(crate) async fn verify_api_key(
-    keys: &dyn KeyStore,
-    presented: &str,
-) -> Result<Option<Principal>, StoreError> {
-    Ok(verify_api_key_with_id(keys, presented)
-        .await?
-        .map(|(principal, _)| principal))
-}
-
-/// [`verify_api_key`], with the key's public id.
+/// The principal `presented` signs in as, if it is a live API key, with
+/// the key's public id.
 pub(crate) async fn verify_api_key_with_id(
     keys: &dyn KeyStore,
     presented: &str,
 ) -> Result<Option<(Principal, String)>, StoreError> {
-    let Some((id, secret)) = presented
-        .strip_prefix("mk_")
-        .and_then(|rest| rest.split_once('_'))
-    else {
+    let Some((id, secret)) = split_key(presented) else {
         return Ok(None);
     };
-    if id.len() != 12 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Ok(None);
-    }
     let Some(record) = keys.key(id).await? else {
         return Ok(None);
     };
@@ -189,6 +174,95 @@ pub(crate) async fn verify_api_key_with_id(
         Principal::new(record.principal, record.roles),
         record.id,
     )))
+}
+
+/// The API keys this server has verified, so that a request with a known
+/// key costs one read of the store's [`KeyStore::key_generation`] instead
+/// of a read of the key. Every revocation raises that generation: an entry
+/// read under another one is read again, so a revoked key is refused from
+/// the next request on, whichever worker revoked it. Only the stored hash
+/// is kept, never a secret.
+#[derive(Clone, Default)]
+pub(crate) struct KeyCache {
+    entries: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, CachedKey>>>,
+}
+
+/// A live key as [`KeyCache`] holds it.
+struct CachedKey {
+    generation: u64,
+    hash: String,
+    principal: Principal,
+}
+
+/// How many keys a [`KeyCache`] holds; when full it starts again empty.
+const CACHED_KEYS: usize = 4096;
+
+impl fmt::Debug for KeyCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyCache")
+            .field("keys", &self.lock().len())
+            .finish()
+    }
+}
+
+impl KeyCache {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, CachedKey>> {
+        // An insert or a lookup leaves the map whole.
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The principal `presented` signs in as, if it is a live API key:
+    /// [`verify_api_key_with_id`], remembered while no key is revoked.
+    pub(crate) async fn verify(
+        &self,
+        keys: &dyn KeyStore,
+        presented: &str,
+    ) -> Result<Option<Principal>, StoreError> {
+        let Some((id, secret)) = split_key(presented) else {
+            return Ok(None);
+        };
+        // Read before the key: a revocation after this read raises the
+        // generation past it, so what is cached under it cannot outlive
+        // the revocation.
+        let generation = keys.key_generation().await?;
+        let hash = hash_secret(secret);
+        if let Some(cached) = self.lock().get(id)
+            && cached.generation == generation
+        {
+            let matches: bool = hash.as_bytes().ct_eq(cached.hash.as_bytes()).into();
+            return Ok(matches.then(|| cached.principal.clone()));
+        }
+        let Some(record) = keys.key(id).await? else {
+            return Ok(None);
+        };
+        let matches: bool = hash.as_bytes().ct_eq(record.hash.as_bytes()).into();
+        if !matches || record.revoked_at.is_some() {
+            return Ok(None);
+        }
+        let principal = Principal::new(record.principal, record.roles);
+        let mut entries = self.lock();
+        if entries.len() >= CACHED_KEYS {
+            tracing::debug!(keys = entries.len(), "the API key cache is full: emptied");
+            entries.clear();
+        }
+        entries.insert(
+            record.id,
+            CachedKey {
+                generation,
+                hash: record.hash,
+                principal: principal.clone(),
+            },
+        );
+        Ok(Some(principal))
+    }
+}
+
+/// A presented API key's public id and secret, if it has the form of one.
+fn split_key(presented: &str) -> Option<(&str, &str)> {
+    let (id, secret) = presented
+        .strip_prefix("mk_")
+        .and_then(|rest| rest.split_once('_'))?;
+    (id.len() == 12 && id.bytes().all(|b| b.is_ascii_hexdigit())).then_some((id, secret))
 }
 
 /// Bearer tokens from an external issuer (an identity provider): their
@@ -403,6 +477,8 @@ pub(crate) enum Credential {
 pub(crate) struct Verifiers {
     pub(crate) jwt: Option<JwtConfig>,
     pub(crate) cookie: CookieSigner,
+    /// The API keys verified so far.
+    pub(crate) keys: KeyCache,
 }
 
 impl Verifiers {
@@ -414,7 +490,7 @@ impl Verifiers {
         token: &str,
     ) -> Result<Option<Principal>, StoreError> {
         if token.starts_with("mk_") {
-            return verify_api_key(keys, token).await;
+            return self.keys.verify(keys, token).await;
         }
         Ok(self.jwt.as_ref().and_then(|jwt| jwt.verify(token)))
     }
@@ -423,6 +499,78 @@ impl Verifiers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A store of keys that counts the reads of a key.
+    #[derive(Debug)]
+    struct Counted {
+        inner: markov_store::SqliteStore,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl KeyStore for Counted {
+        async fn add_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+            self.inner.add_key(key).await
+        }
+        async fn key(&self, id: &str) -> Result<Option<ApiKeyRecord>, StoreError> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.key(id).await
+        }
+        async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
+            self.inner.revoke_key(id).await
+        }
+        async fn key_generation(&self) -> Result<u64, StoreError> {
+            self.inner.key_generation().await
+        }
+        async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+            self.inner.keys().await
+        }
+        async fn end_sign_in(&self, id: &str, expires_at: u64) -> Result<(), StoreError> {
+            self.inner.end_sign_in(id, expires_at).await
+        }
+        async fn sign_in_ended(&self, id: &str) -> Result<bool, StoreError> {
+            self.inner.sign_in_ended(id).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_known_key_is_not_read_again_until_a_key_is_revoked() {
+        let store = Counted {
+            inner: markov_store::SqliteStore::in_memory().expect("a database"),
+            reads: Default::default(),
+        };
+        let reads = || store.reads.load(std::sync::atomic::Ordering::SeqCst);
+        let alice = create_api_key(&store, "alice", &["approver".into()])
+            .await
+            .expect("a key");
+        let bob = create_api_key(&store, "bob", &[]).await.expect("a key");
+        let cache = KeyCache::default();
+        let signs_in = async |key: &str| {
+            cache
+                .verify(&store, key)
+                .await
+                .expect("verifies")
+                .map(|p| p.id().as_str().to_owned())
+        };
+        assert_eq!(signs_in(&alice.key).await.as_deref(), Some("alice"));
+        assert_eq!(signs_in(&bob.key).await.as_deref(), Some("bob"));
+        assert_eq!(reads(), 2);
+        assert_eq!(signs_in(&alice.key).await.as_deref(), Some("alice"));
+        assert_eq!(signs_in(&bob.key).await.as_deref(), Some("bob"));
+        assert_eq!(reads(), 2, "known keys are not read again");
+
+        // A wrong secret under a known id is refused from the cache too.
+        let forged = format!("mk_{}_{}", alice.id, "0".repeat(64));
+        assert_eq!(signs_in(&forged).await, None);
+
+        assert!(store.revoke_key(&bob.id).await.expect("revokes"));
+        assert_eq!(signs_in(&bob.key).await, None, "revoked: refused at once");
+        assert_eq!(signs_in(&alice.key).await.as_deref(), Some("alice"));
+        assert_eq!(reads(), 4, "a revocation makes every key be read again");
+        assert_eq!(signs_in(&alice.key).await.as_deref(), Some("alice"));
+        assert_eq!(signs_in(&bob.key).await, None);
+        assert_eq!(reads(), 5, "a revoked key is not remembered");
+    }
 
     #[test]
     fn a_signed_cookie_names_its_principal_and_a_forged_one_names_nobody() {

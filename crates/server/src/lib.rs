@@ -135,7 +135,7 @@ pub use auth::{
 };
 pub use serve::{LISTEN_BACKLOG, bind};
 
-use crate::auth::{CookieSigner, Verifiers};
+use crate::auth::{CookieSigner, KeyCache, Verifiers};
 use crate::metrics::Metrics;
 use crate::runs::Runs;
 
@@ -455,6 +455,7 @@ impl ServerBuilder {
                 verifiers: Verifiers {
                     jwt: self.jwt,
                     cookie: CookieSigner::new(&cookie_key, limits.sign_in),
+                    keys: KeyCache::default(),
                 },
                 approval_roles: self.approval_roles,
                 sessions: NonZeroUsize::new(limits.open_sessions)

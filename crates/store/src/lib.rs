@@ -558,6 +558,13 @@ pub trait KeyStore: Send + Sync + fmt::Debug {
     /// is no such key or it was revoked already.
     async fn revoke_key(&self, id: &str) -> Result<bool, StoreError>;
 
+    /// A number that every revocation raises, in the revocation's own
+    /// transaction: a cache of keys read while it had one value stays
+    /// true while it keeps it. Reading it is far cheaper than reading a
+    /// key, so that a server can ask it on every request and refuse a key
+    /// revoked by any worker on this database from the next request on.
+    async fn key_generation(&self) -> Result<u64, StoreError>;
+
     /// Every key, oldest first.
     async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError>;
 

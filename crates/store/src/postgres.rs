@@ -88,6 +88,11 @@ CREATE TABLE IF NOT EXISTS ended_sign_ins (
     id TEXT PRIMARY KEY,
     expires_at BIGINT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS key_generation (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    generation BIGINT NOT NULL
+);
+INSERT INTO key_generation (id, generation) VALUES (0, 0) ON CONFLICT (id) DO NOTHING;
 CREATE INDEX IF NOT EXISTS ended_sign_ins_expiry ON ended_sign_ins (expires_at);
 CREATE TABLE IF NOT EXISTS step_traces (
     session_id TEXT NOT NULL,
@@ -959,14 +964,35 @@ impl KeyStore for PostgresStore {
 
     async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
         let client = self.client().await?;
-        let changed = client
-            .execute(
-                "UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
+        // One statement, so one transaction: no cache of keys can see the
+        // revocation committed and the generation not yet raised.
+        let row = client
+            .query_one(
+                "WITH revoked AS (
+                     UPDATE api_keys SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL
+                     RETURNING id
+                 ), raised AS (
+                     UPDATE key_generation SET generation = generation + 1
+                     WHERE id = 0 AND EXISTS (SELECT 1 FROM revoked)
+                     RETURNING generation
+                 )
+                 SELECT count(*) FROM revoked",
                 &[&id, &to_i64(now_ms())],
             )
             .await
             .map_err(backend)?;
-        Ok(changed > 0)
+        Ok(row.get::<_, i64>(0) > 0)
+    }
+
+    async fn key_generation(&self) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        // Asked on every request: prepared once per connection.
+        let statement = client
+            .prepare_cached("SELECT generation FROM key_generation WHERE id = 0")
+            .await
+            .map_err(backend)?;
+        let row = client.query_one(&statement, &[]).await.map_err(backend)?;
+        Ok(to_u64(row.get(0)))
     }
 
     async fn keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {

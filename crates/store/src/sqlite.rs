@@ -97,6 +97,11 @@ CREATE TABLE IF NOT EXISTS ended_sign_ins (
     id TEXT PRIMARY KEY,
     expires_at INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS key_generation (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    generation INTEGER NOT NULL
+);
+INSERT OR IGNORE INTO key_generation (id, generation) VALUES (0, 0);
 CREATE INDEX IF NOT EXISTS ended_sign_ins_expiry ON ended_sign_ins (expires_at);
 CREATE TABLE IF NOT EXISTS step_traces (
     session_id TEXT NOT NULL,
@@ -124,6 +129,10 @@ pub struct SqliteStore {
     /// A file's read connections (none in memory, where the writer's
     /// connection is the only one that sees the database).
     readers: Option<Arc<Readers>>,
+    /// The revocations made through this store, raised once each has
+    /// committed: the key generation of a database in memory, which no
+    /// other store can reach.
+    revocations: Arc<std::sync::atomic::AtomicU64>,
     label: Arc<str>,
 }
 
@@ -207,6 +216,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             writer: Writer::start(conn)?,
             readers: None,
+            revocations: Arc::default(),
             label: Arc::from(label),
         })
     }
@@ -989,7 +999,8 @@ impl KeyStore for SqliteStore {
 
     async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
         let id = id.to_owned();
-        self.writer
+        let revoked = self
+            .writer
             .write(move |conn| {
                 let changed = conn
                     .execute(
@@ -997,8 +1008,45 @@ impl KeyStore for SqliteStore {
                         params![id, to_i64(now_ms())],
                     )
                     .map_err(backend)?;
+                // In the revocation's own savepoint: no cache of keys can
+                // see the revocation committed and the generation not yet
+                // raised.
+                if changed > 0 {
+                    conn.execute(
+                        "UPDATE key_generation SET generation = generation + 1 WHERE id = 0",
+                        [],
+                    )
+                    .map_err(backend)?;
+                }
                 Ok(changed > 0)
             })
+            .await?;
+        if revoked {
+            // After the commit: a key read again under the new value is
+            // read revoked.
+            self.revocations
+                .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+        Ok(revoked)
+    }
+
+    async fn key_generation(&self) -> Result<u64, StoreError> {
+        fn generation(conn: &Connection) -> Result<i64, rusqlite::Error> {
+            conn.prepare_cached("SELECT generation FROM key_generation WHERE id = 0")?
+                .query_row([], |r| r.get(0))
+        }
+        // Asked on every request. A database in memory is this store's
+        // alone: its revocations are counted here, with no read at all.
+        let Some(readers) = &self.readers else {
+            return Ok(self.revocations.load(std::sync::atomic::Ordering::Acquire));
+        };
+        // A file may be shared with other processes: a read of one row in
+        // the page cache, done where it is asked when a read connection is
+        // idle.
+        if let Some(read) = readers.try_now(generation) {
+            return read.map(to_u64);
+        }
+        self.read(|conn| generation(conn).map(to_u64).map_err(backend))
             .await
     }
 

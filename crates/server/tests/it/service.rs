@@ -610,6 +610,60 @@ async fn on_postgres_a_sign_out_on_one_worker_is_refused_by_another_and_after_a_
     assert_eq!(restarted.as_browser(&other, "GET", "/me").await, 200);
 }
 
+/// Bob's and carol's keys, used (so remembered) on both workers, then bob's
+/// revoked through `a`'s store: `b` refuses it at its very next request,
+/// and still accepts carol's.
+async fn revoke_on_one_worker_and_present_to_another(
+    a: &crate::http::Fixture,
+    b: &crate::http::Fixture,
+) {
+    let bob = a.keys["bob"].clone();
+    let carol = a.keys["carol"].clone();
+    for f in [a, b] {
+        for key in [&bob, &carol, &bob] {
+            let (status, _) = f.send_as(key, "GET", "/me", Value::Null).await;
+            assert_eq!(status, 200, "a live key");
+        }
+    }
+    assert!(a.store.revoke_key(key_id(&bob)).await.expect("revokes"));
+    let (status, _) = b.send_as(&bob, "GET", "/me", Value::Null).await;
+    assert_eq!(status, 401, "the revoked key on the other worker");
+    let (status, _) = a.send_as(&bob, "GET", "/me", Value::Null).await;
+    assert_eq!(status, 401, "the revoked key on the worker that revoked it");
+    for f in [a, b] {
+        let (status, _) = f.send_as(&carol, "GET", "/me", Value::Null).await;
+        assert_eq!(status, 200, "another key stays live");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_revoked_on_one_worker_is_refused_by_another_at_its_next_request() {
+    let dir = std::env::temp_dir().join(format!(
+        "markov-server-revoke-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let file = dir.join("sessions.db");
+    let open = || Arc::new(SqliteStore::open(&file).expect("a database"));
+    let a = cookie_worker(open(), "a").await;
+    let b = cookie_worker(open(), "b").await;
+    revoke_on_one_worker_and_present_to_another(&a, &b).await;
+    drop((a, b));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_a_key_revoked_on_one_worker_is_refused_by_another_at_its_next_request() {
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let connect = async || Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    let a = cookie_worker(connect().await, "a").await;
+    let b = cookie_worker(connect().await, "b").await;
+    revoke_on_one_worker_and_present_to_another(&a, &b).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bearer_tokens_from_an_external_issuer_are_accepted_only_when_valid() {
     let secret = [9u8; 32];

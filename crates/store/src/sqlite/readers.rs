@@ -25,6 +25,9 @@ use crate::StoreError;
 /// when first needed and kept).
 pub(super) const READERS: usize = 4;
 
+/// How long a read waits while another process checkpoints the file.
+const BUSY_WAIT: Duration = Duration::from_secs(5);
+
 /// The read connections of one database file.
 pub(super) struct Readers {
     path: PathBuf,
@@ -82,6 +85,40 @@ impl Readers {
         result
     }
 
+    /// Runs `f` at once on the calling thread, on an idle read connection
+    /// that will not wait for a lock, for a read of a few microseconds
+    /// that a hand-off to the blocking pool would cost many times over.
+    /// `None` when no connection is idle or a reader is not free, or when
+    /// the database is busy (another process checkpoints it): the caller
+    /// then reads through [`read`](Self::read).
+    pub(super) fn try_now<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, rusqlite::Error>,
+    ) -> Option<Result<T, StoreError>> {
+        let _slot = self.slots.try_acquire().ok()?;
+        let conn = self.lock().pop()?;
+        // Never block the caller's thread: a busy database is left to a
+        // read on the blocking pool, which waits.
+        if conn.busy_timeout(Duration::ZERO).is_err() {
+            return None;
+        }
+        let result = catch_unwind(AssertUnwindSafe(|| f(&conn)));
+        let restored = conn.busy_timeout(BUSY_WAIT).is_ok();
+        let result = match result {
+            Ok(Err(rusqlite::Error::SqliteFailure(e, _)))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy =>
+            {
+                None
+            }
+            Ok(result) => Some(result.map_err(backend)),
+            Err(_) => Some(Err(panicked())),
+        };
+        if restored && conn.is_autocommit() {
+            self.lock().push(conn);
+        }
+        result
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Connection>> {
         // A push or a pop leaves the list whole.
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
@@ -97,7 +134,7 @@ fn open(path: &std::path::Path) -> Result<Connection, StoreError> {
     )
     .map_err(backend)?;
     // While another process checkpoints the file, wait rather than fail.
-    conn.busy_timeout(Duration::from_secs(5)).map_err(backend)?;
+    conn.busy_timeout(BUSY_WAIT).map_err(backend)?;
     conn.set_prepared_statement_cache_capacity(64);
     Ok(conn)
 }

@@ -537,15 +537,28 @@ where
         created_at: 1,
         revoked_at: None,
     };
+    let generation = store.key_generation().await.expect("reads");
     store.add_key(&key).await.expect("added");
     assert!(store.add_key(&key).await.is_err(), "an id is never reused");
     assert_eq!(store.key("k1").await.expect("reads"), Some(key.clone()));
     assert_eq!(store.key("k2").await.expect("reads"), None);
+    assert_eq!(
+        store.key_generation().await.expect("reads"),
+        generation,
+        "adding a key leaves what is cached true"
+    );
     assert!(store.revoke_key("k1").await.expect("revokes"));
+    let revoked = store.key_generation().await.expect("reads");
+    assert!(revoked > generation, "a revocation raises the generation");
     assert!(!store.revoke_key("k1").await.expect("revokes"), "once");
     assert!(
         !store.revoke_key("k2").await.expect("revokes"),
         "no such key"
+    );
+    assert_eq!(
+        store.key_generation().await.expect("reads"),
+        revoked,
+        "a revocation that revokes nothing leaves it"
     );
     let keys = store.keys().await.expect("lists");
     assert_eq!(keys.len(), 1);
