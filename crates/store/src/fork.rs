@@ -104,6 +104,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 repeats: Vec::new(),
                 budgets: counters.budgets,
                 answers: Vec::new(),
+                found: Vec::new(),
             },
             usage: trace.usage_before,
         };
