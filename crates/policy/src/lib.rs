@@ -60,7 +60,9 @@ pub use report::{AuditRecord, AuditSink, CallReport};
 pub use search::{FoundScope, FoundTool, SEARCH_TOOLS, SearchIndex, ToolSearch};
 pub use service::{BoxToolService, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};
-pub use state::{Journal, LeafMark, PolicyCounters, PolicySnapshot, PolicyState};
+pub use state::{
+    CallDecision, CallGate, Journal, LeafMark, PolicyCounters, PolicySnapshot, PolicyState,
+};
 pub use timeout::TimeoutLayer;
 pub use tools::{
     Executed, RegistryBinding, RegistryError, RegistrySession, ToolRegistry, ToolRegistryBuilder,

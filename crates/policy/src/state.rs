@@ -66,6 +66,8 @@ pub struct PolicyState {
     repeats: RepeatCounts,
     answers: PendingAnswers,
     journal: Mutex<Option<Arc<dyn Journal>>>,
+    /// Decides each call before it runs, when set (a replay).
+    call_gate: Mutex<Option<Arc<dyn CallGate>>>,
     /// At-most-once calls answered `INTERRUPTED` since the application
     /// last took them.
     interrupted: Mutex<Vec<InterruptedCall>>,
@@ -100,6 +102,7 @@ impl Default for PolicyState {
             repeats: RepeatCounts::default(),
             answers: PendingAnswers::default(),
             journal: Mutex::new(None),
+            call_gate: Mutex::new(None),
             interrupted: Mutex::new(Vec::new()),
             found: Mutex::new(Arc::from([])),
         }
@@ -342,6 +345,20 @@ impl PolicyState {
         *self.journal.lock().unwrap_or_else(|p| p.into_inner()) = Some(journal);
     }
 
+    /// Sets the gate every tool call of this conversation passes before it
+    /// runs (a replay answering calls from a recording).
+    pub fn set_call_gate(&self, gate: Arc<dyn CallGate>) {
+        *self.call_gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(gate);
+    }
+
+    /// The gate set by [`set_call_gate`](Self::set_call_gate), if any.
+    pub fn call_gate(&self) -> Option<Arc<dyn CallGate>> {
+        self.call_gate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Removes the journal: answers and answered calls are kept in memory
     /// only from now on (a machine taken out of a store's hands).
     pub fn clear_journal(&self) {
@@ -531,4 +548,33 @@ impl PolicySnapshot {
             found: self.found.clone(),
         }
     }
+}
+
+/// What a [`CallGate`] decided about one tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallDecision {
+    /// The tool runs.
+    Run,
+    /// The call is answered with this result; the tool does not run.
+    Answer {
+        /// The text the model sees.
+        content: String,
+        /// Whether the result is an error.
+        is_error: bool,
+    },
+}
+
+/// Decides each tool call of a conversation before its tool runs: lets it
+/// run, or answers it without running the tool (a replay answers calls
+/// from the recording and refuses ones with effects).
+pub trait CallGate: Send + Sync + std::fmt::Debug {
+    /// The decision on a call of `tool` with `args`; `metadata` is the
+    /// registry's facts about the tool (`None` for a tool the registry
+    /// does not register, such as a node's own).
+    fn decide(
+        &self,
+        tool: &str,
+        args: &serde_json::Value,
+        metadata: Option<&crate::ToolMetadata>,
+    ) -> CallDecision;
 }

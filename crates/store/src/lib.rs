@@ -72,7 +72,10 @@ pub use fork::ForkOptions;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStore;
 pub use repair::RepairReport;
-pub use replay::{AnswerSource, ReplayMode, ReplayReport, StepDiff, StepSide, replay};
+pub use replay::{
+    AnswerSource, ReplayMode, ReplayOptions, ReplayReport, StepDiff, StepSide, ToolCallReplay,
+    ToolCallSource, replay,
+};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Durability, SqliteStore};
 

@@ -27,6 +27,54 @@ pub enum ReplayMode {
     Live,
 }
 
+/// How a replay runs: which answers it uses, and whether tool calls the
+/// recording does not have may run their tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ReplayOptions {
+    /// Which answers the replay uses.
+    pub mode: ReplayMode,
+    /// Whether a call of an action tool the recording does not have runs
+    /// (off: it gets an error result saying it was not run).
+    pub run_tools_live: bool,
+}
+
+impl From<ReplayMode> for ReplayOptions {
+    fn from(mode: ReplayMode) -> Self {
+        ReplayOptions {
+            mode,
+            run_tools_live: false,
+        }
+    }
+}
+
+/// How a replay answered one tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallSource {
+    /// The recorded result of the same call (same tool, same arguments);
+    /// the tool did not run.
+    Recorded,
+    /// The tool ran: it is not an action tool, or the recording has no
+    /// such call and the replay was asked to run tools live.
+    Live,
+    /// Not run: an action tool the recording has no such call of; the
+    /// model got an error result saying so.
+    Refused,
+}
+
+/// One tool call a replay made, and how it was answered.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallReplay {
+    /// The step whose answer made the call (see [`StepDiff::index`]).
+    pub step: u64,
+    /// The tool called.
+    pub tool: String,
+    /// Its arguments.
+    pub args: Value,
+    /// How it was answered.
+    pub answered_from: ToolCallSource,
+}
+
 /// Where a replayed step's answer came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -84,10 +132,9 @@ pub struct ReplayReport {
     pub parted_at: Option<u64>,
     /// Every step, in order.
     pub steps: Vec<StepDiff>,
-    /// The replay's tools are the agent's own and ran: a replay plays
-    /// back recorded model answers, not recorded tool results, so give
-    /// the agent stand-ins for tools with effects.
-    pub tools_ran: bool,
+    /// Every tool call the replay made, in order, with how it was
+    /// answered: a recorded side effect never runs again.
+    pub tool_calls: Vec<ToolCallReplay>,
     /// Why the replay stopped early, if a run failed (the steps before it
     /// are reported).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -102,7 +149,15 @@ pub struct ReplayReport {
 /// by `live`. Returns each step beside the recorded one and where the two
 /// runs part.
 ///
-/// The agent's tools run (see [`ReplayReport::tools_ran`]).
+/// A call of a tool whose registry metadata says it changes something in
+/// the world ([`Category::Action`](markov_policy::Category::Action)) never
+/// runs again: when the recording has the same call (same tool, same
+/// arguments, the first such recorded call not yet used) it gets the
+/// recorded result; otherwise it gets an error result the model reads,
+/// unless `options` ask to run tools live. Other tools (retrieval, other,
+/// and the agent's own tools outside the registry) run on the replay's
+/// machine, which is kept in memory. [`ReplayReport::tool_calls`] says
+/// which each call was.
 ///
 /// # Errors
 /// The session or its steps cannot be read, or the agent's machine cannot
@@ -112,8 +167,10 @@ pub async fn replay<S: Store + ?Sized>(
     id: &SessionId,
     live: Arc<dyn Model>,
     build: impl FnOnce(Arc<dyn Model>) -> Agent,
-    mode: ReplayMode,
+    options: impl Into<ReplayOptions>,
 ) -> Result<ReplayReport, DurableError> {
+    let options = options.into();
+    let mode = options.mode;
     let session = store.load(id).await?;
     let steps = store.steps(id, 0, usize::MAX).await?;
     let history = &session.snapshot.history;
@@ -145,6 +202,13 @@ pub async fn replay<S: Store + ?Sized>(
         }
     };
     machine.set_record_calls(false);
+    let gate = Arc::new(ReplayGate {
+        recorded: Mutex::new(recorded_calls(history)),
+        run_live: options.run_tools_live,
+        model: model.clone(),
+        calls: Mutex::new(Vec::new()),
+    });
+    machine.policy_state().set_call_gate(gate.clone());
     let mut error = None;
     for input in history.iter().filter(|m| is_user_input(m)) {
         machine.enqueue([input.clone()]);
@@ -188,9 +252,147 @@ pub async fn replay<S: Store + ?Sized>(
         mode,
         parted_at,
         steps: diffs,
-        tools_ran: true,
+        tool_calls: gate
+            .calls
+            .lock()
+            .map(|c| c.clone())
+            .unwrap_or_else(|p| p.into_inner().clone()),
         error,
     })
+}
+
+/// A recorded tool call and its result.
+#[derive(Debug, Clone)]
+struct RecordedCall {
+    tool: String,
+    args: Value,
+    content: String,
+    is_error: bool,
+}
+
+/// The recorded tool calls with their results, in order.
+fn recorded_calls(history: &[Message]) -> Vec<RecordedCall> {
+    let mut results = std::collections::HashMap::new();
+    for message in history {
+        for item in message.item_list() {
+            if let Item::ToolResult {
+                tool_use_id,
+                content,
+                is_error,
+                ..
+            } = item
+            {
+                results.insert(tool_use_id.clone(), (content.clone(), *is_error));
+            }
+        }
+    }
+    let mut calls = Vec::new();
+    for message in history.iter().filter(|m| m.role == Role::Assistant) {
+        for item in message.item_list() {
+            if let Item::ToolUse { id, name, input } = item {
+                match results.get(id) {
+                    Some((content, is_error)) => calls.push(RecordedCall {
+                        tool: name.clone(),
+                        args: input.clone(),
+                        content: content.clone(),
+                        is_error: is_error.unwrap_or(false),
+                    }),
+                    None => {
+                        tracing::debug!(tool = %name, "a recorded call has no recorded result: a replay cannot answer it from the recording");
+                    }
+                }
+            }
+        }
+    }
+    calls
+}
+
+/// Answers a replay's tool calls from the recording, and refuses the
+/// calls with effects the recording does not have.
+#[derive(Debug)]
+struct ReplayGate {
+    /// The recorded calls not yet used, in order.
+    recorded: Mutex<Vec<RecordedCall>>,
+    run_live: bool,
+    model: Arc<ReplayModel>,
+    calls: Mutex<Vec<ToolCallReplay>>,
+}
+
+impl markov_policy::CallGate for ReplayGate {
+    fn decide(
+        &self,
+        tool: &str,
+        args: &Value,
+        metadata: Option<&markov_policy::ToolMetadata>,
+    ) -> markov_policy::CallDecision {
+        use markov_policy::CallDecision;
+        // Only a tool whose metadata says it changes something in the
+        // world is answered from the recording or refused: the others run
+        // again (on the replay's own machine, nothing stored), which also
+        // replays the state they write.
+        if metadata.is_none_or(|m| m.category() != markov_policy::Category::Action) {
+            self.push(tool, args, ToolCallSource::Live);
+            return CallDecision::Run;
+        }
+        let found = {
+            let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+            recorded
+                .iter()
+                .position(|r| r.tool == tool && r.args == *args)
+                .map(|i| recorded.remove(i))
+        };
+        let (decision, source) = match found {
+            Some(r) => (
+                CallDecision::Answer {
+                    content: r.content,
+                    is_error: r.is_error,
+                },
+                ToolCallSource::Recorded,
+            ),
+            None => {
+                if self.run_live {
+                    (CallDecision::Run, ToolCallSource::Live)
+                } else {
+                    tracing::info!(
+                        tool,
+                        "a replay did not run a call the recording does not have: the tool has side effects"
+                    );
+                    (
+                        CallDecision::Answer {
+                            content: format!(
+                                "not run during a replay: the recording has no such call and `{tool}` has side effects"
+                            ),
+                            is_error: true,
+                        },
+                        ToolCallSource::Refused,
+                    )
+                }
+            }
+        };
+        self.push(tool, args, source);
+        decision
+    }
+}
+
+impl ReplayGate {
+    /// Reports a call, under the step whose answer made it.
+    fn push(&self, tool: &str, args: &Value, source: ToolCallSource) {
+        let step = self
+            .model
+            .calls
+            .lock()
+            .map_or(0, |c| c.len())
+            .saturating_sub(1);
+        self.calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(ToolCallReplay {
+                step: step as u64,
+                tool: tool.to_owned(),
+                args: args.clone(),
+                answered_from: source,
+            });
+    }
 }
 
 /// A recorded model call: its request and its answer.

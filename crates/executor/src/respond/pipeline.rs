@@ -753,6 +753,24 @@ async fn call_tool(
     // own `respond` or `finish`, say) has no metadata for the stack's
     // stages, which would refuse every call of it as unknown: what is
     // offered must be callable, so it runs as it would without a registry.
+    // A gate set on the conversation (a replay) decides first: its answer
+    // stands for the tool's, which then does not run.
+    if let Some(gate) = leaf.conversation.and_then(|p| p.call_gate()) {
+        let metadata = leaf
+            .policies
+            .as_ref()
+            .and_then(|s| s.registry.metadata(call.name));
+        if let markov_policy::CallDecision::Answer { content, is_error } =
+            gate.decide(call.name, call.input, metadata)
+        {
+            let result = if is_error {
+                ToolExecutionResult::error(call.id.clone(), content)
+            } else {
+                ToolExecutionResult::success(call.id.clone(), content)
+            };
+            return (result, Vec::new(), None);
+        }
+    }
     let (session, plain) = match leaf.policies {
         Some(session) if session.registry.metadata(call.name).is_some() => (session, false),
         _ => (plain_session(leaf), true),

@@ -351,6 +351,23 @@ async fn a_replay_of_an_unchanged_agent_plays_the_recording_back() {
             .all(|s| s.answered_from == Some(markov_store::AnswerSource::Recorded))
     );
     assert!(live.requests().is_empty(), "the live model was never asked");
+    // The recorded calls were answered from the recording: nothing paid.
+    assert_eq!(lines(&replay_dir.path("effects")), 0, "pay never ran");
+    assert_eq!(lines(&calls_file(&replay_dir.path("effects"))), 0);
+    let sources: Vec<_> = report
+        .tool_calls
+        .iter()
+        .map(|c| (c.tool.as_str(), c.answered_from))
+        .collect();
+    assert_eq!(
+        sources,
+        [
+            // Not an action: it runs again on the replay's machine.
+            ("note", markov_store::ToolCallSource::Live),
+            ("pay", markov_store::ToolCallSource::Recorded),
+            ("note", markov_store::ToolCallSource::Live),
+        ]
+    );
 }
 
 #[tokio::test]
@@ -406,9 +423,101 @@ async fn a_replay_of_a_changed_agent_says_where_the_runs_part() {
         report.steps[4].replayed.is_none(),
         "the replay has no fifth step"
     );
+    // The live answers' calls match recorded ones: answered from the
+    // recording, nothing paid again.
+    assert_eq!(lines(&replay_dir.path("effects")), 0, "pay never ran");
+    let pay: Vec<_> = report
+        .tool_calls
+        .iter()
+        .filter(|c| c.tool == "pay")
+        .map(|c| (c.step, c.answered_from))
+        .collect();
+    assert_eq!(pay, [(1, markov_store::ToolCallSource::Recorded)]);
     // The diff is a serde type a page shows.
     let json = serde_json::to_value(&report).expect("serializes");
     assert_eq!(json["parted_at"], 0);
+    assert_eq!(json["tool_calls"][1]["answered_from"], "recorded");
+}
+
+/// Replays the recorded session with a live model that pays another
+/// amount (a call the recording does not have).
+async fn replay_new_payment(
+    name: &str,
+    options: markov_store::ReplayOptions,
+) -> (markov_store::ReplayReport, Dir, Arc<ScriptedModel>) {
+    let dir = Dir::new(name);
+    let (store, id) = recorded_session(&dir).await;
+    let live = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[("pay-5", "pay", json!({"amount": 5}))]))
+            .text("Done.")
+            .text("Nothing to note.")
+            .build(),
+    );
+    let replay_dir = Dir::new(&format!("{name}-effects"));
+    let report = markov_store::replay(
+        &*store,
+        &id,
+        live.clone(),
+        |model| {
+            markov_executor::Agent::on_charter_with_executor(
+                charter().0,
+                Arc::new(executor(
+                    model,
+                    replay_dir.path("effects"),
+                    replay_dir.path("marker"),
+                )),
+            )
+            .state(json!({"notes": 0}))
+            .build()
+            .expect("builds")
+        },
+        markov_store::ReplayOptions {
+            mode: markov_store::ReplayMode::Live,
+            ..options
+        },
+    )
+    .await
+    .expect("replays");
+    (report, replay_dir, live)
+}
+
+#[tokio::test]
+async fn a_replay_refuses_a_new_call_with_side_effects() {
+    let (report, replay_dir, live) =
+        replay_new_payment("replay-refused", markov_store::ReplayOptions::default()).await;
+    assert_eq!(report.error, None);
+    assert_eq!(lines(&replay_dir.path("effects")), 0, "pay never ran");
+    assert_eq!(lines(&calls_file(&replay_dir.path("effects"))), 0);
+    assert_eq!(report.tool_calls.len(), 1);
+    assert_eq!(report.tool_calls[0].tool, "pay");
+    assert_eq!(report.tool_calls[0].args, json!({"amount": 5}));
+    assert_eq!(
+        report.tool_calls[0].answered_from,
+        markov_store::ToolCallSource::Refused
+    );
+    // The model read why.
+    let second = &live.requests()[1];
+    let result = serde_json::to_string(&second.messages).expect("serializes");
+    assert!(
+        result.contains("not run during a replay") && result.contains("side effects"),
+        "{result}"
+    );
+}
+
+#[tokio::test]
+async fn a_replay_asked_to_run_tools_live_runs_a_new_call() {
+    let options = markov_store::ReplayOptions {
+        run_tools_live: true,
+        ..Default::default()
+    };
+    let (report, replay_dir, _) = replay_new_payment("replay-live-tools", options).await;
+    assert_eq!(report.error, None);
+    assert_eq!(lines(&replay_dir.path("effects")), 1, "pay ran once");
+    assert_eq!(
+        report.tool_calls[0].answered_from,
+        markov_store::ToolCallSource::Live
+    );
 }
 
 #[tokio::test]
