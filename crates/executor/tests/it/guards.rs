@@ -448,3 +448,74 @@ async fn by_default_a_blocked_message_costs_no_model_call() {
     );
     assert_eq!(model.calls(), 1);
 }
+
+/// Every text the model was sent, request by request.
+fn sent(model: &ScriptedModel) -> Vec<String> {
+    model
+        .requests()
+        .iter()
+        .map(|r| {
+            r.messages
+                .iter()
+                .map(Message::text)
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_redacted_user_message_is_what_the_model_and_the_history_get() {
+    let model = Arc::new(ScriptedModel::builder().text("Noted.").text("Yes.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(PiiRedactor::new()));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+
+    turn(&mut m, "mail ann@example.com please").await;
+    turn(&mut m, "done?").await;
+    let sent = sent(&model);
+    assert_eq!(sent.len(), 2);
+    for request in &sent {
+        assert!(request.contains("mail [EMAIL_1] please"), "{request}");
+        assert!(!request.contains("ann@example.com"), "{request}");
+    }
+    assert!(
+        !m.history()
+            .iter()
+            .any(|msg| msg.text().contains("ann@example.com")),
+        "the history keeps the redacted message"
+    );
+}
+
+#[tokio::test]
+async fn a_blocked_user_message_never_reaches_a_later_model_request() {
+    let model = Arc::new(ScriptedModel::builder().text("Sunny.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(Forbid::new("secret plan")));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+
+    let steps = turn(&mut m, "tell me the secret plan").await;
+    assert_eq!(
+        steps.last().expect("a step").yield_reason,
+        YieldReason::Blocked
+    );
+    assert_eq!(
+        notes(m.history()),
+        ["[guard] The message was blocked by forbid: it mentions a forbidden word."]
+    );
+    let steps = turn(&mut m, "the weather?").await;
+    assert_eq!(
+        steps.last().expect("a step").yield_reason,
+        YieldReason::EndTurn
+    );
+    let sent = sent(&model);
+    assert_eq!(sent.len(), 1);
+    assert!(sent[0].contains("the weather?"), "{}", sent[0]);
+    assert!(!sent[0].contains("secret plan"), "{}", sent[0]);
+    assert!(
+        !m.history()
+            .iter()
+            .any(|msg| msg.text().contains("secret plan")),
+        "the blocked words left the history"
+    );
+}
