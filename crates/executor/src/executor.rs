@@ -101,19 +101,6 @@ pub struct LeafOutcome {
     /// The model that answered the leaf's call, as the answer names it
     /// ([`ModelResponse::model`](markov_core::ModelResponse::model)).
     pub model: Option<String>,
-    /// What an input guard made of the user's message that started the
-    /// turn, when it changed it: the history keeps that instead.
-    pub guarded_input: Option<GuardedInput>,
-}
-
-/// What an input guard made of the user's message that started the turn.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GuardedInput {
-    /// The message's text, rewritten (a redaction, say): the history keeps
-    /// this text in its place.
-    Rewritten(String),
-    /// The message was blocked: it leaves the history.
-    Withheld,
 }
 
 /// An intent a tool returned for the application (through the registry's
@@ -141,7 +128,6 @@ impl LeafOutcome {
             usage: markov_core::model::Usage::default(),
             usage_limit: None,
             model: None,
-            guarded_input: None,
         }
     }
 }
@@ -151,25 +137,4 @@ impl LeafOutcome {
 pub trait Executor: Send + Sync {
     /// Performs one inference for `cx.leaf` and reports what it produced.
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError>;
-}
-
-/// Puts what an input guard made of the turn's user message in its place:
-/// the trailing user messages of `history` are replaced by the rewritten
-/// text, or removed when the message was blocked.
-pub(crate) fn apply_guarded_input(history: &mut Vec<Message>, guarded: &GuardedInput) {
-    let start = history.len()
-        - history
-            .iter()
-            .rev()
-            .take_while(|m| m.role == markov_core::Role::User)
-            .count();
-    let Some(first) = history.get(start).cloned() else {
-        return;
-    };
-    history.truncate(start);
-    if let GuardedInput::Rewritten(text) = guarded {
-        let mut message = Message::user(text.clone());
-        message.metadata = first.metadata;
-        history.push(message);
-    }
 }

@@ -66,7 +66,7 @@ pub use command::{
 };
 pub use effect::{Effect, Entry};
 pub use error::RunError;
-pub use executor::{Executor, GuardedInput, Intent, LeafContext, LeafOutcome};
+pub use executor::{Executor, Intent, LeafContext, LeafOutcome};
 pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
 pub use machine::Machine;
 pub use queue::{HeldBack, OnEnqueue, Queue};

@@ -28,7 +28,7 @@ pub use drive::{run_leaves, run_machine, run_to_completion};
 
 use crate::effect::{Entry, cede_json};
 use crate::error::RunError;
-use crate::executor::{LeafOutcome, apply_guarded_input};
+use crate::executor::LeafOutcome;
 use crate::instance::{ActiveLeaf, Instance};
 use crate::machine::Machine;
 use crate::step::{MachineStep, SuspendedInstance, TurnState, YieldReason};
@@ -575,12 +575,6 @@ impl RunState {
             }
             if worker_model.is_none() && leaf.is_worker() {
                 worker_model = outcome.model.take();
-            }
-            if let Some(guarded) = outcome.guarded_input.take() {
-                apply_guarded_input(&mut machine.history, &guarded);
-                apply_guarded_input(&mut self.pending, &guarded);
-                // Edited, no longer only appended to: a new identity.
-                machine.history_id = markov_core::model::HistoryId::fresh();
             }
             machine.queue.enqueue_entries(outcome.entries);
         }

@@ -28,7 +28,7 @@ use super::settle::settle;
 use super::tools::ToolsRan;
 use crate::effect::Entry;
 use crate::error::RunError;
-use crate::executor::{GuardedInput, LeafContext, LeafOutcome, apply_guarded_input};
+use crate::executor::{LeafContext, LeafOutcome};
 use crate::step::YieldReason;
 use crate::stream::{
     DeltaKind, MessageStreamEvent, StreamDelta, StreamFailure, StreamOptions, VesselState,
@@ -134,60 +134,13 @@ impl StandardExecutor {
         cx: LeafContext<'_>,
         guards: &Arc<Guards>,
     ) -> Result<LeafOutcome, RunError> {
+        let prepared = self.prepare(&cx)?;
+        let span = self.chat_span(&cx, &prepared);
         let input = if guards.input.is_empty() {
             None
         } else {
             turn_input(cx.history)
         };
-        if self.concurrent_input {
-            return self.run_guarded_step(cx, guards, input).await;
-        }
-        // Guard-first (the default): the input guard decides before the
-        // model is called and before the message counts as history.
-        let mut guarded = None;
-        if let Some(text) = &input {
-            match guards.input.check(text).await {
-                Checked::Blocked(blocked) => {
-                    let mut outcome = self.blocked(&cx, None, "message", blocked, Usage::default());
-                    // The blocked words leave the history: the model never
-                    // reads them on a later turn.
-                    outcome.guarded_input = Some(GuardedInput::Withheld);
-                    return Ok(outcome);
-                }
-                Checked::Passed(Some(rewritten)) => {
-                    tracing::info!("an input guard rewrote the user's message");
-                    guarded = Some(GuardedInput::Rewritten(rewritten));
-                }
-                Checked::Passed(None) => {}
-            }
-        }
-        let Some(guarded) = guarded else {
-            return self.run_guarded_step(cx, guards, None).await;
-        };
-        // The step reads the rewritten message already; the machine puts
-        // it in the history once the step is over.
-        let mut history = cx.history.to_vec();
-        apply_guarded_input(&mut history, &guarded);
-        let cx = LeafContext {
-            history: &history,
-            history_id: markov_core::model::HistoryId::fresh(),
-            ..cx
-        };
-        let mut outcome = self.run_guarded_step(cx, guards, None).await?;
-        outcome.guarded_input = Some(guarded);
-        Ok(outcome)
-    }
-
-    /// The guarded step once the input guard ran (`input`: `None`) or with
-    /// it run beside the model call (`input`: the text it checks).
-    async fn run_guarded_step(
-        &self,
-        cx: LeafContext<'_>,
-        guards: &Arc<Guards>,
-        input: Option<String>,
-    ) -> Result<LeafOutcome, RunError> {
-        let prepared = self.prepare(&cx)?;
-        let span = self.chat_span(&cx, &prepared);
         let (verdict_tx, verdict_rx) = watch::channel(None);
         // Streamed text goes through a hold-back: a copy of this executor,
         // for this leaf, whose stream reader holds text back and whose
@@ -223,6 +176,32 @@ impl StandardExecutor {
         };
         // Guard-first (the default): the input guard decides before the
         // model is called, so a blocked message costs no model call.
+        let input = match input {
+            Some(text) if !self.concurrent_input => {
+                match guards.input.check(&text).await {
+                    Checked::Blocked(blocked) => {
+                        let _ = verdict_tx.send(Some(false));
+                        return Ok(self.blocked(
+                            &cx,
+                            hold.as_deref(),
+                            "message",
+                            blocked,
+                            Usage::default(),
+                        ));
+                    }
+                    Checked::Passed(rewritten) => {
+                        if rewritten.is_some() {
+                            tracing::warn!(
+                                "an input guard rewrote the user's message: the message is already in the history, so the rewrite is not applied"
+                            );
+                        }
+                        let _ = verdict_tx.send(Some(true));
+                    }
+                }
+                None
+            }
+            input => input,
+        };
         let model_call = exec.call_or_replay(&cx, &prepared, &span);
         let reply = match input {
             None => model_call.await?,

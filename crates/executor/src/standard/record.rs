@@ -162,7 +162,7 @@ impl StandardExecutor {
         }
         let metered = Metered { usage, model };
         Ok(match after {
-            AfterModel::Finish(outcome) => Recorded::Finished(metered.onto(*outcome)),
+            AfterModel::Finish(outcome) => Recorded::Finished(metered.onto(outcome)),
             AfterModel::RunTools { entries, refused } => Recorded::Calls(ToolStep {
                 entries,
                 refused,
@@ -179,7 +179,7 @@ impl StandardExecutor {
 #[derive(Debug)]
 pub(super) enum AfterModel {
     /// The leaf is done for this step.
-    Finish(Box<LeafOutcome>),
+    Finish(LeafOutcome),
     /// Run the calls of the assistant message (see [`tool_calls`]), then
     /// call [`after_tools`] with `entries` so far.
     RunTools {
@@ -251,11 +251,7 @@ pub(super) fn interpret(
                 &source,
             )));
         }
-        return AfterModel::Finish(Box::new(LeafOutcome::new(
-            entries,
-            YieldReason::MaxTokens,
-            turn,
-        )));
+        return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::MaxTokens, turn));
     }
     if has_calls {
         return AfterModel::RunTools { entries, refused };
@@ -267,17 +263,9 @@ pub(super) fn interpret(
             Message::system(restriction.restriction_message.clone()),
             &source,
         )));
-        return AfterModel::Finish(Box::new(LeafOutcome::new(
-            entries,
-            YieldReason::Restricted,
-            turn,
-        )));
+        return AfterModel::Finish(LeafOutcome::new(entries, YieldReason::Restricted, turn));
     }
-    AfterModel::Finish(Box::new(LeafOutcome::new(
-        entries,
-        YieldReason::EndTurn,
-        turn,
-    )))
+    AfterModel::Finish(LeafOutcome::new(entries, YieldReason::EndTurn, turn))
 }
 
 /// Screens the calls of a response before anything runs, returning the
