@@ -161,9 +161,8 @@ impl StandardExecutor {
     /// Runs the input guard concurrently with the turn's first model call
     /// instead of before it: the guard's time is no longer added to the
     /// turn's latency. No tool call of the answer runs and no streamed text
-    /// is told before the guard passed; but the user's message is already
-    /// in the history, so an input guard's rewrite is not applied and a
-    /// blocked message stays there. Off by default.
+    /// is told before the guard passed, but a blocked message may cost a
+    /// model call. Off by default: the guard decides first.
     #[must_use]
     pub fn with_concurrent_input_guard(mut self) -> Self {
         self.concurrent_input = true;
