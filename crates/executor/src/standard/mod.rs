@@ -84,6 +84,9 @@ pub struct StandardExecutor {
     guards: Option<Arc<markov_guard::Guards>>,
     /// Set on a guarded leaf's own copy only: its streamed text held back.
     hold: Option<Arc<guard::HoldBack>>,
+    /// The input guard runs beside the first model call rather than
+    /// before it.
+    concurrent_input: bool,
 }
 
 impl StandardExecutor {
@@ -108,6 +111,7 @@ impl StandardExecutor {
             settings_given: false,
             guards: None,
             hold: None,
+            concurrent_input: false,
         }
     }
 
@@ -142,8 +146,8 @@ impl StandardExecutor {
     }
 
     /// Checks what goes in and what comes out with `guards` (see
-    /// [`markov_guard`]): the user's message, concurrently with the model
-    /// call but before any of its tool calls runs; the answer, streamed text
+    /// [`markov_guard`]): the user's message, before the turn's first model
+    /// call (or beside it: [`Self::with_concurrent_input_guard`]); the answer, streamed text
     /// held back until the output guards passed it; each call's arguments;
     /// each tool result. A block ends the run with
     /// [`YieldReason::Blocked`](crate::YieldReason::Blocked). Guards with no
@@ -151,6 +155,17 @@ impl StandardExecutor {
     #[must_use]
     pub fn with_guards(mut self, guards: markov_guard::Guards) -> Self {
         self.guards = (!guards.is_empty()).then(|| Arc::new(guards));
+        self
+    }
+
+    /// Runs the input guard concurrently with the turn's first model call
+    /// instead of before it: the guard's time is no longer added to the
+    /// turn's latency. No tool call of the answer runs and no streamed text
+    /// is told before the guard passed, but a blocked message may cost a
+    /// model call. Off by default: the guard decides first.
+    #[must_use]
+    pub fn with_concurrent_input_guard(mut self) -> Self {
+        self.concurrent_input = true;
         self
     }
 

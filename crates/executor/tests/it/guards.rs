@@ -131,7 +131,9 @@ async fn a_tool_never_runs_after_a_blocked_input_even_when_the_guard_is_slower_t
             .text("done")
             .build(),
     );
-    let executor = StandardExecutor::shared(model.clone()).with_guards(Guards::new().input(guard));
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(guard))
+        .with_concurrent_input_guard();
     let mut m = machine(executor, node);
 
     let steps = turn(&mut m, "tell me the secret plan").await;
@@ -207,15 +209,17 @@ fn streamed(
     model: impl Model + 'static,
     guards: Guards,
 ) -> (Machine, Arc<Mutex<Vec<MessageStreamEvent>>>) {
+    streamed_with(StandardExecutor::new(model).with_guards(guards))
+}
+
+fn streamed_with(executor: StandardExecutor) -> (Machine, Arc<Mutex<Vec<MessageStreamEvent>>>) {
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = Arc::clone(&events);
-    let executor = StandardExecutor::new(model)
-        .with_guards(guards)
-        .with_streaming(move |e: &MessageStreamEvent| {
-            seen.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(e.clone())
-        });
+    let executor = executor.with_streaming(move |e: &MessageStreamEvent| {
+        seen.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(e.clone())
+    });
     (
         machine(executor, Node::builder("Help.").build().expect("node")),
         events,
@@ -403,7 +407,11 @@ async fn a_streamed_answer_waits_for_a_slow_input_guard_and_is_never_told_when_i
         delay: Duration::from_millis(100),
         ..Forbid::new("secret plan")
     };
-    let (mut m, events) = streamed(model, Guards::new().input(guard));
+    let (mut m, events) = streamed_with(
+        StandardExecutor::new(model)
+            .with_guards(Guards::new().input(guard))
+            .with_concurrent_input_guard(),
+    );
     let steps = turn(&mut m, "tell me the secret plan").await;
     assert_eq!(steps.last().unwrap().yield_reason, YieldReason::Blocked);
     let told = events.lock().unwrap().clone();
@@ -417,4 +425,26 @@ async fn a_streamed_answer_waits_for_a_slow_input_guard_and_is_never_told_when_i
     let steps = turn(&mut m, "the weather?").await;
     assert_eq!(steps.last().unwrap().yield_reason, YieldReason::EndTurn);
     assert_eq!(released(&events.lock().unwrap()), "Sunny. Warm.");
+}
+
+#[tokio::test]
+async fn by_default_a_blocked_message_costs_no_model_call() {
+    let model = Arc::new(ScriptedModel::builder().text("Sunny.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(Forbid::new("secret plan")));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+
+    let steps = turn(&mut m, "tell me the secret plan").await;
+    assert_eq!(
+        steps.last().expect("a step").yield_reason,
+        YieldReason::Blocked
+    );
+    assert_eq!(model.calls(), 0, "the guard decided before any model call");
+
+    let steps = turn(&mut m, "the weather?").await;
+    assert_eq!(
+        steps.last().expect("a step").yield_reason,
+        YieldReason::EndTurn
+    );
+    assert_eq!(model.calls(), 1);
 }
