@@ -489,6 +489,25 @@ impl Cluster {
     /// outside CI.
     pub(crate) fn start() -> Option<Cluster> {
         let binary = server_binary()?;
+        // A port picked free can be taken by another test before its node
+        // binds it, and then the cluster never forms: a few attempts with
+        // fresh ports, each bounded, and the nodes' logs shown when all fail.
+        let mut logs = String::new();
+        for attempt in 1..=3 {
+            match Cluster::attempt(&binary) {
+                Ok(cluster) => return Some(cluster),
+                Err(tail) => {
+                    eprintln!("the cluster did not come up (attempt {attempt}):\n{tail}");
+                    logs = tail;
+                }
+            }
+        }
+        panic!("the cluster did not come up in three attempts; the last nodes' logs:\n{logs}");
+    }
+
+    /// One start with fresh ports: the cluster, or the tail of each node's
+    /// log when it did not come up within its deadline.
+    fn attempt(binary: &std::path::Path) -> Result<Cluster, String> {
         let ports: Vec<(u16, u16, u16)> = (0..3)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();
@@ -504,7 +523,7 @@ impl Cluster {
         for (i, (node, admin, ingress)) in ports.iter().enumerate() {
             let dir = TempDir::new("cluster");
             let log = std::fs::File::create(dir.0.join("server.log")).expect("log file");
-            let child = Command::new(&binary)
+            let child = Command::new(binary)
                 .process_group(0)
                 .arg("--no-logo")
                 .env("RESTATE_BASE_DIR", dir.0.join("data"))
@@ -532,14 +551,28 @@ impl Cluster {
                 _dir: dir,
             }));
         }
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let deadline = Instant::now() + Duration::from_secs(45);
         for server in nodes.iter().flatten() {
             while !health(&server.admin) {
-                assert!(Instant::now() < deadline, "the cluster did not come up");
+                if Instant::now() >= deadline {
+                    let tail = nodes
+                        .iter()
+                        .flatten()
+                        .map(|node| {
+                            let log = std::fs::read_to_string(node._dir.0.join("server.log"))
+                                .unwrap_or_default();
+                            let lines: Vec<&str> = log.lines().collect();
+                            let from = lines.len().saturating_sub(15);
+                            format!("--- {}\n{}", node.admin, lines[from..].join("\n"))
+                        })
+                        .collect::<Vec<_>>()
+                        .join("\n");
+                    return Err(tail);
+                }
                 std::thread::sleep(Duration::from_millis(200));
             }
         }
-        Some(Cluster { nodes })
+        Ok(Cluster { nodes })
     }
 
     /// SIGKILL to node `i`.
