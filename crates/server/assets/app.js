@@ -1080,8 +1080,17 @@ async function replay() {
     const report = await response.json();
     const parted = typeof report.parted_at === "number";
     const heading = el("h3", null, parted ? "The runs part at step " + report.parted_at : "The replay runs as recorded");
+    const calls = report.tool_calls || [];
+    const count = (source) => calls.filter((call) => call.answered_from === source).length;
     const notes = [el("p", "note", "Mode: " + String(report.mode).replaceAll("_", " ") + ". "
-      + (report.tools_ran ? "The agent's tools ran; recorded tool results were not played back." : ""))];
+      + (calls.length === 0 ? "No tool was called."
+        : "Tool calls: " + count("recorded") + " answered from the recording (the tool did not run), "
+          + count("live") + " ran live, " + count("refused") + " refused (side effects not run again)."))];
+    if (calls.length > 0) {
+      const list = el("ul", "replay-calls");
+      for (const call of calls) list.append(el("li", null, "#" + call.step + " " + call.tool + "(" + clip(brief(call.args), 60) + ") — " + call.answered_from));
+      notes.push(list);
+    }
     if (report.error) notes.push(el("p", "note", "The replay stopped early: " + report.error));
     const table = el("table");
     const head = el("tr");

@@ -249,7 +249,9 @@ pub(crate) struct Replay {
         the server runs it now, in memory (nothing is stored): each step beside the recorded one \
         (`steps`: requests, answer text, tool calls, usage, where the answer came from, whether \
         request and answer changed), `parted_at` the first step where the runs part, \
-        `tools_ran` that the agent's tools ran (recorded tool results are not played back)",
+        `tool_calls` each tool call and how it was answered: `recorded` (the recorded result, \
+        the tool did not run), `live` (it ran) or `refused` (an action tool the recording \
+        lacks, not run)",
                   body = Object),
               (status = 400, description = "Not a replay body", body = ErrorBody),
               (status = 401, description = "No live credential", body = ErrorBody),
