@@ -1718,10 +1718,7 @@ async fn a_replay_against_changed_instructions_shows_where_the_runs_part_step_by
         .await;
     let diff = browser.text("#replay-diff").await;
     assert!(diff.contains("The runs part at step 0"), "{diff}");
-    assert!(
-        diff.contains("No tool was called"),
-        "{diff}"
-    );
+    assert!(diff.contains("No tool was called"), "{diff}");
     let first = browser.text("#replay-diff tr[data-step='0']").await;
     assert!(
         first.contains("Hello.") && first.contains("Carefully: hello."),
