@@ -51,6 +51,7 @@ assert_eq!(
 extern crate self as markov_core;
 
 pub mod ids;
+pub mod journal;
 pub mod message;
 pub mod model;
 pub mod tagged;

@@ -59,6 +59,28 @@ pub(crate) fn tool_result_text<'a>(
     Cow::Owned(text)
 }
 
+/// The text a user-side item stands for in a vendor's text part: a text
+/// as it is (none when empty), a file reference's line, an `output` item's
+/// JSON; `None` for the items a vendor encodes otherwise (images, tool
+/// calls and results).
+pub(crate) fn item_text(item: &Item) -> Option<Cow<'_, str>> {
+    match item {
+        Item::Text { text } if !text.is_empty() => Some(Cow::Borrowed(text)),
+        Item::File {
+            url,
+            media_type,
+            filename,
+            ..
+        } => Some(Cow::Owned(file_reference(
+            url,
+            media_type,
+            filename.as_deref(),
+        ))),
+        Item::Output { data } => Some(Cow::Owned(output_text(data))),
+        _ => None,
+    }
+}
+
 /// An `output` item's data as the model sees it: JSON with a 2-space indent.
 pub(crate) fn output_text(data: &Value) -> String {
     serde_json::to_string_pretty(data).unwrap_or_else(|_| data.to_string())

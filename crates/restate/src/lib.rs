@@ -55,15 +55,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, StreamExt};
 use markov_core::async_trait;
-use markov_core::message::ImageData;
+use markov_core::journal::{RecordedAnswer, RecordedOutcome};
 use markov_core::model::{
     Model, ModelError, ModelLayer, ModelRequest, ModelResponse, StreamEvent, replay_events,
 };
 use markov_core::tool::{
-    Delivery, DynTool, Erased, InvalidToolName, SharedTool, TerminateResponse, Tool, ToolCallError,
-    ToolContext, ToolDefinition, ToolOutcome, ToolReply, UserMessage,
+    Delivery, DynTool, Erased, InvalidToolName, SharedTool, Tool, ToolCallError, ToolContext,
+    ToolDefinition, ToolOutcome,
 };
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
@@ -253,53 +252,6 @@ impl<M: Model> JournaledModel<M> {
     }
 }
 
-/// A model failure as the journal keeps it.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum JournaledModelError {
-    Http { status: u16, message: String },
-    InvalidResponse { message: String },
-    InvalidRequest { message: String },
-    ContextLength { message: String },
-}
-
-impl JournaledModelError {
-    fn from_error(error: &ModelError) -> Self {
-        match error {
-            ModelError::Http {
-                status, message, ..
-            } => JournaledModelError::Http {
-                status: *status,
-                message: message.clone(),
-            },
-            ModelError::InvalidRequest(message) => JournaledModelError::InvalidRequest {
-                message: message.clone(),
-            },
-            ModelError::ContextLength(message) => JournaledModelError::ContextLength {
-                message: message.clone(),
-            },
-            other => JournaledModelError::InvalidResponse {
-                message: other.to_string(),
-            },
-        }
-    }
-
-    fn into_error(self) -> ModelError {
-        match self {
-            JournaledModelError::Http { status, message } => ModelError::Http {
-                status,
-                message,
-                retry_after: None,
-            },
-            JournaledModelError::InvalidResponse { message } => {
-                ModelError::InvalidResponse(message)
-            }
-            JournaledModelError::InvalidRequest { message } => ModelError::InvalidRequest(message),
-            JournaledModelError::ContextLength { message } => ModelError::ContextLength(message),
-        }
-    }
-}
-
 #[async_trait]
 impl<M: Model> ModelLayer for JournaledModel<M> {
     type Inner = M;
@@ -310,26 +262,16 @@ impl<M: Model> ModelLayer for JournaledModel<M> {
 
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let work: BoxFuture<'_, Value> = Box::pin(async move {
-            match self.inner.complete(request).await {
-                Ok(response) => serde_json::to_value(&response)
-                    .map(|r| serde_json::json!({ "ok": r }))
-                    .unwrap_or_else(|e| {
-                        serde_json::json!({ "err": JournaledModelError::InvalidResponse { message: format!("the answer could not be journaled: {e}") } })
-                    }),
-                Err(error) if error.is_retryable() => {
-                    serde_json::json!({ "retry": error.to_string() })
-                }
-                Err(error) => serde_json::json!({ "err": JournaledModelError::from_error(&error) }),
-            }
+            answer_value(RecordedAnswer::of(self.inner.complete(request).await))
         });
         let value = journal_step(
             "model".to_owned(),
             false,
             work,
-            serde_json::json!({ "err": JournaledModelError::InvalidResponse { message: INTERRUPTED.to_owned() } }),
+            answer_value(RecordedAnswer::failed(INTERRUPTED)),
         )
         .await;
-        read_model_value(value)
+        RecordedAnswer::read(value)
     }
 
     fn stream<'a>(
@@ -345,92 +287,12 @@ impl<M: Model> ModelLayer for JournaledModel<M> {
     }
 }
 
-fn read_model_value(mut value: Value) -> Result<ModelResponse, ModelError> {
-    if let Some(ok) = value.get_mut("ok").map(Value::take) {
-        return serde_json::from_value(ok).map_err(|e| {
-            ModelError::InvalidResponse(format!("a journaled answer could not be read: {e}"))
-        });
-    }
-    if let Some(err) = value.get_mut("err").map(Value::take) {
-        return Err(serde_json::from_value::<JournaledModelError>(err)
-            .map(JournaledModelError::into_error)
-            .unwrap_or_else(|e| {
-                ModelError::InvalidResponse(format!("a journaled failure could not be read: {e}"))
-            }));
-    }
-    let text = value
-        .get("error")
-        .and_then(Value::as_str)
-        .unwrap_or("the journal answered no model response")
-        .to_owned();
-    Err(ModelError::InvalidResponse(text))
-}
-
-/// A tool result as the journal keeps it.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-enum JournaledOutcome {
-    Value {
-        value: Value,
-    },
-    Reply {
-        user: UserMessage,
-        llm: String,
-    },
-    Terminate {
-        message: Option<String>,
-    },
-    Images {
-        text: String,
-        images: Vec<ImageData>,
-    },
-    InvalidInput {
-        message: String,
-    },
-    Failed {
-        message: String,
-    },
-}
-
-impl JournaledOutcome {
-    fn from_result(result: Result<ToolOutcome, ToolCallError>) -> Self {
-        match result {
-            Ok(ToolOutcome::Value(value)) => JournaledOutcome::Value { value },
-            Ok(ToolOutcome::Reply(reply)) => JournaledOutcome::Reply {
-                user: reply.user_message,
-                llm: reply.llm_message,
-            },
-            Ok(ToolOutcome::Terminate(t)) => JournaledOutcome::Terminate { message: t.message },
-            Ok(ToolOutcome::Images { text, images }) => JournaledOutcome::Images { text, images },
-            Ok(other) => JournaledOutcome::Failed {
-                message: format!(
-                    "the tool's result could not be journaled: {}",
-                    other.model_text("")
-                ),
-            },
-            Err(ToolCallError::InvalidInput(message)) => JournaledOutcome::InvalidInput { message },
-            Err(ToolCallError::Execution(message)) => JournaledOutcome::Failed { message },
-            Err(other) => JournaledOutcome::Failed {
-                message: other.to_string(),
-            },
-        }
-    }
-
-    fn into_result(self) -> Result<ToolOutcome, ToolCallError> {
-        match self {
-            JournaledOutcome::Value { value } => Ok(ToolOutcome::Value(value)),
-            JournaledOutcome::Reply { user, llm } => Ok(ToolOutcome::Reply(ToolReply {
-                user_message: user,
-                llm_message: llm,
-            })),
-            JournaledOutcome::Terminate { message } => {
-                Ok(ToolOutcome::Terminate(TerminateResponse::new(message)))
-            }
-            JournaledOutcome::Images { text, images } => Ok(ToolOutcome::Images { text, images }),
-            JournaledOutcome::InvalidInput { message } => Err(ToolCallError::InvalidInput(message)),
-            JournaledOutcome::Failed { message } => Err(ToolCallError::Execution(message)),
-        }
-    }
+/// A recorded answer as the journal's JSON (a retryable failure as
+/// `{"retry": …}`, which the journal step hands to Restate to retry).
+fn answer_value(answer: RecordedAnswer) -> Value {
+    serde_json::to_value(answer).unwrap_or_else(
+        |e| serde_json::json!({ "error": format!("the answer could not be journaled: {e}") }),
+    )
 }
 
 /// A tool whose calls are journaled steps inside a session handler
@@ -477,7 +339,7 @@ impl DynTool for JournaledTool {
             .unwrap_or_else(|| Delivery::default_for(definition.needs_approval));
         let name = format!("tool {} {}", definition.name, cx.call_id());
         let work: BoxFuture<'_, Value> = Box::pin(async move {
-            let outcome = JournaledOutcome::from_result(self.inner.call_json(input, cx).await);
+            let outcome = RecordedOutcome::of(self.inner.call_json(input, cx).await);
             serde_json::to_value(outcome).unwrap_or_else(|e| {
                 serde_json::json!({ "kind": "failed", "message": format!("the result could not be journaled: {e}") })
             })
@@ -495,7 +357,7 @@ impl DynTool for JournaledTool {
         if let Some(error) = value.get("error").and_then(Value::as_str) {
             return Err(ToolCallError::Execution(error.to_owned()));
         }
-        serde_json::from_value::<JournaledOutcome>(value)
+        serde_json::from_value::<RecordedOutcome>(value)
             .map_err(|e| {
                 ToolCallError::Execution(format!("a journaled result could not be read: {e}"))
             })?
@@ -507,30 +369,6 @@ impl DynTool for JournaledTool {
 mod tests {
     use super::*;
     use markov_testkit::ScriptedModel;
-
-    #[test]
-    fn a_journaled_tool_result_reads_back_as_it_was() {
-        let outcomes = [
-            Ok(ToolOutcome::Value(serde_json::json!({"a": 1}))),
-            Ok(ToolOutcome::Reply(ToolReply::new(
-                "for you",
-                "for the model",
-            ))),
-            Ok(ToolOutcome::Terminate(TerminateResponse::new(Some(
-                "bye".into(),
-            )))),
-            Err(ToolCallError::InvalidInput("no".into())),
-            Err(ToolCallError::Execution("failed".into())),
-        ];
-        for outcome in outcomes {
-            let journaled = serde_json::to_value(JournaledOutcome::from_result(outcome.clone()))
-                .expect("serializes");
-            let read = serde_json::from_value::<JournaledOutcome>(journaled)
-                .expect("reads")
-                .into_result();
-            assert_eq!(read, outcome);
-        }
-    }
 
     #[tokio::test]
     async fn outside_a_handler_the_model_is_called_straight_through() {
@@ -545,12 +383,5 @@ mod tests {
         let last = machine.run().await.expect("a run");
         assert!(last.done);
         assert_eq!(machine.history().len(), 2);
-    }
-
-    #[test]
-    fn a_journaled_model_failure_keeps_its_kind() {
-        let error = ModelError::ContextLength("too long".into());
-        let value = serde_json::json!({ "err": JournaledModelError::from_error(&error) });
-        assert_eq!(read_model_value(value), Err(error));
     }
 }

@@ -609,6 +609,44 @@ pub(crate) fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<String, StoreE
     serde_json::to_string(value).map_err(|e| StoreError::Backend(format!("cannot encode: {e}")))
 }
 
+/// A new session's columns, encoded once for either database: the tree,
+/// the policy state, the usage and each message as JSON text.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) struct NewSessionColumns {
+    pub(crate) tree: String,
+    pub(crate) approvals: String,
+    pub(crate) repeats: String,
+    pub(crate) counters: String,
+    /// `None` when no answers are recorded.
+    pub(crate) answers: Option<String>,
+    /// `None` when nothing was used yet.
+    pub(crate) usage: Option<String>,
+    pub(crate) messages: Vec<String>,
+}
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl NewSessionColumns {
+    pub(crate) fn of(snapshot: &SerializedMachine<&[Message]>) -> Result<Self, StoreError> {
+        Ok(NewSessionColumns {
+            tree: to_json(&snapshot.instance)?,
+            approvals: to_json(&snapshot.policy.approvals)?,
+            repeats: to_json(&snapshot.policy.repeats)?,
+            counters: to_json(&snapshot.policy.counters())?,
+            answers: (!snapshot.policy.answers.is_empty())
+                .then(|| to_json(&snapshot.policy.answers))
+                .transpose()?,
+            usage: (!snapshot.usage.is_empty())
+                .then(|| to_json(&snapshot.usage))
+                .transpose()?,
+            messages: snapshot
+                .history
+                .iter()
+                .map(to_json)
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
 /// A message's JSON column read back.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn message_from_json(

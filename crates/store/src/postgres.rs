@@ -32,9 +32,9 @@ use tokio_postgres::NoTls;
 
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
-    ApiKeyRecord, KeyStore, Lease, Owner, Revision, SessionId, SessionInfo, StepRecord, StepTrace,
-    Store, StoreError, StoredSession, WorkerId, from_json, message_from_json, ms, now_ms,
-    policy_snapshot, to_json, usage_totals,
+    ApiKeyRecord, KeyStore, Lease, NewSessionColumns, Owner, Revision, SessionId, SessionInfo,
+    StepRecord, StepTrace, Store, StoreError, StoredSession, WorkerId, from_json,
+    message_from_json, ms, now_ms, policy_snapshot, to_json, usage_totals,
 };
 
 const SCHEMA: &str = "
@@ -407,21 +407,15 @@ impl Store for PostgresStore {
         holder: &WorkerId,
         ttl: Duration,
     ) -> Result<Lease, StoreError> {
-        let tree = to_json(&snapshot.instance)?;
-        let approvals = to_json(&snapshot.policy.approvals)?;
-        let repeats = to_json(&snapshot.policy.repeats)?;
-        let counters = to_json(&snapshot.policy.counters())?;
-        let answers = (!snapshot.policy.answers.is_empty())
-            .then(|| to_json(&snapshot.policy.answers))
-            .transpose()?;
-        let usage = (!snapshot.usage.is_empty())
-            .then(|| to_json(&snapshot.usage))
-            .transpose()?;
-        let messages: Vec<String> = snapshot
-            .history
-            .iter()
-            .map(to_json)
-            .collect::<Result<_, _>>()?;
+        let NewSessionColumns {
+            tree,
+            approvals,
+            repeats,
+            counters,
+            answers,
+            usage,
+            messages,
+        } = NewSessionColumns::of(snapshot)?;
         let now = now_ms();
         let expires = now.saturating_add(ms(ttl));
         let revision = Revision::first();

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use markov_core::ToolCallId;
+use markov_core::journal::RecordedOutcome;
 use markov_core::tool::{IdempotencyKey, ToolCallError, ToolContext};
 use serde_json::Value;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
 use crate::{
-    ModelInput, RecordedOutcome, RecordingState, Steps, ToolInput, call_model, interrupted_value,
-    tool_value,
+    ModelInput, RecordingState, Steps, ToolInput, call_model, interrupted_value, tool_value,
 };
 
 /// The worker's side of the steps: it calls the models and tools
@@ -116,7 +116,7 @@ async fn run_tool(
     let Some(tool) = steps.tool_named(&input.tool) else {
         // A worker whose agent no longer has the tool: the model reads why.
         tracing::warn!(tool = %input.tool, "a recorded call names a tool this worker does not have");
-        let outcome = RecordedOutcome::from_result(Err(ToolCallError::Execution(format!(
+        let outcome = RecordedOutcome::of(Err(ToolCallError::Execution(format!(
             "the tool `{}` is not available any more",
             input.tool
         ))));
@@ -134,7 +134,7 @@ async fn run_tool(
         }
         let args = &input.args;
         let work = async move {
-            let outcome = RecordedOutcome::from_result(tool.call_json(args, cx).await);
+            let outcome = RecordedOutcome::of(tool.call_json(args, cx).await);
             serde_json::to_value(outcome).unwrap_or_else(|e| {
                 serde_json::json!({ "kind": "failed", "message": format!("the result could not be recorded: {e}") })
             })

@@ -66,14 +66,13 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, StreamExt};
 use markov_core::async_trait;
-use markov_core::message::ImageData;
+use markov_core::journal::{RecordedAnswer, RecordedOutcome};
 use markov_core::model::{
     Model, ModelError, ModelLayer, ModelRequest, ModelResponse, StreamEvent, replay_events,
 };
 use markov_core::tool::{
-    Delivery, DynTool, Erased, InvalidToolName, SharedTool, StateAccess, StateUpdateError,
-    TerminateResponse, Tool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome, ToolReply,
-    UserMessage,
+    Delivery, DynTool, Erased, InvalidToolName, SharedTool, StateAccess, StateUpdateError, Tool,
+    ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -279,51 +278,6 @@ pub struct StepModel<M> {
     index: usize,
 }
 
-/// A model failure as the workflow's history keeps it.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum RecordedModelError {
-    Http { status: u16, message: String },
-    InvalidResponse { message: String },
-    InvalidRequest { message: String },
-    ContextLength { message: String },
-}
-
-impl RecordedModelError {
-    pub(crate) fn from_error(error: &ModelError) -> Self {
-        match error {
-            ModelError::Http {
-                status, message, ..
-            } => RecordedModelError::Http {
-                status: *status,
-                message: message.clone(),
-            },
-            ModelError::InvalidRequest(message) => RecordedModelError::InvalidRequest {
-                message: message.clone(),
-            },
-            ModelError::ContextLength(message) => RecordedModelError::ContextLength {
-                message: message.clone(),
-            },
-            other => RecordedModelError::InvalidResponse {
-                message: other.to_string(),
-            },
-        }
-    }
-
-    fn into_error(self) -> ModelError {
-        match self {
-            RecordedModelError::Http { status, message } => ModelError::Http {
-                status,
-                message,
-                retry_after: None,
-            },
-            RecordedModelError::InvalidResponse { message } => ModelError::InvalidResponse(message),
-            RecordedModelError::InvalidRequest { message } => ModelError::InvalidRequest(message),
-            RecordedModelError::ContextLength { message } => ModelError::ContextLength(message),
-        }
-    }
-}
-
 /// Calls `model` with the request `input` describes, as the activity does,
 /// and answers the value the workflow records: `{"ok": response}`,
 /// `{"err": failure}`, or `{"retry": message}` for a failure Temporal
@@ -337,16 +291,13 @@ pub(crate) async fn call_model(model: &dyn Model, input: &ModelInput) -> Value {
     model_value(model.complete(request).await)
 }
 
+/// A model call's result as the workflow's history keeps it (a retryable
+/// failure as `{"retry": …}`, which the activity hands to Temporal to
+/// retry).
 fn model_value(result: Result<ModelResponse, ModelError>) -> Value {
-    match result {
-        Ok(response) => serde_json::to_value(&response)
-            .map(|r| serde_json::json!({ "ok": r }))
-            .unwrap_or_else(|e| {
-                serde_json::json!({ "err": RecordedModelError::InvalidResponse { message: format!("the answer could not be recorded: {e}") } })
-            }),
-        Err(error) if error.is_retryable() => serde_json::json!({ "retry": error.to_string() }),
-        Err(error) => serde_json::json!({ "err": RecordedModelError::from_error(&error) }),
-    }
+    serde_json::to_value(RecordedAnswer::of(result)).unwrap_or_else(
+        |e| serde_json::json!({ "error": format!("the answer could not be recorded: {e}") }),
+    )
 }
 
 #[async_trait]
@@ -373,10 +324,10 @@ impl<M: Model> ModelLayer for StepModel<M> {
         let value = step_or_direct(
             step,
             direct,
-            serde_json::json!({ "err": RecordedModelError::InvalidResponse { message: INTERRUPTED.to_owned() } }),
+            serde_json::to_value(RecordedAnswer::failed(INTERRUPTED)).unwrap_or_default(),
         )
         .await;
-        read_model_value(value)
+        RecordedAnswer::read(value)
     }
 
     fn stream<'a>(
@@ -389,95 +340,6 @@ impl<M: Model> ModelLayer for StepModel<M> {
                 Err(e) => stream::once(async move { Err(e) }).boxed(),
             })
             .boxed()
-    }
-}
-
-fn read_model_value(mut value: Value) -> Result<ModelResponse, ModelError> {
-    if let Some(ok) = value.get_mut("ok").map(Value::take) {
-        return serde_json::from_value(ok).map_err(|e| {
-            ModelError::InvalidResponse(format!("a recorded answer could not be read: {e}"))
-        });
-    }
-    if let Some(err) = value.get_mut("err").map(Value::take) {
-        return Err(serde_json::from_value::<RecordedModelError>(err)
-            .map(RecordedModelError::into_error)
-            .unwrap_or_else(|e| {
-                ModelError::InvalidResponse(format!("a recorded failure could not be read: {e}"))
-            }));
-    }
-    let text = value
-        .get("error")
-        .or_else(|| value.get("retry"))
-        .and_then(Value::as_str)
-        .unwrap_or("the activity answered no model response")
-        .to_owned();
-    Err(ModelError::InvalidResponse(text))
-}
-
-/// A tool result as the workflow's history keeps it.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub(crate) enum RecordedOutcome {
-    Value {
-        value: Value,
-    },
-    Reply {
-        user: UserMessage,
-        llm: String,
-    },
-    Terminate {
-        message: Option<String>,
-    },
-    Images {
-        text: String,
-        images: Vec<ImageData>,
-    },
-    InvalidInput {
-        message: String,
-    },
-    Failed {
-        message: String,
-    },
-}
-
-impl RecordedOutcome {
-    pub(crate) fn from_result(result: Result<ToolOutcome, ToolCallError>) -> Self {
-        match result {
-            Ok(ToolOutcome::Value(value)) => RecordedOutcome::Value { value },
-            Ok(ToolOutcome::Reply(reply)) => RecordedOutcome::Reply {
-                user: reply.user_message,
-                llm: reply.llm_message,
-            },
-            Ok(ToolOutcome::Terminate(t)) => RecordedOutcome::Terminate { message: t.message },
-            Ok(ToolOutcome::Images { text, images }) => RecordedOutcome::Images { text, images },
-            Ok(other) => RecordedOutcome::Failed {
-                message: format!(
-                    "the tool's result could not be recorded: {}",
-                    other.model_text("")
-                ),
-            },
-            Err(ToolCallError::InvalidInput(message)) => RecordedOutcome::InvalidInput { message },
-            Err(ToolCallError::Execution(message)) => RecordedOutcome::Failed { message },
-            Err(other) => RecordedOutcome::Failed {
-                message: other.to_string(),
-            },
-        }
-    }
-
-    fn into_result(self) -> Result<ToolOutcome, ToolCallError> {
-        match self {
-            RecordedOutcome::Value { value } => Ok(ToolOutcome::Value(value)),
-            RecordedOutcome::Reply { user, llm } => Ok(ToolOutcome::Reply(ToolReply {
-                user_message: user,
-                llm_message: llm,
-            })),
-            RecordedOutcome::Terminate { message } => {
-                Ok(ToolOutcome::Terminate(TerminateResponse::new(message)))
-            }
-            RecordedOutcome::Images { text, images } => Ok(ToolOutcome::Images { text, images }),
-            RecordedOutcome::InvalidInput { message } => Err(ToolCallError::InvalidInput(message)),
-            RecordedOutcome::Failed { message } => Err(ToolCallError::Execution(message)),
-        }
     }
 }
 
@@ -557,7 +419,7 @@ impl DynTool for StepTool {
             at_most_once: delivery == Delivery::AtMostOnce,
         });
         let direct: BoxFuture<'_, Value> = Box::pin(async move {
-            let outcome = RecordedOutcome::from_result(self.inner.call_json(input, cx).await);
+            let outcome = RecordedOutcome::of(self.inner.call_json(input, cx).await);
             tool_value(outcome, Vec::new())
         });
         let mut value = step_or_direct(step, direct, interrupted_value()).await;
@@ -683,30 +545,6 @@ mod tests {
     use super::*;
     use markov_testkit::ScriptedModel;
 
-    #[test]
-    fn a_recorded_tool_result_reads_back_as_it_was() {
-        let outcomes = [
-            Ok(ToolOutcome::Value(serde_json::json!({"a": 1}))),
-            Ok(ToolOutcome::Reply(ToolReply::new(
-                "for you",
-                "for the model",
-            ))),
-            Ok(ToolOutcome::Terminate(TerminateResponse::new(Some(
-                "bye".into(),
-            )))),
-            Err(ToolCallError::InvalidInput("no".into())),
-            Err(ToolCallError::Execution("failed".into())),
-        ];
-        for outcome in outcomes {
-            let recorded = serde_json::to_value(RecordedOutcome::from_result(outcome.clone()))
-                .expect("serializes");
-            let read = serde_json::from_value::<RecordedOutcome>(recorded)
-                .expect("reads")
-                .into_result();
-            assert_eq!(read, outcome);
-        }
-    }
-
     #[tokio::test]
     async fn outside_a_workflow_the_model_is_called_straight_through() {
         let steps = Steps::new();
@@ -726,7 +564,7 @@ mod tests {
     fn a_recorded_model_failure_keeps_its_kind() {
         let error = ModelError::ContextLength("too long".into());
         let value = model_value(Err(error.clone()));
-        assert_eq!(read_model_value(value), Err(error));
+        assert_eq!(RecordedAnswer::read(value), Err(error));
     }
 
     #[test]

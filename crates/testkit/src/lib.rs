@@ -12,6 +12,8 @@
 //! - `http` (with the `http` feature) is a loopback fake provider speaking
 //!   the Anthropic Messages and OpenAI Chat Completions wire formats, to
 //!   test real clients end to end.
+//! - `engine` (with the `engine` feature) is the fixture agent and the
+//!   child processes the durable engines' crash tests share.
 //!
 //! ```
 //! use markov_testkit::ScriptedModel;
@@ -25,6 +27,8 @@
 //! ```
 #![deny(missing_docs)]
 
+#[cfg(feature = "engine")]
+pub mod engine;
 mod failing;
 pub mod fixtures;
 #[cfg(feature = "http")]

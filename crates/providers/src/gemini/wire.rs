@@ -430,24 +430,6 @@ fn image_part(item: &Item) -> Option<Part<'_>> {
     }
 }
 
-fn item_text(item: &Item) -> Option<Cow<'_, str>> {
-    match item {
-        Item::Text { text } if !text.is_empty() => Some(Cow::Borrowed(text)),
-        Item::File {
-            url,
-            media_type,
-            filename,
-            ..
-        } => Some(Cow::Owned(convert::file_reference(
-            url,
-            media_type,
-            filename.as_deref(),
-        ))),
-        Item::Output { data } => Some(Cow::Owned(convert::output_text(data))),
-        _ => None,
-    }
-}
-
 /// A user message's parts: function responses first, then the rest.
 fn user_parts<'a>(content: Content<'a>, names: &HashMap<&str, &'a str>) -> Vec<Part<'a>> {
     let items = match content {
@@ -490,7 +472,7 @@ fn user_parts<'a>(content: Content<'a>, names: &HashMap<&str, &'a str>) -> Vec<P
                 });
             }
             Item::Image { .. } => rest.extend(image_part(item)),
-            other => rest.extend(item_text(other).map(text_part)),
+            other => rest.extend(convert::item_text(other).map(text_part)),
         }
     }
     responses.extend(rest);
@@ -553,7 +535,7 @@ fn model_parts(message: &Message) -> Vec<Part<'_>> {
                 }),
                 ..Part::default()
             }),
-            other => parts.extend(item_text(other).map(text_part)),
+            other => parts.extend(convert::item_text(other).map(text_part)),
         }
     }
     parts

