@@ -144,4 +144,15 @@ impl LeafOutcome {
 pub trait Executor: Send + Sync {
     /// Performs one inference for `cx.leaf` and reports what it produced.
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError>;
+
+    /// The guards that check each user message where a run takes it from
+    /// the queue, before it enters the history, when the message goes to
+    /// a leaf of `node` (the tree's primary leaf): a rewrite is what the
+    /// history keeps, a blocked message is replaced by markov's note and
+    /// the run ends with [`YieldReason::Blocked`]. `None`, the default,
+    /// checks nothing and costs nothing.
+    fn input_guard(&self, node: &markov_charter::node::Node) -> Option<markov_guard::GuardStack> {
+        let _ = node;
+        None
+    }
 }

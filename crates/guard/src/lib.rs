@@ -6,9 +6,11 @@
 //! guard, the first block ends the check), and [`Guards`] says where each
 //! stack runs:
 //!
-//! - **input**: the user's message of a turn, before any tool call of the
-//!   turn's first answer runs (the executor runs it concurrently with the
-//!   model call and holds the answer back until it passed);
+//! - **input**: each user message, before it enters the history and
+//!   before any model call (a rewrite is what the history keeps, a block
+//!   replaces the message by a note); the executor can instead run it
+//!   concurrently with the model call, holding the answer back until it
+//!   passed;
 //! - **output**: the answer's text, and streamed text, which is held back
 //!   until the output stack passed it (per sentence, per N tokens or the
 //!   whole answer: the guards' [`Hold`] says which);
@@ -238,6 +240,9 @@ pub struct Guards {
     pub tool_calls: GuardStack,
     /// Checks each tool result before the model reads it.
     pub tool_results: GuardStack,
+    /// The input stack runs beside the turn's first model call rather than
+    /// before the message enters the history ([`Guards::concurrent_input`]).
+    concurrent_input: bool,
 }
 
 impl Guards {
@@ -272,6 +277,25 @@ impl Guards {
     pub fn tool_result(mut self, guard: impl Guard + 'static) -> Self {
         self.tool_results.push(Arc::new(guard));
         self
+    }
+
+    /// Runs the input guards beside the turn's first model call instead of
+    /// before the message enters the history: a guard that passes adds no
+    /// latency. No streamed text is released and no tool call of the
+    /// answer runs before they passed, and a block drops the model call;
+    /// but the model was called with the message, so it is in the history
+    /// when they decide: a rewrite is not applied (it is logged) and a
+    /// blocked message stays beside markov's note. Off by default.
+    #[must_use]
+    pub fn concurrent_input(mut self) -> Self {
+        self.concurrent_input = true;
+        self
+    }
+
+    /// Whether the input guards run beside the model call
+    /// ([`Guards::concurrent_input`]).
+    pub fn is_input_concurrent(&self) -> bool {
+        self.concurrent_input
     }
 
     /// Whether no stack has a guard.

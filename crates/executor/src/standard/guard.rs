@@ -1,6 +1,7 @@
 //! The step with guards on ([`StandardExecutor::with_guards`]): the same
-//! phases, with the input guard run before the model call (or, as an
-//! option, concurrently with it), the
+//! phases, with the input guard run concurrently with the model call when
+//! asked to (by default it ran where the run drained the message, see
+//! `run/input.rs`), the
 //! output guard on the answer (streamed text held back until it passed),
 //! the tool-call guard before the calls run and the tool-result guard
 //! before the model reads their results.
@@ -136,7 +137,9 @@ impl StandardExecutor {
     ) -> Result<LeafOutcome, RunError> {
         let prepared = self.prepare(&cx)?;
         let span = self.chat_span(&cx, &prepared);
-        let input = if guards.input.is_empty() {
+        // Guard-first (the default), the input guard decided where the
+        // run drained the message: only the concurrent mode checks here.
+        let input = if guards.input.is_empty() || !guards.is_input_concurrent() {
             None
         } else {
             turn_input(cx.history)
@@ -173,34 +176,6 @@ impl StandardExecutor {
                 &held
             }
             _ => self,
-        };
-        // Guard-first (the default): the input guard decides before the
-        // model is called, so a blocked message costs no model call.
-        let input = match input {
-            Some(text) if !self.concurrent_input => {
-                match guards.input.check(&text).await {
-                    Checked::Blocked(blocked) => {
-                        let _ = verdict_tx.send(Some(false));
-                        return Ok(self.blocked(
-                            &cx,
-                            hold.as_deref(),
-                            "message",
-                            blocked,
-                            Usage::default(),
-                        ));
-                    }
-                    Checked::Passed(rewritten) => {
-                        if rewritten.is_some() {
-                            tracing::warn!(
-                                "an input guard rewrote the user's message: the message is already in the history, so the rewrite is not applied"
-                            );
-                        }
-                        let _ = verdict_tx.send(Some(true));
-                    }
-                }
-                None
-            }
-            input => input,
         };
         let model_call = exec.call_or_replay(&cx, &prepared, &span);
         let reply = match input {

@@ -84,9 +84,6 @@ pub struct StandardExecutor {
     guards: Option<Arc<markov_guard::Guards>>,
     /// Set on a guarded leaf's own copy only: its streamed text held back.
     hold: Option<Arc<guard::HoldBack>>,
-    /// The input guard runs beside the first model call rather than
-    /// before it.
-    concurrent_input: bool,
 }
 
 impl StandardExecutor {
@@ -111,7 +108,6 @@ impl StandardExecutor {
             settings_given: false,
             guards: None,
             hold: None,
-            concurrent_input: false,
         }
     }
 
@@ -146,26 +142,16 @@ impl StandardExecutor {
     }
 
     /// Checks what goes in and what comes out with `guards` (see
-    /// [`markov_guard`]): the user's message, before the turn's first model
-    /// call (or beside it: [`Self::with_concurrent_input_guard`]); the answer, streamed text
-    /// held back until the output guards passed it; each call's arguments;
-    /// each tool result. A block ends the run with
-    /// [`YieldReason::Blocked`](crate::YieldReason::Blocked). Guards with no
-    /// guard in them are the same as none.
+    /// [`markov_guard`]): each user message, before it enters the history
+    /// (or beside the turn's first model call:
+    /// [`Guards::concurrent_input`](markov_guard::Guards::concurrent_input));
+    /// the answer, streamed text held back until the output guards passed
+    /// it; each call's arguments; each tool result. A block ends the run
+    /// with [`YieldReason::Blocked`](crate::YieldReason::Blocked). Guards
+    /// with no guard in them are the same as none.
     #[must_use]
     pub fn with_guards(mut self, guards: markov_guard::Guards) -> Self {
         self.guards = (!guards.is_empty()).then(|| Arc::new(guards));
-        self
-    }
-
-    /// Runs the input guard concurrently with the turn's first model call
-    /// instead of before it: the guard's time is no longer added to the
-    /// turn's latency. No tool call of the answer runs and no streamed text
-    /// is told before the guard passed, but a blocked message may cost a
-    /// model call. Off by default: the guard decides first.
-    #[must_use]
-    pub fn with_concurrent_input_guard(mut self) -> Self {
-        self.concurrent_input = true;
         self
     }
 
@@ -323,6 +309,13 @@ impl Executor for StandardExecutor {
     /// durable before the first tool runs, its usage is counted before the
     /// tools (so a step that pauses for approvals reports it), and every
     /// call gets exactly one result, a cancelled run's included.
+    /// The input guards, unless they run beside the model call
+    /// ([`Guards::concurrent_input`](markov_guard::Guards::concurrent_input)).
+    fn input_guard(&self, _node: &markov_charter::node::Node) -> Option<markov_guard::GuardStack> {
+        let guards = self.guards.as_ref()?;
+        (!guards.is_input_concurrent() && !guards.input.is_empty()).then(|| guards.input.clone())
+    }
+
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
         if let Some(guards) = &self.guards {
             // Boxed: the guarded step does not enlarge the plain one.

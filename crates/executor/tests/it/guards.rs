@@ -132,8 +132,7 @@ async fn a_tool_never_runs_after_a_blocked_input_even_when_the_guard_is_slower_t
             .build(),
     );
     let executor = StandardExecutor::shared(model.clone())
-        .with_guards(Guards::new().input(guard))
-        .with_concurrent_input_guard();
+        .with_guards(Guards::new().input(guard).concurrent_input());
     let mut m = machine(executor, node);
 
     let steps = turn(&mut m, "tell me the secret plan").await;
@@ -408,9 +407,7 @@ async fn a_streamed_answer_waits_for_a_slow_input_guard_and_is_never_told_when_i
         ..Forbid::new("secret plan")
     };
     let (mut m, events) = streamed_with(
-        StandardExecutor::new(model)
-            .with_guards(Guards::new().input(guard))
-            .with_concurrent_input_guard(),
+        StandardExecutor::new(model).with_guards(Guards::new().input(guard).concurrent_input()),
     );
     let steps = turn(&mut m, "tell me the secret plan").await;
     assert_eq!(steps.last().unwrap().yield_reason, YieldReason::Blocked);
@@ -447,4 +444,90 @@ async fn by_default_a_blocked_message_costs_no_model_call() {
         YieldReason::EndTurn
     );
     assert_eq!(model.calls(), 1);
+}
+
+#[tokio::test]
+async fn an_input_guards_rewrite_is_what_the_history_keeps_and_the_model_reads() {
+    let model = Arc::new(ScriptedModel::builder().text("Noted.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(PiiRedactor::new()));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+    let steps = turn(&mut m, "Write to ann@example.com please.").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::EndTurn);
+    let user: Vec<String> = m
+        .history()
+        .iter()
+        .filter(|msg| msg.role == Role::User)
+        .map(Message::text)
+        .collect();
+    assert_eq!(user, ["Write to [EMAIL_1] please."]);
+    let shown = serde_json::to_string(&model.requests()[0].messages).unwrap();
+    assert!(
+        shown.contains("[EMAIL_1]") && !shown.contains("ann@"),
+        "{shown}"
+    );
+    // The step says what entered the history: the rewritten text.
+    assert_eq!(steps[0].history[0].text(), "Write to [EMAIL_1] please.");
+}
+
+#[tokio::test]
+async fn a_blocked_message_never_enters_the_history_and_later_turns_never_read_it() {
+    let model = Arc::new(ScriptedModel::builder().text("Sunny.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(Forbid::new("secret plan")));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+
+    let steps = turn(&mut m, "tell me the secret plan").await;
+    let last = steps.last().unwrap();
+    assert_eq!(last.yield_reason, YieldReason::Blocked);
+    assert!(last.done);
+    assert!(
+        m.history().iter().all(|msg| !msg.text().contains("secret")),
+        "{:?}",
+        m.history()
+    );
+    assert!(
+        m.history().iter().all(|msg| msg.role != Role::User),
+        "markov's note is not the user's"
+    );
+    assert_eq!(
+        notes(m.history()),
+        ["[guard] The message was blocked by forbid: it mentions a forbidden word."]
+    );
+    assert_eq!(notes(&last.history).len(), 1, "the step shows the note");
+
+    let steps = turn(&mut m, "the weather?").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::EndTurn);
+    let shown = serde_json::to_string(&model.requests()[0].messages).unwrap();
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(shown.contains("blocked by forbid"), "{shown}");
+}
+
+#[tokio::test]
+async fn the_agent_builder_chooses_the_concurrent_input_mode() {
+    for (guards, model_calls) in [
+        (Guards::new().input(Forbid::new("secret plan")), 0),
+        (
+            Guards::new()
+                .input(Forbid::new("secret plan"))
+                .concurrent_input(),
+            1,
+        ),
+    ] {
+        let model = Arc::new(ScriptedModel::builder().text("Here.").build());
+        let agent = markov_executor::Agent::builder("guarded")
+            .instructions("Help.")
+            .guards(guards)
+            .shared_model(model.clone())
+            .build()
+            .expect("the agent builds");
+        let mut m = agent.machine();
+        let steps = turn(&mut m, "tell me the secret plan").await;
+        assert_eq!(steps.last().unwrap().yield_reason, YieldReason::Blocked);
+        assert_eq!(model.calls(), model_calls);
+        // Beside the model, the message was in the history before the
+        // verdict; before it, it never entered.
+        let kept = m.history().iter().any(|msg| msg.text().contains("secret"));
+        assert_eq!(kept, model_calls == 1);
+    }
 }
