@@ -151,7 +151,7 @@ pub trait Executor: Send + Sync {
     /// history keeps, a blocked message is replaced by markov's note and
     /// the run ends with [`YieldReason::Blocked`]. `None`, the default,
     /// checks nothing and costs nothing.
-    fn input_guard(&self, node: &markov_charter::node::Node) -> Option<markov_guard::GuardStack> {
+    fn input_guard(&self, node: &markov_charter::node::Node) -> Option<crate::run::InputGuard> {
         let _ = node;
         None
     }

@@ -72,8 +72,8 @@ pub use machine::Machine;
 pub use queue::{HeldBack, OnEnqueue, Queue};
 pub use respond::enforcer::ToolChoiceEnforcer;
 pub use run::{
-    Action, DEFAULT_MAX_STEPS, InputCheck, InputChecked, LeafTask, LeafTasks, RECOVERY_TEXT,
-    RunOptions, RunState, run_leaves, run_machine, run_to_completion,
+    Action, DEFAULT_MAX_STEPS, InputCheck, InputChecked, InputGuard, LeafTask, LeafTasks,
+    RECOVERY_TEXT, RunOptions, RunState, run_leaves, run_machine, run_to_completion,
 };
 pub use serialize::{
     DeserializeError, FORMAT_VERSION, SerializeError, SerializedInstance, SerializedMachine,

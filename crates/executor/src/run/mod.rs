@@ -26,7 +26,7 @@ use apply::{
 };
 pub(crate) use drive::resume_to_completion;
 pub use drive::{run_leaves, run_machine, run_to_completion};
-pub use input::{InputCheck, InputChecked};
+pub use input::{InputCheck, InputChecked, InputGuard};
 
 use crate::effect::{Entry, cede_json};
 use crate::error::RunError;
@@ -387,24 +387,11 @@ impl RunState {
         let effects = resolve_effects(machine, &mut entries)?;
         // Applied once the batch is sure to be drained: what an error
         // requeues is the batch as it was.
+        // (Each rewrite and block was traced and audited by the check.)
         let blocked = match self.verdicts.take() {
-            Some(verdicts) => {
-                let applied = input::apply_verdicts(&mut entries, &verdicts);
-                if applied.rewritten > 0 {
-                    tracing::info!(
-                        rewritten = applied.rewritten,
-                        "an input guard rewrote the user's message: the history keeps the rewritten text"
-                    );
-                }
-                for blocked in &applied.blocked {
-                    tracing::warn!(
-                        guard = %blocked.guard,
-                        reason = %blocked.reason,
-                        "the user's message was blocked by a guard: markov's note takes its place"
-                    );
-                }
-                !applied.blocked.is_empty()
-            }
+            Some(verdicts) => !input::apply_verdicts(&mut entries, &verdicts)
+                .blocked
+                .is_empty(),
             None => false,
         };
         let messages: Vec<Message> = collapse_ephemerals(entries)

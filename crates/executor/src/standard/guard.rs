@@ -16,10 +16,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::StreamExt;
 use futures::future::{Either, select};
 use markov_core::MessageId;
+use markov_core::ToolCallId;
 use markov_core::message::{Item, Message, Metadata, Role, StreamInfo, StreamState};
 use markov_core::model::{ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage};
 use markov_core::tool::ToolExecutionResult;
 use markov_guard::{Blocked, Checked, Guards};
+use markov_policy::{AuditSink, GuardAction, GuardPoint, GuardRecord};
 use tokio::sync::watch;
 
 use super::StandardExecutor;
@@ -273,6 +275,7 @@ impl StandardExecutor {
                                 ));
                             }
                             Checked::Passed(Some(rewritten)) => {
+                                self.audit(GuardPoint::Output, GuardAction::Rewrite, None);
                                 replace_text(&mut answer.response.content, rewritten);
                             }
                             Checked::Passed(None) => {}
@@ -292,17 +295,23 @@ impl StandardExecutor {
                 };
                 match guards.tool_calls.check(&input.to_string()).await {
                     Checked::Passed(None) => {}
-                    Checked::Passed(Some(rewritten)) => match serde_json::from_str(&rewritten) {
-                        Ok(value) => *input = value,
-                        Err(_) => refused.push(ToolExecutionResult::error(
+                    Checked::Passed(Some(rewritten)) => {
+                        self.audit(GuardPoint::ToolCall, GuardAction::Rewrite, Some(id));
+                        match serde_json::from_str(&rewritten) {
+                            Ok(value) => *input = value,
+                            Err(_) => refused.push(ToolExecutionResult::error(
+                                id.clone(),
+                                "Tool call not run: a guard rewrote its arguments into text that is not JSON.",
+                            )),
+                        }
+                    }
+                    Checked::Blocked(blocked) => {
+                        self.audit(GuardPoint::ToolCall, block_of(&blocked), Some(id));
+                        refused.push(ToolExecutionResult::error(
                             id.clone(),
-                            "Tool call not run: a guard rewrote its arguments into text that is not JSON.",
-                        )),
-                    },
-                    Checked::Blocked(blocked) => refused.push(ToolExecutionResult::error(
-                        id.clone(),
-                        format!("Tool call not run: {blocked}."),
-                    )),
+                            format!("Tool call not run: {blocked}."),
+                        ));
+                    }
                 }
             }
         }
@@ -319,8 +328,20 @@ impl StandardExecutor {
             for result in &mut ran.outcome.results {
                 match guards.tool_results.check(&result.content).await {
                     Checked::Passed(None) => {}
-                    Checked::Passed(Some(rewritten)) => result.content = rewritten,
+                    Checked::Passed(Some(rewritten)) => {
+                        self.audit(
+                            GuardPoint::ToolResult,
+                            GuardAction::Rewrite,
+                            Some(&result.call_id),
+                        );
+                        result.content = rewritten;
+                    }
                     Checked::Blocked(blocked) => {
+                        self.audit(
+                            GuardPoint::ToolResult,
+                            block_of(&blocked),
+                            Some(&result.call_id),
+                        );
                         result.content = format!("Tool result withheld: {blocked}.");
                         result.is_error = true;
                     }
@@ -328,6 +349,26 @@ impl StandardExecutor {
             }
         }
         Ok(settle(&cx, ran).await)
+    }
+
+    /// The audit sink of the executor's registry, if it has one.
+    pub(super) fn audit_sink(&self) -> Option<&Arc<dyn AuditSink>> {
+        self.registry
+            .as_ref()
+            .and_then(|binding| binding.registry().audit_sink())
+    }
+
+    /// Traces a guard's rewrite or block and hands it to the audit sink.
+    fn audit(&self, point: GuardPoint, action: GuardAction, call_id: Option<&ToolCallId>) {
+        let record = GuardRecord {
+            point,
+            action,
+            call_id: call_id.cloned(),
+        };
+        record.trace();
+        if let Some(sink) = self.audit_sink() {
+            sink.guard(&record);
+        }
     }
 
     /// What an answer's call used, with the summarizer's calls.
@@ -355,10 +396,14 @@ impl StandardExecutor {
     ) -> LeafOutcome {
         tracing::warn!(
             instance = %cx.instance().id(),
-            guard = %blocked.guard,
-            reason = %blocked.reason,
             "the {what} was blocked by a guard"
         );
+        let point = if what == "answer" {
+            GuardPoint::Output
+        } else {
+            GuardPoint::Input
+        };
+        self.audit(point, block_of(&blocked), None);
         let source = cx.source();
         let text = format!("{BLOCKED_NOTE} The {what} was {blocked}.");
         let mut metadata = Metadata::with_source(source.clone());
@@ -453,7 +498,10 @@ pub(super) async fn read_held(
                 match hold.guards.output.check(&piece).await {
                     Checked::Passed(None) => piece,
                     Checked::Passed(Some(rewritten)) => {
-                        hold.state().rewritten = true;
+                        let first = !std::mem::replace(&mut hold.state().rewritten, true);
+                        if first {
+                            exec.audit(GuardPoint::Output, GuardAction::Rewrite, None);
+                        }
                         rewritten
                     }
                     Checked::Blocked(blocked) => {
@@ -484,6 +532,14 @@ pub(super) async fn read_held(
     Err(ModelError::InvalidResponse(
         "the stream ended without a final message".into(),
     ))
+}
+
+/// A block, as audited.
+fn block_of(blocked: &Blocked) -> GuardAction {
+    GuardAction::Block {
+        guard: blocked.guard.clone(),
+        reason: blocked.reason.clone(),
+    }
 }
 
 /// Tells `options` of `update` and notes its sequence number.

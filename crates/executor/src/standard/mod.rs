@@ -311,9 +311,11 @@ impl Executor for StandardExecutor {
     /// call gets exactly one result, a cancelled run's included.
     /// The input guards, unless they run beside the model call
     /// ([`Guards::concurrent_input`](markov_guard::Guards::concurrent_input)).
-    fn input_guard(&self, _node: &markov_charter::node::Node) -> Option<markov_guard::GuardStack> {
+    fn input_guard(&self, _node: &markov_charter::node::Node) -> Option<crate::run::InputGuard> {
         let guards = self.guards.as_ref()?;
-        (!guards.is_input_concurrent() && !guards.input.is_empty()).then(|| guards.input.clone())
+        (!guards.is_input_concurrent() && !guards.input.is_empty()).then(|| {
+            crate::run::InputGuard::new(guards.input.clone()).audited(self.audit_sink().cloned())
+        })
     }
 
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {

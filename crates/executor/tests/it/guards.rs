@@ -531,3 +531,76 @@ async fn the_agent_builder_chooses_the_concurrent_input_mode() {
         assert_eq!(kept, model_calls == 1);
     }
 }
+
+/// Keeps the guard records it hears.
+#[derive(Debug, Default)]
+struct GuardAudit(Mutex<Vec<markov_policy::GuardRecord>>);
+
+impl markov_policy::AuditSink for GuardAudit {
+    fn record(&self, _: &markov_policy::AuditRecord) {}
+    fn guard(&self, record: &markov_policy::GuardRecord) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(record.clone());
+    }
+}
+
+#[tokio::test]
+async fn the_audit_sink_hears_every_block_and_rewrite_of_the_guards() {
+    use markov_policy::{
+        Budget, Category, GuardAction, GuardPoint, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
+    };
+    let audit = Arc::new(GuardAudit::default());
+    let registry =
+        ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED).audit_sink(audit.clone()))
+            .register(Add, ToolMetadata::new(Category::Other))
+            .lock()
+            .expect("the registry locks");
+    let model = ScriptedModel::builder()
+        .response(ModelResponse::new(
+            vec![Item::tool_use("c1", "add", json!({"a": 666, "b": 1}))],
+            StopReason::ToolUse,
+        ))
+        .text("Write to bob@example.com.")
+        .build();
+    let executor = StandardExecutor::new(model)
+        .with_registry(Arc::new(registry), Mode::TEXT)
+        .with_guards(
+            Guards::new()
+                .input(PiiRedactor::new())
+                .input(Forbid::new("secret plan"))
+                .tool_call(Forbid::new("666"))
+                .output(PiiRedactor::new()),
+        );
+    let mut m = machine(executor, Node::builder("Add.").build().expect("node"));
+    turn(&mut m, "I am ann@example.com, add 666 and 1").await;
+    turn(&mut m, "the secret plan").await;
+    let heard = audit.0.lock().unwrap().clone();
+    let seen: Vec<(GuardPoint, Option<&str>, bool)> = heard
+        .iter()
+        .map(|r| {
+            (
+                r.point,
+                r.call_id.as_ref().map(|id| id.as_str()),
+                matches!(r.action, GuardAction::Rewrite),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (GuardPoint::Input, None, true),
+            (GuardPoint::ToolCall, Some("c1"), false),
+            (GuardPoint::Output, None, true),
+            (GuardPoint::Input, None, false),
+        ]
+    );
+    assert_eq!(
+        heard[3].action,
+        GuardAction::Block {
+            guard: "forbid".into(),
+            reason: "it mentions a forbidden word".into()
+        }
+    );
+}
