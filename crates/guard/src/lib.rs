@@ -195,6 +195,11 @@ impl GuardStack {
         self.guards.is_empty()
     }
 
+    /// Adds `other`'s guards after these.
+    pub fn extend(&mut self, other: &GuardStack) {
+        self.guards.extend(other.guards.iter().cloned());
+    }
+
     /// The hold the stack's guards need together ([`Hold::and`]).
     pub fn hold(&self) -> Hold {
         self.guards
@@ -298,6 +303,19 @@ impl Guards {
         self.concurrent_input
     }
 
+    /// These guards followed, in each stack, by `other`'s: how a node's
+    /// own guards join the agent's. The input guards run beside the model
+    /// call if either says so.
+    #[must_use]
+    pub fn then(mut self, other: &Guards) -> Guards {
+        self.input.extend(&other.input);
+        self.output.extend(&other.output);
+        self.tool_calls.extend(&other.tool_calls);
+        self.tool_results.extend(&other.tool_results);
+        self.concurrent_input |= other.concurrent_input;
+        self
+    }
+
     /// Whether no stack has a guard.
     pub fn is_empty(&self) -> bool {
         self.input.is_empty()
@@ -358,6 +376,19 @@ mod tests {
             GuardStack::default().check("x").await,
             Checked::Passed(None)
         );
+    }
+
+    #[tokio::test]
+    async fn a_nodes_guards_run_after_the_agents() {
+        let joined = Guards::new()
+            .output(Upper)
+            .then(&Guards::new().output(NoShouting).concurrent_input());
+        assert!(matches!(
+            joined.output.check("hi").await,
+            Checked::Blocked(Blocked { guard, .. }) if guard == "no-shouting"
+        ));
+        assert!(joined.is_input_concurrent());
+        assert!(joined.input.is_empty());
     }
 
     #[test]

@@ -164,6 +164,7 @@ impl StandardExecutor {
                 let inner = Arc::clone(&options.on_message_stream);
                 let mut copy = self.clone();
                 copy.guards = None;
+                copy.node_guards = None;
                 copy.hold = Some(Arc::clone(hold));
                 copy.streaming = Some(StreamOptions::new(move |event| {
                     if let MessageStreamEvent::Start {

@@ -604,3 +604,57 @@ async fn the_audit_sink_hears_every_block_and_rewrite_of_the_guards() {
         }
     );
 }
+
+#[tokio::test]
+async fn a_nodes_own_guards_check_only_that_nodes_answers() {
+    use markov_charter::transition::Transition;
+
+    let intake = Node::builder("Take the request.")
+        .name("intake")
+        .transition("next", Transition::to_ref("Go on.", "billing"))
+        .build()
+        .expect("node builds");
+    let billing = Node::builder("Answer about bills.")
+        .name("billing")
+        .build()
+        .expect("node builds");
+    let model = ScriptedModel::builder()
+        .text("Intake writes ann@example.com.")
+        .tool_call("transition", json!({"to": "next", "reason": "billing"}))
+        .text("Billing writes bob@example.com.")
+        .build();
+    let agent = markov_executor::Agent::builder("desk")
+        .node("intake", intake)
+        .node("billing", billing)
+        .node_guards("billing", Guards::new().output(PiiRedactor::new()))
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let mut m = agent.machine();
+    turn(&mut m, "hi").await;
+    turn(&mut m, "my bill").await;
+    let answers: Vec<String> = m
+        .history()
+        .iter()
+        .filter(|msg| msg.role == Role::Assistant)
+        .map(Message::text)
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            "Intake writes ann@example.com.",
+            "Billing writes [EMAIL_1]."
+        ]
+    );
+
+    let unknown = markov_executor::Agent::builder("desk")
+        .instructions("Help.")
+        .node_guards("nowhere", Guards::new().output(PiiRedactor::new()))
+        .model(ScriptedModel::builder().build())
+        .build();
+    assert!(matches!(
+        unknown,
+        Err(markov_executor::BuildError::UnknownGuardedNode { node, .. }) if node == "nowhere"
+    ));
+}
