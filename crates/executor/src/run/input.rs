@@ -10,45 +10,13 @@
 //! [`RunState::on_input_checked`](super::RunState::on_input_checked). An
 //! executor without input guards is never asked and nothing is checked.
 
-use std::sync::Arc;
-
 use markov_core::message::{Item, Items, Message, Metadata, Role};
-use markov_guard::{Blocked, Checked, GuardStack};
-use markov_policy::{AuditSink, GuardAction, GuardPoint, GuardRecord};
+use markov_guard::{Blocked, Checked};
+use markov_policy::{GuardAction, GuardPoint, GuardRecord};
 
 use crate::effect::Entry;
-use crate::standard::BLOCKED_NOTE;
-
-/// The input guards an executor runs where a run drains user messages
-/// ([`Executor::input_guard`](crate::Executor::input_guard)), and the audit
-/// sink that hears of their rewrites and blocks.
-#[derive(Debug, Clone)]
-pub struct InputGuard {
-    guards: GuardStack,
-    audit: Option<Arc<dyn AuditSink>>,
-}
-
-impl InputGuard {
-    /// `guards`, audited by tracing only.
-    pub fn new(guards: GuardStack) -> Self {
-        InputGuard {
-            guards,
-            audit: None,
-        }
-    }
-
-    /// Sends each rewrite and block to `sink` too ([`AuditSink::guard`]).
-    #[must_use]
-    pub fn audited(mut self, sink: Option<Arc<dyn AuditSink>>) -> Self {
-        self.audit = sink;
-        self
-    }
-
-    /// Whether there is no guard.
-    pub fn is_empty(&self) -> bool {
-        self.guards.is_empty()
-    }
-}
+use crate::executor::InputGuard;
+use crate::step::BLOCKED_NOTE;
 
 /// The user texts of a drain that the input guards must check before they
 /// enter the history. Run it with [`InputCheck::run`].
@@ -69,7 +37,7 @@ impl InputCheck {
     pub async fn run(self) -> InputChecked {
         let mut verdicts = Vec::with_capacity(self.texts.len());
         for text in self.texts {
-            let checked = self.guard.guards.check(&text).await;
+            let checked = self.guard.guards().check(&text).await;
             let action = match &checked {
                 Checked::Passed(None) => None,
                 Checked::Passed(Some(_)) => Some(GuardAction::Rewrite),
@@ -85,7 +53,7 @@ impl InputCheck {
                     call_id: None,
                 };
                 record.trace();
-                if let Some(sink) = &self.guard.audit {
+                if let Some(sink) = self.guard.audit() {
                     sink.guard(&record);
                 }
             }

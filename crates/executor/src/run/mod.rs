@@ -26,7 +26,7 @@ use apply::{
 };
 pub(crate) use drive::resume_to_completion;
 pub use drive::{run_leaves, run_machine, run_to_completion};
-pub use input::{InputCheck, InputChecked, InputGuard};
+pub use input::{InputCheck, InputChecked};
 
 use crate::effect::{Entry, cede_json};
 use crate::error::RunError;

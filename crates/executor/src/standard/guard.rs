@@ -32,13 +32,10 @@ use super::tools::ToolsRan;
 use crate::effect::Entry;
 use crate::error::RunError;
 use crate::executor::{LeafContext, LeafOutcome};
-use crate::step::YieldReason;
+use crate::step::{BLOCKED_NOTE, YieldReason};
 use crate::stream::{
     DeltaKind, MessageStreamEvent, StreamDelta, StreamFailure, StreamOptions, VesselState,
 };
-
-/// The prefix of the note recorded in a blocked step's place.
-pub const BLOCKED_NOTE: &str = "[guard]";
 
 /// One leaf's streamed text held back until the guards passed it.
 #[derive(Debug)]

@@ -49,7 +49,6 @@ use tools::ToolsRan;
 
 mod call;
 pub(crate) mod guard;
-pub use guard::BLOCKED_NOTE;
 mod prepare;
 mod record;
 mod settle;
@@ -380,10 +379,14 @@ impl Executor for StandardExecutor {
     /// call gets exactly one result, a cancelled run's included.
     /// The input guards, unless they run beside the model call
     /// ([`Guards::concurrent_input`](markov_guard::Guards::concurrent_input)).
-    fn input_guard(&self, node: &markov_charter::node::Node) -> Option<crate::run::InputGuard> {
+    fn input_guard(
+        &self,
+        node: &markov_charter::node::Node,
+    ) -> Option<crate::executor::InputGuard> {
         let guards = self.guards_of(node)?;
         (!guards.is_input_concurrent() && !guards.input.is_empty()).then(|| {
-            crate::run::InputGuard::new(guards.input.clone()).audited(self.audit_sink().cloned())
+            crate::executor::InputGuard::new(guards.input.clone())
+                .audited(self.audit_sink().cloned())
         })
     }
 
