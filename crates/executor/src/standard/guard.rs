@@ -453,9 +453,27 @@ pub(super) async fn read_held(
     let mut index = 0;
     let mut thinking: Vec<MessageStreamEvent> = Vec::new();
     let mut events = exec.model.stream(request);
-    let stopped = || Ok(ModelResponse::new(Vec::new(), StopReason::EndTurn));
+    // What the model has sent so far: a stream dropped on a block has not
+    // reported its usage (providers report it at the end), so what it used
+    // is estimated from the request and this text, conservatively.
+    let mut received = String::new();
+    let stopped = |received: &str| {
+        let mut cut = ModelResponse::new(Vec::new(), StopReason::EndTurn);
+        cut.usage = Usage {
+            input_tokens: markov_context::estimate_input_tokens(&request),
+            output_tokens: markov_core::tokens::estimate_text(received),
+            ..Usage::default()
+        };
+        Ok(cut)
+    };
     while let Some(event) = events.next().await {
         let event = event?;
+        match &event {
+            StreamEvent::TextDelta { text, .. } => received.push_str(text),
+            StreamEvent::ThinkingDelta { thinking, .. } => received.push_str(thinking),
+            StreamEvent::ToolCallDelta { partial_json, .. } => received.push_str(partial_json),
+            _ => {}
+        }
         let done = matches!(event, StreamEvent::Done(_));
         if let Some(update) = vessel.on_event(&event) {
             match &update {
@@ -477,7 +495,7 @@ pub(super) async fn read_held(
             if done || hold.input.as_ref().is_some_and(|rx| rx.borrow().is_some()) {
                 input_passed = hold.input_passed().await;
                 if !input_passed {
-                    return stopped();
+                    return stopped(&received);
                 }
             } else {
                 // The input guard has not decided: keep reading.
@@ -504,7 +522,7 @@ pub(super) async fn read_held(
                     }
                     Checked::Blocked(blocked) => {
                         hold.state().blocked = Some(blocked);
-                        return stopped();
+                        return stopped(&received);
                     }
                 }
             } else {

@@ -658,3 +658,26 @@ async fn a_nodes_own_guards_check_only_that_nodes_answers() {
         Err(markov_executor::BuildError::UnknownGuardedNode { node, .. }) if node == "nowhere"
     ));
 }
+
+#[tokio::test]
+async fn a_stream_cut_by_a_block_still_counts_what_it_used() {
+    let model = Chunked(Mutex::new(vec![chunked(&[
+        "Hello there, here is everything you asked for. ",
+        "Your card is 4111 1111 1111 1111",
+        ". Bye.",
+    ])]));
+    let guard = Forbid {
+        hold: Hold::Sentence,
+        ..Forbid::new("4111")
+    };
+    let (mut m, _) = streamed(model, Guards::new().output(guard));
+    let steps = turn(&mut m, "everything, please").await;
+    let last = steps.last().unwrap();
+    assert_eq!(last.yield_reason, YieldReason::Blocked);
+    // The provider never reported the cut call's usage: it is estimated
+    // from the request and the text received before the block.
+    assert_eq!(last.usage.requests, 1);
+    assert!(last.usage.input_tokens > 0, "{:?}", last.usage);
+    assert!(last.usage.output_tokens >= 10, "{:?}", last.usage);
+    assert_eq!(m.usage().session.output_tokens, last.usage.output_tokens);
+}
