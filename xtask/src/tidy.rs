@@ -919,6 +919,7 @@ const LAYERS: &[Layer] = &[
             "markov-charter",
             "markov-context",
             "markov-executor",
+            "markov-guard",
             "markov-store",
             "markov-server",
             "markov-providers",

@@ -47,6 +47,10 @@
 //!     limits on tokens and requests (each call admitted first, its input
 //!     estimated from sums kept as the history grows).
 //!
+//! 13. Guards on a streamed answer: the latency holding text back until
+//!     the output guards passed it adds, per sentence and to the first
+//!     byte (see `guard_stream.rs`; `markov-bench guard-stream`).
+//!
 //! Every figure prints one machine-readable line (`bench=<name> key=value
 //! ...`) as it finishes, and a table closes the run.
 //!
@@ -59,6 +63,7 @@
 mod body;
 mod counting;
 mod failover;
+mod guard_stream;
 mod mcp;
 mod provider_path;
 mod server;
@@ -289,6 +294,10 @@ fn main() -> ExitCode {
                 _ => usage(),
             }
         }
+        ["guard-stream"] => {
+            guard_stream::figure(20, 200);
+            ExitCode::SUCCESS
+        }
         ["mcp-server"] => mcp::serve_stdio(),
         ["tool-search"] => match tool_search::figure(500) {
             Ok(_) => ExitCode::SUCCESS,
@@ -385,7 +394,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
     );
     ExitCode::from(2)
 }

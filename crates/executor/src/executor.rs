@@ -1,11 +1,15 @@
 //! The executor contract: one inference for one leaf.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use markov_charter::charter::Charter;
 use markov_core::Message;
 use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::message::Source;
 use markov_core::tool::TerminateResponse;
+use markov_guard::GuardStack;
+use markov_policy::AuditSink;
 use markov_policy::PolicyState;
 use serde_json::Value;
 
@@ -15,6 +19,47 @@ use crate::instance::{ActiveLeaf, Instance};
 use crate::queue::Queue;
 use crate::step::{TurnState, YieldReason};
 use markov_context::ContextViews;
+
+/// The input guards an executor runs where a run drains user messages
+/// ([`Executor::input_guard`]), and the audit
+/// sink that hears of their rewrites and blocks.
+#[derive(Debug, Clone)]
+pub struct InputGuard {
+    guards: GuardStack,
+    audit: Option<Arc<dyn AuditSink>>,
+}
+
+impl InputGuard {
+    /// `guards`, audited by tracing only.
+    pub fn new(guards: GuardStack) -> Self {
+        InputGuard {
+            guards,
+            audit: None,
+        }
+    }
+
+    /// Sends each rewrite and block to `sink` too ([`AuditSink::guard`]).
+    #[must_use]
+    pub fn audited(mut self, sink: Option<Arc<dyn AuditSink>>) -> Self {
+        self.audit = sink;
+        self
+    }
+
+    /// Whether there is no guard.
+    pub fn is_empty(&self) -> bool {
+        self.guards.is_empty()
+    }
+
+    /// The guards.
+    pub fn guards(&self) -> &GuardStack {
+        &self.guards
+    }
+
+    /// The audit sink, if any.
+    pub fn audit(&self) -> Option<&Arc<dyn AuditSink>> {
+        self.audit.as_ref()
+    }
+}
 
 /// Everything an executor may read for one leaf in one step. It may not
 /// change the tree: it reports messages and effects in a [`LeafOutcome`].
@@ -144,4 +189,15 @@ impl LeafOutcome {
 pub trait Executor: Send + Sync {
     /// Performs one inference for `cx.leaf` and reports what it produced.
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError>;
+
+    /// The guards that check each user message where a run takes it from
+    /// the queue, before it enters the history, when the message goes to
+    /// a leaf of `node` (the tree's primary leaf): a rewrite is what the
+    /// history keeps, a blocked message is replaced by markov's note and
+    /// the run ends with [`YieldReason::Blocked`]. `None`, the default,
+    /// checks nothing and costs nothing.
+    fn input_guard(&self, node: &markov_charter::node::Node) -> Option<InputGuard> {
+        let _ = node;
+        None
+    }
 }

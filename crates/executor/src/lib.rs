@@ -66,23 +66,21 @@ pub use command::{
 };
 pub use effect::{Effect, Entry};
 pub use error::RunError;
-pub use executor::{Executor, Intent, LeafContext, LeafOutcome};
+pub use executor::{Executor, InputGuard, Intent, LeafContext, LeafOutcome};
 pub use instance::{ActiveLeaf, Instance, MAX_TREE_DEPTH, SuspendInfo};
 pub use machine::Machine;
 pub use queue::{HeldBack, OnEnqueue, Queue};
 pub use respond::enforcer::ToolChoiceEnforcer;
 pub use run::{
-    Action, DEFAULT_MAX_STEPS, LeafTask, LeafTasks, RECOVERY_TEXT, RunOptions, RunState,
-    run_leaves, run_machine, run_to_completion,
+    Action, DEFAULT_MAX_STEPS, InputCheck, InputChecked, LeafTask, LeafTasks, RECOVERY_TEXT,
+    RunOptions, RunState, run_leaves, run_machine, run_to_completion,
 };
 pub use serialize::{
     DeserializeError, FORMAT_VERSION, SerializeError, SerializedInstance, SerializedMachine,
     serialize_instance_tree, serialize_machine,
 };
-pub use standard::{
-    BLOCKED_NOTE, CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor,
-};
-pub use step::{MachineStep, ModelCall, SuspendedInstance, TurnState, YieldReason};
+pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
+pub use step::{BLOCKED_NOTE, MachineStep, ModelCall, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use team::{
     Handoff, HandoffRecord, HistoryFilter, Team, TeamBuilder, TeamError, TeamSession, TeamTurn,

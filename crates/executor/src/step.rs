@@ -9,6 +9,11 @@ use serde_json::Value;
 
 use crate::instance::Instance;
 
+/// The prefix of markov's note recorded in the place of what a guard
+/// blocked (a user's message, an answer): a system message, never the
+/// blocked words.
+pub const BLOCKED_NOTE: &str = "[guard]";
+
 /// Why a step ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

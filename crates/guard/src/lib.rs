@@ -6,9 +6,11 @@
 //! guard, the first block ends the check), and [`Guards`] says where each
 //! stack runs:
 //!
-//! - **input**: the user's message of a turn, before any tool call of the
-//!   turn's first answer runs (the executor runs it concurrently with the
-//!   model call and holds the answer back until it passed);
+//! - **input**: each user message, before it enters the history and
+//!   before any model call (a rewrite is what the history keeps, a block
+//!   replaces the message by a note); the executor can instead run it
+//!   concurrently with the model call, holding the answer back until it
+//!   passed;
 //! - **output**: the answer's text, and streamed text, which is held back
 //!   until the output stack passed it (per sentence, per N tokens or the
 //!   whole answer: the guards' [`Hold`] says which);
@@ -193,6 +195,11 @@ impl GuardStack {
         self.guards.is_empty()
     }
 
+    /// Adds `other`'s guards after these.
+    pub fn extend(&mut self, other: &GuardStack) {
+        self.guards.extend(other.guards.iter().cloned());
+    }
+
     /// The hold the stack's guards need together ([`Hold::and`]).
     pub fn hold(&self) -> Hold {
         self.guards
@@ -238,6 +245,9 @@ pub struct Guards {
     pub tool_calls: GuardStack,
     /// Checks each tool result before the model reads it.
     pub tool_results: GuardStack,
+    /// The input stack runs beside the turn's first model call rather than
+    /// before the message enters the history ([`Guards::concurrent_input`]).
+    concurrent_input: bool,
 }
 
 impl Guards {
@@ -271,6 +281,38 @@ impl Guards {
     #[must_use]
     pub fn tool_result(mut self, guard: impl Guard + 'static) -> Self {
         self.tool_results.push(Arc::new(guard));
+        self
+    }
+
+    /// Runs the input guards beside the turn's first model call instead of
+    /// before the message enters the history: a guard that passes adds no
+    /// latency. No streamed text is released and no tool call of the
+    /// answer runs before they passed, and a block drops the model call;
+    /// but the model was called with the message, so it is in the history
+    /// when they decide: a rewrite is not applied (it is logged) and a
+    /// blocked message stays beside markov's note. Off by default.
+    #[must_use]
+    pub fn concurrent_input(mut self) -> Self {
+        self.concurrent_input = true;
+        self
+    }
+
+    /// Whether the input guards run beside the model call
+    /// ([`Guards::concurrent_input`]).
+    pub fn is_input_concurrent(&self) -> bool {
+        self.concurrent_input
+    }
+
+    /// These guards followed, in each stack, by `other`'s: how a node's
+    /// own guards join the agent's. The input guards run beside the model
+    /// call if either says so.
+    #[must_use]
+    pub fn then(mut self, other: &Guards) -> Guards {
+        self.input.extend(&other.input);
+        self.output.extend(&other.output);
+        self.tool_calls.extend(&other.tool_calls);
+        self.tool_results.extend(&other.tool_results);
+        self.concurrent_input |= other.concurrent_input;
         self
     }
 
@@ -334,6 +376,19 @@ mod tests {
             GuardStack::default().check("x").await,
             Checked::Passed(None)
         );
+    }
+
+    #[tokio::test]
+    async fn a_nodes_guards_run_after_the_agents() {
+        let joined = Guards::new()
+            .output(Upper)
+            .then(&Guards::new().output(NoShouting).concurrent_input());
+        assert!(matches!(
+            joined.output.check("hi").await,
+            Checked::Blocked(Blocked { guard, .. }) if guard == "no-shouting"
+        ));
+        assert!(joined.is_input_concurrent());
+        assert!(joined.input.is_empty());
     }
 
     #[test]

@@ -99,8 +99,94 @@ pub struct AuditRecord {
     pub error_type: Option<ToolErrorKind>,
 }
 
-/// Receives one [`AuditRecord`] per call (e.g. to persist them).
+/// Where a guard checked a text (see `markov-guard`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GuardPoint {
+    /// A user's message.
+    Input,
+    /// The model's answer, streamed text included.
+    Output,
+    /// A tool call's arguments.
+    ToolCall,
+    /// A tool's result.
+    ToolResult,
+}
+
+impl GuardPoint {
+    /// The point's name as audited: `input`, `output`, `tool_call` or
+    /// `tool_result`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GuardPoint::Input => "input",
+            GuardPoint::Output => "output",
+            GuardPoint::ToolCall => "tool_call",
+            GuardPoint::ToolResult => "tool_result",
+        }
+    }
+}
+
+/// What a guard did to a text, as audited. A pass is not audited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GuardAction {
+    /// The text went on rewritten (a redaction).
+    Rewrite,
+    /// The text was blocked.
+    Block {
+        /// The guard that blocked.
+        guard: String,
+        /// Its reason.
+        reason: String,
+    },
+}
+
+/// A guard's rewrite or block, as audited: never the text itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuardRecord {
+    /// Where the guard checked.
+    pub point: GuardPoint,
+    /// What it did.
+    pub action: GuardAction,
+    /// The tool call, at [`GuardPoint::ToolCall`] and
+    /// [`GuardPoint::ToolResult`].
+    pub call_id: Option<ToolCallId>,
+}
+
+impl GuardRecord {
+    /// Writes the record as a `tracing` event (`event = "guard"`): a
+    /// warning for a block, information for a rewrite.
+    pub fn trace(&self) {
+        let call_id = self.call_id.as_ref().map(ToolCallId::as_str);
+        match &self.action {
+            GuardAction::Rewrite => tracing::info!(
+                event = "guard",
+                point = self.point.as_str(),
+                call_id,
+                action = "rewrite",
+                "a guard rewrote a text"
+            ),
+            GuardAction::Block { guard, reason } => tracing::warn!(
+                event = "guard",
+                point = self.point.as_str(),
+                call_id,
+                action = "block",
+                guard = guard.as_str(),
+                reason = reason.as_str(),
+                "a guard blocked a text"
+            ),
+        }
+    }
+}
+
+/// Receives one [`AuditRecord`] per call, and one [`GuardRecord`] per
+/// guard's rewrite or block (e.g. to persist them).
 pub trait AuditSink: Send + Sync + fmt::Debug {
     /// Records one call. Called on the task that ran the call: keep it quick.
     fn record(&self, record: &AuditRecord);
+
+    /// Records a guard's rewrite or block. Called on the task that ran the
+    /// guard: keep it quick. Ignored unless implemented.
+    fn guard(&self, record: &GuardRecord) {
+        let _ = record;
+    }
 }

@@ -265,6 +265,13 @@ impl ToolRegistry {
         &self.config
     }
 
+    /// The audit sink of the stack's settings
+    /// ([`PolicyConfig::audit_sink`]), if one is set: where the executor
+    /// also sends its guards' records ([`GuardRecord`](crate::GuardRecord)).
+    pub fn audit_sink(&self) -> Option<&Arc<dyn crate::AuditSink>> {
+        self.config.audit_sink.as_ref()
+    }
+
     /// Whether this registry wraps successful results in the envelope.
     pub fn envelope(&self) -> EnvelopeMode {
         self.config.envelope

@@ -337,6 +337,19 @@ function showMessage(message) {
           state.echoNode = null;
           continue;
         }
+        if (state.echo !== null && state.echoNode) {
+          // The text sent came back otherwise: an input guard rewrote it
+          // (a redaction). The bubble shows what the conversation keeps.
+          const sent = state.echoNode;
+          sent.replaceChildren();
+          appendVisibly(sent, item.text, PROSE);
+          sent.classList.add("rewritten");
+          sent.title = "rewritten by a guard";
+          retitle(state.session, state.echo, item.text);
+          state.echo = null;
+          state.echoNode = null;
+          continue;
+        }
         userMessage(item.text);
         remember(state.session, item.text);
       } else if (item.type === "tool_result") {
@@ -350,6 +363,14 @@ function showMessage(message) {
     } else if (message.role === "system") {
       // A guard's block is markov's note too, shown as a block.
       if (item.type === "text" && item.text && item.text.startsWith("[guard] ")) {
+        if (state.echo !== null && state.echoNode) {
+          // The message sent never entered the conversation: the note
+          // takes its bubble's place, as it does in the history.
+          state.echoNode.remove();
+          retitle(state.session, state.echo, null);
+          state.echo = null;
+          state.echoNode = null;
+        }
         markovNote(item.text.slice(8), "blocked by a guard").classList.add("blocked");
       } else if (item.type === "text" && item.text) markovNote(item.text);
     }
@@ -729,6 +750,17 @@ function remember(id, text) {
   if (all[id]) return;
   all[id] = clip(text.replace(/\s+/g, " ").trim(), 80);
   try { localStorage.setItem("markov.titles", JSON.stringify(all)); } catch (_) { /* full or off */ }
+}
+
+// A guard rewrote or blocked the message a chat was called by: the chat
+// is called by what the conversation keeps (`to`), or by nothing.
+function retitle(id, from, to) {
+  const all = titles();
+  if (!id || all[id] !== clip(from.replace(/\s+/g, " ").trim(), 80)) return;
+  if (to === null) delete all[id];
+  else all[id] = clip(to.replace(/\s+/g, " ").trim(), 80);
+  try { localStorage.setItem("markov.titles", JSON.stringify(all)); } catch (_) { /* full or off */ }
+  loadSessions();
 }
 
 function when(ms) {

@@ -614,6 +614,28 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 }
             };
             match action {
+                Action::CheckInput(check) => {
+                    // Before the drain writes anything: the history is
+                    // written with what the input guards let through.
+                    if self.cancel.is_cancelled() {
+                        return self.stopped(&mut state, on_step).await;
+                    }
+                    let cancel = self.cancel.clone();
+                    let checked = {
+                        let checking = check.run();
+                        futures::pin_mut!(checking);
+                        match futures::future::select(checking, std::pin::pin!(cancel.cancelled()))
+                            .await
+                        {
+                            futures::future::Either::Left((checked, _)) => Some(checked),
+                            futures::future::Either::Right(((), _)) => None,
+                        }
+                    };
+                    let Some(checked) = checked else {
+                        return self.stopped(&mut state, on_step).await;
+                    };
+                    state.on_input_checked(checked);
+                }
                 Action::RunLeaves(tasks) => {
                     let half = crate::ms(self.lease_ttl) / 2;
                     if crate::now_ms().saturating_add(half)

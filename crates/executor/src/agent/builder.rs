@@ -114,6 +114,7 @@ pub struct OnModel<P = NoPolicyTools> {
     prices: Option<Prices>,
     context_policy: Option<ContextPolicy>,
     guards: Option<markov_guard::Guards>,
+    node_guards: Vec<(String, markov_guard::Guards)>,
     tools: P,
 }
 
@@ -421,6 +422,16 @@ impl<N, P> AgentBuilder<N, OnModel<P>> {
     pub fn guards(self, guards: markov_guard::Guards) -> Self {
         self.on_model(|run| run.guards = Some(guards))
     }
+
+    /// Guards of the node named `node` of its own (see
+    /// [`StandardExecutor::with_node_guards`]): its leaves run the agent's
+    /// [`guards`](Self::guards) and then these, in each stack. A name the
+    /// agent has no node of fails the build
+    /// ([`BuildError::UnknownGuardedNode`]).
+    pub fn node_guards(self, node: impl Into<String>, guards: markov_guard::Guards) -> Self {
+        let node = node.into();
+        self.on_model(|run| run.node_guards.push((node, guards)))
+    }
 }
 
 impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
@@ -434,6 +445,7 @@ impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
             prices,
             context_policy,
             guards,
+            node_guards,
             tools: NoPolicyTools(()),
         } = self.run;
         AgentBuilder {
@@ -445,6 +457,7 @@ impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
                 prices,
                 context_policy,
                 guards,
+                node_guards,
                 tools: PolicyTools {
                     registry,
                     policies: None,

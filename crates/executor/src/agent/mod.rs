@@ -86,6 +86,14 @@ pub enum BuildError {
         /// The name given to `start`.
         node: String,
     },
+    /// `node_guards` names no node of the agent.
+    #[error("agent {agent:?} has guards for node {node:?}, which it does not have")]
+    UnknownGuardedNode {
+        /// The agent.
+        agent: String,
+        /// The name given to `node_guards`.
+        node: String,
+    },
     /// Two options that cannot be used together, where the builder's type
     /// cannot tell: usage limits (in the [`limits`](AgentBuilder::limits))
     /// on an executor of the application's, since only the standard

@@ -118,10 +118,16 @@ async fn drive(
 ) -> Result<Option<MachineStep>, RunError> {
     // The action is taken apart before the leaves run, so the future
     // does not keep a step's room across the await.
-    let tasks = match state.next(machine)? {
-        Action::Yield(step) => return Ok(Some(step)),
-        Action::Finished => return Ok(None),
-        Action::RunLeaves(tasks) => tasks,
+    let tasks = loop {
+        match state.next(machine)? {
+            Action::Yield(step) => return Ok(Some(step)),
+            Action::Finished => return Ok(None),
+            Action::RunLeaves(tasks) => break tasks,
+            Action::CheckInput(check) => {
+                let checked = check.run().await;
+                state.on_input_checked(checked);
+            }
+        }
     };
     let span = tracing::info_span!("step", step = state.steps, leaves = tasks.len());
     let results = run_leaves(machine, state, &tasks).instrument(span).await;

@@ -19,12 +19,14 @@ use serde::{Deserialize, Serialize};
 
 mod apply;
 mod drive;
+mod input;
 
 use apply::{
     announce, apply, cedes_of, collapse_ephemerals, resolve_effect, resolve_effects, resume_request,
 };
 pub(crate) use drive::resume_to_completion;
 pub use drive::{run_leaves, run_machine, run_to_completion};
+pub use input::{InputCheck, InputChecked};
 
 use crate::effect::{Entry, cede_json};
 use crate::error::RunError;
@@ -99,6 +101,11 @@ impl RunOptions {
 // add an allocation per step to save a few bytes of a short-lived value.
 #[allow(clippy::large_enum_variant)]
 pub enum Action {
+    /// Check the queued user messages with the input guards before they
+    /// enter the history: await [`InputCheck::run`], hand its verdicts to
+    /// [`RunState::on_input_checked`], then call [`RunState::next`] again.
+    /// Asked only of a machine whose executor has input guards.
+    CheckInput(InputCheck),
     /// Run one inference for each of these leaves (concurrently), then hand
     /// the results, in the same order, to [`RunState::on_leaf_results`].
     RunLeaves(LeafTasks),
@@ -186,6 +193,11 @@ pub struct RunState {
     /// the paused leaves only, replaying their answers.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     resuming: bool,
+    /// The input guards' verdicts on the user texts about to be drained:
+    /// only between a [`Action::CheckInput`] and the drain (never written:
+    /// a run restored before its drain checks again).
+    #[serde(skip)]
+    verdicts: Option<InputChecked>,
 }
 
 fn make_step(
@@ -228,6 +240,7 @@ impl RunState {
             finished: false,
             usage: Usage::default(),
             resuming: false,
+            verdicts: None,
         }
     }
 
@@ -276,11 +289,14 @@ impl RunState {
         if !self.started {
             // Marked only once the drain succeeded: after an error, the next
             // call drains again rather than stepping without the input.
-            let drained = self.initial_drain(machine)?;
-            self.started = true;
-            if let Some(step) = drained {
-                announce(machine, &step, 0);
-                return Ok(Action::Yield(step));
+            match self.initial_drain(machine)? {
+                Drained::Check(check) => return Ok(Action::CheckInput(check)),
+                Drained::Step(step) => {
+                    self.started = true;
+                    announce(machine, &step, 0);
+                    return Ok(Action::Yield(step));
+                }
+                Drained::Run => self.started = true,
             }
         }
         let action = self.begin_step(machine)?;
@@ -291,15 +307,42 @@ impl RunState {
         Ok(action)
     }
 
-    /// Phase A: drain, record, apply. Returns a step when the run ends here.
-    fn initial_drain(&mut self, machine: &mut Machine) -> Result<Option<MachineStep>, RunError> {
+    /// The input guards' verdicts on the user messages of an
+    /// [`Action::CheckInput`]: the next [`RunState::next`] drains them,
+    /// rewritten or blocked as the verdicts say.
+    pub fn on_input_checked(&mut self, checked: InputChecked) {
+        match &mut self.verdicts {
+            Some(verdicts) => verdicts.extend(checked),
+            None => self.verdicts = Some(checked),
+        }
+    }
+
+    /// The check the drained `entries` need before they enter the history:
+    /// `None` when the executor has no input guard for the primary leaf,
+    /// or every user text of `entries` has its verdict.
+    fn input_check(&self, machine: &Machine, entries: &[Entry]) -> Option<InputCheck> {
+        if !entries.iter().any(|e| e.message.role == Role::User) {
+            return None;
+        }
+        // The message goes to the primary leaf: the active instance.
+        let guards = machine.executor.input_guard(machine.root.active().node())?;
+        if guards.is_empty() {
+            return None;
+        }
+        let texts = input::unchecked(entries, self.verdicts.as_ref());
+        (!texts.is_empty()).then(|| input::check(guards, texts))
+    }
+
+    /// Phase A: drain, record, apply. Returns a step when the run ends
+    /// here, or the check the input guards must make first.
+    fn initial_drain(&mut self, machine: &mut Machine) -> Result<Drained, RunError> {
         let mut entries = machine.queue.drain_all();
         if let Some((at, id, suspend_id)) = resume_request(&entries) {
             // The resume step is not done, yet it ends the run.
             return match resume(machine, &id, &suspend_id) {
                 Ok(step) => {
                     self.finished = true;
-                    Ok(Some(step))
+                    Ok(Drained::Step(step))
                 }
                 Err(e) => {
                     // The invalid resume is dropped; the rest waits, in order.
@@ -326,6 +369,12 @@ impl RunState {
                     .len(),
             });
         }
+        if let Some(check) = self.input_check(machine, &entries) {
+            // The input guards decide before anything is drained: the
+            // batch waits, in order, for their verdicts.
+            machine.queue.requeue_front(entries);
+            return Ok(Drained::Check(check));
+        }
         if user_turn {
             // A user turn starts: per-turn budgets start over (and only here,
             // so transitions inside the turn never refill them), and so
@@ -336,23 +385,33 @@ impl RunState {
         // Resolved on the raw batch, so what is requeued on an error is the
         // batch as it was (ephemerals not yet collapsed).
         let effects = resolve_effects(machine, &mut entries)?;
+        // Applied once the batch is sure to be drained: what an error
+        // requeues is the batch as it was.
+        // (Each rewrite and block was traced and audited by the check.)
+        let blocked = match self.verdicts.take() {
+            Some(verdicts) => !input::apply_verdicts(&mut entries, &verdicts)
+                .blocked
+                .is_empty(),
+            None => false,
+        };
         let messages: Vec<Message> = collapse_ephemerals(entries)
             .into_iter()
             .map(|e| e.message)
             .collect();
         machine.history.extend(messages.iter().cloned());
         apply(machine, &effects, 0);
-        if !triggers {
+        if blocked || !triggers {
+            // A blocked message ends the run before any model call.
             self.finished = true;
-            return Ok(Some(make_step(
-                machine,
-                messages,
-                YieldReason::EndTurn,
-                true,
-            )));
+            let reason = if blocked {
+                YieldReason::Blocked
+            } else {
+                YieldReason::EndTurn
+            };
+            return Ok(Drained::Step(make_step(machine, messages, reason, true)));
         }
         self.pending = messages;
-        Ok(None)
+        Ok(Drained::Run)
     }
 
     fn begin_step(&mut self, machine: &Machine) -> Result<Action, RunError> {
@@ -721,6 +780,18 @@ impl RunState {
         step.calls = std::mem::take(&mut calls);
         Ok(step)
     }
+}
+
+/// What the initial drain did.
+// Returned once per run and matched at once.
+#[allow(clippy::large_enum_variant)]
+enum Drained {
+    /// The input guards must check the queued messages first.
+    Check(InputCheck),
+    /// The run ends with this step.
+    Step(MachineStep),
+    /// The run goes on with its first step.
+    Run,
 }
 
 fn resume(

@@ -1,6 +1,7 @@
 //! The step with guards on ([`StandardExecutor::with_guards`]): the same
-//! phases, with the input guard run before the model call (or, as an
-//! option, concurrently with it), the
+//! phases, with the input guard run concurrently with the model call when
+//! asked to (by default it ran where the run drained the message, see
+//! `run/input.rs`), the
 //! output guard on the answer (streamed text held back until it passed),
 //! the tool-call guard before the calls run and the tool-result guard
 //! before the model reads their results.
@@ -15,10 +16,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::StreamExt;
 use futures::future::{Either, select};
 use markov_core::MessageId;
+use markov_core::ToolCallId;
 use markov_core::message::{Item, Message, Metadata, Role, StreamInfo, StreamState};
 use markov_core::model::{ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage};
 use markov_core::tool::ToolExecutionResult;
 use markov_guard::{Blocked, Checked, Guards};
+use markov_policy::{AuditSink, GuardAction, GuardPoint, GuardRecord};
 use tokio::sync::watch;
 
 use super::StandardExecutor;
@@ -29,13 +32,10 @@ use super::tools::ToolsRan;
 use crate::effect::Entry;
 use crate::error::RunError;
 use crate::executor::{LeafContext, LeafOutcome};
-use crate::step::YieldReason;
+use crate::step::{BLOCKED_NOTE, YieldReason};
 use crate::stream::{
     DeltaKind, MessageStreamEvent, StreamDelta, StreamFailure, StreamOptions, VesselState,
 };
-
-/// The prefix of the note recorded in a blocked step's place.
-pub const BLOCKED_NOTE: &str = "[guard]";
 
 /// One leaf's streamed text held back until the guards passed it.
 #[derive(Debug)]
@@ -136,7 +136,9 @@ impl StandardExecutor {
     ) -> Result<LeafOutcome, RunError> {
         let prepared = self.prepare(&cx)?;
         let span = self.chat_span(&cx, &prepared);
-        let input = if guards.input.is_empty() {
+        // Guard-first (the default), the input guard decided where the
+        // run drained the message: only the concurrent mode checks here.
+        let input = if guards.input.is_empty() || !guards.is_input_concurrent() {
             None
         } else {
             turn_input(cx.history)
@@ -159,6 +161,7 @@ impl StandardExecutor {
                 let inner = Arc::clone(&options.on_message_stream);
                 let mut copy = self.clone();
                 copy.guards = None;
+                copy.node_guards = None;
                 copy.hold = Some(Arc::clone(hold));
                 copy.streaming = Some(StreamOptions::new(move |event| {
                     if let MessageStreamEvent::Start {
@@ -173,34 +176,6 @@ impl StandardExecutor {
                 &held
             }
             _ => self,
-        };
-        // Guard-first (the default): the input guard decides before the
-        // model is called, so a blocked message costs no model call.
-        let input = match input {
-            Some(text) if !self.concurrent_input => {
-                match guards.input.check(&text).await {
-                    Checked::Blocked(blocked) => {
-                        let _ = verdict_tx.send(Some(false));
-                        return Ok(self.blocked(
-                            &cx,
-                            hold.as_deref(),
-                            "message",
-                            blocked,
-                            Usage::default(),
-                        ));
-                    }
-                    Checked::Passed(rewritten) => {
-                        if rewritten.is_some() {
-                            tracing::warn!(
-                                "an input guard rewrote the user's message: the message is already in the history, so the rewrite is not applied"
-                            );
-                        }
-                        let _ = verdict_tx.send(Some(true));
-                    }
-                }
-                None
-            }
-            input => input,
         };
         let model_call = exec.call_or_replay(&cx, &prepared, &span);
         let reply = match input {
@@ -298,6 +273,7 @@ impl StandardExecutor {
                                 ));
                             }
                             Checked::Passed(Some(rewritten)) => {
+                                self.audit(GuardPoint::Output, GuardAction::Rewrite, None);
                                 replace_text(&mut answer.response.content, rewritten);
                             }
                             Checked::Passed(None) => {}
@@ -317,17 +293,23 @@ impl StandardExecutor {
                 };
                 match guards.tool_calls.check(&input.to_string()).await {
                     Checked::Passed(None) => {}
-                    Checked::Passed(Some(rewritten)) => match serde_json::from_str(&rewritten) {
-                        Ok(value) => *input = value,
-                        Err(_) => refused.push(ToolExecutionResult::error(
+                    Checked::Passed(Some(rewritten)) => {
+                        self.audit(GuardPoint::ToolCall, GuardAction::Rewrite, Some(id));
+                        match serde_json::from_str(&rewritten) {
+                            Ok(value) => *input = value,
+                            Err(_) => refused.push(ToolExecutionResult::error(
+                                id.clone(),
+                                "Tool call not run: a guard rewrote its arguments into text that is not JSON.",
+                            )),
+                        }
+                    }
+                    Checked::Blocked(blocked) => {
+                        self.audit(GuardPoint::ToolCall, block_of(&blocked), Some(id));
+                        refused.push(ToolExecutionResult::error(
                             id.clone(),
-                            "Tool call not run: a guard rewrote its arguments into text that is not JSON.",
-                        )),
-                    },
-                    Checked::Blocked(blocked) => refused.push(ToolExecutionResult::error(
-                        id.clone(),
-                        format!("Tool call not run: {blocked}."),
-                    )),
+                            format!("Tool call not run: {blocked}."),
+                        ));
+                    }
                 }
             }
         }
@@ -344,8 +326,20 @@ impl StandardExecutor {
             for result in &mut ran.outcome.results {
                 match guards.tool_results.check(&result.content).await {
                     Checked::Passed(None) => {}
-                    Checked::Passed(Some(rewritten)) => result.content = rewritten,
+                    Checked::Passed(Some(rewritten)) => {
+                        self.audit(
+                            GuardPoint::ToolResult,
+                            GuardAction::Rewrite,
+                            Some(&result.call_id),
+                        );
+                        result.content = rewritten;
+                    }
                     Checked::Blocked(blocked) => {
+                        self.audit(
+                            GuardPoint::ToolResult,
+                            block_of(&blocked),
+                            Some(&result.call_id),
+                        );
                         result.content = format!("Tool result withheld: {blocked}.");
                         result.is_error = true;
                     }
@@ -353,6 +347,26 @@ impl StandardExecutor {
             }
         }
         Ok(settle(&cx, ran).await)
+    }
+
+    /// The audit sink of the executor's registry, if it has one.
+    pub(super) fn audit_sink(&self) -> Option<&Arc<dyn AuditSink>> {
+        self.registry
+            .as_ref()
+            .and_then(|binding| binding.registry().audit_sink())
+    }
+
+    /// Traces a guard's rewrite or block and hands it to the audit sink.
+    fn audit(&self, point: GuardPoint, action: GuardAction, call_id: Option<&ToolCallId>) {
+        let record = GuardRecord {
+            point,
+            action,
+            call_id: call_id.cloned(),
+        };
+        record.trace();
+        if let Some(sink) = self.audit_sink() {
+            sink.guard(&record);
+        }
     }
 
     /// What an answer's call used, with the summarizer's calls.
@@ -380,10 +394,14 @@ impl StandardExecutor {
     ) -> LeafOutcome {
         tracing::warn!(
             instance = %cx.instance().id(),
-            guard = %blocked.guard,
-            reason = %blocked.reason,
             "the {what} was blocked by a guard"
         );
+        let point = if what == "answer" {
+            GuardPoint::Output
+        } else {
+            GuardPoint::Input
+        };
+        self.audit(point, block_of(&blocked), None);
         let source = cx.source();
         let text = format!("{BLOCKED_NOTE} The {what} was {blocked}.");
         let mut metadata = Metadata::with_source(source.clone());
@@ -435,9 +453,27 @@ pub(super) async fn read_held(
     let mut index = 0;
     let mut thinking: Vec<MessageStreamEvent> = Vec::new();
     let mut events = exec.model.stream(request);
-    let stopped = || Ok(ModelResponse::new(Vec::new(), StopReason::EndTurn));
+    // What the model has sent so far: a stream dropped on a block has not
+    // reported its usage (providers report it at the end), so what it used
+    // is estimated from the request and this text, conservatively.
+    let mut received = String::new();
+    let stopped = |received: &str| {
+        let mut cut = ModelResponse::new(Vec::new(), StopReason::EndTurn);
+        cut.usage = Usage {
+            input_tokens: markov_context::estimate_input_tokens(&request),
+            output_tokens: markov_core::tokens::estimate_text(received),
+            ..Usage::default()
+        };
+        Ok(cut)
+    };
     while let Some(event) = events.next().await {
         let event = event?;
+        match &event {
+            StreamEvent::TextDelta { text, .. } => received.push_str(text),
+            StreamEvent::ThinkingDelta { thinking, .. } => received.push_str(thinking),
+            StreamEvent::ToolCallDelta { partial_json, .. } => received.push_str(partial_json),
+            _ => {}
+        }
         let done = matches!(event, StreamEvent::Done(_));
         if let Some(update) = vessel.on_event(&event) {
             match &update {
@@ -459,7 +495,7 @@ pub(super) async fn read_held(
             if done || hold.input.as_ref().is_some_and(|rx| rx.borrow().is_some()) {
                 input_passed = hold.input_passed().await;
                 if !input_passed {
-                    return stopped();
+                    return stopped(&received);
                 }
             } else {
                 // The input guard has not decided: keep reading.
@@ -478,12 +514,15 @@ pub(super) async fn read_held(
                 match hold.guards.output.check(&piece).await {
                     Checked::Passed(None) => piece,
                     Checked::Passed(Some(rewritten)) => {
-                        hold.state().rewritten = true;
+                        let first = !std::mem::replace(&mut hold.state().rewritten, true);
+                        if first {
+                            exec.audit(GuardPoint::Output, GuardAction::Rewrite, None);
+                        }
                         rewritten
                     }
                     Checked::Blocked(blocked) => {
                         hold.state().blocked = Some(blocked);
-                        return stopped();
+                        return stopped(&received);
                     }
                 }
             } else {
@@ -509,6 +548,14 @@ pub(super) async fn read_held(
     Err(ModelError::InvalidResponse(
         "the stream ended without a final message".into(),
     ))
+}
+
+/// A block, as audited.
+fn block_of(blocked: &Blocked) -> GuardAction {
+    GuardAction::Block {
+        guard: blocked.guard.clone(),
+        reason: blocked.reason.clone(),
+    }
 }
 
 /// Tells `options` of `update` and notes its sequence number.

@@ -49,7 +49,6 @@ use tools::ToolsRan;
 
 mod call;
 pub(crate) mod guard;
-pub use guard::BLOCKED_NOTE;
 mod prepare;
 mod record;
 mod settle;
@@ -82,12 +81,19 @@ pub struct StandardExecutor {
     settings_given: bool,
     /// The guards; `None` (the default) costs a step nothing.
     guards: Option<Arc<markov_guard::Guards>>,
+    /// Nodes' own guards, each with the agent's followed by the node's;
+    /// `None` (the default) costs a step nothing.
+    node_guards: Option<Arc<NodeGuards>>,
     /// Set on a guarded leaf's own copy only: its streamed text held back.
     hold: Option<Arc<guard::HoldBack>>,
-    /// The input guard runs beside the first model call rather than
-    /// before it.
-    concurrent_input: bool,
 }
+
+/// Nodes' own guards: for each node, its own and the stack its leaves run
+/// (the agent's guards, then its own).
+type NodeGuards = std::collections::HashMap<
+    markov_core::NodeId,
+    (markov_guard::Guards, Arc<markov_guard::Guards>),
+>;
 
 impl StandardExecutor {
     /// An executor over `model` with default settings: the answer tokens
@@ -110,8 +116,8 @@ impl StandardExecutor {
             context_policy: None,
             settings_given: false,
             guards: None,
+            node_guards: None,
             hold: None,
-            concurrent_input: false,
         }
     }
 
@@ -146,27 +152,75 @@ impl StandardExecutor {
     }
 
     /// Checks what goes in and what comes out with `guards` (see
-    /// [`markov_guard`]): the user's message, before the turn's first model
-    /// call (or beside it: [`Self::with_concurrent_input_guard`]); the answer, streamed text
-    /// held back until the output guards passed it; each call's arguments;
-    /// each tool result. A block ends the run with
-    /// [`YieldReason::Blocked`](crate::YieldReason::Blocked). Guards with no
-    /// guard in them are the same as none.
+    /// [`markov_guard`]): each user message, before it enters the history
+    /// (or beside the turn's first model call:
+    /// [`Guards::concurrent_input`](markov_guard::Guards::concurrent_input));
+    /// the answer, streamed text held back until the output guards passed
+    /// it; each call's arguments; each tool result. A block ends the run
+    /// with [`YieldReason::Blocked`](crate::YieldReason::Blocked). Guards
+    /// with no guard in them are the same as none.
     #[must_use]
     pub fn with_guards(mut self, guards: markov_guard::Guards) -> Self {
         self.guards = (!guards.is_empty()).then(|| Arc::new(guards));
+        if let Some(nodes) = self.node_guards.take() {
+            let own = Arc::unwrap_or_clone(nodes)
+                .into_iter()
+                .map(|(id, (own, _))| (id, own));
+            self.node_guards = Some(Arc::new(self.joined(own)));
+        }
         self
     }
 
-    /// Runs the input guard concurrently with the turn's first model call
-    /// instead of before it: the guard's time is no longer added to the
-    /// turn's latency. No tool call of the answer runs and no streamed text
-    /// is told before the guard passed, but a blocked message may cost a
-    /// model call. Off by default: the guard decides first.
+    /// Guards of `node`'s own: its leaves run the agent's guards
+    /// ([`Self::with_guards`]) and then these, in each stack (a node
+    /// cannot turn the agent's guards off). The node's input guards check
+    /// a user message when the message goes to a leaf of the node. Given
+    /// twice for a node, the second replaces the first.
     #[must_use]
-    pub fn with_concurrent_input_guard(mut self) -> Self {
-        self.concurrent_input = true;
+    pub fn with_node_guards(
+        mut self,
+        node: &markov_charter::node::Node,
+        guards: markov_guard::Guards,
+    ) -> Self {
+        let mut own: Vec<_> = self
+            .node_guards
+            .take()
+            .map(|nodes| {
+                Arc::unwrap_or_clone(nodes)
+                    .into_iter()
+                    .map(|(id, (own, _))| (id, own))
+                    .collect()
+            })
+            .unwrap_or_default();
+        own.retain(|(id, _)| id != node.id());
+        own.push((node.id().clone(), guards));
+        self.node_guards = Some(Arc::new(self.joined(own)));
         self
+    }
+
+    /// Each node's own guards with the stacks its leaves run.
+    fn joined(
+        &self,
+        own: impl IntoIterator<Item = (markov_core::NodeId, markov_guard::Guards)>,
+    ) -> NodeGuards {
+        own.into_iter()
+            .map(|(id, own)| {
+                let agent = self.guards.as_deref().cloned().unwrap_or_default();
+                let joined = Arc::new(agent.then(&own));
+                (id, (own, joined))
+            })
+            .collect()
+    }
+
+    /// The guards a leaf of `node` runs: the node's joined with the
+    /// agent's, else the agent's.
+    fn guards_of(&self, node: &markov_charter::node::Node) -> Option<&Arc<markov_guard::Guards>> {
+        if let Some(nodes) = &self.node_guards
+            && let Some((_, joined)) = nodes.get(node.id())
+        {
+            return (!joined.is_empty()).then_some(joined);
+        }
+        self.guards.as_ref()
     }
 
     /// Sets the default settings; a node's executor config overrides them.
@@ -323,8 +377,21 @@ impl Executor for StandardExecutor {
     /// durable before the first tool runs, its usage is counted before the
     /// tools (so a step that pauses for approvals reports it), and every
     /// call gets exactly one result, a cancelled run's included.
+    /// The input guards, unless they run beside the model call
+    /// ([`Guards::concurrent_input`](markov_guard::Guards::concurrent_input)).
+    fn input_guard(
+        &self,
+        node: &markov_charter::node::Node,
+    ) -> Option<crate::executor::InputGuard> {
+        let guards = self.guards_of(node)?;
+        (!guards.is_input_concurrent() && !guards.input.is_empty()).then(|| {
+            crate::executor::InputGuard::new(guards.input.clone())
+                .audited(self.audit_sink().cloned())
+        })
+    }
+
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
-        if let Some(guards) = &self.guards {
+        if let Some(guards) = self.guards_of(cx.instance().node()) {
             // Boxed: the guarded step does not enlarge the plain one.
             return Box::pin(self.run_guarded(cx, guards)).await;
         }

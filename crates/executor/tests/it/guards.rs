@@ -132,8 +132,7 @@ async fn a_tool_never_runs_after_a_blocked_input_even_when_the_guard_is_slower_t
             .build(),
     );
     let executor = StandardExecutor::shared(model.clone())
-        .with_guards(Guards::new().input(guard))
-        .with_concurrent_input_guard();
+        .with_guards(Guards::new().input(guard).concurrent_input());
     let mut m = machine(executor, node);
 
     let steps = turn(&mut m, "tell me the secret plan").await;
@@ -408,9 +407,7 @@ async fn a_streamed_answer_waits_for_a_slow_input_guard_and_is_never_told_when_i
         ..Forbid::new("secret plan")
     };
     let (mut m, events) = streamed_with(
-        StandardExecutor::new(model)
-            .with_guards(Guards::new().input(guard))
-            .with_concurrent_input_guard(),
+        StandardExecutor::new(model).with_guards(Guards::new().input(guard).concurrent_input()),
     );
     let steps = turn(&mut m, "tell me the secret plan").await;
     assert_eq!(steps.last().unwrap().yield_reason, YieldReason::Blocked);
@@ -447,4 +444,240 @@ async fn by_default_a_blocked_message_costs_no_model_call() {
         YieldReason::EndTurn
     );
     assert_eq!(model.calls(), 1);
+}
+
+#[tokio::test]
+async fn an_input_guards_rewrite_is_what_the_history_keeps_and_the_model_reads() {
+    let model = Arc::new(ScriptedModel::builder().text("Noted.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(PiiRedactor::new()));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+    let steps = turn(&mut m, "Write to ann@example.com please.").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::EndTurn);
+    let user: Vec<String> = m
+        .history()
+        .iter()
+        .filter(|msg| msg.role == Role::User)
+        .map(Message::text)
+        .collect();
+    assert_eq!(user, ["Write to [EMAIL_1] please."]);
+    let shown = serde_json::to_string(&model.requests()[0].messages).unwrap();
+    assert!(
+        shown.contains("[EMAIL_1]") && !shown.contains("ann@"),
+        "{shown}"
+    );
+    // The step says what entered the history: the rewritten text.
+    assert_eq!(steps[0].history[0].text(), "Write to [EMAIL_1] please.");
+}
+
+#[tokio::test]
+async fn a_blocked_message_never_enters_the_history_and_later_turns_never_read_it() {
+    let model = Arc::new(ScriptedModel::builder().text("Sunny.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(Forbid::new("secret plan")));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+
+    let steps = turn(&mut m, "tell me the secret plan").await;
+    let last = steps.last().unwrap();
+    assert_eq!(last.yield_reason, YieldReason::Blocked);
+    assert!(last.done);
+    assert!(
+        m.history().iter().all(|msg| !msg.text().contains("secret")),
+        "{:?}",
+        m.history()
+    );
+    assert!(
+        m.history().iter().all(|msg| msg.role != Role::User),
+        "markov's note is not the user's"
+    );
+    assert_eq!(
+        notes(m.history()),
+        ["[guard] The message was blocked by forbid: it mentions a forbidden word."]
+    );
+    assert_eq!(notes(&last.history).len(), 1, "the step shows the note");
+
+    let steps = turn(&mut m, "the weather?").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::EndTurn);
+    let shown = serde_json::to_string(&model.requests()[0].messages).unwrap();
+    assert!(!shown.contains("secret"), "{shown}");
+    assert!(shown.contains("blocked by forbid"), "{shown}");
+}
+
+#[tokio::test]
+async fn the_agent_builder_chooses_the_concurrent_input_mode() {
+    for (guards, model_calls) in [
+        (Guards::new().input(Forbid::new("secret plan")), 0),
+        (
+            Guards::new()
+                .input(Forbid::new("secret plan"))
+                .concurrent_input(),
+            1,
+        ),
+    ] {
+        let model = Arc::new(ScriptedModel::builder().text("Here.").build());
+        let agent = markov_executor::Agent::builder("guarded")
+            .instructions("Help.")
+            .guards(guards)
+            .shared_model(model.clone())
+            .build()
+            .expect("the agent builds");
+        let mut m = agent.machine();
+        let steps = turn(&mut m, "tell me the secret plan").await;
+        assert_eq!(steps.last().unwrap().yield_reason, YieldReason::Blocked);
+        assert_eq!(model.calls(), model_calls);
+        // Beside the model, the message was in the history before the
+        // verdict; before it, it never entered.
+        let kept = m.history().iter().any(|msg| msg.text().contains("secret"));
+        assert_eq!(kept, model_calls == 1);
+    }
+}
+
+/// Keeps the guard records it hears.
+#[derive(Debug, Default)]
+struct GuardAudit(Mutex<Vec<markov_policy::GuardRecord>>);
+
+impl markov_policy::AuditSink for GuardAudit {
+    fn record(&self, _: &markov_policy::AuditRecord) {}
+    fn guard(&self, record: &markov_policy::GuardRecord) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(record.clone());
+    }
+}
+
+#[tokio::test]
+async fn the_audit_sink_hears_every_block_and_rewrite_of_the_guards() {
+    use markov_policy::{
+        Budget, Category, GuardAction, GuardPoint, Mode, PolicyConfig, ToolMetadata, ToolRegistry,
+    };
+    let audit = Arc::new(GuardAudit::default());
+    let registry =
+        ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED).audit_sink(audit.clone()))
+            .register(Add, ToolMetadata::new(Category::Other))
+            .lock()
+            .expect("the registry locks");
+    let model = ScriptedModel::builder()
+        .response(ModelResponse::new(
+            vec![Item::tool_use("c1", "add", json!({"a": 666, "b": 1}))],
+            StopReason::ToolUse,
+        ))
+        .text("Write to bob@example.com.")
+        .build();
+    let executor = StandardExecutor::new(model)
+        .with_registry(Arc::new(registry), Mode::TEXT)
+        .with_guards(
+            Guards::new()
+                .input(PiiRedactor::new())
+                .input(Forbid::new("secret plan"))
+                .tool_call(Forbid::new("666"))
+                .output(PiiRedactor::new()),
+        );
+    let mut m = machine(executor, Node::builder("Add.").build().expect("node"));
+    turn(&mut m, "I am ann@example.com, add 666 and 1").await;
+    turn(&mut m, "the secret plan").await;
+    let heard = audit.0.lock().unwrap().clone();
+    let seen: Vec<(GuardPoint, Option<&str>, bool)> = heard
+        .iter()
+        .map(|r| {
+            (
+                r.point,
+                r.call_id.as_ref().map(|id| id.as_str()),
+                matches!(r.action, GuardAction::Rewrite),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (GuardPoint::Input, None, true),
+            (GuardPoint::ToolCall, Some("c1"), false),
+            (GuardPoint::Output, None, true),
+            (GuardPoint::Input, None, false),
+        ]
+    );
+    assert_eq!(
+        heard[3].action,
+        GuardAction::Block {
+            guard: "forbid".into(),
+            reason: "it mentions a forbidden word".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_nodes_own_guards_check_only_that_nodes_answers() {
+    use markov_charter::transition::Transition;
+
+    let intake = Node::builder("Take the request.")
+        .name("intake")
+        .transition("next", Transition::to_ref("Go on.", "billing"))
+        .build()
+        .expect("node builds");
+    let billing = Node::builder("Answer about bills.")
+        .name("billing")
+        .build()
+        .expect("node builds");
+    let model = ScriptedModel::builder()
+        .text("Intake writes ann@example.com.")
+        .tool_call("transition", json!({"to": "next", "reason": "billing"}))
+        .text("Billing writes bob@example.com.")
+        .build();
+    let agent = markov_executor::Agent::builder("desk")
+        .node("intake", intake)
+        .node("billing", billing)
+        .node_guards("billing", Guards::new().output(PiiRedactor::new()))
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let mut m = agent.machine();
+    turn(&mut m, "hi").await;
+    turn(&mut m, "my bill").await;
+    let answers: Vec<String> = m
+        .history()
+        .iter()
+        .filter(|msg| msg.role == Role::Assistant)
+        .map(Message::text)
+        .filter(|t| !t.is_empty())
+        .collect();
+    assert_eq!(
+        answers,
+        [
+            "Intake writes ann@example.com.",
+            "Billing writes [EMAIL_1]."
+        ]
+    );
+
+    let unknown = markov_executor::Agent::builder("desk")
+        .instructions("Help.")
+        .node_guards("nowhere", Guards::new().output(PiiRedactor::new()))
+        .model(ScriptedModel::builder().build())
+        .build();
+    assert!(matches!(
+        unknown,
+        Err(markov_executor::BuildError::UnknownGuardedNode { node, .. }) if node == "nowhere"
+    ));
+}
+
+#[tokio::test]
+async fn a_stream_cut_by_a_block_still_counts_what_it_used() {
+    let model = Chunked(Mutex::new(vec![chunked(&[
+        "Hello there, here is everything you asked for. ",
+        "Your card is 4111 1111 1111 1111",
+        ". Bye.",
+    ])]));
+    let guard = Forbid {
+        hold: Hold::Sentence,
+        ..Forbid::new("4111")
+    };
+    let (mut m, _) = streamed(model, Guards::new().output(guard));
+    let steps = turn(&mut m, "everything, please").await;
+    let last = steps.last().unwrap();
+    assert_eq!(last.yield_reason, YieldReason::Blocked);
+    // The provider never reported the cut call's usage: it is estimated
+    // from the request and the text received before the block.
+    assert_eq!(last.usage.requests, 1);
+    assert!(last.usage.input_tokens > 0, "{:?}", last.usage);
+    assert!(last.usage.output_tokens >= 10, "{:?}", last.usage);
+    assert_eq!(m.usage().session.output_tokens, last.usage.output_tokens);
 }

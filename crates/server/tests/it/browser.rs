@@ -1454,6 +1454,89 @@ async fn a_blocked_answer_shows_as_blocked_and_none_of_it_is_shown() {
     browser.close().await;
 }
 
+/// Blocks every text that holds its word.
+#[derive(Debug)]
+struct Forbid(&'static str);
+
+#[async_trait]
+impl markov_guard::Guard for Forbid {
+    fn name(&self) -> &str {
+        "forbid"
+    }
+    async fn check(&self, text: &str) -> markov_guard::Verdict {
+        if text.contains(self.0) {
+            markov_guard::Verdict::block("it mentions a forbidden word")
+        } else {
+            markov_guard::Verdict::Pass
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redacted_or_blocked_message_shows_as_the_conversation_keeps_it() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder("helper")
+        .instructions("You help.")
+        .guards(
+            markov_guard::Guards::new()
+                .input(markov_guard::PiiRedactor::new())
+                .input(Forbid("secret plan")),
+        )
+        .model(
+            markov_testkit::ScriptedModel::builder()
+                .text("Noted.")
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let f = start(Server::builder().agent(agent), store, pays).await;
+    let Some(browser) = Browser::start(1000, 700).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser.sign_in(&f.key).await;
+    browser.say("Write to ann@example.com please.").await;
+    browser
+        .wait(
+            "the answer",
+            "document.getElementById('log').innerText.includes('Noted.') && !document.body.classList.contains('running')",
+        )
+        .await;
+    browser.say("Tell me the secret plan.").await;
+    browser
+        .wait(
+            "the block",
+            "document.querySelector('#log .msg.markov.blocked') !== null && !document.body.classList.contains('running')",
+        )
+        .await;
+    for when in ["live", "after a reload"] {
+        let users = browser
+            .run(
+                "return [...document.querySelectorAll('#log .msg.user')].map((n) => n.textContent)",
+            )
+            .await;
+        assert_eq!(users, json!(["Write to [EMAIL_1] please."]), "{when}");
+        let page = browser.text("body").await;
+        assert!(
+            !page.contains("ann@example.com") && !page.contains("secret plan"),
+            "{when}: {page}"
+        );
+        let blocked = browser.text("#log .msg.markov.blocked").await;
+        assert!(blocked.contains("blocked by forbid"), "{when}: {blocked}");
+        if when == "live" {
+            browser.reload().await;
+            browser
+                .wait(
+                    "the history",
+                    "document.querySelector('#log .msg.markov.blocked') !== null",
+                )
+                .await;
+        }
+    }
+    browser.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_developer_reads_a_200_step_session_as_a_timeline_opens_a_request_and_forks_a_step() {
     use markov_testkit::ScriptedModel;

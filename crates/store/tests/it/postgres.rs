@@ -616,3 +616,14 @@ async fn a_postgres_database_written_before_sign_ins_were_ended_in_it_upgrades()
     store.end_sign_in("s", now_secs() + 60).await.expect("ends");
     assert!(store.sign_in_ended("s").await.expect("reads"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_guards_rewrite_and_block_are_what_postgres_keeps() {
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
+    let dir = Dir::new("pg-guarded-input");
+    guarded_input_contract(store, &dir).await;
+}

@@ -512,3 +512,9 @@ async fn a_database_written_before_sign_ins_were_ended_in_it_opens_and_ends_them
     store.end_sign_in("s", now_secs() + 60).await.expect("ends");
     assert!(store.sign_in_ended("s").await.expect("reads"));
 }
+
+#[tokio::test]
+async fn an_input_guards_rewrite_and_block_are_what_sqlite_keeps() {
+    let dir = Dir::new("sqlite-guarded-input");
+    guarded_input_contract(store(&dir), &dir).await;
+}

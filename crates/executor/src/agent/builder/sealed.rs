@@ -203,6 +203,15 @@ impl<P> OnModel<P> {
         if let Some(guards) = self.guards {
             standard = standard.with_guards(guards);
         }
+        for (name, guards) in self.node_guards {
+            let Some((_, node)) = charter.nodes().find(|(n, _)| *n == name) else {
+                return Err(BuildError::UnknownGuardedNode {
+                    agent: agent.to_owned(),
+                    node: name,
+                });
+            };
+            standard = standard.with_node_guards(node, guards);
+        }
         if let Some((registry, mode)) = registry {
             standard = standard.with_registry(Arc::new(registry), mode);
         }

@@ -768,3 +768,121 @@ pub async fn ended_sign_ins_contract(
     );
     assert!(store.sign_in_ended("c").await.expect("reads"));
 }
+
+/// Blocks every text that holds its word.
+#[derive(Debug)]
+pub struct Forbid(pub &'static str);
+
+#[async_trait]
+impl markov_guard::Guard for Forbid {
+    fn name(&self) -> &str {
+        "forbid"
+    }
+    async fn check(&self, text: &str) -> markov_guard::Verdict {
+        if text.contains(self.0) {
+            markov_guard::Verdict::block("it mentions a forbidden word")
+        } else {
+            markov_guard::Verdict::Pass
+        }
+    }
+}
+
+/// An input guard's rewrite and block are what the store keeps: a session
+/// whose first message was redacted and whose second was blocked, reopened
+/// from `store`, holds the redacted text and markov's note, never the
+/// user's original words; the model of the next turn reads neither.
+pub async fn guarded_input_contract<S: markov_store::Store + ?Sized + 'static>(
+    store: Arc<S>,
+    dir: &Dir,
+) {
+    use markov_store::{DurableMachine, SessionId, WorkerId};
+
+    let guarded = |model: Arc<ScriptedModel>| -> Arc<dyn markov_executor::Executor> {
+        Arc::new(
+            executor(model, dir.path("effects"), dir.path("marker")).with_guards(
+                markov_guard::Guards::new()
+                    .input(markov_guard::PiiRedactor::new())
+                    .input(Forbid("secret plan")),
+            ),
+        )
+    };
+    let (charter, _) = charter();
+    let first = Arc::new(ScriptedModel::builder().text("Noted.").build());
+    let id = SessionId::new("guarded");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        agent_on(&charter, guarded(first.clone())).machine(),
+    )
+    .await
+    .expect("created");
+    session
+        .machine()
+        .enqueue_user("Write to ann@example.com please.");
+    let step = session.run().await.expect("runs");
+    assert_eq!(step.yield_reason, markov_executor::YieldReason::EndTurn);
+    session.machine().enqueue_user("Tell me the secret plan.");
+    let step = session.run().await.expect("runs");
+    assert_eq!(step.yield_reason, markov_executor::YieldReason::Blocked);
+    assert_eq!(first.calls(), 1, "the blocked message cost no model call");
+    drop(session);
+
+    let next = Arc::new(ScriptedModel::builder().text("Sunny.").build());
+    let mut reopened =
+        open_until_free(store, &id, &agent_on(&charter, guarded(next.clone()))).await;
+    let texts: Vec<(markov_core::Role, String)> = reopened
+        .machine()
+        .history()
+        .iter()
+        .map(|m| (m.role, m.text()))
+        .filter(|(_, t)| !t.is_empty())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            (
+                markov_core::Role::User,
+                "Write to [EMAIL_1] please.".to_owned()
+            ),
+            (markov_core::Role::Assistant, "Noted.".to_owned()),
+            (
+                markov_core::Role::System,
+                "[guard] The message was blocked by forbid: it mentions a forbidden word."
+                    .to_owned()
+            ),
+        ],
+        "the stored history"
+    );
+    reopened.machine().enqueue_user("And the weather?");
+    let step = reopened.run().await.expect("the next turn runs");
+    assert_eq!(step.yield_reason, markov_executor::YieldReason::EndTurn);
+    let request = serde_json::to_string(&next.requests()[0].messages).expect("serializes");
+    assert!(
+        !request.contains("ann@example.com") && !request.contains("secret plan"),
+        "{request}"
+    );
+}
+
+/// Opens session `id` of `store`, waiting at most five seconds for the
+/// lease a dropped session left.
+async fn open_until_free<S: markov_store::Store + ?Sized + 'static>(
+    store: Arc<S>,
+    id: &markov_store::SessionId,
+    agent: &markov_executor::Agent,
+) -> markov_store::DurableMachine<S> {
+    use markov_store::{DurableError, DurableMachine, StoreError, WorkerId};
+    let mut waited = std::time::Duration::ZERO;
+    loop {
+        match DurableMachine::open(store.clone(), id.clone(), WorkerId::new("w"), agent).await {
+            Ok(session) => return session,
+            Err(DurableError::Store(StoreError::Leased { .. }))
+                if waited < std::time::Duration::from_secs(5) =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                waited += std::time::Duration::from_millis(50);
+            }
+            Err(e) => panic!("cannot open session {id}: {e}"),
+        }
+    }
+}
