@@ -272,6 +272,7 @@ impl Team {
             transcript: Vec::new(),
             seen: BTreeMap::new(),
             handoffs: Vec::new(),
+            handoff_at: Vec::new(),
         }
     }
 
@@ -334,6 +335,7 @@ impl Team {
             reason,
         };
         state.handoffs.push(record.clone());
+        state.handoff_at.push(state.transcript.len());
         state.current = to;
         Ok(Some((record, context)))
     }
@@ -411,6 +413,9 @@ pub struct TeamState {
     /// Every handoff of the conversation, in order.
     #[serde(default)]
     handoffs: Vec<HandoffRecord>,
+    /// Where each handoff happened: the transcript's length then.
+    #[serde(default)]
+    handoff_at: Vec<usize>,
 }
 
 impl TeamState {
@@ -427,6 +432,44 @@ impl TeamState {
     /// Every handoff of the conversation, in order.
     pub fn handoffs(&self) -> &[HandoffRecord] {
         &self.handoffs
+    }
+
+    /// Every handoff of the conversation with where it happened: the
+    /// number of transcript messages before it.
+    pub fn handoffs_at(&self) -> impl Iterator<Item = (usize, &HandoffRecord)> {
+        // A state written before positions were kept puts them at the end.
+        self.handoffs.iter().enumerate().map(|(i, record)| {
+            (
+                self.handoff_at
+                    .get(i)
+                    .copied()
+                    .unwrap_or(self.transcript.len()),
+                record,
+            )
+        })
+    }
+
+    /// Who wrote each transcript message: `None` for the user's, the
+    /// agent's name for an answer (the agent that held the conversation
+    /// then).
+    pub fn speakers(&self) -> Vec<Option<&str>> {
+        let handoffs: Vec<(usize, &HandoffRecord)> = self.handoffs_at().collect();
+        self.transcript
+            .iter()
+            .enumerate()
+            .map(|(i, message)| {
+                if message.role != Role::Assistant {
+                    return None;
+                }
+                let holder = match handoffs.iter().rev().find(|(at, _)| *at <= i) {
+                    Some((_, record)) => record.to.as_str(),
+                    None => handoffs
+                        .first()
+                        .map_or(self.current.as_str(), |(_, record)| record.from.as_str()),
+                };
+                Some(holder)
+            })
+            .collect()
     }
 
     /// Records the user's message `text` in the transcript (a turn's

@@ -266,7 +266,14 @@ pub(crate) async fn agents(State(service): Shared) -> Json<Vec<AgentInfo>> {
                 name: name.clone(),
                 default: *name == service.default_agent,
                 model: service.models.get(name).cloned(),
+                team: None,
             })
+            .chain(service.teams.iter().map(|(name, team)| AgentInfo {
+                name: name.clone(),
+                default: *name == service.default_agent,
+                model: None,
+                team: Some(team.names().map(str::to_owned).collect()),
+            }))
             .collect(),
     )
 }
@@ -306,11 +313,22 @@ fn agent_named<'a>(service: &'a Service, name: &str) -> Result<&'a Agent, ApiErr
         .ok_or_else(|| ApiError::NotFound(format!("no agent {name:?}")))
 }
 
+/// The agent or team served as `name`: `Ok` if there is one.
+fn served(service: &Service, name: &str) -> Result<(), ApiError> {
+    if service.teams.contains_key(name) {
+        return Ok(());
+    }
+    agent_named(service, name).map(|_| ())
+}
+
 async fn create(
     service: &Service,
     principal: &Principal,
     agent: &str,
 ) -> Result<Response, ApiError> {
+    if let Some(team) = service.teams.get(agent) {
+        return crate::team::create(service, principal, agent, team).await;
+    }
     let agent = agent_named(service, agent)?;
     let id = SessionId::random();
     let session = DurableMachine::create_with(
@@ -334,7 +352,8 @@ async fn create(
         .into_response())
 }
 
-fn listed(service: &Service, sessions: Vec<SessionInfo>) -> Json<Vec<SessionSummary>> {
+fn listed(service: &Service, mut sessions: Vec<SessionInfo>) -> Json<Vec<SessionSummary>> {
+    crate::team::list(service, &mut sessions);
     Json(
         sessions
             .into_iter()
@@ -382,10 +401,11 @@ pub(crate) async fn list_for(
     Extension(principal): Extension<Principal>,
     Path(agent): Path<String>,
 ) -> Result<Json<Vec<SessionSummary>>, ApiError> {
-    agent_named(&service, &agent)?;
-    let mut sessions = service.store.list(Some(principal.id())).await?;
-    sessions.retain(|s| s.charter == agent);
-    Ok(listed(&service, sessions))
+    served(&service, &agent)?;
+    let sessions = service.store.list(Some(principal.id())).await?;
+    let mut listed = listed(&service, sessions);
+    listed.0.retain(|s| s.agent == agent);
+    Ok(listed)
 }
 
 /// Session `id` and its agent, if it is `principal`'s: another
@@ -400,7 +420,11 @@ async fn owned<'a>(
     if info.owner.as_ref() != Some(principal.id()) {
         return Err(ApiError::NotFound(format!("no session {id}")));
     }
-    let agent = service.agents.get(&info.charter).ok_or_else(|| {
+    let agent = service
+        .agents
+        .get(&info.charter)
+        .or_else(|| crate::team::agent_named(service, &info.charter));
+    let agent = agent.ok_or_else(|| {
         ApiError::NotFound(format!(
             "session {id} runs agent {:?}, which this server does not serve",
             info.charter
@@ -438,6 +462,9 @@ pub(crate) async fn show(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionDetail>, ApiError> {
+    if let Some(detail) = crate::team::show(&service, &principal, &id).await? {
+        return Ok(Json(detail));
+    }
     let (id, agent) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
     let pending = pending(&stored.snapshot.policy.approvals);
@@ -464,6 +491,7 @@ pub(crate) async fn show(
         running: live.is_some(),
         interrupted: stored.info.running,
         live_run,
+        team: None,
     }))
 }
 
@@ -528,7 +556,7 @@ pub(crate) async fn fork(
 
 // --- runs -----------------------------------------------------------------------
 
-fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
+pub(crate) fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
     service.runs.claim(id).ok_or_else(|| {
         ApiError::Conflict(format!(
             "session {id} is running; wait for its run to end, or cancel it"
@@ -601,8 +629,13 @@ enum Work {
 }
 
 /// One step as a client sees it (see [`StepEvent`]).
-fn step_event(step: &MachineStep) -> RunEvent {
-    RunEvent::Step(StepEvent {
+pub(crate) fn step_event(step: &MachineStep) -> RunEvent {
+    RunEvent::Step(step_of(step))
+}
+
+/// One step's event data.
+pub(crate) fn step_of(step: &MachineStep) -> StepEvent {
+    StepEvent {
         yield_reason: step.yield_reason.as_str().to_owned(),
         done: step.done,
         messages: markdown::with_html(&step.history),
@@ -614,7 +647,9 @@ fn step_event(step: &MachineStep) -> RunEvent {
         totals: json!(step.totals),
         usage_limit: step.usage_limit.map(|limit| limit.to_string()),
         interrupted: step.interrupted.clone(),
-    })
+        agent: None,
+        handoff_context: 0,
+    }
 }
 
 /// Performs `work` on `session` in a task of its own (a client that leaves
@@ -713,6 +748,7 @@ fn spawn_run(
                     stopped: stopped.map(str::to_owned),
                     usage_limit: last.usage_limit.map(|limit| limit.to_string()),
                     usage: json!(last.totals),
+                    agent: None,
                 }));
                 stopped.unwrap_or("done")
             }
@@ -766,6 +802,9 @@ pub(crate) async fn message(
     let Json(UserText { text }) = body?;
     if text.trim().is_empty() {
         return Err(ApiError::BadRequest("the message is empty".into()));
+    }
+    if let Some(log) = crate::team::message(&service, &principal, &id, text.clone()).await? {
+        return Ok(streamed(&log).into_response());
     }
     let (id, agent) = owned(&service, &principal, &id).await?;
     // Claimed before the stream starts, so a busy session is a plain 409,
@@ -891,6 +930,7 @@ pub(crate) async fn decide(
     body: Result<Json<Decision>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(decision) = body?;
+    crate::team::refuse(&service, &principal, &id, "decisions on tool calls").await?;
     let (id, agent) = owned(&service, &principal, &id).await?;
     // One decision at a time per session: of two racing, the second is a
     // 409 here, or refused as already decided below.
@@ -964,6 +1004,7 @@ pub(crate) async fn command(
     body: Result<Json<CommandRequest>, JsonRejection>,
 ) -> Result<Json<CommandResult>, ApiError> {
     let Json(request) = body?;
+    crate::team::refuse(&service, &principal, &id, "commands").await?;
     let (id, agent) = owned(&service, &principal, &id).await?;
     let _guard = claim(&service, &id)?;
     let mut session = open(&service, &id, agent).await?;
@@ -1054,6 +1095,9 @@ async fn continue_one(service: &Arc<Service>) -> Option<SessionId> {
     let id = lease.session;
     let started = async {
         let info = service.store.info(&id).await?;
+        if crate::team::continue_interrupted(service, &id).await? {
+            return Ok(());
+        }
         let agent = agent_named(service, &info.charter)?;
         let guard = claim(service, &id)?;
         let session = open(service, &id, agent).await?;

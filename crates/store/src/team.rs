@@ -89,7 +89,14 @@ pub enum TeamEvent<'a> {
         step: &'a MachineStep,
     },
     /// A handoff was followed (stored before this is said).
-    Handoff(&'a HandoffRecord),
+    Handoff {
+        /// The handoff.
+        handoff: &'a HandoffRecord,
+        /// What the agent taking over is given (see
+        /// `markov_executor::HistoryFilter`): the first messages of its
+        /// next step.
+        context: &'a [Message],
+    },
 }
 
 /// What a team turn ended with.
@@ -449,10 +456,13 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
                         text: turn.text,
                         handoffs,
                         start,
-                        input: Some(context),
+                        input: Some(context.clone()),
                     });
                     self.write().await?;
-                    on_event(TeamEvent::Handoff(&handoff));
+                    on_event(TeamEvent::Handoff {
+                        handoff: &handoff,
+                        context: &context,
+                    });
                 }
                 None => {
                     let answer = match &step {
