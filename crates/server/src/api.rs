@@ -556,7 +556,7 @@ pub(crate) async fn fork(
 
 // --- runs -----------------------------------------------------------------------
 
-pub(crate) fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
+fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
     service.runs.claim(id).ok_or_else(|| {
         ApiError::Conflict(format!(
             "session {id} is running; wait for its run to end, or cancel it"
@@ -629,27 +629,8 @@ enum Work {
 }
 
 /// One step as a client sees it (see [`StepEvent`]).
-pub(crate) fn step_event(step: &MachineStep) -> RunEvent {
-    RunEvent::Step(step_of(step))
-}
-
-/// One step's event data.
-pub(crate) fn step_of(step: &MachineStep) -> StepEvent {
-    StepEvent {
-        yield_reason: step.yield_reason.as_str().to_owned(),
-        done: step.done,
-        messages: markdown::with_html(&step.history),
-        response: step.response.clone(),
-        response_html: step.response.as_deref().and_then(markdown::to_html),
-        approvals: step.approvals.clone(),
-        model: step.model.clone(),
-        usage: json!(step.usage),
-        totals: json!(step.totals),
-        usage_limit: step.usage_limit.map(|limit| limit.to_string()),
-        interrupted: step.interrupted.clone(),
-        agent: None,
-        handoff_context: 0,
-    }
+fn step_event(step: &MachineStep) -> RunEvent {
+    RunEvent::Step(StepEvent::of(step))
 }
 
 /// Performs `work` on `session` in a task of its own (a client that leaves

@@ -21,7 +21,7 @@ use crate::auth::Principal;
 use crate::runs::{RunGuard, RunLog, StopCause};
 use crate::wire::{
     DoneEvent, ErrorBody, HandoffEvent, InterruptedEvent, LiveRun, NewSession, RunEvent,
-    SessionDetail, TeamDetail,
+    SessionDetail, StepEvent, TeamDetail,
 };
 use crate::{ApiError, Service, markdown};
 
@@ -57,7 +57,7 @@ pub(crate) async fn create(
     team: &Team,
 ) -> Result<Response, ApiError> {
     let id = SessionId::random();
-    let session = DurableTeam::create(
+    let session = DurableTeam::create_with(
         Arc::clone(&service.store),
         id.clone(),
         service.worker.clone(),
@@ -214,7 +214,7 @@ pub(crate) async fn message(
     let Some((id, _, team)) = conversation(service, principal, id).await? else {
         return Ok(None);
     };
-    let guard = crate::api::claim(service, &id)?;
+    let guard = claim(service, &id)?;
     let session = open(service, &id, team).await?;
     Ok(Some(spawn(service, guard, session, Some(text))))
 }
@@ -242,11 +242,21 @@ pub(crate) async fn continue_interrupted(
             "session {conversation} is a conversation of a team this server does not serve"
         )));
     };
-    let guard = crate::api::claim(service, &conversation)?;
+    let guard = claim(service, &conversation)?;
     let session = open(service, &conversation, team).await?;
     spawn(service, guard, session, None);
     service.metrics.runs_continued.inc();
     Ok(true)
+}
+
+/// The run of conversation `id`, claimed: a conversation runs one turn at
+/// a time.
+fn claim(service: &Service, id: &SessionId) -> Result<RunGuard, ApiError> {
+    service.runs.claim(id).ok_or_else(|| {
+        ApiError::Conflict(format!(
+            "session {id} is running; wait for its run to end, or cancel it"
+        ))
+    })
 }
 
 async fn open(
@@ -302,7 +312,7 @@ fn spawn(
         let on_event = |event: TeamEvent<'_>| match event {
             TeamEvent::Step { agent, step } => {
                 service.metrics.steps.inc();
-                let mut event = crate::api::step_of(step);
+                let mut event = StepEvent::of(step);
                 event.agent = Some(agent.to_owned());
                 event.handoff_context = std::mem::take(&mut given);
                 log.record(RunEvent::Step(event));

@@ -264,6 +264,27 @@ fn is_zero(n: &usize) -> bool {
     *n == 0
 }
 
+impl StepEvent {
+    /// The event of `step` (outside a team conversation).
+    pub(crate) fn of(step: &markov_executor::MachineStep) -> Self {
+        StepEvent {
+            yield_reason: step.yield_reason.as_str().to_owned(),
+            done: step.done,
+            messages: crate::markdown::with_html(&step.history),
+            response: step.response.clone(),
+            response_html: step.response.as_deref().and_then(crate::markdown::to_html),
+            approvals: step.approvals.clone(),
+            model: step.model.clone(),
+            usage: serde_json::json!(step.usage),
+            totals: serde_json::json!(step.totals),
+            usage_limit: step.usage_limit.map(|limit| limit.to_string()),
+            interrupted: step.interrupted.clone(),
+            agent: None,
+            handoff_context: 0,
+        }
+    }
+}
+
 /// A piece of the model's text as it arrives.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct DeltaEvent {

@@ -151,8 +151,20 @@ impl<S: Store + ?Sized> std::fmt::Debug for DurableTeam<S> {
 
 impl<S: Store + ?Sized + 'static> DurableTeam<S> {
     /// Stores a new conversation with `team` as session `id` (held by the
-    /// entry agent), leased to `holder` as `options` say.
+    /// entry agent), leased to `holder` for [`DEFAULT_LEASE`], with no
+    /// owner.
     pub async fn create(
+        store: Arc<S>,
+        id: SessionId,
+        holder: WorkerId,
+        team: Team,
+    ) -> Result<Self, DurableError> {
+        Self::create_with(store, id, holder, team, CreateOptions::default()).await
+    }
+
+    /// [`create`](Self::create) with `options`: the lease's length (of
+    /// each of the conversation's sessions) and the owner (of each).
+    pub async fn create_with(
         store: Arc<S>,
         id: SessionId,
         holder: WorkerId,

@@ -95,7 +95,7 @@ async fn hand_off_restart_continue_and_hand_back<S: Store + 'static>(
         let triage =
             scripted(|s| s.tool_call("transfer_to_billing", json!({"reason": "a refund"})));
         let billing = scripted(|s| s.tool_call("pay", json!({"amount": 5})).text("Refunded 5."));
-        let mut session = DurableTeam::create(
+        let mut session = DurableTeam::create_with(
             store,
             id.clone(),
             worker.clone(),
@@ -247,7 +247,7 @@ async fn a_crash_while_the_next_agent_works_loses_nothing_and_runs_no_tool_twice
                 .tool_call("pay", json!({"amount": 5}))
                 .build(),
         ));
-        let mut session = DurableTeam::create(
+        let mut session = DurableTeam::create_with(
             store,
             id.clone(),
             WorkerId::new("crashed"),
@@ -439,7 +439,7 @@ async fn a_crash_after_a_handoff_or_an_answer_before_the_team_is_written_loses_n
                 scripted(|s| s.tool_call("transfer_to_billing", json!({"reason": "a refund"})));
             let billing =
                 scripted(|s| s.tool_call("pay", json!({"amount": 5})).text("Refunded 5."));
-            let mut session = DurableTeam::create(
+            let mut session = DurableTeam::create_with(
                 store,
                 id.clone(),
                 worker.clone(),
