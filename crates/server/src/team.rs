@@ -39,14 +39,11 @@ fn team_of_charter<'a>(service: &'a Service, charter: &str) -> Option<(&'a str, 
     })
 }
 
-/// The agent named `charter` in one of the teams served (a team
-/// conversation's sessions run on its agents).
+/// The entry agent named `charter` of one of the teams served: a team
+/// conversation's session runs on it. (The other agents' own sessions are
+/// the team's business: not served one by one.)
 pub(crate) fn agent_named<'a>(service: &'a Service, charter: &str) -> Option<&'a Agent> {
-    service.teams.values().find_map(|team| {
-        team.names()
-            .filter_map(|name| team.agent(name))
-            .find(|agent| agent.name() == charter)
-    })
+    team_of_charter(service, charter).and_then(|(_, team)| team.agent(team.entry()))
 }
 
 /// Creates a conversation with `team` (served as `name`), the caller's.

@@ -231,6 +231,17 @@ async fn a_team_conversation_hands_off_and_back_over_http_and_goes_on_after_a_re
         .await
         .expect("sent");
     assert_eq!(response.status(), 409);
+    // Billing's own session is the team's: not a session to talk to.
+    let billing = format!("{id}~billing");
+    let response = fixture
+        .client
+        .post(format!("{}/sessions/{billing}/messages", fixture.base))
+        .bearer_auth(&fixture.key)
+        .json(&json!({"text": "hi"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 404);
     stop(fixture).await;
 
     // The same file, a new process's models: billing holds the
@@ -375,5 +386,76 @@ async fn a_team_turn_stopped_by_a_shutdown_is_finished_when_the_server_is_back()
         Some(1)
     );
     assert_eq!(refunds.load(Ordering::SeqCst), 1, "no refund twice");
+    stop(fixture).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_turn_is_cancelled_like_an_agents_and_the_conversation_goes_on() {
+    let path = database("cancel");
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let fixture = serve(
+        &path,
+        team(
+            ScriptedModel::builder()
+                .tool_call("transfer_to_billing", json!({"reason": "a refund"}))
+                .build(),
+            // Billing thinks a long while before each answer (a call cut
+            // short takes nothing from its script).
+            Slow(
+                ScriptedModel::builder().text("Refunded 5.").build(),
+                Duration::from_millis(1500),
+            ),
+            &refunds,
+        ),
+        &refunds,
+    )
+    .await;
+    let id = fixture.create().await;
+    let say = {
+        let (client, base, key, id) = (
+            fixture.client.clone(),
+            fixture.base.clone(),
+            fixture.key.clone(),
+            id.clone(),
+        );
+        tokio::spawn(async move {
+            let response = client
+                .post(format!("{base}/sessions/{id}/messages"))
+                .bearer_auth(&key)
+                .json(&json!({"text": "Refund my 5."}))
+                .send()
+                .await
+                .expect("sent");
+            crate::http::events(&response.text().await.expect("the stream"))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let response = fixture
+        .client
+        .post(format!("{}/sessions/{id}/cancel", fixture.base))
+        .bearer_auth(&fixture.key)
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 202);
+    let events = tokio::time::timeout(Duration::from_secs(10), say)
+        .await
+        .expect("the turn stops at once")
+        .expect("the stream ends");
+    assert_eq!(
+        names(&events),
+        ["step", "handoff", "step", "done"],
+        "{events:?}"
+    );
+    let done = all(&events, "done")[0];
+    assert_eq!(done["stopped"], "cancelled");
+    assert_eq!(done["agent"], "billing");
+    // Billing holds the conversation and answers the next message.
+    let events = fixture.say(&id, "Please go on.").await;
+    let done = all(&events, "done")[0];
+    assert_eq!(
+        (done["agent"].as_str(), done["response"].as_str()),
+        (Some("billing"), Some("Refunded 5."))
+    );
     stop(fixture).await;
 }
