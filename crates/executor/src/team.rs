@@ -249,6 +249,24 @@ impl Team {
         self.agents.keys().map(String::as_str)
     }
 
+    /// The team with each agent replaced by what `f` makes of it (a
+    /// server streams each agent's text, say), under the same names, with
+    /// the same entry and filters. `f` should keep each agent's name and
+    /// tools: a store restores each agent's machine by its name.
+    #[must_use]
+    pub fn map_agents(&self, mut f: impl FnMut(Agent) -> Agent) -> Team {
+        Team {
+            agents: Arc::new(
+                self.agents
+                    .iter()
+                    .map(|(name, agent)| (name.clone(), f(agent.clone())))
+                    .collect(),
+            ),
+            entry: self.entry.clone(),
+            filters: Arc::clone(&self.filters),
+        }
+    }
+
     /// The entry agent's name: the one that has a new conversation.
     pub fn entry(&self) -> &str {
         &self.entry

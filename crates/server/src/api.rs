@@ -16,8 +16,7 @@ use axum_extra::extract::CookieJar;
 use axum_extra::extract::cookie::{Cookie, SameSite};
 use futures::Stream;
 use markov_core::Item;
-use markov_executor::stream::DeltaKind;
-use markov_executor::{Agent, MachineStep, MessageStreamEvent, YieldReason};
+use markov_executor::{Agent, MachineStep, YieldReason};
 use markov_policy::{ApprovalId, ApprovalStatus, Decision};
 use markov_store::{CreateOptions, DurableMachine, OpenOptions, SessionId, SessionInfo, Store};
 use serde::Deserialize;
@@ -26,11 +25,11 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::auth::{Principal, verify_api_key_with_id};
 use crate::guard::{self, COOKIE};
-use crate::runs::{RunGuard, RunLog, StopCause};
+use crate::runs::{RUN_LOG, RunGuard, RunLog, StopCause};
 use crate::wire::{
-    AgentInfo, ApprovalRequest, Cancelling, CommandResult, DecidedEvent, DeltaEvent, DoneEvent,
-    ErrorBody, Health, InterruptedEvent, LiveRun, Me, NewSession, RunEvent, SessionDetail,
-    SessionSummary, StepEvent,
+    AgentInfo, ApprovalRequest, Cancelling, CommandResult, DecidedEvent, DoneEvent, ErrorBody,
+    Health, InterruptedEvent, LiveRun, Me, NewSession, RunEvent, SessionDetail, SessionSummary,
+    StepEvent,
 };
 use crate::{ApiError, Service, markdown};
 use utoipa_axum::router::OpenApiRouter;
@@ -593,26 +592,6 @@ async fn open(
         .get_or_create(&crate::metrics::SourceLabel { source })
         .inc();
     Ok(session)
-}
-
-tokio::task_local! {
-    /// The event log of the run the current task performs.
-    static RUN_LOG: Arc<RunLog>;
-}
-
-/// Logs a model call's text delta as a `delta` event (`{"text": ...}`) of
-/// the run that asked. One agent serves every session: the deltas find
-/// their run through the task that performs it.
-pub(crate) fn send_delta(event: &MessageStreamEvent) {
-    if let MessageStreamEvent::Update { delta, .. } = event
-        && delta.kind == DeltaKind::Text
-    {
-        let _ = RUN_LOG.try_with(|log| {
-            log.record(RunEvent::Delta(DeltaEvent {
-                text: delta.delta.clone(),
-            }))
-        });
-    }
 }
 
 /// What a run does with its session.

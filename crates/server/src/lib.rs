@@ -430,7 +430,7 @@ impl ServerBuilder {
         for agent in self.agents {
             let name = agent.name().to_owned();
             let agent = agent
-                .streamed(api::send_delta)
+                .streamed(runs::send_delta)
                 .unwrap_or_else(|agent| agent);
             if agents.insert(name.clone(), agent).is_some() {
                 return Err(BuildError::DuplicateAgent(name));
@@ -438,6 +438,12 @@ impl ServerBuilder {
         }
         let mut teams = BTreeMap::new();
         for (name, team) in self.teams {
+            // The text of each agent's answers arrives as it is written.
+            let team = team.map_agents(|agent| {
+                agent
+                    .streamed(runs::send_delta)
+                    .unwrap_or_else(|agent| agent)
+            });
             if agents.contains_key(&name) || teams.insert(name.clone(), team).is_some() {
                 return Err(BuildError::DuplicateAgent(name));
             }

@@ -291,7 +291,7 @@ fn spawn(
     let service = Arc::clone(service);
     let task_log = Arc::clone(&log);
     let id = session.id().clone();
-    tokio::spawn(async move {
+    tokio::spawn(crate::runs::RUN_LOG.scope(Arc::clone(&log), async move {
         let log = task_log;
         let started = Instant::now();
         service.metrics.running.inc();
@@ -381,6 +381,6 @@ fn spawn(
         service.metrics.run_ended(outcome, started.elapsed());
         service.metrics.running.dec();
         drop(guard);
-    });
+    }));
     log
 }

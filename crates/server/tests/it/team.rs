@@ -176,9 +176,11 @@ async fn a_team_conversation_hands_off_and_back_over_http_and_goes_on_after_a_re
     let events = fixture.say(&id, "Refund my 5, please.").await;
     assert_eq!(
         names(&events),
-        ["step", "handoff", "step", "step", "done"],
+        ["step", "handoff", "step", "delta", "step", "done"],
         "{events:?}"
     );
+    // The answer's text arrives as it is written.
+    assert_eq!(all(&events, "delta")[0]["text"], "Refunded 5.");
     let steps = all(&events, "step");
     assert_eq!(steps[0]["agent"], "triage");
     assert_eq!(steps[1]["agent"], "billing");
@@ -260,7 +262,7 @@ async fn a_team_conversation_hands_off_and_back_over_http_and_goes_on_after_a_re
     )
     .await;
     let events = fixture.say(&id, "When does it arrive?").await;
-    assert_eq!(names(&events), ["step", "done"], "{events:?}");
+    assert_eq!(names(&events), ["delta", "step", "done"], "{events:?}");
     assert_eq!(all(&events, "step")[0]["agent"], "billing");
     let done = all(&events, "done")[0];
     assert_eq!(
@@ -271,7 +273,7 @@ async fn a_team_conversation_hands_off_and_back_over_http_and_goes_on_after_a_re
     let events = fixture.say(&id, "Thanks, that is all.").await;
     assert_eq!(
         names(&events),
-        ["step", "handoff", "step", "done"],
+        ["step", "handoff", "delta", "step", "done"],
         "{events:?}"
     );
     assert_eq!(
