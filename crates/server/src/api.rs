@@ -879,7 +879,8 @@ pub(crate) struct DecisionBody {
               (status = 403, description = "The tool's calls need a role the caller lacks, or a \
                   signed-in browser's request without its Origin", body = ErrorBody),
               (status = 404, description = "No such session of the caller's, or no such request in it", body = ErrorBody),
-              (status = 409, description = "Already decided, or the session runs", body = ErrorBody),
+              (status = 409, description = "Already decided, the session runs, or it is a team \
+                  conversation (which takes messages only)", body = ErrorBody),
               (status = 410, description = "Expired", body = ErrorBody),
               (status = 413, description = "The body is too large", body = ErrorBody),
               (status = 429, description = "Too many requests", body = ErrorBody)))]
@@ -954,7 +955,8 @@ pub(crate) struct CommandRequest {
               (status = 401, description = "No live credential", body = ErrorBody),
               (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
               (status = 404, description = "No such session of the caller's", body = ErrorBody),
-              (status = 409, description = "The session runs", body = ErrorBody),
+              (status = 409, description = "The session runs, or it is a team conversation \
+                  (which takes messages only)", body = ErrorBody),
               (status = 413, description = "The body is too large", body = ErrorBody),
               (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn command(
