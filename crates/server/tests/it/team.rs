@@ -461,3 +461,42 @@ async fn a_team_turn_is_cancelled_like_an_agents_and_the_conversation_goes_on() 
     );
     stop(fixture).await;
 }
+
+#[test]
+fn two_teams_with_one_entry_agent_name_or_a_name_taken_are_refused() {
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let make = || team(ScriptedModel::new([]), ScriptedModel::new([]), &refunds);
+    let built = Server::builder()
+        .team("support", make())
+        .team("sales", make())
+        .store(store.clone())
+        .build();
+    assert!(
+        matches!(built, Err(markov_server::BuildError::TeamEntry(ref name)) if name == "triage"),
+        "{built:?}"
+    );
+    let built = Server::builder()
+        .team("support", make())
+        .team("support", make())
+        .store(store.clone())
+        .build();
+    assert!(
+        matches!(built, Err(markov_server::BuildError::DuplicateAgent(ref name)) if name == "support"),
+        "{built:?}"
+    );
+    let agent = Agent::builder("support")
+        .instructions("Hi.")
+        .model(ScriptedModel::new([]))
+        .build()
+        .expect("builds");
+    let built = Server::builder()
+        .agent(agent)
+        .team("support", make())
+        .store(store)
+        .build();
+    assert!(
+        matches!(built, Err(markov_server::BuildError::DuplicateAgent(ref name)) if name == "support"),
+        "{built:?}"
+    );
+}
