@@ -83,6 +83,7 @@ pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, 
 pub use step::{BLOCKED_NOTE, MachineStep, ModelCall, SuspendedInstance, TurnState, YieldReason};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use team::{
-    Handoff, HandoffRecord, HistoryFilter, Team, TeamBuilder, TeamError, TeamSession, TeamTurn,
+    Handoff, HandoffRecord, HistoryFilter, Team, TeamBuilder, TeamError, TeamSession, TeamState,
+    TeamTurn,
 };
 pub use typed::{DEFAULT_TYPED_RETRIES, Typed, TypedRunError, retry_prompt};

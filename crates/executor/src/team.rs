@@ -17,6 +17,7 @@ use markov_core::model::{Model, ModelRequest, ModelSettings};
 use markov_core::tool::{
     DynTool, SharedTool, TerminateResponse, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::agent::Agent;
@@ -248,21 +249,151 @@ impl Team {
         self.agents.keys().map(String::as_str)
     }
 
+    /// The team with each agent replaced by what `f` makes of it (a
+    /// server streams each agent's text, say), under the same names, with
+    /// the same entry and filters. `f` should keep each agent's name and
+    /// tools: a store restores each agent's machine by its name.
+    #[must_use]
+    pub fn map_agents(&self, mut f: impl FnMut(Agent) -> Agent) -> Team {
+        Team {
+            agents: Arc::new(
+                self.agents
+                    .iter()
+                    .map(|(name, agent)| (name.clone(), f(agent.clone())))
+                    .collect(),
+            ),
+            entry: self.entry.clone(),
+            filters: Arc::clone(&self.filters),
+        }
+    }
+
+    /// The entry agent's name: the one that has a new conversation.
+    pub fn entry(&self) -> &str {
+        &self.entry
+    }
+
     /// A new conversation, held by the entry agent.
     pub fn session(&self) -> TeamSession {
         TeamSession {
             team: self.clone(),
+            state: self.start(),
+            machines: BTreeMap::new(),
+        }
+    }
+
+    /// The state of a new conversation (held by the entry agent), for a
+    /// session kept elsewhere than in a [`TeamSession`] (a store's).
+    pub fn start(&self) -> TeamState {
+        TeamState {
             current: self.entry.clone(),
             handed_by: Vec::new(),
-            machines: BTreeMap::new(),
             transcript: Vec::new(),
             seen: BTreeMap::new(),
+            handoffs: Vec::new(),
+            handoff_at: Vec::new(),
         }
+    }
+
+    /// After the current agent's run, which added `added` to its history:
+    /// the handoff it made, if any, applied to `state` (the agent taking
+    /// over is current from then on), with what that agent is to be given
+    /// (see [`HistoryFilter`]). `None` when the run made none, when it
+    /// handed back with nobody to hand back to, or when `allowed` is false
+    /// (the turn made [`MAX_HANDOFFS_PER_TURN`] already): those two are
+    /// logged, and the current agent keeps the conversation.
+    ///
+    /// # Errors
+    /// The summary a [`HistoryFilter::Summary`] asks for failed, or the
+    /// handoff names an agent the team does not have.
+    pub async fn follow(
+        &self,
+        state: &mut TeamState,
+        added: &[Message],
+        allowed: bool,
+    ) -> Result<Option<(HandoffRecord, Vec<Message>)>, RunError> {
+        let name = state.current.clone();
+        state.seen.insert(name.clone(), state.transcript.len());
+        let Some((tool, reason)) = handoff_of(added) else {
+            return Ok(None);
+        };
+        if !allowed {
+            tracing::warn!(
+                agent = %name,
+                max = MAX_HANDOFFS_PER_TURN,
+                "too many handoffs in one turn: the last is not followed"
+            );
+            return Ok(None);
+        }
+        let to = if tool == HAND_BACK {
+            match state.handed_by.last() {
+                Some(to) => to.clone(),
+                None => {
+                    tracing::warn!(agent = %name, "hand_back with nobody to hand back to: ignored");
+                    return Ok(None);
+                }
+            }
+        } else {
+            tool[TRANSFER_PREFIX.len()..].to_owned()
+        };
+        if !self.agents.contains_key(&to) {
+            return Err(RunError::Executor(format!(
+                "agent {name:?} handed the conversation to {to:?}, which is not in the team"
+            )));
+        }
+        let context = self.context_for(state, &to, &name, &reason).await?;
+        if tool == HAND_BACK {
+            state.handed_by.pop();
+        } else {
+            state.handed_by.push(name.clone());
+        }
+        tracing::info!(from = %name, to = %to, "handoff");
+        let record = HandoffRecord {
+            from: name,
+            to: to.clone(),
+            reason,
+        };
+        state.handoffs.push(record.clone());
+        state.handoff_at.push(state.transcript.len());
+        state.current = to;
+        Ok(Some((record, context)))
+    }
+
+    /// What agent `to` is given when `from` hands it the conversation:
+    /// the transcript filtered as the team says for `to` (an agent that
+    /// had the conversation before: what it has not seen), then a note of
+    /// the handoff and its reason.
+    async fn context_for(
+        &self,
+        state: &TeamState,
+        to: &str,
+        from: &str,
+        reason: &str,
+    ) -> Result<Vec<Message>, RunError> {
+        let transcript = &state.transcript;
+        let mut messages = match state.seen.get(to) {
+            // An agent that had the conversation before gets what came
+            // after its part.
+            Some(&seen) => transcript.get(seen..).unwrap_or_default().to_vec(),
+            None => match self.filters.get(to).cloned().unwrap_or_default() {
+                HistoryFilter::Everything => transcript.clone(),
+                HistoryFilter::LastTurns(n) => last_turns(transcript, n.max(1)),
+                HistoryFilter::Summary(model) => vec![Message::user(format!(
+                    "A summary of the conversation so far:\n{}",
+                    summarize(model.as_ref(), transcript).await?
+                ))],
+            },
+        };
+        // The current user message is enqueued by the turn only for the
+        // first agent; the one taking over reads it here.
+        messages.push(Message::user(format!(
+            "[The {from} agent handed the conversation to you: {reason}] Continue it: answer the user's last message."
+        )));
+        Ok(merge_roles(messages))
     }
 }
 
 /// One handoff a turn made.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HandoffRecord {
     /// The agent that handed over.
     pub from: String,
@@ -283,26 +414,112 @@ pub struct TeamTurn {
     pub handoffs: Vec<HandoffRecord>,
 }
 
-/// One conversation with a [`Team`].
-pub struct TeamSession {
-    team: Team,
+/// Where a conversation with a [`Team`] is, apart from the agents'
+/// machines: which agent holds it, where `hand_back` goes, the
+/// conversation's texts and the handoffs so far. Serializable, for a
+/// store to keep beside the machines (see `markov_store::DurableTeam`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamState {
     current: String,
     /// The agents that handed over, most recent last: where `hand_back`
     /// goes.
     handed_by: Vec<String>,
-    machines: BTreeMap<String, Machine>,
     /// The conversation's texts, as every agent of the team saw them.
     transcript: Vec<Message>,
     /// How much of the transcript each agent has seen.
     seen: BTreeMap<String, usize>,
+    /// Every handoff of the conversation, in order.
+    #[serde(default)]
+    handoffs: Vec<HandoffRecord>,
+    /// Where each handoff happened: the transcript's length then.
+    #[serde(default)]
+    handoff_at: Vec<usize>,
+}
+
+impl TeamState {
+    /// The agent holding the conversation.
+    pub fn current(&self) -> &str {
+        &self.current
+    }
+
+    /// The conversation's texts (users' and agents'), in order.
+    pub fn transcript(&self) -> &[Message] {
+        &self.transcript
+    }
+
+    /// Every handoff of the conversation, in order.
+    pub fn handoffs(&self) -> &[HandoffRecord] {
+        &self.handoffs
+    }
+
+    /// Every handoff of the conversation with where it happened: the
+    /// number of transcript messages before it.
+    pub fn handoffs_at(&self) -> impl Iterator<Item = (usize, &HandoffRecord)> {
+        // A state written before positions were kept puts them at the end.
+        self.handoffs.iter().enumerate().map(|(i, record)| {
+            (
+                self.handoff_at
+                    .get(i)
+                    .copied()
+                    .unwrap_or(self.transcript.len()),
+                record,
+            )
+        })
+    }
+
+    /// Who wrote each transcript message: `None` for the user's, the
+    /// agent's name for an answer (the agent that held the conversation
+    /// then).
+    pub fn speakers(&self) -> Vec<Option<&str>> {
+        let handoffs: Vec<(usize, &HandoffRecord)> = self.handoffs_at().collect();
+        self.transcript
+            .iter()
+            .enumerate()
+            .map(|(i, message)| {
+                if message.role != Role::Assistant {
+                    return None;
+                }
+                let holder = match handoffs.iter().rev().find(|(at, _)| *at <= i) {
+                    Some((_, record)) => record.to.as_str(),
+                    None => handoffs
+                        .first()
+                        .map_or(self.current.as_str(), |(_, record)| record.from.as_str()),
+                };
+                Some(holder)
+            })
+            .collect()
+    }
+
+    /// Records the user's message `text` in the transcript (a turn's
+    /// start).
+    pub fn user(&mut self, text: impl Into<String>) {
+        self.transcript.push(Message::user(text.into()));
+    }
+
+    /// Records the current agent's answer of the turn, if it gave one, in
+    /// the transcript (a turn's end).
+    pub fn answered(&mut self, answer: Option<String>) {
+        if let Some(answer) = answer {
+            self.transcript.push(Message::assistant(answer));
+            self.seen
+                .insert(self.current.clone(), self.transcript.len());
+        }
+    }
+}
+
+/// One conversation with a [`Team`], in memory.
+pub struct TeamSession {
+    team: Team,
+    state: TeamState,
+    machines: BTreeMap<String, Machine>,
 }
 
 impl std::fmt::Debug for TeamSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TeamSession")
-            .field("current", &self.current)
-            .field("handed_by", &self.handed_by)
-            .field("transcript", &self.transcript.len())
+            .field("current", &self.state.current)
+            .field("handed_by", &self.state.handed_by)
+            .field("transcript", &self.state.transcript.len())
             .finish_non_exhaustive()
     }
 }
@@ -310,7 +527,7 @@ impl std::fmt::Debug for TeamSession {
 impl TeamSession {
     /// The agent holding the conversation.
     pub fn current(&self) -> &str {
-        &self.current
+        &self.state.current
     }
 
     /// The machine of agent `name`, if it has had the conversation.
@@ -320,7 +537,12 @@ impl TeamSession {
 
     /// The conversation's texts (users' and agents'), in order.
     pub fn transcript(&self) -> &[Message] {
-        &self.transcript
+        &self.state.transcript
+    }
+
+    /// The conversation's state (current agent, transcript, handoffs).
+    pub fn state(&self) -> &TeamState {
+        &self.state
     }
 
     /// Runs the user's turn: the agent holding the conversation answers,
@@ -330,11 +552,11 @@ impl TeamSession {
     /// A run's [`RunError`].
     pub async fn send(&mut self, text: impl Into<String>) -> Result<TeamTurn, RunError> {
         let text = text.into();
-        self.transcript.push(Message::user(text.clone()));
+        self.state.user(text.clone());
         let mut handoffs = Vec::new();
         let mut pending: Option<Vec<Message>> = None;
         loop {
-            let name = self.current.clone();
+            let name = self.state.current.clone();
             let agent = self
                 .team
                 .agents
@@ -347,103 +569,31 @@ impl TeamSession {
                 .or_insert_with(|| agent.machine());
             let start = machine.history().len();
             match pending.take() {
-                Some(context) if !context.is_empty() => {
+                Some(context) => {
                     machine.enqueue(context);
                 }
-                _ => {}
-            }
-            if handoffs.is_empty() {
-                machine.enqueue_user(text.clone());
+                None => {
+                    machine.enqueue_user(text.clone());
+                }
             }
             let step = machine.run().await?;
-            self.seen.insert(name.clone(), self.transcript.len());
-            let made = handoff_of(&machine.history()[start..]);
-            let answer = step.output();
-            match made {
-                Some((tool, reason)) if handoffs.len() < MAX_HANDOFFS_PER_TURN => {
-                    let to = if tool == HAND_BACK {
-                        match self.handed_by.pop() {
-                            Some(to) => to,
-                            None => {
-                                tracing::warn!(agent = %name, "hand_back with nobody to hand back to: ignored");
-                                return Ok(self.answered(name, step, answer, handoffs));
-                            }
-                        }
-                    } else {
-                        let to = tool[TRANSFER_PREFIX.len()..].to_owned();
-                        self.handed_by.push(name.clone());
-                        to
-                    };
-                    tracing::info!(from = %name, to = %to, "handoff");
-                    let context = self.context_for(&to, &name, &reason).await?;
-                    handoffs.push(HandoffRecord {
-                        from: name,
-                        to: to.clone(),
-                        reason,
-                    });
-                    self.current = to;
+            let added = &machine.history()[start..];
+            let allowed = handoffs.len() < MAX_HANDOFFS_PER_TURN;
+            match self.team.follow(&mut self.state, added, allowed).await? {
+                Some((record, context)) => {
+                    handoffs.push(record);
                     pending = Some(context);
                 }
-                Some(_) => {
-                    tracing::warn!(
-                        agent = %name,
-                        max = MAX_HANDOFFS_PER_TURN,
-                        "too many handoffs in one turn: the last is not followed"
-                    );
-                    return Ok(self.answered(name, step, answer, handoffs));
+                None => {
+                    self.state.answered(step.output());
+                    return Ok(TeamTurn {
+                        agent: name,
+                        step,
+                        handoffs,
+                    });
                 }
-                None => return Ok(self.answered(name, step, answer, handoffs)),
             }
         }
-    }
-
-    fn answered(
-        &mut self,
-        agent: String,
-        step: MachineStep,
-        answer: Option<String>,
-        handoffs: Vec<HandoffRecord>,
-    ) -> TeamTurn {
-        if let Some(answer) = answer {
-            self.transcript.push(Message::assistant(answer));
-            self.seen.insert(agent.clone(), self.transcript.len());
-        }
-        TeamTurn {
-            agent,
-            step,
-            handoffs,
-        }
-    }
-
-    /// What agent `to` is given when `from` hands it the conversation:
-    /// the transcript filtered as the team says for `to` (an agent that
-    /// had the conversation before: what it has not seen), then a note of
-    /// the handoff and its reason.
-    async fn context_for(
-        &self,
-        to: &str,
-        from: &str,
-        reason: &str,
-    ) -> Result<Vec<Message>, RunError> {
-        let mut messages = match self.seen.get(to) {
-            // An agent that had the conversation before gets what came
-            // after its part.
-            Some(&seen) => self.transcript.get(seen..).unwrap_or_default().to_vec(),
-            None => match self.team.filters.get(to).cloned().unwrap_or_default() {
-                HistoryFilter::Everything => self.transcript.clone(),
-                HistoryFilter::LastTurns(n) => last_turns(&self.transcript, n.max(1)),
-                HistoryFilter::Summary(model) => vec![Message::user(format!(
-                    "A summary of the conversation so far:\n{}",
-                    summarize(model.as_ref(), &self.transcript).await?
-                ))],
-            },
-        };
-        // The current user message is enqueued by the turn only for the
-        // first agent; the one taking over reads it here.
-        messages.push(Message::user(format!(
-            "[The {from} agent handed the conversation to you: {reason}] Continue it: answer the user's last message."
-        )));
-        Ok(merge_roles(messages))
     }
 }
 

@@ -104,7 +104,7 @@ pub mod prelude {
     #[cfg(feature = "server")]
     pub use markov_server::{Server, create_api_key};
     #[cfg(feature = "store")]
-    pub use markov_store::{DurableMachine, SessionId, SqliteStore, WorkerId};
+    pub use markov_store::{DurableMachine, DurableTeam, SessionId, SqliteStore, WorkerId};
     #[cfg(feature = "testkit")]
     pub use markov_testkit::ScriptedModel;
     pub use serde_json::json;

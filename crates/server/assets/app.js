@@ -29,6 +29,7 @@ const state = {
   target: null,        // where messages are appended (a fragment while a history renders)
   agent: null,
   answeredBy: null,    // the model that answered the step being shown, if it said
+  speaker: null,       // in a team's chat: the agent whose messages are being shown
 };
 
 // Past this many characters a text is shown cut, with a button for the rest.
@@ -197,6 +198,13 @@ function assistantMessage(text, html) {
   }
   // A tooltip, never markup: which model wrote it (a fallback's may differ).
   if (state.answeredBy) node.title = "Answered by " + visibleName(state.answeredBy);
+  // In a team's chat, the agent that wrote it.
+  if (state.speaker) {
+    const who = el("span", "who");
+    appendVisibly(who, state.speaker);
+    node.prepend(who);
+    node.classList.add("by-agent");
+  }
   return append(node);
 }
 
@@ -381,7 +389,19 @@ function showStep(step) {
   state.answeredBy = typeof step.model === "string" ? step.model : null;
   follow(() => {
     let answered = false;
-    for (const message of step.messages || []) {
+    // In a team's chat, what a handoff gave the agent taking over (the
+    // conversation so far, the reason): markov's words to it, never the
+    // user's nor the agent's.
+    const given = step.handoff_context || 0;
+    for (const [i, message] of (step.messages || []).entries()) {
+      if (i < given) {
+        for (const item of itemsOf(message)) {
+          if (item.type === "text" && item.text) {
+            markovNote(item.text, "markov to " + (state.speaker || "the agent") + ", with the handoff");
+          }
+        }
+        continue;
+      }
       showMessage(message);
       answered ||= message.role === "assistant" && itemsOf(message).some((i) => i.type === "text" && i.text);
     }
@@ -461,7 +481,13 @@ function handle(name, data) {
         state.unkept = true;
       }
       endLive();
+      state.speaker = typeof body.agent === "string" ? body.agent : null;
       showStep(body);
+      state.speaker = null;
+      return false;
+    case "handoff":
+      endLive();
+      handoffNote(body);
       return false;
     case "decided": {
       const verbs = { approve: "approved", edit: "approved with edited arguments", deny: "denied", respond: "answered" };
@@ -496,6 +522,16 @@ function handle(name, data) {
     default:
       return false;
   }
+}
+
+// One agent of a team handed the conversation to another.
+function handoffNote(handoff) {
+  return follow(() => {
+    const node = el("div", "note handoff");
+    appendVisibly(node, (handoff.from || "?") + " handed the conversation to " + (handoff.to || "?")
+      + (handoff.reason ? ": " + handoff.reason : ""));
+    return append(node);
+  });
 }
 
 function visibleName(name) {
@@ -853,9 +889,26 @@ async function openSession(id, options = {}) {
   const fragment = document.createDocumentFragment();
   state.target = fragment;
   try {
-    for (const message of messages) showMessage(message);
+    if (view.team) {
+      // A team's chat: its texts, each answer with the agent that wrote
+      // it, and the handoffs where they happened.
+      const handoffs = view.team.handoffs || [];
+      const speakers = view.team.speakers || [];
+      const upTo = (i) => { for (const h of handoffs) if (h.at === i) handoffNote(h); };
+      messages.forEach((message, i) => {
+        upTo(i);
+        state.speaker = speakers[i] || null;
+        showMessage(message);
+      });
+      state.speaker = null;
+      // A running turn's handoffs come with its events.
+      upTo(messages.length);
+    } else {
+      for (const message of messages) showMessage(message);
+    }
   } finally {
     state.target = null;
+    state.speaker = null;
   }
   if (fragment.childNodes.length) append(fragment);
   if (live && live.message) {

@@ -16,8 +16,7 @@ use axum_extra::extract::CookieJar;
 use axum_extra::extract::cookie::{Cookie, SameSite};
 use futures::Stream;
 use markov_core::Item;
-use markov_executor::stream::DeltaKind;
-use markov_executor::{Agent, MachineStep, MessageStreamEvent, YieldReason};
+use markov_executor::{Agent, MachineStep, YieldReason};
 use markov_policy::{ApprovalId, ApprovalStatus, Decision};
 use markov_store::{CreateOptions, DurableMachine, OpenOptions, SessionId, SessionInfo, Store};
 use serde::Deserialize;
@@ -26,11 +25,11 @@ use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::auth::{Principal, verify_api_key_with_id};
 use crate::guard::{self, COOKIE};
-use crate::runs::{RunGuard, RunLog, StopCause};
+use crate::runs::{RUN_LOG, RunGuard, RunLog, StopCause};
 use crate::wire::{
-    AgentInfo, ApprovalRequest, Cancelling, CommandResult, DecidedEvent, DeltaEvent, DoneEvent,
-    ErrorBody, Health, InterruptedEvent, LiveRun, Me, NewSession, RunEvent, SessionDetail,
-    SessionSummary, StepEvent,
+    AgentInfo, ApprovalRequest, Cancelling, CommandResult, DecidedEvent, DoneEvent, ErrorBody,
+    Health, InterruptedEvent, LiveRun, Me, NewSession, RunEvent, SessionDetail, SessionSummary,
+    StepEvent,
 };
 use crate::{ApiError, Service, markdown};
 use utoipa_axum::router::OpenApiRouter;
@@ -266,7 +265,14 @@ pub(crate) async fn agents(State(service): Shared) -> Json<Vec<AgentInfo>> {
                 name: name.clone(),
                 default: *name == service.default_agent,
                 model: service.models.get(name).cloned(),
+                team: None,
             })
+            .chain(service.teams.iter().map(|(name, team)| AgentInfo {
+                name: name.clone(),
+                default: *name == service.default_agent,
+                model: None,
+                team: Some(team.names().map(str::to_owned).collect()),
+            }))
             .collect(),
     )
 }
@@ -306,11 +312,22 @@ fn agent_named<'a>(service: &'a Service, name: &str) -> Result<&'a Agent, ApiErr
         .ok_or_else(|| ApiError::NotFound(format!("no agent {name:?}")))
 }
 
+/// The agent or team served as `name`: `Ok` if there is one.
+fn served(service: &Service, name: &str) -> Result<(), ApiError> {
+    if service.teams.contains_key(name) {
+        return Ok(());
+    }
+    agent_named(service, name).map(|_| ())
+}
+
 async fn create(
     service: &Service,
     principal: &Principal,
     agent: &str,
 ) -> Result<Response, ApiError> {
+    if let Some(team) = service.teams.get(agent) {
+        return crate::team::create(service, principal, agent, team).await;
+    }
     let agent = agent_named(service, agent)?;
     let id = SessionId::random();
     let session = DurableMachine::create_with(
@@ -334,7 +351,8 @@ async fn create(
         .into_response())
 }
 
-fn listed(service: &Service, sessions: Vec<SessionInfo>) -> Json<Vec<SessionSummary>> {
+fn listed(service: &Service, mut sessions: Vec<SessionInfo>) -> Json<Vec<SessionSummary>> {
+    crate::team::list(service, &mut sessions);
     Json(
         sessions
             .into_iter()
@@ -382,10 +400,11 @@ pub(crate) async fn list_for(
     Extension(principal): Extension<Principal>,
     Path(agent): Path<String>,
 ) -> Result<Json<Vec<SessionSummary>>, ApiError> {
-    agent_named(&service, &agent)?;
-    let mut sessions = service.store.list(Some(principal.id())).await?;
-    sessions.retain(|s| s.charter == agent);
-    Ok(listed(&service, sessions))
+    served(&service, &agent)?;
+    let sessions = service.store.list(Some(principal.id())).await?;
+    let mut listed = listed(&service, sessions);
+    listed.0.retain(|s| s.agent == agent);
+    Ok(listed)
 }
 
 /// Session `id` and its agent, if it is `principal`'s: another
@@ -400,7 +419,11 @@ async fn owned<'a>(
     if info.owner.as_ref() != Some(principal.id()) {
         return Err(ApiError::NotFound(format!("no session {id}")));
     }
-    let agent = service.agents.get(&info.charter).ok_or_else(|| {
+    let agent = service
+        .agents
+        .get(&info.charter)
+        .or_else(|| crate::team::agent_named(service, &info.charter));
+    let agent = agent.ok_or_else(|| {
         ApiError::NotFound(format!(
             "session {id} runs agent {:?}, which this server does not serve",
             info.charter
@@ -438,6 +461,9 @@ pub(crate) async fn show(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<SessionDetail>, ApiError> {
+    if let Some(detail) = crate::team::show(&service, &principal, &id).await? {
+        return Ok(Json(detail));
+    }
     let (id, agent) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
     let pending = pending(&stored.snapshot.policy.approvals);
@@ -464,6 +490,7 @@ pub(crate) async fn show(
         running: live.is_some(),
         interrupted: stored.info.running,
         live_run,
+        team: None,
     }))
 }
 
@@ -567,26 +594,6 @@ async fn open(
     Ok(session)
 }
 
-tokio::task_local! {
-    /// The event log of the run the current task performs.
-    static RUN_LOG: Arc<RunLog>;
-}
-
-/// Logs a model call's text delta as a `delta` event (`{"text": ...}`) of
-/// the run that asked. One agent serves every session: the deltas find
-/// their run through the task that performs it.
-pub(crate) fn send_delta(event: &MessageStreamEvent) {
-    if let MessageStreamEvent::Update { delta, .. } = event
-        && delta.kind == DeltaKind::Text
-    {
-        let _ = RUN_LOG.try_with(|log| {
-            log.record(RunEvent::Delta(DeltaEvent {
-                text: delta.delta.clone(),
-            }))
-        });
-    }
-}
-
 /// What a run does with its session.
 enum Work {
     /// Nothing more: the session is released.
@@ -602,19 +609,7 @@ enum Work {
 
 /// One step as a client sees it (see [`StepEvent`]).
 fn step_event(step: &MachineStep) -> RunEvent {
-    RunEvent::Step(StepEvent {
-        yield_reason: step.yield_reason.as_str().to_owned(),
-        done: step.done,
-        messages: markdown::with_html(&step.history),
-        response: step.response.clone(),
-        response_html: step.response.as_deref().and_then(markdown::to_html),
-        approvals: step.approvals.clone(),
-        model: step.model.clone(),
-        usage: json!(step.usage),
-        totals: json!(step.totals),
-        usage_limit: step.usage_limit.map(|limit| limit.to_string()),
-        interrupted: step.interrupted.clone(),
-    })
+    RunEvent::Step(StepEvent::of(step))
 }
 
 /// Performs `work` on `session` in a task of its own (a client that leaves
@@ -713,6 +708,7 @@ fn spawn_run(
                     stopped: stopped.map(str::to_owned),
                     usage_limit: last.usage_limit.map(|limit| limit.to_string()),
                     usage: json!(last.totals),
+                    agent: None,
                 }));
                 stopped.unwrap_or("done")
             }
@@ -766,6 +762,9 @@ pub(crate) async fn message(
     let Json(UserText { text }) = body?;
     if text.trim().is_empty() {
         return Err(ApiError::BadRequest("the message is empty".into()));
+    }
+    if let Some(log) = crate::team::message(&service, &principal, &id, text.clone()).await? {
+        return Ok(streamed(&log).into_response());
     }
     let (id, agent) = owned(&service, &principal, &id).await?;
     // Claimed before the stream starts, so a busy session is a plain 409,
@@ -880,7 +879,8 @@ pub(crate) struct DecisionBody {
               (status = 403, description = "The tool's calls need a role the caller lacks, or a \
                   signed-in browser's request without its Origin", body = ErrorBody),
               (status = 404, description = "No such session of the caller's, or no such request in it", body = ErrorBody),
-              (status = 409, description = "Already decided, or the session runs", body = ErrorBody),
+              (status = 409, description = "Already decided, the session runs, or it is a team \
+                  conversation (which takes messages only)", body = ErrorBody),
               (status = 410, description = "Expired", body = ErrorBody),
               (status = 413, description = "The body is too large", body = ErrorBody),
               (status = 429, description = "Too many requests", body = ErrorBody)))]
@@ -891,6 +891,7 @@ pub(crate) async fn decide(
     body: Result<Json<Decision>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(decision) = body?;
+    crate::team::refuse(&service, &principal, &id, "decisions on tool calls").await?;
     let (id, agent) = owned(&service, &principal, &id).await?;
     // One decision at a time per session: of two racing, the second is a
     // 409 here, or refused as already decided below.
@@ -954,7 +955,8 @@ pub(crate) struct CommandRequest {
               (status = 401, description = "No live credential", body = ErrorBody),
               (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
               (status = 404, description = "No such session of the caller's", body = ErrorBody),
-              (status = 409, description = "The session runs", body = ErrorBody),
+              (status = 409, description = "The session runs, or it is a team conversation \
+                  (which takes messages only)", body = ErrorBody),
               (status = 413, description = "The body is too large", body = ErrorBody),
               (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn command(
@@ -964,6 +966,7 @@ pub(crate) async fn command(
     body: Result<Json<CommandRequest>, JsonRejection>,
 ) -> Result<Json<CommandResult>, ApiError> {
     let Json(request) = body?;
+    crate::team::refuse(&service, &principal, &id, "commands").await?;
     let (id, agent) = owned(&service, &principal, &id).await?;
     let _guard = claim(&service, &id)?;
     let mut session = open(&service, &id, agent).await?;
@@ -1054,6 +1057,9 @@ async fn continue_one(service: &Arc<Service>) -> Option<SessionId> {
     let id = lease.session;
     let started = async {
         let info = service.store.info(&id).await?;
+        if crate::team::continue_interrupted(service, &id).await? {
+            return Ok(());
+        }
         let agent = agent_named(service, &info.charter)?;
         let guard = claim(service, &id)?;
         let session = open(service, &id, agent).await?;

@@ -86,6 +86,18 @@
 //! text, characters that reorder or hide text written as marked code
 //! points. A text over 256 KiB has none.
 //!
+//! **Teams.** A team served with [`ServerBuilder::team`] is listed by
+//! `GET /agents` with its agents (`team`), and each of its sessions is a
+//! conversation with the team (`markov_store::DurableTeam`): the agent
+//! holding it answers or hands it over. Its `step` and `done` events name
+//! the `agent`, a `handoff` event (`from`, `to`, `reason`) tells each
+//! handoff once it is stored, and `GET /sessions/{id}` gives the
+//! conversation's texts as `history`, with `team`: the agents, the
+//! `current_agent` the next message goes to, who wrote each message and
+//! where each handoff was. A conversation takes messages only: decisions
+//! and commands, which would reach one agent's machine, are a `409`, so
+//! a team's agents take no tools that need approval.
+//!
 //! A turn whose calls need approval ends waiting for them; deciding the
 //! last one resumes the run and streams it. A message to a session that
 //! waits for decisions is a `409`.
@@ -113,6 +125,7 @@ mod metrics;
 mod openapi;
 mod runs;
 mod studio;
+mod team;
 mod wire;
 
 use std::collections::{BTreeMap, HashMap};
@@ -124,7 +137,7 @@ use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use markov_executor::Agent;
+use markov_executor::{Agent, Team};
 use markov_policy::ApprovalError;
 use markov_store::{DurableError, KeyStore, SessionCache, Store, StoreError, WorkerId};
 use serde_json::json;
@@ -195,12 +208,14 @@ impl Default for Limits {
 #[non_exhaustive]
 pub enum BuildError {
     /// No agent to serve.
-    #[error("a server needs at least one agent (ServerBuilder::agent)")]
+    #[error(
+        "a server needs at least one agent (ServerBuilder::agent) or team (ServerBuilder::team)"
+    )]
     NoAgent,
     /// No store.
     #[error("a server needs a store (ServerBuilder::store)")]
     NoStore,
-    /// Two agents have one name.
+    /// Two agents (or teams) have one name.
     #[error("two agents are named {0:?}: each needs its own name")]
     DuplicateAgent(String),
     /// An allowed host, an origin or the public URL cannot be used.
@@ -209,6 +224,12 @@ pub enum BuildError {
     /// The cookie key is too short.
     #[error("the cookie key has at least 32 bytes")]
     CookieKey,
+    /// Two teams' entry agents have one name: a session (which records
+    /// its entry agent's name) could not tell its team.
+    #[error(
+        "the entry agents of two teams are both named {0:?}: a session could not tell its team"
+    )]
+    TeamEntry(String),
     /// A model is named for an agent the server does not serve.
     #[error("a model is named for agent {0:?}, which is not served (ServerBuilder::agent)")]
     UnknownAgent(String),
@@ -227,6 +248,7 @@ pub enum BuildError {
 #[must_use]
 pub struct ServerBuilder {
     agents: Vec<Agent>,
+    teams: Vec<(String, Team)>,
     store: Option<(Arc<dyn Store>, Arc<dyn KeyStore>)>,
     worker: Option<WorkerId>,
     jwt: Option<JwtConfig>,
@@ -239,6 +261,9 @@ pub struct ServerBuilder {
     models: HashMap<String, String>,
     lease: Option<Duration>,
     replays: HashMap<String, Replayer>,
+    /// Whether a team was added before any agent (`POST /sessions` then
+    /// creates its sessions).
+    first_is_team: bool,
 }
 
 /// How the studio replays an agent's sessions: the live model, and the
@@ -269,6 +294,23 @@ impl ServerBuilder {
     /// also the one `POST /sessions` creates sessions of.
     pub fn agent(mut self, agent: Agent) -> Self {
         self.agents.push(agent);
+        self
+    }
+
+    /// Serves `team` as `name`, at `/agents/{name}/sessions` like an agent
+    /// (the first agent or team added is the one `POST /sessions` creates
+    /// sessions of): each of its sessions is a team conversation
+    /// (`markov_store::DurableTeam`), held by one of the team's agents at a
+    /// time. Its runs' `step` and `done` events name the agent that made
+    /// them, a `handoff` event tells each handoff, and
+    /// `GET /sessions/{id}` gives the conversation with the agent that
+    /// wrote each answer, the handoffs and the agent that holds it now.
+    pub fn team(mut self, name: impl Into<String>, team: Team) -> Self {
+        let name = name.into();
+        if self.agents.is_empty() && self.teams.is_empty() {
+            self.first_is_team = true;
+        }
+        self.teams.push((name, team));
         self
     }
 
@@ -384,20 +426,42 @@ impl ServerBuilder {
 
     /// Checks the configuration and builds the server.
     pub fn build(self) -> Result<Server, BuildError> {
-        if self.agents.is_empty() {
-            return Err(BuildError::NoAgent);
-        }
+        let default_agent = match (self.first_is_team, self.agents.first(), self.teams.first()) {
+            (true, _, Some((name, _))) | (false, None, Some((name, _))) => name.clone(),
+            (_, Some(agent), _) => agent.name().to_owned(),
+            _ => return Err(BuildError::NoAgent),
+        };
         let (store, keys) = self.store.ok_or(BuildError::NoStore)?;
         let mut agents = BTreeMap::new();
-        let default_agent = self.agents[0].name().to_owned();
         for agent in self.agents {
             let name = agent.name().to_owned();
             let agent = agent
-                .streamed(api::send_delta)
+                .streamed(runs::send_delta)
                 .unwrap_or_else(|agent| agent);
             if agents.insert(name.clone(), agent).is_some() {
                 return Err(BuildError::DuplicateAgent(name));
             }
+        }
+        let mut teams: BTreeMap<String, Team> = BTreeMap::new();
+        for (name, team) in self.teams {
+            if agents.contains_key(&name) || teams.contains_key(&name) {
+                return Err(BuildError::DuplicateAgent(name));
+            }
+            let entry = team.agent(team.entry()).map(|a| a.name().to_owned());
+            if let Some(entry) = entry
+                && teams
+                    .values()
+                    .any(|t| t.agent(t.entry()).is_some_and(|a| a.name() == entry))
+            {
+                return Err(BuildError::TeamEntry(entry));
+            }
+            // The text of each agent's answers arrives as it is written.
+            let team = team.map_agents(|agent| {
+                agent
+                    .streamed(runs::send_delta)
+                    .unwrap_or_else(|agent| agent)
+            });
+            teams.insert(name, team);
         }
         if let Some(unknown) = self.models.keys().find(|name| !agents.contains_key(*name)) {
             return Err(BuildError::UnknownAgent(unknown.clone()));
@@ -447,6 +511,7 @@ impl ServerBuilder {
         Ok(Server {
             service: Arc::new(Service {
                 agents,
+                teams,
                 default_agent,
                 store,
                 keys,
@@ -478,6 +543,8 @@ impl ServerBuilder {
 /// What every request handler shares.
 struct Service {
     agents: BTreeMap<String, Agent>,
+    /// The teams served, by the name they are served as.
+    teams: BTreeMap<String, Team>,
     default_agent: String,
     store: Arc<dyn Store>,
     keys: Arc<dyn KeyStore>,

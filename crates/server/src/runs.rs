@@ -24,6 +24,26 @@ pub(crate) const KEEP_FINISHED: Duration = Duration::from_secs(60);
 /// long answer cannot grow a log without bound.
 const MAX_DELTA_BYTES: usize = 4 * 1024 * 1024;
 
+tokio::task_local! {
+    /// The event log of the run the current task performs.
+    pub(crate) static RUN_LOG: Arc<RunLog>;
+}
+
+/// Logs a model call's text delta as a `delta` event (`{"text": ...}`) of
+/// the run that asked. One agent serves every session: the deltas find
+/// their run through the task that performs it.
+pub(crate) fn send_delta(event: &markov_executor::MessageStreamEvent) {
+    if let markov_executor::MessageStreamEvent::Update { delta, .. } = event
+        && delta.kind == markov_executor::stream::DeltaKind::Text
+    {
+        let _ = RUN_LOG.try_with(|log| {
+            log.record(crate::wire::RunEvent::Delta(crate::wire::DeltaEvent {
+                text: delta.delta.clone(),
+            }))
+        });
+    }
+}
+
 /// Why a run was stopped from outside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum StopCause {

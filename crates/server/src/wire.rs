@@ -37,6 +37,9 @@ pub(crate) struct AgentInfo {
     pub(crate) default: bool,
     /// The model it answers with, if the server names it.
     pub(crate) model: Option<String>,
+    /// For a team served under this name: its agents' names.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) team: Option<Vec<String>>,
 }
 
 /// A session just created.
@@ -150,6 +153,40 @@ pub(crate) struct SessionDetail {
     pub(crate) interrupted: bool,
     /// Where the run in progress here takes up from the history.
     pub(crate) live_run: Option<LiveRun>,
+    /// For a team conversation: its agents, the one holding it, who wrote
+    /// each message of `history` (which holds the conversation's texts),
+    /// and the handoffs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) team: Option<TeamDetail>,
+}
+
+/// A team conversation's part of a session's detail.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TeamDetail {
+    /// The team's agents.
+    pub(crate) agents: Vec<String>,
+    /// The agent holding the conversation: the one the next message goes
+    /// to.
+    pub(crate) current_agent: String,
+    /// For each message of the history, the agent that wrote it (`null`
+    /// for the user's).
+    pub(crate) speakers: Vec<Option<String>>,
+    /// Every handoff, in order.
+    pub(crate) handoffs: Vec<HandoffEvent>,
+}
+
+/// One agent handed the conversation to another.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct HandoffEvent {
+    /// The agent that handed over.
+    pub(crate) from: String,
+    /// The agent that took over (and answers from now on).
+    pub(crate) to: String,
+    /// Why, as its model said.
+    pub(crate) reason: String,
+    /// Where it happened: how many messages of the conversation's history
+    /// came before it.
+    pub(crate) at: usize,
 }
 
 /// A run is stopping.
@@ -212,6 +249,40 @@ pub(crate) struct StepEvent {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<InterruptedCall>)]
     pub(crate) interrupted: Vec<markov_policy::InterruptedCall>,
+    /// In a team conversation: the agent that made the step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) agent: Option<String>,
+    /// In a team conversation, on the first step after a handoff: how many
+    /// of the step's first messages are what the handoff gave the agent
+    /// (the conversation as the team shows it, and a note of the handoff:
+    /// markov's words to the agent, not the user's).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub(crate) handoff_context: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl StepEvent {
+    /// The event of `step` (outside a team conversation).
+    pub(crate) fn of(step: &markov_executor::MachineStep) -> Self {
+        StepEvent {
+            yield_reason: step.yield_reason.as_str().to_owned(),
+            done: step.done,
+            messages: crate::markdown::with_html(&step.history),
+            response: step.response.clone(),
+            response_html: step.response.as_deref().and_then(crate::markdown::to_html),
+            approvals: step.approvals.clone(),
+            model: step.model.clone(),
+            usage: serde_json::json!(step.usage),
+            totals: serde_json::json!(step.totals),
+            usage_limit: step.usage_limit.map(|limit| limit.to_string()),
+            interrupted: step.interrupted.clone(),
+            agent: None,
+            handoff_context: 0,
+        }
+    }
 }
 
 /// A piece of the model's text as it arrives.
@@ -253,6 +324,10 @@ pub(crate) struct DoneEvent {
     /// What the turn and the session used.
     #[schema(value_type = Object)]
     pub(crate) usage: Value,
+    /// In a team conversation: the agent that answered, which holds the
+    /// conversation now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) agent: Option<String>,
 }
 
 /// The server is shutting down mid-run: the run continues when it is back.
@@ -285,6 +360,9 @@ pub(crate) enum RunEvent {
     Interrupted(InterruptedEvent),
     /// The run failed.
     Error(ErrorBody),
+    /// In a team conversation: an agent handed the conversation to
+    /// another (stored before it is sent), which makes the next steps.
+    Handoff(HandoffEvent),
 }
 
 impl RunEvent {
@@ -300,6 +378,7 @@ impl RunEvent {
             RunEvent::Done(e) => ("done", text(&e)),
             RunEvent::Interrupted(e) => ("interrupted", text(&e)),
             RunEvent::Error(e) => ("error", text(&e)),
+            RunEvent::Handoff(e) => ("handoff", text(&e)),
         }
     }
 }

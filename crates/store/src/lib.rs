@@ -63,6 +63,7 @@ mod repair;
 mod replay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod team;
 #[cfg(feature = "postgres")]
 pub mod testing;
 
@@ -78,6 +79,7 @@ pub use replay::{
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Durability, SqliteStore};
+pub use team::{DurableTeam, TeamEvent, TeamRecord, TeamReply, agent_session};
 
 /// A session's id.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -525,6 +527,20 @@ pub trait Store: Send + Sync + fmt::Debug {
         holder: &WorkerId,
         ttl: Duration,
     ) -> Result<Option<Lease>, StoreError>;
+
+    /// The team state kept beside session `id` (the session of a team
+    /// conversation's entry agent, see [`DurableTeam`]), or `None` for a
+    /// session that is not a team's.
+    async fn team_state(&self, id: &SessionId) -> Result<Option<TeamRecord>, StoreError>;
+
+    /// Writes the team state kept beside session `id`, replacing the one
+    /// before: fenced like every write, `holder` must hold `id`'s lease.
+    async fn write_team_state(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        state: &TeamRecord,
+    ) -> Result<(), StoreError>;
 }
 
 /// An API key as stored: never the key itself, only its hash.

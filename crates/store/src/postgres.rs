@@ -33,7 +33,7 @@ use tokio_postgres::NoTls;
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
     ApiKeyRecord, KeyStore, Lease, NewSessionColumns, Owner, Revision, SessionId, SessionInfo,
-    StepRecord, StepTrace, Store, StoreError, StoredSession, WorkerId, from_json,
+    StepRecord, StepTrace, Store, StoreError, StoredSession, TeamRecord, WorkerId, from_json,
     message_from_json, ms, now_ms, policy_snapshot, to_json, usage_totals,
 };
 
@@ -106,6 +106,10 @@ CREATE TABLE IF NOT EXISTS step_contents (
     hash TEXT PRIMARY KEY,
     body TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS team_states (
+    session_id TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+);
 ";
 
 // The statements every step uses, prepared once per connection through the
@@ -146,6 +150,8 @@ const KEEP_CONTENTS: &str = "INSERT INTO step_contents (hash, body)
 const INSERT_TRACE: &str = "INSERT INTO step_traces (session_id, idx, recorded_at, body)
      SELECT $1, COALESCE(MAX(idx) + 1, 0), $2, $3 FROM step_traces WHERE session_id = $1";
 const CLEAR_LEDGER: &str = "DELETE FROM ledger WHERE session_id = $1 AND key NOT LIKE $2";
+const WRITE_TEAM: &str = "INSERT INTO team_states (session_id, body) VALUES ($1, $2)
+     ON CONFLICT (session_id) DO UPDATE SET body = EXCLUDED.body";
 const SET_ANSWERS: &str = "UPDATE sessions SET answers = $2 WHERE id = $1";
 const JOURNAL: &str = "INSERT INTO ledger (session_id, key, recorded_at, body) VALUES ($1, $2, $3, $4)
      ON CONFLICT (session_id, key) DO UPDATE SET recorded_at = EXCLUDED.recorded_at, body = EXCLUDED.body";
@@ -854,6 +860,12 @@ impl Store for PostgresStore {
         )
         .await
         .map_err(backend)?;
+        tx.execute(
+            "DELETE FROM team_states WHERE session_id = $1",
+            &[&id.as_str()],
+        )
+        .await
+        .map_err(backend)?;
         let deleted = tx
             .execute("DELETE FROM sessions WHERE id = $1", &[&id.as_str()])
             .await
@@ -890,6 +902,32 @@ impl Store for PostgresStore {
             .await
             .map_err(backend)?;
         Ok(row.map(|r| Revision::new(to_u64(r.get(0)))))
+    }
+
+    async fn team_state(&self, id: &SessionId) -> Result<Option<TeamRecord>, StoreError> {
+        let client = self.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT body FROM team_states WHERE session_id = $1",
+                &[&id.as_str()],
+            )
+            .await
+            .map_err(backend)?;
+        row.map(|row| from_json(id, "the team state", row.get::<_, &str>(0)))
+            .transpose()
+    }
+
+    async fn write_team_state(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        state: &TeamRecord,
+    ) -> Result<(), StoreError> {
+        let body = to_json(state)?;
+        let id_text = id.as_str();
+        let write: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&id_text, &body];
+        self.fenced_pipeline(id, holder, &[(WRITE_TEAM, &write)])
+            .await
     }
 
     async fn claim_interrupted(

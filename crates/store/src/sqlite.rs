@@ -27,7 +27,7 @@ use writer::Writer;
 use crate::repair::{self, RawSession, RepairReport};
 use crate::{
     ApiKeyRecord, KeyStore, Lease, NewSessionColumns, Owner, Revision, SessionId, SessionInfo,
-    StepRecord, StepTrace, Store, StoreError, StoredSession, WorkerId, from_json,
+    StepRecord, StepTrace, Store, StoreError, StoredSession, TeamRecord, WorkerId, from_json,
     message_from_json, ms, now_ms, policy_snapshot, to_json, usage_totals,
 };
 
@@ -113,6 +113,10 @@ CREATE TABLE IF NOT EXISTS step_traces (
 CREATE INDEX IF NOT EXISTS step_traces_age ON step_traces (recorded_at);
 CREATE TABLE IF NOT EXISTS step_contents (
     hash TEXT PRIMARY KEY,
+    body TEXT NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS team_states (
+    session_id TEXT PRIMARY KEY,
     body TEXT NOT NULL
 ) WITHOUT ROWID;
 ";
@@ -878,6 +882,11 @@ impl Store for SqliteStore {
                     params![id.as_str()],
                 )
                 .map_err(backend)?;
+                conn.execute(
+                    "DELETE FROM team_states WHERE session_id = ?1",
+                    params![id.as_str()],
+                )
+                .map_err(backend)?;
                 let deleted = conn
                     .execute("DELETE FROM sessions WHERE id = ?1", params![id.as_str()])
                     .map_err(backend)?;
@@ -919,6 +928,43 @@ impl Store for SqliteStore {
                     .optional()
                     .map_err(backend)?;
                 Ok(revision.map(|r| Revision::new(to_u64(r))))
+            })
+            .await
+    }
+
+    async fn team_state(&self, id: &SessionId) -> Result<Option<TeamRecord>, StoreError> {
+        let id = id.clone();
+        self.read(move |conn| {
+            let body: Option<String> = conn
+                .prepare_cached("SELECT body FROM team_states WHERE session_id = ?1")
+                .map_err(backend)?
+                .query_row(params![id.as_str()], |r| r.get(0))
+                .optional()
+                .map_err(backend)?;
+            body.map(|text| from_json(&id, "the team state", &text))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn write_team_state(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        state: &TeamRecord,
+    ) -> Result<(), StoreError> {
+        let body = to_json(state)?;
+        let (id, holder) = (id.clone(), holder.clone());
+        self.writer
+            .write(move |conn| {
+                fence(conn, &id, &holder, now_ms())?;
+                conn.prepare_cached(
+                    "INSERT OR REPLACE INTO team_states (session_id, body) VALUES (?1, ?2)",
+                )
+                .map_err(backend)?
+                .execute(params![id.as_str(), body])
+                .map_err(backend)?;
+                Ok(())
             })
             .await
     }

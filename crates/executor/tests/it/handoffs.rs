@@ -234,3 +234,46 @@ async fn a_team_whose_handoff_names_an_agent_it_lacks_is_refused() {
         }
     );
 }
+
+#[tokio::test]
+async fn the_state_says_who_wrote_each_answer_and_where_each_handoff_was_and_reads_back() {
+    let t = Arc::new(
+        ScriptedModel::builder()
+            .text("We ship in two days.")
+            .tool_call("transfer_to_billing", json!({"reason": "a refund"}))
+            .text("Anything else?")
+            .build(),
+    );
+    let b = Arc::new(
+        ScriptedModel::builder()
+            .text("Refunded.")
+            .tool_call("hand_back", json!({"reason": "done"}))
+            .build(),
+    );
+    let mut session = team(&t, &b, HistoryFilter::Everything).session();
+    session.send("When do you ship?").await.expect("runs");
+    session.send("Refund me.").await.expect("runs");
+    session.send("Thanks.").await.expect("runs");
+    let state = session.state();
+    assert_eq!(
+        state.speakers(),
+        [
+            None,
+            Some("triage"),
+            None,
+            Some("billing"),
+            None,
+            Some("triage")
+        ]
+    );
+    let at: Vec<(usize, &str, &str)> = state
+        .handoffs_at()
+        .map(|(at, h)| (at, h.from.as_str(), h.to.as_str()))
+        .collect();
+    assert_eq!(at, [(3, "triage", "billing"), (5, "billing", "triage")]);
+    // A store keeps it as JSON: it reads back the same.
+    let json = serde_json::to_string(state).expect("writes");
+    let back: markov_executor::TeamState = serde_json::from_str(&json).expect("reads");
+    assert_eq!(&back, state);
+    assert_eq!(back.current(), "triage");
+}

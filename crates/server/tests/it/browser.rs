@@ -30,6 +30,8 @@ use serde_json::{Value, json};
 
 use crate::http::{Fixture, Pay, start};
 
+mod team_page;
+
 /// The WebDriver key of an element reference.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 

@@ -1705,9 +1705,17 @@ async fn the_document_says_which_routes_need_a_credential_and_describes_every_an
         .collect();
     assert_eq!(
         names,
-        ["decided", "delta", "done", "error", "interrupted", "step"]
-            .map(str::to_owned)
-            .into()
+        [
+            "decided",
+            "delta",
+            "done",
+            "error",
+            "handoff",
+            "interrupted",
+            "step"
+        ]
+        .map(str::to_owned)
+        .into()
     );
     for path in [
         "/sessions/{id}/messages",

@@ -22,4 +22,6 @@ mod sqlite;
 #[cfg(feature = "sqlite")]
 mod steps;
 #[cfg(feature = "sqlite")]
+mod teams;
+#[cfg(feature = "sqlite")]
 mod tool_search;

@@ -1,0 +1,503 @@
+//! Team conversations, durably: a handoff, a restart (the store dropped
+//! and opened again), the conversation continued with the agent that held
+//! it, and a hand-back; a crash at each point of a handoff loses neither
+//! the user's message nor the handoff, and runs no tool twice.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::common::*;
+use markov_core::async_trait;
+use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
+use markov_executor::{Agent, Handoff, HandoffRecord, Team};
+use markov_policy::{Budget, Category, LedgerEntry, PolicyConfig, RecordedAnswer, ToolMetadata};
+use markov_store::{
+    CreateOptions, DurableError, DurableTeam, Lease, Owner, RepairReport, Revision, SessionId,
+    SessionInfo, SqliteStore, StepRecord, StepRetention, StepTrace, Store, StoreError,
+    StoredSession, TeamRecord, WorkerId, agent_session,
+};
+use markov_testkit::ScriptedModel;
+use serde_json::json;
+
+/// Triage hands refunds to billing; billing pays (through the ledger) and
+/// hands back.
+fn team(dir: &Dir, triage: Arc<dyn Model>, billing: Arc<dyn Model>) -> Team {
+    let triage = Agent::builder("triage")
+        .instructions("You are triage.")
+        .tools([Handoff::tool("billing", "For refunds.").expect("valid")])
+        .shared_model(triage)
+        .build()
+        .expect("builds");
+    let billing = Agent::builder("billing")
+        .instructions("You are billing.")
+        .tool_with(
+            Pay(dir.path("effects")),
+            ToolMetadata::new(Category::Action),
+        )
+        .tools([Handoff::back().expect("valid")])
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .shared_model(billing)
+        .build()
+        .expect("builds");
+    Team::builder()
+        .agent("triage", triage)
+        .agent("billing", billing)
+        .build()
+        .expect("team builds")
+}
+
+fn scripted(
+    build: impl FnOnce(markov_testkit::ScriptBuilder) -> markov_testkit::ScriptBuilder,
+) -> Arc<ScriptedModel> {
+    Arc::new(build(ScriptedModel::builder()).build())
+}
+
+/// A model that must not be asked.
+fn silent() -> Arc<ScriptedModel> {
+    scripted(|s| s)
+}
+
+fn texts(messages: &[markov_core::Message]) -> String {
+    messages
+        .iter()
+        .map(markov_core::Message::text)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn handoff(from: &str, to: &str) -> (String, String) {
+    (from.to_owned(), to.to_owned())
+}
+
+fn pairs(records: &[HandoffRecord]) -> Vec<(String, String)> {
+    records
+        .iter()
+        .map(|r| (r.from.clone(), r.to.clone()))
+        .collect()
+}
+
+fn paid(dir: &Dir) -> usize {
+    std::fs::read_to_string(calls_file(&dir.path("effects")))
+        .unwrap_or_default()
+        .lines()
+        .count()
+}
+
+/// Hand off, restart, continue with billing, hand back: on any store.
+async fn hand_off_restart_continue_and_hand_back<S: Store + 'static>(
+    dir: &Dir,
+    open: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Arc<S>>>>,
+) {
+    let id = SessionId::new("team");
+    let worker = WorkerId::new("w");
+    {
+        let store = open().await;
+        let triage =
+            scripted(|s| s.tool_call("transfer_to_billing", json!({"reason": "a refund"})));
+        let billing = scripted(|s| s.tool_call("pay", json!({"amount": 5})).text("Refunded 5."));
+        let mut session = DurableTeam::create_with(
+            store,
+            id.clone(),
+            worker.clone(),
+            team(dir, triage.clone(), billing.clone()),
+            CreateOptions::default().owner(Owner::new("alice")),
+        )
+        .await
+        .expect("created");
+        let reply = session.send("Refund my 5, please.").await.expect("runs");
+        assert_eq!(reply.agent, "billing");
+        assert_eq!(reply.answer.as_deref(), Some("Refunded 5."));
+        assert_eq!(pairs(&reply.handoffs), [handoff("triage", "billing")]);
+        assert_eq!(reply.handoffs[0].reason, "a refund");
+        session.release().await.expect("released");
+    }
+    // A new process: new models, the store opened again.
+    let store = open().await;
+    let info = store
+        .info(&agent_session(&id, "billing"))
+        .await
+        .expect("billing's machine is a session of its own");
+    assert_eq!(
+        info.owner,
+        Some(Owner::new("alice")),
+        "with the conversation's owner"
+    );
+    let triage = scripted(|s| s.text("Glad it is sorted."));
+    let billing = scripted(|s| {
+        s.text("It arrives in three days.")
+            .tool_call("hand_back", json!({"reason": "refund done"}))
+    });
+    let mut session = DurableTeam::open(
+        store.clone(),
+        id.clone(),
+        worker.clone(),
+        team(dir, triage.clone(), billing.clone()),
+    )
+    .await
+    .expect("reopens");
+    assert_eq!(session.current(), "billing");
+    assert_eq!(session.state().handoffs().len(), 1);
+
+    let reply = session.send("When does it arrive?").await.expect("runs");
+    assert_eq!(reply.agent, "billing", "the agent that held it answers");
+    assert!(reply.handoffs.is_empty());
+    assert_eq!(reply.answer.as_deref(), Some("It arrives in three days."));
+    let seen = texts(&billing.requests()[0].messages);
+    assert!(
+        seen.contains("Refund my 5, please."),
+        "billing's history is restored: {seen}"
+    );
+    assert!(seen.contains("Refunded 5."), "{seen}");
+    assert!(seen.contains("When does it arrive?"), "{seen}");
+    assert_eq!(triage.calls(), 0);
+
+    let reply = session.send("Thanks, that is all.").await.expect("runs");
+    assert_eq!(reply.agent, "triage");
+    assert_eq!(reply.answer.as_deref(), Some("Glad it is sorted."));
+    assert_eq!(pairs(&reply.handoffs), [handoff("billing", "triage")]);
+    // Triage is given what it has not seen: billing's part.
+    let seen = texts(&triage.requests()[0].messages);
+    assert!(seen.contains("It arrives in three days."), "{seen}");
+    assert!(
+        seen.contains("handed the conversation to you: refund done"),
+        "{seen}"
+    );
+    assert_eq!(
+        pairs(session.state().handoffs()),
+        [handoff("triage", "billing"), handoff("billing", "triage")]
+    );
+    assert_eq!(
+        texts(session.state().transcript()),
+        "Refund my 5, please.\nRefunded 5.\nWhen does it arrive?\nIt arrives in three days.\nThanks, that is all.\nGlad it is sorted."
+    );
+    assert_eq!(paid(dir), 1);
+    session.release().await.expect("released");
+    // Deleting the conversation's session deletes its team state.
+    assert!(store.team_state(&id).await.expect("reads").is_some());
+    store.delete(&id).await.expect("deletes");
+    assert!(store.team_state(&id).await.expect("reads").is_none());
+}
+
+#[tokio::test]
+async fn a_team_conversation_continues_after_a_restart_with_the_agent_that_held_it() {
+    let dir = Dir::new("team-sqlite");
+    let path = dir.path("sessions.db");
+    hand_off_restart_continue_and_hand_back(&dir, move || {
+        let path = path.clone();
+        Box::pin(async move { Arc::new(SqliteStore::open(&path).expect("opens")) })
+    })
+    .await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_conversation_continues_after_a_restart_on_postgres() {
+    use markov_store::PostgresStore;
+    use markov_store::testing::TempPostgres;
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("team-postgres");
+    hand_off_restart_continue_and_hand_back(&dir, move || {
+        let url = url.clone();
+        Box::pin(async move { Arc::new(PostgresStore::connect(&url).await.expect("connects")) })
+    })
+    .await;
+}
+
+/// A model that never answers: the process is killed while it waits.
+#[derive(Debug)]
+struct Hangs;
+
+#[async_trait]
+impl Model for Hangs {
+    async fn complete(&self, _request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        std::future::pending().await
+    }
+}
+
+/// Answers from `script` first, then never.
+#[derive(Debug)]
+struct ThenHangs(ScriptedModel);
+
+#[async_trait]
+impl Model for ThenHangs {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        if self.0.remaining() == 0 {
+            return Hangs.complete(request).await;
+        }
+        self.0.complete(request).await
+    }
+}
+
+#[tokio::test]
+async fn a_crash_while_the_next_agent_works_loses_nothing_and_runs_no_tool_twice() {
+    let dir = Dir::new("team-crash");
+    let path = dir.path("sessions.db");
+    let id = SessionId::new("team");
+    let lease = Duration::from_millis(600);
+    {
+        let store = Arc::new(SqliteStore::open(&path).expect("opens"));
+        let triage =
+            scripted(|s| s.tool_call("transfer_to_billing", json!({"reason": "a refund"})));
+        // Billing pays, then its next model call never answers.
+        let billing: Arc<dyn Model> = Arc::new(ThenHangs(
+            ScriptedModel::builder()
+                .tool_call("pay", json!({"amount": 5}))
+                .build(),
+        ));
+        let mut session = DurableTeam::create_with(
+            store,
+            id.clone(),
+            WorkerId::new("crashed"),
+            team(&dir, triage, billing),
+            CreateOptions::default().lease(lease),
+        )
+        .await
+        .expect("created");
+        // The process dies while billing waits for its model.
+        let killed =
+            tokio::time::timeout(Duration::from_millis(400), session.send("Refund my 5.")).await;
+        assert!(killed.is_err(), "the turn hangs in billing's model call");
+    }
+    assert_eq!(paid(&dir), 1);
+    // Another worker, once the crashed one's leases have expired.
+    tokio::time::sleep(lease + Duration::from_millis(100)).await;
+    let store = Arc::new(SqliteStore::open(&path).expect("opens"));
+    let triage = silent();
+    let billing = scripted(|s| s.text("Refunded 5."));
+    let mut session = DurableTeam::open(
+        store,
+        id.clone(),
+        WorkerId::new("next"),
+        team(&dir, triage.clone(), billing.clone()),
+    )
+    .await
+    .expect("reopens");
+    assert!(session.is_turn_pending());
+    assert_eq!(session.current(), "billing");
+    let reply = session
+        .resume()
+        .await
+        .expect("finishes")
+        .expect("a turn was pending");
+    assert_eq!(reply.agent, "billing");
+    assert_eq!(reply.answer.as_deref(), Some("Refunded 5."));
+    // The turn's handoff, followed before the crash, once.
+    assert_eq!(pairs(&reply.handoffs), [handoff("triage", "billing")]);
+    assert_eq!(session.state().handoffs().len(), 1);
+    assert_eq!(paid(&dir), 1, "the payment is not made again");
+    assert_eq!(triage.calls(), 0);
+    // The interrupted run continued: billing's model is asked once, over
+    // the user's message (once) and the payment's result.
+    assert_eq!(billing.calls(), 1);
+    let seen = texts(&billing.requests()[0].messages);
+    assert_eq!(seen.matches("Refund my 5.").count(), 1, "{seen}");
+    let sent = serde_json::to_string(&billing.requests()[0].messages).expect("encodes");
+    assert_eq!(sent.matches("paid 5").count(), 1, "{sent}");
+    assert_eq!(
+        texts(session.state().transcript()),
+        "Refund my 5.\nRefunded 5."
+    );
+    assert!(!session.is_turn_pending());
+    assert!(session.resume().await.expect("nothing to do").is_none());
+}
+
+/// A SQLite store whose `n`-th write of a team state fails, as if the
+/// process died just before it: what was written before it stays.
+#[derive(Debug)]
+struct DiesAtTeamWrite {
+    inner: SqliteStore,
+    n: usize,
+    writes: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl Store for DiesAtTeamWrite {
+    async fn create(
+        &self,
+        id: &SessionId,
+        owner: Option<&Owner>,
+        charter: &str,
+        snapshot: &markov_executor::SerializedMachine<&[markov_core::Message]>,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        self.inner
+            .create(id, owner, charter, snapshot, holder, ttl)
+            .await
+    }
+    async fn append(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        step: StepRecord<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.append(id, holder, step).await
+    }
+    async fn journal(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        entry: &LedgerEntry,
+    ) -> Result<(), StoreError> {
+        self.inner.journal(id, holder, entry).await
+    }
+    async fn journal_answers(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        answers: &[RecordedAnswer],
+    ) -> Result<(), StoreError> {
+        self.inner.journal_answers(id, holder, answers).await
+    }
+    async fn steps(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StepTrace>, StoreError> {
+        self.inner.steps(id, from, limit).await
+    }
+    async fn prune_steps(&self, retention: &StepRetention) -> Result<u64, StoreError> {
+        self.inner.prune_steps(retention).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
+        self.inner.load(id).await
+    }
+    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
+        self.inner.repair(id, holder).await
+    }
+    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
+        self.inner.list(owner).await
+    }
+    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
+        self.inner.info(id).await
+    }
+    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
+        self.inner.delete(id).await
+    }
+    async fn acquire(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        self.inner.acquire(id, holder, ttl).await
+    }
+    async fn release(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+    ) -> Result<Option<Revision>, StoreError> {
+        self.inner.release(id, holder).await
+    }
+    async fn claim_interrupted(
+        &self,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.inner.claim_interrupted(holder, ttl).await
+    }
+    async fn team_state(&self, id: &SessionId) -> Result<Option<TeamRecord>, StoreError> {
+        self.inner.team_state(id).await
+    }
+    async fn write_team_state(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        state: &TeamRecord,
+    ) -> Result<(), StoreError> {
+        let n = self
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        if n == self.n {
+            return Err(StoreError::Backend("the process died here".to_owned()));
+        }
+        self.inner.write_team_state(id, holder, state).await
+    }
+}
+
+#[tokio::test]
+async fn a_crash_after_a_handoff_or_an_answer_before_the_team_is_written_loses_nothing() {
+    // The team's writes: 1 at creation, 2 with the user's message, 3 once
+    // triage's handoff is stored, 4 once billing's answer is.
+    for (dies_at, what) in [(3, "after the handoff"), (4, "after the answer")] {
+        let dir = Dir::new("team-dies");
+        let path = dir.path("sessions.db");
+        let id = SessionId::new("team");
+        let worker = WorkerId::new("w");
+        {
+            let store = Arc::new(DiesAtTeamWrite {
+                inner: SqliteStore::open(&path).expect("opens"),
+                n: dies_at,
+                writes: Default::default(),
+            });
+            let triage =
+                scripted(|s| s.tool_call("transfer_to_billing", json!({"reason": "a refund"})));
+            let billing =
+                scripted(|s| s.tool_call("pay", json!({"amount": 5})).text("Refunded 5."));
+            let mut session = DurableTeam::create_with(
+                store,
+                id.clone(),
+                worker.clone(),
+                team(&dir, triage, billing),
+                CreateOptions::default(),
+            )
+            .await
+            .expect("created");
+            let died = session.send("Refund my 5.").await;
+            assert!(
+                matches!(died, Err(DurableError::Store(StoreError::Backend(_)))),
+                "{what}: {died:?}"
+            );
+        }
+        let store = Arc::new(SqliteStore::open(&path).expect("opens"));
+        let triage = silent();
+        // Billing's model answers only if it is asked (not after the answer).
+        let billing = scripted(|s| s.tool_call("pay", json!({"amount": 5})).text("Refunded 5."));
+        let mut session = DurableTeam::open(
+            store,
+            id.clone(),
+            worker.clone(),
+            team(&dir, triage.clone(), billing.clone()),
+        )
+        .await
+        .expect("reopens");
+        assert!(session.is_turn_pending(), "{what}");
+        let reply = session
+            .resume()
+            .await
+            .expect("finishes")
+            .expect("a turn was pending");
+        assert_eq!(reply.agent, "billing", "{what}");
+        assert_eq!(reply.answer.as_deref(), Some("Refunded 5."), "{what}");
+        assert_eq!(
+            triage.calls(),
+            0,
+            "{what}: triage's handoff is not asked again"
+        );
+        assert_eq!(
+            pairs(session.state().handoffs()),
+            [handoff("triage", "billing")],
+            "{what}"
+        );
+        if dies_at == 4 {
+            assert!(reply.step.is_none(), "finished from what was stored");
+            assert_eq!(billing.calls(), 0, "billing answered before the crash");
+            assert_eq!(paid(&dir), 1);
+        } else {
+            assert_eq!(billing.calls(), 2, "billing is given the conversation once");
+            let seen = texts(&billing.requests()[0].messages);
+            assert_eq!(seen.matches("Refund my 5.").count(), 1, "{seen}");
+            assert_eq!(paid(&dir), 1);
+        }
+        assert_eq!(
+            texts(session.state().transcript()),
+            "Refund my 5.\nRefunded 5.",
+            "{what}"
+        );
+    }
+}
