@@ -51,6 +51,15 @@ pub trait Journal: Send + Sync {
     /// last write replaces the earlier ones). Called before any tool of the
     /// newest answer runs; an error keeps those tools from running.
     async fn write_answers(&self, answers: &[RecordedAnswer]) -> Result<(), String>;
+
+    /// Keeps `step`, a step of a sub-agent run by the call `calls[0]` of
+    /// the step in flight (nested in it through the rest of `calls`), for
+    /// that step's trace (see
+    /// [`CallJournal::keep_step`](markov_core::tool::CallJournal::keep_step)).
+    /// The default keeps nothing.
+    fn keep_step(&self, calls: &[ToolCallId], step: serde_json::Value) {
+        let _ = (calls, step);
+    }
 }
 
 /// The policy state of one conversation.
@@ -139,6 +148,32 @@ impl PolicyState {
         let paused = state.answers.paused();
         state.approvals.forget_held(|i| paused.contains(i));
         state
+    }
+
+    /// Empty, as [`new`](Self::new), with the conversation id
+    /// `conversation` (a sub-agent's, derived from the call that runs it,
+    /// so that the keys its tools hand out are the same when it runs
+    /// again).
+    pub fn with_conversation(conversation: impl Into<String>) -> Self {
+        PolicyState {
+            conversation: conversation.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Seeds what an earlier run of this conversation recorded and nothing
+    /// else keeps (a sub-agent run again after a crash): its model's
+    /// answers, each replayed by the step that asks for it again
+    /// ([`PendingAnswers::seed`]), and its answered calls, each answered
+    /// from the ledger when it is made again
+    /// ([`IdempotencyLedger::seed`]).
+    pub fn seed(&self, entries: Vec<LedgerEntry>, answers: Vec<RecordedAnswer>) {
+        if !entries.is_empty() {
+            self.ledger.seed(entries);
+        }
+        if !answers.is_empty() {
+            self.answers.seed(answers);
+        }
     }
 
     /// The model's answers of the step in flight whose tools may have
@@ -437,16 +472,18 @@ impl PolicyState {
     }
 }
 
-/// The ledger keys of the calls `answers` made in user turn `turn`: the
-/// only answered calls a replay can ask for again.
+/// The ledger keys of the calls `answers` made in user turn `turn`, and
+/// their namespaces (the records they kept): the only answered calls and
+/// records a replay can ask for again.
 fn replayable_keys(turn: u64, answers: &[RecordedAnswer]) -> HashSet<String> {
     answers
         .iter()
         .flat_map(|answer| {
-            answer
-                .response
-                .tool_calls()
-                .map(|(id, _, _)| IdempotencyLedger::key_of(turn, Some(&answer.instance), id))
+            answer.response.tool_calls().flat_map(|(id, _, _)| {
+                let key = IdempotencyLedger::key_of(turn, Some(&answer.instance), id);
+                let namespace = IdempotencyLedger::namespace_of(&key, Some(answer.history_len));
+                [key, namespace]
+            })
         })
         .collect()
 }
@@ -459,7 +496,8 @@ impl PolicySnapshot {
     /// them when a step is recorded.
     pub fn retain_replayable(&mut self) {
         let keep = replayable_keys(self.turn, &self.answers);
-        self.ledger.retain(|entry| keep.contains(&entry.key));
+        self.ledger
+            .retain(|entry| crate::ledger::kept_by(&keep, &entry.key));
     }
 }
 

@@ -321,6 +321,23 @@ pub struct StepTrace {
     /// What the session and its user turn had used before the step.
     #[serde(default)]
     pub usage_before: UsageTotals,
+    /// The steps of the sub-agents the step's tool calls ran
+    /// ([`Agent::as_tool`](markov_executor::Agent::as_tool)), in the order
+    /// they ended, each tied to the call that ran it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sub_agents: Vec<SubAgentTrace>,
+}
+
+/// One step of a sub-agent run by a tool call of a recorded step
+/// ([`StepTrace::sub_agents`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubAgentTrace {
+    /// The call that ran the sub-agent: first the call of the recorded
+    /// step, then, for a sub-agent nested in another, the call of each
+    /// sub-agent inside it, outermost first.
+    pub calls: Vec<markov_core::ids::ToolCallId>,
+    /// The sub-agent's step.
+    pub step: markov_executor::SubAgentStep,
 }
 
 impl StepTrace {
@@ -344,6 +361,7 @@ impl StepTrace {
             tree_before: None,
             counters_before: PolicyCounters::default(),
             usage_before: UsageTotals::default(),
+            sub_agents: Vec::new(),
         }
     }
 

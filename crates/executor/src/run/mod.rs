@@ -23,7 +23,7 @@ mod drive;
 use apply::{
     announce, apply, cedes_of, collapse_ephemerals, resolve_effect, resolve_effects, resume_request,
 };
-pub(crate) use drive::resume_to_completion;
+pub(crate) use drive::{resume_to_completion, steps};
 pub use drive::{run_leaves, run_machine, run_to_completion};
 
 use crate::effect::{Entry, cede_json};
