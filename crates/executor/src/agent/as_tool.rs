@@ -410,7 +410,17 @@ fn durable(machine: &mut Machine, journal: &Arc<dyn CallJournal>, name: &str) {
         .iter()
         .map(|a| (answer_name(a), a.clone()))
         .collect();
+    // A machine kept while it waited for a decision holds what it recorded
+    // up to then: only what came after is seeded.
     let policy = machine.policy_state();
+    let len = machine.history().len() as u64;
+    answers.retain(|a| {
+        a.history_len >= len && policy.answers().history_len_of(&a.instance) != Some(a.history_len)
+    });
+    if !entries.is_empty() && !policy.ledger().is_empty() {
+        let kept = policy.ledger().snapshot();
+        entries.retain(|e| !kept.iter().any(|k| k.key == e.key));
+    }
     policy.seed(entries, answers);
     policy.set_journal(Arc::new(SubJournal {
         journal: Arc::clone(journal),

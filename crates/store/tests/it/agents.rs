@@ -109,7 +109,10 @@ impl Models {
             "after-tool" => vec![vec![("notify", json!({"to": "ops"})), ("hang", json!({}))]],
             // The notification, then an answer that waits: killed after
             // that second answer was recorded.
-            "after-answer" | "nested" | "traced" => vec![
+            // A payment (at least once, deduplicated by its key) that
+            // hangs right after paying: nothing of it is recorded.
+            "inside-pay" => vec![vec![("pay", json!({"amount": 5}))]],
+            "after-answer" | "nested" => vec![
                 vec![("notify", json!({"to": "ops"}))],
                 vec![("hang", json!({}))],
             ],
@@ -148,6 +151,10 @@ fn crash_assistant(dir: &Dir, nested: bool, models: &Models) -> Agent {
             ToolMetadata::new(Category::Action).with_delivery(Delivery::AtMostOnce),
         )
         .tool_with(Hang(dir.path("marker")), ToolMetadata::new(Category::Other))
+        .tool_with(
+            Pay(dir.path("effects")),
+            ToolMetadata::new(Category::Action),
+        )
         .policies(PolicyConfig::new(Budget::UNLIMITED))
         .shared_model(models.clerk.clone())
         .build()
@@ -208,9 +215,10 @@ fn crash_child() {
         .await
         .expect("created");
         session.machine().enqueue_user(REQUEST);
-        // Never returns: the clerk's `hang` hangs until the process is
-        // killed.
-        let _ = session.run().await;
+        // Never returns: the clerk's `hang` (or `pay`) hangs until the
+        // process is killed.
+        let ran = session.run().await;
+        panic!("the run ended: {ran:?}");
     });
     std::mem::forget(dir);
 }
@@ -219,12 +227,15 @@ fn crash_child() {
 /// with agents and models built afresh, finish the session; returns those
 /// models and the reopened session.
 async fn crash_and_resume(dir: &Dir, mode: &str) -> (Models, DurableMachine<SqliteStore>) {
-    crate::exactly_once::kill_when_it_hangs("agents::crash_child", dir, mode, false).await;
-    assert_eq!(
-        lines(&dir.path("notices")),
-        1,
-        "notified once before the crash"
-    );
+    let inside_pay = mode == "inside-pay";
+    crate::exactly_once::kill_when_it_hangs("agents::crash_child", dir, mode, inside_pay).await;
+    if !inside_pay {
+        assert_eq!(
+            lines(&dir.path("notices")),
+            1,
+            "notified once before the crash"
+        );
+    }
     let models = Models::new(mode);
     let agent = crash_assistant(dir, mode == "nested", &models);
     let mut session = open_when_free(crash_store(dir), "crash", "survivor", &agent).await;
@@ -232,7 +243,6 @@ async fn crash_and_resume(dir: &Dir, mode: &str) -> (Models, DurableMachine<Sqli
     let last = session.run().await.expect("the run continues");
     assert!(last.done);
     assert_eq!(last.output().as_deref(), Some("Done: ops notified."));
-    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
     assert_eq!(
         models.caller.served(),
         1,
@@ -250,18 +260,51 @@ fn results(session: &DurableMachine<SqliteStore>) -> Vec<String> {
 async fn a_worker_killed_in_a_sub_agent_after_its_at_most_once_tool_ran_resumes_inside_it() {
     let dir = Dir::new("sub-after-tool");
     let (models, session) = crash_and_resume(&dir, "after-tool").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
     assert_eq!(
         models.clerk.served(),
         1,
         "the clerk's recorded answer was replayed: it was asked only for its final answer"
     );
     assert_eq!(results(&session), ["Notified ops."]);
+    // The resumed step's trace holds each of the clerk's steps once: the
+    // replayed one and the final one.
+    let steps = crash_store(&dir)
+        .steps(&SessionId::new("crash"), 0, 10)
+        .await
+        .expect("steps");
+    let subs: Vec<usize> = steps
+        .iter()
+        .flat_map(|s| &s.sub_agents)
+        .map(|s| s.step.messages.len())
+        .collect();
+    assert_eq!(
+        subs,
+        [3, 1],
+        "the user message, the answer and its results; then the reply"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_inside_a_sub_agents_payment_pays_it_again_with_the_same_key() {
+    let dir = Dir::new("sub-inside-pay");
+    let (models, _session) = crash_and_resume(&dir, "inside-pay").await;
+    assert_eq!(lines(&dir.path("effects")), 1, "paid once");
+    let calls = std::fs::read_to_string(calls_file(&dir.path("effects"))).expect("calls");
+    let keys: Vec<&str> = calls.lines().collect();
+    assert_eq!(keys.len(), 2, "the interrupted payment ran again");
+    assert_eq!(
+        keys[0], keys[1],
+        "with the same idempotency key: the sub-agent is the same conversation"
+    );
+    assert_eq!(models.clerk.served(), 1, "its answer was replayed");
 }
 
 #[tokio::test]
 async fn a_worker_killed_in_a_sub_agent_after_its_answer_was_recorded_asks_no_answer_again() {
     let dir = Dir::new("sub-after-answer");
     let (models, session) = crash_and_resume(&dir, "after-answer").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
     assert_eq!(
         models.clerk.served(),
         1,
@@ -274,6 +317,7 @@ async fn a_worker_killed_in_a_sub_agent_after_its_answer_was_recorded_asks_no_an
 async fn a_worker_killed_in_a_nested_sub_agent_resumes_inside_it() {
     let dir = Dir::new("sub-nested");
     let (models, session) = crash_and_resume(&dir, "nested").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
     assert_eq!(
         models.clerk.served(),
         1,
@@ -364,7 +408,10 @@ async fn a_sub_agents_steps_are_step_traces_of_the_callers_session_under_its_cal
     assert_eq!(first.history_from, 0);
     assert_eq!(first.messages[0].text(), REQUEST);
     assert_eq!(first.messages.len(), 3);
-    assert!(!first.calls.is_empty(), "its model call is recorded");
+    assert!(
+        first.calls[0].system.contains("You notify people."),
+        "its model call is recorded, its system prompt read back"
+    );
     let done = subs.iter().filter(|s| s.step.done).count();
     assert_eq!(done, 2, "each sub-agent's run ends once");
 }
