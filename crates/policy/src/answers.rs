@@ -181,3 +181,53 @@ impl PendingAnswers {
         *self.lock() = answers;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use markov_core::model::StopReason;
+
+    fn answer(instance: &str, history_len: u64, text: &str) -> RecordedAnswer {
+        RecordedAnswer {
+            instance: InstanceId::from(instance),
+            history_len,
+            response: ModelResponse::new(
+                vec![
+                    markov_core::Item::text(text),
+                    markov_core::Item::tool_use("c1", "pay", serde_json::json!({})),
+                ],
+                StopReason::ToolUse,
+            ),
+            paused: false,
+        }
+    }
+
+    #[test]
+    fn a_seeded_answer_is_replayed_by_its_step_and_becomes_its_recorded_answer() {
+        let answers = PendingAnswers::default();
+        let root = InstanceId::from("root");
+        assert_eq!(
+            answers.find(&root, 1),
+            None,
+            "nothing seeded, nothing found"
+        );
+        answers.seed([answer("root", 1, "first"), answer("root", 3, "second")]);
+        assert_eq!(answers.find(&root, 2), None, "no answer over that history");
+        assert_eq!(
+            answers.find(&root, 1),
+            Some(answer("root", 1, "first").response)
+        );
+        assert_eq!(
+            answers.history_len_of(&root),
+            Some(1),
+            "the step's recorded answer"
+        );
+        answers.settle();
+        assert!(answers.is_empty());
+        assert_eq!(
+            answers.find(&root, 3),
+            Some(answer("root", 3, "second").response)
+        );
+        assert!(answers.unused_seeds().is_empty(), "both taken");
+    }
+}

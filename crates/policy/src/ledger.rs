@@ -854,6 +854,82 @@ mod tests {
         assert!(ledger.bytes() > 0);
     }
 
+    fn record(key: &str, value: Value) -> LedgerEntry {
+        let mut e = entry(key, "", now_ms());
+        e.tool = String::new();
+        e.args = Value::Null;
+        e.record = Some(value);
+        e.turn = 1;
+        e
+    }
+
+    #[test]
+    fn a_seeded_entry_answers_its_call_once_asked_and_outlives_the_steps_before() {
+        let ledger = IdempotencyLedger::new();
+        let limits = IdempotencyLimits::default();
+        ledger.seed([entry("t1:root:c2", "paid", now_ms())]);
+        // A step before it is recorded: the seeded entry is not its.
+        ledger.retain_only(&std::collections::HashSet::new());
+        assert!(ledger.is_empty(), "seeds stay aside");
+        let now = SystemTime::now();
+        assert!(matches!(
+            ledger.begin("t1:root:c2", "pay", &json!({"amount": 1}), &limits, now, 1),
+            Begin::Replay(e) if e.result.content == "paid"
+        ));
+        assert_eq!(ledger.len(), 1, "taken into the ledger");
+        assert!(matches!(
+            ledger.begin("t1:root:c9", "pay", &json!({"amount": 1}), &limits, now, 1),
+            Begin::Run(_)
+        ));
+    }
+
+    #[test]
+    fn records_are_read_by_namespace_last_write_first_kept_and_never_stubbed() {
+        let limits = IdempotencyLimits {
+            ttl: Duration::from_secs(60),
+            max_entries: 100,
+            max_bytes: 4000,
+        };
+        let ledger = IdempotencyLedger::new();
+        let big = "r".repeat(5000);
+        ledger.restore(
+            [
+                record("t1:root:c1@3>answer:a:1", json!(1)),
+                record("t1:root:c1@30>answer:a:1", json!("another step's")),
+                record("t1:root:c1@3>t1:a:x", json!(big)),
+                record("t1:root:c1@3>answer:a:1", json!(2)),
+            ],
+            &limits,
+            1,
+        );
+        ledger.seed([record("t1:root:c1@3>t1:a:x@2>answer:b:1", json!(3))]);
+        assert_eq!(
+            ledger.records_under("t1:root:c1@3"),
+            [
+                ("answer:a:1".to_owned(), json!(2)),
+                ("t1:a:x".to_owned(), json!(big)),
+                ("t1:a:x@2>answer:b:1".to_owned(), json!(3)),
+            ]
+        );
+        assert!(ledger.records_under("t1:root:c1").is_empty());
+    }
+
+    #[test]
+    fn keeping_a_calls_namespace_keeps_its_records() {
+        let keep: std::collections::HashSet<String> =
+            ["t1:root:c1".to_owned(), "t1:root:c1@3".to_owned()].into();
+        assert!(kept_by(&keep, "t1:root:c1"));
+        assert!(kept_by(&keep, "t1:root:c1@3>answer:a:1"));
+        assert!(kept_by(&keep, "t1:root:c1@3>t1:a:x@2>t1:b:y"));
+        assert!(!kept_by(&keep, "t1:root:c1@4>answer:a:1"));
+        assert!(!kept_by(&keep, "t1:root:c2"));
+        assert_eq!(
+            IdempotencyLedger::namespace_of("t1:r:c", Some(7)),
+            "t1:r:c@7"
+        );
+        assert_eq!(IdempotencyLedger::namespace_of("t1:r:c", None), "t1:r:c");
+    }
+
     #[test]
     fn hex_is_lower_case_two_digits_a_byte() {
         assert_eq!(hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");

@@ -111,3 +111,95 @@ impl CallJournal for CallRecords {
         self.journal.keep_step(&path, step);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RecordedAnswer;
+    use markov_core::ids::InstanceId;
+    use markov_core::model::{ModelResponse, StopReason};
+    use std::sync::Mutex;
+
+    /// Keeps what is written and kept.
+    #[derive(Default)]
+    struct Kept {
+        entries: Mutex<Vec<LedgerEntry>>,
+        steps: Mutex<Vec<(Vec<ToolCallId>, Value)>>,
+    }
+
+    #[async_trait]
+    impl Journal for Kept {
+        async fn write(&self, entry: &LedgerEntry) -> Result<(), String> {
+            self.entries
+                .lock()
+                .map_err(|e| e.to_string())?
+                .push(entry.clone());
+            Ok(())
+        }
+
+        async fn write_answers(&self, _: &[RecordedAnswer]) -> Result<(), String> {
+            Ok(())
+        }
+
+        fn keep_step(&self, calls: &[ToolCallId], step: Value) {
+            if let Ok(mut steps) = self.steps.lock() {
+                steps.push((calls.to_vec(), step));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_calls_records_are_ledger_entries_in_its_namespace_and_read_back_with_the_ledger() {
+        let kept = Arc::new(Kept::default());
+        let policy = PolicyState::new();
+        let root = InstanceId::from("root");
+        let call = ToolCallId::from("c1");
+        // The answer that made the call, asked over three messages.
+        policy
+            .record_answer(RecordedAnswer {
+                instance: root.clone(),
+                history_len: 3,
+                response: ModelResponse::new(
+                    vec![markov_core::Item::tool_use(
+                        "c1",
+                        "clerk",
+                        serde_json::json!({}),
+                    )],
+                    StopReason::ToolUse,
+                ),
+                paused: false,
+            })
+            .await
+            .expect("recorded");
+        let key = crate::IdempotencyLedger::key_of(policy.turn(), Some(&root), &call);
+        let records = CallRecords::new(kept.clone(), &policy, &key, Some(&root), &call);
+        assert_eq!(records.namespace(), "t0:root:c1@3");
+        assert!(records.recorded().is_empty(), "a first run");
+        records
+            .write("answer:a:1", serde_json::json!({"n": 1}))
+            .await
+            .expect("written");
+        records.keep_step(&[ToolCallId::from("inner")], serde_json::json!("a step"));
+        let written = kept.entries.lock().expect("lock").clone();
+        assert_eq!(written.len(), 1);
+        assert_eq!(written[0].key, "t0:root:c1@3>answer:a:1");
+        assert!(written[0].tool.is_empty(), "no call matches a record");
+        assert_eq!(
+            kept.steps.lock().expect("lock").clone(),
+            [(
+                vec![call.clone(), ToolCallId::from("inner")],
+                serde_json::json!("a step")
+            )]
+        );
+        // Read back with the conversation (its answer still to replay):
+        // the call, run again, finds its record.
+        let mut snapshot = policy.snapshot();
+        snapshot.ledger = written;
+        let restored = PolicyState::restored(snapshot, &Default::default());
+        let again = CallRecords::new(kept, &restored, &key, Some(&root), &call);
+        assert_eq!(
+            again.recorded(),
+            [("answer:a:1".to_owned(), serde_json::json!({"n": 1}))]
+        );
+    }
+}
