@@ -180,8 +180,12 @@ impl DynTool for AgentTool {
                 machine
             }
         };
-        if let Some(journal) = &journal {
-            durable(&mut machine, journal, name);
+        match &journal {
+            Some(journal) => durable(&mut machine, journal, name),
+            // A waiting sub-agent whose caller left its store since: it
+            // runs in memory, as its caller does.
+            None if resumed => machine.policy_state().clear_journal(),
+            None => {}
         }
         let mut last = None;
         if !resumed {
