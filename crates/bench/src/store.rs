@@ -99,6 +99,7 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
         tree_before: None,
         counters_before: markov_policy::PolicyCounters::default(),
         usage_before: markov_context::UsageTotals::default(),
+        sub_agents: Vec::new(),
     }
 }
 

@@ -552,6 +552,7 @@ pub struct ToolContext<'a> {
     idempotency_key: Option<&'a IdempotencyKey<'a>>,
     usage: Option<&'a UsageSink>,
     hold: Option<&'a dyn Hold>,
+    journal: Option<&'a (dyn Fn() -> Arc<dyn CallJournal> + Send + Sync)>,
 }
 
 /// A person's decision asked for by a running call
@@ -588,6 +589,37 @@ pub trait Hold: Send + Sync {
 
     /// The state the call kept with its request, if any.
     fn kept(&self) -> Option<Value>;
+}
+
+/// The durable journal of the conversation a call runs in, as that one
+/// call sees it ([`ToolContext::journal`]): records it keeps under names of
+/// its own, durable before [`write`](Self::write) returns, and read back
+/// ([`recorded`](Self::recorded)) when the same call runs again after a
+/// crash, in this process or another. A sub-agent keeps its model's
+/// answers and its tools' results here, so that a crash inside it repeats
+/// neither. Records live as long as the call may run again: until the step
+/// that answers it is recorded.
+#[async_trait]
+pub trait CallJournal: Send + Sync + fmt::Debug {
+    /// What earlier runs of this call recorded, `(name, record)` in the
+    /// order written (a name written twice once, with its last record);
+    /// empty on the call's first run.
+    fn recorded(&self) -> Vec<(String, Value)>;
+
+    /// Records `record` under `name`, replacing a record of that name,
+    /// durably before it returns. An error means nothing durable holds it.
+    async fn write(&self, name: &str, record: Value) -> Result<(), String>;
+
+    /// Whether the call may go on: `Err` with the reason once the
+    /// conversation's writer lost the right to write (another worker may
+    /// be running this very call).
+    fn check(&self) -> Result<(), String>;
+
+    /// Keeps `step`, a step of a sub-agent run by this call (or, through
+    /// `calls`, by a call nested in it, outermost first), with the trace
+    /// of the caller's step in flight, where a store records it. Nothing
+    /// durable is promised: a trace is for people to read.
+    fn keep_step(&self, calls: &[ToolCallId], step: Value);
 }
 
 /// Usage spent inside tool calls (a sub-agent's model calls, say) that the
@@ -670,7 +702,28 @@ impl<'a> ToolContext<'a> {
             idempotency_key: None,
             usage: None,
             hold: None,
+            journal: None,
         }
+    }
+
+    /// Sets where [`journal`](Self::journal) gets the call's journal: made
+    /// when a tool asks for it (most never do).
+    #[must_use]
+    pub fn with_journal(
+        mut self,
+        make: &'a (dyn Fn() -> Arc<dyn CallJournal> + Send + Sync),
+    ) -> Self {
+        self.journal = Some(make);
+        self
+    }
+
+    /// This call's part of its conversation's durable journal, when the
+    /// conversation has one (a stored session): see [`CallJournal`]. Made
+    /// afresh each time it is asked for (it reads what is recorded): ask
+    /// once per call. `None` for a conversation kept in memory only, or a
+    /// context made by hand.
+    pub fn journal(&self) -> Option<Arc<dyn CallJournal>> {
+        self.journal.map(|make| make())
     }
 
     /// Sets what [`ask_approval`](Self::ask_approval) asks.

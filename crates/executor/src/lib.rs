@@ -56,7 +56,7 @@ pub mod stream;
 pub mod team;
 mod typed;
 
-pub use agent::{Agent, AgentBuilder, AgentTool, BuildError};
+pub use agent::{Agent, AgentBuilder, AgentTool, BuildError, SubAgentStep};
 pub use client::{
     DisplayInstance, DryClientInstance, MachineContract, assert_contract, display_instance,
     dry_client_instance, find_command, is_command_item,

@@ -43,6 +43,13 @@ pub struct RecordedAnswer {
 #[derive(Debug, Default)]
 pub struct PendingAnswers {
     answers: Mutex<Vec<RecordedAnswer>>,
+    /// Answers recorded by an earlier run that nothing else keeps (see
+    /// [`seed`](PendingAnswers::seed)), each taken by the step that asks
+    /// for it.
+    seeded: Mutex<Vec<RecordedAnswer>>,
+    /// Whether `seeded` may hold any: a step of a conversation without
+    /// seeds does not lock it.
+    has_seeds: std::sync::atomic::AtomicBool,
     /// Serializes journal writes, so the last one written holds every
     /// answer (two leaves of one step record theirs concurrently).
     pub(crate) writing: futures::lock::Mutex<()>,
@@ -54,13 +61,60 @@ impl PendingAnswers {
     }
 
     /// The answer recorded for `instance` over a history of `history_len`
-    /// messages, or its paused answer (over whatever history), if any.
+    /// messages, or its paused answer (over whatever history), if any; else
+    /// a seeded answer of `instance` over that history, which becomes the
+    /// step's recorded answer (see [`seed`](Self::seed)).
     pub fn find(&self, instance: &InstanceId, history_len: usize) -> Option<ModelResponse> {
         let len = u64::try_from(history_len).unwrap_or(u64::MAX);
-        self.lock()
+        let mut answers = self.lock();
+        if let Some(found) = answers
             .iter()
             .find(|a| a.instance == *instance && (a.paused || a.history_len == len))
-            .map(|a| a.response.clone())
+        {
+            return Some(found.response.clone());
+        }
+        if !self.has_seeds.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let mut seeded = self.seeded.lock().unwrap_or_else(|p| p.into_inner());
+        let at = seeded
+            .iter()
+            .position(|a| a.instance == *instance && a.history_len == len)?;
+        let mut answer = seeded.remove(at);
+        answer.paused = false;
+        let response = answer.response.clone();
+        answers.retain(|a| a.instance != answer.instance);
+        answers.push(answer);
+        Some(response)
+    }
+
+    /// Seeds `answers`, recorded by an earlier run of this conversation
+    /// that nothing else keeps (a sub-agent run again after a crash, its
+    /// history built again step by step): each is replayed, instead of a
+    /// model call, by the step of its instance over a history of its
+    /// length, and is then that step's recorded answer.
+    pub fn seed(&self, answers: impl IntoIterator<Item = RecordedAnswer>) {
+        let mut seeded = self.seeded.lock().unwrap_or_else(|p| p.into_inner());
+        seeded.extend(answers);
+        self.has_seeds
+            .store(!seeded.is_empty(), std::sync::atomic::Ordering::Release);
+    }
+
+    /// The seeded answers no step has taken yet.
+    pub fn unused_seeds(&self) -> Vec<RecordedAnswer> {
+        self.seeded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The length of the history the answer of `instance` was asked over,
+    /// if one is recorded.
+    pub fn history_len_of(&self, instance: &InstanceId) -> Option<u64> {
+        self.lock()
+            .iter()
+            .find(|a| a.instance == *instance)
+            .map(|a| a.history_len)
     }
 
     /// Marks the answer of `instance` paused (its calls wait for the
@@ -125,5 +179,55 @@ impl PendingAnswers {
     /// Replaces the answers (a restored conversation).
     pub fn restore(&self, answers: Vec<RecordedAnswer>) {
         *self.lock() = answers;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use markov_core::model::StopReason;
+
+    fn answer(instance: &str, history_len: u64, text: &str) -> RecordedAnswer {
+        RecordedAnswer {
+            instance: InstanceId::from(instance),
+            history_len,
+            response: ModelResponse::new(
+                vec![
+                    markov_core::Item::text(text),
+                    markov_core::Item::tool_use("c1", "pay", serde_json::json!({})),
+                ],
+                StopReason::ToolUse,
+            ),
+            paused: false,
+        }
+    }
+
+    #[test]
+    fn a_seeded_answer_is_replayed_by_its_step_and_becomes_its_recorded_answer() {
+        let answers = PendingAnswers::default();
+        let root = InstanceId::from("root");
+        assert_eq!(
+            answers.find(&root, 1),
+            None,
+            "nothing seeded, nothing found"
+        );
+        answers.seed([answer("root", 1, "first"), answer("root", 3, "second")]);
+        assert_eq!(answers.find(&root, 2), None, "no answer over that history");
+        assert_eq!(
+            answers.find(&root, 1),
+            Some(answer("root", 1, "first").response)
+        );
+        assert_eq!(
+            answers.history_len_of(&root),
+            Some(1),
+            "the step's recorded answer"
+        );
+        answers.settle();
+        assert!(answers.is_empty());
+        assert_eq!(
+            answers.find(&root, 3),
+            Some(answer("root", 3, "second").response)
+        );
+        assert!(answers.unused_seeds().is_empty(), "both taken");
     }
 }

@@ -53,11 +53,13 @@
 //! within the process: a call whose future was dropped while its tool ran
 //! leaves the start in the ledger.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use markov_core::async_trait;
-use markov_core::tool::{Delivery, StateAccess, StateUpdateError, ToolExecutionResult};
+use markov_core::tool::{
+    CallJournal, Delivery, StateAccess, StateUpdateError, ToolExecutionResult,
+};
 use serde_json::Value;
 
 use crate::error::Rejection;
@@ -66,6 +68,7 @@ use crate::ledger::{
     Begin, IdempotencyLimits, InterruptedCall, LedgerEntry, StoredResult, unix_millis,
 };
 use crate::metadata::ToolMetadata;
+use crate::records::CallRecords;
 use crate::service::{ToolLayer, ToolRequest, ToolService};
 /// The entry an at-most-once call writes before its tool runs: it started,
 /// and until its real entry replaces it, its result is `INTERRUPTED`.
@@ -92,6 +95,7 @@ fn started_entry(req: &ToolRequest<'_>, key: &str, turn: u64) -> LedgerEntry {
         args_digest: None,
         state_updates: Vec::new(),
         started: true,
+        record: None,
     }
 }
 
@@ -254,13 +258,30 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         inner: req.cx.state_access(),
                         updates: Mutex::new(Vec::new()),
                     };
-                    let req = ToolRequest {
-                        cx: req
-                            .cx
-                            .with_idempotency_key(&tool_key)
-                            .with_state(&recording),
-                        ..req
+                    // The call's part of the journal, made only if the tool
+                    // asks for it (a sub-agent does).
+                    let key_ref = key.as_str();
+                    let make_records = |journal: &Arc<dyn crate::Journal>| {
+                        let journal = Arc::clone(journal);
+                        move || -> Arc<dyn CallJournal> {
+                            Arc::new(CallRecords::new(
+                                Arc::clone(&journal),
+                                policy,
+                                key_ref,
+                                instance,
+                                call_id,
+                            ))
+                        }
                     };
+                    let records = journal.as_ref().map(make_records);
+                    let mut cx = req
+                        .cx
+                        .with_idempotency_key(&tool_key)
+                        .with_state(&recording);
+                    if let Some(records) = &records {
+                        cx = cx.with_journal(records);
+                    }
+                    let req = ToolRequest { cx, ..req };
                     let result = self.inner.call(req).await;
                     if report.awaiting().is_some() {
                         // The call asked for a decision while it ran: the
@@ -288,6 +309,7 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         args_digest: None,
                         state_updates,
                         started: false,
+                        record: None,
                     }
                     .within(&self.limits);
                     // Written ahead: durable before anyone uses the result.

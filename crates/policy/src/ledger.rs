@@ -141,6 +141,28 @@ pub struct LedgerEntry {
     /// the call was interrupted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub started: bool,
+    /// Set on an entry that is not an answered call but a record a running
+    /// call kept in the conversation's journal
+    /// ([`CallJournal`](markov_core::tool::CallJournal)): a sub-agent's
+    /// model answer or one of its own ledger entries. Its key is the call's
+    /// namespace ([`IdempotencyLedger::namespace_of`]), `>`, and the
+    /// record's name; its tool is empty, so no call ever matches it. A
+    /// record is kept whole, never as a stub.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<Value>,
+}
+
+/// What separates a call's namespace from the name of a record it kept.
+pub(crate) const RECORD_SEPARATOR: char = '>';
+
+/// Whether `keep`, a set of ledger keys and call namespaces, keeps the
+/// entry `key`: an answered call by its key, a record by its call's
+/// namespace (the part before the first separator).
+pub(crate) fn kept_by(keep: &std::collections::HashSet<String>, key: &str) -> bool {
+    keep.contains(key)
+        || key
+            .split_once(RECORD_SEPARATOR)
+            .is_some_and(|(namespace, _)| keep.contains(namespace))
 }
 
 /// An at-most-once call a resumed step found started and never finished
@@ -201,7 +223,10 @@ impl LedgerEntry {
     /// `limits`: the call is still known to have completed, with which tool
     /// and arguments, and a replay says so instead of running it again.
     pub(crate) fn within(mut self, limits: &IdempotencyLimits) -> Self {
-        if self.size() <= limits.max_bytes / 4 || self.args_digest.is_some() {
+        if self.size() <= limits.max_bytes / 4
+            || self.args_digest.is_some()
+            || self.record.is_some()
+        {
             return self;
         }
         let size = self.result.content.len();
@@ -227,6 +252,7 @@ impl LedgerEntry {
             + self.result.content.len()
             + self.intents.iter().map(value_size).sum::<usize>()
             + self.state_updates.iter().map(value_size).sum::<usize>()
+            + self.record.as_ref().map_or(0, value_size)
             + 64
     }
 }
@@ -262,6 +288,11 @@ struct Inner {
     /// Answered keys, oldest first.
     order: VecDeque<Arc<str>>,
     bytes: usize,
+    /// Entries seeded from an earlier run ([`IdempotencyLedger::seed`]),
+    /// taken into `slots` when a call asks for their key.
+    seeded: HashMap<String, LedgerEntry>,
+    /// The seeded keys, in the order seeded.
+    seeded_order: Vec<String>,
 }
 
 impl Inner {
@@ -392,8 +423,71 @@ impl IdempotencyLedger {
     /// can be asked for again. Dropping the rest also means a provider that
     /// reuses a call id in a later step of the same turn gets a new call,
     /// never an earlier step's stored answer. A call in flight is kept.
+    ///
+    /// `keep` may also name a call's namespace
+    /// ([`namespace_of`](Self::namespace_of)): the records that call kept
+    /// stay too.
     pub fn retain_only(&self, keep: &std::collections::HashSet<String>) {
-        self.forget_answered(|key, _| !keep.contains(key));
+        self.forget_answered(|key, _| !kept_by(keep, key));
+    }
+
+    /// The namespace of the records kept by the call whose ledger key is
+    /// `key`, made by the answer asked over a history of `answer` messages
+    /// (`None`: no answer is recorded for it): the key and the answer's
+    /// length, so that a provider that reuses a call id in a later step of
+    /// the turn names another namespace.
+    pub fn namespace_of(key: &str, answer: Option<u64>) -> String {
+        match answer {
+            Some(len) => format!("{key}@{len}"),
+            None => key.to_owned(),
+        }
+    }
+
+    /// The records kept under `namespace`, `(name, record)` in the order
+    /// they were kept: those read back with the conversation and those
+    /// seeded ([`seed`](Self::seed)).
+    pub fn records_under(&self, namespace: &str) -> Vec<(String, Value)> {
+        let inner = self.lock();
+        let under = |key: &str| {
+            key.strip_prefix(namespace)
+                .and_then(|rest| rest.strip_prefix(RECORD_SEPARATOR))
+                .map(str::to_owned)
+        };
+        let mut found: Vec<(String, Value)> = Vec::new();
+        let done = inner.order.iter().filter_map(|k| match inner.slots.get(k) {
+            Some(Slot::Done(e)) => Some(&**e),
+            _ => None,
+        });
+        for entry in done.chain(
+            inner
+                .seeded_order
+                .iter()
+                .filter_map(|k| inner.seeded.get(k)),
+        ) {
+            if let (Some(name), Some(record)) = (under(&entry.key), &entry.record) {
+                match found.iter_mut().find(|(n, _)| *n == name) {
+                    Some(slot) => slot.1 = record.clone(),
+                    None => found.push((name, record.clone())),
+                }
+            }
+        }
+        found
+    }
+
+    /// Seeds the ledger with `entries` recorded by an earlier run of this
+    /// conversation that nothing else keeps (a sub-agent run again after a
+    /// crash): each stays aside, out of the bounds and of
+    /// [`retain_only`](Self::retain_only), until a call asks for its key,
+    /// which then finds it answered as if it had been read back with the
+    /// conversation.
+    pub fn seed(&self, entries: impl IntoIterator<Item = LedgerEntry>) {
+        let mut inner = self.lock();
+        for entry in entries {
+            let key = entry.key.clone();
+            if inner.seeded.insert(key.clone(), entry).is_none() {
+                inner.seeded_order.push(key);
+            }
+        }
     }
 
     /// Forgets the answered calls `forget` picks (by key and entry); calls
@@ -404,6 +498,7 @@ impl IdempotencyLedger {
             slots,
             order,
             bytes,
+            ..
         } = &mut *inner;
         order.retain(|key| match slots.get(key) {
             Some(Slot::Done(e)) if forget(key, e) => {
@@ -464,6 +559,19 @@ impl IdempotencyLedger {
     ) -> Begin<'_> {
         let mut inner = self.lock();
         inner.evict(limits, unix_millis(now), turn);
+        if !inner.seeded.is_empty()
+            && !inner.slots.contains_key(key)
+            && let Some(entry) = inner.seeded.remove(key)
+        {
+            // Answered in an earlier run: as if read back now.
+            let entry = entry.within(limits);
+            inner.bytes += entry.size();
+            let key: Arc<str> = Arc::from(key);
+            inner
+                .slots
+                .insert(Arc::clone(&key), Slot::Done(Box::new(entry)));
+            inner.order.push_back(key);
+        }
         match inner.slots.get_mut(key) {
             Some(Slot::Done(e)) if e.matches(tool, args) => Begin::Replay(e.clone()),
             Some(Slot::Done(_)) => Begin::Conflict,
@@ -610,6 +718,7 @@ mod tests {
             args_digest: None,
             state_updates: Vec::new(),
             started: false,
+            record: None,
         }
     }
 
@@ -743,6 +852,82 @@ mod tests {
         let keys: Vec<String> = ledger.snapshot().into_iter().map(|e| e.key).collect();
         assert_eq!(keys, ["t2:a"]);
         assert!(ledger.bytes() > 0);
+    }
+
+    fn record(key: &str, value: Value) -> LedgerEntry {
+        let mut e = entry(key, "", now_ms());
+        e.tool = String::new();
+        e.args = Value::Null;
+        e.record = Some(value);
+        e.turn = 1;
+        e
+    }
+
+    #[test]
+    fn a_seeded_entry_answers_its_call_once_asked_and_outlives_the_steps_before() {
+        let ledger = IdempotencyLedger::new();
+        let limits = IdempotencyLimits::default();
+        ledger.seed([entry("t1:root:c2", "paid", now_ms())]);
+        // A step before it is recorded: the seeded entry is not its.
+        ledger.retain_only(&std::collections::HashSet::new());
+        assert!(ledger.is_empty(), "seeds stay aside");
+        let now = SystemTime::now();
+        assert!(matches!(
+            ledger.begin("t1:root:c2", "pay", &json!({"amount": 1}), &limits, now, 1),
+            Begin::Replay(e) if e.result.content == "paid"
+        ));
+        assert_eq!(ledger.len(), 1, "taken into the ledger");
+        assert!(matches!(
+            ledger.begin("t1:root:c9", "pay", &json!({"amount": 1}), &limits, now, 1),
+            Begin::Run(_)
+        ));
+    }
+
+    #[test]
+    fn records_are_read_by_namespace_last_write_first_kept_and_never_stubbed() {
+        let limits = IdempotencyLimits {
+            ttl: Duration::from_secs(60),
+            max_entries: 100,
+            max_bytes: 4000,
+        };
+        let ledger = IdempotencyLedger::new();
+        let big = "r".repeat(5000);
+        ledger.restore(
+            [
+                record("t1:root:c1@3>answer:a:1", json!(1)),
+                record("t1:root:c1@30>answer:a:1", json!("another step's")),
+                record("t1:root:c1@3>t1:a:x", json!(big)),
+                record("t1:root:c1@3>answer:a:1", json!(2)),
+            ],
+            &limits,
+            1,
+        );
+        ledger.seed([record("t1:root:c1@3>t1:a:x@2>answer:b:1", json!(3))]);
+        assert_eq!(
+            ledger.records_under("t1:root:c1@3"),
+            [
+                ("answer:a:1".to_owned(), json!(2)),
+                ("t1:a:x".to_owned(), json!(big)),
+                ("t1:a:x@2>answer:b:1".to_owned(), json!(3)),
+            ]
+        );
+        assert!(ledger.records_under("t1:root:c1").is_empty());
+    }
+
+    #[test]
+    fn keeping_a_calls_namespace_keeps_its_records() {
+        let keep: std::collections::HashSet<String> =
+            ["t1:root:c1".to_owned(), "t1:root:c1@3".to_owned()].into();
+        assert!(kept_by(&keep, "t1:root:c1"));
+        assert!(kept_by(&keep, "t1:root:c1@3>answer:a:1"));
+        assert!(kept_by(&keep, "t1:root:c1@3>t1:a:x@2>t1:b:y"));
+        assert!(!kept_by(&keep, "t1:root:c1@4>answer:a:1"));
+        assert!(!kept_by(&keep, "t1:root:c2"));
+        assert_eq!(
+            IdempotencyLedger::namespace_of("t1:r:c", Some(7)),
+            "t1:r:c@7"
+        );
+        assert_eq!(IdempotencyLedger::namespace_of("t1:r:c", None), "t1:r:c");
     }
 
     #[test]

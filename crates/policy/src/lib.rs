@@ -22,6 +22,7 @@ mod ledger;
 mod metadata;
 pub mod mode;
 mod pause;
+mod records;
 pub mod repeat;
 mod report;
 pub mod schema;
@@ -55,6 +56,7 @@ pub use ledger::{
     IdempotencyLedger, IdempotencyLimits, InterruptedCall, LedgerEntry, StoredResult,
 };
 pub use metadata::{Category, Mode, ToolMetadata};
+pub use records::CallRecords;
 pub use repeat::{Repeat, RepeatCounts, RepeatRecord};
 pub use report::{AuditRecord, AuditSink, CallReport, GuardAction, GuardPoint, GuardRecord};
 pub use search::{FoundScope, FoundTool, SEARCH_TOOLS, SearchIndex, ToolSearch};

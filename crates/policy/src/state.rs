@@ -51,6 +51,15 @@ pub trait Journal: Send + Sync {
     /// last write replaces the earlier ones). Called before any tool of the
     /// newest answer runs; an error keeps those tools from running.
     async fn write_answers(&self, answers: &[RecordedAnswer]) -> Result<(), String>;
+
+    /// Keeps `step`, a step of a sub-agent run by the call `calls[0]` of
+    /// the step in flight (nested in it through the rest of `calls`), for
+    /// that step's trace (see
+    /// [`CallJournal::keep_step`](markov_core::tool::CallJournal::keep_step)).
+    /// The default keeps nothing.
+    fn keep_step(&self, calls: &[ToolCallId], step: serde_json::Value) {
+        let _ = (calls, step);
+    }
 }
 
 /// The policy state of one conversation.
@@ -139,6 +148,47 @@ impl PolicyState {
         let paused = state.answers.paused();
         state.approvals.forget_held(|i| paused.contains(i));
         state
+    }
+
+    /// Empty, as [`new`](Self::new), with the conversation id
+    /// `conversation` (a sub-agent's, derived from the call that runs it,
+    /// so that the keys its tools hand out are the same when it runs
+    /// again).
+    pub fn with_conversation(conversation: impl Into<String>) -> Self {
+        PolicyState {
+            conversation: conversation.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Seeds what an earlier run of this conversation recorded and nothing
+    /// else keeps (a sub-agent run again after a crash): its model's
+    /// answers, each replayed by the step that asks for it again
+    /// ([`PendingAnswers::seed`]), and its answered calls, each answered
+    /// from the ledger when it is made again
+    /// ([`IdempotencyLedger::seed`]).
+    ///
+    /// Only the answered calls (and the records) of calls made by these
+    /// answers, or by the answers still to be replayed here, are seeded:
+    /// no other call can ask for them, and a provider that reuses a call
+    /// id in a later step must not find an earlier call's result.
+    pub fn seed(&self, mut entries: Vec<LedgerEntry>, answers: Vec<RecordedAnswer>) {
+        if !entries.is_empty() {
+            let mut relevant = self.answers.snapshot();
+            relevant.extend(answers.iter().cloned());
+            let calls = calls_of(&relevant);
+            entries.retain(|entry| {
+                // The key without its turn: the seeds' turn is the one the
+                // answers were asked in, which this state may not have
+                // begun yet.
+                let key = entry.key.split_once(':').map_or("", |(_, rest)| rest);
+                crate::ledger::kept_by(&calls, key)
+            });
+            self.ledger.seed(entries);
+        }
+        if !answers.is_empty() {
+            self.answers.seed(answers);
+        }
     }
 
     /// The model's answers of the step in flight whose tools may have
@@ -437,16 +487,33 @@ impl PolicyState {
     }
 }
 
-/// The ledger keys of the calls `answers` made in user turn `turn`: the
-/// only answered calls a replay can ask for again.
+/// The calls `answers` made, as `<instance>:<call id>` (a ledger key
+/// without its turn), and their namespaces.
+fn calls_of(answers: &[RecordedAnswer]) -> HashSet<String> {
+    answers
+        .iter()
+        .flat_map(|answer| {
+            answer.response.tool_calls().flat_map(|(id, _, _)| {
+                let call = format!("{}:{id}", answer.instance);
+                let namespace = IdempotencyLedger::namespace_of(&call, Some(answer.history_len));
+                [call, namespace]
+            })
+        })
+        .collect()
+}
+
+/// The ledger keys of the calls `answers` made in user turn `turn`, and
+/// their namespaces (the records they kept): the only answered calls and
+/// records a replay can ask for again.
 fn replayable_keys(turn: u64, answers: &[RecordedAnswer]) -> HashSet<String> {
     answers
         .iter()
         .flat_map(|answer| {
-            answer
-                .response
-                .tool_calls()
-                .map(|(id, _, _)| IdempotencyLedger::key_of(turn, Some(&answer.instance), id))
+            answer.response.tool_calls().flat_map(|(id, _, _)| {
+                let key = IdempotencyLedger::key_of(turn, Some(&answer.instance), id);
+                let namespace = IdempotencyLedger::namespace_of(&key, Some(answer.history_len));
+                [key, namespace]
+            })
         })
         .collect()
 }
@@ -459,7 +526,8 @@ impl PolicySnapshot {
     /// them when a step is recorded.
     pub fn retain_replayable(&mut self) {
         let keep = replayable_keys(self.turn, &self.answers);
-        self.ledger.retain(|entry| keep.contains(&entry.key));
+        self.ledger
+            .retain(|entry| crate::ledger::kept_by(&keep, &entry.key));
     }
 }
 
@@ -577,4 +645,82 @@ pub trait CallGate: Send + Sync + std::fmt::Debug {
         args: &serde_json::Value,
         metadata: Option<&crate::ToolMetadata>,
     ) -> CallDecision;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::StoredResult;
+    use markov_core::model::{ModelResponse, StopReason};
+
+    fn entry(key: &str) -> LedgerEntry {
+        LedgerEntry {
+            key: key.into(),
+            tool: "pay".into(),
+            args: serde_json::json!({}),
+            result: StoredResult {
+                content: "paid".into(),
+                is_error: false,
+                is_terminal: false,
+                terminate: None,
+                user_message: None,
+            },
+            error: None,
+            intents: Vec::new(),
+            recorded_at: 0,
+            turn: 1,
+            args_digest: None,
+            state_updates: Vec::new(),
+            started: false,
+            record: None,
+        }
+    }
+
+    #[test]
+    fn only_the_calls_of_seeded_answers_are_seeded() {
+        let mut with_record = entry("t1:root:c1@1>answer:x:1");
+        with_record.record = Some(serde_json::json!(1));
+        let mut stale = entry("t1:root:c1@7>answer:x:1");
+        stale.record = Some(serde_json::json!(7));
+        let state = PolicyState::new();
+        state.seed(
+            vec![entry("t1:root:c1"), with_record, entry("t1:root:c0"), stale],
+            vec![RecordedAnswer {
+                instance: InstanceId::from("root"),
+                history_len: 1,
+                response: ModelResponse::new(
+                    vec![markov_core::Item::tool_use(
+                        "c1",
+                        "pay",
+                        serde_json::json!({}),
+                    )],
+                    StopReason::ToolUse,
+                ),
+                paused: false,
+            }],
+        );
+        assert_eq!(
+            state.ledger().records_under("t1:root:c1@1"),
+            [("answer:x:1".to_owned(), serde_json::json!(1))]
+        );
+        assert!(state.ledger().records_under("t1:root:c1@7").is_empty());
+        let limits = IdempotencyLimits::default();
+        let now = std::time::SystemTime::now();
+        let args = serde_json::json!({});
+        assert!(matches!(
+            state
+                .ledger()
+                .begin("t1:root:c1", "pay", &args, &limits, now, 1),
+            crate::ledger::Begin::Replay(_)
+        ));
+        assert!(
+            matches!(
+                state
+                    .ledger()
+                    .begin("t1:root:c0", "pay", &args, &limits, now, 1),
+                crate::ledger::Begin::Run(_)
+            ),
+            "a call no seeded answer made is not answered from the seeds"
+        );
+    }
 }

@@ -72,7 +72,12 @@ struct StoreJournal<S: ?Sized> {
     id: SessionId,
     holder: WorkerId,
     lease: Arc<LeaseWatch>,
+    /// The sub-agents' steps of the step in flight, for its trace.
+    sub_steps: SubSteps,
 }
+
+/// The sub-agents' steps kept for the trace of the step in flight.
+type SubSteps = Arc<Mutex<Vec<crate::SubAgentTrace>>>;
 
 #[async_trait]
 impl<S: Store + ?Sized> Journal for StoreJournal<S> {
@@ -101,6 +106,22 @@ impl<S: Store + ?Sized> Journal for StoreJournal<S> {
             .journal_answers(&self.id, &self.holder, answers)
             .await
             .map_err(|e| e.to_string())
+    }
+
+    fn keep_step(&self, calls: &[markov_core::ids::ToolCallId], step: serde_json::Value) {
+        match serde_json::from_value(step) {
+            Ok(step) => self
+                .sub_steps
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(crate::SubAgentTrace {
+                    calls: calls.to_vec(),
+                    step,
+                }),
+            Err(error) => {
+                tracing::warn!(%error, "a sub-agent's step does not read as one: not in the trace");
+            }
+        }
     }
 }
 
@@ -245,6 +266,9 @@ pub struct DurableMachine<S: Store + ?Sized> {
     /// Whether a step was traced since the session was created or opened
     /// here (the first one records the tree it started from).
     traced: bool,
+    /// The sub-agents' steps of the step in flight (the journal keeps
+    /// them), for its trace.
+    sub_steps: SubSteps,
     /// Where [`release`](DurableMachine::release) parks the machine, and
     /// the agent it runs on.
     cache: Option<(SessionCache, Agent)>,
@@ -367,11 +391,13 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             until: AtomicU64::new(expires_at),
             lost: Mutex::new(None),
         });
+        let sub_steps = SubSteps::default();
         machine.policy_state().set_journal(Arc::new(StoreJournal {
             store: Arc::clone(&store),
             id: id.clone(),
             holder: holder.clone(),
             lease: Arc::clone(&lease),
+            sub_steps: Arc::clone(&sub_steps),
         }));
         // Every step is recorded with what it was made of.
         machine.set_record_calls(true);
@@ -396,6 +422,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             kept: false,
             trace: None,
             traced: false,
+            sub_steps,
         }
     }
 
@@ -581,6 +608,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         took: Duration,
         before: Option<SerializedInstance>,
     ) {
+        let sub_agents =
+            std::mem::take(&mut *self.sub_steps.lock().unwrap_or_else(|p| p.into_inner()));
         if !self.machine.records_calls() {
             return;
         }
@@ -588,6 +617,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         let from = to.saturating_sub(step.history.len() as u64);
         let millis = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
         let mut trace = crate::StepTrace::of_step(step, from, millis);
+        trace.sub_agents = sub_agents;
         // What was last written is what the step started from.
         trace.counters_before = self.counters.clone();
         trace.usage_before = self.usage;
@@ -654,6 +684,11 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     }
                     let cancel = self.cancel.clone();
                     let started = std::time::Instant::now();
+                    // A failed step's sub-agent steps are not this one's.
+                    self.sub_steps
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .clear();
                     // The first step recorded here says what tree it
                     // started from (the later ones say what they changed).
                     let before = if self.machine.records_calls() && !self.traced {

@@ -323,6 +323,23 @@ pub struct StepTrace {
     /// What the session and its user turn had used before the step.
     #[serde(default)]
     pub usage_before: UsageTotals,
+    /// The steps of the sub-agents the step's tool calls ran
+    /// ([`Agent::as_tool`](markov_executor::Agent::as_tool)), in the order
+    /// they ended, each tied to the call that ran it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sub_agents: Vec<SubAgentTrace>,
+}
+
+/// One step of a sub-agent run by a tool call of a recorded step
+/// ([`StepTrace::sub_agents`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubAgentTrace {
+    /// The call that ran the sub-agent: first the call of the recorded
+    /// step, then, for a sub-agent nested in another, the call of each
+    /// sub-agent inside it, outermost first.
+    pub calls: Vec<markov_core::ids::ToolCallId>,
+    /// The sub-agent's step.
+    pub step: markov_executor::SubAgentStep,
 }
 
 impl StepTrace {
@@ -346,6 +363,7 @@ impl StepTrace {
             tree_before: None,
             counters_before: PolicyCounters::default(),
             usage_before: UsageTotals::default(),
+            sub_agents: Vec::new(),
         }
     }
 
@@ -757,22 +775,68 @@ fn content_hash(text: &str) -> String {
     })
 }
 
+/// The model calls of a trace's JSON whose contents are kept apart: the
+/// step's own, then those of each sub-agent step it holds.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn model_calls_mut(value: &mut serde_json::Value) -> impl Iterator<Item = &mut serde_json::Value> {
+    let (own, subs) = match value {
+        serde_json::Value::Object(map) => {
+            let mut own = None;
+            let mut subs = None;
+            for (key, field) in map.iter_mut() {
+                match key.as_str() {
+                    "calls" => own = field.as_array_mut(),
+                    "sub_agents" => subs = field.as_array_mut(),
+                    _ => {}
+                }
+            }
+            (own, subs)
+        }
+        _ => (None, None),
+    };
+    let sub_calls = subs.into_iter().flatten().flat_map(|sub| {
+        sub.get_mut("step")
+            .and_then(|step| step.get_mut("calls"))
+            .and_then(|calls| calls.as_array_mut())
+            .into_iter()
+            .flatten()
+    });
+    own.into_iter().flatten().chain(sub_calls)
+}
+
+/// [`model_calls_mut`], read only.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+fn model_calls(value: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
+    let own = value.get("calls").and_then(|c| c.as_array());
+    let sub_calls = value
+        .get("sub_agents")
+        .and_then(|s| s.as_array())
+        .into_iter()
+        .flatten()
+        .flat_map(|sub| {
+            sub.get("step")
+                .and_then(|step| step.get("calls"))
+                .and_then(|calls| calls.as_array())
+                .into_iter()
+                .flatten()
+        });
+    own.into_iter().flatten().chain(sub_calls)
+}
+
 /// `trace` as a store keeps it (see [`EncodedTrace`]).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn encode_trace(trace: &StepTrace) -> Result<EncodedTrace, StoreError> {
     let encode = |e: serde_json::Error| StoreError::Backend(format!("cannot encode: {e}"));
     let mut value = serde_json::to_value(trace).map_err(encode)?;
     let mut blobs = Vec::new();
-    if let Some(calls) = value.get_mut("calls").and_then(|c| c.as_array_mut()) {
-        for call in calls {
-            for field in ["system", "tools"] {
-                if let Some(content) = call.get_mut(field) {
-                    let text = serde_json::to_string(content).map_err(encode)?;
-                    let hash = content_hash(&text);
-                    *content = serde_json::json!({ BLOB_KEY: hash });
-                    if !blobs.iter().any(|(h, _)| *h == hash) {
-                        blobs.push((hash, text));
-                    }
+    for call in model_calls_mut(&mut value) {
+        for field in ["system", "tools"] {
+            if let Some(content) = call.get_mut(field) {
+                let text = serde_json::to_string(content).map_err(encode)?;
+                let hash = content_hash(&text);
+                *content = serde_json::json!({ BLOB_KEY: hash });
+                if !blobs.iter().any(|(h, _)| *h == hash) {
+                    blobs.push((hash, text));
                 }
             }
         }
@@ -787,12 +851,7 @@ pub(crate) fn encode_trace(trace: &StepTrace) -> Result<EncodedTrace, StoreError
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn trace_blob_hashes(value: &serde_json::Value) -> Vec<String> {
     let mut hashes = Vec::new();
-    for call in value
-        .get("calls")
-        .and_then(|c| c.as_array())
-        .into_iter()
-        .flatten()
-    {
+    for call in model_calls(value) {
         for field in ["system", "tools"] {
             if let Some(hash) = call
                 .get(field)
@@ -819,21 +878,19 @@ pub(crate) fn decode_trace(
         session: session.clone(),
         detail,
     };
-    if let Some(calls) = value.get_mut("calls").and_then(|c| c.as_array_mut()) {
-        for call in calls {
-            for field in ["system", "tools"] {
-                let Some(slot) = call.get_mut(field) else {
-                    continue;
-                };
-                let Some(hash) = slot.get(BLOB_KEY).and_then(|h| h.as_str()) else {
-                    continue;
-                };
-                let text = blobs
-                    .get(hash)
-                    .ok_or_else(|| corrupt(format!("a step names content {hash}, not kept")))?;
-                *slot = serde_json::from_str(text)
-                    .map_err(|e| corrupt(format!("step content {hash}: {e}")))?;
-            }
+    for call in model_calls_mut(&mut value) {
+        for field in ["system", "tools"] {
+            let Some(slot) = call.get_mut(field) else {
+                continue;
+            };
+            let Some(hash) = slot.get(BLOB_KEY).and_then(|h| h.as_str()) else {
+                continue;
+            };
+            let text = blobs
+                .get(hash)
+                .ok_or_else(|| corrupt(format!("a step names content {hash}, not kept")))?;
+            *slot = serde_json::from_str(text)
+                .map_err(|e| corrupt(format!("step content {hash}: {e}")))?;
         }
     }
     serde_json::from_value(value).map_err(|e| corrupt(format!("a step trace: {e}")))

@@ -20,16 +20,19 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 
 use markov_core::async_trait;
+use markov_core::ids::{InstanceId, ToolCallId};
 use markov_core::tool::{
-    DynTool, HoldDecision, InvalidToolName, ToolCallError, ToolContext, ToolDefinition,
-    ToolOutcome, input_schema_for,
+    CallJournal, DynTool, HoldDecision, InvalidToolName, ToolCallError, ToolContext,
+    ToolDefinition, ToolOutcome, input_schema_for,
 };
-use markov_policy::Decision;
+use markov_policy::{Decision, Journal, LedgerEntry, PolicyState, RecordedAnswer};
 use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::Agent;
+use crate::instance::Instance;
 use crate::machine::Machine;
 use crate::step::{MachineStep, YieldReason};
 
@@ -160,23 +163,40 @@ impl DynTool for AgentTool {
             gen_ai.agent.name = name,
         );
         let key = cx.idempotency_key().map(str::to_owned);
+        // The caller's journal, when its session is stored: the sub-agent
+        // keeps its answers and answered calls there, and takes back what
+        // an earlier run of this call kept (a crash inside it).
+        let journal = cx.journal();
         let waiting = key
             .as_deref()
             .and_then(|key| self.take_waiting(key))
             .or_else(|| self.restore_kept(&cx));
-        let (mut machine, mut last) = match waiting {
-            Some(machine) => (machine, None),
+        let resumed = waiting.is_some();
+        let mut machine = match waiting {
+            Some(machine) => machine,
             None => {
-                let mut machine = self.agent.machine();
+                let machine = self.sub_machine(key.as_deref());
                 machine.enqueue_user(message);
-                let ran = tracing::Instrument::instrument(machine.run(), span.clone()).await;
-                // Spent whether the sub-agent answered or not.
-                report(&cx, name, machine.usage().session);
-                let step =
-                    ran.map_err(|e| ToolCallError::Execution(format!("{name} failed: {e}")))?;
-                (machine, Some(step))
+                machine
             }
         };
+        match &journal {
+            Some(journal) => durable(&mut machine, journal, name),
+            // A waiting sub-agent whose caller left its store since: it
+            // runs in memory, as its caller does.
+            None if resumed => machine.policy_state().clear_journal(),
+            None => {}
+        }
+        let mut last = None;
+        if !resumed {
+            let ran = self
+                .drive(&mut machine, false, journal.as_deref(), &span)
+                .await;
+            // Spent whether the sub-agent answered or not.
+            report(&cx, name, machine.usage().session);
+            let step = ran.map_err(|e| ToolCallError::Execution(format!("{name} failed: {e}")))?;
+            last = Some(step);
+        }
         while machine.is_awaiting_approval() {
             for request in machine.approvals().pending() {
                 let action = format!("{name}.{}", request.tool);
@@ -230,7 +250,9 @@ impl DynTool for AgentTool {
                     tracing::debug!(agent = name, error = %e, "a sub-agent's request was decided already");
                 }
             }
-            let resumed = tracing::Instrument::instrument(machine.resume(), span.clone()).await;
+            let resumed = self
+                .drive(&mut machine, true, journal.as_deref(), &span)
+                .await;
             let step =
                 resumed.map_err(|e| ToolCallError::Execution(format!("{name} failed: {e}")))?;
             report(&cx, name, step.run_usage);
@@ -241,11 +263,85 @@ impl DynTool for AgentTool {
                 "{name} was waiting and ran no further"
             )));
         };
+        let unused = machine.policy_state().answers().unused_seeds();
+        if !unused.is_empty() {
+            tracing::warn!(
+                agent = name,
+                unused = unused.len(),
+                "recorded answers of an earlier run of this sub-agent were not replayed: its run went another way (a worker instance it spawned has a new id), and their steps were asked of its model again"
+            );
+        }
         answer(name, &last)
     }
 }
 
 impl AgentTool {
+    /// A new machine of the sub-agent for the call whose idempotency key is
+    /// `key`: its root instance and its conversation are named after the
+    /// key, the same every time the call runs (so the answers and calls an
+    /// earlier run recorded are its own); without a key, as any new
+    /// machine.
+    fn sub_machine(&self, key: Option<&str>) -> Machine {
+        let Some(key) = key else {
+            return self.agent.machine();
+        };
+        let inner = &self.agent.inner;
+        let root = Instance::with_id(
+            InstanceId::new(format!("sub-{}", key.get(..32).unwrap_or(key))),
+            inner.start.clone(),
+            inner.state.clone(),
+        );
+        let mut machine = Machine::fresh(
+            inner.charter.clone(),
+            Arc::clone(&inner.executor),
+            root,
+            inner.run.clone(),
+        );
+        machine.policy = Arc::new(PolicyState::with_conversation(key));
+        machine
+    }
+
+    /// Runs the sub-agent (or resumes its step that waited for approval)
+    /// to the end of its turn, handing each step to the caller's journal
+    /// for the caller's step trace.
+    async fn drive(
+        &self,
+        machine: &mut Machine,
+        resume: bool,
+        journal: Option<&dyn CallJournal>,
+        span: &tracing::Span,
+    ) -> Result<MachineStep, crate::RunError> {
+        use futures::StreamExt;
+        let options = machine.run_options().clone();
+        let _held = resume.then(|| machine.queue().hold_back());
+        let state = if resume {
+            crate::RunState::resume(options)
+        } else {
+            crate::RunState::new(options)
+        };
+        let mut from = machine.history().len() as u64;
+        let mut steps = std::pin::pin!(crate::run::steps(machine, state));
+        let mut last = None;
+        let mut started = std::time::Instant::now();
+        while let Some(step) = tracing::Instrument::instrument(steps.next(), span.clone()).await {
+            let step = step?;
+            if let Some(journal) = journal {
+                let millis = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                let record = SubAgentStep::of(self.definition.name.as_str(), &step, from, millis);
+                match serde_json::to_value(&record) {
+                    Ok(value) => journal.keep_step(&[], value),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "a sub-agent's step could not be kept for the trace");
+                    }
+                }
+            }
+            from = from.saturating_add(step.history.len() as u64);
+            started = std::time::Instant::now();
+            last = Some(step);
+        }
+        last.ok_or(crate::RunError::NoSteps)
+    }
+
     /// The waiting sub-agent the call kept with the caller's request (a
     /// caller restored from a snapshot or a store), if any.
     fn restore_kept(&self, cx: &ToolContext<'_>) -> Option<Machine> {
@@ -282,6 +378,161 @@ impl AgentTool {
             waiting.remove(0);
         }
         waiting.push((key, machine));
+    }
+}
+
+/// Makes the sub-agent durable in its caller's journal: what an earlier
+/// run of the call recorded is seeded (its answers replayed instead of
+/// asked again, its answered calls answered from its ledger), and from now
+/// on its answers and answered calls are written there before they are
+/// used, as a stored session's are.
+fn durable(machine: &mut Machine, journal: &Arc<dyn CallJournal>, name: &str) {
+    let mut entries = Vec::new();
+    let mut answers = Vec::new();
+    for (record, value) in journal.recorded() {
+        let read = if record.starts_with(ANSWER) {
+            serde_json::from_value::<RecordedAnswer>(value).map(|answer| answers.push(answer))
+        } else {
+            serde_json::from_value::<LedgerEntry>(value).map(|mut entry| {
+                entry.key = record.clone();
+                entries.push(entry);
+            })
+        };
+        if let Err(e) = read {
+            tracing::warn!(agent = name, record = %record, error = %e, "a record of an earlier run of this sub-agent does not read back: not used");
+        }
+    }
+    if !answers.is_empty() || !entries.is_empty() {
+        tracing::info!(
+            agent = name,
+            answers = answers.len(),
+            calls = entries.len(),
+            "the sub-agent continues an earlier run: what it recorded is replayed"
+        );
+    }
+    let written = answers
+        .iter()
+        .map(|a| (answer_name(a), a.clone()))
+        .collect();
+    // A machine kept while it waited for a decision holds what it recorded
+    // up to then: only what came after is seeded.
+    let policy = machine.policy_state();
+    let len = machine.history().len() as u64;
+    answers.retain(|a| {
+        a.history_len >= len && policy.answers().history_len_of(&a.instance) != Some(a.history_len)
+    });
+    if !entries.is_empty() && !policy.ledger().is_empty() {
+        let kept = policy.ledger().snapshot();
+        entries.retain(|e| !kept.iter().any(|k| k.key == e.key));
+    }
+    policy.seed(entries, answers);
+    policy.set_journal(Arc::new(SubJournal {
+        journal: Arc::clone(journal),
+        written: Mutex::new(written),
+    }));
+    machine.set_record_calls(true);
+}
+
+/// The names of a sub-agent's answers among its call's records.
+const ANSWER: &str = "answer:";
+
+/// The record name of `answer`: its instance and history length.
+fn answer_name(answer: &RecordedAnswer) -> String {
+    format!("{ANSWER}{}:{}", answer.instance, answer.history_len)
+}
+
+/// A sub-agent's journal: its caller's call's records.
+struct SubJournal {
+    journal: Arc<dyn CallJournal>,
+    /// The answers written, by record name.
+    written: Mutex<std::collections::HashMap<String, RecordedAnswer>>,
+}
+
+#[async_trait]
+impl Journal for SubJournal {
+    async fn write(&self, entry: &LedgerEntry) -> Result<(), String> {
+        let value = serde_json::to_value(entry).map_err(|e| e.to_string())?;
+        self.journal.write(&entry.key, value).await
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.journal.check()
+    }
+
+    async fn write_answers(&self, answers: &[RecordedAnswer]) -> Result<(), String> {
+        for answer in answers {
+            let name = answer_name(answer);
+            let known = self
+                .written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&name)
+                .is_some_and(|written| written == answer);
+            if known {
+                continue;
+            }
+            let value = serde_json::to_value(answer).map_err(|e| e.to_string())?;
+            self.journal.write(&name, value).await?;
+            self.written
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name, answer.clone());
+        }
+        Ok(())
+    }
+
+    fn keep_step(&self, calls: &[ToolCallId], step: Value) {
+        self.journal.keep_step(calls, step);
+    }
+}
+
+/// One step of a sub-agent, as its caller's step trace keeps it (a stored
+/// session's studio shows it under the call that ran the sub-agent).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SubAgentStep {
+    /// The sub-agent's tool name.
+    pub agent: String,
+    /// Why the step ended.
+    pub yield_reason: YieldReason,
+    /// Whether the sub-agent's run ended with it.
+    pub done: bool,
+    /// The model that answered, as the answer named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// What the step's model calls used.
+    pub usage: markov_core::model::Usage,
+    /// Milliseconds the step took.
+    pub step_ms: u64,
+    /// The sub-agent's history had this many messages before the step.
+    pub history_from: u64,
+    /// The messages the step added to the sub-agent's history (which is
+    /// kept nowhere else).
+    pub messages: Vec<markov_core::Message>,
+    /// Each leaf's model call (see [`MachineStep::calls`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<crate::ModelCall>,
+    /// The sub-agent's calls that waited for approval when the step ended.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<markov_policy::ConfirmationRequest>,
+}
+
+impl SubAgentStep {
+    /// The record of `step` of the sub-agent `agent`, made over a history
+    /// of `history_from` messages in `step_ms` milliseconds.
+    pub fn of(agent: &str, step: &MachineStep, history_from: u64, step_ms: u64) -> Self {
+        SubAgentStep {
+            agent: agent.to_owned(),
+            yield_reason: step.yield_reason,
+            done: step.done,
+            model: step.model.clone(),
+            usage: step.usage,
+            step_ms,
+            history_from,
+            messages: step.history.clone(),
+            calls: step.calls.clone(),
+            approvals: step.approvals.clone(),
+        }
     }
 }
 

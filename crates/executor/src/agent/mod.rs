@@ -26,7 +26,7 @@ use crate::stream::MessageStreamEvent;
 mod as_tool;
 pub mod builder;
 
-pub use as_tool::AgentTool;
+pub use as_tool::{AgentTool, SubAgentStep};
 pub use builder::AgentBuilder;
 
 /// An agent, ready to run: see [`Agent::builder`] and [`AgentBuilder`].

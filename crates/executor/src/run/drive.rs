@@ -153,7 +153,7 @@ pub fn run_machine(
 }
 
 /// The steps of `state`'s run, driven over `machine`.
-fn steps(
+pub(crate) fn steps(
     machine: &mut Machine,
     state: RunState,
 ) -> impl Stream<Item = Result<MachineStep, RunError>> + Send + '_ {

@@ -24,7 +24,7 @@ mod input;
 use apply::{
     announce, apply, cedes_of, collapse_ephemerals, resolve_effect, resolve_effects, resume_request,
 };
-pub(crate) use drive::resume_to_completion;
+pub(crate) use drive::{resume_to_completion, steps};
 pub use drive::{run_leaves, run_machine, run_to_completion};
 pub use input::{InputCheck, InputChecked};
 

@@ -1,13 +1,20 @@
 //! Agents as tools, durably: a sub-agent waiting for an approval is stored
 //! with the caller's session, and the session reopened by another worker
-//! continues it once the request is decided, running nothing twice.
+//! continues it once the request is decided, running nothing twice; a
+//! worker killed inside a sub-agent (or a sub-agent's sub-agent) leaves a
+//! session whose next worker continues inside it, asking no recorded
+//! answer again and repeating no side effect; the sub-agents' steps are in
+//! the caller's step traces, under the call that ran them.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::common::*;
+use markov_core::Item;
+use markov_core::tool::{Delivery, SharedTool};
 use markov_executor::{Agent, YieldReason};
 use markov_policy::{Budget, Category, Decision, PolicyConfig, ToolMetadata};
-use markov_store::{DurableMachine, SessionId, SqliteStore, WorkerId};
+use markov_store::{DurableMachine, SessionId, SqliteStore, Store, WorkerId};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -76,4 +83,335 @@ async fn a_sub_agent_waiting_for_approval_is_stored_with_the_session_and_continu
     let last = session.resume().await.expect("resumes");
     assert_eq!(last.output().as_deref(), Some("Done: paid 5."));
     assert_eq!(lines(&dir.path("effects")), 1, "paid once");
+}
+
+/// The models of the crash tests' agents, each counting what it is asked.
+struct Models {
+    /// The assistant, which calls its sub-agent once, then answers.
+    caller: Arc<ProviderLike>,
+    /// The `desk` sub-agent between them when nested, which calls the
+    /// clerk once, then answers.
+    desk: Arc<ProviderLike>,
+    /// The `clerk` sub-agent, which notifies (at most once) and waits.
+    clerk: Arc<ProviderLike>,
+}
+
+/// The request every agent passes down (the scripted models call tools
+/// only for a request that mentions paying).
+const REQUEST: &str = "pay: notify ops";
+
+impl Models {
+    fn new(mode: &str) -> Self {
+        let clerk = match mode {
+            // The notification and the wait in one answer: killed after the
+            // notification's result was recorded, before the clerk's next
+            // model call.
+            "after-tool" => vec![vec![("notify", json!({"to": "ops"})), ("hang", json!({}))]],
+            // The notification, then an answer that waits: killed after
+            // that second answer was recorded.
+            // A payment (at least once, deduplicated by its key) that
+            // hangs right after paying: nothing of it is recorded.
+            "inside-pay" => vec![vec![("pay", json!({"amount": 5}))]],
+            "after-answer" | "nested" => vec![
+                vec![("notify", json!({"to": "ops"}))],
+                vec![("hang", json!({}))],
+            ],
+            other => panic!("unknown mode {other}"),
+        };
+        let first = if mode == "nested" { "desk" } else { "clerk" };
+        Models {
+            caller: Arc::new(ProviderLike::new(
+                vec![vec![(first, json!({ "request": REQUEST }))]],
+                "Done: ops notified.",
+            )),
+            desk: Arc::new(ProviderLike::new(
+                vec![vec![("clerk", json!({ "request": REQUEST }))]],
+                "The clerk notified ops.",
+            )),
+            clerk: Arc::new(ProviderLike::new(clerk, "Notified ops.")),
+        }
+    }
+}
+
+/// The assistant of the crash tests: its `clerk` tool is a sub-agent with
+/// `notify` (at most once, counted in `notices`) and `hang` (writes
+/// `marker` and hangs the first time); nested, the assistant's tool is
+/// `desk`, a sub-agent whose own tool is the clerk.
+fn crash_assistant(dir: &Dir, nested: bool, models: &Models) -> Agent {
+    // The notification itself never hangs: its marker is there already.
+    let quiet = dir.path("notify-marker");
+    std::fs::write(&quiet, "never hang").expect("writes");
+    let clerk = Agent::builder("clerk")
+        .instructions("You notify people.")
+        .tool_with(
+            Notify {
+                effects: dir.path("notices"),
+                marker: quiet,
+            },
+            ToolMetadata::new(Category::Action).with_delivery(Delivery::AtMostOnce),
+        )
+        .tool_with(Hang(dir.path("marker")), ToolMetadata::new(Category::Other))
+        .tool_with(
+            Pay(dir.path("effects")),
+            ToolMetadata::new(Category::Action),
+        )
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .shared_model(models.clerk.clone())
+        .build()
+        .expect("builds")
+        .as_tool("clerk", "Notifies people.")
+        .expect("a valid name");
+    let tool: SharedTool = if nested {
+        let desk = Agent::builder("desk")
+            .instructions("You hand work to the clerk.")
+            .tools([Arc::new(clerk) as SharedTool])
+            .shared_model(models.desk.clone())
+            .build()
+            .expect("builds")
+            .as_tool("desk", "Hands work to the clerk.")
+            .expect("a valid name");
+        Arc::new(desk)
+    } else {
+        Arc::new(clerk)
+    };
+    Agent::builder("assistant")
+        .instructions("You are the assistant.")
+        .tools([tool])
+        .shared_model(models.caller.clone())
+        .build()
+        .expect("builds")
+}
+
+fn crash_store(dir: &Dir) -> Arc<SqliteStore> {
+    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
+}
+
+/// The child process of the sub-agent crash tests: not a test on its own
+/// (ignored).
+#[test]
+#[ignore = "run as a child process by the sub-agent crash tests"]
+fn crash_child() {
+    let (Some(dir), Some(mode)) = (
+        std::env::var_os("MARKOV_CRASH_DIR"),
+        std::env::var("MARKOV_CRASH_MODE").ok(),
+    ) else {
+        return;
+    };
+    let dir = Dir(dir.into());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let models = Models::new(&mode);
+        let agent = crash_assistant(&dir, mode == "nested", &models);
+        let mut session = DurableMachine::create_with(
+            crash_store(&dir),
+            SessionId::new("crash"),
+            WorkerId::new("child"),
+            agent.machine(),
+            markov_store::CreateOptions::default().lease(Duration::from_millis(500)),
+        )
+        .await
+        .expect("created");
+        session.machine().enqueue_user(REQUEST);
+        // Never returns: the clerk's `hang` (or `pay`) hangs until the
+        // process is killed.
+        let ran = session.run().await;
+        panic!("the run ended: {ran:?}");
+    });
+    std::mem::forget(dir);
+}
+
+/// Kills a worker inside the clerk (`mode`), then lets another worker,
+/// with agents and models built afresh, finish the session; returns those
+/// models and the reopened session.
+async fn crash_and_resume(dir: &Dir, mode: &str) -> (Models, DurableMachine<SqliteStore>) {
+    let inside_pay = mode == "inside-pay";
+    crate::exactly_once::kill_when_it_hangs("agents::crash_child", dir, mode, inside_pay).await;
+    if !inside_pay {
+        assert_eq!(
+            lines(&dir.path("notices")),
+            1,
+            "notified once before the crash"
+        );
+    }
+    let models = Models::new(mode);
+    let agent = crash_assistant(dir, mode == "nested", &models);
+    let mut session = open_when_free(crash_store(dir), "crash", "survivor", &agent).await;
+    assert!(session.is_interrupted(), "the run was in progress");
+    let last = session.run().await.expect("the run continues");
+    assert!(last.done);
+    assert_eq!(last.output().as_deref(), Some("Done: ops notified."));
+    assert_eq!(
+        models.caller.served(),
+        1,
+        "the assistant was asked only for its final answer"
+    );
+    (models, session)
+}
+
+/// The results the assistant's history holds, as the model read them.
+fn results(session: &DurableMachine<SqliteStore>) -> Vec<String> {
+    tool_results(session.machine().history())
+}
+
+#[tokio::test]
+async fn a_worker_killed_in_a_sub_agent_after_its_at_most_once_tool_ran_resumes_inside_it() {
+    let dir = Dir::new("sub-after-tool");
+    let (models, session) = crash_and_resume(&dir, "after-tool").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
+    assert_eq!(
+        models.clerk.served(),
+        1,
+        "the clerk's recorded answer was replayed: it was asked only for its final answer"
+    );
+    assert_eq!(results(&session), ["Notified ops."]);
+    // The resumed step's trace holds each of the clerk's steps once: the
+    // replayed one and the final one.
+    let steps = crash_store(&dir)
+        .steps(&SessionId::new("crash"), 0, 10)
+        .await
+        .expect("steps");
+    let subs: Vec<usize> = steps
+        .iter()
+        .flat_map(|s| &s.sub_agents)
+        .map(|s| s.step.messages.len())
+        .collect();
+    assert_eq!(
+        subs,
+        [3, 1],
+        "the user message, the answer and its results; then the reply"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_inside_a_sub_agents_payment_pays_it_again_with_the_same_key() {
+    let dir = Dir::new("sub-inside-pay");
+    let (models, _session) = crash_and_resume(&dir, "inside-pay").await;
+    assert_eq!(lines(&dir.path("effects")), 1, "paid once");
+    let calls = std::fs::read_to_string(calls_file(&dir.path("effects"))).expect("calls");
+    let keys: Vec<&str> = calls.lines().collect();
+    assert_eq!(keys.len(), 2, "the interrupted payment ran again");
+    assert_eq!(
+        keys[0], keys[1],
+        "with the same idempotency key: the sub-agent is the same conversation"
+    );
+    assert_eq!(models.clerk.served(), 1, "its answer was replayed");
+}
+
+#[tokio::test]
+async fn a_worker_killed_in_a_sub_agent_after_its_answer_was_recorded_asks_no_answer_again() {
+    let dir = Dir::new("sub-after-answer");
+    let (models, session) = crash_and_resume(&dir, "after-answer").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
+    assert_eq!(
+        models.clerk.served(),
+        1,
+        "both recorded answers of the clerk were replayed: it was asked only for its final answer"
+    );
+    assert_eq!(results(&session), ["Notified ops."]);
+}
+
+#[tokio::test]
+async fn a_worker_killed_in_a_nested_sub_agent_resumes_inside_it() {
+    let dir = Dir::new("sub-nested");
+    let (models, session) = crash_and_resume(&dir, "nested").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
+    assert_eq!(
+        models.clerk.served(),
+        1,
+        "the nested clerk's recorded answers were replayed"
+    );
+    assert_eq!(
+        models.desk.served(),
+        1,
+        "the desk's recorded answer was replayed: it was asked only for its final answer"
+    );
+    assert_eq!(results(&session), ["The clerk notified ops."]);
+}
+
+/// The id of the one tool call in `history`.
+fn only_call_id(history: &[markov_core::Message]) -> String {
+    let ids: Vec<String> = history
+        .iter()
+        .flat_map(|m| m.item_list())
+        .filter_map(|item| match item {
+            Item::ToolUse { id, .. } => Some(id.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids.len(), 1, "one call: {ids:?}");
+    ids[0].clone()
+}
+
+#[tokio::test]
+async fn a_sub_agents_steps_are_step_traces_of_the_callers_session_under_its_call() {
+    let dir = Dir::new("sub-traced");
+    // Nothing hangs here: the marker is there already.
+    std::fs::write(dir.path("marker"), "never hang").expect("writes");
+    let models = Models::new("nested");
+    let agent = crash_assistant(&dir, true, &models);
+    let store = crash_store(&dir);
+    let id = SessionId::new("traced");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        agent.machine(),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user(REQUEST);
+    let last = session.run().await.expect("runs");
+    assert_eq!(last.output().as_deref(), Some("Done: ops notified."));
+    let call = only_call_id(session.machine().history());
+
+    let steps = store.steps(&id, 0, 10).await.expect("steps");
+    assert_eq!(steps.len(), 2, "the call, then the answer");
+    assert!(steps[1].sub_agents.is_empty());
+    let subs = &steps[0].sub_agents;
+    let seen: Vec<(Vec<String>, &str, usize)> = subs
+        .iter()
+        .map(|s| {
+            (
+                s.calls.iter().map(ToString::to_string).collect(),
+                s.step.agent.as_str(),
+                s.step.messages.len(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen.len(),
+        5,
+        "three steps of the clerk, two of the desk: {seen:?}"
+    );
+    for (calls, _, _) in &seen {
+        assert_eq!(calls[0], call, "each under the assistant's call");
+    }
+    let clerk: Vec<_> = seen.iter().filter(|(c, _, _)| c.len() == 2).collect();
+    let desk: Vec<_> = seen.iter().filter(|(c, _, _)| c.len() == 1).collect();
+    assert_eq!(
+        clerk.len(),
+        3,
+        "the clerk's steps, nested under the desk's call"
+    );
+    assert!(clerk.iter().all(|(_, agent, _)| *agent == "clerk"));
+    assert_eq!(desk.len(), 2);
+    assert!(desk.iter().all(|(_, agent, _)| *agent == "desk"));
+    // The clerk's first step: its user message, its answer, the result.
+    let first = &subs
+        .iter()
+        .find(|s| s.calls.len() == 2)
+        .expect("a clerk step")
+        .step;
+    assert_eq!(first.history_from, 0);
+    assert_eq!(first.messages[0].text(), REQUEST);
+    assert_eq!(first.messages.len(), 3);
+    assert!(
+        first.calls[0].system.contains("You notify people."),
+        "its model call is recorded, its system prompt read back"
+    );
+    let done = subs.iter().filter(|s| s.step.done).count();
+    assert_eq!(done, 2, "each sub-agent's run ends once");
 }

@@ -199,18 +199,27 @@ fn crash_child() {
 
 /// Runs the crash child in `mode` until it hangs, then kills it (SIGKILL).
 async fn kill_child_when_it_hangs(dir: &Dir, mode: &str) {
+    let hang_after_pay = mode == "inside-pay" || mode == "budget";
+    kill_when_it_hangs("exactly_once::crash_child", dir, mode, hang_after_pay).await;
+}
+
+/// Runs the ignored test `child` of this binary as a child process, with
+/// `MARKOV_CRASH_DIR` and `MARKOV_CRASH_MODE` set (and
+/// `MARKOV_HANG_AFTER_PAY` when `hang_after_pay`), until a tool of it
+/// writes `dir`'s `marker` and hangs; then kills it (SIGKILL).
+pub(crate) async fn kill_when_it_hangs(child: &str, dir: &Dir, mode: &str, hang_after_pay: bool) {
     let mut command = Command::new(std::env::current_exe().expect("the test binary"));
     command
         .args([
             "--exact",
-            "exactly_once::crash_child",
+            child,
             "--ignored",
             "--nocapture",
             "--test-threads=1",
         ])
         .env("MARKOV_CRASH_DIR", &dir.0)
         .env("MARKOV_CRASH_MODE", mode);
-    if mode == "inside-pay" || mode == "budget" {
+    if hang_after_pay {
         command.env("MARKOV_HANG_AFTER_PAY", "1");
     }
     let mut child = command.spawn().expect("the child starts");
