@@ -26,7 +26,7 @@ pub(crate) const MAX_PAGE: usize = 200;
 /// Session `id`, loaded, if `principal` may read its steps: its owner or a
 /// developer. Anyone else is told it does not exist, as for the session
 /// itself.
-async fn readable(
+pub(crate) async fn readable(
     service: &Service,
     principal: &Principal,
     id: &str,
@@ -120,11 +120,13 @@ pub(crate) async fn steps(
         steps: traces.iter().map(|s| summary(s, history)).collect(),
         next,
         replayable: service.replays.contains_key(&stored.info.charter),
+        wire: service.hooks.wire.contains_key(&stored.info.charter),
+        exportable: service.hooks.case_export.is_some(),
     }))
 }
 
 /// One recorded step, read by `principal`.
-async fn step_of(
+pub(crate) async fn step_of(
     service: &Service,
     principal: &Principal,
     id: &str,
@@ -145,7 +147,7 @@ async fn step_of(
 /// `authorization`, `password`, ...), at any depth, so that a key a tool
 /// argument or setting carried is never shown. Names are matched whole:
 /// `max_tokens` is a setting, not a token.
-fn redact(value: &mut Value) {
+pub(crate) fn redact(value: &mut Value) {
     const SECRET: [&str; 11] = [
         "api_key",
         "apikey",

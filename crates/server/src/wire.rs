@@ -359,6 +359,25 @@ pub(crate) struct StepPage {
     pub(crate) next: Option<u64>,
     /// Whether the server replays the session (`POST /sessions/{id}/replay`).
     pub(crate) replayable: bool,
+    /// Whether the server shows the steps' requests as the provider's wire
+    /// body (`GET /sessions/{id}/steps/{n}/wire`).
+    pub(crate) wire: bool,
+    /// Whether the server exports the session as an eval case
+    /// (`GET /sessions/{id}/case`).
+    pub(crate) exportable: bool,
+}
+
+/// A step's model request as the provider's wire body.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StepWire {
+    /// The step.
+    pub(crate) step: u64,
+    /// The node that called.
+    pub(crate) node: String,
+    /// The JSON body the provider is sent for the request (no headers),
+    /// credential-like fields redacted.
+    #[schema(value_type = Object)]
+    pub(crate) body: Value,
 }
 
 /// A step's model request as the model received it.
