@@ -80,6 +80,20 @@ fn summary(step: &StepTrace, history: &[Message]) -> StepSummary {
         has_request: step.request(history).is_some(),
         messages: markdown::with_html(history_slice(history, step.history_from, step.history_to)),
         approvals: step.approvals.clone(),
+        tool_calls: step.calls.iter().flat_map(call_traces).collect(),
+    }
+}
+
+/// The tool calls `call` recorded, each with its time and the policy's
+/// decision, as JSON. Read from the call's serialized form, where they are
+/// `tool_calls`: a call recorded before tool calls were traced has none.
+fn call_traces(call: &markov_executor::ModelCall) -> Vec<Value> {
+    match serde_json::to_value(call) {
+        Ok(Value::Object(mut fields)) => match fields.remove("tool_calls") {
+            Some(Value::Array(calls)) => calls,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
     }
 }
 

@@ -347,6 +347,13 @@ pub(crate) struct StepSummary {
     /// The calls that waited for approval when it ended.
     #[schema(value_type = Vec<ApprovalRequest>)]
     pub(crate) approvals: Vec<markov_policy::ConfirmationRequest>,
+    /// Each tool call of the step's model calls as the trace recorded it:
+    /// `call_id`, `tool`, `ms` and the policy's decision (`outcome`: `ran`,
+    /// `refused` with its `stage` and `envelope`, `awaiting`, `ledger`,
+    /// `answered`; `approval` with its `decision` and who decided, `by`).
+    /// Empty where the trace recorded none (older steps).
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) tool_calls: Vec<Value>,
 }
 
 /// A page of a session's recorded steps.

@@ -1736,3 +1736,116 @@ async fn a_replay_against_changed_instructions_shows_where_the_runs_part_step_by
     browser.screenshot("studio-replay-diff.png").await;
     browser.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_shows_its_calls_decision_and_wire_body_and_a_turn_is_saved_as_a_test() {
+    use markov_testkit::ScriptedModel;
+
+    let f = crate::studio_hooks::hooked(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 3}))
+            .text("Paid 3.")
+            .build(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "pay 3").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the steps",
+            "document.querySelectorAll('#timeline > li').length === 2 && !document.getElementById('save-case').hidden",
+        )
+        .await;
+    let save = browser
+        .run("return document.getElementById('save-case').getAttribute('href')")
+        .await;
+    assert_eq!(save, json!(format!("/sessions/{id}/case")));
+    browser.click("#timeline > li[data-step='0'] summary").await;
+    let step = browser
+        .wait(
+            "the step's detail",
+            "document.querySelector(\"#timeline > li[data-step='0'] .body\").innerText",
+        )
+        .await;
+    let step = step.as_str().unwrap_or_default();
+    assert!(step.contains("POLICY DECISION"), "{step}");
+    let decision = browser
+        .text("#timeline > li[data-step='0'] .decision")
+        .await;
+    assert!(
+        decision.starts_with("Allowed: the tool ran") || decision == "Not recorded for this step",
+        "what the trace has, or that it has nothing: {decision}"
+    );
+    // The turn saved as a test: the exporter's file, for this step.
+    let href = browser
+        .run("return document.querySelector(\"#timeline > li[data-step='0'] .save-case\").getAttribute('href')")
+        .await;
+    assert_eq!(href, json!(format!("/sessions/{id}/case?from=0&to=1")));
+    browser
+        .run("fetch(document.querySelector(\"#timeline > li[data-step='0'] .save-case\").href).then((r) => r.text()).then((t) => { window.savedCase = t; })")
+        .await;
+    let saved = browser.wait("the saved case", "window.savedCase").await;
+    assert_eq!(saved, json!(format!("# case of {id}, steps Some(0..1)\n")));
+
+    // The request, then its wire body one click further, the key redacted.
+    browser
+        .click("#timeline > li[data-step='0'] .show-request")
+        .await;
+    browser
+        .wait(
+            "the wire body's toggle",
+            "document.querySelector(\"#timeline > li[data-step='0'] details.wire summary\")",
+        )
+        .await;
+    browser
+        .click("#timeline > li[data-step='0'] details.wire summary")
+        .await;
+    let wire = browser
+        .wait(
+            "the wire body",
+            "document.querySelector(\"#timeline > li[data-step='0'] details.wire pre\")?.innerText",
+        )
+        .await;
+    let wire = wire.as_str().unwrap_or_default();
+    assert!(wire.contains("vendor-model"), "{wire}");
+    assert!(wire.contains("<redacted>"), "{wire}");
+    assert!(!wire.contains("sk-secret-in-a-body"), "{wire}");
+    browser
+        .run("document.querySelector(\"#timeline > li[data-step='0'] details.wire\").scrollIntoView({block: 'end'})")
+        .await;
+    browser.screenshot("studio-wire-body.png").await;
+
+    // A request the provider cannot carry says so where the body would be.
+    browser.click("#timeline > li[data-step='1'] summary").await;
+    browser
+        .wait(
+            "the second step's actions",
+            "document.querySelector(\"#timeline > li[data-step='1'] .show-request\")",
+        )
+        .await;
+    browser
+        .click("#timeline > li[data-step='1'] .show-request")
+        .await;
+    browser
+        .wait(
+            "the second wire body's toggle",
+            "document.querySelector(\"#timeline > li[data-step='1'] details.wire summary\")",
+        )
+        .await;
+    browser
+        .click("#timeline > li[data-step='1'] details.wire summary")
+        .await;
+    let refused = browser
+        .wait(
+            "the refusal",
+            "document.querySelector(\"#timeline > li[data-step='1'] details.wire\").textContent.includes('Cannot show the wire body: the provider cannot encode')",
+        )
+        .await;
+    assert_eq!(refused, json!(true));
+    browser.close().await;
+}

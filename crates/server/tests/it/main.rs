@@ -7,3 +7,4 @@ mod http;
 mod restart;
 mod service;
 mod studio;
+mod studio_hooks;
