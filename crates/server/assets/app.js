@@ -988,6 +988,8 @@ async function forkAt(n, edit, button) {
     return;
   }
   const fork = await response.json();
+  // Named for where it came from, so that the list tells it from its source.
+  remember(fork.id, "Fork of " + (titles()[studio.id] || "a chat") + " at step " + n);
   await loadSessions();
   location.hash = "#" + fork.id;
 }
@@ -1070,6 +1072,8 @@ async function moreSteps() {
   } finally {
     studio.loading = false;
   }
+  // A page shorter than the view leaves its end in view: the next one.
+  if (generation === studio.generation && studio.next !== null && endInView()) setTimeout(moreSteps, 0);
 }
 
 // While the list is shown and all of it loaded, asks for steps recorded
@@ -1172,8 +1176,16 @@ async function replay() {
 
 $("replay").onclick = replay;
 $("more").onclick = moreSteps;
-new IntersectionObserver((entries) => {
-  if (entries.some((e) => e.isIntersecting) && !$("studio").hidden) moreSteps();
+// Whether the list's end is in view now (an observer's entry can be older
+// than the page that moved it out of view).
+function endInView() {
+  if ($("studio").hidden) return false;
+  const view = $("studio").getBoundingClientRect();
+  const end = $("studio-more").getBoundingClientRect();
+  return end.top < view.bottom && end.bottom > view.top;
+}
+new IntersectionObserver(() => {
+  if (endInView()) moreSteps();
 }, { root: $("studio") }).observe($("studio-more"));
 
 // Opens what the address names: a chat (`#id`) or its steps (`#steps/id`).

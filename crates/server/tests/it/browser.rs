@@ -1549,6 +1549,7 @@ async fn a_developer_reads_a_200_step_session_as_a_timeline_opens_a_request_and_
     assert!(step.contains("wire_money"), "{step}");
     assert!(step.contains("REFUSED OR FAILED"), "{step}");
     assert!(step.contains("Unknown tool"), "{step}");
+    browser.screenshot("studio-refused-call.png").await;
     browser.click("#timeline > li[data-step='1'] summary").await;
     let step = browser
         .wait(
@@ -1598,6 +1599,11 @@ async fn a_developer_reads_a_200_step_session_as_a_timeline_opens_a_request_and_
     assert!(
         !log.contains("Paid 1."),
         "the fork stops before the later turns: {log}"
+    );
+    let listed = browser.text("#sessions").await;
+    assert!(
+        listed.contains("Fork of pay 0 at step 1"),
+        "the fork is named for its source: {listed}"
     );
     browser.screenshot("studio-fork.png").await;
     browser.close().await;
