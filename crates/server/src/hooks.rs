@@ -160,10 +160,12 @@ pub(crate) async fn case(
             Some(from..to)
         }
     };
+    // Who may read it first: a session the caller may not read is not
+    // there, whatever this server exports.
+    let (id, _) = readable(&service, &principal, &id).await?;
     let export = service.hooks.case_export.clone().ok_or_else(|| {
         ApiError::Conflict("this server exports no session as an eval case".into())
     })?;
-    let (id, _) = readable(&service, &principal, &id).await?;
     let file = match &range {
         Some(range) => format!("{id}-steps-{}-{}.toml", range.start, range.end),
         None => format!("{id}.toml"),
