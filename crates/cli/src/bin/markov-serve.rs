@@ -18,7 +18,12 @@
 //! The model is chosen as for `markov-demo` (see the library); without a
 //! key it is the scripted [`Rehearsal`], and the first line says so. When
 //! the store holds no API key yet, one is created for the principal
-//! `admin` (an approver) and printed once, to sign in with.
+//! `admin` (an approver and a developer) and printed once, to sign in with.
+//!
+//! The studio needs no other service: a session's steps replay against the
+//! agent served, a step's request shows as the configured client's wire
+//! body, and a session, or a range of its steps, downloads as a case
+//! `markov-eval` runs offline.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;

@@ -1633,20 +1633,20 @@ async fn the_timeline_shows_a_paused_approval_and_the_steps_stored_after_it_appe
             "document.querySelectorAll('#timeline > li').length === 1",
         )
         .await;
-    assert!(
-        browser
-            .text("#timeline > li[data-step='0'] .reason")
-            .await
-            .contains("awaiting_approval")
-    );
-    assert!(
-        browser
-            .text("#timeline > li[data-step='0'] .gist")
-            .await
-            .contains("waits: pay(amount: 5)"),
-        "{}",
-        browser.text("#timeline > li[data-step='0'] summary").await
-    );
+    // Waited for rather than read at once: a line's text is there once the
+    // page has laid it out, which a loaded machine can take a frame to do.
+    browser
+        .wait(
+            "the paused step's reason",
+            "document.querySelector(\"#timeline > li[data-step='0'] .reason\").textContent === 'awaiting_approval'",
+        )
+        .await;
+    browser
+        .wait(
+            "the waiting call on the step's line",
+            "document.querySelector(\"#timeline > li[data-step='0'] .gist\").textContent.includes('waits: pay(amount: 5)')",
+        )
+        .await;
     browser.click("#timeline > li[data-step='0'] summary").await;
     let step = browser
         .wait(
