@@ -19,7 +19,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::auth::Principal;
-use crate::studio::{readable, redact, step_of};
+use crate::studio::{may_read, redact, step_of};
 use crate::wire::{ErrorBody, StepWire};
 use crate::{ApiError, Service};
 
@@ -162,7 +162,7 @@ pub(crate) async fn case(
     };
     // Who may read it first: a session the caller may not read is not
     // there, whatever this server exports.
-    let (id, _) = readable(&service, &principal, &id).await?;
+    let (id, _) = may_read(&service, &principal, &id).await?;
     let export = service.hooks.case_export.clone().ok_or_else(|| {
         ApiError::Conflict("this server exports no session as an eval case".into())
     })?;
