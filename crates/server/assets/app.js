@@ -1024,15 +1024,23 @@ function stepLine(step) {
     details.dataset.built = "1";
     const body = el("div", "body");
     stepBody(step, body);
-    if (step.has_request) {
+    // A step that called the model forks; its request shows where the
+    // trace can rebuild it.
+    if (step.has_request || step.node) {
       const actions = el("div", "actions");
-      const requestButton = button("Show the request", "show-request", () => showRequest(step.index, body, requestButton));
+      if (step.has_request) {
+        const requestButton = button("Show the request", "show-request", () => showRequest(step.index, body, requestButton));
+        actions.append(requestButton);
+      }
       const edit = el("input");
       edit.placeholder = "Optional: the user's message, edited";
       edit.setAttribute("aria-label", "Edited user message for the fork");
       const forkButton = button("Fork here", "fork", () => forkAt(step.index, edit, forkButton));
-      actions.append(requestButton, edit, forkButton);
+      actions.append(edit, forkButton);
       body.append(actions);
+      if (!step.has_request) {
+        body.append(el("p", "no-request", "The request is not shown: a context policy chose what the model saw of the history, and the trace keeps the history, not that view."));
+      }
     }
     if (studio.exportable) {
       const save = el("a", "save-case", "Save this step's turn as a test");

@@ -1772,6 +1772,13 @@ async fn a_step_shows_its_calls_decision_and_wire_body_and_a_turn_is_saved_as_a_
         .await;
     assert_eq!(save, json!(format!("/sessions/{id}/case")));
     browser.click("#timeline > li[data-step='0'] summary").await;
+    browser
+        .wait(
+            "the step's decision",
+            "document.querySelector(\"#timeline > li[data-step='0'] .decision\")",
+        )
+        .await;
+    browser.screenshot("studio-save-as-test.png").await;
     let step = browser
         .wait(
             "the step's detail",
@@ -1853,5 +1860,68 @@ async fn a_step_shows_its_calls_decision_and_wire_body_and_a_turn_is_saved_as_a_
         )
         .await;
     assert_eq!(refused, json!(true));
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_still_forks() {
+    use markov_charter::context::ContextPolicy;
+    use markov_testkit::ScriptedModel;
+
+    let agent = Agent::builder("payments")
+        .instructions("You pay bills.")
+        .context_policy(
+            ContextPolicy::builder()
+                .keep_last_turns(2)
+                .build()
+                .expect("a policy"),
+        )
+        .model(
+            ScriptedModel::builder()
+                .text("Hello.")
+                .text("Forked.")
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let f = crate::http::serve_agent(agent, Arc::default()).await;
+    let id = f.create().await;
+    f.say(&id, "hi").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the step",
+            "document.querySelectorAll('#timeline > li').length === 1",
+        )
+        .await;
+    browser.click("#timeline > li[data-step='0'] summary").await;
+    let note = browser
+        .wait(
+            "why the request is not shown",
+            "document.querySelector(\"#timeline > li[data-step='0'] .no-request\")?.textContent",
+        )
+        .await;
+    assert!(
+        note.as_str().unwrap_or_default().contains("context policy"),
+        "{note}"
+    );
+    assert_eq!(
+        browser
+            .count("#timeline > li[data-step='0'] .show-request")
+            .await,
+        0
+    );
+    browser.screenshot("studio-context-view.png").await;
+    browser.click("#timeline > li[data-step='0'] .fork").await;
+    browser
+        .wait(
+            "the fork's answer",
+            "!document.getElementById('chat').hidden && document.getElementById('log').innerText.includes('Forked.')",
+        )
+        .await;
     browser.close().await;
 }
