@@ -68,6 +68,10 @@ pub struct Chosen {
     pub template_has_tools: Option<bool>,
     /// The client's default model (`None` for the rehearsal).
     pub default_model: Option<String>,
+    /// The client the environment configured (`None` for the rehearsal),
+    /// which also writes a request as its wire body
+    /// ([`markov_providers::EnvModel::request_body`]).
+    pub client: Option<markov_providers::EnvModel>,
 }
 
 /// The context window assumed of a model neither markov
@@ -136,6 +140,7 @@ pub async fn pick_settled_model_or(
                 served_context: facts.context_window,
                 template_has_tools: facts.template_has_tools,
                 default_model: Some(configured.default_model().to_owned()),
+                client: Some(configured),
             })
         }
         None => Ok(Chosen {
@@ -144,6 +149,7 @@ pub async fn pick_settled_model_or(
             served_context: None,
             template_has_tools: None,
             default_model: None,
+            client: None,
         }),
     }
 }
@@ -255,6 +261,7 @@ pub fn demo_eval_agent(model: Arc<dyn Model>) -> Result<Agent, markov_executor::
         template_has_tools: None,
         default_model: model.model_name().map(str::to_owned),
         model: Arc::clone(&model),
+        client: None,
     };
     let model = Arc::new(markov_executor::ToolChoiceEnforcer::new(
         model,
@@ -287,6 +294,7 @@ mod tests {
             served_context: context,
             template_has_tools: None,
             default_model: Some("qwen2.5-0.5b-instruct".into()),
+            client: None,
         }
     }
 

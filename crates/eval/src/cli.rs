@@ -16,7 +16,7 @@
 //! my-evals run evals/calc.toml [--out DIR] [--baseline OLD/report.json]
 //!     [--model auto|scripted|env] [--repeat N] [--concurrency N] [--tag T]...
 //!     [--timeout SECS] [--min-pass-rate 0.8] [--fail-on-regression]
-//! my-evals export --store DIR/sessions.db --session ID [--out case.toml]
+//! my-evals export --store DIR/sessions.db --session ID [--from N] [--to M] [--out case.toml]
 //! ```
 //!
 //! `run` prints the table (a progress bar on a terminal, a line per run
@@ -28,8 +28,9 @@
 //! when the environment configures a provider (`OPENAI_BASE_URL`,
 //! `ANTHROPIC_API_KEY`, ...), else each case's script.
 //!
-//! `export` writes a stored session as a case ([`crate::export_session`])
-//! in a dataset of its own, to add to yours.
+//! `export` writes a stored session, or the user turns of its recorded
+//! steps `--from`..`--to`, as a case in a dataset of its own
+//! ([`crate::export_dataset`]), to add to yours.
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -43,7 +44,7 @@ use markov_core::model::Model;
 use markov_executor::{Agent, BuildError};
 use markov_store::{SessionId, SqliteStore, Store};
 
-use crate::{Comparison, Dataset, ModelChoice, Report, Runner, export_session};
+use crate::{Comparison, Dataset, ModelChoice, Report, Runner, export_dataset};
 
 #[derive(Debug, Parser)]
 #[command(name = "markov-eval", about = "Run a markov agent's eval datasets")]
@@ -111,6 +112,12 @@ struct ExportArgs {
     /// The session's id.
     #[arg(long)]
     session: String,
+    /// Only the user turns of the recorded steps from this one (from 0)...
+    #[arg(long)]
+    from: Option<u64>,
+    /// ...to the step before this one (the last step when unset).
+    #[arg(long)]
+    to: Option<u64>,
     /// The file to write (stdout when unset).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -257,19 +264,13 @@ async fn export_command(args: ExportArgs) -> Result<ExitCode, String> {
         return Err(format!("{}: no such store", args.store.display()));
     }
     let store = SqliteStore::open(&args.store).map_err(|e| e.to_string())?;
-    let case = export_session(&store, &SessionId::new(args.session.clone()))
+    let steps = match (args.from, args.to) {
+        (None, None) => None,
+        (from, to) => Some(from.unwrap_or(0)..to.unwrap_or(u64::MAX)),
+    };
+    let dataset = export_dataset(&store, &SessionId::new(args.session.clone()), steps)
         .await
         .map_err(|e| e.to_string())?;
-    let dataset = Dataset {
-        name: "exported".to_owned(),
-        description: Some(format!(
-            "session {} of {}",
-            args.session,
-            args.store.display()
-        )),
-        repeat: None,
-        cases: vec![case],
-    };
     let text = dataset.to_toml().map_err(|e| e.to_string())?;
     match &args.out {
         Some(path) => write(path, &text)?,

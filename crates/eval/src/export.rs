@@ -7,7 +7,7 @@ use std::ops::Range;
 use markov_core::{Item, Message, Role};
 use markov_store::{SessionId, Store, StoreError};
 
-use crate::dataset::{Answer, Call, Case};
+use crate::dataset::{Answer, Call, Case, Dataset};
 use crate::expect::{Expect, ExpectedCall, TrajectoryMode};
 
 /// Why a session could not become a case.
@@ -92,8 +92,38 @@ pub async fn export_steps(
         .filter(|_| !history[from..to].iter().take(1).any(is_user_input))
         .unwrap_or(from);
     let mut case = case_of(id, &history[start..to])?;
-    case.id = format!("{id}-steps-{}-{}", steps.start, steps.end);
+    // The steps it holds: an open range ends at the last recorded step.
+    case.id = format!(
+        "{id}-steps-{}-{}",
+        steps.start,
+        last.index.saturating_add(1)
+    );
     Ok(case)
+}
+
+/// A case file of one case: session `id` ([`export_session`]), or the
+/// steps in `steps` of it ([`export_steps`]; an end past the last step
+/// takes the steps to the end; the case's id names the steps it holds), as
+/// a [`Dataset`] named `exported` that says where it came from. [`Dataset::to_toml`] writes it as the file
+/// [`Dataset::load`] reads back.
+///
+/// # Errors
+/// As [`export_session`] and [`export_steps`].
+pub async fn export_dataset(
+    store: &dyn Store,
+    id: &SessionId,
+    steps: Option<Range<u64>>,
+) -> Result<Dataset, ExportError> {
+    let case = match steps {
+        None => export_session(store, id).await?,
+        Some(steps) => export_steps(store, id, steps).await?,
+    };
+    Ok(Dataset {
+        name: "exported".to_owned(),
+        description: Some(format!("exported from the recorded session {id}")),
+        repeat: None,
+        cases: vec![case],
+    })
 }
 
 /// Whether `message` is text a user typed (not an instance's hand-back).

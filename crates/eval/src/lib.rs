@@ -36,7 +36,7 @@ pub use dataset::{Answer, Call, Case, Dataset, DatasetError};
 pub use expect::{
     CaseRun, Evaluator, Expect, ExpectedCall, ToolCall, TrajectoryMode, Verdict, json_contains,
 };
-pub use export::{ExportError, export_session, export_steps};
+pub use export::{ExportError, export_dataset, export_session, export_steps};
 pub use judge::{JUDGE_INSTRUCTIONS, judge, parse_verdict, transcript};
 pub use report::{
     CaseDelta, CaseReport, Change, Comparison, Evaluation, Report, RunReport, Summary, xml_escape,

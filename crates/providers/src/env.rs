@@ -70,6 +70,32 @@ impl EnvModel {
         }
     }
 
+    /// The exact body the client sends for `request` (`stream`: asking
+    /// for a streamed answer), encoded afresh: the JSON on the wire,
+    /// without the headers that carry the key (see
+    /// [`Client::request_body_uncached`](crate::Client::request_body_uncached)).
+    ///
+    /// # Errors
+    /// A request this API cannot carry.
+    pub fn request_body(
+        &self,
+        request: &markov_core::model::ModelRequest<'_>,
+        stream: bool,
+    ) -> Result<Vec<u8>, markov_core::model::ModelError> {
+        match &self.client {
+            #[cfg(not(any(feature = "anthropic", feature = "openai", feature = "gemini")))]
+            Client::Never(never) => match *never {},
+            #[cfg(feature = "anthropic")]
+            Client::Anthropic(c) => c.request_body_uncached(request, stream),
+            #[cfg(feature = "openai")]
+            Client::OpenAi(c) => c.request_body_uncached(request, stream),
+            #[cfg(feature = "responses")]
+            Client::Responses(c) => c.request_body_uncached(request, stream),
+            #[cfg(feature = "gemini")]
+            Client::Gemini(c) => c.request_body_uncached(request, stream),
+        }
+    }
+
     /// What it is and where it sends requests, e.g. `anthropic messages api
     /// (https://api.anthropic.com/v1/messages, claude-…)`: the API, the
     /// endpoint as errors show it (a password or query, where a key may

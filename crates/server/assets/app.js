@@ -935,7 +935,7 @@ async function openSession(id, options = {}) {
 // A running session's new steps are polled for while the list is shown.
 
 const STEP_PAGE = 50;
-const studio = { id: null, next: 0, generation: 0, poll: null, count: 0, loading: false };
+const studio = { id: null, next: 0, generation: 0, poll: null, count: 0, loading: false, wire: false, exportable: false };
 
 function leaveStudio() {
   studio.generation++;
@@ -961,10 +961,32 @@ function pre(text) {
   return node;
 }
 
+// What the policy decided of a tool call, as its step's trace recorded it,
+// with the call's duration: a line a person reads.
+function decision(trace) {
+  if (!trace || typeof trace !== "object") return "Not recorded for this step";
+  const kind = (error) => error ? " (" + String(error).toLowerCase().replaceAll("_", " ") + ")" : "";
+  let line;
+  switch (trace.outcome) {
+    case "ran": line = trace.ok ? "Allowed: the tool ran and succeeded" : "Allowed: the tool ran and failed" + kind(trace.error); break;
+    case "refused": line = "Refused by the " + String(trace.stage || "policy").replaceAll("_", " ") + " stage" + kind(trace.error) + ": the tool did not run"; break;
+    case "awaiting": line = "Waiting for a person's approval: the tool did not run yet"; break;
+    case "ledger": line = "Answered from the ledger (it ran before): the tool did not run again"; break;
+    case "answered": line = "Answered without running the tool"; break;
+    default: line = "Decided: " + String(trace.outcome);
+  }
+  if (trace.approval && typeof trace.approval === "object") {
+    line += " · after approval: " + String(trace.approval.decision) + (trace.approval.by ? " by " + String(trace.approval.by) : "");
+  }
+  if (typeof trace.ms === "number") line += " · " + trace.ms + " ms";
+  return line;
+}
+
 // What a step added, as the timeline shows it: text, and each tool call
 // beside its result.
 function stepBody(step, box) {
   const calls = new Map();
+  const traces = new Map((step.tool_calls || []).map((trace) => [trace.call_id, trace]));
   for (const message of step.messages || []) {
     for (const item of itemsOf(message)) {
       if (message.role === "user" && item.type === "text" && item.text) {
@@ -977,6 +999,7 @@ function stepBody(step, box) {
         const name = el("code", "name");
         appendVisibly(name, item.name);
         call.append(el("div", "label", "Tool call"), name, pre(JSON.stringify(item.input, null, 2)));
+        call.append(el("div", "label", "Policy decision"), el("div", "decision", decision(traces.get(item.id))));
         calls.set(item.id, call);
         box.append(call);
       } else if (item.type === "tool_result") {
@@ -1009,15 +1032,31 @@ async function showRequest(n, box, button) {
   const shown = el("div", "request");
   shown.append(el("div", "label", "System prompt"), pre(String(request.system || "")));
   const messages = el("details");
-  messages.append(el("summary", null, (request.messages || []).length + " messages"), pre(JSON.stringify(request.messages, null, 2)));
+  const count = (request.messages || []).length;
+  messages.append(el("summary", null, count + (count === 1 ? " message" : " messages")), pre(JSON.stringify(request.messages, null, 2)));
   const tools = el("details");
   tools.append(el("summary", null, (request.tools || []).map((t) => t.name).join(", ") || "no tools"), pre(JSON.stringify(request.tools, null, 2)));
   shown.append(el("div", "label", "Messages"), messages, el("div", "label", "Tools"), tools,
     el("div", "label", "Tool choice and settings"), pre(JSON.stringify({ tool_choice: request.tool_choice, settings: request.settings })));
-  const wire = el("details", "wire");
-  wire.append(el("summary", null, "Whole request body"), pre(JSON.stringify(request, null, 2)));
-  shown.append(wire);
-  box.append(shown);
+  const whole = el("details", "whole");
+  whole.append(el("summary", null, "Whole request body"), pre(JSON.stringify(request, null, 2)));
+  shown.append(whole);
+  if (studio.wire) {
+    // The provider's wire body, fetched when first opened.
+    const wire = el("details", "wire");
+    wire.append(el("summary", null, "Wire body, as sent to the provider (no headers, no keys)"));
+    wire.addEventListener("toggle", async () => {
+      if (!wire.open || wire.dataset.loaded) return;
+      wire.dataset.loaded = "1";
+      const response = await fetch("/sessions/" + encodeURIComponent(studio.id) + "/steps/" + n + "/wire");
+      if (!response.ok) { wire.append(el("div", "label", "Cannot show the wire body: " + await errorOf(response))); return; }
+      const sent = await response.json();
+      wire.append(pre(JSON.stringify(sent.body, null, 2)));
+    });
+    shown.append(wire);
+  }
+  // Under the button that asked for it.
+  button.parentElement.after(shown);
 }
 
 async function forkAt(n, edit, button) {
@@ -1034,6 +1073,8 @@ async function forkAt(n, edit, button) {
     return;
   }
   const fork = await response.json();
+  // Named for where it came from, so that the list tells it from its source.
+  remember(fork.id, "Fork of " + (titles()[studio.id] || "a chat") + " at step " + n);
   await loadSessions();
   location.hash = "#" + fork.id;
 }
@@ -1068,15 +1109,29 @@ function stepLine(step) {
     details.dataset.built = "1";
     const body = el("div", "body");
     stepBody(step, body);
-    if (step.has_request) {
+    // A step that called the model forks; its request shows where the
+    // trace can rebuild it.
+    if (step.has_request || step.node) {
       const actions = el("div", "actions");
-      const requestButton = button("Show the request", "show-request", () => showRequest(step.index, body, requestButton));
+      if (step.has_request) {
+        const requestButton = button("Show the request", "show-request", () => showRequest(step.index, body, requestButton));
+        actions.append(requestButton);
+      }
       const edit = el("input");
       edit.placeholder = "Optional: the user's message, edited";
       edit.setAttribute("aria-label", "Edited user message for the fork");
       const forkButton = button("Fork here", "fork", () => forkAt(step.index, edit, forkButton));
-      actions.append(requestButton, edit, forkButton);
+      actions.append(edit, forkButton);
       body.append(actions);
+      if (!step.has_request) {
+        body.append(el("p", "no-request", "The request is not shown: a context policy chose what the model saw of the history, and the trace keeps the history, not that view."));
+      }
+    }
+    if (studio.exportable) {
+      const save = el("a", "save-case", "Save this step's turn as a test");
+      save.href = "/sessions/" + encodeURIComponent(studio.id) + "/case?from=" + step.index + "&to=" + (step.index + 1);
+      save.setAttribute("download", "");
+      body.append(save);
     }
     details.append(body);
   });
@@ -1097,6 +1152,10 @@ async function moreSteps() {
     if (generation !== studio.generation) return;
     $("timeline").append(...page.steps.map(stepLine));
     $("replay-controls").hidden = page.replayable !== true;
+    studio.wire = page.wire === true;
+    studio.exportable = page.exportable === true;
+    $("save-case").hidden = !studio.exportable;
+    $("save-case").href = "/sessions/" + encodeURIComponent(studio.id) + "/case";
     studio.count += page.steps.length;
     const last = page.steps.length ? page.steps[page.steps.length - 1].index + 1 : studio.next;
     studio.next = typeof page.next === "number" ? page.next : null;
@@ -1106,6 +1165,8 @@ async function moreSteps() {
   } finally {
     studio.loading = false;
   }
+  // A page shorter than the view leaves its end in view: the next one.
+  if (generation === studio.generation && studio.next !== null && endInView()) setTimeout(moreSteps, 0);
 }
 
 // While the list is shown and all of it loaded, asks for steps recorded
@@ -1134,6 +1195,7 @@ async function openSteps(id) {
   $("replay-diff").hidden = true;
   $("replay-diff").replaceChildren();
   $("replay-controls").hidden = true;
+  $("save-case").hidden = true;
   showStudio(true);
   await moreSteps();
   studio.poll = setTimeout(() => pollSteps(studio.generation), 2000);
@@ -1207,8 +1269,16 @@ async function replay() {
 
 $("replay").onclick = replay;
 $("more").onclick = moreSteps;
-new IntersectionObserver((entries) => {
-  if (entries.some((e) => e.isIntersecting) && !$("studio").hidden) moreSteps();
+// Whether the list's end is in view now (an observer's entry can be older
+// than the page that moved it out of view).
+function endInView() {
+  if ($("studio").hidden) return false;
+  const view = $("studio").getBoundingClientRect();
+  const end = $("studio-more").getBoundingClientRect();
+  return end.top < view.bottom && end.bottom > view.top;
+}
+new IntersectionObserver(() => {
+  if (endInView()) moreSteps();
 }, { root: $("studio") }).observe($("studio-more"));
 
 // Opens what the address names: a chat (`#id`) or its steps (`#steps/id`).

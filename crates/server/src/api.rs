@@ -111,6 +111,8 @@ pub(crate) fn protected_routes() -> OpenApiRouter<Arc<Service>> {
         .routes(routes!(crate::studio::step_request))
         .routes(routes!(fork))
         .routes(routes!(crate::studio::replay))
+        .routes(routes!(crate::hooks::step_wire))
+        .routes(routes!(crate::hooks::case))
         .routes(routes!(openapi))
         .routes(routes!(metrics))
 }

@@ -36,6 +36,7 @@
 //! | `GET /sessions/{id}/approvals` | the calls waiting for a decision |
 //! | `POST /sessions/{id}/approvals/{request}` | decides one (`approve`, `edit`, `deny`, `respond`), streamed |
 //! | `POST /sessions/{id}/commands` `{"name": ..., "input": {...}}` | runs a command (no model call) |
+//! | `GET /sessions/{id}/steps`, `…/steps/{n}/request`, `…/steps/{n}/wire`, `…/case`, `POST …/steps/{n}/fork`, `POST …/replay` | the studio: recorded steps, a step's request (also as the wire body), the session as an eval case, forks and replays (for the owner and developers) |
 //! | `GET /openapi.json` | this API as an OpenAPI document |
 //! | `GET /metrics` | counters and latency histograms for Prometheus |
 //!
@@ -120,6 +121,7 @@
 mod api;
 mod auth;
 mod guard;
+mod hooks;
 mod markdown;
 mod metrics;
 mod openapi;
@@ -264,6 +266,7 @@ pub struct ServerBuilder {
     /// Whether a team was added before any agent (`POST /sessions` then
     /// creates its sessions).
     first_is_team: bool,
+    hooks: hooks::StudioHooks,
 }
 
 /// How the studio replays an agent's sessions: the live model, and the
@@ -386,6 +389,49 @@ impl ServerBuilder {
                 build: Arc::new(build),
             },
         );
+        self
+    }
+
+    /// Lets the studio show the requests of agent `agent`'s steps as the
+    /// provider's wire body (`GET /sessions/{id}/steps/{n}/wire`): `encode`
+    /// writes a request as the JSON the provider the agent runs on is sent,
+    /// without headers (a client's `request_body`, say). Fields named as
+    /// credentials are redacted all the same. An agent without one answers
+    /// `409` there, and the page offers no wire body.
+    pub fn wire_body(
+        mut self,
+        agent: impl Into<String>,
+        encode: impl Fn(
+            &markov_core::model::ModelRequest<'_>,
+        ) -> Result<Vec<u8>, markov_core::model::ModelError>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.hooks.wire.insert(agent.into(), Arc::new(encode));
+        self
+    }
+
+    /// Lets the studio save a session, or a range of its steps, as an eval
+    /// case (`GET /sessions/{id}/case?from=&to=`): `export` is given the
+    /// store, the session and the steps (`None` for the whole session) and
+    /// writes the case file, e.g. with `markov_eval::export_dataset` (the
+    /// server knows no eval format; `markov-serve` plugs that one in). Its
+    /// error is answered as it is: `ApiError::NotFound` for steps not
+    /// recorded, `ApiError::Conflict` for steps without a user turn.
+    /// Without one, that route answers `409` and the page offers no export.
+    pub fn case_export<F>(mut self, export: F) -> Self
+    where
+        F: Fn(
+                Arc<dyn Store>,
+                markov_store::SessionId,
+                Option<std::ops::Range<u64>>,
+            ) -> futures::future::BoxFuture<'static, Result<String, ApiError>>
+            + Send
+            + Sync
+            + 'static,
+    {
+        self.hooks.case_export = Some(Arc::new(export));
         self
     }
 
@@ -527,6 +573,7 @@ impl ServerBuilder {
                     .map(|sessions| SessionCache::new(sessions, limits.open_session_bytes)),
                 models: self.models,
                 replays: self.replays,
+                hooks: self.hooks,
                 hosts,
                 cors: self.cors,
                 secure_cookies,
@@ -559,6 +606,8 @@ struct Service {
     models: HashMap<String, String>,
     /// The agents the studio replays, and how.
     replays: HashMap<String, Replayer>,
+    /// How the studio shows wire bodies and writes eval cases, if it does.
+    hooks: hooks::StudioHooks,
     /// Allowed host names, lowercase, without port.
     hosts: Vec<String>,
     /// Allowed CORS origins.

@@ -9,7 +9,7 @@ use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
 use markov_core::Message;
 use markov_store::{
-    CreateOptions, DurableMachine, ForkOptions, SessionId, StepTrace, StoredSession,
+    CreateOptions, DurableMachine, ForkOptions, SessionId, SessionInfo, StepTrace, StoredSession,
 };
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -26,19 +26,30 @@ pub(crate) const MAX_PAGE: usize = 200;
 /// Session `id`, loaded, if `principal` may read its steps: its owner or a
 /// developer. Anyone else is told it does not exist, as for the session
 /// itself.
-async fn readable(
+pub(crate) async fn readable(
     service: &Service,
     principal: &Principal,
     id: &str,
 ) -> Result<(SessionId, StoredSession), ApiError> {
+    let (id, _) = may_read(service, principal, id).await?;
+    let stored = service.store.load(&id).await?;
+    Ok((id, stored))
+}
+
+/// Session `id`'s description, if `principal` may read its steps (see
+/// [`readable`]), without loading its history.
+pub(crate) async fn may_read(
+    service: &Service,
+    principal: &Principal,
+    id: &str,
+) -> Result<(SessionId, SessionInfo), ApiError> {
     let id = SessionId::new(id);
     let info = service.store.info(&id).await?;
     let owner = info.owner.as_ref() == Some(principal.id());
     if !owner && !principal.has_role(DEVELOPER) {
         return Err(ApiError::NotFound(format!("no session {id}")));
     }
-    let stored = service.store.load(&id).await?;
-    Ok((id, stored))
+    Ok((id, info))
 }
 
 /// A page of steps.
@@ -80,6 +91,20 @@ fn summary(step: &StepTrace, history: &[Message]) -> StepSummary {
         has_request: step.request(history).is_some(),
         messages: markdown::with_html(history_slice(history, step.history_from, step.history_to)),
         approvals: step.approvals.clone(),
+        tool_calls: step.calls.iter().flat_map(call_traces).collect(),
+    }
+}
+
+/// The tool calls `call` recorded, each with its time and the policy's
+/// decision, as JSON. Read from the call's serialized form, where they are
+/// `tool_calls`: a call recorded before tool calls were traced has none.
+fn call_traces(call: &markov_executor::ModelCall) -> Vec<Value> {
+    match serde_json::to_value(call) {
+        Ok(Value::Object(mut fields)) => match fields.remove("tool_calls") {
+            Some(Value::Array(calls)) => calls,
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
     }
 }
 
@@ -108,23 +133,34 @@ pub(crate) async fn steps(
             "limit is 1 to {MAX_PAGE} (got {limit})"
         )));
     }
-    let (id, stored) = readable(&service, &principal, &id).await?;
+    let (id, info) = may_read(&service, &principal, &id).await?;
     // One more than asked says whether another page follows.
     let mut traces = service.store.steps(&id, page.from, limit + 1).await?;
     let next = (traces.len() > limit).then(|| {
         traces.truncate(limit);
         traces.last().map_or(page.from, |s| s.index + 1)
     });
-    let history = &stored.snapshot.history;
+    // The history only when there are steps to show it for: a page that
+    // polls for new steps of a long session and finds none reads no
+    // message.
+    let steps = if traces.is_empty() {
+        Vec::new()
+    } else {
+        let stored = service.store.load(&id).await?;
+        let history = &stored.snapshot.history;
+        traces.iter().map(|s| summary(s, history)).collect()
+    };
     Ok(Json(StepPage {
-        steps: traces.iter().map(|s| summary(s, history)).collect(),
+        steps,
         next,
-        replayable: service.replays.contains_key(&stored.info.charter),
+        replayable: service.replays.contains_key(&info.charter),
+        wire: service.hooks.wire.contains_key(&info.charter),
+        exportable: service.hooks.case_export.is_some(),
     }))
 }
 
 /// One recorded step, read by `principal`.
-async fn step_of(
+pub(crate) async fn step_of(
     service: &Service,
     principal: &Principal,
     id: &str,
@@ -145,7 +181,7 @@ async fn step_of(
 /// `authorization`, `password`, ...), at any depth, so that a key a tool
 /// argument or setting carried is never shown. Names are matched whole:
 /// `max_tokens` is a setting, not a token.
-fn redact(value: &mut Value) {
+pub(crate) fn redact(value: &mut Value) {
     const SECRET: [&str; 11] = [
         "api_key",
         "apikey",

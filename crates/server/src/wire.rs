@@ -426,6 +426,13 @@ pub(crate) struct StepSummary {
     /// The calls that waited for approval when it ended.
     #[schema(value_type = Vec<ApprovalRequest>)]
     pub(crate) approvals: Vec<markov_policy::ConfirmationRequest>,
+    /// Each tool call of the step's model calls as the trace recorded it:
+    /// `call_id`, `tool`, `ms` and the policy's decision (`outcome`: `ran`,
+    /// `refused` with its `stage` and `envelope`, `awaiting`, `ledger`,
+    /// `answered`; `approval` with its `decision` and who decided, `by`).
+    /// Empty where the trace recorded none (older steps).
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) tool_calls: Vec<Value>,
 }
 
 /// A page of a session's recorded steps.
@@ -438,6 +445,25 @@ pub(crate) struct StepPage {
     pub(crate) next: Option<u64>,
     /// Whether the server replays the session (`POST /sessions/{id}/replay`).
     pub(crate) replayable: bool,
+    /// Whether the server shows the steps' requests as the provider's wire
+    /// body (`GET /sessions/{id}/steps/{n}/wire`).
+    pub(crate) wire: bool,
+    /// Whether the server exports the session as an eval case
+    /// (`GET /sessions/{id}/case`).
+    pub(crate) exportable: bool,
+}
+
+/// A step's model request as the provider's wire body.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StepWire {
+    /// The step.
+    pub(crate) step: u64,
+    /// The node that called.
+    pub(crate) node: String,
+    /// The JSON body the provider is sent for the request (no headers),
+    /// credential-like fields redacted.
+    #[schema(value_type = Object)]
+    pub(crate) body: Value,
 }
 
 /// A step's model request as the model received it.

@@ -18,7 +18,12 @@
 //! The model is chosen as for `markov-demo` (see the library); without a
 //! key it is the scripted [`Rehearsal`], and the first line says so. When
 //! the store holds no API key yet, one is created for the principal
-//! `admin` (an approver) and printed once, to sign in with.
+//! `admin` (an approver and a developer) and printed once, to sign in with.
+//!
+//! The studio needs no other service: a session's steps replay against the
+//! agent served, a step's request shows as the configured client's wire
+//! body, and a session, or a range of its steps, downloads as a case
+//! `markov-eval` runs offline.
 
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
@@ -30,10 +35,11 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use markov_cli::tools::{Add, Population};
 use markov_cli::{ContextChoice, INSTRUCTIONS, Rehearsal, context_policy, pick_settled_model_or};
+use markov_core::model::Model;
 use markov_core::tool::Tool;
 use markov_executor::Agent;
 use markov_policy::{Category, ToolMetadata};
-use markov_server::{JwtConfig, Limits, Server, create_api_key};
+use markov_server::{ApiError, DEVELOPER, JwtConfig, Limits, Server, create_api_key};
 use markov_store::{KeyStore, PostgresStore, SqliteStore, WorkerId};
 
 /// markov's demo agent as an HTTP service: a chat page, sessions that
@@ -202,6 +208,20 @@ enum JwtAlgorithm {
     Hs256,
 }
 
+/// An export's failure as the studio answers it.
+fn export_error(error: markov_eval::ExportError) -> ApiError {
+    use markov_eval::ExportError;
+    use markov_store::StoreError;
+    match error {
+        ExportError::Store(StoreError::NotFound(id)) => {
+            ApiError::NotFound(format!("no session {id}"))
+        }
+        error @ ExportError::NoSteps { .. } => ApiError::NotFound(error.to_string()),
+        error @ ExportError::NoInput(_) => ApiError::Conflict(error.to_string()),
+        error => ApiError::Internal(error.to_string()),
+    }
+}
+
 fn tool_role(value: &str) -> Result<(String, String), String> {
     value
         .split_once('=')
@@ -367,32 +387,40 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
             ));
         }
     }
-    let metadata = |tool: &str, category| {
-        let metadata = ToolMetadata::new(category);
-        if args.require_approval.iter().any(|t| t == tool) {
-            metadata.with_confirmation()
-        } else {
-            metadata
-        }
-    };
     let mcp = markov_cli::mcp::McpServers::connect(args.mcp.configs().map_err(|e| e.to_string())?)
         .await
         .map_err(|e| format!("cannot use the MCP server: {e}"))?;
     for line in mcp.summary() {
         tracing::info!("{line}");
     }
-    let mut agent = Agent::builder("cities")
-        .instructions(INSTRUCTIONS)
-        .tool_with(Add, metadata(Add::NAME, Category::Other))
-        .tool_with(Population, metadata(Population::NAME, Category::Retrieval))
-        .tools_with(mcp.under_policies())
-        .shared_model(Arc::clone(&chosen.model))
-        .settings(chosen.settings());
+    let tools: Vec<_> = mcp.under_policies().collect();
     let policy = context_policy(args.context.into(), &chosen);
-    if let Some(policy) = policy {
-        agent = agent.context_policy(policy);
-    }
-    let agent = agent.build().map_err(|e| e.to_string())?;
+    let settings = chosen.settings();
+    let require_approval = args.require_approval.clone();
+    // The agent over a model: the one served over the chosen model, and
+    // the same agent over the model a replay gives it.
+    let build = move |model: Arc<dyn Model>| {
+        let metadata = |tool: &str, category| {
+            let metadata = ToolMetadata::new(category);
+            if require_approval.iter().any(|t| t == tool) {
+                metadata.with_confirmation()
+            } else {
+                metadata
+            }
+        };
+        let mut agent = Agent::builder("cities")
+            .instructions(INSTRUCTIONS)
+            .tool_with(Add, metadata(Add::NAME, Category::Other))
+            .tool_with(Population, metadata(Population::NAME, Category::Retrieval))
+            .tools_with(tools.iter().cloned())
+            .shared_model(model)
+            .settings(settings.clone());
+        if let Some(policy) = &policy {
+            agent = agent.context_policy(policy.clone());
+        }
+        agent.build()
+    };
+    let agent = build(Arc::clone(&chosen.model)).map_err(|e| e.to_string())?;
     let first_key = if backend
         .keys()
         .keys()
@@ -400,9 +428,13 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
         .map_err(|e| e.to_string())?
         .is_empty()
     {
-        let key = create_api_key(backend.keys(), "admin", &["approver".to_owned()])
-            .await
-            .map_err(|e| e.to_string())?;
+        let key = create_api_key(
+            backend.keys(),
+            "admin",
+            &["approver".to_owned(), DEVELOPER.to_owned()],
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         Some(key.key)
     } else {
         None
@@ -422,11 +454,38 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     // The page names the model for the people who talk to it, as the first
     // line names it here.
     let description = label.strip_prefix("model: ").unwrap_or(&label).to_owned();
+    // The studio with no extra service: replays against the agent as it is
+    // served, each request's wire body from the configured client, and a
+    // session saved as a case `markov-eval` runs.
+    let served = agent.clone();
     let mut builder = Server::builder()
         .agent(agent)
         .model_description("cities", description)
+        .replay_agent("cities", Arc::clone(&chosen.model), move |model| {
+            build(model).unwrap_or_else(|e| {
+                // The served agent built with the same options, so this
+                // does not happen; were it to, the replay runs the served
+                // agent (the live model throughout) and says why.
+                tracing::error!(error = %e, "the replayed agent does not build: replaying the served one");
+                served.clone()
+            })
+        })
+        .case_export(|store, id, steps| {
+            Box::pin(async move {
+                let dataset = markov_eval::export_dataset(&*store, &id, steps)
+                    .await
+                    .map_err(export_error)?;
+                dataset
+                    .to_toml()
+                    .map_err(|e| ApiError::Conflict(e.to_string()))
+            })
+        })
         .worker(WorkerId::new(worker))
         .limits(limits);
+    if let Some(client) = chosen.client.clone() {
+        // Runs are streamed, so the body sent asked for a streamed answer.
+        builder = builder.wire_body("cities", move |request| client.request_body(request, true));
+    }
     builder = match &backend {
         Backend::Sqlite(store, _) => builder.store(Arc::clone(store)),
         Backend::Postgres(store) => builder.store(Arc::clone(store)),
@@ -461,7 +520,9 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
         backend.describe()
     );
     if let Some(key) = first_key {
-        println!("no API key existed: created one for `admin` (approver), shown only now:");
+        println!(
+            "no API key existed: created one for `admin` (approver, developer), shown only now:"
+        );
         println!("  {key}");
         println!(
             "sign in on the page with it, or: curl -H 'Authorization: Bearer {key}' http://{address}/sessions"

@@ -650,3 +650,193 @@ fn require_approval_of_an_unknown_tool_is_refused() {
         "{stderr}"
     );
 }
+
+/// `GET` of `path` with `key`: the status and the body as text.
+async fn get_text(client: &reqwest::Client, base: &str, key: &str, path: &str) -> (u16, String) {
+    let response = client
+        .get(format!("{base}{path}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("sent");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("a body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_studio_reads_replays_and_exports_a_served_session_with_no_extra_service() {
+    // Without a context policy, so that each step's request is the
+    // history's first messages and can be rebuilt.
+    let (_server, key, base) = started(&["--context", "none"], &[]).await;
+    let client = reqwest::Client::new();
+    let id = new_session(&client, &base, &key).await;
+    let answer = say(
+        &client,
+        &base,
+        &key,
+        &id,
+        "How many people live in Lisbon and Porto together?",
+    )
+    .await;
+    assert!(answer.contains("777885"), "{answer}");
+
+    // The steps: the lookups, the sum, the answer.
+    let (status, page) = get_text(&client, &base, &key, &format!("/sessions/{id}/steps")).await;
+    assert_eq!(status, 200, "{page}");
+    let page: serde_json::Value = serde_json::from_str(&page).expect("json");
+    let steps = page["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 3, "{page}");
+    assert_eq!(page["replayable"], true, "{page}");
+    assert_eq!(page["exportable"], true, "{page}");
+    assert_eq!(
+        page["wire"], false,
+        "the rehearsal has no wire form: {page}"
+    );
+    let (status, request) = get_text(
+        &client,
+        &base,
+        &key,
+        &format!("/sessions/{id}/steps/1/request"),
+    )
+    .await;
+    assert_eq!(status, 200, "{request}");
+    assert!(request.contains("population"), "{request}");
+    let (status, wire) = get_text(
+        &client,
+        &base,
+        &key,
+        &format!("/sessions/{id}/steps/1/wire"),
+    )
+    .await;
+    assert_eq!(status, 409, "{wire}");
+
+    // Replayed against the agent as served: as recorded.
+    let replay = client
+        .post(format!("{base}/sessions/{id}/replay"))
+        .bearer_auth(&key)
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(replay.status(), 200);
+    let report = replay.json::<serde_json::Value>().await.expect("json");
+    assert!(report["parted_at"].is_null(), "{report}");
+    assert_eq!(
+        report["steps"].as_array().map(Vec::len),
+        Some(3),
+        "{report}"
+    );
+    assert!(
+        report["steps"]
+            .as_array()
+            .expect("steps")
+            .iter()
+            .all(|s| s["answered_from"] == "recorded"),
+        "{report}"
+    );
+
+    // Saved as a test: the case file runs offline on the eval runner, and
+    // passes.
+    let (status, case) = get_text(&client, &base, &key, &format!("/sessions/{id}/case")).await;
+    assert_eq!(status, 200, "{case}");
+    let file = std::env::temp_dir().join(format!(
+        "markov-serve-case-{}-{id}.toml",
+        std::process::id()
+    ));
+    std::fs::write(&file, &case).expect("written");
+    let dataset = markov_eval::Dataset::load(&file);
+    let _ = std::fs::remove_file(&file);
+    let dataset = dataset.expect("the case file reads");
+    assert_eq!(dataset.cases.len(), 1, "{case}");
+    assert!(!dataset.cases[0].script.is_empty(), "{case}");
+    assert!(!dataset.cases[0].expect.is_empty(), "{case}");
+    let report = markov_eval::Runner::new(markov_cli::demo_eval_agent)
+        .model(markov_eval::ModelChoice::Scripted)
+        .run(&dataset)
+        .await
+        .expect("runs");
+    assert_eq!(
+        (report.summary.passed, report.summary.runs),
+        (1, 1),
+        "{}\n{case}",
+        report.table()
+    );
+    // A range of steps: the turn they belong to.
+    let (status, range) = get_text(
+        &client,
+        &base,
+        &key,
+        &format!("/sessions/{id}/case?from=2&to=3"),
+    )
+    .await;
+    assert_eq!(status, 200, "{range}");
+    assert!(range.contains(&format!("{id}-steps-2-3")), "{range}");
+    let (status, _) = get_text(
+        &client,
+        &base,
+        &key,
+        &format!("/sessions/{id}/case?from=7&to=9"),
+    )
+    .await;
+    assert_eq!(status, 404, "no such steps");
+    let (status, _) = get_text(
+        &client,
+        &base,
+        &key,
+        &format!("/sessions/{id}/case?from=3&to=1"),
+    )
+    .await;
+    assert_eq!(status, 400, "an empty range");
+    let (status, openapi) = get_text(&client, &base, &key, "/openapi.json").await;
+    assert_eq!(status, 200);
+    for path in ["/sessions/{id}/case", "/sessions/{id}/steps/{n}/wire"] {
+        assert!(openapi.contains(path), "{path} is documented");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steps_wire_body_is_what_the_provider_was_sent_without_its_key() {
+    const SECRET: &str = "sk-do-not-show-this-0123456789";
+    let model = small_llama_server().await;
+    let (_server, key, base) = started(
+        &["--context", "none"],
+        &[
+            ("OPENAI_BASE_URL", format!("{}/v1", model.base_url())),
+            ("OPENAI_API_KEY", SECRET.to_owned()),
+        ],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let id = new_session(&client, &base, &key).await;
+    let hi = say(&client, &base, &key, &id, "Hi").await;
+    assert!(hi.contains("Hello again!"), "{hi}");
+    let sent: Vec<_> = model
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .collect();
+    assert_eq!(sent.len(), 1, "one model call");
+    assert!(
+        sent[0].headers.iter().any(|(_, v)| v.contains(SECRET)),
+        "the key went in a header"
+    );
+
+    let (status, page) = get_text(&client, &base, &key, &format!("/sessions/{id}/steps")).await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("\"wire\":true"), "{page}");
+    let (status, wire) = get_text(
+        &client,
+        &base,
+        &key,
+        &format!("/sessions/{id}/steps/0/wire"),
+    )
+    .await;
+    assert_eq!(status, 200, "{wire}");
+    assert!(!wire.contains(SECRET), "no key in the wire body: {wire}");
+    let wire: serde_json::Value = serde_json::from_str(&wire).expect("json");
+    assert_eq!(wire["step"], 0);
+    assert_eq!(
+        wire["body"], sent[0].body,
+        "the body as the provider was sent it"
+    );
+}

@@ -149,6 +149,28 @@ async fn a_stored_run_exports_as_a_case_that_replays() {
         .await,
         ExitCode::SUCCESS
     );
+    // The first step's turn alone.
+    let range_file = dir.join("range.toml");
+    assert_eq!(
+        cli(&[
+            &"export",
+            &"--store",
+            &db,
+            &"--session",
+            &session,
+            &"--from",
+            &"0",
+            &"--to",
+            &"1",
+            &"--out",
+            &range_file
+        ])
+        .await,
+        ExitCode::SUCCESS
+    );
+    let range = Dataset::load(&range_file).expect("the export is a dataset");
+    assert_eq!(range.cases[0].id, format!("{session}-steps-0-1"));
+    assert_eq!(range.cases[0].input, exported.cases[0].input);
     // A session that is not there is an error, not a crash.
     assert_eq!(
         cli(&[&"export", &"--store", &db, &"--session", &"nope"]).await,

@@ -152,6 +152,18 @@ async fn a_range_of_recorded_steps_exports_as_a_case_that_replays_offline() {
         .expect("runs");
     assert_eq!(report.summary.passed, 1, "{}", report.table());
     assert_eq!(report.cases[0].runs[0].steps, 2);
+    // An open range ends at the last step, and its case says so; the
+    // case file of it is the one of those steps.
+    let open = markov_eval::export_dataset(store.as_ref() as &dyn Store, &id, Some(2..u64::MAX))
+        .await
+        .expect("exports");
+    assert_eq!(open.cases[0].id, "recorded-steps-2-4");
+    assert_eq!(open.cases[0].input, dataset.cases[0].input);
+    assert_eq!(open.cases[0].script, dataset.cases[0].script);
+    let whole = markov_eval::export_dataset(store.as_ref() as &dyn Store, &id, None)
+        .await
+        .expect("exports");
+    assert_eq!(whole.cases[0].input, ["What is 1 + 2?", "And 3 + 4?"]);
     // Steps that were not recorded are an error, not an empty case.
     let err = markov_eval::export_steps(store.as_ref() as &dyn Store, &id, 9..12)
         .await

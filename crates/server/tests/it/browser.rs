@@ -1634,6 +1634,7 @@ async fn a_developer_reads_a_200_step_session_as_a_timeline_opens_a_request_and_
     assert!(step.contains("wire_money"), "{step}");
     assert!(step.contains("REFUSED OR FAILED"), "{step}");
     assert!(step.contains("Unknown tool"), "{step}");
+    browser.screenshot("studio-refused-call.png").await;
     browser.click("#timeline > li[data-step='1'] summary").await;
     let step = browser
         .wait(
@@ -1684,6 +1685,11 @@ async fn a_developer_reads_a_200_step_session_as_a_timeline_opens_a_request_and_
         !log.contains("Paid 1."),
         "the fork stops before the later turns: {log}"
     );
+    let listed = browser.text("#sessions").await;
+    assert!(
+        listed.contains("Fork of pay 0 at step 1"),
+        "the fork is named for its source: {listed}"
+    );
     browser.screenshot("studio-fork.png").await;
     browser.close().await;
 }
@@ -1712,20 +1718,20 @@ async fn the_timeline_shows_a_paused_approval_and_the_steps_stored_after_it_appe
             "document.querySelectorAll('#timeline > li').length === 1",
         )
         .await;
-    assert!(
-        browser
-            .text("#timeline > li[data-step='0'] .reason")
-            .await
-            .contains("awaiting_approval")
-    );
-    assert!(
-        browser
-            .text("#timeline > li[data-step='0'] .gist")
-            .await
-            .contains("waits: pay(amount: 5)"),
-        "{}",
-        browser.text("#timeline > li[data-step='0'] summary").await
-    );
+    // Waited for rather than read at once: a line's text is there once the
+    // page has laid it out, which a loaded machine can take a frame to do.
+    browser
+        .wait(
+            "the paused step's reason",
+            "document.querySelector(\"#timeline > li[data-step='0'] .reason\").textContent === 'awaiting_approval'",
+        )
+        .await;
+    browser
+        .wait(
+            "the waiting call on the step's line",
+            "document.querySelector(\"#timeline > li[data-step='0'] .gist\").textContent.includes('waits: pay(amount: 5)')",
+        )
+        .await;
     browser.click("#timeline > li[data-step='0'] summary").await;
     let step = browser
         .wait(
@@ -1819,5 +1825,188 @@ async fn a_replay_against_changed_instructions_shows_where_the_runs_part_step_by
         "the step where the runs part is marked"
     );
     browser.screenshot("studio-replay-diff.png").await;
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_shows_its_calls_decision_and_wire_body_and_a_turn_is_saved_as_a_test() {
+    use markov_testkit::ScriptedModel;
+
+    let f = crate::studio_hooks::hooked(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 3}))
+            .text("Paid 3.")
+            .build(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "pay 3").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the steps",
+            "document.querySelectorAll('#timeline > li').length === 2 && !document.getElementById('save-case').hidden",
+        )
+        .await;
+    let save = browser
+        .run("return document.getElementById('save-case').getAttribute('href')")
+        .await;
+    assert_eq!(save, json!(format!("/sessions/{id}/case")));
+    browser.click("#timeline > li[data-step='0'] summary").await;
+    browser
+        .wait(
+            "the step's decision",
+            "document.querySelector(\"#timeline > li[data-step='0'] .decision\")",
+        )
+        .await;
+    browser.screenshot("studio-save-as-test.png").await;
+    let step = browser
+        .wait(
+            "the step's detail",
+            "document.querySelector(\"#timeline > li[data-step='0'] .body\").innerText",
+        )
+        .await;
+    let step = step.as_str().unwrap_or_default();
+    assert!(step.contains("POLICY DECISION"), "{step}");
+    let decision = browser
+        .text("#timeline > li[data-step='0'] .decision")
+        .await;
+    assert!(
+        decision.starts_with("Allowed: the tool ran") || decision == "Not recorded for this step",
+        "what the trace has, or that it has nothing: {decision}"
+    );
+    // The turn saved as a test: the exporter's file, for this step.
+    let href = browser
+        .run("return document.querySelector(\"#timeline > li[data-step='0'] .save-case\").getAttribute('href')")
+        .await;
+    assert_eq!(href, json!(format!("/sessions/{id}/case?from=0&to=1")));
+    browser
+        .run("fetch(document.querySelector(\"#timeline > li[data-step='0'] .save-case\").href).then((r) => r.text()).then((t) => { window.savedCase = t; })")
+        .await;
+    let saved = browser.wait("the saved case", "window.savedCase").await;
+    assert_eq!(saved, json!(format!("# case of {id}, steps Some(0..1)\n")));
+
+    // The request, then its wire body one click further, the key redacted.
+    browser
+        .click("#timeline > li[data-step='0'] .show-request")
+        .await;
+    browser
+        .wait(
+            "the wire body's toggle",
+            "document.querySelector(\"#timeline > li[data-step='0'] details.wire summary\")",
+        )
+        .await;
+    browser
+        .click("#timeline > li[data-step='0'] details.wire summary")
+        .await;
+    let wire = browser
+        .wait(
+            "the wire body",
+            "document.querySelector(\"#timeline > li[data-step='0'] details.wire pre\")?.innerText",
+        )
+        .await;
+    let wire = wire.as_str().unwrap_or_default();
+    assert!(wire.contains("vendor-model"), "{wire}");
+    assert!(wire.contains("<redacted>"), "{wire}");
+    assert!(!wire.contains("sk-secret-in-a-body"), "{wire}");
+    browser
+        .run("document.querySelector(\"#timeline > li[data-step='0'] details.wire\").scrollIntoView({block: 'end'})")
+        .await;
+    browser.screenshot("studio-wire-body.png").await;
+
+    // A request the provider cannot carry says so where the body would be.
+    browser.click("#timeline > li[data-step='1'] summary").await;
+    browser
+        .wait(
+            "the second step's actions",
+            "document.querySelector(\"#timeline > li[data-step='1'] .show-request\")",
+        )
+        .await;
+    browser
+        .click("#timeline > li[data-step='1'] .show-request")
+        .await;
+    browser
+        .wait(
+            "the second wire body's toggle",
+            "document.querySelector(\"#timeline > li[data-step='1'] details.wire summary\")",
+        )
+        .await;
+    browser
+        .click("#timeline > li[data-step='1'] details.wire summary")
+        .await;
+    let refused = browser
+        .wait(
+            "the refusal",
+            "document.querySelector(\"#timeline > li[data-step='1'] details.wire\").textContent.includes('Cannot show the wire body: the provider cannot encode')",
+        )
+        .await;
+    assert_eq!(refused, json!(true));
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_still_forks() {
+    use markov_charter::context::ContextPolicy;
+    use markov_testkit::ScriptedModel;
+
+    let agent = Agent::builder("payments")
+        .instructions("You pay bills.")
+        .context_policy(
+            ContextPolicy::builder()
+                .keep_last_turns(2)
+                .build()
+                .expect("a policy"),
+        )
+        .model(
+            ScriptedModel::builder()
+                .text("Hello.")
+                .text("Forked.")
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let f = crate::http::serve_agent(agent, Arc::default()).await;
+    let id = f.create().await;
+    f.say(&id, "hi").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the step",
+            "document.querySelectorAll('#timeline > li').length === 1",
+        )
+        .await;
+    browser.click("#timeline > li[data-step='0'] summary").await;
+    let note = browser
+        .wait(
+            "why the request is not shown",
+            "document.querySelector(\"#timeline > li[data-step='0'] .no-request\")?.textContent",
+        )
+        .await;
+    assert!(
+        note.as_str().unwrap_or_default().contains("context policy"),
+        "{note}"
+    );
+    assert_eq!(
+        browser
+            .count("#timeline > li[data-step='0'] .show-request")
+            .await,
+        0
+    );
+    browser.screenshot("studio-context-view.png").await;
+    browser.click("#timeline > li[data-step='0'] .fork").await;
+    browser
+        .wait(
+            "the fork's answer",
+            "!document.getElementById('chat').hidden && document.getElementById('log').innerText.includes('Forked.')",
+        )
+        .await;
     browser.close().await;
 }

@@ -7,4 +7,5 @@ mod http;
 mod restart;
 mod service;
 mod studio;
+mod studio_hooks;
 mod team;

@@ -44,6 +44,8 @@ const PROTECTED: &[(&str, &str)] = &[
     ("GET", "/sessions/x/steps/0/request"),
     ("POST", "/sessions/x/steps/0/fork"),
     ("POST", "/sessions/x/replay"),
+    ("GET", "/sessions/x/steps/0/wire"),
+    ("GET", "/sessions/x/case"),
     ("GET", "/openapi.json"),
     ("GET", "/metrics"),
 ];

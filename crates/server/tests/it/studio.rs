@@ -11,7 +11,7 @@ use crate::http::{Fixture, serve};
 
 /// A session of alice's with three turns (three steps), and a developer's
 /// key (dave's).
-async fn three_turns(model: ScriptedModel) -> (Fixture, String, String) {
+pub(crate) async fn three_turns(model: ScriptedModel) -> (Fixture, String, String) {
     let f = serve(model).await;
     let dave = create_api_key(&*f.store, "dave", &["developer".to_owned()])
         .await
@@ -24,7 +24,7 @@ async fn three_turns(model: ScriptedModel) -> (Fixture, String, String) {
     (f, id, dave)
 }
 
-fn script() -> ScriptedModel {
+pub(crate) fn script() -> ScriptedModel {
     ScriptedModel::builder()
         .text("Hello.")
         .text("Again.")
