@@ -93,6 +93,17 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
             replayed: false,
             model_ms: 1,
             tools_ms: 1,
+            tool_calls: vec![markov_policy::CallTrace {
+                call_id: markov_core::ids::ToolCallId::from("call_1"),
+                tool: "search".into(),
+                ms: 1,
+                outcome: markov_policy::CallOutcome::Ran {
+                    ok: true,
+                    error: None,
+                },
+                approval: None,
+                envelope: None,
+            }],
         }],
         approvals: Vec::new(),
         tree: None,

@@ -56,7 +56,7 @@ pub use ledger::{
 };
 pub use metadata::{Category, Mode, ToolMetadata};
 pub use repeat::{Repeat, RepeatCounts, RepeatRecord};
-pub use report::{AuditRecord, AuditSink, CallReport};
+pub use report::{AuditRecord, AuditSink, CallOutcome, CallReport, CallTrace, DecidedApproval};
 pub use search::{FoundScope, FoundTool, SEARCH_TOOLS, SearchIndex, ToolSearch};
 pub use service::{BoxToolService, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};

@@ -762,6 +762,20 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         Ok(request)
     }
 
+    /// [`decide`](Self::decide), naming who decided (a principal's id):
+    /// the request keeps it, and the trace of the step that goes on with
+    /// the call says it.
+    pub async fn decide_by(
+        &mut self,
+        id: &ApprovalId,
+        decision: Decision,
+        by: &str,
+    ) -> Result<ConfirmationRequest, DurableError> {
+        let request = self.machine.approvals().decide_by(id, decision, by)?;
+        self.persist().await?;
+        Ok(request)
+    }
+
     /// Resumes the step that waits for approval, once its calls are
     /// decided (see `Machine::resume`): the paused answers are replayed —
     /// no model call — the approved calls run once, every call's result is

@@ -22,4 +22,6 @@ mod sqlite;
 #[cfg(feature = "sqlite")]
 mod steps;
 #[cfg(feature = "sqlite")]
+mod studio;
+#[cfg(feature = "sqlite")]
 mod tool_search;

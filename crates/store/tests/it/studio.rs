@@ -1,0 +1,200 @@
+//! The studio's record: each step's tool calls with what the policy
+//! decided, on SQLite and Postgres.
+
+use std::sync::Arc;
+
+use crate::common::*;
+use markov_core::model::Model;
+use markov_executor::{StandardExecutor, YieldReason};
+use markov_policy::{
+    Budget, CallOutcome, CallTrace, Category, Decision, Mode, PolicyConfig, ToolMetadata,
+    ToolRegistry,
+};
+use markov_store::{DurableMachine, SessionId, SqliteStore, StepTrace, Store, WorkerId};
+use markov_testkit::ScriptedModel;
+use serde_json::json;
+
+/// `pay` needs approval; `note` may be called once per turn.
+fn guarded_executor(model: Arc<dyn Model>, dir: &Dir) -> StandardExecutor {
+    let budget = Budget::UNLIMITED.max_for(Category::Other, 1);
+    let registry = ToolRegistry::builder(PolicyConfig::new(budget))
+        .register(
+            Pay(dir.path("effects")),
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        )
+        .register(Note, ToolMetadata::new(Category::Other))
+        .lock()
+        .expect("the registry locks");
+    StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT)
+}
+
+fn guarded_agent(model: Arc<dyn Model>, dir: &Dir) -> markov_executor::Agent {
+    markov_executor::Agent::on_charter_with_executor(
+        charter().0,
+        Arc::new(guarded_executor(model, dir)),
+    )
+    .state(json!({"notes": 0}))
+    .build()
+    .expect("the agent builds")
+}
+
+/// The tool calls each step recorded, step by step.
+fn tool_calls(steps: &[StepTrace]) -> Vec<Vec<CallTrace>> {
+    steps
+        .iter()
+        .map(|s| s.calls.iter().flat_map(|c| c.tool_calls.clone()).collect())
+        .collect()
+}
+
+/// A turn whose first answer calls `note` twice (the second is over the
+/// budget) and whose second calls `pay`, which waits for approval and is
+/// then approved by `alice`: each step's trace says what the policy
+/// decided of each call.
+pub(crate) async fn decisions_contract<S: Store + 'static>(store: Arc<S>, dir: &Dir) {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[
+                ("note-1", "note", json!({})),
+                ("note-2", "note", json!({})),
+            ]))
+            .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
+            .text("Paid 3.")
+            .build(),
+    );
+    let id = SessionId::random();
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        guarded_agent(model, dir).machine(),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("note twice, then pay 3");
+    let paused = session.run().await.expect("runs");
+    assert_eq!(paused.yield_reason, YieldReason::AwaitingApproval);
+    let request = session.machine().approvals().pending()[0].clone();
+    session
+        .decide_by(&request.request_id, Decision::Approve, "alice")
+        .await
+        .expect("decided");
+    assert!(session.resume().await.expect("resumes").done);
+    assert_eq!(lines(&dir.path("effects")), 1, "pay ran once");
+
+    let steps = store.steps(&id, 0, 100).await.expect("steps read");
+    let traced = tool_calls(&steps);
+    assert_eq!(traced.len(), 4, "{traced:#?}");
+    // The first answer: one note ran, the second was over the budget.
+    let [ran, refused] = traced[0].as_slice() else {
+        panic!("two calls in the first step: {:#?}", traced[0]);
+    };
+    assert_eq!(
+        (ran.call_id.as_str(), ran.tool.as_str()),
+        ("note-1", "note")
+    );
+    assert_eq!(
+        ran.outcome,
+        CallOutcome::Ran {
+            ok: true,
+            error: None
+        }
+    );
+    assert_eq!(ran.envelope, None, "nothing kept of a call that ran");
+    assert_eq!(refused.call_id.as_str(), "note-2");
+    assert_eq!(
+        refused.outcome,
+        CallOutcome::Refused {
+            stage: "budget".into(),
+            error: Some("BUDGET_EXCEEDED".into())
+        }
+    );
+    let envelope = refused.envelope.as_deref().expect("the envelope is kept");
+    assert!(envelope.contains("BUDGET_EXCEEDED"), "{envelope}");
+    // The second answer waited for approval.
+    assert_eq!(steps[1].yield_reason, YieldReason::AwaitingApproval);
+    assert_eq!(
+        traced[1]
+            .iter()
+            .map(|c| (c.call_id.as_str(), c.outcome.clone()))
+            .collect::<Vec<_>>(),
+        [(
+            "pay-1",
+            CallOutcome::Awaiting {
+                request: request.request_id.clone()
+            }
+        )]
+    );
+    // Resumed: the approved call ran, and the trace says who approved it.
+    let [pay] = traced[2].as_slice() else {
+        panic!("one call in the resumed step: {:#?}", traced[2]);
+    };
+    assert!(pay.outcome.ran(), "{pay:?}");
+    let approval = pay.approval.as_ref().expect("the decision is recorded");
+    assert_eq!(approval.request, request.request_id);
+    assert_eq!(approval.decision, "approve");
+    assert_eq!(approval.by.as_deref(), Some("alice"));
+    assert!(traced[3].is_empty(), "the answer called nothing");
+    // As JSON, a page reads each call's decision by name.
+    let json = serde_json::to_value(&steps[0].calls[0].tool_calls).expect("serializes");
+    assert_eq!(json[1]["outcome"], "refused");
+    assert_eq!(json[1]["stage"], "budget");
+    let json = serde_json::to_value(pay).expect("serializes");
+    assert_eq!(json["approval"]["by"], "alice");
+}
+
+#[tokio::test]
+async fn each_steps_calls_record_what_the_policy_decided_on_sqlite() {
+    let dir = Dir::new("decisions-sqlite");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    decisions_contract(store, &dir).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_steps_calls_record_what_the_policy_decided_on_postgres() {
+    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("decisions-pg");
+    let store = Arc::new(
+        markov_store::PostgresStore::connect(&url)
+            .await
+            .expect("connects"),
+    );
+    decisions_contract(store, &dir).await;
+}
+
+#[tokio::test]
+async fn a_trace_written_before_calls_were_recorded_reads_back() {
+    let dir = Dir::new("decisions-old");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("note", json!({}))
+            .text("Noted.")
+            .build(),
+    );
+    let id = SessionId::random();
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        machine(model, &dir),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("note it");
+    session.run().await.expect("runs");
+    let step = store.steps(&id, 0, 1).await.expect("reads").remove(0);
+    assert_eq!(step.calls[0].tool_calls.len(), 1, "the call is recorded");
+    // The step as an earlier version wrote it: no calls' decisions.
+    let mut old = serde_json::to_value(&step).expect("serializes");
+    old["calls"][0]
+        .as_object_mut()
+        .expect("a call")
+        .remove("tool_calls");
+    let read: StepTrace = serde_json::from_value(old).expect("reads back");
+    assert!(read.calls[0].tool_calls.is_empty());
+    assert_eq!(read.calls[0].system, step.calls[0].system);
+}
