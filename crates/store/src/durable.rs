@@ -591,6 +591,25 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         // What was last written is what the step started from.
         trace.counters_before = self.counters.clone();
         trace.usage_before = self.usage;
+        trace.repeats_before.clone_from(&self.repeats);
+        // What it leaves for the next step (nothing, after most steps).
+        let policy = self.machine.policy_state();
+        trace.waiting = crate::Waiting {
+            approvals: policy
+                .approvals()
+                .snapshot()
+                .into_iter()
+                .filter(|r| {
+                    matches!(
+                        r.status,
+                        markov_policy::ApprovalStatus::Pending
+                            | markov_policy::ApprovalStatus::Approved
+                    )
+                })
+                .collect(),
+            answers: policy.answers().snapshot(),
+            ledger: policy.ledger().snapshot(),
+        };
         if before.is_some() {
             trace.tree_before = before;
             self.traced = true;

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use markov_core::{Message, Role};
+use markov_core::{InstanceId, Message, Role};
 use markov_executor::{Agent, FORMAT_VERSION, RunState, SerializedInstance, SerializedMachine};
 use markov_policy::PolicySnapshot;
 
@@ -23,12 +23,19 @@ pub struct ForkOptions {
 impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// Forks session `source` at its recorded step `step` into the new
     /// session `id`, over `agent`, leased to `holder`: the history, the
-    /// instance tree and the turn and budget counters as they were before
-    /// that step, and the step's input waiting to be run. Its next
-    /// [`run`](Self::run) sends the model the request the step sent, byte
-    /// for byte, when `agent` is the one the source ran on and nothing was
-    /// edited. The approvals waiting and the ledger of answered calls are
-    /// not carried over: the fork starts with none.
+    /// instance tree, the turn, budget and loop-guard counters and the
+    /// policy state the step before it left ([`StepTrace::waiting`]: open
+    /// confirmation requests, a paused answer and its answered calls in
+    /// the idempotency ledger) as they were before that step, and the
+    /// step's input waiting to be run. Its next [`run`](Self::run) sends
+    /// the model the request the step sent, byte for byte, when `agent` is
+    /// the one the source ran on and nothing was edited.
+    ///
+    /// A step that resumed an answer paused for approval is forked into a
+    /// session that waits for approval as the source did after the pause:
+    /// its requests pending (a decision made before the resume is not
+    /// carried: the fork is decided anew), the calls of the answer that ran
+    /// answered from the ledger when it is resumed, never run again.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when there is no such session or step, and
@@ -76,6 +83,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         let mut kept: Vec<Message> = history[..from].to_vec();
         // The input the step's run drained before its model call.
         let mut input: Vec<Message> = history[from..sent].to_vec();
+        let edited = options.edit_user.is_some();
         if let Some(text) = options.edit_user {
             let last = input
                 .iter_mut()
@@ -92,6 +100,34 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             }
         }
         let counters = trace.counters_before.clone();
+        let waiting = waiting_before(&steps[..at], step);
+        // A resumed paused answer: the fork waits where the source waited
+        // (unless the question is edited: then the model is asked again).
+        let resumes = call.replayed && !waiting.answers.is_empty() && !edited;
+        if resumes {
+            // The history the paused answer was given.
+            kept.append(&mut input);
+        }
+        let crate::Waiting {
+            mut approvals,
+            answers,
+            ledger,
+        } = waiting;
+        let (answers, ledger) = if resumes {
+            // Pending again: the fork is decided anew.
+            for record in &mut approvals {
+                if record.held.is_some() {
+                    record.status = markov_policy::ApprovalStatus::Pending;
+                    record.decision = None;
+                    record.decided_by = None;
+                }
+            }
+            (answers, ledger)
+        } else {
+            // No paused answer goes on: its calls' requests go with it.
+            approvals.retain(|r| r.held.is_none());
+            (Vec::new(), Vec::new())
+        };
         let snapshot = SerializedMachine {
             format_version: FORMAT_VERSION,
             instance: tree,
@@ -99,11 +135,11 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             policy: PolicySnapshot {
                 conversation: Some(id.as_str().to_owned()),
                 turn: counters.turn,
-                approvals: Vec::new(),
-                ledger: Vec::new(),
-                repeats: Vec::new(),
+                approvals,
+                ledger,
+                repeats: trace.repeats_before.clone(),
                 budgets: counters.budgets,
-                answers: Vec::new(),
+                answers,
                 found: counters.found,
             },
             usage: trace.usage_before,
@@ -121,10 +157,17 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 ttl,
             )
             .await?;
-        let run = if input.is_empty() {
+        let run = if resumes {
+            // Nothing runs until the fork's requests are decided and it is
+            // resumed.
+            None
+        } else if input.is_empty() {
             // A step inside a run: the run goes on from it, the leaf's turn
             // as it stood.
-            Some(continuing_run(&machine, call).map_err(|e| corrupt(e.to_string()))?)
+            Some(RunState::continuing(
+                machine.run_options().clone(),
+                [(InstanceId::new(call.instance.as_str()), call.turn)],
+            ))
         } else {
             machine.enqueue(input);
             None
@@ -155,18 +198,19 @@ fn tree_before(steps: &[StepTrace]) -> Option<SerializedInstance> {
     None
 }
 
-/// A run that has begun, its leaf's turn as `call` found it: the next step
-/// calls the model at once.
-fn continuing_run(
-    machine: &markov_executor::Machine,
-    call: &markov_executor::ModelCall,
-) -> Result<RunState, serde_json::Error> {
-    serde_json::from_value(serde_json::json!({
-        "options": machine.run_options(),
-        "started": true,
-        "steps": 0,
-        "pending": [],
-        "recovered": false,
-        "turns": { call.instance.clone(): call.turn },
-    }))
+/// The policy state the step before step `step` left, from the steps
+/// recorded before it (`earlier`): none when that step was the session's
+/// first, or its detail is no longer kept (said in the log).
+fn waiting_before(earlier: &[StepTrace], step: u64) -> crate::Waiting {
+    match earlier.last() {
+        Some(previous) if previous.index + 1 == step => previous.waiting.clone(),
+        _ if step == 0 => crate::Waiting::default(),
+        _ => {
+            tracing::warn!(
+                step,
+                "the step before the forked one is not recorded: the fork starts with no open requests and an empty ledger"
+            );
+            crate::Waiting::default()
+        }
+    }
 }

@@ -321,6 +321,39 @@ pub struct StepTrace {
     /// What the session and its user turn had used before the step.
     #[serde(default)]
     pub usage_before: UsageTotals,
+    /// The loop guard's counts of the user turn before the step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats_before: Vec<RepeatRecord>,
+    /// The conversation's policy state the step left for the steps after
+    /// it, when it left any: a fork at the next step starts from it.
+    #[serde(default, skip_serializing_if = "Waiting::is_empty")]
+    pub waiting: Waiting,
+}
+
+/// The policy state a step left for the steps after it ([`StepTrace::waiting`]):
+/// the confirmation requests still open, and — when the step paused for
+/// approval — its paused answer and the answered calls of that answer,
+/// which resuming it replays from the idempotency ledger. Empty after most
+/// steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Waiting {
+    /// The confirmation requests still open (pending, or approved and not
+    /// used yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalRecord>,
+    /// The paused answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answers: Vec<RecordedAnswer>,
+    /// The idempotency ledger: the calls of the paused answers that ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger: Vec<LedgerEntry>,
+}
+
+impl Waiting {
+    /// Whether the step left nothing waiting.
+    pub fn is_empty(&self) -> bool {
+        self.approvals.is_empty() && self.answers.is_empty() && self.ledger.is_empty()
+    }
 }
 
 impl StepTrace {
@@ -344,6 +377,8 @@ impl StepTrace {
             tree_before: None,
             counters_before: PolicyCounters::default(),
             usage_before: UsageTotals::default(),
+            repeats_before: Vec::new(),
+            waiting: Waiting::default(),
         }
     }
 

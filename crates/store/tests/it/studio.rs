@@ -198,3 +198,166 @@ async fn a_trace_written_before_calls_were_recorded_reads_back() {
     assert!(read.calls[0].tool_calls.is_empty());
     assert_eq!(read.calls[0].system, step.calls[0].system);
 }
+
+/// `pay` needs approval; `notify` (a side effect per execution, in
+/// `notices`) does not.
+fn notify_and_pay_agent(model: Arc<dyn Model>, dir: &Dir) -> markov_executor::Agent {
+    // Written first, so that `notify` never hangs.
+    std::fs::write(dir.path("marker"), "").expect("the marker");
+    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+        .register(
+            Pay(dir.path("effects")),
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        )
+        .register(
+            Notify {
+                effects: dir.path("notices"),
+                marker: dir.path("marker"),
+            },
+            ToolMetadata::new(Category::Other),
+        )
+        .lock()
+        .expect("the registry locks");
+    let executor = StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT);
+    markov_executor::Agent::on_charter_with_executor(charter().0, Arc::new(executor))
+        .state(json!({"notes": 0}))
+        .build()
+        .expect("the agent builds")
+}
+
+/// A session whose first answer notifies (runs at once) and pays (waits
+/// for approval); approved by `alice`, it is resumed: the notice is
+/// answered from the ledger, the payment runs. Forked at the resumed step,
+/// the fork waits for approval as the source did, and resuming it never
+/// notifies again.
+pub(crate) async fn fork_policy_contract<S: Store + 'static>(store: Arc<S>, dir: &Dir) {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[
+                ("notify-1", "notify", json!({"to": "ops"})),
+                ("pay-1", "pay", json!({"amount": 3})),
+            ]))
+            .text("Paid 3.")
+            .build(),
+    );
+    let id = SessionId::random();
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        notify_and_pay_agent(model, dir).machine(),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("tell ops, then pay 3");
+    let paused = session.run().await.expect("runs");
+    assert_eq!(paused.yield_reason, YieldReason::AwaitingApproval);
+    assert_eq!(lines(&dir.path("notices")), 1, "notified at once");
+    let request = session.machine().approvals().pending()[0].clone();
+    session
+        .decide_by(&request.request_id, Decision::Approve, "alice")
+        .await
+        .expect("decided");
+    assert!(session.resume().await.expect("resumes").done);
+    session.release().await.expect("released");
+    assert_eq!(lines(&dir.path("notices")), 1, "not notified again");
+    assert_eq!(lines(&dir.path("effects")), 1, "paid once");
+    let steps = store.steps(&id, 0, 10).await.expect("steps read");
+    assert!(
+        steps[1].calls[0].replayed,
+        "step 1 resumed the paused answer"
+    );
+    assert!(
+        !steps[0].waiting.answers.is_empty(),
+        "the pause is recorded"
+    );
+    assert!(
+        steps[1].waiting.is_empty(),
+        "nothing waits after the resume"
+    );
+
+    // Forked at the resumed step: it waits for approval, as the source did.
+    let fork_model = Arc::new(ScriptedModel::builder().text("Not paid.").build());
+    let fork_id = SessionId::random();
+    let mut fork = DurableMachine::fork(
+        store.clone(),
+        &id,
+        1,
+        fork_id.clone(),
+        WorkerId::new("developer"),
+        &notify_and_pay_agent(fork_model.clone(), dir),
+        markov_store::ForkOptions::default(),
+    )
+    .await
+    .expect("forks");
+    assert!(fork.machine().is_awaiting_approval());
+    let pending = fork.machine().approvals().pending();
+    assert_eq!(pending.len(), 1, "the request is pending in the fork");
+    assert_eq!(
+        (pending[0].tool.as_str(), &pending[0].args),
+        ("pay", &json!({"amount": 3}))
+    );
+    // Decided otherwise this time.
+    fork.decide_by(
+        &pending[0].request_id,
+        Decision::Deny { message: None },
+        "bob",
+    )
+    .await
+    .expect("decided in the fork");
+    let last = fork.resume().await.expect("the fork resumes");
+    assert!(last.done);
+    assert_eq!(
+        lines(&dir.path("notices")),
+        1,
+        "the call answered before the step is not run again in the fork"
+    );
+    assert_eq!(lines(&dir.path("effects")), 1, "the fork did not pay");
+    assert_eq!(fork_model.requests().len(), 1, "only the step after it");
+    let traced = tool_calls(&store.steps(&fork_id, 0, 10).await.expect("fork steps"));
+    let resumed = &traced[0];
+    assert_eq!(resumed.len(), 2, "{traced:#?}");
+    assert!(
+        matches!(resumed[0].outcome, CallOutcome::Ledger { ok: true, .. }),
+        "{:?}",
+        resumed[0]
+    );
+    assert_eq!(
+        resumed[1].outcome,
+        CallOutcome::Refused {
+            stage: "confirm".into(),
+            error: Some("CONFIRMATION_DENIED".into())
+        }
+    );
+    let approval = resumed[1].approval.as_ref().expect("the decision");
+    assert_eq!(
+        (approval.decision.as_str(), approval.by.as_deref()),
+        ("deny", Some("bob"))
+    );
+    // The source is as it was.
+    let source = store.load(&id).await.expect("loads");
+    assert!(source.snapshot.policy.answers.is_empty());
+}
+
+#[tokio::test]
+async fn a_fork_carries_the_ledger_and_the_pending_approvals_on_sqlite() {
+    let dir = Dir::new("fork-policy-sqlite");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    fork_policy_contract(store, &dir).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_carries_the_ledger_and_the_pending_approvals_on_postgres() {
+    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("fork-policy-pg");
+    let store = Arc::new(
+        markov_store::PostgresStore::connect(&url)
+            .await
+            .expect("connects"),
+    );
+    fork_policy_contract(store, &dir).await;
+}
