@@ -104,6 +104,7 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
                 },
                 approval: None,
                 envelope: None,
+                state: None,
             }],
         }],
         approvals: Vec::new(),

@@ -227,6 +227,10 @@ pub struct CallTrace {
     /// The error result the model read, when a stage refused the call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub envelope: Option<String>,
+    /// The state patch the call wrote (its patches merged), when it wrote
+    /// one: what a replay plays back instead of running the tool again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Value>,
 }
 
 /// One call, as audited.

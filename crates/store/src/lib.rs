@@ -74,7 +74,7 @@ pub use postgres::PostgresStore;
 pub use repair::RepairReport;
 pub use replay::{
     AnswerSource, ReplayMode, ReplayOptions, ReplayReport, StepDiff, StepSide, ToolCallReplay,
-    ToolCallSource, replay,
+    ToolCallSource, ToolEffect, replay,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Durability, SqliteStore};

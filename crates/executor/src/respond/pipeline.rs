@@ -336,8 +336,9 @@ pub(crate) async fn run_tool_calls_logged(
 
     for call in calls {
         let started = leaf.traces.map(|_| std::time::Instant::now());
-        // How the call was answered, for its trace.
+        // How the call was answered and the state it wrote, for its trace.
         let verdict: Option<Verdict>;
+        let mut wrote = None;
         // OpenTelemetry's GenAI conventions; `otel.name` is the span name an
         // OpenTelemetry exporter shows.
         let span = tracing::info_span!(
@@ -479,12 +480,13 @@ pub(crate) async fn run_tool_calls_logged(
                             &mut running_packs,
                             &mut pack_patches,
                         ));
-                        let (r, intents, awaiting, judged) = ran.instrument(span.clone()).await;
+                        let found = ran.instrument(span.clone()).await;
                         out.intents
-                            .extend(intents.into_iter().map(|i| (call.id.clone(), i)));
-                        out.awaiting.extend(awaiting);
-                        verdict = judged;
-                        (r, !is_pack)
+                            .extend(found.intents.into_iter().map(|i| (call.id.clone(), i)));
+                        out.awaiting.extend(found.awaiting);
+                        verdict = found.verdict;
+                        wrote = found.wrote;
+                        (found.result, !is_pack)
                     }
                 }
             }
@@ -503,7 +505,7 @@ pub(crate) async fn run_tool_calls_logged(
             )
         });
         if let (Some(traces), Some(started)) = (leaf.traces, started) {
-            traces.push(trace_of(call, &result, started, verdict));
+            traces.push(trace_of(call, &result, started, verdict, wrote));
         }
         log.push(record(&mut out, call, result, known));
     }
@@ -525,6 +527,7 @@ fn trace_of(
     result: &ToolExecutionResult,
     started: std::time::Instant,
     verdict: Option<Verdict>,
+    state: Option<Value>,
 ) -> markov_policy::CallTrace {
     let (outcome, approval) = verdict.unwrap_or((
         markov_policy::CallOutcome::Ran {
@@ -542,6 +545,7 @@ fn trace_of(
         outcome,
         approval,
         envelope,
+        state,
     }
 }
 
@@ -687,15 +691,11 @@ async fn run_found(
     state_patch: &mut Option<Value>,
     running_packs: &mut BTreeMap<String, Value>,
     pack_patches: &mut Vec<(String, Value)>,
-) -> (
-    ToolExecutionResult,
-    Vec<Value>,
-    Option<markov_policy::ConfirmationRequest>,
-    Option<Verdict>,
-) {
+) -> FoundRan {
     let intents;
     let awaiting;
     let verdict;
+    let mut wrote = None;
     let result = match found {
         Found::Node(tool, scope) => {
             let scoped = match scope {
@@ -711,6 +711,9 @@ async fn run_found(
             verdict = judged;
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
+                if leaf.traces.is_some() {
+                    wrote = Some(patch.clone());
+                }
                 // Updates made before a failure are kept, as upstream does.
                 *running_state = new_state;
                 accumulate_patch(state_patch, &patch);
@@ -737,6 +740,9 @@ async fn run_found(
             verdict = judged;
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
+                if leaf.traces.is_some() {
+                    wrote = Some(patch.clone());
+                }
                 running_packs.insert(pack.name().to_owned(), new_state);
                 match pack_patches.iter_mut().find(|(n, _)| n == pack.name()) {
                     Some((_, acc)) => {
@@ -760,7 +766,24 @@ async fn run_found(
             }
         }
     };
-    (result, intents, awaiting, verdict)
+    FoundRan {
+        result,
+        intents,
+        awaiting,
+        verdict,
+        wrote,
+    }
+}
+
+/// What [`run_found`] ran.
+struct FoundRan {
+    result: ToolExecutionResult,
+    intents: Vec<Value>,
+    awaiting: Option<markov_policy::ConfirmationRequest>,
+    /// How the call was answered, when the calls are traced.
+    verdict: Option<Verdict>,
+    /// The state patch the call wrote, when the calls are traced.
+    wrote: Option<Value>,
 }
 
 /// The error result of a call the loop guard refused.
@@ -865,9 +888,28 @@ async fn call_tool(
             .policies
             .as_ref()
             .and_then(|s| s.registry.metadata(call.name));
-        if let markov_policy::CallDecision::Answer { content, is_error } =
-            gate.decide(call.name, call.input, metadata)
+        let definition = tool.definition();
+        let delivery = metadata
+            .and_then(markov_policy::ToolMetadata::delivery)
+            .or(definition.delivery)
+            .or_else(|| {
+                let approval = metadata.is_some_and(|m| m.requires_confirmation())
+                    || definition.needs_approval;
+                approval.then_some(markov_core::tool::Delivery::AtMostOnce)
+            });
+        if let markov_policy::CallDecision::Answer {
+            content,
+            is_error,
+            state_updates,
+        } = gate.decide(call.name, call.input, metadata, delivery)
         {
+            for patch in state_updates {
+                // Refused now as then: the state is the one the recorded
+                // call wrote to, and its result already says so.
+                if let Err(error) = cx.state_access().update_state(patch) {
+                    tracing::debug!(%error, "a played-back state patch was refused");
+                }
+            }
             let result = if is_error {
                 ToolExecutionResult::error(call.id.clone(), content)
             } else {

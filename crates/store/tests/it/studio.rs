@@ -361,3 +361,159 @@ async fn a_fork_carries_the_ledger_and_the_pending_approvals_on_postgres() {
     );
     fork_policy_contract(store, &dir).await;
 }
+
+/// `notify` must never run twice (at most once, not an action); `note`
+/// writes state.
+fn at_most_once_agent(model: Arc<dyn Model>, dir: &Dir) -> markov_executor::Agent {
+    std::fs::write(dir.path("marker"), "").expect("the marker");
+    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+        .register(
+            Notify {
+                effects: dir.path("notices"),
+                marker: dir.path("marker"),
+            },
+            ToolMetadata::new(Category::Other)
+                .with_delivery(markov_core::tool::Delivery::AtMostOnce),
+        )
+        .register(Note, ToolMetadata::new(Category::Other))
+        .lock()
+        .expect("the registry locks");
+    let executor = StandardExecutor::shared(model).with_registry(Arc::new(registry), Mode::TEXT);
+    markov_executor::Agent::on_charter_with_executor(charter().0, Arc::new(executor))
+        .state(json!({"notes": 0}))
+        .build()
+        .expect("the agent builds")
+}
+
+/// Replays a session that notified ops and took a note, with `live`
+/// answering where the replay parts from the recording.
+async fn replay_notify(
+    name: &str,
+    live: ScriptedModel,
+    options: markov_store::ReplayOptions,
+) -> (markov_store::ReplayReport, Dir) {
+    let dir = Dir::new(name);
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .response(calls(&[
+                ("notify-1", "notify", json!({"to": "ops"})),
+                ("note-1", "note", json!({})),
+            ]))
+            .text("Done.")
+            .build(),
+    );
+    let id = SessionId::random();
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        WorkerId::new("w"),
+        at_most_once_agent(model, &dir).machine(),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("tell ops and note it");
+    assert!(session.run().await.expect("runs").done);
+    session.release().await.expect("released");
+    assert_eq!(lines(&dir.path("notices")), 1);
+    let replay_dir = Dir::new(&format!("{name}-effects"));
+    let report = markov_store::replay(
+        &*store,
+        &id,
+        Arc::new(live),
+        |model| at_most_once_agent(model, &replay_dir),
+        options,
+    )
+    .await
+    .expect("replays");
+    assert_eq!(report.error, None);
+    (report, replay_dir)
+}
+
+fn sources(
+    report: &markov_store::ReplayReport,
+) -> Vec<(
+    &str,
+    markov_store::ToolCallSource,
+    Option<markov_store::ToolEffect>,
+)> {
+    report
+        .tool_calls
+        .iter()
+        .map(|c| (c.tool.as_str(), c.answered_from, c.effect))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_replay_answers_at_most_once_and_state_writing_calls_from_the_recording() {
+    use markov_store::{ToolCallSource as Source, ToolEffect as Effect};
+    let (report, replay_dir) = replay_notify(
+        "replay-effects",
+        ScriptedModel::builder().build(),
+        markov_store::ReplayMode::RecordedWhereUnchanged.into(),
+    )
+    .await;
+    // The note's state was written again: the next request (whose system
+    // prompt shows the state) is the recorded one.
+    assert_eq!(report.parted_at, None, "{report:#?}");
+    assert_eq!(
+        sources(&report),
+        [
+            ("notify", Source::Recorded, Some(Effect::AtMostOnce)),
+            ("note", Source::Recorded, Some(Effect::WritesState)),
+        ]
+    );
+    assert_eq!(
+        lines(&replay_dir.path("notices")),
+        0,
+        "the at-most-once tool never ran again"
+    );
+    let json = serde_json::to_value(&report.tool_calls).expect("serializes");
+    assert_eq!(json[0]["effect"], "at_most_once");
+    assert_eq!(json[1]["effect"], "writes_state");
+}
+
+#[tokio::test]
+async fn a_replay_refuses_a_new_at_most_once_call_and_runs_a_new_state_write() {
+    use markov_store::{ToolCallSource as Source, ToolEffect as Effect};
+    // The live model notifies someone else, then takes two notes: the
+    // second one's only effect is the state it writes on the replay's own
+    // machine.
+    let live = || {
+        ScriptedModel::builder()
+            .response(calls(&[
+                ("notify-9", "notify", json!({"to": "legal"})),
+                ("note-9", "note", json!({})),
+                ("note-10", "note", json!({})),
+            ]))
+            .text("Done.")
+            .build()
+    };
+    let (report, replay_dir) = replay_notify(
+        "replay-effects-new",
+        live(),
+        markov_store::ReplayMode::Live.into(),
+    )
+    .await;
+    assert_eq!(
+        sources(&report),
+        [
+            ("notify", Source::Refused, Some(Effect::AtMostOnce)),
+            // The recorded note had the same arguments: played back.
+            ("note", Source::Recorded, Some(Effect::WritesState)),
+            // The recording has no second one: it runs.
+            ("note", Source::Live, None),
+        ]
+    );
+    assert_eq!(lines(&replay_dir.path("notices")), 0, "nobody notified");
+    let options = markov_store::ReplayOptions {
+        mode: markov_store::ReplayMode::Live,
+        run_tools_live: true,
+    };
+    let (report, replay_dir) = replay_notify("replay-effects-live", live(), options).await;
+    assert_eq!(
+        sources(&report)[0],
+        ("notify", Source::Live, Some(Effect::AtMostOnce))
+    );
+    assert_eq!(lines(&replay_dir.path("notices")), 1, "asked to: it ran");
+}
