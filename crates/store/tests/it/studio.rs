@@ -1,5 +1,7 @@
-//! The studio's record: each step's tool calls with what the policy
-//! decided, on SQLite and Postgres.
+//! The studio's record and its uses: each step's tool calls with what the
+//! policy decided, a fork carrying the policy state before its step, a
+//! replay that runs no recorded effect again, and no provider key or header
+//! in the database, on SQLite and Postgres.
 
 use std::sync::Arc;
 
@@ -516,4 +518,146 @@ async fn a_replay_refuses_a_new_at_most_once_call_and_runs_a_new_state_write() {
         ("notify", Source::Live, Some(Effect::AtMostOnce))
     );
     assert_eq!(lines(&replay_dir.path("notices")), 1, "asked to: it ran");
+}
+
+/// The provider key the secrets test signs in with.
+const PROVIDER_KEY: &str = "sk-ant-studio-7f3a9c41e2b8d605";
+
+/// Headers whose values are the client's or the connection's, no secret:
+/// the scan looks for every other header value the provider received.
+const PLAIN_HEADERS: [&str; 8] = [
+    "host",
+    "content-type",
+    "content-length",
+    "accept",
+    "accept-encoding",
+    "anthropic-version",
+    "user-agent",
+    "connection",
+];
+
+/// Runs a session (a tool call, then an answer) through an Anthropic
+/// client with a key against the fake provider, on `store`; returns the
+/// header values the provider received that are not [`PLAIN_HEADERS`]
+/// (the key among them).
+async fn session_through_a_provider<S: Store + 'static>(store: Arc<S>, dir: &Dir) -> Vec<String> {
+    use markov_testkit::http::{FakeServer, Reply, anthropic};
+    let server = FakeServer::scripted(vec![
+        Reply::json(200, anthropic::tool_use("toolu_1", "note", &json!({}))),
+        Reply::json(200, anthropic::text("Noted.")),
+    ])
+    .await;
+    let client = markov_providers::Anthropic::builder()
+        .api_key(PROVIDER_KEY)
+        .base_url(server.base_url())
+        .model("claude-test")
+        .max_retries(0)
+        .build()
+        .expect("a client");
+    let mut session = DurableMachine::create(
+        store,
+        SessionId::random(),
+        WorkerId::new("w"),
+        machine(Arc::new(client), dir),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("note it");
+    let last = session.run().await.expect("runs");
+    assert!(last.done);
+    session.release().await.expect("released");
+    let requests = server.requests();
+    assert_eq!(requests.len(), 2, "both answers came from the provider");
+    let secret: Vec<String> = requests
+        .iter()
+        .flat_map(|r| r.headers.iter())
+        .filter(|(name, _)| !PLAIN_HEADERS.contains(&name.as_str()))
+        .map(|(_, value)| value.clone())
+        .collect();
+    assert!(
+        secret.iter().any(|v| v.contains(PROVIDER_KEY)),
+        "the key was sent: {:?}",
+        requests[0].headers
+    );
+    secret
+}
+
+/// Fails when any of `secrets` occurs in `bytes` (what `place` holds).
+fn assert_none_in(bytes: &[u8], secrets: &[String], place: &str) {
+    for secret in secrets {
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "{place} holds a header value the provider received: {secret:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_provider_key_or_header_reaches_the_sqlite_file() {
+    let dir = Dir::new("secrets-sqlite");
+    let path = dir.path("sessions.db");
+    let store = Arc::new(SqliteStore::open(&path).expect("opens"));
+    let secrets = session_through_a_provider(store.clone(), &dir).await;
+    let steps = {
+        let id = &store.list(None).await.expect("lists")[0].id;
+        store.steps(id, 0, 10).await.expect("steps read")
+    };
+    assert_eq!(steps.len(), 2, "the steps were recorded");
+    let mut scanned = 0;
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let file = path.with_file_name(format!("sessions.db{suffix}"));
+        if let Ok(bytes) = std::fs::read(&file) {
+            scanned += bytes.len();
+            assert_none_in(&bytes, &secrets, &file.display().to_string());
+        }
+    }
+    assert!(scanned > 0, "the database files were read");
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_provider_key_or_header_reaches_the_postgres_database() {
+    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("secrets-pg");
+    let store = Arc::new(
+        markov_store::PostgresStore::connect(&url)
+            .await
+            .expect("connects"),
+    );
+    let secrets = session_through_a_provider(store, &dir).await;
+    // Every row of every table, each as the text of all its columns.
+    let (raw, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connects");
+    let connection = tokio::spawn(connection);
+    let tables: Vec<String> = raw
+        .query(
+            "SELECT table_name::text FROM information_schema.tables WHERE table_schema = 'public'",
+            &[],
+        )
+        .await
+        .expect("lists the tables")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(tables.iter().any(|t| t == "step_traces"), "{tables:?}");
+    let mut dump = String::new();
+    for table in &tables {
+        let text: String = raw
+            .query_one(
+                &format!("SELECT coalesce(string_agg(t::text, E'\\n'), '') FROM \"{table}\" t"),
+                &[],
+            )
+            .await
+            .expect("reads the table")
+            .get(0);
+        dump.push_str(&text);
+    }
+    assert!(dump.contains("Noted."), "the session is in the dump");
+    assert_none_in(dump.as_bytes(), &secrets, "the Postgres database");
+    drop(raw);
+    let _ = connection.await;
 }
