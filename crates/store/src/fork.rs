@@ -50,30 +50,33 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         agent: &Agent,
         options: ForkOptions,
     ) -> Result<Self, DurableError> {
-        let limit = usize::try_from(step.saturating_add(1)).unwrap_or(usize::MAX);
-        let steps = store.steps(source, 0, limit).await?;
+        // The step and the one before it: what a fork needs of the
+        // recording, however long the session (but the tree, below).
+        let window = store.steps(source, step.saturating_sub(1), 2).await?;
         let corrupt = |detail: String| StoreError::Corrupt {
             session: source.clone(),
             detail,
         };
-        let at = steps
+        let trace = window
             .iter()
-            .position(|s| s.index == step)
+            .find(|s| s.index == step)
             .ok_or_else(|| StoreError::NotFound(SessionId::new(format!("{source} step {step}"))))?;
-        let trace = &steps[at];
+        let previous = window.iter().find(|s| s.index.saturating_add(1) == step);
         let call = trace
             .calls
             .first()
             .ok_or_else(|| corrupt(format!("step {step} made no model call to fork at")))?;
-        let tree = tree_before(&steps[..=at]).ok_or_else(|| {
-            corrupt(format!(
-                "the tree step {step} started from was not recorded"
-            ))
-        })?;
-        let stored = store.load(source).await?;
+        let tree = tree_before(&*store, source, trace, previous)
+            .await?
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "the tree step {step} started from was not recorded"
+                ))
+            })?;
         let from = usize::try_from(trace.history_from).unwrap_or(usize::MAX);
         let sent = usize::try_from(call.history_len).unwrap_or(usize::MAX);
-        let history = &stored.snapshot.history;
+        // The history the step's request was sent, and no more.
+        let history = store.messages(source, 0, sent).await?;
         if sent > history.len() || from > sent {
             return Err(corrupt(format!(
                 "step {step} names history the session does not have"
@@ -100,7 +103,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             }
         }
         let counters = trace.counters_before.clone();
-        let waiting = waiting_before(&steps[..at], step);
+        let waiting = waiting_before(previous, step);
         // A resumed paused answer: the fork waits where the source waited
         // (unless the question is edited: then the model is asked again).
         let resumes = call.replayed && !waiting.answers.is_empty() && !edited;
@@ -180,30 +183,46 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     }
 }
 
-/// The tree the last of `steps` started from: the tree the latest step
-/// before it left, else the one the first recorded step started from.
-fn tree_before(steps: &[StepTrace]) -> Option<SerializedInstance> {
-    let (last, earlier) = steps.split_last()?;
-    if let Some(tree) = &last.tree_before {
-        return Some(tree.clone());
+/// How many steps a fork reads at a time, looking back for the tree its
+/// step started from.
+const TREE_PAGE: usize = 64;
+
+/// The tree `trace` started from: its own record of it, else the tree the
+/// latest step before it left (`previous` first, then earlier steps, read
+/// backwards a page at a time: as far back as the tree last changed), else
+/// the one the first recorded step started from.
+async fn tree_before<S: Store + ?Sized>(
+    store: &S,
+    source: &SessionId,
+    trace: &StepTrace,
+    previous: Option<&StepTrace>,
+) -> Result<Option<SerializedInstance>, StoreError> {
+    if let Some(tree) = &trace.tree_before {
+        return Ok(Some(tree.clone()));
     }
-    for step in earlier.iter().rev() {
-        if let Some(tree) = &step.tree {
-            return Some(tree.clone());
-        }
-        if let Some(tree) = &step.tree_before {
-            return Some(tree.clone());
-        }
+    let left = |step: &StepTrace| step.tree.clone().or_else(|| step.tree_before.clone());
+    if let Some(tree) = previous.and_then(left) {
+        return Ok(Some(tree));
     }
-    None
+    // Steps before `end` not looked at yet.
+    let mut end = previous.map_or(trace.index, |p| p.index);
+    while end > 0 {
+        let start = end.saturating_sub(TREE_PAGE as u64);
+        let page = store.steps(source, start, TREE_PAGE).await?;
+        if let Some(tree) = page.iter().rev().filter(|s| s.index < end).find_map(left) {
+            return Ok(Some(tree));
+        }
+        end = start;
+    }
+    Ok(None)
 }
 
-/// The policy state the step before step `step` left, from the steps
-/// recorded before it (`earlier`): none when that step was the session's
-/// first, or its detail is no longer kept (said in the log).
-fn waiting_before(earlier: &[StepTrace], step: u64) -> crate::Waiting {
-    match earlier.last() {
-        Some(previous) if previous.index + 1 == step => previous.waiting.clone(),
+/// The policy state the step before step `step` (`previous`, when it is
+/// recorded) left: none when step `step` was the session's first, or the
+/// one before it is no longer kept (said in the log).
+fn waiting_before(previous: Option<&StepTrace>, step: u64) -> crate::Waiting {
+    match previous {
+        Some(previous) => previous.waiting.clone(),
         _ if step == 0 => crate::Waiting::default(),
         _ => {
             tracing::warn!(

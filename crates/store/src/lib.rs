@@ -505,6 +505,19 @@ pub trait Store: Send + Sync + fmt::Debug {
         limit: usize,
     ) -> Result<Vec<StepTrace>, StoreError>;
 
+    /// Up to `limit` messages of session `id`'s history, from message
+    /// `from` on, in order (an empty list past the last): the messages of
+    /// a page of steps (from the first one's
+    /// [`history_from`](StepTrace::history_from) to the last one's
+    /// [`history_to`](StepTrace::history_to)) without reading the rest of a
+    /// long history.
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Message>, StoreError>;
+
     /// Drops the recorded step detail `retention` does not keep (the
     /// sessions themselves stay whole) and returns how many steps were
     /// dropped. Call it now and then (a service's housekeeping).

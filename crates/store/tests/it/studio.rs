@@ -661,3 +661,154 @@ async fn no_provider_key_or_header_reaches_the_postgres_database() {
     drop(raw);
     let _ = connection.await;
 }
+
+/// A session of `recorded + 2` steps on `store`: a real turn (two steps),
+/// then `recorded` steps appended as copies of its second step, each
+/// adding one user message `m<n>`.
+async fn long_session<S: Store + 'static>(store: Arc<S>, dir: &Dir, recorded: u64) -> SessionId {
+    let model = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("note", json!({}))
+            .text("Noted.")
+            .build(),
+    );
+    let id = SessionId::random();
+    let holder = WorkerId::new("w");
+    let mut session = DurableMachine::create(
+        store.clone(),
+        id.clone(),
+        holder.clone(),
+        machine(model, dir),
+    )
+    .await
+    .expect("created");
+    session.machine().enqueue_user("note it");
+    session.run().await.expect("runs");
+    session.release().await.expect("released");
+    store
+        .acquire(&id, &holder, std::time::Duration::from_secs(600))
+        .await
+        .expect("leased");
+    let template = store.steps(&id, 1, 1).await.expect("reads").remove(0);
+    let base = template.history_to;
+    for n in 0..recorded {
+        let messages = [markov_core::Message::user(format!("m{n}"))];
+        let mut trace = template.clone();
+        trace.history_from = base + n;
+        trace.history_to = base + n + 1;
+        trace.calls[0].history_len = base + n;
+        store
+            .append(
+                &id,
+                &holder,
+                markov_store::StepRecord {
+                    messages: &messages,
+                    tree: None,
+                    approvals: None,
+                    repeats: None,
+                    counters: None,
+                    answers: &[],
+                    run: None,
+                    usage: None,
+                    trace: Some(&trace),
+                },
+            )
+            .await
+            .expect("appended");
+    }
+    store.release(&id, &holder).await.expect("released");
+    id
+}
+
+/// The last page of a session of a few thousand steps: its steps and the
+/// messages they added are read by range, and a fork at its last step
+/// finds the tree it started from, recorded thousands of steps before.
+pub(crate) async fn last_page_contract<S: Store + 'static>(store: Arc<S>, dir: &Dir) {
+    const RECORDED: u64 = 2_000;
+    let id = long_session(store.clone(), dir, RECORDED).await;
+    let total = RECORDED + 2;
+    let page = store
+        .steps(&id, total - 50, 50)
+        .await
+        .expect("the last page");
+    assert_eq!(
+        page.iter().map(|s| s.index).collect::<Vec<_>>(),
+        (total - 50..total).collect::<Vec<_>>()
+    );
+    assert!(
+        store
+            .steps(&id, total, 50)
+            .await
+            .expect("past the end")
+            .is_empty()
+    );
+    let (first, last) = (&page[0], &page[49]);
+    let count = usize::try_from(last.history_to - first.history_from).expect("small");
+    let messages = store
+        .messages(&id, first.history_from, count)
+        .await
+        .expect("the page's messages");
+    let texts: Vec<String> = messages.iter().map(markov_core::Message::text).collect();
+    let expected: Vec<String> = (RECORDED - 50..RECORDED).map(|n| format!("m{n}")).collect();
+    assert_eq!(texts, expected, "the messages the page's steps added");
+    assert!(
+        store
+            .messages(&id, last.history_to, 10)
+            .await
+            .expect("past the end")
+            .is_empty()
+    );
+    assert!(matches!(
+        store.messages(&SessionId::new("none"), 0, 1).await,
+        Err(markov_store::StoreError::NotFound(_))
+    ));
+    // A fork at the last step: its history is the session's before it.
+    let fork = DurableMachine::fork(
+        store.clone(),
+        &id,
+        total - 1,
+        SessionId::random(),
+        WorkerId::new("developer"),
+        &agent_on(
+            &charter().0,
+            Arc::new(executor(
+                Arc::new(ScriptedModel::builder().text("Fine.").build()),
+                dir.path("effects"),
+                dir.path("marker"),
+            )),
+        ),
+        markov_store::ForkOptions::default(),
+    )
+    .await
+    .expect("forks at the last step");
+    assert_eq!(fork.machine().history().len() as u64, last.history_from);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_page_of_a_long_session_is_read_by_range_on_sqlite() {
+    let dir = Dir::new("last-page-sqlite");
+    let store = Arc::new(
+        SqliteStore::open_with(
+            dir.path("sessions.db"),
+            markov_store::Durability::ProcessCrash,
+        )
+        .expect("opens"),
+    );
+    last_page_contract(store, &dir).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_page_of_a_long_session_is_read_by_range_on_postgres() {
+    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("last-page-pg");
+    let store = Arc::new(
+        markov_store::PostgresStore::connect(&url)
+            .await
+            .expect("connects"),
+    );
+    last_page_contract(store, &dir).await;
+}
