@@ -259,6 +259,19 @@ impl ApprovalRecord {
     }
 }
 
+/// The application's decision a paused call went on with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecidedApproval {
+    /// The confirmation request.
+    pub request: ApprovalId,
+    /// The decision's name (`"approve"`, `"edit"`, `"deny"`, `"respond"`).
+    pub decision: String,
+    /// Who decided, when the decision named its decider
+    /// ([`Approvals::decide_by`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
 /// Why the application's decision on a request was refused. A refused
 /// decision changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -524,11 +537,11 @@ impl Approvals {
 
     /// The decision the paused call `key` of `tool` was decided with, if
     /// it was.
-    pub(crate) fn decided(&self, key: &str, tool: &str) -> Option<crate::DecidedApproval> {
+    pub(crate) fn decided(&self, key: &str, tool: &str) -> Option<DecidedApproval> {
         self.read().values().find_map(|(r, _)| {
             let held = r.held.as_ref()?;
             let decision = r.decision.as_ref()?;
-            (held.key == key && r.request.tool == tool).then(|| crate::DecidedApproval {
+            (held.key == key && r.request.tool == tool).then(|| DecidedApproval {
                 request: r.request.request_id.clone(),
                 decision: decision.as_str().to_owned(),
                 by: r.decided_by.clone(),

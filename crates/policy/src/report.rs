@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use serde::{Deserialize, Serialize};
 
-use crate::approvals::{ApprovalId, ConfirmationRequest};
+use crate::approvals::{ApprovalId, ConfirmationRequest, DecidedApproval};
 use crate::kind::ToolErrorKind;
 use crate::metadata::{Category, Mode};
 
@@ -193,19 +193,6 @@ impl CallOutcome {
     pub fn ran(&self) -> bool {
         matches!(self, CallOutcome::Ran { .. })
     }
-}
-
-/// The application's decision a paused call went on with.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DecidedApproval {
-    /// The confirmation request.
-    pub request: ApprovalId,
-    /// The decision's name (`"approve"`, `"edit"`, `"deny"`, `"respond"`).
-    pub decision: String,
-    /// Who decided, when the decision named its decider
-    /// ([`Approvals::decide_by`](crate::Approvals::decide_by)).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub by: Option<String>,
 }
 
 /// One tool call of a step, as its trace records it: which call, how long

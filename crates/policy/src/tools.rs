@@ -160,7 +160,7 @@ pub struct Executed {
     /// How the stages answered it (for a step's trace).
     pub outcome: crate::report::CallOutcome,
     /// The application's decision it went on with, if it needed one.
-    pub approval: Option<crate::report::DecidedApproval>,
+    pub approval: Option<crate::approvals::DecidedApproval>,
 }
 
 /// The registry of a machine that has none: no tools, no policies but the
