@@ -115,7 +115,38 @@ impl CallReport {
 
     /// How the call was answered, for a result that `is_error` or not.
     pub fn outcome(&self, is_error: bool) -> CallOutcome {
-        let inner = self.lock();
+        self.lock().outcome(is_error)
+    }
+
+    /// Everything the report holds, taken apart without a lock (the call
+    /// is over): the error kind, the intents, the request the call waits
+    /// for, how it was answered (for a result that `is_error` or not) and
+    /// the decision it went on with.
+    pub(crate) fn into_parts(self, is_error: bool) -> ReportParts {
+        let inner = self.inner.into_inner().unwrap_or_else(|p| p.into_inner());
+        let outcome = inner.outcome(is_error);
+        ReportParts {
+            error: inner.error,
+            intents: inner.intents,
+            awaiting: inner.awaiting,
+            outcome,
+            approval: inner.approval,
+        }
+    }
+}
+
+/// A finished call's report, taken apart ([`CallReport::into_parts`]).
+pub(crate) struct ReportParts {
+    pub(crate) error: Option<ToolErrorKind>,
+    pub(crate) intents: Vec<Value>,
+    pub(crate) awaiting: Option<ConfirmationRequest>,
+    pub(crate) outcome: CallOutcome,
+    pub(crate) approval: Option<DecidedApproval>,
+}
+
+impl ReportInner {
+    fn outcome(&self, is_error: bool) -> CallOutcome {
+        let inner = self;
         // Names, not copies: a machine that records nothing pays no
         // allocation for them.
         let error = inner.error.map(|kind| Cow::Borrowed(kind.as_str()));

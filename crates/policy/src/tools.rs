@@ -448,12 +448,13 @@ impl<'a> RegistrySession<'a> {
                 self.registry.config.tool_search.scope,
             );
         }
+        let parts = report.into_parts(result.is_error);
         Executed {
-            error: report.error_kind(),
-            intents: report.take_intents(),
-            awaiting: report.awaiting(),
-            outcome: report.outcome(result.is_error),
-            approval: report.approval(),
+            error: parts.error,
+            intents: parts.intents,
+            awaiting: parts.awaiting,
+            outcome: parts.outcome,
+            approval: parts.approval,
             result,
         }
     }
