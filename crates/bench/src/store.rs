@@ -58,7 +58,8 @@ pub(crate) static TRACED: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 
 /// A step's trace as a durable machine records it: one model call with a
 /// 2 KB system prompt and three tools (kept once by content hash), the
-/// history range, usage and latency.
+/// policy's decision on its one tool call, the history range, usage and
+/// latency.
 fn step_trace(history: u64) -> markov_store::StepTrace {
     let tool = |name: &str| markov_core::tool::ToolDefinition {
         name: markov_core::ToolName::new(name).expect("a valid tool name"),
@@ -93,6 +94,18 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
             replayed: false,
             model_ms: 1,
             tools_ms: 1,
+            tool_calls: vec![markov_policy::CallTrace {
+                call_id: markov_core::ids::ToolCallId::from("call_1"),
+                tool: "search".into(),
+                ms: 1,
+                outcome: markov_policy::CallOutcome::Ran {
+                    ok: true,
+                    error: None,
+                },
+                approval: None,
+                envelope: None,
+                state: None,
+            }],
         }],
         approvals: Vec::new(),
         tree: None,
@@ -100,6 +113,8 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
         counters_before: markov_policy::PolicyCounters::default(),
         usage_before: markov_context::UsageTotals::default(),
         sub_agents: Vec::new(),
+        repeats_before: Vec::new(),
+        waiting: markov_store::Waiting::default(),
     }
 }
 

@@ -241,6 +241,11 @@ pub struct ModelCall {
     pub model_ms: u64,
     /// Milliseconds the tools took, from the answer to the step's end.
     pub tools_ms: u64,
+    /// The answer's tool calls, in order: each one's time and what the
+    /// policy decided (ran, refused, waited for approval, answered from
+    /// the ledger). Empty for an answer without calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<markov_policy::CallTrace>,
 }
 
 impl ModelCall {

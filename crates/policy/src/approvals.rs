@@ -246,6 +246,10 @@ pub struct ApprovalRecord {
     /// The paused call it holds (the pause flow only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<HeldCall>,
+    /// Who decided, when the decision named its decider
+    /// ([`Approvals::decide_by`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
 }
 
 impl ApprovalRecord {
@@ -253,6 +257,19 @@ impl ApprovalRecord {
     pub(crate) fn open(&self, now_ms: u64) -> bool {
         self.status == ApprovalStatus::Pending && now_ms < self.request.expires
     }
+}
+
+/// The application's decision a paused call went on with.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecidedApproval {
+    /// The confirmation request.
+    pub request: ApprovalId,
+    /// The decision's name (`"approve"`, `"edit"`, `"deny"`, `"respond"`).
+    pub decision: String,
+    /// Who decided, when the decision named its decider
+    /// ([`Approvals::decide_by`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// Why the application's decision on a request was refused. A refused
@@ -449,11 +466,33 @@ impl Approvals {
         self.decide_at(id, decision, SystemTime::now())
     }
 
+    /// [`decide`](Self::decide), naming who decided (a principal's id): the
+    /// request keeps it ([`ApprovalRecord::decided_by`]), and the trace of
+    /// the step that goes on with the call says it.
+    pub fn decide_by(
+        &self,
+        id: &ApprovalId,
+        decision: Decision,
+        by: &str,
+    ) -> Result<ConfirmationRequest, ApprovalError> {
+        self.decide_inner(id, decision, Some(by), SystemTime::now())
+    }
+
     /// [`decide`](Self::decide) at `now`.
     pub fn decide_at(
         &self,
         id: &ApprovalId,
         decision: Decision,
+        now: SystemTime,
+    ) -> Result<ConfirmationRequest, ApprovalError> {
+        self.decide_inner(id, decision, None, now)
+    }
+
+    fn decide_inner(
+        &self,
+        id: &ApprovalId,
+        decision: Decision,
+        by: Option<&str>,
         now: SystemTime,
     ) -> Result<ConfirmationRequest, ApprovalError> {
         let mut records = self.lock();
@@ -492,7 +531,22 @@ impl Approvals {
         }
         record.status = decision.status();
         record.decision = Some(decision);
+        record.decided_by = by.map(str::to_owned);
         Ok(record.request.clone())
+    }
+
+    /// The decision the paused call `key` of `tool` was decided with, if
+    /// it was.
+    pub(crate) fn decided(&self, key: &str, tool: &str) -> Option<DecidedApproval> {
+        self.read().values().find_map(|(r, _)| {
+            let held = r.held.as_ref()?;
+            let decision = r.decision.as_ref()?;
+            (held.key == key && r.request.tool == tool).then(|| DecidedApproval {
+                request: r.request.request_id.clone(),
+                decision: decision.as_str().to_owned(),
+                by: r.decided_by.clone(),
+            })
+        })
     }
 
     /// The requests worth keeping, for a snapshot: the ones that have not
@@ -657,6 +711,7 @@ pub(crate) fn issue(
             status: ApprovalStatus::Pending,
             decision: None,
             held,
+            decided_by: None,
         },
         now_ms,
     );

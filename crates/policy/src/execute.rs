@@ -130,6 +130,7 @@ fn split_intents(outcome: ToolOutcome) -> (ToolOutcome, Vec<Value>) {
 impl ToolService for ExecuteService {
     async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         let Some(tool) = req.tool else {
+            req.report.set_stage("execute");
             let result = match self.errors {
                 ErrorFormat::Envelope => Rejection::new(ToolErrorKind::NotFound)
                     .with_detail(req.name)
@@ -172,6 +173,7 @@ impl ToolService for ExecuteService {
             origin,
             ..
         } = ToolRequest { cx, ..req };
+        report.set_ran();
         // A panic is the tool's failure, not the conversation's: it is
         // answered like any other, so audit and the ledger see it too.
         let outcome = std::panic::AssertUnwindSafe(tool.call_json(&input, cx))

@@ -71,7 +71,10 @@ impl<S: ToolService, G: Gate> ToolService for Gated<S, G> {
     async fn call(&self, req: ToolRequest<'_>) -> ToolExecutionResult {
         match self.gate.check(&req, req.turn) {
             Ok(()) => self.inner.call(req).await,
-            Err(rejection) => rejection.respond(&req),
+            Err(rejection) => {
+                req.report.set_stage(G::NAME);
+                rejection.respond(&req)
+            }
         }
     }
 

@@ -207,9 +207,11 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         req.report.set_error(kind);
                     }
                     req.report.set_intents(entry.intents);
+                    req.report.set_replayed();
                     return entry.result.to_result(req.call_id);
                 }
                 Begin::Conflict => {
+                    req.report.set_stage("idempotency");
                     return Rejection::new(ToolErrorKind::IdempotencyConflict)
                         .with_detail(format!(
                             "the call id {} was already used by a call with another tool or other arguments; it was not run",
@@ -232,6 +234,7 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         && let Err(reason) = journal.check()
                     {
                         drop(claim);
+                        req.report.set_stage("idempotency");
                         return Rejection::new(ToolErrorKind::ExecutionFailed)
                             .with_detail(format!("not run: {reason}"))
                             .respond(&req);
@@ -246,6 +249,7 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                         {
                             tracing::error!(key = %key, %error, "the start of an at-most-once call could not be journaled: it does not run");
                             drop(claim);
+                            req.report.set_stage("idempotency");
                             return Rejection::new(ToolErrorKind::ExecutionFailed)
                                 .with_detail(
                                     "not run: its start could not be recorded, and this tool must never run twice",

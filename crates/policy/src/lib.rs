@@ -40,8 +40,8 @@ pub mod validate;
 pub use answers::{PendingAnswers, RecordedAnswer};
 pub use approvals::{
     ApprovalError, ApprovalFlow, ApprovalId, ApprovalRecord, ApprovalStatus, Approvals,
-    CONFIRMATION_TOKEN, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL, Decision, HeldCall,
-    HeldCheck,
+    CONFIRMATION_TOKEN, ConfirmationRequest, DEFAULT_CONFIRMATION_TTL, DecidedApproval, Decision,
+    HeldCall, HeldCheck,
 };
 pub use audit::AuditLayer;
 pub use config::PolicyConfig;
@@ -58,7 +58,10 @@ pub use ledger::{
 pub use metadata::{Category, Mode, ToolMetadata};
 pub use records::CallRecords;
 pub use repeat::{Repeat, RepeatCounts, RepeatRecord};
-pub use report::{AuditRecord, AuditSink, CallReport, GuardAction, GuardPoint, GuardRecord};
+pub use report::{
+    AuditRecord, AuditSink, CallOutcome, CallReport, CallTrace, GuardAction, GuardPoint,
+    GuardRecord,
+};
 pub use search::{FoundScope, FoundTool, SEARCH_TOOLS, SearchIndex, ToolSearch};
 pub use service::{BoxToolService, ToolLayer, ToolOrigin, ToolRequest, ToolService};
 pub use stack::{Either, Identity, OptionLayer, PolicyStack, Stack, StandardLayers};

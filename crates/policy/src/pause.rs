@@ -47,6 +47,13 @@ pub(crate) async fn call<S: ToolService>(
         SystemTime::now(),
     );
     let refuse = |req: &ToolRequest<'_>, kind, detail| refuse(req, errors, kind, detail);
+    if matches!(
+        check,
+        HeldCheck::Run(_) | HeldCheck::Denied(_) | HeldCheck::Answered(_)
+    ) && let Some(approval) = req.policy.approvals().decided(&key, req.name)
+    {
+        req.report.set_approval(approval);
+    }
     match check {
         HeldCheck::Run(edited) => {
             if let Some(args) = edited {
@@ -90,6 +97,7 @@ fn refuse(
     kind: ToolErrorKind,
     detail: Option<String>,
 ) -> ToolExecutionResult {
+    req.report.set_stage("confirm");
     let mut rejection = Rejection::new(kind);
     if let Some(detail) = detail {
         rejection = rejection.with_detail(detail);

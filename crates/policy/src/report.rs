@@ -2,6 +2,7 @@
 //! the stages and read by audit and the caller, and [`AuditRecord`], what
 //! the audit stage hands an [`AuditSink`].
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -9,7 +10,9 @@ use std::time::Duration;
 use markov_core::ids::ToolCallId;
 use serde_json::Value;
 
-use crate::approvals::ConfirmationRequest;
+use serde::{Deserialize, Serialize};
+
+use crate::approvals::{ApprovalId, ConfirmationRequest, DecidedApproval};
 use crate::kind::ToolErrorKind;
 use crate::metadata::{Category, Mode};
 
@@ -27,6 +30,14 @@ struct ReportInner {
     error: Option<ToolErrorKind>,
     intents: Vec<Value>,
     awaiting: Option<ConfirmationRequest>,
+    /// The stage that answered the call without running its tool.
+    stage: Option<&'static str>,
+    /// Whether the tool was started.
+    ran: bool,
+    /// Whether the idempotency ledger answered the call.
+    replayed: bool,
+    /// The application's decision the call went on with.
+    approval: Option<DecidedApproval>,
 }
 
 impl CallReport {
@@ -74,6 +85,170 @@ impl CallReport {
     pub fn awaiting(&self) -> Option<ConfirmationRequest> {
         self.lock().awaiting.clone()
     }
+
+    /// Records that the stage `stage` answered the call without running
+    /// its tool (a refusal, mostly).
+    pub fn set_stage(&self, stage: &'static str) {
+        self.lock().stage.get_or_insert(stage);
+    }
+
+    /// Records that the tool was started.
+    pub fn set_ran(&self) {
+        self.lock().ran = true;
+    }
+
+    /// Records that the idempotency ledger answered the call: it had run
+    /// (or started) before, and its tool did not run again.
+    pub fn set_replayed(&self) {
+        self.lock().replayed = true;
+    }
+
+    /// Records the application's decision the call went on with.
+    pub fn set_approval(&self, approval: DecidedApproval) {
+        self.lock().approval = Some(approval);
+    }
+
+    /// The application's decision the call went on with, if it needed one.
+    pub fn approval(&self) -> Option<DecidedApproval> {
+        self.lock().approval.clone()
+    }
+
+    /// How the call was answered, for a result that `is_error` or not.
+    pub fn outcome(&self, is_error: bool) -> CallOutcome {
+        self.lock().outcome(is_error)
+    }
+
+    /// Everything the report holds, taken apart without a lock (the call
+    /// is over): the error kind, the intents, the request the call waits
+    /// for, how it was answered (for a result that `is_error` or not) and
+    /// the decision it went on with.
+    pub(crate) fn into_parts(self, is_error: bool) -> ReportParts {
+        let inner = self.inner.into_inner().unwrap_or_else(|p| p.into_inner());
+        let outcome = inner.outcome(is_error);
+        ReportParts {
+            error: inner.error,
+            intents: inner.intents,
+            awaiting: inner.awaiting,
+            outcome,
+            approval: inner.approval,
+        }
+    }
+}
+
+/// A finished call's report, taken apart ([`CallReport::into_parts`]).
+pub(crate) struct ReportParts {
+    pub(crate) error: Option<ToolErrorKind>,
+    pub(crate) intents: Vec<Value>,
+    pub(crate) awaiting: Option<ConfirmationRequest>,
+    pub(crate) outcome: CallOutcome,
+    pub(crate) approval: Option<DecidedApproval>,
+}
+
+impl ReportInner {
+    fn outcome(&self, is_error: bool) -> CallOutcome {
+        let inner = self;
+        // Names, not copies: a machine that records nothing pays no
+        // allocation for them.
+        let error = inner.error.map(|kind| Cow::Borrowed(kind.as_str()));
+        if let Some(request) = &inner.awaiting {
+            CallOutcome::Awaiting {
+                request: request.request_id.clone(),
+            }
+        } else if inner.replayed {
+            CallOutcome::Ledger {
+                ok: !is_error,
+                error,
+            }
+        } else if inner.ran {
+            CallOutcome::Ran {
+                ok: !is_error,
+                error,
+            }
+        } else if is_error {
+            CallOutcome::Refused {
+                stage: Cow::Borrowed(inner.stage.unwrap_or("policy")),
+                error,
+            }
+        } else {
+            CallOutcome::Answered
+        }
+    }
+}
+
+/// How one tool call was answered, as a step's trace records it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CallOutcome {
+    /// The tool ran: it succeeded, or failed (`error`: the kind the
+    /// envelope named, when it named one).
+    Ran {
+        /// Whether it succeeded.
+        ok: bool,
+        /// The kind of its failure (`"TIMEOUT"`, ...), if it had one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<Cow<'static, str>>,
+    },
+    /// A stage answered the call with an error and its tool did not run.
+    Refused {
+        /// The stage (`"mode"`, `"budget"`, `"confirm"`, `"loop_guard"`,
+        /// ...).
+        stage: Cow<'static, str>,
+        /// The kind the envelope named (`"BUDGET_EXCEEDED"`, ...), if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<Cow<'static, str>>,
+    },
+    /// The call did not run: it waits for the application's decision on
+    /// `request`.
+    Awaiting {
+        /// The confirmation request.
+        request: ApprovalId,
+    },
+    /// The idempotency ledger answered the call with the result of the
+    /// time it ran (or started, for an interrupted at-most-once call): the
+    /// tool did not run again.
+    Ledger {
+        /// Whether the recorded result is a success.
+        ok: bool,
+        /// The kind of the recorded failure, if it had one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<Cow<'static, str>>,
+    },
+    /// Answered with a result no tool made (the application's own result
+    /// for a paused call, or a gate's): the tool did not run.
+    Answered,
+}
+
+impl CallOutcome {
+    /// Whether the call's tool ran in this step.
+    pub fn ran(&self) -> bool {
+        matches!(self, CallOutcome::Ran { .. })
+    }
+}
+
+/// One tool call of a step, as its trace records it: which call, how long
+/// it took, and what the policy decided.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallTrace {
+    /// The call's id.
+    pub call_id: ToolCallId,
+    /// The tool name the model wrote.
+    pub tool: String,
+    /// Milliseconds from the call's start to its result.
+    pub ms: u64,
+    /// How it was answered.
+    #[serde(flatten)]
+    pub outcome: CallOutcome,
+    /// The application's decision it went on with, if it needed one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<DecidedApproval>,
+    /// The error result the model read, when a stage refused the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub envelope: Option<String>,
+    /// The state patch the call wrote (its patches merged), when it wrote
+    /// one: what a replay plays back instead of running the tool again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<Value>,
 }
 
 /// One call, as audited.

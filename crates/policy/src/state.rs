@@ -629,6 +629,9 @@ pub enum CallDecision {
         content: String,
         /// Whether the result is an error.
         is_error: bool,
+        /// State patches written for the call, in order, to the state the
+        /// tool would have written (a recorded call's own, played back).
+        state_updates: Vec<serde_json::Value>,
     },
 }
 
@@ -638,12 +641,16 @@ pub enum CallDecision {
 pub trait CallGate: Send + Sync + std::fmt::Debug {
     /// The decision on a call of `tool` with `args`; `metadata` is the
     /// registry's facts about the tool (`None` for a tool the registry
-    /// does not register, such as a node's own).
+    /// does not register, such as a node's own), `delivery` the delivery
+    /// contract the tool states (the registry's, else its definition's,
+    /// else at most once for a tool that needs approval; `None` when it
+    /// states none).
     fn decide(
         &self,
         tool: &str,
         args: &serde_json::Value,
         metadata: Option<&crate::ToolMetadata>,
+        delivery: Option<markov_core::tool::Delivery>,
     ) -> CallDecision;
 }
 

@@ -42,7 +42,10 @@ pub(crate) async fn call<S: ToolService>(
     let approvals = req.policy.approvals();
     match approvals.check(req.name, req.input.to_mut(), ttl, SystemTime::now()) {
         Ok(()) => inner.call(req).await,
-        Err(rejection) => rejection.respond(&req),
+        Err(rejection) => {
+            req.report.set_stage("confirm");
+            rejection.respond(&req)
+        }
     }
 }
 

@@ -157,6 +157,10 @@ pub struct Executed {
     /// decision on this request ([`ApprovalFlow::Pause`]): once decided, the
     /// same call (same id, same arguments) gets the decision's outcome.
     pub awaiting: Option<ConfirmationRequest>,
+    /// How the stages answered it (for a step's trace).
+    pub outcome: crate::report::CallOutcome,
+    /// The application's decision it went on with, if it needed one.
+    pub approval: Option<crate::approvals::DecidedApproval>,
 }
 
 /// The registry of a machine that has none: no tools, no policies but the
@@ -399,6 +403,7 @@ impl<'a> RegistrySession<'a> {
     ) -> Executed {
         let report = CallReport::new();
         if let Err(error) = markov_core::tool::check_tool_arguments(&input) {
+            report.set_stage("arguments");
             // No stage and no tool sees arguments that are not an object.
             let result = Rejection::new(ToolErrorKind::InvalidInput)
                 .with_detail(error.to_string())
@@ -406,8 +411,10 @@ impl<'a> RegistrySession<'a> {
             return Executed {
                 error: report.error_kind(),
                 intents: Vec::new(),
+                outcome: report.outcome(result.is_error),
                 result,
                 awaiting: None,
+                approval: None,
             };
         }
         // `search_tools` sees only the tools the session's mode allows.
@@ -448,10 +455,13 @@ impl<'a> RegistrySession<'a> {
                 self.registry.config.tool_search.scope,
             );
         }
+        let parts = report.into_parts(result.is_error);
         Executed {
-            error: report.error_kind(),
-            intents: report.take_intents(),
-            awaiting: report.awaiting(),
+            error: parts.error,
+            intents: parts.intents,
+            awaiting: parts.awaiting,
+            outcome: parts.outcome,
+            approval: parts.approval,
             result,
         }
     }

@@ -915,7 +915,10 @@ pub(crate) async fn decide(
         )));
     }
     let name = decision.as_str();
-    let decided = match session.decide(&request_id, decision).await {
+    let decided = match session
+        .decide_by(&request_id, decision, principal.id().as_str())
+        .await
+    {
         Ok(request) => request,
         Err(error) => {
             session.release().await?;

@@ -621,6 +621,25 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         // What was last written is what the step started from.
         trace.counters_before = self.counters.clone();
         trace.usage_before = self.usage;
+        trace.repeats_before.clone_from(&self.repeats);
+        // What it leaves for the next step (nothing, after most steps).
+        let policy = self.machine.policy_state();
+        trace.waiting = crate::Waiting {
+            approvals: policy
+                .approvals()
+                .snapshot()
+                .into_iter()
+                .filter(|r| {
+                    matches!(
+                        r.status,
+                        markov_policy::ApprovalStatus::Pending
+                            | markov_policy::ApprovalStatus::Approved
+                    )
+                })
+                .collect(),
+            answers: policy.answers().snapshot(),
+            ledger: policy.ledger().snapshot(),
+        };
         if before.is_some() {
             trace.tree_before = before;
             self.traced = true;
@@ -815,6 +834,20 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         decision: Decision,
     ) -> Result<ConfirmationRequest, DurableError> {
         let request = self.machine.approvals().decide(id, decision)?;
+        self.persist().await?;
+        Ok(request)
+    }
+
+    /// [`decide`](Self::decide), naming who decided (a principal's id):
+    /// the request keeps it, and the trace of the step that goes on with
+    /// the call says it.
+    pub async fn decide_by(
+        &mut self,
+        id: &ApprovalId,
+        decision: Decision,
+        by: &str,
+    ) -> Result<ConfirmationRequest, DurableError> {
+        let request = self.machine.approvals().decide_by(id, decision, by)?;
         self.persist().await?;
         Ok(request)
     }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use markov_core::{Message, Role};
+use markov_core::{InstanceId, Message, Role};
 use markov_executor::{Agent, FORMAT_VERSION, RunState, SerializedInstance, SerializedMachine};
 use markov_policy::PolicySnapshot;
 
@@ -23,12 +23,19 @@ pub struct ForkOptions {
 impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// Forks session `source` at its recorded step `step` into the new
     /// session `id`, over `agent`, leased to `holder`: the history, the
-    /// instance tree and the turn and budget counters as they were before
-    /// that step, and the step's input waiting to be run. Its next
-    /// [`run`](Self::run) sends the model the request the step sent, byte
-    /// for byte, when `agent` is the one the source ran on and nothing was
-    /// edited. The approvals waiting and the ledger of answered calls are
-    /// not carried over: the fork starts with none.
+    /// instance tree, the turn, budget and loop-guard counters and the
+    /// policy state the step before it left ([`StepTrace::waiting`]: open
+    /// confirmation requests, a paused answer and its answered calls in
+    /// the idempotency ledger) as they were before that step, and the
+    /// step's input waiting to be run. Its next [`run`](Self::run) sends
+    /// the model the request the step sent, byte for byte, when `agent` is
+    /// the one the source ran on and nothing was edited.
+    ///
+    /// A step that resumed an answer paused for approval is forked into a
+    /// session that waits for approval as the source did after the pause:
+    /// its requests pending (a decision made before the resume is not
+    /// carried: the fork is decided anew), the calls of the answer that ran
+    /// answered from the ledger when it is resumed, never run again.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] when there is no such session or step, and
@@ -43,30 +50,33 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         agent: &Agent,
         options: ForkOptions,
     ) -> Result<Self, DurableError> {
-        let limit = usize::try_from(step.saturating_add(1)).unwrap_or(usize::MAX);
-        let steps = store.steps(source, 0, limit).await?;
+        // The step and the one before it: what a fork needs of the
+        // recording, however long the session (but the tree, below).
+        let window = store.steps(source, step.saturating_sub(1), 2).await?;
         let corrupt = |detail: String| StoreError::Corrupt {
             session: source.clone(),
             detail,
         };
-        let at = steps
+        let trace = window
             .iter()
-            .position(|s| s.index == step)
+            .find(|s| s.index == step)
             .ok_or_else(|| StoreError::NotFound(SessionId::new(format!("{source} step {step}"))))?;
-        let trace = &steps[at];
+        let previous = window.iter().find(|s| s.index.saturating_add(1) == step);
         let call = trace
             .calls
             .first()
             .ok_or_else(|| corrupt(format!("step {step} made no model call to fork at")))?;
-        let tree = tree_before(&steps[..=at]).ok_or_else(|| {
-            corrupt(format!(
-                "the tree step {step} started from was not recorded"
-            ))
-        })?;
-        let stored = store.load(source).await?;
+        let tree = tree_before(&*store, source, trace, previous)
+            .await?
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "the tree step {step} started from was not recorded"
+                ))
+            })?;
         let from = usize::try_from(trace.history_from).unwrap_or(usize::MAX);
         let sent = usize::try_from(call.history_len).unwrap_or(usize::MAX);
-        let history = &stored.snapshot.history;
+        // The history the step's request was sent, and no more.
+        let history = store.messages(source, 0, sent).await?;
         if sent > history.len() || from > sent {
             return Err(corrupt(format!(
                 "step {step} names history the session does not have"
@@ -76,6 +86,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         let mut kept: Vec<Message> = history[..from].to_vec();
         // The input the step's run drained before its model call.
         let mut input: Vec<Message> = history[from..sent].to_vec();
+        let edited = options.edit_user.is_some();
         if let Some(text) = options.edit_user {
             let last = input
                 .iter_mut()
@@ -92,6 +103,34 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             }
         }
         let counters = trace.counters_before.clone();
+        let waiting = waiting_before(previous, step);
+        // A resumed paused answer: the fork waits where the source waited
+        // (unless the question is edited: then the model is asked again).
+        let resumes = call.replayed && !waiting.answers.is_empty() && !edited;
+        if resumes {
+            // The history the paused answer was given.
+            kept.append(&mut input);
+        }
+        let crate::Waiting {
+            mut approvals,
+            answers,
+            ledger,
+        } = waiting;
+        let (answers, ledger) = if resumes {
+            // Pending again: the fork is decided anew.
+            for record in &mut approvals {
+                if record.held.is_some() {
+                    record.status = markov_policy::ApprovalStatus::Pending;
+                    record.decision = None;
+                    record.decided_by = None;
+                }
+            }
+            (answers, ledger)
+        } else {
+            // No paused answer goes on: its calls' requests go with it.
+            approvals.retain(|r| r.held.is_none());
+            (Vec::new(), Vec::new())
+        };
         let snapshot = SerializedMachine {
             format_version: FORMAT_VERSION,
             instance: tree,
@@ -99,11 +138,11 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             policy: PolicySnapshot {
                 conversation: Some(id.as_str().to_owned()),
                 turn: counters.turn,
-                approvals: Vec::new(),
-                ledger: Vec::new(),
-                repeats: Vec::new(),
+                approvals,
+                ledger,
+                repeats: trace.repeats_before.clone(),
                 budgets: counters.budgets,
-                answers: Vec::new(),
+                answers,
                 found: counters.found,
             },
             usage: trace.usage_before,
@@ -121,10 +160,17 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 ttl,
             )
             .await?;
-        let run = if input.is_empty() {
+        let run = if resumes {
+            // Nothing runs until the fork's requests are decided and it is
+            // resumed.
+            None
+        } else if input.is_empty() {
             // A step inside a run: the run goes on from it, the leaf's turn
             // as it stood.
-            Some(continuing_run(&machine, call).map_err(|e| corrupt(e.to_string()))?)
+            Some(RunState::continuing(
+                machine.run_options().clone(),
+                [(InstanceId::new(call.instance.as_str()), call.turn)],
+            ))
         } else {
             machine.enqueue(input);
             None
@@ -137,36 +183,53 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     }
 }
 
-/// The tree the last of `steps` started from: the tree the latest step
-/// before it left, else the one the first recorded step started from.
-fn tree_before(steps: &[StepTrace]) -> Option<SerializedInstance> {
-    let (last, earlier) = steps.split_last()?;
-    if let Some(tree) = &last.tree_before {
-        return Some(tree.clone());
+/// How many steps a fork reads at a time, looking back for the tree its
+/// step started from.
+const TREE_PAGE: usize = 64;
+
+/// The tree `trace` started from: its own record of it, else the tree the
+/// latest step before it left (`previous` first, then earlier steps, read
+/// backwards a page at a time: as far back as the tree last changed), else
+/// the one the first recorded step started from.
+async fn tree_before<S: Store + ?Sized>(
+    store: &S,
+    source: &SessionId,
+    trace: &StepTrace,
+    previous: Option<&StepTrace>,
+) -> Result<Option<SerializedInstance>, StoreError> {
+    if let Some(tree) = &trace.tree_before {
+        return Ok(Some(tree.clone()));
     }
-    for step in earlier.iter().rev() {
-        if let Some(tree) = &step.tree {
-            return Some(tree.clone());
-        }
-        if let Some(tree) = &step.tree_before {
-            return Some(tree.clone());
-        }
+    let left = |step: &StepTrace| step.tree.clone().or_else(|| step.tree_before.clone());
+    if let Some(tree) = previous.and_then(left) {
+        return Ok(Some(tree));
     }
-    None
+    // Steps before `end` not looked at yet.
+    let mut end = previous.map_or(trace.index, |p| p.index);
+    while end > 0 {
+        let start = end.saturating_sub(TREE_PAGE as u64);
+        let page = store.steps(source, start, TREE_PAGE).await?;
+        if let Some(tree) = page.iter().rev().filter(|s| s.index < end).find_map(left) {
+            return Ok(Some(tree));
+        }
+        end = start;
+    }
+    Ok(None)
 }
 
-/// A run that has begun, its leaf's turn as `call` found it: the next step
-/// calls the model at once.
-fn continuing_run(
-    machine: &markov_executor::Machine,
-    call: &markov_executor::ModelCall,
-) -> Result<RunState, serde_json::Error> {
-    serde_json::from_value(serde_json::json!({
-        "options": machine.run_options(),
-        "started": true,
-        "steps": 0,
-        "pending": [],
-        "recovered": false,
-        "turns": { call.instance.clone(): call.turn },
-    }))
+/// The policy state the step before step `step` (`previous`, when it is
+/// recorded) left: none when step `step` was the session's first, or the
+/// one before it is no longer kept (said in the log).
+fn waiting_before(previous: Option<&StepTrace>, step: u64) -> crate::Waiting {
+    match previous {
+        Some(previous) => previous.waiting.clone(),
+        _ if step == 0 => crate::Waiting::default(),
+        _ => {
+            tracing::warn!(
+                step,
+                "the step before the forked one is not recorded: the fork starts with no open requests and an empty ledger"
+            );
+            crate::Waiting::default()
+        }
+    }
 }

@@ -75,7 +75,7 @@ pub use postgres::PostgresStore;
 pub use repair::RepairReport;
 pub use replay::{
     AnswerSource, ReplayMode, ReplayOptions, ReplayReport, StepDiff, StepSide, ToolCallReplay,
-    ToolCallSource, replay,
+    ToolCallSource, ToolEffect, replay,
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Durability, SqliteStore};
@@ -328,6 +328,13 @@ pub struct StepTrace {
     /// they ended, each tied to the call that ran it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub sub_agents: Vec<SubAgentTrace>,
+    /// The loop guard's counts of the user turn before the step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub repeats_before: Vec<RepeatRecord>,
+    /// The conversation's policy state the step left for the steps after
+    /// it, when it left any: a fork at the next step starts from it.
+    #[serde(default, skip_serializing_if = "Waiting::is_empty")]
+    pub waiting: Waiting,
 }
 
 /// One step of a sub-agent run by a tool call of a recorded step
@@ -340,6 +347,32 @@ pub struct SubAgentTrace {
     pub calls: Vec<markov_core::ids::ToolCallId>,
     /// The sub-agent's step.
     pub step: markov_executor::SubAgentStep,
+}
+
+/// The policy state a step left for the steps after it ([`StepTrace::waiting`]):
+/// the confirmation requests still open, and — when the step paused for
+/// approval — its paused answer and the answered calls of that answer,
+/// which resuming it replays from the idempotency ledger. Empty after most
+/// steps.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Waiting {
+    /// The confirmation requests still open (pending, or approved and not
+    /// used yet).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<ApprovalRecord>,
+    /// The paused answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub answers: Vec<RecordedAnswer>,
+    /// The idempotency ledger: the calls of the paused answers that ran.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ledger: Vec<LedgerEntry>,
+}
+
+impl Waiting {
+    /// Whether the step left nothing waiting.
+    pub fn is_empty(&self) -> bool {
+        self.approvals.is_empty() && self.answers.is_empty() && self.ledger.is_empty()
+    }
 }
 
 impl StepTrace {
@@ -364,6 +397,8 @@ impl StepTrace {
             counters_before: PolicyCounters::default(),
             usage_before: UsageTotals::default(),
             sub_agents: Vec::new(),
+            repeats_before: Vec::new(),
+            waiting: Waiting::default(),
         }
     }
 
@@ -489,6 +524,19 @@ pub trait Store: Send + Sync + fmt::Debug {
         from: u64,
         limit: usize,
     ) -> Result<Vec<StepTrace>, StoreError>;
+
+    /// Up to `limit` messages of session `id`'s history, from message
+    /// `from` on, in order (an empty list past the last): the messages of
+    /// a page of steps (from the first one's
+    /// [`history_from`](StepTrace::history_from) to the last one's
+    /// [`history_to`](StepTrace::history_to)) without reading the rest of a
+    /// long history.
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Message>, StoreError>;
 
     /// Drops the recorded step detail `retention` does not keep (the
     /// sessions themselves stay whole) and returns how many steps were

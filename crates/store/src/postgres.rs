@@ -719,6 +719,39 @@ impl Store for PostgresStore {
             .collect()
     }
 
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Message>, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(backend)?;
+        let exists = tx
+            .query_opt("SELECT 1 FROM sessions WHERE id = $1", &[&id.as_str()])
+            .await
+            .map_err(backend)?
+            .is_some();
+        if !exists {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        tx.query(
+            "SELECT body FROM messages WHERE session_id = $1 AND seq >= $2 ORDER BY seq LIMIT $3",
+            &[&id.as_str(), &to_i64(from), &to_i64(limit as u64)],
+        )
+        .await
+        .map_err(backend)?
+        .iter()
+        .map(|row| crate::message_from_json(id, row.get::<_, &str>(0)))
+        .collect()
+    }
+
     async fn prune_steps(&self, retention: &crate::StepRetention) -> Result<u64, StoreError> {
         let client = self.client().await?;
         let mut dropped = 0;

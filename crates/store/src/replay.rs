@@ -33,8 +33,8 @@ pub enum ReplayMode {
 pub struct ReplayOptions {
     /// Which answers the replay uses.
     pub mode: ReplayMode,
-    /// Whether a call of an action tool the recording does not have runs
-    /// (off: it gets an error result saying it was not run).
+    /// Whether a call of a tool with effects the recording does not have
+    /// runs (off: it gets an error result saying it was not run).
     pub run_tools_live: bool,
 }
 
@@ -51,15 +51,34 @@ impl From<ReplayMode> for ReplayOptions {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ToolCallSource {
-    /// The recorded result of the same call (same tool, same arguments);
-    /// the tool did not run.
+    /// The recorded result of the same call (same tool, same arguments),
+    /// with the state it wrote; the tool did not run.
     Recorded,
-    /// The tool ran: it is not an action tool, or the recording has no
-    /// such call and the replay was asked to run tools live.
+    /// The tool ran: it has no effect the replay knows of, or the
+    /// recording has no such call and the replay was asked to run tools
+    /// live.
     Live,
-    /// Not run: an action tool the recording has no such call of; the
-    /// model got an error result saying so.
+    /// Not run: a tool with effects the recording has no such call of;
+    /// the model got an error result saying so.
     Refused,
+}
+
+/// Why a replay did not simply run a tool again: the effect it has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolEffect {
+    /// Its registry metadata says it changes something in the world
+    /// ([`Category::Action`](markov_policy::Category::Action)).
+    Action,
+    /// It must never run twice ([`Delivery::AtMostOnce`](markov_core::tool::Delivery::AtMostOnce),
+    /// stated or the default of a tool that needs approval).
+    AtMostOnce,
+    /// It states it honours an idempotency key
+    /// ([`Delivery::AtLeastOnce`](markov_core::tool::Delivery::AtLeastOnce)):
+    /// an outside call a replay must not repeat.
+    Idempotent,
+    /// The recorded call wrote state: the replay writes what it wrote.
+    WritesState,
 }
 
 /// One tool call a replay made, and how it was answered.
@@ -73,6 +92,10 @@ pub struct ToolCallReplay {
     pub args: Value,
     /// How it was answered.
     pub answered_from: ToolCallSource,
+    /// The effect that kept the tool from running again, when it has one
+    /// (`None`: the tool ran again, having none the replay knows of).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<ToolEffect>,
 }
 
 /// Where a replayed step's answer came from.
@@ -149,15 +172,18 @@ pub struct ReplayReport {
 /// by `live`. Returns each step beside the recorded one and where the two
 /// runs part.
 ///
-/// A call of a tool whose registry metadata says it changes something in
-/// the world ([`Category::Action`](markov_policy::Category::Action)) never
-/// runs again: when the recording has the same call (same tool, same
+/// A call of a tool with effects ([`ToolEffect`]) never runs again: an
+/// action tool (registry metadata), a tool that states its delivery
+/// contract (at most once, or at least once under an idempotency key; a
+/// tool that needs approval is at most once), and a tool whose recorded
+/// call wrote state. When the recording has the same call (same tool, same
 /// arguments, the first such recorded call not yet used) it gets the
-/// recorded result; otherwise it gets an error result the model reads,
-/// unless `options` ask to run tools live. Other tools (retrieval, other,
-/// and the agent's own tools outside the registry) run on the replay's
-/// machine, which is kept in memory. [`ReplayReport::tool_calls`] says
-/// which each call was.
+/// recorded result, and the state patch the recorded call wrote is written
+/// again; otherwise it gets an error result the model reads, unless
+/// `options` ask to run tools live (a call whose only effect is the state
+/// it writes runs: the replay's machine is kept in memory). Other tools
+/// run again. [`ReplayReport::tool_calls`] says how each call was
+/// answered, and which effect kept it from running.
 ///
 /// # Errors
 /// The session or its steps cannot be read, or the agent's machine cannot
@@ -203,7 +229,7 @@ pub async fn replay<S: Store + ?Sized>(
     };
     machine.set_record_calls(false);
     let gate = Arc::new(ReplayGate {
-        recorded: Mutex::new(recorded_calls(history)),
+        recorded: Mutex::new(recorded_calls(history, &steps)),
         run_live: options.run_tools_live,
         model: model.clone(),
         calls: Mutex::new(Vec::new()),
@@ -261,17 +287,33 @@ pub async fn replay<S: Store + ?Sized>(
     })
 }
 
-/// A recorded tool call and its result.
+/// A recorded tool call, its result and the state it wrote.
 #[derive(Debug, Clone)]
 struct RecordedCall {
     tool: String,
     args: Value,
     content: String,
     is_error: bool,
+    state: Option<Value>,
 }
 
-/// The recorded tool calls with their results, in order.
-fn recorded_calls(history: &[Message]) -> Vec<RecordedCall> {
+/// The recorded tool calls with their results and the state patches the
+/// steps' traces say they wrote, in order.
+fn recorded_calls(history: &[Message], steps: &[StepTrace]) -> Vec<RecordedCall> {
+    let mut wrote: std::collections::HashMap<&str, std::collections::VecDeque<&Value>> =
+        std::collections::HashMap::new();
+    for call in steps
+        .iter()
+        .flat_map(|s| &s.calls)
+        .flat_map(|c| &c.tool_calls)
+    {
+        if let Some(state) = &call.state {
+            wrote
+                .entry(call.call_id.as_str())
+                .or_default()
+                .push_back(state);
+        }
+    }
     let mut results = std::collections::HashMap::new();
     for message in history {
         for item in message.item_list() {
@@ -296,6 +338,10 @@ fn recorded_calls(history: &[Message]) -> Vec<RecordedCall> {
                         args: input.clone(),
                         content: content.clone(),
                         is_error: is_error.unwrap_or(false),
+                        state: wrote
+                            .get_mut(id.as_str())
+                            .and_then(|patches| patches.pop_front())
+                            .cloned(),
                     }),
                     None => {
                         tracing::debug!(tool = %name, "a recorded call has no recorded result: a replay cannot answer it from the recording");
@@ -324,59 +370,67 @@ impl markov_policy::CallGate for ReplayGate {
         tool: &str,
         args: &Value,
         metadata: Option<&markov_policy::ToolMetadata>,
+        delivery: Option<markov_core::tool::Delivery>,
     ) -> markov_policy::CallDecision {
         use markov_policy::CallDecision;
-        // Only a tool whose metadata says it changes something in the
-        // world is answered from the recording or refused: the others run
-        // again (on the replay's own machine, nothing stored), which also
-        // replays the state they write.
-        if metadata.is_none_or(|m| m.category() != markov_policy::Category::Action) {
-            self.push(tool, args, ToolCallSource::Live);
-            return CallDecision::Run;
-        }
-        let found = {
-            let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
-            recorded
-                .iter()
-                .position(|r| r.tool == tool && r.args == *args)
-                .map(|i| recorded.remove(i))
-        };
-        let (decision, source) = match found {
-            Some(r) => (
-                CallDecision::Answer {
-                    content: r.content,
-                    is_error: r.is_error,
-                },
-                ToolCallSource::Recorded,
-            ),
-            None => {
-                if self.run_live {
-                    (CallDecision::Run, ToolCallSource::Live)
-                } else {
-                    tracing::info!(
-                        tool,
-                        "a replay did not run a call the recording does not have: the tool has side effects"
-                    );
-                    (
-                        CallDecision::Answer {
-                            content: format!(
-                                "not run during a replay: the recording has no such call and `{tool}` has side effects"
-                            ),
-                            is_error: true,
-                        },
-                        ToolCallSource::Refused,
-                    )
-                }
+        let declared = if metadata.is_some_and(|m| m.category() == markov_policy::Category::Action)
+        {
+            Some(ToolEffect::Action)
+        } else {
+            match delivery {
+                Some(markov_core::tool::Delivery::AtMostOnce) => Some(ToolEffect::AtMostOnce),
+                Some(markov_core::tool::Delivery::AtLeastOnce) => Some(ToolEffect::Idempotent),
+                None => None,
             }
         };
-        self.push(tool, args, source);
+        let mut recorded = self.recorded.lock().unwrap_or_else(|p| p.into_inner());
+        let found = recorded
+            .iter()
+            .position(|r| r.tool == tool && r.args == *args);
+        let wrote_state = found.is_some_and(|i| recorded[i].state.is_some());
+        let effect = declared.or(wrote_state.then_some(ToolEffect::WritesState));
+        let (decision, source) = match (effect, found) {
+            // No effect the replay knows of: the tool runs again (on the
+            // replay's own machine, nothing stored).
+            (None, _) => (CallDecision::Run, ToolCallSource::Live),
+            (Some(_), Some(i)) => {
+                let r = recorded.remove(i);
+                (
+                    CallDecision::Answer {
+                        content: r.content,
+                        is_error: r.is_error,
+                        state_updates: r.state.into_iter().collect(),
+                    },
+                    ToolCallSource::Recorded,
+                )
+            }
+            (Some(_), None) if self.run_live => (CallDecision::Run, ToolCallSource::Live),
+            (Some(_), None) => {
+                tracing::info!(
+                    tool,
+                    "a replay did not run a call the recording does not have: the tool has side effects"
+                );
+                (
+                    CallDecision::Answer {
+                        content: format!(
+                            "not run during a replay: the recording has no such call and `{tool}` has side effects"
+                        ),
+                        is_error: true,
+                        state_updates: Vec::new(),
+                    },
+                    ToolCallSource::Refused,
+                )
+            }
+        };
+        drop(recorded);
+        self.push(tool, args, source, effect);
         decision
     }
 }
 
 impl ReplayGate {
     /// Reports a call, under the step whose answer made it.
-    fn push(&self, tool: &str, args: &Value, source: ToolCallSource) {
+    fn push(&self, tool: &str, args: &Value, source: ToolCallSource, effect: Option<ToolEffect>) {
         let step = self
             .model
             .calls
@@ -391,6 +445,7 @@ impl ReplayGate {
                 tool: tool.to_owned(),
                 args: args.clone(),
                 answered_from: source,
+                effect,
             });
     }
 }

@@ -657,6 +657,43 @@ impl Store for SqliteStore {
         .await
     }
 
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Message>, StoreError> {
+        let id = id.clone();
+        self.read(move |conn| {
+            let tx = conn.transaction().map_err(backend)?;
+            let exists = tx
+                .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
+                .map_err(backend)?
+                .exists(params![id.as_str()])
+                .map_err(backend)?;
+            if !exists {
+                return Err(StoreError::NotFound(id));
+            }
+            let mut rows = tx
+                .prepare_cached(
+                    "SELECT body FROM messages WHERE session_id = ?1 AND seq >= ?2 ORDER BY seq LIMIT ?3",
+                )
+                .map_err(backend)?;
+            let bodies = rows
+                .query_map(
+                    params![id.as_str(), to_i64(from), to_i64(limit as u64)],
+                    |r| r.get::<_, String>(0),
+                )
+                .map_err(backend)?;
+            let mut messages = Vec::new();
+            for body in bodies {
+                messages.push(message_from_json(&id, &body.map_err(backend)?)?);
+            }
+            Ok(messages)
+        })
+        .await
+    }
+
     async fn prune_steps(&self, retention: &crate::StepRetention) -> Result<u64, StoreError> {
         let cutoff = retention
             .days

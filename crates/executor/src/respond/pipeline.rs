@@ -106,6 +106,55 @@ pub(crate) struct LeafView<'a> {
     /// Where the calls report what they spend themselves (a sub-agent's
     /// model calls), for the step to count; `None`: nothing counts it.
     pub usage: Option<&'a markov_core::tool::UsageSink>,
+    /// Where each call's trace goes (its time and what the policy decided),
+    /// when the machine records its steps; `None`: nothing is timed or
+    /// kept.
+    pub traces: Option<&'a CallTraces>,
+}
+
+/// The traces of one response's calls, in call order, kept while the
+/// calls run.
+#[derive(Debug, Default)]
+pub(crate) struct CallTraces(Mutex<Vec<markov_policy::CallTrace>>);
+
+impl CallTraces {
+    fn push(&self, trace: markov_policy::CallTrace) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(trace);
+    }
+
+    /// The traces kept so far (none are left).
+    pub(crate) fn take(&self) -> Vec<markov_policy::CallTrace> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// How the stages answered a call, and the decision it went on with.
+type Verdict = (
+    markov_policy::CallOutcome,
+    Option<markov_policy::DecidedApproval>,
+);
+
+/// The verdict of a call the pipeline answered itself, refused at
+/// `stage` with `error`.
+fn refused(stage: &'static str, error: Option<ToolErrorKind>) -> Option<Verdict> {
+    Some((
+        markov_policy::CallOutcome::Refused {
+            stage: stage.into(),
+            error: error.map(|k| k.as_str().into()),
+        },
+        None,
+    ))
+}
+
+/// The verdict of a built-in that ran.
+fn ran(result: &ToolExecutionResult) -> Option<Verdict> {
+    Some((
+        markov_policy::CallOutcome::Ran {
+            ok: !result.is_error,
+            error: None,
+        },
+        None,
+    ))
 }
 
 /// One requested call, borrowed from the assistant message that holds it
@@ -286,6 +335,10 @@ pub(crate) async fn run_tool_calls_logged(
     let mut pack_patches: Vec<(String, Value)> = Vec::new();
 
     for call in calls {
+        let started = leaf.traces.map(|_| std::time::Instant::now());
+        // How the call was answered and the state it wrote, for its trace.
+        let verdict: Option<Verdict>;
+        let mut wrote = None;
         // OpenTelemetry's GenAI conventions; `otel.name` is the span name an
         // OpenTelemetry exporter shows.
         let span = tracing::info_span!(
@@ -326,6 +379,7 @@ pub(crate) async fn run_tool_calls_logged(
         };
         let (result, known) = if let Some(error) = garbled {
             let result = span.in_scope(|| invalid_arguments(leaf, call, &error.to_string()));
+            verdict = refused("arguments", Some(ToolErrorKind::InvalidInput));
             (result, true)
         } else if let Some((tool, _)) = &out.loop_stop {
             // The run ends with this response: the calls after the stop are
@@ -333,6 +387,7 @@ pub(crate) async fn run_tool_calls_logged(
             let text = format!(
                 "Not run: the run was stopped because {tool} was called with the same arguments again and again."
             );
+            verdict = refused("loop_guard", None);
             (ToolExecutionResult::error(call.id.clone(), text), true)
         } else if let Repeat::Refused { times } | Repeat::Stop { times } = repeat {
             span.in_scope(|| {
@@ -344,15 +399,18 @@ pub(crate) async fn run_tool_calls_logged(
             if matches!(repeat, Repeat::Stop { .. }) {
                 out.loop_stop = Some((call.name.to_owned(), times));
             }
+            verdict = refused("loop_guard", Some(ToolErrorKind::RepeatedCall));
             (repeated_call(leaf, call, times), true)
         } else if call.name == UPDATE_STATE {
             let r = span.in_scope(|| {
                 update_state_builtin(leaf, call, &mut running_state, &mut state_patch)
             });
+            verdict = ran(&r);
             (r, false)
         } else if call.name == TRANSITION || call.name.starts_with(TRANSITION_PREFIX) {
             let index = log.len();
             let r = span.in_scope(|| queue_transition(leaf, call, index, &mut out));
+            verdict = ran(&r);
             (r, false)
         } else if is_provider_tool(leaf, call.name) {
             span.in_scope(|| {
@@ -382,9 +440,19 @@ pub(crate) async fn run_tool_calls_logged(
                     );
                     // Pinned where it is made: instrumenting it moves a
                     // reference, not the call's future.
-                    let result =
-                        std::pin::pin!(contain_panic(leaf, call, async { executed.await.result }));
-                    let result = result.instrument(span.clone()).await;
+                    let judged = Mutex::new(None);
+                    let result = {
+                        let result = std::pin::pin!(contain_panic(leaf, call, async {
+                            let executed = executed.await;
+                            if leaf.traces.is_some() {
+                                *judged.lock().unwrap_or_else(|p| p.into_inner()) =
+                                    Some((executed.outcome, executed.approval));
+                            }
+                            executed.result
+                        }));
+                        result.instrument(span.clone()).await
+                    };
+                    verdict = judged.into_inner().unwrap_or_else(|p| p.into_inner());
                     (result, true)
                 }
                 Some(found) => {
@@ -399,6 +467,7 @@ pub(crate) async fn run_tool_calls_logged(
                                 first.tool, call.name
                             ),
                         );
+                        verdict = refused("terminal", None);
                         (r, true)
                     } else {
                         let is_pack = matches!(found, Found::Pack(..));
@@ -411,11 +480,13 @@ pub(crate) async fn run_tool_calls_logged(
                             &mut running_packs,
                             &mut pack_patches,
                         ));
-                        let (r, intents, awaiting) = ran.instrument(span.clone()).await;
+                        let found = ran.instrument(span.clone()).await;
                         out.intents
-                            .extend(intents.into_iter().map(|i| (call.id.clone(), i)));
-                        out.awaiting.extend(awaiting);
-                        (r, !is_pack)
+                            .extend(found.intents.into_iter().map(|i| (call.id.clone(), i)));
+                        out.awaiting.extend(found.awaiting);
+                        verdict = found.verdict;
+                        wrote = found.wrote;
+                        (found.result, !is_pack)
                     }
                 }
             }
@@ -433,6 +504,9 @@ pub(crate) async fn run_tool_calls_logged(
                 "tool call finished"
             )
         });
+        if let (Some(traces), Some(started)) = (leaf.traces, started) {
+            traces.push(trace_of(call, &result, started, verdict, wrote));
+        }
         log.push(record(&mut out, call, result, known));
     }
     out.results = log.take();
@@ -443,6 +517,36 @@ pub(crate) async fn run_tool_calls_logged(
     }
     out.pack_patches = pack_patches;
     out
+}
+
+/// The trace of `call`, answered with `result` after it started at
+/// `started`: what the stages decided (a call a panic ended ran and
+/// failed), and the error the model read when the call was refused.
+fn trace_of(
+    call: &ToolCall<'_>,
+    result: &ToolExecutionResult,
+    started: std::time::Instant,
+    verdict: Option<Verdict>,
+    state: Option<Value>,
+) -> markov_policy::CallTrace {
+    let (outcome, approval) = verdict.unwrap_or((
+        markov_policy::CallOutcome::Ran {
+            ok: !result.is_error,
+            error: None,
+        },
+        None,
+    ));
+    let envelope = matches!(outcome, markov_policy::CallOutcome::Refused { .. })
+        .then(|| result.content.clone());
+    markov_policy::CallTrace {
+        call_id: call.id.clone(),
+        tool: call.name.to_owned(),
+        ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        outcome,
+        approval,
+        envelope,
+        state,
+    }
 }
 
 /// Notes what `result` means for the response and returns it, as recorded.
@@ -587,13 +691,11 @@ async fn run_found(
     state_patch: &mut Option<Value>,
     running_packs: &mut BTreeMap<String, Value>,
     pack_patches: &mut Vec<(String, Value)>,
-) -> (
-    ToolExecutionResult,
-    Vec<Value>,
-    Option<markov_policy::ConfirmationRequest>,
-) {
+) -> FoundRan {
     let intents;
     let awaiting;
+    let verdict;
+    let mut wrote = None;
     let result = match found {
         Found::Node(tool, scope) => {
             let scoped = match scope {
@@ -602,12 +704,16 @@ async fn run_found(
             };
             let cx = ToolContext::new(call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id);
-            let (mut result, tool_intents, waits) =
+            let (mut result, tool_intents, waits, judged) =
                 call_tool(leaf, tool, call, cx, ToolOrigin::Node).await;
             intents = tool_intents;
             awaiting = waits;
+            verdict = judged;
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
+                if leaf.traces.is_some() {
+                    wrote = Some(patch.clone());
+                }
                 // Updates made before a failure are kept, as upstream does.
                 *running_state = new_state;
                 accumulate_patch(state_patch, &patch);
@@ -627,12 +733,16 @@ async fn run_found(
             let scoped = ScopedState::writable(current, pack.schema());
             let cx = ToolContext::new(call.id, leaf.history, &scoped)
                 .with_instance(leaf.instance_id, leaf.root_id);
-            let (result, tool_intents, waits) =
+            let (result, tool_intents, waits, judged) =
                 call_tool(leaf, tool, call, cx, ToolOrigin::Pack).await;
             intents = tool_intents;
             awaiting = waits;
+            verdict = judged;
             let (new_state, patch, refused) = scoped.take();
             if let Some(patch) = patch {
+                if leaf.traces.is_some() {
+                    wrote = Some(patch.clone());
+                }
                 running_packs.insert(pack.name().to_owned(), new_state);
                 match pack_patches.iter_mut().find(|(n, _)| n == pack.name()) {
                     Some((_, acc)) => {
@@ -656,7 +766,24 @@ async fn run_found(
             }
         }
     };
-    (result, intents, awaiting)
+    FoundRan {
+        result,
+        intents,
+        awaiting,
+        verdict,
+        wrote,
+    }
+}
+
+/// What [`run_found`] ran.
+struct FoundRan {
+    result: ToolExecutionResult,
+    intents: Vec<Value>,
+    awaiting: Option<markov_policy::ConfirmationRequest>,
+    /// How the call was answered, when the calls are traced.
+    verdict: Option<Verdict>,
+    /// The state patch the call wrote, when the calls are traced.
+    wrote: Option<Value>,
 }
 
 /// The error result of a call the loop guard refused.
@@ -748,6 +875,7 @@ async fn call_tool(
     ToolExecutionResult,
     Vec<Value>,
     Option<markov_policy::ConfirmationRequest>,
+    Option<Verdict>,
 ) {
     // A tool the leaf offers but the registry does not register (a node's
     // own `respond` or `finish`, say) has no metadata for the stack's
@@ -760,15 +888,35 @@ async fn call_tool(
             .policies
             .as_ref()
             .and_then(|s| s.registry.metadata(call.name));
-        if let markov_policy::CallDecision::Answer { content, is_error } =
-            gate.decide(call.name, call.input, metadata)
+        let definition = tool.definition();
+        let delivery = metadata
+            .and_then(markov_policy::ToolMetadata::delivery)
+            .or(definition.delivery)
+            .or_else(|| {
+                let approval = metadata.is_some_and(|m| m.requires_confirmation())
+                    || definition.needs_approval;
+                approval.then_some(markov_core::tool::Delivery::AtMostOnce)
+            });
+        if let markov_policy::CallDecision::Answer {
+            content,
+            is_error,
+            state_updates,
+        } = gate.decide(call.name, call.input, metadata, delivery)
         {
+            for patch in state_updates {
+                // Refused now as then: the state is the one the recorded
+                // call wrote to, and its result already says so.
+                if let Err(error) = cx.state_access().update_state(patch) {
+                    tracing::debug!(%error, "a played-back state patch was refused");
+                }
+            }
             let result = if is_error {
                 ToolExecutionResult::error(call.id.clone(), content)
             } else {
                 ToolExecutionResult::success(call.id.clone(), content)
             };
-            return (result, Vec::new(), None);
+            let verdict = Some((markov_policy::CallOutcome::Answered, None));
+            return (result, Vec::new(), None, verdict);
         }
     }
     let (session, plain) = match leaf.policies {
@@ -804,15 +952,17 @@ async fn call_tool(
         cx,
         leaf.terminate_message,
     );
-    let reported = Mutex::new((Vec::new(), None));
+    let reported = Mutex::new((Vec::new(), None, None));
     let result = contain_panic(leaf, call, async {
         let executed = run.await;
-        *reported.lock().unwrap_or_else(|p| p.into_inner()) = (executed.intents, executed.awaiting);
+        let verdict = leaf.traces.map(|_| (executed.outcome, executed.approval));
+        *reported.lock().unwrap_or_else(|p| p.into_inner()) =
+            (executed.intents, executed.awaiting, verdict);
         executed.result
     })
     .await;
-    let (intents, awaiting) = reported.into_inner().unwrap_or_else(|p| p.into_inner());
-    (result, intents, awaiting)
+    let (intents, awaiting, verdict) = reported.into_inner().unwrap_or_else(|p| p.into_inner());
+    (result, intents, awaiting, verdict)
 }
 
 /// The tool path of a leaf without a registry: [`plain_registry`]'s stack

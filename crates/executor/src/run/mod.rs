@@ -260,6 +260,21 @@ impl RunState {
         }
     }
 
+    /// A run that has begun and goes on from its leaves' turns as `turns`
+    /// gives them (what each leaf's tool-choice rules have seen so far):
+    /// its next step calls the model at once, draining nothing first. A
+    /// fork at a step inside a run starts so.
+    pub fn continuing(
+        options: RunOptions,
+        turns: impl IntoIterator<Item = (InstanceId, TurnState)>,
+    ) -> Self {
+        RunState {
+            started: true,
+            turns: turns.into_iter().collect(),
+            ..RunState::new(options)
+        }
+    }
+
     /// The run's options.
     pub fn options(&self) -> &RunOptions {
         &self.options

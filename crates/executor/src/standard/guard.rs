@@ -318,7 +318,7 @@ impl StandardExecutor {
             Recorded::Calls(calls) => calls,
         };
         calls.refused.extend(refused);
-        let mut ran = match self.run_tools(&cx, calls, &span).await {
+        let mut ran = match self.run_tools(&cx, calls, &span, None).await {
             ToolsRan::Paused(outcome) => return Ok(outcome),
             ToolsRan::Done(ran) => ran,
         };

@@ -407,7 +407,12 @@ impl Executor for StandardExecutor {
         };
         let answered = cx.record_calls.then(std::time::Instant::now);
         let replayed = answer.replayed;
-        let mut outcome = self.finish_leaf(&cx, &prepared, answer, &span).await?;
+        let traces = cx
+            .record_calls
+            .then(crate::respond::pipeline::CallTraces::default);
+        let mut outcome = self
+            .finish_leaf(&cx, &prepared, answer, &span, traces.as_ref())
+            .await?;
         if let (Some(started), Some(answered)) = (started, answered) {
             let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
             let node = cx.instance().node();
@@ -431,6 +436,7 @@ impl Executor for StandardExecutor {
                 replayed,
                 model_ms: millis(answered.duration_since(started)),
                 tools_ms: millis(answered.elapsed()),
+                tool_calls: traces.map(|t| t.take()).unwrap_or_default(),
             }));
         }
         Ok(outcome)
@@ -445,12 +451,13 @@ impl StandardExecutor {
         prepared: &prepare::Prepared,
         answer: call::Answer,
         span: &tracing::Span,
+        traces: Option<&crate::respond::pipeline::CallTraces>,
     ) -> Result<LeafOutcome, RunError> {
         let calls = match self.record(cx, prepared, answer, span).await? {
             Recorded::Finished(outcome) => return Ok(outcome),
             Recorded::Calls(calls) => calls,
         };
-        let ran = match self.run_tools(cx, calls, span).await {
+        let ran = match self.run_tools(cx, calls, span, traces).await {
             ToolsRan::Paused(outcome) => return Ok(outcome),
             ToolsRan::Done(ran) => ran,
         };

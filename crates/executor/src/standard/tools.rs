@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use crate::respond::pipeline::{
-    CallLog, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
+    CallLog, CallTraces, LeafView, PipelineOutcome, ToolCall, run_tool_calls_logged,
 };
 use markov_core::ids::ToolCallId;
 use markov_core::message::{Item, Message, Source};
@@ -49,12 +49,14 @@ impl StandardExecutor {
     /// with the results they had ([`ToolsInFlight`]). When calls wait for
     /// approval, nothing of the step is recorded: the counters the step
     /// charged are put back, the answer waits, paused, and the outcome
-    /// carries the usage the call already spent.
+    /// carries the usage the call already spent. Each call's trace goes to
+    /// `traces`, when there is one.
     pub(super) async fn run_tools(
         &self,
         cx: &LeafContext<'_>,
         step: ToolStep,
         span: &tracing::Span,
+        traces: Option<&CallTraces>,
     ) -> ToolsRan {
         let ToolStep {
             entries,
@@ -104,6 +106,7 @@ impl StandardExecutor {
                 .unwrap_or_else(|| cx.charter.loop_guard()),
             capture_content: self.capture_content,
             usage: Some(&spent),
+            traces,
         };
         // Taken before any call counts: a step that pauses puts the counters
         // back, since resuming replays its calls.

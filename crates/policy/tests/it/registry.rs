@@ -638,7 +638,25 @@ async fn a_replay_does_not_execute_again() {
         json!({"a": 1, "b": 2}),
     )
     .await;
-    assert_eq!(a, b);
+    assert_eq!(
+        (&a.result, a.error, &a.intents),
+        (&b.result, b.error, &b.intents)
+    );
+    // The second answer says where it came from.
+    assert_eq!(
+        a.outcome,
+        markov_policy::CallOutcome::Ran {
+            ok: true,
+            error: None
+        }
+    );
+    assert_eq!(
+        b.outcome,
+        markov_policy::CallOutcome::Ledger {
+            ok: true,
+            error: None
+        }
+    );
     assert_eq!(f.adds.calls(), 1);
     let _ = call(
         &f.registry,

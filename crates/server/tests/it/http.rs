@@ -886,3 +886,52 @@ async fn a_command_runs_without_the_model_and_is_stored() {
     assert_eq!(unknown["success"], false);
     assert!(unknown["error"].is_string(), "{unknown}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_step_a_decision_resumes_records_who_decided() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let agent = Agent::builder("payments")
+        .instructions("You pay bills.")
+        .tool_with(
+            Pay(pays.clone()),
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        )
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .model(
+            ScriptedModel::builder()
+                .tool_call("pay", json!({"amount": 7}))
+                .text("Paid 7.")
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let f = start(
+        Server::builder().agent(agent).worker(WorkerId::new("test")),
+        store.clone(),
+        pays,
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "pay 7").await;
+    let pending = f.pending(&id).await;
+    let (status, _) = f
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 200);
+    let steps = markov_store::Store::steps(&*store, &markov_store::SessionId::new(&id), 0, 10)
+        .await
+        .expect("steps read");
+    let approval = steps
+        .iter()
+        .flat_map(|s| &s.calls)
+        .flat_map(|c| &c.tool_calls)
+        .find_map(|c| c.approval.clone())
+        .expect("the resumed call's decision is recorded");
+    assert_eq!(approval.decision, "approve");
+    assert_eq!(
+        approval.by.as_deref(),
+        Some("alice"),
+        "the principal that decided"
+    );
+}

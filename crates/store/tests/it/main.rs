@@ -22,6 +22,8 @@ mod sqlite;
 #[cfg(feature = "sqlite")]
 mod steps;
 #[cfg(feature = "sqlite")]
+mod studio;
+#[cfg(feature = "sqlite")]
 mod teams;
 #[cfg(feature = "sqlite")]
 mod tool_search;

@@ -357,15 +357,16 @@ async fn a_replay_of_an_unchanged_agent_plays_the_recording_back() {
     let sources: Vec<_> = report
         .tool_calls
         .iter()
-        .map(|c| (c.tool.as_str(), c.answered_from))
+        .map(|c| (c.tool.as_str(), c.answered_from, c.effect))
         .collect();
+    use markov_store::{ToolCallSource as Source, ToolEffect as Effect};
     assert_eq!(
         sources,
         [
-            // Not an action: it runs again on the replay's machine.
-            ("note", markov_store::ToolCallSource::Live),
-            ("pay", markov_store::ToolCallSource::Recorded),
-            ("note", markov_store::ToolCallSource::Live),
+            // Not an action, but it wrote state: played back too.
+            ("note", Source::Recorded, Some(Effect::WritesState)),
+            ("pay", Source::Recorded, Some(Effect::Action)),
+            ("note", Source::Recorded, Some(Effect::WritesState)),
         ]
     );
 }

@@ -221,6 +221,7 @@ async fn the_pipeline_skips_provider_tool_calls() {
         loop_guard: Default::default(),
         capture_content: false,
         usage: None,
+        traces: None,
     };
     let message = calling(&[
         ("srv_1", "web_search"),
