@@ -352,6 +352,14 @@ impl Store for DiesAtTeamWrite {
     ) -> Result<(), StoreError> {
         self.inner.journal_answers(id, holder, answers).await
     }
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<markov_core::Message>, StoreError> {
+        self.inner.messages(id, from, limit).await
+    }
     async fn steps(
         &self,
         id: &SessionId,
