@@ -9,7 +9,7 @@
 //! survive a restart.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use markov_core::async_trait;
@@ -77,6 +77,9 @@ pub struct PolicyState {
     journal: Mutex<Option<Arc<dyn Journal>>>,
     /// Decides each call before it runs, when set (a replay).
     call_gate: Mutex<Option<Arc<dyn CallGate>>>,
+    /// Whether `call_gate` was ever set: a call of a conversation without
+    /// a gate reads this flag rather than taking the lock.
+    gated: AtomicBool,
     /// At-most-once calls answered `INTERRUPTED` since the application
     /// last took them.
     interrupted: Mutex<Vec<InterruptedCall>>,
@@ -112,6 +115,7 @@ impl Default for PolicyState {
             answers: PendingAnswers::default(),
             journal: Mutex::new(None),
             call_gate: Mutex::new(None),
+            gated: AtomicBool::new(false),
             interrupted: Mutex::new(Vec::new()),
             found: Mutex::new(Arc::from([])),
         }
@@ -399,10 +403,14 @@ impl PolicyState {
     /// runs (a replay answering calls from a recording).
     pub fn set_call_gate(&self, gate: Arc<dyn CallGate>) {
         *self.call_gate.lock().unwrap_or_else(|p| p.into_inner()) = Some(gate);
+        self.gated.store(true, Ordering::Release);
     }
 
     /// The gate set by [`set_call_gate`](Self::set_call_gate), if any.
     pub fn call_gate(&self) -> Option<Arc<dyn CallGate>> {
+        if !self.gated.load(Ordering::Acquire) {
+            return None;
+        }
         self.call_gate
             .lock()
             .unwrap_or_else(|p| p.into_inner())

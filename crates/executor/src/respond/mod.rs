@@ -2,6 +2,8 @@
 //! queued transition, and what the model is shown (system prompt, tools).
 //! It reports what happened as data; the executor applies it.
 
+mod builtin;
+mod call;
 pub(crate) mod enforcer;
 pub(crate) mod lookup;
 pub(crate) mod pipeline;

@@ -372,11 +372,6 @@ fn with_source(message: Message, source: &Source) -> Message {
 
 #[async_trait]
 impl Executor for StandardExecutor {
-    /// One leaf's step, phase by phase. The order is behaviour: a replayed
-    /// answer is never asked of the model again, an answer with calls is
-    /// durable before the first tool runs, its usage is counted before the
-    /// tools (so a step that pauses for approvals reports it), and every
-    /// call gets exactly one result, a cancelled run's included.
     /// The input guards, unless they run beside the model call
     /// ([`Guards::concurrent_input`](markov_guard::Guards::concurrent_input)).
     fn input_guard(
@@ -390,60 +385,77 @@ impl Executor for StandardExecutor {
         })
     }
 
+    /// One leaf's step, phase by phase. The order is behaviour: a replayed
+    /// answer is never asked of the model again, an answer with calls is
+    /// durable before the first tool runs, its usage is counted before the
+    /// tools (so a step that pauses for approvals reports it), and every
+    /// call gets exactly one result, a cancelled run's included.
     async fn run_leaf(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
         if let Some(guards) = self.guards_of(cx.instance().node()) {
             // Boxed: the guarded step does not enlarge the plain one.
             return Box::pin(self.run_guarded(cx, guards)).await;
         }
+        if cx.record_calls {
+            // Boxed: a machine that does not record its calls carries
+            // neither the clock nor the call's description.
+            return Box::pin(self.run_recorded(cx)).await;
+        }
         let prepared = self.prepare(&cx)?;
         let span = self.chat_span(&cx, &prepared);
-        // Only a machine that records its steps pays for the clock and
-        // the call's description.
-        let started = cx.record_calls.then(std::time::Instant::now);
+        let answer = match self.call_or_replay(&cx, &prepared, &span).await? {
+            Reply::Answer(answer) => answer,
+            Reply::Stopped(outcome) => return Ok(outcome),
+        };
+        self.finish_leaf(&cx, &prepared, answer, &span, None).await
+    }
+}
+
+impl StandardExecutor {
+    /// [`run_leaf`](Executor::run_leaf) of a machine that records its
+    /// calls: the same phases, timed, the outcome saying what the model
+    /// call was made of ([`LeafOutcome::call`]).
+    async fn run_recorded(&self, cx: LeafContext<'_>) -> Result<LeafOutcome, RunError> {
+        let prepared = self.prepare(&cx)?;
+        let span = self.chat_span(&cx, &prepared);
+        let started = std::time::Instant::now();
         let history_len = cx.history.len();
         let answer = match self.call_or_replay(&cx, &prepared, &span).await? {
             Reply::Answer(answer) => answer,
             Reply::Stopped(outcome) => return Ok(outcome),
         };
-        let answered = cx.record_calls.then(std::time::Instant::now);
+        let answered = std::time::Instant::now();
         let replayed = answer.replayed;
-        let traces = cx
-            .record_calls
-            .then(crate::respond::pipeline::CallTraces::default);
+        let traces = crate::respond::pipeline::CallTraces::default();
         let mut outcome = self
-            .finish_leaf(&cx, &prepared, answer, &span, traces.as_ref())
+            .finish_leaf(&cx, &prepared, answer, &span, Some(&traces))
             .await?;
-        if let (Some(started), Some(answered)) = (started, answered) {
-            let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-            let node = cx.instance().node();
-            outcome.call = Some(Box::new(crate::step::ModelCall {
-                instance: cx.instance().id().to_string(),
-                node: node
-                    .name()
-                    .map_or_else(|| node.id().to_string(), str::to_owned),
-                system: Arc::clone(&prepared.system),
-                tools: Arc::clone(&prepared.tools),
-                provider_tools: prepared.provider_tools.clone(),
-                tool_choice: prepared.tool_choice.clone(),
-                settings: prepared.settings.clone(),
-                output_schema: prepared.output_schema.clone(),
-                history_len: history_len as u64,
-                context_view: node
-                    .context_policy()
-                    .or(self.context_policy.as_ref())
-                    .is_some(),
-                turn: cx.turn,
-                replayed,
-                model_ms: millis(answered.duration_since(started)),
-                tools_ms: millis(answered.elapsed()),
-                tool_calls: traces.map(|t| t.take()).unwrap_or_default(),
-            }));
-        }
+        let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let node = cx.instance().node();
+        outcome.call = Some(Box::new(crate::step::ModelCall {
+            instance: cx.instance().id().to_string(),
+            node: node
+                .name()
+                .map_or_else(|| node.id().to_string(), str::to_owned),
+            system: Arc::clone(&prepared.system),
+            tools: Arc::clone(&prepared.tools),
+            provider_tools: prepared.provider_tools.clone(),
+            tool_choice: prepared.tool_choice.clone(),
+            settings: prepared.settings.clone(),
+            output_schema: prepared.output_schema.clone(),
+            history_len: history_len as u64,
+            context_view: node
+                .context_policy()
+                .or(self.context_policy.as_ref())
+                .is_some(),
+            turn: cx.turn,
+            replayed,
+            model_ms: millis(answered.duration_since(started)),
+            tools_ms: millis(answered.elapsed()),
+            tool_calls: traces.take(),
+        }));
         Ok(outcome)
     }
-}
 
-impl StandardExecutor {
     /// The step after the answer: record it, run its tools, settle.
     async fn finish_leaf(
         &self,

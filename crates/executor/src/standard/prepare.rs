@@ -32,8 +32,8 @@ pub(super) struct Prepared {
     /// (see `generate_tools_cached`).
     pub tools: Arc<[ToolDefinition]>,
     /// The offered tools that are deferred, for a provider that searches
-    /// tools itself (empty otherwise).
-    pub deferred_tools: Arc<[ToolName]>,
+    /// tools itself (`None` otherwise: an empty list is not allocated).
+    pub deferred_tools: Option<Arc<[ToolName]>>,
     /// The provider built-in tools offered (see
     /// [`generate_provider_tools`]); the provider runs them.
     pub provider_tools: Vec<ProviderTool>,
@@ -50,7 +50,7 @@ impl Prepared {
     pub(crate) fn request<'a>(&'a self, history: &'a [Message]) -> ModelRequest<'a> {
         ModelRequest::new(&self.system, history, &self.settings)
             .with_tools(&self.tools)
-            .with_deferred_tools(&self.deferred_tools)
+            .with_deferred_tools(self.deferred_tools.as_deref().unwrap_or_default())
             .with_provider_tools(&self.provider_tools)
             .with_tool_choice(&self.tool_choice)
             .with_output_schema(self.output_schema.as_ref())
@@ -127,13 +127,13 @@ pub(super) fn prepare(
     let node = cx.instance().node();
     let ancestors = ancestor_views(cx);
     let mut tools = generate_tools_cached(cx.charter, node, &ancestors, cx.is_worker())?;
-    let mut deferred_tools: Arc<[ToolName]> = Arc::from([]);
+    let mut deferred_tools = None;
     if let Some(binding) = registry {
         if binding.uses_native_search(model.native_tool_search()) {
             // The provider's own tool search: every tool, the deferred
             // ones marked, and no `search_tools`.
             tools = binding.all_tools(&tools);
-            deferred_tools = binding.deferred_names();
+            deferred_tools = Some(binding.deferred_names());
         } else {
             tools = binding.offered_tools(&tools, &cx.policy.found());
         }
