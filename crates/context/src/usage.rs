@@ -14,9 +14,9 @@
 //!   [`ModelPrice`]; every call's cost is summed in exact nano-dollars
 //!   ([`Usd`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
 
 use markov_core::model::{ModelRequest, ModelSettings, Usage};
 use markov_core::usage::Usd;
@@ -785,21 +785,134 @@ impl Prices {
 }
 
 /// The table's id of a provider markov's clients name
-/// ([`Model::provider_name`](markov_core::Model::provider_name)).
-fn table_provider(provider: &str) -> Option<&'static str> {
+/// ([`Model::provider_name`](markov_core::Model::provider_name)), and
+/// the index of its cache of matched models in [`MATCHED`].
+fn table_provider(provider: &str) -> Option<(&'static str, usize)> {
     match provider {
-        "anthropic" => Some("anthropic"),
-        "openai" => Some("openai"),
-        "gcp.gemini" => Some("google"),
+        "anthropic" => Some(("anthropic", 0)),
+        "openai" => Some(("openai", 1)),
+        "gcp.gemini" => Some(("google", 2)),
         _ => None,
     }
 }
 
+/// A model name as the bundled table matched it: the table's model, ready
+/// to price (`None`: the table has no such model).
+type Matched = Option<Arc<Mutex<genai_prices::ExtractedUsage>>>;
+
+/// One provider's matched model names.
+type MatchedNames = HashMap<Box<str>, Matched>;
+
+/// The bundled table's answer to "which model is this name", per provider
+/// of [`table_provider`] and model name. The table is compiled into the
+/// process and never changes, so an entry cannot go stale; matching a name
+/// runs the table's regular expressions over the provider's models, which
+/// cost more than the price itself.
+static MATCHED: LazyLock<[RwLock<MatchedNames>; 3]> =
+    LazyLock::new(|| std::array::from_fn(|_| RwLock::new(HashMap::new())));
+
+/// Names kept per provider: a model name comes from the provider's
+/// answers, so the cache is bounded; a name beyond it is matched on each
+/// call, as if there were no cache.
+const MATCHED_PER_PROVIDER: usize = 256;
+
 /// The bundled table's price of `usage` on `model`, rounded up to the
 /// nano-dollar. The table works in floating point per call; the totals
-/// are summed in whole nano-dollars, so they do not drift.
+/// are summed in whole nano-dollars, so they do not drift. The model is
+/// matched once per name (see [`MATCHED`]); a provider the table's ids do
+/// not name is matched by the model on each call.
 fn table_cost(provider: &str, model: &str, usage: &Usage) -> Option<Usd> {
-    use genai_prices::{PriceRequest, Usage as TableUsage, UsageKey};
+    let Some((id, slot)) = table_provider(provider) else {
+        return table_cost_matching(None, model, usage);
+    };
+    let cache = &MATCHED[slot];
+    let found = cache
+        .read()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(model)
+        .cloned();
+    let matched = match found {
+        Some(matched) => matched,
+        None => match match_model(id, model) {
+            Ok(matched) => {
+                let mut cache = cache.write().unwrap_or_else(PoisonError::into_inner);
+                if cache.len() < MATCHED_PER_PROVIDER {
+                    cache.insert(model.into(), matched.clone());
+                } else {
+                    tracing::debug!(
+                        provider = id,
+                        model,
+                        "the price table's cache of model names is full: this name is matched on each call"
+                    );
+                }
+                matched
+            }
+            Err(error) => {
+                tracing::debug!(
+                    provider = id,
+                    model,
+                    %error,
+                    "the price table could not match the model once: it is matched on each call"
+                );
+                return table_cost_matching(Some(id), model, usage);
+            }
+        },
+    };
+    let matched = matched?;
+    let mut extracted = matched.lock().unwrap_or_else(PoisonError::into_inner);
+    extracted.usage = table_usage(usage);
+    let request = extracted.price_request()?;
+    finite_price(genai_prices::calculate(&request).ok()?.total_price)
+}
+
+/// `model` as the bundled table matches it for provider `id`: the table's
+/// model (`None` when it has none), as its usage extraction finds it from
+/// an answer naming `model`, whose request then prices that model without
+/// matching the name again. The answer is in the one shape every provider
+/// of [`table_provider`] reads: a `model` and a `usage` of input and
+/// output tokens (Gemini's in its Anthropic flavour).
+fn match_model(id: &str, model: &str) -> Result<Matched, String> {
+    use genai_prices::{ErrorKind, ExtractRequest};
+
+    let answer = serde_json::json!({
+        "model": model,
+        "usage": { "input_tokens": 1, "output_tokens": 1 },
+    });
+    let flavor = match id {
+        "openai" => "responses",
+        "google" => "anthropic",
+        _ => "default",
+    };
+    let request = ExtractRequest::from_value(&answer)
+        .with_provider_id(id)
+        .with_api_flavor(flavor);
+    match genai_prices::extract_usage(&request) {
+        Ok(extracted) if extracted.price_request().is_some() => {
+            Ok(Some(Arc::new(Mutex::new(extracted))))
+        }
+        Ok(_) => Err("the table's extraction named no model".to_owned()),
+        Err(error) if error.kind() == ErrorKind::ModelNotFound => Ok(None),
+        Err(error) => Err(error.to_string()),
+    }
+}
+
+/// The bundled table's price of `usage` on `model`, matching the model's
+/// name on this call (of provider `id`, else of the provider whose models
+/// the name matches).
+fn table_cost_matching(id: Option<&str>, model: &str, usage: &Usage) -> Option<Usd> {
+    use genai_prices::PriceRequest;
+
+    let counted = table_usage(usage);
+    let mut request = PriceRequest::new(model, &counted);
+    if let Some(id) = id {
+        request = request.with_provider_id(id);
+    }
+    finite_price(genai_prices::calculate(&request).ok()?.total_price)
+}
+
+/// `usage` in the table's terms.
+fn table_usage(usage: &Usage) -> genai_prices::Usage {
+    use genai_prices::{Usage as TableUsage, UsageKey};
 
     let as_f64 = |n: u64| n as f64;
     // The table's input counts the cached tokens too.
@@ -807,7 +920,7 @@ fn table_cost(provider: &str, model: &str, usage: &Usage) -> Option<Usd> {
         .input_tokens
         .saturating_add(usage.cache_read_input_tokens)
         .saturating_add(usage.cache_creation_input_tokens);
-    let counted = TableUsage::from([
+    TableUsage::from([
         (UsageKey::INPUT_TOKENS, as_f64(input)),
         (UsageKey::OUTPUT_TOKENS, as_f64(usage.output_tokens)),
         (
@@ -818,12 +931,12 @@ fn table_cost(provider: &str, model: &str, usage: &Usage) -> Option<Usd> {
             UsageKey::CACHE_WRITE_TOKENS,
             as_f64(usage.cache_creation_input_tokens),
         ),
-    ]);
-    let mut request = PriceRequest::new(model, &counted);
-    if let Some(id) = table_provider(provider) {
-        request = request.with_provider_id(id);
-    }
-    let price = genai_prices::calculate(&request).ok()?.total_price;
+    ])
+}
+
+/// The table's price in dollars as an amount, rounded up to the
+/// nano-dollar (`None` for one that is not a finite amount).
+fn finite_price(price: f64) -> Option<Usd> {
     if !price.is_finite() || price < 0.0 {
         return None;
     }
@@ -972,5 +1085,90 @@ mod tests {
             read < "2.50".parse().unwrap(),
             "cached input is cheaper: {read}"
         );
+    }
+
+    /// Every model of the three providers' tables, by its own name and
+    /// by names the table matches loosely, priced once matched and priced
+    /// matching the name on the call: the same amount, or both unpriced.
+    #[test]
+    fn a_model_matched_once_is_priced_as_matching_it_on_every_call() {
+        let usages = [
+            Usage {
+                input_tokens: 1_000,
+                output_tokens: 500,
+                ..Usage::default()
+            },
+            // Above the long-context tiers some models price differently.
+            Usage {
+                input_tokens: 300_000,
+                output_tokens: 2_000,
+                cache_read_input_tokens: 50_000,
+                cache_creation_input_tokens: 20_000,
+                ..Usage::default()
+            },
+        ];
+        let calculator = genai_prices::Calculator::bundled();
+        let mut compared = 0;
+        for (provider, id) in [
+            ("anthropic", "anthropic"),
+            ("openai", "openai"),
+            ("gcp.gemini", "google"),
+        ] {
+            let table = calculator
+                .find_provider(Some(id), None)
+                .unwrap()
+                .unwrap_or_else(|| panic!("{id} is in the table"));
+            let mut names: Vec<String> = Vec::new();
+            for model in table.models() {
+                let name = model.id();
+                names.extend([
+                    name.to_owned(),
+                    name.to_uppercase(),
+                    format!("{name}-20250514"),
+                    format!("{name}-latest"),
+                ]);
+            }
+            names.extend(["not-a-model".to_owned(), String::new()]);
+            for name in &names {
+                for usage in &usages {
+                    // Twice: the first call matches and fills the cache,
+                    // the second reads it.
+                    for _ in 0..2 {
+                        assert_eq!(
+                            table_cost(provider, name, usage),
+                            table_cost_matching(Some(id), name, usage),
+                            "{provider} {name:?} {usage:?}"
+                        );
+                        compared += 1;
+                    }
+                }
+            }
+        }
+        assert!(compared > 500, "{compared} comparisons");
+        let priced = Usage {
+            input_tokens: 1_000_000,
+            ..Usage::default()
+        };
+        assert!(table_cost("anthropic", "claude-sonnet-4-5", &priced).is_some());
+    }
+
+    #[test]
+    fn a_matched_name_is_kept_and_an_unknown_one_too() {
+        let usage = used(1_000, 1);
+        assert!(table_cost("openai", "gpt-4o-mini", &usage).is_some());
+        assert_eq!(table_cost("openai", "no-such-model-here", &usage), None);
+        let cache = MATCHED[1].read().unwrap();
+        assert!(matches!(cache.get("gpt-4o-mini"), Some(Some(_))));
+        assert!(matches!(cache.get("no-such-model-here"), Some(None)));
+    }
+
+    #[test]
+    fn a_provider_the_table_does_not_name_is_matched_by_the_model() {
+        let usage = used(1_000_000, 1);
+        assert_eq!(
+            table_cost("some.gateway", "gpt-4o", &usage),
+            table_cost_matching(None, "gpt-4o", &usage)
+        );
+        assert!(table_cost("some.gateway", "gpt-4o", &usage).is_some());
     }
 }

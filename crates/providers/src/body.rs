@@ -14,8 +14,9 @@
 //! messages never merge closes all of them at once.
 //!
 //! The parts of a request around its messages (model, system prompt, tool
-//! schemas, settings) are encoded on every call: they are small next to a
-//! long history, and nothing about them has to be remembered.
+//! schemas, settings) are the same on most calls of a client; a
+//! [`FrameCache`] keeps the last few encoded, each with a copy of everything
+//! it was built from, and uses one only when the request equals that copy.
 //!
 //! The bytes are the exact bytes `serde_json::to_vec` of the whole request
 //! writes: the head and tail of the request object are serialized as two
@@ -25,11 +26,13 @@
 //! the cache rests on.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use markov_core::model::HistoryId;
+use markov_core::model::{HistoryId, ModelSettings, ToolChoice};
+use markov_core::tool::{ProviderTool, ToolDefinition, ToolName};
 use markov_core::{Message, ModelError, ModelRequest};
 use serde::Serialize;
+use serde_json::Value;
 
 /// How many bytes of encoded messages a client keeps by default, over all
 /// the histories it serves.
@@ -109,6 +112,116 @@ impl FrameBytes {
     pub(crate) fn named(mut self, array: &'static str) -> Self {
         self.array = array;
         self
+    }
+}
+
+impl AsRef<FrameBytes> for FrameBytes {
+    fn as_ref(&self) -> &FrameBytes {
+        self
+    }
+}
+
+/// How many frames a [`FrameCache`] keeps.
+const FRAMES: usize = 4;
+
+/// Everything of a request a frame is built from: all of it but its
+/// messages, the model it goes to and what the body is for (`P`, the
+/// vendor's purpose). Owned copies, compared field by field.
+struct FrameKey<P> {
+    purpose: P,
+    model: String,
+    system: String,
+    tools: Vec<ToolDefinition>,
+    provider_tools: Vec<ProviderTool>,
+    tool_choice: ToolChoice,
+    settings: ModelSettings,
+    output_schema: Option<Value>,
+    deferred_tools: Vec<ToolName>,
+}
+
+impl<P: PartialEq + Copy> FrameKey<P> {
+    fn of(request: &ModelRequest<'_>, model: &str, purpose: P) -> Self {
+        FrameKey {
+            purpose,
+            model: model.to_owned(),
+            system: request.system().to_owned(),
+            tools: request.tools().to_vec(),
+            provider_tools: request.provider_tools().to_vec(),
+            tool_choice: request.tool_choice().clone(),
+            settings: request.settings().clone(),
+            output_schema: request.output_schema().cloned(),
+            deferred_tools: request.deferred_tools().to_vec(),
+        }
+    }
+
+    /// Whether `request` (to `model`, for `purpose`) has exactly these
+    /// parts.
+    fn matches(&self, request: &ModelRequest<'_>, model: &str, purpose: P) -> bool {
+        self.purpose == purpose
+            && self.model == model
+            && self.system == request.system()
+            && self.tool_choice == *request.tool_choice()
+            && self.settings == *request.settings()
+            && self.deferred_tools == request.deferred_tools()
+            && self.output_schema.as_ref() == request.output_schema()
+            && self.provider_tools == request.provider_tools()
+            && self.tools == request.tools()
+    }
+}
+
+/// The last few frames a client encoded, each kept with a copy of what it
+/// was built from ([`FrameKey`]: the request but its messages, the model,
+/// the purpose) and used again only for a request equal to that copy; the
+/// vendor's own settings are the client's and never change. Shared by a
+/// client's clones.
+pub(crate) struct FrameCache<P>(Arc<Mutex<Vec<KeptFrame<P>>>>);
+
+/// A kept frame and what it was built from.
+type KeptFrame<P> = (FrameKey<P>, Arc<FrameBytes>);
+
+impl<P> Clone for FrameCache<P> {
+    fn clone(&self) -> Self {
+        FrameCache(Arc::clone(&self.0))
+    }
+}
+
+impl<P> Default for FrameCache<P> {
+    fn default() -> Self {
+        FrameCache(Arc::new(Mutex::new(Vec::with_capacity(FRAMES))))
+    }
+}
+
+impl<P: PartialEq + Copy> FrameCache<P> {
+    /// The frame of `request` to `model` for `purpose`: the one kept for
+    /// equal parts, else `build`'s, kept in place of the least recently
+    /// used. A frame `build` refuses is not kept.
+    pub(crate) fn get_or_build(
+        &self,
+        request: &ModelRequest<'_>,
+        model: &str,
+        purpose: P,
+        build: impl FnOnce() -> Result<FrameBytes, ModelError>,
+    ) -> Result<Arc<FrameBytes>, ModelError> {
+        {
+            let mut frames = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some(at) = frames
+                .iter()
+                .position(|(key, _)| key.matches(request, model, purpose))
+            {
+                // Most recently used last.
+                let hit = frames.remove(at);
+                let frame = Arc::clone(&hit.1);
+                frames.push(hit);
+                return Ok(frame);
+            }
+        }
+        let frame = Arc::new(build()?);
+        let mut frames = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if frames.len() >= FRAMES {
+            frames.remove(0);
+        }
+        frames.push((FrameKey::of(request, model, purpose), Arc::clone(&frame)));
+        Ok(frame)
     }
 }
 
@@ -198,10 +311,10 @@ impl BodyCache {
 /// renders a run of history messages that starts at a wire message
 /// boundary. Fails when no wire message results (`empty` is the message),
 /// `frame` fails or a part does not serialize.
-pub(crate) fn build(
+pub(crate) fn build<F: AsRef<FrameBytes>>(
     request: &ModelRequest<'_>,
     cache: Option<&BodyCache>,
-    frame: impl FnOnce() -> Result<FrameBytes, ModelError>,
+    frame: impl FnOnce() -> Result<F, ModelError>,
     render: impl Fn(&[Message]) -> Result<Rendered, ModelError>,
     empty: &str,
 ) -> Result<Vec<u8>, ModelError> {
@@ -217,6 +330,7 @@ pub(crate) fn build(
         None => Encoded::default(),
     };
     let frame = frame()?;
+    let frame = frame.as_ref();
     let rendered = render(&history[entry.covered..])?;
     entry.json.extend_from_slice(&rendered.closed);
     entry.count += rendered.closed_count;
@@ -344,5 +458,90 @@ mod tests {
         // An entry larger than the whole cache is not kept.
         cache.put(a, entry(11));
         assert!(cache.take(a).is_none());
+    }
+
+    /// A frame whose every input is named: `{"n":<builds so far>}`, so a
+    /// test tells a kept frame from a new one.
+    fn counted(builds: &std::cell::Cell<usize>) -> Result<FrameBytes, ModelError> {
+        builds.set(builds.get() + 1);
+        FrameBytes::new(
+            &serde_json::json!({ "n": builds.get() }),
+            Vec::new(),
+            0,
+            &serde_json::json!({}),
+        )
+    }
+
+    #[test]
+    fn a_frame_is_kept_for_equal_parts_and_built_again_when_any_part_differs() {
+        let frames = FrameCache::<u8>::default();
+        let builds = std::cell::Cell::new(0);
+        let settings = ModelSettings::default();
+        let tool = |description: &str| {
+            ToolDefinition::new("add", description, serde_json::json!({"type": "object"}))
+                .expect("a tool")
+        };
+        let tools = [tool("adds")];
+        let other_tools = [tool("adds two numbers")];
+        let request = ModelRequest::new("be brief", &[], &settings).with_tools(&tools);
+        let get = |request: &ModelRequest<'_>, model: &str, purpose: u8| {
+            frames
+                .get_or_build(request, model, purpose, || counted(&builds))
+                .expect("a frame")
+        };
+        let first = get(&request, "m", 0);
+        assert!(Arc::ptr_eq(&first, &get(&request, "m", 0)));
+        assert_eq!(builds.get(), 1);
+        // Each part the frame is built from, changed alone.
+        let other_system = request.with_system("be thorough");
+        let other_tools = request.with_tools(&other_tools);
+        let hotter = ModelSettings {
+            temperature: Some(0.5),
+            ..ModelSettings::default()
+        };
+        let other_settings = request.with_settings(&hotter);
+        let schema = serde_json::json!({"type": "object"});
+        let with_schema = request.with_output_schema(Some(&schema));
+        let deferred = [ToolName::new("add").expect("a name")];
+        let with_deferred = request.with_deferred_tools(&deferred);
+        let none = ToolChoice::None;
+        let other_choice = request.with_tool_choice(&none);
+        let changed = [
+            get(&request, "other model", 0),
+            get(&request, "m", 1),
+            get(&other_system, "m", 0),
+            get(&other_tools, "m", 0),
+            get(&other_settings, "m", 0),
+            get(&with_schema, "m", 0),
+            get(&with_deferred, "m", 0),
+            get(&other_choice, "m", 0),
+        ];
+        assert_eq!(builds.get(), 1 + changed.len());
+        for frame in &changed {
+            assert!(!Arc::ptr_eq(&first, frame));
+        }
+        // Four are kept: the last four are found again, the first was
+        // dropped for them.
+        let last = get(&other_choice, "m", 0);
+        assert!(Arc::ptr_eq(&last, &changed[changed.len() - 1]));
+        assert_eq!(builds.get(), 1 + changed.len());
+        get(&request, "m", 0);
+        assert_eq!(builds.get(), 2 + changed.len());
+    }
+
+    #[test]
+    fn a_refused_frame_is_not_kept() {
+        let frames = FrameCache::<u8>::default();
+        let settings = ModelSettings::default();
+        let request = ModelRequest::new("", &[], &settings);
+        let refused = frames.get_or_build(&request, "m", 0, || {
+            Err(ModelError::InvalidRequest("no".into()))
+        });
+        assert!(refused.is_err());
+        let builds = std::cell::Cell::new(0);
+        frames
+            .get_or_build(&request, "m", 0, || counted(&builds))
+            .expect("a frame");
+        assert_eq!(builds.get(), 1);
     }
 }

@@ -55,7 +55,7 @@ use markov_core::{ModelError, ModelRequest, ModelResponse, StreamEvent};
 use reqwest::Url;
 use reqwest::header::{HeaderMap, HeaderValue};
 
-use crate::body::BodyCache;
+use crate::body::{BodyCache, FrameCache};
 use crate::client::{
     CachesBodies, Client, ClientBuilder, Needs, Parts, Purpose, Vendor, not_offered,
 };
@@ -302,6 +302,7 @@ pub struct AnthropicVendor {
     count_url: Url,
     shape: wire::Shape,
     body_cache: BodyCache,
+    frames: FrameCache<wire::Purpose>,
 }
 
 impl fmt::Debug for AnthropicVendor {
@@ -379,6 +380,7 @@ impl Vendor for AnthropicVendor {
                 context_management,
             },
             body_cache: BodyCache::new(parts.body_cache_bytes),
+            frames: FrameCache::default(),
         })
     }
 
@@ -418,7 +420,14 @@ impl Vendor for AnthropicVendor {
             Purpose::Compact => return Err(not_offered(Self::NAME, purpose)),
         };
         if cached {
-            wire::encode(request, model, &self.shape, purpose, Some(&self.body_cache))
+            wire::encode(
+                request,
+                model,
+                &self.shape,
+                purpose,
+                Some(&self.body_cache),
+                &self.frames,
+            )
         } else {
             wire::encode_plain(request, model, &self.shape, purpose)
         }

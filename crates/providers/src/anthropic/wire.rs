@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::PromptCaching;
-use crate::body::{self, BodyCache, FrameBytes, Rendered};
+use crate::body::{self, BodyCache, FrameBytes, FrameCache, Rendered};
 use crate::convert::{self, Content, SYSTEM_PREFIX};
 use crate::output::{self, Plan};
 
@@ -316,20 +316,24 @@ pub(super) enum Purpose {
 const NO_MESSAGES: &str = "no message to send: the conversation has no user or assistant content";
 
 /// The request body of one call, with the history's final messages taken
-/// from `cache` when the request names its history (see [`crate::body`]).
+/// from `cache` when the request names its history, and its frame from
+/// `frames` when an equal request was encoded before (see [`crate::body`]).
 pub(super) fn encode(
     request: &ModelRequest<'_>,
     model: &str,
     shape: &Shape,
     purpose: Purpose,
     cache: Option<&BodyCache>,
+    frames: &FrameCache<Purpose>,
 ) -> Result<Vec<u8>, ModelError> {
     body::build(
         request,
         cache,
         || {
-            let (head, tail) = frame(request, model, shape, purpose)?;
-            FrameBytes::new(&head, Vec::new(), 0, &tail)
+            frames.get_or_build(request, model, purpose, || {
+                let (head, tail) = frame(request, model, shape, purpose)?;
+                FrameBytes::new(&head, Vec::new(), 0, &tail)
+            })
         },
         |run| render(run, shape.caching),
         NO_MESSAGES,
