@@ -237,6 +237,15 @@ impl WorkerOptions {
 /// (`port=N`) before it serves until it is killed.
 pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::process::ExitCode {
     answer_heap_requests();
+    // The bundled price table is decoded once per process, at the first
+    // priced call (about 40 ms of a core): done here, before the worker
+    // serves, so that the CPU the figure counts over the messages is the
+    // messages' own and does not depend on N.
+    let usage = markov_core::model::Usage {
+        input_tokens: 1,
+        ..Default::default()
+    };
+    let _ = markov_context::Prices::table().cost("anthropic", "claude-sonnet-4-5", &usage);
     let runtime = markov_bench::two_thread_runtime();
     runtime.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();

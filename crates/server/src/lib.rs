@@ -553,16 +553,6 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> std::io::Result<()> {
         let service = Arc::clone(&self.service);
-        // The bundled price table is decoded once per process, on the
-        // first priced call: here, beside the first requests, rather than
-        // inside the first model call's step (about 40 ms of one core).
-        tokio::task::spawn_blocking(|| {
-            let usage = markov_core::model::Usage {
-                input_tokens: 1,
-                ..Default::default()
-            };
-            let _ = markov_context::Prices::table().cost("anthropic", "claude-sonnet-4-5", &usage);
-        });
         let resumer = tokio::spawn(api::continue_interrupted_forever(Arc::clone(&service)));
         let connections = serve::accept(listener, self.router(), &service.limits, shutdown).await;
         resumer.abort();
