@@ -237,6 +237,15 @@ impl WorkerOptions {
 /// (`port=N`) before it serves until it is killed.
 pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::process::ExitCode {
     answer_heap_requests();
+    // The bundled price table is decoded once per process, at the first
+    // priced call (about 40 ms of a core): done here, before the worker
+    // serves, so that the CPU the figure counts over the messages is the
+    // messages' own and does not depend on N.
+    let usage = markov_core::model::Usage {
+        input_tokens: 1,
+        ..Default::default()
+    };
+    let _ = markov_context::Prices::table().cost("anthropic", "claude-sonnet-4-5", &usage);
     let runtime = markov_bench::two_thread_runtime();
     runtime.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -291,7 +300,10 @@ fn answer_heap_requests() {
         let mut window = None;
         for line in std::io::stdin().lock().lines() {
             let Ok(line) = line else { break };
-            if line == "heap-open" {
+            if line == "exit" {
+                // A clean exit, for a profiler that writes its data then.
+                std::process::exit(0);
+            } else if line == "heap-open" {
                 window = Some(crate::counting::Window::open());
             } else if let Some(path) = line.strip_prefix("heap ") {
                 let net = window.as_ref().map_or(0, crate::counting::Window::net);
@@ -392,8 +404,23 @@ pub(crate) fn start_worker(
     provider: &str,
     options: &WorkerOptions,
 ) -> (std::process::Child, String) {
+    start_worker_with(std::process::Command::new(exe), provider, options)
+}
+
+/// The environment variable that names where `server-processes` writes a
+/// callgrind profile of its first worker over the messages (see
+/// `docs/PERFORMANCE.md`).
+const CALLGRIND: &str = "MARKOV_BENCH_CALLGRIND";
+
+/// [`start_worker`] with `command` as the worker's program (the bench
+/// binary itself, or a profiler running it).
+fn start_worker_with(
+    mut command: std::process::Command,
+    provider: &str,
+    options: &WorkerOptions,
+) -> (std::process::Child, String) {
     use std::io::BufRead;
-    let mut child = std::process::Command::new(exe)
+    let mut child = command
         .arg("serve-worker")
         .arg(provider)
         .args(options.args())
@@ -412,6 +439,24 @@ pub(crate) fn start_worker(
         .map(|(p, k)| (p.to_owned(), k.to_owned()))
         .unwrap_or_default();
     (child, format!("http://127.0.0.1:{port}#{key}"))
+}
+
+/// Asks a worker to exit (an `exit` line on its stdin) and waits up to
+/// `limit` for it.
+fn exit_within(child: &mut std::process::Child, limit: Duration) {
+    use std::io::Write;
+    if let Some(stdin) = child.stdin.as_mut() {
+        let _ = stdin.write_all(b"exit\n");
+        let _ = stdin.flush();
+    }
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!("the profiled worker did not exit within {limit:?}: killed, its profile lost");
 }
 
 /// `VmHWM` of another process, in kB.
@@ -540,11 +585,30 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
         };
         let mut children = Vec::new();
         let mut bases = Vec::new();
-        for _ in 0..workers.max(1) {
-            let (child, base) = start_worker(&exe, &provider.base_url(), &options);
+        // The first worker under callgrind when asked, counting nothing
+        // until the messages start.
+        let profile = std::env::var_os(CALLGRIND);
+        for i in 0..workers.max(1) {
+            let (child, base) = match (&profile, i) {
+                (Some(out), 0) => {
+                    let mut valgrind = Command::new("valgrind");
+                    valgrind
+                        .arg("--tool=callgrind")
+                        .arg("--instr-atstart=no")
+                        .arg(format!(
+                            "--callgrind-out-file={}",
+                            std::path::Path::new(out).display()
+                        ))
+                        .arg(&exe)
+                        .stderr(Stdio::null());
+                    start_worker_with(valgrind, &provider.base_url(), &options)
+                }
+                _ => start_worker(&exe, &provider.base_url(), &options),
+            };
             bases.push(base);
             children.push(child);
         }
+        let profiled = profile.as_ref().and_then(|_| children.first()).map(std::process::Child::id);
         let worker_pids: Vec<u32> = children.iter().map(std::process::Child::id).collect();
         let database_pids = move || postgres.as_ref().map(postgres_pids).unwrap_or_default();
         let (result, workers_cpu, provider_cpu, database_cpu) = {
@@ -565,6 +629,15 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
                 for line in std::io::BufReader::new(out).lines() {
                     let Ok(line) = line else { break };
                     if line == "start" {
+                        if let Some(pid) = profiled {
+                            // Taken up when the worker next runs: at the
+                            // first message.
+                            let _ = Command::new("callgrind_control")
+                                .args(["-i", "on", &pid.to_string()])
+                                .stdout(Stdio::null())
+                                .stderr(Stdio::null())
+                                .spawn();
+                        }
                         before = (
                             cpu_of(&worker_pids),
                             crate::process_cpu("self").unwrap_or_default(),
@@ -586,7 +659,11 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
             .expect("the clients finished")
         };
         let workers_hwm_kb: u64 = worker_pids.iter().map(|&pid| vm_hwm_of(pid)).sum();
-        for mut child in children {
+        for (i, mut child) in children.into_iter().enumerate() {
+            if profiled.is_some() && i == 0 {
+                // Asked to exit, so that callgrind writes its profile.
+                exit_within(&mut child, Duration::from_secs(120));
+            }
             let _ = child.kill();
             let _ = child.wait();
         }

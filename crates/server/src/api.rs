@@ -666,10 +666,18 @@ fn spawn_run(
             log.record(step_event(step));
         };
         let result = async {
+            // The session is released as soon as the run returns: the run's
+            // last write gives up the lease with it, in one store write.
             let last = match work {
                 Work::Nothing => None,
-                Work::Resume => Some(session.resume_each_step(on_step).await),
-                Work::Continue => Some(session.run_each_step(on_step).await),
+                Work::Resume => {
+                    session.release_with_run();
+                    Some(session.resume_each_step(on_step).await)
+                }
+                Work::Continue => {
+                    session.release_with_run();
+                    Some(session.run_each_step(on_step).await)
+                }
                 Work::Message(text) => Some(
                     async {
                         let mut on_step = on_step;
@@ -677,6 +685,7 @@ fn spawn_run(
                             session.resume_each_step(&mut on_step).await?;
                         }
                         session.machine().enqueue_user(text);
+                        session.release_with_run();
                         session.run_each_step(&mut on_step).await
                     }
                     .await,

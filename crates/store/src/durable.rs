@@ -274,6 +274,12 @@ pub struct DurableMachine<S: Store + ?Sized> {
     cache: Option<(SessionCache, Agent)>,
     /// Whether the machine was taken from the cache.
     kept: bool,
+    /// Whether the next run's last write gives up the lease too (see
+    /// [`DurableMachine::release_with_run`]).
+    release_with_run: bool,
+    /// The session's revision, once a run's last write gave up the lease
+    /// (`Some(None)`: it was not held any more).
+    released: Option<Option<crate::Revision>>,
 }
 
 impl<S: Store + ?Sized> std::fmt::Debug for DurableMachine<S> {
@@ -420,6 +426,8 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             interrupt: CancellationToken::new(),
             cache: None,
             kept: false,
+            release_with_run: false,
+            released: None,
             trace: None,
             traced: false,
             sub_steps,
@@ -479,7 +487,20 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             .acquire(&self.id, &self.holder, self.lease_ttl)
             .await?;
         self.lease.until.store(lease.expires_at, Ordering::Release);
+        self.released = None;
         Ok(lease)
+    }
+
+    /// Lets the next run ([`run`](Self::run), [`resume`](Self::resume) and
+    /// their `_each_step` forms) give up the lease with its last write — one
+    /// store write instead of two — for a caller that
+    /// [`release`](Self::release)s the session as soon as the run returns.
+    /// `release` then gives nothing up again; it parks the machine as
+    /// usual. What is stored is the same as with a write and a release:
+    /// the step, then the lease given up, committed together. A write
+    /// after that (a persist, another run) takes the lease again first.
+    pub fn release_with_run(&mut self) {
+        self.release_with_run = true;
     }
 
     /// Writes what changed since the last write (after an approval or a
@@ -487,7 +508,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     pub async fn persist(&mut self) -> Result<(), DurableError> {
         // A run still to continue stays recorded as in progress.
         let run = self.interrupted.clone();
-        self.write(run.as_ref()).await
+        self.write(run.as_ref(), false).await
     }
 
     /// Whether the machine changed since the last write.
@@ -497,7 +518,15 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             || self.machine.approvals().revision() != self.approvals
     }
 
-    async fn write(&mut self, run: Option<&RunState>) -> Result<(), DurableError> {
+    /// Writes what changed, and gives up the lease in the same store write
+    /// when `release` is set.
+    async fn write(&mut self, run: Option<&RunState>, release: bool) -> Result<(), DurableError> {
+        if self.released.is_some() {
+            // A run's last write gave the lease up; a write after it (which
+            // the server's paths never make) needs it back first.
+            tracing::debug!("the lease was given up with the last write: taking it again");
+            self.renew().await?;
+        }
         let history = self.machine.history();
         let messages = history.get(self.written..).unwrap_or_default();
         let added_bytes = self.cache.as_ref().map_or(0, |_| json_len(messages));
@@ -522,23 +551,26 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         if let Some(trace) = &mut trace {
             trace.tree.clone_from(&tree);
         }
-        self.store
-            .append(
-                &self.id,
-                &self.holder,
-                StepRecord {
-                    messages,
-                    tree: tree.as_ref(),
-                    approvals: approvals.as_deref(),
-                    repeats: repeats.as_deref(),
-                    counters: counters.as_ref(),
-                    answers: &answers,
-                    run,
-                    usage: usage_changed.then_some(&usage),
-                    trace: trace.as_ref(),
-                },
-            )
-            .await?;
+        let record = StepRecord {
+            messages,
+            tree: tree.as_ref(),
+            approvals: approvals.as_deref(),
+            repeats: repeats.as_deref(),
+            counters: counters.as_ref(),
+            answers: &answers,
+            run,
+            usage: usage_changed.then_some(&usage),
+            trace: trace.as_ref(),
+        };
+        if release {
+            let revision = self
+                .store
+                .append_and_release(&self.id, &self.holder, record)
+                .await?;
+            self.released = Some(revision);
+        } else {
+            self.store.append(&self.id, &self.holder, record).await?;
+        }
         self.written = history.len();
         self.history_bytes = self.history_bytes.saturating_add(added_bytes);
         self.tree = Arc::clone(self.machine.instance());
@@ -583,21 +615,24 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         options: RunOptions,
         mut on_step: impl FnMut(&MachineStep),
     ) -> Result<MachineStep, DurableError> {
+        let release = std::mem::take(&mut self.release_with_run);
         if let Some(state) = self.interrupted.take() {
             // New input waits until the interrupted run is finished: its
             // answer comes first in the history, and the model then sees
             // the new input after it, in order.
             let held = self.machine.queue().hold_back();
             tracing::info!(held = held.len(), "continuing an interrupted run");
-            let finished = self.drive(state, &mut on_step).await;
             let has_input = !held.is_empty();
+            // Its last write is the run's last only when no input follows.
+            let finished = self.drive(state, &mut on_step, release && !has_input).await;
             drop(held);
             let last = finished?;
             if !has_input || last.yield_reason == YieldReason::Cancelled {
                 return Ok(last);
             }
         }
-        self.drive(RunState::new(options), &mut on_step).await
+        self.drive(RunState::new(options), &mut on_step, release)
+            .await
     }
 
     /// Keeps `step`'s trace for the write that records it, when the
@@ -647,18 +682,20 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         self.trace = Some(trace);
     }
 
-    /// Drives one run to its end, writing every step.
+    /// Drives one run to its end, writing every step; the write that ends
+    /// the run gives up the lease too when `release` is set.
     async fn drive(
         &mut self,
         mut state: RunState,
         on_step: &mut impl FnMut(&MachineStep),
+        release: bool,
     ) -> Result<MachineStep, DurableError> {
         let mut last = None;
         loop {
             let action = match state.next(&mut self.machine) {
                 Ok(action) => action,
                 Err(e) => {
-                    self.write(None).await?;
+                    self.write(None, release).await?;
                     return Err(e.into());
                 }
             };
@@ -696,10 +733,10 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     // left is written already; the run state it wrote leads
                     // to this same step).
                     if self.dirty() {
-                        self.write(Some(&state)).await?;
+                        self.write(Some(&state), false).await?;
                     }
                     if self.cancel.is_cancelled() {
-                        return self.stopped(&mut state, on_step).await;
+                        return self.stopped(&mut state, on_step, release).await;
                     }
                     let cancel = self.cancel.clone();
                     let started = std::time::Instant::now();
@@ -732,7 +769,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                         }
                     };
                     let Some(results) = results else {
-                        return self.stopped(&mut state, on_step).await;
+                        return self.stopped(&mut state, on_step, release).await;
                     };
                     if let Some(reason) = self.lease.lost() {
                         tracing::error!(%reason, "this worker lost the session: it stops here");
@@ -746,7 +783,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                         Ok(step) => {
                             self.trace_step(&step, started.elapsed(), before);
                             let run = (!state.is_finished()).then_some(&state);
-                            self.write(run).await?;
+                            self.write(run, release && run.is_none()).await?;
                             on_step(&step);
                             if self.interrupt.is_cancelled() && !state.is_finished() {
                                 tracing::info!(
@@ -762,7 +799,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                             // in progress: the next run finishes it (replaying
                             // the answer) before it takes new input.
                             let unfinished = !self.machine.policy_state().answers().is_empty();
-                            self.write(unfinished.then_some(&state)).await?;
+                            self.write(unfinished.then_some(&state), release).await?;
                             if unfinished {
                                 self.interrupted = Some(state);
                             }
@@ -773,7 +810,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 Action::Yield(step) => {
                     self.trace_step(&step, Duration::ZERO, None);
                     let run = (!state.is_finished()).then_some(&state);
-                    self.write(run).await?;
+                    self.write(run, release && run.is_none()).await?;
                     on_step(&step);
                     last = Some(step);
                 }
@@ -791,12 +828,13 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         &mut self,
         state: &mut RunState,
         on_step: &mut impl FnMut(&MachineStep),
+        release: bool,
     ) -> Result<MachineStep, DurableError> {
         tracing::info!("the run was cancelled: the step in flight is recorded and the run ends");
         self.cancel = CancellationToken::new();
         let step = state.cancel(&mut self.machine);
         self.trace_step(&step, Duration::ZERO, None);
-        self.write(None).await?;
+        self.write(None, release).await?;
         on_step(&step);
         Ok(step)
     }
@@ -881,16 +919,17 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             resumed = true,
         );
         async move {
+            let release = std::mem::take(&mut self.release_with_run);
             let _held = self.machine.queue().hold_back();
             if let Some(state) = self.interrupted.take() {
-                return self.drive(state, &mut on_step).await;
+                return self.drive(state, &mut on_step, release).await;
             }
             if !self.machine.is_awaiting_approval() {
                 return Err(RunError::NotAwaitingApproval.into());
             }
             let state = RunState::resume(options);
-            self.write(Some(&state)).await?;
-            self.drive(state, &mut on_step).await
+            self.write(Some(&state), false).await?;
+            self.drive(state, &mut on_step, release).await
         }
         .instrument(span)
         .await
@@ -926,7 +965,11 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             && policy.answers().is_empty()
             && self.interrupted.is_none()
             && self.machine.queue().is_empty();
-        let revision = self.store.release(&self.id, &self.holder).await?;
+        let revision = match self.released {
+            // Given up by the run's last write, in the same store write.
+            Some(revision) => revision,
+            None => self.store.release(&self.id, &self.holder).await?,
+        };
         if let (Some((cache, agent)), Some(revision), true) = (self.cache, revision, at_rest) {
             cache.park(
                 self.id,
@@ -945,7 +988,9 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
     /// machine runs in memory from then on: its steps are no longer
     /// written to the store (which another worker may now lease).
     pub async fn into_machine(self) -> Result<Machine, DurableError> {
-        self.store.release(&self.id, &self.holder).await?;
+        if self.released.is_none() {
+            self.store.release(&self.id, &self.holder).await?;
+        }
         self.machine.policy_state().clear_journal();
         Ok(self.machine)
     }

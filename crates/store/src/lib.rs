@@ -585,6 +585,24 @@ pub trait Store: Send + Sync + fmt::Debug {
         holder: &WorkerId,
     ) -> Result<Option<Revision>, StoreError>;
 
+    /// Appends one step and gives up `holder`'s lease in the same write,
+    /// and returns the session's revision after it (`None` if the lease
+    /// was given up already). For a run's last write when the session is
+    /// released right after: one write instead of two, and no moment where
+    /// the step is stored and the lease still held by a worker that is
+    /// done with it. Fenced like [`append`](Store::append): nothing is
+    /// written without the lease. This default appends, then releases; a
+    /// store that can do both in one transaction does so.
+    async fn append_and_release(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        step: StepRecord<'_>,
+    ) -> Result<Option<Revision>, StoreError> {
+        self.append(id, holder, step).await?;
+        self.release(id, holder).await
+    }
+
     /// Leases to `holder` a session whose run was in progress at its last
     /// write and whose lease is free or expired (a crashed worker's), if
     /// there is one.

@@ -375,6 +375,142 @@ fn lease(
     })
 }
 
+/// A step as the database keeps it: its JSON text, made before it reaches
+/// the writer thread (the thread only writes).
+struct EncodedStep {
+    messages: Vec<String>,
+    tree: Option<String>,
+    approvals: Option<String>,
+    repeats: Option<String>,
+    counters: Option<String>,
+    turn: Option<u64>,
+    answers: Option<String>,
+    run: Option<String>,
+    usage: Option<String>,
+    trace: Option<crate::EncodedTrace>,
+}
+
+impl EncodedStep {
+    fn of(step: &StepRecord<'_>) -> Result<Self, StoreError> {
+        Ok(EncodedStep {
+            messages: step
+                .messages
+                .iter()
+                .map(to_json)
+                .collect::<Result<_, _>>()?,
+            tree: step.tree.map(to_json).transpose()?,
+            approvals: step.approvals.map(to_json).transpose()?,
+            repeats: step.repeats.map(to_json).transpose()?,
+            counters: step.counters.map(to_json).transpose()?,
+            turn: step.counters.map(|c| c.turn),
+            answers: (!step.answers.is_empty())
+                .then(|| to_json(step.answers))
+                .transpose()?,
+            run: step.run.map(to_json).transpose()?,
+            usage: step.usage.map(to_json).transpose()?,
+            trace: step.trace.map(crate::encode_trace).transpose()?,
+        })
+    }
+
+    /// Appends the step to session `id`, fenced by `holder`'s lease.
+    fn write(
+        &self,
+        conn: &Connection,
+        id: &SessionId,
+        holder: &WorkerId,
+    ) -> Result<(), StoreError> {
+        let EncodedStep {
+            messages,
+            tree,
+            approvals,
+            repeats,
+            counters,
+            turn,
+            answers,
+            run,
+            usage,
+            trace,
+        } = self;
+
+        let now = now_ms();
+        fence(conn, id, holder, now)?;
+        if let Some(trace) = trace {
+            write_trace(conn, id, trace, now)?;
+        }
+        let count: i64 = conn
+            .prepare_cached("SELECT messages FROM sessions WHERE id = ?1")
+            .map_err(backend)?
+            .query_row(params![id.as_str()], |r| r.get(0))
+            .map_err(backend)?;
+        {
+            let mut insert = conn
+                .prepare_cached("INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)")
+                .map_err(backend)?;
+            for (i, body) in messages.iter().enumerate() {
+                insert
+                    .execute(params![id.as_str(), count + to_i64(i as u64), body])
+                    .map_err(backend)?;
+            }
+        }
+        conn.prepare_cached(
+            "UPDATE sessions SET
+                    tree = COALESCE(?2, tree),
+                    approvals = COALESCE(?3, approvals),
+                    run_state = ?4,
+                    steps = steps + 1,
+                    messages = messages + ?5,
+                    updated_at = ?6,
+                    repeats = COALESCE(?7, repeats),
+                    counters = COALESCE(?8, counters),
+                    answers = ?9,
+                    usage = COALESCE(?10, usage)
+                 WHERE id = ?1",
+        )
+        .map_err(backend)?
+        .execute(params![
+            id.as_str(),
+            tree,
+            approvals,
+            run,
+            to_i64(messages.len() as u64),
+            to_i64(now),
+            repeats,
+            counters,
+            answers,
+            usage
+        ])
+        .map_err(backend)?;
+        if let Some(turn) = turn {
+            // A new user turn: the earlier turns' answers can never
+            // match again (their keys name their turn).
+            conn.prepare_cached("DELETE FROM ledger WHERE session_id = ?1 AND key NOT LIKE ?2")
+                .map_err(backend)?
+                .execute(params![id.as_str(), format!("t{turn}:%")])
+                .map_err(backend)?;
+        }
+        Ok(())
+    }
+}
+
+/// Gives up `holder`'s lease on `id`, returning the session's revision, or
+/// `None` (and nothing changes) if `holder` does not hold it.
+fn give_up(
+    conn: &Connection,
+    id: &SessionId,
+    holder: &WorkerId,
+) -> Result<Option<Revision>, StoreError> {
+    let revision: Option<i64> = conn
+        .prepare_cached(
+            "UPDATE sessions SET lease_holder = NULL, lease_expires = 0
+             WHERE id = ?1 AND lease_holder = ?2 RETURNING revision",
+        )
+        .map_err(backend)?
+        .query_row(params![id.as_str(), holder.as_str()], |r| r.get(0))
+        .optional()
+        .map_err(backend)?;
+    Ok(revision.map(|r| Revision::new(to_u64(r))))
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn create(
@@ -468,86 +604,27 @@ impl Store for SqliteStore {
         holder: &WorkerId,
         step: StepRecord<'_>,
     ) -> Result<(), StoreError> {
-        let messages: Vec<String> = step
-            .messages
-            .iter()
-            .map(to_json)
-            .collect::<Result<_, _>>()?;
-        let tree = step.tree.map(to_json).transpose()?;
-        let approvals = step.approvals.map(to_json).transpose()?;
-        let repeats = step.repeats.map(to_json).transpose()?;
-        let counters = step.counters.map(to_json).transpose()?;
-        let turn = step.counters.map(|c| c.turn);
-        let answers = (!step.answers.is_empty())
-            .then(|| to_json(step.answers))
-            .transpose()?;
-        let run = step.run.map(to_json).transpose()?;
-        let usage = step.usage.map(to_json).transpose()?;
-        let trace = step.trace.map(crate::encode_trace).transpose()?;
+        let step = EncodedStep::of(&step)?;
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
+            .write(move |conn| step.write(conn, &id, &holder))
+            .await
+    }
+
+    async fn append_and_release(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        step: StepRecord<'_>,
+    ) -> Result<Option<Revision>, StoreError> {
+        let step = EncodedStep::of(&step)?;
+        let (id, holder) = (id.clone(), holder.clone());
+        // One job for the writer thread, in one savepoint: the step and the
+        // lease given up are committed together or not at all.
+        self.writer
             .write(move |conn| {
-                let now = now_ms();
-                fence(conn, &id, &holder, now)?;
-                if let Some(trace) = &trace {
-                    write_trace(conn, &id, trace, now)?;
-                }
-                let count: i64 = conn
-                    .prepare_cached("SELECT messages FROM sessions WHERE id = ?1")
-                    .map_err(backend)?
-                    .query_row(params![id.as_str()], |r| r.get(0))
-                    .map_err(backend)?;
-                {
-                    let mut insert = conn
-                        .prepare_cached(
-                            "INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)",
-                        )
-                        .map_err(backend)?;
-                    for (i, body) in messages.iter().enumerate() {
-                        insert
-                            .execute(params![id.as_str(), count + to_i64(i as u64), body])
-                            .map_err(backend)?;
-                    }
-                }
-                conn.prepare_cached(
-                    "UPDATE sessions SET
-                    tree = COALESCE(?2, tree),
-                    approvals = COALESCE(?3, approvals),
-                    run_state = ?4,
-                    steps = steps + 1,
-                    messages = messages + ?5,
-                    updated_at = ?6,
-                    repeats = COALESCE(?7, repeats),
-                    counters = COALESCE(?8, counters),
-                    answers = ?9,
-                    usage = COALESCE(?10, usage)
-                 WHERE id = ?1",
-                )
-                .map_err(backend)?
-                .execute(params![
-                    id.as_str(),
-                    tree,
-                    approvals,
-                    run,
-                    to_i64(messages.len() as u64),
-                    to_i64(now),
-                    repeats,
-                    counters,
-                    answers,
-                    usage
-                ])
-                .map_err(backend)?;
-                if let Some(turn) = turn {
-                    // A new user turn: the earlier turns' answers can never
-                    // match again (their keys name their turn).
-                    conn.prepare_cached(
-                        "DELETE FROM ledger WHERE session_id = ?1 AND key NOT LIKE ?2",
-                    )
-                    .map_err(backend)?
-                    .execute(params![id.as_str(), format!("t{turn}:%")])
-                    .map_err(backend)?;
-                }
-                Ok(())
+                step.write(conn, &id, &holder)?;
+                give_up(conn, &id, &holder)
             })
             .await
     }
@@ -954,18 +1031,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Revision>, StoreError> {
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
-            .write(move |conn| {
-                let revision: Option<i64> = conn
-                    .prepare_cached(
-                        "UPDATE sessions SET lease_holder = NULL, lease_expires = 0
-                     WHERE id = ?1 AND lease_holder = ?2 RETURNING revision",
-                    )
-                    .map_err(backend)?
-                    .query_row(params![id.as_str(), holder.as_str()], |r| r.get(0))
-                    .optional()
-                    .map_err(backend)?;
-                Ok(revision.map(|r| Revision::new(to_u64(r))))
-            })
+            .write(move |conn| give_up(conn, &id, &holder))
             .await
     }
 

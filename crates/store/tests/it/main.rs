@@ -13,6 +13,8 @@ mod common;
 mod context;
 #[cfg(feature = "sqlite")]
 mod exactly_once;
+#[cfg(feature = "sqlite")]
+mod handoffs;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "postgres")]
