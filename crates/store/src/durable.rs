@@ -704,7 +704,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     // Before the drain writes anything: the history is
                     // written with what the input guards let through.
                     if self.cancel.is_cancelled() {
-                        return self.stopped(&mut state, on_step).await;
+                        return self.stopped(&mut state, on_step, release).await;
                     }
                     let cancel = self.cancel.clone();
                     let checked = {
@@ -718,7 +718,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                         }
                     };
                     let Some(checked) = checked else {
-                        return self.stopped(&mut state, on_step).await;
+                        return self.stopped(&mut state, on_step, release).await;
                     };
                     state.on_input_checked(checked);
                 }

@@ -122,6 +122,34 @@ impl Store for Counted {
         self.inner.steps(id, from, limit).await
     }
 
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<Message>, StoreError> {
+        self.call("messages")?;
+        self.inner.messages(id, from, limit).await
+    }
+
+    async fn team_state(
+        &self,
+        id: &SessionId,
+    ) -> Result<Option<markov_store::TeamRecord>, StoreError> {
+        self.call("team_state")?;
+        self.inner.team_state(id).await
+    }
+
+    async fn write_team_state(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        state: &markov_store::TeamRecord,
+    ) -> Result<(), StoreError> {
+        self.call("write_team_state")?;
+        self.inner.write_team_state(id, holder, state).await
+    }
+
     async fn prune_steps(&self, retention: &StepRetention) -> Result<u64, StoreError> {
         self.call("prune_steps")?;
         self.inner.prune_steps(retention).await
