@@ -73,7 +73,10 @@ fn history_slice(history: &[Message], from: u64, to: u64) -> &[Message] {
     &history[from..to]
 }
 
-fn summary(step: &StepTrace, history: &[Message]) -> StepSummary {
+/// Step `step`'s summary, over `messages`, the history from message
+/// `first` on (covering the step's own messages), of a session whose whole
+/// history has `total` messages.
+fn summary(step: &StepTrace, messages: &[Message], first: u64, total: u64) -> StepSummary {
     let call = step.calls.first();
     StepSummary {
         index: step.index,
@@ -88,8 +91,14 @@ fn summary(step: &StepTrace, history: &[Message]) -> StepSummary {
         step_ms: step.step_ms,
         model_ms: step.calls.iter().map(|c| c.model_ms).sum(),
         tools_ms: step.calls.iter().map(|c| c.tools_ms).sum(),
-        has_request: step.request(history).is_some(),
-        messages: markdown::with_html(history_slice(history, step.history_from, step.history_to)),
+        // What `StepTrace::request` needs: a call that saw the history as
+        // it is, and that much history.
+        has_request: call.is_some_and(|c| !c.context_view && c.history_len <= total),
+        messages: markdown::with_html(history_slice(
+            messages,
+            step.history_from.saturating_sub(first),
+            step.history_to.saturating_sub(first),
+        )),
         approvals: step.approvals.clone(),
         tool_calls: step.calls.iter().flat_map(call_traces).collect(),
     }
@@ -143,12 +152,20 @@ pub(crate) async fn steps(
     // The history only when there are steps to show it for: a page that
     // polls for new steps of a long session and finds none reads no
     // message.
+    // Only the messages the page's steps added are read, so a page costs
+    // the same at step 10 as at step 10 000.
     let steps = if traces.is_empty() {
         Vec::new()
     } else {
-        let stored = service.store.load(&id).await?;
-        let history = &stored.snapshot.history;
-        traces.iter().map(|s| summary(s, history)).collect()
+        let first = traces.iter().map(|s| s.history_from).min().unwrap_or(0);
+        let last = traces.iter().map(|s| s.history_to).max().unwrap_or(first);
+        let count = usize::try_from(last.saturating_sub(first)).unwrap_or(usize::MAX);
+        let messages = service.store.messages(&id, first, count).await?;
+        let total = info.messages.max(last);
+        traces
+            .iter()
+            .map(|s| summary(s, &messages, first, total))
+            .collect()
     };
     Ok(Json(StepPage {
         steps,
