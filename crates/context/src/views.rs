@@ -150,6 +150,18 @@ impl ContextViews {
         self.views.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the view of `policy`, as its last call was sent it, is the
+    /// history as it is: no summary shown, no message left out before it,
+    /// no tool result stubbed. The messages a provider never sends (commands,
+    /// instance records) aside, such a call's request is then the one made
+    /// over the history itself, so a recorded step can be rebuilt from the
+    /// stored history. `false` when there is no such view.
+    pub fn shows_history_as_is(&self, policy: &ContextPolicy) -> bool {
+        self.lock()
+            .get(&policy.id())
+            .is_some_and(|view| !view.altered && view.summary.is_none())
+    }
+
     /// Brings the view of `policy` up to date with `history` and applies
     /// the policy's cuts and trims; asks for a summary when the view passed
     /// the threshold and has turns to summarize.
@@ -406,6 +418,10 @@ struct ViewState {
     synced: usize,
     /// The view's tool results before this index are stubbed.
     trimmed: usize,
+    /// Set once the view left out or changed anything of the history the
+    /// model would have read without a policy: messages before its start,
+    /// a stubbed tool result, a summary message passed over.
+    altered: bool,
     /// The summary the view shows first.
     summary: Option<ShownSummary>,
     /// Set while a failed summarizer is not asked again.
@@ -477,6 +493,7 @@ impl ViewState {
             turns: Vec::new(),
             synced: 0,
             trimmed: 0,
+            altered: false,
             summary: None,
             backoff: None,
         }
@@ -520,6 +537,7 @@ impl ViewState {
             }
         }
         view.synced = start;
+        view.altered = start > 0;
         view.sync(policy, history);
         view
     }
@@ -676,6 +694,7 @@ impl ViewState {
                         *self = ViewState::build(policy, history, reads);
                         return;
                     }
+                    self.altered = true;
                 }
                 _ => self.push(at as u64, message.clone()),
             }
@@ -716,6 +735,7 @@ impl ViewState {
         self.remove_front(cut - first);
         self.place_summary();
         self.tokens = self.cost.iter().sum();
+        self.altered = true;
         self.compacted();
     }
 
@@ -789,6 +809,7 @@ impl ViewState {
         }
         self.trimmed = boundary;
         if changed {
+            self.altered = true;
             self.compacted();
         }
     }
@@ -1099,6 +1120,18 @@ mod tests {
         }
         // Origins increase: the view keeps the history's order.
         assert!(view.origin[first..].windows(2).all(|w| w[0] < w[1]));
+        // A view that altered nothing is the history as a provider sends it.
+        if !view.altered && view.summary.is_none() {
+            let sent: Vec<&Message> = history
+                .iter()
+                .filter(|m| !matches!(m.role, Role::Command | Role::Instance))
+                .collect();
+            assert_eq!(
+                view.messages.iter().collect::<Vec<_>>(),
+                sent,
+                "a view that altered nothing is the history as it is"
+            );
+        }
         // The view ends with the history's last message.
         if let Some(last) = history.last()
             && last.role != Role::Summary
@@ -1138,6 +1171,32 @@ mod tests {
         };
         assert_eq!(third.messages[0].text(), "question 1");
         assert_eq!(third.messages.len(), 8);
+    }
+
+    #[test]
+    fn a_view_shows_the_history_as_it_is_until_a_rule_changes_it() {
+        let policy = ContextPolicy::builder()
+            .keep_last_turns(3)
+            .trim_tool_results(2)
+            .build()
+            .unwrap();
+        let views = ContextViews::default();
+        assert!(!views.shows_history_as_is(&policy), "no view yet");
+        let mut history = Vec::new();
+        push_turn(&mut history, 0, 1, 10);
+        push_turn(&mut history, 1, 1, 10);
+        let _ = views.prepare(&policy, &history, None);
+        assert!(views.shows_history_as_is(&policy), "two short turns");
+        // A third turn stubs the first turn's long result.
+        push_turn(&mut history, 2, 1, 500);
+        push_turn(&mut history, 3, 1, 10);
+        let _ = views.prepare(&policy, &history, None);
+        assert!(!views.shows_history_as_is(&policy), "a result stubbed");
+        // Another view, made afresh over a history longer than its turns.
+        let fresh = ContextViews::default();
+        push_turn(&mut history, 4, 0, 0);
+        let _ = fresh.prepare(&policy, &history, None);
+        assert!(!fresh.shows_history_as_is(&policy), "turns left out");
     }
 
     proptest! {

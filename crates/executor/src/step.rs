@@ -224,9 +224,11 @@ pub struct ModelCall {
     /// How many messages of the history the request was sent (the first
     /// ones, in order).
     pub history_len: u64,
-    /// Whether a context policy chose what the request showed of the
-    /// history: then the request's messages were a view of the first
-    /// `history_len` messages, not those messages as they are.
+    /// Whether a context policy changed what the request showed of the
+    /// history (a summary, messages left out, results stubbed): then the
+    /// request's messages were a view of the first `history_len` messages,
+    /// not those messages as they are. `false` for a call under a policy
+    /// whose view had not changed anything yet.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub context_view: bool,
     /// The leaf's turn bookkeeping when it called (what the tool choice

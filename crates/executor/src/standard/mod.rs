@@ -443,10 +443,12 @@ impl StandardExecutor {
             settings: prepared.settings.clone(),
             output_schema: prepared.output_schema.clone(),
             history_len: history_len as u64,
+            // A call under a context policy whose view altered nothing was
+            // sent the history as it is: its request can be rebuilt.
             context_view: node
                 .context_policy()
                 .or(self.context_policy.as_ref())
-                .is_some(),
+                .is_some_and(|policy| !cx.views.shows_history_as_is(policy)),
             turn: cx.turn,
             replayed,
             model_ms: millis(answered.duration_since(started)),

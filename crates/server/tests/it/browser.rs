@@ -1964,6 +1964,8 @@ async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_stil
         .model(
             ScriptedModel::builder()
                 .text("Hello.")
+                .text("Hello again.")
+                .text("Still here.")
                 .text("Forked.")
                 .build(),
         )
@@ -1971,7 +1973,11 @@ async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_stil
         .expect("the agent builds");
     let f = crate::http::serve_agent(agent, Arc::default()).await;
     let id = f.create().await;
-    f.say(&id, "hi").await;
+    // The third turn's view leaves the first out; the first two turns'
+    // views were the history as it is.
+    for text in ["hi", "again", "still"] {
+        f.say(&id, text).await;
+    }
     let Some(browser) = Browser::start(1366, 768).await else {
         return;
     };
@@ -1980,14 +1986,21 @@ async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_stil
     browser
         .wait(
             "the step",
-            "document.querySelectorAll('#timeline > li').length === 1",
+            "document.querySelectorAll('#timeline > li').length === 3",
         )
         .await;
     browser.click("#timeline > li[data-step='0'] summary").await;
+    browser
+        .wait(
+            "the first step's request, its view unchanged",
+            "document.querySelectorAll(\"#timeline > li[data-step='0'] .show-request\").length === 1",
+        )
+        .await;
+    browser.click("#timeline > li[data-step='2'] summary").await;
     let note = browser
         .wait(
             "why the request is not shown",
-            "document.querySelector(\"#timeline > li[data-step='0'] .no-request\")?.textContent",
+            "document.querySelector(\"#timeline > li[data-step='2'] .no-request\")?.textContent",
         )
         .await;
     assert!(
@@ -1996,12 +2009,12 @@ async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_stil
     );
     assert_eq!(
         browser
-            .count("#timeline > li[data-step='0'] .show-request")
+            .count("#timeline > li[data-step='2'] .show-request")
             .await,
         0
     );
     browser.screenshot("studio-context-view.png").await;
-    browser.click("#timeline > li[data-step='0'] .fork").await;
+    browser.click("#timeline > li[data-step='2'] .fork").await;
     browser
         .wait(
             "the fork's answer",
