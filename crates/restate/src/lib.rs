@@ -334,9 +334,7 @@ impl DynTool for JournaledTool {
         cx: ToolContext<'_>,
     ) -> Result<ToolOutcome, ToolCallError> {
         let definition = self.inner.definition();
-        let delivery = definition
-            .delivery
-            .unwrap_or_else(|| Delivery::default_for(definition.needs_approval));
+        let delivery = definition.effective_delivery();
         let name = format!("tool {} {}", definition.name, cx.call_id());
         let work: BoxFuture<'_, Value> = Box::pin(async move {
             let outcome = RecordedOutcome::of(self.inner.call_json(input, cx).await);

@@ -100,20 +100,14 @@ fn summary(step: &StepTrace, messages: &[Message], first: u64, total: u64) -> St
             step.history_to.saturating_sub(first),
         )),
         approvals: step.approvals.clone(),
-        tool_calls: step.calls.iter().flat_map(call_traces).collect(),
-    }
-}
-
-/// The tool calls `call` recorded, each with its time and the policy's
-/// decision, as JSON. Read from the call's serialized form, where they are
-/// `tool_calls`: a call recorded before tool calls were traced has none.
-fn call_traces(call: &markov_executor::ModelCall) -> Vec<Value> {
-    match serde_json::to_value(call) {
-        Ok(Value::Object(mut fields)) => match fields.remove("tool_calls") {
-            Some(Value::Array(calls)) => calls,
-            _ => Vec::new(),
-        },
-        _ => Vec::new(),
+        // Each call's tool calls with their time and the policy's decision
+        // (none for a call recorded before tool calls were traced).
+        tool_calls: step
+            .calls
+            .iter()
+            .flat_map(|call| &call.tool_calls)
+            .filter_map(|trace| serde_json::to_value(trace).ok())
+            .collect(),
     }
 }
 

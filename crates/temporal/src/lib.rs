@@ -406,9 +406,7 @@ impl DynTool for StepTool {
         cx: ToolContext<'_>,
     ) -> Result<ToolOutcome, ToolCallError> {
         let definition = self.inner.definition();
-        let delivery = definition
-            .delivery
-            .unwrap_or_else(|| Delivery::default_for(definition.needs_approval));
+        let delivery = definition.effective_delivery();
         let state = cx.state_access();
         let step = StepInput::Tool(ToolInput {
             tool: definition.name.to_string(),
