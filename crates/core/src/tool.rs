@@ -627,7 +627,12 @@ pub trait CallJournal: Send + Sync + fmt::Debug {
 /// The machine's tool path gives each call one
 /// ([`ToolContext::report_usage`]).
 #[derive(Debug, Default)]
-pub struct UsageSink(std::sync::Mutex<crate::usage::Usage>);
+pub struct UsageSink {
+    spent: std::sync::Mutex<crate::usage::Usage>,
+    /// Set (under the lock) when something was added and not yet taken:
+    /// a step whose calls report nothing, the most common, takes no lock.
+    added: std::sync::atomic::AtomicBool,
+}
 
 impl UsageSink {
     /// Nothing spent yet.
@@ -637,12 +642,21 @@ impl UsageSink {
 
     /// Adds `usage`.
     pub fn add(&self, usage: crate::usage::Usage) {
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) += usage;
+        let mut spent = self.spent.lock().unwrap_or_else(|p| p.into_inner());
+        *spent += usage;
+        self.added.store(true, std::sync::atomic::Ordering::Release);
     }
 
-    /// What was added since the last take.
+    /// What was added since the last take. An add that runs at the same
+    /// time as the take is either in it or left for the next.
     pub fn take(&self) -> crate::usage::Usage {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|p| p.into_inner()))
+        if !self.added.load(std::sync::atomic::Ordering::Acquire) {
+            return crate::usage::Usage::default();
+        }
+        let mut spent = self.spent.lock().unwrap_or_else(|p| p.into_inner());
+        self.added
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        std::mem::take(&mut *spent)
     }
 }
 
@@ -1216,6 +1230,24 @@ pub type Description = Cow<'static, str>;
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_usage_sink_gives_what_was_added_once_and_nothing_when_nothing_was() {
+        let sink = UsageSink::new();
+        assert_eq!(sink.take(), crate::usage::Usage::default());
+        let spent = crate::usage::Usage {
+            input_tokens: 3,
+            output_tokens: 4,
+            ..Default::default()
+        };
+        sink.add(spent);
+        sink.add(spent);
+        let taken = sink.take();
+        assert_eq!((taken.input_tokens, taken.output_tokens), (6, 8));
+        assert_eq!(sink.take(), crate::usage::Usage::default(), "taken once");
+        sink.add(spent);
+        assert_eq!(sink.take().input_tokens, 3, "added again after a take");
+    }
 
     #[test]
     fn an_images_outcome_is_its_text_for_the_model_and_keeps_its_images() {

@@ -443,7 +443,9 @@ impl<'a> RegistrySession<'a> {
             terminate_message,
             origin,
         };
-        let result = self.registry.service.call(req).await;
+        // Through the trait object itself: `Arc<dyn ToolService>`'s own
+        // impl would box a second future around the first.
+        let result = (*self.registry.service).call(req).await;
         if let (Some(input), Some(search)) = (found_input, &self.registry.search)
             && !result.is_error
             && report.awaiting().is_none()

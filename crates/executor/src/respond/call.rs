@@ -283,7 +283,9 @@ async fn call_tool(
         Some(sink) => cx.with_usage_sink(sink),
         None => cx,
     };
-    let run = session.run(
+    // Pinned where it is made: the panic guard below holds a reference,
+    // not a second copy of the call's future.
+    let run = std::pin::pin!(session.run(
         origin,
         Some(tool),
         call.id,
@@ -291,7 +293,7 @@ async fn call_tool(
         std::borrow::Cow::Borrowed(call.input),
         cx,
         leaf.terminate_message,
-    );
+    ));
     let reported = Mutex::new((Vec::new(), None, None));
     let result = contain_panic(leaf, call, async {
         let executed = run.await;

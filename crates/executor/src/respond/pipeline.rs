@@ -209,7 +209,7 @@ pub(crate) struct PipelineOutcome {
     pub results: Vec<ToolExecutionResult>,
     /// Whether each result's `is_error: false` is written on success (node
     /// tools) or left out (built-ins, pack tools).
-    pub result_states_known: Vec<bool>,
+    pub result_states_known: StatesKnown,
     /// Assistant items from `ToolReply` user messages, in call order.
     pub replies: Vec<Item>,
     /// The leaf's new state and the accumulated patch, if it changed.
@@ -239,8 +239,8 @@ impl PipelineOutcome {
     pub(crate) fn result_items(&self) -> Vec<Item> {
         self.results
             .iter()
-            .zip(&self.result_states_known)
-            .map(|(r, known)| r.to_item(*known))
+            .zip(self.result_states_known.iter())
+            .map(|(r, known)| r.to_item(known))
             .collect()
     }
 
@@ -249,9 +249,44 @@ impl PipelineOutcome {
     pub(crate) fn take_result_items(&mut self) -> Vec<Item> {
         std::mem::take(&mut self.results)
             .into_iter()
-            .zip(&self.result_states_known)
-            .map(|(r, known)| r.into_item(*known))
+            .zip(self.result_states_known.iter())
+            .map(|(r, known)| r.into_item(known))
             .collect()
+    }
+}
+
+/// Whether each result's `is_error: false` is written on success, in
+/// result order. Most results' is (a node tool's): only the others are
+/// kept, by index, so a step of node tools keeps no list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct StatesKnown {
+    len: usize,
+    /// The indices of the results whose state is not known, ascending.
+    unknown: Vec<usize>,
+}
+
+impl StatesKnown {
+    /// Notes the next result's.
+    pub(crate) fn push(&mut self, known: bool) {
+        if !known {
+            self.unknown.push(self.len);
+        }
+        self.len += 1;
+    }
+
+    /// How many results are noted.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Each result's, in order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = bool> + '_ {
+        let mut unknown = self.unknown.iter().peekable();
+        (0..self.len).map(move |i| {
+            let is_unknown = unknown.next_if(|&&u| u == i).is_some();
+            !is_unknown
+        })
     }
 }
 
@@ -356,23 +391,21 @@ pub(crate) async fn run_tool_calls_logged(
                 tracing::field::display(&call.input),
             );
         }
-        let garbled = if is_provider_tool(leaf, call.name) {
+        // Looked up once: each lookup hashes the name at every level.
+        let provider = is_provider_tool(leaf, call.name);
+        let garbled = if provider {
             None
         } else {
             check_tool_arguments(call.input).err()
         };
         let repeat = match (garbled.is_some(), leaf.repeats) {
-            (false, Some(counts))
-                if out.loop_stop.is_none() && !is_provider_tool(leaf, call.name) =>
-            {
-                counts.check(
-                    leaf.loop_guard.max_repeats(),
-                    leaf.loop_guard.refusals_before_stop(),
-                    leaf.instance_id,
-                    call.name,
-                    call.input,
-                )
-            }
+            (false, Some(counts)) if out.loop_stop.is_none() && !provider => counts.check(
+                leaf.loop_guard.max_repeats(),
+                leaf.loop_guard.refusals_before_stop(),
+                leaf.instance_id,
+                call.name,
+                call.input,
+            ),
             _ => Repeat::Allowed,
         };
         let (result, known) = if let Some(error) = garbled {
@@ -410,7 +443,7 @@ pub(crate) async fn run_tool_calls_logged(
             let r = span.in_scope(|| queue_transition(leaf, call, index, &mut out));
             verdict = ran(&r);
             (r, false)
-        } else if is_provider_tool(leaf, call.name) {
+        } else if provider {
             span.in_scope(|| {
                 tracing::debug!("provider built-in tool call skipped: the provider ran it")
             });
@@ -418,39 +451,11 @@ pub(crate) async fn run_tool_calls_logged(
         } else {
             match resolve(leaf, call.name) {
                 None => {
-                    // A match, not `unwrap_or_else(plain_session)`: the fn item's
-                    // `'static` return would pin the leaf's lifetime.
-                    let session = match leaf.policies {
-                        Some(session) => session,
-                        None => plain_session(leaf),
-                    };
-                    let state = ScopedState::read_only(leaf.state.clone());
-                    let cx = ToolContext::new(call.id, leaf.history, &state)
-                        .with_instance(leaf.instance_id, leaf.root_id);
-                    let executed = session.run(
-                        ToolOrigin::Node,
-                        None,
-                        call.id,
-                        call.name,
-                        std::borrow::Cow::Borrowed(call.input),
-                        cx,
-                        leaf.terminate_message,
-                    );
-                    // Pinned where it is made: instrumenting it moves a
-                    // reference, not the call's future.
-                    let judged = Mutex::new(None);
-                    let result = {
-                        let result = std::pin::pin!(contain_panic(leaf, call, async {
-                            let executed = executed.await;
-                            if leaf.traces.is_some() {
-                                *judged.lock().unwrap_or_else(|p| p.into_inner()) =
-                                    Some((executed.outcome, executed.approval));
-                            }
-                            executed.result
-                        }));
-                        result.instrument(span.clone()).await
-                    };
-                    verdict = judged.into_inner().unwrap_or_else(|p| p.into_inner());
+                    // Boxed: a name no level declares is rare, and its path
+                    // would otherwise enlarge every call's future.
+                    let (result, judged) =
+                        Box::pin(run_unresolved(leaf, call).instrument(span.clone())).await;
+                    verdict = judged;
                     (result, true)
                 }
                 Some(found) => {
@@ -515,6 +520,48 @@ pub(crate) async fn run_tool_calls_logged(
     }
     out.pack_patches = pack_patches;
     out
+}
+
+/// A call of a name no level of the leaf declares, through the
+/// registry's stack (whose unknown-tool stage answers it) or the plain
+/// one (`Unknown tool: <name>`), with how the stages answered it when the
+/// calls are traced.
+async fn run_unresolved(
+    leaf: &LeafView<'_>,
+    call: &ToolCall<'_>,
+) -> (ToolExecutionResult, Option<Verdict>) {
+    // A match, not `unwrap_or_else(plain_session)`: the fn item's
+    // `'static` return would pin the leaf's lifetime.
+    let session = match leaf.policies {
+        Some(session) => session,
+        None => plain_session(leaf),
+    };
+    let state = ScopedState::read_only(leaf.state.clone());
+    let cx = ToolContext::new(call.id, leaf.history, &state)
+        .with_instance(leaf.instance_id, leaf.root_id);
+    let executed = std::pin::pin!(session.run(
+        ToolOrigin::Node,
+        None,
+        call.id,
+        call.name,
+        std::borrow::Cow::Borrowed(call.input),
+        cx,
+        leaf.terminate_message,
+    ));
+    let judged = Mutex::new(None);
+    let result = contain_panic(leaf, call, async {
+        let executed = executed.await;
+        if leaf.traces.is_some() {
+            *judged.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((executed.outcome, executed.approval));
+        }
+        executed.result
+    })
+    .await;
+    (
+        result,
+        judged.into_inner().unwrap_or_else(|p| p.into_inner()),
+    )
 }
 
 /// The trace of `call`, answered with `result` after it started at
@@ -592,5 +639,30 @@ fn user_text(user: &UserMessage) -> String {
     match user {
         UserMessage::Text(s) => s.clone(),
         UserMessage::Data(v) => v.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod states_known_tests {
+    use super::StatesKnown;
+
+    #[test]
+    fn each_result_reads_back_what_was_noted_in_order() {
+        let noted = [true, false, false, true, true, false];
+        let mut states = StatesKnown::default();
+        for known in noted {
+            states.push(known);
+        }
+        assert_eq!(states.len(), noted.len());
+        assert_eq!(states.iter().collect::<Vec<_>>(), noted);
+        let mut all_known = StatesKnown::default();
+        all_known.push(true);
+        all_known.push(true);
+        assert_eq!(all_known.iter().collect::<Vec<_>>(), [true, true]);
+        assert_eq!(
+            all_known.unknown.capacity(),
+            0,
+            "no list when all are known"
+        );
     }
 }

@@ -116,18 +116,18 @@ async fn drive(
     machine: &mut Machine,
     state: &mut RunState,
 ) -> Result<Option<MachineStep>, RunError> {
-    // The action is taken apart before the leaves run, so the future
-    // does not keep a step's room across the await.
+    // The action is taken apart before anything is awaited, so the
+    // future does not keep a step's room (twice: the action and the `?`
+    // around it) across an await.
     let tasks = loop {
-        match state.next(machine)? {
+        let check = match state.next(machine)? {
             Action::Yield(step) => return Ok(Some(step)),
             Action::Finished => return Ok(None),
             Action::RunLeaves(tasks) => break tasks,
-            Action::CheckInput(check) => {
-                let checked = check.run().await;
-                state.on_input_checked(checked);
-            }
-        }
+            Action::CheckInput(check) => check,
+        };
+        let checked = check.run().await;
+        state.on_input_checked(checked);
     };
     let span = tracing::info_span!("step", step = state.steps, leaves = tasks.len());
     let results = run_leaves(machine, state, &tasks).instrument(span).await;

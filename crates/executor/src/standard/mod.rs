@@ -436,7 +436,7 @@ impl StandardExecutor {
             node: node
                 .name()
                 .map_or_else(|| node.id().to_string(), str::to_owned),
-            system: Arc::clone(&prepared.system),
+            system: Arc::from(prepared.system.as_str()),
             tools: Arc::clone(&prepared.tools),
             provider_tools: prepared.provider_tools.clone(),
             tool_choice: prepared.tool_choice.clone(),

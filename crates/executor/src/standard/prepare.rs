@@ -26,8 +26,9 @@ use crate::executor::LeafContext;
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Prepared {
     /// The system prompt, written afresh for each call from the node, its
-    /// state and the step.
-    pub system: Arc<str>,
+    /// state and the step (kept as written: a copy into an `Arc` would
+    /// allocate again, and only a recorded call shares it).
+    pub system: String,
     /// The tools offered, shared with every other step of the same node
     /// (see `generate_tools_cached`).
     pub tools: Arc<[ToolDefinition]>,
@@ -144,7 +145,7 @@ pub(super) fn prepare(
         cx.root().packs()
     };
     let pack_states = pack_states(cx);
-    let system: Arc<str> = system_prompt(
+    let system = system_prompt(
         &PromptInput {
             charter: cx.charter,
             node,
@@ -156,8 +157,7 @@ pub(super) fn prepare(
             max_steps: cx.max_steps,
         },
         &tools,
-    )
-    .into();
+    );
     let mut settings = defaults.clone();
     let config = node.executor_config();
     if let Some(model) = &config.model {

@@ -142,9 +142,9 @@ impl StandardExecutor {
             return ToolsRan::Paused(metered.onto(paused));
         }
         cx.policy.answers().set_paused(cx.instance().id(), false);
-        outcome
-            .result_states_known
-            .extend(refused.iter().map(|_| true));
+        for _ in &refused {
+            outcome.result_states_known.push(true);
+        }
         outcome.results.extend(refused);
         ToolsRan::Done(Ran {
             entries,
