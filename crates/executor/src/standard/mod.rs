@@ -44,7 +44,7 @@ use crate::executor::{Executor, LeafContext, LeafOutcome};
 use crate::stream::{MessageStreamEvent, StreamOptions};
 use call::Reply;
 use record::Recorded;
-use settle::settle;
+use settle::{Settled, settled};
 use tools::ToolsRan;
 
 mod call;
@@ -475,6 +475,13 @@ impl StandardExecutor {
             ToolsRan::Paused(outcome) => return Ok(outcome),
             ToolsRan::Done(ran) => ran,
         };
-        Ok(settle(cx, ran).await)
+        Ok(match settled(cx, ran) {
+            Settled::Done(outcome) => outcome,
+            // Boxed: a transition is rare, and its future would enlarge
+            // every step's.
+            Settled::Transition(pending, metered) => {
+                Box::pin(settle::transition(cx, pending, metered)).await
+            }
+        })
     }
 }

@@ -9,6 +9,7 @@ use markov_core::tool::ToolExecutionResult;
 use serde_json::Value;
 use tracing::Instrument;
 
+use super::record::Metered;
 use super::tools::Ran;
 use super::with_source;
 use crate::effect::{Effect, Entry};
@@ -20,29 +21,57 @@ use crate::step::{TurnState, YieldReason};
 /// queued transition taken (see [`after_tools`] and
 /// [`after_transition`]), and the step's usage and model set.
 pub(super) async fn settle(cx: &LeafContext<'_>, ran: Ran) -> LeafOutcome {
+    match settled(cx, ran) {
+        Settled::Done(outcome) => outcome,
+        Settled::Transition(pending, metered) => transition(cx, pending, metered).await,
+    }
+}
+
+/// What [`settled`] decided.
+// Made once per leaf per step and matched at once: boxing the outcome
+// would add an allocation per step.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Settled {
+    /// The step's outcome, its usage and model set.
+    Done(LeafOutcome),
+    /// A transition is queued: [`transition`] takes it and completes the
+    /// step.
+    Transition(Box<PendingTransition>, Metered),
+}
+
+/// [`settle`] up to a queued transition, without awaiting anything: a
+/// step that queued none (the most common) is settled here, and its
+/// future never holds the transition's.
+pub(super) fn settled(cx: &LeafContext<'_>, ran: Ran) -> Settled {
     let Ran {
         entries,
-        outcome,
+        mut outcome,
         metered,
     } = ran;
-    let outcome = match after_tools(cx, entries, outcome) {
-        AfterTools::Finish(outcome) => outcome,
-        AfterTools::Transition(pending) => {
-            let span = tracing::info_span!("transition", name = %pending.name);
-            let result = take_transition(
-                cx.charter,
-                cx.instance().node(),
-                &pending.state,
-                &pending.name,
-                &pending.reason,
-                &pending.args,
-            )
-            .instrument(span)
-            .await;
-            after_transition(cx, *pending, result)
-        }
-    };
-    metered.onto(outcome)
+    match after_tools(cx, entries, &mut outcome) {
+        AfterTools::Finish(outcome) => Settled::Done(metered.onto(outcome)),
+        AfterTools::Transition(pending) => Settled::Transition(pending, metered),
+    }
+}
+
+/// Takes the queued transition of `pending` and completes the step.
+pub(super) async fn transition(
+    cx: &LeafContext<'_>,
+    pending: Box<PendingTransition>,
+    metered: Metered,
+) -> LeafOutcome {
+    let span = tracing::info_span!("transition", name = %pending.name);
+    let result = take_transition(
+        cx.charter,
+        cx.instance().node(),
+        &pending.state,
+        &pending.name,
+        &pending.reason,
+        &pending.args,
+    )
+    .instrument(span)
+    .await;
+    metered.onto(after_transition(cx, *pending, result))
 }
 
 /// What to do after the tools ran.
@@ -78,7 +107,7 @@ pub(super) struct PendingTransition {
 pub(super) fn after_tools(
     cx: &LeafContext<'_>,
     entries: Vec<Entry>,
-    outcome: PipelineOutcome,
+    outcome: &mut PipelineOutcome,
 ) -> AfterTools {
     // A tool ran: tool choice relaxes and restriction counters start over.
     let turn = TurnState {
@@ -97,7 +126,7 @@ pub(super) fn after_tools(
                 .map(|(s, _)| s.clone())
                 .unwrap_or_else(|| cx.instance().state().clone()),
             entries,
-            outcome,
+            outcome: std::mem::take(outcome),
             turn,
         })),
         None => AfterTools::Finish(finish(cx, entries, outcome, turn, None)),
@@ -129,16 +158,18 @@ pub(super) fn after_transition(
                 );
             }
             outcome.transition = None;
-            finish(cx, entries, outcome, turn, None)
+            finish(cx, entries, &mut outcome, turn, None)
         }
-        Ok(transition) => finish(cx, entries, outcome, turn, Some(transition)),
+        Ok(transition) => finish(cx, entries, &mut outcome, turn, Some(transition)),
     }
 }
 
+/// The step's outcome: the entries so far, then the state patches, the
+/// results and the replies, taken from `outcome` (left emptied).
 pub(super) fn finish(
     cx: &LeafContext<'_>,
     mut entries: Vec<Entry>,
-    mut outcome: PipelineOutcome,
+    outcome: &mut PipelineOutcome,
     mut turn: TurnState,
     transition: Option<TransitionOutcome>,
 ) -> LeafOutcome {
@@ -170,7 +201,7 @@ pub(super) fn finish(
     )));
     // A transition wins over a terminal response and over termination.
     let terminal = outcome.terminal.as_ref().filter(|_| transition.is_none());
-    let mut replies = outcome.replies.clone();
+    let mut replies = std::mem::take(&mut outcome.replies);
     if let Some(t) = terminal
         && !t.in_replies
     {
@@ -182,15 +213,14 @@ pub(super) fn finish(
             &source,
         )));
     }
-    let loop_stop = outcome.loop_stop.clone();
+    let loop_stop = outcome.loop_stop.take();
     let mut result = LeafOutcome::new(entries, YieldReason::ToolUse, turn);
-    result.intents = outcome
-        .intents
-        .iter()
+    result.intents = std::mem::take(&mut outcome.intents)
+        .into_iter()
         .map(|(call_id, value)| Intent {
             instance_id: leaf_id.clone(),
-            call_id: call_id.clone(),
-            value: value.clone(),
+            call_id,
+            value,
         })
         .collect();
     match transition {
