@@ -417,6 +417,7 @@ async fn run(
         },
         lease: Some(LEASE),
         effects: Some(dir.to_owned()),
+        echo: false,
     };
     let mut children = Workers(Vec::new());
     let mut bases = Vec::new();

@@ -210,14 +210,18 @@ fn main() -> ExitCode {
         [] => run_all(FULL),
         ["--quick"] => run_all(QUICK),
         ["server-processes", n, workers, rest @ ..] => {
-            let backend = match rest {
+            let (backend, scenario) = match rest {
+                [rest @ .., "tool-call"] => (rest, server::Scenario::ToolCall),
+                rest => (rest, server::Scenario::Text),
+            };
+            let backend = match backend {
                 [] | ["sqlite"] => server::Backend::Sqlite,
                 ["postgres"] => server::Backend::Postgres,
                 _ => return usage(),
             };
             match (n.parse(), workers.parse()) {
                 (Ok(n), Ok(workers)) => {
-                    server::multi_process(n, workers, backend);
+                    server::multi_process(n, workers, backend, scenario);
                     ExitCode::SUCCESS
                 }
                 _ => usage(),
@@ -310,9 +314,11 @@ fn main() -> ExitCode {
             mcp::figure(QUICK.mcp_calls);
             ExitCode::SUCCESS
         }
-        ["load-clients", n, bases] => match n.parse() {
-            Ok(n) => server::clients(n, &bases.split(',').collect::<Vec<_>>()),
-            Err(_) => usage(),
+        ["load-clients", n, bases, model_calls] => match (n.parse(), model_calls.parse()) {
+            (Ok(n), Ok(model_calls)) => {
+                server::clients(n, &bases.split(',').collect::<Vec<_>>(), model_calls)
+            }
+            _ => usage(),
         },
         ["server", ns @ ..] if !ns.is_empty() => {
             let ns: Vec<usize> = ns.iter().filter_map(|n| n.parse().ok()).collect();
@@ -394,7 +400,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres] [tool-call] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
     );
     ExitCode::from(2)
 }
@@ -482,7 +488,9 @@ fn run_all(plan: Plan) -> ExitCode {
         .flat_map(|&n| {
             [server::Backend::Sqlite, server::Backend::Postgres]
                 .into_iter()
-                .filter_map(move |backend| server::multi_process(n, 2, backend))
+                .filter_map(move |backend| {
+                    server::multi_process(n, 2, backend, server::Scenario::Text)
+                })
         })
         .collect();
     let failovers = failover_figures(plan);

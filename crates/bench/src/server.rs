@@ -35,6 +35,36 @@ pub(crate) struct ServerFigure {
     pub(crate) vm_hwm_kb: u64,
 }
 
+/// What the fake model does with each message of figure 7.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scenario {
+    /// Answers the message with text: a message is one step (one model
+    /// call). Figure 7's scenario.
+    Text,
+    /// Answers the message with one call of the `echo` tool, then, after
+    /// its result, with text: a message is two steps (two model calls,
+    /// each after [`MODEL_LATENCY`]). The peers' side-by-side scenario.
+    ToolCall,
+}
+
+impl Scenario {
+    /// Model calls (steps) per message.
+    pub(crate) fn steps_per_message(self) -> usize {
+        match self {
+            Scenario::Text => 1,
+            Scenario::ToolCall => 2,
+        }
+    }
+
+    /// The fake provider's answers for this scenario.
+    fn answer(self) -> fn(&Recorded) -> Reply {
+        match self {
+            Scenario::Text => answer,
+            Scenario::ToolCall => answer_with_tool_call,
+        }
+    }
+}
+
 /// The fake provider's answer after [`MODEL_LATENCY`]: streamed when the
 /// request asks for a stream (the server streams its model calls).
 pub(crate) fn answer(request: &Recorded) -> Reply {
@@ -44,6 +74,37 @@ pub(crate) fn answer(request: &Recorded) -> Reply {
         Reply::json(200, anthropic::text("ok"))
     };
     reply.delayed(MODEL_LATENCY)
+}
+
+/// [`Scenario::ToolCall`]'s answer after [`MODEL_LATENCY`]: a call after a
+/// tool's result (the last message holds a `tool_result` block) gets the
+/// text "ok"; any other call gets one `echo` call of "hi". Streamed when
+/// asked to, as [`answer`].
+fn answer_with_tool_call(request: &Recorded) -> Reply {
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    if follows_a_tool_result(&request.body) {
+        return answer(request);
+    }
+    let id = format!(
+        "toolu_{}",
+        CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
+    let input = json!({"text": "hi"});
+    let reply = if request.body["stream"] == json!(true) {
+        Reply::sse(&anthropic::tool_use_events(&id, "echo", &input))
+    } else {
+        Reply::json(200, anthropic::tool_use(&id, "echo", &input))
+    };
+    reply.delayed(MODEL_LATENCY)
+}
+
+/// Whether a Messages API request's last message holds a tool's result.
+fn follows_a_tool_result(body: &serde_json::Value) -> bool {
+    body["messages"]
+        .as_array()
+        .and_then(|messages| messages.last())
+        .and_then(|last| last["content"].as_array())
+        .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "tool_result"))
 }
 
 async fn load(n: usize) -> ServerFigure {
@@ -169,6 +230,8 @@ pub(crate) struct WorkerOptions {
     /// Gives the agent the `record` tool, which records its executions in
     /// this directory (see `failover.rs`).
     pub(crate) effects: Option<PathBuf>,
+    /// Gives the agent the `echo` tool ([`Scenario::ToolCall`]).
+    pub(crate) echo: bool,
 }
 
 impl WorkerOptions {
@@ -178,11 +241,12 @@ impl WorkerOptions {
             store: WorkerStore::Memory,
             lease: None,
             effects: None,
+            echo: false,
         }
     }
 
     /// Reads `[sqlite <path> | postgres <url> <key>] [lease-ms <ms>]
-    /// [effects <dir>]`.
+    /// [effects <dir>] [echo]`.
     pub(crate) fn parse(mut args: &[&str]) -> Option<Self> {
         let mut options = Self::memory();
         while !args.is_empty() {
@@ -206,6 +270,10 @@ impl WorkerOptions {
                     options.effects = Some(PathBuf::from(dir));
                     rest
                 }
+                ["echo", rest @ ..] => {
+                    options.echo = true;
+                    rest
+                }
                 _ => return None,
             };
         }
@@ -227,6 +295,9 @@ impl WorkerOptions {
         }
         if let Some(dir) = &self.effects {
             args.extend(["effects".to_owned(), dir.display().to_string()]);
+        }
+        if self.echo {
+            args.push("echo".to_owned());
         }
         args
     }
@@ -261,6 +332,9 @@ pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::proces
             agent = agent
                 .tool(crate::failover::Record::new(dir.clone()))
                 .tool(crate::failover::Notify::new(dir.clone()));
+        }
+        if options.echo {
+            agent = agent.tool(markov_bench::Echo);
         }
         let agent = agent.build().expect("the agent builds");
         let worker = WorkerId::random();
@@ -314,8 +388,12 @@ fn answer_heap_requests() {
 }
 
 /// The client process: `n` sessions spread over `bases`, one message each,
-/// all at once; prints one `result ...` line.
-pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
+/// all at once; prints one `result ...` line. A message completes when its
+/// stream ends the run after `model_calls` stored steps, none with a tool's
+/// error; its added latency is its time less `model_calls` times
+/// [`MODEL_LATENCY`].
+pub(crate) fn clients(n: usize, bases: &[&str], model_calls: u32) -> std::process::ExitCode {
+    let model = MODEL_LATENCY * model_calls;
     let runtime = markov_bench::two_thread_runtime();
     let (completed, wall, added, cpu) = runtime.block_on(async {
         let _ = rustls::crypto::ring::default_provider().install_default();
@@ -361,9 +439,13 @@ pub(crate) fn clients(n: usize, bases: &[&str]) -> std::process::ExitCode {
                     .text()
                     .await
                     .ok()?;
-                stream
-                    .contains("event: done")
-                    .then(|| sent.elapsed().saturating_sub(MODEL_LATENCY))
+                // Done, after one stored step per model call, no tool's
+                // result an error.
+                let steps = stream.matches("event: step").count();
+                (stream.contains("event: done")
+                    && steps == model_calls as usize
+                    && !stream.contains("\"is_error\":true"))
+                .then(|| sent.elapsed().saturating_sub(model))
             })
         });
         let results = futures::future::join_all(runs).await;
@@ -561,9 +643,15 @@ pub(crate) async fn shared_postgres(figure: &str) -> Option<(TempPostgres, Strin
 /// here, `workers` server processes, one client process (and, on
 /// PostgreSQL, the database's processes). One process cannot hold four
 /// sockets for each of 10 000 sessions under a 20 000 descriptor limit;
-/// split this way, none needs more than two per session. `None` when the
-/// backend is PostgreSQL and it cannot be started.
-pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Option<ProcessesFigure> {
+/// split this way, none needs more than two per session. `scenario` says
+/// what the model does with a message. `None` when the backend is
+/// PostgreSQL and it cannot be started.
+pub(crate) fn multi_process(
+    n: usize,
+    workers: usize,
+    backend: Backend,
+    scenario: Scenario,
+) -> Option<ProcessesFigure> {
     use std::io::BufRead;
     use std::process::{Command, Stdio};
 
@@ -571,8 +659,10 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
     let exe = std::env::current_exe().expect("the bench binary");
     runtime.block_on(async move {
         let provider = FakeServer::start().await;
-        provider.answer_with(answer).recording(Recording::Off);
-        let (postgres, options) = match backend {
+        provider
+            .answer_with(scenario.answer())
+            .recording(Recording::Off);
+        let (postgres, mut options) = match backend {
             Backend::Sqlite => (None, WorkerOptions::memory()),
             Backend::Postgres => {
                 let (server, url, key) = shared_postgres("server_processes").await?;
@@ -583,6 +673,7 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
                 (Some(server), options)
             }
         };
+        options.echo = scenario == Scenario::ToolCall;
         let mut children = Vec::new();
         let mut bases = Vec::new();
         // The first worker under callgrind when asked, counting nothing
@@ -617,7 +708,12 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
             let worker_pids = worker_pids.clone();
             tokio::task::spawn_blocking(move || {
                 let mut client = Command::new(exe)
-                    .args(["load-clients", &n.to_string(), &bases])
+                    .args([
+                        "load-clients",
+                        &n.to_string(),
+                        &bases,
+                        &scenario.steps_per_message().to_string(),
+                    ])
                     .stdout(Stdio::piped())
                     .spawn()
                     .expect("the clients run");
@@ -673,6 +769,7 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
             backend,
             sessions: n,
             workers,
+            steps_per_message: scenario.steps_per_message(),
             completed: field("completed") as usize,
             wall_ms: field("wall_ms"),
             p50_ms: field("p50_ms"),
@@ -684,8 +781,18 @@ pub(crate) fn multi_process(n: usize, workers: usize, backend: Backend) -> Optio
             provider_cpu,
             database_cpu,
         };
+        // The tool-call scenario says so, and how messages relate to steps;
+        // figure 7's line stays as it was.
+        let tool_call = match scenario {
+            Scenario::Text => String::new(),
+            Scenario::ToolCall => format!(
+                " scenario=tool_call steps_per_message={} messages_per_s={:.0}",
+                figure.steps_per_message,
+                figure.steps_per_s() / figure.steps_per_message as f64
+            ),
+        };
         println!(
-            "bench=server_processes store={} sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1} cpu_per_step_us_workers={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0} cpu_per_step_us_database={:.0}",
+            "bench=server_processes store={} sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1} cpu_per_step_us_workers={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0} cpu_per_step_us_database={:.0}{tool_call}",
             backend.name(),
             figure.completed,
             figure.wall_ms,
@@ -709,6 +816,9 @@ pub(crate) struct ProcessesFigure {
     pub(crate) backend: Backend,
     pub(crate) sessions: usize,
     pub(crate) workers: usize,
+    /// Model calls per message: 1, or 2 with a tool call.
+    pub(crate) steps_per_message: usize,
+    /// Messages whose answer's stream was read to its end.
     pub(crate) completed: usize,
     pub(crate) wall_ms: f64,
     pub(crate) p50_ms: f64,
@@ -726,14 +836,19 @@ pub(crate) struct ProcessesFigure {
 }
 
 impl ProcessesFigure {
+    /// The steps of the completed messages.
+    fn steps(&self) -> usize {
+        self.completed * self.steps_per_message
+    }
+
     /// `cpu` per completed step, in microseconds.
     pub(crate) fn cpu_per_step_us(&self, cpu: Duration) -> f64 {
-        cpu.as_secs_f64() * 1e6 / self.completed.max(1) as f64
+        cpu.as_secs_f64() * 1e6 / self.steps().max(1) as f64
     }
 
     pub(crate) fn steps_per_s(&self) -> f64 {
         if self.wall_ms > 0.0 {
-            self.completed as f64 / (self.wall_ms / 1e3)
+            self.steps() as f64 / (self.wall_ms / 1e3)
         } else {
             0.0
         }
@@ -771,4 +886,69 @@ async fn bench_server<S: Store + KeyStore + 'static>(
         server = server.lease(lease);
     }
     (server.build().expect("the server builds"), key)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::{Backend, ProcessesFigure, WorkerOptions, follows_a_tool_result};
+
+    #[test]
+    fn a_worker_reads_back_the_echo_tool_among_its_options() {
+        let options = WorkerOptions {
+            lease: Some(Duration::from_millis(1_500)),
+            echo: true,
+            ..WorkerOptions::memory()
+        };
+        let args = options.args();
+        assert_eq!(args, ["lease-ms", "1500", "echo"]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        assert_eq!(WorkerOptions::parse(&args), Some(options));
+        assert_eq!(WorkerOptions::parse(&[]), Some(WorkerOptions::memory()));
+        assert_eq!(WorkerOptions::parse(&["echo", "twice"]), None);
+    }
+
+    #[test]
+    fn the_tool_call_scenario_answers_with_text_only_after_the_tools_result() {
+        let user = json!({"messages": [{"role": "user", "content": "hi"}]});
+        let result = json!({"messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_0", "name": "echo", "input": {"text": "hi"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_0", "content": "hi"}]},
+        ]});
+        let user_blocks =
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
+        assert!(!follows_a_tool_result(&user));
+        assert!(!follows_a_tool_result(&user_blocks));
+        assert!(!follows_a_tool_result(&json!({})));
+        assert!(follows_a_tool_result(&result));
+    }
+
+    #[test]
+    fn a_message_with_a_tool_call_counts_two_steps() {
+        let figure = |steps_per_message| ProcessesFigure {
+            backend: Backend::Sqlite,
+            sessions: 100,
+            workers: 1,
+            steps_per_message,
+            completed: 100,
+            wall_ms: 500.0,
+            p50_ms: 0.0,
+            p99_ms: 0.0,
+            workers_mb: 0.0,
+            clients_mb: 0.0,
+            workers_cpu: Duration::from_millis(100),
+            client_cpu: Duration::ZERO,
+            provider_cpu: Duration::ZERO,
+            database_cpu: Duration::ZERO,
+        };
+        let (text, tool_call) = (figure(1), figure(2));
+        assert_eq!(text.steps_per_s(), 200.0);
+        assert_eq!(tool_call.steps_per_s(), 400.0);
+        assert_eq!(text.cpu_per_step_us(text.workers_cpu), 1_000.0);
+        assert_eq!(tool_call.cpu_per_step_us(tool_call.workers_cpu), 500.0);
+    }
 }
