@@ -704,3 +704,48 @@ async fn a_call_that_needs_approval_pauses_the_team_turn_and_the_decision_after_
     assert_eq!(approval.by.as_deref(), Some("alice"));
     stop(fixture).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_call_whose_tool_needs_a_role_is_not_decided_by_a_principal_without_it() {
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let mut fixture = start(
+        Server::builder()
+            .team(
+                "support",
+                team_with(
+                    ScriptedModel::builder()
+                        .tool_call("transfer_to_billing", json!({"reason": "a refund"}))
+                        .build(),
+                    ScriptedModel::builder()
+                        .tool_call("refund", json!({"amount": 5}))
+                        .build(),
+                    &refunds,
+                    ToolMetadata::new(Category::Action).with_confirmation(),
+                ),
+            )
+            .approval_role("refund", "approver"),
+        store,
+        refunds.clone(),
+    )
+    .await;
+    // Bob has no role.
+    fixture.key = fixture.keys["bob"].clone();
+    let id = fixture.create().await;
+    let events = fixture.say(&id, "Refund my 5, please.").await;
+    assert_eq!(all(&events, "done")[0]["awaiting_approval"], true);
+    let pending = fixture.pending(&id).await;
+    assert_eq!(pending.len(), 1);
+    let (status, body) = fixture
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 403, "{body:?}");
+    assert!(
+        body[0].1["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("approver")),
+        "{body:?}"
+    );
+    assert_eq!(fixture.pending(&id).await, pending, "still waiting");
+    assert_eq!(refunds.load(Ordering::SeqCst), 0);
+}
