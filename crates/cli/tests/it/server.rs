@@ -1025,3 +1025,41 @@ fn a_handoff_history_that_is_none_is_refused() {
     assert_eq!(output.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("last-turns=N"), "{stderr}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_team_hands_maths_a_summary_when_asked_to() {
+    let (_server, key, base) =
+        started(&["--team", "support", "--handoff-history", "summary"], &[]).await;
+    let client = reqwest::Client::new();
+    let id = new_session(&client, &base, &key).await;
+    let asked = events(
+        &say(
+            &client,
+            &base,
+            &key,
+            &id,
+            "How many people live in Lisbon and Porto together?",
+        )
+        .await,
+    );
+    let maths = named(&asked, "step")
+        .into_iter()
+        .find(|s| s["agent"] == "maths")
+        .expect("a step of maths");
+    // One message: the summary and the handoff's note.
+    assert_eq!(maths["handoff_context"], 1, "{asked:?}");
+    let given = maths.to_string();
+    assert!(
+        given.contains("A summary of the conversation so far"),
+        "{given}"
+    );
+    assert_eq!(named(&asked, "handoff").len(), 2, "{asked:?}");
+    let done = named(&asked, "done")[0];
+    assert_eq!(done["agent"], "cities");
+    assert!(
+        done["response"]
+            .as_str()
+            .is_some_and(|r| r.contains("777885")),
+        "{asked:?}"
+    );
+}
