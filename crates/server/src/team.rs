@@ -191,6 +191,37 @@ pub(crate) async fn approvals(
     Ok(Some(waiting(service, &id, team, &record).await?.0))
 }
 
+/// The agent other than `current` whose stored machine has request `id`
+/// (a call of a turn that went on after its decision), if one has.
+async fn decided_before(
+    service: &Service,
+    conversation: &SessionId,
+    team: &Team,
+    current: &str,
+    id: &ApprovalId,
+) -> Option<String> {
+    for agent in team.names().filter(|name| *name != current) {
+        // An agent that never held the conversation has no session: none.
+        let Ok(stored) = service
+            .store
+            .load(&member_session(conversation, team, agent))
+            .await
+        else {
+            continue;
+        };
+        if stored
+            .snapshot
+            .policy
+            .approvals
+            .iter()
+            .any(|r| r.request.request_id == *id)
+        {
+            return Some(agent.to_owned());
+        }
+    }
+    None
+}
+
 /// `POST /sessions/{id}/approvals/{request}` on a team conversation: the
 /// decision of `principal` on a call of the agent holding it, written;
 /// then, once no call waits, the paused turn resumed with that agent (and
@@ -212,6 +243,17 @@ pub(crate) async fn decide(
     let mut session = open(service, &id, team).await?;
     let request_id = ApprovalId::from(request);
     let tool = session.approval_tool(&request_id);
+    if tool.is_none()
+        && let Some(agent) =
+            decided_before(service, &id, team, session.current(), &request_id).await
+    {
+        let current = session.current().to_owned();
+        session.release().await?;
+        return Err(ApiError::Conflict(format!(
+            "request {request} is agent {agent:?}'s, already decided: the conversation is \
+             held by {current:?} now"
+        )));
+    }
     if let Some(role) = tool.as_ref().and_then(|t| service.approval_roles.get(t))
         && !principal.has_role(role)
     {

@@ -681,9 +681,13 @@ async fn a_call_that_needs_approval_pauses_the_team_turn_and_the_decision_after_
     let (status, body) = fixture
         .decide(&id, &pending[0], json!({"decision": "approve"}))
         .await;
-    // Decided once: the conversation has moved on to triage, whose calls
-    // are the only ones it decides now.
-    assert_eq!(status, 404, "decided twice: {body:?}");
+    // Decided once: the conversation has moved on to triage, and says so.
+    assert_eq!(status, 409, "decided twice: {body:?}");
+    let error = body[0].1["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("already decided") && error.contains("billing"),
+        "{error}"
+    );
     // Who decided is recorded in billing's step.
     let store = SqliteStore::open(&path).expect("the database opens");
     let steps = markov_store::Store::steps(
