@@ -37,6 +37,16 @@ pub const QUESTION: &str = "How many people live in Lisbon and Porto together?";
 /// The demo node's instructions.
 pub const INSTRUCTIONS: &str = "You answer questions about cities with your tools.";
 
+/// The demo agent's instructions in the demo team (`markov-serve
+/// --team`), where it hands the adding to `maths`.
+pub const TEAM_INSTRUCTIONS: &str = "You answer questions about cities with your tools. \
+You cannot add: hand the numbers to the maths agent, naming them in the reason, and answer \
+with what it hands back.";
+
+/// The instructions of the demo team's `maths` agent.
+pub const MATHS_INSTRUCTIONS: &str = "You add the numbers you are handed with your add tool, \
+then hand the conversation back with the sum in the reason.";
+
 /// `MARKOV_MODEL` names the model to ask for (e.g. a local server's model),
 /// overriding the client's default.
 pub fn model_override() -> Option<String> {

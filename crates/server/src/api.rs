@@ -17,7 +17,7 @@ use axum_extra::extract::cookie::{Cookie, SameSite};
 use futures::Stream;
 use markov_core::Item;
 use markov_executor::{Agent, MachineStep, YieldReason};
-use markov_policy::{ApprovalId, ApprovalStatus, Decision};
+use markov_policy::{ApprovalId, Decision};
 use markov_store::{CreateOptions, DurableMachine, OpenOptions, SessionId, SessionInfo, Store};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -434,18 +434,6 @@ async fn owned<'a>(
     Ok((id, agent))
 }
 
-/// The stored requests still waiting for a decision, unexpired.
-fn pending(
-    approvals: &[markov_policy::ApprovalRecord],
-) -> Vec<&markov_policy::ConfirmationRequest> {
-    let now = crate::now_ms();
-    approvals
-        .iter()
-        .filter(|r| r.status == ApprovalStatus::Pending && now < r.request.expires)
-        .map(|r| &r.request)
-        .collect()
-}
-
 #[utoipa::path(get, path = "/sessions/{id}", tag = "sessions",
     params(("id" = String, Path, description = "The session")),
     responses((status = 200, description = "History (assistant text also as sanitized `html`), state, \
@@ -468,7 +456,7 @@ pub(crate) async fn show(
     }
     let (id, agent) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
-    let pending = pending(&stored.snapshot.policy.approvals);
+    let pending = crate::wire::pending(&stored.snapshot.policy.approvals);
     // The run is looked up after the history is loaded: whatever it has
     // stored by now, the page shows the history it started from and then
     // every event of the run, so it shows each message once.
@@ -508,10 +496,13 @@ pub(crate) async fn approvals(
     Extension(principal): Extension<Principal>,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<markov_policy::ConfirmationRequest>>, ApiError> {
+    if let Some(waiting) = crate::team::approvals(&service, &principal, &id).await? {
+        return Ok(Json(waiting));
+    }
     let (id, _) = owned(&service, &principal, &id).await?;
     let stored = service.store.load(&id).await?;
     Ok(Json(
-        pending(&stored.snapshot.policy.approvals)
+        crate::wire::pending(&stored.snapshot.policy.approvals)
             .into_iter()
             .cloned()
             .collect(),
@@ -890,8 +881,7 @@ pub(crate) struct DecisionBody {
               (status = 403, description = "The tool's calls need a role the caller lacks, or a \
                   signed-in browser's request without its Origin", body = ErrorBody),
               (status = 404, description = "No such session of the caller's, or no such request in it", body = ErrorBody),
-              (status = 409, description = "Already decided, the session runs, or it is a team \
-                  conversation (which takes messages only)", body = ErrorBody),
+              (status = 409, description = "Already decided, or the session runs", body = ErrorBody),
               (status = 410, description = "Expired", body = ErrorBody),
               (status = 413, description = "The body is too large", body = ErrorBody),
               (status = 429, description = "Too many requests", body = ErrorBody)))]
@@ -902,7 +892,11 @@ pub(crate) async fn decide(
     body: Result<Json<Decision>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(decision) = body?;
-    crate::team::refuse(&service, &principal, &id, "decisions on tool calls").await?;
+    if let Some(log) =
+        crate::team::decide(&service, &principal, &id, &request, decision.clone()).await?
+    {
+        return Ok(streamed(&log).into_response());
+    }
     let (id, agent) = owned(&service, &principal, &id).await?;
     // One decision at a time per session: of two racing, the second is a
     // 409 here, or refused as already decided below.
@@ -970,7 +964,7 @@ pub(crate) struct CommandRequest {
               (status = 403, description = "A signed-in browser's request without its Origin", body = ErrorBody),
               (status = 404, description = "No such session of the caller's", body = ErrorBody),
               (status = 409, description = "The session runs, or it is a team conversation \
-                  (which takes messages only)", body = ErrorBody),
+                  (which takes messages and decisions, no commands)", body = ErrorBody),
               (status = 413, description = "The body is too large", body = ErrorBody),
               (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn command(
@@ -980,7 +974,7 @@ pub(crate) async fn command(
     body: Result<Json<CommandRequest>, JsonRejection>,
 ) -> Result<Json<CommandResult>, ApiError> {
     let Json(request) = body?;
-    crate::team::refuse(&service, &principal, &id, "commands").await?;
+    crate::team::refuse_command(&service, &principal, &id).await?;
     let (id, agent) = owned(&service, &principal, &id).await?;
     let _guard = claim(&service, &id)?;
     let mut session = open(&service, &id, agent).await?;

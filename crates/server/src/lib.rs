@@ -95,9 +95,11 @@
 //! handoff once it is stored, and `GET /sessions/{id}` gives the
 //! conversation's texts as `history`, with `team`: the agents, the
 //! `current_agent` the next message goes to, who wrote each message and
-//! where each handoff was. A conversation takes messages only: decisions
-//! and commands, which would reach one agent's machine, are a `409`, so
-//! a team's agents take no tools that need approval.
+//! where each handoff was. A call that needs approval pauses the team's
+//! turn with the agent that made it: the session lists it, the
+//! conversation's decision route decides it, and the last decision
+//! resumes the turn with that agent (and its handoffs). Commands, which
+//! would change one agent's machine outside any turn, are a `409`.
 //!
 //! A turn whose calls need approval ends waiting for them; deciding the
 //! last one resumes the run and streams it. A message to a session that

@@ -3,7 +3,12 @@
 //! agent's (one at a time, in a task of their own, streamed, cancellable,
 //! bounded by the run deadline, interrupted by a shutdown and continued
 //! after it), with `step` and `done` events naming the agent and a
-//! `handoff` event for each handoff.
+//! `handoff` event for each handoff. A tool call that needs approval
+//! pauses the turn with the agent that made it: the session shows the
+//! calls waiting, the conversation's decision route decides them, and the
+//! last decision resumes the turn with that agent. Commands are refused:
+//! a command changes one agent's machine outside any turn, which the
+//! conversation's record of who holds it would not follow.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,16 +17,17 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use markov_executor::{Agent, Team};
+use markov_policy::{ApprovalId, ConfirmationRequest, Decision};
 use markov_store::{
-    CreateOptions, DurableTeam, SessionId, SessionInfo, Store, TeamEvent, TeamReply,
+    CreateOptions, DurableTeam, SessionId, SessionInfo, Store, TeamEvent, TeamReply, member_session,
 };
 use serde_json::json;
 
 use crate::auth::Principal;
 use crate::runs::{RunGuard, RunLog, StopCause};
 use crate::wire::{
-    DoneEvent, ErrorBody, HandoffEvent, InterruptedEvent, LiveRun, NewSession, RunEvent,
-    SessionDetail, StepEvent, TeamDetail,
+    DecidedEvent, DoneEvent, ErrorBody, HandoffEvent, InterruptedEvent, LiveRun, NewSession,
+    RunEvent, SessionDetail, StepEvent, TeamDetail,
 };
 use crate::{ApiError, Service, markdown};
 
@@ -123,21 +129,164 @@ async fn conversation<'a>(
     Ok(Some((id, name, team)))
 }
 
-/// Refuses (`409`) `what` on a team conversation, which runs one agent's
-/// machine after another: a decision or a command goes to one machine,
-/// which the team's turn would not follow.
-pub(crate) async fn refuse(
+/// Refuses (`409`) a command on a team conversation: a command changes
+/// one agent's machine outside any turn, and the conversation's record of
+/// which agent holds it and what each has seen would not follow.
+pub(crate) async fn refuse_command(
     service: &Service,
     principal: &Principal,
     id: &str,
-    what: &str,
 ) -> Result<(), ApiError> {
     match conversation(service, principal, id).await? {
         Some((id, name, _)) => Err(ApiError::Conflict(format!(
-            "session {id} is a conversation with team {name:?}, which takes messages only: no {what}"
+            "session {id} is a conversation with team {name:?}: it takes messages and \
+             decisions on tool calls, no commands (a command would change one agent's \
+             machine outside the team's turn)"
         ))),
         None => Ok(()),
     }
+}
+
+/// The stored calls of a team conversation's paused turn still waiting
+/// for a decision, unexpired (the agent holding it made them), and
+/// whether the turn is paused. `None` when `id` is not a team
+/// conversation.
+async fn waiting(
+    service: &Service,
+    id: &SessionId,
+    team: &Team,
+    record: &markov_store::TeamRecord,
+) -> Result<(Vec<ConfirmationRequest>, bool), ApiError> {
+    if !record.is_turn_pending() {
+        return Ok((Vec::new(), false));
+    }
+    let current = record.state().current();
+    let stored = service
+        .store
+        .load(&member_session(id, team, current))
+        .await?;
+    let paused = stored.snapshot.policy.answers.iter().any(|a| a.paused);
+    let pending = crate::wire::pending(&stored.snapshot.policy.approvals)
+        .into_iter()
+        .cloned()
+        .collect();
+    Ok((pending, paused))
+}
+
+/// `GET /sessions/{id}/approvals` of a team conversation: the calls
+/// waiting for a decision. `None` when `id` is not one.
+pub(crate) async fn approvals(
+    service: &Service,
+    principal: &Principal,
+    id: &str,
+) -> Result<Option<Vec<ConfirmationRequest>>, ApiError> {
+    let Some((id, _, team)) = conversation(service, principal, id).await? else {
+        return Ok(None);
+    };
+    let record = service
+        .store
+        .team_state(&id)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("no session {id}")))?;
+    Ok(Some(waiting(service, &id, team, &record).await?.0))
+}
+
+/// The agent other than `current` whose stored machine has request `id`
+/// (a call of a turn that went on after its decision), if one has.
+async fn decided_before(
+    service: &Service,
+    conversation: &SessionId,
+    team: &Team,
+    current: &str,
+    id: &ApprovalId,
+) -> Option<String> {
+    for agent in team.names().filter(|name| *name != current) {
+        // An agent that never held the conversation has no session: none.
+        let Ok(stored) = service
+            .store
+            .load(&member_session(conversation, team, agent))
+            .await
+        else {
+            continue;
+        };
+        if stored
+            .snapshot
+            .policy
+            .approvals
+            .iter()
+            .any(|r| r.request.request_id == *id)
+        {
+            return Some(agent.to_owned());
+        }
+    }
+    None
+}
+
+/// `POST /sessions/{id}/approvals/{request}` on a team conversation: the
+/// decision of `principal` on a call of the agent holding it, written;
+/// then, once no call waits, the paused turn resumed with that agent (and
+/// any handoff after it). Returns the log to stream (`decided` first).
+/// `None` when `id` is not a team conversation.
+pub(crate) async fn decide(
+    service: &Arc<Service>,
+    principal: &Principal,
+    id: &str,
+    request: &str,
+    decision: Decision,
+) -> Result<Option<Arc<RunLog>>, ApiError> {
+    let Some((id, _, team)) = conversation(service, principal, id).await? else {
+        return Ok(None);
+    };
+    // One decision at a time: of two racing, the second is a 409 here, or
+    // refused as already decided below.
+    let guard = claim(service, &id)?;
+    let mut session = open(service, &id, team).await?;
+    let request_id = ApprovalId::from(request);
+    let tool = session.approval_tool(&request_id);
+    if tool.is_none()
+        && let Some(agent) =
+            decided_before(service, &id, team, session.current(), &request_id).await
+    {
+        let current = session.current().to_owned();
+        session.release().await?;
+        return Err(ApiError::Conflict(format!(
+            "request {request} is agent {agent:?}'s, already decided: the conversation is \
+             held by {current:?} now"
+        )));
+    }
+    if let Some(role) = tool.as_ref().and_then(|t| service.approval_roles.get(t))
+        && !principal.has_role(role)
+    {
+        session.release().await?;
+        return Err(ApiError::Forbidden(format!(
+            "deciding on calls of `{}` needs the `{role}` role",
+            tool.unwrap_or_default()
+        )));
+    }
+    let name = decision.as_str();
+    let decided = match session
+        .decide_by(&request_id, decision, principal.id().as_str())
+        .await
+    {
+        Ok(request) => request,
+        Err(error) => {
+            session.release().await?;
+            return Err(error.into());
+        }
+    };
+    let waiting = session.pending().len();
+    let event = RunEvent::Decided(DecidedEvent {
+        request_id: decided.request_id.to_string(),
+        decision: name.to_owned(),
+        tool: decided.tool,
+        waiting,
+    });
+    let work = if waiting == 0 && session.is_awaiting_approval() {
+        Work::Resume
+    } else {
+        Work::Nothing
+    };
+    Ok(Some(spawn(service, guard, session, Some(event), work)))
 }
 
 /// `GET /sessions/{id}` of a team conversation: its texts, who wrote
@@ -156,6 +305,7 @@ pub(crate) async fn show(
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("no session {id}")))?;
     let state = record.state();
+    let (pending_approvals, awaiting_approval) = waiting(service, &id, team, &record).await?;
     let live = service.runs.get(&id).filter(|log| !log.is_finished());
     let live_run = live.as_ref().map(|log| {
         let (last_event_id, history_len, message) = log.join();
@@ -173,11 +323,12 @@ pub(crate) async fn show(
         agent: name.to_owned(),
         history: markdown::with_html(state.transcript()),
         state: json!({}),
-        pending_approvals: Vec::new(),
-        awaiting_approval: false,
+        pending_approvals,
+        awaiting_approval,
         usage: json!({}),
         running: live.is_some(),
-        interrupted: record.is_turn_pending() || stored.running,
+        // A turn paused for approval is in progress, not interrupted.
+        interrupted: (record.is_turn_pending() && !awaiting_approval) || stored.running,
         live_run,
         team: Some(TeamDetail {
             agents: team.names().map(str::to_owned).collect(),
@@ -213,7 +364,22 @@ pub(crate) async fn message(
     };
     let guard = claim(service, &id)?;
     let session = open(service, &id, team).await?;
-    Ok(Some(spawn(service, guard, session, Some(text))))
+    let waiting = session.pending().len();
+    if waiting > 0 {
+        let agent = session.current().to_owned();
+        session.release().await?;
+        return Err(ApiError::Conflict(format!(
+            "session {id} waits for the decision on {waiting} tool call(s) of agent {agent:?}: \
+             decide them first"
+        )));
+    }
+    Ok(Some(spawn(
+        service,
+        guard,
+        session,
+        None,
+        Work::Message(text),
+    )))
 }
 
 /// Continues the team turn session `id` (claimed as a session whose run
@@ -241,7 +407,7 @@ pub(crate) async fn continue_interrupted(
     };
     let guard = claim(service, &conversation)?;
     let session = open(service, &conversation, team).await?;
-    spawn(service, guard, session, None);
+    spawn(service, guard, session, None, Work::Resume);
     service.metrics.runs_continued.inc();
     Ok(true)
 }
@@ -271,15 +437,35 @@ async fn open(
     .await?)
 }
 
-/// Runs the turn of `text` (or, without one, finishes the turn a restart
-/// interrupted) in a task of its own, logging its events; returns the log.
+/// What a team conversation's run does.
+enum Work {
+    /// Nothing more (a decision that leaves calls waiting): the session
+    /// is released.
+    Nothing,
+    /// Finish the turn in progress: one a restart interrupted, or one
+    /// paused for approval whose calls are all decided.
+    Resume,
+    /// Run the turn of this message (finishing the one before first).
+    Message(String),
+}
+
+/// Performs `work` in a task of its own, logging `first`, then the turn's
+/// events; returns the log.
 fn spawn(
     service: &Arc<Service>,
     guard: RunGuard,
     mut session: DurableTeam<dyn Store>,
-    text: Option<String>,
+    first: Option<RunEvent>,
+    work: Work,
 ) -> Arc<RunLog> {
     let log = Arc::clone(guard.log());
+    if let Some(event) = first {
+        log.record(event);
+    }
+    let text = match &work {
+        Work::Message(text) => Some(text.clone()),
+        _ => None,
+    };
     log.start(
         session.cancel_token(),
         session.state().transcript().len(),
@@ -325,9 +511,10 @@ fn spawn(
             }
             _ => {}
         };
-        let result = match text {
-            Some(text) => session.send_each(text, on_event).await.map(Some),
-            None => session.resume_each(on_event).await,
+        let result = match work {
+            Work::Message(text) => session.send_each(text, on_event).await.map(Some),
+            Work::Resume => session.resume_each(on_event).await,
+            Work::Nothing => Ok(None),
         };
         let released = session.release().await;
         let result: Result<Option<TeamReply>, ApiError> = match (result, released) {
@@ -353,15 +540,18 @@ fn spawn(
                 let cancelled =
                     step.is_some_and(|s| s.yield_reason == markov_executor::YieldReason::Cancelled);
                 let stopped = cancelled.then(|| log.cause().map_or("cancelled", StopCause::as_str));
+                let unstepped = if reply.awaiting_approval {
+                    "awaiting_approval"
+                } else {
+                    "end_turn"
+                };
                 log.record(RunEvent::Done(DoneEvent {
-                    done: step.is_none_or(|s| s.done),
+                    done: !reply.awaiting_approval && step.is_none_or(|s| s.done),
                     response: reply.answer.clone(),
                     yield_reason: step
-                        .map_or("end_turn", |s| s.yield_reason.as_str())
+                        .map_or(unstepped, |s| s.yield_reason.as_str())
                         .to_owned(),
-                    awaiting_approval: step.is_some_and(|s| {
-                        s.yield_reason == markov_executor::YieldReason::AwaitingApproval
-                    }),
+                    awaiting_approval: reply.awaiting_approval,
                     stopped: stopped.map(str::to_owned),
                     usage_limit: step.and_then(|s| s.usage_limit.map(|l| l.to_string())),
                     usage: step.map_or(json!({}), |s| json!(s.totals)),

@@ -478,3 +478,15 @@ pub(crate) struct StepRequest {
     #[schema(value_type = Object)]
     pub(crate) request: Value,
 }
+
+/// The stored requests still waiting for a decision, unexpired.
+pub(crate) fn pending(
+    approvals: &[markov_policy::ApprovalRecord],
+) -> Vec<&markov_policy::ConfirmationRequest> {
+    let now = crate::now_ms();
+    approvals
+        .iter()
+        .filter(|r| r.status == markov_policy::ApprovalStatus::Pending && now < r.request.expires)
+        .map(|r| &r.request)
+        .collect()
+}

@@ -79,7 +79,7 @@ pub use replay::{
 };
 #[cfg(feature = "sqlite")]
 pub use sqlite::{Durability, SqliteStore};
-pub use team::{DurableTeam, TeamEvent, TeamRecord, TeamReply, agent_session};
+pub use team::{DurableTeam, TeamEvent, TeamRecord, TeamReply, agent_session, member_session};
 
 /// A session's id.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

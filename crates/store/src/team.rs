@@ -15,14 +15,23 @@
 //! an agent that was not given its input yet is given it, and a handoff
 //! that was made but not followed is followed — the user's message is
 //! never lost and no tool runs twice.
+//!
+//! A tool call that needs approval pauses the turn with the agent that
+//! made it: the turn stays in progress ([`TeamReply::awaiting_approval`]),
+//! the call is decided on the conversation ([`DurableTeam::decide_by`],
+//! written before it returns), and once no call waits
+//! [`DurableTeam::resume`] goes on with that agent's run, then with any
+//! handoff it makes. The decisions are the agent's machine's, stored with
+//! it, so a restart between the pause and the decision loses nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use markov_core::message::{Message, Role};
 use markov_executor::team::MAX_HANDOFFS_PER_TURN;
 use markov_executor::{HandoffRecord, MachineStep, RunError, Team, TeamState};
+use markov_policy::{ApprovalId, ConfirmationRequest, Decision};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -36,6 +45,17 @@ use crate::{
 /// `team` itself): `<team>~<agent>`.
 pub fn agent_session(team: &SessionId, agent: &str) -> SessionId {
     SessionId::new(format!("{team}~{agent}"))
+}
+
+/// The session that keeps agent `agent`'s machine in the conversation
+/// `conversation` with `team`: the conversation itself for the entry
+/// agent, [`agent_session`] for any other.
+pub fn member_session(conversation: &SessionId, team: &Team, agent: &str) -> SessionId {
+    if agent == team.entry() {
+        conversation.clone()
+    } else {
+        agent_session(conversation, agent)
+    }
 }
 
 /// A team conversation as a store keeps it beside the entry agent's
@@ -55,8 +75,9 @@ impl TeamRecord {
         &self.state
     }
 
-    /// Whether a user turn was in progress at the last write (a restart
-    /// interrupted it).
+    /// Whether a user turn was in progress at the last write: a restart
+    /// interrupted it, or the agent holding the conversation waits for a
+    /// decision on one of its tool calls (its machine says which).
     pub fn is_turn_pending(&self) -> bool {
         self.turn.is_some()
     }
@@ -116,6 +137,11 @@ pub struct TeamReply {
     /// [`DurableTeam::interrupt_when`]): the next [`DurableTeam::send`] or
     /// [`DurableTeam::resume`] finishes it.
     pub interrupted: bool,
+    /// Whether the turn is paused: the agent holding the conversation
+    /// waits for decisions on its tool calls ([`DurableTeam::pending`]).
+    /// Once they are decided ([`DurableTeam::decide_by`]),
+    /// [`DurableTeam::resume`] goes on with it.
+    pub awaiting_approval: bool,
 }
 
 /// A conversation with a [`Team`] in a [`Store`], leased to one worker:
@@ -248,9 +274,14 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
             }
             .into());
         }
-        Ok(Self::bind(
+        let mut session = Self::bind(
             store, id, holder, team, lease, owner, record, entry, machine,
-        ))
+        );
+        // The agent holding the conversation is opened at once: its
+        // pending decisions are the conversation's.
+        let current = session.current().to_owned();
+        session.open_agent(&current).await?;
+        Ok(session)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -302,9 +333,64 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
     }
 
     /// Whether a user turn waits to be finished (a restart or
-    /// [`interrupt_when`](Self::interrupt_when) interrupted it).
+    /// [`interrupt_when`](Self::interrupt_when) interrupted it, or it is
+    /// paused for approval: see [`is_awaiting_approval`](Self::is_awaiting_approval)).
     pub fn is_turn_pending(&self) -> bool {
         self.record.turn.is_some()
+    }
+
+    /// Whether the turn is paused because the agent holding the
+    /// conversation waits for decisions on its tool calls (some may be
+    /// decided or expired already: [`pending`](Self::pending) lists the
+    /// rest).
+    pub fn is_awaiting_approval(&self) -> bool {
+        self.record.turn.is_some()
+            && self
+                .machines
+                .get(self.current())
+                .is_some_and(|m| !m.is_interrupted() && m.machine().is_awaiting_approval())
+    }
+
+    /// The paused turn's calls still waiting for a decision (undecided,
+    /// unexpired), oldest first: the agent holding the conversation's.
+    pub fn pending(&self) -> Vec<ConfirmationRequest> {
+        if !self.is_awaiting_approval() {
+            return Vec::new();
+        }
+        self.machines
+            .get(self.current())
+            .map(|m| m.machine().approvals().held_pending_at(SystemTime::now()))
+            .unwrap_or_default()
+    }
+
+    /// The tool whose call request `id` asks about, if the agent holding
+    /// the conversation has that request.
+    pub fn approval_tool(&self, id: &ApprovalId) -> Option<String> {
+        self.machines
+            .get(self.current())
+            .and_then(|m| m.machine().approvals().get(id))
+            .map(|record| record.request.tool)
+    }
+
+    /// Records the decision of `by` (a principal's id) on request `id` of
+    /// the agent holding the conversation, and writes it before returning
+    /// (see [`DurableMachine::decide_by`]). The turn goes on with
+    /// [`resume`](Self::resume) once no call waits.
+    ///
+    /// # Errors
+    /// The request is unknown, decided or expired
+    /// ([`DurableError::Approval`]), or the write failed.
+    pub async fn decide_by(
+        &mut self,
+        id: &ApprovalId,
+        decision: Decision,
+        by: &str,
+    ) -> Result<ConfirmationRequest, DurableError> {
+        let current = self.current().to_owned();
+        self.open_agent(&current)
+            .await?
+            .decide_by(id, decision, by)
+            .await
     }
 
     /// The machine of agent `name`, if it was opened here (the entry
@@ -349,9 +435,11 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
         mut on_event: impl FnMut(TeamEvent<'_>),
     ) -> Result<TeamReply, DurableError> {
         if self.record.turn.is_some() {
-            tracing::info!(session = %self.id, "finishing the turn a restart interrupted before the new one");
+            tracing::info!(session = %self.id, "finishing the turn a restart interrupted (or a decision unpaused) before the new one");
             let reply = self.finish(&mut on_event).await?;
-            if reply.interrupted {
+            if reply.interrupted || reply.awaiting_approval {
+                // The new message is not taken: the turn before it is
+                // still in progress.
                 return Ok(reply);
             }
         }
@@ -369,8 +457,10 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
         self.finish(&mut on_event).await
     }
 
-    /// Finishes the turn a restart interrupted, if there is one (`None`
-    /// if not).
+    /// Finishes the turn a restart interrupted or a pause for approval
+    /// held, if there is one (`None` if not): a paused turn goes on once
+    /// no call waits for a decision (an expired request counts as denied),
+    /// and ends paused again otherwise.
     pub async fn resume(&mut self) -> Result<Option<TeamReply>, DurableError> {
         self.resume_each(|_| {}).await
     }
@@ -409,7 +499,33 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
             let cancel = self.cancel.clone();
             let machine = self.open_agent(&name).await?;
             let given = machine.machine().history().len() > turn.start;
-            let step = if machine.is_interrupted() || !given {
+            let paused = !machine.is_interrupted() && machine.machine().is_awaiting_approval();
+            if paused
+                && !machine
+                    .machine()
+                    .approvals()
+                    .held_pending_at(SystemTime::now())
+                    .is_empty()
+            {
+                return Ok(paused_reply(name, turn.handoffs, None));
+            }
+            let step = if paused {
+                tracing::info!(agent = %name, "every paused call is decided: the agent's run goes on");
+                let token = machine.cancel_token();
+                let run = machine.resume_each_step(|step| {
+                    on_event(TeamEvent::Step { agent: &name, step });
+                });
+                let watch = async {
+                    cancel.cancelled().await;
+                    token.cancel();
+                };
+                futures::pin_mut!(run, watch);
+                let step = match futures::future::select(run, watch).await {
+                    futures::future::Either::Left((step, _)) => step?,
+                    futures::future::Either::Right(((), run)) => run.await?,
+                };
+                Some(step)
+            } else if machine.is_interrupted() || !given {
                 if !machine.is_interrupted() {
                     match &turn.input {
                         Some(context) => machine.machine().enqueue(context.iter().cloned()),
@@ -445,7 +561,24 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
                     handoffs: turn.handoffs,
                     step,
                     interrupted: true,
+                    awaiting_approval: false,
                 });
+            }
+            if machine.machine().is_awaiting_approval() {
+                tracing::info!(agent = %name, "a tool call waits for approval: the turn is paused");
+                return Ok(paused_reply(name, turn.handoffs, step));
+            }
+            if paused && !given {
+                // The pause came before this turn's input was given (a
+                // pause stored with no turn kept for it): now that its run
+                // is over, the turn's input is given as usual.
+                tracing::warn!(agent = %name, "a pause older than the turn was resumed first: the turn's input is given now");
+                let start = machine.machine().history().len();
+                if let Some(pending) = self.record.turn.as_mut() {
+                    pending.start = start;
+                }
+                self.write().await?;
+                continue;
             }
             let added = machine
                 .machine()
@@ -490,6 +623,7 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
                         handoffs: turn.handoffs,
                         step,
                         interrupted: false,
+                        awaiting_approval: false,
                     });
                 }
             }
@@ -548,6 +682,22 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
             .write_team_state(&self.id, &self.holder, &self.record)
             .await?;
         Ok(())
+    }
+}
+
+/// The reply of a turn paused for approval by agent `agent`'s calls.
+fn paused_reply(
+    agent: String,
+    handoffs: Vec<HandoffRecord>,
+    step: Option<MachineStep>,
+) -> TeamReply {
+    TeamReply {
+        agent,
+        answer: None,
+        handoffs,
+        step,
+        interrupted: false,
+        awaiting_approval: true,
     }
 }
 

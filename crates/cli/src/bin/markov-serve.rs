@@ -15,6 +15,12 @@
 //! server reports, and its answers fit that window as `markov-demo`'s do.
 //! `--require-approval <tool>` makes a tool's calls wait for a person.
 //!
+//! `--team <name>` serves a team under that name instead: `cities` (the
+//! entry agent, with `population`) hands the adding to `maths` (with `add`),
+//! which hands the conversation back once it has the sum;
+//! `--handoff-history` says what `maths` is shown of the conversation when
+//! it is first handed it.
+//!
 //! The model is chosen as for `markov-demo` (see the library); without a
 //! key it is the scripted [`Rehearsal`], and the first line says so. When
 //! the store holds no API key yet, one is created for the principal
@@ -34,10 +40,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use markov_cli::tools::{Add, Population};
-use markov_cli::{ContextChoice, INSTRUCTIONS, Rehearsal, context_policy, pick_settled_model_or};
+use markov_cli::{
+    ContextChoice, INSTRUCTIONS, MATHS_INSTRUCTIONS, Rehearsal, TEAM_INSTRUCTIONS, context_policy,
+    pick_settled_model_or,
+};
 use markov_core::model::Model;
 use markov_core::tool::Tool;
-use markov_executor::Agent;
+use markov_executor::{Agent, Handoff, HistoryFilter, Team};
 use markov_policy::{Category, ToolMetadata};
 use markov_server::{ApiError, DEVELOPER, JwtConfig, Limits, Server, create_api_key};
 use markov_store::{KeyStore, PostgresStore, SqliteStore, WorkerId};
@@ -176,6 +185,20 @@ struct ServeArgs {
     /// together (their size as JSON; the least recently used make room).
     #[arg(long, default_value_t = 256 * 1024 * 1024)]
     open_session_bytes: u64,
+    /// Serve a team under this name instead of the lone agent: `cities`
+    /// (the entry agent, which looks populations up) hands the adding to
+    /// `maths` (which adds with `add`, then hands the conversation back).
+    /// Its sessions are team conversations: their events and the session
+    /// name the agent that answered and each handoff.
+    #[arg(long, value_name = "NAME")]
+    team: Option<String>,
+    /// With --team: what `maths` is shown of the conversation when `cities`
+    /// first hands it over: `everything` (every user and agent text),
+    /// `last-turns=N` (the texts of the last N user turns) or `summary` (a
+    /// summary the model writes). Handed it again, it is shown what came
+    /// after its part.
+    #[arg(long, value_name = "FILTER", value_parser = handoff_history, default_value = "everything")]
+    handoff_history: HistoryArg,
     /// This server's name in the store's leases (default:
     /// `markov-serve@HOSTNAME`): a server restarted with the same name
     /// takes its sessions back at once.
@@ -219,6 +242,42 @@ fn export_error(error: markov_eval::ExportError) -> ApiError {
         error @ ExportError::NoSteps { .. } => ApiError::NotFound(error.to_string()),
         error @ ExportError::NoInput(_) => ApiError::Conflict(error.to_string()),
         error => ApiError::Internal(error.to_string()),
+    }
+}
+
+/// `--handoff-history`, read: a filter's name, before the model it needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HistoryArg {
+    Everything,
+    LastTurns(usize),
+    Summary,
+}
+
+impl HistoryArg {
+    /// The filter, a summary written by `model`.
+    fn filter(self, model: &Arc<dyn Model>) -> HistoryFilter {
+        match self {
+            HistoryArg::Everything => HistoryFilter::Everything,
+            HistoryArg::LastTurns(n) => HistoryFilter::LastTurns(n),
+            HistoryArg::Summary => HistoryFilter::Summary(Arc::clone(model)),
+        }
+    }
+}
+
+fn handoff_history(value: &str) -> Result<HistoryArg, String> {
+    match value {
+        "everything" => Ok(HistoryArg::Everything),
+        "summary" => Ok(HistoryArg::Summary),
+        _ => value
+            .strip_prefix("last-turns=")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|n| *n > 0)
+            .map(HistoryArg::LastTurns)
+            .ok_or_else(|| {
+                format!(
+                    "expected `everything`, `last-turns=N` (N at least 1) or `summary`, got {value:?}"
+                )
+            }),
     }
 }
 
@@ -397,30 +456,69 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     let policy = context_policy(args.context.into(), &chosen);
     let settings = chosen.settings();
     let require_approval = args.require_approval.clone();
-    // The agent over a model: the one served over the chosen model, and
-    // the same agent over the model a replay gives it.
-    let build = move |model: Arc<dyn Model>| {
-        let metadata = |tool: &str, category| {
-            let metadata = ToolMetadata::new(category);
-            if require_approval.iter().any(|t| t == tool) {
-                metadata.with_confirmation()
-            } else {
-                metadata
-            }
-        };
-        let mut agent = Agent::builder("cities")
-            .instructions(INSTRUCTIONS)
-            .tool_with(Add, metadata(Add::NAME, Category::Other))
-            .tool_with(Population, metadata(Population::NAME, Category::Retrieval))
-            .tools_with(tools.iter().cloned())
-            .shared_model(model)
-            .settings(settings.clone());
-        if let Some(policy) = &policy {
-            agent = agent.context_policy(policy.clone());
+    let in_team = args.team.is_some();
+    let metadata = move |tool: &str, category| {
+        let metadata = ToolMetadata::new(category);
+        if require_approval.iter().any(|t| t == tool) {
+            metadata.with_confirmation()
+        } else {
+            metadata
         }
-        agent.build()
+    };
+    // The agent over a model: the one served over the chosen model, and
+    // the same agent over the model a replay gives it. In the team,
+    // `cities` hands the adding to `maths` rather than adding itself.
+    let handoff = match in_team {
+        true => Some(Handoff::tool("maths", "To add numbers.").map_err(|e| e.to_string())?),
+        false => None,
+    };
+    let build = {
+        let (metadata, settings, policy) = (metadata.clone(), settings.clone(), policy.clone());
+        move |model: Arc<dyn Model>| {
+            let mut agent = Agent::builder("cities")
+                .instructions(if in_team {
+                    TEAM_INSTRUCTIONS
+                } else {
+                    INSTRUCTIONS
+                })
+                .tool_with(Population, metadata(Population::NAME, Category::Retrieval))
+                .tools_with(tools.iter().cloned())
+                .shared_model(model)
+                .settings(settings.clone());
+            agent = match &handoff {
+                Some(handoff) => agent.tools([Arc::clone(handoff)]),
+                None => agent.tool_with(Add, metadata(Add::NAME, Category::Other)),
+            };
+            if let Some(policy) = &policy {
+                agent = agent.context_policy(policy.clone());
+            }
+            agent.build()
+        }
     };
     let agent = build(Arc::clone(&chosen.model)).map_err(|e| e.to_string())?;
+    let team = match &args.team {
+        None => None,
+        Some(name) => {
+            let back = Handoff::back().map_err(|e| e.to_string())?;
+            let mut maths = Agent::builder("maths")
+                .instructions(MATHS_INSTRUCTIONS)
+                .tool_with(Add, metadata(Add::NAME, Category::Other))
+                .tools([back])
+                .shared_model(Arc::clone(&chosen.model))
+                .settings(settings.clone());
+            if let Some(policy) = &policy {
+                maths = maths.context_policy(policy.clone());
+            }
+            let maths = maths.build().map_err(|e| e.to_string())?;
+            let team = Team::builder()
+                .agent("cities", agent.clone())
+                .agent("maths", maths)
+                .history("maths", args.handoff_history.filter(&chosen.model))
+                .build()
+                .map_err(|e| e.to_string())?;
+            Some((name.clone(), team))
+        }
+    };
     let first_key = if backend
         .keys()
         .keys()
@@ -458,9 +556,18 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
     // served, each request's wire body from the configured client, and a
     // session saved as a case `markov-eval` runs.
     let served = agent.clone();
-    let mut builder = Server::builder()
-        .agent(agent)
-        .model_description("cities", description)
+    let mut builder = match team {
+        // A team's agents answer with the chosen model too: the first line
+        // names it (the page names no model for a team).
+        Some((name, team)) => {
+            tracing::info!(team = %name, filter = ?args.handoff_history, "serving the team cities and maths");
+            Server::builder().team(name, team)
+        }
+        None => Server::builder()
+            .agent(agent)
+            .model_description("cities", description),
+    };
+    builder = builder
         .replay_agent("cities", Arc::clone(&chosen.model), move |model| {
             build(model).unwrap_or_else(|e| {
                 // The served agent built with the same options, so this
@@ -484,6 +591,10 @@ async fn serve(backend: Backend, args: ServeArgs) -> Result<(), String> {
         .limits(limits);
     if let Some(client) = chosen.client.clone() {
         // Runs are streamed, so the body sent asked for a streamed answer.
+        if in_team {
+            let client = client.clone();
+            builder = builder.wire_body("maths", move |request| client.request_body(request, true));
+        }
         builder = builder.wire_body("cities", move |request| client.request_body(request, true));
     }
     builder = match &backend {

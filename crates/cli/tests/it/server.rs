@@ -1,7 +1,8 @@
 //! The `markov-serve` binary: without a provider it serves the demo agent
 //! on the rehearsal model, over HTTP, its sessions and API keys in a
 //! SQLite file; `keys` creates, lists and revokes keys; SIGTERM stops it
-//! cleanly; `--help` documents every flag.
+//! cleanly; `--help` documents every flag; `--team` serves the demo team,
+//! its handoffs, hand-backs and approvals over HTTP.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -197,6 +198,8 @@ fn help_documents_every_flag() {
         "--header-timeout",
         "--max-body",
         "--worker",
+        "--team",
+        "--handoff-history",
         "keys",
     ] {
         let line = help
@@ -838,5 +841,225 @@ async fn a_steps_wire_body_is_what_the_provider_was_sent_without_its_key() {
     assert_eq!(
         wire["body"], sent[0].body,
         "the body as the provider was sent it"
+    );
+}
+
+/// The (event, data) pairs of a server-sent event stream.
+fn events(stream: &str) -> Vec<(String, serde_json::Value)> {
+    stream
+        .split("\n\n")
+        .filter_map(|block| {
+            let mut name = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(n) = line.strip_prefix("event:") {
+                    name = Some(n.trim().to_owned());
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    data.push_str(d.trim_start());
+                }
+            }
+            Some((name?, serde_json::from_str(&data).unwrap_or_default()))
+        })
+        .collect()
+}
+
+/// The data of the events named `name`.
+fn named<'a>(events: &'a [(String, serde_json::Value)], name: &str) -> Vec<&'a serde_json::Value> {
+    events
+        .iter()
+        .filter(|(n, _)| n == name)
+        .map(|(_, d)| d)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_team_hands_off_waits_for_approval_and_hands_back() {
+    let (_server, key, base) = started(
+        &[
+            "--team",
+            "support",
+            "--handoff-history",
+            "last-turns=1",
+            "--require-approval",
+            "add",
+        ],
+        &[],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let id = new_session(&client, &base, &key).await;
+    let agents = client
+        .get(format!("{base}/agents"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    assert_eq!(agents[0]["name"], "support", "{agents}");
+    assert_eq!(agents[0]["team"], json!(["cities", "maths"]), "{agents}");
+
+    // A first turn without a handoff: cities answers.
+    let hello = events(&say(&client, &base, &key, &id, "Hello").await);
+    let done = named(&hello, "done")[0];
+    assert_eq!(done["agent"], "cities", "{hello:?}");
+    assert!(named(&hello, "handoff").is_empty(), "{hello:?}");
+
+    // Cities looks both cities up and hands the adding to maths, whose
+    // call waits for a person.
+    let asked = events(
+        &say(
+            &client,
+            &base,
+            &key,
+            &id,
+            "How many people live in Lisbon and Porto together?",
+        )
+        .await,
+    );
+    let handoffs = named(&asked, "handoff");
+    assert_eq!(handoffs.len(), 1, "{asked:?}");
+    assert_eq!(
+        (handoffs[0]["from"].as_str(), handoffs[0]["to"].as_str()),
+        (Some("cities"), Some("maths"))
+    );
+    assert!(
+        handoffs[0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("545923") && r.contains("231962")),
+        "{asked:?}"
+    );
+    let steps = named(&asked, "step");
+    let first_of_maths = steps
+        .iter()
+        .find(|s| s["agent"] == "maths")
+        .expect("a step of maths");
+    // The last turn only (the question and the handoff's note, one
+    // message), not the greeting before it.
+    assert_eq!(first_of_maths["handoff_context"], 1, "{asked:?}");
+    let done = named(&asked, "done")[0];
+    assert_eq!(done["agent"], "maths");
+    assert_eq!(done["awaiting_approval"], true, "{asked:?}");
+    let pending = client
+        .get(format!("{base}/sessions/{id}/approvals"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    let pending = pending.as_array().expect("a list").clone();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0]["tool"], "add");
+
+    // Approved: maths adds, hands the sum back, and cities answers.
+    let request = pending[0]["request_id"].as_str().expect("an id");
+    let resumed = client
+        .post(format!("{base}/sessions/{id}/approvals/{request}"))
+        .bearer_auth(&key)
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the stream");
+    let resumed = events(&resumed);
+    let handoffs = named(&resumed, "handoff");
+    assert_eq!(handoffs.len(), 1, "{resumed:?}");
+    assert_eq!(
+        (handoffs[0]["from"].as_str(), handoffs[0]["to"].as_str()),
+        (Some("maths"), Some("cities"))
+    );
+    let done = named(&resumed, "done")[0];
+    assert_eq!(done["agent"], "cities", "{resumed:?}");
+    assert!(
+        done["response"]
+            .as_str()
+            .is_some_and(|r| r.contains("777885")),
+        "{resumed:?}"
+    );
+
+    let session = client
+        .get(format!("{base}/sessions/{id}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json");
+    assert_eq!(session["agent"], "support");
+    assert_eq!(session["awaiting_approval"], false);
+    let team = &session["team"];
+    assert_eq!(team["current_agent"], "cities", "{session}");
+    assert_eq!(
+        team["speakers"],
+        json!([null, "cities", null, "cities"]),
+        "{session}"
+    );
+    let pairs: Vec<(String, String)> = team["handoffs"]
+        .as_array()
+        .expect("the handoffs")
+        .iter()
+        .map(|h| (h["from"].to_string(), h["to"].to_string()))
+        .collect();
+    assert_eq!(
+        pairs,
+        [
+            ("\"cities\"".to_owned(), "\"maths\"".to_owned()),
+            ("\"maths\"".to_owned(), "\"cities\"".to_owned())
+        ]
+    );
+}
+
+#[test]
+fn a_handoff_history_that_is_none_is_refused() {
+    let output = Command::new(env!("CARGO_BIN_EXE_markov-serve"))
+        .args(["--team", "support", "--handoff-history", "last-turns=0"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("last-turns=N"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_team_hands_maths_a_summary_when_asked_to() {
+    let (_server, key, base) =
+        started(&["--team", "support", "--handoff-history", "summary"], &[]).await;
+    let client = reqwest::Client::new();
+    let id = new_session(&client, &base, &key).await;
+    let asked = events(
+        &say(
+            &client,
+            &base,
+            &key,
+            &id,
+            "How many people live in Lisbon and Porto together?",
+        )
+        .await,
+    );
+    let maths = named(&asked, "step")
+        .into_iter()
+        .find(|s| s["agent"] == "maths")
+        .expect("a step of maths");
+    // One message: the summary and the handoff's note.
+    assert_eq!(maths["handoff_context"], 1, "{asked:?}");
+    let given = maths.to_string();
+    assert!(
+        given.contains("A summary of the conversation so far"),
+        "{given}"
+    );
+    assert_eq!(named(&asked, "handoff").len(), 2, "{asked:?}");
+    let done = named(&asked, "done")[0];
+    assert_eq!(done["agent"], "cities");
+    assert!(
+        done["response"]
+            .as_str()
+            .is_some_and(|r| r.contains("777885")),
+        "{asked:?}"
     );
 }

@@ -3,7 +3,10 @@
 //! back; the events and the session say which agent answered and where
 //! the handoffs were; a server started again on the same SQLite file goes
 //! on with the agent that held the conversation, and one stopped mid-turn
-//! finishes the turn when it is back.
+//! finishes the turn when it is back; a call that needs approval pauses
+//! the team's turn, shows in the session, is decided on the
+//! conversation's decision route (after a restart too) and the turn goes
+//! on with the same agent, and its handoff after it.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -15,6 +18,7 @@ use async_trait::async_trait;
 use markov_core::model::Model;
 use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{Agent, Handoff, Team};
+use markov_policy::{Category, ToolMetadata};
 use markov_server::Server;
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
@@ -52,6 +56,21 @@ pub(crate) fn team(
     billing: impl Model + 'static,
     refunds: &Arc<AtomicUsize>,
 ) -> Team {
+    team_with(
+        triage,
+        billing,
+        refunds,
+        ToolMetadata::new(Category::Action),
+    )
+}
+
+/// [`team`] with billing's `refund` described by `refund`.
+pub(crate) fn team_with(
+    triage: impl Model + 'static,
+    billing: impl Model + 'static,
+    refunds: &Arc<AtomicUsize>,
+    refund: ToolMetadata,
+) -> Team {
     let triage = Agent::builder("triage")
         .instructions("You are triage: hand refunds to billing.")
         .tools([Handoff::tool("billing", "For refunds.").expect("valid")])
@@ -60,7 +79,7 @@ pub(crate) fn team(
         .expect("builds");
     let billing = Agent::builder("billing")
         .instructions("You are billing.")
-        .tool(Refund(refunds.clone()))
+        .tool_with(Refund(refunds.clone()), refund)
         .tools([Handoff::back().expect("valid")])
         .model(billing)
         .build()
@@ -219,11 +238,12 @@ async fn a_team_conversation_hands_off_and_back_over_http_and_goes_on_after_a_re
     let list = list.as_array().expect("a list");
     assert_eq!(list.len(), 1, "{list:?}");
     assert_eq!(list[0]["agent"], "support");
-    // Decisions and commands go to one agent's machine: refused.
+    // No call waits: a decision names no request of the conversation's;
+    // commands are refused, with why.
     let (status, _) = fixture
         .decide(&id, "nothing", json!({"decision": "approve"}))
         .await;
-    assert_eq!(status, 409);
+    assert_eq!(status, 404);
     let response = fixture
         .client
         .post(format!("{}/sessions/{id}/commands", fixture.base))
@@ -233,6 +253,12 @@ async fn a_team_conversation_hands_off_and_back_over_http_and_goes_on_after_a_re
         .await
         .expect("sent");
     assert_eq!(response.status(), 409);
+    let body: Value = response.json().await.expect("an error");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("team") && error.contains("no commands"),
+        "{error}"
+    );
     // Billing's own session is the team's: not a session to talk to.
     let billing = format!("{id}~billing");
     let response = fixture
@@ -499,4 +525,231 @@ fn two_teams_with_one_entry_agent_name_or_a_name_taken_are_refused() {
         matches!(built, Err(markov_server::BuildError::DuplicateAgent(ref name)) if name == "support"),
         "{built:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_needs_approval_pauses_the_team_turn_and_the_decision_after_a_restart_resumes_it()
+ {
+    let path = database("approval");
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let confirmed = || ToolMetadata::new(Category::Action).with_confirmation();
+    let fixture = serve(
+        &path,
+        team_with(
+            ScriptedModel::builder()
+                .tool_call("transfer_to_billing", json!({"reason": "a refund"}))
+                .build(),
+            ScriptedModel::builder()
+                .tool_call("refund", json!({"amount": 5}))
+                .build(),
+            &refunds,
+            confirmed(),
+        ),
+        &refunds,
+    )
+    .await;
+    let id = fixture.create().await;
+    let events = fixture.say(&id, "Refund my 5, please.").await;
+    assert_eq!(
+        names(&events),
+        ["step", "handoff", "step", "done"],
+        "{events:?}"
+    );
+    let steps = all(&events, "step");
+    assert_eq!(steps[1]["agent"], "billing");
+    assert_eq!(steps[1]["yield_reason"], "awaiting_approval");
+    assert_eq!(steps[1]["approvals"][0]["tool"], "refund");
+    assert_eq!(steps[1]["approvals"][0]["args"], json!({"amount": 5}));
+    let done = all(&events, "done")[0];
+    assert_eq!(done["agent"], "billing");
+    assert_eq!(done["awaiting_approval"], true);
+    assert_eq!(done["done"], false);
+    assert_eq!(done["yield_reason"], "awaiting_approval");
+    assert_eq!(refunds.load(Ordering::SeqCst), 0, "not before the decision");
+
+    let (_, session) = fixture.get(&format!("/sessions/{id}")).await;
+    assert_eq!(session["awaiting_approval"], true, "{session}");
+    assert_eq!(session["interrupted"], false, "paused, not interrupted");
+    assert_eq!(session["running"], false);
+    assert_eq!(session["team"]["current_agent"], "billing");
+    let waiting = session["pending_approvals"].as_array().expect("a list");
+    assert_eq!(waiting.len(), 1, "{session}");
+    assert_eq!(waiting[0]["tool"], "refund");
+    let pending = fixture.pending(&id).await;
+    assert_eq!(pending.len(), 1);
+    assert_eq!(json!(pending[0]), waiting[0]["request_id"]);
+    // A message waits for the decision, as an agent's does.
+    let response = fixture
+        .client
+        .post(format!("{}/sessions/{id}/messages", fixture.base))
+        .bearer_auth(&fixture.key)
+        .json(&json!({"text": "Hello?"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 409);
+    let body: Value = response.json().await.expect("an error");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("decide them first") && e.contains("billing")),
+        "{body}"
+    );
+    // Another principal cannot decide on it (it is not theirs to see).
+    let response = fixture
+        .client
+        .post(format!(
+            "{}/sessions/{id}/approvals/{}",
+            fixture.base, pending[0]
+        ))
+        .bearer_auth(&fixture.keys["bob"])
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 404);
+    stop(fixture).await;
+
+    // A new process: the call still waits; the decision resumes billing's
+    // run (the refund is made once, before any model call), billing hands
+    // back and triage answers.
+    let calls = Arc::new(AtomicUsize::new(0));
+    let fixture = serve(
+        &path,
+        team_with(
+            ScriptedModel::builder().text("Anything else?").build(),
+            crate::http::Counted(
+                ScriptedModel::builder()
+                    .tool_call("hand_back", json!({"reason": "refund done"}))
+                    .build(),
+                calls.clone(),
+            ),
+            &refunds,
+            confirmed(),
+        ),
+        &refunds,
+    )
+    .await;
+    let (_, session) = fixture.get(&format!("/sessions/{id}")).await;
+    assert_eq!(session["awaiting_approval"], true, "{session}");
+    assert_eq!(fixture.pending(&id).await, pending);
+    let (status, _) = fixture
+        .decide(&id, "apr_nope", json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 404, "an unknown request");
+    let (status, events) = fixture
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 200, "{events:?}");
+    assert_eq!(
+        names(&events),
+        [
+            "decided", "step", "step", "handoff", "delta", "step", "done"
+        ],
+        "{events:?}"
+    );
+    let decided = &events[0].1;
+    assert_eq!(decided["decision"], "approve");
+    assert_eq!(decided["tool"], "refund");
+    assert_eq!(decided["waiting"], 0);
+    let steps = all(&events, "step");
+    assert_eq!(steps[0]["agent"], "billing");
+    assert!(steps[0].to_string().contains("refunded 5"), "{}", steps[0]);
+    assert_eq!(steps[1]["agent"], "billing");
+    assert_eq!(steps[2]["agent"], "triage");
+    assert_eq!(
+        *all(&events, "handoff")[0],
+        json!({"from": "billing", "to": "triage", "reason": "refund done", "at": 1})
+    );
+    let done = all(&events, "done")[0];
+    assert_eq!(
+        (done["agent"].as_str(), done["response"].as_str()),
+        (Some("triage"), Some("Anything else?"))
+    );
+    assert_eq!(done["awaiting_approval"], false);
+    assert_eq!(refunds.load(Ordering::SeqCst), 1, "refunded once");
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "billing was asked once, after the refund"
+    );
+    let (_, session) = fixture.get(&format!("/sessions/{id}")).await;
+    assert_eq!(session["awaiting_approval"], false);
+    assert_eq!(session["pending_approvals"], json!([]));
+    assert_eq!(session["team"]["current_agent"], "triage");
+    assert_eq!(texts(&session), ["Refund my 5, please.", "Anything else?"]);
+    let (status, body) = fixture
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    // Decided once: the conversation has moved on to triage, and says so.
+    assert_eq!(status, 409, "decided twice: {body:?}");
+    let error = body[0].1["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("already decided") && error.contains("billing"),
+        "{error}"
+    );
+    // Who decided is recorded in billing's step.
+    let store = SqliteStore::open(&path).expect("the database opens");
+    let steps = markov_store::Store::steps(
+        &store,
+        &markov_store::agent_session(&markov_store::SessionId::new(&id), "billing"),
+        0,
+        10,
+    )
+    .await
+    .expect("steps read");
+    let approval = steps
+        .iter()
+        .flat_map(|s| &s.calls)
+        .flat_map(|c| &c.tool_calls)
+        .find_map(|c| c.approval.clone())
+        .expect("the decision is recorded");
+    assert_eq!(approval.decision, "approve");
+    assert_eq!(approval.by.as_deref(), Some("alice"));
+    stop(fixture).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_call_whose_tool_needs_a_role_is_not_decided_by_a_principal_without_it() {
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let mut fixture = start(
+        Server::builder()
+            .team(
+                "support",
+                team_with(
+                    ScriptedModel::builder()
+                        .tool_call("transfer_to_billing", json!({"reason": "a refund"}))
+                        .build(),
+                    ScriptedModel::builder()
+                        .tool_call("refund", json!({"amount": 5}))
+                        .build(),
+                    &refunds,
+                    ToolMetadata::new(Category::Action).with_confirmation(),
+                ),
+            )
+            .approval_role("refund", "approver"),
+        store,
+        refunds.clone(),
+    )
+    .await;
+    // Bob has no role.
+    fixture.key = fixture.keys["bob"].clone();
+    let id = fixture.create().await;
+    let events = fixture.say(&id, "Refund my 5, please.").await;
+    assert_eq!(all(&events, "done")[0]["awaiting_approval"], true);
+    let pending = fixture.pending(&id).await;
+    assert_eq!(pending.len(), 1);
+    let (status, body) = fixture
+        .decide(&id, &pending[0], json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 403, "{body:?}");
+    assert!(
+        body[0].1["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("approver")),
+        "{body:?}"
+    );
+    assert_eq!(fixture.pending(&id).await, pending, "still waiting");
+    assert_eq!(refunds.load(Ordering::SeqCst), 0);
 }

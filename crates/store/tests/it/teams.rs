@@ -10,7 +10,9 @@ use crate::common::*;
 use markov_core::async_trait;
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{Agent, Handoff, HandoffRecord, Team};
-use markov_policy::{Budget, Category, LedgerEntry, PolicyConfig, RecordedAnswer, ToolMetadata};
+use markov_policy::{
+    Budget, Category, Decision, LedgerEntry, PolicyConfig, RecordedAnswer, ToolMetadata,
+};
 use markov_store::{
     CreateOptions, DurableError, DurableTeam, Lease, Owner, RepairReport, Revision, SessionId,
     SessionInfo, SqliteStore, StepRecord, StepRetention, StepTrace, Store, StoreError,
@@ -22,6 +24,16 @@ use serde_json::json;
 /// Triage hands refunds to billing; billing pays (through the ledger) and
 /// hands back.
 fn team(dir: &Dir, triage: Arc<dyn Model>, billing: Arc<dyn Model>) -> Team {
+    team_with(dir, triage, billing, ToolMetadata::new(Category::Action))
+}
+
+/// [`team`] with billing's `pay` described by `pay`.
+fn team_with(
+    dir: &Dir,
+    triage: Arc<dyn Model>,
+    billing: Arc<dyn Model>,
+    pay: ToolMetadata,
+) -> Team {
     let triage = Agent::builder("triage")
         .instructions("You are triage.")
         .tools([Handoff::tool("billing", "For refunds.").expect("valid")])
@@ -30,10 +42,7 @@ fn team(dir: &Dir, triage: Arc<dyn Model>, billing: Arc<dyn Model>) -> Team {
         .expect("builds");
     let billing = Agent::builder("billing")
         .instructions("You are billing.")
-        .tool_with(
-            Pay(dir.path("effects")),
-            ToolMetadata::new(Category::Action),
-        )
+        .tool_with(Pay(dir.path("effects")), pay)
         .tools([Handoff::back().expect("valid")])
         .policies(PolicyConfig::new(Budget::UNLIMITED))
         .shared_model(billing)
@@ -200,6 +209,149 @@ async fn a_team_conversation_continues_after_a_restart_on_postgres() {
     let url = server.new_database().expect("a database");
     let dir = Dir::new("team-postgres");
     hand_off_restart_continue_and_hand_back(&dir, move || {
+        let url = url.clone();
+        Box::pin(async move { Arc::new(PostgresStore::connect(&url).await.expect("connects")) })
+    })
+    .await;
+}
+
+/// Billing's payment needs approval: the turn pauses with billing, a new
+/// message is not taken, a restart keeps the pause, the decision is
+/// written with who made it, and resuming goes on with billing (the
+/// approved call runs once, with no model call before it), which hands
+/// back: triage answers the turn. On any store.
+async fn pause_restart_decide_and_resume<S: Store + 'static>(
+    dir: &Dir,
+    open: impl Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Arc<S>>>>,
+) {
+    let id = SessionId::new("team-approval");
+    let worker = WorkerId::new("w");
+    let confirmed = || ToolMetadata::new(Category::Action).with_confirmation();
+    {
+        let store = open().await;
+        let triage =
+            scripted(|s| s.tool_call("transfer_to_billing", json!({"reason": "a refund"})));
+        let billing = scripted(|s| s.tool_call("pay", json!({"amount": 5})));
+        let mut session = DurableTeam::create(
+            store,
+            id.clone(),
+            worker.clone(),
+            team_with(dir, triage.clone(), billing.clone(), confirmed()),
+        )
+        .await
+        .expect("created");
+        let reply = session.send("Refund my 5, please.").await.expect("runs");
+        assert!(reply.awaiting_approval, "{reply:?}");
+        assert!(!reply.interrupted);
+        assert_eq!(reply.agent, "billing");
+        assert_eq!(reply.answer, None);
+        assert_eq!(pairs(&reply.handoffs), [handoff("triage", "billing")]);
+        assert!(session.is_turn_pending() && session.is_awaiting_approval());
+        let pending = session.pending();
+        assert_eq!(pending.len(), 1, "{pending:?}");
+        assert_eq!(pending[0].tool, "pay");
+        assert_eq!(paid(dir), 0, "nothing paid before the decision");
+        // A message meanwhile starts nothing: the paused turn is first.
+        let again = session.send("Hello?").await.expect("answers");
+        assert!(again.awaiting_approval);
+        assert_eq!(billing.calls(), 1);
+        assert_eq!(
+            texts(session.state().transcript()),
+            "Refund my 5, please.",
+            "the message is not taken"
+        );
+        session.release().await.expect("released");
+    }
+    // A new process: the pause is where it was.
+    let store = open().await;
+    let triage = scripted(|s| s.text("Anything else?"));
+    let billing = scripted(|s| s.tool_call("hand_back", json!({"reason": "refund done"})));
+    let mut session = DurableTeam::open(
+        store.clone(),
+        id.clone(),
+        worker.clone(),
+        team_with(dir, triage.clone(), billing.clone(), confirmed()),
+    )
+    .await
+    .expect("reopens");
+    assert_eq!(session.current(), "billing");
+    assert!(session.is_awaiting_approval());
+    let pending = session.pending();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(
+        session.approval_tool(&pending[0].request_id).as_deref(),
+        Some("pay")
+    );
+    // A resume before the decision leaves the turn paused.
+    let still = session.resume().await.expect("answers").expect("a turn");
+    assert!(still.awaiting_approval);
+    assert_eq!(billing.calls(), 0);
+    let decided = session
+        .decide_by(&pending[0].request_id, Decision::Approve, "alice")
+        .await
+        .expect("decided");
+    assert_eq!(decided.tool, "pay");
+    assert!(session.pending().is_empty());
+    let again = session
+        .decide_by(&pending[0].request_id, Decision::Approve, "alice")
+        .await;
+    assert!(
+        matches!(again, Err(DurableError::Approval(_))),
+        "decided once: {again:?}"
+    );
+    let reply = session.resume().await.expect("runs").expect("the turn");
+    assert!(!reply.awaiting_approval);
+    assert_eq!(reply.agent, "triage");
+    assert_eq!(reply.answer.as_deref(), Some("Anything else?"));
+    assert_eq!(
+        pairs(&reply.handoffs),
+        [handoff("triage", "billing"), handoff("billing", "triage")]
+    );
+    assert_eq!(paid(dir), 1, "paid once");
+    // Billing's one model call came after the payment: it read the result.
+    let seen = format!("{:?}", billing.requests()[0].messages);
+    assert!(seen.contains("paid 5"), "{seen}");
+    assert!(!session.is_turn_pending());
+    assert_eq!(
+        texts(session.state().transcript()),
+        "Refund my 5, please.\nAnything else?"
+    );
+    let steps = store
+        .steps(&agent_session(&id, "billing"), 0, 10)
+        .await
+        .expect("steps read");
+    let approval = steps
+        .iter()
+        .flat_map(|s| &s.calls)
+        .flat_map(|c| &c.tool_calls)
+        .find_map(|c| c.approval.clone())
+        .expect("the decision is in billing's step");
+    assert_eq!(approval.by.as_deref(), Some("alice"));
+    session.release().await.expect("released");
+}
+
+#[tokio::test]
+async fn a_paused_approval_survives_a_restart_and_the_decision_resumes_the_team_turn() {
+    let dir = Dir::new("team-approval-sqlite");
+    let path = dir.path("sessions.db");
+    pause_restart_decide_and_resume(&dir, move || {
+        let path = path.clone();
+        Box::pin(async move { Arc::new(SqliteStore::open(&path).expect("opens")) })
+    })
+    .await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_approval_survives_a_restart_and_the_decision_resumes_the_team_turn_on_postgres() {
+    use markov_store::PostgresStore;
+    use markov_store::testing::TempPostgres;
+    let Some(server) = TempPostgres::for_test() else {
+        return;
+    };
+    let url = server.new_database().expect("a database");
+    let dir = Dir::new("team-approval-postgres");
+    pause_restart_decide_and_resume(&dir, move || {
         let url = url.clone();
         Box::pin(async move { Arc::new(PostgresStore::connect(&url).await.expect("connects")) })
     })
