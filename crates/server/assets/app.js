@@ -1000,9 +1000,11 @@ function subAgentRun(run, address) {
   const head = el("summary");
   const name = el("code", "name");
   appendVisibly(name, String(run.agent));
-  head.append("Sub-agent ", name, " · " + count + (count === 1 ? " step" : " steps") + " · " + usageLine(run.usage) + " (counted in this step's usage)");
+  const calls = run.usage && typeof run.usage.requests === "number" ? run.usage.requests : 0;
+  head.append("Sub-agent ", name, " · " + count + (count === 1 ? " step" : " steps") + " · " + usageLine(run.usage)
+    + (calls ? " · " + calls + (calls === 1 ? " model call" : " model calls") : "") + " (counted in this step's usage)");
   box.append(head);
-  for (const step of run.steps || []) {
+  (run.steps || []).forEach((step, i) => {
     const line = el("details", "sub-step");
     line.dataset.at = step.at;
     const summary = el("summary");
@@ -1025,7 +1027,7 @@ function subAgentRun(run, address) {
       if (!line.open || line.dataset.built) return;
       line.dataset.built = "1";
       const body = el("div", "body");
-      stepBody(step, body, address);
+      stepBody(step, body, address, i === 0 ? "Input from the calling agent" : null);
       if (step.has_request) {
         const actions = el("div", "actions");
         const show = button("Show the request", "show-request", () => showSubRequest(address, step.at, actions, show));
@@ -1037,7 +1039,7 @@ function subAgentRun(run, address) {
       line.append(body);
     });
     box.append(line);
-  }
+  });
   return box;
 }
 
@@ -1064,14 +1066,19 @@ async function showSubRequest(address, at, actions, button) {
 
 // What a step added, as the timeline shows it: text, and each tool call
 // beside its result (and the sub-agent it ran, collapsed under it).
-function stepBody(step, box, address = stepAddress(step)) {
+// `input` names the step's first user message when it is not the user's
+// words: a sub-agent's input from its caller, or what a handoff gave.
+function stepBody(step, box, address = stepAddress(step), input = null) {
+  if (!input && step.team && step.team.handoff) input = "Given by the handoff (markov's note to " + step.team.agent + ")";
   const runs = new Map((step.sub_agents || []).map((run) => [run.call_id, run]));
   const calls = new Map();
   const traces = new Map((step.tool_calls || []).map((trace) => [trace.call_id, trace]));
   for (const message of step.messages || []) {
     for (const item of itemsOf(message)) {
       if (message.role === "user" && item.type === "text" && item.text) {
-        box.append(el("div", "label", fromInstance(message) ? "From an agent" : "User"), pre(item.text));
+        const label = input || (fromInstance(message) ? "From an agent" : "User");
+        input = null;
+        box.append(el("div", "label", label), pre(item.text));
       } else if (message.role === "assistant" && item.type === "text" && item.text) {
         box.append(el("div", "label", "Answer"), pre(item.text));
       } else if (item.type === "tool_use") {
