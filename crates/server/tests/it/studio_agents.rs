@@ -561,3 +561,66 @@ async fn a_team_conversations_steps_are_every_agents_in_the_order_they_ran_with_
     let (status, _) = get_as(&f, &f.keys["bob"], &format!("/sessions/{id}/steps")).await;
     assert_eq!(status, 404);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_approval_edited_or_denied_in_the_callers_conversation_reaches_the_sub_agent()
+{
+    // Edited: the sub-agent's call runs once, with the edited arguments.
+    let pays = Arc::new(AtomicUsize::new(0));
+    let (cashier, assistant) = cashier_models();
+    let f = serve_agent(
+        cashier_assistant(&pays, Arc::clone(&cashier), assistant),
+        pays.clone(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "Pay 5.").await;
+    let pending = f.pending(&id).await;
+    assert_eq!(pending.len(), 1);
+    let (status, events) = f
+        .decide(
+            &id,
+            &pending[0],
+            json!({"decision": "edit", "args": {"amount": 6}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{events:?}");
+    assert_eq!(pays.load(Ordering::SeqCst), 1, "paid once: {events:?}");
+    let asked = cashier.requests();
+    let result = asked
+        .last()
+        .expect("the cashier asked again")
+        .messages
+        .iter()
+        .flat_map(|m| m.item_list())
+        .find_map(|i| match i {
+            markov_core::Item::ToolResult { content, .. } => Some(format!("{content:?}")),
+            _ => None,
+        })
+        .expect("the pay call's result");
+    assert!(result.contains("paid 6"), "the edited amount: {result}");
+
+    // Denied: the sub-agent reads the refusal and nothing is paid.
+    let pays = Arc::new(AtomicUsize::new(0));
+    let (cashier, assistant) = cashier_models();
+    let f = serve_agent(
+        cashier_assistant(&pays, Arc::clone(&cashier), assistant),
+        pays.clone(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "Pay 5.").await;
+    let pending = f.pending(&id).await;
+    let (status, events) = f
+        .decide(
+            &id,
+            &pending[0],
+            json!({"decision": "deny", "message": "not today"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{events:?}");
+    assert_eq!(pays.load(Ordering::SeqCst), 0, "nothing paid");
+    let asked = cashier.requests();
+    let refusal = format!("{:?}", asked.last().expect("asked again").messages);
+    assert!(refusal.contains("not today"), "{refusal}");
+}
