@@ -435,6 +435,17 @@ async fn a_sub_agents_approval_waits_in_the_callers_conversation_and_is_decided_
         .get(&format!("/sessions/{id}/steps/{n}/sub_agents/{at}/request"))
         .await;
     assert_eq!(status, 200, "{body}");
+    // The same from a page that starts at the resumed step: the paused
+    // step before it is read for the sub-agent's history.
+    let (_, later) = f.get(&format!("/sessions/{id}/steps?from={n}")).await;
+    let again = &later["steps"][0]["sub_agents"][0]["steps"];
+    let again = again
+        .as_array()
+        .expect("steps")
+        .iter()
+        .find(|s| s["at"] == answered["at"])
+        .unwrap_or_else(|| panic!("the cashier's answer again: {later}"));
+    assert_eq!(again["has_request"], true, "{later}");
     let received = cashier.requests().last().cloned().expect("asked twice");
     let mut sent = serde_json::to_value(&received.messages).expect("json");
     for message in sent.as_array_mut().expect("messages") {
