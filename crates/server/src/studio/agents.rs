@@ -191,11 +191,11 @@ fn sub_step(
 /// before `step`, oldest first) and in `step`: `None` when that step made
 /// no model call, when a context policy chose what the call was shown, or
 /// when part of that history is not among them.
-pub(super) fn sub_history(
-    step: &StepTrace,
-    earlier: &[&StepTrace],
+pub(super) fn sub_history<'a>(
+    step: &'a StepTrace,
+    earlier: &[&'a StepTrace],
     at: usize,
-) -> Option<Vec<Message>> {
+) -> Option<Vec<&'a Message>> {
     let target: &SubAgentTrace = step.sub_agents.get(at)?;
     let call = target.step.calls.first().filter(|c| !c.context_view)?;
     let need = usize::try_from(call.history_len).ok()?;
@@ -205,7 +205,7 @@ pub(super) fn sub_history(
         // Its own step too: the input its run was given comes first in it.
         .chain(step.sub_agents.get(..=at).unwrap_or_default())
         .filter(|e| e.calls == target.calls);
-    let mut history: Vec<Message> = Vec::new();
+    let mut history: Vec<&Message> = Vec::new();
     // Whether `history` holds the sub-agent's history from its start.
     let mut whole = true;
     for entry in before {
@@ -221,7 +221,7 @@ pub(super) fn sub_history(
         } else {
             history.truncate(from);
         }
-        history.extend(entry.step.messages.iter().cloned());
+        history.extend(entry.step.messages.iter());
     }
     (whole && history.len() >= need).then(|| {
         history.truncate(need);
@@ -340,7 +340,11 @@ pub(crate) async fn sub_agent_request(
              history before it is not recorded here)"
         ))
     };
-    let history = sub_history(step, &earlier, at).ok_or_else(conflict)?;
+    let history: Vec<Message> = sub_history(step, &earlier, at)
+        .ok_or_else(conflict)?
+        .into_iter()
+        .cloned()
+        .collect();
     let call = entry.step.calls.first().ok_or_else(conflict)?;
     let request = call.request(&history).ok_or_else(conflict)?;
     Ok(Json(StepRequest {
@@ -634,7 +638,7 @@ mod tests {
         let mut resumed = step(1, 2, true);
         resumed.sub_agents = vec![sub(2, &["result"], None), sub(3, &["done"], Some(3))];
         let history = sub_history(&resumed, &[&paused], 1).expect("whole");
-        let texts: Vec<String> = history.iter().map(Message::text).collect();
+        let texts: Vec<String> = history.iter().map(|m| m.text()).collect();
         assert_eq!(texts, ["ask", "answer", "result"]);
         // Without the caller's earlier step, its start is missing.
         assert!(sub_history(&resumed, &[], 1).is_none());
