@@ -935,7 +935,7 @@ async function openSession(id, options = {}) {
 // A running session's new steps are polled for while the list is shown.
 
 const STEP_PAGE = 50;
-const studio = { id: null, next: 0, generation: 0, poll: null, count: 0, loading: false, wire: false, exportable: false };
+const studio = { id: null, next: 0, generation: 0, poll: null, count: 0, loading: false, wire: false, exportable: false, team: null };
 
 function leaveStudio() {
   studio.generation++;
@@ -982,15 +982,103 @@ function decision(trace) {
   return line;
 }
 
+// Where a step's request is read: its session and its place there (an
+// agent's own session, in a team conversation's timeline).
+function stepAddress(step) {
+  const team = step.team;
+  return team && typeof team.session === "string"
+    ? { session: team.session, n: team.step }
+    : { session: studio.id, n: step.index };
+}
+
+// The steps a sub-agent ran for one tool call, collapsed under the call:
+// each a line that opens to what a step shows, nested sub-agents nested.
+function subAgentRun(run, address) {
+  const box = el("details", "sub-agent");
+  box.dataset.call = run.call_id;
+  const count = (run.steps || []).length;
+  const head = el("summary");
+  const name = el("code", "name");
+  appendVisibly(name, String(run.agent));
+  const calls = run.usage && typeof run.usage.requests === "number" ? run.usage.requests : 0;
+  head.append("Sub-agent ", name, " · " + count + (count === 1 ? " step" : " steps") + " · " + usageLine(run.usage)
+    + (calls ? " · " + calls + (calls === 1 ? " model call" : " model calls") : "") + " (counted in this step's usage)");
+  box.append(head);
+  (run.steps || []).forEach((step, i) => {
+    const line = el("details", "sub-step");
+    line.dataset.at = step.at;
+    const summary = el("summary");
+    let gist = "";
+    for (const message of step.messages || []) {
+      for (const i of itemsOf(message)) {
+        if (i.type === "tool_use") gist += (gist ? " · " : "") + i.name + "(" + clip(brief(i.input), 40) + ")";
+        else if (message.role === "assistant" && i.type === "text" && i.text && !gist) gist = i.text.split("\n")[0];
+      }
+    }
+    for (const request of step.approvals || []) gist += (gist ? " · " : "") + "waits: " + request.tool + "(" + clip(brief(request.args), 40) + ")";
+    const gistNode = el("span", "gist");
+    appendVisibly(gistNode, clip(gist, 160), PROSE);
+    const agent = el("span", "agent");
+    appendVisibly(agent, String(step.agent));
+    summary.append(agent, el("span", "reason " + step.yield_reason, step.yield_reason), gistNode,
+      el("span", "meta", usageLine(step.usage) + " · " + step.step_ms + " ms"));
+    line.append(summary);
+    line.addEventListener("toggle", () => {
+      if (!line.open || line.dataset.built) return;
+      line.dataset.built = "1";
+      const body = el("div", "body");
+      stepBody(step, body, address, i === 0 ? "Input from the calling agent" : null);
+      if (step.has_request) {
+        const actions = el("div", "actions");
+        const show = button("Show the request", "show-request", () => showSubRequest(address, step.at, actions, show));
+        actions.append(show);
+        body.append(actions);
+      } else if (step.node) {
+        body.append(el("p", "no-request", "The request is not shown: the sub-agent's history before this step is not recorded in the steps read, or a context policy chose what its model saw."));
+      }
+      line.append(body);
+    });
+    box.append(line);
+  });
+  return box;
+}
+
+// A sub-agent step's request, rebuilt from the sub-agent's recorded
+// history, under the button that asked for it.
+async function showSubRequest(address, at, actions, button) {
+  button.disabled = true;
+  const response = await fetch("/sessions/" + encodeURIComponent(address.session) + "/steps/" + address.n + "/sub_agents/" + at + "/request");
+  if (!response.ok) { actions.after(el("div", "label", "Cannot read the request: " + await errorOf(response))); return; }
+  const request = (await response.json()).request || {};
+  const shown = el("div", "request");
+  const messages = el("details");
+  const count = (request.messages || []).length;
+  messages.append(el("summary", null, count + (count === 1 ? " message" : " messages")), pre(JSON.stringify(request.messages, null, 2)));
+  const tools = el("details");
+  tools.append(el("summary", null, (request.tools || []).map((t) => t.name).join(", ") || "no tools"), pre(JSON.stringify(request.tools, null, 2)));
+  const whole = el("details", "whole");
+  whole.append(el("summary", null, "Whole request body"), pre(JSON.stringify(request, null, 2)));
+  shown.append(el("div", "label", "System prompt"), pre(String(request.system || "")),
+    el("div", "label", "Messages"), messages, el("div", "label", "Tools"), tools,
+    el("div", "label", "Tool choice and settings"), pre(JSON.stringify({ tool_choice: request.tool_choice, settings: request.settings })), whole);
+  actions.after(shown);
+}
+
 // What a step added, as the timeline shows it: text, and each tool call
-// beside its result.
-function stepBody(step, box) {
+// beside its result (and the sub-agent it ran, collapsed under it).
+// `input` names the step's first user message when it is not the user's
+// words: a sub-agent's input from its caller, or what a handoff gave.
+function stepBody(step, box, address = stepAddress(step), input = null) {
+  if (!input && step.team && step.team.handoff) input = "Given by the handoff (markov's note to " + step.team.agent + ")";
+  const runs = new Map((step.sub_agents || []).map((run) => [run.call_id, run]));
   const calls = new Map();
   const traces = new Map((step.tool_calls || []).map((trace) => [trace.call_id, trace]));
   for (const message of step.messages || []) {
     for (const item of itemsOf(message)) {
       if (message.role === "user" && item.type === "text" && item.text) {
-        box.append(el("div", "label", fromInstance(message) ? "From an agent" : "User"), pre(item.text));
+        const label = input || (fromInstance(message) ? "From an agent" : "User");
+        input = null;
+        box.append(el("div", "label", label), pre(item.text));
       } else if (message.role === "assistant" && item.type === "text" && item.text) {
         box.append(el("div", "label", "Answer"), pre(item.text));
       } else if (item.type === "tool_use") {
@@ -1002,6 +1090,10 @@ function stepBody(step, box) {
         call.append(el("div", "label", "Policy decision"), el("div", "decision", decision(traces.get(item.id))));
         calls.set(item.id, call);
         box.append(call);
+        if (runs.has(item.id)) {
+          call.after(subAgentRun(runs.get(item.id), address));
+          runs.delete(item.id);
+        }
       } else if (item.type === "tool_result") {
         const result = readResult(item.content, item.is_error === true);
         const call = calls.get(item.tool_use_id) || box.appendChild(el("div", "call"));
@@ -1011,6 +1103,8 @@ function stepBody(step, box) {
       }
     }
   }
+  // A sub-agent resumed here for a call its caller made in an earlier step.
+  for (const run of runs.values()) box.append(subAgentRun(run, address));
   for (const request of step.approvals || []) {
     const call = el("div", "call");
     call.append(el("div", "label", "Waiting for approval"), pre(String(request.tool) + " " + JSON.stringify(request.args)));
@@ -1099,7 +1193,15 @@ function stepLine(step) {
   }
   const gistNode = el("span", "gist");
   appendVisibly(gistNode, clip(gist, 200), PROSE);
-  summary.append(el("span", "n", "#" + step.index), reason, gistNode);
+  summary.append(el("span", "n", "#" + step.index));
+  if (step.team) {
+    const agent = el("span", "agent");
+    appendVisibly(agent, String(step.team.agent));
+    summary.append(agent);
+  }
+  summary.append(reason, gistNode);
+  const subs = countSubSteps(step.sub_agents);
+  if (subs > 0) summary.append(el("span", "subs", subs + (subs === 1 ? " sub-agent step" : " sub-agent steps")));
   if (refused) summary.append(el("span", "refused", "refused"));
   summary.append(el("span", "meta", usageLine(step.usage) + " · " + step.step_ms + " ms"));
   details.append(summary);
@@ -1111,7 +1213,16 @@ function stepLine(step) {
     stepBody(step, body);
     // A step that called the model forks; its request shows where the
     // trace can rebuild it.
-    if (step.has_request || step.node) {
+    if (studio.team && step.team) {
+      // A team's step: its request is its agent's session's; no fork.
+      const actions = el("div", "actions");
+      if (step.has_request) {
+        const address = stepAddress(step);
+        const requestButton = button("Show the request", "show-request", () => showAgentRequest(address, actions, requestButton));
+        actions.append(requestButton);
+      }
+      body.append(actions, el("p", "no-fork", String(studio.team.no_fork || "")));
+    } else if (step.has_request || step.node) {
       const actions = el("div", "actions");
       if (step.has_request) {
         const requestButton = button("Show the request", "show-request", () => showRequest(step.index, body, requestButton));
@@ -1135,8 +1246,39 @@ function stepLine(step) {
     }
     details.append(body);
   });
+  if (step.team && step.team.handoff) {
+    const handoff = step.team.handoff;
+    const mark = el("div", "handoff-mark");
+    appendVisibly(mark, handoff.from + " handed the conversation to " + handoff.to + (handoff.reason ? ": " + handoff.reason : ""), PROSE);
+    item.append(mark);
+  }
   item.append(details);
   return item;
+}
+
+// How many sub-agent steps a step's calls ran, nested ones included.
+function countSubSteps(runs) {
+  let count = 0;
+  for (const run of runs || []) {
+    for (const step of run.steps || []) count += 1 + countSubSteps(step.sub_agents);
+  }
+  return count;
+}
+
+// A team step's request, read from its agent's own session.
+async function showAgentRequest(address, actions, button) {
+  button.disabled = true;
+  const response = await fetch("/sessions/" + encodeURIComponent(address.session) + "/steps/" + address.n + "/request");
+  if (!response.ok) { actions.after(el("div", "label", "Cannot read the request: " + await errorOf(response))); return; }
+  const request = (await response.json()).request || {};
+  const shown = el("div", "request");
+  const count = (request.messages || []).length;
+  const messages = el("details");
+  messages.append(el("summary", null, count + (count === 1 ? " message" : " messages")), pre(JSON.stringify(request.messages, null, 2)));
+  const whole = el("details", "whole");
+  whole.append(el("summary", null, "Whole request body"), pre(JSON.stringify(request, null, 2)));
+  shown.append(el("div", "label", "System prompt"), pre(String(request.system || "")), el("div", "label", "Messages"), messages, whole);
+  actions.after(shown);
 }
 
 async function moreSteps() {
@@ -1152,6 +1294,7 @@ async function moreSteps() {
     if (generation !== studio.generation) return;
     $("timeline").append(...page.steps.map(stepLine));
     $("replay-controls").hidden = page.replayable !== true;
+    studio.team = page.team && typeof page.team === "object" ? page.team : null;
     studio.wire = page.wire === true;
     studio.exportable = page.exportable === true;
     $("save-case").hidden = !studio.exportable;
@@ -1196,6 +1339,7 @@ async function openSteps(id) {
   $("replay-diff").replaceChildren();
   $("replay-controls").hidden = true;
   $("save-case").hidden = true;
+  studio.team = null;
   showStudio(true);
   await moreSteps();
   studio.poll = setTimeout(() => pollSteps(studio.generation), 2000);

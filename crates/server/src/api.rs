@@ -109,6 +109,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<Arc<Service>> {
         .routes(routes!(command))
         .routes(routes!(crate::studio::steps))
         .routes(routes!(crate::studio::step_request))
+        .routes(routes!(crate::studio::agents::sub_agent_request))
         .routes(routes!(fork))
         .routes(routes!(crate::studio::replay))
         .routes(routes!(crate::hooks::step_wire))

@@ -36,7 +36,7 @@
 //! | `GET /sessions/{id}/approvals` | the calls waiting for a decision |
 //! | `POST /sessions/{id}/approvals/{request}` | decides one (`approve`, `edit`, `deny`, `respond`), streamed |
 //! | `POST /sessions/{id}/commands` `{"name": ..., "input": {...}}` | runs a command (no model call) |
-//! | `GET /sessions/{id}/steps`, `…/steps/{n}/request`, `…/steps/{n}/wire`, `…/case`, `POST …/steps/{n}/fork`, `POST …/replay` | the studio: recorded steps, a step's request (also as the wire body), the session as an eval case, forks and replays (for the owner and developers) |
+//! | `GET /sessions/{id}/steps`, `…/steps/{n}/request`, `…/steps/{n}/wire`, `…/steps/{n}/sub_agents/{at}/request`, `…/case`, `POST …/steps/{n}/fork`, `POST …/replay` | the studio: recorded steps (a sub-agent's under its call, a team's agents' in one timeline), a step's request (also as the wire body, and a sub-agent step's), the session as an eval case, forks and replays (for the owner and developers) |
 //! | `GET /openapi.json` | this API as an OpenAPI document |
 //! | `GET /metrics` | counters and latency histograms for Prometheus |
 //!

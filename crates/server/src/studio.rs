@@ -18,6 +18,8 @@ use crate::auth::{DEVELOPER, Principal};
 use crate::wire::{ErrorBody, StepPage, StepRequest, StepSummary};
 use crate::{ApiError, Service, markdown};
 
+pub(crate) mod agents;
+
 type Shared = State<Arc<Service>>;
 
 /// The most steps one page holds.
@@ -108,6 +110,8 @@ fn summary(step: &StepTrace, messages: &[Message], first: u64, total: u64) -> St
             .flat_map(|call| &call.tool_calls)
             .filter_map(|trace| serde_json::to_value(trace).ok())
             .collect(),
+        sub_agents: Vec::new(),
+        team: None,
     }
 }
 
@@ -137,6 +141,9 @@ pub(crate) async fn steps(
         )));
     }
     let (id, info) = may_read(&service, &principal, &id).await?;
+    if let Some(team) = agents::team_page(&service, &id, &info, page.from, limit).await? {
+        return Ok(Json(team));
+    }
     // One more than asked says whether another page follows.
     let mut traces = service.store.steps(&id, page.from, limit + 1).await?;
     let next = (traces.len() > limit).then(|| {
@@ -156,9 +163,17 @@ pub(crate) async fn steps(
         let count = usize::try_from(last.saturating_sub(first)).unwrap_or(usize::MAX);
         let messages = service.store.messages(&id, first, count).await?;
         let total = info.messages.max(last);
+        let earlier = agents::earlier_steps(&*service.store, &id, page.from, &traces).await?;
         traces
             .iter()
-            .map(|s| summary(s, &messages, first, total))
+            .enumerate()
+            .map(|(i, s)| {
+                let mut shown = summary(s, &messages, first, total);
+                if !s.sub_agents.is_empty() {
+                    shown.sub_agents = agents::sub_agents(s, &agents::before(&earlier, &traces, i));
+                }
+                shown
+            })
             .collect()
     };
     Ok(Json(StepPage {
@@ -167,6 +182,7 @@ pub(crate) async fn steps(
         replayable: service.replays.contains_key(&info.charter),
         wire: service.hooks.wire.contains_key(&info.charter),
         exportable: service.hooks.case_export.is_some(),
+        team: None,
     }))
 }
 

@@ -433,6 +433,111 @@ pub(crate) struct StepSummary {
     /// Empty where the trace recorded none (older steps).
     #[schema(value_type = Vec<Object>)]
     pub(crate) tool_calls: Vec<Value>,
+    /// The sub-agents its tool calls ran, each under the call that ran it
+    /// (absent when none ran).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) sub_agents: Vec<SubAgentRun>,
+    /// In a team conversation's timeline: which agent made the step, in
+    /// which of its sessions, and the handoff that gave it the
+    /// conversation (absent in an agent's own session).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) team: Option<TeamStep>,
+}
+
+/// The steps a sub-agent ran for one tool call of a step.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SubAgentRun {
+    /// The tool call that ran it.
+    pub(crate) call_id: String,
+    /// The sub-agent's tool name.
+    pub(crate) agent: String,
+    /// What its steps here used in all, nested sub-agents' included: part
+    /// of the calling step's usage, which counts it.
+    #[schema(value_type = Object)]
+    pub(crate) usage: Value,
+    /// Its steps, in the order they ran.
+    pub(crate) steps: Vec<SubAgentStepSummary>,
+}
+
+/// One step of a sub-agent, as the studio shows it under the call that ran
+/// the sub-agent.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SubAgentStepSummary {
+    /// Its place among the calling step's sub-agent steps: what
+    /// `GET .../steps/{n}/sub_agents/{at}/request` names.
+    pub(crate) at: usize,
+    /// The sub-agent's tool name.
+    pub(crate) agent: String,
+    /// Why it ended.
+    pub(crate) yield_reason: String,
+    /// Whether the sub-agent's run ended with it.
+    pub(crate) done: bool,
+    /// The model that answered.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) model: Option<String>,
+    /// The node whose model call it made, if it made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) node: Option<String>,
+    /// The tool choice of its model call, if it made one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub(crate) tool_choice: Option<Value>,
+    /// How many tools its model call was offered.
+    pub(crate) tools: usize,
+    /// What it used (tokens, requests, cost).
+    #[schema(value_type = Object)]
+    pub(crate) usage: Value,
+    /// Milliseconds it took.
+    pub(crate) step_ms: u64,
+    /// Milliseconds its model calls took.
+    pub(crate) model_ms: u64,
+    /// Milliseconds its tools took.
+    pub(crate) tools_ms: u64,
+    /// Whether its exact request can be read
+    /// (`GET .../steps/{n}/sub_agents/{at}/request`): the sub-agent's
+    /// history before it is recorded in this step or the few before.
+    pub(crate) has_request: bool,
+    /// The messages it added to the sub-agent's history (assistant text
+    /// also as sanitized `html`).
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) messages: Value,
+    /// The sub-agent's calls that waited for approval when it ended.
+    #[schema(value_type = Vec<ApprovalRequest>)]
+    pub(crate) approvals: Vec<markov_policy::ConfirmationRequest>,
+    /// Each tool call of its model calls as the trace recorded it, as a
+    /// step's `tool_calls`.
+    #[schema(value_type = Vec<Object>)]
+    pub(crate) tool_calls: Vec<Value>,
+    /// The sub-agents its own tool calls ran, nested the same way.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schema(no_recursion)]
+    pub(crate) sub_agents: Vec<SubAgentRun>,
+}
+
+/// A step of a team conversation's timeline: the agent that made it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TeamStep {
+    /// The agent.
+    pub(crate) agent: String,
+    /// The agent's own session in the conversation, whose step it is
+    /// (`GET /sessions/{session}/steps/{step}/request` reads its request).
+    pub(crate) session: String,
+    /// The step's place in that session, from 0.
+    pub(crate) step: u64,
+    /// The handoff that gave the agent the conversation, on its first step
+    /// after it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) handoff: Option<HandoffEvent>,
+}
+
+/// A team conversation's timeline: whose steps it holds, and why its
+/// steps are not forked or replayed one agent at a time.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct TeamTimeline {
+    /// The team's agents.
+    pub(crate) agents: Vec<String>,
+    /// Why a step of it is not forked, and the conversation not replayed.
+    pub(crate) no_fork: String,
 }
 
 /// A page of a session's recorded steps.
@@ -451,6 +556,10 @@ pub(crate) struct StepPage {
     /// Whether the server exports the session as an eval case
     /// (`GET /sessions/{id}/case`).
     pub(crate) exportable: bool,
+    /// Set for a team conversation: the page holds every agent's steps,
+    /// in the order they ran, `index` their place in that order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) team: Option<TeamTimeline>,
 }
 
 /// A step's model request as the provider's wire body.

@@ -30,6 +30,7 @@ use serde_json::{Value, json};
 
 use crate::http::{Fixture, Pay, start};
 
+mod studio_agents;
 mod team_page;
 
 /// The WebDriver key of an element reference.

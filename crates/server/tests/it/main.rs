@@ -7,5 +7,6 @@ mod http;
 mod restart;
 mod service;
 mod studio;
+mod studio_agents;
 mod studio_hooks;
 mod team;

@@ -42,6 +42,7 @@ const PROTECTED: &[(&str, &str)] = &[
     ("POST", "/sessions/x/commands"),
     ("GET", "/sessions/x/steps"),
     ("GET", "/sessions/x/steps/0/request"),
+    ("GET", "/sessions/x/steps/0/sub_agents/0/request"),
     ("POST", "/sessions/x/steps/0/fork"),
     ("POST", "/sessions/x/replay"),
     ("GET", "/sessions/x/steps/0/wire"),
@@ -1503,6 +1504,7 @@ async fn the_openapi_document_lists_every_route_and_every_listed_route_answers()
                 )
                 .replace("/sessions/x", "/sessions/{id}")
                 .replace("/steps/0", "/steps/{n}")
+                .replace("/sub_agents/0", "/sub_agents/{at}")
                 .replace("/agents/payments", "/agents/{agent}");
             ((*m).to_owned(), p)
         })
@@ -1516,7 +1518,8 @@ async fn the_openapi_document_lists_every_route_and_every_listed_route_answers()
             .replace("{id}", &id)
             .replace("{agent}", "payments")
             .replace("{request}", "nope")
-            .replace("{n}", "0");
+            .replace("{n}", "0")
+            .replace("{at}", "0");
         let response = f
             .request(method, &concrete)
             .bearer_auth(&f.key)
