@@ -681,3 +681,93 @@ async fn a_stream_cut_by_a_block_still_counts_what_it_used() {
     assert!(last.usage.output_tokens >= 10, "{:?}", last.usage);
     assert_eq!(m.usage().session.output_tokens, last.usage.output_tokens);
 }
+
+/// Blocks a text it has seen before.
+#[derive(Debug, Default)]
+struct OnlyOnce(Mutex<Vec<String>>);
+
+#[async_trait]
+impl Guard for OnlyOnce {
+    fn name(&self) -> &str {
+        "only-once"
+    }
+    async fn check(&self, text: &str) -> Verdict {
+        let mut seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.iter().any(|s| s == text) {
+            return Verdict::block("said before");
+        }
+        seen.push(text.to_owned());
+        Verdict::Pass
+    }
+}
+
+#[tokio::test]
+async fn two_equal_messages_get_their_own_verdicts() {
+    let model = Arc::new(ScriptedModel::builder().text("Hi.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(OnlyOnce::default()));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+    m.enqueue_user("hello");
+    let steps = turn(&mut m, "hello").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::Blocked);
+    let kept: Vec<(Role, String)> = m
+        .history()
+        .iter()
+        .map(|msg| (msg.role, msg.text()))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (Role::User, "hello".to_owned()),
+            (
+                Role::System,
+                "[guard] The message was blocked by only-once: said before.".to_owned()
+            ),
+        ],
+        "the first passed, the second was blocked"
+    );
+    assert_eq!(model.calls(), 0);
+}
+
+#[tokio::test]
+async fn input_waiting_for_its_check_is_kept_with_the_run_and_checked_again_after_a_restore() {
+    let node = Node::builder("Help.").build().expect("node");
+    let guarded = || {
+        StandardExecutor::new(ScriptedModel::builder().text("Hi.").build())
+            .with_guards(Guards::new().input(Forbid::new("secret")))
+    };
+    let mut first = machine(guarded(), node.clone());
+    first.enqueue_user("hello");
+    let mut state = markov_executor::RunState::new(RunOptions::default());
+    let Ok(markov_executor::Action::CheckInput(check)) = state.next(&mut first) else {
+        panic!("the input is checked first");
+    };
+    assert_eq!(check.texts(), ["hello"]);
+    assert!(
+        first.history().is_empty(),
+        "not in the history before its check"
+    );
+    let written = serde_json::to_value(&state).expect("the run serializes");
+    assert_eq!(
+        written["input"][0]["items"][0]["text"],
+        json!("hello"),
+        "{written}"
+    );
+
+    // The worker dies during the check; another continues the run on a
+    // machine whose queue is empty.
+    let mut state: markov_executor::RunState =
+        serde_json::from_value(written).expect("the run reads back");
+    let mut second = machine(guarded(), node);
+    let Ok(markov_executor::Action::CheckInput(check)) = state.next(&mut second) else {
+        panic!("the pending input is checked again");
+    };
+    assert_eq!(check.texts(), ["hello"]);
+    state.on_input_checked(check.run().await);
+    let Ok(markov_executor::Action::RunLeaves(_)) = state.next(&mut second) else {
+        panic!("the run goes on with the model call");
+    };
+    assert!(state.pending_input().is_empty(), "entered the history");
+    let kept: Vec<String> = second.history().iter().map(Message::text).collect();
+    assert_eq!(kept, ["hello"]);
+}
