@@ -385,6 +385,18 @@ impl Executor for StandardExecutor {
         })
     }
 
+    /// `false` when any output guard runs (the agent's or a node's): the
+    /// guards check streamed thinking, never the thinking the history
+    /// keeps as the provider signed it.
+    fn shows_stored_thinking(&self) -> bool {
+        let checked = |guards: &markov_guard::Guards| !guards.output.is_empty();
+        !(self.guards.as_deref().is_some_and(checked)
+            || self
+                .node_guards
+                .as_deref()
+                .is_some_and(|nodes| nodes.values().any(|(_, joined)| checked(joined))))
+    }
+
     /// One leaf's step, phase by phase. The order is behaviour: a replayed
     /// answer is never asked of the model again, an answer with calls is
     /// durable before the first tool runs, its usage is counted before the

@@ -771,3 +771,123 @@ async fn input_waiting_for_its_check_is_kept_with_the_run_and_checked_again_afte
     let kept: Vec<String> = second.history().iter().map(Message::text).collect();
     assert_eq!(kept, ["hello"]);
 }
+
+/// A streamed answer that thinks first (signed), then answers.
+fn thinking_then(thoughts: &[&str], answer: &str) -> Vec<StreamEvent> {
+    let mut events: Vec<StreamEvent> = thoughts
+        .iter()
+        .map(|t| StreamEvent::ThinkingDelta {
+            index: 0,
+            thinking: (*t).to_owned(),
+        })
+        .collect();
+    events.push(StreamEvent::TextDelta {
+        index: 1,
+        text: answer.to_owned(),
+    });
+    events.push(StreamEvent::Done(ModelResponse::new(
+        vec![
+            Item::Thinking {
+                thinking: thoughts.concat(),
+                signature: Some("signed-by-the-provider".into()),
+            },
+            Item::text(answer),
+        ],
+        StopReason::EndTurn,
+    )));
+    events
+}
+
+/// The thinking deltas told, joined.
+fn thought(events: &[MessageStreamEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            MessageStreamEvent::Update { delta, .. }
+                if delta.kind == markov_executor::stream::DeltaKind::Thinking =>
+            {
+                Some(delta.delta.as_str())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn streamed_thinking_a_guard_blocks_is_never_told_and_the_history_keeps_it_signed() {
+    let thoughts = ["Let me think. ", "The card is 4111 1111. ", "So: fine. "];
+    let model = Chunked(Mutex::new(vec![thinking_then(&thoughts, "All fine.")]));
+    let guard = Forbid {
+        hold: Hold::Sentence,
+        ..Forbid::new("4111")
+    };
+    let (mut m, events) = streamed(model, Guards::new().output(guard));
+    let steps = turn(&mut m, "check my card").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::EndTurn);
+    let told = events.lock().unwrap().clone();
+    let raw = serde_json::to_string(&told).unwrap();
+    assert!(!raw.contains("4111"), "no byte of the blocked part: {raw}");
+    // Up to the sentence's end: the space after it came with the blocked
+    // sentence.
+    assert_eq!(thought(&told), "Let me think.", "what passed, then nothing");
+    assert_eq!(released(&told), "Let me think.All fine.");
+    let Some(MessageStreamEvent::End { message, .. }) = told.last() else {
+        panic!("the stream ends with the final message: {told:?}");
+    };
+    assert_eq!(
+        message.item_list(),
+        [Item::text("All fine.")],
+        "the final message shows no thinking a guard blocked"
+    );
+    // The history keeps the thinking exactly as the provider signed it.
+    let answer = m.history().last().unwrap();
+    assert_eq!(
+        answer.item_list()[0],
+        Item::Thinking {
+            thinking: thoughts.concat(),
+            signature: Some("signed-by-the-provider".into())
+        }
+    );
+    assert!(!m.shows_stored_thinking());
+}
+
+#[tokio::test]
+async fn streamed_thinking_a_guard_rewrites_is_told_rewritten() {
+    let thoughts = ["Mail ann@example.com. ", "Then answer. "];
+    let model = Chunked(Mutex::new(vec![thinking_then(&thoughts, "Done.")]));
+    let (mut m, events) = streamed(model, Guards::new().output(PiiRedactor::new()));
+    turn(&mut m, "go").await;
+    let told = events.lock().unwrap().clone();
+    assert_eq!(thought(&told), "Mail [EMAIL_1]. Then answer. ");
+    let raw = serde_json::to_string(&told).unwrap();
+    assert!(!raw.contains("ann@"), "{raw}");
+    let Some(MessageStreamEvent::End { message, .. }) = told.last() else {
+        panic!("the stream ends with the final message: {told:?}");
+    };
+    assert_eq!(
+        message.item_list()[0],
+        Item::Thinking {
+            thinking: "Mail [EMAIL_1]. Then answer. ".into(),
+            signature: None
+        },
+        "the final message shows the rewritten thinking, unsigned"
+    );
+    let answer = m.history().last().unwrap();
+    assert_eq!(
+        answer.item_list()[0],
+        Item::Thinking {
+            thinking: thoughts.concat(),
+            signature: Some("signed-by-the-provider".into())
+        },
+        "the history keeps what the provider signed"
+    );
+}
+
+#[tokio::test]
+async fn without_output_guards_thinking_streams_and_is_shown() {
+    let model = Chunked(Mutex::new(vec![thinking_then(&["Hmm. "], "Hi.")]));
+    let (mut m, events) = streamed(model, Guards::new().input(Forbid::new("secret")));
+    turn(&mut m, "hello").await;
+    assert_eq!(thought(&events.lock().unwrap()), "Hmm. ");
+    assert!(m.shows_stored_thinking());
+}
