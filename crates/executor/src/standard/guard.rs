@@ -386,11 +386,15 @@ impl StandardExecutor {
         Ok(settle(&cx, ran).await)
     }
 
-    /// The audit sink of the executor's registry, if it has one.
+    /// Where the guards' rewrites and blocks are audited: the sink given
+    /// to [`StandardExecutor::with_guard_audit`], else the audit sink of
+    /// the executor's registry, if it has one.
     pub(super) fn audit_sink(&self) -> Option<&Arc<dyn AuditSink>> {
-        self.registry
-            .as_ref()
-            .and_then(|binding| binding.registry().audit_sink())
+        self.guard_audit.as_ref().or_else(|| {
+            self.registry
+                .as_ref()
+                .and_then(|binding| binding.registry().audit_sink())
+        })
     }
 
     /// Traces a guard's rewrite or block and hands it to the audit sink.

@@ -891,3 +891,41 @@ async fn without_output_guards_thinking_streams_and_is_shown() {
     assert_eq!(thought(&events.lock().unwrap()), "Hmm. ");
     assert!(m.shows_stored_thinking());
 }
+
+#[tokio::test]
+async fn an_agent_without_policy_tools_audits_its_guards_where_it_is_told() {
+    use markov_policy::{GuardAction, GuardPoint};
+    let audit = Arc::new(GuardAudit::default());
+    let agent = markov_executor::Agent::builder("plain")
+        .instructions("Help.")
+        .guards(
+            Guards::new()
+                .input(Forbid::new("secret"))
+                .output(PiiRedactor::new()),
+        )
+        .guard_audit(audit.clone())
+        .model(
+            ScriptedModel::builder()
+                .text("Write to ann@example.com.")
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let mut m = agent.machine();
+    m.enqueue_user("the secret plan");
+    assert_eq!(m.run().await.unwrap().yield_reason, YieldReason::Blocked);
+    m.enqueue_user("whom do I write to?");
+    assert_eq!(m.run().await.unwrap().yield_reason, YieldReason::EndTurn);
+    let heard: Vec<(GuardPoint, bool)> = audit
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| (r.point, matches!(r.action, GuardAction::Block { .. })))
+        .collect();
+    assert_eq!(
+        heard,
+        [(GuardPoint::Input, true), (GuardPoint::Output, false)],
+        "the input's block, then the answer's rewrite"
+    );
+}
