@@ -200,4 +200,14 @@ pub trait Executor: Send + Sync {
         let _ = node;
         None
     }
+
+    /// Whether the thinking a stored message keeps may be shown to the
+    /// user as it is. The history keeps thinking as the provider signed it
+    /// (it is sent back verbatim); an executor that checks what leaves it
+    /// (output guards) checks the copy it streams, never the stored one,
+    /// so it says `false`, and a service then shows no stored thinking.
+    /// `true`, the default.
+    fn shows_stored_thinking(&self) -> bool {
+        true
+    }
 }

@@ -257,6 +257,12 @@ impl Machine {
         crate::run::resume_to_completion(self, options).await
     }
 
+    /// Whether the thinking its stored messages keep may be shown to the
+    /// user (see [`Agent::shows_stored_thinking`](crate::Agent::shows_stored_thinking)).
+    pub fn shows_stored_thinking(&self) -> bool {
+        self.executor.shows_stored_thinking()
+    }
+
     /// Whether a step waits for the application's approval of its calls
     /// (and for [`resume`](Self::resume)).
     pub fn is_awaiting_approval(&self) -> bool {

@@ -473,7 +473,7 @@ pub(crate) async fn show(
     Ok(Json(SessionDetail {
         id: stored.info.id.to_string(),
         agent: agent.name().to_owned(),
-        history: markdown::with_html(&stored.snapshot.history),
+        history: markdown::shown(&stored.snapshot.history, agent.shows_stored_thinking()),
         state: json!(stored.snapshot.instance.state),
         pending_approvals: pending.into_iter().cloned().collect(),
         awaiting_approval: stored.snapshot.policy.answers.iter().any(|a| a.paused),
@@ -601,9 +601,10 @@ enum Work {
     Continue,
 }
 
-/// One step as a client sees it (see [`StepEvent`]).
-fn step_event(step: &MachineStep) -> RunEvent {
-    RunEvent::Step(StepEvent::of(step))
+/// One step as a client sees it (see [`StepEvent`]), its thinking shown
+/// only when `thinking`.
+fn step_event(step: &MachineStep, thinking: bool) -> RunEvent {
+    RunEvent::Step(StepEvent::of(step, thinking))
 }
 
 /// Performs `work` on `session` in a task of its own (a client that leaves
@@ -630,6 +631,7 @@ fn spawn_run(
         message,
     );
     session.interrupt_when(service.shutdown.child_token());
+    let thinking = session.machine().shows_stored_thinking();
     let service = Arc::clone(service);
     let task_log = Arc::clone(&log);
     let id = session.id().clone();
@@ -655,7 +657,7 @@ fn spawn_run(
                 .filter(|i| matches!(i, Item::ToolResult { .. }))
                 .count();
             service.metrics.tool_calls.inc_by(results as u64);
-            log.record(step_event(step));
+            log.record(step_event(step, thinking));
         };
         let result = async {
             // The session is released as soon as the run returns: the run's

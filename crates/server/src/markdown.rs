@@ -159,10 +159,21 @@ fn is_web_or_mail(url: &str) -> bool {
 /// is a plain string. A text too long to render has none (the page shows
 /// it as plain text).
 pub(crate) fn with_html(messages: &[Message]) -> Value {
+    shown(messages, true)
+}
+
+/// [`with_html`], and without the assistant messages' thinking unless
+/// `thinking`: the agent says whether the thinking its history keeps may
+/// be shown (the history keeps it as the provider signed it; output
+/// guards check only what is streamed).
+pub(crate) fn shown(messages: &[Message], thinking: bool) -> Value {
     let mut out = Vec::with_capacity(messages.len());
     for message in messages {
         let mut value = serde_json::to_value(message).unwrap_or(Value::Null);
         if message.role == Role::Assistant {
+            if !thinking && let Some(Value::Array(items)) = value.get_mut("items") {
+                items.retain(|item| item.get("type").and_then(Value::as_str) != Some("thinking"));
+            }
             add_html(&mut value);
         }
         out.push(value);

@@ -321,7 +321,7 @@ pub(crate) async fn show(
     Ok(Some(SessionDetail {
         id: id.to_string(),
         agent: name.to_owned(),
-        history: markdown::with_html(state.transcript()),
+        history: markdown::shown(state.transcript(), shows_stored_thinking(team)),
         state: json!({}),
         pending_approvals,
         awaiting_approval,
@@ -474,6 +474,7 @@ fn spawn(
     session.interrupt_when(service.shutdown.child_token());
     // A turn's handoffs come after its user message, before its answer.
     let at = session.state().transcript().len() + usize::from(text.is_some());
+    let thinking = shows_stored_thinking(session.team());
     let service = Arc::clone(service);
     let task_log = Arc::clone(&log);
     let id = session.id().clone();
@@ -495,7 +496,7 @@ fn spawn(
         let on_event = |event: TeamEvent<'_>| match event {
             TeamEvent::Step { agent, step } => {
                 service.metrics.steps.inc();
-                let mut event = StepEvent::of(step);
+                let mut event = StepEvent::of(step, thinking);
                 event.agent = Some(agent.to_owned());
                 event.handoff_context = std::mem::take(&mut given);
                 log.record(RunEvent::Step(event));
@@ -573,4 +574,12 @@ fn spawn(
         drop(guard);
     }));
     log
+}
+
+/// Whether a team conversation may show the thinking its history keeps:
+/// only when every agent of the team may (the transcript mixes them).
+fn shows_stored_thinking(team: &Team) -> bool {
+    team.names()
+        .filter_map(|name| team.agent(name))
+        .all(Agent::shows_stored_thinking)
 }

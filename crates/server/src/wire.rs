@@ -265,12 +265,13 @@ fn is_zero(n: &usize) -> bool {
 }
 
 impl StepEvent {
-    /// The event of `step` (outside a team conversation).
-    pub(crate) fn of(step: &markov_executor::MachineStep) -> Self {
+    /// The event of `step` (outside a team conversation), its thinking
+    /// shown only when `thinking` (the agent says whether it may be).
+    pub(crate) fn of(step: &markov_executor::MachineStep, thinking: bool) -> Self {
         StepEvent {
             yield_reason: step.yield_reason.as_str().to_owned(),
             done: step.done,
-            messages: crate::markdown::with_html(&step.history),
+            messages: crate::markdown::shown(&step.history, thinking),
             response: step.response.clone(),
             response_html: step.response.as_deref().and_then(crate::markdown::to_html),
             approvals: step.approvals.clone(),

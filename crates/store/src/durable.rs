@@ -706,6 +706,10 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                     if self.cancel.is_cancelled() {
                         return self.stopped(&mut state, on_step, release).await;
                     }
+                    // The input waiting for its check is written with the
+                    // run, outside the history: a worker that dies during
+                    // the check leaves it to the one that continues the run.
+                    self.write(Some(&state), false).await?;
                     let cancel = self.cancel.clone();
                     let checked = {
                         let checking = check.run();

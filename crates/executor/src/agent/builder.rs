@@ -115,6 +115,7 @@ pub struct OnModel<P = NoPolicyTools> {
     context_policy: Option<ContextPolicy>,
     guards: Option<markov_guard::Guards>,
     node_guards: Vec<(String, markov_guard::Guards)>,
+    guard_audit: Option<Arc<dyn markov_policy::AuditSink>>,
     tools: P,
 }
 
@@ -432,6 +433,14 @@ impl<N, P> AgentBuilder<N, OnModel<P>> {
         let node = node.into();
         self.on_model(|run| run.node_guards.push((node, guards)))
     }
+
+    /// Where the guards' rewrites and blocks are audited (see
+    /// [`StandardExecutor::with_guard_audit`]), with tools under the
+    /// policy pipeline or without. By default, the audit sink of the
+    /// agent's [`policies`](AgentBuilder::policies), if it has any.
+    pub fn guard_audit(self, sink: Arc<dyn markov_policy::AuditSink>) -> Self {
+        self.on_model(|run| run.guard_audit = Some(sink))
+    }
 }
 
 impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
@@ -446,6 +455,7 @@ impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
             context_policy,
             guards,
             node_guards,
+            guard_audit,
             tools: NoPolicyTools(()),
         } = self.run;
         AgentBuilder {
@@ -458,6 +468,7 @@ impl<N> AgentBuilder<N, OnModel<NoPolicyTools>> {
                 context_policy,
                 guards,
                 node_guards,
+                guard_audit,
                 tools: PolicyTools {
                     registry,
                     policies: None,

@@ -307,6 +307,14 @@ impl Agent {
         Ok(machine)
     }
 
+    /// Whether the thinking the agent's stored messages keep may be shown
+    /// to the user: `false` when the agent has output guards, which check
+    /// the thinking it streams but not the thinking the history keeps as
+    /// the provider signed it (see the guardrails guide).
+    pub fn shows_stored_thinking(&self) -> bool {
+        self.inner.executor.shows_stored_thinking()
+    }
+
     /// This agent with its model calls streamed to `callback` (see
     /// [`StandardExecutor::with_streaming`]), for a service that shows
     /// answers as they are written. An agent built with its own

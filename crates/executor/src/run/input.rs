@@ -64,14 +64,29 @@ impl InputCheck {
 }
 
 /// The input guards' verdicts of an [`InputCheck`], for
-/// [`RunState::on_input_checked`](super::RunState::on_input_checked).
+/// [`RunState::on_input_checked`](super::RunState::on_input_checked): one
+/// per checked text, in queue order, matched to the drained messages by
+/// position (two equal messages can get different verdicts).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InputChecked(pub(super) Vec<(String, Checked)>);
 
 impl InputChecked {
-    /// The verdict on `text`, if it was checked.
-    pub(super) fn verdict(&self, text: &str) -> Option<&Checked> {
-        self.0.iter().find(|(t, _)| t == text).map(|(_, c)| c)
+    /// The verdict on the `index`-th user text of the batch, if it was
+    /// checked there as `text`.
+    pub(super) fn verdict(&self, index: usize, text: &str) -> Option<&Checked> {
+        self.0
+            .get(index)
+            .filter(|(checked, _)| checked == text)
+            .map(|(_, c)| c)
+    }
+
+    /// How many of `texts` (a batch's user texts, in order) these verdicts
+    /// cover: the leading ones, when they are what was checked, in order;
+    /// `None` when they are not (the queue changed under the check).
+    pub(super) fn covers(&self, texts: &[String]) -> Option<usize> {
+        let covered = self.0.len();
+        (covered <= texts.len() && self.0.iter().zip(texts).all(|((t, _), text)| t == text))
+            .then_some(covered)
     }
 
     pub(super) fn extend(&mut self, other: InputChecked) {
@@ -104,16 +119,20 @@ pub(super) struct Applied {
 /// replaced by markov's note (a system message naming the guard and its
 /// reason, never the user's words), its tool results, if it carried any,
 /// kept so that every call still has its result. Every user text of
-/// `entries` must have a verdict (see [`unchecked`]).
+/// `entries` must have its verdict, at its position (see
+/// [`InputChecked::covers`]).
 pub(super) fn apply_verdicts(entries: &mut Vec<Entry>, verdicts: &InputChecked) -> Applied {
     let mut applied = Applied::default();
     let mut out = Vec::with_capacity(entries.len());
+    let mut index = 0;
     for mut entry in std::mem::take(entries) {
         let Some(text) = guarded_text(&entry) else {
             out.push(entry);
             continue;
         };
-        match verdicts.verdict(&text) {
+        let verdict = verdicts.verdict(index, &text);
+        index += 1;
+        match verdict {
             None | Some(Checked::Passed(None)) => out.push(entry),
             Some(Checked::Passed(Some(rewritten))) => {
                 replace_text(&mut entry.message, rewritten.clone());
@@ -151,13 +170,9 @@ pub(super) fn apply_verdicts(entries: &mut Vec<Entry>, verdicts: &InputChecked) 
     applied
 }
 
-/// The user texts of `entries` that `verdicts` does not cover, in order.
-pub(super) fn unchecked(entries: &[Entry], verdicts: Option<&InputChecked>) -> Vec<String> {
-    entries
-        .iter()
-        .filter_map(guarded_text)
-        .filter(|text| verdicts.is_none_or(|v| v.verdict(text).is_none()))
-        .collect()
+/// The user texts of `entries`, in order.
+pub(super) fn guarded_texts(entries: &[Entry]) -> Vec<String> {
+    entries.iter().filter_map(guarded_text).collect()
 }
 
 /// The check of `texts` by `guard`.
@@ -271,14 +286,40 @@ mod tests {
     }
 
     #[test]
-    fn only_user_text_is_checked_and_only_once() {
+    fn only_user_text_is_checked_and_verdicts_cover_a_prefix() {
         let entries = vec![
             Entry::message(Message::user("a")),
             Entry::message(Message::system("markov's")),
             Entry::message(Message::user("b")),
         ];
-        assert_eq!(unchecked(&entries, None), ["a", "b"]);
+        let texts = guarded_texts(&entries);
+        assert_eq!(texts, ["a", "b"]);
         let seen = verdicts(&[("a", Checked::Passed(None))]);
-        assert_eq!(unchecked(&entries, Some(&seen)), ["b"]);
+        assert_eq!(seen.covers(&texts), Some(1));
+        let other = verdicts(&[("b", Checked::Passed(None))]);
+        assert_eq!(other.covers(&texts), None);
+    }
+
+    #[test]
+    fn equal_messages_get_their_own_verdicts_by_position() {
+        let mut entries = vec![
+            Entry::message(Message::user("same")),
+            Entry::message(Message::user("same")),
+        ];
+        apply_verdicts(
+            &mut entries,
+            &verdicts(&[
+                ("same", Checked::Passed(None)),
+                (
+                    "same",
+                    Checked::Blocked(Blocked {
+                        guard: "once".into(),
+                        reason: "said twice".into(),
+                    }),
+                ),
+            ]),
+        );
+        let roles: Vec<Role> = entries.iter().map(|e| e.message.role).collect();
+        assert_eq!(roles, [Role::User, Role::System]);
     }
 }

@@ -141,6 +141,18 @@ pub struct RunState {
     /// a run restored before its drain checks again).
     #[serde(skip)]
     verdicts: Option<InputChecked>,
+    /// Pending input: the user's messages waiting for the input guards'
+    /// verdicts, outside the history (never shown or read as history). A
+    /// durable driver writes them with the run, so a worker that dies
+    /// while the guards check them loses nothing: a continuing worker
+    /// puts them back in the queue, and the guards check them again.
+    /// Emptied by the drain that enters them into the history.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    input: Vec<Message>,
+    /// The pending input is in the machine's queue (not after the run was
+    /// restored elsewhere: the first call then queues it again).
+    #[serde(skip)]
+    input_queued: bool,
 }
 
 fn make_step(
@@ -184,6 +196,8 @@ impl RunState {
             usage: Usage::default(),
             resuming: false,
             verdicts: None,
+            input: Vec::new(),
+            input_queued: false,
         }
     }
 
@@ -228,6 +242,30 @@ impl RunState {
         self.steps
     }
 
+    /// The user's messages waiting for the input guards' verdicts (see
+    /// [`Action::CheckInput`]): empty unless the run stopped before its
+    /// drain. They are not in the history; a driver that stores the run
+    /// stores them with it, and a restored run checks them again.
+    pub fn pending_input(&self) -> &[Message] {
+        &self.input
+    }
+
+    /// Queues the pending input of a run restored elsewhere again, at the
+    /// front, once: the guards check it as if it had just arrived.
+    fn requeue_pending_input(&mut self, machine: &Machine) {
+        if self.input_queued || self.input.is_empty() {
+            return;
+        }
+        tracing::info!(
+            messages = self.input.len(),
+            "the run stopped while the input guards checked its input: checking it again"
+        );
+        machine
+            .queue
+            .requeue_front(self.input.iter().cloned().map(Entry::message).collect());
+        self.input_queued = true;
+    }
+
     /// The tokens the run's model calls have used so far.
     pub fn usage(&self) -> Usage {
         self.usage
@@ -245,6 +283,7 @@ impl RunState {
             return Ok(Action::Finished);
         }
         if !self.started {
+            self.requeue_pending_input(machine);
             // Marked only once the drain succeeded: after an error, the next
             // call drains again rather than stepping without the input.
             match self.initial_drain(machine)? {
@@ -278,7 +317,7 @@ impl RunState {
     /// The check the drained `entries` need before they enter the history:
     /// `None` when the executor has no input guard for the primary leaf,
     /// or every user text of `entries` has its verdict.
-    fn input_check(&self, machine: &Machine, entries: &[Entry]) -> Option<InputCheck> {
+    fn input_check(&mut self, machine: &Machine, entries: &[Entry]) -> Option<InputCheck> {
         if !entries.iter().any(|e| e.message.role == Role::User) {
             return None;
         }
@@ -287,7 +326,21 @@ impl RunState {
         if guards.is_empty() {
             return None;
         }
-        let texts = input::unchecked(entries, self.verdicts.as_ref());
+        let mut texts = input::guarded_texts(entries);
+        // The verdicts cover the batch's first texts, by position; new
+        // input queued meanwhile comes after them.
+        let covered = match self.verdicts.as_ref().map(|v| v.covers(&texts)) {
+            None => 0,
+            Some(Some(covered)) => covered,
+            Some(None) => {
+                tracing::warn!(
+                    "the queued input changed while the input guards checked it: checking it all again"
+                );
+                self.verdicts = None;
+                0
+            }
+        };
+        let texts = texts.split_off(covered);
         (!texts.is_empty()).then(|| input::check(guards, texts))
     }
 
@@ -329,7 +382,14 @@ impl RunState {
         }
         if let Some(check) = self.input_check(machine, &entries) {
             // The input guards decide before anything is drained: the
-            // batch waits, in order, for their verdicts.
+            // batch waits, in order, for their verdicts, queued and as the
+            // run's pending input.
+            self.input = entries
+                .iter()
+                .filter(|e| e.effect.is_none() && !e.is_instruction())
+                .map(|e| e.message.clone())
+                .collect();
+            self.input_queued = true;
             machine.queue.requeue_front(entries);
             return Ok(Drained::Check(check));
         }
@@ -357,6 +417,8 @@ impl RunState {
             .map(|e| e.message)
             .collect();
         machine.history.extend(messages.iter().cloned());
+        // The pending input is in the history now, as the guards let it.
+        self.input.clear();
         apply(machine, &effects, 0);
         if blocked || !triggers {
             // A blocked message ends the run before any model call.
@@ -469,6 +531,9 @@ impl RunState {
     /// [`YieldReason::Cancelled`], done) holds what the run recorded since
     /// its last step.
     pub fn cancel(&mut self, machine: &mut Machine) -> MachineStep {
+        // Input that was waiting for its check stays queued for the next run.
+        self.requeue_pending_input(machine);
+        self.input.clear();
         let entries = machine.queue.drain_all();
         let answered: std::collections::HashSet<&markov_core::ToolCallId> = entries
             .iter()

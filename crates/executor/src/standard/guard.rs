@@ -17,7 +17,7 @@ use futures::StreamExt;
 use futures::future::{Either, select};
 use markov_core::MessageId;
 use markov_core::ToolCallId;
-use markov_core::message::{Item, Message, Metadata, Role, StreamInfo, StreamState};
+use markov_core::message::{Item, Items, Message, Metadata, Role, StreamInfo, StreamState};
 use markov_core::model::{ModelError, ModelRequest, ModelResponse, StopReason, StreamEvent, Usage};
 use markov_core::tool::ToolExecutionResult;
 use markov_guard::{Blocked, Checked, Guards};
@@ -60,6 +60,24 @@ struct HoldState {
     rewritten: bool,
     /// The output guard blocked.
     blocked: Option<Blocked>,
+    /// Each thinking part of the answer, as shown: checked by the output
+    /// guards like answer text (the history keeps the thinking as the
+    /// provider signed it; what is shown is this copy).
+    thinking: Vec<ThinkingShown>,
+}
+
+/// One thinking part of a streamed answer, as the output guards let it be
+/// shown.
+#[derive(Debug)]
+struct ThinkingShown {
+    /// Its content index in the model's answer.
+    index: usize,
+    /// Received and not yet checked.
+    held: String,
+    /// Released, as released (rewritten where a guard rewrote).
+    shown: String,
+    /// A guard blocked it: nothing more of it is shown.
+    withheld: bool,
 }
 
 impl HoldBack {
@@ -164,11 +182,28 @@ impl StandardExecutor {
                 copy.node_guards = None;
                 copy.hold = Some(Arc::clone(hold));
                 copy.streaming = Some(StreamOptions::new(move |event| {
-                    if let MessageStreamEvent::Start {
-                        message_id, seq, ..
-                    } = event
-                    {
-                        noted.state().vessel = Some((message_id.clone(), *seq));
+                    match event {
+                        MessageStreamEvent::Start {
+                            message_id, seq, ..
+                        } => noted.state().vessel = Some((message_id.clone(), *seq)),
+                        // The final message as shown: its thinking as the
+                        // output guards let it through.
+                        MessageStreamEvent::End {
+                            message_id,
+                            seq,
+                            source,
+                            message,
+                        } if !noted.guards.output.is_empty() => {
+                            let mut shown = message.clone();
+                            show_thinking(&mut shown, &noted.state().thinking);
+                            return inner(&MessageStreamEvent::End {
+                                message_id: message_id.clone(),
+                                seq: *seq,
+                                source: source.clone(),
+                                message: shown,
+                            });
+                        }
+                        _ => {}
                     }
                     inner(event);
                 }));
@@ -313,7 +348,9 @@ impl StandardExecutor {
                 }
             }
         }
-        let mut calls = match self.record(&cx, &prepared, answer, &span).await? {
+        // Recorded through the hold-back's copy when streamed: the final
+        // message's event shows the thinking as the guards let it through.
+        let mut calls = match exec.record(&cx, &prepared, answer, &span).await? {
             Recorded::Finished(outcome) => return Ok(outcome),
             Recorded::Calls(calls) => calls,
         };
@@ -349,11 +386,15 @@ impl StandardExecutor {
         Ok(settle(&cx, ran).await)
     }
 
-    /// The audit sink of the executor's registry, if it has one.
+    /// Where the guards' rewrites and blocks are audited: the sink given
+    /// to [`StandardExecutor::with_guard_audit`], else the audit sink of
+    /// the executor's registry, if it has one.
     pub(super) fn audit_sink(&self) -> Option<&Arc<dyn AuditSink>> {
-        self.registry
-            .as_ref()
-            .and_then(|binding| binding.registry().audit_sink())
+        self.guard_audit.as_ref().or_else(|| {
+            self.registry
+                .as_ref()
+                .and_then(|binding| binding.registry().audit_sink())
+        })
     }
 
     /// Traces a guard's rewrite or block and hands it to the audit sink.
@@ -481,9 +522,40 @@ pub(super) async fn read_held(
                     held.push_str(&delta.delta);
                     index = delta.content_index;
                 }
+                // Thinking is checked as answer text is, part by part.
+                MessageStreamEvent::Update { delta, .. } if checked => {
+                    let mut state = hold.state();
+                    let at = state
+                        .thinking
+                        .iter()
+                        .position(|t| t.index == delta.content_index);
+                    let part = match at {
+                        Some(at) => &mut state.thinking[at],
+                        None => {
+                            state.thinking.push(ThinkingShown {
+                                index: delta.content_index,
+                                held: String::new(),
+                                shown: String::new(),
+                                withheld: false,
+                            });
+                            let last = state.thinking.len() - 1;
+                            &mut state.thinking[last]
+                        }
+                    };
+                    if !part.withheld {
+                        part.held.push_str(&delta.delta);
+                    }
+                }
                 _ => thinking.push(update),
             }
         }
+        let thinking_ready = checked && {
+            let state = hold.state();
+            state
+                .thinking
+                .iter()
+                .any(|t| !t.held.is_empty() && (done || unit.ready(&t.held).is_some()))
+        };
         let ready = if done {
             Some(held.len())
         } else if checked {
@@ -491,7 +563,7 @@ pub(super) async fn read_held(
         } else {
             Some(held.len())
         };
-        if (ready.is_some() || !thinking.is_empty()) && !input_passed {
+        if (ready.is_some() || !thinking.is_empty() || thinking_ready) && !input_passed {
             if done || hold.input.as_ref().is_some_and(|rx| rx.borrow().is_some()) {
                 input_passed = hold.input_passed().await;
                 if !input_passed {
@@ -507,6 +579,9 @@ pub(super) async fn read_held(
         }
         for update in thinking.drain(..) {
             options_tell(hold, options, &update);
+        }
+        if thinking_ready {
+            release_thinking(exec, hold, vessel, options, done).await;
         }
         if let Some(upto) = ready.filter(|n| *n > 0) {
             let piece: String = held.drain(..upto).collect();
@@ -548,6 +623,98 @@ pub(super) async fn read_held(
     Err(ModelError::InvalidResponse(
         "the stream ended without a final message".into(),
     ))
+}
+
+/// Releases what the output guards pass of each thinking part: the pieces
+/// their [`Hold`](markov_guard::Hold) asks for (all that is held when the
+/// stream is `done`), rewritten where a guard rewrote. A thinking part a
+/// guard blocks is withheld from then on; the answer goes on (the history
+/// keeps the thinking as the provider signed it, and the model's answer is
+/// checked on its own).
+async fn release_thinking(
+    exec: &StandardExecutor,
+    hold: &HoldBack,
+    vessel: &VesselState,
+    options: &StreamOptions,
+    done: bool,
+) {
+    let unit = hold.guards.output.hold();
+    let parts = hold.state().thinking.len();
+    for at in 0..parts {
+        let (index, piece) = {
+            let mut state = hold.state();
+            let part = &mut state.thinking[at];
+            let upto = if done {
+                Some(part.held.len())
+            } else {
+                unit.ready(&part.held)
+            };
+            match upto.filter(|n| *n > 0 && !part.withheld) {
+                Some(upto) => (part.index, part.held.drain(..upto).collect::<String>()),
+                None => continue,
+            }
+        };
+        let text = match hold.guards.output.check(&piece).await {
+            Checked::Passed(None) => piece,
+            Checked::Passed(Some(rewritten)) => {
+                exec.audit(GuardPoint::Output, GuardAction::Rewrite, None);
+                rewritten
+            }
+            Checked::Blocked(blocked) => {
+                tracing::warn!(
+                    "a thinking part was blocked by a guard: it is withheld, the answer goes on"
+                );
+                exec.audit(GuardPoint::Output, block_of(&blocked), None);
+                let mut state = hold.state();
+                let part = &mut state.thinking[at];
+                part.withheld = true;
+                part.held.clear();
+                continue;
+            }
+        };
+        hold.state().thinking[at].shown.push_str(&text);
+        let update = MessageStreamEvent::Update {
+            message_id: vessel.message_id().clone(),
+            seq: vessel.seq(),
+            source: vessel.source().clone(),
+            delta: StreamDelta {
+                kind: DeltaKind::Thinking,
+                content_index: index,
+                delta: text,
+            },
+        };
+        options_tell(hold, options, &update);
+    }
+}
+
+/// Replaces the thinking items of `message` (a copy to show, never the
+/// history's) by what `shown` says of them, in order: the text the output
+/// guards released, without the provider's signature, or nothing when a
+/// guard withheld it. Thinking the guards never saw (not streamed) is
+/// withheld.
+fn show_thinking(message: &mut Message, shown: &[ThinkingShown]) {
+    let mut parts: Vec<&ThinkingShown> = shown.iter().collect();
+    parts.sort_by_key(|t| t.index);
+    let mut parts = parts.into_iter();
+    if let Items::List(items) = &mut message.items {
+        items.retain_mut(|item| {
+            let Item::Thinking {
+                thinking,
+                signature,
+            } = item
+            else {
+                return true;
+            };
+            match parts.next() {
+                Some(part) if !part.withheld && !part.shown.is_empty() => {
+                    thinking.clone_from(&part.shown);
+                    *signature = None;
+                    true
+                }
+                _ => false,
+            }
+        });
+    }
 }
 
 /// A block, as audited.

@@ -86,6 +86,9 @@ pub struct StandardExecutor {
     node_guards: Option<Arc<NodeGuards>>,
     /// Set on a guarded leaf's own copy only: its streamed text held back.
     hold: Option<Arc<guard::HoldBack>>,
+    /// Where the guards' rewrites and blocks are audited, when set
+    /// ([`Self::with_guard_audit`]); else the registry's audit sink.
+    guard_audit: Option<Arc<dyn markov_policy::AuditSink>>,
 }
 
 /// Nodes' own guards: for each node, its own and the stack its leaves run
@@ -118,6 +121,7 @@ impl StandardExecutor {
             guards: None,
             node_guards: None,
             hold: None,
+            guard_audit: None,
         }
     }
 
@@ -168,6 +172,17 @@ impl StandardExecutor {
                 .map(|(id, (own, _))| (id, own));
             self.node_guards = Some(Arc::new(self.joined(own)));
         }
+        self
+    }
+
+    /// Hands every rewrite and block of the guards to `sink`
+    /// ([`AuditSink::guard`](markov_policy::AuditSink::guard)), whether or
+    /// not the executor runs tools under the policy pipeline. Without it,
+    /// they go to the audit sink of the registry's policies, if any (and
+    /// are traced either way).
+    #[must_use]
+    pub fn with_guard_audit(mut self, sink: Arc<dyn markov_policy::AuditSink>) -> Self {
+        self.guard_audit = Some(sink);
         self
     }
 
@@ -383,6 +398,18 @@ impl Executor for StandardExecutor {
             crate::executor::InputGuard::new(guards.input.clone())
                 .audited(self.audit_sink().cloned())
         })
+    }
+
+    /// `false` when any output guard runs (the agent's or a node's): the
+    /// guards check streamed thinking, never the thinking the history
+    /// keeps as the provider signed it.
+    fn shows_stored_thinking(&self) -> bool {
+        let checked = |guards: &markov_guard::Guards| !guards.output.is_empty();
+        !(self.guards.as_deref().is_some_and(checked)
+            || self
+                .node_guards
+                .as_deref()
+                .is_some_and(|nodes| nodes.values().any(|(_, joined)| checked(joined))))
     }
 
     /// One leaf's step, phase by phase. The order is behaviour: a replayed

@@ -681,3 +681,251 @@ async fn a_stream_cut_by_a_block_still_counts_what_it_used() {
     assert!(last.usage.output_tokens >= 10, "{:?}", last.usage);
     assert_eq!(m.usage().session.output_tokens, last.usage.output_tokens);
 }
+
+/// Blocks a text it has seen before.
+#[derive(Debug, Default)]
+struct OnlyOnce(Mutex<Vec<String>>);
+
+#[async_trait]
+impl Guard for OnlyOnce {
+    fn name(&self) -> &str {
+        "only-once"
+    }
+    async fn check(&self, text: &str) -> Verdict {
+        let mut seen = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if seen.iter().any(|s| s == text) {
+            return Verdict::block("said before");
+        }
+        seen.push(text.to_owned());
+        Verdict::Pass
+    }
+}
+
+#[tokio::test]
+async fn two_equal_messages_get_their_own_verdicts() {
+    let model = Arc::new(ScriptedModel::builder().text("Hi.").build());
+    let executor = StandardExecutor::shared(model.clone())
+        .with_guards(Guards::new().input(OnlyOnce::default()));
+    let mut m = machine(executor, Node::builder("Help.").build().expect("node"));
+    m.enqueue_user("hello");
+    let steps = turn(&mut m, "hello").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::Blocked);
+    let kept: Vec<(Role, String)> = m
+        .history()
+        .iter()
+        .map(|msg| (msg.role, msg.text()))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            (Role::User, "hello".to_owned()),
+            (
+                Role::System,
+                "[guard] The message was blocked by only-once: said before.".to_owned()
+            ),
+        ],
+        "the first passed, the second was blocked"
+    );
+    assert_eq!(model.calls(), 0);
+}
+
+#[tokio::test]
+async fn input_waiting_for_its_check_is_kept_with_the_run_and_checked_again_after_a_restore() {
+    let node = Node::builder("Help.").build().expect("node");
+    let guarded = || {
+        StandardExecutor::new(ScriptedModel::builder().text("Hi.").build())
+            .with_guards(Guards::new().input(Forbid::new("secret")))
+    };
+    let mut first = machine(guarded(), node.clone());
+    first.enqueue_user("hello");
+    let mut state = markov_executor::RunState::new(RunOptions::default());
+    let Ok(markov_executor::Action::CheckInput(check)) = state.next(&mut first) else {
+        panic!("the input is checked first");
+    };
+    assert_eq!(check.texts(), ["hello"]);
+    assert!(
+        first.history().is_empty(),
+        "not in the history before its check"
+    );
+    let written = serde_json::to_value(&state).expect("the run serializes");
+    assert_eq!(
+        written["input"][0]["items"][0]["text"],
+        json!("hello"),
+        "{written}"
+    );
+
+    // The worker dies during the check; another continues the run on a
+    // machine whose queue is empty.
+    let mut state: markov_executor::RunState =
+        serde_json::from_value(written).expect("the run reads back");
+    let mut second = machine(guarded(), node);
+    let Ok(markov_executor::Action::CheckInput(check)) = state.next(&mut second) else {
+        panic!("the pending input is checked again");
+    };
+    assert_eq!(check.texts(), ["hello"]);
+    state.on_input_checked(check.run().await);
+    let Ok(markov_executor::Action::RunLeaves(_)) = state.next(&mut second) else {
+        panic!("the run goes on with the model call");
+    };
+    assert!(state.pending_input().is_empty(), "entered the history");
+    let kept: Vec<String> = second.history().iter().map(Message::text).collect();
+    assert_eq!(kept, ["hello"]);
+}
+
+/// A streamed answer that thinks first (signed), then answers.
+fn thinking_then(thoughts: &[&str], answer: &str) -> Vec<StreamEvent> {
+    let mut events: Vec<StreamEvent> = thoughts
+        .iter()
+        .map(|t| StreamEvent::ThinkingDelta {
+            index: 0,
+            thinking: (*t).to_owned(),
+        })
+        .collect();
+    events.push(StreamEvent::TextDelta {
+        index: 1,
+        text: answer.to_owned(),
+    });
+    events.push(StreamEvent::Done(ModelResponse::new(
+        vec![
+            Item::Thinking {
+                thinking: thoughts.concat(),
+                signature: Some("signed-by-the-provider".into()),
+            },
+            Item::text(answer),
+        ],
+        StopReason::EndTurn,
+    )));
+    events
+}
+
+/// The thinking deltas told, joined.
+fn thought(events: &[MessageStreamEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            MessageStreamEvent::Update { delta, .. }
+                if delta.kind == markov_executor::stream::DeltaKind::Thinking =>
+            {
+                Some(delta.delta.as_str())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn streamed_thinking_a_guard_blocks_is_never_told_and_the_history_keeps_it_signed() {
+    let thoughts = ["Let me think. ", "The card is 4111 1111. ", "So: fine. "];
+    let model = Chunked(Mutex::new(vec![thinking_then(&thoughts, "All fine.")]));
+    let guard = Forbid {
+        hold: Hold::Sentence,
+        ..Forbid::new("4111")
+    };
+    let (mut m, events) = streamed(model, Guards::new().output(guard));
+    let steps = turn(&mut m, "check my card").await;
+    assert_eq!(steps.last().unwrap().yield_reason, YieldReason::EndTurn);
+    let told = events.lock().unwrap().clone();
+    let raw = serde_json::to_string(&told).unwrap();
+    assert!(!raw.contains("4111"), "no byte of the blocked part: {raw}");
+    // Up to the sentence's end: the space after it came with the blocked
+    // sentence.
+    assert_eq!(thought(&told), "Let me think.", "what passed, then nothing");
+    assert_eq!(released(&told), "Let me think.All fine.");
+    let Some(MessageStreamEvent::End { message, .. }) = told.last() else {
+        panic!("the stream ends with the final message: {told:?}");
+    };
+    assert_eq!(
+        message.item_list(),
+        [Item::text("All fine.")],
+        "the final message shows no thinking a guard blocked"
+    );
+    // The history keeps the thinking exactly as the provider signed it.
+    let answer = m.history().last().unwrap();
+    assert_eq!(
+        answer.item_list()[0],
+        Item::Thinking {
+            thinking: thoughts.concat(),
+            signature: Some("signed-by-the-provider".into())
+        }
+    );
+    assert!(!m.shows_stored_thinking());
+}
+
+#[tokio::test]
+async fn streamed_thinking_a_guard_rewrites_is_told_rewritten() {
+    let thoughts = ["Mail ann@example.com. ", "Then answer. "];
+    let model = Chunked(Mutex::new(vec![thinking_then(&thoughts, "Done.")]));
+    let (mut m, events) = streamed(model, Guards::new().output(PiiRedactor::new()));
+    turn(&mut m, "go").await;
+    let told = events.lock().unwrap().clone();
+    assert_eq!(thought(&told), "Mail [EMAIL_1]. Then answer. ");
+    let raw = serde_json::to_string(&told).unwrap();
+    assert!(!raw.contains("ann@"), "{raw}");
+    let Some(MessageStreamEvent::End { message, .. }) = told.last() else {
+        panic!("the stream ends with the final message: {told:?}");
+    };
+    assert_eq!(
+        message.item_list()[0],
+        Item::Thinking {
+            thinking: "Mail [EMAIL_1]. Then answer. ".into(),
+            signature: None
+        },
+        "the final message shows the rewritten thinking, unsigned"
+    );
+    let answer = m.history().last().unwrap();
+    assert_eq!(
+        answer.item_list()[0],
+        Item::Thinking {
+            thinking: thoughts.concat(),
+            signature: Some("signed-by-the-provider".into())
+        },
+        "the history keeps what the provider signed"
+    );
+}
+
+#[tokio::test]
+async fn without_output_guards_thinking_streams_and_is_shown() {
+    let model = Chunked(Mutex::new(vec![thinking_then(&["Hmm. "], "Hi.")]));
+    let (mut m, events) = streamed(model, Guards::new().input(Forbid::new("secret")));
+    turn(&mut m, "hello").await;
+    assert_eq!(thought(&events.lock().unwrap()), "Hmm. ");
+    assert!(m.shows_stored_thinking());
+}
+
+#[tokio::test]
+async fn an_agent_without_policy_tools_audits_its_guards_where_it_is_told() {
+    use markov_policy::{GuardAction, GuardPoint};
+    let audit = Arc::new(GuardAudit::default());
+    let agent = markov_executor::Agent::builder("plain")
+        .instructions("Help.")
+        .guards(
+            Guards::new()
+                .input(Forbid::new("secret"))
+                .output(PiiRedactor::new()),
+        )
+        .guard_audit(audit.clone())
+        .model(
+            ScriptedModel::builder()
+                .text("Write to ann@example.com.")
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let mut m = agent.machine();
+    m.enqueue_user("the secret plan");
+    assert_eq!(m.run().await.unwrap().yield_reason, YieldReason::Blocked);
+    m.enqueue_user("whom do I write to?");
+    assert_eq!(m.run().await.unwrap().yield_reason, YieldReason::EndTurn);
+    let heard: Vec<(GuardPoint, bool)> = audit
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| (r.point, matches!(r.action, GuardAction::Block { .. })))
+        .collect();
+    assert_eq!(
+        heard,
+        [(GuardPoint::Input, true), (GuardPoint::Output, false)],
+        "the input's block, then the answer's rewrite"
+    );
+}

@@ -2024,3 +2024,59 @@ async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_stil
         .await;
     browser.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_agents_thinking_is_not_shown_and_its_answer_is() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let answer = markov_core::model::ModelResponse::new(
+        vec![
+            markov_core::Item::Thinking {
+                thinking: "The user's card is 4111 1111 1111 1111.".into(),
+                signature: Some("signed".into()),
+            },
+            markov_core::Item::text("Your card is on file."),
+        ],
+        markov_core::model::StopReason::EndTurn,
+    );
+    let agent = Agent::builder("helper")
+        .instructions("You help.")
+        .guards(markov_guard::Guards::new().output(Forbid("4111")))
+        .model(
+            markov_testkit::ScriptedModel::builder()
+                .response(answer)
+                .build(),
+        )
+        .build()
+        .expect("the agent builds");
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let f = start(Server::builder().agent(agent), store, pays).await;
+    let Some(browser) = Browser::start(1000, 700).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser.sign_in(&f.key).await;
+    browser.say("is my card on file?").await;
+    browser
+        .wait(
+            "the answer",
+            "document.getElementById('log').innerText.includes('Your card is on file.') && !document.body.classList.contains('running')",
+        )
+        .await;
+    for when in ["live", "after a reload"] {
+        let log = browser.text("#log").await;
+        assert!(log.contains("Your card is on file."), "{when}: {log}");
+        assert!(!log.contains("4111"), "{when}: {log}");
+        assert_eq!(browser.count("#log .thinking").await, 0, "{when}");
+        if when == "live" {
+            browser.screenshot("thinking-withheld.png").await;
+            browser.reload().await;
+            browser
+                .wait(
+                    "the history",
+                    "document.getElementById('log').innerText.includes('Your card is on file.')",
+                )
+                .await;
+        }
+    }
+    browser.close().await;
+}

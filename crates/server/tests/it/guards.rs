@@ -125,3 +125,122 @@ async fn an_answer_blocked_mid_way_sends_no_blocked_byte_to_the_sse_client() {
         "{next:?}"
     );
 }
+
+/// A model that thinks (signed) before it answers, streaming both.
+#[derive(Debug)]
+struct Thinker {
+    thoughts: Vec<&'static str>,
+    answer: &'static str,
+}
+
+#[async_trait]
+impl Model for Thinker {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        collect_stream(self.stream(request)).await
+    }
+
+    fn stream<'a>(&'a self, _: ModelRequest<'a>) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let mut events: Vec<Result<StreamEvent, ModelError>> = self
+            .thoughts
+            .iter()
+            .map(|t| {
+                Ok(StreamEvent::ThinkingDelta {
+                    index: 0,
+                    thinking: (*t).to_owned(),
+                })
+            })
+            .collect();
+        events.push(Ok(StreamEvent::TextDelta {
+            index: 1,
+            text: self.answer.to_owned(),
+        }));
+        events.push(Ok(StreamEvent::Done(ModelResponse::new(
+            vec![
+                Item::Thinking {
+                    thinking: self.thoughts.concat(),
+                    signature: Some("signed".into()),
+                },
+                Item::text(self.answer),
+            ],
+            StopReason::EndTurn,
+        ))));
+        stream::iter(events).boxed()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_a_guard_blocks_sends_no_byte_to_the_sse_client_and_stays_signed_in_the_store() {
+    let thoughts = vec![
+        "The user asks. ",
+        "Their card is 4111 1111 1111 1111. ",
+        "Answer briefly. ",
+    ];
+    let model = Thinker {
+        thoughts: thoughts.clone(),
+        answer: "I cannot show card numbers.",
+    };
+    let agent = Agent::builder("support")
+        .instructions("Help.")
+        .guards(Guards::new().output(NoCards))
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let store = Arc::new(markov_store::SqliteStore::in_memory().expect("a database"));
+    let f = crate::http::start(
+        markov_server::Server::builder()
+            .agent(agent)
+            .worker(markov_store::WorkerId::new("test")),
+        Arc::clone(&store),
+        Arc::new(AtomicUsize::new(0)),
+    )
+    .await;
+    let id = f.create().await;
+    let response = f
+        .client
+        .post(format!("{}/sessions/{id}/messages", f.base))
+        .bearer_auth(&f.key)
+        .json(&json!({"text": "what is my card?"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(response.status(), 200);
+    let raw = response.text().await.expect("the stream");
+    assert!(raw.contains("event: done"), "{raw}");
+    assert!(
+        !raw.contains("4111"),
+        "no byte of the blocked thinking: {raw}"
+    );
+    assert!(raw.contains("I cannot show card numbers."), "{raw}");
+
+    // Neither in what the page reads back.
+    let shown = f
+        .client
+        .get(format!("{}/sessions/{id}", f.base))
+        .bearer_auth(&f.key)
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the session");
+    assert!(!shown.contains("4111"), "{shown}");
+
+    // The store keeps the thinking as the provider signed it.
+    let session = markov_store::SessionId::new(id.clone());
+    let stored = markov_store::Store::load(&*store, &session)
+        .await
+        .expect("the session loads");
+    let kept = stored
+        .snapshot
+        .history
+        .iter()
+        .flat_map(|m| m.item_list().iter().cloned())
+        .find(|i| matches!(i, Item::Thinking { .. }));
+    assert_eq!(
+        kept,
+        Some(Item::Thinking {
+            thinking: thoughts.concat(),
+            signature: Some("signed".into()),
+        })
+    );
+}

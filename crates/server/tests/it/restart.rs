@@ -658,3 +658,265 @@ fn uuid_like() -> String {
     hasher.write_u64(0);
     format!("{:016x}", hasher.finish())
 }
+
+/// An input guard that, in the child (`MARKOV_SERVER_DIR` set), writes a
+/// marker and never decides: the moment to kill the worker, while it
+/// checks the user's message. Elsewhere it passes at once.
+#[derive(Debug)]
+struct SlowCheck(PathBuf);
+
+#[async_trait]
+impl markov_guard::Guard for SlowCheck {
+    fn name(&self) -> &str {
+        "slow-check"
+    }
+    async fn check(&self, _text: &str) -> markov_guard::Verdict {
+        if std::env::var_os("MARKOV_SERVER_DIR").is_some() {
+            let _ = std::fs::write(&self.0, "checking");
+            std::future::pending::<()>().await;
+        }
+        markov_guard::Verdict::Pass
+    }
+}
+
+/// An agent whose input guard is [`SlowCheck`].
+fn guarded_agent(dir: &Path, model: ScriptedModel) -> Agent {
+    Agent::builder("greeter")
+        .instructions("Greet the user.")
+        .guards(markov_guard::Guards::new().input(SlowCheck(dir.join("checking"))))
+        .model(model)
+        .build()
+        .expect("the agent builds")
+}
+
+/// The guarded worker the input-check crash tests kill: not a test on its
+/// own (ignored). On PostgreSQL when `MARKOV_SERVER_DATABASE` is set, else
+/// on the SQLite file in the directory.
+#[test]
+#[ignore = "run as a child process by the input-check crash tests"]
+fn guarded_worker_child() {
+    let Some(dir) = std::env::var_os("MARKOV_SERVER_DIR") else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        // Never asked: the worker dies before the guard decides.
+        let model = ScriptedModel::builder().build();
+        let base = match std::env::var("MARKOV_SERVER_DATABASE") {
+            Ok(url) => serve_postgres(&url, "doomed", guarded_agent(&dir, model)).await,
+            Err(_) => {
+                let store = SqliteStore::open(dir.join("sessions.db")).expect("the database");
+                let key = create_api_key(&store, "alice", &[]).await.expect("a key");
+                std::fs::write(dir.join("key"), &key.key).expect("the key is written");
+                drop(store);
+                serve(&dir, guarded_agent(&dir, model)).await
+            }
+        };
+        std::fs::write(dir.join("base"), &base).expect("the address is written");
+        std::future::pending::<()>().await;
+    });
+}
+
+/// Posts `text` to the session `id` at `base` in a task of its own,
+/// returning the stream the client got (cut short when the worker dies).
+fn post_in_background(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    id: &str,
+    text: &str,
+) -> tokio::task::JoinHandle<reqwest::Result<String>> {
+    let (client, key) = (client.clone(), key.to_owned());
+    let url = format!("{base}/sessions/{id}/messages");
+    let body = json!({ "text": text });
+    tokio::spawn(async move {
+        client
+            .post(url)
+            .bearer_auth(&key)
+            .json(&body)
+            .send()
+            .await?
+            .text()
+            .await
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_while_the_input_guard_checks_a_message_answers_it_after_the_restart() {
+    let dir = std::env::temp_dir().join(format!(
+        "markov-server-input-check-{}-{}",
+        std::process::id(),
+        uuid_like()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "restart::guarded_worker_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("MARKOV_SERVER_DIR", &dir)
+        .spawn()
+        .expect("the server starts");
+    wait_for(&dir.join("base"), &mut child).await;
+    let base = std::fs::read_to_string(dir.join("base")).expect("the address");
+    let key = std::fs::read_to_string(dir.join("key")).expect("the key");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let created: Value = client
+        .post(format!("{base}/sessions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    let id = created["id"].as_str().expect("an id").to_owned();
+    let pending = post_in_background(&client, &base, &key, &id, "hello there");
+    wait_for(&dir.join("checking"), &mut child).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let lost = pending.await.expect("the client's task");
+    assert!(
+        !lost.as_deref().unwrap_or("").contains("event: done"),
+        "the killed server never answered: {lost:?}"
+    );
+
+    // Started again on the same database: the message that was being
+    // checked is checked again and answered first, then the new one.
+    let model = ScriptedModel::builder()
+        .text("Hello to you.")
+        .text("You said: thanks")
+        .build()
+        .fresh_call_ids();
+    let base = serve(&dir, guarded_agent(&dir, model)).await;
+    let stream = client
+        .post(format!("{base}/sessions/{id}/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"text": "thanks"}))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the stream");
+    assert!(stream.contains("event: done"), "{stream}");
+    let session: Value = client
+        .get(format!("{base}/sessions/{id}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        texts(&session),
+        owned(&[
+            ("user", "hello there"),
+            ("assistant", "Hello to you."),
+            ("user", "thanks"),
+            ("assistant", "You said: thanks"),
+        ]),
+        "the message checked when the server died is answered, first"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_while_the_input_guard_checks_a_message_has_it_answered_by_another() {
+    let Some(postgres) = TempPostgres::for_test() else {
+        return;
+    };
+    let url = postgres.new_database().expect("a database");
+    let dir = std::env::temp_dir().join(format!(
+        "markov-server-input-check-pg-{}-{}",
+        std::process::id(),
+        uuid_like()
+    ));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let key = {
+        let store = PostgresStore::connect(&url).await.expect("the database");
+        create_api_key(&store, "alice", &[])
+            .await
+            .expect("a key")
+            .key
+    };
+    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "restart::guarded_worker_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("MARKOV_SERVER_DIR", &dir)
+        .env("MARKOV_SERVER_DATABASE", &url)
+        .spawn()
+        .expect("the worker starts");
+    // The survivor serves beside it and finds the dead worker's run by
+    // itself: its model answers the message that was being checked.
+    let model = ScriptedModel::builder()
+        .text("Hello to you.")
+        .build()
+        .fresh_call_ids();
+    let survivor = serve_postgres(&url, "survivor", guarded_agent(&dir, model)).await;
+    wait_for(&dir.join("base"), &mut child).await;
+    let doomed = std::fs::read_to_string(dir.join("base")).expect("the address");
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = reqwest::Client::new();
+    let created: Value = client
+        .post(format!("{doomed}/sessions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("json");
+    let id = created["id"].as_str().expect("an id").to_owned();
+    let pending = post_in_background(&client, &doomed, &key, &id, "hello there");
+    wait_for(&dir.join("checking"), &mut child).await;
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
+    let lost = pending.await.expect("the client's task");
+    assert!(
+        !lost.as_deref().unwrap_or("").contains("event: done"),
+        "the killed worker never answered: {lost:?}"
+    );
+    let mut waited = Duration::ZERO;
+    let session = loop {
+        let session: Value = client
+            .get(format!("{survivor}/sessions/{id}"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .expect("sent")
+            .json()
+            .await
+            .expect("json");
+        if session["interrupted"] == json!(false) && !texts(&session).is_empty() {
+            break session;
+        }
+        assert!(
+            waited < Duration::from_secs(120),
+            "the survivor never answered the message being checked: {session}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    };
+    assert_eq!(
+        texts(&session),
+        owned(&[("user", "hello there"), ("assistant", "Hello to you.")]),
+        "the survivor checked the message again and answered it"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -215,6 +215,9 @@ impl<P> OnModel<P> {
         if let Some((registry, mode)) = registry {
             standard = standard.with_registry(Arc::new(registry), mode);
         }
+        if let Some(sink) = self.guard_audit {
+            standard = standard.with_guard_audit(sink);
+        }
         standard.check_nodes(charter).map_err(|(node, why)| {
             let agent = agent.to_owned();
             match why {
