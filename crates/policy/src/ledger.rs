@@ -605,6 +605,40 @@ impl IdempotencyLedger {
     }
 }
 
+impl IdempotencyLedger {
+    /// Claims again the key of an at-most-once call found started and never
+    /// finished, to run it again: for a tool that resumes from its call's
+    /// journal, whose side effects that journal keeps. `None` when the key
+    /// holds anything else now (another call claimed it, or it finished):
+    /// look again.
+    pub(crate) fn resume_started(&self, key: &str) -> Option<Claim<'_>> {
+        let mut inner = self.lock();
+        let entry = match inner.slots.get(key) {
+            Some(Slot::Done(entry)) if entry.started => entry,
+            _ => return None,
+        };
+        let size = entry.size();
+        let (tool, args) = (entry.tool.clone(), entry.args.clone());
+        inner.bytes = inner.bytes.saturating_sub(size);
+        // Answered again when the claim completes, it goes to the back.
+        inner.order.retain(|k| **k != *key);
+        let key: Arc<str> = Arc::from(key);
+        inner.slots.insert(
+            Arc::clone(&key),
+            Slot::InFlight {
+                tool,
+                args,
+                waiters: Vec::new(),
+            },
+        );
+        Some(Claim {
+            ledger: self,
+            key: Some(key),
+            started: None,
+        })
+    }
+}
+
 /// A key being run; dropped without [`Claim::complete`] (a cancelled call),
 /// it frees the key and wakes the waiters, one of which then runs.
 pub(crate) struct Claim<'l> {
