@@ -286,7 +286,7 @@ impl DynTool for AgentTool {
             tracing::warn!(
                 agent = name,
                 unused = unused.len(),
-                "recorded answers of an earlier run of this sub-agent were not replayed: its run went another way (a worker instance it spawned has a new id), and their steps were asked of its model again"
+                "recorded answers of an earlier run of this sub-agent were not replayed: its run went another way, and their steps were asked of its model again"
             );
         }
         let result = answer(name, &last);
@@ -506,6 +506,8 @@ fn durable(machine: &mut Machine, journal: &Arc<dyn CallJournal>, name: &str) {
         written: Mutex::new(written),
     }));
     machine.set_record_calls(true);
+    // Run again, it spawns the same instances: their records are theirs.
+    machine.replayable_ids = true;
 }
 
 /// The names of a sub-agent's answers among its call's records.

@@ -35,6 +35,8 @@ pub(super) fn apply(machine: &mut Machine, effects: &[Resolved], step_number: us
         root,
         externals,
         charter,
+        history,
+        replayable_ids,
         ..
     } = machine;
     // Writes made outside callbacks since the last sync land first.
@@ -95,10 +97,19 @@ pub(super) fn apply(machine: &mut Machine, effects: &[Resolved], step_number: us
             }
             Effect::Spawn { parent, children } => {
                 hoist_packs(root, children.iter().map(|(n, _)| n));
+                let mut ids = Vec::new();
+                if *replayable_ids {
+                    for at in 0..children.len() {
+                        ids.push(replayable_id(root, parent, history.len(), at, &ids));
+                    }
+                }
                 Instance::update(root, parent, &mut |i| {
-                    for (node, state) in children {
-                        i.children
-                            .push(Arc::new(Instance::new(node.clone(), state.clone())));
+                    for (at, (node, state)) in children.iter().enumerate() {
+                        let child = match ids.get(at) {
+                            Some(id) => Instance::with_id(id.clone(), node.clone(), state.clone()),
+                            None => Instance::new(node.clone(), state.clone()),
+                        };
+                        i.children.push(Arc::new(child));
                     }
                 });
             }
@@ -115,6 +126,31 @@ pub(super) fn apply(machine: &mut Machine, effects: &[Resolved], step_number: us
         }
     }
     externals.sync(charter, root);
+}
+
+/// The id of the `at`-th child spawned under `parent` over a history of
+/// `len` messages, for a machine whose spawned ids must be the same when
+/// it runs again: `<parent>.<len>.<at>`, followed by `.<n>`, the first
+/// free, when that names an instance already in the tree (or one of
+/// `taken`, the effect's earlier children), such as one spawned by another
+/// call of the same step.
+fn replayable_id(
+    root: &Arc<Instance>,
+    parent: &InstanceId,
+    len: usize,
+    at: usize,
+    taken: &[InstanceId],
+) -> InstanceId {
+    let base = format!("{parent}.{len}.{at}");
+    let free = |id: &InstanceId| root.find(id).is_none() && !taken.contains(id);
+    let first = InstanceId::new(base.clone());
+    if free(&first) {
+        return first;
+    }
+    (1usize..)
+        .map(|n| InstanceId::new(format!("{base}.{n}")))
+        .find(free)
+        .unwrap_or(first)
 }
 
 /// Tells the externalized scopes about a step about to be yielded.

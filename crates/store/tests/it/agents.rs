@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
+use markov_charter::node::Node;
+use markov_charter::transition::Transition;
 use markov_core::Item;
 use markov_core::async_trait;
 use markov_core::tool::{Delivery, SharedTool};
@@ -124,6 +126,13 @@ impl Models {
             // The notification, then the answer: killed once the clerk
             // finished, before the assistant's ledger recorded its result.
             "after-result" => vec![vec![("notify", json!({"to": "ops"}))]],
+            // The clerk hands the work to a helper it spawns, which
+            // notifies, then waits: killed inside the spawned helper.
+            "spawned" => vec![
+                vec![("transition", json!({"to": "delegate", "reason": "help"}))],
+                vec![("notify", json!({"to": "ops"}))],
+                vec![("hang", json!({}))],
+            ],
             "after-answer" | "nested" | "at-most-once" => vec![
                 vec![("notify", json!({"to": "ops"}))],
                 vec![("hang", json!({}))],
@@ -155,24 +164,12 @@ fn crash_assistant(dir: &Dir, mode: &str, models: &Models) -> Agent {
     // The notification itself never hangs: its marker is there already.
     let quiet = dir.path("notify-marker");
     std::fs::write(&quiet, "never hang").expect("writes");
-    let clerk = Agent::builder("clerk")
-        .instructions("You notify people.")
-        .tool_with(
-            Notify {
-                effects: dir.path("notices"),
-                marker: quiet,
-            },
-            ToolMetadata::new(Category::Action).with_delivery(Delivery::AtMostOnce),
-        )
-        .tool_with(Hang(dir.path("marker")), ToolMetadata::new(Category::Other))
-        .tool_with(
-            Pay(dir.path("effects")),
-            ToolMetadata::new(Category::Action),
-        )
-        .policies(PolicyConfig::new(Budget::UNLIMITED))
-        .shared_model(models.clerk.clone())
-        .build()
-        .expect("builds")
+    let clerk = if mode == "spawned" {
+        spawning_clerk(dir, &quiet, models)
+    } else {
+        clerk(dir, &quiet, models)
+    };
+    let clerk = clerk
         .as_tool("clerk", "Notifies people.")
         .expect("a valid name");
     let tool: SharedTool = if nested {
@@ -188,6 +185,63 @@ fn crash_assistant(dir: &Dir, mode: &str, models: &Models) -> Agent {
     } else {
         Arc::new(clerk)
     };
+    assistant_with(tool, mode, models)
+}
+
+/// The clerk: `notify` (at most once, never hanging), `hang` and `pay`.
+fn clerk(dir: &Dir, quiet: &std::path::Path, models: &Models) -> Agent {
+    Agent::builder("clerk")
+        .instructions("You notify people.")
+        .tool_with(
+            Notify {
+                effects: dir.path("notices"),
+                marker: quiet.to_owned(),
+            },
+            ToolMetadata::new(Category::Action).with_delivery(Delivery::AtMostOnce),
+        )
+        .tool_with(Hang(dir.path("marker")), ToolMetadata::new(Category::Other))
+        .tool_with(
+            Pay(dir.path("effects")),
+            ToolMetadata::new(Category::Action),
+        )
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .shared_model(models.clerk.clone())
+        .build()
+        .expect("builds")
+}
+
+/// A clerk whose one tool is the `delegate` transition: it spawns a
+/// helper, whose tools are `notify` (never hanging) and `hang`.
+fn spawning_clerk(dir: &Dir, quiet: &std::path::Path, models: &Models) -> Agent {
+    let helper = Node::builder("You notify people.")
+        .name("helper")
+        .tool(Notify {
+            effects: dir.path("notices"),
+            marker: quiet.to_owned(),
+        })
+        .tool(Hang(dir.path("marker")))
+        .build()
+        .expect("the helper builds");
+    let main = Node::builder("You hand work to a helper.")
+        .name("main")
+        .transition(
+            "delegate",
+            Transition::code("Hand the work to a helper", move |_| {
+                let helper = helper.clone();
+                async move { Ok(markov_charter::transition::spawn(helper, None)) }
+            }),
+        )
+        .build()
+        .expect("the clerk's node builds");
+    Agent::builder("clerk")
+        .node("main", main)
+        .shared_model(models.clerk.clone())
+        .build()
+        .expect("builds")
+}
+
+/// The rest of the assistant.
+fn assistant_with(tool: SharedTool, mode: &str, models: &Models) -> Agent {
     let assistant = Agent::builder("assistant").instructions("You are the assistant.");
     if mode == "at-most-once" {
         return assistant
@@ -499,6 +553,19 @@ async fn a_worker_killed_inside_an_at_most_once_sub_agent_resumes_it_from_its_jo
         ["Notified ops."],
         "the assistant read the clerk's real answer, not INTERRUPTED"
     );
+}
+
+#[tokio::test]
+async fn a_worker_killed_inside_an_instance_a_sub_agent_spawned_resumes_inside_it() {
+    let dir = Dir::new("sub-spawned");
+    let (models, session) = crash_and_resume(&dir, "spawned").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
+    assert_eq!(
+        models.clerk.served(),
+        1,
+        "the clerk's and its helper's recorded answers were replayed: only the helper's final answer was asked"
+    );
+    assert_eq!(results(&session), ["Notified ops."]);
 }
 
 #[tokio::test]
