@@ -15,6 +15,13 @@
 //! sub-agent, which resumes. The waiting machine is also kept with the
 //! caller's request ([`ToolContext::keep_state`]), so a caller restored
 //! from a snapshot or a store continues it.
+//!
+//! In a stored session the sub-agent keeps its answers, its ledger and,
+//! once it finished, its result in the call's journal
+//! ([`ToolContext::journal`]); the call run again after a crash continues
+//! from them, repeating no side effect, so even an at-most-once agent tool
+//! is resumed rather than answered `INTERRUPTED`
+//! ([`DynTool::resumes_from_journal`]).
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
