@@ -176,8 +176,8 @@ impl<S: ToolService> ToolService for Idempotency<S> {
         let tool_key = markov_core::tool::IdempotencyKey::new(&make_key);
         // An at-most-once call found interrupted runs again when its tool
         // keeps its side effects in its call's journal and there is one.
-        let resumes =
-            req.tool.is_some_and(|t| t.resumes_from_journal()) && req.policy.journal().is_some();
+        let journaled = req.tool.is_some_and(|t| t.resumes_from_journal());
+        let resumes = journaled && req.policy.journal().is_some();
         let mut claim = loop {
             match ledger.begin(
                 &key,
@@ -315,6 +315,12 @@ impl<S: ToolService> ToolService for Idempotency<S> {
             // The call asked for a decision while it ran: the
             // step pauses and the call runs again on resume,
             // so nothing of it is answered yet.
+            if journaled {
+                // Its side effects are kept where its run again finds
+                // them (a sub-agent waits with its ledger): the key is
+                // freed for that run, not left started.
+                claim.started = None;
+            }
             drop(claim);
             return result;
         }
