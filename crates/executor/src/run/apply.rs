@@ -269,3 +269,38 @@ pub(super) fn resume_request(entries: &[Entry]) -> Option<(usize, InstanceId, St
             })
         })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use markov_charter::node::Node;
+    use serde_json::json;
+
+    #[test]
+    fn a_replayable_id_names_where_it_was_spawned_and_never_an_instance_already_there() {
+        let node = Node::builder("Work.").build().expect("node");
+        let root_id = InstanceId::new("sub-a");
+        let mut root = Arc::new(Instance::with_id(root_id.clone(), node.clone(), json!({})));
+        let first = replayable_id(&root, &root_id, 4, 0, &[]);
+        assert_eq!(first.as_str(), "sub-a.4.0");
+        assert_eq!(
+            replayable_id(&root, &root_id, 4, 0, &[]),
+            first,
+            "the same every time"
+        );
+        // The effect's earlier children and the tree's instances are taken.
+        let second = replayable_id(&root, &root_id, 4, 0, std::slice::from_ref(&first));
+        assert_eq!(second.as_str(), "sub-a.4.0.1");
+        Instance::update(&mut root, &root_id, &mut |i| {
+            i.children.push(Arc::new(Instance::with_id(
+                first.clone(),
+                node.clone(),
+                json!({}),
+            )));
+        });
+        assert_eq!(
+            replayable_id(&root, &root_id, 4, 0, std::slice::from_ref(&second)).as_str(),
+            "sub-a.4.0.2"
+        );
+    }
+}
