@@ -141,6 +141,9 @@ pub enum Delivery {
     /// outcome is unknown and it was not run again) and names it to the
     /// application, so that a person can reconcile it. Right for a tool
     /// that cannot honour a key (an email, a payment without idempotency).
+    /// A tool that keeps its side effects in its call's journal
+    /// ([`DynTool::resumes_from_journal`], a sub-agent) is resumed from it
+    /// instead, where the conversation has a journal.
     AtMostOnce,
 }
 
@@ -957,6 +960,18 @@ pub trait DynTool: Send + Sync + fmt::Debug {
     /// ([`ToolContext::ask_approval`]) and so pause the step: the
     /// machine then keeps the answer that made the call, to resume it.
     fn may_pause(&self) -> bool {
+        false
+    }
+
+    /// Whether the tool keeps every side effect of a call in the call's
+    /// journal ([`ToolContext::journal`]) and answers it from there when the
+    /// call runs again, so that running a call again repeats none of them
+    /// (a sub-agent does: its own ledger is in its caller's journal). An
+    /// at-most-once call of such a tool that a crash interrupted is run
+    /// again, resuming from its journal, instead of being answered
+    /// `INTERRUPTED` — but only where the conversation has a journal (a
+    /// stored session); without one it is answered `INTERRUPTED` as any.
+    fn resumes_from_journal(&self) -> bool {
         false
     }
 

@@ -40,6 +40,13 @@ pub struct Machine {
     /// Whether each step says what its model calls were made of
     /// ([`MachineStep::calls`](crate::MachineStep::calls)).
     pub(crate) record_calls: bool,
+    /// Whether an instance spawned in a step is named after where it was
+    /// spawned (its parent, the history's length, its place among the
+    /// children spawned) rather than given a fresh uuid: a machine run
+    /// again from its records (a sub-agent, from its caller's journal)
+    /// then spawns the same instances, whose recorded answers and calls
+    /// are theirs again. Never serialized.
+    pub(crate) replayable_ids: bool,
 }
 
 impl fmt::Debug for Machine {
@@ -129,6 +136,7 @@ impl Machine {
             usage: UsageTotals::default(),
             views: markov_context::ContextViews::default(),
             record_calls: false,
+            replayable_ids: false,
         };
         machine.sync_externalized();
         machine

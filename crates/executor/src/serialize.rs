@@ -362,6 +362,7 @@ pub(crate) fn deserialize_machine(
         usage: data.usage,
         views: Default::default(),
         record_calls: false,
+        replayable_ids: false,
     };
     machine.sync_externalized();
     Ok(machine)

@@ -51,7 +51,11 @@
 //! application ([`PolicyState::take_interrupted`](crate::PolicyState::take_interrupted))
 //! so that a person can reconcile it. Without a journal the same holds
 //! within the process: a call whose future was dropped while its tool ran
-//! leaves the start in the ledger.
+//! leaves the start in the ledger. One exception, where there is a
+//! journal: a tool that keeps its side effects in its call's journal
+//! ([`DynTool::resumes_from_journal`](markov_core::tool::DynTool::resumes_from_journal),
+//! a sub-agent) is run again from that journal instead of answered
+//! `INTERRUPTED`, since running it again repeats nothing.
 
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -170,7 +174,11 @@ impl<S: ToolService> ToolService for Idempotency<S> {
         let (policy, instance, call_id) = (req.policy, req.cx.instance_id(), req.call_id);
         let make_key = move || policy.tool_key(instance, call_id);
         let tool_key = markov_core::tool::IdempotencyKey::new(&make_key);
-        loop {
+        // An at-most-once call found interrupted runs again when its tool
+        // keeps its side effects in its call's journal and there is one.
+        let journaled = req.tool.is_some_and(|t| t.resumes_from_journal());
+        let resumes = journaled && req.policy.journal().is_some();
+        let mut claim = loop {
             match ledger.begin(
                 &key,
                 req.name,
@@ -180,6 +188,20 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                 turn,
             ) {
                 Begin::Replay(entry) => {
+                    if entry.started && resumes {
+                        // Its side effects are in its journal: it resumes
+                        // from there, and repeats none of them.
+                        if let Some(claim) = ledger.resume_started(&key) {
+                            tracing::info!(
+                                key = %key,
+                                tool = %entry.tool,
+                                call_id = %req.call_id,
+                                "an at-most-once call was interrupted: its tool resumes from its journal"
+                            );
+                            break claim;
+                        }
+                        continue;
+                    }
                     if entry.started {
                         tracing::warn!(
                             key = %key,
@@ -224,110 +246,115 @@ impl<S: ToolService> ToolService for Idempotency<S> {
                     // cancelled and the key is free: look again.
                     let _ = done.await;
                 }
-                Begin::Run(mut claim) => {
-                    let report = req.report;
-                    let call_id = req.call_id;
-                    let journal = req.policy.journal();
-                    // A worker that lost its session runs nothing more:
-                    // another one may be running this very call.
-                    if let Some(journal) = &journal
-                        && let Err(reason) = journal.check()
-                    {
-                        drop(claim);
-                        req.report.set_stage("idempotency");
-                        return Rejection::new(ToolErrorKind::ExecutionFailed)
-                            .with_detail(format!("not run: {reason}"))
-                            .respond(&req);
-                    }
-                    if delivery_of(&req) == Delivery::AtMostOnce {
-                        // The start is recorded before anything can happen:
-                        // a resumed step finds it and does not run the call
-                        // again.
-                        let started = started_entry(&req, &key, turn).within(&self.limits);
-                        if let Some(journal) = &journal
-                            && let Err(error) = journal.write(&started).await
-                        {
-                            tracing::error!(key = %key, %error, "the start of an at-most-once call could not be journaled: it does not run");
-                            drop(claim);
-                            req.report.set_stage("idempotency");
-                            return Rejection::new(ToolErrorKind::ExecutionFailed)
-                                .with_detail(
-                                    "not run: its start could not be recorded, and this tool must never run twice",
-                                )
-                                .respond(&req);
-                        }
-                        claim.started = Some(Box::new((started, self.limits)));
-                    }
-                    let recording = Recording {
-                        inner: req.cx.state_access(),
-                        updates: Mutex::new(Vec::new()),
-                    };
-                    // The call's part of the journal, made only if the tool
-                    // asks for it (a sub-agent does).
-                    let key_ref = key.as_str();
-                    let make_records = |journal: &Arc<dyn crate::Journal>| {
-                        let journal = Arc::clone(journal);
-                        move || -> Arc<dyn CallJournal> {
-                            Arc::new(CallRecords::new(
-                                Arc::clone(&journal),
-                                policy,
-                                key_ref,
-                                instance,
-                                call_id,
-                            ))
-                        }
-                    };
-                    let records = journal.as_ref().map(make_records);
-                    let mut cx = req
-                        .cx
-                        .with_idempotency_key(&tool_key)
-                        .with_state(&recording);
-                    if let Some(records) = &records {
-                        cx = cx.with_journal(records);
-                    }
-                    let req = ToolRequest { cx, ..req };
-                    let result = self.inner.call(req).await;
-                    if report.awaiting().is_some() {
-                        // The call asked for a decision while it ran: the
-                        // step pauses and the call runs again on resume,
-                        // so nothing of it is answered yet.
-                        drop(claim);
-                        return result;
-                    }
-                    let state_updates = recording
-                        .updates
-                        .into_inner()
-                        .unwrap_or_else(|p| p.into_inner());
-                    // The tool and arguments the claim recorded move into
-                    // the entry: no second copy of the arguments.
-                    let (tool, args) = claim.take_call();
-                    let entry = LedgerEntry {
-                        key,
-                        tool,
-                        args,
-                        result: StoredResult::of(&result),
-                        error: report.error_kind().map(|k| k.as_str().to_owned()),
-                        intents: report.intents(),
-                        recorded_at: unix_millis(SystemTime::now()),
-                        turn,
-                        args_digest: None,
-                        state_updates,
-                        started: false,
-                        record: None,
-                    }
-                    .within(&self.limits);
-                    // Written ahead: durable before anyone uses the result.
-                    if let Some(journal) = journal
-                        && let Err(error) = journal.write(&entry).await
-                    {
-                        tracing::error!(key = %entry.key, %error, "the ledger entry could not be journaled");
-                    }
-                    claim.complete(entry, &self.limits);
-                    debug_assert_eq!(&result.call_id, call_id);
-                    return result;
-                }
+                Begin::Run(claim) => break claim,
             }
+        };
+        let report = req.report;
+        let call_id = req.call_id;
+        let journal = req.policy.journal();
+        // A worker that lost its session runs nothing more:
+        // another one may be running this very call.
+        if let Some(journal) = &journal
+            && let Err(reason) = journal.check()
+        {
+            drop(claim);
+            req.report.set_stage("idempotency");
+            return Rejection::new(ToolErrorKind::ExecutionFailed)
+                .with_detail(format!("not run: {reason}"))
+                .respond(&req);
         }
+        if delivery_of(&req) == Delivery::AtMostOnce {
+            // The start is recorded before anything can happen:
+            // a resumed step finds it and does not run the call
+            // again.
+            let started = started_entry(&req, &key, turn).within(&self.limits);
+            if let Some(journal) = &journal
+                && let Err(error) = journal.write(&started).await
+            {
+                tracing::error!(key = %key, %error, "the start of an at-most-once call could not be journaled: it does not run");
+                drop(claim);
+                req.report.set_stage("idempotency");
+                return Rejection::new(ToolErrorKind::ExecutionFailed)
+                        .with_detail(
+                            "not run: its start could not be recorded, and this tool must never run twice",
+                        )
+                        .respond(&req);
+            }
+            claim.started = Some(Box::new((started, self.limits)));
+        }
+        let recording = Recording {
+            inner: req.cx.state_access(),
+            updates: Mutex::new(Vec::new()),
+        };
+        // The call's part of the journal, made only if the tool
+        // asks for it (a sub-agent does).
+        let key_ref = key.as_str();
+        let make_records = |journal: &Arc<dyn crate::Journal>| {
+            let journal = Arc::clone(journal);
+            move || -> Arc<dyn CallJournal> {
+                Arc::new(CallRecords::new(
+                    Arc::clone(&journal),
+                    policy,
+                    key_ref,
+                    instance,
+                    call_id,
+                ))
+            }
+        };
+        let records = journal.as_ref().map(make_records);
+        let mut cx = req
+            .cx
+            .with_idempotency_key(&tool_key)
+            .with_state(&recording);
+        if let Some(records) = &records {
+            cx = cx.with_journal(records);
+        }
+        let req = ToolRequest { cx, ..req };
+        let result = self.inner.call(req).await;
+        if report.awaiting().is_some() {
+            // The call asked for a decision while it ran: the
+            // step pauses and the call runs again on resume,
+            // so nothing of it is answered yet.
+            if journaled {
+                // Its side effects are kept where its run again finds
+                // them (a sub-agent waits with its ledger): the key is
+                // freed for that run, not left started.
+                claim.started = None;
+            }
+            drop(claim);
+            return result;
+        }
+        let state_updates = recording
+            .updates
+            .into_inner()
+            .unwrap_or_else(|p| p.into_inner());
+        // The tool and arguments the claim recorded move into
+        // the entry: no second copy of the arguments.
+        let (tool, args) = claim.take_call();
+        let entry = LedgerEntry {
+            key,
+            tool,
+            args,
+            result: StoredResult::of(&result),
+            error: report.error_kind().map(|k| k.as_str().to_owned()),
+            intents: report.intents(),
+            recorded_at: unix_millis(SystemTime::now()),
+            turn,
+            args_digest: None,
+            state_updates,
+            started: false,
+            record: None,
+        }
+        .within(&self.limits);
+        // Written ahead: durable before anyone uses the result.
+        if let Some(journal) = journal
+            && let Err(error) = journal.write(&entry).await
+        {
+            tracing::error!(key = %entry.key, %error, "the ledger entry could not be journaled");
+        }
+        claim.complete(entry, &self.limits);
+        debug_assert_eq!(&result.call_id, call_id);
+        result
     }
 
     fn stages(&self, out: &mut Vec<&'static str>) {

@@ -152,17 +152,81 @@ pub struct LedgerEntry {
     pub record: Option<Value>,
 }
 
-/// What separates a call's namespace from the name of a record it kept.
+/// What separates a call's namespace from the name of a record it kept. A
+/// namespace never holds it ([`IdempotencyLedger::namespace_of`] escapes
+/// it), so a record's key splits at its first one, whatever the call id.
 pub(crate) const RECORD_SEPARATOR: char = '>';
 
+/// `key` as a namespace holds it: `%`, `>` and `@` escaped as `%25`, `%3E`
+/// and `%40` (a key without them, as every provider's call ids make, is
+/// itself).
+fn escape_key(key: &str) -> std::borrow::Cow<'_, str> {
+    if !key.contains(['%', '>', '@']) {
+        return std::borrow::Cow::Borrowed(key);
+    }
+    let mut out = String::with_capacity(key.len() + 8);
+    for c in key.chars() {
+        match c {
+            '%' => out.push_str("%25"),
+            '>' => out.push_str("%3E"),
+            '@' => out.push_str("%40"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// The call key and answer length `namespace` was made of, if it is one
+/// [`IdempotencyLedger::namespace_of`] makes.
+fn parse_namespace(namespace: &str) -> Option<(String, Option<u64>)> {
+    let (key, len) = match namespace.rsplit_once('@') {
+        Some((key, len)) => (key, Some(len.parse::<u64>().ok()?)),
+        None => (namespace, None),
+    };
+    let mut out = String::with_capacity(key.len());
+    let mut rest = key;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let escape = rest.get(at..at + 3)?;
+        out.push(match escape {
+            "%25" => '%',
+            "%3E" => '>',
+            "%40" => '@',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    (IdempotencyLedger::namespace_of(&out, len) == namespace).then_some((out, len))
+}
+
+/// A namespace in the form it had before keys were escaped in it (the key
+/// as it was, `@`, the answer's length), in the current one. Only a
+/// namespace [`parse_namespace`] refuses can be an earlier one: any other
+/// is read as current.
+fn from_earlier_form(namespace: &str) -> String {
+    match namespace.rsplit_once('@') {
+        Some((key, len)) if !len.is_empty() && len.bytes().all(|b| b.is_ascii_digit()) => {
+            IdempotencyLedger::namespace_of(key, len.parse().ok())
+        }
+        _ => IdempotencyLedger::namespace_of(namespace, None),
+    }
+}
+
 /// Whether `keep`, a set of ledger keys and call namespaces, keeps the
-/// entry `key`: an answered call by its key, a record by its call's
-/// namespace (the part before the first separator).
-pub(crate) fn kept_by(keep: &std::collections::HashSet<String>, key: &str) -> bool {
-    keep.contains(key)
-        || key
-            .split_once(RECORD_SEPARATOR)
-            .is_some_and(|(namespace, _)| keep.contains(namespace))
+/// entry `key` (a `record` or an answered call): an answered call by its
+/// key, a record by its call's namespace, the part before the first
+/// separator. A record written before namespaces were escaped, by a call
+/// whose id holds `%` or `@`, is kept by its namespace in the current form.
+pub(crate) fn kept_by(keep: &std::collections::HashSet<String>, key: &str, record: bool) -> bool {
+    if !record {
+        return keep.contains(key);
+    }
+    let Some((namespace, _)) = key.split_once(RECORD_SEPARATOR) else {
+        return keep.contains(key);
+    };
+    keep.contains(namespace)
+        || (parse_namespace(namespace).is_none() && keep.contains(&from_earlier_form(namespace)))
 }
 
 /// An at-most-once call a resumed step found started and never finished
@@ -428,30 +492,39 @@ impl IdempotencyLedger {
     /// ([`namespace_of`](Self::namespace_of)): the records that call kept
     /// stay too.
     pub fn retain_only(&self, keep: &std::collections::HashSet<String>) {
-        self.forget_answered(|key, _| !kept_by(keep, key));
+        self.forget_answered(|key, entry| !kept_by(keep, key, entry.record.is_some()));
     }
 
     /// The namespace of the records kept by the call whose ledger key is
     /// `key`, made by the answer asked over a history of `answer` messages
     /// (`None`: no answer is recorded for it): the key and the answer's
     /// length, so that a provider that reuses a call id in a later step of
-    /// the turn names another namespace.
+    /// the turn names another namespace. The key's `%`, `>` and `@` are
+    /// escaped (`%25`, `%3E`, `%40`), so that no two calls share a
+    /// namespace and a record's key splits at its first `>`, whatever the
+    /// call ids hold.
     pub fn namespace_of(key: &str, answer: Option<u64>) -> String {
+        let key = escape_key(key);
         match answer {
             Some(len) => format!("{key}@{len}"),
-            None => key.to_owned(),
+            None => key.into_owned(),
         }
     }
 
     /// The records kept under `namespace`, `(name, record)` in the order
     /// they were kept: those read back with the conversation and those
     /// seeded ([`seed`](Self::seed)).
+    ///
+    /// A record written before namespaces were escaped, by a call whose id
+    /// holds `%` or `@`, is read under its namespace in the current form
+    /// (one whose id held `>` never read back, in either form).
     pub fn records_under(&self, namespace: &str) -> Vec<(String, Value)> {
         let inner = self.lock();
         let under = |key: &str| {
-            key.strip_prefix(namespace)
-                .and_then(|rest| rest.strip_prefix(RECORD_SEPARATOR))
-                .map(str::to_owned)
+            let (of, name) = key.split_once(RECORD_SEPARATOR)?;
+            (of == namespace
+                || (parse_namespace(of).is_none() && from_earlier_form(of) == namespace))
+                .then(|| name.to_owned())
         };
         let mut found: Vec<(String, Value)> = Vec::new();
         let done = inner.order.iter().filter_map(|k| match inner.slots.get(k) {
@@ -464,7 +537,9 @@ impl IdempotencyLedger {
                 .iter()
                 .filter_map(|k| inner.seeded.get(k)),
         ) {
-            if let (Some(name), Some(record)) = (under(&entry.key), &entry.record) {
+            if let Some(record) = &entry.record
+                && let Some(name) = under(&entry.key)
+            {
                 match found.iter_mut().find(|(n, _)| *n == name) {
                     Some(slot) => slot.1 = record.clone(),
                     None => found.push((name, record.clone())),
@@ -602,6 +677,40 @@ impl IdempotencyLedger {
                 })
             }
         }
+    }
+}
+
+impl IdempotencyLedger {
+    /// Claims again the key of an at-most-once call found started and never
+    /// finished, to run it again: for a tool that resumes from its call's
+    /// journal, whose side effects that journal keeps. `None` when the key
+    /// holds anything else now (another call claimed it, or it finished):
+    /// look again.
+    pub(crate) fn resume_started(&self, key: &str) -> Option<Claim<'_>> {
+        let mut inner = self.lock();
+        let entry = match inner.slots.get(key) {
+            Some(Slot::Done(entry)) if entry.started => entry,
+            _ => return None,
+        };
+        let size = entry.size();
+        let (tool, args) = (entry.tool.clone(), entry.args.clone());
+        inner.bytes = inner.bytes.saturating_sub(size);
+        // Answered again when the claim completes, it goes to the back.
+        inner.order.retain(|k| **k != *key);
+        let key: Arc<str> = Arc::from(key);
+        inner.slots.insert(
+            Arc::clone(&key),
+            Slot::InFlight {
+                tool,
+                args,
+                waiters: Vec::new(),
+            },
+        );
+        Some(Claim {
+            ledger: self,
+            key: Some(key),
+            started: None,
+        })
     }
 }
 
@@ -918,16 +1027,95 @@ mod tests {
     fn keeping_a_calls_namespace_keeps_its_records() {
         let keep: std::collections::HashSet<String> =
             ["t1:root:c1".to_owned(), "t1:root:c1@3".to_owned()].into();
-        assert!(kept_by(&keep, "t1:root:c1"));
-        assert!(kept_by(&keep, "t1:root:c1@3>answer:a:1"));
-        assert!(kept_by(&keep, "t1:root:c1@3>t1:a:x@2>t1:b:y"));
-        assert!(!kept_by(&keep, "t1:root:c1@4>answer:a:1"));
-        assert!(!kept_by(&keep, "t1:root:c2"));
+        assert!(kept_by(&keep, "t1:root:c1", false));
+        assert!(kept_by(&keep, "t1:root:c1@3>answer:a:1", true));
+        assert!(kept_by(&keep, "t1:root:c1@3>t1:a:x@2>t1:b:y", true));
+        assert!(!kept_by(&keep, "t1:root:c1@4>answer:a:1", true));
+        assert!(!kept_by(&keep, "t1:root:c2", false));
+        assert!(
+            !kept_by(&keep, "t1:root:c1@3>x", false),
+            "an answered call is kept by its key alone"
+        );
         assert_eq!(
             IdempotencyLedger::namespace_of("t1:r:c", Some(7)),
             "t1:r:c@7"
         );
         assert_eq!(IdempotencyLedger::namespace_of("t1:r:c", None), "t1:r:c");
+    }
+
+    /// A record an earlier release wrote for a call whose id holds `@`
+    /// (its namespace then unescaped) is still read and kept.
+    #[test]
+    fn a_record_in_the_earlier_form_of_an_id_with_an_at_sign_still_reads() {
+        let ledger = IdempotencyLedger::new();
+        ledger.restore(
+            [record("t1:root:a@b@3>answer:x:1", json!(1))],
+            &IdempotencyLimits::default(),
+            1,
+        );
+        let namespace = IdempotencyLedger::namespace_of("t1:root:a@b", Some(3));
+        assert_eq!(namespace, "t1:root:a%40b@3");
+        assert_eq!(
+            ledger.records_under(&namespace),
+            [("answer:x:1".to_owned(), json!(1))]
+        );
+        let keep = [namespace].into();
+        assert!(kept_by(&keep, "t1:root:a@b@3>answer:x:1", true));
+        ledger.retain_only(&keep);
+        assert_eq!(ledger.snapshot().len(), 1, "kept");
+    }
+
+    proptest::proptest! {
+        /// Whatever the call ids hold, a record's key names its call and
+        /// answer and no other: namespaces are one per call and answer,
+        /// and a record is read and kept under its own alone.
+        #[test]
+        fn a_records_key_names_its_call_and_answer_and_no_other(
+            ids in proptest::collection::vec("[ab@>%:0-9E]{0,5}", 2),
+            lens in proptest::collection::vec(proptest::option::of(0u64..12), 2),
+            names in proptest::collection::vec("[ab@>%:0-9]{0,5}", 2),
+        ) {
+            let root = InstanceId::from("root");
+            let calls: Vec<(String, Option<u64>)> = ids
+                .iter()
+                .zip(&lens)
+                .map(|(id, len)| {
+                    let key = IdempotencyLedger::key_of(1, Some(&root), &ToolCallId::from(id.as_str()));
+                    (key, *len)
+                })
+                .collect();
+            let spaces: Vec<String> = calls
+                .iter()
+                .map(|(key, len)| IdempotencyLedger::namespace_of(key, *len))
+                .collect();
+            let same = calls[0] == calls[1];
+            proptest::prop_assert_eq!(spaces[0] == spaces[1], same, "{:?}", spaces);
+            for space in &spaces {
+                proptest::prop_assert_eq!(parse_namespace(space).map(|(k, l)| IdempotencyLedger::namespace_of(&k, l)), Some(space.clone()));
+            }
+            let ledger = IdempotencyLedger::new();
+            let keys: Vec<String> = spaces
+                .iter()
+                .zip(&names)
+                .map(|(space, name)| format!("{space}{RECORD_SEPARATOR}{name}"))
+                .collect();
+            ledger.restore(
+                keys.iter().enumerate().map(|(i, key)| record(key, json!(i))),
+                &IdempotencyLimits::default(),
+                1,
+            );
+            let mut mine = vec![(names[0].clone(), json!(0))];
+            if same {
+                match names[0] == names[1] {
+                    true => mine = vec![(names[0].clone(), json!(1))],
+                    false => mine.push((names[1].clone(), json!(1))),
+                }
+            }
+            proptest::prop_assert_eq!(ledger.records_under(&spaces[0]), mine);
+            let keep: std::collections::HashSet<String> = [spaces[0].clone()].into();
+            proptest::prop_assert!(kept_by(&keep, &keys[0], true));
+            proptest::prop_assert_eq!(kept_by(&keep, &keys[1], true), same);
+        }
     }
 
     #[test]

@@ -3,8 +3,9 @@
 //! conversation has a journal (a stored session).
 //!
 //! A record is a ledger entry ([`LedgerEntry::record`]) keyed by the call's
-//! namespace — its ledger key and the length of the history its answer was
-//! asked over — then `>` and the record's name. It is written through the
+//! namespace — its ledger key (escaped, so that it holds no `>` and no
+//! `@`) and the length of the history its answer was asked over — then
+//! `>` and the record's name. It is written through the
 //! conversation's [`Journal`] like an answered call, read back with the
 //! conversation's ledger while the answer that made the call may be
 //! replayed, and forgotten with it. Since a record is itself a ledger

@@ -186,7 +186,7 @@ impl PolicyState {
                 // answers were asked in, which this state may not have
                 // begun yet.
                 let key = entry.key.split_once(':').map_or("", |(_, rest)| rest);
-                crate::ledger::kept_by(&calls, key)
+                crate::ledger::kept_by(&calls, key, entry.record.is_some())
             });
             self.ledger.seed(entries);
         }
@@ -535,7 +535,7 @@ impl PolicySnapshot {
     pub fn retain_replayable(&mut self) {
         let keep = replayable_keys(self.turn, &self.answers);
         self.ledger
-            .retain(|entry| crate::ledger::kept_by(&keep, &entry.key));
+            .retain(|entry| crate::ledger::kept_by(&keep, &entry.key, entry.record.is_some()));
     }
 }
 

@@ -15,6 +15,13 @@
 //! sub-agent, which resumes. The waiting machine is also kept with the
 //! caller's request ([`ToolContext::keep_state`]), so a caller restored
 //! from a snapshot or a store continues it.
+//!
+//! In a stored session the sub-agent keeps its answers, its ledger and,
+//! once it finished, its result in the call's journal
+//! ([`ToolContext::journal`]); the call run again after a crash continues
+//! from them, repeating no side effect, so even an at-most-once agent tool
+//! is resumed rather than answered `INTERRUPTED`
+//! ([`DynTool::resumes_from_journal`]).
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -149,6 +156,13 @@ impl DynTool for AgentTool {
         true
     }
 
+    /// The sub-agent's answers and its own ledger are in the call's
+    /// journal: run again, it replays them and repeats no side effect, so
+    /// even an at-most-once call of it resumes after a crash.
+    fn resumes_from_journal(&self) -> bool {
+        true
+    }
+
     async fn call_json(
         &self,
         input: &Value,
@@ -167,6 +181,13 @@ impl DynTool for AgentTool {
         // keeps its answers and answered calls there, and takes back what
         // an earlier run of this call kept (a crash inside it).
         let journal = cx.journal();
+        if let Some(result) = journal.as_deref().and_then(|j| recorded_result(j, name)) {
+            // An earlier run of this call finished, and the caller's ledger
+            // never recorded its result (a crash in between): that result
+            // is the answer, and the sub-agent does not run again.
+            report(&cx, name, result.usage);
+            return result.outcome.into_result();
+        }
         let waiting = key
             .as_deref()
             .and_then(|key| self.take_waiting(key))
@@ -188,11 +209,14 @@ impl DynTool for AgentTool {
             None => {}
         }
         let mut last = None;
+        // What this run reports to the caller's step.
+        let mut spent = markov_core::model::Usage::default();
         if !resumed {
             let ran = self
                 .drive(&mut machine, false, journal.as_deref(), &span)
                 .await;
             // Spent whether the sub-agent answered or not.
+            spent += machine.usage().session;
             report(&cx, name, machine.usage().session);
             let step = ran.map_err(|e| ToolCallError::Execution(format!("{name} failed: {e}")))?;
             last = Some(step);
@@ -255,6 +279,7 @@ impl DynTool for AgentTool {
                 .await;
             let step =
                 resumed.map_err(|e| ToolCallError::Execution(format!("{name} failed: {e}")))?;
+            spent += step.run_usage;
             report(&cx, name, step.run_usage);
             last = Some(step);
         }
@@ -268,10 +293,64 @@ impl DynTool for AgentTool {
             tracing::warn!(
                 agent = name,
                 unused = unused.len(),
-                "recorded answers of an earlier run of this sub-agent were not replayed: its run went another way (a worker instance it spawned has a new id), and their steps were asked of its model again"
+                "recorded answers of an earlier run of this sub-agent were not replayed: its run went another way, and their steps were asked of its model again"
             );
         }
-        answer(name, &last)
+        let result = answer(name, &last);
+        if let Some(journal) = &journal {
+            keep_result(journal.as_ref(), name, &result, spent).await;
+        }
+        result
+    }
+}
+
+/// The name of the record that keeps a finished call's result.
+const RESULT: &str = "result";
+
+/// A finished sub-agent's result as its call's journal keeps it: the
+/// outcome, and what the run that produced it reported to the caller's
+/// step (reported again when the result is).
+#[derive(Debug, Serialize, Deserialize)]
+struct KeptResult {
+    outcome: markov_core::journal::RecordedOutcome,
+    usage: markov_core::model::Usage,
+}
+
+/// The result an earlier run of the call recorded, if it finished.
+fn recorded_result(journal: &dyn CallJournal, name: &str) -> Option<KeptResult> {
+    let (_, value) = journal
+        .recorded()
+        .into_iter()
+        .rev()
+        .find(|(record, _)| record == RESULT)?;
+    match serde_json::from_value(value) {
+        Ok(kept) => Some(kept),
+        Err(e) => {
+            tracing::warn!(agent = name, error = %e, "the recorded result of an earlier run of this sub-agent does not read back: it runs again from its records");
+            None
+        }
+    }
+}
+
+/// Records the finished call's `result` in its journal before the caller's
+/// ledger records it, so that a crash in between answers the call again
+/// with it: the sub-agent's last model call is not asked again.
+async fn keep_result(
+    journal: &dyn CallJournal,
+    name: &str,
+    result: &Result<ToolOutcome, ToolCallError>,
+    usage: markov_core::model::Usage,
+) {
+    let kept = KeptResult {
+        outcome: markov_core::journal::RecordedOutcome::of(result.clone()),
+        usage,
+    };
+    let written = match serde_json::to_value(&kept) {
+        Ok(value) => journal.write(RESULT, value).await,
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(e) = written {
+        tracing::warn!(agent = name, error = %e, "the sub-agent's result could not be recorded: a crash before the caller records it asks its last model call again");
     }
 }
 
@@ -390,6 +469,9 @@ fn durable(machine: &mut Machine, journal: &Arc<dyn CallJournal>, name: &str) {
     let mut entries = Vec::new();
     let mut answers = Vec::new();
     for (record, value) in journal.recorded() {
+        if record == RESULT {
+            continue;
+        }
         let read = if record.starts_with(ANSWER) {
             serde_json::from_value::<RecordedAnswer>(value).map(|answer| answers.push(answer))
         } else {
@@ -431,6 +513,8 @@ fn durable(machine: &mut Machine, journal: &Arc<dyn CallJournal>, name: &str) {
         written: Mutex::new(written),
     }));
     machine.set_record_calls(true);
+    // Run again, it spawns the same instances: their records are theirs.
+    machine.replayable_ids = true;
 }
 
 /// The names of a sub-agent's answers among its call's records.

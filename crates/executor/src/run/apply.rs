@@ -35,6 +35,8 @@ pub(super) fn apply(machine: &mut Machine, effects: &[Resolved], step_number: us
         root,
         externals,
         charter,
+        history,
+        replayable_ids,
         ..
     } = machine;
     // Writes made outside callbacks since the last sync land first.
@@ -95,10 +97,19 @@ pub(super) fn apply(machine: &mut Machine, effects: &[Resolved], step_number: us
             }
             Effect::Spawn { parent, children } => {
                 hoist_packs(root, children.iter().map(|(n, _)| n));
+                let mut ids = Vec::new();
+                if *replayable_ids {
+                    for at in 0..children.len() {
+                        ids.push(replayable_id(root, parent, history.len(), at, &ids));
+                    }
+                }
                 Instance::update(root, parent, &mut |i| {
-                    for (node, state) in children {
-                        i.children
-                            .push(Arc::new(Instance::new(node.clone(), state.clone())));
+                    for (at, (node, state)) in children.iter().enumerate() {
+                        let child = match ids.get(at) {
+                            Some(id) => Instance::with_id(id.clone(), node.clone(), state.clone()),
+                            None => Instance::new(node.clone(), state.clone()),
+                        };
+                        i.children.push(Arc::new(child));
                     }
                 });
             }
@@ -115,6 +126,31 @@ pub(super) fn apply(machine: &mut Machine, effects: &[Resolved], step_number: us
         }
     }
     externals.sync(charter, root);
+}
+
+/// The id of the `at`-th child spawned under `parent` over a history of
+/// `len` messages, for a machine whose spawned ids must be the same when
+/// it runs again: `<parent>.<len>.<at>`, followed by `.<n>`, the first
+/// free, when that names an instance already in the tree (or one of
+/// `taken`, the effect's earlier children), such as one spawned by another
+/// call of the same step.
+fn replayable_id(
+    root: &Arc<Instance>,
+    parent: &InstanceId,
+    len: usize,
+    at: usize,
+    taken: &[InstanceId],
+) -> InstanceId {
+    let base = format!("{parent}.{len}.{at}");
+    let free = |id: &InstanceId| root.find(id).is_none() && !taken.contains(id);
+    let first = InstanceId::new(base.clone());
+    if free(&first) {
+        return first;
+    }
+    (1usize..)
+        .map(|n| InstanceId::new(format!("{base}.{n}")))
+        .find(free)
+        .unwrap_or(first)
 }
 
 /// Tells the externalized scopes about a step about to be yielded.
@@ -232,4 +268,39 @@ pub(super) fn resume_request(entries: &[Entry]) -> Option<(usize, InstanceId, St
                 _ => None,
             })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use markov_charter::node::Node;
+    use serde_json::json;
+
+    #[test]
+    fn a_replayable_id_names_where_it_was_spawned_and_never_an_instance_already_there() {
+        let node = Node::builder("Work.").build().expect("node");
+        let root_id = InstanceId::new("sub-a");
+        let mut root = Arc::new(Instance::with_id(root_id.clone(), node.clone(), json!({})));
+        let first = replayable_id(&root, &root_id, 4, 0, &[]);
+        assert_eq!(first.as_str(), "sub-a.4.0");
+        assert_eq!(
+            replayable_id(&root, &root_id, 4, 0, &[]),
+            first,
+            "the same every time"
+        );
+        // The effect's earlier children and the tree's instances are taken.
+        let second = replayable_id(&root, &root_id, 4, 0, std::slice::from_ref(&first));
+        assert_eq!(second.as_str(), "sub-a.4.0.1");
+        Instance::update(&mut root, &root_id, &mut |i| {
+            i.children.push(Arc::new(Instance::with_id(
+                first.clone(),
+                node.clone(),
+                json!({}),
+            )));
+        });
+        assert_eq!(
+            replayable_id(&root, &root_id, 4, 0, std::slice::from_ref(&second)).as_str(),
+            "sub-a.4.0.2"
+        );
+    }
 }

@@ -320,6 +320,62 @@ async fn an_approval_inside_the_sub_agent_pauses_the_callers_run_and_is_decided_
 }
 
 #[tokio::test]
+async fn an_at_most_once_agent_tool_waiting_for_an_approval_inside_is_resumed_after_it() {
+    let pay = Pay::default();
+    let sub = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("pay", json!({"amount": 5}))
+            .text("Paid 5.")
+            .build(),
+    );
+    let caller = Arc::new(
+        ScriptedModel::builder()
+            .tool_call("cashier", json!({"request": "pay 5"}))
+            .text("Done: paid 5.")
+            .build(),
+    );
+    let tool = Agent::builder("cashier")
+        .instructions("You pay.")
+        .tool_with(
+            pay.clone(),
+            ToolMetadata::new(Category::Action).with_confirmation(),
+        )
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .shared_model(sub.clone())
+        .build()
+        .expect("builds")
+        .as_tool("cashier", "Pays.")
+        .expect("a valid name");
+    let agent = Agent::builder("assistant")
+        .instructions("You are the assistant.")
+        .tools_with([(
+            Arc::new(tool) as markov_core::tool::SharedTool,
+            ToolMetadata::new(Category::Action)
+                .with_delivery(markov_core::tool::Delivery::AtMostOnce),
+        )])
+        .shared_model(caller.clone())
+        .build()
+        .expect("builds");
+    let mut machine = agent.machine();
+    machine.enqueue_user("Pay 5.");
+    let paused = machine.run().await.expect("runs");
+    assert_eq!(paused.yield_reason, YieldReason::AwaitingApproval);
+    let pending = machine.approvals().pending();
+    machine
+        .approvals()
+        .approve(&pending[0].request_id)
+        .expect("approves");
+    let last = machine.resume().await.expect("resumes");
+    assert_eq!(last.output().as_deref(), Some("Done: paid 5."));
+    assert_eq!(pay.paid(), [5], "once, after the approval");
+    assert_eq!(
+        all_results(machine.history())[0].1,
+        "Paid 5.",
+        "the waiting sub-agent resumed: its call was not answered INTERRUPTED"
+    );
+}
+
+#[tokio::test]
 async fn a_denial_through_the_callers_session_reaches_the_sub_agent() {
     let pay = Pay::default();
     let sub = Arc::new(

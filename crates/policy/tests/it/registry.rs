@@ -777,6 +777,129 @@ async fn an_at_most_once_call_dropped_while_it_ran_is_answered_interrupted_and_n
     assert!(again.result.is_error);
 }
 
+/// Sleeps like [`Sleep`], as a tool that keeps its side effects in its
+/// call's journal (a sub-agent does).
+#[derive(Debug)]
+struct JournaledSleep {
+    definition: markov_core::tool::ToolDefinition,
+    sleeps: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl markov_core::tool::DynTool for JournaledSleep {
+    fn definition(&self) -> &markov_core::tool::ToolDefinition {
+        &self.definition
+    }
+
+    fn resumes_from_journal(&self) -> bool {
+        true
+    }
+
+    async fn call_json(
+        &self,
+        input: &Value,
+        _cx: ToolContext<'_>,
+    ) -> Result<markov_core::tool::ToolOutcome, markov_core::tool::ToolCallError> {
+        // Only its first run sleeps: run again, it answers from its
+        // journal at once.
+        if self.sleeps.fetch_add(1, Ordering::SeqCst) == 0 {
+            let ms = input["ms"].as_u64().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        Ok(markov_core::tool::ToolOutcome::Value(json!("awake")))
+    }
+}
+
+/// A journal that keeps nothing and refuses nothing.
+struct NoJournal;
+
+#[async_trait]
+impl markov_policy::Journal for NoJournal {
+    async fn write(&self, _: &markov_policy::LedgerEntry) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn write_answers(&self, _: &[markov_policy::RecordedAnswer]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// [`JournaledSleep`] at most once, its call `k` dropped while it runs,
+/// then made again: the second call's result and the tool's runs, with or
+/// without a journal.
+async fn journaled_dropped_then_again(journal: bool) -> (Executed, usize) {
+    let sleeps = Arc::new(AtomicUsize::new(0));
+    let tool = JournaledSleep {
+        definition: markov_core::tool::ToolDefinition::new(
+            "sleep",
+            "Sleep",
+            json!({"type": "object", "properties": {"ms": {"type": "integer"}}}),
+        )
+        .expect("a valid name"),
+        sleeps: sleeps.clone(),
+    };
+    let registry = ToolRegistry::builder(PolicyConfig::new(Budget::UNLIMITED))
+        .register_shared(
+            Arc::new(tool),
+            ToolMetadata::new(Category::Action)
+                .with_delivery(markov_core::tool::Delivery::AtMostOnce),
+        )
+        .lock()
+        .expect("the registry locks");
+    if journal {
+        registry.policy_state().set_journal(Arc::new(NoJournal));
+    }
+    let turn = TurnBudgetState::new();
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(20),
+        call(
+            &registry,
+            &Mode::TEXT,
+            &turn,
+            "k",
+            "sleep",
+            json!({"ms": 10_000}),
+        ),
+    )
+    .await;
+    assert!(dropped.is_err(), "dropped while the tool ran");
+    let again = tokio::time::timeout(
+        Duration::from_secs(5),
+        call(
+            &registry,
+            &Mode::TEXT,
+            &turn,
+            "k",
+            "sleep",
+            json!({"ms": 10_000}),
+        ),
+    )
+    .await
+    .expect("answered at once");
+    (again, sleeps.load(Ordering::SeqCst))
+}
+
+#[tokio::test]
+async fn an_at_most_once_call_of_a_tool_that_resumes_from_its_journal_runs_again_with_a_journal() {
+    let (again, runs) = journaled_dropped_then_again(true).await;
+    assert_eq!(runs, 2, "resumed: the tool ran again");
+    assert_eq!(again.error, None, "{again:?}");
+    assert!(
+        again.result.content.contains("awake"),
+        "{}",
+        again.result.content
+    );
+    assert!(!again.result.is_error);
+}
+
+#[tokio::test]
+async fn an_at_most_once_call_of_a_tool_that_resumes_from_its_journal_is_interrupted_without_one() {
+    let (again, runs) = journaled_dropped_then_again(false).await;
+    assert_eq!(runs, 1, "never run again");
+    assert_eq!(again.error, Some(ToolErrorKind::Interrupted));
+    assert_eq!(error_type(&again).as_deref(), Some("INTERRUPTED"));
+}
+
 #[tokio::test]
 async fn an_at_least_once_call_dropped_while_it_ran_runs_again() {
     let (again, runs) = dropped_then_again(ToolMetadata::new(Category::Retrieval)).await;

@@ -3,18 +3,29 @@
 //! continues it once the request is decided, running nothing twice; a
 //! worker killed inside a sub-agent (or a sub-agent's sub-agent) leaves a
 //! session whose next worker continues inside it, asking no recorded
-//! answer again and repeating no side effect; the sub-agents' steps are in
-//! the caller's step traces, under the call that ran them.
+//! answer again and repeating no side effect, even when the sub-agent is
+//! an at-most-once tool; a worker killed once a sub-agent finished, before
+//! its caller recorded the result, leaves that result recorded; the
+//! sub-agents' steps are in the caller's step traces, under the call that
+//! ran them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
+use markov_charter::node::Node;
+use markov_charter::transition::Transition;
 use markov_core::Item;
+use markov_core::async_trait;
 use markov_core::tool::{Delivery, SharedTool};
 use markov_executor::{Agent, YieldReason};
-use markov_policy::{Budget, Category, Decision, PolicyConfig, ToolMetadata};
-use markov_store::{DurableMachine, SessionId, SqliteStore, Store, WorkerId};
+use markov_policy::{
+    Budget, Category, Decision, LedgerEntry, PolicyConfig, RecordedAnswer, ToolMetadata,
+};
+use markov_store::{
+    DurableMachine, Lease, Owner, RepairReport, Revision, SessionId, SessionInfo, SqliteStore,
+    StepRecord, StepRetention, StepTrace, Store, StoreError, StoredSession, TeamRecord, WorkerId,
+};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -112,7 +123,17 @@ impl Models {
             // A payment (at least once, deduplicated by its key) that
             // hangs right after paying: nothing of it is recorded.
             "inside-pay" => vec![vec![("pay", json!({"amount": 5}))]],
-            "after-answer" | "nested" => vec![
+            // The notification, then the answer: killed once the clerk
+            // finished, before the assistant's ledger recorded its result.
+            "after-result" => vec![vec![("notify", json!({"to": "ops"}))]],
+            // The clerk hands the work to a helper it spawns, which
+            // notifies, then waits: killed inside the spawned helper.
+            "spawned" => vec![
+                vec![("transition", json!({"to": "delegate", "reason": "help"}))],
+                vec![("notify", json!({"to": "ops"}))],
+                vec![("hang", json!({}))],
+            ],
+            "after-answer" | "nested" | "at-most-once" => vec![
                 vec![("notify", json!({"to": "ops"}))],
                 vec![("hang", json!({}))],
             ],
@@ -136,29 +157,19 @@ impl Models {
 /// The assistant of the crash tests: its `clerk` tool is a sub-agent with
 /// `notify` (at most once, counted in `notices`) and `hang` (writes
 /// `marker` and hangs the first time); nested, the assistant's tool is
-/// `desk`, a sub-agent whose own tool is the clerk.
-fn crash_assistant(dir: &Dir, nested: bool, models: &Models) -> Agent {
+/// `desk`, a sub-agent whose own tool is the clerk. In `at-most-once`
+/// mode the clerk is an at-most-once tool of the assistant's.
+fn crash_assistant(dir: &Dir, mode: &str, models: &Models) -> Agent {
+    let nested = mode == "nested";
     // The notification itself never hangs: its marker is there already.
     let quiet = dir.path("notify-marker");
     std::fs::write(&quiet, "never hang").expect("writes");
-    let clerk = Agent::builder("clerk")
-        .instructions("You notify people.")
-        .tool_with(
-            Notify {
-                effects: dir.path("notices"),
-                marker: quiet,
-            },
-            ToolMetadata::new(Category::Action).with_delivery(Delivery::AtMostOnce),
-        )
-        .tool_with(Hang(dir.path("marker")), ToolMetadata::new(Category::Other))
-        .tool_with(
-            Pay(dir.path("effects")),
-            ToolMetadata::new(Category::Action),
-        )
-        .policies(PolicyConfig::new(Budget::UNLIMITED))
-        .shared_model(models.clerk.clone())
-        .build()
-        .expect("builds")
+    let clerk = if mode == "spawned" {
+        spawning_clerk(dir, &quiet, models)
+    } else {
+        clerk(dir, &quiet, models)
+    };
+    let clerk = clerk
         .as_tool("clerk", "Notifies people.")
         .expect("a valid name");
     let tool: SharedTool = if nested {
@@ -174,12 +185,204 @@ fn crash_assistant(dir: &Dir, nested: bool, models: &Models) -> Agent {
     } else {
         Arc::new(clerk)
     };
-    Agent::builder("assistant")
-        .instructions("You are the assistant.")
+    assistant_with(tool, mode, models)
+}
+
+/// The clerk: `notify` (at most once, never hanging), `hang` and `pay`.
+fn clerk(dir: &Dir, quiet: &std::path::Path, models: &Models) -> Agent {
+    Agent::builder("clerk")
+        .instructions("You notify people.")
+        .tool_with(
+            Notify {
+                effects: dir.path("notices"),
+                marker: quiet.to_owned(),
+            },
+            ToolMetadata::new(Category::Action).with_delivery(Delivery::AtMostOnce),
+        )
+        .tool_with(Hang(dir.path("marker")), ToolMetadata::new(Category::Other))
+        .tool_with(
+            Pay(dir.path("effects")),
+            ToolMetadata::new(Category::Action),
+        )
+        .policies(PolicyConfig::new(Budget::UNLIMITED))
+        .shared_model(models.clerk.clone())
+        .build()
+        .expect("builds")
+}
+
+/// A clerk whose one tool is the `delegate` transition: it spawns a
+/// helper, whose tools are `notify` (never hanging) and `hang`.
+fn spawning_clerk(dir: &Dir, quiet: &std::path::Path, models: &Models) -> Agent {
+    let helper = Node::builder("You notify people.")
+        .name("helper")
+        .tool(Notify {
+            effects: dir.path("notices"),
+            marker: quiet.to_owned(),
+        })
+        .tool(Hang(dir.path("marker")))
+        .build()
+        .expect("the helper builds");
+    let main = Node::builder("You hand work to a helper.")
+        .name("main")
+        .transition(
+            "delegate",
+            Transition::code("Hand the work to a helper", move |_| {
+                let helper = helper.clone();
+                async move { Ok(markov_charter::transition::spawn(helper, None)) }
+            }),
+        )
+        .build()
+        .expect("the clerk's node builds");
+    Agent::builder("clerk")
+        .node("main", main)
+        .shared_model(models.clerk.clone())
+        .build()
+        .expect("builds")
+}
+
+/// The rest of the assistant.
+fn assistant_with(tool: SharedTool, mode: &str, models: &Models) -> Agent {
+    let assistant = Agent::builder("assistant").instructions("You are the assistant.");
+    if mode == "at-most-once" {
+        return assistant
+            .tools_with([(
+                tool,
+                ToolMetadata::new(Category::Action).with_delivery(Delivery::AtMostOnce),
+            )])
+            .shared_model(models.caller.clone())
+            .build()
+            .expect("builds");
+    }
+    assistant
         .tools([tool])
         .shared_model(models.caller.clone())
         .build()
         .expect("builds")
+}
+
+/// The crash child's store: in `after-result` mode, the write of the
+/// assistant's ledger entry for the clerk's call (its result, once the
+/// clerk finished) writes `marker` and never returns, the moment to kill
+/// the process; everything else goes to the SQLite store.
+#[derive(Debug)]
+struct HangsAtResult {
+    inner: SqliteStore,
+    marker: Option<std::path::PathBuf>,
+}
+
+#[async_trait]
+impl Store for HangsAtResult {
+    async fn create(
+        &self,
+        id: &SessionId,
+        owner: Option<&Owner>,
+        charter: &str,
+        snapshot: &markov_executor::SerializedMachine<&[markov_core::Message]>,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        self.inner
+            .create(id, owner, charter, snapshot, holder, ttl)
+            .await
+    }
+    async fn append(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        step: StepRecord<'_>,
+    ) -> Result<(), StoreError> {
+        self.inner.append(id, holder, step).await
+    }
+    async fn journal(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        entry: &LedgerEntry,
+    ) -> Result<(), StoreError> {
+        if let Some(marker) = &self.marker
+            && entry.tool == "clerk"
+            && !entry.started
+        {
+            std::fs::write(marker, "the clerk finished, hanging").expect("writes");
+            std::future::pending::<()>().await;
+        }
+        self.inner.journal(id, holder, entry).await
+    }
+    async fn journal_answers(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        answers: &[RecordedAnswer],
+    ) -> Result<(), StoreError> {
+        self.inner.journal_answers(id, holder, answers).await
+    }
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<markov_core::Message>, StoreError> {
+        self.inner.messages(id, from, limit).await
+    }
+    async fn steps(
+        &self,
+        id: &SessionId,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<StepTrace>, StoreError> {
+        self.inner.steps(id, from, limit).await
+    }
+    async fn prune_steps(&self, retention: &StepRetention) -> Result<u64, StoreError> {
+        self.inner.prune_steps(retention).await
+    }
+    async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
+        self.inner.load(id).await
+    }
+    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
+        self.inner.repair(id, holder).await
+    }
+    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
+        self.inner.list(owner).await
+    }
+    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
+        self.inner.info(id).await
+    }
+    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
+        self.inner.delete(id).await
+    }
+    async fn acquire(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        self.inner.acquire(id, holder, ttl).await
+    }
+    async fn release(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+    ) -> Result<Option<Revision>, StoreError> {
+        self.inner.release(id, holder).await
+    }
+    async fn claim_interrupted(
+        &self,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Option<Lease>, StoreError> {
+        self.inner.claim_interrupted(holder, ttl).await
+    }
+    async fn team_state(&self, id: &SessionId) -> Result<Option<TeamRecord>, StoreError> {
+        self.inner.team_state(id).await
+    }
+    async fn write_team_state(
+        &self,
+        id: &SessionId,
+        holder: &WorkerId,
+        state: &TeamRecord,
+    ) -> Result<(), StoreError> {
+        self.inner.write_team_state(id, holder, state).await
+    }
 }
 
 fn crash_store(dir: &Dir) -> Arc<SqliteStore> {
@@ -204,9 +407,13 @@ fn crash_child() {
         .expect("a runtime");
     runtime.block_on(async {
         let models = Models::new(&mode);
-        let agent = crash_assistant(&dir, mode == "nested", &models);
+        let agent = crash_assistant(&dir, &mode, &models);
+        let store = HangsAtResult {
+            inner: SqliteStore::open(dir.path("sessions.db")).expect("the database opens"),
+            marker: (mode == "after-result").then(|| dir.path("marker")),
+        };
         let mut session = DurableMachine::create_with(
-            crash_store(&dir),
+            Arc::new(store),
             SessionId::new("crash"),
             WorkerId::new("child"),
             agent.machine(),
@@ -215,8 +422,8 @@ fn crash_child() {
         .await
         .expect("created");
         session.machine().enqueue_user(REQUEST);
-        // Never returns: the clerk's `hang` (or `pay`) hangs until the
-        // process is killed.
+        // Never returns: the clerk's `hang` (or `pay`, or the store's
+        // write of the clerk's result) hangs until the process is killed.
         let ran = session.run().await;
         panic!("the run ended: {ran:?}");
     });
@@ -237,7 +444,7 @@ async fn crash_and_resume(dir: &Dir, mode: &str) -> (Models, DurableMachine<Sqli
         );
     }
     let models = Models::new(mode);
-    let agent = crash_assistant(dir, mode == "nested", &models);
+    let agent = crash_assistant(dir, mode, &models);
     let mut session = open_when_free(crash_store(dir), "crash", "survivor", &agent).await;
     assert!(session.is_interrupted(), "the run was in progress");
     let last = session.run().await.expect("the run continues");
@@ -331,6 +538,49 @@ async fn a_worker_killed_in_a_nested_sub_agent_resumes_inside_it() {
     assert_eq!(results(&session), ["The clerk notified ops."]);
 }
 
+#[tokio::test]
+async fn a_worker_killed_inside_an_at_most_once_sub_agent_resumes_it_from_its_journal() {
+    let dir = Dir::new("sub-at-most-once");
+    let (models, session) = crash_and_resume(&dir, "at-most-once").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
+    assert_eq!(
+        models.clerk.served(),
+        1,
+        "the clerk resumed from its records: it was asked only for its final answer"
+    );
+    assert_eq!(
+        results(&session),
+        ["Notified ops."],
+        "the assistant read the clerk's real answer, not INTERRUPTED"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_inside_an_instance_a_sub_agent_spawned_resumes_inside_it() {
+    let dir = Dir::new("sub-spawned");
+    let (models, session) = crash_and_resume(&dir, "spawned").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
+    assert_eq!(
+        models.clerk.served(),
+        1,
+        "the clerk's and its helper's recorded answers were replayed: only the helper's final answer was asked"
+    );
+    assert_eq!(results(&session), ["Notified ops."]);
+}
+
+#[tokio::test]
+async fn a_worker_killed_after_a_sub_agent_finished_answers_with_its_recorded_result() {
+    let dir = Dir::new("sub-after-result");
+    let (models, session) = crash_and_resume(&dir, "after-result").await;
+    assert_eq!(lines(&dir.path("notices")), 1, "notified exactly once");
+    assert_eq!(
+        models.clerk.served(),
+        0,
+        "the clerk's result was recorded before the crash: its last model call is not asked again"
+    );
+    assert_eq!(results(&session), ["Notified ops."]);
+}
+
 /// The id of the one tool call in `history`.
 fn only_call_id(history: &[markov_core::Message]) -> String {
     let ids: Vec<String> = history
@@ -351,7 +601,7 @@ async fn a_sub_agents_steps_are_step_traces_of_the_callers_session_under_its_cal
     // Nothing hangs here: the marker is there already.
     std::fs::write(dir.path("marker"), "never hang").expect("writes");
     let models = Models::new("nested");
-    let agent = crash_assistant(&dir, true, &models);
+    let agent = crash_assistant(&dir, "nested", &models);
     let store = crash_store(&dir);
     let id = SessionId::new("traced");
     let mut session = DurableMachine::create(
