@@ -157,12 +157,7 @@ fn is_web_or_mail(url: &str) -> bool {
 /// `messages` as JSON, as the API writes them, each assistant text also
 /// rendered: a text item gets `html`, and so does a message whose `items`
 /// is a plain string. A text too long to render has none (the page shows
-/// it as plain text).
-pub(crate) fn with_html(messages: &[Message]) -> Value {
-    shown(messages, true)
-}
-
-/// [`with_html`], and without the assistant messages' thinking unless
+/// it as plain text). The assistant messages' thinking is left out unless
 /// `thinking`: the agent says whether the thinking its history keeps may
 /// be shown (the history keeps it as the provider signed it; output
 /// guards check only what is streamed).
@@ -411,7 +406,7 @@ mod tests {
             )
             .expect("a message of a plain string"),
         ];
-        let view = with_html(&messages);
+        let view = shown(&messages, true);
         assert_eq!(view[0].get("html"), None);
         assert_eq!(view[0]["items"][0].get("html"), None);
         assert_eq!(view[1]["items"][0]["html"], "<p><strong>yes</strong></p>\n");

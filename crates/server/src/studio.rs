@@ -78,7 +78,13 @@ fn history_slice(history: &[Message], from: u64, to: u64) -> &[Message] {
 /// Step `step`'s summary, over `messages`, the history from message
 /// `first` on (covering the step's own messages), of a session whose whole
 /// history has `total` messages.
-fn summary(step: &StepTrace, messages: &[Message], first: u64, total: u64) -> StepSummary {
+fn summary(
+    step: &StepTrace,
+    messages: &[Message],
+    first: u64,
+    total: u64,
+    thinking: bool,
+) -> StepSummary {
     let call = step.calls.first();
     StepSummary {
         index: step.index,
@@ -96,11 +102,14 @@ fn summary(step: &StepTrace, messages: &[Message], first: u64, total: u64) -> St
         // What `StepTrace::request` needs: a call that saw the history as
         // it is, and that much history.
         has_request: call.is_some_and(|c| !c.context_view && c.history_len <= total),
-        messages: markdown::with_html(history_slice(
-            messages,
-            step.history_from.saturating_sub(first),
-            step.history_to.saturating_sub(first),
-        )),
+        messages: markdown::shown(
+            history_slice(
+                messages,
+                step.history_from.saturating_sub(first),
+                step.history_to.saturating_sub(first),
+            ),
+            thinking,
+        ),
         approvals: step.approvals.clone(),
         // Each call's tool calls with their time and the policy's decision
         // (none for a call recorded before tool calls were traced).
@@ -164,13 +173,21 @@ pub(crate) async fn steps(
         let messages = service.store.messages(&id, first, count).await?;
         let total = info.messages.max(last);
         let earlier = agents::earlier_steps(&*service.store, &id, page.from, &traces).await?;
+        // Stored thinking was never checked by the output guards: the
+        // studio shows it only where the chat would (its owner reads it
+        // here too). An agent this server does not serve shows none.
+        let thinking = service
+            .agents
+            .get(&info.charter)
+            .is_some_and(|agent| agent.shows_stored_thinking());
         traces
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let mut shown = summary(s, &messages, first, total);
+                let mut shown = summary(s, &messages, first, total, thinking);
                 if !s.sub_agents.is_empty() {
-                    shown.sub_agents = agents::sub_agents(s, &agents::before(&earlier, &traces, i));
+                    shown.sub_agents =
+                        agents::sub_agents(s, &agents::before(&earlier, &traces, i), thinking);
                 }
                 shown
             })

@@ -12,7 +12,7 @@ use markov_core::Message;
 use markov_core::ids::ToolCallId;
 use markov_core::model::{ModelRequest, Usage};
 use markov_executor::team::{HAND_BACK, TRANSFER_PREFIX};
-use markov_executor::{HandoffRecord, Team};
+use markov_executor::{Agent, HandoffRecord, Team};
 use markov_store::{SessionId, SessionInfo, StepTrace, StoreError, SubAgentTrace, agent_session};
 use serde_json::{Value, json};
 
@@ -37,11 +37,15 @@ const TEAM_NO_FORK: &str = "Forking and replaying are not offered in a team conv
 /// The sub-agents `step`'s tool calls ran, each under its call, nested as
 /// they ran; `earlier` holds the caller's steps before `step`, oldest
 /// first (where a sub-agent's history before this step is looked for).
-pub(super) fn sub_agents(step: &StepTrace, earlier: &[&StepTrace]) -> Vec<SubAgentRun> {
+pub(super) fn sub_agents(
+    step: &StepTrace,
+    earlier: &[&StepTrace],
+    thinking: bool,
+) -> Vec<SubAgentRun> {
     if step.sub_agents.is_empty() {
         return Vec::new();
     }
-    let mut runs = runs_under(step, earlier, &[]);
+    let mut runs = runs_under(step, earlier, &[], thinking);
     // A step of a sub-agent always has a call above it; one whose call is
     // nowhere in the steps above (a trace cut short) is shown at the top
     // rather than dropped.
@@ -62,7 +66,7 @@ pub(super) fn sub_agents(step: &StepTrace, earlier: &[&StepTrace]) -> Vec<SubAge
                         .unwrap_or_default(),
                     agent: entry.step.agent.clone(),
                     usage: json!(entry.step.usage),
-                    steps: vec![sub_step(step, earlier, at, Vec::new())],
+                    steps: vec![sub_step(step, earlier, at, Vec::new(), thinking)],
                 });
             }
         }
@@ -86,7 +90,12 @@ fn contains(runs: &[SubAgentRun], at: usize) -> bool {
 /// The runs of the sub-agents called at depth `path.len()` under the calls
 /// `path` (the step's own calls for an empty path), in the order their
 /// first step ended.
-fn runs_under(step: &StepTrace, earlier: &[&StepTrace], path: &[ToolCallId]) -> Vec<SubAgentRun> {
+fn runs_under(
+    step: &StepTrace,
+    earlier: &[&StepTrace],
+    path: &[ToolCallId],
+    thinking: bool,
+) -> Vec<SubAgentRun> {
     let mut runs: Vec<(ToolCallId, Vec<usize>)> = Vec::new();
     for (at, entry) in step.sub_agents.iter().enumerate() {
         let Some((call, above)) = entry.calls.split_last() else {
@@ -105,7 +114,7 @@ fn runs_under(step: &StepTrace, earlier: &[&StepTrace], path: &[ToolCallId]) -> 
             let mut nested = {
                 let mut deeper = path.to_vec();
                 deeper.push(call.clone());
-                runs_under(step, earlier, &deeper)
+                runs_under(step, earlier, &deeper, thinking)
             };
             let mut steps: Vec<SubAgentStepSummary> = Vec::with_capacity(ats.len());
             let mut usage = Usage::default();
@@ -118,7 +127,7 @@ fn runs_under(step: &StepTrace, earlier: &[&StepTrace], path: &[ToolCallId]) -> 
                     .into_iter()
                     .partition(|run| mentions(&entry.messages, &run.call_id));
                 nested = rest;
-                steps.push(sub_step(step, earlier, at, mine));
+                steps.push(sub_step(step, earlier, at, mine, thinking));
             }
             // Runs under a call none of these steps shows (its answer was
             // in the caller's earlier step) go under the last step.
@@ -156,6 +165,7 @@ fn sub_step(
     earlier: &[&StepTrace],
     at: usize,
     sub_agents: Vec<SubAgentRun>,
+    thinking: bool,
 ) -> SubAgentStepSummary {
     let entry = &step.sub_agents[at].step;
     let call = entry.calls.first();
@@ -173,7 +183,7 @@ fn sub_step(
         model_ms: entry.calls.iter().map(|c| c.model_ms).sum(),
         tools_ms: entry.calls.iter().map(|c| c.tools_ms).sum(),
         has_request: sub_history(step, earlier, at).is_some(),
-        messages: markdown::with_html(&entry.messages),
+        messages: markdown::shown(&entry.messages, thinking),
         approvals: entry.approvals.clone(),
         tool_calls: entry
             .calls
@@ -441,10 +451,13 @@ pub(super) async fn team_page(
             let (first, read, total) = messages[placed.agent]
                 .as_ref()
                 .map_or((0, &[][..], 0), |(f, m, t)| (*f, m.as_slice(), *t));
-            let mut shown = summary(trace, read, first, total);
+            // Each agent's stored thinking shows only where that agent
+            // allows it (its output guards never saw it).
+            let thinking = team.agent(name).is_some_and(Agent::shows_stored_thinking);
+            let mut shown = summary(trace, read, first, total, thinking);
             let earlier = placed.step.saturating_sub(SUB_AGENT_LOOKBACK as usize);
             let before: Vec<&StepTrace> = traces[earlier..placed.step].iter().collect();
-            shown.sub_agents = sub_agents(trace, &before);
+            shown.sub_agents = sub_agents(trace, &before, thinking);
             shown.index = from + i as u64;
             shown.team = Some(TeamStep {
                 agent: name.clone(),

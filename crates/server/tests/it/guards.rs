@@ -224,6 +224,24 @@ async fn thinking_a_guard_blocks_sends_no_byte_to_the_sse_client_and_stays_signe
         .await
         .expect("the session");
     assert!(!shown.contains("4111"), "{shown}");
+    // Nor in the studio's steps, which its owner reads too.
+    let steps: serde_json::Value = f
+        .client
+        .get(format!("{}/sessions/{id}/steps", f.base))
+        .bearer_auth(&f.key)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("the steps");
+    let answered = steps["steps"]
+        .as_array()
+        .expect("a page of steps")
+        .iter()
+        .any(|step| step["messages"].to_string().contains("I cannot show card numbers."));
+    assert!(answered, "the step with the answer is shown: {steps}");
+    assert!(!steps.to_string().contains("4111"), "{steps}");
 
     // The store keeps the thinking as the provider signed it.
     let session = markov_store::SessionId::new(id.clone());
