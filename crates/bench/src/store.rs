@@ -90,6 +90,7 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
             output_schema: None,
             history_len: history.saturating_sub(2),
             context_view: false,
+            view: None,
             turn: markov_executor::TurnState::default(),
             replayed: false,
             model_ms: 1,

@@ -92,8 +92,9 @@ fn summary(step: &StepTrace, messages: &[Message], first: u64, total: u64) -> St
         model_ms: step.calls.iter().map(|c| c.model_ms).sum(),
         tools_ms: step.calls.iter().map(|c| c.tools_ms).sum(),
         // What `StepTrace::request` needs: a call that saw the history as
-        // it is, and that much history.
-        has_request: call.is_some_and(|c| !c.context_view && c.history_len <= total),
+        // it is or recorded its view's shape, and that much history.
+        has_request: call
+            .is_some_and(|c| (!c.context_view || c.view.is_some()) && c.history_len <= total),
         messages: markdown::with_html(history_slice(
             messages,
             step.history_from.saturating_sub(first),
@@ -230,8 +231,8 @@ pub(crate) fn redact(value: &mut Value) {
         fields redacted), and the node that called", body = StepRequest),
               (status = 401, description = "No live credential", body = ErrorBody),
               (status = 404, description = "No such session the caller may read, or no such step", body = ErrorBody),
-              (status = 409, description = "The step made no model call, or a context policy chose \
-                  what it showed the model, so its request cannot be rebuilt", body = ErrorBody),
+              (status = 409, description = "The step made no model call, or was recorded under a \
+                  context policy before views were, so its request cannot be rebuilt", body = ErrorBody),
               (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn step_request(
     State(service): Shared,
@@ -240,12 +241,13 @@ pub(crate) async fn step_request(
 ) -> Result<Json<StepRequest>, ApiError> {
     let (id, stored, step) = step_of(&service, &principal, &id, n).await?;
     let history = &stored.snapshot.history;
-    let request = step.request(history).ok_or_else(|| {
+    let sent = step.request(history).ok_or_else(|| {
         ApiError::Conflict(format!(
-            "step {n} of session {id} has no request to rebuild (no model call, or a context \
-             policy chose what the model was shown)"
+            "step {n} of session {id} has no request to rebuild (no model call, or recorded \
+             under a context policy before views were)"
         ))
     })?;
+    let request = sent.as_request();
     let messages: Vec<Value> = request
         .messages()
         .iter()
