@@ -58,7 +58,8 @@ pub(crate) static TRACED: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 
 /// A step's trace as a durable machine records it: one model call with a
 /// 2 KB system prompt and three tools (kept once by content hash), the
-/// policy's decision on its one tool call, the history range, usage and
+/// policy's decision on its one tool call, a context view's shape with its
+/// summary (kept once by content hash), the history range, usage and
 /// latency.
 fn step_trace(history: u64) -> markov_store::StepTrace {
     let tool = |name: &str| markov_core::tool::ToolDefinition {
@@ -89,7 +90,20 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
             settings: markov_core::model::ModelSettings::default(),
             output_schema: None,
             history_len: history.saturating_sub(2),
-            context_view: false,
+            // A session under a context policy: the view's shape, a window
+            // and stubs over the history and a 1 KB summary first (kept once
+            // by content hash, as the prompt is).
+            context_view: true,
+            view: Some(markov_context::ViewShape {
+                from: history / 2,
+                stubbed_to: history.saturating_sub(6),
+                summary: Some(std::sync::Arc::new(markov_core::Message::summary(
+                    "The user asked for searches; the agent fetched pages. ".repeat(20),
+                    0,
+                    history / 2,
+                ))),
+                summary_alone: false,
+            }),
             turn: markov_executor::TurnState::default(),
             replayed: false,
             model_ms: 1,

@@ -31,4 +31,4 @@ pub use usage::{
     UsageLimits, UsageLimitsBuilder, UsageLimitsError, UsageMeter, UsageTotals, admit_call,
     estimate_framing_tokens, estimate_input_tokens, metered, metered_usage,
 };
-pub use views::{ContextViews, SUMMARY_PREAMBLE};
+pub use views::{ContextViews, SUMMARY_PREAMBLE, ViewShape};

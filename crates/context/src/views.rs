@@ -162,6 +162,15 @@ impl ContextViews {
             .is_some_and(|view| !view.altered && view.summary.is_none())
     }
 
+    /// The shape of the view of `policy` as its last call was sent it,
+    /// from which that call's messages are rebuilt
+    /// ([`ViewShape::messages`] over the history the call was made over);
+    /// `None` when there is no such view. Costs the same however long the
+    /// history: the summary is shared, not copied.
+    pub fn view_shape(&self, policy: &ContextPolicy) -> Option<ViewShape> {
+        self.lock().get(&policy.id()).map(ViewState::shape)
+    }
+
     /// Brings the view of `policy` up to date with `history` and applies
     /// the policy's cuts and trims; asks for a summary when the view passed
     /// the threshold and has turns to summarize.
@@ -368,6 +377,9 @@ struct ShownSummary {
     native: Option<NativeItems>,
     /// Where the view shows it.
     placement: Placement,
+    /// The summary message as the history holds it, shared with each
+    /// [`ViewShape`] that names it.
+    message: Arc<Message>,
 }
 
 /// Where a view shows its summary.
@@ -431,6 +443,75 @@ struct ViewState {
     reads: Option<String>,
 }
 
+/// What a call's view of the history was, as a description rather than
+/// messages: where it started, up to where its tool results were stubbed,
+/// and the summary it showed first. Its request is rebuilt from the
+/// history it was made over ([`Self::messages`]), so recording it costs
+/// the same however long the history.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ViewShape {
+    /// The history position of the view's first message after its
+    /// summary: the messages before it were left out. The messages from
+    /// it on are the history's, but for the records a provider never
+    /// sends (commands, instance records, summary messages) and the
+    /// results stubbed.
+    pub from: u64,
+    /// The tool results of the messages from [`from`](Self::from) up to
+    /// this history position were stubbed, each whose stub is shorter (or
+    /// that had images) replaced by a line naming the tool, the call and
+    /// the size left out.
+    #[serde(default)]
+    pub stubbed_to: u64,
+    /// The summary message (as the history holds it) the view showed
+    /// first, in place of the messages it stands for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<Arc<Message>>,
+    /// Whether the summary was shown as a message of its own (a native
+    /// summary, or a text summary before a first message that does not
+    /// start a turn), rather than as the first text of the first message.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub summary_alone: bool,
+}
+
+impl ViewShape {
+    /// The messages the view showed, rebuilt from `history`: the messages
+    /// the call was made over (the first ones of the history, as many as
+    /// it had then). `None` when the shape does not fit `history` (it
+    /// starts past its end, or names a summary that is not one).
+    pub fn messages(&self, history: &[Message]) -> Option<Vec<Message>> {
+        let from = usize::try_from(self.from).ok()?;
+        let stubbed_to = usize::try_from(self.stubbed_to)
+            .unwrap_or(usize::MAX)
+            .min(history.len());
+        let mut names = HashMap::new();
+        let mut messages = Vec::with_capacity(history.len().saturating_sub(from) + 1);
+        for (at, message) in history.get(from..)?.iter().enumerate() {
+            if matches!(message.role, Role::Command | Role::Instance | Role::Summary) {
+                continue;
+            }
+            let mut message = message.clone();
+            if from + at < stubbed_to {
+                stub_message(&mut message, &mut names);
+            }
+            messages.push(message);
+        }
+        let Some(summary) = &self.summary else {
+            return Some(messages);
+        };
+        let (text, _, native) = summary.as_summary_item()?;
+        match (native, self.summary_alone) {
+            (Some(native), _) => messages.insert(0, native_message(native)),
+            (None, true) => messages.insert(0, Message::user_items(vec![summary_item(text)])),
+            (None, false) => {
+                // Shown in the first message, which the view needs.
+                let first = messages.first_mut()?;
+                *first = with_summary(text, first);
+            }
+        }
+        Some(messages)
+    }
+}
+
 /// Whether `message` starts a turn: a user message that is not tool results.
 fn starts_turn(message: &Message) -> bool {
     message.role == Role::User
@@ -457,6 +538,61 @@ fn native_message(native: &NativeItems) -> Message {
 /// `native`: a text summary always, a native one only to its vendor.
 fn shows(native: Option<&NativeItems>, reads: Option<&str>) -> bool {
     native.is_none_or(|n| reads == Some(n.vendor.as_str()))
+}
+
+/// Stubs one tool result (`content` and `images`, of the call `id` of the
+/// tool `name`) when the stub is shorter or the result has images (left
+/// out with it, each said by its note); whether it did.
+fn stub_result(
+    name: &str,
+    id: &str,
+    content: &mut String,
+    images: &mut Vec<markov_core::message::ImageData>,
+) -> bool {
+    let mut stub = format!(
+        "[Result left out of the context: {name}, call {id}, {} bytes]",
+        content.len()
+    );
+    for image in images.iter() {
+        stub.push('\n');
+        stub.push_str(&image.note());
+    }
+    if stub.len() < content.len() || !images.is_empty() {
+        *content = stub;
+        images.clear();
+        return true;
+    }
+    false
+}
+
+/// Stubs the tool results of `message` as a view stubs them, the tools'
+/// names read from the calls seen so far (`names`, to which the message's
+/// own calls are added).
+fn stub_message(message: &mut Message, names: &mut HashMap<String, String>) -> bool {
+    let Items::List(items) = &mut message.items else {
+        return false;
+    };
+    let mut touched = false;
+    for item in items.iter_mut() {
+        match item {
+            Item::ToolUse { id, name, .. } => {
+                names.insert(id.as_str().to_owned(), name.clone());
+            }
+            Item::ToolResult {
+                tool_use_id,
+                content,
+                images,
+                ..
+            } => {
+                let name = names
+                    .get(tool_use_id.as_str())
+                    .map_or("a tool", String::as_str);
+                touched |= stub_result(name, tool_use_id.as_str(), content, images);
+            }
+            _ => {}
+        }
+    }
+    touched
 }
 
 /// The text a view shows a summary as.
@@ -522,6 +658,7 @@ impl ViewState {
                 text: text.to_owned(),
                 native: native.cloned(),
                 placement: Placement::Pending,
+                message: Arc::new(history[at].clone()),
             });
         }
         if let Some(keep) = policy.keep_last_turns() {
@@ -540,6 +677,32 @@ impl ViewState {
         view.altered = start > 0;
         view.sync(policy, history);
         view
+    }
+
+    /// The view's [`ViewShape`].
+    fn shape(&self) -> ViewShape {
+        let first = self.first();
+        let position = |index: usize| {
+            self.origin
+                .get(index)
+                .copied()
+                .unwrap_or(self.synced as u64)
+        };
+        let from = position(first);
+        let shown = self
+            .summary
+            .as_ref()
+            .filter(|s| !matches!(s.placement, Placement::Pending));
+        ViewShape {
+            from,
+            stubbed_to: if self.trimmed > first {
+                position(self.trimmed)
+            } else {
+                from
+            },
+            summary: shown.map(|s| Arc::clone(&s.message)),
+            summary_alone: shown.is_some_and(|s| matches!(s.placement, Placement::Alone)),
+        }
     }
 
     fn reference(&self) -> ViewRef {
@@ -763,43 +926,7 @@ impl ViewState {
         let messages = Arc::make_mut(&mut self.messages);
         let costs = &mut self.cost[from..boundary];
         for (message, cost) in messages[from..boundary].iter_mut().zip(costs) {
-            let Items::List(items) = &mut message.items else {
-                continue;
-            };
-            let mut touched = false;
-            for item in items.iter_mut() {
-                match item {
-                    Item::ToolUse { id, name, .. } => {
-                        names.insert(id.as_str().to_owned(), name.clone());
-                    }
-                    Item::ToolResult {
-                        tool_use_id,
-                        content,
-                        images,
-                        ..
-                    } => {
-                        let name = names
-                            .get(tool_use_id.as_str())
-                            .map_or("a tool", String::as_str);
-                        let mut stub = format!(
-                            "[Result left out of the context: {name}, call {tool_use_id}, {} bytes]",
-                            content.len()
-                        );
-                        // Its images are left out with it, each said by
-                        // its note.
-                        for image in images.iter() {
-                            stub.push('\n');
-                            stub.push_str(&image.note());
-                        }
-                        if stub.len() < content.len() || !images.is_empty() {
-                            *content = stub;
-                            images.clear();
-                            touched = true;
-                        }
-                    }
-                    _ => {}
-                }
-            }
+            let touched = stub_message(message, &mut names);
             if touched {
                 let stubbed = tokens::estimate_message(message);
                 self.tokens = self.tokens - *cost + stubbed;
@@ -896,6 +1023,7 @@ impl ViewState {
             text: text.to_owned(),
             native: native.cloned(),
             placement: Placement::Pending,
+            message: Arc::new(summary.clone()),
         });
         self.place_summary();
         self.tokens = self.cost.iter().sum();
@@ -1118,6 +1246,12 @@ mod tests {
                 );
             }
         }
+        // The view's shape rebuilds its messages from the history it read.
+        assert_eq!(
+            view.shape().messages(&history[..view.synced]).as_ref(),
+            Some(&*view.messages),
+            "the shape rebuilds the view"
+        );
         // Origins increase: the view keeps the history's order.
         assert!(view.origin[first..].windows(2).all(|w| w[0] < w[1]));
         // A view that altered nothing is the history as a provider sends it.

@@ -80,7 +80,9 @@ pub use serialize::{
     serialize_instance_tree, serialize_machine,
 };
 pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
-pub use step::{BLOCKED_NOTE, MachineStep, ModelCall, SuspendedInstance, TurnState, YieldReason};
+pub use step::{
+    BLOCKED_NOTE, MachineStep, ModelCall, SentRequest, SuspendedInstance, TurnState, YieldReason,
+};
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use team::{
     Handoff, HandoffRecord, HistoryFilter, Team, TeamBuilder, TeamError, TeamSession, TeamState,

@@ -231,6 +231,11 @@ pub struct ModelCall {
     /// whose view had not changed anything yet.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub context_view: bool,
+    /// The shape of that view, from which its messages are rebuilt; `None`
+    /// when the request was sent the history as it is, and on calls
+    /// recorded before views were (whose request cannot be rebuilt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub view: Option<markov_context::ViewShape>,
     /// The leaf's turn bookkeeping when it called (what the tool choice
     /// rules saw), so that a fork continues the turn as it stood.
     #[serde(default)]
@@ -253,21 +258,48 @@ pub struct ModelCall {
 impl ModelCall {
     /// The request as it was sent, over `history` (the machine's history
     /// of which the request was sent the first
-    /// [`history_len`](Self::history_len) messages).
+    /// [`history_len`](Self::history_len) messages, or the view
+    /// [`view`](Self::view) made of them).
     ///
-    /// `None` when `history` is shorter than that.
-    pub fn request<'a>(
-        &'a self,
-        history: &'a [markov_core::Message],
-    ) -> Option<markov_core::model::ModelRequest<'a>> {
+    /// `None` when `history` is shorter than that, or when a context
+    /// policy's view was not recorded (a call recorded before views were).
+    pub fn request<'a>(&'a self, history: &'a [markov_core::Message]) -> Option<SentRequest<'a>> {
         let len = usize::try_from(self.history_len).ok()?;
         let messages = history.get(..len)?;
-        Some(
-            markov_core::model::ModelRequest::new(&self.system, messages, &self.settings)
-                .with_tools(&self.tools)
-                .with_provider_tools(&self.provider_tools)
-                .with_tool_choice(&self.tool_choice)
-                .with_output_schema(self.output_schema.as_ref()),
-        )
+        let messages = match (&self.view, self.context_view) {
+            (Some(view), _) => std::borrow::Cow::Owned(view.messages(messages)?),
+            (None, true) => return None,
+            (None, false) => std::borrow::Cow::Borrowed(messages),
+        };
+        Some(SentRequest {
+            call: self,
+            messages,
+        })
+    }
+}
+
+/// A recorded call's request rebuilt ([`ModelCall::request`]): the call
+/// and the messages it was sent.
+#[derive(Debug, Clone)]
+pub struct SentRequest<'a> {
+    call: &'a ModelCall,
+    messages: std::borrow::Cow<'a, [markov_core::Message]>,
+}
+
+impl SentRequest<'_> {
+    /// The request, as the model received it (to inspect, or to encode as
+    /// any provider's wire body).
+    pub fn as_request(&self) -> markov_core::model::ModelRequest<'_> {
+        let call = self.call;
+        markov_core::model::ModelRequest::new(&call.system, &self.messages, &call.settings)
+            .with_tools(&call.tools)
+            .with_provider_tools(&call.provider_tools)
+            .with_tool_choice(&call.tool_choice)
+            .with_output_schema(call.output_schema.as_ref())
+    }
+
+    /// The messages the request was sent.
+    pub fn messages(&self) -> &[markov_core::Message] {
+        &self.messages
     }
 }

@@ -1235,7 +1235,7 @@ function stepLine(step) {
       actions.append(edit, forkButton);
       body.append(actions);
       if (!step.has_request) {
-        body.append(el("p", "no-request", "The request is not shown: a context policy chose what the model saw of the history, and the trace keeps the history, not that view."));
+        body.append(el("p", "no-request", "The request is not shown: the step was recorded under a context policy before markov kept what its view showed."));
       }
     }
     if (studio.exportable) {

@@ -90,12 +90,13 @@ pub(crate) async fn step_wire(
             ))
         })?;
     let history = &stored.snapshot.history;
-    let request = step.request(history).ok_or_else(|| {
+    let sent = step.request(history).ok_or_else(|| {
         ApiError::Conflict(format!(
-            "step {n} of session {id} has no request to rebuild (no model call, or a context \
-             policy chose what the model was shown)"
+            "step {n} of session {id} has no request to rebuild (no model call, or recorded \
+             under a context policy before views were)"
         ))
     })?;
+    let request = sent.as_request();
     let bytes = encode(&request).map_err(|e| {
         ApiError::Conflict(format!(
             "the provider cannot encode step {n}'s request: {e}"

@@ -100,8 +100,9 @@ fn summary(
         model_ms: step.calls.iter().map(|c| c.model_ms).sum(),
         tools_ms: step.calls.iter().map(|c| c.tools_ms).sum(),
         // What `StepTrace::request` needs: a call that saw the history as
-        // it is, and that much history.
-        has_request: call.is_some_and(|c| !c.context_view && c.history_len <= total),
+        // it is or recorded its view's shape, and that much history.
+        has_request: call
+            .is_some_and(|c| (!c.context_view || c.view.is_some()) && c.history_len <= total),
         messages: markdown::shown(
             history_slice(
                 messages,
@@ -263,8 +264,8 @@ pub(crate) fn redact(value: &mut Value) {
         fields redacted), and the node that called", body = StepRequest),
               (status = 401, description = "No live credential", body = ErrorBody),
               (status = 404, description = "No such session the caller may read, or no such step", body = ErrorBody),
-              (status = 409, description = "The step made no model call, or a context policy chose \
-                  what it showed the model, so its request cannot be rebuilt", body = ErrorBody),
+              (status = 409, description = "The step made no model call, or was recorded under a \
+                  context policy before views were, so its request cannot be rebuilt", body = ErrorBody),
               (status = 429, description = "Too many requests", body = ErrorBody)))]
 pub(crate) async fn step_request(
     State(service): Shared,
@@ -273,12 +274,13 @@ pub(crate) async fn step_request(
 ) -> Result<Json<StepRequest>, ApiError> {
     let (id, stored, step) = step_of(&service, &principal, &id, n).await?;
     let history = &stored.snapshot.history;
-    let request = step.request(history).ok_or_else(|| {
+    let sent = step.request(history).ok_or_else(|| {
         ApiError::Conflict(format!(
-            "step {n} of session {id} has no request to rebuild (no model call, or a context \
-             policy chose what the model was shown)"
+            "step {n} of session {id} has no request to rebuild (no model call, or recorded \
+             under a context policy before views were)"
         ))
     })?;
+    let request = sent.as_request();
     let messages: Vec<Value> = request
         .messages()
         .iter()

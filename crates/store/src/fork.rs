@@ -102,6 +102,19 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 }
             }
         }
+        // The summary the step's view showed, when the step made it: the
+        // history before the step does not hold it, and a fork without it
+        // would summarize again (another text, another request). It goes
+        // where the step recorded it, after the step's input.
+        let made = call
+            .view
+            .as_ref()
+            .and_then(|view| view.summary.as_deref())
+            .filter(|summary| {
+                let shown = summary.as_summary_item();
+                shown.is_some() && !history[..sent].iter().any(|m| m.as_summary_item() == shown)
+            })
+            .cloned();
         let counters = trace.counters_before.clone();
         let waiting = waiting_before(previous, step);
         // A resumed paused answer: the fork waits where the source waited
@@ -110,6 +123,13 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         if resumes {
             // The history the paused answer was given.
             kept.append(&mut input);
+        }
+        if let Some(summary) = made {
+            if input.is_empty() {
+                kept.push(summary);
+            } else {
+                input.push(summary);
+            }
         }
         let crate::Waiting {
             mut approvals,

@@ -404,16 +404,16 @@ impl StepTrace {
 
     /// The request of this step's first model call (the primary leaf's) as
     /// the model received it, over the session's `history` (as
-    /// [`Store::load`] reads it back): `None` when the step made no model
-    /// call, when the history is shorter than the call saw, or when a
-    /// context policy chose what the call was shown of it (see
-    /// [`ModelCall::context_view`](markov_executor::ModelCall::context_view)).
+    /// [`Store::load`] reads it back), under a context policy the view it
+    /// was shown rebuilt from its recorded shape
+    /// ([`ModelCall::view`](markov_executor::ModelCall::view)): `None` when
+    /// the step made no model call, when the history is shorter than the
+    /// call saw, or when the call was recorded before views were.
     pub fn request<'a>(
         &'a self,
         history: &'a [Message],
-    ) -> Option<markov_core::model::ModelRequest<'a>> {
-        let call = self.calls.first().filter(|c| !c.context_view)?;
-        call.request(history)
+    ) -> Option<markov_executor::SentRequest<'a>> {
+        self.calls.first()?.request(history)
     }
 }
 
@@ -816,8 +816,8 @@ pub(crate) fn from_json<T: serde::de::DeserializeOwned>(
 }
 
 /// A step trace as a store keeps it: its JSON with each call's system
-/// prompt and tool list replaced by the hash of their content, and those
-/// contents (hash, JSON) to keep once each.
+/// prompt, tool list and view's summary replaced by the hash of their
+/// content, and those contents (hash, JSON) to keep once each.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) struct EncodedTrace {
     /// The trace's JSON, contents by hash.
@@ -829,6 +829,11 @@ pub(crate) struct EncodedTrace {
 /// The key under which a trace's JSON names a content kept apart.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const BLOB_KEY: &str = "$content";
+
+/// The fields of a model call's JSON kept apart by content (JSON
+/// pointers): what stays the same from one step to the next.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const BLOB_FIELDS: [&str; 3] = ["/system", "/tools", "/view/summary"];
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn content_hash(text: &str) -> String {
@@ -896,8 +901,8 @@ pub(crate) fn encode_trace(trace: &StepTrace) -> Result<EncodedTrace, StoreError
     let mut value = serde_json::to_value(trace).map_err(encode)?;
     let mut blobs = Vec::new();
     for call in model_calls_mut(&mut value) {
-        for field in ["system", "tools"] {
-            if let Some(content) = call.get_mut(field) {
+        for field in BLOB_FIELDS {
+            if let Some(content) = call.pointer_mut(field) {
                 let text = serde_json::to_string(content).map_err(encode)?;
                 let hash = content_hash(&text);
                 *content = serde_json::json!({ BLOB_KEY: hash });
@@ -918,9 +923,9 @@ pub(crate) fn encode_trace(trace: &StepTrace) -> Result<EncodedTrace, StoreError
 pub(crate) fn trace_blob_hashes(value: &serde_json::Value) -> Vec<String> {
     let mut hashes = Vec::new();
     for call in model_calls(value) {
-        for field in ["system", "tools"] {
+        for field in BLOB_FIELDS {
             if let Some(hash) = call
-                .get(field)
+                .pointer(field)
                 .and_then(|c| c.get(BLOB_KEY))
                 .and_then(|h| h.as_str())
                 && !hashes.iter().any(|h| h == hash)
@@ -945,8 +950,8 @@ pub(crate) fn decode_trace(
         detail,
     };
     for call in model_calls_mut(&mut value) {
-        for field in ["system", "tools"] {
-            let Some(slot) = call.get_mut(field) else {
+        for field in BLOB_FIELDS {
+            let Some(slot) = call.pointer_mut(field) else {
                 continue;
             };
             let Some(hash) = slot.get(BLOB_KEY).and_then(|h| h.as_str()) else {

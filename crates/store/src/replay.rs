@@ -459,7 +459,7 @@ struct Recorded {
 
 impl Recorded {
     fn of(step: &StepTrace, history: &[Message]) -> Option<Self> {
-        let request = request_json(&step.request(history)?);
+        let request = request_json(&step.request(history)?.as_request());
         let from = usize::try_from(step.history_from).ok()?;
         let to = usize::try_from(step.history_to).ok()?.min(history.len());
         let message = history

@@ -458,6 +458,15 @@ impl StandardExecutor {
             .await?;
         let millis = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let node = cx.instance().node();
+        // A call under a context policy whose view altered nothing was
+        // sent the history as it is; else the view's shape says what it
+        // was sent, to rebuild its request.
+        let (context_view, view) = match node.context_policy().or(self.context_policy.as_ref()) {
+            Some(policy) if !cx.views.shows_history_as_is(policy) => {
+                (true, cx.views.view_shape(policy))
+            }
+            _ => (false, None),
+        };
         outcome.call = Some(Box::new(crate::step::ModelCall {
             instance: cx.instance().id().to_string(),
             node: node
@@ -470,12 +479,8 @@ impl StandardExecutor {
             settings: prepared.settings.clone(),
             output_schema: prepared.output_schema.clone(),
             history_len: history_len as u64,
-            // A call under a context policy whose view altered nothing was
-            // sent the history as it is: its request can be rebuilt.
-            context_view: node
-                .context_policy()
-                .or(self.context_policy.as_ref())
-                .is_some_and(|policy| !cx.views.shows_history_as_is(policy)),
+            context_view,
+            view,
             turn: cx.turn,
             replayed,
             model_ms: millis(answered.duration_since(started)),

@@ -1950,7 +1950,7 @@ async fn a_step_shows_its_calls_decision_and_wire_body_and_a_turn_is_saved_as_a_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_still_forks() {
+async fn a_step_after_a_context_views_cut_shows_its_request_and_forks() {
     use markov_charter::context::ContextPolicy;
     use markov_testkit::ScriptedModel;
 
@@ -1998,22 +1998,39 @@ async fn a_step_whose_request_was_a_context_view_says_why_it_shows_none_and_stil
         )
         .await;
     browser.click("#timeline > li[data-step='2'] summary").await;
-    let note = browser
+    // The view left the first turn out: its request is rebuilt as sent.
+    browser
         .wait(
-            "why the request is not shown",
-            "document.querySelector(\"#timeline > li[data-step='2'] .no-request\")?.textContent",
+            "the request of the step after the cut",
+            "document.querySelectorAll(\"#timeline > li[data-step='2'] .show-request\").length === 1",
         )
         .await;
-    assert!(
-        note.as_str().unwrap_or_default().contains("context policy"),
-        "{note}"
-    );
     assert_eq!(
         browser
-            .count("#timeline > li[data-step='2'] .show-request")
+            .count("#timeline > li[data-step='2'] .no-request")
             .await,
         0
     );
+    browser
+        .click("#timeline > li[data-step='2'] .show-request")
+        .await;
+    browser
+        .wait(
+            "the step's request",
+            "document.querySelector(\"#timeline > li[data-step='2'] .request\")",
+        )
+        .await;
+    browser
+        .run("document.querySelector(\"#timeline > li[data-step='2'] .request details\").open = true")
+        .await;
+    let request = browser.text("#timeline > li[data-step='2'] .request").await;
+    assert!(
+        request.contains("3 messages") && request.contains("still") && !request.contains("\"hi\""),
+        "again, its answer and still; hi left out: {request}"
+    );
+    browser
+        .run("document.querySelector(\"#timeline > li[data-step='2'] .request\").scrollIntoView({block: 'end'})")
+        .await;
     browser.screenshot("studio-context-view.png").await;
     browser.click("#timeline > li[data-step='2'] .fork").await;
     browser

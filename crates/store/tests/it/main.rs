@@ -29,3 +29,5 @@ mod studio;
 mod teams;
 #[cfg(feature = "sqlite")]
 mod tool_search;
+#[cfg(feature = "sqlite")]
+mod views;

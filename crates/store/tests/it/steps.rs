@@ -44,6 +44,7 @@ pub(crate) async fn steps_contract<S: Store + 'static>(store: Arc<S>, dir: &Dir)
     for (n, (step, sent)) in steps.iter().zip(&requests).enumerate() {
         assert_eq!(step.index, n as u64, "steps are numbered in order");
         let rebuilt = step.request(&history).expect("the request rebuilds");
+        let rebuilt = rebuilt.as_request();
         assert_eq!(rebuilt.system(), sent.system, "step {n}: system prompt");
         assert_eq!(
             rebuilt.messages(),
