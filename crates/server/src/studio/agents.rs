@@ -360,7 +360,7 @@ pub(crate) async fn sub_agent_request(
     Ok(Json(StepRequest {
         step: n,
         node: call.node.clone(),
-        request: request_body(&request),
+        request: request_body(&request.as_request()),
     }))
 }
 

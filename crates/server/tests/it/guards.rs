@@ -239,7 +239,11 @@ async fn thinking_a_guard_blocks_sends_no_byte_to_the_sse_client_and_stays_signe
         .as_array()
         .expect("a page of steps")
         .iter()
-        .any(|step| step["messages"].to_string().contains("I cannot show card numbers."));
+        .any(|step| {
+            step["messages"]
+                .to_string()
+                .contains("I cannot show card numbers.")
+        });
     assert!(answered, "the step with the answer is shown: {steps}");
     assert!(!steps.to_string().contains("4111"), "{steps}");
 
