@@ -214,9 +214,7 @@ impl SqliteStore {
             "CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, updated_at)",
         )
         .map_err(backend)?;
-        // Every statement the store runs stays prepared (parsing SQL was a
-        // tenth of a busy worker's database time).
-        conn.set_prepared_statement_cache_capacity(64);
+        keep_prepared(&conn)?;
         Ok(SqliteStore {
             writer: Writer::start(conn)?,
             readers: None,
@@ -238,6 +236,40 @@ impl SqliteStore {
         }
     }
 }
+
+/// Keeps every statement the store runs on `conn` prepared: parsing SQL
+/// was a tenth of a busy worker's database time.
+///
+/// A cache of prepared statements is not enough by itself. SQLite marks a
+/// statement to be prepared again when a value bound to it might change
+/// its plan — with an `ORDER BY` (a `MAX` is one), an equality on a bound
+/// parameter counts — and the cache clears a statement's bindings when it
+/// takes it back, which counts as such a change: the session's history
+/// and ledger read back and the step trace's insert were prepared again
+/// on every use, about three times per message. The query planner
+/// stability guarantee makes plans independent of bound values, so a
+/// cached statement stays prepared; no plan here gains from the values
+/// (no statistics are gathered, and the one `LIKE` is a `NOT LIKE`,
+/// which never uses an index).
+pub(super) fn keep_prepared(conn: &Connection) -> Result<(), StoreError> {
+    conn.set_prepared_statement_cache_capacity(64);
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// A session's history, in order.
+const HISTORY: &str = "SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq";
+
+/// A session's ledger, in the order it was answered.
+const LEDGER: &str = "SELECT body FROM ledger WHERE session_id = ?1 ORDER BY rowid";
+
+/// A step's trace, under the session's next step index.
+const NEXT_TRACE: &str = "INSERT INTO step_traces (session_id, idx, recorded_at, body)
+     VALUES (?1, (SELECT COALESCE(MAX(idx) + 1, 0) FROM step_traces WHERE session_id = ?1), ?2, ?3)";
 
 /// Checks that `holder` holds `id`'s unexpired lease, counting the write in
 /// the session's [`Revision`].
@@ -279,13 +311,10 @@ fn write_trace(
             keep.execute(params![hash, body]).map_err(backend)?;
         }
     }
-    conn.prepare_cached(
-        "INSERT INTO step_traces (session_id, idx, recorded_at, body)
-         VALUES (?1, (SELECT COALESCE(MAX(idx) + 1, 0) FROM step_traces WHERE session_id = ?1), ?2, ?3)",
-    )
-    .map_err(backend)?
-    .execute(params![id.as_str(), to_i64(now), trace.body])
-    .map_err(backend)?;
+    conn.prepare_cached(NEXT_TRACE)
+        .map_err(backend)?
+        .execute(params![id.as_str(), to_i64(now), trace.body])
+        .map_err(backend)?;
     Ok(())
 }
 
@@ -821,7 +850,7 @@ impl Store for SqliteStore {
             let mut history: Vec<Message> = Vec::with_capacity(usize::try_from(info.messages).unwrap_or(0));
             {
                 let mut rows = tx
-                    .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq")
+                    .prepare_cached(HISTORY)
                     .map_err(backend)?;
                 let bodies = rows
                     .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
@@ -833,9 +862,7 @@ impl Store for SqliteStore {
             let mut ledger: Vec<LedgerEntry> = Vec::new();
             {
                 let mut rows = tx
-                    .prepare_cached(
-                        "SELECT body FROM ledger WHERE session_id = ?1 ORDER BY rowid",
-                    )
+                    .prepare_cached(LEDGER)
                     .map_err(backend)?;
                 let bodies = rows
                     .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
@@ -877,7 +904,7 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             let messages: Vec<String> = {
                 let mut rows = conn
-                    .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq")
+                    .prepare_cached(HISTORY)
                     .map_err(backend)?;
                 let bodies = rows
                     .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
@@ -1348,6 +1375,61 @@ mod tests {
         assert!(read.is_some(), "the committed key is seen");
         held.await.expect("the write ends");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_message_s_statements_are_prepared_once_not_on_every_use() {
+        use rusqlite::StatementStatus;
+        let store = Arc::new(SqliteStore::in_memory().expect("opens"));
+        let model = markov_testkit::ScriptedModel::builder()
+            .text("one")
+            .text("two")
+            .text("three")
+            .build();
+        let agent = markov_executor::Agent::builder("a")
+            .instructions("Answer.")
+            .model(model)
+            .build()
+            .expect("an agent");
+        let (id, worker) = (SessionId::new("s"), WorkerId::new("w"));
+        crate::DurableMachine::create(store.clone(), id.clone(), worker.clone(), agent.machine())
+            .await
+            .expect("created")
+            .release()
+            .await
+            .expect("released");
+        // Each message reads the session back (no session cache) and
+        // records its step's trace.
+        for text in ["first", "second", "third"] {
+            let mut session =
+                crate::DurableMachine::open(store.clone(), id.clone(), worker.clone(), &agent)
+                    .await
+                    .expect("opened");
+            session.machine().enqueue_user(text);
+            session.release_with_run();
+            session.run().await.expect("the turn runs");
+            session.release().await.expect("released");
+        }
+        let counts = store
+            .writer
+            .read(|conn| {
+                [HISTORY, LEDGER, NEXT_TRACE]
+                    .into_iter()
+                    .map(|sql| {
+                        let statement = conn.prepare_cached(sql).map_err(backend)?;
+                        Ok((
+                            statement.get_status(StatementStatus::Run),
+                            statement.get_status(StatementStatus::RePrepare),
+                        ))
+                    })
+                    .collect::<Result<Vec<_>, StoreError>>()
+            })
+            .await
+            .expect("the statements' counts read");
+        for ((runs, prepared_again), sql) in counts.into_iter().zip([HISTORY, LEDGER, NEXT_TRACE]) {
+            assert!(runs >= 3, "used by every message: {sql}");
+            assert_eq!(prepared_again, 0, "prepared again: {sql}");
+        }
     }
 
     #[tokio::test]
