@@ -332,14 +332,21 @@ async fn create(
     }
     let agent = agent_named(service, agent)?;
     let id = SessionId::random();
+    let options = CreateOptions::default()
+        .owner(principal.id().clone())
+        .lease(service.lease);
+    // Kept in memory from its creation: a session's first message does
+    // not read back what was just stored.
+    let options = match &service.sessions {
+        Some(cache) => options.cache(cache.clone(), agent),
+        None => options,
+    };
     let session = DurableMachine::create_with(
         Arc::clone(&service.store),
         id.clone(),
         service.worker.clone(),
         agent.machine(),
-        CreateOptions::default()
-            .owner(principal.id().clone())
-            .lease(service.lease),
+        options,
     )
     .await?;
     session.release().await?;
