@@ -648,7 +648,10 @@ fn spawn_run(
     let service = Arc::clone(service);
     let task_log = Arc::clone(&log);
     let id = session.id().clone();
-    tokio::spawn(RUN_LOG.scope(Arc::clone(&log), async move {
+    // Boxed: the run's future holds the machine's whole step inline, many
+    // kilobytes that the runtime would otherwise copy on each move into
+    // its task and again when the task ends; boxed, it is copied once.
+    tokio::spawn(Box::pin(RUN_LOG.scope(Arc::clone(&log), async move {
         let log = task_log;
         let started = Instant::now();
         service.metrics.running.inc();
@@ -744,7 +747,7 @@ fn spawn_run(
         service.metrics.run_ended(outcome, started.elapsed());
         service.metrics.running.dec();
         drop(guard);
-    }));
+    })));
     log
 }
 
