@@ -276,22 +276,35 @@ const NEXT_TRACE: &str = "INSERT INTO step_traces (session_id, idx, recorded_at,
 fn fence(conn: &Connection, id: &SessionId, holder: &WorkerId, now: u64) -> Result<(), StoreError> {
     // The write counts in the session's revision; when the lease check
     // fails, the write's savepoint is rolled back and the count with it.
-    let row: Option<(Option<String>, i64)> = conn
+    // (A plain update: one with `RETURNING` costs SQLite a temporary table
+    // of the rows it returns.)
+    let changed = conn
         .prepare_cached(
-            "UPDATE sessions SET revision = revision + 1 WHERE id = ?1
-             RETURNING lease_holder, lease_expires",
+            "UPDATE sessions SET revision = revision + 1
+             WHERE id = ?1 AND lease_holder = ?2 AND lease_expires > ?3",
         )
         .map_err(backend)?
-        .query_row(params![id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()
+        .execute(params![id.as_str(), holder.as_str(), to_i64(now)])
         .map_err(backend)?;
-    match row {
-        None => Err(StoreError::NotFound(id.clone())),
-        Some((Some(h), expires)) if h == holder.as_str() && to_u64(expires) > now => Ok(()),
-        Some(_) => Err(StoreError::LeaseLost {
+    if changed == 0 {
+        return Err(unfenced(conn, id, holder));
+    }
+    Ok(())
+}
+
+/// Why a write fenced by `holder`'s lease on `id` changed no row: there is
+/// no such session, or the lease is not (or no longer) `holder`'s.
+fn unfenced(conn: &Connection, id: &SessionId, holder: &WorkerId) -> StoreError {
+    let exists = conn
+        .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
+        .and_then(|mut s| s.exists(params![id.as_str()]));
+    match exists {
+        Ok(true) => StoreError::LeaseLost {
             session: id.clone(),
             worker: holder.clone(),
-        }),
+        },
+        Ok(false) => StoreError::NotFound(id.clone()),
+        Err(e) => backend(e),
     }
 }
 
@@ -441,13 +454,16 @@ impl EncodedStep {
         })
     }
 
-    /// Appends the step to session `id`, fenced by `holder`'s lease.
+    /// Appends the step to session `id`, fenced by `holder`'s lease, and
+    /// gives the lease up with it when `release` is set; the session's
+    /// revision after the write.
     fn write(
         &self,
         conn: &Connection,
         id: &SessionId,
         holder: &WorkerId,
-    ) -> Result<(), StoreError> {
+        release: bool,
+    ) -> Result<Revision, StoreError> {
         let EncodedStep {
             messages,
             tree,
@@ -462,27 +478,13 @@ impl EncodedStep {
         } = self;
 
         let now = now_ms();
-        fence(conn, id, holder, now)?;
-        if let Some(trace) = trace {
-            write_trace(conn, id, trace, now)?;
-        }
-        let count: i64 = conn
-            .prepare_cached("SELECT messages FROM sessions WHERE id = ?1")
-            .map_err(backend)?
-            .query_row(params![id.as_str()], |r| r.get(0))
-            .map_err(backend)?;
-        {
-            let mut insert = conn
-                .prepare_cached("INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)")
-                .map_err(backend)?;
-            for (i, body) in messages.iter().enumerate() {
-                insert
-                    .execute(params![id.as_str(), count + to_i64(i as u64), body])
-                    .map_err(backend)?;
-            }
-        }
-        conn.prepare_cached(
-            "UPDATE sessions SET
+        // The session row is rewritten once per step: the step's columns,
+        // the write counted in the revision, the lease checked (the
+        // savepoint is rolled back when it is not `holder`'s) and given up
+        // when asked.
+        let changed = conn
+            .prepare_cached(
+                "UPDATE sessions SET
                     tree = COALESCE(?2, tree),
                     approvals = COALESCE(?3, approvals),
                     run_state = ?4,
@@ -492,23 +494,52 @@ impl EncodedStep {
                     repeats = COALESCE(?7, repeats),
                     counters = COALESCE(?8, counters),
                     answers = ?9,
-                    usage = COALESCE(?10, usage)
-                 WHERE id = ?1",
-        )
-        .map_err(backend)?
-        .execute(params![
-            id.as_str(),
-            tree,
-            approvals,
-            run,
-            to_i64(messages.len() as u64),
-            to_i64(now),
-            repeats,
-            counters,
-            answers,
-            usage
-        ])
-        .map_err(backend)?;
+                    usage = COALESCE(?10, usage),
+                    revision = revision + 1,
+                    lease_holder = CASE WHEN ?13 THEN NULL ELSE lease_holder END,
+                    lease_expires = CASE WHEN ?13 THEN 0 ELSE lease_expires END
+                 WHERE id = ?1 AND lease_holder = ?11 AND lease_expires > ?12",
+            )
+            .map_err(backend)?
+            .execute(params![
+                id.as_str(),
+                tree,
+                approvals,
+                run,
+                to_i64(messages.len() as u64),
+                to_i64(now),
+                repeats,
+                counters,
+                answers,
+                usage,
+                holder.as_str(),
+                to_i64(now),
+                release
+            ])
+            .map_err(backend)?;
+        if changed == 0 {
+            return Err(unfenced(conn, id, holder));
+        }
+        if let Some(trace) = trace {
+            write_trace(conn, id, trace, now)?;
+        }
+        let (count, revision): (i64, i64) = conn
+            .prepare_cached("SELECT messages, revision FROM sessions WHERE id = ?1")
+            .map_err(backend)?
+            .query_row(params![id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(backend)?;
+        {
+            // The messages go after those the session had before the step.
+            let first = count - to_i64(messages.len() as u64);
+            let mut insert = conn
+                .prepare_cached("INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)")
+                .map_err(backend)?;
+            for (i, body) in messages.iter().enumerate() {
+                insert
+                    .execute(params![id.as_str(), first + to_i64(i as u64), body])
+                    .map_err(backend)?;
+            }
+        }
         if let Some(turn) = turn {
             // A new user turn: the earlier turns' answers can never
             // match again (their keys name their turn).
@@ -517,7 +548,7 @@ impl EncodedStep {
                 .execute(params![id.as_str(), format!("t{turn}:%")])
                 .map_err(backend)?;
         }
-        Ok(())
+        Ok(Revision::new(to_u64(revision)))
     }
 }
 
@@ -528,16 +559,23 @@ fn give_up(
     id: &SessionId,
     holder: &WorkerId,
 ) -> Result<Option<Revision>, StoreError> {
-    let revision: Option<i64> = conn
+    let changed = conn
         .prepare_cached(
             "UPDATE sessions SET lease_holder = NULL, lease_expires = 0
-             WHERE id = ?1 AND lease_holder = ?2 RETURNING revision",
+             WHERE id = ?1 AND lease_holder = ?2",
         )
         .map_err(backend)?
-        .query_row(params![id.as_str(), holder.as_str()], |r| r.get(0))
-        .optional()
+        .execute(params![id.as_str(), holder.as_str()])
         .map_err(backend)?;
-    Ok(revision.map(|r| Revision::new(to_u64(r))))
+    if changed == 0 {
+        return Ok(None);
+    }
+    let revision: i64 = conn
+        .prepare_cached("SELECT revision FROM sessions WHERE id = ?1")
+        .map_err(backend)?
+        .query_row(params![id.as_str()], |r| r.get(0))
+        .map_err(backend)?;
+    Ok(Some(Revision::new(to_u64(revision))))
 }
 
 #[async_trait]
@@ -636,7 +674,7 @@ impl Store for SqliteStore {
         let step = EncodedStep::of(&step)?;
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
-            .write(move |conn| step.write(conn, &id, &holder))
+            .write(move |conn| step.write(conn, &id, &holder, false).map(drop))
             .await
     }
 
@@ -648,13 +686,11 @@ impl Store for SqliteStore {
     ) -> Result<Option<Revision>, StoreError> {
         let step = EncodedStep::of(&step)?;
         let (id, holder) = (id.clone(), holder.clone());
-        // One job for the writer thread, in one savepoint: the step and the
-        // lease given up are committed together or not at all.
+        // One job for the writer thread, in one savepoint, one update of
+        // the session row: the step and the lease given up are committed
+        // together or not at all.
         self.writer
-            .write(move |conn| {
-                step.write(conn, &id, &holder)?;
-                give_up(conn, &id, &holder)
-            })
+            .write(move |conn| step.write(conn, &id, &holder, true).map(Some))
             .await
     }
 
@@ -1430,6 +1466,72 @@ mod tests {
             assert!(runs >= 3, "used by every message: {sql}");
             assert_eq!(prepared_again, 0, "prepared again: {sql}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_step_given_up_with_its_write_is_fenced_and_counted_once() {
+        let store = Arc::new(SqliteStore::in_memory().expect("opens"));
+        let agent = markov_executor::Agent::builder("a")
+            .instructions("Answer.")
+            .model(markov_testkit::ScriptedModel::builder().build())
+            .build()
+            .expect("an agent");
+        let (id, holder) = (SessionId::new("s"), WorkerId::new("w"));
+        let created = crate::DurableMachine::create(
+            store.clone(),
+            id.clone(),
+            holder.clone(),
+            agent.machine(),
+        )
+        .await
+        .expect("created");
+        let message = Message::user("hi");
+        let step = || StepRecord {
+            messages: std::slice::from_ref(&message),
+            tree: None,
+            approvals: None,
+            repeats: None,
+            counters: None,
+            answers: &[],
+            run: None,
+            usage: None,
+            trace: None,
+        };
+        let before = store
+            .acquire(&id, &holder, Duration::from_secs(5))
+            .await
+            .expect("renewed")
+            .revision;
+        let other = WorkerId::new("other");
+        assert!(matches!(
+            store.append_and_release(&id, &other, step()).await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+        assert!(matches!(
+            store
+                .append_and_release(&SessionId::new("none"), &holder, step())
+                .await,
+            Err(StoreError::NotFound(_))
+        ));
+        let revision = store
+            .append_and_release(&id, &holder, step())
+            .await
+            .expect("the holder writes and gives up")
+            .expect("it held the lease");
+        let lease = store
+            .acquire(&id, &other, Duration::from_secs(5))
+            .await
+            .expect("given up: free at once");
+        assert_eq!(lease.revision, revision, "the revision it returned");
+        assert_eq!(
+            revision.get(),
+            before.get() + 1,
+            "the refused writes counted nothing, the step once"
+        );
+        let stored = store.load(&id).await.expect("loads");
+        assert_eq!(stored.snapshot.history.len(), 1, "the step's message, once");
+        assert_eq!(stored.info.steps, 1);
+        drop(created);
     }
 
     #[tokio::test]
