@@ -333,14 +333,21 @@ async fn create(
     }
     let agent = agent_named(service, agent)?;
     let id = SessionId::random();
+    let options = CreateOptions::default()
+        .owner(principal.id().clone())
+        .lease(service.lease);
+    // Kept in memory from its creation: a session's first message does
+    // not read back what was just stored.
+    let options = match &service.sessions {
+        Some(cache) => options.cache(cache.clone(), agent),
+        None => options,
+    };
     let session = DurableMachine::create_with(
         Arc::clone(&service.store),
         id.clone(),
         service.worker.clone(),
         agent.machine(),
-        CreateOptions::default()
-            .owner(principal.id().clone())
-            .lease(service.lease),
+        options,
     )
     .await?;
     session.release().await?;
@@ -635,7 +642,10 @@ fn spawn_run(
     let service = Arc::clone(service);
     let task_log = Arc::clone(&log);
     let id = session.id().clone();
-    tokio::spawn(RUN_LOG.scope(Arc::clone(&log), async move {
+    // Boxed: the run's future holds the machine's whole step inline, many
+    // kilobytes that the runtime would otherwise copy on each move into
+    // its task and again when the task ends; boxed, it is copied once.
+    tokio::spawn(Box::pin(RUN_LOG.scope(Arc::clone(&log), async move {
         let log = task_log;
         let started = Instant::now();
         service.metrics.running.inc();
@@ -731,7 +741,7 @@ fn spawn_run(
         service.metrics.run_ended(outcome, started.elapsed());
         service.metrics.running.dec();
         drop(guard);
-    }));
+    })));
     log
 }
 

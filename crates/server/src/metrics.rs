@@ -107,7 +107,7 @@ impl Metrics {
         registry.register(
             "sessions_opened",
             "Sessions opened to serve a request, by where their machine came from \
-             (memory: kept since the last message; store: read back)",
+             (memory: kept since it was created or last used; store: read back)",
             sessions_opened.clone(),
         );
         let runs_continued = Counter::default();

@@ -162,6 +162,9 @@ pub struct CreateOptions {
     pub lease: Duration,
     /// Who the session belongs to (nobody unless set).
     pub owner: Option<Owner>,
+    /// Where [`DurableMachine::release`] parks the new machine, and the
+    /// agent it was made by (none unless set).
+    pub cache: Option<(SessionCache, Agent)>,
 }
 
 impl Default for CreateOptions {
@@ -169,6 +172,7 @@ impl Default for CreateOptions {
         CreateOptions {
             lease: DEFAULT_LEASE,
             owner: None,
+            cache: None,
         }
     }
 }
@@ -185,6 +189,17 @@ impl CreateOptions {
     #[must_use]
     pub fn owner(mut self, owner: Owner) -> Self {
         self.owner = Some(owner);
+        self
+    }
+
+    /// Parks the new session's machine in `cache` when it is released, as
+    /// [`OpenOptions::cache`] does for a session opened, so that its first
+    /// message does not read back what was just created. `agent` is the
+    /// agent the machine was made by (`agent.machine()`): the parked
+    /// machine is taken only by a session opened over that same agent.
+    #[must_use]
+    pub fn cache(mut self, cache: SessionCache, agent: &Agent) -> Self {
+        self.cache = Some((cache, agent.clone()));
         self
     }
 }
@@ -326,7 +341,14 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
                 options.lease,
             )
             .await?;
-        Ok(Self::bind(store, lease, machine, None, options.lease))
+        let history_bytes = options
+            .cache
+            .as_ref()
+            .map_or(0, |_| json_len(machine.history()));
+        let mut session = Self::bind(store, lease, machine, None, options.lease);
+        session.cache = options.cache;
+        session.history_bytes = history_bytes;
+        Ok(session)
     }
 
     /// Leases session `id` to `holder` for [`DEFAULT_LEASE`] and restores

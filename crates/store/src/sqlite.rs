@@ -214,9 +214,7 @@ impl SqliteStore {
             "CREATE INDEX IF NOT EXISTS sessions_owner ON sessions (owner, updated_at)",
         )
         .map_err(backend)?;
-        // Every statement the store runs stays prepared (parsing SQL was a
-        // tenth of a busy worker's database time).
-        conn.set_prepared_statement_cache_capacity(64);
+        keep_prepared(&conn)?;
         Ok(SqliteStore {
             writer: Writer::start(conn)?,
             readers: None,
@@ -239,27 +237,74 @@ impl SqliteStore {
     }
 }
 
+/// Keeps every statement the store runs on `conn` prepared: parsing SQL
+/// was a tenth of a busy worker's database time.
+///
+/// A cache of prepared statements is not enough by itself. SQLite marks a
+/// statement to be prepared again when a value bound to it might change
+/// its plan — with an `ORDER BY` (a `MAX` is one), an equality on a bound
+/// parameter counts — and the cache clears a statement's bindings when it
+/// takes it back, which counts as such a change: the session's history
+/// and ledger read back and the step trace's insert were prepared again
+/// on every use, about three times per message. The query planner
+/// stability guarantee makes plans independent of bound values, so a
+/// cached statement stays prepared; no plan here gains from the values
+/// (no statistics are gathered, and the one `LIKE` is a `NOT LIKE`,
+/// which never uses an index).
+pub(super) fn keep_prepared(conn: &Connection) -> Result<(), StoreError> {
+    conn.set_prepared_statement_cache_capacity(64);
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )
+    .map_err(backend)?;
+    Ok(())
+}
+
+/// A session's history, in order.
+const HISTORY: &str = "SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq";
+
+/// A session's ledger, in the order it was answered.
+const LEDGER: &str = "SELECT body FROM ledger WHERE session_id = ?1 ORDER BY rowid";
+
+/// A step's trace, under the session's next step index.
+const NEXT_TRACE: &str = "INSERT INTO step_traces (session_id, idx, recorded_at, body)
+     VALUES (?1, (SELECT COALESCE(MAX(idx) + 1, 0) FROM step_traces WHERE session_id = ?1), ?2, ?3)";
+
 /// Checks that `holder` holds `id`'s unexpired lease, counting the write in
 /// the session's [`Revision`].
 fn fence(conn: &Connection, id: &SessionId, holder: &WorkerId, now: u64) -> Result<(), StoreError> {
     // The write counts in the session's revision; when the lease check
     // fails, the write's savepoint is rolled back and the count with it.
-    let row: Option<(Option<String>, i64)> = conn
+    // (A plain update: one with `RETURNING` costs SQLite a temporary table
+    // of the rows it returns.)
+    let changed = conn
         .prepare_cached(
-            "UPDATE sessions SET revision = revision + 1 WHERE id = ?1
-             RETURNING lease_holder, lease_expires",
+            "UPDATE sessions SET revision = revision + 1
+             WHERE id = ?1 AND lease_holder = ?2 AND lease_expires > ?3",
         )
         .map_err(backend)?
-        .query_row(params![id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
-        .optional()
+        .execute(params![id.as_str(), holder.as_str(), to_i64(now)])
         .map_err(backend)?;
-    match row {
-        None => Err(StoreError::NotFound(id.clone())),
-        Some((Some(h), expires)) if h == holder.as_str() && to_u64(expires) > now => Ok(()),
-        Some(_) => Err(StoreError::LeaseLost {
+    if changed == 0 {
+        return Err(unfenced(conn, id, holder));
+    }
+    Ok(())
+}
+
+/// Why a write fenced by `holder`'s lease on `id` changed no row: there is
+/// no such session, or the lease is not (or no longer) `holder`'s.
+fn unfenced(conn: &Connection, id: &SessionId, holder: &WorkerId) -> StoreError {
+    let exists = conn
+        .prepare_cached("SELECT 1 FROM sessions WHERE id = ?1")
+        .and_then(|mut s| s.exists(params![id.as_str()]));
+    match exists {
+        Ok(true) => StoreError::LeaseLost {
             session: id.clone(),
             worker: holder.clone(),
-        }),
+        },
+        Ok(false) => StoreError::NotFound(id.clone()),
+        Err(e) => backend(e),
     }
 }
 
@@ -279,13 +324,10 @@ fn write_trace(
             keep.execute(params![hash, body]).map_err(backend)?;
         }
     }
-    conn.prepare_cached(
-        "INSERT INTO step_traces (session_id, idx, recorded_at, body)
-         VALUES (?1, (SELECT COALESCE(MAX(idx) + 1, 0) FROM step_traces WHERE session_id = ?1), ?2, ?3)",
-    )
-    .map_err(backend)?
-    .execute(params![id.as_str(), to_i64(now), trace.body])
-    .map_err(backend)?;
+    conn.prepare_cached(NEXT_TRACE)
+        .map_err(backend)?
+        .execute(params![id.as_str(), to_i64(now), trace.body])
+        .map_err(backend)?;
     Ok(())
 }
 
@@ -412,13 +454,16 @@ impl EncodedStep {
         })
     }
 
-    /// Appends the step to session `id`, fenced by `holder`'s lease.
+    /// Appends the step to session `id`, fenced by `holder`'s lease, and
+    /// gives the lease up with it when `release` is set; the session's
+    /// revision after the write.
     fn write(
         &self,
         conn: &Connection,
         id: &SessionId,
         holder: &WorkerId,
-    ) -> Result<(), StoreError> {
+        release: bool,
+    ) -> Result<Revision, StoreError> {
         let EncodedStep {
             messages,
             tree,
@@ -433,27 +478,13 @@ impl EncodedStep {
         } = self;
 
         let now = now_ms();
-        fence(conn, id, holder, now)?;
-        if let Some(trace) = trace {
-            write_trace(conn, id, trace, now)?;
-        }
-        let count: i64 = conn
-            .prepare_cached("SELECT messages FROM sessions WHERE id = ?1")
-            .map_err(backend)?
-            .query_row(params![id.as_str()], |r| r.get(0))
-            .map_err(backend)?;
-        {
-            let mut insert = conn
-                .prepare_cached("INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)")
-                .map_err(backend)?;
-            for (i, body) in messages.iter().enumerate() {
-                insert
-                    .execute(params![id.as_str(), count + to_i64(i as u64), body])
-                    .map_err(backend)?;
-            }
-        }
-        conn.prepare_cached(
-            "UPDATE sessions SET
+        // The session row is rewritten once per step: the step's columns,
+        // the write counted in the revision, the lease checked (the
+        // savepoint is rolled back when it is not `holder`'s) and given up
+        // when asked.
+        let changed = conn
+            .prepare_cached(
+                "UPDATE sessions SET
                     tree = COALESCE(?2, tree),
                     approvals = COALESCE(?3, approvals),
                     run_state = ?4,
@@ -463,23 +494,52 @@ impl EncodedStep {
                     repeats = COALESCE(?7, repeats),
                     counters = COALESCE(?8, counters),
                     answers = ?9,
-                    usage = COALESCE(?10, usage)
-                 WHERE id = ?1",
-        )
-        .map_err(backend)?
-        .execute(params![
-            id.as_str(),
-            tree,
-            approvals,
-            run,
-            to_i64(messages.len() as u64),
-            to_i64(now),
-            repeats,
-            counters,
-            answers,
-            usage
-        ])
-        .map_err(backend)?;
+                    usage = COALESCE(?10, usage),
+                    revision = revision + 1,
+                    lease_holder = CASE WHEN ?13 THEN NULL ELSE lease_holder END,
+                    lease_expires = CASE WHEN ?13 THEN 0 ELSE lease_expires END
+                 WHERE id = ?1 AND lease_holder = ?11 AND lease_expires > ?12",
+            )
+            .map_err(backend)?
+            .execute(params![
+                id.as_str(),
+                tree,
+                approvals,
+                run,
+                to_i64(messages.len() as u64),
+                to_i64(now),
+                repeats,
+                counters,
+                answers,
+                usage,
+                holder.as_str(),
+                to_i64(now),
+                release
+            ])
+            .map_err(backend)?;
+        if changed == 0 {
+            return Err(unfenced(conn, id, holder));
+        }
+        if let Some(trace) = trace {
+            write_trace(conn, id, trace, now)?;
+        }
+        let (count, revision): (i64, i64) = conn
+            .prepare_cached("SELECT messages, revision FROM sessions WHERE id = ?1")
+            .map_err(backend)?
+            .query_row(params![id.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))
+            .map_err(backend)?;
+        {
+            // The messages go after those the session had before the step.
+            let first = count - to_i64(messages.len() as u64);
+            let mut insert = conn
+                .prepare_cached("INSERT INTO messages (session_id, seq, body) VALUES (?1, ?2, ?3)")
+                .map_err(backend)?;
+            for (i, body) in messages.iter().enumerate() {
+                insert
+                    .execute(params![id.as_str(), first + to_i64(i as u64), body])
+                    .map_err(backend)?;
+            }
+        }
         if let Some(turn) = turn {
             // A new user turn: the earlier turns' answers can never
             // match again (their keys name their turn).
@@ -488,7 +548,7 @@ impl EncodedStep {
                 .execute(params![id.as_str(), format!("t{turn}:%")])
                 .map_err(backend)?;
         }
-        Ok(())
+        Ok(Revision::new(to_u64(revision)))
     }
 }
 
@@ -499,16 +559,23 @@ fn give_up(
     id: &SessionId,
     holder: &WorkerId,
 ) -> Result<Option<Revision>, StoreError> {
-    let revision: Option<i64> = conn
+    let changed = conn
         .prepare_cached(
             "UPDATE sessions SET lease_holder = NULL, lease_expires = 0
-             WHERE id = ?1 AND lease_holder = ?2 RETURNING revision",
+             WHERE id = ?1 AND lease_holder = ?2",
         )
         .map_err(backend)?
-        .query_row(params![id.as_str(), holder.as_str()], |r| r.get(0))
-        .optional()
+        .execute(params![id.as_str(), holder.as_str()])
         .map_err(backend)?;
-    Ok(revision.map(|r| Revision::new(to_u64(r))))
+    if changed == 0 {
+        return Ok(None);
+    }
+    let revision: i64 = conn
+        .prepare_cached("SELECT revision FROM sessions WHERE id = ?1")
+        .map_err(backend)?
+        .query_row(params![id.as_str()], |r| r.get(0))
+        .map_err(backend)?;
+    Ok(Some(Revision::new(to_u64(revision))))
 }
 
 #[async_trait]
@@ -607,7 +674,7 @@ impl Store for SqliteStore {
         let step = EncodedStep::of(&step)?;
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
-            .write(move |conn| step.write(conn, &id, &holder))
+            .write(move |conn| step.write(conn, &id, &holder, false).map(drop))
             .await
     }
 
@@ -619,13 +686,11 @@ impl Store for SqliteStore {
     ) -> Result<Option<Revision>, StoreError> {
         let step = EncodedStep::of(&step)?;
         let (id, holder) = (id.clone(), holder.clone());
-        // One job for the writer thread, in one savepoint: the step and the
-        // lease given up are committed together or not at all.
+        // One job for the writer thread, in one savepoint, one update of
+        // the session row: the step and the lease given up are committed
+        // together or not at all.
         self.writer
-            .write(move |conn| {
-                step.write(conn, &id, &holder)?;
-                give_up(conn, &id, &holder)
-            })
+            .write(move |conn| step.write(conn, &id, &holder, true).map(Some))
             .await
     }
 
@@ -821,7 +886,7 @@ impl Store for SqliteStore {
             let mut history: Vec<Message> = Vec::with_capacity(usize::try_from(info.messages).unwrap_or(0));
             {
                 let mut rows = tx
-                    .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq")
+                    .prepare_cached(HISTORY)
                     .map_err(backend)?;
                 let bodies = rows
                     .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
@@ -833,9 +898,7 @@ impl Store for SqliteStore {
             let mut ledger: Vec<LedgerEntry> = Vec::new();
             {
                 let mut rows = tx
-                    .prepare_cached(
-                        "SELECT body FROM ledger WHERE session_id = ?1 ORDER BY rowid",
-                    )
+                    .prepare_cached(LEDGER)
                     .map_err(backend)?;
                 let bodies = rows
                     .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
@@ -877,7 +940,7 @@ impl Store for SqliteStore {
                 .map_err(backend)?;
             let messages: Vec<String> = {
                 let mut rows = conn
-                    .prepare_cached("SELECT body FROM messages WHERE session_id = ?1 ORDER BY seq")
+                    .prepare_cached(HISTORY)
                     .map_err(backend)?;
                 let bodies = rows
                     .query_map(params![id.as_str()], |r| r.get::<_, String>(0))
@@ -1348,6 +1411,127 @@ mod tests {
         assert!(read.is_some(), "the committed key is seen");
         held.await.expect("the write ends");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_message_s_statements_are_prepared_once_not_on_every_use() {
+        use rusqlite::StatementStatus;
+        let store = Arc::new(SqliteStore::in_memory().expect("opens"));
+        let model = markov_testkit::ScriptedModel::builder()
+            .text("one")
+            .text("two")
+            .text("three")
+            .build();
+        let agent = markov_executor::Agent::builder("a")
+            .instructions("Answer.")
+            .model(model)
+            .build()
+            .expect("an agent");
+        let (id, worker) = (SessionId::new("s"), WorkerId::new("w"));
+        crate::DurableMachine::create(store.clone(), id.clone(), worker.clone(), agent.machine())
+            .await
+            .expect("created")
+            .release()
+            .await
+            .expect("released");
+        // Each message reads the session back (no session cache) and
+        // records its step's trace.
+        for text in ["first", "second", "third"] {
+            let mut session =
+                crate::DurableMachine::open(store.clone(), id.clone(), worker.clone(), &agent)
+                    .await
+                    .expect("opened");
+            session.machine().enqueue_user(text);
+            session.release_with_run();
+            session.run().await.expect("the turn runs");
+            session.release().await.expect("released");
+        }
+        let counts = store
+            .writer
+            .read(|conn| {
+                [HISTORY, LEDGER, NEXT_TRACE]
+                    .into_iter()
+                    .map(|sql| {
+                        let statement = conn.prepare_cached(sql).map_err(backend)?;
+                        Ok((
+                            statement.get_status(StatementStatus::Run),
+                            statement.get_status(StatementStatus::RePrepare),
+                        ))
+                    })
+                    .collect::<Result<Vec<_>, StoreError>>()
+            })
+            .await
+            .expect("the statements' counts read");
+        for ((runs, prepared_again), sql) in counts.into_iter().zip([HISTORY, LEDGER, NEXT_TRACE]) {
+            assert!(runs >= 3, "used by every message: {sql}");
+            assert_eq!(prepared_again, 0, "prepared again: {sql}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_step_given_up_with_its_write_is_fenced_and_counted_once() {
+        let store = Arc::new(SqliteStore::in_memory().expect("opens"));
+        let agent = markov_executor::Agent::builder("a")
+            .instructions("Answer.")
+            .model(markov_testkit::ScriptedModel::builder().build())
+            .build()
+            .expect("an agent");
+        let (id, holder) = (SessionId::new("s"), WorkerId::new("w"));
+        let created = crate::DurableMachine::create(
+            store.clone(),
+            id.clone(),
+            holder.clone(),
+            agent.machine(),
+        )
+        .await
+        .expect("created");
+        let message = Message::user("hi");
+        let step = || StepRecord {
+            messages: std::slice::from_ref(&message),
+            tree: None,
+            approvals: None,
+            repeats: None,
+            counters: None,
+            answers: &[],
+            run: None,
+            usage: None,
+            trace: None,
+        };
+        let before = store
+            .acquire(&id, &holder, Duration::from_secs(5))
+            .await
+            .expect("renewed")
+            .revision;
+        let other = WorkerId::new("other");
+        assert!(matches!(
+            store.append_and_release(&id, &other, step()).await,
+            Err(StoreError::LeaseLost { .. })
+        ));
+        assert!(matches!(
+            store
+                .append_and_release(&SessionId::new("none"), &holder, step())
+                .await,
+            Err(StoreError::NotFound(_))
+        ));
+        let revision = store
+            .append_and_release(&id, &holder, step())
+            .await
+            .expect("the holder writes and gives up")
+            .expect("it held the lease");
+        let lease = store
+            .acquire(&id, &other, Duration::from_secs(5))
+            .await
+            .expect("given up: free at once");
+        assert_eq!(lease.revision, revision, "the revision it returned");
+        assert_eq!(
+            revision.get(),
+            before.get() + 1,
+            "the refused writes counted nothing, the step once"
+        );
+        let stored = store.load(&id).await.expect("loads");
+        assert_eq!(stored.snapshot.history.len(), 1, "the step's message, once");
+        assert_eq!(stored.info.steps, 1);
+        drop(created);
     }
 
     #[tokio::test]

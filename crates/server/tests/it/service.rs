@@ -1590,6 +1590,30 @@ async fn metrics_count_requests_runs_steps_and_tool_calls_for_prometheus() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_s_first_message_finds_it_in_memory_not_read_back() {
+    let f = serve_agent(paying_agent(&Arc::default()), Arc::default()).await;
+    let id = f.create().await;
+    f.say(&id, "hello").await;
+    let text = f
+        .request("GET", "/metrics")
+        .bearer_auth(&f.key)
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        text.contains("markov_sessions_opened_total{source=\"memory\"} 1\n"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("markov_sessions_opened_total{source=\"store\"}"),
+        "{text}"
+    );
+}
+
 #[test]
 fn an_allowed_host_that_is_not_one_is_a_build_error_not_a_panic() {
     let with_host = |host: &str| {

@@ -135,6 +135,6 @@ fn open(path: &std::path::Path) -> Result<Connection, StoreError> {
     .map_err(backend)?;
     // While another process checkpoints the file, wait rather than fail.
     conn.busy_timeout(BUSY_WAIT).map_err(backend)?;
-    conn.set_prepared_statement_cache_capacity(64);
+    super::keep_prepared(&conn)?;
     Ok(conn)
 }

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use crate::common::*;
 use markov_executor::Agent;
 use markov_store::{
-    DurableMachine, OpenOptions, SessionCache, SessionId, SqliteStore, Store, WorkerId,
+    CreateOptions, DurableMachine, OpenOptions, SessionCache, SessionId, SqliteStore, Store,
+    WorkerId,
 };
 use markov_testkit::ScriptedModel;
 
@@ -127,6 +128,53 @@ async fn a_hot_session_opens_from_memory_and_its_requests_stay_one_history() {
         stored_texts(&store, "hot").await,
         ["first", "one", "second", "two", "third", "three"]
     );
+}
+
+#[tokio::test]
+async fn a_session_created_with_the_cache_opens_from_memory_at_its_first_message() {
+    let dir = Dir::new("cache-created");
+    let store = store(&dir);
+    let model = Arc::new(ScriptedModel::builder().text("one").text("two").build());
+    let agent = agent(model.clone(), &dir);
+    let cache = cache(8);
+    for id in ["kept", "other"] {
+        DurableMachine::create_with(
+            store.clone(),
+            SessionId::new(id),
+            WorkerId::new("w"),
+            agent.machine(),
+            CreateOptions::default().cache(cache.clone(), &agent),
+        )
+        .await
+        .expect("created")
+        .release()
+        .await
+        .expect("released");
+    }
+    assert!(
+        cache.contains(&SessionId::new("kept")),
+        "released at rest: parked"
+    );
+
+    let mut session = open(&store, "kept", "w", &agent, Some(&cache)).await;
+    assert!(session.was_kept(), "its first message is not read back");
+    session.machine().enqueue_user("first");
+    session.run().await.expect("the turn runs");
+    session.release().await.expect("released");
+    assert_eq!(stored_texts(&store, "kept").await, ["first", "one"]);
+
+    // Written by another worker since it was created: read again.
+    turn(&store, "other", "b", &agent, None, "second").await;
+    let session = open(&store, "other", "w", &agent, Some(&cache)).await;
+    assert!(!session.was_kept(), "a stale machine is not taken");
+    let texts: Vec<String> = session
+        .machine()
+        .history()
+        .iter()
+        .map(|m| m.text())
+        .collect();
+    assert_eq!(texts, ["second", "two"]);
+    session.release().await.expect("released");
 }
 
 #[tokio::test]
