@@ -1282,9 +1282,11 @@ async function showAgentRequest(address, actions, button) {
 }
 
 async function moreSteps() {
-  if (studio.loading || studio.next === null) return;
-  studio.loading = true;
   const generation = studio.generation;
+  // `loading` names the list being loaded: a page still on its way for a
+  // list since replaced does not hold up the new one.
+  if (studio.loading === generation || studio.next === null) return;
+  studio.loading = generation;
   try {
     const response = await fetch("/sessions/" + encodeURIComponent(studio.id) + "/steps?from=" + studio.next + "&limit=" + STEP_PAGE);
     if (generation !== studio.generation) return;
@@ -1306,7 +1308,7 @@ async function moreSteps() {
     $("more").hidden = studio.next === null;
     $("studio-count").textContent = studio.count + " step" + (studio.count === 1 ? "" : "s") + (studio.next === null ? "" : " shown so far");
   } finally {
-    studio.loading = false;
+    if (studio.loading === generation) studio.loading = false;
   }
   // A page shorter than the view leaves its end in view: the next one.
   if (generation === studio.generation && studio.next !== null && endInView()) setTimeout(moreSteps, 0);
@@ -1316,8 +1318,12 @@ async function moreSteps() {
 // since: a running session's steps appear as they are stored.
 async function pollSteps(generation) {
   if (generation !== studio.generation || $("studio").hidden) return;
-  if (studio.next === null && !studio.loading) {
+  if (studio.next === null && studio.loading !== generation) {
     studio.next = studio.after || 0;
+    await moreSteps();
+  } else if (endInView()) {
+    // The observer speaks only when the end comes into view: a page that
+    // failed while the end stayed in view is asked for again here.
     await moreSteps();
   }
   studio.poll = setTimeout(() => pollSteps(generation), 2000);
