@@ -524,14 +524,14 @@ fn starts_turn(message: &Message) -> bool {
 /// How a view shows a native summary: a summary message of its own
 /// holding the vendor's items, sent by that vendor's client alone.
 fn native_message(native: &NativeItems) -> Message {
-    Message {
+    Message::from(markov_core::message::MessageData {
         role: Role::Summary,
         items: Items::List(vec![Item::Native {
             vendor: native.vendor.clone(),
             items: native.items.clone(),
         }]),
         metadata: None,
-    }
+    })
 }
 
 /// Whether a view that reads `reads` shows a summary whose native part is
@@ -540,40 +540,33 @@ fn shows(native: Option<&NativeItems>, reads: Option<&str>) -> bool {
     native.is_none_or(|n| reads == Some(n.vendor.as_str()))
 }
 
-/// Stubs one tool result (`content` and `images`, of the call `id` of the
-/// tool `name`) when the stub is shorter or the result has images (left
-/// out with it, each said by its note); whether it did.
-fn stub_result(
+/// The stub a view shows in place of a tool result's `content` and
+/// `images` (of the call `id` of the tool `name`), or `None` when the
+/// result is shorter than its stub and holds no image.
+fn result_stub(
     name: &str,
     id: &str,
-    content: &mut String,
-    images: &mut Vec<markov_core::message::ImageData>,
-) -> bool {
+    content: &str,
+    images: &[markov_core::message::ImageData],
+) -> Option<String> {
     let mut stub = format!(
         "[Result left out of the context: {name}, call {id}, {} bytes]",
         content.len()
     );
-    for image in images.iter() {
+    for image in images {
         stub.push('\n');
         stub.push_str(&image.note());
     }
-    if stub.len() < content.len() || !images.is_empty() {
-        *content = stub;
-        images.clear();
-        return true;
-    }
-    false
+    (stub.len() < content.len() || !images.is_empty()).then_some(stub)
 }
 
 /// Stubs the tool results of `message` as a view stubs them, the tools'
 /// names read from the calls seen so far (`names`, to which the message's
-/// own calls are added).
+/// own calls are added). A message shared with the history is copied
+/// only when one of its results is stubbed.
 fn stub_message(message: &mut Message, names: &mut HashMap<String, String>) -> bool {
-    let Items::List(items) = &mut message.items else {
-        return false;
-    };
-    let mut touched = false;
-    for item in items.iter_mut() {
+    let mut stubs = Vec::new();
+    for (at, item) in message.item_list().iter().enumerate() {
         match item {
             Item::ToolUse { id, name, .. } => {
                 names.insert(id.as_str().to_owned(), name.clone());
@@ -587,12 +580,29 @@ fn stub_message(message: &mut Message, names: &mut HashMap<String, String>) -> b
                 let name = names
                     .get(tool_use_id.as_str())
                     .map_or("a tool", String::as_str);
-                touched |= stub_result(name, tool_use_id.as_str(), content, images);
+                if let Some(stub) = result_stub(name, tool_use_id.as_str(), content, images) {
+                    stubs.push((at, stub));
+                }
             }
             _ => {}
         }
     }
-    touched
+    if stubs.is_empty() {
+        return false;
+    }
+    let Items::List(items) = &mut message.make_mut().items else {
+        return false;
+    };
+    for (at, stub) in stubs {
+        if let Some(Item::ToolResult {
+            content, images, ..
+        }) = items.get_mut(at)
+        {
+            *content = stub;
+            images.clear();
+        }
+    }
+    true
 }
 
 /// The text a view shows a summary as.
@@ -609,11 +619,11 @@ fn with_summary(text: &str, message: &Message) -> Message {
         Items::List(own) => items.extend(own.iter().cloned()),
         Items::Instance(_) => {}
     }
-    Message {
+    Message::from(markov_core::message::MessageData {
         role: message.role,
         items: Items::List(items),
         metadata: message.metadata.clone(),
-    }
+    })
 }
 
 impl ViewState {

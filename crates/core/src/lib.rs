@@ -60,7 +60,7 @@ pub mod tool;
 pub mod usage;
 
 pub use ids::{InstanceId, MessageId, NodeId, RunId, ToolCallId};
-pub use message::{Item, Items, Message, Metadata, Role};
+pub use message::{Item, Items, Message, MessageData, Metadata, Role};
 pub use model::{
     Compacted, Compaction, InputTokenCount, Model, ModelError, ModelLayer, ModelLimits,
     ModelRequest, ModelResponse, ModelSettings, StopReason, StreamEvent, Thinking, ToolChoice,

@@ -180,11 +180,11 @@ mod tests {
 
     #[test]
     fn records_never_sent_count_nothing_and_images_a_fixed_amount() {
-        let command = Message {
+        let command = Message::from(crate::message::MessageData {
             role: Role::Command,
             items: Items::List(vec![Item::text("reset everything")]),
             metadata: None,
-        };
+        });
         assert_eq!(estimate_message(&command), 0);
         let image = Message::user_items(vec![Item::Image {
             mime_type: "image/png".into(),

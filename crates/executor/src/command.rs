@@ -154,7 +154,7 @@ impl CommandOutcome {
 
 /// The `command` message recording an invocation.
 fn command_message(name: &str, input: &Value, options: &CommandOptions) -> Message {
-    Message {
+    Message::from(markov_core::message::MessageData {
         role: Role::Command,
         items: Items::List(vec![Item::Command {
             name: name.to_owned(),
@@ -163,7 +163,7 @@ fn command_message(name: &str, input: &Value, options: &CommandOptions) -> Messa
             client_id: options.client_id.clone(),
         }]),
         metadata: None,
-    }
+    })
 }
 
 /// The packs whose commands a target offers: the root's packs in force when

@@ -475,7 +475,7 @@ mod tests {
         );
         assert_eq!(message.text(), "Hal");
         assert_eq!(
-            message.metadata.unwrap().stream,
+            message.metadata.clone().unwrap().stream,
             Some(StreamInfo {
                 state: StreamState::Error,
                 seq: Some(2)

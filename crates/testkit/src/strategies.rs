@@ -124,9 +124,11 @@ pub fn arb_message() -> impl Strategy<Value = Message> {
         ],
         arb_metadata(),
     )
-        .prop_map(|(role, items, metadata)| Message {
-            role,
-            items,
-            metadata,
+        .prop_map(|(role, items, metadata)| {
+            Message::from(markov_core::message::MessageData {
+                role,
+                items,
+                metadata,
+            })
         })
 }

@@ -19,8 +19,8 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::{
-    ImageData, InstancePayload, Item, Items, Message, MessageShapeError, Metadata, NativeItems,
-    Role,
+    ImageData, InstancePayload, Item, Items, Message, MessageData, MessageShapeError, Metadata,
+    NativeItems, Role,
 };
 use crate::ids::{InstanceId, ToolCallId};
 
@@ -318,11 +318,12 @@ impl<'de> Visitor<'de> for MessageVisitor {
         let role: Role = role.ok_or_else(|| de::Error::missing_field("role"))?;
         let items: Items = items.ok_or_else(|| de::Error::missing_field("items"))?;
         MessageShapeError::check(role, &items).map_err(de::Error::custom)?;
-        Ok(Message {
+        Ok(MessageData {
             role,
             items,
             metadata: metadata.flatten(),
-        })
+        }
+        .into())
     }
 }
 
@@ -581,15 +582,17 @@ mod tests {
                 ],
                 proptest::option::of("[a-z]{1,6}"),
             )
-                .prop_map(|(role, items, source)| Message {
-                    role,
-                    items,
-                    metadata: source.map(|id| {
-                        Metadata::with_source(Source {
-                            instance_id: Some(id.into()),
-                            ..Source::default()
-                        })
-                    }),
+                .prop_map(|(role, items, source)| {
+                    Message::from(MessageData {
+                        role,
+                        items,
+                        metadata: source.map(|id| {
+                            Metadata::with_source(Source {
+                                instance_id: Some(id.into()),
+                                ..Source::default()
+                            })
+                        }),
+                    })
                 })
         }
 

@@ -613,12 +613,25 @@ impl Metadata {
     }
 }
 
-/// One message of a conversation or of a machine's history.
+/// One message of a conversation or of a machine's history: a shared,
+/// immutable [`MessageData`] (its role, items and metadata, read through
+/// `Deref`).
 ///
-/// Read by a `Deserialize` of its own (in `de.rs`) that checks that the role
-/// and the items agree.
+/// A clone shares the message rather than copying it, so the same message
+/// held by the machine's history, a step, a context view and a store costs
+/// one allocation, however many hold it. [`Message::make_mut`] changes one
+/// holder's message, copying it first when others share it. Build one with
+/// its constructors ([`Message::user`], [`Message::assistant_items`] …) or
+/// from its parts, `MessageData { .. }.into()`.
+///
+/// Written as its data; read by a `Deserialize` of its own (in `de.rs`)
+/// that checks that the role and the items agree.
+#[derive(Clone)]
+pub struct Message(std::sync::Arc<MessageData>);
+
+/// What a [`Message`] holds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Message {
+pub struct MessageData {
     /// Who it is from.
     pub role: Role,
     /// Its content.
@@ -626,6 +639,42 @@ pub struct Message {
     /// Optional metadata; absent when empty.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<Metadata>,
+}
+
+impl std::ops::Deref for Message {
+    type Target = MessageData;
+
+    fn deref(&self) -> &MessageData {
+        &self.0
+    }
+}
+
+impl From<MessageData> for Message {
+    fn from(data: MessageData) -> Self {
+        Message(std::sync::Arc::new(data))
+    }
+}
+
+impl PartialEq for Message {
+    fn eq(&self, other: &Self) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl std::fmt::Debug for Message {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Message")
+            .field("role", &self.role)
+            .field("items", &self.items)
+            .field("metadata", &self.metadata)
+            .finish()
+    }
+}
+
+impl Serialize for Message {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
 }
 
 /// A message whose role and items do not agree.
@@ -655,11 +704,23 @@ impl MessageShapeError {
 
 impl Message {
     fn new(role: Role, items: Vec<Item>) -> Self {
-        Message {
+        MessageData {
             role,
             items: Items::List(items),
             metadata: None,
         }
+        .into()
+    }
+
+    /// This message's data to change in place: copied first when another
+    /// holder shares it, so no other holder sees the change.
+    pub fn make_mut(&mut self) -> &mut MessageData {
+        std::sync::Arc::make_mut(&mut self.0)
+    }
+
+    /// The message's data, copied only when another holder shares it.
+    pub fn into_data(self) -> MessageData {
+        std::sync::Arc::unwrap_or_clone(self.0)
     }
 
     /// A user message with one text item.
@@ -742,17 +803,18 @@ impl Message {
 
     /// An instance message carrying one tree mutation.
     pub fn instance(payload: InstancePayload) -> Self {
-        Message {
+        MessageData {
             role: Role::Instance,
             items: Items::Instance(Box::new(payload)),
             metadata: None,
         }
+        .into()
     }
 
     /// Sets the metadata (builder style).
     #[must_use]
     pub fn with_metadata(mut self, metadata: Metadata) -> Self {
-        self.metadata = Some(metadata);
+        self.make_mut().metadata = Some(metadata);
         self
     }
 
@@ -843,14 +905,15 @@ impl Message {
     /// [`Message::ephemeral_parts`] instead, which copies nothing.
     ///
     /// ```
-    /// use markov_core::message::{Item, Message, Metadata, Role, Items};
+    /// use markov_core::message::{Item, Message, MessageData, Metadata, Role, Items};
     ///
     /// let frame = Item::Image { mime_type: "image/jpeg".into(), data: "AAA".into(), detail: None };
-    /// let ephemeral = Message {
+    /// let ephemeral: Message = MessageData {
     ///     role: Role::Ephemeral,
     ///     items: Items::List(vec![Item::text("ignored"), frame.clone()]),
     ///     metadata: Some(Metadata { singleton_frame_count: Some(2), ..Metadata::default() }),
-    /// };
+    /// }
+    /// .into();
     /// let view = ephemeral.ephemeral_view();
     /// assert_eq!(view.len(), 1);
     /// assert_eq!(view[0].role, Role::User);
@@ -915,7 +978,7 @@ impl EphemeralPart<'_> {
                 Items::List(vec![Item::text(camera_frame_text(frames)), image.clone()])
             }
         };
-        Message {
+        MessageData {
             role: Role::User,
             items,
             metadata: Some(Metadata {
@@ -923,6 +986,7 @@ impl EphemeralPart<'_> {
                 ..Metadata::default()
             }),
         }
+        .into()
     }
 }
 
@@ -932,7 +996,7 @@ impl EphemeralPart<'_> {
 fn every_shape() -> Vec<Message> {
     use serde_json::json;
     let mut streamed = Message::assistant("partial");
-    streamed.metadata = Some(Metadata {
+    streamed.make_mut().metadata = Some(Metadata {
         source: Some(Source {
             instance_id: Some("i1".into()),
             is_primary: Some(true),
@@ -948,7 +1012,7 @@ fn every_shape() -> Vec<Message> {
         singleton_frame_count: Some(2),
     });
     let mut common = Message::user("now");
-    common.metadata = Some(Metadata {
+    common.make_mut().metadata = Some(Metadata {
         source: Some(Source {
             instance_id: Some("i\"1".into()),
             is_primary: None,
@@ -1003,6 +1067,35 @@ fn every_shape() -> Vec<Message> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_clone_shares_the_message_and_a_change_copies_it_first() {
+        let history = [Message::user("hello")];
+        let mut step = history[0].clone();
+        // Shared: the clone is the same message, not a copy of it.
+        assert!(std::sync::Arc::ptr_eq(&history[0].0, &step.0));
+        step.make_mut().metadata = Some(Metadata {
+            silent: Some(true),
+            ..Metadata::default()
+        });
+        // The change went to a copy: the history's message is as it was.
+        assert!(!std::sync::Arc::ptr_eq(&history[0].0, &step.0));
+        assert_eq!(history[0].metadata, None);
+        assert!(step.is_silent());
+        assert_ne!(history[0], step);
+        // A message no one else holds is changed in place.
+        let before = std::sync::Arc::as_ptr(&step.0);
+        step.make_mut().role = Role::Assistant;
+        assert_eq!(std::sync::Arc::as_ptr(&step.0), before);
+        // Equality is by content, and the wire form is the data's.
+        let copy: Message = MessageData::clone(&step).into();
+        assert_eq!(copy, step);
+        assert_eq!(
+            serde_json::to_value(&copy).unwrap(),
+            serde_json::to_value(&*step).unwrap()
+        );
+        assert_eq!(copy.into_data(), MessageData::clone(&step));
+    }
 
     /// `depth` objects, one inside the other, built without recursion.
     fn nested(depth: usize) -> Value {
@@ -1216,11 +1309,12 @@ mod tests {
     }
 
     fn ephemeral(items: Items, metadata: Option<Metadata>) -> Message {
-        Message {
+        MessageData {
             role: Role::Ephemeral,
             items,
             metadata,
         }
+        .into()
     }
 
     #[test]

@@ -208,7 +208,7 @@ pub(super) fn collapse_ephemerals(entries: Vec<Entry>) -> Vec<Entry> {
             match key.and_then(|k| counts.get(&k).copied()) {
                 Some((last, _)) if last != i => None,
                 Some((_, n)) => {
-                    if let Some(m) = e.message.metadata.as_mut() {
+                    if let Some(m) = e.message.make_mut().metadata.as_mut() {
                         m.singleton_frame_count = Some(n);
                     }
                     Some(e)

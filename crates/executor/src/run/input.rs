@@ -154,7 +154,7 @@ pub(super) fn apply_verdicts(entries: &mut Vec<Entry>, verdicts: &InputChecked) 
                     .and_then(|m| m.source.clone());
                 if !results.is_empty() {
                     let mut kept = Message::user_items(results);
-                    kept.metadata = entry.message.metadata.take();
+                    kept.make_mut().metadata = entry.message.metadata.clone();
                     out.push(Entry::message(kept));
                 }
                 let mut note = Message::system(blocked_note(blocked));
@@ -189,7 +189,7 @@ pub(crate) fn blocked_note(blocked: &Blocked) -> String {
 /// the first text item's place, the other text items removed (images and
 /// other items kept).
 fn replace_text(message: &mut Message, text: String) {
-    match &mut message.items {
+    match &mut message.make_mut().items {
         Items::Text(s) => *s = text,
         Items::List(items) => {
             let mut text = Some(text);

@@ -696,7 +696,7 @@ fn show_thinking(message: &mut Message, shown: &[ThinkingShown]) {
     let mut parts: Vec<&ThinkingShown> = shown.iter().collect();
     parts.sort_by_key(|t| t.index);
     let mut parts = parts.into_iter();
-    if let Items::List(items) = &mut message.items {
+    if let Items::List(items) = &mut message.make_mut().items {
         items.retain_mut(|item| {
             let Item::Thinking {
                 thinking,

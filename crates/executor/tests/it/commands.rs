@@ -244,7 +244,7 @@ fn queued_payloads(machine: &Machine) -> Vec<InstancePayload> {
         .queue()
         .messages()
         .into_iter()
-        .filter_map(|m| match m.items {
+        .filter_map(|m| match m.into_data().items {
             Items::Instance(p) => Some(*p),
             _ => None,
         })

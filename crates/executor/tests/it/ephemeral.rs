@@ -30,14 +30,14 @@ fn frame(data: &str) -> Item {
 }
 
 fn camera(data: &str) -> Message {
-    Message {
+    Message::from(markov_core::message::MessageData {
         role: Role::Ephemeral,
         items: Items::List(vec![frame(data)]),
         metadata: Some(Metadata {
             singleton: Some("camera".into()),
             ..Metadata::default()
         }),
-    }
+    })
 }
 
 /// The silent user message a camera frame is shown as.

@@ -940,14 +940,14 @@ async fn a_failed_resume_keeps_the_rest_of_its_batch() {
     let id = m.instance().id().clone();
     m.enqueue([
         Message::user("hello"),
-        Message {
+        Message::from(markov_core::message::MessageData {
             role: Role::System,
             items: markov_core::message::Items::List(vec![Item::Resume {
                 instance_id: id,
                 suspend_id: "wrong".into(),
             }]),
             metadata: None,
-        },
+        }),
     ]);
     let err = run_to_completion(&mut m, RunOptions::default())
         .await

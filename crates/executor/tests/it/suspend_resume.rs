@@ -31,14 +31,14 @@ fn machine(script: &Arc<Script>, root: Instance) -> Machine {
 }
 
 fn resume_message(id: &InstanceId, suspend_id: &str) -> Message {
-    Message {
+    Message::from(markov_core::message::MessageData {
         role: Role::System,
         items: Items::List(vec![Item::Resume {
             instance_id: id.clone(),
             suspend_id: suspend_id.into(),
         }]),
         metadata: None,
-    }
+    })
 }
 
 // ---------------------------------------------------------------------------

@@ -434,11 +434,11 @@ async fn an_unresolvable_effect_requeues_the_batch_as_it_was() {
     let mut m = machine(&script, Instance::new(node("root"), json!({})));
     let id = m.instance().id().clone();
     let frame = |n: u32| {
-        Message {
+        Message::from(markov_core::message::MessageData {
             role: Role::Ephemeral,
             items: Items::List(vec![Item::text(format!("frame {n}"))]),
             metadata: None,
-        }
+        })
         .with_metadata(Metadata {
             singleton: Some("camera".into()),
             ..Metadata::default()
@@ -835,7 +835,7 @@ proptest! {
                     instance_id: pick(t),
                     suspend_info: json!({"suspendId": format!("s{n}"), "reason": "r"}),
                 }),
-                Change::Resume(t) => Message {
+                Change::Resume(t) => Message::from(markov_core::message::MessageData {
                     role: Role::System,
                     items: Items::List(vec![Item::Resume {
                         instance_id: pick(t),
@@ -844,7 +844,7 @@ proptest! {
                             .map_or_else(|| "none".to_owned(), |s| s.suspend_id.clone()),
                     }]),
                     metadata: None,
-                },
+                }),
                 Change::Ghost => Message::instance(InstancePayload::State {
                     instance_id: InstanceId::new("ghost"),
                     patch: json!({"n": n}),

@@ -994,14 +994,14 @@ mod tests {
             // messages it stands for are.
             Message::native_summary(native.clone(), 0, 1),
         ];
-        let shown = Message {
+        let shown = Message::from(markov_core::message::MessageData {
             role: Role::Summary,
             items: markov_core::Items::List(vec![Item::Native {
                 vendor: NATIVE_TAG.into(),
                 items: items.clone(),
             }]),
             metadata: None,
-        };
+        });
         let view = vec![shown, Message::user("next")];
         let settings = markov_core::ModelSettings::default();
         let encode = |messages: &[Message], tag: &str| {
@@ -1026,14 +1026,14 @@ mod tests {
             r#"{"model":"m","input":[{"type":"message","role":"user","content":"next"}]}"#
         );
         // An item that is not a JSON object is left out, not sent broken.
-        let broken = vec![Message {
+        let broken = vec![Message::from(markov_core::message::MessageData {
             role: Role::Summary,
             items: markov_core::Items::List(vec![Item::Native {
                 vendor: NATIVE_TAG.into(),
                 items: vec!["{\"type\":".into(), "[1]".into(), items[1].clone()],
             }]),
             metadata: None,
-        }];
+        })];
         assert_eq!(
             encode(&broken, NATIVE_TAG),
             format!(r#"{{"model":"m","input":[{}]}}"#, items[1])

@@ -66,11 +66,11 @@ fn text_answer(text: &str) -> Value {
 }
 
 fn message(role: Role, items: Vec<Item>) -> Message {
-    Message {
+    Message::from(markov_core::message::MessageData {
         role,
         items: Items::List(items),
         metadata: None,
-    }
+    })
 }
 
 #[tokio::test]
@@ -78,11 +78,11 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
     let server = FakeServer::scripted(vec![Reply::json(200, text_answer("42"))]).await;
     let history = vec![
         Message::user("Hello"),
-        Message {
+        Message::from(markov_core::message::MessageData {
             role: Role::Ephemeral,
             items: Items::Text("camera frame note".into()),
             metadata: None,
-        },
+        }),
         message(
             Role::Command,
             vec![Item::Command {

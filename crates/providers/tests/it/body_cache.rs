@@ -33,16 +33,16 @@ pub(crate) fn message() -> impl Strategy<Value = Message> {
                 Item::tool_result(format!("t{n}"), out, error),
             ])
         }),
-        text.prop_map(|t| Message {
+        text.prop_map(|t| Message::from(markov_core::message::MessageData {
             role: Role::Ephemeral,
             items: Items::Text(t),
             metadata: None,
-        }),
-        Just(Message {
+        })),
+        Just(Message::from(markov_core::message::MessageData {
             role: Role::Command,
             items: Items::List(vec![Item::text("ignored")]),
             metadata: None,
-        }),
+        })),
         Just(Message::user("")),
     ]
 }

@@ -22,7 +22,7 @@ fn frame(data: &str) -> Item {
 }
 
 fn ephemeral(items: Items, frames: Option<u64>) -> Message {
-    Message {
+    Message::from(markov_core::message::MessageData {
         role: Role::Ephemeral,
         items,
         metadata: Some(Metadata {
@@ -30,7 +30,7 @@ fn ephemeral(items: Items, frames: Option<u64>) -> Message {
             singleton_frame_count: frames,
             ..Metadata::default()
         }),
-    }
+    })
 }
 
 /// A history with every shape of ephemeral: camera frames (with a text item

@@ -78,12 +78,12 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
     let server = FakeServer::scripted(vec![Reply::json(200, text_answer("42"))]).await;
     let history = vec![
         Message::user("Hello"),
-        Message {
+        Message::from(markov_core::message::MessageData {
             role: Role::Ephemeral,
             items: Items::Text("camera frame note".into()),
             metadata: None,
-        },
-        Message {
+        }),
+        Message::from(markov_core::message::MessageData {
             role: Role::Command,
             items: Items::List(vec![Item::Command {
                 name: "reset".into(),
@@ -92,7 +92,7 @@ async fn request_body_covers_messages_tools_and_tool_choice() {
                 client_id: None,
             }]),
             metadata: None,
-        },
+        }),
         Message::assistant_items(vec![
             Item::Thinking {
                 thinking: "hidden".into(),
