@@ -115,7 +115,8 @@ pub struct SuspendedInstance {
 pub struct MachineStep {
     /// The tree after the step (a cheap shared snapshot).
     pub instance: Arc<Instance>,
-    /// The messages this step produced, in order.
+    /// The messages this step produced, in order: the machine's history
+    /// holds the same messages, shared, not copies of them.
     pub history: Vec<Message>,
     /// Why the step ended.
     pub yield_reason: YieldReason,
