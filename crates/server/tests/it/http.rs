@@ -173,19 +173,12 @@ where
         .store(store.clone())
         .build()
         .expect("the server builds");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let stopped = tokio::spawn(server.serve_until(listener, shutdown.clone().cancelled_owned()));
-    // reqwest is built without a default TLS provider; loopback is plain
-    // HTTP, but the client wants one all the same.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (base, stopped) = crate::fixtures::listen(server, shutdown.clone().cancelled_owned()).await;
     Fixture {
         base,
         pays,
-        client: reqwest::Client::new(),
+        client: crate::fixtures::client(),
         key: keys["alice"].clone(),
         keys,
         store: store as Arc<dyn markov_store::KeyStore>,
