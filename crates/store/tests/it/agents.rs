@@ -401,11 +401,7 @@ fn crash_child() {
         return;
     };
     let dir = Dir(dir.into());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    in_child(async {
         let models = Models::new(&mode);
         let agent = crash_assistant(&dir, &mode, &models);
         let store = HangsAtResult {
@@ -435,7 +431,7 @@ fn crash_child() {
 /// models and the reopened session.
 async fn crash_and_resume(dir: &Dir, mode: &str) -> (Models, DurableMachine<SqliteStore>) {
     let inside_pay = mode == "inside-pay";
-    crate::exactly_once::kill_when_it_hangs("agents::crash_child", dir, mode, inside_pay).await;
+    kill_when_it_hangs("agents::crash_child", dir, mode, inside_pay).await;
     if !inside_pay {
         assert_eq!(
             lines(&dir.path("notices")),
