@@ -2,26 +2,13 @@
 //! rehearses on the scripted model, says so, and prints the answer; a bad
 //! provider configuration is reported plainly with a failing status.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-/// The variables that choose a real provider and its model.
-pub(crate) const PROVIDER_VARS: [&str; 8] = [
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL",
-    "GEMINI_API_KEY",
-    "GEMINI_BASE_URL",
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "MARKOV_OPENAI_API",
-    "MARKOV_MODEL",
-];
+use crate::fixtures::without_provider;
 
 /// Runs the demo with the provider variables removed, then `set` applied.
 fn demo(set: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-demo"));
-    for var in PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-demo"));
     command.envs(set.iter().copied());
     command.output().expect("the demo binary runs")
 }

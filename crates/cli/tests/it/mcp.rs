@@ -4,16 +4,13 @@
 //! are found on `PATH`; under `CI=true` a missing one is a failure.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use crate::demo::PROVIDER_VARS;
+use crate::fixtures::without_provider;
 
 /// Runs the demo on the scripted model with `args` and `set` applied.
 fn demo(args: &[&str], set: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-demo"));
-    for var in PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-demo"));
     command.env_remove("MARKOV_MCP");
     command.args(args).envs(set.iter().copied());
     command.output().expect("the demo binary runs")
@@ -220,10 +217,7 @@ fn the_service_takes_the_same_flags_and_logs_the_approvals() {
             .to_string(),
     )
     .expect("writes");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
-    for var in PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-serve"));
     command.env_remove("MARKOV_MCP");
     let mut child = command
         .args(["--port", "0", "--database"])
