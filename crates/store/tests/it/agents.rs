@@ -16,16 +16,10 @@ use crate::common::*;
 use markov_charter::node::Node;
 use markov_charter::transition::Transition;
 use markov_core::Item;
-use markov_core::async_trait;
 use markov_core::tool::{Delivery, SharedTool};
 use markov_executor::{Agent, YieldReason};
-use markov_policy::{
-    Budget, Category, Decision, LedgerEntry, PolicyConfig, RecordedAnswer, ToolMetadata,
-};
-use markov_store::{
-    DurableMachine, Lease, Owner, RepairReport, Revision, SessionId, SessionInfo, SqliteStore,
-    StepRecord, StepRetention, StepTrace, Store, StoreError, StoredSession, TeamRecord, WorkerId,
-};
+use markov_policy::{Budget, Category, Decision, PolicyConfig, ToolMetadata};
+use markov_store::{DurableMachine, SessionId, SqliteStore, Store, WorkerId};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -264,125 +258,14 @@ fn assistant_with(tool: SharedTool, mode: &str, models: &Models) -> Agent {
 /// assistant's ledger entry for the clerk's call (its result, once the
 /// clerk finished) writes `marker` and never returns, the moment to kill
 /// the process; everything else goes to the SQLite store.
-#[derive(Debug)]
-struct HangsAtResult {
-    inner: SqliteStore,
-    marker: Option<std::path::PathBuf>,
-}
-
-#[async_trait]
-impl Store for HangsAtResult {
-    async fn create(
-        &self,
-        id: &SessionId,
-        owner: Option<&Owner>,
-        charter: &str,
-        snapshot: &markov_executor::SerializedMachine<&[markov_core::Message]>,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Lease, StoreError> {
-        self.inner
-            .create(id, owner, charter, snapshot, holder, ttl)
-            .await
-    }
-    async fn append(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        step: StepRecord<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.append(id, holder, step).await
-    }
-    async fn journal(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        entry: &LedgerEntry,
-    ) -> Result<(), StoreError> {
-        if let Some(marker) = &self.marker
-            && entry.tool == "clerk"
-            && !entry.started
-        {
+fn hangs_at_result(inner: SqliteStore, marker: Option<std::path::PathBuf>) -> Watched {
+    Watched::new(inner, move |call| match (call, &marker) {
+        (Call::Journal(entry), Some(marker)) if entry.tool == "clerk" && !entry.started => {
             std::fs::write(marker, "the clerk finished, hanging").expect("writes");
-            std::future::pending::<()>().await;
+            Then::Hang
         }
-        self.inner.journal(id, holder, entry).await
-    }
-    async fn journal_answers(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        answers: &[RecordedAnswer],
-    ) -> Result<(), StoreError> {
-        self.inner.journal_answers(id, holder, answers).await
-    }
-    async fn messages(
-        &self,
-        id: &SessionId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<markov_core::Message>, StoreError> {
-        self.inner.messages(id, from, limit).await
-    }
-    async fn steps(
-        &self,
-        id: &SessionId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<StepTrace>, StoreError> {
-        self.inner.steps(id, from, limit).await
-    }
-    async fn prune_steps(&self, retention: &StepRetention) -> Result<u64, StoreError> {
-        self.inner.prune_steps(retention).await
-    }
-    async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
-        self.inner.load(id).await
-    }
-    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
-        self.inner.repair(id, holder).await
-    }
-    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
-        self.inner.list(owner).await
-    }
-    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
-        self.inner.info(id).await
-    }
-    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
-        self.inner.delete(id).await
-    }
-    async fn acquire(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Lease, StoreError> {
-        self.inner.acquire(id, holder, ttl).await
-    }
-    async fn release(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-    ) -> Result<Option<Revision>, StoreError> {
-        self.inner.release(id, holder).await
-    }
-    async fn claim_interrupted(
-        &self,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, StoreError> {
-        self.inner.claim_interrupted(holder, ttl).await
-    }
-    async fn team_state(&self, id: &SessionId) -> Result<Option<TeamRecord>, StoreError> {
-        self.inner.team_state(id).await
-    }
-    async fn write_team_state(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        state: &TeamRecord,
-    ) -> Result<(), StoreError> {
-        self.inner.write_team_state(id, holder, state).await
-    }
+        _ => Then::Pass,
+    })
 }
 
 fn crash_store(dir: &Dir) -> Arc<SqliteStore> {
@@ -404,10 +287,10 @@ fn crash_child() {
     in_child(async {
         let models = Models::new(&mode);
         let agent = crash_assistant(&dir, &mode, &models);
-        let store = HangsAtResult {
-            inner: SqliteStore::open(dir.path("sessions.db")).expect("the database opens"),
-            marker: (mode == "after-result").then(|| dir.path("marker")),
-        };
+        let store = hangs_at_result(
+            SqliteStore::open(dir.path("sessions.db")).expect("the database opens"),
+            (mode == "after-result").then(|| dir.path("marker")),
+        );
         let mut session = DurableMachine::create_with(
             Arc::new(store),
             SessionId::new("crash"),

@@ -22,6 +22,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+mod watched;
+pub use watched::{Call, Then, Watched};
+
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct PayArgs {
     pub amount: u32,
