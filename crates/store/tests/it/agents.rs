@@ -268,10 +268,6 @@ fn hangs_at_result(inner: SqliteStore, marker: Option<std::path::PathBuf>) -> Wa
     })
 }
 
-fn crash_store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
-}
-
 /// The child process of the sub-agent crash tests: not a test on its own
 /// (ignored).
 #[test]
@@ -324,7 +320,7 @@ async fn crash_and_resume(dir: &Dir, mode: &str) -> (Models, DurableMachine<Sqli
     }
     let models = Models::new(mode);
     let agent = crash_assistant(dir, mode, &models);
-    let mut session = open_when_free(crash_store(dir), "crash", "survivor", &agent).await;
+    let mut session = open_when_free(store(dir), "crash", "survivor", &agent).await;
     assert!(session.is_interrupted(), "the run was in progress");
     let last = session.run().await.expect("the run continues");
     assert!(last.done);
@@ -355,7 +351,7 @@ async fn a_worker_killed_in_a_sub_agent_after_its_at_most_once_tool_ran_resumes_
     assert_eq!(results(&session), ["Notified ops."]);
     // The resumed step's trace holds each of the clerk's steps once: the
     // replayed one and the final one.
-    let steps = crash_store(&dir)
+    let steps = store(&dir)
         .steps(&SessionId::new("crash"), 0, 10)
         .await
         .expect("steps");
@@ -481,7 +477,7 @@ async fn a_sub_agents_steps_are_step_traces_of_the_callers_session_under_its_cal
     std::fs::write(dir.path("marker"), "never hang").expect("writes");
     let models = Models::new("nested");
     let agent = crash_assistant(&dir, "nested", &models);
-    let store = crash_store(&dir);
+    let store = store(&dir);
     let id = SessionId::new("traced");
     let mut session = DurableMachine::create(
         store.clone(),

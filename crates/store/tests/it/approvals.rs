@@ -21,10 +21,6 @@ use markov_store::{
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
-fn store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
-}
-
 /// `pay` needs approval; `note` and `hang` do not.
 fn executor(model: Arc<dyn Model>, dir: &Dir, config: PolicyConfig) -> StandardExecutor {
     let registry = ToolRegistry::builder(config)

@@ -23,10 +23,6 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-fn store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
-}
-
 /// What the crash child runs, by `MARKOV_CRASH_MODE`.
 fn child_steps(mode: &str) -> Vec<Vec<(&'static str, serde_json::Value)>> {
     match mode {

@@ -16,16 +16,6 @@ use markov_store::{
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
-fn two_turns() -> ScriptedModel {
-    ScriptedModel::builder()
-        .tool_call("note", json!({}))
-        .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
-        .text("Paid 3.")
-        .tool_call("note", json!({}))
-        .text("Noted.")
-        .build()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_round_trips_through_postgres() {
     let Some(server) = TempPostgres::for_test() else {

@@ -891,6 +891,22 @@ async fn open_until_free<S: markov_store::Store + ?Sized + 'static>(
     }
 }
 
+/// The SQLite store in `dir`'s `sessions.db`.
+pub fn store(dir: &Dir) -> Arc<markov_store::SqliteStore> {
+    Arc::new(markov_store::SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
+}
+
+/// Two turns: notes (the tree changes), a payment, answers.
+pub fn two_turns() -> ScriptedModel {
+    ScriptedModel::builder()
+        .tool_call("note", json!({}))
+        .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
+        .text("Paid 3.")
+        .tool_call("note", json!({}))
+        .text("Noted.")
+        .build()
+}
+
 /// This test binary run again as the ignored test `test` (its full path,
 /// `module::name`): a child process the test waits for or kills.
 pub fn child_test(test: &str) -> std::process::Command {
