@@ -16,6 +16,23 @@ use markov_store::{
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
+/// Claims, as worker `second`, a session a dead worker left interrupted,
+/// polling (five seconds at most) until its lease has run out.
+async fn claim_when_expired(store: &PostgresStore) -> Option<markov_store::Lease> {
+    let mut claimed = None;
+    for _ in 0..100 {
+        claimed = store
+            .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
+            .await
+            .expect("claims");
+        if claimed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    claimed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_round_trips_through_postgres() {
     let Some(server) = TempPostgres::for_test() else {
@@ -204,18 +221,8 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     assert_eq!(lines(&dir.path("effects")), 1);
 
     let survivor = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
-    let mut claimed = None;
-    for _ in 0..100 {
-        claimed = survivor
-            .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
-            .await
-            .expect("claims");
-        if claimed.is_some() {
-            break;
-        }
-        // The dead worker's lease runs out.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The dead worker's lease runs out.
+    let claimed = claim_when_expired(&survivor).await;
     let lease = claimed.expect("the interrupted session");
     assert_eq!(lease.session, SessionId::new("resume"));
     let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
@@ -296,17 +303,7 @@ async fn an_at_most_once_call_abandoned_by_its_worker_is_answered_interrupted_by
     assert_eq!(lines(&dir.path("notices")), 1);
 
     let survivor = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
-    let mut claimed = None;
-    for _ in 0..100 {
-        claimed = survivor
-            .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
-            .await
-            .expect("claims");
-        if claimed.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let claimed = claim_when_expired(&survivor).await;
     claimed.expect("the interrupted session");
     let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
     let executor: Arc<dyn Executor> =
