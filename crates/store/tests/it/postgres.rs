@@ -35,11 +35,9 @@ async fn claim_when_expired(store: &PostgresStore) -> Option<markov_store::Lease
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_round_trips_through_postgres() {
-    let Some(server) = TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
-    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let dir = Dir::new("pg-round-trip");
     let id = SessionId::new("s1");
     let mut session = DurableMachine::create(
@@ -548,11 +546,9 @@ async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_belong_to_their_owner_and_keys_are_kept_in_postgres() {
-    let Some(server) = TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
-    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     owners_and_keys_contract(store).await;
 }
 
@@ -606,11 +602,9 @@ async fn a_postgres_database_written_before_sign_ins_were_ended_in_it_upgrades()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_guards_rewrite_and_block_are_what_postgres_keeps() {
-    let Some(server) = TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
-    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let dir = Dir::new("pg-guarded-input");
     guarded_input_contract(store, &dir).await;
 }

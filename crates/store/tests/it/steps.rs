@@ -105,16 +105,10 @@ async fn a_machine_outside_a_store_records_no_calls() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_step_is_recorded_and_its_request_rebuilt_on_postgres() {
-    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
     let dir = Dir::new("steps-pg");
-    let store = Arc::new(
-        markov_store::PostgresStore::connect(&url)
-            .await
-            .expect("connects"),
-    );
     steps_contract(store, &dir).await;
 }
 

@@ -896,6 +896,22 @@ pub fn store(dir: &Dir) -> Arc<markov_store::SqliteStore> {
     Arc::new(markov_store::SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
 }
 
+/// A PostgreSQL store on a new database of a temporary server (which the
+/// first value keeps running), or `None` (outside CI) when PostgreSQL is
+/// not installed.
+#[cfg(feature = "postgres")]
+pub async fn postgres() -> Option<(
+    markov_store::testing::TempPostgres,
+    Arc<markov_store::PostgresStore>,
+)> {
+    let server = markov_store::testing::TempPostgres::for_test()?;
+    let url = server.new_database().expect("a database");
+    let store = markov_store::PostgresStore::connect(&url)
+        .await
+        .expect("connects");
+    Some((server, Arc::new(store)))
+}
+
 /// Two turns: notes (the tree changes), a payment, answers.
 pub fn two_turns() -> ScriptedModel {
     ScriptedModel::builder()
