@@ -9,6 +9,7 @@
 //! - [`fixtures`] has tools for tests, written with `#[tool]`: `add`, a
 //!   payment you can count, one that needs approval, one that panics, one
 //!   that hangs, and [`Counted`](fixtures::Counted) for any tool.
+//! - [`sse`] reads a server-sent event stream back as (event, data) pairs.
 //! - `http` (with the `http` feature) is a loopback fake provider speaking
 //!   the Anthropic Messages and OpenAI Chat Completions wire formats, to
 //!   test real clients end to end.
@@ -35,6 +36,7 @@ pub mod fixtures;
 pub mod http;
 mod probe;
 mod scripted;
+pub mod sse;
 pub mod strategies;
 
 pub use failing::FailingModel;

@@ -6,6 +6,7 @@
 
 use std::process::{Command, Stdio};
 
+use markov_testkit::sse::events;
 use serde_json::json;
 
 use crate::fixtures::{Server, closed_port, once_listening, printed_key, without_provider};
@@ -719,25 +720,6 @@ async fn a_steps_wire_body_is_what_the_provider_was_sent_without_its_key() {
         wire["body"], sent[0].body,
         "the body as the provider was sent it"
     );
-}
-
-/// The (event, data) pairs of a server-sent event stream.
-fn events(stream: &str) -> Vec<(String, serde_json::Value)> {
-    stream
-        .split("\n\n")
-        .filter_map(|block| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(n) = line.strip_prefix("event:") {
-                    name = Some(n.trim().to_owned());
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push_str(d.trim_start());
-                }
-            }
-            Some((name?, serde_json::from_str(&data).unwrap_or_default()))
-        })
-        .collect()
 }
 
 /// The data of the events named `name`.

@@ -21,6 +21,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub(crate) use markov_testkit::sse::events;
+
 #[derive(Deserialize, JsonSchema)]
 pub(crate) struct PayArgs {
     amount: u32,
@@ -268,26 +270,6 @@ impl Fixture {
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
     }
-}
-
-pub(crate) fn events(stream: &str) -> Vec<(String, Value)> {
-    stream
-        .split("\n\n")
-        .filter_map(|block| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(n) = line.strip_prefix("event:") {
-                    name = Some(n.trim().to_owned());
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push_str(d.trim_start());
-                }
-            }
-            let name = name?;
-            let data = serde_json::from_str(&data).unwrap_or(Value::String(data));
-            Some((name, data))
-        })
-        .collect()
 }
 
 pub(crate) fn names(events: &[(String, Value)]) -> Vec<&str> {
