@@ -13,6 +13,21 @@ fn demo(set: &[(&str, &str)]) -> Output {
     command.output().expect("the demo binary runs")
 }
 
+/// [`demo`] on a blocking thread, so that a fake server on the test's
+/// runtime answers it.
+async fn demo_off_runtime(set: &[(&str, &str)]) -> Output {
+    let set: Vec<(String, String)> = set
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let set: Vec<(&str, &str)> = set.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        demo(&set)
+    })
+    .await
+    .expect("the demo ran")
+}
+
 #[test]
 fn without_a_provider_the_demo_rehearses_on_the_scripted_model() {
     let output = demo(&[]);
@@ -105,10 +120,7 @@ async fn a_local_messages_server_is_used_and_named_on_the_first_line() {
         ))
         .reply(Reply::json(200, anthropic::text("777885 people, from a local server.")));
     let base = server.base_url();
-    let output =
-        tokio::task::spawn_blocking(move || demo(&[("ANTHROPIC_BASE_URL", base.as_str())]))
-            .await
-            .expect("the demo ran");
+    let output = demo_off_runtime(&[("ANTHROPIC_BASE_URL", base.as_str())]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -149,11 +161,8 @@ async fn a_key_in_the_base_url_is_never_printed() {
         openai::error("invalid_request_error", "no such model"),
     ));
     let base = format!("{}/v1?api-key={SECRET}", server.base_url());
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
-    })
-    .await
-    .expect("the demo ran");
+    let output =
+        demo_off_runtime(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
@@ -198,9 +207,7 @@ async fn a_local_server_that_serves_several_models_wants_one_named() {
     )])
     .await;
     let base = format!("{}/v1", server.base_url());
-    let output = tokio::task::spawn_blocking(move || demo(&[("OPENAI_BASE_URL", base.as_str())]))
-        .await
-        .expect("the demo ran");
+    let output = demo_off_runtime(&[("OPENAI_BASE_URL", base.as_str())]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
@@ -222,11 +229,8 @@ async fn a_model_that_answers_in_text_is_reported_not_believed() {
     .await;
     openai::serve_without_context(&server, "m");
     let base = format!("{}/v1", server.base_url());
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
-    })
-    .await
-    .expect("the demo ran");
+    let output =
+        demo_off_runtime(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
@@ -282,15 +286,12 @@ async fn the_responses_api_is_picked_and_named_on_the_first_line() {
     .await;
     openai::serve_without_context(&server, "local-model");
     let base = format!("{}/v1", server.base_url());
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[
-            ("OPENAI_BASE_URL", base.as_str()),
-            ("MARKOV_OPENAI_API", "responses"),
-            ("MARKOV_MODEL", "local-model"),
-        ])
-    })
-    .await
-    .expect("the demo ran");
+    let output = demo_off_runtime(&[
+        ("OPENAI_BASE_URL", base.as_str()),
+        ("MARKOV_OPENAI_API", "responses"),
+        ("MARKOV_MODEL", "local-model"),
+    ])
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -353,14 +354,11 @@ async fn gemini_is_picked_and_named_on_the_first_line() {
     ])
     .await;
     let base = server.base_url();
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[
-            ("GEMINI_BASE_URL", base.as_str()),
-            ("MARKOV_MODEL", "gemini-local"),
-        ])
-    })
-    .await
-    .expect("the demo ran");
+    let output = demo_off_runtime(&[
+        ("GEMINI_BASE_URL", base.as_str()),
+        ("MARKOV_MODEL", "gemini-local"),
+    ])
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -385,11 +383,8 @@ async fn gemini_is_picked_and_named_on_the_first_line() {
 /// model call and the demo's output.
 async fn first_budget(server: &markov_testkit::http::FakeServer) -> (serde_json::Value, Output) {
     let base = format!("{}/v1", server.base_url());
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
-    })
-    .await
-    .expect("the demo ran");
+    let output =
+        demo_off_runtime(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")]).await;
     let call = server
         .requests()
         .into_iter()
