@@ -808,16 +808,7 @@ pub(crate) fn clients(sessions: usize, turns: usize, bases: &[&str]) -> std::pro
         let mut ids = Vec::with_capacity(sessions);
         for i in 0..sessions {
             let (base, key) = &bases[i % bases.len()];
-            let created: Value = client
-                .post(format!("{base}/sessions"))
-                .bearer_auth(key)
-                .send()
-                .await
-                .expect("created")
-                .json()
-                .await
-                .expect("json");
-            ids.push(created["id"].as_str().unwrap_or_default().to_owned());
+            ids.push(crate::server::new_session(&client, base, key).await);
         }
         println!("start");
         let _ = std::io::stdout().flush();

@@ -136,14 +136,7 @@ async fn load(n: usize) -> ServerFigure {
     // Every session first, then every message at once: N sessions held.
     let mut ids = Vec::with_capacity(n);
     for _ in 0..n {
-        let created = client
-            .post(format!("{base}/sessions"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .expect("created");
-        let body: serde_json::Value = created.json().await.expect("json");
-        ids.push(body["id"].as_str().unwrap_or_default().to_owned());
+        ids.push(new_session(&client, &base, &key).await);
     }
     let start = Instant::now();
     let runs = ids.into_iter().map(|id| {
@@ -406,20 +399,8 @@ pub(crate) fn clients(n: usize, bases: &[&str], model_calls: u32) -> std::proces
             let (base, key) = bases[i % bases.len()]
                 .split_once('#')
                 .expect("a worker is `<base>#<key>`");
-            let created = client
-                .post(format!("{base}/sessions"))
-                .bearer_auth(key)
-                .send()
-                .await
-                .expect("created");
-            let body: serde_json::Value = created.json().await.expect("json");
-            urls.push((
-                format!(
-                    "{base}/sessions/{}/messages",
-                    body["id"].as_str().unwrap_or_default()
-                ),
-                key.to_owned(),
-            ));
+            let id = new_session(&client, base, key).await;
+            urls.push((format!("{base}/sessions/{id}/messages"), key.to_owned()));
         }
         // The parent reads CPU counters from here on.
         println!("start");
@@ -886,6 +867,19 @@ async fn bench_server<S: Store + KeyStore + 'static>(
         server = server.lease(lease);
     }
     (server.build().expect("the server builds"), key)
+}
+
+/// Creates a session at `base` as the holder of `key`: its id (empty when
+/// the answer names none).
+pub(crate) async fn new_session(client: &reqwest::Client, base: &str, key: &str) -> String {
+    let created = client
+        .post(format!("{base}/sessions"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("created");
+    let body: serde_json::Value = created.json().await.expect("json");
+    body["id"].as_str().unwrap_or_default().to_owned()
 }
 
 #[cfg(test)]

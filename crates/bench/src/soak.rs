@@ -230,17 +230,8 @@ pub(crate) fn clients(
         let client = reqwest::Client::builder().build().expect("a client");
         let mut urls = Vec::with_capacity(sessions);
         for _ in 0..sessions {
-            let created = client
-                .post(format!("{base}/sessions"))
-                .bearer_auth(key)
-                .send()
-                .await
-                .expect("created");
-            let body: serde_json::Value = created.json().await.expect("json");
-            urls.push(format!(
-                "{base}/sessions/{}/messages",
-                body["id"].as_str().unwrap_or_default()
-            ));
+            let id = crate::server::new_session(&client, base, key).await;
+            urls.push(format!("{base}/sessions/{id}/messages"));
         }
         for round in 1..=turns {
             let runs = urls.iter().map(|url| {

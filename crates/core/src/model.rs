@@ -922,12 +922,7 @@ pub trait Model: Send + Sync + fmt::Debug {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        stream::once(async move { self.complete(request).await })
-            .flat_map(|result| match result {
-                Ok(response) => stream::iter(replay_events(response).into_iter().map(Ok)).boxed(),
-                Err(e) => stream::once(async move { Err(e) }).boxed(),
-            })
-            .boxed()
+        replay_stream(self.complete(request))
     }
 }
 
@@ -1206,6 +1201,20 @@ impl<M: Model + ?Sized> ModelLayer for Box<M> {
     fn inner(&self) -> &M {
         self
     }
+}
+
+/// The answer of one non-streaming call (`answer`, a future of it) as a
+/// stream: the events [`replay_events`] makes of it, or its error alone.
+/// What a model that cannot stream answers a `stream` call with.
+pub fn replay_stream<'a>(
+    answer: impl Future<Output = Result<ModelResponse, ModelError>> + Send + 'a,
+) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+    stream::once(answer)
+        .flat_map(|result| match result {
+            Ok(response) => stream::iter(replay_events(response).into_iter().map(Ok)).boxed(),
+            Err(e) => stream::once(async move { Err(e) }).boxed(),
+        })
+        .boxed()
 }
 
 /// The events a stream of `response` would have produced, ending with `Done`.

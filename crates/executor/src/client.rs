@@ -122,10 +122,18 @@ fn command_entries(commands: &[SharedCommand]) -> Entries<CommandInfo> {
     )
 }
 
-/// Builds the `command` item for `info` after checking `input` against its
-/// schema as far as markov can without a JSON Schema validator: an object,
-/// with every top-level `required` property present.
-fn command_item(info: &CommandInfo, input: Value) -> Result<Item, ClientError> {
+/// Builds the `command` item for the command `name` of `commands` after
+/// checking `input` against its schema as far as markov can without a JSON
+/// Schema validator: an object, with every top-level `required` property
+/// present.
+fn command_item(
+    commands: &Entries<CommandInfo>,
+    name: &str,
+    input: Value,
+) -> Result<Item, ClientError> {
+    let info = commands
+        .get(name)
+        .ok_or_else(|| ClientError::CommandNotFound(name.to_owned()))?;
     let Value::Object(fields) = &input else {
         return Err(ClientError::InvalidInput(format!(
             "expected an object, got {}",
@@ -176,11 +184,7 @@ impl DryClientNode {
     /// command `name` (upstream's hydrated command function). `input` must be
     /// an object holding every property the command's schema requires.
     pub fn command(&self, name: &str, input: Value) -> Result<Item, ClientError> {
-        let info = self
-            .commands
-            .get(name)
-            .ok_or_else(|| ClientError::CommandNotFound(name.to_owned()))?;
-        command_item(info, input)
+        command_item(&self.commands, name, input)
     }
 }
 
@@ -198,11 +202,7 @@ impl DryClientPack {
     /// The `command` item invoking this pack's command `name` (see
     /// [`DryClientNode::command`]).
     pub fn command(&self, name: &str, input: Value) -> Result<Item, ClientError> {
-        let info = self
-            .commands
-            .get(name)
-            .ok_or_else(|| ClientError::CommandNotFound(name.to_owned()))?;
-        command_item(info, input)
+        command_item(&self.commands, name, input)
     }
 }
 

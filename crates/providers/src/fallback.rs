@@ -335,23 +335,13 @@ fn replayed<'a>(
 ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
     let entry = &fallback.entries[index];
     let name = entry.name.clone();
-    futures::stream::once(async move {
+    markov_core::model::replay_stream(async move {
         let settings = ModelSettings {
             model: name,
             ..request.settings().clone()
         };
         entry.model.complete(request.with_settings(&settings)).await
     })
-    .flat_map(|result| match result {
-        Ok(response) => futures::stream::iter(
-            markov_core::model::replay_events(response)
-                .into_iter()
-                .map(Ok),
-        )
-        .boxed(),
-        Err(error) => futures::stream::once(async move { Err(error) }).boxed(),
-    })
-    .boxed()
 }
 
 #[cfg(test)]

@@ -162,18 +162,7 @@ pub(crate) fn replayed<'a, M: markov_core::Model>(
     model: &'a M,
     request: ModelRequest<'a>,
 ) -> futures::stream::BoxStream<'a, Result<markov_core::StreamEvent, markov_core::ModelError>> {
-    use futures::StreamExt;
-    futures::stream::once(async move { model.complete(request).await })
-        .flat_map(|result| match result {
-            Ok(response) => futures::stream::iter(
-                markov_core::model::replay_events(response)
-                    .into_iter()
-                    .map(Ok),
-            )
-            .boxed(),
-            Err(error) => futures::stream::once(async move { Err(error) }).boxed(),
-        })
-        .boxed()
+    markov_core::model::replay_stream(model.complete(request))
 }
 
 #[cfg(test)]

@@ -64,11 +64,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use futures::stream::{self, BoxStream, StreamExt};
+use futures::stream::BoxStream;
 use markov_core::async_trait;
 use markov_core::journal::{RecordedAnswer, RecordedOutcome};
 use markov_core::model::{
-    Model, ModelError, ModelLayer, ModelRequest, ModelResponse, StreamEvent, replay_events,
+    Model, ModelError, ModelLayer, ModelRequest, ModelResponse, StreamEvent, replay_stream,
 };
 use markov_core::tool::{
     Delivery, DynTool, Erased, InvalidToolName, SharedTool, StateAccess, StateUpdateError, Tool,
@@ -334,12 +334,7 @@ impl<M: Model> ModelLayer for StepModel<M> {
         &'a self,
         request: ModelRequest<'a>,
     ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
-        stream::once(async move { ModelLayer::complete(self, request).await })
-            .flat_map(|result| match result {
-                Ok(response) => stream::iter(replay_events(response).into_iter().map(Ok)).boxed(),
-                Err(e) => stream::once(async move { Err(e) }).boxed(),
-            })
-            .boxed()
+        replay_stream(ModelLayer::complete(self, request))
     }
 }
 

@@ -371,21 +371,9 @@ pub fn engine_binary(var: &str, name: &str, also: &[PathBuf], install: &str) -> 
     if let Some(path) = std::env::var_os(var) {
         return Some(PathBuf::from(path));
     }
-    let found = std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|p| p.join(name))
-                .find(|p| p.is_file())
-        })
-        .or_else(|| also.iter().find(|p| p.is_file()).cloned());
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name} is missing ({install}): under CI this is a failure"
-        );
-        eprintln!("{name} is missing: skipped ({install})");
-    }
-    found
+    let found =
+        crate::program::on_path(name).or_else(|| also.iter().find(|p| p.is_file()).cloned());
+    crate::program::required(found, name, install)
 }
 
 /// The fixture agent in a child process: the running test binary again,

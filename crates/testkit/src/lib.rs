@@ -9,6 +9,9 @@
 //! - [`fixtures`] has tools for tests, written with `#[tool]`: `add`, a
 //!   payment you can count, one that needs approval, one that panics, one
 //!   that hangs, and [`Counted`](fixtures::Counted) for any tool.
+//! - [`required_program`] finds a program a test needs (a failure under
+//!   `CI=true` when it is missing).
+//! - [`sse`] reads a server-sent event stream back as (event, data) pairs.
 //! - `http` (with the `http` feature) is a loopback fake provider speaking
 //!   the Anthropic Messages and OpenAI Chat Completions wire formats, to
 //!   test real clients end to end.
@@ -34,9 +37,12 @@ pub mod fixtures;
 #[cfg(feature = "http")]
 pub mod http;
 mod probe;
+mod program;
 mod scripted;
+pub mod sse;
 pub mod strategies;
 
 pub use failing::FailingModel;
 pub use probe::ProbeModel;
+pub use program::required_program;
 pub use scripted::{RecordedRequest, Recording, ScriptBuilder, ScriptedModel, text_response};

@@ -2,28 +2,30 @@
 //! rehearses on the scripted model, says so, and prints the answer; a bad
 //! provider configuration is reported plainly with a failing status.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-/// The variables that choose a real provider and its model.
-pub(crate) const PROVIDER_VARS: [&str; 8] = [
-    "ANTHROPIC_API_KEY",
-    "ANTHROPIC_BASE_URL",
-    "GEMINI_API_KEY",
-    "GEMINI_BASE_URL",
-    "OPENAI_API_KEY",
-    "OPENAI_BASE_URL",
-    "MARKOV_OPENAI_API",
-    "MARKOV_MODEL",
-];
+use crate::fixtures::without_provider;
 
 /// Runs the demo with the provider variables removed, then `set` applied.
 fn demo(set: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-demo"));
-    for var in PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-demo"));
     command.envs(set.iter().copied());
     command.output().expect("the demo binary runs")
+}
+
+/// [`demo`] on a blocking thread, so that a fake server on the test's
+/// runtime answers it.
+async fn demo_off_runtime(set: &[(&str, &str)]) -> Output {
+    let set: Vec<(String, String)> = set
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        let set: Vec<(&str, &str)> = set.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        demo(&set)
+    })
+    .await
+    .expect("the demo ran")
 }
 
 #[test]
@@ -118,10 +120,7 @@ async fn a_local_messages_server_is_used_and_named_on_the_first_line() {
         ))
         .reply(Reply::json(200, anthropic::text("777885 people, from a local server.")));
     let base = server.base_url();
-    let output =
-        tokio::task::spawn_blocking(move || demo(&[("ANTHROPIC_BASE_URL", base.as_str())]))
-            .await
-            .expect("the demo ran");
+    let output = demo_off_runtime(&[("ANTHROPIC_BASE_URL", base.as_str())]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -162,11 +161,8 @@ async fn a_key_in_the_base_url_is_never_printed() {
         openai::error("invalid_request_error", "no such model"),
     ));
     let base = format!("{}/v1?api-key={SECRET}", server.base_url());
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
-    })
-    .await
-    .expect("the demo ran");
+    let output =
+        demo_off_runtime(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
@@ -211,9 +207,7 @@ async fn a_local_server_that_serves_several_models_wants_one_named() {
     )])
     .await;
     let base = format!("{}/v1", server.base_url());
-    let output = tokio::task::spawn_blocking(move || demo(&[("OPENAI_BASE_URL", base.as_str())]))
-        .await
-        .expect("the demo ran");
+    let output = demo_off_runtime(&[("OPENAI_BASE_URL", base.as_str())]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
@@ -235,11 +229,8 @@ async fn a_model_that_answers_in_text_is_reported_not_believed() {
     .await;
     openai::serve_without_context(&server, "m");
     let base = format!("{}/v1", server.base_url());
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
-    })
-    .await
-    .expect("the demo ran");
+    let output =
+        demo_off_runtime(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stdout}\n{stderr}");
@@ -295,15 +286,12 @@ async fn the_responses_api_is_picked_and_named_on_the_first_line() {
     .await;
     openai::serve_without_context(&server, "local-model");
     let base = format!("{}/v1", server.base_url());
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[
-            ("OPENAI_BASE_URL", base.as_str()),
-            ("MARKOV_OPENAI_API", "responses"),
-            ("MARKOV_MODEL", "local-model"),
-        ])
-    })
-    .await
-    .expect("the demo ran");
+    let output = demo_off_runtime(&[
+        ("OPENAI_BASE_URL", base.as_str()),
+        ("MARKOV_OPENAI_API", "responses"),
+        ("MARKOV_MODEL", "local-model"),
+    ])
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -366,14 +354,11 @@ async fn gemini_is_picked_and_named_on_the_first_line() {
     ])
     .await;
     let base = server.base_url();
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[
-            ("GEMINI_BASE_URL", base.as_str()),
-            ("MARKOV_MODEL", "gemini-local"),
-        ])
-    })
-    .await
-    .expect("the demo ran");
+    let output = demo_off_runtime(&[
+        ("GEMINI_BASE_URL", base.as_str()),
+        ("MARKOV_MODEL", "gemini-local"),
+    ])
+    .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stdout}\n{stderr}");
@@ -398,11 +383,8 @@ async fn gemini_is_picked_and_named_on_the_first_line() {
 /// model call and the demo's output.
 async fn first_budget(server: &markov_testkit::http::FakeServer) -> (serde_json::Value, Output) {
     let base = format!("{}/v1", server.base_url());
-    let output = tokio::task::spawn_blocking(move || {
-        demo(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")])
-    })
-    .await
-    .expect("the demo ran");
+    let output =
+        demo_off_runtime(&[("OPENAI_BASE_URL", base.as_str()), ("MARKOV_MODEL", "m")]).await;
     let call = server
         .requests()
         .into_iter()

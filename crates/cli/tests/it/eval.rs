@@ -3,11 +3,9 @@
 //! (a loopback fake here, llama.cpp, vLLM or Ollama for the owners) with
 //! one environment variable, reporting a pass rate rather than an error.
 
-use std::process::Command;
-
 use markov_eval::{Dataset, ModelChoice, Report, Runner};
 
-use crate::demo::PROVIDER_VARS;
+use crate::fixtures::without_provider;
 
 const DATASET: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/evals/demo.toml");
 
@@ -67,10 +65,7 @@ async fn one_variable_runs_the_demo_dataset_on_a_real_server_with_a_pass_rate() 
     let base = format!("{}/v1", server.base_url());
     let out_arg = out.clone();
     let output = tokio::task::spawn_blocking(move || {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_markov-eval"));
-        for var in PROVIDER_VARS {
-            command.env_remove(var);
-        }
+        let mut command = without_provider(env!("CARGO_BIN_EXE_markov-eval"));
         command
             .env("OPENAI_BASE_URL", &base)
             .args([

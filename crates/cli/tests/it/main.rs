@@ -3,5 +3,6 @@
 
 mod demo;
 mod eval;
+mod fixtures;
 mod mcp;
 mod server;

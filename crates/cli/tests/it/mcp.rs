@@ -4,16 +4,15 @@
 //! are found on `PATH`; under `CI=true` a missing one is a failure.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
-use crate::demo::PROVIDER_VARS;
+use markov_testkit::required_program;
+
+use crate::fixtures::without_provider;
 
 /// Runs the demo on the scripted model with `args` and `set` applied.
 fn demo(args: &[&str], set: &[(&str, &str)]) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-demo"));
-    for var in PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-demo"));
     command.env_remove("MARKOV_MCP");
     command.args(args).envs(set.iter().copied());
     command.output().expect("the demo binary runs")
@@ -84,24 +83,6 @@ fn the_flag_adds_the_servers_tools_with_a_prefix() {
     );
 }
 
-/// The program `name` on `PATH`, or `None` (outside CI) with the reason
-/// printed.
-fn reference(name: &str, package: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name} is not on PATH: install {package} (.ci/run does)"
-        );
-        eprintln!("skipped: {name} is not on PATH (install {package})");
-    }
-    found
-}
-
 /// A fresh directory for one test.
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("markov-cli-{name}-{}", std::process::id()));
@@ -112,7 +93,7 @@ fn scratch(name: &str) -> PathBuf {
 
 #[test]
 fn a_command_whose_path_has_spaces_is_one_word_when_quoted() {
-    let Some(time) = reference("mcp-server-time", "pip install mcp-server-time") else {
+    let Some(time) = required_program("mcp-server-time", "pip install mcp-server-time") else {
         return;
     };
     let dir = scratch("spaces").join("my tools");
@@ -146,15 +127,15 @@ fn a_command_whose_path_has_spaces_is_one_word_when_quoted() {
 #[test]
 fn config_files_and_repeated_flags_add_every_server_and_say_which_tools_need_approval() {
     let (Some(everything), Some(filesystem), Some(time)) = (
-        reference(
+        required_program(
             "mcp-server-everything",
             "npm install -g @modelcontextprotocol/server-everything",
         ),
-        reference(
+        required_program(
             "mcp-server-filesystem",
             "npm install -g @modelcontextprotocol/server-filesystem",
         ),
-        reference("mcp-server-time", "pip install mcp-server-time"),
+        required_program("mcp-server-time", "pip install mcp-server-time"),
     ) else {
         return;
     };
@@ -206,7 +187,7 @@ fn config_files_and_repeated_flags_add_every_server_and_say_which_tools_need_app
 
 #[test]
 fn the_service_takes_the_same_flags_and_logs_the_approvals() {
-    let Some(filesystem) = reference(
+    let Some(filesystem) = required_program(
         "mcp-server-filesystem",
         "npm install -g @modelcontextprotocol/server-filesystem",
     ) else {
@@ -220,10 +201,7 @@ fn the_service_takes_the_same_flags_and_logs_the_approvals() {
             .to_string(),
     )
     .expect("writes");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
-    for var in PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-serve"));
     command.env_remove("MARKOV_MCP");
     let mut child = command
         .args(["--port", "0", "--database"])

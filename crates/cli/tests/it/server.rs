@@ -4,38 +4,22 @@
 //! cleanly; `--help` documents every flag; `--team` serves the demo team,
 //! its handoffs, hand-backs and approvals over HTTP.
 
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::process::{Command, Stdio};
 
+use markov_testkit::sse::events;
 use serde_json::json;
 
-/// The server process, killed on drop.
-struct Server(Child, std::path::PathBuf);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_file(&self.1);
-        let _ = std::fs::remove_file(self.1.with_extension("stderr"));
-    }
-}
+use crate::fixtures::{Server, closed_port, once_listening, printed_key, without_provider};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_answers_the_demo_question_over_http() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port");
+    let port = closed_port();
     let db = std::env::temp_dir().join(format!("markov-server-{}-{port}.db", std::process::id()));
     let created = keys(&db, &["create", "alice", "--role", "approver"]);
     assert!(created.status.success(), "{created:?}");
     let key = String::from_utf8_lossy(&created.stdout).trim().to_owned();
     assert!(key.starts_with("mk_"), "the key is printed alone: {key:?}");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
-    for var in crate::demo::PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-serve"));
     let _server = Server(
         command
             .args(["--port", &port.to_string(), "--database"])
@@ -49,25 +33,13 @@ async fn the_server_answers_the_demo_question_over_http() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let mut waited = Duration::ZERO;
-    let created = loop {
-        match client
+    let created = once_listening(|| {
+        client
             .post(format!("{base}/sessions"))
             .bearer_auth(&key)
             .send()
-            .await
-        {
-            Ok(response) => break response,
-            Err(_) => {
-                assert!(
-                    waited < Duration::from_secs(30),
-                    "the server never answered"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                waited += Duration::from_millis(100);
-            }
-        }
-    };
+    })
+    .await;
     assert_eq!(created.status(), 201);
     let id = created.json::<serde_json::Value>().await.expect("json")["id"]
         .as_str()
@@ -128,27 +100,8 @@ async fn the_server_answers_the_demo_question_over_http() {
     assert!(!keys(&db, &["revoke", id]).status.success(), "revoked once");
 
     // SIGTERM: it stops accepting, and exits cleanly.
-    let pid = _server.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .expect("kill runs")
-            .success()
-    );
     let mut server = _server;
-    let mut waited = Duration::ZERO;
-    let status = loop {
-        if let Some(status) = server.0.try_wait().expect("waits") {
-            break status;
-        }
-        assert!(
-            waited < Duration::from_secs(30),
-            "still running after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += Duration::from_millis(50);
-    };
+    let status = server.terminate().await;
     assert!(status.success(), "{status}");
     let mut out = String::new();
     std::io::Read::read_to_string(&mut server.0.stdout.take().expect("stdout"), &mut out)
@@ -227,14 +180,6 @@ fn help_documents_every_flag() {
     }
 }
 
-/// A port nothing listens on (bound, then let go).
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_logs_requests_and_failed_turns_and_the_database_is_in_the_data_directory() {
     let port = closed_port();
@@ -250,10 +195,7 @@ async fn the_console_logs_requests_and_failed_turns_and_the_database_is_in_the_d
         }
     }
     let _cleanup = Cleanup(root.clone());
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
-    for var in crate::demo::PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-serve"));
     // A model server that is not there: every turn fails.
     let mut child = command
         .current_dir(&cwd)
@@ -270,18 +212,8 @@ async fn the_console_logs_requests_and_failed_turns_and_the_database_is_in_the_d
         .expect("the server starts");
     let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
     let mut printed = String::new();
-    let key = loop {
-        let mut line = String::new();
-        let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("reads");
-        assert!(
-            read > 0,
-            "the server stopped before printing a key:\n{printed}"
-        );
-        printed.push_str(&line);
-        if let Some(key) = line.trim().strip_prefix("mk_") {
-            break format!("mk_{key}");
-        }
-    };
+    let key = printed_key(&mut stdout, &mut printed)
+        .unwrap_or_else(|| panic!("the server stopped before printing a key:\n{printed}"));
     let label = printed.lines().next().unwrap_or_default().to_owned();
     assert!(
         label.starts_with("model: ") && label.contains("absent-model"),
@@ -291,25 +223,16 @@ async fn the_console_logs_requests_and_failed_turns_and_the_database_is_in_the_d
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{port}");
-    let mut waited = Duration::ZERO;
-    let agents = loop {
-        match client
+    let agents = once_listening(|| {
+        client
             .get(format!("{base}/agents"))
             .bearer_auth(&key)
             .send()
-            .await
-        {
-            Ok(response) => break response.json::<serde_json::Value>().await.expect("json"),
-            Err(_) => {
-                assert!(
-                    waited < Duration::from_secs(30),
-                    "the server never answered"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                waited += Duration::from_millis(100);
-            }
-        }
-    };
+    })
+    .await
+    .json::<serde_json::Value>()
+    .await
+    .expect("json");
     assert_eq!(
         agents[0]["model"],
         label.trim_start_matches("model: "),
@@ -340,22 +263,7 @@ async fn the_console_logs_requests_and_failed_turns_and_the_database_is_in_the_d
     assert!(stream.contains("event: error"), "{stream}");
 
     let mut server = server;
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &server.0.id().to_string()])
-            .status()
-            .expect("kill runs")
-            .success()
-    );
-    let mut waited = Duration::ZERO;
-    while server.0.try_wait().expect("waits").is_none() {
-        assert!(
-            waited < Duration::from_secs(30),
-            "still running after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += Duration::from_millis(50);
-    }
+    server.terminate().await;
     let mut log = String::new();
     std::io::Read::read_to_string(&mut server.0.stderr.take().expect("stderr"), &mut log)
         .expect("reads");
@@ -408,10 +316,7 @@ async fn started(args: &[&str], envs: &[(&str, String)]) -> (Server, String, Str
         let db =
             std::env::temp_dir().join(format!("markov-serve-h-{}-{port}.db", std::process::id()));
         let log = db.with_extension("stderr");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
-        for var in crate::demo::PROVIDER_VARS {
-            command.env_remove(var);
-        }
+        let mut command = without_provider(env!("CARGO_BIN_EXE_markov-serve"));
         let mut child = command
             .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
             .args(["--port", &port.to_string(), "--database"])
@@ -423,18 +328,7 @@ async fn started(args: &[&str], envs: &[(&str, String)]) -> (Server, String, Str
             .expect("the server starts");
         let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
         let mut printed = String::new();
-        let key = loop {
-            let mut line = String::new();
-            let read = std::io::BufRead::read_line(&mut stdout, &mut line).expect("reads");
-            if read == 0 {
-                break None;
-            }
-            printed.push_str(&line);
-            if let Some(key) = line.trim().strip_prefix("mk_") {
-                break Some(format!("mk_{key}"));
-            }
-        };
-        let Some(key) = key else {
+        let Some(key) = printed_key(&mut stdout, &mut printed) else {
             let _ = child.wait();
             let stderr = std::fs::read_to_string(&log).unwrap_or_default();
             let _ = std::fs::remove_file(&log);
@@ -454,28 +348,15 @@ async fn started(args: &[&str], envs: &[(&str, String)]) -> (Server, String, Str
 
 /// A new session's id.
 async fn new_session(client: &reqwest::Client, base: &str, key: &str) -> String {
-    let mut waited = Duration::ZERO;
-    loop {
-        match client
+    let response = once_listening(|| {
+        client
             .post(format!("{base}/sessions"))
             .bearer_auth(key)
             .send()
-            .await
-        {
-            Ok(response) => {
-                let body = response.json::<serde_json::Value>().await.expect("json");
-                return body["id"].as_str().expect("an id").to_owned();
-            }
-            Err(_) => {
-                assert!(
-                    waited < Duration::from_secs(30),
-                    "the server never answered"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                waited += Duration::from_millis(100);
-            }
-        }
-    }
+    })
+    .await;
+    let body = response.json::<serde_json::Value>().await.expect("json");
+    body["id"].as_str().expect("an id").to_owned()
 }
 
 /// Sends `text` to the session and returns the event stream as text.
@@ -633,10 +514,7 @@ async fn require_approval_makes_a_tool_wait_for_a_person() {
 #[test]
 fn require_approval_of_an_unknown_tool_is_refused() {
     let db = std::env::temp_dir().join(format!("markov-serve-ra-{}.db", std::process::id()));
-    let mut command = Command::new(env!("CARGO_BIN_EXE_markov-serve"));
-    for var in crate::demo::PROVIDER_VARS {
-        command.env_remove(var);
-    }
+    let mut command = without_provider(env!("CARGO_BIN_EXE_markov-serve"));
     let output = command
         .args(["--port", &closed_port().to_string(), "--database"])
         .arg(&db)
@@ -842,25 +720,6 @@ async fn a_steps_wire_body_is_what_the_provider_was_sent_without_its_key() {
         wire["body"], sent[0].body,
         "the body as the provider was sent it"
     );
-}
-
-/// The (event, data) pairs of a server-sent event stream.
-fn events(stream: &str) -> Vec<(String, serde_json::Value)> {
-    stream
-        .split("\n\n")
-        .filter_map(|block| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(n) = line.strip_prefix("event:") {
-                    name = Some(n.trim().to_owned());
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push_str(d.trim_start());
-                }
-            }
-            Some((name?, serde_json::from_str(&data).unwrap_or_default()))
-        })
-        .collect()
 }
 
 /// The data of the events named `name`.

@@ -132,15 +132,29 @@ pub(super) fn repeated_call(
         "you have called {} with these same arguments {times} times in this turn. Repeating it will not change the result: use what you have, try something different, or answer the user",
         call.name
     );
-    match leaf.policies {
-        Some(_) => ToolExecutionResult::error(
-            call.id.clone(),
-            Rejection::new(ToolErrorKind::RepeatedCall)
-                .with_detail(detail)
-                .to_envelope(),
-        ),
-        None => ToolExecutionResult::error(call.id.clone(), format!("Not run: {detail}.")),
-    }
+    refused(
+        leaf,
+        call,
+        ToolErrorKind::RepeatedCall,
+        &detail,
+        format!("Not run: {detail}."),
+    )
+}
+
+/// The error result of `call`, refused for `kind` with `detail`: the
+/// registry's envelope when the leaf has policies, else `plain`.
+fn refused(
+    leaf: &LeafView<'_>,
+    call: &ToolCall<'_>,
+    kind: ToolErrorKind,
+    detail: &str,
+    plain: String,
+) -> ToolExecutionResult {
+    let content = match leaf.policies {
+        Some(_) => Rejection::new(kind).with_detail(detail).to_envelope(),
+        None => plain,
+    };
+    ToolExecutionResult::error(call.id.clone(), content)
 }
 
 /// The error result of a call whose arguments no tool may see.
@@ -153,18 +167,13 @@ pub(super) fn invalid_arguments(
         detail,
         "tool call refused: its arguments are not a JSON object"
     );
-    match leaf.policies {
-        Some(_) => ToolExecutionResult::error(
-            call.id.clone(),
-            Rejection::new(ToolErrorKind::InvalidInput)
-                .with_detail(detail)
-                .to_envelope(),
-        ),
-        None => ToolExecutionResult::error(
-            call.id.clone(),
-            ToolCallError::InvalidInput(detail.to_owned()).to_string(),
-        ),
-    }
+    refused(
+        leaf,
+        call,
+        ToolErrorKind::InvalidInput,
+        detail,
+        ToolCallError::InvalidInput(detail.to_owned()).to_string(),
+    )
 }
 
 /// Runs `call`'s future; a panic inside it becomes an execution-failed error
@@ -184,18 +193,13 @@ pub(super) async fn contain_panic(
                 .unwrap_or_default();
             tracing::error!(tool = %call.name, panic = %what, "tool panicked");
             let detail = "the tool panicked";
-            match leaf.policies {
-                Some(_) => ToolExecutionResult::error(
-                    call.id.clone(),
-                    Rejection::new(ToolErrorKind::ExecutionFailed)
-                        .with_detail(detail)
-                        .to_envelope(),
-                ),
-                None => ToolExecutionResult::error(
-                    call.id.clone(),
-                    ToolCallError::Execution(detail.to_owned()).to_string(),
-                ),
-            }
+            refused(
+                leaf,
+                call,
+                ToolErrorKind::ExecutionFailed,
+                detail,
+                ToolCallError::Execution(detail.to_owned()).to_string(),
+            )
         }
     }
 }

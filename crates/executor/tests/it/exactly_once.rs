@@ -14,7 +14,7 @@ use markov_charter::charter::Charter;
 use markov_charter::node::Node;
 use markov_core::Item;
 use markov_core::async_trait;
-use markov_core::tool::{Delivery, Tool, ToolContext};
+use markov_core::tool::{Tool, ToolContext};
 use markov_executor::{
     Action, Instance, RunOptions, RunState, StandardExecutor, run_leaves, serialize_machine,
 };
@@ -245,32 +245,6 @@ async fn a_call_id_reused_in_a_later_step_is_a_new_call_with_its_own_key() {
         results[0].1, results[1].1,
         "each call hands the outside world its own idempotency key"
     );
-}
-
-/// Sends an email (it honours no idempotency key): counts its executions,
-/// and hangs the first time, right after its effect.
-struct SendEmail {
-    sent: Arc<AtomicUsize>,
-    hung: Arc<AtomicBool>,
-}
-
-#[async_trait]
-impl Tool for SendEmail {
-    const NAME: &'static str = "send_email";
-    const DELIVERY: Option<Delivery> = Some(Delivery::AtMostOnce);
-    type Args = NoArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Send the email".into()
-    }
-    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        self.sent.fetch_add(1, Ordering::SeqCst);
-        if !self.hung.swap(true, Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        Ok("sent".into())
-    }
 }
 
 /// A step whose at-most-once call hangs after its effect is abandoned there

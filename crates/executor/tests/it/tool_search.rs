@@ -3,7 +3,6 @@
 //! session), survives a snapshot, and runs through the same policies as
 //! any offered tool (approvals, budgets, at-most-once).
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -12,9 +11,7 @@ use crate::common::*;
 use markov_charter::charter::Charter;
 use markov_charter::node::Node;
 use markov_core::async_trait;
-use markov_core::tool::{
-    Delivery, DynTool, Tool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome,
-};
+use markov_core::tool::{DynTool, ToolCallError, ToolContext, ToolDefinition, ToolOutcome};
 use markov_executor::{
     Action, Instance, Machine, RunOptions, RunState, StandardExecutor, YieldReason, run_leaves,
     serialize_machine,
@@ -332,32 +329,6 @@ impl Journal for AppJournal {
     async fn write_answers(&self, answers: &[RecordedAnswer]) -> Result<(), String> {
         *self.0.answers.lock().expect("lock") = answers.to_vec();
         Ok(())
-    }
-}
-
-/// Sends once, then hangs (the process dies there) the first time.
-#[derive(Clone)]
-struct SendEmail {
-    sent: Arc<AtomicUsize>,
-    hung: Arc<AtomicBool>,
-}
-
-#[async_trait]
-impl Tool for SendEmail {
-    const NAME: &'static str = "send_email";
-    const DELIVERY: Option<Delivery> = Some(Delivery::AtMostOnce);
-    type Args = NoArgs;
-    type Output = String;
-    type Error = Infallible;
-    fn description(&self) -> String {
-        "Send the email".into()
-    }
-    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
-        self.sent.fetch_add(1, Ordering::SeqCst);
-        if !self.hung.swap(true, Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
-        Ok("sent".into())
     }
 }
 

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use markov::prelude::*;
+use markov::testkit::sse::events;
 use serde_json::Value;
 
 // Its `main` is not called here; its building blocks are `pub` for this test.
@@ -35,28 +36,6 @@ impl Drop for Dir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// The `(event, data)` pairs of a server-sent event stream.
-fn events(stream: &str) -> Vec<(String, Value)> {
-    stream
-        .split("\n\n")
-        .filter_map(|block| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(n) = line.strip_prefix("event:") {
-                    name = Some(n.trim().to_owned());
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push_str(d.trim_start());
-                }
-            }
-            Some((
-                name?,
-                serde_json::from_str(&data).unwrap_or(Value::String(data)),
-            ))
-        })
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

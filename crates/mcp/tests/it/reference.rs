@@ -13,30 +13,13 @@ use markov_core::ToolCallId;
 use markov_core::tool::{Delivery, NoState, SharedTool, ToolCallError, ToolContext, ToolOutcome};
 use markov_mcp::{McpClient, McpError, McpServerConfig};
 use markov_policy::{Budget, Mode, PolicyConfig, ToolRegistry, TurnBudgetState};
+use markov_testkit::required_program;
 use serde_json::{Value, json};
 
 use crate::common::error_type;
 
-/// The program `name` on `PATH`, or `None` (outside CI) with the reason
-/// printed.
-fn reference(name: &str, package: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|path| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "{name} is not on PATH: install {package} (.ci/run does)"
-        );
-        eprintln!("skipped: {name} is not on PATH (install {package})");
-    }
-    found
-}
-
 fn everything() -> Option<McpServerConfig> {
-    let program = reference(
+    let program = required_program(
         "mcp-server-everything",
         "npm install -g @modelcontextprotocol/server-everything",
     )?;
@@ -53,7 +36,7 @@ struct EverythingOverHttp {
 /// Starts `mcp-server-everything streamableHttp` and waits, bounded, until
 /// its port takes connections.
 async fn everything_over_http() -> Option<EverythingOverHttp> {
-    let program = reference(
+    let program = required_program(
         "mcp-server-everything",
         "npm install -g @modelcontextprotocol/server-everything",
     )?;
@@ -87,7 +70,7 @@ async fn everything_over_http() -> Option<EverythingOverHttp> {
 }
 
 fn filesystem() -> Option<PathBuf> {
-    reference(
+    required_program(
         "mcp-server-filesystem",
         "npm install -g @modelcontextprotocol/server-filesystem",
     )
@@ -278,7 +261,7 @@ async fn text_blocks_reach_the_model_unwrapped_and_images_as_image_parts() {
 
 #[tokio::test]
 async fn declared_structured_output_that_matches_the_text_is_a_json_value() {
-    let Some(program) = reference("mcp-server-time", "pip install mcp-server-time") else {
+    let Some(program) = required_program("mcp-server-time", "pip install mcp-server-time") else {
         return;
     };
     let client = McpClient::connect(
@@ -406,7 +389,7 @@ async fn a_filesystem_server_without_arguments_works_in_the_configured_root() {
 
 #[tokio::test]
 async fn a_legacy_sse_url_is_refused_with_a_sentence() {
-    let Some(program) = reference(
+    let Some(program) = required_program(
         "mcp-server-everything",
         "npm install -g @modelcontextprotocol/server-everything",
     ) else {

@@ -7,10 +7,8 @@
 use std::time::Duration;
 
 use crate::common::machine::{
-    ANSWER, NOTE, QUESTION, Streamed, THANKS, add_args, calculator, finish_args, respond_args, turn,
+    ANSWER, QUESTION, THANKS, add_args, finish_args, respond_args, two_turns,
 };
-use markov_core::tool::TerminateResponse;
-use markov_executor::YieldReason;
 use markov_providers::Anthropic;
 use markov_testkit::http::{FakeServer, Recorded, Reply, anthropic};
 use serde_json::Value;
@@ -149,33 +147,7 @@ fn check_requests(requests: &[Recorded], streamed: bool) {
 }
 
 async fn run(server: &FakeServer, streamed: bool) {
-    let model = client(server);
-    let mut machine = if streamed {
-        calculator(Streamed(model))
-    } else {
-        calculator(model)
-    };
-
-    let steps = turn(&mut machine, QUESTION).await;
-    let reasons: Vec<YieldReason> = steps.iter().map(|s| s.yield_reason).collect();
-    assert_eq!(reasons, [YieldReason::ToolUse, YieldReason::EndTurn]);
-    assert!(!steps[0].done);
-    let last = steps.last().expect("a step");
-    assert!(last.done);
-    assert_eq!(last.response.as_deref(), Some(ANSWER));
-    assert_eq!(last.termination, None);
-
-    let steps = turn(&mut machine, THANKS).await;
-    assert_eq!(steps.len(), 1, "{steps:?}");
-    let last = &steps[0];
-    assert!(last.done);
-    assert_eq!(last.yield_reason, YieldReason::EndTurn);
-    assert_eq!(
-        last.termination,
-        Some(TerminateResponse::new(Some(NOTE.to_owned())))
-    );
-    assert_eq!(last.response, None);
-
+    two_turns(client(server), streamed).await;
     check_requests(&server.requests(), streamed);
 }
 

@@ -3,41 +3,16 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::support::{Client, Fixture, Server, TempDir};
-
-/// The user messages and the tool results of a session's stored history.
-async fn history(client: &Client, session: &str) -> Vec<Value> {
-    let snapshot = client.shared(session, "snapshot").await;
-    snapshot["history"].as_array().cloned().unwrap_or_default()
-}
-
-fn user_messages(history: &[Value]) -> usize {
-    history
-        .iter()
-        .filter(|m| m["role"] == "user" && m["items"][0]["type"] == "text")
-        .count()
-}
-
-fn tool_result_text(history: &[Value], call: &str) -> String {
-    history
-        .iter()
-        .flat_map(|m| m["items"].as_array().cloned().unwrap_or_default())
-        .find(|i| i["type"] == "tool_result" && i["tool_use_id"] == call)
-        .map(|i| i["content"].to_string())
-        .unwrap_or_else(|| panic!("no result for {call}: {history:?}"))
-}
+use crate::support::{deployed, history, tool_result_text, user_messages};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_tool_the_at_most_once_call_is_not_run_again() {
-    let Some(server) = Server::start() else {
+    let Some((_server, _dir, mut fixture, client)) = deployed("mid-tool", Some("tool")).await
+    else {
         return;
     };
-    let dir = TempDir::new("mid-tool");
-    let mut fixture = Fixture::start(&dir.0, Some("tool"));
-    let client = Client::new(&server);
-    client.register(fixture.port).await;
 
     let invocation = client.send_async("mid-tool", "record please").await;
     fixture.wait_for_stall("effects.log", "effect record first");
@@ -66,13 +41,10 @@ async fn killed_mid_tool_the_at_most_once_call_is_not_run_again() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_model_call_no_finished_call_or_effect_is_repeated() {
-    let Some(server) = Server::start() else {
+    let Some((_server, _dir, mut fixture, client)) = deployed("mid-model", Some("model:1")).await
+    else {
         return;
     };
-    let dir = TempDir::new("mid-model");
-    let mut fixture = Fixture::start(&dir.0, Some("model:1"));
-    let client = Client::new(&server);
-    client.register(fixture.port).await;
 
     let invocation = client.send_async("mid-model", "record please").await;
     fixture.wait_for_stall("model.log", "begin 1");
@@ -99,13 +71,9 @@ async fn killed_mid_model_call_no_finished_call_or_effect_is_repeated() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_waits_across_a_restart_of_the_service() {
-    let Some(server) = Server::start() else {
+    let Some((_server, _dir, mut fixture, client)) = deployed("approval", None).await else {
         return;
     };
-    let dir = TempDir::new("approval");
-    let mut fixture = Fixture::start(&dir.0, None);
-    let client = Client::new(&server);
-    client.register(fixture.port).await;
 
     let invocation = client.send_async("approval", "guarded please").await;
     let deadline = Instant::now() + Duration::from_secs(30);

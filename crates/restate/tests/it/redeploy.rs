@@ -19,33 +19,16 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::json;
 
-use crate::support::{Client, Fixture, Server, TempDir};
-
-async fn history(client: &Client, session: &str) -> Vec<Value> {
-    let snapshot = client.shared(session, "snapshot").await;
-    snapshot["history"].as_array().cloned().unwrap_or_default()
-}
-
-fn tool_result_text(history: &[Value], call: &str) -> String {
-    history
-        .iter()
-        .flat_map(|m| m["items"].as_array().cloned().unwrap_or_default())
-        .find(|i| i["type"] == "tool_result" && i["tool_use_id"] == call)
-        .map(|i| i["content"].to_string())
-        .unwrap_or_else(|| panic!("no result for {call}: {history:?}"))
-}
+use crate::support::{Client, Fixture, Server, TempDir, deployed, history, tool_result_text};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redeploy_with_new_instructions_and_a_tool_added_finishes_the_turn_in_flight() {
-    let Some(server) = Server::start() else {
+    let Some((_server, _dir, mut fixture, client)) = deployed("redeploy", Some("model:1")).await
+    else {
         return;
     };
-    let dir = TempDir::new("redeploy");
-    let mut fixture = Fixture::start(&dir.0, Some("model:1"));
-    let client = Client::new(&server);
-    client.register(fixture.port).await;
 
     let invocation = client.send_async("redeploy", "record please").await;
     fixture.wait_for_stall("model.log", "begin 1 v1");
@@ -83,13 +66,9 @@ async fn waiting_for_approval(client: &Client, session: &str) -> (String, String
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_removed_in_place_under_a_journaled_call_stops_the_turn_until_it_returns() {
-    let Some(server) = Server::start() else {
+    let Some((_server, _dir, mut fixture, client)) = deployed("removed", None).await else {
         return;
     };
-    let dir = TempDir::new("removed");
-    let mut fixture = Fixture::start(&dir.0, None);
-    let client = Client::new(&server);
-    client.register(fixture.port).await;
     let (invocation, awakeable) = waiting_for_approval(&client, "removed").await;
 
     // The same address now serves an agent without `guarded`: its replay

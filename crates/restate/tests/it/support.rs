@@ -22,6 +22,46 @@ fn server_binary() -> Option<PathBuf> {
     )
 }
 
+/// A Restate server with the fixture service started in a new directory
+/// named `name` (stalling at `stall`, see [`Fixture::start`]) and
+/// registered, and a client: `None` (outside CI) when Restate is not
+/// installed.
+pub(crate) async fn deployed(
+    name: &str,
+    stall: Option<&str>,
+) -> Option<(Server, TempDir, Fixture, Client)> {
+    let server = Server::start()?;
+    let dir = TempDir::new(name);
+    let fixture = Fixture::start(&dir.0, stall);
+    let client = Client::new(&server);
+    client.register(fixture.port).await;
+    Some((server, dir, fixture, client))
+}
+
+/// A session's stored history.
+pub(crate) async fn history(client: &Client, session: &str) -> Vec<Value> {
+    let snapshot = client.shared(session, "snapshot").await;
+    snapshot["history"].as_array().cloned().unwrap_or_default()
+}
+
+/// How many user text messages `history` holds.
+pub(crate) fn user_messages(history: &[Value]) -> usize {
+    history
+        .iter()
+        .filter(|m| m["role"] == "user" && m["items"][0]["type"] == "text")
+        .count()
+}
+
+/// The content of the result of the call `call` in `history`, as JSON text.
+pub(crate) fn tool_result_text(history: &[Value], call: &str) -> String {
+    history
+        .iter()
+        .flat_map(|m| m["items"].as_array().cloned().unwrap_or_default())
+        .find(|i| i["type"] == "tool_result" && i["tool_use_id"] == call)
+        .map(|i| i["content"].to_string())
+        .unwrap_or_else(|| panic!("no result for {call}: {history:?}"))
+}
+
 /// One `restate-server` node on loopback with its own data directory.
 pub(crate) struct Server {
     child: Child,

@@ -21,6 +21,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub(crate) use markov_testkit::sse::events;
+
 #[derive(Deserialize, JsonSchema)]
 pub(crate) struct PayArgs {
     amount: u32,
@@ -173,19 +175,12 @@ where
         .store(store.clone())
         .build()
         .expect("the server builds");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
     let shutdown = tokio_util::sync::CancellationToken::new();
-    let stopped = tokio::spawn(server.serve_until(listener, shutdown.clone().cancelled_owned()));
-    // reqwest is built without a default TLS provider; loopback is plain
-    // HTTP, but the client wants one all the same.
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (base, stopped) = crate::fixtures::listen(server, shutdown.clone().cancelled_owned()).await;
     Fixture {
         base,
         pays,
-        client: reqwest::Client::new(),
+        client: crate::fixtures::client(),
         key: keys["alice"].clone(),
         keys,
         store: store as Arc<dyn markov_store::KeyStore>,
@@ -275,26 +270,6 @@ impl Fixture {
         let status = response.status().as_u16();
         (status, response.json().await.unwrap_or(Value::Null))
     }
-}
-
-pub(crate) fn events(stream: &str) -> Vec<(String, Value)> {
-    stream
-        .split("\n\n")
-        .filter_map(|block| {
-            let mut name = None;
-            let mut data = String::new();
-            for line in block.lines() {
-                if let Some(n) = line.strip_prefix("event:") {
-                    name = Some(n.trim().to_owned());
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push_str(d.trim_start());
-                }
-            }
-            let name = name?;
-            let data = serde_json::from_str(&data).unwrap_or(Value::String(data));
-            Some((name, data))
-        })
-        .collect()
 }
 
 pub(crate) fn names(events: &[(String, Value)]) -> Vec<&str> {

@@ -2,6 +2,7 @@
 
 mod browser;
 mod client;
+mod fixtures;
 mod guards;
 mod http;
 mod restart;

@@ -9,7 +9,6 @@
 use std::convert::Infallible;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +23,10 @@ use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+use crate::fixtures::{
+    ChildServer, client, get_session, listen, new_session, scratch_dir, serve_forever,
+};
 
 #[derive(Deserialize, JsonSchema)]
 struct PayArgs {
@@ -108,12 +111,7 @@ async fn serve(dir: &Path, agent: Agent) -> String {
         .worker(WorkerId::new("server"))
         .build()
         .expect("the server builds");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(server.serve_until(listener, std::future::pending()));
-    base
+    listen(server, std::future::pending()).await.0
 }
 
 /// The lease of the PostgreSQL workers: the shortest a server accepts, so
@@ -131,12 +129,7 @@ async fn serve_postgres(url: &str, worker: &str, agent: Agent) -> String {
         .lease(SHORT_LEASE)
         .build()
         .expect("the server builds");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let base = format!("http://{}", listener.local_addr().expect("an address"));
-    tokio::spawn(server.serve_until(listener, std::future::pending()));
-    base
+    listen(server, std::future::pending()).await.0
 }
 
 /// The PostgreSQL worker the test kills: not a test on its own (ignored).
@@ -150,19 +143,13 @@ fn postgres_worker_child() {
         return;
     };
     let dir = PathBuf::from(dir);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    serve_forever(async {
         let model = ScriptedModel::builder()
             .tool_calls([("pay", json!({"amount": 5})), ("hang", json!({}))])
             .build()
             .fresh_call_ids();
         let base = serve_postgres(&url, "doomed", agent(&dir, model)).await;
         std::fs::write(dir.join("base"), &base).expect("the address is written");
-        std::future::pending::<()>().await;
     });
 }
 
@@ -174,12 +161,7 @@ fn server_child() {
         return;
     };
     let dir = PathBuf::from(dir);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    serve_forever(async {
         let model = ScriptedModel::builder()
             .tool_calls([("pay", json!({"amount": 5})), ("hang", json!({}))])
             .build()
@@ -195,7 +177,6 @@ fn server_child() {
         };
         let base = serve(&dir, agent_with(&dir, model, hang)).await;
         std::fs::write(dir.join("base"), &base).expect("the address is written");
-        std::future::pending::<()>().await;
     });
 }
 
@@ -203,56 +184,35 @@ fn lines(path: &Path) -> usize {
     std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
 }
 
-async fn wait_for(path: &Path, child: &mut std::process::Child) {
-    let mut waited = Duration::ZERO;
-    while !path.exists() {
-        assert!(
-            waited < Duration::from_secs(120),
-            "{} never appeared",
-            path.display()
-        );
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the server exited early: {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += Duration::from_millis(20);
-    }
+/// Starts the child test `test` over the SQLite file in `dir`: the child,
+/// its base URL and the key it created.
+async fn sqlite_child(
+    dir: &Path,
+    test: &str,
+    envs: &[(&str, &str)],
+) -> (ChildServer, String, String) {
+    let mut child = ChildServer::spawn(test, dir, envs);
+    let base = child.read("base").await;
+    let key = std::fs::read_to_string(dir.join("key")).expect("the key");
+    (child, base, key)
+}
+
+/// A key for alice in the PostgreSQL database at `url`, which every worker
+/// on it accepts.
+async fn postgres_key(url: &str) -> String {
+    let store = PostgresStore::connect(url).await.expect("the database");
+    create_api_key(&store, "alice", &[])
+        .await
+        .expect("a key")
+        .key
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-restart-{}-{}",
-        std::process::id(),
-        uuid_like()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "restart::server_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("MARKOV_SERVER_DIR", &dir)
-        .spawn()
-        .expect("the server starts");
-    wait_for(&dir.join("base"), &mut child).await;
-    let base = std::fs::read_to_string(dir.join("base")).expect("the address");
-    let key = std::fs::read_to_string(dir.join("key")).expect("the key");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("{base}/sessions"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json");
-    let id = created["id"].as_str().expect("an id").to_owned();
+    let dir = scratch_dir("restart");
+    let (child, base, key) = sqlite_child(&dir, "restart::server_child", &[]).await;
+    let client = client();
+    let id = new_session(&client, &base, &key).await;
     // The turn pays, then hangs in its next tool; the server dies there.
     let url = format!("{base}/sessions/{id}/messages");
     let pending = tokio::spawn({
@@ -267,9 +227,7 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
                 .await
         }
     });
-    wait_for(&dir.join("marker"), &mut child).await;
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped");
+    child.kill_at("marker").await;
     let _ = pending.await;
     assert_eq!(lines(&dir.join("effects")), 1, "paid once before the crash");
 
@@ -298,15 +256,7 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
         "the payment was not repeated"
     );
 
-    let session: Value = client
-        .get(format!("{base}/sessions/{id}"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json");
+    let session = get_session(&client, &base, &key, &id).await;
     assert_eq!(
         texts(&session),
         owned(&[
@@ -323,39 +273,11 @@ async fn a_server_killed_mid_turn_finishes_that_turn_before_the_next_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_inside_an_at_most_once_call_answers_it_interrupted_in_the_step_event() {
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-at-most-once-{}-{}",
-        std::process::id(),
-        uuid_like()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "restart::server_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("MARKOV_SERVER_DIR", &dir)
-        .env("MARKOV_SERVER_AT_MOST_ONCE", "1")
-        .spawn()
-        .expect("the server starts");
-    wait_for(&dir.join("base"), &mut child).await;
-    let base = std::fs::read_to_string(dir.join("base")).expect("the address");
-    let key = std::fs::read_to_string(dir.join("key")).expect("the key");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("{base}/sessions"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json");
-    let id = created["id"].as_str().expect("an id").to_owned();
+    let dir = scratch_dir("at-most-once");
+    let at_most_once = [("MARKOV_SERVER_AT_MOST_ONCE", "1")];
+    let (child, base, key) = sqlite_child(&dir, "restart::server_child", &at_most_once).await;
+    let client = client();
+    let id = new_session(&client, &base, &key).await;
     // The turn pays, then hangs inside its at-most-once `hang` call.
     let url = format!("{base}/sessions/{id}/messages");
     let pending = tokio::spawn({
@@ -370,9 +292,7 @@ async fn a_server_killed_inside_an_at_most_once_call_answers_it_interrupted_in_t
                 .await
         }
     });
-    wait_for(&dir.join("marker"), &mut child).await;
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped");
+    child.kill_at("marker").await;
     let _ = pending.await;
 
     let model = ScriptedModel::builder()
@@ -405,15 +325,7 @@ async fn a_server_killed_inside_an_at_most_once_call_answers_it_interrupted_in_t
     assert!(named[0]["call_id"].is_string(), "{}", named[0]);
     assert_eq!(lines(&dir.join("effects")), 1, "paid once");
 
-    let session: Value = client
-        .get(format!("{base}/sessions/{id}"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json");
+    let session = get_session(&client, &base, &key, &id).await;
     let results: Vec<String> = session["history"]
         .as_array()
         .expect("a history")
@@ -502,32 +414,14 @@ async fn a_worker_killed_mid_turn_on_postgres_has_its_turn_finished_once_by_anot
         return;
     };
     let url = postgres.new_database().expect("a database");
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-worker-killed-{}-{}",
-        std::process::id(),
-        uuid_like()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
+    let dir = scratch_dir("worker-killed");
     // One key for every worker: the key store is the shared database.
-    let key = {
-        let store = PostgresStore::connect(&url).await.expect("the database");
-        create_api_key(&store, "alice", &[])
-            .await
-            .expect("a key")
-            .key
-    };
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "restart::postgres_worker_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("MARKOV_SERVER_DIR", &dir)
-        .env("MARKOV_SERVER_DATABASE", &url)
-        .spawn()
-        .expect("the worker starts");
+    let key = postgres_key(&url).await;
+    let mut child = ChildServer::spawn(
+        "restart::postgres_worker_child",
+        &dir,
+        &[("MARKOV_SERVER_DATABASE", &url)],
+    );
     // The survivor serves beside it from the start: nobody starts it again
     // after the crash, it finds the dead worker's run by itself. Its model
     // is asked for the interrupted turn's reply, then for the next message.
@@ -537,37 +431,11 @@ async fn a_worker_killed_mid_turn_on_postgres_has_its_turn_finished_once_by_anot
         .build()
         .fresh_call_ids();
     let survivor = serve_postgres(&url, "survivor", agent(&dir, survivor_model)).await;
-    wait_for(&dir.join("base"), &mut child).await;
-    let doomed = std::fs::read_to_string(dir.join("base")).expect("the address");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("{doomed}/sessions"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json");
-    let id = created["id"].as_str().expect("an id").to_owned();
-    let pending = tokio::spawn({
-        let (client, key) = (client.clone(), key.clone());
-        let url = format!("{doomed}/sessions/{id}/messages");
-        async move {
-            client
-                .post(url)
-                .bearer_auth(&key)
-                .json(&json!({"text": "pay 5"}))
-                .send()
-                .await?
-                .text()
-                .await
-        }
-    });
-    wait_for(&dir.join("marker"), &mut child).await;
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped");
+    let doomed = child.read("base").await;
+    let client = client();
+    let id = new_session(&client, &doomed, &key).await;
+    let pending = post_in_background(&client, &doomed, &key, &id, "pay 5");
+    child.kill_at("marker").await;
     let lost = pending.await.expect("the client's task");
     assert!(
         !lost.as_deref().unwrap_or("").contains("event: done"),
@@ -651,14 +519,6 @@ async fn a_worker_killed_mid_turn_on_postgres_has_its_turn_finished_once_by_anot
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A name no other run of this test uses.
-fn uuid_like() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(0);
-    format!("{:016x}", hasher.finish())
-}
-
 /// An input guard that, in the child (`MARKOV_SERVER_DIR` set), writes a
 /// marker and never decides: the moment to kill the worker, while it
 /// checks the user's message. Elsewhere it passes at once.
@@ -699,12 +559,7 @@ fn guarded_worker_child() {
         return;
     };
     let dir = PathBuf::from(dir);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    serve_forever(async {
         // Never asked: the worker dies before the guard decides.
         let model = ScriptedModel::builder().build();
         let base = match std::env::var("MARKOV_SERVER_DATABASE") {
@@ -718,7 +573,6 @@ fn guarded_worker_child() {
             }
         };
         std::fs::write(dir.join("base"), &base).expect("the address is written");
-        std::future::pending::<()>().await;
     });
 }
 
@@ -748,42 +602,12 @@ fn post_in_background(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_while_the_input_guard_checks_a_message_answers_it_after_the_restart() {
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-input-check-{}-{}",
-        std::process::id(),
-        uuid_like()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "restart::guarded_worker_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("MARKOV_SERVER_DIR", &dir)
-        .spawn()
-        .expect("the server starts");
-    wait_for(&dir.join("base"), &mut child).await;
-    let base = std::fs::read_to_string(dir.join("base")).expect("the address");
-    let key = std::fs::read_to_string(dir.join("key")).expect("the key");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("{base}/sessions"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json");
-    let id = created["id"].as_str().expect("an id").to_owned();
+    let dir = scratch_dir("input-check");
+    let (child, base, key) = sqlite_child(&dir, "restart::guarded_worker_child", &[]).await;
+    let client = client();
+    let id = new_session(&client, &base, &key).await;
     let pending = post_in_background(&client, &base, &key, &id, "hello there");
-    wait_for(&dir.join("checking"), &mut child).await;
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped");
+    child.kill_at("checking").await;
     let lost = pending.await.expect("the client's task");
     assert!(
         !lost.as_deref().unwrap_or("").contains("event: done"),
@@ -809,15 +633,7 @@ async fn a_server_killed_while_the_input_guard_checks_a_message_answers_it_after
         .await
         .expect("the stream");
     assert!(stream.contains("event: done"), "{stream}");
-    let session: Value = client
-        .get(format!("{base}/sessions/{id}"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json");
+    let session = get_session(&client, &base, &key, &id).await;
     assert_eq!(
         texts(&session),
         owned(&[
@@ -837,31 +653,13 @@ async fn a_worker_killed_while_the_input_guard_checks_a_message_has_it_answered_
         return;
     };
     let url = postgres.new_database().expect("a database");
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-input-check-pg-{}-{}",
-        std::process::id(),
-        uuid_like()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
-    let key = {
-        let store = PostgresStore::connect(&url).await.expect("the database");
-        create_api_key(&store, "alice", &[])
-            .await
-            .expect("a key")
-            .key
-    };
-    let mut child = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "restart::guarded_worker_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("MARKOV_SERVER_DIR", &dir)
-        .env("MARKOV_SERVER_DATABASE", &url)
-        .spawn()
-        .expect("the worker starts");
+    let dir = scratch_dir("input-check-pg");
+    let key = postgres_key(&url).await;
+    let mut child = ChildServer::spawn(
+        "restart::guarded_worker_child",
+        &dir,
+        &[("MARKOV_SERVER_DATABASE", &url)],
+    );
     // The survivor serves beside it and finds the dead worker's run by
     // itself: its model answers the message that was being checked.
     let model = ScriptedModel::builder()
@@ -869,24 +667,11 @@ async fn a_worker_killed_while_the_input_guard_checks_a_message_has_it_answered_
         .build()
         .fresh_call_ids();
     let survivor = serve_postgres(&url, "survivor", guarded_agent(&dir, model)).await;
-    wait_for(&dir.join("base"), &mut child).await;
-    let doomed = std::fs::read_to_string(dir.join("base")).expect("the address");
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let client = reqwest::Client::new();
-    let created: Value = client
-        .post(format!("{doomed}/sessions"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json");
-    let id = created["id"].as_str().expect("an id").to_owned();
+    let doomed = child.read("base").await;
+    let client = client();
+    let id = new_session(&client, &doomed, &key).await;
     let pending = post_in_background(&client, &doomed, &key, &id, "hello there");
-    wait_for(&dir.join("checking"), &mut child).await;
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped");
+    child.kill_at("checking").await;
     let lost = pending.await.expect("the client's task");
     assert!(
         !lost.as_deref().unwrap_or("").contains("event: done"),
@@ -894,15 +679,7 @@ async fn a_worker_killed_while_the_input_guard_checks_a_message_has_it_answered_
     );
     let mut waited = Duration::ZERO;
     let session = loop {
-        let session: Value = client
-            .get(format!("{survivor}/sessions/{id}"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .expect("sent")
-            .json()
-            .await
-            .expect("json");
+        let session = get_session(&client, &survivor, &key, &id).await;
         if session["interrupted"] == json!(false) && !texts(&session).is_empty() {
             break session;
         }

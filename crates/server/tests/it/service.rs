@@ -568,11 +568,7 @@ async fn sign_out_on_one_worker_and_replay_on_another(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sign_out_on_one_worker_is_refused_by_another_and_after_a_restart() {
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-sign-out-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
+    let dir = crate::fixtures::scratch_dir("sign-out");
     let file = dir.join("sessions.db");
     let open = || Arc::new(SqliteStore::open(&file).expect("a database"));
     let a = cookie_worker(open(), "a").await;
@@ -641,11 +637,7 @@ async fn revoke_on_one_worker_and_present_to_another(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_revoked_on_one_worker_is_refused_by_another_at_its_next_request() {
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-revoke-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
+    let dir = crate::fixtures::scratch_dir("revoke");
     let file = dir.join("sessions.db");
     let open = || Arc::new(SqliteStore::open(&file).expect("a database"));
     let a = cookie_worker(open(), "a").await;
@@ -1234,11 +1226,7 @@ fn continuation() -> ScriptedModel {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_stores_the_running_step_and_a_restarted_server_continues_the_turn() {
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-shutdown-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
+    let dir = crate::fixtures::scratch_dir("shutdown");
     let pays = Arc::new(AtomicUsize::new(0));
     let work = Work::default();
     let first_model = ScriptedModel::builder()
@@ -1317,11 +1305,7 @@ impl Model for Counter {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_take_turns_on_a_session_and_each_sees_the_others_turns() {
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-turns-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
+    let dir = crate::fixtures::scratch_dir("turns");
     let file = dir.join("sessions.db");
     let agent = || {
         Agent::builder("counter")

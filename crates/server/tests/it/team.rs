@@ -92,13 +92,7 @@ pub(crate) fn team_with(
 }
 
 fn database(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "markov-server-team-{name}-{}-{}",
-        std::process::id(),
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).expect("a directory");
-    dir.join("sessions.db")
+    crate::fixtures::scratch_dir(&format!("team-{name}")).join("sessions.db")
 }
 
 async fn serve(path: &PathBuf, team: Team, refunds: &Arc<AtomicUsize>) -> Fixture {

@@ -16,16 +16,10 @@ use crate::common::*;
 use markov_charter::node::Node;
 use markov_charter::transition::Transition;
 use markov_core::Item;
-use markov_core::async_trait;
 use markov_core::tool::{Delivery, SharedTool};
 use markov_executor::{Agent, YieldReason};
-use markov_policy::{
-    Budget, Category, Decision, LedgerEntry, PolicyConfig, RecordedAnswer, ToolMetadata,
-};
-use markov_store::{
-    DurableMachine, Lease, Owner, RepairReport, Revision, SessionId, SessionInfo, SqliteStore,
-    StepRecord, StepRetention, StepTrace, Store, StoreError, StoredSession, TeamRecord, WorkerId,
-};
+use markov_policy::{Budget, Category, Decision, PolicyConfig, ToolMetadata};
+use markov_store::{DurableMachine, SessionId, SqliteStore, Store, WorkerId};
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
@@ -264,129 +258,14 @@ fn assistant_with(tool: SharedTool, mode: &str, models: &Models) -> Agent {
 /// assistant's ledger entry for the clerk's call (its result, once the
 /// clerk finished) writes `marker` and never returns, the moment to kill
 /// the process; everything else goes to the SQLite store.
-#[derive(Debug)]
-struct HangsAtResult {
-    inner: SqliteStore,
-    marker: Option<std::path::PathBuf>,
-}
-
-#[async_trait]
-impl Store for HangsAtResult {
-    async fn create(
-        &self,
-        id: &SessionId,
-        owner: Option<&Owner>,
-        charter: &str,
-        snapshot: &markov_executor::SerializedMachine<&[markov_core::Message]>,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Lease, StoreError> {
-        self.inner
-            .create(id, owner, charter, snapshot, holder, ttl)
-            .await
-    }
-    async fn append(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        step: StepRecord<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.append(id, holder, step).await
-    }
-    async fn journal(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        entry: &LedgerEntry,
-    ) -> Result<(), StoreError> {
-        if let Some(marker) = &self.marker
-            && entry.tool == "clerk"
-            && !entry.started
-        {
+fn hangs_at_result(inner: SqliteStore, marker: Option<std::path::PathBuf>) -> Watched {
+    Watched::new(inner, move |call| match (call, &marker) {
+        (Call::Journal(entry), Some(marker)) if entry.tool == "clerk" && !entry.started => {
             std::fs::write(marker, "the clerk finished, hanging").expect("writes");
-            std::future::pending::<()>().await;
+            Then::Hang
         }
-        self.inner.journal(id, holder, entry).await
-    }
-    async fn journal_answers(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        answers: &[RecordedAnswer],
-    ) -> Result<(), StoreError> {
-        self.inner.journal_answers(id, holder, answers).await
-    }
-    async fn messages(
-        &self,
-        id: &SessionId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<markov_core::Message>, StoreError> {
-        self.inner.messages(id, from, limit).await
-    }
-    async fn steps(
-        &self,
-        id: &SessionId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<StepTrace>, StoreError> {
-        self.inner.steps(id, from, limit).await
-    }
-    async fn prune_steps(&self, retention: &StepRetention) -> Result<u64, StoreError> {
-        self.inner.prune_steps(retention).await
-    }
-    async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
-        self.inner.load(id).await
-    }
-    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
-        self.inner.repair(id, holder).await
-    }
-    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
-        self.inner.list(owner).await
-    }
-    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
-        self.inner.info(id).await
-    }
-    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
-        self.inner.delete(id).await
-    }
-    async fn acquire(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Lease, StoreError> {
-        self.inner.acquire(id, holder, ttl).await
-    }
-    async fn release(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-    ) -> Result<Option<Revision>, StoreError> {
-        self.inner.release(id, holder).await
-    }
-    async fn claim_interrupted(
-        &self,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, StoreError> {
-        self.inner.claim_interrupted(holder, ttl).await
-    }
-    async fn team_state(&self, id: &SessionId) -> Result<Option<TeamRecord>, StoreError> {
-        self.inner.team_state(id).await
-    }
-    async fn write_team_state(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        state: &TeamRecord,
-    ) -> Result<(), StoreError> {
-        self.inner.write_team_state(id, holder, state).await
-    }
-}
-
-fn crash_store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
+        _ => Then::Pass,
+    })
 }
 
 /// The child process of the sub-agent crash tests: not a test on its own
@@ -401,17 +280,13 @@ fn crash_child() {
         return;
     };
     let dir = Dir(dir.into());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    in_child(async {
         let models = Models::new(&mode);
         let agent = crash_assistant(&dir, &mode, &models);
-        let store = HangsAtResult {
-            inner: SqliteStore::open(dir.path("sessions.db")).expect("the database opens"),
-            marker: (mode == "after-result").then(|| dir.path("marker")),
-        };
+        let store = hangs_at_result(
+            SqliteStore::open(dir.path("sessions.db")).expect("the database opens"),
+            (mode == "after-result").then(|| dir.path("marker")),
+        );
         let mut session = DurableMachine::create_with(
             Arc::new(store),
             SessionId::new("crash"),
@@ -435,7 +310,7 @@ fn crash_child() {
 /// models and the reopened session.
 async fn crash_and_resume(dir: &Dir, mode: &str) -> (Models, DurableMachine<SqliteStore>) {
     let inside_pay = mode == "inside-pay";
-    crate::exactly_once::kill_when_it_hangs("agents::crash_child", dir, mode, inside_pay).await;
+    kill_when_it_hangs("agents::crash_child", dir, mode, inside_pay).await;
     if !inside_pay {
         assert_eq!(
             lines(&dir.path("notices")),
@@ -445,7 +320,7 @@ async fn crash_and_resume(dir: &Dir, mode: &str) -> (Models, DurableMachine<Sqli
     }
     let models = Models::new(mode);
     let agent = crash_assistant(dir, mode, &models);
-    let mut session = open_when_free(crash_store(dir), "crash", "survivor", &agent).await;
+    let mut session = open_when_free(store(dir), "crash", "survivor", &agent).await;
     assert!(session.is_interrupted(), "the run was in progress");
     let last = session.run().await.expect("the run continues");
     assert!(last.done);
@@ -476,7 +351,7 @@ async fn a_worker_killed_in_a_sub_agent_after_its_at_most_once_tool_ran_resumes_
     assert_eq!(results(&session), ["Notified ops."]);
     // The resumed step's trace holds each of the clerk's steps once: the
     // replayed one and the final one.
-    let steps = crash_store(&dir)
+    let steps = store(&dir)
         .steps(&SessionId::new("crash"), 0, 10)
         .await
         .expect("steps");
@@ -602,7 +477,7 @@ async fn a_sub_agents_steps_are_step_traces_of_the_callers_session_under_its_cal
     std::fs::write(dir.path("marker"), "never hang").expect("writes");
     let models = Models::new("nested");
     let agent = crash_assistant(&dir, "nested", &models);
-    let store = crash_store(&dir);
+    let store = store(&dir);
     let id = SessionId::new("traced");
     let mut session = DurableMachine::create(
         store.clone(),

@@ -3,7 +3,6 @@
 //! decided and resumed by a fresh process, with no extra model call and no
 //! call run twice.
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,10 +20,6 @@ use markov_store::{
 };
 use markov_testkit::ScriptedModel;
 use serde_json::json;
-
-fn store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
-}
 
 /// `pay` needs approval; `note` and `hang` do not.
 fn executor(model: Arc<dyn Model>, dir: &Dir, config: PolicyConfig) -> StandardExecutor {
@@ -83,11 +78,7 @@ fn pause_child() {
         return;
     };
     let dir = Dir(dir.into());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    in_child(async {
         let model = Arc::new(
             ScriptedModel::builder()
                 .tool_calls([("note", json!({})), ("pay", json!({"amount": 5}))])
@@ -116,14 +107,7 @@ fn pause_child() {
 #[tokio::test]
 async fn a_paused_session_is_decided_and_resumed_by_a_fresh_process() {
     let dir = Dir::new("paused");
-    let status = Command::new(std::env::current_exe().expect("the test binary"))
-        .args([
-            "--exact",
-            "approvals::pause_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let status = child_test("approvals::pause_child")
         .env("MARKOV_PAUSE_DIR", &dir.0)
         .status()
         .expect("the child runs");

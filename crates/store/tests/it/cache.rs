@@ -16,10 +16,6 @@ use markov_store::{
 };
 use markov_testkit::ScriptedModel;
 
-fn store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
-}
-
 fn cache(capacity: usize) -> SessionCache {
     SessionCache::new(NonZeroUsize::new(capacity).expect("a capacity"), u64::MAX)
 }

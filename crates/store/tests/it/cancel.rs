@@ -8,12 +8,8 @@ use crate::common::*;
 use markov_core::Item;
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{CANCELLED_TOOL_CALL, YieldReason};
-use markov_store::{DurableMachine, SessionId, SqliteStore, Store, WorkerId};
+use markov_store::{DurableMachine, SessionId, Store, WorkerId};
 use serde_json::json;
-
-fn store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
-}
 
 /// Waits (at most ten seconds) until `path` exists.
 async fn until_exists(path: &std::path::Path) {

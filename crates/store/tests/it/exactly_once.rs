@@ -23,10 +23,6 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
 
-fn store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
-}
-
 /// What the crash child runs, by `MARKOV_CRASH_MODE`.
 fn child_steps(mode: &str) -> Vec<Vec<(&'static str, serde_json::Value)>> {
     match mode {
@@ -153,11 +149,7 @@ fn crash_child() {
         return;
     };
     let dir = Dir(dir.into());
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime");
-    runtime.block_on(async {
+    in_child(async {
         let model = Arc::new(ProviderLike::new(child_steps(&mode), "Paid 5."));
         let (charter, _) = charter();
         let machine = markov_executor::Agent::on_charter_with_executor(
@@ -201,43 +193,6 @@ fn crash_child() {
 async fn kill_child_when_it_hangs(dir: &Dir, mode: &str) {
     let hang_after_pay = mode == "inside-pay" || mode == "budget";
     kill_when_it_hangs("exactly_once::crash_child", dir, mode, hang_after_pay).await;
-}
-
-/// Runs the ignored test `child` of this binary as a child process, with
-/// `MARKOV_CRASH_DIR` and `MARKOV_CRASH_MODE` set (and
-/// `MARKOV_HANG_AFTER_PAY` when `hang_after_pay`), until a tool of it
-/// writes `dir`'s `marker` and hangs; then kills it (SIGKILL).
-pub(crate) async fn kill_when_it_hangs(child: &str, dir: &Dir, mode: &str, hang_after_pay: bool) {
-    let mut command = Command::new(std::env::current_exe().expect("the test binary"));
-    command
-        .args([
-            "--exact",
-            child,
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("MARKOV_CRASH_DIR", &dir.0)
-        .env("MARKOV_CRASH_MODE", mode);
-    if hang_after_pay {
-        command.env("MARKOV_HANG_AFTER_PAY", "1");
-    }
-    let mut child = command.spawn().expect("the child starts");
-    let marker = dir.path("marker");
-    let mut waited = Duration::ZERO;
-    while !marker.exists() {
-        assert!(
-            waited < Duration::from_secs(120),
-            "the child never reached the hanging tool"
-        );
-        if let Ok(Some(status)) = child.try_wait() {
-            panic!("the child exited early: {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += Duration::from_millis(20);
-    }
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reaped");
 }
 
 /// Opens the dead child's session as another worker once its lease expired.

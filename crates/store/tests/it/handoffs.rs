@@ -5,208 +5,29 @@
 //! database in memory reads on that thread too), so the count of calls is
 //! the count of hand-offs a message pays.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::common::*;
-use markov_core::async_trait;
-use markov_core::message::Message;
-use markov_executor::SerializedMachine;
-use markov_policy::{LedgerEntry, RecordedAnswer};
 use markov_store::{
-    DurableMachine, Lease, OpenOptions, Owner, RepairReport, Revision, SessionCache, SessionId,
-    SessionInfo, SqliteStore, StepRecord, StepRetention, StepTrace, Store, StoreError,
-    StoredSession, WorkerId,
+    DurableMachine, OpenOptions, SessionCache, SessionId, SqliteStore, Store, StoreError, WorkerId,
 };
 use markov_testkit::ScriptedModel;
 
 /// A store that names every call it passes on, and fails the calls of one
 /// kind as a worker that died just before them would leave the database:
 /// unwritten.
-#[derive(Debug)]
-struct Counted {
-    inner: SqliteStore,
-    calls: Mutex<Vec<&'static str>>,
-    fail: Option<&'static str>,
-}
-
-impl Counted {
-    fn new(fail: Option<&'static str>) -> Self {
-        Counted {
-            inner: SqliteStore::in_memory().expect("a database"),
-            calls: Mutex::default(),
-            fail,
+fn counted(fail: Option<&'static str>) -> Watched {
+    Watched::new(SqliteStore::in_memory().expect("a database"), move |call| {
+        if fail == Some(call.name()) {
+            Then::Fail(StoreError::Backend(format!(
+                "the worker died before {}",
+                call.name()
+            )))
+        } else {
+            Then::Pass
         }
-    }
-
-    fn call(&self, name: &'static str) -> Result<(), StoreError> {
-        self.calls.lock().expect("the calls").push(name);
-        if self.fail == Some(name) {
-            return Err(StoreError::Backend(format!(
-                "the worker died before {name}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The calls since the last time they were taken.
-    fn take(&self) -> Vec<&'static str> {
-        std::mem::take(&mut *self.calls.lock().expect("the calls"))
-    }
-}
-
-#[async_trait]
-impl Store for Counted {
-    async fn create(
-        &self,
-        id: &SessionId,
-        owner: Option<&Owner>,
-        charter: &str,
-        snapshot: &SerializedMachine<&[Message]>,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Lease, StoreError> {
-        self.call("create")?;
-        self.inner
-            .create(id, owner, charter, snapshot, holder, ttl)
-            .await
-    }
-
-    async fn append(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        step: StepRecord<'_>,
-    ) -> Result<(), StoreError> {
-        self.call("append")?;
-        self.inner.append(id, holder, step).await
-    }
-
-    async fn append_and_release(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        step: StepRecord<'_>,
-    ) -> Result<Option<Revision>, StoreError> {
-        self.call("append_and_release")?;
-        self.inner.append_and_release(id, holder, step).await
-    }
-
-    async fn journal(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        entry: &LedgerEntry,
-    ) -> Result<(), StoreError> {
-        self.call("journal")?;
-        self.inner.journal(id, holder, entry).await
-    }
-
-    async fn journal_answers(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        answers: &[RecordedAnswer],
-    ) -> Result<(), StoreError> {
-        self.call("journal_answers")?;
-        self.inner.journal_answers(id, holder, answers).await
-    }
-
-    async fn steps(
-        &self,
-        id: &SessionId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<StepTrace>, StoreError> {
-        self.call("steps")?;
-        self.inner.steps(id, from, limit).await
-    }
-
-    async fn messages(
-        &self,
-        id: &SessionId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<Message>, StoreError> {
-        self.call("messages")?;
-        self.inner.messages(id, from, limit).await
-    }
-
-    async fn team_state(
-        &self,
-        id: &SessionId,
-    ) -> Result<Option<markov_store::TeamRecord>, StoreError> {
-        self.call("team_state")?;
-        self.inner.team_state(id).await
-    }
-
-    async fn write_team_state(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        state: &markov_store::TeamRecord,
-    ) -> Result<(), StoreError> {
-        self.call("write_team_state")?;
-        self.inner.write_team_state(id, holder, state).await
-    }
-
-    async fn prune_steps(&self, retention: &StepRetention) -> Result<u64, StoreError> {
-        self.call("prune_steps")?;
-        self.inner.prune_steps(retention).await
-    }
-
-    async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
-        self.call("load")?;
-        self.inner.load(id).await
-    }
-
-    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
-        self.call("repair")?;
-        self.inner.repair(id, holder).await
-    }
-
-    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
-        self.call("list")?;
-        self.inner.list(owner).await
-    }
-
-    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
-        self.call("info")?;
-        self.inner.info(id).await
-    }
-
-    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
-        self.call("delete")?;
-        self.inner.delete(id).await
-    }
-
-    async fn acquire(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Lease, StoreError> {
-        self.call("acquire")?;
-        self.inner.acquire(id, holder, ttl).await
-    }
-
-    async fn release(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-    ) -> Result<Option<Revision>, StoreError> {
-        self.call("release")?;
-        self.inner.release(id, holder).await
-    }
-
-    async fn claim_interrupted(
-        &self,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, StoreError> {
-        self.call("claim_interrupted")?;
-        self.inner.claim_interrupted(holder, ttl).await
-    }
+    })
 }
 
 fn cache() -> SessionCache {
@@ -217,13 +38,13 @@ fn cache() -> SessionCache {
 /// `cache` between messages), giving up the lease with the run's last
 /// write when `fold` is set, and returns the store calls it made.
 async fn message(
-    store: &Arc<Counted>,
+    store: &Arc<Watched>,
     agent: &markov_executor::Agent,
     cache: &SessionCache,
     text: &str,
     fold: bool,
 ) -> Vec<&'static str> {
-    store.take();
+    store.take_calls();
     let mut session = DurableMachine::open_with(
         store.clone(),
         SessionId::new("s"),
@@ -243,7 +64,7 @@ async fn message(
     // Test builds read a machine taken from the cache back from the store
     // to compare the two: that read is left out, the open says whether
     // the session was read back.
-    let mut calls = store.take();
+    let mut calls = store.take_calls();
     calls.retain(|call| *call != "load");
     if !kept {
         calls.insert(1, "load");
@@ -266,7 +87,7 @@ async fn a_message_whose_run_gives_up_the_lease_with_its_last_write_makes_three_
         &charter,
         Arc::new(executor(model, dir.path("effects"), dir.path("marker"))),
     );
-    let store = Arc::new(Counted::new(None));
+    let store = Arc::new(counted(None));
     DurableMachine::create(
         store.clone(),
         SessionId::new("s"),
@@ -329,7 +150,7 @@ async fn a_worker_that_dies_before_the_folded_write_leaves_the_message_and_a_run
             dir.path("marker"),
         )),
     );
-    let store = Arc::new(Counted::new(Some("append_and_release")));
+    let store = Arc::new(counted(Some("append_and_release")));
     DurableMachine::create(
         store.clone(),
         SessionId::new("s"),

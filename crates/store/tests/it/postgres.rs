@@ -16,23 +16,28 @@ use markov_store::{
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
-fn two_turns() -> ScriptedModel {
-    ScriptedModel::builder()
-        .tool_call("note", json!({}))
-        .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
-        .text("Paid 3.")
-        .tool_call("note", json!({}))
-        .text("Noted.")
-        .build()
+/// Claims, as worker `second`, a session a dead worker left interrupted,
+/// polling (five seconds at most) until its lease has run out.
+async fn claim_when_expired(store: &PostgresStore) -> Option<markov_store::Lease> {
+    let mut claimed = None;
+    for _ in 0..100 {
+        claimed = store
+            .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
+            .await
+            .expect("claims");
+        if claimed.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    claimed
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_round_trips_through_postgres() {
-    let Some(server) = TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
-    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let dir = Dir::new("pg-round-trip");
     let id = SessionId::new("s1");
     let mut session = DurableMachine::create(
@@ -214,18 +219,8 @@ async fn another_worker_resumes_an_interrupted_run_without_paying_twice() {
     assert_eq!(lines(&dir.path("effects")), 1);
 
     let survivor = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
-    let mut claimed = None;
-    for _ in 0..100 {
-        claimed = survivor
-            .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
-            .await
-            .expect("claims");
-        if claimed.is_some() {
-            break;
-        }
-        // The dead worker's lease runs out.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The dead worker's lease runs out.
+    let claimed = claim_when_expired(&survivor).await;
     let lease = claimed.expect("the interrupted session");
     assert_eq!(lease.session, SessionId::new("resume"));
     let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
@@ -306,17 +301,7 @@ async fn an_at_most_once_call_abandoned_by_its_worker_is_answered_interrupted_by
     assert_eq!(lines(&dir.path("notices")), 1);
 
     let survivor = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
-    let mut claimed = None;
-    for _ in 0..100 {
-        claimed = survivor
-            .claim_interrupted(&WorkerId::new("second"), Duration::from_secs(60))
-            .await
-            .expect("claims");
-        if claimed.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let claimed = claim_when_expired(&survivor).await;
     claimed.expect("the interrupted session");
     let model = Arc::new(ProviderLike::new(steps(), "Paid 5."));
     let executor: Arc<dyn Executor> =
@@ -561,11 +546,9 @@ async fn a_session_paused_by_one_worker_is_decided_and_resumed_by_another() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_belong_to_their_owner_and_keys_are_kept_in_postgres() {
-    let Some(server) = TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
-    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     owners_and_keys_contract(store).await;
 }
 
@@ -619,11 +602,9 @@ async fn a_postgres_database_written_before_sign_ins_were_ended_in_it_upgrades()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_guards_rewrite_and_block_are_what_postgres_keeps() {
-    let Some(server) = TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
-    let store = Arc::new(PostgresStore::connect(&url).await.expect("connects"));
     let dir = Dir::new("pg-guarded-input");
     guarded_input_contract(store, &dir).await;
 }

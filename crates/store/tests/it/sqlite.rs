@@ -17,21 +17,6 @@ use markov_store::{
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
-fn store(dir: &Dir) -> Arc<SqliteStore> {
-    Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
-}
-
-/// Two turns: notes (the tree changes), a payment, answers.
-fn two_turns() -> ScriptedModel {
-    ScriptedModel::builder()
-        .tool_call("note", json!({}))
-        .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
-        .text("Paid 3.")
-        .tool_call("note", json!({}))
-        .text("Noted.")
-        .build()
-}
-
 #[tokio::test]
 async fn a_session_round_trips_through_the_store() {
     let dir = Dir::new("round-trip");

@@ -9,20 +9,10 @@ use markov_store::{DurableMachine, SessionId, SqliteStore, StepTrace, Store, Wor
 use markov_testkit::ScriptedModel;
 use serde_json::json;
 
-fn script() -> ScriptedModel {
-    ScriptedModel::builder()
-        .tool_call("note", json!({}))
-        .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
-        .text("Paid 3.")
-        .tool_call("note", json!({}))
-        .text("Noted.")
-        .build()
-}
-
 /// Runs two turns on `store` and checks that each model call's request is
 /// rebuilt from the recorded steps exactly as the model received it.
 pub(crate) async fn steps_contract<S: Store + 'static>(store: Arc<S>, dir: &Dir) {
-    let model = Arc::new(script());
+    let model = Arc::new(two_turns());
     let machine = machine(model.clone(), dir);
     let id = SessionId::random();
     let mut session =
@@ -101,7 +91,7 @@ async fn every_step_is_recorded_and_its_request_rebuilt_on_sqlite() {
 #[tokio::test]
 async fn a_machine_outside_a_store_records_no_calls() {
     let dir = Dir::new("steps-off");
-    let machine = machine(Arc::new(script()), &dir);
+    let machine = machine(Arc::new(two_turns()), &dir);
     assert!(!machine.records_calls(), "off unless a store records steps");
     machine.enqueue_user("pay 3");
     let mut machine = machine;
@@ -115,16 +105,10 @@ async fn a_machine_outside_a_store_records_no_calls() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_step_is_recorded_and_its_request_rebuilt_on_postgres() {
-    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
     let dir = Dir::new("steps-pg");
-    let store = Arc::new(
-        markov_store::PostgresStore::connect(&url)
-            .await
-            .expect("connects"),
-    );
     steps_contract(store, &dir).await;
 }
 
@@ -156,7 +140,7 @@ fn agent(model: Arc<ScriptedModel>, dir: &Dir) -> markov_executor::Agent {
 async fn a_fork_at_any_step_sends_that_steps_request_again() {
     let dir = Dir::new("fork");
     let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
-    let model = Arc::new(script());
+    let model = Arc::new(two_turns());
     let id = SessionId::new("original");
     let mut session = DurableMachine::create(
         store.clone(),
@@ -217,7 +201,7 @@ async fn a_fork_at_any_step_sends_that_steps_request_again() {
 async fn a_fork_can_ask_something_else() {
     let dir = Dir::new("fork-edit");
     let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
-    let model = Arc::new(script());
+    let model = Arc::new(two_turns());
     let id = SessionId::new("original");
     let mut session = DurableMachine::create(
         store.clone(),
@@ -303,7 +287,7 @@ async fn recorded_session(dir: &Dir) -> (Arc<SqliteStore>, SessionId) {
         store.clone(),
         id.clone(),
         WorkerId::new("w"),
-        agent(Arc::new(script()), dir).machine(),
+        agent(Arc::new(two_turns()), dir).machine(),
     )
     .await
     .expect("created");
@@ -533,7 +517,7 @@ async fn a_database_from_before_step_traces_opens_and_records_them() {
             store.clone(),
             id.clone(),
             WorkerId::new("w"),
-            agent(Arc::new(script()), &dir).machine(),
+            agent(Arc::new(two_turns()), &dir).machine(),
         )
         .await
         .expect("created");
@@ -551,7 +535,7 @@ async fn a_database_from_before_step_traces_opens_and_records_them() {
         store.clone(),
         id.clone(),
         WorkerId::new("w"),
-        &agent(Arc::new(script()), &dir),
+        &agent(Arc::new(two_turns()), &dir),
     )
     .await
     .expect("opens");
@@ -571,7 +555,7 @@ async fn retention_drops_step_detail_and_keeps_the_sessions() {
             store.clone(),
             id.clone(),
             WorkerId::new("w"),
-            agent(Arc::new(script()), &dir).machine(),
+            agent(Arc::new(two_turns()), &dir).machine(),
         )
         .await
         .expect("created");

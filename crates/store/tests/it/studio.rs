@@ -154,16 +154,10 @@ async fn each_steps_calls_record_what_the_policy_decided_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_steps_calls_record_what_the_policy_decided_on_postgres() {
-    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
     let dir = Dir::new("decisions-pg");
-    let store = Arc::new(
-        markov_store::PostgresStore::connect(&url)
-            .await
-            .expect("connects"),
-    );
     decisions_contract(store, &dir).await;
 }
 
@@ -351,16 +345,10 @@ async fn a_fork_carries_the_ledger_and_the_pending_approvals_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fork_carries_the_ledger_and_the_pending_approvals_on_postgres() {
-    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
     let dir = Dir::new("fork-policy-pg");
-    let store = Arc::new(
-        markov_store::PostgresStore::connect(&url)
-            .await
-            .expect("connects"),
-    );
     fork_policy_contract(store, &dir).await;
 }
 
@@ -800,15 +788,9 @@ async fn the_last_page_of_a_long_session_is_read_by_range_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_last_page_of_a_long_session_is_read_by_range_on_postgres() {
-    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+    let Some((_server, store)) = postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
     let dir = Dir::new("last-page-pg");
-    let store = Arc::new(
-        markov_store::PostgresStore::connect(&url)
-            .await
-            .expect("connects"),
-    );
     last_page_contract(store, &dir).await;
 }

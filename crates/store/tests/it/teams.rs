@@ -10,13 +10,10 @@ use crate::common::*;
 use markov_core::async_trait;
 use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse};
 use markov_executor::{Agent, Handoff, HandoffRecord, Team};
-use markov_policy::{
-    Budget, Category, Decision, LedgerEntry, PolicyConfig, RecordedAnswer, ToolMetadata,
-};
+use markov_policy::{Budget, Category, Decision, PolicyConfig, ToolMetadata};
 use markov_store::{
-    CreateOptions, DurableError, DurableTeam, Lease, Owner, RepairReport, Revision, SessionId,
-    SessionInfo, SqliteStore, StepRecord, StepRetention, StepTrace, Store, StoreError,
-    StoredSession, TeamRecord, WorkerId, agent_session,
+    CreateOptions, DurableError, DurableTeam, Owner, SessionId, SqliteStore, Store, StoreError,
+    WorkerId, agent_session,
 };
 use markov_testkit::ScriptedModel;
 use serde_json::json;
@@ -458,126 +455,18 @@ async fn a_crash_while_the_next_agent_works_loses_nothing_and_runs_no_tool_twice
 
 /// A SQLite store whose `n`-th write of a team state fails, as if the
 /// process died just before it: what was written before it stays.
-#[derive(Debug)]
-struct DiesAtTeamWrite {
-    inner: SqliteStore,
-    n: usize,
-    writes: std::sync::atomic::AtomicUsize,
-}
-
-#[async_trait]
-impl Store for DiesAtTeamWrite {
-    async fn create(
-        &self,
-        id: &SessionId,
-        owner: Option<&Owner>,
-        charter: &str,
-        snapshot: &markov_executor::SerializedMachine<&[markov_core::Message]>,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Lease, StoreError> {
-        self.inner
-            .create(id, owner, charter, snapshot, holder, ttl)
-            .await
-    }
-    async fn append(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        step: StepRecord<'_>,
-    ) -> Result<(), StoreError> {
-        self.inner.append(id, holder, step).await
-    }
-    async fn journal(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        entry: &LedgerEntry,
-    ) -> Result<(), StoreError> {
-        self.inner.journal(id, holder, entry).await
-    }
-    async fn journal_answers(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        answers: &[RecordedAnswer],
-    ) -> Result<(), StoreError> {
-        self.inner.journal_answers(id, holder, answers).await
-    }
-    async fn messages(
-        &self,
-        id: &SessionId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<markov_core::Message>, StoreError> {
-        self.inner.messages(id, from, limit).await
-    }
-    async fn steps(
-        &self,
-        id: &SessionId,
-        from: u64,
-        limit: usize,
-    ) -> Result<Vec<StepTrace>, StoreError> {
-        self.inner.steps(id, from, limit).await
-    }
-    async fn prune_steps(&self, retention: &StepRetention) -> Result<u64, StoreError> {
-        self.inner.prune_steps(retention).await
-    }
-    async fn load(&self, id: &SessionId) -> Result<StoredSession, StoreError> {
-        self.inner.load(id).await
-    }
-    async fn repair(&self, id: &SessionId, holder: &WorkerId) -> Result<RepairReport, StoreError> {
-        self.inner.repair(id, holder).await
-    }
-    async fn list(&self, owner: Option<&Owner>) -> Result<Vec<SessionInfo>, StoreError> {
-        self.inner.list(owner).await
-    }
-    async fn info(&self, id: &SessionId) -> Result<SessionInfo, StoreError> {
-        self.inner.info(id).await
-    }
-    async fn delete(&self, id: &SessionId) -> Result<bool, StoreError> {
-        self.inner.delete(id).await
-    }
-    async fn acquire(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Lease, StoreError> {
-        self.inner.acquire(id, holder, ttl).await
-    }
-    async fn release(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-    ) -> Result<Option<Revision>, StoreError> {
-        self.inner.release(id, holder).await
-    }
-    async fn claim_interrupted(
-        &self,
-        holder: &WorkerId,
-        ttl: Duration,
-    ) -> Result<Option<Lease>, StoreError> {
-        self.inner.claim_interrupted(holder, ttl).await
-    }
-    async fn team_state(&self, id: &SessionId) -> Result<Option<TeamRecord>, StoreError> {
-        self.inner.team_state(id).await
-    }
-    async fn write_team_state(
-        &self,
-        id: &SessionId,
-        holder: &WorkerId,
-        state: &TeamRecord,
-    ) -> Result<(), StoreError> {
-        let n = self
-            .writes
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            + 1;
-        if n == self.n {
-            return Err(StoreError::Backend("the process died here".to_owned()));
+fn dies_at_team_write(inner: SqliteStore, n: usize) -> Watched {
+    let writes = std::sync::atomic::AtomicUsize::new(0);
+    Watched::new(inner, move |call| {
+        if !matches!(call, Call::WriteTeamState(_)) {
+            return Then::Pass;
         }
-        self.inner.write_team_state(id, holder, state).await
-    }
+        let written = writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        if written == n {
+            return Then::Fail(StoreError::Backend("the process died here".to_owned()));
+        }
+        Then::Pass
+    })
 }
 
 #[tokio::test]
@@ -590,11 +479,10 @@ async fn a_crash_after_a_handoff_or_an_answer_before_the_team_is_written_loses_n
         let id = SessionId::new("team");
         let worker = WorkerId::new("w");
         {
-            let store = Arc::new(DiesAtTeamWrite {
-                inner: SqliteStore::open(&path).expect("opens"),
-                n: dies_at,
-                writes: Default::default(),
-            });
+            let store = Arc::new(dies_at_team_write(
+                SqliteStore::open(&path).expect("opens"),
+                dies_at,
+            ));
             let triage =
                 scripted(|s| s.tool_call("transfer_to_billing", json!({"reason": "a refund"})));
             let billing =

@@ -187,15 +187,9 @@ async fn every_step_under_a_context_policy_is_rebuilt_on_sqlite() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_step_under_a_context_policy_is_rebuilt_on_postgres() {
-    let Some(server) = markov_store::testing::TempPostgres::for_test() else {
+    let Some((_server, store)) = crate::common::postgres().await else {
         return;
     };
-    let url = server.new_database().expect("a database");
-    let store = Arc::new(
-        markov_store::PostgresStore::connect(&url)
-            .await
-            .expect("connects"),
-    );
     views_contract(store).await;
 }
 

@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -14,7 +14,7 @@ use markov_charter::node::Node;
 use markov_charter::transition::CedeContent;
 use markov_core::InstanceId;
 use markov_core::message::{InstancePayload, Item, Items, Message, Metadata, Role};
-use markov_core::tool::{Tool, ToolContext, ToolReply};
+use markov_core::tool::{Delivery, Tool, ToolContext, ToolReply};
 use markov_executor::{
     Agent, Effect, Entry, Executor, Instance, LeafContext, LeafOutcome, Machine, MachineStep,
     RunError, RunOptions, SerializedMachine, StandardExecutor, TurnState, YieldReason, run_machine,
@@ -25,6 +25,34 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use markov_testkit::fixtures::Add;
+
+/// Sends an email (it honours no idempotency key), at most once: counts
+/// its executions, and hangs the first time, right after its effect (the
+/// process dies there); `hung` set from the start, it never hangs.
+#[derive(Clone)]
+pub struct SendEmail {
+    pub sent: Arc<AtomicUsize>,
+    pub hung: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl Tool for SendEmail {
+    const NAME: &'static str = "send_email";
+    const DELIVERY: Option<Delivery> = Some(Delivery::AtMostOnce);
+    type Args = NoArgs;
+    type Output = String;
+    type Error = Infallible;
+    fn description(&self) -> String {
+        "Send the email".into()
+    }
+    async fn call(&self, _: NoArgs, _cx: &ToolContext<'_>) -> Result<String, Infallible> {
+        self.sent.fetch_add(1, Ordering::SeqCst);
+        if !self.hung.swap(true, Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        Ok("sent".into())
+    }
+}
 
 /// Counter state.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

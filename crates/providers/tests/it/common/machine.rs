@@ -7,8 +7,11 @@ use futures::StreamExt;
 use markov_charter::charter::Charter;
 use markov_charter::node::Node;
 use markov_core::model::collect_stream;
+use markov_core::tool::TerminateResponse;
 use markov_core::{Model, ModelError, ModelRequest, ModelResponse};
-use markov_executor::{Machine, MachineStep, RunOptions, StandardExecutor, run_machine};
+use markov_executor::{
+    Machine, MachineStep, RunOptions, StandardExecutor, YieldReason, run_machine,
+};
 use markov_tools_std::{Finish, Respond};
 use serde_json::{Value, json};
 
@@ -92,4 +95,35 @@ impl<M: Model> markov_core::ModelLayer for Streamed<M> {
     async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         collect_stream(self.0.stream(request)).await
     }
+}
+
+/// Runs the calculator over `model` (through its event streams when
+/// `streamed`) for two turns: the question, answered through `add` and
+/// `respond`, then the thanks, ended through `finish`.
+pub async fn two_turns<M: Model + 'static>(model: M, streamed: bool) {
+    let mut machine = if streamed {
+        calculator(Streamed(model))
+    } else {
+        calculator(model)
+    };
+
+    let steps = turn(&mut machine, QUESTION).await;
+    let reasons: Vec<YieldReason> = steps.iter().map(|s| s.yield_reason).collect();
+    assert_eq!(reasons, [YieldReason::ToolUse, YieldReason::EndTurn]);
+    assert!(!steps[0].done);
+    let last = steps.last().expect("a step");
+    assert!(last.done);
+    assert_eq!(last.response.as_deref(), Some(ANSWER));
+    assert_eq!(last.termination, None);
+
+    let steps = turn(&mut machine, THANKS).await;
+    assert_eq!(steps.len(), 1, "{steps:?}");
+    let last = &steps[0];
+    assert!(last.done);
+    assert_eq!(last.yield_reason, YieldReason::EndTurn);
+    assert_eq!(
+        last.termination,
+        Some(TerminateResponse::new(Some(NOTE.to_owned())))
+    );
+    assert_eq!(last.response, None);
 }

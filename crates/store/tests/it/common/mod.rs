@@ -1,5 +1,6 @@
 //! Machines for the store's tests: a payments node whose tools go through a
-//! registry, so answered calls land in the idempotency ledger.
+//! registry, so answered calls land in the idempotency ledger; and the
+//! child processes the crash tests run and kill.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -20,6 +21,9 @@ use markov_testkit::ScriptedModel;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+
+mod watched;
+pub use watched::{Call, Then, Watched};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct PayArgs {
@@ -885,4 +889,89 @@ async fn open_until_free<S: markov_store::Store + ?Sized + 'static>(
             Err(e) => panic!("cannot open session {id}: {e}"),
         }
     }
+}
+
+/// The SQLite store in `dir`'s `sessions.db`.
+pub fn store(dir: &Dir) -> Arc<markov_store::SqliteStore> {
+    Arc::new(markov_store::SqliteStore::open(dir.path("sessions.db")).expect("the database opens"))
+}
+
+/// A PostgreSQL store on a new database of a temporary server (which the
+/// first value keeps running), or `None` (outside CI) when PostgreSQL is
+/// not installed.
+#[cfg(feature = "postgres")]
+pub async fn postgres() -> Option<(
+    markov_store::testing::TempPostgres,
+    Arc<markov_store::PostgresStore>,
+)> {
+    let server = markov_store::testing::TempPostgres::for_test()?;
+    let url = server.new_database().expect("a database");
+    let store = markov_store::PostgresStore::connect(&url)
+        .await
+        .expect("connects");
+    Some((server, Arc::new(store)))
+}
+
+/// Two turns: notes (the tree changes), a payment, answers.
+pub fn two_turns() -> ScriptedModel {
+    ScriptedModel::builder()
+        .tool_call("note", json!({}))
+        .response(calls(&[("pay-1", "pay", json!({"amount": 3}))]))
+        .text("Paid 3.")
+        .tool_call("note", json!({}))
+        .text("Noted.")
+        .build()
+}
+
+/// This test binary run again as the ignored test `test` (its full path,
+/// `module::name`): a child process the test waits for or kills.
+pub fn child_test(test: &str) -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::current_exe().expect("the test binary"));
+    command.args([
+        "--exact",
+        test,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    command
+}
+
+/// Runs `body`, the work of a child process, on a runtime of its own.
+pub fn in_child<F: std::future::Future>(body: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(body)
+}
+
+/// Runs the ignored test `child` of this binary as a child process, with
+/// `MARKOV_CRASH_DIR` and `MARKOV_CRASH_MODE` set (and
+/// `MARKOV_HANG_AFTER_PAY` when `hang_after_pay`), until a tool of it
+/// writes `dir`'s `marker` and hangs; then kills it (SIGKILL).
+pub async fn kill_when_it_hangs(child: &str, dir: &Dir, mode: &str, hang_after_pay: bool) {
+    let mut command = child_test(child);
+    command
+        .env("MARKOV_CRASH_DIR", &dir.0)
+        .env("MARKOV_CRASH_MODE", mode);
+    if hang_after_pay {
+        command.env("MARKOV_HANG_AFTER_PAY", "1");
+    }
+    let mut child = command.spawn().expect("the child starts");
+    let marker = dir.path("marker");
+    let mut waited = std::time::Duration::ZERO;
+    while !marker.exists() {
+        assert!(
+            waited < std::time::Duration::from_secs(120),
+            "the child never reached the hanging tool"
+        );
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the child exited early: {status}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        waited += std::time::Duration::from_millis(20);
+    }
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reaped");
 }
