@@ -263,7 +263,7 @@ pub(crate) async fn steps(
                     shown.step.sub_agents = agents::sub_agents(
                         s,
                         &agents::before(&earlier, &traces, i),
-                        &service.hooks,
+                        &|name| service.hooks.wire.contains_key(name),
                         showing.thinking,
                     );
                 }

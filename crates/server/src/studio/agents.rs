@@ -18,7 +18,6 @@ use serde_json::{Value, json};
 
 use super::{Showing, may_read, redact, step_view, summary};
 use crate::auth::Principal;
-use crate::hooks::StudioHooks;
 use crate::wire::{
     ErrorBody, HandoffEvent, StepPage, StepRequest, SubAgentRun, SubAgentStepSummary, TeamStep,
     TeamTimeline,
@@ -37,11 +36,12 @@ const TEAM_NO_FORK: &str = "Forking and replaying are not offered in a team conv
 
 /// The sub-agents `step`'s tool calls ran, each under its call, nested as
 /// they ran; `earlier` holds the caller's steps before `step`, oldest
-/// first (where a sub-agent's history before this step is looked for).
+/// first (where a sub-agent's history before this step is looked for),
+/// and `wired` says whether the server has an encoder for a sub-agent.
 pub(super) fn sub_agents(
     step: &StepTrace,
     earlier: &[&StepTrace],
-    hooks: &StudioHooks,
+    wired: &dyn Fn(&str) -> bool,
     thinking: bool,
 ) -> Vec<SubAgentRun> {
     if step.sub_agents.is_empty() {
@@ -50,7 +50,7 @@ pub(super) fn sub_agents(
     let under = Under {
         step,
         earlier,
-        hooks,
+        wired,
         thinking,
     };
     let mut runs = runs_under(&under, &[]);
@@ -96,12 +96,12 @@ fn contains(runs: &[SubAgentRun], at: usize) -> bool {
 }
 
 /// A caller's step whose sub-agents are shown: the caller's steps before
-/// it (oldest first), the encoders the server has, and whether stored
-/// thinking is shown.
+/// it (oldest first), whether the server has an encoder for a sub-agent
+/// (by its tool name), and whether stored thinking is shown.
 struct Under<'a> {
     step: &'a StepTrace,
     earlier: &'a [&'a StepTrace],
-    hooks: &'a StudioHooks,
+    wired: &'a dyn Fn(&str) -> bool,
     thinking: bool,
 }
 
@@ -179,7 +179,7 @@ fn sub_step(under: &Under<'_>, at: usize, sub_agents: Vec<SubAgentRun>) -> SubAg
     let has_request = sub_history(under.step, under.earlier, at).is_some();
     let showing = Showing {
         thinking: under.thinking,
-        wire: under.hooks.wire.contains_key(&entry.agent),
+        wire: (under.wired)(&entry.agent),
     };
     let mut step = step_view(entry.into(), &entry.messages, has_request, showing);
     step.sub_agents = sub_agents;
@@ -503,7 +503,12 @@ pub(super) async fn team_page(
             let mut shown = summary(trace, read, first, total, showing);
             let earlier = placed.step.saturating_sub(SUB_AGENT_LOOKBACK as usize);
             let before: Vec<&StepTrace> = traces[earlier..placed.step].iter().collect();
-            shown.step.sub_agents = sub_agents(trace, &before, &service.hooks, showing.thinking);
+            shown.step.sub_agents = sub_agents(
+                trace,
+                &before,
+                &|name| service.hooks.wire.contains_key(name),
+                showing.thinking,
+            );
             shown.index = from + i as u64;
             shown.team = Some(TeamStep {
                 agent: name.clone(),
