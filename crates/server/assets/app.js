@@ -1030,7 +1030,7 @@ function subAgentRun(run, address) {
       stepBody(step, body, address, i === 0 ? "Input from the calling agent" : null);
       if (step.has_request) {
         const actions = el("div", "actions");
-        const show = button("Show the request", "show-request", () => showSubRequest(address, step.at, actions, show));
+        const show = button("Show the request", "show-request", () => showSubRequest(address, step, actions, show));
         actions.append(show);
         body.append(actions);
       } else if (step.node) {
@@ -1045,9 +1045,10 @@ function subAgentRun(run, address) {
 
 // A sub-agent step's request, rebuilt from the sub-agent's recorded
 // history, under the button that asked for it.
-async function showSubRequest(address, at, actions, button) {
+async function showSubRequest(address, step, actions, button) {
   button.disabled = true;
-  const response = await fetch("/sessions/" + encodeURIComponent(address.session) + "/steps/" + address.n + "/sub_agents/" + at + "/request");
+  const path = "/sessions/" + encodeURIComponent(address.session) + "/steps/" + address.n + "/sub_agents/" + step.at;
+  const response = await fetch(path + "/request");
   if (!response.ok) { actions.after(el("div", "label", "Cannot read the request: " + await errorOf(response))); return; }
   const request = (await response.json()).request || {};
   const shown = el("div", "request");
@@ -1061,7 +1062,24 @@ async function showSubRequest(address, at, actions, button) {
   shown.append(el("div", "label", "System prompt"), pre(String(request.system || "")),
     el("div", "label", "Messages"), messages, el("div", "label", "Tools"), tools,
     el("div", "label", "Tool choice and settings"), pre(JSON.stringify({ tool_choice: request.tool_choice, settings: request.settings })), whole);
+  if (step.wire === true) shown.append(wireBody(path + "/wire"));
   actions.after(shown);
+}
+
+// The provider's wire body of the request read at `path`, fetched when
+// first opened.
+function wireBody(path) {
+  const wire = el("details", "wire");
+  wire.append(el("summary", null, "Wire body, as sent to the provider (no headers, no keys)"));
+  wire.addEventListener("toggle", async () => {
+    if (!wire.open || wire.dataset.loaded) return;
+    wire.dataset.loaded = "1";
+    const response = await fetch(path);
+    if (!response.ok) { wire.append(el("div", "label", "Cannot show the wire body: " + await errorOf(response))); return; }
+    const sent = await response.json();
+    wire.append(pre(JSON.stringify(sent.body, null, 2)));
+  });
+  return wire;
 }
 
 // What a step added, as the timeline shows it: text, and each tool call
@@ -1135,20 +1153,7 @@ async function showRequest(n, box, button) {
   const whole = el("details", "whole");
   whole.append(el("summary", null, "Whole request body"), pre(JSON.stringify(request, null, 2)));
   shown.append(whole);
-  if (studio.wire) {
-    // The provider's wire body, fetched when first opened.
-    const wire = el("details", "wire");
-    wire.append(el("summary", null, "Wire body, as sent to the provider (no headers, no keys)"));
-    wire.addEventListener("toggle", async () => {
-      if (!wire.open || wire.dataset.loaded) return;
-      wire.dataset.loaded = "1";
-      const response = await fetch("/sessions/" + encodeURIComponent(studio.id) + "/steps/" + n + "/wire");
-      if (!response.ok) { wire.append(el("div", "label", "Cannot show the wire body: " + await errorOf(response))); return; }
-      const sent = await response.json();
-      wire.append(pre(JSON.stringify(sent.body, null, 2)));
-    });
-    shown.append(wire);
-  }
+  if (studio.wire) shown.append(wireBody("/sessions/" + encodeURIComponent(studio.id) + "/steps/" + n + "/wire"));
   // Under the button that asked for it.
   button.parentElement.after(shown);
 }
@@ -1218,7 +1223,7 @@ function stepLine(step) {
       const actions = el("div", "actions");
       if (step.has_request) {
         const address = stepAddress(step);
-        const requestButton = button("Show the request", "show-request", () => showAgentRequest(address, actions, requestButton));
+        const requestButton = button("Show the request", "show-request", () => showAgentRequest(address, step.wire === true, actions, requestButton));
         actions.append(requestButton);
       }
       body.append(actions, el("p", "no-fork", String(studio.team.no_fork || "")));
@@ -1266,9 +1271,10 @@ function countSubSteps(runs) {
 }
 
 // A team step's request, read from its agent's own session.
-async function showAgentRequest(address, actions, button) {
+async function showAgentRequest(address, wire, actions, button) {
   button.disabled = true;
-  const response = await fetch("/sessions/" + encodeURIComponent(address.session) + "/steps/" + address.n + "/request");
+  const path = "/sessions/" + encodeURIComponent(address.session) + "/steps/" + address.n;
+  const response = await fetch(path + "/request");
   if (!response.ok) { actions.after(el("div", "label", "Cannot read the request: " + await errorOf(response))); return; }
   const request = (await response.json()).request || {};
   const shown = el("div", "request");
@@ -1278,6 +1284,7 @@ async function showAgentRequest(address, actions, button) {
   const whole = el("details", "whole");
   whole.append(el("summary", null, "Whole request body"), pre(JSON.stringify(request, null, 2)));
   shown.append(el("div", "label", "System prompt"), pre(String(request.system || "")), el("div", "label", "Messages"), messages, whole);
+  if (wire) shown.append(wireBody(path + "/wire"));
   actions.after(shown);
 }
 

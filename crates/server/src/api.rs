@@ -113,6 +113,7 @@ pub(crate) fn protected_routes() -> OpenApiRouter<Arc<Service>> {
         .routes(routes!(fork))
         .routes(routes!(crate::studio::replay))
         .routes(routes!(crate::hooks::step_wire))
+        .routes(routes!(crate::hooks::sub_agent_wire))
         .routes(routes!(crate::hooks::case))
         .routes(routes!(openapi))
         .routes(routes!(metrics))

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::auth::Principal;
+use crate::studio::agents::sub_agent_call;
 use crate::studio::{may_read, redact, step_of};
 use crate::wire::{ErrorBody, StepWire};
 use crate::{ApiError, Service};
@@ -96,15 +97,6 @@ pub(crate) async fn step_wire(
              under a context policy before views were)"
         ))
     })?;
-    let request = sent.as_request();
-    let bytes = encode(&request).map_err(|e| {
-        ApiError::Conflict(format!(
-            "the provider cannot encode step {n}'s request: {e}"
-        ))
-    })?;
-    let mut body: Value = serde_json::from_slice(&bytes)
-        .map_err(|e| ApiError::Internal(format!("the wire body is not JSON: {e}")))?;
-    redact(&mut body);
     Ok(axum::Json(StepWire {
         step: n,
         node: step
@@ -112,7 +104,61 @@ pub(crate) async fn step_wire(
             .first()
             .map(|c| c.node.clone())
             .unwrap_or_default(),
-        body,
+        body: encoded(encode, &sent.as_request(), &format!("step {n}"))?,
+    }))
+}
+
+/// `request` as `encode` writes it, parsed, its credential-like fields
+/// redacted; what the provider cannot carry is a `409` naming `what`.
+fn encoded(
+    encode: &WireEncoder,
+    request: &ModelRequest<'_>,
+    what: &str,
+) -> Result<Value, ApiError> {
+    let bytes = encode(request).map_err(|e| {
+        ApiError::Conflict(format!("the provider cannot encode {what}'s request: {e}"))
+    })?;
+    let mut body: Value = serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::Internal(format!("the wire body is not JSON: {e}")))?;
+    redact(&mut body);
+    Ok(body)
+}
+
+#[utoipa::path(get, path = "/sessions/{id}/steps/{n}/sub_agents/{at}/wire", tag = "studio",
+    params(("id" = String, Path, description = "The session"),
+           ("n" = u64, Path, description = "The step, from 0"),
+           ("at" = usize, Path, description = "The sub-agent step: its `at` in the step's `sub_agents`")),
+    responses((status = 200, description = "A sub-agent's step's model call, rebuilt as for \
+        `.../sub_agents/{at}/request`, as the encoder the application gave for the sub-agent \
+        (by its tool name) writes it: the JSON body sent (`body`; no headers, so no keys, and \
+        fields named as credentials are redacted)", body = StepWire),
+              (status = 401, description = "No live credential", body = ErrorBody),
+              (status = 404, description = "No such session the caller may read, step, or sub-agent step", body = ErrorBody),
+              (status = 409, description = "The server has no wire encoding for the sub-agent, \
+                  the step's request cannot be rebuilt, or the provider cannot carry it",
+                  body = ErrorBody),
+              (status = 429, description = "Too many requests", body = ErrorBody)))]
+pub(crate) async fn sub_agent_wire(
+    State(service): Shared,
+    Extension(principal): Extension<Principal>,
+    Path((id, n, at)): Path<(String, u64, usize)>,
+) -> Result<axum::Json<StepWire>, ApiError> {
+    let sub = sub_agent_call(&service, &principal, &id, n, at).await?;
+    let encode = service.hooks.wire.get(&sub.agent).ok_or_else(|| {
+        ApiError::Conflict(format!(
+            "this server shows no wire body of sub-agent {:?}'s requests",
+            sub.agent
+        ))
+    })?;
+    let sent = sub.request()?;
+    Ok(axum::Json(StepWire {
+        step: n,
+        node: sub.call.node.clone(),
+        body: encoded(
+            encode,
+            &sent.as_request(),
+            &format!("sub-agent step {at} of step {n}"),
+        )?,
     }))
 }
 

@@ -36,7 +36,7 @@
 //! | `GET /sessions/{id}/approvals` | the calls waiting for a decision |
 //! | `POST /sessions/{id}/approvals/{request}` | decides one (`approve`, `edit`, `deny`, `respond`), streamed |
 //! | `POST /sessions/{id}/commands` `{"name": ..., "input": {...}}` | runs a command (no model call) |
-//! | `GET /sessions/{id}/steps`, `…/steps/{n}/request`, `…/steps/{n}/wire`, `…/steps/{n}/sub_agents/{at}/request`, `…/case`, `POST …/steps/{n}/fork`, `POST …/replay` | the studio: recorded steps (a sub-agent's under its call, a team's agents' in one timeline), a step's request (also as the wire body, and a sub-agent step's), the session as an eval case, forks and replays (for the owner and developers) |
+//! | `GET /sessions/{id}/steps`, `…/steps/{n}/request`, `…/steps/{n}/wire`, `…/steps/{n}/sub_agents/{at}/request`, `…/sub_agents/{at}/wire`, `…/case`, `POST …/steps/{n}/fork`, `POST …/replay` | the studio: recorded steps (a sub-agent's under its call, a team's agents' in one timeline), a step's request (also as the wire body; a sub-agent step's too), the session as an eval case, forks and replays (for the owner and developers) |
 //! | `GET /openapi.json` | this API as an OpenAPI document |
 //! | `GET /metrics` | counters and latency histograms for Prometheus |
 //!
@@ -399,7 +399,10 @@ impl ServerBuilder {
     /// writes a request as the JSON the provider the agent runs on is sent,
     /// without headers (a client's `request_body`, say). Fields named as
     /// credentials are redacted all the same. An agent without one answers
-    /// `409` there, and the page offers no wire body.
+    /// `409` there, and the page offers no wire body. `agent` may also name
+    /// a team's agent (whose steps in the team's timeline then show it) or
+    /// a sub-agent by its tool name
+    /// (`GET /sessions/{id}/steps/{n}/sub_agents/{at}/wire`).
     pub fn wire_body(
         mut self,
         agent: impl Into<String>,

@@ -8,6 +8,9 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Extension, Path, Query, State};
 use markov_core::Message;
+use markov_core::model::Usage;
+use markov_executor::{ModelCall, SubAgentStep, YieldReason};
+use markov_policy::ConfirmationRequest;
 use markov_store::{
     CreateOptions, DurableMachine, ForkOptions, SessionId, SessionInfo, StepTrace, StoredSession,
 };
@@ -15,7 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::auth::{DEVELOPER, Principal};
-use crate::wire::{ErrorBody, StepPage, StepRequest, StepSummary};
+use crate::wire::{ErrorBody, StepPage, StepRequest, StepSummary, StepView};
 use crate::{ApiError, Service, markdown};
 
 pub(crate) mod agents;
@@ -75,20 +78,68 @@ fn history_slice(history: &[Message], from: u64, to: u64) -> &[Message] {
     &history[from..to]
 }
 
-/// Step `step`'s summary, over `messages`, the history from message
-/// `first` on (covering the step's own messages), of a session whose whole
-/// history has `total` messages.
-fn summary(
-    step: &StepTrace,
+/// What every recorded step has, an agent's own (a [`StepTrace`]) and a
+/// sub-agent's (a [`SubAgentStep`]), borrowed for [`step_view`].
+pub(crate) struct Recorded<'a> {
+    yield_reason: &'a YieldReason,
+    done: bool,
+    model: &'a Option<String>,
+    usage: &'a Usage,
+    step_ms: u64,
+    calls: &'a [ModelCall],
+    approvals: &'a [ConfirmationRequest],
+}
+
+impl<'a> From<&'a StepTrace> for Recorded<'a> {
+    fn from(step: &'a StepTrace) -> Self {
+        Recorded {
+            yield_reason: &step.yield_reason,
+            done: step.done,
+            model: &step.model,
+            usage: &step.usage,
+            step_ms: step.step_ms,
+            calls: &step.calls,
+            approvals: &step.approvals,
+        }
+    }
+}
+
+impl<'a> From<&'a SubAgentStep> for Recorded<'a> {
+    fn from(step: &'a SubAgentStep) -> Self {
+        Recorded {
+            yield_reason: &step.yield_reason,
+            done: step.done,
+            model: &step.model,
+            usage: &step.usage,
+            step_ms: step.step_ms,
+            calls: &step.calls,
+            approvals: &step.approvals,
+        }
+    }
+}
+
+/// How a step is shown: whether with its stored thinking (the agent says
+/// whether it may be), and whether the server encodes its request as the
+/// wire body (it has an encoder for the step's agent).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Showing {
+    /// Stored thinking is shown.
+    pub(crate) thinking: bool,
+    /// The request is shown as the wire body too, where it can be rebuilt.
+    pub(crate) wire: bool,
+}
+
+/// What `step` shows: `messages` are the ones it added, `has_request`
+/// whether its request can be rebuilt; its sub-agents are added by the
+/// caller.
+pub(crate) fn step_view(
+    step: Recorded<'_>,
     messages: &[Message],
-    first: u64,
-    total: u64,
-    thinking: bool,
-) -> StepSummary {
+    has_request: bool,
+    showing: Showing,
+) -> StepView {
     let call = step.calls.first();
-    StepSummary {
-        index: step.index,
-        recorded_at: step.recorded_at,
+    StepView {
         yield_reason: step.yield_reason.as_str().to_owned(),
         done: step.done,
         model: step.model.clone(),
@@ -99,19 +150,10 @@ fn summary(
         step_ms: step.step_ms,
         model_ms: step.calls.iter().map(|c| c.model_ms).sum(),
         tools_ms: step.calls.iter().map(|c| c.tools_ms).sum(),
-        // What `StepTrace::request` needs: a call that saw the history as
-        // it is or recorded its view's shape, and that much history.
-        has_request: call
-            .is_some_and(|c| (!c.context_view || c.view.is_some()) && c.history_len <= total),
-        messages: markdown::shown(
-            history_slice(
-                messages,
-                step.history_from.saturating_sub(first),
-                step.history_to.saturating_sub(first),
-            ),
-            thinking,
-        ),
-        approvals: step.approvals.clone(),
+        has_request,
+        wire: has_request && showing.wire,
+        messages: markdown::shown(messages, showing.thinking),
+        approvals: step.approvals.to_vec(),
         // Each call's tool calls with their time and the policy's decision
         // (none for a call recorded before tool calls were traced).
         tool_calls: step
@@ -121,6 +163,34 @@ fn summary(
             .filter_map(|trace| serde_json::to_value(trace).ok())
             .collect(),
         sub_agents: Vec::new(),
+    }
+}
+
+/// Step `step`'s summary, over `messages`, the history from message
+/// `first` on (covering the step's own messages), of a session whose whole
+/// history has `total` messages.
+fn summary(
+    step: &StepTrace,
+    messages: &[Message],
+    first: u64,
+    total: u64,
+    showing: Showing,
+) -> StepSummary {
+    // What `StepTrace::request` needs: a call that saw the history as it
+    // is or recorded its view's shape, and that much history.
+    let has_request = step
+        .calls
+        .first()
+        .is_some_and(|c| (!c.context_view || c.view.is_some()) && c.history_len <= total);
+    let added = history_slice(
+        messages,
+        step.history_from.saturating_sub(first),
+        step.history_to.saturating_sub(first),
+    );
+    StepSummary {
+        index: step.index,
+        recorded_at: step.recorded_at,
+        step: step_view(step.into(), added, has_request, showing),
         team: None,
     }
 }
@@ -177,18 +247,25 @@ pub(crate) async fn steps(
         // Stored thinking was never checked by the output guards: the
         // studio shows it only where the chat would (its owner reads it
         // here too). An agent this server does not serve shows none.
-        let thinking = service
-            .agents
-            .get(&info.charter)
-            .is_some_and(|agent| agent.shows_stored_thinking());
+        let showing = Showing {
+            thinking: service
+                .agents
+                .get(&info.charter)
+                .is_some_and(|agent| agent.shows_stored_thinking()),
+            wire: service.hooks.wire.contains_key(&info.charter),
+        };
         traces
             .iter()
             .enumerate()
             .map(|(i, s)| {
-                let mut shown = summary(s, &messages, first, total, thinking);
+                let mut shown = summary(s, &messages, first, total, showing);
                 if !s.sub_agents.is_empty() {
-                    shown.sub_agents =
-                        agents::sub_agents(s, &agents::before(&earlier, &traces, i), thinking);
+                    shown.step.sub_agents = agents::sub_agents(
+                        s,
+                        &agents::before(&earlier, &traces, i),
+                        &|name| service.hooks.wire.contains_key(name),
+                        showing.thinking,
+                    );
                 }
                 shown
             })

@@ -386,16 +386,15 @@ impl RunEvent {
 
 // --- the studio -------------------------------------------------------------------
 
-/// One recorded step, as the studio's timeline shows it.
+/// What every recorded step shows, an agent's own and a sub-agent's: why
+/// it ended, its model call, what it used and how long it took, the
+/// messages it added, the approvals it left, its tool calls and the
+/// sub-agents they ran.
 #[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct StepSummary {
-    /// Its place in the session, from 0.
-    pub(crate) index: u64,
-    /// When it was recorded, in Unix milliseconds.
-    pub(crate) recorded_at: u64,
+pub(crate) struct StepView {
     /// Why it ended (`end_turn`, `tool_calls`, `awaiting_approval`, ...).
     pub(crate) yield_reason: String,
-    /// Whether the run ended with it.
+    /// Whether its run (the agent's, or the sub-agent's) ended with it.
     pub(crate) done: bool,
     /// The model that answered.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -418,8 +417,15 @@ pub(crate) struct StepSummary {
     pub(crate) model_ms: u64,
     /// Milliseconds its tools took.
     pub(crate) tools_ms: u64,
-    /// Whether its exact request can be read (`GET .../steps/{n}/request`).
+    /// Whether its exact request can be read (`GET .../steps/{n}/request`;
+    /// a sub-agent's step's at `GET .../steps/{n}/sub_agents/{at}/request`,
+    /// rebuilt from the sub-agent's history recorded in this step or the
+    /// few before).
     pub(crate) has_request: bool,
+    /// Whether its request can also be read as the provider's wire body
+    /// (`.../wire` beside `.../request`): it can be read, and the server
+    /// has an encoder for the agent (or sub-agent) that made it.
+    pub(crate) wire: bool,
     /// The messages it added: the answer, its tool calls, their results
     /// (assistant text also as sanitized `html`).
     #[schema(value_type = Vec<Object>)]
@@ -434,10 +440,22 @@ pub(crate) struct StepSummary {
     /// Empty where the trace recorded none (older steps).
     #[schema(value_type = Vec<Object>)]
     pub(crate) tool_calls: Vec<Value>,
-    /// The sub-agents its tool calls ran, each under the call that ran it
-    /// (absent when none ran).
+    /// The sub-agents its tool calls ran, each under the call that ran it,
+    /// nested as they ran (absent when none ran).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) sub_agents: Vec<SubAgentRun>,
+}
+
+/// One recorded step, as the studio's timeline shows it.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct StepSummary {
+    /// Its place in the session, from 0.
+    pub(crate) index: u64,
+    /// When it was recorded, in Unix milliseconds.
+    pub(crate) recorded_at: u64,
+    /// What it shows.
+    #[serde(flatten)]
+    pub(crate) step: StepView,
     /// In a team conversation's timeline: which agent made the step, in
     /// which of its sessions, and the handoff that gave it the
     /// conversation (absent in an agent's own session).
@@ -469,50 +487,10 @@ pub(crate) struct SubAgentStepSummary {
     pub(crate) at: usize,
     /// The sub-agent's tool name.
     pub(crate) agent: String,
-    /// Why it ended.
-    pub(crate) yield_reason: String,
-    /// Whether the sub-agent's run ended with it.
-    pub(crate) done: bool,
-    /// The model that answered.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) model: Option<String>,
-    /// The node whose model call it made, if it made one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub(crate) node: Option<String>,
-    /// The tool choice of its model call, if it made one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
-    pub(crate) tool_choice: Option<Value>,
-    /// How many tools its model call was offered.
-    pub(crate) tools: usize,
-    /// What it used (tokens, requests, cost).
-    #[schema(value_type = Object)]
-    pub(crate) usage: Value,
-    /// Milliseconds it took.
-    pub(crate) step_ms: u64,
-    /// Milliseconds its model calls took.
-    pub(crate) model_ms: u64,
-    /// Milliseconds its tools took.
-    pub(crate) tools_ms: u64,
-    /// Whether its exact request can be read
-    /// (`GET .../steps/{n}/sub_agents/{at}/request`): the sub-agent's
-    /// history before it is recorded in this step or the few before.
-    pub(crate) has_request: bool,
-    /// The messages it added to the sub-agent's history (assistant text
-    /// also as sanitized `html`).
-    #[schema(value_type = Vec<Object>)]
-    pub(crate) messages: Value,
-    /// The sub-agent's calls that waited for approval when it ended.
-    #[schema(value_type = Vec<ApprovalRequest>)]
-    pub(crate) approvals: Vec<markov_policy::ConfirmationRequest>,
-    /// Each tool call of its model calls as the trace recorded it, as a
-    /// step's `tool_calls`.
-    #[schema(value_type = Vec<Object>)]
-    pub(crate) tool_calls: Vec<Value>,
-    /// The sub-agents its own tool calls ran, nested the same way.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    /// What it shows.
+    #[serde(flatten)]
     #[schema(no_recursion)]
-    pub(crate) sub_agents: Vec<SubAgentRun>,
+    pub(crate) step: StepView,
 }
 
 /// A step of a team conversation's timeline: the agent that made it.
@@ -521,7 +499,8 @@ pub(crate) struct TeamStep {
     /// The agent.
     pub(crate) agent: String,
     /// The agent's own session in the conversation, whose step it is
-    /// (`GET /sessions/{session}/steps/{step}/request` reads its request).
+    /// (`GET /sessions/{session}/steps/{step}/request` reads its request,
+    /// `.../wire` its wire body).
     pub(crate) session: String,
     /// The step's place in that session, from 0.
     pub(crate) step: u64,
@@ -552,7 +531,9 @@ pub(crate) struct StepPage {
     /// Whether the server replays the session (`POST /sessions/{id}/replay`).
     pub(crate) replayable: bool,
     /// Whether the server shows the steps' requests as the provider's wire
-    /// body (`GET /sessions/{id}/steps/{n}/wire`).
+    /// body (`GET /sessions/{id}/steps/{n}/wire`); in a team conversation,
+    /// whether it does for any of its agents (each step's `wire` says
+    /// whether for it).
     pub(crate) wire: bool,
     /// Whether the server exports the session as an eval case
     /// (`GET /sessions/{id}/case`).

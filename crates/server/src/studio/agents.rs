@@ -12,17 +12,17 @@ use markov_core::Message;
 use markov_core::ids::ToolCallId;
 use markov_core::model::{ModelRequest, Usage};
 use markov_executor::team::{HAND_BACK, TRANSFER_PREFIX};
-use markov_executor::{Agent, HandoffRecord, Team};
+use markov_executor::{Agent, HandoffRecord, ModelCall, SentRequest, Team};
 use markov_store::{SessionId, SessionInfo, StepTrace, StoreError, SubAgentTrace, agent_session};
 use serde_json::{Value, json};
 
-use super::{may_read, redact, summary};
+use super::{Showing, may_read, redact, step_view, summary};
 use crate::auth::Principal;
 use crate::wire::{
     ErrorBody, HandoffEvent, StepPage, StepRequest, SubAgentRun, SubAgentStepSummary, TeamStep,
     TeamTimeline,
 };
-use crate::{ApiError, Service, markdown};
+use crate::{ApiError, Service};
 
 /// How many of the caller's steps before a step the sub-agents' history is
 /// looked for in: a sub-agent that waited for an approval goes on in the
@@ -36,16 +36,24 @@ const TEAM_NO_FORK: &str = "Forking and replaying are not offered in a team conv
 
 /// The sub-agents `step`'s tool calls ran, each under its call, nested as
 /// they ran; `earlier` holds the caller's steps before `step`, oldest
-/// first (where a sub-agent's history before this step is looked for).
+/// first (where a sub-agent's history before this step is looked for),
+/// and `wired` says whether the server has an encoder for a sub-agent.
 pub(super) fn sub_agents(
     step: &StepTrace,
     earlier: &[&StepTrace],
+    wired: &dyn Fn(&str) -> bool,
     thinking: bool,
 ) -> Vec<SubAgentRun> {
     if step.sub_agents.is_empty() {
         return Vec::new();
     }
-    let mut runs = runs_under(step, earlier, &[], thinking);
+    let under = Under {
+        step,
+        earlier,
+        wired,
+        thinking,
+    };
+    let mut runs = runs_under(&under, &[]);
     // A step of a sub-agent always has a call above it; one whose call is
     // nowhere in the steps above (a trace cut short) is shown at the top
     // rather than dropped.
@@ -66,7 +74,7 @@ pub(super) fn sub_agents(
                         .unwrap_or_default(),
                     agent: entry.step.agent.clone(),
                     usage: json!(entry.step.usage),
-                    steps: vec![sub_step(step, earlier, at, Vec::new(), thinking)],
+                    steps: vec![sub_step(&under, at, Vec::new())],
                 });
             }
         }
@@ -77,25 +85,31 @@ pub(super) fn sub_agents(
 fn count_steps(runs: &[SubAgentRun]) -> usize {
     runs.iter()
         .flat_map(|r| &r.steps)
-        .map(|s| 1 + count_steps(&s.sub_agents))
+        .map(|s| 1 + count_steps(&s.step.sub_agents))
         .sum()
 }
 
 fn contains(runs: &[SubAgentRun], at: usize) -> bool {
     runs.iter()
         .flat_map(|r| &r.steps)
-        .any(|s| s.at == at || contains(&s.sub_agents, at))
+        .any(|s| s.at == at || contains(&s.step.sub_agents, at))
+}
+
+/// A caller's step whose sub-agents are shown: the caller's steps before
+/// it (oldest first), whether the server has an encoder for a sub-agent
+/// (by its tool name), and whether stored thinking is shown.
+struct Under<'a> {
+    step: &'a StepTrace,
+    earlier: &'a [&'a StepTrace],
+    wired: &'a dyn Fn(&str) -> bool,
+    thinking: bool,
 }
 
 /// The runs of the sub-agents called at depth `path.len()` under the calls
 /// `path` (the step's own calls for an empty path), in the order their
 /// first step ended.
-fn runs_under(
-    step: &StepTrace,
-    earlier: &[&StepTrace],
-    path: &[ToolCallId],
-    thinking: bool,
-) -> Vec<SubAgentRun> {
+fn runs_under(under: &Under<'_>, path: &[ToolCallId]) -> Vec<SubAgentRun> {
+    let step = under.step;
     let mut runs: Vec<(ToolCallId, Vec<usize>)> = Vec::new();
     for (at, entry) in step.sub_agents.iter().enumerate() {
         let Some((call, above)) = entry.calls.split_last() else {
@@ -114,7 +128,7 @@ fn runs_under(
             let mut nested = {
                 let mut deeper = path.to_vec();
                 deeper.push(call.clone());
-                runs_under(step, earlier, &deeper, thinking)
+                runs_under(under, &deeper)
             };
             let mut steps: Vec<SubAgentStepSummary> = Vec::with_capacity(ats.len());
             let mut usage = Usage::default();
@@ -127,12 +141,12 @@ fn runs_under(
                     .into_iter()
                     .partition(|run| mentions(&entry.messages, &run.call_id));
                 nested = rest;
-                steps.push(sub_step(step, earlier, at, mine, thinking));
+                steps.push(sub_step(under, at, mine));
             }
             // Runs under a call none of these steps shows (its answer was
             // in the caller's earlier step) go under the last step.
             if let Some(last) = steps.last_mut() {
-                last.sub_agents.extend(nested);
+                last.step.sub_agents.extend(nested);
             }
             SubAgentRun {
                 call_id: call.to_string(),
@@ -160,38 +174,19 @@ fn mentions(messages: &[Message], id: &str) -> bool {
 }
 
 /// The summary of `step`'s sub-agent step `at`, with the runs it called.
-fn sub_step(
-    step: &StepTrace,
-    earlier: &[&StepTrace],
-    at: usize,
-    sub_agents: Vec<SubAgentRun>,
-    thinking: bool,
-) -> SubAgentStepSummary {
-    let entry = &step.sub_agents[at].step;
-    let call = entry.calls.first();
+fn sub_step(under: &Under<'_>, at: usize, sub_agents: Vec<SubAgentRun>) -> SubAgentStepSummary {
+    let entry = &under.step.sub_agents[at].step;
+    let has_request = sub_history(under.step, under.earlier, at).is_some();
+    let showing = Showing {
+        thinking: under.thinking,
+        wire: (under.wired)(&entry.agent),
+    };
+    let mut step = step_view(entry.into(), &entry.messages, has_request, showing);
+    step.sub_agents = sub_agents;
     SubAgentStepSummary {
         at,
         agent: entry.agent.clone(),
-        yield_reason: entry.yield_reason.as_str().to_owned(),
-        done: entry.done,
-        model: entry.model.clone(),
-        node: call.map(|c| c.node.clone()),
-        tool_choice: call.map(|c| json!(c.tool_choice)),
-        tools: call.map_or(0, |c| c.tools.len()),
-        usage: json!(entry.usage),
-        step_ms: entry.step_ms,
-        model_ms: entry.calls.iter().map(|c| c.model_ms).sum(),
-        tools_ms: entry.calls.iter().map(|c| c.tools_ms).sum(),
-        has_request: sub_history(step, earlier, at).is_some(),
-        messages: markdown::shown(&entry.messages, thinking),
-        approvals: entry.approvals.clone(),
-        tool_calls: entry
-            .calls
-            .iter()
-            .flat_map(|call| &call.tool_calls)
-            .filter_map(|trace| serde_json::to_value(trace).ok())
-            .collect(),
-        sub_agents,
+        step,
     }
 }
 
@@ -325,7 +320,53 @@ pub(crate) async fn sub_agent_request(
     Extension(principal): Extension<Principal>,
     Path((id, n, at)): Path<(String, u64, usize)>,
 ) -> Result<Json<StepRequest>, ApiError> {
-    let (id, _) = may_read(&service, &principal, &id).await?;
+    let sub = sub_agent_call(&service, &principal, &id, n, at).await?;
+    let sent = sub.request()?;
+    Ok(Json(StepRequest {
+        step: n,
+        node: sub.call.node.clone(),
+        request: request_body(&sent.as_request()),
+    }))
+}
+
+/// A sub-agent's step's model call, with the sub-agent's history it was
+/// sent (rebuilt from the caller's recorded steps).
+pub(crate) struct SubAgentCall {
+    /// The sub-agent's tool name.
+    pub(crate) agent: String,
+    /// Its first model call.
+    pub(crate) call: ModelCall,
+    /// The sub-agent's history as the call saw it.
+    history: Vec<Message>,
+    /// Which step it is, in words, for an error.
+    what: String,
+}
+
+impl SubAgentCall {
+    /// The request as the sub-agent's model received it.
+    pub(crate) fn request(&self) -> Result<SentRequest<'_>, ApiError> {
+        self.call.request(&self.history).ok_or_else(|| {
+            ApiError::Conflict(format!(
+                "{} has no request to rebuild (a context policy chose what the model was \
+                 shown)",
+                self.what
+            ))
+        })
+    }
+}
+
+/// Sub-agent step `at` of step `n` of session `id`, read by `principal`:
+/// `404` when there is no such step the caller may read, `409` when it
+/// made no model call or the sub-agent's history before it is not in the
+/// caller's steps read.
+pub(crate) async fn sub_agent_call(
+    service: &Service,
+    principal: &Principal,
+    id: &str,
+    n: u64,
+    at: usize,
+) -> Result<SubAgentCall, ApiError> {
+    let (id, _) = may_read(service, principal, id).await?;
     let first = n.saturating_sub(SUB_AGENT_LOOKBACK);
     let window = usize::try_from(n - first + 1).unwrap_or(usize::MAX);
     let mut traces = service.store.steps(&id, first, window).await?;
@@ -343,11 +384,11 @@ pub(crate) async fn sub_agent_request(
             "step {n} of session {id} ran no sub-agent step {at}"
         ))
     })?;
+    let what = format!("sub-agent step {at} of step {n} of session {id}");
     let conflict = || {
         ApiError::Conflict(format!(
-            "sub-agent step {at} of step {n} of session {id} has no request to rebuild (no \
-             model call, a context policy chose what the model was shown, or the sub-agent's \
-             history before it is not recorded here)"
+            "{what} has no request to rebuild (no model call, a context policy chose what the \
+             model was shown, or the sub-agent's history before it is not recorded here)"
         ))
     };
     let history: Vec<Message> = sub_history(step, &earlier, at)
@@ -355,13 +396,13 @@ pub(crate) async fn sub_agent_request(
         .into_iter()
         .cloned()
         .collect();
-    let call = entry.step.calls.first().ok_or_else(conflict)?;
-    let request = call.request(&history).ok_or_else(conflict)?;
-    Ok(Json(StepRequest {
-        step: n,
-        node: call.node.clone(),
-        request: request_body(&request.as_request()),
-    }))
+    let call = entry.step.calls.first().ok_or_else(conflict)?.clone();
+    Ok(SubAgentCall {
+        agent: entry.step.agent.clone(),
+        call,
+        history,
+        what,
+    })
 }
 
 /// The team served whose entry agent is `charter`.
@@ -453,11 +494,21 @@ pub(super) async fn team_page(
                 .map_or((0, &[][..], 0), |(f, m, t)| (*f, m.as_slice(), *t));
             // Each agent's stored thinking shows only where that agent
             // allows it (its output guards never saw it).
-            let thinking = team.agent(name).is_some_and(Agent::shows_stored_thinking);
-            let mut shown = summary(trace, read, first, total, thinking);
+            // Its wire body is its agent's session's: encoded as that
+            // agent's requests are.
+            let showing = Showing {
+                thinking: team.agent(name).is_some_and(Agent::shows_stored_thinking),
+                wire: service.hooks.wire.contains_key(name),
+            };
+            let mut shown = summary(trace, read, first, total, showing);
             let earlier = placed.step.saturating_sub(SUB_AGENT_LOOKBACK as usize);
             let before: Vec<&StepTrace> = traces[earlier..placed.step].iter().collect();
-            shown.sub_agents = sub_agents(trace, &before, thinking);
+            shown.step.sub_agents = sub_agents(
+                trace,
+                &before,
+                &|name| service.hooks.wire.contains_key(name),
+                showing.thinking,
+            );
             shown.index = from + i as u64;
             shown.team = Some(TeamStep {
                 agent: name.clone(),
@@ -480,7 +531,9 @@ pub(super) async fn team_page(
         steps,
         next,
         replayable: false,
-        wire: false,
+        wire: team
+            .names()
+            .any(|name| service.hooks.wire.contains_key(name)),
         exportable: false,
         team: Some(TeamTimeline {
             agents: team.names().map(str::to_owned).collect(),

@@ -46,6 +46,7 @@ const PROTECTED: &[(&str, &str)] = &[
     ("POST", "/sessions/x/steps/0/fork"),
     ("POST", "/sessions/x/replay"),
     ("GET", "/sessions/x/steps/0/wire"),
+    ("GET", "/sessions/x/steps/0/sub_agents/0/wire"),
     ("GET", "/sessions/x/case"),
     ("GET", "/openapi.json"),
     ("GET", "/metrics"),

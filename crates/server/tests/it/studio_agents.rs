@@ -79,10 +79,20 @@ impl Nested {
 
     /// The assistant, with the desk (and the clerk under it) as tools.
     pub(crate) fn agent(&self) -> Agent {
+        self.agent_on(Arc::clone(&self.desk), Arc::clone(&self.clerk))
+    }
+
+    /// [`Self::agent`] with the desk and the clerk on `desk` and `clerk`
+    /// (their scripted models, wrapped).
+    pub(crate) fn agent_on(
+        &self,
+        desk: impl markov_core::model::Model + 'static,
+        clerk: impl markov_core::model::Model + 'static,
+    ) -> Agent {
         let clerk = Agent::builder("clerk")
             .instructions("You are the clerk: you look things up.")
             .tool(Lookup)
-            .model(Arc::clone(&self.clerk))
+            .model(clerk)
             .build()
             .expect("builds")
             .as_tool("clerk", "Asks the clerk.")
@@ -90,7 +100,7 @@ impl Nested {
         let desk = Agent::builder("desk")
             .instructions("You are the desk: ask the clerk.")
             .tools([Arc::new(clerk) as SharedTool])
-            .model(Arc::clone(&self.desk))
+            .model(desk)
             .build()
             .expect("builds")
             .as_tool("desk", "Asks the desk.")
@@ -288,9 +298,18 @@ async fn a_sub_agents_steps_show_under_their_call_nested_with_their_usage_and_ex
         "the route is documented"
     );
     let schemas = &document["components"]["schemas"];
-    for field in ["sub_agents", "team"] {
+    // What every step shows is one schema, which both kinds of step
+    // include.
+    for name in ["StepSummary", "SubAgentStepSummary"] {
+        assert_eq!(
+            schemas[name]["allOf"][0]["$ref"], "#/components/schemas/StepView",
+            "{name}: {}",
+            schemas[name]
+        );
+    }
+    for field in ["sub_agents", "team", "index", "has_request", "wire"] {
         assert!(
-            schemas["StepSummary"]["properties"][field].is_object(),
+            properties(schemas, "StepSummary").contains(&field.to_owned()),
             "{field}"
         );
     }
@@ -300,12 +319,41 @@ async fn a_sub_agents_steps_show_under_their_call_nested_with_their_usage_and_ex
             "{field}"
         );
     }
-    for field in ["at", "has_request", "messages", "tool_calls", "sub_agents"] {
+    for field in [
+        "at",
+        "agent",
+        "has_request",
+        "wire",
+        "messages",
+        "tool_calls",
+        "sub_agents",
+    ] {
         assert!(
-            schemas["SubAgentStepSummary"]["properties"][field].is_object(),
+            properties(schemas, "SubAgentStepSummary").contains(&field.to_owned()),
             "{field}"
         );
     }
+}
+
+/// The properties of schema `name`, those of the schemas it includes
+/// (`allOf`, by reference or inline) too.
+fn properties(schemas: &Value, name: &str) -> Vec<String> {
+    let schema = &schemas[name];
+    let mut parts = vec![schema];
+    parts.extend(schema["allOf"].as_array().into_iter().flatten());
+    parts
+        .into_iter()
+        .flat_map(|part| match part["$ref"].as_str() {
+            Some(reference) => {
+                let name = reference.trim_start_matches("#/components/schemas/");
+                properties(schemas, name)
+            }
+            None => part["properties"]
+                .as_object()
+                .map(|p| p.keys().cloned().collect())
+                .unwrap_or_default(),
+        })
+        .collect()
 }
 
 /// The assistant whose `cashier` tool is a sub-agent with `pay`, which

@@ -3,9 +3,13 @@
 //! session as the case file its exporter writes; who may read each, and
 //! what a server without them answers.
 
-use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
 
-use markov_core::model::ModelError;
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use markov_core::model::{Model, ModelError, ModelLayer, ModelRequest, ModelResponse, StreamEvent};
 use markov_server::{ApiError, Server};
 use markov_store::{SqliteStore, WorkerId};
 use markov_testkit::ScriptedModel;
@@ -164,4 +168,258 @@ async fn a_session_or_a_range_of_its_steps_is_the_exporters_case_file() {
         .await
         .expect("sent");
     assert_eq!(anonymous.status(), 401);
+}
+
+/// What a vendor's client sends for `request`: its system prompt,
+/// messages (without markov's metadata, which no provider is sent),
+/// tools, tool choice and settings, as compact JSON.
+pub(crate) fn vendor_body(request: &ModelRequest<'_>) -> Result<Vec<u8>, ModelError> {
+    let messages: Vec<Value> = request
+        .messages()
+        .iter()
+        .map(|m| {
+            let mut value = serde_json::to_value(m).expect("a message is JSON");
+            if let Some(object) = value.as_object_mut() {
+                object.remove("metadata");
+            }
+            value
+        })
+        .collect();
+    serde_json::to_vec(&json!({
+        "model": "vendor-model",
+        "system": request.system(),
+        "messages": messages,
+        "tools": request.tools(),
+        "tool_choice": request.tool_choice(),
+        "settings": request.settings(),
+    }))
+    .map_err(|e| ModelError::InvalidRequest(e.to_string()))
+}
+
+/// A fake provider: each request its client would send, as
+/// [`vendor_body`] encodes it, is kept (the bytes the provider received),
+/// and the scripted model answers.
+#[derive(Debug)]
+pub(crate) struct Wired {
+    model: Arc<ScriptedModel>,
+    received: Mutex<Vec<Vec<u8>>>,
+}
+
+impl Wired {
+    pub(crate) fn new(model: Arc<ScriptedModel>) -> Arc<Self> {
+        Arc::new(Wired {
+            model,
+            received: Mutex::default(),
+        })
+    }
+
+    /// The bodies received, in order.
+    pub(crate) fn received(&self) -> Vec<Vec<u8>> {
+        self.received.lock().expect("not poisoned").clone()
+    }
+
+    fn receive(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
+        let body = vendor_body(request)?;
+        self.received.lock().expect("not poisoned").push(body);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ModelLayer for Wired {
+    type Inner = ScriptedModel;
+
+    fn inner(&self) -> &ScriptedModel {
+        &self.model
+    }
+
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.receive(&request)?;
+        self.model.complete(request).await
+    }
+
+    fn stream<'a>(
+        &'a self,
+        request: ModelRequest<'a>,
+    ) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        match self.receive(&request) {
+            Ok(()) => self.model.stream(request),
+            Err(e) => futures::stream::once(async move { Err(e) }).boxed(),
+        }
+    }
+}
+
+/// The wire body the server shows at `path` (as `key`), as the bytes of
+/// its JSON.
+async fn wire_at(f: &Fixture, key: &str, path: &str) -> Vec<u8> {
+    let (status, _, _, body) = get(f, key, path).await;
+    assert_eq!(status, 200, "{path}: {body}");
+    let body: Value = serde_json::from_str(&body).expect("json");
+    serde_json::to_vec(&body["body"]).expect("json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agent_steps_wire_body_is_what_its_provider_received() {
+    let models = crate::studio_agents::Nested::new();
+    let (desk, clerk) = (
+        Wired::new(Arc::clone(&models.desk)),
+        Wired::new(Arc::clone(&models.clerk)),
+    );
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let f = start(
+        Server::builder()
+            .agent(models.agent_on(Arc::clone(&desk), Arc::clone(&clerk)))
+            .wire_body("desk", vendor_body)
+            .wire_body("clerk", vendor_body)
+            .worker(WorkerId::new("test")),
+        store,
+        Arc::default(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "Where is the atlas?").await;
+    let (status, _, _, page) = get(&f, &f.key, &format!("/sessions/{id}/steps")).await;
+    assert_eq!(status, 200, "{page}");
+    let page: Value = serde_json::from_str(&page).expect("json");
+    // The assistant has no encoder: its own steps offer none.
+    assert_eq!(page["wire"], false, "{page}");
+    assert_eq!(page["steps"][0]["wire"], false, "{page}");
+    let desk_steps = &page["steps"][0]["sub_agents"][0]["steps"];
+    let clerk_steps = &desk_steps[0]["sub_agents"][0]["steps"];
+    let all = [
+        (&desk_steps[0], &desk, 0),
+        (&desk_steps[1], &desk, 1),
+        (&clerk_steps[0], &clerk, 0),
+        (&clerk_steps[1], &clerk, 1),
+    ];
+    for (step, model, call) in all {
+        assert_eq!(step["wire"], true, "{step}");
+        let at = step["at"].as_u64().expect("its place");
+        let shown = wire_at(
+            &f,
+            &f.key,
+            &format!("/sessions/{id}/steps/0/sub_agents/{at}/wire"),
+        )
+        .await;
+        let received = &model.received()[call];
+        assert_eq!(
+            String::from_utf8_lossy(&shown),
+            String::from_utf8_lossy(received),
+            "sub-agent step {at}"
+        );
+        assert_eq!(&shown, received, "byte for byte");
+    }
+    assert_eq!(desk.received().len(), 2);
+    assert_eq!(clerk.received().len(), 2);
+
+    // Not another principal's; no such sub-agent step; none for the
+    // assistant's own step, which has no encoder.
+    let (status, _, _, _) = get(
+        &f,
+        &f.keys["bob"],
+        &format!("/sessions/{id}/steps/0/sub_agents/0/wire"),
+    )
+    .await;
+    assert_eq!(status, 404, "bob");
+    for path in ["0/sub_agents/99", "1/sub_agents/0", "7/sub_agents/0"] {
+        let (status, _, _, body) =
+            get(&f, &f.key, &format!("/sessions/{id}/steps/{path}/wire")).await;
+        assert_eq!(status, 404, "{path}: {body}");
+    }
+    let (status, _, _, body) = get(&f, &f.key, &format!("/sessions/{id}/steps/0/wire")).await;
+    assert_eq!(status, 409, "{body}");
+
+    // A sub-agent without an encoder says so.
+    let models = crate::studio_agents::Nested::new();
+    let g = start(
+        Server::builder()
+            .agent(models.agent())
+            .wire_body("desk", vendor_body)
+            .worker(WorkerId::new("test")),
+        Arc::new(SqliteStore::in_memory().expect("a database")),
+        Arc::default(),
+    )
+    .await;
+    let id = g.create().await;
+    g.say(&id, "Where is the atlas?").await;
+    let (_, _, _, page) = get(&g, &g.key, &format!("/sessions/{id}/steps")).await;
+    let page: Value = serde_json::from_str(&page).expect("json");
+    let desk_steps = &page["steps"][0]["sub_agents"][0]["steps"];
+    assert_eq!(desk_steps[0]["wire"], true, "{page}");
+    let clerk_step = &desk_steps[0]["sub_agents"][0]["steps"][0];
+    assert_eq!(clerk_step["wire"], false, "{page}");
+    let at = clerk_step["at"].as_u64().expect("its place");
+    let (status, _, _, body) = get(
+        &g,
+        &g.key,
+        &format!("/sessions/{id}/steps/0/sub_agents/{at}/wire"),
+    )
+    .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("clerk"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_steps_wire_body_is_what_its_agents_provider_received() {
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let triage = Wired::new(Arc::new(
+        ScriptedModel::builder()
+            .tool_call("transfer_to_billing", json!({"reason": "a refund"}))
+            .text("Glad it is sorted.")
+            .build(),
+    ));
+    let billing = Wired::new(Arc::new(
+        ScriptedModel::builder()
+            .tool_call("refund", json!({"amount": 5}))
+            .tool_call("hand_back", json!({"reason": "refunded"}))
+            .build(),
+    ));
+    let team = crate::team::team(Arc::clone(&triage), Arc::clone(&billing), &refunds);
+    let f = start(
+        Server::builder()
+            .team("support", team)
+            .wire_body("triage", vendor_body)
+            .wire_body("billing", vendor_body)
+            .worker(WorkerId::new("server")),
+        Arc::new(SqliteStore::in_memory().expect("a database")),
+        refunds,
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "Refund my 5, please.").await;
+    let (status, _, _, page) = get(&f, &f.key, &format!("/sessions/{id}/steps")).await;
+    assert_eq!(status, 200, "{page}");
+    let page: Value = serde_json::from_str(&page).expect("json");
+    assert_eq!(page["wire"], true, "{page}");
+    let steps = page["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 4, "{page}");
+    // Each agent's steps, in the order its provider received them.
+    let mut seen = std::collections::HashMap::<String, usize>::new();
+    for step in steps {
+        assert_eq!(step["wire"], true, "{step}");
+        let agent = step["team"]["agent"].as_str().expect("an agent");
+        let session = step["team"]["session"].as_str().expect("a session");
+        let n = step["team"]["step"].as_u64().expect("a step");
+        let shown = wire_at(&f, &f.key, &format!("/sessions/{session}/steps/{n}/wire")).await;
+        let call = seen.entry(agent.to_owned()).or_default();
+        let model = if agent == "triage" { &triage } else { &billing };
+        let received = &model.received()[*call];
+        *call += 1;
+        assert_eq!(
+            String::from_utf8_lossy(&shown),
+            String::from_utf8_lossy(received),
+            "{agent}'s step {n}"
+        );
+        assert_eq!(&shown, received, "byte for byte");
+    }
+    assert_eq!(seen["triage"], 2);
+    assert_eq!(seen["billing"], 2);
+    let billing_session = format!("{id}~billing");
+    let (status, _, _, _) = get(
+        &f,
+        &f.keys["bob"],
+        &format!("/sessions/{billing_session}/steps/0/wire"),
+    )
+    .await;
+    assert_eq!(status, 404, "bob may not read alice's agent's steps");
 }

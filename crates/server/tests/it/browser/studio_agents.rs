@@ -78,6 +78,12 @@ async fn a_sub_agents_steps_open_under_their_call_nested_with_their_request() {
             &format!("document.querySelector(\"{clerk}\")"),
         )
         .await;
+    browser
+        .wait(
+            "the clerk's run",
+            &format!("document.querySelector(\"{clerk}\")"),
+        )
+        .await;
     browser.click(&format!("{clerk} > summary")).await;
     let clerk_step = format!("{clerk} > details.sub-step[data-at='0']");
     browser.click(&format!("{clerk_step} > summary")).await;
@@ -249,5 +255,196 @@ async fn a_sub_agents_approval_waits_in_the_callers_chat_and_is_decided_there() 
         .await;
     assert_eq!(pays.load(Ordering::SeqCst), 1, "paid once");
     assert_eq!(browser.count("#approvals .approval").await, 0);
+    browser.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_step_and_a_team_step_show_their_wire_body() {
+    use crate::studio_hooks::vendor_body;
+    // The clerk, under the desk, with an encoder.
+    let models = Nested::new();
+    let f = start(
+        Server::builder()
+            .agent(models.agent())
+            .wire_body("clerk", vendor_body),
+        Arc::new(SqliteStore::in_memory().expect("a database")),
+        Arc::default(),
+    )
+    .await;
+    let id = f.create().await;
+    f.say(&id, "Where is the atlas?").await;
+    let Some(browser) = Browser::start(1366, 768).await else {
+        return;
+    };
+    browser.open(&format!("{}/#steps/{id}", f.base)).await;
+    browser.sign_in(&f.key).await;
+    browser
+        .wait(
+            "the steps",
+            "document.querySelectorAll('#timeline > li').length === 2",
+        )
+        .await;
+    browser.click(&format!("{STEP} > details > summary")).await;
+    let run = format!("{STEP} .call[data-call] + details.sub-agent");
+    browser
+        .wait(
+            "the desk's run",
+            &format!("document.querySelector(\"{run}\")"),
+        )
+        .await;
+    browser.click(&format!("{run} > summary")).await;
+    // The desk has no encoder: its request shows, its wire body does not.
+    let desk_step = format!("{run} > details.sub-step[data-at='2']");
+    browser.click(&format!("{desk_step} > summary")).await;
+    browser
+        .wait(
+            "the desk's step",
+            &format!("document.querySelector(\"{desk_step} > .body > .actions .show-request\")"),
+        )
+        .await;
+    browser
+        .click(&format!("{desk_step} > .body > .actions .show-request"))
+        .await;
+    browser
+        .wait(
+            "the desk's request",
+            &format!("document.querySelector(\"{desk_step} > .body > .request\")"),
+        )
+        .await;
+    assert_eq!(
+        browser
+            .count(&format!("{desk_step} > .body > .request details.wire"))
+            .await,
+        0,
+        "no wire body without an encoder"
+    );
+    let clerk = format!("{desk_step} > .body details.sub-agent");
+    browser
+        .wait(
+            "the clerk's run",
+            &format!("document.querySelector(\"{clerk}\")"),
+        )
+        .await;
+    browser.click(&format!("{clerk} > summary")).await;
+    let clerk_step = format!("{clerk} > details.sub-step[data-at='0']");
+    browser.click(&format!("{clerk_step} > summary")).await;
+    browser
+        .wait(
+            "the clerk's step",
+            &format!("document.querySelector(\"{clerk_step} > .body .show-request\")"),
+        )
+        .await;
+    browser
+        .click(&format!("{clerk_step} > .body .show-request"))
+        .await;
+    let wire = format!("{clerk_step} > .body .request details.wire");
+    browser
+        .wait(
+            "the clerk's wire body's toggle",
+            &format!("document.querySelector(\"{wire} > summary\")"),
+        )
+        .await;
+    browser.click(&format!("{wire} > summary")).await;
+    let body = browser
+        .wait(
+            "the clerk's wire body",
+            &format!("document.querySelector(\"{wire} pre\")?.innerText"),
+        )
+        .await;
+    let body = body.as_str().unwrap_or_default();
+    assert!(body.contains("vendor-model"), "{body}");
+    assert!(
+        body.contains("You are the clerk: you look things up."),
+        "{body}"
+    );
+    assert!(body.contains("where is the atlas?"), "{body}");
+    browser
+        .run(&format!(
+            "document.querySelector(\"{wire}\").scrollIntoView({{block: 'center'}})"
+        ))
+        .await;
+    browser.screenshot("studio-sub-agent-wire.png").await;
+
+    // A team's step: billing's wire body, read from billing's session.
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let team = crate::team::team(
+        ScriptedModel::builder()
+            .tool_call("transfer_to_billing", json!({"reason": "a refund"}))
+            .text("Glad it is sorted.")
+            .build(),
+        ScriptedModel::builder()
+            .tool_call("refund", json!({"amount": 5}))
+            .tool_call("hand_back", json!({"reason": "refunded"}))
+            .build(),
+        &refunds,
+    );
+    let g = start(
+        Server::builder()
+            .team("support", team)
+            .wire_body("billing", vendor_body),
+        Arc::new(SqliteStore::in_memory().expect("a database")),
+        refunds,
+    )
+    .await;
+    let id = g.create().await;
+    g.say(&id, "Refund my 5, please.").await;
+    browser.open(&format!("{}/#steps/{id}", g.base)).await;
+    browser.sign_in(&g.key).await;
+    browser
+        .wait(
+            "every agent's steps",
+            "document.querySelectorAll('#timeline > li').length === 4",
+        )
+        .await;
+    // Triage has no encoder; billing has.
+    let triage = "#timeline > li[data-step='0']";
+    browser.click(&format!("{triage} summary")).await;
+    browser
+        .wait(
+            "triage's step",
+            &format!("document.querySelector(\"{triage} .show-request\")"),
+        )
+        .await;
+    browser.click(&format!("{triage} .show-request")).await;
+    browser
+        .wait(
+            "triage's request",
+            &format!("document.querySelector(\"{triage} .request\")"),
+        )
+        .await;
+    assert_eq!(browser.count(&format!("{triage} details.wire")).await, 0);
+    let billing = "#timeline > li[data-step='1']";
+    browser.click(&format!("{billing} summary")).await;
+    browser
+        .wait(
+            "billing's step",
+            &format!("document.querySelector(\"{billing} .show-request\")"),
+        )
+        .await;
+    browser.click(&format!("{billing} .show-request")).await;
+    let wire = format!("{billing} .request details.wire");
+    browser
+        .wait(
+            "billing's wire body's toggle",
+            &format!("document.querySelector(\"{wire} > summary\")"),
+        )
+        .await;
+    browser.click(&format!("{wire} > summary")).await;
+    let body = browser
+        .wait(
+            "billing's wire body",
+            &format!("document.querySelector(\"{wire} pre\")?.innerText"),
+        )
+        .await;
+    let body = body.as_str().unwrap_or_default();
+    assert!(body.contains("vendor-model"), "{body}");
+    assert!(body.contains("You are billing."), "{body}");
+    assert!(body.contains("refund"), "{body}");
+    browser
+        .run(&format!(
+            "document.querySelector(\"{wire}\").scrollIntoView({{block: 'center'}})"
+        ))
+        .await;
+    browser.screenshot("studio-team-wire.png").await;
     browser.close().await;
 }
