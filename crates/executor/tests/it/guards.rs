@@ -772,6 +772,103 @@ async fn input_waiting_for_its_check_is_kept_with_the_run_and_checked_again_afte
     assert_eq!(kept, ["hello"]);
 }
 
+/// `note`: writes its text into the state and asks the agent about it.
+struct NoteAndAsk;
+
+#[async_trait]
+impl markov_charter::command::Command for NoteAndAsk {
+    const NAME: &'static str = "note";
+    type Input = serde_json::Value;
+    type Error = markov_charter::command::CommandError;
+    fn description(&self) -> String {
+        "Note a text and ask about it".into()
+    }
+    async fn execute(
+        &self,
+        input: serde_json::Value,
+        cx: &markov_charter::command::CommandContext<'_>,
+    ) -> Result<markov_charter::command::CommandResult, markov_charter::command::CommandError> {
+        let text = input["text"].as_str().unwrap_or_default().to_owned();
+        cx.update_state(json!({ "note": text }))?;
+        Ok(markov_charter::command::CommandResult::done()
+            .message(cx.user_message(format!("What about {text}?"))))
+    }
+}
+
+#[tokio::test]
+async fn what_was_queued_with_input_waiting_for_its_check_is_kept_and_applied_once_after_a_restore()
+{
+    let node = Node::builder("Help.")
+        .state(json!({}))
+        .command(NoteAndAsk)
+        .build()
+        .expect("node");
+    let guarded = || {
+        StandardExecutor::new(ScriptedModel::builder().text("Hi.").build())
+            .with_guards(Guards::new().input(Forbid::new("secret")))
+    };
+    let mut first = machine(guarded(), node.clone());
+    // A command queues its record, its state's change and a user message;
+    // markov's instruction comes after them, all in one batch.
+    let outcome = markov_executor::run_command(
+        &mut first,
+        "note",
+        json!({"text": "apples"}),
+        markov_executor::CommandOptions::default(),
+    )
+    .await;
+    assert!(outcome.result.success, "{:?}", outcome.result.error);
+    first.enqueue_instruction("Answer briefly.");
+    let mut state = markov_executor::RunState::new(RunOptions::default());
+    let Ok(markov_executor::Action::CheckInput(check)) = state.next(&mut first) else {
+        panic!("the input is checked first");
+    };
+    assert_eq!(check.texts(), ["What about apples?"]);
+    let roles: Vec<Role> = state.pending_input().iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [Role::Command, Role::Instance, Role::User, Role::System],
+        "the whole batch waits with the run"
+    );
+    // What a durable driver writes before the check: the tree (the
+    // command changed it at once) and the run.
+    let written = serde_json::to_value(&state).expect("the run serializes");
+    let snapshot = markov_executor::serialize_machine(&first).expect("serializes");
+
+    // The worker dies during the check; another continues the run on the
+    // machine as written, whose queue is empty.
+    let mut state: markov_executor::RunState =
+        serde_json::from_value(written).expect("the run reads back");
+    let charter = Charter::builder("guards")
+        .node("main", node)
+        .build()
+        .expect("charter builds");
+    let mut second = crate::common::restore_on(charter, Arc::new(guarded()), snapshot.into_owned())
+        .expect("restores");
+    assert!(second.history().is_empty());
+    let Ok(markov_executor::Action::CheckInput(check)) = state.next(&mut second) else {
+        panic!("the pending input is checked again");
+    };
+    assert_eq!(check.texts(), ["What about apples?"]);
+    state.on_input_checked(check.run().await);
+    let Ok(markov_executor::Action::RunLeaves(_)) = state.next(&mut second) else {
+        panic!("the run goes on with the model call: the instruction is one");
+    };
+    assert!(state.pending_input().is_empty(), "entered the history");
+    let kept: Vec<Role> = second.history().iter().map(|m| m.role).collect();
+    assert_eq!(
+        kept,
+        [Role::Command, Role::Instance, Role::User, Role::System],
+        "each entered the history once"
+    );
+    assert_eq!(
+        second.instance().state()["note"],
+        json!("apples"),
+        "the queued change of state stands"
+    );
+    assert!(second.queue().is_empty(), "nothing is left queued twice");
+}
+
 /// A streamed answer that thinks first (signed), then answers.
 fn thinking_then(thoughts: &[&str], answer: &str) -> Vec<StreamEvent> {
     let mut events: Vec<StreamEvent> = thoughts
