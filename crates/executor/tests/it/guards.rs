@@ -19,7 +19,7 @@ use markov_core::model::{
 use markov_core::tool;
 use markov_executor::{
     BLOCKED_NOTE, Instance, Machine, MachineStep, MessageStreamEvent, RunOptions, StandardExecutor,
-    YieldReason,
+    THINKING_WITHHELD, YieldReason,
 };
 use markov_guard::{Guard, Guards, Hold, InjectionHeuristic, MaxLength, PiiRedactor, Verdict};
 use markov_testkit::ScriptedModel;
@@ -310,6 +310,64 @@ async fn a_redacted_stream_is_what_the_history_keeps() {
         .find(|msg| msg.role == Role::Assistant)
         .unwrap();
     assert_eq!(answer.text(), "Write to [EMAIL_1]. Bye.");
+}
+
+/// Rewrites every `ok` into a longer word and every `please` into a
+/// shorter one, judging a few tokens at a time.
+#[derive(Debug)]
+struct Reword;
+
+#[async_trait]
+impl Guard for Reword {
+    fn name(&self) -> &str {
+        "reword"
+    }
+    fn hold(&self) -> Hold {
+        Hold::Tokens(3)
+    }
+    async fn check(&self, text: &str) -> Verdict {
+        if text.contains("ok") || text.contains("please") {
+            Verdict::Rewrite(text.replace("ok", "agreed").replace("please", "pls"))
+        } else {
+            Verdict::Pass
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_rewrite_that_changes_a_held_piece_s_length_is_what_is_streamed_and_what_the_final_message_says()
+ {
+    let model = Chunked(Mutex::new(vec![chunked(&[
+        "It is o",
+        "k, please wait ",
+        "a moment, ok? ",
+        "Then please go on, ",
+        "ok.",
+    ])]));
+    let (mut m, events) = streamed(model, Guards::new().output(Reword));
+    turn(&mut m, "hi").await;
+    let told = events.lock().unwrap().clone();
+    let delivered = released(&told);
+    let raw = serde_json::to_string(&told).unwrap();
+    assert!(!raw.contains("please"), "no byte before its rewrite: {raw}");
+    assert!(
+        delivered.contains("agreed") && delivered.contains("pls"),
+        "{delivered}"
+    );
+    let Some(MessageStreamEvent::End { message, .. }) = told.last() else {
+        panic!("the stream ends with the final message: {told:?}");
+    };
+    assert_eq!(
+        message.text(),
+        delivered,
+        "the final message is what was streamed"
+    );
+    let answer = m
+        .history()
+        .iter()
+        .find(|msg| msg.role == Role::Assistant)
+        .unwrap();
+    assert_eq!(answer.text(), delivered, "and what the history keeps");
 }
 
 #[tokio::test]
@@ -911,7 +969,8 @@ fn thought(events: &[MessageStreamEvent]) -> String {
 }
 
 #[tokio::test]
-async fn streamed_thinking_a_guard_blocks_is_never_told_and_the_history_keeps_it_signed() {
+async fn streamed_thinking_a_guard_blocks_partway_ends_at_the_block_and_the_final_message_says_the_rest_was_withheld()
+ {
     let thoughts = ["Let me think. ", "The card is 4111 1111. ", "So: fine. "];
     let model = Chunked(Mutex::new(vec![thinking_then(&thoughts, "All fine.")]));
     let guard = Forbid {
@@ -933,8 +992,14 @@ async fn streamed_thinking_a_guard_blocks_is_never_told_and_the_history_keeps_it
     };
     assert_eq!(
         message.item_list(),
-        [Item::text("All fine.")],
-        "the final message shows no thinking a guard blocked"
+        [
+            Item::Thinking {
+                thinking: format!("Let me think.\n\n{THINKING_WITHHELD}"),
+                signature: None,
+            },
+            Item::text("All fine.")
+        ],
+        "the final message shows the thinking as it was streamed, then the mark"
     );
     // The history keeps the thinking exactly as the provider signed it.
     let answer = m.history().last().unwrap();
@@ -946,6 +1011,33 @@ async fn streamed_thinking_a_guard_blocks_is_never_told_and_the_history_keeps_it
         }
     );
     assert!(!m.shows_stored_thinking());
+}
+
+#[tokio::test]
+async fn streamed_thinking_a_guard_blocks_at_once_is_shown_as_the_mark_alone() {
+    let thoughts = ["The card is 4111 1111. ", "So: fine. "];
+    let model = Chunked(Mutex::new(vec![thinking_then(&thoughts, "All fine.")]));
+    let guard = Forbid {
+        hold: Hold::Sentence,
+        ..Forbid::new("4111")
+    };
+    let (mut m, events) = streamed(model, Guards::new().output(guard));
+    turn(&mut m, "check my card").await;
+    let told = events.lock().unwrap().clone();
+    let raw = serde_json::to_string(&told).unwrap();
+    assert!(!raw.contains("4111"), "no byte of the blocked part: {raw}");
+    assert_eq!(thought(&told), "", "nothing of it was streamed");
+    let Some(MessageStreamEvent::End { message, .. }) = told.last() else {
+        panic!("the stream ends with the final message: {told:?}");
+    };
+    assert_eq!(
+        message.item_list()[0],
+        Item::Thinking {
+            thinking: THINKING_WITHHELD.into(),
+            signature: None,
+        },
+        "the final message says a thinking part was withheld"
+    );
 }
 
 #[tokio::test]
