@@ -690,9 +690,10 @@ async fn release_thinking(
 /// Replaces the thinking items of `message` (a copy to show, never the
 /// history's) by what `shown` says of them, in order: the text the output
 /// guards released, without the provider's signature; a part a guard
-/// blocked partway reads as it was released, then
+/// blocked partway reads as it was released, then a blank line and
 /// [`THINKING_WITHHELD`], so the final message agrees with what was
-/// streamed. Thinking the guards never saw (not streamed) is withheld.
+/// streamed. A part none of which was released (blocked at once, or never
+/// streamed, so never seen by the guards) is left out.
 fn show_thinking(message: &mut Message, shown: &[ThinkingShown]) {
     let mut parts: Vec<&ThinkingShown> = shown.iter().collect();
     parts.sort_by_key(|t| t.index);
@@ -707,29 +708,19 @@ fn show_thinking(message: &mut Message, shown: &[ThinkingShown]) {
                 return true;
             };
             match parts.next() {
-                Some(part) if part.withheld => {
-                    *thinking = withheld(&part.shown);
+                Some(part) if part.shown.is_empty() => false,
+                Some(part) => {
+                    *thinking = if part.withheld {
+                        format!("{}\n\n{THINKING_WITHHELD}", part.shown)
+                    } else {
+                        part.shown.clone()
+                    };
                     *signature = None;
                     true
                 }
-                Some(part) if !part.shown.is_empty() => {
-                    thinking.clone_from(&part.shown);
-                    *signature = None;
-                    true
-                }
-                _ => false,
+                None => false,
             }
         });
-    }
-}
-
-/// A thinking part blocked partway, as shown: what was released, then the
-/// mark.
-fn withheld(released: &str) -> String {
-    if released.is_empty() {
-        THINKING_WITHHELD.to_owned()
-    } else {
-        format!("{released}\n\n{THINKING_WITHHELD}")
     }
 }
 

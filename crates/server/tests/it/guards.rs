@@ -169,7 +169,8 @@ impl Model for Thinker {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thinking_a_guard_blocks_sends_no_byte_to_the_sse_client_and_stays_signed_in_the_store() {
+async fn thinking_a_guard_blocks_partway_streams_what_passed_and_the_step_shows_it_with_the_withheld_mark()
+ {
     let thoughts = vec![
         "The user asks. ",
         "Their card is 4111 1111 1111 1111. ",
@@ -211,6 +212,33 @@ async fn thinking_a_guard_blocks_sends_no_byte_to_the_sse_client_and_stays_signe
         "no byte of the blocked thinking: {raw}"
     );
     assert!(raw.contains("I cannot show card numbers."), "{raw}");
+    // What passed was streamed, up to the block; the step's message shows
+    // the part as it was streamed, then the mark that the rest was
+    // withheld, never the provider's signature.
+    let events = events(&raw);
+    let delivered: String = events
+        .iter()
+        .filter(|(name, _)| name == "thinking")
+        .filter_map(|(_, data)| data["text"].as_str())
+        .collect();
+    assert_eq!(delivered, "The user asks.");
+    let shown: Vec<serde_json::Value> = events
+        .iter()
+        .filter(|(name, _)| name == "step")
+        .flat_map(|(_, data)| data["messages"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["role"] == "assistant")
+        .collect();
+    assert_eq!(shown.len(), 1, "{raw}");
+    assert_eq!(
+        shown[0]["items"][0],
+        json!({
+            "type": "thinking",
+            "thinking": format!("{delivered}\n\n{}", markov_executor::THINKING_WITHHELD),
+        }),
+        "what was streamed, then the mark: {raw}"
+    );
+    assert_eq!(shown[0]["items"][1]["text"], "I cannot show card numbers.");
+    assert!(!raw.contains("\"signed\""), "{raw}");
 
     // Neither in what the page reads back.
     let shown = f
