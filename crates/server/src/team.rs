@@ -497,6 +497,9 @@ fn spawn(
             TeamEvent::Step { agent, step } => {
                 service.metrics.steps.inc();
                 let mut event = StepEvent::of(step, thinking);
+                if !thinking {
+                    log.show_thinking(&mut event.messages);
+                }
                 event.agent = Some(agent.to_owned());
                 event.handoff_context = std::mem::take(&mut given);
                 log.record(RunEvent::Step(event));
