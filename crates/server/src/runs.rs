@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 /// just after its end.
 pub(crate) const KEEP_FINISHED: Duration = Duration::from_secs(60);
 
-/// The most bytes of `delta` events a log keeps: past it, deltas are
+/// The most bytes of `delta` and `thinking` events a log keeps: past it, they are
 /// dropped (each step's event still carries its whole messages), so a
 /// long answer cannot grow a log without bound.
 const MAX_DELTA_BYTES: usize = 4 * 1024 * 1024;

@@ -395,7 +395,9 @@ impl RunState {
             // batch waits, in order, for their verdicts, queued and as the
             // run's pending input.
             self.input = entries.iter().map(|e| e.message.clone()).collect();
-            self.input_instructions = (entries.iter().enumerate())
+            self.input_instructions = entries
+                .iter()
+                .enumerate()
                 .filter_map(|(at, e)| e.is_instruction().then_some(at))
                 .collect();
             self.input_queued = true;
