@@ -662,10 +662,8 @@ fn spawn_run(
                 .count();
             service.metrics.tool_calls.inc_by(results as u64);
             let mut event = StepEvent::of(step, thinking);
-            if !thinking {
-                // The thinking as it was streamed, checked.
-                log.show_thinking(&mut event.messages);
-            }
+            // The thinking as it was streamed, checked, unless the stored one is shown.
+            log.show_thinking(&mut event.messages, !thinking);
             log.record(RunEvent::Step(event));
         };
         let result = async {

@@ -153,12 +153,14 @@ impl RunLog {
 
     /// Puts into the assistant messages of `messages` (a step's, as shown,
     /// its stored thinking left out) the thinking their streams' final
-    /// messages showed: what the output guards let through, a part blocked
-    /// partway ending with the mark that the rest was withheld. The
-    /// history keeps the thinking as the provider signed it, never shown.
-    pub(crate) fn show_thinking(&self, messages: &mut serde_json::Value) {
-        let mut state = self.state();
-        if state.thinking.is_empty() {
+    /// messages showed, when `insert`: what the output guards let through,
+    /// a part blocked partway ending with the mark that the rest was
+    /// withheld. The history keeps the thinking as the provider signed it,
+    /// never shown. Either way the notes end here: a step's messages were
+    /// all streamed before it is logged.
+    pub(crate) fn show_thinking(&self, messages: &mut serde_json::Value, insert: bool) {
+        let mut noted = std::mem::take(&mut self.state().thinking);
+        if noted.is_empty() || !insert {
             return;
         }
         let Some(messages) = messages.as_array_mut() else {
@@ -166,10 +168,10 @@ impl RunLog {
         };
         for message in messages {
             let id = &message["metadata"]["messageId"];
-            let Some(at) = state.thinking.iter().position(|(shown, _)| shown == id) else {
+            let Some(at) = noted.iter().position(|(shown, _)| shown == id) else {
                 continue;
             };
-            let (_, thinking) = state.thinking.swap_remove(at);
+            let (_, thinking) = noted.swap_remove(at);
             if let Some(items) = message
                 .get_mut("items")
                 .and_then(serde_json::Value::as_array_mut)
