@@ -100,6 +100,16 @@ impl Entry {
         }
     }
 
+    /// An entry of a run's pending input read back from its stored
+    /// message: an effect's record is parsed again when drained.
+    pub(crate) fn pending(message: Message, instruction: bool) -> Self {
+        Entry {
+            message,
+            effect: None,
+            instruction,
+        }
+    }
+
     /// Whether this is markov's own instruction, made by
     /// [`Entry::instruction`]: it starts a run.
     pub fn is_instruction(&self) -> bool {

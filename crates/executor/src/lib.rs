@@ -81,7 +81,8 @@ pub use serialize::{
 };
 pub use standard::{CANCELLED_TOOL_CALL, CUT_OFF_TOOL_CALL, DUPLICATE_TOOL_CALL, StandardExecutor};
 pub use step::{
-    BLOCKED_NOTE, MachineStep, ModelCall, SentRequest, SuspendedInstance, TurnState, YieldReason,
+    BLOCKED_NOTE, MachineStep, ModelCall, SentRequest, SuspendedInstance, THINKING_WITHHELD,
+    TurnState, YieldReason,
 };
 pub use stream::{MessageStreamEvent, OnMessageStream, StreamOptions, VesselState};
 pub use team::{

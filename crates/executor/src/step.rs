@@ -14,6 +14,14 @@ use crate::instance::Instance;
 /// blocked words.
 pub const BLOCKED_NOTE: &str = "[guard]";
 
+/// The mark that ends a thinking part an output guard blocked partway, in
+/// the copy of a streamed answer that is shown (the final message of its
+/// stream): the part reads as it was streamed up to the block, then a
+/// blank line and this mark. A part blocked before any of it was streamed
+/// is left out of that copy. The history keeps the part as the provider
+/// signed it.
+pub const THINKING_WITHHELD: &str = "[guard] The rest of this thinking was withheld.";
+
 /// Why a step ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -22,6 +22,7 @@ const state = {
   echo: null,          // the text just sent, shown at once: its step does not show it again
   echoNode: null,
   live: null,          // the assistant's text as it is written
+  liveThinking: null,  // its thinking as it is written
   pendingDelta: "",
   unkept: false,       // the last turn was stopped with its answer half written
   cards: new Map(),    // tool call id -> its card
@@ -208,13 +209,37 @@ function assistantMessage(text, html) {
   return append(node);
 }
 
+// The mark that ends a thinking part a guard blocked partway: what was
+// streamed of it is shown, then that the rest was withheld.
+const WITHHELD = "[guard] The rest of this thinking was withheld.";
+
 function thinking(text) {
+  const withheld = text.endsWith(WITHHELD);
+  if (withheld) text = text.slice(0, -WITHHELD.length).trimEnd();
   const box = el("details", "msg thinking");
-  box.append(el("summary", "", "Thinking"));
+  box.append(el("summary", "", withheld ? "Thinking (partly withheld by a guard)" : "Thinking"));
   const body = el("div");
-  showLong(body, text, PROSE);
+  if (text) showLong(body, text, PROSE);
   box.append(body);
+  if (withheld) {
+    box.classList.add("withheld");
+    box.append(el("p", "withheld", "The rest of this thinking was withheld by a guard."));
+  }
   return append(box);
+}
+
+// Thinking as it is written: an open box the step's message replaces.
+function thinkingDelta(text) {
+  if (state.liveThinking === null) {
+    state.liveThinking = follow(() => {
+      const box = thinking("");
+      box.open = true;
+      box.classList.add("live");
+      return box;
+    });
+  }
+  const body = state.liveThinking.querySelector("div");
+  follow(() => appendVisibly(body, text, PROSE));
 }
 
 // `key: value, …` of a call's arguments, for a card's one line.
@@ -434,6 +459,8 @@ function paintDelta() {
 function endLive() {
   if (state.live !== null) state.live.remove();
   state.live = null;
+  if (state.liveThinking !== null) state.liveThinking.remove();
+  state.liveThinking = null;
   state.pendingDelta = "";
 }
 
@@ -468,6 +495,9 @@ function handle(name, data) {
   switch (name) {
     case "delta":
       delta(body.text || "");
+      return false;
+    case "thinking":
+      thinkingDelta(body.text || "");
       return false;
     case "step":
       if (body.yield_reason === "cancelled" && state.live !== null) {

@@ -609,12 +609,6 @@ enum Work {
     Continue,
 }
 
-/// One step as a client sees it (see [`StepEvent`]), its thinking shown
-/// only when `thinking`.
-fn step_event(step: &MachineStep, thinking: bool) -> RunEvent {
-    RunEvent::Step(StepEvent::of(step, thinking))
-}
-
 /// Performs `work` on `session` in a task of its own (a client that leaves
 /// does not stop it), logging `first`, then the run's events; returns the
 /// log.
@@ -668,7 +662,10 @@ fn spawn_run(
                 .filter(|i| matches!(i, Item::ToolResult { .. }))
                 .count();
             service.metrics.tool_calls.inc_by(results as u64);
-            log.record(step_event(step, thinking));
+            let mut event = StepEvent::of(step, thinking);
+            // The thinking as it was streamed, checked, unless the stored one is shown.
+            log.show_thinking(&mut event.messages, !thinking);
+            log.record(RunEvent::Step(event));
         };
         let result = async {
             // The session is released as soon as the run returns: the run's

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 /// just after its end.
 pub(crate) const KEEP_FINISHED: Duration = Duration::from_secs(60);
 
-/// The most bytes of `delta` events a log keeps: past it, deltas are
+/// The most bytes of `delta` and `thinking` events a log keeps: past it, they are
 /// dropped (each step's event still carries its whole messages), so a
 /// long answer cannot grow a log without bound.
 const MAX_DELTA_BYTES: usize = 4 * 1024 * 1024;
@@ -30,17 +30,47 @@ tokio::task_local! {
 }
 
 /// Logs a model call's text delta as a `delta` event (`{"text": ...}`) of
-/// the run that asked. One agent serves every session: the deltas find
-/// their run through the task that performs it.
+/// the run that asked, and its thinking delta as a `thinking` event; notes
+/// the thinking of the stream's final message, as shown, for the step that
+/// records it (see [`RunLog::show_thinking`]). One agent serves every
+/// session: the deltas find their run through the task that performs it.
 pub(crate) fn send_delta(event: &markov_executor::MessageStreamEvent) {
-    if let markov_executor::MessageStreamEvent::Update { delta, .. } = event
-        && delta.kind == markov_executor::stream::DeltaKind::Text
-    {
-        let _ = RUN_LOG.try_with(|log| {
-            log.record(crate::wire::RunEvent::Delta(crate::wire::DeltaEvent {
+    use markov_executor::MessageStreamEvent;
+    use markov_executor::stream::DeltaKind;
+    match event {
+        MessageStreamEvent::Update { delta, .. } => {
+            let piece = crate::wire::DeltaEvent {
                 text: delta.delta.clone(),
-            }))
-        });
+            };
+            let event = match delta.kind {
+                DeltaKind::Text => crate::wire::RunEvent::Delta(piece),
+                DeltaKind::Thinking => crate::wire::RunEvent::Thinking(piece),
+                _ => return,
+            };
+            let _ = RUN_LOG.try_with(|log| log.record(event));
+        }
+        MessageStreamEvent::End {
+            message_id,
+            message,
+            ..
+        } => {
+            let thinking: Vec<serde_json::Value> = message
+                .item_list()
+                .iter()
+                .filter_map(|item| match item {
+                    markov_core::message::Item::Thinking { thinking, .. } => {
+                        // Shown without the provider's signature.
+                        Some(serde_json::json!({"type": "thinking", "thinking": thinking}))
+                    }
+                    _ => None,
+                })
+                .collect();
+            if !thinking.is_empty() {
+                let id = serde_json::to_value(message_id).unwrap_or_default();
+                let _ = RUN_LOG.try_with(|log| log.state().thinking.push((id, thinking)));
+            }
+        }
+        _ => {}
     }
 }
 
@@ -82,6 +112,9 @@ struct LogState {
     history_len: usize,
     /// The user's text that started the run, if a message did.
     message: Option<String>,
+    /// The thinking of streamed answers as their final messages show it,
+    /// by message id, until the step that records them is logged.
+    thinking: Vec<(serde_json::Value, Vec<serde_json::Value>)>,
 }
 
 /// The events of one run, in order, and how to stop it.
@@ -106,7 +139,7 @@ impl RunLog {
             if state.finished.is_some() {
                 return;
             }
-            if name == "delta" {
+            if name == "delta" || name == "thinking" {
                 if state.delta_bytes + data.len() > MAX_DELTA_BYTES {
                     return;
                 }
@@ -116,6 +149,36 @@ impl RunLog {
             state.events.push(Logged { seq, name, data });
         }
         self.changed.notify_waiters();
+    }
+
+    /// Puts into the assistant messages of `messages` (a step's, as shown,
+    /// its stored thinking left out) the thinking their streams' final
+    /// messages showed, when `insert`: what the output guards let through,
+    /// a part blocked partway ending with the mark that the rest was
+    /// withheld. The history keeps the thinking as the provider signed it,
+    /// never shown. Either way the notes end here: a step's messages were
+    /// all streamed before it is logged.
+    pub(crate) fn show_thinking(&self, messages: &mut serde_json::Value, insert: bool) {
+        let mut noted = std::mem::take(&mut self.state().thinking);
+        if noted.is_empty() || !insert {
+            return;
+        }
+        let Some(messages) = messages.as_array_mut() else {
+            return;
+        };
+        for message in messages {
+            let id = &message["metadata"]["messageId"];
+            let Some(at) = noted.iter().position(|(shown, _)| shown == id) else {
+                continue;
+            };
+            let (_, thinking) = noted.swap_remove(at);
+            if let Some(items) = message
+                .get_mut("items")
+                .and_then(serde_json::Value::as_array_mut)
+            {
+                items.splice(0..0, thinking);
+            }
+        }
     }
 
     /// Appends `event`.

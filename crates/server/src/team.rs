@@ -497,6 +497,8 @@ fn spawn(
             TeamEvent::Step { agent, step } => {
                 service.metrics.steps.inc();
                 let mut event = StepEvent::of(step, thinking);
+                // The thinking as it was streamed, checked, unless the stored one is shown.
+                log.show_thinking(&mut event.messages, !thinking);
                 event.agent = Some(agent.to_owned());
                 event.handoff_context = std::mem::take(&mut given);
                 log.record(RunEvent::Step(event));

@@ -286,7 +286,7 @@ impl StepEvent {
     }
 }
 
-/// A piece of the model's text as it arrives.
+/// A piece of the model's text (or of its thinking) as it arrives.
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct DeltaEvent {
     /// The text.
@@ -355,6 +355,11 @@ pub(crate) enum RunEvent {
     Step(StepEvent),
     /// A piece of the model's text.
     Delta(DeltaEvent),
+    /// A piece of the model's thinking, as the output guards let it
+    /// through (checked like the text; a part a guard blocks streams no
+    /// further, and the step's message then shows it as it was streamed,
+    /// ending with the mark that the rest was withheld).
+    Thinking(DeltaEvent),
     /// The run ended.
     Done(DoneEvent),
     /// The server stopped mid-run.
@@ -376,6 +381,7 @@ impl RunEvent {
             RunEvent::Decided(e) => ("decided", text(&e)),
             RunEvent::Step(e) => ("step", text(&e)),
             RunEvent::Delta(e) => ("delta", text(&e)),
+            RunEvent::Thinking(e) => ("thinking", text(&e)),
             RunEvent::Done(e) => ("done", text(&e)),
             RunEvent::Interrupted(e) => ("interrupted", text(&e)),
             RunEvent::Error(e) => ("error", text(&e)),

@@ -28,6 +28,7 @@ impl RunState {
         // Input that was waiting for its check stays queued for the next run.
         self.requeue_pending_input(machine);
         self.input.clear();
+        self.input_instructions.clear();
         let entries = machine.queue.drain_all();
         let answered: std::collections::HashSet<&markov_core::ToolCallId> = entries
             .iter()

@@ -86,10 +86,11 @@ impl RunState {
             // The input guards decide before anything is drained: the
             // batch waits, in order, for their verdicts, queued and as the
             // run's pending input.
-            self.input = entries
+            self.input = entries.iter().map(|e| e.message.clone()).collect();
+            self.input_instructions = entries
                 .iter()
-                .filter(|e| e.effect.is_none() && !e.is_instruction())
-                .map(|e| e.message.clone())
+                .enumerate()
+                .filter_map(|(at, e)| e.is_instruction().then_some(at))
                 .collect();
             self.input_queued = true;
             machine.queue.requeue_front(entries);
@@ -121,6 +122,7 @@ impl RunState {
         machine.history.extend(messages.iter().cloned());
         // The pending input is in the history now, as the guards let it.
         self.input.clear();
+        self.input_instructions.clear();
         apply(machine, &effects, 0);
         if blocked || !triggers {
             // A blocked message ends the run before any model call.

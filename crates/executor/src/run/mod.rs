@@ -142,14 +142,19 @@ pub struct RunState {
     /// a run restored before its drain checks again).
     #[serde(skip)]
     verdicts: Option<InputChecked>,
-    /// Pending input: the user's messages waiting for the input guards'
-    /// verdicts, outside the history (never shown or read as history). A
-    /// durable driver writes them with the run, so a worker that dies
-    /// while the guards check them loses nothing: a continuing worker
-    /// puts them back in the queue, and the guards check them again.
-    /// Emptied by the drain that enters them into the history.
+    /// Pending input: the batch waiting for the input guards' verdicts —
+    /// the user's messages and whatever was queued with them (a command's
+    /// record, the records of queued effects, markov's instructions) —
+    /// outside the history (never shown or read as history). A durable
+    /// driver writes it with the run, so a worker that dies while the
+    /// guards check loses nothing: a continuing worker puts the batch back
+    /// in the queue, and the guards check it again. Emptied by the drain
+    /// that enters it into the history, which applies its effects.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     input: Vec<Message>,
+    /// The places in `input` of markov's instructions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    input_instructions: Vec<usize>,
     /// The pending input is in the machine's queue (not after the run was
     /// restored elsewhere: the first call then queues it again).
     #[serde(skip)]
@@ -198,6 +203,7 @@ impl RunState {
             resuming: false,
             verdicts: None,
             input: Vec::new(),
+            input_instructions: Vec::new(),
             input_queued: false,
         }
     }
@@ -243,10 +249,13 @@ impl RunState {
         self.steps
     }
 
-    /// The user's messages waiting for the input guards' verdicts (see
-    /// [`Action::CheckInput`]): empty unless the run stopped before its
-    /// drain. They are not in the history; a driver that stores the run
-    /// stores them with it, and a restored run checks them again.
+    /// The batch waiting for the input guards' verdicts (see
+    /// [`Action::CheckInput`]): the user's messages and the records of what
+    /// was queued with them (commands, effects, markov's instructions);
+    /// empty unless the run stopped before its drain. They are not in the
+    /// history; a driver that stores the run stores them with it, and a
+    /// restored run checks them again and applies the effects once, in
+    /// the drain.
     pub fn pending_input(&self) -> &[Message] {
         &self.input
     }
@@ -261,9 +270,10 @@ impl RunState {
             messages = self.input.len(),
             "the run stopped while the input guards checked its input: checking it again"
         );
-        machine
-            .queue
-            .requeue_front(self.input.iter().cloned().map(Entry::message).collect());
+        let entries = self.input.iter().enumerate().map(|(at, message)| {
+            Entry::pending(message.clone(), self.input_instructions.contains(&at))
+        });
+        machine.queue.requeue_front(entries.collect());
         self.input_queued = true;
     }
 

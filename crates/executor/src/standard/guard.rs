@@ -32,7 +32,7 @@ use super::tools::ToolsRan;
 use crate::effect::Entry;
 use crate::error::RunError;
 use crate::executor::{LeafContext, LeafOutcome};
-use crate::step::{BLOCKED_NOTE, YieldReason};
+use crate::step::{BLOCKED_NOTE, THINKING_WITHHELD, YieldReason};
 use crate::stream::{
     DeltaKind, MessageStreamEvent, StreamDelta, StreamFailure, StreamOptions, VesselState,
 };
@@ -689,9 +689,11 @@ async fn release_thinking(
 
 /// Replaces the thinking items of `message` (a copy to show, never the
 /// history's) by what `shown` says of them, in order: the text the output
-/// guards released, without the provider's signature, or nothing when a
-/// guard withheld it. Thinking the guards never saw (not streamed) is
-/// withheld.
+/// guards released, without the provider's signature; a part a guard
+/// blocked partway reads as it was released, then a blank line and
+/// [`THINKING_WITHHELD`], so the final message agrees with what was
+/// streamed. A part none of which was released (blocked at once, or never
+/// streamed, so never seen by the guards) is left out.
 fn show_thinking(message: &mut Message, shown: &[ThinkingShown]) {
     let mut parts: Vec<&ThinkingShown> = shown.iter().collect();
     parts.sort_by_key(|t| t.index);
@@ -706,12 +708,17 @@ fn show_thinking(message: &mut Message, shown: &[ThinkingShown]) {
                 return true;
             };
             match parts.next() {
-                Some(part) if !part.withheld && !part.shown.is_empty() => {
-                    thinking.clone_from(&part.shown);
+                Some(part) if part.shown.is_empty() => false,
+                Some(part) => {
+                    *thinking = if part.withheld {
+                        format!("{}\n\n{THINKING_WITHHELD}", part.shown)
+                    } else {
+                        part.shown.clone()
+                    };
                     *signature = None;
                     true
                 }
-                _ => false,
+                None => false,
             }
         });
     }

@@ -19,7 +19,7 @@ use markov_core::model::{
 use markov_core::tool;
 use markov_executor::{
     BLOCKED_NOTE, Instance, Machine, MachineStep, MessageStreamEvent, RunOptions, StandardExecutor,
-    YieldReason,
+    THINKING_WITHHELD, YieldReason,
 };
 use markov_guard::{Guard, Guards, Hold, InjectionHeuristic, MaxLength, PiiRedactor, Verdict};
 use markov_testkit::ScriptedModel;
@@ -310,6 +310,64 @@ async fn a_redacted_stream_is_what_the_history_keeps() {
         .find(|msg| msg.role == Role::Assistant)
         .unwrap();
     assert_eq!(answer.text(), "Write to [EMAIL_1]. Bye.");
+}
+
+/// Rewrites every `ok` into a longer word and every `please` into a
+/// shorter one, judging a few tokens at a time.
+#[derive(Debug)]
+struct Reword;
+
+#[async_trait]
+impl Guard for Reword {
+    fn name(&self) -> &str {
+        "reword"
+    }
+    fn hold(&self) -> Hold {
+        Hold::Tokens(3)
+    }
+    async fn check(&self, text: &str) -> Verdict {
+        if text.contains("ok") || text.contains("please") {
+            Verdict::Rewrite(text.replace("ok", "agreed").replace("please", "pls"))
+        } else {
+            Verdict::Pass
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_rewrite_that_changes_a_held_piece_s_length_is_what_is_streamed_and_what_the_final_message_says()
+ {
+    let model = Chunked(Mutex::new(vec![chunked(&[
+        "It is o",
+        "k, please wait ",
+        "a moment, ok? ",
+        "Then please go on, ",
+        "ok.",
+    ])]));
+    let (mut m, events) = streamed(model, Guards::new().output(Reword));
+    turn(&mut m, "hi").await;
+    let told = events.lock().unwrap().clone();
+    let delivered = released(&told);
+    let raw = serde_json::to_string(&told).unwrap();
+    assert!(!raw.contains("please"), "no byte before its rewrite: {raw}");
+    assert!(
+        delivered.contains("agreed") && delivered.contains("pls"),
+        "{delivered}"
+    );
+    let Some(MessageStreamEvent::End { message, .. }) = told.last() else {
+        panic!("the stream ends with the final message: {told:?}");
+    };
+    assert_eq!(
+        message.text(),
+        delivered,
+        "the final message is what was streamed"
+    );
+    let answer = m
+        .history()
+        .iter()
+        .find(|msg| msg.role == Role::Assistant)
+        .unwrap();
+    assert_eq!(answer.text(), delivered, "and what the history keeps");
 }
 
 #[tokio::test]
@@ -772,6 +830,103 @@ async fn input_waiting_for_its_check_is_kept_with_the_run_and_checked_again_afte
     assert_eq!(kept, ["hello"]);
 }
 
+/// `note`: writes its text into the state and asks the agent about it.
+struct NoteAndAsk;
+
+#[async_trait]
+impl markov_charter::command::Command for NoteAndAsk {
+    const NAME: &'static str = "note";
+    type Input = serde_json::Value;
+    type Error = markov_charter::command::CommandError;
+    fn description(&self) -> String {
+        "Note a text and ask about it".into()
+    }
+    async fn execute(
+        &self,
+        input: serde_json::Value,
+        cx: &markov_charter::command::CommandContext<'_>,
+    ) -> Result<markov_charter::command::CommandResult, markov_charter::command::CommandError> {
+        let text = input["text"].as_str().unwrap_or_default().to_owned();
+        cx.update_state(json!({ "note": text }))?;
+        Ok(markov_charter::command::CommandResult::done()
+            .message(cx.user_message(format!("What about {text}?"))))
+    }
+}
+
+#[tokio::test]
+async fn what_was_queued_with_input_waiting_for_its_check_is_kept_and_applied_once_after_a_restore()
+{
+    let node = Node::builder("Help.")
+        .state(json!({}))
+        .command(NoteAndAsk)
+        .build()
+        .expect("node");
+    let guarded = || {
+        StandardExecutor::new(ScriptedModel::builder().text("Hi.").build())
+            .with_guards(Guards::new().input(Forbid::new("secret")))
+    };
+    let mut first = machine(guarded(), node.clone());
+    // A command queues its record, its state's change and a user message;
+    // markov's instruction comes after them, all in one batch.
+    let outcome = markov_executor::run_command(
+        &mut first,
+        "note",
+        json!({"text": "apples"}),
+        markov_executor::CommandOptions::default(),
+    )
+    .await;
+    assert!(outcome.result.success, "{:?}", outcome.result.error);
+    first.enqueue_instruction("Answer briefly.");
+    let mut state = markov_executor::RunState::new(RunOptions::default());
+    let Ok(markov_executor::Action::CheckInput(check)) = state.next(&mut first) else {
+        panic!("the input is checked first");
+    };
+    assert_eq!(check.texts(), ["What about apples?"]);
+    let roles: Vec<Role> = state.pending_input().iter().map(|m| m.role).collect();
+    assert_eq!(
+        roles,
+        [Role::Command, Role::Instance, Role::User, Role::System],
+        "the whole batch waits with the run"
+    );
+    // What a durable driver writes before the check: the tree (the
+    // command changed it at once) and the run.
+    let written = serde_json::to_value(&state).expect("the run serializes");
+    let snapshot = markov_executor::serialize_machine(&first).expect("serializes");
+
+    // The worker dies during the check; another continues the run on the
+    // machine as written, whose queue is empty.
+    let mut state: markov_executor::RunState =
+        serde_json::from_value(written).expect("the run reads back");
+    let charter = Charter::builder("guards")
+        .node("main", node)
+        .build()
+        .expect("charter builds");
+    let mut second = crate::common::restore_on(charter, Arc::new(guarded()), snapshot.into_owned())
+        .expect("restores");
+    assert!(second.history().is_empty());
+    let Ok(markov_executor::Action::CheckInput(check)) = state.next(&mut second) else {
+        panic!("the pending input is checked again");
+    };
+    assert_eq!(check.texts(), ["What about apples?"]);
+    state.on_input_checked(check.run().await);
+    let Ok(markov_executor::Action::RunLeaves(_)) = state.next(&mut second) else {
+        panic!("the run goes on with the model call: the instruction is one");
+    };
+    assert!(state.pending_input().is_empty(), "entered the history");
+    let kept: Vec<Role> = second.history().iter().map(|m| m.role).collect();
+    assert_eq!(
+        kept,
+        [Role::Command, Role::Instance, Role::User, Role::System],
+        "each entered the history once"
+    );
+    assert_eq!(
+        second.instance().state()["note"],
+        json!("apples"),
+        "the queued change of state stands"
+    );
+    assert!(second.queue().is_empty(), "nothing is left queued twice");
+}
+
 /// A streamed answer that thinks first (signed), then answers.
 fn thinking_then(thoughts: &[&str], answer: &str) -> Vec<StreamEvent> {
     let mut events: Vec<StreamEvent> = thoughts
@@ -814,7 +969,8 @@ fn thought(events: &[MessageStreamEvent]) -> String {
 }
 
 #[tokio::test]
-async fn streamed_thinking_a_guard_blocks_is_never_told_and_the_history_keeps_it_signed() {
+async fn streamed_thinking_a_guard_blocks_partway_ends_at_the_block_and_the_final_message_says_the_rest_was_withheld()
+ {
     let thoughts = ["Let me think. ", "The card is 4111 1111. ", "So: fine. "];
     let model = Chunked(Mutex::new(vec![thinking_then(&thoughts, "All fine.")]));
     let guard = Forbid {
@@ -836,8 +992,14 @@ async fn streamed_thinking_a_guard_blocks_is_never_told_and_the_history_keeps_it
     };
     assert_eq!(
         message.item_list(),
-        [Item::text("All fine.")],
-        "the final message shows no thinking a guard blocked"
+        [
+            Item::Thinking {
+                thinking: format!("Let me think.\n\n{THINKING_WITHHELD}"),
+                signature: None,
+            },
+            Item::text("All fine.")
+        ],
+        "the final message shows the thinking as it was streamed, then the mark"
     );
     // The history keeps the thinking exactly as the provider signed it.
     let answer = m.history().last().unwrap();
@@ -849,6 +1011,30 @@ async fn streamed_thinking_a_guard_blocks_is_never_told_and_the_history_keeps_it
         }
     );
     assert!(!m.shows_stored_thinking());
+}
+
+#[tokio::test]
+async fn streamed_thinking_a_guard_blocks_at_once_is_left_out_of_the_final_message() {
+    let thoughts = ["The card is 4111 1111. ", "So: fine. "];
+    let model = Chunked(Mutex::new(vec![thinking_then(&thoughts, "All fine.")]));
+    let guard = Forbid {
+        hold: Hold::Sentence,
+        ..Forbid::new("4111")
+    };
+    let (mut m, events) = streamed(model, Guards::new().output(guard));
+    turn(&mut m, "check my card").await;
+    let told = events.lock().unwrap().clone();
+    let raw = serde_json::to_string(&told).unwrap();
+    assert!(!raw.contains("4111"), "no byte of the blocked part: {raw}");
+    assert_eq!(thought(&told), "", "nothing of it was streamed");
+    let Some(MessageStreamEvent::End { message, .. }) = told.last() else {
+        panic!("the stream ends with the final message: {told:?}");
+    };
+    assert_eq!(
+        message.item_list(),
+        [Item::text("All fine.")],
+        "nothing of it was streamed, nothing of it is shown"
+    );
 }
 
 #[tokio::test]

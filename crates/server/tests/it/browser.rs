@@ -2097,3 +2097,124 @@ async fn a_guarded_agents_thinking_is_not_shown_and_its_answer_is() {
     }
     browser.close().await;
 }
+
+/// A model that thinks (signed), streaming its thinking in pieces, then
+/// answers.
+#[derive(Debug)]
+struct Thinks {
+    thoughts: Vec<&'static str>,
+    answer: &'static str,
+}
+
+#[async_trait]
+impl Model for Thinks {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        markov_core::model::collect_stream(self.stream(request)).await
+    }
+
+    fn stream<'a>(&'a self, _: ModelRequest<'a>) -> BoxStream<'a, Result<StreamEvent, ModelError>> {
+        let mut events: Vec<Result<StreamEvent, ModelError>> = self
+            .thoughts
+            .iter()
+            .map(|t| {
+                Ok(StreamEvent::ThinkingDelta {
+                    index: 0,
+                    thinking: (*t).to_owned(),
+                })
+            })
+            .collect();
+        events.push(Ok(StreamEvent::TextDelta {
+            index: 1,
+            text: self.answer.to_owned(),
+        }));
+        events.push(Ok(StreamEvent::Done(answer(
+            vec![
+                Item::Thinking {
+                    thinking: self.thoughts.concat(),
+                    signature: Some("signed".into()),
+                },
+                Item::text(self.answer),
+            ],
+            StopReason::EndTurn,
+        ))));
+        futures::stream::iter(events).boxed()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thinking_a_guard_blocks_partway_shows_what_was_streamed_and_that_the_rest_was_withheld() {
+    let pays = Arc::new(AtomicUsize::new(0));
+    let model = Thinks {
+        thoughts: vec![
+            "The user asks whether their card is on file. ",
+            "It is 4111 1111 1111 1111. ",
+            "Say yes. ",
+        ],
+        answer: "Your card is on file.",
+    };
+    let agent = Agent::builder("helper")
+        .instructions("You help.")
+        .guards(markov_guard::Guards::new().output(SentenceForbid("4111")))
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let store = Arc::new(SqliteStore::in_memory().expect("a database"));
+    let f = start(Server::builder().agent(agent), store, pays).await;
+    let Some(browser) = Browser::start(1000, 700).await else {
+        return;
+    };
+    browser.open(&f.base).await;
+    browser.sign_in(&f.key).await;
+    browser.say("is my card on file?").await;
+    browser
+        .wait(
+            "the answer",
+            "document.getElementById('log').innerText.includes('Your card is on file.') && !document.body.classList.contains('running')",
+        )
+        .await;
+    let log = browser.text("#log").await;
+    assert!(!log.contains("4111"), "{log}");
+    assert_eq!(browser.count("#log .thinking").await, 1, "{log}");
+    assert_eq!(browser.count("#log .thinking.withheld").await, 1, "{log}");
+    // Opened, the box shows what was streamed, then the mark.
+    browser
+        .wait(
+            "the thinking opened",
+            "(() => { const box = document.querySelector('#log .thinking'); box.open = true; return box.open; })()",
+        )
+        .await;
+    let shown = browser.text("#log .thinking").await;
+    assert!(
+        shown.contains("Thinking (partly withheld by a guard)")
+            && shown.contains("The user asks whether their card is on file.")
+            && shown.contains("The rest of this thinking was withheld by a guard."),
+        "{shown}"
+    );
+    assert!(
+        !shown.contains("[guard]"),
+        "the mark reads as prose: {shown}"
+    );
+    browser.screenshot("thinking-partly-withheld.png").await;
+    browser.close().await;
+}
+
+/// Blocks every sentence that holds its word, sentence by sentence.
+#[derive(Debug)]
+struct SentenceForbid(&'static str);
+
+#[async_trait]
+impl markov_guard::Guard for SentenceForbid {
+    fn name(&self) -> &str {
+        "forbid"
+    }
+    fn hold(&self) -> markov_guard::Hold {
+        markov_guard::Hold::Sentence
+    }
+    async fn check(&self, text: &str) -> markov_guard::Verdict {
+        if text.contains(self.0) {
+            markov_guard::Verdict::block("it mentions a forbidden word")
+        } else {
+            markov_guard::Verdict::Pass
+        }
+    }
+}

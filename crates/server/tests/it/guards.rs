@@ -126,6 +126,95 @@ async fn an_answer_blocked_mid_way_sends_no_blocked_byte_to_the_sse_client() {
     );
 }
 
+/// Redacts card numbers sentence by sentence: the redaction is longer or
+/// shorter than what it replaces.
+#[derive(Debug)]
+struct RedactCards;
+
+#[async_trait]
+impl Guard for RedactCards {
+    fn name(&self) -> &str {
+        "redact-cards"
+    }
+    fn hold(&self) -> Hold {
+        Hold::Sentence
+    }
+    async fn check(&self, text: &str) -> Verdict {
+        if text.contains("4111") || text.contains("ok") {
+            Verdict::Rewrite(
+                text.replace("4111 1111 1111 1111", "[CARD]")
+                    .replace("ok", "understood, as asked"),
+            )
+        } else {
+            Verdict::Pass
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_that_changes_a_pieces_length_streams_what_the_step_and_the_history_say() {
+    let model = Pieces(Mutex::new(vec![vec![
+        "Ok, ok. ",
+        "Your card is 4111 1111 ",
+        "1111 1111. Bye, ",
+        "ok?",
+    ]]));
+    let agent = Agent::builder("support")
+        .instructions("Help.")
+        .guards(Guards::new().output(RedactCards))
+        .model(model)
+        .build()
+        .expect("the agent builds");
+    let f = serve_agent(agent, Arc::new(AtomicUsize::new(0))).await;
+    let id = f.create().await;
+    let raw = f
+        .client
+        .post(format!("{}/sessions/{id}/messages", f.base))
+        .bearer_auth(&f.key)
+        .json(&json!({"text": "what is my card?"}))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the stream");
+    assert!(!raw.contains("4111"), "{raw}");
+    let events = events(&raw);
+    let delivered: String = events
+        .iter()
+        .filter(|(name, _)| name == "delta")
+        .filter_map(|(_, data)| data["text"].as_str())
+        .collect();
+    assert_eq!(
+        delivered,
+        "Ok, understood, as asked. Your card is [CARD]. Bye, understood, as asked?"
+    );
+    let step_text: String = events
+        .iter()
+        .filter(|(name, _)| name == "step")
+        .flat_map(|(_, data)| data["messages"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["role"] == "assistant")
+        .flat_map(|m| m["items"].as_array().cloned().unwrap_or_default())
+        .filter_map(|i| i["text"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(step_text, delivered, "the step shows what was streamed");
+    let session: serde_json::Value = f
+        .client
+        .get(format!("{}/sessions/{id}", f.base))
+        .bearer_auth(&f.key)
+        .send()
+        .await
+        .expect("sent")
+        .json()
+        .await
+        .expect("the session");
+    let kept = session["history"]
+        .as_array()
+        .and_then(|h| h.iter().find(|m| m["role"] == "assistant"))
+        .map(|m| m["items"][0]["text"].clone());
+    assert_eq!(kept, Some(json!(delivered)), "and the history keeps it");
+}
+
 /// A model that thinks (signed) before it answers, streaming both.
 #[derive(Debug)]
 struct Thinker {
@@ -169,7 +258,8 @@ impl Model for Thinker {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn thinking_a_guard_blocks_sends_no_byte_to_the_sse_client_and_stays_signed_in_the_store() {
+async fn thinking_a_guard_blocks_partway_streams_what_passed_and_the_step_shows_it_with_the_withheld_mark()
+ {
     let thoughts = vec![
         "The user asks. ",
         "Their card is 4111 1111 1111 1111. ",
@@ -211,6 +301,33 @@ async fn thinking_a_guard_blocks_sends_no_byte_to_the_sse_client_and_stays_signe
         "no byte of the blocked thinking: {raw}"
     );
     assert!(raw.contains("I cannot show card numbers."), "{raw}");
+    // What passed was streamed, up to the block; the step's message shows
+    // the part as it was streamed, then the mark that the rest was
+    // withheld, never the provider's signature.
+    let events = events(&raw);
+    let delivered: String = events
+        .iter()
+        .filter(|(name, _)| name == "thinking")
+        .filter_map(|(_, data)| data["text"].as_str())
+        .collect();
+    assert_eq!(delivered, "The user asks.");
+    let shown: Vec<serde_json::Value> = events
+        .iter()
+        .filter(|(name, _)| name == "step")
+        .flat_map(|(_, data)| data["messages"].as_array().cloned().unwrap_or_default())
+        .filter(|m| m["role"] == "assistant")
+        .collect();
+    assert_eq!(shown.len(), 1, "{raw}");
+    assert_eq!(
+        shown[0]["items"][0],
+        json!({
+            "type": "thinking",
+            "thinking": format!("{delivered}\n\n{}", markov_executor::THINKING_WITHHELD),
+        }),
+        "what was streamed, then the mark: {raw}"
+    );
+    assert_eq!(shown[0]["items"][1]["text"], "I cannot show card numbers.");
+    assert!(!raw.contains("\"signed\""), "{raw}");
 
     // Neither in what the page reads back.
     let shown = f

@@ -539,10 +539,39 @@ impl markov_guard::Guard for SlowCheck {
     }
 }
 
-/// An agent whose input guard is [`SlowCheck`].
+/// `note`: writes its text into the state and asks the agent about it, so
+/// that a state change and a user message wait in one batch.
+struct NoteAndAsk;
+
+#[async_trait]
+impl markov_charter::command::Command for NoteAndAsk {
+    const NAME: &'static str = "note";
+    type Input = Value;
+    type Error = markov_charter::command::CommandError;
+    fn description(&self) -> String {
+        "Note a text and ask about it".into()
+    }
+    async fn execute(
+        &self,
+        input: Value,
+        cx: &markov_charter::command::CommandContext<'_>,
+    ) -> Result<markov_charter::command::CommandResult, Self::Error> {
+        let text = input["text"].as_str().unwrap_or_default().to_owned();
+        cx.update_state(json!({ "note": text }))?;
+        Ok(markov_charter::command::CommandResult::done()
+            .message(cx.user_message(format!("What about {text}?"))))
+    }
+}
+
+/// An agent whose input guard is [`SlowCheck`], with the `note` command.
 fn guarded_agent(dir: &Path, model: ScriptedModel) -> Agent {
+    let node = markov_charter::node::Node::builder("Greet the user.")
+        .state(json!({}))
+        .command(NoteAndAsk)
+        .build()
+        .expect("the node builds");
     Agent::builder("greeter")
-        .instructions("Greet the user.")
+        .node("greeter", node)
         .guards(markov_guard::Guards::new().input(SlowCheck(dir.join("checking"))))
         .model(model)
         .build()
@@ -598,6 +627,152 @@ fn post_in_background(
             .text()
             .await
     })
+}
+
+/// Posts the `note` command to the session `id` at `base` in a task of its
+/// own (its answer never comes when the worker dies).
+fn note_in_background(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    id: &str,
+) -> tokio::task::JoinHandle<reqwest::Result<String>> {
+    let (client, key) = (client.clone(), key.to_owned());
+    let url = format!("{base}/sessions/{id}/commands");
+    tokio::spawn(async move {
+        client
+            .post(url)
+            .bearer_auth(&key)
+            .json(&json!({"name": "note", "input": {"text": "apples"}}))
+            .send()
+            .await?
+            .text()
+            .await
+    })
+}
+
+/// Each message of the session's history: its role, and its text if any.
+fn roles(session: &Value) -> Vec<String> {
+    session["history"]
+        .as_array()
+        .expect("a history")
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or("").to_owned())
+        .collect()
+}
+
+/// What a session shows of the `note` command run while its worker died:
+/// the command, its change of state and the question each once, in order,
+/// the question answered, and the state changed.
+fn assert_noted_once(session: &Value, answers: &[(&str, &str)]) {
+    let mut expected = vec![
+        "command".to_owned(),
+        "instance".to_owned(),
+        "user".to_owned(),
+        "assistant".to_owned(),
+    ];
+    expected.extend(answers.iter().map(|(role, _)| (*role).to_owned()));
+    assert_eq!(roles(session), expected, "{session}");
+    let mut said = vec![
+        ("user", "What about apples?"),
+        ("assistant", "About apples."),
+    ];
+    said.extend_from_slice(answers);
+    assert_eq!(texts(session), owned(&said), "{session}");
+    let noted = session["history"]
+        .as_array()
+        .and_then(|h| h.iter().find(|m| m["role"] == "instance"))
+        .map(|m| m.to_string())
+        .unwrap_or_default();
+    assert!(noted.contains("apples"), "the change of state: {noted}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_while_the_input_guard_checks_a_command_s_message_applies_the_command_once_after_the_restart()
+ {
+    let dir = scratch_dir("input-check-command");
+    let (child, base, key) = sqlite_child(&dir, "restart::guarded_worker_child", &[]).await;
+    let client = client();
+    let id = new_session(&client, &base, &key).await;
+    // The command changes the state and queues its question; the guard
+    // checks the question, with the change of state queued beside it.
+    let pending = note_in_background(&client, &base, &key, &id);
+    child.kill_at("checking").await;
+    let lost = pending.await.expect("the client's task");
+    assert!(
+        !lost.as_deref().unwrap_or("").contains("success"),
+        "the killed server never answered: {lost:?}"
+    );
+
+    let model = ScriptedModel::builder()
+        .text("About apples.")
+        .text("You said: thanks")
+        .build()
+        .fresh_call_ids();
+    let base = serve(&dir, guarded_agent(&dir, model)).await;
+    let stream = client
+        .post(format!("{base}/sessions/{id}/messages"))
+        .bearer_auth(&key)
+        .json(&json!({"text": "thanks"}))
+        .send()
+        .await
+        .expect("sent")
+        .text()
+        .await
+        .expect("the stream");
+    assert!(stream.contains("event: done"), "{stream}");
+    let session = get_session(&client, &base, &key, &id).await;
+    assert_noted_once(
+        &session,
+        &[("user", "thanks"), ("assistant", "You said: thanks")],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_while_the_input_guard_checks_a_command_s_message_has_the_command_applied_once_by_another()
+ {
+    let Some(postgres) = TempPostgres::for_test() else {
+        return;
+    };
+    let url = postgres.new_database().expect("a database");
+    let dir = scratch_dir("input-check-command-pg");
+    let key = postgres_key(&url).await;
+    let mut child = ChildServer::spawn(
+        "restart::guarded_worker_child",
+        &dir,
+        &[("MARKOV_SERVER_DATABASE", &url)],
+    );
+    let model = ScriptedModel::builder()
+        .text("About apples.")
+        .build()
+        .fresh_call_ids();
+    let survivor = serve_postgres(&url, "survivor", guarded_agent(&dir, model)).await;
+    let doomed = child.read("base").await;
+    let client = client();
+    let id = new_session(&client, &doomed, &key).await;
+    let pending = note_in_background(&client, &doomed, &key, &id);
+    child.kill_at("checking").await;
+    let lost = pending.await.expect("the client's task");
+    assert!(
+        !lost.as_deref().unwrap_or("").contains("success"),
+        "the killed worker never answered: {lost:?}"
+    );
+    let mut waited = Duration::ZERO;
+    let session = loop {
+        let session = get_session(&client, &survivor, &key, &id).await;
+        if session["interrupted"] == json!(false) && !texts(&session).is_empty() {
+            break session;
+        }
+        assert!(
+            waited < Duration::from_secs(120),
+            "the survivor never went on with the run being checked: {session}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    };
+    assert_noted_once(&session, &[]);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
