@@ -838,12 +838,16 @@ const BLOB_FIELDS: [&str; 3] = ["/system", "/tools", "/view/summary"];
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn content_hash(text: &str) -> String {
     use sha2::Digest;
-    use std::fmt::Write;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let digest = sha2::Sha256::digest(text.as_bytes());
-    digest.iter().fold(String::with_capacity(64), |mut out, b| {
-        let _ = write!(out, "{b:02x}");
-        out
-    })
+    // Two lowercase hex digits per byte, without the formatting machinery
+    // (a store computes a hash per kept content on every step).
+    let mut out = String::with_capacity(2 * digest.len());
+    for b in digest {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 /// The model calls of a trace's JSON whose contents are kept apart: the
@@ -965,4 +969,19 @@ pub(crate) fn decode_trace(
         }
     }
     serde_json::from_value(value).map_err(|e| corrupt(format!("a step trace: {e}")))
+}
+
+#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
+mod content_hash_tests {
+    #[test]
+    fn a_content_s_hash_is_its_sha256_in_lowercase_hex() {
+        assert_eq!(
+            super::content_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(
+            super::content_hash(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+    }
 }
