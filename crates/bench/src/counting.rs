@@ -1,6 +1,4 @@
-//! A counting global allocator: mimalloc, which the shipped `markov-serve`
-//! binary allocates with (so the bench's server workers run what it runs),
-//! plus the net bytes
+//! A counting global allocator: the system allocator plus the net bytes
 //! allocated, their peak and the number of allocations, while a measurement
 //! window is open.
 //!
@@ -10,11 +8,10 @@
 //! window: a block allocated before it and freed during it counts negative,
 //! which is what "live bytes now minus live bytes then" means.
 
-use mimalloc::MiMalloc;
-use std::alloc::{GlobalAlloc, Layout};
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
-/// mimalloc, counting while a [`Window`] is open.
+/// The system allocator, counting while a [`Window`] is open.
 #[derive(Debug)]
 pub(crate) struct Counting;
 
@@ -43,14 +40,14 @@ fn sub(bytes: usize) {
 
 // A `GlobalAlloc` can only be implemented with `unsafe impl`; the workspace
 // forbids `unsafe_code`, so this crate's manifest lowers it to `deny` and this
-// one impl is allowed. Every method forwards to `MiMalloc` under the caller's
+// one impl is allowed. Every method forwards to `System` under the caller's
 // contract, unchanged, and only adds counting.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which
-        // is `MiMalloc::alloc`'s.
-        let ptr = unsafe { MiMalloc.alloc(layout) };
+        // is `System::alloc`'s.
+        let ptr = unsafe { System.alloc(layout) };
         if !ptr.is_null() {
             add(layout.size());
         }
@@ -59,7 +56,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as for `alloc`.
-        let ptr = unsafe { MiMalloc.alloc_zeroed(layout) };
+        let ptr = unsafe { System.alloc_zeroed(layout) };
         if !ptr.is_null() {
             add(layout.size());
         }
@@ -67,15 +64,15 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `MiMalloc` (every method here
+        // SAFETY: `ptr` was allocated by `System` (every method here
         // forwards to it) with `layout`, as the caller guarantees.
-        unsafe { MiMalloc.dealloc(ptr, layout) };
+        unsafe { System.dealloc(ptr, layout) };
         sub(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as for `dealloc`; `new_size` is valid per the caller.
-        let new = unsafe { MiMalloc.realloc(ptr, layout, new_size) };
+        let new = unsafe { System.realloc(ptr, layout, new_size) };
         if !new.is_null() {
             sub(layout.size());
             add(new_size);

@@ -51,12 +51,6 @@ use markov_policy::{Category, ToolMetadata};
 use markov_server::{ApiError, DEVELOPER, JwtConfig, Limits, Server, create_api_key};
 use markov_store::{KeyStore, PostgresStore, SqliteStore, WorkerId};
 
-/// The server allocates with mimalloc: a message's many small, short-lived
-/// allocations (JSON, HTTP, the step's records) cost it fewer instructions
-/// than the system allocator (see docs/PERFORMANCE.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// markov's demo agent as an HTTP service: a chat page, sessions that
 /// survive restarts, API keys.
 #[derive(Debug, Parser)]
