@@ -42,8 +42,6 @@ pub(crate) trait SseDecoder: Send {
 struct Reader<D> {
     /// The response whose body is read.
     response: Response,
-    /// Where it came from, redacted, for errors.
-    url: String,
     parser: Parser,
     /// Events parsed but not yet decoded.
     events: VecDeque<Event>,
@@ -52,6 +50,14 @@ struct Reader<D> {
     decoder: D,
     /// Stream events decoded but not yet delivered.
     pending: VecDeque<StreamEvent>,
+}
+
+impl<D> Reader<D> {
+    /// Where the response came from, redacted, for an error: redacted only
+    /// when one is named, since redacting parses the URL again.
+    fn redacted_url(&self) -> String {
+        redact_url(self.response.url().as_str())
+    }
 }
 
 enum State<'a, D> {
@@ -110,7 +116,6 @@ async fn step<D: SseDecoder>(
             State::Connecting(connect, decoder) => {
                 match tokio::time::timeout_at(deadline, connect).await {
                     Ok(Ok(response)) => State::Reading(Box::new(Reader {
-                        url: redact_url(response.url().as_str()),
                         response,
                         parser: Parser::new(config.max_event_bytes),
                         events: VecDeque::new(),
@@ -129,7 +134,7 @@ async fn step<D: SseDecoder>(
                 let done = if let Some(event) = reader.events.pop_front() {
                     match reader.decoder.on_event(&event, &mut reader.pending) {
                         Ok(done) => done,
-                        Err(error) => return fail(naming_url(error, &reader.url)),
+                        Err(error) => return fail(naming_url(error, &reader.redacted_url())),
                     }
                 } else if let Some(refused) = reader.refused.take() {
                     return fail(ModelError::InvalidResponse(refused.to_string()));
@@ -147,11 +152,11 @@ async fn step<D: SseDecoder>(
                         }
                         Ok(None) => match reader.decoder.on_end() {
                             Ok(response) => Some(response),
-                            Err(error) => return fail(naming_url(error, &reader.url)),
+                            Err(error) => return fail(naming_url(error, &reader.redacted_url())),
                         },
                         Err(error) => {
                             let error = transport_error(error, config.timeout);
-                            return fail(naming_url(error, &reader.url));
+                            return fail(naming_url(error, &reader.redacted_url()));
                         }
                     }
                 };
