@@ -61,8 +61,6 @@ mod fork;
 mod postgres;
 mod repair;
 mod replay;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod sorted_json;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod team;
@@ -833,9 +831,7 @@ pub(crate) struct EncodedTrace {
 const BLOB_KEY: &str = "$content";
 
 /// The fields of a model call's JSON kept apart by content (JSON
-/// pointers): what stays the same from one step to the next. The trace's
-/// encoder (`sorted_json`) replaces the values at these paths as it
-/// writes them.
+/// pointers): what stays the same from one step to the next.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const BLOB_FIELDS: [&str; 3] = ["/system", "/tools", "/view/summary"];
 
@@ -905,11 +901,25 @@ fn model_calls(value: &serde_json::Value) -> impl Iterator<Item = &serde_json::V
 /// `trace` as a store keeps it (see [`EncodedTrace`]).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn encode_trace(trace: &StepTrace) -> Result<EncodedTrace, StoreError> {
-    // Written in one pass, as the text of the trace's `serde_json::Value`
-    // (keys in order) with the contents kept apart replaced.
-    let (body, blobs) = sorted_json::encode(trace)
-        .map_err(|e| StoreError::Backend(format!("cannot encode: {e}")))?;
-    Ok(EncodedTrace { body, blobs })
+    let encode = |e: serde_json::Error| StoreError::Backend(format!("cannot encode: {e}"));
+    let mut value = serde_json::to_value(trace).map_err(encode)?;
+    let mut blobs = Vec::new();
+    for call in model_calls_mut(&mut value) {
+        for field in BLOB_FIELDS {
+            if let Some(content) = call.pointer_mut(field) {
+                let text = serde_json::to_string(content).map_err(encode)?;
+                let hash = content_hash(&text);
+                *content = serde_json::json!({ BLOB_KEY: hash });
+                if !blobs.iter().any(|(h, _)| *h == hash) {
+                    blobs.push((hash, text));
+                }
+            }
+        }
+    }
+    Ok(EncodedTrace {
+        body: serde_json::to_string(&value).map_err(encode)?,
+        blobs,
+    })
 }
 
 /// The hashes of the contents a kept trace's JSON names.
@@ -959,193 +969,6 @@ pub(crate) fn decode_trace(
         }
     }
     serde_json::from_value(value).map_err(|e| corrupt(format!("a step trace: {e}")))
-}
-
-#[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
-mod trace_encoding_tests {
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
-
-    use serde::Serialize;
-
-    use super::*;
-
-    /// The trace as it was encoded before it was written in one pass: its
-    /// `Value`, the kept contents replaced, then its text.
-    fn through_value(trace: &StepTrace) -> EncodedTrace {
-        let mut value = serde_json::to_value(trace).expect("a trace has a value");
-        let mut blobs = Vec::new();
-        for call in model_calls_mut(&mut value) {
-            for field in BLOB_FIELDS {
-                if let Some(content) = call.pointer_mut(field) {
-                    let text = serde_json::to_string(content).expect("a value has a text");
-                    let hash = content_hash(&text);
-                    *content = serde_json::json!({ BLOB_KEY: hash });
-                    if !blobs.iter().any(|(h, _)| *h == hash) {
-                        blobs.push((hash, text));
-                    }
-                }
-            }
-        }
-        EncodedTrace {
-            body: serde_json::to_string(&value).expect("a value has a text"),
-            blobs,
-        }
-    }
-
-    /// A recorded call's JSON: a prompt, a tool with a schema, a view.
-    fn call(system: &str, tool: &str) -> serde_json::Value {
-        serde_json::json!({
-            "instance": "root",
-            "node": "agent",
-            "system": system,
-            "tools": [{
-                "name": tool,
-                "description": "Looks it up.",
-                "input_schema": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
-            }],
-            "tool_choice": {"type": "tool", "name": tool},
-            // An `f32` temperature: a `Value` keeps it as an `f64`.
-            "settings": {"model": "m", "max_tokens": 1024, "temperature": 0.3, "thinking": null, "parallel_tool_calls": true},
-            "history_len": 3,
-            "model_ms": 12,
-            "tools_ms": 1,
-        })
-    }
-
-    fn rich_trace() -> StepTrace {
-        let mut trace: StepTrace = serde_json::from_value(serde_json::json!({
-            "index": 4,
-            "recorded_at": 1_700_000_000_000_u64,
-            "yield_reason": "tool_use",
-            "done": false,
-            "model": "claude-haiku",
-            "usage": {},
-            "step_ms": 15,
-            "history_from": 1,
-            "history_to": 3,
-            "calls": [call("Answer.", "lookup"), call("Answer.", "other")],
-        }))
-        .expect("the fixture is a trace");
-        let summary = markov_core::Message::user("What came before, \"quoted\" and é.");
-        trace.calls[1].view = Some(markov_context::ViewShape {
-            from: 2,
-            stubbed_to: 1,
-            summary: Some(Arc::new(summary)),
-            summary_alone: true,
-        });
-        let sub: markov_executor::ModelCall =
-            serde_json::from_value(call("Sub-agent prompt.", "lookup")).expect("a call");
-        let mut sub_step: serde_json::Value = serde_json::json!({
-            "agent": "helper",
-            "yield_reason": "tool_use",
-            "done": true,
-            "usage": {},
-            "step_ms": 3,
-            "history_from": 0,
-            "messages": [],
-        });
-        sub_step["calls"] = serde_json::json!([sub]);
-        let sub_step = serde_json::from_value(sub_step).expect("the fixture is a sub-agent step");
-        trace.sub_agents.push(SubAgentTrace {
-            calls: vec![markov_core::ids::ToolCallId::new("c1")],
-            step: sub_step,
-        });
-        trace
-    }
-
-    #[test]
-    fn a_trace_written_in_one_pass_is_the_text_its_value_gave() {
-        let trace = rich_trace();
-        let old = through_value(&trace);
-        let new = encode_trace(&trace).unwrap();
-        assert_eq!(new.body, old.body);
-        assert_eq!(new.blobs, old.blobs);
-        // The system prompt, both tool lists, the summary and the
-        // sub-agent's prompt, each kept once.
-        assert_eq!(new.blobs.len(), 5, "{:?}", new.blobs);
-        assert!(!new.body.contains("Answer."));
-        // And read back whole.
-        let blobs = new.blobs.iter().cloned().collect();
-        let value = serde_json::from_str(&new.body).unwrap();
-        let read = decode_trace(&SessionId::new("s"), value, &blobs).unwrap();
-        assert_eq!(read, trace);
-    }
-
-    #[derive(Serialize)]
-    struct Unsorted {
-        zeta: u8,
-        alpha: Option<&'static str>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        skipped: Option<u8>,
-        middle: Vec<Shape>,
-        map: BTreeMap<u32, f32>,
-        #[serde(flatten)]
-        extra: BTreeMap<String, i64>,
-        bytes: serde_bytes_like::Bytes,
-        unit: (),
-        tuple: (i8, char, bool),
-        raw: serde_json::Value,
-        big: u128,
-        float: f64,
-        nan: f64,
-        text: String,
-    }
-
-    mod serde_bytes_like {
-        /// Bytes serialized as bytes (not as a sequence of numbers).
-        pub(super) struct Bytes(pub(super) Vec<u8>);
-        impl serde::Serialize for Bytes {
-            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-                s.serialize_bytes(&self.0)
-            }
-        }
-    }
-
-    #[derive(Serialize)]
-    enum Shape {
-        Unit,
-        Newtype(u8),
-        Tuple(u8, String),
-        Struct { b: u8, a: u8 },
-    }
-
-    #[derive(Serialize)]
-    #[serde(tag = "type", rename_all = "snake_case")]
-    enum Tagged {
-        Second { z: u8, a: u8 },
-    }
-
-    #[test]
-    fn any_value_is_written_as_its_value_s_text() {
-        let value = Unsorted {
-            zeta: 1,
-            alpha: Some("a\nb\u{1}"),
-            skipped: None,
-            middle: vec![
-                Shape::Unit,
-                Shape::Newtype(2),
-                Shape::Tuple(3, "x".into()),
-                Shape::Struct { b: 4, a: 5 },
-            ],
-            map: BTreeMap::from([(10, 0.1), (9, 1.5)]),
-            // `zeta` again: a map keeps the last.
-            extra: BTreeMap::from([("b".into(), -1), ("zeta".into(), 7)]),
-            bytes: serde_bytes_like::Bytes(vec![0, 255]),
-            unit: (),
-            tuple: (-3, 'é', true),
-            raw: serde_json::json!({"y": [1, {"b": null, "a": 2.5}], "x": "s"}),
-            big: 1 << 40,
-            float: 1e300,
-            nan: f64::NAN,
-            text: String::new(),
-        };
-        let expected = serde_json::to_string(&serde_json::to_value(&value).unwrap()).unwrap();
-        assert_eq!(sorted_json::encode(&value).unwrap().0, expected);
-        let tagged = vec![Tagged::Second { z: 1, a: 2 }];
-        let expected = serde_json::to_string(&serde_json::to_value(&tagged).unwrap()).unwrap();
-        assert_eq!(sorted_json::encode(&tagged).unwrap().0, expected);
-    }
 }
 
 #[cfg(all(test, any(feature = "sqlite", feature = "postgres")))]
