@@ -1726,7 +1726,8 @@ async fn the_document_says_which_routes_need_a_credential_and_describes_every_an
             "error",
             "handoff",
             "interrupted",
-            "step"
+            "step",
+            "thinking"
         ]
         .map(str::to_owned)
         .into()
