@@ -190,6 +190,86 @@ impl CallJournal for ObjectRecords {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::OpEvent;
+
+    /// Serves ops as a Restate handler replaying `journal` would: a step
+    /// already in it answers its value without running; the next runs
+    /// and is appended. Answers the journal when the ops end.
+    fn replaying(
+        journal: Vec<Value>,
+    ) -> (
+        mpsc::UnboundedSender<Op>,
+        tokio::task::JoinHandle<Vec<Value>>,
+    ) {
+        let (ops, mut rx) = mpsc::unbounded_channel::<Op>();
+        let handler = tokio::spawn(async move {
+            let mut journal = journal;
+            let mut at = 0;
+            while let Some(op) = rx.recv().await {
+                assert!(op.name.starts_with("record "), "{}", op.name);
+                let value = match journal.get(at) {
+                    Some(value) => value.clone(),
+                    None => {
+                        let (reply, value) = tokio::sync::oneshot::channel();
+                        let _ = op.events.send(OpEvent::RunNow(reply));
+                        let value = value.await.expect("the step's value");
+                        journal.push(value.clone());
+                        value
+                    }
+                };
+                at += 1;
+                let _ = op.events.send(OpEvent::Done(value));
+            }
+            journal
+        });
+        (ops, handler)
+    }
+
+    /// One attempt of a call: opens its records, writes `writes`, and
+    /// answers what it read back and the journal after it.
+    async fn attempt(journal: Vec<Value>, writes: &[&str]) -> (Vec<(String, Value)>, Vec<Value>) {
+        let (ops, handler) = replaying(journal);
+        let records = ObjectRecords::open(ops, &ToolCallId::from("c1")).await;
+        let read = records.recorded();
+        for name in writes {
+            records.write(name, json!(name)).await.expect("journaled");
+        }
+        drop(records);
+        (read, handler.await.expect("the handler"))
+    }
+
+    #[tokio::test]
+    async fn each_attempt_reads_back_every_record_earlier_attempts_journaled_past_their_end_marks()
+    {
+        let (read, journal) = attempt(Vec::new(), &["a", "b"]).await;
+        assert!(read.is_empty(), "a first attempt");
+        let (read, journal) = attempt(journal, &["c"]).await;
+        assert_eq!(
+            read,
+            [("a".to_owned(), json!("a")), ("b".to_owned(), json!("b"))]
+        );
+        let (read, journal) = attempt(journal, &[]).await;
+        assert_eq!(
+            read.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+            ["a", "b", "c"]
+        );
+        // An end mark where each attempt stopped reading, then its writes.
+        assert_eq!(journal.len(), 3 + 3);
+        assert_eq!(journal[0], json!({"end": true}));
+        assert_eq!(journal[3], json!({"end": true}));
+        assert_eq!(journal[5], json!({"end": true}));
+    }
+
+    #[tokio::test]
+    async fn a_call_whose_handler_is_gone_may_not_write() {
+        let (ops, handler) = replaying(Vec::new());
+        let records = ObjectRecords::open(ops.clone(), &ToolCallId::from("c1")).await;
+        drop(ops);
+        handler.abort();
+        let _ = handler.await;
+        assert!(records.check().is_err());
+        assert!(records.write("a", json!(1)).await.is_err());
+    }
 
     #[test]
     fn a_slot_reads_as_a_record_an_end_mark_or_why_it_failed() {
