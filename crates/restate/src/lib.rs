@@ -20,6 +20,12 @@
 //!   `INTERRUPTED` error instead of running it again. A tool whose delivery
 //!   is [`Delivery::AtLeastOnce`] runs again in that case, with the same
 //!   idempotency key.
+//! - A tool that keeps its side effects in its call's journal
+//!   ([`DynTool::resumes_from_journal`], an agent offered as a tool) is not
+//!   run inside one step: it runs in the handler's flow with a call journal
+//!   whose records are `ctx.run` steps of the invocation, so a retried
+//!   invocation resumes inside it, asking no recorded model answer again
+//!   and running no recorded call again.
 //! - Calls that need approval pause the run as they do everywhere; the
 //!   handler then creates one Restate awakeable per pending request, lists
 //!   them in the object's state (the `approvals` handler reads them) and
@@ -60,13 +66,14 @@ use markov_core::model::{
     Model, ModelError, ModelLayer, ModelRequest, ModelResponse, StreamEvent, replay_stream,
 };
 use markov_core::tool::{
-    Delivery, DynTool, Erased, InvalidToolName, SharedTool, Tool, ToolCallError, ToolContext,
-    ToolDefinition, ToolOutcome,
+    CallJournal, Delivery, DynTool, Erased, InvalidToolName, SharedTool, Tool, ToolCallError,
+    ToolContext, ToolDefinition, ToolOutcome,
 };
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 
 mod object;
+mod records;
 
 pub use object::{PendingApproval, SessionObject, TurnResult};
 
@@ -115,6 +122,17 @@ async fn journal_step(
     let Ok(ops) = BRIDGE.try_with(|b| b.ops.clone()) else {
         return work.await;
     };
+    journal_through(&ops, name, at_most_once, work, interrupted).await
+}
+
+/// [`journal_step`] through the handler's `ops`.
+pub(crate) async fn journal_through(
+    ops: &mpsc::UnboundedSender<Op>,
+    name: String,
+    at_most_once: bool,
+    work: BoxFuture<'_, Value>,
+    interrupted: Value,
+) -> Value {
     let (events, mut rx) = mpsc::unbounded_channel();
     let op = Op {
         name,
@@ -323,11 +341,31 @@ impl DynTool for JournaledTool {
         self.inner.may_terminate()
     }
 
+    fn may_pause(&self) -> bool {
+        self.inner.may_pause()
+    }
+
+    fn resumes_from_journal(&self) -> bool {
+        self.inner.resumes_from_journal()
+    }
+
     async fn call_json(
         &self,
         input: &Value,
         cx: ToolContext<'_>,
     ) -> Result<ToolOutcome, ToolCallError> {
+        if self.inner.resumes_from_journal()
+            && let Ok(ops) = BRIDGE.try_with(|b| b.ops.clone())
+        {
+            // A tool that keeps its side effects in its call's journal (a
+            // sub-agent) runs in the handler's flow rather than inside one
+            // step: its records are steps of the invocation's journal, so
+            // a retried invocation resumes inside it.
+            let records = records::ObjectRecords::open(ops, cx.call_id()).await;
+            let make =
+                move || -> Arc<dyn CallJournal> { Arc::clone(&records) as Arc<dyn CallJournal> };
+            return self.inner.call_json(input, cx.with_journal(&make)).await;
+        }
         let definition = self.inner.definition();
         let delivery = definition.effective_delivery();
         let name = format!("tool {} {}", definition.name, cx.call_id());

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use markov_core::ToolCallId;
 use markov_core::journal::RecordedOutcome;
-use markov_core::tool::{IdempotencyKey, ToolCallError, ToolContext};
+use markov_core::tool::{CallJournal, IdempotencyKey, ToolCallError, ToolContext};
 use serde_json::Value;
 use temporalio_macros::activities;
 use temporalio_sdk::activities::{ActivityContext, ActivityError};
 
+use crate::records::ActivityRecords;
 use crate::{
     ModelInput, RecordingState, Steps, ToolInput, call_model, interrupted_value, tool_value,
 };
@@ -28,15 +29,22 @@ pub struct MarkovActivities {
 
 /// Runs `work` while heartbeating every `every`, so that Temporal learns of
 /// a dead worker within the heartbeat timeout rather than the call timeout.
+/// With `records`, each heartbeat carries them, sent as they are (see
+/// [`ActivityRecords`]).
 async fn heartbeating<F: Future<Output = Value>>(
     ctx: &ActivityContext,
     every: Duration,
+    records: Option<&ActivityRecords>,
     work: F,
 ) -> Value {
     let beat = async {
         loop {
             tokio::time::sleep(every).await;
-            if let Err(error) = ctx.record_heartbeat(()).await {
+            let beat = match records {
+                Some(records) => records.beat().await,
+                None => ctx.record_heartbeat(()).await.map_err(|e| e.to_string()),
+            };
+            if let Err(error) = beat {
                 tracing::warn!(%error, "an activity heartbeat could not be recorded");
             }
         }
@@ -70,7 +78,13 @@ impl MarkovActivities {
                 serde_json::json!({ "error": format!("this worker has no model {}", input.model) }),
             );
         };
-        let value = heartbeating(&ctx, self.heartbeat_every, call_model(&*model, &input)).await;
+        let value = heartbeating(
+            &ctx,
+            self.heartbeat_every,
+            None,
+            call_model(&*model, &input),
+        )
+        .await;
         if let Some(retry) = value.get("retry").and_then(Value::as_str) {
             return Err(ActivityError::from(anyhow_message(retry)));
         }
@@ -109,11 +123,15 @@ async fn run_tool(
     attempt: u32,
     heartbeat: Option<(&ActivityContext, Duration)>,
 ) -> Value {
-    if input.at_most_once && attempt > 1 {
+    let tool = steps.tool_named(&input.tool);
+    // A tool that keeps its side effects in its call's journal (a
+    // sub-agent) resumes from it instead, where an activity runs it.
+    let resumes = heartbeat.is_some() && tool.as_ref().is_some_and(|t| t.resumes_from_journal());
+    if input.at_most_once && attempt > 1 && !resumes {
         tracing::warn!(tool = %input.tool, call = %input.call_id, "an at-most-once call started before a crash is answered as interrupted");
         return interrupted_value();
     }
-    let Some(tool) = steps.tool_named(&input.tool) else {
+    let Some(tool) = tool else {
         // A worker whose agent no longer has the tool: the model reads why.
         tracing::warn!(tool = %input.tool, "a recorded call names a tool this worker does not have");
         let outcome = RecordedOutcome::of(Err(ToolCallError::Execution(format!(
@@ -127,10 +145,20 @@ async fn run_tool(
     let key_text = input.idempotency_key.clone().unwrap_or_default();
     let make = move || key_text.clone();
     let key = IdempotencyKey::new(&make);
+    let records = match heartbeat {
+        Some((ctx, _)) if resumes => Some(Arc::new(ActivityRecords::new(ctx))),
+        _ => None,
+    };
+    let make = records.clone().map(|records| {
+        move || -> Arc<dyn CallJournal> { Arc::clone(&records) as Arc<dyn CallJournal> }
+    });
     let result = {
         let mut cx = ToolContext::new(&call_id, &[], &state);
         if input.idempotency_key.is_some() {
             cx = cx.with_idempotency_key(&key);
+        }
+        if let Some(make) = &make {
+            cx = cx.with_journal(make);
         }
         let args = &input.args;
         let work = async move {
@@ -140,7 +168,7 @@ async fn run_tool(
             })
         };
         match heartbeat {
-            Some((ctx, every)) => heartbeating(ctx, every, work).await,
+            Some((ctx, every)) => heartbeating(ctx, every, records.as_deref(), work).await,
             None => work.await,
         }
     };

@@ -22,6 +22,12 @@
 //!   error instead of running it again. A tool whose delivery is
 //!   [`Delivery::AtLeastOnce`] runs again in that case, with the same
 //!   idempotency key.
+//! - A tool that keeps its side effects in its call's journal
+//!   ([`DynTool::resumes_from_journal`], an agent offered as a tool) gets a
+//!   call journal in its activity, kept as the activity's heartbeat details,
+//!   so a retried attempt resumes inside it, asking no recorded model answer
+//!   again and running no recorded call again; it is never answered
+//!   [`INTERRUPTED`].
 //! - A model call that fails with a retryable error is retried by Temporal;
 //!   any other failure reaches the machine as it does today.
 //! - Calls that need approval pause the run as they do everywhere; the
@@ -80,6 +86,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod activities;
 mod client;
+mod records;
 mod worker;
 mod workflow;
 
@@ -395,6 +402,10 @@ impl DynTool for StepTool {
         self.inner.may_terminate()
     }
 
+    fn resumes_from_journal(&self) -> bool {
+        self.inner.resumes_from_journal()
+    }
+
     async fn call_json(
         &self,
         input: &Value,
@@ -409,7 +420,9 @@ impl DynTool for StepTool {
             call_id: cx.call_id().to_string(),
             idempotency_key: cx.idempotency_key().map(str::to_owned),
             state: state.state().clone(),
-            at_most_once: delivery == Delivery::AtMostOnce,
+            // A tool that resumes from its call's journal (a sub-agent)
+            // is never answered INTERRUPTED: its retried activity resumes.
+            at_most_once: delivery == Delivery::AtMostOnce && !self.inner.resumes_from_journal(),
         });
         let direct: BoxFuture<'_, Value> = Box::pin(async move {
             let outcome = RecordedOutcome::of(self.inner.call_json(input, cx).await);

@@ -186,6 +186,16 @@ impl Fixture {
         fixture
     }
 
+    /// Starts the fixture serving the caller of the fixture agent as a
+    /// sub-agent (see `fixture::caller`), stalling once at `stall`.
+    pub(crate) fn start_sub_agent(dir: &Path, stall: &str) -> Fixture {
+        let mut fixture = Fixture::new(dir);
+        fixture.child.set_env("MARKOV_FIXTURE_STALL", stall);
+        fixture.child.set_env(crate::fixture::SUB_AGENT, "1");
+        fixture.spawn();
+        fixture
+    }
+
     /// Starts the fixture with every model call taking `ms`.
     pub(crate) fn start_slow(dir: &Path, ms: u64) -> Fixture {
         let mut fixture = Fixture::new(dir);

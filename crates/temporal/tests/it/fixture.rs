@@ -8,12 +8,71 @@
 
 use std::time::Duration;
 
+use markov_core::async_trait;
+use markov_core::message::Role;
+use markov_core::model::{Model, ModelError, ModelRequest, ModelResponse, StopReason};
+use markov_core::{Item, tool::Erased};
 use markov_executor::Agent;
 use markov_policy::{Category, ToolMetadata};
 use markov_temporal::{SessionClient, SessionWorker, StepOptions, Steps};
 use markov_testkit::engine::{FixtureConfig, FixtureModel, Guarded, Record, Tally};
 
+/// Set in the environment: the worker's agent is [`caller`], which asks
+/// the fixture agent as a sub-agent.
+pub(crate) const SUB_AGENT: &str = "MARKOV_FIXTURE_SUB_AGENT";
+
+/// The caller's model: step 0 asks the `clerk` (call `call_c`) to record,
+/// then it answers `the clerk answered`.
+#[derive(Debug)]
+struct CallerModel;
+
+#[async_trait]
+impl Model for CallerModel {
+    async fn complete(&self, request: ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let asked = request.messages().iter().any(|m| m.role == Role::Assistant);
+        Ok(if asked {
+            ModelResponse::new(vec![Item::text("the clerk answered")], StopReason::EndTurn)
+        } else {
+            ModelResponse::new(
+                vec![Item::tool_use(
+                    "call_c",
+                    "clerk",
+                    serde_json::json!({"request": "record please"}),
+                )],
+                StopReason::ToolUse,
+            )
+        })
+    }
+}
+
+/// An agent whose one tool is the fixture agent as a sub-agent, `clerk`,
+/// an activity. The sub-agent's model and its at-most-once `record` are
+/// not steps of their own: they run inside the clerk's activity, and
+/// what they do is kept in its call's journal.
+fn caller(config: &FixtureConfig, steps: &Steps) -> Result<Agent, Box<dyn std::error::Error>> {
+    let clerk = Agent::builder("clerk")
+        .instructions(config.instructions())
+        .model(FixtureModel::new(config))
+        .tools_with([(
+            Erased::shared(Record::new(config))?,
+            ToolMetadata::new(Category::Action),
+        )])
+        .build()?;
+    let tool = clerk.as_tool("clerk", "Records what it is asked to.")?;
+    Ok(Agent::builder("caller")
+        .instructions("Ask the clerk.")
+        .model(steps.model(CallerModel))
+        .tools_with([(
+            steps.shared_tool(std::sync::Arc::new(tool)),
+            ToolMetadata::new(Category::Action),
+        )])
+        .build()?)
+}
+
 fn agent(config: &FixtureConfig, steps: &Steps) -> Result<Agent, Box<dyn std::error::Error>> {
+    if std::env::var_os(SUB_AGENT).is_some() {
+        return caller(config, steps);
+    }
     let mut tools = vec![(
         steps.tool(Record::new(config))?,
         ToolMetadata::new(Category::Action),

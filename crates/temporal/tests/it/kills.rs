@@ -139,3 +139,43 @@ async fn an_approval_waits_across_a_restart_of_the_worker() {
     let history = history(&client, "approval").await;
     assert!(tool_result_text(&history, "call_1").contains("guarded first"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_inside_a_sub_agent_it_resumes_inside_itself() {
+    let Some(server) = Server::start() else {
+        return;
+    };
+    let dir = TempDir::new("sub-agent");
+    let mut fixture = Fixture::start_sub_agent(&server, &dir.0, "tool");
+    let client = server.client(&fixture.queue).await;
+
+    client
+        .send("sub-agent", "ask the clerk")
+        .await
+        .expect("sent");
+    // The sub-agent's at-most-once `record` ran and stalls: killed there.
+    fixture.wait_for_stall("effects.log", "effect record first");
+    fixture.kill_and_restart();
+    let status = turns_done(&client, "sub-agent", 1).await;
+
+    let last = status.last.expect("a turn result");
+    assert_eq!(
+        last.response.as_deref(),
+        Some("the clerk answered"),
+        "{last:?}"
+    );
+    // The sub-agent's model answer before the kill was in its call's
+    // journal: not asked again. Its later steps were asked once.
+    assert_eq!(fixture.count("model.log", "begin 0"), 1);
+    assert_eq!(fixture.count("model.log", "begin 1"), 1);
+    assert_eq!(fixture.count("model.log", "begin 2"), 1);
+    // The at-most-once call that was cut off did not run again.
+    assert_eq!(fixture.count("effects.log", "effect record first"), 1);
+    assert_eq!(fixture.count("effects.log", "effect record second"), 1);
+    let history = history(&client, "sub-agent").await;
+    assert_eq!(user_messages(&history), 1, "{history:?}");
+    assert!(
+        tool_result_text(&history, "call_c").contains("done after 2 steps"),
+        "the caller reads the sub-agent's real answer: {history:?}"
+    );
+}

@@ -173,6 +173,16 @@ impl Fixture {
         fixture
     }
 
+    /// Starts the fixture serving the caller of the fixture agent as a
+    /// sub-agent (see `fixture::caller`), stalling once at `stall`.
+    pub(crate) fn start_sub_agent(server: &Server, dir: &Path, stall: &str) -> Fixture {
+        let mut fixture = Fixture::own_queue(server, dir);
+        fixture.child.set_env("MARKOV_FIXTURE_STALL", stall);
+        fixture.child.set_env(crate::fixture::SUB_AGENT, "1");
+        fixture.child.start();
+        fixture
+    }
+
     /// Starts the fixture continuing its workflows as new after a turn
     /// once their history has `events` events.
     pub(crate) fn start_continuing(server: &Server, dir: &Path, events: u32) -> Fixture {
