@@ -166,6 +166,8 @@ pub enum TeamError {
 pub struct Team {
     agents: Arc<BTreeMap<String, Agent>>,
     entry: String,
+    /// The team's own name, if it was given one ([`Team::named`]).
+    name: Option<String>,
     /// The filter of a handoff to each agent (default: everything).
     filters: Arc<BTreeMap<String, HistoryFilter>>,
 }
@@ -228,6 +230,7 @@ impl TeamBuilder {
         Ok(Team {
             agents: Arc::new(agents),
             entry,
+            name: None,
             filters: Arc::new(self.filters),
         })
     }
@@ -263,8 +266,24 @@ impl Team {
                     .collect(),
             ),
             entry: self.entry.clone(),
+            name: self.name.clone(),
             filters: Arc::clone(&self.filters),
         }
+    }
+
+    /// The team named `name`: a store keeps the name with each of its
+    /// conversations, so that two teams whose entry agents share a name
+    /// still know their own conversations (a server names each team it
+    /// serves by the name it serves it as).
+    #[must_use]
+    pub fn named(mut self, name: impl Into<String>) -> Team {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The team's own name, if it was given one ([`Team::named`]).
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     /// The entry agent's name: the one that has a new conversation.

@@ -362,9 +362,12 @@ async fn create(
         .into_response())
 }
 
-fn listed(service: &Service, mut sessions: Vec<SessionInfo>) -> Json<Vec<SessionSummary>> {
-    crate::team::list(service, &mut sessions);
-    Json(
+async fn listed(
+    service: &Service,
+    mut sessions: Vec<SessionInfo>,
+) -> Result<Json<Vec<SessionSummary>>, ApiError> {
+    crate::team::list(service, &mut sessions).await?;
+    Ok(Json(
         sessions
             .into_iter()
             .map(|s| {
@@ -383,7 +386,7 @@ fn listed(service: &Service, mut sessions: Vec<SessionInfo>) -> Json<Vec<Session
                 }
             })
             .collect(),
-    )
+    ))
 }
 
 #[utoipa::path(get, path = "/sessions", tag = "sessions",
@@ -396,7 +399,7 @@ pub(crate) async fn list_all(
     Extension(principal): Extension<Principal>,
 ) -> Result<Json<Vec<SessionSummary>>, ApiError> {
     let sessions = service.store.list(Some(principal.id())).await?;
-    Ok(listed(&service, sessions))
+    listed(&service, sessions).await
 }
 
 #[utoipa::path(get, path = "/agents/{agent}/sessions", tag = "sessions",
@@ -413,7 +416,7 @@ pub(crate) async fn list_for(
 ) -> Result<Json<Vec<SessionSummary>>, ApiError> {
     served(&service, &agent)?;
     let sessions = service.store.list(Some(principal.id())).await?;
-    let mut listed = listed(&service, sessions);
+    let mut listed = listed(&service, sessions).await?;
     listed.0.retain(|s| s.agent == agent);
     Ok(listed)
 }

@@ -228,12 +228,6 @@ pub enum BuildError {
     /// The cookie key is too short.
     #[error("the cookie key has at least 32 bytes")]
     CookieKey,
-    /// Two teams' entry agents have one name: a session (which records
-    /// its entry agent's name) could not tell its team.
-    #[error(
-        "the entry agents of two teams are both named {0:?}: a session could not tell its team"
-    )]
-    TeamEntry(String),
     /// A model is named for an agent the server does not serve.
     #[error("a model is named for agent {0:?}, which is not served (ServerBuilder::agent)")]
     UnknownAgent(String),
@@ -498,20 +492,16 @@ impl ServerBuilder {
             if agents.contains_key(&name) || teams.contains_key(&name) {
                 return Err(BuildError::DuplicateAgent(name));
             }
-            let entry = team.agent(team.entry()).map(|a| a.name().to_owned());
-            if let Some(entry) = entry
-                && teams
-                    .values()
-                    .any(|t| t.agent(t.entry()).is_some_and(|a| a.name() == entry))
-            {
-                return Err(BuildError::TeamEntry(entry));
-            }
-            // The text of each agent's answers arrives as it is written.
-            let team = team.map_agents(|agent| {
-                agent
-                    .streamed(runs::send_delta)
-                    .unwrap_or_else(|agent| agent)
-            });
+            // The text of each agent's answers arrives as it is written;
+            // each conversation is stored with the name the team is served
+            // as, which tells it its team.
+            let team = team
+                .map_agents(|agent| {
+                    agent
+                        .streamed(runs::send_delta)
+                        .unwrap_or_else(|agent| agent)
+                })
+                .named(name.clone());
             teams.insert(name, team);
         }
         if let Some(unknown) = self.models.keys().find(|name| !agents.contains_key(*name)) {

@@ -19,7 +19,8 @@ use axum::response::{IntoResponse, Response};
 use markov_executor::{Agent, Team};
 use markov_policy::{ApprovalId, ConfirmationRequest, Decision};
 use markov_store::{
-    CreateOptions, DurableTeam, SessionId, SessionInfo, Store, TeamEvent, TeamReply, member_session,
+    CreateOptions, DurableTeam, SessionId, SessionInfo, Store, TeamEvent, TeamRecord, TeamReply,
+    member_session,
 };
 use serde_json::json;
 
@@ -35,14 +36,50 @@ use crate::{ApiError, Service, markdown};
 /// (`markov_store::agent_session`).
 const AGENT_SESSION: char = '~';
 
-/// The team whose entry agent is named `charter`, with the name it is
-/// served as.
+/// The first team served whose entry agent is named `charter`, with the
+/// name it is served as.
 fn team_of_charter<'a>(service: &'a Service, charter: &str) -> Option<(&'a str, &'a Team)> {
     service.teams.iter().find_map(|(name, team)| {
         team.agent(team.entry())
             .filter(|agent| agent.name() == charter)
             .map(|_| (name.as_str(), team))
     })
+}
+
+/// The team served that conversation `id`, whose entry agent is
+/// `charter`, is with: the one named in its `record` (a team served under
+/// another name, or whose entry agent is not `charter`, is none, with a
+/// log line). A conversation stored before teams were named is matched by
+/// its entry agent's name, with a log line saying so.
+pub(crate) fn served_team<'a>(
+    service: &'a Service,
+    id: &SessionId,
+    charter: &str,
+    record: &TeamRecord,
+) -> Option<(&'a str, &'a Team)> {
+    match record.team() {
+        Some(stored) => {
+            let found = service
+                .teams
+                .get_key_value(stored)
+                .filter(|(_, team)| {
+                    team.agent(team.entry())
+                        .is_some_and(|agent| agent.name() == charter)
+                })
+                .map(|(name, team)| (name.as_str(), team));
+            if found.is_none() {
+                tracing::warn!(session = %id, team = stored, charter, "a conversation with a team this server does not serve (or whose entry agent is another)");
+            }
+            found
+        }
+        None => {
+            let found = team_of_charter(service, charter);
+            if let Some((name, _)) = found {
+                tracing::info!(session = %id, team = name, charter, "a team conversation stored without its team's name is matched by its entry agent's name");
+            }
+            found
+        }
+    }
 }
 
 /// The entry agent named `charter` of one of the teams served: a team
@@ -83,9 +120,12 @@ pub(crate) async fn create(
 
 /// A list of sessions as a user sees it: a team conversation is one
 /// session, of the team (its agents' own sessions are left out).
-pub(crate) fn list(service: &Service, sessions: &mut Vec<SessionInfo>) {
+pub(crate) async fn list(
+    service: &Service,
+    sessions: &mut Vec<SessionInfo>,
+) -> Result<(), ApiError> {
     if service.teams.is_empty() {
-        return;
+        return Ok(());
     }
     let ids: std::collections::HashSet<String> =
         sessions.iter().map(|s| s.id.to_string()).collect();
@@ -96,12 +136,33 @@ pub(crate) fn list(service: &Service, sessions: &mut Vec<SessionInfo>) {
             .is_some_and(|(conversation, _)| ids.contains(conversation))
     });
     for session in sessions.iter_mut() {
-        if !service.agents.contains_key(&session.charter)
-            && let Some((name, _)) = team_of_charter(service, &session.charter)
-        {
+        if service.agents.contains_key(&session.charter) {
+            continue;
+        }
+        let entries = service
+            .teams
+            .values()
+            .filter(|team| {
+                team.agent(team.entry())
+                    .is_some_and(|agent| agent.name() == session.charter)
+            })
+            .count();
+        // Teams sharing an entry agent are told apart by the name stored
+        // with each conversation; a lone one needs no read.
+        let name = match entries {
+            0 => None,
+            1 => team_of_charter(service, &session.charter).map(|(name, _)| name),
+            _ => match service.store.team_state(&session.id).await? {
+                Some(record) => served_team(service, &session.id, &session.charter, &record)
+                    .map(|(name, _)| name),
+                None => None,
+            },
+        };
+        if let Some(name) = name {
             session.charter = name.to_owned();
         }
     }
+    Ok(())
 }
 
 /// Session `id` as a team conversation of the caller's: `None` when it is
@@ -120,13 +181,10 @@ async fn conversation<'a>(
     if info.owner.as_ref() != Some(principal.id()) {
         return Err(ApiError::NotFound(format!("no session {id}")));
     }
-    let Some((name, team)) = team_of_charter(service, &info.charter) else {
+    let Some(record) = service.store.team_state(&id).await? else {
         return Ok(None);
     };
-    if service.store.team_state(&id).await?.is_none() {
-        return Ok(None);
-    }
-    Ok(Some((id, name, team)))
+    Ok(served_team(service, &id, &info.charter, &record).map(|(name, team)| (id, name, team)))
 }
 
 /// Refuses (`409`) a command on a team conversation: a command changes
@@ -396,11 +454,11 @@ pub(crate) async fn continue_interrupted(
         Some((conversation, _)) => SessionId::new(conversation),
         None => id.clone(),
     };
-    if service.store.team_state(&conversation).await?.is_none() {
+    let Some(record) = service.store.team_state(&conversation).await? else {
         return Ok(false);
-    }
+    };
     let info = service.store.info(&conversation).await?;
-    let Some((_, team)) = team_of_charter(service, &info.charter) else {
+    let Some((_, team)) = served_team(service, &conversation, &info.charter, &record) else {
         return Err(ApiError::NotFound(format!(
             "session {conversation} is a conversation of a team this server does not serve"
         )));

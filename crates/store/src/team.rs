@@ -62,6 +62,11 @@ pub fn member_session(conversation: &SessionId, team: &Team, agent: &str) -> Ses
 /// session (see [`Store::team_state`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TeamRecord {
+    /// The name of the team the conversation is with ([`Team::name`]);
+    /// `None` in a conversation stored before teams were named, or with a
+    /// team that has no name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    team: Option<String>,
     state: TeamState,
     /// The user turn in progress, if one is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -69,6 +74,12 @@ pub struct TeamRecord {
 }
 
 impl TeamRecord {
+    /// The name of the team the conversation is with, if it was stored
+    /// with one ([`Team::named`]).
+    pub fn team(&self) -> Option<&str> {
+        self.team.as_deref()
+    }
+
     /// The team's state: the agent holding the conversation, its texts,
     /// the handoffs.
     pub fn state(&self) -> &TeamState {
@@ -210,6 +221,7 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
         )
         .await?;
         let record = TeamRecord {
+            team: team.name().map(str::to_owned),
             state: team.start(),
             turn: None,
         };
@@ -252,18 +264,36 @@ impl<S: Store + ?Sized + 'static> DurableTeam<S> {
         )
         .await?;
         let owner = store.info(&id).await?.owner;
-        let record = match store.team_state(&id).await? {
+        let mut record = match store.team_state(&id).await? {
             Some(record) => record,
             None => {
                 // Created, and the process stopped before the team's state
                 // was first written: nothing happened in it yet.
                 tracing::warn!(session = %id, "a team conversation without a team state: it starts with the entry agent");
                 TeamRecord {
+                    team: team.name().map(str::to_owned),
                     state: team.start(),
                     turn: None,
                 }
             }
         };
+        match (record.team.as_deref(), team.name()) {
+            (Some(stored), Some(name)) if stored != name => {
+                return Err(RunError::Executor(format!(
+                    "session {id} is a conversation with team {stored:?}, not with team {name:?}"
+                ))
+                .into());
+            }
+            (None, Some(name)) => {
+                tracing::info!(
+                    session = %id,
+                    team = name,
+                    "a team conversation stored without its team's name was matched by its entry agent: the name is stored with it from its next write"
+                );
+                record.team = Some(name.to_owned());
+            }
+            _ => {}
+        }
         if team.agent(record.state.current()).is_none() {
             return Err(StoreError::Corrupt {
                 session: id,

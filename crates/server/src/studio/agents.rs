@@ -12,7 +12,7 @@ use markov_core::Message;
 use markov_core::ids::ToolCallId;
 use markov_core::model::{ModelRequest, Usage};
 use markov_executor::team::{HAND_BACK, TRANSFER_PREFIX};
-use markov_executor::{Agent, HandoffRecord, ModelCall, SentRequest, Team};
+use markov_executor::{Agent, HandoffRecord, ModelCall, SentRequest};
 use markov_store::{SessionId, SessionInfo, StepTrace, StoreError, SubAgentTrace, agent_session};
 use serde_json::{Value, json};
 
@@ -405,14 +405,6 @@ pub(crate) async fn sub_agent_call(
     })
 }
 
-/// The team served whose entry agent is `charter`.
-fn team_of<'a>(service: &'a Service, charter: &str) -> Option<&'a Team> {
-    service.teams.values().find(|team| {
-        team.agent(team.entry())
-            .is_some_and(|agent| agent.name() == charter)
-    })
-}
-
 /// A page of a team conversation's timeline: `None` when session `id`
 /// (described by `info`) is not a team conversation this server serves.
 ///
@@ -429,10 +421,10 @@ pub(super) async fn team_page(
     if service.teams.is_empty() {
         return Ok(None);
     }
-    let Some(team) = team_of(service, &info.charter) else {
+    let Some(record) = service.store.team_state(id).await? else {
         return Ok(None);
     };
-    let Some(record) = service.store.team_state(id).await? else {
+    let Some((_, team)) = crate::team::served_team(service, id, &info.charter, &record) else {
         return Ok(None);
     };
     let state = record.state();

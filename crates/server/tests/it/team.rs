@@ -482,20 +482,110 @@ async fn a_team_turn_is_cancelled_like_an_agents_and_the_conversation_goes_on() 
     stop(fixture).await;
 }
 
+/// A team like [`team`]'s whose entry agent is also named `triage`, and
+/// answers itself.
+fn sales(triage: impl Model + 'static) -> Team {
+    let triage = Agent::builder("triage")
+        .instructions("You are sales' triage.")
+        .model(triage)
+        .build()
+        .expect("builds");
+    Team::builder()
+        .agent("triage", triage)
+        .build()
+        .expect("the team builds")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_teams_whose_entry_agents_share_a_name_are_served_side_by_side() {
+    let path = database("side-by-side");
+    let refunds = Arc::new(AtomicUsize::new(0));
+    let store = Arc::new(SqliteStore::open(&path).expect("the database opens"));
+    let fixture = start(
+        Server::builder()
+            .team(
+                "support",
+                team(
+                    ScriptedModel::builder()
+                        .tool_call("transfer_to_billing", json!({"reason": "a refund"}))
+                        .build(),
+                    ScriptedModel::builder().text("Billing here.").build(),
+                    &refunds,
+                ),
+            )
+            .team(
+                "sales",
+                sales(ScriptedModel::builder().text("Sales here.").build()),
+            )
+            .worker(WorkerId::new("server")),
+        store,
+        refunds.clone(),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for name in ["sales", "support"] {
+        let response = fixture
+            .client
+            .post(format!("{}/agents/{name}/sessions", fixture.base))
+            .bearer_auth(&fixture.key)
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(response.status(), 201);
+        let body: Value = response.json().await.expect("json");
+        assert_eq!(body["agent"], name);
+        ids.push(body["id"].as_str().expect("an id").to_owned());
+    }
+    let (sales_id, support_id) = (&ids[0], &ids[1]);
+    // Each conversation runs on its own team, though both start with an
+    // agent named triage.
+    let events = fixture.say(sales_id, "Hello.").await;
+    assert!(all(&events, "handoff").is_empty(), "{events:?}");
+    assert_eq!(all(&events, "done")[0]["response"], "Sales here.");
+    let events = fixture.say(support_id, "Refund my 5.").await;
+    assert_eq!(all(&events, "handoff").len(), 1, "{events:?}");
+    let done = all(&events, "done")[0];
+    assert_eq!(
+        (done["agent"].as_str(), done["response"].as_str()),
+        (Some("billing"), Some("Billing here."))
+    );
+    for (id, name, agents) in [
+        (sales_id, "sales", json!(["triage"])),
+        (support_id, "support", json!(["billing", "triage"])),
+    ] {
+        let (status, session) = fixture.get(&format!("/sessions/{id}")).await;
+        assert_eq!(status, 200, "{session}");
+        assert_eq!(session["agent"], name, "{session}");
+        assert_eq!(session["team"]["agents"], agents, "{session}");
+    }
+    let (status, listed) = fixture.get("/sessions").await;
+    assert_eq!(status, 200, "{listed}");
+    let mut listed: Vec<(String, String)> = listed
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap_or_default().to_owned(),
+                s["agent"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    listed.sort();
+    let mut expected = vec![
+        (sales_id.clone(), "sales".to_owned()),
+        (support_id.clone(), "support".to_owned()),
+    ];
+    expected.sort();
+    assert_eq!(listed, expected);
+    stop(fixture).await;
+}
+
 #[test]
-fn two_teams_with_one_entry_agent_name_or_a_name_taken_are_refused() {
+fn a_team_served_under_a_name_taken_is_refused() {
     let refunds = Arc::new(AtomicUsize::new(0));
     let store = Arc::new(SqliteStore::in_memory().expect("a database"));
     let make = || team(ScriptedModel::new([]), ScriptedModel::new([]), &refunds);
-    let built = Server::builder()
-        .team("support", make())
-        .team("sales", make())
-        .store(store.clone())
-        .build();
-    assert!(
-        matches!(built, Err(markov_server::BuildError::TeamEntry(ref name)) if name == "triage"),
-        "{built:?}"
-    );
     let built = Server::builder()
         .team("support", make())
         .team("support", make())

@@ -549,3 +549,76 @@ async fn a_crash_after_a_handoff_or_an_answer_before_the_team_is_written_loses_n
         );
     }
 }
+
+#[tokio::test]
+async fn a_conversation_keeps_its_teams_name_and_one_stored_without_it_still_opens() {
+    let dir = Dir::new("team-name");
+    let store = Arc::new(SqliteStore::open(dir.path("sessions.db")).expect("opens"));
+    let worker = WorkerId::new("w");
+    let answers = || scripted(|s| s.text("Hello.").text("Again."));
+    // A named team's conversation is stored with the name.
+    let named = SessionId::new("named");
+    let session = DurableTeam::create(
+        store.clone(),
+        named.clone(),
+        worker.clone(),
+        team(&dir, answers(), silent()).named("support"),
+    )
+    .await
+    .expect("created");
+    session.release().await.expect("released");
+    let record = store
+        .team_state(&named)
+        .await
+        .expect("reads")
+        .expect("a record");
+    assert_eq!(record.team(), Some("support"));
+    // Another team, whose entry agent has the same name, does not open it.
+    let other = DurableTeam::open(
+        store.clone(),
+        named.clone(),
+        worker.clone(),
+        team(&dir, silent(), silent()).named("sales"),
+    )
+    .await;
+    assert!(
+        matches!(&other, Err(error) if error.to_string().contains("\"support\"")),
+        "{other:?}"
+    );
+    // A conversation stored without a name (as before teams were named)
+    // opens with the team of its entry agent, and is named from its next
+    // write.
+    let old = SessionId::new("old");
+    let session = DurableTeam::create(
+        store.clone(),
+        old.clone(),
+        worker.clone(),
+        team(&dir, silent(), silent()),
+    )
+    .await
+    .expect("created");
+    session.release().await.expect("released");
+    let record = store
+        .team_state(&old)
+        .await
+        .expect("reads")
+        .expect("a record");
+    assert_eq!(record.team(), None);
+    let mut session = DurableTeam::open(
+        store.clone(),
+        old.clone(),
+        worker.clone(),
+        team(&dir, answers(), silent()).named("support"),
+    )
+    .await
+    .expect("an old conversation opens");
+    let reply = session.send("Hi.").await.expect("runs");
+    assert_eq!(reply.answer.as_deref(), Some("Hello."));
+    session.release().await.expect("released");
+    let record = store
+        .team_state(&old)
+        .await
+        .expect("reads")
+        .expect("a record");
+    assert_eq!(record.team(), Some("support"));
+}
