@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::support::{deployed, history, tool_result_text, user_messages};
+use crate::support::{
+    Client, Fixture, Server, TempDir, deployed, history, tool_result_text, user_messages,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_mid_tool_the_at_most_once_call_is_not_run_again() {

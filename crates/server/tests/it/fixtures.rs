@@ -76,6 +76,29 @@ pub(crate) async fn get_session(
         .expect("json")
 }
 
+/// Reads the session `id` at `base` until `ready` holds for it (two
+/// minutes at most, then the test fails saying `never`), and returns it:
+/// how a client waits for a surviving worker to finish another's run.
+pub(crate) async fn wait_for_session(
+    client: &reqwest::Client,
+    base: &str,
+    key: &str,
+    id: &str,
+    ready: impl Fn(&Value) -> bool,
+    never: &str,
+) -> Value {
+    let mut waited = Duration::ZERO;
+    loop {
+        let session = get_session(client, base, key, id).await;
+        if ready(&session) {
+            return session;
+        }
+        assert!(waited < Duration::from_secs(120), "{never}: {session}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+}
+
 /// Runs `serve` in the child process on a runtime of its own, then waits
 /// forever: the child serves until its test kills it.
 pub(crate) fn serve_forever(serve: impl Future<Output = ()>) {

@@ -26,6 +26,7 @@ use serde_json::{Value, json};
 
 use crate::fixtures::{
     ChildServer, client, get_session, listen, new_session, scratch_dir, serve_forever,
+    wait_for_session,
 };
 
 #[derive(Deserialize, JsonSchema)]
@@ -445,29 +446,15 @@ async fn a_worker_killed_mid_turn_on_postgres_has_its_turn_finished_once_by_anot
 
     // The client goes on with the survivor: it waits until no run of the
     // session is in progress anywhere, then sends its next message there.
-    let show = || async {
-        let response = client
-            .get(format!("{survivor}/sessions/{id}"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .expect("sent");
-        assert_eq!(response.status(), 200);
-        response.json::<Value>().await.expect("json")
-    };
-    let mut waited = Duration::ZERO;
-    let session = loop {
-        let session = show().await;
-        if session["interrupted"] == json!(false) {
-            break session;
-        }
-        assert!(
-            waited < Duration::from_secs(120),
-            "the survivor never finished the dead worker's turn: {session}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += Duration::from_millis(50);
-    };
+    let session = wait_for_session(
+        &client,
+        &survivor,
+        &key,
+        &id,
+        |session| session["interrupted"] == json!(false),
+        "the survivor never finished the dead worker's turn",
+    )
+    .await;
     assert_eq!(
         texts(&session),
         owned(&[("user", "pay 5"), ("assistant", "Paid 5.")]),
@@ -504,7 +491,7 @@ async fn a_worker_killed_mid_turn_on_postgres_has_its_turn_finished_once_by_anot
         .await
         .expect("the stream");
     assert!(stream.contains("event: done"), "{stream}");
-    let session = show().await;
+    let session = get_session(&client, &survivor, &key, &id).await;
     assert_eq!(
         texts(&session),
         owned(&[
@@ -758,19 +745,15 @@ async fn a_worker_killed_while_the_input_guard_checks_a_command_s_message_has_th
         !lost.as_deref().unwrap_or("").contains("success"),
         "the killed worker never answered: {lost:?}"
     );
-    let mut waited = Duration::ZERO;
-    let session = loop {
-        let session = get_session(&client, &survivor, &key, &id).await;
-        if session["interrupted"] == json!(false) && !texts(&session).is_empty() {
-            break session;
-        }
-        assert!(
-            waited < Duration::from_secs(120),
-            "the survivor never went on with the run being checked: {session}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += Duration::from_millis(50);
-    };
+    let session = wait_for_session(
+        &client,
+        &survivor,
+        &key,
+        &id,
+        |session| session["interrupted"] == json!(false) && !texts(session).is_empty(),
+        "the survivor never went on with the run being checked",
+    )
+    .await;
     assert_noted_once(&session, &[]);
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -852,19 +835,15 @@ async fn a_worker_killed_while_the_input_guard_checks_a_message_has_it_answered_
         !lost.as_deref().unwrap_or("").contains("event: done"),
         "the killed worker never answered: {lost:?}"
     );
-    let mut waited = Duration::ZERO;
-    let session = loop {
-        let session = get_session(&client, &survivor, &key, &id).await;
-        if session["interrupted"] == json!(false) && !texts(&session).is_empty() {
-            break session;
-        }
-        assert!(
-            waited < Duration::from_secs(120),
-            "the survivor never answered the message being checked: {session}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        waited += Duration::from_millis(50);
-    };
+    let session = wait_for_session(
+        &client,
+        &survivor,
+        &key,
+        &id,
+        |session| session["interrupted"] == json!(false) && !texts(session).is_empty(),
+        "the survivor never answered the message being checked",
+    )
+    .await;
     assert_eq!(
         texts(&session),
         owned(&[("user", "hello there"), ("assistant", "Hello to you.")]),
