@@ -534,6 +534,15 @@ pub(crate) fn cpu_of(pids: &[u32]) -> Duration {
         .sum()
 }
 
+/// The part of [`cpu_of`] spent in the kernel on the processes' behalf
+/// (`stime`: system calls, and on loopback the receiving side's TCP work).
+pub(crate) fn kernel_cpu_of(pids: &[u32]) -> Duration {
+    pids.iter()
+        .filter_map(|pid| crate::process_cpu_split(&pid.to_string()))
+        .map(|cpu| cpu.kernel)
+        .sum()
+}
+
 /// Where figure 7's workers keep their sessions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backend {
@@ -683,7 +692,7 @@ pub(crate) fn multi_process(
         let profiled = profile.as_ref().and_then(|_| children.first()).map(std::process::Child::id);
         let worker_pids: Vec<u32> = children.iter().map(std::process::Child::id).collect();
         let database_pids = move || postgres.as_ref().map(postgres_pids).unwrap_or_default();
-        let (result, workers_cpu, provider_cpu, database_cpu) = {
+        let (result, (workers_cpu, workers_kernel_cpu), provider_cpu, database_cpu) = {
             let exe = exe.clone();
             let bases = bases.join(",");
             let worker_pids = worker_pids.clone();
@@ -701,7 +710,7 @@ pub(crate) fn multi_process(
                 let out = client.stdout.take().expect("the client's output");
                 // CPU is counted over the messages, from the client's
                 // `start` (its sessions are created) to its result.
-                let mut before = (Duration::ZERO, Duration::ZERO, HashMap::new());
+                let mut before = (Duration::ZERO, Duration::ZERO, HashMap::new(), Duration::ZERO);
                 let mut result = String::new();
                 for line in std::io::BufReader::new(out).lines() {
                     let Ok(line) = line else { break };
@@ -719,12 +728,16 @@ pub(crate) fn multi_process(
                             cpu_of(&worker_pids),
                             crate::process_cpu("self").unwrap_or_default(),
                             cpu_by_pid(&database_pids()),
+                            kernel_cpu_of(&worker_pids),
                         );
                     } else if line.starts_with("result") {
                         result = line;
                     }
                 }
-                let workers = cpu_of(&worker_pids).saturating_sub(before.0);
+                let workers = (
+                    cpu_of(&worker_pids).saturating_sub(before.0),
+                    kernel_cpu_of(&worker_pids).saturating_sub(before.3),
+                );
                 let provider = crate::process_cpu("self")
                     .unwrap_or_default()
                     .saturating_sub(before.1);
@@ -758,6 +771,7 @@ pub(crate) fn multi_process(
             workers_mb: workers_hwm_kb as f64 / 1024.0,
             clients_mb: field("client_vm_hwm_kb") / 1024.0,
             workers_cpu,
+            workers_kernel_cpu,
             client_cpu: Duration::from_millis(field("client_cpu_ms") as u64),
             provider_cpu,
             database_cpu,
@@ -773,7 +787,7 @@ pub(crate) fn multi_process(
             ),
         };
         println!(
-            "bench=server_processes store={} sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1} cpu_per_step_us_workers={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0} cpu_per_step_us_database={:.0}{tool_call}",
+            "bench=server_processes store={} sessions={n} workers={workers} completed={} wall_ms={:.0} steps_per_s={:.0} added_p50_ms={:.1} added_p99_ms={:.1} workers_vm_hwm_mb={:.1} clients_vm_hwm_mb={:.1} cpu_per_step_us_workers={:.0} cpu_per_step_us_workers_kernel={:.0} cpu_per_step_us_clients={:.0} cpu_per_step_us_provider={:.0} cpu_per_step_us_database={:.0}{tool_call}",
             backend.name(),
             figure.completed,
             figure.wall_ms,
@@ -783,6 +797,7 @@ pub(crate) fn multi_process(
             figure.workers_mb,
             figure.clients_mb,
             figure.cpu_per_step_us(figure.workers_cpu),
+            figure.cpu_per_step_us(figure.workers_kernel_cpu),
             figure.cpu_per_step_us(figure.client_cpu),
             figure.cpu_per_step_us(figure.provider_cpu),
             figure.cpu_per_step_us(figure.database_cpu),
@@ -810,6 +825,8 @@ pub(crate) struct ProcessesFigure {
     /// CPU over the messages: the server workers together, the client
     /// process, the fake provider (this process).
     pub(crate) workers_cpu: Duration,
+    /// The part of `workers_cpu` spent in the kernel on their behalf.
+    pub(crate) workers_kernel_cpu: Duration,
     pub(crate) client_cpu: Duration,
     pub(crate) provider_cpu: Duration,
     /// The PostgreSQL server's processes (zero on SQLite).
@@ -935,6 +952,7 @@ mod tests {
             workers_mb: 0.0,
             clients_mb: 0.0,
             workers_cpu: Duration::from_millis(100),
+            workers_kernel_cpu: Duration::ZERO,
             client_cpu: Duration::ZERO,
             provider_cpu: Duration::ZERO,
             database_cpu: Duration::ZERO,
