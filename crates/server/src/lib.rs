@@ -228,6 +228,9 @@ pub enum BuildError {
     /// The cookie key is too short.
     #[error("the cookie key has at least 32 bytes")]
     CookieKey,
+    /// The operating system's random source failed (making the cookie key).
+    #[error("the operating system's random source failed: {0}")]
+    Random(String),
     /// A model is named for an agent the server does not serve.
     #[error("a model is named for agent {0:?}, which is not served (ServerBuilder::agent)")]
     UnknownAgent(String),
@@ -536,12 +539,10 @@ impl ServerBuilder {
         let cookie_key = match self.cookie_key {
             Some(key) if key.len() < 32 => return Err(BuildError::CookieKey),
             Some(key) => key,
-            None => format!(
-                "{}{}",
-                uuid::Uuid::new_v4().simple(),
-                uuid::Uuid::new_v4().simple()
-            )
-            .into_bytes(),
+            // A secret: from the operating system's random source.
+            None => auth::os_random_hex::<32>()
+                .map_err(|e| BuildError::Random(e.to_string()))?
+                .into_bytes(),
         };
         let lease = self.lease.unwrap_or(markov_store::DEFAULT_LEASE);
         if !(Self::MIN_LEASE..=Self::MAX_LEASE).contains(&lease) {
