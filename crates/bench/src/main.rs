@@ -978,6 +978,28 @@ impl Stats {
     }
 }
 
+/// With `MARKOV_BENCH_STEP_TIMES=<dir>` set, appends each timed turn's
+/// per-step times (step index and nanoseconds, one a line) to
+/// `<dir>/steps-<K>.txt`, to see which steps of a turn make the tail.
+fn dump_step_times(k: usize, times: &[Duration]) {
+    let Some(dir) = std::env::var_os("MARKOV_BENCH_STEP_TIMES") else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join(format!("steps-{k}.txt"));
+    let mut text = String::new();
+    for (i, t) in times.iter().enumerate() {
+        let _ = writeln!(text, "{i} {}", t.as_nanos());
+    }
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, text.as_bytes()));
+    if let Err(e) = written {
+        eprintln!("cannot write step times to {}: {e}", path.display());
+    }
+}
+
 /// The `q` quantile of sorted values (nearest rank); 0 when empty.
 fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
@@ -1083,6 +1105,7 @@ fn step_figure(
             scenario.options(k),
             &mut times,
         ));
+        dump_step_times(k, &times);
         first.extend_from_slice(&times[..tenth]);
         last.extend_from_slice(&times[times.len() - tenth..]);
         all.extend(times);

@@ -518,7 +518,10 @@ mod tests {
         let a = os_random_hex::<32>().expect("random");
         let b = os_random_hex::<32>().expect("random");
         assert_eq!(a.len(), 64);
-        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            a.bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
         assert_ne!(a, b);
     }
 
