@@ -58,22 +58,22 @@ pub(crate) async fn new_session(client: &reqwest::Client, base: &str, key: &str)
     created["id"].as_str().expect("an id").to_owned()
 }
 
-/// The session `id` at `base` as its holder reads it (`GET /sessions/{id}`).
+/// The session `id` at `base` as its holder reads it (`GET /sessions/{id}`,
+/// answered 200).
 pub(crate) async fn get_session(
     client: &reqwest::Client,
     base: &str,
     key: &str,
     id: &str,
 ) -> Value {
-    client
+    let response = client
         .get(format!("{base}/sessions/{id}"))
         .bearer_auth(key)
         .send()
         .await
-        .expect("sent")
-        .json()
-        .await
-        .expect("json")
+        .expect("sent");
+    assert_eq!(response.status(), 200, "GET /sessions/{id} at {base}");
+    response.json().await.expect("json")
 }
 
 /// Reads the session `id` at `base` until `ready` holds for it (two
