@@ -418,6 +418,7 @@ async fn run(
         lease: Some(LEASE),
         effects: Some(dir.to_owned()),
         echo: false,
+        floor: false,
     };
     let mut children = Workers(Vec::new());
     let mut bases = Vec::new();

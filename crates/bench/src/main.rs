@@ -63,6 +63,7 @@
 mod body;
 mod counting;
 mod failover;
+mod floor;
 mod guard_stream;
 mod mcp;
 mod provider_path;
@@ -217,6 +218,8 @@ fn main() -> ExitCode {
             let backend = match backend {
                 [] | ["sqlite"] => server::Backend::Sqlite,
                 ["postgres"] => server::Backend::Postgres,
+                // The floor answers text only: one step a message.
+                ["floor"] if scenario == server::Scenario::Text => server::Backend::Floor,
                 _ => return usage(),
             };
             match (n.parse(), workers.parse()) {
@@ -400,7 +403,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres] [tool-call] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres [tool-call] | floor] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
     );
     ExitCode::from(2)
 }
@@ -486,11 +489,13 @@ fn run_all(plan: Plan) -> ExitCode {
         .server_sessions
         .iter()
         .flat_map(|&n| {
-            [server::Backend::Sqlite, server::Backend::Postgres]
-                .into_iter()
-                .filter_map(move |backend| {
-                    server::multi_process(n, 2, backend, server::Scenario::Text)
-                })
+            [
+                server::Backend::Sqlite,
+                server::Backend::Postgres,
+                server::Backend::Floor,
+            ]
+            .into_iter()
+            .filter_map(move |backend| server::multi_process(n, 2, backend, server::Scenario::Text))
         })
         .collect();
     let failovers = failover_figures(plan);
@@ -701,7 +706,7 @@ fn run_all(plan: Plan) -> ExitCode {
     );
     let _ = writeln!(
         table,
-        "\n7. The HTTP service: N sessions at once, one message each, the model 100 ms away on loopback (Anthropic client, fake provider); 2 server processes (each its own SQLite in memory, or one shared PostgreSQL on loopback with fsync off), the clients and the provider in processes of their own"
+        "\n7. The HTTP service: N sessions at once, one message each, the model 100 ms away on loopback (Anthropic client, fake provider); 2 server processes (each its own SQLite in memory, or one shared PostgreSQL on loopback with fsync off), the clients and the provider in processes of their own; \"floor\" is not markov but the least a durable server does with a message on the same crates (see floor.rs)"
     );
     for s in &servers {
         let _ = writeln!(

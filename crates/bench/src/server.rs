@@ -225,6 +225,8 @@ pub(crate) struct WorkerOptions {
     pub(crate) effects: Option<PathBuf>,
     /// Gives the agent the `echo` tool ([`Scenario::ToolCall`]).
     pub(crate) echo: bool,
+    /// Serves the floor (`floor.rs`) instead of markov.
+    pub(crate) floor: bool,
 }
 
 impl WorkerOptions {
@@ -235,11 +237,12 @@ impl WorkerOptions {
             lease: None,
             effects: None,
             echo: false,
+            floor: false,
         }
     }
 
     /// Reads `[sqlite <path> | postgres <url> <key>] [lease-ms <ms>]
-    /// [effects <dir>] [echo]`.
+    /// [effects <dir>] [echo] [floor]`.
     pub(crate) fn parse(mut args: &[&str]) -> Option<Self> {
         let mut options = Self::memory();
         while !args.is_empty() {
@@ -267,6 +270,10 @@ impl WorkerOptions {
                     options.echo = true;
                     rest
                 }
+                ["floor", rest @ ..] => {
+                    options.floor = true;
+                    rest
+                }
                 _ => return None,
             };
         }
@@ -292,6 +299,9 @@ impl WorkerOptions {
         if self.echo {
             args.push("echo".to_owned());
         }
+        if self.floor {
+            args.push("floor".to_owned());
+        }
         args
     }
 }
@@ -300,6 +310,9 @@ impl WorkerOptions {
 /// the provider at `provider_url`, on a free loopback port, which it prints
 /// (`port=N`) before it serves until it is killed.
 pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::process::ExitCode {
+    if options.floor {
+        return crate::floor::worker(provider_url);
+    }
     answer_heap_requests();
     // The bundled price table is decoded once per process, at the first
     // priced call (about 40 ms of a core): done here, before the worker
@@ -361,7 +374,7 @@ pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::proces
 /// zero; on `heap <path>` the bytes allocated and not freed since are
 /// written to `path`. Nothing is counted until asked, so the figures that
 /// do not ask pay nothing for it.
-fn answer_heap_requests() {
+pub(crate) fn answer_heap_requests() {
     std::thread::spawn(|| {
         use std::io::BufRead;
         let mut window = None;
@@ -550,6 +563,9 @@ pub(crate) enum Backend {
     Sqlite,
     /// One PostgreSQL (`TempPostgres`: loopback, `fsync=off`) for all.
     Postgres,
+    /// Not markov: the floor server of `floor.rs`, each worker its own
+    /// SQLite in memory.
+    Floor,
 }
 
 impl Backend {
@@ -557,6 +573,7 @@ impl Backend {
         match self {
             Backend::Sqlite => "sqlite",
             Backend::Postgres => "postgres",
+            Backend::Floor => "floor",
         }
     }
 }
@@ -654,6 +671,13 @@ pub(crate) fn multi_process(
             .recording(Recording::Off);
         let (postgres, mut options) = match backend {
             Backend::Sqlite => (None, WorkerOptions::memory()),
+            Backend::Floor => (
+                None,
+                WorkerOptions {
+                    floor: true,
+                    ..WorkerOptions::memory()
+                },
+            ),
             Backend::Postgres => {
                 let (server, url, key) = shared_postgres("server_processes").await?;
                 let options = WorkerOptions {
