@@ -231,6 +231,7 @@ fn main() -> ExitCode {
             }
         }
         ["serve-worker", provider, options @ ..] => match server::WorkerOptions::parse(options) {
+            Some(options) if options.floor => floor::worker(provider),
             Some(options) => server::worker(provider, &options),
             None => usage(),
         },

@@ -310,9 +310,6 @@ impl WorkerOptions {
 /// the provider at `provider_url`, on a free loopback port, which it prints
 /// (`port=N`) before it serves until it is killed.
 pub(crate) fn worker(provider_url: &str, options: &WorkerOptions) -> std::process::ExitCode {
-    if options.floor {
-        return crate::floor::worker(provider_url);
-    }
     answer_heap_requests();
     // The bundled price table is decoded once per process, at the first
     // priced call (about 40 ms of a core): done here, before the worker

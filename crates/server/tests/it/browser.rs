@@ -603,6 +603,13 @@ impl Browser {
         self.click("#send").await;
     }
 
+    /// Opens the studio's steps of session `id` at `base` and signs in
+    /// with `key`.
+    async fn open_steps(&self, base: &str, id: &str, key: &str) {
+        self.open(&format!("{base}/#steps/{id}")).await;
+        self.sign_in(key).await;
+    }
+
     async fn sign_in(&self, key: &str) {
         self.wait(
             "the sign-in form",
@@ -1711,8 +1718,7 @@ async fn the_timeline_shows_a_paused_approval_and_the_steps_stored_after_it_appe
     let Some(browser) = Browser::start(1366, 768).await else {
         return;
     };
-    browser.open(&format!("{}/#steps/{id}", f.base)).await;
-    browser.sign_in(&f.key).await;
+    browser.open_steps(&f.base, &id, &f.key).await;
     browser
         .wait(
             "the paused step",
@@ -1793,8 +1799,7 @@ async fn a_replay_against_changed_instructions_shows_where_the_runs_part_step_by
     let Some(browser) = Browser::start(1366, 768).await else {
         return;
     };
-    browser.open(&format!("{}/#steps/{id}", f.base)).await;
-    browser.sign_in(&f.key).await;
+    browser.open_steps(&f.base, &id, &f.key).await;
     browser
         .wait(
             "the replay button",
@@ -1845,8 +1850,7 @@ async fn a_step_shows_its_calls_decision_and_wire_body_and_a_turn_is_saved_as_a_
     let Some(browser) = Browser::start(1366, 768).await else {
         return;
     };
-    browser.open(&format!("{}/#steps/{id}", f.base)).await;
-    browser.sign_in(&f.key).await;
+    browser.open_steps(&f.base, &id, &f.key).await;
     browser
         .wait(
             "the steps",
@@ -1982,8 +1986,7 @@ async fn a_step_after_a_context_views_cut_shows_its_request_and_forks() {
     let Some(browser) = Browser::start(1366, 768).await else {
         return;
     };
-    browser.open(&format!("{}/#steps/{id}", f.base)).await;
-    browser.sign_in(&f.key).await;
+    browser.open_steps(&f.base, &id, &f.key).await;
     browser
         .wait(
             "the step",

@@ -28,8 +28,7 @@ async fn a_sub_agents_steps_open_under_their_call_nested_with_their_request() {
     let Some(browser) = Browser::start(1366, 768).await else {
         return;
     };
-    browser.open(&format!("{}/#steps/{id}", f.base)).await;
-    browser.sign_in(&f.key).await;
+    browser.open_steps(&f.base, &id, &f.key).await;
     browser
         .wait(
             "the steps",
@@ -147,8 +146,7 @@ async fn a_team_conversations_timeline_labels_each_agents_steps_and_marks_the_ha
     let Some(browser) = Browser::start(1366, 768).await else {
         return;
     };
-    browser.open(&format!("{}/#steps/{id}", f.base)).await;
-    browser.sign_in(&f.key).await;
+    browser.open_steps(&f.base, &id, &f.key).await;
     browser
         .wait(
             "every agent's steps",
@@ -276,8 +274,7 @@ async fn a_sub_agents_step_and_a_team_step_show_their_wire_body() {
     let Some(browser) = Browser::start(1366, 768).await else {
         return;
     };
-    browser.open(&format!("{}/#steps/{id}", f.base)).await;
-    browser.sign_in(&f.key).await;
+    browser.open_steps(&f.base, &id, &f.key).await;
     browser
         .wait(
             "the steps",
@@ -388,8 +385,7 @@ async fn a_sub_agents_step_and_a_team_step_show_their_wire_body() {
     .await;
     let id = g.create().await;
     g.say(&id, "Refund my 5, please.").await;
-    browser.open(&format!("{}/#steps/{id}", g.base)).await;
-    browser.sign_in(&g.key).await;
+    browser.open_steps(&g.base, &id, &g.key).await;
     browser
         .wait(
             "every agent's steps",
