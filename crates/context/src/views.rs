@@ -463,8 +463,13 @@ pub struct ViewShape {
     #[serde(default)]
     pub stubbed_to: u64,
     /// The summary message (as the history holds it) the view showed
-    /// first, in place of the messages it stands for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// first, in place of the messages it stands for (kept once by a
+    /// store, see [`markov_core::kept`]).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "markov_core::kept::serialize"
+    )]
     pub summary: Option<Arc<Message>>,
     /// Whether the summary was shown as a message of its own (a native
     /// summary, or a text summary before a first message that does not

@@ -52,6 +52,7 @@ extern crate self as markov_core;
 
 pub mod ids;
 pub mod journal;
+pub mod kept;
 pub mod message;
 pub mod model;
 pub mod tagged;

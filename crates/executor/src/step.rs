@@ -216,9 +216,12 @@ pub struct ModelCall {
     pub instance: String,
     /// The leaf's node, by name (or id when unnamed).
     pub node: String,
-    /// The system prompt sent.
+    /// The system prompt sent (kept once by a store, see
+    /// [`markov_core::kept`]).
+    #[serde(serialize_with = "markov_core::kept::serialize")]
     pub system: std::sync::Arc<str>,
-    /// The tools offered.
+    /// The tools offered (kept once by a store).
+    #[serde(serialize_with = "markov_core::kept::serialize")]
     pub tools: std::sync::Arc<[markov_core::tool::ToolDefinition]>,
     /// The provider built-in tools offered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -828,7 +828,7 @@ pub(crate) struct EncodedTrace {
 
 /// The key under which a trace's JSON names a content kept apart.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-const BLOB_KEY: &str = "$content";
+const BLOB_KEY: &str = markov_core::kept::CONTENT_KEY;
 
 /// The fields of a model call's JSON kept apart by content (JSON
 /// pointers): what stays the same from one step to the next.
@@ -898,26 +898,17 @@ fn model_calls(value: &serde_json::Value) -> impl Iterator<Item = &serde_json::V
     own.into_iter().flatten().chain(sub_calls)
 }
 
-/// `trace` as a store keeps it (see [`EncodedTrace`]).
+/// `trace` as a store keeps it (see [`EncodedTrace`]): written in one
+/// pass, each model call's kept contents (system prompt, tools, a view's
+/// summary) written as references by their serializer
+/// ([`markov_core::kept`]), where [`decode_trace`] finds them
+/// ([`BLOB_FIELDS`] of each model call).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) fn encode_trace(trace: &StepTrace) -> Result<EncodedTrace, StoreError> {
-    let encode = |e: serde_json::Error| StoreError::Backend(format!("cannot encode: {e}"));
-    let mut value = serde_json::to_value(trace).map_err(encode)?;
-    let mut blobs = Vec::new();
-    for call in model_calls_mut(&mut value) {
-        for field in BLOB_FIELDS {
-            if let Some(content) = call.pointer_mut(field) {
-                let text = serde_json::to_string(content).map_err(encode)?;
-                let hash = content_hash(&text);
-                *content = serde_json::json!({ BLOB_KEY: hash });
-                if !blobs.iter().any(|(h, _)| *h == hash) {
-                    blobs.push((hash, text));
-                }
-            }
-        }
-    }
+    let (body, blobs) =
+        markov_core::kept::keep_contents(content_hash, || serde_json::to_string(trace));
     Ok(EncodedTrace {
-        body: serde_json::to_string(&value).map_err(encode)?,
+        body: body.map_err(|e| StoreError::Backend(format!("cannot encode: {e}")))?,
         blobs,
     })
 }

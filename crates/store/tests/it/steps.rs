@@ -300,6 +300,53 @@ async fn recorded_session(dir: &Dir) -> (Arc<SqliteStore>, SessionId) {
 }
 
 #[tokio::test]
+async fn a_step_s_system_prompt_and_tools_are_stored_once_for_all_its_steps() {
+    let dir = Dir::new("steps-kept-once");
+    let (store, id) = recorded_session(&dir).await;
+    let steps = store.steps(&id, 0, 10).await.expect("the steps");
+    assert!(steps.len() >= 3, "{} steps", steps.len());
+    drop(store);
+    let conn = rusqlite::Connection::open(dir.path("sessions.db")).expect("opens");
+    let bodies: Vec<String> = conn
+        .prepare("SELECT body FROM step_traces")
+        .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect())
+        .expect("the traces");
+    assert_eq!(bodies.len(), steps.len());
+    let system = &steps[0].calls[0].system;
+    for body in &bodies {
+        // Each names its contents by hash, and holds none of them.
+        assert!(body.contains(r#""system":{"$content":""#), "{body}");
+        assert!(body.contains(r#""tools":{"$content":""#), "{body}");
+        assert!(!body.contains(&**system), "{body}");
+    }
+    // The prompt and the tools, the same in every step: one row each.
+    let contents: i64 = conn
+        .query_row("SELECT COUNT(*) FROM step_contents", [], |row| row.get(0))
+        .expect("counted");
+    let distinct = |field: fn(&markov_executor::ModelCall) -> String| {
+        let mut seen: Vec<String> = steps
+            .iter()
+            .flat_map(|s| s.calls.iter().map(field))
+            .collect();
+        seen.sort();
+        seen.dedup();
+        seen.len() as i64
+    };
+    let prompts = distinct(|c| c.system.to_string());
+    let tools = distinct(|c| serde_json::to_string(&c.tools).unwrap_or_default());
+    assert_eq!(
+        contents,
+        prompts + tools,
+        "{prompts} prompts, {tools} tool lists"
+    );
+    assert!(
+        contents < 2 * steps.len() as i64,
+        "{contents} contents for {} steps",
+        steps.len()
+    );
+}
+
+#[tokio::test]
 async fn a_replay_of_an_unchanged_agent_plays_the_recording_back() {
     let dir = Dir::new("replay-same");
     let (store, id) = recorded_session(&dir).await;
