@@ -99,3 +99,25 @@ string_id!(
     /// The id of one run, for tracing and logs.
     RunId
 );
+
+/// Lower-case hex of `bytes`, two digits a byte: how markov writes a
+/// digest or a secret as text (a digit table, not the formatter: keys and
+/// digests are made on every tool call and every request).
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+#[cfg(test)]
+mod hex_tests {
+    #[test]
+    fn hex_is_lower_case_two_digits_a_byte() {
+        assert_eq!(super::hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
+        assert_eq!(super::hex(&[]), "");
+    }
+}

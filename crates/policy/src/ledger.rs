@@ -259,18 +259,7 @@ pub struct InterruptedCall {
 /// The hex SHA-256 of `args`' JSON text.
 pub(crate) fn digest_of(args: &Value) -> String {
     let text = serde_json::to_vec(args).unwrap_or_default();
-    hex(&Sha256::digest(&text))
-}
-
-/// Lower-case hex of `bytes` (a digit table: every tool call makes one key).
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
+    markov_core::ids::hex(&Sha256::digest(&text))
 }
 
 impl LedgerEntry {
@@ -1116,11 +1105,6 @@ mod tests {
             proptest::prop_assert!(kept_by(&keep, &keys[0], true));
             proptest::prop_assert_eq!(kept_by(&keep, &keys[1], true), same);
         }
-    }
-
-    #[test]
-    fn hex_is_lower_case_two_digits_a_byte() {
-        assert_eq!(hex(&[0x00, 0x0f, 0xa0, 0xff]), "000fa0ff");
     }
 
     #[test]

@@ -267,7 +267,7 @@ impl PolicyState {
             // different lists of parts never hash alike.
             hasher.update([0u8]);
         }
-        crate::ledger::hex(&hasher.finalize())
+        markov_core::ids::hex(&hasher.finalize())
     }
 
     /// The deferred tools found by `search_tools` and still offered, in the

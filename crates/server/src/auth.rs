@@ -98,14 +98,9 @@ pub enum KeyError {
 /// `N` bytes from the operating system's secure random source, as
 /// lowercase hex: what secrets are made of.
 pub(crate) fn os_random_hex<const N: usize>() -> Result<String, KeyError> {
-    use std::fmt::Write;
     let mut bytes = [0u8; N];
     getrandom::fill(&mut bytes).map_err(|e| KeyError::Random(e.to_string()))?;
-    let mut hex = String::with_capacity(2 * N);
-    for byte in bytes {
-        let _ = write!(hex, "{byte:02x}");
-    }
-    Ok(hex)
+    Ok(markov_core::ids::hex(&bytes))
 }
 
 fn valid_name(name: &str, max: usize, extra: &[char]) -> bool {
@@ -152,16 +147,13 @@ pub async fn create_api_key(
 }
 
 /// The stored form of a key's secret. A fast hash is enough: the secret is
-/// 244 random bits, so there is nothing to guess from the hash.
+/// 256 random bits, so there is nothing to guess from the hash. Computed on
+/// every request that signs in with a key.
 fn hash_secret(secret: &str) -> String {
     let mut hasher = Sha256::new();
     hasher.update(b"markov-api-key\0");
     hasher.update(secret.as_bytes());
-    hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    markov_core::ids::hex(&hasher.finalize())
 }
 
 /// The principal `presented` signs in as, if it is a live API key, with

@@ -176,6 +176,37 @@ pub(crate) fn shown(messages: &[Message], thinking: bool) -> Value {
     Value::Array(out)
 }
 
+/// The HTML [`shown`] already rendered for `text` in `shown_messages`: an
+/// assistant text item (or message) whose text is `text`, from the last.
+/// A step's answer is the text of its last message, so the step's event
+/// renders it once; `to_html` is a function of the text alone, so what was
+/// rendered for the item is what rendering the answer would give.
+pub(crate) fn rendered(shown_messages: &Value, text: &str) -> Option<String> {
+    let html_of = |object: &serde_json::Map<String, Value>, text_key: &str| {
+        (object.get(text_key).and_then(Value::as_str) == Some(text))
+            .then(|| {
+                object
+                    .get("html")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .flatten()
+    };
+    shown_messages.as_array()?.iter().rev().find_map(|message| {
+        let message = message.as_object()?;
+        match message.get("items")? {
+            Value::String(_) => html_of(message, "items"),
+            Value::Array(items) => items
+                .iter()
+                .rev()
+                .filter_map(Value::as_object)
+                .filter(|item| item.get("type").and_then(Value::as_str) == Some("text"))
+                .find_map(|item| html_of(item, "text")),
+            _ => None,
+        }
+    })
+}
+
 fn add_html(message: &mut Value) {
     let Some(object) = message.as_object_mut() else {
         return;
@@ -413,6 +444,27 @@ mod tests {
         assert_eq!(view[1]["items"][0]["text"], "**yes**", "the raw text stays");
         assert_eq!(view[1]["items"][1].get("html"), None);
         assert_eq!(view[2]["html"], "<p><em>plain string</em></p>\n");
+    }
+
+    #[test]
+    fn an_answer_rendered_among_the_messages_is_found_as_rendering_it_would_give() {
+        let messages = vec![
+            Message::user("**asked**"),
+            Message::assistant_items(vec![
+                markov_core::Item::text("*first*"),
+                markov_core::Item::text("**the answer**"),
+            ]),
+            serde_json::from_value(serde_json::json!({"role": "assistant", "items": "`plain`"}))
+                .expect("a message of a plain string"),
+        ];
+        let view = shown(&messages, true);
+        for text in ["**the answer**", "*first*", "`plain`"] {
+            assert_eq!(rendered(&view, text), to_html(text), "{text}");
+        }
+        // Neither the user's words nor a text no message holds.
+        assert_eq!(rendered(&view, "**asked**"), None);
+        assert_eq!(rendered(&view, "**the answer** and more"), None);
+        assert_eq!(rendered(&Value::Null, "x"), None);
     }
 
     #[test]

@@ -268,12 +268,17 @@ impl StepEvent {
     /// The event of `step` (outside a team conversation), its thinking
     /// shown only when `thinking` (the agent says whether it may be).
     pub(crate) fn of(step: &markov_executor::MachineStep, thinking: bool) -> Self {
+        let messages = crate::markdown::shown(&step.history, thinking);
+        // The answer is the last message's text, rendered just above.
+        let response_html = step.response.as_deref().and_then(|text| {
+            crate::markdown::rendered(&messages, text).or_else(|| crate::markdown::to_html(text))
+        });
         StepEvent {
             yield_reason: step.yield_reason.as_str().to_owned(),
             done: step.done,
-            messages: crate::markdown::shown(&step.history, thinking),
+            messages,
             response: step.response.clone(),
-            response_html: step.response.as_deref().and_then(crate::markdown::to_html),
+            response_html,
             approvals: step.approvals.clone(),
             model: step.model.clone(),
             usage: serde_json::json!(step.usage),

@@ -838,16 +838,7 @@ const BLOB_FIELDS: [&str; 3] = ["/system", "/tools", "/view/summary"];
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 fn content_hash(text: &str) -> String {
     use sha2::Digest;
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let digest = sha2::Sha256::digest(text.as_bytes());
-    // Two lowercase hex digits per byte, without the formatting machinery
-    // (a store computes a hash per kept content on every step).
-    let mut out = String::with_capacity(2 * digest.len());
-    for b in digest {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0x0f)]));
-    }
-    out
+    markov_core::ids::hex(&sha2::Sha256::digest(text.as_bytes()))
 }
 
 /// The model calls of a trace's JSON whose contents are kept apart: the
