@@ -63,15 +63,23 @@ impl Usd {
     /// The decimal text of the amount in dollars, without a sign: at least
     /// two decimals, no trailing zeros beyond them.
     fn decimal(self) -> String {
-        let whole = self.0 / 1_000_000_000;
-        let fraction = format!("{:09}", self.0 % 1_000_000_000);
-        let trimmed = fraction.trim_end_matches('0');
-        let shown = if trimmed.len() < 2 {
-            &fraction[..2]
-        } else {
-            trimmed
-        };
-        format!("{whole}.{shown}")
+        // The nine digits of the fraction by hand: every cost and total a
+        // server writes (its steps, their events, their records) passes
+        // here, and the formatter took two passes and two strings.
+        let mut fraction = self.0 % 1_000_000_000;
+        let mut digits = [b'0'; 9];
+        for digit in digits.iter_mut().rev() {
+            *digit = b"0123456789"[usize::try_from(fraction % 10).unwrap_or(0)];
+            fraction /= 10;
+        }
+        let shown = digits
+            .iter()
+            .rposition(|&d| d != b'0')
+            .map_or(2, |last| (last + 1).max(2));
+        let mut out = (self.0 / 1_000_000_000).to_string();
+        out.push('.');
+        out.extend(digits[..shown].iter().copied().map(char::from));
+        out
     }
 }
 
@@ -234,6 +242,10 @@ mod tests {
             ("$1", 1_000_000_000, "$1.00"),
             ("0.000000001", 1, "$0.000000001"),
             ("12.3456", 12_345_600_000, "$12.3456"),
+            ("0", 0, "$0.00"),
+            ("0.1", 100_000_000, "$0.10"),
+            ("7.000000010", 7_000_000_010, "$7.00000001"),
+            ("18446744073.709551615", u64::MAX, "$18446744073.709551615"),
         ] {
             let usd: Usd = text.parse().unwrap();
             assert_eq!(usd.as_nanos(), nanos);
