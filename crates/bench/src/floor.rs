@@ -141,8 +141,10 @@ async fn message(
         return StatusCode::UNPROCESSABLE_ENTITY.into_response();
     };
     let user = json!({"role": "user", "content": text});
-    if commit(&floor, &id, &user).is_err() {
-        return StatusCode::NOT_FOUND.into_response();
+    match commit(&floor, &id, &user) {
+        Ok(_) => {}
+        Err(rusqlite::Error::QueryReturnedNoRows) => return StatusCode::NOT_FOUND.into_response(),
+        Err(_) => return StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
     // The head goes out now, the events as they are ready: the same writes
     // as a streamed answer of markov's.
@@ -175,7 +177,8 @@ async fn message(
 }
 
 /// Appends `message` to session `id` and counts its row up, in one
-/// transaction: the message's sequence number.
+/// transaction: the message's sequence number (`QueryReturnedNoRows` when
+/// there is no such session).
 fn commit(floor: &Floor, id: &str, message: &Value) -> rusqlite::Result<i64> {
     let mut db = floor.db.lock().unwrap_or_else(|p| p.into_inner());
     let tx = db.transaction()?;

@@ -79,20 +79,21 @@ where
     T: Serialize + ?Sized,
     S: Serializer,
 {
-    let Some(hash) = KEEPER.with(|k| k.borrow().as_ref().map(|keeper| keeper.hash)) else {
+    // Taken out while the content is written, so that the content is
+    // written whole (a marked field inside it stays itself) and what is
+    // kept reads back as the value it was.
+    let Some(mut keeper) = KEEPER.with(|k| k.borrow_mut().take()) else {
         return value.serialize(serializer);
     };
-    // Written before the keeper is borrowed again: the content may hold
-    // marked fields of its own, kept the same way.
-    let text = serde_json::to_string(value).map_err(S::Error::custom)?;
-    let hashed = hash(&text);
-    KEEPER.with(|k| {
-        if let Some(keeper) = k.borrow_mut().as_mut()
-            && !keeper.kept.iter().any(|(h, _)| *h == hashed)
-        {
+    let hashed = serde_json::to_string(value).map(|text| {
+        let hashed = (keeper.hash)(&text);
+        if !keeper.kept.iter().any(|(h, _)| *h == hashed) {
             keeper.kept.push((hashed.clone(), text));
         }
+        hashed
     });
+    KEEPER.with(|k| *k.borrow_mut() = Some(keeper));
+    let hashed = hashed.map_err(S::Error::custom)?;
     let mut map = serializer.serialize_map(Some(1))?;
     map.serialize_entry(CONTENT_KEY, &hashed)?;
     map.end()
@@ -162,6 +163,29 @@ mod tests {
         // And nothing is kept after it.
         let plain = serde_json::to_string(&records[0]).unwrap_or_default();
         assert!(plain.contains(r#""system":"Answer.""#), "{plain}");
+    }
+
+    #[test]
+    fn a_kept_content_is_kept_whole_with_the_marked_fields_inside_it() {
+        #[derive(Serialize)]
+        struct Outer {
+            #[serde(serialize_with = "super::serialize")]
+            inner: Record,
+        }
+        let outer = Outer {
+            inner: Record {
+                step: 4,
+                system: "Inner.".into(),
+                tools: vec![],
+            },
+        };
+        let (written, kept) = keep_contents(length, || serde_json::to_string(&outer));
+        let whole = r#"{"step":4,"system":"Inner.","tools":[]}"#;
+        assert_eq!(
+            written.ok().as_deref(),
+            Some(format!(r#"{{"inner":{{"$content":"h{}"}}}}"#, whole.len()).as_str())
+        );
+        assert_eq!(kept, [(format!("h{}", whole.len()), whole.to_owned())]);
     }
 
     #[test]

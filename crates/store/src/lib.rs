@@ -831,7 +831,11 @@ pub(crate) struct EncodedTrace {
 const BLOB_KEY: &str = markov_core::kept::CONTENT_KEY;
 
 /// The fields of a model call's JSON kept apart by content (JSON
-/// pointers): what stays the same from one step to the next.
+/// pointers): what stays the same from one step to the next. They are the
+/// fields marked `serialize_with = "markov_core::kept::serialize"` in
+/// `ModelCall` and `ViewShape`, which [`encode_trace`] writes as
+/// references; the store's tests read back traces with each (a sub-agent's
+/// calls, a view's summary), so a marked field missing here fails them.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const BLOB_FIELDS: [&str; 3] = ["/system", "/tools", "/view/summary"];
 
