@@ -237,10 +237,10 @@ pub(crate) struct StepEvent {
     pub(crate) model: Option<String>,
     /// What the step used.
     #[schema(value_type = Object)]
-    pub(crate) usage: Value,
+    pub(crate) usage: markov_core::model::Usage,
     /// What the turn and the session used so far.
     #[schema(value_type = Object)]
-    pub(crate) totals: Value,
+    pub(crate) totals: markov_context::UsageTotals,
     /// The usage limit that ended the run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) usage_limit: Option<String>,
@@ -281,8 +281,8 @@ impl StepEvent {
             response_html,
             approvals: step.approvals.clone(),
             model: step.model.clone(),
-            usage: serde_json::json!(step.usage),
-            totals: serde_json::json!(step.totals),
+            usage: step.usage,
+            totals: step.totals,
             usage_limit: step.usage_limit.map(|limit| limit.to_string()),
             interrupted: step.interrupted.clone(),
             agent: None,
