@@ -1,6 +1,7 @@
-//! A counting global allocator: the system allocator plus the net bytes
-//! allocated, their peak and the number of allocations, while a measurement
-//! window is open.
+//! A counting global allocator: the servers' allocator (jemalloc, as
+//! `markov-serve`'s; the system's where jemalloc does not build) plus the
+//! net bytes allocated, their peak and the number of allocations, while a
+//! measurement window is open.
 //!
 //! Counting is off by default, so the timed figures pay one relaxed atomic
 //! load per allocation and nothing more. [`Window::open`] starts counting from
@@ -8,10 +9,17 @@
 //! window: a block allocated before it and freed during it counts negative,
 //! which is what "live bytes now minus live bytes then" means.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 
-/// The system allocator, counting while a [`Window`] is open.
+/// What every allocation goes to: the allocator `markov-serve` runs on, so
+/// the figures are of the server as it is shipped.
+#[cfg(not(target_env = "msvc"))]
+const INNER: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+#[cfg(target_env = "msvc")]
+const INNER: std::alloc::System = std::alloc::System;
+
+/// The servers' allocator, counting while a [`Window`] is open.
 #[derive(Debug)]
 pub(crate) struct Counting;
 
@@ -40,14 +48,14 @@ fn sub(bytes: usize) {
 
 // A `GlobalAlloc` can only be implemented with `unsafe impl`; the workspace
 // forbids `unsafe_code`, so this crate's manifest lowers it to `deny` and this
-// one impl is allowed. Every method forwards to `System` under the caller's
+// one impl is allowed. Every method forwards to `INNER` under the caller's
 // contract, unchanged, and only adds counting.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, which
-        // is `System::alloc`'s.
-        let ptr = unsafe { System.alloc(layout) };
+        // is `INNER`'s.
+        let ptr = unsafe { INNER.alloc(layout) };
         if !ptr.is_null() {
             add(layout.size());
         }
@@ -56,7 +64,7 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: as for `alloc`.
-        let ptr = unsafe { System.alloc_zeroed(layout) };
+        let ptr = unsafe { INNER.alloc_zeroed(layout) };
         if !ptr.is_null() {
             add(layout.size());
         }
@@ -64,15 +72,15 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: `ptr` was allocated by `System` (every method here
+        // SAFETY: `ptr` was allocated by `INNER` (every method here
         // forwards to it) with `layout`, as the caller guarantees.
-        unsafe { System.dealloc(ptr, layout) };
+        unsafe { INNER.dealloc(ptr, layout) };
         sub(layout.size());
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: as for `dealloc`; `new_size` is valid per the caller.
-        let new = unsafe { System.realloc(ptr, layout, new_size) };
+        let new = unsafe { INNER.realloc(ptr, layout, new_size) };
         if !new.is_null() {
             sub(layout.size());
             add(new_size);

@@ -31,6 +31,14 @@
 //! body, and a session, or a range of its steps, downloads as a case
 //! `markov-eval` runs offline.
 
+// A server's work is many small allocations that live for one request or
+// one step; jemalloc takes about a fifth off its CPU per step against the
+// system's allocator (docs/PERFORMANCE.md). A program that serves markov
+// from its own binary chooses its own allocator (the serving guide).
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::PathBuf;
