@@ -503,3 +503,108 @@ async fn an_input_guards_rewrite_and_block_are_what_sqlite_keeps() {
     let dir = Dir::new("sqlite-guarded-input");
     guarded_input_contract(store(&dir), &dir).await;
 }
+
+/// Whether `table` of the database at `path` is `WITHOUT ROWID`.
+fn without_rowid(path: &std::path::Path, table: &str) -> bool {
+    let raw = rusqlite::Connection::open(path).expect("opens");
+    raw.query_row(
+        "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?1",
+        [table],
+        |r| r.get(0),
+    )
+    .expect("the table is there")
+}
+
+#[tokio::test]
+async fn a_database_whose_body_tables_are_without_rowid_is_rebuilt_once_and_keeps_every_row() {
+    let dir = Dir::new("rowid-migration");
+    let long = "a paragraph of the user's, long enough to spill out of a b-tree cell. ".repeat(40);
+    let agent = metered_agent(&dir, &[("one", 1_000, 0), ("two", 1_000, 0)]);
+    let id = SessionId::new("old");
+    let (history, steps) = {
+        let store = store(&dir);
+        let mut session = DurableMachine::create(
+            store.clone(),
+            id.clone(),
+            WorkerId::new("w"),
+            agent.machine(),
+        )
+        .await
+        .expect("created");
+        session.machine().enqueue_user(long.as_str());
+        session.run().await.expect("runs");
+        session.release().await.expect("released");
+        let stored = store.load(&id).await.expect("loads");
+        let steps = store.steps(&id, 0, 100).await.expect("steps");
+        assert!(!steps.is_empty(), "the turn's step was recorded");
+        (stored.snapshot.history, steps)
+    };
+    // The database as an earlier version left it: the tables that hold
+    // bodies were WITHOUT ROWID.
+    let path = dir.path("sessions.db");
+    let raw = rusqlite::Connection::open(&path).expect("opens");
+    raw.execute_batch(
+        "BEGIN;
+         CREATE TABLE messages_old (session_id TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (session_id, seq)) WITHOUT ROWID;
+         INSERT INTO messages_old SELECT * FROM messages; DROP TABLE messages; ALTER TABLE messages_old RENAME TO messages;
+         CREATE TABLE step_traces_old (session_id TEXT NOT NULL, idx INTEGER NOT NULL, recorded_at INTEGER NOT NULL, body TEXT NOT NULL, PRIMARY KEY (session_id, idx)) WITHOUT ROWID;
+         INSERT INTO step_traces_old SELECT * FROM step_traces; DROP TABLE step_traces; ALTER TABLE step_traces_old RENAME TO step_traces;
+         CREATE INDEX step_traces_age ON step_traces (recorded_at);
+         CREATE TABLE step_contents_old (hash TEXT PRIMARY KEY, body TEXT NOT NULL) WITHOUT ROWID;
+         INSERT INTO step_contents_old SELECT * FROM step_contents; DROP TABLE step_contents; ALTER TABLE step_contents_old RENAME TO step_contents;
+         CREATE TABLE team_states_old (session_id TEXT PRIMARY KEY, body TEXT NOT NULL) WITHOUT ROWID;
+         DROP TABLE team_states; ALTER TABLE team_states_old RENAME TO team_states;
+         COMMIT;",
+    )
+    .expect("the old tables");
+    drop(raw);
+    for table in ["messages", "step_traces", "step_contents", "team_states"] {
+        assert!(
+            without_rowid(&path, table),
+            "{table} is as an earlier version made it"
+        );
+    }
+
+    let store = store(&dir);
+    for table in ["messages", "step_traces", "step_contents", "team_states"] {
+        assert!(!without_rowid(&path, table), "{table} was rebuilt");
+    }
+    let raw = rusqlite::Connection::open(&path).expect("opens");
+    let age_index: i64 = raw
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_schema WHERE type = 'index' AND name = 'step_traces_age'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("counted");
+    assert_eq!(age_index, 1, "the traces' age index is back");
+    drop(raw);
+    let stored = store.load(&id).await.expect("an old session loads");
+    assert_eq!(stored.snapshot.history, history, "every message, in order");
+    assert_eq!(
+        store.steps(&id, 0, 100).await.expect("steps"),
+        steps,
+        "every step"
+    );
+    let mut session = DurableMachine::open(store.clone(), id.clone(), WorkerId::new("w"), &agent)
+        .await
+        .expect("opens");
+    session.machine().enqueue_user(long.as_str());
+    session.run().await.expect("runs on");
+    session.release().await.expect("released");
+    assert_eq!(
+        store.load(&id).await.expect("loads").snapshot.history.len(),
+        history.len() + 2
+    );
+    assert_eq!(
+        store.steps(&id, 0, 100).await.expect("steps").len(),
+        steps.len() + 1
+    );
+    // Opened again: nothing left to rebuild, nothing changes.
+    drop(store);
+    let again = self::store(&dir);
+    assert_eq!(
+        again.load(&id).await.expect("loads").snapshot.history.len(),
+        history.len() + 2
+    );
+}
