@@ -262,6 +262,39 @@ const BODY_TABLES: &[(&str, &str)] = &[
 /// either way. The rebuild copies the table, so the first open of a large
 /// database by this version takes as long as that copy.
 fn with_rowids(conn: &Connection) -> Result<(), StoreError> {
+    if old_tables(conn)?.is_empty() {
+        return Ok(());
+    }
+    // Looked at again under the write lock: another process opening the
+    // same file may have rebuilt them meanwhile.
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(backend)?;
+    let rebuilt = old_tables(conn).and_then(|old| {
+        for table in &old {
+            rebuild(conn, table)?;
+        }
+        conn.execute_batch("COMMIT").map_err(backend)?;
+        Ok(old)
+    });
+    match rebuilt {
+        Ok(old) => {
+            if !old.is_empty() {
+                tracing::info!(tables = %old.join(", "), "rebuilt as rowid tables, once");
+            }
+            Ok(())
+        }
+        Err(e) => {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            Err(StoreError::Backend(format!(
+                "rebuilding the tables an earlier version made WITHOUT ROWID failed, nothing changed: {e}"
+            )))
+        }
+    }
+}
+
+/// The tables of [`BODY_TABLES`] that are `WITHOUT ROWID`.
+fn old_tables(conn: &Connection) -> Result<Vec<&'static str>, StoreError> {
     let mut old = Vec::new();
     for (table, _) in BODY_TABLES {
         let without_rowid: bool = conn
@@ -275,53 +308,42 @@ fn with_rowids(conn: &Connection) -> Result<(), StoreError> {
             old.push(*table);
         }
     }
-    if old.is_empty() {
-        return Ok(());
-    }
-    let mut rebuild = String::from("BEGIN IMMEDIATE;");
-    for table in &old {
-        let create: String = conn
-            .query_row(
-                "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1",
-                params![table],
-                |r| r.get(0),
-            )
-            .map_err(backend)?;
-        // The columns and keys as they were, from the first parenthesis
-        // on (the name before it may be quoted or not).
-        let columns = create
-            .trim_end()
-            .strip_suffix("WITHOUT ROWID")
-            .and_then(|c| c.find('(').map(|at| c[at..].trim_end()));
-        let Some(columns) = columns else {
-            return Err(StoreError::Backend(format!(
-                "table {table} is WITHOUT ROWID but its definition is not one this store wrote: {create}"
-            )));
-        };
-        let extra = BODY_TABLES
-            .iter()
-            .find(|(name, _)| name == table)
-            .map_or("", |(_, extra)| *extra);
-        rebuild.push_str(&format!(
-            "CREATE TABLE {table}_rebuilt {columns};
-             INSERT INTO {table}_rebuilt SELECT * FROM {table};
-             DROP TABLE {table};
-             ALTER TABLE {table}_rebuilt RENAME TO {table};
-             {extra}"
-        ));
-    }
-    rebuild.push_str("COMMIT;");
-    if let Err(e) = conn.execute_batch(&rebuild) {
-        if !conn.is_autocommit() {
-            let _ = conn.execute_batch("ROLLBACK");
-        }
+    Ok(old)
+}
+
+/// Copies `table` into a rowid table of the same columns and keys, which
+/// takes its place (inside the caller's transaction).
+fn rebuild(conn: &Connection, table: &str) -> Result<(), StoreError> {
+    let create: String = conn
+        .query_row(
+            "SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1",
+            params![table],
+            |r| r.get(0),
+        )
+        .map_err(backend)?;
+    // The columns and keys as they were, from the first parenthesis on
+    // (the name before it may be quoted or not).
+    let columns = create
+        .trim_end()
+        .strip_suffix("WITHOUT ROWID")
+        .and_then(|c| c.find('(').map(|at| c[at..].trim_end()));
+    let Some(columns) = columns else {
         return Err(StoreError::Backend(format!(
-            "rebuilding {} as rowid tables failed, nothing changed: {e}",
-            old.join(", ")
+            "table {table} is WITHOUT ROWID but its definition is not one this store wrote: {create}"
         )));
-    }
-    tracing::info!(tables = %old.join(", "), "rebuilt as rowid tables, once");
-    Ok(())
+    };
+    let extra = BODY_TABLES
+        .iter()
+        .find(|(name, _)| *name == table)
+        .map_or("", |(_, extra)| *extra);
+    conn.execute_batch(&format!(
+        "CREATE TABLE {table}_rebuilt {columns};
+         INSERT INTO {table}_rebuilt SELECT * FROM {table};
+         DROP TABLE {table};
+         ALTER TABLE {table}_rebuilt RENAME TO {table};
+         {extra}"
+    ))
+    .map_err(backend)
 }
 
 /// Keeps every statement the store runs on `conn` prepared: parsing SQL
