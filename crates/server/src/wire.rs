@@ -353,6 +353,11 @@ pub(crate) struct InterruptedEvent {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(tag = "event", content = "data", rename_all = "snake_case")]
 #[allow(dead_code)]
+// A step's event is the largest (its usage and totals are kept typed, not
+// as JSON trees), and boxing it would cost an allocation per step: an event
+// lives only until `RunLog::record` has written it as text, and none is
+// ever kept in a collection where its size would add up.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum RunEvent {
     /// A decision was recorded.
     Decided(DecidedEvent),
