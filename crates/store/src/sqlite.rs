@@ -238,17 +238,8 @@ impl SqliteStore {
     }
 }
 
-/// The tables whose rows hold a body of any length, and what each needs
-/// beside its primary key once rebuilt.
-const BODY_TABLES: &[(&str, &str)] = &[
-    ("messages", ""),
-    (
-        "step_traces",
-        "CREATE INDEX IF NOT EXISTS step_traces_age ON step_traces (recorded_at);",
-    ),
-    ("step_contents", ""),
-    ("team_states", ""),
-];
+/// The tables whose rows hold a body of any length.
+const BODY_TABLES: &[&str] = &["messages", "step_traces", "step_contents", "team_states"];
 
 /// Rebuilds as ordinary (rowid) tables those of [`BODY_TABLES`] an earlier
 /// version created `WITHOUT ROWID`, in one transaction, once.
@@ -272,6 +263,9 @@ fn with_rowids(conn: &Connection) -> Result<(), StoreError> {
         for table in &old {
             rebuild(conn, table)?;
         }
+        // A table dropped took its indexes with it: the schema makes them
+        // again (everything else in it exists already).
+        conn.execute_batch(SCHEMA).map_err(backend)?;
         conn.execute_batch("COMMIT").map_err(backend)?;
         Ok(old)
     });
@@ -296,7 +290,7 @@ fn with_rowids(conn: &Connection) -> Result<(), StoreError> {
 /// The tables of [`BODY_TABLES`] that are `WITHOUT ROWID`.
 fn old_tables(conn: &Connection) -> Result<Vec<&'static str>, StoreError> {
     let mut old = Vec::new();
-    for (table, _) in BODY_TABLES {
+    for table in BODY_TABLES {
         let without_rowid: bool = conn
             .query_row(
                 "SELECT wr FROM pragma_table_list WHERE schema = 'main' AND name = ?1",
@@ -312,7 +306,8 @@ fn old_tables(conn: &Connection) -> Result<Vec<&'static str>, StoreError> {
 }
 
 /// Copies `table` into a rowid table of the same columns and keys, which
-/// takes its place (inside the caller's transaction).
+/// takes its place (inside the caller's transaction; its indexes are the
+/// caller's to make again).
 fn rebuild(conn: &Connection, table: &str) -> Result<(), StoreError> {
     let create: String = conn
         .query_row(
@@ -332,16 +327,11 @@ fn rebuild(conn: &Connection, table: &str) -> Result<(), StoreError> {
             "table {table} is WITHOUT ROWID but its definition is not one this store wrote: {create}"
         )));
     };
-    let extra = BODY_TABLES
-        .iter()
-        .find(|(name, _)| *name == table)
-        .map_or("", |(_, extra)| *extra);
     conn.execute_batch(&format!(
         "CREATE TABLE {table}_rebuilt {columns};
          INSERT INTO {table}_rebuilt SELECT * FROM {table};
          DROP TABLE {table};
-         ALTER TABLE {table}_rebuilt RENAME TO {table};
-         {extra}"
+         ALTER TABLE {table}_rebuilt RENAME TO {table};"
     ))
     .map_err(backend)
 }

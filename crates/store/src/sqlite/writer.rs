@@ -10,9 +10,9 @@
 //! its own, so a write that fails (a lost lease, a session that exists
 //! already) is rolled back alone, and one commit — one sync — makes all
 //! the others durable; a write that finds no other waiting is the
-//! transaction itself, without a savepoint. A caller hears back only after that commit, so a
-//! step is as durable before its next model call, and before its result
-//! is streamed, as it was with a transaction of its own.
+//! transaction itself, without a savepoint. A caller hears back only after
+//! that commit, so a step is as durable before its next model call, and
+//! before its result is streamed, as it was with a transaction of its own.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -229,8 +229,7 @@ fn commit(conn: &Connection, batch: Vec<WriteJob>, commits: &AtomicU64) {
         // back rolls back exactly what it wrote, so it needs no savepoint
         // (two statements fewer for every write that finds the thread
         // idle, which is most of them when the server is not busy).
-        let mut batch = batch;
-        if let Some(write) = batch.pop() {
+        if let Some(write) = batch.into_iter().next() {
             alone(conn, write, commits, &sql);
         }
         return;
