@@ -18,7 +18,9 @@ use futures::Stream;
 use markov_core::Item;
 use markov_executor::{Agent, MachineStep, YieldReason};
 use markov_policy::{ApprovalId, Decision};
-use markov_store::{CreateOptions, DurableMachine, OpenOptions, SessionId, SessionInfo, Store};
+use markov_store::{
+    CreateOptions, DurableMachine, Lease, OpenOptions, SessionId, SessionInfo, Store,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tower_http::timeout::RequestBodyTimeoutLayer;
@@ -433,17 +435,65 @@ async fn owned<'a>(
     if info.owner.as_ref() != Some(principal.id()) {
         return Err(ApiError::NotFound(format!("no session {id}")));
     }
+    let agent = agent_of(service, &id, &info.charter)?;
+    Ok((id, agent))
+}
+
+/// The agent (or a team's entry agent) this server serves as `charter`,
+/// which session `id` runs.
+fn agent_of<'a>(
+    service: &'a Service,
+    id: &SessionId,
+    charter: &str,
+) -> Result<&'a Agent, ApiError> {
     let agent = service
         .agents
-        .get(&info.charter)
-        .or_else(|| crate::team::agent_named(service, &info.charter));
-    let agent = agent.ok_or_else(|| {
+        .get(charter)
+        .or_else(|| crate::team::agent_named(service, charter));
+    agent.ok_or_else(|| {
         ApiError::NotFound(format!(
-            "session {id} runs agent {:?}, which this server does not serve",
-            info.charter
+            "session {id} runs agent {charter:?}, which this server does not serve"
         ))
-    })?;
-    Ok((id, agent))
+    })
+}
+
+/// Session `id`, if it is `principal`'s, leased to this worker and claimed
+/// for a run here, and opened: what a request that changes a session
+/// starts with. Another principal's session is "not found", as if it did
+/// not exist, even while it runs; a session that runs, here or on another
+/// worker, is a conflict.
+///
+/// Whose the session is, is checked in the same store call that leases it
+/// (one round trip to the store, not two); the run here is claimed after,
+/// so a session this worker runs is looked at first, without leasing it.
+async fn opened(
+    service: &Arc<Service>,
+    principal: &Principal,
+    id: &str,
+) -> Result<(RunGuard, DurableMachine<dyn Store>), ApiError> {
+    let id = SessionId::new(id);
+    if service.runs.is_running(&id) {
+        owned(service, principal, id.as_str()).await?;
+        return Err(running(&id));
+    }
+    let lease = service
+        .store
+        .acquire_owned(&id, principal.id(), &service.worker, service.lease)
+        .await?;
+    let agent = match agent_of(service, &id, &lease.charter) {
+        Ok(agent) => agent,
+        Err(error) => {
+            // No run of an agent this server does not serve goes on here:
+            // the lease just taken is nobody else's.
+            service.store.release(&id, &service.worker).await?;
+            return Err(error);
+        }
+    };
+    // A request for the same session that got here first claims it; its
+    // lease is this worker's, which ours renewed, and stays with its run.
+    let guard = claim(service, &id)?;
+    let session = open_leased(service, lease, agent).await?;
+    Ok((guard, session))
 }
 
 #[utoipa::path(get, path = "/sessions/{id}", tag = "sessions",
@@ -561,16 +611,20 @@ pub(crate) async fn fork(
 // --- runs -----------------------------------------------------------------------
 
 fn claim(service: &Arc<Service>, id: &SessionId) -> Result<RunGuard, ApiError> {
-    service.runs.claim(id).ok_or_else(|| {
-        ApiError::Conflict(format!(
-            "session {id} is running; wait for its run to end, or cancel it"
-        ))
-    })
+    service.runs.claim(id).ok_or_else(|| running(id))
 }
 
-async fn open(
+/// The answer to a request for a session that runs here.
+fn running(id: &SessionId) -> ApiError {
+    ApiError::Conflict(format!(
+        "session {id} is running; wait for its run to end, or cancel it"
+    ))
+}
+
+/// Opens the session `lease` is of, over `agent`.
+async fn open_leased(
     service: &Service,
-    id: &SessionId,
+    lease: Lease,
     agent: &Agent,
 ) -> Result<DurableMachine<dyn Store>, ApiError> {
     let options = OpenOptions::default().lease(service.lease);
@@ -578,14 +632,8 @@ async fn open(
         Some(cache) => options.cache(cache.clone()),
         None => options,
     };
-    let session = DurableMachine::open_with(
-        Arc::clone(&service.store),
-        id.clone(),
-        service.worker.clone(),
-        agent,
-        options,
-    )
-    .await?;
+    let session =
+        DurableMachine::open_leased(Arc::clone(&service.store), lease, agent, options).await?;
     let source = if session.was_kept() {
         "memory"
     } else {
@@ -782,11 +830,10 @@ pub(crate) async fn message(
     if let Some(log) = crate::team::message(&service, &principal, &id, text.clone()).await? {
         return Ok(streamed(&log).into_response());
     }
-    let (id, agent) = owned(&service, &principal, &id).await?;
     // Claimed before the stream starts, so a busy session is a plain 409,
     // and held by the run until it ends.
-    let guard = claim(&service, &id)?;
-    let session = open(&service, &id, agent).await?;
+    let (guard, session) = opened(&service, &principal, &id).await?;
+    let id = session.id().clone();
     if session.machine().is_awaiting_approval() {
         let waiting = session
             .machine()
@@ -911,11 +958,9 @@ pub(crate) async fn decide(
     {
         return Ok(streamed(&log).into_response());
     }
-    let (id, agent) = owned(&service, &principal, &id).await?;
     // One decision at a time per session: of two racing, the second is a
     // 409 here, or refused as already decided below.
-    let guard = claim(&service, &id)?;
-    let mut session = open(&service, &id, agent).await?;
+    let (guard, mut session) = opened(&service, &principal, &id).await?;
     let request_id = ApprovalId::from(request.as_str());
     let tool = session
         .machine()
@@ -989,9 +1034,7 @@ pub(crate) async fn command(
 ) -> Result<Json<CommandResult>, ApiError> {
     let Json(request) = body?;
     crate::team::refuse_command(&service, &principal, &id).await?;
-    let (id, agent) = owned(&service, &principal, &id).await?;
-    let _guard = claim(&service, &id)?;
-    let mut session = open(&service, &id, agent).await?;
+    let (_guard, mut session) = opened(&service, &principal, &id).await?;
     let outcome = session
         .command(
             &request.name,
@@ -1076,15 +1119,14 @@ async fn continue_one(service: &Arc<Service>) -> Option<SessionId> {
             return None;
         }
     };
-    let id = lease.session;
+    let id = lease.session.clone();
     let started = async {
-        let info = service.store.info(&id).await?;
         if crate::team::continue_interrupted(service, &id).await? {
             return Ok(());
         }
-        let agent = agent_named(service, &info.charter)?;
+        let agent = agent_named(service, &lease.charter)?;
         let guard = claim(service, &id)?;
-        let session = open(service, &id, agent).await?;
+        let session = open_leased(service, lease, agent).await?;
         spawn_run(service, guard, session, None, Work::Continue);
         service.metrics.runs_continued.inc();
         Ok::<_, ApiError>(())

@@ -394,6 +394,14 @@ impl Runs {
         })
     }
 
+    /// Whether session `id` runs here.
+    pub(crate) fn is_running(&self, id: &SessionId) -> bool {
+        self.logs()
+            .by_session
+            .get(id)
+            .is_some_and(|log| !log.is_finished())
+    }
+
     /// The log of session `id`'s run in progress, or of its last run if it
     /// ended moments ago.
     pub(crate) fn get(&self, id: &SessionId) -> Option<Arc<RunLog>> {

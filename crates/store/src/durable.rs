@@ -373,8 +373,24 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
         agent: &Agent,
         options: OpenOptions,
     ) -> Result<Self, DurableError> {
+        let lease = store.acquire(&id, &holder, options.lease).await?;
+        Self::open_leased(store, lease, agent, options).await
+    }
+
+    /// [`open_with`](Self::open_with) for a session whose `lease` its
+    /// holder took already ([`Store::acquire_owned`], say, which checks
+    /// who the session belongs to in the same store call, or
+    /// [`Store::claim_interrupted`]): restores its machine over `agent`
+    /// without leasing it again. `options.lease` is the length each renewal
+    /// asks for.
+    pub async fn open_leased(
+        store: Arc<S>,
+        lease: Lease,
+        agent: &Agent,
+        options: OpenOptions,
+    ) -> Result<Self, DurableError> {
         let OpenOptions { lease: ttl, cache } = options;
-        let lease = store.acquire(&id, &holder, ttl).await?;
+        let id = lease.session.clone();
         let parked = cache
             .as_ref()
             .and_then(|cache| cache.take(&id))
@@ -414,6 +430,7 @@ impl<S: Store + ?Sized + 'static> DurableMachine<S> {
             holder,
             expires_at,
             revision: _,
+            charter: _,
         } = lease;
         let lease = Arc::new(LeaseWatch {
             until: AtomicU64::new(expires_at),

@@ -173,6 +173,9 @@ pub struct Lease {
     pub expires_at: u64,
     /// The session's revision when the lease was granted.
     pub revision: Revision,
+    /// The name of the charter the session runs (its agent's), so that a
+    /// worker that leased it knows what to restore it over.
+    pub charter: String,
 }
 
 /// Which writes a session has seen: every write after its creation (a
@@ -575,6 +578,27 @@ pub trait Store: Send + Sync + fmt::Debug {
         holder: &WorkerId,
         ttl: Duration,
     ) -> Result<Lease, StoreError>;
+
+    /// [`acquire`](Store::acquire) on behalf of `owner`: a session that is
+    /// not `owner`'s is [`StoreError::NotFound`], as if it did not exist,
+    /// and its lease is left as it was. For a service acting for a
+    /// signed-in principal: the ownership is checked and the lease taken
+    /// in one go. This default reads the session's [`info`](Store::info),
+    /// then leases it; a store that can do both in one transaction does
+    /// so (a session's owner never changes, so both ways answer the same).
+    async fn acquire_owned(
+        &self,
+        id: &SessionId,
+        owner: &Owner,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let info = self.info(id).await?;
+        if info.owner.as_ref() != Some(owner) {
+            return Err(StoreError::NotFound(id.clone()));
+        }
+        self.acquire(id, holder, ttl).await
+    }
 
     /// Gives up `holder`'s lease on `id` and returns the session's revision
     /// at that moment, or `None` (and does nothing) if `holder` does not

@@ -345,22 +345,30 @@ fn holds(
     Ok(row.get(2))
 }
 
-/// Leases the locked row `id` to `holder`, or says who holds it.
+/// Leases the locked row `id` to `holder`, or says who holds it; when
+/// `only_for` is set, a session that is not that owner's is not found and
+/// keeps its lease.
 async fn lease(
     tx: &tokio_postgres::Transaction<'_>,
     id: &SessionId,
+    only_for: Option<&Owner>,
     holder: &WorkerId,
     ttl: Duration,
 ) -> Result<Lease, StoreError> {
     let now = now_ms();
     let row = tx
         .query_opt(
-            "SELECT lease_holder, lease_expires, revision FROM sessions WHERE id = $1 FOR UPDATE",
+            "SELECT lease_holder, lease_expires, revision, charter, owner
+             FROM sessions WHERE id = $1 FOR UPDATE",
             &[&id.as_str()],
         )
         .await
         .map_err(backend)?
         .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+    let owner: Option<&str> = row.get(4);
+    if only_for.is_some_and(|only| owner != Some(only.as_str())) {
+        return Err(StoreError::NotFound(id.clone()));
+    }
     let current: Option<String> = row.get(0);
     let until: i64 = row.get(1);
     let revision = Revision::new(to_u64(row.get(2)));
@@ -386,6 +394,7 @@ async fn lease(
         holder: holder.clone(),
         expires_at: expires,
         revision,
+        charter: row.get(3),
     })
 }
 
@@ -479,6 +488,7 @@ impl Store for PostgresStore {
             holder: holder.clone(),
             expires_at: expires,
             revision,
+            charter: charter.to_owned(),
         })
     }
 
@@ -915,7 +925,21 @@ impl Store for PostgresStore {
     ) -> Result<Lease, StoreError> {
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
-        let lease = lease(&tx, id, holder, ttl).await?;
+        let lease = lease(&tx, id, None, holder, ttl).await?;
+        tx.commit().await.map_err(backend)?;
+        Ok(lease)
+    }
+
+    async fn acquire_owned(
+        &self,
+        id: &SessionId,
+        owner: &Owner,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(backend)?;
+        let lease = lease(&tx, id, Some(owner), holder, ttl).await?;
         tx.commit().await.map_err(backend)?;
         Ok(lease)
     }
@@ -986,7 +1010,7 @@ impl Store for PostgresStore {
             return Ok(None);
         };
         let id = SessionId::new(row.get::<_, String>(0));
-        let lease = lease(&tx, &id, holder, ttl).await?;
+        let lease = lease(&tx, &id, None, holder, ttl).await?;
         tx.commit().await.map_err(backend)?;
         Ok(Some(lease))
     }

@@ -477,33 +477,46 @@ fn raw_columns(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawColumns> {
     })
 }
 
+/// Leases session `id` to `holder` for `ttl` (see [`Store::acquire`]); when
+/// `only_for` is set, a session that is not that owner's is not found and
+/// keeps its lease.
 fn lease(
     conn: &Connection,
     id: &SessionId,
+    only_for: Option<&Owner>,
     holder: &WorkerId,
     ttl: Duration,
 ) -> Result<Lease, StoreError> {
     let now = now_ms();
     let expires = now.saturating_add(ms(ttl));
-    let row: Option<(Option<String>, i64, i64)> = conn
-        .prepare_cached("SELECT lease_holder, lease_expires, revision FROM sessions WHERE id = ?1")
+    type Row = (Option<String>, i64, i64, String, Option<String>);
+    let row: Option<Row> = conn
+        .prepare_cached(
+            "SELECT lease_holder, lease_expires, revision, charter, owner
+             FROM sessions WHERE id = ?1",
+        )
         .map_err(backend)?
         .query_row(params![id.as_str()], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
         })
         .optional()
         .map_err(backend)?;
-    let revision = match row {
-        None => return Err(StoreError::NotFound(id.clone())),
-        Some((Some(h), until, _)) if h != holder.as_str() && to_u64(until) > now => {
-            return Err(StoreError::Leased {
-                session: id.clone(),
-                holder: WorkerId::new(h),
-                expires_at: to_u64(until),
-            });
-        }
-        Some((_, _, revision)) => Revision::new(to_u64(revision)),
+    let Some((current, until, revision, charter, owner)) = row else {
+        return Err(StoreError::NotFound(id.clone()));
     };
+    if only_for.is_some_and(|only| owner.as_deref() != Some(only.as_str())) {
+        return Err(StoreError::NotFound(id.clone()));
+    }
+    if let Some(current) = current
+        && current != holder.as_str()
+        && to_u64(until) > now
+    {
+        return Err(StoreError::Leased {
+            session: id.clone(),
+            holder: WorkerId::new(current),
+            expires_at: to_u64(until),
+        });
+    }
     conn.prepare_cached("UPDATE sessions SET lease_holder = ?2, lease_expires = ?3 WHERE id = ?1")
         .map_err(backend)?
         .execute(params![id.as_str(), holder.as_str(), to_i64(expires)])
@@ -512,7 +525,8 @@ fn lease(
         session: id.clone(),
         holder: holder.clone(),
         expires_at: expires,
-        revision,
+        revision: Revision::new(to_u64(revision)),
+        charter,
     })
 }
 
@@ -759,6 +773,7 @@ impl Store for SqliteStore {
                 holder,
                 expires_at: expires,
                 revision,
+                charter,
             })
         })
         .await
@@ -1179,10 +1194,20 @@ impl Store for SqliteStore {
     ) -> Result<Lease, StoreError> {
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
-            .write(move |conn| {
-                let lease = lease(conn, &id, &holder, ttl)?;
-                Ok(lease)
-            })
+            .write(move |conn| lease(conn, &id, None, &holder, ttl))
+            .await
+    }
+
+    async fn acquire_owned(
+        &self,
+        id: &SessionId,
+        owner: &Owner,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let (id, owner, holder) = (id.clone(), owner.clone(), holder.clone());
+        self.writer
+            .write(move |conn| lease(conn, &id, Some(&owner), &holder, ttl))
             .await
     }
 
@@ -1254,7 +1279,7 @@ impl Store for SqliteStore {
                     .optional()
                     .map_err(backend)?;
                 let Some(id) = id else { return Ok(None) };
-                let lease = lease(conn, &SessionId::new(id), &holder, ttl)?;
+                let lease = lease(conn, &SessionId::new(id), None, &holder, ttl)?;
                 Ok(Some(lease))
             })
             .await

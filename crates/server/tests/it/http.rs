@@ -761,6 +761,21 @@ async fn a_second_message_while_running_is_a_conflict_and_a_client_that_leaves_d
         .await
         .expect("sent");
     assert_eq!(second.status(), 409);
+    // Whose the session is comes first: to another principal it does not
+    // exist, running or not.
+    let theirs = f
+        .client
+        .post(format!("{}/sessions/{id}/messages", f.base))
+        .bearer_auth(&f.keys["bob"])
+        .json(&json!({"text": "mine now"}))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(
+        theirs.status(),
+        404,
+        "bob's message to alice's running session"
+    );
     // The first client goes away mid-run.
     drop(first);
     let mut waited = Duration::ZERO;
@@ -782,6 +797,7 @@ async fn a_second_message_while_running_is_a_conflict_and_a_client_that_leaves_d
     // Nothing was lost: the second message was refused, not queued.
     let (_, session) = f.get(&format!("/sessions/{id}")).await;
     assert!(!session.to_string().contains("and again"));
+    assert!(!session.to_string().contains("mine now"));
 }
 
 #[derive(serde::Serialize, Deserialize, JsonSchema)]

@@ -533,6 +533,75 @@ where
         Err(StoreError::NotFound(_))
     ));
 
+    // Leasing on behalf of an owner checks whose the session is in the
+    // same call.
+    let (first, second) = (WorkerId::new("w1"), WorkerId::new("w2"));
+    let ttl = std::time::Duration::from_secs(30);
+    let b1 = SessionId::new("b1");
+    let lease = store
+        .acquire_owned(&b1, &bob, &first, ttl)
+        .await
+        .expect("bob leases his own session");
+    assert_eq!(
+        (lease.holder.as_str(), lease.charter.as_str()),
+        ("w1", "payments")
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    for holder in [&first, &second] {
+        assert!(
+            matches!(
+                store.acquire_owned(&b1, &alice, holder, ttl).await,
+                Err(StoreError::NotFound(_))
+            ),
+            "another owner's session is not found, whoever holds it"
+        );
+    }
+    match store.acquire(&b1, &second, ttl).await {
+        Err(StoreError::Leased {
+            holder, expires_at, ..
+        }) => assert_eq!(
+            (holder, expires_at),
+            (first.clone(), lease.expires_at),
+            "the lease is as bob's lease left it: not renewed by alice's tries"
+        ),
+        other => panic!("b1 is leased to w1: {other:?}"),
+    }
+    assert!(
+        matches!(
+            store.acquire_owned(&b1, &bob, &second, ttl).await,
+            Err(StoreError::Leased { .. })
+        ),
+        "the owner's session another worker holds is leased"
+    );
+    assert!(matches!(
+        store
+            .acquire_owned(&SessionId::new("a1"), &bob, &second, ttl)
+            .await,
+        Err(StoreError::NotFound(_))
+    ));
+    let a1 = store
+        .acquire(&SessionId::new("a1"), &first, ttl)
+        .await
+        .expect("a free session another owner asked for stays free");
+    assert_eq!(a1.charter, "payments");
+    for (id, owner) in [("n", &alice), ("nope", &bob)] {
+        assert!(
+            matches!(
+                store
+                    .acquire_owned(&SessionId::new(id), owner, &first, ttl)
+                    .await,
+                Err(StoreError::NotFound(_))
+            ),
+            "{id}: nobody's session, and none, are not found"
+        );
+    }
+    for id in ["a1", "b1"] {
+        store
+            .release(&SessionId::new(id), &first)
+            .await
+            .expect("released");
+    }
+
     let key = ApiKeyRecord {
         id: "k1".into(),
         principal: "alice".into(),

@@ -223,6 +223,17 @@ impl Store for Watched {
         self.inner.acquire(id, holder, ttl).await
     }
 
+    async fn acquire_owned(
+        &self,
+        id: &SessionId,
+        owner: &Owner,
+        holder: &WorkerId,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        self.before(Call::Other("acquire_owned")).await?;
+        self.inner.acquire_owned(id, owner, holder, ttl).await
+    }
+
     async fn release(
         &self,
         id: &SessionId,
