@@ -489,8 +489,11 @@ async fn opened(
             return Err(error);
         }
     };
-    // A request for the same session that got here first claims it; its
-    // lease is this worker's, which ours renewed, and stays with its run.
+    // A request for the same session that got here first claims it, and
+    // its run keeps the lease (this worker's: ours only renewed it). Were
+    // that run to end before this claim, the lease would be left to
+    // expire: other workers wait for it at most its length, this one not
+    // at all.
     let guard = claim(service, &id)?;
     let session = open_leased(service, lease, agent).await?;
     Ok((guard, session))
