@@ -36,7 +36,8 @@ use crate::{
 /// The writes that come before a side effect — the model's answer before
 /// its tools run, a tool's ledger entry before its result is used — are
 /// what keeps a resumed session from repeating a payment, so by default
-/// every commit is synced ([`Durability::PowerLoss`]). Choosing
+/// every commit of a session's data is synced ([`Durability::PowerLoss`]).
+/// Choosing
 /// [`Durability::ProcessCrash`] trades that for speed: the last commits
 /// before an OS crash or a power cut can vanish, and with them the record
 /// that a tool ran.
@@ -48,7 +49,11 @@ pub enum Durability {
     /// choice for speed.
     ProcessCrash,
     /// `synchronous=FULL` in WAL mode: a commit is synced to disk before it
-    /// returns, so it survives a power loss. The default.
+    /// returns, so it survives a power loss. The default. A commit that
+    /// changes nothing but leases (taken, renewed, given up) is not synced:
+    /// a lease matters only while its holder runs, every holder of a lease
+    /// on this file runs on the machine a power loss stops, and the next
+    /// synced commit (the log is synced in order) makes it durable too.
     #[default]
     PowerLoss,
 }
@@ -154,7 +159,7 @@ fn backend(e: rusqlite::Error) -> StoreError {
 
 impl SqliteStore {
     /// Opens (or creates) the database file at `path`, in WAL mode, with
-    /// [`Durability::PowerLoss`] (every commit synced).
+    /// [`Durability::PowerLoss`] (every commit of a session's data synced).
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_with(path, Durability::default())
     }
@@ -1194,7 +1199,7 @@ impl Store for SqliteStore {
     ) -> Result<Lease, StoreError> {
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
-            .write(move |conn| lease(conn, &id, None, &holder, ttl))
+            .write_lease(move |conn| lease(conn, &id, None, &holder, ttl))
             .await
     }
 
@@ -1207,7 +1212,7 @@ impl Store for SqliteStore {
     ) -> Result<Lease, StoreError> {
         let (id, owner, holder) = (id.clone(), owner.clone(), holder.clone());
         self.writer
-            .write(move |conn| lease(conn, &id, Some(&owner), &holder, ttl))
+            .write_lease(move |conn| lease(conn, &id, Some(&owner), &holder, ttl))
             .await
     }
 
@@ -1218,7 +1223,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Revision>, StoreError> {
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
-            .write(move |conn| give_up(conn, &id, &holder))
+            .write_lease(move |conn| give_up(conn, &id, &holder))
             .await
     }
 
@@ -1266,7 +1271,7 @@ impl Store for SqliteStore {
     ) -> Result<Option<Lease>, StoreError> {
         let holder = holder.clone();
         self.writer
-            .write(move |conn| {
+            .write_lease(move |conn| {
                 let now = now_ms();
                 let id: Option<String> = conn
                     .prepare_cached(

@@ -13,6 +13,14 @@
 //! transaction itself, without a savepoint. A caller hears back only after
 //! that commit, so a step is as durable before its next model call, and
 //! before its result is streamed, as it was with a transaction of its own.
+//!
+//! A batch of nothing but lease writes (a lease taken, renewed or given
+//! up) is committed without a sync on a file that otherwise syncs every
+//! commit. A lease matters only while its holder lives, and every process
+//! that can hold a lease on this file runs on the machine a power loss
+//! stops; the write-ahead log is synced in order, so the next commit that
+//! is synced (the step, the tool call's record) makes every lease write
+//! before it durable too. A message therefore waits for one sync fewer.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -57,7 +65,16 @@ type Reply = Box<dyn FnOnce(Option<&str>) + Send>;
 
 enum Job {
     Read(ReadJob),
-    Write(WriteJob),
+    Write(WriteJob, Kind),
+}
+
+/// What a write changes, which says whether its commit must be synced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// A session's data: synced as the connection says.
+    Data,
+    /// Only who holds a session's lease, until when.
+    Lease,
 }
 
 /// The handle of the connection's thread; the thread ends when the last
@@ -84,9 +101,10 @@ impl Writer {
         let (jobs, queue) = mpsc::channel(QUEUE);
         let commits = Arc::new(AtomicU64::new(0));
         let counted = Arc::clone(&commits);
+        let syncing = Syncing::of(&conn)?;
         std::thread::Builder::new()
             .name("markov-sqlite".into())
-            .spawn(move || run(conn, queue, &counted))
+            .spawn(move || run(conn, queue, syncing, &counted))
             .map_err(|e| StoreError::Backend(format!("the database thread did not start: {e}")))?;
         Ok(Writer {
             jobs,
@@ -131,25 +149,46 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.write_of(Kind::Data, f).await
+    }
+
+    /// [`write`](Self::write) for `f` that changes only a session's lease
+    /// columns: see the module's documentation for why a batch of these
+    /// alone is not synced.
+    pub(super) async fn write_lease<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.write_of(Kind::Lease, f).await
+    }
+
+    async fn write_of<T, F>(&self, kind: Kind, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let (answer, answered) = oneshot::channel();
-        self.submit(Job::Write(Box::new(move |conn| {
-            let result = match conn {
-                Ok(conn) => {
-                    catch_unwind(AssertUnwindSafe(|| f(conn))).unwrap_or_else(|_| Err(panicked()))
+        self.submit(Job::Write(
+            Box::new(move |conn| {
+                let result = match conn {
+                    Ok(conn) => catch_unwind(AssertUnwindSafe(|| f(conn)))
+                        .unwrap_or_else(|_| Err(panicked())),
+                    Err(why) => Err(not_committed(why)),
+                };
+                Written {
+                    keep: result.is_ok(),
+                    reply: Box::new(move |failed_commit| {
+                        let result = match failed_commit {
+                            Some(why) if result.is_ok() => Err(not_committed(why)),
+                            _ => result,
+                        };
+                        let _ = answer.send(result);
+                    }),
                 }
-                Err(why) => Err(not_committed(why)),
-            };
-            Written {
-                keep: result.is_ok(),
-                reply: Box::new(move |failed_commit| {
-                    let result = match failed_commit {
-                        Some(why) if result.is_ok() => Err(not_committed(why)),
-                        _ => result,
-                    };
-                    let _ = answer.send(result);
-                }),
-            }
-        })))
+            }),
+            kind,
+        ))
         .await?;
         answered.await.map_err(|_| gone())?
     }
@@ -175,8 +214,66 @@ fn not_committed(why: &str) -> StoreError {
     StoreError::Backend(format!("the write was not committed: {why}"))
 }
 
+/// How the connection syncs its commits, and how a batch of lease writes
+/// alone is committed.
+#[derive(Debug)]
+struct Syncing {
+    /// The `synchronous` level the connection was opened with, when it
+    /// syncs every commit of a write-ahead log (`FULL` or `EXTRA`), so
+    /// that a batch of lease writes may skip the sync; `None` otherwise
+    /// (a database in memory, or one that does not sync each commit).
+    full: Option<i64>,
+    /// Whether the connection is set to `NORMAL` now, for such a batch.
+    relaxed: bool,
+}
+
+impl Syncing {
+    fn of(conn: &Connection) -> Result<Self, StoreError> {
+        let mode: String = conn
+            .pragma_query_value(None, "journal_mode", |r| r.get(0))
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        let level: i64 = conn
+            .pragma_query_value(None, "synchronous", |r| r.get(0))
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(Syncing {
+            full: (mode.eq_ignore_ascii_case("wal") && level >= 2).then_some(level),
+            relaxed: false,
+        })
+    }
+
+    /// Sets the connection for a batch: not synced when `leases_only`
+    /// and the connection may skip the sync, synced as it was opened
+    /// otherwise. An error means the connection could not be set back to
+    /// syncing: the batch must not be committed.
+    fn set(&mut self, conn: &Connection, leases_only: bool) -> Result<(), String> {
+        let Some(full) = self.full else {
+            return Ok(());
+        };
+        if leases_only == self.relaxed {
+            return Ok(());
+        }
+        let level = if leases_only { 1 } else { full };
+        match conn.execute_batch(&format!("PRAGMA synchronous = {level}")) {
+            Ok(()) => {
+                self.relaxed = leases_only;
+                Ok(())
+            }
+            // Left syncing, a batch of leases is only slower.
+            Err(_) if leases_only => Ok(()),
+            Err(e) => Err(format!(
+                "the database could not be set to sync its commits: {e}"
+            )),
+        }
+    }
+}
+
 /// The thread: reads one at a time, writes in batches.
-fn run(mut conn: Connection, mut queue: mpsc::Receiver<Job>, commits: &AtomicU64) {
+fn run(
+    mut conn: Connection,
+    mut queue: mpsc::Receiver<Job>,
+    mut syncing: Syncing,
+    commits: &AtomicU64,
+) {
     let mut next = None;
     loop {
         let job = match next.take() {
@@ -188,11 +285,15 @@ fn run(mut conn: Connection, mut queue: mpsc::Receiver<Job>, commits: &AtomicU64
         };
         match job {
             Job::Read(read) => read(&mut conn),
-            Job::Write(first) => {
+            Job::Write(first, kind) => {
                 let mut batch = vec![first];
+                let mut leases_only = kind == Kind::Lease;
                 while batch.len() < MAX_BATCH {
                     match queue.try_recv() {
-                        Ok(Job::Write(write)) => batch.push(write),
+                        Ok(Job::Write(write, kind)) => {
+                            batch.push(write);
+                            leases_only &= kind == Kind::Lease;
+                        }
                         // A read queued after these writes runs after them.
                         Ok(read) => {
                             next = Some(read);
@@ -201,7 +302,14 @@ fn run(mut conn: Connection, mut queue: mpsc::Receiver<Job>, commits: &AtomicU64
                         Err(_) => break,
                     }
                 }
-                commit(&conn, batch, commits);
+                match syncing.set(&conn, leases_only) {
+                    Ok(()) => commit(&conn, batch, commits),
+                    Err(why) => {
+                        for write in batch {
+                            (write(Err(&why)).reply)(Some(&why));
+                        }
+                    }
+                }
             }
         }
     }
@@ -475,6 +583,56 @@ mod tests {
         }
         assert!(values(&writer).await.is_empty(), "nothing was written");
         assert_eq!(writer.write(insert(4)).await.expect("the next write"), 4);
+    }
+
+    /// The `synchronous` level a write sees, and the row it writes.
+    fn level(v: i64) -> impl FnOnce(&Connection) -> Result<i64, StoreError> {
+        move |conn| {
+            insert(v)(conn)?;
+            conn.pragma_query_value(None, "synchronous", |r| r.get(0))
+                .map_err(|e| StoreError::Backend(e.to_string()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_of_lease_writes_alone_is_not_synced_and_any_other_batch_is() {
+        let dir =
+            std::env::temp_dir().join(format!("markov-writer-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let conn = Connection::open(dir.join("db")).expect("opens");
+        conn.execute_batch(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL;
+             CREATE TABLE t (v INTEGER PRIMARY KEY)",
+        )
+        .expect("a table");
+        let writer = Writer::start(conn).expect("starts");
+        let (normal, full) = (1, 2);
+        assert_eq!(writer.write_lease(level(1)).await.expect("written"), normal);
+        assert_eq!(writer.write(level(2)).await.expect("written"), full);
+        assert_eq!(writer.write_lease(level(3)).await.expect("written"), normal);
+        assert_eq!(writer.write_lease(level(4)).await.expect("written"), normal);
+        // A lease write that waits with a data write shares its synced
+        // commit.
+        let release = hold(&writer).await;
+        let (lease, data) = (writer.clone(), writer.clone());
+        let lease = tokio::spawn(async move { lease.write_lease(level(5)).await });
+        queued_up(&writer, 1).await;
+        let data = tokio::spawn(async move { data.write(level(6)).await });
+        queued_up(&writer, 2).await;
+        drop(release);
+        assert_eq!(lease.await.expect("joins").expect("written"), full);
+        assert_eq!(data.await.expect("joins").expect("written"), full);
+        assert_eq!(values(&writer).await, vec![1, 2, 3, 4, 5, 6]);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        // A database in memory, or one that does not sync each commit, is
+        // left as it is.
+        let writer = Writer::start(table()).expect("starts");
+        let level_in_memory = writer.write(level(1)).await.expect("written");
+        assert_eq!(
+            writer.write_lease(level(2)).await.expect("written"),
+            level_in_memory
+        );
     }
 
     #[tokio::test]
