@@ -317,3 +317,72 @@ pub(crate) fn sqlite_figures(ks: &[usize], appends: usize) -> (Vec<StoreFigure>,
         |_| store.clone(),
     )
 }
+
+/// `markov-bench store-messages <N>`: `n` messages to one session kept in
+/// a SQLite file with the default durability, each driven as the server
+/// drives one (the session leased and its kept machine taken, the user's
+/// text queued, the run giving up the lease with its last write, the
+/// machine kept again), the model a scripted one that answers at once:
+/// what a message costs in the store's round trips and syncs of the disk.
+/// Run it under `strace -c -e trace=fsync` to count the syncs.
+pub(crate) fn message_figure(n: usize) {
+    use markov_store::{CreateOptions, DurableMachine, OpenOptions, SessionCache};
+
+    let scratch = Scratch::new();
+    let store = std::sync::Arc::new(
+        SqliteStore::open(scratch.0.join("messages.db")).expect("the database opens"),
+    );
+    let mut model = markov_testkit::ScriptedModel::builder();
+    for _ in 0..n {
+        model = model.text("ok");
+    }
+    let agent = Agent::builder("messages")
+        .instructions("Answer.")
+        .model(model.build())
+        .build()
+        .expect("the agent builds");
+    let cache = SessionCache::new(std::num::NonZeroUsize::MIN, u64::MAX);
+    let (id, worker) = (SessionId::new("messages"), WorkerId::new("bench"));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current-thread tokio runtime starts");
+    let times = runtime.block_on(async {
+        DurableMachine::create_with(
+            store.clone(),
+            id.clone(),
+            worker.clone(),
+            agent.machine(),
+            CreateOptions::default().cache(cache.clone(), &agent),
+        )
+        .await
+        .expect("the session is created")
+        .release()
+        .await
+        .expect("released");
+        let mut times = Vec::with_capacity(n);
+        for i in 0..n {
+            let started = Instant::now();
+            let mut session = DurableMachine::open_with(
+                store.clone(),
+                id.clone(),
+                worker.clone(),
+                &agent,
+                OpenOptions::default().cache(cache.clone()),
+            )
+            .await
+            .expect("opens");
+            session.machine().enqueue_user(format!("message {i}"));
+            session.release_with_run();
+            session.run().await.expect("runs");
+            session.release().await.expect("released");
+            times.push(started.elapsed());
+        }
+        times
+    });
+    let stats = Stats::of(&times);
+    println!(
+        "bench=store_messages backend=sqlite_file messages={n} median_us={:.1} p99_us={:.1}",
+        stats.median_us, stats.p99_us
+    );
+}
