@@ -347,6 +347,13 @@ struct Logs {
 }
 
 impl Logs {
+    /// Whether session `id` has a run in progress.
+    fn runs(&self, id: &SessionId) -> bool {
+        self.by_session
+            .get(id)
+            .is_some_and(|log| !log.is_finished())
+    }
+
     /// Forgets the runs that finished [`KEEP_FINISHED`] or more before
     /// `now`, if the last sweep was half of that ago.
     fn sweep(&mut self, now: Instant) {
@@ -373,11 +380,7 @@ impl Runs {
     pub(crate) fn claim(self: &Arc<Self>, id: &SessionId) -> Option<RunGuard> {
         let mut logs = self.logs();
         logs.sweep(Instant::now());
-        if logs
-            .by_session
-            .get(id)
-            .is_some_and(|log| !log.is_finished())
-        {
+        if logs.runs(id) {
             return None;
         }
         let log = Arc::new(RunLog {
@@ -396,10 +399,7 @@ impl Runs {
 
     /// Whether session `id` runs here.
     pub(crate) fn is_running(&self, id: &SessionId) -> bool {
-        self.logs()
-            .by_session
-            .get(id)
-            .is_some_and(|log| !log.is_finished())
+        self.logs().runs(id)
     }
 
     /// The log of session `id`'s run in progress, or of its last run if it
