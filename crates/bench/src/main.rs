@@ -230,6 +230,15 @@ fn main() -> ExitCode {
                 _ => usage(),
             }
         }
+        ["server-beside-floor", n, workers, rounds] => {
+            match (n.parse(), workers.parse(), rounds.parse()) {
+                (Ok(n), Ok(workers), Ok(rounds)) if rounds > 0 => {
+                    server::beside_floor(n, workers, rounds);
+                    ExitCode::SUCCESS
+                }
+                _ => usage(),
+            }
+        }
         ["serve-worker", provider, options @ ..] => match server::WorkerOptions::parse(options) {
             Some(options) if options.floor => floor::worker(provider),
             Some(options) => server::worker(provider, &options),
@@ -411,7 +420,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench store-messages <N> | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres [tool-call] | floor] | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench store-messages <N> | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres [tool-call] | floor] | markov-bench server-beside-floor <N> <WORKERS> <ROUNDS> | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
     );
     ExitCode::from(2)
 }

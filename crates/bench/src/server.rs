@@ -827,6 +827,63 @@ pub(crate) fn multi_process(
     })
 }
 
+/// `markov-bench server-beside-floor <N> <W> <ROUNDS>`: the workers' CPU
+/// per step of markov's server and of the floor (`floor.rs`), measured
+/// alternately in one sitting, `rounds` runs each, and their ratio.
+///
+/// This machine's speed drifts by a quarter within a session (the floor
+/// alone has measured 121 to 163 µs a step at N = 10 000), so a figure in
+/// microseconds is only comparable with one measured beside it; the ratio
+/// of the two medians is what moves only when markov's own work does.
+pub(crate) fn beside_floor(n: usize, workers: usize, rounds: usize) {
+    let mut markov = Vec::with_capacity(rounds);
+    let mut floor = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        for (backend, into) in [(Backend::Sqlite, &mut markov), (Backend::Floor, &mut floor)] {
+            match multi_process(n, workers, backend, Scenario::Text) {
+                Some(figure) if figure.completed == n => {
+                    into.push(figure.cpu_per_step_us(figure.workers_cpu));
+                }
+                Some(figure) => eprintln!(
+                    "a {} run completed {} of {n} messages: left out",
+                    backend.name(),
+                    figure.completed
+                ),
+                None => eprintln!("a {} run did not start: left out", backend.name()),
+            }
+        }
+    }
+    let (Some(markov_median), Some(floor_median)) = (median(&mut markov), median(&mut floor))
+    else {
+        eprintln!("no run of one of the two completed: no ratio");
+        return;
+    };
+    let range = |values: &[f64]| {
+        format!(
+            "{:.0}-{:.0}",
+            values.first().copied().unwrap_or_default(),
+            values.last().copied().unwrap_or_default()
+        )
+    };
+    println!(
+        "bench=server_beside_floor sessions={n} workers={workers} rounds={rounds} cpu_per_step_us_markov={markov_median:.0} markov_range={} cpu_per_step_us_floor={floor_median:.0} floor_range={} ratio={:.2}",
+        range(&markov),
+        range(&floor),
+        markov_median / floor_median
+    );
+}
+
+/// Sorts `values` and returns their median (`None` when there are none).
+fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    match values.len() {
+        0 => None,
+        len if len % 2 == 1 => values.get(mid).copied(),
+        _ => Some((values.get(mid - 1)? + values.get(mid)?) / 2.0),
+    }
+}
+
 /// Figure 7 with the parts in their own processes.
 #[derive(Debug)]
 pub(crate) struct ProcessesFigure {
@@ -926,7 +983,15 @@ mod tests {
 
     use serde_json::json;
 
-    use super::{Backend, ProcessesFigure, WorkerOptions, follows_a_tool_result};
+    use super::{Backend, ProcessesFigure, WorkerOptions, follows_a_tool_result, median};
+
+    #[test]
+    fn the_median_of_the_runs_is_the_middle_one_or_the_mean_of_the_middle_two() {
+        assert_eq!(median(&mut []), None);
+        assert_eq!(median(&mut [300.0]), Some(300.0));
+        assert_eq!(median(&mut [310.0, 290.0, 400.0]), Some(310.0));
+        assert_eq!(median(&mut [310.0, 290.0, 400.0, 280.0]), Some(300.0));
+    }
 
     #[test]
     fn a_worker_reads_back_the_echo_tool_among_its_options() {
