@@ -832,9 +832,10 @@ pub(crate) fn multi_process(
 /// alternately in one sitting, `rounds` runs each, and their ratio.
 ///
 /// This machine's speed drifts by a quarter within a session (the floor
-/// alone has measured 121 to 163 µs a step at N = 10 000), so a figure in
+/// alone has measured 121 to 172 µs a step at N = 10 000), so a figure in
 /// microseconds is only comparable with one measured beside it; the ratio
-/// of the two medians is what moves only when markov's own work does.
+/// of the two medians moves much less with the machine (though not
+/// nothing: the floor slows more than markov's server when it slows).
 pub(crate) fn beside_floor(n: usize, workers: usize, rounds: usize) {
     let mut markov = Vec::with_capacity(rounds);
     let mut floor = Vec::with_capacity(rounds);
