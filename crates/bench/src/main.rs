@@ -1023,7 +1023,7 @@ fn dump_step_times(k: usize, times: &[Duration]) {
 }
 
 /// The `q` quantile of sorted values (nearest rank); 0 when empty.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
+pub(crate) fn quantile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }

@@ -854,11 +854,14 @@ pub(crate) fn beside_floor(n: usize, workers: usize, rounds: usize) {
             }
         }
     }
-    let (Some(markov_median), Some(floor_median)) = (median(&mut markov), median(&mut floor))
-    else {
+    if markov.is_empty() || floor.is_empty() {
         eprintln!("no run of one of the two completed: no ratio");
         return;
-    };
+    }
+    markov.sort_by(f64::total_cmp);
+    floor.sort_by(f64::total_cmp);
+    let (markov_median, floor_median) =
+        (crate::quantile(&markov, 0.5), crate::quantile(&floor, 0.5));
     let range = |values: &[f64]| {
         format!(
             "{:.0}-{:.0}",
@@ -872,17 +875,6 @@ pub(crate) fn beside_floor(n: usize, workers: usize, rounds: usize) {
         range(&floor),
         markov_median / floor_median
     );
-}
-
-/// Sorts `values` and returns their median (`None` when there are none).
-fn median(values: &mut [f64]) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    match values.len() {
-        0 => None,
-        len if len % 2 == 1 => values.get(mid).copied(),
-        _ => Some((values.get(mid - 1)? + values.get(mid)?) / 2.0),
-    }
 }
 
 /// Figure 7 with the parts in their own processes.
@@ -984,15 +976,7 @@ mod tests {
 
     use serde_json::json;
 
-    use super::{Backend, ProcessesFigure, WorkerOptions, follows_a_tool_result, median};
-
-    #[test]
-    fn the_median_of_the_runs_is_the_middle_one_or_the_mean_of_the_middle_two() {
-        assert_eq!(median(&mut []), None);
-        assert_eq!(median(&mut [300.0]), Some(300.0));
-        assert_eq!(median(&mut [310.0, 290.0, 400.0]), Some(310.0));
-        assert_eq!(median(&mut [310.0, 290.0, 400.0, 280.0]), Some(300.0));
-    }
+    use super::{Backend, ProcessesFigure, WorkerOptions, follows_a_tool_result};
 
     #[test]
     fn a_worker_reads_back_the_echo_tool_among_its_options() {
