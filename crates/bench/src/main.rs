@@ -390,6 +390,13 @@ fn main() -> ExitCode {
             }
             Err(_) => usage(),
         },
+        ["trace-tools", tools] => match tools.parse() {
+            Ok(tools) => {
+                store::trace_tools_figure(tools);
+                ExitCode::SUCCESS
+            }
+            Err(_) => usage(),
+        },
         ["store-traced"] => {
             store::TRACED.store(true, std::sync::atomic::Ordering::Relaxed);
             let _ = store::sqlite_figures(&STORE_KS, QUICK.store_appends);
@@ -420,7 +427,7 @@ fn main() -> ExitCode {
 
 fn usage() -> ExitCode {
     eprintln!(
-        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench store-messages <N> | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres [tool-call] | floor] | markov-bench server-beside-floor <N> <WORKERS> <ROUNDS> | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
+        "usage: markov-bench [--quick] | markov-bench profile <K> <TURNS> | markov-bench profile-body <anthropic|openai> <K> <REPS> [plain] | markov-bench profile-snapshot <K> <REPS> [read] | markov-bench profile-stream <anthropic|openai> <N> <REPS> | markov-bench steps | markov-bench context | markov-bench serde | markov-bench body | markov-bench store | markov-bench store-messages <N> | markov-bench trace-tools <TOOLS> | markov-bench stream | markov-bench mcp | markov-bench tool-search | markov-bench guard-stream | markov-bench provider-path [plain|streamed <K> <TURNS>] | markov-bench server <N>... | markov-bench server-processes <N> <WORKERS> [sqlite|postgres [tool-call] | floor] | markov-bench server-beside-floor <N> <WORKERS> <ROUNDS> | markov-bench failover [<SESSIONS> <TURNS> <WORKERS>] | markov-bench soak [<SESSIONS> <TURNS> [<IN_FLIGHT>]]"
     );
     ExitCode::from(2)
 }

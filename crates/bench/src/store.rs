@@ -62,14 +62,36 @@ pub(crate) static TRACED: std::sync::atomic::AtomicBool = std::sync::atomic::Ato
 /// summary (kept once by content hash), the history range, usage and
 /// latency.
 fn step_trace(history: u64) -> markov_store::StepTrace {
-    let tool = |name: &str| markov_core::tool::ToolDefinition {
+    let tools = ["search", "fetch", "finish"].map(|name| tool(name, 0));
+    step_trace_offering(history, std::sync::Arc::from(tools))
+}
+
+/// A tool whose schema has `fields` string properties besides `x` (an MCP
+/// server's tools run to a few hundred bytes of schema each).
+fn tool(name: &str, fields: usize) -> markov_core::tool::ToolDefinition {
+    let mut properties = serde_json::Map::new();
+    properties.insert("x".into(), serde_json::json!({"type": "string"}));
+    for i in 0..fields {
+        properties.insert(
+            format!("field_{i}"),
+            serde_json::json!({"type": "string", "description": format!("The {name} tool's field {i}.")}),
+        );
+    }
+    markov_core::tool::ToolDefinition {
         name: markov_core::ToolName::new(name).expect("a valid tool name"),
         description: format!("The {name} tool: does what its name says, with care."),
-        input_schema: serde_json::json!({"type": "object", "properties": {"x": {"type": "string"}}}),
+        input_schema: serde_json::json!({"type": "object", "properties": properties}),
         terminal: false,
         needs_approval: false,
         delivery: None,
-    };
+    }
+}
+
+/// [`step_trace`] with the call offering `tools`.
+fn step_trace_offering(
+    history: u64,
+    tools: std::sync::Arc<[markov_core::tool::ToolDefinition]>,
+) -> markov_store::StepTrace {
     markov_store::StepTrace {
         index: 0,
         recorded_at: 0,
@@ -84,7 +106,7 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
             instance: "root".into(),
             node: "main".into(),
             system: std::sync::Arc::from("You are a careful agent. ".repeat(80)),
-            tools: std::sync::Arc::from(vec![tool("search"), tool("fetch"), tool("finish")]),
+            tools,
             provider_tools: Vec::new(),
             tool_choice: markov_core::model::ToolChoice::Auto,
             settings: markov_core::model::ModelSettings::default(),
@@ -132,15 +154,25 @@ fn step_trace(history: u64) -> markov_store::StepTrace {
     }
 }
 
-/// Times `appends` appends of one step to a session of about `k` messages
-/// in `store`, and (for `load`) the load of that session.
-async fn measure(
+/// A session created in a store and the appends timed on it.
+struct Appended {
+    id: SessionId,
+    /// The machine whose history the session started from.
+    machine: markov_executor::Machine,
+    /// Messages in the session before the appends.
+    messages: usize,
+    times: Vec<Duration>,
+}
+
+/// Creates a session of about `k` messages in `store` and appends
+/// `appends` tool steps to it (with the trace `trace` makes for a history
+/// of that many messages, if any), timing each append.
+async fn timed_appends(
     store: &dyn Store,
-    backend: &'static str,
     k: usize,
     appends: usize,
-    load: bool,
-) -> (StoreFigure, Option<LoadFigure>) {
+    trace: impl FnOnce(u64) -> Option<markov_store::StepTrace>,
+) -> Appended {
     let scenario = Scenario::new();
     let mut machine = scenario.machine(k);
     run_turn(&mut machine, k).await;
@@ -162,9 +194,7 @@ async fn measure(
     // A tool step: the last assistant call and its results.
     let step: Vec<_> = snapshot.history[messages - 3..messages - 1].to_vec();
     let run = RunState::new(RunOptions::default());
-    let trace = TRACED
-        .load(std::sync::atomic::Ordering::Relaxed)
-        .then(|| step_trace(messages as u64));
+    let trace = trace(messages as u64);
     let mut times = Vec::with_capacity(appends);
     for _ in 0..appends {
         let start = Instant::now();
@@ -188,6 +218,34 @@ async fn measure(
             .expect("the step is written");
         times.push(start.elapsed());
     }
+    Appended {
+        id,
+        machine,
+        messages,
+        times,
+    }
+}
+
+/// Times `appends` appends of one step to a session of about `k` messages
+/// in `store`, and (for `load`) the load of that session.
+async fn measure(
+    store: &dyn Store,
+    backend: &'static str,
+    k: usize,
+    appends: usize,
+    load: bool,
+) -> (StoreFigure, Option<LoadFigure>) {
+    let Appended {
+        id,
+        machine,
+        messages,
+        times,
+    } = timed_appends(store, k, appends, |history| {
+        TRACED
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| step_trace(history))
+    })
+    .await;
     let figure = StoreFigure {
         backend,
         k,
@@ -316,6 +374,34 @@ pub(crate) fn sqlite_figures(ks: &[usize], appends: usize) -> (Vec<StoreFigure>,
         "sqlite",
         |_| store.clone(),
     )
+}
+
+/// `markov-bench trace-tools <TOOLS>`: what recording a step costs when
+/// its node offers `TOOLS` tools of about 450 bytes of schema each: 2 000
+/// steps appended with their traces to one session in SQLite in memory
+/// (no disk in the figure), each step's call sharing the node's tool list
+/// and the session's system prompt, as a running machine's calls do. The
+/// median and mean append, and the bytes of the tool list's JSON.
+pub(crate) fn trace_tools_figure(tools: usize) {
+    const APPENDS: usize = 2_000;
+    let store = SqliteStore::in_memory().expect("the database opens");
+    let list: Vec<_> = (0..tools).map(|i| tool(&format!("tool_{i}"), 4)).collect();
+    let list_bytes = serde_json::to_string(&list).map_or(0, |t| t.len());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a current-thread tokio runtime starts");
+    let list: std::sync::Arc<[_]> = std::sync::Arc::from(list);
+    let times = runtime
+        .block_on(timed_appends(&store, 10, APPENDS, |history| {
+            Some(step_trace_offering(history, list))
+        }))
+        .times;
+    let stats = Stats::of(&times);
+    println!(
+        "bench=trace_tools tools={tools} tool_list_bytes={list_bytes} appends={APPENDS} append_median_us={:.1} append_mean_us={:.1}",
+        stats.median_us, stats.mean_us,
+    );
 }
 
 /// `markov-bench store-messages <N>`: `n` messages to one session kept in

@@ -11,8 +11,16 @@
 //! other serialization of the same types (an API's answer, a snapshot) is
 //! unchanged. Serialization is synchronous, so the contents kept belong to
 //! the one call of [`keep_contents`] running on this thread.
+//!
+//! A content shared behind an [`Arc`] (a node's tool list, which every
+//! step and every session of the node offers) is marked with
+//! [`serialize_shared`] instead: its JSON and hash are worked out once per
+//! allocation and remembered, so a long tool list is not written and hashed
+//! again at every step.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 
 use serde::ser::{Error as _, SerializeMap as _};
 use serde::{Serialize, Serializer};
@@ -87,16 +95,110 @@ where
     };
     let hashed = serde_json::to_string(value).map(|text| {
         let hashed = (keeper.hash)(&text);
-        if !keeper.kept.iter().any(|(h, _)| *h == hashed) {
-            keeper.kept.push((hashed.clone(), text));
-        }
+        keeper.keep(&hashed, || text);
         hashed
     });
     KEEPER.with(|k| *k.borrow_mut() = Some(keeper));
+    reference(hashed, serializer)
+}
+
+/// [`serialize`] for a value shared behind an [`Arc`] that cannot change
+/// while it is shared (no interior mutability: a prompt, a tool list).
+/// Inside [`keep_contents`], its JSON and hash are worked out once per
+/// allocation and hash function, and remembered with a clone of the `Arc`
+/// (so the allocation cannot be another value's while it is remembered);
+/// at most [`SHARED_REMEMBERED`] of them, after which the memory starts
+/// again empty. For serde's `serialize_with`.
+///
+/// # Errors
+/// What `serializer` fails with, or a content that is not JSON.
+pub fn serialize_shared<T, S>(value: &Arc<T>, serializer: S) -> Result<S::Ok, S::Error>
+where
+    T: Serialize + ?Sized + Send + Sync + 'static,
+    S: Serializer,
+{
+    let Some(mut keeper) = KEEPER.with(|k| k.borrow_mut().take()) else {
+        return value.serialize(serializer);
+    };
+    let hashed = shared_content(value, keeper.hash).map(|(hashed, text)| {
+        keeper.keep(&hashed, || text.as_ref().to_owned());
+        hashed
+    });
+    KEEPER.with(|k| *k.borrow_mut() = Some(keeper));
+    reference(hashed, serializer)
+}
+
+/// Writes the reference `{"$content": <hash>}`.
+fn reference<S: Serializer>(
+    hashed: Result<String, serde_json::Error>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
     let hashed = hashed.map_err(S::Error::custom)?;
     let mut map = serializer.serialize_map(Some(1))?;
     map.serialize_entry(CONTENT_KEY, &hashed)?;
     map.end()
+}
+
+impl Keeper {
+    /// Keeps the content hashed `hashed` (its JSON made by `text`) unless
+    /// this write kept it already.
+    fn keep(&mut self, hashed: &str, text: impl FnOnce() -> String) {
+        if !self.kept.iter().any(|(h, _)| h == hashed) {
+            self.kept.push((hashed.to_owned(), text()));
+        }
+    }
+}
+
+/// How many shared contents [`serialize_shared`] remembers. Each holds
+/// its value alive: the bound keeps that to a few megabytes however many
+/// prompts a process makes.
+pub const SHARED_REMEMBERED: usize = 256;
+
+/// A shared content as [`serialize_shared`] remembers it.
+struct Remembered {
+    /// The `Arc` the content was read from, held so that its allocation
+    /// is not freed and given to another value while remembered.
+    _alive: Box<dyn std::any::Any + Send + Sync>,
+    hash: String,
+    text: Arc<str>,
+}
+
+/// Shared contents by (allocation, hash function).
+static SHARED: LazyLock<Mutex<HashMap<(usize, usize), Remembered>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// `value`'s hash by `hash` and its JSON, remembered (see
+/// [`serialize_shared`]).
+fn shared_content<T>(
+    value: &Arc<T>,
+    hash: fn(&str) -> String,
+) -> Result<(String, Arc<str>), serde_json::Error>
+where
+    T: Serialize + ?Sized + Send + Sync + 'static,
+{
+    let key = (Arc::as_ptr(value).cast::<()>() as usize, hash as usize);
+    let lock = || SHARED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(found) = lock().get(&key) {
+        return Ok((found.hash.clone(), Arc::clone(&found.text)));
+    }
+    // Written and hashed outside the lock: another thread may do the same
+    // for the same value at once, and both find the same answer.
+    let text: Arc<str> = serde_json::to_string(&**value)?.into();
+    let hashed = hash(&text);
+    let mut shared = lock();
+    if shared.len() >= SHARED_REMEMBERED {
+        // Forgetting costs only the work remembering saved.
+        shared.clear();
+    }
+    shared.insert(
+        key,
+        Remembered {
+            _alive: Box::new(Arc::clone(value)),
+            hash: hashed.clone(),
+            text: Arc::clone(&text),
+        },
+    );
+    Ok((hashed, text))
 }
 
 #[cfg(test)]
@@ -186,6 +288,98 @@ mod tests {
             Some(format!(r#"{{"inner":{{"$content":"h{}"}}}}"#, whole.len()).as_str())
         );
         assert_eq!(kept, [(format!("h{}", whole.len()), whole.to_owned())]);
+    }
+
+    /// A tool list that counts how often it is written.
+    struct Counted {
+        name: &'static str,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Serialize for Counted {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            [self.name].serialize(serializer)
+        }
+    }
+
+    #[derive(Serialize)]
+    struct SharedRecord {
+        step: u32,
+        #[serde(serialize_with = "super::serialize_shared")]
+        tools: std::sync::Arc<Counted>,
+    }
+
+    fn counted(name: &'static str) -> std::sync::Arc<Counted> {
+        std::sync::Arc::new(Counted {
+            name,
+            writes: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+
+    fn writes(tools: &Counted) -> usize {
+        tools.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_shared_content_is_kept_as_a_marked_one_is() {
+        let tools = counted("shared_add");
+        let record = SharedRecord {
+            step: 1,
+            tools: std::sync::Arc::clone(&tools),
+        };
+        let (written, kept) = keep_contents(length, || serde_json::to_string(&record));
+        assert_eq!(
+            written.ok().as_deref(),
+            Some(r#"{"step":1,"tools":{"$content":"h14"}}"#)
+        );
+        assert_eq!(kept, [("h14".to_owned(), r#"["shared_add"]"#.to_owned())]);
+        // Outside a keeping write it is itself.
+        assert_eq!(
+            serde_json::to_string(&record).ok().as_deref(),
+            Some(r#"{"step":1,"tools":["shared_add"]}"#)
+        );
+    }
+
+    #[test]
+    fn a_shared_content_is_written_once_however_many_records_repeat_it() {
+        let tools = counted("once");
+        let records: Vec<SharedRecord> = (0..3)
+            .map(|step| SharedRecord {
+                step,
+                tools: std::sync::Arc::clone(&tools),
+            })
+            .collect();
+        for record in &records {
+            let (written, kept) = keep_contents(length, || serde_json::to_string(record));
+            assert!(written.is_ok());
+            // Each write is handed the content: a store keeps it once
+            // whichever write is the first to reach it.
+            assert_eq!(kept, [("h8".to_owned(), r#"["once"]"#.to_owned())]);
+        }
+        assert_eq!(writes(&tools), 1);
+        // Another allocation of equal content is its own: written once
+        // too, under the same hash.
+        let again = counted("once");
+        let record = SharedRecord {
+            step: 4,
+            tools: std::sync::Arc::clone(&again),
+        };
+        let (_, kept) = keep_contents(length, || serde_json::to_string(&record));
+        assert_eq!(kept, [("h8".to_owned(), r#"["once"]"#.to_owned())]);
+        assert_eq!(writes(&again), 1);
+        // A different hash function is asked for its own hash.
+        let (written, kept) = keep_contents(
+            |text| format!("x{}", text.len()),
+            || serde_json::to_string(&record),
+        );
+        assert_eq!(
+            written.ok().as_deref(),
+            Some(r#"{"step":4,"tools":{"$content":"x8"}}"#)
+        );
+        assert_eq!(kept, [("x8".to_owned(), r#"["once"]"#.to_owned())]);
+        assert_eq!(writes(&again), 2);
     }
 
     #[test]

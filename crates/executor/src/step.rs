@@ -218,10 +218,10 @@ pub struct ModelCall {
     pub node: String,
     /// The system prompt sent (kept once by a store, see
     /// [`markov_core::kept`]).
-    #[serde(serialize_with = "markov_core::kept::serialize")]
+    #[serde(serialize_with = "markov_core::kept::serialize_shared")]
     pub system: std::sync::Arc<str>,
     /// The tools offered (kept once by a store).
-    #[serde(serialize_with = "markov_core::kept::serialize")]
+    #[serde(serialize_with = "markov_core::kept::serialize_shared")]
     pub tools: std::sync::Arc<[markov_core::tool::ToolDefinition]>,
     /// The provider built-in tools offered.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -850,6 +850,53 @@ pub(crate) struct EncodedTrace {
     pub blobs: Vec<(String, String)>,
 }
 
+/// The contents a store has committed, by hash, so that a step's write
+/// offers only the contents that may not be kept yet: a long tool list is
+/// written once, not looked up again at every step. Sound because no
+/// store ever deletes a content once kept (pruning removes traces, not the
+/// contents they name, each a few kilobytes shared by every step naming
+/// it); a store that comes to delete contents must forget them here too.
+/// At most [`KEPT_REMEMBERED`] hashes, after which the memory starts again
+/// empty and a write offers its contents once more (the store ignores one
+/// it has).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+#[derive(Debug, Clone, Default)]
+pub(crate) struct KeptContents(std::sync::Arc<std::sync::Mutex<std::collections::HashSet<String>>>);
+
+/// How many content hashes [`KeptContents`] remembers.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+const KEPT_REMEMBERED: usize = 4096;
+
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl KeptContents {
+    fn known(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Leaves out of `trace` the contents known kept; the hashes of those
+    /// it still offers, for [`committed`](Self::committed).
+    pub(crate) fn offer(&self, trace: &mut EncodedTrace) -> Vec<String> {
+        let known = self.known();
+        trace.blobs.retain(|(hash, _)| !known.contains(hash));
+        trace.blobs.iter().map(|(hash, _)| hash.clone()).collect()
+    }
+
+    /// Remembers `offered` as kept, once the write that offered them has
+    /// committed (never before: a write rolled back keeps nothing).
+    pub(crate) fn committed(&self, offered: Vec<String>) {
+        if offered.is_empty() {
+            return;
+        }
+        let mut known = self.known();
+        if known.len().saturating_add(offered.len()) > KEPT_REMEMBERED {
+            known.clear();
+        }
+        known.extend(offered);
+    }
+}
+
 /// The key under which a trace's JSON names a content kept apart.
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 const BLOB_KEY: &str = markov_core::kept::CONTENT_KEY;

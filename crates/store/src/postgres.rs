@@ -161,6 +161,8 @@ const JOURNAL: &str = "INSERT INTO ledger (session_id, key, recorded_at, body) V
 pub struct PostgresStore {
     pool: Pool,
     wait: Duration,
+    /// The step contents committed through this store.
+    kept: crate::KeptContents,
 }
 
 impl std::fmt::Debug for PostgresStore {
@@ -236,7 +238,11 @@ impl PostgresStore {
             .max_size(pool_size)
             .build()
             .map_err(|e| StoreError::Backend(format!("the PostgreSQL pool: {e}")))?;
-        let store = PostgresStore { pool, wait };
+        let store = PostgresStore {
+            pool,
+            wait,
+            kept: crate::KeptContents::default(),
+        };
         // One connection now, so that a wrong URL or an absent server is an
         // error of `connect`, not of the first call.
         let client = store.client().await?;
@@ -513,7 +519,11 @@ impl Store for PostgresStore {
             .transpose()?;
         let run = step.run.map(to_json).transpose()?;
         let usage = step.usage.map(to_json).transpose()?;
-        let trace = step.trace.map(crate::encode_trace).transpose()?;
+        let mut trace = step.trace.map(crate::encode_trace).transpose()?;
+        let offered = trace
+            .as_mut()
+            .map(|trace| self.kept.offer(trace))
+            .unwrap_or_default();
         let (id_text, count, now) = (id.as_str(), to_i64(messages.len() as u64), to_i64(now_ms()));
         let stale = turn.map(|turn| format!("t{turn}:%"));
         let mut writes: Vec<(&str, &[&(dyn tokio_postgres::types::ToSql + Sync)])> =
@@ -546,7 +556,9 @@ impl Store for PostgresStore {
         if stale.is_some() {
             writes.push((CLEAR_LEDGER, &clear));
         }
-        self.fenced_pipeline(id, holder, &writes).await
+        self.fenced_pipeline(id, holder, &writes).await?;
+        self.kept.committed(offered);
+        Ok(())
     }
 
     async fn journal(

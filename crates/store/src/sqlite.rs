@@ -142,6 +142,8 @@ pub struct SqliteStore {
     /// committed: the key generation of a database in memory, which no
     /// other store can reach.
     revocations: Arc<std::sync::atomic::AtomicU64>,
+    /// The step contents committed through this store.
+    kept: crate::KeptContents,
     label: Arc<str>,
 }
 
@@ -225,6 +227,7 @@ impl SqliteStore {
             writer: Writer::start(conn)?,
             readers: None,
             revocations: Arc::default(),
+            kept: crate::KeptContents::default(),
             label: Arc::from(label),
         })
     }
@@ -696,6 +699,21 @@ fn give_up(
     Ok(Some(Revision::new(to_u64(revision))))
 }
 
+impl SqliteStore {
+    /// `step` as the writer thread writes it, with its trace's contents
+    /// known kept left out; the hashes of those it offers, to remember once
+    /// the write has committed.
+    fn encode(&self, step: &StepRecord<'_>) -> Result<(EncodedStep, Vec<String>), StoreError> {
+        let mut step = EncodedStep::of(step)?;
+        let offered = step
+            .trace
+            .as_mut()
+            .map(|trace| self.kept.offer(trace))
+            .unwrap_or_default();
+        Ok((step, offered))
+    }
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn create(
@@ -790,11 +808,13 @@ impl Store for SqliteStore {
         holder: &WorkerId,
         step: StepRecord<'_>,
     ) -> Result<(), StoreError> {
-        let step = EncodedStep::of(&step)?;
+        let (step, offered) = self.encode(&step)?;
         let (id, holder) = (id.clone(), holder.clone());
         self.writer
             .write(move |conn| step.write(conn, &id, &holder, false).map(drop))
-            .await
+            .await?;
+        self.kept.committed(offered);
+        Ok(())
     }
 
     async fn append_and_release(
@@ -803,14 +823,17 @@ impl Store for SqliteStore {
         holder: &WorkerId,
         step: StepRecord<'_>,
     ) -> Result<Option<Revision>, StoreError> {
-        let step = EncodedStep::of(&step)?;
+        let (step, offered) = self.encode(&step)?;
         let (id, holder) = (id.clone(), holder.clone());
         // One job for the writer thread, in one savepoint, one update of
         // the session row: the step and the lease given up are committed
         // together or not at all.
-        self.writer
+        let revision = self
+            .writer
             .write(move |conn| step.write(conn, &id, &holder, true).map(Some))
-            .await
+            .await?;
+        self.kept.committed(offered);
+        Ok(revision)
     }
 
     async fn journal(

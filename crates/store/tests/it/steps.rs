@@ -346,6 +346,101 @@ async fn a_step_s_system_prompt_and_tools_are_stored_once_for_all_its_steps() {
     );
 }
 
+/// A step's contents written through `store` by a write that was rolled
+/// back (its lease lost) are offered again by the next write that names
+/// them, so that the step it records reads back whole; a write after that
+/// finds them kept and reads back whole too.
+pub(crate) async fn kept_contents_contract<S: Store + 'static>(store: Arc<S>, dir: &Dir) {
+    // A recorded step from another store: contents this one has never seen.
+    let (source, recorded) = recorded_session(dir).await;
+    let trace = source
+        .steps(&recorded, 0, 1)
+        .await
+        .expect("the steps")
+        .remove(0);
+    let step = markov_store::StepRecord {
+        messages: &[],
+        tree: None,
+        approvals: None,
+        repeats: None,
+        counters: None,
+        answers: &[],
+        run: None,
+        usage: None,
+        trace: Some(&trace),
+    };
+    let new_session = |name: &str, holder: &str| {
+        let (store, id, holder) = (store.clone(), SessionId::new(name), WorkerId::new(holder));
+        let machine = machine(Arc::new(two_turns()), dir);
+        async move {
+            let session = DurableMachine::create(store, id.clone(), holder, machine)
+                .await
+                .expect("created");
+            // A session the test writes to through the store alone.
+            drop(session);
+            id
+        }
+    };
+    let ttl = std::time::Duration::from_secs(60);
+
+    let lost = new_session("lost", "first").await;
+    store
+        .release(&lost, &WorkerId::new("first"))
+        .await
+        .expect("released");
+    store
+        .acquire(&lost, &WorkerId::new("second"), ttl)
+        .await
+        .expect("leased to another");
+    let refused = store.append(&lost, &WorkerId::new("first"), step).await;
+    assert!(
+        matches!(refused, Err(markov_store::StoreError::LeaseLost { .. })),
+        "{refused:?}"
+    );
+
+    let kept = new_session("kept", "third").await;
+    for _ in 0..2 {
+        store
+            .append(&kept, &WorkerId::new("third"), step)
+            .await
+            .expect("appended");
+    }
+    let read = store
+        .steps(&kept, 0, 10)
+        .await
+        .expect("its steps read back");
+    let ours: Vec<_> = read
+        .iter()
+        .filter(|s| {
+            s.calls
+                .first()
+                .is_some_and(|c| c.node == trace.calls[0].node)
+        })
+        .collect();
+    assert!(ours.len() >= 2, "{} of {} steps", ours.len(), read.len());
+    for step in ours.iter().rev().take(2) {
+        assert_eq!(step.calls[0].system, trace.calls[0].system);
+        assert_eq!(step.calls[0].tools, trace.calls[0].tools);
+    }
+}
+
+#[tokio::test]
+async fn contents_a_rolled_back_write_offered_are_offered_again_on_sqlite() {
+    let dir = Dir::new("steps-kept-again");
+    let store = Arc::new(SqliteStore::in_memory().expect("opens"));
+    kept_contents_contract(store, &dir).await;
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contents_a_rolled_back_write_offered_are_offered_again_on_postgres() {
+    let Some((_server, store)) = postgres().await else {
+        return;
+    };
+    let dir = Dir::new("steps-kept-again-pg");
+    kept_contents_contract(store, &dir).await;
+}
+
 #[tokio::test]
 async fn a_replay_of_an_unchanged_agent_plays_the_recording_back() {
     let dir = Dir::new("replay-same");
