@@ -875,9 +875,13 @@ impl KeptContents {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Leaves out of `trace` the contents known kept; the hashes of those
-    /// it still offers, for [`committed`](Self::committed).
-    pub(crate) fn offer(&self, trace: &mut EncodedTrace) -> Vec<String> {
+    /// Leaves out of `trace` (a step's, if it has one) the contents known
+    /// kept; the hashes of those it still offers, for
+    /// [`committed`](Self::committed).
+    pub(crate) fn offer(&self, trace: Option<&mut EncodedTrace>) -> Vec<String> {
+        let Some(trace) = trace else {
+            return Vec::new();
+        };
         let known = self.known();
         trace.blobs.retain(|(hash, _)| !known.contains(hash));
         trace.blobs.iter().map(|(hash, _)| hash.clone()).collect()

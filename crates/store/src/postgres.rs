@@ -520,10 +520,7 @@ impl Store for PostgresStore {
         let run = step.run.map(to_json).transpose()?;
         let usage = step.usage.map(to_json).transpose()?;
         let mut trace = step.trace.map(crate::encode_trace).transpose()?;
-        let offered = trace
-            .as_mut()
-            .map(|trace| self.kept.offer(trace))
-            .unwrap_or_default();
+        let offered = self.kept.offer(trace.as_mut());
         let (id_text, count, now) = (id.as_str(), to_i64(messages.len() as u64), to_i64(now_ms()));
         let stale = turn.map(|turn| format!("t{turn}:%"));
         let mut writes: Vec<(&str, &[&(dyn tokio_postgres::types::ToSql + Sync)])> =

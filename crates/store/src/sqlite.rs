@@ -705,11 +705,7 @@ impl SqliteStore {
     /// the write has committed.
     fn encode(&self, step: &StepRecord<'_>) -> Result<(EncodedStep, Vec<String>), StoreError> {
         let mut step = EncodedStep::of(step)?;
-        let offered = step
-            .trace
-            .as_mut()
-            .map(|trace| self.kept.offer(trace))
-            .unwrap_or_default();
+        let offered = self.kept.offer(step.trace.as_mut());
         Ok((step, offered))
     }
 }
