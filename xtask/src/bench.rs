@@ -42,10 +42,11 @@ pub(crate) fn run(root: &Path) -> Result<(), String> {
 /// `cargo xtask bench --against <rev>`: builds `markov-bench` at `rev` (in
 /// `target/against/<commit>`, kept for the next comparison) and here (the
 /// working tree as it is, uncommitted changes included), runs the figure
-/// with each binary in turn, `rounds` times — alternating which goes
-/// first, so that a machine growing busier or quieter weighs on both — and
-/// prints every run's `bench=` lines, then each number's range before and
-/// after.
+/// with each binary in turn, `rounds` times — each round beginning with
+/// the next side, so that a machine growing busier or quieter weighs on
+/// every side — and prints every run's `bench=` lines, then each number's
+/// range per side. With `--floor`, this tree's binary also runs the floor
+/// under the server's figure, a third side in the same rounds.
 pub(crate) fn against(root: &Path, against: &crate::flags::Against) -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let commit = resolve(root, &against.rev)?;
@@ -53,14 +54,21 @@ pub(crate) fn against(root: &Path, against: &crate::flags::Against) -> Result<()
     let source = checkout(root, &commit, &dir)?;
     let before = build(&cargo, &source, Some(&dir.join("target")))?;
     let after = build(&cargo, root, None)?;
-    let mut runs = [Vec::new(), Vec::new()];
-    for round in 0..against.rounds {
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for side in order {
-            let (label, exe) = [("before", &before), ("after", &after)][side];
-            println!("$ {label}: markov-bench {}", against.figure.join(" "));
+    let mut sides = vec![
+        ("before", &before, against.figure.clone()),
+        ("after", &after, against.figure.clone()),
+    ];
+    if let Some(floor) = against.floor_figure() {
+        sides.push(("floor", &after, floor));
+    }
+    let mut runs = vec![Vec::new(); sides.len()];
+    for round in 0..against.rounds as usize {
+        for turn in 0..sides.len() {
+            let side = (round + turn) % sides.len();
+            let (label, exe, figure) = &sides[side];
+            println!("$ {label}: markov-bench {}", figure.join(" "));
             let out = Command::new(exe)
-                .args(&against.figure)
+                .args(figure)
                 .current_dir(root)
                 .output()
                 .map_err(|err| format!("could not start {}: {err}", exe.display()))?;
@@ -80,12 +88,22 @@ pub(crate) fn against(root: &Path, against: &crate::flags::Against) -> Result<()
     }
     println!();
     println!(
-        "{} runs each; before: {} ({}), after: this working tree",
+        "{} runs each; before: {} ({}), after: this working tree{}",
         against.rounds,
         against.rev,
-        &commit[..12]
+        &commit[..12],
+        if against.floor {
+            ", floor: this working tree's floor"
+        } else {
+            ""
+        }
     );
-    print!("{}", summarize(&runs[0], &runs[1]));
+    let labelled: Vec<(&str, &[String])> = sides
+        .iter()
+        .zip(&runs)
+        .map(|((label, _, _), runs)| (*label, runs.as_slice()))
+        .collect();
+    print!("{}", summarize(&labelled));
     Ok(())
 }
 
@@ -197,22 +215,24 @@ fn bench_lines(stdout: &str) -> impl Iterator<Item = &str> {
 struct Table {
     /// The line's fields that are not numbers.
     title: String,
-    /// Each number's values before and after, in the order the line
-    /// gives them.
-    numbers: Vec<(String, [Vec<f64>; 2])>,
+    /// Each number's values on each side, in the order the line gives
+    /// them.
+    numbers: Vec<(String, Vec<Vec<f64>>)>,
 }
 
-/// Each number of each `bench=` line, its range over the runs before and
-/// after, one table per line (the n-th line of every run: a figure prints
-/// its lines in the same order every time). Fields that are not numbers
-/// (`bench=server`, `store=sqlite`) name the table.
-fn summarize(before: &[String], after: &[String]) -> String {
+/// Each number of each `bench=` line, its range over each side's runs (a
+/// column per side, headed by its label), one table per line (the n-th
+/// line of every run: a figure prints its lines in the same order every
+/// time). Fields that are not numbers (`bench=server`, `store=sqlite`)
+/// name the table. A line is matched by its place, so the floor's line
+/// (`store=floor`) shares the table of markov's.
+fn summarize(sides: &[(&str, &[String])]) -> String {
     use std::collections::BTreeMap;
     use std::fmt::Write as _;
 
     let mut tables: BTreeMap<usize, Table> = BTreeMap::new();
-    for (side, runs) in [before, after].into_iter().enumerate() {
-        for run in runs {
+    for (side, (_, runs)) in sides.iter().enumerate() {
+        for run in *runs {
             for (index, line) in bench_lines(run).enumerate() {
                 let Table {
                     title,
@@ -228,7 +248,7 @@ fn summarize(before: &[String], after: &[String]) -> String {
                             let at = match keys.iter().position(|(k, _)| k == key) {
                                 Some(at) => at,
                                 None => {
-                                    keys.push((key.to_owned(), [Vec::new(), Vec::new()]));
+                                    keys.push((key.to_owned(), vec![Vec::new(); sides.len()]));
                                     keys.len() - 1
                                 }
                             };
@@ -260,9 +280,17 @@ fn summarize(before: &[String], after: &[String]) -> String {
     {
         let _ = writeln!(out, "\n{title}");
         let width = keys.iter().map(|(key, _)| key.len()).max().unwrap_or(0);
-        let _ = writeln!(out, "  {:width$}  {:>22}  {:>22}", "", "before", "after");
-        for (key, [b, a]) in keys {
-            let _ = writeln!(out, "  {key:width$}  {:>22}  {:>22}", range(b), range(a));
+        let _ = write!(out, "  {:width$}", "");
+        for (label, _) in sides {
+            let _ = write!(out, "  {label:>22}");
+        }
+        let _ = writeln!(out);
+        for (key, values) in keys {
+            let _ = write!(out, "  {key:width$}");
+            for values in values {
+                let _ = write!(out, "  {:>22}", range(values));
+            }
+            let _ = writeln!(out);
         }
     }
     out
@@ -284,7 +312,7 @@ mod tests {
         let before = [run(739, 1060.7), run(2320, 300.7)];
         let after = [run(2110, 361.5), run(2004, 365.1), run(2110, 300.0)];
         assert_eq!(
-            summarize(&before, &after),
+            summarize(&[("before", &before), ("after", &after)]),
             "
 bench=server store=sqlite
                                before                   after
@@ -304,12 +332,33 @@ bench=other
     fn a_number_one_side_lacks_is_a_dash() {
         let before = ["bench=x old=1\n".to_owned()];
         let after = ["bench=x new=2\n".to_owned()];
-        let summary = summarize(&before, &after);
+        let summary = summarize(&[("before", &before), ("after", &after)]);
         let rows: Vec<Vec<&str>> = summary
             .lines()
             .map(|line| line.split_whitespace().collect())
             .collect();
         assert!(rows.contains(&vec!["old", "1", "–"]), "{summary}");
         assert!(rows.contains(&vec!["new", "–", "2"]), "{summary}");
+    }
+
+    #[test]
+    fn the_floor_is_a_third_column_of_the_same_table() {
+        let line = |store: &str, cpu: u32| {
+            format!(
+                "bench=server_processes store={store} sessions=1000 cpu_per_step_us_workers={cpu}\n"
+            )
+        };
+        let before = [line("sqlite", 740), line("sqlite", 700)];
+        let after = [line("sqlite", 450)];
+        let floor = [line("floor", 320), line("floor", 290)];
+        assert_eq!(
+            summarize(&[("before", &before), ("after", &after), ("floor", &floor)]),
+            "
+bench=server_processes store=sqlite
+                                           before                   after                   floor
+  sessions                                   1000                    1000                    1000
+  cpu_per_step_us_workers                 700–740                     450                 290–320
+"
+        );
     }
 }

@@ -18,10 +18,11 @@ Commands:
           (offline, target/ reused)
   bench   build in release mode and run the benchmarks (markov-bench's
           figures and table, then its divan bench); see docs/PERFORMANCE.md
-  bench --against <rev> [--rounds <n>] -- <markov-bench arguments>
+  bench --against <rev> [--rounds <n>] [--floor] -- <markov-bench arguments>
           build markov-bench at <rev> as well as here, run the figure the
           arguments name with each, alternately, <n> times (3 unless set),
-          and print each number's range before and after
+          and print each number's range before and after; --floor (with
+          server-processes <N> <W> [sqlite]) runs the floor as a third side
   eval <dataset> [-- <markov-eval run arguments>]
           run an eval dataset against the demo agent (markov-cli's
           markov-eval): offline on each case's script, or on the model the
@@ -63,6 +64,22 @@ pub(crate) struct Against {
     pub(crate) rounds: u32,
     /// `markov-bench`'s arguments: the figure.
     pub(crate) figure: Vec<String>,
+    /// `--floor`: the figure is `server-processes <N> <W> [sqlite]`, and
+    /// this tree's binary also runs it as the floor (`server-processes
+    /// <N> <W> floor`), a third side in the same rounds.
+    pub(crate) floor: bool,
+}
+
+impl Against {
+    /// The floor's arguments, when `--floor` was given: the figure with the
+    /// floor in place of the store.
+    pub(crate) fn floor_figure(&self) -> Option<Vec<String>> {
+        self.floor.then(|| {
+            let mut figure = self.figure[..3].to_vec();
+            figure.push("floor".to_owned());
+            figure
+        })
+    }
 }
 
 /// Runs of each binary unless `--rounds` says otherwise.
@@ -76,9 +93,11 @@ fn parse_bench(args: impl Iterator<Item = OsString>) -> Result<Command, String> 
     });
     let mut rev = None;
     let mut rounds = DEFAULT_ROUNDS;
+    let mut floor = false;
     let mut figure = Vec::new();
     while let Some(arg) = args.next() {
         match arg?.as_str() {
+            "--floor" => floor = true,
             "--against" => match args.next() {
                 Some(value) => rev = Some(value?),
                 None => return Err("--against needs a revision".to_owned()),
@@ -97,17 +116,31 @@ fn parse_bench(args: impl Iterator<Item = OsString>) -> Result<Command, String> 
         }
     }
     match rev {
-        None if figure.is_empty() && rounds == DEFAULT_ROUNDS => Ok(Command::Bench),
-        None => Err("--rounds and a figure go with --against <rev>".to_owned()),
+        None if figure.is_empty() && rounds == DEFAULT_ROUNDS && !floor => Ok(Command::Bench),
+        None => Err("--rounds, --floor and a figure go with --against <rev>".to_owned()),
         Some(_) if figure.is_empty() => {
             Err("name the figure after `--`, as markov-bench takes it: \
              cargo xtask bench --against <rev> -- server-processes 1000 2"
                 .to_owned())
         }
+        // The floor answers text only, on its own database: it stands
+        // beside markov's SQLite figure without a tool call, nothing else.
+        Some(_)
+            if floor
+                && !(figure[0] == "server-processes"
+                    && matches!(figure.len(), 3 | 4)
+                    && figure.get(3).is_none_or(|store| store == "sqlite")) =>
+        {
+            Err(format!(
+                "--floor goes with `server-processes <N> <WORKERS> [sqlite]`, not `{}`",
+                figure.join(" ")
+            ))
+        }
         Some(rev) => Ok(Command::Against(Against {
             rev,
             rounds,
             figure,
+            floor,
         })),
     }
 }
@@ -252,6 +285,7 @@ mod tests {
                 rev: "HEAD~1".into(),
                 rounds: 3,
                 figure: vec!["provider-path".into()],
+                floor: false,
             }))
         );
         assert_eq!(
@@ -270,6 +304,7 @@ mod tests {
                 rev: "a73a1be".into(),
                 rounds: 5,
                 figure: vec!["server-processes".into(), "1000".into(), "2".into()],
+                floor: false,
             }))
         );
         let refused = |args: &[&str]| parse_strs(args).expect_err("refused");
@@ -280,5 +315,71 @@ mod tests {
                 .contains("above 0")
         );
         assert!(refused(&["bench", "--", "steps"]).contains("go with --against"));
+        assert!(refused(&["bench", "--floor"]).contains("go with --against"));
+    }
+
+    #[test]
+    fn the_floor_stands_beside_the_sqlite_server_figure_only() {
+        let parsed = |args: &[&str]| match parse_strs(args) {
+            Ok(Command::Against(against)) => Ok(against),
+            other => Err(format!("{other:?}")),
+        };
+        let against = parsed(&[
+            "bench",
+            "--against",
+            "8c0bbc0",
+            "--floor",
+            "--",
+            "server-processes",
+            "1000",
+            "2",
+        ])
+        .expect("a figure with its floor");
+        assert_eq!(
+            against.floor_figure(),
+            Some(vec![
+                "server-processes".into(),
+                "1000".into(),
+                "2".into(),
+                "floor".into()
+            ])
+        );
+        let sqlite = parsed(&[
+            "bench",
+            "--floor",
+            "--against",
+            "x",
+            "--",
+            "server-processes",
+            "10000",
+            "2",
+            "sqlite",
+        ])
+        .expect("sqlite named");
+        assert_eq!(
+            sqlite.floor_figure().as_deref().map(|f| f[3].as_str()),
+            Some("floor")
+        );
+        assert_eq!(
+            parsed(&["bench", "--against", "x", "--", "steps"])
+                .expect("no floor")
+                .floor_figure(),
+            None
+        );
+        for figure in [
+            &["steps"][..],
+            &["server-processes", "1000"],
+            &["server-processes", "1000", "2", "postgres"],
+            &["server-processes", "1000", "2", "sqlite", "tool-call"],
+            &["server-processes", "1000", "2", "floor"],
+        ] {
+            let mut args = vec!["bench", "--against", "x", "--floor", "--"];
+            args.extend_from_slice(figure);
+            let refused = parse_strs(&args).expect_err("refused");
+            assert!(
+                refused.contains("--floor goes with"),
+                "{figure:?}: {refused}"
+            );
+        }
     }
 }

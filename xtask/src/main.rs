@@ -17,7 +17,7 @@
 //!   figure), then its divan bench. Never part of `test`. With
 //!   `--against <rev> -- <figure>`: one figure with the binary of `rev`
 //!   and this tree's, alternately, and each number's range before and
-//!   after.
+//!   after; `--floor` adds the server's floor as a third side.
 //! - `eval <dataset> [-- <arguments>]`: runs an eval dataset against the
 //!   demo agent with `markov-cli`'s `markov-eval run` (offline on each
 //!   case's script, or on the model the environment configures); the
