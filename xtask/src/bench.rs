@@ -211,10 +211,11 @@ fn bench_lines(stdout: &str) -> impl Iterator<Item = &str> {
 }
 
 /// The numbers of the n-th `bench=` line of the runs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Table {
-    /// The line's fields that are not numbers.
-    title: String,
+    /// The line's fields that are not numbers, on each side (from its
+    /// first run), empty where the side has no such line.
+    titles: Vec<String>,
     /// Each number's values on each side, in the order the line gives
     /// them.
     numbers: Vec<(String, Vec<Vec<f64>>)>,
@@ -224,7 +225,8 @@ struct Table {
 /// column per side, headed by its label), one table per line (the n-th
 /// line of every run: a figure prints its lines in the same order every
 /// time). Fields that are not numbers (`bench=server`, `store=sqlite`)
-/// name the table. A line is matched by its place, so the floor's line
+/// name the table: the first side's, then any other side's that differ,
+/// under its label. A line is matched by its place, so the floor's line
 /// (`store=floor`) shares the table of markov's.
 fn summarize(sides: &[(&str, &[String])]) -> String {
     use std::collections::BTreeMap;
@@ -235,9 +237,12 @@ fn summarize(sides: &[(&str, &[String])]) -> String {
         for run in *runs {
             for (index, line) in bench_lines(run).enumerate() {
                 let Table {
-                    title,
+                    titles,
                     numbers: keys,
-                } = tables.entry(index).or_default();
+                } = tables.entry(index).or_insert_with(|| Table {
+                    titles: vec![String::new(); sides.len()],
+                    numbers: Vec::new(),
+                });
                 let mut named = Vec::new();
                 for field in line.split_whitespace() {
                     let Some((key, value)) = field.split_once('=') else {
@@ -257,8 +262,8 @@ fn summarize(sides: &[(&str, &[String])]) -> String {
                         Err(_) => named.push(field),
                     }
                 }
-                if title.is_empty() {
-                    *title = named.join(" ");
+                if titles[side].is_empty() {
+                    titles[side] = named.join(" ");
                 }
             }
         }
@@ -274,11 +279,17 @@ fn summarize(sides: &[(&str, &[String])]) -> String {
     };
     let mut out = String::new();
     for Table {
-        title,
+        titles,
         numbers: keys,
     } in tables.values()
     {
-        let _ = writeln!(out, "\n{title}");
+        let first = titles.iter().find(|title| !title.is_empty());
+        let _ = writeln!(out, "\n{}", first.map_or("", String::as_str));
+        for ((label, _), title) in sides.iter().zip(titles) {
+            if !title.is_empty() && Some(title) != first {
+                let _ = writeln!(out, "  {label}: {title}");
+            }
+        }
         let width = keys.iter().map(|(key, _)| key.len()).max().unwrap_or(0);
         let _ = write!(out, "  {:width$}", "");
         for (label, _) in sides {
@@ -355,6 +366,7 @@ bench=other
             summarize(&[("before", &before), ("after", &after), ("floor", &floor)]),
             "
 bench=server_processes store=sqlite
+  floor: bench=server_processes store=floor
                                            before                   after                   floor
   sessions                                   1000                    1000                    1000
   cpu_per_step_us_workers                 700–740                     450                 290–320
