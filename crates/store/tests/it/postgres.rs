@@ -147,15 +147,8 @@ async fn concurrent_claims_never_take_the_same_session() {
                 &id,
                 &crashed,
                 StepRecord {
-                    messages: &[],
-                    tree: None,
-                    approvals: None,
-                    repeats: None,
-                    counters: None,
-                    answers: &[],
                     run: Some(&run),
-                    usage: None,
-                    trace: None,
+                    ..bare_step(&[])
                 },
             )
             .await

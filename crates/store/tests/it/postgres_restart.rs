@@ -10,23 +10,8 @@ use crate::common::*;
 use markov_core::Message;
 use markov_executor::serialize_machine;
 use markov_store::testing::{Shutdown, TempPostgres};
-use markov_store::{PostgresStore, SessionId, StepRecord, Store, StoreError, WorkerId};
+use markov_store::{PostgresStore, SessionId, Store, StoreError, WorkerId};
 use markov_testkit::ScriptedModel;
-
-/// A step of one user message, nothing else changed.
-fn step(messages: &[Message]) -> StepRecord<'_> {
-    StepRecord {
-        messages,
-        tree: None,
-        approvals: None,
-        repeats: None,
-        counters: None,
-        answers: &[],
-        run: None,
-        usage: None,
-        trace: None,
-    }
-}
 
 /// Creates session `id`, leased to `holder` for a minute.
 async fn create(store: &PostgresStore, id: &SessionId, holder: &WorkerId, dir: &Dir) {
@@ -74,7 +59,7 @@ async fn a_store_reconnects_after_the_server_restarts() {
 
         let text = format!("after restart {n}");
         store
-            .append(&id, &worker, step(&[Message::user(text.as_str())]))
+            .append(&id, &worker, bare_step(&[Message::user(text.as_str())]))
             .await
             .unwrap_or_else(|e| panic!("appends after a {mode:?} restart: {e}"));
         let loaded = store.load(&id).await.expect("loads after the restart");
@@ -117,7 +102,7 @@ async fn a_call_while_the_server_is_down_fails_at_once_and_works_after_the_start
     );
     let down = tokio::time::timeout(
         bound,
-        store.append(&id, &worker, step(&[Message::user("lost")])),
+        store.append(&id, &worker, bare_step(&[Message::user("lost")])),
     )
     .await
     .expect("a write while the server is down returns");
@@ -129,7 +114,7 @@ async fn a_call_while_the_server_is_down_fails_at_once_and_works_after_the_start
 
     server.resume().expect("the server starts again");
     store
-        .append(&id, &worker, step(&[Message::user("back")]))
+        .append(&id, &worker, bare_step(&[Message::user("back")]))
         .await
         .expect("appends once the server is back");
     let loaded = store
@@ -173,7 +158,7 @@ async fn waiting_for_a_connection_is_bounded() {
         let (store, id, worker) = (store.clone(), id.clone(), worker.clone());
         tokio::spawn(async move {
             store
-                .append(&id, &worker, step(&[Message::user("waited")]))
+                .append(&id, &worker, bare_step(&[Message::user("waited")]))
                 .await
         })
     };

@@ -359,15 +359,8 @@ pub(crate) async fn kept_contents_contract<S: Store + 'static>(store: Arc<S>, di
         .expect("the steps")
         .remove(0);
     let step = markov_store::StepRecord {
-        messages: &[],
-        tree: None,
-        approvals: None,
-        repeats: None,
-        counters: None,
-        answers: &[],
-        run: None,
-        usage: None,
         trace: Some(&trace),
+        ..bare_step(&[])
     };
     let new_session = |name: &str, holder: &str| {
         let (store, id, holder) = (store.clone(), SessionId::new(name), WorkerId::new(holder));

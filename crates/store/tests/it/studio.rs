@@ -690,15 +690,8 @@ async fn long_session<S: Store + 'static>(store: Arc<S>, dir: &Dir, recorded: u6
                 &id,
                 &holder,
                 markov_store::StepRecord {
-                    messages: &messages,
-                    tree: None,
-                    approvals: None,
-                    repeats: None,
-                    counters: None,
-                    answers: &[],
-                    run: None,
-                    usage: None,
                     trace: Some(&trace),
+                    ..bare_step(&messages)
                 },
             )
             .await

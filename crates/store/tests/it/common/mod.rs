@@ -353,6 +353,23 @@ pub fn lines(path: &PathBuf) -> usize {
     std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
 }
 
+/// A step that writes `messages` and nothing else (no tree, policy,
+/// run, usage or trace); the struct update syntax sets what a test adds:
+/// `StepRecord { trace: Some(&trace), ..bare_step(&[]) }`.
+pub fn bare_step(messages: &[markov_core::Message]) -> markov_store::StepRecord<'_> {
+    markov_store::StepRecord {
+        messages,
+        tree: None,
+        approvals: None,
+        repeats: None,
+        counters: None,
+        answers: &[],
+        run: None,
+        usage: None,
+        trace: None,
+    }
+}
+
 /// The lease contract every store keeps, seen from two workers' handles on
 /// one database (`first` and `second` may be the same store): a live lease
 /// refuses the other worker's lease and writes, an expired one passes to
@@ -360,7 +377,7 @@ pub fn lines(path: &PathBuf) -> usize {
 /// makes a new revision, a refused one does not, and a release says the
 /// revision it left (nothing for a worker that does not hold the lease).
 pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov_store::Store) {
-    use markov_store::{SessionId, StepRecord, StoreError, WorkerId};
+    use markov_store::{SessionId, StoreError, WorkerId};
     use std::time::Duration;
 
     let dir = Dir::new("leases");
@@ -384,17 +401,7 @@ pub async fn lease_contract(first: &dyn markov_store::Store, second: &dyn markov
         second.acquire(&id, &b, Duration::from_secs(60)).await,
         Err(StoreError::Leased { holder, .. }) if holder == a
     ));
-    let empty = StepRecord {
-        messages: &[],
-        tree: None,
-        approvals: None,
-        repeats: None,
-        counters: None,
-        answers: &[],
-        run: None,
-        usage: None,
-        trace: None,
-    };
+    let empty = bare_step(&[]);
     assert!(matches!(
         second.append(&id, &b, empty).await,
         Err(StoreError::LeaseLost { .. })
